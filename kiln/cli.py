@@ -1,0 +1,143 @@
+"""The ``kiln`` command line."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from kiln.errors import KilnError
+
+console = Console(stderr=True)
+out = Console()
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(package_name="kiln")
+def main() -> None:
+    """kiln: an ML compiler for ONNX and PyTorch models, with a benchmark harness.
+
+    \b
+    Examples:
+      kiln conformance                       # ONNX backend node suite on the reference target
+      kiln conformance --filter 'conv|pool'  # a subset, by regex on the case name
+      kiln zoo list                          # built-in models
+      kiln zoo check resnet50                # export, import, run, compare with onnxruntime
+      kiln show model.onnx                   # print a model as kiln IR
+    """
+
+
+@main.command()
+@click.option("--target", default="reference", show_default=True, help="kiln target to test.")
+@click.option(
+    "--suite",
+    "suites",
+    multiple=True,
+    default=("node",),
+    show_default=True,
+    help="ONNX test group(s): node, simple, pytorch-converted, pytorch-operator. Repeatable.",
+)
+@click.option("--filter", "name_filter", default=None, help="Only cases whose name matches this regex.")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path), help="Write the full report here.")
+@click.option("--jobs", "-j", type=int, default=None, help="Worker processes (default: CPU count).")
+@click.option("--timeout", type=float, default=60.0, show_default=True, help="Seconds per case before it is killed.")
+@click.option("--baseline", type=click.Path(exists=True, dir_okay=False, path_type=Path), help="Fail (exit 1) if the pass count falls below this file's.")
+@click.option("--show-failures/--no-show-failures", default=True, show_default=True, help="List failing cases.")
+def conformance(
+    target: str,
+    suites: tuple[str, ...],
+    name_filter: str | None,
+    json_path: Path | None,
+    jobs: int | None,
+    timeout: float,
+    baseline: Path | None,
+    show_failures: bool,
+) -> None:
+    """Run the ONNX backend conformance suite; each case isolated in a worker process."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    from kiln.conformance.runner import load_cases, run_conformance
+
+    try:
+        cases = load_cases(suites, name_filter)
+    except ValueError as err:
+        raise click.BadParameter(str(err)) from None
+    if not cases:
+        raise click.ClickException(f"no cases match filter {name_filter!r}")
+    console.print(f"running {len(cases)} case(s) from {', '.join(suites)} on target [bold]{target}[/]")
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[passed]} passed"), TimeRemainingColumn())
+    with Progress(*columns, console=console, transient=True) as bar:
+        task = bar.add_task("conformance", total=len(cases), passed=0)
+        passed = 0
+
+        def tick(result) -> None:  # type: ignore[no-untyped-def]
+            nonlocal passed
+            passed += result.status == "pass"
+            bar.update(task, advance=1, passed=passed)
+
+        report = run_conformance(cases, target=target, jobs=jobs, timeout=timeout, progress=tick)
+    _print_report(report, show_failures)
+    if json_path:
+        json_path.parent.mkdir(parents=True, exist_ok=True)
+        json_path.write_text(json.dumps(report.to_json(), indent=1))
+        console.print(f"report written to {json_path}")
+    if baseline:
+        floor = json.loads(baseline.read_text())
+        key = "+".join(suites)
+        required = floor.get(target, {}).get(key, {}).get("passed")
+        if required is None:
+            raise click.ClickException(f"{baseline} has no baseline for target {target!r}, suite {key!r}")
+        if report.passed < required:
+            console.print(f"[red]FAILED[/]: {report.passed} passed, below the baseline of {required} ({baseline})")
+            sys.exit(1)
+        console.print(f"baseline held: {report.passed} passed >= {required}")
+
+
+def _print_report(report, show_failures: bool) -> None:  # type: ignore[no-untyped-def]
+    counts = report.counts()
+    if show_failures:
+        failures = [r for r in report.results if r.status != "pass"]
+        if failures:
+            table = Table(title="cases that did not pass", show_lines=False)
+            for column in ("case", "status", "message"):
+                table.add_column(column, overflow="fold")
+            for result in failures:
+                first_line = (result.message.strip().splitlines() or [""])[0][:160]
+                table.add_row(result.name, result.status, first_line)
+            out.print(table)
+        per_op = [(op, row) for op, row in report.per_op().items() if row["passed"] < row["cases"]]
+        if per_op:
+            table = Table(title="ops in cases that did not pass")
+            for column in ("op", "cases", "passed"):
+                table.add_column(column)
+            for op, row in per_op:
+                table.add_row(op, str(row["cases"]), str(row["passed"]))
+            out.print(table)
+    summary = ", ".join(f"{k}: {v}" for k, v in sorted(counts.items()))
+    out.print(f"[bold]{report.passed}/{report.total} passed ({100 * report.rate:.1f}%)[/] on target {report.target} ({summary})")
+
+
+@main.command()
+@click.argument("model", type=click.Path(exists=True, dir_okay=False))
+def show(model: str) -> None:
+    """Import MODEL (.onnx) and print it as kiln IR (weights appear by reference)."""
+    from kiln.frontend.onnx import import_onnx
+
+    out.print(str(import_onnx(model)), markup=False, highlight=False)
+
+
+def run() -> None:
+    """Entry point: kiln errors become one clear message and exit code 2, not a traceback."""
+    try:
+        main(standalone_mode=True)
+    except KilnError as err:
+        console.print(f"[red]error:[/] {err}", markup=True, highlight=False)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    run()

@@ -1,0 +1,34 @@
+"""Frontends: ONNX models and PyTorch modules -> kiln's graph IR."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kiln.errors import KilnError
+from kiln.ir.graph import Graph
+
+
+def to_graph(model: Any, example_inputs: Any = None) -> Graph:
+    """Import whatever the user gave: a Graph, ONNX (path, bytes, ModelProto) or a torch module."""
+    if isinstance(model, Graph):
+        return model
+    if _is_torch_module(model):
+        from kiln.frontend.torch import import_torch
+
+        return import_torch(model, example_inputs)
+    if example_inputs is not None:
+        raise KilnError("example_inputs are only used with a torch module")
+    from kiln.frontend.onnx import import_onnx
+
+    return import_onnx(model)
+
+
+def _is_torch_module(model: Any) -> bool:
+    module = type(model).__module__
+    if not module.startswith("torch") and not hasattr(model, "state_dict"):
+        return False
+    try:
+        import torch
+    except ImportError:
+        return False
+    return isinstance(model, torch.nn.Module)

@@ -1,0 +1,288 @@
+"""ONNX frontend: a model (path, bytes or ModelProto) -> kiln Graph.
+
+Every node goes through a converter chosen by (op, opset): the highest registered version <= the
+model's opset for that domain (see ``kiln.frontend.converters``). Converters rewrite older ONNX forms
+into kiln's canonical form of each op. Problems (unknown ops, unsupported attributes, failed type
+inference) are all collected and raised together, each naming its node.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+from kiln.errors import (
+    InvalidModelError,
+    KilnError,
+    ModelLoadError,
+    ShapeInferenceError,
+    UnsupportedModelError,
+)
+from kiln.ir.graph import DEFAULT_OPSET, Graph, Node, Value, constant_type, unique_name
+from kiln.ir.types import DType, OptionalType, SequenceType, TensorType, Type
+from kiln.ops.registry import InferContext, lookup
+
+ModelSource = str | os.PathLike | bytes | onnx.ModelProto
+
+# Inputs to compile-time evaluation are capped so that import never does real model work.
+KNOWN_VALUE_LIMIT = 4096
+_NONDETERMINISTIC = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Bernoulli", "Multinomial"}
+
+
+def load_model(source: ModelSource) -> tuple[onnx.ModelProto, str]:
+    """Read an ONNX model; returns it with a description of where it came from for errors."""
+    if isinstance(source, onnx.ModelProto):
+        return source, "<ModelProto>"
+    if isinstance(source, (bytes, bytearray)):
+        try:
+            model = onnx.load_from_string(bytes(source))
+        except Exception as err:
+            raise ModelLoadError(f"<bytes>: not a valid ONNX model ({type(err).__name__}: {err})") from None
+        return _check_model_proto(model, "<bytes>"), "<bytes>"
+    path = Path(source)
+    if not path.exists():
+        raise ModelLoadError(f"{path}: no such file")
+    if path.is_dir():
+        raise ModelLoadError(f"{path}: is a directory, expected an .onnx file")
+    try:
+        model = onnx.load(str(path), load_external_data=True)
+    except Exception as err:
+        raise ModelLoadError(f"{path}: not a valid ONNX model ({type(err).__name__}: {err})") from None
+    return _check_model_proto(model, str(path)), str(path)
+
+
+def _check_model_proto(model: onnx.ModelProto, where: str) -> onnx.ModelProto:
+    if not model.HasField("graph") or (not model.graph.node and not model.graph.output):
+        raise ModelLoadError(f"{where}: not a valid ONNX model (no graph)")
+    return model
+
+
+def import_onnx(source: ModelSource) -> Graph:
+    """Import an ONNX model into kiln's IR; raises UnsupportedModelError listing every problem."""
+    model, where = load_model(source)
+    opsets = {("" if o.domain == "ai.onnx" else o.domain): o.version for o in model.opset_import}
+    opsets.setdefault("", DEFAULT_OPSET)
+    importer = _Importer(opsets, where)
+    graph = importer.graph(model.graph, outer={}, hints=None, top=True)
+    if importer.problems:
+        unsupported = [p for p in importer.problems if p.startswith("unsupported:")]
+        lines = [p.split(":", 1)[1].strip() for p in importer.problems]
+        if unsupported:
+            raise UnsupportedModelError(lines, source=where)
+        raise InvalidModelError(f"{where}: {len(lines)} problem(s):\n" + "\n".join(f"  - {x}" for x in lines))
+    return graph
+
+
+# -- type conversion -------------------------------------------------------------------------------
+
+
+def _symbol(text: str) -> str:
+    clean = "".join(c if c.isalnum() or c == "_" else "_" for c in text) or "d"
+    return "s_" + clean if clean[0].isdigit() else clean
+
+
+def type_from_proto(proto: onnx.TypeProto, name: str) -> Type | None:
+    kind = proto.WhichOneof("value")
+    if kind == "tensor_type":
+        tensor_type = proto.tensor_type
+        if tensor_type.elem_type == 0:
+            return None
+        dtype = DType.from_onnx(tensor_type.elem_type)
+        if not tensor_type.HasField("shape"):
+            return TensorType(dtype, None)
+        dims: list[int | str] = []
+        for index, dim in enumerate(tensor_type.shape.dim):
+            if dim.HasField("dim_value"):
+                if dim.dim_value < 0:
+                    raise InvalidModelError(f"value {name!r} has negative dim {dim.dim_value}")
+                dims.append(int(dim.dim_value))
+            elif dim.HasField("dim_param"):
+                dims.append(_symbol(dim.dim_param))
+            else:
+                dims.append(_symbol(f"{name}_d{index}"))
+        return TensorType(dtype, tuple(dims))
+    if kind == "sequence_type":
+        elem = type_from_proto(proto.sequence_type.elem_type, name)
+        return SequenceType(elem) if elem is not None else None
+    if kind == "optional_type":
+        elem = type_from_proto(proto.optional_type.elem_type, name)
+        return OptionalType(elem) if elem is not None else None
+    return None
+
+
+def array_from_tensor(proto: onnx.TensorProto) -> np.ndarray:
+    array = numpy_helper.to_array(proto)
+    if array.dtype.kind in "SU":
+        array = array.astype(object)
+    return array
+
+
+# -- the importer ----------------------------------------------------------------------------------
+
+
+@dataclass
+class _Scope:
+    values: dict[str, Value]
+    known: dict[Value, np.ndarray] = field(default_factory=dict)
+    symbolic: dict[Value, tuple] = field(default_factory=dict)
+
+
+class _Importer:
+    def __init__(self, opsets: dict[str, int], where: str) -> None:
+        self.opsets = opsets
+        self.where = where
+        self.problems: list[str] = []
+
+    def graph(
+        self,
+        proto: onnx.GraphProto,
+        outer: dict[str, Value],
+        hints: list[Type] | None,
+        top: bool = False,
+        outer_known: dict[Value, np.ndarray] | None = None,
+    ) -> Graph:
+        from kiln.frontend.converters import GraphBuilder
+
+        scope = _Scope(values=dict(outer), known=dict(outer_known or {}))
+        taken = {v.name for v in outer.values()}
+        constants: dict[Value, np.ndarray] = {}
+        initializer_names = {init.name for init in proto.initializer} | {
+            s.values.name for s in proto.sparse_initializer
+        }
+        for init in proto.initializer:
+            try:
+                array = array_from_tensor(init)
+            except Exception as err:
+                self.problems.append(f"invalid: initializer {init.name!r}: {err}")
+                continue
+            value = Value(unique_name(init.name, taken), constant_type(array))
+            constants[value] = array
+            scope.values[init.name] = value
+            scope.known[value] = array
+        for sparse in proto.sparse_initializer:
+            array = numpy_helper.to_array(sparse)  # type: ignore[arg-type]
+            value = Value(unique_name(sparse.values.name, taken), constant_type(array))
+            constants[value] = array
+            scope.values[sparse.values.name] = value
+            scope.known[value] = array
+        inputs: list[Value] = []
+        real_inputs = [i for i in proto.input if i.name not in initializer_names]
+        for index, info in enumerate(real_inputs):
+            value_type = type_from_proto(info.type, info.name)
+            if value_type is None and hints is not None and index < len(hints):
+                value_type = hints[index]
+            if value_type is None:
+                self.problems.append(f"invalid: graph input {info.name!r} has no type")
+                value_type = TensorType(DType.FLOAT32, None)
+            value = Value(unique_name(info.name, taken), value_type)
+            inputs.append(value)
+            scope.values[info.name] = value
+        builder = GraphBuilder(self, scope, taken, constants)
+        for node_proto in proto.node:
+            self.node(node_proto, builder)
+        outputs: list[Value] = []
+        for info in proto.output:
+            if info.name not in scope.values:
+                self.problems.append(f"invalid: graph output {info.name!r} is never produced")
+                continue
+            outputs.append(scope.values[info.name])
+        opsets = dict(self.opsets) if top else dict(self.opsets)
+        return Graph(inputs, outputs, builder.nodes, constants, name=_symbol(proto.name or "main"), opsets=opsets)
+
+    def node(self, proto: onnx.NodeProto, builder: Any) -> None:
+        from kiln.frontend.converters import _PoisonedInputs, pick_converter
+
+        domain = "" if proto.domain == "ai.onnx" else proto.domain
+        opset = self.opsets.get(domain)
+        label = f"node {proto.name or '<unnamed>'!r} (op {proto.op_type}, opset {opset})"
+        missing = [name for name in proto.input if name and name not in builder.scope.values]
+        if missing:
+            self.problems.append(f"invalid: {label}: input(s) {missing} are not defined before use")
+            builder.poison(proto)
+            return
+        if opset is None:
+            self.problems.append(f"unsupported: {label}: domain {proto.domain!r} is not imported by the model")
+            builder.poison(proto)
+            return
+        converter = pick_converter(proto.op_type, domain, opset)
+        opdef = lookup(proto.op_type, domain)
+        if converter is None and opdef is None:
+            self.problems.append(f"unsupported: {label}: unknown op")
+            builder.poison(proto)
+            return
+        try:
+            if converter is not None:
+                converter(proto, builder, label)
+            else:
+                builder.emit_proto(proto, label)
+        except _PoisonedInputs:
+            builder.poison(proto)  # downstream of a node whose problem is already reported
+        except _Unsupported as err:
+            self.problems.append(f"unsupported: {label}: {err}")
+            builder.poison(proto)
+        except (ShapeInferenceError, InvalidModelError) as err:
+            self.problems.append(f"invalid: {label}: {err}")
+            builder.poison(proto)
+        except KilnError as err:
+            self.problems.append(f"invalid: {label}: {err}")
+            builder.poison(proto)
+
+    def attribute(self, proto: onnx.AttributeProto, builder: Any, hints: list[Type] | None) -> Any:
+        kind = proto.type
+        if kind == onnx.AttributeProto.GRAPH:
+            return self.graph(proto.g, builder.scope.values, hints, outer_known=builder.scope.known)
+        if kind == onnx.AttributeProto.GRAPHS:
+            return tuple(self.graph(g, builder.scope.values, hints) for g in proto.graphs)
+        if kind == onnx.AttributeProto.TENSOR:
+            return array_from_tensor(proto.t)
+        if kind == onnx.AttributeProto.SPARSE_TENSOR:
+            return numpy_helper.to_array(proto.sparse_tensor)  # type: ignore[arg-type]
+        if kind == onnx.AttributeProto.TYPE_PROTO:
+            return type_from_proto(proto.tp, proto.name)
+        if kind == onnx.AttributeProto.TENSORS:
+            return tuple(array_from_tensor(t) for t in proto.tensors)
+        if proto.ref_attr_name:
+            raise _Unsupported(f"attribute {proto.name!r} refers to a function attribute")
+        value = helper.get_attribute_value(proto)
+        if isinstance(value, bytes):
+            return _text(value)
+        if isinstance(value, list):
+            return tuple(_text(v) if isinstance(v, bytes) else v for v in value)
+        return value
+
+
+def _text(value: bytes) -> str | bytes:
+    try:
+        return value.decode("utf-8")
+    except UnicodeDecodeError:
+        return value
+
+
+class _Unsupported(Exception):
+    """A construct kiln does not support (raised by converters, reported with the node)."""
+
+
+def infer_node(
+    node: Node,
+    input_types: list[Type | None],
+    known: list[np.ndarray | None],
+    symbolic: list[tuple | None],
+) -> tuple[list[Type], dict[int, tuple]]:
+    """Run the registry's inference for ``node``; returns output types and symbolic contents."""
+    opdef = lookup(node.op, node.domain)
+    if opdef is None:
+        raise _Unsupported("unknown op")
+    ctx = InferContext(node, opdef, input_types, known, symbolic)
+    types = list(opdef.infer(ctx))
+    if len(types) < len(node.outputs):
+        raise ShapeInferenceError(f"inference gave {len(types)} output types for {len(node.outputs)} outputs")
+    return types[: len(node.outputs)], ctx.out_symbolic
+
+
+Unsupported = _Unsupported

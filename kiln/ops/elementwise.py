@@ -1,0 +1,119 @@
+"""Elementwise ops: unary math and activations, broadcasting binaries, comparisons, casts, quantize."""
+
+from __future__ import annotations
+
+from kiln.errors import ShapeInferenceError
+from kiln.ir.types import DType, TensorType, Type
+from kiln.ops.registry import (
+    InferContext,
+    broadcast_shapes,
+    register,
+    same_as_input,
+)
+
+UNARY = (
+    "Abs Neg Exp Log Sqrt Reciprocal Sin Cos Tan Asin Acos Atan Sinh Cosh Asinh Acosh Atanh Tanh "
+    "Sigmoid Relu Erf Floor Ceil Round Sign Softplus Softsign Elu Selu LeakyRelu HardSigmoid "
+    "HardSwish Mish Gelu ThresholdedRelu Celu Not BitwiseNot Shrink Swish"
+).split()
+
+BINARY_SAME_TYPE = "Add Sub Mul Div Pow Mod BitShift BitwiseAnd BitwiseOr BitwiseXor PRelu".split()
+VARIADIC = "Max Min Sum Mean".split()
+COMPARE = "Equal Less Greater LessOrEqual GreaterOrEqual And Or Xor".split()
+
+
+def _broadcast(ctx: InferContext, indices: range | list[int]) -> tuple | None:
+    return broadcast_shapes(ctx, *(ctx.shape(i) for i in indices))
+
+
+def _binary(ctx: InferContext) -> list[Type]:
+    return [TensorType(ctx.dtype(0), _broadcast(ctx, range(ctx.num_inputs)))]
+
+
+def _compare(ctx: InferContext) -> list[Type]:
+    return [TensorType(DType.BOOL, _broadcast(ctx, range(ctx.num_inputs)))]
+
+
+def _where(ctx: InferContext) -> list[Type]:
+    return [TensorType(ctx.dtype(1), _broadcast(ctx, [0, 1, 2]))]
+
+
+def _cast(ctx: InferContext) -> list[Type]:
+    return [TensorType(DType.from_onnx(int(ctx.attr("to"))), ctx.shape(0))]
+
+
+def _cast_like(ctx: InferContext) -> list[Type]:
+    return [TensorType(ctx.dtype(1), ctx.shape(0))]
+
+
+def _quantize(ctx: InferContext) -> list[Type]:
+    if ctx.has(2):
+        dtype = ctx.dtype(2)
+    elif ctx.attr("output_dtype"):
+        dtype = DType.from_onnx(int(ctx.attr("output_dtype")))
+    else:
+        dtype = DType.UINT8
+    return [TensorType(dtype, ctx.shape(0))]
+
+
+def _dequantize(ctx: InferContext) -> list[Type]:
+    output_dtype = ctx.attr("output_dtype")
+    dtype = DType.from_onnx(int(output_dtype)) if output_dtype else ctx.dtype(1)
+    return [TensorType(dtype, ctx.shape(0))]
+
+
+def _dynamic_quantize(ctx: InferContext) -> list[Type]:
+    return [
+        TensorType(DType.UINT8, ctx.shape(0)),
+        TensorType(DType.FLOAT32, ()),
+        TensorType(DType.UINT8, ()),
+    ]
+
+
+def _bitcast(ctx: InferContext) -> list[Type]:
+    source = ctx.tensor(0)
+    target = DType.from_onnx(int(ctx.attr("to")))
+    if source.dtype.numpy.itemsize == target.numpy.itemsize or source.shape is None:
+        return [TensorType(target, source.shape)]
+    shape = source.shape
+    ratio = source.dtype.numpy.itemsize / target.numpy.itemsize
+    if ratio > 1:  # each element splits into several: a new trailing dim
+        return [TensorType(target, (*shape, int(ratio)))]
+    if shape and shape[-1] == int(round(1 / ratio)):  # a trailing dim merges into one element
+        return [TensorType(target, shape[:-1])]
+    raise ShapeInferenceError(f"cannot bitcast {source} to {target.short}")
+
+
+def _dropout(ctx: InferContext) -> list[Type]:
+    shape = ctx.shape(0)
+    types: list[Type] = [TensorType(ctx.dtype(0), shape)]
+    if ctx.num_outputs > 1:
+        types.append(TensorType(DType.BOOL, shape))
+    return types
+
+
+def _register() -> None:
+    for op in UNARY:
+        register(op, same_as_input())
+    register("Identity", lambda ctx: [ctx.input_types[0]])
+    for op in ("IsNaN", "IsInf"):
+        register(op, same_as_input(dtype=DType.BOOL))
+    for op in BINARY_SAME_TYPE:
+        register(op, _binary)
+    for op in VARIADIC:
+        register(op, _binary)
+    for op in COMPARE:
+        register(op, _compare)
+    register("Where", _where)
+    register("Clip", same_as_input())
+    register("Cast", _cast)
+    register("CastLike", _cast_like)
+    register("QuantizeLinear", _quantize)
+    register("DequantizeLinear", _dequantize)
+    register("DynamicQuantizeLinear", _dynamic_quantize)
+    register("BitCast", _bitcast)
+    register("Dropout", _dropout)
+    register("Binarizer", same_as_input(), domain="ai.onnx.ml")
+
+
+_register()

@@ -1,0 +1,543 @@
+"""Neural-network ops: convolution, pooling, matrix products, normalization, softmax, recurrences,
+attention, losses and signal processing."""
+
+from __future__ import annotations
+
+from kiln.errors import ShapeInferenceError
+from kiln.ir.types import Dim, DType, TensorType, Type
+from kiln.ops.registry import InferContext, normalize_axis, register, same_as_input
+
+
+def _spatial_out(
+    ctx: InferContext,
+    size: Dim,
+    kernel: int,
+    stride: int,
+    dilation: int,
+    pad_begin: int,
+    pad_end: int,
+    auto_pad: str,
+    ceil_mode: bool = False,
+) -> Dim:
+    if not isinstance(size, int):
+        return ctx.fresh()
+    effective = dilation * (kernel - 1) + 1
+    if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+        return -(-size // stride)
+    if auto_pad == "VALID":
+        return max((size - effective) // stride + 1, 0)
+    padded = size + pad_begin + pad_end - effective
+    if padded < 0:
+        raise ShapeInferenceError(f"kernel {kernel} (dilation {dilation}) exceeds padded input {size}")
+    if ceil_mode:
+        out = -(-padded // stride) + 1
+        if (out - 1) * stride >= size + pad_begin:  # the last window must start inside the input
+            out -= 1
+        return out
+    return padded // stride + 1
+
+
+def _window_out(ctx: InferContext, data: TensorType, kernel: list[int], channels: Dim) -> tuple:
+    spatial = len(kernel)
+    strides = ctx.attr_or("strides", (1,) * spatial)
+    dilations = ctx.attr_or("dilations", (1,) * spatial)
+    pads = ctx.attr_or("pads", (0,) * (2 * spatial))
+    auto_pad = ctx.attr_or("auto_pad", "NOTSET")
+    ceil_mode = bool(ctx.attr_or("ceil_mode", 0))
+    assert data.shape is not None
+    dims = [
+        _spatial_out(
+            ctx, data.shape[2 + i], kernel[i], strides[i], dilations[i], pads[i], pads[i + spatial], auto_pad, ceil_mode
+        )
+        for i in range(spatial)
+    ]
+    return (data.shape[0], channels, *dims)
+
+
+def _conv(ctx: InferContext) -> list[Type]:
+    op = ctx.node.op
+    x_index, w_index = (0, 3) if op == "QLinearConv" else (0, 1)
+    data, weight = ctx.tensor(x_index), ctx.tensor(w_index)
+    dtype = {"ConvInteger": DType.INT32}.get(op, data.dtype)
+    if op == "QLinearConv":
+        dtype = ctx.dtype(7)
+    if data.shape is None or weight.shape is None:
+        return [TensorType(dtype, None)]
+    kernel = ctx.attr("kernel_shape") or weight.shape[2:]
+    if not all(isinstance(k, int) for k in kernel):
+        return [TensorType(dtype, ctx.fresh_shape(len(data.shape)))]
+    if len(data.shape) != len(kernel) + 2:
+        raise ShapeInferenceError(f"input rank {len(data.shape)} does not match a {len(kernel)}-D kernel")
+    group = ctx.attr("group") or 1
+    in_channels, weight_channels = data.shape[1], weight.shape[1]
+    if isinstance(in_channels, int) and isinstance(weight_channels, int) and in_channels != weight_channels * group:
+        raise ShapeInferenceError(
+            f"input has {in_channels} channels but the weight expects {weight_channels} x group {group}"
+        )
+    return [TensorType(dtype, _window_out(ctx, data, list(kernel), weight.shape[0]))]
+
+
+def _conv_transpose(ctx: InferContext) -> list[Type]:
+    data, weight = ctx.tensor(0), ctx.tensor(1)
+    if data.shape is None or weight.shape is None:
+        return [TensorType(data.dtype, None)]
+    spatial = len(data.shape) - 2
+    kernel = ctx.attr("kernel_shape") or weight.shape[2:]
+    strides = ctx.attr("strides") or (1,) * spatial
+    dilations = ctx.attr("dilations") or (1,) * spatial
+    pads = ctx.attr("pads") or (0,) * (2 * spatial)
+    out_pad = ctx.attr("output_padding") or (0,) * spatial
+    output_shape = ctx.attr("output_shape")
+    auto_pad = ctx.attr("auto_pad") or "NOTSET"
+    group = ctx.attr("group") or 1
+    channels = weight.shape[1] * group if isinstance(weight.shape[1], int) else ctx.fresh()
+    dims: list[Dim] = []
+    for i in range(spatial):
+        size = data.shape[2 + i]
+        if output_shape:
+            dims.append(output_shape[-spatial + i])
+        elif not isinstance(size, int):
+            dims.append(ctx.fresh())
+        elif auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+            dims.append(size * strides[i])
+        else:
+            total = strides[i] * (size - 1) + out_pad[i] + (kernel[i] - 1) * dilations[i] + 1
+            dims.append(total - pads[i] - pads[i + spatial])
+    return [TensorType(data.dtype, (data.shape[0], channels, *dims))]
+
+
+def _pool(ctx: InferContext) -> list[Type]:
+    data = ctx.tensor(0)
+    if data.shape is None:
+        return [TensorType(data.dtype, None)] * ctx.num_outputs
+    shape = _window_out(ctx, data, list(ctx.attr("kernel_shape")), data.shape[1])
+    types: list[Type] = [TensorType(data.dtype, shape)]
+    if ctx.num_outputs > 1:
+        types.append(TensorType(DType.INT64, shape))
+    return types
+
+
+def _global_pool(ctx: InferContext) -> list[Type]:
+    data = ctx.tensor(0)
+    if data.shape is None:
+        return [TensorType(data.dtype, None)]
+    return [TensorType(data.dtype, (*data.shape[:2], *([1] * (len(data.shape) - 2))))]
+
+
+def _max_unpool(ctx: InferContext) -> list[Type]:
+    data = ctx.tensor(0)
+    if ctx.has(2):
+        target = ctx.dims_value(2)
+        return [TensorType(data.dtype, tuple(target) if target else ctx.fresh_shape(data.rank))]
+    if data.shape is None:
+        return [TensorType(data.dtype, None)]
+    kernel = ctx.attr("kernel_shape")
+    spatial = len(kernel)
+    strides = ctx.attr("strides") or (1,) * spatial
+    pads = ctx.attr("pads") or (0,) * (2 * spatial)
+    dims = [
+        (d - 1) * strides[i] + kernel[i] - pads[i] - pads[i + spatial] if isinstance(d, int) else ctx.fresh()
+        for i, d in enumerate(data.shape[2:])
+    ]
+    return [TensorType(data.dtype, (*data.shape[:2], *dims))]
+
+
+def _roi_pool(ctx: InferContext) -> list[Type]:
+    data, rois = ctx.tensor(0), ctx.tensor(1)
+    rois_count = rois.shape[0] if rois.shape else ctx.fresh()
+    channels = data.shape[1] if data.shape else ctx.fresh()
+    if ctx.node.op == "MaxRoiPool":
+        height, width = ctx.attr("pooled_shape")
+    else:
+        height, width = ctx.attr("output_height"), ctx.attr("output_width")
+    return [TensorType(data.dtype, (rois_count, channels, height, width))]
+
+
+def _matmul_shape(ctx: InferContext, a: tuple | None, b: tuple | None) -> tuple | None:
+    from kiln.ops.registry import broadcast_shapes
+
+    if a is None or b is None:
+        return None
+    if not a or not b:
+        raise ShapeInferenceError("MatMul inputs must have rank >= 1")
+    a_2d = (1, *a) if len(a) == 1 else a
+    b_2d = (*b, 1) if len(b) == 1 else b
+    inner_a, inner_b = a_2d[-1], b_2d[-2]
+    if isinstance(inner_a, int) and isinstance(inner_b, int) and inner_a != inner_b:
+        raise ShapeInferenceError(f"MatMul inner dims differ: {list(a)} @ {list(b)}")
+    batch = broadcast_shapes(ctx, a_2d[:-2], b_2d[:-2])
+    assert batch is not None
+    shape = (*batch, a_2d[-2], b_2d[-1])
+    if len(a) == 1:
+        shape = shape[:-2] + shape[-1:]
+    if len(b) == 1:
+        shape = shape[:-1]
+    return shape
+
+
+def _matmul(ctx: InferContext) -> list[Type]:
+    op = ctx.node.op
+    if op == "QLinearMatMul":
+        shape = _matmul_shape(ctx, ctx.shape(0), ctx.shape(3))
+        return [TensorType(ctx.dtype(7), shape)]
+    dtype = DType.INT32 if op == "MatMulInteger" else ctx.dtype(0)
+    return [TensorType(dtype, _matmul_shape(ctx, ctx.shape(0), ctx.shape(1)))]
+
+
+def _gemm(ctx: InferContext) -> list[Type]:
+    a, b = ctx.shape(0), ctx.shape(1)
+    if a is None or b is None:
+        return [TensorType(ctx.dtype(0), ctx.fresh_shape(2))]
+    if len(a) != 2 or len(b) != 2:
+        raise ShapeInferenceError(f"Gemm needs 2-D inputs, got ranks {len(a)} and {len(b)}")
+    m = a[1] if ctx.attr("transA") else a[0]
+    n = b[0] if ctx.attr("transB") else b[1]
+    return [TensorType(ctx.dtype(0), (m, n))]
+
+
+def _einsum(ctx: InferContext) -> list[Type]:
+    equation = ctx.attr("equation").replace(" ", "")
+    inputs_part, _, output_part = equation.partition("->")
+    terms = inputs_part.split(",")
+    letters: dict[str, Dim] = {}
+    ellipsis: tuple = ()
+    for index, term in enumerate(terms):
+        shape = ctx.shape(index)
+        if shape is None:
+            return [TensorType(ctx.dtype(0), None)]
+        if "..." in term:
+            head, tail = term.split("...")
+            ell_rank = len(shape) - len(head) - len(tail)
+            ell = shape[len(head) : len(head) + ell_rank]
+            if len(ell) > len(ellipsis):
+                ellipsis = tuple(ell)
+            named = list(zip(head, shape[: len(head)])) + list(zip(tail, shape[len(shape) - len(tail) :]))
+        else:
+            if len(term) != len(shape):
+                raise ShapeInferenceError(f"einsum term {term!r} does not match rank {len(shape)}")
+            named = list(zip(term, shape))
+        for letter, dim in named:
+            if letters.get(letter) in (None, 1):
+                letters[letter] = dim
+    if "->" not in equation:
+        counts = {c: inputs_part.count(c) for c in letters}
+        output_part = ("..." if ellipsis else "") + "".join(sorted(c for c, n in counts.items() if n == 1))
+    head, _, tail = output_part.partition("...")
+    middle = list(ellipsis) if "..." in output_part else []
+    shape = [letters[c] for c in head] + middle + [letters[c] for c in tail]
+    return [TensorType(ctx.dtype(0), tuple(shape))]
+
+
+def _batch_norm(ctx: InferContext) -> list[Type]:
+    data = ctx.tensor(0)
+    types: list[Type] = [TensorType(data.dtype, data.shape)]
+    for index in (3, 4)[: ctx.num_outputs - 1]:
+        types.append(ctx.tensor(index))
+    return types
+
+
+def _layer_norm(ctx: InferContext) -> list[Type]:
+    data = ctx.tensor(0)
+    types: list[Type] = [TensorType(data.dtype, data.shape)]
+    if ctx.num_outputs > 1:
+        stash = DType.from_onnx(int(ctx.attr("stash_type") or 1))
+        if data.shape is None:
+            stat = TensorType(stash, None)
+        else:
+            axis = normalize_axis(ctx.attr("axis"), len(data.shape))
+            stat = TensorType(stash, (*data.shape[:axis], *([1] * (len(data.shape) - axis))))
+        types.extend([stat] * (ctx.num_outputs - 1))
+    return types
+
+
+def _reduce(ctx: InferContext) -> list[Type]:
+    data = ctx.tensor(0)
+    keepdims = bool(ctx.attr("keepdims"))
+    if ctx.node.op in ("ArgMax", "ArgMin"):
+        dtype, axes = DType.INT64, [ctx.attr("axis")]
+    else:
+        dtype = data.dtype
+        axes = ctx.ints_value(1) if ctx.has(1) else []
+        if axes is None:
+            rank = data.rank
+            return [TensorType(dtype, ctx.fresh_shape(rank if keepdims else None))]
+    if data.shape is None:
+        return [TensorType(dtype, None)]
+    rank = len(data.shape)
+    if not axes:
+        if ctx.node.op not in ("ArgMax", "ArgMin") and ctx.attr("noop_with_empty_axes"):
+            return [TensorType(dtype, data.shape)]
+        axes = list(range(rank))
+    axes = {normalize_axis(a, rank) for a in axes}
+    if keepdims:
+        shape = tuple(1 if i in axes else d for i, d in enumerate(data.shape))
+    else:
+        shape = tuple(d for i, d in enumerate(data.shape) if i not in axes)
+    return [TensorType(dtype, shape)]
+
+
+def _recurrent(ctx: InferContext) -> list[Type]:
+    data = ctx.tensor(0)
+    hidden = ctx.attr("hidden_size")
+    directions = 2 if ctx.attr("direction") == "bidirectional" else 1
+    layout = ctx.attr("layout") or 0
+    if data.shape is None:
+        seq, batch = ctx.fresh(), ctx.fresh()
+    else:
+        seq, batch = (data.shape[0], data.shape[1]) if layout == 0 else (data.shape[1], data.shape[0])
+    if hidden is None:
+        weight = ctx.shape(2)
+        hidden = weight[-1] if weight else ctx.fresh()
+    if layout == 0:
+        y = (seq, directions, batch, hidden)
+        state = (directions, batch, hidden)
+    else:
+        y = (batch, seq, directions, hidden)
+        state = (batch, directions, hidden)
+    types = [TensorType(data.dtype, y), TensorType(data.dtype, state), TensorType(data.dtype, state)]
+    return types[: ctx.num_outputs]
+
+
+def _attention(ctx: InferContext) -> list[Type]:
+    q, k, v = ctx.tensor(0), ctx.tensor(1), ctx.tensor(2)
+    dtype = q.dtype
+    if q.shape is None or k.shape is None or v.shape is None:
+        return [TensorType(dtype, None)] * ctx.num_outputs
+    if len(q.shape) == 4:
+        batch, q_heads, q_seq, _ = q.shape
+        kv_heads, kv_seq, head_size = k.shape[1], k.shape[2], k.shape[3]
+        v_head = v.shape[3]
+        y: tuple = (batch, q_heads, q_seq, v_head)
+    else:
+        batch, q_seq = q.shape[0], q.shape[1]
+        q_heads, kv_heads = ctx.attr("q_num_heads"), ctx.attr("kv_num_heads")
+        if not q_heads or not kv_heads:
+            raise ShapeInferenceError("3-D Attention inputs need q_num_heads and kv_num_heads")
+        kv_seq = k.shape[1]
+        head_size = k.shape[2] // kv_heads if isinstance(k.shape[2], int) else ctx.fresh()
+        v_head = v.shape[2] // kv_heads if isinstance(v.shape[2], int) else ctx.fresh()
+        y = (batch, q_seq, q_heads * v_head if isinstance(v_head, int) else ctx.fresh())
+    total = kv_seq
+    if ctx.has(4):
+        past = ctx.shape(4)
+        past_seq = past[2] if past else ctx.fresh()
+        total = past_seq + kv_seq if isinstance(past_seq, int) and isinstance(kv_seq, int) else ctx.fresh()
+    types: list[Type] = [TensorType(dtype, y)]
+    if ctx.num_outputs > 1:
+        types.append(TensorType(dtype, (batch, kv_heads, total, head_size)))
+    if ctx.num_outputs > 2:
+        types.append(TensorType(dtype, (batch, kv_heads, total, v_head)))
+    if ctx.num_outputs > 3:
+        types.append(TensorType(dtype, (batch, q_heads, q_seq, total)))
+    return types
+
+
+def _loss(ctx: InferContext) -> list[Type]:
+    scores, target = ctx.tensor(0), ctx.tensor(1)
+    loss_shape = target.shape if ctx.attr("reduction") == "none" else ()
+    types: list[Type] = [TensorType(scores.dtype, loss_shape)]
+    if ctx.num_outputs > 1:
+        types.append(TensorType(scores.dtype, scores.shape))
+    return types
+
+
+def _window(ctx: InferContext) -> list[Type]:
+    size = ctx.ints_value(0)
+    dtype = DType.from_onnx(int(ctx.attr("output_datatype")))
+    return [TensorType(dtype, (size[0] if size else ctx.fresh("n"),))]
+
+
+def _mel(ctx: InferContext) -> list[Type]:
+    mel_bins, dft_length = ctx.ints_value(0), ctx.ints_value(1)
+    dtype = DType.from_onnx(int(ctx.attr("output_datatype")))
+    rows = dft_length[0] // 2 + 1 if dft_length else ctx.fresh()
+    return [TensorType(dtype, (rows, mel_bins[0] if mel_bins else ctx.fresh()))]
+
+
+def _dft(ctx: InferContext) -> list[Type]:
+    data = ctx.tensor(0)
+    if data.shape is None:
+        return [TensorType(data.dtype, None)]
+    rank = len(data.shape)
+    axis_value = ctx.ints_value(2) if ctx.has(2) else None
+    axis = axis_value[0] if axis_value else (-2 if ctx.has(2) is False else None)
+    if axis is None:
+        return [TensorType(data.dtype, ctx.fresh_shape(rank))]
+    axis = normalize_axis(axis, rank)
+    dims = list(data.shape)
+    length = ctx.ints_value(1) if ctx.has(1) else None
+    if ctx.has(1) and length is None:
+        dims[axis] = ctx.fresh()
+    elif length:
+        dims[axis] = length[0]
+    if ctx.attr("onesided") and ctx.attr("inverse"):
+        # A one-sided spectrum transformed back: a real signal of 2 * (n - 1) samples.
+        if not length:
+            dims[axis] = 2 * (dims[axis] - 1) if isinstance(dims[axis], int) else ctx.fresh()
+        dims[-1] = 1
+        return [TensorType(data.dtype, tuple(dims))]
+    if ctx.attr("onesided") and isinstance(dims[axis], int):
+        dims[axis] = dims[axis] // 2 + 1
+    dims[-1] = 2
+    return [TensorType(data.dtype, tuple(dims))]
+
+
+def _stft(ctx: InferContext) -> list[Type]:
+    signal = ctx.tensor(0)
+    step = ctx.ints_value(1)
+    frame_length = ctx.ints_value(3) if ctx.has(3) else None
+    if frame_length is None and ctx.has(2):
+        window = ctx.shape(2)
+        frame_length = [window[0]] if window and isinstance(window[0], int) else None
+    if signal.shape is None or step is None or frame_length is None or not isinstance(signal.shape[1], int):
+        return [TensorType(signal.dtype, ctx.fresh_shape(4))]
+    length = frame_length[0]
+    frames = (signal.shape[1] - length) // step[0] + 1
+    bins = length // 2 + 1 if ctx.attr("onesided") else length
+    return [TensorType(signal.dtype, (signal.shape[0], frames, bins, 2))]
+
+
+def _optimizer(ctx: InferContext) -> list[Type]:
+    """Adagrad/Adam/Momentum: each output matches the tensor it updates."""
+    groups = {"Adagrad": (0, 2), "Momentum": (0, 2), "Adam": (0, 2, 3)}[ctx.node.op]
+    streams = {"Adagrad": 3, "Momentum": 3, "Adam": 4}[ctx.node.op]
+    count = (ctx.num_inputs - 2) // streams
+    types: list[Type] = []
+    for group in groups:
+        types.extend(ctx.tensor(2 + group * count + i) for i in range(count))
+    return types
+
+
+def _grid_sample(ctx: InferContext) -> list[Type]:
+    data, grid = ctx.tensor(0), ctx.tensor(1)
+    if data.shape is None or grid.shape is None:
+        return [TensorType(data.dtype, None)]
+    return [TensorType(data.dtype, (data.shape[0], data.shape[1], *grid.shape[1:-1]))]
+
+
+def _affine_grid(ctx: InferContext) -> list[Type]:
+    size = ctx.ints_value(1)
+    if size is None:
+        return [TensorType(ctx.dtype(0), None)]
+    spatial = size[2:]
+    return [TensorType(ctx.dtype(0), (size[0], *spatial, len(spatial)))]
+
+
+def _nms(ctx: InferContext) -> list[Type]:
+    return [TensorType(DType.INT64, (ctx.fresh("n"), 3))]
+
+
+def _det(ctx: InferContext) -> list[Type]:
+    shape = ctx.shape(0)
+    return [TensorType(ctx.dtype(0), None if shape is None else shape[:-2])]
+
+
+def _random_like(ctx: InferContext) -> list[Type]:
+    dtype = ctx.attr("dtype")
+    return [TensorType(DType.from_onnx(int(dtype)) if dtype else ctx.dtype(0), ctx.shape(0))]
+
+
+def _causal_conv(ctx: InferContext) -> list[Type]:
+    data, weight = ctx.tensor(0), ctx.tensor(1)
+    types: list[Type] = [TensorType(data.dtype, data.shape)]
+    if ctx.num_outputs > 1:
+        if ctx.has(3):
+            types.append(ctx.tensor(3))
+        elif data.shape is not None and weight.shape is not None and isinstance(weight.shape[-1], int):
+            types.append(TensorType(data.dtype, (data.shape[0], data.shape[1], weight.shape[-1] - 1)))
+        else:
+            types.append(TensorType(data.dtype, None))
+    return types
+
+
+def _linear_attention(ctx: InferContext) -> list[Type]:
+    q, v = ctx.tensor(0), ctx.tensor(2)
+    if q.shape is None or v.shape is None:
+        return [TensorType(q.dtype, None)] * ctx.num_outputs
+    if len(q.shape) == 4:
+        y: tuple = (*q.shape[:3], v.shape[3])
+        state: Type = TensorType(q.dtype, (q.shape[0], v.shape[1], q.shape[3], v.shape[3]))
+    else:
+        q_heads, kv_heads = ctx.attr("q_num_heads"), ctx.attr("kv_num_heads")
+        v_width = v.shape[2]
+        if q_heads and kv_heads and isinstance(v_width, int):
+            width: Dim = q_heads * (v_width // kv_heads)
+        else:
+            width = ctx.fresh()
+        y = (q.shape[0], q.shape[1], width)
+        state = ctx.tensor(3) if ctx.has(3) else TensorType(q.dtype, ctx.fresh_shape(4))
+    return [TensorType(q.dtype, y), state][: ctx.num_outputs]
+
+
+def _flex_attention(ctx: InferContext) -> list[Type]:
+    q, v = ctx.tensor(0), ctx.tensor(2)
+    if q.shape is None or v.shape is None:
+        return [TensorType(q.dtype, None)]
+    return [TensorType(q.dtype, (*q.shape[:-1], v.shape[-1]))]
+
+
+def _register() -> None:
+    for op in ("Conv", "ConvInteger", "QLinearConv", "DeformConv"):
+        register(op, _conv)
+    register("ConvTranspose", _conv_transpose)
+    for op in ("MaxPool", "AveragePool", "LpPool"):
+        register(op, _pool)
+    for op in ("GlobalAveragePool", "GlobalMaxPool", "GlobalLpPool"):
+        register(op, _global_pool)
+    register("MaxUnpool", _max_unpool)
+    register("MaxRoiPool", _roi_pool)
+    register("RoiAlign", _roi_pool)
+    for op in ("MatMul", "MatMulInteger", "QLinearMatMul"):
+        register(op, _matmul)
+    register("Gemm", _gemm)
+    register("Einsum", _einsum)
+    register("BatchNormalization", _batch_norm)
+    register("LayerNormalization", _layer_norm)
+    for op in (
+        "InstanceNormalization GroupNormalization RMSNormalization LRN LpNormalization "
+        "MeanVarianceNormalization Softmax LogSoftmax Hardmax CumSum CumProd RotaryEmbedding"
+    ).split():
+        register(op, same_as_input())
+    for op in (
+        "ReduceSum ReduceMean ReduceMax ReduceMin ReduceProd ReduceL1 ReduceL2 ReduceLogSum "
+        "ReduceLogSumExp ReduceSumSquare ArgMax ArgMin"
+    ).split():
+        register(op, _reduce)
+    for op in ("RNN", "GRU", "LSTM"):
+        register(op, _recurrent)
+    register("Attention", _attention)
+    register("NegativeLogLikelihoodLoss", _loss)
+    register("SoftmaxCrossEntropyLoss", _loss)
+    for op in ("HannWindow", "HammingWindow", "BlackmanWindow"):
+        register(op, _window)
+    register("MelWeightMatrix", _mel)
+    register("DFT", _dft)
+    register("STFT", _stft)
+    for op in ("Adagrad", "Adam", "Momentum"):
+        register(op, _optimizer, domain="ai.onnx.preview.training")
+    register("GridSample", _grid_sample)
+    register("AffineGrid", _affine_grid)
+    register("NonMaxSuppression", _nms)
+    register("Det", _det)
+    for op in ("Bernoulli", "RandomUniformLike", "RandomNormalLike"):
+        register(op, _random_like)
+    register("CausalConvWithState", _causal_conv)
+    register("LinearAttention", _linear_attention)
+    register("FlexAttention", _flex_attention, domain="ai.onnx.preview")
+    register("SwiGLU", _swiglu)
+
+
+def _swiglu(ctx: InferContext) -> list[Type]:
+    from kiln.ops.registry import broadcast_shapes
+
+    if ctx.has(1):
+        return [TensorType(ctx.dtype(0), broadcast_shapes(ctx, ctx.shape(0), ctx.shape(1)))]
+    shape = ctx.shape(0)
+    if shape is None:
+        return [TensorType(ctx.dtype(0), None)]
+    last = shape[-1]
+    half = last // 2 if isinstance(last, int) else ctx.fresh()
+    return [TensorType(ctx.dtype(0), (*shape[:-1], half))]
+
+
+_register()

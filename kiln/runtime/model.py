@@ -1,0 +1,136 @@
+"""The public model object: ``run(dict) -> dict``, ``__call__``, ``submit -> Future``.
+
+Every target's compiled model shares this front: inputs are validated (name, dtype, shape,
+consistent symbolic dims) before anything runs, so a wrong input is a clear ``InputError``.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import os
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from kiln.errors import InputError
+from kiln.ir.graph import Graph
+from kiln.ir.types import DType, SequenceType, TensorType
+from kiln.runtime.interpreter import Interpreter
+
+
+class Model:
+    """Base of compiled models; subclasses implement ``_execute(list) -> list``."""
+
+    target = "abstract"
+
+    def __init__(self, graph: Graph) -> None:
+        self.graph = graph
+        self.input_names = [v.name for v in graph.inputs]
+        self.output_names = [v.name for v in graph.outputs]
+        self._executor: concurrent.futures.ThreadPoolExecutor | None = None
+
+    # -- public API ----------------------------------------------------------------------------
+
+    def run(self, feeds: Mapping[str, Any]) -> dict[str, Any]:
+        """Run once; returns {output name: array} in the model's output order."""
+        arrays = self.validate(feeds)
+        return dict(zip(self.output_names, self._execute(arrays)))
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """Positional/keyword convenience: one output comes back bare, several as a tuple."""
+        if len(args) > len(self.input_names):
+            raise InputError(f"model takes {len(self.input_names)} inputs, got {len(args)} positional")
+        feeds = dict(zip(self.input_names, args))
+        for key, value in kwargs.items():
+            if key in feeds:
+                raise InputError(f"input {key!r} given twice")
+            feeds[key] = value
+        outputs = list(self.run(feeds).values())
+        return outputs[0] if len(outputs) == 1 else tuple(outputs)
+
+    def submit(self, feeds: Mapping[str, Any]) -> concurrent.futures.Future:
+        """Run asynchronously; returns a Future of ``run``'s dict. Inputs are checked right away."""
+        arrays = self.validate(feeds)
+        if self._executor is None:
+            self._executor = concurrent.futures.ThreadPoolExecutor(
+                max_workers=max(2, os.cpu_count() or 2), thread_name_prefix=f"kiln-{self.target}"
+            )
+        return self._executor.submit(lambda: dict(zip(self.output_names, self._execute(arrays))))
+
+    def close(self) -> None:
+        if self._executor is not None:
+            self._executor.shutdown(wait=True)
+            self._executor = None
+
+    # -- validation ----------------------------------------------------------------------------
+
+    def validate(self, feeds: Mapping[str, Any]) -> list[Any]:
+        """Inputs in graph order, checked; raises InputError naming the input and the mismatch."""
+        if not isinstance(feeds, Mapping):
+            raise InputError(f"run() takes a dict of input name -> array, got {type(feeds).__name__}")
+        unknown = [k for k in feeds if k not in self.input_names]
+        missing = [k for k in self.input_names if k not in feeds]
+        if unknown or missing:
+            parts = []
+            if unknown:
+                parts.append(f"unknown input(s) {unknown}")
+            if missing:
+                parts.append(f"missing input(s) {missing}")
+            raise InputError(f"{'; '.join(parts)}; the model's inputs are {self.input_names}")
+        bindings: dict[str, int] = {}
+        arrays = []
+        for value in self.graph.inputs:
+            arrays.append(_check_input(value.name, value.type, feeds[value.name], bindings))
+        return arrays
+
+    def _execute(self, inputs: list[Any]) -> list[Any]:
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        inputs = ", ".join(f"{v.name}: {v.type}" for v in self.graph.inputs)
+        return f"<kiln {self.target} model ({inputs}) -> {self.output_names}>"
+
+
+def _check_input(name: str, expected: Any, data: Any, bindings: dict[str, int]) -> Any:
+    if isinstance(expected, SequenceType):
+        if not isinstance(data, (list, tuple)):
+            raise InputError(f"input {name!r}: expected a sequence (list) of {expected.elem}, got {type(data).__name__}")
+        return [_check_input(f"{name}[{i}]", expected.elem, item, {}) for i, item in enumerate(data)]
+    if not isinstance(expected, TensorType):
+        return data
+    if not isinstance(data, np.ndarray):
+        if isinstance(data, (int, float, bool, list, tuple, np.generic)):
+            data = np.asarray(data, dtype=expected.dtype.numpy)
+        else:
+            raise InputError(f"input {name!r}: expected an array {expected}, got {type(data).__name__}")
+    try:
+        got = DType.from_numpy(data.dtype)
+    except ValueError:
+        got = None
+    if got != expected.dtype:
+        raise InputError(f"input {name!r}: expected dtype {expected.dtype.short} ({expected}), got {data.dtype}")
+    if expected.shape is not None:
+        if data.ndim != len(expected.shape):
+            raise InputError(f"input {name!r}: expected rank {len(expected.shape)} ({expected}), got shape {list(data.shape)}")
+        for axis, (dim, size) in enumerate(zip(expected.shape, data.shape)):
+            if isinstance(dim, int) and dim != size:
+                raise InputError(f"input {name!r}: expected shape {expected}, got {list(data.shape)} (axis {axis})")
+            if isinstance(dim, str) and bindings.setdefault(dim, size) != size:
+                raise InputError(
+                    f"input {name!r}: dim {dim!r} is {size} on axis {axis} but {bindings[dim]} in an earlier input"
+                )
+    return data
+
+
+class ReferenceModel(Model):
+    """The oracle: the graph run by kiln's reference interpreter."""
+
+    target = "reference"
+
+    def __init__(self, graph: Graph) -> None:
+        super().__init__(graph)
+        self.interpreter = Interpreter(graph)
+
+    def _execute(self, inputs: list[Any]) -> list[Any]:
+        return self.interpreter.run(inputs)
