@@ -232,6 +232,9 @@ class _Importer:
         except KilnError as err:
             self.problems.append(f"invalid: {label}: {err}")
             builder.poison(proto)
+        except Exception as err:  # noqa: BLE001 - a kiln bug, reported with the node instead of a traceback
+            self.problems.append(f"invalid: {label}: kiln bug while importing this node: {type(err).__name__}: {err}")
+            builder.poison(proto)
 
     def attribute(self, proto: onnx.AttributeProto, builder: Any, hints: list[Type] | None) -> Any:
         kind = proto.type

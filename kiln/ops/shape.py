@@ -14,6 +14,7 @@ from kiln.errors import ShapeInferenceError
 from kiln.ir.types import Dim, DType, TensorType, Type
 from kiln.ops.registry import (
     InferContext,
+    RunContext,
     broadcast_shapes,
     dim_product,
     normalize_axis,
@@ -358,7 +359,10 @@ def _range(ctx: InferContext) -> list[Type]:
     start, limit, delta = ctx.value(0), ctx.value(1), ctx.value(2)
     if start is None or limit is None or delta is None:
         return [TensorType(dtype, (ctx.fresh("n"),))]
-    count = max(int(np.ceil((float(limit) - float(start)) / float(delta))), 0)
+    start, limit, delta = (float(np.asarray(v).reshape(-1)[0]) for v in (start, limit, delta))
+    if delta == 0:
+        raise ShapeInferenceError("Range delta cannot be 0")
+    count = max(int(np.ceil((limit - start) / delta)), 0)
     return [TensorType(dtype, (count,))]
 
 
@@ -507,6 +511,17 @@ def _array_feature_extractor(ctx: InferContext) -> list[Type]:
     return [TensorType(data.dtype, (*data.shape[:-1], count) if len(data.shape) > 1 else (1, count))]
 
 
+def _gather_elements_reference(ctx: RunContext, inputs: list) -> list:
+    # kiln's own: onnx's version relies on np.choose, which fails past 32 choices along the axis.
+    data, indices = inputs
+    axis = normalize_axis(ctx.attr("axis"), data.ndim)
+    size = data.shape[axis]
+    if indices.size and (indices.min() < -size or indices.max() >= size):
+        raise IndexError(f"GatherElements index out of range [-{size}, {size - 1}]")
+    indices = np.where(indices < 0, indices + size, indices)
+    return [np.take_along_axis(data, indices.astype(np.int64), axis=axis)]
+
+
 def _register() -> None:
     register("Reshape", _reshape)
     register("Flatten", _flatten)
@@ -517,7 +532,11 @@ def _register() -> None:
     register("Split", _split)
     register("Slice", _slice)
     register("Gather", _gather)
-    register("GatherElements", lambda ctx: [TensorType(ctx.dtype(0), ctx.shape(1))])
+    register(
+        "GatherElements",
+        lambda ctx: [TensorType(ctx.dtype(0), ctx.shape(1))],
+        reference=_gather_elements_reference,
+    )
     register("GatherND", _gather_nd)
     for op in ("ScatterElements", "ScatterND", "Scatter", "TensorScatter"):
         register(op, same_as_input())

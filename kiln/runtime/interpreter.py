@@ -37,9 +37,14 @@ def evaluate_node(node: Node, inputs: list[Any], execution: Any = None) -> list[
 
 
 def _normalize(value: Any) -> Any:
-    if value is None or isinstance(value, (list, np.ndarray)):
+    """Outputs become owned, contiguous arrays: some references return broadcast views (zero
+    strides over a tiny buffer) that later ops' reshapes cannot handle."""
+    if value is None or isinstance(value, list):
         return value
-    return np.asarray(value)
+    array = np.asarray(value)
+    if not array.flags.c_contiguous or not array.flags.owndata:
+        array = np.array(array, order="C", copy=True)  # (np.ascontiguousarray would make 0-d arrays 1-d)
+    return array
 
 
 class Interpreter:

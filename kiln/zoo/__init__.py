@@ -1,0 +1,192 @@
+"""Built-in models: built from code with random weights (fixed seed), exported to ONNX opset 17 once
+and cached on disk. ``kiln.zoo.onnx_path("resnet50")`` -> path of the cached model.
+
+The cache lives in ``$KILN_CACHE_DIR/zoo`` (default ``~/.cache/kiln/zoo``); a file's name carries a
+hash of everything that determines its content, so a change of recipe never reuses a stale file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from kiln.errors import KilnError
+
+ZOO_OPSET = 17
+EXPORT_RECIPE = 1  # bump when the export procedure changes
+
+
+@dataclass(frozen=True)
+class ZooModel:
+    name: str
+    description: str
+    build: Callable[[dict[str, Any]], Any]  # options -> torch module (eval mode, weights set)
+    example_inputs: Callable[[dict[str, Any], int], dict[str, np.ndarray]]  # (options, seed) -> inputs
+    defaults: dict[str, Any] = field(default_factory=dict)
+    dynamic_axes: dict[str, dict[int, str]] = field(default_factory=dict)
+    output_names: tuple[str, ...] = ("output",)
+
+
+def _image_inputs(options: dict[str, Any], seed: int) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    size = options.get("image_size", 224)
+    return {"input": rng.standard_normal((options.get("batch", 1), 3, size, size)).astype(np.float32)}
+
+
+def _token_inputs(options: dict[str, Any], seed: int) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    batch, seq = options.get("batch", 1), options.get("seq", 128)
+    ids = rng.integers(0, options.get("vocab", 30522), size=(batch, seq), dtype=np.int64)
+    return {"input_ids": ids, "attention_mask": np.ones((batch, seq), dtype=np.int64)}
+
+
+def _build_cnn(factory_name: str) -> Callable[[dict[str, Any]], Any]:
+    def build(options: dict[str, Any]) -> Any:
+        import torch
+
+        from kiln.zoo import cnn
+
+        torch.manual_seed(options.get("seed", 0))
+        model = getattr(cnn, factory_name)()
+        cnn.calibrate_batchnorm(model, seed=options.get("seed", 0))
+        return model.eval()
+
+    return build
+
+
+def _build_bert(options: dict[str, Any]) -> Any:
+    from kiln.zoo.transformers_models import build_bert
+
+    return build_bert(options)
+
+
+def _build_gpt2(options: dict[str, Any]) -> Any:
+    from kiln.zoo.transformers_models import build_gpt2
+
+    return build_gpt2(options)
+
+
+MODELS: dict[str, ZooModel] = {
+    "resnet50": ZooModel(
+        "resnet50",
+        "ResNet-50 (torchvision architecture), 224x224, 25.6M parameters, 8.2 GFLOP",
+        _build_cnn("resnet50"),
+        _image_inputs,
+        dynamic_axes={"input": {0: "batch"}, "output": {0: "batch"}},
+    ),
+    "vgg19": ZooModel(
+        "vgg19",
+        "VGG-19 (torchvision architecture), 224x224, 143.7M parameters, 39.3 GFLOP",
+        _build_cnn("vgg19"),
+        _image_inputs,
+        dynamic_axes={"input": {0: "batch"}, "output": {0: "batch"}},
+    ),
+    "bert-base": ZooModel(
+        "bert-base",
+        "BERT-base encoder (transformers BertModel, random init), seq 128, 109M parameters",
+        _build_bert,
+        _token_inputs,
+        defaults={"seq": 128, "vocab": 30522},
+        dynamic_axes={"input_ids": {0: "batch"}, "attention_mask": {0: "batch"}, "last_hidden_state": {0: "batch"}},
+        output_names=("last_hidden_state",),
+    ),
+    "gpt2": ZooModel(
+        "gpt2",
+        "GPT-2 small (transformers GPT2Model, random init), seq 128, 124M parameters",
+        _build_gpt2,
+        _token_inputs,
+        defaults={"seq": 128, "vocab": 50257},
+        dynamic_axes={"input_ids": {0: "batch"}, "attention_mask": {0: "batch"}, "last_hidden_state": {0: "batch"}},
+        output_names=("last_hidden_state",),
+    ),
+}
+
+DEFAULT_MODELS = ("resnet50", "vgg19", "bert-base", "gpt2")
+
+
+def get(name: str) -> ZooModel:
+    try:
+        return MODELS[name]
+    except KeyError:
+        raise KilnError(f"unknown zoo model {name!r}; available: {', '.join(MODELS)}") from None
+
+
+def cache_dir() -> Path:
+    root = os.environ.get("KILN_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "kiln")
+    path = Path(root) / "zoo"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def options_for(name: str, **overrides: Any) -> dict[str, Any]:
+    options = {"seed": 0, "batch": 1, **get(name).defaults}
+    options.update({k: v for k, v in overrides.items() if v is not None})
+    return options
+
+
+def example_inputs(name: str, seed: int = 0, **overrides: Any) -> dict[str, np.ndarray]:
+    """Deterministic random inputs for ``name`` (batch, seq, image_size may be overridden)."""
+    model = get(name)
+    return model.example_inputs(options_for(name, **overrides), seed)
+
+
+def onnx_path(name: str, *, opset: int = ZOO_OPSET, progress: Callable[[str], None] | None = None, **overrides: Any) -> Path:
+    """Path of the cached ONNX export of ``name``, exporting it first if needed."""
+    model = get(name)
+    options = options_for(name, **overrides)
+    options.pop("batch", None)  # the batch dim is symbolic in the export
+    key = json.dumps({"name": name, "opset": opset, "options": options, "recipe": EXPORT_RECIPE}, sort_keys=True)
+    digest = hashlib.sha256(key.encode()).hexdigest()[:12]
+    path = cache_dir() / f"{name}-opset{opset}-{digest}.onnx"
+    if path.exists():
+        return path
+    if progress:
+        progress(f"exporting {name} to ONNX (opset {opset}); cached at {path}")
+    module = model.build(options)
+    export_module(module, model.example_inputs({**options, "batch": 1}, 0), path, opset, model.dynamic_axes, model.output_names)
+    return path
+
+
+def export_module(
+    module: Any,
+    inputs: dict[str, np.ndarray],
+    path: Path,
+    opset: int,
+    dynamic_axes: dict[str, dict[int, str]] | None = None,
+    output_names: tuple[str, ...] = ("output",),
+) -> None:
+    """Export a torch module with the classic (TorchScript) exporter, atomically."""
+    import torch
+
+    tensors = tuple(torch.from_numpy(v) for v in inputs.values())
+    partial = path.with_suffix(f".partial-{os.getpid()}")
+    with torch.no_grad():
+        torch.onnx.export(
+            module,
+            tensors,
+            str(partial),
+            input_names=list(inputs),
+            output_names=list(output_names),
+            dynamic_axes=dynamic_axes or None,
+            opset_version=opset,
+            dynamo=False,
+            do_constant_folding=True,
+        )
+    os.replace(partial, path)
+
+
+def load_state_dict(name: str, state_dict_path: str | os.PathLike) -> Any:
+    """Build zoo model ``name`` and load a torch state_dict (e.g. torchvision's) into it strictly."""
+    import torch
+
+    module = get(name).build(options_for(name))
+    state = torch.load(str(state_dict_path), map_location="cpu", weights_only=True)
+    module.load_state_dict(state, strict=True)
+    return module.eval()
