@@ -19,7 +19,7 @@ __version__ = "0.1.0"
 TARGETS = ("reference",)
 
 
-def compile(model: Any, target: str = "reference", example_inputs: Any = None) -> Any:  # noqa: A001
+def compile(model: Any, target: str = "reference", example_inputs: Any = None) -> Any:
     """Compile ``model`` (ONNX path/bytes/ModelProto, kiln Graph, or torch module + example inputs).
 
     Returns a model object with ``run(dict) -> dict``, ``__call__`` and ``submit -> Future``.

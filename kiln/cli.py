@@ -42,10 +42,16 @@ def main() -> None:
     help="ONNX test group(s): node, simple, pytorch-converted, pytorch-operator. Repeatable.",
 )
 @click.option("--filter", "name_filter", default=None, help="Only cases whose name matches this regex.")
-@click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path), help="Write the full report here.")
+@click.option(
+    "--json", "json_path", type=click.Path(dir_okay=False, path_type=Path), help="Write the full report here."
+)
 @click.option("--jobs", "-j", type=int, default=None, help="Worker processes (default: CPU count).")
 @click.option("--timeout", type=float, default=60.0, show_default=True, help="Seconds per case before it is killed.")
-@click.option("--baseline", type=click.Path(exists=True, dir_okay=False, path_type=Path), help="Fail (exit 1) if the pass count falls below this file's.")
+@click.option(
+    "--baseline",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="Fail (exit 1) if the pass count falls below this file's.",
+)
 @click.option("--show-failures/--no-show-failures", default=True, show_default=True, help="List failing cases.")
 def conformance(
     target: str,
@@ -69,7 +75,13 @@ def conformance(
     if not cases:
         raise click.ClickException(f"no cases match filter {name_filter!r}")
     console.print(f"running {len(cases)} case(s) from {', '.join(suites)} on target [bold]{target}[/]")
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[passed]} passed"), TimeRemainingColumn())
+    columns = (
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[passed]} passed"),
+        TimeRemainingColumn(),
+    )
     with Progress(*columns, console=console, transient=True) as bar:
         task = bar.add_task("conformance", total=len(cases), passed=0)
         passed = 0
@@ -118,7 +130,77 @@ def _print_report(report, show_failures: bool) -> None:  # type: ignore[no-untyp
                 table.add_row(op, str(row["cases"]), str(row["passed"]))
             out.print(table)
     summary = ", ".join(f"{k}: {v}" for k, v in sorted(counts.items()))
-    out.print(f"[bold]{report.passed}/{report.total} passed ({100 * report.rate:.1f}%)[/] on target {report.target} ({summary})")
+    out.print(
+        f"[bold]{report.passed}/{report.total} passed ({100 * report.rate:.1f}%)[/] on target {report.target} ({summary})"
+    )
+
+
+@main.group()
+def zoo() -> None:
+    """Built-in models: list them, export them to ONNX, check them against onnxruntime."""
+
+
+@zoo.command("list")
+def zoo_list() -> None:
+    """List the built-in models."""
+    from kiln import zoo as models
+
+    table = Table(title="kiln zoo")
+    table.add_column("name")
+    table.add_column("description")
+    table.add_column("default", justify="center")
+    for name, model in models.MODELS.items():
+        table.add_row(name, model.description, "yes" if name in models.DEFAULT_MODELS else "")
+    out.print(table)
+
+
+def _model_names(names: tuple[str, ...]) -> list[str]:
+    from kiln import zoo as models
+
+    chosen = list(names) or list(models.DEFAULT_MODELS)
+    unknown = [n for n in chosen if n not in models.MODELS]
+    if unknown:
+        raise click.BadParameter(f"unknown model(s) {unknown}; available: {', '.join(models.MODELS)}")
+    return chosen
+
+
+@zoo.command("export")
+@click.argument("names", nargs=-1)
+def zoo_export(names: tuple[str, ...]) -> None:
+    """Export NAMES (default: the four seed models) to ONNX and print the cached paths."""
+    from kiln import zoo as models
+
+    for name in _model_names(names):
+        out.print(f"{name}: {models.onnx_path(name, progress=console.print)}")
+
+
+@zoo.command("check")
+@click.argument("names", nargs=-1)
+@click.option("--target", default="reference", show_default=True)
+@click.option("--tolerance", type=float, default=1e-4, show_default=True, help="Max relative L2 error vs onnxruntime.")
+def zoo_check(names: tuple[str, ...], target: str, tolerance: float) -> None:
+    """Import NAMES, run them on kiln, and compare with onnxruntime (exit 1 on a mismatch)."""
+    from kiln.zoo.check import check_model
+
+    table = Table(title=f"zoo models on kiln {target} vs onnxruntime")
+    for column in ("model", "import s", "run s", "rel L2", "max abs", "result"):
+        table.add_column(column)
+    failed = False
+    for name in _model_names(names):
+        result = check_model(name, target=target, progress=console.print)
+        ok = result.relative_l2 is not None and result.relative_l2 <= tolerance
+        failed |= not ok
+        table.add_row(
+            name,
+            f"{result.import_seconds:.1f}",
+            f"{result.run_seconds:.1f}",
+            "n/a" if result.relative_l2 is None else f"{result.relative_l2:.2e}",
+            "n/a" if result.max_abs is None else f"{result.max_abs:.2e}",
+            "[green]match[/]" if ok else f"[red]{result.note or 'MISMATCH'}[/]",
+        )
+    out.print(table)
+    if failed:
+        sys.exit(1)
 
 
 @main.command()

@@ -109,9 +109,7 @@ def load_cases(suites: Iterable[str] = ("node",), name_filter: str | None = None
                 continue  # 'real' models are downloaded on demand; none are on disk here
             data_sets = test.data_sets if test.data_sets is not None else _data_from_dir(test.model_dir, model)
             ops = sorted({n.op_type for n in model.graph.node})
-            cases.append(
-                Case(test.name, suite, model.SerializeToString(), data_sets, test.rtol, test.atol, ops)
-            )
+            cases.append(Case(test.name, suite, model.SerializeToString(), data_sets, test.rtol, test.atol, ops))
     _ = onnx
     return cases
 
@@ -220,7 +218,7 @@ def run_case(case: Case, target: str) -> CaseResult:
         status, message = "fail", str(err).strip()[:2000]
     except KilnError as err:
         status, message = "error", f"{type(err).__name__}: {err}"[:2000]
-    except Exception as err:  # noqa: BLE001 - any other exception is a kiln bug, recorded as such
+    except Exception as err:
         status = "error"
         message = f"internal error {type(err).__name__}: {err}\n{traceback.format_exc(limit=6)}"[:4000]
     return CaseResult(case.name, case.suite, status, case.ops, time.perf_counter() - start, message, native)
@@ -301,12 +299,21 @@ def run_conformance(
                     worker.process.join(timeout=5)
                     message = f"worker process died (exit code {worker.process.exitcode})"
                     workers[workers.index(worker)] = _replace(worker, context, target)
-                    record(CaseResult(case.name, case.suite, "crash", case.ops, time.monotonic() - worker.started, message))
+                    record(
+                        CaseResult(case.name, case.suite, "crash", case.ops, time.monotonic() - worker.started, message)
+                    )
             now = time.monotonic()
             for position, worker in enumerate(workers):
                 if worker.case is not None and now - worker.started > timeout:
                     case = worker.case
-                    hung = CaseResult(case.name, case.suite, "timeout", case.ops, now - worker.started, f"no result after {timeout:.0f} s")
+                    hung = CaseResult(
+                        case.name,
+                        case.suite,
+                        "timeout",
+                        case.ops,
+                        now - worker.started,
+                        f"no result after {timeout:.0f} s",
+                    )
                     workers[position] = _replace(worker, context, target)
                     record(hung)
     finally:
@@ -324,4 +331,3 @@ def run_conformance(
 def _replace(worker: _Worker, context: Any, target: str) -> _Worker:
     worker.stop()
     return _Worker(context, target)
-

@@ -13,7 +13,7 @@ import numpy as np
 import onnx
 
 from kiln.errors import InvalidModelError, ShapeInferenceError
-from kiln.frontend.onnx import KNOWN_VALUE_LIMIT, _NONDETERMINISTIC, _Unsupported, infer_node
+from kiln.frontend.onnx import _NONDETERMINISTIC, KNOWN_VALUE_LIMIT, _Unsupported, infer_node
 from kiln.ir.graph import Node, Value, constant_type, unique_name
 from kiln.ir.types import DType, SequenceType, TensorType, Type
 from kiln.ops.registry import lookup
@@ -156,7 +156,7 @@ class GraphBuilder:
 
         try:
             outputs = evaluate_node(node, list(known))
-        except Exception:  # noqa: BLE001 - the node then simply has no compile-time value
+        except Exception:
             return
         for value, array in zip(node.outputs, outputs):
             if isinstance(array, np.ndarray) and array.size <= KNOWN_VALUE_LIMIT:
@@ -218,7 +218,9 @@ def _without(proto: onnx.NodeProto, *names: str) -> onnx.NodeProto:
     return copy
 
 
-def _attr_to_inputs(proto: onnx.NodeProto, builder: GraphBuilder, label: str, op: str, moves: list[tuple[str, int, Any]]) -> None:
+def _attr_to_inputs(
+    proto: onnx.NodeProto, builder: GraphBuilder, label: str, op: str, moves: list[tuple[str, int, Any]]
+) -> None:
     """Move attributes into (constant) inputs at given positions: (attr name, position, dtype)."""
     inputs = builder.inputs(proto)
     for attr_name, position, dtype in moves:
@@ -239,7 +241,17 @@ def _axes_to_input(op: str) -> Converter:
     return convert
 
 
-for _op in ("ReduceMean", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL1", "ReduceL2", "ReduceLogSum", "ReduceLogSumExp", "ReduceSumSquare"):
+for _op in (
+    "ReduceMean",
+    "ReduceMax",
+    "ReduceMin",
+    "ReduceProd",
+    "ReduceL1",
+    "ReduceL2",
+    "ReduceLogSum",
+    "ReduceLogSumExp",
+    "ReduceSumSquare",
+):
     converter(_op, 1)(_axes_to_input(_op))
     converter(_op, 18)(lambda p, b, label: b.emit_proto(p, label))
 converter("ReduceSum", 1)(_axes_to_input("ReduceSum"))
@@ -259,7 +271,9 @@ converter("Split", 13)(lambda p, b, label: b.emit_proto(p, label))
 
 @converter("Slice", 1)
 def _slice_v1(proto: onnx.NodeProto, builder: GraphBuilder, label: str) -> None:
-    _attr_to_inputs(proto, builder, label, "Slice", [("starts", 1, np.int64), ("ends", 2, np.int64), ("axes", 3, np.int64)])
+    _attr_to_inputs(
+        proto, builder, label, "Slice", [("starts", 1, np.int64), ("ends", 2, np.int64), ("axes", 3, np.int64)]
+    )
 
 
 converter("Slice", 10)(lambda p, b, label: b.emit_proto(p, label))

@@ -23,16 +23,25 @@ from kiln.errors import (
     ModelLoadError,
     ShapeInferenceError,
     UnsupportedModelError,
+    VerificationError,
 )
 from kiln.ir.graph import DEFAULT_OPSET, Graph, Node, Value, constant_type, unique_name
 from kiln.ir.types import DType, OptionalType, SequenceType, TensorType, Type
+from kiln.ir.verify import verify
 from kiln.ops.registry import InferContext, lookup
 
 ModelSource = str | os.PathLike | bytes | onnx.ModelProto
 
 # Inputs to compile-time evaluation are capped so that import never does real model work.
 KNOWN_VALUE_LIMIT = 4096
-_NONDETERMINISTIC = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Bernoulli", "Multinomial"}
+_NONDETERMINISTIC = {
+    "RandomNormal",
+    "RandomUniform",
+    "RandomNormalLike",
+    "RandomUniformLike",
+    "Bernoulli",
+    "Multinomial",
+}
 
 
 def load_model(source: ModelSource) -> tuple[onnx.ModelProto, str]:
@@ -69,14 +78,17 @@ def import_onnx(source: ModelSource) -> Graph:
     opsets = {("" if o.domain == "ai.onnx" else o.domain): o.version for o in model.opset_import}
     opsets.setdefault("", DEFAULT_OPSET)
     importer = _Importer(opsets, where)
-    graph = importer.graph(model.graph, outer={}, hints=None, top=True)
+    graph = importer.graph(model.graph, outer={}, hints=None)
     if importer.problems:
         unsupported = [p for p in importer.problems if p.startswith("unsupported:")]
         lines = [p.split(":", 1)[1].strip() for p in importer.problems]
         if unsupported:
             raise UnsupportedModelError(lines, source=where)
         raise InvalidModelError(f"{where}: {len(lines)} problem(s):\n" + "\n".join(f"  - {x}" for x in lines))
-    return graph
+    try:
+        return verify(graph)
+    except VerificationError as err:
+        raise InvalidModelError(f"{where}: the imported graph is malformed:\n{err}") from None
 
 
 # -- type conversion -------------------------------------------------------------------------------
@@ -144,7 +156,6 @@ class _Importer:
         proto: onnx.GraphProto,
         outer: dict[str, Value],
         hints: list[Type] | None,
-        top: bool = False,
         outer_known: dict[Value, np.ndarray] | None = None,
     ) -> Graph:
         from kiln.frontend.converters import GraphBuilder
@@ -192,8 +203,7 @@ class _Importer:
                 self.problems.append(f"invalid: graph output {info.name!r} is never produced")
                 continue
             outputs.append(scope.values[info.name])
-        opsets = dict(self.opsets) if top else dict(self.opsets)
-        return Graph(inputs, outputs, builder.nodes, constants, name=_symbol(proto.name or "main"), opsets=opsets)
+        return Graph(inputs, outputs, builder.nodes, constants, name=_symbol(proto.name or "main"), opsets=dict(self.opsets))
 
     def node(self, proto: onnx.NodeProto, builder: Any) -> None:
         from kiln.frontend.converters import _PoisonedInputs, pick_converter
@@ -232,7 +242,7 @@ class _Importer:
         except KilnError as err:
             self.problems.append(f"invalid: {label}: {err}")
             builder.poison(proto)
-        except Exception as err:  # noqa: BLE001 - a kiln bug, reported with the node instead of a traceback
+        except Exception as err:
             self.problems.append(f"invalid: {label}: kiln bug while importing this node: {type(err).__name__}: {err}")
             builder.poison(proto)
 

@@ -175,10 +175,7 @@ class _StructuralHasher:
         node_keys = []
         for node in graph.nodes:
             node_key = _sha(
-                "|".join(
-                    [node.domain, node.op, self.attrs(node.attrs)]
-                    + [self.value(v) for v in node.inputs]
-                )
+                "|".join([node.domain, node.op, self.attrs(node.attrs)] + [self.value(v) for v in node.inputs])
             )
             node_keys.append(node_key)
             for index, out in enumerate(node.outputs):

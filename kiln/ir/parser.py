@@ -165,9 +165,7 @@ class _Parser:
         self.expect("}")
         return opsets
 
-    def define(
-        self, scope: dict[str, Value], local: set[str], name: str, type_: Type, pos: int = -1
-    ) -> Value:
+    def define(self, scope: dict[str, Value], local: set[str], name: str, type_: Type, pos: int = -1) -> Value:
         if name in local:
             raise self.error_at(pos if pos >= 0 else self.peek()[2], f"%{name} is defined twice")
         local.add(name)

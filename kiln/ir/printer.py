@@ -112,9 +112,7 @@ class _Printer:
         op = f"{node.domain}::{node.op}" if node.domain else node.op
         text = f"{outs} = {op}({args})" if node.outputs else f"{op}({args})"
         if node.attrs:
-            attrs = ", ".join(
-                f"{k}={self.attr(v, node, k, indent)}" for k, v in node.attrs.items()
-            )
+            attrs = ", ".join(f"{k}={self.attr(v, node, k, indent)}" for k, v in node.attrs.items())
             text += " {" + attrs + "}"
         if node.name:
             text += f" name={json.dumps(node.name)}"

@@ -94,9 +94,7 @@ class DType(enum.Enum):
 _BY_CODE = {d.onnx_code: d for d in DType}
 _BY_SHORT = {d.short: d for d in DType}
 _BY_NUMPY = {d.numpy: d for d in DType if d is not DType.STRING}
-_FLOATS = frozenset(
-    d for d in DType if d.short.startswith(("f", "bf"))
-)
+_FLOATS = frozenset(d for d in DType if d.short.startswith(("f", "bf")))
 _INTEGERS = frozenset(d for d in DType if d.short.startswith(("i", "u")))
 
 

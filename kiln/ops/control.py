@@ -120,7 +120,8 @@ def _scan_infer(ctx: InferContext) -> list[Type]:
     if first_scan.shape is not None:
         length = first_scan.shape[normalize_axis(input_axes[0], len(first_scan.shape))]
     types: list[Type] = [
-        merge_types(ctx, ctx.input_types[i], body.outputs[i].type) for i in range(states)  # type: ignore[arg-type]
+        merge_types(ctx, ctx.input_types[i], body.outputs[i].type)
+        for i in range(states)  # type: ignore[arg-type]
     ]
     for index, value in enumerate(body.outputs[states:]):
         elem = value.type
@@ -144,9 +145,7 @@ def _scan_reference(ctx: RunContext, inputs: list) -> list:
     output_count = len(body.outputs) - len(states)
     output_axes = ctx.attr("scan_output_axes") or (0,) * output_count
     output_dirs = ctx.attr("scan_output_directions") or (0,) * output_count
-    sequences = [
-        np.moveaxis(seq, normalize_axis(axis, seq.ndim), 0) for seq, axis in zip(sequences, input_axes)
-    ]
+    sequences = [np.moveaxis(seq, normalize_axis(axis, seq.ndim), 0) for seq, axis in zip(sequences, input_axes)]
     length = sequences[0].shape[0] if sequences else 0
     collected: list[list[np.ndarray]] = [[] for _ in range(output_count)]
     for step in range(length):

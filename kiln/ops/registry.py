@@ -67,8 +67,19 @@ REGISTRY: dict[tuple[str, str], OpDef] = {}
 
 
 _ATTR_KINDS = {
-    1: "float", 2: "int", 3: "string", 4: "tensor", 5: "graph", 6: "floats", 7: "ints",
-    8: "strings", 9: "tensors", 10: "graphs", 11: "sparse_tensor", 13: "type", 14: "types",
+    1: "float",
+    2: "int",
+    3: "string",
+    4: "tensor",
+    5: "graph",
+    6: "floats",
+    7: "ints",
+    8: "strings",
+    9: "tensors",
+    10: "graphs",
+    11: "sparse_tensor",
+    13: "type",
+    14: "types",
 }
 
 

@@ -221,10 +221,7 @@ def _split(ctx: InferContext) -> list[Type]:
         raise ShapeInferenceError(f"split has {len(sizes)} sizes for {count} outputs")
     if isinstance(dim, int) and all(isinstance(s, int) for s in sizes) and sum(sizes) != dim:
         raise ShapeInferenceError(f"split sizes {sizes} do not add up to dim {dim}")
-    return [
-        TensorType(data.dtype, data.shape[:axis] + (size,) + data.shape[axis + 1 :])
-        for size in sizes
-    ]
+    return [TensorType(data.dtype, data.shape[:axis] + (size,) + data.shape[axis + 1 :]) for size in sizes]
 
 
 def _slice(ctx: InferContext) -> list[Type]:
@@ -303,7 +300,10 @@ def _tile(ctx: InferContext) -> list[Type]:
         return [TensorType(data.dtype, None)]
     if repeats is None:
         return [TensorType(data.dtype, ctx.fresh_shape(len(data.shape)))]
-    dims = [d * r if isinstance(d, int) else (d if r == 1 else ctx.fresh()) for d, r in zip(data.shape, repeats, strict=True)]
+    dims = [
+        d * r if isinstance(d, int) else (d if r == 1 else ctx.fresh())
+        for d, r in zip(data.shape, repeats, strict=True)
+    ]
     return [TensorType(data.dtype, tuple(dims))]
 
 
@@ -394,7 +394,12 @@ def _unique(ctx: InferContext) -> list[Type]:
         values = TensorType(data.dtype, tuple(dims))
     flat = symbolic_product(ctx, data.shape) if data.shape is not None else ctx.fresh()
     inverse = (flat,) if axis is None or data.shape is None else (data.shape[normalize_axis(axis, len(data.shape))],)
-    return [values, TensorType(DType.INT64, (count,)), TensorType(DType.INT64, inverse), TensorType(DType.INT64, (count,))][: ctx.num_outputs]
+    return [
+        values,
+        TensorType(DType.INT64, (count,)),
+        TensorType(DType.INT64, inverse),
+        TensorType(DType.INT64, (count,)),
+    ][: ctx.num_outputs]
 
 
 def _topk(ctx: InferContext) -> list[Type]:
@@ -473,7 +478,9 @@ def _resize(ctx: InferContext) -> list[Type]:
     elif scales is not None and np.asarray(scales).size:
         for i, a in enumerate(axes):
             scale = float(np.asarray(scales).reshape(-1)[i])
-            dims[a] = int(np.floor(dims[a] * scale)) if isinstance(dims[a], int) else (dims[a] if scale == 1 else ctx.fresh())
+            dims[a] = (
+                int(np.floor(dims[a] * scale)) if isinstance(dims[a], int) else (dims[a] if scale == 1 else ctx.fresh())
+            )
     else:
         dims = list(ctx.fresh_shape(rank) or ())
     return [TensorType(data.dtype, tuple(dims))]

@@ -79,9 +79,7 @@ class Interpreter:
             return lambda inputs, execution: [_normalize(o) for o in onnx_op(*inputs)]
         reference = opdef.reference
         assert reference is not None
-        return lambda inputs, execution: [
-            _normalize(o) for o in reference(RunContext(node, opdef, execution), inputs)
-        ]
+        return lambda inputs, execution: [_normalize(o) for o in reference(RunContext(node, opdef, execution), inputs)]
 
 
 class _Execution:
@@ -114,7 +112,9 @@ class _Execution:
                 except Exception as err:
                     raise ExecutionError(_node_failure(node, args, err)) from err
                 if len(outputs) < len(node.outputs):
-                    raise ExecutionError(f"node {node.label}: produced {len(outputs)} outputs, expected {len(node.outputs)}")
+                    raise ExecutionError(
+                        f"node {node.label}: produced {len(outputs)} outputs, expected {len(node.outputs)}"
+                    )
                 for value, data in zip(node.outputs, outputs):
                     if check:
                         problem = check_value(value.type, data, bindings)

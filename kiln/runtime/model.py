@@ -95,7 +95,9 @@ class Model:
 def _check_input(name: str, expected: Any, data: Any, bindings: dict[str, int]) -> Any:
     if isinstance(expected, SequenceType):
         if not isinstance(data, (list, tuple)):
-            raise InputError(f"input {name!r}: expected a sequence (list) of {expected.elem}, got {type(data).__name__}")
+            raise InputError(
+                f"input {name!r}: expected a sequence (list) of {expected.elem}, got {type(data).__name__}"
+            )
         return [_check_input(f"{name}[{i}]", expected.elem, item, {}) for i, item in enumerate(data)]
     if not isinstance(expected, TensorType):
         return data
@@ -112,7 +114,9 @@ def _check_input(name: str, expected: Any, data: Any, bindings: dict[str, int]) 
         raise InputError(f"input {name!r}: expected dtype {expected.dtype.short} ({expected}), got {data.dtype}")
     if expected.shape is not None:
         if data.ndim != len(expected.shape):
-            raise InputError(f"input {name!r}: expected rank {len(expected.shape)} ({expected}), got shape {list(data.shape)}")
+            raise InputError(
+                f"input {name!r}: expected rank {len(expected.shape)} ({expected}), got shape {list(data.shape)}"
+            )
         for axis, (dim, size) in enumerate(zip(expected.shape, data.shape)):
             if isinstance(dim, int) and dim != size:
                 raise InputError(f"input {name!r}: expected shape {expected}, got {list(data.shape)} (axis {axis})")

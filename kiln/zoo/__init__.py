@@ -137,7 +137,9 @@ def example_inputs(name: str, seed: int = 0, **overrides: Any) -> dict[str, np.n
     return model.example_inputs(options_for(name, **overrides), seed)
 
 
-def onnx_path(name: str, *, opset: int = ZOO_OPSET, progress: Callable[[str], None] | None = None, **overrides: Any) -> Path:
+def onnx_path(
+    name: str, *, opset: int = ZOO_OPSET, progress: Callable[[str], None] | None = None, **overrides: Any
+) -> Path:
     """Path of the cached ONNX export of ``name``, exporting it first if needed."""
     model = get(name)
     options = options_for(name, **overrides)
@@ -150,7 +152,9 @@ def onnx_path(name: str, *, opset: int = ZOO_OPSET, progress: Callable[[str], No
     if progress:
         progress(f"exporting {name} to ONNX (opset {opset}); cached at {path}")
     module = model.build(options)
-    export_module(module, model.example_inputs({**options, "batch": 1}, 0), path, opset, model.dynamic_axes, model.output_names)
+    export_module(
+        module, model.example_inputs({**options, "batch": 1}, 0), path, opset, model.dynamic_axes, model.output_names
+    )
     return path
 
 
