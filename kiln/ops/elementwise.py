@@ -79,7 +79,7 @@ def _bitcast(ctx: InferContext) -> list[Type]:
     ratio = source.dtype.numpy.itemsize / target.numpy.itemsize
     if ratio > 1:  # each element splits into several: a new trailing dim
         return [TensorType(target, (*shape, int(ratio)))]
-    if shape and shape[-1] == int(round(1 / ratio)):  # a trailing dim merges into one element
+    if shape and shape[-1] == round(1 / ratio):  # a trailing dim merges into one element
         return [TensorType(target, shape[:-1])]
     raise ShapeInferenceError(f"cannot bitcast {source} to {target.short}")
 

@@ -221,7 +221,7 @@ def _split(ctx: InferContext) -> list[Type]:
         raise ShapeInferenceError(f"split has {len(sizes)} sizes for {count} outputs")
     if isinstance(dim, int) and all(isinstance(s, int) for s in sizes) and sum(sizes) != dim:
         raise ShapeInferenceError(f"split sizes {sizes} do not add up to dim {dim}")
-    return [TensorType(data.dtype, data.shape[:axis] + (size,) + data.shape[axis + 1 :]) for size in sizes]
+    return [TensorType(data.dtype, (*data.shape[:axis], size, *data.shape[axis + 1:])) for size in sizes]
 
 
 def _slice(ctx: InferContext) -> list[Type]:
