@@ -217,7 +217,7 @@ def run() -> None:
     try:
         main(standalone_mode=True)
     except KilnError as err:
-        console.print(f"[red]error:[/] {err}", markup=True, highlight=False)
+        click.echo(f"error: {err}", err=True)  # unwrapped, so scripts can grep it
         sys.exit(2)
 
 

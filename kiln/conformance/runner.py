@@ -227,9 +227,13 @@ def run_case(case: Case, target: str) -> CaseResult:
 # -- isolation: worker processes ---------------------------------------------------------------------
 
 
-def _worker_main(connection: multiprocessing.connection.Connection, target: str) -> None:
+def _worker_main(connection: multiprocessing.connection.Connection, target: str, case_runner: str) -> None:
+    import importlib
+
     warnings.simplefilter("ignore")
     np.seterr(all="ignore")
+    module_name, _, function_name = case_runner.partition(":")
+    runner = getattr(importlib.import_module(module_name), function_name)
     while True:
         try:
             case = connection.recv()
@@ -237,13 +241,13 @@ def _worker_main(connection: multiprocessing.connection.Connection, target: str)
             return
         if case is None:
             return
-        connection.send(run_case(case, target))
+        connection.send(runner(case, target))
 
 
 class _Worker:
-    def __init__(self, context: Any, target: str) -> None:
+    def __init__(self, context: Any, target: str, case_runner: str) -> None:
         self.parent, child = context.Pipe()
-        self.process = context.Process(target=_worker_main, args=(child, target), daemon=True)
+        self.process = context.Process(target=_worker_main, args=(child, target, case_runner), daemon=True)
         self.process.start()
         child.close()
         self.case: Case | None = None
@@ -267,13 +271,18 @@ def run_conformance(
     jobs: int | None = None,
     timeout: float = DEFAULT_TIMEOUT,
     progress: Callable[[CaseResult], None] | None = None,
+    case_runner: str = "kiln.conformance.runner:run_case",
 ) -> Report:
-    """Run every case isolated in ``jobs`` worker processes; returns the report (case order kept)."""
+    """Run every case isolated in ``jobs`` worker processes; returns the report (case order kept).
+
+    ``case_runner`` ("module:function") is what a worker calls per case; tests swap it to make
+    workers crash or hang on purpose.
+    """
     context = multiprocessing.get_context("spawn")
     jobs = max(1, min(jobs or os.cpu_count() or 1, len(cases) or 1))
     pending = collections.deque(cases)
     results: dict[str, CaseResult] = {}
-    workers = [_Worker(context, target) for _ in range(jobs)]
+    workers = [_Worker(context, target, case_runner) for _ in range(jobs)]
 
     def record(result: CaseResult) -> None:
         results[f"{result.suite}/{result.name}"] = result
@@ -298,7 +307,7 @@ def run_conformance(
                     assert case is not None
                     worker.process.join(timeout=5)
                     message = f"worker process died (exit code {worker.process.exitcode})"
-                    workers[workers.index(worker)] = _replace(worker, context, target)
+                    workers[workers.index(worker)] = _replace(worker, context, target, case_runner)
                     record(
                         CaseResult(case.name, case.suite, "crash", case.ops, time.monotonic() - worker.started, message)
                     )
@@ -314,7 +323,7 @@ def run_conformance(
                         now - worker.started,
                         f"no result after {timeout:.0f} s",
                     )
-                    workers[position] = _replace(worker, context, target)
+                    workers[position] = _replace(worker, context, target, case_runner)
                     record(hung)
     finally:
         for worker in workers:
@@ -328,6 +337,6 @@ def run_conformance(
     return report
 
 
-def _replace(worker: _Worker, context: Any, target: str) -> _Worker:
+def _replace(worker: _Worker, context: Any, target: str, case_runner: str) -> _Worker:
     worker.stop()
-    return _Worker(context, target)
+    return _Worker(context, target, case_runner)

@@ -203,7 +203,9 @@ class _Importer:
                 self.problems.append(f"invalid: graph output {info.name!r} is never produced")
                 continue
             outputs.append(scope.values[info.name])
-        return Graph(inputs, outputs, builder.nodes, constants, name=_symbol(proto.name or "main"), opsets=dict(self.opsets))
+        return Graph(
+            inputs, outputs, builder.nodes, constants, name=_symbol(proto.name or "main"), opsets=dict(self.opsets)
+        )
 
     def node(self, proto: onnx.NodeProto, builder: Any) -> None:
         from kiln.frontend.converters import _PoisonedInputs, pick_converter

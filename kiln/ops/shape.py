@@ -153,8 +153,9 @@ def _unsqueeze(ctx: InferContext) -> list[Type]:
 
 def _carry_symbolic(ctx: InferContext, shape: tuple, transform) -> None:
     """Shape tensors reshaped between rank 0 and 1 keep their symbolic contents."""
-    if len(shape) <= 1 and ctx.symbolic and ctx.symbolic[0] is not None:
-        ctx.out_symbolic[0] = transform(ctx.symbolic[0])
+    contents = ctx.dims_value(0) if len(shape) <= 1 else None
+    if contents is not None:
+        ctx.out_symbolic[0] = transform(contents)
 
 
 def _transpose(ctx: InferContext) -> list[Type]:
@@ -194,8 +195,9 @@ def _concat(ctx: InferContext) -> list[Type]:
             if len(static) > 1:
                 raise ShapeInferenceError(f"inputs disagree on dim {i}: {column}")
             dims.append(static.pop() if static else column[0])
-    if rank == 1 and all(s is not None for s in ctx.symbolic[: ctx.num_inputs]):
-        ctx.out_symbolic[0] = tuple(d for s in ctx.symbolic[: ctx.num_inputs] for d in s)
+    parts = [ctx.dims_value(i) for i in range(ctx.num_inputs)] if rank == 1 else []
+    if parts and all(p is not None for p in parts):
+        ctx.out_symbolic[0] = tuple(d for p in parts for d in p)  # type: ignore[union-attr]
     return [TensorType(dtype, tuple(dims))]
 
 
@@ -221,7 +223,7 @@ def _split(ctx: InferContext) -> list[Type]:
         raise ShapeInferenceError(f"split has {len(sizes)} sizes for {count} outputs")
     if isinstance(dim, int) and all(isinstance(s, int) for s in sizes) and sum(sizes) != dim:
         raise ShapeInferenceError(f"split sizes {sizes} do not add up to dim {dim}")
-    return [TensorType(data.dtype, (*data.shape[:axis], size, *data.shape[axis + 1:])) for size in sizes]
+    return [TensorType(data.dtype, (*data.shape[:axis], size, *data.shape[axis + 1 :])) for size in sizes]
 
 
 def _slice(ctx: InferContext) -> list[Type]:
@@ -239,7 +241,7 @@ def _slice(ctx: InferContext) -> list[Type]:
     axes = list(range(len(starts))) if axes is None else [normalize_axis(a, rank) for a in axes]
     steps = [1] * len(starts) if steps is None else steps
     dims = list(data.shape)
-    symbolic = ctx.symbolic[0] if rank == 1 else None
+    symbolic = ctx.dims_value(0) if rank == 1 else None
     for start, end, axis, step in zip(starts, ends, axes, steps, strict=True):
         if step == 0:
             raise ShapeInferenceError("slice step cannot be 0")
@@ -264,11 +266,10 @@ def _gather(ctx: InferContext) -> list[Type]:
         return [TensorType(data.dtype, None)]
     axis = normalize_axis(ctx.attr("axis"), len(data.shape))
     shape = data.shape[:axis] + indices.shape + data.shape[axis + 1 :]
-    if len(data.shape) == 1 and ctx.symbolic[0] is not None:
-        picks = ctx.ints_value(1)
-        if picks is not None:
-            source = ctx.symbolic[0]
-            ctx.out_symbolic[0] = tuple(source[i] for i in picks)
+    source = ctx.dims_value(0) if len(data.shape) == 1 else None
+    picks = ctx.ints_value(1) if source is not None else None
+    if source is not None and picks is not None and all(-len(source) <= i < len(source) for i in picks):
+        ctx.out_symbolic[0] = tuple(source[i] for i in picks)
     return [TensorType(data.dtype, shape)]
 
 

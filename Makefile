@@ -1,0 +1,35 @@
+# kiln: one command to set up and run the main job, one to set up and run the tests.
+#   make bench   # virtualenv + every dependency, then the main job (reports/ holds the results)
+#   make test    # virtualenv + every dependency, then the whole test suite
+PYTHON ?= python3.11
+VENV ?= .venv
+BIN = $(VENV)/bin
+STAMP = $(VENV)/.kiln-installed
+
+.PHONY: setup test bench lint clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	# torch first and pinned: the local CPU wheel; anything later that wants torch finds it installed.
+	$(BIN)/python -m pip install --quiet torch==2.13.0
+	$(BIN)/python -m pip install --quiet -e ".[zoo,peers,dev]"
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+test: setup
+	$(BIN)/python -m pytest -q
+
+# Until `kiln bench` lands, the main job is the conformance suite plus the zoo models checked
+# against onnxruntime.
+bench: setup
+	mkdir -p reports
+	$(BIN)/kiln conformance --json reports/conformance.json --no-show-failures
+	$(BIN)/kiln zoo check
+
+lint: setup
+	$(BIN)/ruff check kiln tests
+
+clean:
+	rm -rf $(VENV) reports .pytest_cache

@@ -1,0 +1,47 @@
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from kiln.conformance.runner import compare_outputs, load_cases, run_conformance
+
+BASELINE = json.loads((Path(__file__).parent / "baseline.json").read_text())
+
+
+@pytest.mark.slow
+def test_node_suite_pass_count_holds_the_baseline():
+    cases = load_cases(["node"])
+    expected = BASELINE["reference"]["node"]
+    assert len(cases) == expected["total"], "the installed onnx package has a different node suite"
+    report = run_conformance(cases, target="reference", timeout=120)
+    assert report.total == len(cases)
+    failures = [f"{r.name}: {r.status}: {r.message[:200]}" for r in report.results if r.status != "pass"]
+    assert report.passed >= expected["passed"], "\n".join(failures)
+
+
+def test_a_crashing_and_a_hanging_case_do_not_end_the_run():
+    cases = load_cases(["node"], name_filter="^test_(abs|acos|add|relu)$")
+    assert [c.name for c in cases] == ["test_abs", "test_acos", "test_add", "test_relu"]
+    seen = []
+    report = run_conformance(
+        cases, jobs=2, timeout=5, progress=seen.append, case_runner="tests.conformance.misbehaving:run_case"
+    )
+    status = {r.name: r.status for r in report.results}
+    assert status == {"test_abs": "crash", "test_acos": "timeout", "test_add": "pass", "test_relu": "pass"}
+    assert "exit code 3" in next(r.message for r in report.results if r.name == "test_abs")
+    assert len(seen) == 4
+    assert report.per_op()["Add"] == {"cases": 1, "passed": 1}
+
+
+def test_compare_outputs_follows_onnx_runner_rules():
+    compare_outputs([np.array([1.0, 2.0], np.float32)], [np.array([1.0, 2.0005], np.float32)], rtol=1e-3, atol=1e-7)
+    with pytest.raises(AssertionError, match="dtype"):
+        compare_outputs([np.array([1.0], np.float32)], [np.array([1.0], np.float64)], 1e-3, 1e-7)
+    with pytest.raises(AssertionError, match="shape"):
+        compare_outputs([np.zeros((2, 1), np.float32)], [np.zeros(2, np.float32)], 1e-3, 1e-7)
+    with pytest.raises(AssertionError):
+        compare_outputs([np.array([1.0], np.float32)], [np.array([1.1], np.float32)], 1e-3, 1e-7)
+    compare_outputs([[np.ones(2)], None], [[np.ones(2)], None], 1e-3, 1e-7)
+    with pytest.raises(AssertionError, match="expected a sequence"):
+        compare_outputs([[np.ones(2)]], [np.ones(2)], 1e-3, 1e-7)

@@ -1,0 +1,32 @@
+import numpy as np
+import pytest
+
+import kiln
+
+torch = pytest.importorskip("torch", reason="torch (the 'zoo' extra) is needed for the PyTorch frontend")
+
+
+class TinyNet(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 8, 3, padding=1)
+        self.bn = torch.nn.BatchNorm2d(8)
+        self.fc = torch.nn.Linear(8, 5)
+
+    def forward(self, x):
+        x = torch.relu(self.bn(self.conv(x)))
+        return torch.softmax(self.fc(x.mean(dim=(2, 3))), dim=-1)
+
+
+def test_torch_module_compiles_and_matches_torch():
+    torch.manual_seed(0)
+    net = TinyNet().eval()
+    x = torch.randn(2, 3, 16, 16)
+    compiled = kiln.compile(net, example_inputs=(x,))
+    got = compiled(x.numpy())
+    np.testing.assert_allclose(got, net(x).detach().numpy(), rtol=1e-4, atol=1e-6)
+
+
+def test_torch_module_needs_example_inputs():
+    with pytest.raises(kiln.KilnError, match="example_inputs"):
+        kiln.compile(TinyNet())

@@ -1,0 +1,31 @@
+"""Small builders shared by tests: hand-made ONNX models."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+
+def make_model(
+    nodes: list[onnx.NodeProto],
+    inputs: list[tuple[str, int, list | None]],
+    outputs: list[tuple[str, int, list | None]],
+    initializers: dict[str, np.ndarray] | None = None,
+    opset: int = 17,
+    extra_opsets: dict[str, int] | None = None,
+) -> onnx.ModelProto:
+    """A model with IR version 10 (so onnxruntime 1.31 accepts it too)."""
+    graph = helper.make_graph(
+        nodes,
+        "test",
+        [helper.make_tensor_value_info(n, t, s) for n, t, s in inputs],
+        [helper.make_tensor_value_info(n, t, s) for n, t, s in outputs],
+        [numpy_helper.from_array(v, k) for k, v in (initializers or {}).items()],
+    )
+    opsets = [helper.make_opsetid("", opset)] + [helper.make_opsetid(d, v) for d, v in (extra_opsets or {}).items()]
+    return helper.make_model(graph, opset_imports=opsets, ir_version=10)
+
+
+FLOAT = TensorProto.FLOAT
+INT64 = TensorProto.INT64

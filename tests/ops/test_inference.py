@@ -1,0 +1,129 @@
+"""Type inference, written in the IR's text form: the parser builds the inputs, the registry infers."""
+
+import numpy as np
+import pytest
+
+from kiln.errors import ShapeInferenceError
+from kiln.frontend.onnx import infer_node
+from kiln.ir.graph import Node, Value
+from kiln.ir.types import DType, TensorType, parse_type
+from kiln.ops import REGISTRY, load_all
+
+SEED_OPS = (
+    "Add And AveragePool Cast Concat Constant ConstantOfShape Conv Div Equal Erf Expand Flatten Gather "
+    "GatherElements GatherND Gemm GlobalAveragePool GreaterOrEqual Identity IsNaN LayerNormalization "
+    "LessOrEqual MatMul MaxPool Mul Pow ReduceMean Relu Reshape Shape Softmax Split Tanh Transpose Where"
+).split()
+
+
+def infer(op, input_types, attrs=None, values=None, outputs=1):
+    inputs = [None if t is None else Value(f"in{i}", parse_type(t)) for i, t in enumerate(input_types)]
+    placeholders = [Value(f"out{i}", TensorType(DType.FLOAT32, None)) for i in range(outputs)]
+    node = Node(op, inputs, placeholders, attrs or {})
+    known = [None if values is None else values.get(i) for i in range(len(inputs))]
+    types, symbolic = infer_node(node, [None if v is None else v.type for v in inputs], known, [None] * len(inputs))
+    return [str(t) for t in types], symbolic
+
+
+def test_every_seed_model_op_is_registered():
+    load_all()
+    missing = [op for op in SEED_OPS if ("", op) not in REGISTRY]
+    assert not missing
+
+
+def test_registry_is_large_and_every_op_infers():
+    load_all()
+    assert len(REGISTRY) >= 190
+    assert all(callable(d.infer) for d in REGISTRY.values())
+
+
+@pytest.mark.parametrize(
+    ("op", "types", "attrs", "expected"),
+    [
+        ("Add", ["f32[batch,768]", "f32[768]"], {}, "f32[batch,768]"),
+        ("Add", ["f32[batch,1,4]", "f32[1,seq,4]"], {}, "f32[batch,seq,4]"),
+        ("Equal", ["i64[batch,3]", "i64[]"], {}, "bool[batch,3]"),
+        ("MatMul", ["f32[batch,seq,768]", "f32[768,3072]"], {}, "f32[batch,seq,3072]"),
+        ("MatMul", ["f32[768]", "f32[768,10]"], {}, "f32[10]"),
+        ("MatMul", ["f32[2,1,5,6]", "f32[3,6,7]"], {}, "f32[2,3,5,7]"),
+        ("Gemm", ["f32[batch,2048]", "f32[1000,2048]", "f32[1000]"], {"transB": 1}, "f32[batch,1000]"),
+        (
+            "Conv",
+            ["f32[batch,3,224,224]", "f32[64,3,7,7]"],
+            {"strides": (2, 2), "pads": (3, 3, 3, 3)},
+            "f32[batch,64,112,112]",
+        ),
+        ("Conv", ["f32[1,8,10,10]", "f32[8,2,3,3]"], {"group": 4, "auto_pad": "SAME_UPPER"}, "f32[1,8,10,10]"),
+        ("Conv", ["f32[1,3,10,10]", "f32[4,3,3,3]"], {"dilations": (2, 2)}, "f32[1,4,6,6]"),
+        (
+            "MaxPool",
+            ["f32[1,64,112,112]"],
+            {"kernel_shape": (3, 3), "strides": (2, 2), "pads": (1, 1, 1, 1)},
+            "f32[1,64,56,56]",
+        ),
+        ("AveragePool", ["f32[1,1,5,5]"], {"kernel_shape": (2, 2), "strides": (2, 2), "ceil_mode": 1}, "f32[1,1,3,3]"),
+        ("GlobalAveragePool", ["f32[batch,2048,7,7]"], {}, "f32[batch,2048,1,1]"),
+        ("ConvTranspose", ["f32[1,4,5,5]", "f32[4,2,3,3]"], {"strides": (2, 2)}, "f32[1,2,11,11]"),
+        ("Flatten", ["f32[batch,2048,1,1]"], {"axis": 1}, "f32[batch,2048]"),
+        ("Transpose", ["f32[batch,seq,12,64]"], {"perm": (0, 2, 1, 3)}, "f32[batch,12,seq,64]"),
+        ("Concat", ["f32[batch,3]", "f32[batch,5]"], {"axis": 1}, "f32[batch,8]"),
+        ("Gather", ["f32[30522,768]", "i64[batch,seq]"], {"axis": 0}, "f32[batch,seq,768]"),
+        ("Softmax", ["f32[batch,12,seq,seq]"], {"axis": -1}, "f32[batch,12,seq,seq]"),
+        ("Cast", ["i64[batch,seq]"], {"to": 1}, "f32[batch,seq]"),
+        ("Einsum", ["f32[b,i,k]", "f32[b,k,j]"], {"equation": "bik,bkj->bij"}, "f32[b,i,j]"),
+        ("Einsum", ["f32[3,4]"], {"equation": "ij"}, "f32[3,4]"),
+        ("Einsum", ["f32[2,3,4]"], {"equation": "...ij->...ji"}, "f32[2,4,3]"),
+        ("Where", ["bool[batch,1,1,seq]", "f32[]", "f32[batch,12,seq,seq]"], {}, "f32[batch,12,seq,seq]"),
+        ("IsNaN", ["f16[4]"], {}, "bool[4]"),
+    ],
+)
+def test_infer(op, types, attrs, expected):
+    assert infer(op, types, attrs)[0] == [expected]
+
+
+def test_reshape_uses_constant_shape_and_keeps_symbols():
+    shape = {1: np.array([0, 0, 12, 64], np.int64)}
+    assert infer("Reshape", ["f32[batch,seq,768]", "i64[4]"], values=shape)[0] == ["f32[batch,seq,12,64]"]
+    flat = {1: np.array([-1, 768], np.int64)}
+    (result,), _ = infer("Reshape", ["f32[4,128,768]", "i64[2]"], values=flat)
+    assert result == "f32[512,768]"
+    (symbolic,), _ = infer("Reshape", ["f32[batch,768]", "i64[2]"], values={1: np.array([-1, 768])})
+    assert symbolic == "f32[batch,768]"
+    with pytest.raises(ShapeInferenceError, match="cannot reshape"):
+        infer("Reshape", ["f32[4,6]", "i64[2]"], values={1: np.array([5, 5])})
+
+
+def test_shape_op_exposes_symbolic_contents():
+    (result,), symbolic = infer("Shape", ["f32[batch,seq,768]"])
+    assert result == "i64[3]"
+    assert symbolic[0] == ("batch", "seq", 768)
+
+
+def test_split_reduce_topk_and_unknown_sizes():
+    assert infer("Split", ["f32[batch,10]"], {"axis": 1}, outputs=2)[0] == ["f32[batch,5]", "f32[batch,5]"]
+    assert infer("Split", ["f32[5]"], {"num_outputs": 4}, outputs=4)[0] == ["f32[2]", "f32[2]", "f32[1]", "f32[0]"]
+    axes = {1: np.array([-1])}
+    assert infer("ReduceMean", ["f32[batch,seq,768]", "i64[1]"], {"keepdims": 1}, values=axes)[0] == [
+        "f32[batch,seq,1]"
+    ]
+    assert infer("ReduceSum", ["f32[2,3]", "i64[1]"], {"keepdims": 0}, values={1: np.array([0])})[0] == ["f32[3]"]
+    k = {1: np.array([3])}
+    assert infer("TopK", ["f32[batch,10]", "i64[1]"], values=k, outputs=2)[0] == ["f32[batch,3]", "i64[batch,3]"]
+    (nonzero,), _ = infer("NonZero", ["f32[4,5]"])
+    assert nonzero.startswith("i64[2,") and "out0_n" in nonzero  # data-dependent: a fresh symbol
+
+
+@pytest.mark.parametrize(
+    ("op", "types", "attrs", "message"),
+    [
+        ("Add", ["f32[3]", "f32[4]"], {}, "cannot broadcast dims \\[3, 4\\]"),
+        ("MatMul", ["f32[2,3]", "f32[4,5]"], {}, "inner dims differ"),
+        ("Conv", ["f32[1,3,8,8]", "f32[4,2,3,3]"], {}, "input has 3 channels but the weight expects 2 x group 1"),
+        ("Transpose", ["f32[2,3]"], {"perm": (0, 0)}, "not a permutation"),
+        ("Concat", ["f32[2,3]", "f32[2]"], {"axis": 0}, "different ranks"),
+        ("Gemm", ["f32[2,3,4]", "f32[4,5]"], {}, "2-D inputs"),
+    ],
+)
+def test_inference_errors(op, types, attrs, message):
+    with pytest.raises(ShapeInferenceError, match=message):
+        infer(op, types, attrs)

@@ -1,0 +1,67 @@
+import json
+
+import onnx
+from click.testing import CliRunner
+from onnx import helper
+
+from kiln.cli import main
+from tests.helpers import FLOAT, make_model
+
+
+def invoke(*args):
+    return CliRunner().invoke(main, list(args), catch_exceptions=False)
+
+
+def test_help_lists_commands():
+    result = invoke("--help")
+    assert result.exit_code == 0
+    for command in ("conformance", "zoo", "show"):
+        assert command in result.output
+
+
+def test_conformance_filter_json_and_baseline(tmp_path):
+    out = tmp_path / "report.json"
+    result = invoke("conformance", "--filter", "^test_(relu|abs)$", "--json", str(out), "-j", "1")
+    assert result.exit_code == 0, result.output
+    report = json.loads(out.read_text())
+    assert report["summary"]["total"] == 2 and report["summary"]["passed"] == 2
+    assert {c["name"] for c in report["cases"]} == {"test_relu", "test_abs"}
+    high = tmp_path / "baseline.json"
+    high.write_text(json.dumps({"reference": {"node": {"passed": 3}}}))
+    result = invoke("conformance", "--filter", "^test_(relu|abs)$", "-j", "1", "--baseline", str(high))
+    assert result.exit_code == 1
+
+
+def test_conformance_unknown_suite_and_empty_filter():
+    assert invoke("conformance", "--suite", "nope").exit_code == 2
+    result = invoke("conformance", "--filter", "^no_such_case$")
+    assert result.exit_code == 1 and "no cases match" in result.output
+
+
+def test_show_prints_ir(tmp_path):
+    path = tmp_path / "m.onnx"
+    onnx.save(
+        make_model([helper.make_node("Relu", ["x"], ["y"])], [("x", FLOAT, ["n", 2])], [("y", FLOAT, None)]), path
+    )
+    result = invoke("show", str(path))
+    assert result.exit_code == 0
+    assert "%y: f32[n,2] = Relu(%x)" in result.output
+
+
+def test_bad_model_file_is_one_clear_error(tmp_path):
+    import subprocess
+    import sys
+
+    path = tmp_path / "broken.onnx"
+    path.write_bytes(b"not a model at all")
+    process = subprocess.run([sys.executable, "-m", "kiln.cli", "show", str(path)], capture_output=True, text=True)
+    assert process.returncode == 2
+    assert "broken.onnx: not a valid ONNX model" in process.stderr
+    assert "Traceback" not in process.stderr
+
+
+def test_zoo_list_and_unknown_model():
+    result = invoke("zoo", "list")
+    assert result.exit_code == 0 and "resnet50" in result.output and "gpt2" in result.output
+    result = invoke("zoo", "check", "alexnet")
+    assert result.exit_code == 2 and "unknown model(s) ['alexnet']" in result.output
