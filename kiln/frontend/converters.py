@@ -408,3 +408,61 @@ def _scan_v8(proto: onnx.NodeProto, builder: GraphBuilder, label: str) -> None:
 
 
 converter("Scan", 9)(lambda p, b, label: b.emit_proto(p, label))
+
+
+def _align_for_legacy_broadcast(builder: GraphBuilder, value: Value, rank: int, axis: int, hint: str) -> Value:
+    """Before opset 7, B broadcast against A starting at ``axis``: give B trailing 1-dims so that
+    NumPy-style (suffix) broadcasting means the same thing."""
+    value_rank = value.type.rank if isinstance(value.type, TensorType) else None
+    if value_rank is None:
+        raise _Unsupported("legacy broadcast with an input of unknown rank")
+    trailing = rank - axis - value_rank
+    if trailing <= 0:
+        return value
+    axes = builder.const(np.arange(value_rank, value_rank + trailing, dtype=np.int64), f"{hint}_axes")
+    return builder.emit("Unsqueeze", [value, axes], {}, [f"{hint}_aligned"])[0]
+
+
+def _legacy_binary(op: str) -> Converter:
+    def convert(proto: onnx.NodeProto, builder: GraphBuilder, label: str) -> None:
+        a, b = builder.input(proto, 0), builder.input(proto, 1)
+        assert a is not None and b is not None
+        axis = _attr(proto, "axis")
+        if _attr(proto, "broadcast", 0) and axis is not None:
+            rank = a.type.rank if isinstance(a.type, TensorType) else None
+            if rank is None:
+                raise _Unsupported("legacy broadcast with an input of unknown rank")
+            b = _align_for_legacy_broadcast(builder, b, rank, axis if axis >= 0 else axis + rank, proto.output[0])
+        attrs = builder.attrs(_without(proto, "broadcast", "axis", "consumed_inputs"))
+        builder.emit(op, [a, b], attrs, list(proto.output), proto.name)
+
+    return convert
+
+
+for _op in ("Add", "Sub", "Mul", "Div", "Pow", "And", "Or", "Xor", "Equal", "Less", "Greater"):
+    converter(_op, 1)(_legacy_binary(_op))
+    converter(_op, 7)(lambda p, b, label: b.emit_proto(p, label))
+
+
+@converter("Gemm", 1)
+def _gemm_v6(proto: onnx.NodeProto, builder: GraphBuilder, label: str) -> None:
+    # C's broadcast attribute became implicit (unidirectional broadcasting) in opset 7.
+    builder.emit_proto(_without(proto, "broadcast"), label)
+
+
+converter("Gemm", 7)(lambda p, b, label: b.emit_proto(p, label))
+
+
+@converter("PRelu", 1)
+def _prelu_v6(proto: onnx.NodeProto, builder: GraphBuilder, label: str) -> None:
+    # Before opset 7 a 1-D slope applied per channel (axis 1).
+    x, slope = builder.input(proto, 0), builder.input(proto, 1)
+    assert x is not None and slope is not None
+    rank = x.type.rank if isinstance(x.type, TensorType) else None
+    if rank is not None and rank > 2 and slope.type.rank == 1:  # type: ignore[union-attr]
+        slope = _align_for_legacy_broadcast(builder, slope, rank, 1, proto.output[0])
+    attrs = builder.attrs(_without(proto, "consumed_inputs"))
+    builder.emit("PRelu", [x, slope], attrs, list(proto.output), proto.name)
+
+
+converter("PRelu", 7)(lambda p, b, label: b.emit_proto(p, label))

@@ -10,10 +10,11 @@ BASELINE = json.loads((Path(__file__).parent / "baseline.json").read_text())
 
 
 @pytest.mark.slow
-def test_node_suite_pass_count_holds_the_baseline():
-    cases = load_cases(["node"])
-    expected = BASELINE["reference"]["node"]
-    assert len(cases) == expected["total"], "the installed onnx package has a different node suite"
+@pytest.mark.parametrize("suites", [["node"], ["simple", "pytorch-converted", "pytorch-operator"]], ids=["node", "other"])
+def test_suite_pass_count_holds_the_baseline(suites):
+    cases = load_cases(suites)
+    expected = BASELINE["reference"]["+".join(suites)]
+    assert len(cases) == expected["total"], "the installed onnx package has a different test suite"
     report = run_conformance(cases, target="reference", timeout=120)
     assert report.total == len(cases)
     failures = [f"{r.name}: {r.status}: {r.message[:200]}" for r in report.results if r.status != "pass"]

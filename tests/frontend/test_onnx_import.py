@@ -200,3 +200,16 @@ def test_constant_nodes_become_constants_and_int64_inputs_work():
     compiled = kiln.compile(model)
     assert not compiled.graph.nodes[0].op == "Constant"
     np.testing.assert_array_equal(compiled(np.array([1, 1, 1])), [2, 3, 4])
+
+
+def test_legacy_broadcast_before_opset_7_aligns_at_axis():
+    # Add-6 with broadcast=1, axis=1: B [3,4] lines up with A's dims 1 and 2.
+    a = np.random.default_rng(2).standard_normal((2, 3, 4, 5)).astype(np.float32)
+    b = np.random.default_rng(3).standard_normal((3, 4)).astype(np.float32)
+    model = make_model(
+        [helper.make_node("Add", ["a", "b"], ["y"], broadcast=1, axis=1)],
+        [("a", FLOAT, [2, 3, 4, 5]), ("b", FLOAT, [3, 4])],
+        [("y", FLOAT, None)],
+        opset=6,
+    )
+    np.testing.assert_allclose(kiln.compile(model)(a, b), a + b.reshape(1, 3, 4, 1), rtol=1e-6)

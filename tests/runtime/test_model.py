@@ -27,6 +27,7 @@ def test_run_call_and_submit_agree(model):
     np.testing.assert_array_equal(out["sum"], a + b)
     np.testing.assert_array_equal(out["prod"], (a + b) * a)
     total, product = model(a, b)
+    np.testing.assert_array_equal(total, out["sum"])
     np.testing.assert_array_equal(product, out["prod"])
     np.testing.assert_array_equal(model(a, b=b)[0], out["sum"])
     future = model.submit({"a": a, "b": b})
