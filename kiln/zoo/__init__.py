@@ -61,6 +61,38 @@ def _build_cnn(factory_name: str) -> Callable[[dict[str, Any]], Any]:
     return build
 
 
+def _build_gcn(options: dict[str, Any]) -> Any:
+    import torch
+
+    from kiln.zoo.irregular import GCN, synthetic_graph
+
+    torch.manual_seed(options.get("seed", 0))
+    return GCN(synthetic_graph(options["nodes"], 8, options.get("seed", 0)), options["features"]).eval()
+
+
+def _gcn_inputs(options: dict[str, Any], seed: int) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return {"features": rng.standard_normal((options["nodes"], options["features"])).astype(np.float32)}
+
+
+def _build_dlrm(options: dict[str, Any]) -> Any:
+    import torch
+
+    from kiln.zoo.irregular import DLRM
+
+    torch.manual_seed(options.get("seed", 0))
+    return DLRM(rows=options["rows"]).eval()
+
+
+def _dlrm_inputs(options: dict[str, Any], seed: int) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    batch = options.get("batch", 1)
+    return {
+        "dense": rng.standard_normal((batch, 13)).astype(np.float32),
+        "sparse": rng.integers(0, options["rows"], size=(batch, 8), dtype=np.int64),
+    }
+
+
 def _build_bert(options: dict[str, Any]) -> Any:
     from kiln.zoo.transformers_models import build_bert
 
@@ -106,9 +138,34 @@ MODELS: dict[str, ZooModel] = {
         dynamic_axes={"input_ids": {0: "batch"}, "attention_mask": {0: "batch"}, "last_hidden_state": {0: "batch"}},
         output_names=("last_hidden_state",),
     ),
+    "mobilenet_v2": ZooModel(
+        "mobilenet_v2",
+        "MobileNetV2 (torchvision architecture), 224x224, 3.5M parameters, 0.6 GFLOP",
+        _build_cnn("mobilenet_v2"),
+        _image_inputs,
+        dynamic_axes={"input": {0: "batch"}, "output": {0: "batch"}},
+    ),
+    "gcn": ZooModel(
+        "gcn",
+        "2-layer GCN on a synthetic 2048-node graph (dense normalized adjacency), 128 features",
+        _build_gcn,
+        _gcn_inputs,
+        defaults={"nodes": 2048, "features": 128},
+        output_names=("log_probs",),
+    ),
+    "dlrm": ZooModel(
+        "dlrm",
+        "DLRM-style recommender: bottom MLP, 8 embedding tables x 10k rows, dot interactions, top MLP",
+        _build_dlrm,
+        _dlrm_inputs,
+        defaults={"rows": 10000},
+        dynamic_axes={"dense": {0: "batch"}, "sparse": {0: "batch"}, "click": {0: "batch"}},
+        output_names=("click",),
+    ),
 }
 
 DEFAULT_MODELS = ("resnet50", "vgg19", "bert-base", "gpt2")
+CLASSIFIERS = ("resnet50", "vgg19", "mobilenet_v2", "gcn")
 
 
 def get(name: str) -> ZooModel:

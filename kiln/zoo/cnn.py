@@ -137,3 +137,66 @@ def calibrate_batchnorm(model: nn.Module, image_size: int = 224, batches: int = 
     for _ in range(batches):
         model(torch.randn(2, 3, image_size, image_size, generator=generator))
     model.eval()
+
+
+def _conv_bn_relu6(inputs: int, outputs: int, kernel: int = 3, stride: int = 1, groups: int = 1) -> nn.Sequential:
+    """torchvision's Conv2dNormActivation with ReLU6 (a Sequential: conv, bn, relu6)."""
+    padding = (kernel - 1) // 2
+    return nn.Sequential(
+        nn.Conv2d(inputs, outputs, kernel, stride, padding, groups=groups, bias=False),
+        nn.BatchNorm2d(outputs),
+        nn.ReLU6(inplace=True),
+    )
+
+
+class InvertedResidual(nn.Module):
+    def __init__(self, inputs: int, outputs: int, stride: int, expand_ratio: int) -> None:
+        super().__init__()
+        hidden = round(inputs * expand_ratio)
+        self.use_res_connect = stride == 1 and inputs == outputs
+        layers: list[nn.Module] = []
+        if expand_ratio != 1:
+            layers.append(_conv_bn_relu6(inputs, hidden, kernel=1))
+        layers += [
+            _conv_bn_relu6(hidden, hidden, stride=stride, groups=hidden),
+            nn.Conv2d(hidden, outputs, 1, 1, 0, bias=False),
+            nn.BatchNorm2d(outputs),
+        ]
+        self.conv = nn.Sequential(*layers)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.conv(x) if self.use_res_connect else self.conv(x)
+
+
+class MobileNetV2(nn.Module):
+    """torchvision.models.MobileNetV2 (width 1.0)."""
+
+    def __init__(self, num_classes: int = 1000) -> None:
+        super().__init__()
+        settings = [[1, 16, 1, 1], [6, 24, 2, 2], [6, 32, 3, 2], [6, 64, 4, 2], [6, 96, 3, 1], [6, 160, 3, 2], [6, 320, 1, 1]]
+        channels, last = 32, 1280
+        features: list[nn.Module] = [_conv_bn_relu6(3, channels, stride=2)]
+        for expand, width, repeats, stride in settings:
+            for index in range(repeats):
+                features.append(InvertedResidual(channels, width, stride if index == 0 else 1, expand))
+                channels = width
+        features.append(_conv_bn_relu6(channels, last, kernel=1))
+        self.features = nn.Sequential(*features)
+        self.classifier = nn.Sequential(nn.Dropout(p=0.2), nn.Linear(last, num_classes))
+        for module in self.modules():
+            if isinstance(module, nn.Conv2d):
+                nn.init.kaiming_normal_(module.weight, mode="fan_out")
+            elif isinstance(module, nn.BatchNorm2d):
+                nn.init.ones_(module.weight)
+                nn.init.zeros_(module.bias)
+            elif isinstance(module, nn.Linear):
+                nn.init.normal_(module.weight, 0, 0.01)
+                nn.init.zeros_(module.bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = nn.functional.adaptive_avg_pool2d(self.features(x), (1, 1))
+        return self.classifier(torch.flatten(x, 1))
+
+
+def mobilenet_v2(num_classes: int = 1000) -> MobileNetV2:
+    return MobileNetV2(num_classes)

@@ -1,0 +1,37 @@
+"""Benchmark backends by name. Every peer is optional: a missing one is a row with its reason."""
+
+from __future__ import annotations
+
+import importlib
+
+from kiln.bench.backends.base import Backend, Session, Unavailable
+
+# name -> "module:Class"; plugins (tests, users) may add to it with ``register``.
+BACKENDS: dict[str, str] = {
+    "kiln": "kiln.bench.backends.kiln_backend:KilnBackend",
+    "onnxruntime": "kiln.bench.backends.onnxruntime_backend:OnnxRuntimeBackend",
+    "openvino": "kiln.bench.backends.openvino_backend:OpenVinoBackend",
+    "openvino-bf16": "kiln.bench.backends.openvino_backend:OpenVinoBf16Backend",
+    "torch": "kiln.bench.backends.torch_backends:TorchEagerBackend",
+    "torch.compile": "kiln.bench.backends.torch_backends:TorchCompileBackend",
+    "tvm": "kiln.bench.backends.other_backends:TvmBackend",
+    "iree": "kiln.bench.backends.other_backends:IreeBackend",
+    "jax": "kiln.bench.backends.other_backends:JaxBackend",
+    "tensorrt": "kiln.bench.backends.other_backends:TensorRtBackend",
+}
+DEFAULT_BACKENDS = ("kiln", "onnxruntime", "openvino", "torch", "torch.compile", "tvm", "iree", "jax", "tensorrt")
+
+
+def register(name: str, location: str) -> None:
+    """Add a backend: ``location`` is "module:Class" of a ``Backend`` subclass."""
+    BACKENDS[name] = location
+
+
+def backend_class(name: str) -> type[Backend]:
+    if name not in BACKENDS:
+        raise KeyError(f"unknown backend {name!r}; available: {', '.join(BACKENDS)}")
+    module_name, _, class_name = BACKENDS[name].partition(":")
+    return getattr(importlib.import_module(module_name), class_name)
+
+
+__all__ = ["BACKENDS", "DEFAULT_BACKENDS", "Backend", "Session", "Unavailable", "backend_class", "register"]

@@ -1,0 +1,63 @@
+"""The interface every benchmarked backend implements.
+
+A backend turns a ``BenchModel`` into a ``Session`` in two timed steps, ``compile`` (produce an
+artifact: an optimized model, a compiled blob, a traced graph) and ``load`` (make it runnable), so
+compile time and load time are separate numbers. Backends that compile lazily on the first call
+(torch.compile) make that call inside ``compile`` and say so in their config.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from abc import ABC, abstractmethod
+from typing import Any
+
+import numpy as np
+
+
+class Unavailable(Exception):
+    """The backend cannot run here (not installed, no GPU, cannot take this model): the reason."""
+
+
+class Session(ABC):
+    """A loaded model: ``run`` takes and returns numpy arrays and must be thread-safe."""
+
+    @abstractmethod
+    def run(self, feeds: dict[str, np.ndarray]) -> list[np.ndarray]: ...
+
+    def close(self) -> None:  # noqa: B027 - optional hook; most sessions hold nothing to release
+        """Release resources (optional)."""
+
+
+class Backend(ABC):
+    name: str = "abstract"
+    #: Python modules the backend needs; availability checks their presence without importing.
+    requires: tuple[str, ...] = ()
+    #: True when the backend needs the model as a torch module rather than an ONNX file.
+    needs_torch_module: bool = False
+
+    def __init__(self, threads: int) -> None:
+        self.threads = threads
+        self.artifact: Any = None
+
+    def availability(self) -> str | None:
+        """None when the backend can run here, else why not."""
+        missing = [m for m in self.requires if importlib.util.find_spec(m) is None]
+        if missing:
+            return f"not installed (needs {', '.join(missing)})"
+        return None
+
+    @abstractmethod
+    def version(self) -> str: ...
+
+    def config(self) -> dict[str, Any]:
+        """The effective settings, printed next to every result."""
+        return {"threads": self.threads}
+
+    @abstractmethod
+    def compile(self, model: Any, example: dict[str, np.ndarray]) -> None:
+        """Produce the artifact (kept on ``self.artifact``); timed as compile time."""
+
+    @abstractmethod
+    def load(self) -> Session:
+        """Make the artifact runnable; timed as load time."""

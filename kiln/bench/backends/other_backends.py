@@ -1,0 +1,179 @@
+"""Heavier peers (optional extras): TVM, IREE; and the ones that cannot run here, with reasons."""
+
+from __future__ import annotations
+
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from typing import Any
+
+import numpy as np
+
+from kiln.bench.backends.base import Backend, Session, Unavailable
+
+
+class TvmBackend(Backend):
+    """Apache TVM: Relax from ONNX, built for the host CPU, untuned (tuning takes hours)."""
+
+    name = "tvm"
+    requires = ("tvm",)
+
+    def version(self) -> str:
+        import tvm
+
+        return tvm.__version__
+
+    def _target(self) -> dict[str, Any]:
+        return {"kind": "llvm", "mcpu": _llvm_cpu(), "num-cores": self.threads}
+
+    def config(self) -> dict[str, Any]:
+        return {"threads": self.threads, "target": self._target(), "tuning": "none"}
+
+    def compile(self, model: Any, example: dict[str, np.ndarray]) -> None:
+        import onnx
+        import tvm
+        from tvm import relax
+        from tvm.relax.frontend.onnx import from_onnx
+
+        shapes = {k: list(v.shape) for k, v in example.items()}
+        module = from_onnx(onnx.load(str(model.onnx_path)), shape_dict=shapes, keep_params_in_input=False)
+        module = relax.transform.DecomposeOpsForInference()(module)
+        module = relax.transform.LegalizeOps()(module)
+        self.artifact = tvm.compile(module, target=tvm.target.Target(self._target()))
+
+    def load(self) -> Session:
+        import tvm
+        from tvm import relax
+
+        os.environ["TVM_NUM_THREADS"] = str(self.threads)
+        machine = relax.VirtualMachine(self.artifact, tvm.cpu())
+        return _TvmSession(machine)
+
+
+class _TvmSession(Session):
+    def __init__(self, machine: Any) -> None:
+        self.machine = machine
+
+    def run(self, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+        import tvm
+
+        output = self.machine["main"](*[tvm.runtime.tensor(v) for v in feeds.values()])
+        outputs = output if isinstance(output, (list, tuple)) or (hasattr(output, "__len__") and not hasattr(output, "numpy")) else [output]
+        return [o.numpy() for o in outputs]
+
+
+class IreeBackend(Backend):
+    """IREE: iree-import-onnx, then iree-compile for llvm-cpu on the host CPU; local-task driver."""
+
+    name = "iree"
+    requires = ("iree.compiler", "iree.runtime")
+
+    def version(self) -> str:
+        from iree.compiler import version
+
+        return getattr(version, "VERSION", "unknown")
+
+    def config(self) -> dict[str, Any]:
+        return {"threads": self.threads, "backend": "llvm-cpu", "target_cpu": "host", "driver": "local-task"}
+
+    def compile(self, model: Any, example: dict[str, np.ndarray]) -> None:
+        workdir = tempfile.mkdtemp(prefix="kiln-iree-")
+        mlir = os.path.join(workdir, "model.mlir")
+        vmfb = os.path.join(workdir, "model.vmfb")
+        importer = shutil.which("iree-import-onnx")
+        if importer is None:
+            raise Unavailable("iree-import-onnx is not on PATH (install iree-base-compiler[onnx])")
+        subprocess.run([importer, str(model.onnx_path), "-o", mlir], check=True, capture_output=True)
+        from iree.compiler import compile_file
+
+        compile_file(
+            mlir,
+            output_file=vmfb,
+            extra_args=[
+                "--iree-hal-target-device=local",
+                "--iree-hal-local-target-device-backends=llvm-cpu",
+                "--iree-llvmcpu-target-cpu=host",
+            ],
+        )
+        self.artifact = vmfb
+
+    def load(self) -> Session:
+        import iree.runtime as runtime
+
+        config = runtime.Config("local-task")
+        with open(self.artifact, "rb") as handle:
+            module = runtime.load_vm_flatbuffer(handle.read(), driver="local-task")
+        _ = config
+        return _IreeSession(module)
+
+
+class _IreeSession(Session):
+    def __init__(self, module: Any) -> None:
+        self.module = module
+
+    def run(self, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+        output = self.module.main(*feeds.values())
+        outputs = output if isinstance(output, (list, tuple)) else [output]
+        return [np.asarray(o.to_host() if hasattr(o, "to_host") else o) for o in outputs]
+
+
+class JaxBackend(Backend):
+    """XLA through JAX. There is no maintained ONNX->JAX or PyTorch->JAX converter (onnx-jax and
+    torch-xla's CPU path are unmaintained or need TPU/GPU stacks), so this backend reports why it
+    cannot run instead of benchmarking a hand-port of each model."""
+
+    name = "jax"
+    requires = ("jax",)
+
+    def availability(self) -> str | None:
+        return "no maintained ONNX->JAX or PyTorch->JAX converter to feed XLA the same model (see README)"
+
+    def version(self) -> str:
+        return "n/a"
+
+    def compile(self, model: Any, example: dict[str, np.ndarray]) -> None:
+        raise Unavailable(self.availability() or "")
+
+    def load(self) -> Session:
+        raise Unavailable(self.availability() or "")
+
+
+class TensorRtBackend(Backend):
+    """NVIDIA TensorRT: needs an NVIDIA GPU."""
+
+    name = "tensorrt"
+    requires = ("tensorrt",)
+
+    def availability(self) -> str | None:
+        if shutil.which("nvidia-smi") is None:
+            return "no NVIDIA GPU on this machine (nvidia-smi not found)"
+        return super().availability()
+
+    def version(self) -> str:
+        import tensorrt
+
+        return tensorrt.__version__
+
+    def compile(self, model: Any, example: dict[str, np.ndarray]) -> None:
+        raise Unavailable("the TensorRT backend runs only on a GPU machine; none is attached here")
+
+    def load(self) -> Session:
+        raise Unavailable("no GPU")
+
+
+def _llvm_cpu() -> str:
+    flags = ""
+    try:
+        with open("/proc/cpuinfo") as handle:
+            flags = handle.read()
+    except OSError:
+        pass
+    if "avx512f" in flags and "AMD" in flags:
+        return "znver4"
+    if "avx512f" in flags:
+        return "skylake-avx512"
+    if "avx2" in flags:
+        return "haswell"
+    return platform.machine()

@@ -1,0 +1,127 @@
+"""Measurement helpers: latency statistics, memory (peak RSS and growth), energy counters."""
+
+from __future__ import annotations
+
+import math
+import os
+import resource
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+NOISY_CV = 0.10  # coefficient of variation above which a result is flagged as noisy
+
+
+def latency_stats(seconds: list[float]) -> dict[str, Any]:
+    """Percentiles, mean, std, 95% CI of the mean and coefficient of variation, in milliseconds."""
+    values = np.asarray(seconds, dtype=np.float64) * 1e3
+    if values.size == 0:
+        return {"n": 0}
+    mean = float(values.mean())
+    std = float(values.std(ddof=1)) if values.size > 1 else 0.0
+    half_width = 1.96 * std / math.sqrt(values.size) if values.size > 1 else 0.0
+    cv = std / mean if mean > 0 else 0.0
+    return {
+        "n": int(values.size),
+        "p50": float(np.percentile(values, 50)),
+        "p90": float(np.percentile(values, 90)),
+        "p99": float(np.percentile(values, 99)),
+        "mean": mean,
+        "std": std,
+        "ci95": [mean - half_width, mean + half_width],
+        "cv": cv,
+        "min": float(values.min()),
+        "max": float(values.max()),
+        "noisy": cv > NOISY_CV,
+    }
+
+
+def rss_bytes() -> int:
+    """Current resident set size of this process."""
+    try:
+        with open("/proc/self/statm") as handle:
+            return int(handle.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except OSError:  # not Linux: the peak is the best we have
+        return peak_rss_bytes()
+
+
+def peak_rss_bytes() -> int:
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak if os.uname().sysname == "Darwin" else peak * 1024
+
+
+def growth_per_thousand(samples: list[tuple[int, int]]) -> float | None:
+    """Least-squares slope of RSS (bytes) over inference count, as MB per 1000 inferences."""
+    if len(samples) < 3:
+        return None
+    counts = np.array([s[0] for s in samples], dtype=np.float64)
+    sizes = np.array([s[1] for s in samples], dtype=np.float64)
+    if np.ptp(counts) == 0:
+        return None
+    slope = np.polyfit(counts, sizes, 1)[0]
+    return float(slope * 1000 / 1e6)
+
+
+@dataclass
+class EnergyMeter:
+    """Cumulative energy counters: RAPL through powercap on CPUs (``energy_uj``)."""
+
+    files: list[Path]
+    reason: str = ""
+
+    @classmethod
+    def detect(cls) -> EnergyMeter:
+        root = Path(os.environ.get("KILN_POWERCAP_ROOT", "/sys/class/powercap"))
+        if not root.is_dir():
+            return cls([], f"no powercap counters ({root} does not exist; RAPL is not exposed here)")
+        zones = sorted(p / "energy_uj" for p in root.glob("*rapl*:*") if p.name.count(":") == 1)
+        readable = []
+        for path in zones:
+            try:
+                int(path.read_text())
+                readable.append(path)
+            except (OSError, ValueError):
+                continue
+        if not readable:
+            return cls([], f"no readable RAPL package counters under {root} (missing, or permission denied)")
+        return cls(readable)
+
+    @property
+    def available(self) -> bool:
+        return bool(self.files)
+
+    def read_joules(self) -> float:
+        return sum(int(p.read_text()) for p in self.files) / 1e6
+
+    def idle_watts(self, seconds: float = 1.0) -> float:
+        start, begin = self.read_joules(), time.perf_counter()
+        time.sleep(seconds)
+        return max(self.read_joules() - start, 0.0) / (time.perf_counter() - begin)
+
+
+def energy_per_inference(joules: float, seconds: float, idle_watts: float, inferences: int) -> float:
+    """Energy attributable to inference: the window's energy minus the idle baseline, per inference."""
+    return max(joules - idle_watts * seconds, 0.0) / max(inferences, 1)
+
+
+def agreement(outputs: list[np.ndarray], reference: list[np.ndarray], classifier: bool) -> dict[str, Any]:
+    """How close a backend's outputs are to kiln's reference interpreter."""
+    if len(outputs) != len(reference):
+        return {"error": f"{len(outputs)} outputs vs {len(reference)} in the reference"}
+    max_abs, worst_rel = 0.0, 0.0
+    for got, expected in zip(outputs, reference):
+        got64, expected64 = np.asarray(got, np.float64), np.asarray(expected, np.float64)
+        if got64.shape != expected64.shape:
+            return {"error": f"shape {list(got64.shape)} vs {list(expected64.shape)} in the reference"}
+        max_abs = max(max_abs, float(np.max(np.abs(got64 - expected64))) if got64.size else 0.0)
+        norm = float(np.linalg.norm(expected64))
+        worst_rel = max(worst_rel, float(np.linalg.norm(got64 - expected64)) / (norm if norm else 1.0))
+    result: dict[str, Any] = {"max_abs": max_abs, "rel_l2": worst_rel}
+    if classifier:
+        got_top = np.argmax(np.asarray(outputs[0]).reshape(-1, outputs[0].shape[-1]), axis=-1)
+        ref_top = np.argmax(np.asarray(reference[0]).reshape(-1, reference[0].shape[-1]), axis=-1)
+        result["top1_agreement"] = float(np.mean(got_top == ref_top))
+    return result

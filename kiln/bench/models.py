@@ -1,0 +1,100 @@
+"""What the harness benchmarks: zoo models by name (with batch/seq parameters) or ONNX files."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from kiln import zoo
+from kiln.errors import KilnError
+
+
+@dataclass
+class BenchModel:
+    """A model at a given batch size; ``onnx_path`` exists once ``prepare`` has run."""
+
+    name: str
+    batch: int
+    seq: int | None = None
+    path: str | None = None  # an ONNX file given by the user
+
+    @property
+    def label(self) -> str:
+        return self.name if self.seq is None or self.name not in ("bert-base", "gpt2") else f"{self.name}-s{self.seq}"
+
+    @property
+    def is_zoo(self) -> bool:
+        return self.path is None
+
+    @property
+    def is_classifier(self) -> bool:
+        return self.is_zoo and self.name in zoo.CLASSIFIERS
+
+    def _overrides(self) -> dict[str, Any]:
+        overrides: dict[str, Any] = {}
+        if self.seq is not None and self.name in ("bert-base", "gpt2"):
+            overrides["seq"] = self.seq
+        return overrides
+
+    @property
+    def onnx_path(self) -> Path:
+        if self.path is not None:
+            return Path(self.path)
+        return zoo.onnx_path(self.name, **self._overrides())
+
+    def prepare(self, progress: Any = None) -> None:
+        """Export the zoo model if it is not cached yet (done once, in the parent process)."""
+        if self.is_zoo:
+            zoo.onnx_path(self.name, progress=progress, **self._overrides())
+
+    def inputs(self, seed: int = 0) -> dict[str, np.ndarray]:
+        if self.is_zoo:
+            return zoo.example_inputs(self.name, seed=seed, batch=self.batch, **self._overrides())
+        return random_inputs_for(self.onnx_path, self.batch, seed)
+
+    def torch_module(self) -> Any:
+        if not self.is_zoo:
+            return None
+        model = zoo.get(self.name)
+        return model.build(zoo.options_for(self.name, **self._overrides()))
+
+
+def resolve_model(name: str, batch: int, seq: int | None) -> BenchModel:
+    """A zoo name or a path to an .onnx file; unknown names list the valid ones."""
+    if name in zoo.MODELS:
+        return BenchModel(name, batch, seq)
+    if name.endswith(".onnx") or Path(name).exists():
+        if not Path(name).is_file():
+            raise KilnError(f"model file {name!r} does not exist")
+        return BenchModel(Path(name).stem, batch, None, path=str(Path(name).resolve()))
+    raise KilnError(f"unknown model {name!r}; available: {', '.join(zoo.MODELS)} (or a path to an .onnx file)")
+
+
+def random_inputs_for(path: Path, batch: int, seed: int) -> dict[str, np.ndarray]:
+    """Inputs for an arbitrary ONNX file: symbolic dims become ``batch`` (first) or 1."""
+    import onnx
+
+    from kiln.frontend.onnx import type_from_proto
+    from kiln.ir.types import DType, TensorType
+
+    model = onnx.load(str(path), load_external_data=False)
+    initializers = {i.name for i in model.graph.initializer}
+    rng = np.random.default_rng(seed)
+    feeds: dict[str, np.ndarray] = {}
+    for info in model.graph.input:
+        if info.name in initializers:
+            continue
+        value_type = type_from_proto(info.type, info.name)
+        if not isinstance(value_type, TensorType) or value_type.shape is None:
+            raise KilnError(f"{path}: input {info.name!r} has no tensor shape to generate data for")
+        shape = [d if isinstance(d, int) else (batch if axis == 0 else 1) for axis, d in enumerate(value_type.shape)]
+        if value_type.dtype.is_float:
+            feeds[info.name] = rng.standard_normal(shape).astype(value_type.dtype.numpy)
+        elif value_type.dtype is DType.BOOL:
+            feeds[info.name] = rng.integers(0, 2, size=shape).astype(bool)
+        else:
+            feeds[info.name] = rng.integers(0, 10, size=shape).astype(value_type.dtype.numpy)
+    return feeds

@@ -1,0 +1,248 @@
+"""Reports of a benchmark run: terminal table, JSON, CSV, and an HTML page with plots."""
+
+from __future__ import annotations
+
+import base64
+import csv
+import html
+import io
+import json
+from pathlib import Path
+from typing import Any
+
+from rich.table import Table
+
+COLUMNS = (
+    ("model", lambda r: r["model"]),
+    ("backend", lambda r: r["backend"]),
+    ("batch", lambda r: r["batch"]),
+    ("scenario", lambda r: r["scenario"]),
+    ("threads/inflight", lambda r: f"{r['threads']}/{r.get('inflight', '-')}"),
+    ("compile s", lambda r: _num(r.get("compile_s"), 2)),
+    ("load s", lambda r: _num(r.get("load_s"), 3)),
+    ("first ms", lambda r: _num(r.get("first_run_ms"), 1)),
+    ("p50 ms", lambda r: _num(r.get("latency_ms", {}).get("p50"), 2)),
+    ("p90 ms", lambda r: _num(r.get("latency_ms", {}).get("p90"), 2)),
+    ("p99 ms", lambda r: _num(r.get("latency_ms", {}).get("p99"), 2)),
+    ("cv", lambda r: _cv(r)),
+    ("samples/s", lambda r: _num(r.get("throughput"), 1)),
+    ("peak MB", lambda r: _num(r.get("peak_rss_mb"), 0)),
+    ("RSS MB/1k", lambda r: _num(r.get("rss_growth_mb_per_1k"), 2)),
+    ("energy", lambda r: _energy(r)),
+    ("vs reference", lambda r: _agreement(r)),
+    ("status", lambda r: r["status"] if r["status"] == "ok" else f"{r['status']}: {r.get('error', '')}"),
+)
+
+
+def _num(value: Any, digits: int) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def _cv(record: dict[str, Any]) -> str:
+    stats = record.get("latency_ms", {})
+    if "cv" not in stats:
+        return "-"
+    return f"{stats['cv']:.1%}" + (" noisy" if stats.get("noisy") else "")
+
+
+def _energy(record: dict[str, Any]) -> str:
+    energy = record.get("energy")
+    if not energy:
+        return "-"
+    if "joules_per_inference" in energy:
+        return f"{energy['joules_per_inference'] * 1e3:.1f} mJ"
+    return "unavailable"
+
+
+def _agreement(record: dict[str, Any]) -> str:
+    agreement = record.get("agreement")
+    if not agreement:
+        return "-"
+    if "error" in agreement:
+        return agreement["error"]
+    text = f"relL2 {agreement['rel_l2']:.1e}"
+    if "top1_agreement" in agreement:
+        text += f", top1 {agreement['top1_agreement']:.0%}"
+    return text
+
+
+TERMINAL = ("model", "backend", "batch", "scenario", "threads/inflight", "compile s", "first ms", "p50 ms", "p90 ms", "p99 ms", "cv", "samples/s", "peak MB", "vs reference", "status")
+
+
+def terminal_table(run: dict[str, Any]) -> Table:
+    """The key columns (the HTML and JSON carry all of them)."""
+    columns = [(name, fn) for name, fn in COLUMNS if name in TERMINAL]
+    table = Table(title=f"kiln bench {run['run_id']}", show_lines=False)
+    for name, _ in columns:
+        table.add_column(name, overflow="fold", max_width=48 if name == "status" else None)
+    for record in run["records"]:
+        table.add_row(*(str(fn(record)) for _, fn in columns))
+    return table
+
+
+def notes(run: dict[str, Any]) -> list[str]:
+    """Warnings a reader must see next to the numbers."""
+    lines = []
+    for record in run["records"]:
+        if record.get("latency_ms", {}).get("noisy"):
+            lines.append(f"{record['backend']} / {record['model']}: latency CV {record['latency_ms']['cv']:.0%} > 10%: the machine was noisy")
+        growth = record.get("rss_growth_mb_per_1k")
+        if growth is not None and growth > 1.0 and record.get("iterations", 0) >= 200:
+            lines.append(f"{record['backend']} / {record['model']}: RSS grows {growth:.1f} MB per 1k inferences: leak suspected")
+    energies = {r.get("energy", {}).get("unavailable") for r in run["records"] if r.get("energy", {}).get("unavailable")}
+    lines.extend(f"energy unavailable: {reason}" for reason in sorted(energies))
+    if run.get("interrupted"):
+        lines.append("the run was interrupted: only finished jobs are reported")
+    return lines
+
+
+def write_json(run: dict[str, Any], path: Path) -> None:
+    path.write_text(json.dumps(run, indent=1, default=str))
+
+
+def write_csv(run: dict[str, Any], path: Path) -> None:
+    rows = [_flatten(r) for r in run["records"]]
+    fields = sorted({k for row in rows for k in row})
+    with path.open("w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=fields)
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def _flatten(record: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    flat: dict[str, Any] = {}
+    for key, value in record.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            flat.update(_flatten(value, name + "."))
+        elif isinstance(value, list):
+            flat[name] = json.dumps(value)
+        else:
+            flat[name] = value
+    return flat
+
+
+# -- plots -------------------------------------------------------------------------------------------
+
+
+def _figure_png(figure: Any) -> str:
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png", dpi=110, bbox_inches="tight")
+    import matplotlib.pyplot as plt
+
+    plt.close(figure)
+    return base64.b64encode(buffer.getvalue()).decode()
+
+
+def plots(run: dict[str, Any]) -> dict[str, str]:
+    """Named PNGs (base64): latency per backend with p10-p90 bars, throughput vs batch, latency
+    CDFs, compile times."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    ok = [r for r in run["records"] if r["status"] == "ok" and r.get("latency_ms", {}).get("n")]
+    images: dict[str, str] = {}
+    if not ok:
+        return images
+    models = sorted({r["model"] for r in ok})
+    backends = sorted({r["backend"] for r in ok})
+    single = [r for r in ok if r["scenario"] == "single-stream"]
+    if single:
+        figure, axes = plt.subplots(1, len(models), figsize=(4.5 * len(models), 3.6), squeeze=False)
+        for axis, model in zip(axes[0], models):
+            rows = [r for r in single if r["model"] == model]
+            batch = min((r["batch"] for r in rows), default=1)
+            rows = [r for r in rows if r["batch"] == batch]
+            names = [r["backend"] for r in rows]
+            p50 = np.array([r["latency_ms"]["p50"] for r in rows])
+            low = p50 - np.array([r["latency_ms"]["min"] for r in rows])
+            high = np.array([r["latency_ms"]["p90"] for r in rows]) - p50
+            axis.bar(names, p50, yerr=[low, high], capsize=4, color="#4c72b0")
+            axis.set_title(f"{model} (batch {batch})")
+            axis.set_ylabel("latency ms (p50; bars: min..p90)")
+            axis.tick_params(axis="x", rotation=30)
+        images["latency"] = _figure_png(figure)
+        figure, axes = plt.subplots(1, len(models), figsize=(4.5 * len(models), 3.6), squeeze=False)
+        for axis, model in zip(axes[0], models):
+            for record in (r for r in single if r["model"] == model):
+                stats = record["latency_ms"]
+                quantiles = np.array([stats["min"], stats["p50"], stats["p90"], stats["p99"], stats["max"]])
+                axis.plot(quantiles, [0, 0.5, 0.9, 0.99, 1.0], marker="o", label=f"{record['backend']} b{record['batch']}")
+            axis.set_title(f"{model}: latency CDF")
+            axis.set_xlabel("ms")
+            axis.set_ylabel("fraction of requests")
+            axis.legend(fontsize=7)
+        images["latency_cdf"] = _figure_png(figure)
+    batches = sorted({r["batch"] for r in ok})
+    if len(batches) > 1:
+        figure, axis = plt.subplots(figsize=(6, 3.6))
+        for backend in backends:
+            for model in models:
+                points = sorted((r["batch"], r["throughput"]) for r in ok if r["backend"] == backend and r["model"] == model and r.get("throughput"))
+                if len(points) > 1:
+                    axis.plot(*zip(*points), marker="o", label=f"{backend} / {model}")
+        axis.set_xlabel("batch")
+        axis.set_ylabel("samples / s")
+        axis.set_title("throughput vs batch")
+        axis.legend(fontsize=7)
+        images["throughput"] = _figure_png(figure)
+    compiled = [r for r in ok if r.get("compile_s") is not None]
+    if compiled:
+        figure, axis = plt.subplots(figsize=(max(6, 0.5 * len(compiled)), 3.6))
+        labels = [f"{r['backend']}\n{r['model']}" for r in compiled]
+        axis.bar(range(len(compiled)), [r["compile_s"] for r in compiled], color="#dd8452")
+        axis.set_xticks(range(len(compiled)), labels, rotation=60, fontsize=7)
+        axis.set_ylabel("compile s")
+        axis.set_title("compile time")
+        images["compile"] = _figure_png(figure)
+    return images
+
+
+def write_html(run: dict[str, Any], path: Path) -> None:
+    images = plots(run)
+    header = "".join(f"<th>{html.escape(name)}</th>" for name, _ in COLUMNS)
+    rows = "".join(
+        "<tr>" + "".join(f"<td>{html.escape(str(fn(r)))}</td>" for _, fn in COLUMNS) + "</tr>" for r in run["records"]
+    )
+    figures = "".join(
+        f'<figure><img alt="{name}" src="data:image/png;base64,{data}"><figcaption>{name}</figcaption></figure>'
+        for name, data in images.items()
+    )
+    warnings = "".join(f"<li>{html.escape(line)}</li>" for line in notes(run))
+    machine = html.escape(json.dumps(run["machine"], indent=1))
+    config = html.escape(json.dumps(run["config"], indent=1))
+    path.write_text(
+        f"""<!doctype html>
+<html><head><meta charset="utf-8"><title>kiln bench {run['run_id']}</title>
+<style>
+body {{ font-family: system-ui, sans-serif; margin: 2em; color: #222; }}
+table {{ border-collapse: collapse; font-size: 13px; }}
+th, td {{ border: 1px solid #ccc; padding: 3px 6px; text-align: right; }}
+th {{ background: #f0f0f0; }}
+figure {{ display: inline-block; margin: 1em; }}
+img {{ max-width: 100%; }}
+pre {{ background: #f7f7f7; padding: 1em; font-size: 12px; }}
+</style></head><body>
+<h1>kiln bench — run {run['run_id']}</h1>
+<p>{run['created']} on {html.escape(run['machine'].get('cpu', '?'))}, {run['config']['threads']} thread(s).
+Latencies in milliseconds; "threads/inflight" gives the concurrency of every number.</p>
+<ul>{warnings}</ul>
+<table><tr>{header}</tr>{rows}</table>
+<h2>Plots</h2>{figures or '<p>no successful runs to plot</p>'}
+<h2>Machine</h2><pre>{machine}</pre>
+<h2>Configuration</h2><pre>{config}</pre>
+</body></html>
+"""
+    )
+
+
+def write_all(run: dict[str, Any], out_dir: Path) -> dict[str, Path]:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = {"json": out_dir / "results.json", "csv": out_dir / "results.csv", "html": out_dir / "report.html"}
+    write_json(run, paths["json"])
+    write_csv(run, paths["csv"])
+    write_html(run, paths["html"])
+    return paths

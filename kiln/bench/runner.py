@@ -1,0 +1,188 @@
+"""Runs a benchmark plan: every (model, batch, backend, scenario) in its own worker process."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from kiln.bench.backends import BACKENDS, backend_class
+from kiln.bench.machine import fingerprint
+from kiln.bench.models import BenchModel, resolve_model
+from kiln.bench.worker import thread_environment
+from kiln.errors import KilnError
+
+SCENARIOS = ("single-stream", "offline", "server")
+
+
+@dataclass
+class BenchConfig:
+    models: list[str]
+    backends: list[str]
+    scenarios: list[str] = field(default_factory=lambda: ["single-stream"])
+    batches: list[int] = field(default_factory=lambda: [1])
+    threads: int = 2
+    duration: float = 5.0
+    min_iterations: int = 10
+    warmup: int = 3
+    inflight: int = 2
+    rate: float | None = None
+    seq: int | None = None
+    timeout: float = 600.0
+    dataset: str | None = None
+    dataset_limit: int | None = None
+    plugins: list[str] = field(default_factory=list)
+    agreement: bool = True
+
+    def validate(self) -> None:
+        import importlib
+
+        for plugin in self.plugins:
+            importlib.import_module(plugin)  # plugins may register extra backends
+        unknown = [b for b in self.backends if b not in BACKENDS]
+        if unknown:
+            raise KilnError(f"unknown backend(s) {unknown}; available: {', '.join(BACKENDS)}")
+        bad = [s for s in self.scenarios if s not in SCENARIOS]
+        if bad:
+            raise KilnError(f"unknown scenario(s) {bad}; available: {', '.join(SCENARIOS)}")
+        if self.threads < 1 or self.duration <= 0 or any(b < 1 for b in self.batches):
+            raise KilnError("threads, duration and batch sizes must be positive")
+        for name in self.models:
+            resolve_model(name, 1, self.seq)
+
+
+Progress = Callable[[str, dict[str, Any] | None], None]
+
+
+def plan(config: BenchConfig) -> list[tuple[BenchModel, str, str]]:
+    jobs = []
+    for name in config.models:
+        for batch in config.batches:
+            model = resolve_model(name, batch, config.seq)
+            for backend in config.backends:
+                for scenario in config.scenarios:
+                    jobs.append((model, backend, scenario))
+    return jobs
+
+
+def run_bench(config: BenchConfig, workdir: Path, progress: Progress | None = None) -> dict[str, Any]:
+    """Run the plan; returns the run (machine fingerprint, config, records). Ctrl-C stops the
+    current worker and returns what finished, with ``interrupted`` set."""
+    config.validate()
+    say = progress or (lambda message, record: None)
+    run: dict[str, Any] = {
+        "run_id": datetime.now(UTC).strftime("%Y%m%dT%H%M%S") + f"-{os.getpid()}",
+        "created": datetime.now(UTC).isoformat(timespec="seconds"),
+        "machine": fingerprint(),
+        "config": asdict(config),
+        "records": [],
+        "interrupted": False,
+    }
+    jobs = plan(config)
+    workdir.mkdir(parents=True, exist_ok=True)
+    references: dict[tuple[str, int], str | None] = {}
+    try:
+        for model in {(m.label, m.batch): m for m, _, _ in jobs}.values():
+            say(f"preparing {model.label}", None)
+            model.prepare(progress=lambda message: say(message, None))
+        for model, backend, scenario in jobs:
+            key = (model.label, model.batch)
+            if config.agreement and key not in references:
+                say(f"reference outputs for {model.label} (batch {model.batch})", None)
+                references[key] = _reference(model, config, workdir)
+            record = _run_one(model, backend, scenario, config, references.get(key), workdir, say)
+            run["records"].append(record)
+            say(f"{backend} / {model.label} / {scenario}: {record['status']}", record)
+    except KeyboardInterrupt:
+        run["interrupted"] = True
+        say("interrupted: stopped the running worker; reporting what finished", None)
+    return run
+
+
+def _base_record(model: BenchModel, backend: str, scenario: str, config: BenchConfig) -> dict[str, Any]:
+    return {
+        "backend": backend,
+        "model": model.label,
+        "batch": model.batch,
+        "scenario": scenario,
+        "threads": config.threads,
+    }
+
+
+def _run_one(
+    model: BenchModel, backend: str, scenario: str, config: BenchConfig, reference: str | None, workdir: Path, say: Progress
+) -> dict[str, Any]:
+    record = _base_record(model, backend, scenario, config)
+    instance = backend_class(backend)(config.threads)
+    reason = instance.availability()
+    if reason is None and instance.needs_torch_module and not model.is_zoo:
+        reason = "needs a torch module; an ONNX file given by path has none"
+    if reason:
+        return {**record, "status": "unavailable", "error": reason}
+    say(f"running {backend} / {model.label} (batch {model.batch}) / {scenario}", None)
+    job = {
+        "kind": "bench",
+        "backend": backend,
+        "model": asdict(model),
+        "scenario": scenario,
+        "threads": config.threads,
+        "duration": config.duration,
+        "min_iterations": config.min_iterations,
+        "warmup": config.warmup,
+        "inflight": config.inflight,
+        "rate": config.rate,
+        "reference": reference,
+        "dataset": config.dataset,
+        "dataset_limit": config.dataset_limit,
+        "plugins": config.plugins,
+    }
+    return {**record, **run_worker(job, config.threads, config.timeout, workdir)}
+
+
+def _reference(model: BenchModel, config: BenchConfig, workdir: Path) -> str | None:
+    """kiln's reference interpreter's outputs for the model's inputs, saved once as .npz."""
+    path = workdir / f"reference-{model.label}-b{model.batch}.npz"
+    job = {"kind": "reference", "model": asdict(model), "output": str(path), "plugins": config.plugins}
+    result = run_worker(job, config.threads, config.timeout, workdir)
+    return str(path) if result.get("status") == "ok" and path.exists() else None
+
+
+def run_worker(job: dict[str, Any], threads: int, timeout: float, workdir: Path) -> dict[str, Any]:
+    """Run ``job`` in a fresh process; a crash, hang or garbage output becomes the record's status."""
+    handle, job_path = tempfile.mkstemp(suffix=".job.json", dir=workdir)
+    with os.fdopen(handle, "w") as stream:
+        json.dump(job, stream)
+    result_path = job_path.replace(".job.json", ".result.json")
+    environment = {**os.environ, **thread_environment(threads)}
+    command = [sys.executable, "-m", "kiln.bench.worker", job_path, result_path]
+    started = time.perf_counter()
+    process = subprocess.Popen(command, env=environment, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        _, stderr = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.communicate()
+        return {"status": "timeout", "error": f"no result after {timeout:.0f} s; the worker was killed"}
+    except KeyboardInterrupt:
+        process.kill()
+        process.communicate()
+        raise
+    finally:
+        os.unlink(job_path)
+    wall = time.perf_counter() - started
+    if not os.path.exists(result_path):
+        tail = " | ".join((stderr or "").strip().splitlines()[-3:])
+        return {"status": "crash", "error": f"worker exited with code {process.returncode} and no result; stderr: {tail}"}
+    with open(result_path) as stream:
+        result = json.load(stream)
+    os.unlink(result_path)
+    result["worker_seconds"] = wall
+    return result

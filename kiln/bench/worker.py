@@ -1,0 +1,148 @@
+"""One benchmark job in its own process: ``python -m kiln.bench.worker JOB.json RESULT.json``.
+
+The parent sets the thread-count environment before this process starts, so every library sees
+it at import; this process also pins itself to the requested number of CPUs.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import sys
+import time
+import traceback
+from typing import Any
+
+THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "TVM_NUM_THREADS", "NUMEXPR_NUM_THREADS")
+
+
+def thread_environment(threads: int) -> dict[str, str]:
+    return {name: str(threads) for name in THREAD_VARIABLES}
+
+
+def pin_cpus(threads: int) -> list[int]:
+    try:
+        allowed = sorted(os.sched_getaffinity(0))
+        chosen = allowed[:threads] if threads <= len(allowed) else allowed
+        os.sched_setaffinity(0, chosen)
+        return chosen
+    except (AttributeError, OSError):
+        return []
+
+
+def run_job(job: dict[str, Any]) -> dict[str, Any]:
+    import numpy as np
+
+    from kiln.bench import scenarios
+    from kiln.bench.backends import Unavailable, backend_class
+    from kiln.bench.metrics import EnergyMeter, agreement, peak_rss_bytes
+    from kiln.bench.models import BenchModel
+
+    for plugin in job.get("plugins", []):
+        importlib.import_module(plugin)
+    record: dict[str, Any] = {"cpus": pin_cpus(job["threads"])}
+    model = BenchModel(**job["model"])
+    backend = backend_class(job["backend"])(job["threads"])
+    reason = backend.availability()
+    if reason:
+        return {**record, "status": "unavailable", "error": reason}
+    record["backend_version"] = backend.version()
+    record["config"] = backend.config()
+    feeds = model.inputs(seed=0)
+    try:
+        start = time.perf_counter()
+        backend.compile(model, feeds)
+        record["compile_s"] = time.perf_counter() - start
+        start = time.perf_counter()
+        session = backend.load()
+        record["load_s"] = time.perf_counter() - start
+        start = time.perf_counter()
+        outputs = session.run(feeds)
+        record["first_run_ms"] = (time.perf_counter() - start) * 1e3
+    except Unavailable as err:
+        return {**record, "status": "unavailable", "error": str(err)}
+    if job.get("reference"):
+        with np.load(job["reference"]) as data:
+            reference = [data[f"output{i}"] for i in range(len(data.files))]
+        record["agreement"] = agreement(outputs, reference, model.is_classifier)
+    warmup = job.get("warmup", 3)
+    scenarios.warm_up(session.run, feeds, warmup)
+    scenario = job["scenario"]
+    if scenario == "single-stream":
+        meter = EnergyMeter.detect()
+        result = scenarios.single_stream(session.run, feeds, job["duration"], job["min_iterations"], meter)
+        if not meter.available:
+            result["energy"] = {"unavailable": meter.reason}
+        record["inflight"] = 1
+    elif scenario == "offline":
+        result = scenarios.offline(session.run, feeds, job["duration"], job["inflight"], model.batch)
+        record["inflight"] = job["inflight"]
+    elif scenario == "server":
+        median = _median_seconds(session.run, feeds)
+        rate = job.get("rate") or 0.7 * job["inflight"] / median  # 70% of what the servers can take
+        result = scenarios.server(session.run, feeds, job["duration"], rate, job["inflight"])
+        record["inflight"] = job["inflight"]
+    else:
+        raise ValueError(f"unknown scenario {scenario!r}")
+    record.update(result)
+    if job.get("dataset") and model.is_classifier:
+        from kiln.bench.dataset import accuracy
+
+        record["accuracy"] = accuracy(session.run, job["dataset"], model, job.get("dataset_limit"))
+    session.close()
+    record["peak_rss_mb"] = peak_rss_bytes() / 1e6
+    record["status"] = "ok"
+    return record
+
+
+def run_reference(job: dict[str, Any]) -> dict[str, Any]:
+    """Outputs of kiln's reference interpreter on the job's model inputs, saved as .npz."""
+    import numpy as np
+
+    import kiln
+    from kiln.bench.models import BenchModel
+
+    for plugin in job.get("plugins", []):
+        importlib.import_module(plugin)
+    model = BenchModel(**job["model"])
+    outputs = kiln.compile(str(model.onnx_path), target="reference").run(model.inputs(seed=0))
+    np.savez(job["output"], **{f"output{i}": np.asarray(v) for i, v in enumerate(outputs.values())})
+    return {"status": "ok"}
+
+
+def _median_seconds(run: Any, feeds: Any, count: int = 5) -> float:
+    times = []
+    for _ in range(count):
+        start = time.perf_counter()
+        run(feeds)
+        times.append(time.perf_counter() - start)
+    return sorted(times)[len(times) // 2]
+
+
+def main() -> int:
+    job_path, result_path = sys.argv[1], sys.argv[2]
+    with open(job_path) as handle:
+        job = json.load(handle)
+    try:
+        record = run_reference(job) if job.get("kind") == "reference" else run_job(job)
+    except Exception as err:
+        record = {"status": "error", "error": f"{type(err).__name__}: {err}", "traceback": traceback.format_exc(limit=8)}
+    with open(result_path + ".partial", "w") as handle:
+        json.dump(record, handle, default=_jsonable)
+    os.replace(result_path + ".partial", result_path)
+    return 0
+
+
+def _jsonable(value: Any) -> Any:
+    import numpy as np
+
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    raise TypeError(f"cannot serialize {type(value).__name__}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
