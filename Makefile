@@ -6,7 +6,7 @@ VENV ?= .venv
 BIN = $(VENV)/bin
 STAMP = $(VENV)/.kiln-installed
 
-.PHONY: setup test bench lint clean
+.PHONY: setup test bench peers-heavy conformance lint clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -21,12 +21,17 @@ setup: $(STAMP)
 test: setup
 	$(BIN)/python -m pytest -q
 
-# Until `kiln bench` lands, the main job is the conformance suite plus the zoo models checked
-# against onnxruntime.
+# The main job: kiln and its peers on the four seed models; reports land in reports/bench/latest/.
 bench: setup
+	$(BIN)/kiln bench --out reports/bench
+
+# The heavier peers (TVM, IREE) are an extra: `make peers-heavy` then `make bench`.
+peers-heavy: setup
+	$(BIN)/python -m pip install --quiet -e ".[peers-heavy]"
+
+conformance: setup
 	mkdir -p reports
-	$(BIN)/kiln conformance --json reports/conformance.json --no-show-failures
-	$(BIN)/kiln zoo check
+	$(BIN)/kiln conformance --json reports/conformance.json
 
 lint: setup
 	$(BIN)/ruff check kiln tests

@@ -36,6 +36,8 @@ def latency_stats(seconds: list[float]) -> dict[str, Any]:
         "min": float(values.min()),
         "max": float(values.max()),
         "noisy": cv > NOISY_CV,
+        # every percentile 0..100, for latency CDF plots
+        "percentiles": [float(v) for v in np.percentile(values, np.arange(101))],
     }
 
 

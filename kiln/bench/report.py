@@ -168,11 +168,11 @@ def plots(run: dict[str, Any]) -> dict[str, str]:
         figure, axes = plt.subplots(1, len(models), figsize=(4.5 * len(models), 3.6), squeeze=False)
         for axis, model in zip(axes[0], models):
             for record in (r for r in single if r["model"] == model):
-                stats = record["latency_ms"]
-                quantiles = np.array([stats["min"], stats["p50"], stats["p90"], stats["p99"], stats["max"]])
-                axis.plot(quantiles, [0, 0.5, 0.9, 0.99, 1.0], marker="o", label=f"{record['backend']} b{record['batch']}")
+                quantiles = record["latency_ms"]["percentiles"]
+                axis.plot(quantiles, np.linspace(0, 1, len(quantiles)), label=f"{record['backend']} b{record['batch']}")
+            axis.set_xscale("log")
             axis.set_title(f"{model}: latency CDF")
-            axis.set_xlabel("ms")
+            axis.set_xlabel("ms (log scale)")
             axis.set_ylabel("fraction of requests")
             axis.legend(fontsize=7)
         images["latency_cdf"] = _figure_png(figure)

@@ -1,0 +1,72 @@
+"""Backends that misbehave on purpose, registered for the harness tests (``--plugin``)."""
+
+import os
+import time
+
+import numpy as np
+
+import kiln
+from kiln.bench.backends import Backend, Session, register
+
+_LEAKED: list[bytes] = []
+
+
+class _Run(Session):
+    def __init__(self, model, leak: int = 0, sleep: float = 0.0):
+        self.model, self.leak, self.sleep = model, leak, sleep
+
+    def run(self, feeds):
+        if self.leak:
+            _LEAKED.append(np.ones(self.leak, np.uint8).tobytes())  # never freed: a leak
+        if self.sleep:
+            time.sleep(self.sleep)
+        return list(self.model.run(feeds).values())
+
+
+class _Fake(Backend):
+    leak = 0
+    sleep = 0.0
+
+    def version(self):
+        return "0-test"
+
+    def compile(self, model, example):
+        self.artifact = kiln.compile(str(model.onnx_path))
+
+    def load(self):
+        return _Run(self.artifact, self.leak, self.sleep)
+
+
+class Crash(_Fake):
+    name = "fake-crash"
+
+    def compile(self, model, example):
+        os._exit(7)
+
+
+class Hang(_Fake):
+    name = "fake-hang"
+    sleep = 3600.0
+
+
+class Leak(_Fake):
+    name = "fake-leak"
+    leak = 1_000_000  # 1 MB per inference
+
+
+class Fail(_Fake):
+    name = "fake-error"
+
+    def compile(self, model, example):
+        raise ValueError("this backend cannot compile anything")
+
+
+class Missing(_Fake):
+    name = "fake-missing"
+
+    def availability(self):
+        return "not installed (needs imaginary-package)"
+
+
+for _cls in (Crash, Hang, Leak, Fail, Missing):
+    register(_cls.name, f"{__name__}:{_cls.__name__}")

@@ -1,0 +1,204 @@
+import json
+import sqlite3
+
+import numpy as np
+import onnx
+import pytest
+from click.testing import CliRunner
+from onnx import helper
+
+from kiln.bench import report, store
+from kiln.bench.runner import BenchConfig, run_bench
+from kiln.cli import main
+from tests.helpers import FLOAT, make_model
+
+PLUGIN = "tests.bench.fake_backends"
+
+
+@pytest.fixture(scope="module")
+def run(tiny_onnx, tmp_path_factory):
+    pytest.importorskip("onnxruntime", reason="onnxruntime (the 'peers' extra) is one of the compared backends")
+    config = BenchConfig(
+        models=[tiny_onnx],
+        backends=["kiln", "onnxruntime", "torch", "fake-crash", "fake-hang", "fake-leak", "fake-error", "fake-missing"],
+        duration=1.0,
+        min_iterations=300,
+        warmup=1,
+        timeout=20,
+        plugins=[PLUGIN],
+    )
+    return run_bench(config, tmp_path_factory.mktemp("work"))
+
+
+def _record(run, backend):
+    return next(r for r in run["records"] if r["backend"] == backend)
+
+
+def test_every_job_is_a_row_whatever_happened(run):
+    status = {r["backend"]: r["status"] for r in run["records"]}
+    assert status == {
+        "kiln": "ok",
+        "onnxruntime": "ok",
+        "torch": "unavailable",
+        "fake-crash": "crash",
+        "fake-hang": "timeout",
+        "fake-leak": "ok",
+        "fake-error": "error",
+        "fake-missing": "unavailable",
+    }
+    assert "exited with code 7" in _record(run, "fake-crash")["error"]
+    assert "ValueError: this backend cannot compile anything" in _record(run, "fake-error")["error"]
+    assert "imaginary-package" in _record(run, "fake-missing")["error"]
+    assert "torch module" in _record(run, "torch")["error"]
+
+
+def test_metrics_of_a_good_run(run):
+    record = _record(run, "onnxruntime")
+    assert record["compile_s"] > 0 and record["load_s"] > 0 and record["first_run_ms"] > 0
+    assert record["latency_ms"]["n"] >= 300 and record["latency_ms"]["p50"] <= record["latency_ms"]["p99"]
+    assert record["peak_rss_mb"] > 10
+    assert record["agreement"]["rel_l2"] < 1e-5  # against kiln's reference interpreter
+    assert record["config"]["threads"] == 2 and record["inflight"] == 1
+    assert record["cpus"]  # pinned
+    assert "unavailable" in record["energy"] or "joules_per_inference" in record["energy"]
+    assert abs(_record(run, "kiln")["rss_growth_mb_per_1k"]) < 1.0
+
+
+def test_a_leaking_backend_is_flagged(run):
+    growth = _record(run, "fake-leak")["rss_growth_mb_per_1k"]
+    assert growth == pytest.approx(1000, rel=0.2)  # 1 MB per inference
+    assert any("fake-leak" in line and "leak suspected" in line for line in report.notes(run))
+
+
+def test_reports_are_written(run, tmp_path):
+    paths = report.write_all(run, tmp_path)
+    data = json.loads(paths["json"].read_text())
+    assert data["machine"]["cpu"] and data["machine"]["packages"]["onnx"] != "not installed"
+    assert len(data["records"]) == 8
+    header = paths["csv"].read_text().splitlines()[0]
+    assert "latency_ms.p50" in header and "backend" in header
+    html = paths["html"].read_text()
+    assert "data:image/png;base64," in html and "fake-crash" in html
+    table = report.terminal_table(run)
+    assert table.row_count == 8
+
+
+def test_store_and_compare(run, tmp_path):
+    db = tmp_path / "results.db"
+    run = json.loads(json.dumps(run))
+    for record in run["records"]:
+        if record["status"] == "ok":
+            record["latency_ms"]["cv"] = 0.01  # a quiet machine: a 2x change is beyond the noise band
+    store.save_run(db, run)
+    slower = json.loads(json.dumps(run))
+    slower["run_id"] = "later"
+    for record in slower["records"]:
+        if record["status"] == "ok":
+            record["latency_ms"]["p50"] *= 2
+    store.save_run(db, slower)
+    assert [row[0] for row in store.list_runs(db)] == sorted([run["run_id"], "later"], key=lambda r: r != run["run_id"])
+    rows = store.compare(store.load_records(db, run["run_id"]), store.load_records(db, "later"))
+    assert rows and all(row["verdict"] == "slower" and row["change"] == pytest.approx(1.0) for row in rows)
+    same = store.compare(store.load_records(db, run["run_id"]), store.load_records(db, run["run_id"]))
+    assert all(row["verdict"] == "within noise" for row in same)
+    with pytest.raises(Exception, match="no run 'nope'"):
+        store.load_records(db, "nope")
+
+
+def test_corrupt_database_is_reported_not_overwritten(run, tmp_path):
+    db = tmp_path / "results.db"
+    db.write_bytes(b"this is not sqlite" * 100)
+    with pytest.raises(store.CorruptDatabase, match="unreadable.*not modified"):
+        store.save_run(db, run)
+    assert db.read_bytes() == b"this is not sqlite" * 100
+    sqlite3.connect(tmp_path / "fresh.db").close()
+
+
+def test_interrupt_keeps_finished_records(tiny_onnx, tmp_path):
+    config = BenchConfig(models=[tiny_onnx], backends=["kiln", "kiln"], duration=0.1, min_iterations=1, agreement=False)
+    seen = []
+
+    def progress(message, record):
+        if record is not None:
+            seen.append(record)
+            raise KeyboardInterrupt
+
+    result = run_bench(config, tmp_path, progress)
+    assert result["interrupted"] is True
+    assert len(result["records"]) == 1 and result["records"][0]["status"] == "ok"
+
+
+def test_accuracy_on_an_image_folder(tmp_path):
+    from PIL import Image
+
+    from kiln.bench.dataset import accuracy
+    from kiln.bench.models import BenchModel
+
+    colours = {"blue": (0, 0, 255), "green": (0, 255, 0), "red": (255, 0, 0)}
+    for name, rgb in colours.items():
+        (tmp_path / "data" / name).mkdir(parents=True)
+        for index in range(3):
+            Image.new("RGB", (12, 12), rgb).save(tmp_path / "data" / name / f"{index}.png")
+    # Mean colour per channel, reordered to the sorted class order (blue, green, red).
+    permutation = np.array([[0, 0, 1], [0, 1, 0], [1, 0, 0]], np.float32)
+    model = make_model(
+        [helper.make_node("GlobalAveragePool", ["x"], ["p"]), helper.make_node("Flatten", ["p"], ["f"]), helper.make_node("MatMul", ["f", "perm"], ["y"])],
+        [("x", FLOAT, ["batch", 3, 8, 8])],
+        [("y", FLOAT, None)],
+        {"perm": permutation},
+    )
+    path = tmp_path / "colour.onnx"
+    onnx.save(model, path)
+    import kiln
+
+    compiled = kiln.compile(str(path))
+    result = accuracy(lambda feeds: list(compiled.run(feeds).values()), str(tmp_path / "data"), BenchModel("colour", 1, path=str(path)))
+    assert result == {"top1": 1.0, "images": 9, "classes": 3}
+    with pytest.raises(Exception, match="expected one sub-folder per class"):
+        accuracy(None, str(tmp_path / "data" / "red"), BenchModel("colour", 1, path=str(path)))
+
+
+def test_cli_names_valid_choices(tmp_path):
+    runner = CliRunner()
+    result = runner.invoke(main, ["bench", "-b", "warp-drive", "--out", str(tmp_path)])
+    assert result.exit_code != 0 and "unknown backend(s) ['warp-drive']; available: kiln, onnxruntime" in str(result.exception)
+    result = runner.invoke(main, ["bench", "-m", "resnet9000", "--out", str(tmp_path)])
+    assert "unknown model 'resnet9000'; available: resnet50" in str(result.exception)
+    result = runner.invoke(main, ["bench", "-s", "batchy", "--out", str(tmp_path)])
+    assert "unknown scenario(s) ['batchy']" in str(result.exception)
+
+
+def test_cli_end_to_end_writes_reports(tiny_onnx, tmp_path):
+    pytest.importorskip("onnxruntime", reason="onnxruntime (the 'peers' extra) is one of the compared backends")
+    runner = CliRunner()
+    args = ["bench", "-m", tiny_onnx, "-b", "kiln,onnxruntime", "-s", "single-stream,offline", "--batch", "1", "--batch", "4", "-d", "0.2", "--out", str(tmp_path)]
+    result = runner.invoke(main, args, catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    latest = tmp_path / "latest"
+    data = json.loads((latest / "results.json").read_text())
+    assert len(data["records"]) == 8 and all(r["status"] == "ok" for r in data["records"])
+    offline = [r for r in data["records"] if r["scenario"] == "offline"]
+    assert all(r["inflight"] == 2 and r["throughput"] > 0 for r in offline)
+    html = (latest / "report.html").read_text()
+    assert html.count("<img") == 4  # latency, CDF, throughput vs batch, compile time
+    listing = runner.invoke(main, ["bench", "--out", str(tmp_path), "runs"])
+    assert data["run_id"] in listing.output
+    compare = runner.invoke(main, ["bench", "--out", str(tmp_path), "compare", data["run_id"], data["run_id"]])
+    assert compare.exit_code == 0 and "within noise" in compare.output
+
+
+def test_report_renders_in_a_browser(run, tmp_path):
+    from benchmarks.render_report import find_browser, render
+
+    if find_browser() is None:
+        pytest.skip("no headless Chromium here (apt-get install chromium) to render the report")
+    from PIL import Image
+
+    paths = report.write_all(run, tmp_path)
+    png = tmp_path / "report.png"
+    render(paths["html"], png, width=1400, height=1800)
+    with Image.open(png) as image:
+        pixels = np.asarray(image.convert("L"), dtype=np.float32)
+    assert image.size == (1400, 1800)
+    assert pixels.std() > 10  # text, table and plots, not a blank page
+    assert (pixels < 128).mean() > 0.01

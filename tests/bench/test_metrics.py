@@ -1,0 +1,87 @@
+import time
+
+import numpy as np
+import pytest
+
+from kiln.bench import metrics, scenarios
+
+
+def test_latency_stats_percentiles_ci_and_noise():
+    stats = metrics.latency_stats([0.001 * i for i in range(1, 101)])  # 1..100 ms
+    assert stats["n"] == 100
+    assert stats["p50"] == pytest.approx(50.5)
+    assert stats["p90"] == pytest.approx(90.1)
+    assert stats["p99"] == pytest.approx(99.01)
+    assert stats["mean"] == pytest.approx(50.5)
+    low, high = stats["ci95"]
+    assert low < 50.5 < high and high - low == pytest.approx(2 * 1.96 * stats["std"] / 10)
+    assert stats["noisy"] is True  # cv ~ 0.57
+    steady = metrics.latency_stats([0.010] * 20)
+    assert steady["cv"] == 0.0 and steady["noisy"] is False
+
+
+def test_rss_growth_slope_is_mb_per_thousand():
+    samples = [(n, 100_000_000 + n * 2_000) for n in range(0, 5000, 250)]  # 2 kB per inference
+    assert metrics.growth_per_thousand(samples) == pytest.approx(2.0)
+    assert metrics.growth_per_thousand(samples[:2]) is None
+
+
+def test_energy_from_powercap_counters(tmp_path, monkeypatch):
+    zone = tmp_path / "intel-rapl:0"
+    zone.mkdir()
+    counter = zone / "energy_uj"
+    counter.write_text("5000000")
+    monkeypatch.setenv("KILN_POWERCAP_ROOT", str(tmp_path))
+    meter = metrics.EnergyMeter.detect()
+    assert meter.available and meter.read_joules() == 5.0
+    counter.write_text("7500000")
+    assert meter.read_joules() == 7.5
+    # 12 J over 2 s with a 1 W idle baseline, 100 inferences: (12 - 2) / 100 J each.
+    assert metrics.energy_per_inference(12.0, 2.0, 1.0, 100) == pytest.approx(0.1)
+
+
+def test_energy_unavailable_says_why(tmp_path, monkeypatch):
+    monkeypatch.setenv("KILN_POWERCAP_ROOT", str(tmp_path / "absent"))
+    meter = metrics.EnergyMeter.detect()
+    assert not meter.available and "does not exist" in meter.reason
+    monkeypatch.setenv("KILN_POWERCAP_ROOT", str(tmp_path))
+    assert "no readable RAPL" in metrics.EnergyMeter.detect().reason
+
+
+def test_agreement_reports_errors_and_top1():
+    reference = [np.array([[0.1, 0.9, 0.0], [0.8, 0.1, 0.1]], np.float32)]
+    close = [reference[0] + 1e-6]
+    result = metrics.agreement(close, reference, classifier=True)
+    assert result["top1_agreement"] == 1.0 and result["rel_l2"] < 1e-5
+    flipped = [np.array([[0.9, 0.1, 0.0], [0.8, 0.1, 0.1]], np.float32)]
+    assert metrics.agreement(flipped, reference, classifier=True)["top1_agreement"] == 0.5
+    assert "shape" in metrics.agreement([np.zeros(3)], reference, classifier=False)["error"]
+
+
+def _sleepy(seconds):
+    def run(feeds):
+        time.sleep(seconds)
+        return [np.zeros(1)]
+
+    return run
+
+
+def test_single_stream_meets_duration_and_iterations():
+    result = scenarios.single_stream(_sleepy(0.002), {}, duration=0.1, min_iterations=20)
+    assert result["iterations"] >= 20 and result["seconds"] >= 0.1
+    assert result["latency_ms"]["p50"] >= 2.0
+    assert result["throughput"] == pytest.approx(result["iterations"] / result["seconds"])
+
+
+def test_offline_uses_concurrency():
+    one = scenarios.offline(_sleepy(0.01), {}, duration=0.3, inflight=1, batch=4)
+    four = scenarios.offline(_sleepy(0.01), {}, duration=0.3, inflight=4, batch=4)
+    assert four["throughput"] > 2.5 * one["throughput"]  # sleeping requests overlap
+    assert one["throughput"] == pytest.approx(one["requests"] * 4 / one["seconds"])
+
+
+def test_server_separates_queueing_from_service():
+    result = scenarios.server(_sleepy(0.005), {}, duration=0.5, rate=100, inflight=1)
+    assert result["requests"] > 20
+    assert result["request_latency_ms"]["p50"] >= result["service_latency_ms"]["p50"]
+    assert result["achieved_rate"] == pytest.approx(100, rel=0.5)
