@@ -75,7 +75,13 @@ class EnergyMeter:
     reason: str = ""
 
     @classmethod
-    def detect(cls) -> EnergyMeter:
+    def detect(cls, device: str = "cpu") -> EnergyMeter | NvmlEnergyMeter:
+        if device == "cuda":
+            return NvmlEnergyMeter.detect()
+        return cls.detect_rapl()
+
+    @classmethod
+    def detect_rapl(cls) -> EnergyMeter:
         root = Path(os.environ.get("KILN_POWERCAP_ROOT", "/sys/class/powercap"))
         if not root.is_dir():
             return cls([], f"no powercap counters ({root} does not exist; RAPL is not exposed here)")
@@ -97,6 +103,42 @@ class EnergyMeter:
 
     def read_joules(self) -> float:
         return sum(int(p.read_text()) for p in self.files) / 1e6
+
+    def idle_watts(self, seconds: float = 1.0) -> float:
+        start, begin = self.read_joules(), time.perf_counter()
+        time.sleep(seconds)
+        return max(self.read_joules() - start, 0.0) / (time.perf_counter() - begin)
+
+
+class NvmlEnergyMeter:
+    """GPU board energy from NVML's total-energy counter (millijoules since driver load)."""
+
+    def __init__(self, handle: Any = None, reason: str = "") -> None:
+        self.handle = handle
+        self.reason = reason
+
+    @classmethod
+    def detect(cls) -> NvmlEnergyMeter:
+        try:
+            import pynvml
+        except ImportError:
+            return cls(None, "pynvml is not installed (pip install nvidia-ml-py)")
+        try:
+            pynvml.nvmlInit()
+            handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+            pynvml.nvmlDeviceGetTotalEnergyConsumption(handle)
+        except Exception as err:  # NVML's own error types vary by driver
+            return cls(None, f"NVML energy counter unavailable: {err}")
+        return cls(handle)
+
+    @property
+    def available(self) -> bool:
+        return self.handle is not None
+
+    def read_joules(self) -> float:
+        import pynvml
+
+        return pynvml.nvmlDeviceGetTotalEnergyConsumption(self.handle) / 1e3
 
     def idle_watts(self, seconds: float = 1.0) -> float:
         start, begin = self.read_joules(), time.perf_counter()

@@ -16,7 +16,14 @@ from typing import Any
 
 import numpy as np
 
-from kiln.bench.metrics import EnergyMeter, energy_per_inference, growth_per_thousand, latency_stats, rss_bytes
+from kiln.bench.metrics import (
+    EnergyMeter,
+    NvmlEnergyMeter,
+    energy_per_inference,
+    growth_per_thousand,
+    latency_stats,
+    rss_bytes,
+)
 
 Run = Callable[[dict[str, np.ndarray]], Any]
 MAX_ITERATIONS = 1_000_000
@@ -32,7 +39,7 @@ def single_stream(
     feeds: dict[str, np.ndarray],
     duration: float,
     min_iterations: int,
-    meter: EnergyMeter | None = None,
+    meter: EnergyMeter | NvmlEnergyMeter | None = None,
     rss_samples: int = 50,
 ) -> dict[str, Any]:
     """Run until ``duration`` seconds and ``min_iterations`` have both passed."""

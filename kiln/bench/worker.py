@@ -70,7 +70,7 @@ def run_job(job: dict[str, Any]) -> dict[str, Any]:
     scenarios.warm_up(session.run, feeds, warmup)
     scenario = job["scenario"]
     if scenario == "single-stream":
-        meter = EnergyMeter.detect()
+        meter = EnergyMeter.detect(backend.device)
         result = scenarios.single_stream(session.run, feeds, job["duration"], job["min_iterations"], meter)
         if not meter.available:
             result["energy"] = {"unavailable": meter.reason}

@@ -202,3 +202,23 @@ def test_report_renders_in_a_browser(run, tmp_path):
     assert image.size == (1400, 1800)
     assert pixels.std() > 10  # text, table and plots, not a blank page
     assert (pixels < 128).mean() > 0.01
+
+
+def test_a_model_one_backend_cannot_load_is_that_backends_row(tmp_path):
+    pytest.importorskip("onnxruntime", reason="onnxruntime (the 'peers' extra) is the backend that refuses the file")
+    # onnx 1.23 writes IR version 14 by default; onnxruntime 1.31 refuses it, kiln reads it.
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["y"])],
+        "ir14",
+        [helper.make_tensor_value_info("x", FLOAT, ["batch", 4])],
+        [helper.make_tensor_value_info("y", FLOAT, None)],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    assert model.ir_version >= 11
+    path = tmp_path / "ir14.onnx"
+    onnx.save(model, path)
+    config = BenchConfig(models=[str(path)], backends=["kiln", "onnxruntime"], duration=0.1, min_iterations=1, agreement=False)
+    records = {r["backend"]: r for r in run_bench(config, tmp_path / "work")["records"]}
+    assert records["kiln"]["status"] == "ok"
+    assert records["onnxruntime"]["status"] == "error"
+    assert "ir_version" in records["onnxruntime"]["error"].lower() or "IR version" in records["onnxruntime"]["error"]

@@ -35,6 +35,8 @@ class Backend(ABC):
     requires: tuple[str, ...] = ()
     #: True when the backend needs the model as a torch module rather than an ONNX file.
     needs_torch_module: bool = False
+    #: Where inference runs: "cpu" (energy from RAPL) or "cuda" (energy from NVML).
+    device: str = "cpu"
 
     def __init__(self, threads: int) -> None:
         self.threads = threads

@@ -141,26 +141,96 @@ class JaxBackend(Backend):
 
 
 class TensorRtBackend(Backend):
-    """NVIDIA TensorRT: needs an NVIDIA GPU."""
+    """NVIDIA TensorRT: the ONNX parser, an engine built for the example shapes, I/O buffers held
+    as CUDA tensors by a CUDA-enabled torch. Needs an NVIDIA GPU; runs energy through NVML."""
 
     name = "tensorrt"
-    requires = ("tensorrt",)
+    requires = ("tensorrt", "torch")
+    device = "cuda"
 
     def availability(self) -> str | None:
         if shutil.which("nvidia-smi") is None:
             return "no NVIDIA GPU on this machine (nvidia-smi not found)"
-        return super().availability()
+        reason = super().availability()
+        if reason:
+            return reason
+        import torch
+
+        if not torch.cuda.is_available():
+            return "torch has no CUDA here (TensorRT's buffers are CUDA tensors)"
+        return None
 
     def version(self) -> str:
         import tensorrt
 
         return tensorrt.__version__
 
+    def config(self) -> dict[str, Any]:
+        return {"device": "cuda:0", "precision": "fp32", "profile": "static shapes of the example inputs"}
+
     def compile(self, model: Any, example: dict[str, np.ndarray]) -> None:
-        raise Unavailable("the TensorRT backend runs only on a GPU machine; none is attached here")
+        import tensorrt as trt
+
+        logger = trt.Logger(trt.Logger.WARNING)
+        builder = trt.Builder(logger)
+        network = builder.create_network(0)
+        parser = trt.OnnxParser(network, logger)
+        with open(model.onnx_path, "rb") as handle:
+            if not parser.parse(handle.read()):
+                errors = "; ".join(str(parser.get_error(i)) for i in range(parser.num_errors))
+                raise RuntimeError(f"TensorRT's ONNX parser refused the model: {errors}")
+        config = builder.create_builder_config()
+        profile = builder.create_optimization_profile()
+        for name, array in example.items():
+            profile.set_shape(name, array.shape, array.shape, array.shape)
+        config.add_optimization_profile(profile)
+        serialized = builder.build_serialized_network(network, config)
+        if serialized is None:
+            raise RuntimeError("TensorRT could not build an engine for this model")
+        self.artifact = bytes(serialized)
 
     def load(self) -> Session:
-        raise Unavailable("no GPU")
+        import tensorrt as trt
+
+        runtime = trt.Runtime(trt.Logger(trt.Logger.WARNING))
+        return _TensorRtSession(runtime.deserialize_cuda_engine(self.artifact))
+
+
+class _TensorRtSession(Session):
+    def __init__(self, engine: Any) -> None:
+        import threading
+
+        self.engine = engine
+        self.local = threading.local()  # an execution context per thread
+        self.outputs = [
+            engine.get_tensor_name(i)
+            for i in range(engine.num_io_tensors)
+            if engine.get_tensor_mode(engine.get_tensor_name(i)).name == "OUTPUT"
+        ]
+
+    def run(self, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+        import tensorrt as trt
+        import torch
+
+        context = getattr(self.local, "context", None)
+        if context is None:
+            context = self.local.context = self.engine.create_execution_context()
+            self.local.stream = torch.cuda.Stream()
+        keep = []
+        for name, array in feeds.items():
+            tensor = torch.from_numpy(np.ascontiguousarray(array)).cuda()
+            keep.append(tensor)
+            context.set_input_shape(name, tuple(array.shape))
+            context.set_tensor_address(name, tensor.data_ptr())
+        results = []
+        for name in self.outputs:
+            dtype = torch.from_numpy(np.zeros(0, dtype=trt.nptype(self.engine.get_tensor_dtype(name)))).dtype
+            tensor = torch.empty(tuple(context.get_tensor_shape(name)), dtype=dtype, device="cuda")
+            context.set_tensor_address(name, tensor.data_ptr())
+            results.append(tensor)
+        context.execute_async_v3(self.local.stream.cuda_stream)
+        self.local.stream.synchronize()
+        return [t.cpu().numpy() for t in results]
 
 
 def _llvm_cpu() -> str:
