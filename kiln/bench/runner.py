@@ -121,8 +121,11 @@ def _run_one(
     model: BenchModel, backend: str, scenario: str, config: BenchConfig, reference: str | None, workdir: Path, say: Progress
 ) -> dict[str, Any]:
     record = _base_record(model, backend, scenario, config)
-    instance = backend_class(backend)(config.threads)
-    reason = instance.availability()
+    try:
+        instance = backend_class(backend)(config.threads)
+        reason = instance.availability()
+    except Exception as err:  # noqa: BLE001 - a broken peer is its row, never the end of the run
+        return {**record, "status": "unavailable", "error": f"availability check failed: {type(err).__name__}: {err}"}
     if reason is None and instance.needs_torch_module and not model.is_zoo:
         reason = "needs a torch module; an ONNX file given by path has none"
     if reason:

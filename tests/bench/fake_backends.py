@@ -68,5 +68,17 @@ class Missing(_Fake):
         return "not installed (needs imaginary-package)"
 
 
-for _cls in (Crash, Hang, Leak, Fail, Missing):
+class MissingSubpackage(_Fake):
+    name = "fake-missing-subpackage"
+    requires = ("no_such_package.compiler",)
+
+
+class BrokenCheck(_Fake):
+    name = "fake-broken-check"
+
+    def availability(self):
+        raise RuntimeError("driver query exploded")
+
+
+for _cls in (Crash, Hang, Leak, Fail, Missing, MissingSubpackage, BrokenCheck):
     register(_cls.name, f"{__name__}:{_cls.__name__}")

@@ -222,3 +222,15 @@ def test_a_model_one_backend_cannot_load_is_that_backends_row(tmp_path):
     assert records["kiln"]["status"] == "ok"
     assert records["onnxruntime"]["status"] == "error"
     assert "ir_version" in records["onnxruntime"]["error"].lower() or "IR version" in records["onnxruntime"]["error"]
+
+
+def test_missing_or_broken_peers_are_rows_not_crashes(tiny_onnx, tmp_path):
+    config = BenchConfig(
+        models=[tiny_onnx], backends=["fake-missing-subpackage", "fake-broken-check", "iree", "tvm"], plugins=[PLUGIN], agreement=False
+    )
+    records = {r["backend"]: r for r in run_bench(config, tmp_path)["records"]}
+    assert records["fake-missing-subpackage"]["status"] == "unavailable"
+    assert "no_such_package.compiler" in records["fake-missing-subpackage"]["error"]
+    assert records["fake-broken-check"]["status"] == "unavailable"
+    assert "driver query exploded" in records["fake-broken-check"]["error"]
+    assert records["iree"]["status"] in ("unavailable", "ok", "error")

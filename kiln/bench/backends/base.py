@@ -15,6 +15,14 @@ from typing import Any
 import numpy as np
 
 
+def module_exists(name: str) -> bool:
+    """Whether ``name`` (possibly dotted) can be imported, without importing it."""
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):  # a missing parent package raises instead of returning None
+        return False
+
+
 class Unavailable(Exception):
     """The backend cannot run here (not installed, no GPU, cannot take this model): the reason."""
 
@@ -44,7 +52,7 @@ class Backend(ABC):
 
     def availability(self) -> str | None:
         """None when the backend can run here, else why not."""
-        missing = [m for m in self.requires if importlib.util.find_spec(m) is None]
+        missing = [m for m in self.requires if not module_exists(m)]
         if missing:
             return f"not installed (needs {', '.join(missing)})"
         return None

@@ -1,0 +1,38 @@
+"""Common-subexpression elimination: nodes with the same op, attributes and inputs compute the
+same values, so later copies are replaced by the first. Equal constants are merged too.
+Runs anywhere; most useful after fold_constants (which creates duplicate constants)."""
+
+from __future__ import annotations
+
+from kiln.ir.graph import Graph, _StructuralHasher, array_digest
+from kiln.passes.rewrite import Rewriter
+from kiln.ops.registry import lookup
+
+_NONDETERMINISTIC = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Bernoulli", "Multinomial"}
+
+
+def cse(graph: Graph) -> Graph:
+    rewriter = Rewriter(graph)
+    by_content: dict[tuple, object] = {}
+    for value, array in graph.constants.items():
+        key = (str(value.type), array_digest(array))
+        first = by_content.setdefault(key, value)
+        if first is not value:
+            rewriter.replace(value, first)  # type: ignore[arg-type]
+    hasher = _StructuralHasher()
+    seen: dict[tuple, object] = {}
+    for node in graph.nodes:
+        inputs = tuple(id(rewriter.resolve(v)) if v is not None else None for v in node.inputs)
+        if node.op in _NONDETERMINISTIC or any(True for _ in node.subgraphs()) or lookup(node.op, node.domain) is None:
+            rewriter.keep(node)
+            continue
+        key = (node.domain, node.op, hasher.attrs(node.attrs), inputs, len(node.outputs))
+        first = seen.get(key)
+        if first is None:
+            seen[key] = node
+            rewriter.keep(node)
+            continue
+        for old, new in zip(node.outputs, first.outputs):  # type: ignore[attr-defined]
+            rewriter.replace(old, new)
+        rewriter.drop(node)
+    return rewriter.finish()

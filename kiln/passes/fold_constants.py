@@ -1,0 +1,114 @@
+"""Constant folding, and type refinement on the way.
+
+* A node whose inputs are all constants is evaluated with its reference implementation and
+  becomes a constant (unless its output would be huge: folding must not bloat the model).
+* ``Shape``/``Size`` of a value with a static shape fold without evaluating anything, which is
+  what collapses exporters' shape subgraphs (Shape -> Gather -> Concat -> Reshape).
+* Every other node has its output types re-inferred with the constants now known, so dims that
+  were symbols at import (a Reshape target computed from shapes) become static where they can.
+Runs anywhere; the pipeline runs it again after passes that create constants.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from kiln.frontend.onnx import infer_node
+from kiln.ir.graph import Graph, Node, Value
+from kiln.ir.types import TensorType, Type
+from kiln.passes.rewrite import Rewriter
+from kiln.runtime.interpreter import evaluate_node
+
+FOLD_LIMIT = 16 * 1024 * 1024  # elements: never materialize larger constants
+_NONDETERMINISTIC = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Bernoulli", "Multinomial"}
+
+
+def fold_constants(graph: Graph) -> Graph:
+    rewriter = Rewriter(graph)
+    for node in graph.nodes:
+        node = _with_inputs(rewriter, node)
+        folded = _fold_shape(rewriter, node) or _fold(rewriter, node)
+        if folded:
+            rewriter.drop(node)
+            continue
+        rewriter.keep(refine_types(rewriter, node))
+    return rewriter.finish()
+
+
+def _with_inputs(rewriter: Rewriter, node: Node) -> Node:
+    inputs = [rewriter.resolve(v) for v in node.inputs]
+    if all(a is b for a, b in zip(inputs, node.inputs)):
+        return node
+    return Node(node.op, inputs, node.outputs, dict(node.attrs), name=node.name, domain=node.domain)
+
+
+def _fold_shape(rewriter: Rewriter, node: Node) -> bool:
+    if node.op not in ("Shape", "Size") or node.domain:
+        return False
+    source = node.inputs[0]
+    if source is None or not isinstance(source.type, TensorType) or not source.type.is_static:
+        return False
+    shape = [int(d) for d in source.type.shape]  # type: ignore[union-attr]
+    if node.op == "Size":
+        array = np.array(int(np.prod(shape)), dtype=np.int64)
+    else:
+        rank = len(shape)
+        start = node.attrs.get("start", 0)
+        end = node.attrs.get("end", rank)
+        start = max(0, min(rank, start + rank if start < 0 else start))
+        end = max(0, min(rank, end + rank if end < 0 else end))
+        array = np.array(shape[start:end], dtype=np.int64)
+    rewriter.replace(node.outputs[0], rewriter.add_constant(array, node.outputs[0].name))
+    return True
+
+
+def _fold(rewriter: Rewriter, node: Node) -> bool:
+    if node.op in _NONDETERMINISTIC or any(True for _ in node.subgraphs()):
+        return False
+    values = [None if v is None else rewriter.constant_value(v) for v in node.inputs]
+    if any(v is not None and a is None for v, a in zip(node.inputs, values)):
+        return False
+    for out in node.outputs:
+        if not isinstance(out.type, TensorType) or not out.type.is_static:
+            return False
+        if int(np.prod(out.type.shape)) > FOLD_LIMIT:  # type: ignore[arg-type]
+            return False
+    outputs = evaluate_node(node, values)
+    for value, array in zip(node.outputs, outputs):
+        rewriter.replace(value, rewriter.add_constant(np.asarray(array), value.name))
+    return True
+
+
+def refine_types(rewriter: Rewriter, node: Node) -> Node:
+    """``node`` with output types re-inferred from what is known now (never less precise)."""
+    known = [rewriter.constant_value(v) for v in node.inputs]
+    try:
+        types, _ = infer_node(node, [None if v is None else v.type for v in node.inputs], known, [None] * len(node.inputs))
+    except Exception:  # noqa: BLE001 - keep the recorded types; the verifier reports real conflicts
+        return node
+    outputs: list[Value] = []
+    changed = False
+    for old, new_type in zip(node.outputs, types):
+        better = _more_precise(old.type, new_type)
+        if better is None:
+            outputs.append(old)
+            continue
+        value = Value(old.name, better)
+        rewriter.replace(old, value)
+        outputs.append(value)
+        changed = True
+    if not changed:
+        return node
+    return Node(node.op, node.inputs, outputs, dict(node.attrs), name=node.name, domain=node.domain)
+
+
+def _more_precise(old: Type, new: Type) -> Type | None:
+    """``old`` with dims made static where ``new`` knows them; None when nothing improves."""
+    if not isinstance(old, TensorType) or not isinstance(new, TensorType) or old.dtype != new.dtype:
+        return None
+    if old.shape is None:
+        return new if new.shape is not None else None
+    if new.shape is None or len(new.shape) != len(old.shape):
+        return None
+    dims = [n if isinstance(n, int) and not isinstance(o, int) else o for o, n in zip(old.shape, new.shape)]
+    return TensorType(old.dtype, tuple(dims)) if tuple(dims) != old.shape else None
