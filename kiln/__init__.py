@@ -16,13 +16,17 @@ from kiln.errors import (
 
 __version__ = "0.1.0"
 
-TARGETS = ("reference",)
+TARGETS = ("reference", "cpu")
 
 
-def compile(model: Any, target: str = "reference", example_inputs: Any = None) -> Any:
+def compile(  # shadows the builtin on purpose: the name the architecture promises
+    model: Any, target: str = "reference", example_inputs: Any = None, opt_level: int = 2, dims: dict[str, int] | None = None
+) -> Any:
     """Compile ``model`` (ONNX path/bytes/ModelProto, kiln Graph, or torch module + example inputs).
 
     Returns a model object with ``run(dict) -> dict``, ``__call__`` and ``submit -> Future``.
+    ``target="cpu"`` compiles to native code (``opt_level`` 0..3; ``dims`` binds symbolic input
+    dims ahead of time, otherwise each new binding compiles on first use).
     Raises UnsupportedModelError listing every unsupported construct, ModelLoadError for unreadable
     files, and KilnError for an unknown target.
     """
@@ -32,6 +36,10 @@ def compile(model: Any, target: str = "reference", example_inputs: Any = None) -
     if target not in TARGETS:
         raise KilnError(f"unknown target {target!r}; available targets: {', '.join(TARGETS)}")
     graph = to_graph(model, example_inputs)
+    if target == "cpu":
+        from kiln.runtime.native import NativeModel
+
+        return NativeModel(graph, level=opt_level, dims=dims)
     return ReferenceModel(graph)
 
 

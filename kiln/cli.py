@@ -355,6 +355,71 @@ def bench_runs(ctx: click.Context) -> None:
         out.print(f"{run_id}  {created}  {count} record(s)")
 
 
+def _parse_dims(items: tuple[str, ...]) -> dict[str, int]:
+    dims = {}
+    for item in items:
+        name, _, value = item.partition("=")
+        if not value.isdigit():
+            raise click.BadParameter(f"expected NAME=INT, got {item!r}", param_hint="--dim")
+        dims[name] = int(value)
+    return dims
+
+
+@main.command()
+@click.argument("model")
+@click.option("-O", "level", type=click.IntRange(0, 3), default=2, show_default=True, help="Optimization level.")
+@click.option("--dim", "dims", multiple=True, help="Bind a symbolic dim, e.g. --dim batch=1 (repeatable). [default: every symbol of the inputs = 1]")
+@click.option("--print-after", "print_after", multiple=True, help="Print the IR after this pass (repeatable; 'all' for every stage).")
+@click.option("--disable", multiple=True, help="Skip this pass (repeatable).")
+def explain(model: str, level: int, dims: tuple[str, ...], print_after: tuple[str, ...], disable: tuple[str, ...]) -> None:
+    """Show what kiln's passes do to MODEL (an .onnx path or a zoo name): per-stage op counts and
+    timing, and the IR after any pass."""
+    import collections
+    import time
+
+    from kiln import zoo as models
+    from kiln.frontend.onnx import import_onnx
+    from kiln.ir.types import TensorType
+    from kiln.passes import PASS_NAMES, optimize, specialize
+
+    path = str(models.onnx_path(model, progress=console.print)) if model in models.MODELS else model
+    graph = import_onnx(path)
+    binding = _parse_dims(dims)
+    for value in graph.inputs:
+        if isinstance(value.type, TensorType) and value.type.shape:
+            for dim in value.type.shape:
+                if isinstance(dim, str):
+                    binding.setdefault(dim, 1)
+    unknown = set(print_after) - set(PASS_NAMES) - {"all"}
+    if unknown:
+        raise click.BadParameter(f"unknown pass(es) {sorted(unknown)}; passes: {', '.join(PASS_NAMES)}", param_hint="--print-after")
+    before = collections.Counter(n.op for n in graph.nodes)
+    graph = specialize(graph, binding)
+    table = Table(title=f"{model}: passes at -O{level} (dims {binding or 'static'})")
+    for column in ("stage", "nodes", "constants", "ms"):
+        table.add_column(column)
+    table.add_row("import + specialize", str(len(graph.nodes)), str(len(graph.constants)), "")
+    clock = [time.perf_counter()]
+
+    def after(name: str, current) -> None:  # type: ignore[no-untyped-def]
+        now = time.perf_counter()
+        table.add_row(name, str(len(current.nodes)), str(len(current.constants)), f"{(now - clock[0]) * 1e3:.0f}")
+        clock[0] = now
+        if name in print_after or "all" in print_after:
+            out.print(f"# IR after {name}", markup=False, highlight=False)
+            out.print(str(current), markup=False, highlight=False)
+
+    optimized = optimize(graph, level=level, disable=disable, after=after)
+    out.print(table)
+    after_ops = collections.Counter(n.op for n in optimized.nodes)
+    ops = Table(title="ops before -> after")
+    for column in ("op", "imported", "optimized"):
+        ops.add_column(column)
+    for op in sorted(set(before) | set(after_ops)):
+        ops.add_row(op, str(before.get(op, 0)), str(after_ops.get(op, 0)))
+    out.print(ops)
+
+
 @main.command()
 @click.argument("model", type=click.Path(exists=True, dir_okay=False))
 def show(model: str) -> None:

@@ -124,7 +124,7 @@ def _run_one(
     try:
         instance = backend_class(backend)(config.threads)
         reason = instance.availability()
-    except Exception as err:  # noqa: BLE001 - a broken peer is its row, never the end of the run
+    except Exception as err:  # a broken peer is its row, never the end of the run
         return {**record, "status": "unavailable", "error": f"availability check failed: {type(err).__name__}: {err}"}
     if reason is None and instance.needs_torch_module and not model.is_zoo:
         reason = "needs a torch module; an ONNX file given by path has none"

@@ -234,92 +234,40 @@ def _attr_to_inputs(
     builder.emit(op, inputs, attrs, list(proto.output), proto.name, proto.domain)
 
 
-def _axes_to_input(op: str) -> Converter:
+def one_to_one(proto: onnx.NodeProto, builder: GraphBuilder, label: str) -> None:
+    builder.emit_proto(proto, label)
+
+
+def attributes_became_inputs(
+    op: str, canonical_since: int, moves: list[tuple[str, int, Any]], strip: tuple[str, ...] = ()
+) -> None:
+    """Register converters for an op whose attributes turned into inputs at ``canonical_since``:
+    older forms move each (attribute, input position, dtype) into a constant input; a dtype of
+    None means "the dtype of input 0"."""
+
     def convert(proto: onnx.NodeProto, builder: GraphBuilder, label: str) -> None:
-        _attr_to_inputs(proto, builder, label, op, [("axes", 1, np.int64)])
+        source = builder.input(proto, 0)
+        dtype0 = source.type.dtype.numpy if source is not None and isinstance(source.type, TensorType) else np.float32
+        resolved = [(name, position, dtype0 if dtype is None else dtype) for name, position, dtype in moves]
+        _attr_to_inputs(_without(proto, *strip) if strip else proto, builder, label, op, resolved)
 
-    return convert
-
-
-for _op in (
-    "ReduceMean",
-    "ReduceMax",
-    "ReduceMin",
-    "ReduceProd",
-    "ReduceL1",
-    "ReduceL2",
-    "ReduceLogSum",
-    "ReduceLogSumExp",
-    "ReduceSumSquare",
-):
-    converter(_op, 1)(_axes_to_input(_op))
-    converter(_op, 18)(lambda p, b, label: b.emit_proto(p, label))
-converter("ReduceSum", 1)(_axes_to_input("ReduceSum"))
-converter("ReduceSum", 13)(lambda p, b, label: b.emit_proto(p, label))
-for _op in ("Squeeze", "Unsqueeze"):
-    converter(_op, 1)(_axes_to_input(_op))
-    converter(_op, 13)(lambda p, b, label: b.emit_proto(p, label))
+    converter(op, 1)(convert)
+    converter(op, canonical_since)(one_to_one)
 
 
-@converter("Split", 1)
-def _split_v1(proto: onnx.NodeProto, builder: GraphBuilder, label: str) -> None:
-    _attr_to_inputs(proto, builder, label, "Split", [("split", 1, np.int64)])
-
-
-converter("Split", 13)(lambda p, b, label: b.emit_proto(p, label))
-
-
-@converter("Slice", 1)
-def _slice_v1(proto: onnx.NodeProto, builder: GraphBuilder, label: str) -> None:
-    _attr_to_inputs(
-        proto, builder, label, "Slice", [("starts", 1, np.int64), ("ends", 2, np.int64), ("axes", 3, np.int64)]
-    )
-
-
-converter("Slice", 10)(lambda p, b, label: b.emit_proto(p, label))
-
-
-@converter("Pad", 1)
-def _pad_v2(proto: onnx.NodeProto, builder: GraphBuilder, label: str) -> None:
-    dtype = builder.input(proto, 0).type.dtype.numpy  # type: ignore[union-attr]
-    _attr_to_inputs(proto, builder, label, "Pad", [("pads", 1, np.int64), ("value", 2, dtype)])
-
-
-converter("Pad", 11)(lambda p, b, label: b.emit_proto(p, label))
-
-
-@converter("Clip", 1)
-def _clip_v6(proto: onnx.NodeProto, builder: GraphBuilder, label: str) -> None:
-    dtype = builder.input(proto, 0).type.dtype.numpy  # type: ignore[union-attr]
-    _attr_to_inputs(proto, builder, label, "Clip", [("min", 1, dtype), ("max", 2, dtype)])
-
-
-converter("Clip", 11)(lambda p, b, label: b.emit_proto(p, label))
-
-
-@converter("TopK", 1)
-def _topk_v1(proto: onnx.NodeProto, builder: GraphBuilder, label: str) -> None:
-    _attr_to_inputs(proto, builder, label, "TopK", [("k", 1, np.int64)])
-
-
-converter("TopK", 10)(lambda p, b, label: b.emit_proto(p, label))
-
-
-@converter("Dropout", 1)
-def _dropout_v7(proto: onnx.NodeProto, builder: GraphBuilder, label: str) -> None:
-    stripped = _without(proto, "is_test", "consumed_inputs")
-    _attr_to_inputs(stripped, builder, label, "Dropout", [("ratio", 1, np.float32)])
-
-
-converter("Dropout", 12)(lambda p, b, label: b.emit_proto(p, label))
-
-
-@converter("Upsample", 1)
-def _upsample_v7(proto: onnx.NodeProto, builder: GraphBuilder, label: str) -> None:
-    _attr_to_inputs(proto, builder, label, "Upsample", [("scales", 1, np.float32)])
-
-
-converter("Upsample", 9)(lambda p, b, label: b.emit_proto(p, label))
+_AXES = [("axes", 1, np.int64)]
+for _op in ("ReduceMean", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL1", "ReduceL2", "ReduceLogSum", "ReduceLogSumExp", "ReduceSumSquare"):
+    attributes_became_inputs(_op, 18, _AXES)
+attributes_became_inputs("ReduceSum", 13, _AXES)
+attributes_became_inputs("Squeeze", 13, _AXES)
+attributes_became_inputs("Unsqueeze", 13, _AXES)
+attributes_became_inputs("Split", 13, [("split", 1, np.int64)])
+attributes_became_inputs("Slice", 10, [("starts", 1, np.int64), ("ends", 2, np.int64), ("axes", 3, np.int64)])
+attributes_became_inputs("Pad", 11, [("pads", 1, np.int64), ("value", 2, None)])
+attributes_became_inputs("Clip", 11, [("min", 1, None), ("max", 2, None)])
+attributes_became_inputs("TopK", 10, [("k", 1, np.int64)])
+attributes_became_inputs("Dropout", 12, [("ratio", 1, np.float32)], strip=("is_test", "consumed_inputs"))
+attributes_became_inputs("Upsample", 9, [("scales", 1, np.float32)])
 
 
 @converter("Resize", 10)
@@ -334,7 +282,7 @@ def _resize_v10(proto: onnx.NodeProto, builder: GraphBuilder, label: str) -> Non
     builder.emit("Resize", [inputs[0], None, inputs[1]], attrs, list(proto.output), proto.name)
 
 
-converter("Resize", 11)(lambda p, b, label: b.emit_proto(p, label))
+converter("Resize", 11)(one_to_one)
 
 
 @converter("Scatter", 1)
@@ -365,7 +313,7 @@ def _coerced_softmax(op: str) -> Converter:
 
 for _op in ("Softmax", "LogSoftmax", "Hardmax"):
     converter(_op, 1)(_coerced_softmax(_op))
-    converter(_op, 13)(lambda p, b, label: b.emit_proto(p, label))
+    converter(_op, 13)(one_to_one)
 
 
 @converter("GridSample", 16)
@@ -375,7 +323,7 @@ def _grid_sample_v16(proto: onnx.NodeProto, builder: GraphBuilder, label: str) -
     builder.emit_proto(proto, label, mode={"bilinear": "linear", "bicubic": "cubic"}.get(mode, mode))
 
 
-converter("GridSample", 20)(lambda p, b, label: b.emit_proto(p, label))
+converter("GridSample", 20)(one_to_one)
 
 
 @converter("DFT", 17)
@@ -389,7 +337,7 @@ def _dft_v17(proto: onnx.NodeProto, builder: GraphBuilder, label: str) -> None:
     builder.emit("DFT", inputs, attrs, list(proto.output), proto.name)
 
 
-converter("DFT", 20)(lambda p, b, label: b.emit_proto(p, label))
+converter("DFT", 20)(one_to_one)
 
 
 @converter("BatchNormalization", 1)
@@ -399,7 +347,7 @@ def _batch_norm_old(proto: onnx.NodeProto, builder: GraphBuilder, label: str) ->
     builder.emit_proto(_without(proto, "spatial", "is_test", "consumed_inputs", "momentum"), label)
 
 
-converter("BatchNormalization", 14)(lambda p, b, label: b.emit_proto(p, label))
+converter("BatchNormalization", 14)(one_to_one)
 
 
 @converter("Scan", 8)
@@ -407,7 +355,7 @@ def _scan_v8(proto: onnx.NodeProto, builder: GraphBuilder, label: str) -> None:
     raise _Unsupported("Scan-8 (the batched form with sequence_lens) is not supported; export with opset >= 9")
 
 
-converter("Scan", 9)(lambda p, b, label: b.emit_proto(p, label))
+converter("Scan", 9)(one_to_one)
 
 
 def _align_for_legacy_broadcast(builder: GraphBuilder, value: Value, rank: int, axis: int, hint: str) -> Value:
@@ -441,7 +389,7 @@ def _legacy_binary(op: str) -> Converter:
 
 for _op in ("Add", "Sub", "Mul", "Div", "Pow", "And", "Or", "Xor", "Equal", "Less", "Greater"):
     converter(_op, 1)(_legacy_binary(_op))
-    converter(_op, 7)(lambda p, b, label: b.emit_proto(p, label))
+    converter(_op, 7)(one_to_one)
 
 
 @converter("Gemm", 1)
@@ -450,7 +398,7 @@ def _gemm_v6(proto: onnx.NodeProto, builder: GraphBuilder, label: str) -> None:
     builder.emit_proto(_without(proto, "broadcast"), label)
 
 
-converter("Gemm", 7)(lambda p, b, label: b.emit_proto(p, label))
+converter("Gemm", 7)(one_to_one)
 
 
 @converter("PRelu", 1)
@@ -465,4 +413,4 @@ def _prelu_v6(proto: onnx.NodeProto, builder: GraphBuilder, label: str) -> None:
     builder.emit("PRelu", [x, slope], attrs, list(proto.output), proto.name)
 
 
-converter("PRelu", 7)(lambda p, b, label: b.emit_proto(p, label))
+converter("PRelu", 7)(one_to_one)

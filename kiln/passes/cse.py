@@ -5,8 +5,8 @@ Runs anywhere; most useful after fold_constants (which creates duplicate constan
 from __future__ import annotations
 
 from kiln.ir.graph import Graph, _StructuralHasher, array_digest
-from kiln.passes.rewrite import Rewriter
 from kiln.ops.registry import lookup
+from kiln.passes.rewrite import Rewriter
 
 _NONDETERMINISTIC = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Bernoulli", "Multinomial"}
 

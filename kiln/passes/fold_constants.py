@@ -26,7 +26,7 @@ _NONDETERMINISTIC = {"RandomNormal", "RandomUniform", "RandomNormalLike", "Rando
 def fold_constants(graph: Graph) -> Graph:
     rewriter = Rewriter(graph)
     for node in graph.nodes:
-        node = _with_inputs(rewriter, node)
+        node = rewriter.resolved(node)
         folded = _fold_shape(rewriter, node) or _fold(rewriter, node)
         if folded:
             rewriter.drop(node)
@@ -34,12 +34,6 @@ def fold_constants(graph: Graph) -> Graph:
         rewriter.keep(refine_types(rewriter, node))
     return rewriter.finish()
 
-
-def _with_inputs(rewriter: Rewriter, node: Node) -> Node:
-    inputs = [rewriter.resolve(v) for v in node.inputs]
-    if all(a is b for a, b in zip(inputs, node.inputs)):
-        return node
-    return Node(node.op, inputs, node.outputs, dict(node.attrs), name=node.name, domain=node.domain)
 
 
 def _fold_shape(rewriter: Rewriter, node: Node) -> bool:
@@ -84,7 +78,7 @@ def refine_types(rewriter: Rewriter, node: Node) -> Node:
     known = [rewriter.constant_value(v) for v in node.inputs]
     try:
         types, _ = infer_node(node, [None if v is None else v.type for v in node.inputs], known, [None] * len(node.inputs))
-    except Exception:  # noqa: BLE001 - keep the recorded types; the verifier reports real conflicts
+    except Exception:  # keep the recorded types; the verifier reports real conflicts
         return node
     outputs: list[Value] = []
     changed = False

@@ -51,6 +51,13 @@ class Rewriter:
 
     # -- nodes -------------------------------------------------------------------------------
 
+    def resolved(self, node: Node) -> Node:
+        """``node`` reading the values that now stand for its inputs."""
+        inputs = [self.resolve(v) for v in node.inputs]
+        if all(a is b for a, b in zip(inputs, node.inputs)):
+            return node
+        return Node(node.op, inputs, node.outputs, dict(node.attrs), name=node.name, domain=node.domain)
+
     def keep(self, node: Node) -> None:
         self.nodes.append(node)
 

@@ -1,0 +1,57 @@
+"""Builds generated C into shared libraries with the machine's C compiler, content-addressed:
+the cache key is the source, the compiler (path and version) and every flag, so a second compile
+of the same model does no C compilation."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+from functools import lru_cache
+from pathlib import Path
+
+from kiln.errors import KilnError
+
+FLAGS = ("-O3", "-march=native", "-fopenmp", "-fPIC", "-shared", "-std=c11", "-fno-math-errno", "-Wno-unused-variable")
+
+
+class CompilerError(KilnError):
+    """The C compiler rejected generated code (a kiln bug) or is missing."""
+
+
+@lru_cache(maxsize=1)
+def find_compiler() -> tuple[str, str]:
+    """(path, version line) of the C compiler: $KILN_CC, $CC, or cc/gcc/clang on PATH."""
+    for candidate in (os.environ.get("KILN_CC"), os.environ.get("CC"), "cc", "gcc", "clang"):
+        if candidate and (path := shutil.which(candidate)):
+            version = subprocess.run([path, "--version"], capture_output=True, text=True).stdout.splitlines()
+            return path, version[0] if version else "unknown"
+    raise CompilerError("no C compiler found: install gcc or clang, or point KILN_CC at one")
+
+
+def cache_dir() -> Path:
+    root = os.environ.get("KILN_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "kiln")
+    path = Path(root) / "lib"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def build(source: str) -> Path:
+    """Path of the shared library built from ``source`` (reused from the cache when present)."""
+    compiler, version = find_compiler()
+    key = hashlib.sha256("\n".join([source, compiler, version, *FLAGS]).encode()).hexdigest()[:24]
+    library = cache_dir() / f"{key}.so"
+    if library.exists():
+        return library
+    source_path = cache_dir() / f"{key}.c"
+    source_path.write_text(source)
+    handle, partial = tempfile.mkstemp(suffix=".so", dir=cache_dir())
+    os.close(handle)
+    result = subprocess.run([compiler, *FLAGS, str(source_path), "-o", partial, "-lm"], capture_output=True, text=True)
+    if result.returncode != 0:
+        os.unlink(partial)
+        raise CompilerError(f"{compiler} failed on generated code {source_path} (a kiln bug):\n{result.stderr[-4000:]}")
+    os.replace(partial, library)  # atomic: concurrent builds of the same key both end with a whole file
+    return library

@@ -1,0 +1,125 @@
+"""From a static graph to a runnable plan: optimize, lower, plan memory, generate C, build.
+
+The plan is a list of steps in execution order: native segments (consecutive kernels compiled
+into one C function) and host fallbacks (a node run by its reference implementation, for ops
+with no native lowering yet). Every fallback is recorded with its reason.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from kiln.codegen.c import emit_c
+from kiln.codegen.toolchain import build
+from kiln.ir.graph import Graph, Node, Value
+from kiln.ir.types import TensorType
+from kiln.lower.kir import Buffer, Kernel
+from kiln.lower.lowering import CannotLower, Lowerer
+from kiln.lower.memory import MemoryPlan, plan_memory
+from kiln.passes import optimize
+
+
+@dataclass
+class Segment:
+    number: int
+    kernels: list[Kernel]
+
+
+@dataclass
+class Fallback:
+    node: Node
+    reason: str
+
+
+@dataclass
+class Plan:
+    graph: Graph
+    steps: list[Segment | Fallback]
+    table: dict[Buffer, int]  # buffer -> slot in the pointer table (slot 0: status)
+    roots: dict[Value, Buffer]  # every value -> the buffer holding it
+    inputs: list[Buffer]
+    outputs: list[Buffer]
+    constants: dict[Buffer, np.ndarray]
+    memory: MemoryPlan
+    library: Path | None
+    source: str
+    kernel_labels: dict[int, str] = field(default_factory=dict)  # status code -> node label
+    whole_graph_reason: str = ""  # set when the graph cannot be planned at all (dynamic shapes)
+
+    @property
+    def fallbacks(self) -> list[Fallback]:
+        return [s for s in self.steps if isinstance(s, Fallback)]
+
+    @property
+    def is_native(self) -> bool:
+        return not self.whole_graph_reason and not self.fallbacks
+
+
+def _static(graph: Graph) -> str:
+    """Why the graph cannot be planned statically ('' if it can)."""
+    for value in graph.values():
+        if not isinstance(value.type, TensorType) or not value.type.is_static:
+            return f"%{value.name} has type {value.type} (dynamic shapes and sequences run on the reference)"
+    for node in graph.nodes:
+        if any(True for _ in node.subgraphs()):
+            return f"node {node.label} has subgraphs (control flow runs on the reference)"
+    return ""
+
+
+def compile_plan(graph: Graph, level: int = 2) -> Plan:
+    """Optimize and lower a graph whose symbolic dims are already bound (see ``specialize``)."""
+    graph = optimize(graph, level=level)
+    reason = _static(graph)
+    if reason:
+        return Plan(graph, [], {}, {}, [], [], {}, MemoryPlan({}, {}, 0, 0), None, "", whole_graph_reason=reason)
+    lowerer = Lowerer(graph)
+    steps: list[Segment | Fallback] = []
+    current: list[Kernel] = []
+    access: list[tuple[list[Buffer], list[Buffer]]] = []
+    for node in graph.nodes:
+        try:
+            kernels = lowerer.lower(node)
+        except CannotLower as err:
+            if current:
+                steps.append(Segment(len([s for s in steps if isinstance(s, Segment)]), current))
+                current = []
+            steps.append(Fallback(node, str(err)))
+            access.append(([lowerer.buffer(v) for v in node.inputs if v is not None], [lowerer.buffer(v) for v in node.outputs]))
+            continue
+        current.extend(kernels)
+        access.extend((k.reads, k.writes) for k in kernels)
+    if current:
+        steps.append(Segment(len([s for s in steps if isinstance(s, Segment)]), current))
+    roots = {v: lowerer.buffer(v) for v in graph.values()}
+    inputs = [roots[v] for v in graph.inputs]
+    outputs = [roots[v] for v in graph.outputs]
+    constants = {roots[v]: np.ascontiguousarray(a) for v, a in graph.constants.items() if lowerer.root(v) is v}
+    fixed = set(inputs) | set(outputs) | set(constants)
+    temps = {b for b in roots.values() if b not in fixed}
+    memory = plan_memory(access, temps)
+    table = {lowerer.status: 0}
+    for buffer in dict.fromkeys(roots.values()):
+        table.setdefault(buffer, len(table))
+    segments = [s.kernels for s in steps if isinstance(s, Segment)]
+    source = emit_c(segments, table) if segments else ""
+    library = build(source) if segments else None
+    labels = {int(k.name[1:]): k.sources[0] for kernels in segments for k in kernels}
+    return Plan(graph, steps, table, roots, inputs, outputs, constants, memory, library, source, labels)
+
+
+def load_functions(plan: Plan) -> list[ctypes._CFuncPtr]:  # type: ignore[name-defined]
+    if plan.library is None:
+        return []
+    library = ctypes.CDLL(str(plan.library))
+    functions = []
+    for step in plan.steps:
+        if isinstance(step, Segment):
+            function = getattr(library, f"kiln_segment_{step.number}")
+            function.argtypes = [ctypes.c_void_p]
+            function.restype = ctypes.c_int
+            functions.append(function)
+    return functions

@@ -1,0 +1,426 @@
+"""Lowering: graph nodes -> kernels over buffers.
+
+``Lowerer.lower(node)`` returns the node's kernels, or raises ``CannotLower`` with a reason: the
+node then runs as a host fallback (its reference implementation), which ``kiln explain`` and the
+conformance report list. Reshape-like ops become aliases (the output shares its input's buffer)
+and cost nothing at run time.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import numpy as np
+
+from kiln.ir.graph import Graph, Node, Value
+from kiln.ir.types import DType, TensorType
+from kiln.lower.kir import (
+    Binary,
+    Buffer,
+    Cast,
+    Const,
+    Expr,
+    For,
+    If,
+    Index,
+    Kernel,
+    Let,
+    Load,
+    Scalar,
+    Schedule,
+    Select,
+    Stmt,
+    Store,
+    Unary,
+    add,
+    affine,
+    i64,
+)
+from kiln.lower.pointwise import ANY_NUMERIC, COMPARE, FLOAT_OPS, LOGIC, NATIVE, NATIVE_FLOATS
+
+PARALLEL_MIN = 32 * 1024  # elements: below this a parallel region costs more than it saves
+ALIASES = ("Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Dropout")
+
+
+class CannotLower(Exception):
+    """This node has no native lowering (yet); the message says why."""
+
+
+def strides(shape: tuple[int, ...]) -> list[int]:
+    result, step = [], 1
+    for dim in reversed(shape):
+        result.append(step)
+        step *= dim
+    return result[::-1]
+
+
+class Lowerer:
+    def __init__(self, graph: Graph) -> None:
+        self.graph = graph
+        self.buffers: dict[Value, Buffer] = {}
+        self.aliases: dict[Value, Value] = {}
+        self.outputs = set(graph.outputs)
+        self.status = Buffer("status", DType.INT32, 1)
+        self.kernel_count = 0
+        self._names = 0
+
+    # -- values ------------------------------------------------------------------------------
+
+    def root(self, value: Value) -> Value:
+        while value in self.aliases:
+            value = self.aliases[value]
+        return value
+
+    def buffer(self, value: Value) -> Buffer:
+        value = self.root(value)
+        if value not in self.buffers:
+            self.buffers[value] = Buffer(f"b{len(self.buffers)}", value.type.dtype, max(1, int(np.prod(self.shape(value)))))  # type: ignore[union-attr]
+        return self.buffers[value]
+
+    def shape(self, value: Value) -> tuple[int, ...]:
+        return tuple(int(d) for d in value.type.shape)  # type: ignore[union-attr]
+
+    def constant(self, value: Value | None) -> np.ndarray | None:
+        return None if value is None else self.graph.constants.get(value)
+
+    def index(self, hint: str = "i") -> Index:
+        self._names += 1
+        return Index(f"{hint}{self._names}")
+
+    def scalar(self, dtype: DType, hint: str = "s") -> Scalar:
+        self._names += 1
+        return Scalar(f"{hint}{self._names}", dtype)
+
+    def kernel(self, node: Node, kind: str, body: list[Stmt], reads: list[Value | None], writes: list[Value], schedule: Schedule) -> Kernel:
+        self.kernel_count += 1
+        return Kernel(
+            f"k{self.kernel_count}",
+            kind,
+            body,
+            [self.buffer(v) for v in reads if v is not None],
+            [self.buffer(v) for v in writes],
+            [node.label],
+            schedule,
+        )
+
+    # -- entry ---------------------------------------------------------------------------------
+
+    def lower(self, node: Node) -> list[Kernel]:
+        if node.domain:
+            raise CannotLower(f"domain {node.domain!r} has no native lowerings")
+        for value in [*node.inputs, *node.outputs]:
+            if value is None:
+                continue
+            if not isinstance(value.type, TensorType) or not value.type.is_static:
+                raise CannotLower(f"%{value.name} has no static tensor shape ({value.type})")
+            if value.type.dtype not in NATIVE:
+                raise CannotLower(f"dtype {value.type.dtype.short} has no native lowering")
+        if node.op in ALIASES:
+            return self._alias(node)
+        lowering = LOWERINGS.get(node.op)
+        if lowering is None:
+            raise CannotLower(f"op {node.op} has no native lowering yet")
+        return lowering(self, node)
+
+    def _alias(self, node: Node) -> list[Kernel]:
+        if node.op == "Dropout" and len(node.outputs) > 1:
+            raise CannotLower("Dropout's mask output")
+        source, out = node.inputs[0], node.outputs[0]
+        assert source is not None
+        if out in self.outputs:
+            return [copy_kernel(self, node, source, out)]  # graph outputs own their memory
+        self.aliases[out] = source
+        return []
+
+
+# -- helpers every lowering uses ---------------------------------------------------------------------
+
+
+def nest(lw: Lowerer, shape: tuple[int, ...], body: Callable[[list[Index]], list[Stmt]], hint: str = "i") -> tuple[list[Stmt], list[Index]]:
+    """Loops over ``shape`` (outermost first) around ``body(indices)``."""
+    indices = [lw.index(hint) for _ in shape]
+    stmts = body(indices)
+    for index, extent in reversed(list(zip(indices, shape))):
+        stmts = [For(index, extent, stmts)]
+    return stmts, indices
+
+
+def broadcast_index(in_shape: tuple[int, ...], out_shape: tuple[int, ...], indices: list[Index]) -> Expr:
+    """Flat index into an input broadcast (NumPy rules) to ``out_shape``."""
+    in_strides = strides(in_shape)
+    offset = len(out_shape) - len(in_shape)
+    terms = []
+    for axis, size in enumerate(in_shape):
+        if size != 1:
+            terms.append((indices[axis + offset], in_strides[axis]))
+    return affine(terms)  # type: ignore[arg-type]
+
+
+def default_schedule(shape: tuple[int, ...], indices: list[Index]) -> Schedule:
+    """Outermost loop across cores when the work is large enough; innermost loop vectorized."""
+    if not indices:
+        return Schedule()
+    total = int(np.prod(shape))
+    parallel = indices[0].name if total >= PARALLEL_MIN and shape[0] > 1 else None
+    return Schedule(parallel=parallel, vectorize=indices[-1].name if parallel != indices[-1].name or len(indices) == 1 else None)
+
+
+def copy_kernel(lw: Lowerer, node: Node, source: Value, out: Value) -> Kernel:
+    src, dst = lw.buffer(source), lw.buffer(out)
+    body, indices = nest(lw, (dst.size,), lambda i: [Store(dst, i[0], Load(src, i[0]))])
+    return lw.kernel(node, "copy", body, [source], [out], default_schedule((dst.size,), indices))
+
+
+def scalarize_for(node: Node, dtypes: list[DType]) -> Callable[[list[Expr]], Expr]:
+    """The scalar expression of an elementwise node, for its input dtypes."""
+    op, attrs = node.op, dict(node.attrs)
+    first = dtypes[0]
+    out_dtype = node.outputs[0].type.dtype  # type: ignore[union-attr]
+    if op in COMPARE:
+        return lambda a: Binary(COMPARE[op], a[0], a[1])
+    if op in LOGIC:
+        return lambda a: Binary(LOGIC[op], a[0], a[1])
+    if op == "Not":
+        return lambda a: Unary("!", a[0])
+    if op == "Where":
+        return lambda a: Select(a[0], a[1], a[2])
+    if op == "IsNaN" and first in NATIVE_FLOATS:
+        return lambda a: Binary("!=", a[0], a[0])
+    if op == "IsInf" and first in NATIVE_FLOATS:
+        positive, negative = attrs.get("detect_positive", 1), attrs.get("detect_negative", 1)
+        inf = Const(math.inf, first)
+        minus = Const(-math.inf, first)
+        return lambda a: Binary("||", Binary("&&", Const(bool(positive), DType.BOOL), Binary("==", a[0], inf)), Binary("&&", Const(bool(negative), DType.BOOL), Binary("==", a[0], minus)))
+    if op in ("Cast", "CastLike", "Expand"):
+        if out_dtype is DType.BOOL and first is not DType.BOOL:
+            return lambda a: Binary("!=", a[0], Const(0, first))
+        if out_dtype in (DType.INT32, DType.INT64, DType.INT8, DType.UINT8, DType.INT16, DType.UINT16, DType.UINT32, DType.UINT64) and first in NATIVE_FLOATS:
+            raise CannotLower("float -> integer casts of NaN/out-of-range values differ between C and NumPy")
+        return lambda a: Cast(out_dtype, a[0])
+    if op == "Clip":
+        def clip(a: list[Expr]) -> Expr:
+            result = a[0]
+            if len(a) > 1 and a[1] is not None:
+                result = FLOAT_OPS["Max"]([result, a[1]], {}, first)
+            if len(a) > 2 and a[2] is not None:
+                result = FLOAT_OPS["Min"]([result, a[2]], {}, first)
+            return result
+
+        return clip
+    table = FLOAT_OPS if first in NATIVE_FLOATS else ANY_NUMERIC
+    scalarize = table.get(op)
+    if scalarize is None:
+        raise CannotLower(f"{op} on {first.short} has no native lowering")
+    return lambda a: scalarize(a, attrs, first)
+
+
+def lower_pointwise(lw: Lowerer, node: Node) -> list[Kernel]:
+    out = node.outputs[0]
+    shape = lw.shape(out)
+    if node.op == "Expand":
+        inputs: list[Value | None] = [node.inputs[0]]
+    elif node.op == "CastLike":
+        inputs = [node.inputs[0]]
+    else:
+        inputs = list(node.inputs)
+    scalarize = scalarize_for(node, [v.type.dtype for v in inputs if v is not None])  # type: ignore[union-attr]
+    dst = lw.buffer(out)
+    flat = all(v is None or lw.shape(v) == shape or lw.buffer(v).size == 1 for v in inputs)
+
+    def body(indices: list[Index]) -> list[Stmt]:
+        loaded: list[Expr] = []
+        for value in inputs:
+            if value is None:
+                loaded.append(None)  # type: ignore[arg-type]
+                continue
+            buffer = lw.buffer(value)
+            if buffer.size == 1:
+                loaded.append(Load(buffer, i64(0)))
+            elif flat:
+                loaded.append(Load(buffer, indices[0]))
+            else:
+                loaded.append(Load(buffer, broadcast_index(lw.shape(value), shape, indices)))
+        target = indices[0] if flat else affine(list(zip(indices, strides(shape))))  # type: ignore[arg-type]
+        return [Store(dst, target, scalarize(loaded))]
+
+    loop_shape = (dst.size,) if flat else shape
+    stmts, indices = nest(lw, loop_shape, body)
+    return [lw.kernel(node, "pointwise", stmts, inputs, [out], default_schedule(loop_shape, indices))]
+
+
+def lower_transpose(lw: Lowerer, node: Node) -> list[Kernel]:
+    source, out = node.inputs[0], node.outputs[0]
+    assert source is not None
+    in_shape, out_shape = lw.shape(source), lw.shape(out)
+    perm = node.attrs.get("perm") or tuple(range(len(in_shape)))[::-1]
+    in_strides = strides(in_shape)
+    src, dst = lw.buffer(source), lw.buffer(out)
+
+    def body(indices: list[Index]) -> list[Stmt]:
+        read = affine([(indices[j], in_strides[perm[j]]) for j in range(len(out_shape))])  # type: ignore[misc]
+        return [Store(dst, affine(list(zip(indices, strides(out_shape)))), Load(src, read))]  # type: ignore[arg-type]
+
+    stmts, indices = nest(lw, out_shape, body)
+    return [lw.kernel(node, "copy", stmts, [source], [out], default_schedule(out_shape, indices))]
+
+
+def _offset_copy(lw: Lowerer, node: Node, source: Value, out: Value, axis: int, offset: int, into_output: bool) -> Kernel:
+    """Copy ``source`` into ``out`` at ``offset`` along ``axis`` (Concat), or out of it (Split)."""
+    small = lw.shape(source) if into_output else lw.shape(out)
+    big = lw.shape(out) if into_output else lw.shape(source)
+    src, dst = lw.buffer(source), lw.buffer(out)
+
+    def body(indices: list[Index]) -> list[Stmt]:
+        shifted = [(idx, s) for idx, s in zip(indices, strides(big))]
+        big_index = affine(shifted, offset * strides(big)[axis])  # type: ignore[arg-type]
+        small_index = affine(list(zip(indices, strides(small))))  # type: ignore[arg-type]
+        if into_output:
+            return [Store(dst, big_index, Load(src, small_index))]
+        return [Store(dst, small_index, Load(src, big_index))]
+
+    stmts, indices = nest(lw, small, body)
+    return lw.kernel(node, "copy", stmts, [source], [out], default_schedule(small, indices))
+
+
+def lower_concat(lw: Lowerer, node: Node) -> list[Kernel]:
+    out = node.outputs[0]
+    axis = node.attrs["axis"] % len(lw.shape(out))
+    kernels, offset = [], 0
+    for value in node.inputs:
+        assert value is not None
+        if lw.shape(value)[axis]:
+            kernels.append(_offset_copy(lw, node, value, out, axis, offset, into_output=True))
+        offset += lw.shape(value)[axis]
+    return kernels
+
+
+def lower_split(lw: Lowerer, node: Node) -> list[Kernel]:
+    source = node.inputs[0]
+    assert source is not None
+    axis = node.attrs.get("axis", 0) % len(lw.shape(source))
+    kernels, offset = [], 0
+    for out in node.outputs:
+        if lw.shape(out)[axis]:
+            kernels.append(_offset_copy(lw, node, source, out, axis, offset, into_output=False))
+        offset += lw.shape(out)[axis]
+    return kernels
+
+
+def lower_slice(lw: Lowerer, node: Node) -> list[Kernel]:
+    source, out = node.inputs[0], node.outputs[0]
+    assert source is not None
+    in_shape, out_shape = lw.shape(source), lw.shape(out)
+    starts, ends = lw.constant(node.inputs[1]), lw.constant(node.inputs[2])
+    axes = lw.constant(node.inputs[3]) if len(node.inputs) > 3 and node.inputs[3] is not None else None
+    steps = lw.constant(node.inputs[4]) if len(node.inputs) > 4 and node.inputs[4] is not None else None
+    if starts is None or ends is None or (len(node.inputs) > 3 and node.inputs[3] is not None and axes is None) or (len(node.inputs) > 4 and node.inputs[4] is not None and steps is None):
+        raise CannotLower("Slice with non-constant starts/ends/axes/steps")
+    rank = len(in_shape)
+    first = [0] * rank
+    step = [1] * rank
+    axis_list = [int(a) % rank for a in (axes if axes is not None else range(len(starts)))]
+    step_list = [int(s) for s in (steps if steps is not None else [1] * len(starts))]
+    for start, end, axis, stride in zip(starts, ends, axis_list, step_list):
+        begin, _, _ = slice(int(start), int(end), stride).indices(in_shape[axis])
+        first[axis], step[axis] = begin, stride
+    in_strides = strides(in_shape)
+    src, dst = lw.buffer(source), lw.buffer(out)
+
+    def body(indices: list[Index]) -> list[Stmt]:
+        offset = sum(f * s for f, s in zip(first, in_strides))
+        read = affine([(idx, st * s) for idx, st, s in zip(indices, step, in_strides)], offset)  # type: ignore[misc]
+        return [Store(dst, affine(list(zip(indices, strides(out_shape)))), Load(src, read))]  # type: ignore[arg-type]
+
+    if dst.size == 0 or 0 in out_shape:
+        return []
+    stmts, indices = nest(lw, out_shape, body)
+    return [lw.kernel(node, "copy", stmts, [source], [out], default_schedule(out_shape, indices))]
+
+
+def lower_gather(lw: Lowerer, node: Node) -> list[Kernel]:
+    data, indices_value, out = node.inputs[0], node.inputs[1], node.outputs[0]
+    assert data is not None and indices_value is not None
+    data_shape, index_shape, out_shape = lw.shape(data), lw.shape(indices_value), lw.shape(out)
+    if indices_value.type.dtype not in (DType.INT32, DType.INT64):  # type: ignore[union-attr]
+        raise CannotLower("Gather indices must be int32/int64")
+    axis = node.attrs.get("axis", 0) % len(data_shape)
+    size = data_shape[axis]
+    src, idx_buf, dst = lw.buffer(data), lw.buffer(indices_value), lw.buffer(out)
+    data_strides = strides(data_shape)
+    code = lw.kernel_count + 1  # this kernel's number, reported if an index is out of range
+
+    def body(loop: list[Index]) -> list[Stmt]:
+        before, middle, after = loop[:axis], loop[axis : axis + len(index_shape)], loop[axis + len(index_shape) :]
+        raw = lw.scalar(DType.INT64, "g")
+        picked = lw.scalar(DType.INT64, "p")
+        bad = Binary("||", Binary("<", raw, i64(-size)), Binary(">=", raw, i64(size)))
+        stmts: list[Stmt] = [
+            Let(raw, Cast(DType.INT64, Load(idx_buf, affine(list(zip(middle, strides(index_shape))))))),  # type: ignore[arg-type]
+            If(bad, [Store(lw.status, i64(0), Const(code, DType.INT32))]),
+            # the index used is always in range, so memory stays safe whatever the input
+            Let(picked, Select(bad, i64(0), Select(Binary("<", raw, i64(0)), add(raw, i64(size)), raw))),
+        ]
+        read = affine([(i, data_strides[a]) for a, i in enumerate(before)] + [(picked, data_strides[axis])] + [(i, data_strides[axis + 1 + a]) for a, i in enumerate(after)])  # type: ignore[misc]
+        stmts.append(Store(dst, affine(list(zip(loop, strides(out_shape)))), Load(src, read)))  # type: ignore[arg-type]
+        return stmts
+
+    if 0 in out_shape:
+        return []
+    stmts, loop = nest(lw, out_shape, body)
+    return [lw.kernel(node, "copy", stmts, [data, indices_value], [out], default_schedule(out_shape, loop))]
+
+
+def lower_pad(lw: Lowerer, node: Node) -> list[Kernel]:
+    source, out = node.inputs[0], node.outputs[0]
+    assert source is not None
+    if node.attrs.get("mode", "constant") != "constant":
+        raise CannotLower(f"Pad mode {node.attrs.get('mode')!r}")
+    pads = lw.constant(node.inputs[1])
+    if pads is None or (len(node.inputs) > 3 and node.inputs[3] is not None):
+        raise CannotLower("Pad with non-constant pads or axes")
+    in_shape, out_shape = lw.shape(source), lw.shape(out)
+    rank = len(in_shape)
+    begin = [int(p) for p in pads[:rank]]
+    fill: Expr = Const(0, source.type.dtype)  # type: ignore[union-attr]
+    if len(node.inputs) > 2 and node.inputs[2] is not None:
+        fill = Load(lw.buffer(node.inputs[2]), i64(0))
+    src, dst = lw.buffer(source), lw.buffer(out)
+
+    def body(indices: list[Index]) -> list[Stmt]:
+        inside: Expr = Const(True, DType.BOOL)
+        terms = []
+        for index, start, size, stride in zip(indices, begin, in_shape, strides(in_shape)):
+            position = add(index, i64(-start))
+            inside = Binary("&&", inside, Binary("&&", Binary(">=", position, i64(0)), Binary("<", position, i64(size))))
+            terms.append((position, stride))
+        read = affine(terms)  # type: ignore[arg-type]
+        return [Store(dst, affine(list(zip(indices, strides(out_shape)))), Select(inside, Load(src, read), fill))]  # type: ignore[arg-type]
+
+    stmts, indices = nest(lw, out_shape, body)
+    return [lw.kernel(node, "copy", stmts, [source, *node.inputs[2:3]], [out], default_schedule(out_shape, indices))]
+
+
+Lowering = Callable[[Lowerer, Node], list[Kernel]]
+LOWERINGS: dict[str, Lowering] = {}
+for _op in (*FLOAT_OPS, *COMPARE, *LOGIC, "Not", "Where", "IsNaN", "IsInf", "Cast", "CastLike", "Clip", "Expand"):
+    LOWERINGS[_op] = lower_pointwise
+LOWERINGS.update(
+    {
+        "Transpose": lower_transpose,
+        "Concat": lower_concat,
+        "Split": lower_split,
+        "Slice": lower_slice,
+        "Gather": lower_gather,
+        "Pad": lower_pad,
+    }
+)
+
+
+def _register_nn() -> None:
+    from kiln.lower import nn_lowering
+
+    LOWERINGS.update(nn_lowering.LOWERINGS)
+
+
+_register_nn()

@@ -1,0 +1,186 @@
+"""Algebraic simplification: a table of (op, rule, rewrite), applied to every node in one walk.
+
+A rewrite returns the values that replace the node's outputs (existing values, or new ones it
+emitted), or None when the rule does not apply. Rules only fire when the result has exactly the
+type of what it replaces, so broadcasting is never silently changed. Runs anywhere; best after
+fold_constants, which turns exporters' shape arithmetic into constants the rules can read.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from kiln.ir.graph import Graph, Node, Value
+from kiln.ir.types import DType, TensorType
+from kiln.passes.rewrite import Rewriter
+
+Rewrite = Callable[[Rewriter, Node, dict[Value, Node]], list[Value] | None]
+
+
+def _same_type(a: Value | None, b: Value) -> bool:
+    return a is not None and a.type == b.type
+
+
+def _is_constant(rw: Rewriter, value: Value | None, scalar: float) -> bool:
+    array = rw.constant_value(value)
+    return array is not None and array.size > 0 and bool(np.all(array == scalar))
+
+
+def _identity(rw: Rewriter, node: Node, producers: dict[Value, Node]) -> list[Value] | None:
+    source = node.inputs[0]
+    return [source] if _same_type(source, node.outputs[0]) else None  # type: ignore[list-item]
+
+
+def _dropout(rw: Rewriter, node: Node, producers: dict[Value, Node]) -> list[Value] | None:
+    if len(node.outputs) > 1 or (len(node.inputs) > 2 and not _is_constant(rw, node.inputs[2], 0)):
+        return None  # the mask is read, or training mode might be on
+    return _identity(rw, node, producers)
+
+
+def _neutral(position: int, scalar: float) -> Rewrite:
+    """x op c -> x when c is all ``scalar`` (the other operand at ``1 - position``)."""
+
+    def rewrite(rw: Rewriter, node: Node, producers: dict[Value, Node]) -> list[Value] | None:
+        if not _is_constant(rw, node.inputs[position], scalar):
+            return None
+        other = node.inputs[1 - position]
+        return [other] if _same_type(other, node.outputs[0]) else None  # type: ignore[list-item]
+
+    return rewrite
+
+
+def _transpose_pair(rw: Rewriter, node: Node, producers: dict[Value, Node]) -> list[Value] | None:
+    inner = producers.get(node.inputs[0])  # type: ignore[arg-type]
+    if inner is None or inner.op != "Transpose":
+        return None
+    rank = node.outputs[0].type.rank  # type: ignore[union-attr]
+    if rank is None:
+        return None
+    first = list(inner.attrs.get("perm") or range(rank)[::-1])
+    second = list(node.attrs.get("perm") or range(rank)[::-1])
+    combined = [first[p] for p in second]
+    source = inner.inputs[0]
+    if combined == list(range(rank)):
+        return [source] if _same_type(source, node.outputs[0]) else None  # type: ignore[list-item]
+    return rw.emit("Transpose", [source], {"perm": tuple(combined)}, hint=node.outputs[0].name)
+
+
+def _identity_perm(rw: Rewriter, node: Node, producers: dict[Value, Node]) -> list[Value] | None:
+    perm = node.attrs.get("perm")
+    if perm is not None and list(perm) == list(range(len(perm))):
+        return _identity(rw, node, producers)
+    return None
+
+
+def _reshape_chain(rw: Rewriter, node: Node, producers: dict[Value, Node]) -> list[Value] | None:
+    inner = producers.get(node.inputs[0])  # type: ignore[arg-type]
+    out_type = node.outputs[0].type
+    if not isinstance(out_type, TensorType) or not out_type.is_static:
+        return None
+    source = node.inputs[0] if inner is None or inner.op not in _RESHAPES else inner.inputs[0]
+    if _same_type(source, node.outputs[0]):
+        return [source]  # type: ignore[list-item]
+    if source is node.inputs[0]:
+        return None
+    shape = rw.add_constant(np.array(out_type.shape, dtype=np.int64), f"{node.outputs[0].name}_shape")
+    return rw.emit("Reshape", [source, shape], {}, hint=node.outputs[0].name)
+
+
+def _noop_reshape(rw: Rewriter, node: Node, producers: dict[Value, Node]) -> list[Value] | None:
+    return _identity(rw, node, producers)
+
+
+def _cast_noop(rw: Rewriter, node: Node, producers: dict[Value, Node]) -> list[Value] | None:
+    return _identity(rw, node, producers)
+
+
+_LOSSLESS = {
+    (DType.FLOAT16, DType.FLOAT32), (DType.BFLOAT16, DType.FLOAT32), (DType.FLOAT32, DType.FLOAT64),
+    (DType.FLOAT16, DType.FLOAT64), (DType.INT32, DType.INT64), (DType.INT8, DType.INT32),
+    (DType.INT16, DType.INT32), (DType.UINT8, DType.INT32), (DType.BOOL, DType.INT64), (DType.INT32, DType.FLOAT64),
+}
+
+
+def _cast_chain(rw: Rewriter, node: Node, producers: dict[Value, Node]) -> list[Value] | None:
+    inner = producers.get(node.inputs[0])  # type: ignore[arg-type]
+    if inner is None or inner.op != "Cast" or inner.inputs[0] is None:
+        return None
+    source = inner.inputs[0]
+    if (source.type.dtype, inner.outputs[0].type.dtype) not in _LOSSLESS:  # type: ignore[union-attr]
+        return None
+    if _same_type(source, node.outputs[0]):
+        return [source]
+    return rw.emit("Cast", [source], dict(node.attrs), hint=node.outputs[0].name)
+
+
+def _single_concat(rw: Rewriter, node: Node, producers: dict[Value, Node]) -> list[Value] | None:
+    return _identity(rw, node, producers) if len(node.inputs) == 1 else None
+
+
+def _where_constant(rw: Rewriter, node: Node, producers: dict[Value, Node]) -> list[Value] | None:
+    condition = rw.constant_value(node.inputs[0])
+    if condition is None or condition.size == 0:
+        return None
+    if bool(np.all(condition)) and _same_type(node.inputs[1], node.outputs[0]):
+        return [node.inputs[1]]  # type: ignore[list-item]
+    if not bool(np.any(condition)) and _same_type(node.inputs[2], node.outputs[0]):
+        return [node.inputs[2]]  # type: ignore[list-item]
+    return None
+
+
+_RESHAPES = ("Reshape", "Flatten", "Squeeze", "Unsqueeze")
+
+RULES: list[tuple[str, str, Rewrite]] = [
+    ("Identity", "Identity(x) -> x", _identity),
+    ("Dropout", "Dropout(x) -> x (inference, mask unread)", _dropout),
+    ("Add", "x + 0 -> x", _neutral(1, 0)),
+    ("Add", "0 + x -> x", _neutral(0, 0)),
+    ("Sub", "x - 0 -> x", _neutral(1, 0)),
+    ("Mul", "x * 1 -> x", _neutral(1, 1)),
+    ("Mul", "1 * x -> x", _neutral(0, 1)),
+    ("Div", "x / 1 -> x", _neutral(1, 1)),
+    ("Pow", "x ^ 1 -> x", _neutral(1, 1)),
+    ("Transpose", "Transpose(x, identity perm) -> x", _identity_perm),
+    ("Transpose", "Transpose(Transpose(x, p), q) -> Transpose(x, p[q]) (or x)", _transpose_pair),
+    ("Reshape", "Reshape(Reshape|Flatten|Squeeze|Unsqueeze(x)) -> Reshape(x) (or x)", _reshape_chain),
+    ("Flatten", "Flatten(x) to x's own shape -> x", _noop_reshape),
+    ("Squeeze", "Squeeze(x) to x's own shape -> x", _noop_reshape),
+    ("Unsqueeze", "Unsqueeze(x) to x's own shape -> x", _noop_reshape),
+    ("Expand", "Expand(x) to x's own shape -> x", _noop_reshape),
+    ("Cast", "Cast(x) to x's dtype -> x", _cast_noop),
+    ("Cast", "Cast(Cast(x, wider)) -> Cast(x) when the inner cast is lossless", _cast_chain),
+    ("Concat", "Concat(x) -> x", _single_concat),
+    ("Where", "Where(all true, x, y) -> x; Where(all false, x, y) -> y", _where_constant),
+]
+
+
+def simplify(graph: Graph) -> Graph:
+    """Apply ``RULES`` to every node (first rule that fires wins)."""
+    by_op: dict[str, list[Rewrite]] = {}
+    for op, _, rewrite in RULES:
+        by_op.setdefault(op, []).append(rewrite)
+    rewriter = Rewriter(graph)
+    producers: dict[Value, Node] = {}
+    for node in graph.nodes:
+        node = rewriter.resolved(node)
+        replacement = None
+        if not node.domain:
+            for rewrite in by_op.get(node.op, ()):
+                replacement = rewrite(rewriter, node, producers)
+                if replacement is not None:
+                    break
+        if replacement is None:
+            rewriter.keep(node)
+            for out in node.outputs:
+                producers[out] = node
+            continue
+        for old, new in zip(node.outputs, replacement):
+            rewriter.replace(old, new)
+        rewriter.drop(node)
+        for new in replacement:
+            if new not in producers and rewriter.nodes and new in rewriter.nodes[-1].outputs:
+                producers[new] = rewriter.nodes[-1]
+    return rewriter.finish()
+

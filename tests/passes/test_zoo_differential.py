@@ -1,0 +1,48 @@
+"""interpret(G) == interpret(pass(G)) on the zoo models, for each pass alone and the whole pipeline."""
+
+import numpy as np
+import pytest
+
+from kiln import zoo
+from kiln.frontend.onnx import import_onnx
+from kiln.ir.verify import verify
+from kiln.passes import PIPELINE, optimize, specialize
+from kiln.runtime.interpreter import Interpreter
+
+pytest.importorskip("torch", reason="torch (the 'zoo' extra) builds the zoo models")
+
+STAGES = {stage.name: stage.run for stage in PIPELINE}
+
+
+def relative_l2(a, b):
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    return np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30)
+
+
+@pytest.fixture(scope="module", params=zoo.DEFAULT_MODELS)
+def zoo_case(request):
+    name = request.param
+    graph = specialize(import_onnx(zoo.onnx_path(name)), {"batch": 1})
+    feeds = zoo.example_inputs(name)
+    inputs = [feeds[v.name] for v in graph.inputs]
+    return name, graph, inputs, Interpreter(graph).run(inputs)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stage", [*STAGES, "pipeline"])
+def test_pass_preserves_zoo_outputs(zoo_case, stage):
+    name, graph, inputs, expected = zoo_case
+    transformed = optimize(graph, level=3) if stage == "pipeline" else STAGES[stage](graph)
+    verify(transformed)
+    got = Interpreter(transformed).run(inputs)
+    for g, e in zip(got, expected):
+        assert relative_l2(g, e) <= 1e-5, f"{stage} changed {name}'s output"
+
+
+@pytest.mark.slow
+def test_pipeline_leaves_static_graphs_without_shape_arithmetic(zoo_case):
+    name, graph, _, _ = zoo_case
+    optimized = optimize(graph, level=2)
+    ops = {n.op for n in optimized.nodes}
+    assert not ops & {"Shape", "Identity", "ConstantOfShape", "Gemm", "Dropout"}, (name, sorted(ops))
+    assert all(v.type.is_static for n in optimized.nodes for v in n.outputs), name
