@@ -100,11 +100,15 @@ def conformance(
     if baseline:
         floor = json.loads(baseline.read_text())
         key = "+".join(suites)
-        required = floor.get(target, {}).get(key, {}).get("passed")
+        entry = floor.get(target, {}).get(key, {})
+        required = entry.get("passed")
         if required is None:
             raise click.ClickException(f"{baseline} has no baseline for target {target!r}, suite {key!r}")
         if report.passed < required:
             console.print(f"[red]FAILED[/]: {report.passed} passed, below the baseline of {required} ({baseline})")
+            sys.exit(1)
+        if "native" in entry and (report.native or 0) < entry["native"]:
+            console.print(f"[red]FAILED[/]: native rate {report.native} below the baseline of {entry['native']} ({baseline})")
             sys.exit(1)
         console.print(f"baseline held: {report.passed} passed >= {required}")
 
@@ -371,9 +375,11 @@ def _parse_dims(items: tuple[str, ...]) -> dict[str, int]:
 @click.option("--dim", "dims", multiple=True, help="Bind a symbolic dim, e.g. --dim batch=1 (repeatable). [default: every symbol of the inputs = 1]")
 @click.option("--print-after", "print_after", multiple=True, help="Print the IR after this pass (repeatable; 'all' for every stage).")
 @click.option("--disable", multiple=True, help="Skip this pass (repeatable).")
-def explain(model: str, level: int, dims: tuple[str, ...], print_after: tuple[str, ...], disable: tuple[str, ...]) -> None:
-    """Show what kiln's passes do to MODEL (an .onnx path or a zoo name): per-stage op counts and
-    timing, and the IR after any pass."""
+@click.option("--kernels/--no-kernels", default=True, show_default=True, help="Lower to kernels and show them, the fallbacks, the memory plan and the generated C.")
+def explain(model: str, level: int, dims: tuple[str, ...], print_after: tuple[str, ...], disable: tuple[str, ...], kernels: bool) -> None:
+    """Show what kiln does to MODEL (an .onnx path or a zoo name): per-stage op counts and timing,
+    the IR after any pass, the kernels and host fallbacks (with reasons), the memory plan and the
+    path of the generated C."""
     import collections
     import time
 
@@ -418,6 +424,35 @@ def explain(model: str, level: int, dims: tuple[str, ...], print_after: tuple[st
     for op in sorted(set(before) | set(after_ops)):
         ops.add_row(op, str(before.get(op, 0)), str(after_ops.get(op, 0)))
     out.print(ops)
+    if kernels:
+        _explain_kernels(optimized)
+
+
+def _explain_kernels(graph) -> None:  # type: ignore[no-untyped-def]
+    from kiln.compiler import Fallback, compile_plan
+
+    plan = compile_plan(graph, level=0)  # already optimized
+    if plan.whole_graph_reason:
+        out.print(f"whole graph runs on the reference: {plan.whole_graph_reason}")
+        return
+    table = Table(title="execution plan: kernels and host fallbacks, in order")
+    for column in ("step", "kind", "computes", "schedule / reason"):
+        table.add_column(column, overflow="fold")
+    for step in plan.steps:
+        if isinstance(step, Fallback):
+            table.add_row("fallback", step.node.op, step.node.label, f"[yellow]{step.reason}[/]")
+            continue
+        for kernel in step.kernels:
+            schedule = kernel.schedule
+            parts = [f"parallel {schedule.parallel}" if schedule.parallel else "", f"simd {schedule.vectorize}" if schedule.vectorize else ""]
+            table.add_row(f"{kernel.name} (segment {step.number})", kernel.kind, "; ".join(kernel.sources), ", ".join(p for p in parts if p) or "serial")
+    out.print(table)
+    native = "no host fallback" if plan.is_native else f"{len(plan.fallbacks)} host fallback(s)"
+    out.print(f"{sum(len(s.kernels) for s in plan.steps if not isinstance(s, Fallback))} kernels, {native}")
+    out.print(f"memory plan: {plan.memory.describe()}")
+    if plan.library is not None:
+        out.print(f"generated C: {plan.library.with_suffix('.c')}")
+        out.print(f"shared library: {plan.library}")
 
 
 @main.command()

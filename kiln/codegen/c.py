@@ -130,7 +130,7 @@ def emit_segment(number: int, kernels: Sequence[Kernel], table: dict[Buffer, int
     for kernel in kernels:
         for buffer in [*kernel.reads, *kernel.writes]:
             used[buffer] = None
-    lines = [f"int kiln_segment_{number}(void **buffers) {{"]
+    lines = [f"int kiln_segment_{number}(void **buffers) {{", "  int32_t *status = (int32_t *)buffers[0];"]
     for buffer in used:
         lines.append(f"  {c_type(buffer.dtype)} *{buffer.name} = ({c_type(buffer.dtype)} *)buffers[{table[buffer]}];")
     for kernel in kernels:

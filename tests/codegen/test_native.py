@@ -1,0 +1,142 @@
+"""Every case compiled for the cpu target and compared with the reference interpreter."""
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper
+
+import kiln
+from kiln.codegen import toolchain
+from kiln.errors import ExecutionError
+from tests.helpers import make_model
+
+F, I64, B = TensorProto.FLOAT, TensorProto.INT64, TensorProto.BOOL
+RNG = np.random.default_rng(0)
+
+
+def case(op, shapes, attrs=None, dtype=F, inits=None, outputs=1):
+    """One ``op`` node over inputs x0.. of ``shapes``; ``dtype`` is one element type or one per input."""
+    names = [f"x{i}" for i in range(len(shapes))]
+    dtypes = dtype if isinstance(dtype, list) else [dtype] * len(shapes)
+    node = helper.make_node(op, names + list(inits or {}), [f"y{i}" for i in range(outputs)], **(attrs or {}))
+    return make_model([node], [(n, t, list(s)) for n, t, s in zip(names, dtypes, shapes)], [(f"y{i}", 0, None) for i in range(outputs)], inits)
+
+
+def data(shape, dtype=np.float32, positive=False):
+    array = RNG.standard_normal(shape).astype(dtype)
+    return np.abs(array) + 0.1 if positive else array
+
+
+CASES = {
+    "relu": (case("Relu", [(2, 3, 4)]), [data((2, 3, 4))]),
+    "sigmoid": (case("Sigmoid", [(5, 7)]), [data((5, 7))]),
+    "tanh": (case("Tanh", [(5, 7)]), [data((5, 7))]),
+    "log": (case("Log", [(9,)]), [data((9,), positive=True)]),
+    "erf": (case("Erf", [(33,)]), [data((33,))]),
+    "gelu_tanh": (case("Gelu", [(4, 8)], {"approximate": "tanh"}), [data((4, 8))]),
+    "leaky_relu": (case("LeakyRelu", [(4, 8)], {"alpha": 0.2}), [data((4, 8))]),
+    "hardswish": (case("HardSwish", [(4, 8)]), [data((4, 8))]),
+    "add_broadcast": (case("Add", [(2, 3, 4), (4,)]), [data((2, 3, 4)), data((4,))]),
+    "mul_broadcast_both": (case("Mul", [(2, 1, 4), (3, 1)]), [data((2, 1, 4)), data((3, 1))]),
+    "div": (case("Div", [(3, 4), (3, 4)]), [data((3, 4)), data((3, 4), positive=True)]),
+    "pow": (case("Pow", [(3, 4), ()]), [data((3, 4), positive=True), np.array(1.5, np.float32)]),
+    "max_nan": (case("Max", [(4,), (4,)]), [np.array([1, np.nan, 3, -1], np.float32), np.array([2, 0, np.nan, -2], np.float32)]),
+    "int_add": (case("Add", [(5,), (5,)], dtype=I64), [np.arange(5), np.arange(5) * 3]),
+    "less": (case("Less", [(6,), (6,)]), [data((6,)), data((6,))]),
+    "where": (case("Where", [(2, 3), (2, 3), (3,)], dtype=[B, F, F]), [data((2, 3)) > 0, data((2, 3)), data((3,))]),
+    "reduce_mean": (case("ReduceMean", [(2, 3, 4)], inits={"axes": np.array([-1])}), [data((2, 3, 4))]),
+    "reduce_sum_all": (case("ReduceSum", [(2, 3, 4)], {"keepdims": 0}), [data((2, 3, 4))]),
+    "reduce_max_middle": (case("ReduceMax", [(2, 3, 4)], inits={"axes": np.array([1])}), [data((2, 3, 4))]),
+    "softmax_axis1": (case("Softmax", [(2, 5, 3)], {"axis": 1}), [data((2, 5, 3))]),
+    "log_softmax": (case("LogSoftmax", [(3, 7)]), [data((3, 7))]),
+    "layer_norm": (case("LayerNormalization", [(2, 4, 8)], {"axis": -1, "epsilon": 1e-5}, inits={"s": data((8,)), "b": data((8,))}), [data((2, 4, 8))]),
+    "matmul": (case("MatMul", [(5, 7), (7, 3)]), [data((5, 7)), data((7, 3))]),
+    "matmul_batched_broadcast": (case("MatMul", [(2, 1, 3, 4), (3, 4, 5)]), [data((2, 1, 3, 4)), data((3, 4, 5))]),
+    "conv_stride_pad_bias": (case("Conv", [(1, 3, 9, 9)], {"strides": [2, 2], "pads": [1, 2, 1, 0]}, inits={"w": data((4, 3, 3, 3)), "b": data((4,))}), [data((1, 3, 9, 9))]),
+    "conv_group_dilation": (case("Conv", [(2, 4, 8, 8)], {"group": 2, "dilations": [2, 2], "pads": [2, 2, 2, 2]}, inits={"w": data((6, 2, 3, 3))}), [data((2, 4, 8, 8))]),
+    "conv_same_upper": (case("Conv", [(1, 2, 7, 7)], {"auto_pad": "SAME_UPPER", "strides": [2, 2]}, inits={"w": data((3, 2, 4, 4))}), [data((1, 2, 7, 7))]),
+    "conv_1x1": (case("Conv", [(1, 8, 5, 5)], inits={"w": data((16, 8, 1, 1))}), [data((1, 8, 5, 5))]),
+    "maxpool": (case("MaxPool", [(1, 2, 7, 7)], {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1]}), [data((1, 2, 7, 7))]),
+    "maxpool_ceil": (case("MaxPool", [(1, 1, 6, 6)], {"kernel_shape": [3, 3], "strides": [2, 2], "ceil_mode": 1}), [data((1, 1, 6, 6))]),
+    "avgpool_include_pad": (case("AveragePool", [(1, 2, 5, 5)], {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1], "count_include_pad": 1}), [data((1, 2, 5, 5))]),
+    "avgpool_exclude_pad": (case("AveragePool", [(1, 2, 5, 5)], {"kernel_shape": [2, 2], "pads": [1, 1, 0, 0]}), [data((1, 2, 5, 5))]),
+    "global_avgpool": (case("GlobalAveragePool", [(2, 3, 4, 4)]), [data((2, 3, 4, 4))]),
+    "transpose": (case("Transpose", [(2, 3, 4)], {"perm": [2, 0, 1]}), [data((2, 3, 4))]),
+    "concat": (case("Concat", [(2, 3), (2, 5)], {"axis": 1}), [data((2, 3)), data((2, 5))]),
+    "split": (case("Split", [(6, 4)], {"axis": 0}, inits={"split": np.array([2, 4])}, outputs=2), [data((6, 4))]),
+    "slice_negative_step": (case("Slice", [(5, 6)], inits={"s": np.array([4, 1]), "e": np.array([0, 6]), "a": np.array([0, 1]), "st": np.array([-1, 2])}), [data((5, 6))]),
+    "gather_negative": (case("Gather", [(5, 3)], {"axis": 0}, inits={"i": np.array([[0, -1], [2, 4]])}), [data((5, 3))]),
+    "pad": (case("Pad", [(2, 3)], inits={"p": np.array([1, 0, 0, 2]), "v": np.array(7.0, np.float32)}), [data((2, 3))]),
+    "cast_bool_to_float": (case("Cast", [(4,)], {"to": 1}, dtype=B), [np.array([True, False, True, True])]),
+    "reshape_to_output": (case("Flatten", [(2, 3, 4)], {"axis": 1}), [data((2, 3, 4))]),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_native_matches_reference(name):
+    model, inputs = CASES[name]
+    compiled = kiln.compile(model, target="cpu")
+    reference = kiln.compile(model, target="reference")
+    got, expected = compiled(*inputs), reference(*inputs)
+    got = got if isinstance(got, tuple) else (got,)
+    expected = expected if isinstance(expected, tuple) else (expected,)
+    for g, e in zip(got, expected):
+        assert g.dtype == e.dtype and g.shape == e.shape
+        np.testing.assert_allclose(g, e, rtol=1e-5, atol=1e-6)
+    fallbacks = [(f.node.op, f.reason) for plan in compiled.plans for f in plan.fallbacks]
+    assert compiled.is_native, fallbacks
+
+
+def test_ops_without_lowering_fall_back_and_say_so():
+    model = case("TopK", [(2, 6)], {"axis": 1}, inits={"k": np.array([3])}, outputs=2)
+    compiled = kiln.compile(model, target="cpu")
+    x = data((2, 6))
+    values, indices = compiled(x)
+    reference = kiln.compile(model)(x)
+    np.testing.assert_array_equal(values, reference[0])
+    np.testing.assert_array_equal(indices, reference[1])
+    assert compiled.is_native is False
+    assert [f.node.op for f in compiled.plans[0].fallbacks] == ["TopK"]
+
+
+def test_symbolic_batch_compiles_one_variant_per_binding():
+    model = case("Softmax", [("batch", 5)])
+    compiled = kiln.compile(model, target="cpu")
+    for batch in (1, 3, 1):
+        x = data((batch, 5))
+        np.testing.assert_allclose(compiled(x), kiln.compile(model)(x), rtol=1e-6)
+    assert len(compiled.plans) == 2
+
+
+def test_out_of_range_gather_is_an_error_not_a_wild_read():
+    model = make_model([helper.make_node("Gather", ["t", "i"], ["y"], name="lookup")], [("i", I64, [2])], [("y", F, None)], {"t": data((3, 2))})
+    compiled = kiln.compile(model, target="cpu")
+    np.testing.assert_allclose(compiled(np.array([0, -1])), kiln.compile(model)(np.array([0, -1])))
+    with pytest.raises(ExecutionError, match="lookup.*out of range"):
+        compiled(np.array([0, 3]))
+
+
+def test_concurrent_requests_have_their_own_arenas():
+    model, _ = CASES["layer_norm"]
+    compiled = kiln.compile(model, target="cpu")
+    feeds = [data((2, 4, 8)) for _ in range(24)]
+    futures = [compiled.submit({"x0": f}) for f in feeds]
+    reference = kiln.compile(model)
+    for f, future in zip(feeds, futures):
+        np.testing.assert_allclose(future.result(timeout=60)["y0"], reference(f), rtol=1e-5, atol=1e-6)
+
+
+def test_second_compile_reuses_the_built_library(monkeypatch):
+    model, inputs = CASES["conv_1x1"]
+    kiln.compile(model, target="cpu")
+
+    def no_compiler(*args, **kwargs):
+        raise AssertionError("the C compiler ran again for an identical model")
+
+    monkeypatch.setattr(toolchain.subprocess, "run", no_compiler)
+    compiled = kiln.compile(model, target="cpu")
+    assert compiled(*inputs).shape == (1, 16, 5, 5)
+
+
+def test_c_compiler_failure_names_the_generated_file():
+    with pytest.raises(toolchain.CompilerError, match=r"failed on generated code .*\.c"):
+        toolchain.build("int broken(void) { return }")
