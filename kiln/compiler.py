@@ -16,7 +16,7 @@ import numpy as np
 from kiln.codegen.c import emit_c
 from kiln.codegen.toolchain import build
 from kiln.ir.graph import Graph, Node, Value
-from kiln.ir.types import TensorType
+from kiln.ir.types import DType, TensorType
 from kiln.lower.kir import Buffer, Kernel
 from kiln.lower.lowering import CannotLower, Lowerer
 from kiln.lower.memory import MemoryPlan, plan_memory
@@ -64,6 +64,8 @@ def _static(graph: Graph) -> str:
     for value in graph.values():
         if not isinstance(value.type, TensorType) or not value.type.is_static:
             return f"%{value.name} has type {value.type} (dynamic shapes and sequences run on the reference)"
+        if value.type.dtype is DType.STRING:
+            return f"%{value.name} holds strings (they run on the reference)"
     for node in graph.nodes:
         if any(True for _ in node.subgraphs()):
             return f"node {node.label} has subgraphs (control flow runs on the reference)"
@@ -72,6 +74,12 @@ def _static(graph: Graph) -> str:
 
 def compile_plan(graph: Graph, level: int = 2) -> Plan:
     """Optimize and lower a graph whose symbolic dims are already bound (see ``specialize``)."""
+    from kiln.lower.lowering import ALIASES, LOWERINGS
+    from kiln.passes.decompose import decompose
+    from kiln.passes.fold_constants import fold_constants
+
+    graph = fold_constants(graph)  # what folds away needs no decomposition
+    graph = decompose(graph, keep=lambda node: bool(node.domain) or node.op in LOWERINGS or node.op in ALIASES)
     graph = optimize(graph, level=level)
     reason = _static(graph)
     if reason:

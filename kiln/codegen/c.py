@@ -35,6 +35,7 @@ from kiln.lower.kir import (
 C_TYPES = {
     DType.FLOAT32: "float",
     DType.FLOAT64: "double",
+    DType.FLOAT16: "_Float16",
     DType.INT8: "int8_t",
     DType.UINT8: "uint8_t",
     DType.INT16: "int16_t",
@@ -81,14 +82,14 @@ def expr(e: Expr) -> str:
 
 def _const(e: Const) -> str:
     value = e.value
-    if e.dtype in (DType.FLOAT32, DType.FLOAT64):
+    if e.dtype in (DType.FLOAT32, DType.FLOAT64, DType.FLOAT16):
         value = float(value)
         if math.isnan(value):
             return "NAN"
         if math.isinf(value):
             return "INFINITY" if value > 0 else "(-INFINITY)"
         text = repr(value)
-        return f"{text}f" if e.dtype is DType.FLOAT32 else text
+        return text if e.dtype is DType.FLOAT64 else f"{text}f"
     if e.dtype is DType.BOOL:
         return "1" if value else "0"
     return f"(({c_type(e.dtype)}){int(value)}LL)" if e.dtype is DType.INT64 else f"(({c_type(e.dtype)}){int(value)})"

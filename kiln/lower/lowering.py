@@ -37,7 +37,7 @@ from kiln.lower.kir import (
     affine,
     i64,
 )
-from kiln.lower.pointwise import ANY_NUMERIC, COMPARE, FLOAT_OPS, LOGIC, NATIVE, NATIVE_FLOATS
+from kiln.lower.pointwise import ANY_NUMERIC, COMPARE, FLOAT_OPS, HALF, LOGIC, NATIVE, NATIVE_FLOATS
 
 PARALLEL_MIN = 32 * 1024  # elements: below this a parallel region costs more than it saves
 ALIASES = ("Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Dropout")
@@ -75,7 +75,7 @@ class Lowerer:
     def buffer(self, value: Value) -> Buffer:
         value = self.root(value)
         if value not in self.buffers:
-            self.buffers[value] = Buffer(f"b{len(self.buffers)}", value.type.dtype, max(1, int(np.prod(self.shape(value)))))  # type: ignore[union-attr]
+            self.buffers[value] = Buffer(f"b{len(self.buffers)}", value.type.dtype, int(np.prod(self.shape(value))))  # type: ignore[union-attr]
         return self.buffers[value]
 
     def shape(self, value: Value) -> tuple[int, ...]:
@@ -124,8 +124,12 @@ class Lowerer:
         return lowering(self, node)
 
     def _alias(self, node: Node) -> list[Kernel]:
-        if node.op == "Dropout" and len(node.outputs) > 1:
-            raise CannotLower("Dropout's mask output")
+        if node.op == "Dropout":
+            if len(node.outputs) > 1:
+                raise CannotLower("Dropout's mask output")
+            training = self.constant(node.inputs[2]) if len(node.inputs) > 2 and node.inputs[2] is not None else np.array(False)
+            if training is None or bool(np.any(training)):
+                raise CannotLower("Dropout in training mode is random")
         source, out = node.inputs[0], node.outputs[0]
         assert source is not None
         if out in self.outputs:
@@ -195,7 +199,7 @@ def scalarize_for(node: Node, dtypes: list[DType]) -> Callable[[list[Expr]], Exp
     if op in ("Cast", "CastLike", "Expand"):
         if out_dtype is DType.BOOL and first is not DType.BOOL:
             return lambda a: Binary("!=", a[0], Const(0, first))
-        if out_dtype in (DType.INT32, DType.INT64, DType.INT8, DType.UINT8, DType.INT16, DType.UINT16, DType.UINT32, DType.UINT64) and first in NATIVE_FLOATS:
+        if out_dtype in (DType.INT32, DType.INT64, DType.INT8, DType.UINT8, DType.INT16, DType.UINT16, DType.UINT32, DType.UINT64) and first in (*NATIVE_FLOATS, HALF):
             raise CannotLower("float -> integer casts of NaN/out-of-range values differ between C and NumPy")
         return lambda a: Cast(out_dtype, a[0])
     if op == "Clip":
@@ -224,7 +228,11 @@ def lower_pointwise(lw: Lowerer, node: Node) -> list[Kernel]:
         inputs = [node.inputs[0]]
     else:
         inputs = list(node.inputs)
-    scalarize = scalarize_for(node, [v.type.dtype for v in inputs if v is not None])  # type: ignore[union-attr]
+    # half precision: computed in float32 (loads widened, the result rounded once on store)
+    widen = {HALF: DType.FLOAT32}
+    dtypes = [v.type.dtype for v in inputs if v is not None]  # type: ignore[union-attr]
+    scalarize = scalarize_for(node, [widen.get(d, d) for d in dtypes])
+    out_dtype = out.type.dtype  # type: ignore[union-attr]
     dst = lw.buffer(out)
     flat = all(v is None or lw.shape(v) == shape or lw.buffer(v).size == 1 for v in inputs)
 
@@ -236,13 +244,15 @@ def lower_pointwise(lw: Lowerer, node: Node) -> list[Kernel]:
                 continue
             buffer = lw.buffer(value)
             if buffer.size == 1:
-                loaded.append(Load(buffer, i64(0)))
+                load: Expr = Load(buffer, i64(0))
             elif flat:
-                loaded.append(Load(buffer, indices[0]))
+                load = Load(buffer, indices[0])
             else:
-                loaded.append(Load(buffer, broadcast_index(lw.shape(value), shape, indices)))
+                load = Load(buffer, broadcast_index(lw.shape(value), shape, indices))
+            loaded.append(Cast(DType.FLOAT32, load) if buffer.dtype is HALF else load)
         target = indices[0] if flat else affine(list(zip(indices, strides(shape))))  # type: ignore[arg-type]
-        return [Store(dst, target, scalarize(loaded))]
+        value = scalarize(loaded)
+        return [Store(dst, target, Cast(HALF, value) if out_dtype is HALF else value)]
 
     loop_shape = (dst.size,) if flat else shape
     stmts, indices = nest(lw, loop_shape, body)
@@ -418,9 +428,10 @@ LOWERINGS.update(
 
 
 def _register_nn() -> None:
-    from kiln.lower import nn_lowering
+    from kiln.lower import index_lowering, nn_lowering
 
     LOWERINGS.update(nn_lowering.LOWERINGS)
+    LOWERINGS.update(index_lowering.LOWERINGS)
 
 
 _register_nn()

@@ -130,5 +130,7 @@ COMPARE: dict[str, str] = {"Equal": "==", "Less": "<", "Greater": ">", "LessOrEq
 LOGIC: dict[str, str] = {"And": "&&", "Or": "||", "Xor": "!="}
 
 NATIVE_FLOATS = (DType.FLOAT32, DType.FLOAT64)
+# float16 is stored as C's _Float16 and computed in float32, as NumPy computes half precision.
+HALF = DType.FLOAT16
 NATIVE_INTS = (DType.INT8, DType.UINT8, DType.INT16, DType.UINT16, DType.INT32, DType.UINT32, DType.INT64, DType.UINT64)
-NATIVE = (*NATIVE_FLOATS, *NATIVE_INTS, DType.BOOL)
+NATIVE = (*NATIVE_FLOATS, HALF, *NATIVE_INTS, DType.BOOL)

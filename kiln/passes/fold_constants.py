@@ -26,12 +26,11 @@ _NONDETERMINISTIC = {"RandomNormal", "RandomUniform", "RandomNormalLike", "Rando
 def fold_constants(graph: Graph) -> Graph:
     rewriter = Rewriter(graph)
     for node in graph.nodes:
-        node = rewriter.resolved(node)
-        folded = _fold_shape(rewriter, node) or _fold(rewriter, node)
-        if folded:
+        node = refine_types(rewriter, rewriter.resolved(node))
+        if _fold_shape(rewriter, node) or _fold(rewriter, node):
             rewriter.drop(node)
             continue
-        rewriter.keep(refine_types(rewriter, node))
+        rewriter.keep(node)
     return rewriter.finish()
 
 
@@ -63,14 +62,34 @@ def _fold(rewriter: Rewriter, node: Node) -> bool:
     if any(v is not None and a is None for v, a in zip(node.inputs, values)):
         return False
     for out in node.outputs:
-        if not isinstance(out.type, TensorType) or not out.type.is_static:
+        if not isinstance(out.type, TensorType):
             return False
-        if int(np.prod(out.type.shape)) > FOLD_LIMIT:  # type: ignore[arg-type]
+        if out.type.is_static and int(np.prod(out.type.shape)) > FOLD_LIMIT:  # type: ignore[arg-type]
+            return False
+    if not all(isinstance(o.type, TensorType) and o.type.is_static for o in node.outputs):
+        # The size is unknown until evaluated: only fold small inputs (shape arithmetic), and
+        # check what came out.
+        if sum(v.size for v in values if v is not None) > 65536:
             return False
     outputs = evaluate_node(node, values)
-    for value, array in zip(node.outputs, outputs):
-        rewriter.replace(value, rewriter.add_constant(np.asarray(array), value.name))
+    arrays = [np.asarray(a) if isinstance(a, np.ndarray) or np.isscalar(a) else None for a in outputs]
+    if any(a is None or a.size > FOLD_LIMIT for a in arrays):
+        return False
+    for value, array in zip(node.outputs, arrays):
+        if not _fits(value.type, array):  # type: ignore[arg-type]
+            return False
+    for value, array in zip(node.outputs, arrays):
+        rewriter.replace(value, rewriter.add_constant(array, value.name))  # type: ignore[arg-type]
     return True
+
+
+def _fits(value_type: Type, array: np.ndarray) -> bool:
+    """Whether a folded array agrees with the recorded type (same dtype, rank, static dims)."""
+    if not isinstance(value_type, TensorType) or (value_type.dtype.numpy != array.dtype and value_type.dtype.short != "str"):
+        return False
+    if value_type.shape is None:
+        return True
+    return len(value_type.shape) == array.ndim and all(not isinstance(d, int) or d == n for d, n in zip(value_type.shape, array.shape))
 
 
 def refine_types(rewriter: Rewriter, node: Node) -> Node:

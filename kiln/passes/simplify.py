@@ -20,7 +20,11 @@ Rewrite = Callable[[Rewriter, Node, dict[Value, Node]], list[Value] | None]
 
 
 def _same_type(a: Value | None, b: Value) -> bool:
-    return a is not None and a.type == b.type
+    """Whether ``a`` can stand for ``b``: equal types whose shapes are known (two unknown-rank
+    tensors of one dtype print alike but may differ, e.g. across a broadcast)."""
+    if a is None or a.type != b.type:
+        return False
+    return not isinstance(a.type, TensorType) or a.type.shape is not None
 
 
 def _is_constant(rw: Rewriter, value: Value | None, scalar: float) -> bool:

@@ -13,6 +13,7 @@ import numpy as np
 from kiln.compiler import Fallback, Plan, Segment, compile_plan, load_functions
 from kiln.errors import ExecutionError
 from kiln.ir.graph import Graph
+from kiln.ir.types import TensorType
 from kiln.lower.kir import Buffer
 from kiln.lower.memory import ALIGNMENT
 from kiln.passes import specialize
@@ -20,12 +21,22 @@ from kiln.passes.specialize import input_dims
 from kiln.runtime.interpreter import Interpreter, evaluate_node
 from kiln.runtime.model import Model
 
+SMALL_INPUT = 16  # elements: inputs this small may be frozen when shapes depend on their values
+VALUE_VARIANTS = 16  # at most this many value specializations per model, then the reference
+
+
+def freeze_inputs(graph: Graph, values: dict[str, np.ndarray]) -> Graph:
+    """``graph`` with the named inputs turned into constants of the given values."""
+    frozen = {v: np.asarray(values[v.name]) for v in graph.inputs if v.name in values}
+    return graph.with_(inputs=[v for v in graph.inputs if v not in frozen], constants={**graph.constants, **frozen})
+
 
 class _Executable:
     """A compiled plan plus what running it needs: loaded functions, weights, an arena pool."""
 
-    def __init__(self, plan: Plan) -> None:
+    def __init__(self, plan: Plan, keep: list[int] | None = None) -> None:
         self.plan = plan
+        self.keep = keep  # positions of the inputs the plan takes (others were frozen)
         self.functions = load_functions(plan)
         self.interpreter = Interpreter(plan.graph) if plan.whole_graph_reason else None
         self.arenas: queue.SimpleQueue[np.ndarray] = queue.SimpleQueue()
@@ -40,6 +51,8 @@ class _Executable:
             return raw[shift : shift + self.plan.memory.arena_bytes]
 
     def run(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
+        if self.keep is not None:
+            inputs = [inputs[i] for i in self.keep]
         if self.interpreter is not None:
             return self.interpreter.run(inputs)
         plan = self.plan
@@ -105,9 +118,11 @@ class NativeModel(Model):
         super().__init__(graph)
         self.level = level
         self._variants: dict[tuple[tuple[str, int], ...], _Executable] = {}
+        self._ran: dict[int, _Executable] = {}  # the variants that have executed requests
         self._lock = threading.Lock()
-        if dims is not None or all(isinstance(v.type.shape, tuple) and all(isinstance(d, int) for d in v.type.shape) for v in graph.inputs):  # type: ignore[union-attr]
-            self._variant(dict(dims or {}))
+        static_inputs = all(isinstance(v.type, TensorType) and v.type.is_static for v in graph.inputs)
+        if dims is not None or static_inputs:
+            self._variant(dict(dims or {}))  # compile ahead of the first run when shapes are known
 
     def _variant(self, dims: dict[str, int]) -> _Executable:
         key = tuple(sorted(dims.items()))
@@ -122,7 +137,35 @@ class NativeModel(Model):
 
     def _execute(self, inputs: list[Any]) -> list[Any]:
         dims = input_dims(self.graph, dict(zip(self.input_names, inputs)))
-        return self._variant(dims).run(inputs)
+        executable = self._variant(dims)
+        if not executable.plan.is_native:
+            # Shapes or attributes that depend on small inputs' values: specialize on them.
+            candidate = self._value_variant(dims, inputs)
+            if candidate is not None and (candidate.plan.is_native or not candidate.plan.whole_graph_reason):
+                executable = candidate
+        self._ran.setdefault(id(executable), executable)
+        return executable.run(inputs)
+
+    def _value_variant(self, dims: dict[str, int], inputs: list[Any]) -> _Executable | None:
+        """Shapes that depend on small inputs' values: compile for these values (bounded)."""
+        small = {
+            name: np.asarray(array)
+            for name, array in zip(self.input_names, inputs)
+            if isinstance(array, np.ndarray) and array.size <= SMALL_INPUT and array.dtype.kind in "iub"
+        }
+        if not small:
+            return None
+        key = (*sorted(dims.items()), *((n, a.dtype.str, a.shape, a.tobytes()) for n, a in sorted(small.items())))
+        executable = self._variants.get(key)  # type: ignore[arg-type]
+        if executable is None:
+            with self._lock:
+                if len(self._variants) >= VALUE_VARIANTS:
+                    return None
+                keep = [i for i, name in enumerate(self.input_names) if name not in small]
+                graph = freeze_inputs(specialize(self.graph, dims), small)
+                executable = _Executable(compile_plan(graph, self.level), keep)
+                self._variants[key] = executable  # type: ignore[index]
+        return executable
 
     @property
     def plans(self) -> list[Plan]:
@@ -130,6 +173,7 @@ class NativeModel(Model):
 
     @property
     def is_native(self) -> bool | None:
-        """True when every compiled variant runs with no host fallback (None before any compile)."""
-        plans = self.plans
+        """True when every variant that has run (or, before any run, every compiled variant) ran
+        with no host fallback; None before anything compiled."""
+        plans = [e.plan for e in self._ran.values()] or self.plans
         return None if not plans else all(p.is_native for p in plans)

@@ -249,3 +249,13 @@ graph g(%x: f32[2]) -> (%y) {
     assert [n.op for n in optimize(graph, level=2, disable=["simplify"]).nodes] == ["Identity", "Relu"]
     with pytest.raises(KilnError, match="unknown pass\\(es\\) \\['fuse_everything'\\]"):
         optimize(graph, disable=["fuse_everything"])
+
+
+def test_simplify_never_trusts_unknown_shapes():
+    # zeros [2,3] + x [3] broadcasts; with both typed f32[...] the types alone prove nothing.
+    graph = parse_graph("""
+graph g(%x: f32[...]) -> (%y) {
+  const %zeros: f32[2,3] = [0.0, 0.0, 0.0, 0.0, 0.0, 0.0]
+  %y: f32[...] = Add(%zeros, %x)
+}""")
+    assert simplify(graph) is graph

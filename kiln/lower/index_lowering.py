@@ -1,0 +1,167 @@
+"""Lowerings of index-driven ops: GatherElements, ArgMax/ArgMin, Trilu, CumSum/CumProd.
+
+Every index read from a tensor is bounds-checked: an out-of-range index sets the status word
+(reported as an error naming the node) and a safe index is used, so memory stays in bounds.
+"""
+
+from __future__ import annotations
+
+from kiln.ir.graph import Node
+from kiln.ir.types import DType
+from kiln.lower.kir import (
+    Assign,
+    Binary,
+    Cast,
+    Const,
+    Expr,
+    For,
+    If,
+    Index,
+    Kernel,
+    Let,
+    Load,
+    Schedule,
+    Select,
+    Stmt,
+    Store,
+    add,
+    affine,
+    i64,
+)
+from kiln.lower.lowering import CannotLower, Lowerer, default_schedule, nest, strides
+from kiln.lower.pointwise import NATIVE_FLOATS
+
+
+def _checked_index(lw: Lowerer, raw_value: Expr, size: int, code: int) -> tuple[list[Stmt], Expr]:
+    raw, picked = lw.scalar(DType.INT64, "g"), lw.scalar(DType.INT64, "p")
+    bad = Binary("||", Binary("<", raw, i64(-size)), Binary(">=", raw, i64(size)))
+    return [
+        Let(raw, Cast(DType.INT64, raw_value)),
+        If(bad, [Store(lw.status, i64(0), Const(code, DType.INT32))]),
+        Let(picked, Select(bad, i64(0), Select(Binary("<", raw, i64(0)), add(raw, i64(size)), raw))),
+    ], picked
+
+
+def lower_gather_elements(lw: Lowerer, node: Node) -> list[Kernel]:
+    data, indices, out = node.inputs[0], node.inputs[1], node.outputs[0]
+    assert data is not None and indices is not None
+    shape, index_shape = lw.shape(data), lw.shape(indices)
+    axis = node.attrs.get("axis", 0) % len(shape)
+    src, idx, dst = lw.buffer(data), lw.buffer(indices), lw.buffer(out)
+    code = lw.kernel_count + 1
+    data_strides, index_strides = strides(shape), strides(index_shape)
+
+    def body(loop: list[Index]) -> list[Stmt]:
+        stmts, picked = _checked_index(lw, Load(idx, affine(list(zip(loop, index_strides)))), shape[axis], code)  # type: ignore[arg-type]
+        read = affine([(picked if a == axis else i, data_strides[a]) for a, i in enumerate(loop)])  # type: ignore[misc]
+        return [*stmts, Store(dst, affine(list(zip(loop, index_strides))), Load(src, read))]  # type: ignore[arg-type]
+
+    if 0 in index_shape:
+        return []
+    stmts, loop = nest(lw, index_shape, body)
+    return [lw.kernel(node, "copy", stmts, [data, indices], [out], default_schedule(index_shape, loop))]
+
+
+def lower_argext(lw: Lowerer, node: Node) -> list[Kernel]:
+    data, out = node.inputs[0], node.outputs[0]
+    assert data is not None
+    shape = lw.shape(data)
+    if not shape or 0 in shape:
+        raise CannotLower("ArgMax/ArgMin of an empty or scalar tensor")
+    axis = node.attrs.get("axis", 0) % len(shape)
+    last = bool(node.attrs.get("select_last_index", 0))
+    better = ">" if node.op == "ArgMax" else "<"
+    src, dst = lw.buffer(data), lw.buffer(out)
+    data_strides = strides(shape)
+    outer_axes = [a for a in range(len(shape)) if a != axis]
+    dtype = data.type.dtype  # type: ignore[union-attr]
+
+    def body(loop: list[Index]) -> list[Stmt]:
+        base = affine([(i, data_strides[a]) for i, a in zip(loop, outer_axes)])  # type: ignore[misc]
+        k = lw.index("k")
+        value = Load(src, add(base, Binary("*", k, i64(data_strides[axis]))))
+        best, where = lw.scalar(dtype, "best"), lw.scalar(DType.INT64, "at")
+        # NumPy's argmax picks the first NaN; ties go to the first (or last) occurrence
+        wins = Binary(better + ("=" if last else ""), value, best)
+        if dtype in NATIVE_FLOATS:
+            wins = Binary("&&", Binary("==", best, best), Binary("||", Binary("!=", value, value), wins))
+        out_index = affine(list(zip(loop, strides(tuple(shape[a] for a in outer_axes)))))  # type: ignore[arg-type]
+        return [
+            Let(best, Load(src, base)),
+            Let(where, i64(0)),
+            For(k, shape[axis], [If(wins, [Assign(best, value), Assign(where, k)])]),
+            Store(dst, out_index, where),
+        ]
+
+    outer_shape = tuple(shape[a] for a in outer_axes)
+    stmts, _ = nest(lw, outer_shape, body)
+    return [lw.kernel(node, "reduction", stmts, [data], [out], Schedule())]
+
+
+def lower_trilu(lw: Lowerer, node: Node) -> list[Kernel]:
+    data, out = node.inputs[0], node.outputs[0]
+    assert data is not None
+    shape = lw.shape(data)
+    if len(shape) < 2:
+        raise CannotLower("Trilu needs rank >= 2")
+    k_value = lw.constant(node.inputs[1]) if len(node.inputs) > 1 and node.inputs[1] is not None else None
+    if len(node.inputs) > 1 and node.inputs[1] is not None and k_value is None:
+        raise CannotLower("Trilu's k is not constant")
+    k = int(k_value.reshape(-1)[0]) if k_value is not None else 0
+    upper = bool(node.attrs.get("upper", 1))
+    src, dst = lw.buffer(data), lw.buffer(out)
+    zero = Const(0, data.type.dtype)  # type: ignore[union-attr]
+
+    def body(loop: list[Index]) -> list[Stmt]:
+        row, col = loop[-2], loop[-1]
+        offset = Binary("-", col, row)
+        keep = Binary(">=", offset, i64(k)) if upper else Binary("<=", offset, i64(k))
+        at = affine(list(zip(loop, strides(shape))))  # type: ignore[arg-type]
+        return [Store(dst, at, Select(keep, Load(src, at), zero))]
+
+    if 0 in shape:
+        return []
+    stmts, loop = nest(lw, shape, body)
+    return [lw.kernel(node, "pointwise", stmts, [data], [out], default_schedule(shape, loop))]
+
+
+def lower_cumulative(lw: Lowerer, node: Node) -> list[Kernel]:
+    data, out = node.inputs[0], node.outputs[0]
+    assert data is not None
+    shape = lw.shape(data)
+    axis_value = lw.constant(node.inputs[1])
+    if axis_value is None or not shape:
+        raise CannotLower("CumSum/CumProd with a non-constant axis")
+    axis = int(axis_value.reshape(-1)[0]) % len(shape)
+    exclusive, reverse = bool(node.attrs.get("exclusive", 0)), bool(node.attrs.get("reverse", 0))
+    dtype = data.type.dtype  # type: ignore[union-attr]
+    product = node.op == "CumProd"
+    src, dst = lw.buffer(data), lw.buffer(out)
+    data_strides = strides(shape)
+    outer_axes = [a for a in range(len(shape)) if a != axis]
+    length = shape[axis]
+
+    def body(loop: list[Index]) -> list[Stmt]:
+        base = affine([(i, data_strides[a]) for i, a in zip(loop, outer_axes)])  # type: ignore[misc]
+        k = lw.index("k")
+        position = Binary("-", i64(length - 1), k) if reverse else k
+        at = add(base, Binary("*", position, i64(data_strides[axis])))
+        acc = lw.scalar(dtype, "acc")
+        combine = Binary("*" if product else "+", acc, Load(src, at))
+        step = [Store(dst, at, acc), Assign(acc, combine)] if exclusive else [Assign(acc, combine), Store(dst, at, acc)]
+        return [Let(acc, Const(1 if product else 0, dtype)), For(k, length, step)]
+
+    if 0 in shape:
+        return []
+    stmts, _ = nest(lw, tuple(shape[a] for a in outer_axes), body)
+    return [lw.kernel(node, "reduction", stmts, [data], [out], Schedule())]
+
+
+LOWERINGS = {
+    "GatherElements": lower_gather_elements,
+    "ArgMax": lower_argext,
+    "ArgMin": lower_argext,
+    "Trilu": lower_trilu,
+    "CumSum": lower_cumulative,
+    "CumProd": lower_cumulative,
+}
