@@ -77,10 +77,11 @@ def compile_plan(graph: Graph, level: int = 2) -> Plan:
     from kiln.lower.lowering import ALIASES, LOWERINGS
     from kiln.passes.decompose import decompose
     from kiln.passes.fold_constants import fold_constants
+    from kiln.passes.widen_half import widen_half
 
     graph = fold_constants(graph)  # what folds away needs no decomposition
     graph = decompose(graph, keep=lambda node: bool(node.domain) or node.op in LOWERINGS or node.op in ALIASES)
-    graph = optimize(graph, level=level)
+    graph = optimize(widen_half(graph), level=level)
     reason = _static(graph)
     if reason:
         return Plan(graph, [], {}, {}, [], [], {}, MemoryPlan({}, {}, 0, 0), None, "", whole_graph_reason=reason)

@@ -165,3 +165,65 @@ LOWERINGS = {
     "CumSum": lower_cumulative,
     "CumProd": lower_cumulative,
 }
+
+
+def lower_hardmax(lw: Lowerer, node: Node) -> list[Kernel]:
+    data, out = node.inputs[0], node.outputs[0]
+    assert data is not None
+    shape = lw.shape(data)
+    if not shape or 0 in shape:
+        raise CannotLower("Hardmax of an empty tensor")
+    axis = node.attrs.get("axis", -1) % len(shape)
+    src, dst = lw.buffer(data), lw.buffer(out)
+    data_strides = strides(shape)
+    outer_axes = [a for a in range(len(shape)) if a != axis]
+    dtype = data.type.dtype  # type: ignore[union-attr]
+
+    def body(loop: list[Index]) -> list[Stmt]:
+        base = affine([(i, data_strides[a]) for i, a in zip(loop, outer_axes)])  # type: ignore[misc]
+        k = lw.index("k")
+        at = add(base, Binary("*", k, i64(data_strides[axis])))
+        best, where = lw.scalar(dtype, "best"), lw.scalar(DType.INT64, "at")
+        return [
+            Let(best, Load(src, base)),
+            Let(where, i64(0)),
+            For(k, shape[axis], [If(Binary(">", Load(src, at), best), [Assign(best, Load(src, at)), Assign(where, k)])]),
+            For(k, shape[axis], [Store(dst, at, Select(Binary("==", k, where), Const(1, dtype), Const(0, dtype)))]),
+        ]
+
+    stmts, _ = nest(lw, tuple(shape[a] for a in outer_axes), body)
+    return [lw.kernel(node, "reduction", stmts, [data], [out], Schedule())]
+
+
+def lower_scatter_elements(lw: Lowerer, node: Node) -> list[Kernel]:
+    data, indices, updates, out = node.inputs[0], node.inputs[1], node.inputs[2], node.outputs[0]
+    assert data is not None and indices is not None and updates is not None
+    shape, index_shape = lw.shape(data), lw.shape(indices)
+    axis = node.attrs.get("axis", 0) % len(shape)
+    reduction = node.attrs.get("reduction", "none")
+    src, idx, upd, dst = lw.buffer(data), lw.buffer(indices), lw.buffer(updates), lw.buffer(out)
+    code = lw.kernel_count + 1
+    data_strides, index_strides = strides(shape), strides(index_shape)
+    copy, _ = nest(lw, (dst.size,), lambda i: [Store(dst, i[0], Load(src, i[0]))])
+
+    def body(loop: list[Index]) -> list[Stmt]:
+        at = affine(list(zip(loop, index_strides)))  # type: ignore[arg-type]
+        stmts, picked = _checked_index(lw, Load(idx, at), shape[axis], code)
+        target = affine([(picked if a == axis else i, data_strides[a]) for a, i in enumerate(loop)])  # type: ignore[misc]
+        new = Load(upd, at)
+        old = Load(dst, target)
+        value = {
+            "none": new,
+            "add": Binary("+", old, new),
+            "mul": Binary("*", old, new),
+            "max": Select(Binary(">", new, old), new, old),
+            "min": Select(Binary("<", new, old), new, old),
+        }[reduction]
+        return [*stmts, Store(dst, target, value)]
+
+    scatter, _ = nest(lw, index_shape, body) if 0 not in index_shape else ([], [])
+    # serial: duplicate indices must be applied in order
+    return [lw.kernel(node, "copy", copy + scatter, [data, indices, updates], [out], Schedule())]
+
+
+LOWERINGS.update({"Hardmax": lower_hardmax, "ScatterElements": lower_scatter_elements})

@@ -37,7 +37,7 @@ from kiln.lower.kir import (
     affine,
     i64,
 )
-from kiln.lower.pointwise import ANY_NUMERIC, COMPARE, FLOAT_OPS, HALF, LOGIC, NATIVE, NATIVE_FLOATS
+from kiln.lower.pointwise import ANY_NUMERIC, BF16, COMPARE, FLOAT_OPS, HALF, LOGIC, NATIVE, NATIVE_FLOATS
 
 PARALLEL_MIN = 32 * 1024  # elements: below this a parallel region costs more than it saves
 ALIASES = ("Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Dropout")
@@ -125,11 +125,15 @@ class Lowerer:
 
     def _alias(self, node: Node) -> list[Kernel]:
         if node.op == "Dropout":
-            if len(node.outputs) > 1:
-                raise CannotLower("Dropout's mask output")
             training = self.constant(node.inputs[2]) if len(node.inputs) > 2 and node.inputs[2] is not None else np.array(False)
             if training is None or bool(np.any(training)):
                 raise CannotLower("Dropout in training mode is random")
+            if len(node.outputs) > 1:  # inference: the data passes through, the mask is all true
+                source, out, mask = node.inputs[0], node.outputs[0], node.outputs[1]
+                assert source is not None
+                fill = self.buffer(mask)
+                body, indices = nest(self, (fill.size,), lambda i: [Store(fill, i[0], Const(True, DType.BOOL))])
+                return [copy_kernel(self, node, source, out), self.kernel(node, "pointwise", body, [], [mask], default_schedule((fill.size,), indices))]
         source, out = node.inputs[0], node.outputs[0]
         assert source is not None
         if out in self.outputs:
@@ -199,7 +203,7 @@ def scalarize_for(node: Node, dtypes: list[DType]) -> Callable[[list[Expr]], Exp
     if op in ("Cast", "CastLike", "Expand"):
         if out_dtype is DType.BOOL and first is not DType.BOOL:
             return lambda a: Binary("!=", a[0], Const(0, first))
-        if out_dtype in (DType.INT32, DType.INT64, DType.INT8, DType.UINT8, DType.INT16, DType.UINT16, DType.UINT32, DType.UINT64) and first in (*NATIVE_FLOATS, HALF):
+        if out_dtype in (DType.INT32, DType.INT64, DType.INT8, DType.UINT8, DType.INT16, DType.UINT16, DType.UINT32, DType.UINT64) and first in (*NATIVE_FLOATS, HALF, BF16):
             raise CannotLower("float -> integer casts of NaN/out-of-range values differ between C and NumPy")
         return lambda a: Cast(out_dtype, a[0])
     if op == "Clip":
@@ -212,11 +216,34 @@ def scalarize_for(node: Node, dtypes: list[DType]) -> Callable[[list[Expr]], Exp
             return result
 
         return clip
+    if op == "Mod":
+        return _mod(first, bool(attrs.get("fmod", 0)))
+    if op == "BitShift":
+        bits = first.numpy.itemsize * 8
+        shift = "<<" if attrs.get("direction") == "LEFT" else ">>"
+        # NumPy gives 0 for shifts past the width; in C they are undefined
+        return lambda a: Select(Binary(">=", a[1], Const(bits, first)), Const(0, first), Cast(first, Binary(shift, a[0], a[1])))
     table = FLOAT_OPS if first in NATIVE_FLOATS else ANY_NUMERIC
     scalarize = table.get(op)
     if scalarize is None:
         raise CannotLower(f"{op} on {first.short} has no native lowering")
     return lambda a: scalarize(a, attrs, first)
+
+
+def _mod(dtype: DType, c_style: bool) -> Callable[[list[Expr]], Expr]:
+    """ONNX Mod: fmod=1 keeps the dividend's sign (C's fmod / %); fmod=0 the divisor's (Python's %).
+    Integer division by zero gives 0, as NumPy does, instead of trapping."""
+    floating = dtype in NATIVE_FLOATS
+
+    def mod(a: list[Expr]) -> Expr:
+        x, y = a
+        remainder: Expr = Binary("fmod", x, y) if floating else Binary("%", x, y)
+        if not c_style:
+            wrong_sign = Binary("&&", Binary("!=", remainder, Const(0, dtype)), Binary("!=", Binary("<", remainder, Const(0, dtype)), Binary("<", y, Const(0, dtype))))
+            remainder = Select(wrong_sign, Binary("+", remainder, y), remainder)
+        return remainder if floating else Select(Binary("==", y, Const(0, dtype)), Const(0, dtype), remainder)
+
+    return mod
 
 
 def lower_pointwise(lw: Lowerer, node: Node) -> list[Kernel]:
@@ -229,7 +256,7 @@ def lower_pointwise(lw: Lowerer, node: Node) -> list[Kernel]:
     else:
         inputs = list(node.inputs)
     # half precision: computed in float32 (loads widened, the result rounded once on store)
-    widen = {HALF: DType.FLOAT32}
+    widen = {HALF: DType.FLOAT32, BF16: DType.FLOAT32}
     dtypes = [v.type.dtype for v in inputs if v is not None]  # type: ignore[union-attr]
     scalarize = scalarize_for(node, [widen.get(d, d) for d in dtypes])
     out_dtype = out.type.dtype  # type: ignore[union-attr]
@@ -249,10 +276,14 @@ def lower_pointwise(lw: Lowerer, node: Node) -> list[Kernel]:
                 load = Load(buffer, indices[0])
             else:
                 load = Load(buffer, broadcast_index(lw.shape(value), shape, indices))
-            loaded.append(Cast(DType.FLOAT32, load) if buffer.dtype is HALF else load)
+            if buffer.dtype is HALF:
+                load = Cast(DType.FLOAT32, load)
+            elif buffer.dtype is BF16:
+                load = Unary("kiln_bf16_to_f32", load)
+            loaded.append(load)
         target = indices[0] if flat else affine(list(zip(indices, strides(shape))))  # type: ignore[arg-type]
         value = scalarize(loaded)
-        return [Store(dst, target, Cast(HALF, value) if out_dtype is HALF else value)]
+        return [Store(dst, target, Cast(out_dtype, value) if out_dtype in (HALF, BF16) else value)]
 
     loop_shape = (dst.size,) if flat else shape
     stmts, indices = nest(lw, loop_shape, body)
@@ -384,36 +415,62 @@ def lower_gather(lw: Lowerer, node: Node) -> list[Kernel]:
 def lower_pad(lw: Lowerer, node: Node) -> list[Kernel]:
     source, out = node.inputs[0], node.outputs[0]
     assert source is not None
-    if node.attrs.get("mode", "constant") != "constant":
-        raise CannotLower(f"Pad mode {node.attrs.get('mode')!r}")
+    mode = node.attrs.get("mode", "constant")
     pads = lw.constant(node.inputs[1])
-    if pads is None or (len(node.inputs) > 3 and node.inputs[3] is not None):
+    axes_input = node.inputs[3] if len(node.inputs) > 3 else None
+    axes_value = lw.constant(axes_input)
+    if pads is None or (axes_input is not None and axes_value is None):
         raise CannotLower("Pad with non-constant pads or axes")
     in_shape, out_shape = lw.shape(source), lw.shape(out)
     rank = len(in_shape)
-    begin = [int(p) for p in pads[:rank]]
+    axes = [int(a) % rank for a in axes_value] if axes_value is not None else list(range(rank))
+    begin = [0] * rank
+    for i, axis in enumerate(axes):
+        begin[axis] = int(pads[i])
+    if mode != "constant" and 0 in in_shape:
+        raise CannotLower(f"Pad mode {mode!r} of an empty tensor")
     fill: Expr = Const(0, source.type.dtype)  # type: ignore[union-attr]
-    if len(node.inputs) > 2 and node.inputs[2] is not None:
+    if mode == "constant" and len(node.inputs) > 2 and node.inputs[2] is not None:
         fill = Load(lw.buffer(node.inputs[2]), i64(0))
     src, dst = lw.buffer(source), lw.buffer(out)
+
+    def source_position(position: Expr, size: int) -> Expr:
+        """Where an out-of-range position reads from, for the edge/reflect/wrap modes."""
+        if mode == "edge":
+            return Select(Binary("<", position, i64(0)), i64(0), Select(Binary(">=", position, i64(size)), i64(size - 1), position))
+        if mode == "wrap":
+            return Binary("%", add(Binary("%", position, i64(size)), i64(size)), i64(size))
+        if mode == "reflect":
+            if size == 1:
+                return i64(0)
+            period = 2 * (size - 1)
+            folded = Binary("%", add(Binary("%", position, i64(period)), i64(period)), i64(period))
+            return Select(Binary("<", folded, i64(size)), folded, Binary("-", i64(period), folded))
+        raise CannotLower(f"Pad mode {mode!r}")
 
     def body(indices: list[Index]) -> list[Stmt]:
         inside: Expr = Const(True, DType.BOOL)
         terms = []
         for index, start, size, stride in zip(indices, begin, in_shape, strides(in_shape)):
             position = add(index, i64(-start))
-            inside = Binary("&&", inside, Binary("&&", Binary(">=", position, i64(0)), Binary("<", position, i64(size))))
-            terms.append((position, stride))
-        read = affine(terms)  # type: ignore[arg-type]
-        return [Store(dst, affine(list(zip(indices, strides(out_shape)))), Select(inside, Load(src, read), fill))]  # type: ignore[arg-type]
+            if mode == "constant":
+                inside = Binary("&&", inside, Binary("&&", Binary(">=", position, i64(0)), Binary("<", position, i64(size))))
+                terms.append((position, stride))
+            else:
+                terms.append((source_position(position, size), stride))
+        read = Load(src, affine(terms))  # type: ignore[arg-type]
+        value = Select(inside, read, fill) if mode == "constant" else read
+        return [Store(dst, affine(list(zip(indices, strides(out_shape)))), value)]  # type: ignore[arg-type]
 
+    if 0 in out_shape:
+        return []
     stmts, indices = nest(lw, out_shape, body)
     return [lw.kernel(node, "copy", stmts, [source, *node.inputs[2:3]], [out], default_schedule(out_shape, indices))]
 
 
 Lowering = Callable[[Lowerer, Node], list[Kernel]]
 LOWERINGS: dict[str, Lowering] = {}
-for _op in (*FLOAT_OPS, *COMPARE, *LOGIC, "Not", "Where", "IsNaN", "IsInf", "Cast", "CastLike", "Clip", "Expand"):
+for _op in (*FLOAT_OPS, *COMPARE, *LOGIC, "Not", "Where", "IsNaN", "IsInf", "Cast", "CastLike", "Clip", "Expand", "Mod", "BitShift"):
     LOWERINGS[_op] = lower_pointwise
 LOWERINGS.update(
     {

@@ -25,6 +25,7 @@ from kiln.lower.kir import (
     Let,
     Load,
     Schedule,
+    Select,
     Stmt,
     Store,
     Unary,
@@ -84,8 +85,8 @@ def lower_reduce(lw: Lowerer, node: Node) -> list[Kernel]:
             axes = set(range(rank))
         else:
             axes = {int(a) % rank for a in raw}
-    if any(shape[a] == 0 for a in axes):
-        raise CannotLower("reduction over an empty axis")
+    if any(shape[a] == 0 for a in axes) and node.op not in ("ReduceSum", "ReduceSumSquare", "ReduceL1", "ReduceL2", "ReduceProd"):
+        raise CannotLower("reduction over an empty axis")  # mean/max/min of nothing: left to the reference
     kept, reduced = _split_axes(shape, axes)
     initial, combine, finish = _REDUCE[node.op]
     count = int(np.prod([shape[a] for a in reduced])) if reduced else 1
@@ -151,9 +152,8 @@ def lower_softmax(lw: Lowerer, node: Node) -> list[Kernel]:
 
 def lower_layer_norm(lw: Lowerer, node: Node) -> list[Kernel]:
     dtype = _require_float(lw, node)
-    if len(node.outputs) > 1:
-        raise CannotLower("LayerNormalization's Mean/InvStdDev outputs")
     source, scale, bias, out = node.inputs[0], node.inputs[1], node.inputs[2] if len(node.inputs) > 2 else None, node.outputs[0]
+    stats = [lw.buffer(v) for v in node.outputs[1:]]  # Mean, InvStdDev (stash type)
     assert source is not None and scale is not None
     shape = lw.shape(source)
     axis = node.attrs.get("axis", -1) % len(shape)
@@ -187,11 +187,12 @@ def lower_layer_norm(lw: Lowerer, node: Node) -> list[Kernel]:
             For(k, inner, [Assign(var, Binary("+", var, Binary("*", centered, centered)))]),
             Let(inv, Binary("/", Const(1.0, F64), Unary("sqrt", Binary("+", Binary("/", var, Const(float(inner), F64)), Const(epsilon, F64))))),
             For(k, inner, [Store(dst, at, Cast(dtype, normalized))]),
+            *[Store(buffer, indices[0], Cast(buffer.dtype, stat)) for buffer, stat in zip(stats, (mean, inv))],
         ]
 
     stmts, indices = nest(lw, (outer,), body)
     parallel = indices[0].name if outer > 1 and outer * inner >= PARALLEL_MIN else None
-    return [lw.kernel(node, "normalize", stmts, [source, scale, bias], [out], Schedule(parallel=parallel))]
+    return [lw.kernel(node, "normalize", stmts, [source, scale, bias], list(node.outputs), Schedule(parallel=parallel))]
 
 
 # -- matrix products -----------------------------------------------------------------------------------
@@ -264,14 +265,19 @@ def lower_conv(lw: Lowerer, node: Node) -> list[Kernel]:
     bias = node.inputs[2] if len(node.inputs) > 2 else None
     assert x is not None and w is not None
     x_shape, w_shape, out_shape = lw.shape(x), lw.shape(w), lw.shape(out)
-    if len(x_shape) != 4:
-        raise CannotLower("only 2-D convolutions are lowered natively so far")
+    if len(x_shape) == 3:  # 1-D: the same loops with a height of 1
+        (stride_w,), (dil_w,), (pad_l,) = _window(node, 1, x_shape[2:], out_shape[2:], w_shape[2:])
+        stride_h, dil_h, pad_t = 1, 1, 0
+        x_shape, w_shape, out_shape = (x_shape[0], x_shape[1], 1, x_shape[2]), (*w_shape[:2], 1, w_shape[2]), (*out_shape[:2], 1, out_shape[2])
+    elif len(x_shape) == 4:
+        (stride_h, stride_w), (dil_h, dil_w), (pad_t, pad_l) = _window(node, 2, x_shape[2:], out_shape[2:], w_shape[2:])
+    else:
+        raise CannotLower("only 1-D and 2-D convolutions are lowered natively so far")
     batch, _, height, width = x_shape
     out_channels, group_channels, kernel_h, kernel_w = w_shape
     _, _, out_h, out_w = out_shape
     group = int(node.attrs.get("group", 1))
     per_group = out_channels // group
-    (stride_h, stride_w), (dil_h, dil_w), (pad_t, pad_l) = _window(node, 2, (height, width), (out_h, out_w), (kernel_h, kernel_w))
     x_buf, w_buf, dst = lw.buffer(x), lw.buffer(w), lw.buffer(out)
     bias_buf = lw.buffer(bias) if bias is not None else None
 
@@ -323,14 +329,23 @@ def lower_pool(lw: Lowerer, node: Node) -> list[Kernel]:
     x, out = node.inputs[0], node.outputs[0]
     assert x is not None
     x_shape, out_shape = lw.shape(x), lw.shape(out)
-    if len(x_shape) != 4:
-        raise CannotLower("only 2-D pooling is lowered natively so far")
     kernel = tuple(node.attrs["kernel_shape"])
+    pads = list(node.attrs.get("pads") or [0] * (2 * len(kernel)))
+    if len(x_shape) == 3:  # 1-D: the 2-D loops with a height of 1
+        (stride_w,), (dil_w,), (pad_l,) = _window(node, 1, x_shape[2:], out_shape[2:], kernel)
+        stride_h, dil_h, pad_t, pad_b, pad_r = 1, 1, 0, 0, pads[1]
+        kernel = (1, kernel[0])
+        x_shape, out_shape = (*x_shape[:2], 1, x_shape[2]), (*out_shape[:2], 1, out_shape[2])
+    elif len(x_shape) == 4:
+        (stride_h, stride_w), (dil_h, dil_w), (pad_t, pad_l) = _window(node, 2, x_shape[2:], out_shape[2:], kernel)
+        pad_b, pad_r = pads[2], pads[3]
+    else:
+        raise CannotLower("only 1-D and 2-D pooling are lowered natively so far")
+    if node.attrs.get("auto_pad", "NOTSET") != "NOTSET":
+        pad_b, pad_r = pad_t, pad_l
     _, channels, height, width = x_shape
-    (stride_h, stride_w), (dil_h, dil_w), (pad_t, pad_l) = _window(node, 2, (height, width), out_shape[2:], kernel)  # type: ignore[arg-type]
-    pads = list(node.attrs.get("pads") or [0, 0, 0, 0])
-    pad_b, pad_r = (pads[2], pads[3]) if node.attrs.get("auto_pad", "NOTSET") == "NOTSET" else (pad_t, pad_l)
     is_max = node.op == "MaxPool"
+    power = float(node.attrs.get("p", 2)) if node.op == "LpPool" else None
     include_pad = bool(node.attrs.get("count_include_pad", 0))
     x_buf, dst = lw.buffer(x), lw.buffer(out)
 
@@ -343,13 +358,23 @@ def lower_pool(lw: Lowerer, node: Node) -> list[Kernel]:
         inside = Binary("&&", Binary("&&", Binary(">=", ih, i64(0)), Binary("<", ih, i64(height))), Binary("&&", Binary(">=", iw, i64(0)), Binary("<", iw, i64(width))))
         in_padded = Binary("&&", Binary("<", ih, i64(height + pad_b)), Binary("<", iw, i64(width + pad_r)))
         value = Cast(F64, Load(x_buf, add(Binary("*", nc, i64(height * width)), add(Binary("*", ih, i64(width)), iw))))
-        update = FLOAT_OPS["Max"]([acc, value], {}, F64) if is_max else Binary("+", acc, value)
+        if is_max:
+            update = FLOAT_OPS["Max"]([acc, value], {}, F64)
+        elif power is not None:  # LpPool: (sum |x|^p)^(1/p)
+            update = Binary("+", acc, Binary("pow", Unary("fabs", value), Const(power, F64)))
+        else:
+            update = Binary("+", acc, value)
         taps = [For(kh, kernel[0], [For(kw, kernel[1], [
             If(inside, [Assign(acc, update), Assign(count, add(count, i64(1)))]),
             If(in_padded, [Assign(padded, add(padded, i64(1)))]),
         ])])]
         divisor = padded if include_pad else count
-        final: Expr = acc if is_max else Binary("/", acc, Cast(F64, divisor))
+        if is_max:
+            final: Expr = acc
+        elif power is not None:
+            final = Binary("pow", acc, Const(1.0 / power, F64))
+        else:
+            final = Binary("/", acc, Cast(F64, divisor))
         target = affine([(nc, out_shape[2] * out_shape[3]), (oh, out_shape[3]), (ow, 1)])  # type: ignore[list-item]
         return [Let(acc, Const(-math.inf if is_max else 0.0, F64)), Let(count, i64(0)), Let(padded, i64(0)), *taps, Store(dst, target, Cast(dtype, final))]
 
@@ -367,4 +392,107 @@ LOWERINGS = {
     "Conv": lower_conv,
     "MaxPool": lower_pool,
     "AveragePool": lower_pool,
+    "LpPool": lower_pool,
 }
+
+
+def lower_lp_normalization(lw: Lowerer, node: Node) -> list[Kernel]:
+    dtype = _require_float(lw, node)
+    source, out = node.inputs[0], node.outputs[0]
+    assert source is not None
+    shape = lw.shape(source)
+    axis = node.attrs.get("axis", -1) % len(shape)
+    power = int(node.attrs.get("p", 2))
+    if power not in (1, 2):
+        raise CannotLower(f"LpNormalization with p={power}")
+    src, dst = lw.buffer(source), lw.buffer(out)
+    data_strides = strides(shape)
+    outer_axes = [a for a in range(len(shape)) if a != axis]
+
+    def body(loop: list[Index]) -> list[Stmt]:
+        base = affine([(i, data_strides[a]) for i, a in zip(loop, outer_axes)])  # type: ignore[misc]
+        k = lw.index("k")
+        at = add(base, Binary("*", k, i64(data_strides[axis])))
+        norm = lw.scalar(F64, "norm")
+        x = Cast(F64, Load(src, at))
+        term = Unary("fabs", x) if power == 1 else Binary("*", x, x)
+        total = norm if power == 1 else Unary("sqrt", norm)
+        # zero norm gives 0, as the reference's where(norm == 0, 0, x / norm)
+        return [
+            Let(norm, Const(0.0, F64)),
+            For(k, shape[axis], [Assign(norm, Binary("+", norm, term))]),
+            For(k, shape[axis], [Store(dst, at, Cast(dtype, Select(Binary("==", norm, Const(0.0, F64)), Const(0.0, F64), Binary("/", x, total))))]),
+        ]
+
+    stmts, _ = nest(lw, tuple(shape[a] for a in outer_axes), body)
+    return [lw.kernel(node, "normalize", stmts, [source], [out], Schedule())]
+
+
+def lower_batch_norm(lw: Lowerer, node: Node) -> list[Kernel]:
+    dtype = _require_float(lw, node)
+    if len(node.outputs) > 1 or node.attrs.get("training_mode"):
+        raise CannotLower("BatchNormalization in training mode")
+    x, scale, bias, mean, var = node.inputs[:5]
+    out = node.outputs[0]
+    assert x is not None and scale is not None and bias is not None and mean is not None and var is not None
+    shape = lw.shape(x)
+    channels = shape[1] if len(shape) > 1 else 1
+    spatial = int(np.prod(shape[2:])) if len(shape) > 2 else 1
+    epsilon = float(node.attrs.get("epsilon", 1e-5))
+    bufs = [lw.buffer(v) for v in (scale, bias, mean, var)]
+    src, dst = lw.buffer(x), lw.buffer(out)
+
+    def body(loop: list[Index]) -> list[Stmt]:
+        n, c, s = loop
+        at = affine([(n, channels * spatial), (c, spatial), (s, 1)])  # type: ignore[list-item]
+        gamma, beta, mu, sigma = (Cast(F64, Load(b, c)) for b in bufs)
+        normalized = Binary("+", Binary("*", gamma, Binary("/", Binary("-", Cast(F64, Load(src, at)), mu), Unary("sqrt", Binary("+", sigma, Const(epsilon, F64))))), beta)
+        return [Store(dst, at, Cast(dtype, normalized))]
+
+    loop_shape = (shape[0], channels, spatial)
+    stmts, loop = nest(lw, loop_shape, body)
+    return [lw.kernel(node, "normalize", stmts, [x, scale, bias, mean, var], [out], default_schedule(loop_shape, loop))]
+
+
+def lower_quantize(lw: Lowerer, node: Node) -> list[Kernel]:
+    x, scale, out = node.inputs[0], node.inputs[1], node.outputs[0]
+    zero = node.inputs[2] if len(node.inputs) > 2 else None
+    assert x is not None and scale is not None
+    shape = lw.shape(x)
+    if node.attrs.get("block_size"):
+        raise CannotLower("blocked quantization")
+    scale_size = lw.buffer(scale).size
+    axis = node.attrs.get("axis", 1) % max(len(shape), 1) if shape else 0
+    src, scale_buf, dst = lw.buffer(x), lw.buffer(scale), lw.buffer(out)
+    zero_buf = lw.buffer(zero) if zero is not None else None
+    out_dtype = out.type.dtype  # type: ignore[union-attr]
+    quantize = node.op == "QuantizeLinear"
+    if quantize and out_dtype not in (DType.INT8, DType.UINT8, DType.INT16, DType.UINT16):
+        raise CannotLower(f"QuantizeLinear to {out_dtype.short}")
+    info = np.iinfo(out_dtype.numpy) if quantize else None
+    after = int(np.prod(shape[axis + 1 :])) if shape else 1
+
+    def body(loop: list[Index]) -> list[Stmt]:
+        i = loop[0]
+        channel = i64(0) if scale_size == 1 else Binary("%", Binary("/", i, i64(after)), i64(scale_size))
+        s = Cast(F64, Load(scale_buf, channel))
+        z = Cast(F64, Load(zero_buf, channel)) if zero_buf is not None else Const(0.0, F64)
+        value = Cast(F64, Load(src, i))
+        if quantize:
+            rounded = Binary("+", Unary("nearbyint", Binary("/", value, s)), z)  # half to even
+            clamped = Select(Binary("<", rounded, Const(float(info.min), F64)), Const(float(info.min), F64), Select(Binary(">", rounded, Const(float(info.max), F64)), Const(float(info.max), F64), rounded))  # type: ignore[union-attr]
+            return [Store(dst, i, Cast(out_dtype, clamped))]
+        return [Store(dst, i, Cast(out_dtype, Binary("*", Binary("-", value, z), s)))]
+
+    stmts, loop = nest(lw, (dst.size,), body)
+    return [lw.kernel(node, "pointwise", stmts, [x, scale, zero], [out], default_schedule((dst.size,), loop))]
+
+
+LOWERINGS.update(
+    {
+        "LpNormalization": lower_lp_normalization,
+        "BatchNormalization": lower_batch_norm,
+        "QuantizeLinear": lower_quantize,
+        "DequantizeLinear": lower_quantize,
+    }
+)

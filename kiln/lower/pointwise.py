@@ -132,5 +132,6 @@ LOGIC: dict[str, str] = {"And": "&&", "Or": "||", "Xor": "!="}
 NATIVE_FLOATS = (DType.FLOAT32, DType.FLOAT64)
 # float16 is stored as C's _Float16 and computed in float32, as NumPy computes half precision.
 HALF = DType.FLOAT16
+BF16 = DType.BFLOAT16
 NATIVE_INTS = (DType.INT8, DType.UINT8, DType.INT16, DType.UINT16, DType.INT32, DType.UINT32, DType.INT64, DType.UINT64)
-NATIVE = (*NATIVE_FLOATS, HALF, *NATIVE_INTS, DType.BOOL)
+NATIVE = (*NATIVE_FLOATS, HALF, BF16, *NATIVE_INTS, DType.BOOL)
