@@ -67,7 +67,7 @@ def _static(graph: Graph) -> str:
         if value.type.dtype is DType.STRING:
             return f"%{value.name} holds strings (they run on the reference)"
     for node in graph.nodes:
-        if any(True for _ in node.subgraphs()):
+        if node.domain != "kiln" and any(True for _ in node.subgraphs()):
             return f"node {node.label} has subgraphs (control flow runs on the reference)"
     return ""
 

@@ -107,12 +107,16 @@ class Lowerer:
     # -- entry ---------------------------------------------------------------------------------
 
     def lower(self, node: Node) -> list[Kernel]:
+        if node.domain == "kiln" and node.op == "Fused":
+            from kiln.lower.fused_lowering import lower_fused
+
+            return lower_fused(self, node)
         if node.domain:
             raise CannotLower(f"domain {node.domain!r} has no native lowerings")
         for value in [*node.inputs, *node.outputs]:
             if value is None:
                 continue
-            if not isinstance(value.type, TensorType) or not value.type.is_static:
+            if not isinstance(value.type, TensorType) or not value.type.is_static:  # (Fused checked by fuse)
                 raise CannotLower(f"%{value.name} has no static tensor shape ({value.type})")
             if value.type.dtype not in NATIVE:
                 raise CannotLower(f"dtype {value.type.dtype.short} has no native lowering")
@@ -219,6 +223,8 @@ def scalarize_for(node: Node, dtypes: list[DType]) -> Callable[[list[Expr]], Exp
     if op == "Mod":
         return _mod(first, bool(attrs.get("fmod", 0)))
     if op == "BitShift":
+        if first not in (DType.UINT8, DType.UINT16, DType.UINT32, DType.UINT64):
+            raise CannotLower("BitShift is defined for unsigned integers (signed ones run on the reference)")
         bits = first.numpy.itemsize * 8
         shift = "<<" if attrs.get("direction") == "LEFT" else ">>"
         # NumPy gives 0 for shifts past the width; in C they are undefined
@@ -283,7 +289,9 @@ def lower_pointwise(lw: Lowerer, node: Node) -> list[Kernel]:
             loaded.append(load)
         target = indices[0] if flat else affine(list(zip(indices, strides(shape))))  # type: ignore[arg-type]
         value = scalarize(loaded)
-        return [Store(dst, target, Cast(out_dtype, value) if out_dtype in (HALF, BF16) else value)]
+        if out_dtype in (HALF, BF16) and not (isinstance(value, Cast) and value.dtype is out_dtype):
+            value = Cast(out_dtype, value)  # round to half precision once (never twice: bf16 is raw bits)
+        return [Store(dst, target, value)]
 
     loop_shape = (dst.size,) if flat else shape
     stmts, indices = nest(lw, loop_shape, body)

@@ -7,6 +7,7 @@ accurate than a naive float32 loop, and the compiled code must stay within 1e-4 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import numpy as np
 
@@ -198,7 +199,10 @@ def lower_layer_norm(lw: Lowerer, node: Node) -> list[Kernel]:
 # -- matrix products -----------------------------------------------------------------------------------
 
 
-def lower_matmul(lw: Lowerer, node: Node) -> list[Kernel]:
+Epilogue = Callable[[list[Expr], Expr], Expr]  # (output position, value) -> final value
+
+
+def lower_matmul(lw: Lowerer, node: Node, epilogue: Epilogue | None = None) -> list[Kernel]:
     dtype = _require_float(lw, node)
     a, b, out = node.inputs[0], node.inputs[1], node.outputs[0]
     assert a is not None and b is not None
@@ -232,6 +236,8 @@ def lower_matmul(lw: Lowerer, node: Node) -> list[Kernel]:
                 For(j, n, [Store(dst, target, Binary("+", Load(dst, target), Binary("*", a_value, Load(b_buf, add(b_base, add(Binary("*", kk, i64(n)), j))))))]),
             ]),
         ]
+        if epilogue is not None:  # fused: finish the row while it is in cache
+            inner.append(For(j, n, [Store(dst, target, epilogue([*indices, i, j], Load(dst, target)))]))
         return [For(i, m, inner)]
 
     stmts, indices = nest(lw, batch, body, hint="bt")
@@ -259,8 +265,9 @@ def _window(node: Node, spatial: int, in_dims: tuple[int, ...], out_dims: tuple[
     return stride, dilation, pads[:spatial]
 
 
-def lower_conv(lw: Lowerer, node: Node) -> list[Kernel]:
+def lower_conv(lw: Lowerer, node: Node, epilogue: Epilogue | None = None) -> list[Kernel]:
     dtype = _require_float(lw, node)
+    rank = len(lw.shape(node.inputs[0]))  # type: ignore[arg-type]
     x, w, out = node.inputs[0], node.inputs[1], node.outputs[0]
     bias = node.inputs[2] if len(node.inputs) > 2 else None
     assert x is not None and w is not None
@@ -317,6 +324,10 @@ def lower_conv(lw: Lowerer, node: Node) -> list[Kernel]:
             taps.append(Let(weight, Load(w_buf, w_index)))
             taps.append(For(oh, h_high - h_low, [For(ow, w_high - w_low, [Store(dst, y_index, Binary("+", Load(dst, y_index), Binary("*", weight, Load(x_buf, x_index))))])]))
     body.append(For(ic, group_channels, taps))
+    if epilogue is not None:  # fused: finish each output plane while it is in cache
+        at = add(plane, add(Binary("*", oh, i64(out_w)), ow))
+        position: list[Expr] = [n, oc, oh, ow] if rank == 4 else [n, oc, ow]
+        body.append(For(oh, out_h, [For(ow, out_w, [Store(dst, at, epilogue(position, Load(dst, at)))])]))
     stmts: list[Stmt] = [For(n, batch, [For(oc, out_channels, body)])]
     schedule = Schedule(parallel=oc.name, vectorize=ow.name)
     return [lw.kernel(node, "conv", stmts, [x, w, bias], [out], schedule)]
@@ -475,11 +486,13 @@ def lower_quantize(lw: Lowerer, node: Node) -> list[Kernel]:
     def body(loop: list[Index]) -> list[Stmt]:
         i = loop[0]
         channel = i64(0) if scale_size == 1 else Binary("%", Binary("/", i, i64(after)), i64(scale_size))
-        s = Cast(F64, Load(scale_buf, channel))
-        z = Cast(F64, Load(zero_buf, channel)) if zero_buf is not None else Const(0.0, F64)
-        value = Cast(F64, Load(src, i))
+        # divide in the input's precision, as NumPy does: a wider division rounds ties differently
+        work = x.type.dtype if x.type.dtype in NATIVE_FLOATS else F64  # type: ignore[union-attr]
+        s = Cast(work, Load(scale_buf, channel))
+        z = Cast(work, Load(zero_buf, channel)) if zero_buf is not None else Const(0.0, work)
+        value = Cast(work, Load(src, i))
         if quantize:
-            rounded = Binary("+", Unary("nearbyint", Binary("/", value, s)), z)  # half to even
+            rounded = Cast(F64, Binary("+", Unary("nearbyint", Binary("/", value, s)), z))  # half to even
             clamped = Select(Binary("<", rounded, Const(float(info.min), F64)), Const(float(info.min), F64), Select(Binary(">", rounded, Const(float(info.max), F64)), Const(float(info.max), F64), rounded))  # type: ignore[union-attr]
             return [Store(dst, i, Cast(out_dtype, clamped))]
         return [Store(dst, i, Cast(out_dtype, Binary("*", Binary("-", value, z), s)))]

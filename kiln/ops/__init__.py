@@ -13,7 +13,7 @@ def load_all() -> None:
     if _LOADED:
         return
     _LOADED = True
-    from kiln.ops import control, elementwise, misc, nn, shape  # noqa: F401
+    from kiln.ops import control, elementwise, kiln_ops, misc, nn, shape  # noqa: F401
 
 
 __all__ = ["REGISTRY", "Attr", "InferContext", "OpDef", "RunContext", "load_all", "lookup", "register"]

@@ -5,7 +5,8 @@ that breaks an invariant is named at once.
     -O0  nothing but dead-code elimination
     -O1  constant folding (with type refinement), algebraic simplification, CSE
     -O2  + Gemm canonicalization, BatchNorm folding, transpose sinking (the default)
-    -O3  as -O2 (fusion and layout stages land here with the compiler core)
+    -O2  also fuses elementwise chains and conv/matmul epilogues into single kernels
+    -O3  as -O2 (layout and tuning stages land here)
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from kiln.passes.cse import cse
 from kiln.passes.dce import dce
 from kiln.passes.fold_batchnorm import fold_batchnorm
 from kiln.passes.fold_constants import fold_constants
+from kiln.passes.fuse import fuse
 from kiln.passes.gemm import canonicalize_gemm
 from kiln.passes.simplify import simplify
 from kiln.passes.transpose import sink_transposes
@@ -41,6 +43,7 @@ PIPELINE: tuple[Stage, ...] = (
     Stage("fold_constants", 1, fold_constants),
     Stage("simplify", 1, simplify),
     Stage("cse", 1, cse),
+    Stage("fuse", 2, fuse),
     Stage("dce", 0, dce),
 )
 PASS_NAMES = tuple(dict.fromkeys(stage.name for stage in PIPELINE))

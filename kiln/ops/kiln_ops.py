@@ -1,0 +1,43 @@
+"""Ops kiln introduces itself (domain ``kiln``). Each has its own inference and reference."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kiln.ir.graph import Graph
+from kiln.ir.types import Type
+from kiln.ops.registry import REQUIRED, Attr, InferContext, RunContext, register
+
+_BODIES: dict[int, Any] = {}
+
+
+def _fused_infer(ctx: InferContext) -> list[Type]:
+    body: Graph = ctx.attr("body")
+    if len(body.inputs) != ctx.num_inputs:
+        from kiln.errors import ShapeInferenceError
+
+        raise ShapeInferenceError(f"Fused body takes {len(body.inputs)} inputs, node has {ctx.num_inputs}")
+    return [v.type for v in body.outputs]
+
+
+def _fused_reference(ctx: RunContext, inputs: list) -> list:
+    """A fused group computes exactly what its body computes."""
+    from kiln.runtime.interpreter import Interpreter
+
+    body: Graph = ctx.attr("body")
+    interpreter = _BODIES.get(id(body))
+    if interpreter is None or interpreter.graph is not body:
+        interpreter = _BODIES[id(body)] = Interpreter(body)
+    return interpreter.run(list(inputs))
+
+
+register(
+    "Fused",
+    _fused_infer,
+    domain="kiln",
+    attrs={"body": Attr("graph", REQUIRED), "kind": Attr("string", "pointwise")},
+    inputs=(0, -1),
+    outputs=(1, -1),
+    reference=_fused_reference,
+    doc="A group of nodes compiled into one kernel (see kiln.passes.fuse).",
+)

@@ -1,0 +1,135 @@
+"""Fusion: group nodes into kernels, as ``kiln::Fused`` nodes whose ``body`` is the group.
+
+Two kinds of group:
+
+* ``pointwise``: a chain of elementwise ops where each intermediate feeds only the next op, one
+  loop over the output instead of one per op;
+* ``epilogue``: a Conv or MatMul followed by such a chain (bias, activation, residual add,
+  scale), applied to each output plane/row while it is still in cache.
+
+Legality (``can_fuse``) is kept apart from benefit (``fusion_benefit``: bytes of intermediate
+traffic saved); every refusal is recorded with a reason (``kiln explain`` lists them). A Fused
+node's reference is its body run by the interpreter, so the differential tests check fusion too.
+Runs last in the pipeline (after the algebraic passes).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from kiln.ir.graph import Graph, Node, Value
+from kiln.ir.types import TensorType
+from kiln.passes.rewrite import consumers_count
+
+ANCHORS = ("Conv", "MatMul")
+POINTWISE = frozenset(
+    "Add Sub Mul Div Pow Max Min Neg Abs Relu Sigmoid Tanh Exp Log Sqrt Reciprocal Erf Floor Ceil "
+    "Softplus Softsign Elu Selu Celu LeakyRelu ThresholdedRelu HardSigmoid HardSwish Gelu Mish PRelu Clip".split()
+)
+
+
+@dataclass
+class Refusal:
+    node: str
+    candidate: str
+    reason: str
+
+
+def _float_static(value: Value | None) -> bool:
+    return (
+        value is not None
+        and isinstance(value.type, TensorType)
+        and value.type.is_static
+        and value.type.dtype.short in ("f32", "f64")
+    )
+
+
+def can_fuse(producer: Node, consumer: Node, readers: dict[Value, int], outputs: set[Value]) -> str | None:
+    """None when ``consumer`` may join ``producer``'s group, else why not."""
+    if consumer.op not in POINTWISE or consumer.domain:
+        return f"{consumer.op} is not an elementwise op"
+    link = producer.outputs[0]
+    if readers.get(link, 0) != 1:
+        return f"%{link.name} has {readers.get(link, 0)} readers: the intermediate must be kept"
+    if link in outputs:
+        return f"%{link.name} is a graph output"
+    if not all(_float_static(v) for v in [*consumer.inputs, *consumer.outputs]):
+        return "needs static float32/float64 tensors"
+    if consumer.outputs[0].type != link.type:
+        return "the consumer broadcasts the chain to a larger shape"
+    if consumer.op == "Clip" and any(v is not None and v.type.shape != () for v in consumer.inputs[1:]):  # type: ignore[union-attr]
+        return "Clip bounds must be scalars"
+    return None
+
+
+def fusion_benefit(link: Value) -> int:
+    """Bytes of memory traffic saved: the intermediate is neither written nor read back."""
+    return 2 * int(np.prod(link.type.shape)) * link.type.dtype.numpy.itemsize  # type: ignore[union-attr, arg-type]
+
+
+def fuse(graph: Graph, refusals: list[Refusal] | None = None) -> Graph:
+    readers = consumers_count(graph)
+    outputs = set(graph.outputs)
+    consumer_of: dict[Value, Node] = {}
+    for node in graph.nodes:
+        for value in node.inputs:
+            if value is not None:
+                consumer_of[value] = node
+    groups: list[list[Node]] = []
+    grouped: set[int] = set()
+    for node in graph.nodes:
+        if id(node) in grouped or len(node.outputs) != 1 or node.domain:
+            continue
+        anchor = node.op in ANCHORS and _float_static(node.outputs[0])
+        if not anchor and (node.op not in POINTWISE or not all(_float_static(v) for v in [*node.inputs, *node.outputs])):
+            continue
+        group = [node]
+        while True:
+            tail = group[-1]
+            consumer = consumer_of.get(tail.outputs[0])
+            if consumer is None:
+                break
+            reason = "already fused into another group" if id(consumer) in grouped else can_fuse(tail, consumer, readers, outputs)
+            if reason is None and fusion_benefit(tail.outputs[0]) <= 0:
+                reason = "nothing to save"
+            if reason is not None:
+                if refusals is not None and (anchor or len(group) > 1 or consumer.op in POINTWISE):
+                    refusals.append(Refusal(tail.label, consumer.label, reason))
+                break
+            group.append(consumer)
+        if len(group) > 1:
+            groups.append(group)
+            grouped.update(id(n) for n in group)
+    if not groups:
+        return graph
+    replacement: dict[int, Node] = {}
+    drop: set[int] = set()
+    for group in groups:
+        fused = _fused_node(group)
+        replacement[id(group[-1])] = fused
+        drop.update(id(n) for n in group[:-1])
+    nodes = [replacement.get(id(n), n) for n in graph.nodes if id(n) not in drop]
+    return graph.with_(nodes=nodes)
+
+
+def _fused_node(group: list[Node]) -> Node:
+    members = {out for node in group for out in node.outputs}
+    external: list[Value] = []
+    for node in group:
+        for value in node.inputs:
+            if value is not None and value not in members and value not in external:
+                external.append(value)
+    formal = {v: Value(f"in{i}", v.type) for i, v in enumerate(external)}
+    inner_values: dict[Value, Value] = dict(formal)
+    body_nodes = []
+    for position, node in enumerate(group):
+        out = node.outputs[0]
+        inner_out = Value(f"t{position}", out.type)
+        inner_values[out] = inner_out
+        body_nodes.append(Node(node.op, [None if v is None else inner_values[v] for v in node.inputs], [inner_out], dict(node.attrs), name=node.name))
+    body = Graph(list(formal.values()), [inner_values[group[-1].outputs[0]]], body_nodes, name="fused")
+    kind = "epilogue" if group[0].op in ANCHORS else "pointwise"
+    label = "+".join(n.op for n in group)
+    return Node("Fused", external, [group[-1].outputs[0]], {"body": body, "kind": kind}, name=f"{label} [{group[0].name or group[0].outputs[0].name}]", domain="kiln")
