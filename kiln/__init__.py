@@ -16,11 +16,11 @@ from kiln.errors import (
 
 __version__ = "0.1.0"
 
-TARGETS = ("reference", "cpu")
+TARGETS = ("cpu", "reference")  # the first is the default
 
 
 def compile(  # shadows the builtin on purpose: the name the architecture promises
-    model: Any, target: str = "reference", example_inputs: Any = None, opt_level: int = 2, dims: dict[str, int] | None = None
+    model: Any, target: str = "cpu", example_inputs: Any = None, opt_level: int = 2, dims: dict[str, int] | None = None
 ) -> Any:
     """Compile ``model`` (ONNX path/bytes/ModelProto, kiln Graph, or torch module + example inputs).
 
@@ -43,6 +43,14 @@ def compile(  # shadows the builtin on purpose: the name the architecture promis
     return ReferenceModel(graph)
 
 
+def load(path: Any) -> Any:
+    """Load a ``.kiln`` artifact written by ``model.save(path)``; raises ArtifactError if the file
+    is corrupt, foreign, or from a newer kiln."""
+    from kiln.runtime.artifact import load as load_artifact
+
+    return load_artifact(path)
+
+
 __all__ = [
     "ExecutionError",
     "InputError",
@@ -52,4 +60,5 @@ __all__ = [
     "ShapeInferenceError",
     "UnsupportedModelError",
     "compile",
+    "load",
 ]

@@ -455,6 +455,84 @@ def _explain_kernels(graph) -> None:  # type: ignore[no-untyped-def]
         out.print(f"shared library: {plan.library}")
 
 
+@main.command("compile")
+@click.argument("model")
+@click.option("-o", "--output", "output", type=click.Path(dir_okay=False, path_type=Path), required=True, help="The .kiln artifact to write.")
+@click.option("-O", "level", type=click.IntRange(0, 3), default=2, show_default=True, help="Optimization level.")
+@click.option("--dim", "dims", multiple=True, help="Bind a symbolic dim, e.g. --dim batch=8. [default: every symbol = 1]")
+def compile_command(model: str, output: Path, level: int, dims: tuple[str, ...]) -> None:
+    """Compile MODEL (.onnx path or zoo name) to native code and save it as a .kiln artifact."""
+    import time
+
+    import kiln
+    from kiln import zoo as models
+    from kiln.frontend.onnx import import_onnx
+    from kiln.ir.types import TensorType
+
+    path = str(models.onnx_path(model, progress=console.print)) if model in models.MODELS else model
+    graph = import_onnx(path)
+    binding = _parse_dims(dims)
+    for value in graph.inputs:
+        if isinstance(value.type, TensorType) and value.type.shape:
+            binding.update({d: binding.get(d, 1) for d in value.type.shape if isinstance(d, str)})
+    start = time.perf_counter()
+    compiled = kiln.compile(graph, target="cpu", opt_level=level, dims=binding)
+    seconds = time.perf_counter() - start
+    plan = compiled.plans[0]
+    compiled.save(output)
+    kernels = sum(len(step.kernels) for step in plan.steps if hasattr(step, "kernels"))
+    out.print(f"compiled {model} in {seconds:.1f} s (-O{level}, dims {binding or 'static'}): {kernels} kernels, {len(plan.fallbacks)} host fallback(s)")
+    for fallback in plan.fallbacks:
+        out.print(f"  fallback {fallback.node.label}: {fallback.reason}", highlight=False)
+    out.print(f"memory plan: {plan.memory.describe()}")
+    out.print(f"wrote {output} ({output.stat().st_size / 1e6:.1f} MB)")
+
+
+@main.command("run")
+@click.argument("artifact")
+@click.option("--input", "inputs", multiple=True, help="NAME=FILE.npy (repeatable). Inputs not given are random.")
+@click.option("--output", "output", type=click.Path(dir_okay=False, path_type=Path), help="Write the outputs to this .npz.")
+@click.option("--target", default="cpu", show_default=True, help="Target when ARTIFACT is an .onnx file.")
+def run_command(artifact: str, inputs: tuple[str, ...], output: Path | None, target: str) -> None:
+    """Run a .kiln artifact (or an .onnx model) once and summarize its outputs."""
+    import time
+
+    import numpy as np
+
+    import kiln
+    from kiln.ir.types import DType, TensorType
+
+    model = kiln.load(artifact) if artifact.endswith(".kiln") else kiln.compile(artifact, target=target)
+    feeds: dict[str, np.ndarray] = {}
+    for item in inputs:
+        name, _, file = item.partition("=")
+        if not file:
+            raise click.BadParameter(f"expected NAME=FILE.npy, got {item!r}", param_hint="--input")
+        feeds[name] = np.load(file)
+    rng = np.random.default_rng(0)
+    for value in model.graph.inputs:
+        if value.name in feeds or not isinstance(value.type, TensorType) or value.type.shape is None:
+            continue
+        shape = [d if isinstance(d, int) else 1 for d in value.type.shape]
+        if value.type.dtype.is_float:
+            feeds[value.name] = rng.standard_normal(shape).astype(value.type.dtype.numpy)
+        elif value.type.dtype is DType.BOOL:
+            feeds[value.name] = rng.integers(0, 2, shape).astype(bool)
+        else:
+            feeds[value.name] = rng.integers(0, 2, shape).astype(value.type.dtype.numpy)
+        console.print(f"input {value.name!r}: random {value.type.dtype.short}{shape}")
+    start = time.perf_counter()
+    results = model.run(feeds)
+    out.print(f"ran in {(time.perf_counter() - start) * 1e3:.1f} ms")
+    for name, array in results.items():
+        array = np.asarray(array)
+        stats = f"min {array.min():.4g} max {array.max():.4g} mean {array.astype(np.float64).mean():.4g}" if array.size and array.dtype.kind in "fiub" else ""
+        out.print(f"  {name}: {array.dtype}{list(array.shape)} {stats}", highlight=False)
+    if output:
+        np.savez(output, **{k: np.asarray(v) for k, v in results.items()})
+        out.print(f"wrote {output}")
+
+
 @main.command()
 @click.argument("model", type=click.Path(exists=True, dir_okay=False))
 def show(model: str) -> None:

@@ -72,7 +72,7 @@ def _static(graph: Graph) -> str:
     return ""
 
 
-def compile_plan(graph: Graph, level: int = 2) -> Plan:
+def compile_plan(graph: Graph, level: int = 2, prebuilt: dict[str, Path] | None = None) -> Plan:
     """Optimize and lower a graph whose symbolic dims are already bound (see ``specialize``)."""
     from kiln.lower.lowering import ALIASES, LOWERINGS
     from kiln.passes.decompose import decompose
@@ -115,7 +115,12 @@ def compile_plan(graph: Graph, level: int = 2) -> Plan:
         table.setdefault(buffer, len(table))
     segments = [s.kernels for s in steps if isinstance(s, Segment)]
     source = emit_c(segments, table) if segments else ""
-    library = build(source) if segments else None
+    library = None
+    if segments:
+        from kiln.runtime.artifact import source_key
+
+        # a loaded artifact brings its libraries: no C compiler needed
+        library = (prebuilt or {}).get(source_key(source)) or build(source)
     labels = {int(k.name[1:]): k.sources[0] for kernels in segments for k in kernels}
     return Plan(graph, steps, table, roots, inputs, outputs, constants, memory, library, source, labels)
 

@@ -65,3 +65,28 @@ def test_zoo_list_and_unknown_model():
     assert result.exit_code == 0 and "resnet50" in result.output and "gpt2" in result.output
     result = invoke("zoo", "check", "alexnet")
     assert result.exit_code == 2 and "unknown model(s) ['alexnet']" in result.output
+
+
+def test_compile_then_run(tmp_path):
+    import numpy as np
+
+    model = make_model([helper.make_node("Relu", ["x"], ["y"])], [("x", FLOAT, ["n", 4])], [("y", FLOAT, None)])
+    onnx.save(model, tmp_path / "m.onnx")
+    artifact = tmp_path / "m.kiln"
+    result = invoke("compile", str(tmp_path / "m.onnx"), "-o", str(artifact), "--dim", "n=2")
+    assert result.exit_code == 0, result.output
+    assert "0 host fallback(s)" in result.output and artifact.exists()
+    x = np.array([[-1, 2, -3, 4], [5, -6, 7, -8]], np.float32)
+    np.save(tmp_path / "x.npy", x)
+    result = invoke("run", str(artifact), "--input", f"x={tmp_path / 'x.npy'}", "--output", str(tmp_path / "out.npz"))
+    assert result.exit_code == 0, result.output
+    np.testing.assert_array_equal(np.load(tmp_path / "out.npz")["y"], np.maximum(x, 0))
+
+
+def test_explain_shows_kernels_and_memory_plan(tmp_path):
+    model = make_model([helper.make_node("Exp", ["x"], ["e"]), helper.make_node("Relu", ["e"], ["y"])], [("x", FLOAT, [2, 4])], [("y", FLOAT, None)])
+    onnx.save(model, tmp_path / "m.onnx")
+    result = invoke("explain", str(tmp_path / "m.onnx"), "--print-after", "fuse")
+    assert result.exit_code == 0, result.output
+    assert "# IR after fuse" in result.output and "kiln::Fused" in result.output
+    assert "memory plan" in result.output and "generated C" in result.output

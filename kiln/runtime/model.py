@@ -138,3 +138,9 @@ class ReferenceModel(Model):
 
     def _execute(self, inputs: list[Any]) -> list[Any]:
         return self.interpreter.run(inputs)
+
+    def save(self, path: str) -> Any:
+        """Write a ``.kiln`` artifact (IR and weights); ``kiln.load`` reads it."""
+        from kiln.runtime.artifact import save
+
+        return save(self, path)

@@ -114,14 +114,17 @@ class NativeModel(Model):
 
     target = "cpu"
 
-    def __init__(self, graph: Graph, level: int = 2, dims: dict[str, int] | None = None) -> None:
+    def __init__(
+        self, graph: Graph, level: int = 2, dims: dict[str, int] | None = None, prebuilt: dict | None = None, compile_now: bool = True
+    ) -> None:
         super().__init__(graph)
         self.level = level
+        self.prebuilt = prebuilt or {}
         self._variants: dict[tuple[tuple[str, int], ...], _Executable] = {}
         self._ran: dict[int, _Executable] = {}  # the variants that have executed requests
         self._lock = threading.Lock()
         static_inputs = all(isinstance(v.type, TensorType) and v.type.is_static for v in graph.inputs)
-        if dims is not None or static_inputs:
+        if compile_now and (dims is not None or static_inputs):
             self._variant(dict(dims or {}))  # compile ahead of the first run when shapes are known
 
     def _variant(self, dims: dict[str, int]) -> _Executable:
@@ -131,7 +134,7 @@ class NativeModel(Model):
             with self._lock:
                 executable = self._variants.get(key)
                 if executable is None:
-                    executable = _Executable(compile_plan(specialize(self.graph, dims), self.level))
+                    executable = _Executable(compile_plan(specialize(self.graph, dims), self.level, self.prebuilt))
                     self._variants[key] = executable
         return executable
 
@@ -177,3 +180,9 @@ class NativeModel(Model):
         with no host fallback; None before anything compiled."""
         plans = [e.plan for e in self._ran.values()] or self.plans
         return None if not plans else all(p.is_native for p in plans)
+
+    def save(self, path: str) -> Any:
+        """Write a ``.kiln`` artifact (IR, weights, native libraries); ``kiln.load`` reads it."""
+        from kiln.runtime.artifact import save
+
+        return save(self, path)

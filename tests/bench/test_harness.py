@@ -161,7 +161,7 @@ def test_accuracy_on_an_image_folder(tmp_path):
 def test_cli_names_valid_choices(tmp_path):
     runner = CliRunner()
     result = runner.invoke(main, ["bench", "-b", "warp-drive", "--out", str(tmp_path)])
-    assert result.exit_code != 0 and "unknown backend(s) ['warp-drive']; available: kiln, onnxruntime" in str(result.exception)
+    assert result.exit_code != 0 and "unknown backend(s) ['warp-drive']; available: kiln, kiln-reference, onnxruntime" in str(result.exception)
     result = runner.invoke(main, ["bench", "-m", "resnet9000", "--out", str(tmp_path)])
     assert "unknown model 'resnet9000'; available: resnet50" in str(result.exception)
     result = runner.invoke(main, ["bench", "-s", "batchy", "--out", str(tmp_path)])

@@ -10,15 +10,22 @@ BASELINE = json.loads((Path(__file__).parent / "baseline.json").read_text())
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("suites", [["node"], ["simple", "pytorch-converted", "pytorch-operator"]], ids=["node", "other"])
-def test_suite_pass_count_holds_the_baseline(suites):
+@pytest.mark.parametrize(
+    ("target", "suites"),
+    [("reference", ["node"]), ("reference", ["simple", "pytorch-converted", "pytorch-operator"]), ("cpu", ["node"])],
+    ids=["reference-node", "reference-other", "cpu-node"],
+)
+def test_suite_pass_count_holds_the_baseline(target, suites):
     cases = load_cases(suites)
-    expected = BASELINE["reference"]["+".join(suites)]
+    expected = BASELINE[target]["+".join(suites)]
     assert len(cases) == expected["total"], "the installed onnx package has a different test suite"
-    report = run_conformance(cases, target="reference", timeout=120)
+    report = run_conformance(cases, target=target, timeout=300)
     assert report.total == len(cases)
     failures = [f"{r.name}: {r.status}: {r.message[:200]}" for r in report.results if r.status != "pass"]
     assert report.passed >= expected["passed"], "\n".join(failures)
+    if "native" in expected:
+        # compiled with no host fallback: the floor is 70% of the node cases
+        assert report.native >= expected["native"] >= 0.70 * report.total
 
 
 def test_a_crashing_and_a_hanging_case_do_not_end_the_run():

@@ -57,3 +57,20 @@ def test_zoo_model_on_reference_matches_onnxruntime(name):
 
     result = check_model(name, target="reference")
     assert result.relative_l2 is not None and result.relative_l2 <= 1e-4, result
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", zoo.DEFAULT_MODELS)
+def test_zoo_model_compiles_natively_and_matches_reference(name):
+    from kiln.zoo.check import relative_l2
+
+    path = str(zoo.onnx_path(name))
+    feeds = zoo.example_inputs(name)
+    compiled = kiln.compile(path, target="cpu", dims={"batch": 1})
+    plan = compiled.plans[0]
+    assert compiled.is_native, [(f.node.label, f.reason) for f in plan.fallbacks] or plan.whole_graph_reason
+    assert any("epilogue" in k.kind for step in plan.steps for k in getattr(step, "kernels", [])) or name in ("bert-base",)
+    expected = kiln.compile(path, target="reference").run(feeds)
+    got = compiled.run(feeds)
+    for key in expected:
+        assert relative_l2(got[key], expected[key]) <= 1e-4

@@ -1,0 +1,67 @@
+import numpy as np
+from onnx import helper
+
+import kiln
+from kiln.ir.parser import parse_graph
+from kiln.ir.verify import verify
+from kiln.passes.fuse import Refusal, fuse
+from kiln.runtime.interpreter import Interpreter
+from tests.helpers import FLOAT, make_model
+
+RNG = np.random.default_rng(0)
+
+
+def conv_block():
+    text = """
+graph g(%x: f32[1,2,6,6], %skip: f32[1,3,6,6]) -> (%y) {
+  const %w: f32[3,2,3,3]
+  const %b: f32[1,3,1,1]
+  %c: f32[1,3,6,6] = Conv(%x, %w) {pads=[1, 1, 1, 1]}
+  %cb: f32[1,3,6,6] = Add(%c, %b)
+  %r: f32[1,3,6,6] = Relu(%cb)
+  %y: f32[1,3,6,6] = Add(%r, %skip)
+}"""
+    return parse_graph(text, {"w": RNG.standard_normal((3, 2, 3, 3)).astype(np.float32), "b": RNG.standard_normal((1, 3, 1, 1)).astype(np.float32)})
+
+
+def test_conv_bias_relu_residual_becomes_one_fused_node():
+    before = conv_block()
+    after = fuse(before)
+    verify(after)
+    assert [n.op for n in after.nodes] == ["Fused"]
+    fused = after.nodes[0]
+    assert fused.attrs["kind"] == "epilogue"
+    assert [n.op for n in fused.attrs["body"].nodes] == ["Conv", "Add", "Relu", "Add"]
+    x, skip = RNG.standard_normal((1, 2, 6, 6)).astype(np.float32), RNG.standard_normal((1, 3, 6, 6)).astype(np.float32)
+    np.testing.assert_allclose(Interpreter(after).run([x, skip])[0], Interpreter(before).run([x, skip])[0], rtol=1e-6)
+
+
+def test_refusals_say_why():
+    graph = parse_graph("""
+graph g(%x: f32[4,4]) -> (%y, %shared) {
+  %shared: f32[4,4] = Exp(%x)
+  %y: f32[4,4] = Relu(%shared)
+}""")
+    refusals: list[Refusal] = []
+    assert fuse(graph, refusals) is graph
+    assert any("graph output" in r.reason or "readers" in r.reason for r in refusals), refusals
+
+
+def test_fused_kernels_compile_and_match():
+    model = make_model(
+        [
+            helper.make_node("MatMul", ["x", "w"], ["m"]),
+            helper.make_node("Add", ["m", "b"], ["a"]),
+            helper.make_node("Gelu", ["a"], ["g"]),
+            helper.make_node("Mul", ["g", "s"], ["y"]),
+        ],
+        [("x", FLOAT, [3, 8])],
+        [("y", FLOAT, None)],
+        {"w": RNG.standard_normal((8, 5)).astype(np.float32), "b": RNG.standard_normal(5).astype(np.float32), "s": np.array(0.5, np.float32)},
+    )
+    compiled = kiln.compile(model, target="cpu")
+    plan = compiled.plans[0]
+    kernels = [k for step in plan.steps for k in getattr(step, "kernels", [])]
+    assert len(kernels) == 1 and kernels[0].kind == "matmul+epilogue"
+    x = RNG.standard_normal((3, 8)).astype(np.float32)
+    np.testing.assert_allclose(compiled(x), kiln.compile(model, target="reference")(x), rtol=1e-5, atol=1e-6)
