@@ -8,6 +8,7 @@ from pathlib import Path
 
 import click
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from kiln.errors import KilnError
@@ -422,7 +423,7 @@ def explain(model: str, level: int, dims: tuple[str, ...], print_after: tuple[st
     for column in ("op", "imported", "optimized"):
         ops.add_column(column)
     for op in sorted(set(before) | set(after_ops)):
-        ops.add_row(op, str(before.get(op, 0)), str(after_ops.get(op, 0)))
+        ops.add_row(escape(op), str(before.get(op, 0)), str(after_ops.get(op, 0)))
     out.print(ops)
     if kernels:
         _explain_kernels(optimized)
@@ -440,12 +441,12 @@ def _explain_kernels(graph) -> None:  # type: ignore[no-untyped-def]
         table.add_column(column, overflow="fold")
     for step in plan.steps:
         if isinstance(step, Fallback):
-            table.add_row("fallback", step.node.op, step.node.label, f"[yellow]{step.reason}[/]")
+            table.add_row("fallback", step.node.op, escape(step.node.label), f"[yellow]{escape(step.reason)}[/]")
             continue
         for kernel in step.kernels:
             schedule = kernel.schedule
             parts = [f"parallel {schedule.parallel}" if schedule.parallel else "", f"simd {schedule.vectorize}" if schedule.vectorize else ""]
-            table.add_row(f"{kernel.name} (segment {step.number})", kernel.kind, "; ".join(kernel.sources), ", ".join(p for p in parts if p) or "serial")
+            table.add_row(f"{kernel.name} (segment {step.number})", kernel.kind, escape("; ".join(kernel.sources)), ", ".join(p for p in parts if p) or "serial")
     out.print(table)
     native = "no host fallback" if plan.is_native else f"{len(plan.fallbacks)} host fallback(s)"
     out.print(f"{sum(len(s.kernels) for s in plan.steps if not isinstance(s, Fallback))} kernels, {native}")

@@ -40,8 +40,11 @@ def cache_dir() -> Path:
 
 def build(source: str) -> Path:
     """Path of the shared library built from ``source`` (reused from the cache when present)."""
+    from kiln.codegen.target import Target
+
     compiler, version = find_compiler()
-    key = hashlib.sha256("\n".join([source, compiler, version, *FLAGS]).encode()).hexdigest()[:24]
+    # -march=native code is only valid on this kind of CPU: the target is part of the key
+    key = hashlib.sha256("\n".join([source, compiler, version, repr(Target.host()), *FLAGS]).encode()).hexdigest()[:24]
     library = cache_dir() / f"{key}.so"
     if library.exists():
         return library

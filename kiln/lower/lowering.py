@@ -169,13 +169,19 @@ def broadcast_index(in_shape: tuple[int, ...], out_shape: tuple[int, ...], indic
     return affine(terms)  # type: ignore[arg-type]
 
 
-def default_schedule(shape: tuple[int, ...], indices: list[Index]) -> Schedule:
-    """Outermost loop across cores when the work is large enough; innermost loop vectorized."""
+def default_schedule(shape: tuple[int, ...], indices: list[Index], dtype: DType = DType.FLOAT32) -> Schedule:
+    """From the host target: the outermost loop across cores when there are several and the work
+    is large enough; the innermost loop vectorized when it spans at least one SIMD register."""
+    from kiln.codegen.target import Target
+
     if not indices:
         return Schedule()
+    target = Target.host()
     total = int(np.prod(shape))
-    parallel = indices[0].name if total >= PARALLEL_MIN and shape[0] > 1 else None
-    return Schedule(parallel=parallel, vectorize=indices[-1].name if parallel != indices[-1].name or len(indices) == 1 else None)
+    parallel = indices[0].name if target.cores > 1 and total >= PARALLEL_MIN and shape[0] > 1 else None
+    wide_enough = shape[-1] >= target.lanes(dtype)
+    vectorize = indices[-1].name if wide_enough and (parallel != indices[-1].name or len(indices) == 1) else None
+    return Schedule(parallel=parallel, vectorize=vectorize)
 
 
 def copy_kernel(lw: Lowerer, node: Node, source: Value, out: Value) -> Kernel:

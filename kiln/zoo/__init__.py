@@ -20,7 +20,7 @@ import numpy as np
 from kiln.errors import KilnError
 
 ZOO_OPSET = 17
-EXPORT_RECIPE = 1  # bump when the export procedure changes
+EXPORT_RECIPE = 3  # bump when the export procedure changes
 
 
 @dataclass(frozen=True)
@@ -32,6 +32,8 @@ class ZooModel:
     defaults: dict[str, Any] = field(default_factory=dict)
     dynamic_axes: dict[str, dict[int, str]] = field(default_factory=dict)
     output_names: tuple[str, ...] = ("output",)
+    # False keeps BatchNormalization in CNN exports, so kiln's own fold_batchnorm does the folding
+    exporter_folds_constants: bool = True
 
 
 def _image_inputs(options: dict[str, Any], seed: int) -> dict[str, np.ndarray]:
@@ -112,6 +114,7 @@ MODELS: dict[str, ZooModel] = {
         _build_cnn("resnet50"),
         _image_inputs,
         dynamic_axes={"input": {0: "batch"}, "output": {0: "batch"}},
+        exporter_folds_constants=False,
     ),
     "vgg19": ZooModel(
         "vgg19",
@@ -119,6 +122,7 @@ MODELS: dict[str, ZooModel] = {
         _build_cnn("vgg19"),
         _image_inputs,
         dynamic_axes={"input": {0: "batch"}, "output": {0: "batch"}},
+        exporter_folds_constants=False,
     ),
     "bert-base": ZooModel(
         "bert-base",
@@ -144,6 +148,7 @@ MODELS: dict[str, ZooModel] = {
         _build_cnn("mobilenet_v2"),
         _image_inputs,
         dynamic_axes={"input": {0: "batch"}, "output": {0: "batch"}},
+        exporter_folds_constants=False,
     ),
     "gcn": ZooModel(
         "gcn",
@@ -210,7 +215,13 @@ def onnx_path(
         progress(f"exporting {name} to ONNX (opset {opset}); cached at {path}")
     module = model.build(options)
     export_module(
-        module, model.example_inputs({**options, "batch": 1}, 0), path, opset, model.dynamic_axes, model.output_names
+        module,
+        model.example_inputs({**options, "batch": 1}, 0),
+        path,
+        opset,
+        model.dynamic_axes,
+        model.output_names,
+        model.exporter_folds_constants,
     )
     return path
 
@@ -222,6 +233,7 @@ def export_module(
     opset: int,
     dynamic_axes: dict[str, dict[int, str]] | None = None,
     output_names: tuple[str, ...] = ("output",),
+    fold_constants: bool = True,
 ) -> None:
     """Export a torch module with the classic (TorchScript) exporter, atomically."""
     import torch
@@ -238,7 +250,7 @@ def export_module(
             dynamic_axes=dynamic_axes or None,
             opset_version=opset,
             dynamo=False,
-            do_constant_folding=True,
+            do_constant_folding=fold_constants,
         )
     os.replace(partial, path)
 

@@ -12,6 +12,9 @@ from kiln.runtime.interpreter import Interpreter
 pytest.importorskip("torch", reason="torch (the 'zoo' extra) builds the zoo models")
 
 STAGES = {stage.name: stage.run for stage in PIPELINE}
+# Passes that rewrite float arithmetic (folded weights are rounded to float32 once, instead of
+# scaling at run time) meet the fp32 model standard; the others must be exact to rounding noise.
+TOLERANCE = {"fold_batchnorm": 1e-4, "pipeline": 1e-4}
 
 
 def relative_l2(a, b):
@@ -36,7 +39,7 @@ def test_pass_preserves_zoo_outputs(zoo_case, stage):
     verify(transformed)
     got = Interpreter(transformed).run(inputs)
     for g, e in zip(got, expected):
-        assert relative_l2(g, e) <= 1e-5, f"{stage} changed {name}'s output"
+        assert relative_l2(g, e) <= TOLERANCE.get(stage, 1e-5), f"{stage} changed {name}'s output"
 
 
 @pytest.mark.slow
