@@ -234,3 +234,16 @@ def test_missing_or_broken_peers_are_rows_not_crashes(tiny_onnx, tmp_path):
     assert records["fake-broken-check"]["status"] == "unavailable"
     assert "driver query exploded" in records["fake-broken-check"]["error"]
     assert records["iree"]["status"] in ("unavailable", "ok", "error")
+
+
+@pytest.mark.parametrize("backend", ["tvm", "iree"])
+def test_heavy_peers_run_when_installed(tiny_onnx, tmp_path, backend):
+    from kiln.bench.backends import backend_class
+
+    reason = backend_class(backend)(2).availability()
+    if reason:
+        pytest.skip(f"{backend} is an optional extra (make peers-heavy): {reason}")
+    config = BenchConfig(models=[tiny_onnx], backends=[backend], duration=0.2, min_iterations=3)
+    (record,) = run_bench(config, tmp_path)["records"]
+    assert record["status"] == "ok", record.get("error")
+    assert record["agreement"]["rel_l2"] < 1e-5 and record["compile_s"] > 0

@@ -102,19 +102,22 @@ class IreeBackend(Backend):
     def load(self) -> Session:
         import iree.runtime as runtime
 
-        config = runtime.Config("local-task")
+        runtime.flags.parse_flags(f"--task_topology_max_group_count={self.threads}")  # pin the thread count
         with open(self.artifact, "rb") as handle:
             module = runtime.load_vm_flatbuffer(handle.read(), driver="local-task")
-        _ = config
-        return _IreeSession(module)
+        # iree-import-onnx names the entry after the ONNX graph; pick the synchronous one
+        names = [n for n in module.vm_module.function_names if not n.startswith("__") and not n.endswith("$async")]
+        if not names:
+            raise RuntimeError(f"the compiled IREE module exports no entry function ({module.vm_module.function_names})")
+        return _IreeSession(module[names[0]])
 
 
 class _IreeSession(Session):
-    def __init__(self, module: Any) -> None:
-        self.module = module
+    def __init__(self, entry: Any) -> None:
+        self.entry = entry
 
     def run(self, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
-        output = self.module.main(*feeds.values())
+        output = self.entry(*feeds.values())
         outputs = output if isinstance(output, (list, tuple)) else [output]
         return [np.asarray(o.to_host() if hasattr(o, "to_host") else o) for o in outputs]
 
