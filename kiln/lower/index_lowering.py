@@ -62,40 +62,52 @@ def lower_gather_elements(lw: Lowerer, node: Node) -> list[Kernel]:
     return [lw.kernel(node, "copy", stmts, [data, indices], [out], default_schedule(index_shape, loop))]
 
 
-def lower_argext(lw: Lowerer, node: Node) -> list[Kernel]:
+def _scan_axis(lw: Lowerer, node: Node, axis_default: int, emit) -> list[Kernel]:  # type: ignore[no-untyped-def]
+    """A kernel looping over every position but ``axis``; ``emit(base, k, at, stride, outer_index)``
+    gives the statements for one position (``at`` addresses element k along the axis)."""
     data, out = node.inputs[0], node.outputs[0]
     assert data is not None
     shape = lw.shape(data)
     if not shape or 0 in shape:
-        raise CannotLower("ArgMax/ArgMin of an empty or scalar tensor")
-    axis = node.attrs.get("axis", 0) % len(shape)
-    last = bool(node.attrs.get("select_last_index", 0))
-    better = ">" if node.op == "ArgMax" else "<"
-    src, dst = lw.buffer(data), lw.buffer(out)
+        raise CannotLower(f"{node.op} of an empty or scalar tensor")
+    axis = node.attrs.get("axis", axis_default) % len(shape)
     data_strides = strides(shape)
     outer_axes = [a for a in range(len(shape)) if a != axis]
-    dtype = data.type.dtype  # type: ignore[union-attr]
+    outer_shape = tuple(shape[a] for a in outer_axes)
 
     def body(loop: list[Index]) -> list[Stmt]:
         base = affine([(i, data_strides[a]) for i, a in zip(loop, outer_axes)])  # type: ignore[misc]
         k = lw.index("k")
-        value = Load(src, add(base, Binary("*", k, i64(data_strides[axis]))))
-        best, where = lw.scalar(dtype, "best"), lw.scalar(DType.INT64, "at")
-        # NumPy's argmax picks the first NaN; ties go to the first (or last) occurrence
-        wins = Binary(better + ("=" if last else ""), value, best)
-        if dtype in NATIVE_FLOATS:
-            wins = Binary("&&", Binary("==", best, best), Binary("||", Binary("!=", value, value), wins))
-        out_index = affine(list(zip(loop, strides(tuple(shape[a] for a in outer_axes)))))  # type: ignore[arg-type]
-        return [
-            Let(best, Load(src, base)),
-            Let(where, i64(0)),
-            For(k, shape[axis], [If(wins, [Assign(best, value), Assign(where, k)])]),
-            Store(dst, out_index, where),
-        ]
+        at = add(base, Binary("*", k, i64(data_strides[axis])))
+        return emit(base, k, at, shape[axis], affine(list(zip(loop, strides(outer_shape)))))  # type: ignore[arg-type]
 
-    outer_shape = tuple(shape[a] for a in outer_axes)
     stmts, _ = nest(lw, outer_shape, body)
     return [lw.kernel(node, "reduction", stmts, [data], [out], Schedule())]
+
+
+def _best(lw: Lowerer, src, dtype: DType, base: Expr, k: Index, at: Expr, length: int, better: str, last: bool) -> tuple[list[Stmt], Expr]:  # type: ignore[no-untyped-def]
+    """Statements finding the index of the best element along the axis (NumPy's rules: the first
+    NaN wins; ties go to the first, or with ``last`` the last, occurrence)."""
+    value = Load(src, at)
+    best, where = lw.scalar(dtype, "best"), lw.scalar(DType.INT64, "at")
+    wins: Expr = Binary(better + ("=" if last else ""), value, best)
+    if dtype in NATIVE_FLOATS:
+        wins = Binary("&&", Binary("==", best, best), Binary("||", Binary("!=", value, value), wins))
+    stmts: list[Stmt] = [Let(best, Load(src, base)), Let(where, i64(0)), For(k, length, [If(wins, [Assign(best, value), Assign(where, k)])])]
+    return stmts, where
+
+
+def lower_argext(lw: Lowerer, node: Node) -> list[Kernel]:
+    src, dst = lw.buffer(node.inputs[0]), lw.buffer(node.outputs[0])  # type: ignore[arg-type]
+    dtype = node.inputs[0].type.dtype  # type: ignore[union-attr]
+    better = ">" if node.op == "ArgMax" else "<"
+    last = bool(node.attrs.get("select_last_index", 0))
+
+    def emit(base, k, at, length, out_index):  # type: ignore[no-untyped-def]
+        stmts, where = _best(lw, src, dtype, base, k, at, length, better, last)
+        return [*stmts, Store(dst, out_index, where)]
+
+    return _scan_axis(lw, node, 0, emit)
 
 
 def lower_trilu(lw: Lowerer, node: Node) -> list[Kernel]:
@@ -168,31 +180,14 @@ LOWERINGS = {
 
 
 def lower_hardmax(lw: Lowerer, node: Node) -> list[Kernel]:
-    data, out = node.inputs[0], node.outputs[0]
-    assert data is not None
-    shape = lw.shape(data)
-    if not shape or 0 in shape:
-        raise CannotLower("Hardmax of an empty tensor")
-    axis = node.attrs.get("axis", -1) % len(shape)
-    src, dst = lw.buffer(data), lw.buffer(out)
-    data_strides = strides(shape)
-    outer_axes = [a for a in range(len(shape)) if a != axis]
-    dtype = data.type.dtype  # type: ignore[union-attr]
+    src, dst = lw.buffer(node.inputs[0]), lw.buffer(node.outputs[0])  # type: ignore[arg-type]
+    dtype = node.inputs[0].type.dtype  # type: ignore[union-attr]
 
-    def body(loop: list[Index]) -> list[Stmt]:
-        base = affine([(i, data_strides[a]) for i, a in zip(loop, outer_axes)])  # type: ignore[misc]
-        k = lw.index("k")
-        at = add(base, Binary("*", k, i64(data_strides[axis])))
-        best, where = lw.scalar(dtype, "best"), lw.scalar(DType.INT64, "at")
-        return [
-            Let(best, Load(src, base)),
-            Let(where, i64(0)),
-            For(k, shape[axis], [If(Binary(">", Load(src, at), best), [Assign(best, Load(src, at)), Assign(where, k)])]),
-            For(k, shape[axis], [Store(dst, at, Select(Binary("==", k, where), Const(1, dtype), Const(0, dtype)))]),
-        ]
+    def emit(base, k, at, length, out_index):  # type: ignore[no-untyped-def]
+        stmts, where = _best(lw, src, dtype, base, k, at, length, ">", False)
+        return [*stmts, For(k, length, [Store(dst, at, Select(Binary("==", k, where), Const(1, dtype), Const(0, dtype)))])]
 
-    stmts, _ = nest(lw, tuple(shape[a] for a in outer_axes), body)
-    return [lw.kernel(node, "reduction", stmts, [data], [out], Schedule())]
+    return _scan_axis(lw, node, -1, emit)
 
 
 def lower_scatter_elements(lw: Lowerer, node: Node) -> list[Kernel]:
