@@ -53,9 +53,11 @@ def save(model: Any, path: str | os.PathLike) -> Path:
     np.savez(tensors, **{f"t{i}": a for i, a in enumerate(data.values())})
     meta["tensor_names"] = list(data)
     partial = path.with_name(path.name + ".partial")
-    with zipfile.ZipFile(partial, "w", zipfile.ZIP_DEFLATED) as archive:
-        archive.writestr("meta.json", json.dumps(meta, indent=1))
-        archive.writestr("graph.txt", print_graph(model.graph))
+    # text is deflated; weights and libraries are stored as they are (float data barely
+    # compresses, and inflating hundreds of MB would dominate load time)
+    with zipfile.ZipFile(partial, "w", zipfile.ZIP_STORED) as archive:
+        archive.writestr("meta.json", json.dumps(meta, indent=1), compress_type=zipfile.ZIP_DEFLATED)
+        archive.writestr("graph.txt", print_graph(model.graph), compress_type=zipfile.ZIP_DEFLATED)
         archive.writestr("tensors.npz", tensors.getvalue())
         for key, library in libraries.items():
             archive.write(library, f"lib/{key}.so")
