@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from kiln.ir.graph import Graph, Node, Value
+from kiln.ir.graph import Graph, Node
 from kiln.ir.types import DType, TensorType, Type
 
 INLINE_LIMIT = 16  # tensors with at most this many elements are printed in the text
@@ -141,7 +141,3 @@ class _Printer:
 
 def _is_type(value: Any) -> bool:
     return isinstance(value, Type.__args__)  # type: ignore[attr-defined]
-
-
-def value_label(value: Value) -> str:
-    return format_value_name(value.name)

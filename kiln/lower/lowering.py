@@ -64,6 +64,29 @@ class Lowerer:
         self.status = Buffer("status", DType.INT32, 1)
         self.kernel_count = 0
         self._names = 0
+        from kiln.passes.rewrite import consumers_count
+
+        self.readers = consumers_count(graph)
+        self.fixed = set(graph.inputs) | set(graph.constants) | self.outputs
+        self.in_place: set[Value] = set()
+
+    def reuse_input(self, out: Value, candidates: list[Value | None]) -> None:
+        """Let ``out`` take over the buffer of an input this kernel reads last (in place). Only for
+        kernels that read each input element at the output element's own index before writing it."""
+        if out in self.buffers or out in self.fixed:
+            return
+        for value in candidates:
+            if value is None or value in self.fixed or self.readers.get(value, 0) != 1 or value.type != out.type:
+                continue
+            root = self.root(value)
+            # storage shared through a reshape may have other readers; a chain of in-place
+            # results may not (each link died when the next was computed)
+            sharers = [v for v in self.aliases if self.root(v) is root and v not in self.in_place]
+            if root in self.fixed or sharers or (value in self.aliases and value not in self.in_place):
+                continue
+            self.aliases[out] = value
+            self.in_place.add(out)
+            return
 
     # -- values ------------------------------------------------------------------------------
 
@@ -272,8 +295,10 @@ def lower_pointwise(lw: Lowerer, node: Node) -> list[Kernel]:
     dtypes = [v.type.dtype for v in inputs if v is not None]  # type: ignore[union-attr]
     scalarize = scalarize_for(node, [widen.get(d, d) for d in dtypes])
     out_dtype = out.type.dtype  # type: ignore[union-attr]
-    dst = lw.buffer(out)
     flat = all(v is None or lw.shape(v) == shape or lw.buffer(v).size == 1 for v in inputs)
+    if flat:
+        lw.reuse_input(out, [v for v in inputs if v is not None and lw.shape(v) == shape])
+    dst = lw.buffer(out)
 
     def body(indices: list[Index]) -> list[Stmt]:
         loaded: list[Expr] = []

@@ -21,7 +21,7 @@ import numpy as np
 
 from kiln.errors import ShapeInferenceError
 from kiln.ir.graph import Node
-from kiln.ir.types import Dim, DType, OptionalType, SequenceType, TensorType, Type
+from kiln.ir.types import Dim, DType, TensorType, Type
 
 REQUIRED = object()
 
@@ -317,9 +317,6 @@ def same_as_input(index: int = 0, dtype: DType | None = None) -> Infer:
     return infer
 
 
-def tensor_of(dtype: DType, shape: tuple[Dim, ...] | None) -> TensorType:
-    return TensorType(dtype, shape)
-
 
 def dim_product(dims: Sequence[Dim]) -> Dim | None:
     """Product of dims if all static, else None."""
@@ -329,9 +326,3 @@ def dim_product(dims: Sequence[Dim]) -> Dim | None:
             return None
         total *= dim
     return total
-
-
-def element_type(value_type: Type) -> Type:
-    if isinstance(value_type, (SequenceType, OptionalType)):
-        return value_type.elem
-    return value_type

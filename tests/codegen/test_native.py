@@ -140,3 +140,17 @@ def test_second_compile_reuses_the_built_library(monkeypatch):
 def test_c_compiler_failure_names_the_generated_file():
     with pytest.raises(toolchain.CompilerError, match=r"failed on generated code .*\.c"):
         toolchain.build("int broken(void) { return }")
+
+
+def test_elementwise_chains_reuse_dying_buffers_in_place():
+    # Exp -> Neg -> Abs at -O1 (no fusion): each output may take over its input's buffer.
+    model = make_model(
+        [helper.make_node("Exp", ["x"], ["a"]), helper.make_node("Neg", ["a"], ["b"]), helper.make_node("Abs", ["b"], ["c"]), helper.make_node("Relu", ["c"], ["y"])],
+        [("x", F, [64, 64])],
+        [("y", F, None)],
+    )
+    compiled = kiln.compile(model, target="cpu", opt_level=1)
+    plan = compiled.plans[0]
+    assert len(plan.memory.offsets) == 1  # a, b and c share one buffer
+    x = data((64, 64))
+    np.testing.assert_allclose(compiled(x), kiln.compile(model, target="reference")(x), rtol=1e-6)
