@@ -134,6 +134,10 @@ class Lowerer:
             from kiln.lower.fused_lowering import lower_fused
 
             return lower_fused(self, node)
+        if node.domain == "kiln" and node.op == "SafeSoftmax":
+            from kiln.lower.nn_lowering import lower_softmax
+
+            return lower_softmax(self, node)
         if node.domain:
             raise CannotLower(f"domain {node.domain!r} has no native lowerings")
         for value in [*node.inputs, *node.outputs]:

@@ -137,6 +137,8 @@ def lower_softmax(lw: Lowerer, node: Node) -> list[Kernel]:
             final: Expr = Cast(dtype, Binary("-", Cast(F64, shifted), Unary("log", total)))
         else:
             final = Cast(dtype, Binary("/", Unary("exp", Cast(F64, shifted)), total))
+        if node.op == "SafeSoftmax":  # a NaN row (NaN input, or all -inf) becomes zeros
+            final = Select(Binary("!=", total, total), Const(0, dtype), final)
         return [
             Let(high, Const(-math.inf, dtype)),
             For(k, length, [Assign(high, FLOAT_OPS["Max"]([high, Load(src, at)], {}, dtype))]),

@@ -41,3 +41,29 @@ register(
     reference=_fused_reference,
     doc="A group of nodes compiled into one kernel (see kiln.passes.fuse).",
 )
+
+
+def _safe_softmax_reference(ctx: RunContext, inputs: list) -> list:
+    """Softmax along ``axis`` with NaN results replaced by 0: exactly what exporters' pattern
+    Where(IsNaN(Softmax(x)), 0, Softmax(x)) computes (NaN rows come from NaN or all -inf rows)."""
+    import numpy as np
+
+    x = inputs[0]
+    axis = int(ctx.attr("axis"))
+    with np.errstate(invalid="ignore", over="ignore"):
+        shifted = x - np.max(x, axis=axis, keepdims=True)
+        values = np.exp(shifted)
+        values = values / np.sum(values, axis=axis, keepdims=True)
+    return [np.where(np.isnan(values), np.zeros((), dtype=x.dtype), values).astype(x.dtype)]
+
+
+register(
+    "SafeSoftmax",
+    lambda ctx: [ctx.input_types[0]],  # type: ignore[list-item]
+    domain="kiln",
+    attrs={"axis": Attr("int", -1)},
+    inputs=1,
+    outputs=1,
+    reference=_safe_softmax_reference,
+    doc="Softmax whose NaN outputs are 0 (the exporters' IsNaN+Where guard, as one op).",
+)

@@ -64,15 +64,17 @@ class Rewriter:
     def drop(self, node: Node) -> None:
         self.changed = True
 
-    def emit(self, op: str, inputs: list[Value | None], attrs: dict[str, Any] | None = None, hint: str = "", outputs: int = 1, name: str = "") -> list[Value]:
+    def emit(
+        self, op: str, inputs: list[Value | None], attrs: dict[str, Any] | None = None, hint: str = "", outputs: int = 1, name: str = "", domain: str = ""
+    ) -> list[Value]:
         """A new node, its output types inferred by the registry."""
         inputs = [self.resolve(v) for v in inputs]
         placeholders = [Value(f"{hint or op}_{i}", TensorType(DType.FLOAT32, None)) for i in range(outputs)]
-        draft = Node(op, inputs, placeholders, attrs or {}, name=name)
+        draft = Node(op, inputs, placeholders, attrs or {}, name=name, domain=domain)
         known = [self.constant_value(v) for v in inputs]
         types, _ = infer_node(draft, [None if v is None else v.type for v in inputs], known, [None] * len(inputs))
         results = [Value(unique_name(hint or op.lower(), self.taken), t) for t in types]
-        self.nodes.append(Node(op, inputs, results, attrs or {}, name=name))
+        self.nodes.append(Node(op, inputs, results, attrs or {}, name=name, domain=domain))
         self.changed = True
         return results
 

@@ -134,6 +134,20 @@ def _where_constant(rw: Rewriter, node: Node, producers: dict[Value, Node]) -> l
     return None
 
 
+def _nan_guarded_softmax(rw: Rewriter, node: Node, producers: dict[Value, Node]) -> list[Value] | None:
+    condition, zero, value = node.inputs
+    check = producers.get(condition)  # type: ignore[arg-type]
+    softmax = producers.get(value)  # type: ignore[arg-type]
+    if check is None or softmax is None or check.op != "IsNaN" or softmax.op != "Softmax" or softmax.domain:
+        return None
+    if check.inputs[0] is not value or not _is_constant(rw, zero, 0) or rw.constant_value(zero).size != 1:  # type: ignore[union-attr]
+        return None
+    if not _same_type(value, node.outputs[0]):
+        return None
+    attrs = {"axis": int(softmax.attrs.get("axis", -1))}
+    return rw.emit("SafeSoftmax", [softmax.inputs[0]], attrs, hint=node.outputs[0].name, name=softmax.name, domain="kiln")
+
+
 _RESHAPES = ("Reshape", "Flatten", "Squeeze", "Unsqueeze")
 
 RULES: list[tuple[str, str, Rewrite]] = [
@@ -157,6 +171,9 @@ RULES: list[tuple[str, str, Rewrite]] = [
     ("Cast", "Cast(Cast(x, wider)) -> Cast(x) when the inner cast is lossless", _cast_chain),
     ("Concat", "Concat(x) -> x", _single_concat),
     ("Where", "Where(all true, x, y) -> x; Where(all false, x, y) -> y", _where_constant),
+    # NaN appears in a softmax row all-or-nothing, so the exporters' guard is exactly "zeros where
+    # softmax would give NaN": one kernel instead of three ops (deleting it would need a proof)
+    ("Where", "Where(IsNaN(Softmax(x)), 0, Softmax(x)) -> kiln::SafeSoftmax(x)", _nan_guarded_softmax),
 ]
 
 

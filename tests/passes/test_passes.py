@@ -259,3 +259,34 @@ graph g(%x: f32[...]) -> (%y) {
   %y: f32[...] = Add(%zeros, %x)
 }""")
     assert simplify(graph) is graph
+
+
+NAN_GUARD = """
+graph g(%x: f32[3,4]) -> (%y) {
+  const %zero: f32[] = [0.0]
+  %s: f32[3,4] = Softmax(%x) {axis=-1}
+  %bad: bool[3,4] = IsNaN(%s)
+  %y: f32[3,4] = Where(%bad, %zero, %s)
+}"""
+
+
+def test_exporters_nan_guard_after_softmax_becomes_one_op():
+    after = dce(simplify(parse_graph(NAN_GUARD)))
+    assert_same(after, """
+graph g(%x: f32[3,4]) -> (%y) {
+  %y: f32[3,4] = kiln::SafeSoftmax(%x) {axis=-1}
+}""")
+
+
+def test_safe_softmax_is_exactly_the_guarded_pattern_including_nan_rows():
+    import kiln
+
+    before = parse_graph(NAN_GUARD)
+    after = dce(simplify(before))
+    x = np.array([[1.0, 2.0, 3.0, 4.0], [np.nan, 0.0, 1.0, 2.0], [-np.inf, -np.inf, -np.inf, -np.inf]], np.float32)
+    expected = run(before, x)[0]
+    np.testing.assert_array_equal(run(after, x)[0], expected)
+    assert np.all(expected[1:] == 0) and not np.isnan(expected).any()
+    native = kiln.compile(before, target="cpu")
+    assert native.is_native
+    np.testing.assert_allclose(native(x), expected, rtol=1e-6)
