@@ -370,6 +370,22 @@ def _parse_dims(items: tuple[str, ...]) -> dict[str, int]:
     return dims
 
 
+def _import_bound(model: str, dims: tuple[str, ...]):  # type: ignore[no-untyped-def]
+    """MODEL (a zoo name or an .onnx path) imported, and its input symbols bound: --dim values,
+    every other symbol 1."""
+    from kiln import zoo as models
+    from kiln.frontend.onnx import import_onnx
+    from kiln.ir.types import TensorType
+
+    path = str(models.onnx_path(model, progress=console.print)) if model in models.MODELS else model
+    graph = import_onnx(path)
+    binding = _parse_dims(dims)
+    for value in graph.inputs:
+        if isinstance(value.type, TensorType) and value.type.shape:
+            binding.update({d: binding.get(d, 1) for d in value.type.shape if isinstance(d, str)})
+    return graph, binding
+
+
 @main.command()
 @click.argument("model")
 @click.option("-O", "level", type=click.IntRange(0, 3), default=2, show_default=True, help="Optimization level.")
@@ -384,19 +400,9 @@ def explain(model: str, level: int, dims: tuple[str, ...], print_after: tuple[st
     import collections
     import time
 
-    from kiln import zoo as models
-    from kiln.frontend.onnx import import_onnx
-    from kiln.ir.types import TensorType
     from kiln.passes import PASS_NAMES, optimize, specialize
 
-    path = str(models.onnx_path(model, progress=console.print)) if model in models.MODELS else model
-    graph = import_onnx(path)
-    binding = _parse_dims(dims)
-    for value in graph.inputs:
-        if isinstance(value.type, TensorType) and value.type.shape:
-            for dim in value.type.shape:
-                if isinstance(dim, str):
-                    binding.setdefault(dim, 1)
+    graph, binding = _import_bound(model, dims)
     unknown = set(print_after) - set(PASS_NAMES) - {"all"}
     if unknown:
         raise click.BadParameter(f"unknown pass(es) {sorted(unknown)}; passes: {', '.join(PASS_NAMES)}", param_hint="--print-after")
@@ -466,16 +472,8 @@ def compile_command(model: str, output: Path, level: int, dims: tuple[str, ...])
     import time
 
     import kiln
-    from kiln import zoo as models
-    from kiln.frontend.onnx import import_onnx
-    from kiln.ir.types import TensorType
 
-    path = str(models.onnx_path(model, progress=console.print)) if model in models.MODELS else model
-    graph = import_onnx(path)
-    binding = _parse_dims(dims)
-    for value in graph.inputs:
-        if isinstance(value.type, TensorType) and value.type.shape:
-            binding.update({d: binding.get(d, 1) for d in value.type.shape if isinstance(d, str)})
+    graph, binding = _import_bound(model, dims)
     start = time.perf_counter()
     compiled = kiln.compile(graph, target="cpu", opt_level=level, dims=binding)
     seconds = time.perf_counter() - start
@@ -501,7 +499,8 @@ def run_command(artifact: str, inputs: tuple[str, ...], output: Path | None, tar
     import numpy as np
 
     import kiln
-    from kiln.ir.types import DType, TensorType
+    from kiln.bench.models import random_tensor
+    from kiln.ir.types import TensorType
 
     model = kiln.load(artifact) if artifact.endswith(".kiln") else kiln.compile(artifact, target=target)
     feeds: dict[str, np.ndarray] = {}
@@ -515,12 +514,7 @@ def run_command(artifact: str, inputs: tuple[str, ...], output: Path | None, tar
         if value.name in feeds or not isinstance(value.type, TensorType) or value.type.shape is None:
             continue
         shape = [d if isinstance(d, int) else 1 for d in value.type.shape]
-        if value.type.dtype.is_float:
-            feeds[value.name] = rng.standard_normal(shape).astype(value.type.dtype.numpy)
-        elif value.type.dtype is DType.BOOL:
-            feeds[value.name] = rng.integers(0, 2, shape).astype(bool)
-        else:
-            feeds[value.name] = rng.integers(0, 2, shape).astype(value.type.dtype.numpy)
+        feeds[value.name] = random_tensor(value.type.dtype, shape, rng)
         console.print(f"input {value.name!r}: random {value.type.dtype.short}{shape}")
     start = time.perf_counter()
     results = model.run(feeds)

@@ -155,14 +155,15 @@ def agreement(outputs: list[np.ndarray], reference: list[np.ndarray], classifier
     """How close a backend's outputs are to kiln's reference interpreter."""
     if len(outputs) != len(reference):
         return {"error": f"{len(outputs)} outputs vs {len(reference)} in the reference"}
+    from kiln.zoo.check import relative_l2
+
     max_abs, worst_rel = 0.0, 0.0
     for got, expected in zip(outputs, reference):
         got64, expected64 = np.asarray(got, np.float64), np.asarray(expected, np.float64)
         if got64.shape != expected64.shape:
             return {"error": f"shape {list(got64.shape)} vs {list(expected64.shape)} in the reference"}
         max_abs = max(max_abs, float(np.max(np.abs(got64 - expected64))) if got64.size else 0.0)
-        norm = float(np.linalg.norm(expected64))
-        worst_rel = max(worst_rel, float(np.linalg.norm(got64 - expected64)) / (norm if norm else 1.0))
+        worst_rel = max(worst_rel, relative_l2(got64, expected64))
     result: dict[str, Any] = {"max_abs": max_abs, "rel_l2": worst_rel}
     if classifier:
         got_top = np.argmax(np.asarray(outputs[0]).reshape(-1, outputs[0].shape[-1]), axis=-1)

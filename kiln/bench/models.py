@@ -73,12 +73,23 @@ def resolve_model(name: str, batch: int, seq: int | None) -> BenchModel:
     raise KilnError(f"unknown model {name!r}; available: {', '.join(zoo.MODELS)} (or a path to an .onnx file)")
 
 
+def random_tensor(dtype: Any, shape: list[int], rng: np.random.Generator) -> np.ndarray:
+    """Random data of a kiln DType: normal floats, 0/1 booleans, small non-negative integers."""
+    from kiln.ir.types import DType
+
+    if dtype.is_float:
+        return rng.standard_normal(shape).astype(dtype.numpy)
+    if dtype is DType.BOOL:
+        return rng.integers(0, 2, size=shape).astype(bool)
+    return rng.integers(0, 10, size=shape).astype(dtype.numpy)
+
+
 def random_inputs_for(path: Path, batch: int, seed: int) -> dict[str, np.ndarray]:
     """Inputs for an arbitrary ONNX file: symbolic dims become ``batch`` (first) or 1."""
     import onnx
 
     from kiln.frontend.onnx import type_from_proto
-    from kiln.ir.types import DType, TensorType
+    from kiln.ir.types import TensorType
 
     model = onnx.load(str(path), load_external_data=False)
     initializers = {i.name for i in model.graph.initializer}
@@ -91,10 +102,5 @@ def random_inputs_for(path: Path, batch: int, seed: int) -> dict[str, np.ndarray
         if not isinstance(value_type, TensorType) or value_type.shape is None:
             raise KilnError(f"{path}: input {info.name!r} has no tensor shape to generate data for")
         shape = [d if isinstance(d, int) else (batch if axis == 0 else 1) for axis, d in enumerate(value_type.shape)]
-        if value_type.dtype.is_float:
-            feeds[info.name] = rng.standard_normal(shape).astype(value_type.dtype.numpy)
-        elif value_type.dtype is DType.BOOL:
-            feeds[info.name] = rng.integers(0, 2, size=shape).astype(bool)
-        else:
-            feeds[info.name] = rng.integers(0, 10, size=shape).astype(value_type.dtype.numpy)
+        feeds[info.name] = random_tensor(value_type.dtype, shape, rng)
     return feeds

@@ -34,14 +34,6 @@ ModelSource = str | os.PathLike | bytes | onnx.ModelProto
 
 # Inputs to compile-time evaluation are capped so that import never does real model work.
 KNOWN_VALUE_LIMIT = 4096
-_NONDETERMINISTIC = {
-    "RandomNormal",
-    "RandomUniform",
-    "RandomNormalLike",
-    "RandomUniformLike",
-    "Bernoulli",
-    "Multinomial",
-}
 
 
 def load_model(source: ModelSource) -> tuple[onnx.ModelProto, str]:
@@ -299,5 +291,3 @@ def infer_node(
         raise ShapeInferenceError(f"inference gave {len(types)} output types for {len(node.outputs)} outputs")
     return types[: len(node.outputs)], ctx.out_symbolic
 
-
-Unsupported = _Unsupported

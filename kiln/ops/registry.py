@@ -65,6 +65,11 @@ class OpDef:
 
 REGISTRY: dict[tuple[str, str], OpDef] = {}
 
+# Ops whose outputs differ run to run: never folded, merged or evaluated at compile time.
+NONDETERMINISTIC = frozenset(
+    {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Bernoulli", "Multinomial"}
+)
+
 
 _ATTR_KINDS = {
     1: "float",

@@ -5,10 +5,8 @@ Runs anywhere; most useful after fold_constants (which creates duplicate constan
 from __future__ import annotations
 
 from kiln.ir.graph import Graph, _StructuralHasher, array_digest
-from kiln.ops.registry import lookup
+from kiln.ops.registry import NONDETERMINISTIC, lookup
 from kiln.passes.rewrite import Rewriter
-
-_NONDETERMINISTIC = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Bernoulli", "Multinomial"}
 
 
 def cse(graph: Graph) -> Graph:
@@ -23,7 +21,7 @@ def cse(graph: Graph) -> Graph:
     seen: dict[tuple, object] = {}
     for node in graph.nodes:
         inputs = tuple(id(rewriter.resolve(v)) if v is not None else None for v in node.inputs)
-        if node.op in _NONDETERMINISTIC or any(True for _ in node.subgraphs()) or lookup(node.op, node.domain) is None:
+        if node.op in NONDETERMINISTIC or any(True for _ in node.subgraphs()) or lookup(node.op, node.domain) is None:
             rewriter.keep(node)
             continue
         key = (node.domain, node.op, hasher.attrs(node.attrs), inputs, len(node.outputs))

@@ -16,11 +16,11 @@ import numpy as np
 from kiln.frontend.onnx import infer_node
 from kiln.ir.graph import Graph, Node, Value
 from kiln.ir.types import TensorType, Type
+from kiln.ops.registry import NONDETERMINISTIC
 from kiln.passes.rewrite import Rewriter
 from kiln.runtime.interpreter import evaluate_node
 
 FOLD_LIMIT = 16 * 1024 * 1024  # elements: never materialize larger constants
-_NONDETERMINISTIC = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Bernoulli", "Multinomial"}
 
 
 def fold_constants(graph: Graph) -> Graph:
@@ -56,7 +56,7 @@ def _fold_shape(rewriter: Rewriter, node: Node) -> bool:
 
 
 def _fold(rewriter: Rewriter, node: Node) -> bool:
-    if node.op in _NONDETERMINISTIC or any(True for _ in node.subgraphs()):
+    if node.op in NONDETERMINISTIC or any(True for _ in node.subgraphs()):
         return False
     values = [None if v is None else rewriter.constant_value(v) for v in node.inputs]
     if any(v is not None and a is None for v, a in zip(node.inputs, values)):

@@ -19,21 +19,27 @@ from kiln.ir.graph import Graph, Node, Value
 from kiln.ir.types import DType, OptionalType, SequenceType, TensorType, Type
 from kiln.ops.registry import RunContext, lookup
 
+Runner = Callable[[list[Any], Any], list[Any]]  # (inputs, execution) -> outputs
 
-def evaluate_node(node: Node, inputs: list[Any], execution: Any = None) -> list[Any]:
-    """Run one node on concrete inputs (no type checks); used for compile-time evaluation too."""
+
+def make_runner(node: Node) -> Runner:
+    """A callable running ``node``'s reference: onnx's per-op code, or the op's own."""
     opdef = lookup(node.op, node.domain)
     if opdef is None:
-        raise KilnError(f"node {node.label}: unknown op")
+        raise ExecutionError(f"node {node.label}: unknown op")
     if opdef.onnx_reference:
         from kiln.ops.onnx_bridge import make_onnx_op
 
-        runner = make_onnx_op(node, opdef, [None if v is None else v.type for v in node.inputs])
-        outputs = runner(*inputs)
-    else:
-        assert opdef.reference is not None
-        outputs = opdef.reference(RunContext(node, opdef, execution), inputs)
-    return [_normalize(o) for o in outputs]
+        onnx_op = make_onnx_op(node, opdef, [None if v is None else v.type for v in node.inputs])
+        return lambda inputs, execution: [_normalize(o) for o in onnx_op(*inputs)]
+    reference = opdef.reference
+    assert reference is not None
+    return lambda inputs, execution: [_normalize(o) for o in reference(RunContext(node, opdef, execution), inputs)]
+
+
+def evaluate_node(node: Node, inputs: list[Any], execution: Any = None) -> list[Any]:
+    """Run one node on concrete inputs (no type checks); used for compile-time evaluation too."""
+    return make_runner(node)(inputs, execution)
 
 
 def _normalize(value: Any) -> Any:
@@ -53,33 +59,20 @@ class Interpreter:
     def __init__(self, graph: Graph, check_types: bool = True) -> None:
         self.graph = graph
         self.check_types = check_types
-        self._runners: dict[int, Callable[..., tuple]] = {}
+        self._runners: dict[int, Runner] = {}
         self._lock = threading.Lock()
 
     def run(self, inputs: list[Any]) -> list[Any]:
         return _Execution(self).run_graph(self.graph, inputs, {})
 
-    def runner(self, node: Node) -> Callable[[list[Any], Any], list[Any]]:
+    def runner(self, node: Node) -> Runner:
         key = id(node)
         runner = self._runners.get(key)
         if runner is None:
-            runner = self._make_runner(node)
+            runner = make_runner(node)
             with self._lock:
                 self._runners[key] = runner
-        return runner  # type: ignore[return-value]
-
-    def _make_runner(self, node: Node) -> Callable[[list[Any], Any], list[Any]]:
-        opdef = lookup(node.op, node.domain)
-        if opdef is None:
-            raise ExecutionError(f"node {node.label}: unknown op")
-        if opdef.onnx_reference:
-            from kiln.ops.onnx_bridge import make_onnx_op
-
-            onnx_op = make_onnx_op(node, opdef, [None if v is None else v.type for v in node.inputs])
-            return lambda inputs, execution: [_normalize(o) for o in onnx_op(*inputs)]
-        reference = opdef.reference
-        assert reference is not None
-        return lambda inputs, execution: [_normalize(o) for o in reference(RunContext(node, opdef, execution), inputs)]
+        return runner
 
 
 class _Execution:

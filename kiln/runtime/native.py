@@ -41,6 +41,17 @@ class _Executable:
         self.interpreter = Interpreter(plan.graph) if plan.whole_graph_reason else None
         self.arenas: queue.SimpleQueue[np.ndarray] = queue.SimpleQueue()
         self.slots = len(plan.table)
+        # What every request shares, computed once: weight views and their slots in the table,
+        # the outputs' shapes and which of them must be copied out of memory they don't own.
+        self.constant_views = {buffer: array.reshape(-1) for buffer, array in plan.constants.items()}
+        self.base_table: list[int | None] = [None] * self.slots
+        for buffer, view in self.constant_views.items():
+            self.base_table[plan.table[buffer]] = view.ctypes.data
+        shared = set(plan.memory.offsets) | set(plan.constants) | set(plan.inputs)
+        self.output_layout = [
+            (buffer, [int(d) for d in value.type.shape] if isinstance(value.type, TensorType) and value.type.shape is not None else [], buffer in shared)
+            for value, buffer in zip(plan.graph.outputs, plan.outputs)
+        ]
 
     def _arena(self) -> np.ndarray:
         try:
@@ -58,24 +69,23 @@ class _Executable:
         plan = self.plan
         arena = self._arena()
         try:
-            views: dict[Buffer, np.ndarray] = {}
+            views: dict[Buffer, np.ndarray] = dict(self.constant_views)
+            per_request: list[Buffer] = []
             for buffer, array in zip(plan.inputs, inputs):
                 views[buffer] = np.ascontiguousarray(array).reshape(-1)
-            for buffer, array in plan.constants.items():
-                views[buffer] = array.reshape(-1)
-            outputs = []
+                per_request.append(buffer)
             for buffer in plan.outputs:
                 if buffer not in views:
                     views[buffer] = np.empty(buffer.size, dtype=buffer.dtype.numpy)
-                outputs.append(buffer)
+                    per_request.append(buffer)
             for buffer, offset in plan.memory.offsets.items():
                 views[buffer] = arena[offset : offset + buffer.nbytes].view(buffer.dtype.numpy)
+                per_request.append(buffer)
             status = np.zeros(1, dtype=np.int32)
-            table = (ctypes.c_void_p * self.slots)()
+            table = (ctypes.c_void_p * self.slots)(*self.base_table)
             table[0] = status.ctypes.data
-            for buffer, slot in plan.table.items():
-                if slot and buffer in views:
-                    table[slot] = views[buffer].ctypes.data
+            for buffer in per_request:
+                table[plan.table[buffer]] = views[buffer].ctypes.data
             functions = iter(self.functions)
             for step in plan.steps:
                 if isinstance(step, Segment):
@@ -85,9 +95,9 @@ class _Executable:
                 else:
                     self._fallback(step, views)
             results = []
-            for value, buffer in zip(plan.graph.outputs, outputs):
-                array = views[buffer].reshape([int(d) for d in value.type.shape])  # type: ignore[union-attr]
-                results.append(array.copy() if buffer in plan.memory.offsets or buffer in plan.constants or buffer in plan.inputs else array)
+            for buffer, shape, copy in self.output_layout:
+                array = views[buffer].reshape(shape)
+                results.append(array.copy() if copy else array)
             return results
         finally:
             self.arenas.put(arena)
@@ -137,6 +147,10 @@ class NativeModel(Model):
                     executable = _Executable(compile_plan(specialize(self.graph, dims), self.level, self.prebuilt))
                     self._variants[key] = executable
         return executable
+
+    def prepare(self, feeds: dict[str, Any]) -> None:
+        """Compile the variant these inputs need now, instead of on the first run."""
+        self._variant(input_dims(self.graph, feeds))
 
     def _execute(self, inputs: list[Any]) -> list[Any]:
         dims = input_dims(self.graph, dict(zip(self.input_names, inputs)))

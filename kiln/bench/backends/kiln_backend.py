@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import tempfile
 from typing import Any
 
 import numpy as np
@@ -32,14 +34,11 @@ class KilnBackend(Backend):
         return {"threads": self.threads, "target": self.target}
 
     def compile(self, model: Any, example: dict[str, np.ndarray]) -> None:
-        import tempfile
-
-        compiled = kiln.compile(str(model.onnx_path), target=self.target, dims=_dims_of(model, example))
+        compiled = kiln.compile(str(model.onnx_path), target=self.target)
         if self.target == "cpu":
+            compiled.prepare(example)  # compile for the example's dims here, not on the first run
             # compile = build the artifact; load = read it back, as a deployment would
             handle, path = tempfile.mkstemp(suffix=".kiln")
-            import os
-
             os.close(handle)
             compiled.save(path)
             self.artifact = path
@@ -58,19 +57,3 @@ class KilnReferenceBackend(KilnBackend):
     name = "kiln-reference"
     target = "reference"
 
-
-def _dims_of(model: Any, example: dict[str, np.ndarray]) -> dict[str, int] | None:
-    """The symbolic dims the example inputs bind (so compile time is measured up front)."""
-    import onnx
-
-    from kiln.frontend.onnx import type_from_proto
-    from kiln.ir.types import TensorType
-
-    dims: dict[str, int] = {}
-    for info in onnx.load(str(model.onnx_path), load_external_data=False).graph.input:
-        value_type = type_from_proto(info.type, info.name)
-        if info.name in example and isinstance(value_type, TensorType) and value_type.shape:
-            for dim, size in zip(value_type.shape, example[info.name].shape):
-                if isinstance(dim, str):
-                    dims[dim] = int(size)
-    return dims or None
