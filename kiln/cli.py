@@ -109,7 +109,9 @@ def conformance(
             console.print(f"[red]FAILED[/]: {report.passed} passed, below the baseline of {required} ({baseline})")
             sys.exit(1)
         if "native" in entry and (report.native or 0) < entry["native"]:
-            console.print(f"[red]FAILED[/]: native rate {report.native} below the baseline of {entry['native']} ({baseline})")
+            console.print(
+                f"[red]FAILED[/]: native rate {report.native} below the baseline of {entry['native']} ({baseline})"
+            )
             sys.exit(1)
         console.print(f"baseline held: {report.passed} passed >= {required}")
 
@@ -213,21 +215,57 @@ def _split(values: tuple[str, ...]) -> list[str]:
 
 
 @main.group(invoke_without_command=True)
-@click.option("--models", "-m", multiple=True, help="Zoo names or .onnx paths, comma-separated or repeated. [default: resnet50,vgg19,bert-base,gpt2]")
-@click.option("--backends", "-b", multiple=True, help="Backends, comma-separated or repeated. [default: every known backend; missing ones are reported as such]")
-@click.option("--scenario", "-s", "scenarios", multiple=True, help="single-stream, offline, server. [default: single-stream]")
+@click.option(
+    "--models",
+    "-m",
+    multiple=True,
+    help="Zoo names or .onnx paths, comma-separated or repeated. [default: resnet50,vgg19,bert-base,gpt2]",
+)
+@click.option(
+    "--backends",
+    "-b",
+    multiple=True,
+    help="Backends, comma-separated or repeated. [default: every known backend; missing ones are reported as such]",
+)
+@click.option(
+    "--scenario", "-s", "scenarios", multiple=True, help="single-stream, offline, server. [default: single-stream]"
+)
 @click.option("--batch", "batches", multiple=True, type=int, help="Batch size(s). [default: 1]")
-@click.option("--threads", "-t", type=int, default=2, show_default=True, help="Threads every backend may use (CPU-pinned).")
+@click.option(
+    "--threads", "-t", type=int, default=2, show_default=True, help="Threads every backend may use (CPU-pinned)."
+)
 @click.option("--duration", "-d", type=float, default=3.0, show_default=True, help="Seconds of measurement per job.")
-@click.option("--min-iterations", type=int, default=5, show_default=True, help="At least this many measured runs per job.")
+@click.option(
+    "--min-iterations", type=int, default=5, show_default=True, help="At least this many measured runs per job."
+)
 @click.option("--warmup", type=int, default=2, show_default=True, help="Unmeasured runs before measuring.")
 @click.option("--inflight", type=int, default=2, show_default=True, help="Requests in flight (offline, server).")
-@click.option("--rate", type=float, default=None, help="Server scenario arrival rate per s [default: 70% of measured capacity].")
+@click.option(
+    "--rate", type=float, default=None, help="Server scenario arrival rate per s [default: 70% of measured capacity]."
+)
 @click.option("--seq", type=int, default=None, help="Sequence length for bert-base and gpt2. [default: 128]")
-@click.option("--timeout", type=float, default=900.0, show_default=True, help="Seconds before a job's worker is killed.")
-@click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=Path("reports/bench"), show_default=True, help="Reports land in OUT/<run id>/ (and OUT/latest).")
-@click.option("--db", type=click.Path(dir_okay=False, path_type=Path), default=None, help="SQLite results database. [default: OUT/results.db]")
-@click.option("--dataset", type=click.Path(exists=True, file_okay=False), default=None, help="Labelled image folder (DIR/<class>/<image>) for top-1 accuracy of classifiers.")
+@click.option(
+    "--timeout", type=float, default=900.0, show_default=True, help="Seconds before a job's worker is killed."
+)
+@click.option(
+    "--out",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=Path("reports/bench"),
+    show_default=True,
+    help="Reports land in OUT/<run id>/ (and OUT/latest).",
+)
+@click.option(
+    "--db",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="SQLite results database. [default: OUT/results.db]",
+)
+@click.option(
+    "--dataset",
+    type=click.Path(exists=True, file_okay=False),
+    default=None,
+    help="Labelled image folder (DIR/<class>/<image>) for top-1 accuracy of classifiers.",
+)
 @click.option("--dataset-limit", type=int, default=None, help="Use at most this many dataset images.")
 @click.option("--plugin", "plugins", multiple=True, help="Python module to import first (may register backends).")
 @click.option("--no-agreement", is_flag=True, help="Skip comparing outputs with kiln's reference interpreter.")
@@ -332,13 +370,31 @@ def bench_compare(ctx: click.Context, before: str, after: str) -> None:
         raise click.ClickException(f"no results database at {db}")
     rows = store.compare(store.load_records(db, before), store.load_records(db, after))
     table = Table(title=f"{before} -> {after}")
-    for column in ("model", "backend", "batch", "scenario", "metric", "before", "after", "change", "noise band", "verdict"):
+    for column in (
+        "model",
+        "backend",
+        "batch",
+        "scenario",
+        "metric",
+        "before",
+        "after",
+        "change",
+        "noise band",
+        "verdict",
+    ):
         table.add_column(column)
     for row in rows:
         colour = {"faster": "green", "slower": "red"}.get(row["verdict"], "white")
         table.add_row(
-            row["model"], row["backend"], str(row["batch"]), row["scenario"], row["metric"],
-            f"{row['before']:.2f}", f"{row['after']:.2f}", f"{row['change']:+.1%}", f"±{row['noise_band']:.0%}",
+            row["model"],
+            row["backend"],
+            str(row["batch"]),
+            row["scenario"],
+            row["metric"],
+            f"{row['before']:.2f}",
+            f"{row['after']:.2f}",
+            f"{row['change']:+.1%}",
+            f"±{row['noise_band']:.0%}",
             f"[{colour}]{row['verdict']}[/]",
         )
     Console(width=200).print(table)
@@ -389,11 +445,28 @@ def _import_bound(model: str, dims: tuple[str, ...]):  # type: ignore[no-untyped
 @main.command()
 @click.argument("model")
 @click.option("-O", "level", type=click.IntRange(0, 3), default=2, show_default=True, help="Optimization level.")
-@click.option("--dim", "dims", multiple=True, help="Bind a symbolic dim, e.g. --dim batch=1 (repeatable). [default: every symbol of the inputs = 1]")
-@click.option("--print-after", "print_after", multiple=True, help="Print the IR after this pass (repeatable; 'all' for every stage).")
+@click.option(
+    "--dim",
+    "dims",
+    multiple=True,
+    help="Bind a symbolic dim, e.g. --dim batch=1 (repeatable). [default: every symbol of the inputs = 1]",
+)
+@click.option(
+    "--print-after",
+    "print_after",
+    multiple=True,
+    help="Print the IR after this pass (repeatable; 'all' for every stage).",
+)
 @click.option("--disable", multiple=True, help="Skip this pass (repeatable).")
-@click.option("--kernels/--no-kernels", default=True, show_default=True, help="Lower to kernels and show them, the fallbacks, the memory plan and the generated C.")
-def explain(model: str, level: int, dims: tuple[str, ...], print_after: tuple[str, ...], disable: tuple[str, ...], kernels: bool) -> None:
+@click.option(
+    "--kernels/--no-kernels",
+    default=True,
+    show_default=True,
+    help="Lower to kernels and show them, the fallbacks, the memory plan and the generated C.",
+)
+def explain(
+    model: str, level: int, dims: tuple[str, ...], print_after: tuple[str, ...], disable: tuple[str, ...], kernels: bool
+) -> None:
     """Show what kiln does to MODEL (an .onnx path or a zoo name): per-stage op counts and timing,
     the IR after any pass, the kernels and host fallbacks (with reasons), the memory plan and the
     path of the generated C."""
@@ -405,7 +478,9 @@ def explain(model: str, level: int, dims: tuple[str, ...], print_after: tuple[st
     graph, binding = _import_bound(model, dims)
     unknown = set(print_after) - set(PASS_NAMES) - {"all"}
     if unknown:
-        raise click.BadParameter(f"unknown pass(es) {sorted(unknown)}; passes: {', '.join(PASS_NAMES)}", param_hint="--print-after")
+        raise click.BadParameter(
+            f"unknown pass(es) {sorted(unknown)}; passes: {', '.join(PASS_NAMES)}", param_hint="--print-after"
+        )
     before = collections.Counter(n.op for n in graph.nodes)
     graph = specialize(graph, binding)
     table = Table(title=f"{model}: passes at -O{level} (dims {binding or 'static'})")
@@ -451,8 +526,16 @@ def _explain_kernels(graph) -> None:  # type: ignore[no-untyped-def]
             continue
         for kernel in step.kernels:
             schedule = kernel.schedule
-            parts = [f"parallel {schedule.parallel}" if schedule.parallel else "", f"simd {schedule.vectorize}" if schedule.vectorize else ""]
-            table.add_row(f"{kernel.name} (segment {step.number})", kernel.kind, escape("; ".join(kernel.sources)), ", ".join(p for p in parts if p) or "serial")
+            parts = [
+                f"parallel {schedule.parallel}" if schedule.parallel else "",
+                f"simd {schedule.vectorize}" if schedule.vectorize else "",
+            ]
+            table.add_row(
+                f"{kernel.name} (segment {step.number})",
+                kernel.kind,
+                escape("; ".join(kernel.sources)),
+                ", ".join(p for p in parts if p) or "serial",
+            )
     out.print(table)
     native = "no host fallback" if plan.is_native else f"{len(plan.fallbacks)} host fallback(s)"
     out.print(f"{sum(len(s.kernels) for s in plan.steps if not isinstance(s, Fallback))} kernels, {native}")
@@ -464,9 +547,18 @@ def _explain_kernels(graph) -> None:  # type: ignore[no-untyped-def]
 
 @main.command("compile")
 @click.argument("model")
-@click.option("-o", "--output", "output", type=click.Path(dir_okay=False, path_type=Path), required=True, help="The .kiln artifact to write.")
+@click.option(
+    "-o",
+    "--output",
+    "output",
+    type=click.Path(dir_okay=False, path_type=Path),
+    required=True,
+    help="The .kiln artifact to write.",
+)
 @click.option("-O", "level", type=click.IntRange(0, 3), default=2, show_default=True, help="Optimization level.")
-@click.option("--dim", "dims", multiple=True, help="Bind a symbolic dim, e.g. --dim batch=8. [default: every symbol = 1]")
+@click.option(
+    "--dim", "dims", multiple=True, help="Bind a symbolic dim, e.g. --dim batch=8. [default: every symbol = 1]"
+)
 def compile_command(model: str, output: Path, level: int, dims: tuple[str, ...]) -> None:
     """Compile MODEL (.onnx path or zoo name) to native code and save it as a .kiln artifact."""
     import time
@@ -480,7 +572,9 @@ def compile_command(model: str, output: Path, level: int, dims: tuple[str, ...])
     plan = compiled.plans[0]
     compiled.save(output)
     kernels = sum(len(step.kernels) for step in plan.steps if hasattr(step, "kernels"))
-    out.print(f"compiled {model} in {seconds:.1f} s (-O{level}, dims {binding or 'static'}): {kernels} kernels, {len(plan.fallbacks)} host fallback(s)")
+    out.print(
+        f"compiled {model} in {seconds:.1f} s (-O{level}, dims {binding or 'static'}): {kernels} kernels, {len(plan.fallbacks)} host fallback(s)"
+    )
     for fallback in plan.fallbacks:
         out.print(f"  fallback {fallback.node.label}: {fallback.reason}", highlight=False)
     out.print(f"memory plan: {plan.memory.describe()}")
@@ -490,7 +584,9 @@ def compile_command(model: str, output: Path, level: int, dims: tuple[str, ...])
 @main.command("run")
 @click.argument("artifact")
 @click.option("--input", "inputs", multiple=True, help="NAME=FILE.npy (repeatable). Inputs not given are random.")
-@click.option("--output", "output", type=click.Path(dir_okay=False, path_type=Path), help="Write the outputs to this .npz.")
+@click.option(
+    "--output", "output", type=click.Path(dir_okay=False, path_type=Path), help="Write the outputs to this .npz."
+)
 @click.option("--target", default="cpu", show_default=True, help="Target when ARTIFACT is an .onnx file.")
 def run_command(artifact: str, inputs: tuple[str, ...], output: Path | None, target: str) -> None:
     """Run a .kiln artifact (or an .onnx model) once and summarize its outputs."""
@@ -521,7 +617,11 @@ def run_command(artifact: str, inputs: tuple[str, ...], output: Path | None, tar
     out.print(f"ran in {(time.perf_counter() - start) * 1e3:.1f} ms")
     for name, array in results.items():
         array = np.asarray(array)
-        stats = f"min {array.min():.4g} max {array.max():.4g} mean {array.astype(np.float64).mean():.4g}" if array.size and array.dtype.kind in "fiub" else ""
+        stats = (
+            f"min {array.min():.4g} max {array.max():.4g} mean {array.astype(np.float64).mean():.4g}"
+            if array.size and array.dtype.kind in "fiub"
+            else ""
+        )
         out.print(f"  {name}: {array.dtype}{list(array.shape)} {stats}", highlight=False)
     if output:
         np.savez(output, **{k: np.asarray(v) for k, v in results.items()})

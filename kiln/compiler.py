@@ -17,7 +17,7 @@ from kiln.codegen.c import emit_c
 from kiln.codegen.toolchain import build
 from kiln.ir.graph import Graph, Node, Value
 from kiln.ir.types import DType, TensorType
-from kiln.lower.kir import Buffer, Kernel
+from kiln.lower.kir import Buffer, Kernel, buffers_in
 from kiln.lower.lowering import CannotLower, Lowerer
 from kiln.lower.memory import MemoryPlan, plan_memory
 from kiln.passes import optimize
@@ -97,7 +97,9 @@ def compile_plan(graph: Graph, level: int = 2, prebuilt: dict[str, Path] | None 
                 steps.append(Segment(len([s for s in steps if isinstance(s, Segment)]), current))
                 current = []
             steps.append(Fallback(node, str(err)))
-            access.append(([lowerer.buffer(v) for v in node.inputs if v is not None], [lowerer.buffer(v) for v in node.outputs]))
+            access.append(
+                ([lowerer.buffer(v) for v in node.inputs if v is not None], [lowerer.buffer(v) for v in node.outputs])
+            )
             continue
         current.extend(kernels)
         access.extend((k.reads, k.writes) for k in kernels)
@@ -106,12 +108,20 @@ def compile_plan(graph: Graph, level: int = 2, prebuilt: dict[str, Path] | None 
     roots = {v: lowerer.buffer(v) for v in graph.values()}
     inputs = [roots[v] for v in graph.inputs]
     outputs = [roots[v] for v in graph.outputs]
-    constants = {roots[v]: np.ascontiguousarray(a) for v, a in graph.constants.items() if lowerer.root(v) is v}
-    fixed = set(inputs) | set(outputs) | set(constants)
+    # constants no step reads (weights only their packed copies serve) stay out of the plan
+    used = {b for reads, writes in access for b in (*reads, *writes)} | set(outputs)
+    used.update(b for step in steps if isinstance(step, Segment) for k in step.kernels for b in buffers_in(k.body))
+    constants = {
+        roots[v]: np.ascontiguousarray(a)
+        for v, a in graph.constants.items()
+        if lowerer.root(v) is v and roots[v] in used
+    }
+    constants.update(lowerer.packed)
+    fixed = set(inputs) | set(outputs) | set(roots[v] for v in graph.constants) | set(lowerer.packed)
     temps = {b for b in roots.values() if b not in fixed}
     memory = plan_memory(access, temps)
     table = {lowerer.status: 0}
-    for buffer in dict.fromkeys(roots.values()):
+    for buffer in [*dict.fromkeys(roots.values()), *lowerer.packed]:
         table.setdefault(buffer, len(table))
     segments = [s.kernels for s in steps if isinstance(s, Segment)]
     source = emit_c(segments, table) if segments else ""

@@ -84,7 +84,11 @@ def test_compile_then_run(tmp_path):
 
 
 def test_explain_shows_kernels_and_memory_plan(tmp_path):
-    model = make_model([helper.make_node("Exp", ["x"], ["e"]), helper.make_node("Relu", ["e"], ["y"])], [("x", FLOAT, [2, 4])], [("y", FLOAT, None)])
+    model = make_model(
+        [helper.make_node("Exp", ["x"], ["e"]), helper.make_node("Relu", ["e"], ["y"])],
+        [("x", FLOAT, [2, 4])],
+        [("y", FLOAT, None)],
+    )
     onnx.save(model, tmp_path / "m.onnx")
     result = invoke("explain", str(tmp_path / "m.onnx"), "--print-after", "fuse")
     assert result.exit_code == 0, result.output

@@ -15,7 +15,9 @@ MEAN = np.array([0.485, 0.456, 0.406], np.float32)
 STD = np.array([0.229, 0.224, 0.225], np.float32)
 
 
-def load_image_folder(root: str | Path, size: int, limit: int | None = None) -> tuple[np.ndarray, np.ndarray, list[str]]:
+def load_image_folder(
+    root: str | Path, size: int, limit: int | None = None
+) -> tuple[np.ndarray, np.ndarray, list[str]]:
     """Images as NCHW float32 and their labels; raises KilnError for an unusable folder."""
     from PIL import Image
 

@@ -8,13 +8,38 @@ import platform
 from pathlib import Path
 from typing import Any
 
-FLAGS_OF_INTEREST = ("avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16", "amx_tile", "asimd", "sve")
-PACKAGES = ("kiln", "numpy", "onnx", "onnxruntime", "openvino", "torch", "transformers", "apache-tvm", "iree-base-runtime", "jax")
+FLAGS_OF_INTEREST = (
+    "avx2",
+    "fma",
+    "avx512f",
+    "avx512bw",
+    "avx512vl",
+    "avx512_vnni",
+    "avx512_bf16",
+    "amx_tile",
+    "asimd",
+    "sve",
+)
+PACKAGES = (
+    "kiln",
+    "numpy",
+    "onnx",
+    "onnxruntime",
+    "openvino",
+    "torch",
+    "transformers",
+    "apache-tvm",
+    "iree-base-runtime",
+    "jax",
+)
 
 
 def fingerprint() -> dict[str, Any]:
     cpuinfo = _read("/proc/cpuinfo")
-    model = next((line.split(":", 1)[1].strip() for line in cpuinfo.splitlines() if line.startswith("model name")), platform.processor())
+    model = next(
+        (line.split(":", 1)[1].strip() for line in cpuinfo.splitlines() if line.startswith("model name")),
+        platform.processor(),
+    )
     flags_line = next((line for line in cpuinfo.splitlines() if line.startswith(("flags", "Features"))), "")
     flags = set(flags_line.split(":", 1)[1].split()) if ":" in flags_line else set()
     try:
@@ -22,7 +47,9 @@ def fingerprint() -> dict[str, Any]:
     except AttributeError:
         affinity = os.cpu_count()
     governor = _read("/sys/devices/system/cpu/cpu0/cpufreq/scaling_governor").strip() or "unavailable (no cpufreq)"
-    memory = next((line.split()[1] for line in _read("/proc/meminfo").splitlines() if line.startswith("MemTotal")), None)
+    memory = next(
+        (line.split()[1] for line in _read("/proc/meminfo").splitlines() if line.startswith("MemTotal")), None
+    )
     return {
         "cpu": model,
         "flags": sorted(f for f in FLAGS_OF_INTEREST if f in flags),

@@ -66,7 +66,23 @@ def _agreement(record: dict[str, Any]) -> str:
     return text
 
 
-TERMINAL = ("model", "backend", "batch", "scenario", "threads/inflight", "compile s", "first ms", "p50 ms", "p90 ms", "p99 ms", "cv", "samples/s", "peak MB", "vs reference", "status")
+TERMINAL = (
+    "model",
+    "backend",
+    "batch",
+    "scenario",
+    "threads/inflight",
+    "compile s",
+    "first ms",
+    "p50 ms",
+    "p90 ms",
+    "p99 ms",
+    "cv",
+    "samples/s",
+    "peak MB",
+    "vs reference",
+    "status",
+)
 
 
 def terminal_table(run: dict[str, Any]) -> Table:
@@ -85,11 +101,17 @@ def notes(run: dict[str, Any]) -> list[str]:
     lines = []
     for record in run["records"]:
         if record.get("latency_ms", {}).get("noisy"):
-            lines.append(f"{record['backend']} / {record['model']}: latency CV {record['latency_ms']['cv']:.0%} > 10%: the machine was noisy")
+            lines.append(
+                f"{record['backend']} / {record['model']}: latency CV {record['latency_ms']['cv']:.0%} > 10%: the machine was noisy"
+            )
         growth = record.get("rss_growth_mb_per_1k")
         if growth is not None and growth > 1.0 and record.get("iterations", 0) >= 200:
-            lines.append(f"{record['backend']} / {record['model']}: RSS grows {growth:.1f} MB per 1k inferences: leak suspected")
-    energies = {r.get("energy", {}).get("unavailable") for r in run["records"] if r.get("energy", {}).get("unavailable")}
+            lines.append(
+                f"{record['backend']} / {record['model']}: RSS grows {growth:.1f} MB per 1k inferences: leak suspected"
+            )
+    energies = {
+        r.get("energy", {}).get("unavailable") for r in run["records"] if r.get("energy", {}).get("unavailable")
+    }
     lines.extend(f"energy unavailable: {reason}" for reason in sorted(energies))
     if run.get("interrupted"):
         lines.append("the run was interrupted: only finished jobs are reported")
@@ -181,7 +203,11 @@ def plots(run: dict[str, Any]) -> dict[str, str]:
         figure, axis = plt.subplots(figsize=(6, 3.6))
         for backend in backends:
             for model in models:
-                points = sorted((r["batch"], r["throughput"]) for r in ok if r["backend"] == backend and r["model"] == model and r.get("throughput"))
+                points = sorted(
+                    (r["batch"], r["throughput"])
+                    for r in ok
+                    if r["backend"] == backend and r["model"] == model and r.get("throughput")
+                )
                 if len(points) > 1:
                     axis.plot(*zip(*points), marker="o", label=f"{backend} / {model}")
         axis.set_xlabel("batch")
@@ -216,7 +242,7 @@ def write_html(run: dict[str, Any], path: Path) -> None:
     config = html.escape(json.dumps(run["config"], indent=1))
     path.write_text(
         f"""<!doctype html>
-<html><head><meta charset="utf-8"><title>kiln bench {run['run_id']}</title>
+<html><head><meta charset="utf-8"><title>kiln bench {run["run_id"]}</title>
 <style>
 body {{ font-family: system-ui, sans-serif; margin: 2em; color: #222; }}
 table {{ border-collapse: collapse; font-size: 13px; }}
@@ -226,12 +252,12 @@ figure {{ display: inline-block; margin: 1em; }}
 img {{ max-width: 100%; }}
 pre {{ background: #f7f7f7; padding: 1em; font-size: 12px; }}
 </style></head><body>
-<h1>kiln bench — run {run['run_id']}</h1>
-<p>{run['created']} on {html.escape(run['machine'].get('cpu', '?'))}, {run['config']['threads']} thread(s).
+<h1>kiln bench — run {run["run_id"]}</h1>
+<p>{run["created"]} on {html.escape(run["machine"].get("cpu", "?"))}, {run["config"]["threads"]} thread(s).
 Latencies in milliseconds; "threads/inflight" gives the concurrency of every number.</p>
 <ul>{warnings}</ul>
 <table><tr>{header}</tr>{rows}</table>
-<h2>Plots</h2>{figures or '<p>no successful runs to plot</p>'}
+<h2>Plots</h2>{figures or "<p>no successful runs to plot</p>"}
 <h2>Machine</h2><pre>{machine}</pre>
 <h2>Configuration</h2><pre>{config}</pre>
 </body></html>

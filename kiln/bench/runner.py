@@ -118,7 +118,13 @@ def _base_record(model: BenchModel, backend: str, scenario: str, config: BenchCo
 
 
 def _run_one(
-    model: BenchModel, backend: str, scenario: str, config: BenchConfig, reference: str | None, workdir: Path, say: Progress
+    model: BenchModel,
+    backend: str,
+    scenario: str,
+    config: BenchConfig,
+    reference: str | None,
+    workdir: Path,
+    say: Progress,
 ) -> dict[str, Any]:
     record = _base_record(model, backend, scenario, config)
     try:
@@ -183,7 +189,10 @@ def run_worker(job: dict[str, Any], threads: int, timeout: float, workdir: Path)
     wall = time.perf_counter() - started
     if not os.path.exists(result_path):
         tail = " | ".join((stderr or "").strip().splitlines()[-3:])
-        return {"status": "crash", "error": f"worker exited with code {process.returncode} and no result; stderr: {tail}"}
+        return {
+            "status": "crash",
+            "error": f"worker exited with code {process.returncode} and no result; stderr: {tail}",
+        }
     with open(result_path) as stream:
         result = json.load(stream)
     os.unlink(result_path)

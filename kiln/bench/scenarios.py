@@ -71,7 +71,10 @@ def single_stream(
     }
     if meter and meter.available:
         joules = meter.read_joules() - energy_start
-        result["energy"] = {"joules_per_inference": energy_per_inference(joules, elapsed, idle, count), "idle_watts": idle}
+        result["energy"] = {
+            "joules_per_inference": energy_per_inference(joules, elapsed, idle, count),
+            "idle_watts": idle,
+        }
     return result
 
 

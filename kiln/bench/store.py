@@ -42,7 +42,16 @@ def save_run(path: Path, run: dict[str, Any]) -> None:
         connection.executemany(
             "INSERT INTO records VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
             [
-                (run["run_id"], r["backend"], r["model"], r["batch"], r["scenario"], r["threads"], r["status"], json.dumps(r))
+                (
+                    run["run_id"],
+                    r["backend"],
+                    r["model"],
+                    r["batch"],
+                    r["scenario"],
+                    r["threads"],
+                    r["status"],
+                    json.dumps(r),
+                )
                 for r in run["records"]
             ],
         )

@@ -14,7 +14,13 @@ import time
 import traceback
 from typing import Any
 
-THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "TVM_NUM_THREADS", "NUMEXPR_NUM_THREADS")
+THREAD_VARIABLES = (
+    "OMP_NUM_THREADS",
+    "MKL_NUM_THREADS",
+    "OPENBLAS_NUM_THREADS",
+    "TVM_NUM_THREADS",
+    "NUMEXPR_NUM_THREADS",
+)
 
 
 def thread_environment(threads: int) -> dict[str, str]:
@@ -127,7 +133,11 @@ def main() -> int:
     try:
         record = run_reference(job) if job.get("kind") == "reference" else run_job(job)
     except Exception as err:
-        record = {"status": "error", "error": f"{type(err).__name__}: {err}", "traceback": traceback.format_exc(limit=8)}
+        record = {
+            "status": "error",
+            "error": f"{type(err).__name__}: {err}",
+            "traceback": traceback.format_exc(limit=8),
+        }
     with open(result_path + ".partial", "w") as handle:
         json.dump(record, handle, default=_jsonable)
     os.replace(result_path + ".partial", result_path)

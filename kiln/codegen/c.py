@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from pathlib import Path
 
 from kiln.ir.types import DType
 from kiln.lower.kir import (
@@ -19,6 +20,8 @@ from kiln.lower.kir import (
     Const,
     Expr,
     For,
+    Function,
+    Gemm,
     If,
     Index,
     Kernel,
@@ -121,7 +124,9 @@ def statements(body: Sequence[Stmt], schedule: Schedule, indent: str) -> list[st
                 lines.append(f"{indent}#pragma omp simd")
             elif name in schedule.unroll:
                 lines.append(f"{indent}#pragma GCC unroll {schedule.unroll[name]}")
-            lines.append(f"{indent}for (int64_t {name} = 0; {name} < {stmt.extent}; ++{name}) {{")
+            start = stmt.start if isinstance(stmt.start, int) else expr(stmt.start)
+            stop = stmt.extent if isinstance(stmt.extent, int) else expr(stmt.extent)
+            lines.append(f"{indent}for (int64_t {name} = {start}; {name} < {stop}; ++{name}) {{")
             lines.extend(statements(stmt.body, schedule, indent + "  "))
             lines.append(f"{indent}}}")
         elif isinstance(stmt, If):
@@ -134,9 +139,54 @@ def statements(body: Sequence[Stmt], schedule: Schedule, indent: str) -> list[st
             lines.append(f"{indent}{stmt.scalar.name} = {expr(stmt.value)};")
         elif isinstance(stmt, Store):
             lines.append(f"{indent}{stmt.buffer.name}[{expr(stmt.index)}] = {expr(stmt.value)};")
+        elif isinstance(stmt, Gemm):
+            lines.append(f"{indent}{{")
+            lines.append(f"{indent}  kiln_gemm g = {{0}};")
+            for field, value in stmt.fields.items():
+                if isinstance(value, Buffer):
+                    text = value.name
+                elif isinstance(value, tuple):
+                    text = "(const int64_t[]){" + ", ".join(str(int(v)) for v in value) + "}"
+                else:
+                    text = str(value)
+                lines.append(f"{indent}  g.{field} = {text};")
+            if stmt.epilogue is not None:
+                lines.append(f"{indent}  g.epilogue = {stmt.epilogue.name};")
+                lines.append(f"{indent}  g.buffers = buffers;")
+            lines.append(f"{indent}  kiln_gemm_run(&g);")
+            lines.append(f"{indent}}}")
         else:
             raise TypeError(f"no C for {stmt!r}")
     return lines
+
+
+def _buffer_declarations(buffers: Sequence[Buffer], table: dict[Buffer, int], indent: str) -> list[str]:
+    return [f"{indent}{c_type(b.dtype)} *{b.name} = ({c_type(b.dtype)} *)buffers[{table[b]}];" for b in buffers]
+
+
+def emit_helper(function: Function, table: dict[Buffer, int]) -> str:
+    """A gemm epilogue: ``(descriptor, batch, row range, column range)``; its buffers come from the
+    descriptor's copy of the segment's table."""
+    params = ", ".join(f"int64_t {p.name}" for p in function.params)
+    lines = [f"static void {function.name}(const kiln_gemm *g, {params}) {{", "  void **buffers = g->buffers;"]
+    lines.extend(_buffer_declarations(list(dict.fromkeys(function.buffers)), table, "  "))
+    lines.extend(statements(function.body, Schedule(), "  "))
+    lines.append("}")
+    return "\n".join(lines)
+
+
+def _helpers(body: Sequence[Stmt]) -> list[Function]:
+    found: list[Function] = []
+    for stmt in body:
+        if isinstance(stmt, Gemm) and stmt.epilogue is not None:
+            found.append(stmt.epilogue)
+        elif isinstance(stmt, (For, If)):
+            found.extend(_helpers(stmt.body))
+    return found
+
+
+def _uses_gemm(body: Sequence[Stmt]) -> bool:
+    return any(isinstance(s, Gemm) or (isinstance(s, (For, If)) and _uses_gemm(s.body)) for s in body)
 
 
 def emit_segment(number: int, kernels: Sequence[Kernel], table: dict[Buffer, int]) -> str:
@@ -145,8 +195,7 @@ def emit_segment(number: int, kernels: Sequence[Kernel], table: dict[Buffer, int
         for buffer in [*kernel.reads, *kernel.writes]:
             used[buffer] = None
     lines = [f"int kiln_segment_{number}(void **buffers) {{", "  int32_t *status = (int32_t *)buffers[0];"]
-    for buffer in used:
-        lines.append(f"  {c_type(buffer.dtype)} *{buffer.name} = ({c_type(buffer.dtype)} *)buffers[{table[buffer]}];")
+    lines.extend(_buffer_declarations(list(used), table, "  "))
     for kernel in kernels:
         lines.append(f"  /* {kernel.name} ({kernel.kind}): {'; '.join(kernel.sources)} */")
         lines.append("  {")
@@ -157,6 +206,21 @@ def emit_segment(number: int, kernels: Sequence[Kernel], table: dict[Buffer, int
     return "\n".join(lines)
 
 
+def gemm_prelude() -> str:
+    """The matrix-multiply engine, configured for the host target's vector width and tile rows."""
+    from kiln.codegen.target import Target
+
+    target = Target.host()
+    engine = (Path(__file__).parent / "gemm.c").read_text()
+    return f"#include <omp.h>\n#define KILN_VB {target.vector_bytes}\n#define KILN_MR {target.gemm_rows}\n{engine}\n"
+
+
 def emit_c(segments: Sequence[Sequence[Kernel]], table: dict[Buffer, int]) -> str:
     """The whole translation unit for a model's native segments."""
-    return PRELUDE + "\n" + "\n\n".join(emit_segment(i, kernels, table) for i, kernels in enumerate(segments)) + "\n"
+    kernels = [k for kernels in segments for k in kernels]
+    parts = [PRELUDE]
+    if any(_uses_gemm(k.body) for k in kernels):
+        parts.append(gemm_prelude())
+    parts.extend(emit_helper(f, table) for k in kernels for f in _helpers(k.body))
+    parts.extend(emit_segment(i, ks, table) for i, ks in enumerate(segments))
+    return "\n\n".join(parts) + "\n"

@@ -16,6 +16,16 @@ class Target:
     vector_bytes: int
     cores: int
 
+    @property
+    def gemm_rows(self) -> int:
+        """Rows of the matrix-multiply micro-tile (its columns are two vectors): as many as the
+        vector registers hold as accumulators, leaving room for the B vectors and a broadcast."""
+        return 6 if self.isa == "avx2" else 8  # AVX2: 16 registers; AVX-512 and NEON: 32
+
+    @property
+    def gemm_cols(self) -> int:
+        return 2 * self.vector_bytes // 4
+
     def lanes(self, dtype: DType) -> int:
         """SIMD lanes for ``dtype`` (1 when the target has no vector unit kiln uses)."""
         return max(1, self.vector_bytes // dtype.numpy.itemsize)

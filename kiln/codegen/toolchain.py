@@ -14,7 +14,17 @@ from pathlib import Path
 
 from kiln.errors import KilnError
 
-FLAGS = ("-O3", "-march=native", "-fopenmp", "-fPIC", "-shared", "-std=c11", "-fno-math-errno", "-Wno-unused-variable")
+FLAGS = (
+    "-O3",
+    "-march=native",
+    "-fopenmp",
+    "-fPIC",
+    "-shared",
+    "-std=c11",
+    "-fno-math-errno",
+    "-ffp-contract=fast",
+    "-Wno-unused-variable",
+)
 
 
 class CompilerError(KilnError):

@@ -86,7 +86,13 @@ class Report:
     def to_json(self) -> dict[str, Any]:
         return {
             "target": self.target,
-            "summary": {"total": self.total, "passed": self.passed, "rate": self.rate, "native": self.native, **self.counts()},
+            "summary": {
+                "total": self.total,
+                "passed": self.passed,
+                "rate": self.rate,
+                "native": self.native,
+                **self.counts(),
+            },
             "per_op": self.per_op(),
             "cases": [asdict(r) for r in self.results],
         }

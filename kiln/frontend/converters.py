@@ -256,7 +256,17 @@ def attributes_became_inputs(
 
 
 _AXES = [("axes", 1, np.int64)]
-for _op in ("ReduceMean", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL1", "ReduceL2", "ReduceLogSum", "ReduceLogSumExp", "ReduceSumSquare"):
+for _op in (
+    "ReduceMean",
+    "ReduceMax",
+    "ReduceMin",
+    "ReduceProd",
+    "ReduceL1",
+    "ReduceL2",
+    "ReduceLogSum",
+    "ReduceLogSumExp",
+    "ReduceSumSquare",
+):
     attributes_became_inputs(_op, 18, _AXES)
 attributes_became_inputs("ReduceSum", 13, _AXES)
 attributes_became_inputs("Squeeze", 13, _AXES)

@@ -290,4 +290,3 @@ def infer_node(
     if len(types) < len(node.outputs):
         raise ShapeInferenceError(f"inference gave {len(types)} output types for {len(node.outputs)} outputs")
     return types[: len(node.outputs)], ctx.out_symbolic
-

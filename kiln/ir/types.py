@@ -98,7 +98,6 @@ _FLOATS = frozenset(d for d in DType if d.short.startswith(("f", "bf")))
 _INTEGERS = frozenset(d for d in DType if d.short.startswith(("i", "u")))
 
 
-
 def check_dim(dim: Dim) -> Dim:
     """Return ``dim`` if it is a valid dim (non-negative int or symbol name), else raise ValueError."""
     if isinstance(dim, bool):

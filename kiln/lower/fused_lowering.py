@@ -5,16 +5,19 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from kiln.ir.graph import Node, Value
-from kiln.lower.kir import Expr, Kernel, Load, Store, affine, i64
+from kiln.lower.gemm_lowering import lower_conv_any, lower_matmul_any
+from kiln.lower.kir import Expr, Kernel, Load, Store, affine, buffers_in, i64
 from kiln.lower.lowering import CannotLower, Lowerer, broadcast_index, default_schedule, nest, scalarize_for, strides
-from kiln.lower.nn_lowering import lower_conv, lower_matmul
 
 
-def _chain(lw: Lowerer, chain: list[Node], bindings: dict[Value, Value], out_shape: tuple[int, ...], start: Value | None) -> Callable[[list[Expr], Expr | None], Expr]:
-    """The composed expression of ``chain`` at an output position; ``start`` (the anchor's
+def _chain(
+    lw: Lowerer, chain: list[Node], bindings: dict[Value, Value], out_shape: tuple[int, ...], start: Value | None
+) -> Callable[[list[Expr], Expr | None, Expr | None], Expr]:
+    """The composed expression of ``chain`` at an output position (``flat``: the same position as a
+    flat index, which operands of the output's own shape use directly); ``start`` (the anchor's
     output, if any) takes the value passed in."""
 
-    def compose(position: list[Expr], value: Expr | None) -> Expr:
+    def compose(position: list[Expr], value: Expr | None, flat: Expr | None = None) -> Expr:
         computed: dict[Value, Expr] = {}
         if start is not None and value is not None:
             computed[start] = value
@@ -26,6 +29,8 @@ def _chain(lw: Lowerer, chain: list[Node], bindings: dict[Value, Value], out_sha
             buffer = lw.buffer(actual)
             if buffer.size == 1:
                 return Load(buffer, i64(0))
+            if flat is not None and lw.shape(actual) == out_shape:
+                return Load(buffer, flat)
             return Load(buffer, broadcast_index(lw.shape(actual), out_shape, position))  # type: ignore[arg-type]
 
         result: Expr | None = value
@@ -47,13 +52,20 @@ def lower_fused(lw: Lowerer, node: Node) -> list[Kernel]:
     if node.attrs.get("kind") == "epilogue":
         anchor, chain = body.nodes[0], body.nodes[1:]
         compose = _chain(lw, chain, bindings, shape, anchor.outputs[0])
-        direct = Node(anchor.op, [None if v is None else bindings[v] for v in anchor.inputs], [out], dict(anchor.attrs), name=node.name)
-        lower = {"Conv": lower_conv, "MatMul": lower_matmul}[anchor.op]
-        kernels = lower(lw, direct, epilogue=lambda position, value: compose(position, value))
+        direct = Node(
+            anchor.op,
+            [None if v is None else bindings[v] for v in anchor.inputs],
+            [out],
+            dict(anchor.attrs),
+            name=node.name,
+        )
+        lower = {"Conv": lower_conv_any, "MatMul": lower_matmul_any}[anchor.op]
+        kernels = lower(lw, direct, epilogue=compose)
         for kernel in kernels:
-            kernel.kind = f"{anchor.op.lower()}+epilogue"
+            kernel.kind = f"{kernel.kind}+epilogue"
             kernel.sources = [f"{node.name}: " + ", ".join(n.op for n in body.nodes)]
-            kernel.reads = kernel.reads + [lw.buffer(v) for v in node.inputs if v is not None and lw.buffer(v) not in kernel.reads]
+            # what the epilogue reads (a residual, a bias) lives until this kernel ran
+            kernel.reads = [b for b in buffers_in(kernel.body) if b not in kernel.writes]
         return kernels
     if node.attrs.get("kind") != "pointwise":
         raise CannotLower(f"fused group of kind {node.attrs.get('kind')!r}")

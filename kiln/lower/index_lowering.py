@@ -85,7 +85,9 @@ def _scan_axis(lw: Lowerer, node: Node, axis_default: int, emit) -> list[Kernel]
     return [lw.kernel(node, "reduction", stmts, [data], [out], Schedule())]
 
 
-def _best(lw: Lowerer, src, dtype: DType, base: Expr, k: Index, at: Expr, length: int, better: str, last: bool) -> tuple[list[Stmt], Expr]:  # type: ignore[no-untyped-def]
+def _best(
+    lw: Lowerer, src, dtype: DType, base: Expr, k: Index, at: Expr, length: int, better: str, last: bool
+) -> tuple[list[Stmt], Expr]:  # type: ignore[no-untyped-def]
     """Statements finding the index of the best element along the axis (NumPy's rules: the first
     NaN wins; ties go to the first, or with ``last`` the last, occurrence)."""
     value = Load(src, at)
@@ -93,7 +95,11 @@ def _best(lw: Lowerer, src, dtype: DType, base: Expr, k: Index, at: Expr, length
     wins: Expr = Binary(better + ("=" if last else ""), value, best)
     if dtype in NATIVE_FLOATS:
         wins = Binary("&&", Binary("==", best, best), Binary("||", Binary("!=", value, value), wins))
-    stmts: list[Stmt] = [Let(best, Load(src, base)), Let(where, i64(0)), For(k, length, [If(wins, [Assign(best, value), Assign(where, k)])])]
+    stmts: list[Stmt] = [
+        Let(best, Load(src, base)),
+        Let(where, i64(0)),
+        For(k, length, [If(wins, [Assign(best, value), Assign(where, k)])]),
+    ]
     return stmts, where
 
 
@@ -185,7 +191,10 @@ def lower_hardmax(lw: Lowerer, node: Node) -> list[Kernel]:
 
     def emit(base, k, at, length, out_index):  # type: ignore[no-untyped-def]
         stmts, where = _best(lw, src, dtype, base, k, at, length, ">", False)
-        return [*stmts, For(k, length, [Store(dst, at, Select(Binary("==", k, where), Const(1, dtype), Const(0, dtype)))])]
+        return [
+            *stmts,
+            For(k, length, [Store(dst, at, Select(Binary("==", k, where), Const(1, dtype), Const(0, dtype)))]),
+        ]
 
     return _scan_axis(lw, node, -1, emit)
 

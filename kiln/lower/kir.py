@@ -112,9 +112,13 @@ def affine(terms: list[tuple[Expr, int]], offset: int = 0) -> Expr:
 
 @dataclass
 class For:
+    """``for index in [start, extent)``; bounds are usually constants, and may be scalars (the
+    tile bounds a helper function receives)."""
+
     index: Index
-    extent: int
+    extent: int | Expr
     body: list[Stmt]
+    start: int | Expr = 0
 
 
 @dataclass
@@ -142,7 +146,17 @@ class Store:
     value: Expr
 
 
-Stmt = For | If | Let | Assign | Store
+@dataclass
+class Gemm:
+    """A call into the matrix-multiply engine (``kiln/codegen/gemm.c``): ``fields`` set the members
+    of its ``kiln_gemm`` descriptor (ints, buffers, function names, int tuples), ``epilogue`` names
+    the helper applied to each finished tile."""
+
+    fields: dict[str, int | Buffer | str | tuple[int, ...]]
+    epilogue: Function | None = None
+
+
+Stmt = For | If | Let | Assign | Store | Gemm
 
 
 # -- buffers and kernels ------------------------------------------------------------------------------
@@ -171,6 +185,17 @@ class Schedule:
 
 
 @dataclass
+class Function:
+    """A helper the kernel's code calls, at file scope: ``params`` are int64 scalars; the buffers it
+    touches come from the segment's buffer table."""
+
+    name: str
+    params: list[Scalar]
+    body: list[Stmt]
+    buffers: list[Buffer]
+
+
+@dataclass
 class Kernel:
     name: str
     kind: str  # pointwise | reduction | matmul | conv | pool | copy | normalize
@@ -191,3 +216,46 @@ def loops(body: list[Stmt]) -> list[For]:
         elif isinstance(stmt, If):
             found.extend(loops(stmt.body))
     return found
+
+
+def buffers_in(body: list[Stmt]) -> list[Buffer]:
+    """Every buffer ``body`` loads or stores (including through gemm calls and their helpers), in
+    order of first use."""
+    found: dict[Buffer, None] = {}
+
+    def visit(e: object) -> None:
+        if isinstance(e, Load):
+            found[e.buffer] = None
+            visit(e.index)
+        elif isinstance(e, Binary):
+            visit(e.a)
+            visit(e.b)
+        elif isinstance(e, (Unary, Cast)):
+            visit(e.a)
+        elif isinstance(e, Select):
+            visit(e.cond)
+            visit(e.a)
+            visit(e.b)
+
+    def walk(stmts: list[Stmt]) -> None:
+        for stmt in stmts:
+            if isinstance(stmt, For):
+                for bound in (stmt.start, stmt.extent):
+                    visit(bound)
+                walk(stmt.body)
+            elif isinstance(stmt, If):
+                visit(stmt.cond)
+                walk(stmt.body)
+            elif isinstance(stmt, (Let, Assign)):
+                visit(stmt.value)
+            elif isinstance(stmt, Store):
+                visit(stmt.index)
+                visit(stmt.value)
+                found[stmt.buffer] = None
+            elif isinstance(stmt, Gemm):
+                found.update((v, None) for v in stmt.fields.values() if isinstance(v, Buffer))
+                if stmt.epilogue is not None:
+                    walk(stmt.epilogue.body)
+
+    walk(body)
+    return list(found)

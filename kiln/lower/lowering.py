@@ -47,6 +47,16 @@ class CannotLower(Exception):
     """This node has no native lowering (yet); the message says why."""
 
 
+def aligned(array: np.ndarray, alignment: int = 64) -> np.ndarray:
+    """A C-contiguous copy of ``array`` starting on an ``alignment``-byte boundary (the engine
+    loads packed weights with aligned vector loads)."""
+    raw = np.empty(array.nbytes + alignment, dtype=np.uint8)
+    shift = (-raw.ctypes.data) % alignment
+    result = raw[shift : shift + array.nbytes].view(array.dtype).reshape(array.shape)
+    result[...] = array
+    return result
+
+
 def strides(shape: tuple[int, ...]) -> list[int]:
     result, step = [], 1
     for dim in reversed(shape):
@@ -69,6 +79,19 @@ class Lowerer:
         self.readers = consumers_count(graph)
         self.fixed = set(graph.inputs) | set(graph.constants) | self.outputs
         self.in_place: set[Value] = set()
+        self.packed: dict[Buffer, np.ndarray] = {}  # weights re-laid out for the kernels that read them
+        self._packed_keys: dict[tuple[object, ...], Buffer] = {}
+
+    def packed_constant(self, key: tuple[object, ...], make: Callable[[], np.ndarray]) -> Buffer:
+        """A constant buffer holding ``make()`` (a weight packed into the layout a kernel wants),
+        made once per ``key`` however many kernels read it."""
+        buffer = self._packed_keys.get(key)
+        if buffer is None:
+            array = aligned(make())
+            buffer = Buffer(f"w{len(self.packed)}", DType.from_numpy(array.dtype), int(array.size))
+            self.packed[buffer] = array
+            self._packed_keys[key] = buffer
+        return buffer
 
     def reuse_input(self, out: Value, candidates: list[Value | None]) -> None:
         """Let ``out`` take over the buffer of an input this kernel reads last (in place). Only for
@@ -115,7 +138,15 @@ class Lowerer:
         self._names += 1
         return Scalar(f"{hint}{self._names}", dtype)
 
-    def kernel(self, node: Node, kind: str, body: list[Stmt], reads: list[Value | None], writes: list[Value], schedule: Schedule) -> Kernel:
+    def kernel(
+        self,
+        node: Node,
+        kind: str,
+        body: list[Stmt],
+        reads: list[Value | None],
+        writes: list[Value],
+        schedule: Schedule,
+    ) -> Kernel:
         self.kernel_count += 1
         return Kernel(
             f"k{self.kernel_count}",
@@ -156,7 +187,11 @@ class Lowerer:
 
     def _alias(self, node: Node) -> list[Kernel]:
         if node.op == "Dropout":
-            training = self.constant(node.inputs[2]) if len(node.inputs) > 2 and node.inputs[2] is not None else np.array(False)
+            training = (
+                self.constant(node.inputs[2])
+                if len(node.inputs) > 2 and node.inputs[2] is not None
+                else np.array(False)
+            )
             if training is None or bool(np.any(training)):
                 raise CannotLower("Dropout in training mode is random")
             if len(node.outputs) > 1:  # inference: the data passes through, the mask is all true
@@ -164,7 +199,10 @@ class Lowerer:
                 assert source is not None
                 fill = self.buffer(mask)
                 body, indices = nest(self, (fill.size,), lambda i: [Store(fill, i[0], Const(True, DType.BOOL))])
-                return [copy_kernel(self, node, source, out), self.kernel(node, "pointwise", body, [], [mask], default_schedule((fill.size,), indices))]
+                return [
+                    copy_kernel(self, node, source, out),
+                    self.kernel(node, "pointwise", body, [], [mask], default_schedule((fill.size,), indices)),
+                ]
         source, out = node.inputs[0], node.outputs[0]
         assert source is not None
         if out in self.outputs:
@@ -176,7 +214,9 @@ class Lowerer:
 # -- helpers every lowering uses ---------------------------------------------------------------------
 
 
-def nest(lw: Lowerer, shape: tuple[int, ...], body: Callable[[list[Index]], list[Stmt]], hint: str = "i") -> tuple[list[Stmt], list[Index]]:
+def nest(
+    lw: Lowerer, shape: tuple[int, ...], body: Callable[[list[Index]], list[Stmt]], hint: str = "i"
+) -> tuple[list[Stmt], list[Index]]:
     """Loops over ``shape`` (outermost first) around ``body(indices)``."""
     indices = [lw.index(hint) for _ in shape]
     stmts = body(indices)
@@ -236,14 +276,28 @@ def scalarize_for(node: Node, dtypes: list[DType]) -> Callable[[list[Expr]], Exp
         positive, negative = attrs.get("detect_positive", 1), attrs.get("detect_negative", 1)
         inf = Const(math.inf, first)
         minus = Const(-math.inf, first)
-        return lambda a: Binary("||", Binary("&&", Const(bool(positive), DType.BOOL), Binary("==", a[0], inf)), Binary("&&", Const(bool(negative), DType.BOOL), Binary("==", a[0], minus)))
+        return lambda a: Binary(
+            "||",
+            Binary("&&", Const(bool(positive), DType.BOOL), Binary("==", a[0], inf)),
+            Binary("&&", Const(bool(negative), DType.BOOL), Binary("==", a[0], minus)),
+        )
     if op in ("Cast", "CastLike", "Expand"):
         if out_dtype is DType.BOOL and first is not DType.BOOL:
             return lambda a: Binary("!=", a[0], Const(0, first))
-        if out_dtype in (DType.INT32, DType.INT64, DType.INT8, DType.UINT8, DType.INT16, DType.UINT16, DType.UINT32, DType.UINT64) and first in (*NATIVE_FLOATS, HALF, BF16):
+        if out_dtype in (
+            DType.INT32,
+            DType.INT64,
+            DType.INT8,
+            DType.UINT8,
+            DType.INT16,
+            DType.UINT16,
+            DType.UINT32,
+            DType.UINT64,
+        ) and first in (*NATIVE_FLOATS, HALF, BF16):
             raise CannotLower("float -> integer casts of NaN/out-of-range values differ between C and NumPy")
         return lambda a: Cast(out_dtype, a[0])
     if op == "Clip":
+
         def clip(a: list[Expr]) -> Expr:
             result = a[0]
             if len(a) > 1 and a[1] is not None:
@@ -261,7 +315,9 @@ def scalarize_for(node: Node, dtypes: list[DType]) -> Callable[[list[Expr]], Exp
         bits = first.numpy.itemsize * 8
         shift = "<<" if attrs.get("direction") == "LEFT" else ">>"
         # NumPy gives 0 for shifts past the width; in C they are undefined
-        return lambda a: Select(Binary(">=", a[1], Const(bits, first)), Const(0, first), Cast(first, Binary(shift, a[0], a[1])))
+        return lambda a: Select(
+            Binary(">=", a[1], Const(bits, first)), Const(0, first), Cast(first, Binary(shift, a[0], a[1]))
+        )
     table = FLOAT_OPS if first in NATIVE_FLOATS else ANY_NUMERIC
     scalarize = table.get(op)
     if scalarize is None:
@@ -278,7 +334,11 @@ def _mod(dtype: DType, c_style: bool) -> Callable[[list[Expr]], Expr]:
         x, y = a
         remainder: Expr = Binary("fmod", x, y) if floating else Binary("%", x, y)
         if not c_style:
-            wrong_sign = Binary("&&", Binary("!=", remainder, Const(0, dtype)), Binary("!=", Binary("<", remainder, Const(0, dtype)), Binary("<", y, Const(0, dtype))))
+            wrong_sign = Binary(
+                "&&",
+                Binary("!=", remainder, Const(0, dtype)),
+                Binary("!=", Binary("<", remainder, Const(0, dtype)), Binary("<", y, Const(0, dtype))),
+            )
             remainder = Select(wrong_sign, Binary("+", remainder, y), remainder)
         return remainder if floating else Select(Binary("==", y, Const(0, dtype)), Const(0, dtype), remainder)
 
@@ -349,7 +409,9 @@ def lower_transpose(lw: Lowerer, node: Node) -> list[Kernel]:
     return [lw.kernel(node, "copy", stmts, [source], [out], default_schedule(out_shape, indices))]
 
 
-def _offset_copy(lw: Lowerer, node: Node, source: Value, out: Value, axis: int, offset: int, into_output: bool) -> Kernel:
+def _offset_copy(
+    lw: Lowerer, node: Node, source: Value, out: Value, axis: int, offset: int, into_output: bool
+) -> Kernel:
     """Copy ``source`` into ``out`` at ``offset`` along ``axis`` (Concat), or out of it (Split)."""
     small = lw.shape(source) if into_output else lw.shape(out)
     big = lw.shape(out) if into_output else lw.shape(source)
@@ -398,7 +460,12 @@ def lower_slice(lw: Lowerer, node: Node) -> list[Kernel]:
     starts, ends = lw.constant(node.inputs[1]), lw.constant(node.inputs[2])
     axes = lw.constant(node.inputs[3]) if len(node.inputs) > 3 and node.inputs[3] is not None else None
     steps = lw.constant(node.inputs[4]) if len(node.inputs) > 4 and node.inputs[4] is not None else None
-    if starts is None or ends is None or (len(node.inputs) > 3 and node.inputs[3] is not None and axes is None) or (len(node.inputs) > 4 and node.inputs[4] is not None and steps is None):
+    if (
+        starts is None
+        or ends is None
+        or (len(node.inputs) > 3 and node.inputs[3] is not None and axes is None)
+        or (len(node.inputs) > 4 and node.inputs[4] is not None and steps is None)
+    ):
         raise CannotLower("Slice with non-constant starts/ends/axes/steps")
     rank = len(in_shape)
     first = [0] * rank
@@ -445,7 +512,11 @@ def lower_gather(lw: Lowerer, node: Node) -> list[Kernel]:
             # the index used is always in range, so memory stays safe whatever the input
             Let(picked, Select(bad, i64(0), Select(Binary("<", raw, i64(0)), add(raw, i64(size)), raw))),
         ]
-        read = affine([(i, data_strides[a]) for a, i in enumerate(before)] + [(picked, data_strides[axis])] + [(i, data_strides[axis + 1 + a]) for a, i in enumerate(after)])  # type: ignore[misc]
+        read = affine(
+            [(i, data_strides[a]) for a, i in enumerate(before)]
+            + [(picked, data_strides[axis])]
+            + [(i, data_strides[axis + 1 + a]) for a, i in enumerate(after)]
+        )  # type: ignore[misc]
         stmts.append(Store(dst, affine(list(zip(loop, strides(out_shape)))), Load(src, read)))  # type: ignore[arg-type]
         return stmts
 
@@ -480,7 +551,11 @@ def lower_pad(lw: Lowerer, node: Node) -> list[Kernel]:
     def source_position(position: Expr, size: int) -> Expr:
         """Where an out-of-range position reads from, for the edge/reflect/wrap modes."""
         if mode == "edge":
-            return Select(Binary("<", position, i64(0)), i64(0), Select(Binary(">=", position, i64(size)), i64(size - 1), position))
+            return Select(
+                Binary("<", position, i64(0)),
+                i64(0),
+                Select(Binary(">=", position, i64(size)), i64(size - 1), position),
+            )
         if mode == "wrap":
             return Binary("%", add(Binary("%", position, i64(size)), i64(size)), i64(size))
         if mode == "reflect":
@@ -497,7 +572,9 @@ def lower_pad(lw: Lowerer, node: Node) -> list[Kernel]:
         for index, start, size, stride in zip(indices, begin, in_shape, strides(in_shape)):
             position = add(index, i64(-start))
             if mode == "constant":
-                inside = Binary("&&", inside, Binary("&&", Binary(">=", position, i64(0)), Binary("<", position, i64(size))))
+                inside = Binary(
+                    "&&", inside, Binary("&&", Binary(">=", position, i64(0)), Binary("<", position, i64(size)))
+                )
                 terms.append((position, stride))
             else:
                 terms.append((source_position(position, size), stride))
@@ -513,7 +590,21 @@ def lower_pad(lw: Lowerer, node: Node) -> list[Kernel]:
 
 Lowering = Callable[[Lowerer, Node], list[Kernel]]
 LOWERINGS: dict[str, Lowering] = {}
-for _op in (*FLOAT_OPS, *COMPARE, *LOGIC, "Not", "Where", "IsNaN", "IsInf", "Cast", "CastLike", "Clip", "Expand", "Mod", "BitShift"):
+for _op in (
+    *FLOAT_OPS,
+    *COMPARE,
+    *LOGIC,
+    "Not",
+    "Where",
+    "IsNaN",
+    "IsInf",
+    "Cast",
+    "CastLike",
+    "Clip",
+    "Expand",
+    "Mod",
+    "BitShift",
+):
     LOWERINGS[_op] = lower_pointwise
 LOWERINGS.update(
     {
@@ -528,9 +619,10 @@ LOWERINGS.update(
 
 
 def _register_nn() -> None:
-    from kiln.lower import index_lowering, nn_lowering
+    from kiln.lower import gemm_lowering, index_lowering, nn_lowering
 
     LOWERINGS.update(nn_lowering.LOWERINGS)
+    LOWERINGS.update(gemm_lowering.LOWERINGS)  # the engine where it applies, else nn_lowering's loops
     LOWERINGS.update(index_lowering.LOWERINGS)
 
 

@@ -63,7 +63,11 @@ _REDUCE = {  # op: (initial value, combine(acc, x), finish(acc, count))
     "ReduceProd": (1.0, lambda acc, x: Binary("*", acc, x), lambda acc, n: acc),
     "ReduceMax": (-math.inf, lambda acc, x: FLOAT_OPS["Max"]([acc, x], {}, F64), lambda acc, n: acc),
     "ReduceMin": (math.inf, lambda acc, x: FLOAT_OPS["Min"]([acc, x], {}, F64), lambda acc, n: acc),
-    "GlobalAveragePool": (0.0, lambda acc, x: Binary("+", acc, x), lambda acc, n: Binary("/", acc, Const(float(n), F64))),
+    "GlobalAveragePool": (
+        0.0,
+        lambda acc, x: Binary("+", acc, x),
+        lambda acc, n: Binary("/", acc, Const(float(n), F64)),
+    ),
     "GlobalMaxPool": (-math.inf, lambda acc, x: FLOAT_OPS["Max"]([acc, x], {}, F64), lambda acc, n: acc),
 }
 
@@ -86,7 +90,13 @@ def lower_reduce(lw: Lowerer, node: Node) -> list[Kernel]:
             axes = set(range(rank))
         else:
             axes = {int(a) % rank for a in raw}
-    if any(shape[a] == 0 for a in axes) and node.op not in ("ReduceSum", "ReduceSumSquare", "ReduceL1", "ReduceL2", "ReduceProd"):
+    if any(shape[a] == 0 for a in axes) and node.op not in (
+        "ReduceSum",
+        "ReduceSumSquare",
+        "ReduceL1",
+        "ReduceL2",
+        "ReduceProd",
+    ):
         raise CannotLower("reduction over an empty axis")  # mean/max/min of nothing: left to the reference
     kept, reduced = _split_axes(shape, axes)
     initial, combine, finish = _REDUCE[node.op]
@@ -108,7 +118,9 @@ def lower_reduce(lw: Lowerer, node: Node) -> list[Kernel]:
 
     kept_shape = tuple(shape[a] for a in kept)
     stmts, indices = nest(lw, kept_shape, outer)
-    schedule = Schedule(parallel=indices[0].name if indices and int(np.prod(shape)) >= PARALLEL_MIN and kept_shape[0] > 1 else None)
+    schedule = Schedule(
+        parallel=indices[0].name if indices and int(np.prod(shape)) >= PARALLEL_MIN and kept_shape[0] > 1 else None
+    )
     return [lw.kernel(node, "reduction", stmts, [source], [out], schedule)]
 
 
@@ -155,7 +167,12 @@ def lower_softmax(lw: Lowerer, node: Node) -> list[Kernel]:
 
 def lower_layer_norm(lw: Lowerer, node: Node) -> list[Kernel]:
     dtype = _require_float(lw, node)
-    source, scale, bias, out = node.inputs[0], node.inputs[1], node.inputs[2] if len(node.inputs) > 2 else None, node.outputs[0]
+    source, scale, bias, out = (
+        node.inputs[0],
+        node.inputs[1],
+        node.inputs[2] if len(node.inputs) > 2 else None,
+        node.outputs[0],
+    )
     stats = [lw.buffer(v) for v in node.outputs[1:]]  # Mean, InvStdDev (stash type)
     assert source is not None and scale is not None
     shape = lw.shape(source)
@@ -188,7 +205,14 @@ def lower_layer_norm(lw: Lowerer, node: Node) -> list[Kernel]:
             Assign(mean, Binary("/", mean, Const(float(inner), F64))),
             Let(var, Const(0.0, F64)),
             For(k, inner, [Assign(var, Binary("+", var, Binary("*", centered, centered)))]),
-            Let(inv, Binary("/", Const(1.0, F64), Unary("sqrt", Binary("+", Binary("/", var, Const(float(inner), F64)), Const(epsilon, F64))))),
+            Let(
+                inv,
+                Binary(
+                    "/",
+                    Const(1.0, F64),
+                    Unary("sqrt", Binary("+", Binary("/", var, Const(float(inner), F64)), Const(epsilon, F64))),
+                ),
+            ),
             For(k, inner, [Store(dst, at, Cast(dtype, normalized))]),
             *[Store(buffer, indices[0], Cast(buffer.dtype, stat)) for buffer, stat in zip(stats, (mean, inv))],
         ]
@@ -201,7 +225,7 @@ def lower_layer_norm(lw: Lowerer, node: Node) -> list[Kernel]:
 # -- matrix products -----------------------------------------------------------------------------------
 
 
-Epilogue = Callable[[list[Expr], Expr], Expr]  # (output position, value) -> final value
+Epilogue = Callable[[list[Expr], Expr, Expr], Expr]  # (output position, value, flat output index) -> final value
 
 
 def lower_matmul(lw: Lowerer, node: Node, epilogue: Epilogue | None = None) -> list[Kernel]:
@@ -233,26 +257,55 @@ def lower_matmul(lw: Lowerer, node: Node, epilogue: Epilogue | None = None) -> l
         # out[i, :] = sum_k A[i, k] * B[k, :], the inner loop contiguous and vectorizable
         inner = [
             For(j, n, [Store(dst, target, Const(0, dtype))]),
-            For(kk, k_size, [
-                Let(a_value, Load(a_buf, add(a_base, add(Binary("*", i, i64(k_size)), kk)))),
-                For(j, n, [Store(dst, target, Binary("+", Load(dst, target), Binary("*", a_value, Load(b_buf, add(b_base, add(Binary("*", kk, i64(n)), j))))))]),
-            ]),
+            For(
+                kk,
+                k_size,
+                [
+                    Let(a_value, Load(a_buf, add(a_base, add(Binary("*", i, i64(k_size)), kk)))),
+                    For(
+                        j,
+                        n,
+                        [
+                            Store(
+                                dst,
+                                target,
+                                Binary(
+                                    "+",
+                                    Load(dst, target),
+                                    Binary("*", a_value, Load(b_buf, add(b_base, add(Binary("*", kk, i64(n)), j)))),
+                                ),
+                            )
+                        ],
+                    ),
+                ],
+            ),
         ]
         if epilogue is not None:  # fused: finish the row while it is in cache
-            inner.append(For(j, n, [Store(dst, target, epilogue([*indices, i, j], Load(dst, target)))]))
+            inner.append(For(j, n, [Store(dst, target, epilogue([*indices, i, j], Load(dst, target), target))]))
         return [For(i, m, inner)]
 
     stmts, indices = nest(lw, batch, body, hint="bt")
     work = int(np.prod(out_shape)) * k_size
     # across cores: the batch loop when there is a batch, else the rows
     parallel = indices[0].name if indices and batch[0] > 1 else i.name
-    return [lw.kernel(node, "matmul", stmts, [a, b], [out], Schedule(parallel=parallel if work >= PARALLEL_MIN else None, vectorize=j.name))]
+    return [
+        lw.kernel(
+            node,
+            "matmul",
+            stmts,
+            [a, b],
+            [out],
+            Schedule(parallel=parallel if work >= PARALLEL_MIN else None, vectorize=j.name),
+        )
+    ]
 
 
 # -- convolution and pooling -------------------------------------------------------------------------
 
 
-def _window(node: Node, spatial: int, in_dims: tuple[int, ...], out_dims: tuple[int, ...], kernel: tuple[int, ...]) -> tuple[list[int], list[int], list[int]]:
+def _window(
+    node: Node, spatial: int, in_dims: tuple[int, ...], out_dims: tuple[int, ...], kernel: tuple[int, ...]
+) -> tuple[list[int], list[int], list[int]]:
     """Strides, dilations and leading pads (auto_pad resolved)."""
     stride = list(node.attrs.get("strides") or [1] * spatial)
     dilation = list(node.attrs.get("dilations") or [1] * spatial)
@@ -260,7 +313,9 @@ def _window(node: Node, spatial: int, in_dims: tuple[int, ...], out_dims: tuple[
     auto_pad = node.attrs.get("auto_pad", "NOTSET")
     if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
         for axis in range(spatial):
-            total = max((out_dims[axis] - 1) * stride[axis] + (kernel[axis] - 1) * dilation[axis] + 1 - in_dims[axis], 0)
+            total = max(
+                (out_dims[axis] - 1) * stride[axis] + (kernel[axis] - 1) * dilation[axis] + 1 - in_dims[axis], 0
+            )
             pads[axis] = total // 2 if auto_pad == "SAME_UPPER" else total - total // 2
     elif auto_pad == "VALID":
         pads = [0] * (2 * spatial)
@@ -277,7 +332,11 @@ def lower_conv(lw: Lowerer, node: Node, epilogue: Epilogue | None = None) -> lis
     if len(x_shape) == 3:  # 1-D: the same loops with a height of 1
         (stride_w,), (dil_w,), (pad_l,) = _window(node, 1, x_shape[2:], out_shape[2:], w_shape[2:])
         stride_h, dil_h, pad_t = 1, 1, 0
-        x_shape, w_shape, out_shape = (x_shape[0], x_shape[1], 1, x_shape[2]), (*w_shape[:2], 1, w_shape[2]), (*out_shape[:2], 1, out_shape[2])
+        x_shape, w_shape, out_shape = (
+            (x_shape[0], x_shape[1], 1, x_shape[2]),
+            (*w_shape[:2], 1, w_shape[2]),
+            (*out_shape[:2], 1, out_shape[2]),
+        )
     elif len(x_shape) == 4:
         (stride_h, stride_w), (dil_h, dil_w), (pad_t, pad_l) = _window(node, 2, x_shape[2:], out_shape[2:], w_shape[2:])
     else:
@@ -320,16 +379,40 @@ def lower_conv(lw: Lowerer, node: Node, epilogue: Epilogue | None = None) -> lis
             col = add(ow, i64(w_low))
             in_row = add(Binary("*", row, i64(stride_h)), i64(kh * dil_h - pad_t))
             in_col = add(Binary("*", col, i64(stride_w)), i64(kw * dil_w - pad_l))
-            x_index = add(Binary("*", add(Binary("*", n, i64(x_shape[1])), in_channel), i64(height * width)), add(Binary("*", in_row, i64(width)), in_col))
+            x_index = add(
+                Binary("*", add(Binary("*", n, i64(x_shape[1])), in_channel), i64(height * width)),
+                add(Binary("*", in_row, i64(width)), in_col),
+            )
             y_index = add(plane, add(Binary("*", row, i64(out_w)), col))
-            w_index = add(Binary("*", add(Binary("*", oc, i64(group_channels)), ic), i64(kernel_h * kernel_w)), i64(kh * kernel_w + kw))
+            w_index = add(
+                Binary("*", add(Binary("*", oc, i64(group_channels)), ic), i64(kernel_h * kernel_w)),
+                i64(kh * kernel_w + kw),
+            )
             taps.append(Let(weight, Load(w_buf, w_index)))
-            taps.append(For(oh, h_high - h_low, [For(ow, w_high - w_low, [Store(dst, y_index, Binary("+", Load(dst, y_index), Binary("*", weight, Load(x_buf, x_index))))])]))
+            taps.append(
+                For(
+                    oh,
+                    h_high - h_low,
+                    [
+                        For(
+                            ow,
+                            w_high - w_low,
+                            [
+                                Store(
+                                    dst,
+                                    y_index,
+                                    Binary("+", Load(dst, y_index), Binary("*", weight, Load(x_buf, x_index))),
+                                )
+                            ],
+                        )
+                    ],
+                )
+            )
     body.append(For(ic, group_channels, taps))
     if epilogue is not None:  # fused: finish each output plane while it is in cache
         at = add(plane, add(Binary("*", oh, i64(out_w)), ow))
         position: list[Expr] = [n, oc, oh, ow] if rank == 4 else [n, oc, ow]
-        body.append(For(oh, out_h, [For(ow, out_w, [Store(dst, at, epilogue(position, Load(dst, at)))])]))
+        body.append(For(oh, out_h, [For(ow, out_w, [Store(dst, at, epilogue(position, Load(dst, at), at))])]))
     stmts: list[Stmt] = [For(n, batch, [For(oc, out_channels, body)])]
     schedule = Schedule(parallel=oc.name, vectorize=ow.name)
     return [lw.kernel(node, "conv", stmts, [x, w, bias], [out], schedule)]
@@ -368,7 +451,11 @@ def lower_pool(lw: Lowerer, node: Node) -> list[Kernel]:
         kh, kw = lw.index("kh"), lw.index("kw")
         ih = add(add(Binary("*", oh, i64(stride_h)), Binary("*", kh, i64(dil_h))), i64(-pad_t))
         iw = add(add(Binary("*", ow, i64(stride_w)), Binary("*", kw, i64(dil_w))), i64(-pad_l))
-        inside = Binary("&&", Binary("&&", Binary(">=", ih, i64(0)), Binary("<", ih, i64(height))), Binary("&&", Binary(">=", iw, i64(0)), Binary("<", iw, i64(width))))
+        inside = Binary(
+            "&&",
+            Binary("&&", Binary(">=", ih, i64(0)), Binary("<", ih, i64(height))),
+            Binary("&&", Binary(">=", iw, i64(0)), Binary("<", iw, i64(width))),
+        )
         in_padded = Binary("&&", Binary("<", ih, i64(height + pad_b)), Binary("<", iw, i64(width + pad_r)))
         value = Cast(F64, Load(x_buf, add(Binary("*", nc, i64(height * width)), add(Binary("*", ih, i64(width)), iw))))
         if is_max:
@@ -377,10 +464,22 @@ def lower_pool(lw: Lowerer, node: Node) -> list[Kernel]:
             update = Binary("+", acc, Binary("pow", Unary("fabs", value), Const(power, F64)))
         else:
             update = Binary("+", acc, value)
-        taps = [For(kh, kernel[0], [For(kw, kernel[1], [
-            If(inside, [Assign(acc, update), Assign(count, add(count, i64(1)))]),
-            If(in_padded, [Assign(padded, add(padded, i64(1)))]),
-        ])])]
+        taps = [
+            For(
+                kh,
+                kernel[0],
+                [
+                    For(
+                        kw,
+                        kernel[1],
+                        [
+                            If(inside, [Assign(acc, update), Assign(count, add(count, i64(1)))]),
+                            If(in_padded, [Assign(padded, add(padded, i64(1)))]),
+                        ],
+                    )
+                ],
+            )
+        ]
         divisor = padded if include_pad else count
         if is_max:
             final: Expr = acc
@@ -389,7 +488,13 @@ def lower_pool(lw: Lowerer, node: Node) -> list[Kernel]:
         else:
             final = Binary("/", acc, Cast(F64, divisor))
         target = affine([(nc, out_shape[2] * out_shape[3]), (oh, out_shape[3]), (ow, 1)])  # type: ignore[list-item]
-        return [Let(acc, Const(-math.inf if is_max else 0.0, F64)), Let(count, i64(0)), Let(padded, i64(0)), *taps, Store(dst, target, Cast(dtype, final))]
+        return [
+            Let(acc, Const(-math.inf if is_max else 0.0, F64)),
+            Let(count, i64(0)),
+            Let(padded, i64(0)),
+            *taps,
+            Store(dst, target, Cast(dtype, final)),
+        ]
 
     loop_shape = (x_shape[0] * channels, out_shape[2], out_shape[3])
     stmts, indices = nest(lw, loop_shape, body)
@@ -434,7 +539,19 @@ def lower_lp_normalization(lw: Lowerer, node: Node) -> list[Kernel]:
         return [
             Let(norm, Const(0.0, F64)),
             For(k, shape[axis], [Assign(norm, Binary("+", norm, term))]),
-            For(k, shape[axis], [Store(dst, at, Cast(dtype, Select(Binary("==", norm, Const(0.0, F64)), Const(0.0, F64), Binary("/", x, total))))]),
+            For(
+                k,
+                shape[axis],
+                [
+                    Store(
+                        dst,
+                        at,
+                        Cast(
+                            dtype, Select(Binary("==", norm, Const(0.0, F64)), Const(0.0, F64), Binary("/", x, total))
+                        ),
+                    )
+                ],
+            ),
         ]
 
     stmts, _ = nest(lw, tuple(shape[a] for a in outer_axes), body)
@@ -459,7 +576,19 @@ def lower_batch_norm(lw: Lowerer, node: Node) -> list[Kernel]:
         n, c, s = loop
         at = affine([(n, channels * spatial), (c, spatial), (s, 1)])  # type: ignore[list-item]
         gamma, beta, mu, sigma = (Cast(F64, Load(b, c)) for b in bufs)
-        normalized = Binary("+", Binary("*", gamma, Binary("/", Binary("-", Cast(F64, Load(src, at)), mu), Unary("sqrt", Binary("+", sigma, Const(epsilon, F64))))), beta)
+        normalized = Binary(
+            "+",
+            Binary(
+                "*",
+                gamma,
+                Binary(
+                    "/",
+                    Binary("-", Cast(F64, Load(src, at)), mu),
+                    Unary("sqrt", Binary("+", sigma, Const(epsilon, F64))),
+                ),
+            ),
+            beta,
+        )
         return [Store(dst, at, Cast(dtype, normalized))]
 
     loop_shape = (shape[0], channels, spatial)
@@ -495,7 +624,11 @@ def lower_quantize(lw: Lowerer, node: Node) -> list[Kernel]:
         value = Cast(work, Load(src, i))
         if quantize:
             rounded = Cast(F64, Binary("+", Unary("nearbyint", Binary("/", value, s)), z))  # half to even
-            clamped = Select(Binary("<", rounded, Const(float(info.min), F64)), Const(float(info.min), F64), Select(Binary(">", rounded, Const(float(info.max), F64)), Const(float(info.max), F64), rounded))  # type: ignore[union-attr]
+            clamped = Select(
+                Binary("<", rounded, Const(float(info.min), F64)),
+                Const(float(info.min), F64),
+                Select(Binary(">", rounded, Const(float(info.max), F64)), Const(float(info.max), F64), rounded),
+            )  # type: ignore[union-attr]
             return [Store(dst, i, Cast(out_dtype, clamped))]
         return [Store(dst, i, Cast(out_dtype, Binary("*", Binary("-", value, z), s)))]
 

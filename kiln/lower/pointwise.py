@@ -95,18 +95,34 @@ FLOAT_OPS: dict[str, Scalarize] = {
     "Asinh": lambda a, k, t: Unary("asinh", a[0]),
     "Acosh": lambda a, k, t: Unary("acosh", a[0]),
     "Atanh": lambda a, k, t: Unary("atanh", a[0]),
-    "Sign": lambda a, k, t: Select(Binary(">", a[0], c(0, t)), c(1, t), Select(Binary("<", a[0], c(0, t)), c(-1, t), a[0])),
+    "Sign": lambda a, k, t: Select(
+        Binary(">", a[0], c(0, t)), c(1, t), Select(Binary("<", a[0], c(0, t)), c(-1, t), a[0])
+    ),
     "Softplus": lambda a, k, t: _softplus(a[0], t),  # log(exp(x) + 1)
     "Softsign": lambda a, k, t: Binary("/", a[0], Binary("+", c(1, t), Unary("fabs", a[0]))),
     "Elu": lambda a, k, t: _elu(k.get("alpha", 1.0), a[0], t),
-    "Selu": lambda a, k, t: Binary("*", c(k.get("gamma", 1.0507009873554805), t), _elu(k.get("alpha", 1.6732632423543772), a[0], t)),
-    "Celu": lambda a, k, t: Select(  # max(0, x) + min(0, alpha * (exp(x / alpha) - 1))
-        Binary("<", a[0], c(0, t)), Binary("*", c(k.get("alpha", 1.0), t), Binary("-", Unary("exp", Binary("/", a[0], c(k.get("alpha", 1.0), t))), c(1, t))), a[0]
+    "Selu": lambda a, k, t: Binary(
+        "*", c(k.get("gamma", 1.0507009873554805), t), _elu(k.get("alpha", 1.6732632423543772), a[0], t)
     ),
-    "LeakyRelu": lambda a, k, t: Select(Binary("<", a[0], c(0, t)), Binary("*", c(k.get("alpha", 0.01), t), a[0]), a[0]),
+    "Celu": lambda a, k, t: Select(  # max(0, x) + min(0, alpha * (exp(x / alpha) - 1))
+        Binary("<", a[0], c(0, t)),
+        Binary(
+            "*",
+            c(k.get("alpha", 1.0), t),
+            Binary("-", Unary("exp", Binary("/", a[0], c(k.get("alpha", 1.0), t))), c(1, t)),
+        ),
+        a[0],
+    ),
+    "LeakyRelu": lambda a, k, t: Select(
+        Binary("<", a[0], c(0, t)), Binary("*", c(k.get("alpha", 0.01), t), a[0]), a[0]
+    ),
     "ThresholdedRelu": lambda a, k, t: Select(Binary(">", a[0], c(k.get("alpha", 1.0), t)), a[0], c(0, t)),
-    "HardSigmoid": lambda a, k, t: _max(c(0, t), _min(c(1, t), Binary("+", Binary("*", c(k.get("alpha", 0.2), t), a[0]), c(k.get("beta", 0.5), t)))),
-    "HardSwish": lambda a, k, t: Binary("*", a[0], _max(c(0, t), _min(c(1, t), Binary("+", Binary("*", c(1 / 6, t), a[0]), c(0.5, t))))),
+    "HardSigmoid": lambda a, k, t: _max(
+        c(0, t), _min(c(1, t), Binary("+", Binary("*", c(k.get("alpha", 0.2), t), a[0]), c(k.get("beta", 0.5), t)))
+    ),
+    "HardSwish": lambda a, k, t: Binary(
+        "*", a[0], _max(c(0, t), _min(c(1, t), Binary("+", Binary("*", c(1 / 6, t), a[0]), c(0.5, t))))
+    ),
     "Gelu": _gelu,
     "Mish": lambda a, k, t: Binary("*", a[0], Unary("tanh", _softplus(a[0], t))),
     "PRelu": lambda a, k, t: Select(Binary("<", a[0], c(0, t)), Binary("*", a[1], a[0]), a[0]),

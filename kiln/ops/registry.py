@@ -322,7 +322,6 @@ def same_as_input(index: int = 0, dtype: DType | None = None) -> Infer:
     return infer
 
 
-
 def dim_product(dims: Sequence[Dim]) -> Dim | None:
     """Product of dims if all static, else None."""
     total = 1

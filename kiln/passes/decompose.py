@@ -39,7 +39,9 @@ def _function_for(node: Node, opset: int) -> onnx.FunctionProto | None:
         proto = node_to_proto(node, opdef)
         types = [type_to_proto(v.type) if v is not None else onnx.TypeProto() for v in node.inputs]
         try:
-            body = schema.get_context_dependent_function(proto.SerializeToString(), [t.SerializeToString() for t in types])
+            body = schema.get_context_dependent_function(
+                proto.SerializeToString(), [t.SerializeToString() for t in types]
+            )
         except Exception:
             return None
         function = onnx.FunctionProto()
@@ -62,7 +64,10 @@ def _as_model(node: Node, function: onnx.FunctionProto, opset: int) -> onnx.Mode
     from kiln.ops.registry import lookup
 
     opdef = lookup(node.op, node.domain)
-    given = {k: attr_to_proto(k, v, opdef.attrs[k].kind if opdef and k in opdef.attrs else None) for k, v in node.attrs.items()}
+    given = {
+        k: attr_to_proto(k, v, opdef.attrs[k].kind if opdef and k in opdef.attrs else None)
+        for k, v in node.attrs.items()
+    }
     nodes = []
     for inner in function.node:
         copy = onnx.NodeProto()
@@ -91,7 +96,9 @@ def _as_model(node: Node, function: onnx.FunctionProto, opset: int) -> onnx.Mode
                 inner.input[position] = ""
     outputs = [helper.make_value_info(name, onnx.TypeProto()) for name in function.output[: len(node.outputs)]]
     graph = helper.make_graph(nodes, f"{node.op}_function", inputs, outputs)
-    imports = [helper.make_opsetid(o.domain, o.version) for o in function.opset_import] or [helper.make_opsetid("", opset)]
+    imports = [helper.make_opsetid(o.domain, o.version) for o in function.opset_import] or [
+        helper.make_opsetid("", opset)
+    ]
     return helper.make_model(graph, opset_imports=imports)
 
 
@@ -159,8 +166,13 @@ def _splice(rewriter: Rewriter, node: Node, body: Graph) -> None:
         mapping.update(zip(inner.outputs, outputs))
         inputs = [None if v is None else mapping.get(v, v) for v in inner.inputs]
         # bodies of If/Loop inside the function read its values from their enclosing scope
-        attrs = {k: substitute_free(a, lambda v: mapping.get(v, v)) if isinstance(a, Graph) else a for k, a in inner.attrs.items()}
-        rewriter.keep(Node(inner.op, inputs, outputs, attrs, name=prefix + (inner.name or inner.op), domain=inner.domain))
+        attrs = {
+            k: substitute_free(a, lambda v: mapping.get(v, v)) if isinstance(a, Graph) else a
+            for k, a in inner.attrs.items()
+        }
+        rewriter.keep(
+            Node(inner.op, inputs, outputs, attrs, name=prefix + (inner.name or inner.op), domain=inner.domain)
+        )
     for old, new in zip(node.outputs, body.outputs):
         rewriter.replace(old, mapping.get(new, new))
     rewriter.drop(node)

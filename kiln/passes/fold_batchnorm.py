@@ -29,10 +29,18 @@ def fold_batchnorm(graph: Graph) -> Graph:
             continue
         params = [graph.constants.get(v) for v in node.inputs[1:5]]  # type: ignore[arg-type]
         weight = graph.constants.get(source.inputs[1])  # type: ignore[arg-type]
-        bias = graph.constants.get(source.inputs[2]) if len(source.inputs) > 2 and source.inputs[2] is not None else None
-        if weight is None or any(p is None for p in params) or (len(source.inputs) > 2 and source.inputs[2] is not None and bias is None):
+        bias = (
+            graph.constants.get(source.inputs[2]) if len(source.inputs) > 2 and source.inputs[2] is not None else None
+        )
+        if (
+            weight is None
+            or any(p is None for p in params)
+            or (len(source.inputs) > 2 and source.inputs[2] is not None and bias is None)
+        ):
             continue
-        if source.op == "Gemm" and (source.attrs.get("transA") or source.attrs.get("alpha", 1.0) != 1.0 or source.attrs.get("beta", 1.0) != 1.0):
+        if source.op == "Gemm" and (
+            source.attrs.get("transA") or source.attrs.get("alpha", 1.0) != 1.0 or source.attrs.get("beta", 1.0) != 1.0
+        ):
             continue
         gamma, beta, mean, var = (np.asarray(p, dtype=np.float64) for p in params)  # type: ignore[arg-type]
         scale = gamma / np.sqrt(var + float(node.attrs.get("epsilon", 1e-5)))
@@ -48,7 +56,12 @@ def fold_batchnorm(graph: Graph) -> Graph:
         weight_value = rewriter.add_constant(new_weight.astype(dtype), f"{source.outputs[0].name}_w_bn")
         bias_value = rewriter.add_constant(new_bias.astype(dtype), f"{source.outputs[0].name}_b_bn")
         fused = Node(
-            source.op, [source.inputs[0], weight_value, bias_value], [node.outputs[0]], dict(source.attrs), name=source.name, domain=source.domain
+            source.op,
+            [source.inputs[0], weight_value, bias_value],
+            [node.outputs[0]],
+            dict(source.attrs),
+            name=source.name,
+            domain=source.domain,
         )
         replacement[source] = fused
         folded.add(node)
@@ -60,4 +73,3 @@ def fold_batchnorm(graph: Graph) -> Graph:
         else:
             rewriter.keep(replacement.get(node, node))
     return rewriter.finish()
-

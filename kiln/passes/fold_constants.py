@@ -34,7 +34,6 @@ def fold_constants(graph: Graph) -> Graph:
     return rewriter.finish()
 
 
-
 def _fold_shape(rewriter: Rewriter, node: Node) -> bool:
     if node.op not in ("Shape", "Size") or node.domain:
         return False
@@ -85,18 +84,24 @@ def _fold(rewriter: Rewriter, node: Node) -> bool:
 
 def _fits(value_type: Type, array: np.ndarray) -> bool:
     """Whether a folded array agrees with the recorded type (same dtype, rank, static dims)."""
-    if not isinstance(value_type, TensorType) or (value_type.dtype.numpy != array.dtype and value_type.dtype.short != "str"):
+    if not isinstance(value_type, TensorType) or (
+        value_type.dtype.numpy != array.dtype and value_type.dtype.short != "str"
+    ):
         return False
     if value_type.shape is None:
         return True
-    return len(value_type.shape) == array.ndim and all(not isinstance(d, int) or d == n for d, n in zip(value_type.shape, array.shape))
+    return len(value_type.shape) == array.ndim and all(
+        not isinstance(d, int) or d == n for d, n in zip(value_type.shape, array.shape)
+    )
 
 
 def refine_types(rewriter: Rewriter, node: Node) -> Node:
     """``node`` with output types re-inferred from what is known now (never less precise)."""
     known = [rewriter.constant_value(v) for v in node.inputs]
     try:
-        types, _ = infer_node(node, [None if v is None else v.type for v in node.inputs], known, [None] * len(node.inputs))
+        types, _ = infer_node(
+            node, [None if v is None else v.type for v in node.inputs], known, [None] * len(node.inputs)
+        )
     except Exception:  # keep the recorded types; the verifier reports real conflicts
         return node
     outputs: list[Value] = []

@@ -83,7 +83,9 @@ def fuse(graph: Graph, refusals: list[Refusal] | None = None) -> Graph:
         if id(node) in grouped or len(node.outputs) != 1 or node.domain:
             continue
         anchor = node.op in ANCHORS and _float_static(node.outputs[0])
-        if not anchor and (node.op not in POINTWISE or not all(_float_static(v) for v in [*node.inputs, *node.outputs])):
+        if not anchor and (
+            node.op not in POINTWISE or not all(_float_static(v) for v in [*node.inputs, *node.outputs])
+        ):
             continue
         group = [node]
         while True:
@@ -91,7 +93,11 @@ def fuse(graph: Graph, refusals: list[Refusal] | None = None) -> Graph:
             consumer = consumer_of.get(tail.outputs[0])
             if consumer is None:
                 break
-            reason = "already fused into another group" if id(consumer) in grouped else can_fuse(tail, consumer, readers, outputs)
+            reason = (
+                "already fused into another group"
+                if id(consumer) in grouped
+                else can_fuse(tail, consumer, readers, outputs)
+            )
             if reason is None and fusion_benefit(tail.outputs[0]) <= 0:
                 reason = "nothing to save"
             if reason is not None:
@@ -128,8 +134,23 @@ def _fused_node(group: list[Node]) -> Node:
         out = node.outputs[0]
         inner_out = Value(f"t{position}", out.type)
         inner_values[out] = inner_out
-        body_nodes.append(Node(node.op, [None if v is None else inner_values[v] for v in node.inputs], [inner_out], dict(node.attrs), name=node.name))
+        body_nodes.append(
+            Node(
+                node.op,
+                [None if v is None else inner_values[v] for v in node.inputs],
+                [inner_out],
+                dict(node.attrs),
+                name=node.name,
+            )
+        )
     body = Graph(list(formal.values()), [inner_values[group[-1].outputs[0]]], body_nodes, name="fused")
     kind = "epilogue" if group[0].op in ANCHORS else "pointwise"
     label = "+".join(n.op for n in group)
-    return Node("Fused", external, [group[-1].outputs[0]], {"body": body, "kind": kind}, name=f"{label} [{group[0].name or group[0].outputs[0].name}]", domain="kiln")
+    return Node(
+        "Fused",
+        external,
+        [group[-1].outputs[0]],
+        {"body": body, "kind": kind},
+        name=f"{label} [{group[0].name or group[0].outputs[0].name}]",
+        domain="kiln",
+    )

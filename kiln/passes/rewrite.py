@@ -65,7 +65,14 @@ class Rewriter:
         self.changed = True
 
     def emit(
-        self, op: str, inputs: list[Value | None], attrs: dict[str, Any] | None = None, hint: str = "", outputs: int = 1, name: str = "", domain: str = ""
+        self,
+        op: str,
+        inputs: list[Value | None],
+        attrs: dict[str, Any] | None = None,
+        hint: str = "",
+        outputs: int = 1,
+        name: str = "",
+        domain: str = "",
     ) -> list[Value]:
         """A new node, its output types inferred by the registry."""
         inputs = [self.resolve(v) for v in inputs]

@@ -101,9 +101,16 @@ def _cast_noop(rw: Rewriter, node: Node, producers: dict[Value, Node]) -> list[V
 
 
 _LOSSLESS = {
-    (DType.FLOAT16, DType.FLOAT32), (DType.BFLOAT16, DType.FLOAT32), (DType.FLOAT32, DType.FLOAT64),
-    (DType.FLOAT16, DType.FLOAT64), (DType.INT32, DType.INT64), (DType.INT8, DType.INT32),
-    (DType.INT16, DType.INT32), (DType.UINT8, DType.INT32), (DType.BOOL, DType.INT64), (DType.INT32, DType.FLOAT64),
+    (DType.FLOAT16, DType.FLOAT32),
+    (DType.BFLOAT16, DType.FLOAT32),
+    (DType.FLOAT32, DType.FLOAT64),
+    (DType.FLOAT16, DType.FLOAT64),
+    (DType.INT32, DType.INT64),
+    (DType.INT8, DType.INT32),
+    (DType.INT16, DType.INT32),
+    (DType.UINT8, DType.INT32),
+    (DType.BOOL, DType.INT64),
+    (DType.INT32, DType.FLOAT64),
 }
 
 
@@ -145,7 +152,9 @@ def _nan_guarded_softmax(rw: Rewriter, node: Node, producers: dict[Value, Node])
     if not _same_type(value, node.outputs[0]):
         return None
     attrs = {"axis": int(softmax.attrs.get("axis", -1))}
-    return rw.emit("SafeSoftmax", [softmax.inputs[0]], attrs, hint=node.outputs[0].name, name=softmax.name, domain="kiln")
+    return rw.emit(
+        "SafeSoftmax", [softmax.inputs[0]], attrs, hint=node.outputs[0].name, name=softmax.name, domain="kiln"
+    )
 
 
 _RESHAPES = ("Reshape", "Flatten", "Squeeze", "Unsqueeze")
@@ -204,4 +213,3 @@ def simplify(graph: Graph) -> Graph:
             if new not in producers and rewriter.nodes and new in rewriter.nodes[-1].outputs:
                 producers[new] = rewriter.nodes[-1]
     return rewriter.finish()
-

@@ -17,7 +17,9 @@ def bind_type(value_type: Type, dims: Mapping[str, int]) -> Type:
     if isinstance(value_type, TensorType):
         if value_type.shape is None:
             return value_type
-        return TensorType(value_type.dtype, tuple(dims.get(d, d) if isinstance(d, str) else d for d in value_type.shape))
+        return TensorType(
+            value_type.dtype, tuple(dims.get(d, d) if isinstance(d, str) else d for d in value_type.shape)
+        )
     if isinstance(value_type, (SequenceType, OptionalType)):
         return type(value_type)(bind_type(value_type.elem, dims))
     return value_type
@@ -45,7 +47,16 @@ def specialize(graph: Graph, dims: Mapping[str, int]) -> Graph:
         nodes = []
         for node in sub.nodes:
             attrs = {k: rebuild(a) if isinstance(a, Graph) else a for k, a in node.attrs.items()}
-            nodes.append(Node(node.op, [rebind(v) for v in node.inputs], [rebind(v) for v in node.outputs], attrs, name=node.name, domain=node.domain))  # type: ignore[misc]
+            nodes.append(
+                Node(
+                    node.op,
+                    [rebind(v) for v in node.inputs],
+                    [rebind(v) for v in node.outputs],
+                    attrs,
+                    name=node.name,
+                    domain=node.domain,
+                )
+            )  # type: ignore[misc]
         return sub.with_(inputs=inputs, outputs=[rebind(v) for v in sub.outputs], nodes=nodes, constants=constants)
 
     return fold_constants(rebuild(graph))

@@ -33,8 +33,12 @@ def sink_transposes(graph: Graph) -> Graph:
             and transpose.op == "Transpose"
             and readers.get(transpose.outputs[0], 0) == 1
         ):
-            inner = rewriter.emit(node.op, [transpose.inputs[0]], dict(node.attrs), hint=f"{node.outputs[0].name}_pre", name=node.name)[0]
-            moved = rewriter.emit("Transpose", [inner], dict(transpose.attrs), hint=node.outputs[0].name, name=transpose.name)[0]
+            inner = rewriter.emit(
+                node.op, [transpose.inputs[0]], dict(node.attrs), hint=f"{node.outputs[0].name}_pre", name=node.name
+            )[0]
+            moved = rewriter.emit(
+                "Transpose", [inner], dict(transpose.attrs), hint=node.outputs[0].name, name=transpose.name
+            )[0]
             producers[moved] = rewriter.nodes[-1]
             readers[moved] = readers.get(node.outputs[0], 0)  # so it can keep sinking
             rewriter.replace(node.outputs[0], moved)

@@ -25,7 +25,11 @@ def widen_half(graph: Graph) -> Graph:
     rewriter = Rewriter(graph)
     for node in graph.nodes:
         node = rewriter.resolved(node)
-        half = {v.type.dtype for v in node.inputs if v is not None and isinstance(v.type, TensorType) and v.type.dtype in HALVES}
+        half = {
+            v.type.dtype
+            for v in node.inputs
+            if v is not None and isinstance(v.type, TensorType) and v.type.dtype in HALVES
+        }
         if node.op not in WIDENED_OPS or node.domain or len(half) != 1 or len(node.outputs) != 1:
             rewriter.keep(node)
             continue
@@ -36,7 +40,11 @@ def widen_half(graph: Graph) -> Graph:
             inputs.append(value)
         wide = rewriter.emit(node.op, inputs, dict(node.attrs), hint=f"{node.outputs[0].name}_f32", name=node.name)[0]
         out = node.outputs[0]
-        narrow = wide if out.type.dtype not in HALVES else rewriter.emit("Cast", [wide], {"to": out.type.dtype.onnx_code}, hint=out.name)[0]  # type: ignore[union-attr]
+        narrow = (
+            wide
+            if out.type.dtype not in HALVES
+            else rewriter.emit("Cast", [wide], {"to": out.type.dtype.onnx_code}, hint=out.name)[0]
+        )  # type: ignore[union-attr]
         rewriter.replace(out, narrow)
         rewriter.drop(node)
     return rewriter.finish()

@@ -39,7 +39,13 @@ def save(model: Any, path: str | os.PathLike) -> Path:
     from kiln.ir.printer import print_graph, tensor_data
 
     path = Path(path)
-    meta: dict[str, Any] = {"format": FORMAT, "version": VERSION, "kiln": __version__, "target": model.target, "variants": []}
+    meta: dict[str, Any] = {
+        "format": FORMAT,
+        "version": VERSION,
+        "kiln": __version__,
+        "target": model.target,
+        "variants": [],
+    }
     libraries: dict[str, Path] = {}
     if model.target == "cpu":
         meta["opt_level"] = model.level

@@ -49,7 +49,13 @@ class _Executable:
             self.base_table[plan.table[buffer]] = view.ctypes.data
         shared = set(plan.memory.offsets) | set(plan.constants) | set(plan.inputs)
         self.output_layout = [
-            (buffer, [int(d) for d in value.type.shape] if isinstance(value.type, TensorType) and value.type.shape is not None else [], buffer in shared)
+            (
+                buffer,
+                [int(d) for d in value.type.shape]
+                if isinstance(value.type, TensorType) and value.type.shape is not None
+                else [],
+                buffer in shared,
+            )
             for value, buffer in zip(plan.graph.outputs, plan.outputs)
         ]
 
@@ -91,7 +97,9 @@ class _Executable:
                 if isinstance(step, Segment):
                     next(functions)(ctypes.cast(table, ctypes.c_void_p))
                     if status[0]:
-                        raise ExecutionError(f"node {plan.kernel_labels.get(int(status[0]), '?')}: an index input is out of range")
+                        raise ExecutionError(
+                            f"node {plan.kernel_labels.get(int(status[0]), '?')}: an index input is out of range"
+                        )
                 else:
                     self._fallback(step, views)
             results = []
@@ -105,7 +113,9 @@ class _Executable:
     def _fallback(self, step: Fallback, views: dict[Buffer, np.ndarray]) -> None:
         plan = self.plan
         node = step.node
-        args = [None if v is None else views[plan.roots[v]].reshape([int(d) for d in v.type.shape]) for v in node.inputs]  # type: ignore[union-attr]
+        args = [
+            None if v is None else views[plan.roots[v]].reshape([int(d) for d in v.type.shape]) for v in node.inputs
+        ]  # type: ignore[union-attr]
         try:
             results = evaluate_node(node, args)
         except Exception as err:
@@ -114,7 +124,9 @@ class _Executable:
             target = views[plan.roots[value]]
             result = np.asarray(result)
             if result.dtype != target.dtype or result.size != target.size:
-                raise ExecutionError(f"node {node.label}: fallback produced {result.dtype}{list(result.shape)}, planned {value.type} (kiln bug)")
+                raise ExecutionError(
+                    f"node {node.label}: fallback produced {result.dtype}{list(result.shape)}, planned {value.type} (kiln bug)"
+                )
             np.copyto(target, result.reshape(-1))
 
 
@@ -125,7 +137,12 @@ class NativeModel(Model):
     target = "cpu"
 
     def __init__(
-        self, graph: Graph, level: int = 2, dims: dict[str, int] | None = None, prebuilt: dict | None = None, compile_now: bool = True
+        self,
+        graph: Graph,
+        level: int = 2,
+        dims: dict[str, int] | None = None,
+        prebuilt: dict | None = None,
+        compile_now: bool = True,
     ) -> None:
         super().__init__(graph)
         self.level = level

@@ -173,7 +173,15 @@ class MobileNetV2(nn.Module):
 
     def __init__(self, num_classes: int = 1000) -> None:
         super().__init__()
-        settings = [[1, 16, 1, 1], [6, 24, 2, 2], [6, 32, 3, 2], [6, 64, 4, 2], [6, 96, 3, 1], [6, 160, 3, 2], [6, 320, 1, 1]]
+        settings = [
+            [1, 16, 1, 1],
+            [6, 24, 2, 2],
+            [6, 32, 3, 2],
+            [6, 64, 4, 2],
+            [6, 96, 3, 1],
+            [6, 160, 3, 2],
+            [6, 320, 1, 1],
+        ]
         channels, last = 32, 1280
         features: list[nn.Module] = [_conv_bn_relu6(3, channels, stride=2)]
         for expand, width, repeats, stride in settings:

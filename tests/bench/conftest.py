@@ -18,7 +18,10 @@ def tiny_onnx(tmp_path_factory):
         ],
         [("x", FLOAT, ["batch", 16])],
         [("y", FLOAT, ["batch", 10])],
-        {"w1": rng.standard_normal((16, 32)).astype(np.float32), "w2": rng.standard_normal((32, 10)).astype(np.float32)},
+        {
+            "w1": rng.standard_normal((16, 32)).astype(np.float32),
+            "w2": rng.standard_normal((32, 10)).astype(np.float32),
+        },
     )
     path = tmp_path_factory.mktemp("models") / "tiny.onnx"
     onnx.save(model, path)

@@ -142,7 +142,11 @@ def test_accuracy_on_an_image_folder(tmp_path):
     # Mean colour per channel, reordered to the sorted class order (blue, green, red).
     permutation = np.array([[0, 0, 1], [0, 1, 0], [1, 0, 0]], np.float32)
     model = make_model(
-        [helper.make_node("GlobalAveragePool", ["x"], ["p"]), helper.make_node("Flatten", ["p"], ["f"]), helper.make_node("MatMul", ["f", "perm"], ["y"])],
+        [
+            helper.make_node("GlobalAveragePool", ["x"], ["p"]),
+            helper.make_node("Flatten", ["p"], ["f"]),
+            helper.make_node("MatMul", ["f", "perm"], ["y"]),
+        ],
         [("x", FLOAT, ["batch", 3, 8, 8])],
         [("y", FLOAT, None)],
         {"perm": permutation},
@@ -152,7 +156,11 @@ def test_accuracy_on_an_image_folder(tmp_path):
     import kiln
 
     compiled = kiln.compile(str(path))
-    result = accuracy(lambda feeds: list(compiled.run(feeds).values()), str(tmp_path / "data"), BenchModel("colour", 1, path=str(path)))
+    result = accuracy(
+        lambda feeds: list(compiled.run(feeds).values()),
+        str(tmp_path / "data"),
+        BenchModel("colour", 1, path=str(path)),
+    )
     assert result == {"top1": 1.0, "images": 9, "classes": 3}
     with pytest.raises(Exception, match="expected one sub-folder per class"):
         accuracy(None, str(tmp_path / "data" / "red"), BenchModel("colour", 1, path=str(path)))
@@ -161,7 +169,10 @@ def test_accuracy_on_an_image_folder(tmp_path):
 def test_cli_names_valid_choices(tmp_path):
     runner = CliRunner()
     result = runner.invoke(main, ["bench", "-b", "warp-drive", "--out", str(tmp_path)])
-    assert result.exit_code != 0 and "unknown backend(s) ['warp-drive']; available: kiln, kiln-reference, onnxruntime" in str(result.exception)
+    assert (
+        result.exit_code != 0
+        and "unknown backend(s) ['warp-drive']; available: kiln, kiln-reference, onnxruntime" in str(result.exception)
+    )
     result = runner.invoke(main, ["bench", "-m", "resnet9000", "--out", str(tmp_path)])
     assert "unknown model 'resnet9000'; available: resnet50" in str(result.exception)
     result = runner.invoke(main, ["bench", "-s", "batchy", "--out", str(tmp_path)])
@@ -171,7 +182,23 @@ def test_cli_names_valid_choices(tmp_path):
 def test_cli_end_to_end_writes_reports(tiny_onnx, tmp_path):
     pytest.importorskip("onnxruntime", reason="onnxruntime (the 'peers' extra) is one of the compared backends")
     runner = CliRunner()
-    args = ["bench", "-m", tiny_onnx, "-b", "kiln,onnxruntime", "-s", "single-stream,offline", "--batch", "1", "--batch", "4", "-d", "0.2", "--out", str(tmp_path)]
+    args = [
+        "bench",
+        "-m",
+        tiny_onnx,
+        "-b",
+        "kiln,onnxruntime",
+        "-s",
+        "single-stream,offline",
+        "--batch",
+        "1",
+        "--batch",
+        "4",
+        "-d",
+        "0.2",
+        "--out",
+        str(tmp_path),
+    ]
     result = runner.invoke(main, args, catch_exceptions=False)
     assert result.exit_code == 0, result.output
     latest = tmp_path / "latest"
@@ -217,7 +244,9 @@ def test_a_model_one_backend_cannot_load_is_that_backends_row(tmp_path):
     assert model.ir_version >= 11
     path = tmp_path / "ir14.onnx"
     onnx.save(model, path)
-    config = BenchConfig(models=[str(path)], backends=["kiln", "onnxruntime"], duration=0.1, min_iterations=1, agreement=False)
+    config = BenchConfig(
+        models=[str(path)], backends=["kiln", "onnxruntime"], duration=0.1, min_iterations=1, agreement=False
+    )
     records = {r["backend"]: r for r in run_bench(config, tmp_path / "work")["records"]}
     assert records["kiln"]["status"] == "ok"
     assert records["onnxruntime"]["status"] == "error"
@@ -226,7 +255,10 @@ def test_a_model_one_backend_cannot_load_is_that_backends_row(tmp_path):
 
 def test_missing_or_broken_peers_are_rows_not_crashes(tiny_onnx, tmp_path):
     config = BenchConfig(
-        models=[tiny_onnx], backends=["fake-missing-subpackage", "fake-broken-check", "iree", "tvm"], plugins=[PLUGIN], agreement=False
+        models=[tiny_onnx],
+        backends=["fake-missing-subpackage", "fake-broken-check", "iree", "tvm"],
+        plugins=[PLUGIN],
+        agreement=False,
     )
     records = {r["backend"]: r for r in run_bench(config, tmp_path)["records"]}
     assert records["fake-missing-subpackage"]["status"] == "unavailable"

@@ -18,7 +18,12 @@ def case(op, shapes, attrs=None, dtype=F, inits=None, outputs=1):
     names = [f"x{i}" for i in range(len(shapes))]
     dtypes = dtype if isinstance(dtype, list) else [dtype] * len(shapes)
     node = helper.make_node(op, names + list(inits or {}), [f"y{i}" for i in range(outputs)], **(attrs or {}))
-    return make_model([node], [(n, t, list(s)) for n, t, s in zip(names, dtypes, shapes)], [(f"y{i}", 0, None) for i in range(outputs)], inits)
+    return make_model(
+        [node],
+        [(n, t, list(s)) for n, t, s in zip(names, dtypes, shapes)],
+        [(f"y{i}", 0, None) for i in range(outputs)],
+        inits,
+    )
 
 
 def data(shape, dtype=np.float32, positive=False):
@@ -39,7 +44,10 @@ CASES = {
     "mul_broadcast_both": (case("Mul", [(2, 1, 4), (3, 1)]), [data((2, 1, 4)), data((3, 1))]),
     "div": (case("Div", [(3, 4), (3, 4)]), [data((3, 4)), data((3, 4), positive=True)]),
     "pow": (case("Pow", [(3, 4), ()]), [data((3, 4), positive=True), np.array(1.5, np.float32)]),
-    "max_nan": (case("Max", [(4,), (4,)]), [np.array([1, np.nan, 3, -1], np.float32), np.array([2, 0, np.nan, -2], np.float32)]),
+    "max_nan": (
+        case("Max", [(4,), (4,)]),
+        [np.array([1, np.nan, 3, -1], np.float32), np.array([2, 0, np.nan, -2], np.float32)],
+    ),
     "int_add": (case("Add", [(5,), (5,)], dtype=I64), [np.arange(5), np.arange(5) * 3]),
     "less": (case("Less", [(6,), (6,)]), [data((6,)), data((6,))]),
     "where": (case("Where", [(2, 3), (2, 3), (3,)], dtype=[B, F, F]), [data((2, 3)) > 0, data((2, 3)), data((3,))]),
@@ -48,23 +56,69 @@ CASES = {
     "reduce_max_middle": (case("ReduceMax", [(2, 3, 4)], inits={"axes": np.array([1])}), [data((2, 3, 4))]),
     "softmax_axis1": (case("Softmax", [(2, 5, 3)], {"axis": 1}), [data((2, 5, 3))]),
     "log_softmax": (case("LogSoftmax", [(3, 7)]), [data((3, 7))]),
-    "layer_norm": (case("LayerNormalization", [(2, 4, 8)], {"axis": -1, "epsilon": 1e-5}, inits={"s": data((8,)), "b": data((8,))}), [data((2, 4, 8))]),
+    "layer_norm": (
+        case(
+            "LayerNormalization", [(2, 4, 8)], {"axis": -1, "epsilon": 1e-5}, inits={"s": data((8,)), "b": data((8,))}
+        ),
+        [data((2, 4, 8))],
+    ),
     "matmul": (case("MatMul", [(5, 7), (7, 3)]), [data((5, 7)), data((7, 3))]),
     "matmul_batched_broadcast": (case("MatMul", [(2, 1, 3, 4), (3, 4, 5)]), [data((2, 1, 3, 4)), data((3, 4, 5))]),
-    "conv_stride_pad_bias": (case("Conv", [(1, 3, 9, 9)], {"strides": [2, 2], "pads": [1, 2, 1, 0]}, inits={"w": data((4, 3, 3, 3)), "b": data((4,))}), [data((1, 3, 9, 9))]),
-    "conv_group_dilation": (case("Conv", [(2, 4, 8, 8)], {"group": 2, "dilations": [2, 2], "pads": [2, 2, 2, 2]}, inits={"w": data((6, 2, 3, 3))}), [data((2, 4, 8, 8))]),
-    "conv_same_upper": (case("Conv", [(1, 2, 7, 7)], {"auto_pad": "SAME_UPPER", "strides": [2, 2]}, inits={"w": data((3, 2, 4, 4))}), [data((1, 2, 7, 7))]),
+    "conv_stride_pad_bias": (
+        case(
+            "Conv",
+            [(1, 3, 9, 9)],
+            {"strides": [2, 2], "pads": [1, 2, 1, 0]},
+            inits={"w": data((4, 3, 3, 3)), "b": data((4,))},
+        ),
+        [data((1, 3, 9, 9))],
+    ),
+    "conv_group_dilation": (
+        case(
+            "Conv",
+            [(2, 4, 8, 8)],
+            {"group": 2, "dilations": [2, 2], "pads": [2, 2, 2, 2]},
+            inits={"w": data((6, 2, 3, 3))},
+        ),
+        [data((2, 4, 8, 8))],
+    ),
+    "conv_same_upper": (
+        case("Conv", [(1, 2, 7, 7)], {"auto_pad": "SAME_UPPER", "strides": [2, 2]}, inits={"w": data((3, 2, 4, 4))}),
+        [data((1, 2, 7, 7))],
+    ),
     "conv_1x1": (case("Conv", [(1, 8, 5, 5)], inits={"w": data((16, 8, 1, 1))}), [data((1, 8, 5, 5))]),
-    "maxpool": (case("MaxPool", [(1, 2, 7, 7)], {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1]}), [data((1, 2, 7, 7))]),
-    "maxpool_ceil": (case("MaxPool", [(1, 1, 6, 6)], {"kernel_shape": [3, 3], "strides": [2, 2], "ceil_mode": 1}), [data((1, 1, 6, 6))]),
-    "avgpool_include_pad": (case("AveragePool", [(1, 2, 5, 5)], {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1], "count_include_pad": 1}), [data((1, 2, 5, 5))]),
-    "avgpool_exclude_pad": (case("AveragePool", [(1, 2, 5, 5)], {"kernel_shape": [2, 2], "pads": [1, 1, 0, 0]}), [data((1, 2, 5, 5))]),
+    "maxpool": (
+        case("MaxPool", [(1, 2, 7, 7)], {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1]}),
+        [data((1, 2, 7, 7))],
+    ),
+    "maxpool_ceil": (
+        case("MaxPool", [(1, 1, 6, 6)], {"kernel_shape": [3, 3], "strides": [2, 2], "ceil_mode": 1}),
+        [data((1, 1, 6, 6))],
+    ),
+    "avgpool_include_pad": (
+        case("AveragePool", [(1, 2, 5, 5)], {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1], "count_include_pad": 1}),
+        [data((1, 2, 5, 5))],
+    ),
+    "avgpool_exclude_pad": (
+        case("AveragePool", [(1, 2, 5, 5)], {"kernel_shape": [2, 2], "pads": [1, 1, 0, 0]}),
+        [data((1, 2, 5, 5))],
+    ),
     "global_avgpool": (case("GlobalAveragePool", [(2, 3, 4, 4)]), [data((2, 3, 4, 4))]),
     "transpose": (case("Transpose", [(2, 3, 4)], {"perm": [2, 0, 1]}), [data((2, 3, 4))]),
     "concat": (case("Concat", [(2, 3), (2, 5)], {"axis": 1}), [data((2, 3)), data((2, 5))]),
     "split": (case("Split", [(6, 4)], {"axis": 0}, inits={"split": np.array([2, 4])}, outputs=2), [data((6, 4))]),
-    "slice_negative_step": (case("Slice", [(5, 6)], inits={"s": np.array([4, 1]), "e": np.array([0, 6]), "a": np.array([0, 1]), "st": np.array([-1, 2])}), [data((5, 6))]),
-    "gather_negative": (case("Gather", [(5, 3)], {"axis": 0}, inits={"i": np.array([[0, -1], [2, 4]])}), [data((5, 3))]),
+    "slice_negative_step": (
+        case(
+            "Slice",
+            [(5, 6)],
+            inits={"s": np.array([4, 1]), "e": np.array([0, 6]), "a": np.array([0, 1]), "st": np.array([-1, 2])},
+        ),
+        [data((5, 6))],
+    ),
+    "gather_negative": (
+        case("Gather", [(5, 3)], {"axis": 0}, inits={"i": np.array([[0, -1], [2, 4]])}),
+        [data((5, 3))],
+    ),
     "pad": (case("Pad", [(2, 3)], inits={"p": np.array([1, 0, 0, 2]), "v": np.array(7.0, np.float32)}), [data((2, 3))]),
     "cast_bool_to_float": (case("Cast", [(4,)], {"to": 1}, dtype=B), [np.array([True, False, True, True])]),
     "reshape_to_output": (case("Flatten", [(2, 3, 4)], {"axis": 1}), [data((2, 3, 4))]),
@@ -108,7 +162,12 @@ def test_symbolic_batch_compiles_one_variant_per_binding():
 
 
 def test_out_of_range_gather_is_an_error_not_a_wild_read():
-    model = make_model([helper.make_node("Gather", ["t", "i"], ["y"], name="lookup")], [("i", I64, [2])], [("y", F, None)], {"t": data((3, 2))})
+    model = make_model(
+        [helper.make_node("Gather", ["t", "i"], ["y"], name="lookup")],
+        [("i", I64, [2])],
+        [("y", F, None)],
+        {"t": data((3, 2))},
+    )
     compiled = kiln.compile(model, target="cpu")
     np.testing.assert_allclose(compiled(np.array([0, -1])), kiln.compile(model)(np.array([0, -1])))
     with pytest.raises(ExecutionError, match="lookup.*out of range"):
@@ -145,7 +204,12 @@ def test_c_compiler_failure_names_the_generated_file():
 def test_elementwise_chains_reuse_dying_buffers_in_place():
     # Exp -> Neg -> Abs at -O1 (no fusion): each output may take over its input's buffer.
     model = make_model(
-        [helper.make_node("Exp", ["x"], ["a"]), helper.make_node("Neg", ["a"], ["b"]), helper.make_node("Abs", ["b"], ["c"]), helper.make_node("Relu", ["c"], ["y"])],
+        [
+            helper.make_node("Exp", ["x"], ["a"]),
+            helper.make_node("Neg", ["a"], ["b"]),
+            helper.make_node("Abs", ["b"], ["c"]),
+            helper.make_node("Relu", ["c"], ["y"]),
+        ],
         [("x", F, [64, 64])],
         [("y", F, None)],
     )

@@ -21,7 +21,13 @@ graph g(%x: f32[1,2,6,6], %skip: f32[1,3,6,6]) -> (%y) {
   %r: f32[1,3,6,6] = Relu(%cb)
   %y: f32[1,3,6,6] = Add(%r, %skip)
 }"""
-    return parse_graph(text, {"w": RNG.standard_normal((3, 2, 3, 3)).astype(np.float32), "b": RNG.standard_normal((1, 3, 1, 1)).astype(np.float32)})
+    return parse_graph(
+        text,
+        {
+            "w": RNG.standard_normal((3, 2, 3, 3)).astype(np.float32),
+            "b": RNG.standard_normal((1, 3, 1, 1)).astype(np.float32),
+        },
+    )
 
 
 def test_conv_bias_relu_residual_becomes_one_fused_node():
@@ -57,7 +63,11 @@ def test_fused_kernels_compile_and_match():
         ],
         [("x", FLOAT, [3, 8])],
         [("y", FLOAT, None)],
-        {"w": RNG.standard_normal((8, 5)).astype(np.float32), "b": RNG.standard_normal(5).astype(np.float32), "s": np.array(0.5, np.float32)},
+        {
+            "w": RNG.standard_normal((8, 5)).astype(np.float32),
+            "b": RNG.standard_normal(5).astype(np.float32),
+            "s": np.array(0.5, np.float32),
+        },
     )
     compiled = kiln.compile(model, target="cpu")
     plan = compiled.plans[0]

@@ -14,7 +14,13 @@ RNG = np.random.default_rng(0)
 
 
 def test_decompose_inlines_the_onnx_function_and_keeps_semantics():
-    model = make_model([helper.make_node("RMSNormalization", ["x", "s"], ["y"], axis=-1)], [("x", FLOAT, [2, 8])], [("y", FLOAT, None)], {"s": RNG.standard_normal(8).astype(np.float32)}, opset=23)
+    model = make_model(
+        [helper.make_node("RMSNormalization", ["x", "s"], ["y"], axis=-1)],
+        [("x", FLOAT, [2, 8])],
+        [("y", FLOAT, None)],
+        {"s": RNG.standard_normal(8).astype(np.float32)},
+        opset=23,
+    )
     graph = import_onnx(model)
     decomposed = decompose(graph, keep=lambda node: False)
     assert "RMSNormalization" not in {n.op for n in decomposed.nodes}
@@ -26,13 +32,19 @@ def test_decompose_inlines_the_onnx_function_and_keeps_semantics():
 
 
 def test_widen_half_runs_matmul_in_float32_between_casts():
-    model = make_model([helper.make_node("MatMul", ["a", "b"], ["y"])], [("a", TensorProto.FLOAT16, [4, 6]), ("b", TensorProto.FLOAT16, [6, 3])], [("y", TensorProto.FLOAT16, None)])
+    model = make_model(
+        [helper.make_node("MatMul", ["a", "b"], ["y"])],
+        [("a", TensorProto.FLOAT16, [4, 6]), ("b", TensorProto.FLOAT16, [6, 3])],
+        [("y", TensorProto.FLOAT16, None)],
+    )
     widened = widen_half(import_onnx(model))
     assert [n.op for n in widened.nodes] == ["Cast", "Cast", "MatMul", "Cast"]
     a, b = RNG.standard_normal((4, 6)).astype(np.float16), RNG.standard_normal((6, 3)).astype(np.float16)
     compiled = kiln.compile(model, target="cpu")
     assert compiled.is_native
-    np.testing.assert_allclose(compiled(a, b).astype(np.float32), (a.astype(np.float32) @ b.astype(np.float32)), rtol=2e-3, atol=2e-3)
+    np.testing.assert_allclose(
+        compiled(a, b).astype(np.float32), (a.astype(np.float32) @ b.astype(np.float32)), rtol=2e-3, atol=2e-3
+    )
 
 
 def test_small_shape_inputs_are_specialized_by_value():

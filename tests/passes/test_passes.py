@@ -35,10 +35,13 @@ graph g(%x: f32[2]) -> (%y) {
   %deader: f32[2] = Neg(%dead)
   %y: f32[2] = Relu(%x)
 }""")
-    assert_same(dce(before), """
+    assert_same(
+        dce(before),
+        """
 graph g(%x: f32[2]) -> (%y) {
   %y: f32[2] = Relu(%x)
-}""")
+}""",
+    )
 
 
 def test_cse_merges_equal_nodes_and_constants():
@@ -50,12 +53,15 @@ graph g(%x: f32[2,2]) -> (%y) {
   %b: f32[2,2] = Mul(%x, %w2)
   %y: f32[2,2] = Add(%a, %b)
 }""")
-    assert_same(cse(before), """
+    assert_same(
+        cse(before),
+        """
 graph g(%x: f32[2,2]) -> (%y) {
   const %w: f32[2] = [1.0, 2.0]
   %a: f32[2,2] = Mul(%x, %w)
   %y: f32[2,2] = Add(%a, %a)
-}""")
+}""",
+    )
 
 
 def test_fold_constants_evaluates_and_collapses_shape_subgraphs():
@@ -75,12 +81,15 @@ graph g(%x: f32[4,6]) -> (%y) {
   %y: f32[r0,r1] = Relu(%r)
 }""")
     folded = dce(fold_constants(before))
-    assert_same(folded, """
+    assert_same(
+        folded,
+        """
 graph g(%x: f32[4,6]) -> (%y) {
   const %target: i64[2] = [4, -1]
   %r: f32[4,6] = Reshape(%x, %target)
   %y: f32[4,6] = Relu(%r)
-}""")
+}""",
+    )
 
 
 @pytest.mark.parametrize(
@@ -126,13 +135,16 @@ graph g(%x: f32[2,3,4], %i: i32[5]) -> (%y, %r, %c) {
   %wide: i64[5] = Cast(%i) {to=7}
   %c: f32[5] = Cast(%wide) {to=1}
 }""")
-    assert_same(dce(simplify(graph)), """
+    assert_same(
+        dce(simplify(graph)),
+        """
 graph g(%x: f32[2,3,4], %i: i32[5]) -> (%y, %r, %c) {
   const %shape: i64[2] = [4, 6]
   %y: f32[4,3,2] = Transpose(%x) {perm=[2, 1, 0]}
   %r: f32[4,6] = Reshape(%x, %shape)
   %c: f32[5] = Cast(%i) {to=1}
-}""")
+}""",
+    )
 
 
 def test_every_simplify_rule_states_its_rule():
@@ -183,20 +195,27 @@ graph g(%x: f32[1,1,2,2]) -> (%y, %c) {
 def test_canonicalize_gemm_folds_transpose_and_scales():
     rng = np.random.default_rng(1)
     data = {"b": rng.standard_normal((5, 4)).astype(np.float32), "c": rng.standard_normal(5).astype(np.float32)}
-    before = parse_graph("""
+    before = parse_graph(
+        """
 graph g(%a: f32[batch,4]) -> (%y) {
   const %b: f32[5,4]
   const %c: f32[5]
   %y: f32[batch,5] = Gemm(%a, %b, %c) {alpha=0.5, beta=2.0, transB=1}
-}""", data)
+}""",
+        data,
+    )
     after = canonicalize_gemm(before)
-    assert_same(after, """
+    assert_same(
+        after,
+        """
 graph g(%a: f32[batch,4]) -> (%y) {
   const %bt: f32[4,5]
   const %c2: f32[5]
   %m: f32[batch,5] = MatMul(%a, %bt)
   %y: f32[batch,5] = Add(%m, %c2)
-}""", {"bt": (data["b"].T * 0.5).astype(np.float32), "c2": (data["c"] * 2).astype(np.float32)})
+}""",
+        {"bt": (data["b"].T * 0.5).astype(np.float32), "c2": (data["c"] * 2).astype(np.float32)},
+    )
     a = rng.standard_normal((3, 4)).astype(np.float32)
     np.testing.assert_allclose(run(after, a)[0], run(before, a)[0], rtol=1e-5)
 
@@ -210,11 +229,14 @@ graph g(%x: f32[2,3]) -> (%y) {
   %y: f32[2,3] = Transpose(%e) {perm=[1, 0]}
 }""")
     after = dce(simplify(sink_transposes(before)))
-    assert_same(after, """
+    assert_same(
+        after,
+        """
 graph g(%x: f32[2,3]) -> (%y) {
   %r: f32[2,3] = Relu(%x)
   %y: f32[2,3] = Exp(%r)
-}""")
+}""",
+    )
 
 
 def test_specialize_binds_symbols_and_folds_shapes():
@@ -228,11 +250,14 @@ graph g(%x: f32[batch,6]) -> (%y) {
   %y: f32[batch,r] = Reshape(%x, %target)
 }""")
     after = dce(specialize(before, {"batch": 3}))
-    assert_same(after, """
+    assert_same(
+        after,
+        """
 graph g(%x: f32[3,6]) -> (%y) {
   const %target: i64[2] = [3, -1]
   %y: f32[3,6] = Reshape(%x, %target)
-}""")
+}""",
+    )
 
 
 def test_pipeline_reports_stages_and_rejects_unknown_passes():
@@ -272,10 +297,13 @@ graph g(%x: f32[3,4]) -> (%y) {
 
 def test_exporters_nan_guard_after_softmax_becomes_one_op():
     after = dce(simplify(parse_graph(NAN_GUARD)))
-    assert_same(after, """
+    assert_same(
+        after,
+        """
 graph g(%x: f32[3,4]) -> (%y) {
   %y: f32[3,4] = kiln::SafeSoftmax(%x) {axis=-1}
-}""")
+}""",
+    )
 
 
 def test_safe_softmax_is_exactly_the_guarded_pattern_including_nan_rows():

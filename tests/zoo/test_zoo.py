@@ -69,7 +69,9 @@ def test_zoo_model_compiles_natively_and_matches_reference(name):
     compiled = kiln.compile(path, target="cpu", dims={"batch": 1})
     plan = compiled.plans[0]
     assert compiled.is_native, [(f.node.label, f.reason) for f in plan.fallbacks] or plan.whole_graph_reason
-    assert any("epilogue" in k.kind for step in plan.steps for k in getattr(step, "kernels", [])) or name in ("bert-base",)
+    assert any("epilogue" in k.kind for step in plan.steps for k in getattr(step, "kernels", [])) or name in (
+        "bert-base",
+    )
     expected = kiln.compile(path, target="reference").run(feeds)
     got = compiled.run(feeds)
     for key in expected:

@@ -56,4 +56,3 @@ class KilnReferenceBackend(KilnBackend):
 
     name = "kiln-reference"
     target = "reference"
-

@@ -36,7 +36,9 @@ class OnnxRuntimeBackend(Backend):
         options.intra_op_num_threads = self.threads
         options.inter_op_num_threads = 1
         options.graph_optimization_level = (
-            onnxruntime.GraphOptimizationLevel.ORT_ENABLE_ALL if optimize else onnxruntime.GraphOptimizationLevel.ORT_DISABLE_ALL
+            onnxruntime.GraphOptimizationLevel.ORT_ENABLE_ALL
+            if optimize
+            else onnxruntime.GraphOptimizationLevel.ORT_DISABLE_ALL
         )
         return options
 
@@ -56,5 +58,7 @@ class OnnxRuntimeBackend(Backend):
     def load(self) -> Session:
         import onnxruntime
 
-        session = onnxruntime.InferenceSession(self.artifact, self._options(optimize=False), providers=["CPUExecutionProvider"])
+        session = onnxruntime.InferenceSession(
+            self.artifact, self._options(optimize=False), providers=["CPUExecutionProvider"]
+        )
         return _OrtSession(session)

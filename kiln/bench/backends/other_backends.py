@@ -60,7 +60,11 @@ class _TvmSession(Session):
         import tvm
 
         output = self.machine["main"](*[tvm.runtime.tensor(v) for v in feeds.values()])
-        outputs = output if isinstance(output, (list, tuple)) or (hasattr(output, "__len__") and not hasattr(output, "numpy")) else [output]
+        outputs = (
+            output
+            if isinstance(output, (list, tuple)) or (hasattr(output, "__len__") and not hasattr(output, "numpy"))
+            else [output]
+        )
         return [o.numpy() for o in outputs]
 
 
@@ -108,7 +112,9 @@ class IreeBackend(Backend):
         # iree-import-onnx names the entry after the ONNX graph; pick the synchronous one
         names = [n for n in module.vm_module.function_names if not n.startswith("__") and not n.endswith("$async")]
         if not names:
-            raise RuntimeError(f"the compiled IREE module exports no entry function ({module.vm_module.function_names})")
+            raise RuntimeError(
+                f"the compiled IREE module exports no entry function ({module.vm_module.function_names})"
+            )
         return _IreeSession(module[names[0]])
 
 

@@ -59,7 +59,11 @@ class TorchCompileBackend(TorchEagerBackend):
     name = "torch.compile"
 
     def config(self) -> dict[str, Any]:
-        return {"threads": self.threads, "mode": "torch.compile(backend='inductor')", "compile_includes": "the first call, which compiles"}
+        return {
+            "threads": self.threads,
+            "mode": "torch.compile(backend='inductor')",
+            "compile_includes": "the first call, which compiles",
+        }
 
     def compile(self, model: Any, example: dict[str, np.ndarray]) -> None:
         import torch

@@ -1,0 +1,256 @@
+/* kiln's matrix-multiply engine (included in generated code that uses it).
+
+   C[b] = A[b] . B[b] (+ epilogue) for b in [0, batch), A: M x K, B: K x N, C: M x N row-major with
+   leading dimension ldc. The register-blocked micro-kernel computes a KILN_MR x KILN_NR tile with
+   KILN_MR * 2 vector accumulators (GCC vector extensions, so the same source gives AVX2, AVX-512 or
+   NEON code; KILN_VB, the vector bytes, and KILN_MR come from the target).
+
+   Operands arrive "packed": A in panels of KILN_MR rows stored k-major ([K][MR] per panel), B in
+   panels of KILN_NR columns ([K][NR] per panel), zero padded at the edges. Constant operands (the
+   weights) are packed once, ahead of time; the others are packed here per cache block by a packer
+   (strided matrix, or im2col for convolutions). Loops follow the BLIS blocking: a KC-deep slice,
+   an MC x KC block of A kept in L2, a KC x NR micro-panel of B kept in L1.
+
+   Work is split across OpenMP threads as (batch, M block, N block) tasks. The epilogue (bias,
+   activation, residual, ...) is generated per kernel and applied to each micro-tile right after its
+   last K slice, while the tile is in L1. */
+
+#include <stdlib.h>
+#include <string.h>
+
+#define KILN_L (KILN_VB / 4)
+#define KILN_NR (2 * KILN_L)
+#define KILN_KC 256
+
+typedef float kiln_vf __attribute__((vector_size(KILN_VB)));
+typedef float kiln_vfu __attribute__((vector_size(KILN_VB), aligned(4))); /* unaligned access */
+
+typedef struct kiln_gemm kiln_gemm;
+typedef void (*kiln_pack_fn)(const kiln_gemm *g, int64_t bt, int64_t x0, int64_t xc, int64_t k0, int64_t kc, float *dst);
+typedef void (*kiln_epilogue_fn)(const kiln_gemm *g, int64_t bt, int64_t i0, int64_t i1, int64_t j0, int64_t j1);
+
+struct kiln_gemm {
+  int64_t batch, M, N, K;
+  /* A[b][i][k] = a[b * a_bs + i * a_rs + k * a_cs]; a_packed (when set) holds every panel for
+     every batch element (batch stride a_pbs) */
+  const float *a; int64_t a_bs, a_rs, a_cs;
+  const float *a_packed; int64_t a_pbs;
+  kiln_pack_fn pack_a;
+  /* B[b][k][j] = b[b * b_bs + k * b_rs + j * b_cs], or b_packed, or pack_b (im2col) */
+  const float *b; int64_t b_bs, b_rs, b_cs;
+  const float *b_packed; int64_t b_pbs;
+  kiln_pack_fn pack_b;
+  float *c; int64_t c_bs, ldc;
+  kiln_epilogue_fn epilogue;
+  void **buffers;           /* the segment's buffer table, for the epilogue */
+  const int64_t *conv;      /* im2col geometry: C H W KH KW SH SW DH DW PT PL OH OW */
+};
+
+/* -- the micro-kernel --------------------------------------------------------------------------- */
+
+static inline void kiln_ukernel(int64_t kc, const float *restrict a, const float *restrict b, float *restrict c, int64_t ldc, int accumulate) {
+  kiln_vf acc0[KILN_MR], acc1[KILN_MR];
+#pragma GCC unroll 16
+  for (int r = 0; r < KILN_MR; ++r) {
+    if (accumulate) {
+      acc0[r] = *(const kiln_vfu *)(c + r * ldc);
+      acc1[r] = *(const kiln_vfu *)(c + r * ldc + KILN_L);
+    } else {
+      acc0[r] = (kiln_vf){0};
+      acc1[r] = (kiln_vf){0};
+    }
+  }
+  for (int64_t k = 0; k < kc; ++k) {
+    kiln_vf b0 = *(const kiln_vf *)b, b1 = *(const kiln_vf *)(b + KILN_L);
+#pragma GCC unroll 16
+    for (int r = 0; r < KILN_MR; ++r) {
+      acc0[r] += a[r] * b0; /* scalar * vector: a broadcast */
+      acc1[r] += a[r] * b1;
+    }
+    a += KILN_MR;
+    b += KILN_NR;
+  }
+#pragma GCC unroll 16
+  for (int r = 0; r < KILN_MR; ++r) {
+    *(kiln_vfu *)(c + r * ldc) = acc0[r];
+    *(kiln_vfu *)(c + r * ldc + KILN_L) = acc1[r];
+  }
+}
+
+/* an edge tile (mr < MR or nr < NR): computed whole in a scratch tile, the valid part copied */
+static void kiln_ukernel_edge(int64_t kc, const float *a, const float *b, float *c, int64_t ldc, int accumulate, int64_t mr, int64_t nr) {
+  float tile[KILN_MR * KILN_NR] __attribute__((aligned(64)));
+  if (accumulate)
+    for (int64_t r = 0; r < mr; ++r) memcpy(tile + r * KILN_NR, c + r * ldc, (size_t)nr * sizeof(float));
+  kiln_ukernel(kc, a, b, tile, KILN_NR, accumulate);
+  for (int64_t r = 0; r < mr; ++r) memcpy(c + r * ldc, tile + r * KILN_NR, (size_t)nr * sizeof(float));
+}
+
+/* -- packers ------------------------------------------------------------------------------------ */
+
+/* rows x0..x0+xc of A (k0..k0+kc) into MR-row panels, zero padded */
+static void kiln_pack_a_strided(const kiln_gemm *g, int64_t bt, int64_t x0, int64_t xc, int64_t k0, int64_t kc, float *dst) {
+  const float *a = g->a + bt * g->a_bs;
+  for (int64_t p = 0; p < xc; p += KILN_MR) {
+    int64_t rows = xc - p < KILN_MR ? xc - p : KILN_MR;
+    for (int64_t k = 0; k < kc; ++k) {
+      int64_t r = 0;
+      for (; r < rows; ++r) dst[k * KILN_MR + r] = a[(x0 + p + r) * g->a_rs + (k0 + k) * g->a_cs];
+      for (; r < KILN_MR; ++r) dst[k * KILN_MR + r] = 0.0f;
+    }
+    dst += kc * KILN_MR;
+  }
+}
+
+/* columns x0..x0+xc of B (k0..k0+kc) into NR-column panels, zero padded; row by row, so the
+   source is read in order */
+static void kiln_pack_b_strided(const kiln_gemm *g, int64_t bt, int64_t x0, int64_t xc, int64_t k0, int64_t kc, float *dst) {
+  const float *b = g->b + bt * g->b_bs;
+  const int64_t full = xc / KILN_NR, panel = kc * KILN_NR;
+  for (int64_t k = 0; k < kc; ++k) {
+    const float *row = b + (k0 + k) * g->b_rs + x0 * g->b_cs;
+    float *out = dst + k * KILN_NR;
+    if (g->b_cs == 1) {
+      for (int64_t p = 0; p < full; ++p) {
+        *(kiln_vf *)(out + p * panel) = *(const kiln_vfu *)(row + p * KILN_NR);
+        *(kiln_vf *)(out + p * panel + KILN_L) = *(const kiln_vfu *)(row + p * KILN_NR + KILN_L);
+      }
+    } else {
+      for (int64_t p = 0; p < full; ++p)
+        for (int64_t j = 0; j < KILN_NR; ++j) out[p * panel + j] = row[(p * KILN_NR + j) * g->b_cs];
+    }
+    if (full * KILN_NR < xc) {
+      float *tail = out + full * panel;
+      int64_t j = 0;
+      for (; j < xc - full * KILN_NR; ++j) tail[j] = row[(full * KILN_NR + j) * g->b_cs];
+      for (; j < KILN_NR; ++j) tail[j] = 0.0f;
+    }
+  }
+}
+
+/* im2col: B[k][p] = x[ic][oh*SH - PT + kh*DH][ow*SW - PL + kw*DW] (0 outside the image), with
+   k = (ic, kh, kw) and p = (oh, ow); columns x0..x0+xc into NR-column panels. Built one k row at
+   a time into a contiguous scratch row (runs along output rows, the in-image span copied without
+   per-element bounds tests), then scattered into the panels. */
+static void kiln_pack_im2col(const kiln_gemm *g, int64_t bt, int64_t x0, int64_t xc, int64_t k0, int64_t kc, float *dst) {
+  const int64_t *q = g->conv;
+  const int64_t H = q[1], W = q[2], KH = q[3], KW = q[4], SH = q[5], SW = q[6], DH = q[7], DW = q[8], PT = q[9], PL = q[10], OW = q[12];
+  const float *x = g->b + bt * g->b_bs;
+  const int64_t full = xc / KILN_NR, panel = kc * KILN_NR, padded = (full + (full * KILN_NR < xc)) * KILN_NR;
+  float row[padded] __attribute__((aligned(64)));
+  for (int64_t k = 0; k < kc; ++k) {
+    const int64_t kk = k0 + k, ic = kk / (KH * KW), kh = (kk / KW) % KH, kw = kk % KW;
+    const float *plane = x + ic * H * W;
+    int64_t oh = x0 / OW, ow = x0 % OW, j = 0;
+    while (j < xc) {
+      const int64_t run = OW - ow < xc - j ? OW - ow : xc - j;
+      const int64_t ih = oh * SH - PT + kh * DH;
+      float *out = row + j;
+      if (ih < 0 || ih >= H) {
+        for (int64_t t = 0; t < run; ++t) out[t] = 0.0f;
+      } else {
+        /* output columns whose input column (ow+t)*SW - PL + kw*DW lies in [0, W) */
+        const int64_t shift = kw * DW - PL;
+        int64_t lo = 0, hi = run;
+        while (lo < run && (ow + lo) * SW + shift < 0) ++lo;
+        while (hi > lo && (ow + hi - 1) * SW + shift >= W) --hi;
+        const float *src = plane + ih * W + ow * SW + shift;
+        for (int64_t t = 0; t < lo; ++t) out[t] = 0.0f;
+        if (SW == 1)
+          memcpy(out + lo, src + lo, (size_t)(hi - lo) * sizeof(float));
+        else
+          for (int64_t t = lo; t < hi; ++t) out[t] = src[t * SW];
+        for (int64_t t = hi; t < run; ++t) out[t] = 0.0f;
+      }
+      j += run;
+      ow = 0;
+      ++oh;
+    }
+    for (; j < padded; ++j) row[j] = 0.0f;
+    float *o = dst + k * KILN_NR;
+    for (int64_t p = 0; p < padded / KILN_NR; ++p) {
+      *(kiln_vf *)(o + p * panel) = *(const kiln_vfu *)(row + p * KILN_NR);
+      *(kiln_vf *)(o + p * panel + KILN_L) = *(const kiln_vfu *)(row + p * KILN_NR + KILN_L);
+    }
+  }
+}
+
+/* -- the driver --------------------------------------------------------------------------------- */
+
+static float *kiln_scratch(float **slot, int64_t *have, int64_t need) {
+  if (*have < need) {
+    free(*slot);
+    *slot = (float *)aligned_alloc(64, (size_t)((need * sizeof(float) + 63) / 64 * 64));
+    *have = *slot ? need : 0;
+  }
+  return *slot;
+}
+
+static int64_t kiln_round_up(int64_t x, int64_t to) { return (x + to - 1) / to * to; }
+
+static void kiln_gemm_run(const kiln_gemm *g) {
+  const int64_t M = g->M, N = g->N, K = g->K;
+  int threads = omp_get_max_threads();
+  int64_t mc = kiln_round_up(M < 192 ? M : 192, KILN_MR);
+  int64_t nc = kiln_round_up(N < 1024 ? N : 1024, KILN_NR);
+  int64_t tiles_m = (M + mc - 1) / mc;
+  /* enough tasks to keep every thread busy: split N finer, then M */
+  while (g->batch * tiles_m * ((N + nc - 1) / nc) < 4 * threads && nc > KILN_NR) nc = kiln_round_up(nc / 2, KILN_NR);
+  while (g->batch * tiles_m * ((N + nc - 1) / nc) < 2 * threads && mc > KILN_MR) {
+    mc = kiln_round_up(mc / 2, KILN_MR);
+    tiles_m = (M + mc - 1) / mc;
+  }
+  const int64_t tiles_n = (N + nc - 1) / nc;
+  const int64_t tasks = g->batch * tiles_m * tiles_n;
+  const int64_t work = M * N * K * g->batch;
+#pragma omp parallel if (work >= 65536 && tasks > 1)
+  {
+    static _Thread_local float *a_buf, *b_buf;
+    static _Thread_local int64_t a_have, b_have;
+    float *abuf = g->a_packed ? NULL : kiln_scratch(&a_buf, &a_have, mc * KILN_KC);
+    float *bbuf = g->b_packed ? NULL : kiln_scratch(&b_buf, &b_have, nc * KILN_KC);
+#pragma omp for schedule(static)
+    for (int64_t task = 0; task < tasks; ++task) {
+      const int64_t bt = task / (tiles_m * tiles_n), rest = task % (tiles_m * tiles_n);
+      const int64_t m0 = (rest / tiles_n) * mc, n0 = (rest % tiles_n) * nc;
+      const int64_t mlen = M - m0 < mc ? M - m0 : mc, nlen = N - n0 < nc ? N - n0 : nc;
+      float *c = g->c + bt * g->c_bs;
+      for (int64_t k0 = 0; k0 < K; k0 += KILN_KC) {
+        const int64_t kc = K - k0 < KILN_KC ? K - k0 : KILN_KC;
+        const float *ablock, *bblock;
+        int64_t a_stride, b_stride; /* between panels */
+        if (g->a_packed) {
+          ablock = g->a_packed + bt * g->a_pbs + (m0 / KILN_MR) * K * KILN_MR + k0 * KILN_MR;
+          a_stride = K * KILN_MR;
+        } else {
+          g->pack_a(g, bt, m0, mlen, k0, kc, abuf);
+          ablock = abuf;
+          a_stride = kc * KILN_MR;
+        }
+        if (g->b_packed) {
+          bblock = g->b_packed + bt * g->b_pbs + (n0 / KILN_NR) * K * KILN_NR + k0 * KILN_NR;
+          b_stride = K * KILN_NR;
+        } else {
+          g->pack_b(g, bt, n0, nlen, k0, kc, bbuf);
+          bblock = bbuf;
+          b_stride = kc * KILN_NR;
+        }
+        const int last = k0 + kc >= K;
+        for (int64_t jr = 0; jr < nlen; jr += KILN_NR) {
+          const int64_t nr = nlen - jr < KILN_NR ? nlen - jr : KILN_NR;
+          const float *bpanel = bblock + (jr / KILN_NR) * b_stride;
+          for (int64_t ir = 0; ir < mlen; ir += KILN_MR) {
+            const int64_t mr = mlen - ir < KILN_MR ? mlen - ir : KILN_MR;
+            const float *apanel = ablock + (ir / KILN_MR) * a_stride;
+            float *tile = c + (m0 + ir) * g->ldc + n0 + jr;
+            if (mr == KILN_MR && nr == KILN_NR)
+              kiln_ukernel(kc, apanel, bpanel, tile, g->ldc, k0 > 0);
+            else
+              kiln_ukernel_edge(kc, apanel, bpanel, tile, g->ldc, k0 > 0, mr, nr);
+            if (last && g->epilogue) g->epilogue(g, bt, m0 + ir, m0 + ir + mr, n0 + jr, n0 + jr + nr);
+          }
+        }
+      }
+    }
+  }
+}

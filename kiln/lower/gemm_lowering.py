@@ -1,0 +1,264 @@
+"""Matrix products and convolutions through the matrix-multiply engine (``kiln/codegen/gemm.c``).
+
+A float32 MatMul becomes ``C[b] = A[b] . B[b]``; a 2-D (or 1-D) convolution with one group
+becomes, per image, ``Y[OC, OH*OW] = W[OC, IC*KH*KW] . im2col(X)`` (1x1 stride-1 convolutions
+read X directly). Constant operands (the weights) are packed once, when the plan is built, into
+the panel layout the micro-kernel streams (``packed_constant``); the others are packed per cache
+block at run time. Fused epilogues (bias, activation, residual) become a helper function the
+engine applies to each finished micro-tile.
+
+Cases the engine does not cover (other dtypes, grouped convolutions, general batch broadcasting,
+non-constant convolution weights, empty reductions) keep the loop-nest lowerings of
+``nn_lowering``, which are also the reference the engine is tested against.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from kiln.ir.graph import Node
+from kiln.ir.types import DType
+from kiln.lower.kir import (
+    Binary,
+    Buffer,
+    Expr,
+    For,
+    Function,
+    Gemm,
+    Index,
+    Kernel,
+    Load,
+    Scalar,
+    Stmt,
+    Store,
+    add,
+    buffers_in,
+    i64,
+)
+from kiln.lower.lowering import Lowerer, strides
+from kiln.lower.nn_lowering import Epilogue, _window, lower_conv, lower_matmul
+
+I64 = DType.INT64
+
+
+class NotForEngine(Exception):
+    """This node keeps the loop-nest lowering (the reason says why)."""
+
+
+def _target():  # type: ignore[no-untyped-def]
+    from kiln.codegen.target import Target
+
+    return Target.host()
+
+
+def pack_rows(matrices: np.ndarray, rows: int) -> np.ndarray:
+    """[B, M, K] -> panels of ``rows`` rows, k-major: [B, ceil(M/rows), K, rows], zero padded."""
+    batch, m, k = matrices.shape
+    padded = -(-m // rows) * rows
+    full = np.zeros((batch, padded, k), dtype=np.float32)
+    full[:, :m] = matrices
+    return full.reshape(batch, padded // rows, rows, k).transpose(0, 1, 3, 2)
+
+
+def pack_cols(matrices: np.ndarray, cols: int) -> np.ndarray:
+    """[B, K, N] -> panels of ``cols`` columns: [B, ceil(N/cols), K, cols], zero padded."""
+    batch, k, n = matrices.shape
+    padded = -(-n // cols) * cols
+    full = np.zeros((batch, k, padded), dtype=np.float32)
+    full[:, :, :n] = matrices
+    return full.reshape(batch, k, padded // cols, cols).transpose(0, 2, 1, 3)
+
+
+def _epilogue_helper(
+    lw: Lowerer,
+    kernel_name: str,
+    dst: Buffer,
+    position_of,
+    flat_of,
+    epilogue: Epilogue | None,
+    bias: Buffer | None,  # type: ignore[no-untyped-def]
+) -> Function:
+    """``static void <name>(g, bt, i0, i1, j0, j1)``: finishes rows [i0, i1) x columns [j0, j1)
+    of batch element ``bt`` of the output: bias, then the fused chain."""
+    bt, i0, i1, j0, j1 = (Scalar(name, I64) for name in ("bt", "i0", "i1", "j0", "j1"))
+    i, j = Index("i"), Index("j")
+    flat = flat_of(bt, i, j)
+    value: Expr = Load(dst, flat)
+    if bias is not None:
+        value = Binary("+", value, Load(bias, i))
+    if epilogue is not None:
+        value = epilogue(position_of(bt, i, j), value, flat)
+    body: list[Stmt] = [For(i, i1, [For(j, j1, [Store(dst, flat, value)], start=j0)], start=i0)]
+    return Function(f"kiln_{kernel_name}_epilogue", [bt, i0, i1, j0, j1], body, buffers_in(body))
+
+
+def _batch_position(bt: Expr, shape: tuple[int, ...]) -> list[Expr]:
+    """The indices of flat batch element ``bt`` over ``shape`` (row-major)."""
+    position: list[Expr] = []
+    for axis, stride in enumerate(strides(shape)):
+        index: Expr = Binary("/", bt, i64(stride)) if stride != 1 else bt
+        position.append(Binary("%", index, i64(shape[axis])) if axis else index)
+    return position
+
+
+# -- MatMul --------------------------------------------------------------------------------------------
+
+
+def lower_matmul_gemm(lw: Lowerer, node: Node, epilogue: Epilogue | None = None) -> list[Kernel]:
+    a, b, out = node.inputs[0], node.inputs[1], node.outputs[0]
+    assert a is not None and b is not None
+    if any(v.type.dtype is not DType.FLOAT32 for v in (a, b)):  # type: ignore[union-attr]
+        raise NotForEngine("the engine multiplies float32")
+    a_shape, b_shape, out_shape = lw.shape(a), lw.shape(b), lw.shape(out)
+    if len(a_shape) < 2 or len(b_shape) < 2:
+        raise NotForEngine("1-D operand")
+    m, k, n = a_shape[-2], a_shape[-1], b_shape[-1]
+    if 0 in (m, k, n):
+        raise NotForEngine("empty matrix")
+    batch_shape = out_shape[:-2]
+    batch = int(np.prod(batch_shape)) if batch_shape else 1
+    a_count = int(np.prod(a_shape[:-2])) if len(a_shape) > 2 else 1
+    b_count = int(np.prod(b_shape[:-2])) if len(b_shape) > 2 else 1
+    target = _target()
+    dst, a_buf, b_buf = lw.buffer(out), lw.buffer(a), lw.buffer(b)
+    fields: dict[str, int | Buffer | str | tuple[int, ...]] = {}
+    rows = m
+    if b_count == 1 and lw.constant(a) is None:
+        # B shared by every batch element: the batch folds into the rows of one product
+        rows, batch, a_count = m * batch, 1, 1
+    for count, name in ((a_count, "A"), (b_count, "B")):
+        if count not in (1, batch):
+            raise NotForEngine(f"{name} broadcasts over part of the batch")
+    fields.update(batch=batch, M=rows, N=n, K=k, c=dst, c_bs=m * n, ldc=n)
+    a_const, b_const = lw.constant(a), lw.constant(b)
+    if a_const is not None:
+        matrices = np.asarray(a_const, dtype=np.float32).reshape(a_count, m, k)
+        fields["a_packed"] = lw.packed_constant(
+            ("rows", a, target.gemm_rows), lambda: pack_rows(matrices, target.gemm_rows)
+        )
+        fields["a_pbs"] = 0 if a_count == 1 else -(-m // target.gemm_rows) * target.gemm_rows * k
+    else:
+        fields.update(a=a_buf, a_bs=0 if a_count == 1 else m * k, a_rs=k, a_cs=1, pack_a="kiln_pack_a_strided")
+    if b_const is not None:
+        matrices = np.asarray(b_const, dtype=np.float32).reshape(b_count, k, n)
+        fields["b_packed"] = lw.packed_constant(
+            ("cols", b, target.gemm_cols), lambda: pack_cols(matrices, target.gemm_cols)
+        )
+        fields["b_pbs"] = 0 if b_count == 1 else -(-n // target.gemm_cols) * target.gemm_cols * k
+    else:
+        fields.update(b=b_buf, b_bs=0 if b_count == 1 else k * n, b_rs=n, b_cs=1, pack_b="kiln_pack_b_strided")
+    lw.kernel_count += 1
+    name = f"k{lw.kernel_count}"
+    helper = None
+    if epilogue is not None:
+
+        def flat_of(bt: Expr, i: Expr, j: Expr) -> Expr:
+            return add(add(Binary("*", bt, i64(m * n)), Binary("*", i, i64(n))), j)
+
+        def position_of(bt: Expr, i: Expr, j: Expr) -> list[Expr]:
+            if rows != m:  # folded batch: row i is (batch element i / m, row i % m)
+                return [*_batch_position(Binary("/", i, i64(m)), batch_shape), Binary("%", i, i64(m)), j]
+            return [*_batch_position(bt, batch_shape), i, j]
+
+        helper = _epilogue_helper(lw, name, dst, position_of, flat_of, epilogue, None)
+    stmt = Gemm(fields, helper)
+    return [Kernel(name, "matmul", [stmt], [b for b in buffers_in([stmt]) if b is not dst], [dst], [node.label])]
+
+
+# -- Conv ------------------------------------------------------------------------------------------------
+
+
+def lower_conv_gemm(lw: Lowerer, node: Node, epilogue: Epilogue | None = None) -> list[Kernel]:
+    x, w, out = node.inputs[0], node.inputs[1], node.outputs[0]
+    bias = node.inputs[2] if len(node.inputs) > 2 else None
+    assert x is not None and w is not None
+    if any(v.type.dtype is not DType.FLOAT32 for v in (x, w)):  # type: ignore[union-attr]
+        raise NotForEngine("the engine multiplies float32")
+    if int(node.attrs.get("group", 1)) != 1:
+        raise NotForEngine("grouped convolution")
+    weights = lw.constant(w)
+    if weights is None:
+        raise NotForEngine("weights are not constant")
+    x_shape, w_shape, out_shape = lw.shape(x), lw.shape(w), lw.shape(out)
+    if len(x_shape) == 3:
+        (stride_w,), (dil_w,), (pad_l,) = _window(node, 1, x_shape[2:], out_shape[2:], w_shape[2:])
+        geometry = (x_shape[1], 1, x_shape[2], 1, w_shape[2], 1, stride_w, 1, dil_w, 0, pad_l, 1, out_shape[2])
+    elif len(x_shape) == 4:
+        (stride_h, stride_w), (dil_h, dil_w), (pad_t, pad_l) = _window(node, 2, x_shape[2:], out_shape[2:], w_shape[2:])
+        geometry = (
+            x_shape[1],
+            x_shape[2],
+            x_shape[3],
+            w_shape[2],
+            w_shape[3],
+            stride_h,
+            stride_w,
+            dil_h,
+            dil_w,
+            pad_t,
+            pad_l,
+            out_shape[2],
+            out_shape[3],
+        )
+    else:
+        raise NotForEngine("3-D convolution")
+    channels, height, width, kernel_h, kernel_w = geometry[:5]
+    out_channels = w_shape[0]
+    pixels = int(np.prod(out_shape[2:]))
+    reduction = channels * kernel_h * kernel_w
+    if 0 in (pixels, reduction, out_channels):
+        raise NotForEngine("empty convolution")
+    target = _target()
+    x_buf, dst = lw.buffer(x), lw.buffer(out)
+    matrix = np.asarray(weights, dtype=np.float32).reshape(1, out_channels, reduction)
+    packed = lw.packed_constant(("rows", w, target.gemm_rows), lambda: pack_rows(matrix, target.gemm_rows))
+    fields: dict[str, int | Buffer | str | tuple[int, ...]] = {
+        "batch": x_shape[0], "M": out_channels, "N": pixels, "K": reduction,
+        "a_packed": packed, "a_pbs": 0,
+        "b": x_buf, "b_bs": channels * height * width,
+        "c": dst, "c_bs": out_channels * pixels, "ldc": pixels,
+    }  # fmt: skip
+    pointwise = kernel_h == kernel_w == 1 and geometry[5:11] == (1, 1, 1, 1, 0, 0)
+    if pointwise:  # 1x1, stride 1, no padding: X is already the [IC, H*W] matrix
+        fields.update(b_rs=height * width, b_cs=1, pack_b="kiln_pack_b_strided")
+    else:
+        fields.update(conv=geometry, pack_b="kiln_pack_im2col")
+    lw.kernel_count += 1
+    name = f"k{lw.kernel_count}"
+    bias_buf = lw.buffer(bias) if bias is not None else None
+    helper = None
+    if epilogue is not None or bias_buf is not None:
+        out_w = out_shape[-1]
+
+        def flat_of(bt: Expr, i: Expr, j: Expr) -> Expr:
+            return add(add(Binary("*", bt, i64(out_channels * pixels)), Binary("*", i, i64(pixels))), j)
+
+        def position_of(bt: Expr, i: Expr, j: Expr) -> list[Expr]:
+            if len(out_shape) == 3:
+                return [bt, i, j]
+            return [bt, i, Binary("/", j, i64(out_w)), Binary("%", j, i64(out_w))]
+
+        helper = _epilogue_helper(lw, name, dst, position_of, flat_of, epilogue, bias_buf)
+    stmt = Gemm(fields, helper)
+    kind = "conv1x1" if pointwise else "conv"
+    return [Kernel(name, kind, [stmt], [b for b in buffers_in([stmt]) if b is not dst], [dst], [node.label])]
+
+
+# -- choosing ------------------------------------------------------------------------------------------
+
+
+def lower_matmul_any(lw: Lowerer, node: Node, epilogue: Epilogue | None = None) -> list[Kernel]:
+    try:
+        return lower_matmul_gemm(lw, node, epilogue)
+    except NotForEngine:
+        return lower_matmul(lw, node, epilogue)
+
+
+def lower_conv_any(lw: Lowerer, node: Node, epilogue: Epilogue | None = None) -> list[Kernel]:
+    try:
+        return lower_conv_gemm(lw, node, epilogue)
+    except NotForEngine:
+        return lower_conv(lw, node, epilogue)
+
+
+LOWERINGS = {"MatMul": lower_matmul_any, "Conv": lower_conv_any}

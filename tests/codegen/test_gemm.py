@@ -1,0 +1,168 @@
+"""The matrix-multiply engine (kiln/codegen/gemm.c): MatMul and Conv lowered through it, compared
+with the reference interpreter across the shapes that exercise its edges: tiles that do not divide
+the matrix (rows vs. the micro-tile's rows, columns vs. its two vectors), reductions longer than one
+K slice (accumulation across slices), batches folded into rows or kept, packed constant operands on
+either side, im2col geometry (padding, stride, dilation, 1-D), and fused epilogues."""
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper
+
+import kiln
+from kiln.codegen.target import Target
+from kiln.compiler import compile_plan
+from kiln.frontend.onnx import import_onnx
+from kiln.lower.gemm_lowering import pack_cols, pack_rows
+from kiln.lower.kir import Gemm
+from kiln.runtime.interpreter import Interpreter
+from tests.helpers import make_model
+
+F = TensorProto.FLOAT
+RNG = np.random.default_rng(7)
+
+
+def data(*shape):
+    return RNG.standard_normal(shape).astype(np.float32)
+
+
+def check(model, feeds, engine_kinds):
+    """Compiled == reference (relative L2 1e-5) and the engine ran the kernels of ``engine_kinds``."""
+    want = Interpreter(import_onnx(model)).run(feeds)
+    compiled = kiln.compile(model)
+    got = compiled.run(dict(zip([i.name for i in model.graph.input], feeds)))
+    for expected, actual in zip(want, got.values()):
+        error = np.linalg.norm(actual - expected) / max(np.linalg.norm(expected), 1e-30)
+        assert error < 1e-5, error
+    kernels = [k for step in compiled.plans[0].steps for k in step.kernels]
+    through_engine = [k.kind for k in kernels if any(isinstance(s, Gemm) for s in k.body)]
+    assert through_engine == engine_kinds
+    return compiled
+
+
+def matmul(a_shape, b_shape, b_const=False, a_const=False, epilogue=None):
+    a, b = data(*a_shape), data(*b_shape)
+    inits, inputs, feeds = {}, [], []
+    for name, array, const in (("a", a, a_const), ("b", b, b_const)):
+        if const:
+            inits[name] = array
+        else:
+            inputs.append((name, F, list(array.shape)))
+            feeds.append(array)
+    nodes = [helper.make_node("MatMul", ["a", "b"], ["y"])]
+    out = "y"
+    if epilogue == "bias_gelu":
+        inits["c"] = data(b_shape[-1])
+        nodes += [helper.make_node("Add", ["y", "c"], ["z"]), helper.make_node("Gelu", ["z"], ["g"])]
+        out = "g"
+    elif epilogue == "residual":
+        inputs.append(("r", F, [*np.broadcast_shapes(a_shape[:-2], b_shape[:-2]), a_shape[-2], b_shape[-1]]))
+        feeds.append(data(*inputs[-1][2]))
+        nodes.append(helper.make_node("Add", ["y", "r"], ["z"]))
+        out = "z"
+    return make_model(nodes, inputs, [(out, F, None)], inits), feeds
+
+
+@pytest.mark.parametrize(
+    "a_shape,b_shape,b_const,a_const",
+    [
+        ((5, 7), (7, 9), False, False),  # one edge tile in both directions
+        ((5, 7), (7, 9), True, False),  # B packed ahead of time
+        ((5, 7), (7, 9), False, True),  # A packed ahead of time
+        ((13, 300), (300, 37), True, False),  # K spans two slices of 256
+        ((1, 129, 70), (70, 33), True, False),  # batch folded into rows (B has none)
+        ((2, 3, 17, 33), (2, 3, 33, 19), False, False),  # batched, both operands per element
+        ((4, 6, 20), (20, 16), False, False),  # non-constant B shared by the batch
+        ((2, 6, 20), (2, 20, 48), True, False),  # batched constant B: one packed panel set per element
+        ((1, 64), (64, 1000), True, False),  # a classifier row
+    ],
+)
+def test_matmul_through_the_engine_matches_the_reference(a_shape, b_shape, b_const, a_const):
+    model, feeds = matmul(a_shape, b_shape, b_const, a_const)
+    check(model, feeds, ["matmul"])
+
+
+@pytest.mark.parametrize("epilogue", ["bias_gelu", "residual"])
+def test_matmul_epilogues_run_on_finished_tiles(epilogue):
+    model, feeds = matmul((1, 23, 40), (40, 50), b_const=True, epilogue=epilogue)
+    compiled = check(model, feeds, ["matmul+epilogue"])
+    assert "kiln_k1_epilogue" in compiled.plans[0].source
+
+
+def test_partial_batch_broadcast_keeps_the_loop_nest():
+    model, feeds = matmul((3, 1, 4, 5), (1, 2, 5, 6))
+    check(model, feeds, [])
+
+
+def conv(x_shape, w_shape, bias=True, relu=True, residual=False, **attrs):
+    inits = {"w": data(*w_shape)}
+    names = ["x", "w"]
+    if bias:
+        inits["b"] = data(w_shape[0])
+        names.append("b")
+    nodes = [helper.make_node("Conv", names, ["y"], **attrs)]
+    x = data(*x_shape)
+    want = Interpreter(import_onnx(make_model(nodes, [("x", F, list(x_shape))], [("y", F, None)], inits))).run([x])[0]
+    inputs, feeds, out = [("x", F, list(x_shape))], [x], "y"
+    if residual:
+        inputs.append(("r", F, list(want.shape)))
+        feeds.append(data(*want.shape))
+        nodes.append(helper.make_node("Add", ["y", "r"], ["s"]))
+        out = "s"
+    if relu:
+        nodes.append(helper.make_node("Relu", [out], ["o"]))
+        out = "o"
+    return make_model(nodes, inputs, [(out, F, None)], inits), feeds
+
+
+@pytest.mark.parametrize(
+    "x_shape,w_shape,attrs,kind",
+    [
+        ((2, 3, 9, 9), (8, 3, 3, 3), {"pads": [1, 1, 1, 1]}, "conv"),
+        ((1, 16, 13, 13), (70, 16, 1, 1), {}, "conv1x1"),  # X read directly; 70 rows: an edge panel
+        ((1, 5, 10, 11), (7, 5, 3, 3), {"strides": [2, 2], "pads": [1, 2, 0, 1]}, "conv"),  # asymmetric pads
+        ((1, 4, 12, 12), (6, 4, 3, 3), {"dilations": [2, 2], "pads": [2, 2, 2, 2]}, "conv"),
+        ((1, 3, 30, 30), (9, 3, 7, 7), {"strides": [2, 2], "pads": [3, 3, 3, 3]}, "conv"),  # a ResNet stem
+        ((1, 32, 20, 20), (24, 32, 3, 3), {"pads": [1, 1, 1, 1]}, "conv"),  # K = 288: two slices
+        ((1, 8, 9, 9), (4, 8, 1, 1), {"strides": [2, 2]}, "conv"),  # strided 1x1 goes through im2col
+        ((2, 6, 40), (5, 6, 3), {"pads": [1, 1]}, "conv"),  # 1-D
+    ],
+)
+def test_conv_through_the_engine_matches_the_reference(x_shape, w_shape, attrs, kind):
+    model, feeds = conv(x_shape, w_shape, **attrs)
+    check(model, feeds, [f"{kind}+epilogue"])
+
+
+def test_conv_without_bias_or_epilogue_and_with_a_residual():
+    model, feeds = conv((1, 4, 6, 6), (5, 4, 3, 3), bias=False, relu=False, pads=[1, 1, 1, 1])
+    check(model, feeds, ["conv"])
+    model, feeds = conv((1, 4, 6, 6), (4, 4, 3, 3), residual=True, pads=[1, 1, 1, 1])
+    check(model, feeds, ["conv+epilogue"])
+
+
+def test_grouped_conv_keeps_the_loop_nest():
+    model, feeds = conv((1, 4, 8, 8), (4, 1, 3, 3), group=4, pads=[1, 1, 1, 1])
+    check(model, feeds, [])
+
+
+def test_weights_are_packed_once_and_the_originals_leave_the_plan():
+    model, _ = conv((1, 16, 8, 8), (32, 16, 3, 3), pads=[1, 1, 1, 1])
+    plan = compile_plan(import_onnx(model))
+    target = Target.host()
+    weight = next(a for a in plan.graph.constants.values() if a.ndim == 4)
+    packed = [a for b, a in plan.constants.items() if b.name.startswith("w")]
+    assert len(packed) == 1
+    np.testing.assert_array_equal(packed[0], pack_rows(weight.reshape(1, 32, -1), target.gemm_rows))
+    assert packed[0].ctypes.data % 64 == 0  # aligned vector loads
+    assert not any(
+        a is weight or (a.shape == weight.shape and np.array_equal(a, weight)) for a in plan.constants.values()
+    )
+
+
+def test_packing_layouts():
+    matrix = np.arange(2 * 5 * 3, dtype=np.float32).reshape(2, 5, 3)
+    rows = pack_rows(matrix, 4)  # [B, panels, K, rows]
+    assert rows.shape == (2, 2, 3, 4)
+    assert rows[1, 0, 2, 3] == matrix[1, 3, 2] and rows[0, 1, 1, 0] == matrix[0, 4, 1] and rows[0, 1, 1, 1] == 0
+    cols = pack_cols(matrix, 2)  # [B, panels, K, cols]
+    assert cols.shape == (2, 2, 5, 2)
+    assert cols[1, 1, 4, 0] == matrix[1, 4, 2] and cols[0, 1, 0, 1] == 0
