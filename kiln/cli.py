@@ -464,8 +464,22 @@ def _import_bound(model: str, dims: tuple[str, ...]):  # type: ignore[no-untyped
     show_default=True,
     help="Lower to kernels and show them, the fallbacks, the memory plan and the generated C.",
 )
+@click.option(
+    "--profile",
+    is_flag=True,
+    help="Run the model with per-kernel timers: each kernel's time, GFLOP/s, % of the measured "
+    "matrix-multiply peak and its schedule (inputs: the zoo's examples, else random).",
+)
+@click.option("--runs", type=click.IntRange(1), default=10, show_default=True, help="Timed runs for --profile.")
 def explain(
-    model: str, level: int, dims: tuple[str, ...], print_after: tuple[str, ...], disable: tuple[str, ...], kernels: bool
+    model: str,
+    level: int,
+    dims: tuple[str, ...],
+    print_after: tuple[str, ...],
+    disable: tuple[str, ...],
+    kernels: bool,
+    profile: bool,
+    runs: int,
 ) -> None:
     """Show what kiln does to MODEL (an .onnx path or a zoo name): per-stage op counts and timing,
     the IR after any pass, the kernels and host fallbacks (with reasons), the memory plan and the
@@ -508,6 +522,41 @@ def explain(
     out.print(ops)
     if kernels:
         _explain_kernels(optimized)
+    if profile:
+        _explain_profile(model, optimized, binding, runs)
+
+
+def _explain_profile(model: str, graph, binding: dict[str, int], runs: int) -> None:  # type: ignore[no-untyped-def]
+    from kiln import zoo as models
+    from kiln.runtime.profile import matmul_peak, profile_graph
+
+    feeds = models.example_inputs(model, batch=binding.get("batch", 1)) if model in models.MODELS else None
+    with console.status("profiling (timers in every kernel)..."):
+        result = profile_graph(graph, feeds, runs=runs)
+    with console.status("measuring the matrix-multiply peak..."):
+        peak = matmul_peak()
+    total = sum(t.seconds for t in result.kernels)
+    table = Table(
+        title=f"profile: {runs} runs, median {result.run_seconds * 1e3:.2f} ms per run; matrix-multiply peak {peak:.0f} GFLOP/s (measured)"
+    )
+    for column in ("kernel", "kind", "computes", "ms", "%", "GFLOP/s", "% peak", "schedule"):
+        table.add_column(column, overflow="fold")
+    for timed in sorted(result.kernels, key=lambda t: -t.seconds):
+        rate = timed.gflops
+        table.add_row(
+            timed.kernel.name,
+            timed.kernel.kind,
+            escape("; ".join(timed.kernel.sources)),
+            f"{timed.seconds * 1e3:.3f}",
+            f"{100 * timed.seconds / total:.1f}" if total else "-",
+            f"{rate:.1f}" if rate is not None else "-",
+            f"{100 * rate / peak:.0f}" if rate is not None and peak else "-",
+            timed.schedule,
+        )
+    out.print(table)
+    out.print(
+        f"kernels {total * 1e3:.2f} ms per run; outside kernels (runtime, fallbacks) {result.fallback_seconds * 1e3:.2f} ms"
+    )
 
 
 def _explain_kernels(graph) -> None:  # type: ignore[no-untyped-def]

@@ -72,8 +72,9 @@ def _static(graph: Graph) -> str:
     return ""
 
 
-def compile_plan(graph: Graph, level: int = 2, prebuilt: dict[str, Path] | None = None) -> Plan:
-    """Optimize and lower a graph whose symbolic dims are already bound (see ``specialize``)."""
+def compile_plan(graph: Graph, level: int = 2, prebuilt: dict[str, Path] | None = None, profile: bool = False) -> Plan:
+    """Optimize and lower a graph whose symbolic dims are already bound (see ``specialize``).
+    ``profile`` builds the library with per-kernel timers (see ``kiln.runtime.profile``)."""
     from kiln.lower.lowering import ALIASES, LOWERINGS
     from kiln.passes.decompose import decompose
     from kiln.passes.fold_constants import fold_constants
@@ -124,7 +125,7 @@ def compile_plan(graph: Graph, level: int = 2, prebuilt: dict[str, Path] | None 
     for buffer in [*dict.fromkeys(roots.values()), *lowerer.packed]:
         table.setdefault(buffer, len(table))
     segments = [s.kernels for s in steps if isinstance(s, Segment)]
-    source = emit_c(segments, table) if segments else ""
+    source = emit_c(segments, table, profile) if segments else ""
     library = None
     if segments:
         from kiln.runtime.artifact import source_key

@@ -189,7 +189,9 @@ def _uses_gemm(body: Sequence[Stmt]) -> bool:
     return any(isinstance(s, Gemm) or (isinstance(s, (For, If)) and _uses_gemm(s.body)) for s in body)
 
 
-def emit_segment(number: int, kernels: Sequence[Kernel], table: dict[Buffer, int]) -> str:
+def emit_segment(
+    number: int, kernels: Sequence[Kernel], table: dict[Buffer, int], profile: dict[int, int] | None = None
+) -> str:
     used: dict[Buffer, None] = {}
     for kernel in kernels:
         for buffer in [*kernel.reads, *kernel.writes]:
@@ -199,7 +201,11 @@ def emit_segment(number: int, kernels: Sequence[Kernel], table: dict[Buffer, int
     for kernel in kernels:
         lines.append(f"  /* {kernel.name} ({kernel.kind}): {'; '.join(kernel.sources)} */")
         lines.append("  {")
+        if profile is not None:
+            lines.append("    double kiln_t0 = kiln_now();")
         lines.extend(statements(kernel.body, kernel.schedule, "    "))
+        if profile is not None:
+            lines.append(f"    kiln_profile_seconds[{profile[id(kernel)]}] += kiln_now() - kiln_t0;")
         lines.append("  }")
     lines.append("  return 0;")
     lines.append("}")
@@ -215,12 +221,22 @@ def gemm_prelude() -> str:
     return f"#include <omp.h>\n#define KILN_VB {target.vector_bytes}\n#define KILN_MR {target.gemm_rows}\n{engine}\n"
 
 
-def emit_c(segments: Sequence[Sequence[Kernel]], table: dict[Buffer, int]) -> str:
-    """The whole translation unit for a model's native segments."""
+PROFILE_PRELUDE = """#define _POSIX_C_SOURCE 200809L
+#include <time.h>
+static double kiln_now(void) { struct timespec t; clock_gettime(CLOCK_MONOTONIC, &t); return t.tv_sec + 1e-9 * t.tv_nsec; }
+"""
+
+
+def emit_c(segments: Sequence[Sequence[Kernel]], table: dict[Buffer, int], profile: bool = False) -> str:
+    """The whole translation unit for a model's native segments. With ``profile``, each kernel adds
+    its wall time to ``double kiln_profile_seconds[i]`` (i: the kernel's position in the plan)."""
     kernels = [k for kernels in segments for k in kernels]
-    parts = [PRELUDE]
+    positions = {id(k): i for i, k in enumerate(kernels)} if profile else None
+    parts = [PROFILE_PRELUDE + PRELUDE if profile else PRELUDE]
+    if profile:
+        parts.append(f"double kiln_profile_seconds[{max(len(kernels), 1)}];")
     if any(_uses_gemm(k.body) for k in kernels):
         parts.append(gemm_prelude())
     parts.extend(emit_helper(f, table) for k in kernels for f in _helpers(k.body))
-    parts.extend(emit_segment(i, ks, table) for i, ks in enumerate(segments))
+    parts.extend(emit_segment(i, ks, table, positions) for i, ks in enumerate(segments))
     return "\n\n".join(parts) + "\n"

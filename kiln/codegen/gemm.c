@@ -188,6 +188,8 @@ static float *kiln_scratch(float **slot, int64_t *have, int64_t need) {
 
 static int64_t kiln_round_up(int64_t x, int64_t to) { return (x + to - 1) / to * to; }
 
+#define KILN_SHARED_LIMIT (16 << 20) /* bytes: operands packed whole, once, up to this size */
+
 static void kiln_gemm_run(const kiln_gemm *g) {
   const int64_t M = g->M, N = g->N, K = g->K;
   int threads = omp_get_max_threads();
@@ -203,12 +205,45 @@ static void kiln_gemm_run(const kiln_gemm *g) {
   const int64_t tiles_n = (N + nc - 1) / nc;
   const int64_t tasks = g->batch * tiles_m * tiles_n;
   const int64_t work = M * N * K * g->batch;
+  /* An operand that several tasks would pack again (A once per N tile, B once per M tile) is
+     packed whole first, shared by all tasks, into the caller's scratch (each request runs on its
+     own thread, so concurrent requests never share it). */
+  const int64_t panels_a = (M + KILN_MR - 1) / KILN_MR, panels_b = (N + KILN_NR - 1) / KILN_NR;
+  const int64_t size_a = g->batch * panels_a * KILN_MR * K, size_b = g->batch * panels_b * KILN_NR * K;
+  static _Thread_local float *shared_a, *shared_b;
+  static _Thread_local int64_t have_a, have_b;
+  float *all_a = NULL, *all_b = NULL;
+  if (!g->a_packed && tiles_n > 1 && size_a * 4 <= KILN_SHARED_LIMIT) all_a = kiln_scratch(&shared_a, &have_a, size_a);
+  if (!g->b_packed && tiles_m > 1 && size_b * 4 <= KILN_SHARED_LIMIT) all_b = kiln_scratch(&shared_b, &have_b, size_b);
+  const float *a_packed = all_a ? all_a : g->a_packed, *b_packed = all_b ? all_b : g->b_packed;
+  const int64_t a_pbs = all_a ? panels_a * KILN_MR * K : g->a_pbs, b_pbs = all_b ? panels_b * KILN_NR * K : g->b_pbs;
 #pragma omp parallel if (work >= 65536 && tasks > 1)
   {
     static _Thread_local float *a_buf, *b_buf;
     static _Thread_local int64_t a_have, b_have;
-    float *abuf = g->a_packed ? NULL : kiln_scratch(&a_buf, &a_have, mc * KILN_KC);
-    float *bbuf = g->b_packed ? NULL : kiln_scratch(&b_buf, &b_have, nc * KILN_KC);
+    /* packers write panels of the block they are given with a panel stride of kc * width: with
+       kc = K, a run of whole panels lands exactly where the shared layout wants it */
+    const int64_t chunk = 8; /* panels per packing call */
+    if (all_a) {
+      const int64_t chunks = (panels_a + chunk - 1) / chunk;
+#pragma omp for schedule(static)
+      for (int64_t p = 0; p < g->batch * chunks; ++p) {
+        const int64_t bt = p / chunks, row = (p % chunks) * chunk * KILN_MR;
+        const int64_t rows = M - row < chunk * KILN_MR ? M - row : chunk * KILN_MR;
+        g->pack_a(g, bt, row, rows, 0, K, all_a + bt * a_pbs + (row / KILN_MR) * K * KILN_MR);
+      }
+    }
+    if (all_b) {
+      const int64_t chunks = (panels_b + chunk - 1) / chunk;
+#pragma omp for schedule(static)
+      for (int64_t p = 0; p < g->batch * chunks; ++p) {
+        const int64_t bt = p / chunks, col = (p % chunks) * chunk * KILN_NR;
+        const int64_t cols = N - col < chunk * KILN_NR ? N - col : chunk * KILN_NR;
+        g->pack_b(g, bt, col, cols, 0, K, all_b + bt * b_pbs + (col / KILN_NR) * K * KILN_NR);
+      }
+    }
+    float *abuf = a_packed ? NULL : kiln_scratch(&a_buf, &a_have, mc * KILN_KC);
+    float *bbuf = b_packed ? NULL : kiln_scratch(&b_buf, &b_have, nc * KILN_KC);
 #pragma omp for schedule(static)
     for (int64_t task = 0; task < tasks; ++task) {
       const int64_t bt = task / (tiles_m * tiles_n), rest = task % (tiles_m * tiles_n);
@@ -219,16 +254,16 @@ static void kiln_gemm_run(const kiln_gemm *g) {
         const int64_t kc = K - k0 < KILN_KC ? K - k0 : KILN_KC;
         const float *ablock, *bblock;
         int64_t a_stride, b_stride; /* between panels */
-        if (g->a_packed) {
-          ablock = g->a_packed + bt * g->a_pbs + (m0 / KILN_MR) * K * KILN_MR + k0 * KILN_MR;
+        if (a_packed) {
+          ablock = a_packed + bt * a_pbs + (m0 / KILN_MR) * K * KILN_MR + k0 * KILN_MR;
           a_stride = K * KILN_MR;
         } else {
           g->pack_a(g, bt, m0, mlen, k0, kc, abuf);
           ablock = abuf;
           a_stride = kc * KILN_MR;
         }
-        if (g->b_packed) {
-          bblock = g->b_packed + bt * g->b_pbs + (n0 / KILN_NR) * K * KILN_NR + k0 * KILN_NR;
+        if (b_packed) {
+          bblock = b_packed + bt * b_pbs + (n0 / KILN_NR) * K * KILN_NR + k0 * KILN_NR;
           b_stride = K * KILN_NR;
         } else {
           g->pack_b(g, bt, n0, nlen, k0, kc, bbuf);

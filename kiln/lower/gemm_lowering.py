@@ -162,7 +162,12 @@ def lower_matmul_gemm(lw: Lowerer, node: Node, epilogue: Epilogue | None = None)
 
         helper = _epilogue_helper(lw, name, dst, position_of, flat_of, epilogue, None)
     stmt = Gemm(fields, helper)
-    return [Kernel(name, "matmul", [stmt], [b for b in buffers_in([stmt]) if b is not dst], [dst], [node.label])]
+    flops = 2 * batch * rows * n * k
+    return [
+        Kernel(
+            name, "matmul", [stmt], [b for b in buffers_in([stmt]) if b is not dst], [dst], [node.label], flops=flops
+        )
+    ]
 
 
 # -- Conv ------------------------------------------------------------------------------------------------
@@ -241,7 +246,10 @@ def lower_conv_gemm(lw: Lowerer, node: Node, epilogue: Epilogue | None = None) -
         helper = _epilogue_helper(lw, name, dst, position_of, flat_of, epilogue, bias_buf)
     stmt = Gemm(fields, helper)
     kind = "conv1x1" if pointwise else "conv"
-    return [Kernel(name, kind, [stmt], [b for b in buffers_in([stmt]) if b is not dst], [dst], [node.label])]
+    flops = 2 * x_shape[0] * out_channels * pixels * reduction
+    return [
+        Kernel(name, kind, [stmt], [b for b in buffers_in([stmt]) if b is not dst], [dst], [node.label], flops=flops)
+    ]
 
 
 # -- choosing ------------------------------------------------------------------------------------------

@@ -204,6 +204,7 @@ class Kernel:
     writes: list[Buffer]
     sources: list[str]  # labels of the graph nodes it computes
     schedule: Schedule = field(default_factory=Schedule)
+    flops: int = 0  # floating-point operations of a matrix product or convolution (for profiles)
 
 
 def loops(body: list[Stmt]) -> list[For]:

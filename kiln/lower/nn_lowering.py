@@ -415,7 +415,9 @@ def lower_conv(lw: Lowerer, node: Node, epilogue: Epilogue | None = None) -> lis
         body.append(For(oh, out_h, [For(ow, out_w, [Store(dst, at, epilogue(position, Load(dst, at), at))])]))
     stmts: list[Stmt] = [For(n, batch, [For(oc, out_channels, body)])]
     schedule = Schedule(parallel=oc.name, vectorize=ow.name)
-    return [lw.kernel(node, "conv", stmts, [x, w, bias], [out], schedule)]
+    kernel = lw.kernel(node, "conv", stmts, [x, w, bias], [out], schedule)
+    kernel.flops = 2 * int(np.prod(out_shape)) * group_channels * kernel_h * kernel_w
+    return [kernel]
 
 
 def lower_pool(lw: Lowerer, node: Node) -> list[Kernel]:

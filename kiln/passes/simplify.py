@@ -157,6 +157,24 @@ def _nan_guarded_softmax(rw: Rewriter, node: Node, producers: dict[Value, Node])
     )
 
 
+def _small_power(rw: Rewriter, node: Node, producers: dict[Value, Node]) -> list[Value] | None:
+    """x ^ 2 -> x * x, x ^ 3 -> x * x * x for float x (a scalar constant exponent): products are
+    exact to one rounding each, and a pow() call per element is the slowest op of tanh-GELU."""
+    base, exponent = node.inputs
+    array = rw.constant_value(exponent)
+    if array is None or array.size != 1 or not _same_type(base, node.outputs[0]):
+        return None
+    if not base.type.dtype.is_float:  # type: ignore[union-attr]
+        return None
+    power = float(array.reshape(-1)[0])
+    if power not in (2.0, 3.0):
+        return None
+    (square,) = rw.emit("Mul", [base, base], hint=node.outputs[0].name, name=node.name)
+    if power == 2.0:
+        return [square]
+    return rw.emit("Mul", [square, base], hint=node.outputs[0].name, name=node.name)
+
+
 _RESHAPES = ("Reshape", "Flatten", "Squeeze", "Unsqueeze")
 
 RULES: list[tuple[str, str, Rewrite]] = [
@@ -169,6 +187,7 @@ RULES: list[tuple[str, str, Rewrite]] = [
     ("Mul", "1 * x -> x", _neutral(0, 1)),
     ("Div", "x / 1 -> x", _neutral(1, 1)),
     ("Pow", "x ^ 1 -> x", _neutral(1, 1)),
+    ("Pow", "x ^ 2 -> x * x; x ^ 3 -> x * x * x (float x, scalar exponent)", _small_power),
     ("Transpose", "Transpose(x, identity perm) -> x", _identity_perm),
     ("Transpose", "Transpose(Transpose(x, p), q) -> Transpose(x, p[q]) (or x)", _transpose_pair),
     ("Reshape", "Reshape(Reshape|Flatten|Squeeze|Unsqueeze(x)) -> Reshape(x) (or x)", _reshape_chain),

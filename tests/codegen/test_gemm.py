@@ -74,6 +74,7 @@ def matmul(a_shape, b_shape, b_const=False, a_const=False, epilogue=None):
         ((4, 6, 20), (20, 16), False, False),  # non-constant B shared by the batch
         ((2, 6, 20), (2, 20, 48), True, False),  # batched constant B: one packed panel set per element
         ((1, 64), (64, 1000), True, False),  # a classifier row
+        ((400, 20), (20, 40), False, False),  # several M blocks: B packed whole once, shared
     ],
 )
 def test_matmul_through_the_engine_matches_the_reference(a_shape, b_shape, b_const, a_const):
@@ -125,6 +126,7 @@ def conv(x_shape, w_shape, bias=True, relu=True, residual=False, **attrs):
         ((1, 32, 20, 20), (24, 32, 3, 3), {"pads": [1, 1, 1, 1]}, "conv"),  # K = 288: two slices
         ((1, 8, 9, 9), (4, 8, 1, 1), {"strides": [2, 2]}, "conv"),  # strided 1x1 goes through im2col
         ((2, 6, 40), (5, 6, 3), {"pads": [1, 1]}, "conv"),  # 1-D
+        ((2, 8, 6, 6), (200, 8, 3, 3), {"pads": [1, 1, 1, 1]}, "conv"),  # 2 M blocks: shared im2col
     ],
 )
 def test_conv_through_the_engine_matches_the_reference(x_shape, w_shape, attrs, kind):

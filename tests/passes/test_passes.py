@@ -318,3 +318,21 @@ def test_safe_softmax_is_exactly_the_guarded_pattern_including_nan_rows():
     native = kiln.compile(before, target="cpu")
     assert native.is_native
     np.testing.assert_allclose(native(x), expected, rtol=1e-6)
+
+
+def test_simplify_turns_small_integer_powers_into_products():
+    graph = parse_graph("""
+graph g(%x: f32[4]) -> (%y, %z, %w) {
+  const %two: f32[] = [2.0]
+  const %three: f32[] = [3.0]
+  const %half: f32[] = [0.5]
+  %y: f32[4] = Pow(%x, %two)
+  %z: f32[4] = Pow(%x, %three)
+  %w: f32[4] = Pow(%x, %half)
+}""")
+    got = dce(simplify(graph))
+    assert [n.op for n in got.nodes] == ["Mul", "Mul", "Mul", "Pow"]  # x^0.5 stays a pow
+    x = np.array([-1.5, 0.0, 2.0, 3.0], np.float32)
+    want = Interpreter(graph).run([x])
+    for expected, actual in zip(want, Interpreter(got).run([x])):
+        np.testing.assert_allclose(actual, expected, rtol=1e-6)

@@ -6,6 +6,7 @@ import os
 import platform
 import shutil
 import subprocess
+import sys
 import tempfile
 from typing import Any
 
@@ -86,7 +87,10 @@ class IreeBackend(Backend):
         workdir = tempfile.mkdtemp(prefix="kiln-iree-")
         mlir = os.path.join(workdir, "model.mlir")
         vmfb = os.path.join(workdir, "model.vmfb")
-        importer = shutil.which("iree-import-onnx")
+        # installed beside this interpreter even when its environment is not activated
+        importer = shutil.which("iree-import-onnx") or shutil.which(
+            "iree-import-onnx", path=os.path.dirname(sys.executable)
+        )
         if importer is None:
             raise Unavailable("iree-import-onnx is not on PATH (install iree-base-compiler[onnx])")
         subprocess.run([importer, str(model.onnx_path), "-o", mlir], check=True, capture_output=True)

@@ -1,0 +1,123 @@
+"""Per-kernel profiles and the machine's matrix-multiply peak.
+
+``profile_graph`` builds a plan whose library times every kernel (``compile_plan(profile=True)``:
+each kernel adds its wall time to ``kiln_profile_seconds[i]``), runs it, and reads the times back.
+``matmul_peak`` measures what kiln's own engine reaches on a large square product: the reference
+the profile's "% of peak" column divides by (a measured figure, not a datasheet one).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import time
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+
+from kiln.compiler import Segment, compile_plan
+from kiln.ir.graph import Graph
+from kiln.lower.kir import Gemm, Kernel
+
+
+@dataclass
+class KernelTime:
+    kernel: Kernel
+    seconds: float  # mean per run
+
+    @property
+    def gflops(self) -> float | None:
+        return self.kernel.flops / self.seconds / 1e9 if self.kernel.flops and self.seconds > 0 else None
+
+    @property
+    def schedule(self) -> str:
+        """Which schedule ran: the engine's default blocking, or the loop nest's schedule."""
+        if any(isinstance(s, Gemm) for s in self.kernel.body):
+            return "engine (default)"
+        parts = [
+            f"parallel {self.kernel.schedule.parallel}" if self.kernel.schedule.parallel else "",
+            "simd" if self.kernel.schedule.vectorize else "",
+        ]
+        return "loops: " + (", ".join(p for p in parts if p) or "serial")
+
+
+@dataclass
+class Profile:
+    kernels: list[KernelTime]
+    run_seconds: float  # median wall time of one whole run (timers included)
+    fallback_seconds: float  # what the host fallbacks took per run (run minus kernels, roughly)
+
+
+def _inputs(graph: Graph, feeds: dict[str, np.ndarray] | None, seed: int) -> list[np.ndarray]:
+    from kiln.bench.models import random_tensor
+
+    rng = np.random.default_rng(seed)
+    feeds = feeds or {}
+    inputs = []
+    for value in graph.inputs:
+        shape = [int(d) for d in value.type.shape]  # type: ignore[union-attr]
+        given = feeds.get(value.name)
+        # example inputs of another shape than the bound graph's: random data instead
+        inputs.append(
+            np.asarray(given)
+            if given is not None and list(np.shape(given)) == shape
+            else random_tensor(value.type.dtype, shape, rng)
+        )  # type: ignore[union-attr]
+    return inputs
+
+
+def profile_graph(
+    graph: Graph, feeds: dict[str, np.ndarray] | None = None, runs: int = 10, warmup: int = 2, level: int = 0
+) -> Profile:
+    """Profile a graph with static shapes (already optimized when ``level`` is 0)."""
+    from kiln.runtime.native import _Executable
+
+    plan = compile_plan(graph, level=level, profile=True)
+    if plan.whole_graph_reason:
+        raise ValueError(f"nothing to profile: {plan.whole_graph_reason}")
+    executable = _Executable(plan)
+    inputs = _inputs(plan.graph, feeds, seed=0)
+    kernels = [k for step in plan.steps if isinstance(step, Segment) for k in step.kernels]
+    if plan.library is None or not kernels:
+        raise ValueError("nothing to profile: the plan has no native kernels")
+    timers = (ctypes.c_double * len(kernels)).in_dll(ctypes.CDLL(str(plan.library)), "kiln_profile_seconds")
+    for _ in range(warmup):
+        executable.run(inputs)
+    ctypes.memset(timers, 0, ctypes.sizeof(timers))
+    walls = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        executable.run(inputs)
+        walls.append(time.perf_counter() - start)
+    times = [KernelTime(k, timers[i] / runs) for i, k in enumerate(kernels)]
+    wall = float(np.median(walls))
+    return Profile(times, wall, max(0.0, float(np.mean(walls)) - sum(t.seconds for t in times)))
+
+
+@lru_cache(maxsize=4)
+def matmul_peak(size: int = 1024, runs: int = 5) -> float:
+    """GFLOP/s of kiln's engine on a ``size``-square float32 product (best of ``runs``), with the
+    threads this process may use."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    import kiln
+
+    weights = np.random.default_rng(0).standard_normal((size, size)).astype(np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["a", "w"], ["y"])],
+        "peak",
+        [helper.make_tensor_value_info("a", TensorProto.FLOAT, [size, size])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [size, size])],
+        [numpy_helper.from_array(weights, "w")],
+    )
+    model = kiln.compile(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+    a = np.ones((size, size), np.float32)
+    model(a)
+    best = min(_timed(model, a) for _ in range(runs))
+    return 2 * size**3 / best / 1e9
+
+
+def _timed(model, a: np.ndarray) -> float:  # type: ignore[no-untyped-def]
+    start = time.perf_counter()
+    model(a)
+    return time.perf_counter() - start
