@@ -35,12 +35,26 @@ def compile(  # shadows the builtin on purpose: the name the architecture promis
 
     if target not in TARGETS:
         raise KilnError(f"unknown target {target!r}; available targets: {', '.join(TARGETS)}")
-    graph = to_graph(model, example_inputs)
     if target == "cpu":
+        from kiln.runtime import plan_cache
         from kiln.runtime.native import NativeModel
 
-        return NativeModel(graph, level=opt_level, dims=dims)
-    return ReferenceModel(graph)
+        source_file = _onnx_file(model, example_inputs)
+        if source_file is not None:  # compiled before? then even the import is skipped
+            key = plan_cache.file_entry(source_file, opt_level)
+            graph = plan_cache.load_graph(key) if key is not None else None
+            if graph is not None:
+                return NativeModel(graph, level=opt_level, dims=dims, source_file=source_file, cache_key=key)
+        return NativeModel(to_graph(model, example_inputs), level=opt_level, dims=dims, source_file=source_file)
+    return ReferenceModel(to_graph(model, example_inputs))
+
+
+def _onnx_file(model: Any, example_inputs: Any) -> str | None:
+    import os
+
+    if example_inputs is None and isinstance(model, (str, os.PathLike)) and os.path.isfile(model):
+        return os.fspath(model)
+    return None
 
 
 def load(path: Any) -> Any:

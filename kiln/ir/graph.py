@@ -47,6 +47,9 @@ class Node:
         object.__setattr__(self, "outputs", tuple(self.outputs))
         object.__setattr__(self, "attrs", MappingProxyType(dict(sorted(self.attrs.items()))))
 
+    def __reduce__(self) -> tuple[Any, ...]:  # pickled into the plan cache
+        return (Node, (self.op, self.inputs, self.outputs, dict(self.attrs), self.name, self.domain))
+
     @property
     def label(self) -> str:
         """How errors name this node: ``'Conv_12' (Conv)``."""
@@ -85,6 +88,9 @@ class Graph:
         object.__setattr__(self, "nodes", tuple(self.nodes))
         object.__setattr__(self, "constants", MappingProxyType(dict(self.constants)))
         object.__setattr__(self, "opsets", MappingProxyType(dict(self.opsets)))
+
+    def __reduce__(self) -> tuple[Any, ...]:  # pickled into the plan cache
+        return (Graph, (self.inputs, self.outputs, self.nodes, dict(self.constants), self.name, dict(self.opsets)))
 
     @property
     def opset(self) -> int:

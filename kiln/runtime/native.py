@@ -6,6 +6,7 @@ from __future__ import annotations
 import ctypes
 import queue
 import threading
+import time
 from typing import Any
 
 import numpy as np
@@ -18,9 +19,12 @@ from kiln.lower.kir import Buffer
 from kiln.lower.memory import ALIGNMENT
 from kiln.passes import specialize
 from kiln.passes.specialize import input_dims
+from kiln.runtime import plan_cache
 from kiln.runtime.interpreter import Interpreter, evaluate_node
 from kiln.runtime.model import Model
 
+WORTH_CACHING_S = 0.5  # a plan is stored when compiling it took this long...
+WORTH_CACHING_BYTES = 1 << 20  # ...or the model's weights are this big
 SMALL_INPUT = 16  # elements: inputs this small may be frozen when shapes depend on their values
 VALUE_VARIANTS = 16  # at most this many value specializations per model, then the reference
 
@@ -143,10 +147,14 @@ class NativeModel(Model):
         dims: dict[str, int] | None = None,
         prebuilt: dict | None = None,
         compile_now: bool = True,
+        source_file: str | None = None,
+        cache_key: str | None = None,
     ) -> None:
         super().__init__(graph)
         self.level = level
         self.prebuilt = prebuilt or {}
+        self.source_file = source_file  # an ONNX file the plan cache may remember (see plan_cache)
+        self._cache_key = cache_key
         self._variants: dict[tuple[tuple[str, int], ...], _Executable] = {}
         self._ran: dict[int, _Executable] = {}  # the variants that have executed requests
         self._lock = threading.Lock()
@@ -161,9 +169,33 @@ class NativeModel(Model):
             with self._lock:
                 executable = self._variants.get(key)
                 if executable is None:
-                    executable = _Executable(compile_plan(specialize(self.graph, dims), self.level, self.prebuilt))
+                    executable = _Executable(self._plan(dims))
                     self._variants[key] = executable
         return executable
+
+    @property
+    def cache_key(self) -> str:
+        if self._cache_key is None:
+            self._cache_key = plan_cache.entry_key(self.graph.digest, self.level)
+        return self._cache_key
+
+    def _plan(self, dims: dict[str, int]) -> Plan:
+        """The plan for ``dims``: from the plan cache, else compiled (and stored when compiling took
+        long enough to be worth the disk: big weights or seconds of work)."""
+        if not plan_cache.enabled():
+            return compile_plan(specialize(self.graph, dims), self.level, self.prebuilt)
+        plan = plan_cache.load_plan(self.cache_key, dims)
+        if plan is not None:
+            return plan
+        start = time.perf_counter()
+        plan = compile_plan(specialize(self.graph, dims), self.level, self.prebuilt)
+        weights = sum(a.nbytes for a in self.graph.constants.values())
+        if time.perf_counter() - start >= WORTH_CACHING_S or weights >= WORTH_CACHING_BYTES:
+            plan_cache.store_plan(self.cache_key, dims, plan)
+            if self.source_file is not None:
+                plan_cache.store_graph(self.cache_key, self.graph)
+                plan_cache.remember_file(self.source_file, self.cache_key, self.level)
+        return plan
 
     def prepare(self, feeds: dict[str, Any]) -> None:
         """Compile the variant these inputs need now, instead of on the first run."""

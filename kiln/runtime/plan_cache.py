@@ -1,0 +1,262 @@
+"""The plan cache: a second compile of the same model does no passes, no lowering, no code
+generation and no C compilation.
+
+An entry is keyed by what determines a plan: the source graph's structural digest (names never
+matter), the -O level, the bound dims, kiln's version, the host target and the C compiler with its
+flags. It holds the pickled ``Plan`` (kernels, memory plan, buffer table) with every large array
+(weights, packed weights) in a side file of 64-byte-aligned raw data that loading memory-maps, so
+a hit costs milliseconds whatever the model's size; the native library is copied into the entry.
+
+``kiln.compile(path)`` also remembers which entry a file's bytes led to (``files/<sha256>``), and
+the source graph itself is stored once per entry, so compiling the same .onnx file again skips
+the import as well.
+
+Entries are written to a temporary folder and renamed into place (atomic: a concurrent compile of
+the same model either finds a whole entry or none). A damaged or foreign entry is counted
+(``STATS``), removed and rebuilt, never fatal. ``KILN_PLAN_CACHE=0`` turns the cache off.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import pickle
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+FORMAT = 2  # bump when Plan/Graph/Kernel change shape: older entries then miss
+ALIGN = 64
+SMALL = 4096  # bytes: arrays below this stay inside the pickle
+STATS = {"hits": 0, "misses": 0, "stores": 0, "damaged": 0}
+
+
+def enabled() -> bool:
+    return os.environ.get("KILN_PLAN_CACHE", "1") not in ("0", "false", "no", "")
+
+
+def root() -> Path:
+    base = os.environ.get("KILN_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "kiln")
+    path = Path(base) / "plans"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def entry_key(graph_digest: str, level: int) -> str:
+    """The entry for a source graph at an -O level (on this kiln, target and compiler)."""
+    from kiln import __version__
+    from kiln.codegen.target import Target
+    from kiln.codegen.toolchain import FLAGS, find_compiler
+
+    compiler, version = find_compiler()
+    parts = [str(FORMAT), graph_digest, str(level), __version__, repr(Target.host()), compiler, version, *FLAGS]
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:32]
+
+
+def variant_name(dims: dict[str, int]) -> str:
+    return hashlib.sha256(repr(sorted(dims.items())).encode()).hexdigest()[:16]
+
+
+def file_digest(path: str | os.PathLike) -> str:
+    hasher = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while chunk := handle.read(1 << 24):
+            hasher.update(chunk)
+    return hasher.hexdigest()
+
+
+# -- writing and reading one object with its arrays beside it --------------------------------------
+
+
+class _Pickler(pickle.Pickler):
+    def __init__(self, file: Any, arrays: Any) -> None:
+        super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
+        self.arrays = arrays
+        self.offset = 0
+        self.seen: dict[int, tuple[Any, ...]] = {}
+        self.keep: list[np.ndarray] = []  # ids stay valid while pickling
+
+    def persistent_id(self, obj: Any) -> Any:
+        if type(obj) is not np.ndarray or obj.dtype.hasobject or obj.nbytes < SMALL:
+            return None
+        found = self.seen.get(id(obj))
+        if found is None:
+            pad = (-self.offset) % ALIGN
+            self.arrays.write(b"\0" * pad)
+            self.offset += pad
+            data = np.ascontiguousarray(obj)
+            self.arrays.write(memoryview(data.reshape(-1).view(np.uint8)))
+            found = ("array", self.offset, obj.dtype.str, obj.shape)
+            self.offset += data.nbytes
+            self.seen[id(obj)] = found
+            self.keep.append(obj)
+        return found
+
+
+class _Unpickler(pickle.Unpickler):
+    def __init__(self, file: Any, arrays: np.ndarray | None) -> None:
+        super().__init__(file)
+        self.arrays = arrays
+
+    def persistent_load(self, pid: Any) -> Any:
+        kind, offset, dtype, shape = pid
+        if kind != "array" or self.arrays is None:
+            raise pickle.UnpicklingError(f"unknown persistent id {kind!r}")
+        dtype = np.dtype(dtype)
+        count = int(np.prod(shape)) if shape else 1
+        return self.arrays[offset : offset + count * dtype.itemsize].view(dtype).reshape(shape)
+
+
+def _write(folder: Path, stem: str, obj: Any) -> None:
+    with open(folder / f"{stem}.arrays", "wb") as arrays:
+        buffer = io.BytesIO()
+        _Pickler(buffer, arrays).dump(obj)
+    (folder / f"{stem}.pkl").write_bytes(buffer.getvalue())
+
+
+def _read(folder: Path, stem: str) -> Any:
+    raw = folder / f"{stem}.arrays"
+    arrays = np.memmap(raw, dtype=np.uint8, mode="r") if raw.stat().st_size else None
+    with open(folder / f"{stem}.pkl", "rb") as handle:
+        return _Unpickler(handle, arrays).load()
+
+
+def _publish(partial: Path, final: Path) -> None:
+    try:
+        os.replace(partial, final)
+    except OSError:  # another process published the same entry first: theirs is as good
+        shutil.rmtree(partial, ignore_errors=True)
+
+
+def _discard(path: Path) -> None:
+    STATS["damaged"] += 1
+    shutil.rmtree(path, ignore_errors=True)
+
+
+# -- the entry's parts -------------------------------------------------------------------------------
+
+
+def store_plan(key: str, dims: dict[str, int], plan: Any) -> None:
+    """Store one compiled variant (its library copied in)."""
+    import copy
+
+    if not enabled():
+        return
+    folder = root() / key / "variants"
+    folder.mkdir(parents=True, exist_ok=True)
+    name = variant_name(dims)
+    if (folder / name).exists():
+        return
+    partial = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=folder))
+    try:
+        plan = copy.copy(plan)
+        if plan.library is not None:
+            shutil.copyfile(plan.library, partial / "library.so")
+            plan.library = Path("library.so")  # relative to the entry; made absolute on load
+        if not plan.whole_graph_reason:
+            # the optimized graph's weights that only their packed copies serve are not needed
+            kept = {id(a) for a in plan.constants.values()}
+            graph = plan.graph
+            plan.graph = graph.with_(constants={v: a for v, a in graph.constants.items() if id(a) in kept})
+        _write(partial, "plan", plan)
+        _publish(partial, folder / name)
+        STATS["stores"] += 1
+    except Exception:
+        shutil.rmtree(partial, ignore_errors=True)
+        raise
+
+
+def load_plan(key: str, dims: dict[str, int]) -> Any | None:
+    if not enabled():
+        return None
+    folder = root() / key / "variants" / variant_name(dims)
+    if not folder.exists():
+        STATS["misses"] += 1
+        return None
+    try:
+        plan = _read(folder, "plan")
+        if plan.library is not None:
+            plan.library = folder / plan.library
+            if not plan.library.exists():
+                raise FileNotFoundError(plan.library)
+        STATS["hits"] += 1
+        return plan
+    except Exception:  # damaged, truncated or from another kiln: rebuild
+        _discard(folder)
+        return None
+
+
+def store_graph(key: str, graph: Any) -> None:
+    if not enabled():
+        return
+    final = root() / key / "source"
+    if final.exists():
+        return
+    final.parent.mkdir(parents=True, exist_ok=True)
+    partial = Path(tempfile.mkdtemp(prefix=".source-", dir=final.parent))
+    _write(partial, "graph", graph)
+    _publish(partial, final)
+
+
+def load_graph(key: str) -> Any | None:
+    folder = root() / key / "source"
+    if not folder.exists():
+        return None
+    try:
+        return _read(folder, "graph")
+    except Exception:
+        _discard(folder)
+        return None
+
+
+def _external_files(path: Path) -> list[str]:
+    """The external-data files an ONNX file's tensors live in (relative to its folder)."""
+    import onnx
+    from onnx.external_data_helper import _get_all_tensors, uses_external_data
+
+    model = onnx.load(str(path), load_external_data=False)
+    found: dict[str, None] = {}
+    for tensor in _get_all_tensors(model):
+        if uses_external_data(tensor):
+            found.update({e.value: None for e in tensor.external_data if e.key == "location"})
+    return list(found)
+
+
+def _file_index(path: Path, level: int) -> Path:
+    return root() / "files" / f"{file_digest(path)}-{entry_key('file', level)[:16]}"
+
+
+def remember_file(path: str | os.PathLike, key: str, level: int) -> None:
+    """Note that the ONNX file at ``path`` (with its external data, hashed too) imports to the
+    source graph of entry ``key``."""
+    if not enabled():
+        return
+    path = Path(path)
+    lines = [key] + [f"{name}\t{file_digest(path.parent / name)}" for name in _external_files(path)]
+    index = _file_index(path, level)
+    index.parent.mkdir(parents=True, exist_ok=True)
+    handle, partial = tempfile.mkstemp(dir=index.parent)
+    with os.fdopen(handle, "w") as out:
+        out.write("\n".join(lines))
+    os.replace(partial, index)
+
+
+def file_entry(path: str | os.PathLike, level: int) -> str | None:
+    """The entry the file at ``path`` led to before, if its bytes (and external data) are the same."""
+    if not enabled():
+        return None
+    path = Path(path)
+    try:
+        lines = _file_index(path, level).read_text().splitlines()
+        for line in lines[1:]:
+            name, digest = line.split("\t")
+            if file_digest(path.parent / name) != digest:
+                return None
+    except (OSError, ValueError):
+        return None
+    key = lines[0].strip() if lines else ""
+    return key if len(key) == 32 and all(c in "0123456789abcdef" for c in key) else None

@@ -1,0 +1,116 @@
+"""The plan cache: a second compile of the same model runs no pass, no lowering, no codegen and no C
+compiler; the same .onnx file is not even imported again; damaged entries are counted and rebuilt;
+two processes compiling the same model at once both succeed."""
+
+import subprocess
+import sys
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+import kiln
+import kiln.compiler
+import kiln.frontend
+import kiln.runtime.native as native
+from kiln.codegen import toolchain
+from kiln.runtime import plan_cache
+from tests.helpers import make_model
+
+RNG = np.random.default_rng(3)
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("KILN_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("KILN_PLAN_CACHE", "1")
+    monkeypatch.setattr(native, "WORTH_CACHING_S", 0.0)  # small test models are stored too
+    for key in plan_cache.STATS:
+        monkeypatch.setitem(plan_cache.STATS, key, 0)
+    return tmp_path
+
+
+def model(scale=1.0):
+    weights = {"w": (RNG.standard_normal((8, 4, 3, 3)) * scale).astype(np.float32), "b": np.ones(8, np.float32)}
+    nodes = [
+        helper.make_node("Conv", ["x", "w", "b"], ["y"], pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["y"], ["z"]),
+    ]
+    return make_model(nodes, [("x", TensorProto.FLOAT, ["batch", 4, 6, 6])], [("z", TensorProto.FLOAT, None)], weights)
+
+
+def forbid(monkeypatch, *targets):
+    def fail(*args, **kwargs):
+        raise AssertionError("the cache should have made this unnecessary")
+
+    for owner, name in targets:
+        monkeypatch.setattr(owner, name, fail)
+
+
+def test_second_compile_does_no_lowering_and_no_c_compilation(cache, monkeypatch):
+    proto = model()
+    x = RNG.standard_normal((2, 4, 6, 6)).astype(np.float32)
+    first = kiln.compile(proto, dims={"batch": 2})(x)
+    assert plan_cache.STATS["stores"] == 1
+    forbid(monkeypatch, (native, "compile_plan"), (kiln.compiler, "build"), (toolchain, "build"))
+    again = kiln.compile(proto, dims={"batch": 2})
+    np.testing.assert_array_equal(again(x), first)
+    assert plan_cache.STATS["hits"] == 1
+    # another binding of the symbolic batch is another entry: it must compile
+    with pytest.raises(AssertionError, match="unnecessary"):
+        kiln.compile(proto, dims={"batch": 3})
+
+
+def test_same_file_skips_the_import_and_a_changed_file_misses(cache, monkeypatch):
+    path = cache / "m.onnx"
+    onnx.save(model(), path)
+    x = RNG.standard_normal((1, 4, 6, 6)).astype(np.float32)
+    first = kiln.compile(str(path), dims={"batch": 1})(x)
+    with monkeypatch.context() as patch:
+        forbid(patch, (kiln.frontend, "to_graph"), (native, "compile_plan"))
+        np.testing.assert_array_equal(kiln.compile(str(path), dims={"batch": 1})(x), first)
+    onnx.save(model(scale=2.0), path)  # new weights, same name
+    changed = kiln.compile(str(path), dims={"batch": 1})(x)
+    assert not np.array_equal(changed, first)
+
+
+def test_damaged_entries_are_counted_removed_and_rebuilt(cache):
+    proto = model()
+    x = RNG.standard_normal((1, 4, 6, 6)).astype(np.float32)
+    first = kiln.compile(proto, dims={"batch": 1})(x)
+    (pickled,) = list((cache / "cache" / "plans").rglob("plan.pkl"))
+    pickled.write_bytes(b"not a pickle")
+    np.testing.assert_array_equal(kiln.compile(proto, dims={"batch": 1})(x), first)
+    assert plan_cache.STATS["damaged"] == 1 and plan_cache.STATS["stores"] == 2
+    # a missing library inside an entry is damage too
+    (library,) = list((cache / "cache" / "plans").rglob("library.so"))
+    library.unlink()
+    np.testing.assert_array_equal(kiln.compile(proto, dims={"batch": 1})(x), first)
+    assert plan_cache.STATS["damaged"] == 2
+
+
+def test_the_cache_can_be_turned_off(cache, monkeypatch):
+    monkeypatch.setenv("KILN_PLAN_CACHE", "0")
+    kiln.compile(model(), dims={"batch": 1})
+    assert not (cache / "cache" / "plans").exists() or not list((cache / "cache" / "plans").rglob("plan.pkl"))
+
+
+def test_two_processes_compiling_the_same_model_both_succeed(cache):
+    path = cache / "m.onnx"
+    onnx.save(model(), path)
+    script = (
+        "import sys, numpy as np, kiln\n"
+        "import kiln.runtime.native as n; n.WORTH_CACHING_S = 0.0\n"
+        "m = kiln.compile(sys.argv[1], dims={'batch': 1})\n"
+        "print(float(m(np.ones((1, 4, 6, 6), np.float32)).sum()))\n"
+    )
+    runs = [
+        subprocess.Popen([sys.executable, "-c", script, str(path)], stdout=subprocess.PIPE, text=True) for _ in range(2)
+    ]
+    outputs = [run.communicate(timeout=300)[0].strip() for run in runs]
+    assert all(run.returncode == 0 for run in runs)
+    assert outputs[0] == outputs[1]
+    entries = list((cache / "cache" / "plans").rglob("plan.pkl"))
+    assert len(entries) == 1  # one whole entry, no leftovers of the loser's temporary folder
+    assert not [p for p in (cache / "cache" / "plans").rglob(".*") if p.is_dir()]
