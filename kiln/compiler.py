@@ -119,10 +119,10 @@ def compile_plan(graph: Graph, level: int = 2, prebuilt: dict[str, Path] | None 
     }
     constants.update(lowerer.packed)
     fixed = set(inputs) | set(outputs) | set(roots[v] for v in graph.constants) | set(lowerer.packed)
-    temps = {b for b in roots.values() if b not in fixed}
+    temps = {b for b in roots.values() if b not in fixed} | set(lowerer.scratch)
     memory = plan_memory(access, temps)
     table = {lowerer.status: 0}
-    for buffer in [*dict.fromkeys(roots.values()), *lowerer.packed]:
+    for buffer in [*dict.fromkeys(roots.values()), *lowerer.packed, *lowerer.scratch]:
         table.setdefault(buffer, len(table))
     segments = [s.kernels for s in steps if isinstance(s, Segment)]
     source = emit_c(segments, table, profile) if segments else ""

@@ -67,6 +67,10 @@ def lower_fused(lw: Lowerer, node: Node) -> list[Kernel]:
             # what the epilogue reads (a residual, a bias) lives until this kernel ran
             kernel.reads = [b for b in buffers_in(kernel.body) if b not in kernel.writes]
         return kernels
+    if node.attrs.get("kind") == "attention":
+        from kiln.lower.attention_lowering import lower_attention
+
+        return lower_attention(lw, node)
     if node.attrs.get("kind") != "pointwise":
         raise CannotLower(f"fused group of kind {node.attrs.get('kind')!r}")
     compose = _chain(lw, list(body.nodes), bindings, shape, None)

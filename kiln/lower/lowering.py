@@ -79,8 +79,14 @@ class Lowerer:
         self.readers = consumers_count(graph)
         self.fixed = set(graph.inputs) | set(graph.constants) | self.outputs
         self.in_place: set[Value] = set()
+        self.scratch: list[Buffer] = []  # per-kernel working memory, planned in the arena like intermediates
         self.packed: dict[Buffer, np.ndarray] = {}  # weights re-laid out for the kernels that read them
         self._packed_keys: dict[tuple[object, ...], Buffer] = {}
+
+    def scratch_buffer(self, dtype: DType, size: int, hint: str = "s") -> Buffer:
+        buffer = Buffer(f"{hint}{len(self.scratch)}_{self.kernel_count}", dtype, size)
+        self.scratch.append(buffer)
+        return buffer
 
     def packed_constant(self, key: tuple[object, ...], make: Callable[[], np.ndarray]) -> Buffer:
         """A constant buffer holding ``make()`` (a weight packed into the layout a kernel wants),

@@ -5,7 +5,11 @@ Two kinds of group:
 * ``pointwise``: a chain of elementwise ops where each intermediate feeds only the next op, one
   loop over the output instead of one per op;
 * ``epilogue``: a Conv or MatMul followed by such a chain (bias, activation, residual add,
-  scale), applied to each output plane/row while it is still in cache.
+  scale), applied to each output plane/row while it is still in cache;
+* ``attention``: MatMul(Q, K^T) -> elementwise (scale, mask) -> Softmax(last axis) -> MatMul(., V)
+  as one kernel that never writes the [.., Lq, Lk] score tensor: each query row's scores live in a
+  small scratch row (it pays whenever the scores would be written and read back three times; it
+  is refused when the rows are too long for the scratch or the operands broadcast).
 
 Legality (``can_fuse``) is kept apart from benefit (``fusion_benefit``: bytes of intermediate
 traffic saved); every refusal is recorded with a reason (``kiln explain`` lists them). A Fused
@@ -69,6 +73,51 @@ def fusion_benefit(link: Value) -> int:
     return 2 * int(np.prod(link.type.shape)) * link.type.dtype.numpy.itemsize  # type: ignore[union-attr, arg-type]
 
 
+MAX_ATTENTION_KEYS = 16384  # scores per query row held in the scratch row
+
+
+def attention_group(
+    start: Node, consumer_of: dict[Value, Node], readers: dict[Value, int], outputs: set[Value]
+) -> tuple[list[Node] | None, str]:
+    """The nodes of an attention pattern starting at MatMul ``start`` (None and why not)."""
+    if start.op != "MatMul" or start.domain or not _float_static(start.outputs[0]):
+        return None, "not a float MatMul"
+    group = [start]
+    while True:
+        link = group[-1].outputs[0]
+        consumer = consumer_of.get(link)
+        if consumer is None or readers.get(link, 0) != 1 or link in outputs:
+            return None, f"%{link.name} is read elsewhere or is a graph output"
+        if consumer.op == "Softmax" and not consumer.domain:
+            break
+        reason = can_fuse(group[-1], consumer, readers, outputs)
+        if reason is not None:
+            return None, reason
+        group.append(consumer)
+    softmax = consumer
+    scores = softmax.inputs[0]
+    rank = len(scores.type.shape)  # type: ignore[union-attr, arg-type]
+    if int(softmax.attrs.get("axis", -1)) % rank != rank - 1:
+        return None, "attention: Softmax is not over the last axis"
+    group.append(softmax)
+    link = softmax.outputs[0]
+    second = consumer_of.get(link)
+    if second is None or second.op != "MatMul" or second.domain or readers.get(link, 0) != 1 or link in outputs:
+        return None, "attention: the Softmax does not feed exactly one MatMul"
+    if second.inputs[0] is not link or not _float_static(second.outputs[0]):
+        return None, "attention: the probabilities are not the MatMul's left operand"
+    group.append(second)
+    q, kt, v, out = start.inputs[0], start.inputs[1], second.inputs[1], second.outputs[0]
+    if not all(_float_static(x) for x in (q, kt, v)) or any(x.type.dtype.short != "f32" for x in (q, kt, v, out)):  # type: ignore[union-attr]
+        return None, "attention: attention kernel is float32"
+    batch = out.type.shape[:-2]  # type: ignore[union-attr, index]
+    if rank < 2 or any(x.type.shape[:-2] != batch for x in (q, kt, v)):  # type: ignore[union-attr, index]
+        return None, "attention: Q, K and V do not share the output's batch dims (broadcasting attention)"
+    if scores.type.shape[-1] > MAX_ATTENTION_KEYS:  # type: ignore[union-attr, index]
+        return None, f"attention: rows of {scores.type.shape[-1]} keys exceed the scratch row ({MAX_ATTENTION_KEYS})"  # type: ignore[union-attr, index]
+    return group, ""
+
+
 def fuse(graph: Graph, refusals: list[Refusal] | None = None) -> Graph:
     readers = consumers_count(graph)
     outputs = set(graph.outputs)
@@ -79,6 +128,24 @@ def fuse(graph: Graph, refusals: list[Refusal] | None = None) -> Graph:
                 consumer_of[value] = node
     groups: list[list[Node]] = []
     grouped: set[int] = set()
+    kinds: dict[int, str] = {}
+    for node in graph.nodes:  # attention first: its MatMul would otherwise anchor an epilogue
+        if node.op != "MatMul" or node.domain:
+            continue
+        group, reason = attention_group(node, consumer_of, readers, outputs)
+        if group is None:
+            if (
+                refusals is not None
+                and consumer_of.get(node.outputs[0]) is not None
+                and reason.startswith("attention: ")
+            ):
+                refusals.append(Refusal(node.label, "attention", reason))
+            continue
+        if any(id(n) in grouped for n in group):
+            continue
+        groups.append(group)
+        grouped.update(id(n) for n in group)
+        kinds[id(group[0])] = "attention"
     for node in graph.nodes:
         if id(node) in grouped or len(node.outputs) != 1 or node.domain:
             continue
@@ -113,14 +180,14 @@ def fuse(graph: Graph, refusals: list[Refusal] | None = None) -> Graph:
     replacement: dict[int, Node] = {}
     drop: set[int] = set()
     for group in groups:
-        fused = _fused_node(group)
+        fused = _fused_node(group, kinds.get(id(group[0])))
         replacement[id(group[-1])] = fused
         drop.update(id(n) for n in group[:-1])
     nodes = [replacement.get(id(n), n) for n in graph.nodes if id(n) not in drop]
     return graph.with_(nodes=nodes)
 
 
-def _fused_node(group: list[Node]) -> Node:
+def _fused_node(group: list[Node], kind: str | None = None) -> Node:
     members = {out for node in group for out in node.outputs}
     external: list[Value] = []
     for node in group:
@@ -144,7 +211,7 @@ def _fused_node(group: list[Node]) -> Node:
             )
         )
     body = Graph(list(formal.values()), [inner_values[group[-1].outputs[0]]], body_nodes, name="fused")
-    kind = "epilogue" if group[0].op in ANCHORS else "pointwise"
+    kind = kind or ("epilogue" if group[0].op in ANCHORS else "pointwise")
     label = "+".join(n.op for n in group)
     return Node(
         "Fused",

@@ -2,8 +2,8 @@
 generation and no C compilation.
 
 An entry is keyed by what determines a plan: the source graph's structural digest (names never
-matter), the -O level, the bound dims, kiln's version, the host target and the C compiler with its
-flags. It holds the pickled ``Plan`` (kernels, memory plan, buffer table) with every large array
+matter), the -O level, the bound dims, kiln's version and a hash of its source code, the host
+target and the C compiler with its flags. It holds the pickled ``Plan`` (kernels, memory plan, buffer table) with every large array
 (weights, packed weights) in a side file of 64-byte-aligned raw data that loading memory-maps, so
 a hit costs milliseconds whatever the model's size; the native library is copied into the entry.
 
@@ -24,6 +24,7 @@ import os
 import pickle
 import shutil
 import tempfile
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +47,19 @@ def root() -> Path:
     return path
 
 
+@lru_cache(maxsize=1)
+def code_fingerprint() -> str:
+    """A hash of kiln's own source (Python and C): a plan made by other code is another entry,
+    even when the version number did not change."""
+    package = Path(__file__).resolve().parent.parent
+    hasher = hashlib.sha256()
+    for path in sorted(package.rglob("*")):
+        if path.suffix in (".py", ".c") and "__pycache__" not in path.parts:
+            hasher.update(str(path.relative_to(package)).encode())
+            hasher.update(path.read_bytes())
+    return hasher.hexdigest()
+
+
 def entry_key(graph_digest: str, level: int) -> str:
     """The entry for a source graph at an -O level (on this kiln, target and compiler)."""
     from kiln import __version__
@@ -53,7 +67,17 @@ def entry_key(graph_digest: str, level: int) -> str:
     from kiln.codegen.toolchain import FLAGS, find_compiler
 
     compiler, version = find_compiler()
-    parts = [str(FORMAT), graph_digest, str(level), __version__, repr(Target.host()), compiler, version, *FLAGS]
+    parts = [
+        str(FORMAT),
+        graph_digest,
+        str(level),
+        __version__,
+        code_fingerprint(),
+        repr(Target.host()),
+        compiler,
+        version,
+        *FLAGS,
+    ]
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:32]
 
 

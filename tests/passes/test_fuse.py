@@ -75,3 +75,61 @@ def test_fused_kernels_compile_and_match():
     assert len(kernels) == 1 and kernels[0].kind == "matmul+epilogue"
     x = RNG.standard_normal((3, 8)).astype(np.float32)
     np.testing.assert_allclose(compiled(x), kiln.compile(model, target="reference")(x), rtol=1e-5, atol=1e-6)
+
+
+def attention(batch="2,3", queries=17, keys=17, depth=8, mask_shape="1,1,17,17", axis=-1, extra_reader=False):
+    text = f"""
+graph g(%q: f32[{batch},{queries},{depth}], %kt: f32[{batch},{depth},{keys}], %v: f32[{batch},{keys},{depth}]) -> (%o{", %p" if extra_reader else ""}) {{
+  const %scale: f32[] = [0.35]
+  const %mask: f32[{mask_shape}]
+  %s: f32[{batch},{queries},{keys}] = MatMul(%q, %kt)
+  %s2: f32[{batch},{queries},{keys}] = Mul(%s, %scale)
+  %s3: f32[{batch},{queries},{keys}] = Add(%s2, %mask)
+  %p: f32[{batch},{queries},{keys}] = Softmax(%s3) {{axis={axis}}}
+  %o: f32[{batch},{queries},{depth}] = MatMul(%p, %v)
+}}"""
+    size = [int(d) for d in mask_shape.split(",")]
+    causal = np.where(np.tril(np.ones((queries, keys))) > 0, 0.0, -np.inf).astype(np.float32)
+    return parse_graph(text, {"mask": np.broadcast_to(causal, size).copy()})
+
+
+def test_attention_becomes_one_kernel_that_matches_the_reference():
+    before = attention()
+    refusals = []
+    after = fuse(before, refusals)
+    verify(after)
+    assert [n.op for n in after.nodes] == ["Fused"]
+    assert after.nodes[0].attrs["kind"] == "attention"
+    assert [n.op for n in after.nodes[0].attrs["body"].nodes] == ["MatMul", "Mul", "Add", "Softmax", "MatMul"]
+    feeds = [RNG.standard_normal(tuple(int(d) for d in v.type.shape)).astype(np.float32) for v in before.inputs]
+    want = Interpreter(before).run(feeds)[0]
+    np.testing.assert_allclose(Interpreter(after).run(feeds)[0], want, rtol=1e-5, atol=1e-6)
+    compiled = kiln.compile(before)
+    plan = compiled.plans[0]
+    kernels = [k for step in plan.steps for k in step.kernels]
+    assert [k.kind for k in kernels] == ["attention"]
+    # the score tensor never exists: the arena holds only the scratch rows (2*3 rows of 17 keys)
+    assert plan.memory.arena_bytes <= 2 * 3 * 17 * 4 + 64
+    got = compiled.run(dict(zip([v.name for v in before.inputs], feeds)))["o"]
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_attention_with_a_full_per_head_mask_and_a_rectangular_score_matrix():
+    before = attention(batch="1,2", queries=5, keys=40, depth=16, mask_shape="1,2,5,40")
+    after = fuse(before)
+    assert after.nodes[0].attrs["kind"] == "attention"
+    feeds = [RNG.standard_normal(tuple(int(d) for d in v.type.shape)).astype(np.float32) for v in before.inputs]
+    want = Interpreter(before).run(feeds)[0]
+    got = kiln.compile(before).run(dict(zip([v.name for v in before.inputs], feeds)))["o"]
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_attention_refusals_name_the_reason():
+    refusals = []
+    after = fuse(attention(axis=1), refusals)
+    assert all(n.attrs.get("kind") != "attention" for n in after.nodes)
+    assert any("not over the last axis" in r.reason for r in refusals)
+    refusals = []
+    after = fuse(attention(extra_reader=True), refusals)  # the probabilities are a graph output
+    assert all(n.attrs.get("kind") != "attention" for n in after.nodes)
+    assert any("attention" in r.candidate for r in refusals)

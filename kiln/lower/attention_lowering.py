@@ -1,0 +1,119 @@
+"""Attention as one kernel: ``MatMul(Q, K^T) -> scale/mask chain -> Softmax -> MatMul(., V)``.
+
+Per batch element (b, h) and query row i, the Lk scores live in a scratch row of the arena: they
+are accumulated as ``s += Q[i, d] * K^T[d, :]`` (contiguous, vectorized), finished by the fused
+chain (scale, mask: any elementwise ops, broadcast operands included), turned into probabilities
+(max, exp with a double-precision sum, one normalization), and immediately consumed by
+``O[i, :] += p_j * V[j, :]``. The [.., Lq, Lk] score tensor is never written to memory. Rows of
+different (b, h) run on different cores.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from kiln.ir.graph import Node
+from kiln.ir.types import DType
+from kiln.lower.fused_lowering import _chain
+from kiln.lower.gemm_lowering import _batch_position
+from kiln.lower.kir import (
+    Assign,
+    Binary,
+    Cast,
+    Const,
+    Expr,
+    For,
+    Kernel,
+    Let,
+    Load,
+    Schedule,
+    Stmt,
+    Store,
+    Unary,
+    add,
+    buffers_in,
+    i64,
+)
+from kiln.lower.lowering import CannotLower, Lowerer
+from kiln.lower.pointwise import FLOAT_OPS
+
+F32, F64 = DType.FLOAT32, DType.FLOAT64
+
+
+def lower_attention(lw: Lowerer, node: Node) -> list[Kernel]:
+    body = node.attrs["body"]
+    bindings = dict(zip(body.inputs, node.inputs))
+    first, chain, second = body.nodes[0], list(body.nodes[1:-2]), body.nodes[-1]  # nodes[-2]: the Softmax
+    q, kt, v = bindings[first.inputs[0]], bindings[first.inputs[1]], bindings[second.inputs[1]]
+    out = node.outputs[0]
+    q_shape, kt_shape, v_shape, out_shape = lw.shape(q), lw.shape(kt), lw.shape(v), lw.shape(out)
+    queries, depth = q_shape[-2:]
+    keys, width = kt_shape[-1], v_shape[-1]
+    if kt_shape[-2] != depth or v_shape[-2] != keys:
+        raise CannotLower("attention operands do not chain")
+    batch_shape = out_shape[:-2]
+    batch = int(np.prod(batch_shape)) if batch_shape else 1
+    scores_shape = (*batch_shape, queries, keys)
+    compose = _chain(lw, chain, bindings, scores_shape, first.outputs[0])
+    q_buf, kt_buf, v_buf, dst = lw.buffer(q), lw.buffer(kt), lw.buffer(v), lw.buffer(out)
+    row = lw.scratch_buffer(F32, batch * keys, hint="scores")
+
+    bh, i, d, j = lw.index("bh"), lw.index("i"), lw.index("d"), lw.index("j")
+    at = add(Binary("*", bh, i64(keys)), j)  # this (b, h)'s scratch row
+    q_value = lw.scalar(F32, "q")
+    high, total, inverse, p = lw.scalar(F32, "m"), lw.scalar(F64, "sum"), lw.scalar(F32, "inv"), lw.scalar(F32, "p")
+    e = lw.scalar(F32, "e")
+    position: list[Expr] = [*_batch_position(bh, batch_shape), i, j] if batch_shape else [i, j]
+    q_at = add(Binary("*", bh, i64(queries * depth)), add(Binary("*", i, i64(depth)), d))
+    kt_at = add(Binary("*", bh, i64(depth * keys)), add(Binary("*", d, i64(keys)), j))
+    out_at = add(Binary("*", bh, i64(queries * width)), add(Binary("*", i, i64(width)), d))
+    v_at = add(Binary("*", bh, i64(keys * width)), add(Binary("*", j, i64(width)), d))
+    per_row: list[Stmt] = [
+        For(j, keys, [Store(row, at, Const(0.0, F32))]),
+        For(
+            d,
+            depth,
+            [
+                Let(q_value, Load(q_buf, q_at)),
+                For(j, keys, [Store(row, at, Binary("+", Load(row, at), Binary("*", q_value, Load(kt_buf, kt_at))))]),
+            ],
+        ),
+        For(j, keys, [Store(row, at, compose(position, Load(row, at), None))]),
+        Let(high, Const(-math.inf, F32)),
+        For(j, keys, [Assign(high, FLOAT_OPS["Max"]([high, Load(row, at)], {}, F32))]),
+        Let(total, Const(0.0, F64)),
+        For(
+            j,
+            keys,
+            [
+                Let(e, Unary("exp", Binary("-", Load(row, at), high))),
+                Store(row, at, e),
+                Assign(total, Binary("+", total, Cast(F64, e))),
+            ],
+        ),
+        Let(inverse, Cast(F32, Binary("/", Const(1.0, F64), total))),
+        For(d, width, [Store(dst, out_at, Const(0.0, F32))]),
+        For(
+            j,
+            keys,
+            [
+                Let(p, Binary("*", Load(row, at), inverse)),
+                For(d, width, [Store(dst, out_at, Binary("+", Load(dst, out_at), Binary("*", p, Load(v_buf, v_at))))]),
+            ],
+        ),
+    ]
+    stmts: list[Stmt] = [For(bh, batch, [For(i, queries, per_row)])]
+    lw.kernel_count += 1
+    kernel = Kernel(
+        f"k{lw.kernel_count}",
+        "attention",
+        stmts,
+        [b for b in buffers_in(stmts) if b is not dst],
+        [dst, row],
+        [f"{node.name}: " + ", ".join(n.op for n in body.nodes)],
+        Schedule(parallel=bh.name if batch > 1 else None),
+        flops=2 * batch * queries * keys * (depth + width),
+    )
+    return [kernel]
