@@ -79,6 +79,20 @@ class Lowerer:
         self.readers = consumers_count(graph)
         self.fixed = set(graph.inputs) | set(graph.constants) | self.outputs
         self.in_place: set[Value] = set()
+        # A graph output that is a reshape of a kernel's result: the kernel writes the output's
+        # memory directly (no copy at the end).
+        producers = graph.producers()
+        for node in graph.nodes:
+            if node.op in ALIASES and node.op != "Dropout" and node.outputs[0] in self.outputs and node.inputs:
+                source = node.inputs[0]
+                maker = producers.get(source) if source is not None else None
+                if (
+                    maker is not None
+                    and maker.op not in ALIASES
+                    and source not in self.fixed
+                    and self.readers.get(source, 0) == 1
+                ):
+                    self.aliases[source] = node.outputs[0]
         self.scratch: list[Buffer] = []  # per-kernel working memory, planned in the arena like intermediates
         self.packed: dict[Buffer, np.ndarray] = {}  # weights re-laid out for the kernels that read them
         self._packed_keys: dict[tuple[object, ...], Buffer] = {}
@@ -211,8 +225,10 @@ class Lowerer:
                 ]
         source, out = node.inputs[0], node.outputs[0]
         assert source is not None
-        if out in self.outputs:
+        if out in self.outputs and self.root(source) is not out:
             return [copy_kernel(self, node, source, out)]  # graph outputs own their memory
+        if out in self.outputs:
+            return []  # the producer already wrote the output's memory
         self.aliases[out] = source
         return []
 

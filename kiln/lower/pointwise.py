@@ -30,7 +30,7 @@ def _min(a: Expr, b: Expr) -> Expr:
 
 
 def _sigmoid(x: Expr, t: DType) -> Expr:
-    return Binary("/", c(1, t), Binary("+", c(1, t), Unary("exp", Unary("-", x))))
+    return Binary("/", c(1, t), Binary("+", c(1, t), fn("exp", Unary("-", x), t)))
 
 
 def _softplus(x: Expr, t: DType) -> Expr:
@@ -47,14 +47,26 @@ def _fold(op: Callable[[Expr, Expr], Expr]) -> Scalarize:
     return scalarize
 
 
+FAST_F32 = {
+    "exp": "kiln_expf",
+    "tanh": "kiln_tanhf",
+    "erf": "kiln_erff",
+}  # vectorizable float32 versions (see codegen/c.py)
+
+
+def fn(name: str, x: Expr, t: DType) -> Expr:
+    """``name(x)`` in dtype ``t``: kiln's branch-free version for float32 where it has one."""
+    return Unary(FAST_F32.get(name, name) if t is DType.FLOAT32 else name, x)
+
+
 def _gelu(args: list[Expr], attrs: dict[str, Any], t: DType) -> Expr:
     x = args[0]
     half_x = Binary("*", c(0.5, t), x)
     if attrs.get("approximate", "none") == "tanh":
         cube = Binary("*", c(0.044715, t), Binary("*", x, Binary("*", x, x)))
         inner = Binary("*", c(math.sqrt(2 / math.pi), t), Binary("+", x, cube))
-        return Binary("*", half_x, Binary("+", c(1, t), Unary("tanh", inner)))
-    return Binary("*", half_x, Binary("+", c(1, t), Unary("erf", Binary("*", x, c(1 / math.sqrt(2), t)))))
+        return Binary("*", half_x, Binary("+", c(1, t), fn("tanh", inner, t)))
+    return Binary("*", half_x, Binary("+", c(1, t), fn("erf", Binary("*", x, c(1 / math.sqrt(2), t)), t)))
 
 
 def _elu(alpha: float, x: Expr, t: DType) -> Expr:
@@ -75,12 +87,12 @@ FLOAT_OPS: dict[str, Scalarize] = {
     "Abs": lambda a, k, t: Unary("fabs", a[0]),
     "Relu": lambda a, k, t: Select(Binary("<", a[0], c(0, t)), c(0, t), a[0]),  # max(x, 0), NaN kept
     "Sigmoid": lambda a, k, t: _sigmoid(a[0], t),
-    "Tanh": lambda a, k, t: Unary("tanh", a[0]),
-    "Exp": lambda a, k, t: Unary("exp", a[0]),
+    "Tanh": lambda a, k, t: fn("tanh", a[0], t),
+    "Exp": lambda a, k, t: fn("exp", a[0], t),
     "Log": lambda a, k, t: Unary("log", a[0]),
     "Sqrt": lambda a, k, t: Unary("sqrt", a[0]),
     "Reciprocal": lambda a, k, t: Binary("/", c(1, t), a[0]),
-    "Erf": lambda a, k, t: Unary("erf", a[0]),
+    "Erf": lambda a, k, t: fn("erf", a[0], t),
     "Floor": lambda a, k, t: Unary("floor", a[0]),
     "Ceil": lambda a, k, t: Unary("ceil", a[0]),
     "Round": lambda a, k, t: Unary("nearbyint", a[0]),  # half to even, as ONNX and NumPy

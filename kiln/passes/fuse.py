@@ -1,9 +1,10 @@
 """Fusion: group nodes into kernels, as ``kiln::Fused`` nodes whose ``body`` is the group.
 
-Two kinds of group:
+Three kinds of group:
 
-* ``pointwise``: a chain of elementwise ops where each intermediate feeds only the next op, one
-  loop over the output instead of one per op;
+* ``pointwise``: elementwise ops forming an expression tree (each intermediate read only inside
+  the group; the group's inputs may be read many times, as GELU reads x), one loop over the
+  output instead of one per op;
 * ``epilogue``: a Conv or MatMul followed by such a chain (bias, activation, residual add,
   scale), applied to each output plane/row while it is still in cache;
 * ``attention``: MatMul(Q, K^T) -> elementwise (scale, mask) -> Softmax(last axis) -> MatMul(., V)
@@ -66,6 +67,15 @@ def can_fuse(producer: Node, consumer: Node, readers: dict[Value, int], outputs:
     if consumer.op == "Clip" and any(v is not None and v.type.shape != () for v in consumer.inputs[1:]):  # type: ignore[union-attr]
         return "Clip bounds must be scalars"
     return None
+
+
+def _elementwise(node: Node) -> bool:
+    return (
+        node.op in POINTWISE
+        and not node.domain
+        and len(node.outputs) == 1
+        and all(_float_static(v) for v in [*node.inputs, *node.outputs])
+    )
 
 
 def fusion_benefit(link: Value) -> int:
@@ -146,35 +156,66 @@ def fuse(graph: Graph, refusals: list[Refusal] | None = None) -> Graph:
         groups.append(group)
         grouped.update(id(n) for n in group)
         kinds[id(group[0])] = "attention"
-    for node in graph.nodes:
-        if id(node) in grouped or len(node.outputs) != 1 or node.domain:
+    # Elementwise groups grow backwards from each sink (latest node first): a producer joins when
+    # its output has no reader outside the group (so the group is an expression tree over values
+    # computed elsewhere), then a Conv/MatMul producing one of the group's inputs joins as its
+    # anchor when every reader of its result is in the group (the epilogue may read it often).
+    producer = graph.producers()
+    for sink in reversed(graph.nodes):
+        if id(sink) in grouped or not _elementwise(sink):
             continue
-        anchor = node.op in ANCHORS and _float_static(node.outputs[0])
-        if not anchor and (
-            node.op not in POINTWISE or not all(_float_static(v) for v in [*node.inputs, *node.outputs])
-        ):
-            continue
-        group = [node]
-        while True:
-            tail = group[-1]
-            consumer = consumer_of.get(tail.outputs[0])
-            if consumer is None:
+        members = {id(sink): sink}
+        stack = [sink]
+        while stack:
+            consumer = stack.pop()
+            for value in consumer.inputs:
+                candidate = producer.get(value) if value is not None else None
+                if candidate is None or id(candidate) in members or candidate.op in ANCHORS:
+                    continue
+                reason = (
+                    "already fused into another group"
+                    if id(candidate) in grouped
+                    else can_fuse(candidate, consumer, readers, outputs)
+                )
+                if reason is None and candidate.outputs[0].type != sink.outputs[0].type:
+                    reason = "the group's loop runs over another shape"
+                if reason is None and not _elementwise(candidate):
+                    reason = f"{candidate.op} is not an elementwise op"
+                if reason is None and fusion_benefit(value) <= 0:
+                    reason = "nothing to save"
+                if reason is not None:
+                    if refusals is not None and _elementwise(candidate):
+                        refusals.append(Refusal(candidate.label, consumer.label, reason))
+                    continue
+                members[id(candidate)] = candidate
+                stack.append(candidate)
+        inside = {out for node in members.values() for out in node.outputs}
+        uses: dict[Value, int] = {}
+        for node in members.values():
+            for value in node.inputs:
+                if value is not None and value not in inside:
+                    uses[value] = uses.get(value, 0) + 1
+        for value in uses:
+            anchor = producer.get(value)
+            if anchor is None or anchor.op not in ANCHORS or anchor.domain or id(anchor) in grouped:
+                continue
+            if not _float_static(value) or value.type != sink.outputs[0].type or value in outputs:
+                reason = (
+                    "the epilogue would run over another shape"
+                    if _float_static(value)
+                    else "needs static float tensors"
+                )
+            elif readers.get(value, 0) != uses[value]:
+                reason = f"%{value.name} is also read outside the group"
+            else:
+                members[id(anchor)] = anchor
                 break
-            reason = (
-                "already fused into another group"
-                if id(consumer) in grouped
-                else can_fuse(tail, consumer, readers, outputs)
-            )
-            if reason is None and fusion_benefit(tail.outputs[0]) <= 0:
-                reason = "nothing to save"
-            if reason is not None:
-                if refusals is not None and (anchor or len(group) > 1 or consumer.op in POINTWISE):
-                    refusals.append(Refusal(tail.label, consumer.label, reason))
-                break
-            group.append(consumer)
-        if len(group) > 1:
-            groups.append(group)
-            grouped.update(id(n) for n in group)
+            if refusals is not None:
+                refusals.append(Refusal(anchor.label, sink.label, reason))
+        if len(members) > 1:
+            order = {id(n): i for i, n in enumerate(graph.nodes)}
+            groups.append(sorted(members.values(), key=lambda n: order[id(n)]))
+            grouped.update(members)
     if not groups:
         return graph
     replacement: dict[int, Node] = {}

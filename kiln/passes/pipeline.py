@@ -43,6 +43,7 @@ PIPELINE: tuple[Stage, ...] = (
     Stage("fold_constants", 1, fold_constants),
     Stage("simplify", 1, simplify),
     Stage("cse", 1, cse),
+    Stage("dce", 0, dce),  # dead readers (rewritten-away reshapes) must not block fusion
     Stage("fuse", 2, fuse),
     Stage("dce", 0, dce),
 )

@@ -176,8 +176,85 @@ def _small_power(rw: Rewriter, node: Node, producers: dict[Value, Node]) -> list
 
 
 _RESHAPES = ("Reshape", "Flatten", "Squeeze", "Unsqueeze")
+ELEMENTWISE = (
+    "Add Sub Mul Div Pow Max Min Neg Abs Relu Sigmoid Tanh Exp Log Sqrt Reciprocal Erf Floor Ceil "
+    "Softplus Softsign Elu Selu Celu LeakyRelu ThresholdedRelu HardSigmoid HardSwish Gelu Mish Clip".split()
+)
+
+
+def _static_shape(value: Value | None) -> tuple[int, ...] | None:
+    if value is None or not isinstance(value.type, TensorType) or not value.type.is_static:
+        return None
+    return tuple(int(d) for d in value.type.shape)  # type: ignore[union-attr]
+
+
+def _sink_reshape(rw: Rewriter, node: Node, producers: dict[Value, Node]) -> list[Value] | None:
+    """E(Reshape(x), ...) -> Reshape(E(x, ...)): elementwise work moves before the reshape (a free
+    view), so a MatMul/Conv and the elementwise ops after a reshape of its result become
+    neighbours that fuse. Other operands must mean the same in both shapes: size-1 operands,
+    operands of the output's own shape (reshaped too, a view), and, when the two shapes differ
+    only by leading 1s, anything that broadcasts. Only reshapes that add dims are sunk."""
+    if len(node.outputs) != 1:
+        return None
+    out_shape = _static_shape(node.outputs[0])
+    reshaped = [
+        v
+        for v in node.inputs
+        if v is not None and v in producers and producers[v].op in _RESHAPES and not producers[v].domain
+    ]
+    if out_shape is None or not reshaped:
+        return None
+    sources = {id(v): producers[v].inputs[0] for v in reshaped}
+    source_shapes = {_static_shape(src) for src in sources.values()}
+    if len(source_shapes) != 1 or None in source_shapes:
+        return None
+    (shape,) = source_shapes
+    assert shape is not None
+    if any(_static_shape(v) != out_shape for v in reshaped):
+        return None  # the reshaped operand is broadcast: not a pure relabelling
+    if len(shape) >= len(out_shape):
+        # only towards fewer dims (GPT-2's 2-D Gemm rows reshaped back to [1, T, C]); the view
+        # reshapes this inserts go the other way, so the rule never undoes itself
+        return None
+    only_leading_ones = (
+        out_shape[-len(shape) :] == shape and set(out_shape[: -len(shape)]) <= {1}
+        if len(shape) <= len(out_shape)
+        else False
+    )
+    inputs: list[Value | None] = []
+    for value in node.inputs:
+        if value is None or id(value) in sources:
+            inputs.append(sources.get(id(value)) if value is not None else None)
+            continue
+        other = _static_shape(value)
+        if other is None:
+            return None
+        if int(np.prod(other)) == 1 and len(other) <= len(shape):
+            inputs.append(value)
+        elif other == out_shape:
+            (view,) = rw.emit("Reshape", [value, rw.add_constant(np.array(shape, np.int64), "shape")], hint=value.name)
+            inputs.append(view)
+        elif only_leading_ones and len(other) <= len(shape) and np.broadcast_shapes(other, shape) == shape:
+            inputs.append(value)
+        else:
+            return None
+    (inner,) = rw.emit(node.op, inputs, dict(node.attrs), hint=node.outputs[0].name, name=node.name)
+    if _static_shape(inner) != shape:
+        return None
+    return rw.emit(
+        "Reshape", [inner, rw.add_constant(np.array(out_shape, np.int64), "shape")], hint=node.outputs[0].name
+    )
+
 
 RULES: list[tuple[str, str, Rewrite]] = [
+    *[
+        (
+            op,
+            "E(Reshape(x), ..) -> Reshape(E(x, ..)) (elementwise E; operands mean the same in both shapes)",
+            _sink_reshape,
+        )
+        for op in ELEMENTWISE
+    ],
     ("Identity", "Identity(x) -> x", _identity),
     ("Dropout", "Dropout(x) -> x (inference, mask unread)", _dropout),
     ("Add", "x + 0 -> x", _neutral(1, 0)),

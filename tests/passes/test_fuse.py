@@ -133,3 +133,46 @@ def test_attention_refusals_name_the_reason():
     after = fuse(attention(extra_reader=True), refusals)  # the probabilities are a graph output
     assert all(n.attrs.get("kind") != "attention" for n in after.nodes)
     assert any("attention" in r.candidate for r in refusals)
+
+
+def test_gelu_dag_after_a_reshape_fuses_into_the_matmul_epilogue():
+    # GPT-2's MLP as exported: Gemm on 2-D rows, a reshape back to [1, T, C], then tanh-GELU
+    # written as a DAG that reads x four times, then a residual add.
+    c = {n: np.array(v, np.float32) for n, v in (("c3", 0.044715), ("k", 0.7978845608), ("one", 1.0), ("half", 0.5))}
+    nodes = [
+        helper.make_node("MatMul", ["x", "w"], ["m"]),
+        helper.make_node("Reshape", ["m", "shape"], ["r"]),
+        helper.make_node("Mul", ["r", "r"], ["sq"]),
+        helper.make_node("Mul", ["sq", "r"], ["cube"]),
+        helper.make_node("Mul", ["cube", "c3"], ["cc"]),
+        helper.make_node("Add", ["r", "cc"], ["inner"]),
+        helper.make_node("Mul", ["inner", "k"], ["scaled"]),
+        helper.make_node("Tanh", ["scaled"], ["t"]),
+        helper.make_node("Add", ["t", "one"], ["t1"]),
+        helper.make_node("Mul", ["r", "half"], ["hx"]),
+        helper.make_node("Mul", ["hx", "t1"], ["g"]),
+        helper.make_node("Add", ["g", "skip"], ["y"]),
+    ]
+    weights = {"w": RNG.standard_normal((16, 24)).astype(np.float32), "shape": np.array([1, 10, 24]), **c}
+    model = make_model(nodes, [("x", FLOAT, [10, 16]), ("skip", FLOAT, [1, 10, 24])], [("y", FLOAT, None)], weights)
+    compiled = kiln.compile(model)
+    kernels = [k for step in compiled.plans[0].steps for k in step.kernels]
+    assert [k.kind for k in kernels] == ["matmul+epilogue"], [k.sources for k in kernels]
+    x, skip = RNG.standard_normal((10, 16)).astype(np.float32), RNG.standard_normal((1, 10, 24)).astype(np.float32)
+    want = kiln.compile(model, target="reference")(x, skip)
+    np.testing.assert_allclose(compiled(x, skip), want, rtol=1e-5, atol=1e-6)
+
+
+def test_an_intermediate_read_twice_stays_outside_the_group():
+    graph = parse_graph("""
+graph g(%x: f32[4,4]) -> (%y) {
+  %e: f32[4,4] = Exp(%x)
+  %a: f32[4,4] = Relu(%e)
+  %b: f32[4,4] = Neg(%e)
+  %y: f32[4,4] = Add(%a, %b)
+}""")
+    refusals: list[Refusal] = []
+    after = fuse(graph, refusals)
+    assert [n.op for n in after.nodes] == ["Exp", "Fused"]
+    assert [n.op for n in after.nodes[1].attrs["body"].nodes] == ["Relu", "Neg", "Add"]
+    assert any("2 readers" in r.reason for r in refusals)

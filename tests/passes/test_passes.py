@@ -336,3 +336,36 @@ graph g(%x: f32[4]) -> (%y, %z, %w) {
     want = Interpreter(graph).run([x])
     for expected, actual in zip(want, Interpreter(got).run([x])):
         np.testing.assert_allclose(actual, expected, rtol=1e-6)
+
+
+def test_elementwise_ops_sink_below_reshapes():
+    graph = parse_graph("""
+graph g(%x: f32[6,4], %skip: f32[1,6,4]) -> (%y) {
+  const %shape: i64[3] = [1, 6, 4]
+  const %half: f32[] = [0.5]
+  const %bias: f32[4] = [1.0, 2.0, 3.0, 4.0]
+  %r: f32[1,6,4] = Reshape(%x, %shape)
+  %a: f32[1,6,4] = Mul(%r, %half)
+  %b: f32[1,6,4] = Add(%a, %bias)
+  %y: f32[1,6,4] = Add(%b, %skip)
+}""")
+    got = dce(simplify(simplify(graph)))
+    # the elementwise ops now run on x's own [6,4] shape; one reshape at the end
+    assert [n.op for n in got.nodes if n.op != "Reshape"] == ["Mul", "Add", "Add"]
+    assert got.nodes[-1].op == "Reshape"
+    assert all(tuple(n.outputs[0].type.shape) == (6, 4) for n in got.nodes if n.op in ("Mul", "Add"))
+    rng = np.random.default_rng(0)
+    feeds = [rng.standard_normal((6, 4)).astype(np.float32), rng.standard_normal((1, 6, 4)).astype(np.float32)]
+    np.testing.assert_allclose(Interpreter(got).run(feeds)[0], Interpreter(graph).run(feeds)[0], rtol=1e-6)
+
+
+def test_reshape_sinking_refuses_operands_that_would_change_meaning():
+    # [2,6] -> [3,4]: a [4] vector aligns with different elements in the two shapes
+    graph = parse_graph("""
+graph g(%x: f32[2,6]) -> (%y) {
+  const %shape: i64[2] = [3, 4]
+  const %v: f32[4] = [1.0, 2.0, 3.0, 4.0]
+  %r: f32[3,4] = Reshape(%x, %shape)
+  %y: f32[3,4] = Add(%r, %v)
+}""")
+    assert [n.op for n in dce(simplify(graph)).nodes] == ["Reshape", "Add"]
