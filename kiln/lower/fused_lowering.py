@@ -61,8 +61,8 @@ def lower_fused(lw: Lowerer, node: Node) -> list[Kernel]:
         )
         lower = {"Conv": lower_conv_any, "MatMul": lower_matmul_any}[anchor.op]
         kernels = lower(lw, direct, epilogue=compose)
+        kernels[-1].kind = f"{kernels[-1].kind}+epilogue"  # the last kernel applies it
         for kernel in kernels:
-            kernel.kind = f"{kernel.kind}+epilogue"
             kernel.sources = [f"{node.name}: " + ", ".join(n.op for n in body.nodes)]
             # what the epilogue reads (a residual, a bias) lives until this kernel ran
             kernel.reads = [b for b in buffers_in(kernel.body) if b not in kernel.writes]

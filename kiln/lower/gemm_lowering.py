@@ -14,10 +14,13 @@ non-constant convolution weights, empty reductions) keep the loop-nest lowerings
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 
 from kiln.ir.graph import Node
 from kiln.ir.types import DType
+from kiln.lower import winograd
 from kiln.lower.kir import (
     Binary,
     Buffer,
@@ -39,6 +42,12 @@ from kiln.lower.lowering import Lowerer, strides
 from kiln.lower.nn_lowering import Epilogue, _window, lower_conv, lower_matmul
 
 I64 = DType.INT64
+
+
+def disabled() -> set[str]:
+    """Algorithms turned off by ``KILN_DISABLE`` (comma-separated: ``winograd``), for bisecting
+    a numerical difference (``kiln diff --disable winograd``) or comparing speed."""
+    return {part.strip() for part in os.environ.get("KILN_DISABLE", "").split(",") if part.strip()}
 
 
 class NotForEngine(Exception):
@@ -189,7 +198,15 @@ def lower_conv_gemm(lw: Lowerer, node: Node, epilogue: Epilogue | None = None) -
         (stride_w,), (dil_w,), (pad_l,) = _window(node, 1, x_shape[2:], out_shape[2:], w_shape[2:])
         geometry = (x_shape[1], 1, x_shape[2], 1, w_shape[2], 1, stride_w, 1, dil_w, 0, pad_l, 1, out_shape[2])
     elif len(x_shape) == 4:
-        (stride_h, stride_w), (dil_h, dil_w), (pad_t, pad_l) = _window(node, 2, x_shape[2:], out_shape[2:], w_shape[2:])
+        window = _window(node, 2, x_shape[2:], out_shape[2:], w_shape[2:])
+        (stride_h, stride_w), (dil_h, dil_w), (pad_t, pad_l) = window
+        if "winograd" not in disabled() and not winograd.eligible(node, x_shape, w_shape, out_shape, window):
+            geometry = {"x_shape": x_shape, "w_shape": w_shape, "out_shape": out_shape, "pads": (pad_t, pad_l)}
+            bias_value = node.inputs[2] if len(node.inputs) > 2 else None
+            bias_buffer = lw.buffer(bias_value) if bias_value is not None else None
+            return winograd.lower_conv_winograd(
+                lw, node, epilogue, geometry, bias_buffer, winograd.tile_size(out_shape)
+            )
         geometry = (
             x_shape[1],
             x_shape[2],

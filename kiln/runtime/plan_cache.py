@@ -67,12 +67,15 @@ def entry_key(graph_digest: str, level: int) -> str:
     from kiln.codegen.toolchain import FLAGS, find_compiler
 
     compiler, version = find_compiler()
+    from kiln.lower.gemm_lowering import disabled
+
     parts = [
         str(FORMAT),
         graph_digest,
         str(level),
         __version__,
         code_fingerprint(),
+        ",".join(sorted(disabled())),  # algorithms turned off change the plan
         repr(Target.host()),
         compiler,
         version,

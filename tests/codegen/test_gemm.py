@@ -129,7 +129,8 @@ def conv(x_shape, w_shape, bias=True, relu=True, residual=False, **attrs):
         ((2, 8, 6, 6), (200, 8, 3, 3), {"pads": [1, 1, 1, 1]}, "conv"),  # 2 M blocks: shared im2col
     ],
 )
-def test_conv_through_the_engine_matches_the_reference(x_shape, w_shape, attrs, kind):
+def test_conv_through_the_engine_matches_the_reference(x_shape, w_shape, attrs, kind, monkeypatch):
+    monkeypatch.setenv("KILN_DISABLE", "winograd")  # the im2col path (Winograd has its own tests)
     model, feeds = conv(x_shape, w_shape, **attrs)
     check(model, feeds, [f"{kind}+epilogue"])
 
@@ -147,7 +148,7 @@ def test_grouped_conv_keeps_the_loop_nest():
 
 
 def test_weights_are_packed_once_and_the_originals_leave_the_plan():
-    model, _ = conv((1, 16, 8, 8), (32, 16, 3, 3), pads=[1, 1, 1, 1])
+    model, _ = conv((1, 16, 8, 8), (32, 16, 3, 3), strides=[2, 2], pads=[1, 1, 1, 1])  # im2col
     plan = compile_plan(import_onnx(model))
     target = Target.host()
     weight = next(a for a in plan.graph.constants.values() if a.ndim == 4)
@@ -168,3 +169,39 @@ def test_packing_layouts():
     cols = pack_cols(matrix, 2)  # [B, panels, K, cols]
     assert cols.shape == (2, 2, 5, 2)
     assert cols[1, 1, 4, 0] == matrix[1, 4, 2] and cols[0, 1, 0, 1] == 0
+
+
+@pytest.mark.parametrize(
+    "x_shape,w_shape,pads,tile",
+    [
+        ((1, 16, 10, 10), (24, 16, 3, 3), [1, 1, 1, 1], 4),  # F(4x4, 3x3)
+        ((2, 8, 13, 9), (8, 8, 3, 3), [1, 1, 1, 1], 4),  # clipped edge tiles, two images
+        ((1, 32, 7, 7), (16, 32, 3, 3), [0, 0, 0, 0], 2),  # 5x5 output: F(2x2, 3x3)
+        ((1, 8, 6, 11), (12, 8, 3, 3), [1, 0, 2, 1], 2),  # asymmetric padding
+        ((1, 12, 20, 20), (10, 12, 3, 3), [1, 1, 1, 1], 4),  # interior tiles (no bounds tests) too
+    ],
+)
+def test_winograd_matches_the_reference(x_shape, w_shape, pads, tile, monkeypatch):
+    from kiln.lower import winograd
+
+    model, feeds = conv(x_shape, w_shape, pads=pads)
+    compiled = check(model, feeds, ["winograd-gemm"])
+    kinds = [k.kind for step in compiled.plans[0].steps for k in step.kernels]
+    assert kinds == ["winograd-in", "winograd-gemm", "winograd-out+epilogue"]
+    out_shape = (x_shape[0], w_shape[0], x_shape[2] + pads[0] + pads[2] - 2, x_shape[3] + pads[1] + pads[3] - 2)
+    assert winograd.tile_size(out_shape) == tile
+    # KILN_DISABLE=winograd falls back to im2col (and is a different plan-cache entry)
+    monkeypatch.setenv("KILN_DISABLE", "winograd")
+    check(model, feeds, ["conv+epilogue"])
+
+
+def test_winograd_transforms_reproduce_the_direct_convolution():
+    from kiln.lower.winograd import TRANSFORMS
+
+    rng = np.random.default_rng(1)
+    for m, t in TRANSFORMS.items():
+        bt, g, at = (np.array(t[k], np.float64) for k in ("BT", "G", "AT"))
+        patch, kernel = rng.standard_normal((m + 2, m + 2)), rng.standard_normal((3, 3))
+        direct = np.array([[np.sum(patch[i : i + 3, j : j + 3] * kernel) for j in range(m)] for i in range(m)])
+        winograd = at @ ((g @ kernel @ g.T) * (bt @ patch @ bt.T)) @ at.T
+        np.testing.assert_allclose(winograd, direct, atol=1e-12)
