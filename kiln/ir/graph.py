@@ -163,7 +163,7 @@ def array_digest(array: np.ndarray) -> str:
     if array.dtype == object:
         hasher.update(repr(array.tolist()).encode())
     else:
-        hasher.update(np.ascontiguousarray(array).tobytes())
+        hasher.update(memoryview(np.ascontiguousarray(array).reshape(-1).view(np.uint8)))  # no extra copy
     return hasher.hexdigest()
 
 

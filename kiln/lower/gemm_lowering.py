@@ -64,8 +64,10 @@ def pack_rows(matrices: np.ndarray, rows: int) -> np.ndarray:
     """[B, M, K] -> panels of ``rows`` rows, k-major: [B, ceil(M/rows), K, rows], zero padded."""
     batch, m, k = matrices.shape
     padded = -(-m // rows) * rows
-    full = np.zeros((batch, padded, k), dtype=np.float32)
-    full[:, :m] = matrices
+    full = matrices
+    if padded != m:  # (no padding copy when the rows divide: the caller's aligned copy is the one copy)
+        full = np.zeros((batch, padded, k), dtype=np.float32)
+        full[:, :m] = matrices
     return full.reshape(batch, padded // rows, rows, k).transpose(0, 1, 3, 2)
 
 
@@ -73,8 +75,10 @@ def pack_cols(matrices: np.ndarray, cols: int) -> np.ndarray:
     """[B, K, N] -> panels of ``cols`` columns: [B, ceil(N/cols), K, cols], zero padded."""
     batch, k, n = matrices.shape
     padded = -(-n // cols) * cols
-    full = np.zeros((batch, k, padded), dtype=np.float32)
-    full[:, :, :n] = matrices
+    full = matrices
+    if padded != n:
+        full = np.zeros((batch, k, padded), dtype=np.float32)
+        full[:, :, :n] = matrices
     return full.reshape(batch, k, padded // cols, cols).transpose(0, 2, 1, 3)
 
 

@@ -93,11 +93,15 @@ def tile_size(out_shape: tuple[int, ...]) -> int:
 
 
 def weight_transform(weights: np.ndarray, m: int) -> np.ndarray:
-    """[OC, IC, 3, 3] -> U [a*a, OC, IC] (float64 arithmetic, then float32)."""
-    g = np.array(TRANSFORMS[m]["G"], dtype=np.float64)
-    u = np.einsum("xi,ocij,yj->xyoc", g, weights.astype(np.float64), g)
+    """[OC, IC, 3, 3] -> U [a*a, OC, IC]."""
+    g = np.array(TRANSFORMS[m]["G"], dtype=np.float32)
+    # two products through BLAS: (G g) over the kernel rows, then (. G^T) over its columns
+    left = np.tensordot(g, weights.astype(np.float32), axes=([1], [2]))  # [a, O, C, 3]
+    u = np.tensordot(left, g, axes=([3], [1]))  # [a, O, C, a]
     a = m + 2
-    return u.reshape(a * a, weights.shape[0], weights.shape[1]).astype(np.float32)
+    return np.ascontiguousarray(u.transpose(0, 3, 1, 2), dtype=np.float32).reshape(
+        a * a, weights.shape[0], weights.shape[1]
+    )
 
 
 def _combine(coefficients: list[float], terms: list[Expr]) -> Expr:

@@ -11,12 +11,19 @@ from kiln.passes.rewrite import Rewriter
 
 def cse(graph: Graph) -> Graph:
     rewriter = Rewriter(graph)
+    # only constants of one type can be equal: hash the contents of those that share a type
+    by_type: dict[str, list] = {}
+    for value in graph.constants:
+        by_type.setdefault(str(value.type), []).append(value)
     by_content: dict[tuple, object] = {}
-    for value, array in graph.constants.items():
-        key = (str(value.type), array_digest(array))
-        first = by_content.setdefault(key, value)
-        if first is not value:
-            rewriter.replace(value, first)  # type: ignore[arg-type]
+    for kind, values in by_type.items():
+        if len(values) < 2:
+            continue
+        for value in values:
+            key = (kind, array_digest(graph.constants[value]))
+            first = by_content.setdefault(key, value)
+            if first is not value:
+                rewriter.replace(value, first)
     hasher = _StructuralHasher()
     seen: dict[tuple, object] = {}
     for node in graph.nodes:

@@ -191,11 +191,14 @@ class NativeModel(Model):
         plan = compile_plan(specialize(self.graph, dims), self.level, self.prebuilt)
         weights = sum(a.nbytes for a in self.graph.constants.values())
         if time.perf_counter() - start >= WORTH_CACHING_S or weights >= WORTH_CACHING_BYTES:
-            plan_cache.store_plan(self.cache_key, dims, plan)
-            if self.source_file is not None:
-                plan_cache.store_graph(self.cache_key, self.graph)
-                plan_cache.remember_file(self.source_file, self.cache_key, self.level)
+            plan_cache.in_background(self._store, dims, plan)
         return plan
+
+    def _store(self, dims: dict[str, int], plan: Plan) -> None:
+        plan_cache.store_plan(self.cache_key, dims, plan)
+        if self.source_file is not None:
+            plan_cache.store_graph(self.cache_key, self.graph)
+            plan_cache.remember_file(self.source_file, self.cache_key, self.level)
 
     def prepare(self, feeds: dict[str, Any]) -> None:
         """Compile the variant these inputs need now, instead of on the first run."""

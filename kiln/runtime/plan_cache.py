@@ -24,6 +24,7 @@ import os
 import pickle
 import shutil
 import tempfile
+import threading
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -34,6 +35,29 @@ FORMAT = 2  # bump when Plan/Graph/Kernel change shape: older entries then miss
 ALIGN = 64
 SMALL = 4096  # bytes: arrays below this stay inside the pickle
 STATS = {"hits": 0, "misses": 0, "stores": 0, "damaged": 0}
+
+
+_pending: list[threading.Thread] = []
+
+
+def in_background(work: Any, *args: Any) -> None:
+    """Run a store after compile has returned (writing a big model's entry takes seconds); the
+    interpreter waits for it at exit (not a daemon), and ``wait()`` joins it explicitly."""
+    thread = threading.Thread(target=_quietly, args=(work, *args), name="kiln-plan-cache")
+    _pending.append(thread)
+    thread.start()
+
+
+def _quietly(work: Any, *args: Any) -> None:
+    try:
+        work(*args)
+    except Exception:  # a full disk or a read-only cache costs a recompile later, nothing more
+        STATS["failed_stores"] = STATS.get("failed_stores", 0) + 1
+
+
+def wait() -> None:
+    while _pending:
+        _pending.pop().join()
 
 
 def enabled() -> bool:

@@ -23,12 +23,14 @@ RNG = np.random.default_rng(3)
 
 @pytest.fixture
 def cache(tmp_path, monkeypatch):
+    plan_cache.wait()  # no store of another test still writing
     monkeypatch.setenv("KILN_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setenv("KILN_PLAN_CACHE", "1")
     monkeypatch.setattr(native, "WORTH_CACHING_S", 0.0)  # small test models are stored too
     for key in plan_cache.STATS:
         monkeypatch.setitem(plan_cache.STATS, key, 0)
-    return tmp_path
+    yield tmp_path
+    plan_cache.wait()
 
 
 def model(scale=1.0):
@@ -52,6 +54,7 @@ def test_second_compile_does_no_lowering_and_no_c_compilation(cache, monkeypatch
     proto = model()
     x = RNG.standard_normal((2, 4, 6, 6)).astype(np.float32)
     first = kiln.compile(proto, dims={"batch": 2})(x)
+    plan_cache.wait()  # entries are written in the background
     assert plan_cache.STATS["stores"] == 1
     forbid(monkeypatch, (native, "compile_plan"), (kiln.compiler, "build"), (toolchain, "build"))
     again = kiln.compile(proto, dims={"batch": 2})
@@ -67,10 +70,12 @@ def test_same_file_skips_the_import_and_a_changed_file_misses(cache, monkeypatch
     onnx.save(model(), path)
     x = RNG.standard_normal((1, 4, 6, 6)).astype(np.float32)
     first = kiln.compile(str(path), dims={"batch": 1})(x)
+    plan_cache.wait()
     with monkeypatch.context() as patch:
         forbid(patch, (kiln.frontend, "to_graph"), (native, "compile_plan"))
         np.testing.assert_array_equal(kiln.compile(str(path), dims={"batch": 1})(x), first)
     onnx.save(model(scale=2.0), path)  # new weights, same name
+    plan_cache.wait()
     changed = kiln.compile(str(path), dims={"batch": 1})(x)
     assert not np.array_equal(changed, first)
 
@@ -79,9 +84,11 @@ def test_damaged_entries_are_counted_removed_and_rebuilt(cache):
     proto = model()
     x = RNG.standard_normal((1, 4, 6, 6)).astype(np.float32)
     first = kiln.compile(proto, dims={"batch": 1})(x)
+    plan_cache.wait()
     (pickled,) = list((cache / "cache" / "plans").rglob("plan.pkl"))
     pickled.write_bytes(b"not a pickle")
     np.testing.assert_array_equal(kiln.compile(proto, dims={"batch": 1})(x), first)
+    plan_cache.wait()
     assert plan_cache.STATS["damaged"] == 1 and plan_cache.STATS["stores"] == 2
     # a missing library inside an entry is damage too
     (library,) = list((cache / "cache" / "plans").rglob("library.so"))
@@ -93,6 +100,7 @@ def test_damaged_entries_are_counted_removed_and_rebuilt(cache):
 def test_the_cache_can_be_turned_off(cache, monkeypatch):
     monkeypatch.setenv("KILN_PLAN_CACHE", "0")
     kiln.compile(model(), dims={"batch": 1})
+    plan_cache.wait()
     assert not (cache / "cache" / "plans").exists() or not list((cache / "cache" / "plans").rglob("plan.pkl"))
 
 
