@@ -471,6 +471,9 @@ def _import_bound(model: str, dims: tuple[str, ...]):  # type: ignore[no-untyped
     "matrix-multiply peak and its schedule (inputs: the zoo's examples, else random).",
 )
 @click.option("--runs", type=click.IntRange(1), default=10, show_default=True, help="Timed runs for --profile.")
+@click.option(
+    "--top", type=click.IntRange(1), default=25, show_default=True, help="Kernels listed by --profile (slowest first)."
+)
 def explain(
     model: str,
     level: int,
@@ -480,6 +483,7 @@ def explain(
     kernels: bool,
     profile: bool,
     runs: int,
+    top: int,
 ) -> None:
     """Show what kiln does to MODEL (an .onnx path or a zoo name): per-stage op counts and timing,
     the IR after any pass, the kernels and host fallbacks (with reasons), the memory plan and the
@@ -523,10 +527,10 @@ def explain(
     if kernels:
         _explain_kernels(optimized)
     if profile:
-        _explain_profile(model, optimized, binding, runs)
+        _explain_profile(model, optimized, binding, runs, top)
 
 
-def _explain_profile(model: str, graph, binding: dict[str, int], runs: int) -> None:  # type: ignore[no-untyped-def]
+def _explain_profile(model: str, graph, binding: dict[str, int], runs: int, top: int) -> None:  # type: ignore[no-untyped-def]
     from kiln import zoo as models
     from kiln.runtime.profile import matmul_peak, profile_graph
 
@@ -541,7 +545,7 @@ def _explain_profile(model: str, graph, binding: dict[str, int], runs: int) -> N
     )
     for column in ("kernel", "kind", "computes", "ms", "%", "GFLOP/s", "% peak", "schedule"):
         table.add_column(column, overflow="fold")
-    for timed in sorted(result.kernels, key=lambda t: -t.seconds):
+    for timed in sorted(result.kernels, key=lambda t: -t.seconds)[:top]:
         rate = timed.gflops
         table.add_row(
             timed.kernel.name,
@@ -554,6 +558,21 @@ def _explain_profile(model: str, graph, binding: dict[str, int], runs: int) -> N
             timed.schedule,
         )
     out.print(table)
+    kinds: dict[str, list[float]] = {}
+    for timed in result.kernels:
+        entry = kinds.setdefault(timed.kernel.kind, [0, 0.0, 0.0])
+        entry[0] += 1
+        entry[1] += timed.seconds
+        entry[2] += timed.kernel.flops
+    summary = Table(title="by kind")
+    for column in ("kind", "kernels", "ms", "%", "GFLOP/s"):
+        summary.add_column(column)
+    for kind, (count, seconds, flops) in sorted(kinds.items(), key=lambda kv: -kv[1][1]):
+        rate = f"{flops / seconds / 1e9:.1f}" if flops and seconds else "-"
+        summary.add_row(
+            kind, str(int(count)), f"{seconds * 1e3:.2f}", f"{100 * seconds / total:.1f}" if total else "-", rate
+        )
+    out.print(summary)
     out.print(
         f"kernels {total * 1e3:.2f} ms per run; outside kernels (runtime, fallbacks) {result.fallback_seconds * 1e3:.2f} ms"
     )
@@ -608,13 +627,26 @@ def _explain_kernels(graph) -> None:  # type: ignore[no-untyped-def]
 @click.option(
     "--dim", "dims", multiple=True, help="Bind a symbolic dim, e.g. --dim batch=8. [default: every symbol = 1]"
 )
-def compile_command(model: str, output: Path, level: int, dims: tuple[str, ...]) -> None:
+@click.option(
+    "--tune",
+    "tune_budget",
+    default=None,
+    metavar="DURATION",
+    help="Autotune the matrix-multiply and convolution kernels first, within this wall-clock budget "
+    "(e.g. 90s, 5m, 1h). Results are kept in the tuning database: a second compile does no tuning.",
+)
+@click.option("--retune", is_flag=True, help="With --tune: measure kernels already in the tuning database again.")
+def compile_command(
+    model: str, output: Path, level: int, dims: tuple[str, ...], tune_budget: str | None, retune: bool
+) -> None:
     """Compile MODEL (.onnx path or zoo name) to native code and save it as a .kiln artifact."""
     import time
 
     import kiln
 
     graph, binding = _import_bound(model, dims)
+    if tune_budget is not None:
+        _tune(graph, binding, level, _parse_duration(tune_budget), retune)
     start = time.perf_counter()
     compiled = kiln.compile(graph, target="cpu", opt_level=level, dims=binding)
     seconds = time.perf_counter() - start
@@ -628,6 +660,63 @@ def compile_command(model: str, output: Path, level: int, dims: tuple[str, ...])
         out.print(f"  fallback {fallback.node.label}: {fallback.reason}", highlight=False)
     out.print(f"memory plan: {plan.memory.describe()}")
     out.print(f"wrote {output} ({output.stat().st_size / 1e6:.1f} MB)")
+
+
+def _parse_duration(text: str) -> float:
+    units = {"s": 1, "m": 60, "h": 3600}
+    try:
+        if text and text[-1] in units:
+            return float(text[:-1]) * units[text[-1]]
+        return float(text)
+    except ValueError:
+        raise click.BadParameter(
+            f"{text!r} is not a duration (examples: 90s, 5m, 1h, 300)", param_hint="--tune"
+        ) from None
+
+
+def _tune(graph, binding: dict[str, int], level: int, budget: float, retune: bool) -> None:  # type: ignore[no-untyped-def]
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
+
+    from kiln import tune
+    from kiln.passes import optimize, specialize
+
+    optimized = optimize(specialize(graph, binding), level=level)
+    tasks = tune.tasks_for(optimized)
+    columns = [
+        TextColumn("tuning"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("kernels"),
+        TimeElapsedColumn(),
+        TextColumn("ETA"),
+        TimeRemainingColumn(),
+        TextColumn("best speed-up {task.fields[best]:.2f}x"),
+    ]
+    with Progress(*columns, console=console) as bar:
+        task_id = bar.add_task("tune", total=len(tasks), best=1.0)
+
+        def report(done: int, total: int, outcome, best: float) -> None:  # type: ignore[no-untyped-def]
+            bar.update(task_id, completed=done, best=best)
+
+        outcomes = tune.tune(optimized, budget, report, retune=retune)
+    fresh = [o for o in outcomes if not o.cached]
+    failures = sum(len(o.failures) for o in fresh)
+    out.print(
+        f"tuned {len(fresh)} kernel(s), {len(outcomes) - len(fresh)} from the tuning database, "
+        f"{len(tasks) - len(outcomes)} left at the default (budget); {failures} candidate(s) failed and were skipped"
+    )
+    for outcome in sorted(fresh, key=lambda o: -o.speedup)[:10]:
+        out.print(
+            f"  {escape(outcome.task.label)}: {outcome.choice or 'default'} {outcome.speedup:.2f}x ({outcome.default_seconds * 1e3:.2f} -> {outcome.seconds * 1e3:.2f} ms)",
+            highlight=False,
+        )
 
 
 @main.command("run")

@@ -72,9 +72,16 @@ def _static(graph: Graph) -> str:
     return ""
 
 
-def compile_plan(graph: Graph, level: int = 2, prebuilt: dict[str, Path] | None = None, profile: bool = False) -> Plan:
+def compile_plan(
+    graph: Graph,
+    level: int = 2,
+    prebuilt: dict[str, Path] | None = None,
+    profile: bool = False,
+    choices: dict | None = None,
+) -> Plan:
     """Optimize and lower a graph whose symbolic dims are already bound (see ``specialize``).
-    ``profile`` builds the library with per-kernel timers (see ``kiln.runtime.profile``)."""
+    ``profile`` builds the library with per-kernel timers (see ``kiln.runtime.profile``);
+    ``choices`` maps tuning keys to schedules to apply (otherwise the tuning database is read)."""
     from kiln.lower.lowering import ALIASES, LOWERINGS
     from kiln.passes.decompose import decompose
     from kiln.passes.fold_constants import fold_constants
@@ -86,7 +93,7 @@ def compile_plan(graph: Graph, level: int = 2, prebuilt: dict[str, Path] | None 
     reason = _static(graph)
     if reason:
         return Plan(graph, [], {}, {}, [], [], {}, MemoryPlan({}, {}, 0, 0), None, "", whole_graph_reason=reason)
-    lowerer = Lowerer(graph)
+    lowerer = Lowerer(graph, choices)
     steps: list[Segment | Fallback] = []
     current: list[Kernel] = []
     access: list[tuple[list[Buffer], list[Buffer]]] = []

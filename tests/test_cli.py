@@ -94,3 +94,28 @@ def test_explain_shows_kernels_and_memory_plan(tmp_path):
     assert result.exit_code == 0, result.output
     assert "# IR after fuse" in result.output and "kiln::Fused" in result.output
     assert "memory plan" in result.output and "generated C" in result.output
+
+
+def test_compile_with_tuning_and_profile(tmp_path, monkeypatch):
+    import numpy as np
+
+    monkeypatch.setenv("KILN_CACHE_DIR", str(tmp_path / "cache"))
+    weights = {"w": np.random.default_rng(0).standard_normal((16, 24)).astype(np.float32)}
+    model = make_model(
+        [helper.make_node("MatMul", ["x", "w"], ["m"]), helper.make_node("Relu", ["m"], ["y"])],
+        [("x", FLOAT, [32, 16])],
+        [("y", FLOAT, None)],
+        weights,
+    )
+    onnx.save(model, tmp_path / "m.onnx")
+    result = invoke("compile", str(tmp_path / "m.onnx"), "-o", str(tmp_path / "m.kiln"), "--tune", "2m")
+    assert result.exit_code == 0, result.output
+    assert "tuned 1 kernel(s), 0 from the tuning database" in result.output
+    again = invoke("compile", str(tmp_path / "m.onnx"), "-o", str(tmp_path / "m.kiln"), "--tune", "2m")
+    assert "tuned 0 kernel(s), 1 from the tuning database" in again.output
+    assert invoke("compile", str(tmp_path / "m.onnx"), "-o", str(tmp_path / "x.kiln"), "--tune", "soon").exit_code == 2
+    profile = invoke("explain", str(tmp_path / "m.onnx"), "--no-kernels", "--profile", "--runs", "3")
+    assert profile.exit_code == 0, profile.output
+    assert "GFLOP/s" in profile.output and "% peak" in profile.output and "by kind" in profile.output
+    # the schedule column says where the engine's blocking came from (the table may wrap words)
+    assert "engine" in profile.output and ("tuned" in profile.output or "cached" in profile.output)

@@ -44,6 +44,7 @@ struct kiln_gemm {
   kiln_epilogue_fn epilogue;
   void **buffers;           /* the segment's buffer table, for the epilogue */
   const int64_t *conv;      /* im2col geometry: C H W KH KW SH SW DH DW PT PL OH OW */
+  int64_t mc, nc, kc;       /* cache blocking chosen by the autotuner (0: the defaults below) */
 };
 
 /* -- the micro-kernel --------------------------------------------------------------------------- */
@@ -193,12 +194,15 @@ static int64_t kiln_round_up(int64_t x, int64_t to) { return (x + to - 1) / to *
 static void kiln_gemm_run(const kiln_gemm *g) {
   const int64_t M = g->M, N = g->N, K = g->K;
   int threads = omp_get_max_threads();
+  const int64_t kblock = g->kc > 0 ? g->kc : KILN_KC;
   int64_t mc = kiln_round_up(M < 192 ? M : 192, KILN_MR);
   int64_t nc = kiln_round_up(N < 1024 ? N : 1024, KILN_NR);
+  if (g->mc > 0) mc = kiln_round_up(M < g->mc ? M : g->mc, KILN_MR);
+  if (g->nc > 0) nc = kiln_round_up(N < g->nc ? N : g->nc, KILN_NR);
   int64_t tiles_m = (M + mc - 1) / mc;
-  /* enough tasks to keep every thread busy: split N finer, then M */
-  while (g->batch * tiles_m * ((N + nc - 1) / nc) < 4 * threads && nc > KILN_NR) nc = kiln_round_up(nc / 2, KILN_NR);
-  while (g->batch * tiles_m * ((N + nc - 1) / nc) < 2 * threads && mc > KILN_MR) {
+  /* enough tasks to keep every thread busy: split N finer, then M (unless tuned) */
+  while (!g->nc && g->batch * tiles_m * ((N + nc - 1) / nc) < 4 * threads && nc > KILN_NR) nc = kiln_round_up(nc / 2, KILN_NR);
+  while (!g->mc && g->batch * tiles_m * ((N + nc - 1) / nc) < 2 * threads && mc > KILN_MR) {
     mc = kiln_round_up(mc / 2, KILN_MR);
     tiles_m = (M + mc - 1) / mc;
   }
@@ -242,16 +246,16 @@ static void kiln_gemm_run(const kiln_gemm *g) {
         g->pack_b(g, bt, col, cols, 0, K, all_b + bt * b_pbs + (col / KILN_NR) * K * KILN_NR);
       }
     }
-    float *abuf = a_packed ? NULL : kiln_scratch(&a_buf, &a_have, mc * KILN_KC);
-    float *bbuf = b_packed ? NULL : kiln_scratch(&b_buf, &b_have, nc * KILN_KC);
+    float *abuf = a_packed ? NULL : kiln_scratch(&a_buf, &a_have, mc * kblock);
+    float *bbuf = b_packed ? NULL : kiln_scratch(&b_buf, &b_have, nc * kblock);
 #pragma omp for schedule(static)
     for (int64_t task = 0; task < tasks; ++task) {
       const int64_t bt = task / (tiles_m * tiles_n), rest = task % (tiles_m * tiles_n);
       const int64_t m0 = (rest / tiles_n) * mc, n0 = (rest % tiles_n) * nc;
       const int64_t mlen = M - m0 < mc ? M - m0 : mc, nlen = N - n0 < nc ? N - n0 : nc;
       float *c = g->c + bt * g->c_bs;
-      for (int64_t k0 = 0; k0 < K; k0 += KILN_KC) {
-        const int64_t kc = K - k0 < KILN_KC ? K - k0 : KILN_KC;
+      for (int64_t k0 = 0; k0 < K; k0 += kblock) {
+        const int64_t kc = K - k0 < kblock ? K - k0 : kblock;
         const float *ablock, *bblock;
         int64_t a_stride, b_stride; /* between panels */
         if (a_packed) {

@@ -42,6 +42,7 @@ from kiln.lower.lowering import Lowerer, strides
 from kiln.lower.nn_lowering import Epilogue, _window, lower_conv, lower_matmul
 
 I64 = DType.INT64
+BLOCKING = ("mc", "nc", "kc")  # engine fields a tuned schedule may set
 
 
 def disabled() -> set[str]:
@@ -160,6 +161,8 @@ def lower_matmul_gemm(lw: Lowerer, node: Node, epilogue: Epilogue | None = None)
         fields["b_pbs"] = 0 if b_count == 1 else -(-n // target.gemm_cols) * target.gemm_cols * k
     else:
         fields.update(b=b_buf, b_bs=0 if b_count == 1 else k * n, b_rs=n, b_cs=1, pack_b="kiln_pack_b_strided")
+    choice, source = lw.choice(node)
+    fields.update({k: int(v) for k, v in choice.items() if k in BLOCKING})
     lw.kernel_count += 1
     name = f"k{lw.kernel_count}"
     helper = None
@@ -178,7 +181,14 @@ def lower_matmul_gemm(lw: Lowerer, node: Node, epilogue: Epilogue | None = None)
     flops = 2 * batch * rows * n * k
     return [
         Kernel(
-            name, "matmul", [stmt], [b for b in buffers_in([stmt]) if b is not dst], [dst], [node.label], flops=flops
+            name,
+            "matmul",
+            [stmt],
+            [b for b in buffers_in([stmt]) if b is not dst],
+            [dst],
+            [node.label],
+            flops=flops,
+            tuning=source,
         )
     ]
 
@@ -204,13 +214,21 @@ def lower_conv_gemm(lw: Lowerer, node: Node, epilogue: Epilogue | None = None) -
     elif len(x_shape) == 4:
         window = _window(node, 2, x_shape[2:], out_shape[2:], w_shape[2:])
         (stride_h, stride_w), (dil_h, dil_w), (pad_t, pad_l) = window
-        if "winograd" not in disabled() and not winograd.eligible(node, x_shape, w_shape, out_shape, window):
+        choice, source = lw.choice(node)
+        algorithm = choice.get("algorithm", "")
+        if (
+            algorithm != "im2col"
+            and "winograd" not in disabled()
+            and not winograd.eligible(node, x_shape, w_shape, out_shape, window)
+        ):
             geometry = {"x_shape": x_shape, "w_shape": w_shape, "out_shape": out_shape, "pads": (pad_t, pad_l)}
             bias_value = node.inputs[2] if len(node.inputs) > 2 else None
             bias_buffer = lw.buffer(bias_value) if bias_value is not None else None
-            return winograd.lower_conv_winograd(
-                lw, node, epilogue, geometry, bias_buffer, winograd.tile_size(out_shape)
-            )
+            tile = {"winograd4": 4, "winograd2": 2}.get(algorithm) or winograd.tile_size(out_shape)
+            kernels = winograd.lower_conv_winograd(lw, node, epilogue, geometry, bias_buffer, tile, choice)
+            for kernel in kernels:
+                kernel.tuning = source
+            return kernels
         geometry = (
             x_shape[1],
             x_shape[2],
@@ -244,6 +262,8 @@ def lower_conv_gemm(lw: Lowerer, node: Node, epilogue: Epilogue | None = None) -
         "b": x_buf, "b_bs": channels * height * width,
         "c": dst, "c_bs": out_channels * pixels, "ldc": pixels,
     }  # fmt: skip
+    choice, source = lw.choice(node)
+    fields.update({k: int(v) for k, v in choice.items() if k in BLOCKING})
     pointwise = kernel_h == kernel_w == 1 and geometry[5:11] == (1, 1, 1, 1, 0, 0)
     if pointwise:  # 1x1, stride 1, no padding: X is already the [IC, H*W] matrix
         fields.update(b_rs=height * width, b_cs=1, pack_b="kiln_pack_b_strided")
@@ -269,7 +289,16 @@ def lower_conv_gemm(lw: Lowerer, node: Node, epilogue: Epilogue | None = None) -
     kind = "conv1x1" if pointwise else "conv"
     flops = 2 * x_shape[0] * out_channels * pixels * reduction
     return [
-        Kernel(name, kind, [stmt], [b for b in buffers_in([stmt]) if b is not dst], [dst], [node.label], flops=flops)
+        Kernel(
+            name,
+            kind,
+            [stmt],
+            [b for b in buffers_in([stmt]) if b is not dst],
+            [dst],
+            [node.label],
+            flops=flops,
+            tuning=source,
+        )
     ]
 
 

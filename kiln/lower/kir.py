@@ -205,6 +205,7 @@ class Kernel:
     sources: list[str]  # labels of the graph nodes it computes
     schedule: Schedule = field(default_factory=Schedule)
     flops: int = 0  # floating-point operations of a matrix product or convolution (for profiles)
+    tuning: str = "default"  # where its schedule came from: default | tuned | cached
 
 
 def loops(body: list[Stmt]) -> list[For]:

@@ -66,8 +66,9 @@ def strides(shape: tuple[int, ...]) -> list[int]:
 
 
 class Lowerer:
-    def __init__(self, graph: Graph) -> None:
+    def __init__(self, graph: Graph, choices: dict | None = None) -> None:
         self.graph = graph
+        self.choices = choices or {}  # tuning key -> schedule (from the autotuner)
         self.buffers: dict[Value, Buffer] = {}
         self.aliases: dict[Value, Value] = {}
         self.outputs = set(graph.outputs)
@@ -96,6 +97,25 @@ class Lowerer:
         self.scratch: list[Buffer] = []  # per-kernel working memory, planned in the arena like intermediates
         self.packed: dict[Buffer, np.ndarray] = {}  # weights re-laid out for the kernels that read them
         self._packed_keys: dict[tuple[object, ...], Buffer] = {}
+
+    def choice(self, node: Node) -> tuple[dict, str]:
+        """The schedule for a tunable node and where it came from: ``tuned`` (given to this
+        compile), ``cached`` (the tuning database) or ``default``."""
+        import os
+
+        from kiln.tune import TUNED_HERE, db, kernel_key
+
+        shapes = [None if v is None else self.shape(v) for v in node.inputs]
+        key = kernel_key(
+            node.op, dict(node.attrs), shapes, [v is not None and v in self.graph.constants for v in node.inputs]
+        )
+        if key in self.choices:
+            return dict(self.choices[key]), "tuned" if self.choices[key] else "default"
+        if os.environ.get("KILN_TUNED", "1") != "0":
+            stored = db.best(key)
+            if stored:
+                return stored, "tuned" if key in TUNED_HERE else "cached"
+        return {}, "default"
 
     def scratch_buffer(self, dtype: DType, size: int, hint: str = "s") -> Buffer:
         buffer = Buffer(f"{hint}{len(self.scratch)}_{self.kernel_count}", dtype, size)

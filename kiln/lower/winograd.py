@@ -119,7 +119,9 @@ def _combine(coefficients: list[float], terms: list[Expr]) -> Expr:
     return result if result is not None else Const(0.0, F32)
 
 
-def lower_conv_winograd(lw, node: Node, epilogue, geometry: dict, bias_buf, m: int) -> list[Kernel]:  # type: ignore[no-untyped-def]
+def lower_conv_winograd(
+    lw, node: Node, epilogue, geometry: dict, bias_buf, m: int, choice: dict | None = None
+) -> list[Kernel]:  # type: ignore[no-untyped-def]
     from kiln.codegen.target import Target
     from kiln.lower.gemm_lowering import pack_rows
 
@@ -225,6 +227,7 @@ def lower_conv_winograd(lw, node: Node, epilogue, geometry: dict, bias_buf, m: i
         "b": transformed, "b_bs": channels * tiles, "b_rs": tiles, "b_cs": 1, "pack_b": "kiln_pack_b_strided",
         "c": products, "c_bs": out_channels * tiles, "ldc": tiles,
     }  # fmt: skip
+    fields.update({k: int(v) for k, v in (choice or {}).items() if k in ("mc", "nc", "kc")})
     lw.kernel_count += 1
     stmt = Gemm(fields)  # type: ignore[arg-type]
     second = Kernel(

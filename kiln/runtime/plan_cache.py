@@ -84,6 +84,12 @@ def code_fingerprint() -> str:
     return hasher.hexdigest()
 
 
+def tuning_fingerprint() -> str:
+    from kiln.tune import db
+
+    return db.fingerprint() if os.environ.get("KILN_TUNED", "1") != "0" else "off"
+
+
 def entry_key(graph_digest: str, level: int) -> str:
     """The entry for a source graph at an -O level (on this kiln, target and compiler)."""
     from kiln import __version__
@@ -100,6 +106,7 @@ def entry_key(graph_digest: str, level: int) -> str:
         __version__,
         code_fingerprint(),
         ",".join(sorted(disabled())),  # algorithms turned off change the plan
+        tuning_fingerprint(),  # so do tuned schedules
         repr(Target.host()),
         compiler,
         version,

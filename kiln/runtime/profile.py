@@ -31,9 +31,16 @@ class KernelTime:
 
     @property
     def schedule(self) -> str:
-        """Which schedule ran: the engine's default blocking, or the loop nest's schedule."""
+        """Which schedule ran (default / tuned / cached) and what it is."""
         if any(isinstance(s, Gemm) for s in self.kernel.body):
-            return "engine (default)"
+            blocking = [
+                f"{k}={v}"
+                for s in self.kernel.body
+                if isinstance(s, Gemm)
+                for k, v in s.fields.items()
+                if k in ("mc", "nc", "kc")
+            ]
+            return f"engine {self.kernel.tuning}" + (f" ({', '.join(blocking)})" if blocking else "")
         parts = [
             f"parallel {self.kernel.schedule.parallel}" if self.kernel.schedule.parallel else "",
             "simd" if self.kernel.schedule.vectorize else "",

@@ -1,0 +1,230 @@
+"""Autotuning: per matrix-multiply and convolution kernel, measure schedule candidates on this
+machine and keep the fastest.
+
+The search space per kernel (``candidates``): the engine's cache blocking (rows ``mc``, columns
+``nc``, reduction depth ``kc``) and, for 3x3 stride-1 convolutions, the algorithm (Winograd
+F(4x4,3x3), F(2x2,3x3) or im2col). The default schedule is always a candidate and stays the
+fallback: a candidate that fails to build, crashes, times out or disagrees with the default's
+output is counted and skipped, never fatal.
+
+Each candidate runs in an isolated worker process (``kiln.tune.worker``) with a timeout, on a
+one-node model of the kernel's exact shapes (weights random: timing does not depend on them).
+Results go to the SQLite database (``kiln.tune.db``) keyed by (kernel key, target, kiln version),
+so a second compile does no tuning; compiling reads the database and applies what it finds
+(``kiln explain --profile`` shows each kernel's schedule as default / tuned / cached).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from kiln.ir.graph import Graph, Node
+from kiln.tune import db
+
+TUNABLE = ("Conv", "MatMul")
+TUNED_HERE: set[str] = set()  # kernel keys this process tuned (their schedules show as "tuned")
+BLOCKINGS: list[dict[str, int]] = [
+    {"kc": 128},
+    {"kc": 512},
+    {"mc": 96},
+    {"mc": 384},
+    {"nc": 256},
+    {"nc": 512, "kc": 512},
+    {"mc": 96, "nc": 256},
+]
+
+
+def kernel_key(op: str, attrs: dict[str, Any], shapes: list[tuple[int, ...] | None], constant: list[bool]) -> str:
+    """What a kernel's speed depends on: op, attributes, operand shapes and which are weights."""
+    plain = {
+        k: (list(v) if isinstance(v, (list, tuple)) else v)
+        for k, v in sorted(attrs.items())
+        if isinstance(v, (int, float, str, list, tuple))
+    }
+    text = json.dumps([op, plain, [list(s) if s is not None else None for s in shapes], constant], sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:24]
+
+
+def winograd_applies(op: str, attrs: dict[str, Any], shapes: list[tuple[int, ...] | None]) -> bool:
+    if op != "Conv" or shapes[1] is None or len(shapes[1]) != 4 or tuple(shapes[1][2:]) != (3, 3):
+        return False
+    return (
+        all(v == 1 for v in attrs.get("strides") or [1, 1])
+        and all(v == 1 for v in attrs.get("dilations") or [1, 1])
+        and int(attrs.get("group", 1)) == 1
+    )
+
+
+def candidates(op: str, attrs: dict[str, Any], shapes: list[tuple[int, ...] | None]) -> list[dict[str, Any]]:
+    """The default ({}) first, then alternatives."""
+    found: list[dict[str, Any]] = [{}]
+    if winograd_applies(op, attrs, shapes):
+        for algorithm in ("winograd4", "winograd2", "im2col"):
+            found.append({"algorithm": algorithm})
+        found.append({"algorithm": "im2col", "kc": 512})
+        found.append({"kc": 512})
+    else:
+        found.extend(BLOCKINGS)
+    return found
+
+
+@dataclass
+class Task:
+    """One kernel to tune: where it is in the model, and how to rebuild it alone."""
+
+    key: str
+    label: str
+    spec: dict[str, Any]  # op, attrs, input shapes, which inputs are weights
+    candidates: list[dict[str, Any]]
+    count: int = 1  # kernels of the model with this key
+
+
+@dataclass
+class Outcome:
+    task: Task
+    choice: dict[str, Any]
+    seconds: float
+    default_seconds: float
+    measured: int
+    failures: list[str] = field(default_factory=list)
+    cached: bool = False
+
+    @property
+    def speedup(self) -> float:
+        return self.default_seconds / self.seconds if self.seconds > 0 else 1.0
+
+
+def tasks_for(graph: Graph) -> list[Task]:
+    """The tunable kernels of an optimized, static graph (anchors of fused groups included),
+    one task per distinct key."""
+    found: dict[str, Task] = {}
+    for node in graph.nodes:
+        anchor = node
+        if node.domain == "kiln" and node.op == "Fused" and node.attrs.get("kind") == "epilogue":
+            body = node.attrs["body"]
+            inner = body.nodes[0]
+            bindings = dict(zip(body.inputs, node.inputs))
+            anchor = Node(
+                inner.op,
+                [None if v is None else bindings[v] for v in inner.inputs],
+                list(inner.outputs),
+                dict(inner.attrs),
+                name=node.name,
+            )
+        if anchor.op not in TUNABLE or anchor.domain:
+            continue
+        shapes = [_shape(v) for v in anchor.inputs]
+        if any(s is None for s in shapes[:2]) or any(
+            v.type.dtype.short != "f32" for v in anchor.inputs if v is not None
+        ):  # type: ignore[union-attr]
+            continue
+        constant = [v is not None and v in graph.constants for v in anchor.inputs]
+        key = kernel_key(anchor.op, dict(anchor.attrs), shapes, constant)
+        if key in found:
+            found[key].count += 1
+            continue
+        spec = {"op": anchor.op, "attrs": _plain(anchor.attrs), "shapes": shapes, "constant": constant}
+        found[key] = Task(key, node.label, spec, candidates(anchor.op, dict(anchor.attrs), shapes))
+    return list(found.values())
+
+
+def _shape(value: Any) -> tuple[int, ...] | None:
+    if value is None or value.type.shape is None or not value.type.is_static:
+        return None
+    return tuple(int(d) for d in value.type.shape)
+
+
+def _plain(attrs: Any) -> dict[str, Any]:
+    return {
+        k: (list(v) if isinstance(v, tuple) else v)
+        for k, v in attrs.items()
+        if isinstance(v, (int, float, str, list, tuple))
+    }
+
+
+def tune(
+    graph: Graph,
+    budget_s: float,
+    progress: Callable[[int, int, Outcome | None, float], None] | None = None,
+    runs: int = 10,
+    timeout_s: float = 120.0,
+    retune: bool = False,
+) -> list[Outcome]:
+    """Tune every kernel of ``graph`` (optimized, static shapes) within ``budget_s`` seconds of
+    wall time; kernels already in the database are skipped (unless ``retune``). ``progress(done,
+    total, last outcome, best speed-up so far)`` is called after each kernel."""
+    from kiln.tune.worker import Measurer
+
+    tasks = tasks_for(graph)
+    outcomes: list[Outcome] = []
+    deadline = time.monotonic() + budget_s
+    best_speedup = 1.0
+    with Measurer(timeout_s) as measurer:
+        for done, task in enumerate(tasks, 1):
+            stored = None if retune else db.best(task.key)
+            if stored is not None:
+                outcome = Outcome(task, stored, 0.0, 0.0, 0, cached=True)
+            elif time.monotonic() >= deadline:
+                break
+            else:
+                outcome = _search(task, measurer, runs, deadline)
+                if outcome is None:  # even the default schedule failed here: nothing to record
+                    if progress is not None:
+                        progress(done, len(tasks), None, best_speedup)
+                    continue
+                TUNED_HERE.add(task.key)
+                db.record(
+                    task.key,
+                    outcome.choice,
+                    outcome.seconds,
+                    outcome.default_seconds,
+                    outcome.measured,
+                    len(outcome.failures),
+                    task.label,
+                )
+                best_speedup = max(best_speedup, outcome.speedup)
+            outcomes.append(outcome)
+            if progress is not None:
+                progress(done, len(tasks), outcome, best_speedup)
+    return outcomes
+
+
+def _search(task: Task, measurer: Any, runs: int, deadline: float) -> Outcome | None:
+    """Measure the default, then the alternatives while time remains. None: no time even for the
+    default (nothing recorded)."""
+    results: list[tuple[float, dict[str, Any]]] = []
+    failures: list[str] = []
+    reference = None
+    for candidate in task.candidates:
+        if time.monotonic() >= deadline and results:
+            break
+        try:
+            seconds, output = measurer.measure(task.spec, candidate, runs)
+        except Exception as err:  # build failure, crash, timeout: logged and skipped
+            failures.append(f"{candidate}: {err}")
+            if not candidate:
+                return None  # the default itself fails: no reference to compare candidates with
+            continue
+        if reference is None:
+            reference = output
+        elif not _agrees(output, reference):
+            failures.append(f"{candidate}: output differs from the default schedule's")
+            continue
+        results.append((seconds, candidate))
+    if not results:
+        return None
+    default_seconds = next(s for s, c in results if not c)
+    seconds, choice = min(results, key=lambda r: r[0])
+    return Outcome(task, choice, seconds, default_seconds, len(results) + len(failures), failures)
+
+
+def _agrees(a: Any, b: Any) -> bool:
+    import numpy as np
+
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    return a.shape == b.shape and float(np.linalg.norm(a - b)) <= 1e-4 * max(float(np.linalg.norm(b)), 1e-30)

@@ -1,0 +1,121 @@
+"""The tuning database: SQLite, one row per (kernel key, target, kiln version) with the best
+candidate found, its time and the default schedule's time. A second compile reads it and does
+no tuning; a corrupt database is moved aside and rebuilt, never fatal."""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import threading
+from pathlib import Path
+from typing import Any
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS results (
+    kernel TEXT NOT NULL,
+    target TEXT NOT NULL,
+    version TEXT NOT NULL,
+    choice TEXT NOT NULL,         -- JSON: the winning candidate ({} = the default schedule)
+    seconds REAL NOT NULL,        -- its median time
+    default_seconds REAL NOT NULL,
+    candidates INTEGER NOT NULL,  -- how many were measured
+    failures INTEGER NOT NULL,    -- candidates that crashed, timed out or were wrong
+    description TEXT NOT NULL,
+    PRIMARY KEY (kernel, target, version)
+)
+"""
+_lock = threading.Lock()
+
+
+def path() -> Path:
+    root = os.environ.get("KILN_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "kiln")
+    folder = Path(root)
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder / "tune.db"
+
+
+def _scope() -> tuple[str, str]:
+    from kiln import __version__
+    from kiln.codegen.target import Target
+
+    return repr(Target.host()), __version__
+
+
+def _connect() -> sqlite3.Connection:
+    file = path()
+    try:
+        connection = sqlite3.connect(file, timeout=30)
+        connection.execute(SCHEMA)
+        return connection
+    except sqlite3.DatabaseError:
+        os.replace(file, file.with_suffix(".corrupt"))  # keep it for inspection; start afresh
+        connection = sqlite3.connect(file, timeout=30)
+        connection.execute(SCHEMA)
+        return connection
+
+
+def best(kernel: str) -> dict[str, Any] | None:
+    """The stored choice for ``kernel`` on this target and kiln version (None: never tuned)."""
+    if not path().exists():
+        return None
+    target, version = _scope()
+    with _lock:
+        connection = _connect()
+        try:
+            row = connection.execute(
+                "SELECT choice FROM results WHERE kernel = ? AND target = ? AND version = ?", (kernel, target, version)
+            ).fetchone()
+        finally:
+            connection.close()
+    return json.loads(row[0]) if row else None
+
+
+def record(
+    kernel: str,
+    choice: dict[str, Any],
+    seconds: float,
+    default_seconds: float,
+    candidates: int,
+    failures: int,
+    description: str,
+) -> None:
+    target, version = _scope()
+    with _lock:
+        connection = _connect()
+        try:
+            with connection:
+                connection.execute(
+                    "INSERT OR REPLACE INTO results VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    (
+                        kernel,
+                        target,
+                        version,
+                        json.dumps(choice, sort_keys=True),
+                        seconds,
+                        default_seconds,
+                        candidates,
+                        failures,
+                        description,
+                    ),
+                )
+        finally:
+            connection.close()
+
+
+def fingerprint() -> str:
+    """Changes whenever a result is added or replaced (part of the plan-cache key)."""
+    if not path().exists():
+        return "empty"
+    target, version = _scope()
+    with _lock:
+        connection = _connect()
+        try:
+            rows = connection.execute(
+                "SELECT kernel, choice FROM results WHERE target = ? AND version = ? ORDER BY kernel", (target, version)
+            ).fetchall()
+        finally:
+            connection.close()
+    import hashlib
+
+    return hashlib.sha256(json.dumps(rows).encode()).hexdigest()[:16]
