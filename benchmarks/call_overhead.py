@@ -1,6 +1,6 @@
 """Python overhead of one run() call on a trivial model: kiln's targets vs onnxruntime.
 
-    python benchmarks/call_overhead.py
+python benchmarks/call_overhead.py
 """
 
 from __future__ import annotations

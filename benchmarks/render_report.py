@@ -1,6 +1,6 @@
 """Render a `kiln bench` HTML report to PNG with headless Chromium, to look at what users see.
 
-    python benchmarks/render_report.py reports/bench/latest/report.html report.png
+python benchmarks/render_report.py reports/bench/latest/report.html report.png
 """
 
 from __future__ import annotations
@@ -25,10 +25,19 @@ def render(html: Path, png: Path, width: int = 1600, height: int = 2400) -> None
     with tempfile.TemporaryDirectory() as profile:
         subprocess.run(
             [
-                browser, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                f"--user-data-dir={profile}", f"--window-size={width},{height}",
-                f"--screenshot={png.resolve()}", html.resolve().as_uri(),
+                browser,
+                "--headless",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--disable-quic",
+                "--no-first-run",
+                "--disable-background-networking",
+                "--disable-component-update",
+                "--disable-sync",
+                f"--user-data-dir={profile}",
+                f"--window-size={width},{height}",
+                f"--screenshot={png.resolve()}",
+                html.resolve().as_uri(),
             ],
             check=True,
             capture_output=True,

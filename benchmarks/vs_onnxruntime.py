@@ -60,7 +60,9 @@ def main() -> None:
         theirs = measure(lambda f: session.run(None, f), feeds, args.warmup, args.runs)
         p50, p50_ort = statistics.median(ours), statistics.median(theirs)
         p90, p90_ort = float(np.percentile(ours, 90)), float(np.percentile(theirs, 90))
-        print(f"{name:10} {compile_s:14.1f} {p50:11.1f} {p90:9.1f} {p50_ort:10.1f} {p90_ort:8.1f} {p50 / p50_ort:8.2f} {error:8.1e}")
+        print(
+            f"{name:10} {compile_s:14.1f} {p50:11.1f} {p90:9.1f} {p50_ort:10.1f} {p90_ort:8.1f} {p50 / p50_ort:8.2f} {error:8.1e}"
+        )
 
 
 if __name__ == "__main__":

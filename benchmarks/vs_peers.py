@@ -1,0 +1,85 @@
+"""kiln (cpu) vs onnxruntime and OpenVINO (f32 precision hint) on the seed models, batch 1 and 8.
+
+    python benchmarks/vs_peers.py                                  # four models, batch 1 and 8
+    python benchmarks/vs_peers.py --models resnet50 --batches 1 --duration 5
+
+Runs through the benchmark harness (``kiln bench``'s runner: each job in its own worker process,
+same threads, warm-up, single-stream latency), so the run is stored in the harness's SQLite
+database (``reports/bench.db``; compare runs with ``kiln bench compare``) and its JSON/HTML reports
+are written under ``reports/vs_peers``. Prints the median latencies and the ratios kiln/peer
+(below 1: kiln is faster). Not a test: no pass/fail. Measurements of one run share the machine's
+state; on a shared machine read the ratios, not the absolute times.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--models", default="resnet50,vgg19,bert-base,gpt2")
+    parser.add_argument("--peers", default="onnxruntime,openvino")
+    parser.add_argument("--batches", default="1,8")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--duration", type=float, default=5.0, help="seconds per job (after warm-up)")
+    parser.add_argument("--out", type=Path, default=Path("reports/vs_peers"))
+    parser.add_argument("--db", type=Path, default=Path("reports/bench.db"))
+    args = parser.parse_args()
+
+    from kiln.bench import report, store
+    from kiln.bench.runner import BenchConfig, run_bench
+
+    config = BenchConfig(
+        models=args.models.split(","),
+        backends=["kiln", *args.peers.split(",")],
+        batches=[int(b) for b in args.batches.split(",")],
+        threads=args.threads,
+        duration=args.duration,
+        min_iterations=10,
+    )
+    args.out.mkdir(parents=True, exist_ok=True)
+
+    def progress(message: str, record: dict | None) -> None:
+        print(message, file=sys.stderr, flush=True)
+
+    run = run_bench(config, args.out, progress)
+    report.write_all(run, args.out / run["run_id"])
+    args.db.parent.mkdir(parents=True, exist_ok=True)
+    store.save_run(args.db, run)
+
+    p50: dict[tuple[str, int, str], float] = {}
+    for record in run["records"]:
+        if record.get("status") == "ok" and "latency_ms" in record:
+            p50[(record["model"], record["batch"], record["backend"])] = record["latency_ms"]["p50"]
+    peers = args.peers.split(",")
+    header = (
+        f"{'model':10} {'batch':>5} {'kiln ms':>9} "
+        + " ".join(f"{p + ' ms':>14}" for p in peers)
+        + " "
+        + " ".join(f"{'kiln/' + p:>16}" for p in peers)
+    )
+    print(header)
+    for model in config.models:
+        for batch in config.batches:
+            ours = p50.get((model, batch, "kiln"))
+            cells = [f"{model:10} {batch:5d} {ours if ours is not None else float('nan'):9.1f}"]
+            cells += [f"{p50.get((model, batch, p), float('nan')):14.1f}" for p in peers]
+            cells += [
+                f"{(ours / p50[(model, batch, p)]) if ours and (model, batch, p) in p50 else float('nan'):16.2f}"
+                for p in peers
+            ]
+            print(" ".join(cells))
+    failed = [r for r in run["records"] if r.get("status") not in ("ok", None)]
+    for record in failed:
+        print(
+            f"{record.get('model')} {record.get('backend')} batch {record.get('batch')}: {record.get('status')}: {record.get('error', record.get('reason', ''))}"
+        )
+    print(f"stored as run {run['run_id']} in {args.db}; reports in {args.out / run['run_id']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
