@@ -195,7 +195,10 @@ static void kiln_gemm_run(const kiln_gemm *g) {
   const int64_t M = g->M, N = g->N, K = g->K;
   int threads = omp_get_max_threads();
   const int64_t kblock = g->kc > 0 ? g->kc : KILN_KC;
-  int64_t mc = kiln_round_up(M < 192 ? M : 192, KILN_MR);
+  /* an MC x KC block of A fills about half of L2 (256 KB): short reductions take more rows */
+  int64_t depth = K < kblock ? K : kblock, mc_cap = 65536 / (depth > 0 ? depth : 1);
+  mc_cap = mc_cap < 96 ? 96 : (mc_cap > 1024 ? 1024 : mc_cap);
+  int64_t mc = kiln_round_up(M < mc_cap ? M : mc_cap, KILN_MR);
   int64_t nc = kiln_round_up(N < 1024 ? N : 1024, KILN_NR);
   if (g->mc > 0) mc = kiln_round_up(M < g->mc ? M : g->mc, KILN_MR);
   if (g->nc > 0) nc = kiln_round_up(N < g->nc ? N : g->nc, KILN_NR);
@@ -206,7 +209,11 @@ static void kiln_gemm_run(const kiln_gemm *g) {
     mc = kiln_round_up(mc / 2, KILN_MR);
     tiles_m = (M + mc - 1) / mc;
   }
-  const int64_t tiles_n = (N + nc - 1) / nc;
+  /* equal blocks, so no task is a short remainder (a 256-row matrix as 128 + 128, not 192 + 64) */
+  if (!g->mc) mc = kiln_round_up((M + tiles_m - 1) / tiles_m, KILN_MR);
+  int64_t tiles_n = (N + nc - 1) / nc;
+  if (!g->nc) nc = kiln_round_up((N + tiles_n - 1) / tiles_n, KILN_NR);
+  tiles_n = (N + nc - 1) / nc;
   const int64_t tasks = g->batch * tiles_m * tiles_n;
   const int64_t work = M * N * K * g->batch;
   /* An operand that several tasks would pack again (A once per N tile, B once per M tile) is
@@ -248,7 +255,7 @@ static void kiln_gemm_run(const kiln_gemm *g) {
     }
     float *abuf = a_packed ? NULL : kiln_scratch(&a_buf, &a_have, mc * kblock);
     float *bbuf = b_packed ? NULL : kiln_scratch(&b_buf, &b_have, nc * kblock);
-#pragma omp for schedule(static)
+#pragma omp for schedule(dynamic, 1)
     for (int64_t task = 0; task < tasks; ++task) {
       const int64_t bt = task / (tiles_m * tiles_n), rest = task % (tiles_m * tiles_n);
       const int64_t m0 = (rest / tiles_n) * mc, n0 = (rest % tiles_n) * nc;

@@ -28,12 +28,14 @@ from kiln.lower.kir import (
     For,
     Function,
     Gemm,
+    If,
     Index,
     Kernel,
     Load,
     Scalar,
     Stmt,
     Store,
+    Unary,
     add,
     buffers_in,
     i64,
@@ -95,14 +97,30 @@ def _epilogue_helper(
     """``static void <name>(g, bt, i0, i1, j0, j1)``: finishes rows [i0, i1) x columns [j0, j1)
     of batch element ``bt`` of the output: bias, then the fused chain."""
     bt, i0, i1, j0, j1 = (Scalar(name, I64) for name in ("bt", "i0", "i1", "j0", "j1"))
+
+    def finish(row: Expr, col: Expr) -> Stmt:
+        flat = flat_of(bt, row, col)
+        value: Expr = Load(dst, flat)
+        if bias is not None:
+            value = Binary("+", value, Load(bias, row))
+        if epilogue is not None:
+            value = epilogue(position_of(bt, row, col), value, flat)
+        return Store(dst, flat, value)
+
+    # a whole micro-tile (the common case) with constant trip counts: unrolled and vectorized
+    # while the tile is in L1; edge tiles take the general loops
+    target = _target()
+    r, c = Index("r"), Index("c")
     i, j = Index("i"), Index("j")
-    flat = flat_of(bt, i, j)
-    value: Expr = Load(dst, flat)
-    if bias is not None:
-        value = Binary("+", value, Load(bias, i))
-    if epilogue is not None:
-        value = epilogue(position_of(bt, i, j), value, flat)
-    body: list[Stmt] = [For(i, i1, [For(j, j1, [Store(dst, flat, value)], start=j0)], start=i0)]
+    whole = Binary(
+        "&&",
+        Binary("==", Binary("-", i1, i0), i64(target.gemm_rows)),
+        Binary("==", Binary("-", j1, j0), i64(target.gemm_cols)),
+    )
+    body: list[Stmt] = [
+        If(whole, [For(r, target.gemm_rows, [For(c, target.gemm_cols, [finish(add(i0, r), add(j0, c))])])]),
+        If(Unary("!", whole), [For(i, i1, [For(j, j1, [finish(i, j)], start=j0)], start=i0)]),
+    ]
     return Function(f"kiln_{kernel_name}_epilogue", [bt, i0, i1, j0, j1], body, buffers_in(body))
 
 
