@@ -16,6 +16,7 @@ from kiln.lower.kir import (
     Assign,
     Binary,
     Buffer,
+    Call,
     Cast,
     Const,
     Expr,
@@ -204,6 +205,18 @@ def statements(body: Sequence[Stmt], schedule: Schedule, indent: str) -> list[st
                 lines.append(f"{indent}  g.buffers = buffers;")
             lines.append(f"{indent}  kiln_gemm_run(&g);")
             lines.append(f"{indent}}}")
+        elif isinstance(stmt, Call):
+            args = [a.name if isinstance(a, Buffer) else str(a) for a in stmt.args]
+            if stmt.context:
+                lines.append(f"{indent}{{")
+                lines.append(f"{indent}  kiln_gemm g = {{0}};")
+                lines.append(f"{indent}  g.buffers = buffers;")
+                if stmt.epilogue is not None:
+                    lines.append(f"{indent}  g.epilogue = {stmt.epilogue.name};")
+                lines.append(f"{indent}  {stmt.function}({', '.join([*args, '&g'])});")
+                lines.append(f"{indent}}}")
+            else:
+                lines.append(f"{indent}{stmt.function}({', '.join(args)});")
         else:
             raise TypeError(f"no C for {stmt!r}")
     return lines
@@ -227,7 +240,7 @@ def emit_helper(function: Function, table: dict[Buffer, int]) -> str:
 def _helpers(body: Sequence[Stmt]) -> list[Function]:
     found: list[Function] = []
     for stmt in body:
-        if isinstance(stmt, Gemm) and stmt.epilogue is not None:
+        if isinstance(stmt, (Gemm, Call)) and stmt.epilogue is not None:
             found.append(stmt.epilogue)
         elif isinstance(stmt, (For, If)):
             found.extend(_helpers(stmt.body))
@@ -235,7 +248,15 @@ def _helpers(body: Sequence[Stmt]) -> list[Function]:
 
 
 def _uses_gemm(body: Sequence[Stmt]) -> bool:
-    return any(isinstance(s, Gemm) or (isinstance(s, (For, If)) and _uses_gemm(s.body)) for s in body)
+    return any(isinstance(s, (Gemm, Call)) or (isinstance(s, (For, If)) and _uses_gemm(s.body)) for s in body)
+
+
+def _uses_winograd(body: Sequence[Stmt]) -> bool:
+    return any(
+        (isinstance(s, Call) and s.function.startswith("kiln_winograd"))
+        or (isinstance(s, (For, If)) and _uses_winograd(s.body))
+        for s in body
+    )
 
 
 def emit_segment(
@@ -286,6 +307,10 @@ def emit_c(segments: Sequence[Sequence[Kernel]], table: dict[Buffer, int], profi
         parts.append(f"double kiln_profile_seconds[{max(len(kernels), 1)}];")
     if any(_uses_gemm(k.body) for k in kernels):
         parts.append(gemm_prelude())
+    if any(_uses_winograd(k.body) for k in kernels):
+        from kiln.lower.winograd import c_source
+
+        parts.append(c_source())
     parts.extend(emit_helper(f, table) for k in kernels for f in _helpers(k.body))
     parts.extend(emit_segment(i, ks, table, positions) for i, ks in enumerate(segments))
     return "\n\n".join(parts) + "\n"

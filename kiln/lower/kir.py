@@ -156,7 +156,19 @@ class Gemm:
     epilogue: Function | None = None
 
 
-Stmt = For | If | Let | Assign | Store | Gemm
+@dataclass
+class Call:
+    """A call into one of kiln's C drivers (``kiln/codegen/*.c``) with ints and buffers; with
+    ``context`` a ``kiln_gemm`` descriptor carrying the buffer table and ``epilogue`` (if any) is
+    passed last."""
+
+    function: str
+    args: list[int | Buffer | str]
+    epilogue: Function | None = None
+    context: bool = False
+
+
+Stmt = For | If | Let | Assign | Store | Gemm | Call
 
 
 # -- buffers and kernels ------------------------------------------------------------------------------
@@ -256,6 +268,10 @@ def buffers_in(body: list[Stmt]) -> list[Buffer]:
                 found[stmt.buffer] = None
             elif isinstance(stmt, Gemm):
                 found.update((v, None) for v in stmt.fields.values() if isinstance(v, Buffer))
+                if stmt.epilogue is not None:
+                    walk(stmt.epilogue.body)
+            elif isinstance(stmt, Call):
+                found.update((v, None) for v in stmt.args if isinstance(v, Buffer))
                 if stmt.epilogue is not None:
                     walk(stmt.epilogue.body)
 

@@ -24,19 +24,12 @@ from kiln.ir.graph import Node
 from kiln.ir.types import DType
 from kiln.lower.kir import (
     Binary,
+    Call,
     Const,
     Expr,
-    For,
     Gemm,
-    If,
-    Index,
     Kernel,
-    Let,
-    Load,
-    Schedule,
-    Select,
     Stmt,
-    Store,
     add,
     buffers_in,
     i64,
@@ -70,6 +63,55 @@ TRANSFORMS = {
         "AT": [[1, 1, 1, 1, 1, 0], [0, 1, -1, 2, -2, 0], [0, 1, 1, 4, 4, 0], [0, 1, -1, 8, -8, 1]],
     },
 }
+
+
+def _c_combine(coefficients: list[float], terms: list[str]) -> str:
+    parts = []
+    for coefficient, term in zip(coefficients, terms):
+        if coefficient == 0:
+            continue
+        magnitude = abs(coefficient)
+        value = term if magnitude == 1 else f"{float(magnitude)!r}f * {term}"
+        parts.append(("- " if coefficient < 0 else "+ ") + value)
+    if not parts:
+        return "zero"
+    text = " ".join(parts)
+    return text[2:] if text.startswith("+ ") else "zero " + text
+
+
+def c_source() -> str:
+    """The transforms as C over 8 tiles at a time (GCC vector extensions), for every tile size,
+    plus the gather/scatter drivers (``kiln/codegen/winograd.c``)."""
+    from pathlib import Path
+
+    lines = []
+    for m, t in TRANSFORMS.items():
+        a = m + 2
+        bt, at = t["BT"], t["AT"]
+        # input: v = B^T d B over a*a points
+        lines.append(f"static inline void kiln_wino{m}_in(const kiln_v8 *d, kiln_v8 *v) {{")
+        lines.append("  const kiln_v8 zero = {0};")
+        lines.append(f"  kiln_v8 h[{a * a}];")
+        for xi in range(a):
+            for j in range(a):
+                lines.append(f"  h[{xi * a + j}] = {_c_combine(bt[xi], [f'd[{i * a + j}]' for i in range(a)])};")
+        for xi in range(a):
+            for nu in range(a):
+                lines.append(f"  v[{xi * a + nu}] = {_c_combine(bt[nu], [f'h[{xi * a + j}]' for j in range(a)])};")
+        lines.append("}")
+        # output: y = A^T M A over m*m pixels
+        lines.append(f"static inline void kiln_wino{m}_out(const kiln_v8 *p, kiln_v8 *y) {{")
+        lines.append("  const kiln_v8 zero = {0};")
+        lines.append(f"  kiln_v8 r[{m * a}];")
+        for i in range(m):
+            for nu in range(a):
+                lines.append(f"  r[{i * a + nu}] = {_c_combine(at[i], [f'p[{xi * a + nu}]' for xi in range(a)])};")
+        for i in range(m):
+            for j in range(m):
+                lines.append(f"  y[{i * m + j}] = {_c_combine(at[j], [f'r[{i * a + nu}]' for nu in range(a)])};")
+        lines.append("}")
+    driver = (Path(__file__).resolve().parent.parent / "codegen" / "winograd.c").read_text()
+    return driver.replace("/* TRANSFORMS */", "\n".join(lines))
 
 
 def eligible(
@@ -123,7 +165,7 @@ def lower_conv_winograd(
     lw, node: Node, epilogue, geometry: dict, bias_buf, m: int, choice: dict | None = None
 ) -> list[Kernel]:  # type: ignore[no-untyped-def]
     from kiln.codegen.target import Target
-    from kiln.lower.gemm_lowering import pack_rows
+    from kiln.lower.gemm_lowering import _epilogue_helper, pack_rows
 
     x, w, out = node.inputs[0], node.inputs[1], node.outputs[0]
     batch, channels, height, width = geometry["x_shape"]
@@ -133,92 +175,22 @@ def lower_conv_winograd(
     a = m + 2
     tiles_h, tiles_w = -(-out_h // m), -(-out_w // m)
     tiles = batch * tiles_h * tiles_w
-    bt = TRANSFORMS[m]["BT"]
-    at = TRANSFORMS[m]["AT"]
     x_buf, dst = lw.buffer(x), lw.buffer(out)
     transformed = lw.scratch_buffer(F32, a * a * channels * tiles, hint="wino_v")
     products = lw.scratch_buffer(F32, a * a * out_channels * tiles, hint="wino_m")
     target = Target.host()
-    weights = lw.constant(w)
-    u = weight_transform(np.asarray(weights), m)
+    u = weight_transform(np.asarray(lw.constant(w)), m)
     packed = lw.packed_constant(("winograd", w, m, target.gemm_rows), lambda: pack_rows(u, target.gemm_rows))
     panel_rows = -(-out_channels // target.gemm_rows) * target.gemm_rows
 
-    # 1. input transform; tiles whose patch lies inside the image skip the bounds tests, and their
-    # loop (over tile columns) is vectorized
-    def input_body(n: Index, c: Index, th: Index, tw: Index, checked: bool) -> list[Stmt]:
-        tile = add(Binary("*", add(Binary("*", n, i64(tiles_h)), th), i64(tiles_w)), tw)
-        body: list[Stmt] = []
-        patch: list[list[Expr]] = []
-        for i in range(a):
-            row: list[Expr] = []
-            for j in range(a):
-                ih = add(Binary("*", th, i64(m)), i64(i - pad_t))
-                iw = add(Binary("*", tw, i64(m)), i64(j - pad_l))
-                at_x = add(
-                    Binary("*", add(Binary("*", n, i64(channels)), c), i64(height * width)),
-                    add(Binary("*", ih, i64(width)), iw),
-                )
-                value: Expr = Load(x_buf, at_x)
-                if checked:
-                    inside = Binary(
-                        "&&",
-                        Binary("&&", Binary(">=", ih, i64(0)), Binary("<", ih, i64(height))),
-                        Binary("&&", Binary(">=", iw, i64(0)), Binary("<", iw, i64(width))),
-                    )
-                    value = Select(inside, value, Const(0.0, F32))
-                d = lw.scalar(F32, "d")
-                body.append(Let(d, value))
-                row.append(d)
-            patch.append(row)
-        half: list[list[Expr]] = []  # B^T d
-        for xi in range(a):
-            row = []
-            for j in range(a):
-                t = lw.scalar(F32, "t")
-                body.append(Let(t, _combine(bt[xi], [patch[i][j] for i in range(a)])))
-                row.append(t)
-            half.append(row)
-        for xi in range(a):
-            for nu in range(a):
-                value = _combine(bt[nu], half[xi])  # (B^T d) B: row xi times column nu of B = row nu of B^T
-                at_v = add(
-                    Binary("*", i64((xi * a + nu) * channels), i64(tiles)), add(Binary("*", c, i64(tiles)), tile)
-                )
-                body.append(Store(transformed, at_v, value))
-        return body
-
-    # tiles whose patch rows [t*m - pad, t*m - pad + a) lie inside [0, size)
-    def inner_range(size: int, pad: int, count: int) -> tuple[int, int]:
-        low = min(-(-pad // m), count)
-        high = max(min((size - a + pad) // m + 1, count), low)
-        return low, high
-
-    h_low, h_high = inner_range(height, pad_t, tiles_h)
-    w_low, w_high = inner_range(width, pad_l, tiles_w)
-    n, c, th = lw.index("n"), lw.index("c"), lw.index("th")
-    tw, tws = lw.index("tw"), lw.index("tws")
-    inner_th = Binary("&&", Binary(">=", th, i64(h_low)), Binary("<", th, i64(h_high)))
-    per_row: list[Stmt] = [
-        If(inner_th, [
-            For(tw, w_low, input_body(n, c, th, tw, True)),
-            For(tws, w_high, input_body(n, c, th, tws, False), start=w_low),
-            For(tw, tiles_w, input_body(n, c, th, tw, True), start=w_high),
-        ]),
-        If(Binary("||", Binary("<", th, i64(h_low)), Binary(">=", th, i64(h_high))), [For(tw, tiles_w, input_body(n, c, th, tw, True))]),
-    ]  # fmt: skip
-    stmts: list[Stmt] = [For(n, batch, [For(c, channels, [For(th, tiles_h, per_row)])])]
+    # 1. input transform (kiln_winograd_in: 8 tiles per vector, zero padding applied here)
+    stmts: list[Stmt] = [
+        Call(
+            "kiln_winograd_in", [m, x_buf, transformed, batch, channels, height, width, pad_t, pad_l, tiles_h, tiles_w]
+        )
+    ]
     lw.kernel_count += 1
-    first = Kernel(
-        f"k{lw.kernel_count}",
-        "winograd-in",
-        stmts,
-        [x_buf],
-        [transformed],
-        [node.label],
-        Schedule(parallel=c.name, vectorize=tws.name),
-    )
-    first.reads = [b for b in buffers_in(stmts) if b is not transformed]
+    first = Kernel(f"k{lw.kernel_count}", "winograd-in", stmts, [x_buf], [transformed], [node.label])
 
     # 2. a*a products on the engine
     fields = {
@@ -229,88 +201,38 @@ def lower_conv_winograd(
     }  # fmt: skip
     fields.update({k: int(v) for k, v in (choice or {}).items() if k in ("mc", "nc", "kc")})
     lw.kernel_count += 1
-    stmt = Gemm(fields)  # type: ignore[arg-type]
     second = Kernel(
         f"k{lw.kernel_count}",
         "winograd-gemm",
-        [stmt],
+        [Gemm(fields)],
         [transformed, packed],
         [products],
         [node.label],
         flops=2 * a * a * out_channels * tiles * channels,
-    )
+    )  # type: ignore[arg-type]
 
-    # 3. output transform, bias, epilogue; whole tiles (no clipping) in a vectorized loop
-    def output_body(n: Index, o: Index, th: Index, tw: Index, checked: bool) -> list[Stmt]:
-        tile = add(Binary("*", add(Binary("*", n, i64(tiles_h)), th), i64(tiles_w)), tw)
-        body: list[Stmt] = []
-        loaded: list[list[Expr]] = []
-        for xi in range(a):
-            row: list[Expr] = []
-            for nu in range(a):
-                s = lw.scalar(F32, "mm")
-                body.append(
-                    Let(
-                        s,
-                        Load(
-                            products,
-                            add(
-                                Binary("*", i64((xi * a + nu) * out_channels), i64(tiles)),
-                                add(Binary("*", o, i64(tiles)), tile),
-                            ),
-                        ),
-                    )
-                )
-                row.append(s)
-            loaded.append(row)
-        partial: list[list[Expr]] = []  # A^T M
-        for i in range(m):
-            row = []
-            for nu in range(a):
-                s = lw.scalar(F32, "r")
-                body.append(Let(s, _combine(at[i], [loaded[xi][nu] for xi in range(a)])))
-                row.append(s)
-            partial.append(row)
-        for i in range(m):
-            for j in range(m):
-                value: Expr = _combine(at[j], partial[i])
-                if bias_buf is not None:
-                    value = Binary("+", value, Load(bias_buf, o))
-                oh = add(Binary("*", th, i64(m)), i64(i))
-                ow = add(Binary("*", tw, i64(m)), i64(j))
-                flat = add(
-                    Binary("*", add(Binary("*", n, i64(out_channels)), o), i64(out_h * out_w)),
-                    add(Binary("*", oh, i64(out_w)), ow),
-                )
-                y = lw.scalar(F32, "y")
-                finished: Expr = y if epilogue is None else epilogue([n, o, oh, ow], y, flat)
-                store: list[Stmt] = [Let(y, value), Store(dst, flat, finished)]
-                if checked:  # a clipped tile at the bottom or right edge
-                    body.append(If(Binary("&&", Binary("<", oh, i64(out_h)), Binary("<", ow, i64(out_w))), store))
-                else:
-                    body.extend(store)
-        return body
-
-    full_h, full_w = out_h // m, out_w // m
-    n, o, th = lw.index("n"), lw.index("o"), lw.index("th")
-    tw, tws = lw.index("tw"), lw.index("tws")
-    per_row = [
-        If(Binary("<", th, i64(full_h)), [
-            For(tws, full_w, output_body(n, o, th, tws, False)),
-            For(tw, tiles_w, output_body(n, o, th, tw, True), start=full_w),
-        ]),
-        If(Binary(">=", th, i64(full_h)), [For(tw, tiles_w, output_body(n, o, th, tw, True))]),
-    ]  # fmt: skip
-    stmts = [For(n, batch, [For(o, out_channels, [For(th, tiles_h, per_row)])])]
+    # 3. output transform + bias (kiln_winograd_out), then the fused epilogue per finished tile
+    # row, on the output viewed as [image][channel][pixel]
     lw.kernel_count += 1
-    third = Kernel(
-        f"k{lw.kernel_count}",
-        "winograd-out",
-        stmts,
-        [],
-        [dst],
-        [node.label],
-        Schedule(parallel=o.name, vectorize=tws.name),
+    name = f"k{lw.kernel_count}"
+    pixels = out_h * out_w
+    helper = None
+    if epilogue is not None:
+
+        def flat_of(bt: Expr, i: Expr, j: Expr) -> Expr:
+            return add(add(Binary("*", bt, i64(out_channels * pixels)), Binary("*", i, i64(pixels))), j)
+
+        def position_of(bt: Expr, i: Expr, j: Expr) -> list[Expr]:
+            return [bt, i, Binary("/", j, i64(out_w)), Binary("%", j, i64(out_w))]
+
+        helper = _epilogue_helper(lw, name, dst, position_of, flat_of, epilogue, None)
+    bias_arg = bias_buf if bias_buf is not None else "(const float *)0"
+    call = Call(
+        "kiln_winograd_out",
+        [m, products, dst, bias_arg, batch, out_channels, out_h, out_w, tiles_h, tiles_w],
+        helper,
+        context=True,
     )
-    third.reads = [b for b in buffers_in(stmts) if b is not dst]
+    third = Kernel(name, "winograd-out", [call], [], [dst], [node.label])
+    third.reads = [b for b in buffers_in([call]) if b is not dst]
     return [first, second, third]

@@ -120,6 +120,31 @@ def variant_name(dims: dict[str, int]) -> str:
 
 
 def file_digest(path: str | os.PathLike) -> str:
+    """SHA-256 of a file's bytes, remembered per (device, inode, size, mtime in ns) the way git's
+    index does, so an unchanged 500 MB model is not read again on every compile."""
+    try:
+        info = os.stat(path)
+    except OSError:
+        return _hash_file(path)
+    identity = f"{os.path.abspath(path)}\0{info.st_dev}\0{info.st_ino}\0{info.st_size}\0{info.st_mtime_ns}"
+    memo = root() / "files" / f"stat-{hashlib.sha256(identity.encode()).hexdigest()[:32]}"
+    try:
+        digest = memo.read_text().strip()
+        if len(digest) == 64:
+            return digest
+    except OSError:
+        pass
+    digest = _hash_file(path)
+    if enabled():
+        memo.parent.mkdir(parents=True, exist_ok=True)
+        handle, partial = tempfile.mkstemp(dir=memo.parent)
+        with os.fdopen(handle, "w") as out:
+            out.write(digest)
+        os.replace(partial, memo)
+    return digest
+
+
+def _hash_file(path: str | os.PathLike) -> str:
     hasher = hashlib.sha256()
     with open(path, "rb") as handle:
         while chunk := handle.read(1 << 24):
