@@ -613,6 +613,79 @@ def _explain_kernels(graph) -> None:  # type: ignore[no-untyped-def]
         out.print(f"shared library: {plan.library}")
 
 
+@main.command()
+@click.argument("model")
+@click.option("--dim", "dims", multiple=True, help="Bind a symbolic dim for the fallback check, e.g. --dim batch=8.")
+@click.option("--strict", is_flag=True, help="Also exit 1 when a node would run as a host fallback on the cpu target.")
+def check(model: str, dims: tuple[str, ...], strict: bool) -> None:
+    """Check MODEL (an .onnx path or a zoo name) before compiling: every unsupported construct (op,
+    opset, attribute, dtype) with its node's name, all at once; the symbolic dims kiln specializes
+    and which node first reads each; nodes whose output shapes depend on data; and the nodes that
+    would run as host fallbacks on the cpu target. Exit code 0: compiles (natively unless listed);
+    1: the model cannot be compiled (or, with --strict, has host fallbacks)."""
+    from kiln import zoo as models
+    from kiln.compiler import compile_plan
+    from kiln.errors import InvalidModelError, ModelLoadError, UnsupportedModelError
+    from kiln.frontend.onnx import import_onnx
+    from kiln.ir.types import TensorType
+    from kiln.passes import specialize
+
+    path = str(models.onnx_path(model, progress=console.print)) if model in models.MODELS else model
+    try:
+        graph = import_onnx(path)
+    except UnsupportedModelError as err:
+        out.print(f"[red]{len(err.problems)} unsupported construct(s)[/] in {escape(path)}:")
+        for problem in err.problems:
+            out.print(f"  - {escape(problem)}", highlight=False)
+        raise SystemExit(1) from None
+    except (InvalidModelError, ModelLoadError) as err:
+        out.print(f"[red]cannot import[/] {escape(str(err))}", highlight=False)
+        raise SystemExit(1) from None
+    out.print(f"{escape(path)}: {len(graph.nodes)} nodes, every op supported")
+    symbols: dict[str, str] = {}
+    for value in graph.inputs:
+        if isinstance(value.type, TensorType) and value.type.shape is not None:
+            for axis, dim in enumerate(value.type.shape):
+                if isinstance(dim, str):
+                    symbols.setdefault(dim, f"input {value.name!r} axis {axis}")
+    readers: dict[str, str] = {}
+    for node in graph.nodes:
+        for value in node.inputs:
+            if value is not None and isinstance(value.type, TensorType) and value.type.shape is not None:
+                for dim in value.type.shape:
+                    if isinstance(dim, str) and dim in symbols:
+                        readers.setdefault(dim, node.label)
+    for symbol, where in symbols.items():
+        out.print(
+            f"dim {symbol!r} ({where}): specialized per binding (each new value compiles once); first read by {escape(readers.get(symbol, 'no node'))}",
+            highlight=False,
+        )
+    dynamic = []
+    for node in graph.nodes:
+        for value in node.outputs:
+            if isinstance(value.type, TensorType) and value.type.shape is not None:
+                fresh = [d for d in value.type.shape if isinstance(d, str) and d not in symbols]
+                if fresh:
+                    dynamic.append((node.label, fresh))
+                    break
+    for label, fresh in dynamic[:20]:
+        out.print(
+            f"data-dependent shape {fresh} from {escape(label)}: kiln specializes on small integer inputs' values, else runs the graph on the reference",
+            highlight=False,
+        )
+    binding = _parse_dims(dims)
+    binding.update({s: binding.get(s, 1) for s in symbols})
+    plan = compile_plan(specialize(graph, binding), build_library=False)
+    if plan.whole_graph_reason:
+        out.print(f"[yellow]runs on the reference, not natively:[/] {escape(plan.whole_graph_reason)}", highlight=False)
+    for fallback in plan.fallbacks:
+        out.print(f"[yellow]host fallback[/] {escape(fallback.node.label)}: {escape(fallback.reason)}", highlight=False)
+    native = not plan.whole_graph_reason and not plan.fallbacks
+    out.print("compiles natively on the cpu target" if native else f"{len(plan.fallbacks)} host fallback(s)")
+    if strict and not native:
+        raise SystemExit(1)
+
+
 @main.command("compile")
 @click.argument("model")
 @click.option(

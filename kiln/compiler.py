@@ -78,10 +78,12 @@ def compile_plan(
     prebuilt: dict[str, Path] | None = None,
     profile: bool = False,
     choices: dict | None = None,
+    build_library: bool = True,
 ) -> Plan:
     """Optimize and lower a graph whose symbolic dims are already bound (see ``specialize``).
     ``profile`` builds the library with per-kernel timers (see ``kiln.runtime.profile``);
-    ``choices`` maps tuning keys to schedules to apply (otherwise the tuning database is read)."""
+    ``choices`` maps tuning keys to schedules to apply (otherwise the tuning database is read);
+    without ``build_library`` no C is generated (``kiln check`` only wants the plan's steps)."""
     from kiln.lower.lowering import ALIASES, LOWERINGS
     from kiln.passes.decompose import decompose
     from kiln.passes.fold_constants import fold_constants
@@ -132,9 +134,9 @@ def compile_plan(
     for buffer in [*dict.fromkeys(roots.values()), *lowerer.packed, *lowerer.scratch]:
         table.setdefault(buffer, len(table))
     segments = [s.kernels for s in steps if isinstance(s, Segment)]
-    source = emit_c(segments, table, profile) if segments else ""
+    source = emit_c(segments, table, profile) if segments and build_library else ""
     library = None
-    if segments:
+    if segments and build_library:
         from kiln.runtime.artifact import source_key
 
         # a loaded artifact brings its libraries: no C compiler needed

@@ -119,3 +119,33 @@ def test_compile_with_tuning_and_profile(tmp_path, monkeypatch):
     assert "GFLOP/s" in profile.output and "% peak" in profile.output and "by kind" in profile.output
     # the schedule column says where the engine's blocking came from (the table may wrap words)
     assert "engine" in profile.output and ("tuned" in profile.output or "cached" in profile.output)
+
+
+def test_check_lists_every_unsupported_construct_with_node_names(tmp_path):
+    nodes = [
+        helper.make_node("Relu", ["x"], ["a"], name="ok_relu"),
+        helper.make_node("NoSuchOp", ["a"], ["b"], name="mystery"),
+        helper.make_node("AlsoMissing", ["b"], ["y"], name="second_mystery"),
+    ]
+    onnx.save(make_model(nodes, [("x", FLOAT, ["batch", 4])], [("y", FLOAT, None)]), tmp_path / "bad.onnx")
+    result = invoke("check", str(tmp_path / "bad.onnx"))
+    assert result.exit_code == 1
+    assert "2 unsupported construct(s)" in result.output
+    assert "mystery" in result.output and "second_mystery" in result.output
+
+
+def test_check_reports_specialized_dims_and_fallbacks(tmp_path):
+    nodes = [
+        helper.make_node("Relu", ["x"], ["a"], name="first_reader"),
+        helper.make_node("Bernoulli", ["a"], ["y"], name="coin"),
+    ]
+    onnx.save(make_model(nodes, [("x", FLOAT, ["batch", 4])], [("y", FLOAT, None)]), tmp_path / "m.onnx")
+    result = invoke("check", str(tmp_path / "m.onnx"))
+    assert result.exit_code == 0, result.output
+    assert "dim 'batch'" in result.output and "first_reader" in result.output
+    assert "host fallback" in result.output and "coin" in result.output
+    assert invoke("check", str(tmp_path / "m.onnx"), "--strict").exit_code == 1
+    clean = make_model([helper.make_node("Relu", ["x"], ["y"])], [("x", FLOAT, [2, 4])], [("y", FLOAT, None)])
+    onnx.save(clean, tmp_path / "clean.onnx")
+    result = invoke("check", str(tmp_path / "clean.onnx"), "--strict")
+    assert result.exit_code == 0 and "compiles natively" in result.output

@@ -154,6 +154,7 @@ def _dims(value_type: Type) -> tuple:
 
 def _splice(rewriter: Rewriter, node: Node, body: Graph) -> None:
     prefix = (node.outputs[0].name if node.outputs else node.op) + "."
+    source = f"{node.name or prefix[:-1]}/"  # node names keep the source node's name (errors, fallbacks)
     rename = _local_symbols(body, prefix)
     mapping: dict[Value, Value] = {}
     actual = [v for v in node.inputs if v is not None]
@@ -171,7 +172,7 @@ def _splice(rewriter: Rewriter, node: Node, body: Graph) -> None:
             for k, a in inner.attrs.items()
         }
         rewriter.keep(
-            Node(inner.op, inputs, outputs, attrs, name=prefix + (inner.name or inner.op), domain=inner.domain)
+            Node(inner.op, inputs, outputs, attrs, name=source + (inner.name or inner.op), domain=inner.domain)
         )
     for old, new in zip(node.outputs, body.outputs):
         rewriter.replace(old, mapping.get(new, new))
