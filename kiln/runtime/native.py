@@ -16,6 +16,7 @@ from kiln.errors import ExecutionError
 from kiln.ir.graph import Graph
 from kiln.ir.types import TensorType
 from kiln.lower.kir import Buffer
+from kiln.lower.lowering import aligned
 from kiln.lower.memory import ALIGNMENT
 from kiln.passes import specialize
 from kiln.passes.specialize import input_dims
@@ -47,7 +48,12 @@ class _Executable:
         self.slots = len(plan.table)
         # What every request shares, computed once: weight views and their slots in the table,
         # the outputs' shapes and which of them must be copied out of memory they don't own.
-        self.constant_views = {buffer: array.reshape(-1) for buffer, array in plan.constants.items()}
+        # every weight 64-byte aligned: the engine loads packed panels with aligned vector loads,
+        # and small arrays unpickled from the plan cache come back only 16-byte aligned
+        self.constant_views = {
+            buffer: (view if view.ctypes.data % ALIGNMENT == 0 else aligned(view))
+            for buffer, view in ((b, a.reshape(-1)) for b, a in plan.constants.items())
+        }
         self.base_table: list[int | None] = [None] * self.slots
         for buffer, view in self.constant_views.items():
             self.base_table[plan.table[buffer]] = view.ctypes.data

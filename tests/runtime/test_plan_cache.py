@@ -59,6 +59,10 @@ def test_second_compile_does_no_lowering_and_no_c_compilation(cache, monkeypatch
     forbid(monkeypatch, (native, "compile_plan"), (kiln.compiler, "build"), (toolchain, "build"))
     again = kiln.compile(proto, dims={"batch": 2})
     np.testing.assert_array_equal(again(x), first)
+    # small weights come back from the pickle 16-byte aligned; the engine needs 64 (a crash found
+    # by the concurrency stress test)
+    (executable,) = again._variants.values()
+    assert all(view.ctypes.data % 64 == 0 for view in executable.constant_views.values())
     assert plan_cache.STATS["hits"] == 1
     # another binding of the symbolic batch is another entry: it must compile
     with pytest.raises(AssertionError, match="unnecessary"):
