@@ -686,6 +686,78 @@ def check(model: str, dims: tuple[str, ...], strict: bool) -> None:
         raise SystemExit(1)
 
 
+@main.command("diff")
+@click.argument("model")
+@click.option(
+    "--input",
+    "input_file",
+    default=None,
+    help="Inputs: an .npz by input name (or an .npy for one input). [default: random]",
+)
+@click.option("--dim", "dims", multiple=True, help="Bind a symbolic dim, e.g. --dim batch=1.")
+@click.option(
+    "--disable",
+    multiple=True,
+    help="Rerun without a pass (fuse, simplify, ...) or an algorithm (winograd) to bisect a difference (repeatable).",
+)
+@click.option(
+    "--tolerance", type=float, default=1e-4, show_default=True, help="Relative L2 error beyond which a tensor diverges."
+)
+@click.option(
+    "--all",
+    "show_all",
+    is_flag=True,
+    help="List every compared tensor, not only the worst and the first divergent ones.",
+)
+def diff_command(
+    model: str,
+    input_file: str | None,
+    dims: tuple[str, ...],
+    disable: tuple[str, ...],
+    tolerance: float,
+    show_all: bool,
+) -> None:
+    """Compare every intermediate tensor of the compiled MODEL with the reference interpreter and
+    name the first node that diverges beyond tolerance (exit 1 if one does)."""
+    from kiln.diff import diff, feeds_for
+    from kiln.passes import specialize
+
+    graph, binding = _import_bound(model, dims)
+    graph = specialize(graph, binding)
+    feeds = feeds_for(graph, input_file)
+    with console.status("running the compiled model and the reference..."):
+        report = diff(graph, feeds, set(disable), tolerance)
+    table = Table(
+        title=f"{model}: {len(report.tensors)} tensors compared ({report.unmatched} without a same-named reference value)"
+    )
+    for column in ("tensor", "produced by", "max abs", "median abs", "p99 abs", "max rel", "rel L2"):
+        table.add_column(column, overflow="fold")
+    worst = sorted(report.tensors, key=lambda t: -t.relative_l2)[:10]
+    rows = report.tensors if show_all else [t for t in report.tensors if t in worst or t.beyond(tolerance)][:40]
+    for t in rows:
+        style = "red" if t.beyond(tolerance) else ""
+        table.add_row(
+            escape(t.name),
+            escape(t.node),
+            f"{t.max_abs:.2e}",
+            f"{t.median_abs:.2e}",
+            f"{t.p99_abs:.2e}",
+            f"{t.max_rel:.2e}",
+            f"[{style}]{t.relative_l2:.2e}[/]" if style else f"{t.relative_l2:.2e}",
+        )
+    out.print(table)
+    first = report.first_divergence
+    if first is None:
+        out.print(f"no tensor diverges beyond relative L2 {tolerance:g}")
+        return
+    out.print(
+        f"[red]first divergence:[/] {escape(first.name)} (relative L2 {first.relative_l2:.2e}), produced by {escape(first.node)}",
+        highlight=False,
+    )
+    out.print("rerun with --disable fuse / --disable winograd / --disable simplify ... to bisect")
+    raise SystemExit(1)
+
+
 @main.command("compile")
 @click.argument("model")
 @click.option(

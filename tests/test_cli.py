@@ -149,3 +149,58 @@ def test_check_reports_specialized_dims_and_fallbacks(tmp_path):
     onnx.save(clean, tmp_path / "clean.onnx")
     result = invoke("check", str(tmp_path / "clean.onnx"), "--strict")
     assert result.exit_code == 0 and "compiles natively" in result.output
+
+
+def test_diff_compares_every_surviving_tensor_and_bisects(tmp_path):
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    weights = {
+        "w": rng.standard_normal((8, 4, 3, 3)).astype(np.float32),
+        "b": rng.standard_normal(8).astype(np.float32),
+    }
+    nodes = [
+        helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1], name="conv"),
+        helper.make_node("Relu", ["c"], ["r"], name="relu"),
+        helper.make_node("ReduceMean", ["r"], ["y"], keepdims=0, name="mean"),
+    ]
+    onnx.save(make_model(nodes, [("x", FLOAT, [1, 4, 8, 8])], [("y", FLOAT, None)], weights), tmp_path / "m.onnx")
+    result = invoke("diff", str(tmp_path / "m.onnx"), "--all")
+    assert result.exit_code == 0, result.output
+    assert "no tensor diverges" in result.output and "2 tensors" in result.output  # the fused group's output, y
+    result = invoke("diff", str(tmp_path / "m.onnx"), "--disable", "fuse", "--all")
+    assert result.exit_code == 0 and "3 tensors" in result.output  # unfused: the Conv's own output too
+
+    from kiln.diff import diff, feeds_for
+    from kiln.frontend.onnx import import_onnx
+
+    graph = import_onnx(str(tmp_path / "m.onnx"))
+    report = diff(graph, feeds_for(graph, None))
+    fused = next(t for t in report.tensors if t.name == "r")
+    assert "conv (Conv)" in fused.node and "relu (Relu)" in fused.node  # mapped back to its source nodes
+    # an impossible tolerance makes the first tensor diverge: exit 1, naming it
+    result = invoke("diff", str(tmp_path / "m.onnx"), "--tolerance", "0")
+    assert result.exit_code == 1 and "first divergence" in result.output
+
+
+def test_diff_finds_an_injected_miscompile(monkeypatch):
+    import numpy as np
+
+    from kiln.diff import diff
+    from kiln.frontend.onnx import import_onnx
+    from kiln.lower import pointwise
+
+    model = make_model(
+        [helper.make_node("Exp", ["x"], ["e"], name="exp"), helper.make_node("Mul", ["e", "e"], ["y"], name="square")],
+        [("x", FLOAT, [64])],
+        [("y", FLOAT, None)],
+    )
+    # break the Exp lowering on purpose (exp(x) * 1.01): diff must blame the group holding Exp
+    original = pointwise.FLOAT_OPS["Exp"]
+    monkeypatch.setitem(
+        pointwise.FLOAT_OPS, "Exp", lambda a, k, t: pointwise.Binary("*", original(a, k, t), pointwise.c(1.01, t))
+    )
+    graph = import_onnx(model)
+    report = diff(graph, {"x": np.linspace(-1, 1, 64, dtype=np.float32)}, disable={"fuse"})
+    first = report.first_divergence
+    assert first is not None and first.name == "e" and "exp" in first.node
