@@ -8,6 +8,7 @@ inference) are all collected and raised together, each naming its node.
 
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -275,6 +276,47 @@ class _Unsupported(Exception):
     """A construct kiln does not support (raised by converters, reported with the node)."""
 
 
+@functools.cache
+def _shared_type_params(op: str, domain: str) -> tuple[tuple[str, bool], ...] | None:
+    """(type variable, variadic) per formal input of the newest ONNX schema, or None."""
+    try:
+        schema = onnx.defs.get_schema(op, domain=domain)
+    except Exception:  # not an ONNX op (kiln's own, or a custom domain)
+        return None
+    params = []
+    for formal in schema.inputs:
+        variadic = formal.option == onnx.defs.OpSchema.FormalParameterOption.Variadic
+        # a heterogeneous variadic (Loop's carried values) binds its type variable per element
+        params.append((formal.type_str if not variadic or formal.is_homogeneous else "", variadic))
+    return tuple(params)
+
+
+def _check_type_constraints(node: Node, input_types: list[Type | None]) -> None:
+    """Inputs bound to one type variable of the op's schema (MatMul's T for A and B) must have one
+    dtype: a float32 x float64 MatMul is rejected here, naming the inputs, not when it runs."""
+    from kiln.ir.types import TensorType as _Tensor
+
+    params = _shared_type_params(node.op, node.domain)
+    if not params:
+        return
+    seen: dict[str, tuple[str, str]] = {}
+    for index, (value, value_type) in enumerate(zip(node.inputs, input_types)):
+        if value is None or not isinstance(value_type, _Tensor):
+            continue
+        position = min(index, len(params) - 1)
+        type_var, variadic = params[position]
+        if index >= len(params) and not variadic:
+            continue
+        if not type_var or "(" in type_var:
+            continue  # a fixed type (tensor(int64)), not a variable, or a heterogeneous variadic
+        dtype = value_type.dtype.short
+        first = seen.setdefault(type_var, (value.name, dtype))
+        if first[1] != dtype:
+            raise ShapeInferenceError(
+                f"inputs %{first[0]} ({first[1]}) and %{value.name} ({dtype}) must have the same type ({type_var} in the {node.op} schema)"
+            )
+
+
 def infer_node(
     node: Node,
     input_types: list[Type | None],
@@ -285,6 +327,7 @@ def infer_node(
     opdef = lookup(node.op, node.domain)
     if opdef is None:
         raise _Unsupported("unknown op")
+    _check_type_constraints(node, input_types)
     ctx = InferContext(node, opdef, input_types, known, symbolic)
     types = list(opdef.infer(ctx))
     if len(types) < len(node.outputs):
