@@ -15,6 +15,7 @@ import numpy as np
 
 from kiln.codegen.c import emit_c
 from kiln.codegen.toolchain import build
+from kiln.errors import KilnError
 from kiln.ir.graph import Graph, Node, Value
 from kiln.ir.types import DType, TensorType
 from kiln.lower.kir import Buffer, Kernel, buffers_in
@@ -84,6 +85,18 @@ def compile_plan(
     ``profile`` builds the library with per-kernel timers (see ``kiln.runtime.profile``);
     ``choices`` maps tuning keys to schedules to apply (otherwise the tuning database is read);
     without ``build_library`` no C is generated (``kiln check`` only wants the plan's steps)."""
+    stages = ["passes"]
+    try:
+        return _compile_plan(graph, level, prebuilt, profile, choices, build_library, stages)
+    except KilnError:
+        raise
+    except Exception as err:  # an invariant broke: say where
+        err.add_note(f"kiln stage: {stages[-1]}")
+        raise
+
+
+def _compile_plan(graph, level, prebuilt, profile, choices, build_library, stages):  # type: ignore[no-untyped-def]
+    """compile_plan's body; appends each stage's name to ``stages`` as it starts."""
     from kiln.lower.lowering import ALIASES, LOWERINGS
     from kiln.passes.decompose import decompose
     from kiln.passes.fold_constants import fold_constants
@@ -95,6 +108,7 @@ def compile_plan(
     reason = _static(graph)
     if reason:
         return Plan(graph, [], {}, {}, [], [], {}, MemoryPlan({}, {}, 0, 0), None, "", whole_graph_reason=reason)
+    stages.append("lowering")
     lowerer = Lowerer(graph, choices)
     steps: list[Segment | Fallback] = []
     current: list[Kernel] = []
@@ -129,11 +143,13 @@ def compile_plan(
     constants.update(lowerer.packed)
     fixed = set(inputs) | set(outputs) | set(roots[v] for v in graph.constants) | set(lowerer.packed)
     temps = {b for b in roots.values() if b not in fixed} | set(lowerer.scratch)
+    stages.append("memory planning")
     memory = plan_memory(access, temps)
     table = {lowerer.status: 0}
     for buffer in [*dict.fromkeys(roots.values()), *lowerer.packed, *lowerer.scratch]:
         table.setdefault(buffer, len(table))
     segments = [s.kernels for s in steps if isinstance(s, Segment)]
+    stages.append("code generation")
     source = emit_c(segments, table, profile) if segments and build_library else ""
     library = None
     if segments and build_library:

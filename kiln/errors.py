@@ -42,3 +42,8 @@ class VerificationError(KilnError):
     def __init__(self, problems: list[str]) -> None:
         self.problems = problems
         super().__init__("IR verification failed:\n" + "\n".join(f"  - {p}" for p in problems))
+
+
+class InternalError(KilnError):
+    """An invariant of kiln itself failed: a kiln bug. The message names the stage and the
+    reproducer written for it (``python -m kiln.repro DIR``)."""

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from kiln.compiler import Fallback, Plan, Segment, compile_plan, load_functions
-from kiln.errors import ExecutionError
+from kiln.errors import ExecutionError, InternalError, KilnError
 from kiln.ir.graph import Graph
 from kiln.ir.types import TensorType
 from kiln.lower.kir import Buffer
@@ -189,16 +189,37 @@ class NativeModel(Model):
         """The plan for ``dims``: from the plan cache, else compiled (and stored when compiling took
         long enough to be worth the disk: big weights or seconds of work)."""
         if not plan_cache.enabled():
-            return compile_plan(specialize(self.graph, dims), self.level, self.prebuilt)
+            return self._compile(dims)
         plan = plan_cache.load_plan(self.cache_key, dims)
         if plan is not None:
             return plan
         start = time.perf_counter()
-        plan = compile_plan(specialize(self.graph, dims), self.level, self.prebuilt)
+        plan = self._compile(dims)
         weights = sum(a.nbytes for a in self.graph.constants.values())
         if time.perf_counter() - start >= WORTH_CACHING_S or weights >= WORTH_CACHING_BYTES:
             plan_cache.in_background(self._store, dims, plan)
         return plan
+
+    def _compile(self, dims: dict[str, int]) -> Plan:
+        """compile_plan; an error that is not a KilnError is a kiln bug: it becomes an
+        InternalError naming the stage, with a reproducer written to disk."""
+        try:
+            return compile_plan(specialize(self.graph, dims), self.level, self.prebuilt)
+        except KilnError:
+            raise
+        except Exception as err:
+            from kiln import repro
+
+            stage = next(
+                (n.removeprefix("kiln stage: ") for n in getattr(err, "__notes__", []) if n.startswith("kiln stage: ")),
+                "compile",
+            )
+            try:
+                path: object = repro.write(self.graph, self.level, dims, err, stage)
+                hint = f"a reproducer is in {path}; replay it with: python -m kiln.repro {path}"
+            except Exception as write_error:  # never hide the original error
+                hint = f"(writing a reproducer failed too: {write_error})"
+            raise InternalError(f"kiln bug during {stage}: {type(err).__name__}: {err}\n{hint}") from err
 
     def _store(self, dims: dict[str, int], plan: Plan) -> None:
         plan_cache.store_plan(self.cache_key, dims, plan)

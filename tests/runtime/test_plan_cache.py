@@ -65,7 +65,9 @@ def test_second_compile_does_no_lowering_and_no_c_compilation(cache, monkeypatch
     assert all(view.ctypes.data % 64 == 0 for view in executable.constant_views.values())
     assert plan_cache.STATS["hits"] == 1
     # another binding of the symbolic batch is another entry: it must compile
-    with pytest.raises(AssertionError, match="unnecessary"):
+    from kiln.errors import InternalError
+
+    with pytest.raises(InternalError, match="unnecessary"):  # (an unexpected error inside compile is a "kiln bug")
         kiln.compile(proto, dims={"batch": 3})
 
 
@@ -126,3 +128,24 @@ def test_two_processes_compiling_the_same_model_both_succeed(cache):
     entries = list((cache / "cache" / "plans").rglob("plan.pkl"))
     assert len(entries) == 1  # one whole entry, no leftovers of the loser's temporary folder
     assert not [p for p in (cache / "cache" / "plans").rglob(".*") if p.is_dir()]
+
+
+def test_a_kiln_bug_names_the_stage_and_writes_a_replayable_reproducer(cache, monkeypatch):
+    from kiln.errors import InternalError
+    from kiln.lower import lowering
+
+    def broken(lw, node):
+        raise IndexError("an invariant broke")
+
+    monkeypatch.setattr(lowering.Lowerer, "lower", broken)
+    proto = model()
+    with pytest.raises(InternalError, match="kiln bug during lowering: IndexError") as caught:
+        kiln.compile(proto, dims={"batch": 1})
+    path = str(caught.value).split("python -m kiln.repro ")[1].strip()
+    assert {"graph.txt", "tensors.npz", "config.json", "error.txt"} <= {
+        p.name for p in __import__("pathlib").Path(path).iterdir()
+    }
+    # the replay in a fresh process (without the injected bug) compiles the same graph
+    replay = subprocess.run([sys.executable, "-m", "kiln.repro", path], capture_output=True, text=True, timeout=300)
+    assert replay.returncode == 0, replay.stderr
+    assert "failed at: lowering" in replay.stdout and "does not reproduce" in replay.stdout
