@@ -122,13 +122,22 @@ def c_type(dtype: DType) -> str:
     return C_TYPES[dtype]
 
 
+_CHECKED = False  # set by emit_c from KILN_DEBUG: every buffer index is range-checked
+
+
+def _index(buffer: Buffer, index: Expr) -> str:
+    if _CHECKED:
+        return f'{buffer.name}[kiln_checked({expr(index)}, {buffer.size}LL, "{buffer.name}", __LINE__)]'
+    return f"{buffer.name}[{expr(index)}]"
+
+
 def expr(e: Expr) -> str:
     if isinstance(e, Const):
         return _const(e)
     if isinstance(e, (Index, Scalar)):
         return e.name
     if isinstance(e, Load):
-        return f"{e.buffer.name}[{expr(e.index)}]"
+        return _index(e.buffer, e.index)
     if isinstance(e, Binary):
         if e.op in ("pow", "fmod"):
             return f"{e.op}({expr(e.a)}, {expr(e.b)})"
@@ -188,7 +197,7 @@ def statements(body: Sequence[Stmt], schedule: Schedule, indent: str) -> list[st
         elif isinstance(stmt, Assign):
             lines.append(f"{indent}{stmt.scalar.name} = {expr(stmt.value)};")
         elif isinstance(stmt, Store):
-            lines.append(f"{indent}{stmt.buffer.name}[{expr(stmt.index)}] = {expr(stmt.value)};")
+            lines.append(f"{indent}{_index(stmt.buffer, stmt.index)} = {expr(stmt.value)};")
         elif isinstance(stmt, Gemm):
             lines.append(f"{indent}{{")
             lines.append(f"{indent}  kiln_gemm g = {{0}};")
@@ -291,6 +300,18 @@ def gemm_prelude() -> str:
     return f"#include <omp.h>\n#define KILN_VB {target.vector_bytes}\n#define KILN_MR {target.gemm_rows}\n{engine}\n"
 
 
+DEBUG_PRELUDE = """#include <stdio.h>
+#include <stdlib.h>
+/* KILN_DEBUG: an index outside its buffer stops the process with the buffer and the line */
+static inline int64_t kiln_checked(int64_t index, int64_t size, const char *buffer, int line) {
+  if (index < 0 || index >= size) {
+    fprintf(stderr, "kiln debug: index %lld outside %s[0, %lld) at line %d of the generated C\\n", (long long)index, buffer, (long long)size, line);
+    abort();
+  }
+  return index;
+}
+"""
+
 PROFILE_PRELUDE = """#define _POSIX_C_SOURCE 200809L
 #include <time.h>
 static double kiln_now(void) { struct timespec t; clock_gettime(CLOCK_MONOTONIC, &t); return t.tv_sec + 1e-9 * t.tv_nsec; }
@@ -300,11 +321,17 @@ static double kiln_now(void) { struct timespec t; clock_gettime(CLOCK_MONOTONIC,
 def emit_c(segments: Sequence[Sequence[Kernel]], table: dict[Buffer, int], profile: bool = False) -> str:
     """The whole translation unit for a model's native segments. With ``profile``, each kernel adds
     its wall time to ``double kiln_profile_seconds[i]`` (i: the kernel's position in the plan)."""
+    from kiln.codegen.toolchain import debug
+
+    global _CHECKED
+    _CHECKED = debug()
     kernels = [k for kernels in segments for k in kernels]
     positions = {id(k): i for i, k in enumerate(kernels)} if profile else None
     parts = [PROFILE_PRELUDE + PRELUDE if profile else PRELUDE]
     if profile:
         parts.append(f"double kiln_profile_seconds[{max(len(kernels), 1)}];")
+    if _CHECKED:
+        parts.append(DEBUG_PRELUDE)
     if any(_uses_gemm(k.body) for k in kernels):
         parts.append(gemm_prelude())
     if any(_uses_winograd(k.body) for k in kernels):

@@ -14,6 +14,13 @@ from pathlib import Path
 
 from kiln.errors import KilnError
 
+DEBUG_FLAGS = (
+    "-O1",
+    "-g",
+    "-fno-omit-frame-pointer",
+    "-fsanitize=address,undefined",
+    "-fno-sanitize-recover=undefined",
+)
 FLAGS = (
     "-O3",
     "-march=native",
@@ -25,6 +32,18 @@ FLAGS = (
     "-ffp-contract=fast",
     "-Wno-unused-variable",
 )
+
+
+def debug() -> bool:
+    """``KILN_DEBUG=1``: generated code checks every index against its buffer and is built with
+    AddressSanitizer and UBSan (load it in a process started with LD_PRELOAD=libasan.so)."""
+    return os.environ.get("KILN_DEBUG", "0") not in ("0", "", "false", "no")
+
+
+def flags() -> tuple[str, ...]:
+    if not debug():
+        return FLAGS
+    return tuple(f for f in FLAGS if f != "-O3") + DEBUG_FLAGS
 
 
 class CompilerError(KilnError):
@@ -54,7 +73,9 @@ def build(source: str) -> Path:
 
     compiler, version = find_compiler()
     # -march=native code is only valid on this kind of CPU: the target is part of the key
-    key = hashlib.sha256("\n".join([source, compiler, version, repr(Target.host()), *FLAGS]).encode()).hexdigest()[:24]
+    key = hashlib.sha256("\n".join([source, compiler, version, repr(Target.host()), *flags()]).encode()).hexdigest()[
+        :24
+    ]
     library = cache_dir() / f"{key}.so"
     if library.exists():
         return library
@@ -62,7 +83,9 @@ def build(source: str) -> Path:
     source_path.write_text(source)
     handle, partial = tempfile.mkstemp(suffix=".so", dir=cache_dir())
     os.close(handle)
-    result = subprocess.run([compiler, *FLAGS, str(source_path), "-o", partial, "-lm"], capture_output=True, text=True)
+    result = subprocess.run(
+        [compiler, *flags(), str(source_path), "-o", partial, "-lm"], capture_output=True, text=True
+    )
     if result.returncode != 0:
         os.unlink(partial)
         raise CompilerError(f"{compiler} failed on generated code {source_path} (a kiln bug):\n{result.stderr[-4000:]}")

@@ -279,9 +279,11 @@ class _Unsupported(Exception):
 @functools.cache
 def _shared_type_params(op: str, domain: str) -> tuple[tuple[str, bool], ...] | None:
     """(type variable, variadic) per formal input of the newest ONNX schema, or None."""
+    if not onnx.defs.has(op, domain=domain):  # kiln's own or a custom domain (and no C++ exception)
+        return None
     try:
         schema = onnx.defs.get_schema(op, domain=domain)
-    except Exception:  # not an ONNX op (kiln's own, or a custom domain)
+    except Exception:
         return None
     params = []
     for formal in schema.inputs:

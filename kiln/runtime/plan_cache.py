@@ -94,7 +94,7 @@ def entry_key(graph_digest: str, level: int) -> str:
     """The entry for a source graph at an -O level (on this kiln, target and compiler)."""
     from kiln import __version__
     from kiln.codegen.target import Target
-    from kiln.codegen.toolchain import FLAGS, find_compiler
+    from kiln.codegen.toolchain import find_compiler, flags
 
     compiler, version = find_compiler()
     from kiln.lower.gemm_lowering import disabled
@@ -110,7 +110,7 @@ def entry_key(graph_digest: str, level: int) -> str:
         repr(Target.host()),
         compiler,
         version,
-        *FLAGS,
+        *flags(),
     ]
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:32]
 
