@@ -46,6 +46,9 @@ def flags() -> tuple[str, ...]:
     return tuple(f for f in FLAGS if f != "-O3") + DEBUG_FLAGS
 
 
+DAMAGED = {"libraries": 0}  # damaged cache entries found (and rebuilt) by this process
+
+
 class CompilerError(KilnError):
     """The C compiler rejected generated code (a kiln bug) or is missing."""
 
@@ -78,7 +81,11 @@ def build(source: str) -> Path:
     ]
     library = cache_dir() / f"{key}.so"
     if library.exists():
-        return library
+        with open(library, "rb") as handle:
+            if handle.read(4) == b"\x7fELF":
+                return library
+        DAMAGED["libraries"] += 1  # truncated or foreign: rebuilt below, never loaded
+        library.unlink(missing_ok=True)
     source_path = cache_dir() / f"{key}.c"
     source_path.write_text(source)
     handle, partial = tempfile.mkstemp(suffix=".so", dir=cache_dir())

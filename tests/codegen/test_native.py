@@ -1,5 +1,7 @@
 """Every case compiled for the cpu target and compared with the reference interpreter."""
 
+import os
+
 import numpy as np
 import pytest
 from onnx import TensorProto, helper
@@ -218,3 +220,19 @@ def test_elementwise_chains_reuse_dying_buffers_in_place():
     assert len(plan.memory.offsets) == 1  # a, b and c share one buffer
     x = data((64, 64))
     np.testing.assert_allclose(compiled(x), kiln.compile(model, target="reference")(x), rtol=1e-6)
+
+
+def test_a_damaged_cached_library_is_counted_and_rebuilt(tmp_path, monkeypatch):
+    monkeypatch.setenv("KILN_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("KILN_PLAN_CACHE", "0")
+    model, feeds = CASES["relu"]
+    first = kiln.compile(model)(*feeds)
+    (library,) = list((tmp_path / "lib").glob("*.so"))
+    # damaged on disk (a new file: the loaded library's pages stay mapped, as in another process)
+    garbage = tmp_path / "garbage"
+    garbage.write_bytes(b"garbage, not a shared library")
+    os.replace(garbage, library)
+    before = toolchain.DAMAGED["libraries"]
+    np.testing.assert_array_equal(kiln.compile(model)(*feeds), first)
+    assert toolchain.DAMAGED["libraries"] == before + 1
+    assert library.read_bytes()[:4] == b"\x7fELF"
