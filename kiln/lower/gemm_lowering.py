@@ -133,6 +133,29 @@ def _batch_position(bt: Expr, shape: tuple[int, ...]) -> list[Expr]:
     return position
 
 
+def _engine_kernel(name: str, kind: str, stmt: Gemm, dst: Buffer, node: Node, flops: int, source: str) -> Kernel:
+    """A kernel that is one call into the engine (it reads every buffer the call names)."""
+    reads = [b for b in buffers_in([stmt]) if b is not dst]
+    return Kernel(name, kind, [stmt], reads, [dst], [node.label], flops=flops, tuning=source)
+
+
+def conv_output_indexing(out_channels: int, out_shape: tuple[int, ...]):  # type: ignore[no-untyped-def]
+    """(flat_of, position_of) for a convolution output viewed as [image][channel][pixel]: the
+    engine's (batch, row, column) coordinates of an epilogue."""
+    pixels = int(np.prod(out_shape[2:]))
+    out_w = out_shape[-1]
+
+    def flat_of(bt: Expr, i: Expr, j: Expr) -> Expr:
+        return add(add(Binary("*", bt, i64(out_channels * pixels)), Binary("*", i, i64(pixels))), j)
+
+    def position_of(bt: Expr, i: Expr, j: Expr) -> list[Expr]:
+        if len(out_shape) == 3:
+            return [bt, i, j]
+        return [bt, i, Binary("/", j, i64(out_w)), Binary("%", j, i64(out_w))]
+
+    return flat_of, position_of
+
+
 # -- MatMul --------------------------------------------------------------------------------------------
 
 
@@ -197,18 +220,7 @@ def lower_matmul_gemm(lw: Lowerer, node: Node, epilogue: Epilogue | None = None)
         helper = _epilogue_helper(lw, name, dst, position_of, flat_of, epilogue, None)
     stmt = Gemm(fields, helper)
     flops = 2 * batch * rows * n * k
-    return [
-        Kernel(
-            name,
-            "matmul",
-            [stmt],
-            [b for b in buffers_in([stmt]) if b is not dst],
-            [dst],
-            [node.label],
-            flops=flops,
-            tuning=source,
-        )
-    ]
+    return [_engine_kernel(name, "matmul", stmt, dst, node, flops, source)]
 
 
 # -- Conv ------------------------------------------------------------------------------------------------
@@ -292,32 +304,12 @@ def lower_conv_gemm(lw: Lowerer, node: Node, epilogue: Epilogue | None = None) -
     bias_buf = lw.buffer(bias) if bias is not None else None
     helper = None
     if epilogue is not None or bias_buf is not None:
-        out_w = out_shape[-1]
-
-        def flat_of(bt: Expr, i: Expr, j: Expr) -> Expr:
-            return add(add(Binary("*", bt, i64(out_channels * pixels)), Binary("*", i, i64(pixels))), j)
-
-        def position_of(bt: Expr, i: Expr, j: Expr) -> list[Expr]:
-            if len(out_shape) == 3:
-                return [bt, i, j]
-            return [bt, i, Binary("/", j, i64(out_w)), Binary("%", j, i64(out_w))]
-
+        flat_of, position_of = conv_output_indexing(out_channels, out_shape)
         helper = _epilogue_helper(lw, name, dst, position_of, flat_of, epilogue, bias_buf)
     stmt = Gemm(fields, helper)
     kind = "conv1x1" if pointwise else "conv"
     flops = 2 * x_shape[0] * out_channels * pixels * reduction
-    return [
-        Kernel(
-            name,
-            kind,
-            [stmt],
-            [b for b in buffers_in([stmt]) if b is not dst],
-            [dst],
-            [node.label],
-            flops=flops,
-            tuning=source,
-        )
-    ]
+    return [_engine_kernel(name, kind, stmt, dst, node, flops, source)]
 
 
 # -- choosing ------------------------------------------------------------------------------------------

@@ -30,9 +30,7 @@ from kiln.lower.kir import (
     Gemm,
     Kernel,
     Stmt,
-    add,
     buffers_in,
-    i64,
 )
 
 F32 = DType.FLOAT32
@@ -165,7 +163,7 @@ def lower_conv_winograd(
     lw, node: Node, epilogue, geometry: dict, bias_buf, m: int, choice: dict | None = None
 ) -> list[Kernel]:  # type: ignore[no-untyped-def]
     from kiln.codegen.target import Target
-    from kiln.lower.gemm_lowering import _epilogue_helper, pack_rows
+    from kiln.lower.gemm_lowering import _epilogue_helper, conv_output_indexing, pack_rows
 
     x, w, out = node.inputs[0], node.inputs[1], node.outputs[0]
     batch, channels, height, width = geometry["x_shape"]
@@ -215,16 +213,9 @@ def lower_conv_winograd(
     # row, on the output viewed as [image][channel][pixel]
     lw.kernel_count += 1
     name = f"k{lw.kernel_count}"
-    pixels = out_h * out_w
     helper = None
     if epilogue is not None:
-
-        def flat_of(bt: Expr, i: Expr, j: Expr) -> Expr:
-            return add(add(Binary("*", bt, i64(out_channels * pixels)), Binary("*", i, i64(pixels))), j)
-
-        def position_of(bt: Expr, i: Expr, j: Expr) -> list[Expr]:
-            return [bt, i, Binary("/", j, i64(out_w)), Binary("%", j, i64(out_w))]
-
+        flat_of, position_of = conv_output_indexing(out_channels, geometry["out_shape"])
         helper = _epilogue_helper(lw, name, dst, position_of, flat_of, epilogue, None)
     bias_arg = bias_buf if bias_buf is not None else "(const float *)0"
     call = Call(
