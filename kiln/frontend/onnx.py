@@ -162,23 +162,34 @@ class _Importer:
         for init in proto.initializer:
             try:
                 array = array_from_tensor(init)
-            except Exception as err:
-                self.problems.append(f"invalid: initializer {init.name!r}: {err}")
+                array_type = constant_type(array)
+            except Exception as err:  # damaged data, or an element type kiln does not know (float6)
+                kind = "unsupported" if "element type" in str(err) or "no kiln equivalent" in str(err) else "invalid"
+                self.problems.append(f"{kind}: initializer {init.name!r}: {err}")
                 continue
-            value = Value(unique_name(init.name, taken), constant_type(array))
+            value = Value(unique_name(init.name, taken), array_type)
             constants[value] = array
             scope.values[init.name] = value
             scope.known[value] = array
         for sparse in proto.sparse_initializer:
-            array = numpy_helper.to_array(sparse)  # type: ignore[arg-type]
-            value = Value(unique_name(sparse.values.name, taken), constant_type(array))
+            try:
+                array = numpy_helper.to_array(sparse)  # type: ignore[arg-type]
+                array_type = constant_type(array)
+            except Exception as err:
+                self.problems.append(f"unsupported: sparse initializer {sparse.values.name!r}: {err}")
+                continue
+            value = Value(unique_name(sparse.values.name, taken), array_type)
             constants[value] = array
             scope.values[sparse.values.name] = value
             scope.known[value] = array
         inputs: list[Value] = []
         real_inputs = [i for i in proto.input if i.name not in initializer_names]
         for index, info in enumerate(real_inputs):
-            value_type = type_from_proto(info.type, info.name)
+            try:
+                value_type = type_from_proto(info.type, info.name)
+            except ValueError as err:  # an element type code kiln does not know
+                self.problems.append(f"unsupported: graph input {info.name!r}: {err}")
+                value_type = None
             if value_type is None and hints is not None and index < len(hints):
                 value_type = hints[index]
             if value_type is None:

@@ -213,3 +213,23 @@ def test_legacy_broadcast_before_opset_7_aligns_at_axis():
         opset=6,
     )
     np.testing.assert_allclose(kiln.compile(model)(a, b), a + b.reshape(1, 3, 4, 1), rtol=1e-6)
+
+
+def test_unknown_element_types_are_reported_not_raised():
+    # found by the fuzzer: a flipped byte turned an input's element type into code 27
+    from onnx import TensorProto, helper
+
+    from kiln.errors import UnsupportedModelError
+    from kiln.frontend.onnx import import_onnx
+
+    info = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])
+    info.type.tensor_type.elem_type = 27
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["y"])],
+        "g",
+        [info],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    with pytest.raises(UnsupportedModelError, match="graph input 'x'.*element type code 27"):
+        import_onnx(model.SerializeToString())
