@@ -71,7 +71,14 @@ def import_onnx(source: ModelSource) -> Graph:
     opsets = {("" if o.domain == "ai.onnx" else o.domain): o.version for o in model.opset_import}
     opsets.setdefault("", DEFAULT_OPSET)
     importer = _Importer(opsets, where)
-    graph = importer.graph(model.graph, outer={}, hints=None)
+    try:
+        graph = importer.graph(model.graph, outer={}, hints=None)
+    except KilnError:
+        raise
+    except Exception as err:  # a damaged model the per-node checks did not catch (e.g. non-UTF-8 names)
+        raise InvalidModelError(
+            f"{where}: malformed model ({type(err).__name__}: {err}); if the file is a valid ONNX model, this is a kiln bug"
+        ) from err
     if importer.problems:
         unsupported = [p for p in importer.problems if p.startswith("unsupported:")]
         lines = [p.split(":", 1)[1].strip() for p in importer.problems]
@@ -87,7 +94,9 @@ def import_onnx(source: ModelSource) -> Graph:
 # -- type conversion -------------------------------------------------------------------------------
 
 
-def _symbol(text: str) -> str:
+def _symbol(text: str | bytes) -> str:
+    if isinstance(text, bytes):  # protobuf hands back bytes for a string field that is not UTF-8
+        text = text.decode("utf-8", errors="replace")
     clean = "".join(c if c.isalnum() or c == "_" else "_" for c in text) or "d"
     return "s_" + clean if clean[0].isdigit() else clean
 

@@ -233,3 +233,25 @@ def test_unknown_element_types_are_reported_not_raised():
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     with pytest.raises(UnsupportedModelError, match="graph input 'x'.*element type code 27"):
         import_onnx(model.SerializeToString())
+
+
+def test_non_utf8_names_in_a_damaged_model_are_not_a_crash():
+    # found by the fuzzer: a flipped byte made the graph's name invalid UTF-8
+    from onnx import TensorProto, helper
+
+    import kiln
+    from kiln.errors import KilnError
+
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["y"])],
+        "QQQQ",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+    )
+    raw = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
+    damaged = raw.replace(b"QQQQ", b"\xff\xfe\xfd\xfc")
+    try:
+        model = kiln.compile(damaged)
+    except KilnError:
+        return
+    assert model(np.array([-1.0, 2.0], np.float32)).tolist() == [0.0, 2.0]
