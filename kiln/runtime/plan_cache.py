@@ -13,7 +13,8 @@ the import as well.
 
 Entries are written to a temporary folder and renamed into place (atomic: a concurrent compile of
 the same model either finds a whole entry or none). A damaged or foreign entry is counted
-(``STATS``), removed and rebuilt, never fatal. ``KILN_PLAN_CACHE=0`` turns the cache off.
+(``STATS``), removed and rebuilt, never fatal. The cache keeps to ``KILN_PLAN_CACHE_GB`` (default 8),
+removing the least recently used entries. ``KILN_PLAN_CACHE=0`` turns the cache off.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ import numpy as np
 FORMAT = 2  # bump when Plan/Graph/Kernel change shape: older entries then miss
 ALIGN = 64
 SMALL = 4096  # bytes: arrays below this stay inside the pickle
-STATS = {"hits": 0, "misses": 0, "stores": 0, "damaged": 0}
+STATS = {"hits": 0, "misses": 0, "stores": 0, "damaged": 0, "evicted": 0}
 
 
 _pending: list[threading.Thread] = []
@@ -58,6 +59,50 @@ def _quietly(work: Any, *args: Any) -> None:
 def wait() -> None:
     while _pending:
         _pending.pop().join()
+
+
+def budget_bytes() -> int:
+    """The cache's size limit: ``KILN_PLAN_CACHE_GB`` (default 8). Past it, the least recently used
+    entries are removed (a big model's entry is about twice its weights)."""
+    try:
+        return int(float(os.environ.get("KILN_PLAN_CACHE_GB", "8")) * (1 << 30))
+    except ValueError:
+        return 8 << 30
+
+
+def _size(path: Path) -> int:
+    total = 0
+    for item in path.rglob("*"):
+        try:
+            if item.is_file():
+                total += item.stat().st_size
+        except OSError:
+            pass
+    return total
+
+
+def evict(keep: Path | None = None) -> int:
+    """Remove least-recently-used entries until the cache fits its budget; returns bytes freed.
+    An entry's last use is its folder's mtime (touched on every hit)."""
+    base = root()
+    entries = []
+    for entry in base.iterdir():
+        if entry.is_dir() and entry.name != "files" and not entry.name.startswith("."):
+            try:
+                entries.append((entry.stat().st_mtime, entry, _size(entry)))
+            except OSError:
+                continue
+    total = sum(size for _, _, size in entries)
+    freed = 0
+    for _, entry, size in sorted(entries, key=lambda item: item[0]):
+        if total - freed <= budget_bytes():
+            break
+        if keep is not None and entry == keep:
+            continue
+        shutil.rmtree(entry, ignore_errors=True)
+        freed += size
+        STATS["evicted"] = STATS.get("evicted", 0) + 1
+    return freed
 
 
 def enabled() -> bool:
@@ -248,6 +293,8 @@ def store_plan(key: str, dims: dict[str, int], plan: Any) -> None:
         _write(partial, "plan", plan)
         _publish(partial, folder / name)
         STATS["stores"] += 1
+        os.utime(root() / key)
+        evict(keep=root() / key)
     except Exception:
         shutil.rmtree(partial, ignore_errors=True)
         raise
@@ -267,6 +314,10 @@ def load_plan(key: str, dims: dict[str, int]) -> Any | None:
             if not plan.library.exists():
                 raise FileNotFoundError(plan.library)
         STATS["hits"] += 1
+        try:
+            os.utime(root() / key)  # most recently used: evicted last
+        except OSError:
+            pass
         return plan
     except Exception:  # damaged, truncated or from another kiln: rebuild
         _discard(folder)

@@ -149,3 +149,31 @@ def test_a_kiln_bug_names_the_stage_and_writes_a_replayable_reproducer(cache, mo
     replay = subprocess.run([sys.executable, "-m", "kiln.repro", path], capture_output=True, text=True, timeout=300)
     assert replay.returncode == 0, replay.stderr
     assert "failed at: lowering" in replay.stdout and "does not reproduce" in replay.stdout
+
+
+def test_the_cache_keeps_to_its_size_budget_evicting_the_least_recently_used(cache, monkeypatch):
+    import os
+    import time
+
+    x = RNG.standard_normal((1, 4, 6, 6)).astype(np.float32)
+    protos = [model(scale=float(i + 1)) for i in range(3)]
+    for proto in protos:
+        kiln.compile(proto, dims={"batch": 1})
+        plan_cache.wait()
+    entries = [p for p in (cache / "cache" / "plans").iterdir() if p.name != "files"]
+    assert len(entries) == 3
+    oldest = min(entries, key=lambda p: p.stat().st_mtime)
+    past = time.time() - 1000
+    os.utime(oldest, (past, past))
+    one_entry = max(plan_cache._size(p) for p in entries)
+    monkeypatch.setenv("KILN_PLAN_CACHE_GB", str(2.5 * one_entry / (1 << 30)))  # room for two
+    plan_cache.evict()
+    left = [p for p in (cache / "cache" / "plans").iterdir() if p.name != "files"]
+    assert len(left) == 2 and oldest not in left and plan_cache.STATS["evicted"] == 1
+    # an evicted model simply compiles again
+    np.testing.assert_allclose(
+        kiln.compile(protos[0], dims={"batch": 1})(x),
+        kiln.compile(protos[0], target="reference")(x),
+        rtol=1e-4,
+        atol=1e-5,
+    )
