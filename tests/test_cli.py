@@ -117,8 +117,9 @@ def test_compile_with_tuning_and_profile(tmp_path, monkeypatch):
     profile = invoke("explain", str(tmp_path / "m.onnx"), "--no-kernels", "--profile", "--runs", "3")
     assert profile.exit_code == 0, profile.output
     assert "GFLOP/s" in profile.output and "% peak" in profile.output and "by kind" in profile.output
-    # the schedule column says where the engine's blocking came from (the table may wrap words)
-    assert "engine" in profile.output and ("tuned" in profile.output or "cached" in profile.output)
+    # the schedule column says where the engine's blocking came from (the table may wrap words; the
+    # tuner may well have kept the default)
+    assert "engine" in profile.output and any(w in profile.output for w in ("tuned", "cached", "default"))
 
 
 def test_check_lists_every_unsupported_construct_with_node_names(tmp_path):

@@ -86,13 +86,17 @@ def build(source: str) -> Path:
                 return library
         DAMAGED["libraries"] += 1  # truncated or foreign: rebuilt below, never loaded
         library.unlink(missing_ok=True)
+    # Concurrent builds of one key (conformance workers, two processes compiling a model) must not
+    # share a file being written: each compiles its own copy of the source, then both results are
+    # renamed into place atomically (the last rename wins; either is whole).
     source_path = cache_dir() / f"{key}.c"
-    source_path.write_text(source)
+    handle, own_source = tempfile.mkstemp(suffix=".c", dir=cache_dir())
+    with os.fdopen(handle, "w") as out:
+        out.write(source)
     handle, partial = tempfile.mkstemp(suffix=".so", dir=cache_dir())
     os.close(handle)
-    result = subprocess.run(
-        [compiler, *flags(), str(source_path), "-o", partial, "-lm"], capture_output=True, text=True
-    )
+    result = subprocess.run([compiler, *flags(), own_source, "-o", partial, "-lm"], capture_output=True, text=True)
+    os.replace(own_source, source_path)  # kept beside the library for reading (kiln explain)
     if result.returncode != 0:
         os.unlink(partial)
         raise CompilerError(f"{compiler} failed on generated code {source_path} (a kiln bug):\n{result.stderr[-4000:]}")
