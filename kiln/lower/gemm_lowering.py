@@ -238,24 +238,23 @@ def lower_conv_gemm(lw: Lowerer, node: Node, epilogue: Epilogue | None = None) -
     if weights is None:
         raise NotForEngine("weights are not constant")
     x_shape, w_shape, out_shape = lw.shape(x), lw.shape(w), lw.shape(out)
+    choice, source = lw.choice(node)  # algorithm and blocking (the tuning database: one lookup)
+    bias_buf = lw.buffer(bias) if bias is not None else None
     if len(x_shape) == 3:
         (stride_w,), (dil_w,), (pad_l,) = _window(node, 1, x_shape[2:], out_shape[2:], w_shape[2:])
         geometry = (x_shape[1], 1, x_shape[2], 1, w_shape[2], 1, stride_w, 1, dil_w, 0, pad_l, 1, out_shape[2])
     elif len(x_shape) == 4:
         window = _window(node, 2, x_shape[2:], out_shape[2:], w_shape[2:])
         (stride_h, stride_w), (dil_h, dil_w), (pad_t, pad_l) = window
-        choice, source = lw.choice(node)
         algorithm = choice.get("algorithm", "")
         if (
             algorithm != "im2col"
             and "winograd" not in disabled()
-            and not winograd.eligible(node, x_shape, w_shape, out_shape, window)
+            and not winograd.eligible(x_shape, w_shape, out_shape, window)
         ):
             geometry = {"x_shape": x_shape, "w_shape": w_shape, "out_shape": out_shape, "pads": (pad_t, pad_l)}
-            bias_value = node.inputs[2] if len(node.inputs) > 2 else None
-            bias_buffer = lw.buffer(bias_value) if bias_value is not None else None
             tile = {"winograd4": 4, "winograd2": 2}.get(algorithm) or winograd.tile_size(out_shape)
-            kernels = winograd.lower_conv_winograd(lw, node, epilogue, geometry, bias_buffer, tile, choice)
+            kernels = winograd.lower_conv_winograd(lw, node, epilogue, geometry, bias_buf, tile, choice)
             for kernel in kernels:
                 kernel.tuning = source
             return kernels
@@ -292,7 +291,6 @@ def lower_conv_gemm(lw: Lowerer, node: Node, epilogue: Epilogue | None = None) -
         "b": x_buf, "b_bs": channels * height * width,
         "c": dst, "c_bs": out_channels * pixels, "ldc": pixels,
     }  # fmt: skip
-    choice, source = lw.choice(node)
     fields.update({k: int(v) for k, v in choice.items() if k in BLOCKING})
     pointwise = kernel_h == kernel_w == 1 and geometry[5:11] == (1, 1, 1, 1, 0, 0)
     if pointwise:  # 1x1, stride 1, no padding: X is already the [IC, H*W] matrix
@@ -301,7 +299,6 @@ def lower_conv_gemm(lw: Lowerer, node: Node, epilogue: Epilogue | None = None) -
         fields.update(conv=geometry, pack_b="kiln_pack_im2col")
     lw.kernel_count += 1
     name = f"k{lw.kernel_count}"
-    bias_buf = lw.buffer(bias) if bias is not None else None
     helper = None
     if epilogue is not None or bias_buf is not None:
         flat_of, position_of = conv_output_indexing(out_channels, out_shape)

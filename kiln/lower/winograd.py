@@ -23,10 +23,7 @@ import numpy as np
 from kiln.ir.graph import Node
 from kiln.ir.types import DType
 from kiln.lower.kir import (
-    Binary,
     Call,
-    Const,
-    Expr,
     Gemm,
     Kernel,
     Stmt,
@@ -112,9 +109,7 @@ def c_source() -> str:
     return driver.replace("/* TRANSFORMS */", "\n".join(lines))
 
 
-def eligible(
-    node: Node, x_shape: tuple[int, ...], w_shape: tuple[int, ...], out_shape: tuple[int, ...], window: tuple
-) -> str:  # type: ignore[type-arg]
+def eligible(x_shape: tuple[int, ...], w_shape: tuple[int, ...], out_shape: tuple[int, ...], window: tuple) -> str:  # type: ignore[type-arg]
     """'' when Winograd applies (and is worth it), else why not."""
     (stride_h, stride_w), (dil_h, dil_w), _ = window
     if len(x_shape) != 4 or w_shape[2:] != (3, 3):
@@ -142,21 +137,6 @@ def weight_transform(weights: np.ndarray, m: int) -> np.ndarray:
     return np.ascontiguousarray(u.transpose(0, 3, 1, 2), dtype=np.float32).reshape(
         a * a, weights.shape[0], weights.shape[1]
     )
-
-
-def _combine(coefficients: list[float], terms: list[Expr]) -> Expr:
-    """sum(c * t) with zero terms skipped and unit coefficients not multiplied."""
-    result: Expr | None = None
-    for coefficient, term in zip(coefficients, terms):
-        if coefficient == 0:
-            continue
-        magnitude = abs(coefficient)
-        value = term if magnitude == 1 else Binary("*", Const(float(magnitude), F32), term)
-        if result is None:
-            result = value if coefficient > 0 else Binary("-", Const(0.0, F32), value)
-        else:
-            result = Binary("+" if coefficient > 0 else "-", result, value)
-    return result if result is not None else Const(0.0, F32)
 
 
 def lower_conv_winograd(
