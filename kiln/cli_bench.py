@@ -1,0 +1,214 @@
+"""``kiln bench``: run, compare and list benchmark runs (the harness is ``kiln.bench``)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from kiln.cli_support import console, out, split_values
+
+
+@click.group(invoke_without_command=True)
+@click.option(
+    "--models",
+    "-m",
+    multiple=True,
+    help="Zoo names or .onnx paths, comma-separated or repeated. [default: resnet50,vgg19,bert-base,gpt2]",
+)
+@click.option(
+    "--backends",
+    "-b",
+    multiple=True,
+    help="Backends, comma-separated or repeated. [default: every known backend; missing ones are reported as such]",
+)
+@click.option(
+    "--scenario", "-s", "scenarios", multiple=True, help="single-stream, offline, server. [default: single-stream]"
+)
+@click.option("--batch", "batches", multiple=True, type=int, help="Batch size(s). [default: 1]")
+@click.option(
+    "--threads", "-t", type=int, default=2, show_default=True, help="Threads every backend may use (CPU-pinned)."
+)
+@click.option("--duration", "-d", type=float, default=3.0, show_default=True, help="Seconds of measurement per job.")
+@click.option(
+    "--min-iterations", type=int, default=5, show_default=True, help="At least this many measured runs per job."
+)
+@click.option("--warmup", type=int, default=2, show_default=True, help="Unmeasured runs before measuring.")
+@click.option("--inflight", type=int, default=2, show_default=True, help="Requests in flight (offline, server).")
+@click.option(
+    "--rate", type=float, default=None, help="Server scenario arrival rate per s [default: 70% of measured capacity]."
+)
+@click.option("--seq", type=int, default=None, help="Sequence length for bert-base and gpt2. [default: 128]")
+@click.option(
+    "--timeout", type=float, default=900.0, show_default=True, help="Seconds before a job's worker is killed."
+)
+@click.option(
+    "--out",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=Path("reports/bench"),
+    show_default=True,
+    help="Reports land in OUT/<run id>/ (and OUT/latest).",
+)
+@click.option(
+    "--db",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="SQLite results database. [default: OUT/results.db]",
+)
+@click.option(
+    "--dataset",
+    type=click.Path(exists=True, file_okay=False),
+    default=None,
+    help="Labelled image folder (DIR/<class>/<image>) for top-1 accuracy of classifiers.",
+)
+@click.option("--dataset-limit", type=int, default=None, help="Use at most this many dataset images.")
+@click.option("--plugin", "plugins", multiple=True, help="Python module to import first (may register backends).")
+@click.option("--no-agreement", is_flag=True, help="Skip comparing outputs with kiln's reference interpreter.")
+@click.pass_context
+def bench(ctx: click.Context, **options) -> None:  # type: ignore[no-untyped-def]
+    """Benchmark kiln and its peers side by side (kiln bench with no arguments: the four seed
+    models, batch 1, single-stream, every backend).
+
+    \b
+    Examples:
+      kiln bench
+      kiln bench -m resnet50 -b onnxruntime,openvino --batch 1 --batch 8 -s offline
+      kiln bench -m model.onnx -b kiln,onnxruntime --duration 10
+      kiln bench compare RUN_A RUN_B
+    """
+    if ctx.invoked_subcommand is not None:
+        ctx.obj = options
+        return
+    from kiln.bench.runner import run_bench
+
+    config = _bench_config(options)
+    out: Path = options["out"]
+    db: Path = options["db"] or out / "results.db"
+    records_done = 0
+
+    def progress(message: str, record) -> None:  # type: ignore[no-untyped-def]
+        nonlocal records_done
+        if record is not None:
+            records_done += 1
+            status = record["status"]
+            colour = "green" if status == "ok" else "yellow" if status == "unavailable" else "red"
+            console.print(f"[{colour}]{records_done:>3}[/] {message}", highlight=False)
+        else:
+            console.print(f"    {message}", highlight=False, style="dim")
+
+    total = len(config.models) * len(config.batches) * len(config.backends) * len(config.scenarios)
+    console.print(f"kiln bench: {total} job(s), {config.threads} thread(s), {config.duration:g} s each")
+    run = run_bench(config, out / ".work", progress)
+    _write_bench(run, out, db)
+    if run["interrupted"]:
+        sys.exit(130)
+
+
+def _bench_config(options: dict):  # type: ignore[no-untyped-def]
+    from kiln import zoo as models
+    from kiln.bench.backends import DEFAULT_BACKENDS
+    from kiln.bench.runner import BenchConfig
+
+    return BenchConfig(
+        models=split_values(options["models"]) or list(models.DEFAULT_MODELS),
+        backends=split_values(options["backends"]) or list(DEFAULT_BACKENDS),
+        scenarios=split_values(options["scenarios"]) or ["single-stream"],
+        batches=list(options["batches"]) or [1],
+        threads=options["threads"],
+        duration=options["duration"],
+        min_iterations=options["min_iterations"],
+        warmup=options["warmup"],
+        inflight=options["inflight"],
+        rate=options["rate"],
+        seq=options["seq"],
+        timeout=options["timeout"],
+        dataset=options["dataset"],
+        dataset_limit=options["dataset_limit"],
+        plugins=list(options["plugins"]),
+        agreement=not options["no_agreement"],
+    )
+
+
+def _write_bench(run: dict, out: Path, db: Path) -> None:
+    from kiln.bench import report, store
+
+    run_dir = out / run["run_id"]
+    paths = report.write_all(run, run_dir)
+    latest = out / "latest"
+    if latest.is_symlink() or not latest.exists():
+        latest.unlink(missing_ok=True)
+        latest.symlink_to(run["run_id"])
+    out_console = Console(width=250)
+    out_console.print(report.terminal_table(run))
+    for line in report.notes(run):
+        console.print(f"[yellow]note:[/] {line}", highlight=False)
+    try:
+        store.save_run(db, run)
+        console.print(f"stored as run {run['run_id']} in {db}")
+    except store.CorruptDatabase as err:
+        console.print(f"[red]warning:[/] {err}; results are in {run_dir}", highlight=False)
+    for kind, path in paths.items():
+        console.print(f"{kind}: {path}")
+
+
+@bench.command("compare")
+@click.argument("before")
+@click.argument("after")
+@click.pass_context
+def bench_compare(ctx: click.Context, before: str, after: str) -> None:
+    """Changes between two stored runs, flagging those beyond the noise band."""
+    from kiln.bench import store
+
+    options = ctx.obj or {}
+    db: Path = options.get("db") or (options.get("out") or Path("reports/bench")) / "results.db"
+    if not db.exists():
+        raise click.ClickException(f"no results database at {db}")
+    rows = store.compare(store.load_records(db, before), store.load_records(db, after))
+    table = Table(title=f"{before} -> {after}")
+    for column in (
+        "model",
+        "backend",
+        "batch",
+        "scenario",
+        "metric",
+        "before",
+        "after",
+        "change",
+        "noise band",
+        "verdict",
+    ):
+        table.add_column(column)
+    for row in rows:
+        colour = {"faster": "green", "slower": "red"}.get(row["verdict"], "white")
+        table.add_row(
+            row["model"],
+            row["backend"],
+            str(row["batch"]),
+            row["scenario"],
+            row["metric"],
+            f"{row['before']:.2f}",
+            f"{row['after']:.2f}",
+            f"{row['change']:+.1%}",
+            f"±{row['noise_band']:.0%}",
+            f"[{colour}]{row['verdict']}[/]",
+        )
+    Console(width=200).print(table)
+    if not rows:
+        console.print("no comparable records (different models/backends, or failed runs)")
+
+
+@bench.command("runs")
+@click.pass_context
+def bench_runs(ctx: click.Context) -> None:
+    """List the runs stored in the results database."""
+    from kiln.bench import store
+
+    options = ctx.obj or {}
+    db: Path = options.get("db") or (options.get("out") or Path("reports/bench")) / "results.db"
+    if not db.exists():
+        raise click.ClickException(f"no results database at {db}")
+    for run_id, created, count in store.list_runs(db):
+        out.print(f"{run_id}  {created}  {count} record(s)")

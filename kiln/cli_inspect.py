@@ -1,0 +1,326 @@
+"""``kiln explain`` (with ``--profile``), ``kiln check`` and ``kiln diff``: looking inside a model's
+compilation."""
+
+from __future__ import annotations
+
+import click
+from rich.markup import escape
+from rich.table import Table
+
+from kiln.cli_support import console, import_bound, out, parse_dims
+
+
+@click.command()
+@click.argument("model")
+@click.option("-O", "level", type=click.IntRange(0, 3), default=2, show_default=True, help="Optimization level.")
+@click.option(
+    "--dim",
+    "dims",
+    multiple=True,
+    help="Bind a symbolic dim, e.g. --dim batch=1 (repeatable). [default: every symbol of the inputs = 1]",
+)
+@click.option(
+    "--print-after",
+    "print_after",
+    multiple=True,
+    help="Print the IR after this pass (repeatable; 'all' for every stage).",
+)
+@click.option("--disable", multiple=True, help="Skip this pass (repeatable).")
+@click.option(
+    "--kernels/--no-kernels",
+    default=True,
+    show_default=True,
+    help="Lower to kernels and show them, the fallbacks, the memory plan and the generated C.",
+)
+@click.option(
+    "--profile",
+    is_flag=True,
+    help="Run the model with per-kernel timers: each kernel's time, GFLOP/s, % of the measured "
+    "matrix-multiply peak and its schedule (inputs: the zoo's examples, else random).",
+)
+@click.option("--runs", type=click.IntRange(1), default=10, show_default=True, help="Timed runs for --profile.")
+@click.option(
+    "--top", type=click.IntRange(1), default=25, show_default=True, help="Kernels listed by --profile (slowest first)."
+)
+def explain(
+    model: str,
+    level: int,
+    dims: tuple[str, ...],
+    print_after: tuple[str, ...],
+    disable: tuple[str, ...],
+    kernels: bool,
+    profile: bool,
+    runs: int,
+    top: int,
+) -> None:
+    """Show what kiln does to MODEL (an .onnx path or a zoo name): per-stage op counts and timing,
+    the IR after any pass, the kernels and host fallbacks (with reasons), the memory plan and the
+    path of the generated C."""
+    import collections
+    import time
+
+    from kiln.passes import PASS_NAMES, optimize, specialize
+
+    graph, binding = import_bound(model, dims)
+    unknown = set(print_after) - set(PASS_NAMES) - {"all"}
+    if unknown:
+        raise click.BadParameter(
+            f"unknown pass(es) {sorted(unknown)}; passes: {', '.join(PASS_NAMES)}", param_hint="--print-after"
+        )
+    before = collections.Counter(n.op for n in graph.nodes)
+    graph = specialize(graph, binding)
+    table = Table(title=f"{model}: passes at -O{level} (dims {binding or 'static'})")
+    for column in ("stage", "nodes", "constants", "ms"):
+        table.add_column(column)
+    table.add_row("import + specialize", str(len(graph.nodes)), str(len(graph.constants)), "")
+    clock = [time.perf_counter()]
+
+    def after(name: str, current) -> None:  # type: ignore[no-untyped-def]
+        now = time.perf_counter()
+        table.add_row(name, str(len(current.nodes)), str(len(current.constants)), f"{(now - clock[0]) * 1e3:.0f}")
+        clock[0] = now
+        if name in print_after or "all" in print_after:
+            out.print(f"# IR after {name}", markup=False, highlight=False)
+            out.print(str(current), markup=False, highlight=False)
+
+    optimized = optimize(graph, level=level, disable=disable, after=after)
+    out.print(table)
+    after_ops = collections.Counter(n.op for n in optimized.nodes)
+    ops = Table(title="ops before -> after")
+    for column in ("op", "imported", "optimized"):
+        ops.add_column(column)
+    for op in sorted(set(before) | set(after_ops)):
+        ops.add_row(escape(op), str(before.get(op, 0)), str(after_ops.get(op, 0)))
+    out.print(ops)
+    if kernels:
+        _explain_kernels(optimized)
+    if profile:
+        _explain_profile(model, optimized, binding, runs, top)
+
+
+def _explain_profile(model: str, graph, binding: dict[str, int], runs: int, top: int) -> None:  # type: ignore[no-untyped-def]
+    from kiln import zoo as models
+    from kiln.runtime.profile import matmul_peak, profile_graph
+
+    feeds = models.example_inputs(model, batch=binding.get("batch", 1)) if model in models.MODELS else None
+    with console.status("profiling (timers in every kernel)..."):
+        result = profile_graph(graph, feeds, runs=runs)
+    with console.status("measuring the matrix-multiply peak..."):
+        peak = matmul_peak()
+    total = sum(t.seconds for t in result.kernels)
+    table = Table(
+        title=f"profile: {runs} runs, median {result.run_seconds * 1e3:.2f} ms per run; matrix-multiply peak {peak:.0f} GFLOP/s (measured)"
+    )
+    for column in ("kernel", "kind", "computes", "ms", "%", "GFLOP/s", "% peak", "schedule"):
+        table.add_column(column, overflow="fold")
+    for timed in sorted(result.kernels, key=lambda t: -t.seconds)[:top]:
+        rate = timed.gflops
+        table.add_row(
+            timed.kernel.name,
+            timed.kernel.kind,
+            escape("; ".join(timed.kernel.sources)),
+            f"{timed.seconds * 1e3:.3f}",
+            f"{100 * timed.seconds / total:.1f}" if total else "-",
+            f"{rate:.1f}" if rate is not None else "-",
+            f"{100 * rate / peak:.0f}" if rate is not None and peak else "-",
+            timed.schedule,
+        )
+    out.print(table)
+    kinds: dict[str, list[float]] = {}
+    for timed in result.kernels:
+        entry = kinds.setdefault(timed.kernel.kind, [0, 0.0, 0.0])
+        entry[0] += 1
+        entry[1] += timed.seconds
+        entry[2] += timed.kernel.flops
+    summary = Table(title="by kind")
+    for column in ("kind", "kernels", "ms", "%", "GFLOP/s"):
+        summary.add_column(column)
+    for kind, (count, seconds, flops) in sorted(kinds.items(), key=lambda kv: -kv[1][1]):
+        rate = f"{flops / seconds / 1e9:.1f}" if flops and seconds else "-"
+        summary.add_row(
+            kind, str(int(count)), f"{seconds * 1e3:.2f}", f"{100 * seconds / total:.1f}" if total else "-", rate
+        )
+    out.print(summary)
+    out.print(
+        f"kernels {total * 1e3:.2f} ms per run; outside kernels (runtime, fallbacks) {result.fallback_seconds * 1e3:.2f} ms"
+    )
+
+
+def _explain_kernels(graph) -> None:  # type: ignore[no-untyped-def]
+    from kiln.compiler import Fallback, compile_plan
+
+    plan = compile_plan(graph, level=0)  # already optimized
+    if plan.whole_graph_reason:
+        out.print(f"whole graph runs on the reference: {plan.whole_graph_reason}")
+        return
+    table = Table(title="execution plan: kernels and host fallbacks, in order")
+    for column in ("step", "kind", "computes", "schedule / reason"):
+        table.add_column(column, overflow="fold")
+    for step in plan.steps:
+        if isinstance(step, Fallback):
+            table.add_row("fallback", step.node.op, escape(step.node.label), f"[yellow]{escape(step.reason)}[/]")
+            continue
+        for kernel in step.kernels:
+            schedule = kernel.schedule
+            parts = [
+                f"parallel {schedule.parallel}" if schedule.parallel else "",
+                f"simd {schedule.vectorize}" if schedule.vectorize else "",
+            ]
+            table.add_row(
+                f"{kernel.name} (segment {step.number})",
+                kernel.kind,
+                escape("; ".join(kernel.sources)),
+                ", ".join(p for p in parts if p) or "serial",
+            )
+    out.print(table)
+    native = "no host fallback" if plan.is_native else f"{len(plan.fallbacks)} host fallback(s)"
+    out.print(f"{sum(len(s.kernels) for s in plan.steps if not isinstance(s, Fallback))} kernels, {native}")
+    out.print(f"memory plan: {plan.memory.describe()}")
+    if plan.library is not None:
+        out.print(f"generated C: {plan.library.with_suffix('.c')}")
+        out.print(f"shared library: {plan.library}")
+
+
+@click.command()
+@click.argument("model")
+@click.option("--dim", "dims", multiple=True, help="Bind a symbolic dim for the fallback check, e.g. --dim batch=8.")
+@click.option("--strict", is_flag=True, help="Also exit 1 when a node would run as a host fallback on the cpu target.")
+def check(model: str, dims: tuple[str, ...], strict: bool) -> None:
+    """Check MODEL (an .onnx path or a zoo name) before compiling: every unsupported construct (op,
+    opset, attribute, dtype) with its node's name, all at once; the symbolic dims kiln specializes
+    and which node first reads each; nodes whose output shapes depend on data; and the nodes that
+    would run as host fallbacks on the cpu target. Exit code 0: compiles (natively unless listed);
+    1: the model cannot be compiled (or, with --strict, has host fallbacks)."""
+    from kiln import zoo as models
+    from kiln.compiler import compile_plan
+    from kiln.errors import InvalidModelError, ModelLoadError, UnsupportedModelError
+    from kiln.frontend.onnx import import_onnx
+    from kiln.ir.types import TensorType
+    from kiln.passes import specialize
+
+    path = str(models.onnx_path(model, progress=console.print)) if model in models.MODELS else model
+    try:
+        graph = import_onnx(path)
+    except UnsupportedModelError as err:
+        out.print(f"[red]{len(err.problems)} unsupported construct(s)[/] in {escape(path)}:")
+        for problem in err.problems:
+            out.print(f"  - {escape(problem)}", highlight=False)
+        raise SystemExit(1) from None
+    except (InvalidModelError, ModelLoadError) as err:
+        out.print(f"[red]cannot import[/] {escape(str(err))}", highlight=False)
+        raise SystemExit(1) from None
+    out.print(f"{escape(path)}: {len(graph.nodes)} nodes, every op supported")
+    symbols: dict[str, str] = {}
+    for value in graph.inputs:
+        if isinstance(value.type, TensorType) and value.type.shape is not None:
+            for axis, dim in enumerate(value.type.shape):
+                if isinstance(dim, str):
+                    symbols.setdefault(dim, f"input {value.name!r} axis {axis}")
+    readers: dict[str, str] = {}
+    for node in graph.nodes:
+        for value in node.inputs:
+            if value is not None and isinstance(value.type, TensorType) and value.type.shape is not None:
+                for dim in value.type.shape:
+                    if isinstance(dim, str) and dim in symbols:
+                        readers.setdefault(dim, node.label)
+    for symbol, where in symbols.items():
+        out.print(
+            f"dim {symbol!r} ({where}): specialized per binding (each new value compiles once); first read by {escape(readers.get(symbol, 'no node'))}",
+            highlight=False,
+        )
+    dynamic = []
+    for node in graph.nodes:
+        for value in node.outputs:
+            if isinstance(value.type, TensorType) and value.type.shape is not None:
+                fresh = [d for d in value.type.shape if isinstance(d, str) and d not in symbols]
+                if fresh:
+                    dynamic.append((node.label, fresh))
+                    break
+    for label, fresh in dynamic[:20]:
+        out.print(
+            f"data-dependent shape {fresh} from {escape(label)}: kiln specializes on small integer inputs' values, else runs the graph on the reference",
+            highlight=False,
+        )
+    binding = parse_dims(dims)
+    binding.update({s: binding.get(s, 1) for s in symbols})
+    plan = compile_plan(specialize(graph, binding), build_library=False)
+    if plan.whole_graph_reason:
+        out.print(f"[yellow]runs on the reference, not natively:[/] {escape(plan.whole_graph_reason)}", highlight=False)
+    for fallback in plan.fallbacks:
+        out.print(f"[yellow]host fallback[/] {escape(fallback.node.label)}: {escape(fallback.reason)}", highlight=False)
+    native = not plan.whole_graph_reason and not plan.fallbacks
+    out.print("compiles natively on the cpu target" if native else f"{len(plan.fallbacks)} host fallback(s)")
+    if strict and not native:
+        raise SystemExit(1)
+
+
+@click.command("diff")
+@click.argument("model")
+@click.option(
+    "--input",
+    "input_file",
+    default=None,
+    help="Inputs: an .npz by input name (or an .npy for one input). [default: random]",
+)
+@click.option("--dim", "dims", multiple=True, help="Bind a symbolic dim, e.g. --dim batch=1.")
+@click.option(
+    "--disable",
+    multiple=True,
+    help="Rerun without a pass (fuse, simplify, ...) or an algorithm (winograd) to bisect a difference (repeatable).",
+)
+@click.option(
+    "--tolerance", type=float, default=1e-4, show_default=True, help="Relative L2 error beyond which a tensor diverges."
+)
+@click.option(
+    "--all",
+    "show_all",
+    is_flag=True,
+    help="List every compared tensor, not only the worst and the first divergent ones.",
+)
+def diff_command(
+    model: str,
+    input_file: str | None,
+    dims: tuple[str, ...],
+    disable: tuple[str, ...],
+    tolerance: float,
+    show_all: bool,
+) -> None:
+    """Compare every intermediate tensor of the compiled MODEL with the reference interpreter and
+    name the first node that diverges beyond tolerance (exit 1 if one does)."""
+    from kiln.diff import diff, feeds_for
+    from kiln.passes import specialize
+
+    graph, binding = import_bound(model, dims)
+    graph = specialize(graph, binding)
+    feeds = feeds_for(graph, input_file)
+    with console.status("running the compiled model and the reference..."):
+        report = diff(graph, feeds, set(disable), tolerance)
+    table = Table(
+        title=f"{model}: {len(report.tensors)} tensors compared ({report.unmatched} without a same-named reference value)"
+    )
+    for column in ("tensor", "produced by", "max abs", "median abs", "p99 abs", "max rel", "rel L2"):
+        table.add_column(column, overflow="fold")
+    worst = sorted(report.tensors, key=lambda t: -t.relative_l2)[:10]
+    rows = report.tensors if show_all else [t for t in report.tensors if t in worst or t.beyond(tolerance)][:40]
+    for t in rows:
+        style = "red" if t.beyond(tolerance) else ""
+        table.add_row(
+            escape(t.name),
+            escape(t.node),
+            f"{t.max_abs:.2e}",
+            f"{t.median_abs:.2e}",
+            f"{t.p99_abs:.2e}",
+            f"{t.max_rel:.2e}",
+            f"[{style}]{t.relative_l2:.2e}[/]" if style else f"{t.relative_l2:.2e}",
+        )
+    out.print(table)
+    first = report.first_divergence
+    if first is None:
+        out.print(f"no tensor diverges beyond relative L2 {tolerance:g}")
+        return
+    out.print(
+        f"[red]first divergence:[/] {escape(first.name)} (relative L2 {first.relative_l2:.2e}), produced by {escape(first.node)}",
+        highlight=False,
+    )
+    out.print("rerun with --disable fuse / --disable winograd / --disable simplify ... to bisect")
+    raise SystemExit(1)
