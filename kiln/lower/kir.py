@@ -266,12 +266,9 @@ def buffers_in(body: list[Stmt]) -> list[Buffer]:
                 visit(stmt.index)
                 visit(stmt.value)
                 found[stmt.buffer] = None
-            elif isinstance(stmt, Gemm):
-                found.update((v, None) for v in stmt.fields.values() if isinstance(v, Buffer))
-                if stmt.epilogue is not None:
-                    walk(stmt.epilogue.body)
-            elif isinstance(stmt, Call):
-                found.update((v, None) for v in stmt.args if isinstance(v, Buffer))
+            elif isinstance(stmt, (Gemm, Call)):
+                arguments = stmt.fields.values() if isinstance(stmt, Gemm) else stmt.args
+                found.update((v, None) for v in arguments if isinstance(v, Buffer))
                 if stmt.epilogue is not None:
                     walk(stmt.epilogue.body)
 
