@@ -54,6 +54,8 @@ class GraphBuilder:
         self.constants = constants
         self.nodes: list[Node] = []
         self.poisoned: set[Value] = set()
+        # ONNX names defined in this graph (not an enclosing one): a second producer is invalid
+        self.own: set[str] = set()
 
     # -- values ------------------------------------------------------------------------------
 
@@ -74,6 +76,7 @@ class GraphBuilder:
 
     def define(self, onnx_name: str, value: Value) -> None:
         self.scope.values[onnx_name] = value
+        self.own.add(onnx_name)
 
     def attrs(self, proto: onnx.NodeProto, hints: list[Type] | None = None) -> dict[str, Any]:
         return {a.name: self.importer.attribute(a, self, hints) for a in proto.attribute}

@@ -152,6 +152,7 @@ class _Importer:
         self.opsets = opsets
         self.where = where
         self.problems: list[str] = []
+        self.produced_later: set[str] = set()
 
     def graph(
         self,
@@ -204,10 +205,16 @@ class _Importer:
             if value_type is None:
                 self.problems.append(f"invalid: graph input {info.name!r} has no type")
                 value_type = TensorType(DType.FLOAT32, None)
+            try:
+                check_size(value_type, f"graph input {info.name!r}")
+            except ShapeInferenceError as err:
+                self.problems.append(f"invalid: {err}")
             value = Value(unique_name(info.name, taken), value_type)
             inputs.append(value)
             scope.values[info.name] = value
+        self.produced_later = {name for node_proto in proto.node for name in node_proto.output}
         builder = GraphBuilder(self, scope, taken, constants)
+        builder.own.update(initializer_names, (info.name for info in real_inputs))
         for node_proto in proto.node:
             self.node(node_proto, builder)
         outputs: list[Value] = []
@@ -228,9 +235,15 @@ class _Importer:
         label = f"node {proto.name or '<unnamed>'!r} (op {proto.op_type}, opset {opset})"
         missing = [name for name in proto.input if name and name not in builder.scope.values]
         if missing:
-            self.problems.append(f"invalid: {label}: input(s) {missing} are not defined before use")
+            later = [name for name in missing if name in self.produced_later]
+            why = " (produced by a later node: a cycle, or nodes out of topological order)" if later else ""
+            self.problems.append(f"invalid: {label}: input(s) {missing} are not defined before use{why}")
             builder.poison(proto)
             return
+        # the types the node sees, for every message about it
+        seen = [f"{name}: {builder.scope.values[name].type}" for name in proto.input if name]
+        if seen and not any(builder.scope.values[n] in builder.poisoned for n in proto.input if n):
+            label += f" with inputs {', '.join(seen)}"
         if opset is None:
             self.problems.append(f"unsupported: {label}: domain {proto.domain!r} is not imported by the model")
             builder.poison(proto)
@@ -241,7 +254,15 @@ class _Importer:
             self.problems.append(f"unsupported: {label}: unknown op")
             builder.poison(proto)
             return
+        redefined = [name for name in proto.output if name and name in builder.own]
+        if redefined:
+            self.problems.append(
+                f"invalid: {label}: output(s) {redefined} are already defined (each value has one producer)"
+            )
+            return
         try:
+            if opdef is not None:
+                _check_attribute_kinds(proto, opdef)
             if converter is not None:
                 converter(proto, builder, label)
             else:
@@ -292,30 +313,50 @@ def _text(value: bytes) -> str | bytes:
         return value
 
 
+def _check_attribute_kinds(proto: onnx.NodeProto, opdef: Any) -> None:
+    """An attribute whose type differs from the schema's (Softmax's ``axis`` given as a string)
+    is an invalid model, reported with the node, not a kiln bug further down."""
+    from kiln.ops.registry import _ATTR_KINDS
+
+    for attribute in proto.attribute:
+        spec = opdef.attrs.get(attribute.name)
+        if spec is None or spec.kind == "unknown" or attribute.ref_attr_name:
+            continue
+        kind = _ATTR_KINDS.get(int(attribute.type), "undefined")
+        if kind == spec.kind or (kind, spec.kind) in (("int", "float"), ("ints", "floats")):
+            continue
+        raise InvalidModelError(f"attribute {attribute.name!r} must be {spec.kind}, got {kind}")
+
+
 class _Unsupported(Exception):
     """A construct kiln does not support (raised by converters, reported with the node)."""
 
 
 @functools.cache
-def _shared_type_params(op: str, domain: str) -> tuple[tuple[str, bool], ...] | None:
-    """(type variable, variadic) per formal input of the newest ONNX schema, or None."""
+def _shared_type_params(op: str, domain: str) -> tuple[tuple[str, bool, frozenset[str]], ...] | None:
+    """(type variable or fixed type, variadic, allowed type strings) per formal input of the
+    newest ONNX schema, or None."""
     if not onnx.defs.has(op, domain=domain):  # kiln's own or a custom domain (and no C++ exception)
         return None
     try:
         schema = onnx.defs.get_schema(op, domain=domain)
     except Exception:
         return None
+    allowed = {c.type_param_str: frozenset(c.allowed_type_strs) for c in schema.type_constraints}
     params = []
     for formal in schema.inputs:
         variadic = formal.option == onnx.defs.OpSchema.FormalParameterOption.Variadic
         # a heterogeneous variadic (Loop's carried values) binds its type variable per element
-        params.append((formal.type_str if not variadic or formal.is_homogeneous else "", variadic))
+        type_str = formal.type_str if not variadic or formal.is_homogeneous else ""
+        kinds = allowed.get(type_str, frozenset({type_str}) if type_str.startswith("tensor(") else frozenset())
+        params.append((type_str, variadic, kinds))
     return tuple(params)
 
 
 def _check_type_constraints(node: Node, input_types: list[Type | None]) -> None:
-    """Inputs bound to one type variable of the op's schema (MatMul's T for A and B) must have one
-    dtype: a float32 x float64 MatMul is rejected here, naming the inputs, not when it runs."""
+    """Each input's dtype must be one the op's schema allows (Reshape's shape is int64), and
+    inputs bound to one type variable (MatMul's T for A and B) must share it: a float32 x float64
+    MatMul is rejected here, naming the inputs, not when it runs."""
     from kiln.ir.types import TensorType as _Tensor
 
     params = _shared_type_params(node.op, node.domain)
@@ -326,9 +367,15 @@ def _check_type_constraints(node: Node, input_types: list[Type | None]) -> None:
         if value is None or not isinstance(value_type, _Tensor):
             continue
         position = min(index, len(params) - 1)
-        type_var, variadic = params[position]
+        type_var, variadic, allowed = params[position]
         if index >= len(params) and not variadic:
             continue
+        type_str = f"tensor({onnx.TensorProto.DataType.Name(value_type.dtype.onnx_code).lower()})"
+        if allowed and all(a.startswith("tensor(") for a in allowed) and type_str not in allowed:
+            raise ShapeInferenceError(
+                f"input %{value.name} is {value_type.dtype.short}, which the {node.op} schema does not allow there "
+                f"({', '.join(sorted(a[7:-1] for a in allowed))})"
+            )
         if not type_var or "(" in type_var:
             continue  # a fixed type (tensor(int64)), not a variable, or a heterogeneous variadic
         dtype = value_type.dtype.short
@@ -350,8 +397,56 @@ def infer_node(
     if opdef is None:
         raise _Unsupported("unknown op")
     _check_type_constraints(node, input_types)
+    _check_axis(node, input_types)
     ctx = InferContext(node, opdef, input_types, known, symbolic)
     types = list(opdef.infer(ctx))
     if len(types) < len(node.outputs):
         raise ShapeInferenceError(f"inference gave {len(types)} output types for {len(node.outputs)} outputs")
+    for index, value_type in enumerate(types[: len(node.outputs)]):
+        check_size(value_type, f"output {index}")
     return types[: len(node.outputs)], ctx.out_symbolic
+
+
+# Ops whose ``axis`` attribute names a dim of input 0, in [-rank, rank - 1] (Flatten: up to rank).
+_AXIS_OPS = frozenset(
+    "Softmax LogSoftmax Hardmax LpNormalization LayerNormalization Concat Gather GatherElements Split "
+    "ArgMax ArgMin Compress ScatterElements OneHot".split()
+)
+# The largest tensor kiln accepts: more than any machine it targets can hold, and far below the
+# point where element counts overflow 64-bit index arithmetic in generated code.
+MAX_TENSOR_BYTES = 1 << 40
+
+
+def _check_axis(node: Node, input_types: list[Type | None]) -> None:
+    from kiln.ir.types import TensorType as _Tensor
+
+    if "axis" not in node.attrs or not input_types or not isinstance(input_types[0], _Tensor):
+        return
+    shape = input_types[0].shape
+    axis = node.attrs["axis"]
+    if shape is None or not isinstance(axis, int) or (node.op not in _AXIS_OPS and node.op != "Flatten"):
+        return
+    rank = max(len(shape), 1)
+    low, high = -rank, rank - 1  # inclusive
+    if node.op == "Flatten":
+        high = rank
+    elif node.op == "OneHot":  # a new axis of the output
+        low, high = -rank - 1, rank
+    if not low <= axis <= high:
+        raise ShapeInferenceError(f"axis {axis} is out of range for input %{node.inputs[0].name} of rank {len(shape)}")
+
+
+def check_size(value_type: Type | None, what: str) -> None:
+    """Reject a tensor too large for any machine (dims such as 2^40 x 2^40) with its type."""
+    from kiln.ir.types import TensorType as _Tensor
+
+    if not isinstance(value_type, _Tensor) or value_type.shape is None:
+        return
+    size = value_type.dtype.numpy.itemsize
+    for dim in value_type.shape:
+        if isinstance(dim, int):
+            size *= max(dim, 1)
+    if size > MAX_TENSOR_BYTES:
+        raise ShapeInferenceError(
+            f"{what} would be {value_type} ({size:,} bytes), over kiln's limit of {MAX_TENSOR_BYTES:,} bytes per tensor"
+        )

@@ -3,6 +3,10 @@ attention, losses and signal processing."""
 
 from __future__ import annotations
 
+from typing import Any
+
+import numpy as np
+
 from kiln.errors import ShapeInferenceError
 from kiln.ir.types import Dim, DType, TensorType, Type
 from kiln.ops.registry import InferContext, normalize_axis, register, same_as_input
@@ -45,6 +49,16 @@ def _window_out(ctx: InferContext, data: TensorType, kernel: list[int], channels
     auto_pad = ctx.attr_or("auto_pad", "NOTSET")
     ceil_mode = bool(ctx.attr_or("ceil_mode", 0))
     assert data.shape is not None
+    for name, values, count, low in (
+        ("kernel_shape", kernel, spatial, 1),
+        ("strides", strides, spatial, 1),
+        ("dilations", dilations, spatial, 1),
+        ("pads", pads, 2 * spatial, 0),
+    ):
+        if len(values) != count:
+            raise ShapeInferenceError(f"{name} has {len(values)} values, expected {count} for {spatial} spatial dims")
+        if any(not isinstance(v, int) or v < low for v in values):
+            raise ShapeInferenceError(f"{name} {list(values)} must be integers >= {low}")
     dims = [
         _spatial_out(
             ctx, data.shape[2 + i], kernel[i], strides[i], dilations[i], pads[i], pads[i + spatial], auto_pad, ceil_mode
@@ -69,6 +83,11 @@ def _conv(ctx: InferContext) -> list[Type]:
     if len(data.shape) != len(kernel) + 2:
         raise ShapeInferenceError(f"input rank {len(data.shape)} does not match a {len(kernel)}-D kernel")
     group = ctx.attr("group") or 1
+    if group < 1:
+        raise ShapeInferenceError(f"group {group} must be >= 1")
+    out_channels = weight.shape[0]
+    if isinstance(out_channels, int) and out_channels % group:
+        raise ShapeInferenceError(f"weight has {out_channels} output channels, not a multiple of group {group}")
     in_channels, weight_channels = data.shape[1], weight.shape[1]
     if isinstance(in_channels, int) and isinstance(weight_channels, int) and in_channels != weight_channels * group:
         raise ShapeInferenceError(
@@ -115,6 +134,79 @@ def _pool(ctx: InferContext) -> list[Type]:
     if ctx.num_outputs > 1:
         types.append(TensorType(DType.INT64, shape))
     return types
+
+
+def _pool_reference(ctx: Any, inputs: list[Any]) -> list[Any]:
+    """MaxPool / AveragePool in NumPy. onnx's reference (1.23) reads asymmetric ``pads`` in the
+    wrong order (it swaps the first axis's end pad with the second axis's begin pad), so kiln
+    keeps its own; MaxPool's optional indices output and LpPool still go to onnx's."""
+    node = ctx.node
+    if node.op == "LpPool" or len(node.outputs) > 1:
+        from kiln.ops.onnx_bridge import make_onnx_op
+
+        return list(make_onnx_op(node, ctx.opdef, [v.type if v is not None else None for v in node.inputs])(*inputs))
+    x = np.asarray(inputs[0])
+    spatial = x.ndim - 2
+    kernel = list(ctx.attr("kernel_shape"))
+    strides = list(ctx.attr("strides") or (1,) * spatial)
+    dilations = list(ctx.attr("dilations") or (1,) * spatial) if "dilations" in ctx.opdef.attrs else [1] * spatial
+    pads = list(ctx.attr("pads") or (0,) * (2 * spatial))
+    auto_pad = ctx.attr("auto_pad") or "NOTSET"
+    ceil_mode = bool(ctx.attr("ceil_mode") or 0)
+    begin, end, outs = [], [], []
+    for i in range(spatial):
+        size, k, s, d = x.shape[2 + i], kernel[i], strides[i], dilations[i]
+        effective = d * (k - 1) + 1
+        if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+            out = -(-size // s)
+            total = max((out - 1) * s + effective - size, 0)
+            low = total // 2 if auto_pad == "SAME_UPPER" else total - total // 2
+            pb, pe = low, total - low
+        elif auto_pad == "VALID":
+            pb, pe = 0, 0
+            out = max((size - effective) // s + 1, 0)
+        else:
+            pb, pe = pads[i], pads[i + spatial]
+            span = size + pb + pe - effective
+            out = -(-span // s) + 1 if ceil_mode else span // s + 1
+            if ceil_mode and (out - 1) * s >= size + pb:
+                out -= 1
+        begin.append(pb)
+        end.append(pe)
+        outs.append(out)
+    # room for windows that run past the end pad (ceil mode) without being part of the padding
+    extra = [
+        max((outs[i] - 1) * strides[i] + dilations[i] * (kernel[i] - 1) + 1 - (x.shape[2 + i] + begin[i] + end[i]), 0)
+        for i in range(spatial)
+    ]
+    width = [(0, 0), (0, 0)] + [(begin[i], end[i] + extra[i]) for i in range(spatial)]
+    is_max = node.op == "MaxPool"
+    if is_max:
+        fill = -np.inf if x.dtype.kind == "f" else np.iinfo(x.dtype).min
+        padded = np.pad(x, width, constant_values=fill)
+    else:
+        padded = np.pad(x.astype(np.float64), width)
+        inside = np.pad(np.ones(x.shape[2:]), width[2:])  # 1 on real elements
+        in_pads = np.pad(np.ones([x.shape[2 + i] + begin[i] + end[i] for i in range(spatial)]), [(0, e) for e in extra])
+        counts = in_pads if ctx.attr("count_include_pad") else inside
+    result = None
+    divisor = None
+    for offset in np.ndindex(*kernel):
+        window = tuple(
+            slice(offset[i] * dilations[i], offset[i] * dilations[i] + (outs[i] - 1) * strides[i] + 1, strides[i])
+            for i in range(spatial)
+        )
+        part = padded[(slice(None), slice(None), *window)]
+        if is_max:
+            result = part if result is None else np.maximum(result, part)
+        else:
+            result = part if result is None else result + part
+            weight = counts[window]
+            divisor = weight if divisor is None else divisor + weight
+    assert result is not None
+    if not is_max:
+        result = (result / np.maximum(divisor, 1)).astype(x.dtype)
+    return [np.ascontiguousarray(result)]
 
 
 def _global_pool(ctx: InferContext) -> list[Type]:
@@ -481,7 +573,7 @@ def _register() -> None:
         register(op, _conv)
     register("ConvTranspose", _conv_transpose)
     for op in ("MaxPool", "AveragePool", "LpPool"):
-        register(op, _pool)
+        register(op, _pool, reference=_pool_reference)
     for op in ("GlobalAveragePool", "GlobalMaxPool", "GlobalLpPool"):
         register(op, _global_pool)
     register("MaxUnpool", _max_unpool)

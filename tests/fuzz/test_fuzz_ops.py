@@ -1,0 +1,345 @@
+"""Fuzzing the ops with the most index arithmetic (hypothesis): convolutions (grouped, depthwise,
+strided, dilated, padded; on the engine, Winograd and loop-nest paths), pooling, Gather with
+negative and out-of-range indices, and attention patterns; plus malformed graphs (cycles, second
+producers, wrong attribute kinds and values, huge dims) that must give clear errors.
+
+Same budget knob as ``test_fuzz.py``: ``KILN_FUZZ_EXAMPLES=2000 pytest tests/fuzz`` runs the long mode.
+"""
+
+import numpy as np
+import onnx
+import pytest
+from hypothesis import event, given
+from hypothesis import strategies as st
+from onnx import TensorProto, helper, numpy_helper
+
+import kiln
+from kiln.errors import InternalError, KilnError
+from tests.fuzz.test_fuzz import FUZZ
+
+
+def _model(nodes, inputs, output, inits, opset=18):
+    graph = helper.make_graph(
+        nodes,
+        "fuzz",
+        [helper.make_tensor_value_info(n, t, s) for n, t, s in inputs],
+        [helper.make_tensor_value_info(output, TensorProto.FLOAT, None)],
+        [numpy_helper.from_array(v, k) for k, v in inits.items()],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=10)
+
+
+def _check(model, feeds, rtol=1e-3, atol=1e-4):
+    want = kiln.compile(model, target="reference").run(feeds)
+    got = kiln.compile(model).run(feeds)
+    for name in want:
+        np.testing.assert_allclose(
+            got[name], want[name], rtol=rtol, atol=atol, err_msg=onnx.printer.to_text(model.graph)
+        )
+
+
+def _divisors(n):
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+@st.composite
+def image_graphs(draw):
+    """NCHW chains of Conv (grouped/depthwise/strided/dilated/padded, with bias, Relu or a residual
+    Add as epilogue), MaxPool/AveragePool (ceil mode, padding), BatchNormalization and global pooling."""
+    rng = np.random.default_rng(draw(st.integers(0, 2**31)))
+    shape = [
+        draw(st.integers(1, 2)),
+        draw(st.sampled_from([1, 2, 3, 4, 8, 16])),
+        draw(st.integers(1, 14)),
+        draw(st.integers(1, 14)),
+    ]
+    nodes, inits = [], {}
+    current, (n, c, h, w) = "x", shape
+    for step in range(draw(st.integers(1, 4))):
+        out = f"t{step}"
+        kind = draw(st.sampled_from(["conv", "conv", "conv", "depthwise", "maxpool", "avgpool", "batchnorm", "global"]))
+        if kind in ("conv", "depthwise"):
+            group = c if kind == "depthwise" else draw(st.sampled_from(_divisors(c)))
+            oc = group * draw(st.sampled_from([1, 2, 3, 4] if kind == "depthwise" else [1, 2, 5, 8, 16]))
+            if kind == "conv" and group == 1:
+                oc = draw(st.sampled_from([1, 3, 8, 16, 24]))
+            kh, kw = draw(st.integers(1, 3)), draw(st.integers(1, 3))
+            stride = [draw(st.integers(1, 2)), draw(st.integers(1, 2))]
+            dilation = [draw(st.integers(1, 2)), draw(st.integers(1, 2))]
+            pads = [
+                draw(st.integers(0, kh - 1)),
+                draw(st.integers(0, kw - 1)),
+                draw(st.integers(0, kh - 1)),
+                draw(st.integers(0, kw - 1)),
+            ]
+            out_h = (h + pads[0] + pads[2] - dilation[0] * (kh - 1) - 1) // stride[0] + 1
+            out_w = (w + pads[1] + pads[3] - dilation[1] * (kw - 1) - 1) // stride[1] + 1
+            if out_h < 1 or out_w < 1:
+                continue
+            fan_in = (c // group) * kh * kw
+            inits[f"w{step}"] = (rng.standard_normal((oc, c // group, kh, kw)) / np.sqrt(fan_in)).astype(np.float32)
+            operands = [current, f"w{step}"]
+            if draw(st.booleans()):
+                inits[f"b{step}"] = rng.standard_normal(oc).astype(np.float32)
+                operands.append(f"b{step}")
+            nodes.append(
+                helper.make_node(
+                    "Conv",
+                    operands,
+                    [out],
+                    group=group,
+                    strides=stride,
+                    dilations=dilation,
+                    pads=pads,
+                    kernel_shape=[kh, kw],
+                )
+            )
+            c, h, w = oc, out_h, out_w
+            epilogue = draw(st.sampled_from(["none", "relu", "residual"]))
+            if epilogue == "relu":
+                nodes.append(helper.make_node("Relu", [out], [out + "_r"]))
+                out += "_r"
+            elif epilogue == "residual":
+                inits[f"r{step}"] = rng.standard_normal((n, c, h, w)).astype(np.float32)
+                nodes.append(helper.make_node("Add", [out, f"r{step}"], [out + "_a"]))
+                out += "_a"
+        elif kind in ("maxpool", "avgpool"):
+            k = [draw(st.integers(1, 3)), draw(st.integers(1, 3))]
+            stride = [draw(st.integers(1, 2)), draw(st.integers(1, 2))]
+            pads = [
+                draw(st.integers(0, k[0] - 1)),
+                draw(st.integers(0, k[1] - 1)),
+                draw(st.integers(0, k[0] - 1)),
+                draw(st.integers(0, k[1] - 1)),
+            ]
+            ceil = int(draw(st.booleans()))
+            if h + pads[0] + pads[2] < k[0] or w + pads[1] + pads[3] < k[1]:
+                continue
+            attrs = dict(kernel_shape=k, strides=stride, pads=pads, ceil_mode=ceil)
+            if kind == "avgpool":
+                attrs["count_include_pad"] = int(draw(st.booleans()))
+            nodes.append(helper.make_node("MaxPool" if kind == "maxpool" else "AveragePool", [current], [out], **attrs))
+
+            def size(x, i):
+                span = x + pads[i] + pads[i + 2] - k[i]
+                o = -(-span // stride[i]) + 1 if ceil else span // stride[i] + 1
+                if ceil and (o - 1) * stride[i] >= x + pads[i]:
+                    o -= 1
+                return o
+
+            h, w = size(h, 0), size(w, 1)
+        elif kind == "batchnorm":
+            for name, values in (
+                ("scale", rng.standard_normal(c)),
+                ("bias", rng.standard_normal(c)),
+                ("mean", rng.standard_normal(c)),
+                ("var", rng.uniform(0.5, 2.0, c)),
+            ):
+                inits[f"{name}{step}"] = values.astype(np.float32)
+            nodes.append(
+                helper.make_node(
+                    "BatchNormalization", [current, f"scale{step}", f"bias{step}", f"mean{step}", f"var{step}"], [out]
+                )
+            )
+        else:
+            nodes.append(
+                helper.make_node("GlobalAveragePool" if draw(st.booleans()) else "GlobalMaxPool", [current], [out])
+            )
+            h = w = 1
+        current = out
+    if not nodes:
+        nodes.append(helper.make_node("Relu", [current], ["t_final"]))
+        current = "t_final"
+    model = _model(nodes, [("x", TensorProto.FLOAT, shape)], current, inits)
+    return model, {"x": rng.standard_normal(shape).astype(np.float32)}
+
+
+@FUZZ
+@given(image_graphs())
+def test_random_convolution_and_pooling_graphs_match_the_reference(case):
+    model, feeds = case
+    _check(model, feeds)
+
+
+@st.composite
+def gather_graphs(draw):
+    """Gather over a random axis with constant indices (negative ones included), or an embedding
+    lookup whose indices are an input; sometimes indices out of range, which must be an error."""
+    rng = np.random.default_rng(draw(st.integers(0, 2**31)))
+    rank = draw(st.integers(1, 3))
+    shape = [draw(st.integers(1, 6)) for _ in range(rank)]
+    axis = draw(st.integers(-rank, rank - 1))
+    dim = shape[axis]
+    index_shape = [draw(st.integers(1, 4)) for _ in range(draw(st.integers(0, 2)))]
+    bad = draw(st.integers(0, 5)) == 0
+    low, high = (-dim, dim) if not bad else (dim, dim + 3)
+    indices = rng.integers(low, high, size=index_shape).astype(np.int64)
+    if bad and indices.size == 0:
+        bad = False
+    nodes = [helper.make_node("Gather", ["data", "idx"], ["g"], axis=axis), helper.make_node("Neg", ["g"], ["y"])]
+    data = rng.standard_normal(shape).astype(np.float32)
+    if draw(st.booleans()):  # indices constant, data the input
+        model = _model(nodes, [("data", TensorProto.FLOAT, shape)], "y", {"idx": indices})
+        feeds = {"data": data}
+    else:  # an embedding lookup: constant table, indices the input
+        model = _model(nodes, [("idx", TensorProto.INT64, index_shape)], "y", {"data": data})
+        feeds = {"idx": indices}
+    return model, feeds, bad
+
+
+@FUZZ
+@given(gather_graphs())
+def test_random_gathers_match_the_reference_or_name_the_bad_index(case):
+    model, feeds, bad = case
+    if not bad:
+        _check(model, feeds, rtol=0, atol=0)
+        return
+    # an index out of range is the user's error: compile or run says so, never reads out of bounds
+    with pytest.raises(KilnError) as info:
+        kiln.compile(model).run(feeds)
+    assert not isinstance(info.value, InternalError)
+    assert "index" in str(info.value).lower() or "range" in str(info.value).lower(), str(info.value)
+
+
+@st.composite
+def attention_graphs(draw):
+    """softmax(Q K^T * scale (+ mask)) V with random batch, heads, lengths and head size; K given
+    already transposed or transposed in the graph; the mask additive or none."""
+    rng = np.random.default_rng(draw(st.integers(0, 2**31)))
+    batch, heads = draw(st.integers(1, 2)), draw(st.integers(1, 3))
+    lq, lk, d = draw(st.integers(1, 20)), draw(st.integers(1, 20)), draw(st.sampled_from([1, 4, 8, 16, 24]))
+    inputs = [
+        ("q", TensorProto.FLOAT, [batch, heads, lq, d]),
+        ("k", TensorProto.FLOAT, [batch, heads, lk, d]),
+        ("v", TensorProto.FLOAT, [batch, heads, lk, d]),
+    ]
+    nodes = [
+        helper.make_node("Transpose", ["k"], ["kt"], perm=[0, 1, 3, 2]),
+        helper.make_node("MatMul", ["q", "kt"], ["s"]),
+    ]
+    inits = {"scale": np.array(1 / np.sqrt(d), np.float32)}
+    nodes.append(helper.make_node("Mul" if draw(st.booleans()) else "Div", ["s", "scale"], ["ss"]))
+    scores = "ss"
+    mask = draw(st.sampled_from(["none", "causal", "padding"]))
+    if mask == "causal":
+        inits["mask"] = np.triu(np.full((lq, lk), -1e4, np.float32), 1)
+    elif mask == "padding":
+        inits["mask"] = np.where(rng.random((batch, 1, 1, lk)) < 0.3, -1e4, 0).astype(np.float32)
+    if mask != "none":
+        nodes.append(helper.make_node("Add", ["ss", "mask"], ["sm"]))
+        scores = "sm"
+    nodes.append(helper.make_node("Softmax", [scores], ["p"], axis=-1))
+    nodes.append(helper.make_node("MatMul", ["p", "v"], ["y"]))
+    feeds = {name: rng.standard_normal(shape).astype(np.float32) for name, _, shape in inputs}
+    return _model(nodes, inputs, "y", inits), feeds
+
+
+@FUZZ
+@given(attention_graphs())
+def test_random_attention_patterns_match_the_reference(case):
+    model, feeds = case
+    _check(model, feeds)
+
+
+# -- malformed graphs ------------------------------------------------------------------------------------
+
+
+def _base_model():
+    rng = np.random.default_rng(0)
+    nodes = [
+        helper.make_node("Conv", ["x", "w"], ["c"], name="conv", kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c"], ["r"], name="relu"),
+        helper.make_node("MaxPool", ["r"], ["p"], name="pool", kernel_shape=[2, 2], strides=[2, 2]),
+        helper.make_node("Reshape", ["p", "shape"], ["f"], name="flat"),
+        helper.make_node("MatMul", ["f", "m"], ["mm"], name="fc"),
+        helper.make_node("Softmax", ["mm"], ["y"], name="softmax", axis=-1),
+    ]
+    inits = {
+        "w": rng.standard_normal((4, 2, 3, 3)).astype(np.float32),
+        "shape": np.array([1, -1], np.int64),
+        "m": rng.standard_normal((64, 5)).astype(np.float32),
+    }
+    return _model(nodes, [("x", TensorProto.FLOAT, [1, 2, 8, 8])], "y", inits)
+
+
+def _mutate(model, data):
+    """One structural damage to a valid model, of a kind real exporters and hand edits produce."""
+    graph = model.graph
+    kind = data.draw(
+        st.sampled_from(["cycle", "rewire", "second_producer", "attribute", "dims", "initializer", "drop"])
+    )
+    nodes = list(graph.node)
+    if kind == "cycle":  # a node reads a later node's output
+        first = data.draw(st.integers(0, len(nodes) - 2))
+        later = data.draw(st.integers(first + 1, len(nodes) - 1))
+        nodes[first].input[0] = nodes[later].output[0]
+    elif kind == "rewire":  # an input points at some other value (types may no longer fit)
+        names = ["x", *(n.output[0] for n in nodes), *(i.name for i in graph.initializer)]
+        node = nodes[data.draw(st.integers(0, len(nodes) - 1))]
+        node.input[data.draw(st.integers(0, len(node.input) - 1))] = data.draw(st.sampled_from(names))
+    elif kind == "second_producer":
+        a, b = data.draw(st.integers(0, len(nodes) - 1)), data.draw(st.integers(0, len(nodes) - 1))
+        nodes[b].output[0] = nodes[a].output[0]
+    elif kind == "attribute":  # a wrong value or kind for an attribute the node has
+        node = nodes[data.draw(st.sampled_from([0, 2, 5]))]
+        attribute = node.attribute[data.draw(st.integers(0, len(node.attribute) - 1))]
+        value = data.draw(
+            st.one_of(
+                st.integers(-(2**40), 2**40),
+                st.lists(st.integers(-3, 2**33), max_size=6),
+                st.text(max_size=3),
+                st.floats(allow_nan=True),
+            )
+        )
+        replacement = (
+            helper.make_attribute(attribute.name, value) if value != [] else helper.make_attribute(attribute.name, [0])
+        )
+        attribute.CopyFrom(replacement)
+    elif kind == "dims":  # the input's declared dims: huge, zero, or a wrong rank
+        dims = data.draw(st.lists(st.sampled_from([0, 1, 2, 7, 8, 2**31, 2**40, 2**62]), min_size=0, max_size=5))
+        shape = graph.input[0].type.tensor_type.shape
+        del shape.dim[:]
+        for d in dims:
+            shape.dim.add().dim_value = d
+    elif kind == "initializer":  # a weight with another dtype or shape
+        init = graph.initializer[data.draw(st.integers(0, len(graph.initializer) - 1))]
+        array = numpy_helper.to_array(init)
+        if data.draw(st.booleans()):
+            array = array.astype(data.draw(st.sampled_from([np.float64, np.int32, np.float16, np.int64])))
+        else:
+            array = array.reshape(-1)[: data.draw(st.integers(0, array.size))]
+        init.CopyFrom(numpy_helper.from_array(array, init.name))
+    else:  # a node or initializer removed
+        if data.draw(st.booleans()):
+            del graph.node[data.draw(st.integers(0, len(nodes) - 1))]
+        else:
+            del graph.initializer[data.draw(st.integers(0, len(graph.initializer) - 1))]
+    return kind
+
+
+@FUZZ
+@given(st.data())
+def test_malformed_graphs_give_clear_errors_or_right_answers(data):
+    model = _base_model()
+    kind = _mutate(model, data)
+    try:
+        compiled = kiln.compile(model)
+    except InternalError as err:  # a kiln bug, not the model's fault: the fuzzer's find
+        raise AssertionError(f"{kind}: {err}") from err
+    except KilnError as err:
+        assert str(err)
+        event(f"{kind}: rejected ({type(err).__name__})")
+        return
+    event(f"{kind}: compiled")
+    # it still made sense (a rewire that types well, a harmless attribute): the answer must be right
+    shape = [d.dim_value for d in model.graph.input[0].type.tensor_type.shape.dim]
+    x = np.random.default_rng(1).standard_normal(shape).astype(np.float32)
+    try:
+        want = kiln.compile(model, target="reference").run({"x": x})
+    except KilnError:
+        with pytest.raises(KilnError):
+            compiled.run({"x": x})
+        return
+    got = compiled.run({"x": x})
+    for name in want:
+        np.testing.assert_allclose(got[name], want[name], rtol=1e-3, atol=1e-4, err_msg=kind)
