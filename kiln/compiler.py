@@ -14,13 +14,14 @@ from pathlib import Path
 import numpy as np
 
 from kiln.codegen.c import emit_c
+from kiln.codegen.target import Target
 from kiln.codegen.toolchain import build
 from kiln.errors import KilnError
 from kiln.ir.graph import Graph, Node, Value
 from kiln.ir.types import DType, TensorType
 from kiln.lower.kir import Buffer, Kernel, buffers_in
 from kiln.lower.lowering import CannotLower, Lowerer
-from kiln.lower.memory import MemoryPlan, plan_memory
+from kiln.lower.memory import MemoryPlan, engine_scratch, plan_memory
 from kiln.passes import optimize
 
 
@@ -145,6 +146,10 @@ def _compile_plan(graph, level, prebuilt, profile, choices, build_library, stage
     temps = {b for b in roots.values() if b not in fixed} | set(lowerer.scratch)
     stages.append("memory planning")
     memory = plan_memory(access, temps)
+    target = Target.host()
+    memory.scratch_shared, memory.scratch_per_thread = engine_scratch(
+        [k for s in steps if isinstance(s, Segment) for k in s.kernels], target.gemm_rows, target.gemm_cols
+    )
     table = {lowerer.status: 0}
     for buffer in [*dict.fromkeys(roots.values()), *lowerer.packed, *lowerer.scratch]:
         table.setdefault(buffer, len(table))

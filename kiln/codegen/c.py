@@ -204,6 +204,7 @@ def statements(body: Sequence[Stmt], schedule: Schedule, indent: str) -> list[st
             for field, value in stmt.fields.items():
                 if isinstance(value, Buffer):
                     text = value.name
+                    lines.append(f"{indent}  g.{field}_size = {value.size};")
                 elif isinstance(value, tuple):
                     text = "(const int64_t[]){" + ", ".join(str(int(v)) for v in value) + "}"
                 else:
@@ -300,7 +301,8 @@ def gemm_prelude() -> str:
     return f"#include <omp.h>\n#define KILN_VB {target.vector_bytes}\n#define KILN_MR {target.gemm_rows}\n{engine}\n"
 
 
-DEBUG_PRELUDE = """#include <stdio.h>
+DEBUG_PRELUDE = """#define KILN_DEBUG 1
+#include <stdio.h>
 #include <stdlib.h>
 /* KILN_DEBUG: an index outside its buffer stops the process with the buffer and the line */
 static inline int64_t kiln_checked(int64_t index, int64_t size, const char *buffer, int line) {

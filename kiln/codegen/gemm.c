@@ -22,6 +22,17 @@
 #define KILN_NR (2 * KILN_L)
 #define KILN_KC 256
 
+/* KILN_DEBUG: every element the engine reads or writes through an operand is checked against the
+   operand's size (kiln_checked, from the debug prelude); otherwise the checks compile away */
+#ifdef KILN_DEBUG
+#define KILN_AT(index, size, what) kiln_checked((index), (size), (what), __LINE__)
+#define KILN_SPAN(first, count, size, what) \
+  (kiln_checked((first), (size), (what), __LINE__), kiln_checked((first) + (count) - 1, (size), (what), __LINE__), (first))
+#else
+#define KILN_AT(index, size, what) (index)
+#define KILN_SPAN(first, count, size, what) (first)
+#endif
+
 typedef float kiln_vf __attribute__((vector_size(KILN_VB)));
 typedef float kiln_vfu __attribute__((vector_size(KILN_VB), aligned(4))); /* unaligned access */
 
@@ -45,6 +56,7 @@ struct kiln_gemm {
   void **buffers;           /* the segment's buffer table, for the epilogue */
   const int64_t *conv;      /* im2col geometry: C H W KH KW SH SW DH DW PT PL OH OW */
   int64_t mc, nc, kc;       /* cache blocking chosen by the autotuner (0: the defaults below) */
+  int64_t a_size, b_size, c_size, a_packed_size, b_packed_size; /* elements, for KILN_DEBUG checks */
 };
 
 /* -- the micro-kernel --------------------------------------------------------------------------- */
@@ -91,12 +103,12 @@ static void kiln_ukernel_edge(int64_t kc, const float *a, const float *b, float 
 
 /* rows x0..x0+xc of A (k0..k0+kc) into MR-row panels, zero padded */
 static void kiln_pack_a_strided(const kiln_gemm *g, int64_t bt, int64_t x0, int64_t xc, int64_t k0, int64_t kc, float *dst) {
-  const float *a = g->a + bt * g->a_bs;
+  const int64_t base = bt * g->a_bs;
   for (int64_t p = 0; p < xc; p += KILN_MR) {
     int64_t rows = xc - p < KILN_MR ? xc - p : KILN_MR;
     for (int64_t k = 0; k < kc; ++k) {
       int64_t r = 0;
-      for (; r < rows; ++r) dst[k * KILN_MR + r] = a[(x0 + p + r) * g->a_rs + (k0 + k) * g->a_cs];
+      for (; r < rows; ++r) dst[k * KILN_MR + r] = g->a[KILN_AT(base + (x0 + p + r) * g->a_rs + (k0 + k) * g->a_cs, g->a_size, "A")];
       for (; r < KILN_MR; ++r) dst[k * KILN_MR + r] = 0.0f;
     }
     dst += kc * KILN_MR;
@@ -106,10 +118,11 @@ static void kiln_pack_a_strided(const kiln_gemm *g, int64_t bt, int64_t x0, int6
 /* columns x0..x0+xc of B (k0..k0+kc) into NR-column panels, zero padded; row by row, so the
    source is read in order */
 static void kiln_pack_b_strided(const kiln_gemm *g, int64_t bt, int64_t x0, int64_t xc, int64_t k0, int64_t kc, float *dst) {
-  const float *b = g->b + bt * g->b_bs;
   const int64_t full = xc / KILN_NR, panel = kc * KILN_NR;
   for (int64_t k = 0; k < kc; ++k) {
-    const float *row = b + (k0 + k) * g->b_rs + x0 * g->b_cs;
+    const int64_t start = bt * g->b_bs + (k0 + k) * g->b_rs + x0 * g->b_cs;
+    KILN_SPAN(start, (xc - 1) * g->b_cs + 1, g->b_size, "B"); /* the row's first and last element */
+    const float *row = g->b + start;
     float *out = dst + k * KILN_NR;
     if (g->b_cs == 1) {
       for (int64_t p = 0; p < full; ++p) {
@@ -156,6 +169,7 @@ static void kiln_pack_im2col(const kiln_gemm *g, int64_t bt, int64_t x0, int64_t
         while (lo < run && (ow + lo) * SW + shift < 0) ++lo;
         while (hi > lo && (ow + hi - 1) * SW + shift >= W) --hi;
         const float *src = plane + ih * W + ow * SW + shift;
+        if (hi > lo) KILN_SPAN(bt * g->b_bs + ic * H * W + ih * W + (ow + lo) * SW + shift, (hi - lo - 1) * SW + 1, g->b_size, "B (im2col input)");
         for (int64_t t = 0; t < lo; ++t) out[t] = 0.0f;
         if (SW == 1)
           memcpy(out + lo, src + lo, (size_t)(hi - lo) * sizeof(float));
@@ -282,6 +296,13 @@ static void kiln_gemm_run(const kiln_gemm *g) {
           b_stride = kc * KILN_NR;
         }
         const int last = k0 + kc >= K;
+#ifdef KILN_DEBUG
+        if (a_packed) /* the panels this block reads, whole */
+          KILN_SPAN(bt * a_pbs + (m0 / KILN_MR) * K * KILN_MR, ((mlen + KILN_MR - 1) / KILN_MR - 1) * K * KILN_MR + K * KILN_MR, all_a ? g->batch * a_pbs : g->a_packed_size, "A (packed)");
+        if (b_packed)
+          KILN_SPAN(bt * b_pbs + (n0 / KILN_NR) * K * KILN_NR, ((nlen + KILN_NR - 1) / KILN_NR - 1) * K * KILN_NR + K * KILN_NR, all_b ? g->batch * b_pbs : g->b_packed_size, "B (packed)");
+        KILN_SPAN(bt * g->c_bs + m0 * g->ldc + n0, (mlen - 1) * g->ldc + nlen, g->c_size, "C");
+#endif
         for (int64_t jr = 0; jr < nlen; jr += KILN_NR) {
           const int64_t nr = nlen - jr < KILN_NR ? nlen - jr : KILN_NR;
           const float *bpanel = bblock + (jr / KILN_NR) * b_stride;

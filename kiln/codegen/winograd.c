@@ -16,7 +16,6 @@ static void kiln_winograd_in(int m, const float *x, float *v, int64_t N, int64_t
 #pragma omp parallel for collapse(2) schedule(static)
   for (int64_t n = 0; n < N; ++n)
     for (int64_t c = 0; c < C; ++c) {
-      const float *plane = x + (n * C + c) * H * W;
       for (int64_t th = 0; th < TH; ++th) {
         const int64_t ih0 = th * m - PT;
         for (int64_t tw0 = 0; tw0 < TW; tw0 += 8) {
@@ -29,13 +28,14 @@ static void kiln_winograd_in(int m, const float *x, float *v, int64_t N, int64_t
               kiln_v8 lane = {0};
               for (int l = 0; l < lanes; ++l) {
                 const int64_t iw = (tw0 + l) * m - PL + j;
-                lane[l] = row_inside && iw >= 0 && iw < W ? plane[ih * W + iw] : 0.0f;
+                lane[l] = row_inside && iw >= 0 && iw < W ? x[KILN_AT((n * C + c) * H * W + ih * W + iw, N * C * H * W, "winograd input")] : 0.0f;
               }
               d[i * a + j] = lane;
             }
           }
           if (m == 4) kiln_wino4_in(d, out); else kiln_wino2_in(d, out);
           float *dst = v + c * T + (n * TH + th) * TW + tw0;
+          KILN_SPAN(c * T + (n * TH + th) * TW + tw0, (int64_t)(a * a - 1) * C * T + lanes, (int64_t)a * a * C * T, "winograd V");
           for (int p = 0; p < a * a; ++p) {
             if (lanes == 8) *(kiln_v8u *)(dst + p * C * T) = out[p];
             else for (int l = 0; l < lanes; ++l) dst[p * C * T + l] = out[p][l];
@@ -53,13 +53,13 @@ static void kiln_winograd_out(int m, const float *mm, float *y, const float *bia
 #pragma omp parallel for collapse(2) schedule(static)
   for (int64_t n = 0; n < N; ++n)
     for (int64_t o = 0; o < O; ++o) {
-      float *plane = y + (n * O + o) * OH * OW;
       const float b = bias ? bias[o] : 0.0f;
       for (int64_t th = 0; th < TH; ++th) {
         for (int64_t tw0 = 0; tw0 < TW; tw0 += 8) {
           const int lanes = TW - tw0 < 8 ? (int)(TW - tw0) : 8;
           kiln_v8 p[36], out[16];
           const float *src = mm + o * T + (n * TH + th) * TW + tw0;
+          KILN_SPAN(o * T + (n * TH + th) * TW + tw0, (int64_t)(a * a - 1) * O * T + lanes, (int64_t)a * a * O * T, "winograd M");
           for (int q = 0; q < a * a; ++q) {
             if (lanes == 8) p[q] = *(const kiln_v8u *)(src + q * O * T);
             else { kiln_v8 lane = {0}; for (int l = 0; l < lanes; ++l) lane[l] = src[q * O * T + l]; p[q] = lane; }
@@ -71,11 +71,11 @@ static void kiln_winograd_out(int m, const float *mm, float *y, const float *bia
             for (int l = 0; l < lanes; ++l)
               for (int j = 0; j < m; ++j) {
                 const int64_t ow = (tw0 + l) * m + j;
-                if (ow < OW) plane[oh * OW + ow] = out[i * m + j][l] + b;
+                if (ow < OW) y[KILN_AT((n * O + o) * OH * OW + oh * OW + ow, N * O * OH * OW, "winograd output")] = out[i * m + j][l] + b;
               }
           }
         }
-        if (g && g->epilogue) {  /* rows th*m .. th*m+m of this plane are final */
+        if (g && g->epilogue) {  /* rows th*m .. th*m+m of this output plane are final */
           const int64_t first = th * m, last = (th + 1) * m < OH ? (th + 1) * m : OH;
           g->epilogue(g, n, o, o + 1, first * OW, last * OW);
         }

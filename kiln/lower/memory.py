@@ -7,10 +7,11 @@ overlap share memory; placement is greedy, largest first, at the lowest aligned 
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from kiln.lower.kir import Buffer
+from kiln.lower.kir import Buffer, For, Gemm, If, Kernel, Stmt
 
 ALIGNMENT = 64  # bytes: a cache line, and enough for any SIMD load
 
@@ -21,10 +22,29 @@ class MemoryPlan:
     lifetimes: dict[Buffer, tuple[int, int]]
     arena_bytes: int
     naive_bytes: int
+    # the matrix-multiply engine's packing buffers, outside the arena (see ``engine_scratch``):
+    # at most ``scratch_shared`` bytes plus ``scratch_per_thread`` for each thread
+    scratch_shared: int = 0
+    scratch_per_thread: int = 0
+
+    def scratch_bytes(self, threads: int | None = None) -> int:
+        return self.scratch_shared + (threads or engine_threads()) * self.scratch_per_thread
 
     def describe(self) -> str:
         saved = 1 - self.arena_bytes / self.naive_bytes if self.naive_bytes else 0.0
-        return f"arena {self.arena_bytes / 1e6:.2f} MB for {len(self.offsets)} buffers (naive sum {self.naive_bytes / 1e6:.2f} MB, {saved:.0%} saved)"
+        text = f"arena {self.arena_bytes / 1e6:.2f} MB for {len(self.offsets)} buffers (naive sum {self.naive_bytes / 1e6:.2f} MB, {saved:.0%} saved)"
+        if self.scratch_per_thread:
+            threads = engine_threads()
+            text += f"; engine packing scratch up to {self.scratch_bytes(threads) / 1e6:.2f} MB ({threads} thread{'s' if threads > 1 else ''})"
+        return text
+
+
+def engine_threads() -> int:
+    """The threads an OpenMP region gets by default: OMP_NUM_THREADS, else the usable CPUs."""
+    setting = os.environ.get("OMP_NUM_THREADS", "").split(",")[0].strip()
+    if setting.isdigit() and int(setting) > 0:
+        return int(setting)
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 def _align(size: int) -> int:
@@ -63,3 +83,40 @@ def plan_memory(steps: Sequence[tuple[Sequence[Buffer], Sequence[Buffer]]], temp
     arena = max((end for _, end, _ in placed), default=0)
     naive = sum(_align(max(b.nbytes, 1)) for b in lifetimes)
     return MemoryPlan(offsets, lifetimes, arena, naive)
+
+
+# gemm.c's constants: default reduction block, largest default row/column block, and the size up
+# to which an operand several tasks would repack is packed whole into a shared buffer
+_KC, _BLOCK, _SHARED_LIMIT = 256, 1024, 16 << 20
+
+
+def engine_scratch(kernels: Sequence[Kernel], rows: int, cols: int) -> tuple[int, int]:
+    """Upper bound of the engine's packing buffers (``kiln_scratch`` in gemm.c), as (bytes kept by
+    the calling thread, bytes kept by every thread): the calling thread keeps the largest whole-operand buffers (A and B), every thread
+    the largest per-block buffers; both are reused from call to call, so the bound is a max over
+    the plan's engine calls, not a sum. ``rows``/``cols`` are the micro-kernel's tile."""
+    shared_a = shared_b = block_a = block_b = 0
+
+    def walk(stmts: list[Stmt]) -> None:
+        nonlocal shared_a, shared_b, block_a, block_b
+        for stmt in stmts:
+            if isinstance(stmt, (For, If)):
+                walk(stmt.body)
+            elif isinstance(stmt, Gemm):
+                f = stmt.fields
+                m, n, k, batch = (int(f[name]) for name in ("M", "N", "K", "batch"))  # type: ignore[arg-type]
+                depth = min(k, int(f.get("kc", 0)) or _KC)  # type: ignore[arg-type]
+                mc = -(-min(m, max(_BLOCK, int(f.get("mc", 0)))) // rows) * rows  # type: ignore[arg-type]
+                nc = -(-min(n, max(_BLOCK, int(f.get("nc", 0)))) // cols) * cols  # type: ignore[arg-type]
+                if "a_packed" not in f:
+                    whole = batch * -(-m // rows) * rows * k * 4
+                    shared_a = max(shared_a, whole if whole <= _SHARED_LIMIT else 0)
+                    block_a = max(block_a, mc * depth * 4)
+                if "b_packed" not in f:
+                    whole = batch * -(-n // cols) * cols * k * 4
+                    shared_b = max(shared_b, whole if whole <= _SHARED_LIMIT else 0)
+                    block_b = max(block_b, nc * depth * 4)
+
+    for kernel in kernels:
+        walk(kernel.body)
+    return shared_a + shared_b, block_a + block_b

@@ -154,6 +154,9 @@ def lower_conv_winograd(
     tiles_h, tiles_w = -(-out_h // m), -(-out_w // m)
     tiles = batch * tiles_h * tiles_w
     x_buf, dst = lw.buffer(x), lw.buffer(out)
+    # the drivers index by this geometry: it must describe the buffers exactly
+    assert x_buf.size == batch * channels * height * width, (x_buf, batch, channels, height, width)
+    assert dst.size == batch * geometry["w_shape"][0] * out_h * out_w, (dst, geometry)
     transformed = lw.scratch_buffer(F32, a * a * channels * tiles, hint="wino_v")
     products = lw.scratch_buffer(F32, a * a * out_channels * tiles, hint="wino_m")
     target = Target.host()

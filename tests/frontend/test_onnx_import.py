@@ -258,3 +258,67 @@ def test_non_utf8_names_in_a_damaged_model_are_not_a_crash():
     except KilnError:
         return
     assert model(np.array([-1.0, 2.0], np.float32)).tolist() == [0.0, 2.0]
+
+
+@pytest.mark.parametrize(
+    "nodes,inits,input_shape,message",
+    [
+        (
+            [helper.make_node("Relu", ["x"], ["y"], name="a"), helper.make_node("Neg", ["x"], ["y"], name="b")],
+            {},
+            [2],
+            r"node 'b' .*output\(s\) \['y'\] are already defined",
+        ),
+        (
+            [helper.make_node("Softmax", ["x"], ["y"], name="s", axis="q")],
+            {},
+            [2],
+            "attribute 'axis' must be int, got string",
+        ),
+        (
+            [helper.make_node("Softmax", ["x"], ["y"], name="s", axis=3)],
+            {},
+            [2],
+            "axis 3 is out of range for input %x of rank 1",
+        ),
+        (
+            [helper.make_node("Conv", ["x", "w"], ["y"], name="c", strides=[0, 1])],
+            {"w": np.ones((1, 1, 2, 2), np.float32)},
+            [1, 1, 4, 4],
+            r"node 'c' \(op Conv, opset 17\) with inputs x: f32\[1,1,4,4\], w: f32\[1,1,2,2\]: strides \[0, 1\] must be integers >= 1",
+        ),
+        (
+            [helper.make_node("Conv", ["x", "w"], ["y"], name="c", group=2)],
+            {"w": np.ones((3, 1, 2, 2), np.float32)},
+            [1, 2, 4, 4],
+            "3 output channels, not a multiple of group 2",
+        ),
+        ([helper.make_node("Relu", ["x"], ["y"], name="r")], {}, [2**30, 2**30], "over kiln's limit"),
+        (
+            [helper.make_node("Expand", ["x", "s"], ["y"], name="e")],
+            {"s": np.array([2**40, 2**30], np.int64)},
+            [1],
+            r"node 'e' .*output 0 would be f32\[1099511627776,1073741824\]",
+        ),
+        (
+            [helper.make_node("Reshape", ["x", "s"], ["y"], name="r")],
+            {"s": np.array([2.0], np.float64)},
+            [2],
+            r"input %s is f64, which the Reshape schema does not allow there \(int64\)",
+        ),
+    ],
+    ids=[
+        "second-producer",
+        "attribute-kind",
+        "axis",
+        "zero-stride",
+        "group",
+        "huge-input",
+        "huge-output",
+        "schema-dtype",
+    ],
+)
+def test_malformed_graphs_are_invalid_with_the_node_and_types_named(nodes, inits, input_shape, message):
+    model = make_model(nodes, [("x", FLOAT, input_shape)], [("y", FLOAT, None)], inits)
+    with pytest.raises(InvalidModelError, match=message):
+        import_onnx(model)

@@ -43,6 +43,7 @@ def test_fuzz_cases_pass_under_asan_and_ubsan_with_bounds_checks(tmp_path):
             "-p",
             "no:cacheprovider",
             str(ROOT / "tests" / "fuzz" / "test_fuzz.py"),
+            str(ROOT / "tests" / "fuzz" / "test_fuzz_ops.py"),
         ],
         env=sanitized_env(tmp_path),
         capture_output=True,
@@ -84,3 +85,45 @@ def test_an_out_of_bounds_read_is_caught_and_named(tmp_path):
     )
     assert result.returncode != 0 and "not caught" not in result.stdout
     assert "kiln debug: index 8 outside" in result.stderr, result.stderr[-2000:]
+
+
+def test_an_engine_descriptor_out_of_range_is_caught_by_the_engine_checks(tmp_path):
+    # A wrong matrix-multiply descriptor (one row more than the operands hold): the engine's own
+    # KILN_DEBUG checks name the operand before any memory outside it is touched (before ASan would).
+    script = textwrap.dedent(
+        """
+        import numpy as np
+        from onnx import TensorProto, helper, numpy_helper
+        import kiln
+        from kiln.lower import lowering
+        from kiln.lower import gemm_lowering
+        from kiln.lower.kir import Gemm
+
+        original = gemm_lowering.lower_matmul_any
+
+        def one_row_too_many(lw, node, *args, **kwargs):
+            kernels = original(lw, node, *args, **kwargs)
+            for kernel in kernels:
+                for stmt in kernel.body:
+                    if isinstance(stmt, Gemm):
+                        stmt.fields["M"] = int(stmt.fields["M"]) + 1
+            return kernels
+
+        gemm_lowering.lower_matmul_any = one_row_too_many
+        for op, fn in list(lowering.LOWERINGS.items()):
+            if fn is original:
+                lowering.LOWERINGS[op] = one_row_too_many
+        w = numpy_helper.from_array(np.ones((32, 48), np.float32), "w")
+        g = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [40, 32])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], [w])
+        model = kiln.compile(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]))
+        model(np.ones((40, 32), np.float32))
+        print("not caught")
+        """
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script], env=sanitized_env(tmp_path), capture_output=True, text=True, timeout=600
+    )
+    assert result.returncode != 0 and "not caught" not in result.stdout, result.stdout + result.stderr[-2000:]
+    assert "kiln debug: index" in result.stderr and "outside A[0, 1280)" in result.stderr, result.stderr[-2000:]

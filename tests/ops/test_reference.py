@@ -36,3 +36,31 @@ def test_optional_wraps_sequences_without_nesting():
     has = Node("OptionalHasElement", [Value("o", seq_type)], [Value("b", tensor(DType.BOOL))])
     assert evaluate_node(has, [None])[0] == np.array(False)
     assert evaluate_node(has, [value])[0] == np.array(True)
+
+
+@pytest.mark.parametrize(
+    "op,pads,expected",
+    [
+        ("MaxPool", [1, 0, 0, 0], [[1, 2], [4, 5]]),
+        ("MaxPool", [0, 1, 0, 0], [[3, 4, 5]]),  # onnx's reference (1.23) gives [[4, 5], [4, 5]]
+        ("MaxPool", [0, 0, 1, 0], [[4, 5], [4, 5]]),
+        ("AveragePool", [0, 1, 0, 0], [[1.5, 2, 3]]),
+        ("AveragePool", [0, 0, 0, 1], [[2, 3, 3.5]]),
+    ],
+)
+def test_pooling_reference_reads_asymmetric_pads_in_onnx_order(op, pads, expected):
+    # pads are [top, left, bottom, right]; x = [[0, 1, 2], [3, 4, 5]], 2x2 windows, stride 1
+    from onnx import TensorProto, helper
+
+    import kiln
+
+    graph = helper.make_graph(
+        [helper.make_node(op, ["x"], ["y"], kernel_shape=[2, 2], pads=pads)],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, 2, 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    x = np.arange(6, dtype=np.float32).reshape(1, 1, 2, 3)
+    for target in ("reference", "cpu"):
+        np.testing.assert_allclose(kiln.compile(model, target=target)(x)[0, 0], np.array(expected, np.float32))
