@@ -61,6 +61,14 @@ class Plan:
         return not self.whole_graph_reason and not self.fallbacks
 
 
+def describe_node(node: Node, graph: Graph) -> str:
+    """How errors after import name a node: label, opset and the types it was compiled for (a
+    fused group's opset is that of the ONNX ops it was made from)."""
+    domain = "" if node.domain == "kiln" else node.domain
+    types = ", ".join(f"%{v.name}: {v.type}" for v in node.inputs if v is not None)
+    return f"{node.label} (opset {graph.opsets.get(domain, '?')}) with inputs {types}"
+
+
 def _static(graph: Graph) -> str:
     """Why the graph cannot be planned statically ('' if it can)."""
     for value in graph.values():
@@ -117,6 +125,8 @@ def _compile_plan(graph, level, prebuilt, profile, choices, build_library, stage
     for node in graph.nodes:
         try:
             kernels = lowerer.lower(node)
+        except KilnError:
+            raise
         except CannotLower as err:
             if current:
                 steps.append(Segment(len([s for s in steps if isinstance(s, Segment)]), current))
@@ -126,6 +136,9 @@ def _compile_plan(graph, level, prebuilt, profile, choices, build_library, stage
                 ([lowerer.buffer(v) for v in node.inputs if v is not None], [lowerer.buffer(v) for v in node.outputs])
             )
             continue
+        except Exception as err:  # a kiln bug: name the node it happened on
+            err.add_note(f"kiln node: {describe_node(node, graph)}")
+            raise
         current.extend(kernels)
         access.extend((k.reads, k.writes) for k in kernels)
     if current:
@@ -162,7 +175,9 @@ def _compile_plan(graph, level, prebuilt, profile, choices, build_library, stage
 
         # a loaded artifact brings its libraries: no C compiler needed
         library = (prebuilt or {}).get(source_key(source)) or build(source)
-    labels = {int(k.name[1:]): k.sources[0] for kernels in segments for k in kernels}
+    # how a run-time error names a kernel's node: op, opset and the types it was compiled for
+    described = {n.label: describe_node(n, graph) for n in graph.nodes}
+    labels = {int(k.name[1:]): described.get(k.sources[0], k.sources[0]) for kernels in segments for k in kernels}
     return Plan(graph, steps, table, roots, inputs, outputs, constants, memory, library, source, labels)
 
 

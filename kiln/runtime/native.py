@@ -108,7 +108,8 @@ class _Executable:
                     next(functions)(ctypes.cast(table, ctypes.c_void_p))
                     if status[0]:
                         raise ExecutionError(
-                            f"node {plan.kernel_labels.get(int(status[0]), '?')}: an index input is out of range"
+                            f"node {plan.kernel_labels.get(int(status[0]), '?')}: an index input is out of range "
+                            "for the dimension it indexes (stage: run)"
                         )
                 else:
                     self._fallback(step, views)
@@ -129,7 +130,10 @@ class _Executable:
         try:
             results = evaluate_node(node, args)
         except Exception as err:
-            raise ExecutionError(f"node {node.label} (host fallback) failed: {type(err).__name__}: {err}") from err
+            seen = ", ".join("none" if a is None else f"{a.dtype}{list(a.shape)}" for a in args)
+            raise ExecutionError(
+                f"node {node.label} (host fallback, stage: run) failed on inputs ({seen}): {type(err).__name__}: {err}"
+            ) from err
         for value, result in zip(node.outputs, results):
             target = views[plan.roots[value]]
             result = np.asarray(result)
@@ -219,7 +223,15 @@ class NativeModel(Model):
                 hint = f"a reproducer is in {path}; replay it with: python -m kiln.repro {path}"
             except Exception as write_error:  # never hide the original error
                 hint = f"(writing a reproducer failed too: {write_error})"
-            raise InternalError(f"kiln bug during {stage}: {type(err).__name__}: {err}\n{hint}") from err
+            where = next(
+                (
+                    f" of node {n.removeprefix('kiln node: ')}"
+                    for n in getattr(err, "__notes__", [])
+                    if n.startswith("kiln node: ")
+                ),
+                "",
+            )
+            raise InternalError(f"kiln bug during {stage}{where}: {type(err).__name__}: {err}\n{hint}") from err
 
     def _store(self, dims: dict[str, int], plan: Plan) -> None:
         plan_cache.store_plan(self.cache_key, dims, plan)
