@@ -35,7 +35,7 @@ from kiln.lower.kir import (
     i64,
 )
 from kiln.lower.lowering import PARALLEL_MIN, CannotLower, Lowerer, default_schedule, nest, strides
-from kiln.lower.pointwise import FLOAT_OPS, NATIVE_FLOATS
+from kiln.lower.pointwise import FLOAT_OPS, NATIVE_FLOATS, fn
 
 F64 = DType.FLOAT64
 
@@ -145,6 +145,25 @@ def lower_softmax(lw: Lowerer, node: Node) -> list[Kernel]:
         at = add(base, Binary("*", k, i64(in_strides[axis])))
         high, total = lw.scalar(dtype, "m"), lw.scalar(F64, "sum")
         shifted = Binary("-", Load(src, at), high)
+        if dtype is DType.FLOAT32 and node.op != "LogSoftmax":
+            # one exp per element (kiln's vectorizable expf), stored, then scaled by 1 / sum
+            inverse = lw.scalar(dtype, "inv")
+            scaled: Expr = Binary("*", Load(dst, at), inverse)
+            if node.op == "SafeSoftmax":  # a NaN row (NaN input, or all -inf) becomes zeros
+                scaled = Select(Binary("!=", total, total), Const(0, dtype), scaled)
+            e = lw.scalar(dtype, "e")
+            return [
+                Let(high, Const(-math.inf, dtype)),
+                For(k, length, [Assign(high, FLOAT_OPS["Max"]([high, Load(src, at)], {}, dtype))]),
+                Let(total, Const(0.0, F64)),
+                For(
+                    k,
+                    length,
+                    [Let(e, fn("exp", shifted, dtype)), Store(dst, at, e), Assign(total, Binary("+", total, Cast(F64, e)))],
+                ),
+                Let(inverse, Cast(dtype, Binary("/", Const(1.0, F64), total))),
+                For(k, length, [Store(dst, at, scaled)]),
+            ]
         if node.op == "LogSoftmax":
             final: Expr = Cast(dtype, Binary("-", Cast(F64, shifted), Unary("log", total)))
         else:
