@@ -31,7 +31,6 @@ from kiln.lower.kir import (
     Schedule,
     Stmt,
     Store,
-    Unary,
     add,
     buffers_in,
     i64,

@@ -159,7 +159,11 @@ def lower_softmax(lw: Lowerer, node: Node) -> list[Kernel]:
                 For(
                     k,
                     length,
-                    [Let(e, fn("exp", shifted, dtype)), Store(dst, at, e), Assign(total, Binary("+", total, Cast(F64, e)))],
+                    [
+                        Let(e, fn("exp", shifted, dtype)),
+                        Store(dst, at, e),
+                        Assign(total, Binary("+", total, Cast(F64, e))),
+                    ],
                 ),
                 Let(inverse, Cast(dtype, Binary("/", Const(1.0, F64), total))),
                 For(k, length, [Store(dst, at, scaled)]),
@@ -434,7 +438,10 @@ def lower_conv(lw: Lowerer, node: Node, epilogue: Epilogue | None = None) -> lis
         body.append(For(oh, out_h, [For(ow, out_w, [Store(dst, at, epilogue(position, Load(dst, at), at))])]))
     stmts: list[Stmt] = [For(n, batch, [For(oc, out_channels, body)])]
     schedule = Schedule(parallel=oc.name, vectorize=ow.name)
-    kernel = lw.kernel(node, "conv", stmts, [x, w, bias], [out], schedule)
+    # depthwise (one input channel per output channel, MobileNet's 3x3 layers) is this kernel's
+    # main user: per output plane, each tap a contiguous vectorized run over the valid interior
+    depthwise = group > 1 and group_channels == 1 and group == x_shape[1]
+    kernel = lw.kernel(node, "depthwise-conv" if depthwise else "conv", stmts, [x, w, bias], [out], schedule)
     kernel.flops = 2 * int(np.prod(out_shape)) * group_channels * kernel_h * kernel_w
     return [kernel]
 

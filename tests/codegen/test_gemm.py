@@ -205,3 +205,13 @@ def test_winograd_transforms_reproduce_the_direct_convolution():
         direct = np.array([[np.sum(patch[i : i + 3, j : j + 3] * kernel) for j in range(m)] for i in range(m)])
         winograd = at @ ((g @ kernel @ g.T) * (bt @ patch @ bt.T)) @ at.T
         np.testing.assert_allclose(winograd, direct, atol=1e-12)
+
+
+@pytest.mark.parametrize("stride", [1, 2])
+def test_depthwise_convolutions_have_their_own_direct_kernel(stride):
+    # one input channel per output channel: not im2col on the engine (a K of 9 wastes it) but a
+    # per-plane kernel, bias + Relu fused
+    model, feeds = conv((1, 24, 15, 15), (24, 1, 3, 3), group=24, pads=[1, 1, 1, 1], strides=[stride, stride])
+    compiled = check(model, feeds, [])
+    kinds = [k.kind for step in compiled.plans[0].steps for k in step.kernels]
+    assert kinds == ["depthwise-conv+epilogue"], kinds
