@@ -164,3 +164,9 @@ def test_non_contiguous_and_nan_inputs_are_handled():
     np.testing.assert_allclose(model(strided), np.maximum(strided @ np.ones((4, 3), np.float32), 0))
     nan = np.full((2, 4), np.nan, np.float32)
     assert np.isnan(model(nan)).all()  # NaN propagates (Relu keeps NaN, as the reference does)
+    reference = kiln.compile(valid_model_bytes(), target="reference")
+    for special in (np.inf, -np.inf):  # +inf sums stay inf; -inf through Relu gives 0; mixed gives NaN
+        x = np.full((2, 4), special, np.float32)
+        x[1, 0] = -special
+        with np.errstate(invalid="ignore"):  # inf - inf in the reference's dot is the point
+            np.testing.assert_array_equal(model(x), reference(x))
