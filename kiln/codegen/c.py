@@ -362,13 +362,13 @@ def emit_segment(
         lines.append(f"  /* {kernel.name} ({kernel.kind}): {'; '.join(kernel.sources)} */")
         lines.append("  {")
         if profile is not None:
-            lines.append("    double kiln_t0 = kiln_now();")
+            lines.append("    double kiln_started = kiln_now();")
         lines.append(
             f"    void *local[{max(len(used), 1)}] = {{{', '.join(f'buffers[{table[b]}]' for b in used) or '0'}}};"
         )
         lines.append(f"    {name}(local);")
         if profile is not None:
-            lines.append(f"    kiln_profile_seconds[{profile[id(kernel)]}] += kiln_now() - kiln_t0;")
+            lines.append(f"    kiln_profile_seconds[{profile[id(kernel)]}] += kiln_now() - kiln_started;")
         lines.append("  }")
     lines.append("  return 0;")
     lines.append("}")

@@ -1,0 +1,86 @@
+"""Single matrix products of the seed models' shapes: kiln's engine vs onnxruntime (MLAS), in one
+run, medians, GFLOP/s and ratios (kiln/ORT time; below 1: kiln is faster). Isolates the engine
+from everything else a model does.
+
+python benchmarks/gemm_shapes.py [--runs 40] [--threads 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+
+import numpy as np
+from onnx import TensorProto, helper, numpy_helper
+
+# (M, K, N, what): bert/gpt2 at sequence 128 (QKV, projections, MLP), resnet50's 1x1 convs as GEMMs
+SHAPES = [
+    (128, 768, 768, "bert attn proj"),
+    (128, 768, 2304, "gpt2 qkv"),
+    (128, 768, 3072, "mlp up"),
+    (128, 3072, 768, "mlp down"),
+    (3136, 64, 256, "r50 1x1 56x56 64->256"),
+    (784, 512, 128, "r50 1x1 28x28 512->128"),
+    (196, 1024, 256, "r50 1x1 14x14 1024->256"),
+    (49, 2048, 512, "r50 1x1 7x7 2048->512"),
+]
+
+
+def model(m: int, k: int, n: int):  # type: ignore[no-untyped-def]
+    rng = np.random.default_rng(0)
+    w = numpy_helper.from_array((rng.standard_normal((k, n)) / np.sqrt(k)).astype(np.float32), "w")
+    b = numpy_helper.from_array(rng.standard_normal(n).astype(np.float32), "b")
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["h"]), helper.make_node("Add", ["h", "b"], ["y"])]
+    graph = helper.make_graph(
+        nodes,
+        "mm",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [m, k])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [w, b],
+    )
+    feeds = {"x": rng.standard_normal((m, k)).astype(np.float32)}
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10), feeds
+
+
+def median_s(run, feeds, runs: int) -> float:  # type: ignore[no-untyped-def]
+    for _ in range(5):
+        run(feeds)
+    times = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        run(feeds)
+        times.append(time.perf_counter() - start)
+    return float(np.median(times))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=40)
+    parser.add_argument("--threads", type=int, default=2)
+    args = parser.parse_args()
+    os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))
+    import kiln
+
+    try:
+        import onnxruntime as ort
+    except ImportError:
+        ort = None
+        print("onnxruntime: not installed (kiln only)")
+    print(f"{'shape':>28} {'kiln GF/s':>10} {'ORT GF/s':>10} {'kiln/ORT':>9}")
+    for m, k, n, what in SHAPES:
+        proto, feeds = model(m, k, n)
+        flops = 2 * m * k * n
+        kiln_s = median_s(kiln.compile(proto).run, feeds, args.runs)
+        line = f"{what:>28} {flops / kiln_s / 1e9:10.1f}"
+        if ort is not None:
+            options = ort.SessionOptions()
+            options.intra_op_num_threads = args.threads
+            session = ort.InferenceSession(proto.SerializeToString(), options, providers=["CPUExecutionProvider"])
+            ort_s = median_s(lambda f: session.run(None, f), feeds, args.runs)
+            line += f" {flops / ort_s / 1e9:10.1f} {kiln_s / ort_s:9.2f}"
+        print(line)
+
+
+if __name__ == "__main__":
+    main()
