@@ -72,7 +72,7 @@ static inline float kiln_bf16_to_f32(uint16_t bits) {
    tanh: expm1(2|x|) / (expm1(2|x|) + 2), expm1 by its Taylor series to y^12 below |x| = 0.625
    (no cancellation near 0), 1 - 2 / (e^(2|x|) + 1) above; sign restored. Both within a few ulp
    of libm (tests/codegen compare them over the whole float range). NaN stays NaN. */
-static inline float kiln_expf(float x) {
+static inline __attribute__((always_inline)) float kiln_expf(float x) {
   float clamped = x < -103.0f ? -103.0f : (x > 88.72283935546875f ? 88.72283935546875f : x);
   float n = nearbyintf(clamped * 1.4426950408889634f);
   float r = (clamped - n * 0.693145751953125f) - n * 1.4286068202862268e-06f;
@@ -88,7 +88,7 @@ static inline float kiln_expf(float x) {
   result = x < -103.97208f ? 0.0f : result;
   return x != x ? x : result;
 }
-static inline float kiln_tanhf(float x) {
+static inline __attribute__((always_inline)) float kiln_tanhf(float x) {
   float a = x < 0 ? -x : x;
   float y = 2.0f * (a < 0.625f ? a : 0.0f);
   float em1 = y * (1.0f + y * (0.5f + y * (1.6666667163e-1f + y * (4.1666667908e-2f + y * (8.3333337680e-3f + y * (1.3888889225e-3f + y * (1.9841270114e-4f + y * (2.4801587642e-5f + y * (2.7557318969e-6f + y * (2.7557319223e-7f + y * (2.5052108385e-8f + y * 2.0876756988e-9f)))))))))));
@@ -101,7 +101,7 @@ static inline float kiln_tanhf(float x) {
 /* float32 erf without branches: below |x| = 1 its Maclaurin series (to x^23); from 1 to 4.5,
    1 - e^(-x^2) P(1/x) / x with P a degree-10 least-squares fit of x e^(x^2) erfc(x) (relative
    error 7e-8), x^2 split exactly into hi + lo so e^(-x^2) keeps its precision; 1 beyond. */
-static inline float kiln_erff(float x) {
+static inline __attribute__((always_inline)) float kiln_erff(float x) {
   float a = x < 0 ? -x : x;
   float z = a < 1.0f ? a * a : 0.0f;
   float s = a * 1.128379225730896f * (1.0f + z * (-0.3333333432674408f + z * (0.10000000149011612f + z * (-0.02380952425301075f + z * (0.004629629664123058f + z * (-0.0007575757335871458f + z * (0.00010683760774554685f + z * (-1.3227513591118623e-05f + z * (1.4589169268219848e-06f + z * (-1.4503852696634567e-07f + z * (1.3122533282228233e-08f + z * -1.0892221569136495e-09f)))))))))));
@@ -184,7 +184,7 @@ def statements(body: Sequence[Stmt], schedule: Schedule, indent: str) -> list[st
                 lines.append(f"{indent}#pragma omp parallel for simd")
             elif name == schedule.parallel:
                 lines.append(f"{indent}#pragma omp parallel for")
-            elif name == schedule.vectorize:
+            elif name == schedule.vectorize or name in schedule.simd:
                 lines.append(f"{indent}#pragma omp simd")
             elif name in schedule.unroll:
                 lines.append(f"{indent}#pragma GCC unroll {schedule.unroll[name]}")
@@ -247,7 +247,9 @@ def emit_helper(function: Function, table: dict[Buffer, int]) -> str:
     params = ", ".join(f"int64_t {p.name}" for p in function.params)
     lines = [f"static void {function.name}(const kiln_gemm *g, {params}) {{", "  void **buffers = g->buffers;"]
     lines.extend(_buffer_declarations(list(dict.fromkeys(function.buffers)), table, "  "))
-    lines.extend(statements(function.body, Schedule(), "  "))
+    # the whole-tile loop over a micro-tile row ("c"): independent elements, SIMD even when the
+    # epilogue reads scalars from buffers GCC cannot prove unaliased (GELU's constants)
+    lines.extend(statements(function.body, Schedule(vectorize="c"), "  "))
     lines.append("}")
     return "\n".join(lines)
 

@@ -60,46 +60,49 @@ def lower_attention(lw: Lowerer, node: Node) -> list[Kernel]:
     row = lw.scratch_buffer(F32, batch * keys, hint="scores")
 
     bh, i, d, j = lw.index("bh"), lw.index("i"), lw.index("d"), lw.index("j")
-    at = add(Binary("*", bh, i64(keys)), j)  # this (b, h)'s scratch row
+    # loops over independent elements get their own index names, so the schedule can SIMD them
+    # (the max and sum loops carry a scalar from one key to the next and stay scalar)
+    jv, dv = lw.index("jv"), lw.index("dv")
+
+    def row_at(key: Expr) -> Expr:  # this (b, h)'s scratch row
+        return add(Binary("*", bh, i64(keys)), key)
+
+    at = row_at(j)
     q_value = lw.scalar(F32, "q")
     high, total, inverse, p = lw.scalar(F32, "m"), lw.scalar(F64, "sum"), lw.scalar(F32, "inv"), lw.scalar(F32, "p")
-    e = lw.scalar(F32, "e")
-    position: list[Expr] = [*_batch_position(bh, batch_shape), i, j] if batch_shape else [i, j]
+    position: list[Expr] = [*_batch_position(bh, batch_shape), i, jv] if batch_shape else [i, jv]
     q_at = add(Binary("*", bh, i64(queries * depth)), add(Binary("*", i, i64(depth)), d))
-    kt_at = add(Binary("*", bh, i64(depth * keys)), add(Binary("*", d, i64(keys)), j))
-    out_at = add(Binary("*", bh, i64(queries * width)), add(Binary("*", i, i64(width)), d))
-    v_at = add(Binary("*", bh, i64(keys * width)), add(Binary("*", j, i64(width)), d))
+    kt_at = add(Binary("*", bh, i64(depth * keys)), add(Binary("*", d, i64(keys)), jv))
+    out_at = add(Binary("*", bh, i64(queries * width)), add(Binary("*", i, i64(width)), dv))
+    v_at = add(Binary("*", bh, i64(keys * width)), add(Binary("*", j, i64(width)), dv))
+    vat = row_at(jv)
     per_row: list[Stmt] = [
-        For(j, keys, [Store(row, at, Const(0.0, F32))]),
+        For(jv, keys, [Store(row, vat, Const(0.0, F32))]),
         For(
             d,
             depth,
             [
                 Let(q_value, Load(q_buf, q_at)),
-                For(j, keys, [Store(row, at, Binary("+", Load(row, at), Binary("*", q_value, Load(kt_buf, kt_at))))]),
+                For(
+                    jv, keys, [Store(row, vat, Binary("+", Load(row, vat), Binary("*", q_value, Load(kt_buf, kt_at))))]
+                ),
             ],
         ),
-        For(j, keys, [Store(row, at, compose(position, Load(row, at), None))]),
+        For(jv, keys, [Store(row, vat, compose(position, Load(row, vat), None))]),
         Let(high, Const(-math.inf, F32)),
         For(j, keys, [Assign(high, FLOAT_OPS["Max"]([high, Load(row, at)], {}, F32))]),
+        # exp (kiln's vectorizable expf, <= 3 ulp) over the row, then its sum in double
+        For(jv, keys, [Store(row, vat, fn("exp", Binary("-", Load(row, vat), high), F32))]),
         Let(total, Const(0.0, F64)),
-        For(
-            j,
-            keys,
-            [
-                Let(e, fn("exp", Binary("-", Load(row, at), high), F32)),  # vectorizable, <= 3 ulp
-                Store(row, at, e),
-                Assign(total, Binary("+", total, Cast(F64, e))),
-            ],
-        ),
+        For(j, keys, [Assign(total, Binary("+", total, Cast(F64, Load(row, at))))]),
         Let(inverse, Cast(F32, Binary("/", Const(1.0, F64), total))),
-        For(d, width, [Store(dst, out_at, Const(0.0, F32))]),
+        For(dv, width, [Store(dst, out_at, Const(0.0, F32))]),
         For(
             j,
             keys,
             [
                 Let(p, Binary("*", Load(row, at), inverse)),
-                For(d, width, [Store(dst, out_at, Binary("+", Load(dst, out_at), Binary("*", p, Load(v_buf, v_at))))]),
+                For(dv, width, [Store(dst, out_at, Binary("+", Load(dst, out_at), Binary("*", p, Load(v_buf, v_at))))]),
             ],
         ),
     ]
@@ -112,7 +115,7 @@ def lower_attention(lw: Lowerer, node: Node) -> list[Kernel]:
         [b for b in buffers_in(stmts) if b is not dst],
         [dst, row],
         [f"{node.name}: " + ", ".join(n.op for n in body.nodes)],
-        Schedule(parallel=bh.name if batch > 1 else None),
+        Schedule(parallel=bh.name if batch > 1 else None, vectorize=jv.name, simd=(dv.name,)),
         flops=2 * batch * queries * keys * (depth + width),
     )
     return [kernel]

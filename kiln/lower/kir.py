@@ -194,6 +194,7 @@ class Schedule:
     parallel: str | None = None  # spread this loop across cores (OpenMP)
     vectorize: str | None = None  # SIMD across this loop's iterations
     unroll: dict[str, int] = field(default_factory=dict)
+    simd: tuple[str, ...] = ()  # further loops whose iterations are independent (SIMD them too)
 
 
 @dataclass
