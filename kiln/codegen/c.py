@@ -246,7 +246,9 @@ def emit_helper(function: Function, table: dict[Buffer, int]) -> str:
     descriptor's copy of the segment's table."""
     params = ", ".join(f"int64_t {p.name}" for p in function.params)
     lines = [f"static void {function.name}(const kiln_gemm *g, {params}) {{", "  void **buffers = g->buffers;"]
-    lines.extend(_buffer_declarations(list(dict.fromkeys(function.buffers)), table, "  "))
+    for buffer in dict.fromkeys(function.buffers):
+        source = "g->c" if buffer is function.via_c else f"buffers[{table[buffer]}]"
+        lines.append(f"  {c_type(buffer.dtype)} *{buffer.name} = ({c_type(buffer.dtype)} *){source};")
     # the whole-tile loop over a micro-tile row ("c"): independent elements, SIMD even when the
     # epilogue reads scalars from buffers GCC cannot prove unaliased (GELU's constants)
     lines.extend(statements(function.body, Schedule(vectorize="c"), "  "))
@@ -266,6 +268,13 @@ def _helpers(body: Sequence[Stmt]) -> list[Function]:
 
 def _uses_gemm(body: Sequence[Stmt]) -> bool:
     return any(isinstance(s, (Gemm, Call)) or (isinstance(s, (For, If)) and _uses_gemm(s.body)) for s in body)
+
+
+def _uses_driver(body: Sequence[Stmt], name: str) -> bool:
+    return any(
+        (isinstance(s, Call) and s.function == name) or (isinstance(s, (For, If)) and _uses_driver(s.body, name))
+        for s in body
+    )
 
 
 def _uses_winograd(body: Sequence[Stmt]) -> bool:
@@ -425,6 +434,8 @@ def emit_c(segments: Sequence[Sequence[Kernel]], table: dict[Buffer, int], profi
         from kiln.lower.winograd import c_source
 
         parts.append(c_source())
+    if any(_uses_driver(k.body, "kiln_attention") for k in kernels):
+        parts.append((Path(__file__).parent / "attention.c").read_text())
     templates = _Templates()
     segment_parts = [emit_segment(i, ks, table, positions, templates) for i, ks in enumerate(segments)]
     parts.extend(templates.parts)

@@ -242,7 +242,7 @@ static void kiln_gemm_run(const kiln_gemm *g) {
   if (!g->b_packed && tiles_m > 1 && size_b * 4 <= KILN_SHARED_LIMIT) all_b = kiln_scratch(&shared_b, &have_b, size_b);
   const float *a_packed = all_a ? all_a : g->a_packed, *b_packed = all_b ? all_b : g->b_packed;
   const int64_t a_pbs = all_a ? panels_a * KILN_MR * K : g->a_pbs, b_pbs = all_b ? panels_b * KILN_NR * K : g->b_pbs;
-#pragma omp parallel if (work >= 65536 && tasks > 1)
+#pragma omp parallel if (work >= 65536 && tasks > 1 && !omp_in_parallel()) /* a driver's loop may already be parallel */
   {
     static _Thread_local float *a_buf, *b_buf;
     static _Thread_local int64_t a_have, b_have;

@@ -21,6 +21,7 @@ from kiln.lower.gemm_lowering import _batch_position
 from kiln.lower.kir import (
     Assign,
     Binary,
+    Call,
     Cast,
     Const,
     Expr,
@@ -57,6 +58,9 @@ def lower_attention(lw: Lowerer, node: Node) -> list[Kernel]:
     scores_shape = (*batch_shape, queries, keys)
     compose = _chain(lw, chain, bindings, scores_shape, first.outputs[0])
     q_buf, kt_buf, v_buf, dst = lw.buffer(q), lw.buffer(kt), lw.buffer(v), lw.buffer(out)
+    if all(b.dtype is F32 for b in (q_buf, kt_buf, v_buf, dst)):
+        sizes, buffers = (queries, keys, depth, width), (q_buf, kt_buf, v_buf, dst)
+        return [_attention_driver(lw, node, compose if chain else None, batch_shape, sizes, buffers)]
     row = lw.scratch_buffer(F32, batch * keys, hint="scores")
 
     bh, i, d, j = lw.index("bh"), lw.index("i"), lw.index("d"), lw.index("j")
@@ -119,3 +123,53 @@ def lower_attention(lw: Lowerer, node: Node) -> list[Kernel]:
         flops=2 * batch * queries * keys * (depth + width),
     )
     return [kernel]
+
+
+def _attention_driver(lw: Lowerer, node: Node, compose, batch_shape, sizes, buffers) -> Kernel:  # type: ignore[no-untyped-def]
+    """float32 attention through ``kiln_attention`` (kiln/codegen/attention.c): per (batch, head)
+    slice two engine products and a row softmax over a per-thread scores block in the arena; the
+    scale/mask chain is an epilogue helper reading that block through the descriptor."""
+    from kiln.lower.gemm_lowering import _epilogue_helper
+    from kiln.lower.memory import engine_threads
+
+    queries, keys, depth, width = sizes
+    q_buf, kt_buf, v_buf, dst = buffers
+    batch = int(np.prod(batch_shape)) if batch_shape else 1
+    threads = max(1, min(engine_threads(), batch))
+    scores = lw.scratch_buffer(F32, threads * queries * keys, hint="scores")
+    lw.kernel_count += 1
+    name = f"k{lw.kernel_count}"
+
+    def position_of(bt: Expr, row: Expr, col: Expr) -> list[Expr]:
+        return [*_batch_position(bt, batch_shape), row, col] if batch_shape else [row, col]
+
+    def flat_of(bt: Expr, row: Expr, col: Expr) -> Expr:  # within the slice's block
+        return add(Binary("*", row, i64(keys)), col)
+
+    helper = None
+    if compose is not None:
+        helper = _epilogue_helper(
+            lw,
+            name,
+            scores,
+            position_of,
+            flat_of,
+            lambda position, value, flat: compose(position, value, None),
+            None,
+            True,
+        )
+    call = Call(
+        "kiln_attention",
+        [batch, queries, keys, depth, width, q_buf, kt_buf, v_buf, dst, scores, threads],
+        helper,
+        context=True,
+    )
+    return Kernel(
+        name,
+        "attention",
+        [call],
+        [q_buf, kt_buf, v_buf, *[b for b in buffers_in([call]) if b not in (q_buf, kt_buf, v_buf, dst, scores)]],
+        [dst, scores],
+        [f"{node.name}: " + ", ".join(n.op for n in node.attrs["body"].nodes)],
+        flops=2 * batch * queries * keys * (depth + width),
+    )

@@ -93,6 +93,7 @@ def _epilogue_helper(
     flat_of,
     epilogue: Epilogue | None,
     bias: Buffer | None,  # type: ignore[no-untyped-def]
+    via_c: bool = False,
 ) -> Function:
     """``static void <name>(g, bt, i0, i1, j0, j1)``: finishes rows [i0, i1) x columns [j0, j1)
     of batch element ``bt`` of the output: bias, then the fused chain."""
@@ -121,7 +122,9 @@ def _epilogue_helper(
         If(whole, [For(r, target.gemm_rows, [For(c, target.gemm_cols, [finish(add(i0, r), add(j0, c))])])]),
         If(Unary("!", whole), [For(i, i1, [For(j, j1, [finish(i, j)], start=j0)], start=i0)]),
     ]
-    return Function(f"kiln_{kernel_name}_epilogue", [bt, i0, i1, j0, j1], body, buffers_in(body))
+    return Function(
+        f"kiln_{kernel_name}_epilogue", [bt, i0, i1, j0, j1], body, buffers_in(body), dst if via_c else None
+    )
 
 
 def _batch_position(bt: Expr, shape: tuple[int, ...]) -> list[Expr]:

@@ -206,6 +206,7 @@ class Function:
     params: list[Scalar]
     body: list[Stmt]
     buffers: list[Buffer]
+    via_c: Buffer | None = None  # this buffer's address is the descriptor's c (a driver's block)
 
 
 @dataclass
