@@ -469,6 +469,9 @@ def lower_pool(lw: Lowerer, node: Node) -> list[Kernel]:
         pad_b, pad_r = pad_t, pad_l
     _, channels, height, width = x_shape
     is_max = node.op == "MaxPool"
+    if is_max and dtype is DType.FLOAT32:
+        window = (kernel, (stride_h, stride_w), (dil_h, dil_w), (pad_t, pad_l))
+        return [_max_pool_rows(lw, node, x_shape, out_shape, window)]
     power = float(node.attrs.get("p", 2)) if node.op == "LpPool" else None
     include_pad = bool(node.attrs.get("count_include_pad", 0))
     x_buf, dst = lw.buffer(x), lw.buffer(out)
@@ -527,6 +530,47 @@ def lower_pool(lw: Lowerer, node: Node) -> list[Kernel]:
     loop_shape = (x_shape[0] * channels, out_shape[2], out_shape[3])
     stmts, indices = nest(lw, loop_shape, body)
     return [lw.kernel(node, "pool", stmts, [x], [out], default_schedule(loop_shape, indices))]
+
+
+def _max_pool_rows(lw: Lowerer, node: Node, x_shape, out_shape, window) -> Kernel:  # type: ignore[no-untyped-def]
+    """float32 MaxPool by output rows: each row starts at -inf and takes the max with one input
+    row per tap, over the output columns whose input column is inside the image (computed here,
+    so the inner loop has no bounds tests and vectorizes); rows whose input row is outside skip
+    the tap. Max is exact in float32; NaN propagates as in the reference."""
+    (kernel_h, kernel_w), (stride_h, stride_w), (dil_h, dil_w), (pad_t, pad_l) = window
+    _, channels, height, width = x_shape
+    out_h, out_w = out_shape[2], out_shape[3]
+    x_buf, dst = lw.buffer(node.inputs[0]), lw.buffer(node.outputs[0])  # type: ignore[arg-type]
+    nc, oh, ow = lw.index("nc"), lw.index("oh"), lw.index("ow")
+    row = add(Binary("*", nc, i64(out_h * out_w)), Binary("*", oh, i64(out_w)))
+    at = add(row, ow)
+    body: list[Stmt] = [For(ow, out_w, [Store(dst, at, Const(-math.inf, DType.FLOAT32))])]
+    for kh in range(kernel_h):
+        ih = add(Binary("*", oh, i64(stride_h)), i64(kh * dil_h - pad_t))
+        taps: list[Stmt] = []
+        for kw in range(kernel_w):
+            shift = kw * dil_w - pad_l
+            low = 0
+            while low < out_w and low * stride_w + shift < 0:
+                low += 1
+            high = out_w
+            while high > low and (high - 1) * stride_w + shift >= width:
+                high -= 1
+            if low >= high:
+                continue
+            source = add(
+                add(Binary("*", nc, i64(height * width)), Binary("*", ih, i64(width))),
+                add(Binary("*", ow, i64(stride_w)), i64(shift)),
+            )
+            update = FLOAT_OPS["Max"]([Load(dst, at), Load(x_buf, source)], {}, DType.FLOAT32)
+            taps.append(For(ow, high, [Store(dst, at, update)], start=low))
+        inside = Binary("&&", Binary(">=", ih, i64(0)), Binary("<", ih, i64(height)))
+        body.append(If(inside, taps))
+    stmts: list[Stmt] = [For(nc, x_shape[0] * channels, [For(oh, out_h, body)])]
+    parallel = nc.name if x_shape[0] * channels > 1 else None
+    return lw.kernel(
+        node, "pool", stmts, [node.inputs[0]], [node.outputs[0]], Schedule(parallel=parallel, vectorize=ow.name)
+    )
 
 
 LOWERINGS = {
