@@ -188,6 +188,11 @@ def statements(body: Sequence[Stmt], schedule: Schedule, indent: str) -> list[st
                 lines.append(f"{indent}#pragma omp simd")
             elif name in schedule.unroll:
                 lines.append(f"{indent}#pragma GCC unroll {schedule.unroll[name]}")
+            elif (total := _sum_reduction(stmt)) is not None:
+                # a running sum (LayerNorm's mean and variance, softmax's total): SIMD partial sums,
+                # added at the end (another order of the same additions; they are in double or
+                # of one row, and a sequential sum is no more exact)
+                lines.append(f"{indent}#pragma omp simd reduction(+:{total})")
             start = stmt.start if isinstance(stmt.start, int) else expr(stmt.start)
             stop = stmt.extent if isinstance(stmt.extent, int) else expr(stmt.extent)
             lines.append(f"{indent}for (int64_t {name} = {start}; {name} < {stop}; ++{name}) {{")
@@ -239,6 +244,19 @@ def statements(body: Sequence[Stmt], schedule: Schedule, indent: str) -> list[st
 
 def _buffer_declarations(buffers: Sequence[Buffer], table: dict[Buffer, int], indent: str) -> list[str]:
     return [f"{indent}{c_type(b.dtype)} *{b.name} = ({c_type(b.dtype)} *)buffers[{table[b]}];" for b in buffers]
+
+
+def _sum_reduction(loop: For) -> str | None:
+    """The scalar a loop only accumulates into (``s = s + e``, e not reading s), else None."""
+    if len(loop.body) != 1 or not isinstance(loop.body[0], Assign):
+        return None
+    update = loop.body[0]
+    value = update.value
+    if not (isinstance(value, Binary) and value.op == "+" and value.a == update.scalar):
+        return None
+    found: dict[str, None] = {}
+    _generated_names(value.b, found)
+    return None if update.scalar.name in found else update.scalar.name
 
 
 def emit_helper(function: Function, table: dict[Buffer, int]) -> str:
