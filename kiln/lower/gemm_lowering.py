@@ -41,7 +41,8 @@ from kiln.lower.kir import (
     i64,
 )
 from kiln.lower.lowering import Lowerer, strides
-from kiln.lower.nn_lowering import Epilogue, _window, lower_conv, lower_matmul
+from kiln.lower.nn_lowering import Epilogue, lower_matmul
+from kiln.lower.window_lowering import _window, lower_conv
 
 I64 = DType.INT64
 BLOCKING = ("mc", "nc", "kc")  # engine fields a tuned schedule may set

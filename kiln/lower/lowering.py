@@ -661,10 +661,11 @@ LOWERINGS.update(
 
 
 def _register_nn() -> None:
-    from kiln.lower import gemm_lowering, index_lowering, nn_lowering
+    from kiln.lower import gemm_lowering, index_lowering, nn_lowering, window_lowering
 
     LOWERINGS.update(nn_lowering.LOWERINGS)
-    LOWERINGS.update(gemm_lowering.LOWERINGS)  # the engine where it applies, else nn_lowering's loops
+    LOWERINGS.update(window_lowering.LOWERINGS)
+    LOWERINGS.update(gemm_lowering.LOWERINGS)  # the engine where it applies, else the loop nests
     LOWERINGS.update(index_lowering.LOWERINGS)
 
 

@@ -1,0 +1,286 @@
+"""Lowerings of windowed ops as loop nests: convolution (the per-plane kernel grouped and depthwise
+convolutions use, and the engine's reference) and pooling.
+
+Sums of float32 data accumulate in double, as in ``nn_lowering``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from kiln.ir.graph import Node
+from kiln.ir.types import DType
+from kiln.lower.kir import (
+    Assign,
+    Binary,
+    Cast,
+    Const,
+    Expr,
+    For,
+    If,
+    Index,
+    Kernel,
+    Let,
+    Load,
+    Schedule,
+    Stmt,
+    Store,
+    Unary,
+    add,
+    affine,
+    i64,
+)
+from kiln.lower.lowering import CannotLower, Lowerer, default_schedule, nest
+from kiln.lower.nn_lowering import F64, Epilogue, _require_float
+from kiln.lower.pointwise import FLOAT_OPS
+
+F32 = DType.FLOAT32
+
+
+def valid_range(kernel_pos: int, stride: int, dilation: int, pad: int, size: int, out_size: int) -> tuple[int, int]:
+    """Output positions [low, high) whose input position o*stride - pad + k*dilation is inside
+    [0, size): loops over them need no bounds tests."""
+    shift = kernel_pos * dilation - pad
+    low = max(0, -(shift // stride) if shift < 0 else 0)
+    while low < out_size and low * stride + shift < 0:
+        low += 1
+    high = out_size
+    while high > low and (high - 1) * stride + shift >= size:
+        high -= 1
+    return low, high
+
+
+def _window(
+    node: Node, spatial: int, in_dims: tuple[int, ...], out_dims: tuple[int, ...], kernel: tuple[int, ...]
+) -> tuple[list[int], list[int], list[int]]:
+    """Strides, dilations and leading pads (auto_pad resolved)."""
+    stride = list(node.attrs.get("strides") or [1] * spatial)
+    dilation = list(node.attrs.get("dilations") or [1] * spatial)
+    pads = list(node.attrs.get("pads") or [0] * (2 * spatial))
+    auto_pad = node.attrs.get("auto_pad", "NOTSET")
+    if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+        for axis in range(spatial):
+            total = max(
+                (out_dims[axis] - 1) * stride[axis] + (kernel[axis] - 1) * dilation[axis] + 1 - in_dims[axis], 0
+            )
+            pads[axis] = total // 2 if auto_pad == "SAME_UPPER" else total - total // 2
+    elif auto_pad == "VALID":
+        pads = [0] * (2 * spatial)
+    return stride, dilation, pads[:spatial]
+
+
+def lower_conv(lw: Lowerer, node: Node, epilogue: Epilogue | None = None) -> list[Kernel]:
+    dtype = _require_float(lw, node)
+    rank = len(lw.shape(node.inputs[0]))  # type: ignore[arg-type]
+    x, w, out = node.inputs[0], node.inputs[1], node.outputs[0]
+    bias = node.inputs[2] if len(node.inputs) > 2 else None
+    assert x is not None and w is not None
+    x_shape, w_shape, out_shape = lw.shape(x), lw.shape(w), lw.shape(out)
+    if len(x_shape) == 3:  # 1-D: the same loops with a height of 1
+        (stride_w,), (dil_w,), (pad_l,) = _window(node, 1, x_shape[2:], out_shape[2:], w_shape[2:])
+        stride_h, dil_h, pad_t = 1, 1, 0
+        x_shape, w_shape, out_shape = (
+            (x_shape[0], x_shape[1], 1, x_shape[2]),
+            (*w_shape[:2], 1, w_shape[2]),
+            (*out_shape[:2], 1, out_shape[2]),
+        )
+    elif len(x_shape) == 4:
+        (stride_h, stride_w), (dil_h, dil_w), (pad_t, pad_l) = _window(node, 2, x_shape[2:], out_shape[2:], w_shape[2:])
+    else:
+        raise CannotLower("only 1-D and 2-D convolutions are lowered natively so far")
+    batch, _, height, width = x_shape
+    out_channels, group_channels, kernel_h, kernel_w = w_shape
+    _, _, out_h, out_w = out_shape
+    group = int(node.attrs.get("group", 1))
+    per_group = out_channels // group
+    x_buf, w_buf, dst = lw.buffer(x), lw.buffer(w), lw.buffer(out)
+    bias_buf = lw.buffer(bias) if bias is not None else None
+
+    n, oc, ic = lw.index("n"), lw.index("oc"), lw.index("ic")
+    oh, ow = lw.index("oh"), lw.index("ow")
+    plane = add(Binary("*", n, i64(out_channels * out_h * out_w)), Binary("*", oc, i64(out_h * out_w)))
+    group_index = Binary("/", oc, i64(per_group))
+    in_channel = add(Binary("*", group_index, i64(group_channels)), ic)
+    init_value: Expr = Load(bias_buf, oc) if bias_buf is not None else Const(0, dtype)
+    body: list[Stmt] = [For(oh, out_h * out_w, [Store(dst, add(plane, oh), init_value)])]
+    taps: list[Stmt] = []
+    for kh in range(kernel_h):
+        h_low, h_high = valid_range(kh, stride_h, dil_h, pad_t, height, out_h)
+        for kw in range(kernel_w):
+            w_low, w_high = valid_range(kw, stride_w, dil_w, pad_l, width, out_w)
+            if h_low >= h_high or w_low >= w_high:
+                continue
+            weight = lw.scalar(dtype, "w")
+            row = add(oh, i64(h_low))
+            col = add(ow, i64(w_low))
+            in_row = add(Binary("*", row, i64(stride_h)), i64(kh * dil_h - pad_t))
+            in_col = add(Binary("*", col, i64(stride_w)), i64(kw * dil_w - pad_l))
+            x_index = add(
+                Binary("*", add(Binary("*", n, i64(x_shape[1])), in_channel), i64(height * width)),
+                add(Binary("*", in_row, i64(width)), in_col),
+            )
+            y_index = add(plane, add(Binary("*", row, i64(out_w)), col))
+            w_index = add(
+                Binary("*", add(Binary("*", oc, i64(group_channels)), ic), i64(kernel_h * kernel_w)),
+                i64(kh * kernel_w + kw),
+            )
+            taps.append(Let(weight, Load(w_buf, w_index)))
+            taps.append(
+                For(
+                    oh,
+                    h_high - h_low,
+                    [
+                        For(
+                            ow,
+                            w_high - w_low,
+                            [
+                                Store(
+                                    dst,
+                                    y_index,
+                                    Binary("+", Load(dst, y_index), Binary("*", weight, Load(x_buf, x_index))),
+                                )
+                            ],
+                        )
+                    ],
+                )
+            )
+    body.append(For(ic, group_channels, taps))
+    if epilogue is not None:  # fused: finish each output plane while it is in cache
+        at = add(plane, add(Binary("*", oh, i64(out_w)), ow))
+        position: list[Expr] = [n, oc, oh, ow] if rank == 4 else [n, oc, ow]
+        body.append(For(oh, out_h, [For(ow, out_w, [Store(dst, at, epilogue(position, Load(dst, at), at))])]))
+    stmts: list[Stmt] = [For(n, batch, [For(oc, out_channels, body)])]
+    schedule = Schedule(parallel=oc.name, vectorize=ow.name)
+    # depthwise (one input channel per output channel, MobileNet's 3x3 layers) is this kernel's
+    # main user: per output plane, each tap a contiguous vectorized run over the valid interior
+    depthwise = group > 1 and group_channels == 1 and group == x_shape[1]
+    kernel = lw.kernel(node, "depthwise-conv" if depthwise else "conv", stmts, [x, w, bias], [out], schedule)
+    kernel.flops = 2 * int(np.prod(out_shape)) * group_channels * kernel_h * kernel_w
+    return [kernel]
+
+
+def lower_pool(lw: Lowerer, node: Node) -> list[Kernel]:
+    dtype = _require_float(lw, node)
+    if len(node.outputs) > 1:
+        raise CannotLower("MaxPool's indices output")
+    x, out = node.inputs[0], node.outputs[0]
+    assert x is not None
+    x_shape, out_shape = lw.shape(x), lw.shape(out)
+    kernel = tuple(node.attrs["kernel_shape"])
+    pads = list(node.attrs.get("pads") or [0] * (2 * len(kernel)))
+    if len(x_shape) == 3:  # 1-D: the 2-D loops with a height of 1
+        (stride_w,), (dil_w,), (pad_l,) = _window(node, 1, x_shape[2:], out_shape[2:], kernel)
+        stride_h, dil_h, pad_t, pad_b, pad_r = 1, 1, 0, 0, pads[1]
+        kernel = (1, kernel[0])
+        x_shape, out_shape = (*x_shape[:2], 1, x_shape[2]), (*out_shape[:2], 1, out_shape[2])
+    elif len(x_shape) == 4:
+        (stride_h, stride_w), (dil_h, dil_w), (pad_t, pad_l) = _window(node, 2, x_shape[2:], out_shape[2:], kernel)
+        pad_b, pad_r = pads[2], pads[3]
+    else:
+        raise CannotLower("only 1-D and 2-D pooling are lowered natively so far")
+    if node.attrs.get("auto_pad", "NOTSET") != "NOTSET":
+        pad_b, pad_r = pad_t, pad_l
+    _, channels, height, width = x_shape
+    is_max = node.op == "MaxPool"
+    if is_max and dtype is F32:
+        window = (kernel, (stride_h, stride_w), (dil_h, dil_w), (pad_t, pad_l))
+        return [_max_pool_rows(lw, node, x_shape, out_shape, window)]
+    power = float(node.attrs.get("p", 2)) if node.op == "LpPool" else None
+    include_pad = bool(node.attrs.get("count_include_pad", 0))
+    x_buf, dst = lw.buffer(x), lw.buffer(out)
+
+    def body(indices: list[Index]) -> list[Stmt]:
+        nc, oh, ow = indices
+        acc, count, padded = lw.scalar(F64, "acc"), lw.scalar(DType.INT64, "cnt"), lw.scalar(DType.INT64, "pad")
+        kh, kw = lw.index("kh"), lw.index("kw")
+        ih = add(add(Binary("*", oh, i64(stride_h)), Binary("*", kh, i64(dil_h))), i64(-pad_t))
+        iw = add(add(Binary("*", ow, i64(stride_w)), Binary("*", kw, i64(dil_w))), i64(-pad_l))
+        inside = Binary(
+            "&&",
+            Binary("&&", Binary(">=", ih, i64(0)), Binary("<", ih, i64(height))),
+            Binary("&&", Binary(">=", iw, i64(0)), Binary("<", iw, i64(width))),
+        )
+        in_padded = Binary("&&", Binary("<", ih, i64(height + pad_b)), Binary("<", iw, i64(width + pad_r)))
+        value = Cast(F64, Load(x_buf, add(Binary("*", nc, i64(height * width)), add(Binary("*", ih, i64(width)), iw))))
+        if is_max:
+            update = FLOAT_OPS["Max"]([acc, value], {}, F64)
+        elif power is not None:  # LpPool: (sum |x|^p)^(1/p)
+            update = Binary("+", acc, Binary("pow", Unary("fabs", value), Const(power, F64)))
+        else:
+            update = Binary("+", acc, value)
+        taps = [
+            For(
+                kh,
+                kernel[0],
+                [
+                    For(
+                        kw,
+                        kernel[1],
+                        [
+                            If(inside, [Assign(acc, update), Assign(count, add(count, i64(1)))]),
+                            If(in_padded, [Assign(padded, add(padded, i64(1)))]),
+                        ],
+                    )
+                ],
+            )
+        ]
+        divisor = padded if include_pad else count
+        if is_max:
+            final: Expr = acc
+        elif power is not None:
+            final = Binary("pow", acc, Const(1.0 / power, F64))
+        else:
+            final = Binary("/", acc, Cast(F64, divisor))
+        target = affine([(nc, out_shape[2] * out_shape[3]), (oh, out_shape[3]), (ow, 1)])  # type: ignore[list-item]
+        return [
+            Let(acc, Const(-math.inf if is_max else 0.0, F64)),
+            Let(count, i64(0)),
+            Let(padded, i64(0)),
+            *taps,
+            Store(dst, target, Cast(dtype, final)),
+        ]
+
+    loop_shape = (x_shape[0] * channels, out_shape[2], out_shape[3])
+    stmts, indices = nest(lw, loop_shape, body)
+    return [lw.kernel(node, "pool", stmts, [x], [out], default_schedule(loop_shape, indices))]
+
+
+def _max_pool_rows(lw: Lowerer, node: Node, x_shape, out_shape, window) -> Kernel:  # type: ignore[no-untyped-def]
+    """float32 MaxPool by output rows: each row starts at -inf and takes the max with one input
+    row per tap, over the output columns whose input column is inside the image (computed here,
+    so the inner loop has no bounds tests and vectorizes); rows whose input row is outside skip
+    the tap. Max is exact in float32; NaN propagates as in the reference."""
+    (kernel_h, kernel_w), (stride_h, stride_w), (dil_h, dil_w), (pad_t, pad_l) = window
+    _, channels, height, width = x_shape
+    out_h, out_w = out_shape[2], out_shape[3]
+    x_buf, dst = lw.buffer(node.inputs[0]), lw.buffer(node.outputs[0])  # type: ignore[arg-type]
+    nc, oh, ow = lw.index("nc"), lw.index("oh"), lw.index("ow")
+    row = add(Binary("*", nc, i64(out_h * out_w)), Binary("*", oh, i64(out_w)))
+    at = add(row, ow)
+    body: list[Stmt] = [For(ow, out_w, [Store(dst, at, Const(-math.inf, F32))])]
+    for kh in range(kernel_h):
+        ih = add(Binary("*", oh, i64(stride_h)), i64(kh * dil_h - pad_t))
+        taps: list[Stmt] = []
+        for kw in range(kernel_w):
+            shift = kw * dil_w - pad_l
+            low, high = valid_range(kw, stride_w, dil_w, pad_l, width, out_w)
+            if low >= high:
+                continue
+            source = add(
+                add(Binary("*", nc, i64(height * width)), Binary("*", ih, i64(width))),
+                add(Binary("*", ow, i64(stride_w)), i64(shift)),
+            )
+            update = FLOAT_OPS["Max"]([Load(dst, at), Load(x_buf, source)], {}, F32)
+            taps.append(For(ow, high, [Store(dst, at, update)], start=low))
+        inside = Binary("&&", Binary(">=", ih, i64(0)), Binary("<", ih, i64(height)))
+        body.append(If(inside, taps))
+    stmts: list[Stmt] = [For(nc, x_shape[0] * channels, [For(oh, out_h, body)])]
+    parallel = nc.name if x_shape[0] * channels > 1 else None
+    return lw.kernel(
+        node, "pool", stmts, [node.inputs[0]], [node.outputs[0]], Schedule(parallel=parallel, vectorize=ow.name)
+    )
+
+
+LOWERINGS = {"Conv": lower_conv, "MaxPool": lower_pool, "AveragePool": lower_pool, "LpPool": lower_pool}
