@@ -7,12 +7,12 @@ python benchmarks/depthwise.py [--runs 50]
 from __future__ import annotations
 
 import argparse
-import time
 
 import numpy as np
 from onnx import TensorProto, helper, numpy_helper
 
 import kiln
+from kiln.bench.scenarios import median_latency_ms
 
 # (channels, size, stride) of MobileNetV2's 3x3 depthwise layers at 224x224, each with its Relu
 LAYERS = [(32, 112, 1), (96, 112, 2), (144, 56, 1), (144, 56, 2), (192, 28, 1), (384, 14, 1), (576, 14, 2), (960, 7, 1)]
@@ -37,17 +37,6 @@ def layer(channels: int, size: int, stride: int):  # type: ignore[no-untyped-def
     return model, {"x": rng.standard_normal((1, channels, size, size)).astype(np.float32)}
 
 
-def median_ms(run, feeds, runs: int) -> float:  # type: ignore[no-untyped-def]
-    for _ in range(5):
-        run(feeds)
-    times = []
-    for _ in range(runs):
-        start = time.perf_counter()
-        run(feeds)
-        times.append(time.perf_counter() - start)
-    return float(np.median(times) * 1e3)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=50)
@@ -61,7 +50,7 @@ def main() -> None:
     for channels, size, stride in LAYERS:
         model, feeds = layer(channels, size, stride)
         compiled = kiln.compile(model)
-        kiln_ms = median_ms(compiled.run, feeds, args.runs)
+        kiln_ms = median_latency_ms(compiled.run, feeds, args.runs)
         name = f"{channels}x{size}x{size}/s{stride}"
         if ort is None:
             print(f"{name:>18} {kiln_ms:9.3f}")
@@ -69,7 +58,7 @@ def main() -> None:
         options = ort.SessionOptions()
         options.intra_op_num_threads = 2
         session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
-        ort_ms = median_ms(lambda f: session.run(None, f), feeds, args.runs)
+        ort_ms = median_latency_ms(lambda f: session.run(None, f), feeds, args.runs)
         diff = float(np.abs(compiled.run(feeds)["y"] - session.run(None, feeds)[0]).max())
         print(f"{name:>18} {kiln_ms:9.3f} {ort_ms:9.3f} {kiln_ms / ort_ms:9.2f} {diff:11.2e}")
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import time
 
 import numpy as np
 from onnx import TensorProto, helper, numpy_helper
@@ -43,17 +42,6 @@ def model(m: int, k: int, n: int):  # type: ignore[no-untyped-def]
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10), feeds
 
 
-def median_s(run, feeds, runs: int) -> float:  # type: ignore[no-untyped-def]
-    for _ in range(5):
-        run(feeds)
-    times = []
-    for _ in range(runs):
-        start = time.perf_counter()
-        run(feeds)
-        times.append(time.perf_counter() - start)
-    return float(np.median(times))
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=40)
@@ -61,6 +49,7 @@ def main() -> None:
     args = parser.parse_args()
     os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))
     import kiln
+    from kiln.bench.scenarios import median_latency_ms
 
     try:
         import onnxruntime as ort
@@ -71,13 +60,13 @@ def main() -> None:
     for m, k, n, what in SHAPES:
         proto, feeds = model(m, k, n)
         flops = 2 * m * k * n
-        kiln_s = median_s(kiln.compile(proto).run, feeds, args.runs)
+        kiln_s = median_latency_ms(kiln.compile(proto).run, feeds, args.runs) / 1e3
         line = f"{what:>28} {flops / kiln_s / 1e9:10.1f}"
         if ort is not None:
             options = ort.SessionOptions()
             options.intra_op_num_threads = args.threads
             session = ort.InferenceSession(proto.SerializeToString(), options, providers=["CPUExecutionProvider"])
-            ort_s = median_s(lambda f: session.run(None, f), feeds, args.runs)
+            ort_s = median_latency_ms(lambda f: session.run(None, f), feeds, args.runs) / 1e3
             line += f" {flops / ort_s / 1e9:10.1f} {kiln_s / ort_s:9.2f}"
         print(line)
 

@@ -34,6 +34,13 @@ def warm_up(run: Run, feeds: dict[str, np.ndarray], iterations: int) -> None:
         run(feeds)
 
 
+def median_latency_ms(run: Run, feeds: dict[str, np.ndarray], runs: int, warmup: int = 5) -> float:
+    """Median latency of ``runs`` calls after ``warmup`` (a single-stream run of fixed length, for
+    benchmark scripts that compare backends in one process)."""
+    warm_up(run, feeds, warmup)
+    return float(single_stream(run, feeds, 0.0, runs)["latency_ms"]["p50"])
+
+
 def single_stream(
     run: Run,
     feeds: dict[str, np.ndarray],

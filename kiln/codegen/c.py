@@ -242,8 +242,15 @@ def statements(body: Sequence[Stmt], schedule: Schedule, indent: str) -> list[st
     return lines
 
 
-def _buffer_declarations(buffers: Sequence[Buffer], table: dict[Buffer, int], indent: str) -> list[str]:
-    return [f"{indent}{c_type(b.dtype)} *{b.name} = ({c_type(b.dtype)} *)buffers[{table[b]}];" for b in buffers]
+def _buffer_declarations(
+    buffers: Sequence[Buffer], table: dict[Buffer, int], indent: str, via_c: Buffer | None = None
+) -> list[str]:
+    """Each buffer's pointer from the table (``via_c``: from the descriptor's ``c`` instead)."""
+    lines = []
+    for b in buffers:
+        source = "g->c" if b is via_c else f"buffers[{table[b]}]"
+        lines.append(f"{indent}{c_type(b.dtype)} *{b.name} = ({c_type(b.dtype)} *){source};")
+    return lines
 
 
 def _sum_reduction(loop: For) -> str | None:
@@ -264,9 +271,7 @@ def emit_helper(function: Function, table: dict[Buffer, int]) -> str:
     descriptor's copy of the segment's table."""
     params = ", ".join(f"int64_t {p.name}" for p in function.params)
     lines = [f"static void {function.name}(const kiln_gemm *g, {params}) {{", "  void **buffers = g->buffers;"]
-    for buffer in dict.fromkeys(function.buffers):
-        source = "g->c" if buffer is function.via_c else f"buffers[{table[buffer]}]"
-        lines.append(f"  {c_type(buffer.dtype)} *{buffer.name} = ({c_type(buffer.dtype)} *){source};")
+    lines.extend(_buffer_declarations(list(dict.fromkeys(function.buffers)), table, "  ", function.via_c))
     # the whole-tile loop over a micro-tile row ("c"): independent elements, SIMD even when the
     # epilogue reads scalars from buffers GCC cannot prove unaliased (GELU's constants)
     lines.extend(statements(function.body, Schedule(vectorize="c"), "  "))
@@ -303,9 +308,9 @@ def _uses_winograd(body: Sequence[Stmt]) -> bool:
     )
 
 
-def emit_kernel(kernel: Kernel, table: dict[Buffer, int], name: str) -> str:
-    """One kernel as its own function ``name(void **buffers)``, its helpers before it."""
-    used = _kernel_buffers(kernel)
+def emit_kernel(kernel: Kernel, used: list[Buffer], table: dict[Buffer, int], name: str) -> str:
+    """One kernel as its own function ``name(void **buffers)`` declaring ``used``, its helpers
+    before it."""
     lines = [emit_helper(f, table) for f in _helpers(kernel.body)]
     lines.append(f"static void {name}(void **buffers) {{")
     lines.append(f"  /* {kernel.kind} */")
@@ -316,8 +321,8 @@ def emit_kernel(kernel: Kernel, table: dict[Buffer, int], name: str) -> str:
 
 
 def _kernel_buffers(kernel: Kernel) -> list[Buffer]:
-    helpers = [b for f in _helpers(kernel.body) for b in f.buffers]
-    return list(dict.fromkeys([*kernel.reads, *kernel.writes, *buffers_in(kernel.body), *helpers]))
+    """Every buffer a kernel's function needs (its helpers' too: ``buffers_in`` walks them)."""
+    return list(dict.fromkeys([*kernel.reads, *kernel.writes, *buffers_in(kernel.body)]))
 
 
 def _generated_names(node: object, found: dict[str, None]) -> None:
@@ -350,20 +355,15 @@ class _Templates:
         used = _kernel_buffers(kernel)
         local = {b: i for i, b in enumerate(used)}
         if _CHECKED:  # debug builds keep kiln's names: range-check messages name the buffer
-            self.parts.append(emit_kernel(kernel, local, f"kiln_{kernel.name}"))
+            self.parts.append(emit_kernel(kernel, used, local, f"kiln_{kernel.name}"))
             return f"kiln_{kernel.name}", used
-        text = emit_kernel(kernel, local, "KILN_TEMPLATE")
+        text = emit_kernel(kernel, used, local, "KILN_TEMPLATE")
+        helpers = [f.name for f in _helpers(kernel.body)]
         names: dict[str, None] = {}
-        _generated_names([used, kernel.body, _helpers(kernel.body)], names)
-        helpers = {f.name for f in _helpers(kernel.body)}
-        mapping: dict[str, str] = {}
-        count = 0
-        for name in names:
-            if name in helpers:
-                mapping[name] = f"KILN_TEMPLATE_e{sum(v.startswith('KILN') for v in mapping.values())}"
-            else:
-                mapping[name] = f"v{count}"
-                count += 1
+        _generated_names([used, kernel.body], names)
+        variables = [n for n in names if n not in helpers]
+        mapping = {n: f"KILN_TEMPLATE_e{i}" for i, n in enumerate(dict.fromkeys(helpers))}
+        mapping.update({n: f"v{i}" for i, n in enumerate(variables)})
         if mapping:
             # (not after "." or "->": a loop index named c is not the descriptor's field g.c)
             alternatives = "|".join(re.escape(n) for n in sorted(mapping, key=len, reverse=True))

@@ -407,10 +407,11 @@ def infer_node(
     return types[: len(node.outputs)], ctx.out_symbolic
 
 
-# Ops whose ``axis`` attribute names a dim of input 0, in [-rank, rank - 1] (Flatten: up to rank).
+# Ops whose ``axis`` attribute names a dim of input 0, in [-rank, rank - 1] (Flatten: up to rank;
+# OneHot: a new axis of the output).
 _AXIS_OPS = frozenset(
     "Softmax LogSoftmax Hardmax LpNormalization LayerNormalization Concat Gather GatherElements Split "
-    "ArgMax ArgMin Compress ScatterElements OneHot".split()
+    "ArgMax ArgMin Compress ScatterElements OneHot Flatten".split()
 )
 # The largest tensor kiln accepts: more than any machine it targets can hold, and far below the
 # point where element counts overflow 64-bit index arithmetic in generated code.
@@ -424,13 +425,13 @@ def _check_axis(node: Node, input_types: list[Type | None]) -> None:
         return
     shape = input_types[0].shape
     axis = node.attrs["axis"]
-    if shape is None or not isinstance(axis, int) or (node.op not in _AXIS_OPS and node.op != "Flatten"):
+    if shape is None or not isinstance(axis, int) or node.op not in _AXIS_OPS:
         return
     rank = max(len(shape), 1)
     low, high = -rank, rank - 1  # inclusive
     if node.op == "Flatten":
         high = rank
-    elif node.op == "OneHot":  # a new axis of the output
+    elif node.op == "OneHot":
         low, high = -rank - 1, rank
     if not low <= axis <= high:
         raise ShapeInferenceError(f"axis {axis} is out of range for input %{node.inputs[0].name} of rank {len(shape)}")

@@ -41,10 +41,12 @@ class MemoryPlan:
 
 def engine_threads() -> int:
     """The threads an OpenMP region gets by default: OMP_NUM_THREADS, else the usable CPUs."""
+    from kiln.codegen.target import Target
+
     setting = os.environ.get("OMP_NUM_THREADS", "").split(",")[0].strip()
     if setting.isdigit() and int(setting) > 0:
         return int(setting)
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return Target.host().cores
 
 
 def _align(size: int) -> int:
@@ -92,9 +94,10 @@ _KC, _BLOCK, _SHARED_LIMIT = 256, 1024, 16 << 20
 
 def engine_scratch(kernels: Sequence[Kernel], rows: int, cols: int) -> tuple[int, int]:
     """Upper bound of the engine's packing buffers (``kiln_scratch`` in gemm.c), as (bytes kept by
-    the calling thread, bytes kept by every thread): the calling thread keeps the largest whole-operand buffers (A and B), every thread
-    the largest per-block buffers; both are reused from call to call, so the bound is a max over
-    the plan's engine calls, not a sum. ``rows``/``cols`` are the micro-kernel's tile."""
+    the calling thread, bytes kept by every thread): the calling thread keeps the largest
+    whole-operand buffers (A and B), every thread the largest per-block buffers; both are reused
+    from call to call, so the bound is a max over the plan's engine calls, not a sum.
+    ``rows``/``cols`` are the micro-kernel's tile."""
     shared_a = shared_b = block_a = block_b = 0
 
     def walk(stmts: list[Stmt]) -> None:

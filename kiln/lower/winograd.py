@@ -74,6 +74,24 @@ def _c_combine(coefficients: list[float], terms: list[str]) -> str:
     return text[2:] if text.startswith("+ ") else "zero " + text
 
 
+def _c_two_sided(name: str, source: str, result: str, matrix, size: int) -> list[str]:  # type: ignore[no-untyped-def]
+    """C for ``result = T src T^T`` on a ``size`` x ``size`` tile of vectors, T = ``matrix``
+    (rows x size): first over the tile's rows into ``tmp``, then over its columns."""
+    rows = len(matrix)
+    lines = [f"static inline void {name}(const kiln_v8 *{source}, kiln_v8 *{result}) {{", "  const kiln_v8 zero = {0};"]
+    lines.append(f"  kiln_v8 tmp[{rows * size}];")
+    for i in range(rows):
+        for j in range(size):
+            terms = [f"{source}[{x * size + j}]" for x in range(size)]
+            lines.append(f"  tmp[{i * size + j}] = {_c_combine(matrix[i], terms)};")
+    for i in range(rows):
+        for j in range(rows):
+            terms = [f"tmp[{i * size + x}]" for x in range(size)]
+            lines.append(f"  {result}[{i * rows + j}] = {_c_combine(matrix[j], terms)};")
+    lines.append("}")
+    return lines
+
+
 def c_source() -> str:
     """The transforms as C over 8 tiles at a time (GCC vector extensions), for every tile size,
     plus the gather/scatter drivers (``kiln/codegen/winograd.c``)."""
@@ -82,29 +100,9 @@ def c_source() -> str:
     lines = []
     for m, t in TRANSFORMS.items():
         a = m + 2
-        bt, at = t["BT"], t["AT"]
-        # input: v = B^T d B over a*a points
-        lines.append(f"static inline void kiln_wino{m}_in(const kiln_v8 *d, kiln_v8 *v) {{")
-        lines.append("  const kiln_v8 zero = {0};")
-        lines.append(f"  kiln_v8 h[{a * a}];")
-        for xi in range(a):
-            for j in range(a):
-                lines.append(f"  h[{xi * a + j}] = {_c_combine(bt[xi], [f'd[{i * a + j}]' for i in range(a)])};")
-        for xi in range(a):
-            for nu in range(a):
-                lines.append(f"  v[{xi * a + nu}] = {_c_combine(bt[nu], [f'h[{xi * a + j}]' for j in range(a)])};")
-        lines.append("}")
-        # output: y = A^T M A over m*m pixels
-        lines.append(f"static inline void kiln_wino{m}_out(const kiln_v8 *p, kiln_v8 *y) {{")
-        lines.append("  const kiln_v8 zero = {0};")
-        lines.append(f"  kiln_v8 r[{m * a}];")
-        for i in range(m):
-            for nu in range(a):
-                lines.append(f"  r[{i * a + nu}] = {_c_combine(at[i], [f'p[{xi * a + nu}]' for xi in range(a)])};")
-        for i in range(m):
-            for j in range(m):
-                lines.append(f"  y[{i * m + j}] = {_c_combine(at[j], [f'r[{i * a + nu}]' for nu in range(a)])};")
-        lines.append("}")
+        # input: v = B^T d B over a*a points; output: y = A^T M A over m*m pixels
+        lines.extend(_c_two_sided(f"kiln_wino{m}_in", "d", "v", t["BT"], a))
+        lines.extend(_c_two_sided(f"kiln_wino{m}_out", "p", "y", t["AT"], a))
     driver = (Path(__file__).resolve().parent.parent / "codegen" / "winograd.c").read_text()
     return driver.replace("/* TRANSFORMS */", "\n".join(lines))
 

@@ -156,21 +156,12 @@ def _pool_reference(ctx: Any, inputs: list[Any]) -> list[Any]:
     begin, end, outs = [], [], []
     for i in range(spatial):
         size, k, s, d = x.shape[2 + i], kernel[i], strides[i], dilations[i]
-        effective = d * (k - 1) + 1
+        pb, pe = (pads[i], pads[i + spatial]) if auto_pad == "NOTSET" else (0, 0)
+        out = _spatial_out(None, size, k, s, d, pb, pe, auto_pad, ceil_mode)  # type: ignore[arg-type]
         if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
-            out = -(-size // s)
-            total = max((out - 1) * s + effective - size, 0)
-            low = total // 2 if auto_pad == "SAME_UPPER" else total - total // 2
-            pb, pe = low, total - low
-        elif auto_pad == "VALID":
-            pb, pe = 0, 0
-            out = max((size - effective) // s + 1, 0)
-        else:
-            pb, pe = pads[i], pads[i + spatial]
-            span = size + pb + pe - effective
-            out = -(-span // s) + 1 if ceil_mode else span // s + 1
-            if ceil_mode and (out - 1) * s >= size + pb:
-                out -= 1
+            total = max((out - 1) * s + d * (k - 1) + 1 - size, 0)
+            pb = total // 2 if auto_pad == "SAME_UPPER" else total - total // 2
+            pe = total - pb
         begin.append(pb)
         end.append(pe)
         outs.append(out)

@@ -144,6 +144,11 @@ class _Executable:
             np.copyto(target, result.reshape(-1))
 
 
+def _note(err: BaseException, prefix: str) -> str:
+    """The text of the first note compilation attached to ``err`` under ``prefix`` ('' if none)."""
+    return next((n.removeprefix(prefix) for n in getattr(err, "__notes__", []) if n.startswith(prefix)), "")
+
+
 class NativeModel(Model):
     """kiln's compiled CPU model. Symbolic input dims are bound at run time; each new binding
     compiles once (C compilation itself is cached on disk across processes)."""
@@ -214,23 +219,14 @@ class NativeModel(Model):
         except Exception as err:
             from kiln import repro
 
-            stage = next(
-                (n.removeprefix("kiln stage: ") for n in getattr(err, "__notes__", []) if n.startswith("kiln stage: ")),
-                "compile",
-            )
+            stage = _note(err, "kiln stage: ") or "compile"
             try:
                 path: object = repro.write(self.graph, self.level, dims, err, stage)
                 hint = f"a reproducer is in {path}; replay it with: python -m kiln.repro {path}"
             except Exception as write_error:  # never hide the original error
                 hint = f"(writing a reproducer failed too: {write_error})"
-            where = next(
-                (
-                    f" of node {n.removeprefix('kiln node: ')}"
-                    for n in getattr(err, "__notes__", [])
-                    if n.startswith("kiln node: ")
-                ),
-                "",
-            )
+            node = _note(err, "kiln node: ")
+            where = f" of node {node}" if node else ""
             raise InternalError(f"kiln bug during {stage}{where}: {type(err).__name__}: {err}\n{hint}") from err
 
     def _store(self, dims: dict[str, int], plan: Plan) -> None:

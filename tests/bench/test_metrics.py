@@ -85,3 +85,15 @@ def test_server_separates_queueing_from_service():
     assert result["requests"] > 20
     assert result["request_latency_ms"]["p50"] >= result["service_latency_ms"]["p50"]
     assert result["achieved_rate"] == pytest.approx(100, rel=0.5)
+
+
+def test_median_latency_runs_warmup_then_exactly_the_timed_calls():
+    calls = []
+
+    def run(feeds):
+        calls.append(feeds)
+        time.sleep(0.002 if len(calls) > 3 else 0.0)
+
+    median = scenarios.median_latency_ms(run, {}, runs=5, warmup=3)
+    assert len(calls) == 8
+    assert 1.5 <= median < 100  # the timed calls sleep 2 ms; the warm-up ones do not count
