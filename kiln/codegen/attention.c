@@ -5,17 +5,52 @@
    the arena): Q K^T and P V are matrix products on the engine (run single-threaded inside this
    parallel loop), the scale/mask chain is the generated epilogue applied to the scores block, and
    each row's softmax is max, kiln_expf (vectorized), a double-precision sum and one scaling. The
-   [BH, LQ, LK] score tensor is never written whole. */
+   [BH, LQ, LK] score tensor is never written whole.
 
-static void kiln_attention(int64_t BH, int64_t LQ, int64_t LK, int64_t D, int64_t DV, const float *q, const float *kt,
-                           const float *v, float *out, float *scratch, int64_t threads, const kiln_gemm *ctx) {
+   Operands are strided views (kiln_view), so splitting and merging heads costs no copies: slice
+   bh = outer * n1 + inner starts at outer * s0 + inner * s1, its element (r, c) at r * rs + c * cs
+   (the output's cs is 1). `size` is the whole buffer's, for the KILN_DEBUG checks. */
+
+typedef struct {
+  int64_t size, n1, s0, s1, rs, cs;
+} kiln_view;
+
+static inline int64_t kiln_view_at(const kiln_view *w, int64_t bh) { return (bh / w->n1) * w->s0 + (bh % w->n1) * w->s1; }
+
+/* rows x0..x0+xc of a column-contiguous B (b_rs == 1: K^T read from K's rows) into NR-column
+   panels: each column is one contiguous run of the source */
+static void kiln_pack_b_columns(const kiln_gemm *g, int64_t bt, int64_t x0, int64_t xc, int64_t k0, int64_t kc, float *dst) {
+  for (int64_t p = 0; p < xc; p += KILN_NR) {
+    const int64_t cols = xc - p < KILN_NR ? xc - p : KILN_NR;
+    for (int64_t j = 0; j < cols; ++j) {
+      const int64_t start = bt * g->b_bs + (x0 + p + j) * g->b_cs + k0;
+      const float *column = g->b + KILN_SPAN(start, kc, g->b_size, "B (columns)");
+      for (int64_t k = 0; k < kc; ++k) dst[k * KILN_NR + j] = column[k];
+    }
+    for (int64_t j = cols; j < KILN_NR; ++j)
+      for (int64_t k = 0; k < kc; ++k) dst[k * KILN_NR + j] = 0.0f;
+    dst += kc * KILN_NR;
+  }
+}
+
+static void kiln_attention(int64_t BH, int64_t LQ, int64_t LK, int64_t D, int64_t DV,
+                           const float *q, int64_t q_size, int64_t q_n1, int64_t q_s0, int64_t q_s1, int64_t q_rs, int64_t q_cs,
+                           const float *kt, int64_t k_size, int64_t k_n1, int64_t k_s0, int64_t k_s1, int64_t k_rs, int64_t k_cs,
+                           const float *v, int64_t v_size, int64_t v_n1, int64_t v_s0, int64_t v_s1, int64_t v_rs, int64_t v_cs,
+                           float *out, int64_t o_size, int64_t o_n1, int64_t o_s0, int64_t o_s1, int64_t o_rs, int64_t o_cs,
+                           float *scratch, int64_t threads, const kiln_gemm *ctx) {
+  const kiln_view qv = {q_size, q_n1, q_s0, q_s1, q_rs, q_cs}, kv = {k_size, k_n1, k_s0, k_s1, k_rs, k_cs};
+  const kiln_view vv = {v_size, v_n1, v_s0, v_s1, v_rs, v_cs}, ov = {o_size, o_n1, o_s0, o_s1, o_rs, o_cs};
+  (void)o_cs; /* 1: the fusion pass folds only output layouts with contiguous rows */
 #pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
   for (int64_t bh = 0; bh < BH; ++bh) {
     float *s = scratch + (int64_t)omp_get_thread_num() * LQ * LK;
+    const int64_t qo = kiln_view_at(&qv, bh), ko = kiln_view_at(&kv, bh), vo = kiln_view_at(&vv, bh), oo = kiln_view_at(&ov, bh);
     kiln_gemm g = {0};
     g.batch = 1; g.M = LQ; g.N = LK; g.K = D;
-    g.a = q + bh * LQ * D; g.a_rs = D; g.a_cs = 1; g.pack_a = kiln_pack_a_strided; g.a_size = LQ * D;
-    g.b = kt + bh * D * LK; g.b_rs = LK; g.b_cs = 1; g.pack_b = kiln_pack_b_strided; g.b_size = D * LK;
+    g.a = q + qo; g.a_rs = qv.rs; g.a_cs = qv.cs; g.pack_a = kiln_pack_a_strided; g.a_size = qv.size - qo;
+    g.b = kt + ko; g.b_rs = kv.rs; g.b_cs = kv.cs; g.b_size = kv.size - ko;
+    g.pack_b = kv.rs == 1 && kv.cs != 1 ? kiln_pack_b_columns : kiln_pack_b_strided;
     g.c = s; g.ldc = LK; g.c_size = LQ * LK;
     kiln_gemm_run(&g);
     if (ctx && ctx->epilogue) { /* the chain reads the scores block through g->c (see the helper) */
@@ -38,8 +73,9 @@ static void kiln_attention(int64_t BH, int64_t LQ, int64_t LK, int64_t D, int64_
     kiln_gemm h = {0};
     h.batch = 1; h.M = LQ; h.N = DV; h.K = LK;
     h.a = s; h.a_rs = LK; h.a_cs = 1; h.pack_a = kiln_pack_a_strided; h.a_size = LQ * LK;
-    h.b = v + bh * LK * DV; h.b_rs = DV; h.b_cs = 1; h.pack_b = kiln_pack_b_strided; h.b_size = LK * DV;
-    h.c = out + bh * LQ * DV; h.ldc = DV; h.c_size = LQ * DV;
+    h.b = v + vo; h.b_rs = vv.rs; h.b_cs = vv.cs; h.b_size = vv.size - vo;
+    h.pack_b = vv.rs == 1 && vv.cs != 1 ? kiln_pack_b_columns : kiln_pack_b_strided;
+    h.c = out + oo; h.ldc = ov.rs; h.c_size = ov.size - oo;
     kiln_gemm_run(&h);
   }
 }

@@ -14,7 +14,7 @@ import math
 
 import numpy as np
 
-from kiln.ir.graph import Node
+from kiln.ir.graph import Node, Value
 from kiln.ir.types import DType
 from kiln.lower.fused_lowering import _chain
 from kiln.lower.gemm_lowering import _batch_position
@@ -38,6 +38,7 @@ from kiln.lower.kir import (
 )
 from kiln.lower.lowering import CannotLower, Lowerer
 from kiln.lower.pointwise import FLOAT_OPS, fn
+from kiln.passes.fuse import attention_view, transpose_perm
 
 F32, F64 = DType.FLOAT32, DType.FLOAT64
 
@@ -45,10 +46,33 @@ F32, F64 = DType.FLOAT32, DType.FLOAT64
 def lower_attention(lw: Lowerer, node: Node) -> list[Kernel]:
     body = node.attrs["body"]
     bindings = dict(zip(body.inputs, node.inputs))
-    first, chain, second = body.nodes[0], list(body.nodes[1:-2]), body.nodes[-1]  # nodes[-2]: the Softmax
-    q, kt, v = bindings[first.inputs[0]], bindings[first.inputs[1]], bindings[second.inputs[1]]
+    # [Transpose of Q / K^T / V ...] MatMul, chain..., Softmax, MatMul [Transpose of the output]
+    nodes = list(body.nodes)
+    softmax = next(i for i, n in enumerate(nodes) if n.op == "Softmax")
+    lead = next(i for i, n in enumerate(nodes) if n.op != "Transpose")
+    first, chain, second, tail = nodes[lead], nodes[lead + 1 : softmax], nodes[softmax + 1], nodes[softmax + 2 :]
+    # operands a Transpose rearranges are read in place through strides: the logical tensor's
+    # shape, the stored one and the permutation
+    folded: dict[Value, tuple[Value, tuple[int, ...]]] = {
+        n.outputs[0]: (bindings[n.inputs[0]], transpose_perm(n)) for n in nodes[:lead]
+    }
+    q, kt, v = (
+        folded[x][0] if x in folded else bindings[x] for x in (first.inputs[0], first.inputs[1], second.inputs[1])
+    )
     out = node.outputs[0]
-    q_shape, kt_shape, v_shape, out_shape = lw.shape(q), lw.shape(kt), lw.shape(v), lw.shape(out)
+    q_shape, kt_shape, v_shape = (tuple(x.type.shape) for x in (first.inputs[0], first.inputs[1], second.inputs[1]))  # type: ignore[union-attr, arg-type]
+    out_shape = tuple(second.outputs[0].type.shape)  # type: ignore[union-attr, arg-type]
+    views = [
+        attention_view(lw.shape(folded[x][0]), folded[x][1], inverse=False)
+        if x in folded
+        else attention_view(shape, tuple(range(len(shape))), inverse=False)
+        for x, shape in ((first.inputs[0], q_shape), (first.inputs[1], kt_shape), (second.inputs[1], v_shape))
+    ]
+    views.append(
+        attention_view(lw.shape(out), transpose_perm(tail[0]), inverse=True)
+        if tail
+        else attention_view(out_shape, tuple(range(len(out_shape))), inverse=False)
+    )
     queries, depth = q_shape[-2:]
     keys, width = kt_shape[-1], v_shape[-1]
     if kt_shape[-2] != depth or v_shape[-2] != keys:
@@ -58,9 +82,11 @@ def lower_attention(lw: Lowerer, node: Node) -> list[Kernel]:
     scores_shape = (*batch_shape, queries, keys)
     compose = _chain(lw, chain, bindings, scores_shape, first.outputs[0])
     q_buf, kt_buf, v_buf, dst = lw.buffer(q), lw.buffer(kt), lw.buffer(v), lw.buffer(out)
-    if all(b.dtype is F32 for b in (q_buf, kt_buf, v_buf, dst)):
+    if all(b.dtype is F32 for b in (q_buf, kt_buf, v_buf, dst)) and all(view is not None for view in views):
         sizes, buffers = (queries, keys, depth, width), (q_buf, kt_buf, v_buf, dst)
-        return [_attention_driver(lw, node, compose if chain else None, batch_shape, sizes, buffers)]
+        return [_attention_driver(lw, node, compose if chain else None, batch_shape, sizes, buffers, views)]
+    if folded or tail:  # the fusion pass folds Transposes only where the driver's strides can express them
+        raise CannotLower("attention with folded Transposes needs the float32 driver")
     row = lw.scratch_buffer(F32, batch * keys, hint="scores")
 
     bh, i, d, j = lw.index("bh"), lw.index("i"), lw.index("d"), lw.index("j")
@@ -125,10 +151,12 @@ def lower_attention(lw: Lowerer, node: Node) -> list[Kernel]:
     return [kernel]
 
 
-def _attention_driver(lw: Lowerer, node: Node, compose, batch_shape, sizes, buffers) -> Kernel:  # type: ignore[no-untyped-def]
+def _attention_driver(lw: Lowerer, node: Node, compose, batch_shape, sizes, buffers, views) -> Kernel:  # type: ignore[no-untyped-def]
     """float32 attention through ``kiln_attention`` (kiln/codegen/attention.c): per (batch, head)
     slice two engine products and a row softmax over a per-thread scores block in the arena; the
-    scale/mask chain is an epilogue helper reading that block through the descriptor."""
+    scale/mask chain is an epilogue helper reading that block through the descriptor. ``views``:
+    how Q, K^T, V and the output sit in their buffers (``attention_view``), so heads are split and
+    merged by the products' strides, not by copies."""
     from kiln.lower.gemm_lowering import _epilogue_helper
     from kiln.lower.memory import engine_threads
 
@@ -158,9 +186,13 @@ def _attention_driver(lw: Lowerer, node: Node, compose, batch_shape, sizes, buff
             None,
             True,
         )
+    layout = []  # per operand: buffer, its size, inner count, the four strides (outer, inner, row, col)
+    for buffer, (outer, outer_stride, inner, inner_stride, row_stride, col_stride) in zip(buffers, views):
+        assert outer * inner == batch, (views, batch)
+        layout.extend([buffer, buffer.size, inner, outer_stride, inner_stride, row_stride, col_stride])
     call = Call(
         "kiln_attention",
-        [batch, queries, keys, depth, width, q_buf, kt_buf, v_buf, dst, scores, threads],
+        [batch, queries, keys, depth, width, *layout, scores, threads],
         helper,
         context=True,
     )

@@ -10,7 +10,10 @@ Three kinds of group:
 * ``attention``: MatMul(Q, K^T) -> elementwise (scale, mask) -> Softmax(last axis) -> MatMul(., V)
   as one kernel that never writes the [.., Lq, Lk] score tensor: each query row's scores live in a
   small scratch row (it pays whenever the scores would be written and read back three times; it
-  is refused when the rows are too long for the scratch or the operands broadcast).
+  is refused when the rows are too long for the scratch or the operands broadcast). Transposes
+  that only rearrange Q, K^T, V (splitting heads) or the output (merging them) join the group: the
+  kernel reads and writes those tensors through strides instead of copying them
+  (``attention_view``).
 
 Legality (``can_fuse``) is kept apart from benefit (``fusion_benefit``: bytes of intermediate
 traffic saved); every refusal is recorded with a reason (``kiln explain`` lists them). A Fused
@@ -87,9 +90,14 @@ MAX_ATTENTION_KEYS = 16384  # scores per query row held in the scratch row
 
 
 def attention_group(
-    start: Node, consumer_of: dict[Value, Node], readers: dict[Value, int], outputs: set[Value]
+    start: Node,
+    consumer_of: dict[Value, Node],
+    readers: dict[Value, int],
+    outputs: set[Value],
+    producer: dict[Value, Node] | None = None,
 ) -> tuple[list[Node] | None, str]:
-    """The nodes of an attention pattern starting at MatMul ``start`` (None and why not)."""
+    """The nodes of an attention pattern starting at MatMul ``start`` (None and why not); with
+    ``producer``, Transposes feeding Q, K^T, V or reading the output join it when they fold."""
     if start.op != "MatMul" or start.domain or not _float_static(start.outputs[0]):
         return None, "not a float MatMul"
     group = [start]
@@ -125,7 +133,71 @@ def attention_group(
         return None, "attention: Q, K and V do not share the output's batch dims (broadcasting attention)"
     if scores.type.shape[-1] > MAX_ATTENTION_KEYS:  # type: ignore[union-attr, index]
         return None, f"attention: rows of {scores.type.shape[-1]} keys exceed the scratch row ({MAX_ATTENTION_KEYS})"  # type: ignore[union-attr, index]
+    if producer is not None:
+        for operand in (q, kt, v):
+            transpose = producer.get(operand)
+            if _foldable_transpose(transpose, operand, readers, outputs) and attention_view(
+                transpose.inputs[0].type.shape,
+                transpose_perm(transpose),
+                inverse=False,  # type: ignore[union-attr, arg-type]
+            ):
+                group.insert(0, transpose)  # type: ignore[arg-type]
+        after = consumer_of.get(out)
+        if _foldable_transpose(after, out, readers, outputs) and after is not None:
+            view = attention_view(after.outputs[0].type.shape, transpose_perm(after), inverse=True)  # type: ignore[union-attr, arg-type]
+            if view is not None and view[-1] == 1:  # rows of the output stay contiguous
+                group.append(after)
     return group, ""
+
+
+def transpose_perm(node: Node) -> tuple[int, ...]:
+    rank = len(node.inputs[0].type.shape)  # type: ignore[union-attr, arg-type]
+    perm = node.attrs.get("perm")
+    return tuple(int(p) % rank for p in perm) if perm is not None else tuple(reversed(range(rank)))
+
+
+def _foldable_transpose(node: Node | None, link: Value, readers: dict[Value, int], outputs: set[Value]) -> bool:
+    """A plain Transpose whose only link to the rest of the graph is ``link`` (read once, not an output)."""
+    return (
+        node is not None
+        and node.op == "Transpose"
+        and not node.domain
+        and readers.get(link, 0) == 1
+        and link not in outputs
+        and all(_float_static(v) and v.type.dtype.short == "f32" for v in (node.inputs[0], node.outputs[0]))  # type: ignore[union-attr]
+    )
+
+
+def attention_view(
+    stored: tuple[int, ...], perm: tuple[int, ...], inverse: bool
+) -> tuple[int, int, int, int, int, int] | None:
+    """How an attention operand X of rank >= 2 sits in a contiguous tensor P of shape ``stored``:
+    ``X = Transpose(P, perm)``, or ``P = Transpose(X, perm)`` when ``inverse`` (the output). The
+    answer is ``(outer, outer_stride, inner, inner_stride, row_stride, col_stride)`` in elements:
+    X's batch dims merged into at most two strided dims (flat batch index = outer * inner, in X's
+    order), then its matrix rows and columns; None when the batch dims do not merge into two."""
+    rank = len(stored)
+    contiguous = [int(np.prod(stored[i + 1 :])) for i in range(rank)]
+    if inverse:  # P dim i is X dim perm[i]
+        shape, stride = [0] * rank, [0] * rank
+        for i, p in enumerate(perm):
+            shape[p], stride[p] = stored[i], contiguous[i]
+    else:  # X dim i is P dim perm[i]
+        shape, stride = [stored[p] for p in perm], [contiguous[p] for p in perm]
+    merged: list[list[int]] = []  # [count, stride], outermost first
+    for count, step in zip(shape[:-2], stride[:-2]):
+        if count == 1:
+            continue
+        if merged and merged[-1][1] == step * count:
+            merged[-1] = [merged[-1][0] * count, step]
+        else:
+            merged.append([count, step])
+    if len(merged) > 2:
+        return None
+    while len(merged) < 2:
+        merged.insert(0, [1, 0])
+    (outer, outer_stride), (inner, inner_stride) = merged
+    return outer, outer_stride, inner, inner_stride, stride[-2], stride[-1]
 
 
 def fuse(graph: Graph, refusals: list[Refusal] | None = None) -> Graph:
@@ -139,10 +211,12 @@ def fuse(graph: Graph, refusals: list[Refusal] | None = None) -> Graph:
     groups: list[list[Node]] = []
     grouped: set[int] = set()
     kinds: dict[int, str] = {}
+    producer = graph.producers()
+    order = {id(n): i for i, n in enumerate(graph.nodes)}
     for node in graph.nodes:  # attention first: its MatMul would otherwise anchor an epilogue
         if node.op != "MatMul" or node.domain:
             continue
-        group, reason = attention_group(node, consumer_of, readers, outputs)
+        group, reason = attention_group(node, consumer_of, readers, outputs, producer)
         if group is None:
             if (
                 refusals is not None
@@ -153,6 +227,7 @@ def fuse(graph: Graph, refusals: list[Refusal] | None = None) -> Graph:
             continue
         if any(id(n) in grouped for n in group):
             continue
+        group.sort(key=lambda n: order[id(n)])  # absorbed Transposes first, the output's last
         groups.append(group)
         grouped.update(id(n) for n in group)
         kinds[id(group[0])] = "attention"
@@ -160,7 +235,6 @@ def fuse(graph: Graph, refusals: list[Refusal] | None = None) -> Graph:
     # its output has no reader outside the group (so the group is an expression tree over values
     # computed elsewhere), then a Conv/MatMul producing one of the group's inputs joins as its
     # anchor when every reader of its result is in the group (the epilogue may read it often).
-    producer = graph.producers()
     for sink in reversed(graph.nodes):
         if id(sink) in grouped or not _elementwise(sink):
             continue
@@ -213,7 +287,6 @@ def fuse(graph: Graph, refusals: list[Refusal] | None = None) -> Graph:
             if refusals is not None:
                 refusals.append(Refusal(anchor.label, sink.label, reason))
         if len(members) > 1:
-            order = {id(n): i for i, n in enumerate(graph.nodes)}
             groups.append(sorted(members.values(), key=lambda n: order[id(n)]))
             grouped.update(members)
     if not groups:
@@ -254,11 +327,12 @@ def _fused_node(group: list[Node], kind: str | None = None) -> Node:
     body = Graph(list(formal.values()), [inner_values[group[-1].outputs[0]]], body_nodes, name="fused")
     kind = kind or ("epilogue" if group[0].op in ANCHORS else "pointwise")
     label = "+".join(n.op for n in group)
+    named = next((n for n in group if n.op in ANCHORS), group[0])  # an attention's first MatMul
     return Node(
         "Fused",
         external,
         [group[-1].outputs[0]],
         {"body": body, "kind": kind},
-        name=f"{label} [{group[0].name or group[0].outputs[0].name}]",
+        name=f"{label} [{named.name or named.outputs[0].name}]",
         domain="kiln",
     )

@@ -203,20 +203,27 @@ def test_random_gathers_match_the_reference_or_name_the_bad_index(case):
 
 @st.composite
 def attention_graphs(draw):
-    """softmax(Q K^T * scale (+ mask)) V with random batch, heads, lengths and head size; K given
-    already transposed or transposed in the graph; the mask additive or none."""
+    """softmax(Q K^T * scale (+ mask)) V with random batch, heads, lengths and head size; Q, K, V
+    given per head ([B, H, L, D], K transposed in the graph) or heads-last as exporters write them
+    ([B, L, H, D], split by Transposes the kernel folds into its strides); the mask additive or
+    none; the output transposed back (folded), to a layout the kernel cannot write (a copy), or not."""
     rng = np.random.default_rng(draw(st.integers(0, 2**31)))
     batch, heads = draw(st.integers(1, 2)), draw(st.integers(1, 3))
     lq, lk, d = draw(st.integers(1, 20)), draw(st.integers(1, 20)), draw(st.sampled_from([1, 4, 8, 16, 24]))
+    heads_last = draw(st.booleans())
+    layout = (lambda length: [batch, length, heads, d]) if heads_last else (lambda length: [batch, heads, length, d])
     inputs = [
-        ("q", TensorProto.FLOAT, [batch, heads, lq, d]),
-        ("k", TensorProto.FLOAT, [batch, heads, lk, d]),
-        ("v", TensorProto.FLOAT, [batch, heads, lk, d]),
+        ("q", TensorProto.FLOAT, layout(lq)),
+        ("k", TensorProto.FLOAT, layout(lk)),
+        ("v", TensorProto.FLOAT, layout(lk)),
     ]
-    nodes = [
-        helper.make_node("Transpose", ["k"], ["kt"], perm=[0, 1, 3, 2]),
-        helper.make_node("MatMul", ["q", "kt"], ["s"]),
-    ]
+    nodes = [helper.make_node("Transpose", ["k"], ["kt"], perm=[0, 2, 3, 1] if heads_last else [0, 1, 3, 2])]
+    q, v = "q", "v"
+    if heads_last:
+        nodes.append(helper.make_node("Transpose", ["q"], ["qh"], perm=[0, 2, 1, 3]))
+        nodes.append(helper.make_node("Transpose", ["v"], ["vh"], perm=[0, 2, 1, 3]))
+        q, v = "qh", "vh"
+    nodes.append(helper.make_node("MatMul", [q, "kt"], ["s"]))
     inits = {"scale": np.array(1 / np.sqrt(d), np.float32)}
     nodes.append(helper.make_node("Mul" if draw(st.booleans()) else "Div", ["s", "scale"], ["ss"]))
     scores = "ss"
@@ -229,7 +236,10 @@ def attention_graphs(draw):
         nodes.append(helper.make_node("Add", ["ss", "mask"], ["sm"]))
         scores = "sm"
     nodes.append(helper.make_node("Softmax", [scores], ["p"], axis=-1))
-    nodes.append(helper.make_node("MatMul", ["p", "v"], ["y"]))
+    out_perm = draw(st.sampled_from([None, [0, 2, 1, 3], [1, 0, 2, 3], [0, 2, 3, 1]]))
+    nodes.append(helper.make_node("MatMul", ["p", v], ["o" if out_perm else "y"]))
+    if out_perm:
+        nodes.append(helper.make_node("Transpose", ["o"], ["y"], perm=out_perm))
     feeds = {name: rng.standard_normal(shape).astype(np.float32) for name, _, shape in inputs}
     return _model(nodes, inputs, "y", inits), feeds
 

@@ -180,3 +180,86 @@ graph g(%x: f32[4,4]) -> (%y) {
     assert [n.op for n in after.nodes] == ["Exp", "Fused"]
     assert [n.op for n in after.nodes[1].attrs["body"].nodes] == ["Relu", "Neg", "Add"]
     assert any("2 readers" in r.reason for r in refusals)
+
+
+def heads_model(batch=2, length=9, heads=3, depth=4, kv_length=None, out_perm=(0, 2, 1, 3)):
+    """Multi-head attention as exporters write it: [B, L, H*D] projections reshaped to heads and
+    transposed (K straight to K^T), the result transposed back and merged."""
+    kv_length = kv_length or length
+    hidden = heads * depth
+    split = np.array([batch, -1, heads, depth], np.int64)
+    merged_shape = [batch, length, hidden] if out_perm == (0, 2, 1, 3) else None
+    nodes = [
+        helper.make_node("Reshape", ["q", "split"], ["q4"]),
+        helper.make_node("Transpose", ["q4"], ["qh"], perm=[0, 2, 1, 3]),
+        helper.make_node("Reshape", ["k", "split"], ["k4"]),
+        helper.make_node("Transpose", ["k4"], ["kt"], perm=[0, 2, 3, 1]),
+        helper.make_node("Reshape", ["v", "split"], ["v4"]),
+        helper.make_node("Transpose", ["v4"], ["vh"], perm=[0, 2, 1, 3]),
+        helper.make_node("MatMul", ["qh", "kt"], ["s"]),
+        helper.make_node("Mul", ["s", "scale"], ["s2"]),
+        helper.make_node("Softmax", ["s2"], ["p"], axis=-1),
+        helper.make_node("MatMul", ["p", "vh"], ["o"]),
+        helper.make_node("Transpose", ["o"], ["ot"], perm=list(out_perm)),
+    ]
+    outputs = [("y", FLOAT, merged_shape)]
+    if merged_shape is not None:
+        nodes.append(helper.make_node("Reshape", ["ot", "merge"], ["y"]))
+    else:
+        nodes[-1].output[0] = "y"
+    return make_model(
+        nodes,
+        [
+            ("q", FLOAT, [batch, length, hidden]),
+            ("k", FLOAT, [batch, kv_length, hidden]),
+            ("v", FLOAT, [batch, kv_length, hidden]),
+        ],
+        outputs,
+        {
+            "split": split,
+            "merge": np.array([batch, length, hidden], np.int64),
+            "scale": np.array(depth**-0.5, np.float32),
+        },
+    )
+
+
+def test_head_split_and_merge_transposes_fold_into_the_attention_kernel():
+    model = heads_model(length=9, kv_length=13)
+    compiled = kiln.compile(model)
+    kernels = [k for step in compiled.plans[0].steps for k in step.kernels]
+    # no copies: the transposes became the products' strides
+    assert [k.kind for k in kernels] == ["attention"], [k.kind for k in kernels]
+    (fused,) = [n for n in compiled.plans[0].graph.nodes if n.op == "Fused"]
+    assert [n.op for n in fused.attrs["body"].nodes].count("Transpose") == 4
+    assert not [n for n in compiled.plans[0].graph.nodes if n.op == "Transpose"]
+    feeds = {
+        "q": RNG.standard_normal((2, 9, 12)).astype(np.float32),
+        "k": RNG.standard_normal((2, 13, 12)).astype(np.float32),
+        "v": RNG.standard_normal((2, 13, 12)).astype(np.float32),
+    }
+    want = kiln.compile(model, target="reference").run(feeds)["y"]
+    np.testing.assert_allclose(compiled.run(feeds)["y"], want, rtol=1e-5, atol=1e-6)
+
+
+def test_an_output_transpose_that_moves_the_last_axis_stays_a_copy():
+    # [B, H, L, D] -> [B, D, L, H]: the output's rows would not be contiguous, so it is not folded
+    model = heads_model(out_perm=(0, 3, 2, 1))
+    compiled = kiln.compile(model)
+    kinds = [k.kind for step in compiled.plans[0].steps for k in step.kernels]
+    assert kinds.count("attention") == 1 and len(kinds) == 2, kinds
+    feeds = {name: RNG.standard_normal((2, 9, 12)).astype(np.float32) for name in "qkv"}
+    want = kiln.compile(model, target="reference").run(feeds)["y"]
+    np.testing.assert_allclose(compiled.run(feeds)["y"], want, rtol=1e-5, atol=1e-6)
+
+
+def test_attention_view_merges_batch_dims_and_refuses_what_it_cannot_stride():
+    from kiln.passes.fuse import attention_view
+
+    # K [B=2, L=5, H=3, D=4] read as K^T [B, H, D, L]: row (d) stride 1, column (l) stride H*D
+    assert attention_view((2, 5, 3, 4), (0, 2, 3, 1), inverse=False) == (2, 60, 3, 4, 1, 12)
+    # contiguous [2, 3, 7, 8]: batch dims merge into one of 6 with stride 56
+    assert attention_view((2, 3, 7, 8), (0, 1, 2, 3), inverse=False) == (1, 0, 6, 56, 8, 1)
+    # the output [B, H, L, D] stored as [B, L, H, D]
+    assert attention_view((2, 5, 3, 4), (0, 2, 1, 3), inverse=True) == (2, 60, 3, 4, 12, 1)
+    # three batch dims that do not merge: [A, B, C, L, D] stored as [C, A, L, B, D]
+    assert attention_view((4, 2, 6, 3, 5), (1, 3, 0, 2, 4), inverse=False) is None
