@@ -99,6 +99,27 @@ static void kiln_ukernel_edge(int64_t kc, const float *a, const float *b, float 
   for (int64_t r = 0; r < mr; ++r) memcpy(c + r * ldc, tile + r * KILN_NR, (size_t)nr * sizeof(float));
 }
 
+/* an edge tile at most one vector wide (nr <= L: a 49-pixel plane's last 1 column, say): half the
+   multiplies of a full-width edge tile, over the same packed panels */
+static void kiln_ukernel_half(int64_t kc, const float *a, const float *b, float *c, int64_t ldc, int accumulate, int64_t mr, int64_t nr) {
+  float tile[KILN_MR * KILN_L] __attribute__((aligned(64)));
+  kiln_vf acc[KILN_MR];
+  if (accumulate)
+    for (int64_t r = 0; r < mr; ++r) memcpy(tile + r * KILN_L, c + r * ldc, (size_t)nr * sizeof(float));
+#pragma GCC unroll 16
+  for (int r = 0; r < KILN_MR; ++r) acc[r] = accumulate ? *(const kiln_vf *)(tile + r * KILN_L) : (kiln_vf){0};
+  for (int64_t k = 0; k < kc; ++k) {
+    const kiln_vf b0 = *(const kiln_vf *)b;
+#pragma GCC unroll 16
+    for (int r = 0; r < KILN_MR; ++r) acc[r] += a[r] * b0;
+    a += KILN_MR;
+    b += KILN_NR;
+  }
+#pragma GCC unroll 16
+  for (int r = 0; r < KILN_MR; ++r) *(kiln_vf *)(tile + r * KILN_L) = acc[r];
+  for (int64_t r = 0; r < mr; ++r) memcpy(c + r * ldc, tile + r * KILN_L, (size_t)nr * sizeof(float));
+}
+
 /* -- packers ------------------------------------------------------------------------------------ */
 
 /* rows x0..x0+xc of A (k0..k0+kc) into MR-row panels, zero padded */
@@ -208,6 +229,7 @@ static int64_t kiln_round_up(int64_t x, int64_t to) { return (x + to - 1) / to *
 static void kiln_gemm_run(const kiln_gemm *g) {
   const int64_t M = g->M, N = g->N, K = g->K;
   int threads = omp_get_max_threads();
+  if (omp_in_parallel()) threads = 1; /* inside a driver's parallel loop this product runs alone */
   const int64_t kblock = g->kc > 0 ? g->kc : KILN_KC;
   /* an MC x KC block of A fills about half of L2 (256 KB): short reductions take more rows */
   int64_t depth = K < kblock ? K : kblock, mc_cap = 65536 / (depth > 0 ? depth : 1);
@@ -312,6 +334,8 @@ static void kiln_gemm_run(const kiln_gemm *g) {
             float *tile = c + (m0 + ir) * g->ldc + n0 + jr;
             if (mr == KILN_MR && nr == KILN_NR)
               kiln_ukernel(kc, apanel, bpanel, tile, g->ldc, k0 > 0);
+            else if (nr <= KILN_L)
+              kiln_ukernel_half(kc, apanel, bpanel, tile, g->ldc, k0 > 0, mr, nr);
             else
               kiln_ukernel_edge(kc, apanel, bpanel, tile, g->ldc, k0 > 0, mr, nr);
             if (last && g->epilogue) g->epilogue(g, bt, m0 + ir, m0 + ir + mr, n0 + jr, n0 + jr + nr);
