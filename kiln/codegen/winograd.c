@@ -3,82 +3,122 @@
    8 tiles at once: lane l is tile column tw0 + l, so the transforms vectorize and V / M are read
    and written contiguously (their layout is [point][channel][tile]). */
 
+#ifdef __AVX2__
+#include <immintrin.h>
+#endif
+
 typedef float kiln_v8 __attribute__((vector_size(32)));
 typedef float kiln_v8u __attribute__((vector_size(32), aligned(4)));
 
 /* TRANSFORMS */
 
+/* Lanes run over 8 consecutive tiles of an image, row-major across tile rows (t = th * TW + tw), so
+   small images fill every lane too (a 14 x 14 output has 16 tiles of 4 x 4: two full vectors).
+   Each image plane is first copied into a zero-padded thread-local plane (one memcpy per row, no
+   per-element bounds tests), from which a lane's patch element (i, j) is a gather at its tile's
+   origin + i * pitch + j: the same index vector for all a x a points. V and M rows are stored and
+   loaded whole at [point][channel][image tile]. */
+static inline kiln_v8 kiln_wino_gather(const float *base, const int32_t *index) {
+#ifdef __AVX2__
+  return (kiln_v8)_mm256_i32gather_ps(base, _mm256_loadu_si256((const __m256i *)index), 4);
+#else
+  kiln_v8 lane;
+  for (int l = 0; l < 8; ++l) lane[l] = base[index[l]];
+  return lane;
+#endif
+}
+
+/* the padded plane's offset of each lane's tile origin (tile t0 + l; lanes past the last tile
+   read the origin) */
+static inline void kiln_wino_origins(int32_t *index, int64_t t0, int lanes, int64_t TW, int m, int64_t pitch) {
+  for (int l = 0; l < 8; ++l) {
+    const int64_t t = l < lanes ? t0 + l : t0;
+    index[l] = (int32_t)((t / TW) * m * pitch + (t % TW) * m);
+  }
+}
+
 /* every (image, channel, tile) patch -> V[point][c][tile]; zero padding outside the image */
 static void kiln_winograd_in(int m, const float *x, float *v, int64_t N, int64_t C, int64_t H, int64_t W, int64_t PT,
                              int64_t PL, int64_t TH, int64_t TW) {
   const int a = m + 2;
-  const int64_t T = N * TH * TW;
-#pragma omp parallel for collapse(2) schedule(static)
-  for (int64_t n = 0; n < N; ++n)
-    for (int64_t c = 0; c < C; ++c) {
-      for (int64_t th = 0; th < TH; ++th) {
-        const int64_t ih0 = th * m - PT;
-        for (int64_t tw0 = 0; tw0 < TW; tw0 += 8) {
-          const int lanes = TW - tw0 < 8 ? (int)(TW - tw0) : 8;
+  const int64_t T = N * TH * TW, tiles = TH * TW;
+  /* the padded plane: image (ih, iw) at row ih + PT, column iw + PL; every patch lies inside */
+  const int64_t rows = TH * m + 2, pitch = TW * m + 2;
+#pragma omp parallel
+  {
+    static _Thread_local float *padded_buf;
+    static _Thread_local int64_t padded_have;
+    float *padded = kiln_scratch(&padded_buf, &padded_have, rows * pitch);
+#pragma omp for collapse(2) schedule(static)
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t c = 0; c < C; ++c) {
+        const float *plane = x + (n * C + c) * H * W;
+        memset(padded, 0, (size_t)(rows * pitch) * sizeof(float));
+        const int64_t copy_rows = H < rows - PT ? H : rows - PT, copy_cols = W < pitch - PL ? W : pitch - PL;
+        for (int64_t ih = 0; ih < copy_rows; ++ih) {
+          KILN_SPAN((n * C + c) * H * W + ih * W, copy_cols, N * C * H * W, "winograd input");
+          memcpy(padded + (ih + PT) * pitch + PL, plane + ih * W, (size_t)copy_cols * sizeof(float));
+        }
+        for (int64_t t0 = 0; t0 < tiles; t0 += 8) {
+          const int lanes = tiles - t0 < 8 ? (int)(tiles - t0) : 8;
+          int32_t index[8];
+          kiln_wino_origins(index, t0, lanes, TW, m, pitch);
           kiln_v8 d[36], out[36];
-          for (int i = 0; i < a; ++i) {
-            const int64_t ih = ih0 + i;
-            const int row_inside = ih >= 0 && ih < H;
-            for (int j = 0; j < a; ++j) {
-              kiln_v8 lane = {0};
-              for (int l = 0; l < lanes; ++l) {
-                const int64_t iw = (tw0 + l) * m - PL + j;
-                lane[l] = row_inside && iw >= 0 && iw < W ? x[KILN_AT((n * C + c) * H * W + ih * W + iw, N * C * H * W, "winograd input")] : 0.0f;
-              }
-              d[i * a + j] = lane;
-            }
-          }
+          for (int i = 0; i < a; ++i)
+            for (int j = 0; j < a; ++j) d[i * a + j] = kiln_wino_gather(padded + i * pitch + j, index);
           if (m == 4) kiln_wino4_in(d, out); else kiln_wino2_in(d, out);
-          float *dst = v + c * T + (n * TH + th) * TW + tw0;
-          KILN_SPAN(c * T + (n * TH + th) * TW + tw0, (int64_t)(a * a - 1) * C * T + lanes, (int64_t)a * a * C * T, "winograd V");
+          float *dst = v + c * T + n * tiles + t0;
+          KILN_SPAN(c * T + n * tiles + t0, (int64_t)(a * a - 1) * C * T + lanes, (int64_t)a * a * C * T, "winograd V");
           for (int p = 0; p < a * a; ++p) {
             if (lanes == 8) *(kiln_v8u *)(dst + p * C * T) = out[p];
             else for (int l = 0; l < lanes; ++l) dst[p * C * T + l] = out[p][l];
           }
         }
       }
-    }
+  }
 }
 
-/* M[point][o][tile] -> the output (+ bias), then the fused epilogue per finished tile row */
+/* M[point][o][tile] -> the output (+ bias), then the fused epilogue once per finished plane. The
+   tiles' m x m results are scattered into a thread-local plane of whole tiles (no edge tests),
+   whose visible OH x OW part is then copied out row by row with the bias. */
 static void kiln_winograd_out(int m, const float *mm, float *y, const float *bias, int64_t N, int64_t O, int64_t OH,
                               int64_t OW, int64_t TH, int64_t TW, const kiln_gemm *g) {
   const int a = m + 2;
-  const int64_t T = N * TH * TW;
-#pragma omp parallel for collapse(2) schedule(static)
-  for (int64_t n = 0; n < N; ++n)
-    for (int64_t o = 0; o < O; ++o) {
-      const float b = bias ? bias[o] : 0.0f;
-      for (int64_t th = 0; th < TH; ++th) {
-        for (int64_t tw0 = 0; tw0 < TW; tw0 += 8) {
-          const int lanes = TW - tw0 < 8 ? (int)(TW - tw0) : 8;
+  const int64_t T = N * TH * TW, tiles = TH * TW, pitch = TW * m;
+#pragma omp parallel
+  {
+    static _Thread_local float *whole_buf;
+    static _Thread_local int64_t whole_have;
+    float *whole = kiln_scratch(&whole_buf, &whole_have, TH * m * pitch);
+#pragma omp for collapse(2) schedule(static)
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t o = 0; o < O; ++o) {
+        for (int64_t t0 = 0; t0 < tiles; t0 += 8) {
+          const int lanes = tiles - t0 < 8 ? (int)(tiles - t0) : 8;
           kiln_v8 p[36], out[16];
-          const float *src = mm + o * T + (n * TH + th) * TW + tw0;
-          KILN_SPAN(o * T + (n * TH + th) * TW + tw0, (int64_t)(a * a - 1) * O * T + lanes, (int64_t)a * a * O * T, "winograd M");
+          const float *src = mm + o * T + n * tiles + t0;
+          KILN_SPAN(o * T + n * tiles + t0, (int64_t)(a * a - 1) * O * T + lanes, (int64_t)a * a * O * T, "winograd M");
           for (int q = 0; q < a * a; ++q) {
             if (lanes == 8) p[q] = *(const kiln_v8u *)(src + q * O * T);
             else { kiln_v8 lane = {0}; for (int l = 0; l < lanes; ++l) lane[l] = src[q * O * T + l]; p[q] = lane; }
           }
           if (m == 4) kiln_wino4_out(p, out); else kiln_wino2_out(p, out);
-          for (int i = 0; i < m; ++i) {
-            const int64_t oh = th * m + i;
-            if (oh >= OH) break;
-            for (int l = 0; l < lanes; ++l)
-              for (int j = 0; j < m; ++j) {
-                const int64_t ow = (tw0 + l) * m + j;
-                if (ow < OW) y[KILN_AT((n * O + o) * OH * OW + oh * OW + ow, N * O * OH * OW, "winograd output")] = out[i * m + j][l] + b;
-              }
+          for (int l = 0; l < lanes; ++l) {
+            const int64_t t = t0 + l;
+            float *tile = whole + (t / TW) * m * pitch + (t % TW) * m;
+            for (int i = 0; i < m; ++i)
+              for (int j = 0; j < m; ++j) tile[i * pitch + j] = out[i * m + j][l];
           }
         }
-        if (g && g->epilogue) {  /* rows th*m .. th*m+m of this output plane are final */
-          const int64_t first = th * m, last = (th + 1) * m < OH ? (th + 1) * m : OH;
-          g->epilogue(g, n, o, o + 1, first * OW, last * OW);
+        const float b = bias ? bias[o] : 0.0f;
+        float *dst = y + (n * O + o) * OH * OW;
+        KILN_SPAN((n * O + o) * OH * OW, OH * OW, N * O * OH * OW, "winograd output");
+        for (int64_t oh = 0; oh < OH; ++oh) {
+          const float *row = whole + oh * pitch;
+#pragma omp simd
+          for (int64_t ow = 0; ow < OW; ++ow) dst[oh * OW + ow] = row[ow] + b;
         }
+        if (g && g->epilogue) g->epilogue(g, n, o, o + 1, 0, OH * OW); /* the plane is final (and in cache) */
       }
-    }
+  }
 }

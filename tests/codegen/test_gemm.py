@@ -179,6 +179,7 @@ def test_packing_layouts():
         ((1, 32, 7, 7), (16, 32, 3, 3), [0, 0, 0, 0], 2),  # 5x5 output: F(2x2, 3x3)
         ((1, 8, 6, 11), (12, 8, 3, 3), [1, 0, 2, 1], 2),  # asymmetric padding
         ((1, 12, 20, 20), (10, 12, 3, 3), [1, 1, 1, 1], 4),  # interior tiles (no bounds tests) too
+        ((3, 8, 9, 9), (8, 8, 3, 3), [2, 2, 2, 2], 4),  # pads wider than a tile's overlap; lanes span images' rows
     ],
 )
 def test_winograd_matches_the_reference(x_shape, w_shape, pads, tile, monkeypatch):
