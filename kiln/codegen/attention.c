@@ -60,11 +60,15 @@ static void kiln_attention(int64_t BH, int64_t LQ, int64_t LK, int64_t D, int64_
     }
     for (int64_t i = 0; i < LQ; ++i) {
       float *row = s + i * LK;
+      /* a NaN score need not win the max: row - high is NaN at it, so the sum and the whole row
+         are NaN either way; all -inf gives NaN as the reference does */
       float high = -INFINITY;
-      for (int64_t j = 0; j < LK; ++j) high = (high > row[KILN_AT(j, LK, "scores")] || high != high) ? high : row[j];
+#pragma omp simd reduction(max : high)
+      for (int64_t j = 0; j < LK; ++j) high = high > row[KILN_AT(j, LK, "scores")] ? high : row[j];
 #pragma omp simd
       for (int64_t j = 0; j < LK; ++j) row[j] = kiln_expf(row[j] - high);
       double total = 0.0;
+#pragma omp simd reduction(+ : total)
       for (int64_t j = 0; j < LK; ++j) total += (double)row[j];
       const float inverse = (float)(1.0 / total);
 #pragma omp simd

@@ -274,7 +274,9 @@ def emit_helper(function: Function, table: dict[Buffer, int]) -> str:
     lines.extend(_buffer_declarations(list(dict.fromkeys(function.buffers)), table, "  ", function.via_c))
     # the whole-tile loop over a micro-tile row ("c"): independent elements, SIMD even when the
     # epilogue reads scalars from buffers GCC cannot prove unaliased (GELU's constants)
-    lines.extend(statements(function.body, Schedule(vectorize="c"), "  "))
+    # a helper's inner loops (the micro-tile's "c", the general path's "j") touch one element per
+    # iteration: SIMD (the attention driver runs its scores block through the general path)
+    lines.extend(statements(function.body, Schedule(vectorize="c", simd=("j",)), "  "))
     lines.append("}")
     return "\n".join(lines)
 

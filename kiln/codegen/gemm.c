@@ -240,8 +240,8 @@ static void kiln_gemm_run(const kiln_gemm *g) {
   if (g->nc > 0) nc = kiln_round_up(N < g->nc ? N : g->nc, KILN_NR);
   int64_t tiles_m = (M + mc - 1) / mc;
   /* enough tasks to keep every thread busy: split N finer, then M (unless tuned) */
-  while (!g->nc && g->batch * tiles_m * ((N + nc - 1) / nc) < 4 * threads && nc > KILN_NR) nc = kiln_round_up(nc / 2, KILN_NR);
-  while (!g->mc && g->batch * tiles_m * ((N + nc - 1) / nc) < 2 * threads && mc > KILN_MR) {
+  while (threads > 1 && !g->nc && g->batch * tiles_m * ((N + nc - 1) / nc) < 4 * threads && nc > KILN_NR) nc = kiln_round_up(nc / 2, KILN_NR);
+  while (threads > 1 && !g->mc && g->batch * tiles_m * ((N + nc - 1) / nc) < 2 * threads && mc > KILN_MR) {
     mc = kiln_round_up(mc / 2, KILN_MR);
     tiles_m = (M + mc - 1) / mc;
   }
