@@ -37,17 +37,16 @@ def interleaved(ours, theirs, feeds, warmup: int, runs: int, rounds: int):  # ty
         ours(feeds)
         theirs(feeds)
     per_round = max(1, runs // rounds)
+    engines = {"kiln": ours, "ort": theirs}
     mine, others, ratios = [], [], []
     for index in range(rounds):
-        order = [(ours, mine), (theirs, others)]
-        if index % 2:
-            order.reverse()
-        got = {}
-        for run, into in order:
+        times = {}
+        for name in ("kiln", "ort") if index % 2 == 0 else ("ort", "kiln"):
             time.sleep(0.05)  # the other engine's spinning threads go idle first
-            got[id(into)] = timed(run, feeds, per_round)
-            into.extend(got[id(into)])
-        ratios.append(statistics.median(got[id(mine)]) / statistics.median(got[id(others)]))
+            times[name] = timed(engines[name], feeds, per_round)
+        mine.extend(times["kiln"])
+        others.extend(times["ort"])
+        ratios.append(statistics.median(times["kiln"]) / statistics.median(times["ort"]))
     return mine, others, ratios
 
 

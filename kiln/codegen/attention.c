@@ -17,22 +17,6 @@ typedef struct {
 
 static inline int64_t kiln_view_at(const kiln_view *w, int64_t bh) { return (bh / w->n1) * w->s0 + (bh % w->n1) * w->s1; }
 
-/* rows x0..x0+xc of a column-contiguous B (b_rs == 1: K^T read from K's rows) into NR-column
-   panels: each column is one contiguous run of the source */
-static void kiln_pack_b_columns(const kiln_gemm *g, int64_t bt, int64_t x0, int64_t xc, int64_t k0, int64_t kc, float *dst) {
-  for (int64_t p = 0; p < xc; p += KILN_NR) {
-    const int64_t cols = xc - p < KILN_NR ? xc - p : KILN_NR;
-    for (int64_t j = 0; j < cols; ++j) {
-      const int64_t start = bt * g->b_bs + (x0 + p + j) * g->b_cs + k0;
-      const float *column = g->b + KILN_SPAN(start, kc, g->b_size, "B (columns)");
-      for (int64_t k = 0; k < kc; ++k) dst[k * KILN_NR + j] = column[k];
-    }
-    for (int64_t j = cols; j < KILN_NR; ++j)
-      for (int64_t k = 0; k < kc; ++k) dst[k * KILN_NR + j] = 0.0f;
-    dst += kc * KILN_NR;
-  }
-}
-
 static void kiln_attention(int64_t BH, int64_t LQ, int64_t LK, int64_t D, int64_t DV,
                            const float *q, int64_t q_size, int64_t q_n1, int64_t q_s0, int64_t q_s1, int64_t q_rs, int64_t q_cs,
                            const float *kt, int64_t k_size, int64_t k_n1, int64_t k_s0, int64_t k_s1, int64_t k_rs, int64_t k_cs,

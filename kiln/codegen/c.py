@@ -272,10 +272,9 @@ def emit_helper(function: Function, table: dict[Buffer, int]) -> str:
     params = ", ".join(f"int64_t {p.name}" for p in function.params)
     lines = [f"static void {function.name}(const kiln_gemm *g, {params}) {{", "  void **buffers = g->buffers;"]
     lines.extend(_buffer_declarations(list(dict.fromkeys(function.buffers)), table, "  ", function.via_c))
-    # the whole-tile loop over a micro-tile row ("c"): independent elements, SIMD even when the
-    # epilogue reads scalars from buffers GCC cannot prove unaliased (GELU's constants)
-    # a helper's inner loops (the micro-tile's "c", the general path's "j") touch one element per
-    # iteration: SIMD (the attention driver runs its scores block through the general path)
+    # a helper's inner loops (the micro-tile row's "c", the general path's "j") touch one element
+    # per iteration: SIMD even when the epilogue reads scalars from buffers GCC cannot prove
+    # unaliased (GELU's constants); the attention driver runs its scores block through "j"
     lines.extend(statements(function.body, Schedule(vectorize="c", simd=("j",)), "  "))
     lines.append("}")
     return "\n".join(lines)

@@ -163,6 +163,22 @@ static void kiln_pack_b_strided(const kiln_gemm *g, int64_t bt, int64_t x0, int6
   }
 }
 
+/* rows x0..x0+xc of a column-contiguous B (b_rs == 1: attention's K^T read from K's rows) into NR-column
+   panels: each column is one contiguous run of the source */
+static void kiln_pack_b_columns(const kiln_gemm *g, int64_t bt, int64_t x0, int64_t xc, int64_t k0, int64_t kc, float *dst) {
+  for (int64_t p = 0; p < xc; p += KILN_NR) {
+    const int64_t cols = xc - p < KILN_NR ? xc - p : KILN_NR;
+    for (int64_t j = 0; j < cols; ++j) {
+      const int64_t start = bt * g->b_bs + (x0 + p + j) * g->b_cs + k0;
+      const float *column = g->b + KILN_SPAN(start, kc, g->b_size, "B (columns)");
+      for (int64_t k = 0; k < kc; ++k) dst[k * KILN_NR + j] = column[k];
+    }
+    for (int64_t j = cols; j < KILN_NR; ++j)
+      for (int64_t k = 0; k < kc; ++k) dst[k * KILN_NR + j] = 0.0f;
+    dst += kc * KILN_NR;
+  }
+}
+
 /* im2col: B[k][p] = x[ic][oh*SH - PT + kh*DH][ow*SW - PL + kw*DW] (0 outside the image), with
    k = (ic, kh, kw) and p = (oh, ow); columns x0..x0+xc into NR-column panels. Built one k row at
    a time into a contiguous scratch row (runs along output rows, the in-image span copied without

@@ -1,7 +1,7 @@
 /* kiln's Winograd convolution drivers (included in generated code that uses them; needs gemm.c).
    The tile transforms below are generated from the matrices in kiln/lower/winograd.py and work on
-   8 tiles at once: lane l is tile column tw0 + l, so the transforms vectorize and V / M are read
-   and written contiguously (their layout is [point][channel][tile]). */
+   8 tiles at once (lane l is the image's tile t0 + l, see below), so the transforms vectorize and
+   V / M are read and written contiguously (their layout is [point][channel][tile]). */
 
 #ifdef __AVX2__
 #include <immintrin.h>

@@ -14,7 +14,7 @@ import math
 
 import numpy as np
 
-from kiln.ir.graph import Node, Value
+from kiln.ir.graph import Node
 from kiln.ir.types import DType
 from kiln.lower.fused_lowering import _chain
 from kiln.lower.gemm_lowering import _batch_position
@@ -51,23 +51,16 @@ def lower_attention(lw: Lowerer, node: Node) -> list[Kernel]:
     softmax = next(i for i, n in enumerate(nodes) if n.op == "Softmax")
     lead = next(i for i, n in enumerate(nodes) if n.op != "Transpose")
     first, chain, second, tail = nodes[lead], nodes[lead + 1 : softmax], nodes[softmax + 1], nodes[softmax + 2 :]
-    # operands a Transpose rearranges are read in place through strides: the logical tensor's
-    # shape, the stored one and the permutation
-    folded: dict[Value, tuple[Value, tuple[int, ...]]] = {
-        n.outputs[0]: (bindings[n.inputs[0]], transpose_perm(n)) for n in nodes[:lead]
-    }
-    q, kt, v = (
-        folded[x][0] if x in folded else bindings[x] for x in (first.inputs[0], first.inputs[1], second.inputs[1])
-    )
+    # operands a Transpose rearranges are read in place through strides: each logical operand's
+    # stored tensor and the permutation that reads it (the identity when nothing was folded)
+    folded = {n.outputs[0]: (bindings[n.inputs[0]], transpose_perm(n)) for n in nodes[:lead]}
+    logical = (first.inputs[0], first.inputs[1], second.inputs[1])
+    placed = [folded[x] if x in folded else (bindings[x], tuple(range(len(x.type.shape)))) for x in logical]  # type: ignore[union-attr, arg-type]
+    (q, _), (kt, _), (v, _) = placed
     out = node.outputs[0]
-    q_shape, kt_shape, v_shape = (tuple(x.type.shape) for x in (first.inputs[0], first.inputs[1], second.inputs[1]))  # type: ignore[union-attr, arg-type]
+    q_shape, kt_shape, v_shape = (tuple(x.type.shape) for x in logical)  # type: ignore[union-attr, arg-type]
     out_shape = tuple(second.outputs[0].type.shape)  # type: ignore[union-attr, arg-type]
-    views = [
-        attention_view(lw.shape(folded[x][0]), folded[x][1], inverse=False)
-        if x in folded
-        else attention_view(shape, tuple(range(len(shape))), inverse=False)
-        for x, shape in ((first.inputs[0], q_shape), (first.inputs[1], kt_shape), (second.inputs[1], v_shape))
-    ]
+    views = [attention_view(lw.shape(stored), perm, inverse=False) for stored, perm in placed]
     views.append(
         attention_view(lw.shape(out), transpose_perm(tail[0]), inverse=True)
         if tail

@@ -135,15 +135,13 @@ def attention_group(
         return None, f"attention: rows of {scores.type.shape[-1]} keys exceed the scratch row ({MAX_ATTENTION_KEYS})"  # type: ignore[union-attr, index]
     if producer is not None:
         for operand in (q, kt, v):
-            transpose = producer.get(operand)
-            if _foldable_transpose(transpose, operand, readers, outputs) and attention_view(
-                transpose.inputs[0].type.shape,
-                transpose_perm(transpose),
-                inverse=False,  # type: ignore[union-attr, arg-type]
-            ):
-                group.insert(0, transpose)  # type: ignore[arg-type]
+            before = producer.get(operand)
+            if before is not None and _foldable_transpose(before, operand, readers, outputs):
+                stored = before.inputs[0].type.shape  # type: ignore[union-attr]
+                if attention_view(stored, transpose_perm(before), inverse=False) is not None:  # type: ignore[arg-type]
+                    group.insert(0, before)
         after = consumer_of.get(out)
-        if _foldable_transpose(after, out, readers, outputs) and after is not None:
+        if after is not None and _foldable_transpose(after, out, readers, outputs):
             view = attention_view(after.outputs[0].type.shape, transpose_perm(after), inverse=True)  # type: ignore[union-attr, arg-type]
             if view is not None and view[-1] == 1:  # rows of the output stay contiguous
                 group.append(after)
@@ -156,11 +154,10 @@ def transpose_perm(node: Node) -> tuple[int, ...]:
     return tuple(int(p) % rank for p in perm) if perm is not None else tuple(reversed(range(rank)))
 
 
-def _foldable_transpose(node: Node | None, link: Value, readers: dict[Value, int], outputs: set[Value]) -> bool:
+def _foldable_transpose(node: Node, link: Value, readers: dict[Value, int], outputs: set[Value]) -> bool:
     """A plain Transpose whose only link to the rest of the graph is ``link`` (read once, not an output)."""
     return (
-        node is not None
-        and node.op == "Transpose"
+        node.op == "Transpose"
         and not node.domain
         and readers.get(link, 0) == 1
         and link not in outputs
