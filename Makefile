@@ -8,12 +8,12 @@ STAMP = $(VENV)/.kiln-installed
 
 .PHONY: setup test bench peers-heavy conformance lint clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet --upgrade -c constraints.txt pip
 	# torch first and pinned: the local CPU wheel; anything later that wants torch finds it installed.
-	$(BIN)/python -m pip install --quiet torch==2.13.0
-	$(BIN)/python -m pip install --quiet -e ".[zoo,peers,dev]"
+	$(BIN)/python -m pip install --quiet -c constraints.txt torch==2.13.0
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e ".[zoo,peers,dev]"
 	touch $(STAMP)
 
 setup: $(STAMP)
