@@ -10,6 +10,7 @@ the same but for their buffers share the function (see ``_Templates``).
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 import re
 from collections.abc import Sequence
@@ -39,6 +40,8 @@ from kiln.lower.kir import (
     Store,
     Unary,
     buffers_in,
+    operands,
+    postorder,
 )
 
 C_TYPES = {
@@ -130,34 +133,89 @@ def c_type(dtype: DType) -> str:
 _CHECKED = False  # set by emit_c from KILN_DEBUG: every buffer index is range-checked
 
 
-def _index(buffer: Buffer, index: Expr) -> str:
-    if _CHECKED:
-        return f'{buffer.name}[kiln_checked({expr(index)}, {buffer.size}LL, "{buffer.name}", __LINE__)]'
-    return f"{buffer.name}[{expr(index)}]"
-
-
-def expr(e: Expr) -> str:
+def _node_text(e: Expr, text: dict[int, str]) -> str:
+    """C for one node whose operands' C is in ``text`` (by identity)."""
     if isinstance(e, Const):
         return _const(e)
     if isinstance(e, (Index, Scalar)):
         return e.name
     if isinstance(e, Load):
-        return _index(e.buffer, e.index)
+        if _CHECKED:
+            return f'{e.buffer.name}[kiln_checked({text[id(e.index)]}, {e.buffer.size}LL, "{e.buffer.name}", __LINE__)]'
+        return f"{e.buffer.name}[{text[id(e.index)]}]"
     if isinstance(e, Binary):
-        if e.op in ("pow", "fmod"):
-            return f"{e.op}({expr(e.a)}, {expr(e.b)})"
-        return f"({expr(e.a)} {e.op} {expr(e.b)})"
+        a, b = text[id(e.a)], text[id(e.b)]
+        return f"{e.op}({a}, {b})" if e.op in ("pow", "fmod") else f"({a} {e.op} {b})"
     if isinstance(e, Unary):
-        if e.op in ("-", "!"):
-            return f"({e.op}{expr(e.a)})"
-        return f"{e.op}({expr(e.a)})"
+        return f"({e.op}{text[id(e.a)]})" if e.op in ("-", "!") else f"{e.op}({text[id(e.a)]})"
     if isinstance(e, Select):
-        return f"({expr(e.cond)} ? {expr(e.a)} : {expr(e.b)})"
+        return f"({text[id(e.cond)]} ? {text[id(e.a)]} : {text[id(e.b)]})"
     if isinstance(e, Cast):
         if e.dtype is DType.BFLOAT16:
-            return f"kiln_f32_to_bf16((float)({expr(e.a)}))"
-        return f"(({c_type(e.dtype)})({expr(e.a)}))"
+            return f"kiln_f32_to_bf16((float)({text[id(e.a)]}))"
+        return f"(({c_type(e.dtype)})({text[id(e.a)]}))"
     raise TypeError(f"no C for {e!r}")
+
+
+def expr(e: Expr) -> str:
+    """C for a small expression (loop bounds, conditions, indices), written out whole."""
+    text: dict[int, str] = {}
+    for node in postorder(e):
+        text[id(node)] = _node_text(node, text)
+    return text[id(e)]
+
+
+MAX_NESTING = 16  # operators deep before a subexpression gets a temporary of its own
+_temporaries = itertools.count()  # restarted per generated function (its names stay canonical)
+
+
+def _conditional_operands(e: Expr) -> tuple[Expr, ...]:
+    """Operands C evaluates only on some paths: a select's branches, the right side of && and ||."""
+    if isinstance(e, Select):
+        return (e.a, e.b)
+    if isinstance(e, Binary) and e.op in ("&&", "||"):
+        return (e.b,)
+    return ()
+
+
+def bound_value(e: Expr, indent: str) -> tuple[list[str], str]:
+    """C for a statement's value: declarations of temporaries, then the value's text.
+
+    Lowering shares operands (a Relu reads its input twice: ``x < 0 ? 0 : x``); written out as a
+    tree, each shared node is copied per use, so a chain of n selects is 2^n long. Here every node
+    used more than once, and every node that would nest past MAX_NESTING, is computed once into a
+    temporary: code size is linear in the expression's nodes. Only nodes C evaluates on every path
+    are hoisted (a load under a select may be out of bounds on the path that does not take it);
+    nodes with no load and no division are safe to evaluate anywhere."""
+    order = postorder(e)
+    uses: dict[int, int] = {}
+    for node in order:
+        for child in operands(node):
+            uses[id(child)] = uses.get(id(child), 0) + 1
+    always = {id(e)}
+    for node in reversed(order):  # users before operands
+        if id(node) in always:
+            conditional = {id(c) for c in _conditional_operands(node)}
+            always.update(id(c) for c in operands(node) if id(c) not in conditional)
+    harmless: dict[int, bool] = {}
+    text: dict[int, str] = {}
+    height: dict[int, int] = {}
+    lines: list[str] = []
+    for node in order:
+        children = operands(node)
+        harmless[id(node)] = (
+            not isinstance(node, Load)
+            and not (isinstance(node, Binary) and node.op in ("/", "%"))
+            and all(harmless[id(c)] for c in children)
+        )
+        text[id(node)] = _node_text(node, text)
+        height[id(node)] = 1 + max((height[id(c)] for c in children), default=-1)
+        hoist = children and node is not e and (uses.get(id(node), 0) > 1 or height[id(node)] >= MAX_NESTING)
+        if hoist and (id(node) in always or harmless[id(node)]):
+            name = f"kiln_x{next(_temporaries)}"
+            lines.append(f"{indent}__auto_type {name} = {text[id(node)]};")
+            text[id(node)], height[id(node)] = name, 0
+    return lines, text[id(e)]
 
 
 def _const(e: Const) -> str:
@@ -203,11 +261,17 @@ def statements(body: Sequence[Stmt], schedule: Schedule, indent: str) -> list[st
             lines.extend(statements(stmt.body, schedule, indent + "  "))
             lines.append(f"{indent}}}")
         elif isinstance(stmt, Let):
-            lines.append(f"{indent}{c_type(stmt.scalar.dtype)} {stmt.scalar.name} = {expr(stmt.value)};")
+            temporaries, value = bound_value(stmt.value, indent)
+            lines.extend(temporaries)
+            lines.append(f"{indent}{c_type(stmt.scalar.dtype)} {stmt.scalar.name} = {value};")
         elif isinstance(stmt, Assign):
-            lines.append(f"{indent}{stmt.scalar.name} = {expr(stmt.value)};")
+            temporaries, value = bound_value(stmt.value, indent)
+            lines.extend(temporaries)
+            lines.append(f"{indent}{stmt.scalar.name} = {value};")
         elif isinstance(stmt, Store):
-            lines.append(f"{indent}{_index(stmt.buffer, stmt.index)} = {expr(stmt.value)};")
+            temporaries, value = bound_value(stmt.value, indent)
+            lines.extend(temporaries)
+            lines.append(f"{indent}{expr(Load(stmt.buffer, stmt.index))} = {value};")
         elif isinstance(stmt, Gemm):
             lines.append(f"{indent}{{")
             lines.append(f"{indent}  kiln_gemm g = {{0}};")
@@ -270,6 +334,8 @@ def emit_helper(function: Function, table: dict[Buffer, int]) -> str:
     """A gemm epilogue: ``(descriptor, batch, row range, column range)``; its buffers come from the
     descriptor's copy of the segment's table."""
     params = ", ".join(f"int64_t {p.name}" for p in function.params)
+    global _temporaries
+    _temporaries = itertools.count()
     lines = [f"static void {function.name}(const kiln_gemm *g, {params}) {{", "  void **buffers = g->buffers;"]
     lines.extend(_buffer_declarations(list(dict.fromkeys(function.buffers)), table, "  ", function.via_c))
     # a helper's inner loops (the micro-tile row's "c", the general path's "j") touch one element
@@ -312,9 +378,13 @@ def _uses_winograd(body: Sequence[Stmt]) -> bool:
 def emit_kernel(kernel: Kernel, used: list[Buffer], table: dict[Buffer, int], name: str) -> str:
     """One kernel as its own function ``name(void **buffers)`` declaring ``used``, its helpers
     before it."""
+    global _temporaries
     lines = [emit_helper(f, table) for f in _helpers(kernel.body)]
-    lines.append(f"static void {name}(void **buffers) {{")
-    lines.append(f"  /* {kernel.kind} */")
+    _temporaries = itertools.count()
+    # never inlined into the segment: a kernel is a loop nest (a call costs nothing beside it), and
+    # GCC inlining thousands of them into one function takes superlinear time
+    lines.append(f"static __attribute__((noinline)) void {name}(void **buffers) {{")
+    lines.append(f"  /* {comment(kernel.kind)} */")
     lines.extend(_buffer_declarations(used, table, "  "))
     lines.extend(statements(kernel.body, kernel.schedule, "  "))
     lines.append("}")
@@ -326,19 +396,29 @@ def _kernel_buffers(kernel: Kernel) -> list[Buffer]:
     return list(dict.fromkeys([*kernel.reads, *kernel.writes, *buffers_in(kernel.body)]))
 
 
-def _generated_names(node: object, found: dict[str, None]) -> None:
-    """Every name kiln generated in a kernel (buffers, loop indices, scalars, helpers), in order."""
-    if isinstance(node, (Index, Scalar, Buffer, Function)):
-        found[node.name] = None
-    if isinstance(node, (list, tuple)):
-        for item in node:
-            _generated_names(item, found)
-    elif isinstance(node, dict):
-        for item in node.values():
-            _generated_names(item, found)
-    elif dataclasses.is_dataclass(node) and not isinstance(node, (type, Buffer)):
-        for f in dataclasses.fields(node):
-            _generated_names(getattr(node, f.name), found)
+def comment(text: str) -> str:
+    """``text`` reduced to what is safe inside a C comment (kiln's own words only, but never trust)."""
+    return re.sub(r"[^A-Za-z0-9_+ .,:-]", "?", text)
+
+
+def _generated_names(root: object, found: dict[str, None]) -> None:
+    """Every name kiln generated in a kernel (buffers, loop indices, scalars, helpers), in order of
+    first appearance; each shared subexpression is visited once, without recursion."""
+    seen: set[int] = set()
+    stack = [root]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, (Index, Scalar, Buffer, Function)):
+            found[node.name] = None
+        if isinstance(node, (list, tuple)):
+            stack.extend(reversed(node))
+        elif isinstance(node, dict):
+            stack.extend(reversed(list(node.values())))
+        elif dataclasses.is_dataclass(node) and not isinstance(node, (type, Buffer)):
+            if id(node) in seen:
+                continue
+            seen.add(id(node))
+            stack.extend(reversed([getattr(node, f.name) for f in dataclasses.fields(node)]))
 
 
 class _Templates:
@@ -389,7 +469,9 @@ def emit_segment(
     lines = [f"int kiln_segment_{number}(void **buffers) {{"]
     for kernel in kernels:
         name, used = templates.function_for(kernel)
-        lines.append(f"  /* {kernel.name} ({kernel.kind}): {'; '.join(kernel.sources)} */")
+        # which model nodes a kernel computes is in the plan's side table (kernel.sources), never
+        # here: model text in generated code would be code the model's author wrote
+        lines.append(f"  /* {comment(kernel.name)} ({comment(kernel.kind)}) */")
         lines.append("  {")
         if profile is not None:
             lines.append("    double kiln_started = kiln_now();")

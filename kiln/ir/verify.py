@@ -50,11 +50,10 @@ def _verify(graph: Graph, outer: set[Value], problems: list[str]) -> None:
             )
     producers: dict[Value, Node] = {out: node for node in graph.nodes for out in node.outputs}
     for node in graph.nodes:
-        visible = defined | outer
         for index, value in enumerate(node.inputs):
             if value is None:
                 continue
-            if value not in visible:
+            if value not in defined and value not in outer:
                 later = producers.get(value)
                 reason = (
                     f"is produced later by {later.label} (cycle or misordered nodes)"
@@ -63,7 +62,7 @@ def _verify(graph: Graph, outer: set[Value], problems: list[str]) -> None:
                 )
                 problems.append(f"node {node.label}: input {index} %{value.name} {reason}")
         for sub in node.subgraphs():
-            _verify(sub, visible, problems)
+            _verify(sub, defined | outer, problems)
         _check_node(node, graph.constants, problems)
         for value in node.outputs:
             define(value, f"node {node.label}")

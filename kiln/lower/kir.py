@@ -71,6 +71,39 @@ class Cast:
 Expr = Const | Index | Scalar | Load | Binary | Unary | Select | Cast
 
 
+def operands(e: Expr) -> tuple[Expr, ...]:
+    """The subexpressions ``e`` reads directly."""
+    if isinstance(e, Load):
+        return (e.index,)
+    if isinstance(e, Binary):
+        return (e.a, e.b)
+    if isinstance(e, (Unary, Cast)):
+        return (e.a,)
+    if isinstance(e, Select):
+        return (e.cond, e.a, e.b)
+    return ()
+
+
+def postorder(root: Expr) -> list[Expr]:
+    """Each distinct node of an expression once (by identity: lowering shares operands, so an
+    expression is a DAG), operands before their users. Iterative: a chain of 10,000 fused ops is
+    an expression 10,000 deep, and walking it as a tree would cost 2^depth where ops share."""
+    order: list[Expr] = []
+    seen: set[int] = set()
+    stack: list[tuple[Expr, bool]] = [(root, False)]
+    while stack:
+        node, expanded = stack.pop()
+        if expanded:
+            order.append(node)
+            continue
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        stack.append((node, True))
+        stack.extend((child, False) for child in reversed(operands(node)))
+    return order
+
+
 def add(a: Expr, b: Expr) -> Expr:
     """a + b, folding integer constants so index expressions stay small."""
     if isinstance(a, Const) and a.value == 0:
@@ -240,18 +273,9 @@ def buffers_in(body: list[Stmt]) -> list[Buffer]:
     found: dict[Buffer, None] = {}
 
     def visit(e: object) -> None:
-        if isinstance(e, Load):
-            found[e.buffer] = None
-            visit(e.index)
-        elif isinstance(e, Binary):
-            visit(e.a)
-            visit(e.b)
-        elif isinstance(e, (Unary, Cast)):
-            visit(e.a)
-        elif isinstance(e, Select):
-            visit(e.cond)
-            visit(e.a)
-            visit(e.b)
+        for node in postorder(e):  # type: ignore[arg-type]
+            if isinstance(node, Load):
+                found[node.buffer] = None
 
     def walk(stmts: list[Stmt]) -> None:
         for stmt in stmts:

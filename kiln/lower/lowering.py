@@ -80,6 +80,7 @@ class Lowerer:
         self.readers = consumers_count(graph)
         self.fixed = set(graph.inputs) | set(graph.constants) | self.outputs
         self.in_place: set[Value] = set()
+        self._sharers: dict[Value, int] = {}  # root -> values sharing its buffer through a reshape
         # A graph output that is a reshape of a kernel's result: the kernel writes the output's
         # memory directly (no copy at the end).
         producers = graph.producers()
@@ -93,7 +94,7 @@ class Lowerer:
                     and source not in self.fixed
                     and self.readers.get(source, 0) == 1
                 ):
-                    self.aliases[source] = node.outputs[0]
+                    self.alias(source, node.outputs[0])
         self.scratch: list[Buffer] = []  # per-kernel working memory, planned in the arena like intermediates
         self.packed: dict[Buffer, np.ndarray] = {}  # weights re-laid out for the kernels that read them
         self._packed_keys: dict[tuple[object, ...], Buffer] = {}
@@ -144,18 +145,36 @@ class Lowerer:
             root = self.root(value)
             # storage shared through a reshape may have other readers; a chain of in-place
             # results may not (each link died when the next was computed)
-            sharers = [v for v in self.aliases if self.root(v) is root and v not in self.in_place]
+            sharers = self._sharers.get(root, 0)
             if root in self.fixed or sharers or (value in self.aliases and value not in self.in_place):
                 continue
-            self.aliases[out] = value
-            self.in_place.add(out)
+            self.alias(out, value, in_place=True)
             return
+
+    def alias(self, value: Value, storage: Value, in_place: bool = False) -> None:
+        """``value`` lives in ``storage``'s buffer: a reshape's view (other readers may share it)
+        or an elementwise result written over its last-read input (``in_place``)."""
+        if value in self.aliases and value not in self.in_place:
+            self._sharers[self.root(value)] -= 1
+        self.aliases[value] = storage
+        if in_place:
+            self.in_place.add(value)
+        else:
+            self.in_place.discard(value)
+            root = self.root(value)
+            self._sharers[root] = self._sharers.get(root, 0) + 1
 
     # -- values ------------------------------------------------------------------------------
 
     def root(self, value: Value) -> Value:
+        """The value whose buffer ``value`` lives in (itself unless aliased). Chains are compressed
+        as they are walked: a chain of n in-place results costs O(n), not O(n^2)."""
+        chain = []
         while value in self.aliases:
+            chain.append(value)
             value = self.aliases[value]
+        for link in chain[:-1]:
+            self.aliases[link] = value
         return value
 
     def buffer(self, value: Value) -> Buffer:
@@ -249,7 +268,7 @@ class Lowerer:
             return [copy_kernel(self, node, source, out)]  # graph outputs own their memory
         if out in self.outputs:
             return []  # the producer already wrote the output's memory
-        self.aliases[out] = source
+        self.alias(out, source)
         return []
 
 

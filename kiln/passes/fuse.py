@@ -86,6 +86,7 @@ def fusion_benefit(link: Value) -> int:
     return 2 * int(np.prod(link.type.shape)) * link.type.dtype.numpy.itemsize  # type: ignore[union-attr, arg-type]
 
 
+MAX_GROUP = 48  # elementwise ops in one group: GCC's time on one loop body grows faster than its length
 MAX_ATTENTION_KEYS = 16384  # scores per query row held in the scratch row
 
 
@@ -254,6 +255,8 @@ def fuse(graph: Graph, refusals: list[Refusal] | None = None) -> Graph:
                     reason = f"{candidate.op} is not an elementwise op"
                 if reason is None and fusion_benefit(value) <= 0:
                     reason = "nothing to save"
+                if reason is None and len(members) >= MAX_GROUP:
+                    reason = f"the group has {MAX_GROUP} ops (longer chains split: the C compiler's time grows faster than a loop body)"
                 if reason is not None:
                     if refusals is not None and _elementwise(candidate):
                         refusals.append(Refusal(candidate.label, consumer.label, reason))
