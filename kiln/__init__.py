@@ -57,12 +57,13 @@ def _onnx_file(model: Any, example_inputs: Any) -> str | None:
     return None
 
 
-def load(path: Any) -> Any:
+def load(path: Any, rebuild: bool = False) -> Any:
     """Load a ``.kiln`` artifact written by ``model.save(path)``; raises ArtifactError if the file
-    is corrupt, foreign, or from a newer kiln."""
+    is corrupt, foreign, or from a newer kiln. An artifact carries native code: trust it like an
+    executable, or pass ``rebuild=True`` to generate the code again from its IR instead."""
     from kiln.runtime.artifact import load as load_artifact
 
-    return load_artifact(path)
+    return load_artifact(path, rebuild=rebuild)
 
 
 __all__ = [

@@ -184,11 +184,17 @@ def _compile_plan(graph, level, prebuilt, profile, choices, build_library, stage
 def load_functions(plan: Plan) -> list[ctypes._CFuncPtr]:  # type: ignore[name-defined]
     if plan.library is None:
         return []
-    library = ctypes.CDLL(str(plan.library))
+    try:
+        library = ctypes.CDLL(str(plan.library))
+    except OSError as err:
+        raise KilnError(f"cannot load the native library {plan.library}: {err}") from None
     functions = []
     for step in plan.steps:
         if isinstance(step, Segment):
-            function = getattr(library, f"kiln_segment_{step.number}")
+            try:
+                function = getattr(library, f"kiln_segment_{step.number}")
+            except AttributeError:
+                raise KilnError(f"the native library {plan.library} lacks segment {step.number}") from None
             function.argtypes = [ctypes.c_void_p]
             function.restype = ctypes.c_int
             functions.append(function)

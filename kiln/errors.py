@@ -36,6 +36,10 @@ class ExecutionError(KilnError):
     """A node failed while the model ran; names the node."""
 
 
+class ResourceError(KilnError):
+    """A resource ran out: memory for an allocation of the size named, or disk space."""
+
+
 class VerificationError(KilnError):
     """The IR verifier found a broken invariant; lists every problem found."""
 

@@ -152,7 +152,7 @@ def test_check_reports_specialized_dims_and_fallbacks(tmp_path):
     assert result.exit_code == 0 and "compiles natively" in result.output
 
 
-def test_diff_compares_every_surviving_tensor_and_bisects(tmp_path):
+def test_diff_compares_every_surviving_tensor_and_bisects(tmp_path, monkeypatch):
     import numpy as np
 
     rng = np.random.default_rng(0)
@@ -179,9 +179,17 @@ def test_diff_compares_every_surviving_tensor_and_bisects(tmp_path):
     report = diff(graph, feeds_for(graph, None))
     fused = next(t for t in report.tensors if t.name == "r")
     assert "conv (Conv)" in fused.node and "relu (Relu)" in fused.node  # mapped back to its source nodes
-    # an impossible tolerance makes the first tensor diverge: exit 1, naming it
-    result = invoke("diff", str(tmp_path / "m.onnx"), "--tolerance", "0")
-    assert result.exit_code == 1 and "first divergence" in result.output
+    # a broken Relu lowering (x * 1.5 where positive) makes the fused tensor diverge: exit 1, naming it
+    # (not a zero tolerance: whether the conv rounds exactly as NumPy does depends on the CPU)
+    from kiln.lower import pointwise
+
+    relu = pointwise.FLOAT_OPS["Relu"]
+    monkeypatch.setitem(
+        pointwise.FLOAT_OPS, "Relu", lambda a, k, t: pointwise.Binary("*", relu(a, k, t), pointwise.c(1.5, t))
+    )
+    monkeypatch.setenv("KILN_CACHE_DIR", str(tmp_path / "cache"))
+    result = invoke("diff", str(tmp_path / "m.onnx"))
+    assert result.exit_code == 1 and "first divergence" in result.output and "relu" in result.output
 
 
 def test_diff_finds_an_injected_miscompile(monkeypatch):

@@ -4,6 +4,8 @@ of the same model does no C compilation."""
 
 from __future__ import annotations
 
+import atexit
+import errno
 import hashlib
 import os
 import shutil
@@ -12,7 +14,8 @@ import tempfile
 from functools import lru_cache
 from pathlib import Path
 
-from kiln.errors import KilnError
+from kiln import integrity
+from kiln.errors import KilnError, ResourceError
 
 DEBUG_FLAGS = (
     "-O1",
@@ -68,14 +71,48 @@ def find_compiler() -> tuple[str, str]:
 
 
 def cache_dir() -> Path:
+    """Where built libraries are kept: ``$KILN_CACHE_DIR/lib``; when that cannot be written (a
+    read-only home), a private temporary folder for this process, with one warning."""
+    global _fallback_dir
     root = os.environ.get("KILN_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "kiln")
     path = Path(root) / "lib"
-    path.mkdir(parents=True, exist_ok=True)
-    return path
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        if os.access(path, os.W_OK | os.X_OK):
+            integrity.user_key()
+            return path
+        problem = f"{path} is not writable"
+    except (OSError, integrity.UntrustedKey) as err:
+        problem = str(err)
+    if _fallback_dir is None:
+        _fallback_dir = Path(tempfile.mkdtemp(prefix="kiln-lib-"))
+        atexit.register(shutil.rmtree, _fallback_dir, True)
+    integrity.warn_once("lib-cache", f"kiln: C library cache off ({problem}); building in {_fallback_dir}")
+    return _fallback_dir
+
+
+_fallback_dir: Path | None = None
+
+
+def _cached(library: Path) -> bool:
+    """A cached library is used only when its seal (written by this user's kiln) matches: a
+    truncated, bit-flipped or planted library is rebuilt, never loaded."""
+    seal = library.with_suffix(".seal")
+    if not library.exists():
+        return False
+    try:
+        if integrity.sealed(library, seal.read_text().strip()):
+            return True
+    except (OSError, integrity.UntrustedKey):
+        pass
+    DAMAGED["libraries"] += 1
+    library.unlink(missing_ok=True)
+    return False
 
 
 def build(source: str) -> Path:
-    """Path of the shared library built from ``source`` (reused from the cache when present)."""
+    """Path of the shared library built from ``source`` (reused from the cache when present).
+    Raises CompilerError when the compiler fails, ResourceError when the disk is full."""
     from kiln.codegen.target import Target
 
     compiler, version = find_compiler()
@@ -83,26 +120,62 @@ def build(source: str) -> Path:
     key = hashlib.sha256("\n".join([source, compiler, version, repr(Target.host()), *flags()]).encode()).hexdigest()[
         :24
     ]
-    library = cache_dir() / f"{key}.so"
-    if library.exists():
-        with open(library, "rb") as handle:
-            if handle.read(4) == b"\x7fELF":
-                return library
-        DAMAGED["libraries"] += 1  # truncated or foreign: rebuilt below, never loaded
-        library.unlink(missing_ok=True)
+    folder = cache_dir()
+    library = folder / f"{key}.so"
+    if _cached(library):
+        return library
     # Concurrent builds of one key (conformance workers, two processes compiling a model) must not
     # share a file being written: each compiles its own copy of the source, then both results are
     # renamed into place atomically (the last rename wins; either is whole).
-    source_path = cache_dir() / f"{key}.c"
-    handle, own_source = tempfile.mkstemp(suffix=".c", dir=cache_dir())
-    with os.fdopen(handle, "w") as out:
-        out.write(source)
-    handle, partial = tempfile.mkstemp(suffix=".so", dir=cache_dir())
-    os.close(handle)
-    result = subprocess.run([compiler, *flags(), own_source, "-o", partial, "-lm"], capture_output=True, text=True)
-    os.replace(own_source, source_path)  # kept beside the library for reading (kiln explain)
-    if result.returncode != 0:
-        os.unlink(partial)
-        raise CompilerError(f"{compiler} failed on generated code {source_path} (a kiln bug):\n{result.stderr[-4000:]}")
-    os.replace(partial, library)  # atomic: concurrent builds of the same key both end with a whole file
+    source_path = folder / f"{key}.c"
+    own_source = partial = None
+    try:
+        handle, own_source = tempfile.mkstemp(suffix=".c", dir=folder)
+        with os.fdopen(handle, "w") as out:
+            out.write(source)
+        handle, partial = tempfile.mkstemp(suffix=".so", dir=folder)
+        os.close(handle)
+        result = subprocess.run(
+            [compiler, *flags(), own_source, "-o", partial, "-lm"], capture_output=True, text=True
+        )
+        if result.returncode != 0:
+            if _out_of_space(result.stderr):
+                raise OSError(errno.ENOSPC, "the C compiler ran out of disk space", str(folder))
+            os.replace(own_source, source_path)  # kept for the bug report
+            own_source = None
+            raise CompilerError(
+                f"{compiler} failed on generated code {source_path} (a kiln bug):\n{result.stderr[-4000:]}"
+            )
+        seal = integrity.seal_file(partial)
+        _write_atomically(library.with_suffix(".seal"), seal.encode(), folder)
+        os.replace(own_source, source_path)  # kept beside the library for reading (kiln explain)
+        own_source = None
+        os.replace(partial, library)  # atomic: concurrent builds of the same key both end with a whole file
+        partial = None
+    except OSError as err:
+        if err.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise ResourceError(
+                f"no space left on the disk holding {folder} while building generated code; "
+                "free some space or point KILN_CACHE_DIR elsewhere"
+            ) from None
+        raise
+    finally:
+        for leftover in (own_source, partial):
+            if leftover is not None:
+                Path(leftover).unlink(missing_ok=True)
     return library
+
+
+def _out_of_space(stderr: str) -> bool:
+    return "No space left on device" in stderr or "Disk quota exceeded" in stderr
+
+
+def _write_atomically(path: Path, data: bytes, folder: Path) -> None:
+    handle, partial = tempfile.mkstemp(dir=folder)
+    try:
+        with os.fdopen(handle, "wb") as out:
+            out.write(data)
+        os.replace(partial, path)
+    except BaseException:
+        Path(partial).unlink(missing_ok=True)
+        raise

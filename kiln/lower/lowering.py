@@ -57,6 +57,11 @@ def aligned(array: np.ndarray, alignment: int = 64) -> np.ndarray:
     return result
 
 
+def _empty(value: Value) -> bool:
+    """A static tensor with a zero-size dim."""
+    return isinstance(value.type, TensorType) and value.type.is_static and 0 in tuple(value.type.shape or ())
+
+
 def strides(shape: tuple[int, ...]) -> list[int]:
     result, step = [], 1
     for dim in reversed(shape):
@@ -220,6 +225,12 @@ class Lowerer:
     # -- entry ---------------------------------------------------------------------------------
 
     def lower(self, node: Node) -> list[Kernel]:
+        outputs = [v for v in node.outputs if v is not None]
+        if outputs and all(_empty(v) for v in outputs):
+            return []  # every result has a zero-size dim (a batch of 0): nothing to compute
+        if any(_empty(v) for v in node.inputs if v is not None and v not in self.graph.constants):
+            # a product over an empty reduction dim, attention over no keys: the reference's answer
+            raise CannotLower("reads an empty tensor into a non-empty result")
         if node.domain == "kiln" and node.op == "Fused":
             from kiln.lower.fused_lowering import lower_fused
 

@@ -136,6 +136,18 @@ def _pool(ctx: InferContext) -> list[Type]:
     return types
 
 
+def _global_pool_reference(ctx: Any, inputs: list[Any]) -> list[Any]:
+    """Global pooling over every spatial axis (onnx's reference divides by zero on a batch of 0)."""
+    x = np.asarray(inputs[0])
+    axes = tuple(range(2, x.ndim))
+    if ctx.node.op == "GlobalMaxPool":
+        return [np.max(x, axis=axes, keepdims=True) if x.size else np.empty(x.shape[:2] + (1,) * len(axes), x.dtype)]
+    if ctx.node.op == "GlobalLpPool":
+        p = float(ctx.attr("p") or 2)
+        return [(np.sum(np.abs(x) ** p, axis=axes, keepdims=True) ** (1.0 / p)).astype(x.dtype)]
+    return [np.mean(x, axis=axes, keepdims=True, dtype=np.float64 if x.dtype == np.float64 else np.float32).astype(x.dtype)]
+
+
 def _pool_reference(ctx: Any, inputs: list[Any]) -> list[Any]:
     """MaxPool / AveragePool in NumPy. onnx's reference (1.23) reads asymmetric ``pads`` in the
     wrong order (it swaps the first axis's end pad with the second axis's begin pad), so kiln
@@ -566,7 +578,7 @@ def _register() -> None:
     for op in ("MaxPool", "AveragePool", "LpPool"):
         register(op, _pool, reference=_pool_reference)
     for op in ("GlobalAveragePool", "GlobalMaxPool", "GlobalLpPool"):
-        register(op, _global_pool)
+        register(op, _global_pool, reference=_global_pool_reference)
     register("MaxUnpool", _max_unpool)
     register("MaxRoiPool", _roi_pool)
     register("RoiAlign", _roi_pool)

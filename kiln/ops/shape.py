@@ -45,10 +45,15 @@ def _quotient(ctx: InferContext, numerator: list[Dim], denominator: list[Dim]) -
             denominator.remove(dim)
     if any(isinstance(d, str) for d in denominator):
         return ctx.fresh()
-    divisor = dim_product(denominator) or 1
+    divisor = dim_product(denominator)
     static = dim_product([d for d in numerator if isinstance(d, int)])
     symbols = [d for d in numerator if isinstance(d, str)]
-    if divisor == 0 or static is None:
+    if divisor == 0 and static == 0 and not symbols:
+        # NumPy and onnxruntime refuse this too: any size fits
+        raise ShapeInferenceError("-1 is ambiguous: the tensor has 0 elements and the other dims multiply to 0")
+    if divisor == 0 and static and not symbols:
+        raise ShapeInferenceError(f"cannot reshape {static} elements: the other dims multiply to 0")
+    if divisor is None or divisor == 0 or static is None:
         return ctx.fresh()
     if static % divisor:
         if symbols:

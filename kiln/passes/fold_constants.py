@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from kiln.errors import ShapeInferenceError
 from kiln.frontend.onnx import infer_node
 from kiln.ir.graph import Graph, Node, Value
 from kiln.ir.types import TensorType, Type
@@ -102,6 +103,10 @@ def refine_types(rewriter: Rewriter, node: Node) -> Node:
         types, _ = infer_node(
             node, [None if v is None else v.type for v in node.inputs], known, [None] * len(node.inputs)
         )
+    except ShapeInferenceError as err:
+        # the inputs' shapes are what this model was given (a bound batch of 0, a target shape
+        # computed from them): the model cannot run with them, a user's problem, not kiln's
+        raise ShapeInferenceError(f"node {node.label}: {err}") from None
     except Exception:  # keep the recorded types; the verifier reports real conflicts
         return node
     outputs: list[Value] = []

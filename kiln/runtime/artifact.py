@@ -1,14 +1,23 @@
 """``.kiln`` artifacts: one zip file with the model's IR, its weights and the native libraries of
 every compiled variant, so loading needs no ONNX file and no C compiler.
 
+    manifest.json  the SHA-256 of every other member: checked before anything is read
     meta.json      format, version, kiln version, target, -O level, the variants' dims
     graph.txt      the source graph in kiln's IR text form
-    tensors.npz    the weights the text refers to
+    tensors.npz    the numeric weights the text refers to (plain .npy members: no pickle)
+    strings.json   string tensors the text refers to
     lib/<key>.so   one native library per variant, keyed by the hash of its generated C
+
+Trust model: everything but ``lib/`` is data, parsed without running code (JSON, kiln's IR text,
+``np.load(allow_pickle=False)``). The libraries are native code: loading an artifact with them is
+trusting it like an executable. ``load(path, rebuild=True)`` ignores them and generates the code
+again from the IR (that needs a C compiler). The manifest detects damage, not forgery: a file
+from someone you do not trust should be loaded with ``rebuild=True``.
 """
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import io
 import json
@@ -23,7 +32,8 @@ import numpy as np
 from kiln.errors import KilnError
 
 FORMAT = "kiln-artifact"
-VERSION = 1
+VERSION = 2
+MAX_INFLATION = 1000  # a deflated member may not claim more than this ratio of its stored size
 
 
 class ArtifactError(KilnError):
@@ -54,24 +64,88 @@ def save(model: Any, path: str | os.PathLike) -> Path:
                 meta["variants"].append(dict(key))
                 if executable.plan.library is not None:
                     libraries[source_key(executable.plan.source)] = executable.plan.library
-    tensors = io.BytesIO()
     data = tensor_data(model.graph)
-    np.savez(tensors, **{f"t{i}": a for i, a in enumerate(data.values())})
-    meta["tensor_names"] = list(data)
+    numeric = {name: a for name, a in data.items() if a.dtype != object}
+    meta["tensor_names"] = list(numeric)
+    tensors = io.BytesIO()
+    np.savez(tensors, **{f"t{i}": a for i, a in enumerate(numeric.values())})
+    strings = {name: _strings_to_json(a) for name, a in data.items() if a.dtype == object}
+    members: dict[str, bytes] = {
+        "meta.json": json.dumps(meta, indent=1).encode(),
+        "graph.txt": print_graph(model.graph).encode(),
+        "tensors.npz": tensors.getvalue(),
+        "strings.json": json.dumps(strings).encode(),
+    }
+    for key, library in libraries.items():
+        members[f"lib/{key}.so"] = Path(library).read_bytes()
+    manifest = {"sha256": {name: hashlib.sha256(content).hexdigest() for name, content in members.items()}}
     partial = path.with_name(path.name + ".partial")
     # text is deflated; weights and libraries are stored as they are (float data barely
     # compresses, and inflating hundreds of MB would dominate load time)
-    with zipfile.ZipFile(partial, "w", zipfile.ZIP_STORED) as archive:
-        archive.writestr("meta.json", json.dumps(meta, indent=1), compress_type=zipfile.ZIP_DEFLATED)
-        archive.writestr("graph.txt", print_graph(model.graph), compress_type=zipfile.ZIP_DEFLATED)
-        archive.writestr("tensors.npz", tensors.getvalue())
-        for key, library in libraries.items():
-            archive.write(library, f"lib/{key}.so")
-    os.replace(partial, path)
+    try:
+        with zipfile.ZipFile(partial, "w", zipfile.ZIP_STORED) as archive:
+            archive.writestr("manifest.json", json.dumps(manifest, indent=1), compress_type=zipfile.ZIP_DEFLATED)
+            for name, content in members.items():
+                deflate = name.endswith((".json", ".txt"))
+                archive.writestr(name, content, compress_type=zipfile.ZIP_DEFLATED if deflate else zipfile.ZIP_STORED)
+        os.replace(partial, path)
+    except OSError as err:
+        Path(partial).unlink(missing_ok=True)
+        raise ArtifactError(f"{path}: cannot write the artifact: {err.strerror or err}") from None
     return path
 
 
-def load(path: str | os.PathLike) -> Any:
+def _strings_to_json(array: np.ndarray) -> dict[str, Any]:
+    items = [
+        {"b64": base64.b64encode(item).decode()} if isinstance(item, bytes) else str(item)
+        for item in array.reshape(-1).tolist()
+    ]
+    return {"shape": list(array.shape), "items": items}
+
+
+def _strings_from_json(entry: Any) -> np.ndarray:
+    items = [base64.b64decode(item["b64"]) if isinstance(item, dict) else str(item) for item in entry["items"]]
+    array = np.empty(len(items), dtype=object)
+    array[:] = items
+    return array.reshape([int(d) for d in entry["shape"]])
+
+
+def _members(archive: zipfile.ZipFile, path: Path) -> dict[str, bytes]:
+    """Every member, each checked against the manifest's SHA-256 before anything is parsed."""
+    try:
+        manifest = json.loads(_read_member(archive, "manifest.json", path))
+        expected = dict(manifest["sha256"])
+    except (KeyError, TypeError, ValueError) as err:
+        raise ArtifactError(f"{path}: damaged artifact (no readable manifest: {err})") from None
+    names = [info.filename for info in archive.infolist() if not info.is_dir()]
+    unlisted = sorted(set(names) - set(expected) - {"manifest.json"})
+    if unlisted:
+        raise ArtifactError(f"{path}: damaged artifact (members not in its manifest: {unlisted[:5]})")
+    contents = {}
+    for name, digest in expected.items():
+        content = _read_member(archive, name, path)
+        if hashlib.sha256(content).hexdigest() != digest:
+            raise ArtifactError(f"{path}: damaged artifact ({name} does not match its SHA-256 in the manifest)")
+        contents[name] = content
+    return contents
+
+
+def _read_member(archive: zipfile.ZipFile, name: str, path: Path) -> bytes:
+    try:
+        info = archive.getinfo(name)
+        if info.compress_type != zipfile.ZIP_STORED and info.file_size > MAX_INFLATION * max(info.compress_size, 1024):
+            raise ArtifactError(f"{path}: damaged artifact ({name} claims to inflate {info.file_size} bytes)")
+        return archive.read(name)
+    except KeyError:
+        raise ArtifactError(f"{path}: damaged artifact (member {name} is missing)") from None
+    except (zipfile.BadZipFile, zipfile.LargeZipFile, OSError, EOFError, ValueError, NotImplementedError) as err:
+        raise ArtifactError(f"{path}: damaged artifact ({name}: {err})") from None
+
+
+def load(path: str | os.PathLike, rebuild: bool = False) -> Any:
+    """The model saved at ``path``. Every member is checked against the manifest first; nothing is
+    unpickled. With ``rebuild``, the artifact's native libraries are ignored and the code is
+    generated again from its IR. Raises ArtifactError for a damaged, foreign or newer file."""
     from kiln.ir.parser import ParseError, parse_graph
     from kiln.runtime.model import ReferenceModel
 
@@ -80,33 +154,53 @@ def load(path: str | os.PathLike) -> Any:
         raise ArtifactError(f"{path}: no such file")
     try:
         archive = zipfile.ZipFile(path)
-        meta = json.loads(archive.read("meta.json"))
-    except (zipfile.BadZipFile, KeyError, ValueError, OSError) as err:
+    except (zipfile.BadZipFile, zipfile.LargeZipFile, OSError, ValueError, EOFError) as err:
         raise ArtifactError(f"{path}: not a kiln artifact (corrupt or foreign file: {err})") from None
-    if meta.get("format") != FORMAT:
-        raise ArtifactError(f"{path}: not a kiln artifact (format {meta.get('format')!r})")
-    if meta.get("version", 0) > VERSION:
-        raise ArtifactError(f"{path}: artifact version {meta['version']} is newer than this kiln reads ({VERSION})")
+    with archive:
+        try:
+            meta = json.loads(_read_member(archive, "meta.json", path))
+        except (ArtifactError, ValueError) as err:
+            raise ArtifactError(f"{path}: not a kiln artifact (corrupt or foreign file: {err})") from None
+        if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+            found = meta.get("format") if isinstance(meta, dict) else type(meta).__name__
+            raise ArtifactError(f"{path}: not a kiln artifact (format {found!r})")
+        version = meta.get("version", 0)
+        if not isinstance(version, int) or version > VERSION:
+            raise ArtifactError(f"{path}: artifact version {version} is newer than this kiln reads ({VERSION})")
+        if version < VERSION:
+            raise ArtifactError(f"{path}: artifact version {version} is from an older kiln; compile the model again")
+        contents = _members(archive, path)
     try:
-        with np.load(io.BytesIO(archive.read("tensors.npz")), allow_pickle=True) as npz:
-            data = {name: npz[f"t{i}"] for i, name in enumerate(meta["tensor_names"])}
-        graph = parse_graph(archive.read("graph.txt").decode(), data)
-    except (KeyError, ParseError, ValueError) as err:
+        meta = json.loads(contents["meta.json"])
+        with np.load(io.BytesIO(contents["tensors.npz"]), allow_pickle=False) as npz:
+            data = {str(name): npz[f"t{i}"] for i, name in enumerate(meta["tensor_names"])}
+        strings = json.loads(contents.get("strings.json", b"{}"))
+        data.update({str(name): _strings_from_json(entry) for name, entry in strings.items()})
+        graph = parse_graph(contents["graph.txt"].decode(), data)
+        target, level, variants = meta["target"], int(meta.get("opt_level", 2)), list(meta["variants"])
+        variants = [{str(k): int(v) for k, v in dims.items()} for dims in variants]
+    except ArtifactError:
+        raise
+    except (KeyError, ParseError, ValueError, TypeError, AttributeError, OSError, zipfile.BadZipFile) as err:
+        raise ArtifactError(f"{path}: damaged artifact ({type(err).__name__}: {err})") from None
+    except KilnError as err:  # a graph kiln's verifier or inference rejects
         raise ArtifactError(f"{path}: damaged artifact ({err})") from None
-    if meta["target"] == "reference":
+    if target == "reference":
         return ReferenceModel(graph)
-    if meta["target"] != "cpu":
-        raise ArtifactError(f"{path}: unknown target {meta['target']!r}")
+    if target != "cpu":
+        raise ArtifactError(f"{path}: unknown target {target!r}")
     from kiln.runtime.native import NativeModel
 
-    folder = Path(tempfile.mkdtemp(prefix="kiln-artifact-"))
     prebuilt = {}
-    for name in archive.namelist():
-        if name.startswith("lib/") and name.endswith(".so"):
-            target = folder / Path(name).name
-            target.write_bytes(archive.read(name))
-            prebuilt[Path(name).stem] = target
-    model = NativeModel(graph, level=meta.get("opt_level", 2), prebuilt=prebuilt, compile_now=False)
-    for dims in meta["variants"]:
+    if not rebuild:
+        folder = Path(tempfile.mkdtemp(prefix="kiln-artifact-"))
+        for name, content in contents.items():
+            key = name.removeprefix("lib/").removesuffix(".so")
+            if name.startswith("lib/") and name.endswith(".so") and key.isalnum():
+                library = folder / f"{key}.so"
+                library.write_bytes(content)
+                prebuilt[key] = library
+    model = NativeModel(graph, level=level, prebuilt=prebuilt, compile_now=False)
+    for dims in variants:
         model._variant(dims)
     return model

@@ -4,9 +4,11 @@ the rest, one specialization per binding of the model's symbolic input dims."""
 from __future__ import annotations
 
 import ctypes
+import os
 import queue
 import threading
 import time
+from collections import OrderedDict
 from typing import Any
 
 import numpy as np
@@ -28,6 +30,8 @@ WORTH_CACHING_S = 0.5  # a plan is stored when compiling it took this long...
 WORTH_CACHING_BYTES = 1 << 20  # ...or the model's weights are this big
 SMALL_INPUT = 16  # elements: inputs this small may be frozen when shapes depend on their values
 VALUE_VARIANTS = 16  # at most this many value specializations per model, then the reference
+MAX_VARIANTS = 16  # compiled bindings of the symbolic dims kept at once (KILN_MAX_VARIANTS)
+MAX_VARIANT_MB = 2048  # and the arenas they may hold together (KILN_MAX_VARIANT_MB)
 
 
 def freeze_inputs(graph: Graph, values: dict[str, np.ndarray]) -> Graph:
@@ -36,10 +40,53 @@ def freeze_inputs(graph: Graph, values: dict[str, np.ndarray]) -> Graph:
     return graph.with_(inputs=[v for v in graph.inputs if v not in frozen], constants={**graph.constants, **frozen})
 
 
+class WeightStore:
+    """Each distinct weight array of a model's variants held once. Every binding of the symbolic
+    dims compiles its own plan, with its own folded and packed copies of the weights; packing does
+    not depend on the batch, so the copies are equal and all variants can read one. Arrays are
+    matched by content (a sample of their bytes, then an exact comparison): never by name."""
+
+    SMALL = 4096  # bytes: below this, sharing saves nothing worth a comparison
+
+    def __init__(self) -> None:
+        self._arrays: dict[tuple, list[np.ndarray]] = {}
+        self._lock = threading.Lock()
+
+    def share(self, array: np.ndarray) -> np.ndarray:
+        if array.nbytes < self.SMALL or not array.flags.c_contiguous:
+            return array
+        raw = array.reshape(-1).view(np.uint8)
+        key = (array.dtype.str, array.shape, raw[:: max(1, raw.size // 64)][:64].tobytes())
+        with self._lock:
+            found = self._arrays.setdefault(key, [])
+            for candidate in found:
+                if candidate is array or np.array_equal(candidate.reshape(-1).view(np.uint8), raw):
+                    return candidate
+            found.append(array)
+            return array
+
+    @property
+    def nbytes(self) -> int:
+        return sum(a.nbytes for arrays in self._arrays.values() for a in arrays)
+
+
+def _limit(name: str, default: int) -> int:
+    try:
+        return max(1, int(os.environ.get(name, default)))
+    except ValueError:
+        return default
+
+
 class _Executable:
     """A compiled plan plus what running it needs: loaded functions, weights, an arena pool."""
 
-    def __init__(self, plan: Plan, keep: list[int] | None = None) -> None:
+    def __init__(self, plan: Plan, keep: list[int] | None = None, weights: WeightStore | None = None) -> None:
+        if weights is not None:
+            shared = {id(a): weights.share(a) for a in plan.constants.values()}
+            plan.constants = {buffer: shared[id(array)] for buffer, array in plan.constants.items()}
+            # the optimized graph holds the same arrays (for host fallbacks): let go of the copies
+            graph = plan.graph
+            plan.graph = graph.with_(constants={v: shared.get(id(a), a) for v, a in graph.constants.items()})
         self.plan = plan
         self.keep = keep  # positions of the inputs the plan takes (others were frozen)
         self.functions = load_functions(plan)
@@ -164,29 +211,57 @@ class NativeModel(Model):
         compile_now: bool = True,
         source_file: str | None = None,
         cache_key: str | None = None,
+        max_variants: int | None = None,
+        max_variant_bytes: int | None = None,
     ) -> None:
         super().__init__(graph)
         self.level = level
         self.prebuilt = prebuilt or {}
         self.source_file = source_file  # an ONNX file the plan cache may remember (see plan_cache)
         self._cache_key = cache_key
-        self._variants: dict[tuple[tuple[str, int], ...], _Executable] = {}
+        # compiled variants, least recently used first; at most max_variants of them, and past
+        # max_variant_bytes of arenas the oldest go (a variant comes back by compiling or from the
+        # plan cache). Weights are shared by all of them (WeightStore).
+        self._variants: OrderedDict[tuple, _Executable] = OrderedDict()
+        self.max_variants = max_variants or _limit("KILN_MAX_VARIANTS", MAX_VARIANTS)
+        self.max_variant_bytes = max_variant_bytes or _limit("KILN_MAX_VARIANT_MB", MAX_VARIANT_MB) << 20
+        self.weights = WeightStore()
+        self.evicted = 0
+        self.value_variants = 0  # compiled for small inputs' values (bounded: VALUE_VARIANTS)
         self._ran: dict[int, _Executable] = {}  # the variants that have executed requests
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # guards the variant table
+        self._compiling = threading.Lock()  # one compile at a time
         static_inputs = all(isinstance(v.type, TensorType) and v.type.is_static for v in graph.inputs)
         if compile_now and (dims is not None or static_inputs):
             self._variant(dict(dims or {}))  # compile ahead of the first run when shapes are known
 
     def _variant(self, dims: dict[str, int]) -> _Executable:
         key = tuple(sorted(dims.items()))
-        executable = self._variants.get(key)
-        if executable is None:
+        with self._lock:
+            executable = self._variants.get(key)
+            if executable is not None:
+                self._variants.move_to_end(key)
+                return executable
+        with self._compiling:
             with self._lock:
                 executable = self._variants.get(key)
-                if executable is None:
-                    executable = _Executable(self._plan(dims))
-                    self._variants[key] = executable
+            if executable is None:
+                executable = _Executable(self._plan(dims), weights=self.weights)
+                self._remember(key, executable)
         return executable
+
+    def _remember(self, key: tuple, executable: _Executable) -> None:
+        """Add a variant, then evict the least recently used past the count and byte bounds."""
+        with self._lock:
+            self._variants[key] = executable
+            self._variants.move_to_end(key)
+            while len(self._variants) > 1 and (
+                len(self._variants) > self.max_variants
+                or sum(e.plan.memory.arena_bytes for e in self._variants.values()) > self.max_variant_bytes
+            ):
+                _, old = self._variants.popitem(last=False)
+                self._ran.pop(id(old), None)
+                self.evicted += 1
 
     @property
     def cache_key(self) -> str:
@@ -260,20 +335,23 @@ class NativeModel(Model):
         if not small:
             return None
         key = (*sorted(dims.items()), *((n, a.dtype.str, a.shape, a.tobytes()) for n, a in sorted(small.items())))
-        executable = self._variants.get(key)  # type: ignore[arg-type]
+        with self._lock:
+            executable = self._variants.get(key)
         if executable is None:
-            with self._lock:
-                if len(self._variants) >= VALUE_VARIANTS:
+            with self._compiling:
+                if self.value_variants >= VALUE_VARIANTS:
                     return None
                 keep = [i for i, name in enumerate(self.input_names) if name not in small]
                 graph = freeze_inputs(specialize(self.graph, dims), small)
-                executable = _Executable(compile_plan(graph, self.level), keep)
-                self._variants[key] = executable  # type: ignore[index]
+                executable = _Executable(compile_plan(graph, self.level), keep, self.weights)
+                self.value_variants += 1
+                self._remember(key, executable)
         return executable
 
     @property
     def plans(self) -> list[Plan]:
-        return [v.plan for v in self._variants.values()]
+        with self._lock:
+            return [v.plan for v in self._variants.values()]
 
     @property
     def is_native(self) -> bool | None:

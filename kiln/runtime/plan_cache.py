@@ -3,37 +3,47 @@ generation and no C compilation.
 
 An entry is keyed by what determines a plan: the source graph's structural digest (names never
 matter), the -O level, the bound dims, kiln's version and a hash of its source code, the host
-target and the C compiler with its flags. It holds the pickled ``Plan`` (kernels, memory plan, buffer table) with every large array
-(weights, packed weights) in a side file of 64-byte-aligned raw data that loading memory-maps, so
-a hit costs milliseconds whatever the model's size; the native library is copied into the entry.
+target and the C compiler with its flags. It holds the pickled ``Plan`` (kernels, memory plan,
+buffer table) with every large array (weights, packed weights) in a blob file named by the seal of
+its bytes, shared by all the entry's variants (every batch size of a model stores its weights
+once) and memory-mapped on load (mapped once per process however many variants read it); the
+native library is copied into the entry. A hit costs the time to verify what it reads (about
+0.2 s for resnet50's 100 MB).
 
 ``kiln.compile(path)`` also remembers which entry a file's bytes led to (``files/<sha256>``), and
 the source graph itself is stored once per entry, so compiling the same .onnx file again skips
 the import as well.
 
 Entries are written to a temporary folder and renamed into place (atomic: a concurrent compile of
-the same model either finds a whole entry or none). A damaged or foreign entry is counted
-(``STATS``), removed and rebuilt, never fatal. The cache keeps to ``KILN_PLAN_CACHE_GB`` (default 8),
+the same model either finds a whole entry or none). Every file of an entry (pickle, arrays,
+library) and every index file is sealed with this user's key and checked before use, and pickles
+are read by ``kiln.integrity.SafeUnpickler`` (kiln's own dataclasses only): a damaged, truncated,
+planted or foreign entry is counted (``STATS``), removed and rebuilt, never used, never fatal.
+A cache folder that cannot be written turns the cache off with one warning. The cache keeps to ``KILN_PLAN_CACHE_GB`` (default 8),
 removing the least recently used entries. ``KILN_PLAN_CACHE=0`` turns the cache off.
 """
 
 from __future__ import annotations
 
 import hashlib
+import hmac
 import io
+import json
 import os
 import pickle
 import shutil
 import tempfile
 import threading
+import weakref
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-FORMAT = 2  # bump when Plan/Graph/Kernel change shape: older entries then miss
-ALIGN = 64
+from kiln import integrity
+
+FORMAT = 3  # bump when Plan/Graph/Kernel change shape: older entries then miss
 SMALL = 4096  # bytes: arrays below this stay inside the pickle
 STATS = {"hits": 0, "misses": 0, "stores": 0, "damaged": 0, "evicted": 0}
 
@@ -52,8 +62,9 @@ def in_background(work: Any, *args: Any) -> None:
 def _quietly(work: Any, *args: Any) -> None:
     try:
         work(*args)
-    except Exception:  # a full disk or a read-only cache costs a recompile later, nothing more
+    except Exception as err:  # a full disk or a read-only cache costs a recompile later, nothing more
         STATS["failed_stores"] = STATS.get("failed_stores", 0) + 1
+        integrity.warn_once("plan-cache-store", f"kiln: a plan could not be cached ({type(err).__name__}: {err})")
 
 
 def wait() -> None:
@@ -106,14 +117,58 @@ def evict(keep: Path | None = None) -> int:
 
 
 def enabled() -> bool:
-    return os.environ.get("KILN_PLAN_CACHE", "1") not in ("0", "false", "no", "")
+    """The cache is on unless ``KILN_PLAN_CACHE=0``, and usable: a cache folder that cannot be
+    written or a key that cannot be trusted turns it off with one warning (caching is optional)."""
+    if os.environ.get("KILN_PLAN_CACHE", "1") in ("0", "false", "no", ""):
+        return False
+    base = _base()
+    usable = _USABLE.get(base)
+    if usable is None:
+        try:
+            path = Path(base) / "plans"
+            path.mkdir(parents=True, exist_ok=True)
+            if not os.access(path, os.W_OK | os.X_OK):
+                raise PermissionError(f"{path} is not writable")
+            integrity.user_key()
+            usable = True
+        except (OSError, integrity.UntrustedKey) as err:
+            integrity.warn_once(f"plan-cache:{base}", f"kiln: plan cache off ({err}); every compile starts from scratch")
+            usable = False
+        _USABLE[base] = usable
+    return usable
+
+
+_USABLE: dict[str, bool] = {}  # cache folder -> usable (checked once per process)
+
+
+def _base() -> str:
+    return os.environ.get("KILN_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "kiln")
 
 
 def root() -> Path:
-    base = os.environ.get("KILN_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "kiln")
-    path = Path(base) / "plans"
+    path = Path(_base()) / "plans"
     path.mkdir(parents=True, exist_ok=True)
     return path
+
+
+def _write_text(path: Path, text: str) -> None:
+    """A small index file, sealed (its last line), written atomically."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handle, partial = tempfile.mkstemp(dir=path.parent)
+    with os.fdopen(handle, "w") as out:
+        out.write(f"{text}\n{integrity.seal_bytes(text.encode())}")
+    os.replace(partial, path)
+
+
+def _read_text(path: Path) -> str | None:
+    """A small index file's text if its seal matches, else None."""
+    try:
+        text, _, seal = path.read_text().rpartition("\n")
+        if hmac.compare_digest(integrity.seal_bytes(text.encode()), seal.strip()):
+            return text
+    except (OSError, ValueError, UnicodeDecodeError, integrity.UntrustedKey):
+        pass
+    return None
 
 
 @lru_cache(maxsize=1)
@@ -171,21 +226,15 @@ def file_digest(path: str | os.PathLike) -> str:
         info = os.stat(path)
     except OSError:
         return _hash_file(path)
+    if not enabled():
+        return _hash_file(path)
     identity = f"{os.path.abspath(path)}\0{info.st_dev}\0{info.st_ino}\0{info.st_size}\0{info.st_mtime_ns}"
     memo = root() / "files" / f"stat-{hashlib.sha256(identity.encode()).hexdigest()[:32]}"
-    try:
-        digest = memo.read_text().strip()
-        if len(digest) == 64:
-            return digest
-    except OSError:
-        pass
+    digest = (_read_text(memo) or "").strip()
+    if len(digest) == 64:
+        return digest
     digest = _hash_file(path)
-    if enabled():
-        memo.parent.mkdir(parents=True, exist_ok=True)
-        handle, partial = tempfile.mkstemp(dir=memo.parent)
-        with os.fdopen(handle, "w") as out:
-            out.write(digest)
-        os.replace(partial, memo)
+    _write_text(memo, digest)
     return digest
 
 
@@ -200,11 +249,17 @@ def _hash_file(path: str | os.PathLike) -> str:
 # -- writing and reading one object with its arrays beside it --------------------------------------
 
 
+BLOB_NAME = 48  # hex digits of a blob's name: its content's seal
+
+
 class _Pickler(pickle.Pickler):
-    def __init__(self, file: Any, arrays: Any) -> None:
+    """Pickles with every large array written as a blob of the entry: a file named by the seal
+    of its bytes, so the variants of one model (and its source graph) share one copy of each
+    weight on disk, and a blob is verified by hashing it again."""
+
+    def __init__(self, file: Any, blobs: Path) -> None:
         super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
-        self.arrays = arrays
-        self.offset = 0
+        self.blobs = blobs
         self.seen: dict[int, tuple[Any, ...]] = {}
         self.keep: list[np.ndarray] = []  # ids stay valid while pickling
 
@@ -213,44 +268,109 @@ class _Pickler(pickle.Pickler):
             return None
         found = self.seen.get(id(obj))
         if found is None:
-            pad = (-self.offset) % ALIGN
-            self.arrays.write(b"\0" * pad)
-            self.offset += pad
             data = np.ascontiguousarray(obj)
-            self.arrays.write(memoryview(data.reshape(-1).view(np.uint8)))
-            found = ("array", self.offset, obj.dtype.str, obj.shape)
-            self.offset += data.nbytes
+            raw = memoryview(data.reshape(-1).view(np.uint8))
+            name = integrity.seal_bytes(raw)[:BLOB_NAME]
+            path = self.blobs / name
+            if not path.exists():
+                self.blobs.mkdir(parents=True, exist_ok=True)
+                handle, partial = tempfile.mkstemp(dir=self.blobs, prefix=".blob-")
+                try:
+                    with os.fdopen(handle, "wb") as out:
+                        out.write(raw)
+                    os.replace(partial, path)
+                except BaseException:
+                    Path(partial).unlink(missing_ok=True)
+                    raise
+            found = ("blob", name, obj.dtype.str, obj.shape)
             self.seen[id(obj)] = found
             self.keep.append(obj)
         return found
 
 
-class _Unpickler(pickle.Unpickler):
-    def __init__(self, file: Any, arrays: np.ndarray | None) -> None:
-        super().__init__(file)
-        self.arrays = arrays
+_blob_cache: weakref.WeakValueDictionary = weakref.WeakValueDictionary()  # (path, identity) -> array
+_blob_lock = threading.Lock()
 
-    def persistent_load(self, pid: Any) -> Any:
-        kind, offset, dtype, shape = pid
-        if kind != "array" or self.arrays is None:
+
+def _blob(path: Path, name: str) -> np.ndarray:
+    """A blob memory-mapped, verified against its name the first time this process maps it
+    (later variants of the model get the same array: one mapping, one copy in memory)."""
+    info = path.stat()
+    identity = (str(path), info.st_ino, info.st_size, info.st_mtime_ns)
+    with _blob_lock:
+        array = _blob_cache.get(identity)
+        if array is None:
+            with open(path, "rb") as handle:
+                content = handle.read()
+            if not hmac.compare_digest(integrity.seal_bytes(content)[:BLOB_NAME], name):
+                path.unlink(missing_ok=True)  # written again by the rebuild's store
+                raise DamagedEntry(f"blob {name} does not match its seal")
+            del content
+            array = np.memmap(path, dtype=np.uint8, mode="r") if info.st_size else np.zeros(0, np.uint8)
+            _blob_cache[identity] = array
+    return array
+
+
+def _blob_loader(blobs: Path) -> Any:
+    def persistent_load(pid: Any) -> Any:
+        kind, name, dtype, shape = pid
+        if kind != "blob" or not isinstance(name, str) or len(name) != BLOB_NAME or not name.isalnum():
             raise pickle.UnpicklingError(f"unknown persistent id {kind!r}")
         dtype = np.dtype(dtype)
         count = int(np.prod(shape)) if shape else 1
-        return self.arrays[offset : offset + count * dtype.itemsize].view(dtype).reshape(shape)
+        data = _blob(blobs / name, name)
+        if dtype.hasobject or count * dtype.itemsize != data.size:
+            raise pickle.UnpicklingError("a blob's size does not match its array")
+        return data.view(dtype).reshape(shape)
+
+    return persistent_load
+
+
+SEALS = "seals.json"  # each file of an entry folder with its HMAC (see kiln.integrity)
+
+
+def _seal(folder: Path) -> None:
+    """Seal every file of an entry folder: written last, so an entry with no seals is unfinished."""
+    seals = {item.name: integrity.seal_file(item) for item in sorted(folder.iterdir()) if item.is_file()}
+    (folder / SEALS).write_text(json.dumps(seals))
+
+
+def _check_seals(folder: Path, required: tuple[str, ...]) -> None:
+    """Raises DamagedEntry unless every file of the folder is sealed and matches its seal."""
+    try:
+        seals = json.loads((folder / SEALS).read_text())
+    except (OSError, ValueError) as err:
+        raise DamagedEntry(f"{folder.name}: no readable seals ({err})") from None
+    present = {item.name for item in folder.iterdir() if item.is_file()} - {SEALS}
+    if not isinstance(seals, dict) or set(seals) != present or not set(required) <= present:
+        raise DamagedEntry(f"{folder.name}: files and seals differ")
+    for name, expected in seals.items():
+        if not isinstance(expected, str) or not integrity.sealed(folder / name, expected):
+            raise DamagedEntry(f"{folder.name}/{name}: does not match its seal")
+
+
+class DamagedEntry(Exception):
+    """An entry that is not exactly what this user's kiln wrote."""
 
 
 def _write(folder: Path, stem: str, obj: Any) -> None:
-    with open(folder / f"{stem}.arrays", "wb") as arrays:
-        buffer = io.BytesIO()
-        _Pickler(buffer, arrays).dump(obj)
+    """``obj`` pickled into ``folder`` (its large arrays as blobs of the entry), then sealed."""
+    buffer = io.BytesIO()
+    _Pickler(buffer, _blobs_of(folder)).dump(obj)
     (folder / f"{stem}.pkl").write_bytes(buffer.getvalue())
+    _seal(folder)
 
 
 def _read(folder: Path, stem: str) -> Any:
-    raw = folder / f"{stem}.arrays"
-    arrays = np.memmap(raw, dtype=np.uint8, mode="r") if raw.stat().st_size else None
-    with open(folder / f"{stem}.pkl", "rb") as handle:
-        return _Unpickler(handle, arrays).load()
+    _check_seals(folder, (f"{stem}.pkl",))
+    return integrity.safe_loads((folder / f"{stem}.pkl").read_bytes(), _blob_loader(_blobs_of(folder)))
+
+
+def _blobs_of(folder: Path) -> Path:
+    """The entry's blob folder (``<key>/blobs``) for a folder inside it (``<key>/source``,
+    ``<key>/variants/<name>``, or one being written beside them)."""
+    entry = folder.parent if folder.parent.name != "variants" else folder.parent.parent
+    return entry / "blobs"
 
 
 def _publish(partial: Path, final: Path) -> None:
@@ -332,11 +452,17 @@ def store_graph(key: str, graph: Any) -> None:
         return
     final.parent.mkdir(parents=True, exist_ok=True)
     partial = Path(tempfile.mkdtemp(prefix=".source-", dir=final.parent))
-    _write(partial, "graph", graph)
-    _publish(partial, final)
+    try:
+        _write(partial, "graph", graph)
+        _publish(partial, final)
+    except Exception:
+        shutil.rmtree(partial, ignore_errors=True)
+        raise
 
 
 def load_graph(key: str) -> Any | None:
+    if not enabled():
+        return None
     folder = root() / key / "source"
     if not folder.exists():
         return None
@@ -371,12 +497,7 @@ def remember_file(path: str | os.PathLike, key: str, level: int) -> None:
         return
     path = Path(path)
     lines = [key] + [f"{name}\t{file_digest(path.parent / name)}" for name in _external_files(path)]
-    index = _file_index(path, level)
-    index.parent.mkdir(parents=True, exist_ok=True)
-    handle, partial = tempfile.mkstemp(dir=index.parent)
-    with os.fdopen(handle, "w") as out:
-        out.write("\n".join(lines))
-    os.replace(partial, index)
+    _write_text(_file_index(path, level), "\n".join(lines))
 
 
 def file_entry(path: str | os.PathLike, level: int) -> str | None:
@@ -385,7 +506,7 @@ def file_entry(path: str | os.PathLike, level: int) -> str | None:
         return None
     path = Path(path)
     try:
-        lines = _file_index(path, level).read_text().splitlines()
+        lines = (_read_text(_file_index(path, level)) or "").splitlines()
         for line in lines[1:]:
             name, digest = line.split("\t")
             if file_digest(path.parent / name) != digest:

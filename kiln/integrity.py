@@ -1,0 +1,173 @@
+"""What kiln reads back from its caches is what kiln wrote: keyed checksums and a restricted unpickler.
+
+Caches live on disk where other people and other programs can reach them (a shared
+``KILN_CACHE_DIR``, a cache copied from another machine, a full disk that truncated a write, a
+flipped bit). Two rules:
+
+* **Sealed files.** Every cached file is stored with an HMAC-SHA256 under a per-user secret
+  (``~/.config/kiln/cache.key``, mode 0600, made on first use; ``KILN_KEY_FILE`` moves it). A file
+  whose seal does not match (damaged, truncated, or written by anyone without the key) is never
+  used: the caller rebuilds it. Large files are hashed in 16 MB chunks on two threads (hashlib
+  releases the GIL), then the chunk digests are sealed together.
+* **No arbitrary pickle.** Sealed pickles are read by ``SafeUnpickler``, which only builds kiln's
+  own IR and plan dataclasses, their enums and a few plain types (no callables beyond those
+  constructors), so even a sealed entry cannot run code.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import hashlib
+import hmac
+import io
+import os
+import pickle
+import stat
+import sys
+import tempfile
+import threading
+import warnings
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+CHUNK = 16 << 20
+_key_lock = threading.Lock()
+_key: bytes | None = None
+_warned: set[str] = set()
+
+
+class UntrustedKey(Exception):
+    """The key file exists but others could have read or replaced it."""
+
+
+def warn_once(topic: str, message: str) -> None:
+    """One warning per topic per process (a cache that cannot be written says so once)."""
+    if topic not in _warned:
+        _warned.add(topic)
+        warnings.warn(message, RuntimeWarning, stacklevel=3)
+
+
+def key_file() -> Path:
+    configured = os.environ.get("KILN_KEY_FILE")
+    if configured:
+        return Path(configured)
+    base = os.environ.get("XDG_CONFIG_HOME") or os.path.join(os.path.expanduser("~"), ".config")
+    return Path(base) / "kiln" / "cache.key"
+
+
+def user_key() -> bytes:
+    """The per-user secret that seals cache files (made on first use). Raises OSError when it can
+    be neither read nor made, UntrustedKey when its permissions let others in."""
+    global _key
+    with _key_lock:
+        if _key is None:
+            _key = _load_or_make_key(key_file())
+        return _key
+
+
+def _load_or_make_key(path: Path) -> bytes:
+    try:
+        info = path.stat()
+    except FileNotFoundError:
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        handle, partial = tempfile.mkstemp(dir=path.parent, prefix=".key-")
+        try:
+            os.fchmod(handle, 0o600)
+            os.write(handle, os.urandom(32))
+        finally:
+            os.close(handle)
+        try:
+            os.link(partial, path)  # never replaces a key another process made meanwhile
+        except FileExistsError:
+            pass
+        finally:
+            os.unlink(partial)
+        info = path.stat()
+    if info.st_mode & (stat.S_IRWXG | stat.S_IRWXO) or (hasattr(os, "getuid") and info.st_uid != os.getuid()):
+        raise UntrustedKey(f"{path} is readable or writable by others (or not yours): chmod 600 it or remove it")
+    data = path.read_bytes()
+    if len(data) < 16:
+        raise UntrustedKey(f"{path} is too short to be a key: remove it and kiln makes a new one")
+    return data
+
+
+def seal_bytes(data: bytes | memoryview) -> str:
+    return hmac.new(user_key(), data, hashlib.sha256).hexdigest()
+
+
+def seal_file(path: str | os.PathLike) -> str:
+    """The seal of a file's bytes (chunked: a 1 GB weights file takes about half a second)."""
+    key = user_key()
+    with open(path, "rb") as handle:
+        size = os.fstat(handle.fileno()).st_size
+        if size <= CHUNK:
+            return hmac.new(key, size.to_bytes(8, "little") + handle.read(), hashlib.sha256).hexdigest()
+        descriptor = handle.fileno()
+
+        def digest(offset: int) -> bytes:
+            return hashlib.sha256(os.pread(descriptor, CHUNK, offset)).digest()
+
+        offsets = range(0, size, CHUNK)
+        try:
+            with ThreadPoolExecutor(max_workers=2) as pool:
+                digests = list(pool.map(digest, offsets))
+        except RuntimeError:  # no new threads at interpreter exit (a background store finishing)
+            digests = [digest(offset) for offset in offsets]
+    return hmac.new(key, size.to_bytes(8, "little") + b"".join(digests), hashlib.sha256).hexdigest()
+
+
+def sealed(path: str | os.PathLike, expected: str) -> bool:
+    """True when the file exists and its seal is ``expected``."""
+    try:
+        return hmac.compare_digest(seal_file(path), expected)
+    except (OSError, ValueError):
+        return False
+
+
+# -- pickles that can only build kiln's own data -----------------------------------------------------
+
+_MODULES = ("kiln.compiler", "kiln.ir.graph", "kiln.ir.types", "kiln.lower.kir", "kiln.lower.memory")
+_PLAIN = {
+    ("builtins", "set"),
+    ("builtins", "frozenset"),
+    ("builtins", "complex"),
+    ("builtins", "slice"),
+    ("pathlib", "PosixPath"),
+    ("pathlib", "WindowsPath"),
+    ("pathlib", "Path"),
+    ("numpy", "dtype"),
+    ("numpy", "ndarray"),
+    ("numpy.core.multiarray", "_reconstruct"),
+    ("numpy._core.multiarray", "_reconstruct"),
+    ("numpy.core.numeric", "_frombuffer"),
+    ("numpy._core.numeric", "_frombuffer"),
+    ("numpy.core.multiarray", "scalar"),
+    ("numpy._core.multiarray", "scalar"),
+    ("numpy.dtypes", None),  # numpy's dtype classes (Float32DType...)
+    ("ml_dtypes", None),  # bfloat16 and the float8 types' scalar classes
+}
+
+
+class SafeUnpickler(pickle.Unpickler):
+    """Builds only kiln's dataclasses and enums from ``_MODULES``, and the plain types above."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        if module in _MODULES:
+            owner = sys.modules.get(module) or __import__(module, fromlist=[name])
+            found = getattr(owner, name, None)
+            if isinstance(found, type) and (dataclasses.is_dataclass(found) or issubclass(found, enum.Enum)):
+                return found
+        elif (module, name) in _PLAIN or (module, None) in _PLAIN:
+            found = super().find_class(module, name)
+            if (module, None) not in _PLAIN or isinstance(found, type):
+                return found
+        raise pickle.UnpicklingError(f"a cache entry asks for {module}.{name}, which kiln never stores")
+
+
+def safe_loads(data: bytes, persistent_load: Any = None) -> Any:
+    unpickler = SafeUnpickler(io.BytesIO(data))
+    if persistent_load is not None:
+        unpickler.persistent_load = persistent_load  # type: ignore[method-assign]
+    return unpickler.load()
