@@ -98,23 +98,38 @@ def seal_bytes(data: bytes | memoryview) -> str:
 
 
 def seal_file(path: str | os.PathLike) -> str:
-    """The seal of a file's bytes (chunked: a 1 GB weights file takes about half a second)."""
-    key = user_key()
+    """The seal of a file's bytes (equal to ``seal_buffer`` of them): a 1 GB file takes about
+    half a second on two cores."""
     with open(path, "rb") as handle:
         size = os.fstat(handle.fileno()).st_size
         if size <= CHUNK:
-            return hmac.new(key, size.to_bytes(8, "little") + handle.read(), hashlib.sha256).hexdigest()
+            return seal_buffer(handle.read())
         descriptor = handle.fileno()
+        return _seal_chunks(size, lambda offset: os.pread(descriptor, CHUNK, offset))
 
-        def digest(offset: int) -> bytes:
-            return hashlib.sha256(os.pread(descriptor, CHUNK, offset)).digest()
 
-        offsets = range(0, size, CHUNK)
-        try:
-            with ThreadPoolExecutor(max_workers=2) as pool:
-                digests = list(pool.map(digest, offsets))
-        except RuntimeError:  # no new threads at interpreter exit (a background store finishing)
-            digests = [digest(offset) for offset in offsets]
+def seal_buffer(data: bytes | memoryview) -> str:
+    """The seal of bytes in memory: small ones hashed whole, large ones in 16 MB chunks on two
+    threads (hashlib releases the GIL), the chunks' digests then sealed together."""
+    view = memoryview(data).cast("B")
+    size = view.nbytes
+    if size <= CHUNK:
+        return hmac.new(user_key(), size.to_bytes(8, "little") + view.tobytes(), hashlib.sha256).hexdigest()
+    return _seal_chunks(size, lambda offset: view[offset : offset + CHUNK])
+
+
+def _seal_chunks(size: int, chunk: Any) -> str:
+    key = user_key()
+
+    def digest(offset: int) -> bytes:
+        return hashlib.sha256(chunk(offset)).digest()
+
+    offsets = range(0, size, CHUNK)
+    try:
+        with ThreadPoolExecutor(max_workers=2) as pool:
+            digests = list(pool.map(digest, offsets))
+    except RuntimeError:  # no new threads at interpreter exit (a background store finishing)
+        digests = [digest(offset) for offset in offsets]
     return hmac.new(key, size.to_bytes(8, "little") + b"".join(digests), hashlib.sha256).hexdigest()
 
 

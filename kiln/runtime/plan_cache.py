@@ -270,7 +270,7 @@ class _Pickler(pickle.Pickler):
         if found is None:
             data = np.ascontiguousarray(obj)
             raw = memoryview(data.reshape(-1).view(np.uint8))
-            name = integrity.seal_bytes(raw)[:BLOB_NAME]
+            name = integrity.seal_buffer(raw)[:BLOB_NAME]
             path = self.blobs / name
             if not path.exists():
                 self.blobs.mkdir(parents=True, exist_ok=True)
@@ -300,12 +300,9 @@ def _blob(path: Path, name: str) -> np.ndarray:
     with _blob_lock:
         array = _blob_cache.get(identity)
         if array is None:
-            with open(path, "rb") as handle:
-                content = handle.read()
-            if not hmac.compare_digest(integrity.seal_bytes(content)[:BLOB_NAME], name):
+            if not hmac.compare_digest(integrity.seal_file(path)[:BLOB_NAME], name):
                 path.unlink(missing_ok=True)  # written again by the rebuild's store
                 raise DamagedEntry(f"blob {name} does not match its seal")
-            del content
             array = np.memmap(path, dtype=np.uint8, mode="r") if info.st_size else np.zeros(0, np.uint8)
             _blob_cache[identity] = array
     return array
