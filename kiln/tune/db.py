@@ -55,9 +55,17 @@ def _connect() -> sqlite3.Connection:
         return connection
 
 
+def _readable() -> bool:
+    """The database exists and can be read (an unusable cache folder means no tuning results)."""
+    try:
+        return path().exists()
+    except OSError:
+        return False
+
+
 def best(kernel: str) -> dict[str, Any] | None:
     """The stored choice for ``kernel`` on this target and kiln version (None: never tuned)."""
-    if not path().exists():
+    if not _readable():
         return None
     target, version = _scope()
     with _lock:
@@ -105,7 +113,7 @@ def record(
 
 def fingerprint() -> str:
     """Changes whenever a result is added or replaced (part of the plan-cache key)."""
-    if not path().exists():
+    if not _readable():
         return "empty"
     target, version = _scope()
     with _lock:

@@ -80,5 +80,22 @@ class BrokenCheck(_Fake):
         raise RuntimeError("driver query exploded")
 
 
-for _cls in (Crash, Hang, Leak, Fail, Missing, MissingSubpackage, BrokenCheck):
+
+class RefusesNewIR(_Fake):
+    """Refuses models by their IR version, as onnxruntime 1.31 refused IR 14 (1.32 accepts it: a
+    test must not depend on a real peer's refusal)."""
+
+    name = "fake-refuses-ir14"
+
+    def compile(self, model, example):
+        import onnx
+
+        version = onnx.load(str(model.onnx_path), load_external_data=False).ir_version
+        if version >= 11:
+            raise RuntimeError(f"Unsupported model IR version: {version}, max supported IR version: 10")
+        super().compile(model, example)
+
+
+
+for _cls in (Crash, Hang, Leak, Fail, Missing, MissingSubpackage, BrokenCheck, RefusesNewIR):
     register(_cls.name, f"{__name__}:{_cls.__name__}")
