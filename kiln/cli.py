@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+import traceback
 from pathlib import Path
 
 import click
@@ -338,7 +339,10 @@ def run_command(artifact: str, inputs: tuple[str, ...], output: Path | None, tar
         name, _, file = item.partition("=")
         if not file:
             raise click.BadParameter(f"expected NAME=FILE.npy, got {item!r}", param_hint="--input")
-        feeds[name] = np.load(file)
+        try:
+            feeds[name] = np.load(file, allow_pickle=False)
+        except (OSError, ValueError, EOFError) as err:
+            raise click.BadParameter(f"{file}: not a readable .npy array ({err})", param_hint="--input") from None
     rng = np.random.default_rng(0)
     for value in model.graph.inputs:
         if value.name in feeds or not isinstance(value.type, TensorType) or value.type.shape is None:
@@ -375,13 +379,36 @@ for _command in (bench, explain, check, diff_command):
     main.add_command(_command)
 
 
+FAILURES = ("ExecutionError", "ResourceError", "InternalError", "CompilerError")  # the rest: bad input
+
+
 def run() -> None:
-    """Entry point: kiln errors become one clear message and exit code 2, not a traceback."""
+    """Entry point: no traceback for users. ``error: ...`` on stderr, exit 2 for a problem with
+    what was asked (usage, a model or artifact kiln cannot read, a missing or unwritable file) and
+    1 when kiln failed doing it (a run that failed, out of memory or disk, a kiln bug).
+    ``KILN_DEBUG=1`` shows the traceback as well."""
+    import os
+
+    debug = os.environ.get("KILN_DEBUG", "0") not in ("0", "", "false", "no")
     try:
         main(standalone_mode=True)
     except KilnError as err:
+        if debug:
+            traceback.print_exc()
         click.echo(f"error: {err}", err=True)  # unwrapped, so scripts can grep it
+        sys.exit(1 if type(err).__name__ in FAILURES else 2)
+    except OSError as err:
+        if debug:
+            traceback.print_exc()
+        where = f"{err.filename}: " if err.filename else ""
+        click.echo(f"error: {where}{err.strerror or err}", err=True)
         sys.exit(2)
+    except Exception as err:
+        if debug:
+            traceback.print_exc()
+        hint = "" if debug else " (KILN_DEBUG=1 shows the traceback)"
+        click.echo(f"error: kiln bug: {type(err).__name__}: {err}{hint}", err=True)
+        sys.exit(1)
 
 
 if __name__ == "__main__":

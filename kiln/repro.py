@@ -3,7 +3,8 @@ internal invariant broke), the graph, the pipeline configuration and the traceba
 a folder, and ``python -m kiln.repro DIR`` replays exactly that compile.
 
     DIR/graph.txt      the source graph in kiln's IR text form (names, types, attributes)
-    DIR/tensors.npz    its weights
+    DIR/tensors.npz    its numeric weights (plain .npy members: replaying unpickles nothing)
+    DIR/strings.json   its string tensors
     DIR/config.json    -O level, bound dims, target, the stage that failed, kiln version, KILN_* env
     DIR/error.txt      the traceback
 """
@@ -11,7 +12,6 @@ a folder, and ``python -m kiln.repro DIR`` replays exactly that compile.
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import os
 import sys
@@ -20,12 +20,15 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-import numpy as np
+from kiln.runtime.artifact import pack_tensors, unpack_tensors
 
 
 def folder() -> Path:
     root = os.environ.get("KILN_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "kiln")
     return Path(root) / "repro"
+
+
+REPLAYED_SETTINGS = ("KILN_DISABLE", "KILN_TUNED", "KILN_DEBUG", "KILN_PLAN_CACHE")
 
 
 def write(graph: Any, level: int, dims: dict[str, int], error: BaseException, stage: str) -> Path:
@@ -37,17 +40,16 @@ def write(graph: Any, level: int, dims: dict[str, int], error: BaseException, st
     path = folder() / f"{time.strftime('%Y%m%d-%H%M%S')}-{digest}"
     path.mkdir(parents=True, exist_ok=True)
     (path / "graph.txt").write_text(text)
-    data = tensor_data(graph)
-    buffer = io.BytesIO()
-    np.savez(buffer, **{f"t{i}": a for i, a in enumerate(data.values())})
-    (path / "tensors.npz").write_bytes(buffer.getvalue())
+    numeric, strings, names = pack_tensors(tensor_data(graph))
+    (path / "tensors.npz").write_bytes(numeric)
+    (path / "strings.json").write_bytes(strings)
     config = {
         "level": level,
         "dims": dims,
         "target": "cpu",
         "stage": stage,
         "kiln": __version__,
-        "tensor_names": list(data),
+        "tensor_names": names,
         "env": {k: v for k, v in os.environ.items() if k.startswith("KILN_") and k != "KILN_CACHE_DIR"},
     }
     (path / "config.json").write_text(json.dumps(config, indent=1))
@@ -62,10 +64,14 @@ def replay(path: str | os.PathLike) -> int:
 
     path = Path(path)
     config = json.loads((path / "config.json").read_text())
-    with np.load(path / "tensors.npz", allow_pickle=True) as npz:
-        data = {name: npz[f"t{i}"] for i, name in enumerate(config["tensor_names"])}
+    strings = path / "strings.json"
+    data = unpack_tensors(
+        (path / "tensors.npz").read_bytes(), strings.read_bytes() if strings.exists() else b"", config["tensor_names"]
+    )
     graph = parse_graph((path / "graph.txt").read_text(), data)
-    os.environ.update(config.get("env", {}))
+    # only settings that change what kiln compiles: a reproducer from someone else must not pick
+    # the C compiler (KILN_CC) or where caches live
+    os.environ.update({k: str(v) for k, v in config.get("env", {}).items() if k in REPLAYED_SETTINGS})
     print(
         f"replaying a kiln {config['kiln']} compile (-O{config['level']}, dims {config['dims']}), failed at: {config['stage']}"
     )

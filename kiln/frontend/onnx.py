@@ -26,7 +26,7 @@ from kiln.errors import (
     UnsupportedModelError,
     VerificationError,
 )
-from kiln.ir.graph import DEFAULT_OPSET, Graph, Node, Value, constant_type, unique_name
+from kiln.ir.graph import Graph, Node, Value, constant_type, unique_name
 from kiln.ir.types import DType, OptionalType, SequenceType, TensorType, Type
 from kiln.ir.verify import verify
 from kiln.ops.registry import InferContext, lookup
@@ -68,8 +68,7 @@ def _check_model_proto(model: onnx.ModelProto, where: str) -> onnx.ModelProto:
 def import_onnx(source: ModelSource) -> Graph:
     """Import an ONNX model into kiln's IR; raises UnsupportedModelError listing every problem."""
     model, where = load_model(source)
-    opsets = {("" if o.domain == "ai.onnx" else o.domain): o.version for o in model.opset_import}
-    opsets.setdefault("", DEFAULT_OPSET)
+    opsets = _check_versions(model, where)
     importer = _Importer(opsets, where)
     try:
         graph = importer.graph(model.graph, outer={}, hints=None)
@@ -89,6 +88,46 @@ def import_onnx(source: ModelSource) -> Graph:
         return verify(graph)
     except VerificationError as err:
         raise InvalidModelError(f"{where}: the imported graph is malformed:\n{err}") from None
+
+
+@functools.lru_cache(maxsize=1)
+def known_opsets() -> dict[str, int]:
+    """The newest opset of each domain whose schemas kiln has (those of the installed onnx)."""
+    newest: dict[str, int] = {}
+    for schema in onnx.defs.get_all_schemas_with_history():
+        domain = "" if schema.domain == "ai.onnx" else schema.domain
+        newest[domain] = max(newest.get(domain, 0), schema.since_version)
+    newest[""] = max(newest.get("", 0), onnx.defs.onnx_opset_version())
+    return newest
+
+
+def _check_versions(model: onnx.ModelProto, where: str) -> dict[str, int]:
+    """The model's opsets by domain; IR versions and opsets newer than kiln knows are refused (their
+    semantics may differ), as is a model that imports no opset or one domain twice (ONNX requires
+    exactly one import per domain)."""
+    if model.ir_version < 1:
+        raise InvalidModelError(f"{where}: the model declares no IR version (ONNX requires one)")
+    if model.ir_version > onnx.IR_VERSION:
+        raise UnsupportedModelError(
+            [f"IR version {model.ir_version} is newer than kiln reads ({onnx.IR_VERSION})"], source=where
+        )
+    if not model.opset_import:
+        raise InvalidModelError(f"{where}: the model imports no opset (ONNX requires one per domain it uses)")
+    opsets: dict[str, int] = {}
+    problems = []
+    for entry in model.opset_import:
+        domain = "" if entry.domain == "ai.onnx" else entry.domain
+        if domain in opsets:
+            raise InvalidModelError(f"{where}: opset of domain {entry.domain or 'ai.onnx'!r} imported twice")
+        opsets[domain] = entry.version
+        newest = known_opsets().get(domain)
+        if newest is not None and entry.version > newest:
+            problems.append(f"opset {entry.version} of domain {entry.domain or 'ai.onnx'!r} is newer than kiln knows ({newest})")
+        if entry.version < 1 and domain in ("", "ai.onnx.ml"):
+            problems.append(f"opset {entry.version} of domain {entry.domain or 'ai.onnx'!r} does not exist")
+    if problems:
+        raise UnsupportedModelError(problems, source=where)
+    return opsets
 
 
 # -- type conversion -------------------------------------------------------------------------------
@@ -169,7 +208,12 @@ class _Importer:
         initializer_names = {init.name for init in proto.initializer} | {
             s.values.name for s in proto.sparse_initializer
         }
+        seen_initializers: set[str] = set()
         for init in proto.initializer:
+            if init.name in seen_initializers:
+                self.problems.append(f"invalid: initializer name {init.name!r} is used twice")
+                continue
+            seen_initializers.add(init.name)
             try:
                 array = array_from_tensor(init)
                 array_type = constant_type(array)
@@ -194,6 +238,17 @@ class _Importer:
             scope.known[value] = array
         inputs: list[Value] = []
         real_inputs = [i for i in proto.input if i.name not in initializer_names]
+        listed: set[str] = set()
+        for info in proto.input:
+            if info.name in listed:
+                self.problems.append(f"invalid: graph input name {info.name!r} is used twice")
+            listed.add(info.name)
+        # an initializer that is also a graph input is a default the caller may override; its
+        # declared type must be the data's
+        defaults = [scope.values[i.name] for i in proto.input if i.name in initializer_names and i.name in scope.values]
+        for info in proto.input:
+            if info.name in initializer_names and info.name in scope.values:
+                self._check_declared(f"graph input {info.name!r} (an initializer)", info.type, scope.values[info.name])
         for index, info in enumerate(real_inputs):
             try:
                 value_type = type_from_proto(info.type, info.name)
@@ -223,9 +278,35 @@ class _Importer:
                 self.problems.append(f"invalid: graph output {info.name!r} is never produced")
                 continue
             outputs.append(scope.values[info.name])
+            if scope.values[info.name] not in builder.poisoned:
+                self._check_declared(f"graph output {info.name!r}", info.type, scope.values[info.name])
         return Graph(
-            inputs, outputs, builder.nodes, constants, name=_symbol(proto.name or "main"), opsets=dict(self.opsets)
+            inputs,
+            outputs,
+            builder.nodes,
+            constants,
+            name=_symbol(proto.name or "main"),
+            opsets=dict(self.opsets),
+            defaults=tuple(defaults),
         )
+
+    def _check_declared(self, what: str, declared: onnx.TypeProto, value: Value) -> None:
+        """A declared type that contradicts the data or inference (another dtype or rank, or a
+        different static size) is a model error, named with both types."""
+        try:
+            expected = type_from_proto(declared, value.name)
+        except (ValueError, KilnError):
+            return
+        got = value.type
+        if not isinstance(expected, TensorType) or not isinstance(got, TensorType):
+            return
+        conflict = expected.dtype != got.dtype
+        if expected.shape is not None and got.shape is not None:
+            conflict |= len(expected.shape) != len(got.shape) or any(
+                isinstance(a, int) and isinstance(b, int) and a != b for a, b in zip(expected.shape, got.shape)
+            )
+        if conflict:
+            self.problems.append(f"invalid: {what} is declared {expected} but is {got}")
 
     def node(self, proto: onnx.NodeProto, builder: Any) -> None:
         from kiln.frontend.converters import _PoisonedInputs, pick_converter

@@ -81,8 +81,12 @@ class Graph:
     constants: Mapping[Value, np.ndarray] = field(default_factory=dict)
     name: str = "main"
     opsets: Mapping[str, int] = field(default_factory=lambda: {"": DEFAULT_OPSET})
+    # constants a caller may override by name (ONNX initializers also listed as graph inputs:
+    # defaults, not frozen weights); compiled as constants unless a run gives them
+    defaults: tuple[Value, ...] = ()
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "defaults", tuple(self.defaults))
         object.__setattr__(self, "inputs", tuple(self.inputs))
         object.__setattr__(self, "outputs", tuple(self.outputs))
         object.__setattr__(self, "nodes", tuple(self.nodes))
@@ -90,7 +94,10 @@ class Graph:
         object.__setattr__(self, "opsets", MappingProxyType(dict(self.opsets)))
 
     def __reduce__(self) -> tuple[Any, ...]:  # pickled into the plan cache
-        return (Graph, (self.inputs, self.outputs, self.nodes, dict(self.constants), self.name, dict(self.opsets)))
+        return (
+            Graph,
+            (self.inputs, self.outputs, self.nodes, dict(self.constants), self.name, dict(self.opsets), self.defaults),
+        )
 
     @property
     def opset(self) -> int:
@@ -131,6 +138,8 @@ class Graph:
             "opsets": self.opsets,
         }
         fields.update(changes)
+        if "defaults" not in changes:  # the defaults that are still constants
+            fields["defaults"] = tuple(v for v in self.defaults if v in fields["constants"])
         return Graph(**fields)
 
     # -- structural identity -------------------------------------------------------------------
@@ -176,8 +185,10 @@ class _StructuralHasher:
     def graph(self, graph: Graph) -> str:
         for index, value in enumerate(graph.inputs):
             self.keys[value] = _sha(f"input{index}:{value.type}")
+        defaults = set(graph.defaults)
         for value, array in graph.constants.items():
-            self.keys[value] = _sha(f"const:{value.type}:{array_digest(array)}")
+            overridable = "default:" if value in defaults else ""
+            self.keys[value] = _sha(f"const:{overridable}{value.type}:{array_digest(array)}")
         node_keys = []
         for node in graph.nodes:
             node_key = _sha(

@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from kiln.errors import ShapeInferenceError
+from kiln.errors import KilnError, ShapeInferenceError
 from kiln.frontend.onnx import infer_node
 from kiln.ir.graph import Graph, Node, Value
 from kiln.ir.types import TensorType, Type
 from kiln.ops.registry import NONDETERMINISTIC
 from kiln.passes.rewrite import Rewriter
-from kiln.runtime.interpreter import evaluate_node
+from kiln.runtime.interpreter import evaluate_node, node_failure
 
 FOLD_LIMIT = 16 * 1024 * 1024  # elements: never materialize larger constants
 
@@ -71,7 +71,12 @@ def _fold(rewriter: Rewriter, node: Node) -> bool:
         # check what came out.
         if sum(v.size for v in values if v is not None) > 65536:
             return False
-    outputs = evaluate_node(node, values)
+    try:
+        outputs = evaluate_node(node, values)
+    except KilnError:
+        raise
+    except Exception as err:  # the model fails on these values whenever it runs: say so now
+        raise node_failure(node, values, err, stage="constant folding") from err
     arrays = [np.asarray(a) if isinstance(a, np.ndarray) or np.isscalar(a) else None for a in outputs]
     if any(a is None or a.size > FOLD_LIMIT for a in arrays):
         return False

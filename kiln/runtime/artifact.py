@@ -55,6 +55,7 @@ def save(model: Any, path: str | os.PathLike) -> Path:
         "kiln": __version__,
         "target": model.target,
         "variants": [],
+        "defaults": [v.name for v in model.graph.defaults],
     }
     libraries: dict[str, Path] = {}
     if model.target == "cpu":
@@ -64,17 +65,12 @@ def save(model: Any, path: str | os.PathLike) -> Path:
                 meta["variants"].append(dict(key))
                 if executable.plan.library is not None:
                     libraries[source_key(executable.plan.source)] = executable.plan.library
-    data = tensor_data(model.graph)
-    numeric = {name: a for name, a in data.items() if a.dtype != object}
-    meta["tensor_names"] = list(numeric)
-    tensors = io.BytesIO()
-    np.savez(tensors, **{f"t{i}": a for i, a in enumerate(numeric.values())})
-    strings = {name: _strings_to_json(a) for name, a in data.items() if a.dtype == object}
+    numeric, strings, meta["tensor_names"] = pack_tensors(tensor_data(model.graph))
     members: dict[str, bytes] = {
         "meta.json": json.dumps(meta, indent=1).encode(),
         "graph.txt": print_graph(model.graph).encode(),
-        "tensors.npz": tensors.getvalue(),
-        "strings.json": json.dumps(strings).encode(),
+        "tensors.npz": numeric,
+        "strings.json": strings,
     }
     for key, library in libraries.items():
         members[f"lib/{key}.so"] = Path(library).read_bytes()
@@ -93,6 +89,24 @@ def save(model: Any, path: str | os.PathLike) -> Path:
         Path(partial).unlink(missing_ok=True)
         raise ArtifactError(f"{path}: cannot write the artifact: {err.strerror or err}") from None
     return path
+
+
+def pack_tensors(data: dict[str, np.ndarray]) -> tuple[bytes, bytes, list[str]]:
+    """Named arrays as files that load without pickle: numeric ones as an .npz of plain .npy
+    members (``t0``, ``t1``... in the order of the returned names), string ones as JSON."""
+    numeric = {name: a for name, a in data.items() if a.dtype != object}
+    buffer = io.BytesIO()
+    np.savez(buffer, **{f"t{i}": a for i, a in enumerate(numeric.values())})
+    strings = {name: _strings_to_json(a) for name, a in data.items() if a.dtype == object}
+    return buffer.getvalue(), json.dumps(strings).encode(), list(numeric)
+
+
+def unpack_tensors(numeric: bytes, strings: bytes, names: list[str]) -> dict[str, np.ndarray]:
+    """``pack_tensors`` reversed; raises ValueError (never runs code) for anything else."""
+    with np.load(io.BytesIO(numeric), allow_pickle=False) as npz:
+        data = {str(name): npz[f"t{i}"] for i, name in enumerate(names)}
+    data.update({str(name): _strings_from_json(entry) for name, entry in json.loads(strings or b"{}").items()})
+    return data
 
 
 def _strings_to_json(array: np.ndarray) -> dict[str, Any]:
@@ -172,11 +186,10 @@ def load(path: str | os.PathLike, rebuild: bool = False) -> Any:
         contents = _members(archive, path)
     try:
         meta = json.loads(contents["meta.json"])
-        with np.load(io.BytesIO(contents["tensors.npz"]), allow_pickle=False) as npz:
-            data = {str(name): npz[f"t{i}"] for i, name in enumerate(meta["tensor_names"])}
-        strings = json.loads(contents.get("strings.json", b"{}"))
-        data.update({str(name): _strings_from_json(entry) for name, entry in strings.items()})
+        data = unpack_tensors(contents["tensors.npz"], contents.get("strings.json", b""), meta["tensor_names"])
         graph = parse_graph(contents["graph.txt"].decode(), data)
+        by_name = {v.name: v for v in graph.constants}
+        graph = graph.with_(defaults=tuple(by_name[str(name)] for name in meta.get("defaults", [])))
         target, level, variants = meta["target"], int(meta.get("opt_level", 2)), list(meta["variants"])
         variants = [{str(k): int(v) for k, v in dims.items()} for dims in variants]
     except ArtifactError:

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from kiln.errors import ExecutionError, KilnError
+from kiln.errors import ExecutionError, KilnError, ResourceError
 from kiln.ir.graph import Graph, Node, Value
 from kiln.ir.types import DType, OptionalType, SequenceType, TensorType, Type
 from kiln.ops.registry import RunContext, lookup
@@ -103,7 +103,7 @@ class _Execution:
                 except KilnError:
                     raise
                 except Exception as err:
-                    raise ExecutionError(_node_failure(node, args, err)) from err
+                    raise node_failure(node, args, err) from err
                 if len(outputs) < len(node.outputs):
                     raise ExecutionError(
                         f"node {node.label}: produced {len(outputs)} outputs, expected {len(node.outputs)}"
@@ -122,9 +122,13 @@ class _Execution:
         return [env[v] for v in graph.outputs]
 
 
-def _node_failure(node: Node, args: list[Any], err: Exception) -> str:
+def node_failure(node: Node, args: list[Any], err: Exception, stage: str = "run") -> KilnError:
+    """The user's error for a node whose computation failed on these inputs: ResourceError when
+    memory ran out (naming the size NumPy asked for), else ExecutionError naming the node."""
     shapes = ", ".join(_describe(a) for a in args)
-    return f"node {node.label} failed on inputs ({shapes}): {type(err).__name__}: {err}"
+    if isinstance(err, MemoryError):
+        return ResourceError(f"node {node.label} ran out of memory on inputs ({shapes}) (stage: {stage}): {err}")
+    return ExecutionError(f"node {node.label} failed on inputs ({shapes}) (stage: {stage}): {type(err).__name__}: {err}")
 
 
 def _describe(value: Any) -> str:

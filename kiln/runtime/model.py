@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import concurrent.futures
 import os
+import threading
 from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
-from kiln.errors import InputError
+from kiln.errors import InputError, ResourceError
 from kiln.ir.graph import Graph
 from kiln.ir.types import DType, SequenceType, TensorType
 from kiln.runtime.interpreter import Interpreter
@@ -28,14 +29,56 @@ class Model:
         self.graph = graph
         self.input_names = [v.name for v in graph.inputs]
         self.output_names = [v.name for v in graph.outputs]
+        # initializers the caller may override by name (ONNX: initializers listed as inputs)
+        self.defaults = {v.name: v for v in graph.defaults if v.name not in self.input_names}
+        self._overridden: dict[frozenset[str], Model] = {}
+        self._override_lock = threading.Lock()
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
 
     # -- public API ----------------------------------------------------------------------------
 
     def run(self, feeds: Mapping[str, Any]) -> dict[str, Any]:
-        """Run once; returns {output name: array} in the model's output order."""
-        arrays = self.validate(feeds)
-        return dict(zip(self.output_names, self._execute(arrays)))
+        """Run once; returns {output name: array} in the model's output order. Raises InputError
+        for a wrong input, ExecutionError naming the node that failed, ResourceError when memory
+        runs out."""
+        overridden = self._overrides(feeds)
+        if overridden:
+            return overridden.run(feeds)
+        return self._outputs(self._execute_guarded(self.validate(feeds)))
+
+    def _overrides(self, feeds: Any) -> Model | None:
+        """The model that takes the defaults ``feeds`` overrides as inputs (None if it overrides
+        none): compiled once per set of overridden names, the defaults staying constants otherwise."""
+        if not self.defaults or not isinstance(feeds, Mapping):
+            return None
+        names = frozenset(name for name in feeds if name in self.defaults)
+        if not names:
+            return None
+        with self._override_lock:
+            model = self._overridden.get(names)
+            if model is None:
+                values = [self.defaults[name] for name in sorted(names)]
+                graph = self.graph.with_(
+                    inputs=[*self.graph.inputs, *values],
+                    constants={v: a for v, a in self.graph.constants.items() if v not in values},
+                )
+                model = self._overridden[names] = self.derive(graph)
+        return model
+
+    def derive(self, graph: Graph) -> Model:
+        """A model of this kind for another graph (a default overridden, say)."""
+        return type(self)(graph)
+
+    def _execute_guarded(self, arrays: list[Any]) -> list[Any]:
+        try:
+            return self._execute(arrays)
+        except MemoryError as err:  # an arena or an output too big for this machine
+            raise ResourceError(f"out of memory running the model: {err}") from None
+
+    def _outputs(self, results: list[Any]) -> dict[str, Any]:
+        """Results by output name, in the model's order (an output declared twice comes back under
+        its one name, as the same array)."""
+        return dict(zip(self.output_names, results))
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Positional/keyword convenience: one output comes back bare, several as a tuple."""
@@ -46,17 +89,27 @@ class Model:
             if key in feeds:
                 raise InputError(f"input {key!r} given twice")
             feeds[key] = value
-        outputs = list(self.run(feeds).values())
+        overridden = self._overrides(feeds)
+        if overridden is not None:
+            return overridden(**feeds)
+        # every declared output, a name declared twice included (run's dict has it once)
+        outputs = self._execute_guarded(self.validate(feeds))
         return outputs[0] if len(outputs) == 1 else tuple(outputs)
 
     def submit(self, feeds: Mapping[str, Any]) -> concurrent.futures.Future:
-        """Run asynchronously; returns a Future of ``run``'s dict. Inputs are checked right away."""
+        """Run asynchronously; returns a Future of ``run``'s dict. Inputs are checked and copied
+        right away (the caller may reuse its arrays as soon as submit returns)."""
+        overridden = self._overrides(feeds)
+        if overridden is not None:
+            return overridden.submit(feeds)
         arrays = self.validate(feeds)
         if self._executor is None:
             self._executor = concurrent.futures.ThreadPoolExecutor(
                 max_workers=max(2, os.cpu_count() or 2), thread_name_prefix=f"kiln-{self.target}"
             )
-        return self._executor.submit(lambda: dict(zip(self.output_names, self._execute(arrays))))
+        # copies: the caller may reuse its buffers as soon as submit returns
+        owned = [np.array(a, copy=True) if isinstance(a, np.ndarray) else a for a in arrays]
+        return self._executor.submit(lambda: self._outputs(self._execute_guarded(owned)))
 
     def close(self) -> None:
         if self._executor is not None:
@@ -77,7 +130,8 @@ class Model:
                 parts.append(f"unknown input(s) {unknown}")
             if missing:
                 parts.append(f"missing input(s) {missing}")
-            raise InputError(f"{'; '.join(parts)}; the model's inputs are {self.input_names}")
+            defaults = f" (and defaults it may override: {sorted(self.defaults)})" if self.defaults else ""
+            raise InputError(f"{'; '.join(parts)}; the model's inputs are {self.input_names}{defaults}")
         bindings: dict[str, int] = {}
         arrays = []
         for value in self.graph.inputs:
@@ -103,7 +157,13 @@ def _check_input(name: str, expected: Any, data: Any, bindings: dict[str, int]) 
         return data
     if not isinstance(data, np.ndarray):
         if isinstance(data, (int, float, bool, list, tuple, np.generic)):
-            data = np.asarray(data, dtype=expected.dtype.numpy)
+            try:
+                data = np.asarray(data, dtype=expected.dtype.numpy)
+            except (ValueError, TypeError, OverflowError) as err:  # ragged nesting, strings for numbers
+                raise InputError(
+                    f"input {name!r}: expected an array {expected}, got a {type(data).__name__} "
+                    f"NumPy cannot read as one ({err})"
+                ) from None
         else:
             raise InputError(f"input {name!r}: expected an array {expected}, got {type(data).__name__}")
     try:

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from kiln.compiler import Fallback, Plan, Segment, compile_plan, load_functions
-from kiln.errors import ExecutionError, InternalError, KilnError
+from kiln.errors import ExecutionError, InternalError, KilnError, ResourceError
 from kiln.ir.graph import Graph
 from kiln.ir.types import TensorType
 from kiln.lower.kir import Buffer
@@ -23,7 +23,7 @@ from kiln.lower.memory import ALIGNMENT
 from kiln.passes import specialize
 from kiln.passes.specialize import input_dims
 from kiln.runtime import plan_cache
-from kiln.runtime.interpreter import Interpreter, evaluate_node
+from kiln.runtime.interpreter import Interpreter, evaluate_node, node_failure
 from kiln.runtime.model import Model
 
 WORTH_CACHING_S = 0.5  # a plan is stored when compiling it took this long...
@@ -176,11 +176,10 @@ class _Executable:
         ]  # type: ignore[union-attr]
         try:
             results = evaluate_node(node, args)
+        except KilnError:
+            raise
         except Exception as err:
-            seen = ", ".join("none" if a is None else f"{a.dtype}{list(a.shape)}" for a in args)
-            raise ExecutionError(
-                f"node {node.label} (host fallback, stage: run) failed on inputs ({seen}): {type(err).__name__}: {err}"
-            ) from err
+            raise node_failure(node, args, err, stage="run, host fallback") from err
         for value, result in zip(node.outputs, results):
             target = views[plan.roots[value]]
             result = np.asarray(result)
@@ -291,6 +290,8 @@ class NativeModel(Model):
             return compile_plan(specialize(self.graph, dims), self.level, self.prebuilt)
         except KilnError:
             raise
+        except MemoryError as err:
+            raise ResourceError(f"out of memory while compiling for dims {dims}: {err}") from None
         except Exception as err:
             from kiln import repro
 
@@ -309,6 +310,9 @@ class NativeModel(Model):
         if self.source_file is not None:
             plan_cache.store_graph(self.cache_key, self.graph)
             plan_cache.remember_file(self.source_file, self.cache_key, self.level)
+
+    def derive(self, graph: Graph) -> NativeModel:
+        return NativeModel(graph, level=self.level, max_variants=self.max_variants)
 
     def prepare(self, feeds: dict[str, Any]) -> None:
         """Compile the variant these inputs need now, instead of on the first run."""
