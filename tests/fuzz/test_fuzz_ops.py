@@ -1,10 +1,14 @@
 """Fuzzing the ops with the most index arithmetic (hypothesis): convolutions (grouped, depthwise,
 strided, dilated, padded; on the engine, Winograd and loop-nest paths), pooling, Gather with
 negative and out-of-range indices, and attention patterns; plus malformed graphs (cycles, second
-producers, wrong attribute kinds and values, huge dims) that must give clear errors.
+producers, wrong attribute kinds and values, huge dims, duplicate names, names full of C and shell
+syntax) that must give clear errors or right answers.
 
 Same budget knob as ``test_fuzz.py``: ``KILN_FUZZ_EXAMPLES=2000 pytest tests/fuzz`` runs the long mode.
 """
+
+import contextlib
+import os
 
 import numpy as np
 import onnx
@@ -276,10 +280,18 @@ def _mutate(model, data):
     """One structural damage to a valid model, of a kind real exporters and hand edits produce."""
     graph = model.graph
     kind = data.draw(
-        st.sampled_from(["cycle", "rewire", "second_producer", "attribute", "dims", "initializer", "drop"])
+        st.sampled_from(
+            ["cycle", "rewire", "second_producer", "attribute", "dims", "initializer", "drop", "names", "duplicate"]
+        )
     )
     nodes = list(graph.node)
-    if kind == "cycle":  # a node reads a later node's output
+    if kind == "names":  # every name (values, nodes, graph) replaced by text with C and shell syntax
+        _rename(model, data)
+    elif kind == "duplicate":  # a graph input, initializer or output listed twice
+        where = data.draw(st.sampled_from(["input", "initializer", "output"]))
+        items = {"input": graph.input, "initializer": graph.initializer, "output": graph.output}[where]
+        items.append(items[data.draw(st.integers(0, len(items) - 1))])
+    elif kind == "cycle":  # a node reads a later node's output
         first = data.draw(st.integers(0, len(nodes) - 2))
         later = data.draw(st.integers(first + 1, len(nodes) - 1))
         nodes[first].input[0] = nodes[later].output[0]
@@ -327,13 +339,49 @@ def _mutate(model, data):
     return kind
 
 
+@contextlib.contextmanager
+def _plan_cache_off():
+    previous = os.environ.get("KILN_PLAN_CACHE")
+    os.environ["KILN_PLAN_CACHE"] = "0"
+    try:
+        yield
+    finally:
+        if previous is None:
+            del os.environ["KILN_PLAN_CACHE"]
+        else:
+            os.environ["KILN_PLAN_CACHE"] = previous
+
+
+HOSTILE_TEXT = st.one_of(
+    st.sampled_from(["*/", "/*", '"', "\\", "\n", "#define", "%s%n", "$(touch pwned)", "名前", "🔥", "x" * 5000]),
+    st.text(alphabet=st.sampled_from('*/"\\\n\r#%$`;(){}<>ü名 abc'), min_size=1, max_size=24),
+)
+
+
+def _rename(model, data) -> None:
+    """Every value, node and graph name replaced by drawn hostile text (kept unique, so the model
+    stays valid): kiln must treat names as data."""
+    graph = model.graph
+    names = [i.name for i in graph.input] + [i.name for i in graph.initializer]
+    names += [out for node in graph.node for out in node.output]
+    mapping = {name: f"{data.draw(HOSTILE_TEXT)}{index}" for index, name in enumerate(dict.fromkeys(names))}
+    for item in [*graph.input, *graph.output, *graph.initializer]:
+        item.name = mapping.get(item.name, item.name)
+    for node in graph.node:
+        node.input[:] = [mapping.get(n, n) for n in node.input]
+        node.output[:] = [mapping.get(n, n) for n in node.output]
+        node.name = data.draw(HOSTILE_TEXT)
+    graph.name = data.draw(HOSTILE_TEXT)
+
+
 @FUZZ
 @given(st.data())
 def test_malformed_graphs_give_clear_errors_or_right_answers(data):
     model = _base_model()
     kind = _mutate(model, data)
     try:
-        compiled = kiln.compile(model)
+        with _plan_cache_off():  # names never change the plan: a cached one would hide them from codegen
+            compiled = kiln.compile(model)
     except InternalError as err:  # a kiln bug, not the model's fault: the fuzzer's find
         raise AssertionError(f"{kind}: {err}") from err
     except KilnError as err:
@@ -344,12 +392,13 @@ def test_malformed_graphs_give_clear_errors_or_right_answers(data):
     # it still made sense (a rewire that types well, a harmless attribute): the answer must be right
     shape = [d.dim_value for d in model.graph.input[0].type.tensor_type.shape.dim]
     x = np.random.default_rng(1).standard_normal(shape).astype(np.float32)
+    feeds = {model.graph.input[0].name: x}
     try:
-        want = kiln.compile(model, target="reference").run({"x": x})
+        want = kiln.compile(model, target="reference").run(feeds)
     except KilnError:
         with pytest.raises(KilnError):
-            compiled.run({"x": x})
+            compiled.run(feeds)
         return
-    got = compiled.run({"x": x})
+    got = compiled.run(feeds)
     for name in want:
         np.testing.assert_allclose(got[name], want[name], rtol=1e-3, atol=1e-4, err_msg=kind)

@@ -19,7 +19,7 @@ import kiln
 import kiln.runtime.native as native
 from kiln import integrity
 from kiln.codegen import toolchain
-from kiln.errors import ShapeInferenceError
+from kiln.errors import KilnError, ShapeInferenceError
 from kiln.runtime import plan_cache
 from kiln.runtime.artifact import ArtifactError
 from tests.helpers import FLOAT, INT64, make_model
@@ -53,7 +53,7 @@ def same_as_reference(model, feeds, **kwargs):
 # -- 1. names never reach generated code as text ------------------------------------------------------
 
 ATTACKS = [
-    '*/ __attribute__((constructor)) static void pwn(void) { __builtin_trap(); } /*',
+    "*/ __attribute__((constructor)) static void pwn(void) { __builtin_trap(); } /*",
     "*/",
     '"; system("touch pwned"); "',
     "back\\slash\\",
@@ -67,6 +67,7 @@ ATTACKS = [
 @pytest.mark.parametrize("attack", ATTACKS, ids=range(len(ATTACKS)))
 def test_names_with_c_syntax_compile_as_data(attack, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # where a `touch pwned` would land
+    monkeypatch.setenv("KILN_PLAN_CACHE", "0")  # names never change the plan: a cached one would skip codegen
     w = RNG.standard_normal((4, 4)).astype(np.float32)
     nodes = [
         helper.make_node("MatMul", ["in" + attack, "w" + attack], ["mm" + attack], name=attack),
@@ -284,50 +285,116 @@ def test_a_deep_chain_of_unfused_kernels_compiles():
 
 def zero_size_cases():
     f = lambda *s: RNG.standard_normal(s).astype(np.float32)  # noqa: E731
-    yield "winograd conv", make_model(
-        [helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]), helper.make_node("Relu", ["c"], ["y"])],
-        [("x", FLOAT, ["N", 16, 14, 14])], [("y", FLOAT, None)], {"w": f(32, 16, 3, 3), "b": f(32)},
-    ), {"x": f(0, 16, 14, 14)}
-    yield "1x1 strided conv", make_model(
-        [helper.make_node("Conv", ["x", "w"], ["y"], strides=[2, 2])],
-        [("x", FLOAT, ["N", 16, 14, 14])], [("y", FLOAT, None)], {"w": f(32, 16, 1, 1)},
-    ), {"x": f(0, 16, 14, 14)}
-    yield "depthwise conv", make_model(
-        [helper.make_node("Conv", ["x", "w"], ["y"], group=16, pads=[1, 1, 1, 1])],
-        [("x", FLOAT, ["N", 16, 14, 14])], [("y", FLOAT, None)], {"w": f(16, 1, 3, 3)},
-    ), {"x": f(0, 16, 14, 14)}
-    yield "pooling", make_model(
-        [helper.make_node("MaxPool", ["x"], ["p"], kernel_shape=[3, 3], strides=[2, 2]),
-         helper.make_node("GlobalAveragePool", ["p"], ["y"])],
-        [("x", FLOAT, ["N", 4, 9, 9])], [("y", FLOAT, None)],
-    ), {"x": f(0, 4, 9, 9)}
-    yield "matmul epilogue", make_model(
-        [helper.make_node("MatMul", ["x", "w"], ["h"]), helper.make_node("Add", ["h", "b"], ["g"]),
-         helper.make_node("Tanh", ["g"], ["y"])],
-        [("x", FLOAT, ["N", 64])], [("y", FLOAT, None)], {"w": f(64, 96), "b": f(96)},
-    ), {"x": f(0, 64)}
-    attention = [helper.make_node("MatMul", ["q", "kt"], ["s"]), helper.make_node("Mul", ["s", "scale"], ["ss"]),
-                 helper.make_node("Softmax", ["ss"], ["p"], axis=-1), helper.make_node("MatMul", ["p", "v"], ["y"])]
+    yield (
+        "winograd conv",
+        make_model(
+            [
+                helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]),
+                helper.make_node("Relu", ["c"], ["y"]),
+            ],
+            [("x", FLOAT, ["N", 16, 14, 14])],
+            [("y", FLOAT, None)],
+            {"w": f(32, 16, 3, 3), "b": f(32)},
+        ),
+        {"x": f(0, 16, 14, 14)},
+    )
+    yield (
+        "1x1 strided conv",
+        make_model(
+            [helper.make_node("Conv", ["x", "w"], ["y"], strides=[2, 2])],
+            [("x", FLOAT, ["N", 16, 14, 14])],
+            [("y", FLOAT, None)],
+            {"w": f(32, 16, 1, 1)},
+        ),
+        {"x": f(0, 16, 14, 14)},
+    )
+    yield (
+        "depthwise conv",
+        make_model(
+            [helper.make_node("Conv", ["x", "w"], ["y"], group=16, pads=[1, 1, 1, 1])],
+            [("x", FLOAT, ["N", 16, 14, 14])],
+            [("y", FLOAT, None)],
+            {"w": f(16, 1, 3, 3)},
+        ),
+        {"x": f(0, 16, 14, 14)},
+    )
+    yield (
+        "pooling",
+        make_model(
+            [
+                helper.make_node("MaxPool", ["x"], ["p"], kernel_shape=[3, 3], strides=[2, 2]),
+                helper.make_node("GlobalAveragePool", ["p"], ["y"]),
+            ],
+            [("x", FLOAT, ["N", 4, 9, 9])],
+            [("y", FLOAT, None)],
+        ),
+        {"x": f(0, 4, 9, 9)},
+    )
+    yield (
+        "matmul epilogue",
+        make_model(
+            [
+                helper.make_node("MatMul", ["x", "w"], ["h"]),
+                helper.make_node("Add", ["h", "b"], ["g"]),
+                helper.make_node("Tanh", ["g"], ["y"]),
+            ],
+            [("x", FLOAT, ["N", 64])],
+            [("y", FLOAT, None)],
+            {"w": f(64, 96), "b": f(96)},
+        ),
+        {"x": f(0, 64)},
+    )
+    attention = [
+        helper.make_node("MatMul", ["q", "kt"], ["s"]),
+        helper.make_node("Mul", ["s", "scale"], ["ss"]),
+        helper.make_node("Softmax", ["ss"], ["p"], axis=-1),
+        helper.make_node("MatMul", ["p", "v"], ["y"]),
+    ]
     model = make_model(
-        attention, [("q", FLOAT, ["B", 4, "L", 16]), ("kt", FLOAT, ["B", 4, 16, "L"]), ("v", FLOAT, ["B", 4, "L", 16])],
-        [("y", FLOAT, None)], {"scale": np.array(0.25, np.float32)},
+        attention,
+        [("q", FLOAT, ["B", 4, "L", 16]), ("kt", FLOAT, ["B", 4, 16, "L"]), ("v", FLOAT, ["B", 4, "L", 16])],
+        [("y", FLOAT, None)],
+        {"scale": np.array(0.25, np.float32)},
     )
     yield "attention, batch 0", model, {"q": f(0, 4, 8, 16), "kt": f(0, 4, 16, 8), "v": f(0, 4, 8, 16)}
     yield "attention, sequence 0", model, {"q": f(2, 4, 0, 16), "kt": f(2, 4, 16, 0), "v": f(2, 4, 0, 16)}
-    yield "layernorm", make_model(
-        [helper.make_node("LayerNormalization", ["x", "g", "b"], ["y"], axis=-1)],
-        [("x", FLOAT, ["N", 8, 32])], [("y", FLOAT, None)], {"g": f(32), "b": f(32)},
-    ), {"x": f(0, 8, 32)}
-    yield "softmax", make_model(
-        [helper.make_node("Softmax", ["x"], ["y"], axis=-1)], [("x", FLOAT, ["N", 5])], [("y", FLOAT, None)]
-    ), {"x": f(0, 5)}
-    yield "reduction over an empty axis", make_model(
-        [helper.make_node("ReduceSum", ["x", "axes"], ["y"], keepdims=0)],
-        [("x", FLOAT, [4, "N"])], [("y", FLOAT, None)], {"axes": np.array([1], np.int64)},
-    ), {"x": f(4, 0)}
-    yield "gather", make_model(
-        [helper.make_node("Gather", ["w", "i"], ["y"])], [("i", INT64, ["N"])], [("y", FLOAT, None)], {"w": f(10, 4)}
-    ), {"i": np.zeros(0, np.int64)}
+    yield (
+        "layernorm",
+        make_model(
+            [helper.make_node("LayerNormalization", ["x", "g", "b"], ["y"], axis=-1)],
+            [("x", FLOAT, ["N", 8, 32])],
+            [("y", FLOAT, None)],
+            {"g": f(32), "b": f(32)},
+        ),
+        {"x": f(0, 8, 32)},
+    )
+    yield (
+        "softmax",
+        make_model(
+            [helper.make_node("Softmax", ["x"], ["y"], axis=-1)], [("x", FLOAT, ["N", 5])], [("y", FLOAT, None)]
+        ),
+        {"x": f(0, 5)},
+    )
+    yield (
+        "reduction over an empty axis",
+        make_model(
+            [helper.make_node("ReduceSum", ["x", "axes"], ["y"], keepdims=0)],
+            [("x", FLOAT, [4, "N"])],
+            [("y", FLOAT, None)],
+            {"axes": np.array([1], np.int64)},
+        ),
+        {"x": f(4, 0)},
+    )
+    yield (
+        "gather",
+        make_model(
+            [helper.make_node("Gather", ["w", "i"], ["y"])],
+            [("i", INT64, ["N"])],
+            [("y", FLOAT, None)],
+            {"w": f(10, 4)},
+        ),
+        {"i": np.zeros(0, np.int64)},
+    )
 
 
 @pytest.mark.parametrize("name,model,feeds", list(zero_size_cases()), ids=lambda v: v if isinstance(v, str) else "")
@@ -336,11 +403,18 @@ def test_zero_size_dims_work_on_every_kernel_path(name, model, feeds):
 
 
 def test_an_ambiguous_reshape_of_an_empty_tensor_is_the_users_error_not_kiln_bug():
-    nodes = [helper.make_node("Shape", ["x"], ["s"]), helper.make_node("Gather", ["s", "zero"], ["n"]),
-             helper.make_node("Concat", ["n", "rest"], ["target"], axis=0),
-             helper.make_node("Reshape", ["x", "target"], ["y"])]
-    model = make_model(nodes, [("x", FLOAT, ["N", 6])], [("y", FLOAT, None)],
-                       {"zero": np.array([0], np.int64), "rest": np.array([-1, 3], np.int64)})
+    nodes = [
+        helper.make_node("Shape", ["x"], ["s"]),
+        helper.make_node("Gather", ["s", "zero"], ["n"]),
+        helper.make_node("Concat", ["n", "rest"], ["target"], axis=0),
+        helper.make_node("Reshape", ["x", "target"], ["y"]),
+    ]
+    model = make_model(
+        nodes,
+        [("x", FLOAT, ["N", 6])],
+        [("y", FLOAT, None)],
+        {"zero": np.array([0], np.int64), "rest": np.array([-1, 3], np.int64)},
+    )
     compiled = kiln.compile(model)
     assert compiled.run({"x": np.ones((2, 6), np.float32)})["y"].shape == (2, 2, 3)
     with pytest.raises(ShapeInferenceError, match="-1 is ambiguous"):
@@ -353,8 +427,11 @@ def test_an_ambiguous_reshape_of_an_empty_tensor_is_the_users_error_not_kiln_bug
 def big_mlp():
     w1 = (RNG.standard_normal((256, 1024)) * 0.05).astype(np.float32)
     w2 = (RNG.standard_normal((1024, 256)) * 0.05).astype(np.float32)  # 2 MB of weights
-    nodes = [helper.make_node("MatMul", ["x", "w1"], ["h"]), helper.make_node("Relu", ["h"], ["r"]),
-             helper.make_node("MatMul", ["r", "w2"], ["y"])]
+    nodes = [
+        helper.make_node("MatMul", ["x", "w1"], ["h"]),
+        helper.make_node("Relu", ["h"], ["r"]),
+        helper.make_node("MatMul", ["r", "w2"], ["y"]),
+    ]
     return make_model(nodes, [("x", FLOAT, ["batch", 256])], [("y", FLOAT, None)], {"w1": w1, "w2": w2})
 
 
@@ -387,3 +464,165 @@ def test_every_batch_size_shares_one_copy_of_the_weights_and_variants_are_bounde
     for batch in (3, 4, 5):
         again(RNG.standard_normal((batch, 256)).astype(np.float32))
     assert distinct_weights(again) == one
+
+
+# -- 6. every failure is a KilnError in the user's language --------------------------------------------
+
+
+def test_run_time_domain_errors_name_the_node_on_every_target():
+    from kiln.errors import ExecutionError
+
+    model = make_model(
+        [helper.make_node("ConstantOfShape", ["s"], ["y"], name="fill")], [("s", INT64, [2])], [("y", FLOAT, None)]
+    )
+    for target in ("cpu", "reference"):
+        with pytest.raises(ExecutionError, match="'fill'.*negative dimensions"):
+            kiln.compile(model, target=target).run({"s": np.array([2, -3])})
+    ranged = make_model(
+        [helper.make_node("Range", ["a", "b", "d"], ["y"], name="steps")],
+        [("a", INT64, []), ("b", INT64, []), ("d", INT64, [])],
+        [("y", INT64, None)],
+    )
+    with pytest.raises(KilnError, match="steps"):
+        kiln.compile(ranged, target="reference").run({"a": np.array(0), "b": np.array(5), "d": np.array(0)})
+
+
+def test_out_of_memory_is_a_resource_error_naming_the_size():
+    from kiln.errors import ResourceError
+
+    model = make_model(
+        [helper.make_node("Expand", ["x", "s"], ["y"])], [("x", FLOAT, [1]), ("s", INT64, [2])], [("y", FLOAT, None)]
+    )
+    with pytest.raises(ResourceError, match="GiB"):  # 2^36 floats: under kiln's 1 TiB limit, over this machine
+        kiln.compile(model).run({"x": np.ones(1, np.float32), "s": np.array([1 << 18, 1 << 18])})
+
+
+@pytest.mark.parametrize("data", [[[1.0, 2.0], [3.0]], [["a", "b"], ["c", "d"]]], ids=["ragged", "strings"])
+def test_a_list_numpy_cannot_read_is_an_input_error(data):
+    from kiln.errors import InputError
+
+    model = make_model([helper.make_node("Relu", ["x"], ["y"])], [("x", FLOAT, [2, 2])], [("y", FLOAT, None)])
+    with pytest.raises(InputError, match="input 'x'"):
+        kiln.compile(model).run({"x": data})
+
+
+def test_the_cli_says_error_with_exit_2_for_bad_input_and_never_a_traceback(tmp_path):
+    import subprocess
+    import sys
+
+    good = tmp_path / "m.onnx"
+    import onnx
+
+    onnx.save(make_model([helper.make_node("Relu", ["x"], ["y"])], [("x", FLOAT, [2])], [("y", FLOAT, None)]), good)
+    (tmp_path / "junk.kiln").write_bytes(b"junk")
+    (tmp_path / "junk.npy").write_bytes(b"junk")
+    cases = [
+        ["run", str(tmp_path / "junk.kiln")],
+        ["run", str(tmp_path / "missing.kiln")],
+        ["run", str(good), "--input", f"x={tmp_path / 'missing.npy'}"],
+        ["run", str(good), "--input", f"x={tmp_path / 'junk.npy'}"],
+        ["compile", str(good), "-o", str(tmp_path / "no" / "such" / "folder" / "m.kiln")],
+    ]
+    for arguments in cases:
+        result = subprocess.run([sys.executable, "-m", "kiln.cli", *arguments], capture_output=True, text=True)
+        assert result.returncode == 2, (arguments, result.stderr)
+        assert "Traceback" not in result.stderr and "rror" in result.stderr, (arguments, result.stderr)
+
+
+# -- 7. ONNX's rules --------------------------------------------------------------------------------
+
+
+def relu_model():
+    return make_model([helper.make_node("Relu", ["x"], ["y"])], [("x", FLOAT, [2])], [("y", FLOAT, [2])])
+
+
+def test_versions_newer_than_kiln_knows_and_missing_opsets_are_refused():
+    from kiln.errors import InvalidModelError, UnsupportedModelError
+
+    model = relu_model()
+    model.opset_import[0].version = 99
+    with pytest.raises(UnsupportedModelError, match="opset 99"):
+        kiln.compile(model)
+    model = relu_model()
+    model.ir_version = 99
+    with pytest.raises(UnsupportedModelError, match="IR version 99"):
+        kiln.compile(model)
+    model = relu_model()
+    del model.opset_import[:]
+    with pytest.raises(InvalidModelError, match="imports no opset"):
+        kiln.compile(model)
+
+
+def test_duplicate_names_and_contradicting_declarations_are_refused_naming_them():
+    from onnx import TensorProto, numpy_helper
+
+    from kiln.errors import InvalidModelError
+
+    model = relu_model()
+    model.graph.input.append(helper.make_tensor_value_info("x", FLOAT, [2]))
+    with pytest.raises(InvalidModelError, match="graph input name 'x' is used twice"):
+        kiln.compile(model)
+    model = relu_model()
+    for _ in range(2):
+        model.graph.initializer.append(numpy_helper.from_array(np.ones(2, np.float32), "w"))
+    with pytest.raises(InvalidModelError, match="initializer name 'w' is used twice"):
+        kiln.compile(model)
+    model = relu_model()
+    model.graph.output[0].type.tensor_type.shape.dim[0].dim_value = 3
+    with pytest.raises(InvalidModelError, match="graph output 'y' is declared f32\\[3\\] but is f32\\[2\\]"):
+        kiln.compile(model)
+    model = relu_model()
+    model.graph.output[0].type.tensor_type.elem_type = TensorProto.INT64
+    with pytest.raises(InvalidModelError, match="declared i64"):
+        kiln.compile(model)
+    model = make_model(
+        [helper.make_node("Add", ["x", "b"], ["y"])],
+        [("x", FLOAT, [2]), ("b", FLOAT, [3])],
+        [("y", FLOAT, [2])],
+        {"b": np.ones(2, np.float32)},
+    )
+    with pytest.raises(InvalidModelError, match="'b' \\(an initializer\\) is declared f32\\[3\\] but is f32\\[2\\]"):
+        kiln.compile(model)
+
+
+@pytest.mark.parametrize("target", ["cpu", "reference"])
+def test_an_initializer_listed_as_an_input_is_a_default_a_run_may_override(target, tmp_path):
+    from kiln.errors import InputError
+
+    model = make_model(
+        [helper.make_node("Add", ["x", "b"], ["y"])],
+        [("x", FLOAT, [2]), ("b", FLOAT, [2])],
+        [("y", FLOAT, [2])],
+        {"b": np.array([10, 20], np.float32)},
+    )
+    compiled = kiln.compile(model, target=target)
+    x = np.array([1, 2], np.float32)
+    np.testing.assert_array_equal(compiled.run({"x": x})["y"], [11, 22])
+    np.testing.assert_array_equal(compiled.run({"x": x, "b": np.array([100, 200], np.float32)})["y"], [101, 202])
+    np.testing.assert_array_equal(compiled(x, b=np.array([0, 1], np.float32)), [1, 3])
+    np.testing.assert_array_equal(compiled.submit({"x": x, "b": np.ones(2, np.float32)}).result()["y"], [2, 3])
+    with pytest.raises(InputError, match="input 'b'"):
+        compiled.run({"x": x, "b": np.ones(3, np.float32)})
+    loaded = kiln.load(compiled.save(tmp_path / "m.kiln"))  # the defaults survive an artifact
+    np.testing.assert_array_equal(loaded.run({"x": x, "b": np.zeros(2, np.float32)})["y"], x)
+
+
+@pytest.mark.parametrize("target", ["cpu", "reference"])
+def test_an_output_declared_twice_comes_back_twice(target):
+    model = relu_model()
+    model.graph.output.append(model.graph.output[0])
+    first, second = kiln.compile(model, target=target)(np.array([-1, 1], np.float32))
+    np.testing.assert_array_equal(first, [0, 1])
+    np.testing.assert_array_equal(second, [0, 1])
+
+
+def test_submit_copies_its_inputs_so_the_caller_may_reuse_them():
+    model = relu_model()
+    compiled = kiln.compile(model)
+    x = np.array([1, 2], np.float32)
+    futures = []
+    for value in range(50):
+        x[:] = value
+        futures.append(compiled.submit({"x": x}))
+    for value, future in enumerate(futures):
+        np.testing.assert_array_equal(future.result()["y"], [value, value])
