@@ -93,6 +93,20 @@ def _load_or_make_key(path: Path) -> bytes:
     return data
 
 
+def write_atomically(path: Path, data: bytes | memoryview, prefix: str = ".partial-") -> None:
+    """``path`` holds ``data`` or what it held before, never a part (a temporary file beside it,
+    renamed into place; removed if anything fails)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handle, partial = tempfile.mkstemp(dir=path.parent, prefix=prefix)
+    try:
+        with os.fdopen(handle, "wb") as out:
+            out.write(data)
+        os.replace(partial, path)
+    except BaseException:
+        Path(partial).unlink(missing_ok=True)
+        raise
+
+
 def seal_bytes(data: bytes | memoryview) -> str:
     return hmac.new(user_key(), data, hashlib.sha256).hexdigest()
 

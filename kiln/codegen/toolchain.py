@@ -147,7 +147,7 @@ def build(source: str) -> Path:
                 f"{compiler} failed on generated code {source_path} (a kiln bug):\n{result.stderr[-4000:]}"
             )
         seal = integrity.seal_file(partial)
-        _write_atomically(library.with_suffix(".seal"), seal.encode(), folder)
+        integrity.write_atomically(library.with_suffix(".seal"), seal.encode())
         os.replace(own_source, source_path)  # kept beside the library for reading (kiln explain)
         own_source = None
         os.replace(partial, library)  # atomic: concurrent builds of the same key both end with a whole file
@@ -168,14 +168,3 @@ def build(source: str) -> Path:
 
 def _out_of_space(stderr: str) -> bool:
     return "No space left on device" in stderr or "Disk quota exceeded" in stderr
-
-
-def _write_atomically(path: Path, data: bytes, folder: Path) -> None:
-    handle, partial = tempfile.mkstemp(dir=folder)
-    try:
-        with os.fdopen(handle, "wb") as out:
-            out.write(data)
-        os.replace(partial, path)
-    except BaseException:
-        Path(partial).unlink(missing_ok=True)
-        raise

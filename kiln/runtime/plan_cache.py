@@ -154,11 +154,7 @@ def root() -> Path:
 
 def _write_text(path: Path, text: str) -> None:
     """A small index file, sealed (its last line), written atomically."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle, partial = tempfile.mkstemp(dir=path.parent)
-    with os.fdopen(handle, "w") as out:
-        out.write(f"{text}\n{integrity.seal_bytes(text.encode())}")
-    os.replace(partial, path)
+    integrity.write_atomically(path, f"{text}\n{integrity.seal_bytes(text.encode())}".encode())
 
 
 def _read_text(path: Path) -> str | None:
@@ -274,15 +270,7 @@ class _Pickler(pickle.Pickler):
             name = integrity.seal_buffer(raw)[:BLOB_NAME]
             path = self.blobs / name
             if not path.exists():
-                self.blobs.mkdir(parents=True, exist_ok=True)
-                handle, partial = tempfile.mkstemp(dir=self.blobs, prefix=".blob-")
-                try:
-                    with os.fdopen(handle, "wb") as out:
-                        out.write(raw)
-                    os.replace(partial, path)
-                except BaseException:
-                    Path(partial).unlink(missing_ok=True)
-                    raise
+                integrity.write_atomically(path, raw, prefix=".blob-")
             found = ("blob", name, obj.dtype.str, obj.shape)
             self.seen[id(obj)] = found
             self.keep.append(obj)
