@@ -214,6 +214,45 @@ def test_flipped_weights_in_the_plan_cache_are_rebuilt_not_used(cache):
     assert plan_cache.STATS["damaged"] == 1
 
 
+def test_a_damaged_cached_source_graph_is_not_used_for_a_new_batch_size(cache):
+    import onnx
+
+    path = cache / "m.onnx"
+    onnx.save(mlp(width=64), path)
+    kiln.compile(str(path))(RNG.standard_normal((2, 64)).astype(np.float32))
+    plan_cache.wait()
+    assert entry_files(cache, "source/graph.pkl")  # the imported graph is cached for the file
+    for blob in entry_files(cache, "blobs/*"):
+        data = bytearray(blob.read_bytes())
+        data[-5] ^= 0x08
+        blob.write_bytes(bytes(data))
+    x = RNG.standard_normal((3, 64)).astype(np.float32)  # a binding never compiled: built from the source
+    np.testing.assert_allclose(
+        kiln.compile(str(path))(x), kiln.compile(str(path), target="reference")(x), rtol=1e-5, atol=1e-5
+    )
+    assert plan_cache.STATS["damaged"] >= 1
+
+
+def test_a_full_disk_while_building_is_a_resource_error_and_leaves_no_partial_files(cache, monkeypatch):
+    import subprocess
+
+    from kiln.errors import ResourceError
+
+    monkeypatch.setenv("KILN_PLAN_CACHE", "0")
+
+    def full_disk(command, **kwargs):
+        output = command[command.index("-o") + 1]
+        open(output, "wb").close()  # what a compiler leaves when the disk fills
+        return subprocess.CompletedProcess(
+            command, 1, "", "fatal error: error writing to /tmp/cc.s: No space left on device"
+        )
+
+    monkeypatch.setattr(toolchain.subprocess, "run", full_disk)
+    with pytest.raises(ResourceError, match="no space left"):
+        kiln.compile(mlp(2))
+    assert not [p for p in (cache / "cache" / "lib").iterdir() if p.suffix in (".c", ".so")]
+
+
 @pytest.mark.parametrize("damage", ["truncate", "flip"])
 def test_a_damaged_cached_library_is_rebuilt_not_loaded(cache, monkeypatch, damage):
     monkeypatch.setenv("KILN_PLAN_CACHE", "0")  # the C library cache alone
