@@ -39,12 +39,27 @@ def compile(  # shadows the builtin on purpose: the name the architecture promis
         from kiln.runtime import plan_cache
         from kiln.runtime.native import NativeModel
 
-        source_file = _onnx_file(model, example_inputs)
+        path = _onnx_file(model, example_inputs)
+        # the file's bytes are hashed before it is read: a cache entry is keyed by what was imported
+        source_file = (path, plan_cache.file_digest(path)) if path is not None and plan_cache.enabled() else None
         if source_file is not None:  # compiled before? then even the import is skipped
-            key = plan_cache.file_entry(source_file, opt_level)
-            graph = plan_cache.load_graph(key) if key is not None else None
-            if graph is not None:
-                return NativeModel(graph, level=opt_level, dims=dims, source_file=source_file, cache_key=key)
+            key = plan_cache.file_entry(*source_file[:1], opt_level, digest=source_file[1])
+            signature = plan_cache.load_signature(key) if key is not None else None
+            if key is not None and signature is not None:
+
+                def source_graph(key: str = key) -> tuple[Any, bool]:  # only when a new binding compiles
+                    graph = plan_cache.load_graph(key)
+                    return (graph, True) if graph is not None else (to_graph(model, example_inputs), False)
+
+                return NativeModel(
+                    None,
+                    level=opt_level,
+                    dims=dims,
+                    source_file=source_file,
+                    cache_key=key,
+                    signature=signature,
+                    graph_loader=source_graph,
+                )
         return NativeModel(to_graph(model, example_inputs), level=opt_level, dims=dims, source_file=source_file)
     return ReferenceModel(to_graph(model, example_inputs))
 

@@ -25,15 +25,24 @@ class Model:
 
     target = "abstract"
 
-    def __init__(self, graph: Graph) -> None:
-        self.graph = graph
-        self.input_names = [v.name for v in graph.inputs]
-        self.output_names = [v.name for v in graph.outputs]
+    def __init__(self, graph: Graph | None, signature: Graph | None = None) -> None:
+        self._graph = graph
+        # what callers see: inputs, outputs, overridable defaults (the graph itself may load later)
+        self.signature = signature if signature is not None else graph
+        assert self.signature is not None
+        self.input_names = [v.name for v in self.signature.inputs]
+        self.output_names = [v.name for v in self.signature.outputs]
         # initializers the caller may override by name (ONNX: initializers listed as inputs)
-        self.defaults = {v.name: v for v in graph.defaults if v.name not in self.input_names}
+        self.defaults = {v.name: v for v in self.signature.defaults if v.name not in self.input_names}
         self._overridden: dict[frozenset[str], Model] = {}
         self._override_lock = threading.Lock()
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
+
+    @property
+    def graph(self) -> Graph:
+        """The model's source graph (kiln IR)."""
+        assert self._graph is not None
+        return self._graph
 
     # -- public API ----------------------------------------------------------------------------
 
@@ -134,7 +143,7 @@ class Model:
             raise InputError(f"{'; '.join(parts)}; the model's inputs are {self.input_names}{defaults}")
         bindings: dict[str, int] = {}
         arrays = []
-        for value in self.graph.inputs:
+        for value in self.signature.inputs:
             arrays.append(_check_input(value.name, value.type, feeds[value.name], bindings))
         return arrays
 
@@ -142,7 +151,7 @@ class Model:
         raise NotImplementedError
 
     def __repr__(self) -> str:
-        inputs = ", ".join(f"{v.name}: {v.type}" for v in self.graph.inputs)
+        inputs = ", ".join(f"{v.name}: {v.type}" for v in self.signature.inputs)
         return f"<kiln {self.target} model ({inputs}) -> {self.output_names}>"
 
 

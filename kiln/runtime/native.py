@@ -9,6 +9,7 @@ import queue
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -203,20 +204,26 @@ class NativeModel(Model):
 
     def __init__(
         self,
-        graph: Graph,
+        graph: Graph | None,
         level: int = 2,
         dims: dict[str, int] | None = None,
         prebuilt: dict | None = None,
         compile_now: bool = True,
-        source_file: str | None = None,
+        source_file: tuple[str, str] | None = None,
         cache_key: str | None = None,
         max_variants: int | None = None,
         max_variant_bytes: int | None = None,
+        signature: Graph | None = None,
+        graph_loader: Callable[[], tuple[Graph, bool]] | None = None,
     ) -> None:
-        super().__init__(graph)
+        super().__init__(graph, signature)
+        # a model compiled before may start from its signature alone: the source graph (all the
+        # weights) is loaded only when a new binding must compile (``graph_loader``)
+        self._graph_loader = graph_loader
         self.level = level
         self.prebuilt = prebuilt or {}
-        self.source_file = source_file  # an ONNX file the plan cache may remember (see plan_cache)
+        # (path, SHA-256 of its bytes when imported) of an ONNX file the plan cache may remember
+        self.source_file = source_file
         self._cache_key = cache_key
         # compiled variants, least recently used first; at most max_variants of them, and past
         # max_variant_bytes of arenas the oldest go (a variant comes back by compiling or from the
@@ -230,7 +237,8 @@ class NativeModel(Model):
         self._ran: dict[int, _Executable] = {}  # the variants that have executed requests
         self._lock = threading.Lock()  # guards the variant table
         self._compiling = threading.Lock()  # one compile at a time
-        static_inputs = all(isinstance(v.type, TensorType) and v.type.is_static for v in graph.inputs)
+        self._graph_lock = threading.Lock()  # one load of the source graph
+        static_inputs = all(isinstance(v.type, TensorType) and v.type.is_static for v in self.signature.inputs)
         if compile_now and (dims is not None or static_inputs):
             self._variant(dict(dims or {}))  # compile ahead of the first run when shapes are known
 
@@ -309,17 +317,30 @@ class NativeModel(Model):
         plan_cache.store_plan(self.cache_key, dims, plan)
         if self.source_file is not None:
             plan_cache.store_graph(self.cache_key, self.graph)
-            plan_cache.remember_file(self.source_file, self.cache_key, self.level)
+            plan_cache.remember_file(*self.source_file, self.cache_key, self.level)
+
+    @property
+    def graph(self) -> Graph:
+        if self._graph is None:
+            with self._graph_lock:
+                if self._graph is None:
+                    assert self._graph_loader is not None
+                    graph, cached = self._graph_loader()
+                    if not cached:  # imported again (the cached copy was damaged): key it by itself,
+                        self._cache_key = None  # and the file may have changed: do not remember it
+                        self.source_file = None
+                    self._graph = graph
+        return self._graph
 
     def derive(self, graph: Graph) -> NativeModel:
         return NativeModel(graph, level=self.level, max_variants=self.max_variants)
 
     def prepare(self, feeds: dict[str, Any]) -> None:
         """Compile the variant these inputs need now, instead of on the first run."""
-        self._variant(input_dims(self.graph, feeds))
+        self._variant(input_dims(self.signature, feeds))
 
     def _execute(self, inputs: list[Any]) -> list[Any]:
-        dims = input_dims(self.graph, dict(zip(self.input_names, inputs)))
+        dims = input_dims(self.signature, dict(zip(self.input_names, inputs)))
         executable = self._variant(dims)
         if not executable.plan.is_native:
             # Shapes or attributes that depend on small inputs' values: specialize on them.

@@ -8,12 +8,13 @@ buffer table) with every large array (weights, packed weights) in a blob file na
 its bytes, shared by all the entry's variants (every batch size of a model stores its weights
 once) and read into memory on load, once per process however many variants use it, then verified
 there (never memory-mapped: a file changed after the check could change the weights). The native
-library is copied into the entry. A hit costs reading and verifying what it uses (0.4 s for
-resnet50, 1-2.6 s for vgg19 on two cores: mostly the read).
+library is copied into the entry. A hit costs reading and verifying what it uses (0.3 s for
+resnet50, 0.7 s for vgg19 on two cores: mostly the read).
 
 ``kiln.compile(path)`` also remembers which entry a file's bytes led to (``files/<sha256>``), and
-the source graph itself is stored once per entry, so compiling the same .onnx file again skips
-the import as well.
+the source graph itself is stored once per entry with its signature (inputs, outputs, defaults),
+so compiling the same .onnx file again skips the import as well, and reads the graph's weights
+only when a new binding must compile.
 
 Entries are written to a temporary folder and renamed into place (atomic: a concurrent compile of
 the same model either finds a whole entry or none). Every file of an entry (pickle, arrays,
@@ -342,7 +343,11 @@ SEALS = "seals.json"  # each file of an entry folder with its HMAC (see kiln.int
 
 def _seal(folder: Path) -> None:
     """Seal every file of an entry folder: written last, so an entry with no seals is unfinished."""
-    seals = {item.name: integrity.seal_file(item) for item in sorted(folder.iterdir()) if item.is_file()}
+    seals = {
+        item.name: integrity.seal_file(item)
+        for item in sorted(folder.iterdir())
+        if item.is_file() and item.name != SEALS
+    }
     (folder / SEALS).write_text(json.dumps(seals))
 
 
@@ -468,10 +473,27 @@ def store_graph(key: str, graph: Any) -> None:
     partial = Path(tempfile.mkdtemp(prefix=".source-", dir=final.parent))
     try:
         _write(partial, "graph", graph)
+        # what a compiled model needs before it needs the weights: inputs, outputs, defaults
+        signature = type(graph)(graph.inputs, graph.outputs, (), {}, graph.name, graph.opsets, graph.defaults)
+        _write(partial, "signature", signature)
         _publish(partial, final)
     except Exception:
         shutil.rmtree(partial, ignore_errors=True)
         raise
+
+
+def load_signature(key: str) -> Any | None:
+    """The stored source graph's inputs, outputs and defaults (no nodes, no weights: cheap)."""
+    if not enabled():
+        return None
+    folder = root() / key / "source"
+    if not (folder / "signature.pkl").exists():
+        return None
+    try:
+        return _read(folder, "signature")
+    except Exception:
+        _discard(folder)
+        return None
 
 
 def load_graph(key: str) -> Any | None:
@@ -500,30 +522,32 @@ def _external_files(path: Path) -> list[str]:
     return list(found)
 
 
-def _file_index(path: Path, level: int) -> Path:
-    return root() / "files" / f"{file_digest(path)}-{entry_key('file', level)[:16]}"
+def _file_index(digest: str, level: int) -> Path:
+    return root() / "files" / f"{digest}-{entry_key('file', level)[:16]}"
 
 
-def remember_file(path: str | os.PathLike, key: str, level: int) -> None:
-    """Note that the ONNX file at ``path`` (with its external data, hashed too) imports to the
-    source graph of entry ``key``."""
+def remember_file(path: str | os.PathLike, digest: str, key: str, level: int) -> None:
+    """Note that the ONNX file at ``path``, whose bytes had SHA-256 ``digest`` when it was imported
+    (taken then: the file may have changed since), imports to the source graph of entry ``key``;
+    its external data files are hashed too."""
     if not enabled():
         return
     path = Path(path)
     lines = [key] + [f"{name}\t{file_digest(path.parent / name)}" for name in _external_files(path)]
-    _write_text(_file_index(path, level), "\n".join(lines))
+    _write_text(_file_index(digest, level), "\n".join(lines))
 
 
-def file_entry(path: str | os.PathLike, level: int) -> str | None:
-    """The entry the file at ``path`` led to before, if its bytes (and external data) are the same."""
+def file_entry(path: str | os.PathLike, level: int, digest: str | None = None) -> str | None:
+    """The entry the file at ``path`` led to before, if its bytes (``digest``, hashed here if not
+    given) and its external data are the same."""
     if not enabled():
         return None
     path = Path(path)
     try:
-        lines = (_read_text(_file_index(path, level)) or "").splitlines()
+        lines = (_read_text(_file_index(digest or file_digest(path), level)) or "").splitlines()
         for line in lines[1:]:
-            name, digest = line.split("\t")
-            if file_digest(path.parent / name) != digest:
+            name, expected = line.split("\t")
+            if file_digest(path.parent / name) != expected:
                 return None
     except (OSError, ValueError):
         return None
