@@ -16,7 +16,7 @@ from kiln.errors import (
 
 __version__ = "0.1.0"
 
-TARGETS = ("cpu", "reference")  # the first is the default
+TARGETS = ("cpu", "reference")  # the first is the default; cpu:<isa> builds one ISA's code path (cpu:avx2...)
 
 
 def compile(  # shadows the builtin on purpose: the name the architecture promises
@@ -33,17 +33,20 @@ def compile(  # shadows the builtin on purpose: the name the architecture promis
     from kiln.frontend import to_graph
     from kiln.runtime.model import ReferenceModel
 
-    if target not in TARGETS:
-        raise KilnError(f"unknown target {target!r}; available targets: {', '.join(TARGETS)}")
-    if target == "cpu":
+    if target != "reference" and not (isinstance(target, str) and target.split(":")[0] == "cpu"):
+        raise KilnError(f"unknown target {target!r}; available targets: {', '.join(TARGETS)}, cpu:<isa>")
+    if target != "reference":
+        from kiln.codegen.target import Target
         from kiln.runtime import plan_cache
         from kiln.runtime.native import NativeModel
+
+        cpu = Target.parse(target)
 
         path = _onnx_file(model, example_inputs)
         # the file's bytes are hashed before it is read: a cache entry is keyed by what was imported
         source_file = (path, plan_cache.file_digest(path)) if path is not None and plan_cache.enabled() else None
         if source_file is not None:  # compiled before? then even the import is skipped
-            key = plan_cache.file_entry(*source_file[:1], opt_level, digest=source_file[1])
+            key = plan_cache.file_entry(source_file[0], opt_level, digest=source_file[1], target=cpu)
             signature = plan_cache.load_signature(key) if key is not None else None
             if key is not None and signature is not None:
 
@@ -59,8 +62,10 @@ def compile(  # shadows the builtin on purpose: the name the architecture promis
                     cache_key=key,
                     signature=signature,
                     graph_loader=source_graph,
+                    cpu=cpu,
                 )
-        return NativeModel(to_graph(model, example_inputs), level=opt_level, dims=dims, source_file=source_file)
+        graph = to_graph(model, example_inputs)
+        return NativeModel(graph, level=opt_level, dims=dims, source_file=source_file, cpu=cpu)
     return ReferenceModel(to_graph(model, example_inputs))
 
 

@@ -233,8 +233,15 @@ def zoo_check(names: tuple[str, ...], target: str, tolerance: float) -> None:
     "(e.g. 90s, 5m, 1h). Results are kept in the tuning database: a second compile does no tuning.",
 )
 @click.option("--retune", is_flag=True, help="With --tune: measure kernels already in the tuning database again.")
+@click.option(
+    "--target",
+    default="cpu",
+    show_default=True,
+    help="cpu: this machine's best ISA (-march=native); cpu:avx512, cpu:avx2, cpu:generic: code for any CPU "
+    "with that ISA (an AVX2 artifact built on an AVX-512 server).",
+)
 def compile_command(
-    model: str, output: Path, level: int, dims: tuple[str, ...], tune_budget: str | None, retune: bool
+    model: str, output: Path, level: int, dims: tuple[str, ...], tune_budget: str | None, retune: bool, target: str
 ) -> None:
     """Compile MODEL (.onnx path or zoo name) to native code and save it as a .kiln artifact."""
     import time
@@ -245,13 +252,13 @@ def compile_command(
     if tune_budget is not None:
         _tune(graph, binding, level, _parse_duration(tune_budget), retune)
     start = time.perf_counter()
-    compiled = kiln.compile(graph, target="cpu", opt_level=level, dims=binding)
+    compiled = kiln.compile(graph, target=target, opt_level=level, dims=binding)
     seconds = time.perf_counter() - start
     plan = compiled.plans[0]
     compiled.save(output)
     kernels = sum(len(step.kernels) for step in plan.steps if hasattr(step, "kernels"))
     out.print(
-        f"compiled {model} in {seconds:.1f} s (-O{level}, dims {binding or 'static'}): {kernels} kernels, {len(plan.fallbacks)} host fallback(s)"
+        f"compiled {model} for {compiled.target} ({compiled.cpu.isa}) in {seconds:.1f} s (-O{level}, dims {binding or 'static'}): {kernels} kernels, {len(plan.fallbacks)} host fallback(s)"
     )
     for fallback in plan.fallbacks:
         out.print(f"  fallback {fallback.node.label}: {fallback.reason}", highlight=False)

@@ -89,14 +89,16 @@ def compile_plan(
     profile: bool = False,
     choices: dict | None = None,
     build_library: bool = True,
+    target: Target | None = None,
 ) -> Plan:
-    """Optimize and lower a graph whose symbolic dims are already bound (see ``specialize``).
+    """Optimize and lower a graph whose symbolic dims are already bound (see ``specialize``) for
+    ``target`` (default: this machine's cpu target).
     ``profile`` builds the library with per-kernel timers (see ``kiln.runtime.profile``);
     ``choices`` maps tuning keys to schedules to apply (otherwise the tuning database is read);
     without ``build_library`` no C is generated (``kiln check`` only wants the plan's steps)."""
     stages = ["passes"]
     try:
-        return _compile_plan(graph, level, prebuilt, profile, choices, build_library, stages)
+        return _compile_plan(graph, level, prebuilt, profile, choices, build_library, stages, target or Target.host())
     except KilnError:
         raise
     except Exception as err:  # an invariant broke: say where
@@ -104,7 +106,7 @@ def compile_plan(
         raise
 
 
-def _compile_plan(graph, level, prebuilt, profile, choices, build_library, stages):  # type: ignore[no-untyped-def]
+def _compile_plan(graph, level, prebuilt, profile, choices, build_library, stages, target):  # type: ignore[no-untyped-def]
     """compile_plan's body; appends each stage's name to ``stages`` as it starts."""
     from kiln.lower.lowering import ALIASES, LOWERINGS
     from kiln.passes.decompose import decompose
@@ -118,7 +120,7 @@ def _compile_plan(graph, level, prebuilt, profile, choices, build_library, stage
     if reason:
         return Plan(graph, [], {}, {}, [], [], {}, MemoryPlan({}, {}, 0, 0), None, "", whole_graph_reason=reason)
     stages.append("lowering")
-    lowerer = Lowerer(graph, choices)
+    lowerer = Lowerer(graph, choices, target)
     steps: list[Segment | Fallback] = []
     current: list[Kernel] = []
     access: list[tuple[list[Buffer], list[Buffer]]] = []
@@ -159,7 +161,6 @@ def _compile_plan(graph, level, prebuilt, profile, choices, build_library, stage
     temps = {b for b in roots.values() if b not in fixed} | set(lowerer.scratch)
     stages.append("memory planning")
     memory = plan_memory(access, temps)
-    target = Target.host()
     memory.scratch_shared, memory.scratch_per_thread = engine_scratch(
         [k for s in steps if isinstance(s, Segment) for k in s.kernels], target.gemm_rows, target.gemm_cols
     )
@@ -168,13 +169,13 @@ def _compile_plan(graph, level, prebuilt, profile, choices, build_library, stage
         table.setdefault(buffer, len(table))
     segments = [s.kernels for s in steps if isinstance(s, Segment)]
     stages.append("code generation")
-    source = emit_c(segments, table, profile) if segments and build_library else ""
+    source = emit_c(segments, table, profile, target) if segments and build_library else ""
     library = None
     if segments and build_library:
         from kiln.runtime.artifact import source_key
 
         # a loaded artifact brings its libraries: no C compiler needed
-        library = (prebuilt or {}).get(source_key(source)) or build(source)
+        library = (prebuilt or {}).get(source_key(source)) or build(source, target)
     # how a run-time error names a kernel's node: op, opset and the types it was compiled for
     described = {n.label: describe_node(n, graph) for n in graph.nodes}
     labels = {int(k.name[1:]): described.get(k.sources[0], k.sources[0]) for kernels in segments for k in kernels}

@@ -16,6 +16,7 @@ import re
 from collections.abc import Sequence
 from pathlib import Path
 
+from kiln.codegen.target import Target
 from kiln.ir.types import DType
 from kiln.lower.kir import (
     Assign,
@@ -487,11 +488,8 @@ def emit_segment(
     return "\n".join(lines)
 
 
-def gemm_prelude() -> str:
-    """The matrix-multiply engine, configured for the host target's vector width and tile rows."""
-    from kiln.codegen.target import Target
-
-    target = Target.host()
+def gemm_prelude(target: Target) -> str:
+    """The matrix-multiply engine, configured for the target's vector width and tile rows."""
     engine = (Path(__file__).parent / "gemm.c").read_text()
     return f"#include <omp.h>\n#define KILN_VB {target.vector_bytes}\n#define KILN_MR {target.gemm_rows}\n{engine}\n"
 
@@ -515,7 +513,9 @@ static double kiln_now(void) { struct timespec t; clock_gettime(CLOCK_MONOTONIC,
 """
 
 
-def emit_c(segments: Sequence[Sequence[Kernel]], table: dict[Buffer, int], profile: bool = False) -> str:
+def emit_c(
+    segments: Sequence[Sequence[Kernel]], table: dict[Buffer, int], profile: bool = False, target: Target | None = None
+) -> str:
     """The whole translation unit for a model's native segments. With ``profile``, each kernel adds
     its wall time to ``double kiln_profile_seconds[i]`` (i: the kernel's position in the plan)."""
     from kiln.codegen.toolchain import debug
@@ -530,7 +530,7 @@ def emit_c(segments: Sequence[Sequence[Kernel]], table: dict[Buffer, int], profi
     if _CHECKED:
         parts.append(DEBUG_PRELUDE)
     if any(_uses_gemm(k.body) for k in kernels):
-        parts.append(gemm_prelude())
+        parts.append(gemm_prelude(target or Target.host()))
     if any(_uses_winograd(k.body) for k in kernels):
         from kiln.lower.winograd import c_source
 

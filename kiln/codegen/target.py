@@ -7,14 +7,62 @@ import platform
 from dataclasses import dataclass
 from functools import lru_cache
 
+from kiln.errors import KilnError
 from kiln.ir.types import DType
+
+ISAS = {  # name -> (vector bytes, the compiler's -march for code that must run on any such CPU)
+    "avx512": (64, "x86-64-v4"),
+    "avx2": (32, "x86-64-v3"),
+    "neon": (16, "armv8-a"),
+    "generic": (16, ""),
+}
+
+
+class TargetError(KilnError):
+    """An unknown target, or one this machine cannot run."""
 
 
 @dataclass(frozen=True)
 class Target:
+    """The ``cpu`` target at one ISA. ``Target.host()`` is this machine at its best ISA; ``cpu:avx2``
+    builds the AVX2 code path on an AVX-512 machine too (tests exercise every path a machine has)."""
+
     isa: str  # avx512 | avx2 | neon | generic
     vector_bytes: int
     cores: int
+    native: bool = True  # built with -march=native (the host's own target), else for any CPU of the ISA
+
+    @property
+    def name(self) -> str:
+        return "cpu" if self.native else f"cpu:{self.isa}"
+
+    def compiler_flags(self) -> tuple[str, ...]:
+        """How C for this target is compiled: -march=native on the host's own target; otherwise the
+        ISA's baseline (so cpu:avx2 code on an AVX-512 machine really is AVX2 code), tuned here."""
+        if self.native:
+            return ("-march=native",)
+        march = ISAS[self.isa][1]
+        return (f"-march={march}", "-mtune=native") if march else ()
+
+    @staticmethod
+    def parse(spec: str) -> Target:
+        """``cpu`` (this machine) or ``cpu:<isa>``; TargetError when unknown or not runnable here."""
+        host = Target.host()
+        if spec == "cpu":
+            return host
+        kind, _, isa = spec.partition(":")
+        if kind != "cpu" or isa not in ISAS:
+            raise TargetError(f"unknown target {spec!r}; cpu targets: cpu, {', '.join('cpu:' + i for i in ISAS)}")
+        if isa not in host.runnable_isas():
+            raise TargetError(
+                f"target {spec!r} cannot run on this machine (its CPU offers {', '.join(host.runnable_isas())})"
+            )
+        return Target(isa, ISAS[isa][0], host.cores, native=False)
+
+    def runnable_isas(self) -> tuple[str, ...]:
+        """The ISAs whose code runs on this (host) target, best first."""
+        order = {"avx512": ("avx512", "avx2", "generic"), "avx2": ("avx2", "generic")}
+        return order.get(self.isa, (self.isa, "generic") if self.isa != "generic" else ("generic",))
 
     @property
     def gemm_rows(self) -> int:

@@ -15,6 +15,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from kiln import integrity
+from kiln.codegen.target import Target
 from kiln.errors import KilnError, ResourceError
 
 DEBUG_FLAGS = (
@@ -24,9 +25,8 @@ DEBUG_FLAGS = (
     "-fsanitize=address,undefined",
     "-fno-sanitize-recover=undefined",
 )
-FLAGS = (
+FLAGS = (  # then the target's own (-march=...: Target.compiler_flags)
     "-O3",
-    "-march=native",
     "-fopenmp",
     "-fPIC",
     "-shared",
@@ -47,10 +47,12 @@ def debug() -> bool:
     return os.environ.get("KILN_DEBUG", "0") not in ("0", "", "false", "no")
 
 
-def flags() -> tuple[str, ...]:
+def flags(target: Target | None = None) -> tuple[str, ...]:
+    """Every flag generated C for ``target`` (default: this machine) is built with."""
+    own = (target or Target.host()).compiler_flags()
     if not debug():
-        return FLAGS
-    return tuple(f for f in FLAGS if f != "-O3") + DEBUG_FLAGS
+        return FLAGS + own
+    return tuple(f for f in FLAGS if f != "-O3") + own + DEBUG_FLAGS
 
 
 DAMAGED = {"libraries": 0}  # damaged cache entries found (and rebuilt) by this process
@@ -110,16 +112,14 @@ def _cached(library: Path) -> bool:
     return False
 
 
-def build(source: str) -> Path:
-    """Path of the shared library built from ``source`` (reused from the cache when present).
-    Raises CompilerError when the compiler fails, ResourceError when the disk is full."""
-    from kiln.codegen.target import Target
-
+def build(source: str, target: Target | None = None) -> Path:
+    """Path of the shared library built from ``source`` for ``target`` (default: this machine),
+    reused from the cache when present. Raises CompilerError when the compiler fails,
+    ResourceError when the disk is full."""
+    target = target or Target.host()
     compiler, version = find_compiler()
     # -march=native code is only valid on this kind of CPU: the target is part of the key
-    key = hashlib.sha256("\n".join([source, compiler, version, repr(Target.host()), *flags()]).encode()).hexdigest()[
-        :24
-    ]
+    key = hashlib.sha256("\n".join([source, compiler, version, repr(target), *flags(target)]).encode()).hexdigest()[:24]
     folder = cache_dir()
     library = folder / f"{key}.so"
     if _cached(library):
@@ -136,7 +136,7 @@ def build(source: str) -> Path:
         handle, partial = tempfile.mkstemp(suffix=".so", dir=folder)
         os.close(handle)
         result = subprocess.run(
-            [compiler, *flags(), own_source, "-o", partial, "-lm"], capture_output=True, text=True
+            [compiler, *flags(target), own_source, "-o", partial, "-lm"], capture_output=True, text=True
         )
         if result.returncode != 0:
             if _out_of_space(result.stderr):

@@ -80,7 +80,7 @@ def lower_fused(lw: Lowerer, node: Node) -> list[Kernel]:
         return [Store(dst, affine(list(zip(indices, strides(shape)))), compose(list(indices), None))]  # type: ignore[arg-type]
 
     stmts, indices = nest(lw, shape, kernel_body)
-    kernel = lw.kernel(node, "pointwise", stmts, list(node.inputs), [out], default_schedule(shape, indices))
+    kernel = lw.kernel(node, "pointwise", stmts, list(node.inputs), [out], default_schedule(lw.target, shape, indices))
     kernel.sources = [f"{node.name}: " + ", ".join(n.op for n in body.nodes)]
     return [kernel]
 

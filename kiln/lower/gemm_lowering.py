@@ -58,12 +58,6 @@ class NotForEngine(Exception):
     """This node keeps the loop-nest lowering (the reason says why)."""
 
 
-def _target():  # type: ignore[no-untyped-def]
-    from kiln.codegen.target import Target
-
-    return Target.host()
-
-
 def pack_rows(matrices: np.ndarray, rows: int) -> np.ndarray:
     """[B, M, K] -> panels of ``rows`` rows, k-major: [B, ceil(M/rows), K, rows], zero padded."""
     batch, m, k = matrices.shape
@@ -111,7 +105,7 @@ def _epilogue_helper(
 
     # a whole micro-tile (the common case) with constant trip counts: unrolled and vectorized
     # while the tile is in L1; edge tiles take the general loops
-    target = _target()
+    target = lw.target
     r, c = Index("r"), Index("c")
     i, j = Index("i"), Index("j")
     whole = Binary(
@@ -178,7 +172,7 @@ def lower_matmul_gemm(lw: Lowerer, node: Node, epilogue: Epilogue | None = None)
     batch = int(np.prod(batch_shape)) if batch_shape else 1
     a_count = int(np.prod(a_shape[:-2])) if len(a_shape) > 2 else 1
     b_count = int(np.prod(b_shape[:-2])) if len(b_shape) > 2 else 1
-    target = _target()
+    target = lw.target
     dst, a_buf, b_buf = lw.buffer(out), lw.buffer(a), lw.buffer(b)
     fields: dict[str, int | Buffer | str | tuple[int, ...]] = {}
     rows = m
@@ -285,7 +279,7 @@ def lower_conv_gemm(lw: Lowerer, node: Node, epilogue: Epilogue | None = None) -
     reduction = channels * kernel_h * kernel_w
     if 0 in (pixels, reduction, out_channels):
         raise NotForEngine("empty convolution")
-    target = _target()
+    target = lw.target
     x_buf, dst = lw.buffer(x), lw.buffer(out)
     matrix = np.asarray(weights, dtype=np.float32).reshape(1, out_channels, reduction)
     packed = lw.packed_constant(("rows", w, target.gemm_rows), lambda: pack_rows(matrix, target.gemm_rows))

@@ -59,7 +59,7 @@ def lower_gather_elements(lw: Lowerer, node: Node) -> list[Kernel]:
     if 0 in index_shape:
         return []
     stmts, loop = nest(lw, index_shape, body)
-    return [lw.kernel(node, "copy", stmts, [data, indices], [out], default_schedule(index_shape, loop))]
+    return [lw.kernel(node, "copy", stmts, [data, indices], [out], default_schedule(lw.target, index_shape, loop))]
 
 
 def _scan_axis(lw: Lowerer, node: Node, axis_default: int, emit) -> list[Kernel]:  # type: ignore[no-untyped-def]
@@ -140,7 +140,7 @@ def lower_trilu(lw: Lowerer, node: Node) -> list[Kernel]:
     if 0 in shape:
         return []
     stmts, loop = nest(lw, shape, body)
-    return [lw.kernel(node, "pointwise", stmts, [data], [out], default_schedule(shape, loop))]
+    return [lw.kernel(node, "pointwise", stmts, [data], [out], default_schedule(lw.target, shape, loop))]
 
 
 def lower_cumulative(lw: Lowerer, node: Node) -> list[Kernel]:

@@ -13,6 +13,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from kiln.codegen.target import Target
 from kiln.ir.graph import Graph, Node, Value
 from kiln.ir.types import DType, TensorType
 from kiln.lower.kir import (
@@ -71,8 +72,9 @@ def strides(shape: tuple[int, ...]) -> list[int]:
 
 
 class Lowerer:
-    def __init__(self, graph: Graph, choices: dict | None = None) -> None:
+    def __init__(self, graph: Graph, choices: dict | None = None, target: Target | None = None) -> None:
         self.graph = graph
+        self.target = target or Target.host()  # what the kernels are for (vector width, tile, cores)
         self.choices = choices or {}  # tuning key -> schedule (from the autotuner)
         self.buffers: dict[Value, Buffer] = {}
         self.aliases: dict[Value, Value] = {}
@@ -118,7 +120,7 @@ class Lowerer:
         if key in self.choices:
             return dict(self.choices[key]), "tuned" if self.choices[key] else "default"
         if os.environ.get("KILN_TUNED", "1") != "0":
-            stored = db.best(key)
+            stored = db.best(key, repr(self.target))
             if stored:
                 return stored, "tuned" if key in TUNED_HERE else "cached"
         return {}, "default"
@@ -274,7 +276,7 @@ class Lowerer:
                 body, indices = nest(self, (fill.size,), lambda i: [Store(fill, i[0], Const(True, DType.BOOL))])
                 return [
                     copy_kernel(self, node, source, out),
-                    self.kernel(node, "pointwise", body, [], [mask], default_schedule((fill.size,), indices)),
+                    self.kernel(node, "pointwise", body, [], [mask], default_schedule(self.target, (fill.size,), indices)),
                 ]
         source, out = node.inputs[0], node.outputs[0]
         assert source is not None
@@ -311,14 +313,13 @@ def broadcast_index(in_shape: tuple[int, ...], out_shape: tuple[int, ...], indic
     return affine(terms)  # type: ignore[arg-type]
 
 
-def default_schedule(shape: tuple[int, ...], indices: list[Index], dtype: DType = DType.FLOAT32) -> Schedule:
-    """From the host target: the outermost loop across cores when there are several and the work
-    is large enough; the innermost loop vectorized when it spans at least one SIMD register."""
-    from kiln.codegen.target import Target
-
+def default_schedule(
+    target: Target, shape: tuple[int, ...], indices: list[Index], dtype: DType = DType.FLOAT32
+) -> Schedule:
+    """For ``target``: the outermost loop across cores when there are several and the work is
+    large enough; the innermost loop vectorized when it spans at least one SIMD register."""
     if not indices:
         return Schedule()
-    target = Target.host()
     total = int(np.prod(shape))
     parallel = indices[0].name if target.cores > 1 and total >= PARALLEL_MIN and shape[0] > 1 else None
     wide_enough = shape[-1] >= target.lanes(dtype)
@@ -329,7 +330,7 @@ def default_schedule(shape: tuple[int, ...], indices: list[Index], dtype: DType 
 def copy_kernel(lw: Lowerer, node: Node, source: Value, out: Value) -> Kernel:
     src, dst = lw.buffer(source), lw.buffer(out)
     body, indices = nest(lw, (dst.size,), lambda i: [Store(dst, i[0], Load(src, i[0]))])
-    return lw.kernel(node, "copy", body, [source], [out], default_schedule((dst.size,), indices))
+    return lw.kernel(node, "copy", body, [source], [out], default_schedule(lw.target, (dst.size,), indices))
 
 
 def scalarize_for(node: Node, dtypes: list[DType]) -> Callable[[list[Expr]], Expr]:
@@ -465,7 +466,7 @@ def lower_pointwise(lw: Lowerer, node: Node) -> list[Kernel]:
 
     loop_shape = (dst.size,) if flat else shape
     stmts, indices = nest(lw, loop_shape, body)
-    return [lw.kernel(node, "pointwise", stmts, inputs, [out], default_schedule(loop_shape, indices))]
+    return [lw.kernel(node, "pointwise", stmts, inputs, [out], default_schedule(lw.target, loop_shape, indices))]
 
 
 Lowering = Callable[[Lowerer, Node], list[Kernel]]

@@ -40,13 +40,15 @@ class MemoryPlan:
 
 
 def engine_threads() -> int:
-    """The threads an OpenMP region gets by default: OMP_NUM_THREADS, else the usable CPUs."""
-    from kiln.codegen.target import Target
-
+    """The threads an OpenMP region gets by default: OMP_NUM_THREADS, else the usable CPUs (a fact
+    of the process that runs the code, not of the target it was built for)."""
     setting = os.environ.get("OMP_NUM_THREADS", "").split(",")[0].strip()
     if setting.isdigit() and int(setting) > 0:
         return int(setting)
-    return Target.host().cores
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
 
 
 def _align(size: int) -> int:

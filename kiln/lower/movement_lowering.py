@@ -38,7 +38,7 @@ def lower_transpose(lw: Lowerer, node: Node) -> list[Kernel]:
         return [Store(dst, affine(list(zip(indices, strides(out_shape)))), Load(src, read))]  # type: ignore[arg-type]
 
     stmts, indices = nest(lw, out_shape, body)
-    return [lw.kernel(node, "copy", stmts, [source], [out], default_schedule(out_shape, indices))]
+    return [lw.kernel(node, "copy", stmts, [source], [out], default_schedule(lw.target, out_shape, indices))]
 
 
 def _offset_copy(
@@ -58,7 +58,7 @@ def _offset_copy(
         return [Store(dst, small_index, Load(src, big_index))]
 
     stmts, indices = nest(lw, small, body)
-    return lw.kernel(node, "copy", stmts, [source], [out], default_schedule(small, indices))
+    return lw.kernel(node, "copy", stmts, [source], [out], default_schedule(lw.target, small, indices))
 
 
 def lower_concat(lw: Lowerer, node: Node) -> list[Kernel]:
@@ -118,7 +118,7 @@ def lower_slice(lw: Lowerer, node: Node) -> list[Kernel]:
     if dst.size == 0 or 0 in out_shape:
         return []
     stmts, indices = nest(lw, out_shape, body)
-    return [lw.kernel(node, "copy", stmts, [source], [out], default_schedule(out_shape, indices))]
+    return [lw.kernel(node, "copy", stmts, [source], [out], default_schedule(lw.target, out_shape, indices))]
 
 
 def lower_gather(lw: Lowerer, node: Node) -> list[Kernel]:
@@ -155,7 +155,7 @@ def lower_gather(lw: Lowerer, node: Node) -> list[Kernel]:
     if 0 in out_shape:
         return []
     stmts, loop = nest(lw, out_shape, body)
-    return [lw.kernel(node, "copy", stmts, [data, indices_value], [out], default_schedule(out_shape, loop))]
+    return [lw.kernel(node, "copy", stmts, [data, indices_value], [out], default_schedule(lw.target, out_shape, loop))]
 
 
 def lower_pad(lw: Lowerer, node: Node) -> list[Kernel]:
@@ -217,7 +217,7 @@ def lower_pad(lw: Lowerer, node: Node) -> list[Kernel]:
     if 0 in out_shape:
         return []
     stmts, indices = nest(lw, out_shape, body)
-    return [lw.kernel(node, "copy", stmts, [source, *node.inputs[2:3]], [out], default_schedule(out_shape, indices))]
+    return [lw.kernel(node, "copy", stmts, [source, *node.inputs[2:3]], [out], default_schedule(lw.target, out_shape, indices))]
 
 
 LOWERINGS = {

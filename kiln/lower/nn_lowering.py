@@ -411,7 +411,7 @@ def lower_batch_norm(lw: Lowerer, node: Node) -> list[Kernel]:
 
     loop_shape = (shape[0], channels, spatial)
     stmts, loop = nest(lw, loop_shape, body)
-    return [lw.kernel(node, "normalize", stmts, [x, scale, bias, mean, var], [out], default_schedule(loop_shape, loop))]
+    return [lw.kernel(node, "normalize", stmts, [x, scale, bias, mean, var], [out], default_schedule(lw.target, loop_shape, loop))]
 
 
 def lower_quantize(lw: Lowerer, node: Node) -> list[Kernel]:
@@ -451,7 +451,7 @@ def lower_quantize(lw: Lowerer, node: Node) -> list[Kernel]:
         return [Store(dst, i, Cast(out_dtype, Binary("*", Binary("-", value, z), s)))]
 
     stmts, loop = nest(lw, (dst.size,), body)
-    return [lw.kernel(node, "pointwise", stmts, [x, scale, zero], [out], default_schedule((dst.size,), loop))]
+    return [lw.kernel(node, "pointwise", stmts, [x, scale, zero], [out], default_schedule(lw.target, (dst.size,), loop))]
 
 
 LOWERINGS.update(

@@ -244,7 +244,7 @@ def lower_pool(lw: Lowerer, node: Node) -> list[Kernel]:
 
     loop_shape = (x_shape[0] * channels, out_shape[2], out_shape[3])
     stmts, indices = nest(lw, loop_shape, body)
-    return [lw.kernel(node, "pool", stmts, [x], [out], default_schedule(loop_shape, indices))]
+    return [lw.kernel(node, "pool", stmts, [x], [out], default_schedule(lw.target, loop_shape, indices))]
 
 
 def _max_pool_rows(lw: Lowerer, node: Node, x_shape, out_shape, window) -> Kernel:  # type: ignore[no-untyped-def]

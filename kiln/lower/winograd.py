@@ -140,7 +140,6 @@ def weight_transform(weights: np.ndarray, m: int) -> np.ndarray:
 def lower_conv_winograd(
     lw, node: Node, epilogue, geometry: dict, bias_buf, m: int, choice: dict | None = None
 ) -> list[Kernel]:  # type: ignore[no-untyped-def]
-    from kiln.codegen.target import Target
     from kiln.lower.gemm_lowering import _epilogue_helper, conv_output_indexing, pack_rows
 
     x, w, out = node.inputs[0], node.inputs[1], node.outputs[0]
@@ -157,7 +156,7 @@ def lower_conv_winograd(
     assert dst.size == batch * geometry["w_shape"][0] * out_h * out_w, (dst, geometry)
     transformed = lw.scratch_buffer(F32, a * a * channels * tiles, hint="wino_v")
     products = lw.scratch_buffer(F32, a * a * out_channels * tiles, hint="wino_m")
-    target = Target.host()
+    target = lw.target
     u = weight_transform(np.asarray(lw.constant(w)), m)
     packed = lw.packed_constant(("winograd", w, m, target.gemm_rows), lambda: pack_rows(u, target.gemm_rows))
     panel_rows = -(-out_channels // target.gemm_rows) * target.gemm_rows

@@ -58,7 +58,8 @@ def save(model: Any, path: str | os.PathLike) -> Path:
         "defaults": [v.name for v in model.graph.defaults],
     }
     libraries: dict[str, Path] = {}
-    if model.target == "cpu":
+    if model.target != "reference":
+        meta["isa"] = model.cpu.isa  # its libraries run only where this ISA does
         meta["opt_level"] = model.level
         for key, executable in model._variants.items():
             if all(isinstance(v, int) for _, v in key) and executable.keep is None:
@@ -200,9 +201,15 @@ def load(path: str | os.PathLike, rebuild: bool = False) -> Any:
         raise ArtifactError(f"{path}: damaged artifact ({err})") from None
     if target == "reference":
         return ReferenceModel(graph)
-    if target != "cpu":
-        raise ArtifactError(f"{path}: unknown target {target!r}")
+    from kiln.codegen.target import Target, TargetError
     from kiln.runtime.native import NativeModel
+
+    try:
+        cpu = Target.parse(target if target != "cpu" else f"cpu:{meta.get('isa', Target.host().isa)}")
+    except TargetError as err:
+        raise ArtifactError(f"{path}: built for {target} ({meta.get('isa', '?')}): {err}") from None
+    if target == "cpu" and cpu.isa == Target.host().isa:
+        cpu = Target.host()  # built for a machine like this one (-march=native)
 
     prebuilt = {}
     if not rebuild:
@@ -213,7 +220,7 @@ def load(path: str | os.PathLike, rebuild: bool = False) -> Any:
                 library = folder / f"{key}.so"
                 library.write_bytes(content)
                 prebuilt[key] = library
-    model = NativeModel(graph, level=level, prebuilt=prebuilt, compile_now=False)
+    model = NativeModel(graph, level=level, prebuilt=prebuilt, compile_now=False, cpu=cpu)
     for dims in variants:
         model._variant(dims)
     return model

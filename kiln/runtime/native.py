@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from kiln.codegen.target import Target
 from kiln.compiler import Fallback, Plan, Segment, compile_plan, load_functions
 from kiln.errors import ExecutionError, InternalError, KilnError, ResourceError
 from kiln.ir.graph import Graph
@@ -215,8 +216,11 @@ class NativeModel(Model):
         max_variant_bytes: int | None = None,
         signature: Graph | None = None,
         graph_loader: Callable[[], tuple[Graph, bool]] | None = None,
+        cpu: Target | None = None,
     ) -> None:
         super().__init__(graph, signature)
+        self.cpu = cpu or Target.host()  # the ISA the code is for (cpu:avx2 on an AVX-512 machine...)
+        self.target = self.cpu.name
         # a model compiled before may start from its signature alone: the source graph (all the
         # weights) is loaded only when a new binding must compile (``graph_loader``)
         self._graph_loader = graph_loader
@@ -273,7 +277,7 @@ class NativeModel(Model):
     @property
     def cache_key(self) -> str:
         if self._cache_key is None:
-            self._cache_key = plan_cache.entry_key(self.graph.digest, self.level)
+            self._cache_key = plan_cache.entry_key(self.graph.digest, self.level, self.cpu)
         return self._cache_key
 
     def _plan(self, dims: dict[str, int]) -> Plan:
@@ -295,7 +299,7 @@ class NativeModel(Model):
         """compile_plan; an error that is not a KilnError is a kiln bug: it becomes an
         InternalError naming the stage, with a reproducer written to disk."""
         try:
-            return compile_plan(specialize(self.graph, dims), self.level, self.prebuilt)
+            return compile_plan(specialize(self.graph, dims), self.level, self.prebuilt, target=self.cpu)
         except KilnError:
             raise
         except MemoryError as err:
@@ -317,7 +321,7 @@ class NativeModel(Model):
         plan_cache.store_plan(self.cache_key, dims, plan)
         if self.source_file is not None:
             plan_cache.store_graph(self.cache_key, self.graph)
-            plan_cache.remember_file(*self.source_file, self.cache_key, self.level)
+            plan_cache.remember_file(*self.source_file, self.cache_key, self.level, self.cpu)
 
     @property
     def graph(self) -> Graph:
@@ -333,7 +337,7 @@ class NativeModel(Model):
         return self._graph
 
     def derive(self, graph: Graph) -> NativeModel:
-        return NativeModel(graph, level=self.level, max_variants=self.max_variants)
+        return NativeModel(graph, level=self.level, max_variants=self.max_variants, cpu=self.cpu)
 
     def prepare(self, feeds: dict[str, Any]) -> None:
         """Compile the variant these inputs need now, instead of on the first run."""
@@ -368,7 +372,7 @@ class NativeModel(Model):
                     return None
                 keep = [i for i, name in enumerate(self.input_names) if name not in small]
                 graph = freeze_inputs(specialize(self.graph, dims), small)
-                executable = _Executable(compile_plan(graph, self.level), keep, self.weights)
+                executable = _Executable(compile_plan(graph, self.level, target=self.cpu), keep, self.weights)
                 self.value_variants += 1
                 self._remember(key, executable)
         return executable

@@ -185,18 +185,19 @@ def code_fingerprint() -> str:
     return hasher.hexdigest()
 
 
-def tuning_fingerprint() -> str:
+def tuning_fingerprint(target: Any) -> str:
     from kiln.tune import db
 
-    return db.fingerprint() if os.environ.get("KILN_TUNED", "1") != "0" else "off"
+    return db.fingerprint(repr(target)) if os.environ.get("KILN_TUNED", "1") != "0" else "off"
 
 
-def entry_key(graph_digest: str, level: int) -> str:
+def entry_key(graph_digest: str, level: int, target: Any = None) -> str:
     """The entry for a source graph at an -O level (on this kiln, target and compiler)."""
     from kiln import __version__
     from kiln.codegen.target import Target
     from kiln.codegen.toolchain import find_compiler, flags
 
+    target = target or Target.host()
     compiler, version = find_compiler()
     from kiln.lower.gemm_lowering import disabled
 
@@ -207,11 +208,11 @@ def entry_key(graph_digest: str, level: int) -> str:
         __version__,
         code_fingerprint(),
         ",".join(sorted(disabled())),  # algorithms turned off change the plan
-        tuning_fingerprint(),  # so do tuned schedules
-        repr(Target.host()),
+        tuning_fingerprint(target),  # so do tuned schedules
+        repr(target),
         compiler,
         version,
-        *flags(),
+        *flags(target),
     ]
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:32]
 
@@ -522,11 +523,11 @@ def _external_files(path: Path) -> list[str]:
     return list(found)
 
 
-def _file_index(digest: str, level: int) -> Path:
-    return root() / "files" / f"{digest}-{entry_key('file', level)[:16]}"
+def _file_index(digest: str, level: int, target: Any = None) -> Path:
+    return root() / "files" / f"{digest}-{entry_key('file', level, target)[:16]}"
 
 
-def remember_file(path: str | os.PathLike, digest: str, key: str, level: int) -> None:
+def remember_file(path: str | os.PathLike, digest: str, key: str, level: int, target: Any = None) -> None:
     """Note that the ONNX file at ``path``, whose bytes had SHA-256 ``digest`` when it was imported
     (taken then: the file may have changed since), imports to the source graph of entry ``key``;
     its external data files are hashed too."""
@@ -534,17 +535,17 @@ def remember_file(path: str | os.PathLike, digest: str, key: str, level: int) ->
         return
     path = Path(path)
     lines = [key] + [f"{name}\t{file_digest(path.parent / name)}" for name in _external_files(path)]
-    _write_text(_file_index(digest, level), "\n".join(lines))
+    _write_text(_file_index(digest, level, target), "\n".join(lines))
 
 
-def file_entry(path: str | os.PathLike, level: int, digest: str | None = None) -> str | None:
+def file_entry(path: str | os.PathLike, level: int, digest: str | None = None, target: Any = None) -> str | None:
     """The entry the file at ``path`` led to before, if its bytes (``digest``, hashed here if not
     given) and its external data are the same."""
     if not enabled():
         return None
     path = Path(path)
     try:
-        lines = (_read_text(_file_index(digest or file_digest(path), level)) or "").splitlines()
+        lines = (_read_text(_file_index(digest or file_digest(path), level, target)) or "").splitlines()
         for line in lines[1:]:
             name, expected = line.split("\t")
             if file_digest(path.parent / name) != expected:

@@ -35,11 +35,12 @@ def path() -> Path:
     return folder / "tune.db"
 
 
-def _scope() -> tuple[str, str]:
+def _scope(target: str | None = None) -> tuple[str, str]:
+    """(target, kiln version) results are kept under; ``target`` defaults to this machine's."""
     from kiln import __version__
     from kiln.codegen.target import Target
 
-    return repr(Target.host()), __version__
+    return target or repr(Target.host()), __version__
 
 
 def _connect() -> sqlite3.Connection:
@@ -63,11 +64,11 @@ def _readable() -> bool:
         return False
 
 
-def best(kernel: str) -> dict[str, Any] | None:
+def best(kernel: str, target: str | None = None) -> dict[str, Any] | None:
     """The stored choice for ``kernel`` on this target and kiln version (None: never tuned)."""
     if not _readable():
         return None
-    target, version = _scope()
+    target, version = _scope(target)
     with _lock:
         connection = _connect()
         try:
@@ -111,11 +112,11 @@ def record(
             connection.close()
 
 
-def fingerprint() -> str:
+def fingerprint(target: str | None = None) -> str:
     """Changes whenever a result is added or replaced (part of the plan-cache key)."""
     if not _readable():
         return "empty"
-    target, version = _scope()
+    target, version = _scope(target)
     with _lock:
         connection = _connect()
         try:
