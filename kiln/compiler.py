@@ -15,11 +15,12 @@ import numpy as np
 
 from kiln.codegen.c import emit_c
 from kiln.codegen.target import Target
-from kiln.codegen.toolchain import build
+from kiln.codegen.toolchain import build, debug
 from kiln.errors import KilnError
 from kiln.ir.graph import Graph, Node, Value
 from kiln.ir.types import DType, TensorType
 from kiln.lower.kir import Buffer, Kernel, buffers_in
+from kiln.lower.kir_verify import verify_kernel
 from kiln.lower.lowering import CannotLower, Lowerer
 from kiln.lower.memory import MemoryPlan, engine_scratch, plan_memory
 from kiln.passes import optimize
@@ -145,6 +146,11 @@ def _compile_plan(graph, level, prebuilt, profile, choices, build_library, stage
         access.extend((k.reads, k.writes) for k in kernels)
     if current:
         steps.append(Segment(len([s for s in steps if isinstance(s, Segment)]), current))
+    if debug():  # KILN_DEBUG: the kernel IR's invariants, static bounds included, before any C
+        stages.append("kernel verification")
+        problems = [p for s in steps if isinstance(s, Segment) for k in s.kernels for p in verify_kernel(k)]
+        if problems:
+            raise AssertionError("the kernel IR breaks its invariants:\n" + "\n".join(problems[:20]))
     roots = {v: lowerer.buffer(v) for v in graph.values()}
     inputs = [roots[v] for v in graph.inputs]
     outputs = [roots[v] for v in graph.outputs]

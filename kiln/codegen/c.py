@@ -41,8 +41,8 @@ from kiln.lower.kir import (
     Store,
     Unary,
     buffers_in,
-    operands,
     postorder,
+    shared_nodes,
 )
 
 C_TYPES = {
@@ -166,56 +166,21 @@ def expr(e: Expr) -> str:
     return text[id(e)]
 
 
-MAX_NESTING = 16  # operators deep before a subexpression gets a temporary of its own
 _temporaries = itertools.count()  # restarted per generated function (its names stay canonical)
 
 
-def _conditional_operands(e: Expr) -> tuple[Expr, ...]:
-    """Operands C evaluates only on some paths: a select's branches, the right side of && and ||."""
-    if isinstance(e, Select):
-        return (e.a, e.b)
-    if isinstance(e, Binary) and e.op in ("&&", "||"):
-        return (e.b,)
-    return ()
-
-
 def bound_value(e: Expr, indent: str) -> tuple[list[str], str]:
-    """C for a statement's value: declarations of temporaries, then the value's text.
-
-    Lowering shares operands (a Relu reads its input twice: ``x < 0 ? 0 : x``); written out as a
-    tree, each shared node is copied per use, so a chain of n selects is 2^n long. Here every node
-    used more than once, and every node that would nest past MAX_NESTING, is computed once into a
-    temporary: code size is linear in the expression's nodes. Only nodes C evaluates on every path
-    are hoisted (a load under a select may be out of bounds on the path that does not take it);
-    nodes with no load and no division are safe to evaluate anywhere."""
-    order = postorder(e)
-    uses: dict[int, int] = {}
-    for node in order:
-        for child in operands(node):
-            uses[id(child)] = uses.get(id(child), 0) + 1
-    always = {id(e)}
-    for node in reversed(order):  # users before operands
-        if id(node) in always:
-            conditional = {id(c) for c in _conditional_operands(node)}
-            always.update(id(c) for c in operands(node) if id(c) not in conditional)
-    harmless: dict[int, bool] = {}
+    """C for a statement's value: declarations of temporaries (``kir.shared_nodes``: shared and
+    deep subexpressions computed once, so code stays linear in the expression), then its text."""
+    bound = shared_nodes(e)
     text: dict[int, str] = {}
-    height: dict[int, int] = {}
     lines: list[str] = []
-    for node in order:
-        children = operands(node)
-        harmless[id(node)] = (
-            not isinstance(node, Load)
-            and not (isinstance(node, Binary) and node.op in ("/", "%"))
-            and all(harmless[id(c)] for c in children)
-        )
+    for node in postorder(e):
         text[id(node)] = _node_text(node, text)
-        height[id(node)] = 1 + max((height[id(c)] for c in children), default=-1)
-        hoist = children and node is not e and (uses.get(id(node), 0) > 1 or height[id(node)] >= MAX_NESTING)
-        if hoist and (id(node) in always or harmless[id(node)]):
+        if id(node) in bound:
             name = f"kiln_x{next(_temporaries)}"
             lines.append(f"{indent}__auto_type {name} = {text[id(node)]};")
-            text[id(node)], height[id(node)] = name, 0
+            text[id(node)] = name
     return lines, text[id(e)]
 
 

@@ -104,6 +104,52 @@ def postorder(root: Expr) -> list[Expr]:
     return order
 
 
+def conditional_operands(e: Expr) -> tuple[Expr, ...]:
+    """Operands evaluated only on some paths: a select's branches, the right side of && and ||."""
+    if isinstance(e, Select):
+        return (e.a, e.b)
+    if isinstance(e, Binary) and e.op in ("&&", "||"):
+        return (e.b,)
+    return ()
+
+
+MAX_NESTING = 16  # operators deep before a subexpression is bound to a name of its own
+
+
+def shared_nodes(root: Expr) -> set[int]:
+    """The nodes of ``root`` (by id) to compute once into a named temporary when it is written
+    out: those used more than once and those nesting past MAX_NESTING (written as a tree, a DAG
+    of n shared selects is 2^n long). Only nodes evaluated on every path qualify (a load under a
+    select may be out of bounds on the path that does not take it), unless they hold no load and
+    no division (safe to evaluate anywhere)."""
+    order = postorder(root)
+    uses: dict[int, int] = {}
+    for node in order:
+        for child in operands(node):
+            uses[id(child)] = uses.get(id(child), 0) + 1
+    always = {id(root)}
+    for node in reversed(order):  # users before operands
+        if id(node) in always:
+            conditional = {id(c) for c in conditional_operands(node)}
+            always.update(id(c) for c in operands(node) if id(c) not in conditional)
+    harmless: dict[int, bool] = {}
+    height: dict[int, int] = {}
+    bound: set[int] = set()
+    for node in order:
+        children = operands(node)
+        harmless[id(node)] = (
+            not isinstance(node, Load)
+            and not (isinstance(node, Binary) and node.op in ("/", "%"))
+            and all(harmless[id(c)] for c in children)
+        )
+        height[id(node)] = 1 + max((height[id(c)] for c in children), default=-1)
+        wanted = children and node is not root and (uses.get(id(node), 0) > 1 or height[id(node)] >= MAX_NESTING)
+        if wanted and (id(node) in always or harmless[id(node)]):
+            bound.add(id(node))
+            height[id(node)] = 0
+    return bound
+
+
 def add(a: Expr, b: Expr) -> Expr:
     """a + b, folding integer constants so index expressions stay small."""
     if isinstance(a, Const) and a.value == 0:

@@ -62,13 +62,16 @@ def test_an_out_of_bounds_read_is_caught_and_named(tmp_path):
         from onnx import TensorProto, helper
         import kiln
         from kiln.lower import lowering
-        from kiln.lower.kir import Load, Store, add, i64
+        from kiln.ir.types import DType
+        from kiln.lower.kir import Cast, Load, Store, add, i64
 
         original = lowering.LOWERINGS["Neg"]
 
-        def off_by_one(lw, node):  # a deliberately wrong lowering: reads x[i + 1]
+        def off_by_one(lw, node):  # a deliberately wrong lowering: reads x[i + int(x[0])], x[0] = 1
+            # (an offset known only at run time: a constant one is caught before, by the kernel-IR verifier)
             src, dst = lw.buffer(node.inputs[0]), lw.buffer(node.outputs[0])
-            body, indices = lowering.nest(lw, (dst.size,), lambda i: [Store(dst, i[0], Load(src, add(i[0], i64(1))))])
+            offset = Cast(DType.INT64, Load(src, i64(0)))
+            body, indices = lowering.nest(lw, (dst.size,), lambda i: [Store(dst, i[0], Load(src, add(i[0], offset)))])
             return [lw.kernel(node, "pointwise", body, [node.inputs[0]], [node.outputs[0]], lowering.Schedule())]
 
         lowering.LOWERINGS["Neg"] = off_by_one

@@ -1,0 +1,222 @@
+"""A NumPy interpreter of the kernel IR: lowering tested without a C compiler.
+
+``run_kernel(kernel, buffers)`` executes a kernel's loop nest element by element over flat NumPy
+arrays with C's semantics (integer division and remainder truncate toward zero, comparisons give
+0/1, casts to integers truncate), every load and store bounds-checked: an index outside its buffer
+is a ``KernelIndexError`` naming the buffer, the index and the kernel. Engine calls (``Gemm``,
+``Call``: the C drivers) are not interpreted: ``NotInterpretable`` says so. It is slow (Python per
+element) and meant for test-sized shapes.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from kiln.ir.types import DType
+from kiln.lower.kir import (
+    Assign,
+    Binary,
+    Buffer,
+    Call,
+    Cast,
+    Const,
+    Expr,
+    For,
+    Gemm,
+    If,
+    Index,
+    Kernel,
+    Let,
+    Load,
+    Scalar,
+    Select,
+    Stmt,
+    Store,
+    Unary,
+    postorder,
+)
+
+
+class NotInterpretable(Exception):
+    """The kernel calls a C driver the interpreter does not model."""
+
+
+class KernelIndexError(IndexError):
+    """A load or store outside its buffer."""
+
+
+def _erf(x: Any) -> Any:
+    return type(x)(math.erf(float(x))) if isinstance(x, np.floating) else math.erf(x)
+
+
+# Unary functions by their kernel-IR name (the C renderer's libm / kiln_* names for now)
+FUNCTIONS: dict[str, Callable[[Any], Any]] = {
+    "-": lambda x: -x,
+    "!": lambda x: int(not x),
+    "fabs": np.abs,
+    "exp": np.exp,
+    "kiln_expf": np.exp,
+    "log": np.log,
+    "sqrt": np.sqrt,
+    "tanh": np.tanh,
+    "kiln_tanhf": np.tanh,
+    "erf": _erf,
+    "kiln_erff": _erf,
+    "floor": np.floor,
+    "ceil": np.ceil,
+    "nearbyint": np.rint,
+    "sin": np.sin,
+    "cos": np.cos,
+    "tan": np.tan,
+    "asin": np.arcsin,
+    "acos": np.arccos,
+    "atan": np.arctan,
+    "sinh": np.sinh,
+    "cosh": np.cosh,
+    "asinh": np.arcsinh,
+    "acosh": np.arccosh,
+    "atanh": np.arctanh,
+    "kiln_bf16_to_f32": np.float32,
+}
+
+
+def _c_divide(a: Any, b: Any) -> Any:
+    if isinstance(a, (int, np.integer)) and isinstance(b, (int, np.integer)):
+        if b == 0:
+            raise ZeroDivisionError("integer division by zero in a kernel")
+        quotient = abs(int(a)) // abs(int(b))
+        return quotient if (a < 0) == (b < 0) else -quotient
+    return a / b
+
+
+def _c_remainder(a: Any, b: Any) -> Any:
+    if b == 0:
+        raise ZeroDivisionError("integer remainder by zero in a kernel")
+    return int(a) - _c_divide(int(a), int(b)) * int(b)
+
+
+BINARY: dict[str, Callable[[Any, Any], Any]] = {
+    "+": lambda a, b: a + b,
+    "-": lambda a, b: a - b,
+    "*": lambda a, b: a * b,
+    "/": _c_divide,
+    "%": _c_remainder,
+    "<": lambda a, b: int(a < b),
+    "<=": lambda a, b: int(a <= b),
+    ">": lambda a, b: int(a > b),
+    ">=": lambda a, b: int(a >= b),
+    "==": lambda a, b: int(a == b),
+    "!=": lambda a, b: int(a != b),
+    "&&": lambda a, b: int(bool(a) and bool(b)),
+    "||": lambda a, b: int(bool(a) or bool(b)),
+    "&": lambda a, b: a & b,
+    "|": lambda a, b: a | b,
+    "^": lambda a, b: a ^ b,
+    "<<": lambda a, b: a << b,
+    ">>": lambda a, b: a >> b,
+    "pow": lambda a, b: np.power(a, b),
+    "fmod": lambda a, b: np.fmod(a, b),
+}
+
+
+def _cast(dtype: DType, value: Any) -> Any:
+    """C's conversion: floats round to the type, integers truncate and wrap modulo 2^bits."""
+    if dtype is DType.BOOL:
+        return np.uint8(bool(value))
+    if dtype.is_float:
+        return dtype.numpy.type(value)
+    if isinstance(value, (float, np.floating)):
+        if not math.isfinite(float(value)):
+            raise ValueError(f"cast of {value} to {dtype.short} is undefined in C")
+        value = math.trunc(float(value))
+    bits = 8 * dtype.numpy.itemsize
+    wrapped = int(value) & ((1 << bits) - 1)
+    if dtype.numpy.kind == "i" and wrapped >= 1 << (bits - 1):
+        wrapped -= 1 << bits
+    return dtype.numpy.type(wrapped)
+
+
+class _Machine:
+    def __init__(self, kernel: Kernel, buffers: dict[Buffer, np.ndarray]) -> None:
+        self.kernel = kernel
+        self.buffers = buffers
+        self.orders: dict[int, list[Expr]] = {}
+
+    def run(self, body: Sequence[Stmt], env: dict[str, Any]) -> None:
+        for stmt in body:
+            if isinstance(stmt, For):
+                start = stmt.start if isinstance(stmt.start, int) else int(self.eval(stmt.start, env))
+                stop = stmt.extent if isinstance(stmt.extent, int) else int(self.eval(stmt.extent, env))
+                for value in range(start, stop):
+                    env[stmt.index.name] = value
+                    self.run(stmt.body, env)
+            elif isinstance(stmt, If):
+                if self.eval(stmt.cond, env):
+                    self.run(stmt.body, env)
+            elif isinstance(stmt, (Let, Assign)):
+                env[stmt.scalar.name] = _cast(stmt.scalar.dtype, self.eval(stmt.value, env))
+            elif isinstance(stmt, Store):
+                array = self.array(stmt.buffer)
+                index = self.position(stmt.buffer, self.eval(stmt.index, env))
+                value = self.eval(stmt.value, env)
+                array[index] = _cast(stmt.buffer.dtype, value)
+            elif isinstance(stmt, (Gemm, Call)):
+                what = "gemm" if isinstance(stmt, Gemm) else stmt.function
+                raise NotInterpretable(f"kernel {self.kernel.name} calls the C driver {what}")
+            else:
+                raise TypeError(f"not a kernel-IR statement: {stmt!r}")
+
+    def array(self, buffer: Buffer) -> np.ndarray:
+        array = self.buffers.get(buffer)
+        if array is None:
+            raise KernelIndexError(f"kernel {self.kernel.name}: buffer {buffer.name} was not given")
+        return array
+
+    def position(self, buffer: Buffer, index: Any) -> int:
+        index = int(index)
+        if not 0 <= index < buffer.size:
+            raise KernelIndexError(
+                f"kernel {self.kernel.name}: index {index} outside {buffer.name}[0, {buffer.size})"
+            )
+        return index
+
+    def eval(self, root: Expr, env: dict[str, Any]) -> Any:
+        order = self.orders.get(id(root))
+        if order is None:
+            order = self.orders[id(root)] = postorder(root)
+        values: dict[int, Any] = {}
+        for node in order:
+            values[id(node)] = self.node(node, values, env)
+        return values[id(root)]
+
+    def node(self, e: Expr, values: dict[int, Any], env: dict[str, Any]) -> Any:
+        if isinstance(e, Const):
+            return e.dtype.numpy.type(e.value) if e.dtype.is_float else int(e.value)
+        if isinstance(e, (Index, Scalar)):
+            return env[e.name]
+        if isinstance(e, Load):
+            index = values[id(e.index)]
+            value = self.array(e.buffer)[self.position(e.buffer, index)]
+            return value.item() if e.buffer.dtype.numpy.kind in "iub" else value
+        if isinstance(e, Binary):
+            return BINARY[e.op](values[id(e.a)], values[id(e.b)])
+        if isinstance(e, Unary):
+            function = FUNCTIONS.get(e.op)
+            if function is None:
+                raise NotInterpretable(f"kernel {self.kernel.name}: no interpreter for function {e.op}")
+            return function(values[id(e.a)])
+        if isinstance(e, Select):
+            return values[id(e.a)] if values[id(e.cond)] else values[id(e.b)]
+        if isinstance(e, Cast):
+            return _cast(e.dtype, values[id(e.a)])
+        raise TypeError(f"not a kernel-IR expression: {e!r}")
+
+
+def run_kernel(kernel: Kernel, buffers: dict[Buffer, np.ndarray]) -> None:
+    """Execute ``kernel`` over ``buffers`` (flat arrays, one per buffer it touches), in place."""
+    with np.errstate(all="ignore"):  # C does not trap either (inf, NaN flow through)
+        _Machine(kernel, buffers).run(kernel.body, {})

@@ -1,0 +1,225 @@
+"""The kernel IR without a C compiler: its printer (Before/Expected text), its verifier (scopes,
+index types, static bounds) and its NumPy interpreter, which runs lowered loop nests as an oracle
+against the reference interpreter."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from onnx import helper
+
+from kiln.codegen.target import Target
+from kiln.compiler import Fallback, Segment, compile_plan
+from kiln.frontend.onnx import import_onnx
+from kiln.ir.types import DType
+from kiln.lower.kir import Buffer, For, Index, Kernel, Let, Load, Scalar, Store, i64
+from kiln.lower.kir_interpreter import KernelIndexError, NotInterpretable, run_kernel
+from kiln.lower.kir_printer import print_kernel
+from kiln.lower.kir_verify import verify_kernel
+from kiln.runtime.interpreter import Interpreter, evaluate_node
+from tests.helpers import FLOAT, INT64, make_model
+
+RNG = np.random.default_rng(9)
+F32 = DType.FLOAT32
+
+
+def plan_for(model):
+    return compile_plan(import_onnx(model), level=2, build_library=False, target=Target.host())
+
+
+def interpret(plan, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+    """Run a plan with its kernels interpreted (fallbacks on the reference), like the runtime does."""
+    arrays = {buffer: np.zeros(buffer.size, buffer.dtype.numpy) for buffer in plan.table}
+    for buffer, array in plan.constants.items():
+        arrays[buffer] = np.ascontiguousarray(array).reshape(-1).copy()
+    for value, buffer in zip(plan.graph.inputs, plan.inputs):
+        arrays[buffer] = np.ascontiguousarray(feeds[value.name], buffer.dtype.numpy).reshape(-1).copy()
+    for step in plan.steps:
+        if isinstance(step, Segment):
+            for kernel in step.kernels:
+                run_kernel(kernel, arrays)
+        else:
+            assert isinstance(step, Fallback)
+            node = step.node
+            args = [
+                None if v is None else arrays[plan.roots[v]].reshape([int(d) for d in v.type.shape])
+                for v in node.inputs
+            ]
+            for value, result in zip(node.outputs, evaluate_node(node, args)):
+                arrays[plan.roots[value]][:] = np.asarray(result).reshape(-1)
+    return [
+        arrays[buffer].reshape([int(d) for d in value.type.shape])
+        for value, buffer in zip(plan.graph.outputs, plan.outputs)
+    ]
+
+
+def loop_nest_models():
+    f = lambda *s: RNG.standard_normal(s).astype(np.float32)  # noqa: E731
+    yield (
+        "activation chain with broadcast",
+        make_model(
+            [
+                helper.make_node("Mul", ["x", "s"], ["m"]),
+                helper.make_node("Relu", ["m"], ["r"]),
+                helper.make_node("Sub", ["r", "x"], ["d"]),
+                helper.make_node("Tanh", ["d"], ["y"]),
+            ],
+            [("x", FLOAT, [3, 5])],
+            [("y", FLOAT, None)],
+            {"s": f(5)},
+        ),
+        {"x": f(3, 5)},
+    )
+    yield (
+        "softmax",
+        make_model([helper.make_node("Softmax", ["x"], ["y"], axis=-1)], [("x", FLOAT, [4, 7])], [("y", FLOAT, None)]),
+        {"x": f(4, 7)},
+    )
+    yield (
+        "layernorm",
+        make_model(
+            [helper.make_node("LayerNormalization", ["x", "g", "b"], ["y"], axis=-1)],
+            [("x", FLOAT, [2, 3, 8])],
+            [("y", FLOAT, None)],
+            {"g": f(8), "b": f(8)},
+        ),
+        {"x": f(2, 3, 8)},
+    )
+    yield (
+        "reductions",
+        make_model(
+            [helper.make_node("ReduceMean", ["x", "axes"], ["y"], keepdims=1)],
+            [("x", FLOAT, [3, 4, 5])],
+            [("y", FLOAT, None)],
+            {"axes": np.array([1], np.int64)},
+        ),
+        {"x": f(3, 4, 5)},
+    )
+    yield (
+        "transpose, slice, concat",
+        make_model(
+            [
+                helper.make_node("Transpose", ["x"], ["t"], perm=[1, 0]),
+                helper.make_node("Slice", ["t", "starts", "ends"], ["s"]),
+                helper.make_node("Concat", ["s", "s"], ["y"], axis=0),
+            ],
+            [("x", FLOAT, [4, 6])],
+            [("y", FLOAT, None)],
+            {"starts": np.array([1], np.int64), "ends": np.array([5], np.int64)},
+        ),
+        {"x": f(4, 6)},
+    )
+    yield (
+        "gather and pad",
+        make_model(
+            [
+                helper.make_node("Gather", ["w", "i"], ["g"]),
+                helper.make_node("Pad", ["g", "pads"], ["y"], mode="reflect"),
+            ],
+            [("i", INT64, [3])],
+            [("y", FLOAT, None)],
+            {"w": f(6, 5), "pads": np.array([0, 2, 0, 2], np.int64)},
+        ),
+        {"i": np.array([5, 0, -1], np.int64)},
+    )
+    yield (
+        "max pool",
+        make_model(
+            [helper.make_node("MaxPool", ["x"], ["y"], kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1])],
+            [("x", FLOAT, [1, 2, 7, 7])],
+            [("y", FLOAT, None)],
+        ),
+        {"x": f(1, 2, 7, 7)},
+    )
+
+
+MODELS = list(loop_nest_models())
+
+
+@pytest.mark.parametrize("name,model,feeds", MODELS, ids=[m[0] for m in MODELS])
+def test_lowered_loop_nests_interpreted_match_the_reference(name, model, feeds):
+    plan = plan_for(model)
+    kernels = [k for step in plan.steps if isinstance(step, Segment) for k in step.kernels]
+    assert kernels, "the model lowers to kernels"
+    for kernel in kernels:
+        assert verify_kernel(kernel) == []
+    got = interpret(plan, feeds)
+    graph = import_onnx(model)
+    expected = Interpreter(graph).run([feeds[v.name] for v in graph.inputs])
+    for a, b in zip(got, expected):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6, err_msg=name)
+
+
+def test_engine_calls_are_named_not_guessed():
+    model = make_model(
+        [helper.make_node("MatMul", ["x", "w"], ["y"])],
+        [("x", FLOAT, [64, 64])],
+        [("y", FLOAT, None)],
+        {"w": RNG.standard_normal((64, 64)).astype(np.float32)},
+    )
+    (kernel,) = [k for s in plan_for(model).steps if isinstance(s, Segment) for k in s.kernels]
+    assert "gemm(" in print_kernel(kernel)
+    with pytest.raises(NotInterpretable, match="C driver"):
+        run_kernel(kernel, {})
+
+
+def relu_kernel(size: int = 4, extent: int = 4) -> tuple[Kernel, Buffer, Buffer]:
+    x, y = Buffer("b0", F32, size), Buffer("b1", F32, size)
+    i = Index("i1")
+    from kiln.lower.pointwise import FLOAT_OPS
+
+    value = FLOAT_OPS["Relu"]([Load(x, i)], {}, F32)
+    kernel = Kernel("k1", "pointwise", [For(i, extent, [Store(y, i, value)])], [x], [y], ["relu"])
+    return kernel, x, y
+
+
+def test_the_printer_names_shared_operands_once():
+    kernel, _, _ = relu_kernel()
+    assert print_kernel(kernel) == (
+        "kernel k1 (pointwise) reads b0: f32[4] writes b1: f32[4]\n"
+        "  for i1 in 0..4:\n"
+        "    %t0 = b0[i1]\n"
+        "    b1[i1] = select((%t0 < 0.0), 0.0, %t0)"
+    )
+
+
+def test_the_verifier_finds_out_of_bounds_use_before_definition_and_stores_into_inputs():
+    kernel, x, y = relu_kernel(size=4, extent=5)
+    assert verify_kernel(kernel) == [
+        "kernel k1 (pointwise): load of b0[0, 4) at indices 0..4",
+        "kernel k1 (pointwise): store of b1[0, 4) at indices 0..4",
+    ]
+    s = Scalar("s9", F32)
+    i = Index("i1")
+    kernel = Kernel("k2", "copy", [For(i, 4, [Store(x, i, s)]), Let(s, Load(y, i64(0)))], [x], [y], ["bad"])
+    problems = verify_kernel(kernel)
+    assert "kernel k2 (copy): s9 is used outside the loop or block that defines it" in problems
+    assert "kernel k2 (copy): stores into b0, which it only reads" in problems
+
+
+def test_the_interpreter_checks_every_index():
+    kernel, x, y = relu_kernel(size=4, extent=5)
+    arrays = {x: np.arange(4, dtype=np.float32) - 2, y: np.zeros(4, np.float32)}
+    with pytest.raises(KernelIndexError, match="index 4 outside b[01]"):
+        run_kernel(kernel, arrays)
+    kernel, x, y = relu_kernel()
+    arrays = {x: np.arange(4, dtype=np.float32) - 2, y: np.zeros(4, np.float32)}
+    run_kernel(kernel, arrays)
+    np.testing.assert_array_equal(arrays[y], [0, 0, 0, 1])
+
+
+def test_kiln_debug_compiles_verify_the_kernel_ir_before_any_c(monkeypatch):
+    from kiln.lower import lowering
+    from kiln.lower.kir import add
+
+    def off_by_one(lw, node):  # a deliberately wrong lowering: reads x[i + 1]
+        src, dst = lw.buffer(node.inputs[0]), lw.buffer(node.outputs[0])
+        body, _ = lowering.nest(lw, (dst.size,), lambda i: [Store(dst, i[0], Load(src, add(i[0], i64(1))))])
+        return [lw.kernel(node, "pointwise", body, [node.inputs[0]], [node.outputs[0]], lowering.Schedule())]
+
+    monkeypatch.setitem(lowering.LOWERINGS, "Neg", off_by_one)
+    monkeypatch.setenv("KILN_DEBUG", "1")
+    model = make_model([helper.make_node("Neg", ["x"], ["y"])], [("x", FLOAT, [8])], [("y", FLOAT, None)])
+    with pytest.raises(AssertionError, match=r"load of b0\[0, 8\) at indices 1..8") as caught:
+        plan_for(model)
+    assert "kiln stage: kernel verification" in caught.value.__notes__
