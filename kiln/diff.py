@@ -101,7 +101,7 @@ def diff(
     from kiln.compiler import compile_plan
     from kiln.passes import PASS_NAMES, optimize
     from kiln.runtime.interpreter import Interpreter
-    from kiln.runtime.native import _Executable
+    from kiln.runtime.native import Executable
 
     disable = set(disable or ())
     passes = {d for d in disable if d in PASS_NAMES}
@@ -124,7 +124,7 @@ def diff(
         plan = compile_plan(exposed, level=0)
     if plan.whole_graph_reason:
         raise ValueError(f"the model runs on the reference, nothing compiled to compare: {plan.whole_graph_reason}")
-    compiled = _Executable(plan).run([np.asarray(feeds[v.name]) for v in plan.graph.inputs])
+    compiled = Executable(plan).run([np.asarray(feeds[v.name]) for v in plan.graph.inputs])
     got = {v.name: r for v, r in zip(plan.graph.outputs, compiled)}
 
     tensors, unmatched = [], 0

@@ -13,9 +13,9 @@ import numpy as np
 import onnx
 
 from kiln.errors import InvalidModelError, ShapeInferenceError
-from kiln.frontend.onnx import KNOWN_VALUE_LIMIT, _Unsupported, infer_node
 from kiln.ir.graph import Node, Value, constant_type, unique_name
 from kiln.ir.types import DType, SequenceType, TensorType, Type
+from kiln.ops.inference import KNOWN_VALUE_LIMIT, UnsupportedConstruct, infer_node
 from kiln.ops.registry import NONDETERMINISTIC, lookup
 
 Converter = Callable[[onnx.NodeProto, "GraphBuilder", str], None]
@@ -111,10 +111,10 @@ class GraphBuilder:
         domain = "" if domain == "ai.onnx" else domain
         opdef = lookup(op, domain)
         if opdef is None:
-            raise _Unsupported(f"unknown op {op}")
+            raise UnsupportedConstruct(f"unknown op {op}")
         unknown = sorted(set(attrs) - set(opdef.attrs))
         if unknown:
-            raise _Unsupported(f"attribute(s) {', '.join(unknown)} not supported")
+            raise UnsupportedConstruct(f"attribute(s) {', '.join(unknown)} not supported")
         missing = [k for k, spec in opdef.attrs.items() if spec.required and k not in attrs]
         if missing:
             raise InvalidModelError(f"missing required attribute(s) {', '.join(missing)}")
@@ -125,7 +125,7 @@ class GraphBuilder:
             raise InvalidModelError(f"{len(inputs)} inputs, expected {low}..{'n' if high < 0 else high}")
         output_names = [f"{op}_out{i}" for i in range(outputs)] if isinstance(outputs, int) else outputs
         if any(v in self.poisoned for v in inputs if v is not None):
-            raise _PoisonedInputs()
+            raise PoisonedInputs()
         placeholders = [Value(n or f"{op}_unused{i}", _POISON) for i, n in enumerate(output_names)]
         draft = Node(op, inputs, placeholders, attrs, name=name, domain=domain)
         input_types = [None if v is None else v.type for v in inputs]
@@ -187,7 +187,7 @@ class GraphBuilder:
         return None
 
 
-class _PoisonedInputs(Exception):
+class PoisonedInputs(Exception):
     """A node reads the output of a node that already failed: skip it quietly (reported once)."""
 
 
@@ -356,7 +356,7 @@ converter("DFT", 20)(one_to_one)
 @converter("BatchNormalization", 1)
 def _batch_norm_old(proto: onnx.NodeProto, builder: GraphBuilder, label: str) -> None:
     if _attr(proto, "spatial", 1) != 1:
-        raise _Unsupported("attribute spatial=0 not supported")
+        raise UnsupportedConstruct("attribute spatial=0 not supported")
     builder.emit_proto(_without(proto, "spatial", "is_test", "consumed_inputs", "momentum"), label)
 
 
@@ -365,7 +365,7 @@ converter("BatchNormalization", 14)(one_to_one)
 
 @converter("Scan", 8)
 def _scan_v8(proto: onnx.NodeProto, builder: GraphBuilder, label: str) -> None:
-    raise _Unsupported("Scan-8 (the batched form with sequence_lens) is not supported; export with opset >= 9")
+    raise UnsupportedConstruct("Scan-8 (the batched form with sequence_lens) is not supported; export with opset >= 9")
 
 
 converter("Scan", 9)(one_to_one)
@@ -376,7 +376,7 @@ def _align_for_legacy_broadcast(builder: GraphBuilder, value: Value, rank: int, 
     NumPy-style (suffix) broadcasting means the same thing."""
     value_rank = value.type.rank if isinstance(value.type, TensorType) else None
     if value_rank is None:
-        raise _Unsupported("legacy broadcast with an input of unknown rank")
+        raise UnsupportedConstruct("legacy broadcast with an input of unknown rank")
     trailing = rank - axis - value_rank
     if trailing <= 0:
         return value
@@ -392,7 +392,7 @@ def _legacy_binary(op: str) -> Converter:
         if _attr(proto, "broadcast", 0) and axis is not None:
             rank = a.type.rank if isinstance(a.type, TensorType) else None
             if rank is None:
-                raise _Unsupported("legacy broadcast with an input of unknown rank")
+                raise UnsupportedConstruct("legacy broadcast with an input of unknown rank")
             b = _align_for_legacy_broadcast(builder, b, rank, axis if axis >= 0 else axis + rank, proto.output[0])
         attrs = builder.attrs(_without(proto, "broadcast", "axis", "consumed_inputs"))
         builder.emit(op, [a, b], attrs, list(proto.output), proto.name)

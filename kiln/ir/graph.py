@@ -148,7 +148,7 @@ class Graph:
     def digest(self) -> str:
         cached = self.__dict__.get("_digest")
         if cached is None:
-            cached = _StructuralHasher().graph(self)
+            cached = StructuralHasher().graph(self)
             object.__setattr__(self, "_digest", cached)
         return cached
 
@@ -176,7 +176,7 @@ def array_digest(array: np.ndarray) -> str:
     return hasher.hexdigest()
 
 
-class _StructuralHasher:
+class StructuralHasher:
     """Hashes values by how they are computed, so names never matter."""
 
     def __init__(self) -> None:
@@ -213,7 +213,7 @@ class _StructuralHasher:
     def attr(self, value: Any) -> str:
         if isinstance(value, Graph):
             # Subgraphs see the enclosing scope through our keys.
-            inner = _StructuralHasher()
+            inner = StructuralHasher()
             inner.keys = dict(self.keys)
             return inner.graph(value)
         if isinstance(value, np.ndarray):

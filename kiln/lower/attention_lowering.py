@@ -16,8 +16,8 @@ import numpy as np
 
 from kiln.ir.graph import Node
 from kiln.ir.types import DType
-from kiln.lower.fused_lowering import _chain
-from kiln.lower.gemm_lowering import _batch_position
+from kiln.lower.fused_lowering import compose_chain
+from kiln.lower.gemm_lowering import batch_position
 from kiln.lower.kir import (
     Assign,
     Binary,
@@ -73,7 +73,7 @@ def lower_attention(lw: Lowerer, node: Node) -> list[Kernel]:
     batch_shape = out_shape[:-2]
     batch = int(np.prod(batch_shape)) if batch_shape else 1
     scores_shape = (*batch_shape, queries, keys)
-    compose = _chain(lw, chain, bindings, scores_shape, first.outputs[0])
+    compose = compose_chain(lw, chain, bindings, scores_shape, first.outputs[0])
     q_buf, kt_buf, v_buf, dst = lw.buffer(q), lw.buffer(kt), lw.buffer(v), lw.buffer(out)
     if all(b.dtype is F32 for b in (q_buf, kt_buf, v_buf, dst)) and all(view is not None for view in views):
         sizes, buffers = (queries, keys, depth, width), (q_buf, kt_buf, v_buf, dst)
@@ -93,7 +93,7 @@ def lower_attention(lw: Lowerer, node: Node) -> list[Kernel]:
     at = row_at(j)
     q_value = lw.scalar(F32, "q")
     high, total, inverse, p = lw.scalar(F32, "m"), lw.scalar(F64, "sum"), lw.scalar(F32, "inv"), lw.scalar(F32, "p")
-    position: list[Expr] = [*_batch_position(bh, batch_shape), i, jv] if batch_shape else [i, jv]
+    position: list[Expr] = [*batch_position(bh, batch_shape), i, jv] if batch_shape else [i, jv]
     q_at = add(Binary("*", bh, i64(queries * depth)), add(Binary("*", i, i64(depth)), d))
     kt_at = add(Binary("*", bh, i64(depth * keys)), add(Binary("*", d, i64(keys)), jv))
     out_at = add(Binary("*", bh, i64(queries * width)), add(Binary("*", i, i64(width)), dv))
@@ -150,7 +150,7 @@ def _attention_driver(lw: Lowerer, node: Node, compose, batch_shape, sizes, buff
     scale/mask chain is an epilogue helper reading that block through the descriptor. ``views``:
     how Q, K^T, V and the output sit in their buffers (``attention_view``), so heads are split and
     merged by the products' strides, not by copies."""
-    from kiln.lower.gemm_lowering import _epilogue_helper
+    from kiln.lower.gemm_lowering import epilogue_helper
     from kiln.lower.memory import engine_threads
 
     queries, keys, depth, width = sizes
@@ -162,14 +162,14 @@ def _attention_driver(lw: Lowerer, node: Node, compose, batch_shape, sizes, buff
     name = f"k{lw.kernel_count}"
 
     def position_of(bt: Expr, row: Expr, col: Expr) -> list[Expr]:
-        return [*_batch_position(bt, batch_shape), row, col] if batch_shape else [row, col]
+        return [*batch_position(bt, batch_shape), row, col] if batch_shape else [row, col]
 
     def flat_of(bt: Expr, row: Expr, col: Expr) -> Expr:  # within the slice's block
         return add(Binary("*", row, i64(keys)), col)
 
     helper = None
     if compose is not None:
-        helper = _epilogue_helper(
+        helper = epilogue_helper(
             lw,
             name,
             scores,

@@ -10,7 +10,7 @@ from kiln.lower.kir import Expr, Kernel, Load, Store, affine, buffers_in, i64
 from kiln.lower.lowering import CannotLower, Lowerer, broadcast_index, default_schedule, nest, scalarize_for, strides
 
 
-def _chain(
+def compose_chain(
     lw: Lowerer, chain: list[Node], bindings: dict[Value, Value], out_shape: tuple[int, ...], start: Value | None
 ) -> Callable[[list[Expr], Expr | None, Expr | None], Expr]:
     """The composed expression of ``chain`` at an output position (``flat``: the same position as a
@@ -51,7 +51,7 @@ def lower_fused(lw: Lowerer, node: Node) -> list[Kernel]:
     shape = lw.shape(out)
     if node.attrs.get("kind") == "epilogue":
         anchor, chain = body.nodes[0], body.nodes[1:]
-        compose = _chain(lw, chain, bindings, shape, anchor.outputs[0])
+        compose = compose_chain(lw, chain, bindings, shape, anchor.outputs[0])
         direct = Node(
             anchor.op,
             [None if v is None else bindings[v] for v in anchor.inputs],
@@ -73,7 +73,7 @@ def lower_fused(lw: Lowerer, node: Node) -> list[Kernel]:
         return lower_attention(lw, node)
     if node.attrs.get("kind") != "pointwise":
         raise CannotLower(f"fused group of kind {node.attrs.get('kind')!r}")
-    compose = _chain(lw, list(body.nodes), bindings, shape, None)
+    compose = compose_chain(lw, list(body.nodes), bindings, shape, None)
     dst = lw.buffer(out)
 
     def kernel_body(indices):  # type: ignore[no-untyped-def]

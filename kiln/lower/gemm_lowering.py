@@ -42,7 +42,7 @@ from kiln.lower.kir import (
 )
 from kiln.lower.lowering import Lowerer, strides
 from kiln.lower.nn_lowering import Epilogue, lower_matmul
-from kiln.lower.window_lowering import _window, lower_conv
+from kiln.lower.window_lowering import conv_window, lower_conv
 
 I64 = DType.INT64
 BLOCKING = ("mc", "nc", "kc")  # engine fields a tuned schedule may set
@@ -80,7 +80,7 @@ def pack_cols(matrices: np.ndarray, cols: int) -> np.ndarray:
     return full.reshape(batch, k, padded // cols, cols).transpose(0, 2, 1, 3)
 
 
-def _epilogue_helper(
+def epilogue_helper(
     lw: Lowerer,
     kernel_name: str,
     dst: Buffer,
@@ -122,7 +122,7 @@ def _epilogue_helper(
     )
 
 
-def _batch_position(bt: Expr, shape: tuple[int, ...]) -> list[Expr]:
+def batch_position(bt: Expr, shape: tuple[int, ...]) -> list[Expr]:
     """The indices of flat batch element ``bt`` over ``shape`` (row-major)."""
     position: list[Expr] = []
     for axis, stride in enumerate(strides(shape)):
@@ -212,10 +212,10 @@ def lower_matmul_gemm(lw: Lowerer, node: Node, epilogue: Epilogue | None = None)
 
         def position_of(bt: Expr, i: Expr, j: Expr) -> list[Expr]:
             if rows != m:  # folded batch: row i is (batch element i / m, row i % m)
-                return [*_batch_position(Binary("/", i, i64(m)), batch_shape), Binary("%", i, i64(m)), j]
-            return [*_batch_position(bt, batch_shape), i, j]
+                return [*batch_position(Binary("/", i, i64(m)), batch_shape), Binary("%", i, i64(m)), j]
+            return [*batch_position(bt, batch_shape), i, j]
 
-        helper = _epilogue_helper(lw, name, dst, position_of, flat_of, epilogue, None)
+        helper = epilogue_helper(lw, name, dst, position_of, flat_of, epilogue, None)
     stmt = Gemm(fields, helper)
     flops = 2 * batch * rows * n * k
     return [_engine_kernel(name, "matmul", stmt, dst, node, flops, source)]
@@ -239,10 +239,10 @@ def lower_conv_gemm(lw: Lowerer, node: Node, epilogue: Epilogue | None = None) -
     choice, source = lw.choice(node)  # algorithm and blocking (the tuning database: one lookup)
     bias_buf = lw.buffer(bias) if bias is not None else None
     if len(x_shape) == 3:
-        (stride_w,), (dil_w,), (pad_l,) = _window(node, 1, x_shape[2:], out_shape[2:], w_shape[2:])
+        (stride_w,), (dil_w,), (pad_l,) = conv_window(node, 1, x_shape[2:], out_shape[2:], w_shape[2:])
         geometry = (x_shape[1], 1, x_shape[2], 1, w_shape[2], 1, stride_w, 1, dil_w, 0, pad_l, 1, out_shape[2])
     elif len(x_shape) == 4:
-        window = _window(node, 2, x_shape[2:], out_shape[2:], w_shape[2:])
+        window = conv_window(node, 2, x_shape[2:], out_shape[2:], w_shape[2:])
         (stride_h, stride_w), (dil_h, dil_w), (pad_t, pad_l) = window
         algorithm = choice.get("algorithm", "")
         if (
@@ -300,7 +300,7 @@ def lower_conv_gemm(lw: Lowerer, node: Node, epilogue: Epilogue | None = None) -
     helper = None
     if epilogue is not None or bias_buf is not None:
         flat_of, position_of = conv_output_indexing(out_channels, out_shape)
-        helper = _epilogue_helper(lw, name, dst, position_of, flat_of, epilogue, bias_buf)
+        helper = epilogue_helper(lw, name, dst, position_of, flat_of, epilogue, bias_buf)
     stmt = Gemm(fields, helper)
     kind = "conv1x1" if pointwise else "conv"
     flops = 2 * x_shape[0] * out_channels * pixels * reduction

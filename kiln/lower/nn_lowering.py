@@ -40,7 +40,7 @@ from kiln.lower.pointwise import FLOAT_OPS, NATIVE_FLOATS, fn
 F64 = DType.FLOAT64
 
 
-def _require_float(lw: Lowerer, node: Node) -> DType:
+def require_float(lw: Lowerer, node: Node) -> DType:
     dtype = node.inputs[0].type.dtype  # type: ignore[union-attr]
     if dtype not in NATIVE_FLOATS:
         raise CannotLower(f"{node.op} on {dtype.short} has no native lowering")
@@ -73,7 +73,7 @@ _REDUCE = {  # op: (initial value, combine(acc, x), finish(acc, count))
 
 
 def lower_reduce(lw: Lowerer, node: Node) -> list[Kernel]:
-    dtype = _require_float(lw, node)
+    dtype = require_float(lw, node)
     source, out = node.inputs[0], node.outputs[0]
     assert source is not None
     shape = lw.shape(source)
@@ -128,7 +128,7 @@ def lower_reduce(lw: Lowerer, node: Node) -> list[Kernel]:
 
 
 def lower_softmax(lw: Lowerer, node: Node) -> list[Kernel]:
-    dtype = _require_float(lw, node)
+    dtype = require_float(lw, node)
     source, out = node.inputs[0], node.outputs[0]
     assert source is not None
     shape = lw.shape(source)
@@ -189,7 +189,7 @@ def lower_softmax(lw: Lowerer, node: Node) -> list[Kernel]:
 
 
 def lower_layer_norm(lw: Lowerer, node: Node) -> list[Kernel]:
-    dtype = _require_float(lw, node)
+    dtype = require_float(lw, node)
     source, scale, bias, out = (
         node.inputs[0],
         node.inputs[1],
@@ -252,7 +252,7 @@ Epilogue = Callable[[list[Expr], Expr, Expr], Expr]  # (output position, value, 
 
 
 def lower_matmul(lw: Lowerer, node: Node, epilogue: Epilogue | None = None) -> list[Kernel]:
-    dtype = _require_float(lw, node)
+    dtype = require_float(lw, node)
     a, b, out = node.inputs[0], node.inputs[1], node.outputs[0]
     assert a is not None and b is not None
     a_shape, b_shape, out_shape = lw.shape(a), lw.shape(b), lw.shape(out)
@@ -333,7 +333,7 @@ LOWERINGS = {
 
 
 def lower_lp_normalization(lw: Lowerer, node: Node) -> list[Kernel]:
-    dtype = _require_float(lw, node)
+    dtype = require_float(lw, node)
     source, out = node.inputs[0], node.outputs[0]
     assert source is not None
     shape = lw.shape(source)
@@ -377,7 +377,7 @@ def lower_lp_normalization(lw: Lowerer, node: Node) -> list[Kernel]:
 
 
 def lower_batch_norm(lw: Lowerer, node: Node) -> list[Kernel]:
-    dtype = _require_float(lw, node)
+    dtype = require_float(lw, node)
     if len(node.outputs) > 1 or node.attrs.get("training_mode"):
         raise CannotLower("BatchNormalization in training mode")
     x, scale, bias, mean, var = node.inputs[:5]

@@ -33,7 +33,7 @@ from kiln.lower.kir import (
     i64,
 )
 from kiln.lower.lowering import CannotLower, Lowerer, default_schedule, nest
-from kiln.lower.nn_lowering import F64, Epilogue, _require_float
+from kiln.lower.nn_lowering import F64, Epilogue, require_float
 from kiln.lower.pointwise import FLOAT_OPS
 
 F32 = DType.FLOAT32
@@ -52,7 +52,7 @@ def valid_range(kernel_pos: int, stride: int, dilation: int, pad: int, size: int
     return low, high
 
 
-def _window(
+def conv_window(
     node: Node, spatial: int, in_dims: tuple[int, ...], out_dims: tuple[int, ...], kernel: tuple[int, ...]
 ) -> tuple[list[int], list[int], list[int]]:
     """Strides, dilations and leading pads (auto_pad resolved)."""
@@ -72,14 +72,14 @@ def _window(
 
 
 def lower_conv(lw: Lowerer, node: Node, epilogue: Epilogue | None = None) -> list[Kernel]:
-    dtype = _require_float(lw, node)
+    dtype = require_float(lw, node)
     rank = len(lw.shape(node.inputs[0]))  # type: ignore[arg-type]
     x, w, out = node.inputs[0], node.inputs[1], node.outputs[0]
     bias = node.inputs[2] if len(node.inputs) > 2 else None
     assert x is not None and w is not None
     x_shape, w_shape, out_shape = lw.shape(x), lw.shape(w), lw.shape(out)
     if len(x_shape) == 3:  # 1-D: the same loops with a height of 1
-        (stride_w,), (dil_w,), (pad_l,) = _window(node, 1, x_shape[2:], out_shape[2:], w_shape[2:])
+        (stride_w,), (dil_w,), (pad_l,) = conv_window(node, 1, x_shape[2:], out_shape[2:], w_shape[2:])
         stride_h, dil_h, pad_t = 1, 1, 0
         x_shape, w_shape, out_shape = (
             (x_shape[0], x_shape[1], 1, x_shape[2]),
@@ -87,7 +87,7 @@ def lower_conv(lw: Lowerer, node: Node, epilogue: Epilogue | None = None) -> lis
             (*out_shape[:2], 1, out_shape[2]),
         )
     elif len(x_shape) == 4:
-        (stride_h, stride_w), (dil_h, dil_w), (pad_t, pad_l) = _window(node, 2, x_shape[2:], out_shape[2:], w_shape[2:])
+        (stride_h, stride_w), (dil_h, dil_w), (pad_t, pad_l) = conv_window(node, 2, x_shape[2:], out_shape[2:], w_shape[2:])
     else:
         raise CannotLower("only 1-D and 2-D convolutions are lowered natively so far")
     batch, _, height, width = x_shape
@@ -162,7 +162,7 @@ def lower_conv(lw: Lowerer, node: Node, epilogue: Epilogue | None = None) -> lis
 
 
 def lower_pool(lw: Lowerer, node: Node) -> list[Kernel]:
-    dtype = _require_float(lw, node)
+    dtype = require_float(lw, node)
     if len(node.outputs) > 1:
         raise CannotLower("MaxPool's indices output")
     x, out = node.inputs[0], node.outputs[0]
@@ -171,12 +171,12 @@ def lower_pool(lw: Lowerer, node: Node) -> list[Kernel]:
     kernel = tuple(node.attrs["kernel_shape"])
     pads = list(node.attrs.get("pads") or [0] * (2 * len(kernel)))
     if len(x_shape) == 3:  # 1-D: the 2-D loops with a height of 1
-        (stride_w,), (dil_w,), (pad_l,) = _window(node, 1, x_shape[2:], out_shape[2:], kernel)
+        (stride_w,), (dil_w,), (pad_l,) = conv_window(node, 1, x_shape[2:], out_shape[2:], kernel)
         stride_h, dil_h, pad_t, pad_b, pad_r = 1, 1, 0, 0, pads[1]
         kernel = (1, kernel[0])
         x_shape, out_shape = (*x_shape[:2], 1, x_shape[2]), (*out_shape[:2], 1, out_shape[2])
     elif len(x_shape) == 4:
-        (stride_h, stride_w), (dil_h, dil_w), (pad_t, pad_l) = _window(node, 2, x_shape[2:], out_shape[2:], kernel)
+        (stride_h, stride_w), (dil_h, dil_w), (pad_t, pad_l) = conv_window(node, 2, x_shape[2:], out_shape[2:], kernel)
         pad_b, pad_r = pads[2], pads[3]
     else:
         raise CannotLower("only 1-D and 2-D pooling are lowered natively so far")

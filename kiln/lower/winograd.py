@@ -140,7 +140,7 @@ def weight_transform(weights: np.ndarray, m: int) -> np.ndarray:
 def lower_conv_winograd(
     lw, node: Node, epilogue, geometry: dict, bias_buf, m: int, choice: dict | None = None
 ) -> list[Kernel]:  # type: ignore[no-untyped-def]
-    from kiln.lower.gemm_lowering import _epilogue_helper, conv_output_indexing, pack_rows
+    from kiln.lower.gemm_lowering import conv_output_indexing, epilogue_helper, pack_rows
 
     x, w, out = node.inputs[0], node.inputs[1], node.outputs[0]
     batch, channels, height, width = geometry["x_shape"]
@@ -196,7 +196,7 @@ def lower_conv_winograd(
     helper = None
     if epilogue is not None:
         flat_of, position_of = conv_output_indexing(out_channels, geometry["out_shape"])
-        helper = _epilogue_helper(lw, name, dst, position_of, flat_of, epilogue, None)
+        helper = epilogue_helper(lw, name, dst, position_of, flat_of, epilogue, None)
     bias_arg = bias_buf if bias_buf is not None else "(const float *)0"
     call = Call(
         "kiln_winograd_out",

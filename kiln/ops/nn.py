@@ -436,7 +436,7 @@ def _loss(ctx: InferContext) -> list[Type]:
     return types
 
 
-def _window(ctx: InferContext) -> list[Type]:
+def conv_window(ctx: InferContext) -> list[Type]:
     size = ctx.ints_value(0)
     dtype = DType.from_onnx(int(ctx.attr("output_datatype")))
     return [TensorType(dtype, (size[0] if size else ctx.fresh("n"),))]
@@ -604,7 +604,7 @@ def _register() -> None:
     register("NegativeLogLikelihoodLoss", _loss)
     register("SoftmaxCrossEntropyLoss", _loss)
     for op in ("HannWindow", "HammingWindow", "BlackmanWindow"):
-        register(op, _window)
+        register(op, conv_window)
     register("MelWeightMatrix", _mel)
     register("DFT", _dft)
     register("STFT", _stft)

@@ -71,7 +71,7 @@ NONDETERMINISTIC = frozenset(
 )
 
 
-_ATTR_KINDS = {
+ATTR_KINDS = {
     1: "float",
     2: "int",
     3: "string",
@@ -107,7 +107,7 @@ def _schema_attrs(schema: Any) -> dict[str, Attr]:
 
     attrs: dict[str, Attr] = {}
     for name, spec in schema.attributes.items():
-        kind = _ATTR_KINDS.get(int(spec.type), "unknown")
+        kind = ATTR_KINDS.get(int(spec.type), "unknown")
         if spec.required:
             default: Any = REQUIRED
         elif spec.default_value.type:

@@ -4,7 +4,7 @@ Runs anywhere; most useful after fold_constants (which creates duplicate constan
 
 from __future__ import annotations
 
-from kiln.ir.graph import Graph, _StructuralHasher, array_digest
+from kiln.ir.graph import Graph, StructuralHasher, array_digest
 from kiln.ops.registry import NONDETERMINISTIC, lookup
 from kiln.passes.rewrite import Rewriter
 
@@ -24,7 +24,7 @@ def cse(graph: Graph) -> Graph:
             first = by_content.setdefault(key, value)
             if first is not value:
                 rewriter.replace(value, first)
-    hasher = _StructuralHasher()
+    hasher = StructuralHasher()
     seen: dict[tuple, object] = {}
     for node in graph.nodes:
         inputs = tuple(id(rewriter.resolve(v)) if v is not None else None for v in node.inputs)

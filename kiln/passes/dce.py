@@ -5,8 +5,7 @@ Every op in the registry is side-effect free, so an unread node can always go. R
 
 from __future__ import annotations
 
-from kiln.ir.graph import Graph
-from kiln.passes.rewrite import _free
+from kiln.ir.graph import Graph, free_values
 
 
 def dce(graph: Graph) -> Graph:
@@ -18,7 +17,7 @@ def dce(graph: Graph) -> Graph:
             kept.append(node)
             live.update(v for v in node.inputs if v is not None)
             for sub in node.subgraphs():
-                live.update(_free(sub))
+                live.update(free_values(sub))
     kept.reverse()
     constants = {v: a for v, a in graph.constants.items() if v in live}
     if len(kept) == len(graph.nodes) and len(constants) == len(graph.constants):

@@ -14,9 +14,9 @@ from __future__ import annotations
 import numpy as np
 
 from kiln.errors import KilnError, ShapeInferenceError
-from kiln.frontend.onnx import infer_node
 from kiln.ir.graph import Graph, Node, Value
 from kiln.ir.types import TensorType, Type
+from kiln.ops.inference import infer_node
 from kiln.ops.registry import NONDETERMINISTIC
 from kiln.passes.rewrite import Rewriter
 from kiln.runtime.interpreter import evaluate_node, node_failure

@@ -11,9 +11,9 @@ from typing import Any
 
 import numpy as np
 
-from kiln.frontend.onnx import infer_node
-from kiln.ir.graph import Graph, Node, Value, constant_type, unique_name
+from kiln.ir.graph import Graph, Node, Value, constant_type, free_values, unique_name
 from kiln.ir.types import DType, TensorType
+from kiln.ops.inference import infer_node
 
 
 class Rewriter:
@@ -95,7 +95,7 @@ class Rewriter:
         used = {v for node in nodes for v in node.inputs if v is not None} | set(outputs)
         for node in nodes:
             for sub in node.subgraphs():
-                used.update(_free(sub))
+                used.update(free_values(sub))
         constants = {v: a for v, a in self.constants.items() if v in used}
         return self.graph.with_(nodes=nodes, outputs=outputs, constants=constants)
 
@@ -104,18 +104,12 @@ class Rewriter:
         attrs = dict(node.attrs)
         touched = any(a is not b for a, b in zip(inputs, node.inputs))
         for key, attr in node.attrs.items():
-            if isinstance(attr, Graph) and any(v in self.replacements for v in _free(attr)):
+            if isinstance(attr, Graph) and any(v in self.replacements for v in free_values(attr)):
                 attrs[key] = substitute_free(attr, self.resolve)
                 touched = True
         if not touched:
             return node
         return Node(node.op, inputs, node.outputs, attrs, name=node.name, domain=node.domain)  # type: ignore[arg-type]
-
-
-def _free(graph: Graph) -> list[Value]:
-    from kiln.ir.graph import free_values
-
-    return free_values(graph)
 
 
 def substitute_free(graph: Graph, resolve: Any) -> Graph:
@@ -136,7 +130,7 @@ def consumers_count(graph: Graph) -> dict[Value, int]:
             if value is not None:
                 counts[value] = counts.get(value, 0) + 1
         for sub in node.subgraphs():
-            for value in _free(sub):
+            for value in free_values(sub):
                 counts[value] = counts.get(value, 0) + 1
     for value in graph.outputs:
         counts[value] = counts.get(value, 0) + 1

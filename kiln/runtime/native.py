@@ -79,7 +79,7 @@ def _limit(name: str, default: int) -> int:
         return default
 
 
-class _Executable:
+class Executable:
     """A compiled plan plus what running it needs: loaded functions, weights, an arena pool."""
 
     def __init__(self, plan: Plan, keep: list[int] | None = None, weights: WeightStore | None = None) -> None:
@@ -232,13 +232,13 @@ class NativeModel(Model):
         # compiled variants, least recently used first; at most max_variants of them, and past
         # max_variant_bytes of arenas the oldest go (a variant comes back by compiling or from the
         # plan cache). Weights are shared by all of them (WeightStore).
-        self._variants: OrderedDict[tuple, _Executable] = OrderedDict()
+        self._variants: OrderedDict[tuple, Executable] = OrderedDict()
         self.max_variants = max_variants or _limit("KILN_MAX_VARIANTS", MAX_VARIANTS)
         self.max_variant_bytes = max_variant_bytes or _limit("KILN_MAX_VARIANT_MB", MAX_VARIANT_MB) << 20
         self.weights = WeightStore()
         self.evicted = 0
         self.value_variants = 0  # compiled for small inputs' values (bounded: VALUE_VARIANTS)
-        self._ran: dict[int, _Executable] = {}  # the variants that have executed requests
+        self._ran: dict[int, Executable] = {}  # the variants that have executed requests
         self._lock = threading.Lock()  # guards the variant table
         self._compiling = threading.Lock()  # one compile at a time
         self._graph_lock = threading.Lock()  # one load of the source graph
@@ -246,7 +246,7 @@ class NativeModel(Model):
         if compile_now and (dims is not None or static_inputs):
             self._variant(dict(dims or {}))  # compile ahead of the first run when shapes are known
 
-    def _variant(self, dims: dict[str, int]) -> _Executable:
+    def _variant(self, dims: dict[str, int]) -> Executable:
         key = tuple(sorted(dims.items()))
         with self._lock:
             executable = self._variants.get(key)
@@ -257,11 +257,11 @@ class NativeModel(Model):
             with self._lock:
                 executable = self._variants.get(key)
             if executable is None:
-                executable = _Executable(self._plan(dims), weights=self.weights)
+                executable = Executable(self._plan(dims), weights=self.weights)
                 self._remember(key, executable)
         return executable
 
-    def _remember(self, key: tuple, executable: _Executable) -> None:
+    def _remember(self, key: tuple, executable: Executable) -> None:
         """Add a variant, then evict the least recently used past the count and byte bounds."""
         with self._lock:
             self._variants[key] = executable
@@ -354,7 +354,7 @@ class NativeModel(Model):
         self._ran.setdefault(id(executable), executable)
         return executable.run(inputs)
 
-    def _value_variant(self, dims: dict[str, int], inputs: list[Any]) -> _Executable | None:
+    def _value_variant(self, dims: dict[str, int], inputs: list[Any]) -> Executable | None:
         """Shapes that depend on small inputs' values: compile for these values (bounded)."""
         small = {
             name: np.asarray(array)
@@ -372,7 +372,7 @@ class NativeModel(Model):
                     return None
                 keep = [i for i, name in enumerate(self.input_names) if name not in small]
                 graph = freeze_inputs(specialize(self.graph, dims), small)
-                executable = _Executable(compile_plan(graph, self.level, target=self.cpu), keep, self.weights)
+                executable = Executable(compile_plan(graph, self.level, target=self.cpu), keep, self.weights)
                 self.value_variants += 1
                 self._remember(key, executable)
         return executable

@@ -77,12 +77,12 @@ def profile_graph(
     graph: Graph, feeds: dict[str, np.ndarray] | None = None, runs: int = 10, warmup: int = 2, level: int = 0
 ) -> Profile:
     """Profile a graph with static shapes (already optimized when ``level`` is 0)."""
-    from kiln.runtime.native import _Executable
+    from kiln.runtime.native import Executable
 
     plan = compile_plan(graph, level=level, profile=True)
     if plan.whole_graph_reason:
         raise ValueError(f"nothing to profile: {plan.whole_graph_reason}")
-    executable = _Executable(plan)
+    executable = Executable(plan)
     inputs = _inputs(plan.graph, feeds, seed=0)
     kernels = [k for step in plan.steps if isinstance(step, Segment) for k in step.kernels]
     if plan.library is None or not kernels:

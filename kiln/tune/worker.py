@@ -42,7 +42,7 @@ def build_graph(spec: dict[str, Any], seed: int = 0) -> tuple[Any, list[np.ndarr
 def measure_here(spec: dict[str, Any], candidate: dict[str, Any], runs: int) -> tuple[float, np.ndarray]:
     """(median seconds of one run, the output) for ``candidate`` applied to the kernel."""
     from kiln.compiler import compile_plan
-    from kiln.runtime.native import _Executable
+    from kiln.runtime.native import Executable
     from kiln.tune import kernel_key
 
     graph, feeds = build_graph(spec)
@@ -50,7 +50,7 @@ def measure_here(spec: dict[str, Any], candidate: dict[str, Any], runs: int) -> 
         spec["op"], spec["attrs"], [tuple(s) if s is not None else None for s in spec["shapes"]], spec["constant"]
     )
     plan = compile_plan(graph, level=0, choices={key: candidate})
-    executable = _Executable(plan)
+    executable = Executable(plan)
     output = np.array(executable.run(feeds)[0])
     executable.run(feeds)  # warm caches and the thread pool
     times: list[float] = []

@@ -4,10 +4,10 @@ import numpy as np
 import pytest
 
 from kiln.errors import ShapeInferenceError
-from kiln.frontend.onnx import infer_node
 from kiln.ir.graph import Node, Value
 from kiln.ir.types import DType, TensorType, parse_type
 from kiln.ops import REGISTRY, load_all
+from kiln.ops.inference import infer_node
 
 SEED_OPS = (
     "Add And AveragePool Cast Concat Constant ConstantOfShape Conv Div Equal Erf Expand Flatten Gather "
