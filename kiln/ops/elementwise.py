@@ -7,6 +7,7 @@ from kiln.ir.types import DType, TensorType, Type
 from kiln.ops.registry import (
     InferContext,
     broadcast_shapes,
+    declare_trait,
     register,
     same_as_input,
 )
@@ -114,6 +115,16 @@ def _register() -> None:
     register("BitCast", _bitcast)
     register("Dropout", _dropout)
     register("Binarizer", same_as_input(), domain="ai.onnx.ml")
+    # float elementwise ops with one line of scalar semantics each in kiln.lower.pointwise (a test
+    # holds the two together): they may join a fused loop
+    declare_trait("fusable", FUSABLE)
+    declare_trait("alias", ("Identity", "Dropout"))
+
+
+FUSABLE = (
+    "Add Sub Mul Div Pow Max Min Neg Abs Relu Sigmoid Tanh Exp Log Sqrt Reciprocal Erf Floor Ceil Softplus "
+    "Softsign Elu Selu Celu LeakyRelu ThresholdedRelu HardSigmoid HardSwish Gelu Mish PRelu Clip"
+).split()
 
 
 _register()

@@ -9,7 +9,7 @@ import numpy as np
 
 from kiln.errors import ShapeInferenceError
 from kiln.ir.types import Dim, DType, TensorType, Type
-from kiln.ops.registry import InferContext, normalize_axis, register, same_as_input
+from kiln.ops.registry import InferContext, declare_trait, normalize_axis, register, same_as_input
 
 
 def _spatial_out(
@@ -635,4 +635,11 @@ def _swiglu(ctx: InferContext) -> list[Type]:
     return [TensorType(ctx.dtype(0), (*shape[:-1], half))]
 
 
+def _declare_traits() -> None:
+    # the engine's two customers: output tiles take a fused epilogue, blocking is tuned
+    declare_trait("anchor", ("Conv", "MatMul"))
+    declare_trait("tunable", ("Conv", "MatMul"))
+
+
 _register()
+_declare_traits()

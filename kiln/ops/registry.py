@@ -13,7 +13,7 @@ rewrites older forms, e.g. attribute axes, into this one). Its parts:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -57,6 +57,12 @@ class OpDef:
     onnx_reference: bool = False
     doc: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
+    # what passes and lowerings may assume, declared with the op (``declare_trait``): "fusable"
+    # (elementwise with scalar semantics in kiln.lower.pointwise: may join a fused loop), "anchor"
+    # (a Conv/MatMul whose output tiles take a fused epilogue), "tunable" (schedules the tuner
+    # measures), "alias" (the output is the input's data: no kernel), "reshape" (an alias that
+    # only changes the shape)
+    traits: frozenset[str] = frozenset()
 
     @property
     def key(self) -> tuple[str, str]:
@@ -122,6 +128,32 @@ def _schema_attrs(schema: Any) -> dict[str, Attr]:
 
 def _arity(low: int, high: int) -> tuple[int, int]:
     return (low, -1 if high > 1000 else high)
+
+
+TRAITS = frozenset({"fusable", "anchor", "tunable", "alias", "reshape"})
+
+
+def declare_trait(trait: str, ops: Iterable[str], domain: str = "") -> None:
+    """Give each registered op in ``ops`` the trait (an unknown trait or op is a kiln bug)."""
+    if trait not in TRAITS:
+        raise ValueError(f"unknown op trait {trait!r}; traits: {sorted(TRAITS)}")
+    for op in ops:
+        definition = REGISTRY[(domain, op)]
+        definition.traits = definition.traits | {trait}
+
+
+def has_trait(op: str, domain: str, trait: str) -> bool:
+    """Whether the op (by type and domain) was declared with ``trait``."""
+    definition = lookup(op, domain)
+    return definition is not None and trait in definition.traits
+
+
+def ops_with(trait: str, domain: str = "") -> frozenset[str]:
+    """Every registered op of ``domain`` with ``trait``."""
+    from kiln.ops import load_all
+
+    load_all()
+    return frozenset(d.op for d in REGISTRY.values() if d.domain == domain and trait in d.traits)
 
 
 def register(

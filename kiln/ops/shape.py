@@ -16,6 +16,7 @@ from kiln.ops.registry import (
     InferContext,
     RunContext,
     broadcast_shapes,
+    declare_trait,
     dim_product,
     normalize_axis,
     register,
@@ -576,6 +577,12 @@ def _register() -> None:
     register("CenterCropPad", _center_crop_pad)
     register("Col2Im", _col2im)
     register("ArrayFeatureExtractor", _array_feature_extractor, domain="ai.onnx.ml")
+    # the output is the input's data in another shape: a view, no kernel
+    declare_trait("alias", RESHAPES)
+    declare_trait("reshape", RESHAPES)
+
+
+RESHAPES = ("Reshape", "Flatten", "Squeeze", "Unsqueeze")
 
 
 _register()

@@ -29,13 +29,18 @@ import numpy as np
 
 from kiln.ir.graph import Graph, Node, Value
 from kiln.ir.types import TensorType
+from kiln.ops.registry import has_trait
 from kiln.passes.rewrite import consumers_count
 
-ANCHORS = ("Conv", "MatMul")
-POINTWISE = frozenset(
-    "Add Sub Mul Div Pow Max Min Neg Abs Relu Sigmoid Tanh Exp Log Sqrt Reciprocal Erf Floor Ceil "
-    "Softplus Softsign Elu Selu Celu LeakyRelu ThresholdedRelu HardSigmoid HardSwish Gelu Mish PRelu Clip".split()
-)
+
+def _anchor(node: Node) -> bool:
+    """A Conv or MatMul whose output tiles can take a fused epilogue (the op's "anchor" trait)."""
+    return has_trait(node.op, node.domain, "anchor")
+
+
+def _fusable(node: Node) -> bool:
+    """An elementwise op with scalar semantics the fused loop can inline ("fusable" trait)."""
+    return has_trait(node.op, node.domain, "fusable")
 
 
 @dataclass
@@ -56,7 +61,7 @@ def _float_static(value: Value | None) -> bool:
 
 def can_fuse(producer: Node, consumer: Node, readers: dict[Value, int], outputs: set[Value]) -> str | None:
     """None when ``consumer`` may join ``producer``'s group, else why not."""
-    if consumer.op not in POINTWISE or consumer.domain:
+    if not _fusable(consumer):
         return f"{consumer.op} is not an elementwise op"
     link = producer.outputs[0]
     if readers.get(link, 0) != 1:
@@ -74,8 +79,7 @@ def can_fuse(producer: Node, consumer: Node, readers: dict[Value, int], outputs:
 
 def _elementwise(node: Node) -> bool:
     return (
-        node.op in POINTWISE
-        and not node.domain
+        _fusable(node)
         and len(node.outputs) == 1
         and all(_float_static(v) for v in [*node.inputs, *node.outputs])
     )
@@ -242,7 +246,7 @@ def fuse(graph: Graph, refusals: list[Refusal] | None = None) -> Graph:
             consumer = stack.pop()
             for value in consumer.inputs:
                 candidate = producer.get(value) if value is not None else None
-                if candidate is None or id(candidate) in members or candidate.op in ANCHORS:
+                if candidate is None or id(candidate) in members or _anchor(candidate):
                     continue
                 reason = (
                     "already fused into another group"
@@ -271,7 +275,7 @@ def fuse(graph: Graph, refusals: list[Refusal] | None = None) -> Graph:
                     uses[value] = uses.get(value, 0) + 1
         for value in uses:
             anchor = producer.get(value)
-            if anchor is None or anchor.op not in ANCHORS or anchor.domain or id(anchor) in grouped:
+            if anchor is None or not _anchor(anchor) or id(anchor) in grouped:
                 continue
             if not _float_static(value) or value.type != sink.outputs[0].type or value in outputs:
                 reason = (
@@ -325,9 +329,9 @@ def _fused_node(group: list[Node], kind: str | None = None) -> Node:
             )
         )
     body = Graph(list(formal.values()), [inner_values[group[-1].outputs[0]]], body_nodes, name="fused")
-    kind = kind or ("epilogue" if group[0].op in ANCHORS else "pointwise")
+    kind = kind or ("epilogue" if _anchor(group[0]) else "pointwise")
     label = "+".join(n.op for n in group)
-    named = next((n for n in group if n.op in ANCHORS), group[0])  # an attention's first MatMul
+    named = next((n for n in group if _anchor(n)), group[0])  # an attention's first MatMul
     return Node(
         "Fused",
         external,

@@ -14,6 +14,7 @@ import numpy as np
 
 from kiln.ir.graph import Graph, Node, Value
 from kiln.ir.types import DType, TensorType
+from kiln.ops.registry import ops_with
 from kiln.passes.rewrite import Rewriter
 
 Rewrite = Callable[[Rewriter, Node, dict[Value, Node]], list[Value] | None]
@@ -175,7 +176,7 @@ def _small_power(rw: Rewriter, node: Node, producers: dict[Value, Node]) -> list
     return rw.emit("Mul", [square, base], hint=node.outputs[0].name, name=node.name)
 
 
-_RESHAPES = ("Reshape", "Flatten", "Squeeze", "Unsqueeze")
+_RESHAPES = ops_with("reshape")
 ELEMENTWISE = (
     "Add Sub Mul Div Pow Max Min Neg Abs Relu Sigmoid Tanh Exp Log Sqrt Reciprocal Erf Floor Ceil "
     "Softplus Softsign Elu Selu Celu LeakyRelu ThresholdedRelu HardSigmoid HardSwish Gelu Mish Clip".split()

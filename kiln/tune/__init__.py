@@ -24,9 +24,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kiln.ir.graph import Graph, Node
+from kiln.ops.registry import ops_with
 from kiln.tune import db
 
-TUNABLE = ("Conv", "MatMul")
+TUNABLE = ops_with("tunable")
 TUNED_HERE: set[str] = set()  # kernel keys this process tuned (their schedules show as "tuned")
 BLOCKINGS: list[dict[str, int]] = [
     {"kc": 128},
