@@ -23,7 +23,13 @@ from kiln.cli_support import console, import_bound, out, parse_dims
     "--print-after",
     "print_after",
     multiple=True,
-    help="Print the IR after this pass (repeatable; 'all' for every stage).",
+    help="Print the IR after this pass, or the kernel IR after 'lowering' (repeatable; 'all' for every stage).",
+)
+@click.option(
+    "--target",
+    default="cpu",
+    show_default=True,
+    help="The target whose kernels to show: cpu, or cpu:avx512 / cpu:avx2 / cpu:generic.",
 )
 @click.option("--disable", multiple=True, help="Skip this pass (repeatable).")
 @click.option(
@@ -52,20 +58,26 @@ def explain(
     profile: bool,
     runs: int,
     top: int,
+    target: str,
 ) -> None:
     """Show what kiln does to MODEL (an .onnx path or a zoo name): per-stage op counts and timing,
-    the IR after any pass, the kernels and host fallbacks (with reasons), the memory plan and the
-    path of the generated C."""
+    the IR after any pass, the fusions refused and why, the kernels (their kernel IR with
+    --print-after lowering) and host fallbacks (with reasons), the memory plan and the path of the
+    generated C."""
     import collections
     import time
 
     from kiln.passes import PASS_NAMES, optimize, specialize
 
     graph, binding = import_bound(model, dims)
-    unknown = set(print_after) - set(PASS_NAMES) - {"all"}
+    from kiln.codegen.target import Target
+
+    cpu = Target.parse(target)
+    stages = (*PASS_NAMES, *KERNEL_STAGES)
+    unknown = set(print_after) - set(stages) - {"all"}
     if unknown:
         raise click.BadParameter(
-            f"unknown pass(es) {sorted(unknown)}; passes: {', '.join(PASS_NAMES)}", param_hint="--print-after"
+            f"unknown stage(s) {sorted(unknown)}; stages: {', '.join(stages)}", param_hint="--print-after"
         )
     before = collections.Counter(n.op for n in graph.nodes)
     graph = specialize(graph, binding)
@@ -75,7 +87,12 @@ def explain(
     table.add_row("import + specialize", str(len(graph.nodes)), str(len(graph.constants)), "")
     clock = [time.perf_counter()]
 
+    seen = {"last": graph}
+
     def after(name: str, current) -> None:  # type: ignore[no-untyped-def]
+        if name == "fuse":
+            seen["before fuse"] = seen["last"]
+        seen["last"] = current
         now = time.perf_counter()
         table.add_row(name, str(len(current.nodes)), str(len(current.constants)), f"{(now - clock[0]) * 1e3:.0f}")
         clock[0] = now
@@ -92,8 +109,10 @@ def explain(
     for op in sorted(set(before) | set(after_ops)):
         ops.add_row(escape(op), str(before.get(op, 0)), str(after_ops.get(op, 0)))
     out.print(ops)
+    if "before fuse" in seen:
+        _explain_refusals(seen["before fuse"])
     if kernels:
-        _explain_kernels(optimized)
+        _explain_kernels(optimized, cpu, print_kernels=bool({"lowering", "all"} & set(print_after)))
     if profile:
         _explain_profile(model, optimized, binding, runs, top)
 
@@ -146,10 +165,38 @@ def _explain_profile(model: str, graph, binding: dict[str, int], runs: int, top:
     )
 
 
-def _explain_kernels(graph) -> None:  # type: ignore[no-untyped-def]
-    from kiln.compiler import Fallback, compile_plan
+KERNEL_STAGES = ("lowering",)  # --print-after names past the graph passes
+MAX_REFUSALS = 40
 
-    plan = compile_plan(graph, level=0)  # already optimized
+
+def _explain_refusals(graph) -> None:  # type: ignore[no-untyped-def]
+    """Why the fusion pass left nodes apart (fuse records a reason for every refusal)."""
+    from kiln.passes.fuse import Refusal, fuse
+
+    refusals: list[Refusal] = []
+    fuse(graph, refusals)
+    if not refusals:
+        out.print("fusion: nothing refused")
+        return
+    table = Table(title=f"fusion refused ({len(refusals)}; first {min(len(refusals), MAX_REFUSALS)})")
+    for column in ("node", "would join", "reason"):
+        table.add_column(column, overflow="fold")
+    for refusal in refusals[:MAX_REFUSALS]:
+        table.add_row(escape(refusal.node), escape(refusal.candidate), escape(refusal.reason))
+    out.print(table)
+
+
+def _explain_kernels(graph, cpu, print_kernels: bool = False) -> None:  # type: ignore[no-untyped-def]
+    from kiln.compiler import Fallback, Segment, compile_plan
+    from kiln.lower.kir_printer import print_kernel
+
+    plan = compile_plan(graph, level=0, target=cpu)  # already optimized
+    if print_kernels:
+        out.print("# kernel IR after lowering", markup=False, highlight=False)
+        for step in plan.steps:
+            if isinstance(step, Segment):
+                for kernel in step.kernels:
+                    out.print(print_kernel(kernel), markup=False, highlight=False)
     if plan.whole_graph_reason:
         out.print(f"whole graph runs on the reference: {plan.whole_graph_reason}")
         return

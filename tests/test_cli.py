@@ -83,6 +83,22 @@ def test_compile_then_run(tmp_path):
     np.testing.assert_array_equal(np.load(tmp_path / "out.npz")["y"], np.maximum(x, 0))
 
 
+def test_explain_prints_the_kernel_ir_and_the_fusions_it_refused(tmp_path):
+    nodes = [
+        helper.make_node("Relu", ["x"], ["r"], name="relu"),
+        helper.make_node("Exp", ["r"], ["e"], name="exp"),
+        helper.make_node("Add", ["e", "r"], ["y"], name="add"),
+    ]
+    onnx.save(make_model(nodes, [("x", FLOAT, [8])], [("y", FLOAT, None), ("r", FLOAT, None)]), tmp_path / "m.onnx")
+    result = invoke("explain", str(tmp_path / "m.onnx"), "--print-after", "lowering")
+    assert result.exit_code == 0, result.output
+    assert "# kernel IR after lowering" in result.output
+    assert "kernel k1 (pointwise) reads b1: f32[8] writes b0: f32[8]" in result.output
+    assert "fusion refused" in result.output and "%r has 3 readers" in result.output
+    result = CliRunner().invoke(main, ["explain", str(tmp_path / "m.onnx"), "--print-after", "codegen"])
+    assert result.exit_code == 2 and "lowering" in result.output  # the stages are listed
+
+
 def test_explain_shows_kernels_and_memory_plan(tmp_path):
     model = make_model(
         [helper.make_node("Exp", ["x"], ["e"]), helper.make_node("Relu", ["e"], ["y"])],
