@@ -16,7 +16,9 @@ from kiln.errors import (
 
 __version__ = "0.1.0"
 
-TARGETS = ("cpu", "reference")  # the first is the default; cpu:<isa> builds one ISA's code path (cpu:avx2...)
+# the first is the default; cpu:<isa> builds one ISA's code path (cpu:avx2...); "kir" runs the kernel IR on
+# its NumPy interpreter (no C, no engines: slow, a third target for tests)
+TARGETS = ("cpu", "reference")
 
 
 def compile(  # shadows the builtin on purpose: the name the architecture promises
@@ -33,8 +35,8 @@ def compile(  # shadows the builtin on purpose: the name the architecture promis
     from kiln.frontend import to_graph
     from kiln.runtime.model import ReferenceModel
 
-    if target != "reference" and not (isinstance(target, str) and target.split(":")[0] == "cpu"):
-        raise KilnError(f"unknown target {target!r}; available targets: {', '.join(TARGETS)}, cpu:<isa>")
+    if target not in ("reference", "kir") and not (isinstance(target, str) and target.split(":")[0] == "cpu"):
+        raise KilnError(f"unknown target {target!r}; available targets: {', '.join(TARGETS)}, cpu:<isa>, kir")
     if target != "reference":
         from kiln.codegen.target import Target
         from kiln.runtime import plan_cache

@@ -175,6 +175,7 @@ def _compile_plan(graph, level, prebuilt, profile, choices, build_library, stage
         table.setdefault(buffer, len(table))
     segments = [s.kernels for s in steps if isinstance(s, Segment)]
     stages.append("code generation")
+    build_library = build_library and not target.interpreted  # the kernel-IR interpreter needs no C
     source = emit_c(segments, table, profile, target) if segments and build_library else ""
     library = None
     if segments and build_library:

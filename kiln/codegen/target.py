@@ -18,6 +18,9 @@ ISAS = {  # name -> (vector bytes, the compiler's -march for code that must run 
 }
 
 
+ENGINES = frozenset({"gemm", "winograd", "attention"})
+
+
 class TargetError(KilnError):
     """An unknown target, or one this machine cannot run."""
 
@@ -31,9 +34,14 @@ class Target:
     vector_bytes: int
     cores: int
     native: bool = True  # built with -march=native (the host's own target), else for any CPU of the ISA
+    # the C drivers kernels may call: the matrix-multiply engine, Winograd transforms, attention
+    engines: frozenset[str] = ENGINES
+    interpreted: bool = False  # no C at all: kernels run on the kernel-IR interpreter (tests)
 
     @property
     def name(self) -> str:
+        if self.interpreted:
+            return "kir"
         return "cpu" if self.native else f"cpu:{self.isa}"
 
     def compiler_flags(self) -> tuple[str, ...]:
@@ -50,9 +58,13 @@ class Target:
         host = Target.host()
         if spec == "cpu":
             return host
+        if spec == "kir":  # the kernel-IR interpreter: loop nests only, no C (slow: for tests)
+            return Target("generic", 16, 1, native=False, engines=frozenset(), interpreted=True)
         kind, _, isa = spec.partition(":")
         if kind != "cpu" or isa not in ISAS:
-            raise TargetError(f"unknown target {spec!r}; cpu targets: cpu, {', '.join('cpu:' + i for i in ISAS)}")
+            raise TargetError(
+                f"unknown target {spec!r}; targets: cpu, {', '.join('cpu:' + i for i in ISAS)}, kir (interpreted)"
+            )
         if isa not in host.runnable_isas():
             raise TargetError(
                 f"target {spec!r} cannot run on this machine (its CPU offers {', '.join(host.runnable_isas())})"

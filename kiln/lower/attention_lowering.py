@@ -44,6 +44,8 @@ F32, F64 = DType.FLOAT32, DType.FLOAT64
 
 
 def lower_attention(lw: Lowerer, node: Node) -> list[Kernel]:
+    if "attention" not in lw.target.engines:
+        raise CannotLower(f"target {lw.target.name} has no attention driver (the group runs on the reference)")
     body = node.attrs["body"]
     bindings = dict(zip(body.inputs, node.inputs))
     # [Transpose of Q / K^T / V ...] MatMul, chain..., Softmax, MatMul [Transpose of the output]

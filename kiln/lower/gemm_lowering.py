@@ -160,6 +160,8 @@ def conv_output_indexing(out_channels: int, out_shape: tuple[int, ...]):  # type
 def lower_matmul_gemm(lw: Lowerer, node: Node, epilogue: Epilogue | None = None) -> list[Kernel]:
     a, b, out = node.inputs[0], node.inputs[1], node.outputs[0]
     assert a is not None and b is not None
+    if "gemm" not in lw.target.engines:
+        raise NotForEngine(f"target {lw.target.name} has no matrix-multiply engine")
     if any(v.type.dtype is not DType.FLOAT32 for v in (a, b)):  # type: ignore[union-attr]
         raise NotForEngine("the engine multiplies float32")
     a_shape, b_shape, out_shape = lw.shape(a), lw.shape(b), lw.shape(out)
@@ -228,6 +230,8 @@ def lower_conv_gemm(lw: Lowerer, node: Node, epilogue: Epilogue | None = None) -
     x, w, out = node.inputs[0], node.inputs[1], node.outputs[0]
     bias = node.inputs[2] if len(node.inputs) > 2 else None
     assert x is not None and w is not None
+    if "gemm" not in lw.target.engines:
+        raise NotForEngine(f"target {lw.target.name} has no matrix-multiply engine")
     if any(v.type.dtype is not DType.FLOAT32 for v in (x, w)):  # type: ignore[union-attr]
         raise NotForEngine("the engine multiplies float32")
     if int(node.attrs.get("group", 1)) != 1:
@@ -248,6 +252,7 @@ def lower_conv_gemm(lw: Lowerer, node: Node, epilogue: Epilogue | None = None) -
         if (
             algorithm != "im2col"
             and "winograd" not in disabled()
+            and "winograd" in lw.target.engines
             and not winograd.eligible(x_shape, w_shape, out_shape, window)
         ):
             geometry = {"x_shape": x_shape, "w_shape": w_shape, "out_shape": out_shape, "pads": (pad_t, pad_l)}

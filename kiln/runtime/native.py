@@ -20,6 +20,7 @@ from kiln.errors import ExecutionError, InternalError, KilnError, ResourceError
 from kiln.ir.graph import Graph
 from kiln.ir.types import TensorType
 from kiln.lower.kir import Buffer
+from kiln.lower.kir_interpreter import run_kernel
 from kiln.lower.lowering import aligned
 from kiln.lower.memory import ALIGNMENT
 from kiln.passes import specialize
@@ -92,6 +93,9 @@ class Executable:
         self.plan = plan
         self.keep = keep  # positions of the inputs the plan takes (others were frozen)
         self.functions = load_functions(plan)
+        # a plan with kernels but no library is for the ``kir`` target: the interpreter runs them
+        self.interpreted = plan.library is None and any(isinstance(s, Segment) for s in plan.steps)
+        self.status_buffer = next((b for b, slot in plan.table.items() if slot == 0), None)
         self.interpreter = Interpreter(plan.graph) if plan.whole_graph_reason else None
         self.arenas: queue.SimpleQueue[np.ndarray] = queue.SimpleQueue()
         self.slots = len(plan.table)
@@ -154,7 +158,11 @@ class Executable:
             functions = iter(self.functions)
             for step in plan.steps:
                 if isinstance(step, Segment):
-                    next(functions)(ctypes.cast(table, ctypes.c_void_p))
+                    if self.interpreted:
+                        for kernel in step.kernels:
+                            run_kernel(kernel, {**views, self.status_buffer: status})
+                    else:
+                        next(functions)(ctypes.cast(table, ctypes.c_void_p))
                     if status[0]:
                         raise ExecutionError(
                             f"node {plan.kernel_labels.get(int(status[0]), '?')}: an index input is out of range "
