@@ -109,13 +109,14 @@ def compile_plan(
 
 def _compile_plan(graph, level, prebuilt, profile, choices, build_library, stages, target):  # type: ignore[no-untyped-def]
     """compile_plan's body; appends each stage's name to ``stages`` as it starts."""
-    from kiln.lower.lowering import ALIASES, LOWERINGS
+    from kiln.lower.lowering import ALIASES, lowerings
     from kiln.passes.decompose import decompose
     from kiln.passes.fold_constants import fold_constants
     from kiln.passes.widen_half import widen_half
 
     graph = fold_constants(graph)  # what folds away needs no decomposition
-    graph = decompose(graph, keep=lambda node: bool(node.domain) or node.op in LOWERINGS or node.op in ALIASES)
+    native = lowerings()
+    graph = decompose(graph, keep=lambda node: bool(node.domain) or node.op in native or node.op in ALIASES)
     graph = optimize(widen_half(graph), level=level)
     reason = _static(graph)
     if reason:

@@ -18,7 +18,7 @@ ISAS = {  # name -> (vector bytes, the compiler's -march for code that must run 
 }
 
 
-ENGINES = frozenset({"gemm", "winograd", "attention"})
+ENGINES = ("attention", "gemm", "winograd")  # a sorted tuple: repr(Target) is part of cache keys
 
 
 class TargetError(KilnError):
@@ -35,7 +35,7 @@ class Target:
     cores: int
     native: bool = True  # built with -march=native (the host's own target), else for any CPU of the ISA
     # the C drivers kernels may call: the matrix-multiply engine, Winograd transforms, attention
-    engines: frozenset[str] = ENGINES
+    engines: tuple[str, ...] = ENGINES
     interpreted: bool = False  # no C at all: kernels run on the kernel-IR interpreter (tests)
 
     @property
@@ -59,7 +59,7 @@ class Target:
         if spec == "cpu":
             return host
         if spec == "kir":  # the kernel-IR interpreter: loop nests only, no C (slow: for tests)
-            return Target("generic", 16, 1, native=False, engines=frozenset(), interpreted=True)
+            return Target("generic", 16, 1, native=False, engines=(), interpreted=True)
         kind, _, isa = spec.partition(":")
         if kind != "cpu" or isa not in ISAS:
             raise TargetError(

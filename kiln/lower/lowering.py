@@ -256,7 +256,7 @@ class Lowerer:
                 raise CannotLower(f"dtype {value.type.dtype.short} has no native lowering")
         if node.op in ALIASES:
             return self._alias(node)
-        lowering = LOWERINGS.get(node.op)
+        lowering = lowerings().get(node.op)
         if lowering is None:
             raise CannotLower(f"op {node.op} has no native lowering yet")
         return lowering(self, node)
@@ -490,14 +490,19 @@ for _op in (
     LOWERINGS[_op] = lower_pointwise
 
 
-def _register_nn() -> None:
-    from kiln.lower import gemm_lowering, index_lowering, movement_lowering, nn_lowering, window_lowering
-
-    LOWERINGS.update(movement_lowering.LOWERINGS)
-    LOWERINGS.update(nn_lowering.LOWERINGS)
-    LOWERINGS.update(window_lowering.LOWERINGS)
-    LOWERINGS.update(gemm_lowering.LOWERINGS)  # the engine where it applies, else the loop nests
-    LOWERINGS.update(index_lowering.LOWERINGS)
+_registered: list[bool] = []
 
 
-_register_nn()
+def lowerings() -> dict[str, Lowering]:
+    """Every op's lowering: the pointwise table here, then each op family's module (imported on
+    first use, not when this module loads: any lowering module may then be imported first)."""
+    if not _registered:
+        from kiln.lower import gemm_lowering, index_lowering, movement_lowering, nn_lowering, window_lowering
+
+        LOWERINGS.update(movement_lowering.LOWERINGS)
+        LOWERINGS.update(nn_lowering.LOWERINGS)
+        LOWERINGS.update(window_lowering.LOWERINGS)
+        LOWERINGS.update(gemm_lowering.LOWERINGS)  # the engine where it applies, else the loop nests
+        LOWERINGS.update(index_lowering.LOWERINGS)
+        _registered.append(True)
+    return LOWERINGS

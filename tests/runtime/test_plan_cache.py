@@ -186,3 +186,19 @@ def test_the_cache_keeps_to_its_size_budget_evicting_the_least_recently_used(cac
         rtol=1e-4,
         atol=1e-5,
     )
+
+
+def test_entry_keys_are_the_same_in_every_process(cache):
+    # (a set's repr in the key once made them depend on the process's string-hash seed)
+    script = "import kiln.runtime.plan_cache as p; print(p.entry_key('d' * 64, 2))"
+    keys = {
+        subprocess.run(
+            [sys.executable, "-c", script],
+            capture_output=True,
+            text=True,
+            env={**__import__("os").environ, "PYTHONHASHSEED": str(seed)},
+            check=True,
+        ).stdout.strip()
+        for seed in (1, 2, 3)
+    }
+    assert len(keys) == 1 and len(next(iter(keys))) == 32
