@@ -108,10 +108,6 @@ def write_atomically(path: Path, data: bytes | memoryview, prefix: str = ".parti
         raise
 
 
-def seal_bytes(data: bytes | memoryview) -> str:
-    return hmac.new(user_key(), data, hashlib.sha256).hexdigest()
-
-
 def seal_file(path: str | os.PathLike) -> str:
     """The seal of a file's bytes (equal to ``seal_buffer`` of them)."""
     with open(path, "rb") as handle:

@@ -63,7 +63,7 @@ class Target:
         kind, _, isa = spec.partition(":")
         if kind != "cpu" or isa not in ISAS:
             raise TargetError(
-                f"unknown target {spec!r}; targets: cpu, {', '.join('cpu:' + i for i in ISAS)}, kir (interpreted)"
+                f"unknown target {spec!r}; available targets: cpu, {', '.join('cpu:' + i for i in ISAS)}, kir (interpreted), reference"
             )
         if isa not in host.runnable_isas():
             raise TargetError(

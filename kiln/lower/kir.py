@@ -113,6 +113,17 @@ def conditional_operands(e: Expr) -> tuple[Expr, ...]:
     return ()
 
 
+def evaluated_always(root: Expr, order: list[Expr] | None = None) -> set[int]:
+    """The nodes (by id) every evaluation of ``root`` evaluates: those reachable without passing
+    through a select's branch or the right side of && and || (``order``: ``postorder(root)``)."""
+    always = {id(root)}
+    for node in reversed(order if order is not None else postorder(root)):  # users before operands
+        if id(node) in always:
+            skipped = {id(c) for c in conditional_operands(node)}
+            always.update(id(c) for c in operands(node) if id(c) not in skipped)
+    return always
+
+
 MAX_NESTING = 16  # operators deep before a subexpression is bound to a name of its own
 
 
@@ -127,11 +138,7 @@ def shared_nodes(root: Expr) -> set[int]:
     for node in order:
         for child in operands(node):
             uses[id(child)] = uses.get(id(child), 0) + 1
-    always = {id(root)}
-    for node in reversed(order):  # users before operands
-        if id(node) in always:
-            conditional = {id(c) for c in conditional_operands(node)}
-            always.update(id(c) for c in operands(node) if id(c) not in conditional)
+    always = evaluated_always(root, order)
     harmless: dict[int, bool] = {}
     height: dict[int, int] = {}
     bound: set[int] = set()

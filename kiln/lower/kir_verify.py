@@ -36,8 +36,7 @@ from kiln.lower.kir import (
     Stmt,
     Store,
     Unary,
-    conditional_operands,
-    operands,
+    evaluated_always,
     postorder,
 )
 
@@ -131,11 +130,7 @@ class _Checker:
 
     def expression(self, root: Expr, scope: dict[str, Interval], guarded: bool) -> None:
         order = postorder(root)
-        always = {id(root)}  # nodes every evaluation of root evaluates
-        for node in reversed(order):  # users first
-            if id(node) in always:
-                skipped = {id(c) for c in conditional_operands(node)}
-                always.update(id(c) for c in operands(node) if id(c) not in skipped)
+        always = evaluated_always(root, order)
         for node in order:
             if isinstance(node, (Index, Scalar)) and node.name not in scope:
                 self.problem(f"{node.name} is used outside the loop or block that defines it")

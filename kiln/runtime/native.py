@@ -68,10 +68,6 @@ class WeightStore:
             found.append(array)
             return array
 
-    @property
-    def nbytes(self) -> int:
-        return sum(a.nbytes for arrays in self._arrays.values() for a in arrays)
-
 
 def _limit(name: str, default: int) -> int:
     try:

@@ -158,14 +158,14 @@ def root() -> Path:
 
 def _write_text(path: Path, text: str) -> None:
     """A small index file, sealed (its last line), written atomically."""
-    integrity.write_atomically(path, f"{text}\n{integrity.seal_bytes(text.encode())}".encode())
+    integrity.write_atomically(path, f"{text}\n{integrity.seal_buffer(text.encode())}".encode())
 
 
 def _read_text(path: Path) -> str | None:
     """A small index file's text if its seal matches, else None."""
     try:
         text, _, seal = path.read_text().rpartition("\n")
-        if hmac.compare_digest(integrity.seal_bytes(text.encode()), seal.strip()):
+        if hmac.compare_digest(integrity.seal_buffer(text.encode()), seal.strip()):
             return text
     except (OSError, ValueError, UnicodeDecodeError, integrity.UntrustedKey):
         pass
