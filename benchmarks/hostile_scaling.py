@@ -83,7 +83,7 @@ def batches(up_to: int) -> None:
     start = rss_mb()
     for batch in range(3, up_to + 1):
         compiled.run({"x": rng.standard_normal((batch, 1024)).astype(np.float32)})
-    from kiln.runtime import plan_cache
+    from kiln.driver import plan_cache
 
     plan_cache.wait()
     on_disk = sum(p.stat().st_size for p in cache.rglob("*") if p.is_file()) / 2**20

@@ -337,7 +337,7 @@ def run_command(artifact: str, inputs: tuple[str, ...], output: Path | None, tar
     import numpy as np
 
     import kiln
-    from kiln.bench.models import random_tensor
+    from kiln.ir.types import random_tensor
     from kiln.ir.types import TensorType
 
     model = kiln.load(artifact) if artifact.endswith(".kiln") else kiln.compile(artifact, target=target)

@@ -23,20 +23,22 @@ from kiln.cli_support import console, import_bound, out, parse_dims
     "--print-after",
     "print_after",
     multiple=True,
-    help="Print the IR after this pass, or the kernel IR after 'lowering' (repeatable; 'all' for every stage).",
+    help="Print what a stage produced (repeatable; 'all' for every stage): a graph stage (import, specialize, "
+    "fold, decompose, passes or any single pass by name) prints the IR; lower the kernel IR; plan-memory the "
+    "arena's placements; render the generated source; build the library's path; load the runners.",
 )
 @click.option(
     "--target",
     default="cpu",
     show_default=True,
-    help="The target whose kernels to show: cpu, or cpu:avx512 / cpu:avx2 / cpu:generic.",
+    help="The target to compile for (any registered target; see kiln targets).",
 )
-@click.option("--disable", multiple=True, help="Skip this pass (repeatable).")
+@click.option("--disable", multiple=True, help="Skip this pass or algorithm (winograd) (repeatable).")
 @click.option(
     "--kernels/--no-kernels",
     default=True,
     show_default=True,
-    help="Lower to kernels and show them, the fallbacks, the memory plan and the generated C.",
+    help="Lower, render and build: show the kernels, the fallbacks, the memory plan and the generated source.",
 )
 @click.option(
     "--profile",
@@ -60,50 +62,69 @@ def explain(
     top: int,
     target: str,
 ) -> None:
-    """Show what kiln does to MODEL (an .onnx path or a zoo name): per-stage op counts and timing,
-    the IR after any pass, the fusions refused and why, the kernels (their kernel IR with
-    --print-after lowering) and host fallbacks (with reasons), the memory plan and the path of the
-    generated C."""
+    """Show what kiln does to MODEL (an .onnx path or a zoo name), stage by stage of the very
+    pipeline a compile runs (import, specialize, fold, decompose, passes, lower, plan-memory,
+    render, build, load): node counts and timing per stage, the IR after any stage, the fusions
+    refused and why, the kernels and host fallbacks (with reasons), the memory plan and the path
+    of the generated source."""
     import collections
     import time
 
-    from kiln.passes import PASS_NAMES, optimize, specialize
+    from kiln.backends import parse
+    from kiln.driver.options import CompileOptions
+    from kiln.driver.pipeline import PRINTABLE, STAGES, compile_variant
+    from kiln.ir.graph import Graph
+    from kiln.runtime.executable import Executable
 
-    graph, binding = import_bound(model, dims)
-    from kiln.codegen.target import Target
-
-    cpu = Target.parse(target)
-    stages = (*PASS_NAMES, *KERNEL_STAGES)
-    unknown = set(print_after) - set(stages) - {"all"}
+    unknown = set(print_after) - set(PRINTABLE) - {"all"}
     if unknown:
         raise click.BadParameter(
-            f"unknown stage(s) {sorted(unknown)}; stages: {', '.join(stages)}", param_hint="--print-after"
+            f"unknown stage(s) {sorted(unknown)}; stages: {', '.join(STAGES)}; or a pass: "
+            f"{', '.join(p for p in PRINTABLE if p not in STAGES)}",
+            param_hint="--print-after",
         )
-    before = collections.Counter(n.op for n in graph.nodes)
-    graph = specialize(graph, binding)
-    table = Table(title=f"{model}: passes at -O{level} (dims {binding or 'static'})")
+    compiled_for = parse(target)
+    options = CompileOptions.from_env(level=level, disabled=frozenset(disable), plan_cache=False)
+    graph, binding = import_bound(model, dims)
+    wanted = set(print_after)
+    table = Table(title=f"{model}: the pipeline at -O{level} for {compiled_for.name} (dims {binding or 'static'})")
     for column in ("stage", "nodes", "constants", "ms"):
         table.add_column(column)
-    table.add_row("import + specialize", str(len(graph.nodes)), str(len(graph.constants)), "")
     clock = [time.perf_counter()]
+    seen: dict[str, object] = {"import": graph}
+    last = [graph]
 
-    seen = {"last": graph}
-
-    def after(name: str, current) -> None:  # type: ignore[no-untyped-def]
-        if name == "fuse":
-            seen["before fuse"] = seen["last"]
-        seen["last"] = current
+    def observe(stage: str, result: object) -> None:
         now = time.perf_counter()
-        table.add_row(name, str(len(current.nodes)), str(len(current.constants)), f"{(now - clock[0]) * 1e3:.0f}")
+        elapsed = f"{(now - clock[0]) * 1e3:.0f}"
         clock[0] = now
-        if name in print_after or "all" in print_after:
-            out.print(f"# IR after {name}", markup=False, highlight=False)
-            out.print(str(current), markup=False, highlight=False)
+        if isinstance(result, Graph):
+            if stage == "fuse":
+                seen["before fuse"] = last[0]
+            last[0] = result
+            table.add_row(stage, str(len(result.nodes)), str(len(result.constants)), elapsed)
+        else:
+            table.add_row(stage, "", "", elapsed)
+        seen[stage] = result
+        if stage in wanted or "all" in wanted:
+            _print_stage(stage, result)
 
-    optimized = optimize(graph, level=level, disable=disable, after=after)
+    observe("import", graph)
+    plan = None
+    if kernels:
+        plan = compile_variant(graph, binding, compiled_for, options, observe=observe)
+        if plan.target is not None and not plan.whole_graph_reason:
+            executable = Executable(plan)
+            observe("load", executable.runners)
+    else:  # the graph stages only
+        from kiln.driver.pipeline import graph_stages
+
+        graph_stages(graph, binding, compiled_for, options, observe)
     out.print(table)
-    after_ops = collections.Counter(n.op for n in optimized.nodes)
-    ops = Table(title="ops before -> after")
+    before = collections.Counter(n.op for n in graph.nodes)
+    optimized = seen.get("passes", last[0])
+    after_ops = collections.Counter(n.op for n in optimized.nodes)  # type: ignore[attr-defined]
+    ops = Table(title="ops imported -> after the passes")
     for column in ("op", "imported", "optimized"):
         ops.add_column(column)
     for op in sorted(set(before) | set(after_ops)):
@@ -111,19 +132,48 @@ def explain(
     out.print(ops)
     if "before fuse" in seen:
         _explain_refusals(seen["before fuse"])
-    if kernels:
-        _explain_kernels(optimized, cpu, print_kernels=bool({"lowering", "all"} & set(print_after)))
+    if plan is not None:
+        _explain_plan(plan)
     if profile:
-        _explain_profile(model, optimized, binding, runs, top)
+        _explain_profile(model, seen["specialize"], binding, runs, top, compiled_for, options)
 
 
-def _explain_profile(model: str, graph, binding: dict[str, int], runs: int, top: int) -> None:  # type: ignore[no-untyped-def]
+def _print_stage(stage: str, result: object) -> None:
+    """What ``--print-after STAGE`` shows of a stage's result."""
+    from kiln.ir.graph import Graph
+    from kiln.ir.printer import print_graph
+    from kiln.lower.kir_printer import print_kernel
+    from kiln.lower.memory import MemoryPlan
+
+    out.print(f"# after {stage}", markup=False, highlight=False)
+    if isinstance(result, Graph):
+        text = print_graph(result)
+    elif stage == "lower":
+        text = "\n".join(
+            print_kernel(k) if hasattr(k, "body") else f"fallback {step.node.label}: {step.reason}"  # type: ignore[union-attr]
+            for step in result  # type: ignore[attr-defined]
+            for k in (step.kernels if hasattr(step, "kernels") else [step])
+        )
+    elif isinstance(result, MemoryPlan):
+        lines = [result.describe()]
+        for buffer, offset in sorted(result.offsets.items(), key=lambda item: item[1]):
+            start, end = result.lifetimes.get(buffer, (0, 0))
+            lines.append(f"  {buffer.name}: offset {offset}, {buffer.nbytes} bytes, steps {start}..{end}")
+        text = "\n".join(lines)
+    elif stage == "load":
+        text = f"{len(result)} segment runner(s) loaded"  # type: ignore[arg-type]
+    else:
+        text = str(result) if result else "(nothing: no native segment)"
+    out.print(text, markup=False, highlight=False)
+
+
+def _explain_profile(model: str, graph, binding: dict[str, int], runs: int, top: int, target, options) -> None:  # type: ignore[no-untyped-def]
     from kiln import zoo as models
-    from kiln.runtime.profile import matmul_peak, profile_graph
+    from kiln.driver.profile import matmul_peak, profile_graph
 
     feeds = models.example_inputs(model, batch=binding.get("batch", 1)) if model in models.MODELS else None
     with console.status("profiling (timers in every kernel)..."):
-        result = profile_graph(graph, feeds, runs=runs)
+        result = profile_graph(graph, feeds, runs=runs, target=target, options=options)
     with console.status("measuring the matrix-multiply peak..."):
         peak = matmul_peak()
     total = sum(t.seconds for t in result.kernels)
@@ -165,7 +215,6 @@ def _explain_profile(model: str, graph, binding: dict[str, int], runs: int, top:
     )
 
 
-KERNEL_STAGES = ("lowering",)  # --print-after names past the graph passes
 MAX_REFUSALS = 40
 
 
@@ -186,17 +235,9 @@ def _explain_refusals(graph) -> None:  # type: ignore[no-untyped-def]
     out.print(table)
 
 
-def _explain_kernels(graph, cpu, print_kernels: bool = False) -> None:  # type: ignore[no-untyped-def]
-    from kiln.compiler import Fallback, Segment, compile_plan
-    from kiln.lower.kir_printer import print_kernel
+def _explain_plan(plan) -> None:  # type: ignore[no-untyped-def]
+    from kiln.runtime.plan import Fallback
 
-    plan = compile_plan(graph, level=0, target=cpu)  # already optimized
-    if print_kernels:
-        out.print("# kernel IR after lowering", markup=False, highlight=False)
-        for step in plan.steps:
-            if isinstance(step, Segment):
-                for kernel in step.kernels:
-                    out.print(print_kernel(kernel), markup=False, highlight=False)
     if plan.whole_graph_reason:
         out.print(f"whole graph runs on the reference: {plan.whole_graph_reason}")
         return
@@ -224,7 +265,7 @@ def _explain_kernels(graph, cpu, print_kernels: bool = False) -> None:  # type: 
     out.print(f"{sum(len(s.kernels) for s in plan.steps if not isinstance(s, Fallback))} kernels, {native}")
     out.print(f"memory plan: {plan.memory.describe()}")
     if plan.library is not None:
-        out.print(f"generated C: {plan.library.with_suffix('.c')}")
+        out.print(f"generated source: {plan.library.with_suffix('.c')}")
         out.print(f"shared library: {plan.library}")
 
 
@@ -239,7 +280,7 @@ def check(model: str, dims: tuple[str, ...], strict: bool) -> None:
     would run as host fallbacks on the cpu target. Exit code 0: compiles (natively unless listed);
     1: the model cannot be compiled (or, with --strict, has host fallbacks)."""
     from kiln import zoo as models
-    from kiln.compiler import compile_plan
+    from kiln.driver.pipeline import compile_plan
     from kiln.errors import InvalidModelError, ModelLoadError, UnsupportedModelError
     from kiln.frontend.onnx import import_onnx
     from kiln.ir.types import TensorType

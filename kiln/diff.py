@@ -11,9 +11,6 @@ together with the node that produced it and the source nodes fused into it.
 
 from __future__ import annotations
 
-import os
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,22 +46,6 @@ class DiffReport:
         return next((t for t in self.tensors if t.beyond(self.tolerance)), None)
 
 
-@contextmanager
-def _disabled_algorithms(names: set[str]) -> Iterator[None]:
-    algorithms = {n for n in names if n in ("winograd",)}
-    previous = os.environ.get("KILN_DISABLE")
-    if algorithms:
-        os.environ["KILN_DISABLE"] = ",".join(sorted(algorithms | set(filter(None, (previous or "").split(",")))))
-    try:
-        yield
-    finally:
-        if algorithms:
-            if previous is None:
-                os.environ.pop("KILN_DISABLE", None)
-            else:
-                os.environ["KILN_DISABLE"] = previous
-
-
 def _describe(node: Node) -> str:
     if node.domain == "kiln" and node.op == "Fused":
         members = ", ".join(f"{n.name or n.op} ({n.op})" for n in node.attrs["body"].nodes)
@@ -95,17 +76,22 @@ def _compare(name: str, node: str, got: np.ndarray, want: np.ndarray) -> TensorD
 
 
 def diff(
-    graph: Graph, feeds: dict[str, np.ndarray], disable: set[str] | None = None, tolerance: float = 1e-4, level: int = 2
+    graph: Graph,
+    feeds: dict[str, np.ndarray],
+    disable: set[str] | None = None,
+    tolerance: float = 1e-4,
+    level: int = 2,
+    target: str = "cpu",
 ) -> DiffReport:
-    """``graph``: imported, symbolic dims already bound (``specialize``)."""
-    from kiln.compiler import compile_plan
-    from kiln.passes import PASS_NAMES, optimize
-    from kiln.runtime.interpreter import Interpreter
-    from kiln.runtime.native import Executable
+    """``graph``: imported, symbolic dims already bound (``specialize``). The compile is the real
+    pipeline's (``kiln.driver.pipeline``) with every float tensor that survives the passes made an
+    output, then compared with the same-named value of the reference interpreter."""
+    from kiln.driver.options import CompileOptions
+    from kiln.driver.pipeline import compile_plan
+    from kiln.ops.interpreter import Interpreter
+    from kiln.runtime.executable import Executable
 
-    disable = set(disable or ())
-    passes = {d for d in disable if d in PASS_NAMES}
-    optimized = optimize(graph, level=level, disable=passes)
+    options = CompileOptions.from_env(level=level, disabled=frozenset(disable or ()), plan_cache=False)
     inputs = [np.asarray(feeds[v.name]) for v in graph.inputs]
 
     # the reference: every value of the original graph
@@ -114,16 +100,18 @@ def diff(
     reference = {v.name: r for v, r in zip(dict.fromkeys([*graph.outputs, *every]), reference_values)}
 
     # the compiled model with every surviving tensor exposed
-    producers: dict[Value, Node] = {}
-    for node in optimized.nodes:
-        for value in node.outputs:
-            producers[value] = node
-    surviving = [v for v in producers if isinstance(v.type, TensorType) and v.type.dtype.is_float]
-    exposed = optimized.with_(outputs=list(dict.fromkeys([*optimized.outputs, *surviving])))
-    with _disabled_algorithms(disable):
-        plan = compile_plan(exposed, level=0)
+    surviving: list[Value] = []
+
+    def expose(optimized: Graph) -> Graph:
+        producers = {value: node for node in optimized.nodes for value in node.outputs}
+        surviving.extend(v for v in producers if isinstance(v.type, TensorType) and v.type.dtype.is_float)
+        return optimized.with_(outputs=list(dict.fromkeys([*optimized.outputs, *surviving])))
+
+    plan = compile_plan(graph, target, options, expose=expose)
     if plan.whole_graph_reason:
         raise ValueError(f"the model runs on the reference, nothing compiled to compare: {plan.whole_graph_reason}")
+    optimized = plan.graph
+    producers = {value: node for node in optimized.nodes for value in node.outputs}
     compiled = Executable(plan).run([np.asarray(feeds[v.name]) for v in plan.graph.inputs])
     got = {v.name: r for v, r in zip(plan.graph.outputs, compiled)}
 
@@ -146,7 +134,7 @@ def diff(
 
 def feeds_for(graph: Graph, path: str | None, seed: int = 0) -> dict[str, np.ndarray]:
     """Inputs from an .npz (by input name) or .npy (the single input), else random data."""
-    from kiln.bench.models import random_tensor
+    from kiln.ir.types import random_tensor
 
     given: dict[str, Any] = {}
     if path is not None:

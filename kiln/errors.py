@@ -50,4 +50,4 @@ class VerificationError(KilnError):
 
 class InternalError(KilnError):
     """An invariant of kiln itself failed: a kiln bug. The message names the stage and the
-    reproducer written for it (``python -m kiln.repro DIR``)."""
+    reproducer written for it (``python -m kiln.driver.repro DIR``)."""

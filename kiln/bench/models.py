@@ -10,6 +10,7 @@ import numpy as np
 
 from kiln import zoo
 from kiln.errors import KilnError
+from kiln.ir.types import random_tensor
 
 
 @dataclass
@@ -71,17 +72,6 @@ def resolve_model(name: str, batch: int, seq: int | None) -> BenchModel:
             raise KilnError(f"model file {name!r} does not exist")
         return BenchModel(Path(name).stem, batch, None, path=str(Path(name).resolve()))
     raise KilnError(f"unknown model {name!r}; available: {', '.join(zoo.MODELS)} (or a path to an .onnx file)")
-
-
-def random_tensor(dtype: Any, shape: list[int], rng: np.random.Generator) -> np.ndarray:
-    """Random data of a kiln DType: normal floats, 0/1 booleans, small non-negative integers."""
-    from kiln.ir.types import DType
-
-    if dtype.is_float:
-        return rng.standard_normal(shape).astype(dtype.numpy)
-    if dtype is DType.BOOL:
-        return rng.integers(0, 2, size=shape).astype(bool)
-    return rng.integers(0, 10, size=shape).astype(dtype.numpy)
 
 
 def random_inputs_for(path: Path, batch: int, seed: int) -> dict[str, np.ndarray]:

@@ -155,7 +155,7 @@ class GraphBuilder:
             return
         if not all(isinstance(v.type, TensorType) and v.type.is_static for v in node.outputs):
             return
-        from kiln.runtime.interpreter import evaluate_node
+        from kiln.ops.interpreter import evaluate_node
 
         try:
             outputs = evaluate_node(node, list(known))

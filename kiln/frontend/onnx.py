@@ -29,7 +29,7 @@ from kiln.errors import (
 from kiln.frontend.converters import GraphBuilder, PoisonedInputs, pick_converter
 from kiln.ir.graph import Graph, Value, constant_type, unique_name
 from kiln.ir.types import DType, OptionalType, SequenceType, TensorType, Type
-from kiln.ir.verify import verify
+from kiln.ops.verify import verify
 from kiln.ops.inference import UnsupportedConstruct, check_size
 from kiln.ops.registry import ATTR_KINDS, lookup
 

@@ -160,10 +160,8 @@ class Graph:
     def __hash__(self) -> int:
         return hash(self.digest)
 
-    def __str__(self) -> str:
-        from kiln.ir.printer import print_graph
-
-        return print_graph(self)
+    def __repr__(self) -> str:  # the text form is kiln.ir.printer.print_graph's (the printer sits above)
+        return f"<Graph {self.name!r}: {len(self.nodes)} nodes, {len(self.inputs)} inputs, {len(self.outputs)} outputs>"
 
 
 def array_digest(array: np.ndarray) -> str:

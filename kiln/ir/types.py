@@ -186,3 +186,12 @@ def parse_type(text: str) -> Type:
         part = part.strip()
         dims.append(int(part) if re.fullmatch(r"\d+", part) else part)
     return TensorType(dtype, tuple(dims))
+
+
+def random_tensor(dtype: DType, shape: list[int], rng: np.random.Generator) -> np.ndarray:
+    """Random data of a kiln DType: normal floats, 0/1 booleans, small non-negative integers."""
+    if dtype.is_float:
+        return rng.standard_normal(shape).astype(dtype.numpy)
+    if dtype is DType.BOOL:
+        return rng.integers(0, 2, size=shape).astype(bool)
+    return rng.integers(0, 10, size=shape).astype(dtype.numpy)

@@ -16,8 +16,7 @@ import numpy as np
 
 from kiln.ir.graph import Node
 from kiln.ir.types import DType
-from kiln.lower.fused_lowering import compose_chain
-from kiln.lower.gemm_lowering import batch_position
+from kiln.lower.engine import batch_position, compose_chain, epilogue_helper
 from kiln.lower.kir import (
     Assign,
     Binary,
@@ -147,12 +146,11 @@ def lower_attention(lw: Lowerer, node: Node) -> list[Kernel]:
 
 
 def _attention_driver(lw: Lowerer, node: Node, compose, batch_shape, sizes, buffers, views) -> Kernel:  # type: ignore[no-untyped-def]
-    """float32 attention through ``kiln_attention`` (kiln/codegen/attention.c): per (batch, head)
+    """float32 attention through ``kiln_attention`` (kiln/backends/cpu/attention.c): per (batch, head)
     slice two engine products and a row softmax over a per-thread scores block in the arena; the
     scale/mask chain is an epilogue helper reading that block through the descriptor. ``views``:
     how Q, K^T, V and the output sit in their buffers (``attention_view``), so heads are split and
     merged by the products' strides, not by copies."""
-    from kiln.lower.gemm_lowering import epilogue_helper
     from kiln.lower.memory import engine_threads
 
     queries, keys, depth, width = sizes

@@ -2,46 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 
-from kiln.ir.graph import Node, Value
+from kiln.ir.graph import Node
+from kiln.lower.attention_lowering import lower_attention
+from kiln.lower.engine import compose_chain
 from kiln.lower.gemm_lowering import lower_conv_any, lower_matmul_any
-from kiln.lower.kir import Expr, Kernel, Load, Store, affine, buffers_in, i64
-from kiln.lower.lowering import CannotLower, Lowerer, broadcast_index, default_schedule, nest, scalarize_for, strides
-
-
-def compose_chain(
-    lw: Lowerer, chain: list[Node], bindings: dict[Value, Value], out_shape: tuple[int, ...], start: Value | None
-) -> Callable[[list[Expr], Expr | None, Expr | None], Expr]:
-    """The composed expression of ``chain`` at an output position (``flat``: the same position as a
-    flat index, which operands of the output's own shape use directly); ``start`` (the anchor's
-    output, if any) takes the value passed in."""
-
-    def compose(position: list[Expr], value: Expr | None, flat: Expr | None = None) -> Expr:
-        computed: dict[Value, Expr] = {}
-        if start is not None and value is not None:
-            computed[start] = value
-
-        def operand(v: Value) -> Expr:
-            if v in computed:
-                return computed[v]
-            actual = bindings[v]
-            buffer = lw.buffer(actual)
-            if buffer.size == 1:
-                return Load(buffer, i64(0))
-            if flat is not None and lw.shape(actual) == out_shape:
-                return Load(buffer, flat)
-            return Load(buffer, broadcast_index(lw.shape(actual), out_shape, position))  # type: ignore[arg-type]
-
-        result: Expr | None = value
-        for node in chain:
-            scalarize = scalarize_for(node, [v.type.dtype for v in node.inputs if v is not None])  # type: ignore[union-attr]
-            result = scalarize([None if v is None else operand(v) for v in node.inputs])  # type: ignore[arg-type]
-            computed[node.outputs[0]] = result
-        assert result is not None
-        return result
-
-    return compose
+from kiln.lower.kir import Kernel, Store, affine, buffers_in
+from kiln.lower.lowering import CannotLower, Lowerer, default_schedule, nest, strides
 
 
 def lower_fused(lw: Lowerer, node: Node) -> list[Kernel]:
@@ -68,8 +35,6 @@ def lower_fused(lw: Lowerer, node: Node) -> list[Kernel]:
             kernel.reads = [b for b in buffers_in(kernel.body) if b not in kernel.writes]
         return kernels
     if node.attrs.get("kind") == "attention":
-        from kiln.lower.attention_lowering import lower_attention
-
         return lower_attention(lw, node)
     if node.attrs.get("kind") != "pointwise":
         raise CannotLower(f"fused group of kind {node.attrs.get('kind')!r}")
@@ -85,4 +50,3 @@ def lower_fused(lw: Lowerer, node: Node) -> list[Kernel]:
     return [kernel]
 
 
-LOWERINGS = {"Fused": lower_fused}

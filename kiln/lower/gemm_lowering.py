@@ -1,4 +1,4 @@
-"""Matrix products and convolutions through the matrix-multiply engine (``kiln/codegen/gemm.c``).
+"""Matrix products and convolutions through the matrix-multiply engine (``kiln/backends/cpu/gemm.c``).
 
 A float32 MatMul becomes ``C[b] = A[b] . B[b]``; a 2-D (or 1-D) convolution with one group
 becomes, per image, ``Y[OC, OH*OW] = W[OC, IC*KH*KW] . im2col(X)`` (1x1 stride-1 convolutions
@@ -14,7 +14,6 @@ non-constant convolution weights, empty reductions) keep the loop-nest lowerings
 
 from __future__ import annotations
 
-import os
 
 import numpy as np
 
@@ -25,133 +24,28 @@ from kiln.lower.kir import (
     Binary,
     Buffer,
     Expr,
-    For,
-    Function,
     Gemm,
-    If,
-    Index,
     Kernel,
-    Load,
-    Scalar,
-    Stmt,
-    Store,
-    Unary,
     add,
-    buffers_in,
     i64,
 )
-from kiln.lower.lowering import Lowerer, strides
-from kiln.lower.nn_lowering import Epilogue, lower_matmul
+from kiln.lower.engine import (
+    BLOCKING,
+    Epilogue,
+    NotForEngine,
+    batch_position,
+    conv_output_indexing,
+    engine_kernel,
+    epilogue_helper,
+    pack_cols,
+    pack_rows,
+)
+from kiln.lower.lowering import Lowerer
+from kiln.lower.nn_lowering import lower_matmul
 from kiln.lower.window_lowering import conv_window, lower_conv
 
 I64 = DType.INT64
-BLOCKING = ("mc", "nc", "kc")  # engine fields a tuned schedule may set
 
-
-def disabled() -> set[str]:
-    """Algorithms turned off by ``KILN_DISABLE`` (comma-separated: ``winograd``), for bisecting
-    a numerical difference (``kiln diff --disable winograd``) or comparing speed."""
-    return {part.strip() for part in os.environ.get("KILN_DISABLE", "").split(",") if part.strip()}
-
-
-class NotForEngine(Exception):
-    """This node keeps the loop-nest lowering (the reason says why)."""
-
-
-def pack_rows(matrices: np.ndarray, rows: int) -> np.ndarray:
-    """[B, M, K] -> panels of ``rows`` rows, k-major: [B, ceil(M/rows), K, rows], zero padded."""
-    batch, m, k = matrices.shape
-    padded = -(-m // rows) * rows
-    full = matrices
-    if padded != m:  # (no padding copy when the rows divide: the caller's aligned copy is the one copy)
-        full = np.zeros((batch, padded, k), dtype=np.float32)
-        full[:, :m] = matrices
-    return full.reshape(batch, padded // rows, rows, k).transpose(0, 1, 3, 2)
-
-
-def pack_cols(matrices: np.ndarray, cols: int) -> np.ndarray:
-    """[B, K, N] -> panels of ``cols`` columns: [B, ceil(N/cols), K, cols], zero padded."""
-    batch, k, n = matrices.shape
-    padded = -(-n // cols) * cols
-    full = matrices
-    if padded != n:
-        full = np.zeros((batch, k, padded), dtype=np.float32)
-        full[:, :, :n] = matrices
-    return full.reshape(batch, k, padded // cols, cols).transpose(0, 2, 1, 3)
-
-
-def epilogue_helper(
-    lw: Lowerer,
-    kernel_name: str,
-    dst: Buffer,
-    position_of,
-    flat_of,
-    epilogue: Epilogue | None,
-    bias: Buffer | None,  # type: ignore[no-untyped-def]
-    via_c: bool = False,
-) -> Function:
-    """``static void <name>(g, bt, i0, i1, j0, j1)``: finishes rows [i0, i1) x columns [j0, j1)
-    of batch element ``bt`` of the output: bias, then the fused chain."""
-    bt, i0, i1, j0, j1 = (Scalar(name, I64) for name in ("bt", "i0", "i1", "j0", "j1"))
-
-    def finish(row: Expr, col: Expr) -> Stmt:
-        flat = flat_of(bt, row, col)
-        value: Expr = Load(dst, flat)
-        if bias is not None:
-            value = Binary("+", value, Load(bias, row))
-        if epilogue is not None:
-            value = epilogue(position_of(bt, row, col), value, flat)
-        return Store(dst, flat, value)
-
-    # a whole micro-tile (the common case) with constant trip counts: unrolled and vectorized
-    # while the tile is in L1; edge tiles take the general loops
-    target = lw.target
-    r, c = Index("r"), Index("c")
-    i, j = Index("i"), Index("j")
-    whole = Binary(
-        "&&",
-        Binary("==", Binary("-", i1, i0), i64(target.gemm_rows)),
-        Binary("==", Binary("-", j1, j0), i64(target.gemm_cols)),
-    )
-    body: list[Stmt] = [
-        If(whole, [For(r, target.gemm_rows, [For(c, target.gemm_cols, [finish(add(i0, r), add(j0, c))])])]),
-        If(Unary("!", whole), [For(i, i1, [For(j, j1, [finish(i, j)], start=j0)], start=i0)]),
-    ]
-    return Function(
-        f"kiln_{kernel_name}_epilogue", [bt, i0, i1, j0, j1], body, buffers_in(body), dst if via_c else None
-    )
-
-
-def batch_position(bt: Expr, shape: tuple[int, ...]) -> list[Expr]:
-    """The indices of flat batch element ``bt`` over ``shape`` (row-major)."""
-    position: list[Expr] = []
-    for axis, stride in enumerate(strides(shape)):
-        index: Expr = Binary("/", bt, i64(stride)) if stride != 1 else bt
-        position.append(Binary("%", index, i64(shape[axis])) if axis else index)
-    return position
-
-
-def _engine_kernel(name: str, kind: str, stmt: Gemm, dst: Buffer, node: Node, flops: int, source: str) -> Kernel:
-    """A kernel that is one call into the engine (it reads every buffer the call names)."""
-    reads = [b for b in buffers_in([stmt]) if b is not dst]
-    return Kernel(name, kind, [stmt], reads, [dst], [node.label], flops=flops, tuning=source)
-
-
-def conv_output_indexing(out_channels: int, out_shape: tuple[int, ...]):  # type: ignore[no-untyped-def]
-    """(flat_of, position_of) for a convolution output viewed as [image][channel][pixel]: the
-    engine's (batch, row, column) coordinates of an epilogue."""
-    pixels = int(np.prod(out_shape[2:]))
-    out_w = out_shape[-1]
-
-    def flat_of(bt: Expr, i: Expr, j: Expr) -> Expr:
-        return add(add(Binary("*", bt, i64(out_channels * pixels)), Binary("*", i, i64(pixels))), j)
-
-    def position_of(bt: Expr, i: Expr, j: Expr) -> list[Expr]:
-        if len(out_shape) == 3:
-            return [bt, i, j]
-        return [bt, i, Binary("/", j, i64(out_w)), Binary("%", j, i64(out_w))]
-
-    return flat_of, position_of
 
 
 # -- MatMul --------------------------------------------------------------------------------------------
@@ -220,7 +114,7 @@ def lower_matmul_gemm(lw: Lowerer, node: Node, epilogue: Epilogue | None = None)
         helper = epilogue_helper(lw, name, dst, position_of, flat_of, epilogue, None)
     stmt = Gemm(fields, helper)
     flops = 2 * batch * rows * n * k
-    return [_engine_kernel(name, "matmul", stmt, dst, node, flops, source)]
+    return [engine_kernel(name, "matmul", stmt, dst, node, flops, source)]
 
 
 # -- Conv ------------------------------------------------------------------------------------------------
@@ -251,7 +145,7 @@ def lower_conv_gemm(lw: Lowerer, node: Node, epilogue: Epilogue | None = None) -
         algorithm = choice.get("algorithm", "")
         if (
             algorithm != "im2col"
-            and "winograd" not in disabled()
+            and "winograd" not in lw.disabled
             and "winograd" in lw.target.engines
             and not winograd.eligible(x_shape, w_shape, out_shape, window)
         ):
@@ -309,7 +203,7 @@ def lower_conv_gemm(lw: Lowerer, node: Node, epilogue: Epilogue | None = None) -
     stmt = Gemm(fields, helper)
     kind = "conv1x1" if pointwise else "conv"
     flops = 2 * x_shape[0] * out_channels * pixels * reduction
-    return [_engine_kernel(name, kind, stmt, dst, node, flops, source)]
+    return [engine_kernel(name, kind, stmt, dst, node, flops, source)]
 
 
 # -- choosing ------------------------------------------------------------------------------------------

@@ -234,7 +234,7 @@ class Store:
 
 @dataclass
 class Gemm:
-    """A call into the matrix-multiply engine (``kiln/codegen/gemm.c``): ``fields`` set the members
+    """A call into the matrix-multiply engine (``kiln/backends/cpu/gemm.c``): ``fields`` set the members
     of its ``kiln_gemm`` descriptor (ints, buffers, function names, int tuples), ``epilogue`` names
     the helper applied to each finished tile."""
 

@@ -8,12 +8,15 @@ and cost nothing at run time.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import numpy as np
 
-from kiln.codegen.target import Target
+from kiln.lower.target import Target
 from kiln.ir.graph import Graph, Node, Value
 from kiln.ir.types import DType, TensorType
 from kiln.lower.kir import (
@@ -46,6 +49,17 @@ class CannotLower(Exception):
     """This node has no native lowering (yet); the message says why."""
 
 
+def kernel_key(op: str, attrs: dict[str, Any], shapes: list[tuple[int, ...] | None], constant: list[bool]) -> str:
+    """What a kernel's speed depends on: op, attributes, operand shapes and which are weights."""
+    plain = {
+        k: (list(v) if isinstance(v, (list, tuple)) else v)
+        for k, v in sorted(attrs.items())
+        if isinstance(v, (int, float, str, list, tuple))
+    }
+    text = json.dumps([op, plain, [list(s) if s is not None else None for s in shapes], constant], sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:24]
+
+
 def aligned(array: np.ndarray, alignment: int = 64) -> np.ndarray:
     """A C-contiguous copy of ``array`` starting on an ``alignment``-byte boundary (the engine
     loads packed weights with aligned vector loads)."""
@@ -73,10 +87,24 @@ def strides(shape: tuple[int, ...]) -> list[int]:
 
 
 class Lowerer:
-    def __init__(self, graph: Graph, choices: dict | None = None, target: Target | None = None) -> None:
+    """Lowers a graph's nodes, one at a time, into kernels for ``target``. ``table`` maps an op
+    (``kiln::Op`` for kiln's own) to its lowering (``kiln.lower.families.lowerings()``);
+    ``choose(key)`` returns the schedule for a tunable node's ``kernel_key`` and where it came
+    from (``tuned``, ``cached`` or ``default``): the driver's, from the tuner and its database."""
+
+    def __init__(
+        self,
+        graph: Graph,
+        target: Target,
+        table: Mapping[str, Lowering],
+        choose: Callable[[str], tuple[dict, str]] | None = None,
+        disabled: frozenset[str] = frozenset(),
+    ) -> None:
         self.graph = graph
-        self.target = target or Target.host()  # what the kernels are for (vector width, tile, cores)
-        self.choices = choices or {}  # tuning key -> schedule (from the autotuner)
+        self.target = target  # what the kernels are for (vector width, tile, cores, engines)
+        self.table = table
+        self.choose = choose or (lambda key: ({}, "default"))
+        self.disabled = disabled  # algorithms turned off (``winograd``): CompileOptions.disabled
         self.buffers: dict[Value, Buffer] = {}
         self.aliases: dict[Value, Value] = {}
         self.outputs = set(graph.outputs)
@@ -110,21 +138,11 @@ class Lowerer:
     def choice(self, node: Node) -> tuple[dict, str]:
         """The schedule for a tunable node and where it came from: ``tuned`` (given to this
         compile), ``cached`` (the tuning database) or ``default``."""
-        import os
-
-        from kiln.tune import TUNED_HERE, db, kernel_key
-
         shapes = [None if v is None else self.shape(v) for v in node.inputs]
         key = kernel_key(
             node.op, dict(node.attrs), shapes, [v is not None and v in self.graph.constants for v in node.inputs]
         )
-        if key in self.choices:
-            return dict(self.choices[key]), "tuned" if self.choices[key] else "default"
-        if os.environ.get("KILN_TUNED", "1") != "0":
-            stored = db.best(key, repr(self.target))
-            if stored:
-                return stored, "tuned" if key in TUNED_HERE else "cached"
-        return {}, "default"
+        return self.choose(key)
 
     def scratch_buffer(self, dtype: DType, size: int, hint: str = "s") -> Buffer:
         buffer = Buffer(f"{hint}{len(self.scratch)}_{self.kernel_count}", dtype, size)
@@ -237,14 +255,8 @@ class Lowerer:
             # a product over an empty reduction dim, attention over no keys: the engine and the
             # attention driver assume non-empty operands (loop nests need nothing: they run 0 times)
             raise CannotLower("reads an empty tensor into a non-empty result")
-        if node.domain == "kiln" and node.op == "Fused":
-            from kiln.lower.fused_lowering import lower_fused
-
-            return lower_fused(self, node)
-        if node.domain == "kiln" and node.op == "SafeSoftmax":
-            from kiln.lower.nn_lowering import lower_softmax
-
-            return lower_softmax(self, node)
+        if node.domain == "kiln" and f"kiln::{node.op}" in self.table:
+            return self.table[f"kiln::{node.op}"](self, node)
         if node.domain:
             raise CannotLower(f"domain {node.domain!r} has no native lowerings")
         for value in [*node.inputs, *node.outputs]:
@@ -256,7 +268,7 @@ class Lowerer:
                 raise CannotLower(f"dtype {value.type.dtype.short} has no native lowering")
         if node.op in ALIASES:
             return self._alias(node)
-        lowering = lowerings().get(node.op)
+        lowering = self.table.get(node.op)
         if lowering is None:
             raise CannotLower(f"op {node.op} has no native lowering yet")
         return lowering(self, node)
@@ -471,7 +483,7 @@ def lower_pointwise(lw: Lowerer, node: Node) -> list[Kernel]:
 
 
 Lowering = Callable[[Lowerer, Node], list[Kernel]]
-LOWERINGS: dict[str, Lowering] = {}
+LOWERINGS: dict[str, Lowering] = {}  # the pointwise family (the others: kiln.lower.families)
 for _op in (
     *FLOAT_OPS,
     *COMPARE,
@@ -488,21 +500,3 @@ for _op in (
     "BitShift",
 ):
     LOWERINGS[_op] = lower_pointwise
-
-
-_registered: list[bool] = []
-
-
-def lowerings() -> dict[str, Lowering]:
-    """Every op's lowering: the pointwise table here, then each op family's module (imported on
-    first use, not when this module loads: any lowering module may then be imported first)."""
-    if not _registered:
-        from kiln.lower import gemm_lowering, index_lowering, movement_lowering, nn_lowering, window_lowering
-
-        LOWERINGS.update(movement_lowering.LOWERINGS)
-        LOWERINGS.update(nn_lowering.LOWERINGS)
-        LOWERINGS.update(window_lowering.LOWERINGS)
-        LOWERINGS.update(gemm_lowering.LOWERINGS)  # the engine where it applies, else the loop nests
-        LOWERINGS.update(index_lowering.LOWERINGS)
-        _registered.append(True)
-    return LOWERINGS

@@ -8,7 +8,6 @@ accurate than a naive float32 loop, and the compiled code must stay within 1e-4 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 
 import numpy as np
 
@@ -34,6 +33,7 @@ from kiln.lower.kir import (
     affine,
     i64,
 )
+from kiln.lower.engine import Epilogue
 from kiln.lower.lowering import PARALLEL_MIN, CannotLower, Lowerer, default_schedule, nest, strides
 from kiln.lower.pointwise import FLOAT_OPS, NATIVE_FLOATS, fn
 
@@ -246,9 +246,6 @@ def lower_layer_norm(lw: Lowerer, node: Node) -> list[Kernel]:
 
 
 # -- matrix products -----------------------------------------------------------------------------------
-
-
-Epilogue = Callable[[list[Expr], Expr, Expr], Expr]  # (output position, value, flat output index) -> final value
 
 
 def lower_matmul(lw: Lowerer, node: Node, epilogue: Epilogue | None = None) -> list[Kernel]:

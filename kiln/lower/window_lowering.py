@@ -33,7 +33,8 @@ from kiln.lower.kir import (
     i64,
 )
 from kiln.lower.lowering import CannotLower, Lowerer, default_schedule, nest
-from kiln.lower.nn_lowering import F64, Epilogue, require_float
+from kiln.lower.engine import Epilogue
+from kiln.lower.nn_lowering import F64, require_float
 from kiln.lower.pointwise import FLOAT_OPS
 
 F32 = DType.FLOAT32

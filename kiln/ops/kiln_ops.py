@@ -6,6 +6,7 @@ from typing import Any
 
 from kiln.ir.graph import Graph
 from kiln.ir.types import Type
+from kiln.ops.interpreter import Interpreter
 from kiln.ops.registry import REQUIRED, Attr, InferContext, RunContext, register
 
 _BODIES: dict[int, Any] = {}
@@ -22,8 +23,6 @@ def _fused_infer(ctx: InferContext) -> list[Type]:
 
 def _fused_reference(ctx: RunContext, inputs: list) -> list:
     """A fused group computes exactly what its body computes."""
-    from kiln.runtime.interpreter import Interpreter
-
     body: Graph = ctx.attr("body")
     interpreter = _BODIES.get(id(body))
     if interpreter is None or interpreter.graph is not body:

@@ -150,9 +150,6 @@ def has_trait(op: str, domain: str, trait: str) -> bool:
 
 def ops_with(trait: str, domain: str = "") -> frozenset[str]:
     """Every registered op of ``domain`` with ``trait``."""
-    from kiln.ops import load_all
-
-    load_all()
     return frozenset(d.op for d in REGISTRY.values() if d.domain == domain and trait in d.traits)
 
 
@@ -198,9 +195,6 @@ def register(
 
 
 def lookup(op: str, domain: str = "") -> OpDef | None:
-    from kiln.ops import load_all
-
-    load_all()
     if domain == "ai.onnx":
         domain = ""
     return REGISTRY.get((domain, op))

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from kiln.errors import KilnError
 from kiln.ir.graph import Graph
-from kiln.ir.verify import verify
+from kiln.ops.verify import verify
 from kiln.passes.cse import cse
 from kiln.passes.dce import dce
 from kiln.passes.fold_batchnorm import fold_batchnorm

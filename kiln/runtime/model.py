@@ -17,7 +17,6 @@ import numpy as np
 from kiln.errors import InputError, ResourceError
 from kiln.ir.graph import Graph
 from kiln.ir.types import DType, SequenceType, TensorType
-from kiln.runtime.interpreter import Interpreter
 
 
 class Model:
@@ -196,20 +195,3 @@ def _check_input(name: str, expected: Any, data: Any, bindings: dict[str, int]) 
     return data
 
 
-class ReferenceModel(Model):
-    """The oracle: the graph run by kiln's reference interpreter."""
-
-    target = "reference"
-
-    def __init__(self, graph: Graph) -> None:
-        super().__init__(graph)
-        self.interpreter = Interpreter(graph)
-
-    def _execute(self, inputs: list[Any]) -> list[Any]:
-        return self.interpreter.run(inputs)
-
-    def save(self, path: str) -> Any:
-        """Write a ``.kiln`` artifact (IR and weights); ``kiln.load`` reads it."""
-        from kiln.runtime.artifact import save
-
-        return save(self, path)

@@ -9,15 +9,13 @@ output is counted and skipped, never fatal.
 
 Each candidate runs in an isolated worker process (``kiln.tune.worker``) with a timeout, on a
 one-node model of the kernel's exact shapes (weights random: timing does not depend on them).
-Results go to the SQLite database (``kiln.tune.db``) keyed by (kernel key, target, kiln version),
+Results go to the SQLite database (``kiln.driver.tuning_db``) keyed by (kernel key, target, kiln version),
 so a second compile does no tuning; compiling reads the database and applies what it finds
 (``kiln explain --profile`` shows each kernel's schedule as default / tuned / cached).
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -25,10 +23,11 @@ from typing import Any
 
 from kiln.ir.graph import Graph, Node
 from kiln.ops.registry import ops_with
-from kiln.tune import db
+from kiln.backends import parse
+from kiln.driver import tuning_db as db
+from kiln.lower.lowering import kernel_key
 
 TUNABLE = ops_with("tunable")
-TUNED_HERE: set[str] = set()  # kernel keys this process tuned (their schedules show as "tuned")
 BLOCKINGS: list[dict[str, int]] = [
     {"kc": 128},
     {"kc": 512},
@@ -38,17 +37,6 @@ BLOCKINGS: list[dict[str, int]] = [
     {"nc": 512, "kc": 512},
     {"mc": 96, "nc": 256},
 ]
-
-
-def kernel_key(op: str, attrs: dict[str, Any], shapes: list[tuple[int, ...] | None], constant: list[bool]) -> str:
-    """What a kernel's speed depends on: op, attributes, operand shapes and which are weights."""
-    plain = {
-        k: (list(v) if isinstance(v, (list, tuple)) else v)
-        for k, v in sorted(attrs.items())
-        if isinstance(v, (int, float, str, list, tuple))
-    }
-    text = json.dumps([op, plain, [list(s) if s is not None else None for s in shapes], constant], sort_keys=True)
-    return hashlib.sha256(text.encode()).hexdigest()[:24]
 
 
 def winograd_applies(op: str, attrs: dict[str, Any], shapes: list[tuple[int, ...] | None]) -> bool:
@@ -155,19 +143,23 @@ def tune(
     runs: int = 10,
     timeout_s: float = 120.0,
     retune: bool = False,
+    target: str = "cpu",
 ) -> list[Outcome]:
     """Tune every kernel of ``graph`` (optimized, static shapes) within ``budget_s`` seconds of
     wall time; kernels already in the database are skipped (unless ``retune``). ``progress(done,
     total, last outcome, best speed-up so far)`` is called after each kernel."""
     from kiln.tune.worker import Measurer
 
+    scope = repr(parse(target))  # results are kept per target (TargetError for an unknown one)
     tasks = tasks_for(graph)
+    for task in tasks:
+        task.spec["target"] = target
     outcomes: list[Outcome] = []
     deadline = time.monotonic() + budget_s
     best_speedup = 1.0
     with Measurer(timeout_s) as measurer:
         for done, task in enumerate(tasks, 1):
-            stored = None if retune else db.best(task.key)
+            stored = None if retune else db.best(task.key, scope)
             if stored is not None:
                 outcome = Outcome(task, stored, 0.0, 0.0, 0, cached=True)
             elif time.monotonic() >= deadline:
@@ -178,7 +170,7 @@ def tune(
                     if progress is not None:
                         progress(done, len(tasks), None, best_speedup)
                     continue
-                TUNED_HERE.add(task.key)
+                db.TUNED_HERE.add(task.key)
                 db.record(
                     task.key,
                     outcome.choice,
@@ -187,6 +179,7 @@ def tune(
                     outcome.measured,
                     len(outcome.failures),
                     task.label,
+                    scope,
                 )
                 best_speedup = max(best_speedup, outcome.speedup)
             outcomes.append(outcome)

@@ -41,15 +41,17 @@ def build_graph(spec: dict[str, Any], seed: int = 0) -> tuple[Any, list[np.ndarr
 
 def measure_here(spec: dict[str, Any], candidate: dict[str, Any], runs: int) -> tuple[float, np.ndarray]:
     """(median seconds of one run, the output) for ``candidate`` applied to the kernel."""
-    from kiln.compiler import compile_plan
-    from kiln.runtime.native import Executable
-    from kiln.tune import kernel_key
+    from kiln.driver.options import CompileOptions
+    from kiln.driver.pipeline import compile_plan
+    from kiln.lower.lowering import kernel_key
+    from kiln.runtime.executable import Executable
 
     graph, feeds = build_graph(spec)
     key = kernel_key(
         spec["op"], spec["attrs"], [tuple(s) if s is not None else None for s in spec["shapes"]], spec["constant"]
     )
-    plan = compile_plan(graph, level=0, choices={key: candidate})
+    options = CompileOptions.from_env(level=0, plan_cache=False)
+    plan = compile_plan(graph, spec.get("target", "cpu"), options, choices={key: candidate})
     executable = Executable(plan)
     output = np.array(executable.run(feeds)[0])
     executable.run(feeds)  # warm caches and the thread pool

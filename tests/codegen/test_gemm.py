@@ -1,4 +1,4 @@
-"""The matrix-multiply engine (kiln/codegen/gemm.c): MatMul and Conv lowered through it, compared
+"""The matrix-multiply engine (kiln/backends/cpu/gemm.c): MatMul and Conv lowered through it, compared
 with the reference interpreter across the shapes that exercise its edges: tiles that do not divide
 the matrix (rows vs. the micro-tile's rows, columns vs. its two vectors), reductions longer than one
 K slice (accumulation across slices), batches folded into rows or kept, packed constant operands on
@@ -9,12 +9,12 @@ import pytest
 from onnx import TensorProto, helper
 
 import kiln
-from kiln.codegen.target import Target
-from kiln.compiler import compile_plan
+from kiln.lower.target import Target
+from kiln.driver.compile import compile_plan
 from kiln.frontend.onnx import import_onnx
 from kiln.lower.gemm_lowering import pack_cols, pack_rows
 from kiln.lower.kir import Gemm
-from kiln.runtime.interpreter import Interpreter
+from kiln.ops.interpreter import Interpreter
 from tests.helpers import make_model
 
 F = TensorProto.FLOAT

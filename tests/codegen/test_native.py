@@ -7,7 +7,7 @@ import pytest
 from onnx import TensorProto, helper
 
 import kiln
-from kiln.codegen import toolchain
+from kiln.backends.cpu import toolchain
 from kiln.errors import ExecutionError
 from tests.helpers import make_model
 

@@ -16,12 +16,12 @@ import pytest
 from onnx import helper
 
 import kiln
-import kiln.runtime.native as native
+import kiln.driver.native as native
 from kiln import integrity
-from kiln.codegen import toolchain
+from kiln.backends.cpu import toolchain
 from kiln.errors import KilnError, ShapeInferenceError
-from kiln.runtime import plan_cache
-from kiln.runtime.artifact import ArtifactError
+from kiln.driver import plan_cache
+from kiln.driver.artifact import ArtifactError
 from tests.helpers import FLOAT, INT64, make_model
 
 RNG = np.random.default_rng(12)

@@ -5,7 +5,7 @@ from kiln.errors import VerificationError
 from kiln.ir.graph import Graph, Node, Value, topological_order
 from kiln.ir.parser import parse_graph
 from kiln.ir.types import DType, tensor
-from kiln.ir.verify import verify
+from kiln.ops.verify import verify
 
 F = DType.FLOAT32
 

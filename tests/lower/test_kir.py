@@ -8,15 +8,15 @@ import numpy as np
 import pytest
 from onnx import helper
 
-from kiln.codegen.target import Target
-from kiln.compiler import Fallback, Segment, compile_plan
+from kiln.lower.target import Target
+from kiln.driver.compile import Fallback, Segment, compile_plan
 from kiln.frontend.onnx import import_onnx
 from kiln.ir.types import DType
 from kiln.lower.kir import Buffer, For, Index, Kernel, Let, Load, Scalar, Store, i64
 from kiln.lower.kir_interpreter import KernelIndexError, NotInterpretable, run_kernel
 from kiln.lower.kir_printer import print_kernel
 from kiln.lower.kir_verify import verify_kernel
-from kiln.runtime.interpreter import Interpreter, evaluate_node
+from kiln.ops.interpreter import Interpreter, evaluate_node
 from tests.helpers import FLOAT, INT64, make_model
 
 RNG = np.random.default_rng(9)

@@ -6,7 +6,7 @@ import pytest
 from kiln.errors import ShapeInferenceError
 from kiln.ir.graph import Node, Value
 from kiln.ir.types import DType, TensorType, parse_type
-from kiln.ops import REGISTRY, load_all
+from kiln.ops import REGISTRY
 from kiln.ops.inference import infer_node
 
 SEED_OPS = (
@@ -26,13 +26,11 @@ def infer(op, input_types, attrs=None, values=None, outputs=1):
 
 
 def test_every_seed_model_op_is_registered():
-    load_all()
     missing = [op for op in SEED_OPS if ("", op) not in REGISTRY]
     assert not missing
 
 
 def test_registry_is_large_and_every_op_infers():
-    load_all()
     assert len(REGISTRY) >= 190
     assert all(callable(d.infer) for d in REGISTRY.values())
 

@@ -5,7 +5,7 @@ import pytest
 
 from kiln.ir.graph import Node, Value
 from kiln.ir.types import DType, OptionalType, TensorType, tensor
-from kiln.runtime.interpreter import evaluate_node
+from kiln.ops.interpreter import evaluate_node
 
 F = DType.FLOAT32
 

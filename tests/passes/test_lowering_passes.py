@@ -7,7 +7,7 @@ import kiln
 from kiln.frontend.onnx import import_onnx
 from kiln.passes.decompose import decompose
 from kiln.passes.widen_half import widen_half
-from kiln.runtime.interpreter import Interpreter
+from kiln.ops.interpreter import Interpreter
 from tests.helpers import FLOAT, make_model
 
 RNG = np.random.default_rng(0)

@@ -6,8 +6,8 @@ import pytest
 from onnx import helper
 
 import kiln
-from kiln.codegen import toolchain
-from kiln.runtime.artifact import ArtifactError
+from kiln.backends.cpu import toolchain
+from kiln.driver.artifact import ArtifactError
 from tests.helpers import FLOAT, make_model
 
 RNG = np.random.default_rng(0)

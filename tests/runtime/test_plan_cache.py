@@ -11,11 +11,11 @@ import pytest
 from onnx import TensorProto, helper
 
 import kiln
-import kiln.compiler
+import kiln.driver.compile
 import kiln.frontend
-import kiln.runtime.native as native
-from kiln.codegen import toolchain
-from kiln.runtime import plan_cache
+import kiln.driver.native as native
+from kiln.backends.cpu import toolchain
+from kiln.driver import plan_cache
 from tests.helpers import make_model
 
 RNG = np.random.default_rng(3)
@@ -56,7 +56,7 @@ def test_second_compile_does_no_lowering_and_no_c_compilation(cache, monkeypatch
     first = kiln.compile(proto, dims={"batch": 2})(x)
     plan_cache.wait()  # entries are written in the background
     assert plan_cache.STATS["stores"] == 1
-    forbid(monkeypatch, (native, "compile_plan"), (kiln.compiler, "build"), (toolchain, "build"))
+    forbid(monkeypatch, (native, "compile_plan"), (kiln.driver.compile, "build"), (toolchain, "build"))
     again = kiln.compile(proto, dims={"batch": 2})
     np.testing.assert_array_equal(again(x), first)
     # small weights come back from the pickle 16-byte aligned; the engine needs 64 (a crash found
@@ -121,7 +121,7 @@ def test_two_processes_compiling_the_same_model_both_succeed(cache):
     onnx.save(model(), path)
     script = (
         "import sys, numpy as np, kiln\n"
-        "import kiln.runtime.native as n; n.WORTH_CACHING_S = 0.0\n"
+        "import kiln.driver.native as n; n.WORTH_CACHING_S = 0.0\n"
         "m = kiln.compile(sys.argv[1], dims={'batch': 1})\n"
         "print(float(m(np.ones((1, 4, 6, 6), np.float32)).sum()))\n"
     )
@@ -150,12 +150,12 @@ def test_a_kiln_bug_names_the_stage_and_writes_a_replayable_reproducer(cache, mo
         match=r"kiln bug during lowering of node .*\(opset 17\) with inputs %x: f32\[1,4,6,6\].*: IndexError",
     ) as caught:
         kiln.compile(proto, dims={"batch": 1})
-    path = str(caught.value).split("python -m kiln.repro ")[1].strip()
+    path = str(caught.value).split("python -m kiln.driver.repro ")[1].strip()
     assert {"graph.txt", "tensors.npz", "config.json", "error.txt"} <= {
         p.name for p in __import__("pathlib").Path(path).iterdir()
     }
     # the replay in a fresh process (without the injected bug) compiles the same graph
-    replay = subprocess.run([sys.executable, "-m", "kiln.repro", path], capture_output=True, text=True, timeout=300)
+    replay = subprocess.run([sys.executable, "-m", "kiln.driver.repro", path], capture_output=True, text=True, timeout=300)
     assert replay.returncode == 0, replay.stderr
     assert "failed at: lowering" in replay.stdout and "does not reproduce" in replay.stdout
 
@@ -190,7 +190,7 @@ def test_the_cache_keeps_to_its_size_budget_evicting_the_least_recently_used(cac
 
 def test_entry_keys_are_the_same_in_every_process(cache):
     # (a set's repr in the key once made them depend on the process's string-hash seed)
-    script = "import kiln.runtime.plan_cache as p; print(p.entry_key('d' * 64, 2))"
+    script = "import kiln.driver.plan_cache as p; print(p.entry_key('d' * 64, 2))"
     keys = {
         subprocess.run(
             [sys.executable, "-c", script],

@@ -13,7 +13,7 @@ import pytest
 from onnx import helper
 
 import kiln
-from kiln.codegen.target import Target, TargetError
+from kiln.lower.target import Target, TargetError
 from tests.helpers import FLOAT, INT64, make_model
 
 HOST = Target.host()
@@ -23,7 +23,7 @@ TARGETS = ["cpu", "cpu:avx512", "cpu:avx2", "cpu:generic", "kir"]
 @pytest.fixture(autouse=True)
 def stores_finish(monkeypatch):
     """Plan-cache stores run in the background: let them finish before the test's cache folder goes."""
-    from kiln.runtime import plan_cache
+    from kiln.driver import plan_cache
 
     yield
     plan_cache.wait()
@@ -198,7 +198,7 @@ def test_an_artifact_records_its_isa_and_is_refused_where_it_cannot_run(tmp_path
     import json
     import zipfile
 
-    from kiln.runtime.artifact import ArtifactError
+    from kiln.driver.artifact import ArtifactError
 
     model = make_model([helper.make_node("Relu", ["x"], ["y"])], [("x", FLOAT, [4])], [("y", FLOAT, None)])
     target = "cpu:avx2" if "avx2" in HOST.runnable_isas() else "cpu"
@@ -223,7 +223,7 @@ def test_an_artifact_records_its_isa_and_is_refused_where_it_cannot_run(tmp_path
 
 
 def test_the_interpreted_target_needs_no_c_compiler(tmp_path, monkeypatch):
-    from kiln.codegen import toolchain
+    from kiln.backends.cpu import toolchain
 
     def no_compiler(*args, **kwargs):
         raise AssertionError("the C compiler ran for the kir target")

@@ -9,7 +9,7 @@ import kiln
 from kiln import tune
 from kiln.frontend.onnx import import_onnx
 from kiln.passes import optimize
-from kiln.tune import db
+from kiln.driver import tuning_db as db
 from kiln.tune.worker import Measurer
 from tests.helpers import make_model
 
@@ -20,7 +20,7 @@ RNG = np.random.default_rng(5)
 def cache(tmp_path, monkeypatch):
     monkeypatch.setenv("KILN_CACHE_DIR", str(tmp_path))
     monkeypatch.setenv("KILN_TUNED", "1")
-    monkeypatch.setattr(tune, "TUNED_HERE", set())
+    monkeypatch.setattr(tune.db, "TUNED_HERE", set())
     return tmp_path
 
 

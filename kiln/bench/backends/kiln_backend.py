@@ -25,7 +25,7 @@ class _KilnSession(Session):
 
 class KilnBackend(Backend):
     name = "kiln"
-    target = kiln.TARGETS[0]
+    target = "cpu"
 
     def version(self) -> str:
         return kiln.__version__

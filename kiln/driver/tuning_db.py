@@ -11,6 +11,9 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from kiln.backends import parse
+from kiln.version import __version__
+
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS results (
     kernel TEXT NOT NULL,
@@ -26,6 +29,7 @@ CREATE TABLE IF NOT EXISTS results (
 )
 """
 _lock = threading.Lock()
+TUNED_HERE: set[str] = set()  # kernel keys this process tuned (their schedules show as "tuned")
 
 
 def path() -> Path:
@@ -36,11 +40,9 @@ def path() -> Path:
 
 
 def _scope(target: str | None = None) -> tuple[str, str]:
-    """(target, kiln version) results are kept under; ``target`` defaults to this machine's."""
-    from kiln import __version__
-    from kiln.codegen.target import Target
-
-    return target or repr(Target.host()), __version__
+    """(target, kiln version) results are kept under; ``target`` (a ``repr(Target)``) defaults to
+    this machine's ``cpu``."""
+    return target or repr(parse("cpu")), __version__
 
 
 def _connect() -> sqlite3.Connection:
@@ -88,8 +90,9 @@ def record(
     candidates: int,
     failures: int,
     description: str,
+    target: str | None = None,
 ) -> None:
-    target, version = _scope()
+    target, version = _scope(target)
     with _lock:
         connection = _connect()
         try:

@@ -17,6 +17,7 @@ import numpy as np
 from kiln.errors import ExecutionError, KilnError, ResourceError
 from kiln.ir.graph import Graph, Node, Value
 from kiln.ir.types import DType, OptionalType, SequenceType, TensorType, Type
+from kiln.ops.onnx_bridge import make_onnx_op
 from kiln.ops.registry import RunContext, lookup
 
 Runner = Callable[[list[Any], Any], list[Any]]  # (inputs, execution) -> outputs
@@ -28,8 +29,6 @@ def make_runner(node: Node) -> Runner:
     if opdef is None:
         raise ExecutionError(f"node {node.label}: unknown op")
     if opdef.onnx_reference:
-        from kiln.ops.onnx_bridge import make_onnx_op
-
         onnx_op = make_onnx_op(node, opdef, [None if v is None else v.type for v in node.inputs])
         return lambda inputs, execution: [_normalize(o) for o in onnx_op(*inputs)]
     reference = opdef.reference

@@ -22,14 +22,17 @@ import hashlib
 import io
 import json
 import os
-import tempfile
 import zipfile
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from kiln.backends import backend
 from kiln.errors import KilnError
+from kiln.ir.parser import ParseError, parse_graph
+from kiln.ir.printer import print_graph, tensor_data
+from kiln.version import __version__
 
 FORMAT = "kiln-artifact"
 VERSION = 2
@@ -45,9 +48,6 @@ def source_key(source: str) -> str:
 
 
 def save(model: Any, path: str | os.PathLike) -> Path:
-    from kiln import __version__
-    from kiln.ir.printer import print_graph, tensor_data
-
     path = Path(path)
     meta: dict[str, Any] = {
         "format": FORMAT,
@@ -59,8 +59,9 @@ def save(model: Any, path: str | os.PathLike) -> Path:
     }
     libraries: dict[str, Path] = {}
     if model.target != "reference":
-        meta["isa"] = model.cpu.isa  # its libraries run only where this ISA does
-        meta["opt_level"] = model.level
+        # what the target needs to reopen it (cpu: the ISA its libraries run on)
+        meta.update(backend(model.compiled_for.backend).artifact_meta(model.compiled_for))
+        meta["opt_level"] = model.options.level
         for key, executable in model._variants.items():
             if all(isinstance(v, int) for _, v in key) and executable.keep is None:
                 meta["variants"].append(dict(key))
@@ -157,13 +158,9 @@ def _read_member(archive: zipfile.ZipFile, name: str, path: Path) -> bytes:
         raise ArtifactError(f"{path}: damaged artifact ({name}: {err})") from None
 
 
-def load(path: str | os.PathLike, rebuild: bool = False) -> Any:
-    """The model saved at ``path``. Every member is checked against the manifest first; nothing is
-    unpickled. With ``rebuild``, the artifact's native libraries are ignored and the code is
-    generated again from its IR. Raises ArtifactError for a damaged, foreign or newer file."""
-    from kiln.ir.parser import ParseError, parse_graph
-    from kiln.runtime.model import ReferenceModel
-
+def read(path: str | os.PathLike) -> tuple[dict[str, Any], dict[str, bytes], Any]:
+    """(meta, members, graph) of the artifact at ``path``, every member checked against the
+    manifest first; nothing is unpickled. Raises ArtifactError for a damaged, foreign or newer file."""
     path = Path(path)
     if not path.is_file():
         raise ArtifactError(f"{path}: no such file")
@@ -191,36 +188,12 @@ def load(path: str | os.PathLike, rebuild: bool = False) -> Any:
         graph = parse_graph(contents["graph.txt"].decode(), data)
         by_name = {v.name: v for v in graph.constants}
         graph = graph.with_(defaults=tuple(by_name[str(name)] for name in meta.get("defaults", [])))
-        target, level, variants = meta["target"], int(meta.get("opt_level", 2)), list(meta["variants"])
-        variants = [{str(k): int(v) for k, v in dims.items()} for dims in variants]
+        meta["target"], meta["opt_level"] = str(meta["target"]), int(meta.get("opt_level", 2))
+        meta["variants"] = [{str(k): int(v) for k, v in dims.items()} for dims in list(meta["variants"])]
     except ArtifactError:
         raise
     except (KeyError, ParseError, ValueError, TypeError, AttributeError, OSError, zipfile.BadZipFile) as err:
         raise ArtifactError(f"{path}: damaged artifact ({type(err).__name__}: {err})") from None
     except KilnError as err:  # a graph kiln's verifier or inference rejects
         raise ArtifactError(f"{path}: damaged artifact ({err})") from None
-    if target == "reference":
-        return ReferenceModel(graph)
-    from kiln.codegen.target import Target, TargetError
-    from kiln.runtime.native import NativeModel
-
-    try:
-        cpu = Target.parse(target if target != "cpu" else f"cpu:{meta.get('isa', Target.host().isa)}")
-    except TargetError as err:
-        raise ArtifactError(f"{path}: built for {target} ({meta.get('isa', '?')}): {err}") from None
-    if target == "cpu" and cpu.isa == Target.host().isa:
-        cpu = Target.host()  # built for a machine like this one (-march=native)
-
-    prebuilt = {}
-    if not rebuild:
-        folder = Path(tempfile.mkdtemp(prefix="kiln-artifact-"))
-        for name, content in contents.items():
-            key = name.removeprefix("lib/").removesuffix(".so")
-            if name.startswith("lib/") and name.endswith(".so") and key.isalnum():
-                library = folder / f"{key}.so"
-                library.write_bytes(content)
-                prebuilt[key] = library
-    model = NativeModel(graph, level=level, prebuilt=prebuilt, compile_now=False, cpu=cpu)
-    for dims in variants:
-        model._variant(dims)
-    return model
+    return meta, contents, graph

@@ -9,6 +9,7 @@ the same but for their buffers share the function (see ``_Templates``).
 
 from __future__ import annotations
 
+import contextvars
 import dataclasses
 import itertools
 import math
@@ -16,8 +17,9 @@ import re
 from collections.abc import Sequence
 from pathlib import Path
 
-from kiln.codegen.target import Target
+from kiln.backends.cpu import winograd_c
 from kiln.ir.types import DType
+from kiln.lower.target import Target
 from kiln.lower.kir import (
     Assign,
     Binary,
@@ -131,7 +133,8 @@ def c_type(dtype: DType) -> str:
     return C_TYPES[dtype]
 
 
-_CHECKED = False  # set by emit_c from KILN_DEBUG: every buffer index is range-checked
+# set by emit_c for one rendering (CompileOptions.debug): every buffer index is range-checked
+_CHECKED: contextvars.ContextVar[bool] = contextvars.ContextVar("kiln_checked", default=False)
 
 
 def _node_text(e: Expr, text: dict[int, str]) -> str:
@@ -141,7 +144,7 @@ def _node_text(e: Expr, text: dict[int, str]) -> str:
     if isinstance(e, (Index, Scalar)):
         return e.name
     if isinstance(e, Load):
-        if _CHECKED:
+        if _CHECKED.get():
             return f'{e.buffer.name}[kiln_checked({text[id(e.index)]}, {e.buffer.size}LL, "{e.buffer.name}", __LINE__)]'
         return f"{e.buffer.name}[{text[id(e.index)]}]"
     if isinstance(e, Binary):
@@ -401,7 +404,7 @@ class _Templates:
     def function_for(self, kernel: Kernel) -> tuple[str, list[Buffer]]:
         used = _kernel_buffers(kernel)
         local = {b: i for i, b in enumerate(used)}
-        if _CHECKED:  # debug builds keep kiln's names: range-check messages name the buffer
+        if _CHECKED.get():  # debug builds keep kiln's names: range-check messages name the buffer
             self.parts.append(emit_kernel(kernel, used, local, f"kiln_{kernel.name}"))
             return f"kiln_{kernel.name}", used
         text = emit_kernel(kernel, used, local, "KILN_TEMPLATE")
@@ -479,27 +482,34 @@ static double kiln_now(void) { struct timespec t; clock_gettime(CLOCK_MONOTONIC,
 
 
 def emit_c(
-    segments: Sequence[Sequence[Kernel]], table: dict[Buffer, int], profile: bool = False, target: Target | None = None
+    segments: Sequence[Sequence[Kernel]],
+    table: dict[Buffer, int],
+    target: Target,
+    profile: bool = False,
+    checked: bool = False,
 ) -> str:
     """The whole translation unit for a model's native segments. With ``profile``, each kernel adds
-    its wall time to ``double kiln_profile_seconds[i]`` (i: the kernel's position in the plan)."""
-    from kiln.codegen.toolchain import debug
+    its wall time to ``double kiln_profile_seconds[i]`` (i: the kernel's position in the plan);
+    ``checked`` range-checks every buffer index (debug builds)."""
+    token = _CHECKED.set(checked)
+    try:
+        return _emit_c(segments, table, target, profile, checked)
+    finally:
+        _CHECKED.reset(token)
 
-    global _CHECKED
-    _CHECKED = debug()
+
+def _emit_c(segments, table, target, profile, checked):  # type: ignore[no-untyped-def]
     kernels = [k for kernels in segments for k in kernels]
     positions = {id(k): i for i, k in enumerate(kernels)} if profile else None
     parts = [PROFILE_PRELUDE + PRELUDE if profile else PRELUDE]
     if profile:
         parts.append(f"double kiln_profile_seconds[{max(len(kernels), 1)}];")
-    if _CHECKED:
+    if checked:
         parts.append(DEBUG_PRELUDE)
     if any(_uses_gemm(k.body) for k in kernels):
-        parts.append(gemm_prelude(target or Target.host()))
+        parts.append(gemm_prelude(target))
     if any(_uses_winograd(k.body) for k in kernels):
-        from kiln.lower.winograd import c_source
-
-        parts.append(c_source())
+        parts.append(winograd_c.c_source())
     if any(_uses_driver(k.body, "kiln_attention") for k in kernels):
         parts.append((Path(__file__).parent / "attention.c").read_text())
     templates = _Templates()

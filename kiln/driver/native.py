@@ -3,9 +3,7 @@ the rest, one specialization per binding of the model's symbolic input dims."""
 
 from __future__ import annotations
 
-import ctypes
 import os
-import queue
 import threading
 import time
 from collections import OrderedDict
@@ -14,20 +12,19 @@ from typing import Any
 
 import numpy as np
 
-from kiln.codegen.target import Target
-from kiln.compiler import Fallback, Plan, Segment, compile_plan, load_functions
-from kiln.errors import ExecutionError, InternalError, KilnError, ResourceError
+from kiln.driver import plan_cache
+from kiln.driver.artifact import save
+from kiln.driver.options import CompileOptions
+from kiln.driver.pipeline import compile_plan, resolve_target
+from kiln.errors import InternalError, KilnError, ResourceError
 from kiln.ir.graph import Graph
 from kiln.ir.types import TensorType
-from kiln.lower.kir import Buffer
-from kiln.lower.kir_interpreter import run_kernel
-from kiln.lower.lowering import aligned
-from kiln.lower.memory import ALIGNMENT
+from kiln.lower.target import Target
 from kiln.passes import specialize
 from kiln.passes.specialize import input_dims
-from kiln.runtime import plan_cache
-from kiln.runtime.interpreter import Interpreter, evaluate_node, node_failure
+from kiln.runtime.executable import Executable, WeightStore
 from kiln.runtime.model import Model
+from kiln.runtime.plan import Plan
 
 WORTH_CACHING_S = 0.5  # a plan is stored when compiling it took this long...
 WORTH_CACHING_BYTES = 1 << 20  # ...or the model's weights are this big
@@ -43,157 +40,11 @@ def freeze_inputs(graph: Graph, values: dict[str, np.ndarray]) -> Graph:
     return graph.with_(inputs=[v for v in graph.inputs if v not in frozen], constants={**graph.constants, **frozen})
 
 
-class WeightStore:
-    """Each distinct weight array of a model's variants held once. Every binding of the symbolic
-    dims compiles its own plan, with its own folded and packed copies of the weights; packing does
-    not depend on the batch, so the copies are equal and all variants can read one. Arrays are
-    matched by content (a sample of their bytes, then an exact comparison): never by name."""
-
-    SMALL = 4096  # bytes: below this, sharing saves nothing worth a comparison
-
-    def __init__(self) -> None:
-        self._arrays: dict[tuple, list[np.ndarray]] = {}
-        self._lock = threading.Lock()
-
-    def share(self, array: np.ndarray) -> np.ndarray:
-        if array.nbytes < self.SMALL or not array.flags.c_contiguous:
-            return array
-        raw = array.reshape(-1).view(np.uint8)
-        key = (array.dtype.str, array.shape, raw[:: max(1, raw.size // 64)][:64].tobytes())
-        with self._lock:
-            found = self._arrays.setdefault(key, [])
-            for candidate in found:
-                if candidate is array or np.array_equal(candidate.reshape(-1).view(np.uint8), raw):
-                    return candidate
-            found.append(array)
-            return array
-
-
 def _limit(name: str, default: int) -> int:
     try:
         return max(1, int(os.environ.get(name, default)))
     except ValueError:
         return default
-
-
-class Executable:
-    """A compiled plan plus what running it needs: loaded functions, weights, an arena pool."""
-
-    def __init__(self, plan: Plan, keep: list[int] | None = None, weights: WeightStore | None = None) -> None:
-        if weights is not None:
-            shared = {id(a): weights.share(a) for a in plan.constants.values()}
-            plan.constants = {buffer: shared[id(array)] for buffer, array in plan.constants.items()}
-            # the optimized graph holds the same arrays (for host fallbacks): let go of the copies
-            graph = plan.graph
-            plan.graph = graph.with_(constants={v: shared.get(id(a), a) for v, a in graph.constants.items()})
-        self.plan = plan
-        self.keep = keep  # positions of the inputs the plan takes (others were frozen)
-        self.functions = load_functions(plan)
-        # a plan with kernels but no library is for the ``kir`` target: the interpreter runs them
-        self.interpreted = plan.library is None and any(isinstance(s, Segment) for s in plan.steps)
-        self.status_buffer = next((b for b, slot in plan.table.items() if slot == 0), None)
-        self.interpreter = Interpreter(plan.graph) if plan.whole_graph_reason else None
-        self.arenas: queue.SimpleQueue[np.ndarray] = queue.SimpleQueue()
-        self.slots = len(plan.table)
-        # What every request shares, computed once: weight views and their slots in the table,
-        # the outputs' shapes and which of them must be copied out of memory they don't own.
-        # every weight 64-byte aligned: the engine loads packed panels with aligned vector loads,
-        # and small arrays unpickled from the plan cache come back only 16-byte aligned
-        self.constant_views = {
-            buffer: (view if view.ctypes.data % ALIGNMENT == 0 else aligned(view))
-            for buffer, view in ((b, a.reshape(-1)) for b, a in plan.constants.items())
-        }
-        self.base_table: list[int | None] = [None] * self.slots
-        for buffer, view in self.constant_views.items():
-            self.base_table[plan.table[buffer]] = view.ctypes.data
-        shared = set(plan.memory.offsets) | set(plan.constants) | set(plan.inputs)
-        self.output_layout = [
-            (
-                buffer,
-                [int(d) for d in value.type.shape]
-                if isinstance(value.type, TensorType) and value.type.shape is not None
-                else [],
-                buffer in shared,
-            )
-            for value, buffer in zip(plan.graph.outputs, plan.outputs)
-        ]
-
-    def _arena(self) -> np.ndarray:
-        try:
-            return self.arenas.get_nowait()
-        except queue.Empty:
-            raw = np.empty(self.plan.memory.arena_bytes + ALIGNMENT, dtype=np.uint8)
-            shift = (-raw.ctypes.data) % ALIGNMENT
-            return raw[shift : shift + self.plan.memory.arena_bytes]
-
-    def run(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
-        if self.keep is not None:
-            inputs = [inputs[i] for i in self.keep]
-        if self.interpreter is not None:
-            return self.interpreter.run(inputs)
-        plan = self.plan
-        arena = self._arena()
-        try:
-            views: dict[Buffer, np.ndarray] = dict(self.constant_views)
-            per_request: list[Buffer] = []
-            for buffer, array in zip(plan.inputs, inputs):
-                views[buffer] = np.ascontiguousarray(array).reshape(-1)
-                per_request.append(buffer)
-            for buffer in plan.outputs:
-                if buffer not in views:
-                    views[buffer] = np.empty(buffer.size, dtype=buffer.dtype.numpy)
-                    per_request.append(buffer)
-            for buffer, offset in plan.memory.offsets.items():
-                views[buffer] = arena[offset : offset + buffer.nbytes].view(buffer.dtype.numpy)
-                per_request.append(buffer)
-            status = np.zeros(1, dtype=np.int32)
-            table = (ctypes.c_void_p * self.slots)(*self.base_table)
-            table[0] = status.ctypes.data
-            for buffer in per_request:
-                table[plan.table[buffer]] = views[buffer].ctypes.data
-            functions = iter(self.functions)
-            for step in plan.steps:
-                if isinstance(step, Segment):
-                    if self.interpreted:
-                        for kernel in step.kernels:
-                            run_kernel(kernel, {**views, self.status_buffer: status})
-                    else:
-                        next(functions)(ctypes.cast(table, ctypes.c_void_p))
-                    if status[0]:
-                        raise ExecutionError(
-                            f"node {plan.kernel_labels.get(int(status[0]), '?')}: an index input is out of range "
-                            "for the dimension it indexes (stage: run)"
-                        )
-                else:
-                    self._fallback(step, views)
-            results = []
-            for buffer, shape, copy in self.output_layout:
-                array = views[buffer].reshape(shape)
-                results.append(array.copy() if copy else array)
-            return results
-        finally:
-            self.arenas.put(arena)
-
-    def _fallback(self, step: Fallback, views: dict[Buffer, np.ndarray]) -> None:
-        plan = self.plan
-        node = step.node
-        args = [
-            None if v is None else views[plan.roots[v]].reshape([int(d) for d in v.type.shape]) for v in node.inputs
-        ]  # type: ignore[union-attr]
-        try:
-            results = evaluate_node(node, args)
-        except KilnError:
-            raise
-        except Exception as err:
-            raise node_failure(node, args, err, stage="run, host fallback") from err
-        for value, result in zip(node.outputs, results):
-            target = views[plan.roots[value]]
-            result = np.asarray(result)
-            if result.dtype != target.dtype or result.size != target.size:
-                raise ExecutionError(
-                    f"node {node.label}: fallback produced {result.dtype}{list(result.shape)}, planned {value.type} (kiln bug)"
-                )
-            np.copyto(target, result.reshape(-1))
 
 
 def _note(err: BaseException, prefix: str) -> str:
@@ -202,15 +53,16 @@ def _note(err: BaseException, prefix: str) -> str:
 
 
 class NativeModel(Model):
-    """kiln's compiled CPU model. Symbolic input dims are bound at run time; each new binding
-    compiles once (C compilation itself is cached on disk across processes)."""
+    """A model compiled for a registered target (``cpu`` by default). Symbolic input dims are
+    bound at run time; each new binding compiles once (builds are cached on disk across
+    processes)."""
 
     target = "cpu"
 
     def __init__(
         self,
         graph: Graph | None,
-        level: int = 2,
+        options: CompileOptions | None = None,
         dims: dict[str, int] | None = None,
         prebuilt: dict | None = None,
         compile_now: bool = True,
@@ -220,15 +72,15 @@ class NativeModel(Model):
         max_variant_bytes: int | None = None,
         signature: Graph | None = None,
         graph_loader: Callable[[], tuple[Graph, bool]] | None = None,
-        cpu: Target | None = None,
+        target: Target | str | None = None,
     ) -> None:
         super().__init__(graph, signature)
-        self.cpu = cpu or Target.host()  # the ISA the code is for (cpu:avx2 on an AVX-512 machine...)
-        self.target = self.cpu.name
+        self.compiled_for = resolve_target(target)  # what the code is for (cpu:avx2 on an AVX-512 machine...)
+        self.target = self.compiled_for.name
+        self.options = options or CompileOptions.from_env()
         # a model compiled before may start from its signature alone: the source graph (all the
         # weights) is loaded only when a new binding must compile (``graph_loader``)
         self._graph_loader = graph_loader
-        self.level = level
         self.prebuilt = prebuilt or {}
         # (path, SHA-256 of its bytes when imported) of an ONNX file the plan cache may remember
         self.source_file = source_file
@@ -281,13 +133,13 @@ class NativeModel(Model):
     @property
     def cache_key(self) -> str:
         if self._cache_key is None:
-            self._cache_key = plan_cache.entry_key(self.graph.digest, self.level, self.cpu)
+            self._cache_key = plan_cache.entry_key(self.graph.digest, self.options, self.compiled_for)
         return self._cache_key
 
     def _plan(self, dims: dict[str, int]) -> Plan:
         """The plan for ``dims``: from the plan cache, else compiled (and stored when compiling took
         long enough to be worth the disk: big weights or seconds of work)."""
-        if not plan_cache.enabled():
+        if not (self.options.plan_cache and plan_cache.enabled()):
             return self._compile(dims)
         plan = plan_cache.load_plan(self.cache_key, dims)
         if plan is not None:
@@ -303,18 +155,18 @@ class NativeModel(Model):
         """compile_plan; an error that is not a KilnError is a kiln bug: it becomes an
         InternalError naming the stage, with a reproducer written to disk."""
         try:
-            return compile_plan(specialize(self.graph, dims), self.level, self.prebuilt, target=self.cpu)
+            return compile_plan(specialize(self.graph, dims), self.compiled_for, self.options, prebuilt=self.prebuilt)
         except KilnError:
             raise
         except MemoryError as err:
             raise ResourceError(f"out of memory while compiling for dims {dims}: {err}") from None
         except Exception as err:
-            from kiln import repro
+            from kiln.driver import repro
 
             stage = _note(err, "kiln stage: ") or "compile"
             try:
-                path: object = repro.write(self.graph, self.level, dims, err, stage)
-                hint = f"a reproducer is in {path}; replay it with: python -m kiln.repro {path}"
+                path: object = repro.write(self.graph, self.options, dims, err, stage, self.compiled_for)
+                hint = f"a reproducer is in {path}; replay it with: python -m kiln.driver.repro {path}"
             except Exception as write_error:  # never hide the original error
                 hint = f"(writing a reproducer failed too: {write_error})"
             node = _note(err, "kiln node: ")
@@ -325,7 +177,7 @@ class NativeModel(Model):
         plan_cache.store_plan(self.cache_key, dims, plan)
         if self.source_file is not None:
             plan_cache.store_graph(self.cache_key, self.graph)
-            plan_cache.remember_file(*self.source_file, self.cache_key, self.level, self.cpu)
+            plan_cache.remember_file(*self.source_file, self.cache_key, self.options, self.compiled_for)
 
     @property
     def graph(self) -> Graph:
@@ -341,7 +193,7 @@ class NativeModel(Model):
         return self._graph
 
     def derive(self, graph: Graph) -> NativeModel:
-        return NativeModel(graph, level=self.level, max_variants=self.max_variants, cpu=self.cpu)
+        return NativeModel(graph, self.options, max_variants=self.max_variants, target=self.compiled_for)
 
     def prepare(self, feeds: dict[str, Any]) -> None:
         """Compile the variant these inputs need now, instead of on the first run."""
@@ -376,7 +228,7 @@ class NativeModel(Model):
                     return None
                 keep = [i for i, name in enumerate(self.input_names) if name not in small]
                 graph = freeze_inputs(specialize(self.graph, dims), small)
-                executable = Executable(compile_plan(graph, self.level, target=self.cpu), keep, self.weights)
+                executable = Executable(compile_plan(graph, self.compiled_for, self.options), keep, self.weights)
                 self.value_variants += 1
                 self._remember(key, executable)
         return executable
@@ -395,6 +247,4 @@ class NativeModel(Model):
 
     def save(self, path: str) -> Any:
         """Write a ``.kiln`` artifact (IR, weights, native libraries); ``kiln.load`` reads it."""
-        from kiln.runtime.artifact import save
-
         return save(self, path)

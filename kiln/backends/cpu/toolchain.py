@@ -15,8 +15,25 @@ from functools import lru_cache
 from pathlib import Path
 
 from kiln import integrity
-from kiln.codegen.target import Target
+from kiln.lower.target import Target
 from kiln.errors import KilnError, ResourceError
+
+ISAS = {  # name -> (vector bytes, the compiler's -march for code that must run on any such CPU)
+    "avx512": (64, "x86-64-v4"),
+    "avx2": (32, "x86-64-v3"),
+    "neon": (16, "armv8-a"),
+    "generic": (16, ""),
+}
+
+
+def compiler_flags(target: Target) -> tuple[str, ...]:
+    """-march=native for the host's own target; otherwise the ISA's baseline (so cpu:avx2 code on
+    an AVX-512 machine really is AVX2 code), tuned for this machine."""
+    if target.native:
+        return ("-march=native",)
+    march = ISAS[target.isa][1]
+    return (f"-march={march}", "-mtune=native") if march else ()
+
 
 DEBUG_FLAGS = (
     "-O1",
@@ -25,7 +42,7 @@ DEBUG_FLAGS = (
     "-fsanitize=address,undefined",
     "-fno-sanitize-recover=undefined",
 )
-FLAGS = (  # then the target's own (-march=...: Target.compiler_flags)
+FLAGS = (  # then the target's own (-march=...: compiler_flags)
     "-O3",
     "-fopenmp",
     "-fPIC",
@@ -41,16 +58,12 @@ FLAGS = (  # then the target's own (-march=...: Target.compiler_flags)
 )
 
 
-def debug() -> bool:
-    """``KILN_DEBUG=1``: generated code checks every index against its buffer and is built with
-    AddressSanitizer and UBSan (load it in a process started with LD_PRELOAD=libasan.so)."""
-    return os.environ.get("KILN_DEBUG", "0") not in ("0", "", "false", "no")
-
-
-def flags(target: Target | None = None) -> tuple[str, ...]:
-    """Every flag generated C for ``target`` (default: this machine) is built with."""
-    own = (target or Target.host()).compiler_flags()
-    if not debug():
+def flags(target: Target, debug: bool = False) -> tuple[str, ...]:
+    """Every flag generated C for ``target`` is built with; ``debug`` (CompileOptions.debug,
+    KILN_DEBUG=1) builds with AddressSanitizer and UBSan (load such a library in a process started
+    with LD_PRELOAD=libasan.so)."""
+    own = compiler_flags(target)
+    if not debug:
         return FLAGS + own
     return tuple(f for f in FLAGS if f != "-O3") + own + DEBUG_FLAGS
 
@@ -112,14 +125,13 @@ def _cached(library: Path) -> bool:
     return False
 
 
-def build(source: str, target: Target | None = None) -> Path:
+def build(source: str, target: Target, debug: bool = False) -> Path:
     """Path of the shared library built from ``source`` for ``target`` (default: this machine),
     reused from the cache when present. Raises CompilerError when the compiler fails,
     ResourceError when the disk is full."""
-    target = target or Target.host()
     compiler, version = find_compiler()
     # -march=native code is only valid on this kind of CPU: the target is part of the key
-    key = hashlib.sha256("\n".join([source, compiler, version, repr(target), *flags(target)]).encode()).hexdigest()[:24]
+    key = hashlib.sha256("\n".join([source, compiler, version, repr(target), *flags(target, debug)]).encode()).hexdigest()[:24]
     folder = cache_dir()
     library = folder / f"{key}.so"
     if _cached(library):
@@ -136,7 +148,7 @@ def build(source: str, target: Target | None = None) -> Path:
         handle, partial = tempfile.mkstemp(suffix=".so", dir=folder)
         os.close(handle)
         result = subprocess.run(
-            [compiler, *flags(target), own_source, "-o", partial, "-lm"], capture_output=True, text=True
+            [compiler, *flags(target, debug), own_source, "-o", partial, "-lm"], capture_output=True, text=True
         )
         if result.returncode != 0:
             if _out_of_space(result.stderr):

@@ -45,8 +45,13 @@ from typing import Any
 import numpy as np
 
 from kiln import integrity
+from kiln.backends import backend
+from kiln.driver import tuning_db
+from kiln.driver.options import CompileOptions
+from kiln.lower.target import Target
+from kiln.version import __version__
 
-FORMAT = 4  # bump when Plan/Graph/Kernel change shape: older entries then miss
+FORMAT = 5  # bump when Plan/Graph/Kernel change shape: older entries then miss
 SMALL = 4096  # bytes: arrays below this stay inside the pickle
 STATS = {"hits": 0, "misses": 0, "stores": 0, "damaged": 0, "evicted": 0}
 
@@ -120,10 +125,9 @@ def evict(keep: Path | None = None) -> int:
 
 
 def enabled() -> bool:
-    """The cache is on unless ``KILN_PLAN_CACHE=0``, and usable: a cache folder that cannot be
-    written or a key that cannot be trusted turns it off with one warning (caching is optional)."""
-    if os.environ.get("KILN_PLAN_CACHE", "1") in ("0", "false", "no", ""):
-        return False
+    """The cache is usable: a cache folder that cannot be written or a key that cannot be trusted
+    turns it off with one warning (caching is optional). Whether a compile uses it at all is its
+    ``CompileOptions.plan_cache`` (``KILN_PLAN_CACHE=0`` turns that off)."""
     base = _base()
     usable = _USABLE.get(base)
     if usable is None:
@@ -185,34 +189,22 @@ def code_fingerprint() -> str:
     return hasher.hexdigest()
 
 
-def tuning_fingerprint(target: Any) -> str:
-    from kiln.tune import db
-
-    return db.fingerprint(repr(target)) if os.environ.get("KILN_TUNED", "1") != "0" else "off"
+def tuning_fingerprint(target: Target, options: CompileOptions) -> str:
+    return tuning_db.fingerprint(repr(target)) if options.tuned else "off"
 
 
-def entry_key(graph_digest: str, level: int, target: Any = None) -> str:
-    """The entry for a source graph at an -O level (on this kiln, target and compiler)."""
-    from kiln import __version__
-    from kiln.codegen.target import Target
-    from kiln.codegen.toolchain import find_compiler, flags
-
-    target = target or Target.host()
-    compiler, version = find_compiler()
-    from kiln.lower.gemm_lowering import disabled
-
+def entry_key(graph_digest: str, options: CompileOptions, target: Target) -> str:
+    """The entry for a source graph compiled with ``options`` (on this kiln, for ``target``, with
+    what its backend builds with: compiler and flags for cpu)."""
     parts = [
         str(FORMAT),
         graph_digest,
-        str(level),
+        options.key(),  # -O level, passes and algorithms turned off, debug, precision
         __version__,
         code_fingerprint(),
-        ",".join(sorted(disabled())),  # algorithms turned off change the plan
-        tuning_fingerprint(target),  # so do tuned schedules
+        tuning_fingerprint(target, options),  # tuned schedules change the plan
         repr(target),
-        compiler,
-        version,
-        *flags(target),
+        *backend(target.backend).identity(target, options.debug),
     ]
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:32]
 
@@ -523,11 +515,11 @@ def _external_files(path: Path) -> list[str]:
     return list(found)
 
 
-def _file_index(digest: str, level: int, target: Any = None) -> Path:
-    return root() / "files" / f"{digest}-{entry_key('file', level, target)[:16]}"
+def _file_index(digest: str, options: CompileOptions, target: Target) -> Path:
+    return root() / "files" / f"{digest}-{entry_key('file', options, target)[:16]}"
 
 
-def remember_file(path: str | os.PathLike, digest: str, key: str, level: int, target: Any = None) -> None:
+def remember_file(path: str | os.PathLike, digest: str, key: str, options: CompileOptions, target: Target) -> None:
     """Note that the ONNX file at ``path``, whose bytes had SHA-256 ``digest`` when it was imported
     (taken then: the file may have changed since), imports to the source graph of entry ``key``;
     its external data files are hashed too."""
@@ -535,17 +527,19 @@ def remember_file(path: str | os.PathLike, digest: str, key: str, level: int, ta
         return
     path = Path(path)
     lines = [key] + [f"{name}\t{file_digest(path.parent / name)}" for name in _external_files(path)]
-    _write_text(_file_index(digest, level, target), "\n".join(lines))
+    _write_text(_file_index(digest, options, target), "\n".join(lines))
 
 
-def file_entry(path: str | os.PathLike, level: int, digest: str | None = None, target: Any = None) -> str | None:
+def file_entry(
+    path: str | os.PathLike, options: CompileOptions, target: Target, digest: str | None = None
+) -> str | None:
     """The entry the file at ``path`` led to before, if its bytes (``digest``, hashed here if not
     given) and its external data are the same."""
     if not enabled():
         return None
     path = Path(path)
     try:
-        lines = (_read_text(_file_index(digest or file_digest(path), level, target)) or "").splitlines()
+        lines = (_read_text(_file_index(digest or file_digest(path), options, target)) or "").splitlines()
         for line in lines[1:]:
             name, expected = line.split("\t")
             if file_digest(path.parent / name) != expected:

@@ -1,0 +1,20 @@
+"""kiln's targets. Importing this package registers the built-in ones: ``cpu`` (C, this machine
+or one ISA) and ``reference`` (the reference interpreter, no compilation). See ``registry``."""
+
+from __future__ import annotations
+
+from kiln.backends.cpu import CpuBackend
+from kiln.backends.registry import Backend, backend, names, parse, register, unregister
+
+
+class ReferenceBackend(Backend):
+    """``reference``: every node runs its reference implementation (the oracle of every test)."""
+
+    name = "reference"
+    compiles = False
+
+
+register(CpuBackend())
+register(ReferenceBackend())
+
+__all__ = ["Backend", "backend", "names", "parse", "register", "unregister"]

@@ -1,0 +1,124 @@
+"""The ``cpu`` target: kernels rendered as C11 + OpenMP (``c.py``) with kiln's hand-written
+drivers (``gemm.c``, ``winograd.c``, ``attention.c``), built by the machine's C compiler
+(``toolchain.py``) and loaded with ctypes. ``cpu`` is this machine at its best ISA (built with
+-march=native); ``cpu:<isa>`` builds one ISA's code path for any CPU that has it (so an AVX-512
+machine tests its AVX2 path too)."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import platform
+from collections.abc import Sequence
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from kiln.backends.cpu import toolchain
+from kiln.backends.cpu.c import emit_c
+from kiln.backends.cpu.toolchain import ISAS
+from kiln.backends.cpu.toolchain import compiler_flags as compiler_flags
+from kiln.backends.registry import Backend, SegmentRunner, library_runner
+from kiln.errors import KilnError
+from kiln.lower.kir import Buffer, Kernel
+from kiln.lower.target import ENGINES, Target, TargetError
+
+@lru_cache(maxsize=1)
+def host() -> Target:
+    """This machine: its best ISA (read once from /proc/cpuinfo) and the cores this process may use."""
+    flags: set[str] = set()
+    try:
+        with open("/proc/cpuinfo") as handle:
+            for line in handle:
+                if line.startswith(("flags", "Features")):
+                    flags = set(line.split(":", 1)[1].split())
+                    break
+    except OSError:
+        pass
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:
+        cores = os.cpu_count() or 1
+    if "avx512f" in flags:
+        isa = "avx512"
+    elif "avx2" in flags:
+        isa = "avx2"
+    elif "asimd" in flags or platform.machine() in ("aarch64", "arm64"):
+        isa = "neon"
+    else:
+        isa = "generic"
+    return Target("cpu", isa, ISAS[isa][0], cores)
+
+
+def runnable_isas(isa: str | None = None) -> tuple[str, ...]:
+    """The ISAs whose code runs on a CPU of ``isa`` (default: this machine's), best first."""
+    isa = isa or host().isa
+    order = {"avx512": ("avx512", "avx2", "generic"), "avx2": ("avx2", "generic")}
+    return order.get(isa, (isa, "generic") if isa != "generic" else ("generic",))
+
+
+def isa_target(isa: str) -> Target:
+    """``cpu:<isa>``: that ISA's code path, for any CPU that runs it (TargetError otherwise)."""
+    if isa not in ISAS:
+        raise TargetError(f"unknown target 'cpu:{isa}'; the cpu target's ISAs: {', '.join(ISAS)}")
+    if isa not in runnable_isas():
+        raise TargetError(
+            f"target 'cpu:{isa}' cannot run on this machine (its CPU offers {', '.join(runnable_isas())})"
+        )
+    return Target("cpu", isa, ISAS[isa][0], host().cores, native=False, engines=ENGINES, spec=f"cpu:{isa}")
+
+
+class CpuBackend(Backend):
+    name = "cpu"
+
+    def describe(self, variant: str) -> Target:
+        return host() if not variant else isa_target(variant)
+
+    def variants(self) -> list[str]:
+        return ["cpu", *(f"cpu:{isa}" for isa in ISAS)]
+
+    def render(self, segments: Sequence[Sequence[Kernel]], table: dict[Buffer, int], options: Any, target: Target) -> str:
+        return emit_c(segments, table, target, profile=options.profile, checked=options.debug)
+
+    def build(self, source: str, target: Target, options: Any) -> Path | None:
+        return toolchain.build(source, target, debug=options.debug)
+
+    def identity(self, target: Target, debug: bool = False) -> tuple[str, ...]:
+        return (*toolchain.find_compiler(), *toolchain.flags(target, debug))
+
+    def artifact_meta(self, target: Target) -> dict[str, Any]:
+        return {"isa": target.isa}  # its libraries run only where this ISA does
+
+    def reopen(self, spec: str, meta: dict[str, Any]) -> Target:
+        isa = str(meta.get("isa", host().isa))
+        if spec == "cpu" and isa == host().isa:
+            return host()  # built for a machine like this one (-march=native)
+        return isa_target(isa)  # refused (TargetError) where this CPU lacks the ISA
+
+    def available(self) -> str:
+        try:
+            toolchain.find_compiler()
+        except KilnError as err:
+            return str(err)
+        return ""
+
+    def load(self, plan: Any, target: Target) -> list[SegmentRunner]:
+        segments = [s for s in plan.steps if hasattr(s, "kernels")]
+        if not segments:
+            return []
+        if plan.library is None:
+            raise KilnError("a plan with native segments lacks its library (kiln bug)")
+        try:
+            library = ctypes.CDLL(str(plan.library))
+        except OSError as err:
+            raise KilnError(f"cannot load the native library {plan.library}: {err}") from None
+        runners = []
+        for step in segments:
+            try:
+                function = getattr(library, f"kiln_segment_{step.number}")
+            except AttributeError:
+                raise KilnError(f"the native library {plan.library} lacks segment {step.number}") from None
+            function.argtypes = [ctypes.c_void_p]
+            function.restype = ctypes.c_int
+            runners.append(library_runner(function))
+        return runners

@@ -1,0 +1,125 @@
+"""The target registry: every target kiln compiles for is a ``Backend`` registered here.
+
+A backend provides, for the shared pipeline (``kiln.driver.pipeline``):
+- ``describe(variant)``: the ``Target`` record lowering reads (ISA, vector width, cores, engines)
+  for a name such as ``cpu`` or ``cpu:avx2``; a ``TargetError`` when unknown or not runnable here;
+- ``variants()``: the names it accepts, for ``--help`` and error messages;
+- ``keeps(node)``: its legalization policy, what ``decompose`` leaves whole (default: what the
+  shared lowering table has a rule for) and ``widens_half`` (compute float16 in float32);
+- ``render(segments, table, options, target)``: source text for the lowered kernels ('' if none);
+- ``build(source, target, options)``: that source built into something ``load`` can open (or None);
+- ``load(plan, target)``: one runner per native segment, ``runner(table, views, status)``;
+- ``identity(target)``: what besides the source decides its build (compiler, flags), for caches.
+A new target subclasses ``Backend`` and calls ``register``; nothing shared changes (tests register
+one of their own: ``tests/targets/kir_backend.py``).
+"""
+
+from __future__ import annotations
+
+import ctypes
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from kiln.ir.graph import Node
+from kiln.lower.families import lowerable
+from kiln.lower.kir import Buffer, Kernel
+from kiln.lower.target import Target, TargetError
+
+# runner(pointer table, buffer -> array view, status array): runs one native segment
+SegmentRunner = Callable[[Any, dict[Buffer, np.ndarray], np.ndarray], None]
+
+
+class Backend:
+    """One target family. Subclasses set ``name`` and override what differs."""
+
+    name = ""
+    compiles = True  # False: the graph runs on the reference interpreter (``reference``)
+    widens_half = True  # float16/bfloat16 arithmetic computed in float32
+
+    def describe(self, variant: str) -> Target:
+        raise NotImplementedError
+
+    def variants(self) -> list[str]:
+        return [self.name]
+
+    def keeps(self, node: Node) -> bool:
+        return lowerable(node)
+
+    def render(self, segments: Sequence[Sequence[Kernel]], table: dict[Buffer, int], options: Any, target: Target) -> str:
+        return ""
+
+    def build(self, source: str, target: Target, options: Any) -> Path | None:
+        return None
+
+    def load(self, plan: Any, target: Target) -> list[SegmentRunner]:
+        raise NotImplementedError
+
+    def identity(self, target: Target) -> tuple[str, ...]:
+        return ()
+
+    def artifact_meta(self, target: Target) -> dict[str, Any]:
+        """What a ``.kiln`` artifact records to reopen code built for ``target`` elsewhere."""
+        return {}
+
+    def reopen(self, spec: str, meta: dict[str, Any]) -> Target:
+        """The target to run an artifact built for ``spec`` (with ``artifact_meta``) on this
+        machine; TargetError when its code cannot run here."""
+        return self.describe(spec.partition(":")[2])
+
+    def available(self) -> str:
+        """'' when this machine can build and run the target, else why not."""
+        return ""
+
+
+_BACKENDS: dict[str, Backend] = {}
+
+
+def register(backend: Backend, replace: bool = False) -> Backend:
+    """Make ``backend`` a target kiln can compile for (``kiln.compile(..., target=backend.name)``)."""
+    if not backend.name or ":" in backend.name:
+        raise ValueError(f"a backend's name is a word without ':', got {backend.name!r}")
+    if backend.name in _BACKENDS and not replace and _BACKENDS[backend.name] is not backend:
+        raise ValueError(f"target {backend.name!r} is registered already")
+    _BACKENDS[backend.name] = backend
+    return backend
+
+
+def unregister(name: str) -> None:
+    _BACKENDS.pop(name, None)
+
+
+def backend(name: str) -> Backend:
+    """The registered backend ``name`` (the part of a target name before ':')."""
+    found = _BACKENDS.get(name.partition(":")[0])
+    if found is None:
+        raise TargetError(f"unknown target {name!r}; available targets: {', '.join(names())}")
+    return found
+
+
+def names() -> list[str]:
+    """Every target name the registry accepts (each backend's variants)."""
+    return [variant for b in _BACKENDS.values() for variant in b.variants()]
+
+
+def parse(spec: str) -> Target:
+    """The ``Target`` a name stands for (``cpu``, ``cpu:avx2``...); TargetError when unknown or
+    when this machine cannot run it."""
+    if not isinstance(spec, str):
+        raise TargetError(f"a target is named by a string (such as 'cpu'), got {type(spec).__name__}")
+    found = backend(spec)
+    if not found.compiles:
+        raise TargetError(f"target {spec!r} does not compile (it runs the reference interpreter)")
+    target = found.describe(spec.partition(":")[2])
+    return target
+
+
+def library_runner(function: Any) -> SegmentRunner:
+    """A segment compiled to a C-ABI function ``int f(void **table)`` (the status is in the table)."""
+
+    def run(table: Any, views: dict[Buffer, np.ndarray], status: np.ndarray) -> None:
+        function(ctypes.cast(table, ctypes.c_void_p))
+
+    return run

@@ -1,0 +1,45 @@
+"""``kiln.load``: a ``.kiln`` artifact back into a runnable model, through the target registry."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from kiln.backends import backend
+from kiln.driver.artifact import ArtifactError, read
+from kiln.driver.native import NativeModel
+from kiln.driver.options import CompileOptions
+from kiln.driver.reference import ReferenceModel
+from kiln.lower.target import TargetError
+
+
+def load(path: str | os.PathLike, rebuild: bool = False) -> Any:
+    """The model saved at ``path`` (see ``artifact.read``). With ``rebuild``, the artifact's native
+    libraries are ignored and the code is generated again from its IR."""
+    path = Path(path)
+    meta, contents, graph = read(path)
+    target, level, variants = meta["target"], meta["opt_level"], meta["variants"]
+    try:
+        found = backend(target)
+        if not found.compiles:
+            return ReferenceModel(graph)
+        compiled_for = found.reopen(target, meta)
+    except TargetError as err:
+        raise ArtifactError(f"{path}: built for {target} ({meta.get('isa', '?')}): {err}") from None
+
+    prebuilt = {}
+    if not rebuild:
+        folder = Path(tempfile.mkdtemp(prefix="kiln-artifact-"))
+        for name, content in contents.items():
+            key = name.removeprefix("lib/").removesuffix(".so")
+            if name.startswith("lib/") and name.endswith(".so") and key.isalnum():
+                library = folder / f"{key}.so"
+                library.write_bytes(content)
+                prebuilt[key] = library
+    options = CompileOptions.from_env(level=level)
+    model = NativeModel(graph, options, prebuilt=prebuilt, compile_now=False, target=compiled_for)
+    for dims in variants:
+        model._variant(dims)
+    return model

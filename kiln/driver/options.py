@@ -1,0 +1,92 @@
+"""``CompileOptions``: every setting a compile depends on, typed, in one place.
+
+Environment variables remain as overrides (for a deployed service, a CI job, a bisection), but
+they are read once, by ``CompileOptions.from_env`` when a compile starts, never at their point of
+use deep in a pass or a renderer:
+
+    KILN_DISABLE=winograd,fuse   passes and algorithms turned off (``disabled``)
+    KILN_TUNED=0                 ignore the tuning database (``tuned``)
+    KILN_DEBUG=1                 checked indices, sanitizers, kernel-IR verification (``debug``)
+    KILN_PLAN_CACHE=0            no plan cache (``plan_cache``)
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from kiln.errors import KilnError
+from kiln.passes import PASS_NAMES
+
+ALGORITHMS = ("winograd",)  # algorithms ``disabled`` may name besides the graph passes
+PRECISIONS = ("fp32",)  # bf16 and int8 come with the reduced-precision work
+FALSE = ("0", "", "false", "no", "off")
+
+
+def _flag(env: Mapping[str, str], name: str, default: bool) -> bool:
+    value = env.get(name)
+    return default if value is None else value.strip().lower() not in FALSE
+
+
+@dataclass(frozen=True)
+class CompileOptions:
+    level: int = 2  # -O level, 0..3
+    disabled: frozenset[str] = field(default_factory=frozenset)  # pass names and ALGORITHMS
+    tuned: bool = True  # read schedules from the tuning database
+    debug: bool = False  # generated code checks indices, built with sanitizers; kernel IR verified
+    profile: bool = False  # per-kernel timers in the generated code
+    plan_cache: bool = True  # read and write the on-disk plan cache
+    precision: str = "fp32"
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.level, int) or not 0 <= self.level <= 3:
+            raise KilnError(f"optimization level must be 0..3, got {self.level!r}")
+        unknown = set(self.disabled) - set(PASS_NAMES) - set(ALGORITHMS)
+        if unknown:
+            raise KilnError(
+                f"cannot disable {sorted(unknown)}: not a pass or algorithm "
+                f"(passes: {', '.join(PASS_NAMES)}; algorithms: {', '.join(ALGORITHMS)})"
+            )
+        if self.precision not in PRECISIONS:
+            raise KilnError(f"precision {self.precision!r} is not supported; supported: {', '.join(PRECISIONS)}")
+        object.__setattr__(self, "disabled", frozenset(self.disabled))
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None, **given: Any) -> CompileOptions:
+        """Defaults, then the KILN_* overrides, then what the caller passed (``given``; None
+        values are ignored). Reads the environment once."""
+        env = os.environ if env is None else env
+        settings: dict[str, Any] = {
+            "disabled": frozenset(p.strip() for p in env.get("KILN_DISABLE", "").split(",") if p.strip()),
+            "tuned": _flag(env, "KILN_TUNED", True),
+            "debug": _flag(env, "KILN_DEBUG", False),
+            "plan_cache": _flag(env, "KILN_PLAN_CACHE", True),
+        }
+        for key, value in given.items():
+            if value is None:
+                continue
+            if key == "disabled":
+                value = frozenset(settings["disabled"]) | frozenset(value)
+            settings[key] = value
+        return cls(**settings)
+
+    def with_(self, **changes: Any) -> CompileOptions:
+        return replace(self, **changes)
+
+    @property
+    def passes_disabled(self) -> frozenset[str]:
+        return frozenset(d for d in self.disabled if d in PASS_NAMES)
+
+    @property
+    def algorithms_disabled(self) -> frozenset[str]:
+        return frozenset(d for d in self.disabled if d in ALGORITHMS)
+
+    def key(self) -> str:
+        """What of these options changes a plan (part of the plan cache's key)."""
+        return f"O{self.level};off={','.join(sorted(self.disabled))};dbg={int(self.debug)};{self.precision}"
+
+
+def disabled_names(values: Iterable[str]) -> frozenset[str]:
+    return frozenset(v.strip() for v in values if v.strip())

@@ -1,0 +1,171 @@
+"""What every lowering onto an engine shares (the matrix-multiply engine, Winograd, attention):
+operand packing, the epilogue helper a finished tile runs, the fused chain composed around an
+anchor, and the output coordinates an epilogue sees. Engines themselves are the targets'."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from kiln.ir.graph import Node, Value
+from kiln.ir.types import DType
+from kiln.lower.kir import (
+    Binary,
+    Buffer,
+    Expr,
+    For,
+    Function,
+    Gemm,
+    If,
+    Index,
+    Kernel,
+    Load,
+    Scalar,
+    Stmt,
+    Store,
+    Unary,
+    add,
+    buffers_in,
+    i64,
+)
+from kiln.lower.lowering import Lowerer, broadcast_index, scalarize_for, strides
+
+I64 = DType.INT64
+BLOCKING = ("mc", "nc", "kc")  # engine fields a tuned schedule may set
+
+Epilogue = Callable[[list[Expr], Expr, Expr], Expr]  # (output position, value, flat output index) -> final value
+
+
+class NotForEngine(Exception):
+    """This node keeps the loop-nest lowering (the reason says why)."""
+
+
+def pack_rows(matrices: np.ndarray, rows: int) -> np.ndarray:
+    """[B, M, K] -> panels of ``rows`` rows, k-major: [B, ceil(M/rows), K, rows], zero padded."""
+    batch, m, k = matrices.shape
+    padded = -(-m // rows) * rows
+    full = matrices
+    if padded != m:  # (no padding copy when the rows divide: the caller's aligned copy is the one copy)
+        full = np.zeros((batch, padded, k), dtype=np.float32)
+        full[:, :m] = matrices
+    return full.reshape(batch, padded // rows, rows, k).transpose(0, 1, 3, 2)
+
+
+def pack_cols(matrices: np.ndarray, cols: int) -> np.ndarray:
+    """[B, K, N] -> panels of ``cols`` columns: [B, ceil(N/cols), K, cols], zero padded."""
+    batch, k, n = matrices.shape
+    padded = -(-n // cols) * cols
+    full = matrices
+    if padded != n:
+        full = np.zeros((batch, k, padded), dtype=np.float32)
+        full[:, :, :n] = matrices
+    return full.reshape(batch, k, padded // cols, cols).transpose(0, 2, 1, 3)
+
+
+def epilogue_helper(
+    lw: Lowerer,
+    kernel_name: str,
+    dst: Buffer,
+    position_of,
+    flat_of,
+    epilogue: Epilogue | None,
+    bias: Buffer | None,  # type: ignore[no-untyped-def]
+    via_c: bool = False,
+) -> Function:
+    """``static void <name>(g, bt, i0, i1, j0, j1)``: finishes rows [i0, i1) x columns [j0, j1)
+    of batch element ``bt`` of the output: bias, then the fused chain."""
+    bt, i0, i1, j0, j1 = (Scalar(name, I64) for name in ("bt", "i0", "i1", "j0", "j1"))
+
+    def finish(row: Expr, col: Expr) -> Stmt:
+        flat = flat_of(bt, row, col)
+        value: Expr = Load(dst, flat)
+        if bias is not None:
+            value = Binary("+", value, Load(bias, row))
+        if epilogue is not None:
+            value = epilogue(position_of(bt, row, col), value, flat)
+        return Store(dst, flat, value)
+
+    # a whole micro-tile (the common case) with constant trip counts: unrolled and vectorized
+    # while the tile is in L1; edge tiles take the general loops
+    target = lw.target
+    r, c = Index("r"), Index("c")
+    i, j = Index("i"), Index("j")
+    whole = Binary(
+        "&&",
+        Binary("==", Binary("-", i1, i0), i64(target.gemm_rows)),
+        Binary("==", Binary("-", j1, j0), i64(target.gemm_cols)),
+    )
+    body: list[Stmt] = [
+        If(whole, [For(r, target.gemm_rows, [For(c, target.gemm_cols, [finish(add(i0, r), add(j0, c))])])]),
+        If(Unary("!", whole), [For(i, i1, [For(j, j1, [finish(i, j)], start=j0)], start=i0)]),
+    ]
+    return Function(
+        f"kiln_{kernel_name}_epilogue", [bt, i0, i1, j0, j1], body, buffers_in(body), dst if via_c else None
+    )
+
+
+def batch_position(bt: Expr, shape: tuple[int, ...]) -> list[Expr]:
+    """The indices of flat batch element ``bt`` over ``shape`` (row-major)."""
+    position: list[Expr] = []
+    for axis, stride in enumerate(strides(shape)):
+        index: Expr = Binary("/", bt, i64(stride)) if stride != 1 else bt
+        position.append(Binary("%", index, i64(shape[axis])) if axis else index)
+    return position
+
+
+def engine_kernel(name: str, kind: str, stmt: Gemm, dst: Buffer, node: Node, flops: int, source: str) -> Kernel:
+    """A kernel that is one call into the engine (it reads every buffer the call names)."""
+    reads = [b for b in buffers_in([stmt]) if b is not dst]
+    return Kernel(name, kind, [stmt], reads, [dst], [node.label], flops=flops, tuning=source)
+
+
+def conv_output_indexing(out_channels: int, out_shape: tuple[int, ...]):  # type: ignore[no-untyped-def]
+    """(flat_of, position_of) for a convolution output viewed as [image][channel][pixel]: the
+    engine's (batch, row, column) coordinates of an epilogue."""
+    pixels = int(np.prod(out_shape[2:]))
+    out_w = out_shape[-1]
+
+    def flat_of(bt: Expr, i: Expr, j: Expr) -> Expr:
+        return add(add(Binary("*", bt, i64(out_channels * pixels)), Binary("*", i, i64(pixels))), j)
+
+    def position_of(bt: Expr, i: Expr, j: Expr) -> list[Expr]:
+        if len(out_shape) == 3:
+            return [bt, i, j]
+        return [bt, i, Binary("/", j, i64(out_w)), Binary("%", j, i64(out_w))]
+
+    return flat_of, position_of
+
+
+def compose_chain(
+    lw: Lowerer, chain: list[Node], bindings: dict[Value, Value], out_shape: tuple[int, ...], start: Value | None
+) -> Callable[[list[Expr], Expr | None, Expr | None], Expr]:
+    """The composed expression of ``chain`` at an output position (``flat``: the same position as a
+    flat index, which operands of the output's own shape use directly); ``start`` (the anchor's
+    output, if any) takes the value passed in."""
+
+    def compose(position: list[Expr], value: Expr | None, flat: Expr | None = None) -> Expr:
+        computed: dict[Value, Expr] = {}
+        if start is not None and value is not None:
+            computed[start] = value
+
+        def operand(v: Value) -> Expr:
+            if v in computed:
+                return computed[v]
+            actual = bindings[v]
+            buffer = lw.buffer(actual)
+            if buffer.size == 1:
+                return Load(buffer, i64(0))
+            if flat is not None and lw.shape(actual) == out_shape:
+                return Load(buffer, flat)
+            return Load(buffer, broadcast_index(lw.shape(actual), out_shape, position))  # type: ignore[arg-type]
+
+        result: Expr | None = value
+        for node in chain:
+            scalarize = scalarize_for(node, [v.type.dtype for v in node.inputs if v is not None])  # type: ignore[union-attr]
+            result = scalarize([None if v is None else operand(v) for v in node.inputs])  # type: ignore[arg-type]
+            computed[node.outputs[0]] = result
+        assert result is not None
+        return result
+
+    return compose
