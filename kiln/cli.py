@@ -258,7 +258,7 @@ def compile_command(
     compiled.save(output)
     kernels = sum(len(step.kernels) for step in plan.steps if hasattr(step, "kernels"))
     out.print(
-        f"compiled {model} for {compiled.target} ({compiled.cpu.isa}) in {seconds:.1f} s (-O{level}, dims {binding or 'static'}): {kernels} kernels, {len(plan.fallbacks)} host fallback(s)"
+        f"compiled {model} for {compiled.target} ({compiled.compiled_for.isa}) in {seconds:.1f} s (-O{level}, dims {binding or 'static'}): {kernels} kernels, {len(plan.fallbacks)} host fallback(s)"
     )
     for fallback in plan.fallbacks:
         out.print(f"  fallback {fallback.node.label}: {fallback.reason}", highlight=False)
@@ -378,8 +378,9 @@ def run_command(artifact: str, inputs: tuple[str, ...], output: Path | None, tar
 def show(model: str) -> None:
     """Import MODEL (.onnx) and print it as kiln IR (weights appear by reference)."""
     from kiln.frontend.onnx import import_onnx
+    from kiln.ir.printer import print_graph
 
-    out.print(str(import_onnx(model)), markup=False, highlight=False)
+    out.print(print_graph(import_onnx(model)), markup=False, highlight=False)
 
 
 for _command in (bench, explain, check, diff_command):

@@ -90,13 +90,13 @@ def test_explain_prints_the_kernel_ir_and_the_fusions_it_refused(tmp_path):
         helper.make_node("Add", ["e", "r"], ["y"], name="add"),
     ]
     onnx.save(make_model(nodes, [("x", FLOAT, [8])], [("y", FLOAT, None), ("r", FLOAT, None)]), tmp_path / "m.onnx")
-    result = invoke("explain", str(tmp_path / "m.onnx"), "--print-after", "lowering")
+    result = invoke("explain", str(tmp_path / "m.onnx"), "--print-after", "lower")
     assert result.exit_code == 0, result.output
-    assert "# kernel IR after lowering" in result.output
+    assert "# after lower" in result.output
     assert "kernel k1 (pointwise) reads b1: f32[8] writes b0: f32[8]" in result.output
     assert "fusion refused" in result.output and "%r has 3 readers" in result.output
     result = CliRunner().invoke(main, ["explain", str(tmp_path / "m.onnx"), "--print-after", "codegen"])
-    assert result.exit_code == 2 and "lowering" in result.output  # the stages are listed
+    assert result.exit_code == 2 and "plan-memory" in result.output  # the stages are listed
 
 
 def test_explain_shows_kernels_and_memory_plan(tmp_path):
@@ -108,8 +108,34 @@ def test_explain_shows_kernels_and_memory_plan(tmp_path):
     onnx.save(model, tmp_path / "m.onnx")
     result = invoke("explain", str(tmp_path / "m.onnx"), "--print-after", "fuse")
     assert result.exit_code == 0, result.output
-    assert "# IR after fuse" in result.output and "kiln::Fused" in result.output
-    assert "memory plan" in result.output and "generated C" in result.output
+    assert "# after fuse" in result.output and "kiln::Fused" in result.output
+    assert "memory plan" in result.output and "generated source" in result.output
+
+
+def test_explain_prints_what_every_pipeline_stage_produced(tmp_path):
+    from kiln.driver.pipeline import STAGES
+
+    model = make_model(
+        [helper.make_node("MatMul", ["x", "w"], ["m"]), helper.make_node("Relu", ["m"], ["y"])],
+        [("x", FLOAT, ["n", 4])],
+        [("y", FLOAT, None)],
+        {"w": __import__("numpy").ones((4, 3), "float32")},
+    )
+    onnx.save(model, tmp_path / "m.onnx")
+    result = invoke("explain", str(tmp_path / "m.onnx"), "--dim", "n=5", "--print-after", "all")
+    assert result.exit_code == 0, result.output
+    text = result.output
+    positions = [text.index(f"# after {stage}\n") for stage in STAGES]  # each once, in pipeline order
+    assert positions == sorted(positions)
+    section = {stage: text[start:end] for stage, start, end in zip(STAGES, positions, [*positions[1:], len(text)])}
+    assert "f32[n,4]" in section["import"] and "f32[5,4]" in section["specialize"]
+    assert "kiln::Fused" in section["passes"]  # the epilogue fused into the product
+    assert "kernel k1 (matmul+epilogue)" in section["lower"]
+    assert "arena" in section["plan-memory"]
+    assert "kiln_segment_0" in section["render"]
+    assert ".so" in section["build"]
+    assert "1 segment runner(s) loaded" in section["load"]
+    assert "# after fuse" in text  # single passes by name too
 
 
 def test_compile_with_tuning_and_profile(tmp_path, monkeypatch):

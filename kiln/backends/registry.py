@@ -9,7 +9,7 @@ A backend provides, for the shared pipeline (``kiln.driver.pipeline``):
 - ``render(segments, table, options, target)``: source text for the lowered kernels ('' if none);
 - ``build(source, target, options)``: that source built into something ``load`` can open (or None);
 - ``load(plan, target)``: one runner per native segment, ``runner(table, views, status)``;
-- ``identity(target)``: what besides the source decides its build (compiler, flags), for caches.
+- ``identity(target, debug)``: what besides the source decides its build (compiler, flags), for caches.
 A new target subclasses ``Backend`` and calls ``register``; nothing shared changes (tests register
 one of their own: ``tests/targets/kir_backend.py``).
 """
@@ -57,7 +57,7 @@ class Backend:
     def load(self, plan: Any, target: Target) -> list[SegmentRunner]:
         raise NotImplementedError
 
-    def identity(self, target: Target) -> tuple[str, ...]:
+    def identity(self, target: Target, debug: bool = False) -> tuple[str, ...]:
         return ()
 
     def artifact_meta(self, target: Target) -> dict[str, Any]:

@@ -276,4 +276,4 @@ def _compile(graph, target, options, prebuilt, choices, build_library, stages, o
     # how a run-time error names a kernel's node: op, opset and the types it was compiled for
     described = {n.label: describe_node(n, graph) for n in graph.nodes}
     labels = {int(k.name[1:]): described.get(k.sources[0], k.sources[0]) for kernels in segments for k in kernels}
-    return Plan(graph, steps, table, roots, inputs, outputs, constants, memory, library, source, labels, target)
+    return Plan(graph, steps, table, roots, inputs, outputs, constants, memory, library, source, labels, target=target)

@@ -9,10 +9,10 @@ import pytest
 from onnx import TensorProto, helper
 
 import kiln
-from kiln.lower.target import Target
-from kiln.driver.compile import compile_plan
+from kiln.backends.cpu import host
+from kiln.driver.pipeline import compile_plan
 from kiln.frontend.onnx import import_onnx
-from kiln.lower.gemm_lowering import pack_cols, pack_rows
+from kiln.lower.engine import pack_cols, pack_rows
 from kiln.lower.kir import Gemm
 from kiln.ops.interpreter import Interpreter
 from tests.helpers import make_model
@@ -150,7 +150,7 @@ def test_grouped_conv_keeps_the_loop_nest():
 def test_weights_are_packed_once_and_the_originals_leave_the_plan():
     model, _ = conv((1, 16, 8, 8), (32, 16, 3, 3), strides=[2, 2], pads=[1, 1, 1, 1])  # im2col
     plan = compile_plan(import_onnx(model))
-    target = Target.host()
+    target = host()
     weight = next(a for a in plan.graph.constants.values() if a.ndim == 4)
     packed = [a for b, a in plan.constants.items() if b.name.startswith("w")]
     assert len(packed) == 1

@@ -7,7 +7,7 @@ import pytest
 from onnx import TensorProto, helper
 
 import kiln
-from kiln.backends.cpu import toolchain
+from kiln.backends.cpu import host, toolchain
 from kiln.errors import ExecutionError
 from tests.helpers import make_model
 
@@ -202,7 +202,7 @@ def test_second_compile_reuses_the_built_library(monkeypatch):
 
 def test_c_compiler_failure_names_the_generated_file():
     with pytest.raises(toolchain.CompilerError, match=r"failed on generated code .*\.c"):
-        toolchain.build("int broken(void) { return }")
+        toolchain.build("int broken(void) { return }", host())
 
 
 def test_elementwise_chains_reuse_dying_buffers_in_place():

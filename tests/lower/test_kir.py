@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 from onnx import helper
 
-from kiln.lower.target import Target
-from kiln.driver.compile import Fallback, Segment, compile_plan
+from kiln.driver.options import CompileOptions
+from kiln.driver.pipeline import compile_plan
+from kiln.runtime.plan import Fallback, Segment
 from kiln.frontend.onnx import import_onnx
 from kiln.ir.types import DType
 from kiln.lower.kir import Buffer, For, Index, Kernel, Let, Load, Scalar, Store, i64
@@ -24,7 +25,7 @@ F32 = DType.FLOAT32
 
 
 def plan_for(model):
-    return compile_plan(import_onnx(model), level=2, build_library=False, target=Target.host())
+    return compile_plan(import_onnx(model), "cpu", CompileOptions.from_env(level=2), build_library=False)
 
 
 def interpret(plan, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
@@ -217,7 +218,9 @@ def test_kiln_debug_compiles_verify_the_kernel_ir_before_any_c(monkeypatch):
         body, _ = lowering.nest(lw, (dst.size,), lambda i: [Store(dst, i[0], Load(src, add(i[0], i64(1))))])
         return [lw.kernel(node, "pointwise", body, [node.inputs[0]], [node.outputs[0]], lowering.Schedule())]
 
-    monkeypatch.setitem(lowering.LOWERINGS, "Neg", off_by_one)
+    from kiln.lower.families import lowerings
+
+    monkeypatch.setitem(lowerings(), "Neg", off_by_one)
     monkeypatch.setenv("KILN_DEBUG", "1")
     model = make_model([helper.make_node("Neg", ["x"], ["y"])], [("x", FLOAT, [8])], [("y", FLOAT, None)])
     with pytest.raises(AssertionError, match=r"load of b0\[0, 8\) at indices 1..8") as caught:

@@ -1,7 +1,8 @@
-"""Every ISA path this machine can run: ``cpu`` (this machine, -march=native) and ``cpu:<isa>``
-(one ISA's baseline, e.g. the AVX2 path on an AVX-512 server) compile the same cases and must match
-the reference. A path the machine lacks is skipped with the reason. ``kir``, the third target, runs
-the same cases on the kernel-IR interpreter: no C, no engines (loop nests; attention falls back)."""
+"""Every target this machine can run compiles the same cases and must match the reference: ``cpu``
+(this machine, -march=native), ``cpu:<isa>`` (one ISA's baseline, e.g. the AVX2 path on an AVX-512
+server; a path the machine lacks is skipped with the reason) and ``kir``, the third target, which
+only the tests register (``kir_backend.py``): the kernel-IR interpreter, no C, no engines (loop
+nests; attention falls back)."""
 
 from __future__ import annotations
 
@@ -13,11 +14,13 @@ import pytest
 from onnx import helper
 
 import kiln
-from kiln.lower.target import Target, TargetError
+from kiln.backends import cpu as cpu_backend
+from kiln.backends import parse
+from kiln.lower.target import TargetError
+from tests.conftest import runnable
 from tests.helpers import FLOAT, INT64, make_model
 
-HOST = Target.host()
-TARGETS = ["cpu", "cpu:avx512", "cpu:avx2", "cpu:generic", "kir"]
+HOST = cpu_backend.host()
 
 
 @pytest.fixture(autouse=True)
@@ -27,18 +30,6 @@ def stores_finish(monkeypatch):
 
     yield
     plan_cache.wait()
-
-
-def runnable(target: str) -> str:
-    isa = target.partition(":")[2]
-    if isa and isa not in HOST.runnable_isas():
-        pytest.skip(f"{target}: this machine's CPU offers {', '.join(HOST.runnable_isas())}, not {isa}")
-    return target
-
-
-@pytest.fixture(params=TARGETS)
-def target(request):
-    return runnable(request.param)
 
 
 def cases():
@@ -187,10 +178,10 @@ def test_unknown_and_unrunnable_targets_are_clear_errors():
             target="gpu",
         )
     with pytest.raises(TargetError, match="unknown target 'cpu:sse9'"):
-        Target.parse("cpu:sse9")
+        parse("cpu:sse9")
     foreign = "neon" if HOST.isa != "neon" else "avx512"
     with pytest.raises(TargetError, match="cannot run on this machine"):
-        Target.parse(f"cpu:{foreign}")
+        parse(f"cpu:{foreign}")
 
 
 def test_an_artifact_records_its_isa_and_is_refused_where_it_cannot_run(tmp_path):
@@ -201,7 +192,7 @@ def test_an_artifact_records_its_isa_and_is_refused_where_it_cannot_run(tmp_path
     from kiln.driver.artifact import ArtifactError
 
     model = make_model([helper.make_node("Relu", ["x"], ["y"])], [("x", FLOAT, [4])], [("y", FLOAT, None)])
-    target = "cpu:avx2" if "avx2" in HOST.runnable_isas() else "cpu"
+    target = "cpu:avx2" if "avx2" in cpu_backend.runnable_isas() else "cpu"
     saved = kiln.compile(model, target=target).save(tmp_path / "m.kiln")
     loaded = kiln.load(saved)
     assert loaded.target == target
