@@ -13,7 +13,6 @@ from kiln.errors import (
     ShapeInferenceError,
     UnsupportedModelError,
 )
-
 from kiln.version import __version__
 
 

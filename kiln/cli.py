@@ -337,8 +337,7 @@ def run_command(artifact: str, inputs: tuple[str, ...], output: Path | None, tar
     import numpy as np
 
     import kiln
-    from kiln.ir.types import random_tensor
-    from kiln.ir.types import TensorType
+    from kiln.ir.types import TensorType, random_tensor
 
     model = kiln.load(artifact) if artifact.endswith(".kiln") else kiln.compile(artifact, target=target)
     feeds: dict[str, np.ndarray] = {}

@@ -182,7 +182,14 @@ def sealed(path: str | os.PathLike, expected: str) -> bool:
 
 # -- pickles that can only build kiln's own data -----------------------------------------------------
 
-_MODULES = ("kiln.runtime.plan", "kiln.ir.graph", "kiln.ir.types", "kiln.lower.kir", "kiln.lower.memory", "kiln.lower.target")
+_MODULES = (
+    "kiln.runtime.plan",
+    "kiln.ir.graph",
+    "kiln.ir.types",
+    "kiln.lower.kir",
+    "kiln.lower.memory",
+    "kiln.lower.target",
+)
 _PLAIN = {
     ("builtins", "set"),
     ("builtins", "frozenset"),

@@ -48,7 +48,9 @@ class Backend:
     def keeps(self, node: Node) -> bool:
         return lowerable(node)
 
-    def render(self, segments: Sequence[Sequence[Kernel]], table: dict[Buffer, int], options: Any, target: Target) -> str:
+    def render(
+        self, segments: Sequence[Sequence[Kernel]], table: dict[Buffer, int], options: Any, target: Target
+    ) -> str:
         return ""
 
     def build(self, source: str, target: Target, options: Any) -> Path | None:

@@ -18,7 +18,7 @@ import numpy as np
 from kiln.driver.options import CompileOptions
 from kiln.driver.pipeline import compile_plan
 from kiln.ir.graph import Graph
-from kiln.lower.kir import Gemm, Kernel
+from kiln.lower.kir import GemmSpec, Kernel
 from kiln.lower.target import Target
 from kiln.runtime.executable import Executable
 from kiln.runtime.plan import Segment
@@ -36,13 +36,13 @@ class KernelTime:
     @property
     def schedule(self) -> str:
         """Which schedule ran (default / tuned / cached) and what it is."""
-        if any(isinstance(s, Gemm) for s in self.kernel.body):
+        if any(isinstance(s, GemmSpec) for s in self.kernel.body):
             blocking = [
-                f"{k}={v}"
+                f"{name}={value}"
                 for s in self.kernel.body
-                if isinstance(s, Gemm)
-                for k, v in s.fields.items()
-                if k in ("mc", "nc", "kc")
+                if isinstance(s, GemmSpec)
+                for name, value in zip(("mc", "nc", "kc"), s.blocking)
+                if value
             ]
             return f"engine {self.kernel.tuning}" + (f" ({', '.join(blocking)})" if blocking else "")
         parts = [

@@ -35,9 +35,9 @@ def folder() -> Path:
     return Path(root) / "repro"
 
 
-
-
-def write(graph: Any, options: CompileOptions, dims: dict[str, int], error: BaseException, stage: str, target: Target) -> Path:
+def write(
+    graph: Any, options: CompileOptions, dims: dict[str, int], error: BaseException, stage: str, target: Target
+) -> Path:
     text = print_graph(graph)
     digest = hashlib.sha256(text.encode()).hexdigest()[:12]
     path = folder() / f"{time.strftime('%Y%m%d-%H%M%S')}-{digest}"

@@ -29,9 +29,9 @@ from kiln.errors import (
 from kiln.frontend.converters import GraphBuilder, PoisonedInputs, pick_converter
 from kiln.ir.graph import Graph, Value, constant_type, unique_name
 from kiln.ir.types import DType, OptionalType, SequenceType, TensorType, Type
-from kiln.ops.verify import verify
 from kiln.ops.inference import UnsupportedConstruct, check_size
 from kiln.ops.registry import ATTR_KINDS, lookup
+from kiln.ops.verify import verify
 
 ModelSource = str | os.PathLike | bytes | onnx.ModelProto
 
@@ -123,7 +123,9 @@ def _check_versions(model: onnx.ModelProto, where: str) -> dict[str, int]:
         opsets[domain] = entry.version
         newest = known_opsets().get(domain)
         if newest is not None and entry.version > newest:
-            problems.append(f"opset {entry.version} of domain {entry.domain or 'ai.onnx'!r} is newer than kiln knows ({newest})")
+            problems.append(
+                f"opset {entry.version} of domain {entry.domain or 'ai.onnx'!r} is newer than kiln knows ({newest})"
+            )
         if entry.version < 1 and domain in ("", "ai.onnx.ml"):
             problems.append(f"opset {entry.version} of domain {entry.domain or 'ai.onnx'!r} does not exist")
     if problems:

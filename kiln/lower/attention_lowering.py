@@ -19,8 +19,9 @@ from kiln.ir.types import DType
 from kiln.lower.engine import batch_position, compose_chain, epilogue_helper
 from kiln.lower.kir import (
     Assign,
+    AttentionOperand,
+    AttentionSpec,
     Binary,
-    Call,
     Cast,
     Const,
     Expr,
@@ -179,16 +180,11 @@ def _attention_driver(lw: Lowerer, node: Node, compose, batch_shape, sizes, buff
             None,
             True,
         )
-    layout = []  # per operand: buffer, its size, inner count, the four strides (outer, inner, row, col)
+    operands = []  # how Q, K^T, V and the output sit in their buffers
     for buffer, (outer, outer_stride, inner, inner_stride, row_stride, col_stride) in zip(buffers, views):
         assert outer * inner == batch, (views, batch)
-        layout.extend([buffer, buffer.size, inner, outer_stride, inner_stride, row_stride, col_stride])
-    call = Call(
-        "kiln_attention",
-        [batch, queries, keys, depth, width, *layout, scores, threads],
-        helper,
-        context=True,
-    )
+        operands.append(AttentionOperand(buffer, inner, outer_stride, inner_stride, row_stride, col_stride))
+    call = AttentionSpec(batch, queries, keys, depth, width, *operands, scores, threads, helper)
     return Kernel(
         name,
         "attention",

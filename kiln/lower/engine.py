@@ -16,12 +16,13 @@ from kiln.lower.kir import (
     Expr,
     For,
     Function,
-    Gemm,
+    GemmSpec,
     If,
     Index,
     Kernel,
     Load,
     Scalar,
+    Schedule,
     Stmt,
     Store,
     Unary,
@@ -32,7 +33,12 @@ from kiln.lower.kir import (
 from kiln.lower.lowering import Lowerer, broadcast_index, scalarize_for, strides
 
 I64 = DType.INT64
-BLOCKING = ("mc", "nc", "kc")  # engine fields a tuned schedule may set
+BLOCKING = ("mc", "nc", "kc")  # what a tuned schedule of an engine product may set
+
+
+def blocking(choice: dict) -> tuple[int, int, int]:
+    """A schedule's cache blocking for the matrix-multiply engine (0: the engine's default)."""
+    return tuple(int(choice.get(name, 0) or 0) for name in BLOCKING)  # type: ignore[return-value]
 
 Epilogue = Callable[[list[Expr], Expr, Expr], Expr]  # (output position, value, flat output index) -> final value
 
@@ -71,7 +77,7 @@ def epilogue_helper(
     flat_of,
     epilogue: Epilogue | None,
     bias: Buffer | None,  # type: ignore[no-untyped-def]
-    via_c: bool = False,
+    engine_block: bool = False,
 ) -> Function:
     """``static void <name>(g, bt, i0, i1, j0, j1)``: finishes rows [i0, i1) x columns [j0, j1)
     of batch element ``bt`` of the output: bias, then the fused chain."""
@@ -100,8 +106,17 @@ def epilogue_helper(
         If(whole, [For(r, target.gemm_rows, [For(c, target.gemm_cols, [finish(add(i0, r), add(j0, c))])])]),
         If(Unary("!", whole), [For(i, i1, [For(j, j1, [finish(i, j)], start=j0)], start=i0)]),
     ]
+    # a tile row's inner loops ("c" of a whole micro-tile, "j" of an edge tile) touch one element
+    # per iteration: vectorized even when the epilogue reads scalars from buffers a compiler cannot
+    # prove unaliased (GELU's constants); the attention engine runs its scores block through "j"
+    schedule = Schedule(vectorize=c.name, simd=(j.name,))
     return Function(
-        f"kiln_{kernel_name}_epilogue", [bt, i0, i1, j0, j1], body, buffers_in(body), dst if via_c else None
+        f"kiln_{kernel_name}_epilogue",
+        [bt, i0, i1, j0, j1],
+        body,
+        buffers_in(body),
+        dst if engine_block else None,
+        schedule,
     )
 
 
@@ -114,7 +129,7 @@ def batch_position(bt: Expr, shape: tuple[int, ...]) -> list[Expr]:
     return position
 
 
-def engine_kernel(name: str, kind: str, stmt: Gemm, dst: Buffer, node: Node, flops: int, source: str) -> Kernel:
+def engine_kernel(name: str, kind: str, stmt: GemmSpec, dst: Buffer, node: Node, flops: int, source: str) -> Kernel:
     """A kernel that is one call into the engine (it reads every buffer the call names)."""
     reads = [b for b in buffers_in([stmt]) if b is not dst]
     return Kernel(name, kind, [stmt], reads, [dst], [node.label], flops=flops, tuning=source)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-
 from kiln.ir.graph import Node
 from kiln.lower.attention_lowering import lower_attention
 from kiln.lower.engine import compose_chain
@@ -48,5 +47,3 @@ def lower_fused(lw: Lowerer, node: Node) -> list[Kernel]:
     kernel = lw.kernel(node, "pointwise", stmts, list(node.inputs), [out], default_schedule(lw.target, shape, indices))
     kernel.sources = [f"{node.name}: " + ", ".join(n.op for n in body.nodes)]
     return [kernel]
-
-

@@ -14,38 +14,38 @@ non-constant convolution weights, empty reductions) keep the loop-nest lowerings
 
 from __future__ import annotations
 
-
 import numpy as np
 
 from kiln.ir.graph import Node
 from kiln.ir.types import DType
 from kiln.lower import winograd
-from kiln.lower.kir import (
-    Binary,
-    Buffer,
-    Expr,
-    Gemm,
-    Kernel,
-    add,
-    i64,
-)
 from kiln.lower.engine import (
-    BLOCKING,
     Epilogue,
     NotForEngine,
     batch_position,
+    blocking,
     conv_output_indexing,
     engine_kernel,
     epilogue_helper,
     pack_cols,
     pack_rows,
 )
+from kiln.lower.kir import (
+    Binary,
+    Expr,
+    GemmSpec,
+    Im2colOperand,
+    Kernel,
+    MatrixOperand,
+    PackedOperand,
+    add,
+    i64,
+)
 from kiln.lower.lowering import Lowerer
 from kiln.lower.nn_lowering import lower_matmul
 from kiln.lower.window_lowering import conv_window, lower_conv
 
 I64 = DType.INT64
-
 
 
 # -- MatMul --------------------------------------------------------------------------------------------
@@ -70,7 +70,6 @@ def lower_matmul_gemm(lw: Lowerer, node: Node, epilogue: Epilogue | None = None)
     b_count = int(np.prod(b_shape[:-2])) if len(b_shape) > 2 else 1
     target = lw.target
     dst, a_buf, b_buf = lw.buffer(out), lw.buffer(a), lw.buffer(b)
-    fields: dict[str, int | Buffer | str | tuple[int, ...]] = {}
     rows = m
     if b_count == 1 and lw.constant(a) is None:
         # B shared by every batch element: the batch folds into the rows of one product
@@ -78,26 +77,28 @@ def lower_matmul_gemm(lw: Lowerer, node: Node, epilogue: Epilogue | None = None)
     for count, name in ((a_count, "A"), (b_count, "B")):
         if count not in (1, batch):
             raise NotForEngine(f"{name} broadcasts over part of the batch")
-    fields.update(batch=batch, M=rows, N=n, K=k, c=dst, c_bs=m * n, ldc=n)
     a_const, b_const = lw.constant(a), lw.constant(b)
+    a_operand: MatrixOperand | PackedOperand
+    b_operand: MatrixOperand | PackedOperand
     if a_const is not None:
         matrices = np.asarray(a_const, dtype=np.float32).reshape(a_count, m, k)
-        fields["a_packed"] = lw.packed_constant(
-            ("rows", a, target.gemm_rows), lambda: pack_rows(matrices, target.gemm_rows)
+        a_operand = PackedOperand(
+            lw.packed_constant(("rows", a, target.gemm_rows), lambda: pack_rows(matrices, target.gemm_rows)),
+            0 if a_count == 1 else -(-m // target.gemm_rows) * target.gemm_rows * k,
+            target.gemm_rows,
         )
-        fields["a_pbs"] = 0 if a_count == 1 else -(-m // target.gemm_rows) * target.gemm_rows * k
     else:
-        fields.update(a=a_buf, a_bs=0 if a_count == 1 else m * k, a_rs=k, a_cs=1, pack_a="kiln_pack_a_strided")
+        a_operand = MatrixOperand(a_buf, 0 if a_count == 1 else m * k, k, 1)
     if b_const is not None:
         matrices = np.asarray(b_const, dtype=np.float32).reshape(b_count, k, n)
-        fields["b_packed"] = lw.packed_constant(
-            ("cols", b, target.gemm_cols), lambda: pack_cols(matrices, target.gemm_cols)
+        b_operand = PackedOperand(
+            lw.packed_constant(("cols", b, target.gemm_cols), lambda: pack_cols(matrices, target.gemm_cols)),
+            0 if b_count == 1 else -(-n // target.gemm_cols) * target.gemm_cols * k,
+            target.gemm_cols,
         )
-        fields["b_pbs"] = 0 if b_count == 1 else -(-n // target.gemm_cols) * target.gemm_cols * k
     else:
-        fields.update(b=b_buf, b_bs=0 if b_count == 1 else k * n, b_rs=n, b_cs=1, pack_b="kiln_pack_b_strided")
+        b_operand = MatrixOperand(b_buf, 0 if b_count == 1 else k * n, n, 1)
     choice, source = lw.choice(node)
-    fields.update({k: int(v) for k, v in choice.items() if k in BLOCKING})
     lw.kernel_count += 1
     name = f"k{lw.kernel_count}"
     helper = None
@@ -112,7 +113,7 @@ def lower_matmul_gemm(lw: Lowerer, node: Node, epilogue: Epilogue | None = None)
             return [*batch_position(bt, batch_shape), i, j]
 
         helper = epilogue_helper(lw, name, dst, position_of, flat_of, epilogue, None)
-    stmt = Gemm(fields, helper)
+    stmt = GemmSpec(batch, rows, n, k, a_operand, b_operand, dst, m * n, n, blocking(choice), helper)
     flops = 2 * batch * rows * n * k
     return [engine_kernel(name, "matmul", stmt, dst, node, flops, source)]
 
@@ -182,25 +183,32 @@ def lower_conv_gemm(lw: Lowerer, node: Node, epilogue: Epilogue | None = None) -
     x_buf, dst = lw.buffer(x), lw.buffer(out)
     matrix = np.asarray(weights, dtype=np.float32).reshape(1, out_channels, reduction)
     packed = lw.packed_constant(("rows", w, target.gemm_rows), lambda: pack_rows(matrix, target.gemm_rows))
-    fields: dict[str, int | Buffer | str | tuple[int, ...]] = {
-        "batch": x_shape[0], "M": out_channels, "N": pixels, "K": reduction,
-        "a_packed": packed, "a_pbs": 0,
-        "b": x_buf, "b_bs": channels * height * width,
-        "c": dst, "c_bs": out_channels * pixels, "ldc": pixels,
-    }  # fmt: skip
-    fields.update({k: int(v) for k, v in choice.items() if k in BLOCKING})
     pointwise = kernel_h == kernel_w == 1 and geometry[5:11] == (1, 1, 1, 1, 0, 0)
+    image = channels * height * width
+    b_operand: MatrixOperand | Im2colOperand
     if pointwise:  # 1x1, stride 1, no padding: X is already the [IC, H*W] matrix
-        fields.update(b_rs=height * width, b_cs=1, pack_b="kiln_pack_b_strided")
+        b_operand = MatrixOperand(x_buf, image, height * width, 1)
     else:
-        fields.update(conv=geometry, pack_b="kiln_pack_im2col")
+        b_operand = Im2colOperand(x_buf, image, tuple(int(g) for g in geometry))
     lw.kernel_count += 1
     name = f"k{lw.kernel_count}"
     helper = None
     if epilogue is not None or bias_buf is not None:
         flat_of, position_of = conv_output_indexing(out_channels, out_shape)
         helper = epilogue_helper(lw, name, dst, position_of, flat_of, epilogue, bias_buf)
-    stmt = Gemm(fields, helper)
+    stmt = GemmSpec(
+        x_shape[0],
+        out_channels,
+        pixels,
+        reduction,
+        PackedOperand(packed, 0, target.gemm_rows),
+        b_operand,
+        dst,
+        out_channels * pixels,
+        pixels,
+        blocking(choice),
+        helper,
+    )
     kind = "conv1x1" if pointwise else "conv"
     flops = 2 * x_shape[0] * out_channels * pixels * reduction
     return [engine_kernel(name, kind, stmt, dst, node, flops, source)]

@@ -232,29 +232,157 @@ class Store:
     value: Expr
 
 
-@dataclass
-class Gemm:
-    """A call into the matrix-multiply engine (``kiln/backends/cpu/gemm.c``): ``fields`` set the members
-    of its ``kiln_gemm`` descriptor (ints, buffers, function names, int tuples), ``epilogue`` names
-    the helper applied to each finished tile."""
+# -- engine calls: typed descriptions of work a target's engine does (no C names, no C structs) ------
 
-    fields: dict[str, int | Buffer | str | tuple[int, ...]]
+
+@dataclass(frozen=True, eq=False)
+class MatrixOperand:
+    """Batched matrices in a flat buffer: element [b][r][c] at b*batch_stride + r*row_stride +
+    c*col_stride."""
+
+    buffer: Buffer
+    batch_stride: int
+    row_stride: int
+    col_stride: int = 1
+
+
+@dataclass(frozen=True, eq=False)
+class PackedOperand:
+    """A constant operand re-laid out when the plan is built in the panels of the target's
+    micro-tile: A as [batch][ceil(m/panel)][k][panel] (``engine.pack_rows``), B as
+    [batch][ceil(n/panel)][k][panel] (``pack_cols``), zero padded; ``batch_stride`` elements
+    between batch elements' panels (0: one matrix shared by the whole batch)."""
+
+    buffer: Buffer
+    batch_stride: int
+    panel: int  # rows (A) or columns (B) per panel
+
+
+@dataclass(frozen=True, eq=False)
+class Im2colOperand:
+    """B as the im2col matrix of a batch of NCHW images, gathered by the engine block by block:
+    ``geometry`` = (C, H, W, KH, KW, stride H, stride W, dilation H, dilation W, pad top, pad
+    left, OH, OW); image b starts at b*batch_stride."""
+
+    buffer: Buffer
+    batch_stride: int
+    geometry: tuple[int, ...]
+
+
+@dataclass
+class GemmSpec:
+    """``out[b] = A[b] . B[b]`` for b < batch (A: m x k, B: k x n) on the target's matrix-multiply
+    engine; out is row-major (``ldc`` elements per row, ``out_batch_stride`` per batch element).
+    ``blocking`` (mc, nc, kc) is the schedule's cache blocking (0: the engine's default);
+    ``epilogue`` finishes each output tile (bias, the fused chain)."""
+
+    batch: int
+    m: int
+    n: int
+    k: int
+    a: MatrixOperand | PackedOperand
+    b: MatrixOperand | PackedOperand | Im2colOperand
+    out: Buffer
+    out_batch_stride: int
+    ldc: int
+    blocking: tuple[int, int, int] = (0, 0, 0)
     epilogue: Function | None = None
 
 
 @dataclass
-class Call:
-    """A call into one of kiln's C drivers (``kiln/codegen/*.c``) with ints and buffers; with
-    ``context`` a ``kiln_gemm`` descriptor carrying the buffer table and ``epilogue`` (if any) is
-    passed last."""
+class WinogradInput:
+    """Winograd F(tile x tile, 3x3) input transform: every (tile+2)-square tile of the NCHW
+    ``source`` [batch, channels, height, width] (zero padded by pad_top/pad_left) transformed into
+    ``dest`` [(tile+2)^2][channels][batch * tiles_h * tiles_w]."""
 
-    function: str
-    args: list[int | Buffer | str]
+    tile: int
+    source: Buffer
+    dest: Buffer
+    batch: int
+    channels: int
+    height: int
+    width: int
+    pad_top: int
+    pad_left: int
+    tiles_h: int
+    tiles_w: int
+
+
+@dataclass
+class WinogradOutput:
+    """Winograd output transform: ``products`` [(tile+2)^2][out_channels][tiles] back to tiles of
+    the NCHW ``dest`` [batch, out_channels, out_h, out_w], plus ``bias`` per channel, then
+    ``epilogue`` per finished row of tiles."""
+
+    tile: int
+    products: Buffer
+    dest: Buffer
+    bias: Buffer | None
+    batch: int
+    out_channels: int
+    out_h: int
+    out_w: int
+    tiles_h: int
+    tiles_w: int
     epilogue: Function | None = None
-    context: bool = False
 
 
-Stmt = For | If | Let | Assign | Store | Gemm | Call
+@dataclass(frozen=True, eq=False)
+class AttentionOperand:
+    """How one attention operand's slices sit in its buffer: slice s = (o, i) with o = s / inner,
+    i = s % inner starts at o*outer_stride + i*inner_stride; its element [r][c] is at
+    r*row_stride + c*col_stride (heads split and merged by strides, not copies)."""
+
+    buffer: Buffer
+    inner: int
+    outer_stride: int
+    inner_stride: int
+    row_stride: int
+    col_stride: int
+
+
+@dataclass
+class AttentionSpec:
+    """``out = softmax(epilogue(Q . K^T)) . V`` for each of ``batch`` slices (Q: queries x depth,
+    K^T: depth x keys, V: keys x width), the scores of a slice in ``threads`` per-thread blocks of
+    ``scores`` (queries x keys each) and never written elsewhere."""
+
+    batch: int
+    queries: int
+    keys: int
+    depth: int
+    width: int
+    q: AttentionOperand
+    kt: AttentionOperand
+    v: AttentionOperand
+    out: AttentionOperand
+    scores: Buffer
+    threads: int
+    epilogue: Function | None = None
+
+
+EngineCall = GemmSpec | WinogradInput | WinogradOutput | AttentionSpec
+ENGINE_CALLS = (GemmSpec, WinogradInput, WinogradOutput, AttentionSpec)
+ENGINE_OF = {GemmSpec: "gemm", WinogradInput: "winograd", WinogradOutput: "winograd", AttentionSpec: "attention"}
+
+
+def epilogue_of(call: EngineCall) -> Function | None:
+    """The helper an engine call runs on its finished tiles (None: no epilogue)."""
+    return None if isinstance(call, WinogradInput) else call.epilogue
+
+
+def engine_buffers(call: EngineCall) -> list[Buffer]:
+    """Every buffer an engine call reads or writes (its epilogue's excluded), in a fixed order."""
+    if isinstance(call, GemmSpec):
+        return [call.a.buffer, call.b.buffer, call.out]
+    if isinstance(call, WinogradInput):
+        return [call.source, call.dest]
+    if isinstance(call, WinogradOutput):
+        return [call.products, call.dest, *([call.bias] if call.bias is not None else [])]
+    return [call.q.buffer, call.kt.buffer, call.v.buffer, call.out.buffer, call.scores]
+
+
+Stmt = For | If | Let | Assign | Store | GemmSpec | WinogradInput | WinogradOutput | AttentionSpec
 
 
 # -- buffers and kernels ------------------------------------------------------------------------------
@@ -285,14 +413,15 @@ class Schedule:
 
 @dataclass
 class Function:
-    """A helper the kernel's code calls, at file scope: ``params`` are int64 scalars; the buffers it
-    touches come from the segment's buffer table."""
+    """A helper an engine calls (an epilogue), at file scope: ``params`` are int64 scalars; the
+    buffers it touches come from the segment's buffer table."""
 
     name: str
     params: list[Scalar]
     body: list[Stmt]
     buffers: list[Buffer]
-    via_c: Buffer | None = None  # this buffer's address is the descriptor's c (a driver's block)
+    engine_block: Buffer | None = None  # this buffer is the engine's per-call block (its address comes from the engine)
+    schedule: Schedule = field(default_factory=Schedule)  # how its loops run (by their index names)
 
 
 @dataclass
@@ -345,11 +474,11 @@ def buffers_in(body: list[Stmt]) -> list[Buffer]:
                 visit(stmt.index)
                 visit(stmt.value)
                 found[stmt.buffer] = None
-            elif isinstance(stmt, (Gemm, Call)):
-                arguments = stmt.fields.values() if isinstance(stmt, Gemm) else stmt.args
-                found.update((v, None) for v in arguments if isinstance(v, Buffer))
-                if stmt.epilogue is not None:
-                    walk(stmt.epilogue.body)
+            elif isinstance(stmt, ENGINE_CALLS):
+                found.update((b, None) for b in engine_buffers(stmt))
+                epilogue = epilogue_of(stmt)
+                if epilogue is not None:
+                    walk(epilogue.body)
 
     walk(body)
     return list(found)

@@ -3,9 +3,10 @@
 ``run_kernel(kernel, buffers)`` executes a kernel's loop nest element by element over flat NumPy
 arrays with C's semantics (integer division and remainder truncate toward zero, comparisons give
 0/1, casts to integers truncate), every load and store bounds-checked: an index outside its buffer
-is a ``KernelIndexError`` naming the buffer, the index and the kernel. Engine calls (``Gemm``,
-``Call``: the C drivers) are not interpreted: ``NotInterpretable`` says so. It is slow (Python per
-element) and meant for test-sized shapes.
+is a ``KernelIndexError`` naming the buffer, the index and the kernel. Engine calls (matrix
+products, Winograd transforms, attention) run as their specification says, in NumPy, with every
+operand's extent checked against its buffer (``kir_engines``), and their epilogues through this
+interpreter. It is slow (Python per element) and meant for test-sized shapes.
 """
 
 from __future__ import annotations
@@ -17,16 +18,16 @@ from typing import Any
 import numpy as np
 
 from kiln.ir.types import DType
+from kiln.lower import kir_engines as engines
 from kiln.lower.kir import (
+    ENGINE_CALLS,
     Assign,
     Binary,
     Buffer,
-    Call,
     Cast,
     Const,
     Expr,
     For,
-    Gemm,
     If,
     Index,
     Kernel,
@@ -164,11 +165,13 @@ class _Machine:
                 index = self.position(stmt.buffer, self.eval(stmt.index, env))
                 value = self.eval(stmt.value, env)
                 array[index] = _cast(stmt.buffer.dtype, value)
-            elif isinstance(stmt, (Gemm, Call)):
-                what = "gemm" if isinstance(stmt, Gemm) else stmt.function
-                raise NotInterpretable(f"kernel {self.kernel.name} calls the C driver {what}")
+            elif isinstance(stmt, ENGINE_CALLS):
+                engines.run(self, stmt)
             else:
                 raise TypeError(f"not a kernel-IR statement: {stmt!r}")
+
+    def fail(self, message: str) -> None:
+        raise KernelIndexError(f"kernel {self.kernel.name}: {message}")
 
     def array(self, buffer: Buffer) -> np.ndarray:
         array = self.buffers.get(buffer)
@@ -179,9 +182,7 @@ class _Machine:
     def position(self, buffer: Buffer, index: Any) -> int:
         index = int(index)
         if not 0 <= index < buffer.size:
-            raise KernelIndexError(
-                f"kernel {self.kernel.name}: index {index} outside {buffer.name}[0, {buffer.size})"
-            )
+            raise KernelIndexError(f"kernel {self.kernel.name}: index {index} outside {buffer.name}[0, {buffer.size})")
         return index
 
     def eval(self, root: Expr, env: dict[str, Any]) -> Any:

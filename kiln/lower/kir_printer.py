@@ -12,30 +12,44 @@ print as their own functions after the kernel.
 
 from __future__ import annotations
 
+import dataclasses
+
 from kiln.lower.kir import (
+    ENGINE_CALLS,
     Assign,
+    AttentionOperand,
+    AttentionSpec,
     Binary,
     Buffer,
-    Call,
     Cast,
     Const,
+    EngineCall,
     Expr,
     For,
     Function,
-    Gemm,
+    GemmSpec,
     If,
+    Im2colOperand,
     Index,
     Kernel,
     Let,
     Load,
+    MatrixOperand,
+    PackedOperand,
     Scalar,
     Select,
     Stmt,
     Store,
     Unary,
+    WinogradInput,
+    WinogradOutput,
+    epilogue_of,
     postorder,
     shared_nodes,
 )
+
+CALL_NAMES = {GemmSpec: "gemm", WinogradInput: "winograd_input", WinogradOutput: "winograd_output", AttentionSpec: "attention"}
+OPERAND_NAMES = {MatrixOperand: "view", PackedOperand: "packed", Im2colOperand: "im2col", AttentionOperand: "slices"}
 
 
 def print_kernel(kernel: Kernel) -> str:
@@ -144,20 +158,29 @@ class _Printer:
             elif isinstance(stmt, Store):
                 value = self.value(stmt.value, indent, lines)
                 lines.append(f"{indent}{stmt.buffer.name}[{print_expr(stmt.index)}] = {value}")
-            elif isinstance(stmt, (Gemm, Call)):
+            elif isinstance(stmt, ENGINE_CALLS):
                 lines.append(indent + self.call(stmt))
             else:
                 raise TypeError(f"not a kernel-IR statement: {stmt!r}")
         return lines
 
-    def call(self, stmt: Gemm | Call) -> str:
-        def argument(value: object) -> str:
-            return value.name if isinstance(value, Buffer) else str(value)
+    def call(self, stmt: EngineCall) -> str:
+        """``gemm(batch=1, m=5, ..., a=view(b1, 0, 4, 1), ...) epilogue kiln_k1_epilogue``."""
 
-        if stmt.epilogue is not None:
-            self.helpers.append(stmt.epilogue)
-        epilogue = f" epilogue {stmt.epilogue.name}" if stmt.epilogue is not None else ""
-        if isinstance(stmt, Gemm):
-            fields = ", ".join(f"{k}={argument(v)}" for k, v in stmt.fields.items())
-            return f"gemm({fields}){epilogue}"
-        return f"call {stmt.function}({', '.join(argument(a) for a in stmt.args)}){epilogue}"
+        def argument(value: object) -> str:
+            if isinstance(value, Buffer):
+                return value.name
+            if dataclasses.is_dataclass(value):  # an operand: its kind, buffer and layout
+                parts = [argument(getattr(value, f.name)) for f in dataclasses.fields(value)]
+                return f"{OPERAND_NAMES[type(value)]}({', '.join(parts)})"
+            if value is None:
+                return "none"
+            return str(value)
+
+        epilogue = epilogue_of(stmt)
+        if epilogue is not None:
+            self.helpers.append(epilogue)
+        fields = ", ".join(
+            f"{f.name}={argument(getattr(stmt, f.name))}" for f in dataclasses.fields(stmt) if f.name != "epilogue"
+        )
+        return f"{CALL_NAMES[type(stmt)]}({fields})" + (f" epilogue {epilogue.name}" if epilogue is not None else "")

@@ -16,16 +16,15 @@ from collections.abc import Sequence
 
 from kiln.ir.types import DType
 from kiln.lower.kir import (
+    ENGINE_CALLS,
     Assign,
     Binary,
     Buffer,
-    Call,
     Cast,
     Const,
     Expr,
     For,
     Function,
-    Gemm,
     If,
     Index,
     Kernel,
@@ -36,6 +35,7 @@ from kiln.lower.kir import (
     Stmt,
     Store,
     Unary,
+    epilogue_of,
     evaluated_always,
     postorder,
 )
@@ -118,9 +118,10 @@ class _Checker:
                 self.access(stmt.buffer, stmt.index, scope, guarded, "store")
                 if stmt.buffer in self.only_read:
                     self.problem(f"stores into {stmt.buffer.name}, which it only reads")
-            elif isinstance(stmt, (Gemm, Call)):
-                if stmt.epilogue is not None:
-                    self.helper(stmt.epilogue)
+            elif isinstance(stmt, ENGINE_CALLS):
+                epilogue = epilogue_of(stmt)
+                if epilogue is not None:
+                    self.helper(epilogue)
             else:
                 self.problem(f"unknown statement {type(stmt).__name__}")
 

@@ -16,7 +16,6 @@ from typing import Any
 
 import numpy as np
 
-from kiln.lower.target import Target
 from kiln.ir.graph import Graph, Node, Value
 from kiln.ir.types import DType, TensorType
 from kiln.lower.kir import (
@@ -39,6 +38,7 @@ from kiln.lower.kir import (
     i64,
 )
 from kiln.lower.pointwise import ANY_NUMERIC, BF16, COMPARE, FLOAT_OPS, HALF, LOGIC, NATIVE, NATIVE_FLOATS
+from kiln.lower.target import Target
 from kiln.ops.registry import ops_with
 
 PARALLEL_MIN = 32 * 1024  # elements: below this a parallel region costs more than it saves
@@ -289,7 +289,9 @@ class Lowerer:
                 body, indices = nest(self, (fill.size,), lambda i: [Store(fill, i[0], Const(True, DType.BOOL))])
                 return [
                     copy_kernel(self, node, source, out),
-                    self.kernel(node, "pointwise", body, [], [mask], default_schedule(self.target, (fill.size,), indices)),
+                    self.kernel(
+                        node, "pointwise", body, [], [mask], default_schedule(self.target, (fill.size,), indices)
+                    ),
                 ]
         source, out = node.inputs[0], node.outputs[0]
         assert source is not None

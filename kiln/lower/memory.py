@@ -11,7 +11,7 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from kiln.lower.kir import Buffer, For, Gemm, If, Kernel, Stmt
+from kiln.lower.kir import Buffer, For, GemmSpec, If, Kernel, PackedOperand, Stmt
 
 ALIGNMENT = 64  # bytes: a cache line, and enough for any SIMD load
 
@@ -107,17 +107,17 @@ def engine_scratch(kernels: Sequence[Kernel], rows: int, cols: int) -> tuple[int
         for stmt in stmts:
             if isinstance(stmt, (For, If)):
                 walk(stmt.body)
-            elif isinstance(stmt, Gemm):
-                f = stmt.fields
-                m, n, k, batch = (int(f[name]) for name in ("M", "N", "K", "batch"))  # type: ignore[arg-type]
-                depth = min(k, int(f.get("kc", 0)) or _KC)  # type: ignore[arg-type]
-                mc = -(-min(m, max(_BLOCK, int(f.get("mc", 0)))) // rows) * rows  # type: ignore[arg-type]
-                nc = -(-min(n, max(_BLOCK, int(f.get("nc", 0)))) // cols) * cols  # type: ignore[arg-type]
-                if "a_packed" not in f:
+            elif isinstance(stmt, GemmSpec):
+                m, n, k, batch = stmt.m, stmt.n, stmt.k, stmt.batch
+                mc_choice, nc_choice, kc_choice = stmt.blocking
+                depth = min(k, kc_choice or _KC)
+                mc = -(-min(m, max(_BLOCK, mc_choice)) // rows) * rows
+                nc = -(-min(n, max(_BLOCK, nc_choice)) // cols) * cols
+                if not isinstance(stmt.a, PackedOperand):
                     whole = batch * -(-m // rows) * rows * k * 4
                     shared_a = max(shared_a, whole if whole <= _SHARED_LIMIT else 0)
                     block_a = max(block_a, mc * depth * 4)
-                if "b_packed" not in f:
+                if not isinstance(stmt.b, PackedOperand):
                     whole = batch * -(-n // cols) * cols * k * 4
                     shared_b = max(shared_b, whole if whole <= _SHARED_LIMIT else 0)
                     block_b = max(block_b, nc * depth * 4)

@@ -217,7 +217,11 @@ def lower_pad(lw: Lowerer, node: Node) -> list[Kernel]:
     if 0 in out_shape:
         return []
     stmts, indices = nest(lw, out_shape, body)
-    return [lw.kernel(node, "copy", stmts, [source, *node.inputs[2:3]], [out], default_schedule(lw.target, out_shape, indices))]
+    return [
+        lw.kernel(
+            node, "copy", stmts, [source, *node.inputs[2:3]], [out], default_schedule(lw.target, out_shape, indices)
+        )
+    ]
 
 
 LOWERINGS = {

@@ -13,6 +13,7 @@ import numpy as np
 
 from kiln.ir.graph import Node
 from kiln.ir.types import DType
+from kiln.lower.engine import Epilogue
 from kiln.lower.kir import (
     Assign,
     Binary,
@@ -33,7 +34,6 @@ from kiln.lower.kir import (
     affine,
     i64,
 )
-from kiln.lower.engine import Epilogue
 from kiln.lower.lowering import PARALLEL_MIN, CannotLower, Lowerer, default_schedule, nest, strides
 from kiln.lower.pointwise import FLOAT_OPS, NATIVE_FLOATS, fn
 
@@ -408,7 +408,11 @@ def lower_batch_norm(lw: Lowerer, node: Node) -> list[Kernel]:
 
     loop_shape = (shape[0], channels, spatial)
     stmts, loop = nest(lw, loop_shape, body)
-    return [lw.kernel(node, "normalize", stmts, [x, scale, bias, mean, var], [out], default_schedule(lw.target, loop_shape, loop))]
+    return [
+        lw.kernel(
+            node, "normalize", stmts, [x, scale, bias, mean, var], [out], default_schedule(lw.target, loop_shape, loop)
+        )
+    ]
 
 
 def lower_quantize(lw: Lowerer, node: Node) -> list[Kernel]:
@@ -448,7 +452,9 @@ def lower_quantize(lw: Lowerer, node: Node) -> list[Kernel]:
         return [Store(dst, i, Cast(out_dtype, Binary("*", Binary("-", value, z), s)))]
 
     stmts, loop = nest(lw, (dst.size,), body)
-    return [lw.kernel(node, "pointwise", stmts, [x, scale, zero], [out], default_schedule(lw.target, (dst.size,), loop))]
+    return [
+        lw.kernel(node, "pointwise", stmts, [x, scale, zero], [out], default_schedule(lw.target, (dst.size,), loop))
+    ]
 
 
 LOWERINGS.update(

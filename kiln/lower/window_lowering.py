@@ -12,6 +12,7 @@ import numpy as np
 
 from kiln.ir.graph import Node
 from kiln.ir.types import DType
+from kiln.lower.engine import Epilogue
 from kiln.lower.kir import (
     Assign,
     Binary,
@@ -33,7 +34,6 @@ from kiln.lower.kir import (
     i64,
 )
 from kiln.lower.lowering import CannotLower, Lowerer, default_schedule, nest
-from kiln.lower.engine import Epilogue
 from kiln.lower.nn_lowering import F64, require_float
 from kiln.lower.pointwise import FLOAT_OPS
 
@@ -88,7 +88,9 @@ def lower_conv(lw: Lowerer, node: Node, epilogue: Epilogue | None = None) -> lis
             (*out_shape[:2], 1, out_shape[2]),
         )
     elif len(x_shape) == 4:
-        (stride_h, stride_w), (dil_h, dil_w), (pad_t, pad_l) = conv_window(node, 2, x_shape[2:], out_shape[2:], w_shape[2:])
+        (stride_h, stride_w), (dil_h, dil_w), (pad_t, pad_l) = conv_window(
+            node, 2, x_shape[2:], out_shape[2:], w_shape[2:]
+        )
     else:
         raise CannotLower("only 1-D and 2-D convolutions are lowered natively so far")
     batch, _, height, width = x_shape

@@ -22,12 +22,15 @@ import numpy as np
 
 from kiln.ir.graph import Node
 from kiln.ir.types import DType
-from kiln.lower.engine import conv_output_indexing, epilogue_helper, pack_rows
+from kiln.lower.engine import blocking, conv_output_indexing, epilogue_helper, pack_rows
 from kiln.lower.kir import (
-    Call,
-    Gemm,
+    GemmSpec,
     Kernel,
+    MatrixOperand,
+    PackedOperand,
     Stmt,
+    WinogradInput,
+    WinogradOutput,
     buffers_in,
 )
 
@@ -113,49 +116,46 @@ def lower_conv_winograd(
     packed = lw.packed_constant(("winograd", w, m, target.gemm_rows), lambda: pack_rows(u, target.gemm_rows))
     panel_rows = -(-out_channels // target.gemm_rows) * target.gemm_rows
 
-    # 1. input transform (kiln_winograd_in: 8 tiles per vector, zero padding applied here)
+    # 1. input transform (zero padding applied here)
     stmts: list[Stmt] = [
-        Call(
-            "kiln_winograd_in", [m, x_buf, transformed, batch, channels, height, width, pad_t, pad_l, tiles_h, tiles_w]
-        )
+        WinogradInput(m, x_buf, transformed, batch, channels, height, width, pad_t, pad_l, tiles_h, tiles_w)
     ]
     lw.kernel_count += 1
     first = Kernel(f"k{lw.kernel_count}", "winograd-in", stmts, [x_buf], [transformed], [node.label])
 
     # 2. a*a products on the engine
-    fields = {
-        "batch": a * a, "M": out_channels, "N": tiles, "K": channels,
-        "a_packed": packed, "a_pbs": panel_rows * channels,
-        "b": transformed, "b_bs": channels * tiles, "b_rs": tiles, "b_cs": 1, "pack_b": "kiln_pack_b_strided",
-        "c": products, "c_bs": out_channels * tiles, "ldc": tiles,
-    }  # fmt: skip
-    fields.update({k: int(v) for k, v in (choice or {}).items() if k in ("mc", "nc", "kc")})
+    product = GemmSpec(
+        a * a,
+        out_channels,
+        tiles,
+        channels,
+        PackedOperand(packed, panel_rows * channels, target.gemm_rows),
+        MatrixOperand(transformed, channels * tiles, tiles, 1),
+        products,
+        out_channels * tiles,
+        tiles,
+        blocking(choice or {}),
+    )
     lw.kernel_count += 1
     second = Kernel(
         f"k{lw.kernel_count}",
         "winograd-gemm",
-        [Gemm(fields)],
+        [product],
         [transformed, packed],
         [products],
         [node.label],
         flops=2 * a * a * out_channels * tiles * channels,
     )  # type: ignore[arg-type]
 
-    # 3. output transform + bias (kiln_winograd_out), then the fused epilogue per finished tile
-    # row, on the output viewed as [image][channel][pixel]
+    # 3. output transform + bias, then the fused epilogue per finished tile row, on the output
+    # viewed as [image][channel][pixel]
     lw.kernel_count += 1
     name = f"k{lw.kernel_count}"
     helper = None
     if epilogue is not None:
         flat_of, position_of = conv_output_indexing(out_channels, geometry["out_shape"])
         helper = epilogue_helper(lw, name, dst, position_of, flat_of, epilogue, None)
-    bias_arg = bias_buf if bias_buf is not None else "(const float *)0"
-    call = Call(
-        "kiln_winograd_out",
-        [m, products, dst, bias_arg, batch, out_channels, out_h, out_w, tiles_h, tiles_w],
-        helper,
-        context=True,
-    )
+    call = WinogradOutput(m, products, dst, bias_buf, batch, out_channels, out_h, out_w, tiles_h, tiles_w, helper)
     third = Kernel(name, "winograd-out", [call], [], [dst], [node.label])
     third.reads = [b for b in buffers_in([call]) if b is not dst]
     return [first, second, third]

@@ -127,7 +127,9 @@ def node_failure(node: Node, args: list[Any], err: Exception, stage: str = "run"
     shapes = ", ".join(_describe(a) for a in args)
     if isinstance(err, MemoryError):
         return ResourceError(f"node {node.label} ran out of memory on inputs ({shapes}) (stage: {stage}): {err}")
-    return ExecutionError(f"node {node.label} failed on inputs ({shapes}) (stage: {stage}): {type(err).__name__}: {err}")
+    return ExecutionError(
+        f"node {node.label} failed on inputs ({shapes}) (stage: {stage}): {type(err).__name__}: {err}"
+    )
 
 
 def _describe(value: Any) -> str:

@@ -145,7 +145,9 @@ def _global_pool_reference(ctx: Any, inputs: list[Any]) -> list[Any]:
     if ctx.node.op == "GlobalLpPool":
         p = float(ctx.attr("p") or 2)
         return [(np.sum(np.abs(x) ** p, axis=axes, keepdims=True) ** (1.0 / p)).astype(x.dtype)]
-    return [np.mean(x, axis=axes, keepdims=True, dtype=np.float64 if x.dtype == np.float64 else np.float32).astype(x.dtype)]
+    return [
+        np.mean(x, axis=axes, keepdims=True, dtype=np.float64 if x.dtype == np.float64 else np.float32).astype(x.dtype)
+    ]
 
 
 def _pool_reference(ctx: Any, inputs: list[Any]) -> list[Any]:

@@ -17,9 +17,9 @@ from kiln.errors import KilnError, ShapeInferenceError
 from kiln.ir.graph import Graph, Node, Value
 from kiln.ir.types import TensorType, Type
 from kiln.ops.inference import infer_node
+from kiln.ops.interpreter import evaluate_node, node_failure
 from kiln.ops.registry import NONDETERMINISTIC
 from kiln.passes.rewrite import Rewriter
-from kiln.ops.interpreter import evaluate_node, node_failure
 
 FOLD_LIMIT = 16 * 1024 * 1024  # elements: never materialize larger constants
 

@@ -78,11 +78,7 @@ def can_fuse(producer: Node, consumer: Node, readers: dict[Value, int], outputs:
 
 
 def _elementwise(node: Node) -> bool:
-    return (
-        _fusable(node)
-        and len(node.outputs) == 1
-        and all(_float_static(v) for v in [*node.inputs, *node.outputs])
-    )
+    return _fusable(node) and len(node.outputs) == 1 and all(_float_static(v) for v in [*node.inputs, *node.outputs])
 
 
 def fusion_benefit(link: Value) -> int:

@@ -193,5 +193,3 @@ def _check_input(name: str, expected: Any, data: Any, bindings: dict[str, int]) 
                     f"input {name!r}: dim {dim!r} is {size} on axis {axis} but {bindings[dim]} in an earlier input"
                 )
     return data
-
-

@@ -21,11 +21,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from kiln.ir.graph import Graph, Node
-from kiln.ops.registry import ops_with
 from kiln.backends import parse
 from kiln.driver import tuning_db as db
+from kiln.ir.graph import Graph, Node
 from kiln.lower.lowering import kernel_key
+from kiln.ops.registry import ops_with
 
 TUNABLE = ops_with("tunable")
 BLOCKINGS: list[dict[str, int]] = [

@@ -80,7 +80,6 @@ class BrokenCheck(_Fake):
         raise RuntimeError("driver query exploded")
 
 
-
 class RefusesNewIR(_Fake):
     """Refuses models by their IR version, as onnxruntime 1.31 refused IR 14 (1.32 accepts it: a
     test must not depend on a real peer's refusal)."""
@@ -94,7 +93,6 @@ class RefusesNewIR(_Fake):
         if version >= 11:
             raise RuntimeError(f"Unsupported model IR version: {version}, max supported IR version: 10")
         super().compile(model, example)
-
 
 
 for _cls in (Crash, Hang, Leak, Fail, Missing, MissingSubpackage, BrokenCheck, RefusesNewIR):

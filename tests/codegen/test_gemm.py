@@ -13,7 +13,7 @@ from kiln.backends.cpu import host
 from kiln.driver.pipeline import compile_plan
 from kiln.frontend.onnx import import_onnx
 from kiln.lower.engine import pack_cols, pack_rows
-from kiln.lower.kir import Gemm
+from kiln.lower.kir import GemmSpec
 from kiln.ops.interpreter import Interpreter
 from tests.helpers import make_model
 
@@ -34,7 +34,7 @@ def check(model, feeds, engine_kinds):
         error = np.linalg.norm(actual - expected) / max(np.linalg.norm(expected), 1e-30)
         assert error < 1e-5, error
     kernels = [k for step in compiled.plans[0].steps for k in step.kernels]
-    through_engine = [k.kind for k in kernels if any(isinstance(s, Gemm) for s in k.body)]
+    through_engine = [k.kind for k in kernels if any(isinstance(s, GemmSpec) for s in k.body)]
     assert through_engine == engine_kinds
     return compiled
 

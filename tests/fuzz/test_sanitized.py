@@ -100,7 +100,7 @@ def test_an_engine_descriptor_out_of_range_is_caught_by_the_engine_checks(tmp_pa
         import kiln
         from kiln.lower import families
         from kiln.lower import gemm_lowering
-        from kiln.lower.kir import Gemm
+        from kiln.lower.kir import GemmSpec
 
         original = gemm_lowering.lower_matmul_any
 
@@ -108,8 +108,8 @@ def test_an_engine_descriptor_out_of_range_is_caught_by_the_engine_checks(tmp_pa
             kernels = original(lw, node, *args, **kwargs)
             for kernel in kernels:
                 for stmt in kernel.body:
-                    if isinstance(stmt, Gemm):
-                        stmt.fields["M"] = int(stmt.fields["M"]) + 1
+                    if isinstance(stmt, GemmSpec):
+                        stmt.m += 1
             return kernels
 
         gemm_lowering.lower_matmul_any = one_row_too_many

@@ -13,8 +13,8 @@ from kiln.driver.pipeline import compile_plan
 from kiln.runtime.plan import Fallback, Segment
 from kiln.frontend.onnx import import_onnx
 from kiln.ir.types import DType
-from kiln.lower.kir import Buffer, For, Index, Kernel, Let, Load, Scalar, Store, i64
-from kiln.lower.kir_interpreter import KernelIndexError, NotInterpretable, run_kernel
+from kiln.lower.kir import Buffer, For, GemmSpec, Index, Kernel, Let, Load, PackedOperand, Scalar, Store, i64
+from kiln.lower.kir_interpreter import KernelIndexError, run_kernel
 from kiln.lower.kir_printer import print_kernel
 from kiln.lower.kir_verify import verify_kernel
 from kiln.ops.interpreter import Interpreter, evaluate_node
@@ -151,17 +151,25 @@ def test_lowered_loop_nests_interpreted_match_the_reference(name, model, feeds):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6, err_msg=name)
 
 
-def test_engine_calls_are_named_not_guessed():
+def test_engine_calls_are_interpreted_by_their_specification_and_checked_against_their_buffers():
+    weights = RNG.standard_normal((48, 40)).astype(np.float32)
     model = make_model(
-        [helper.make_node("MatMul", ["x", "w"], ["y"])],
-        [("x", FLOAT, [64, 64])],
+        [helper.make_node("MatMul", ["x", "w"], ["m"]), helper.make_node("Relu", ["m"], ["y"])],
+        [("x", FLOAT, [19, 48])],
         [("y", FLOAT, None)],
-        {"w": RNG.standard_normal((64, 64)).astype(np.float32)},
+        {"w": weights},
     )
-    (kernel,) = [k for s in plan_for(model).steps if isinstance(s, Segment) for k in s.kernels]
-    assert "gemm(" in print_kernel(kernel)
-    with pytest.raises(NotInterpretable, match="C driver"):
-        run_kernel(kernel, {})
+    plan = plan_for(model)
+    (kernel,) = [k for s in plan.steps if isinstance(s, Segment) for k in s.kernels]
+    (call,) = kernel.body
+    assert isinstance(call, GemmSpec) and isinstance(call.b, PackedOperand) and call.epilogue is not None
+    assert "gemm(batch=1, m=19, n=40, k=48, a=view(" in print_kernel(kernel)
+    x = RNG.standard_normal((19, 48)).astype(np.float32)
+    (got,) = interpret(plan, {"x": x})
+    np.testing.assert_allclose(got, np.maximum(x @ weights, 0), rtol=1e-5, atol=1e-5)
+    call.m += 1  # one row too many: A and the output are too small for it
+    with pytest.raises(KernelIndexError, match="gemm operand A reads"):
+        interpret(plan, {"x": x})
 
 
 def relu_kernel(size: int = 4, extent: int = 4) -> tuple[Kernel, Buffer, Buffer]:

@@ -155,7 +155,9 @@ def test_a_kiln_bug_names_the_stage_and_writes_a_replayable_reproducer(cache, mo
         p.name for p in __import__("pathlib").Path(path).iterdir()
     }
     # the replay in a fresh process (without the injected bug) compiles the same graph
-    replay = subprocess.run([sys.executable, "-m", "kiln.driver.repro", path], capture_output=True, text=True, timeout=300)
+    replay = subprocess.run(
+        [sys.executable, "-m", "kiln.driver.repro", path], capture_output=True, text=True, timeout=300
+    )
     assert replay.returncode == 0, replay.stderr
     assert "failed at: lower" in replay.stdout and "does not reproduce" in replay.stdout
 

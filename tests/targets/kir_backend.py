@@ -1,8 +1,10 @@
 """A third target that exists only in the tests: ``kir`` runs the lowered kernels on the kernel-IR
-interpreter (no renderer, no compiler, no engines: matrix products stay loop nests, attention falls
-back to the host). It is registered through the public registry, exactly as a new target would be:
-nothing in ``kiln/`` knows about it. If it passes the shared compiled-vs-reference cases, the
-pipeline really is target-neutral."""
+interpreter (no renderer, no compiler): loop nests element by element, engine calls (matrix
+products, Winograd, attention) by their NumPy specification (``kiln.lower.kir_engines``);
+``kir:loops`` declares no engines, so matrix products stay loop nests and attention falls back to
+the host. It is registered through the public registry, exactly as a new target would be: nothing
+in ``kiln/`` knows about it. If it passes the shared compiled-vs-reference cases, the pipeline
+really is target-neutral."""
 
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ import numpy as np
 from kiln.backends import Backend, register
 from kiln.lower.kir import Buffer
 from kiln.lower.kir_interpreter import run_kernel
-from kiln.lower.target import Target, TargetError
+from kiln.lower.target import ENGINES, Target, TargetError
 
 NAME = "kir"
 
@@ -22,10 +24,15 @@ class KirBackend(Backend):
     name = NAME
 
     def describe(self, variant: str) -> Target:
-        if variant:
-            raise TargetError(f"target {NAME!r} has no variants, got {NAME}:{variant}")
-        # the loop nests are shaped for a 16-byte vector (they run element by element anyway)
-        return Target(NAME, "generic", 16, 1, native=False, engines=())
+        if variant not in ("", "loops"):
+            raise TargetError(f"unknown target '{NAME}:{variant}'; {NAME}'s variants: {', '.join(self.variants())}")
+        # the loop nests are shaped for a 16-byte vector and an 8x8 engine tile (they run element
+        # by element anyway: any shape would do)
+        spec = f"{NAME}:{variant}" if variant else ""
+        return Target(NAME, "generic", 16, 1, native=False, engines=() if variant else ENGINES, spec=spec)
+
+    def variants(self) -> list[str]:
+        return [NAME, f"{NAME}:loops"]
 
     def load(self, plan: Any, target: Target) -> list:
         def runner_for(kernels: list) -> Any:

@@ -23,6 +23,7 @@ from kiln.errors import KilnError
 from kiln.lower.kir import Buffer, Kernel
 from kiln.lower.target import ENGINES, Target, TargetError
 
+
 @lru_cache(maxsize=1)
 def host() -> Target:
     """This machine: its best ISA (read once from /proc/cpuinfo) and the cores this process may use."""
@@ -77,7 +78,9 @@ class CpuBackend(Backend):
     def variants(self) -> list[str]:
         return ["cpu", *(f"cpu:{isa}" for isa in ISAS)]
 
-    def render(self, segments: Sequence[Sequence[Kernel]], table: dict[Buffer, int], options: Any, target: Target) -> str:
+    def render(
+        self, segments: Sequence[Sequence[Kernel]], table: dict[Buffer, int], options: Any, target: Target
+    ) -> str:
         return emit_c(segments, table, target, profile=options.profile, checked=options.debug)
 
     def build(self, source: str, target: Target, options: Any) -> Path | None:

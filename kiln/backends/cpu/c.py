@@ -19,33 +19,41 @@ from pathlib import Path
 
 from kiln.backends.cpu import winograd_c
 from kiln.ir.types import DType
-from kiln.lower.target import Target
 from kiln.lower.kir import (
+    ENGINE_CALLS,
     Assign,
+    AttentionSpec,
     Binary,
     Buffer,
-    Call,
     Cast,
     Const,
+    EngineCall,
     Expr,
     For,
     Function,
-    Gemm,
+    GemmSpec,
     If,
+    Im2colOperand,
     Index,
     Kernel,
     Let,
     Load,
+    MatrixOperand,
+    PackedOperand,
     Scalar,
     Schedule,
     Select,
     Stmt,
     Store,
     Unary,
+    WinogradInput,
+    WinogradOutput,
     buffers_in,
+    epilogue_of,
     postorder,
     shared_nodes,
 )
+from kiln.lower.target import Target
 
 C_TYPES = {
     DType.FLOAT32: "float",
@@ -241,47 +249,20 @@ def statements(body: Sequence[Stmt], schedule: Schedule, indent: str) -> list[st
             temporaries, value = bound_value(stmt.value, indent)
             lines.extend(temporaries)
             lines.append(f"{indent}{expr(Load(stmt.buffer, stmt.index))} = {value};")
-        elif isinstance(stmt, Gemm):
-            lines.append(f"{indent}{{")
-            lines.append(f"{indent}  kiln_gemm g = {{0}};")
-            for field, value in stmt.fields.items():
-                if isinstance(value, Buffer):
-                    text = value.name
-                    lines.append(f"{indent}  g.{field}_size = {value.size};")
-                elif isinstance(value, tuple):
-                    text = "(const int64_t[]){" + ", ".join(str(int(v)) for v in value) + "}"
-                else:
-                    text = str(value)
-                lines.append(f"{indent}  g.{field} = {text};")
-            if stmt.epilogue is not None:
-                lines.append(f"{indent}  g.epilogue = {stmt.epilogue.name};")
-                lines.append(f"{indent}  g.buffers = buffers;")
-            lines.append(f"{indent}  kiln_gemm_run(&g);")
-            lines.append(f"{indent}}}")
-        elif isinstance(stmt, Call):
-            args = [a.name if isinstance(a, Buffer) else str(a) for a in stmt.args]
-            if stmt.context:
-                lines.append(f"{indent}{{")
-                lines.append(f"{indent}  kiln_gemm g = {{0}};")
-                lines.append(f"{indent}  g.buffers = buffers;")
-                if stmt.epilogue is not None:
-                    lines.append(f"{indent}  g.epilogue = {stmt.epilogue.name};")
-                lines.append(f"{indent}  {stmt.function}({', '.join([*args, '&g'])});")
-                lines.append(f"{indent}}}")
-            else:
-                lines.append(f"{indent}{stmt.function}({', '.join(args)});")
+        elif isinstance(stmt, ENGINE_CALLS):
+            lines.extend(engine_call(stmt, indent))
         else:
             raise TypeError(f"no C for {stmt!r}")
     return lines
 
 
 def _buffer_declarations(
-    buffers: Sequence[Buffer], table: dict[Buffer, int], indent: str, via_c: Buffer | None = None
+    buffers: Sequence[Buffer], table: dict[Buffer, int], indent: str, engine_block: Buffer | None = None
 ) -> list[str]:
-    """Each buffer's pointer from the table (``via_c``: from the descriptor's ``c`` instead)."""
+    """Each buffer's pointer from the table (``engine_block``: from the descriptor's ``c`` instead)."""
     lines = []
     for b in buffers:
-        source = "g->c" if b is via_c else f"buffers[{table[b]}]"
+        source = "g->c" if b is engine_block else f"buffers[{table[b]}]"
         lines.append(f"{indent}{c_type(b.dtype)} *{b.name} = ({c_type(b.dtype)} *){source};")
     return lines
 
@@ -306,11 +287,11 @@ def emit_helper(function: Function, table: dict[Buffer, int]) -> str:
     global _temporaries
     _temporaries = itertools.count()
     lines = [f"static void {function.name}(const kiln_gemm *g, {params}) {{", "  void **buffers = g->buffers;"]
-    lines.extend(_buffer_declarations(list(dict.fromkeys(function.buffers)), table, "  ", function.via_c))
+    lines.extend(_buffer_declarations(list(dict.fromkeys(function.buffers)), table, "  ", function.engine_block))
     # a helper's inner loops (the micro-tile row's "c", the general path's "j") touch one element
     # per iteration: SIMD even when the epilogue reads scalars from buffers GCC cannot prove
     # unaliased (GELU's constants); the attention driver runs its scores block through "j"
-    lines.extend(statements(function.body, Schedule(vectorize="c", simd=("j",)), "  "))
+    lines.extend(statements(function.body, function.schedule, "  "))
     lines.append("}")
     return "\n".join(lines)
 
@@ -318,30 +299,67 @@ def emit_helper(function: Function, table: dict[Buffer, int]) -> str:
 def _helpers(body: Sequence[Stmt]) -> list[Function]:
     found: list[Function] = []
     for stmt in body:
-        if isinstance(stmt, (Gemm, Call)) and stmt.epilogue is not None:
-            found.append(stmt.epilogue)
+        if isinstance(stmt, ENGINE_CALLS) and epilogue_of(stmt) is not None:
+            found.append(epilogue_of(stmt))  # type: ignore[arg-type]
         elif isinstance(stmt, (For, If)):
             found.extend(_helpers(stmt.body))
     return found
 
 
-def _uses_gemm(body: Sequence[Stmt]) -> bool:
-    return any(isinstance(s, (Gemm, Call)) or (isinstance(s, (For, If)) and _uses_gemm(s.body)) for s in body)
+def _calls(body: Sequence[Stmt], kinds: tuple[type, ...]) -> bool:
+    """Whether ``body`` makes an engine call of one of ``kinds``."""
+    return any(isinstance(s, kinds) or (isinstance(s, (For, If)) and _calls(s.body, kinds)) for s in body)
 
 
-def _uses_driver(body: Sequence[Stmt], name: str) -> bool:
-    return any(
-        (isinstance(s, Call) and s.function == name) or (isinstance(s, (For, If)) and _uses_driver(s.body, name))
-        for s in body
-    )
+def _operand_fields(name: str, operand: object) -> list[tuple[str, str]]:
+    """The ``kiln_gemm`` members describing operand ``name`` ('a' or 'b') (see gemm.c)."""
+    if isinstance(operand, PackedOperand):
+        return [(f"{name}_packed", operand.buffer.name), (f"{name}_packed_size", str(operand.buffer.size)),
+                (f"{name}_pbs", str(operand.batch_stride))]  # fmt: skip
+    if isinstance(operand, Im2colOperand):
+        geometry = "(const int64_t[]){" + ", ".join(str(int(v)) for v in operand.geometry) + "}"
+        return [("b", operand.buffer.name), ("b_size", str(operand.buffer.size)),
+                ("b_bs", str(operand.batch_stride)), ("conv", geometry), ("pack_b", "kiln_pack_im2col")]  # fmt: skip
+    assert isinstance(operand, MatrixOperand), operand
+    return [(name, operand.buffer.name), (f"{name}_size", str(operand.buffer.size)),
+            (f"{name}_bs", str(operand.batch_stride)), (f"{name}_rs", str(operand.row_stride)),
+            (f"{name}_cs", str(operand.col_stride)), (f"pack_{name}", f"kiln_pack_{name}_strided")]  # fmt: skip
 
 
-def _uses_winograd(body: Sequence[Stmt]) -> bool:
-    return any(
-        (isinstance(s, Call) and s.function.startswith("kiln_winograd"))
-        or (isinstance(s, (For, If)) and _uses_winograd(s.body))
-        for s in body
-    )
+def engine_call(stmt: EngineCall, indent: str) -> list[str]:
+    """An engine call as a call into kiln's C drivers: the matrix-multiply engine's ``kiln_gemm``
+    descriptor (gemm.c), the Winograd transforms (winograd.c) and the attention driver
+    (attention.c); a descriptor carries the epilogue and the segment's buffer table."""
+    lines = [f"{indent}{{", f"{indent}  kiln_gemm g = {{0}};"]
+    epilogue = epilogue_of(stmt)
+    if epilogue is not None:
+        lines.append(f"{indent}  g.epilogue = {epilogue.name};")
+        lines.append(f"{indent}  g.buffers = buffers;")
+    if isinstance(stmt, GemmSpec):
+        fields = [("batch", stmt.batch), ("M", stmt.m), ("N", stmt.n), ("K", stmt.k)]
+        fields += [*_operand_fields("a", stmt.a), *_operand_fields("b", stmt.b)]
+        fields += [("c", stmt.out.name), ("c_size", stmt.out.size), ("c_bs", stmt.out_batch_stride), ("ldc", stmt.ldc)]
+        fields += [(name, value) for name, value in zip(("mc", "nc", "kc"), stmt.blocking) if value]
+        lines.extend(f"{indent}  g.{name} = {value};" for name, value in fields)
+        lines.append(f"{indent}  kiln_gemm_run(&g);")
+    elif isinstance(stmt, WinogradInput):
+        args = [stmt.tile, stmt.source.name, stmt.dest.name, stmt.batch, stmt.channels, stmt.height, stmt.width,
+                stmt.pad_top, stmt.pad_left, stmt.tiles_h, stmt.tiles_w]  # fmt: skip
+        lines.append(f"{indent}  kiln_winograd_in({', '.join(str(a) for a in args)});")
+    elif isinstance(stmt, WinogradOutput):
+        bias = stmt.bias.name if stmt.bias is not None else "(const float *)0"
+        args = [stmt.tile, stmt.products.name, stmt.dest.name, bias, stmt.batch, stmt.out_channels, stmt.out_h,
+                stmt.out_w, stmt.tiles_h, stmt.tiles_w, "&g"]  # fmt: skip
+        lines.append(f"{indent}  kiln_winograd_out({', '.join(str(a) for a in args)});")
+    else:
+        args: list[object] = [stmt.batch, stmt.queries, stmt.keys, stmt.depth, stmt.width]
+        for operand in (stmt.q, stmt.kt, stmt.v, stmt.out):
+            args += [operand.buffer.name, operand.buffer.size, operand.inner, operand.outer_stride,
+                     operand.inner_stride, operand.row_stride, operand.col_stride]  # fmt: skip
+        args += [stmt.scores.name, stmt.threads, "&g"]
+        lines.append(f"{indent}  kiln_attention({', '.join(str(a) for a in args)});")
+    lines.append(f"{indent}}}")
+    return lines
 
 
 def emit_kernel(kernel: Kernel, used: list[Buffer], table: dict[Buffer, int], name: str) -> str:
@@ -506,11 +524,11 @@ def _emit_c(segments, table, target, profile, checked):  # type: ignore[no-untyp
         parts.append(f"double kiln_profile_seconds[{max(len(kernels), 1)}];")
     if checked:
         parts.append(DEBUG_PRELUDE)
-    if any(_uses_gemm(k.body) for k in kernels):
+    if any(_calls(k.body, ENGINE_CALLS) for k in kernels):  # every driver uses the kiln_gemm descriptor
         parts.append(gemm_prelude(target))
-    if any(_uses_winograd(k.body) for k in kernels):
+    if any(_calls(k.body, (WinogradInput, WinogradOutput)) for k in kernels):
         parts.append(winograd_c.c_source())
-    if any(_uses_driver(k.body, "kiln_attention") for k in kernels):
+    if any(_calls(k.body, (AttentionSpec,)) for k in kernels):
         parts.append((Path(__file__).parent / "attention.c").read_text())
     templates = _Templates()
     segment_parts = [emit_segment(i, ks, table, positions, templates) for i, ks in enumerate(segments)]

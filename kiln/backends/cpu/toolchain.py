@@ -15,8 +15,8 @@ from functools import lru_cache
 from pathlib import Path
 
 from kiln import integrity
-from kiln.lower.target import Target
 from kiln.errors import KilnError, ResourceError
+from kiln.lower.target import Target
 
 ISAS = {  # name -> (vector bytes, the compiler's -march for code that must run on any such CPU)
     "avx512": (64, "x86-64-v4"),
@@ -131,7 +131,9 @@ def build(source: str, target: Target, debug: bool = False) -> Path:
     ResourceError when the disk is full."""
     compiler, version = find_compiler()
     # -march=native code is only valid on this kind of CPU: the target is part of the key
-    key = hashlib.sha256("\n".join([source, compiler, version, repr(target), *flags(target, debug)]).encode()).hexdigest()[:24]
+    key = hashlib.sha256(
+        "\n".join([source, compiler, version, repr(target), *flags(target, debug)]).encode()
+    ).hexdigest()[:24]
     folder = cache_dir()
     library = folder / f"{key}.so"
     if _cached(library):
