@@ -32,12 +32,13 @@ from kiln.lower.kir import (
     Schedule,
     Stmt,
     Store,
+    Unary,
     add,
     buffers_in,
     i64,
 )
 from kiln.lower.lowering import CannotLower, Lowerer
-from kiln.lower.pointwise import FLOAT_OPS, fn
+from kiln.lower.pointwise import FLOAT_OPS
 from kiln.passes.fuse import attention_view, transpose_perm
 
 F32, F64 = DType.FLOAT32, DType.FLOAT64
@@ -116,8 +117,8 @@ def lower_attention(lw: Lowerer, node: Node) -> list[Kernel]:
         For(jv, keys, [Store(row, vat, compose(position, Load(row, vat), None))]),
         Let(high, Const(-math.inf, F32)),
         For(j, keys, [Assign(high, FLOAT_OPS["Max"]([high, Load(row, at)], {}, F32))]),
-        # exp (kiln's vectorizable expf, <= 3 ulp) over the row, then its sum in double
-        For(jv, keys, [Store(row, vat, fn("exp", Binary("-", Load(row, vat), high), F32))]),
+        # exp over the row (float32: the target may use a fast version), then its sum in double
+        For(jv, keys, [Store(row, vat, Unary("exp", Binary("-", Load(row, vat), high)))]),
         Let(total, Const(0.0, F64)),
         For(j, keys, [Assign(total, Binary("+", total, Cast(F64, Load(row, at))))]),
         Let(inverse, Cast(F32, Binary("/", Const(1.0, F64), total))),

@@ -42,17 +42,43 @@ class Load:
     index: Expr
 
 
+# The kernel IR's operators: names of what they compute, not of any language's functions; each
+# target renders them through its own table (the C renderer's picks kiln's vectorizable float32
+# exp/tanh/erf, libm for the rest). Integer / and % truncate toward zero; comparisons and && ||
+# give booleans.
+BINARY_OPS = frozenset(
+    {"+", "-", "*", "/", "%", "<", "<=", ">", ">=", "==", "!=", "&&", "||", "&", "|", "^", "<<", ">>", "pow", "fmod"}
+)
+UNARY_OPS = frozenset(
+    {
+        "-", "!", "abs", "exp", "log", "sqrt", "tanh", "erf", "floor", "ceil",
+        "round_even",  # to the nearest integer, halves to even (ONNX Round, NumPy rint)
+        "sin", "cos", "tan", "asin", "acos", "atan", "sinh", "cosh", "asinh", "acosh", "atanh",
+        "bf16_to_f32",  # a bfloat16 value widened to float32 (exact)
+    }
+)  # fmt: skip
+COMPARISONS = frozenset({"<", "<=", ">", ">=", "==", "!=", "&&", "||"})
+
+
 @dataclass(frozen=True)
 class Binary:
-    op: str  # + - * / % max min < <= > >= == != && || pow
+    op: str  # one of BINARY_OPS
     a: Expr
     b: Expr
+
+    def __post_init__(self) -> None:
+        if self.op not in BINARY_OPS:
+            raise ValueError(f"not a kernel-IR binary operator: {self.op!r}")
 
 
 @dataclass(frozen=True)
 class Unary:
-    op: str  # - ! and math functions: exp log sqrt tanh erf fabs floor ceil ...
+    op: str  # one of UNARY_OPS
     a: Expr
+
+    def __post_init__(self) -> None:
+        if self.op not in UNARY_OPS:
+            raise ValueError(f"not a kernel-IR unary operator: {self.op!r}")
 
 
 @dataclass(frozen=True)
@@ -69,6 +95,43 @@ class Cast:
 
 
 Expr = Const | Index | Scalar | Load | Binary | Unary | Select | Cast
+
+
+def dtype_of(e: Expr) -> DType:
+    """The type an expression evaluates to (C's usual arithmetic conversions: a float operand makes
+    the result float, the wider float wins; comparisons and logic give booleans)."""
+    return dtypes_of(e)[id(e)]
+
+
+def dtypes_of(root: Expr) -> dict[int, DType]:
+    """The type of every node of ``root`` (by id), in one iterative walk."""
+    known: dict[int, DType] = {}
+    for node in postorder(root):
+        if isinstance(node, Const):
+            found = node.dtype
+        elif isinstance(node, Index):
+            found = DType.INT64
+        elif isinstance(node, Scalar):
+            found = node.dtype
+        elif isinstance(node, Load):
+            found = node.buffer.dtype
+        elif isinstance(node, Cast):
+            found = node.dtype
+        elif isinstance(node, Select):
+            found = _wider(known[id(node.a)], known[id(node.b)])
+        elif isinstance(node, Binary):
+            found = DType.BOOL if node.op in COMPARISONS else _wider(known[id(node.a)], known[id(node.b)])
+        else:  # Unary
+            found = DType.BOOL if node.op == "!" else (DType.FLOAT32 if node.op == "bf16_to_f32" else known[id(node.a)])
+        known[id(node)] = found
+    return known
+
+
+def _wider(a: DType, b: DType) -> DType:
+    if a.is_float or b.is_float:
+        floats = [t for t in (a, b) if t.is_float]
+        return max(floats, key=lambda t: t.numpy.itemsize)
+    return max((a, b), key=lambda t: t.numpy.itemsize)
 
 
 def operands(e: Expr) -> tuple[Expr, ...]:
@@ -405,10 +468,15 @@ class Buffer:
 class Schedule:
     """How a kernel's loops run, by loop index name. Never changes what is computed."""
 
-    parallel: str | None = None  # spread this loop across cores (OpenMP)
+    parallel: str | None = None  # spread this loop's iterations across cores
     vectorize: str | None = None  # SIMD across this loop's iterations
     unroll: dict[str, int] = field(default_factory=dict)
     simd: tuple[str, ...] = ()  # further loops whose iterations are independent (SIMD them too)
+    # for targets with other hardware: loops bound to GPU grid axes ("block.x", "thread.x"...) and
+    # loops an HLS target pipelines (initiation interval). A renderer ignores what its hardware
+    # has no use for (the cpu target ignores both): a schedule never changes results.
+    bind: dict[str, str] = field(default_factory=dict)
+    pipeline: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass

@@ -54,22 +54,19 @@ def _erf(x: Any) -> Any:
     return type(x)(math.erf(float(x))) if isinstance(x, np.floating) else math.erf(x)
 
 
-# Unary functions by their kernel-IR name (the C renderer's libm / kiln_* names for now)
+# Unary functions by their kernel-IR name (kir.UNARY_OPS)
 FUNCTIONS: dict[str, Callable[[Any], Any]] = {
     "-": lambda x: -x,
     "!": lambda x: int(not x),
-    "fabs": np.abs,
+    "abs": np.abs,
     "exp": np.exp,
-    "kiln_expf": np.exp,
     "log": np.log,
     "sqrt": np.sqrt,
     "tanh": np.tanh,
-    "kiln_tanhf": np.tanh,
     "erf": _erf,
-    "kiln_erff": _erf,
     "floor": np.floor,
     "ceil": np.ceil,
-    "nearbyint": np.rint,
+    "round_even": np.rint,
     "sin": np.sin,
     "cos": np.cos,
     "tan": np.tan,
@@ -81,7 +78,7 @@ FUNCTIONS: dict[str, Callable[[Any], Any]] = {
     "asinh": np.arcsinh,
     "acosh": np.arccosh,
     "atanh": np.arctanh,
-    "kiln_bf16_to_f32": np.float32,
+    "bf16_to_f32": np.float32,
 }
 
 

@@ -471,7 +471,7 @@ def lower_pointwise(lw: Lowerer, node: Node) -> list[Kernel]:
             if buffer.dtype is HALF:
                 load = Cast(DType.FLOAT32, load)
             elif buffer.dtype is BF16:
-                load = Unary("kiln_bf16_to_f32", load)
+                load = Unary("bf16_to_f32", load)
             loaded.append(load)
         target = indices[0] if flat else affine(list(zip(indices, strides(shape))))  # type: ignore[arg-type]
         value = scalarize(loaded)

@@ -35,7 +35,7 @@ from kiln.lower.kir import (
     i64,
 )
 from kiln.lower.lowering import PARALLEL_MIN, CannotLower, Lowerer, default_schedule, nest, strides
-from kiln.lower.pointwise import FLOAT_OPS, NATIVE_FLOATS, fn
+from kiln.lower.pointwise import FLOAT_OPS, NATIVE_FLOATS
 
 F64 = DType.FLOAT64
 
@@ -57,7 +57,7 @@ _REDUCE = {  # op: (initial value, combine(acc, x), finish(acc, count))
     "ReduceSum": (0.0, lambda acc, x: Binary("+", acc, x), lambda acc, n: acc),
     "ReduceMean": (0.0, lambda acc, x: Binary("+", acc, x), lambda acc, n: Binary("/", acc, Const(float(n), F64))),
     "ReduceSumSquare": (0.0, lambda acc, x: Binary("+", acc, Binary("*", x, x)), lambda acc, n: acc),
-    "ReduceL1": (0.0, lambda acc, x: Binary("+", acc, Unary("fabs", x)), lambda acc, n: acc),
+    "ReduceL1": (0.0, lambda acc, x: Binary("+", acc, Unary("abs", x)), lambda acc, n: acc),
     "ReduceL2": (0.0, lambda acc, x: Binary("+", acc, Binary("*", x, x)), lambda acc, n: Unary("sqrt", acc)),
     "ReduceLogSum": (0.0, lambda acc, x: Binary("+", acc, x), lambda acc, n: Unary("log", acc)),
     "ReduceProd": (1.0, lambda acc, x: Binary("*", acc, x), lambda acc, n: acc),
@@ -160,7 +160,7 @@ def lower_softmax(lw: Lowerer, node: Node) -> list[Kernel]:
                     k,
                     length,
                     [
-                        Let(e, fn("exp", shifted, dtype)),
+                        Let(e, Unary("exp", shifted)),
                         Store(dst, at, e),
                         Assign(total, Binary("+", total, Cast(F64, e))),
                     ],
@@ -348,7 +348,7 @@ def lower_lp_normalization(lw: Lowerer, node: Node) -> list[Kernel]:
         at = add(base, Binary("*", k, i64(data_strides[axis])))
         norm = lw.scalar(F64, "norm")
         x = Cast(F64, Load(src, at))
-        term = Unary("fabs", x) if power == 1 else Binary("*", x, x)
+        term = Unary("abs", x) if power == 1 else Binary("*", x, x)
         total = norm if power == 1 else Unary("sqrt", norm)
         # zero norm gives 0, as the reference's where(norm == 0, 0, x / norm)
         return [
@@ -442,7 +442,7 @@ def lower_quantize(lw: Lowerer, node: Node) -> list[Kernel]:
         z = Cast(work, Load(zero_buf, channel)) if zero_buf is not None else Const(0.0, work)
         value = Cast(work, Load(src, i))
         if quantize:
-            rounded = Cast(F64, Binary("+", Unary("nearbyint", Binary("/", value, s)), z))  # half to even
+            rounded = Cast(F64, Binary("+", Unary("round_even", Binary("/", value, s)), z))  # half to even
             clamped = Select(
                 Binary("<", rounded, Const(float(info.min), F64)),
                 Const(float(info.min), F64),

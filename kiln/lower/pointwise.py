@@ -30,7 +30,7 @@ def _min(a: Expr, b: Expr) -> Expr:
 
 
 def _sigmoid(x: Expr, t: DType) -> Expr:
-    return Binary("/", c(1, t), Binary("+", c(1, t), fn("exp", Unary("-", x), t)))
+    return Binary("/", c(1, t), Binary("+", c(1, t), Unary("exp", Unary("-", x))))
 
 
 def _softplus(x: Expr, t: DType) -> Expr:
@@ -47,26 +47,14 @@ def _fold(op: Callable[[Expr, Expr], Expr]) -> Scalarize:
     return scalarize
 
 
-FAST_F32 = {
-    "exp": "kiln_expf",
-    "tanh": "kiln_tanhf",
-    "erf": "kiln_erff",
-}  # vectorizable float32 versions (see codegen/c.py)
-
-
-def fn(name: str, x: Expr, t: DType) -> Expr:
-    """``name(x)`` in dtype ``t``: kiln's branch-free version for float32 where it has one."""
-    return Unary(FAST_F32.get(name, name) if t is DType.FLOAT32 else name, x)
-
-
 def _gelu(args: list[Expr], attrs: dict[str, Any], t: DType) -> Expr:
     x = args[0]
     half_x = Binary("*", c(0.5, t), x)
     if attrs.get("approximate", "none") == "tanh":
         cube = Binary("*", c(0.044715, t), Binary("*", x, Binary("*", x, x)))
         inner = Binary("*", c(math.sqrt(2 / math.pi), t), Binary("+", x, cube))
-        return Binary("*", half_x, Binary("+", c(1, t), fn("tanh", inner, t)))
-    return Binary("*", half_x, Binary("+", c(1, t), fn("erf", Binary("*", x, c(1 / math.sqrt(2), t)), t)))
+        return Binary("*", half_x, Binary("+", c(1, t), Unary("tanh", inner)))
+    return Binary("*", half_x, Binary("+", c(1, t), Unary("erf", Binary("*", x, c(1 / math.sqrt(2), t)))))
 
 
 def _elu(alpha: float, x: Expr, t: DType) -> Expr:
@@ -84,18 +72,18 @@ FLOAT_OPS: dict[str, Scalarize] = {
     "Sum": _fold(lambda x, y: Binary("+", x, y)),
     "Mean": lambda a, k, t: Binary("/", _fold(lambda x, y: Binary("+", x, y))(a, k, t), c(len(a), t)),
     "Neg": lambda a, k, t: Unary("-", a[0]),
-    "Abs": lambda a, k, t: Unary("fabs", a[0]),
+    "Abs": lambda a, k, t: Unary("abs", a[0]),
     "Relu": lambda a, k, t: Select(Binary("<", a[0], c(0, t)), c(0, t), a[0]),  # max(x, 0), NaN kept
     "Sigmoid": lambda a, k, t: _sigmoid(a[0], t),
-    "Tanh": lambda a, k, t: fn("tanh", a[0], t),
-    "Exp": lambda a, k, t: fn("exp", a[0], t),
+    "Tanh": lambda a, k, t: Unary("tanh", a[0]),
+    "Exp": lambda a, k, t: Unary("exp", a[0]),
     "Log": lambda a, k, t: Unary("log", a[0]),
     "Sqrt": lambda a, k, t: Unary("sqrt", a[0]),
     "Reciprocal": lambda a, k, t: Binary("/", c(1, t), a[0]),
-    "Erf": lambda a, k, t: fn("erf", a[0], t),
+    "Erf": lambda a, k, t: Unary("erf", a[0]),
     "Floor": lambda a, k, t: Unary("floor", a[0]),
     "Ceil": lambda a, k, t: Unary("ceil", a[0]),
-    "Round": lambda a, k, t: Unary("nearbyint", a[0]),  # half to even, as ONNX and NumPy
+    "Round": lambda a, k, t: Unary("round_even", a[0]),  # half to even, as ONNX and NumPy
     "Sin": lambda a, k, t: Unary("sin", a[0]),
     "Cos": lambda a, k, t: Unary("cos", a[0]),
     "Tan": lambda a, k, t: Unary("tan", a[0]),
@@ -111,7 +99,7 @@ FLOAT_OPS: dict[str, Scalarize] = {
         Binary(">", a[0], c(0, t)), c(1, t), Select(Binary("<", a[0], c(0, t)), c(-1, t), a[0])
     ),
     "Softplus": lambda a, k, t: _softplus(a[0], t),  # log(exp(x) + 1)
-    "Softsign": lambda a, k, t: Binary("/", a[0], Binary("+", c(1, t), Unary("fabs", a[0]))),
+    "Softsign": lambda a, k, t: Binary("/", a[0], Binary("+", c(1, t), Unary("abs", a[0]))),
     "Elu": lambda a, k, t: _elu(k.get("alpha", 1.0), a[0], t),
     "Selu": lambda a, k, t: Binary(
         "*", c(k.get("gamma", 1.0507009873554805), t), _elu(k.get("alpha", 1.6732632423543772), a[0], t)

@@ -210,7 +210,7 @@ def lower_pool(lw: Lowerer, node: Node) -> list[Kernel]:
         if is_max:
             update = FLOAT_OPS["Max"]([acc, value], {}, F64)
         elif power is not None:  # LpPool: (sum |x|^p)^(1/p)
-            update = Binary("+", acc, Binary("pow", Unary("fabs", value), Const(power, F64)))
+            update = Binary("+", acc, Binary("pow", Unary("abs", value), Const(power, F64)))
         else:
             update = Binary("+", acc, value)
         taps = [

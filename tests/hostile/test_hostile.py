@@ -19,9 +19,9 @@ import kiln
 import kiln.driver.native as native
 from kiln import integrity
 from kiln.backends.cpu import toolchain
-from kiln.errors import KilnError, ShapeInferenceError
 from kiln.driver import plan_cache
 from kiln.driver.artifact import ArtifactError
+from kiln.errors import KilnError, ShapeInferenceError
 from tests.helpers import FLOAT, INT64, make_model
 
 RNG = np.random.default_rng(12)

@@ -10,7 +10,6 @@ from onnx import helper
 
 from kiln.driver.options import CompileOptions
 from kiln.driver.pipeline import compile_plan
-from kiln.runtime.plan import Fallback, Segment
 from kiln.frontend.onnx import import_onnx
 from kiln.ir.types import DType
 from kiln.lower.kir import Buffer, For, GemmSpec, Index, Kernel, Let, Load, PackedOperand, Scalar, Store, i64
@@ -18,6 +17,7 @@ from kiln.lower.kir_interpreter import KernelIndexError, run_kernel
 from kiln.lower.kir_printer import print_kernel
 from kiln.lower.kir_verify import verify_kernel
 from kiln.ops.interpreter import Interpreter, evaluate_node
+from kiln.runtime.plan import Fallback, Segment
 from tests.helpers import FLOAT, INT64, make_model
 
 RNG = np.random.default_rng(9)

@@ -3,9 +3,9 @@ from onnx import helper
 
 import kiln
 from kiln.ir.parser import parse_graph
+from kiln.ops.interpreter import Interpreter
 from kiln.ops.verify import verify
 from kiln.passes.fuse import Refusal, fuse
-from kiln.ops.interpreter import Interpreter
 from tests.helpers import FLOAT, make_model
 
 RNG = np.random.default_rng(0)

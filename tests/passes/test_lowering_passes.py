@@ -5,9 +5,9 @@ from onnx import TensorProto, helper
 
 import kiln
 from kiln.frontend.onnx import import_onnx
+from kiln.ops.interpreter import Interpreter
 from kiln.passes.decompose import decompose
 from kiln.passes.widen_half import widen_half
-from kiln.ops.interpreter import Interpreter
 from tests.helpers import FLOAT, make_model
 
 RNG = np.random.default_rng(0)

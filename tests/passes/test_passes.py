@@ -5,6 +5,7 @@ import pytest
 
 from kiln.errors import KilnError
 from kiln.ir.parser import parse_graph
+from kiln.ops.interpreter import Interpreter
 from kiln.ops.verify import verify
 from kiln.passes import optimize, specialize
 from kiln.passes.cse import cse
@@ -14,7 +15,6 @@ from kiln.passes.fold_constants import fold_constants
 from kiln.passes.gemm import canonicalize_gemm
 from kiln.passes.simplify import RULES, simplify
 from kiln.passes.transpose import sink_transposes
-from kiln.ops.interpreter import Interpreter
 
 
 def assert_same(got, expected_text, data=None):

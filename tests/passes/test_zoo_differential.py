@@ -5,9 +5,9 @@ import pytest
 
 from kiln import zoo
 from kiln.frontend.onnx import import_onnx
+from kiln.ops.interpreter import Interpreter
 from kiln.ops.verify import verify
 from kiln.passes import PIPELINE, optimize, specialize
-from kiln.ops.interpreter import Interpreter
 
 pytest.importorskip("torch", reason="torch (the 'zoo' extra) builds the zoo models")
 

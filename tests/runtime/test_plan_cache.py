@@ -12,8 +12,8 @@ from onnx import TensorProto, helper
 
 import kiln
 import kiln.backends.cpu as cpu_backend
-import kiln.frontend
 import kiln.driver.native as native
+import kiln.frontend
 from kiln.backends.cpu import toolchain
 from kiln.driver import plan_cache
 from tests.helpers import make_model

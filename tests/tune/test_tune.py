@@ -7,9 +7,9 @@ from onnx import TensorProto, helper
 
 import kiln
 from kiln import tune
+from kiln.driver import tuning_db as db
 from kiln.frontend.onnx import import_onnx
 from kiln.passes import optimize
-from kiln.driver import tuning_db as db
 from kiln.tune.worker import Measurer
 from tests.helpers import make_model
 

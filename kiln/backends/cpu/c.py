@@ -49,6 +49,7 @@ from kiln.lower.kir import (
     WinogradInput,
     WinogradOutput,
     buffers_in,
+    dtypes_of,
     epilogue_of,
     postorder,
     shared_nodes,
@@ -145,8 +146,15 @@ def c_type(dtype: DType) -> str:
 _CHECKED: contextvars.ContextVar[bool] = contextvars.ContextVar("kiln_checked", default=False)
 
 
-def _node_text(e: Expr, text: dict[int, str]) -> str:
-    """C for one node whose operands' C is in ``text`` (by identity)."""
+# the kernel IR's operators as C: libm through <tgmath.h> (so float operands call the float
+# functions) unless named here; float32 exp/tanh/erf are kiln's branch-free, vectorizable versions
+# (within a few ulp of libm: the fast-math choice is this renderer's, not the kernel IR's)
+C_FUNCTIONS = {"abs": "fabs", "round_even": "nearbyint", "bf16_to_f32": "kiln_bf16_to_f32"}
+C_FLOAT32_FUNCTIONS = {"exp": "kiln_expf", "tanh": "kiln_tanhf", "erf": "kiln_erff"}
+
+
+def _node_text(e: Expr, text: dict[int, str], types: dict[int, DType]) -> str:
+    """C for one node whose operands' C is in ``text`` and types in ``types`` (by identity)."""
     if isinstance(e, Const):
         return _const(e)
     if isinstance(e, (Index, Scalar)):
@@ -159,7 +167,10 @@ def _node_text(e: Expr, text: dict[int, str]) -> str:
         a, b = text[id(e.a)], text[id(e.b)]
         return f"{e.op}({a}, {b})" if e.op in ("pow", "fmod") else f"({a} {e.op} {b})"
     if isinstance(e, Unary):
-        return f"({e.op}{text[id(e.a)]})" if e.op in ("-", "!") else f"{e.op}({text[id(e.a)]})"
+        if e.op in ("-", "!"):
+            return f"({e.op}{text[id(e.a)]})"
+        fast = C_FLOAT32_FUNCTIONS.get(e.op) if types[id(e.a)] is DType.FLOAT32 else None
+        return f"{fast or C_FUNCTIONS.get(e.op, e.op)}({text[id(e.a)]})"
     if isinstance(e, Select):
         return f"({text[id(e.cond)]} ? {text[id(e.a)]} : {text[id(e.b)]})"
     if isinstance(e, Cast):
@@ -172,8 +183,9 @@ def _node_text(e: Expr, text: dict[int, str]) -> str:
 def expr(e: Expr) -> str:
     """C for a small expression (loop bounds, conditions, indices), written out whole."""
     text: dict[int, str] = {}
+    types = dtypes_of(e)
     for node in postorder(e):
-        text[id(node)] = _node_text(node, text)
+        text[id(node)] = _node_text(node, text, types)
     return text[id(e)]
 
 
@@ -185,9 +197,10 @@ def bound_value(e: Expr, indent: str) -> tuple[list[str], str]:
     deep subexpressions computed once, so code stays linear in the expression), then its text."""
     bound = shared_nodes(e)
     text: dict[int, str] = {}
+    types = dtypes_of(e)
     lines: list[str] = []
     for node in postorder(e):
-        text[id(node)] = _node_text(node, text)
+        text[id(node)] = _node_text(node, text, types)
         if id(node) in bound:
             name = f"kiln_x{next(_temporaries)}"
             lines.append(f"{indent}__auto_type {name} = {text[id(node)]};")
