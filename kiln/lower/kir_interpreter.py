@@ -38,7 +38,7 @@ from kiln.lower.kir import (
     Stmt,
     Store,
     Unary,
-    postorder,
+    operands,
 )
 
 
@@ -142,7 +142,6 @@ class _Machine:
     def __init__(self, kernel: Kernel, buffers: dict[Buffer, np.ndarray]) -> None:
         self.kernel = kernel
         self.buffers = buffers
-        self.orders: dict[int, list[Expr]] = {}
 
     def run(self, body: Sequence[Stmt], env: dict[str, Any]) -> None:
         for stmt in body:
@@ -183,12 +182,44 @@ class _Machine:
         return index
 
     def eval(self, root: Expr, env: dict[str, Any]) -> Any:
-        order = self.orders.get(id(root))
-        if order is None:
-            order = self.orders[id(root)] = postorder(root)
+        """``root``'s value, evaluated as C does: a select evaluates only the branch it takes, the
+        right side of && and || only when it decides (a load on the path not taken may be out of
+        range: it must not run). Iterative: fused chains nest thousands deep."""
         values: dict[int, Any] = {}
-        for node in order:
-            values[id(node)] = self.node(node, values, env)
+        stack: list[Expr] = [root]
+        while stack:
+            node = stack[-1]
+            if id(node) in values:
+                stack.pop()
+                continue
+            if isinstance(node, Select):
+                if id(node.cond) not in values:
+                    stack.append(node.cond)
+                    continue
+                branch = node.a if values[id(node.cond)] else node.b
+                if id(branch) not in values:
+                    stack.append(branch)
+                    continue
+                values[id(node)] = values[id(branch)]
+            elif isinstance(node, Binary) and node.op in ("&&", "||"):
+                if id(node.a) not in values:
+                    stack.append(node.a)
+                    continue
+                first = bool(values[id(node.a)])
+                if first == (node.op == "||"):  # decided by the left side
+                    values[id(node)] = int(first)
+                else:
+                    if id(node.b) not in values:
+                        stack.append(node.b)
+                        continue
+                    values[id(node)] = int(bool(values[id(node.b)]))
+            else:
+                missing = [child for child in operands(node) if id(child) not in values]
+                if missing:
+                    stack.extend(missing)
+                    continue
+                values[id(node)] = self.node(node, values, env)
+            stack.pop()
         return values[id(root)]
 
     def node(self, e: Expr, values: dict[int, Any], env: dict[str, Any]) -> Any:

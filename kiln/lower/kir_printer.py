@@ -37,6 +37,7 @@ from kiln.lower.kir import (
     MatrixOperand,
     PackedOperand,
     Scalar,
+    Schedule,
     Select,
     Stmt,
     Store,
@@ -56,7 +57,7 @@ def print_kernel(kernel: Kernel) -> str:
     """The kernel as text: header (name, kind, buffers, schedule), body, then its helpers."""
     reads = ", ".join(_buffer(b) for b in kernel.reads)
     writes = ", ".join(_buffer(b) for b in kernel.writes)
-    schedule = _schedule(kernel)
+    schedule = _schedule(kernel.schedule)
     lines = [f"kernel {kernel.name} ({kernel.kind}) reads {reads or '-'} writes {writes or '-'}{schedule}"]
     printer = _Printer()
     lines.extend(printer.statements(kernel.body, "  "))
@@ -67,7 +68,7 @@ def print_kernel(kernel: Kernel) -> str:
 
 def print_function(function: Function) -> str:
     params = ", ".join(p.name for p in function.params)
-    lines = [f"helper {function.name}({params})"]
+    lines = [f"helper {function.name}({params}){_schedule(function.schedule)}"]
     lines.extend(_Printer().statements(function.body, "  "))
     return "\n".join(lines)
 
@@ -84,14 +85,15 @@ def _buffer(b: Buffer) -> str:
     return f"{b.name}: {b.dtype.short}[{b.size}]"
 
 
-def _schedule(kernel: Kernel) -> str:
-    s = kernel.schedule
+def _schedule(s: Schedule) -> str:
     parts = [f"parallel={s.parallel}"] if s.parallel else []
     if s.vectorize:
         parts.append(f"vectorize={s.vectorize}")
     parts.extend(f"unroll {name}={count}" for name, count in s.unroll.items())
     if s.simd:
         parts.append(f"simd={','.join(s.simd)}")
+    parts.extend(f"bind {name}={axis}" for name, axis in s.bind.items())
+    parts.extend(f"pipeline {name}={interval}" for name, interval in s.pipeline.items())
     return f" schedule {' '.join(parts)}" if parts else ""
 
 

@@ -1,4 +1,5 @@
-"""Every case compiled for the cpu target and compared with the reference interpreter."""
+"""Every case compiled for every target this machine runs (the ``target`` fixture: cpu, its ISA
+paths, the test-only kir target) and compared with the reference interpreter."""
 
 import os
 
@@ -128,9 +129,9 @@ CASES = {
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
-def test_native_matches_reference(name):
+def test_native_matches_reference(name, target):
     model, inputs = CASES[name]
-    compiled = kiln.compile(model, target="cpu")
+    compiled = kiln.compile(model, target=target)
     reference = kiln.compile(model, target="reference")
     got, expected = compiled(*inputs), reference(*inputs)
     got = got if isinstance(got, tuple) else (got,)

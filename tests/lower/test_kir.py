@@ -234,3 +234,16 @@ def test_kiln_debug_compiles_verify_the_kernel_ir_before_any_c(monkeypatch):
     with pytest.raises(AssertionError, match=r"load of b0\[0, 8\) at indices 1..8") as caught:
         plan_for(model)
     assert "kiln stage: kernel verification" in caught.value.__notes__
+
+
+def test_the_interpreter_evaluates_only_the_branch_a_select_takes_as_c_does():
+    from kiln.lower.kir import Binary, Const, Select
+
+    x, y = Buffer("b0", F32, 4), Buffer("b1", F32, 6)
+    i = Index("i1")
+    inside = Binary("&&", Binary("<", i, i64(4)), Binary(">=", Load(x, i), Const(0.0, F32)))  # reads x only if i < 4
+    value = Select(Binary("<", i, i64(4)), Select(inside, Load(x, i), Const(0.0, F32)), Const(-1.0, F32))
+    kernel = Kernel("k1", "pointwise", [For(i, 6, [Store(y, i, value)])], [x], [y], ["pad"])
+    arrays = {x: np.array([1, -2, 3, -4], np.float32), y: np.zeros(6, np.float32)}
+    run_kernel(kernel, arrays)  # the loads at i = 4, 5 sit on paths not taken
+    np.testing.assert_array_equal(arrays[y], [1, 0, 3, 0, -1, -1])
