@@ -33,7 +33,7 @@ def main() -> None:
 
 
 @main.command()
-@click.option("--target", default="reference", show_default=True, help="kiln target to test.")
+@click.option("--target", default="reference", show_default=True, help="kiln target to test (see `kiln targets`).")
 @click.option(
     "--suite",
     "suites",
@@ -238,7 +238,7 @@ def zoo_check(names: tuple[str, ...], target: str, tolerance: float) -> None:
     default="cpu",
     show_default=True,
     help="cpu: this machine's best ISA (-march=native); cpu:avx512, cpu:avx2, cpu:generic: code for any CPU "
-    "with that ISA (an AVX2 artifact built on an AVX-512 server).",
+    "with that ISA (an AVX2 artifact built on an AVX-512 server); `kiln targets` lists every target.",
 )
 def compile_command(
     model: str, output: Path, level: int, dims: tuple[str, ...], tune_budget: str | None, retune: bool, target: str
@@ -250,7 +250,7 @@ def compile_command(
 
     graph, binding = import_bound(model, dims)
     if tune_budget is not None:
-        _tune(graph, binding, level, _parse_duration(tune_budget), retune)
+        _tune(graph, binding, level, _parse_duration(tune_budget), retune, target)
     start = time.perf_counter()
     compiled = kiln.compile(graph, target=target, opt_level=level, dims=binding)
     seconds = time.perf_counter() - start
@@ -278,7 +278,7 @@ def _parse_duration(text: str) -> float:
         ) from None
 
 
-def _tune(graph, binding: dict[str, int], level: int, budget: float, retune: bool) -> None:  # type: ignore[no-untyped-def]
+def _tune(graph, binding: dict[str, int], level: int, budget: float, retune: bool, target: str) -> None:  # type: ignore[no-untyped-def]
     from rich.progress import (
         BarColumn,
         MofNCompleteColumn,
@@ -289,9 +289,12 @@ def _tune(graph, binding: dict[str, int], level: int, budget: float, retune: boo
     )
 
     from kiln import tune
-    from kiln.passes import optimize, specialize
+    from kiln.backends import parse
+    from kiln.driver.options import CompileOptions
+    from kiln.driver.pipeline import graph_stages
 
-    optimized = optimize(specialize(graph, binding), level=level)
+    # the graph the compile will lower: the pipeline's own graph stages, for this target
+    optimized = graph_stages(graph, binding, parse(target), CompileOptions.from_env(level=level))
     tasks = tune.tasks_for(optimized)
     columns = [
         TextColumn("tuning"),
@@ -309,7 +312,7 @@ def _tune(graph, binding: dict[str, int], level: int, budget: float, retune: boo
         def report(done: int, total: int, outcome, best: float) -> None:  # type: ignore[no-untyped-def]
             bar.update(task_id, completed=done, best=best)
 
-        outcomes = tune.tune(optimized, budget, report, retune=retune)
+        outcomes = tune.tune(optimized, budget, report, retune=retune, target=target)
     fresh = [o for o in outcomes if not o.cached]
     failures = sum(len(o.failures) for o in fresh)
     out.print(
@@ -323,13 +326,59 @@ def _tune(graph, binding: dict[str, int], level: int, budget: float, retune: boo
         )
 
 
+@main.command("targets")
+@click.option("--json", "as_json", is_flag=True, help="Print the list as JSON.")
+def targets_command(as_json: bool) -> None:
+    """List the targets kiln can compile for (``--target`` of compile, explain, run, conformance):
+    each with its backend, the ISA and vector width its kernels are shaped for, the engines it
+    has, and whether this machine can run it (and if not, why)."""
+    from kiln.backends import backend, names, parse
+
+    rows = []
+    for name in names():
+        found = backend(name)
+        row: dict = {"target": name, "backend": found.name, "compiles": found.compiles}
+        if found.compiles:
+            try:
+                target = parse(name)
+            except KilnError as err:
+                row.update(runs_here=False, reason=str(err))
+            else:
+                missing = found.available()
+                row.update(
+                    isa=target.isa,
+                    vector_bytes=target.vector_bytes,
+                    cores=target.cores,
+                    engines=list(target.engines),
+                    runs_here=not missing,
+                    reason=missing,
+                )
+        else:
+            row.update(runs_here=True, reason="", engines=[])
+        rows.append(row)
+    if as_json:
+        click.echo(json.dumps(rows, indent=1))
+        return
+    table = Table(title="kiln targets")
+    for column in ("target", "isa", "vector", "engines", "here"):
+        table.add_column(column, overflow="fold")
+    for row in rows:
+        here = "yes" if row["runs_here"] else f"[yellow]no[/]: {escape(row['reason'])}"
+        vector = f"{row['vector_bytes']} B" if "vector_bytes" in row else "-"
+        isa = row.get("isa", "-" if row["compiles"] else "(interpreter)")
+        table.add_row(row["target"], isa, vector, ", ".join(row.get("engines", [])) or "-", here)
+    out.print(table)
+
+
 @main.command("run")
 @click.argument("artifact")
 @click.option("--input", "inputs", multiple=True, help="NAME=FILE.npy (repeatable). Inputs not given are random.")
 @click.option(
     "--output", "output", type=click.Path(dir_okay=False, path_type=Path), help="Write the outputs to this .npz."
 )
-@click.option("--target", default="cpu", show_default=True, help="Target when ARTIFACT is an .onnx file.")
+@click.option(
+    "--target", default="cpu", show_default=True, help="Target when ARTIFACT is an .onnx file (see `kiln targets`)."
+)
 def run_command(artifact: str, inputs: tuple[str, ...], output: Path | None, target: str) -> None:
     """Run a .kiln artifact (or an .onnx model) once and summarize its outputs."""
     import time

@@ -31,7 +31,7 @@ from kiln.cli_support import console, import_bound, out, parse_dims
     "--target",
     default="cpu",
     show_default=True,
-    help="The target to compile for (any registered target; see kiln targets).",
+    help="The target to compile for (any registered target: `kiln targets` lists them).",
 )
 @click.option("--disable", multiple=True, help="Skip this pass or algorithm (winograd) (repeatable).")
 @click.option(

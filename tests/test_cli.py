@@ -255,3 +255,17 @@ def test_diff_finds_an_injected_miscompile(monkeypatch):
     report = diff(graph, {"x": np.linspace(-1, 1, 64, dtype=np.float32)}, disable={"fuse"})
     first = report.first_divergence
     assert first is not None and first.name == "e" and "exp" in first.node
+
+
+def test_targets_lists_every_registered_target_and_whether_it_runs_here():
+    import json
+
+    from kiln.backends import names
+
+    result = invoke("targets", "--json")
+    assert result.exit_code == 0, result.output
+    rows = {row["target"]: row for row in json.loads(result.output)}
+    assert list(rows) == names()  # the registry's, plugins included (the tests' kir)
+    assert rows["cpu"]["runs_here"] and set(rows["cpu"]["engines"]) == {"attention", "gemm", "winograd"}
+    assert rows["kir:loops"]["engines"] == [] and rows["reference"]["compiles"] is False
+    assert any(not row["runs_here"] and "cannot run on this machine" in row["reason"] for row in rows.values())
