@@ -103,7 +103,6 @@ def load(path: Any, rebuild: bool = False) -> Any:
 
 
 __all__ = [
-    "__version__",
     "ExecutionError",
     "InputError",
     "InvalidModelError",
@@ -111,6 +110,7 @@ __all__ = [
     "ModelLoadError",
     "ShapeInferenceError",
     "UnsupportedModelError",
+    "__version__",
     "compile",
     "load",
     "targets",

@@ -9,6 +9,7 @@ A backend provides, for the shared pipeline (``kiln.driver.pipeline``):
 - ``render(segments, table, options, target)``: source text for the lowered kernels ('' if none);
 - ``build(source, target, options)``: that source built into something ``load`` can open (or None);
 - ``load(plan, target)``: one runner per native segment, ``runner(table, views, status)``;
+- ``scratch(kernels, target)``: the engines' working memory outside the arena (for reports);
 - ``identity(target, debug)``: what besides the source decides its build (compiler, flags), for caches.
 A new target subclasses ``Backend`` and calls ``register``; nothing shared changes (tests register
 one of their own: ``tests/targets/kir_backend.py``).
@@ -58,6 +59,11 @@ class Backend:
 
     def load(self, plan: Any, target: Target) -> list[SegmentRunner]:
         raise NotImplementedError
+
+    def scratch(self, kernels: Sequence[Kernel], target: Target) -> tuple[int, int]:
+        """Working memory the target's engines keep outside the arena, as (bytes kept by the
+        calling thread, bytes kept by every thread): reported with the memory plan."""
+        return 0, 0
 
     def identity(self, target: Target, debug: bool = False) -> tuple[str, ...]:
         return ()

@@ -30,7 +30,7 @@ from kiln.lower.families import lowerings
 from kiln.lower.kir import Buffer, Kernel, buffers_in
 from kiln.lower.kir_verify import verify_kernel
 from kiln.lower.lowering import CannotLower, Lowerer
-from kiln.lower.memory import MemoryPlan, engine_scratch, plan_memory
+from kiln.lower.memory import MemoryPlan, plan_memory
 from kiln.lower.target import Target
 from kiln.passes import PASS_NAMES, optimize, specialize
 from kiln.passes.decompose import decompose
@@ -256,8 +256,8 @@ def _compile(graph, target, options, prebuilt, choices, build_library, stages, o
     temps = {b for b in roots.values() if b not in fixed} | set(lowerer.scratch)
     stages.append("plan-memory")
     memory = plan_memory(access, temps)
-    memory.scratch_shared, memory.scratch_per_thread = engine_scratch(
-        [k for s in steps if isinstance(s, Segment) for k in s.kernels], target.gemm_rows, target.gemm_cols
+    memory.scratch_shared, memory.scratch_per_thread = backend.scratch(
+        [k for s in steps if isinstance(s, Segment) for k in s.kernels], target
     )
     done("plan-memory", memory)
     table = {lowerer.status: 0}

@@ -40,6 +40,7 @@ def blocking(choice: dict) -> tuple[int, int, int]:
     """A schedule's cache blocking for the matrix-multiply engine (0: the engine's default)."""
     return tuple(int(choice.get(name, 0) or 0) for name in BLOCKING)  # type: ignore[return-value]
 
+
 Epilogue = Callable[[list[Expr], Expr, Expr], Expr]  # (output position, value, flat output index) -> final value
 
 

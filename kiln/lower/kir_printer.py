@@ -49,7 +49,12 @@ from kiln.lower.kir import (
     shared_nodes,
 )
 
-CALL_NAMES = {GemmSpec: "gemm", WinogradInput: "winograd_input", WinogradOutput: "winograd_output", AttentionSpec: "attention"}
+CALL_NAMES = {
+    GemmSpec: "gemm",
+    WinogradInput: "winograd_input",
+    WinogradOutput: "winograd_output",
+    AttentionSpec: "attention",
+}
 OPERAND_NAMES = {MatrixOperand: "view", PackedOperand: "packed", Im2colOperand: "im2col", AttentionOperand: "slices"}
 
 

@@ -16,6 +16,7 @@ from typing import Any
 
 from kiln.backends.cpu import toolchain
 from kiln.backends.cpu.c import emit_c
+from kiln.backends.cpu.scratch import engine_scratch
 from kiln.backends.cpu.toolchain import ISAS
 from kiln.backends.cpu.toolchain import compiler_flags as compiler_flags
 from kiln.backends.registry import Backend, SegmentRunner, library_runner
@@ -85,6 +86,9 @@ class CpuBackend(Backend):
 
     def build(self, source: str, target: Target, options: Any) -> Path | None:
         return toolchain.build(source, target, debug=options.debug)
+
+    def scratch(self, kernels: Sequence[Kernel], target: Target) -> tuple[int, int]:
+        return engine_scratch(kernels, target.gemm_rows, target.gemm_cols)
 
     def identity(self, target: Target, debug: bool = False) -> tuple[str, ...]:
         return (*toolchain.find_compiler(), *toolchain.flags(target, debug))
