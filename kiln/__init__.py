@@ -30,6 +30,9 @@ def compile(  # shadows the builtin on purpose: the name the architecture promis
     opt_level: int | None = None,
     dims: dict[str, int] | None = None,
     options: Any = None,
+    threads: int = 0,
+    spin: int | None = None,
+    streams: int | None = None,
 ) -> Any:
     """Compile ``model`` (ONNX path/bytes/ModelProto, kiln Graph, or torch module + example inputs).
 
@@ -39,10 +42,13 @@ def compile(  # shadows the builtin on purpose: the name the architecture promis
     ``options`` is a ``kiln.driver.options.CompileOptions`` (default: ``CompileOptions.from_env()``,
     the KILN_* overrides read once); ``opt_level`` (0..3) overrides its level. ``dims`` binds
     symbolic input dims ahead of time, otherwise each new binding compiles on first use.
+    ``threads``: participants in each parallel loop (0: every CPU this process may use); ``spin``:
+    how long (pause instructions) a waiting thread spins before it sleeps (0: at once; lower it
+    when other processes share the cores); ``streams``: requests ``submit`` runs at once.
     Raises UnsupportedModelError listing every unsupported construct, ModelLoadError for unreadable
     files, and KilnError (TargetError) for an unknown target.
     """
-    from kiln.backends import backend, parse
+    from kiln.backends import Threading, backend, parse
     from kiln.driver import plan_cache
     from kiln.driver.native import NativeModel
     from kiln.driver.options import CompileOptions
@@ -58,6 +64,7 @@ def compile(  # shadows the builtin on purpose: the name the architecture promis
     if not backend(target).compiles:  # unknown names: the registry's error lists every target
         return ReferenceModel(to_graph(model, example_inputs))
     compiled_for = parse(target)
+    parallelism = Threading(threads, spin) if spin is not None else Threading(threads)
     path = _onnx_file(model, example_inputs)
     # the file's bytes are hashed before it is read: a cache entry is keyed by what was imported
     caching = options.plan_cache and plan_cache.enabled()
@@ -80,9 +87,19 @@ def compile(  # shadows the builtin on purpose: the name the architecture promis
                 signature=signature,
                 graph_loader=source_graph,
                 target=compiled_for,
+                parallelism=parallelism,
+                streams=streams,
             )
     graph = to_graph(model, example_inputs)
-    return NativeModel(graph, options, dims=dims, source_file=source_file, target=compiled_for)
+    return NativeModel(
+        graph,
+        options,
+        dims=dims,
+        source_file=source_file,
+        target=compiled_for,
+        parallelism=parallelism,
+        streams=streams,
+    )
 
 
 def _onnx_file(model: Any, example_inputs: Any) -> str | None:
@@ -93,13 +110,15 @@ def _onnx_file(model: Any, example_inputs: Any) -> str | None:
     return None
 
 
-def load(path: Any, rebuild: bool = False) -> Any:
+def load(
+    path: Any, rebuild: bool = False, threads: int = 0, spin: int | None = None, streams: int | None = None
+) -> Any:
     """Load a ``.kiln`` artifact written by ``model.save(path)``; raises ArtifactError if the file
     is corrupt, foreign, or from a newer kiln. An artifact carries native code: trust it like an
     executable, or pass ``rebuild=True`` to generate the code again from its IR instead."""
     from kiln.driver.loading import load as load_artifact
 
-    return load_artifact(path, rebuild=rebuild)
+    return load_artifact(path, rebuild=rebuild, threads=threads, spin=spin, streams=streams)
 
 
 __all__ = [

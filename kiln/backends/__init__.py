@@ -4,7 +4,7 @@ or one ISA) and ``reference`` (the reference interpreter, no compilation). See `
 from __future__ import annotations
 
 from kiln.backends.cpu import CpuBackend
-from kiln.backends.registry import Backend, backend, names, parse, register, unregister
+from kiln.backends.registry import Backend, Threading, backend, names, parse, register, unregister
 
 
 class ReferenceBackend(Backend):
@@ -17,4 +17,4 @@ class ReferenceBackend(Backend):
 register(CpuBackend())
 register(ReferenceBackend())
 
-__all__ = ["Backend", "backend", "names", "parse", "register", "unregister"]
+__all__ = ["Backend", "Threading", "backend", "names", "parse", "register", "unregister"]

@@ -8,7 +8,7 @@ A backend provides, for the shared pipeline (``kiln.driver.pipeline``):
   shared lowering table has a rule for) and ``widens_half`` (compute float16 in float32);
 - ``render(segments, table, options, target)``: source text for the lowered kernels ('' if none);
 - ``build(source, target, options)``: that source built into something ``load`` can open (or None);
-- ``load(plan, target)``: one runner per native segment, ``runner(table, views, status)``;
+- ``load(plan, target, parallelism)``: one runner per native segment, ``runner(table, views, status)``;
 - ``scratch(kernels, target)``: the engines' working memory outside the arena (for reports);
 - ``identity(target, debug)``: what besides the source decides its build (compiler, flags), for caches.
 A new target subclasses ``Backend`` and calls ``register``; nothing shared changes (tests register
@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import ctypes
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +32,21 @@ from kiln.lower.target import Target, TargetError
 
 # runner(pointer table, buffer -> array view, status array): runs one native segment
 SegmentRunner = Callable[[Any, dict[Buffer, np.ndarray], np.ndarray], None]
+
+
+@dataclass(frozen=True)
+class Threading:
+    """How a loaded model's parallel loops run (a run-time setting: ``kiln.compile`` and
+    ``kiln.load`` take it, artifacts do not record it)."""
+
+    threads: int = 0  # participants per parallel loop, the calling thread included (0: the CPUs this process may use)
+    spin: int = 2000  # pause iterations a waiting thread spins before it sleeps (0: sleep at once)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.threads, int) or self.threads < 0:
+            raise ValueError(f"threads must be a non-negative integer (0: every CPU), got {self.threads!r}")
+        if not isinstance(self.spin, int) or self.spin < 0:
+            raise ValueError(f"spin must be a non-negative integer, got {self.spin!r}")
 
 
 class Backend:
@@ -57,7 +73,7 @@ class Backend:
     def build(self, source: str, target: Target, options: Any) -> Path | None:
         return None
 
-    def load(self, plan: Any, target: Target) -> list[SegmentRunner]:
+    def load(self, plan: Any, target: Target, parallelism: Threading) -> list[SegmentRunner]:
         raise NotImplementedError
 
     def scratch(self, kernels: Sequence[Kernel], target: Target) -> tuple[int, int]:

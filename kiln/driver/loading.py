@@ -7,7 +7,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from kiln.backends import backend
+from kiln.backends import Threading, backend
 from kiln.driver.artifact import ArtifactError, read
 from kiln.driver.native import NativeModel
 from kiln.driver.options import CompileOptions
@@ -15,7 +15,13 @@ from kiln.driver.reference import ReferenceModel
 from kiln.lower.target import TargetError
 
 
-def load(path: str | os.PathLike, rebuild: bool = False) -> Any:
+def load(
+    path: str | os.PathLike,
+    rebuild: bool = False,
+    threads: int = 0,
+    spin: int | None = None,
+    streams: int | None = None,
+) -> Any:
     """The model saved at ``path`` (see ``artifact.read``). With ``rebuild``, the artifact's native
     libraries are ignored and the code is generated again from its IR."""
     path = Path(path)
@@ -39,7 +45,16 @@ def load(path: str | os.PathLike, rebuild: bool = False) -> Any:
                 library.write_bytes(content)
                 prebuilt[key] = library
     options = CompileOptions.from_env(level=level)
-    model = NativeModel(graph, options, prebuilt=prebuilt, compile_now=False, target=compiled_for)
+    parallelism = Threading(threads, spin) if spin is not None else Threading(threads)
+    model = NativeModel(
+        graph,
+        options,
+        prebuilt=prebuilt,
+        compile_now=False,
+        target=compiled_for,
+        parallelism=parallelism,
+        streams=streams,
+    )
     for dims in variants:
         model._variant(dims)
     return model

@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from kiln.backends import Threading
 from kiln.driver import plan_cache
 from kiln.driver.artifact import save
 from kiln.driver.options import CompileOptions
@@ -73,8 +74,11 @@ class NativeModel(Model):
         signature: Graph | None = None,
         graph_loader: Callable[[], tuple[Graph, bool]] | None = None,
         target: Target | str | None = None,
+        parallelism: Threading | None = None,
+        streams: int | None = None,
     ) -> None:
-        super().__init__(graph, signature)
+        super().__init__(graph, signature, streams)
+        self.parallelism = parallelism or Threading()  # how its parallel loops run (kiln's pool)
         self.compiled_for = resolve_target(target)  # what the code is for (cpu:avx2 on an AVX-512 machine...)
         self.target = self.compiled_for.name
         self.options = options or CompileOptions.from_env()
@@ -113,7 +117,7 @@ class NativeModel(Model):
             with self._lock:
                 executable = self._variants.get(key)
             if executable is None:
-                executable = Executable(self._plan(dims), weights=self.weights)
+                executable = Executable(self._plan(dims), weights=self.weights, parallelism=self.parallelism)
                 self._remember(key, executable)
         return executable
 
@@ -193,7 +197,14 @@ class NativeModel(Model):
         return self._graph
 
     def derive(self, graph: Graph) -> NativeModel:
-        return NativeModel(graph, self.options, max_variants=self.max_variants, target=self.compiled_for)
+        return NativeModel(
+            graph,
+            self.options,
+            max_variants=self.max_variants,
+            target=self.compiled_for,
+            parallelism=self.parallelism,
+            streams=self.streams,
+        )
 
     def prepare(self, feeds: dict[str, Any]) -> None:
         """Compile the variant these inputs need now, instead of on the first run."""
@@ -228,7 +239,8 @@ class NativeModel(Model):
                     return None
                 keep = [i for i, name in enumerate(self.input_names) if name not in small]
                 graph = freeze_inputs(specialize(self.graph, dims), small)
-                executable = Executable(compile_plan(graph, self.compiled_for, self.options), keep, self.weights)
+                plan = compile_plan(graph, self.compiled_for, self.options)
+                executable = Executable(plan, keep, self.weights, self.parallelism)
                 self.value_variants += 1
                 self._remember(key, executable)
         return executable

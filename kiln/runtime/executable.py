@@ -9,6 +9,7 @@ import threading
 
 import numpy as np
 
+from kiln.backends import Threading
 from kiln.backends import backend as backend_of
 from kiln.errors import ExecutionError, KilnError
 from kiln.ir.types import TensorType
@@ -48,7 +49,13 @@ class WeightStore:
 class Executable:
     """A compiled plan plus what running it needs: loaded functions, weights, an arena pool."""
 
-    def __init__(self, plan: Plan, keep: list[int] | None = None, weights: WeightStore | None = None) -> None:
+    def __init__(
+        self,
+        plan: Plan,
+        keep: list[int] | None = None,
+        weights: WeightStore | None = None,
+        parallelism: Threading | None = None,
+    ) -> None:
         if weights is not None:
             shared = {id(a): weights.share(a) for a in plan.constants.values()}
             plan.constants = {buffer: shared[id(array)] for buffer, array in plan.constants.items()}
@@ -58,7 +65,10 @@ class Executable:
         self.plan = plan
         self.keep = keep  # positions of the inputs the plan takes (others were frozen)
         # one runner per native segment, from the backend of the target the plan was built for
-        self.runners = backend_of(plan.target.backend).load(plan, plan.target) if plan.target is not None else []
+        parallelism = parallelism or Threading()
+        self.runners = (
+            backend_of(plan.target.backend).load(plan, plan.target, parallelism) if plan.target is not None else []
+        )
         self.status_buffer = next((b for b, slot in plan.table.items() if slot == 0), None)
         self.interpreter = Interpreter(plan.graph) if plan.whole_graph_reason else None
         self.arenas: queue.SimpleQueue[np.ndarray] = queue.SimpleQueue()

@@ -24,8 +24,13 @@ class Model:
 
     target = "abstract"
 
-    def __init__(self, graph: Graph | None, signature: Graph | None = None) -> None:
+    def __init__(self, graph: Graph | None, signature: Graph | None = None, streams: int | None = None) -> None:
         self._graph = graph
+        # requests ``submit`` runs at once (OpenVINO's streams): one of them at a time has the
+        # thread pool, the others run on their own threads, so the cores are shared, not oversubscribed
+        if streams is not None and (not isinstance(streams, int) or streams < 1):
+            raise ValueError(f"streams must be a positive integer, got {streams!r}")
+        self.streams = streams or max(2, os.cpu_count() or 2)
         # what callers see: inputs, outputs, overridable defaults (the graph itself may load later)
         self.signature = signature if signature is not None else graph
         assert self.signature is not None
@@ -113,7 +118,7 @@ class Model:
         arrays = self.validate(feeds)
         if self._executor is None:
             self._executor = concurrent.futures.ThreadPoolExecutor(
-                max_workers=max(2, os.cpu_count() or 2), thread_name_prefix=f"kiln-{self.target}"
+                max_workers=self.streams, thread_name_prefix=f"kiln-{self.target}"
             )
         # copies: the caller may reuse its buffers as soon as submit returns
         owned = [np.array(a, copy=True) if isinstance(a, np.ndarray) else a for a in arrays]

@@ -34,7 +34,7 @@ class KirBackend(Backend):
     def variants(self) -> list[str]:
         return [NAME, f"{NAME}:loops"]
 
-    def load(self, plan: Any, target: Target) -> list:
+    def load(self, plan: Any, target: Target, parallelism: Any) -> list:
         def runner_for(kernels: list) -> Any:
             def run(table: Any, views: dict[Buffer, np.ndarray], status: np.ndarray) -> None:
                 for kernel in kernels:

@@ -19,7 +19,7 @@ from kiln.backends.cpu.c import emit_c
 from kiln.backends.cpu.scratch import engine_scratch
 from kiln.backends.cpu.toolchain import ISAS
 from kiln.backends.cpu.toolchain import compiler_flags as compiler_flags
-from kiln.backends.registry import Backend, SegmentRunner, library_runner
+from kiln.backends.registry import Backend, SegmentRunner, Threading, library_runner
 from kiln.errors import KilnError
 from kiln.lower.kir import Buffer, Kernel
 from kiln.lower.target import ENGINES, Target, TargetError
@@ -109,7 +109,7 @@ class CpuBackend(Backend):
             return str(err)
         return ""
 
-    def load(self, plan: Any, target: Target) -> list[SegmentRunner]:
+    def load(self, plan: Any, target: Target, parallelism: Threading) -> list[SegmentRunner]:
         segments = [s for s in plan.steps if hasattr(s, "kernels")]
         if not segments:
             return []
@@ -119,6 +119,11 @@ class CpuBackend(Backend):
             library = ctypes.CDLL(str(plan.library))
         except OSError as err:
             raise KilnError(f"cannot load the native library {plan.library}: {err}") from None
+        # the library's own thread pool (pool.c): its participants and how long waiting threads spin
+        library.kiln_set_threads.argtypes = [ctypes.c_int]
+        library.kiln_set_threads(parallelism.threads)
+        library.kiln_set_spin.argtypes = [ctypes.c_long]
+        library.kiln_set_spin(parallelism.spin)
         runners = []
         for step in segments:
             try:

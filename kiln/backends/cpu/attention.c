@@ -17,18 +17,24 @@ typedef struct {
 
 static inline int64_t kiln_view_at(const kiln_view *w, int64_t bh) { return (bh / w->n1) * w->s0 + (bh % w->n1) * w->s1; }
 
-static void kiln_attention(int64_t BH, int64_t LQ, int64_t LK, int64_t D, int64_t DV,
-                           const float *q, int64_t q_size, int64_t q_n1, int64_t q_s0, int64_t q_s1, int64_t q_rs, int64_t q_cs,
-                           const float *kt, int64_t k_size, int64_t k_n1, int64_t k_s0, int64_t k_s1, int64_t k_rs, int64_t k_cs,
-                           const float *v, int64_t v_size, int64_t v_n1, int64_t v_s0, int64_t v_s1, int64_t v_rs, int64_t v_cs,
-                           float *out, int64_t o_size, int64_t o_n1, int64_t o_s0, int64_t o_s1, int64_t o_rs, int64_t o_cs,
-                           float *scratch, int64_t threads, const kiln_gemm *ctx) {
-  const kiln_view qv = {q_size, q_n1, q_s0, q_s1, q_rs, q_cs}, kv = {k_size, k_n1, k_s0, k_s1, k_rs, k_cs};
-  const kiln_view vv = {v_size, v_n1, v_s0, v_s1, v_rs, v_cs}, ov = {o_size, o_n1, o_s0, o_s1, o_rs, o_cs};
-  (void)o_cs; /* 1: the fusion pass folds only output layouts with contiguous rows */
-#pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
-  for (int64_t bh = 0; bh < BH; ++bh) {
-    float *s = scratch + (int64_t)omp_get_thread_num() * LQ * LK;
+typedef struct {
+  int64_t LQ, LK, D, DV;
+  const float *q, *kt, *v;
+  float *out, *scratch;
+  kiln_view qv, kv, vv, ov;
+  const kiln_gemm *ctx;
+} kiln_attention_job;
+
+/* slices [lo, hi) on participant `worker`, whose scores block is scratch[worker] */
+static void kiln_attention_slices(void *job_ptr, int64_t lo, int64_t hi, int worker) {
+  const kiln_attention_job *job = (const kiln_attention_job *)job_ptr;
+  const int64_t LQ = job->LQ, LK = job->LK, D = job->D, DV = job->DV;
+  const float *q = job->q, *kt = job->kt, *v = job->v;
+  float *out = job->out, *scratch = job->scratch;
+  const kiln_view qv = job->qv, kv = job->kv, vv = job->vv, ov = job->ov;
+  const kiln_gemm *ctx = job->ctx;
+  for (int64_t bh = lo; bh < hi; ++bh) {
+    float *s = scratch + (int64_t)worker * LQ * LK;
     const int64_t qo = kiln_view_at(&qv, bh), ko = kiln_view_at(&kv, bh), vo = kiln_view_at(&vv, bh), oo = kiln_view_at(&ov, bh);
     kiln_gemm g = {0};
     g.batch = 1; g.M = LQ; g.N = LK; g.K = D;
@@ -66,4 +72,18 @@ static void kiln_attention(int64_t BH, int64_t LQ, int64_t LK, int64_t D, int64_
     h.c = out + oo; h.ldc = ov.rs; h.c_size = ov.size - oo;
     kiln_gemm_run(&h);
   }
+}
+
+static void kiln_attention(int64_t BH, int64_t LQ, int64_t LK, int64_t D, int64_t DV,
+                           const float *q, int64_t q_size, int64_t q_n1, int64_t q_s0, int64_t q_s1, int64_t q_rs, int64_t q_cs,
+                           const float *kt, int64_t k_size, int64_t k_n1, int64_t k_s0, int64_t k_s1, int64_t k_rs, int64_t k_cs,
+                           const float *v, int64_t v_size, int64_t v_n1, int64_t v_s0, int64_t v_s1, int64_t v_rs, int64_t v_cs,
+                           float *out, int64_t o_size, int64_t o_n1, int64_t o_s0, int64_t o_s1, int64_t o_rs, int64_t o_cs,
+                           float *scratch, int64_t threads, const kiln_gemm *ctx) {
+  (void)o_cs; /* 1: the fusion pass folds only output layouts with contiguous rows */
+  kiln_attention_job job = {LQ, LK, D, DV, q, kt, v, out, scratch,
+                            {q_size, q_n1, q_s0, q_s1, q_rs, q_cs}, {k_size, k_n1, k_s0, k_s1, k_rs, k_cs},
+                            {v_size, v_n1, v_s0, v_s1, v_rs, v_cs}, {o_size, o_n1, o_s0, o_s1, o_rs, o_cs}, ctx};
+  /* at most `threads` participants: the scratch holds that many scores blocks */
+  kiln_parallel_for(0, BH, 1, (int)threads, kiln_attention_slices, &job);
 }

@@ -242,10 +242,109 @@ static int64_t kiln_round_up(int64_t x, int64_t to) { return (x + to - 1) / to *
 
 #define KILN_SHARED_LIMIT (16 << 20) /* bytes: operands packed whole, once, up to this size */
 
+/* what the parallel phases of one product share (kiln_parallel_for's context) */
+typedef struct {
+  const kiln_gemm *g;
+  int64_t M, N, K, kblock, mc, nc, tiles_m, tiles_n, panels_a, panels_b, a_pbs, b_pbs;
+  float *all_a, *all_b;
+  const float *a_packed, *b_packed;
+} kiln_gemm_plan;
+
+enum { KILN_PACK_CHUNK = 8 }; /* panels per packing call */
+
+/* packers write panels of the block they are given with a panel stride of kc * width: with kc = K,
+   a run of whole panels lands exactly where the shared layout wants it */
+static void kiln_gemm_pack_a(void *ctx, int64_t lo, int64_t hi, int worker) {
+  const kiln_gemm_plan *p = (const kiln_gemm_plan *)ctx;
+  const int64_t chunks = (p->panels_a + KILN_PACK_CHUNK - 1) / KILN_PACK_CHUNK;
+  for (int64_t i = lo; i < hi; ++i) {
+    const int64_t bt = i / chunks, row = (i % chunks) * KILN_PACK_CHUNK * KILN_MR;
+    const int64_t rows = p->M - row < KILN_PACK_CHUNK * KILN_MR ? p->M - row : KILN_PACK_CHUNK * KILN_MR;
+    p->g->pack_a(p->g, bt, row, rows, 0, p->K, p->all_a + bt * p->a_pbs + (row / KILN_MR) * p->K * KILN_MR);
+  }
+}
+
+static void kiln_gemm_pack_b(void *ctx, int64_t lo, int64_t hi, int worker) {
+  const kiln_gemm_plan *p = (const kiln_gemm_plan *)ctx;
+  const int64_t chunks = (p->panels_b + KILN_PACK_CHUNK - 1) / KILN_PACK_CHUNK;
+  for (int64_t i = lo; i < hi; ++i) {
+    const int64_t bt = i / chunks, col = (i % chunks) * KILN_PACK_CHUNK * KILN_NR;
+    const int64_t cols = p->N - col < KILN_PACK_CHUNK * KILN_NR ? p->N - col : KILN_PACK_CHUNK * KILN_NR;
+    p->g->pack_b(p->g, bt, col, cols, 0, p->K, p->all_b + bt * p->b_pbs + (col / KILN_NR) * p->K * KILN_NR);
+  }
+}
+
+/* tasks [lo, hi): each an (image, M block, N block) of the product */
+static void kiln_gemm_tasks(void *ctx, int64_t lo, int64_t hi, int worker) {
+  const kiln_gemm_plan *p = (const kiln_gemm_plan *)ctx;
+  const kiln_gemm *g = p->g;
+  const int64_t M = p->M, N = p->N, K = p->K, kblock = p->kblock, mc = p->mc, nc = p->nc;
+  const int64_t tiles_m = p->tiles_m, tiles_n = p->tiles_n, a_pbs = p->a_pbs, b_pbs = p->b_pbs;
+  const float *a_packed = p->a_packed, *b_packed = p->b_packed;
+  const float *all_a = p->all_a, *all_b = p->all_b;
+  (void)all_a;
+  (void)all_b;
+  static _Thread_local float *a_buf, *b_buf;
+  static _Thread_local int64_t a_have, b_have;
+  float *abuf = a_packed ? NULL : kiln_scratch(&a_buf, &a_have, mc * kblock);
+  float *bbuf = b_packed ? NULL : kiln_scratch(&b_buf, &b_have, nc * kblock);
+  for (int64_t task = lo; task < hi; ++task) {
+    const int64_t bt = task / (tiles_m * tiles_n), rest = task % (tiles_m * tiles_n);
+    const int64_t m0 = (rest / tiles_n) * mc, n0 = (rest % tiles_n) * nc;
+    const int64_t mlen = M - m0 < mc ? M - m0 : mc, nlen = N - n0 < nc ? N - n0 : nc;
+    float *c = g->c + bt * g->c_bs;
+    for (int64_t k0 = 0; k0 < K; k0 += kblock) {
+      const int64_t kc = K - k0 < kblock ? K - k0 : kblock;
+      const float *ablock, *bblock;
+      int64_t a_stride, b_stride; /* between panels */
+      if (a_packed) {
+        ablock = a_packed + bt * a_pbs + (m0 / KILN_MR) * K * KILN_MR + k0 * KILN_MR;
+        a_stride = K * KILN_MR;
+      } else {
+        g->pack_a(g, bt, m0, mlen, k0, kc, abuf);
+        ablock = abuf;
+        a_stride = kc * KILN_MR;
+      }
+      if (b_packed) {
+        bblock = b_packed + bt * b_pbs + (n0 / KILN_NR) * K * KILN_NR + k0 * KILN_NR;
+        b_stride = K * KILN_NR;
+      } else {
+        g->pack_b(g, bt, n0, nlen, k0, kc, bbuf);
+        bblock = bbuf;
+        b_stride = kc * KILN_NR;
+      }
+      const int last = k0 + kc >= K;
+#ifdef KILN_DEBUG
+      if (a_packed) /* the panels this block reads, whole */
+        KILN_SPAN(bt * a_pbs + (m0 / KILN_MR) * K * KILN_MR, ((mlen + KILN_MR - 1) / KILN_MR - 1) * K * KILN_MR + K * KILN_MR, all_a ? g->batch * a_pbs : g->a_packed_size, "A (packed)");
+      if (b_packed)
+        KILN_SPAN(bt * b_pbs + (n0 / KILN_NR) * K * KILN_NR, ((nlen + KILN_NR - 1) / KILN_NR - 1) * K * KILN_NR + K * KILN_NR, all_b ? g->batch * b_pbs : g->b_packed_size, "B (packed)");
+      KILN_SPAN(bt * g->c_bs + m0 * g->ldc + n0, (mlen - 1) * g->ldc + nlen, g->c_size, "C");
+#endif
+      for (int64_t jr = 0; jr < nlen; jr += KILN_NR) {
+        const int64_t nr = nlen - jr < KILN_NR ? nlen - jr : KILN_NR;
+        const float *bpanel = bblock + (jr / KILN_NR) * b_stride;
+        for (int64_t ir = 0; ir < mlen; ir += KILN_MR) {
+          const int64_t mr = mlen - ir < KILN_MR ? mlen - ir : KILN_MR;
+          const float *apanel = ablock + (ir / KILN_MR) * a_stride;
+          float *tile = c + (m0 + ir) * g->ldc + n0 + jr;
+          if (mr == KILN_MR && nr == KILN_NR)
+            kiln_ukernel(kc, apanel, bpanel, tile, g->ldc, k0 > 0);
+          else if (nr <= KILN_L)
+            kiln_ukernel_half(kc, apanel, bpanel, tile, g->ldc, k0 > 0, mr, nr);
+          else
+            kiln_ukernel_edge(kc, apanel, bpanel, tile, g->ldc, k0 > 0, mr, nr);
+          if (last && g->epilogue) g->epilogue(g, bt, m0 + ir, m0 + ir + mr, n0 + jr, n0 + jr + nr);
+        }
+      }
+    }
+  }
+}
+
 static void kiln_gemm_run(const kiln_gemm *g) {
   const int64_t M = g->M, N = g->N, K = g->K;
-  int threads = omp_get_max_threads();
-  if (omp_in_parallel()) threads = 1; /* inside a driver's parallel loop this product runs alone */
+  int threads = kiln_pool_threads();
+  if (kiln_in_pool()) threads = 1; /* inside a driver's parallel loop this product runs alone */
   const int64_t kblock = g->kc > 0 ? g->kc : KILN_KC;
   /* an MC x KC block of A fills about half of L2 (256 KB): short reductions take more rows */
   int64_t depth = K < kblock ? K : kblock, mc_cap = 65536 / (depth > 0 ? depth : 1);
@@ -280,84 +379,10 @@ static void kiln_gemm_run(const kiln_gemm *g) {
   if (!g->b_packed && tiles_m > 1 && size_b * 4 <= KILN_SHARED_LIMIT) all_b = kiln_scratch(&shared_b, &have_b, size_b);
   const float *a_packed = all_a ? all_a : g->a_packed, *b_packed = all_b ? all_b : g->b_packed;
   const int64_t a_pbs = all_a ? panels_a * KILN_MR * K : g->a_pbs, b_pbs = all_b ? panels_b * KILN_NR * K : g->b_pbs;
-#pragma omp parallel if (work >= 65536 && tasks > 1 && !omp_in_parallel()) /* a driver's loop may already be parallel */
-  {
-    static _Thread_local float *a_buf, *b_buf;
-    static _Thread_local int64_t a_have, b_have;
-    /* packers write panels of the block they are given with a panel stride of kc * width: with
-       kc = K, a run of whole panels lands exactly where the shared layout wants it */
-    const int64_t chunk = 8; /* panels per packing call */
-    if (all_a) {
-      const int64_t chunks = (panels_a + chunk - 1) / chunk;
-#pragma omp for schedule(static)
-      for (int64_t p = 0; p < g->batch * chunks; ++p) {
-        const int64_t bt = p / chunks, row = (p % chunks) * chunk * KILN_MR;
-        const int64_t rows = M - row < chunk * KILN_MR ? M - row : chunk * KILN_MR;
-        g->pack_a(g, bt, row, rows, 0, K, all_a + bt * a_pbs + (row / KILN_MR) * K * KILN_MR);
-      }
-    }
-    if (all_b) {
-      const int64_t chunks = (panels_b + chunk - 1) / chunk;
-#pragma omp for schedule(static)
-      for (int64_t p = 0; p < g->batch * chunks; ++p) {
-        const int64_t bt = p / chunks, col = (p % chunks) * chunk * KILN_NR;
-        const int64_t cols = N - col < chunk * KILN_NR ? N - col : chunk * KILN_NR;
-        g->pack_b(g, bt, col, cols, 0, K, all_b + bt * b_pbs + (col / KILN_NR) * K * KILN_NR);
-      }
-    }
-    float *abuf = a_packed ? NULL : kiln_scratch(&a_buf, &a_have, mc * kblock);
-    float *bbuf = b_packed ? NULL : kiln_scratch(&b_buf, &b_have, nc * kblock);
-#pragma omp for schedule(dynamic, 1)
-    for (int64_t task = 0; task < tasks; ++task) {
-      const int64_t bt = task / (tiles_m * tiles_n), rest = task % (tiles_m * tiles_n);
-      const int64_t m0 = (rest / tiles_n) * mc, n0 = (rest % tiles_n) * nc;
-      const int64_t mlen = M - m0 < mc ? M - m0 : mc, nlen = N - n0 < nc ? N - n0 : nc;
-      float *c = g->c + bt * g->c_bs;
-      for (int64_t k0 = 0; k0 < K; k0 += kblock) {
-        const int64_t kc = K - k0 < kblock ? K - k0 : kblock;
-        const float *ablock, *bblock;
-        int64_t a_stride, b_stride; /* between panels */
-        if (a_packed) {
-          ablock = a_packed + bt * a_pbs + (m0 / KILN_MR) * K * KILN_MR + k0 * KILN_MR;
-          a_stride = K * KILN_MR;
-        } else {
-          g->pack_a(g, bt, m0, mlen, k0, kc, abuf);
-          ablock = abuf;
-          a_stride = kc * KILN_MR;
-        }
-        if (b_packed) {
-          bblock = b_packed + bt * b_pbs + (n0 / KILN_NR) * K * KILN_NR + k0 * KILN_NR;
-          b_stride = K * KILN_NR;
-        } else {
-          g->pack_b(g, bt, n0, nlen, k0, kc, bbuf);
-          bblock = bbuf;
-          b_stride = kc * KILN_NR;
-        }
-        const int last = k0 + kc >= K;
-#ifdef KILN_DEBUG
-        if (a_packed) /* the panels this block reads, whole */
-          KILN_SPAN(bt * a_pbs + (m0 / KILN_MR) * K * KILN_MR, ((mlen + KILN_MR - 1) / KILN_MR - 1) * K * KILN_MR + K * KILN_MR, all_a ? g->batch * a_pbs : g->a_packed_size, "A (packed)");
-        if (b_packed)
-          KILN_SPAN(bt * b_pbs + (n0 / KILN_NR) * K * KILN_NR, ((nlen + KILN_NR - 1) / KILN_NR - 1) * K * KILN_NR + K * KILN_NR, all_b ? g->batch * b_pbs : g->b_packed_size, "B (packed)");
-        KILN_SPAN(bt * g->c_bs + m0 * g->ldc + n0, (mlen - 1) * g->ldc + nlen, g->c_size, "C");
-#endif
-        for (int64_t jr = 0; jr < nlen; jr += KILN_NR) {
-          const int64_t nr = nlen - jr < KILN_NR ? nlen - jr : KILN_NR;
-          const float *bpanel = bblock + (jr / KILN_NR) * b_stride;
-          for (int64_t ir = 0; ir < mlen; ir += KILN_MR) {
-            const int64_t mr = mlen - ir < KILN_MR ? mlen - ir : KILN_MR;
-            const float *apanel = ablock + (ir / KILN_MR) * a_stride;
-            float *tile = c + (m0 + ir) * g->ldc + n0 + jr;
-            if (mr == KILN_MR && nr == KILN_NR)
-              kiln_ukernel(kc, apanel, bpanel, tile, g->ldc, k0 > 0);
-            else if (nr <= KILN_L)
-              kiln_ukernel_half(kc, apanel, bpanel, tile, g->ldc, k0 > 0, mr, nr);
-            else
-              kiln_ukernel_edge(kc, apanel, bpanel, tile, g->ldc, k0 > 0, mr, nr);
-            if (last && g->epilogue) g->epilogue(g, bt, m0 + ir, m0 + ir + mr, n0 + jr, n0 + jr + nr);
-          }
-        }
-      }
-    }
-  }
+  kiln_gemm_plan plan = {g, M, N, K, kblock, mc, nc, tiles_m, tiles_n, panels_a, panels_b, a_pbs, b_pbs,
+                         all_a, all_b, a_packed, b_packed};
+  const int workers = work >= 65536 && tasks > 1 ? 0 : 1; /* small products: one thread */
+  if (all_a) kiln_parallel_for(0, g->batch * ((panels_a + KILN_PACK_CHUNK - 1) / KILN_PACK_CHUNK), 0, workers, kiln_gemm_pack_a, &plan);
+  if (all_b) kiln_parallel_for(0, g->batch * ((panels_b + KILN_PACK_CHUNK - 1) / KILN_PACK_CHUNK), 0, workers, kiln_gemm_pack_b, &plan);
+  kiln_parallel_for(0, tasks, 1, workers, kiln_gemm_tasks, &plan);
 }

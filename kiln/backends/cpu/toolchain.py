@@ -44,7 +44,8 @@ DEBUG_FLAGS = (
 )
 FLAGS = (  # then the target's own (-march=...: compiler_flags)
     "-O3",
-    "-fopenmp",
+    "-fopenmp-simd",  # the simd pragmas only: parallel loops run on kiln's own pool (pool.c)
+    "-pthread",
     "-fPIC",
     "-shared",
     "-std=c11",

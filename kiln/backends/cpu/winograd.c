@@ -38,87 +38,114 @@ static inline void kiln_wino_origins(int32_t *index, int64_t t0, int lanes, int6
 }
 
 /* every (image, channel, tile) patch -> V[point][c][tile]; zero padding outside the image */
+typedef struct {
+  int m;
+  const float *x;
+  float *v;
+  int64_t N, C, H, W, PT, PL, TH, TW;
+} kiln_wino_in_job;
+
+static void kiln_winograd_in_planes(void *ctx, int64_t lo, int64_t hi, int worker) {
+  const kiln_wino_in_job *job = (const kiln_wino_in_job *)ctx;
+  const int m = job->m, a = m + 2;
+  const float *x = job->x;
+  float *v = job->v;
+  const int64_t N = job->N, C = job->C, H = job->H, W = job->W, PT = job->PT, PL = job->PL, TW = job->TW;
+  const int64_t T = N * job->TH * TW, tiles = job->TH * TW;
+  /* the padded plane: image (ih, iw) at row ih + PT, column iw + PL; every patch lies inside */
+  const int64_t rows = job->TH * m + 2, pitch = TW * m + 2;
+  static _Thread_local float *padded_buf;
+  static _Thread_local int64_t padded_have;
+  float *padded = kiln_scratch(&padded_buf, &padded_have, rows * pitch);
+  for (int64_t plane_index = lo; plane_index < hi; ++plane_index) {
+    const int64_t n = plane_index / C, c = plane_index % C;
+    const float *plane = x + (n * C + c) * H * W;
+    memset(padded, 0, (size_t)(rows * pitch) * sizeof(float));
+    const int64_t copy_rows = H < rows - PT ? H : rows - PT, copy_cols = W < pitch - PL ? W : pitch - PL;
+    for (int64_t ih = 0; ih < copy_rows; ++ih) {
+      KILN_SPAN((n * C + c) * H * W + ih * W, copy_cols, N * C * H * W, "winograd input");
+      memcpy(padded + (ih + PT) * pitch + PL, plane + ih * W, (size_t)copy_cols * sizeof(float));
+    }
+    for (int64_t t0 = 0; t0 < tiles; t0 += 8) {
+      const int lanes = tiles - t0 < 8 ? (int)(tiles - t0) : 8;
+      int32_t index[8];
+      kiln_wino_origins(index, t0, lanes, TW, m, pitch);
+      kiln_v8 d[36], out[36];
+      for (int i = 0; i < a; ++i)
+        for (int j = 0; j < a; ++j) d[i * a + j] = kiln_wino_gather(padded + i * pitch + j, index);
+      if (m == 4) kiln_wino4_in(d, out); else kiln_wino2_in(d, out);
+      float *dst = v + c * T + n * tiles + t0;
+      KILN_SPAN(c * T + n * tiles + t0, (int64_t)(a * a - 1) * C * T + lanes, (int64_t)a * a * C * T, "winograd V");
+      for (int p = 0; p < a * a; ++p) {
+        if (lanes == 8) *(kiln_v8u *)(dst + p * C * T) = out[p];
+        else for (int l = 0; l < lanes; ++l) dst[p * C * T + l] = out[p][l];
+      }
+    }
+  }
+}
+
 static void kiln_winograd_in(int m, const float *x, float *v, int64_t N, int64_t C, int64_t H, int64_t W, int64_t PT,
                              int64_t PL, int64_t TH, int64_t TW) {
-  const int a = m + 2;
-  const int64_t T = N * TH * TW, tiles = TH * TW;
-  /* the padded plane: image (ih, iw) at row ih + PT, column iw + PL; every patch lies inside */
-  const int64_t rows = TH * m + 2, pitch = TW * m + 2;
-#pragma omp parallel
-  {
-    static _Thread_local float *padded_buf;
-    static _Thread_local int64_t padded_have;
-    float *padded = kiln_scratch(&padded_buf, &padded_have, rows * pitch);
-#pragma omp for collapse(2) schedule(static)
-    for (int64_t n = 0; n < N; ++n)
-      for (int64_t c = 0; c < C; ++c) {
-        const float *plane = x + (n * C + c) * H * W;
-        memset(padded, 0, (size_t)(rows * pitch) * sizeof(float));
-        const int64_t copy_rows = H < rows - PT ? H : rows - PT, copy_cols = W < pitch - PL ? W : pitch - PL;
-        for (int64_t ih = 0; ih < copy_rows; ++ih) {
-          KILN_SPAN((n * C + c) * H * W + ih * W, copy_cols, N * C * H * W, "winograd input");
-          memcpy(padded + (ih + PT) * pitch + PL, plane + ih * W, (size_t)copy_cols * sizeof(float));
-        }
-        for (int64_t t0 = 0; t0 < tiles; t0 += 8) {
-          const int lanes = tiles - t0 < 8 ? (int)(tiles - t0) : 8;
-          int32_t index[8];
-          kiln_wino_origins(index, t0, lanes, TW, m, pitch);
-          kiln_v8 d[36], out[36];
-          for (int i = 0; i < a; ++i)
-            for (int j = 0; j < a; ++j) d[i * a + j] = kiln_wino_gather(padded + i * pitch + j, index);
-          if (m == 4) kiln_wino4_in(d, out); else kiln_wino2_in(d, out);
-          float *dst = v + c * T + n * tiles + t0;
-          KILN_SPAN(c * T + n * tiles + t0, (int64_t)(a * a - 1) * C * T + lanes, (int64_t)a * a * C * T, "winograd V");
-          for (int p = 0; p < a * a; ++p) {
-            if (lanes == 8) *(kiln_v8u *)(dst + p * C * T) = out[p];
-            else for (int l = 0; l < lanes; ++l) dst[p * C * T + l] = out[p][l];
-          }
-        }
-      }
-  }
+  kiln_wino_in_job planes = {m, x, v, N, C, H, W, PT, PL, TH, TW};
+  kiln_parallel_for(0, N * C, 0, 0, kiln_winograd_in_planes, &planes);
 }
 
 /* M[point][o][tile] -> the output (+ bias), then the fused epilogue once per finished plane. The
    tiles' m x m results are scattered into a thread-local plane of whole tiles (no edge tests),
    whose visible OH x OW part is then copied out row by row with the bias. */
+typedef struct {
+  int m;
+  const float *mm;
+  float *y;
+  const float *bias;
+  int64_t N, O, OH, OW, TH, TW;
+  const kiln_gemm *g;
+} kiln_wino_out_job;
+
+static void kiln_winograd_out_planes(void *ctx, int64_t lo, int64_t hi, int worker) {
+  const kiln_wino_out_job *job = (const kiln_wino_out_job *)ctx;
+  const int m = job->m, a = m + 2;
+  const float *mm = job->mm, *bias = job->bias;
+  float *y = job->y;
+  const kiln_gemm *g = job->g;
+  const int64_t N = job->N, O = job->O, OH = job->OH, OW = job->OW, TH = job->TH, TW = job->TW;
+  const int64_t T = N * TH * TW, tiles = TH * TW, pitch = TW * m;
+  static _Thread_local float *whole_buf;
+  static _Thread_local int64_t whole_have;
+  float *whole = kiln_scratch(&whole_buf, &whole_have, TH * m * pitch);
+  for (int64_t plane_index = lo; plane_index < hi; ++plane_index) {
+    const int64_t n = plane_index / O, o = plane_index % O;
+    for (int64_t t0 = 0; t0 < tiles; t0 += 8) {
+      const int lanes = tiles - t0 < 8 ? (int)(tiles - t0) : 8;
+      kiln_v8 p[36], out[16];
+      const float *src = mm + o * T + n * tiles + t0;
+      KILN_SPAN(o * T + n * tiles + t0, (int64_t)(a * a - 1) * O * T + lanes, (int64_t)a * a * O * T, "winograd M");
+      for (int q = 0; q < a * a; ++q) {
+        if (lanes == 8) p[q] = *(const kiln_v8u *)(src + q * O * T);
+        else { kiln_v8 lane = {0}; for (int l = 0; l < lanes; ++l) lane[l] = src[q * O * T + l]; p[q] = lane; }
+      }
+      if (m == 4) kiln_wino4_out(p, out); else kiln_wino2_out(p, out);
+      for (int l = 0; l < lanes; ++l) {
+        const int64_t t = t0 + l;
+        float *tile = whole + (t / TW) * m * pitch + (t % TW) * m;
+        for (int i = 0; i < m; ++i)
+          for (int j = 0; j < m; ++j) tile[i * pitch + j] = out[i * m + j][l];
+      }
+    }
+    const float b = bias ? bias[o] : 0.0f;
+    float *dst = y + (n * O + o) * OH * OW;
+    KILN_SPAN((n * O + o) * OH * OW, OH * OW, N * O * OH * OW, "winograd output");
+    for (int64_t oh = 0; oh < OH; ++oh) {
+      const float *row = whole + oh * pitch;
+#pragma omp simd
+      for (int64_t ow = 0; ow < OW; ++ow) dst[oh * OW + ow] = row[ow] + b;
+    }
+    if (g && g->epilogue) g->epilogue(g, n, o, o + 1, 0, OH * OW); /* the plane is final (and in cache) */
+  }
+}
+
 static void kiln_winograd_out(int m, const float *mm, float *y, const float *bias, int64_t N, int64_t O, int64_t OH,
                               int64_t OW, int64_t TH, int64_t TW, const kiln_gemm *g) {
-  const int a = m + 2;
-  const int64_t T = N * TH * TW, tiles = TH * TW, pitch = TW * m;
-#pragma omp parallel
-  {
-    static _Thread_local float *whole_buf;
-    static _Thread_local int64_t whole_have;
-    float *whole = kiln_scratch(&whole_buf, &whole_have, TH * m * pitch);
-#pragma omp for collapse(2) schedule(static)
-    for (int64_t n = 0; n < N; ++n)
-      for (int64_t o = 0; o < O; ++o) {
-        for (int64_t t0 = 0; t0 < tiles; t0 += 8) {
-          const int lanes = tiles - t0 < 8 ? (int)(tiles - t0) : 8;
-          kiln_v8 p[36], out[16];
-          const float *src = mm + o * T + n * tiles + t0;
-          KILN_SPAN(o * T + n * tiles + t0, (int64_t)(a * a - 1) * O * T + lanes, (int64_t)a * a * O * T, "winograd M");
-          for (int q = 0; q < a * a; ++q) {
-            if (lanes == 8) p[q] = *(const kiln_v8u *)(src + q * O * T);
-            else { kiln_v8 lane = {0}; for (int l = 0; l < lanes; ++l) lane[l] = src[q * O * T + l]; p[q] = lane; }
-          }
-          if (m == 4) kiln_wino4_out(p, out); else kiln_wino2_out(p, out);
-          for (int l = 0; l < lanes; ++l) {
-            const int64_t t = t0 + l;
-            float *tile = whole + (t / TW) * m * pitch + (t % TW) * m;
-            for (int i = 0; i < m; ++i)
-              for (int j = 0; j < m; ++j) tile[i * pitch + j] = out[i * m + j][l];
-          }
-        }
-        const float b = bias ? bias[o] : 0.0f;
-        float *dst = y + (n * O + o) * OH * OW;
-        KILN_SPAN((n * O + o) * OH * OW, OH * OW, N * O * OH * OW, "winograd output");
-        for (int64_t oh = 0; oh < OH; ++oh) {
-          const float *row = whole + oh * pitch;
-#pragma omp simd
-          for (int64_t ow = 0; ow < OW; ++ow) dst[oh * OW + ow] = row[ow] + b;
-        }
-        if (g && g->epilogue) g->epilogue(g, n, o, o + 1, 0, OH * OW); /* the plane is final (and in cache) */
-      }
-  }
+  kiln_wino_out_job planes = {m, mm, y, bias, N, O, OH, OW, TH, TW, g};
+  kiln_parallel_for(0, N * O, 0, 0, kiln_winograd_out_planes, &planes);
 }

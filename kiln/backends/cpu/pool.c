@@ -1,0 +1,195 @@
+/* kiln's thread pool: the parallel loops of generated kernels and of the engines run on it, not on an
+   OpenMP runtime (whose default active spin-wait makes a model 13x slower when another process shares
+   a core). One pool per library: `threads` participants per loop (the calling thread and up to
+   threads - 1 workers, started on first use).
+   - A loop is cut into chunks claimed from an atomic ticket, so a participant slowed by another
+     process on its core takes fewer chunks instead of holding the others at a barrier, and the
+     caller waits for the chunks to be done, never for a worker that has none to acknowledge.
+   - Waiting threads spin for `spin` iterations (the next kernel usually follows within
+     microseconds), then sleep on a condition variable: a busy machine gets its cores back.
+   - A request arriving while the pool runs another request's loop runs its loops on its own thread
+     (concurrent requests share the cores, never oversubscribe them); a loop inside a pool job (a
+     product inside attention's per-head loop) runs on the thread that reached it.
+   - Workers never read a job they did not claim: the job's description lives in one of two slots by
+     the parity of its generation, and a chunk is claimed by a compare-and-swap that names the
+     generation, so a worker that wakes late finds its job gone and claims nothing. */
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
+
+typedef void (*kiln_body)(void *ctx, int64_t begin, int64_t end, int worker);
+
+#define KILN_MAX_THREADS 256
+#define KILN_GEN_SHIFT 40 /* ticket = generation << 40 | next index (loops up to 2^40 iterations) */
+
+typedef struct {
+  kiln_body body;
+  void *ctx;
+  int64_t begin, end, grain;
+  int participants;
+  atomic_int_fast64_t done; /* iterations finished */
+} kiln_job;
+
+static struct {
+  pthread_mutex_t busy, sleep_lock;
+  pthread_cond_t wake, finished;
+  int started, threads, forked_handler;
+  atomic_long spin;
+  atomic_uint_fast64_t generation, ticket;
+  atomic_int sleepers, caller_waiting;
+  kiln_job jobs[2];
+  pthread_t handles[KILN_MAX_THREADS];
+} kiln_pool = {.busy = PTHREAD_MUTEX_INITIALIZER,
+               .sleep_lock = PTHREAD_MUTEX_INITIALIZER,
+               .wake = PTHREAD_COND_INITIALIZER,
+               .finished = PTHREAD_COND_INITIALIZER,
+               .spin = 2000}; /* about 0.1 ms of pause instructions: gaps between kernels are shorter */
+
+static _Thread_local int kiln_worker = -1; /* this thread's participant number inside a pool loop */
+
+static inline void kiln_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  __asm__ __volatile__("yield");
+#endif
+}
+
+static int kiln_default_threads(void) {
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) return CPU_COUNT(&set) > 0 ? CPU_COUNT(&set) : 1;
+  return 1;
+}
+
+/* run chunks of the job of generation `gen` while there are any; returns when none is left */
+static void kiln_pool_chunks(uint64_t gen, int worker) {
+  kiln_job *job = &kiln_pool.jobs[gen & 1];
+  const kiln_body body = job->body;
+  void *const ctx = job->ctx;
+  const int64_t begin = job->begin, end = job->end, grain = job->grain;
+  if (worker >= job->participants) return;
+  for (;;) {
+    uint64_t old = atomic_load(&kiln_pool.ticket), start;
+    do {
+      start = old & ((1ULL << KILN_GEN_SHIFT) - 1);
+      if ((old >> KILN_GEN_SHIFT) != (gen & ((1ULL << (64 - KILN_GEN_SHIFT)) - 1)) || (int64_t)start >= end - begin) return;
+    } while (!atomic_compare_exchange_weak(&kiln_pool.ticket, &old, old + (uint64_t)grain));
+    const int64_t lo = begin + (int64_t)start, hi = lo + grain < end ? lo + grain : end;
+    body(ctx, lo, hi, worker);
+    if (atomic_fetch_add(&job->done, hi - lo) + (hi - lo) == end - begin && atomic_load(&kiln_pool.caller_waiting)) {
+      pthread_mutex_lock(&kiln_pool.sleep_lock);
+      pthread_cond_broadcast(&kiln_pool.finished);
+      pthread_mutex_unlock(&kiln_pool.sleep_lock);
+    }
+  }
+}
+
+static void *kiln_pool_worker(void *arg) {
+  const int id = (int)(intptr_t)arg;
+  kiln_worker = id;
+  uint64_t seen = atomic_load(&kiln_pool.generation);
+  for (;;) {
+    long spins = 0;
+    uint64_t now;
+    while ((now = atomic_load(&kiln_pool.generation)) == seen) {
+      if (spins++ < atomic_load_explicit(&kiln_pool.spin, memory_order_relaxed)) {
+        kiln_relax();
+        continue;
+      }
+      pthread_mutex_lock(&kiln_pool.sleep_lock);
+      atomic_fetch_add(&kiln_pool.sleepers, 1);
+      while ((now = atomic_load(&kiln_pool.generation)) == seen) pthread_cond_wait(&kiln_pool.wake, &kiln_pool.sleep_lock);
+      atomic_fetch_sub(&kiln_pool.sleepers, 1);
+      pthread_mutex_unlock(&kiln_pool.sleep_lock);
+    }
+    seen = now;
+    kiln_pool_chunks(now, id);
+  }
+  return NULL;
+}
+
+static void kiln_pool_after_fork(void) { /* the child has none of the parent's workers */
+  kiln_pool.started = 0;
+  pthread_mutex_init(&kiln_pool.busy, NULL);
+  pthread_mutex_init(&kiln_pool.sleep_lock, NULL);
+  pthread_cond_init(&kiln_pool.wake, NULL);
+  pthread_cond_init(&kiln_pool.finished, NULL);
+  atomic_store(&kiln_pool.sleepers, 0);
+}
+
+/* participants in a loop (set from Python: the model's `threads`); 0 = the CPUs this process may use */
+int kiln_set_threads(int threads) {
+  if (threads <= 0) threads = kiln_default_threads();
+  kiln_pool.threads = threads > KILN_MAX_THREADS ? KILN_MAX_THREADS : threads;
+  return kiln_pool.threads;
+}
+
+/* iterations a waiting thread spins before it sleeps (0: sleep at once) */
+void kiln_set_spin(long spins) { atomic_store(&kiln_pool.spin, spins < 0 ? 0 : spins); }
+
+static int kiln_pool_threads(void) {
+  if (kiln_pool.threads <= 0) kiln_set_threads(0);
+  return kiln_pool.threads;
+}
+
+static int kiln_in_pool(void) { return kiln_worker >= 0; }
+
+/* body(ctx, lo, hi, worker) over [begin, end) in chunks of `grain` iterations (0: about four chunks
+   per participant), by at most `max_workers` participants (0: the pool's threads); `worker` numbers
+   the participant (below max_workers: per-thread scratch is indexed by it) */
+static void kiln_parallel_for(int64_t begin, int64_t end, int64_t grain, int max_workers, kiln_body body, void *ctx) {
+  if (end <= begin) return;
+  int participants = kiln_pool_threads();
+  if (max_workers > 0 && max_workers < participants) participants = max_workers;
+  if (participants > end - begin) participants = (int)(end - begin);
+  if (participants <= 1 || kiln_worker >= 0 || pthread_mutex_trylock(&kiln_pool.busy) != 0) {
+    body(ctx, begin, end, kiln_worker >= 0 ? kiln_worker : 0); /* alone: one participant, or nested, or the pool is busy */
+    return;
+  }
+  while (kiln_pool.started < participants - 1) {
+    if (!kiln_pool.forked_handler) kiln_pool.forked_handler = pthread_atfork(NULL, NULL, kiln_pool_after_fork) == 0;
+    pthread_attr_t attr;
+    pthread_attr_init(&attr);
+    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+    int failed = pthread_create(&kiln_pool.handles[kiln_pool.started], &attr, kiln_pool_worker,
+                                (void *)(intptr_t)(kiln_pool.started + 1));
+    pthread_attr_destroy(&attr);
+    if (failed) {
+      participants = kiln_pool.started + 1; /* fewer threads than asked: run with those there are */
+      break;
+    }
+    ++kiln_pool.started;
+  }
+  const uint64_t gen = atomic_load(&kiln_pool.generation) + 1;
+  kiln_job *job = &kiln_pool.jobs[gen & 1];
+  job->body = body;
+  job->ctx = ctx;
+  job->begin = begin;
+  job->end = end;
+  job->grain = grain > 0 ? grain : ((end - begin) / (4 * participants) > 0 ? (end - begin) / (4 * participants) : 1);
+  job->participants = participants;
+  atomic_store(&job->done, 0);
+  atomic_store(&kiln_pool.ticket, (gen & ((1ULL << (64 - KILN_GEN_SHIFT)) - 1)) << KILN_GEN_SHIFT);
+  atomic_store(&kiln_pool.generation, gen);
+  if (atomic_load(&kiln_pool.sleepers) > 0) {
+    pthread_mutex_lock(&kiln_pool.sleep_lock);
+    pthread_cond_broadcast(&kiln_pool.wake);
+    pthread_mutex_unlock(&kiln_pool.sleep_lock);
+  }
+  kiln_worker = 0;
+  kiln_pool_chunks(gen, 0);
+  kiln_worker = -1;
+  long spins = 0;
+  while (atomic_load(&job->done) < end - begin) { /* chunks other participants claimed */
+    if (spins++ < atomic_load_explicit(&kiln_pool.spin, memory_order_relaxed)) {
+      kiln_relax();
+      continue;
+    }
+    pthread_mutex_lock(&kiln_pool.sleep_lock);
+    atomic_store(&kiln_pool.caller_waiting, 1);
+    while (atomic_load(&job->done) < end - begin) pthread_cond_wait(&kiln_pool.finished, &kiln_pool.sleep_lock);
+    atomic_store(&kiln_pool.caller_waiting, 0);
+    pthread_mutex_unlock(&kiln_pool.sleep_lock);
+  }
+  pthread_mutex_unlock(&kiln_pool.busy);
+}
