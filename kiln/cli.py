@@ -13,7 +13,7 @@ from rich.table import Table
 
 from kiln.cli_bench import bench
 from kiln.cli_inspect import check, diff_command, explain
-from kiln.cli_support import console, import_bound, out
+from kiln.cli_support import console, dim_bindings, import_bound, out
 from kiln.errors import KilnError
 
 
@@ -222,7 +222,11 @@ def zoo_check(names: tuple[str, ...], target: str, tolerance: float) -> None:
 )
 @click.option("-O", "level", type=click.IntRange(0, 3), default=2, show_default=True, help="Optimization level.")
 @click.option(
-    "--dim", "dims", multiple=True, help="Bind a symbolic dim, e.g. --dim batch=8. [default: every symbol = 1]"
+    "--dim",
+    "dims",
+    multiple=True,
+    help="Bind a symbolic dim, e.g. --dim batch=8; a list compiles each size ahead, e.g. --dim batch=1,8,32 "
+    "(saved in the artifact: it needs no compiler for them). [default: every symbol = 1]",
 )
 @click.option(
     "--tune",
@@ -249,13 +253,19 @@ def compile_command(
     import kiln
 
     graph, binding = import_bound(model, dims)
+    bindings = dim_bindings(graph, dims)
     if tune_budget is not None:
-        _tune(graph, binding, level, _parse_duration(tune_budget), retune, target)
+        for each in bindings:
+            _tune(graph, each, level, _parse_duration(tune_budget), retune, target)
     start = time.perf_counter()
-    compiled = kiln.compile(graph, target=target, opt_level=level, dims=binding)
+    compiled = kiln.compile(graph, target=target, opt_level=level, dims=bindings[0])
+    for each in bindings[1:]:  # every size asked for is compiled ahead and saved with the model
+        compiled.prepare_dims(each)
     seconds = time.perf_counter() - start
-    plan = compiled.plans[0]
+    plan = compiled.plans[-1] if len(bindings) == 1 else compiled.plans[0]
     compiled.save(output)
+    if len(bindings) > 1:
+        out.print(f"compiled ahead for {len(bindings)} bindings: " + "; ".join(str(b) for b in bindings))
     kernels = sum(len(step.kernels) for step in plan.steps if hasattr(step, "kernels"))
     out.print(
         f"compiled {model} for {compiled.target} ({compiled.compiled_for.isa}) in {seconds:.1f} s (-O{level}, dims {binding or 'static'}): {kernels} kernels, {len(plan.fallbacks)} host fallback(s)"

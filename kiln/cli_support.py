@@ -14,13 +14,37 @@ def split_values(values: tuple[str, ...]) -> list[str]:
 
 
 def parse_dims(items: tuple[str, ...]) -> dict[str, int]:
-    dims = {}
+    """--dim NAME=INT items -> {name: int} (the first value of a NAME=1,8,32 list)."""
+    return {name: values[0] for name, values in parse_dim_lists(items).items()}
+
+
+def parse_dim_lists(items: tuple[str, ...]) -> dict[str, list[int]]:
+    """--dim NAME=INT[,INT...] items -> {name: [ints]} (``batch=1,8,32``: three sizes)."""
+    dims: dict[str, list[int]] = {}
     for item in items:
         name, _, value = item.partition("=")
-        if not value.isdigit():
-            raise click.BadParameter(f"expected NAME=INT, got {item!r}", param_hint="--dim")
-        dims[name] = int(value)
+        values = value.split(",")
+        if not name or not all(v.isdigit() for v in values):
+            raise click.BadParameter(f"expected NAME=INT or NAME=INT,INT,..., got {item!r}", param_hint="--dim")
+        dims[name] = [int(v) for v in values]
     return dims
+
+
+def dim_bindings(graph, items: tuple[str, ...]) -> list[dict[str, int]]:  # type: ignore[no-untyped-def]
+    """Every binding of the graph's input symbols the --dim lists ask for (their product; a symbol
+    not given is 1)."""
+    import itertools
+
+    from kiln.ir.types import TensorType
+
+    lists = parse_dim_lists(items)
+    for value in graph.inputs:
+        if isinstance(value.type, TensorType) and value.type.shape:
+            for d in value.type.shape:
+                if isinstance(d, str):
+                    lists.setdefault(d, [1])
+    names = sorted(lists)
+    return [dict(zip(names, combo)) for combo in itertools.product(*(lists[n] for n in names))]
 
 
 def import_bound(model: str, dims: tuple[str, ...]):  # type: ignore[no-untyped-def]

@@ -36,6 +36,10 @@ class ExecutionError(KilnError):
     """A node failed while the model ran; names the node."""
 
 
+class CompilerError(KilnError):
+    """A target's toolchain rejected generated code (a kiln bug) or is missing (no C compiler)."""
+
+
 class ResourceError(KilnError):
     """A resource ran out: memory for an allocation of the size named, or disk space."""
 

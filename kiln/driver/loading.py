@@ -54,6 +54,7 @@ def load(
         target=compiled_for,
         parallelism=parallelism,
         streams=streams,
+        ahead=variants,
     )
     for dims in variants:
         model._variant(dims)

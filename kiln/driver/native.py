@@ -3,6 +3,7 @@ the rest, one specialization per binding of the model's symbolic input dims."""
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import time
@@ -17,7 +18,7 @@ from kiln.driver import plan_cache
 from kiln.driver.artifact import save
 from kiln.driver.options import CompileOptions
 from kiln.driver.pipeline import compile_plan, resolve_target
-from kiln.errors import InternalError, KilnError, ResourceError
+from kiln.errors import CompilerError, InternalError, KilnError, ResourceError
 from kiln.ir.graph import Graph
 from kiln.ir.types import TensorType
 from kiln.lower.target import Target
@@ -26,6 +27,8 @@ from kiln.passes.specialize import input_dims
 from kiln.runtime.executable import Executable, WeightStore
 from kiln.runtime.model import Model
 from kiln.runtime.plan import Plan
+
+log = logging.getLogger("kiln")
 
 WORTH_CACHING_S = 0.5  # a plan is stored when compiling it took this long...
 WORTH_CACHING_BYTES = 1 << 20  # ...or the model's weights are this big
@@ -76,9 +79,12 @@ class NativeModel(Model):
         target: Target | str | None = None,
         parallelism: Threading | None = None,
         streams: int | None = None,
+        ahead: list[dict[str, int]] | None = None,
     ) -> None:
         super().__init__(graph, signature, streams)
         self.parallelism = parallelism or Threading()  # how its parallel loops run (kiln's pool)
+        # a loaded artifact's bindings compiled ahead (its libraries came with it); None otherwise
+        self.ahead = ahead
         self.compiled_for = resolve_target(target)  # what the code is for (cpu:avx2 on an AVX-512 machine...)
         self.target = self.compiled_for.name
         self.options = options or CompileOptions.from_env()
@@ -158,8 +164,20 @@ class NativeModel(Model):
     def _compile(self, dims: dict[str, int]) -> Plan:
         """compile_plan; an error that is not a KilnError is a kiln bug: it becomes an
         InternalError naming the stage, with a reproducer written to disk."""
+        if self.ahead is not None and dims not in self.ahead:
+            log.warning(
+                "compiling %s for dims %s: the artifact has code for %s only", self.target, dims, self.ahead or "none"
+            )
         try:
             return compile_plan(specialize(self.graph, dims), self.compiled_for, self.options, prebuilt=self.prebuilt)
+        except CompilerError as err:
+            if self.ahead is not None and "no C compiler" in str(err):
+                raise CompilerError(
+                    f"this model has no compiled code for dims {dims} (the artifact has {self.ahead or 'none'}) and "
+                    f"there is no C compiler to build it: {err}. Compile the artifact with these sizes "
+                    "(kiln compile --dim NAME=1,8,...) or install a C compiler"
+                ) from None
+            raise
         except KilnError:
             raise
         except MemoryError as err:
@@ -209,6 +227,10 @@ class NativeModel(Model):
     def prepare(self, feeds: dict[str, Any]) -> None:
         """Compile the variant these inputs need now, instead of on the first run."""
         self._variant(input_dims(self.signature, feeds))
+
+    def prepare_dims(self, dims: dict[str, int]) -> None:
+        """Compile the variant for this binding of the symbolic dims now (``save`` keeps it)."""
+        self._variant(dict(dims))
 
     def _execute(self, inputs: list[Any]) -> list[Any]:
         dims = input_dims(self.signature, dict(zip(self.input_names, inputs)))

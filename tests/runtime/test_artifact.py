@@ -1,5 +1,6 @@
 import json
 import zipfile
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -70,3 +71,63 @@ def test_corrupt_foreign_and_newer_files_are_clear_errors(tmp_path):
         kiln.load(newer)
     with pytest.raises(ArtifactError, match="no such file"):
         kiln.load(tmp_path / "missing.kiln")
+
+
+def test_an_artifact_loads_and_runs_without_a_c_compiler_and_a_missing_size_says_why(tmp_path):
+    import subprocess
+    import sys
+    import textwrap
+
+    import onnx
+    from onnx import helper
+
+    from tests.helpers import FLOAT, make_model
+
+    rng = np.random.default_rng(4)
+    model = make_model(
+        [helper.make_node("MatMul", ["x", "w"], ["m"]), helper.make_node("Relu", ["m"], ["y"])],
+        [("x", FLOAT, ["batch", 16])],
+        [("y", FLOAT, None)],
+        {"w": rng.standard_normal((16, 24)).astype(np.float32)},
+    )
+    onnx.save(model, tmp_path / "m.onnx")
+    compiled = kiln.compile(model, dims={"batch": 1})
+    compiled.prepare_dims({"batch": 4})  # two sizes compiled ahead
+    compiled.save(tmp_path / "m.kiln")
+    (tmp_path / "m.onnx").unlink()  # nor is the ONNX file needed
+    script = textwrap.dedent(
+        f"""
+        import numpy as np, kiln
+        from kiln.backends.cpu import toolchain
+        from kiln.errors import CompilerError
+        try:
+            toolchain.find_compiler()
+            raise SystemExit("a C compiler is visible: the test proves nothing")
+        except CompilerError:
+            pass
+        model = kiln.load({str(tmp_path / "m.kiln")!r})
+        rng = np.random.default_rng(0)
+        for batch in (1, 4):
+            x = rng.standard_normal((batch, 16)).astype(np.float32)
+            reference = kiln.load({str(tmp_path / "m.kiln")!r}).graph
+            got = model(x)
+            want = kiln.compile(reference, target="reference")(x)
+            assert np.allclose(got, want, rtol=1e-5, atol=1e-5), batch
+        try:
+            model(np.zeros((3, 16), np.float32))
+        except CompilerError as err:
+            print("REFUSED:", err)
+        """
+    )
+    env = {
+        "PATH": str(tmp_path / "empty"),  # no cc, gcc or clang
+        "KILN_CACHE_DIR": str(tmp_path / "cache"),
+        "HOME": str(tmp_path),
+        "PYTHONPATH": str(Path(__file__).resolve().parents[2]),
+    }
+    (tmp_path / "empty").mkdir()
+    result = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "REFUSED: this model has no compiled code for dims {'batch': 3}" in result.stdout, result.stdout
+    assert "(the artifact has [{'batch': 1}, {'batch': 4}])" in result.stdout and "no C compiler" in result.stdout
+    assert "compiling cpu for dims {'batch': 3}" in result.stderr  # logged before it tried

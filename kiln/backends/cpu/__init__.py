@@ -20,7 +20,7 @@ from kiln.backends.cpu.scratch import engine_scratch
 from kiln.backends.cpu.toolchain import ISAS
 from kiln.backends.cpu.toolchain import compiler_flags as compiler_flags
 from kiln.backends.registry import Backend, SegmentRunner, Threading, library_runner
-from kiln.errors import KilnError
+from kiln.errors import CompilerError, KilnError
 from kiln.lower.kir import Buffer, Kernel
 from kiln.lower.target import ENGINES, Target, TargetError
 
@@ -91,7 +91,11 @@ class CpuBackend(Backend):
         return engine_scratch(kernels, target.gemm_rows, target.gemm_cols)
 
     def identity(self, target: Target, debug: bool = False) -> tuple[str, ...]:
-        return (*toolchain.find_compiler(), *toolchain.flags(target, debug))
+        try:
+            compiler = toolchain.find_compiler()
+        except CompilerError:  # a loaded artifact runs its own libraries: no compiler needed
+            compiler = ("no C compiler", "")
+        return (*compiler, *toolchain.flags(target, debug))
 
     def artifact_meta(self, target: Target) -> dict[str, Any]:
         return {"isa": target.isa}  # its libraries run only where this ISA does

@@ -15,7 +15,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from kiln import integrity
-from kiln.errors import KilnError, ResourceError
+from kiln.errors import CompilerError, ResourceError
 from kiln.lower.target import Target
 
 ISAS = {  # name -> (vector bytes, the compiler's -march for code that must run on any such CPU)
@@ -70,10 +70,6 @@ def flags(target: Target, debug: bool = False) -> tuple[str, ...]:
 
 
 DAMAGED = {"libraries": 0}  # damaged cache entries found (and rebuilt) by this process
-
-
-class CompilerError(KilnError):
-    """The C compiler rejected generated code (a kiln bug) or is missing."""
 
 
 @lru_cache(maxsize=1)
