@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +38,7 @@ def load(
         raise ArtifactError(f"{path}: built for {target} ({meta.get('isa', '?')}): {err}") from None
 
     prebuilt = {}
+    folder = None
     if not rebuild:
         folder = Path(tempfile.mkdtemp(prefix="kiln-artifact-"))
         for name, content in contents.items():
@@ -56,6 +59,8 @@ def load(
         streams=streams,
         ahead=variants,
     )
+    if folder is not None:  # the libraries' folder lives as long as the model (loaded code stays mapped)
+        weakref.finalize(model, shutil.rmtree, folder, ignore_errors=True)
     for dims in variants:
         model._variant(dims)
     return model

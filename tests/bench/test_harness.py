@@ -283,3 +283,13 @@ def test_heavy_peers_run_when_installed(tiny_onnx, tmp_path, backend):
     (record,) = run_bench(config, tmp_path)["records"]
     assert record["status"] == "ok", record.get("error")
     assert record["agreement"]["rel_l2"] < 1e-5 and record["compile_s"] > 0
+
+
+def test_a_kiln_job_leaves_the_temporary_directory_as_it_was(tiny_onnx, tmp_path, monkeypatch):
+    temporary = tmp_path / "tmp"
+    temporary.mkdir()
+    monkeypatch.setenv("TMPDIR", str(temporary))  # the job's worker process writes its temporaries here
+    config = BenchConfig(models=[tiny_onnx], backends=["kiln"], duration=0.2, min_iterations=3)
+    (record,) = run_bench(config, tmp_path / "work")["records"]
+    assert record["status"] == "ok", record
+    assert list(temporary.iterdir()) == []

@@ -131,3 +131,26 @@ def test_an_artifact_loads_and_runs_without_a_c_compiler_and_a_missing_size_says
     assert "REFUSED: this model has no compiled code for dims {'batch': 3}" in result.stdout, result.stdout
     assert "(the artifact has [{'batch': 1}, {'batch': 4}])" in result.stdout and "no C compiler" in result.stdout
     assert "compiling cpu for dims {'batch': 3}" in result.stderr  # logged before it tried
+
+
+def test_a_hundred_loads_leave_the_temporary_directory_as_it_was(tmp_path, monkeypatch):
+    import gc
+    import tempfile
+
+    from onnx import helper
+
+    from tests.helpers import FLOAT, make_model
+
+    model = make_model([helper.make_node("Relu", ["x"], ["y"])], [("x", FLOAT, [4])], [("y", FLOAT, None)])
+    saved = kiln.compile(model).save(tmp_path / "m.kiln")
+    temporary = tmp_path / "tmp"
+    temporary.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(temporary))
+    x = np.array([-1, 0, 2, -3], np.float32)
+    for _ in range(100):
+        loaded = kiln.load(saved)
+        np.testing.assert_array_equal(loaded(x), np.maximum(x, 0))
+        assert any(temporary.iterdir())  # its libraries are there while it lives
+        del loaded
+        gc.collect()
+    assert list(temporary.iterdir()) == []

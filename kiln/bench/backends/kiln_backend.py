@@ -40,14 +40,21 @@ class KilnBackend(Backend):
             # compile = build the artifact; load = read it back, as a deployment would
             handle, path = tempfile.mkstemp(suffix=".kiln")
             os.close(handle)
-            compiled.save(path)
+            try:
+                compiled.save(path)
+            except BaseException:
+                os.unlink(path)
+                raise
             self.artifact = path
         else:
             self.artifact = compiled
 
     def load(self) -> Session:
         if self.target == "cpu":
-            return _KilnSession(kiln.load(self.artifact))
+            try:
+                return _KilnSession(kiln.load(self.artifact, threads=self.threads))
+            finally:  # the loaded model holds what it needs: the file goes (a bench run once left 1.6 GB)
+                os.unlink(self.artifact)
         return _KilnSession(self.artifact)  # the reference has no artifact: load time is ~0
 
 
