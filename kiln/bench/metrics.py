@@ -13,6 +13,10 @@ from typing import Any
 import numpy as np
 
 NOISY_CV = 0.10  # coefficient of variation above which a result is flagged as noisy
+# samples a percentile needs before it is reported (p99 of 20 samples is the maximum, not a p99)
+PERCENTILE_SAMPLES = {"p50": 1, "p90": 10, "p99": 100}
+MIN_GROWTH_INFERENCES = 200  # RSS growth is estimated only from runs at least this long...
+MIN_GROWTH_SAMPLES = 10  # ...with at least this many RSS samples
 
 
 def latency_stats(seconds: list[float]) -> dict[str, Any]:
@@ -24,11 +28,16 @@ def latency_stats(seconds: list[float]) -> dict[str, Any]:
     std = float(values.std(ddof=1)) if values.size > 1 else 0.0
     half_width = 1.96 * std / math.sqrt(values.size) if values.size > 1 else 0.0
     cv = std / mean if mean > 0 else 0.0
+    # a percentile the sample count cannot support is None, and ``too_few`` says which and why
+    percentiles = {
+        name: float(np.percentile(values, int(name[1:]))) if values.size >= need else None
+        for name, need in PERCENTILE_SAMPLES.items()
+    }
+    too_few = {name: f"{values.size} samples < {need}" for name, need in PERCENTILE_SAMPLES.items() if values.size < need}
     return {
         "n": int(values.size),
-        "p50": float(np.percentile(values, 50)),
-        "p90": float(np.percentile(values, 90)),
-        "p99": float(np.percentile(values, 99)),
+        **percentiles,
+        "too_few": too_few,
         "mean": mean,
         "std": std,
         "ci95": [mean - half_width, mean + half_width],
@@ -51,20 +60,50 @@ def rss_bytes() -> int:
 
 
 def peak_rss_bytes() -> int:
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    """This process's own peak resident set: VmHWM, which belongs to the address space exec made
+    (getrusage's ru_maxrss is carried across fork and exec on Linux: a worker started by a large
+    process would report at least that process's peak)."""
+    try:
+        with open("/proc/self/status") as handle:
+            for line in handle:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # elsewhere: the best there is
     return peak if os.uname().sysname == "Darwin" else peak * 1024
 
 
 def growth_per_thousand(samples: list[tuple[int, int]]) -> float | None:
-    """Least-squares slope of RSS (bytes) over inference count, as MB per 1000 inferences."""
-    if len(samples) < 3:
-        return None
+    """Least-squares slope of RSS (bytes) over inference count, as MB per 1000 inferences (None
+    when the run is too short to estimate it: see ``growth_estimate``)."""
+    return growth_estimate(samples)["mb_per_1k"]
+
+
+def growth_estimate(samples: list[tuple[int, int]]) -> dict[str, Any]:
+    """RSS growth from (inference count, RSS bytes) samples: the slope in MB per 1000 inferences
+    with its 95% confidence interval, or None and why when the run is too short."""
     counts = np.array([s[0] for s in samples], dtype=np.float64)
     sizes = np.array([s[1] for s in samples], dtype=np.float64)
-    if np.ptp(counts) == 0:
-        return None
-    slope = np.polyfit(counts, sizes, 1)[0]
-    return float(slope * 1000 / 1e6)
+    inferences = int(counts.max()) if counts.size else 0
+    if inferences < MIN_GROWTH_INFERENCES or len(samples) < MIN_GROWTH_SAMPLES or np.ptp(counts) == 0:
+        return {
+            "mb_per_1k": None,
+            "ci95": None,
+            "note": f"run too short: {inferences} inferences, {len(samples)} samples "
+            f"(needs {MIN_GROWTH_INFERENCES} and {MIN_GROWTH_SAMPLES}; kiln bench --soak N for a leak check)",
+        }
+    (slope, intercept), residuals, *_ = np.polyfit(counts, sizes, 1, full=True)
+    dof = len(samples) - 2
+    variance = float(residuals[0]) / dof if residuals.size and dof > 0 else 0.0
+    spread = float(((counts - counts.mean()) ** 2).sum())
+    error = math.sqrt(variance / spread) if spread > 0 else 0.0
+    scale = 1000 / 1e6
+    return {
+        "mb_per_1k": float(slope * scale),
+        "ci95": [float((slope - 1.96 * error) * scale), float((slope + 1.96 * error) * scale)],
+        "note": "",
+    }
 
 
 @dataclass

@@ -109,6 +109,12 @@ def notes(run: dict[str, Any]) -> list[str]:
             lines.append(
                 f"{record['backend']} / {record['model']}: RSS grows {growth:.1f} MB per 1k inferences: leak suspected"
             )
+    short = sorted({r["backend"] for r in run["records"] if r.get("latency_ms", {}).get("too_few", {}).get("p99")})
+    if short:
+        lines.append(f"p99 not reported for {', '.join(short)}: fewer than 100 samples (run longer: --duration)")
+    unknown = sorted({r["backend"] for r in run["records"] if r.get("rss_growth_note")})
+    if unknown:
+        lines.append(f"RSS growth not estimated for {', '.join(unknown)}: run too short (kiln bench --soak N checks for leaks)")
     energies = {
         r.get("energy", {}).get("unavailable") for r in run["records"] if r.get("energy", {}).get("unavailable")
     }
@@ -181,10 +187,10 @@ def plots(run: dict[str, Any]) -> dict[str, str]:
             names = [r["backend"] for r in rows]
             p50 = np.array([r["latency_ms"]["p50"] for r in rows])
             low = p50 - np.array([r["latency_ms"]["min"] for r in rows])
-            high = np.array([r["latency_ms"]["p90"] for r in rows]) - p50
+            high = np.array([r["latency_ms"]["p90"] or r["latency_ms"]["max"] for r in rows]) - p50
             axis.bar(names, p50, yerr=[low, high], capsize=4, color="#4c72b0")
             axis.set_title(f"{model} (batch {batch})")
-            axis.set_ylabel("latency ms (p50; bars: min..p90)")
+            axis.set_ylabel("latency ms (p50; bars: min..p90, or max with < 10 samples)")
             axis.tick_params(axis="x", rotation=30)
         images["latency"] = _figure_png(figure)
         figure, axes = plt.subplots(1, len(models), figsize=(4.5 * len(models), 3.6), squeeze=False)

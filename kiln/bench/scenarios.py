@@ -20,7 +20,7 @@ from kiln.bench.metrics import (
     EnergyMeter,
     NvmlEnergyMeter,
     energy_per_inference,
-    growth_per_thousand,
+    growth_estimate,
     latency_stats,
     rss_bytes,
 )
@@ -39,6 +39,14 @@ def median_latency_ms(run: Run, feeds: dict[str, np.ndarray], runs: int, warmup:
     benchmark scripts that compare backends in one process)."""
     warm_up(run, feeds, warmup)
     return float(single_stream(run, feeds, 0.0, runs)["latency_ms"]["p50"])
+
+
+def _growth(samples: list[tuple[int, int]]) -> dict[str, Any]:
+    estimate = growth_estimate(samples)
+    found = {"rss_growth_mb_per_1k": estimate["mb_per_1k"], "rss_growth_ci95": estimate["ci95"]}
+    if estimate["note"]:
+        found["rss_growth_note"] = estimate["note"]
+    return found
 
 
 def single_stream(
@@ -72,7 +80,7 @@ def single_stream(
     result: dict[str, Any] = {
         "latency_ms": latency_stats(latencies),
         "throughput": count / elapsed,
-        "rss_growth_mb_per_1k": growth_per_thousand(samples),
+        **_growth(samples),
         "iterations": count,
         "seconds": elapsed,
     }

@@ -20,10 +20,27 @@ def test_latency_stats_percentiles_ci_and_noise():
     assert steady["cv"] == 0.0 and steady["noisy"] is False
 
 
-def test_rss_growth_slope_is_mb_per_thousand():
-    samples = [(n, 100_000_000 + n * 2_000) for n in range(0, 5000, 250)]  # 2 kB per inference
-    assert metrics.growth_per_thousand(samples) == pytest.approx(2.0)
-    assert metrics.growth_per_thousand(samples[:2]) is None
+def test_percentiles_the_sample_count_cannot_support_are_not_reported():
+    few = metrics.latency_stats([0.001 * i for i in range(1, 21)])  # 20 samples
+    assert few["p50"] == pytest.approx(10.5) and few["p90"] is not None
+    assert few["p99"] is None and few["too_few"] == {"p99": "20 samples < 100"}
+    assert metrics.latency_stats([0.001] * 5)["p90"] is None
+
+
+def test_rss_growth_slope_is_mb_per_thousand_with_its_interval():
+    rng = np.random.default_rng(1)
+    samples = [(n, 100_000_000 + n * 2_000 + int(rng.integers(0, 50_000))) for n in range(0, 5000, 250)]
+    estimate = metrics.growth_estimate(samples)  # 2 kB per inference, plus noise
+    assert estimate["mb_per_1k"] == pytest.approx(2.0, abs=0.1)
+    low, high = estimate["ci95"]
+    assert low < estimate["mb_per_1k"] < high and high - low < 0.5
+
+
+def test_rss_growth_of_a_short_run_is_not_extrapolated():
+    samples = [(n, 100_000_000 + n * 50_000_000) for n in range(0, 29, 3)]  # 29 inferences, wildly growing
+    estimate = metrics.growth_estimate(samples)
+    assert estimate["mb_per_1k"] is None and estimate["note"].startswith("run too short: 27 inferences")
+    assert metrics.growth_per_thousand(samples) is None
 
 
 def test_energy_from_powercap_counters(tmp_path, monkeypatch):
