@@ -105,6 +105,9 @@ def bench(ctx: click.Context, **options) -> None:  # type: ignore[no-untyped-def
     _write_bench(run, out, db)
     if run["interrupted"]:
         sys.exit(130)
+    if not any(r["status"] == "ok" for r in run["records"]):  # nothing was measured: a failure, not a run
+        console.print(f"[red]no job succeeded[/] ({len(run['records'])} job(s): see the report for why)")
+        sys.exit(1)
 
 
 def _bench_config(options: dict):  # type: ignore[no-untyped-def]

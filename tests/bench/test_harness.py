@@ -293,3 +293,19 @@ def test_a_kiln_job_leaves_the_temporary_directory_as_it_was(tiny_onnx, tmp_path
     (record,) = run_bench(config, tmp_path / "work")["records"]
     assert record["status"] == "ok", record
     assert list(temporary.iterdir()) == []
+
+
+def test_bench_fails_when_no_job_succeeds(tiny_onnx, tmp_path):
+    args = ["bench", "-m", tiny_onnx, "-b", "fake-error,fake-crash", "-d", "0.1", "--out", str(tmp_path)]
+    result = CliRunner().invoke(main, [*args, "--plugin", PLUGIN], catch_exceptions=False)
+    assert result.exit_code == 1 and "no job succeeded" in result.output, result.output
+    assert (tmp_path / "latest" / "results.json").exists()  # the report is still written
+
+
+def test_kilns_compile_time_is_cold_with_its_cached_time_beside_it(tiny_onnx, tmp_path):
+    config = BenchConfig(models=[tiny_onnx], backends=["kiln"], duration=0.2, min_iterations=3)
+    (record,) = run_bench(config, tmp_path)["records"]
+    assert record["status"] == "ok", record
+    assert record["compile_s"] == record["compile_cold_s"] > 0 and record["compile_cached_s"] > 0
+    assert isinstance(record["plan_cache_hit"], bool)
+    assert "cached compile s" in [name for name, _ in report.COLUMNS]
