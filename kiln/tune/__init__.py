@@ -188,17 +188,23 @@ def tune(
     return outcomes
 
 
+MIN_GAIN = 0.03  # a candidate must beat the default by at least this much, and by the noise measured
+
+
 def _search(task: Task, measurer: Any, runs: int, deadline: float) -> Outcome | None:
-    """Measure the default, then the alternatives while time remains. None: no time even for the
-    default (nothing recorded)."""
-    results: list[tuple[float, dict[str, Any]]] = []
+    """Measure the default, then the alternatives while time remains, then the default again. The
+    best alternative is kept only when it beats the default by more than the measured noise (the
+    runs' spread, and how far the default's two measurements disagree: a default slowed by another
+    process once must not make an alternative look 78x faster); otherwise the default stays.
+    None: the default itself could not be measured (nothing recorded)."""
+    results: list[tuple[float, dict[str, Any], float]] = []
     failures: list[str] = []
     reference = None
     for candidate in task.candidates:
         if time.monotonic() >= deadline and results:
             break
         try:
-            seconds, output = measurer.measure(task.spec, candidate, runs)
+            seconds, output, noise = measurer.measure(task.spec, candidate, runs)
         except Exception as err:  # build failure, crash, timeout: logged and skipped
             failures.append(f"{candidate}: {err}")
             if not candidate:
@@ -209,12 +215,25 @@ def _search(task: Task, measurer: Any, runs: int, deadline: float) -> Outcome | 
         elif not _agrees(output, reference):
             failures.append(f"{candidate}: output differs from the default schedule's")
             continue
-        results.append((seconds, candidate))
+        results.append((seconds, candidate, noise))
     if not results:
         return None
-    default_seconds = next(s for s, c in results if not c)
-    seconds, choice = min(results, key=lambda r: r[0])
-    return Outcome(task, choice, seconds, default_seconds, len(results) + len(failures), failures)
+    measured = len(results) + len(failures)
+    first, _, default_noise = next(r for r in results if not r[1])
+    default_seconds, drift = first, 0.0
+    if len(results) > 1:  # the default once more, after the alternatives
+        try:
+            again, _, again_noise = measurer.measure(task.spec, {}, runs)
+            default_seconds = min(first, again)
+            drift = abs(first - again) / default_seconds if default_seconds > 0 else 0.0
+            default_noise = max(default_noise, again_noise)
+        except Exception as err:
+            failures.append(f"the default, measured again: {err}")
+    seconds, choice, noise = min(results, key=lambda r: r[0])
+    margin = max(MIN_GAIN, 2 * (default_noise + noise), drift)
+    if choice and seconds >= default_seconds * (1 - margin):  # not beyond the noise: keep the default
+        seconds, choice = default_seconds, {}
+    return Outcome(task, choice, min(seconds, default_seconds), default_seconds, measured, failures)
 
 
 def _agrees(a: Any, b: Any) -> bool:

@@ -39,8 +39,9 @@ def build_graph(spec: dict[str, Any], seed: int = 0) -> tuple[Any, list[np.ndarr
     return import_onnx(model), feeds
 
 
-def measure_here(spec: dict[str, Any], candidate: dict[str, Any], runs: int) -> tuple[float, np.ndarray]:
-    """(median seconds of one run, the output) for ``candidate`` applied to the kernel."""
+def measure_here(spec: dict[str, Any], candidate: dict[str, Any], runs: int) -> tuple[float, np.ndarray, float]:
+    """(median seconds of one run, the output, the runs' spread: interquartile range / median) for
+    ``candidate`` applied to the kernel."""
     from kiln.driver.options import CompileOptions
     from kiln.driver.pipeline import compile_plan
     from kiln.lower.lowering import kernel_key
@@ -61,7 +62,8 @@ def measure_here(spec: dict[str, Any], candidate: dict[str, Any], runs: int) -> 
         start = time.perf_counter()
         executable.run(feeds)
         times.append(time.perf_counter() - start)
-    return float(np.median(times)), output
+    low, median, high = np.percentile(times, [25, 50, 75])
+    return float(median), output, float((high - low) / median) if median > 0 else 0.0
 
 
 def _serve(connection: Any) -> None:
@@ -107,7 +109,7 @@ class Measurer:
                 self.process.kill()
             self.process = None
 
-    def measure(self, spec: dict[str, Any], candidate: dict[str, Any], runs: int) -> tuple[float, np.ndarray]:
+    def measure(self, spec: dict[str, Any], candidate: dict[str, Any], runs: int) -> tuple[float, np.ndarray, float]:
         if self.process is None or not self.process.is_alive():
             self._start()
         self.connection.send((spec, candidate, runs))
