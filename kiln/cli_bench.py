@@ -37,6 +37,14 @@ from kiln.cli_support import console, out, split_values
     "--min-iterations", type=int, default=5, show_default=True, help="At least this many measured runs per job."
 )
 @click.option("--warmup", type=int, default=2, show_default=True, help="Unmeasured runs before measuring.")
+@click.option(
+    "--soak",
+    type=click.IntRange(0),
+    default=0,
+    show_default=True,
+    metavar="N",
+    help="After the timed run, N more inferences with RSS sampled: the growth estimate of a leak check.",
+)
 @click.option("--inflight", type=int, default=2, show_default=True, help="Requests in flight (offline, server).")
 @click.option(
     "--rate", type=float, default=None, help="Server scenario arrival rate per s [default: 70% of measured capacity]."
@@ -124,6 +132,7 @@ def _bench_config(options: dict):  # type: ignore[no-untyped-def]
         duration=options["duration"],
         min_iterations=options["min_iterations"],
         warmup=options["warmup"],
+        soak=options["soak"],
         inflight=options["inflight"],
         rate=options["rate"],
         seq=options["seq"],

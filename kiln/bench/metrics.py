@@ -33,7 +33,9 @@ def latency_stats(seconds: list[float]) -> dict[str, Any]:
         name: float(np.percentile(values, int(name[1:]))) if values.size >= need else None
         for name, need in PERCENTILE_SAMPLES.items()
     }
-    too_few = {name: f"{values.size} samples < {need}" for name, need in PERCENTILE_SAMPLES.items() if values.size < need}
+    too_few = {
+        name: f"{values.size} samples < {need}" for name, need in PERCENTILE_SAMPLES.items() if values.size < need
+    }
     return {
         "n": int(values.size),
         **percentiles,
@@ -93,7 +95,7 @@ def growth_estimate(samples: list[tuple[int, int]]) -> dict[str, Any]:
             "note": f"run too short: {inferences} inferences, {len(samples)} samples "
             f"(needs {MIN_GROWTH_INFERENCES} and {MIN_GROWTH_SAMPLES}; kiln bench --soak N for a leak check)",
         }
-    (slope, intercept), residuals, *_ = np.polyfit(counts, sizes, 1, full=True)
+    (slope, _), residuals, *_ = np.polyfit(counts, sizes, 1, full=True)
     dof = len(samples) - 2
     variance = float(residuals[0]) / dof if residuals.size and dof > 0 else 0.0
     spread = float(((counts - counts.mean()) ** 2).sum())

@@ -122,7 +122,9 @@ def notes(run: dict[str, Any]) -> list[str]:
         lines.append(f"p99 not reported for {', '.join(short)}: fewer than 100 samples (run longer: --duration)")
     unknown = sorted({r["backend"] for r in run["records"] if r.get("rss_growth_note")})
     if unknown:
-        lines.append(f"RSS growth not estimated for {', '.join(unknown)}: run too short (kiln bench --soak N checks for leaks)")
+        lines.append(
+            f"RSS growth not estimated for {', '.join(unknown)}: run too short (kiln bench --soak N checks for leaks)"
+        )
     energies = {
         r.get("energy", {}).get("unavailable") for r in run["records"] if r.get("energy", {}).get("unavailable")
     }

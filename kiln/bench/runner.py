@@ -33,6 +33,7 @@ class BenchConfig:
     duration: float = 5.0
     min_iterations: int = 10
     warmup: int = 3
+    soak: int = 0  # extra inferences after the timed run, for RSS growth (a leak check); 0: none
     inflight: int = 2
     rate: float | None = None
     seq: int | None = None
@@ -146,6 +147,7 @@ def _run_one(
         "duration": config.duration,
         "min_iterations": config.min_iterations,
         "warmup": config.warmup,
+        "soak": config.soak,
         "inflight": config.inflight,
         "rate": config.rate,
         "reference": reference,

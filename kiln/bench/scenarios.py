@@ -49,6 +49,17 @@ def _growth(samples: list[tuple[int, int]]) -> dict[str, Any]:
     return found
 
 
+def soak(run: Run, feeds: dict[str, np.ndarray], inferences: int, rss_samples: int = 50) -> dict[str, Any]:
+    """``inferences`` runs back to back, RSS sampled evenly: the growth estimate of a leak check."""
+    every = max(1, inferences // rss_samples)
+    samples = [(0, rss_bytes())]
+    for count in range(1, inferences + 1):
+        run(feeds)
+        if count % every == 0:
+            samples.append((count, rss_bytes()))
+    return {**_growth(samples), "soak_inferences": inferences}
+
+
 def single_stream(
     run: Run,
     feeds: dict[str, np.ndarray],

@@ -95,6 +95,8 @@ def run_job(job: dict[str, Any]) -> dict[str, Any]:
     else:
         raise ValueError(f"unknown scenario {scenario!r}")
     record.update(result)
+    if job.get("soak"):  # RSS growth from a long, untimed run (the timed one is often too short)
+        record.update(scenarios.soak(session.run, feeds, int(job["soak"])))
     if job.get("dataset") and model.is_classifier:
         from kiln.bench.dataset import accuracy
 

@@ -10,6 +10,7 @@ import concurrent.futures
 import os
 import threading
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -17,6 +18,24 @@ import numpy as np
 from kiln.errors import InputError, ResourceError
 from kiln.ir.graph import Graph
 from kiln.ir.types import DType, SequenceType, TensorType
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """An input's or output's description, like onnxruntime's ``get_inputs()``."""
+
+    name: str
+    dtype: np.dtype | None  # None for sequences and optionals
+    shape: tuple[int | str, ...] | None  # ints, symbolic dims by name; None when the rank is unknown
+    type: str  # kiln's text form, e.g. f32[batch,3,224,224]
+
+    @staticmethod
+    def of(value: Any) -> TensorInfo:
+        kind = value.type
+        if isinstance(kind, TensorType):
+            shape = tuple(kind.shape) if kind.shape is not None else None
+            return TensorInfo(value.name, np.dtype(kind.dtype.numpy), shape, str(kind))
+        return TensorInfo(value.name, None, None, str(kind))
 
 
 class Model:
@@ -50,14 +69,54 @@ class Model:
 
     # -- public API ----------------------------------------------------------------------------
 
-    def run(self, feeds: Mapping[str, Any]) -> dict[str, Any]:
-        """Run once; returns {output name: array} in the model's output order. Raises InputError
-        for a wrong input, ExecutionError naming the node that failed, ResourceError when memory
-        runs out."""
+    def run(self, feeds: Mapping[str, Any], outputs: Mapping[str, np.ndarray] | None = None) -> dict[str, Any]:
+        """Run once; returns {output name: array} in the model's output order. Inputs may be NumPy
+        arrays, CPU torch tensors or anything exposing DLPack or the array interface (read in
+        place where layout and dtype allow). ``outputs`` maps output names to preallocated arrays
+        the results are written into (and returned). Raises InputError for a wrong input or
+        output array, ExecutionError naming the node that failed, ResourceError when memory runs
+        out."""
         overridden = self._overrides(feeds)
         if overridden:
-            return overridden.run(feeds)
-        return self._outputs(self._execute_guarded(self.validate(feeds)))
+            return overridden.run(feeds, outputs)
+        targets = self._check_outputs(outputs) if outputs else {}
+        results = self._outputs(self._execute_guarded(self.validate(feeds)))
+        for name, array in targets.items():
+            got = np.asarray(results[name])
+            if got.shape != array.shape:
+                raise InputError(
+                    f"output {name!r}: the preallocated array has shape {list(array.shape)}, the result {list(got.shape)}"
+                )
+            np.copyto(array, got)
+            results[name] = array
+        return results
+
+    def _check_outputs(self, outputs: Mapping[str, Any]) -> dict[str, np.ndarray]:
+        if not isinstance(outputs, Mapping):
+            raise InputError(f"outputs= takes a dict of output name -> array, got {type(outputs).__name__}")
+        checked = {}
+        for name, array in outputs.items():
+            if name not in self.output_names:
+                raise InputError(f"unknown output {name!r}; the model's outputs are {self.output_names}")
+            declared = next(v.type for v in self.signature.outputs if v.name == name)
+            if not isinstance(array, np.ndarray) or not array.flags.writeable:
+                raise InputError(
+                    f"output {name!r}: a preallocated output is a writeable NumPy array, got {type(array).__name__}"
+                )
+            if isinstance(declared, TensorType) and np.dtype(array.dtype) != np.dtype(declared.dtype.numpy):
+                raise InputError(f"output {name!r}: expected dtype {declared.dtype.short}, the array is {array.dtype}")
+            checked[name] = array
+        return checked
+
+    @property
+    def inputs(self) -> list[TensorInfo]:
+        """Each input's name, NumPy dtype and shape (symbolic dims by name, None for unknown)."""
+        return [TensorInfo.of(v) for v in self.signature.inputs]
+
+    @property
+    def outputs(self) -> list[TensorInfo]:
+        """Each output's name, NumPy dtype and shape (symbolic dims by name, None for unknown)."""
+        return [TensorInfo.of(v) for v in self.signature.outputs]
 
     def _overrides(self, feeds: Any) -> Model | None:
         """The model that takes the defaults ``feeds`` overrides as inputs (None if it overrides
@@ -159,6 +218,28 @@ class Model:
         return f"<kiln {self.target} model ({inputs}) -> {self.output_names}>"
 
 
+def foreign_array(name: str, data: Any) -> Any:
+    """A torch tensor, a DLPack producer or an array-interface object as a NumPy array, in place
+    where the layout and dtype allow (DLPack: no copy); other objects are returned as they are."""
+    if hasattr(data, "__dlpack__"):
+        source = data.detach() if hasattr(data, "detach") else data  # a tensor that requires grad
+        try:
+            return np.from_dlpack(source)
+        except (TypeError, BufferError, RuntimeError, ValueError) as err:
+            device = getattr(source, "device", None)
+            if device is not None and str(device) != "cpu":
+                raise InputError(
+                    f"input {name!r}: a tensor on {device}; the cpu target reads host memory (move it: .cpu())"
+                ) from None
+            try:  # a dtype DLPack cannot carry to NumPy (bfloat16...): the array protocol, a copy
+                return np.asarray(source)
+            except Exception:
+                raise InputError(f"input {name!r}: cannot read a {type(data).__name__} as an array ({err})") from None
+    if hasattr(data, "__array_interface__") or hasattr(data, "__array__"):
+        return np.asarray(data)
+    return data
+
+
 def _check_input(name: str, expected: Any, data: Any, bindings: dict[str, int]) -> Any:
     if isinstance(expected, SequenceType):
         if not isinstance(data, (list, tuple)):
@@ -168,6 +249,8 @@ def _check_input(name: str, expected: Any, data: Any, bindings: dict[str, int]) 
         return [_check_input(f"{name}[{i}]", expected.elem, item, {}) for i, item in enumerate(data)]
     if not isinstance(expected, TensorType):
         return data
+    if not isinstance(data, np.ndarray):
+        data = foreign_array(name, data)
     if not isinstance(data, np.ndarray):
         if isinstance(data, (int, float, bool, list, tuple, np.generic)):
             try:

@@ -309,3 +309,14 @@ def test_kilns_compile_time_is_cold_with_its_cached_time_beside_it(tiny_onnx, tm
     assert record["compile_s"] == record["compile_cold_s"] > 0 and record["compile_cached_s"] > 0
     assert isinstance(record["plan_cache_hit"], bool)
     assert "cached compile s" in [name for name, _ in report.COLUMNS]
+
+
+def test_soak_estimates_rss_growth_from_a_long_run(tiny_onnx, tmp_path):
+    short = BenchConfig(models=[tiny_onnx], backends=["kiln"], duration=1e-6, min_iterations=3)
+    (record,) = run_bench(short, tmp_path / "short")["records"]
+    assert record["rss_growth_mb_per_1k"] is None and record["rss_growth_note"].startswith("run too short")
+    soaked = BenchConfig(models=[tiny_onnx], backends=["kiln"], duration=0.05, min_iterations=3, soak=2000)
+    (record,) = run_bench(soaked, tmp_path / "soak")["records"]
+    low, high = record["rss_growth_ci95"]
+    assert record["soak_inferences"] == 2000 and low <= record["rss_growth_mb_per_1k"] <= high
+    assert abs(record["rss_growth_mb_per_1k"]) < 1.0  # kiln does not leak
