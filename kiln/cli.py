@@ -13,23 +13,43 @@ from rich.table import Table
 
 from kiln.cli_bench import bench
 from kiln.cli_inspect import check, diff_command, explain
-from kiln.cli_support import console, dim_bindings, import_bound, out
+from kiln.cli_support import configure_logging, console, dim_bindings, import_bound, out
 from kiln.errors import KilnError
+from kiln.version import __version__
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
-@click.version_option(package_name="kiln")
-def main() -> None:
+class _Ordered(click.Group):
+    """Commands in the order a user meets them (compile, run, bench first), not alphabetical."""
+
+    ORDER = ("compile", "run", "bench", "explain", "check", "diff", "targets", "conformance", "zoo", "show")
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        names = super().list_commands(ctx)
+        return sorted(names, key=lambda n: (self.ORDER.index(n) if n in self.ORDER else len(self.ORDER), n))
+
+
+@click.group(cls=_Ordered, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(version=__version__, prog_name="kiln")
+@click.option("-v", "--verbose", count=True, help="Say what kiln is doing (-vv: debugging detail).")
+@click.option("-q", "--quiet", is_flag=True, help="Errors only: no progress notes or warnings.")
+def main(verbose: int, quiet: bool) -> None:
     """kiln: an ML compiler for ONNX and PyTorch models, with a benchmark harness.
+
+    Exit codes: 0 success; 1 a failure (a failed check, a divergence, no bench job succeeded, a
+    regression in bench compare, a run that failed); 2 a usage error or input kiln cannot read.
 
     \b
     Examples:
+      kiln compile model.onnx -o model.kiln --dim batch=1,8   # native code, two sizes ahead
+      kiln run model.kiln                    # run it once on random inputs
+      kiln bench                             # kiln and its peers on the default models
       kiln conformance                       # ONNX backend node suite on the reference target
       kiln conformance --filter 'conv|pool'  # a subset, by regex on the case name
       kiln zoo list                          # built-in models
       kiln zoo check resnet50                # export, import, run, compare with onnxruntime
       kiln show model.onnx                   # print a model as kiln IR
     """
+    configure_logging(verbose, quiet)
 
 
 @main.command()
@@ -148,10 +168,18 @@ def zoo() -> None:
 
 
 @zoo.command("list")
-def zoo_list() -> None:
+@click.option("--json", "as_json", is_flag=True, help="Print the list as JSON.")
+def zoo_list(as_json: bool) -> None:
     """List the built-in models."""
     from kiln import zoo as models
 
+    if as_json:
+        rows = [
+            {"name": name, "description": model.description, "default": name in models.DEFAULT_MODELS}
+            for name, model in models.MODELS.items()
+        ]
+        click.echo(json.dumps(rows, indent=1))
+        return
     table = Table(title="kiln zoo")
     table.add_column("name")
     table.add_column("description")

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
 import click
-from rich.console import Console
 from rich.table import Table
 
+from kiln import cli_support
 from kiln.cli_support import console, out, split_values
 
 
@@ -153,8 +154,7 @@ def _write_bench(run: dict, out: Path, db: Path) -> None:
     if latest.is_symlink() or not latest.exists():
         latest.unlink(missing_ok=True)
         latest.symlink_to(run["run_id"])
-    out_console = Console(width=250)
-    out_console.print(report.terminal_table(run))
+    cli_support.out.print(report.terminal_table(run))
     for line in report.notes(run):
         console.print(f"[yellow]note:[/] {line}", highlight=False)
     try:
@@ -169,9 +169,11 @@ def _write_bench(run: dict, out: Path, db: Path) -> None:
 @bench.command("compare")
 @click.argument("before")
 @click.argument("after")
+@click.option("--json", "as_json", is_flag=True, help="Print the comparison as JSON.")
 @click.pass_context
-def bench_compare(ctx: click.Context, before: str, after: str) -> None:
-    """Changes between two stored runs, flagging those beyond the noise band."""
+def bench_compare(ctx: click.Context, before: str, after: str, as_json: bool) -> None:
+    """Changes between two stored runs, flagging those beyond the noise band. Exits 1 when a
+    metric got worse beyond its band (a regression)."""
     from kiln.bench import store
 
     options = ctx.obj or {}
@@ -179,6 +181,12 @@ def bench_compare(ctx: click.Context, before: str, after: str) -> None:
     if not db.exists():
         raise click.ClickException(f"no results database at {db}")
     rows = store.compare(store.load_records(db, before), store.load_records(db, after))
+    regressions = [row for row in rows if row["verdict"] == "slower"]
+    if as_json:
+        click.echo(json.dumps(rows, indent=1, default=str))
+        if regressions:
+            sys.exit(1)
+        return
     table = Table(title=f"{before} -> {after}")
     for column in (
         "model",
@@ -207,14 +215,18 @@ def bench_compare(ctx: click.Context, before: str, after: str) -> None:
             f"±{row['noise_band']:.0%}",
             f"[{colour}]{row['verdict']}[/]",
         )
-    Console(width=200).print(table)
+    out.print(table)
     if not rows:
         console.print("no comparable records (different models/backends, or failed runs)")
+    if regressions:
+        console.print(f"[red]{len(regressions)} regression(s) beyond the noise band[/]")
+        sys.exit(1)
 
 
 @bench.command("runs")
+@click.option("--json", "as_json", is_flag=True, help="Print the list as JSON.")
 @click.pass_context
-def bench_runs(ctx: click.Context) -> None:
+def bench_runs(ctx: click.Context, as_json: bool) -> None:
     """List the runs stored in the results database."""
     from kiln.bench import store
 
@@ -222,5 +234,9 @@ def bench_runs(ctx: click.Context) -> None:
     db: Path = options.get("db") or (options.get("out") or Path("reports/bench")) / "results.db"
     if not db.exists():
         raise click.ClickException(f"no results database at {db}")
-    for run_id, created, count in store.list_runs(db):
+    runs = store.list_runs(db)
+    if as_json:
+        click.echo(json.dumps([{"run_id": r, "created": c, "records": n} for r, c, n in runs], indent=1))
+        return
+    for run_id, created, count in runs:
         out.print(f"{run_id}  {created}  {count} record(s)")

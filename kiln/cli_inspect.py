@@ -3,6 +3,8 @@ compilation."""
 
 from __future__ import annotations
 
+import json
+
 import click
 from rich.markup import escape
 from rich.table import Table
@@ -50,6 +52,9 @@ from kiln.cli_support import console, import_bound, out, parse_dims
 @click.option(
     "--top", type=click.IntRange(1), default=25, show_default=True, help="Kernels listed by --profile (slowest first)."
 )
+@click.option(
+    "--json", "as_json", is_flag=True, help="Print the stages, ops, refusals, plan and printed stages as JSON."
+)
 def explain(
     model: str,
     level: int,
@@ -61,6 +66,7 @@ def explain(
     runs: int,
     top: int,
     target: str,
+    as_json: bool,
 ) -> None:
     """Show what kiln does to MODEL (an .onnx path or a zoo name), stage by stage of the very
     pipeline a compile runs (import, specialize, fold, decompose, passes, lower, plan-memory,
@@ -93,21 +99,30 @@ def explain(
     clock = [time.perf_counter()]
     seen: dict[str, object] = {"import": graph}
     last = [graph]
+    report: dict = {"model": model, "target": compiled_for.name, "level": level, "dims": binding, "stages": []}
+    printed: dict[str, str] = {}
 
     def observe(stage: str, result: object) -> None:
         now = time.perf_counter()
         elapsed = f"{(now - clock[0]) * 1e3:.0f}"
         clock[0] = now
+        row = {"stage": stage, "ms": float(elapsed)}
         if isinstance(result, Graph):
             if stage == "fuse":
                 seen["before fuse"] = last[0]
             last[0] = result
             table.add_row(stage, str(len(result.nodes)), str(len(result.constants)), elapsed)
+            row.update(nodes=len(result.nodes), constants=len(result.constants))
         else:
             table.add_row(stage, "", "", elapsed)
+        report["stages"].append(row)
         seen[stage] = result
         if stage in wanted or "all" in wanted:
-            _print_stage(stage, result)
+            text = _stage_text(stage, result)
+            printed[stage] = text
+            if not as_json:
+                out.print(f"# after {stage}", markup=False, highlight=False)
+                out.print(text, markup=False, highlight=False)
 
     observe("import", graph)
     plan = None
@@ -120,32 +135,40 @@ def explain(
         from kiln.driver.pipeline import graph_stages
 
         graph_stages(graph, binding, compiled_for, options, observe)
-    out.print(table)
     before = collections.Counter(n.op for n in graph.nodes)
     optimized = seen.get("passes", last[0])
     after_ops = collections.Counter(n.op for n in optimized.nodes)  # type: ignore[attr-defined]
+    report["ops"] = {op: [before.get(op, 0), after_ops.get(op, 0)] for op in sorted(set(before) | set(after_ops))}
+    refusals = _refusals(seen["before fuse"]) if "before fuse" in seen else []
+    report["fusion_refused"] = [{"node": r.node, "would_join": r.candidate, "reason": r.reason} for r in refusals]
+    report["printed"] = printed
+    if plan is not None:
+        report["plan"] = _plan_summary(plan)
+    if as_json:
+        click.echo(json.dumps(report, indent=1, default=str))
+        return
+    out.print(table)
     ops = Table(title="ops imported -> after the passes")
     for column in ("op", "imported", "optimized"):
         ops.add_column(column)
-    for op in sorted(set(before) | set(after_ops)):
-        ops.add_row(escape(op), str(before.get(op, 0)), str(after_ops.get(op, 0)))
+    for op, (imported, kept) in report["ops"].items():
+        ops.add_row(escape(op), str(imported), str(kept))
     out.print(ops)
     if "before fuse" in seen:
-        _explain_refusals(seen["before fuse"])
+        _explain_refusals(refusals)
     if plan is not None:
         _explain_plan(plan)
     if profile:
         _explain_profile(model, seen["specialize"], binding, runs, top, compiled_for, options)
 
 
-def _print_stage(stage: str, result: object) -> None:
+def _stage_text(stage: str, result: object) -> str:
     """What ``--print-after STAGE`` shows of a stage's result."""
     from kiln.ir.graph import Graph
     from kiln.ir.printer import print_graph
     from kiln.lower.kir_printer import print_kernel
     from kiln.lower.memory import MemoryPlan
 
-    out.print(f"# after {stage}", markup=False, highlight=False)
     if isinstance(result, Graph):
         text = print_graph(result)
     elif stage == "lower":
@@ -164,7 +187,7 @@ def _print_stage(stage: str, result: object) -> None:
         text = f"{len(result)} segment runner(s) loaded"  # type: ignore[arg-type]
     else:
         text = str(result) if result else "(nothing: no native segment)"
-    out.print(text, markup=False, highlight=False)
+    return text
 
 
 def _explain_profile(model: str, graph, binding: dict[str, int], runs: int, top: int, target, options) -> None:  # type: ignore[no-untyped-def]
@@ -218,12 +241,47 @@ def _explain_profile(model: str, graph, binding: dict[str, int], runs: int, top:
 MAX_REFUSALS = 40
 
 
-def _explain_refusals(graph) -> None:  # type: ignore[no-untyped-def]
+def _refusals(graph):  # type: ignore[no-untyped-def]
     """Why the fusion pass left nodes apart (fuse records a reason for every refusal)."""
     from kiln.passes.fuse import Refusal, fuse
 
     refusals: list[Refusal] = []
     fuse(graph, refusals)
+    return refusals
+
+
+def _plan_summary(plan) -> dict:  # type: ignore[no-untyped-def]
+    from kiln.runtime.plan import Fallback
+
+    steps = []
+    for step in plan.steps:
+        if isinstance(step, Fallback):
+            steps.append({"fallback": step.node.label, "op": step.node.op, "reason": step.reason})
+            continue
+        for kernel in step.kernels:
+            schedule = kernel.schedule
+            steps.append(
+                {
+                    "kernel": kernel.name,
+                    "segment": step.number,
+                    "kind": kernel.kind,
+                    "computes": kernel.sources,
+                    "parallel": schedule.parallel,
+                    "vectorize": schedule.vectorize,
+                    "tuning": kernel.tuning,
+                }
+            )
+    return {
+        "whole_graph_reason": plan.whole_graph_reason,
+        "steps": steps,
+        "native": plan.is_native,
+        "memory": {"arena_bytes": plan.memory.arena_bytes, "described": plan.memory.describe()},
+        "source": str(plan.library.with_suffix(".c")) if plan.library is not None else None,
+        "library": str(plan.library) if plan.library is not None else None,
+    }
+
+
+def _explain_refusals(refusals) -> None:  # type: ignore[no-untyped-def]
     if not refusals:
         out.print("fusion: nothing refused")
         return
@@ -273,7 +331,8 @@ def _explain_plan(plan) -> None:  # type: ignore[no-untyped-def]
 @click.argument("model")
 @click.option("--dim", "dims", multiple=True, help="Bind a symbolic dim for the fallback check, e.g. --dim batch=8.")
 @click.option("--strict", is_flag=True, help="Also exit 1 when a node would run as a host fallback on the cpu target.")
-def check(model: str, dims: tuple[str, ...], strict: bool) -> None:
+@click.option("--json", "as_json", is_flag=True, help="Print the findings as JSON (same exit codes).")
+def check(model: str, dims: tuple[str, ...], strict: bool, as_json: bool) -> None:
     """Check MODEL (an .onnx path or a zoo name) before compiling: every unsupported construct (op,
     opset, attribute, dtype) with its node's name, all at once; the symbolic dims kiln specializes
     and which node first reads each; nodes whose output shapes depend on data; and the nodes that
@@ -286,18 +345,35 @@ def check(model: str, dims: tuple[str, ...], strict: bool) -> None:
     from kiln.ir.types import TensorType
     from kiln.passes import specialize
 
+    found: dict = {"model": model, "unsupported": [], "dims": {}, "data_dependent": [], "fallbacks": []}
+
+    def say(*args: object, **kwargs: object) -> None:
+        if not as_json:
+            out.print(*args, **kwargs)
+
+    def finish(code: int) -> None:
+        if as_json:
+            found["compiles"] = not found["unsupported"] and "import_error" not in found
+            click.echo(json.dumps(found, indent=1))
+        if code:
+            raise SystemExit(code)
+
     path = str(models.onnx_path(model, progress=console.print)) if model in models.MODELS else model
     try:
         graph = import_onnx(path)
     except UnsupportedModelError as err:
-        out.print(f"[red]{len(err.problems)} unsupported construct(s)[/] in {escape(path)}:")
+        say(f"[red]{len(err.problems)} unsupported construct(s)[/] in {escape(path)}:")
         for problem in err.problems:
-            out.print(f"  - {escape(problem)}", highlight=False)
-        raise SystemExit(1) from None
+            say(f"  - {escape(problem)}", highlight=False)
+        found["unsupported"] = list(err.problems)
+        finish(1)
+        return
     except (InvalidModelError, ModelLoadError) as err:
-        out.print(f"[red]cannot import[/] {escape(str(err))}", highlight=False)
-        raise SystemExit(1) from None
-    out.print(f"{escape(path)}: {len(graph.nodes)} nodes, every op supported")
+        say(f"[red]cannot import[/] {escape(str(err))}", highlight=False)
+        found["import_error"] = str(err)
+        finish(1)
+        return
+    say(f"{escape(path)}: {len(graph.nodes)} nodes, every op supported")
     symbols: dict[str, str] = {}
     for value in graph.inputs:
         if isinstance(value.type, TensorType) and value.type.shape is not None:
@@ -312,7 +388,8 @@ def check(model: str, dims: tuple[str, ...], strict: bool) -> None:
                     if isinstance(dim, str) and dim in symbols:
                         readers.setdefault(dim, node.label)
     for symbol, where in symbols.items():
-        out.print(
+        found["dims"][symbol] = {"where": where, "first_read_by": readers.get(symbol)}
+        say(
             f"dim {symbol!r} ({where}): specialized per binding (each new value compiles once); first read by {escape(readers.get(symbol, 'no node'))}",
             highlight=False,
         )
@@ -324,8 +401,9 @@ def check(model: str, dims: tuple[str, ...], strict: bool) -> None:
                 if fresh:
                     dynamic.append((node.label, fresh))
                     break
+    found["data_dependent"] = [{"node": label, "dims": fresh} for label, fresh in dynamic]
     for label, fresh in dynamic[:20]:
-        out.print(
+        say(
             f"data-dependent shape {fresh} from {escape(label)}: kiln specializes on small integer inputs' values, else runs the graph on the reference",
             highlight=False,
         )
@@ -333,13 +411,15 @@ def check(model: str, dims: tuple[str, ...], strict: bool) -> None:
     binding.update({s: binding.get(s, 1) for s in symbols})
     plan = compile_plan(specialize(graph, binding), build_library=False)
     if plan.whole_graph_reason:
-        out.print(f"[yellow]runs on the reference, not natively:[/] {escape(plan.whole_graph_reason)}", highlight=False)
+        say(f"[yellow]runs on the reference, not natively:[/] {escape(plan.whole_graph_reason)}", highlight=False)
     for fallback in plan.fallbacks:
-        out.print(f"[yellow]host fallback[/] {escape(fallback.node.label)}: {escape(fallback.reason)}", highlight=False)
+        say(f"[yellow]host fallback[/] {escape(fallback.node.label)}: {escape(fallback.reason)}", highlight=False)
     native = not plan.whole_graph_reason and not plan.fallbacks
-    out.print("compiles natively on the cpu target" if native else f"{len(plan.fallbacks)} host fallback(s)")
-    if strict and not native:
-        raise SystemExit(1)
+    say("compiles natively on the cpu target" if native else f"{len(plan.fallbacks)} host fallback(s)")
+    found["fallbacks"] = [{"node": f.node.label, "op": f.node.op, "reason": f.reason} for f in plan.fallbacks]
+    found["whole_graph_reason"] = plan.whole_graph_reason
+    found["native"] = native
+    finish(1 if strict and not native else 0)
 
 
 @click.command("diff")

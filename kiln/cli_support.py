@@ -5,8 +5,31 @@ from __future__ import annotations
 import click
 from rich.console import Console
 
-console = Console(stderr=True)  # progress and notes
-out = Console()  # results
+# Results go to stdout, progress and notes to stderr. In a terminal, tables fit its width; piped to
+# a file or a program they are written at full width (rich's default there would wrap at 80).
+FULL_WIDTH = 10_000
+console = Console(stderr=True)
+out = Console()
+if not out.is_terminal:
+    out = Console(width=FULL_WIDTH)
+if not console.is_terminal:
+    console = Console(stderr=True, width=FULL_WIDTH)
+
+
+def configure_logging(verbose: int, quiet: bool) -> None:
+    """kiln's library logs to the ``kiln`` logger; the command line shows its warnings (``-q``:
+    errors only and no progress notes; ``-v``: what kiln is doing; ``-vv``: debugging detail)."""
+    import logging
+
+    level = logging.ERROR if quiet else {0: logging.WARNING, 1: logging.INFO}.get(verbose, logging.DEBUG)
+    logger = logging.getLogger("kiln")
+    logger.setLevel(level)
+    if not any(getattr(h, "kiln_cli", False) for h in logger.handlers):
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("kiln: %(levelname)s: %(message)s"))
+        handler.kiln_cli = True  # type: ignore[attr-defined]
+        logger.addHandler(handler)
+    console.quiet = quiet
 
 
 def split_values(values: tuple[str, ...]) -> list[str]:

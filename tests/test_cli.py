@@ -269,3 +269,54 @@ def test_targets_lists_every_registered_target_and_whether_it_runs_here():
     assert rows["cpu"]["runs_here"] and set(rows["cpu"]["engines"]) == {"attention", "gemm", "winograd"}
     assert rows["kir:loops"]["engines"] == [] and rows["reference"]["compiles"] is False
     assert any(not row["runs_here"] and "cannot run on this machine" in row["reason"] for row in rows.values())
+
+
+def test_python_dash_m_kiln_is_the_command_and_help_starts_with_compile_run_bench():
+    import subprocess
+    import sys
+
+    result = subprocess.run([sys.executable, "-m", "kiln", "--help"], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    listed = result.stdout.split("Commands:")[1].splitlines()
+    commands = [line.split()[0] for line in listed if line.startswith("  ") and not line.startswith("   ")]
+    assert commands[:3] == ["compile", "run", "bench"] and "zoo" in commands
+    version = subprocess.run([sys.executable, "-m", "kiln", "--version"], capture_output=True, text=True, timeout=120)
+    assert version.returncode == 0 and "0.1.0" in version.stdout
+
+
+def test_listing_commands_speak_json(tmp_path):
+    import json
+
+    zoo_rows = json.loads(invoke("zoo", "list", "--json").output)
+    assert {"name": "resnet50", "default": True}.items() <= zoo_rows[0].items()
+    onnx.save(
+        make_model([helper.make_node("Relu", ["x"], ["y"])], [("x", FLOAT, ["n", 4])], [("y", FLOAT, None)]),
+        tmp_path / "m.onnx",
+    )
+    found = json.loads(invoke("check", str(tmp_path / "m.onnx"), "--json").output)
+    assert found["native"] and found["dims"]["n"]["first_read_by"] and found["unsupported"] == []
+    explained = json.loads(invoke("explain", str(tmp_path / "m.onnx"), "--json").output)
+    assert [s["stage"] for s in explained["stages"]][:3] == ["import", "specialize", "fold"]
+    assert explained["plan"]["native"] and explained["ops"]["Relu"] == [1, 1]
+
+
+def test_quiet_and_verbose_set_what_kiln_logs():
+    import logging
+
+    invoke("-q", "targets", "--json")
+    assert logging.getLogger("kiln").level == logging.ERROR
+    invoke("-v", "targets", "--json")
+    assert logging.getLogger("kiln").level == logging.INFO
+    invoke("targets", "--json")
+    assert logging.getLogger("kiln").level == logging.WARNING
+
+
+def test_piped_tables_are_not_wrapped_at_80_columns():
+    import subprocess
+    import sys
+
+    result = subprocess.run([sys.executable, "-m", "kiln", "targets"], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0
+    assert any(len(line) > 100 for line in result.stdout.splitlines()) or all(
+        "cannot run on this machine (its CPU offers" in line for line in result.stdout.splitlines() if "no:" in line
+    )

@@ -21,7 +21,7 @@ FLAGS_OF_INTEREST = (
     "sve",
 )
 PACKAGES = (
-    "kiln",
+    "kiln-compiler",
     "numpy",
     "onnx",
     "onnxruntime",

@@ -212,6 +212,10 @@ def test_cli_end_to_end_writes_reports(tiny_onnx, tmp_path):
     assert data["run_id"] in listing.output
     compare = runner.invoke(main, ["bench", "--out", str(tmp_path), "compare", data["run_id"], data["run_id"]])
     assert compare.exit_code == 0 and "within noise" in compare.output
+    runs = json.loads(runner.invoke(main, ["bench", "--out", str(tmp_path), "runs", "--json"]).output)
+    assert data["run_id"] in [r["run_id"] for r in runs]
+    rows = runner.invoke(main, ["bench", "--out", str(tmp_path), "compare", data["run_id"], data["run_id"], "--json"])
+    assert rows.exit_code == 0 and all(r["verdict"] == "within noise" for r in json.loads(rows.output))
 
 
 def test_report_renders_in_a_browser(run, tmp_path):
