@@ -417,7 +417,14 @@ def targets_command(as_json: bool) -> None:
 @click.option(
     "--target", default="cpu", show_default=True, help="Target when ARTIFACT is an .onnx file (see `kiln targets`)."
 )
-def run_command(artifact: str, inputs: tuple[str, ...], output: Path | None, target: str) -> None:
+@click.option(
+    "--threads",
+    type=click.IntRange(0),
+    default=0,
+    show_default=True,
+    help="Threads in each parallel loop (0: every CPU this process may use).",
+)
+def run_command(artifact: str, inputs: tuple[str, ...], output: Path | None, target: str, threads: int) -> None:
     """Run a .kiln artifact (or an .onnx model) once and summarize its outputs."""
     import time
 
@@ -426,7 +433,10 @@ def run_command(artifact: str, inputs: tuple[str, ...], output: Path | None, tar
     import kiln
     from kiln.ir.types import TensorType, random_tensor
 
-    model = kiln.load(artifact) if artifact.endswith(".kiln") else kiln.compile(artifact, target=target)
+    if artifact.endswith(".kiln"):
+        model = kiln.load(artifact, threads=threads)
+    else:
+        model = kiln.compile(artifact, target=target, threads=threads)
     feeds: dict[str, np.ndarray] = {}
     for item in inputs:
         name, _, file = item.partition("=")

@@ -73,12 +73,27 @@ def test_compile_then_run(tmp_path):
     model = make_model([helper.make_node("Relu", ["x"], ["y"])], [("x", FLOAT, ["n", 4])], [("y", FLOAT, None)])
     onnx.save(model, tmp_path / "m.onnx")
     artifact = tmp_path / "m.kiln"
-    result = invoke("compile", str(tmp_path / "m.onnx"), "-o", str(artifact), "--dim", "n=2")
+    result = invoke("compile", str(tmp_path / "m.onnx"), "-o", str(artifact), "--dim", "n=2,3")
     assert result.exit_code == 0, result.output
     assert "0 host fallback(s)" in result.output and artifact.exists()
+    assert "compiled ahead for 2 bindings: {'n': 2}; {'n': 3}" in result.output
+    import json
+    import zipfile
+
+    with zipfile.ZipFile(artifact) as archive:
+        assert json.loads(archive.read("meta.json"))["variants"] == [{"n": 2}, {"n": 3}]
     x = np.array([[-1, 2, -3, 4], [5, -6, 7, -8]], np.float32)
     np.save(tmp_path / "x.npy", x)
-    result = invoke("run", str(artifact), "--input", f"x={tmp_path / 'x.npy'}", "--output", str(tmp_path / "out.npz"))
+    result = invoke(
+        "run",
+        str(artifact),
+        "--input",
+        f"x={tmp_path / 'x.npy'}",
+        "--output",
+        str(tmp_path / "out.npz"),
+        "--threads",
+        "1",
+    )
     assert result.exit_code == 0, result.output
     np.testing.assert_array_equal(np.load(tmp_path / "out.npz")["y"], np.maximum(x, 0))
 
