@@ -287,7 +287,10 @@ def fuse(graph: Graph, refusals: list[Refusal] | None = None) -> Graph:
             if refusals is not None:
                 refusals.append(Refusal(anchor.label, sink.label, reason))
         if len(members) > 1:
-            groups.append(sorted(members.values(), key=lambda n: order[id(n)]))
+            # the anchor first (an epilogue group's body starts with its product), then the rest
+            # in graph order: elementwise work on other inputs (the SiLU of a gated MLP's other
+            # product) may precede the anchor in the graph, and depends on none of the group
+            groups.append(sorted(members.values(), key=lambda n: (not _anchor(n), order[id(n)])))
             grouped.update(members)
     if not groups:
         return graph

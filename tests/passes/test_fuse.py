@@ -263,3 +263,44 @@ def test_attention_view_merges_batch_dims_and_refuses_what_it_cannot_stride():
     assert attention_view((2, 5, 3, 4), (0, 2, 1, 3), inverse=True) == (2, 60, 3, 4, 12, 1)
     # three batch dims that do not merge: [A, B, C, L, D] stored as [C, A, L, B, D]
     assert attention_view((4, 2, 6, 3, 5), (1, 3, 0, 2, 4), inverse=False) is None
+
+
+def gated_mlp():
+    """Llama's MLP, w2(silu(x w1) * (x w3)): the SiLU runs on the *other* product's output."""
+    text = """
+graph g(%x: f32[1,5,8]) -> (%y) {
+  const %w1: f32[8,12]
+  const %w3: f32[8,12]
+  const %w2: f32[12,8]
+  %a: f32[1,5,12] = MatMul(%x, %w1)
+  %s: f32[1,5,12] = Sigmoid(%a)
+  %silu: f32[1,5,12] = Mul(%a, %s)
+  %b: f32[1,5,12] = MatMul(%x, %w3)
+  %g: f32[1,5,12] = Mul(%silu, %b)
+  %y: f32[1,5,8] = MatMul(%g, %w2)
+}"""
+    shapes = {"w1": (8, 12), "w3": (8, 12), "w2": (12, 8)}
+    return parse_graph(text, {k: RNG.standard_normal(s).astype(np.float32) for k, s in shapes.items()})
+
+
+def test_a_gated_mlps_silu_joins_the_second_products_epilogue_anchor_first():
+    before = gated_mlp()
+    after = fuse(before)
+    verify(after)
+    assert [n.op for n in after.nodes] == ["MatMul", "Fused", "MatMul"]
+    fused = after.nodes[1]
+    # once, the group was ordered by the graph (Sigmoid first), called "pointwise", and ran on NumPy
+    assert fused.attrs["kind"] == "epilogue"
+    assert [n.op for n in fused.attrs["body"].nodes] == ["MatMul", "Sigmoid", "Mul", "Mul"]
+    x = RNG.standard_normal((1, 5, 8)).astype(np.float32)
+    np.testing.assert_allclose(Interpreter(after).run([x])[0], Interpreter(before).run([x])[0], rtol=1e-6)
+
+
+def test_a_gated_mlp_compiles_with_no_host_fallback(target):
+    graph = gated_mlp()
+    compiled = kiln.compile(graph, target=target)
+    x = RNG.standard_normal((1, 5, 8)).astype(np.float32)
+    np.testing.assert_allclose(compiled(x), kiln.compile(graph, target="reference")(x), rtol=1e-4, atol=1e-5)
+    assert compiled.is_native, [(f.node.label, f.reason) for p in compiled.plans for f in p.fallbacks]
+    kinds = [k.kind for p in compiled.plans for s in p.steps for k in getattr(s, "kernels", [])]
+    assert "matmul+epilogue" in kinds or target == "kir:loops"
