@@ -61,6 +61,11 @@ def main() -> int:
         + " "
         + " ".join(f"{'kiln/' + p:>16}" for p in peers)
     )
+    from kiln.backends.cpu import host
+
+    isa = run["machine"].get("flags") or []
+    print(f"# {run['machine'].get('cpu', '?')}; kiln's cpu target: {host().isa}; flags: {', '.join(isa)}")
+    print(f"# {config.threads} threads, median ms of single-stream latency, kiln/peer below 1: kiln faster")
     print(header)
     for model in config.models:
         for batch in config.batches:

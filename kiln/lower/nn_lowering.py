@@ -8,15 +8,17 @@ accurate than a naive float32 loop, and the compiled code must stay within 1e-4 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import numpy as np
 
-from kiln.ir.graph import Node
+from kiln.ir.graph import Node, Value
 from kiln.ir.types import DType
 from kiln.lower.engine import Epilogue
 from kiln.lower.kir import (
     Assign,
     Binary,
+    Buffer,
     Cast,
     Const,
     Expr,
@@ -190,28 +192,63 @@ def lower_softmax(lw: Lowerer, node: Node) -> list[Kernel]:
 
 def lower_layer_norm(lw: Lowerer, node: Node) -> list[Kernel]:
     dtype = require_float(lw, node)
-    source, scale, bias, out = (
-        node.inputs[0],
-        node.inputs[1],
-        node.inputs[2] if len(node.inputs) > 2 else None,
-        node.outputs[0],
-    )
-    stats = [lw.buffer(v) for v in node.outputs[1:]]  # Mean, InvStdDev (stash type)
+    source, scale = node.inputs[0], node.inputs[1]
+    bias = node.inputs[2] if len(node.inputs) > 2 else None
     assert source is not None and scale is not None
     shape = lw.shape(source)
     axis = node.attrs.get("axis", -1) % len(shape)
-    inner_shape = shape[axis:]
-    inner = int(np.prod(inner_shape))
+    inner = int(np.prod(shape[axis:]))
     outer = int(np.prod(shape[:axis]))
-    epsilon = float(node.attrs.get("epsilon", 1e-5))
-    src, dst, scale_buf = lw.buffer(source), lw.buffer(out), lw.buffer(scale)
-    bias_buf = lw.buffer(bias) if bias is not None else None
     for value in (scale, bias):
         if value is not None and lw.buffer(value).size not in (1, inner):
             raise CannotLower("LayerNormalization scale/bias broadcast other than over the normalized dims")
 
-    def param(buffer, k: Index) -> Expr:  # type: ignore[no-untyped-def]
-        return Load(buffer, i64(0) if buffer.size == 1 else k)
+    def param(value: Value | None) -> Callable[[Expr, Index], Expr] | None:  # per element of the row
+        if value is None:
+            return None
+        buffer = lw.buffer(value)
+        return lambda row, k: Load(buffer, i64(0) if buffer.size == 1 else k)
+
+    return _normalize_rows(lw, node, outer, inner, dtype, param(scale), param(bias), stats=list(node.outputs[1:]))
+
+
+def lower_instance_norm(lw: Lowerer, node: Node) -> list[Kernel]:
+    """InstanceNormalization: each (image, channel) plane normalized over its spatial dims, then
+    that channel's scale and bias."""
+    dtype = require_float(lw, node)
+    source, scale, bias = node.inputs[0], node.inputs[1], node.inputs[2]
+    assert source is not None and scale is not None and bias is not None
+    shape = lw.shape(source)
+    if len(shape) < 3:
+        raise CannotLower("InstanceNormalization needs [N, C, spatial...]")
+    channels = shape[1]
+    scale_buf, bias_buf = lw.buffer(scale), lw.buffer(bias)
+
+    def per_channel(buffer: Buffer) -> Callable[[Expr, Index], Expr]:
+        return lambda row, k: Load(buffer, Binary("%", row, i64(channels)))
+
+    inner = int(np.prod(shape[2:]))
+    return _normalize_rows(lw, node, shape[0] * channels, inner, dtype, per_channel(scale_buf), per_channel(bias_buf))
+
+
+def _normalize_rows(
+    lw: Lowerer,
+    node: Node,
+    outer: int,
+    inner: int,
+    dtype: DType,
+    scale: Callable[[Expr, Index], Expr] | None,
+    bias: Callable[[Expr, Index], Expr] | None,
+    stats: list[Value] | None = None,
+) -> list[Kernel]:
+    """``outer`` rows of ``inner`` elements of the node's first input, each normalized to mean 0
+    and variance 1 (statistics in double, the rows in parallel), times ``scale(row, k)`` plus
+    ``bias(row, k)``; ``stats``: outputs for each row's mean and inverse standard deviation."""
+    source, out = node.inputs[0], node.outputs[0]
+    assert source is not None
+    epsilon = float(node.attrs.get("epsilon", 1e-5))
+    src, dst = lw.buffer(source), lw.buffer(out)
+    stat_buffers = [lw.buffer(v) for v in (stats or [])]
 
     def body(indices: list[Index]) -> list[Stmt]:
         row = Binary("*", indices[0], i64(inner))
@@ -219,9 +256,11 @@ def lower_layer_norm(lw: Lowerer, node: Node) -> list[Kernel]:
         at = add(row, k)
         mean, var, inv = lw.scalar(F64, "mean"), lw.scalar(F64, "var"), lw.scalar(F64, "inv")
         centered = Binary("-", Cast(F64, Load(src, at)), mean)
-        normalized: Expr = Binary("*", Binary("*", centered, inv), Cast(F64, param(scale_buf, k)))
-        if bias_buf is not None:
-            normalized = Binary("+", normalized, Cast(F64, param(bias_buf, k)))
+        normalized: Expr = Binary("*", centered, inv)
+        if scale is not None:
+            normalized = Binary("*", normalized, Cast(F64, scale(indices[0], k)))
+        if bias is not None:
+            normalized = Binary("+", normalized, Cast(F64, bias(indices[0], k)))
         return [
             Let(mean, Const(0.0, F64)),
             For(k, inner, [Assign(mean, Binary("+", mean, Cast(F64, Load(src, at))))]),
@@ -237,12 +276,12 @@ def lower_layer_norm(lw: Lowerer, node: Node) -> list[Kernel]:
                 ),
             ),
             For(k, inner, [Store(dst, at, Cast(dtype, normalized))]),
-            *[Store(buffer, indices[0], Cast(buffer.dtype, stat)) for buffer, stat in zip(stats, (mean, inv))],
+            *[Store(buffer, indices[0], Cast(buffer.dtype, stat)) for buffer, stat in zip(stat_buffers, (mean, inv))],
         ]
 
     stmts, indices = nest(lw, (outer,), body)
     parallel = indices[0].name if outer > 1 and outer * inner >= PARALLEL_MIN else None
-    return [lw.kernel(node, "normalize", stmts, [source, scale, bias], list(node.outputs), Schedule(parallel=parallel))]
+    return [lw.kernel(node, "normalize", stmts, list(node.inputs), list(node.outputs), Schedule(parallel=parallel))]
 
 
 # -- matrix products -----------------------------------------------------------------------------------
@@ -325,6 +364,7 @@ LOWERINGS = {
     "Softmax": lower_softmax,
     "LogSoftmax": lower_softmax,
     "LayerNormalization": lower_layer_norm,
+    "InstanceNormalization": lower_instance_norm,
     "MatMul": lower_matmul,
 }
 

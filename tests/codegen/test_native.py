@@ -125,6 +125,11 @@ CASES = {
     "pad": (case("Pad", [(2, 3)], inits={"p": np.array([1, 0, 0, 2]), "v": np.array(7.0, np.float32)}), [data((2, 3))]),
     "cast_bool_to_float": (case("Cast", [(4,)], {"to": 1}, dtype=B), [np.array([True, False, True, True])]),
     "reshape_to_output": (case("Flatten", [(2, 3, 4)], {"axis": 1}), [data((2, 3, 4))]),
+    "instance_norm": (
+        case("InstanceNormalization", [(2, 3, 5, 4)], {"epsilon": 1e-3}, inits={"s": data((3,)), "b": data((3,))}),
+        [data((2, 3, 5, 4))],
+    ),
+    "layer_norm_no_bias": (case("LayerNormalization", [(3, 8)], {"axis": -1}, inits={"s": data((8,))}), [data((3, 8))]),
 }
 
 
