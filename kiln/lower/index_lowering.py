@@ -230,4 +230,37 @@ def lower_scatter_elements(lw: Lowerer, node: Node) -> list[Kernel]:
     return [lw.kernel(node, "copy", copy + scatter, [data, indices, updates], [out], Schedule())]
 
 
-LOWERINGS.update({"Hardmax": lower_hardmax, "ScatterElements": lower_scatter_elements})
+def lower_gather_nd(lw: Lowerer, node: Node) -> list[Kernel]:
+    """GatherND: out[p, s] = data[p[:b], indices[p, 0..k-1], s] for the output's index positions p
+    (the first b of them batch dims shared with data) and slice positions s; every index checked
+    (negative counts from the end, out of range stops the run with the node named)."""
+    data, indices, out = node.inputs[0], node.inputs[1], node.outputs[0]
+    assert data is not None and indices is not None
+    shape, index_shape, out_shape = lw.shape(data), lw.shape(indices), lw.shape(out)
+    batch = int(node.attrs.get("batch_dims", 0))
+    depth = index_shape[-1]
+    if not index_shape or batch + depth > len(shape):
+        raise CannotLower("GatherND indices deeper than the data")
+    src, idx, dst = lw.buffer(data), lw.buffer(indices), lw.buffer(out)
+    code = lw.kernel_count + 1
+    data_strides, index_strides, out_strides = strides(shape), strides(index_shape), strides(out_shape)
+    positions = len(index_shape) - 1  # output dims that walk the indices tensor
+
+    def body(loop: list[Index]) -> list[Stmt]:
+        at = affine(list(zip(loop[:positions], index_strides[:positions])))  # type: ignore[arg-type]
+        stmts: list[Stmt] = []
+        read: list[tuple[Expr, int]] = [(loop[a], data_strides[a]) for a in range(batch)]
+        for j in range(depth):
+            checks, picked = _checked_index(lw, Load(idx, add(at, i64(j))), shape[batch + j], code)
+            stmts.extend(checks)
+            read.append((picked, data_strides[batch + j]))
+        read.extend((loop[positions + a], data_strides[batch + depth + a]) for a in range(len(shape) - batch - depth))
+        return [*stmts, Store(dst, affine(list(zip(loop, out_strides))), Load(src, affine(read)))]  # type: ignore[arg-type]
+
+    if 0 in out_shape:
+        return []
+    stmts, loop = nest(lw, out_shape, body)
+    return [lw.kernel(node, "copy", stmts, [data, indices], [out], default_schedule(lw.target, out_shape, loop))]
+
+
+LOWERINGS.update({"Hardmax": lower_hardmax, "ScatterElements": lower_scatter_elements, "GatherND": lower_gather_nd})

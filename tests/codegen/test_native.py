@@ -125,6 +125,14 @@ CASES = {
     "pad": (case("Pad", [(2, 3)], inits={"p": np.array([1, 0, 0, 2]), "v": np.array(7.0, np.float32)}), [data((2, 3))]),
     "cast_bool_to_float": (case("Cast", [(4,)], {"to": 1}, dtype=B), [np.array([True, False, True, True])]),
     "reshape_to_output": (case("Flatten", [(2, 3, 4)], {"axis": 1}), [data((2, 3, 4))]),
+    "gather_nd": (
+        case("GatherND", [(4, 5, 3), (2, 2)], dtype=[F, I64]),
+        [data((4, 5, 3)), np.array([[3, -1], [0, 2]], np.int64)],
+    ),
+    "gather_nd_batch_dims": (
+        case("GatherND", [(2, 4, 3), (2, 1, 1)], {"batch_dims": 1}, dtype=[F, I64]),
+        [data((2, 4, 3)), np.array([[[1]], [[3]]], np.int64)],
+    ),
     "instance_norm": (
         case("InstanceNormalization", [(2, 3, 5, 4)], {"epsilon": 1e-3}, inits={"s": data((3,)), "b": data((3,))}),
         [data((2, 3, 5, 4))],
@@ -182,6 +190,20 @@ def test_out_of_range_gather_is_an_error_not_a_wild_read():
     message = r"'lookup' \(Gather\) \(opset 17\) with inputs %t: f32\[3,2\], %i: i64\[2\]: an index input is out of range.*stage: run"
     with pytest.raises(ExecutionError, match=message):
         compiled(np.array([0, 3]))
+
+
+def test_out_of_range_gather_nd_is_an_error_not_a_wild_read(target):
+    model = make_model(
+        [helper.make_node("GatherND", ["t", "i"], ["y"], name="nd")],
+        [("i", I64, [2, 2])],
+        [("y", F, None)],
+        {"t": data((3, 4, 2))},
+    )
+    compiled = kiln.compile(model, target=target)
+    good = np.array([[2, -4], [0, 3]])
+    np.testing.assert_array_equal(compiled(good), kiln.compile(model, target="reference")(good))
+    with pytest.raises(ExecutionError, match=r"'nd' \(GatherND\).*an index input is out of range"):
+        compiled(np.array([[0, 0], [0, 4]]))
 
 
 def test_concurrent_requests_have_their_own_arenas():
