@@ -51,7 +51,8 @@ def lower_attention(lw: Lowerer, node: Node) -> list[Kernel]:
     bindings = dict(zip(body.inputs, node.inputs))
     # [Transpose of Q / K^T / V ...] MatMul, chain..., Softmax, MatMul [Transpose of the output]
     nodes = list(body.nodes)
-    softmax = next(i for i, n in enumerate(nodes) if n.op == "Softmax")
+    softmax = next(i for i, n in enumerate(nodes) if n.op in ("Softmax", "SafeSoftmax"))
+    safe = nodes[softmax].op == "SafeSoftmax"  # a fully masked row: zeros, not NaN
     lead = next(i for i, n in enumerate(nodes) if n.op != "Transpose")
     first, chain, second, tail = nodes[lead], nodes[lead + 1 : softmax], nodes[softmax + 1], nodes[softmax + 2 :]
     # operands a Transpose rearranges are read in place through strides: each logical operand's
@@ -80,7 +81,7 @@ def lower_attention(lw: Lowerer, node: Node) -> list[Kernel]:
     q_buf, kt_buf, v_buf, dst = lw.buffer(q), lw.buffer(kt), lw.buffer(v), lw.buffer(out)
     if all(b.dtype is F32 for b in (q_buf, kt_buf, v_buf, dst)) and all(view is not None for view in views):
         sizes, buffers = (queries, keys, depth, width), (q_buf, kt_buf, v_buf, dst)
-        return [_attention_driver(lw, node, compose if chain else None, batch_shape, sizes, buffers, views)]
+        return [_attention_driver(lw, node, compose if chain else None, batch_shape, sizes, buffers, views, safe)]
     if folded or tail:  # the fusion pass folds Transposes only where the driver's strides can express them
         raise CannotLower("attention with folded Transposes needs the float32 driver")
     row = lw.scratch_buffer(F32, batch * keys, hint="scores")
@@ -127,7 +128,10 @@ def lower_attention(lw: Lowerer, node: Node) -> list[Kernel]:
             j,
             keys,
             [
-                Let(p, Binary("*", Load(row, at), inverse)),
+                # NaN-safe: a fully masked row's total is NaN, and its probabilities become zeros
+                Let(p, Select(Binary("!=", total, total), Const(0.0, F32), Binary("*", Load(row, at), inverse)))
+                if safe
+                else Let(p, Binary("*", Load(row, at), inverse)),
                 For(dv, width, [Store(dst, out_at, Binary("+", Load(dst, out_at), Binary("*", p, Load(v_buf, v_at))))]),
             ],
         ),
@@ -147,7 +151,7 @@ def lower_attention(lw: Lowerer, node: Node) -> list[Kernel]:
     return [kernel]
 
 
-def _attention_driver(lw: Lowerer, node: Node, compose, batch_shape, sizes, buffers, views) -> Kernel:  # type: ignore[no-untyped-def]
+def _attention_driver(lw: Lowerer, node: Node, compose, batch_shape, sizes, buffers, views, safe) -> Kernel:  # type: ignore[no-untyped-def]
     """float32 attention through ``kiln_attention`` (kiln/backends/cpu/attention.c): per (batch, head)
     slice two engine products and a row softmax over a per-thread scores block in the arena; the
     scale/mask chain is an epilogue helper reading that block through the descriptor. ``views``:
@@ -185,7 +189,7 @@ def _attention_driver(lw: Lowerer, node: Node, compose, batch_shape, sizes, buff
     for buffer, (outer, outer_stride, inner, inner_stride, row_stride, col_stride) in zip(buffers, views):
         assert outer * inner == batch, (views, batch)
         operands.append(AttentionOperand(buffer, inner, outer_stride, inner_stride, row_stride, col_stride))
-    call = AttentionSpec(batch, queries, keys, depth, width, *operands, scores, threads, helper)
+    call = AttentionSpec(batch, queries, keys, depth, width, *operands, scores, threads, helper, safe)
     return Kernel(
         name,
         "attention",

@@ -422,6 +422,7 @@ class AttentionSpec:
     scores: Buffer
     threads: int
     epilogue: Function | None = None
+    safe: bool = False  # a row whose softmax is NaN (all scores -inf: fully masked) gives zeros
 
 
 EngineCall = GemmSpec | WinogradInput | WinogradOutput | AttentionSpec

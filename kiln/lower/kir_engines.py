@@ -190,7 +190,10 @@ def _attention(machine: Any, call: AttentionSpec) -> None:
             names = [p.name for p in call.epilogue.params]
             machine.run(call.epilogue.body, dict(zip(names, (s, 0, call.queries, 0, call.keys))))
         scores = block.astype(np.float64)
-        weights = np.exp(scores - scores.max(axis=1, keepdims=True))
-        weights /= weights.sum(axis=1, keepdims=True)
+        with np.errstate(invalid="ignore"):
+            weights = np.exp(scores - scores.max(axis=1, keepdims=True))
+            weights /= weights.sum(axis=1, keepdims=True)
+        if call.safe:  # a fully masked row (all -inf): zeros
+            weights[np.isnan(weights).any(axis=1)] = 0.0
         out = _slice(machine, call.out, s, call.queries, call.width, "attention output")
         out[...] = (weights @ v).astype(np.float32)

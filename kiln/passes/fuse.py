@@ -90,6 +90,11 @@ MAX_GROUP = 48  # elementwise ops in one group: GCC's time on one loop body grow
 MAX_ATTENTION_KEYS = 16384  # scores per query row held in the scratch row
 
 
+def _softmax(node: Node) -> bool:
+    """Softmax, or kiln's NaN-safe Softmax (a fully masked row gives zeros: the exporters' guard)."""
+    return (node.op == "Softmax" and not node.domain) or (node.op == "SafeSoftmax" and node.domain == "kiln")
+
+
 def attention_group(
     start: Node,
     consumer_of: dict[Value, Node],
@@ -107,7 +112,7 @@ def attention_group(
         consumer = consumer_of.get(link)
         if consumer is None or readers.get(link, 0) != 1 or link in outputs:
             return None, f"%{link.name} is read elsewhere or is a graph output"
-        if consumer.op == "Softmax" and not consumer.domain:
+        if _softmax(consumer):
             break
         reason = can_fuse(group[-1], consumer, readers, outputs)
         if reason is not None:
@@ -325,6 +330,7 @@ def _fused_node(group: list[Node], kind: str | None = None) -> Node:
                 [inner_out],
                 dict(node.attrs),
                 name=node.name,
+                domain=node.domain,
             )
         )
     body = Graph(list(formal.values()), [inner_values[group[-1].outputs[0]]], body_nodes, name="fused")

@@ -304,3 +304,41 @@ def test_a_gated_mlp_compiles_with_no_host_fallback(target):
     assert compiled.is_native, [(f.node.label, f.reason) for p in compiled.plans for f in p.fallbacks]
     kinds = [k.kind for p in compiled.plans for s in p.steps for k in getattr(s, "kernels", [])]
     assert "matmul+epilogue" in kinds or target == "kir:loops"
+
+
+def test_attention_behind_the_exporters_nan_guard_is_one_kernel_and_a_fully_masked_row_is_zeros(target):
+    """The dynamo exporter writes softmax as Where(IsNaN(Softmax(s)), 0, Softmax(s)) (simplify makes
+    it kiln::SafeSoftmax): attention must still fuse, and keep the guard's meaning."""
+    from kiln.passes import optimize
+
+    text = """
+graph g(%q: f32[2,2,5,8], %kt: f32[2,2,8,5], %v: f32[2,2,5,8], %mask: f32[1,1,5,5]) -> (%o) {
+  const %scale: f32[] = [0.35]
+  const %zero: f32[] = [0.0]
+  %s: f32[2,2,5,5] = MatMul(%q, %kt)
+  %ss: f32[2,2,5,5] = Mul(%s, %scale)
+  %sm: f32[2,2,5,5] = Add(%ss, %mask)
+  %p: f32[2,2,5,5] = Softmax(%sm) {axis=-1}
+  %nan: bool[2,2,5,5] = IsNaN(%p)
+  %pg: f32[2,2,5,5] = Where(%nan, %zero, %p)
+  %o: f32[2,2,5,8] = MatMul(%pg, %v)
+}"""
+    graph = parse_graph(text, {"scale": np.array(0.35, np.float32), "zero": np.array(0.0, np.float32)})
+    fused = optimize(graph)
+    (node,) = fused.nodes
+    assert node.attrs["kind"] == "attention" and "SafeSoftmax" in [n.op for n in node.attrs["body"].nodes]
+    mask = np.where(np.tril(np.ones((5, 5))) > 0, 0.0, -np.inf).astype(np.float32)[None, None]
+    mask[..., 2, :] = -np.inf  # a fully masked query row: NaN softmax, zeros after the guard
+    feeds = {
+        "q": RNG.standard_normal((2, 2, 5, 8)).astype(np.float32),
+        "kt": RNG.standard_normal((2, 2, 8, 5)).astype(np.float32),
+        "v": RNG.standard_normal((2, 2, 5, 8)).astype(np.float32),
+        "mask": mask,
+    }
+    want = kiln.compile(graph, target="reference").run(feeds)["o"]
+    assert np.all(want[:, :, 2] == 0) and not np.isnan(want).any()
+    compiled = kiln.compile(graph, target=target)
+    got = compiled.run(feeds)["o"]
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    kinds = [k.kind for p in compiled.plans for s in p.steps for k in getattr(s, "kernels", [])]
+    assert kinds == ["attention"] or target == "kir:loops"

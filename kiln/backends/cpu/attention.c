@@ -23,6 +23,7 @@ typedef struct {
   float *out, *scratch;
   kiln_view qv, kv, vv, ov;
   const kiln_gemm *ctx;
+  int safe;
 } kiln_attention_job;
 
 /* slices [lo, hi) on participant `worker`, whose scores block is scratch[worker] */
@@ -61,6 +62,10 @@ static void kiln_attention_slices(void *job_ptr, int64_t lo, int64_t hi, int wor
 #pragma omp simd reduction(+ : total)
       for (int64_t j = 0; j < LK; ++j) total += (double)row[j];
       const float inverse = (float)(1.0 / total);
+      if (job->safe && total != total) { /* a fully masked row (all scores -inf): zeros, not NaN */
+        for (int64_t j = 0; j < LK; ++j) row[j] = 0.0f;
+        continue;
+      }
 #pragma omp simd
       for (int64_t j = 0; j < LK; ++j) row[j] *= inverse;
     }
@@ -79,11 +84,11 @@ static void kiln_attention(int64_t BH, int64_t LQ, int64_t LK, int64_t D, int64_
                            const float *kt, int64_t k_size, int64_t k_n1, int64_t k_s0, int64_t k_s1, int64_t k_rs, int64_t k_cs,
                            const float *v, int64_t v_size, int64_t v_n1, int64_t v_s0, int64_t v_s1, int64_t v_rs, int64_t v_cs,
                            float *out, int64_t o_size, int64_t o_n1, int64_t o_s0, int64_t o_s1, int64_t o_rs, int64_t o_cs,
-                           float *scratch, int64_t threads, const kiln_gemm *ctx) {
+                           float *scratch, int64_t threads, int safe, const kiln_gemm *ctx) {
   (void)o_cs; /* 1: the fusion pass folds only output layouts with contiguous rows */
   kiln_attention_job job = {LQ, LK, D, DV, q, kt, v, out, scratch,
                             {q_size, q_n1, q_s0, q_s1, q_rs, q_cs}, {k_size, k_n1, k_s0, k_s1, k_rs, k_cs},
-                            {v_size, v_n1, v_s0, v_s1, v_rs, v_cs}, {o_size, o_n1, o_s0, o_s1, o_rs, o_cs}, ctx};
+                            {v_size, v_n1, v_s0, v_s1, v_rs, v_cs}, {o_size, o_n1, o_s0, o_s1, o_rs, o_cs}, ctx, safe};
   /* at most `threads` participants: the scratch holds that many scores blocks */
   kiln_parallel_for(0, BH, 1, (int)threads, kiln_attention_slices, &job);
 }

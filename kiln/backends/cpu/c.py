@@ -459,7 +459,7 @@ def engine_call(stmt: EngineCall, indent: str) -> list[str]:
         for operand in (stmt.q, stmt.kt, stmt.v, stmt.out):
             args += [operand.buffer.name, operand.buffer.size, operand.inner, operand.outer_stride,
                      operand.inner_stride, operand.row_stride, operand.col_stride]  # fmt: skip
-        args += [stmt.scores.name, stmt.threads, "&g"]
+        args += [stmt.scores.name, stmt.threads, int(stmt.safe), "&g"]
         lines.append(f"{indent}  kiln_attention({', '.join(str(a) for a in args)});")
     lines.append(f"{indent}}}")
     return lines
