@@ -30,6 +30,7 @@ from kiln.lower.kir import (
     Let,
     Load,
     Schedule,
+    Select,
     Stmt,
     Store,
     Unary,
