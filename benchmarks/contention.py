@@ -86,7 +86,10 @@ def main() -> int:
             again = median_latency(run, args.seconds)
             slowdowns[name] = loaded / idle
             rows.append((model, name, idle, loaded, again, loaded / idle))
-            print(f"{model:14} {name:12} idle {idle:8.2f} ms  loaded {loaded:8.2f} ms  idle again {again:8.2f} ms  x{loaded / idle:.2f}", flush=True)
+            print(
+                f"{model:14} {name:12} idle {idle:8.2f} ms  loaded {loaded:8.2f} ms  idle again {again:8.2f} ms  x{loaded / idle:.2f}",
+                flush=True,
+            )
         if "onnxruntime" in slowdowns:
             ratio = slowdowns["kiln"] / slowdowns["onnxruntime"]
             print(f"{model:14} kiln slow-down / onnxruntime slow-down = {ratio:.2f} (target <= 1.2)", flush=True)

@@ -20,7 +20,7 @@ from pathlib import Path
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--models", default="resnet50,vgg19,bert-base,gpt2")
+    parser.add_argument("--models", default="resnet50,vgg19,bert-base,gpt2,bert-base-dynamo,gpt2-dynamo")
     parser.add_argument("--peers", default="onnxruntime,openvino")
     parser.add_argument("--batches", default="1,8")
     parser.add_argument("--threads", type=int, default=2)

@@ -34,6 +34,10 @@ class ZooModel:
     output_names: tuple[str, ...] = ("output",)
     # False keeps BatchNormalization in CNN exports, so kiln's own fold_batchnorm does the folding
     exporter_folds_constants: bool = True
+    # "torchscript" (torch.onnx.export(dynamo=False), opset 17) or "dynamo" (torch.export based, the
+    # default of current PyTorch, opset 18): the same model as two exporters spell it
+    exporter: str = "torchscript"
+    opset: int = ZOO_OPSET
 
 
 def _image_inputs(options: dict[str, Any], seed: int) -> dict[str, np.ndarray]:
@@ -169,6 +173,20 @@ MODELS: dict[str, ZooModel] = {
     ),
 }
 
+for _name in ("bert-base", "gpt2"):  # the transformers as torch.onnx.export(dynamo=True) writes them today
+    _base = MODELS[_name]
+    MODELS[f"{_name}-dynamo"] = ZooModel(
+        f"{_name}-dynamo",
+        _base.description + "; dynamo exporter, opset 18, PyTorch's default (sdpa) attention",
+        _base.build,
+        _base.example_inputs,
+        defaults={**_base.defaults, "attention": "sdpa"},
+        dynamic_axes=_base.dynamic_axes,
+        output_names=_base.output_names,
+        exporter="dynamo",
+        opset=18,
+    )
+
 DEFAULT_MODELS = ("resnet50", "vgg19", "bert-base", "gpt2")
 CLASSIFIERS = ("resnet50", "vgg19", "mobilenet_v2", "gcn")
 
@@ -200,13 +218,15 @@ def example_inputs(name: str, seed: int = 0, **overrides: Any) -> dict[str, np.n
 
 
 def onnx_path(
-    name: str, *, opset: int = ZOO_OPSET, progress: Callable[[str], None] | None = None, **overrides: Any
+    name: str, *, opset: int | None = None, progress: Callable[[str], None] | None = None, **overrides: Any
 ) -> Path:
     """Path of the cached ONNX export of ``name``, exporting it first if needed."""
     model = get(name)
+    opset = opset or model.opset
     options = options_for(name, **overrides)
     options.pop("batch", None)  # the batch dim is symbolic in the export
-    key = json.dumps({"name": name, "opset": opset, "options": options, "recipe": EXPORT_RECIPE}, sort_keys=True)
+    recipe = {"name": name, "opset": opset, "options": options, "recipe": EXPORT_RECIPE, "exporter": model.exporter}
+    key = json.dumps(recipe, sort_keys=True)
     digest = hashlib.sha256(key.encode()).hexdigest()[:12]
     path = cache_dir() / f"{name}-opset{opset}-{digest}.onnx"
     if path.exists():
@@ -222,6 +242,7 @@ def onnx_path(
         model.dynamic_axes,
         model.output_names,
         model.exporter_folds_constants,
+        model.exporter,
     )
     return path
 
@@ -234,12 +255,27 @@ def export_module(
     dynamic_axes: dict[str, dict[int, str]] | None = None,
     output_names: tuple[str, ...] = ("output",),
     fold_constants: bool = True,
+    exporter: str = "torchscript",
 ) -> None:
-    """Export a torch module with the classic (TorchScript) exporter, atomically."""
+    """Export a torch module with the classic (TorchScript) exporter or the dynamo one, atomically."""
     import torch
 
     tensors = tuple(torch.from_numpy(v) for v in inputs.values())
     partial = path.with_suffix(f".partial-{os.getpid()}")
+    if exporter == "dynamo":  # torch.export based (needs onnxscript, in the zoo extra)
+        with torch.no_grad():
+            program = torch.onnx.export(
+                module,
+                tensors,
+                input_names=list(inputs),
+                output_names=list(output_names),
+                dynamic_axes=dynamic_axes or None,
+                opset_version=opset,
+                dynamo=True,
+            )
+        program.save(str(partial), external_data=False)
+        os.replace(partial, path)
+        return
     with torch.no_grad():
         torch.onnx.export(
             module,

@@ -22,7 +22,7 @@ def build_bert(options: dict[str, Any]) -> torch.nn.Module:
     from transformers import BertConfig, BertModel
 
     torch.manual_seed(options.get("seed", 0))
-    config = BertConfig(attn_implementation="eager")
+    config = BertConfig(attn_implementation=options.get("attention", "eager"))
     return _HiddenStates(BertModel(config, add_pooling_layer=False)).eval()
 
 
@@ -30,5 +30,5 @@ def build_gpt2(options: dict[str, Any]) -> torch.nn.Module:
     from transformers import GPT2Config, GPT2Model
 
     torch.manual_seed(options.get("seed", 0))
-    config = GPT2Config(attn_implementation="eager")
+    config = GPT2Config(attn_implementation=options.get("attention", "eager"))
     return _HiddenStates(GPT2Model(config)).eval()
