@@ -55,8 +55,9 @@ def main() -> int:
         if record.get("status") == "ok" and "latency_ms" in record:
             p50[(record["model"], record["batch"], record["backend"])] = record["latency_ms"]["p50"]
     peers = args.peers.split(",")
+    width = max(10, *(len(m) for m in config.models))
     header = (
-        f"{'model':10} {'batch':>5} {'kiln ms':>9} "
+        f"{'model':{width}} {'batch':>5} {'kiln ms':>9} "
         + " ".join(f"{p + ' ms':>14}" for p in peers)
         + " "
         + " ".join(f"{'kiln/' + p:>16}" for p in peers)
@@ -70,7 +71,7 @@ def main() -> int:
     for model in config.models:
         for batch in config.batches:
             ours = p50.get((model, batch, "kiln"))
-            cells = [f"{model:10} {batch:5d} {ours if ours is not None else float('nan'):9.1f}"]
+            cells = [f"{model:{width}} {batch:5d} {ours if ours is not None else float('nan'):9.1f}"]
             cells += [f"{p50.get((model, batch, p), float('nan')):14.1f}" for p in peers]
             cells += [
                 f"{(ours / p50[(model, batch, p)]) if ours and (model, batch, p) in p50 else float('nan'):16.2f}"
