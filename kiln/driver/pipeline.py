@@ -35,6 +35,7 @@ from kiln.lower.target import Target
 from kiln.passes import PASS_NAMES, optimize, specialize
 from kiln.passes.decompose import decompose
 from kiln.passes.fold_constants import fold_constants
+from kiln.passes.fuse import unfuse
 from kiln.passes.widen_half import widen_half
 from kiln.runtime.plan import Fallback, Plan, Segment
 
@@ -180,6 +181,9 @@ def optimized(
     done("decompose", graph)
     stages.append("passes")
     graph = optimize(graph, level=options.level, disable=options.passes_disabled, after=observe)
+    # fusion is target-neutral; a group the target has no engine for is split back into its ops
+    # (lowered one by one) rather than run on the host
+    graph = unfuse(graph, lambda node: node.attrs.get("kind") != "attention" or "attention" in target.engines)
     if expose is not None:
         graph = expose(graph)
     done("passes", graph)

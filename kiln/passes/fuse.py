@@ -23,6 +23,7 @@ Runs last in the pipeline (after the algebraic passes).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -345,3 +346,34 @@ def _fused_node(group: list[Node], kind: str | None = None) -> Node:
         name=f"{label} [{named.name or named.outputs[0].name}]",
         domain="kiln",
     )
+
+
+def unfuse(graph: Graph, keep: Callable[[Node], bool]) -> Graph:
+    """``graph`` with every ``kiln::Fused`` node ``keep`` refuses replaced by its body's nodes (the
+    group's computation, op by op): what a target that cannot run a group as one kernel lowers
+    instead of running the group on the host."""
+    nodes: list[Node] = []
+    changed = False
+    for node in graph.nodes:
+        if not (node.domain == "kiln" and node.op == "Fused") or keep(node):
+            nodes.append(node)
+            continue
+        changed = True
+        body = node.attrs["body"]
+        outer: dict[Value, Value] = dict(zip(body.inputs, node.inputs))  # type: ignore[arg-type]
+        outer[body.outputs[0]] = node.outputs[0]
+        for inner in body.nodes:
+            for value in inner.outputs:
+                if value not in outer:  # an intermediate of the group: a value of the graph now
+                    outer[value] = Value(f"{node.outputs[0].name}/{value.name}", value.type)
+            nodes.append(
+                Node(
+                    inner.op,
+                    [None if v is None else outer[v] for v in inner.inputs],
+                    [outer[v] for v in inner.outputs],
+                    dict(inner.attrs),
+                    name=inner.name,
+                    domain=inner.domain,
+                )
+            )
+    return graph.with_(nodes=nodes) if changed else graph

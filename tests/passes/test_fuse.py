@@ -342,3 +342,17 @@ graph g(%q: f32[2,2,5,8], %kt: f32[2,2,8,5], %v: f32[2,2,5,8], %mask: f32[1,1,5,
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
     kinds = [k.kind for p in compiled.plans for s in p.steps for k in getattr(s, "kernels", [])]
     assert kinds == ["attention"] or target == "kir:loops"
+
+
+def test_a_group_the_target_cannot_run_is_split_back_into_its_ops():
+    from kiln.passes.fuse import unfuse
+
+    before = conv_block()
+    fused = fuse(before)
+    assert unfuse(fused, lambda node: True) is fused  # kept: nothing changes
+    split = unfuse(fused, lambda node: False)
+    verify(split)
+    assert [n.op for n in split.nodes] == ["Conv", "Add", "Relu", "Add"]
+    assert split.outputs == fused.outputs  # the group's output is the last op's
+    x, skip = RNG.standard_normal((1, 2, 6, 6)).astype(np.float32), RNG.standard_normal((1, 3, 6, 6)).astype(np.float32)
+    np.testing.assert_allclose(Interpreter(split).run([x, skip])[0], Interpreter(before).run([x, skip])[0], rtol=1e-6)
