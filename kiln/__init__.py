@@ -64,7 +64,7 @@ def compile(  # shadows the builtin on purpose: the name the architecture promis
     if not backend(target).compiles:  # unknown names: the registry's error lists every target
         return ReferenceModel(to_graph(model, example_inputs))
     compiled_for = parse(target)
-    parallelism = Threading(threads, spin) if spin is not None else Threading(threads)
+    parallelism = Threading.of(threads, spin)
     path = _onnx_file(model, example_inputs)
     # the file's bytes are hashed before it is read: a cache entry is keyed by what was imported
     caching = options.plan_cache and plan_cache.enabled()

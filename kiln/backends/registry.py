@@ -42,6 +42,11 @@ class Threading:
     threads: int = 0  # participants per parallel loop, the calling thread included (0: the CPUs this process may use)
     spin: int = 2000  # pause iterations a waiting thread spins before it sleeps (0: sleep at once)
 
+    @classmethod
+    def of(cls, threads: int = 0, spin: int | None = None) -> Threading:
+        """From ``kiln.compile``/``kiln.load``'s arguments (``spin=None``: the default)."""
+        return cls(threads) if spin is None else cls(threads, spin)
+
     def __post_init__(self) -> None:
         if not isinstance(self.threads, int) or self.threads < 0:
             raise ValueError(f"threads must be a non-negative integer (0: every CPU), got {self.threads!r}")

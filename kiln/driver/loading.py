@@ -48,7 +48,7 @@ def load(
                 library.write_bytes(content)
                 prebuilt[key] = library
     options = CompileOptions.from_env(level=level)
-    parallelism = Threading(threads, spin) if spin is not None else Threading(threads)
+    parallelism = Threading.of(threads, spin)
     model = NativeModel(
         graph,
         options,
