@@ -141,8 +141,7 @@ def parse(spec: str) -> Target:
     found = backend(spec)
     if not found.compiles:
         raise TargetError(f"target {spec!r} does not compile (it runs the reference interpreter)")
-    target = found.describe(spec.partition(":")[2])
-    return target
+    return found.describe(spec.partition(":")[2])
 
 
 def library_runner(function: Any) -> SegmentRunner:

@@ -13,7 +13,7 @@ use deep in a pass or a renderer:
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -87,6 +87,3 @@ class CompileOptions:
         """What of these options changes a plan (part of the plan cache's key)."""
         return f"O{self.level};off={','.join(sorted(self.disabled))};dbg={int(self.debug)};{self.precision}"
 
-
-def disabled_names(values: Iterable[str]) -> frozenset[str]:
-    return frozenset(v.strip() for v in values if v.strip())

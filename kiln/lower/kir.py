@@ -97,14 +97,10 @@ class Cast:
 Expr = Const | Index | Scalar | Load | Binary | Unary | Select | Cast
 
 
-def dtype_of(e: Expr) -> DType:
-    """The type an expression evaluates to (C's usual arithmetic conversions: a float operand makes
-    the result float, the wider float wins; comparisons and logic give booleans)."""
-    return dtypes_of(e)[id(e)]
-
-
 def dtypes_of(root: Expr) -> dict[int, DType]:
-    """The type of every node of ``root`` (by id), in one iterative walk."""
+    """The type of every node of ``root`` (by id), in one iterative walk (C's usual arithmetic
+    conversions: a float operand makes the result float, the wider float wins; comparisons and
+    logic give booleans)."""
     known: dict[int, DType] = {}
     for node in postorder(root):
         if isinstance(node, Const):
@@ -427,7 +423,6 @@ class AttentionSpec:
 
 EngineCall = GemmSpec | WinogradInput | WinogradOutput | AttentionSpec
 ENGINE_CALLS = (GemmSpec, WinogradInput, WinogradOutput, AttentionSpec)
-ENGINE_OF = {GemmSpec: "gemm", WinogradInput: "winograd", WinogradOutput: "winograd", AttentionSpec: "attention"}
 
 
 def epilogue_of(call: EngineCall) -> Function | None:

@@ -264,8 +264,7 @@ def _scalars_from_outside(loop: For) -> bool:
             elif isinstance(stmt, Store):
                 visit(stmt.index)
                 visit(stmt.value)
-            else:  # an engine call inside a parallel loop: its operands are buffers and constants
-                return
+            # (an engine call: its operands are buffers and constants, nothing from outside)
 
     walk(loop.body)
     return bool(used - defined)
