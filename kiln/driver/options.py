@@ -86,4 +86,3 @@ class CompileOptions:
     def key(self) -> str:
         """What of these options changes a plan (part of the plan cache's key)."""
         return f"O{self.level};off={','.join(sorted(self.disabled))};dbg={int(self.debug)};{self.precision}"
-

@@ -20,13 +20,23 @@ def c(value: float, dtype: DType) -> Const:
     return Const(value, dtype)
 
 
+def _not_nan_const(e: Expr) -> bool:
+    return isinstance(e, Const) and not (isinstance(e.value, float) and math.isnan(e.value))
+
+
+# np.maximum's NaN rule: a NaN in either operand is the result. Written as "b unless a is above
+# b or unordered with it, and b is not NaN" (`!(a <= b) && b == b`): GCC 12 vectorizes chains of
+# this form (a Clip's max then min), not of `a > b || a != a`, which left Relu6 epilogues scalar.
 def _max(a: Expr, b: Expr) -> Expr:
-    # a if a > b or a is NaN, else b (NaN in b then flows through): np.maximum's NaN rule
-    return Select(Binary("||", Binary(">", a, b), Binary("!=", a, a)), a, b)
+    if _not_nan_const(b):
+        return Select(Binary("<=", a, b), b, a)
+    return Select(Binary("&&", Unary("!", Binary("<=", a, b)), Binary("==", b, b)), a, b)
 
 
 def _min(a: Expr, b: Expr) -> Expr:
-    return Select(Binary("||", Binary("<", a, b), Binary("!=", a, a)), a, b)
+    if _not_nan_const(b):
+        return Select(Binary(">=", a, b), b, a)
+    return Select(Binary("&&", Unary("!", Binary(">=", a, b)), Binary("==", b, b)), a, b)
 
 
 def _sigmoid(x: Expr, t: DType) -> Expr:

@@ -51,6 +51,19 @@ CASES = {
         case("Max", [(4,), (4,)]),
         [np.array([1, np.nan, 3, -1], np.float32), np.array([2, 0, np.nan, -2], np.float32)],
     ),
+    "min_nan": (
+        case("Min", [(4,), (4,)]),
+        [np.array([1, np.nan, 3, -1], np.float32), np.array([2, 0, np.nan, -2], np.float32)],
+    ),
+    # a Clip is a max then a min (the chain GCC must vectorize); NaN in the data or a bound is the result
+    "clip_nan": (
+        case("Clip", [(6,), (), ()]),
+        [np.array([np.nan, -3, 0.5, 7, np.inf, -np.inf], np.float32), np.array(0, np.float32), np.array(6, np.float32)],
+    ),
+    "clip_nan_bound": (
+        case("Clip", [(4,), (), ()]),
+        [np.array([np.nan, -3, 0.5, 7], np.float32), np.array(np.nan, np.float32), np.array(6, np.float32)],
+    ),
     "int_add": (case("Add", [(5,), (5,)], dtype=I64), [np.arange(5), np.arange(5) * 3]),
     "less": (case("Less", [(6,), (6,)]), [data((6,)), data((6,))]),
     "where": (case("Where", [(2, 3), (2, 3), (3,)], dtype=[B, F, F]), [data((2, 3)) > 0, data((2, 3)), data((3,))]),

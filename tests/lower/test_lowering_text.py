@@ -69,7 +69,7 @@ kernel k1 (normalize) reads b0: f32[10] writes b1: f32[10]
     let m3: f32 = -inf
     for k2 in 0..5:
       %t0 = b0[((i1 * 5) + (k2 * 1))]
-      m3 = select(((m3 > %t0) || (m3 != m3)), m3, %t0)
+      m3 = select((!(m3 <= %t0) && (%t0 == %t0)), m3, %t0)
     let sum4: f64 = 0.0
     for k2 in 0..5:
       let e6: f32 = exp((b0[((i1 * 5) + (k2 * 1))] - m3))

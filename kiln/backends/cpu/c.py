@@ -167,7 +167,13 @@ def _node_text(e: Expr, text: dict[int, str], types: dict[int, DType]) -> str:
         return f"{e.buffer.name}[{text[id(e.index)]}]"
     if isinstance(e, Binary):
         a, b = text[id(e.a)], text[id(e.b)]
-        return f"{e.op}({a}, {b})" if e.op in ("pow", "fmod") else f"({a} {e.op} {b})"
+        if e.op in ("pow", "fmod"):
+            return f"{e.op}({a}, {b})"
+        if e.op in ("&&", "||") and _evaluates_nothing_new(e.b, e.a):
+            # both sides are evaluated anyway: C's bitwise form has no branch, so the loop vectorizes
+            # (a short-circuit `||` in an elementwise select keeps GCC from if-converting it)
+            return f"({a} {e.op[0]} {b})"
+        return f"({a} {e.op} {b})"
     if isinstance(e, Unary):
         if e.op in ("-", "!"):
             return f"({e.op}{text[id(e.a)]})"
@@ -180,6 +186,27 @@ def _node_text(e: Expr, text: dict[int, str], types: dict[int, DType]) -> str:
             return f"kiln_f32_to_bf16((float)({text[id(e.a)]}))"
         return f"(({c_type(e.dtype)})({text[id(e.a)]}))"
     raise TypeError(f"no C for {e!r}")
+
+
+def _evaluates_nothing_new(right: Expr, left: Expr) -> bool:
+    """Whether evaluating ``right`` unconditionally is safe once ``left`` is: every load it makes,
+    ``left`` makes too (a load ``left`` guards stays guarded) and no integer division can trap."""
+    left_loads = {n for n in postorder(left) if isinstance(n, Load)}  # by value: loads are pure
+    types = dtypes_of(right)
+    for node in postorder(right):
+        if isinstance(node, Load) and node not in left_loads:
+            return False
+        if (
+            isinstance(node, Binary)
+            and node.op in ("/", "%")
+            and types[id(node)]
+            not in (
+                DType.FLOAT32,
+                DType.FLOAT64,
+            )
+        ):
+            return False
+    return True
 
 
 def expr(e: Expr) -> str:
