@@ -31,7 +31,7 @@ def _spatial_out(
     if auto_pad == "VALID":
         return max((size - effective) // stride + 1, 0)
     padded = size + pad_begin + pad_end - effective
-    if padded < 0:
+    if padded < 0 and not (ceil_mode and -padded < stride):  # ceil_mode: one window that overhangs
         raise ShapeInferenceError(f"kernel {kernel} (dilation {dilation}) exceeds padded input {size}")
     if ceil_mode:
         out = -(-padded // stride) + 1
@@ -179,6 +179,9 @@ def _pool_reference(ctx: Any, inputs: list[Any]) -> list[Any]:
         begin.append(pb)
         end.append(pe)
         outs.append(out)
+    # taps that start past the end pad read nothing in any window (a ceil-mode window may overhang
+    # the input by almost a whole kernel: EfficientNet's 2560-wide pool of a 7x7 map)
+    kernel = [min(kernel[i], -(-(x.shape[2 + i] + begin[i] + end[i]) // dilations[i])) for i in range(spatial)]
     # room for windows that run past the end pad (ceil mode) without being part of the padding
     extra = [
         max((outs[i] - 1) * strides[i] + dilations[i] * (kernel[i] - 1) + 1 - (x.shape[2 + i] + begin[i] + end[i]), 0)

@@ -247,7 +247,32 @@ def _sink_reshape(rw: Rewriter, node: Node, producers: dict[Value, Node]) -> lis
     )
 
 
+def _whole_window_pool(rw: Rewriter, node: Node, producers: dict[Value, Node]) -> list[Value] | None:
+    """AveragePool/MaxPool whose one window covers the whole input -> GlobalAveragePool/GlobalMaxPool
+    (transformers' EfficientNet pools 7x7 maps with kernel 2560 and ceil_mode: a window loop
+    of 2560x2560 taps, nearly all outside). An average must not count padding for this to hold."""
+    x, out = node.inputs[0], node.outputs[0]
+    shape, out_shape = _static_shape(x), _static_shape(out)
+    if shape is None or out_shape is None or len(shape) < 3 or any(d != 1 for d in out_shape[2:]):
+        return None
+    spatial = len(shape) - 2
+    kernel = list(node.attrs.get("kernel_shape", ()))
+    pads = list(node.attrs.get("pads", (0,) * (2 * spatial)))
+    dilations = list(node.attrs.get("dilations", (1,) * spatial))
+    if node.attrs.get("auto_pad", "NOTSET") != "NOTSET" or len(kernel) != spatial or any(d != 1 for d in dilations):
+        return None
+    if any(p != 0 for p in pads[:spatial]) or any(k < d for k, d in zip(kernel, shape[2:], strict=True)):
+        return None
+    if node.op == "AveragePool" and int(node.attrs.get("count_include_pad", 0)) and any(p != 0 for p in pads):
+        return None
+    if len(node.outputs) > 1 or not _same_type(out, out):
+        return None
+    return rw.emit("Global" + node.op, [x], hint=out.name, name=node.name)
+
+
 RULES: list[tuple[str, str, Rewrite]] = [
+    ("AveragePool", "AveragePool(x) with one window over all of x -> GlobalAveragePool(x)", _whole_window_pool),
+    ("MaxPool", "MaxPool(x) with one window over all of x -> GlobalMaxPool(x)", _whole_window_pool),
     *[
         (
             op,

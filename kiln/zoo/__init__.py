@@ -187,6 +187,81 @@ for _name in ("bert-base", "gpt2"):  # the transformers as torch.onnx.export(dyn
         opset=18,
     )
 
+
+def _transformers(builder: str) -> Callable[[dict[str, Any]], Any]:
+    def build(options: dict[str, Any]) -> Any:
+        from kiln.zoo import transformers_models
+
+        return getattr(transformers_models, builder)(options)
+
+    return build
+
+
+_TOKENS_DYNAMIC = {"input_ids": {0: "batch"}, "attention_mask": {0: "batch"}, "last_hidden_state": {0: "batch"}}
+_PIXELS_DYNAMIC = {"pixel_values": {0: "batch"}, "output": {0: "batch"}}
+
+
+def _pixel_inputs(options: dict[str, Any], seed: int) -> dict[str, np.ndarray]:
+    return {"pixel_values": _image_inputs(options, seed)["input"]}
+
+
+# models kiln's passes were not written against, all as the dynamo exporter (opset 18) writes them
+MODELS.update(
+    {
+        "vit-base-dynamo": ZooModel(
+            "vit-base-dynamo",
+            "ViT-Base/16 (transformers ViTModel, random init), 224x224, 86M parameters; dynamo exporter, opset 18",
+            _transformers("build_vit"),
+            _pixel_inputs,
+            dynamic_axes=_PIXELS_DYNAMIC,
+            exporter="dynamo",
+            opset=18,
+        ),
+        "distilbert-dynamo": ZooModel(
+            "distilbert-dynamo",
+            "DistilBERT (transformers DistilBertModel, random init), seq 128, 66M parameters; dynamo exporter, opset 18",
+            _transformers("build_distilbert"),
+            _token_inputs,
+            defaults={"seq": 128, "vocab": 30522},
+            dynamic_axes=_TOKENS_DYNAMIC,
+            output_names=("last_hidden_state",),
+            exporter="dynamo",
+            opset=18,
+        ),
+        "llama-dynamo": ZooModel(
+            "llama-dynamo",
+            "Llama-style decoder (transformers LlamaModel, random init): 6 layers, width 512, GQA 8/2 heads, "
+            "SiLU-gated MLP, seq 128; dynamo exporter, opset 18",
+            _transformers("build_llama"),
+            _token_inputs,
+            defaults={"seq": 128, "vocab": 32000},
+            dynamic_axes=_TOKENS_DYNAMIC,
+            output_names=("last_hidden_state",),
+            exporter="dynamo",
+            opset=18,
+        ),
+        "convnext-tiny-dynamo": ZooModel(
+            "convnext-tiny-dynamo",
+            "ConvNeXt-T (transformers ConvNextModel, random init), 224x224, 28M parameters; dynamo exporter, opset 18",
+            _transformers("build_convnext"),
+            _pixel_inputs,
+            dynamic_axes=_PIXELS_DYNAMIC,
+            exporter="dynamo",
+            opset=18,
+        ),
+        "efficientnet-b0-dynamo": ZooModel(
+            "efficientnet-b0-dynamo",
+            "EfficientNet-B0 (transformers EfficientNetModel, random init), 224x224, 4M parameters; "
+            "dynamo exporter, opset 18",
+            _transformers("build_efficientnet"),
+            _pixel_inputs,
+            dynamic_axes=_PIXELS_DYNAMIC,
+            exporter="dynamo",
+            opset=18,
+        ),
+    }
+)
+
 DEFAULT_MODELS = ("resnet50", "vgg19", "bert-base", "gpt2")
 CLASSIFIERS = ("resnet50", "vgg19", "mobilenet_v2", "gcn")
 
