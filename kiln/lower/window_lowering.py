@@ -72,6 +72,91 @@ def conv_window(
     return stride, dilation, pads[:spatial]
 
 
+DIRECT_MAX_TAPS = 64  # terms of one output's sum (channels per group x kernel taps)
+DIRECT_MAX_EDGE = 16  # border rows/columns, each written out with its own valid taps
+
+
+def _direct_window(  # type: ignore[no-untyped-def]
+    lw: Lowerer, node: Node, dtype: DType, rank: int, shapes, window, group: int, epilogue: Epilogue | None
+) -> Kernel | None:
+    """Depthwise and narrow grouped convolutions (MobileNet/EfficientNet 3x3 and 5x5, ConvNeXt 7x7)
+    output by output: each output is its whole sum (bias + every tap) held in a register and
+    stored once with the epilogue applied, vectorized along the output row. The interior (every
+    tap inside the input) has no bounds tests; border rows and columns are written one by one
+    with only the taps that fall inside, decided here. None when sums are too long or the
+    border too wide (the per-tap plane kernel then)."""
+    x_shape, w_shape, out_shape = shapes
+    (stride_h, stride_w), (dil_h, dil_w), (pad_t, pad_l) = window
+    batch, in_channels, height, width = x_shape
+    out_channels, group_channels, kernel_h, kernel_w = w_shape
+    out_h, out_w = out_shape[2], out_shape[3]
+    if group_channels * kernel_h * kernel_w > DIRECT_MAX_TAPS or group == 1:
+        return None
+    rows = [valid_range(kh, stride_h, dil_h, pad_t, height, out_h) for kh in range(kernel_h)]
+    cols = [valid_range(kw, stride_w, dil_w, pad_l, width, out_w) for kw in range(kernel_w)]
+    row_lo, row_hi = max(r[0] for r in rows), min(r[1] for r in rows)
+    col_lo, col_hi = max(c[0] for c in cols), min(c[1] for c in cols)
+    row_hi, col_hi = max(row_hi, row_lo), max(col_hi, col_lo)
+    if row_lo + (out_h - row_hi) > DIRECT_MAX_EDGE or col_lo + (out_w - col_hi) > DIRECT_MAX_EDGE:
+        return None
+    per_group = out_channels // group
+    x, w, out = node.inputs[0], node.inputs[1], node.outputs[0]
+    bias = node.inputs[2] if len(node.inputs) > 2 else None
+    x_buf, w_buf, dst = lw.buffer(x), lw.buffer(w), lw.buffer(out)  # type: ignore[arg-type]
+    n, oc, oh, ow = lw.index("n"), lw.index("oc"), lw.index("oh"), lw.index("ow")
+    first_channel = Binary("*", Binary("/", oc, i64(per_group)), i64(group_channels))
+    taps = [(ic, kh, kw) for ic in range(group_channels) for kh in range(kernel_h) for kw in range(kernel_w)]
+    weights = {tap: lw.scalar(dtype, "w") for tap in taps}
+    prologue: list[Stmt] = [
+        Let(weights[(ic, kh, kw)], Load(w_buf, add(Binary("*", oc, i64(len(taps))), i64(taps.index((ic, kh, kw))))))
+        for ic, kh, kw in taps
+    ]
+    start = lw.scalar(dtype, "b")
+    prologue.append(Let(start, Load(lw.buffer(bias), oc) if bias is not None else Const(0, dtype)))
+
+    def output(row: Expr, col: Expr, kh_valid: list[int], kw_valid: list[int]) -> Stmt:
+        value: Expr = start
+        for ic, kh, kw in taps:
+            if kh not in kh_valid or kw not in kw_valid:
+                continue
+            in_row = add(Binary("*", row, i64(stride_h)), i64(kh * dil_h - pad_t))
+            in_col = add(Binary("*", col, i64(stride_w)), i64(kw * dil_w - pad_l))
+            channel = add(add(Binary("*", n, i64(in_channels)), first_channel), i64(ic))
+            at = add(Binary("*", channel, i64(height * width)), add(Binary("*", in_row, i64(width)), in_col))
+            value = Binary("+", value, Binary("*", weights[(ic, kh, kw)], Load(x_buf, at)))
+        target = add(
+            Binary("*", add(Binary("*", n, i64(out_channels)), oc), i64(out_h * out_w)),
+            add(Binary("*", row, i64(out_w)), col),
+        )
+        if epilogue is not None:
+            position: list[Expr] = [n, oc, row, col] if rank == 4 else [n, oc, col]
+            value = epilogue(position, value, target)
+        return Store(dst, target, value)
+
+    def row_body(row: Expr, kh_valid: list[int]) -> list[Stmt]:
+        body: list[Stmt] = []
+        for c in [*range(col_lo), *range(col_hi, out_w)]:  # border columns, each with its own taps
+            kw_valid = [kw for kw in range(kernel_w) if cols[kw][0] <= c < cols[kw][1]]
+            body.append(output(row, i64(c), kh_valid, kw_valid))
+        if col_hi > col_lo:
+            body.append(For(ow, col_hi, [output(row, ow, kh_valid, list(range(kernel_w)))], start=col_lo))
+        return body
+
+    body: list[Stmt] = list(prologue)
+    for r in [*range(row_lo), *range(row_hi, out_h)]:  # border rows
+        body.extend(row_body(i64(r), [kh for kh in range(kernel_h) if rows[kh][0] <= r < rows[kh][1]]))
+    if row_hi > row_lo:
+        body.append(For(oh, row_hi, row_body(oh, list(range(kernel_h))), start=row_lo))
+    stmts: list[Stmt] = [For(n, batch, [For(oc, out_channels, body)])]
+    depthwise = group_channels == 1 and group == in_channels
+    kernel = lw.kernel(
+        node, "depthwise-conv" if depthwise else "conv", stmts, [x, w, bias], [out],
+        Schedule(parallel=oc.name, vectorize=ow.name),
+    )  # fmt: skip
+    kernel.flops = 2 * int(np.prod(out_shape)) * group_channels * kernel_h * kernel_w
+    return kernel
+
+
 def lower_conv(lw: Lowerer, node: Node, epilogue: Epilogue | None = None) -> list[Kernel]:
     dtype = require_float(lw, node)
     rank = len(lw.shape(node.inputs[0]))  # type: ignore[arg-type]
@@ -97,6 +182,12 @@ def lower_conv(lw: Lowerer, node: Node, epilogue: Epilogue | None = None) -> lis
     out_channels, group_channels, kernel_h, kernel_w = w_shape
     _, _, out_h, out_w = out_shape
     group = int(node.attrs.get("group", 1))
+    direct = _direct_window(
+        lw, node, dtype, rank, (x_shape, w_shape, out_shape),
+        ((stride_h, stride_w), (dil_h, dil_w), (pad_t, pad_l)), group, epilogue,
+    )  # fmt: skip
+    if direct is not None:
+        return [direct]
     per_group = out_channels // group
     x_buf, w_buf, dst = lw.buffer(x), lw.buffer(w), lw.buffer(out)
     bias_buf = lw.buffer(bias) if bias is not None else None

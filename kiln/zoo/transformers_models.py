@@ -95,7 +95,9 @@ def build_efficientnet(options: dict[str, Any]) -> torch.nn.Module:
     from kiln.zoo.cnn import calibrate_batchnorm
 
     torch.manual_seed(options.get("seed", 0))
-    model = _Pixels(EfficientNetModel(EfficientNetConfig()), pooled=True)  # B0 at 224x224
+    # transformers' default config is B7 (600x600); these are B0's coefficients
+    config = EfficientNetConfig(width_coefficient=1.0, depth_coefficient=1.0, image_size=224, hidden_dim=1280)
+    model = _Pixels(EfficientNetModel(config), pooled=True)
     for module in model.modules():  # transformers' init zeroes some BatchNorm scales: the output would be 0
         if isinstance(module, torch.nn.BatchNorm2d):
             torch.nn.init.uniform_(module.weight, 0.5, 1.5)

@@ -1,0 +1,80 @@
+"""Depthwise and narrow grouped convolutions (the direct per-output kernel: interior without bounds
+tests, border rows and columns with only their valid taps) on every target, against the reference:
+kernel sizes 3/5/7, strides, dilations, asymmetric pads, maps smaller than the kernel, 1-D, fused
+epilogues, several channels per group, and the shapes that fall back to the per-tap kernel."""
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper
+
+import kiln
+from kiln.lower import window_lowering
+from kiln.lower.kir import Load, Store, postorder
+from tests.helpers import make_model
+
+F = TensorProto.FLOAT
+RNG = np.random.default_rng(3)
+
+
+def model(channels, size, kernel, attrs, multiplier=1, per_group=1, act=None, bias=True):
+    spatial = len(size)
+    groups = channels // per_group
+    weight = RNG.standard_normal((groups * multiplier, per_group, *kernel)).astype(np.float32)
+    inits = {"w": weight}
+    inputs = ["x", "w"]
+    if bias:
+        inits["b"] = RNG.standard_normal(groups * multiplier).astype(np.float32)
+        inputs.append("b")
+    nodes = [helper.make_node("Conv", inputs, ["c" if act else "y"], group=groups, **attrs)]
+    if act == "relu6":
+        inits.update(lo=np.array(0, np.float32), hi=np.array(6, np.float32))
+        nodes.append(helper.make_node("Clip", ["c", "lo", "hi"], ["y"]))
+    elif act == "silu":
+        nodes += [helper.make_node("Sigmoid", ["c"], ["s"]), helper.make_node("Mul", ["c", "s"], ["y"])]
+    assert spatial in (1, 2)
+    return make_model([*nodes], [("x", F, [1, channels, *size])], [("y", 0, None)], inits)
+
+
+CASES = {
+    "3x3 s1 p1 relu6": (8, (9, 11), (3, 3), {"pads": [1, 1, 1, 1]}, {"act": "relu6"}),
+    "3x3 s2 p1": (8, (10, 13), (3, 3), {"pads": [1, 1, 1, 1], "strides": [2, 2]}, {}),
+    "5x5 s2 p2 silu": (6, (15, 15), (5, 5), {"pads": [2, 2, 2, 2], "strides": [2, 2]}, {"act": "silu"}),
+    "7x7 s1 p3 on 7x7 (all border)": (4, (7, 7), (7, 7), {"pads": [3, 3, 3, 3]}, {}),
+    "7x7 s1 p3 on 16x20": (4, (16, 20), (7, 7), {"pads": [3, 3, 3, 3]}, {"bias": False}),
+    "3x3 dilation 2": (4, (12, 12), (3, 3), {"pads": [2, 2, 2, 2], "dilations": [2, 2]}, {}),
+    "asymmetric pads": (4, (9, 9), (3, 3), {"pads": [0, 1, 2, 0]}, {}),
+    "no padding": (4, (6, 8), (3, 3), {}, {}),
+    "SAME_UPPER": (4, (7, 9), (3, 3), {"auto_pad": "SAME_UPPER", "strides": [2, 2]}, {}),
+    "channel multiplier 2": (4, (8, 8), (3, 3), {"pads": [1, 1, 1, 1]}, {"multiplier": 2}),
+    "2 channels per group": (8, (8, 8), (3, 3), {"pads": [1, 1, 1, 1]}, {"per_group": 2}),
+    "1-D k5": (6, (20,), (5,), {"pads": [2, 2]}, {}),
+    "kernel larger than the map": (3, (2, 3), (5, 5), {"pads": [2, 2, 2, 2]}, {}),
+    "too many taps: per-tap kernel": (16, (6, 6), (3, 3), {"pads": [1, 1, 1, 1]}, {"per_group": 8}),
+}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_depthwise_matches_reference(name, target):
+    channels, size, kernel, attrs, extra = CASES[name]
+    onnx_model = model(channels, size, kernel, attrs, **extra)
+    x = RNG.standard_normal((1, channels, *size)).astype(np.float32)
+    got = kiln.compile(onnx_model, target=target)(x)
+    want = kiln.compile(onnx_model, target="reference")(x)
+    assert got.shape == want.shape
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
+def _statements(body):
+    for stmt in body:
+        yield stmt
+        yield from _statements(getattr(stmt, "body", []))
+
+
+def test_the_direct_kernel_is_the_one_depthwise_layers_get():
+    compiled = kiln.compile(model(8, (9, 11), (3, 3), {"pads": [1, 1, 1, 1]}, act="relu6"), target="kir")
+    kernels = [k for p in compiled.plans for s in p.steps for k in getattr(s, "kernels", [])]
+    assert [k.kind for k in kernels] == ["depthwise-conv+epilogue"]  # the Clip joined it
+    stores = [s for s in _statements(kernels[0].body) if isinstance(s, Store)]
+    # each output stored once, from its whole sum: no read-modify-write of the output per tap
+    assert stores and not any(isinstance(e, Load) and e.buffer is s.buffer for s in stores for e in postorder(s.value))
+    assert window_lowering.DIRECT_MAX_TAPS >= 49  # ConvNeXt's 7x7 depthwise takes the direct kernel
