@@ -77,7 +77,7 @@ ARCHITECTURES: dict[str, Architecture] = {
             n_layers=2,
             n_heads=4,
             hidden_dim=128,
-        ),  # fmt: skip
+        ),
         # decoders
         _arch("gpt2", "GPT2Model", "GPT2Config", "tokens", "decoder", vocab_size=256, n_embd=64, n_layer=2, n_head=4),
         _arch(
@@ -91,7 +91,7 @@ ARCHITECTURES: dict[str, Architecture] = {
             n_layer=2,
             n_head=4,
             rotary_dim=8,
-        ),  # fmt: skip
+        ),
         _arch(
             "gpt-neo",
             "GPTNeoModel",
@@ -104,7 +104,7 @@ ARCHITECTURES: dict[str, Architecture] = {
             num_heads=4,
             attention_types=[[["global", "local"], 1]],
             window_size=8,
-        ),  # fmt: skip
+        ),
         _arch(
             "opt",
             "OPTModel",
@@ -117,7 +117,7 @@ ARCHITECTURES: dict[str, Architecture] = {
             num_attention_heads=4,
             ffn_dim=128,
             word_embed_proj_dim=64,
-        ),  # fmt: skip
+        ),
         _arch(
             "bloom",
             "BloomModel",
@@ -128,7 +128,7 @@ ARCHITECTURES: dict[str, Architecture] = {
             hidden_size=64,
             n_layer=2,
             n_head=4,
-        ),  # fmt: skip
+        ),
         _arch("falcon", "FalconModel", "FalconConfig", "tokens", "decoder", **_DECODER),
         _arch(
             "llama",
@@ -139,7 +139,7 @@ ARCHITECTURES: dict[str, Architecture] = {
             intermediate_size=128,
             num_key_value_heads=2,
             **_DECODER,
-        ),  # fmt: skip
+        ),
         _arch(
             "mistral",
             "MistralModel",
@@ -150,7 +150,7 @@ ARCHITECTURES: dict[str, Architecture] = {
             num_key_value_heads=2,
             sliding_window=8,
             **_DECODER,
-        ),  # fmt: skip
+        ),
         _arch(
             "qwen2",
             "Qwen2Model",
@@ -160,7 +160,7 @@ ARCHITECTURES: dict[str, Architecture] = {
             intermediate_size=128,
             num_key_value_heads=2,
             **_DECODER,
-        ),  # fmt: skip
+        ),
         _arch(
             "gemma",
             "GemmaModel",
@@ -171,7 +171,7 @@ ARCHITECTURES: dict[str, Architecture] = {
             num_key_value_heads=1,
             head_dim=16,
             **_DECODER,
-        ),  # fmt: skip
+        ),
         _arch("phi", "PhiModel", "PhiConfig", "tokens", "decoder", intermediate_size=128, **_DECODER),
         # vision transformers
         _arch("vit", "ViTModel", "ViTConfig", "pixels", "vision", intermediate_size=128, patch_size=8, **_VISION),
@@ -187,7 +187,7 @@ ARCHITECTURES: dict[str, Architecture] = {
             use_relative_position_bias=True,
             vocab_size=256,
             **_VISION,
-        ),  # fmt: skip
+        ),
         _arch(
             "swin",
             "SwinModel",
@@ -200,7 +200,7 @@ ARCHITECTURES: dict[str, Architecture] = {
             depths=[1, 1],
             num_heads=[2, 4],
             window_size=4,
-        ),  # fmt: skip
+        ),
         # CNNs and hybrids
         _arch(
             "convnext",
@@ -211,7 +211,7 @@ ARCHITECTURES: dict[str, Architecture] = {
             hidden_sizes=[16, 32],
             depths=[1, 1],
             num_stages=2,
-        ),  # fmt: skip
+        ),
         _arch(
             "resnet",
             "ResNetModel",
@@ -222,7 +222,7 @@ ARCHITECTURES: dict[str, Architecture] = {
             hidden_sizes=[16, 32],
             depths=[1, 1],
             layer_type="bottleneck",
-        ),  # fmt: skip
+        ),
         _arch(
             "mobilevit",
             "MobileViTModel",
@@ -232,7 +232,7 @@ ARCHITECTURES: dict[str, Architecture] = {
             image_size=IMAGE,
             hidden_sizes=[16, 24, 32],
             neck_hidden_sizes=[8, 8, 16, 16, 24, 24, 32],
-        ),  # fmt: skip
+        ),
         _arch(
             "segformer",
             "SegformerModel",
@@ -247,7 +247,7 @@ ARCHITECTURES: dict[str, Architecture] = {
             patch_sizes=[7, 3],
             strides=[4, 2],
             mlp_ratios=[2, 2],
-        ),  # fmt: skip
+        ),
         # speech
         _arch(
             "wav2vec2",
@@ -266,7 +266,7 @@ ARCHITECTURES: dict[str, Architecture] = {
             num_conv_pos_embedding_groups=4,
             feat_extract_norm="layer",
             do_stable_layer_norm=True,
-        ),  # fmt: skip
+        ),
     ]
 }
 
