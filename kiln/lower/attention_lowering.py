@@ -65,7 +65,8 @@ def lower_attention(lw: Lowerer, node: Node) -> list[Kernel]:
     out = node.outputs[0]
     q_shape, kt_shape, v_shape = (tuple(x.type.shape) for x in logical)  # type: ignore[union-attr, arg-type]
     out_shape = tuple(second.outputs[0].type.shape)  # type: ignore[union-attr, arg-type]
-    views = [attention_view(lw.shape(stored), perm, inverse=False) for stored, perm in placed]
+    batch_shape = out_shape[:-2]
+    views = [attention_view(lw.shape(stored), perm, False, batch_shape) for stored, perm in placed]
     views.append(
         attention_view(lw.shape(out), transpose_perm(tail[0]), inverse=True)
         if tail
@@ -85,6 +86,8 @@ def lower_attention(lw: Lowerer, node: Node) -> list[Kernel]:
         return [_attention_driver(lw, node, compose if chain else None, batch_shape, sizes, buffers, views, safe)]
     if folded or tail:  # the fusion pass folds Transposes only where the driver's strides can express them
         raise CannotLower("attention with folded Transposes needs the float32 driver")
+    if any(tuple(x[:-2]) != tuple(batch_shape) for x in (q_shape, kt_shape, v_shape)):
+        raise CannotLower("broadcasting attention (shared K/V heads) needs the float32 driver")
     row = lw.scratch_buffer(F32, batch * keys, hint="scores")
 
     bh, i, d, j = lw.index("bh"), lw.index("i"), lw.index("d"), lw.index("j")

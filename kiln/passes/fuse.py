@@ -135,9 +135,12 @@ def attention_group(
     q, kt, v, out = start.inputs[0], start.inputs[1], second.inputs[1], second.outputs[0]
     if not all(_float_static(x) for x in (q, kt, v)) or any(x.type.dtype.short != "f32" for x in (q, kt, v, out)):  # type: ignore[union-attr]
         return None, "attention: attention kernel is float32"
-    batch = out.type.shape[:-2]  # type: ignore[union-attr, index]
-    if rank < 2 or any(x.type.shape[:-2] != batch for x in (q, kt, v)):  # type: ignore[union-attr, index]
-        return None, "attention: Q, K and V do not share the output's batch dims (broadcasting attention)"
+    batch = tuple(out.type.shape[:-2])  # type: ignore[union-attr, index]
+    if rank < 2 or any(
+        attention_view(tuple(x.type.shape), tuple(range(rank)), False, batch) is None  # type: ignore[union-attr, arg-type]
+        for x in (q, kt, v)
+    ):
+        return None, "attention: Q, K or V neither has the output's batch dims nor broadcasts to them in two strides"
     if scores.type.shape[-1] > MAX_ATTENTION_KEYS:  # type: ignore[union-attr, index]
         return None, f"attention: rows of {scores.type.shape[-1]} keys exceed the scratch row ({MAX_ATTENTION_KEYS})"  # type: ignore[union-attr, index]
     if producer is not None:
@@ -145,7 +148,7 @@ def attention_group(
             before = producer.get(operand)
             if before is not None and _foldable_transpose(before, operand, readers, outputs):
                 stored = before.inputs[0].type.shape  # type: ignore[union-attr]
-                if attention_view(stored, transpose_perm(before), inverse=False) is not None:  # type: ignore[arg-type]
+                if attention_view(stored, transpose_perm(before), False, batch) is not None:  # type: ignore[arg-type]
                     group.insert(0, before)
         after = consumer_of.get(out)
         if after is not None and _foldable_transpose(after, out, readers, outputs):
@@ -173,13 +176,15 @@ def _foldable_transpose(node: Node, link: Value, readers: dict[Value, int], outp
 
 
 def attention_view(
-    stored: tuple[int, ...], perm: tuple[int, ...], inverse: bool
+    stored: tuple[int, ...], perm: tuple[int, ...], inverse: bool, batch: tuple[int, ...] | None = None
 ) -> tuple[int, int, int, int, int, int] | None:
     """How an attention operand X of rank >= 2 sits in a contiguous tensor P of shape ``stored``:
     ``X = Transpose(P, perm)``, or ``P = Transpose(X, perm)`` when ``inverse`` (the output). The
     answer is ``(outer, outer_stride, inner, inner_stride, row_stride, col_stride)`` in elements:
     X's batch dims merged into at most two strided dims (flat batch index = outer * inner, in X's
-    order), then its matrix rows and columns; None when the batch dims do not merge into two."""
+    order), then its matrix rows and columns; None when the batch dims do not merge into two.
+    ``batch``: the output's batch dims, when X broadcasts against them (multi-query and grouped
+    attention: one K/V head for several query heads): X's dims of 1 there repeat with stride 0."""
     rank = len(stored)
     contiguous = [int(np.prod(stored[i + 1 :])) for i in range(rank)]
     if inverse:  # P dim i is X dim perm[i]
@@ -188,6 +193,12 @@ def attention_view(
             shape[p], stride[p] = stored[i], contiguous[i]
     else:  # X dim i is P dim perm[i]
         shape, stride = [stored[p] for p in perm], [contiguous[p] for p in perm]
+    if batch is not None:
+        if len(batch) != rank - 2 or any(c not in (1, b) for c, b in zip(shape[:-2], batch, strict=True)):
+            return None
+        for axis, (count, wanted) in enumerate(zip(shape[:-2], batch, strict=True)):
+            if count != wanted:
+                shape[axis], stride[axis] = wanted, 0
     merged: list[list[int]] = []  # [count, stride], outermost first
     for count, step in zip(shape[:-2], stride[:-2]):
         if count == 1:

@@ -1,4 +1,5 @@
 import numpy as np
+import pytest
 from onnx import helper
 
 import kiln
@@ -356,3 +357,31 @@ def test_a_group_the_target_cannot_run_is_split_back_into_its_ops():
     assert split.outputs == fused.outputs  # the group's output is the last op's
     x, skip = RNG.standard_normal((1, 2, 6, 6)).astype(np.float32), RNG.standard_normal((1, 3, 6, 6)).astype(np.float32)
     np.testing.assert_allclose(Interpreter(split).run([x, skip])[0], Interpreter(before).run([x, skip])[0], rtol=1e-6)
+
+
+@pytest.mark.parametrize(
+    "q_batch, kv_batch",
+    [("1,4", "1,1"), ("2,2,3", "2,1,1"), ("2,3", "1,3")],  # multi-query; grouped (5-D); K/V shared across the batch
+)
+def test_attention_whose_keys_and_values_broadcast_over_heads_is_one_kernel(q_batch, kv_batch, target):
+    queries, keys, depth = 6, 9, 8
+    text = f"""
+graph g(%q: f32[{q_batch},{queries},{depth}], %kt: f32[{kv_batch},{depth},{keys}], %v: f32[{kv_batch},{keys},{depth}]) -> (%o) {{
+  const %scale: f32[] = [0.35]
+  %s: f32[{q_batch},{queries},{keys}] = MatMul(%q, %kt)
+  %s2: f32[{q_batch},{queries},{keys}] = Mul(%s, %scale)
+  %p: f32[{q_batch},{queries},{keys}] = Softmax(%s2) {{axis=-1}}
+  %o: f32[{q_batch},{queries},{depth}] = MatMul(%p, %v)
+}}"""
+    before = parse_graph(text)
+    after = fuse(before)
+    assert [n.attrs.get("kind") for n in after.nodes] == ["attention"]
+    feeds = [RNG.standard_normal(tuple(int(d) for d in v.type.shape)).astype(np.float32) for v in before.inputs]
+    want = Interpreter(before).run(feeds)[0]
+    compiled = kiln.compile(before, target=target)
+    got = compiled.run(dict(zip([v.name for v in before.inputs], feeds)))["o"]
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    assert compiled.is_native
+    if target != "kir:loops":  # no attention engine there: the group is split back into its ops
+        kinds = [k.kind for p in compiled.plans for s in p.steps for k in getattr(s, "kernels", [])]
+        assert kinds == ["attention"], kinds
