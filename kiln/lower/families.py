@@ -13,6 +13,7 @@ from kiln.lower import (
     index_lowering,
     movement_lowering,
     nn_lowering,
+    resize_lowering,
     window_lowering,
 )
 from kiln.lower import lowering as pointwise
@@ -24,7 +25,15 @@ def lowerings() -> dict[str, Lowering]:
     """op (``kiln::Op`` for kiln's own ops) -> lowering; later families override earlier ones (the
     matrix-multiply engine's MatMul/Conv take over from the loop nests, which they fall back to)."""
     table: dict[str, Lowering] = {}
-    for family in (pointwise, movement_lowering, nn_lowering, window_lowering, gemm_lowering, index_lowering):
+    for family in (
+        pointwise,
+        movement_lowering,
+        resize_lowering,
+        nn_lowering,
+        window_lowering,
+        gemm_lowering,
+        index_lowering,
+    ):
         table.update(family.LOWERINGS)
     table["kiln::Fused"] = fused_lowering.lower_fused
     table["kiln::SafeSoftmax"] = nn_lowering.lower_softmax
