@@ -137,7 +137,7 @@ def attention_group(
         return None, "attention: attention kernel is float32"
     batch = tuple(out.type.shape[:-2])  # type: ignore[union-attr, index]
     if rank < 2 or any(
-        attention_view(tuple(x.type.shape), tuple(range(rank)), False, batch) is None  # type: ignore[union-attr, arg-type]
+        attention_view(tuple(x.type.shape), tuple(range(len(x.type.shape))), False, batch) is None  # type: ignore[union-attr, arg-type]
         for x in (q, kt, v)
     ):
         return None, "attention: Q, K or V neither has the output's batch dims nor broadcasts to them in two strides"
@@ -194,7 +194,11 @@ def attention_view(
     else:  # X dim i is P dim perm[i]
         shape, stride = [stored[p] for p in perm], [contiguous[p] for p in perm]
     if batch is not None:
-        if len(batch) != rank - 2 or any(c not in (1, b) for c, b in zip(shape[:-2], batch, strict=True)):
+        if rank < 2 or rank - 2 > len(batch):
+            return None
+        missing = len(batch) + 2 - rank  # a lower-rank operand broadcasts over the leading dims
+        shape, stride = [1] * missing + shape, [0] * missing + stride
+        if any(c not in (1, b) for c, b in zip(shape[:-2], batch, strict=True)):
             return None
         for axis, (count, wanted) in enumerate(zip(shape[:-2], batch, strict=True)):
             if count != wanted:

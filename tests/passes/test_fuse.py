@@ -361,12 +361,14 @@ def test_a_group_the_target_cannot_run_is_split_back_into_its_ops():
 
 @pytest.mark.parametrize(
     "q_batch, kv_batch",
-    [("1,4", "1,1"), ("2,2,3", "2,1,1"), ("2,3", "1,3")],  # multi-query; grouped (5-D); K/V shared across the batch
+    # multi-query; grouped (5-D); K/V shared across the batch; K/V of lower rank (MatMul broadcasting)
+    [("1,4", "1,1"), ("2,2,3", "2,1,1"), ("2,3", "1,3"), ("2,3", "")],
 )
 def test_attention_whose_keys_and_values_broadcast_over_heads_is_one_kernel(q_batch, kv_batch, target):
     queries, keys, depth = 6, 9, 8
+    kv = f"{kv_batch}," if kv_batch else ""
     text = f"""
-graph g(%q: f32[{q_batch},{queries},{depth}], %kt: f32[{kv_batch},{depth},{keys}], %v: f32[{kv_batch},{keys},{depth}]) -> (%o) {{
+graph g(%q: f32[{q_batch},{queries},{depth}], %kt: f32[{kv}{depth},{keys}], %v: f32[{kv}{keys},{depth}]) -> (%o) {{
   const %scale: f32[] = [0.35]
   %s: f32[{q_batch},{queries},{keys}] = MatMul(%q, %kt)
   %s2: f32[{q_batch},{queries},{keys}] = Mul(%s, %scale)

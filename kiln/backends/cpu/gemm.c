@@ -90,6 +90,38 @@ static inline void kiln_ukernel(int64_t kc, const float *restrict a, const float
   }
 }
 
+/* the micro-kernel over an A read in place: MR rows a + r * lda, each contiguous along k (the
+   activations of x . W, row-major): no packing pass, and no second parallel phase to wait for */
+static inline void kiln_ukernel_rows(int64_t kc, const float *restrict a, int64_t lda, const float *restrict b, float *restrict c, int64_t ldc, int accumulate) {
+  kiln_vf acc0[KILN_MR], acc1[KILN_MR];
+  const float *rows[KILN_MR];
+#pragma GCC unroll 16
+  for (int r = 0; r < KILN_MR; ++r) {
+    rows[r] = a + r * lda;
+    if (accumulate) {
+      acc0[r] = *(const kiln_vfu *)(c + r * ldc);
+      acc1[r] = *(const kiln_vfu *)(c + r * ldc + KILN_L);
+    } else {
+      acc0[r] = (kiln_vf){0};
+      acc1[r] = (kiln_vf){0};
+    }
+  }
+  for (int64_t k = 0; k < kc; ++k) {
+    kiln_vf b0 = *(const kiln_vf *)b, b1 = *(const kiln_vf *)(b + KILN_L);
+#pragma GCC unroll 16
+    for (int r = 0; r < KILN_MR; ++r) {
+      acc0[r] += rows[r][k] * b0;
+      acc1[r] += rows[r][k] * b1;
+    }
+    b += KILN_NR;
+  }
+#pragma GCC unroll 16
+  for (int r = 0; r < KILN_MR; ++r) {
+    *(kiln_vfu *)(c + r * ldc) = acc0[r];
+    *(kiln_vfu *)(c + r * ldc + KILN_L) = acc1[r];
+  }
+}
+
 /* an edge tile (mr < MR or nr < NR): computed whole in a scratch tile, the valid part copied */
 static void kiln_ukernel_edge(int64_t kc, const float *a, const float *b, float *c, int64_t ldc, int accumulate, int64_t mr, int64_t nr) {
   float tile[KILN_MR * KILN_NR] __attribute__((aligned(64)));
@@ -286,7 +318,10 @@ static void kiln_gemm_tasks(void *ctx, int64_t lo, int64_t hi, int worker) {
   (void)all_b;
   static _Thread_local float *a_buf, *b_buf;
   static _Thread_local int64_t a_have, b_have;
-  float *abuf = a_packed ? NULL : kiln_scratch(&a_buf, &a_have, mc * kblock);
+  /* A read in place (row-major, k contiguous): only edge panels (fewer than MR rows, or a tile
+     narrower than NR) are packed, one panel at a time */
+  const int direct_a = !a_packed && g->pack_a == kiln_pack_a_strided && g->a_cs == 1;
+  float *abuf = a_packed ? NULL : kiln_scratch(&a_buf, &a_have, direct_a ? KILN_MR * kblock : mc * kblock);
   float *bbuf = b_packed ? NULL : kiln_scratch(&b_buf, &b_have, nc * kblock);
   for (int64_t task = lo; task < hi; ++task) {
     const int64_t bt = task / (tiles_m * tiles_n), rest = task % (tiles_m * tiles_n);
@@ -300,6 +335,9 @@ static void kiln_gemm_tasks(void *ctx, int64_t lo, int64_t hi, int worker) {
       if (a_packed) {
         ablock = a_packed + bt * a_pbs + (m0 / KILN_MR) * K * KILN_MR + k0 * KILN_MR;
         a_stride = K * KILN_MR;
+      } else if (direct_a) {
+        ablock = NULL; /* panels packed one by one below, only at the edges */
+        a_stride = 0;
       } else {
         g->pack_a(g, bt, m0, mlen, k0, kc, abuf);
         ablock = abuf;
@@ -326,8 +364,18 @@ static void kiln_gemm_tasks(void *ctx, int64_t lo, int64_t hi, int worker) {
         const float *bpanel = bblock + (jr / KILN_NR) * b_stride;
         for (int64_t ir = 0; ir < mlen; ir += KILN_MR) {
           const int64_t mr = mlen - ir < KILN_MR ? mlen - ir : KILN_MR;
-          const float *apanel = ablock + (ir / KILN_MR) * a_stride;
           float *tile = c + (m0 + ir) * g->ldc + n0 + jr;
+          if (direct_a) {
+            const int64_t first = bt * g->a_bs + (m0 + ir) * g->a_rs + k0;
+            if (mr == KILN_MR && nr == KILN_NR) {
+              KILN_SPAN(first, (KILN_MR - 1) * g->a_rs + kc, g->a_size, "A (in place)");
+              kiln_ukernel_rows(kc, g->a + first, g->a_rs, bpanel, tile, g->ldc, k0 > 0);
+              if (last && g->epilogue) g->epilogue(g, bt, m0 + ir, m0 + ir + mr, n0 + jr, n0 + jr + nr);
+              continue;
+            }
+            g->pack_a(g, bt, m0 + ir, mr, k0, kc, abuf);
+          }
+          const float *apanel = direct_a ? abuf : ablock + (ir / KILN_MR) * a_stride;
           if (mr == KILN_MR && nr == KILN_NR)
             kiln_ukernel(kc, apanel, bpanel, tile, g->ldc, k0 > 0);
           else if (nr <= KILN_L)
@@ -375,7 +423,8 @@ static void kiln_gemm_run(const kiln_gemm *g) {
   static _Thread_local float *shared_a, *shared_b;
   static _Thread_local int64_t have_a, have_b;
   float *all_a = NULL, *all_b = NULL;
-  if (!g->a_packed && tiles_n > 1 && size_a * 4 <= KILN_SHARED_LIMIT) all_a = kiln_scratch(&shared_a, &have_a, size_a);
+  const int direct_a = !g->a_packed && g->pack_a == kiln_pack_a_strided && g->a_cs == 1; /* read in place */
+  if (!g->a_packed && !direct_a && tiles_n > 1 && size_a * 4 <= KILN_SHARED_LIMIT) all_a = kiln_scratch(&shared_a, &have_a, size_a);
   if (!g->b_packed && tiles_m > 1 && size_b * 4 <= KILN_SHARED_LIMIT) all_b = kiln_scratch(&shared_b, &have_b, size_b);
   const float *a_packed = all_a ? all_a : g->a_packed, *b_packed = all_b ? all_b : g->b_packed;
   const int64_t a_pbs = all_a ? panels_a * KILN_MR * K : g->a_pbs, b_pbs = all_b ? panels_b * KILN_NR * K : g->b_pbs;
