@@ -49,6 +49,23 @@ CASES = {
     "2 channels per group": (8, (8, 8), (3, 3), {"pads": [1, 1, 1, 1]}, {"per_group": 2}),
     "1-D k5": (6, (20,), (5,), {"pads": [2, 2]}, {}),
     "kernel larger than the map": (3, (2, 3), (5, 5), {"pads": [2, 2, 2, 2]}, {}),
+    # channel counts that fill whole vector blocks on every ISA: the channel-blocked kernel
+    "blocked 5x5 s2 p2 silu, 48 channels": (
+        48,
+        (14, 14),
+        (5, 5),
+        {"pads": [2, 2, 2, 2], "strides": [2, 2]},
+        {"act": "silu"},
+    ),
+    "blocked 7x7 on 7x7, 32 channels": (32, (7, 7), (7, 7), {"pads": [3, 3, 3, 3]}, {"bias": False}),
+    "blocked 3x3 asymmetric pads dilation 2": (
+        32,
+        (9, 10),
+        (3, 3),
+        {"pads": [2, 1, 0, 2], "dilations": [2, 2]},
+        {"act": "relu6"},
+    ),
+    "blocked 1-D k3": (16, (12,), (3,), {"pads": [1, 1]}, {}),
     "too many taps: per-tap kernel": (16, (6, 6), (3, 3), {"pads": [1, 1, 1, 1]}, {"per_group": 8}),
 }
 
@@ -78,3 +95,11 @@ def test_the_direct_kernel_is_the_one_depthwise_layers_get():
     # each output stored once, from its whole sum: no read-modify-write of the output per tap
     assert stores and not any(isinstance(e, Load) and e.buffer is s.buffer for s in stores for e in postorder(s.value))
     assert window_lowering.DIRECT_MAX_TAPS >= 49  # ConvNeXt's 7x7 depthwise takes the direct kernel
+
+
+def test_depthwise_on_small_planes_runs_channel_blocked(target):
+    compiled = kiln.compile(model(64, (14, 14), (5, 5), {"pads": [2, 2, 2, 2]}, act="silu"), target=target)
+    kernels = [k for p in compiled.plans for s in p.steps for k in getattr(s, "kernels", [])]
+    assert len(kernels) == 1
+    scratch = [b.name for b in kernels[0].writes]
+    assert any(name.startswith("dwpad") for name in scratch), scratch  # the zero-bordered, interleaved copy
