@@ -47,6 +47,7 @@ def main(verbose: int, quiet: bool) -> None:
       kiln conformance --filter 'conv|pool'  # a subset, by regex on the case name
       kiln zoo list                          # built-in models
       kiln zoo check resnet50                # export, import, run, compare with onnxruntime
+      kiln zoo arch llama falcon             # tiny dynamo exports of common architectures vs PyTorch
       kiln show model.onnx                   # print a model as kiln IR
     """
     configure_logging(verbose, quiet)
@@ -234,6 +235,64 @@ def zoo_check(names: tuple[str, ...], target: str, tolerance: float) -> None:
             "[green]match[/]" if ok else f"[red]{result.note or 'MISMATCH'}[/]",
         )
     out.print(table)
+    if failed:
+        sys.exit(1)
+
+
+@zoo.command("arch")
+@click.argument("names", nargs=-1)
+@click.option("--target", default="cpu", show_default=True)
+@click.option(
+    "--tolerance", type=float, default=1e-4, show_default=True, help="Max relative L2 error vs eager PyTorch."
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the results as JSON (same exit code).")
+def zoo_arch(names: tuple[str, ...], target: str, tolerance: float, as_json: bool) -> None:
+    """Tiny random-weight versions of common architectures (BERT, GPT-2, Llama, Falcon, ViT, Swin,
+    ConvNeXt, wav2vec2, ...; `kiln zoo arch --json` lists them all), exported with the dynamo
+    exporter (opset 18): compile each for TARGET, list its host fallbacks and attention kernels,
+    and compare with eager PyTorch. Exit 1 when one falls back or mismatches. Needs the zoo
+    extra (torch, transformers, onnxscript)."""
+    import numpy as np
+
+    import kiln
+    from kiln.zoo import architectures
+
+    chosen = list(names) or list(architectures.ARCHITECTURES)
+    unknown = [n for n in chosen if n not in architectures.ARCHITECTURES]
+    if unknown:
+        raise click.BadParameter(
+            f"unknown architecture(s) {unknown}; available: {', '.join(architectures.ARCHITECTURES)}"
+        )
+    rows, failed = [], False
+    for name in chosen:
+        arch = architectures.get(name)
+        path = architectures.export(name, progress=console.print)
+        feeds = architectures.inputs(name)
+        compiled = kiln.compile(str(path), target=target)
+        got = np.asarray(next(iter(compiled.run(feeds).values())), np.float64)
+        want = architectures.eager(name, feeds).astype(np.float64)
+        error = float(np.linalg.norm(got - want) / (np.linalg.norm(want) or 1.0))
+        fallbacks = [f"{f.node.op} ({f.reason})" for p in compiled.plans for f in p.fallbacks]
+        kinds = [k.kind for p in compiled.plans for s in p.steps for k in getattr(s, "kernels", [])]
+        ok = not fallbacks and error <= tolerance
+        failed |= not ok
+        rows.append(
+            {"name": name, "family": arch.family, "model": arch.model_class, "relative_l2": error,
+             "fallbacks": fallbacks, "kernels": len(kinds), "attention_kernels": kinds.count("attention"), "ok": ok}
+        )  # fmt: skip
+    if as_json:
+        click.echo(json.dumps(rows, indent=1))
+    else:
+        table = Table(title=f"architectures (dynamo exports, opset 18) on kiln {target} vs eager PyTorch")
+        for column in ("name", "family", "kernels", "attention", "rel L2", "host fallbacks", "result"):
+            table.add_column(column)
+        for row in rows:
+            table.add_row(
+                row["name"], row["family"], str(row["kernels"]), str(row["attention_kernels"]),
+                f"{row['relative_l2']:.2e}", escape("; ".join(row["fallbacks"])) or "none",
+                "[green]ok[/]" if row["ok"] else "[red]FAIL[/]",
+            )  # fmt: skip
+        out.print(table)
     if failed:
         sys.exit(1)
 

@@ -77,6 +77,7 @@ FLOAT_OPS: dict[str, Scalarize] = {
     "Mul": lambda a, k, t: Binary("*", a[0], a[1]),  # x * y
     "Div": lambda a, k, t: Binary("/", a[0], a[1]),  # x / y
     "Pow": lambda a, k, t: Binary("pow", a[0], Cast(t, a[1])),  # x ** y
+    "Where": lambda a, k, t: Select(a[0], a[1], a[2]),  # cond ? x : y (a bool condition: masks)
     "Max": _fold(_max),
     "Min": _fold(_min),
     "Sum": _fold(lambda x, y: Binary("+", x, y)),

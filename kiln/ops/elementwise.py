@@ -123,7 +123,7 @@ def _register() -> None:
 
 FUSABLE = (
     "Add Sub Mul Div Pow Max Min Neg Abs Relu Sigmoid Tanh Exp Log Sqrt Reciprocal Erf Floor Ceil Softplus "
-    "Softsign Elu Selu Celu LeakyRelu ThresholdedRelu HardSigmoid HardSwish Gelu Mish PRelu Clip"
+    "Softsign Elu Selu Celu LeakyRelu ThresholdedRelu HardSigmoid HardSwish Gelu Mish PRelu Clip Where"
 ).split()
 
 

@@ -69,8 +69,8 @@ def can_fuse(producer: Node, consumer: Node, readers: dict[Value, int], outputs:
         return f"%{link.name} has {readers.get(link, 0)} readers: the intermediate must be kept"
     if link in outputs:
         return f"%{link.name} is a graph output"
-    if not all(_float_static(v) for v in [*consumer.inputs, *consumer.outputs]):
-        return "needs static float32/float64 tensors"
+    if not _float_operands(consumer):
+        return "needs static float32/float64 tensors (a Where's condition: static bool)"
     if consumer.outputs[0].type != link.type:
         return "the consumer broadcasts the chain to a larger shape"
     if consumer.op == "Clip" and any(v is not None and v.type.shape != () for v in consumer.inputs[1:]):  # type: ignore[union-attr]
@@ -78,8 +78,20 @@ def can_fuse(producer: Node, consumer: Node, readers: dict[Value, int], outputs:
     return None
 
 
+def _float_operands(node: Node) -> bool:
+    """Static float tensors in and out; a Where's condition (a mask) is a static bool tensor."""
+    values = [*node.inputs, *node.outputs]
+    if node.op == "Where" and not node.domain:
+        condition = values.pop(0)
+        if not (condition is not None and isinstance(condition.type, TensorType) and condition.type.is_static):
+            return False
+        if condition.type.dtype.short != "bool":
+            return False
+    return all(_float_static(v) for v in values)
+
+
 def _elementwise(node: Node) -> bool:
-    return _fusable(node) and len(node.outputs) == 1 and all(_float_static(v) for v in [*node.inputs, *node.outputs])
+    return _fusable(node) and len(node.outputs) == 1 and _float_operands(node)
 
 
 def fusion_benefit(link: Value) -> int:

@@ -387,3 +387,29 @@ graph g(%q: f32[{q_batch},{queries},{depth}], %kt: f32[{kv}{depth},{keys}], %v: 
     if target != "kir:loops":  # no attention engine there: the group is split back into its ops
         kinds = [k.kind for p in compiled.plans for s in p.steps for k in getattr(s, "kernels", [])]
         assert kinds == ["attention"], kinds
+
+
+def test_attention_behind_a_where_based_causal_mask_is_one_kernel(target):
+    # GPT-Neo's spelling: scores kept where a bool causal mask allows, else the dtype's minimum,
+    # then the padding mask added: Where is an elementwise op of the chain (its condition a bool mask)
+    text = """
+graph g(%q: f32[1,2,6,8], %kt: f32[1,2,8,6], %v: f32[1,2,6,8]) -> (%o) {
+  const %causal: bool[1,1,6,6]
+  const %floor: f32[] = [-3.4028234663852886e+38]
+  const %pad: f32[1,1,1,6]
+  %s: f32[1,2,6,6] = MatMul(%q, %kt)
+  %m: f32[1,2,6,6] = Where(%causal, %s, %floor)
+  %a: f32[1,2,6,6] = Add(%m, %pad)
+  %p: f32[1,2,6,6] = Softmax(%a) {axis=-1}
+  %o: f32[1,2,6,8] = MatMul(%p, %v)
+}"""
+    pad = np.zeros((1, 1, 1, 6), np.float32)
+    pad[..., -2:] = -1e9
+    before = parse_graph(text, {"causal": np.tril(np.ones((6, 6), bool))[None, None], "pad": pad})
+    after = fuse(before)
+    assert [n.attrs.get("kind") for n in after.nodes] == ["attention"]
+    assert [n.op for n in after.nodes[0].attrs["body"].nodes] == ["MatMul", "Where", "Add", "Softmax", "MatMul"]
+    feeds = [RNG.standard_normal(tuple(int(d) for d in v.type.shape)).astype(np.float32) for v in before.inputs]
+    want = Interpreter(before).run(feeds)[0]
+    got = kiln.compile(before, target=target).run(dict(zip([v.name for v in before.inputs], feeds)))["o"]
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)

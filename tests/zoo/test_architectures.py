@@ -22,7 +22,8 @@ from kiln.zoo import architectures
 
 ATTENTION_LAYERS = {  # architectures whose every layer's attention must be one kernel
     "bert": 2, "roberta": 2, "distilbert": 2, "gpt2": 2, "llama": 2, "mistral": 2, "qwen2": 2, "gemma": 2,
-    "phi": 2, "opt": 2, "falcon": 2, "vit": 2, "deit": 2,
+    "phi": 2, "opt": 2, "falcon": 2, "vit": 2, "deit": 2, "gpt-neo": 2, "gptj": 2, "beit": 2, "swin": 2,
+    "wav2vec2": 2,
 }  # fmt: skip
 
 
@@ -43,3 +44,13 @@ def test_architecture_compiles_natively_and_matches_pytorch(name):
     if name in ATTENTION_LAYERS:
         kinds = [k.kind for p in compiled.plans for s in p.steps for k in getattr(s, "kernels", [])]
         assert kinds.count("attention") == ATTENTION_LAYERS[name], kinds
+
+
+def test_zoo_arch_command_reports_each_architecture_and_refuses_unknown_names():
+    result = CliRunner().invoke(main, ["zoo", "arch", "llama", "--json"])
+    assert result.exit_code == 0, result.output
+    (row,) = json.loads(result.output)
+    assert row["name"] == "llama" and row["ok"] and row["fallbacks"] == [] and row["attention_kernels"] == 2
+    assert row["relative_l2"] <= 1e-4
+    result = CliRunner().invoke(main, ["zoo", "arch", "no-such-model"])
+    assert result.exit_code != 0 and "unknown architecture" in result.output
