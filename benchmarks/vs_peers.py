@@ -1,6 +1,8 @@
-"""kiln (cpu) vs onnxruntime and OpenVINO (f32 precision hint) on the seed models, batch 1 and 8.
+"""kiln (cpu) vs onnxruntime and OpenVINO (f32 precision hint) on the zoo's CNNs and transformers
+(the seed models, MobileNetV2, EfficientNet-B0, ConvNeXt-T, ViT-Base, DistilBERT, a Llama-style
+decoder; the transformers also as the dynamo exporter writes them), batch 1.
 
-    python benchmarks/vs_peers.py                                  # four models, batch 1 and 8
+    python benchmarks/vs_peers.py                                  # twelve models, batch 1 (~15 min)
     python benchmarks/vs_peers.py --models resnet50 --batches 1 --duration 5
 
 Runs through the benchmark harness (``kiln bench``'s runner: each job in its own worker process,
@@ -20,9 +22,13 @@ from pathlib import Path
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--models", default="resnet50,vgg19,bert-base,gpt2,bert-base-dynamo,gpt2-dynamo")
+    parser.add_argument(
+        "--models",
+        default="resnet50,vgg19,mobilenet_v2,efficientnet-b0-dynamo,convnext-tiny-dynamo,"
+        "bert-base,gpt2,bert-base-dynamo,gpt2-dynamo,vit-base-dynamo,distilbert-dynamo,llama-dynamo",
+    )
     parser.add_argument("--peers", default="onnxruntime,openvino")
-    parser.add_argument("--batches", default="1,8")
+    parser.add_argument("--batches", default="1")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--duration", type=float, default=5.0, help="seconds per job (after warm-up)")
     parser.add_argument("--out", type=Path, default=Path("reports/vs_peers"))

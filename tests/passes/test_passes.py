@@ -369,3 +369,36 @@ graph g(%x: f32[2,6]) -> (%y) {
   %y: f32[3,4] = Add(%r, %v)
 }""")
     assert [n.op for n in dce(simplify(graph)).nodes] == ["Reshape", "Add"]
+
+
+def test_a_pool_whose_one_window_covers_the_input_becomes_a_global_pool():
+    # transformers' EfficientNet: AveragePool with a kernel far larger than the 7x7 map, ceil_mode
+    before = parse_graph(
+        """
+graph g(%x: f32[1,8,7,7]) -> (%y, %z) {
+  %y: f32[1,8,1,1] = AveragePool(%x) {ceil_mode=1, kernel_shape=[1280, 1280], strides=[1280, 1280]}
+  %z: f32[1,8,1,1] = MaxPool(%x) {kernel_shape=[7, 7]}
+}"""
+    )
+    after = simplify(before)
+    assert_same(
+        after,
+        """
+graph g(%x: f32[1,8,7,7]) -> (%y, %z) {
+  %y: f32[1,8,1,1] = GlobalAveragePool(%x)
+  %z: f32[1,8,1,1] = GlobalMaxPool(%x)
+}""",
+    )
+    x = np.random.default_rng(0).standard_normal((1, 8, 7, 7)).astype(np.float32)
+    for got, want in zip(run(after, x), run(before, x)):
+        np.testing.assert_allclose(got, want, rtol=1e-6)
+
+
+def test_a_pool_that_counts_padding_or_has_several_windows_is_kept():
+    text = """
+graph g(%x: f32[1,2,4,4]) -> (%y, %z) {
+  %y: f32[1,2,1,1] = AveragePool(%x) {count_include_pad=1, kernel_shape=[5, 5], pads=[0, 0, 1, 1]}
+  %z: f32[1,2,2,2] = AveragePool(%x) {kernel_shape=[2, 2], strides=[2, 2]}
+}"""
+    after = simplify(parse_graph(text))
+    assert [n.op for n in after.nodes] == ["AveragePool", "AveragePool"]
