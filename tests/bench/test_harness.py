@@ -324,3 +324,20 @@ def test_soak_estimates_rss_growth_from_a_long_run(tiny_onnx, tmp_path):
     low, high = record["rss_growth_ci95"]
     assert record["soak_inferences"] == 2000 and low <= record["rss_growth_mb_per_1k"] <= high
     assert abs(record["rss_growth_mb_per_1k"]) < 1.0  # kiln does not leak
+
+
+def test_kiln_backends_name_their_target_and_say_when_this_cpu_cannot_run_it():
+    from kiln.backends.cpu import runnable_isas
+    from kiln.bench.backends import backend_class
+
+    avx2 = backend_class("kiln-avx2")(threads=1)
+    assert avx2.config()["target"] == "cpu:avx2" and avx2.native
+    if "avx2" in runnable_isas():
+        assert avx2.availability() is None
+    else:
+        assert "cannot run on this machine" in avx2.availability()
+    foreign = backend_class("kiln")(threads=1)
+    foreign.target = "cpu:neon" if "neon" not in runnable_isas() else "cpu:avx512"
+    if foreign.target.split(":")[1] not in runnable_isas():
+        assert "cannot run on this machine" in foreign.availability()
+    assert not backend_class("kiln-reference")(threads=1).native

@@ -9,6 +9,7 @@ from kiln.bench.backends.base import Backend, Session, Unavailable
 # name -> "module:Class"; plugins (tests, users) may add to it with ``register``.
 BACKENDS: dict[str, str] = {
     "kiln": "kiln.bench.backends.kiln_backend:KilnBackend",
+    "kiln-avx2": "kiln.bench.backends.kiln_backend:KilnAvx2Backend",
     "kiln-reference": "kiln.bench.backends.kiln_backend:KilnReferenceBackend",
     "onnxruntime": "kiln.bench.backends.onnxruntime_backend:OnnxRuntimeBackend",
     "openvino": "kiln.bench.backends.openvino_backend:OpenVinoBackend",
