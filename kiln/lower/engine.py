@@ -13,6 +13,7 @@ from kiln.ir.types import DType
 from kiln.lower.kir import (
     Binary,
     Buffer,
+    Const,
     Expr,
     For,
     Function,
@@ -169,6 +170,11 @@ def compose_chain(
             if v in computed:
                 return computed[v]
             actual = bindings[v]
+            known = lw.constant(actual)
+            if known is not None and known.size == 1 and known.dtype in (np.float32, np.float64):
+                # a scalar constant (a scale, a Clip bound, GELU's sqrt(2)) is an immediate: no load
+                # per element, and the scalar rules (x / c as a product) can see it
+                return Const(float(known.reshape(-1)[0]), DType.from_numpy(known.dtype))
             buffer = lw.buffer(actual)
             if buffer.size == 1:
                 return Load(buffer, i64(0))

@@ -104,3 +104,26 @@ def test_the_lowered_kernels_compute_what_the_reference_does(name):
     got = Executable(lowered(before)).run(inputs)
     for a, b in zip(got, expected):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_scalar_constants_of_a_fused_chain_are_immediates_and_division_by_one_is_a_product():
+    graph = parse_graph(
+        """
+graph g(%x: f32[2,3]) -> (%y) {
+  const %c: f32[] = [1.4142135381698608]
+  const %lo: f32[] = [0.0]
+  %d: f32[2,3] = Div(%x, %c)
+  %e: f32[2,3] = Erf(%d)
+  %y: f32[2,3] = Max(%e, %lo)
+}"""
+    )
+    plan = compile_plan(graph, "kir", OPTIONS)
+    (kernel,) = [k for s in plan.steps if isinstance(s, Segment) for k in s.kernels]
+    text = print_kernel(kernel)
+    assert "* 0.70710676" in text and " / " not in text, text  # x / sqrt(2) as x * (1 / sqrt(2))
+    body = text.split("\n", 1)[1]
+    loaded = {b.name for b in kernel.reads if f"{b.name}[" in body}
+    assert len(loaded) == 1, text  # only x is loaded: the two scalars are immediates
+    x = np.array([[-2.0, -0.5, 0.0], [0.3, 1.0, 40.0]], np.float32)
+    want = Interpreter(graph).run([x])[0]
+    np.testing.assert_allclose(kiln.compile(graph, target="kir").run({"x": x})["y"], want, rtol=2e-7, atol=1e-7)
