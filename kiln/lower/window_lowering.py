@@ -194,7 +194,7 @@ def _blocked_depthwise(  # type: ignore[no-untyped-def]
         return None
     # [block][tap][lane]: one tap's weights for a block of channels are one vector
     packed = lw.packed_constant(
-        ("depthwise-blocked", id(w), lanes),
+        ("depthwise-blocked", w.name, lanes),  # type: ignore[union-attr]
         lambda: np.ascontiguousarray(
             weights.reshape(blocks, lanes, taps).transpose(0, 2, 1).astype(np.float32)
         ).reshape(-1),
