@@ -171,7 +171,8 @@ def test_cli_names_valid_choices(tmp_path):
     result = runner.invoke(main, ["bench", "-b", "warp-drive", "--out", str(tmp_path)])
     assert (
         result.exit_code != 0
-        and "unknown backend(s) ['warp-drive']; available: kiln, kiln-reference, onnxruntime" in str(result.exception)
+        and "unknown backend(s) ['warp-drive']; available: kiln, kiln-avx2, kiln-reference, onnxruntime"
+        in str(result.exception)
     )
     result = runner.invoke(main, ["bench", "-m", "resnet9000", "--out", str(tmp_path)])
     assert "unknown model 'resnet9000'; available: resnet50" in str(result.exception)
