@@ -95,9 +95,12 @@ def _direct_window(  # type: ignore[no-untyped-def]
         return None
     rows = [valid_range(kh, stride_h, dil_h, pad_t, height, out_h) for kh in range(kernel_h)]
     cols = [valid_range(kw, stride_w, dil_w, pad_l, width, out_w) for kw in range(kernel_w)]
-    row_lo, row_hi = max(r[0] for r in rows), min(r[1] for r in rows)
-    col_lo, col_hi = max(c[0] for c in cols), min(c[1] for c in cols)
-    row_hi, col_hi = max(row_hi, row_lo), max(col_hi, col_lo)
+    # the interior: outputs every tap of which is inside (a tap that is never inside makes it
+    # empty; valid_range's low may then exceed the output size)
+    row_lo = min(max(r[0] for r in rows), out_h)
+    col_lo = min(max(c[0] for c in cols), out_w)
+    row_hi = max(min(r[1] for r in rows), row_lo)
+    col_hi = max(min(c[1] for c in cols), col_lo)
     if row_lo + (out_h - row_hi) > DIRECT_MAX_EDGE or col_lo + (out_w - col_hi) > DIRECT_MAX_EDGE:
         return None
     per_group = out_channels // group

@@ -48,6 +48,8 @@ CASES = {
     "channel multiplier 2": (4, (8, 8), (3, 3), {"pads": [1, 1, 1, 1]}, {"multiplier": 2}),
     "2 channels per group": (8, (8, 8), (3, 3), {"pads": [1, 1, 1, 1]}, {"per_group": 2}),
     "1-D k5": (6, (20,), (5,), {"pads": [2, 2]}, {}),
+    # found by the fuzzer: a tap that is never inside (dilation 2, pads 2/1 on a width of 2)
+    "a tap never inside the input": (3, (1, 2), (1, 3), {"pads": [0, 2, 0, 1], "dilations": [1, 2]}, {}),
     "kernel larger than the map": (3, (2, 3), (5, 5), {"pads": [2, 2, 2, 2]}, {}),
     # channel counts that fill whole vector blocks on every ISA: the channel-blocked kernel
     "blocked 5x5 s2 p2 silu, 48 channels": (
