@@ -453,6 +453,13 @@ def targets_command(as_json: bool) -> None:
         else:
             row.update(runs_here=True, reason="", engines=[])
         rows.append(row)
+    from kiln.backends.cpu import features
+
+    paths = features.precision_paths()
+    amx_granted, amx_reason = features.request_amx() if "amx_tile" in features.cpu_flags() else (False, "no AMX")
+    for row in rows:  # what the machine offers the cpu targets for reduced precision (issue: bf16/int8)
+        if row["backend"] == "cpu":
+            row["reduced_precision"] = {"bf16": paths["bf16"], "int8": paths["int8"], "amx": amx_granted or amx_reason}
     if as_json:
         click.echo(json.dumps(rows, indent=1))
         return
@@ -465,6 +472,11 @@ def targets_command(as_json: bool) -> None:
         isa = row.get("isa", "-" if row["compiles"] else "(interpreter)")
         table.add_row(row["target"], isa, vector, ", ".join(row.get("engines", [])) or "-", here)
     out.print(table)
+    out.print(
+        f"this CPU's reduced-precision hardware: bf16 {', '.join(paths['bf16']) or 'none (would be emulated)'}; "
+        f"int8 {', '.join(paths['int8']) or 'none'}; AMX permission: "
+        + ("granted" if amx_granted is True else escape(str(amx_reason)))
+    )
 
 
 @main.command("run")

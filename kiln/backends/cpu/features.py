@@ -1,0 +1,79 @@
+"""What this CPU offers for reduced precision, and the OS permission AMX needs.
+
+``cpu_flags()``: the kernel's CPU flags (/proc/cpuinfo), read once. ``precision_paths()``: for bf16
+and int8, the hardware paths this CPU has, best first (AMX tiles, AVX-512 dot products, AVX-VNNI,
+plain AVX2 / AVX-512 arithmetic). ``request_amx()``: Linux hands AMX tile data to a process only
+after it asks (``arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)``); without that, the first
+tile instruction kills the process with SIGILL. The answer (granted, or why not) is cached, so
+kernels choose their AMX or fallback path once per process.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import platform
+from functools import lru_cache
+
+# (path name, the /proc/cpuinfo flags it needs), best first
+PATHS: dict[str, tuple[tuple[str, tuple[str, ...]], ...]] = {
+    "bf16": (
+        ("amx-bf16", ("amx_tile", "amx_bf16")),
+        ("avx512-bf16", ("avx512_bf16",)),
+    ),
+    "int8": (
+        ("amx-int8", ("amx_tile", "amx_int8")),
+        ("avx512-vnni", ("avx512_vnni",)),
+        ("avx-vnni", ("avx_vnni",)),
+        ("avx2", ("avx2",)),
+    ),
+}
+
+_SYS_ARCH_PRCTL = 158  # x86-64
+_ARCH_GET_XCOMP_PERM = 0x1022
+_ARCH_REQ_XCOMP_PERM = 0x1023
+_XFEATURE_XTILEDATA = 18
+
+
+@lru_cache(maxsize=1)
+def cpu_flags() -> frozenset[str]:
+    """This CPU's feature flags as the kernel reports them (empty where /proc/cpuinfo is absent)."""
+    try:
+        with open("/proc/cpuinfo") as handle:
+            for line in handle:
+                if line.startswith(("flags", "Features")):
+                    return frozenset(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return frozenset()
+
+
+def precision_paths(flags: frozenset[str] | None = None) -> dict[str, list[str]]:
+    """{"bf16": [...], "int8": [...]}: the hardware paths ``flags`` (default: this CPU) offer,
+    best first; an empty list means that precision would have to be emulated."""
+    flags = cpu_flags() if flags is None else flags
+    return {
+        precision: [name for name, needs in paths if all(flag in flags for flag in needs)]
+        for precision, paths in PATHS.items()
+    }
+
+
+@lru_cache(maxsize=1)
+def request_amx() -> tuple[bool, str]:
+    """(True, "") when this process may use AMX tiles (asked once), else (False, why not)."""
+    if "amx_tile" not in cpu_flags():
+        return False, "this CPU has no AMX (no amx_tile flag)"
+    if platform.system() != "Linux" or platform.machine() not in ("x86_64", "AMD64"):
+        return (
+            False,
+            f"AMX permission is requested through Linux x86-64's arch_prctl (this is {platform.system()} {platform.machine()})",
+        )
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.syscall(_SYS_ARCH_PRCTL, _ARCH_REQ_XCOMP_PERM, _XFEATURE_XTILEDATA) != 0:
+        errno = ctypes.get_errno()
+        return False, f"the kernel refused AMX tile data (arch_prctl ARCH_REQ_XCOMP_PERM: errno {errno})"
+    granted = ctypes.c_uint64(0)
+    if libc.syscall(_SYS_ARCH_PRCTL, _ARCH_GET_XCOMP_PERM, ctypes.byref(granted)) != 0:
+        return False, f"arch_prctl ARCH_GET_XCOMP_PERM failed (errno {ctypes.get_errno()})"
+    if not granted.value & (1 << _XFEATURE_XTILEDATA):
+        return False, "the kernel did not grant AMX tile data"
+    return True, ""
