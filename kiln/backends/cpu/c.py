@@ -169,7 +169,12 @@ def _node_text(e: Expr, text: dict[int, str], types: dict[int, DType]) -> str:
         a, b = text[id(e.a)], text[id(e.b)]
         if e.op in ("pow", "fmod"):
             return f"{e.op}({a}, {b})"
-        if e.op in ("&&", "||") and _evaluates_nothing_new(e.b, e.a):
+        if (
+            e.op in ("&&", "||")
+            and types[id(e.a)] is DType.BOOL
+            and types[id(e.b)] is DType.BOOL
+            and _evaluates_nothing_new(e.b, e.a)
+        ):
             # both sides are evaluated anyway: C's bitwise form has no branch, so the loop vectorizes
             # (a short-circuit `||` in an elementwise select keeps GCC from if-converting it)
             return f"({a} {e.op[0]} {b})"
