@@ -456,7 +456,7 @@ def targets_command(as_json: bool) -> None:
     from kiln.backends.cpu import features
 
     paths = features.precision_paths()
-    amx_granted, amx_reason = features.request_amx() if "amx_tile" in features.cpu_flags() else (False, "no AMX")
+    amx_granted, amx_reason = features.request_amx()
     for row in rows:  # what the machine offers the cpu targets for reduced precision (issue: bf16/int8)
         if row["backend"] == "cpu":
             row["reduced_precision"] = {"bf16": paths["bf16"], "int8": paths["int8"], "amx": amx_granted or amx_reason}

@@ -76,7 +76,6 @@ def lower_attention(lw: Lowerer, node: Node) -> list[Kernel]:
     keys, width = kt_shape[-1], v_shape[-1]
     if kt_shape[-2] != depth or v_shape[-2] != keys:
         raise CannotLower("attention operands do not chain")
-    batch_shape = out_shape[:-2]
     batch = int(np.prod(batch_shape)) if batch_shape else 1
     scores_shape = (*batch_shape, queries, keys)
     compose = compose_chain(lw, chain, bindings, scores_shape, first.outputs[0])

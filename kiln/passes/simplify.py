@@ -265,7 +265,7 @@ def _whole_window_pool(rw: Rewriter, node: Node, producers: dict[Value, Node]) -
         return None
     if node.op == "AveragePool" and int(node.attrs.get("count_include_pad", 0)) and any(p != 0 for p in pads):
         return None
-    if len(node.outputs) > 1 or not _same_type(out, out):
+    if len(node.outputs) > 1:
         return None
     return rw.emit("Global" + node.op, [x], hint=out.name, name=node.name)
 

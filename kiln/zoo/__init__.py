@@ -99,16 +99,16 @@ def _dlrm_inputs(options: dict[str, Any], seed: int) -> dict[str, np.ndarray]:
     }
 
 
-def _build_bert(options: dict[str, Any]) -> Any:
-    from kiln.zoo.transformers_models import build_bert
+def _transformers(builder: str) -> Callable[[dict[str, Any]], Any]:
+    """A builder of ``kiln.zoo.transformers_models`` (imported when a model is built: torch and
+    transformers are the zoo extra)."""
 
-    return build_bert(options)
+    def build(options: dict[str, Any]) -> Any:
+        from kiln.zoo import transformers_models
 
+        return getattr(transformers_models, builder)(options)
 
-def _build_gpt2(options: dict[str, Any]) -> Any:
-    from kiln.zoo.transformers_models import build_gpt2
-
-    return build_gpt2(options)
+    return build
 
 
 MODELS: dict[str, ZooModel] = {
@@ -131,7 +131,7 @@ MODELS: dict[str, ZooModel] = {
     "bert-base": ZooModel(
         "bert-base",
         "BERT-base encoder (transformers BertModel, random init), seq 128, 109M parameters",
-        _build_bert,
+        _transformers("build_bert"),
         _token_inputs,
         defaults={"seq": 128, "vocab": 30522},
         dynamic_axes={"input_ids": {0: "batch"}, "attention_mask": {0: "batch"}, "last_hidden_state": {0: "batch"}},
@@ -140,7 +140,7 @@ MODELS: dict[str, ZooModel] = {
     "gpt2": ZooModel(
         "gpt2",
         "GPT-2 small (transformers GPT2Model, random init), seq 128, 124M parameters",
-        _build_gpt2,
+        _transformers("build_gpt2"),
         _token_inputs,
         defaults={"seq": 128, "vocab": 50257},
         dynamic_axes={"input_ids": {0: "batch"}, "attention_mask": {0: "batch"}, "last_hidden_state": {0: "batch"}},
@@ -186,15 +186,6 @@ for _name in ("bert-base", "gpt2"):  # the transformers as torch.onnx.export(dyn
         exporter="dynamo",
         opset=18,
     )
-
-
-def _transformers(builder: str) -> Callable[[dict[str, Any]], Any]:
-    def build(options: dict[str, Any]) -> Any:
-        from kiln.zoo import transformers_models
-
-        return getattr(transformers_models, builder)(options)
-
-    return build
 
 
 _TOKENS_DYNAMIC = {"input_ids": {0: "batch"}, "attention_mask": {0: "batch"}, "last_hidden_state": {0: "batch"}}

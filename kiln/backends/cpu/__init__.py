@@ -14,7 +14,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from kiln.backends.cpu import toolchain
+from kiln.backends.cpu import features, toolchain
 from kiln.backends.cpu.c import emit_c
 from kiln.backends.cpu.scratch import engine_scratch
 from kiln.backends.cpu.toolchain import ISAS
@@ -28,15 +28,7 @@ from kiln.lower.target import ENGINES, Target, TargetError
 @lru_cache(maxsize=1)
 def host() -> Target:
     """This machine: its best ISA (read once from /proc/cpuinfo) and the cores this process may use."""
-    flags: set[str] = set()
-    try:
-        with open("/proc/cpuinfo") as handle:
-            for line in handle:
-                if line.startswith(("flags", "Features")):
-                    flags = set(line.split(":", 1)[1].split())
-                    break
-    except OSError:
-        pass
+    flags = features.cpu_flags()
     try:
         cores = len(os.sched_getaffinity(0))
     except AttributeError:

@@ -6,7 +6,9 @@ the tests check against NumPy."""
 from __future__ import annotations
 
 import ctypes
+from functools import cache
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -16,6 +18,18 @@ from kiln.errors import KilnError
 SOURCE = Path(__file__).with_name("amx.c")
 DOT_SOURCE = Path(__file__).with_name("dpbf16.c")
 DOT_ROWS, DOT_COLUMNS = 8, 32  # the micro-tile of dpbf16.c
+
+
+@cache
+def _function(source: Path, name: str, params: tuple[str, ...]) -> Any:
+    """C function ``name`` of ``source`` built for this machine (once per process); params "p"
+    (pointer) or "i" (int64), returning nothing."""
+    from kiln.backends.cpu import host
+
+    function = getattr(ctypes.CDLL(str(toolchain.build(source.read_text(), host()))), name)
+    function.restype = None
+    function.argtypes = [ctypes.c_void_p if p == "p" else ctypes.c_int64 for p in params]
+    return function
 
 
 def available() -> str:
@@ -36,8 +50,6 @@ def pair_layout(b: np.ndarray) -> np.ndarray:
 def tile_product(a_bits: np.ndarray, b_bits: np.ndarray, c: np.ndarray | None = None) -> np.ndarray:
     """C += A . B on the AMX tiles: A 16 x K and B K x 16 as bfloat16 bit patterns (uint16), K a
     multiple of 32; C 16 x 16 float32 (zeros when None). KilnError where AMX is unavailable."""
-    from kiln.backends.cpu import host
-
     reason = available()
     if reason:
         raise KilnError(f"AMX tile product unavailable: {reason}")
@@ -48,17 +60,7 @@ def tile_product(a_bits: np.ndarray, b_bits: np.ndarray, c: np.ndarray | None = 
             f"AMX tile product needs A 16 x K and B K x 16 with K a multiple of 32, got {a_bits.shape}, {b_bits.shape}"
         )
     c = np.zeros((16, 16), np.float32) if c is None else np.ascontiguousarray(c, dtype=np.float32).copy()
-    library = ctypes.CDLL(str(toolchain.build(SOURCE.read_text(), host())))
-    function = library.kiln_amx_bf16_tile
-    function.restype = None
-    function.argtypes = [
-        ctypes.c_void_p,
-        ctypes.c_int64,
-        ctypes.c_void_p,
-        ctypes.c_void_p,
-        ctypes.c_int64,
-        ctypes.c_int64,
-    ]
+    function = _function(SOURCE, "kiln_amx_bf16_tile", ("p", "i", "p", "p", "i", "i"))
     pairs = pair_layout(np.asarray(b_bits, dtype=np.uint16))
     function(a_bits.ctypes.data, k, pairs.ctypes.data, c.ctypes.data, 16, k)
     return c
@@ -81,8 +83,6 @@ def pack_pairs_a(a_bits: np.ndarray) -> np.ndarray:
 def dot_tile(a_bits: np.ndarray, b_bits: np.ndarray, c: np.ndarray | None = None) -> np.ndarray:
     """C += A . B with the AVX-512-BF16 micro-kernel: A 8 x K, B K x 32 (bf16 bit patterns), K even;
     C 8 x 32 float32 (zeros when None). KilnError where the CPU lacks AVX-512-BF16."""
-    from kiln.backends.cpu import host
-
     reason = dot_available()
     if reason:
         raise KilnError(f"AVX-512-BF16 micro-kernel unavailable: {reason}")
@@ -93,10 +93,7 @@ def dot_tile(a_bits: np.ndarray, b_bits: np.ndarray, c: np.ndarray | None = None
             f"the bf16 micro-kernel needs A 8 x K and B K x 32 with K even, got {a_bits.shape}, {b_bits.shape}"
         )
     c = np.zeros((DOT_ROWS, DOT_COLUMNS), np.float32) if c is None else np.ascontiguousarray(c, dtype=np.float32).copy()
-    library = ctypes.CDLL(str(toolchain.build(DOT_SOURCE.read_text(), host())))
-    function = library.kiln_dpbf16_tile
-    function.restype = None
-    function.argtypes = [ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
+    function = _function(DOT_SOURCE, "kiln_dpbf16_tile", ("i", "p", "p", "p", "i"))
     a_pairs = pack_pairs_a(a_bits)
     b_pairs = pair_layout(np.asarray(b_bits, dtype=np.uint16))  # [K/2][32][2]
     function(k, a_pairs.ctypes.data, b_pairs.ctypes.data, c.ctypes.data, DOT_COLUMNS)

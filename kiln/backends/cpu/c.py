@@ -173,7 +173,7 @@ def _node_text(e: Expr, text: dict[int, str], types: dict[int, DType]) -> str:
             e.op in ("&&", "||")
             and types[id(e.a)] is DType.BOOL
             and types[id(e.b)] is DType.BOOL
-            and _evaluates_nothing_new(e.b, e.a)
+            and _evaluates_nothing_new(e.b, e.a, types)
         ):
             # both sides are evaluated anyway: C's bitwise form has no branch, so the loop vectorizes
             # (a short-circuit `||` in an elementwise select keeps GCC from if-converting it)
@@ -193,11 +193,10 @@ def _node_text(e: Expr, text: dict[int, str], types: dict[int, DType]) -> str:
     raise TypeError(f"no C for {e!r}")
 
 
-def _evaluates_nothing_new(right: Expr, left: Expr) -> bool:
+def _evaluates_nothing_new(right: Expr, left: Expr, types: dict[int, DType]) -> bool:
     """Whether evaluating ``right`` unconditionally is safe once ``left`` is: every load it makes,
     ``left`` makes too (a load ``left`` guards stays guarded) and no integer division can trap."""
     left_loads = {n for n in postorder(left) if isinstance(n, Load)}  # by value: loads are pure
-    types = dtypes_of(right)
     for node in postorder(right):
         if isinstance(node, Load) and node not in left_loads:
             return False

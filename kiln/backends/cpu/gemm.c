@@ -278,6 +278,7 @@ static int64_t kiln_round_up(int64_t x, int64_t to) { return (x + to - 1) / to *
 typedef struct {
   const kiln_gemm *g;
   int64_t M, N, K, kblock, mc, nc, tiles_m, tiles_n, panels_a, panels_b, a_pbs, b_pbs;
+  int direct_a; /* A read in place (row-major, k contiguous): only edge panels are packed */
   float *all_a, *all_b;
   const float *a_packed, *b_packed;
 } kiln_gemm_plan;
@@ -318,9 +319,7 @@ static void kiln_gemm_tasks(void *ctx, int64_t lo, int64_t hi, int worker) {
   (void)all_b;
   static _Thread_local float *a_buf, *b_buf;
   static _Thread_local int64_t a_have, b_have;
-  /* A read in place (row-major, k contiguous): only edge panels (fewer than MR rows, or a tile
-     narrower than NR) are packed, one panel at a time */
-  const int direct_a = !a_packed && g->pack_a == kiln_pack_a_strided && g->a_cs == 1;
+  const int direct_a = p->direct_a; /* edge panels (fewer than MR rows, or narrower than NR) packed one at a time */
   float *abuf = a_packed ? NULL : kiln_scratch(&a_buf, &a_have, direct_a ? KILN_MR * kblock : mc * kblock);
   float *bbuf = b_packed ? NULL : kiln_scratch(&b_buf, &b_have, nc * kblock);
   for (int64_t task = lo; task < hi; ++task) {
@@ -429,7 +428,7 @@ static void kiln_gemm_run(const kiln_gemm *g) {
   const float *a_packed = all_a ? all_a : g->a_packed, *b_packed = all_b ? all_b : g->b_packed;
   const int64_t a_pbs = all_a ? panels_a * KILN_MR * K : g->a_pbs, b_pbs = all_b ? panels_b * KILN_NR * K : g->b_pbs;
   kiln_gemm_plan plan = {g, M, N, K, kblock, mc, nc, tiles_m, tiles_n, panels_a, panels_b, a_pbs, b_pbs,
-                         all_a, all_b, a_packed, b_packed};
+                         direct_a, all_a, all_b, a_packed, b_packed};
   const int workers = work >= 65536 && tasks > 1 ? 0 : 1; /* small products: one thread */
   if (all_a) kiln_parallel_for(0, g->batch * ((panels_a + KILN_PACK_CHUNK - 1) / KILN_PACK_CHUNK), 0, workers, kiln_gemm_pack_a, &plan);
   if (all_b) kiln_parallel_for(0, g->batch * ((panels_b + KILN_PACK_CHUNK - 1) / KILN_PACK_CHUNK), 0, workers, kiln_gemm_pack_b, &plan);
