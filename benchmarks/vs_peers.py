@@ -4,6 +4,12 @@ decoder; the transformers also as the dynamo exporter writes them), batch 1.
 
     python benchmarks/vs_peers.py                                  # twelve models, batch 1 (~15 min)
     python benchmarks/vs_peers.py --models resnet50 --batches 1 --duration 5
+    python benchmarks/vs_peers.py --precision bf16                 # kiln-bf16 vs OpenVINO bf16 (and ORT fp32)
+
+With ``--precision bf16`` kiln's row is ``kiln-bf16`` (matrix products and convolutions on AMX-BF16
+or AVX512_BF16) and the default peers are OpenVINO at its bf16 inference precision and onnxruntime
+(fp32: it has no bf16 CPU kernels); every engine's relative L2 (and top-1 agreement for
+classifiers) against kiln's fp32 reference interpreter is printed beside the latencies.
 
 Runs through the benchmark harness (``kiln bench``'s runner: each job in its own worker process,
 same threads, warm-up, single-stream latency), so the run is stored in the harness's SQLite
@@ -27,20 +33,24 @@ def main() -> int:
         default="resnet50,vgg19,mobilenet_v2,efficientnet-b0-dynamo,convnext-tiny-dynamo,"
         "bert-base,gpt2,bert-base-dynamo,gpt2-dynamo,vit-base-dynamo,distilbert-dynamo,llama-dynamo",
     )
-    parser.add_argument("--peers", default="onnxruntime,openvino")
+    parser.add_argument("--precision", choices=["fp32", "bf16"], default="fp32", help="kiln's precision")
+    parser.add_argument("--peers", default=None, help="default: onnxruntime,openvino (bf16: openvino-bf16,onnxruntime)")
     parser.add_argument("--batches", default="1")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--duration", type=float, default=5.0, help="seconds per job (after warm-up)")
     parser.add_argument("--out", type=Path, default=Path("reports/vs_peers"))
     parser.add_argument("--db", type=Path, default=Path("reports/bench.db"))
     args = parser.parse_args()
+    ours_name = {"fp32": "kiln", "bf16": "kiln-bf16"}[args.precision]
+    if args.peers is None:
+        args.peers = {"fp32": "onnxruntime,openvino", "bf16": "openvino-bf16,onnxruntime"}[args.precision]
 
     from kiln.bench import report, store
     from kiln.bench.runner import BenchConfig, run_bench
 
     config = BenchConfig(
         models=args.models.split(","),
-        backends=["kiln", *args.peers.split(",")],
+        backends=[ours_name, *args.peers.split(",")],
         batches=[int(b) for b in args.batches.split(",")],
         threads=args.threads,
         duration=args.duration,
@@ -57,32 +67,44 @@ def main() -> int:
     store.save_run(args.db, run)
 
     p50: dict[tuple[str, int, str], float] = {}
+    accuracy: dict[tuple[str, int, str], str] = {}
     for record in run["records"]:
         if record.get("status") == "ok" and "latency_ms" in record:
             p50[(record["model"], record["batch"], record["backend"])] = record["latency_ms"]["p50"]
+            agreement = record.get("agreement") or {}
+            if "rel_l2" in agreement:
+                text = f"{agreement['rel_l2']:.1e}"
+                if "top1_agreement" in agreement:
+                    text += f"/{agreement['top1_agreement']:.0%}"
+                accuracy[(record["model"], record["batch"], record["backend"])] = text
     peers = args.peers.split(",")
     width = max(10, *(len(m) for m in config.models))
+    engines = [ours_name, *peers]
     header = (
-        f"{'model':{width}} {'batch':>5} {'kiln ms':>9} "
+        f"{'model':{width}} {'batch':>5} {ours_name + ' ms':>9} "
         + " ".join(f"{p + ' ms':>14}" for p in peers)
         + " "
         + " ".join(f"{'kiln/' + p:>16}" for p in peers)
+        + " "
+        + " ".join(f"{'relL2 ' + e:>22}" for e in engines)
     )
     from kiln.backends.cpu import host
 
     isa = run["machine"].get("flags") or []
     print(f"# {run['machine'].get('cpu', '?')}; kiln's cpu target: {host().isa}; flags: {', '.join(isa)}")
     print(f"# {config.threads} threads, median ms of single-stream latency, kiln/peer below 1: kiln faster")
+    print("# relL2: relative L2 of the outputs against kiln's fp32 reference interpreter (/top-1 agreement)")
     print(header)
     for model in config.models:
         for batch in config.batches:
-            ours = p50.get((model, batch, "kiln"))
+            ours = p50.get((model, batch, ours_name))
             cells = [f"{model:{width}} {batch:5d} {ours if ours is not None else float('nan'):9.1f}"]
             cells += [f"{p50.get((model, batch, p), float('nan')):14.1f}" for p in peers]
             cells += [
                 f"{(ours / p50[(model, batch, p)]) if ours and (model, batch, p) in p50 else float('nan'):16.2f}"
                 for p in peers
             ]
+            cells += [f"{accuracy.get((model, batch, e), '-'):>22}" for e in engines]
             print(" ".join(cells))
     failed = [r for r in run["records"] if r.get("status") not in ("ok", None)]
     for record in failed:

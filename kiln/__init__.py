@@ -33,6 +33,7 @@ def compile(  # shadows the builtin on purpose: the name the architecture promis
     threads: int = 0,
     spin: int | None = None,
     streams: int | None = None,
+    precision: str | None = None,
 ) -> Any:
     """Compile ``model`` (ONNX path/bytes/ModelProto, kiln Graph, or torch module + example inputs).
 
@@ -45,6 +46,9 @@ def compile(  # shadows the builtin on purpose: the name the architecture promis
     ``threads``: participants in each parallel loop (0: every CPU this process may use); ``spin``:
     how long (pause instructions) a waiting thread spins before it sleeps (0: at once; lower it
     when other processes share the cores); ``streams``: requests ``submit`` runs at once.
+    ``precision`` of matrix products and convolutions: ``fp32`` (default), ``bf16`` (operands
+    rounded to bfloat16, float32 sums: AMX or AVX512_BF16), or ``auto`` (bf16 where the CPU has
+    it, else fp32; the model's ``precision`` says which).
     Raises UnsupportedModelError listing every unsupported construct, ModelLoadError for unreadable
     files, and KilnError (TargetError) for an unknown target.
     """
@@ -61,9 +65,19 @@ def compile(  # shadows the builtin on purpose: the name the architecture promis
         options = CompileOptions.from_env(level=opt_level)
     elif opt_level is not None:
         options = options.with_(level=opt_level)
-    if not backend(target).compiles:  # unknown names: the registry's error lists every target
+    if precision is not None:
+        options = options.with_(precision=precision)
+    if not backend(target).compiles:
+        if options.precision == "bf16":
+            raise KilnError(
+                f"precision bf16 is not available for target {target}: it computes in fp32 only"
+            )  # unknown names: the registry's error lists every target
         return ReferenceModel(to_graph(model, example_inputs))
     compiled_for = parse(target)
+    if options.precision != "fp32":  # "auto" resolved here, so cache keys name what was compiled
+        from kiln.driver.pipeline import resolve_precision
+
+        options = options.with_(precision=resolve_precision(options.precision, compiled_for))
     parallelism = Threading.of(threads, spin)
     path = _onnx_file(model, example_inputs)
     # the file's bytes are hashed before it is read: a cache entry is keyed by what was imported

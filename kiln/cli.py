@@ -331,8 +331,24 @@ def zoo_arch(names: tuple[str, ...], target: str, tolerance: float, as_json: boo
     help="cpu: this machine's best ISA (-march=native); cpu:avx512, cpu:avx2, cpu:generic: code for any CPU "
     "with that ISA (an AVX2 artifact built on an AVX-512 server); `kiln targets` lists every target.",
 )
+@click.option(
+    "--precision",
+    type=click.Choice(["fp32", "bf16", "auto"]),
+    default="fp32",
+    show_default=True,
+    help="Precision of matrix products and convolutions: bf16 rounds their operands to bfloat16 and sums in "
+    "float32 (AMX-BF16 or AVX512_BF16); auto picks bf16 where the CPU has it. The accuracy against fp32 is "
+    "measured and printed.",
+)
 def compile_command(
-    model: str, output: Path, level: int, dims: tuple[str, ...], tune_budget: str | None, retune: bool, target: str
+    model: str,
+    output: Path,
+    level: int,
+    dims: tuple[str, ...],
+    tune_budget: str | None,
+    retune: bool,
+    target: str,
+    precision: str,
 ) -> None:
     """Compile MODEL (.onnx path or zoo name) to native code and save it as a .kiln artifact."""
     import time
@@ -345,7 +361,7 @@ def compile_command(
         for each in bindings:
             _tune(graph, each, level, _parse_duration(tune_budget), retune, target)
     start = time.perf_counter()
-    compiled = kiln.compile(graph, target=target, opt_level=level, dims=bindings[0])
+    compiled = kiln.compile(graph, target=target, opt_level=level, dims=bindings[0], precision=precision)
     for each in bindings[1:]:  # every size asked for is compiled ahead and saved with the model
         compiled.prepare_dims(each)
     seconds = time.perf_counter() - start
@@ -355,7 +371,7 @@ def compile_command(
         out.print(f"compiled ahead for {len(bindings)} bindings: " + "; ".join(str(b) for b in bindings))
     kernels = sum(len(step.kernels) for step in plan.steps if hasattr(step, "kernels"))
     out.print(
-        f"compiled {model} for {compiled.target} ({compiled.compiled_for.isa}) in {seconds:.1f} s (-O{level}, dims {binding or 'static'}): {kernels} kernels, {len(plan.fallbacks)} host fallback(s)"
+        f"compiled {model} for {compiled.target} ({compiled.compiled_for.isa}, {compiled.precision}) in {seconds:.1f} s (-O{level}, dims {binding or 'static'}): {kernels} kernels, {len(plan.fallbacks)} host fallback(s)"
     )
     for fallback in plan.fallbacks:
         out.print(f"  fallback {fallback.node.label}: {fallback.reason}", highlight=False)

@@ -10,6 +10,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from kiln.cli_support import console, import_bound, out, parse_dims
+from kiln.lower.kir import kernel_precision
 
 
 @click.command()
@@ -34,6 +35,13 @@ from kiln.cli_support import console, import_bound, out, parse_dims
     default="cpu",
     show_default=True,
     help="The target to compile for (any registered target: `kiln targets` lists them).",
+)
+@click.option(
+    "--precision",
+    type=click.Choice(["fp32", "bf16", "auto"]),
+    default="fp32",
+    show_default=True,
+    help="Precision of matrix products and convolutions (bf16: AMX or AVX512_BF16; auto: bf16 where the CPU has it).",
 )
 @click.option("--disable", multiple=True, help="Skip this pass or algorithm (winograd) (repeatable).")
 @click.option(
@@ -66,6 +74,7 @@ def explain(
     runs: int,
     top: int,
     target: str,
+    precision: str,
     as_json: bool,
 ) -> None:
     """Show what kiln does to MODEL (an .onnx path or a zoo name), stage by stage of the very
@@ -90,16 +99,28 @@ def explain(
             param_hint="--print-after",
         )
     compiled_for = parse(target)
+    from kiln.driver.pipeline import resolve_precision
+
     options = CompileOptions.from_env(level=level, disabled=frozenset(disable), plan_cache=False)
+    options = options.with_(precision=resolve_precision(precision, compiled_for))
     graph, binding = import_bound(model, dims)
     wanted = set(print_after)
-    table = Table(title=f"{model}: the pipeline at -O{level} for {compiled_for.name} (dims {binding or 'static'})")
+    table = Table(
+        title=f"{model}: the pipeline at -O{level}, {options.precision}, for {compiled_for.name} (dims {binding or 'static'})"
+    )
     for column in ("stage", "nodes", "constants", "ms"):
         table.add_column(column)
     clock = [time.perf_counter()]
     seen: dict[str, object] = {"import": graph}
     last = [graph]
-    report: dict = {"model": model, "target": compiled_for.name, "level": level, "dims": binding, "stages": []}
+    report: dict = {
+        "model": model,
+        "target": compiled_for.name,
+        "level": level,
+        "precision": options.precision,
+        "dims": binding,
+        "stages": [],
+    }
     printed: dict[str, str] = {}
 
     def observe(stage: str, result: object) -> None:
@@ -209,7 +230,7 @@ def _explain_profile(model: str, graph, binding: dict[str, int], runs: int, top:
         rate = timed.gflops
         table.add_row(
             timed.kernel.name,
-            timed.kernel.kind,
+            _kind(timed.kernel),
             escape("; ".join(timed.kernel.sources)),
             f"{timed.seconds * 1e3:.3f}",
             f"{100 * timed.seconds / total:.1f}" if total else "-",
@@ -220,7 +241,7 @@ def _explain_profile(model: str, graph, binding: dict[str, int], runs: int, top:
     out.print(table)
     kinds: dict[str, list[float]] = {}
     for timed in result.kernels:
-        entry = kinds.setdefault(timed.kernel.kind, [0, 0.0, 0.0])
+        entry = kinds.setdefault(_kind(timed.kernel), [0, 0.0, 0.0])
         entry[0] += 1
         entry[1] += timed.seconds
         entry[2] += timed.kernel.flops
@@ -250,6 +271,12 @@ def _refusals(graph):  # type: ignore[no-untyped-def]
     return refusals
 
 
+def _kind(kernel) -> str:  # type: ignore[no-untyped-def]
+    """A kernel's kind, with its precision when it is not float32 (``matmul+epilogue [bf16]``)."""
+    precision = kernel_precision(kernel)
+    return kernel.kind if precision == "fp32" else f"{kernel.kind} [{precision}]"
+
+
 def _plan_summary(plan) -> dict:  # type: ignore[no-untyped-def]
     from kiln.runtime.plan import Fallback
 
@@ -265,6 +292,7 @@ def _plan_summary(plan) -> dict:  # type: ignore[no-untyped-def]
                     "kernel": kernel.name,
                     "segment": step.number,
                     "kind": kernel.kind,
+                    "precision": kernel_precision(kernel),
                     "computes": kernel.sources,
                     "parallel": schedule.parallel,
                     "vectorize": schedule.vectorize,
@@ -314,7 +342,7 @@ def _explain_plan(plan) -> None:  # type: ignore[no-untyped-def]
             ]
             table.add_row(
                 f"{kernel.name} (segment {step.number})",
-                kernel.kind,
+                _kind(kernel),
                 escape("; ".join(kernel.sources)),
                 ", ".join(p for p in parts if p) or "serial",
             )

@@ -102,6 +102,11 @@ class Backend:
         """'' when this machine can build and run the target, else why not."""
         return ""
 
+    def precisions(self, target: Target) -> dict[str, str]:
+        """Each arithmetic precision of matrix products and convolutions (``fp32``, ``bf16``)
+        mapped to '' when ``target`` computes in it here, else why not."""
+        return {"fp32": "", "bf16": f"the {target.name} target computes in fp32 only"}
+
 
 _BACKENDS: dict[str, Backend] = {}
 

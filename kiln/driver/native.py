@@ -268,6 +268,12 @@ class NativeModel(Model):
         return executable
 
     @property
+    def precision(self) -> str:
+        """What matrix products and convolutions compute in (``fp32`` or ``bf16``; ``auto`` was
+        resolved when the model compiled)."""
+        return self.options.precision
+
+    @property
     def plans(self) -> list[Plan]:
         with self._lock:
             return [v.plan for v in self._variants.values()]

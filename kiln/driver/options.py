@@ -21,7 +21,9 @@ from kiln.errors import KilnError
 from kiln.passes import PASS_NAMES
 
 ALGORITHMS = ("winograd",)  # algorithms ``disabled`` may name besides the graph passes
-PRECISIONS = ("fp32",)  # bf16 and int8 come with the reduced-precision work
+# of matrix products and convolutions; "auto": the best this target computes natively (bf16 where
+# the CPU has bf16 instructions), said by the compiled model (``precision``)
+PRECISIONS = ("fp32", "bf16", "auto")
 FALSE = ("0", "", "false", "no", "off")
 
 

@@ -146,6 +146,7 @@ def compile_plan(
     after the passes, before lowering (``kiln diff`` makes every surviving tensor an output)."""
     target = resolve_target(target)
     options = options or CompileOptions.from_env()
+    options = options.with_(precision=resolve_precision(options.precision, target))
     stages = ["fold"]
     try:
         return _compile(graph, target, options, prebuilt, choices, build_library, stages, observe, expose)
@@ -154,6 +155,18 @@ def compile_plan(
     except Exception as err:  # an invariant broke: say where
         err.add_note(f"kiln stage: {stages[-1]}")
         raise
+
+
+def resolve_precision(precision: str, target: Target) -> str:
+    """The precision a compile for ``target`` runs at: ``auto`` becomes the best the target
+    computes natively here (bf16, else fp32); one it cannot compute is a KilnError saying why."""
+    offered = backend_of(target.backend).precisions(target)
+    if precision == "auto":
+        return "bf16" if offered.get("bf16") == "" else "fp32"
+    reason = offered.get(precision, f"unknown precision {precision!r}")
+    if reason:
+        raise KilnError(f"precision {precision} is not available for target {target.name}: {reason}")
+    return precision
 
 
 def optimized(
@@ -213,7 +226,9 @@ def _compile(graph, target, options, prebuilt, choices, build_library, stages, o
     if reason:
         return Plan(graph, [], {}, {}, [], [], {}, MemoryPlan({}, {}, 0, 0), None, "", whole_graph_reason=reason)
     stages.append("lower")
-    lowerer = Lowerer(graph, target, lowerings(), chooser(choices, target, options), options.algorithms_disabled)
+    lowerer = Lowerer(
+        graph, target, lowerings(), chooser(choices, target, options), options.algorithms_disabled, options.precision
+    )
     steps: list[Segment | Fallback] = []
     current: list[Kernel] = []
     access: list[tuple[list[Buffer], list[Buffer]]] = []

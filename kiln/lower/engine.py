@@ -71,6 +71,39 @@ def pack_cols(matrices: np.ndarray, cols: int) -> np.ndarray:
     return full.reshape(batch, k, padded // cols, cols).transpose(0, 2, 1, 3)
 
 
+BF16_BLOCK = 32  # the bf16 path's block (gemm_bf16.c): rows of A and columns of a B panel; K padded to it
+
+
+def _bf16_bits(array: np.ndarray) -> np.ndarray:
+    """float32 values as bfloat16 bit patterns (uint16), rounded to nearest even as the engine's
+    own conversion (gemm_bf16.c: kiln_bf16_round and VCVTNEPS2BF16) rounds."""
+    import ml_dtypes
+
+    return np.asarray(array, dtype=np.float32).astype(ml_dtypes.bfloat16).view(np.uint16)
+
+
+def pack_rows_bf16(matrices: np.ndarray) -> np.ndarray:
+    """[B, M, K] float32 -> bf16 rows [B, Mp, Kp] (uint16 bits), Mp and Kp rounded up to the
+    bf16 block, zero padded: the constant A of the bf16 path."""
+    batch, m, k = matrices.shape
+    size = BF16_BLOCK
+    out = np.zeros((batch, -(-m // size) * size, -(-k // size) * size), dtype=np.uint16)
+    out[:, :m, :k] = _bf16_bits(matrices)
+    return out
+
+
+def pack_pairs_bf16(matrices: np.ndarray) -> np.ndarray:
+    """[B, K, N] float32 -> bf16 k-pair panels [B, Np/32, Kp/2, 32, 2] (uint16 bits), zero
+    padded: element (k, j) of panel p at [p, k // 2, j % 32, k % 2] with j = 32p + j % 32. The
+    layout of the AMX tile unit's B operand and of the AVX-512-BF16 dot products."""
+    batch, k, n = matrices.shape
+    size = BF16_BLOCK
+    kp, np_ = -(-k // size) * size, -(-n // size) * size
+    full = np.zeros((batch, kp, np_), dtype=np.uint16)
+    full[:, :k, :n] = _bf16_bits(matrices)
+    return np.ascontiguousarray(full.reshape(batch, kp // 2, 2, np_ // size, size).transpose(0, 3, 1, 4, 2))
+
+
 def epilogue_helper(
     lw: Lowerer,
     kernel_name: str,
@@ -80,9 +113,11 @@ def epilogue_helper(
     epilogue: Epilogue | None,
     bias: Buffer | None,  # type: ignore[no-untyped-def]
     engine_block: bool = False,
+    tile: tuple[int, int] | None = None,
 ) -> Function:
     """``static void <name>(g, bt, i0, i1, j0, j1)``: finishes rows [i0, i1) x columns [j0, j1)
-    of batch element ``bt`` of the output: bias, then the fused chain."""
+    of batch element ``bt`` of the output: bias, then the fused chain. ``tile``: the engine's
+    whole tile (rows, columns), unrolled and vectorized (default: the target's micro-tile)."""
     bt, i0, i1, j0, j1 = (Scalar(name, I64) for name in ("bt", "i0", "i1", "j0", "j1"))
 
     def finish(row: Expr, col: Expr) -> Stmt:
@@ -99,13 +134,14 @@ def epilogue_helper(
     target = lw.target
     r, c = Index("r"), Index("c")
     i, j = Index("i"), Index("j")
+    tile_rows, tile_cols = tile or (target.gemm_rows, target.gemm_cols)
     whole = Binary(
         "&&",
-        Binary("==", Binary("-", i1, i0), i64(target.gemm_rows)),
-        Binary("==", Binary("-", j1, j0), i64(target.gemm_cols)),
+        Binary("==", Binary("-", i1, i0), i64(tile_rows)),
+        Binary("==", Binary("-", j1, j0), i64(tile_cols)),
     )
     body: list[Stmt] = [
-        If(whole, [For(r, target.gemm_rows, [For(c, target.gemm_cols, [finish(add(i0, r), add(j0, c))])])]),
+        If(whole, [For(r, tile_rows, [For(c, tile_cols, [finish(add(i0, r), add(j0, c))])])]),
         If(Unary("!", whole), [For(i, i1, [For(j, j1, [finish(i, j)], start=j0)], start=i0)]),
     ]
     # a tile row's inner loops ("c" of a whole micro-tile, "j" of an edge tile) touch one element

@@ -20,6 +20,7 @@ from kiln.ir.graph import Node
 from kiln.ir.types import DType
 from kiln.lower import winograd
 from kiln.lower.engine import (
+    BF16_BLOCK,
     Epilogue,
     NotForEngine,
     batch_position,
@@ -28,7 +29,9 @@ from kiln.lower.engine import (
     engine_kernel,
     epilogue_helper,
     pack_cols,
+    pack_pairs_bf16,
     pack_rows,
+    pack_rows_bf16,
 )
 from kiln.lower.kir import (
     Binary,
@@ -80,7 +83,10 @@ def lower_matmul_gemm(lw: Lowerer, node: Node, epilogue: Epilogue | None = None)
     a_const, b_const = lw.constant(a), lw.constant(b)
     a_operand: MatrixOperand | PackedOperand
     b_operand: MatrixOperand | PackedOperand
-    if a_const is not None:
+    bf16 = lw.precision == "bf16"
+    if bf16:
+        a_operand, b_operand = _bf16_operands(lw, a, b, a_count, b_count, m, k, n)
+    elif a_const is not None:
         matrices = np.asarray(a_const, dtype=np.float32).reshape(a_count, m, k)
         a_operand = PackedOperand(
             lw.packed_constant(("rows", a, target.gemm_rows), lambda: pack_rows(matrices, target.gemm_rows)),
@@ -89,7 +95,9 @@ def lower_matmul_gemm(lw: Lowerer, node: Node, epilogue: Epilogue | None = None)
         )
     else:
         a_operand = MatrixOperand(a_buf, 0 if a_count == 1 else m * k, k, 1)
-    if b_const is not None:
+    if bf16:
+        pass
+    elif b_const is not None:
         matrices = np.asarray(b_const, dtype=np.float32).reshape(b_count, k, n)
         b_operand = PackedOperand(
             lw.packed_constant(("cols", b, target.gemm_cols), lambda: pack_cols(matrices, target.gemm_cols)),
@@ -112,10 +120,55 @@ def lower_matmul_gemm(lw: Lowerer, node: Node, epilogue: Epilogue | None = None)
                 return [*batch_position(Binary("/", i, i64(m)), batch_shape), Binary("%", i, i64(m)), j]
             return [*batch_position(bt, batch_shape), i, j]
 
-        helper = epilogue_helper(lw, name, dst, position_of, flat_of, epilogue, None)
-    stmt = GemmSpec(batch, rows, n, k, a_operand, b_operand, dst, m * n, n, blocking(choice), helper)
+        helper = epilogue_helper(lw, name, dst, position_of, flat_of, epilogue, None, tile=_tile(lw))
+    stmt = GemmSpec(
+        batch, rows, n, k, a_operand, b_operand, dst, m * n, n, _blocking(lw, choice), helper, lw.precision
+    )  # fmt: skip
     flops = 2 * batch * rows * n * k
     return [engine_kernel(name, "matmul", stmt, dst, node, flops, source)]
+
+
+def _blocking(lw: Lowerer, choice: dict) -> tuple[int, int, int]:
+    """The tuned cache blocking: the float32 engine's (the tuner measures that path; the bf16
+    path's blocks are its own defaults)."""
+    return blocking(choice) if lw.precision == "fp32" else (0, 0, 0)
+
+
+def _tile(lw: Lowerer) -> tuple[int, int] | None:
+    """The block the engine finishes at a time: the bf16 path's 32 x 32, else the micro-tile."""
+    return (BF16_BLOCK, BF16_BLOCK) if lw.precision == "bf16" else None
+
+
+def _bf16_operands(lw: Lowerer, a, b, a_count: int, b_count: int, m: int, k: int, n: int):  # type: ignore[no-untyped-def]
+    """A MatMul's operands for the bf16 path: constants packed as bf16 once (A as rows, B as
+    k-pair panels), the others read as float32 and converted by the engine block by block."""
+    target = lw.target
+    a_const, b_const = lw.constant(a), lw.constant(b)
+    padded_k = -(-k // BF16_BLOCK) * BF16_BLOCK
+    a_operand: MatrixOperand | PackedOperand
+    b_operand: MatrixOperand | PackedOperand
+    if a_const is not None:
+        matrices = np.asarray(a_const, dtype=np.float32).reshape(a_count, m, k)
+        a_operand = PackedOperand(
+            lw.packed_constant(("bf16-rows", a), lambda: pack_rows_bf16(matrices)),
+            0 if a_count == 1 else -(-m // BF16_BLOCK) * BF16_BLOCK * padded_k,
+            BF16_BLOCK,
+            "bf16-rows",
+        )
+    else:
+        a_operand = MatrixOperand(lw.buffer(a), 0 if a_count == 1 else m * k, k, 1)
+    if b_const is not None:
+        matrices = np.asarray(b_const, dtype=np.float32).reshape(b_count, k, n)
+        b_operand = PackedOperand(
+            lw.packed_constant(("bf16-pairs", b), lambda: pack_pairs_bf16(matrices)),
+            0 if b_count == 1 else -(-n // BF16_BLOCK) * BF16_BLOCK * padded_k,
+            BF16_BLOCK,
+            "bf16-pairs",
+        )
+    else:
+        b_operand = MatrixOperand(lw.buffer(b), 0 if b_count == 1 else k * n, n, 1)
+    assert target.gemm_cols == BF16_BLOCK, "the bf16 path packs B in the avx512 engine's 32-column panels"
+    return a_operand, b_operand
 
 
 # -- Conv ------------------------------------------------------------------------------------------------
@@ -146,6 +199,7 @@ def lower_conv_gemm(lw: Lowerer, node: Node, epilogue: Epilogue | None = None) -
         algorithm = choice.get("algorithm", "")
         if (
             algorithm != "im2col"
+            and lw.precision == "fp32"  # bf16: im2col on the bf16 path (Winograd's transforms are float32)
             and "winograd" not in lw.disabled
             and "winograd" in lw.target.engines
             and not winograd.eligible(x_shape, w_shape, out_shape, window)
@@ -182,7 +236,13 @@ def lower_conv_gemm(lw: Lowerer, node: Node, epilogue: Epilogue | None = None) -
     target = lw.target
     x_buf, dst = lw.buffer(x), lw.buffer(out)
     matrix = np.asarray(weights, dtype=np.float32).reshape(1, out_channels, reduction)
-    packed = lw.packed_constant(("rows", w, target.gemm_rows), lambda: pack_rows(matrix, target.gemm_rows))
+    if lw.precision == "bf16":
+        a_operand = PackedOperand(
+            lw.packed_constant(("bf16-rows", w), lambda: pack_rows_bf16(matrix)), 0, BF16_BLOCK, "bf16-rows"
+        )
+    else:
+        packed = lw.packed_constant(("rows", w, target.gemm_rows), lambda: pack_rows(matrix, target.gemm_rows))
+        a_operand = PackedOperand(packed, 0, target.gemm_rows)
     pointwise = kernel_h == kernel_w == 1 and geometry[5:11] == (1, 1, 1, 1, 0, 0)
     image = channels * height * width
     b_operand: MatrixOperand | Im2colOperand
@@ -195,19 +255,20 @@ def lower_conv_gemm(lw: Lowerer, node: Node, epilogue: Epilogue | None = None) -
     helper = None
     if epilogue is not None or bias_buf is not None:
         flat_of, position_of = conv_output_indexing(out_channels, out_shape)
-        helper = epilogue_helper(lw, name, dst, position_of, flat_of, epilogue, bias_buf)
+        helper = epilogue_helper(lw, name, dst, position_of, flat_of, epilogue, bias_buf, tile=_tile(lw))
     stmt = GemmSpec(
         x_shape[0],
         out_channels,
         pixels,
         reduction,
-        PackedOperand(packed, 0, target.gemm_rows),
+        a_operand,
         b_operand,
         dst,
         out_channels * pixels,
         pixels,
-        blocking(choice),
+        _blocking(lw, choice),
         helper,
+        lw.precision,
     )
     kind = "conv1x1" if pointwise else "conv"
     flops = 2 * x_shape[0] * out_channels * pixels * reduction

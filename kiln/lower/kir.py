@@ -315,6 +315,7 @@ class PackedOperand:
     buffer: Buffer
     batch_stride: int
     panel: int  # rows (A) or columns (B) per panel
+    layout: str = "f32"  # or the bf16 path's: "bf16-rows" (engine.pack_rows_bf16), "bf16-pairs" (pack_pairs_bf16)
 
 
 @dataclass(frozen=True, eq=False)
@@ -346,6 +347,7 @@ class GemmSpec:
     ldc: int
     blocking: tuple[int, int, int] = (0, 0, 0)
     epilogue: Function | None = None
+    precision: str = "fp32"  # "bf16": operands rounded to bfloat16, float32 sums (gemm_bf16.c)
 
 
 @dataclass
@@ -546,3 +548,18 @@ def buffers_in(body: list[Stmt]) -> list[Buffer]:
 
     walk(body)
     return list(found)
+
+
+def kernel_precision(kernel: Kernel) -> str:
+    """What a kernel's matrix products compute in: ``bf16`` when it calls the engine's bf16 path,
+    else ``fp32`` (every other kernel computes in its tensors' own types)."""
+
+    def walk(body: list[Stmt]) -> bool:
+        for stmt in body:
+            if isinstance(stmt, GemmSpec) and stmt.precision != "fp32":
+                return True
+            if isinstance(stmt, (For, If)) and walk(stmt.body):
+                return True
+        return False
+
+    return "bf16" if walk(kernel.body) else "fp32"

@@ -86,6 +86,13 @@ def strides(shape: tuple[int, ...]) -> list[int]:
     return result[::-1]
 
 
+def _hint(hint: str) -> str:
+    """A loop index's or scalar's name stem: letters only, so ``stem_N`` can never be a buffer's
+    name (``b3``, ``w5``, ``acc0_2``, ``status``), which the C emitter's templating relies on (a
+    scalar ``b3`` beside buffer ``b3`` was one C name for two things)."""
+    return "".join(ch for ch in hint if ch.isalpha()) or "s"
+
+
 class Lowerer:
     """Lowers a graph's nodes, one at a time, into kernels for ``target``. ``table`` maps an op
     (``kiln::Op`` for kiln's own) to its lowering (``kiln.lower.families.lowerings()``);
@@ -99,8 +106,10 @@ class Lowerer:
         table: Mapping[str, Lowering],
         choose: Callable[[str], tuple[dict, str]] | None = None,
         disabled: frozenset[str] = frozenset(),
+        precision: str = "fp32",
     ) -> None:
         self.graph = graph
+        self.precision = precision  # of the matrix products and convolutions: fp32 | bf16
         self.target = target  # what the kernels are for (vector width, tile, cores, engines)
         self.table = table
         self.choose = choose or (lambda key: ({}, "default"))
@@ -217,11 +226,11 @@ class Lowerer:
 
     def index(self, hint: str = "i") -> Index:
         self._names += 1
-        return Index(f"{hint}{self._names}")
+        return Index(f"{_hint(hint)}_{self._names}")
 
     def scalar(self, dtype: DType, hint: str = "s") -> Scalar:
         self._names += 1
-        return Scalar(f"{hint}{self._names}", dtype)
+        return Scalar(f"{_hint(hint)}_{self._names}", dtype)
 
     def kernel(
         self,

@@ -1,13 +1,18 @@
-"""Reduced-precision hardware: which bf16/int8 paths a CPU offers (from its flags), the AMX
-permission request, the AMX-BF16 tile product and the AVX-512-BF16 micro-kernel against NumPy
-(skipped, with the reason, where the CPU or the OS does not offer them)."""
+"""Reduced precision on the cpu target: which bf16/int8 paths a CPU offers (from its flags), the
+AMX permission request, and the bf16 matrix products and convolutions on each path this machine
+has (AMX-BF16 tiles, AVX512_BF16 dot products, portable C; a path the machine lacks is skipped
+with the reason) against the float32 product of bf16-rounded operands."""
 
 import ml_dtypes
 import numpy as np
 import pytest
+from onnx import helper
 
-from kiln.backends.cpu import bf16, features
+import kiln
+from kiln.backends.cpu import CpuBackend, features, host
+from kiln.driver.options import CompileOptions
 from kiln.errors import KilnError
+from tests.helpers import FLOAT, make_model
 
 RNG = np.random.default_rng(11)
 
@@ -31,31 +36,151 @@ def test_amx_permission_is_granted_or_refused_with_a_reason():
     assert features.request_amx() == (granted, reason)  # asked once per process
 
 
-needs_amx = pytest.mark.skipif(bool(bf16.available()), reason=f"AMX-BF16 not usable here: {bf16.available()}")
+def _path_reason(name):
+    """'' when this machine runs bf16 path ``name``, else why not (the skip reason)."""
+    try:
+        features.bf16_path({"KILN_BF16_PATH": name})
+    except KilnError as err:
+        return str(err)
+    return ""
 
 
-def random_bf16(shape):
-    return RNG.standard_normal(shape).astype(ml_dtypes.bfloat16)
+PATHS = [
+    pytest.param(name, marks=pytest.mark.skipif(bool(_path_reason(name)), reason=_path_reason(name) or "-"))
+    for name in features.BF16_PATHS
+]
+needs_bf16 = pytest.mark.skipif(
+    bool(CpuBackend().precisions(host())["bf16"]), reason=CpuBackend().precisions(host())["bf16"] or "-"
+)
 
 
-@needs_amx
-@pytest.mark.parametrize("k", [32, 128])
-def test_amx_bf16_tile_product_matches_numpy(k):
-    a, b = random_bf16((16, k)), random_bf16((k, 16))
-    start = RNG.standard_normal((16, 16)).astype(np.float32)
-    got = bf16.tile_product(a.view(np.uint16), b.view(np.uint16), start)
-    want = start.astype(np.float64) + a.astype(np.float64) @ b.astype(np.float64)
-    # bf16 products are exact in float32; only the float32 accumulation rounds
-    np.testing.assert_allclose(got, want, rtol=0, atol=1e-5 * np.abs(want).max())
+def rounded(array):
+    """``array`` rounded to bfloat16 (nearest even) and back: what the bf16 path multiplies."""
+    return np.asarray(array, np.float32).astype(ml_dtypes.bfloat16).astype(np.float32)
 
 
-def test_amx_tile_product_refuses_shapes_it_cannot_take():
-    if bf16.available():
-        with pytest.raises(KilnError, match="unavailable"):
-            bf16.tile_product(np.zeros((16, 32), np.uint16), np.zeros((32, 16), np.uint16))
-        return
-    with pytest.raises(KilnError, match="multiple of 32"):
-        bf16.tile_product(np.zeros((16, 40), np.uint16), np.zeros((40, 16), np.uint16))
+def check_bf16(model_of, feeds, rounded_feeds, path, monkeypatch):
+    """The bf16 compile of ``model_of(round=False)`` against the float32 reference of
+    ``model_of(round=True)`` (its product operands rounded to bf16 beforehand): bf16 products are
+    exact in float32, so only the order of the float32 sums may differ."""
+    monkeypatch.setenv("KILN_BF16_PATH", path)
+    model = kiln.compile(model_of(False), precision="bf16", options=CompileOptions(plan_cache=False))
+    assert model.precision == "bf16"
+    got = model.run(feeds)
+    want = kiln.compile(model_of(True), target="reference").run(rounded_feeds)
+    for name, value in want.items():
+        scale = float(np.abs(value).max()) or 1.0
+        np.testing.assert_allclose(got[name], value, rtol=0, atol=2e-6 * scale * np.sqrt(value.size + 64))
+    return got
+
+
+MATMULS = {  # (A shape, B shape, B constant)
+    "one element": ((1, 1), (1, 1), True),
+    "edges everywhere": ((37, 100), (100, 70), True),
+    "one tile": ((32, 32), (32, 32), True),
+    "16 rows": ((16, 64), (64, 96), True),
+    "transformer block": ((128, 768), (768, 256), True),
+    "batched activations": ((2, 3, 33, 65), (65, 40), True),
+    "two activations": ((2, 19, 48), (2, 48, 35), False),
+    "batched weights": ((3, 20, 40), (3, 40, 50), True),
+}
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("case", MATMULS)
+def test_bf16_matmul_matches_the_product_of_rounded_operands(case, path, monkeypatch):
+    a_shape, b_shape, constant = MATMULS[case]
+    a = RNG.standard_normal(a_shape).astype(np.float32)
+    b = RNG.standard_normal(b_shape).astype(np.float32)
+    residual = RNG.standard_normal(np.broadcast_shapes((*a_shape[:-1], 1), (*b_shape[:-2], 1, b_shape[-1]))).astype(np.float32)  # fmt: skip
+
+    def model_of(round_weights):
+        nodes = [helper.make_node("MatMul", ["a", "b"], ["p"]), helper.make_node("Add", ["p", "r"], ["y"])]
+        inputs = [("a", FLOAT, list(a_shape)), ("r", FLOAT, list(residual.shape))]
+        inits = {}
+        if constant:
+            inits["b"] = rounded(b) if round_weights else b
+        else:
+            inputs.append(("b", FLOAT, list(b_shape)))
+        return make_model(nodes, inputs, [("y", FLOAT, None)], inits)
+
+    feeds = {"a": a, "r": residual} | ({} if constant else {"b": b})
+    rounded_feeds = {"a": rounded(a), "r": residual} | ({} if constant else {"b": rounded(b)})
+    check_bf16(model_of, feeds, rounded_feeds, path, monkeypatch)
+
+
+CONVS = {  # (input shape, weight shape, attributes)
+    "3x3 pad 1": ((1, 16, 14, 14), (40, 16, 3, 3), {"pads": [1, 1, 1, 1]}),
+    "1x1": ((2, 64, 7, 9), (33, 64, 1, 1), {}),
+    "7x7 stride 2": ((1, 3, 30, 30), (16, 3, 7, 7), {"pads": [3, 3, 3, 3], "strides": [2, 2]}),
+    "1-D dilated": ((1, 8, 50), (12, 8, 3), {"dilations": [2]}),
+}
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("case", CONVS)
+def test_bf16_convolution_with_bias_and_relu_matches_rounded_operands(case, path, monkeypatch):
+    x_shape, w_shape, attrs = CONVS[case]
+    x = RNG.standard_normal(x_shape).astype(np.float32)
+    w = RNG.standard_normal(w_shape).astype(np.float32)
+    bias = RNG.standard_normal(w_shape[0]).astype(np.float32)
+
+    def model_of(round_weights):
+        nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], **attrs), helper.make_node("Relu", ["c"], ["y"])]
+        inits = {"w": rounded(w) if round_weights else w, "b": bias}
+        return make_model(nodes, [("x", FLOAT, list(x_shape))], [("y", FLOAT, None)], inits)
+
+    got = check_bf16(model_of, {"x": x}, {"x": rounded(x)}, path, monkeypatch)
+    assert (got["y"] >= 0).all() and (got["y"] > 0).any()  # the epilogue ran
+
+
+@needs_bf16
+def test_bf16_differs_from_fp32_as_much_as_rounding_explains():
+    """bf16 is a different accuracy class: the relative error against fp32 is about bf16's
+    rounding (2^-9 per operand), far above fp32's and far below garbage."""
+    a = RNG.standard_normal((64, 512)).astype(np.float32)
+    b = RNG.standard_normal((512, 128)).astype(np.float32)
+    model = make_model([helper.make_node("MatMul", ["a", "b"], ["y"])], [("a", FLOAT, [64, 512])], [("y", FLOAT, None)], {"b": b})  # fmt: skip
+    exact = a.astype(np.float64) @ b.astype(np.float64)
+    error = {}
+    for precision in ("fp32", "bf16"):
+        got = kiln.compile(model, precision=precision).run({"a": a})["y"]
+        error[precision] = np.linalg.norm(got - exact) / np.linalg.norm(exact)
+    assert error["fp32"] < 1e-6
+    assert 5e-4 < error["bf16"] < 1e-2
+
+
+def test_bf16_path_choice_follows_the_machine_and_refuses_what_it_lacks():
+    mode, name = features.bf16_path({})
+    assert (mode, name) == (features.BF16_PATHS[name], name)
+    paths = features.precision_paths()["bf16"]
+    if "amx-bf16" in paths and features.request_amx()[0]:
+        assert name == "amx"
+    elif "avx512-bf16" in paths:
+        assert name == "avx512"
+    else:
+        assert name == "portable"
+    assert features.bf16_path({"KILN_BF16_PATH": "portable"}) == (0, "portable")  # always runs
+    with pytest.raises(KilnError, match="the bf16 paths are"):
+        features.bf16_path({"KILN_BF16_PATH": "tpu"})
+
+
+def test_precision_errors_name_the_reason_and_auto_says_what_it_picked(monkeypatch):
+    model = make_model([helper.make_node("Relu", ["x"], ["y"])], [("x", FLOAT, [4])], [("y", FLOAT, None)])
+    with pytest.raises(KilnError, match="precision 'fp8' is not supported"):
+        kiln.compile(model, precision="fp8")
+    with pytest.raises(KilnError, match="has no bf16 path"):
+        kiln.compile(model, target="cpu:avx2", precision="bf16")
+    with pytest.raises(KilnError, match="fp32 only"):
+        kiln.compile(model, target="reference", precision="bf16")
+    native = not CpuBackend().precisions(host())["bf16"]
+    assert kiln.compile(model, precision="auto").precision == ("bf16" if native else "fp32")
+    assert kiln.compile(model, target="cpu:avx2", precision="auto").precision == "fp32"
+    # a CPU without bf16 instructions: bf16 refused with the reason, auto falls back to fp32
+    monkeypatch.setattr(features, "precision_paths", lambda flags=None: {"bf16": [], "int8": ["avx2"]})
+    with pytest.raises(KilnError, match="no bf16 instructions"):
+        kiln.compile(model, precision="bf16")
+    assert kiln.compile(model, precision="auto").precision == "fp32"
 
 
 def test_kiln_targets_reports_the_reduced_precision_hardware():
@@ -73,33 +198,16 @@ def test_kiln_targets_reports_the_reduced_precision_hardware():
     assert all(row["reduced_precision"]["int8"] == paths["int8"] for row in cpu)
 
 
-needs_dpbf16 = pytest.mark.skipif(bool(bf16.dot_available()), reason=f"AVX-512-BF16 not here: {bf16.dot_available()}")
+def test_the_bf16_packings_put_each_k_pair_together_and_pad_with_zeros():
+    from kiln.lower.engine import pack_pairs_bf16, pack_rows_bf16
 
-
-@needs_dpbf16
-@pytest.mark.parametrize("k", [2, 64, 258])
-def test_avx512_bf16_micro_kernel_matches_numpy(k):
-    a, b = random_bf16((8, k)), random_bf16((k, 32))
-    start = RNG.standard_normal((8, 32)).astype(np.float32)
-    got = bf16.dot_tile(a.view(np.uint16), b.view(np.uint16), start)
-    want = start.astype(np.float64) + a.astype(np.float64) @ b.astype(np.float64)
-    np.testing.assert_allclose(got, want, rtol=0, atol=1e-5 * np.abs(want).max())
-
-
-def test_the_pair_layouts_put_each_k_pair_together():
-    a = np.arange(8 * 4, dtype=np.uint16).reshape(8, 4)
-    words = bf16.pack_pairs_a(a)  # [K/2][rows]: low half k even, high half k odd
-    assert words.shape == (2, 8)
-    assert int(words[1, 3]) == int(a[3, 2]) | (int(a[3, 3]) << 16)
-    b = np.arange(4 * 32, dtype=np.uint16).reshape(4, 32)
-    pairs = bf16.pair_layout(b).reshape(2, 32, 2)
-    assert pairs[1, 5, 0] == b[2, 5] and pairs[1, 5, 1] == b[3, 5]
-
-
-def test_the_bf16_micro_kernel_refuses_an_odd_depth():
-    if bf16.dot_available():
-        with pytest.raises(KilnError, match="unavailable"):
-            bf16.dot_tile(np.zeros((8, 2), np.uint16), np.zeros((2, 32), np.uint16))
-        return
-    with pytest.raises(KilnError, match="K even"):
-        bf16.dot_tile(np.zeros((8, 3), np.uint16), np.zeros((3, 32), np.uint16))
+    b = RNG.standard_normal((1, 5, 40)).astype(np.float32)  # K 5 -> 32, N 40 -> 64
+    pairs = pack_pairs_bf16(b)
+    assert pairs.shape == (1, 2, 16, 32, 2) and pairs.dtype == np.uint16
+    bits = rounded(b).view(np.uint32) >> 16
+    assert pairs[0, 1, 1, 3, 0] == bits[0, 2, 35] and pairs[0, 1, 1, 3, 1] == bits[0, 3, 35]
+    assert not pairs[0, 1, :, 8:].any() and not pairs[0, :, 3:].any()  # padded columns and k
+    a = RNG.standard_normal((2, 33, 7)).astype(np.float32)
+    rows = pack_rows_bf16(a)
+    assert rows.shape == (2, 64, 32) and rows[1, 32, 6] == rounded(a).view(np.uint32)[1, 32, 6] >> 16
+    assert not rows[:, 33:].any() and not rows[:, :, 7:].any()

@@ -105,3 +105,26 @@ def test_depthwise_on_small_planes_runs_channel_blocked(target):
     assert len(kernels) == 1
     scratch = [b.name for b in kernels[0].writes]
     assert any(name.startswith("dwpad") for name in scratch), scratch  # the zero-bordered, interleaved copy
+
+
+def test_a_depthwise_after_folded_batchnorms_compiles_and_matches(target):
+    """Found by the fuzzer: the direct kernel's bias scalar (stem "b") once got the same C name as
+    a buffer (``b3``) when the model had as many buffers as the scalar's number; the C failed to
+    compile. Generated names now can never be buffer names."""
+    rng = np.random.default_rng(11)
+    inits, nodes, current = {}, [], "x"
+    for step, (channels, group) in enumerate([(1, None), (1, 1), (3, None), (3, 3)]):  # channels in
+        out = f"t{step}"
+        if group is None:  # a BatchNormalization that folds into the convolution next to it
+            for name in ("scale", "bias", "mean"):
+                inits[f"{name}{step}"] = rng.standard_normal(channels).astype(np.float32)
+            inits[f"var{step}"] = rng.uniform(0.5, 2, channels).astype(np.float32)
+            nodes.append(helper.make_node("BatchNormalization", [current, *(f"{n}{step}" for n in ("scale", "bias", "mean", "var"))], [out]))  # fmt: skip
+        else:
+            inits[f"w{step}"] = rng.standard_normal((3, channels // group, 1, 1)).astype(np.float32)
+            nodes.append(helper.make_node("Conv", [current, f"w{step}"], [out], kernel_shape=[1, 1], group=group))
+        current = out
+    m = make_model(nodes, [("x", F, [1, 1, 1, 1])], [(current, 0, None)], inits)
+    feeds = {"x": rng.standard_normal((1, 1, 1, 1)).astype(np.float32)}
+    want = kiln.compile(m, target="reference").run(feeds)[current]
+    np.testing.assert_allclose(kiln.compile(m, target=target).run(feeds)[current], want, rtol=1e-5, atol=1e-6)

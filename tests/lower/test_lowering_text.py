@@ -29,10 +29,10 @@ graph g(%x: f32[2,3]) -> (%y) {
 }""",
         """
 kernel k1 (pointwise) reads b1: f32[6] writes b0: f32[6]
-  for i1 in 0..2:
-    for i2 in 0..3:
-      %t0 = exp(b1[((i1 * 3) + i2)])
-      b0[((i1 * 3) + i2)] = select((%t0 < 0.0), 0.0, %t0)""",
+  for i_1 in 0..2:
+    for i_2 in 0..3:
+      %t0 = exp(b1[((i_1 * 3) + i_2)])
+      b0[((i_1 * 3) + i_2)] = select((%t0 < 0.0), 0.0, %t0)""",
     ),
     "a product with constant weights is one engine call with its bias and activation as epilogue": (
         """
@@ -45,7 +45,7 @@ graph g(%x: f32[3,4]) -> (%y) {
 }""",
         """
 kernel k1 (matmul+epilogue) reads b1: f32[12], w0: f32[32], b3: f32[2] writes b0: f32[6]
-  gemm(batch=1, m=3, n=2, k=4, a=view(b1, 0, 4, 1), b=packed(w0, 0, 8), out=b0, out_batch_stride=6, ldc=2, blocking=(0, 0, 0)) epilogue kiln_k1_epilogue
+  gemm(batch=1, m=3, n=2, k=4, a=view(b1, 0, 4, 1), b=packed(w0, 0, 8, f32), out=b0, out_batch_stride=6, ldc=2, blocking=(0, 0, 0), precision=fp32) epilogue kiln_k1_epilogue
 helper kiln_k1_epilogue(bt, i0, i1, j0, j1) schedule vectorize=c simd=j
   if (((i1 - i0) == 8) && ((j1 - j0) == 8)):
     for r in 0..8:
@@ -66,19 +66,19 @@ graph g(%x: f32[2,5]) -> (%y) {
 }""",
         """
 kernel k1 (normalize) reads b0: f32[10] writes b1: f32[10]
-  for i1 in 0..2:
-    let m3: f32 = -inf
-    for k2 in 0..5:
-      %t0 = b0[((i1 * 5) + (k2 * 1))]
-      m3 = select((!(m3 <= %t0) && (%t0 == %t0)), m3, %t0)
-    let sum4: f64 = 0.0
-    for k2 in 0..5:
-      let e6: f32 = exp((b0[((i1 * 5) + (k2 * 1))] - m3))
-      b1[((i1 * 5) + (k2 * 1))] = e6
-      sum4 = (sum4 + f64(e6))
-    let inv5: f32 = f32((1.0 / sum4))
-    for k2 in 0..5:
-      b1[((i1 * 5) + (k2 * 1))] = (b1[((i1 * 5) + (k2 * 1))] * inv5)""",
+  for i_1 in 0..2:
+    let m_3: f32 = -inf
+    for k_2 in 0..5:
+      %t0 = b0[((i_1 * 5) + (k_2 * 1))]
+      m_3 = select((!(m_3 <= %t0) && (%t0 == %t0)), m_3, %t0)
+    let sum_4: f64 = 0.0
+    for k_2 in 0..5:
+      let e_6: f32 = exp((b0[((i_1 * 5) + (k_2 * 1))] - m_3))
+      b1[((i_1 * 5) + (k_2 * 1))] = e_6
+      sum_4 = (sum_4 + f64(e_6))
+    let inv_5: f32 = f32((1.0 / sum_4))
+    for k_2 in 0..5:
+      b1[((i_1 * 5) + (k_2 * 1))] = (b1[((i_1 * 5) + (k_2 * 1))] * inv_5)""",
     ),
 }
 

@@ -105,6 +105,14 @@ class CpuBackend(Backend):
             return str(err)
         return ""
 
+    def precisions(self, target: Target) -> dict[str, str]:
+        bf16 = ""
+        if target.isa != "avx512":
+            bf16 = f"the {target.name} target ({target.isa}) has no bf16 path; bf16 runs on the avx512 targets"
+        elif not features.precision_paths()["bf16"]:
+            bf16 = "this CPU has no bf16 instructions (neither AMX-BF16 nor AVX512_BF16)"
+        return {"fp32": "", "bf16": bf16}
+
     def load(self, plan: Any, target: Target, parallelism: Threading) -> list[SegmentRunner]:
         segments = [s for s in plan.steps if hasattr(s, "kernels")]
         if not segments:
@@ -120,6 +128,10 @@ class CpuBackend(Backend):
         library.kiln_set_threads(parallelism.threads)
         library.kiln_set_spin.argtypes = [ctypes.c_long]
         library.kiln_set_spin(parallelism.spin)
+        if hasattr(library, "kiln_set_bf16"):  # the plan has bf16 products: the best path this CPU grants
+            library.kiln_set_bf16.argtypes = [ctypes.c_int]
+            library.kiln_set_bf16.restype = ctypes.c_int
+            library.kiln_set_bf16(features.bf16_path()[0])
         runners = []
         for step in segments:
             try:

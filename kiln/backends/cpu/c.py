@@ -444,8 +444,19 @@ def _calls(body: Sequence[Stmt], kinds: tuple[type, ...]) -> bool:
     return any(isinstance(s, kinds) or (isinstance(s, (For, If)) and _calls(s.body, kinds)) for s in body)
 
 
+def _bf16_products(body: Sequence[Stmt]) -> bool:
+    """Whether ``body`` calls the matrix-multiply engine's bf16 path."""
+    return any(
+        (isinstance(s, GemmSpec) and s.precision == "bf16") or (isinstance(s, (For, If)) and _bf16_products(s.body))
+        for s in body
+    )
+
+
 def _operand_fields(name: str, operand: object) -> list[tuple[str, str]]:
     """The ``kiln_gemm`` members describing operand ``name`` ('a' or 'b') (see gemm.c)."""
+    if isinstance(operand, PackedOperand) and operand.layout != "f32":  # the bf16 path's (gemm_bf16.c)
+        return [(f"{name}_bf16", operand.buffer.name), (f"{name}_packed_size", str(operand.buffer.size)),
+                (f"{name}_pbs", str(operand.batch_stride))]  # fmt: skip
     if isinstance(operand, PackedOperand):
         return [(f"{name}_packed", operand.buffer.name), (f"{name}_packed_size", str(operand.buffer.size)),
                 (f"{name}_pbs", str(operand.batch_stride))]  # fmt: skip
@@ -474,7 +485,7 @@ def engine_call(stmt: EngineCall, indent: str) -> list[str]:
         fields += [("c", stmt.out.name), ("c_size", stmt.out.size), ("c_bs", stmt.out_batch_stride), ("ldc", stmt.ldc)]
         fields += [(name, value) for name, value in zip(("mc", "nc", "kc"), stmt.blocking) if value]
         lines.extend(f"{indent}  g.{name} = {value};" for name, value in fields)
-        lines.append(f"{indent}  kiln_gemm_run(&g);")
+        lines.append(f"{indent}  kiln_gemm_{'bf16_' if stmt.precision == 'bf16' else ''}run(&g);")
     elif isinstance(stmt, WinogradInput):
         args = [stmt.tile, stmt.source.name, stmt.dest.name, stmt.batch, stmt.channels, stmt.height, stmt.width,
                 stmt.pad_top, stmt.pad_left, stmt.tiles_h, stmt.tiles_w]  # fmt: skip
@@ -670,6 +681,8 @@ def _emit_c(segments, table, target, profile, checked):  # type: ignore[no-untyp
         parts.append(DEBUG_PRELUDE)
     if any(_calls(k.body, ENGINE_CALLS) for k in kernels):  # every driver uses the kiln_gemm descriptor
         parts.append(gemm_prelude(target))
+    if any(_bf16_products(k.body) for k in kernels):
+        parts.append((Path(__file__).parent / "gemm_bf16.c").read_text())
     if any(_calls(k.body, (WinogradInput, WinogradOutput)) for k in kernels):
         parts.append(winograd_c.c_source())
     if any(_calls(k.body, (AttentionSpec,)) for k in kernels):

@@ -11,8 +11,12 @@ kernels choose their AMX or fallback path once per process.
 from __future__ import annotations
 
 import ctypes
+import os
 import platform
+from collections.abc import Mapping
 from functools import lru_cache
+
+from kiln.errors import KilnError
 
 # (path name, the /proc/cpuinfo flags it needs), best first
 PATHS: dict[str, tuple[tuple[str, tuple[str, ...]], ...]] = {
@@ -77,3 +81,28 @@ def request_amx() -> tuple[bool, str]:
     if not granted.value & (1 << _XFEATURE_XTILEDATA):
         return False, "the kernel did not grant AMX tile data"
     return True, ""
+
+
+BF16_PATHS = {"amx": 2, "avx512": 1, "portable": 0}  # gemm_bf16.c's kiln_set_bf16 modes
+
+
+def bf16_path(env: Mapping[str, str] | None = None) -> tuple[int, str]:
+    """(mode, name) of the bf16 micro-kernel this process runs (``kiln_set_bf16``): AMX-BF16 when
+    the CPU has it and the OS granted it, else AVX512_BF16 dot products, else portable C (correct,
+    slow). ``$KILN_BF16_PATH`` (amx | avx512 | portable) asks for a path, one this machine has:
+    the tests and benchmarks compare the paths on one machine."""
+    env = os.environ if env is None else env
+    paths = precision_paths()["bf16"]
+    available = ["portable"]
+    if "avx512-bf16" in paths:
+        available.insert(0, "avx512")
+    if "amx-bf16" in paths and request_amx()[0]:
+        available.insert(0, "amx")
+    wanted = env.get("KILN_BF16_PATH", "").strip().lower()
+    if wanted:
+        if wanted not in BF16_PATHS:
+            raise KilnError(f"KILN_BF16_PATH={wanted!r}: the bf16 paths are {', '.join(BF16_PATHS)}")
+        if wanted not in available:
+            raise KilnError(f"KILN_BF16_PATH={wanted}: this machine runs only {', '.join(available)}")
+        return BF16_PATHS[wanted], wanted
+    return BF16_PATHS[available[0]], available[0]

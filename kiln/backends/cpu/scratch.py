@@ -25,6 +25,14 @@ def engine_scratch(kernels: Sequence[Kernel], rows: int, cols: int) -> tuple[int
         for stmt in stmts:
             if isinstance(stmt, (For, If)):
                 walk(stmt.body)
+            elif isinstance(stmt, GemmSpec) and stmt.precision == "bf16":
+                # gemm_bf16.c, per thread: an M block of bf16 rows (at most 512), one float B
+                # panel of 32 columns and its bf16 pairs
+                padded_k = -(-stmt.k // 32) * 32
+                a_rows = 0 if isinstance(stmt.a, PackedOperand) else min(-(-stmt.m // 32) * 32, 512) * padded_k * 2
+                panel = 0 if isinstance(stmt.b, PackedOperand) else stmt.k * 32 * 4 + padded_k * 32 * 2
+                block_a = max(block_a, a_rows)
+                block_b = max(block_b, panel)
             elif isinstance(stmt, GemmSpec):
                 m, n, k, batch = stmt.m, stmt.n, stmt.k, stmt.batch
                 mc_choice, nc_choice, kc_choice = stmt.blocking

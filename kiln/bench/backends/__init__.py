@@ -10,6 +10,7 @@ from kiln.bench.backends.base import Backend, Session, Unavailable
 BACKENDS: dict[str, str] = {
     "kiln": "kiln.bench.backends.kiln_backend:KilnBackend",
     "kiln-avx2": "kiln.bench.backends.kiln_backend:KilnAvx2Backend",
+    "kiln-bf16": "kiln.bench.backends.kiln_backend:KilnBf16Backend",
     "kiln-reference": "kiln.bench.backends.kiln_backend:KilnReferenceBackend",
     "onnxruntime": "kiln.bench.backends.onnxruntime_backend:OnnxRuntimeBackend",
     "openvino": "kiln.bench.backends.openvino_backend:OpenVinoBackend",

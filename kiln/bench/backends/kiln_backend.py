@@ -29,6 +29,7 @@ class _KilnSession(Session):
 class KilnBackend(Backend):
     name = "kiln"
     target = "cpu"
+    precision = "fp32"  # of matrix products and convolutions (kiln.compile's precision)
 
     @property
     def native(self) -> bool:
@@ -40,16 +41,25 @@ class KilnBackend(Backend):
         from kiln.errors import KilnError
 
         try:
-            registry.parse(self.target)
+            target = registry.parse(self.target)
         except KilnError as err:  # e.g. cpu:avx2 on a CPU without AVX2
             return str(err)
+        if self.precision != "fp32":  # e.g. bf16 on a CPU without bf16 instructions
+            reason = registry.backend(target.backend).precisions(target).get(self.precision, "unknown precision")
+            if reason:
+                return reason
         return super().availability()
 
     def version(self) -> str:
         return kiln.__version__
 
     def config(self) -> dict[str, Any]:
-        return {"threads": self.threads, "target": self.target}
+        config: dict[str, Any] = {"threads": self.threads, "target": self.target, "precision": self.precision}
+        if self.precision == "bf16":
+            from kiln.backends.cpu import features
+
+            config["bf16_path"] = features.bf16_path()[1]
+        return config
 
     def compile(self, model: Any, example: dict[str, np.ndarray]) -> None:
         self.figures: dict[str, Any] = {}
@@ -61,7 +71,7 @@ class KilnBackend(Backend):
             os.environ["KILN_CACHE_DIR"] = cold
             try:
                 start = time.perf_counter()
-                kiln.compile(str(model.onnx_path), target=self.target).prepare(example)
+                kiln.compile(str(model.onnx_path), target=self.target, precision=self.precision).prepare(example)
                 self.figures["compile_cold_s"] = time.perf_counter() - start
                 plan_cache.wait()
             finally:
@@ -72,7 +82,7 @@ class KilnBackend(Backend):
                 shutil.rmtree(cold, ignore_errors=True)
             hits = plan_cache.STATS["hits"]
             start = time.perf_counter()
-        compiled = kiln.compile(str(model.onnx_path), target=self.target)
+        compiled = kiln.compile(str(model.onnx_path), target=self.target, precision=self.precision)
         if self.native:
             compiled.prepare(example)  # compile for the example's dims here, not on the first run
             self.figures["compile_cached_s"] = time.perf_counter() - start
@@ -106,6 +116,14 @@ class KilnAvx2Backend(KilnBackend):
 
     name = "kiln-avx2"
     target = "cpu:avx2"
+
+
+class KilnBf16Backend(KilnBackend):
+    """kiln with its matrix products and convolutions in bf16 (AMX-BF16, else AVX512_BF16): a
+    different accuracy class, so its rows carry the agreement with the fp32 reference."""
+
+    name = "kiln-bf16"
+    precision = "bf16"
 
 
 class KilnReferenceBackend(KilnBackend):
