@@ -218,42 +218,51 @@ static void kiln_pack_b_columns(const kiln_gemm *g, int64_t bt, int64_t x0, int6
    k = (ic, kh, kw) and p = (oh, ow); columns x0..x0+xc into NR-column panels. Built one k row at
    a time into a contiguous scratch row (runs along output rows, the in-image span copied without
    per-element bounds tests), then scattered into the panels. */
-static void kiln_pack_im2col(const kiln_gemm *g, int64_t bt, int64_t x0, int64_t xc, int64_t k0, int64_t kc, float *dst) {
+/* one row k (= (ic, kh, kw)) of the im2col matrix, columns x0..x0+xc, into out (runs along output
+   rows: the in-image span copied without per-element bounds tests) */
+static void kiln_im2col_row(const kiln_gemm *g, int64_t bt, int64_t x0, int64_t xc, int64_t kk, float *out) {
   const int64_t *q = g->conv;
   const int64_t H = q[1], W = q[2], KH = q[3], KW = q[4], SH = q[5], SW = q[6], DH = q[7], DW = q[8], PT = q[9], PL = q[10], OW = q[12];
   const float *x = g->b + bt * g->b_bs;
+  const int64_t ic = kk / (KH * KW), kh = (kk / KW) % KH, kw = kk % KW;
+  const float *plane = x + ic * H * W;
+  int64_t oh = x0 / OW, ow = x0 % OW, j = 0;
+  while (j < xc) {
+    const int64_t run = OW - ow < xc - j ? OW - ow : xc - j;
+    const int64_t ih = oh * SH - PT + kh * DH;
+    float *o = out + j;
+    if (ih < 0 || ih >= H) {
+      for (int64_t t = 0; t < run; ++t) o[t] = 0.0f;
+    } else {
+      /* output columns whose input column (ow+t)*SW - PL + kw*DW lies in [0, W) */
+      const int64_t shift = kw * DW - PL;
+      int64_t lo = 0, hi = run;
+      while (lo < run && (ow + lo) * SW + shift < 0) ++lo;
+      while (hi > lo && (ow + hi - 1) * SW + shift >= W) --hi;
+      const float *src = plane + ih * W + ow * SW + shift;
+      if (hi > lo) KILN_SPAN(bt * g->b_bs + ic * H * W + ih * W + (ow + lo) * SW + shift, (hi - lo - 1) * SW + 1, g->b_size, "B (im2col input)");
+      for (int64_t t = 0; t < lo; ++t) o[t] = 0.0f;
+      if (SW == 1)
+        memcpy(o + lo, src + lo, (size_t)(hi - lo) * sizeof(float));
+      else
+        for (int64_t t = lo; t < hi; ++t) o[t] = src[t * SW];
+      for (int64_t t = hi; t < run; ++t) o[t] = 0.0f;
+    }
+    j += run;
+    ow = 0;
+    ++oh;
+  }
+}
+
+/* im2col: B[k][p] = x[ic][oh*SH - PT + kh*DH][ow*SW - PL + kw*DW] (0 outside the image), with
+   k = (ic, kh, kw) and p = (oh, ow); columns x0..x0+xc into NR-column panels. Built one k row at
+   a time into a contiguous scratch row, then scattered into the panels. */
+static void kiln_pack_im2col(const kiln_gemm *g, int64_t bt, int64_t x0, int64_t xc, int64_t k0, int64_t kc, float *dst) {
   const int64_t full = xc / KILN_NR, panel = kc * KILN_NR, padded = (full + (full * KILN_NR < xc)) * KILN_NR;
   float row[padded] __attribute__((aligned(64)));
   for (int64_t k = 0; k < kc; ++k) {
-    const int64_t kk = k0 + k, ic = kk / (KH * KW), kh = (kk / KW) % KH, kw = kk % KW;
-    const float *plane = x + ic * H * W;
-    int64_t oh = x0 / OW, ow = x0 % OW, j = 0;
-    while (j < xc) {
-      const int64_t run = OW - ow < xc - j ? OW - ow : xc - j;
-      const int64_t ih = oh * SH - PT + kh * DH;
-      float *out = row + j;
-      if (ih < 0 || ih >= H) {
-        for (int64_t t = 0; t < run; ++t) out[t] = 0.0f;
-      } else {
-        /* output columns whose input column (ow+t)*SW - PL + kw*DW lies in [0, W) */
-        const int64_t shift = kw * DW - PL;
-        int64_t lo = 0, hi = run;
-        while (lo < run && (ow + lo) * SW + shift < 0) ++lo;
-        while (hi > lo && (ow + hi - 1) * SW + shift >= W) --hi;
-        const float *src = plane + ih * W + ow * SW + shift;
-        if (hi > lo) KILN_SPAN(bt * g->b_bs + ic * H * W + ih * W + (ow + lo) * SW + shift, (hi - lo - 1) * SW + 1, g->b_size, "B (im2col input)");
-        for (int64_t t = 0; t < lo; ++t) out[t] = 0.0f;
-        if (SW == 1)
-          memcpy(out + lo, src + lo, (size_t)(hi - lo) * sizeof(float));
-        else
-          for (int64_t t = lo; t < hi; ++t) out[t] = src[t * SW];
-        for (int64_t t = hi; t < run; ++t) out[t] = 0.0f;
-      }
-      j += run;
-      ow = 0;
-      ++oh;
-    }
-    for (; j < padded; ++j) row[j] = 0.0f;
+    kiln_im2col_row(g, bt, x0, xc, k0 + k, row);
+    for (int64_t j = xc; j < padded; ++j) row[j] = 0.0f;
     float *o = dst + k * KILN_NR;
     for (int64_t p = 0; p < padded / KILN_NR; ++p) {
       *(kiln_vf *)(o + p * panel) = *(const kiln_vfu *)(row + p * KILN_NR);

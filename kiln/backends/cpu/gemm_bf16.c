@@ -134,7 +134,60 @@ static void kiln_bf16_pairs(const float *panel, int64_t K, int64_t kp, uint16_t 
   }
 }
 
-/* -- micro-kernels: C (32 x 32, row stride ldc) = A (32 rows, stride lda) . B panel, over kp ------ */
+/* columns x0..x0+xc of B, whole K, as bf16 k-pair panels [ceil(xc/32)][kp/2][32][2], in one pass
+   where B's rows can be read (or built, im2col) two at a time: a row-major B (a 1x1 convolution's
+   input, activations) and the im2col matrix; any other B through the float packer (fbuf: K x 32) */
+static void kiln_bf16_pack_b(const kiln_gemm *g, int64_t bt, int64_t x0, int64_t xc, int64_t kp, uint16_t *dst, float *fbuf) {
+  const int64_t K = g->K, panels = (xc + 31) / 32, padded = panels * 32;
+  const int row_major = g->pack_b == kiln_pack_b_strided && g->b_cs == 1, im2col = g->pack_b == kiln_pack_im2col;
+  if (!row_major && !im2col) {
+    for (int64_t p = 0; p < panels; ++p) {
+      const int64_t cols = xc - p * 32 < 32 ? xc - p * 32 : 32;
+      g->pack_b(g, bt, x0 + p * 32, cols, 0, K, fbuf);
+      kiln_bf16_pairs(fbuf, K, kp, dst + p * kp * 32);
+    }
+    return;
+  }
+  float rows[2][padded] __attribute__((aligned(64)));
+  static const float zeros[32];
+  for (int64_t pair = 0; pair < kp / 2; ++pair) {
+    const float *src[2];
+    for (int h = 0; h < 2; ++h) {
+      const int64_t k = 2 * pair + h;
+      if (k >= K) {
+        src[h] = NULL; /* padding: zeros */
+      } else if (row_major && xc == padded) {
+        const int64_t start = bt * g->b_bs + k * g->b_rs + x0;
+        src[h] = g->b + KILN_SPAN(start, xc, g->b_size, "B (bf16 rows)");
+      } else {
+        if (row_major) {
+          const int64_t start = bt * g->b_bs + k * g->b_rs + x0;
+          memcpy(rows[h], g->b + KILN_SPAN(start, xc, g->b_size, "B (bf16 rows)"), (size_t)xc * sizeof(float));
+        } else {
+          kiln_im2col_row(g, bt, x0, xc, k, rows[h]);
+        }
+        for (int64_t j = xc; j < padded; ++j) rows[h][j] = 0.0f;
+        src[h] = rows[h];
+      }
+    }
+    for (int64_t p = 0; p < panels; ++p) {
+      const float *even = src[0] ? src[0] + p * 32 : zeros, *odd = src[1] ? src[1] + p * 32 : zeros;
+      uint16_t *out = dst + p * kp * 32 + pair * 64;
+#ifdef KILN_BF16_X86
+      if (kiln_bf16_mode > 0) {
+        kiln_bf16_pair_row_avx512(even, odd, out);
+        continue;
+      }
+#endif
+      for (int j = 0; j < 32; ++j) {
+        out[2 * j] = kiln_bf16_round(even[j]);
+        out[2 * j + 1] = kiln_bf16_round(odd[j]);
+      }
+    }
+  }
+}
+
+/* -- micro-kernels: C (32 x 32, row stride ldc) (+)= A (32 rows, stride lda) . B pairs, over kc ---- */
 
 #ifdef KILN_BF16_X86
 typedef struct {
@@ -158,13 +211,23 @@ __attribute__((target("amx-tile"))) static void kiln_amx_configure(void) {
 
 __attribute__((target("amx-tile"))) static void kiln_amx_release(void) { _tile_release(); }
 
-__attribute__((target("amx-tile,amx-bf16"))) static void kiln_bf16_amx(const uint16_t *a, int64_t lda, const uint16_t *b, int64_t kp, float *c, int64_t ldc, int64_t rows) {
-  _tile_zero(0);
-  _tile_zero(1);
+__attribute__((target("amx-tile,amx-bf16"))) static void kiln_bf16_amx(const uint16_t *a, int64_t lda, const uint16_t *b, int64_t kc, float *c, int64_t ldc, int64_t rows, int accumulate) {
+  if (accumulate) {
+    _tile_loadd(0, c, ldc * 4);
+    _tile_loadd(1, c + 16, ldc * 4);
+  } else {
+    _tile_zero(0);
+    _tile_zero(1);
+  }
   if (rows > 16) {
-    _tile_zero(2);
-    _tile_zero(3);
-    for (int64_t k0 = 0; k0 < kp; k0 += 32) {
+    if (accumulate) {
+      _tile_loadd(2, c + 16 * ldc, ldc * 4);
+      _tile_loadd(3, c + 16 * ldc + 16, ldc * 4);
+    } else {
+      _tile_zero(2);
+      _tile_zero(3);
+    }
+    for (int64_t k0 = 0; k0 < kc; k0 += 32) {
       _tile_loadd(6, b + k0 * 32, 128);
       _tile_loadd(7, b + k0 * 32 + 32, 128);
       _tile_loadd(4, a + k0, lda * 2);
@@ -177,7 +240,7 @@ __attribute__((target("amx-tile,amx-bf16"))) static void kiln_bf16_amx(const uin
     _tile_stored(2, c + 16 * ldc, ldc * 4);
     _tile_stored(3, c + 16 * ldc + 16, ldc * 4);
   } else {
-    for (int64_t k0 = 0; k0 < kp; k0 += 32) {
+    for (int64_t k0 = 0; k0 < kc; k0 += 32) {
       _tile_loadd(6, b + k0 * 32, 128);
       _tile_loadd(7, b + k0 * 32 + 32, 128);
       _tile_loadd(4, a + k0, lda * 2);
@@ -189,10 +252,13 @@ __attribute__((target("amx-tile,amx-bf16"))) static void kiln_bf16_amx(const uin
   _tile_stored(1, c + 16, ldc * 4);
 }
 
-__attribute__((target("avx512f,avx512bf16"))) static void kiln_bf16_dot8(const uint16_t *a, int64_t lda, const uint16_t *b, int64_t kp, float *c, int64_t ldc) {
+__attribute__((target("avx512f,avx512bf16"))) static void kiln_bf16_dot8(const uint16_t *a, int64_t lda, const uint16_t *b, int64_t kc, float *c, int64_t ldc, int accumulate) {
   __m512 acc0[8], acc1[8];
-  for (int r = 0; r < 8; ++r) acc0[r] = acc1[r] = _mm512_setzero_ps();
-  for (int64_t p = 0; p < kp / 2; ++p) {
+  for (int r = 0; r < 8; ++r) {
+    acc0[r] = accumulate ? _mm512_loadu_ps(c + r * ldc) : _mm512_setzero_ps();
+    acc1[r] = accumulate ? _mm512_loadu_ps(c + r * ldc + 16) : _mm512_setzero_ps();
+  }
+  for (int64_t p = 0; p < kc / 2; ++p) {
     const __m512bh b0 = (__m512bh)_mm512_loadu_si512((const void *)(b + p * 64));
     const __m512bh b1 = (__m512bh)_mm512_loadu_si512((const void *)(b + p * 64 + 32));
 #pragma GCC unroll 8
@@ -211,10 +277,11 @@ __attribute__((target("avx512f,avx512bf16"))) static void kiln_bf16_dot8(const u
 }
 #endif
 
-static void kiln_bf16_portable(const uint16_t *a, int64_t lda, const uint16_t *b, int64_t kp, float *c, int64_t ldc, int64_t rows) {
+static void kiln_bf16_portable(const uint16_t *a, int64_t lda, const uint16_t *b, int64_t kc, float *c, int64_t ldc, int64_t rows, int accumulate) {
   for (int64_t r = 0; r < rows; ++r) {
     float acc[32] = {0};
-    for (int64_t p = 0; p < kp / 2; ++p) {
+    if (accumulate) memcpy(acc, c + r * ldc, sizeof acc);
+    for (int64_t p = 0; p < kc / 2; ++p) {
       const float a0 = kiln_bf16_value(a[r * lda + 2 * p]), a1 = kiln_bf16_value(a[r * lda + 2 * p + 1]);
       const uint16_t *pair = b + p * 64;
       for (int j = 0; j < 32; ++j) acc[j] += a0 * kiln_bf16_value(pair[2 * j]) + a1 * kiln_bf16_value(pair[2 * j + 1]);
@@ -223,43 +290,81 @@ static void kiln_bf16_portable(const uint16_t *a, int64_t lda, const uint16_t *b
   }
 }
 
-/* C block (rows <= 32 valid rows of A's 32) = A . B panel, written at c (row stride ldc) */
-static void kiln_bf16_block(const uint16_t *a, int64_t lda, const uint16_t *b, int64_t kp, float *c, int64_t ldc, int64_t rows) {
+/* C block (rows: 16 or 32 of A's rows) (+)= A . B chunk, written at c (row stride ldc) */
+static void kiln_bf16_block(const uint16_t *a, int64_t lda, const uint16_t *b, int64_t kc, float *c, int64_t ldc, int64_t rows, int accumulate) {
 #ifdef KILN_BF16_X86
   if (kiln_bf16_mode == 2) {
-    kiln_bf16_amx(a, lda, b, kp, c, ldc, rows);
+    kiln_bf16_amx(a, lda, b, kc, c, ldc, rows, accumulate);
     return;
   }
   if (kiln_bf16_mode == 1) {
-    for (int64_t r = 0; r < rows; r += 8) kiln_bf16_dot8(a + r * lda, lda, b, kp, c + r * ldc, ldc);
+    for (int64_t r = 0; r < rows; r += 8) kiln_bf16_dot8(a + r * lda, lda, b, kc, c + r * ldc, ldc, accumulate);
     return;
   }
 #endif
-  kiln_bf16_portable(a, lda, b, kp, c, ldc, rows);
+  kiln_bf16_portable(a, lda, b, kc, c, ldc, rows, accumulate);
 }
 
 /* -- the driver --------------------------------------------------------------------------------- */
 
+#define KILN_BF16_CHUNK 8 /* B panels per shared-packing call (the im2col rows are built 8 panels wide) */
+#define KILN_BF16_KC 256 /* k per chunk: a 32-row A chunk and a 32-column B chunk, 16 KB each, in L1 */
+
 typedef struct {
   const kiln_gemm *g;
   int64_t kp, mc, nc, tiles_m, tiles_n;
+  const uint16_t *a_rows; /* A converted whole, once (shared by the tasks), or NULL */
+  int64_t a_rows_bs;
+  const uint16_t *b_pairs; /* B packed and converted whole, once (shared by the tasks), or NULL */
+  int64_t b_pairs_bs;
 } kiln_bf16_plan;
+
+/* the shared packing of B: 32-column panels [lo, hi) of every batch element */
+static void kiln_gemm_bf16_pack(void *ctx, int64_t lo, int64_t hi, int worker) {
+  const kiln_bf16_plan *p = (const kiln_bf16_plan *)ctx;
+  const kiln_gemm *g = p->g;
+  static _Thread_local float *f_buf;
+  static _Thread_local int64_t f_have;
+  float *fbuf = kiln_scratch(&f_buf, &f_have, g->K * 32);
+  if (!fbuf) return;
+  const int64_t panels = (g->N + 31) / 32, chunks = (panels + KILN_BF16_CHUNK - 1) / KILN_BF16_CHUNK;
+  for (int64_t i = lo; i < hi; ++i) {
+    const int64_t bt = i / chunks, col = (i % chunks) * KILN_BF16_CHUNK * 32;
+    const int64_t cols = g->N - col < KILN_BF16_CHUNK * 32 ? g->N - col : KILN_BF16_CHUNK * 32;
+    kiln_bf16_pack_b(g, bt, col, cols, p->kp, (uint16_t *)p->b_pairs + bt * p->b_pairs_bs + (col / 32) * p->kp * 32, fbuf);
+  }
+}
+
+/* the shared conversion of A: rows [lo, hi) of 32 of every batch element */
+static void kiln_gemm_bf16_convert(void *ctx, int64_t lo, int64_t hi, int worker) {
+  const kiln_bf16_plan *p = (const kiln_bf16_plan *)ctx;
+  const int64_t slabs = (p->g->M + 31) / 32;
+  for (int64_t i = lo; i < hi; ++i) {
+    const int64_t bt = i / slabs, m0 = (i % slabs) * 32;
+    const int64_t rows = p->g->M - m0 < 32 ? p->g->M - m0 : 32;
+    kiln_bf16_rows(p->g, bt, m0, rows, 32, p->kp, (uint16_t *)p->a_rows + bt * p->a_rows_bs + m0 * p->kp);
+  }
+}
 
 static void kiln_gemm_bf16_tasks(void *ctx, int64_t lo, int64_t hi, int worker) {
   const kiln_bf16_plan *p = (const kiln_bf16_plan *)ctx;
   const kiln_gemm *g = p->g;
   const int64_t M = g->M, N = g->N, K = g->K, kp = p->kp, mc = p->mc, nc = p->nc;
-  static _Thread_local float *f_buf, *a_buf, *b_buf; /* a_buf, b_buf hold bf16 (two per float) */
-  static _Thread_local int64_t f_have, a_have, b_have;
-  float block[32 * 32] __attribute__((aligned(64)));
+  static _Thread_local float *f_buf, *a_buf, *b_buf, *e_buf; /* a_buf, b_buf hold bf16 (two per float) */
+  static _Thread_local int64_t f_have, a_have, b_have, e_have;
+  const int64_t kchunk = g->kc > 0 ? kiln_round_up(g->kc, 32) : KILN_BF16_KC;
+  const int64_t slabs = (mc + 31) / 32;
   uint16_t *abuf = NULL, *bbuf = NULL;
   float *fbuf = NULL;
-  if (!g->a_bf16) abuf = (uint16_t *)kiln_scratch(&a_buf, &a_have, (mc * kp + 1) / 2);
-  if (!g->b_bf16) {
+  /* edge blocks (fewer than 32 rows or columns) accumulate in a scratch of whole blocks, copied
+     out after the last chunk: one slot per slab of the panel being computed */
+  float *edges = kiln_scratch(&e_buf, &e_have, slabs * 32 * 32);
+  if (!g->a_bf16 && !p->a_rows) abuf = (uint16_t *)kiln_scratch(&a_buf, &a_have, (slabs * 32 * kp + 1) / 2);
+  if (!g->b_bf16 && !p->b_pairs) {
     fbuf = kiln_scratch(&f_buf, &f_have, K * 32);
     bbuf = (uint16_t *)kiln_scratch(&b_buf, &b_have, kp * 16);
   }
-  if (!(abuf || g->a_bf16) || (!g->b_bf16 && !(fbuf && bbuf))) return; /* out of memory: C untouched */
+  if (!edges || (!g->a_bf16 && !p->a_rows && !abuf) || (!g->b_bf16 && !p->b_pairs && !(fbuf && bbuf))) return; /* out of memory */
 #ifdef KILN_BF16_X86
   if (kiln_bf16_mode == 2) kiln_amx_configure();
 #endif
@@ -270,6 +375,8 @@ static void kiln_gemm_bf16_tasks(void *ctx, int64_t lo, int64_t hi, int worker) 
     const uint16_t *ablock;
     if (g->a_bf16) {
       ablock = g->a_bf16 + KILN_SPAN(bt * g->a_pbs + m0 * kp, kiln_round_up(mlen, 32) * kp, g->a_packed_size, "A (bf16 packed)");
+    } else if (p->a_rows) {
+      ablock = p->a_rows + bt * p->a_rows_bs + m0 * kp;
     } else {
       kiln_bf16_rows(g, bt, m0, mlen, kiln_round_up(mlen, 32), kp, abuf);
       ablock = abuf;
@@ -280,22 +387,35 @@ static void kiln_gemm_bf16_tasks(void *ctx, int64_t lo, int64_t hi, int worker) 
       const uint16_t *bpanel;
       if (g->b_bf16) {
         bpanel = g->b_bf16 + KILN_SPAN(bt * g->b_pbs + ((n0 + jr) / 32) * kp * 32, kp * 32, g->b_packed_size, "B (bf16 packed)");
+      } else if (p->b_pairs) {
+        bpanel = p->b_pairs + bt * p->b_pairs_bs + ((n0 + jr) / 32) * kp * 32;
       } else {
-        g->pack_b(g, bt, n0 + jr, cols, 0, K, fbuf);
-        kiln_bf16_pairs(fbuf, K, kp, bbuf);
+        kiln_bf16_pack_b(g, bt, n0 + jr, cols, kp, bbuf, fbuf);
         bpanel = bbuf;
       }
-      for (int64_t ir = 0; ir < mlen; ir += 32) {
-        const int64_t rows = mlen - ir < 32 ? mlen - ir : 32;
-        float *tile = c + (m0 + ir) * g->ldc + n0 + jr;
-        KILN_SPAN(bt * g->c_bs + (m0 + ir) * g->ldc + n0 + jr, (rows - 1) * g->ldc + cols, g->c_size, "C");
-        if (rows == 32 && cols == 32) {
-          kiln_bf16_block(ablock + ir * kp, kp, bpanel, kp, tile, g->ldc, 32);
-        } else {
-          kiln_bf16_block(ablock + ir * kp, kp, bpanel, kp, block, 32, rows <= 16 ? 16 : 32);
-          for (int64_t r = 0; r < rows; ++r) memcpy(tile + r * g->ldc, block + r * 32, (size_t)cols * sizeof(float));
+      /* the panel's column of C blocks stays in L2 while each k chunk of B (in L1) meets every slab */
+      for (int64_t k0 = 0; k0 < kp; k0 += kchunk) {
+        const int64_t kc = kp - k0 < kchunk ? kp - k0 : kchunk;
+        const int first = k0 == 0, last = k0 + kc >= kp;
+        const uint16_t *bchunk = bpanel + k0 * 32;
+        for (int64_t ir = 0; ir < mlen; ir += 32) {
+          const int64_t rows = mlen - ir < 32 ? mlen - ir : 32;
+          const uint16_t *aslab = ablock + ir * kp + k0;
+          if (rows == 32 && cols == 32) {
+            float *tile = c + (m0 + ir) * g->ldc + n0 + jr;
+            KILN_SPAN(bt * g->c_bs + (m0 + ir) * g->ldc + n0 + jr, 31 * g->ldc + 32, g->c_size, "C");
+            kiln_bf16_block(aslab, kp, bchunk, kc, tile, g->ldc, 32, !first);
+          } else {
+            float *block = edges + (ir / 32) * 32 * 32;
+            kiln_bf16_block(aslab, kp, bchunk, kc, block, 32, rows <= 16 ? 16 : 32, !first);
+            if (last) {
+              float *tile = c + (m0 + ir) * g->ldc + n0 + jr;
+              KILN_SPAN(bt * g->c_bs + (m0 + ir) * g->ldc + n0 + jr, (rows - 1) * g->ldc + cols, g->c_size, "C");
+              for (int64_t r = 0; r < rows; ++r) memcpy(tile + r * g->ldc, block + r * 32, (size_t)cols * sizeof(float));
+            }
+          }
+          if (last && g->epilogue) g->epilogue(g, bt, m0 + ir, m0 + ir + rows, n0 + jr, n0 + jr + cols);
         }
-        if (g->epilogue) g->epilogue(g, bt, m0 + ir, m0 + ir + rows, n0 + jr, n0 + jr + cols);
       }
     }
   }
@@ -308,8 +428,8 @@ static void kiln_gemm_bf16_run(const kiln_gemm *g) {
   const int64_t M = g->M, N = g->N, K = g->K, kp = kiln_round_up(K, 32);
   int threads = kiln_pool_threads();
   if (kiln_in_pool()) threads = 1;
-  /* an M block of bf16 rows fills about 256 KB of L2; each 32-column B panel is reused across it */
-  int64_t cap = 262144 / (kp * 2);
+  /* an M block of bf16 rows fills about 256 KB of L2 (one chunk of it, 32 rows, is in L1) */
+  int64_t cap = 262144 / ((kp < KILN_BF16_KC ? kp : KILN_BF16_KC) * 2);
   cap = cap < 32 ? 32 : (cap > 512 ? 512 : cap);
   int64_t mc = kiln_round_up(M < cap ? M : cap, 32);
   int64_t nc = kiln_round_up(N < 512 ? N : 512, 32);
@@ -326,7 +446,31 @@ static void kiln_gemm_bf16_run(const kiln_gemm *g) {
   if (!g->nc) nc = kiln_round_up((N + tiles_n - 1) / tiles_n, 32);
   tiles_n = (N + nc - 1) / nc;
   const int64_t tasks = g->batch * tiles_m * tiles_n;
-  kiln_bf16_plan plan = {g, kp, mc, nc, tiles_m, tiles_n};
+  kiln_bf16_plan plan = {g, kp, mc, nc, tiles_m, tiles_n, NULL, 0, NULL, 0};
   const int workers = M * N * K * g->batch >= 65536 && tasks > 1 ? 0 : 1;
+  /* an A that several tasks would convert again (one per N block) is converted once, shared */
+  static _Thread_local float *shared;
+  static _Thread_local int64_t have;
+  const int64_t slabs = (M + 31) / 32, size = g->batch * slabs * 32 * kp;
+  if (!g->a_bf16 && tiles_n > 1 && size * 2 <= KILN_SHARED_LIMIT) {
+    uint16_t *rows = (uint16_t *)kiln_scratch(&shared, &have, (size + 1) / 2);
+    if (rows) {
+      plan.a_rows = rows;
+      plan.a_rows_bs = slabs * 32 * kp;
+      kiln_parallel_for(0, g->batch * slabs, 1, workers, kiln_gemm_bf16_convert, &plan);
+    }
+  }
+  /* a B that several tasks would pack again (one per M block) is packed once, shared */
+  static _Thread_local float *shared_b;
+  static _Thread_local int64_t have_b;
+  const int64_t panels = (N + 31) / 32, size_b = g->batch * panels * kp * 32;
+  if (!g->b_bf16 && tiles_m > 1 && size_b * 2 <= KILN_SHARED_LIMIT) {
+    uint16_t *pairs = (uint16_t *)kiln_scratch(&shared_b, &have_b, (size_b + 1) / 2);
+    if (pairs) {
+      plan.b_pairs = pairs;
+      plan.b_pairs_bs = panels * kp * 32;
+      kiln_parallel_for(0, g->batch * ((panels + KILN_BF16_CHUNK - 1) / KILN_BF16_CHUNK), 1, workers, kiln_gemm_bf16_pack, &plan);
+    }
+  }
   kiln_parallel_for(0, tasks, 1, workers, kiln_gemm_bf16_tasks, &plan);
 }
