@@ -34,6 +34,10 @@ def compile(  # shadows the builtin on purpose: the name the architecture promis
     spin: int | None = None,
     streams: int | None = None,
     precision: str | None = None,
+    calibration: Any = None,
+    calibration_method: str = "minmax",
+    max_accuracy_drop: float | None = None,
+    evaluation: Any = None,
 ) -> Any:
     """Compile ``model`` (ONNX path/bytes/ModelProto, kiln Graph, or torch module + example inputs).
 
@@ -48,7 +52,13 @@ def compile(  # shadows the builtin on purpose: the name the architecture promis
     when other processes share the cores); ``streams``: requests ``submit`` runs at once.
     ``precision`` of matrix products and convolutions: ``fp32`` (default), ``bf16`` (operands
     rounded to bfloat16, float32 sums: AMX or AVX512_BF16), or ``auto`` (bf16 where the CPU has
-    it, else fp32; the model's ``precision`` says which).
+    it, else fp32; the model's ``precision`` says which), or ``int8`` (post-training quantization:
+    weights per channel, activations per tensor from ``calibration``: input dicts, an ``.npz`` or
+    an image folder, random inputs when None; ``calibration_method`` minmax | percentile |
+    entropy). An int8 model's ``accuracy`` reports rel. L2 and top-1 agreement against fp32 on
+    ``evaluation`` (default: the last fifth of the calibration data, kept out of calibration);
+    ``max_accuracy_drop`` (1 - top-1 agreement, or rel. L2 without class scores) keeps the most
+    sensitive layers in fp32 until the drop fits.
     Raises UnsupportedModelError listing every unsupported construct, ModelLoadError for unreadable
     files, and KilnError (TargetError) for an unknown target.
     """
@@ -81,7 +91,8 @@ def compile(  # shadows the builtin on purpose: the name the architecture promis
     parallelism = Threading.of(threads, spin)
     path = _onnx_file(model, example_inputs)
     # the file's bytes are hashed before it is read: a cache entry is keyed by what was imported
-    caching = options.plan_cache and plan_cache.enabled()
+    # (int8 calibrates first: its plans are keyed by the ranges, known only after calibration)
+    caching = options.plan_cache and plan_cache.enabled() and options.precision != "int8"
     source_file = (path, plan_cache.file_digest(path)) if path is not None and caching else None
     if source_file is not None:  # compiled before? then even the import is skipped
         key = plan_cache.file_entry(source_file[0], options, compiled_for, digest=source_file[1])
@@ -105,6 +116,27 @@ def compile(  # shadows the builtin on purpose: the name the architecture promis
                 streams=streams,
             )
     graph = to_graph(model, example_inputs)
+    if options.precision == "int8" and (calibration is not None or not options.quantization.ranges):
+        # (options that already carry ranges, kiln.quantize's own compiles, build directly)
+        from kiln.passes.specialize import input_dims, specialize
+        from kiln.quantize import quantize_model
+
+        def build(chosen: Any) -> Any:
+            return NativeModel(graph, chosen, dims=dims, target=compiled_for, parallelism=parallelism, streams=streams)
+
+        quantized, report = quantize_model(
+            graph,
+            compiled_for,
+            options,
+            calibration,
+            calibration_method,
+            max_accuracy_drop,
+            evaluation,
+            build,
+            lambda feeds: specialize(graph, input_dims(graph, feeds)),
+        )
+        quantized.accuracy = report
+        return quantized
     return NativeModel(
         graph,
         options,

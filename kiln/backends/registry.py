@@ -103,9 +103,10 @@ class Backend:
         return ""
 
     def precisions(self, target: Target) -> dict[str, str]:
-        """Each arithmetic precision of matrix products and convolutions (``fp32``, ``bf16``)
+        """Each arithmetic precision of matrix products and convolutions (``fp32``, ``bf16``, ``int8``)
         mapped to '' when ``target`` computes in it here, else why not."""
-        return {"fp32": "", "bf16": f"the {target.name} target computes in fp32 only"}
+        only = f"the {target.name} target computes in fp32 only"
+        return {"fp32": "", "bf16": only, "int8": only}
 
 
 _BACKENDS: dict[str, Backend] = {}

@@ -43,6 +43,23 @@ def load_image_folder(
     return np.stack(images).astype(np.float32), np.array(labels), classes
 
 
+def load_images(root: str | Path, size: int, limit: int | None = None) -> np.ndarray:
+    """Every image under ``root`` (directly, or one level of sub-folders), sorted by path, as
+    NCHW float32 resized to ``size`` and ImageNet-normalized (calibration data)."""
+    from PIL import Image
+
+    root = Path(root)
+    paths = sorted(p for p in root.rglob("*") if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES)
+    if not paths:
+        raise KilnError(f"image folder {root}: no images ({', '.join(sorted(IMAGE_SUFFIXES))})")
+    images = []
+    for path in paths[:limit] if limit else paths:
+        with Image.open(path) as image:
+            pixels = np.asarray(image.convert("RGB").resize((size, size)), dtype=np.float32) / 255.0
+        images.append(((pixels - MEAN) / STD).transpose(2, 0, 1))
+    return np.stack(images).astype(np.float32)
+
+
 def accuracy(run: Any, root: str, model: Any, limit: int | None = None) -> dict[str, Any]:
     """Top-1 accuracy of ``run`` over the folder, fed ``model.batch`` images at a time."""
     example = model.inputs()

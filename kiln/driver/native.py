@@ -83,6 +83,7 @@ class NativeModel(Model):
     ) -> None:
         super().__init__(graph, signature, streams)
         self.parallelism = parallelism or Threading()  # how its parallel loops run (kiln's pool)
+        self.accuracy: Any = None  # reduced precision: the AccuracyReport against fp32 (kiln.quantize)
         # a loaded artifact's bindings compiled ahead (its libraries came with it); None otherwise
         self.ahead = ahead
         self.compiled_for = resolve_target(target)  # what the code is for (cpu:avx2 on an AVX-512 machine...)

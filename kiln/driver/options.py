@@ -23,13 +23,30 @@ from kiln.passes import PASS_NAMES
 ALGORITHMS = ("winograd",)  # algorithms ``disabled`` may name besides the graph passes
 # of matrix products and convolutions; "auto": the best this target computes natively (bf16 where
 # the CPU has bf16 instructions), said by the compiled model (``precision``)
-PRECISIONS = ("fp32", "bf16", "auto")
+PRECISIONS = ("fp32", "bf16", "int8", "auto")
 FALSE = ("0", "", "false", "no", "off")
 
 
 def _flag(env: Mapping[str, str], name: str, default: bool) -> bool:
     value = env.get(name)
     return default if value is None else value.strip().lower() not in FALSE
+
+
+@dataclass(frozen=True)
+class Quantization:
+    """What an int8 compile quantizes with (``kiln.quantize`` computes it from calibration data):
+    each activation's range by value name (lo, hi) and the nodes kept in fp32 (mixed precision:
+    the most sensitive layers when an accuracy budget asks for it)."""
+
+    ranges: tuple[tuple[str, float, float], ...] = ()
+    keep: frozenset[str] = frozenset()
+    method: str = "minmax"
+
+    def digest(self) -> str:
+        import hashlib
+
+        text = repr((self.method, sorted(self.ranges), sorted(self.keep)))
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 @dataclass(frozen=True)
@@ -41,6 +58,7 @@ class CompileOptions:
     profile: bool = False  # per-kernel timers in the generated code
     plan_cache: bool = True  # read and write the on-disk plan cache
     precision: str = "fp32"
+    quantization: Quantization = field(default_factory=Quantization)  # int8's ranges and fp32 layers
 
     def __post_init__(self) -> None:
         if not isinstance(self.level, int) or not 0 <= self.level <= 3:
@@ -87,4 +105,5 @@ class CompileOptions:
 
     def key(self) -> str:
         """What of these options changes a plan (part of the plan cache's key)."""
-        return f"O{self.level};off={','.join(sorted(self.disabled))};dbg={int(self.debug)};{self.precision}"
+        key = f"O{self.level};off={','.join(sorted(self.disabled))};dbg={int(self.debug)};{self.precision}"
+        return key + (f";q={self.quantization.digest()}" if self.precision == "int8" else "")

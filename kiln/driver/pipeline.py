@@ -227,7 +227,13 @@ def _compile(graph, target, options, prebuilt, choices, build_library, stages, o
         return Plan(graph, [], {}, {}, [], [], {}, MemoryPlan({}, {}, 0, 0), None, "", whole_graph_reason=reason)
     stages.append("lower")
     lowerer = Lowerer(
-        graph, target, lowerings(), chooser(choices, target, options), options.algorithms_disabled, options.precision
+        graph,
+        target,
+        lowerings(),
+        chooser(choices, target, options),
+        options.algorithms_disabled,
+        options.precision,
+        options.quantization,
     )
     steps: list[Segment | Fallback] = []
     current: list[Kernel] = []

@@ -104,6 +104,48 @@ def pack_pairs_bf16(matrices: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(full.reshape(batch, kp // 2, 2, np_ // size, size).transpose(0, 3, 1, 4, 2))
 
 
+INT8_K = 64  # the int8 path's k unit (gemm_int8.c: an AMX-INT8 A tile row holds 64 k)
+
+
+def quantize_channels(matrix: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """[C, K] float32 -> (int8 [C, K] in [-127, 127], float32 scales [C]): each channel (row)
+    symmetric, its largest magnitude mapped to 127 (an all-zero channel gets scale 1)."""
+    matrix = np.asarray(matrix, dtype=np.float32)
+    largest = np.abs(matrix).max(axis=1) if matrix.size else np.zeros(matrix.shape[0], np.float32)
+    scales = np.where(largest > 0, largest / 127.0, 1.0).astype(np.float32)
+    quantized = np.clip(np.rint(matrix / scales[:, None]), -127, 127).astype(np.int8)
+    return quantized, scales
+
+
+def activation_quantization(lo: float, hi: float, qmax: int) -> tuple[float, int]:
+    """(scale, zero point) of per-tensor unsigned activations in [0, qmax] covering [lo, hi]
+    (widened to include 0, so zero padding is exact: it quantizes to the zero point)."""
+    lo, hi = min(float(lo), 0.0), max(float(hi), 0.0)
+    if not np.isfinite(lo) or not np.isfinite(hi) or hi <= lo:
+        return 1.0, 0
+    scale = float(np.float32((hi - lo) / qmax))
+    zero = int(min(max(round(-lo / scale), 0), qmax))
+    return scale, zero
+
+
+def pack_rows_int8(matrices: np.ndarray) -> np.ndarray:
+    """[B, M, K] int8 -> rows [B, Mp, Kp], Mp a multiple of 32, Kp of 64, zero padded."""
+    batch, m, k = matrices.shape
+    out = np.zeros((batch, -(-m // BF16_BLOCK) * BF16_BLOCK, -(-k // INT8_K) * INT8_K), dtype=np.int8)
+    out[:, :m, :k] = matrices
+    return out
+
+
+def pack_quads_int8(matrices: np.ndarray) -> np.ndarray:
+    """[B, K, N] int8 -> k-quad panels [B, Np/32, Kp/4, 32, 4], zero padded: element (k, j) of
+    panel p at [p, k // 4, j % 32, k % 4]; the VNNI and AMX-INT8 B operand layout."""
+    batch, k, n = matrices.shape
+    kp, np_ = -(-k // INT8_K) * INT8_K, -(-n // BF16_BLOCK) * BF16_BLOCK
+    full = np.zeros((batch, kp, np_), dtype=np.int8)
+    full[:, :k, :n] = matrices
+    return np.ascontiguousarray(full.reshape(batch, kp // 4, 4, np_ // BF16_BLOCK, BF16_BLOCK).transpose(0, 3, 1, 4, 2))
+
+
 def epilogue_helper(
     lw: Lowerer,
     kernel_name: str,

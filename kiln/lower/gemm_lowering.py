@@ -23,6 +23,7 @@ from kiln.lower.engine import (
     BF16_BLOCK,
     Epilogue,
     NotForEngine,
+    activation_quantization,
     batch_position,
     blocking,
     conv_output_indexing,
@@ -30,8 +31,11 @@ from kiln.lower.engine import (
     epilogue_helper,
     pack_cols,
     pack_pairs_bf16,
+    pack_quads_int8,
     pack_rows,
     pack_rows_bf16,
+    pack_rows_int8,
+    quantize_channels,
 )
 from kiln.lower.kir import (
     Binary,
@@ -41,6 +45,7 @@ from kiln.lower.kir import (
     Kernel,
     MatrixOperand,
     PackedOperand,
+    QuantSpec,
     add,
     i64,
 )
@@ -83,8 +88,15 @@ def lower_matmul_gemm(lw: Lowerer, node: Node, epilogue: Epilogue | None = None)
     a_const, b_const = lw.constant(a), lw.constant(b)
     a_operand: MatrixOperand | PackedOperand
     b_operand: MatrixOperand | PackedOperand
-    bf16 = lw.precision == "bf16"
-    if bf16:
+    # int8: float activations (A) times one constant weight matrix (B)
+    precision = _precision_of(lw, node, a if a_const is None and b_const is not None and b_count == 1 else None)
+    quant = None
+    if precision == "int8":
+        a_operand = MatrixOperand(a_buf, 0 if a_count == 1 else m * k, k, 1)
+        b_operand, quant = _int8_weights(
+            lw, b, np.asarray(b_const, dtype=np.float32).reshape(b_count, k, n), a, rows=False
+        )
+    elif precision == "bf16":
         a_operand, b_operand = _bf16_operands(lw, a, b, a_count, b_count, m, k, n)
     elif a_const is not None:
         matrices = np.asarray(a_const, dtype=np.float32).reshape(a_count, m, k)
@@ -95,8 +107,8 @@ def lower_matmul_gemm(lw: Lowerer, node: Node, epilogue: Epilogue | None = None)
         )
     else:
         a_operand = MatrixOperand(a_buf, 0 if a_count == 1 else m * k, k, 1)
-    if bf16:
-        pass
+    if precision != "fp32":
+        pass  # set above
     elif b_const is not None:
         matrices = np.asarray(b_const, dtype=np.float32).reshape(b_count, k, n)
         b_operand = PackedOperand(
@@ -120,23 +132,62 @@ def lower_matmul_gemm(lw: Lowerer, node: Node, epilogue: Epilogue | None = None)
                 return [*batch_position(Binary("/", i, i64(m)), batch_shape), Binary("%", i, i64(m)), j]
             return [*batch_position(bt, batch_shape), i, j]
 
-        helper = epilogue_helper(lw, name, dst, position_of, flat_of, epilogue, None, tile=_tile(lw))
+        helper = epilogue_helper(lw, name, dst, position_of, flat_of, epilogue, None, tile=_tile(precision))
     stmt = GemmSpec(
-        batch, rows, n, k, a_operand, b_operand, dst, m * n, n, _blocking(lw, choice), helper, lw.precision
+        batch, rows, n, k, a_operand, b_operand, dst, m * n, n, _blocking(precision, choice), helper, precision, quant
     )  # fmt: skip
     flops = 2 * batch * rows * n * k
     return [engine_kernel(name, "matmul", stmt, dst, node, flops, source)]
 
 
-def _blocking(lw: Lowerer, choice: dict) -> tuple[int, int, int]:
-    """The tuned cache blocking: the float32 engine's (the tuner measures that path; the bf16
-    path's blocks are its own defaults)."""
-    return blocking(choice) if lw.precision == "fp32" else (0, 0, 0)
+def _precision_of(lw: Lowerer, node: Node, activations) -> str:  # type: ignore[no-untyped-def]
+    """What this product computes in: the compile's precision, except int8 where the node has
+    no calibrated activation range (or ``activations`` is None: no float input x constant
+    weights) or is kept in fp32 (mixed precision), which then computes in fp32."""
+    if lw.precision != "int8":
+        return lw.precision
+    if activations is None or node.name in lw.keep_fp32 or activations.name not in lw.ranges:
+        return "fp32"
+    return "int8"
 
 
-def _tile(lw: Lowerer) -> tuple[int, int] | None:
-    """The block the engine finishes at a time: the bf16 path's 32 x 32, else the micro-tile."""
-    return (BF16_BLOCK, BF16_BLOCK) if lw.precision == "bf16" else None
+def _int8_weights(lw: Lowerer, weights, matrices: np.ndarray, activations, rows: bool):  # type: ignore[no-untyped-def]
+    """The int8 operand of the weights and the product's QuantSpec: ``matrices`` [count, K, N]
+    (a MatMul's B: channel = column) or [1, C, K] (a convolution's A, ``rows``: channel = row),
+    quantized per channel; the activations' per-tensor quantization from their calibrated range."""
+    lo, hi = lw.ranges[activations.name]
+    qmax = lw.target.int8_max
+    scale, zero = activation_quantization(lo, hi, qmax)
+    if rows:
+        quantized, channel_scales = quantize_channels(matrices[0])  # [C, K]
+        sums = quantized.astype(np.int64).sum(axis=1)
+        packed = lw.packed_constant(("int8-rows", weights), lambda: pack_rows_int8(quantized[None]))
+        operand = PackedOperand(packed, 0, BF16_BLOCK, "int8-rows")
+    else:
+        quantized_t, channel_scales = quantize_channels(matrices[0].T)  # [N, K]
+        quantized = quantized_t.T
+        sums = quantized_t.astype(np.int64).sum(axis=1)
+        packed = lw.packed_constant(("int8-quads", weights), lambda: pack_quads_int8(quantized[None]))
+        operand = PackedOperand(packed, 0, BF16_BLOCK, "int8-quads")
+    scales = (channel_scales.astype(np.float64) * scale).astype(np.float32)
+    offsets = (-zero * sums).astype(np.int32)
+    key = (weights, activations.name, scale, zero)
+    scale_buf = lw.packed_constant(("int8-scale", *key), lambda: scales)
+    offset_buf = lw.packed_constant(("int8-offset", *key), lambda: offsets)
+    inv = float(np.float32(1.0 / scale))
+    return operand, QuantSpec(scale_buf, offset_buf, rows, inv, zero, qmax)
+
+
+def _blocking(precision: str, choice: dict) -> tuple[int, int, int]:
+    """The tuned cache blocking: the float32 engine's (the tuner measures that path; the
+    reduced-precision paths' blocks are their own defaults)."""
+    return blocking(choice) if precision == "fp32" else (0, 0, 0)
+
+
+def _tile(precision: str) -> tuple[int, int] | None:
+    """The block the engine finishes at a time: the reduced-precision paths' 32 x 32, else the
+    float micro-tile."""
+    return (BF16_BLOCK, BF16_BLOCK) if precision != "fp32" else None
 
 
 def _bf16_operands(lw: Lowerer, a, b, a_count: int, b_count: int, m: int, k: int, n: int):  # type: ignore[no-untyped-def]
@@ -189,6 +240,7 @@ def lower_conv_gemm(lw: Lowerer, node: Node, epilogue: Epilogue | None = None) -
         raise NotForEngine("weights are not constant")
     x_shape, w_shape, out_shape = lw.shape(x), lw.shape(w), lw.shape(out)
     choice, source = lw.choice(node)  # algorithm and blocking (the tuning database: one lookup)
+    precision = _precision_of(lw, node, x)
     bias_buf = lw.buffer(bias) if bias is not None else None
     if len(x_shape) == 3:
         (stride_w,), (dil_w,), (pad_l,) = conv_window(node, 1, x_shape[2:], out_shape[2:], w_shape[2:])
@@ -199,7 +251,7 @@ def lower_conv_gemm(lw: Lowerer, node: Node, epilogue: Epilogue | None = None) -
         algorithm = choice.get("algorithm", "")
         if (
             algorithm != "im2col"
-            and lw.precision == "fp32"  # bf16: im2col on the bf16 path (Winograd's transforms are float32)
+            and precision == "fp32"  # bf16, int8: im2col on their paths (Winograd's transforms are float32)
             and "winograd" not in lw.disabled
             and "winograd" in lw.target.engines
             and not winograd.eligible(x_shape, w_shape, out_shape, window)
@@ -236,7 +288,10 @@ def lower_conv_gemm(lw: Lowerer, node: Node, epilogue: Epilogue | None = None) -
     target = lw.target
     x_buf, dst = lw.buffer(x), lw.buffer(out)
     matrix = np.asarray(weights, dtype=np.float32).reshape(1, out_channels, reduction)
-    if lw.precision == "bf16":
+    quant = None
+    if precision == "int8":
+        a_operand, quant = _int8_weights(lw, w, matrix, x, rows=True)
+    elif precision == "bf16":
         a_operand = PackedOperand(
             lw.packed_constant(("bf16-rows", w), lambda: pack_rows_bf16(matrix)), 0, BF16_BLOCK, "bf16-rows"
         )
@@ -255,7 +310,7 @@ def lower_conv_gemm(lw: Lowerer, node: Node, epilogue: Epilogue | None = None) -
     helper = None
     if epilogue is not None or bias_buf is not None:
         flat_of, position_of = conv_output_indexing(out_channels, out_shape)
-        helper = epilogue_helper(lw, name, dst, position_of, flat_of, epilogue, bias_buf, tile=_tile(lw))
+        helper = epilogue_helper(lw, name, dst, position_of, flat_of, epilogue, bias_buf, tile=_tile(precision))
     stmt = GemmSpec(
         x_shape[0],
         out_channels,
@@ -266,9 +321,10 @@ def lower_conv_gemm(lw: Lowerer, node: Node, epilogue: Epilogue | None = None) -
         dst,
         out_channels * pixels,
         pixels,
-        _blocking(lw, choice),
+        _blocking(precision, choice),
         helper,
-        lw.precision,
+        precision,
+        quant,
     )
     kind = "conv1x1" if pointwise else "conv"
     flops = 2 * x_shape[0] * out_channels * pixels * reduction

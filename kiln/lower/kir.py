@@ -329,6 +329,21 @@ class Im2colOperand:
     geometry: tuple[int, ...]
 
 
+@dataclass(frozen=True, eq=False)
+class QuantSpec:
+    """An int8 product's quantization (gemm_int8.c): the float activations are quantized as
+    q = clamp(round(x * inv) + zero, 0, qmax); the int32 sums become float32 as
+    (sum + offset[ch]) * scale[ch], channel = the output's row (``rows``: a convolution) or
+    column (a MatMul)."""
+
+    scale: Buffer  # float32 per channel
+    offset: Buffer  # int32 per channel
+    rows: bool
+    inv: float
+    zero: int
+    qmax: int
+
+
 @dataclass
 class GemmSpec:
     """``out[b] = A[b] . B[b]`` for b < batch (A: m x k, B: k x n) on the target's matrix-multiply
@@ -347,7 +362,8 @@ class GemmSpec:
     ldc: int
     blocking: tuple[int, int, int] = (0, 0, 0)
     epilogue: Function | None = None
-    precision: str = "fp32"  # "bf16": operands rounded to bfloat16, float32 sums (gemm_bf16.c)
+    precision: str = "fp32"  # "bf16": operands rounded to bfloat16, float32 sums (gemm_bf16.c); "int8"
+    quant: QuantSpec | None = None  # int8's quantization (gemm_int8.c)
 
 
 @dataclass
@@ -435,7 +451,8 @@ def epilogue_of(call: EngineCall) -> Function | None:
 def engine_buffers(call: EngineCall) -> list[Buffer]:
     """Every buffer an engine call reads or writes (its epilogue's excluded), in a fixed order."""
     if isinstance(call, GemmSpec):
-        return [call.a.buffer, call.b.buffer, call.out]
+        quant = [call.quant.scale, call.quant.offset] if call.quant is not None else []
+        return [call.a.buffer, call.b.buffer, *quant, call.out]
     if isinstance(call, WinogradInput):
         return [call.source, call.dest]
     if isinstance(call, WinogradOutput):
@@ -551,15 +568,16 @@ def buffers_in(body: list[Stmt]) -> list[Buffer]:
 
 
 def kernel_precision(kernel: Kernel) -> str:
-    """What a kernel's matrix products compute in: ``bf16`` when it calls the engine's bf16 path,
-    else ``fp32`` (every other kernel computes in its tensors' own types)."""
+    """What a kernel's matrix products compute in: ``bf16`` or ``int8`` when it calls the engine's
+    reduced-precision paths, else ``fp32`` (every other kernel computes in its tensors' types)."""
+    found: list[str] = []
 
-    def walk(body: list[Stmt]) -> bool:
+    def find(body: list[Stmt]) -> None:
         for stmt in body:
             if isinstance(stmt, GemmSpec) and stmt.precision != "fp32":
-                return True
-            if isinstance(stmt, (For, If)) and walk(stmt.body):
-                return True
-        return False
+                found.append(stmt.precision)
+            elif isinstance(stmt, (For, If)):
+                find(stmt.body)
 
-    return "bf16" if walk(kernel.body) else "fp32"
+    find(kernel.body)
+    return found[0] if found else "fp32"

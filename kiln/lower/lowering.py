@@ -107,9 +107,16 @@ class Lowerer:
         choose: Callable[[str], tuple[dict, str]] | None = None,
         disabled: frozenset[str] = frozenset(),
         precision: str = "fp32",
+        quantization: Any = None,
     ) -> None:
         self.graph = graph
-        self.precision = precision  # of the matrix products and convolutions: fp32 | bf16
+        self.precision = precision  # of the matrix products and convolutions: fp32 | bf16 | int8
+        # int8: activation ranges by value name, and the nodes kept in fp32 (CompileOptions.quantization)
+        self.ranges: dict[str, tuple[float, float]] = {}
+        self.keep_fp32: frozenset[str] = frozenset()
+        if quantization is not None:
+            self.ranges = {name: (lo, hi) for name, lo, hi in quantization.ranges}
+            self.keep_fp32 = quantization.keep
         self.target = target  # what the kernels are for (vector width, tile, cores, engines)
         self.table = table
         self.choose = choose or (lambda key: ({}, "default"))

@@ -33,6 +33,7 @@ class Target:
     native: bool = True  # built for this very machine (the C backend: -march=native)
     engines: tuple[str, ...] = ENGINES  # the drivers kernels may call (sorted)
     spec: str = ""  # the name it was asked for ("cpu", "cpu:avx2"); defaults to the backend's name
+    int8_max: int = 127  # largest quantized activation its int8 code may use (255 needs VNNI: gemm_int8.c)
 
     @property
     def name(self) -> str:

@@ -41,7 +41,7 @@ def host() -> Target:
         isa = "neon"
     else:
         isa = "generic"
-    return Target("cpu", isa, ISAS[isa][0], cores)
+    return Target("cpu", isa, ISAS[isa][0], cores, int8_max=features.int8_levels(isa, native=True))
 
 
 def runnable_isas(isa: str | None = None) -> tuple[str, ...]:
@@ -111,7 +111,10 @@ class CpuBackend(Backend):
             bf16 = f"the {target.name} target ({target.isa}) has no bf16 path; bf16 runs on the avx512 targets"
         elif not features.precision_paths()["bf16"]:
             bf16 = "this CPU has no bf16 instructions (neither AMX-BF16 nor AVX512_BF16)"
-        return {"fp32": "", "bf16": bf16}
+        int8 = ""
+        if target.isa not in ("avx512", "avx2"):
+            int8 = f"the {target.name} target ({target.isa}) has no int8 path; int8 runs on the avx512 and avx2 targets"
+        return {"fp32": "", "bf16": bf16, "int8": int8}
 
     def load(self, plan: Any, target: Target, parallelism: Threading) -> list[SegmentRunner]:
         segments = [s for s in plan.steps if hasattr(s, "kernels")]
@@ -132,6 +135,10 @@ class CpuBackend(Backend):
             library.kiln_set_bf16.argtypes = [ctypes.c_int]
             library.kiln_set_bf16.restype = ctypes.c_int
             library.kiln_set_bf16(features.bf16_path()[0])
+        if hasattr(library, "kiln_set_int8"):  # int8 products: the best path this CPU grants the target's code
+            library.kiln_set_int8.argtypes = [ctypes.c_int]
+            library.kiln_set_int8.restype = ctypes.c_int
+            library.kiln_set_int8(features.int8_path(target.isa, target.native)[0])
         runners = []
         for step in segments:
             try:

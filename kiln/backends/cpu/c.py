@@ -444,18 +444,21 @@ def _calls(body: Sequence[Stmt], kinds: tuple[type, ...]) -> bool:
     return any(isinstance(s, kinds) or (isinstance(s, (For, If)) and _calls(s.body, kinds)) for s in body)
 
 
-def _bf16_products(body: Sequence[Stmt]) -> bool:
-    """Whether ``body`` calls the matrix-multiply engine's bf16 path."""
-    return any(
-        (isinstance(s, GemmSpec) and s.precision == "bf16") or (isinstance(s, (For, If)) and _bf16_products(s.body))
-        for s in body
-    )
+def _narrow_products(body: Sequence[Stmt]) -> set[str]:
+    """The reduced-precision paths (``bf16``, ``int8``) ``body``'s engine calls use."""
+    found: set[str] = set()
+    for s in body:
+        if isinstance(s, GemmSpec) and s.precision != "fp32":
+            found.add(s.precision)
+        elif isinstance(s, (For, If)):
+            found |= _narrow_products(s.body)
+    return found
 
 
 def _operand_fields(name: str, operand: object) -> list[tuple[str, str]]:
     """The ``kiln_gemm`` members describing operand ``name`` ('a' or 'b') (see gemm.c)."""
     if isinstance(operand, PackedOperand) and operand.layout != "f32":  # the bf16 path's (gemm_bf16.c)
-        return [(f"{name}_bf16", operand.buffer.name), (f"{name}_packed_size", str(operand.buffer.size)),
+        return [(f"{name}_low", operand.buffer.name), (f"{name}_packed_size", str(operand.buffer.size)),
                 (f"{name}_pbs", str(operand.batch_stride))]  # fmt: skip
     if isinstance(operand, PackedOperand):
         return [(f"{name}_packed", operand.buffer.name), (f"{name}_packed_size", str(operand.buffer.size)),
@@ -484,8 +487,13 @@ def engine_call(stmt: EngineCall, indent: str) -> list[str]:
         fields += [*_operand_fields("a", stmt.a), *_operand_fields("b", stmt.b)]
         fields += [("c", stmt.out.name), ("c_size", stmt.out.size), ("c_bs", stmt.out_batch_stride), ("ldc", stmt.ldc)]
         fields += [(name, value) for name, value in zip(("mc", "nc", "kc"), stmt.blocking) if value]
+        if stmt.quant is not None:
+            q = stmt.quant
+            fields += [("q_scale", q.scale.name), ("q_offset", q.offset.name), ("q_rows", int(q.rows)),
+                       ("q_inv", f"{q.inv!r}f"), ("q_zero", q.zero), ("q_max", q.qmax)]  # fmt: skip
         lines.extend(f"{indent}  g.{name} = {value};" for name, value in fields)
-        lines.append(f"{indent}  kiln_gemm_{'bf16_' if stmt.precision == 'bf16' else ''}run(&g);")
+        path = {"bf16": "bf16_", "int8": "int8_"}.get(stmt.precision, "")
+        lines.append(f"{indent}  kiln_gemm_{path}run(&g);")
     elif isinstance(stmt, WinogradInput):
         args = [stmt.tile, stmt.source.name, stmt.dest.name, stmt.batch, stmt.channels, stmt.height, stmt.width,
                 stmt.pad_top, stmt.pad_left, stmt.tiles_h, stmt.tiles_w]  # fmt: skip
@@ -681,8 +689,10 @@ def _emit_c(segments, table, target, profile, checked):  # type: ignore[no-untyp
         parts.append(DEBUG_PRELUDE)
     if any(_calls(k.body, ENGINE_CALLS) for k in kernels):  # every driver uses the kiln_gemm descriptor
         parts.append(gemm_prelude(target))
-    if any(_bf16_products(k.body) for k in kernels):
-        parts.append((Path(__file__).parent / "gemm_bf16.c").read_text())
+    narrow = {p for k in kernels for p in _narrow_products(k.body)}
+    if narrow:  # the reduced-precision paths: their shared driver, then each format
+        for part in ("amx.c", "gemm_lowp.c", *(f"gemm_{p}.c" for p in sorted(narrow))):
+            parts.append((Path(__file__).parent / part).read_text())
     if any(_calls(k.body, (WinogradInput, WinogradOutput)) for k in kernels):
         parts.append(winograd_c.c_source())
     if any(_calls(k.body, (AttentionSpec,)) for k in kernels):

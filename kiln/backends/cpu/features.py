@@ -106,3 +106,42 @@ def bf16_path(env: Mapping[str, str] | None = None) -> tuple[int, str]:
             raise KilnError(f"KILN_BF16_PATH={wanted}: this machine runs only {', '.join(available)}")
         return BF16_PATHS[wanted], wanted
     return BF16_PATHS[available[0]], available[0]
+
+
+INT8_PATHS = {"amx": 4, "avx512-vnni": 3, "avx-vnni": 2, "avx2": 1, "portable": 0}  # gemm_int8.c's modes
+
+
+def int8_path(isa: str = "avx512", native: bool = True, env: Mapping[str, str] | None = None) -> tuple[int, str]:
+    """(mode, name) of the int8 micro-kernel (``kiln_set_int8``) for code of a target of ``isa``:
+    AMX-INT8 when the CPU has it and the OS granted it, else AVX512-VNNI, AVX-VNNI, AVX2
+    (VPMADDUBSW), portable C. The ``cpu:avx2`` target's code takes the AVX2 path even on a CPU
+    with more (it stands for AVX2-only machines). ``$KILN_INT8_PATH`` asks for a path this machine has."""
+    env = os.environ if env is None else env
+    paths = precision_paths()["int8"]
+    available = ["portable"]
+    if isa in ("avx512", "avx2") and "avx2" in paths:
+        available.insert(0, "avx2")
+    if isa == "avx512" or (native and isa == "avx2"):
+        if "avx-vnni" in paths:
+            available.insert(0, "avx-vnni")
+        if "avx512-vnni" in paths:
+            available.insert(0, "avx512-vnni")
+        if "amx-int8" in paths and request_amx()[0]:
+            available.insert(0, "amx")
+    wanted = env.get("KILN_INT8_PATH", "").strip().lower()
+    if wanted:
+        if wanted not in INT8_PATHS:
+            raise KilnError(f"KILN_INT8_PATH={wanted!r}: the int8 paths are {', '.join(INT8_PATHS)}")
+        if wanted not in available:
+            raise KilnError(f"KILN_INT8_PATH={wanted}: code for {isa} runs only {', '.join(available)} here")
+        return INT8_PATHS[wanted], wanted
+    return INT8_PATHS[available[0]], available[0]
+
+
+def int8_levels(isa: str, native: bool) -> int:
+    """The largest quantized activation (255, or 127) the int8 code of a target may use: 7-bit
+    activations wherever the code may run on AVX2's VPMADDUBSW (its pairs of u8 x s8 products
+    saturate 16 bits beyond 7 bits); 8 bits where it is built for this CPU and the CPU has VNNI."""
+    flags = cpu_flags()
+    vnni = "avx512_vnni" in flags or "avx_vnni" in flags or "amx_int8" in flags
+    return 255 if native and isa in ("avx512", "avx2") and vnni else 127

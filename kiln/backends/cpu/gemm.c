@@ -53,9 +53,15 @@ struct kiln_gemm {
   kiln_pack_fn pack_b;
   float *c; int64_t c_bs, ldc;
   kiln_epilogue_fn epilogue;
-  /* the bf16 path (gemm_bf16.c): constant operands packed as bf16 when the plan was built (then
-     a_pbs, b_pbs are their batch strides and a_packed_size, b_packed_size their sizes) */
-  const uint16_t *a_bf16, *b_bf16;
+  /* the reduced-precision paths (gemm_lowp.c): constant operands packed in the narrow format when
+     the plan was built (then a_pbs, b_pbs are their batch strides and a_packed_size,
+     b_packed_size their sizes in elements) */
+  const void *a_low, *b_low;
+  /* int8 (gemm_int8.c): per-channel scales and int32 offsets (channel: the row of C when
+     q_rows, else the column), and the float activations' quantization (q = x * q_inv + q_zero,
+     clamped to [0, q_max]) */
+  const float *q_scale; const int32_t *q_offset; int q_rows;
+  float q_inv; int32_t q_zero, q_max;
   void **buffers;           /* the segment's buffer table, for the epilogue */
   const int64_t *conv;      /* im2col geometry: C H W KH KW SH SW DH DW PT PL OH OW */
   int64_t mc, nc, kc;       /* cache blocking chosen by the autotuner (0: the defaults below) */

@@ -1,5 +1,5 @@
-/* kiln's bf16 matrix-multiply path (included after gemm.c in plans compiled with precision bf16,
-   for the avx512 targets, whose packed B panels are 32 columns wide: KILN_NR == 32).
+/* kiln's bf16 matrix-multiply format (included after gemm_lowp.c, the driver, in plans compiled
+   with precision bf16, for the avx512 targets, whose float B panels are 32 columns wide).
 
    C[b] = A[b] . B[b] (+ epilogue) with both operands rounded to bfloat16 (round to nearest even),
    products exact and sums in float32, C float32. Operands:
@@ -10,21 +10,13 @@
      (k / 2) * 64 + j * 2 + k % 2): constant B (a MatMul's weights) packed when the plan is built
      (g->b_bf16); any other B (im2col, activations) packed as float32 by the descriptor's packer
      then converted, one 32-column panel at a time.
-   Three micro-kernels compute a 32 x 32 block of C over the whole (padded) reduction, chosen at
-   run time (kiln_set_bf16, from what this CPU has and the OS grants):
+   Three micro-kernels compute a 32 x 32 block of C over a k chunk, chosen at run time (kiln_set_bf16, from what this CPU has and the OS grants):
    2: AMX-BF16 tiles (2 x 2 accumulator tiles of 16 x 16, two A and two B tiles per 32 k),
    1: AVX-512-BF16 dot products (8 rows x 32 columns of zmm accumulators at a time),
    0: portable C, the same arithmetic without bf16 instructions (an artifact moved to a CPU
       without them runs, slowly, and the runtime says so).
    The instruction-set functions carry their own target attributes, so the rest of the library
    keeps the target's ISA. */
-
-#include <stdint.h>
-#include <string.h>
-#if defined(__x86_64__)
-#include <immintrin.h>
-#define KILN_BF16_X86 1
-#endif
 
 #if KILN_NR != 32
 #error "the bf16 path packs B in 32-column panels (avx512 targets)"
@@ -35,7 +27,7 @@ static int kiln_bf16_mode = 0;
 /* which micro-kernel runs (0, 1, 2 as above); returns the mode now in force (a mode the build
    lacks falls back to 0) */
 int kiln_set_bf16(int mode) {
-#ifdef KILN_BF16_X86
+#ifdef KILN_X86
   kiln_bf16_mode = mode >= 0 && mode <= 2 ? mode : 0;
 #else
   kiln_bf16_mode = 0;
@@ -58,7 +50,7 @@ static inline float kiln_bf16_value(uint16_t h) {
   return x;
 }
 
-#ifdef KILN_BF16_X86
+#ifdef KILN_X86
 /* n floats to bf16, 16 at a time with VCVTNEPS2BF16 (round to nearest even, as kiln_bf16_round) */
 __attribute__((target("avx512f,avx512bw,avx512bf16"))) static void kiln_bf16_convert_avx512(const float *src, uint16_t *dst, int64_t n) {
   int64_t i = 0;
@@ -87,7 +79,7 @@ __attribute__((target("avx512f,avx512bw,avx512bf16"))) static void kiln_bf16_pai
 #endif
 
 static void kiln_bf16_convert(const float *src, uint16_t *dst, int64_t n) {
-#ifdef KILN_BF16_X86
+#ifdef KILN_X86
   if (kiln_bf16_mode > 0) {
     kiln_bf16_convert_avx512(src, dst, n);
     return;
@@ -97,8 +89,9 @@ static void kiln_bf16_convert(const float *src, uint16_t *dst, int64_t n) {
 }
 
 /* rows m0..m0+mlen of A as bf16 rows [rows][kp] (zero padded to rows, a multiple of 32, and kp) */
-static void kiln_bf16_rows(const kiln_gemm *g, int64_t bt, int64_t m0, int64_t mlen, int64_t rows, int64_t kp, uint16_t *dst) {
+static void kiln_bf16_rows(const kiln_gemm *g, int64_t bt, int64_t m0, int64_t mlen, int64_t rows, int64_t kp, void *to) {
   const int64_t K = g->K;
+  uint16_t *dst = (uint16_t *)to;
   for (int64_t r = 0; r < rows; ++r) {
     uint16_t *out = dst + r * kp;
     if (r >= mlen) {
@@ -121,7 +114,7 @@ static void kiln_bf16_pairs(const float *panel, int64_t K, int64_t kp, uint16_t 
   for (int64_t p = 0; p < kp / 2; ++p) {
     const float *even = 2 * p < K ? panel + 2 * p * 32 : zeros;
     const float *odd = 2 * p + 1 < K ? panel + (2 * p + 1) * 32 : zeros;
-#ifdef KILN_BF16_X86
+#ifdef KILN_X86
     if (kiln_bf16_mode > 0) {
       kiln_bf16_pair_row_avx512(even, odd, dst + p * 64);
       continue;
@@ -137,7 +130,8 @@ static void kiln_bf16_pairs(const float *panel, int64_t K, int64_t kp, uint16_t 
 /* columns x0..x0+xc of B, whole K, as bf16 k-pair panels [ceil(xc/32)][kp/2][32][2], in one pass
    where B's rows can be read (or built, im2col) two at a time: a row-major B (a 1x1 convolution's
    input, activations) and the im2col matrix; any other B through the float packer (fbuf: K x 32) */
-static void kiln_bf16_pack_b(const kiln_gemm *g, int64_t bt, int64_t x0, int64_t xc, int64_t kp, uint16_t *dst, float *fbuf) {
+static void kiln_bf16_pack_b(const kiln_gemm *g, int64_t bt, int64_t x0, int64_t xc, int64_t kp, void *to, float *fbuf) {
+  uint16_t *dst = (uint16_t *)to;
   const int64_t K = g->K, panels = (xc + 31) / 32, padded = panels * 32;
   const int row_major = g->pack_b == kiln_pack_b_strided && g->b_cs == 1, im2col = g->pack_b == kiln_pack_im2col;
   if (!row_major && !im2col) {
@@ -173,7 +167,7 @@ static void kiln_bf16_pack_b(const kiln_gemm *g, int64_t bt, int64_t x0, int64_t
     for (int64_t p = 0; p < panels; ++p) {
       const float *even = src[0] ? src[0] + p * 32 : zeros, *odd = src[1] ? src[1] + p * 32 : zeros;
       uint16_t *out = dst + p * kp * 32 + pair * 64;
-#ifdef KILN_BF16_X86
+#ifdef KILN_X86
       if (kiln_bf16_mode > 0) {
         kiln_bf16_pair_row_avx512(even, odd, out);
         continue;
@@ -189,28 +183,7 @@ static void kiln_bf16_pack_b(const kiln_gemm *g, int64_t bt, int64_t x0, int64_t
 
 /* -- micro-kernels: C (32 x 32, row stride ldc) (+)= A (32 rows, stride lda) . B pairs, over kc ---- */
 
-#ifdef KILN_BF16_X86
-typedef struct {
-  uint8_t palette_id, start_row, reserved[14];
-  uint16_t colsb[16];
-  uint8_t rows[16];
-} __attribute__((packed)) kiln_tile_config;
-
-/* tmm0-3: the 2 x 2 C tiles (16 x 16 float32), tmm4-5: two A tiles (16 x 32 bf16), tmm6-7: two B
-   tiles (16 k pairs x 16 columns) */
-__attribute__((target("amx-tile"))) static void kiln_amx_configure(void) {
-  kiln_tile_config config;
-  memset(&config, 0, sizeof config);
-  config.palette_id = 1;
-  for (int t = 0; t < 8; ++t) {
-    config.rows[t] = 16;
-    config.colsb[t] = 64;
-  }
-  _tile_loadconfig(&config);
-}
-
-__attribute__((target("amx-tile"))) static void kiln_amx_release(void) { _tile_release(); }
-
+#ifdef KILN_X86
 __attribute__((target("amx-tile,amx-bf16"))) static void kiln_bf16_amx(const uint16_t *a, int64_t lda, const uint16_t *b, int64_t kc, float *c, int64_t ldc, int64_t rows, int accumulate) {
   if (accumulate) {
     _tile_loadd(0, c, ldc * 4);
@@ -291,8 +264,10 @@ static void kiln_bf16_portable(const uint16_t *a, int64_t lda, const uint16_t *b
 }
 
 /* C block (rows: 16 or 32 of A's rows) (+)= A . B chunk, written at c (row stride ldc) */
-static void kiln_bf16_block(const uint16_t *a, int64_t lda, const uint16_t *b, int64_t kc, float *c, int64_t ldc, int64_t rows, int accumulate) {
-#ifdef KILN_BF16_X86
+static void kiln_bf16_block(const kiln_gemm *g, const void *av, int64_t lda, const void *bv, int64_t kc, void *cv, int64_t ldc, int64_t rows, int accumulate) {
+  const uint16_t *a = (const uint16_t *)av, *b = (const uint16_t *)bv;
+  float *c = (float *)cv;
+#ifdef KILN_X86
   if (kiln_bf16_mode == 2) {
     kiln_bf16_amx(a, lda, b, kc, c, ldc, rows, accumulate);
     return;
@@ -305,172 +280,8 @@ static void kiln_bf16_block(const uint16_t *a, int64_t lda, const uint16_t *b, i
   kiln_bf16_portable(a, lda, b, kc, c, ldc, rows, accumulate);
 }
 
-/* -- the driver --------------------------------------------------------------------------------- */
+static int kiln_bf16_amx_on(void) { return kiln_bf16_mode == 2; }
 
-#define KILN_BF16_CHUNK 8 /* B panels per shared-packing call (the im2col rows are built 8 panels wide) */
-#define KILN_BF16_KC 256 /* k per chunk: a 32-row A chunk and a 32-column B chunk, 16 KB each, in L1 */
+static const kiln_lowp_ops kiln_bf16_ops = {2, 32, kiln_bf16_rows, kiln_bf16_pack_b, kiln_bf16_block, NULL, kiln_bf16_amx_on};
 
-typedef struct {
-  const kiln_gemm *g;
-  int64_t kp, mc, nc, tiles_m, tiles_n;
-  const uint16_t *a_rows; /* A converted whole, once (shared by the tasks), or NULL */
-  int64_t a_rows_bs;
-  const uint16_t *b_pairs; /* B packed and converted whole, once (shared by the tasks), or NULL */
-  int64_t b_pairs_bs;
-} kiln_bf16_plan;
-
-/* the shared packing of B: 32-column panels [lo, hi) of every batch element */
-static void kiln_gemm_bf16_pack(void *ctx, int64_t lo, int64_t hi, int worker) {
-  const kiln_bf16_plan *p = (const kiln_bf16_plan *)ctx;
-  const kiln_gemm *g = p->g;
-  static _Thread_local float *f_buf;
-  static _Thread_local int64_t f_have;
-  float *fbuf = kiln_scratch(&f_buf, &f_have, g->K * 32);
-  if (!fbuf) return;
-  const int64_t panels = (g->N + 31) / 32, chunks = (panels + KILN_BF16_CHUNK - 1) / KILN_BF16_CHUNK;
-  for (int64_t i = lo; i < hi; ++i) {
-    const int64_t bt = i / chunks, col = (i % chunks) * KILN_BF16_CHUNK * 32;
-    const int64_t cols = g->N - col < KILN_BF16_CHUNK * 32 ? g->N - col : KILN_BF16_CHUNK * 32;
-    kiln_bf16_pack_b(g, bt, col, cols, p->kp, (uint16_t *)p->b_pairs + bt * p->b_pairs_bs + (col / 32) * p->kp * 32, fbuf);
-  }
-}
-
-/* the shared conversion of A: rows [lo, hi) of 32 of every batch element */
-static void kiln_gemm_bf16_convert(void *ctx, int64_t lo, int64_t hi, int worker) {
-  const kiln_bf16_plan *p = (const kiln_bf16_plan *)ctx;
-  const int64_t slabs = (p->g->M + 31) / 32;
-  for (int64_t i = lo; i < hi; ++i) {
-    const int64_t bt = i / slabs, m0 = (i % slabs) * 32;
-    const int64_t rows = p->g->M - m0 < 32 ? p->g->M - m0 : 32;
-    kiln_bf16_rows(p->g, bt, m0, rows, 32, p->kp, (uint16_t *)p->a_rows + bt * p->a_rows_bs + m0 * p->kp);
-  }
-}
-
-static void kiln_gemm_bf16_tasks(void *ctx, int64_t lo, int64_t hi, int worker) {
-  const kiln_bf16_plan *p = (const kiln_bf16_plan *)ctx;
-  const kiln_gemm *g = p->g;
-  const int64_t M = g->M, N = g->N, K = g->K, kp = p->kp, mc = p->mc, nc = p->nc;
-  static _Thread_local float *f_buf, *a_buf, *b_buf, *e_buf; /* a_buf, b_buf hold bf16 (two per float) */
-  static _Thread_local int64_t f_have, a_have, b_have, e_have;
-  const int64_t kchunk = g->kc > 0 ? kiln_round_up(g->kc, 32) : KILN_BF16_KC;
-  const int64_t slabs = (mc + 31) / 32;
-  uint16_t *abuf = NULL, *bbuf = NULL;
-  float *fbuf = NULL;
-  /* edge blocks (fewer than 32 rows or columns) accumulate in a scratch of whole blocks, copied
-     out after the last chunk: one slot per slab of the panel being computed */
-  float *edges = kiln_scratch(&e_buf, &e_have, slabs * 32 * 32);
-  if (!g->a_bf16 && !p->a_rows) abuf = (uint16_t *)kiln_scratch(&a_buf, &a_have, (slabs * 32 * kp + 1) / 2);
-  if (!g->b_bf16 && !p->b_pairs) {
-    fbuf = kiln_scratch(&f_buf, &f_have, K * 32);
-    bbuf = (uint16_t *)kiln_scratch(&b_buf, &b_have, kp * 16);
-  }
-  if (!edges || (!g->a_bf16 && !p->a_rows && !abuf) || (!g->b_bf16 && !p->b_pairs && !(fbuf && bbuf))) return; /* out of memory */
-#ifdef KILN_BF16_X86
-  if (kiln_bf16_mode == 2) kiln_amx_configure();
-#endif
-  for (int64_t task = lo; task < hi; ++task) {
-    const int64_t bt = task / (p->tiles_m * p->tiles_n), rest = task % (p->tiles_m * p->tiles_n);
-    const int64_t m0 = (rest / p->tiles_n) * mc, n0 = (rest % p->tiles_n) * nc;
-    const int64_t mlen = M - m0 < mc ? M - m0 : mc, nlen = N - n0 < nc ? N - n0 : nc;
-    const uint16_t *ablock;
-    if (g->a_bf16) {
-      ablock = g->a_bf16 + KILN_SPAN(bt * g->a_pbs + m0 * kp, kiln_round_up(mlen, 32) * kp, g->a_packed_size, "A (bf16 packed)");
-    } else if (p->a_rows) {
-      ablock = p->a_rows + bt * p->a_rows_bs + m0 * kp;
-    } else {
-      kiln_bf16_rows(g, bt, m0, mlen, kiln_round_up(mlen, 32), kp, abuf);
-      ablock = abuf;
-    }
-    float *c = g->c + bt * g->c_bs;
-    for (int64_t jr = 0; jr < nlen; jr += 32) {
-      const int64_t cols = nlen - jr < 32 ? nlen - jr : 32;
-      const uint16_t *bpanel;
-      if (g->b_bf16) {
-        bpanel = g->b_bf16 + KILN_SPAN(bt * g->b_pbs + ((n0 + jr) / 32) * kp * 32, kp * 32, g->b_packed_size, "B (bf16 packed)");
-      } else if (p->b_pairs) {
-        bpanel = p->b_pairs + bt * p->b_pairs_bs + ((n0 + jr) / 32) * kp * 32;
-      } else {
-        kiln_bf16_pack_b(g, bt, n0 + jr, cols, kp, bbuf, fbuf);
-        bpanel = bbuf;
-      }
-      /* the panel's column of C blocks stays in L2 while each k chunk of B (in L1) meets every slab */
-      for (int64_t k0 = 0; k0 < kp; k0 += kchunk) {
-        const int64_t kc = kp - k0 < kchunk ? kp - k0 : kchunk;
-        const int first = k0 == 0, last = k0 + kc >= kp;
-        const uint16_t *bchunk = bpanel + k0 * 32;
-        for (int64_t ir = 0; ir < mlen; ir += 32) {
-          const int64_t rows = mlen - ir < 32 ? mlen - ir : 32;
-          const uint16_t *aslab = ablock + ir * kp + k0;
-          if (rows == 32 && cols == 32) {
-            float *tile = c + (m0 + ir) * g->ldc + n0 + jr;
-            KILN_SPAN(bt * g->c_bs + (m0 + ir) * g->ldc + n0 + jr, 31 * g->ldc + 32, g->c_size, "C");
-            kiln_bf16_block(aslab, kp, bchunk, kc, tile, g->ldc, 32, !first);
-          } else {
-            float *block = edges + (ir / 32) * 32 * 32;
-            kiln_bf16_block(aslab, kp, bchunk, kc, block, 32, rows <= 16 ? 16 : 32, !first);
-            if (last) {
-              float *tile = c + (m0 + ir) * g->ldc + n0 + jr;
-              KILN_SPAN(bt * g->c_bs + (m0 + ir) * g->ldc + n0 + jr, (rows - 1) * g->ldc + cols, g->c_size, "C");
-              for (int64_t r = 0; r < rows; ++r) memcpy(tile + r * g->ldc, block + r * 32, (size_t)cols * sizeof(float));
-            }
-          }
-          if (last && g->epilogue) g->epilogue(g, bt, m0 + ir, m0 + ir + rows, n0 + jr, n0 + jr + cols);
-        }
-      }
-    }
-  }
-#ifdef KILN_BF16_X86
-  if (kiln_bf16_mode == 2) kiln_amx_release();
-#endif
-}
-
-static void kiln_gemm_bf16_run(const kiln_gemm *g) {
-  const int64_t M = g->M, N = g->N, K = g->K, kp = kiln_round_up(K, 32);
-  int threads = kiln_pool_threads();
-  if (kiln_in_pool()) threads = 1;
-  /* an M block of bf16 rows fills about 256 KB of L2 (one chunk of it, 32 rows, is in L1) */
-  int64_t cap = 262144 / ((kp < KILN_BF16_KC ? kp : KILN_BF16_KC) * 2);
-  cap = cap < 32 ? 32 : (cap > 512 ? 512 : cap);
-  int64_t mc = kiln_round_up(M < cap ? M : cap, 32);
-  int64_t nc = kiln_round_up(N < 512 ? N : 512, 32);
-  if (g->mc > 0) mc = kiln_round_up(M < g->mc ? M : g->mc, 32);
-  if (g->nc > 0) nc = kiln_round_up(N < g->nc ? N : g->nc, 32);
-  int64_t tiles_m = (M + mc - 1) / mc;
-  while (threads > 1 && !g->nc && g->batch * tiles_m * ((N + nc - 1) / nc) < 4 * threads && nc > 32) nc = kiln_round_up(nc / 2, 32);
-  while (threads > 1 && !g->mc && g->batch * tiles_m * ((N + nc - 1) / nc) < 2 * threads && mc > 32) {
-    mc = kiln_round_up(mc / 2, 32);
-    tiles_m = (M + mc - 1) / mc;
-  }
-  if (!g->mc) mc = kiln_round_up((M + tiles_m - 1) / tiles_m, 32);
-  int64_t tiles_n = (N + nc - 1) / nc;
-  if (!g->nc) nc = kiln_round_up((N + tiles_n - 1) / tiles_n, 32);
-  tiles_n = (N + nc - 1) / nc;
-  const int64_t tasks = g->batch * tiles_m * tiles_n;
-  kiln_bf16_plan plan = {g, kp, mc, nc, tiles_m, tiles_n, NULL, 0, NULL, 0};
-  const int workers = M * N * K * g->batch >= 65536 && tasks > 1 ? 0 : 1;
-  /* an A that several tasks would convert again (one per N block) is converted once, shared */
-  static _Thread_local float *shared;
-  static _Thread_local int64_t have;
-  const int64_t slabs = (M + 31) / 32, size = g->batch * slabs * 32 * kp;
-  if (!g->a_bf16 && tiles_n > 1 && size * 2 <= KILN_SHARED_LIMIT) {
-    uint16_t *rows = (uint16_t *)kiln_scratch(&shared, &have, (size + 1) / 2);
-    if (rows) {
-      plan.a_rows = rows;
-      plan.a_rows_bs = slabs * 32 * kp;
-      kiln_parallel_for(0, g->batch * slabs, 1, workers, kiln_gemm_bf16_convert, &plan);
-    }
-  }
-  /* a B that several tasks would pack again (one per M block) is packed once, shared */
-  static _Thread_local float *shared_b;
-  static _Thread_local int64_t have_b;
-  const int64_t panels = (N + 31) / 32, size_b = g->batch * panels * kp * 32;
-  if (!g->b_bf16 && tiles_m > 1 && size_b * 2 <= KILN_SHARED_LIMIT) {
-    uint16_t *pairs = (uint16_t *)kiln_scratch(&shared_b, &have_b, (size_b + 1) / 2);
-    if (pairs) {
-      plan.b_pairs = pairs;
-      plan.b_pairs_bs = panels * kp * 32;
-      kiln_parallel_for(0, g->batch * ((panels + KILN_BF16_CHUNK - 1) / KILN_BF16_CHUNK), 1, workers, kiln_gemm_bf16_pack, &plan);
-    }
-  }
-  kiln_parallel_for(0, tasks, 1, workers, kiln_gemm_bf16_tasks, &plan);
-}
+static void kiln_gemm_bf16_run(const kiln_gemm *g) { kiln_lowp_run(g, &kiln_bf16_ops); }

@@ -1,0 +1,290 @@
+/* kiln's int8 matrix-multiply format (included after gemm_lowp.c, the driver, in plans compiled
+   with precision int8).
+
+   One operand is the weights, quantized per output channel, symmetric, to int8 in [-127, 127]
+   when the plan was built; the other is the float32 activations, quantized per tensor here, as
+   they are packed, to unsigned q = clamp(round(x * q_inv) + q_zero, 0, q_max) (q_max 255, or 127
+   where the plan may run on AVX2's VPMADDUBSW, whose pairs of u8 x s8 products saturate 16 bits
+   beyond 7-bit activations: two 127 x 127 products still fit). Sums are exact int32; a finished
+   block becomes float32 as C = (sum + q_offset[ch]) * q_scale[ch], the offset undoing the
+   activations' zero point (-q_zero x the channel's weight sum) and the scale the product of the
+   activation and channel scales. No quantize or dequantize pass over memory: activations are
+   quantized in the packing, results dequantized in the block's finish, before the epilogue.
+
+   A MatMul (x . W) has A = activations (u8 rows), B = weights (s8 panels), channel = column;
+   a convolution has A = weights (s8 rows), B = im2col or the 1x1 input (u8 panels), channel =
+   row. Layouts: A rows [Mp][Kp]; B panels of 32 columns [Kp/4][32][4] (4 consecutive k of a
+   column in one 32-bit lane: the VNNI and AMX-INT8 operand layout); Kp a multiple of 64.
+
+   Micro-kernels, chosen at run time (kiln_set_int8): 4 AMX-INT8 tiles (TDPBUSD / TDPBSUD),
+   3 AVX512-VNNI (VPDPBUSD on zmm), 2 AVX-VNNI (VPDPBUSD on ymm), 1 AVX2 (VPMADDUBSW then VPMADDWD;
+   only for 7-bit activations), 0 portable C. Every path computes the same exact integer sums. */
+
+static int kiln_int8_mode = 0;
+
+/* which micro-kernel runs (0..4 as above); returns the mode in force */
+int kiln_set_int8(int mode) {
+#ifdef KILN_X86
+  kiln_int8_mode = mode >= 0 && mode <= 4 ? mode : 0;
+#else
+  kiln_int8_mode = 0;
+#endif
+  return kiln_int8_mode;
+}
+
+/* n floats quantized to unsigned activations (NaN -> 0) */
+static void kiln_int8_quantize(const kiln_gemm *g, const float *src, uint8_t *dst, int64_t n) {
+  const float inv = g->q_inv, zero = (float)g->q_zero, top = (float)g->q_max;
+  for (int64_t i = 0; i < n; ++i) {
+    float v = __builtin_nearbyintf(src[i] * inv) + zero;
+    v = v > 0.0f ? v : 0.0f;
+    v = v < top ? v : top;
+    dst[i] = (uint8_t)(int32_t)v;
+  }
+}
+
+/* A rows m0..m0+mlen quantized (activations: a MatMul's x), zero rows up to `rows`, k padded with 0 */
+static void kiln_int8_rows(const kiln_gemm *g, int64_t bt, int64_t m0, int64_t mlen, int64_t rows, int64_t kp, void *to) {
+  uint8_t *dst = (uint8_t *)to;
+  const int64_t K = g->K;
+  float line[K] __attribute__((aligned(64)));
+  for (int64_t r = 0; r < rows; ++r) {
+    uint8_t *out = dst + r * kp;
+    if (r >= mlen) {
+      memset(out, 0, (size_t)kp);
+      continue;
+    }
+    const int64_t first = bt * g->a_bs + (m0 + r) * g->a_rs;
+    const float *src;
+    if (g->a_cs == 1) {
+      src = g->a + KILN_SPAN(first, K, g->a_size, "A (int8 rows)");
+    } else {
+      for (int64_t k = 0; k < K; ++k) line[k] = g->a[KILN_AT(first + k * g->a_cs, g->a_size, "A (int8 rows)")];
+      src = line;
+    }
+    kiln_int8_quantize(g, src, out, K);
+    memset(out + K, 0, (size_t)(kp - K)); /* the weights' padding is 0: any value would do */
+  }
+}
+
+/* columns x0..x0+xc of B (activations: a convolution's im2col or 1x1 input, or a MatMul's float
+   B through the float packer), whole K, quantized into panels [Kp/4][32][4] */
+static void kiln_int8_pack_b(const kiln_gemm *g, int64_t bt, int64_t x0, int64_t xc, int64_t kp, void *to, float *fbuf) {
+  uint8_t *dst = (uint8_t *)to;
+  const int64_t K = g->K, panels = (xc + 31) / 32, padded = panels * 32;
+  const int row_major = g->pack_b == kiln_pack_b_strided && g->b_cs == 1, im2col = g->pack_b == kiln_pack_im2col;
+  float rows[4][padded] __attribute__((aligned(64)));
+  uint8_t quant[4][padded] __attribute__((aligned(64)));
+  for (int64_t quad = 0; quad < kp / 4; ++quad) {
+    for (int h = 0; h < 4; ++h) {
+      const int64_t k = 4 * quad + h;
+      if (k >= K) {
+        memset(quant[h], 0, (size_t)padded); /* the weights' padding is 0 */
+        continue;
+      }
+      if (row_major) {
+        const int64_t start = bt * g->b_bs + k * g->b_rs + x0;
+        memcpy(rows[h], g->b + KILN_SPAN(start, xc, g->b_size, "B (int8 rows)"), (size_t)xc * sizeof(float));
+      } else if (im2col) {
+        kiln_im2col_row(g, bt, x0, xc, k, rows[h]);
+      } else {
+        for (int64_t j = 0; j < xc; ++j) rows[h][j] = g->b[KILN_AT(bt * g->b_bs + k * g->b_rs + (x0 + j) * g->b_cs, g->b_size, "B (int8)")];
+      }
+      for (int64_t j = xc; j < padded; ++j) rows[h][j] = 0.0f;
+      kiln_int8_quantize(g, rows[h], quant[h], padded);
+    }
+    for (int64_t p = 0; p < panels; ++p) {
+      uint8_t *out = dst + p * kp * 32 + quad * 128;
+      for (int j = 0; j < 32; ++j)
+        for (int h = 0; h < 4; ++h) out[4 * j + h] = quant[h][p * 32 + j];
+    }
+  }
+  (void)fbuf;
+}
+
+/* -- micro-kernels: int32 C (rows x 32, stride ldc) (+)= A slab . B chunk over kc (a multiple of
+   64). `au`: A holds the unsigned operand (a MatMul's activations), else B does. ------------- */
+
+#ifdef KILN_X86
+__attribute__((target("amx-tile,amx-int8"))) static void kiln_int8_amx(const uint8_t *a, int64_t lda, const uint8_t *b, int64_t kc, int32_t *c, int64_t ldc, int64_t rows, int accumulate, int au) {
+  if (accumulate) {
+    _tile_loadd(0, c, ldc * 4);
+    _tile_loadd(1, c + 16, ldc * 4);
+  } else {
+    _tile_zero(0);
+    _tile_zero(1);
+  }
+  if (rows > 16) {
+    if (accumulate) {
+      _tile_loadd(2, c + 16 * ldc, ldc * 4);
+      _tile_loadd(3, c + 16 * ldc + 16, ldc * 4);
+    } else {
+      _tile_zero(2);
+      _tile_zero(3);
+    }
+  }
+  for (int64_t k0 = 0; k0 < kc; k0 += 64) {
+    _tile_loadd(6, b + k0 * 32, 128);
+    _tile_loadd(7, b + k0 * 32 + 64, 128);
+    _tile_loadd(4, a + k0, lda);
+    if (au) {
+      _tile_dpbusd(0, 4, 6);
+      _tile_dpbusd(1, 4, 7);
+    } else {
+      _tile_dpbsud(0, 4, 6);
+      _tile_dpbsud(1, 4, 7);
+    }
+    if (rows > 16) {
+      _tile_loadd(5, a + 16 * lda + k0, lda);
+      if (au) {
+        _tile_dpbusd(2, 5, 6);
+        _tile_dpbusd(3, 5, 7);
+      } else {
+        _tile_dpbsud(2, 5, 6);
+        _tile_dpbsud(3, 5, 7);
+      }
+    }
+  }
+  _tile_stored(0, c, ldc * 4);
+  _tile_stored(1, c + 16, ldc * 4);
+  if (rows > 16) {
+    _tile_stored(2, c + 16 * ldc, ldc * 4);
+    _tile_stored(3, c + 16 * ldc + 16, ldc * 4);
+  }
+}
+
+/* 8 rows x 32 columns on zmm */
+__attribute__((target("avx512f,avx512vnni"))) static void kiln_int8_vnni512(const uint8_t *a, int64_t lda, const uint8_t *b, int64_t kc, int32_t *c, int64_t ldc, int accumulate, int au) {
+  __m512i acc0[8], acc1[8];
+  for (int r = 0; r < 8; ++r) {
+    acc0[r] = accumulate ? _mm512_loadu_si512((const void *)(c + r * ldc)) : _mm512_setzero_si512();
+    acc1[r] = accumulate ? _mm512_loadu_si512((const void *)(c + r * ldc + 16)) : _mm512_setzero_si512();
+  }
+  for (int64_t q = 0; q < kc / 4; ++q) {
+    const __m512i b0 = _mm512_loadu_si512((const void *)(b + q * 128));
+    const __m512i b1 = _mm512_loadu_si512((const void *)(b + q * 128 + 64));
+#pragma GCC unroll 8
+    for (int r = 0; r < 8; ++r) {
+      int32_t word;
+      memcpy(&word, a + r * lda + 4 * q, sizeof word);
+      const __m512i quad = _mm512_set1_epi32(word);
+      if (au) {
+        acc0[r] = _mm512_dpbusd_epi32(acc0[r], quad, b0);
+        acc1[r] = _mm512_dpbusd_epi32(acc1[r], quad, b1);
+      } else {
+        acc0[r] = _mm512_dpbusd_epi32(acc0[r], b0, quad);
+        acc1[r] = _mm512_dpbusd_epi32(acc1[r], b1, quad);
+      }
+    }
+  }
+  for (int r = 0; r < 8; ++r) {
+    _mm512_storeu_si512((void *)(c + r * ldc), acc0[r]);
+    _mm512_storeu_si512((void *)(c + r * ldc + 16), acc1[r]);
+  }
+}
+
+/* 4 rows x 16 columns on ymm: AVX-VNNI (vnni) or AVX2's VPMADDUBSW + VPMADDWD (7-bit activations) */
+#define KILN_INT8_YMM(name, attributes, DOT)                                                                        \
+  __attribute__((target(attributes))) static void name(const uint8_t *a, int64_t lda, const uint8_t *b, int64_t kc, \
+                                                       int32_t *c, int64_t ldc, int accumulate, int au) {          \
+    __m256i acc0[4], acc1[4];                                                                                       \
+    const __m256i ones = _mm256_set1_epi16(1);                                                                      \
+    (void)ones;                                                                                                     \
+    for (int r = 0; r < 4; ++r) {                                                                                   \
+      acc0[r] = accumulate ? _mm256_loadu_si256((const __m256i *)(c + r * ldc)) : _mm256_setzero_si256();          \
+      acc1[r] = accumulate ? _mm256_loadu_si256((const __m256i *)(c + r * ldc + 8)) : _mm256_setzero_si256();      \
+    }                                                                                                               \
+    for (int64_t q = 0; q < kc / 4; ++q) {                                                                          \
+      const __m256i b0 = _mm256_loadu_si256((const __m256i *)(b + q * 128));                                        \
+      const __m256i b1 = _mm256_loadu_si256((const __m256i *)(b + q * 128 + 32));                                   \
+      for (int r = 0; r < 4; ++r) {                                                                                 \
+        int32_t word;                                                                                               \
+        memcpy(&word, a + r * lda + 4 * q, sizeof word);                                                            \
+        const __m256i quad = _mm256_set1_epi32(word);                                                               \
+        if (au) {                                                                                                   \
+          acc0[r] = DOT(acc0[r], quad, b0);                                                                         \
+          acc1[r] = DOT(acc1[r], quad, b1);                                                                         \
+        } else {                                                                                                    \
+          acc0[r] = DOT(acc0[r], b0, quad);                                                                         \
+          acc1[r] = DOT(acc1[r], b1, quad);                                                                         \
+        }                                                                                                           \
+      }                                                                                                             \
+    }                                                                                                               \
+    for (int r = 0; r < 4; ++r) {                                                                                   \
+      _mm256_storeu_si256((__m256i *)(c + r * ldc), acc0[r]);                                                       \
+      _mm256_storeu_si256((__m256i *)(c + r * ldc + 8), acc1[r]);                                                   \
+    }                                                                                                               \
+  }
+#define KILN_DOT_VNNI(acc, u, s) _mm256_dpbusd_avx_epi32((acc), (u), (s))
+#define KILN_DOT_AVX2(acc, u, s) _mm256_add_epi32((acc), _mm256_madd_epi16(_mm256_maddubs_epi16((u), (s)), ones))
+KILN_INT8_YMM(kiln_int8_avxvnni, "avx2,avxvnni", KILN_DOT_VNNI)
+KILN_INT8_YMM(kiln_int8_avx2, "avx2", KILN_DOT_AVX2)
+#endif
+
+static void kiln_int8_portable(const uint8_t *a, int64_t lda, const uint8_t *b, int64_t kc, int32_t *c, int64_t ldc, int64_t rows, int accumulate, int au) {
+  for (int64_t r = 0; r < rows; ++r) {
+    int32_t acc[32] = {0};
+    if (accumulate) memcpy(acc, c + r * ldc, sizeof acc);
+    for (int64_t q = 0; q < kc / 4; ++q) {
+      const uint8_t *quad = a + r * lda + 4 * q, *column = b + q * 128;
+      for (int j = 0; j < 32; ++j)
+        for (int h = 0; h < 4; ++h) {
+          const int32_t x = au ? (int32_t)quad[h] : (int32_t)(int8_t)quad[h];
+          const int32_t y = au ? (int32_t)(int8_t)column[4 * j + h] : (int32_t)column[4 * j + h];
+          acc[j] += x * y;
+        }
+    }
+    memcpy(c + r * ldc, acc, sizeof acc);
+  }
+}
+
+static void kiln_int8_block(const kiln_gemm *g, const void *av, int64_t lda, const void *bv, int64_t kc, void *cv, int64_t ldc, int64_t rows, int accumulate) {
+  const uint8_t *a = (const uint8_t *)av, *b = (const uint8_t *)bv;
+  int32_t *c = (int32_t *)cv;
+  const int au = !g->q_rows; /* a MatMul: A holds the activations */
+  int mode = kiln_int8_mode;
+  if (mode == 1 && g->q_max > 127) mode = 0; /* VPMADDUBSW would saturate 8-bit activations */
+#ifdef KILN_X86
+  if (mode == 4) {
+    kiln_int8_amx(a, lda, b, kc, c, ldc, rows, accumulate, au);
+    return;
+  }
+  if (mode == 3) {
+    for (int64_t r = 0; r < rows; r += 8) kiln_int8_vnni512(a + r * lda, lda, b, kc, c + r * ldc, ldc, accumulate, au);
+    return;
+  }
+  if (mode == 2 || mode == 1) {
+    for (int64_t r = 0; r < rows; r += 4)
+      for (int half = 0; half < 2; ++half) {
+        if (mode == 2)
+          kiln_int8_avxvnni(a + r * lda, lda, b + 64 * half, kc, c + r * ldc + 16 * half, ldc, accumulate, au);
+        else
+          kiln_int8_avx2(a + r * lda, lda, b + 64 * half, kc, c + r * ldc + 16 * half, ldc, accumulate, au);
+      }
+    return;
+  }
+#endif
+  kiln_int8_portable(a, lda, b, kc, c, ldc, rows, accumulate, au);
+}
+
+/* int32 sums to float32: (sum + offset[ch]) * scale[ch] */
+static void kiln_int8_finish(const kiln_gemm *g, const void *cv, int64_t ldc, int64_t rows, int64_t cols, int64_t i0, int64_t j0, float *out, int64_t ldo) {
+  const int32_t *c = (const int32_t *)cv;
+  for (int64_t r = 0; r < rows; ++r) {
+    if (g->q_rows) {
+      const float scale = g->q_scale[i0 + r];
+      const int32_t offset = g->q_offset[i0 + r];
+      for (int64_t j = 0; j < cols; ++j) out[r * ldo + j] = (float)(c[r * ldc + j] + offset) * scale;
+    } else {
+      const float *scale = g->q_scale + j0;
+      const int32_t *offset = g->q_offset + j0;
+      for (int64_t j = 0; j < cols; ++j) out[r * ldo + j] = (float)(c[r * ldc + j] + offset[j]) * scale[j];
+    }
+  }
+}
+
+static int kiln_int8_amx_on(void) { return kiln_int8_mode == 4; }
+
+static const kiln_lowp_ops kiln_int8_ops = {1, 64, kiln_int8_rows, kiln_int8_pack_b, kiln_int8_block, kiln_int8_finish, kiln_int8_amx_on};
+
+static void kiln_gemm_int8_run(const kiln_gemm *g) { kiln_lowp_run(g, &kiln_int8_ops); }

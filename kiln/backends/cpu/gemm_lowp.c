@@ -1,0 +1,200 @@
+/* The driver of kiln's reduced-precision matrix products (included after gemm.c and amx.c; the
+   number formats are gemm_bf16.c's and gemm_int8.c's, each a kiln_lowp_ops).
+
+   C[b] = A[b] . B[b] (+ epilogue), C float32, operands in a narrow format:
+   - A as rows [Mp][Kp] (Mp a multiple of 32, Kp of the format's k unit, zero padded): packed when
+     the plan was built for a constant A (g->a_low: convolution weights), else converted here from
+     the float32 matrix the descriptor describes (once, shared, when several N blocks need it);
+   - B as panels of 32 columns, each [Kp / group][32][group] (group = the k values one 32-bit lane
+     takes: 2 bf16, 4 int8): packed when the plan was built for a constant B (g->b_low: a MatMul's
+     weights), else packed here from B's rows or im2col rows (once, shared, when several M blocks
+     need it).
+   Work is split as the float engine's: (batch, M block, N block) tasks over kiln's pool. A task
+   walks its N block one 32-column panel at a time; the panel's C blocks stay in L2 while each
+   k chunk of the panel (in L1) meets every 32-row slab of A. Blocks of 32 x 32 (16 x 32 for a
+   last slab of at most 16 rows) are the formats' micro-kernels' (AMX tiles, AVX-512 / AVX2 dot
+   products, portable C); edge blocks accumulate in a scratch. After the last chunk a block is
+   finished (int8: int32 sums to float32 with the scales) and the epilogue runs on it. */
+
+typedef struct {
+  int esize;      /* bytes per element of A rows and B panels */
+  int64_t kunit;  /* Kp is a multiple of this (and every k chunk) */
+  /* A rows m0..m0+mlen (zero rows up to `rows`) at dst, row stride kp */
+  void (*rows)(const kiln_gemm *g, int64_t bt, int64_t m0, int64_t mlen, int64_t rows, int64_t kp, void *dst);
+  /* B columns x0..x0+xc, whole K, as panels at dst (fbuf: K x 32 floats of scratch) */
+  void (*pack_b)(const kiln_gemm *g, int64_t bt, int64_t x0, int64_t xc, int64_t kp, void *dst, float *fbuf);
+  /* C block (16 or 32 rows x 32) (+)= A slab . B chunk over kc; c row stride ldc elements */
+  void (*block)(const kiln_gemm *g, const void *a, int64_t lda, const void *b, int64_t kc, void *c, int64_t ldc, int64_t rows, int accumulate);
+  /* a finished block's sums (at c, stride ldc) as float32 at out (stride ldo), rows x cols whose
+     first element is C[i0][j0]; NULL: the sums already are the float32 results */
+  void (*finish)(const kiln_gemm *g, const void *c, int64_t ldc, int64_t rows, int64_t cols, int64_t i0, int64_t j0, float *out, int64_t ldo);
+  int (*uses_amx)(void);
+} kiln_lowp_ops;
+
+#define KILN_LOWP_CHUNK 8 /* B panels per shared-packing call (im2col rows are built 8 panels wide) */
+#define KILN_LOWP_KC 256  /* k per chunk: a 32-row A chunk and a 32-column B chunk in L1 */
+
+typedef struct {
+  const kiln_gemm *g;
+  const kiln_lowp_ops *ops;
+  int64_t kp, mc, nc, tiles_m, tiles_n;
+  const char *a_rows; /* A converted whole, once (shared by the tasks), or NULL */
+  int64_t a_rows_bs;  /* bytes */
+  const char *b_panels; /* B packed whole, once (shared by the tasks), or NULL */
+  int64_t b_panels_bs;  /* bytes */
+} kiln_lowp_plan;
+
+static void kiln_lowp_convert(void *ctx, int64_t lo, int64_t hi, int worker) {
+  const kiln_lowp_plan *p = (const kiln_lowp_plan *)ctx;
+  const int64_t slabs = (p->g->M + 31) / 32;
+  for (int64_t i = lo; i < hi; ++i) {
+    const int64_t bt = i / slabs, m0 = (i % slabs) * 32;
+    const int64_t rows = p->g->M - m0 < 32 ? p->g->M - m0 : 32;
+    p->ops->rows(p->g, bt, m0, rows, 32, p->kp, (char *)p->a_rows + bt * p->a_rows_bs + m0 * p->kp * p->ops->esize);
+  }
+}
+
+static void kiln_lowp_pack(void *ctx, int64_t lo, int64_t hi, int worker) {
+  const kiln_lowp_plan *p = (const kiln_lowp_plan *)ctx;
+  const kiln_gemm *g = p->g;
+  static _Thread_local float *f_buf;
+  static _Thread_local int64_t f_have;
+  float *fbuf = kiln_scratch(&f_buf, &f_have, g->K * 32);
+  if (!fbuf) return;
+  const int64_t panels = (g->N + 31) / 32, chunks = (panels + KILN_LOWP_CHUNK - 1) / KILN_LOWP_CHUNK;
+  const int64_t panel_bytes = p->kp * 32 * p->ops->esize;
+  for (int64_t i = lo; i < hi; ++i) {
+    const int64_t bt = i / chunks, col = (i % chunks) * KILN_LOWP_CHUNK * 32;
+    const int64_t cols = g->N - col < KILN_LOWP_CHUNK * 32 ? g->N - col : KILN_LOWP_CHUNK * 32;
+    p->ops->pack_b(g, bt, col, cols, p->kp, (char *)p->b_panels + bt * p->b_panels_bs + (col / 32) * panel_bytes, fbuf);
+  }
+}
+
+static void kiln_lowp_tasks(void *ctx, int64_t lo, int64_t hi, int worker) {
+  const kiln_lowp_plan *p = (const kiln_lowp_plan *)ctx;
+  const kiln_gemm *g = p->g;
+  const kiln_lowp_ops *ops = p->ops;
+  const int64_t M = g->M, N = g->N, K = g->K, kp = p->kp, mc = p->mc, nc = p->nc, es = ops->esize;
+  static _Thread_local float *f_buf, *a_buf, *b_buf, *e_buf;
+  static _Thread_local int64_t f_have, a_have, b_have, e_have;
+  const int64_t kchunk = KILN_LOWP_KC < kp ? KILN_LOWP_KC : kp;
+  const int64_t slabs = (mc + 31) / 32, panel_bytes = kp * 32 * es;
+  char *abuf = NULL, *bbuf = NULL;
+  float *fbuf = NULL;
+  /* edge blocks (fewer than 32 rows or columns) accumulate in a scratch of whole blocks (one per
+     slab of the panel being computed), finished into C after the last chunk */
+  float *edges = kiln_scratch(&e_buf, &e_have, slabs * 32 * 32);
+  if (!g->a_low && !p->a_rows) abuf = (char *)kiln_scratch(&a_buf, &a_have, (slabs * 32 * kp * es + 3) / 4);
+  if (!g->b_low && !p->b_panels) {
+    fbuf = kiln_scratch(&f_buf, &f_have, K * 32);
+    bbuf = (char *)kiln_scratch(&b_buf, &b_have, (panel_bytes + 3) / 4);
+  }
+  if (!edges || (!g->a_low && !p->a_rows && !abuf) || (!g->b_low && !p->b_panels && !(fbuf && bbuf))) return; /* out of memory */
+  const int amx = ops->uses_amx();
+#ifdef KILN_X86
+  if (amx) kiln_amx_configure();
+#endif
+  for (int64_t task = lo; task < hi; ++task) {
+    const int64_t bt = task / (p->tiles_m * p->tiles_n), rest = task % (p->tiles_m * p->tiles_n);
+    const int64_t m0 = (rest / p->tiles_n) * mc, n0 = (rest % p->tiles_n) * nc;
+    const int64_t mlen = M - m0 < mc ? M - m0 : mc, nlen = N - n0 < nc ? N - n0 : nc;
+    const char *ablock;
+    if (g->a_low) {
+      ablock = (const char *)g->a_low + es * KILN_SPAN(bt * g->a_pbs + m0 * kp, kiln_round_up(mlen, 32) * kp, g->a_packed_size, "A (packed rows)");
+    } else if (p->a_rows) {
+      ablock = p->a_rows + bt * p->a_rows_bs + m0 * kp * es;
+    } else {
+      ops->rows(g, bt, m0, mlen, kiln_round_up(mlen, 32), kp, abuf);
+      ablock = abuf;
+    }
+    float *c = g->c + bt * g->c_bs;
+    for (int64_t jr = 0; jr < nlen; jr += 32) {
+      const int64_t cols = nlen - jr < 32 ? nlen - jr : 32;
+      const char *bpanel;
+      if (g->b_low) {
+        bpanel = (const char *)g->b_low + es * KILN_SPAN(bt * g->b_pbs + ((n0 + jr) / 32) * kp * 32, kp * 32, g->b_packed_size, "B (packed panels)");
+      } else if (p->b_panels) {
+        bpanel = p->b_panels + bt * p->b_panels_bs + ((n0 + jr) / 32) * panel_bytes;
+      } else {
+        ops->pack_b(g, bt, n0 + jr, cols, kp, bbuf, fbuf);
+        bpanel = bbuf;
+      }
+      for (int64_t k0 = 0; k0 < kp; k0 += kchunk) {
+        const int64_t kc = kp - k0 < kchunk ? kp - k0 : kchunk;
+        const int first = k0 == 0, last = k0 + kc >= kp;
+        const char *bchunk = bpanel + k0 * 32 * es;
+        for (int64_t ir = 0; ir < mlen; ir += 32) {
+          const int64_t rows = mlen - ir < 32 ? mlen - ir : 32;
+          const char *aslab = ablock + (ir * kp + k0) * es;
+          float *tile = c + (m0 + ir) * g->ldc + n0 + jr;
+          if (rows == 32 && cols == 32) {
+            KILN_SPAN(bt * g->c_bs + (m0 + ir) * g->ldc + n0 + jr, 31 * g->ldc + 32, g->c_size, "C");
+            ops->block(g, aslab, kp, bchunk, kc, tile, g->ldc, 32, !first);
+            if (last && ops->finish) ops->finish(g, tile, g->ldc, 32, 32, m0 + ir, n0 + jr, tile, g->ldc);
+          } else {
+            float *block = edges + (ir / 32) * 32 * 32;
+            ops->block(g, aslab, kp, bchunk, kc, block, 32, rows <= 16 ? 16 : 32, !first);
+            if (last) {
+              KILN_SPAN(bt * g->c_bs + (m0 + ir) * g->ldc + n0 + jr, (rows - 1) * g->ldc + cols, g->c_size, "C");
+              if (ops->finish)
+                ops->finish(g, block, 32, rows, cols, m0 + ir, n0 + jr, tile, g->ldc);
+              else
+                for (int64_t r = 0; r < rows; ++r) memcpy(tile + r * g->ldc, block + r * 32, (size_t)cols * sizeof(float));
+            }
+          }
+          if (last && g->epilogue) g->epilogue(g, bt, m0 + ir, m0 + ir + rows, n0 + jr, n0 + jr + cols);
+        }
+      }
+    }
+  }
+#ifdef KILN_X86
+  if (amx) kiln_amx_release();
+#endif
+}
+
+static void kiln_lowp_run(const kiln_gemm *g, const kiln_lowp_ops *ops) {
+  const int64_t M = g->M, N = g->N, K = g->K, kp = kiln_round_up(K, ops->kunit), es = ops->esize;
+  int threads = kiln_pool_threads();
+  if (kiln_in_pool()) threads = 1;
+  /* an M block of A rows fills about 256 KB of L2 (one chunk of it, 32 rows, is in L1) */
+  int64_t cap = 262144 / ((kp < KILN_LOWP_KC ? kp : KILN_LOWP_KC) * es);
+  cap = cap < 32 ? 32 : (cap > 512 ? 512 : cap);
+  int64_t mc = kiln_round_up(M < cap ? M : cap, 32);
+  int64_t nc = kiln_round_up(N < 512 ? N : 512, 32);
+  int64_t tiles_m = (M + mc - 1) / mc;
+  while (threads > 1 && g->batch * tiles_m * ((N + nc - 1) / nc) < 4 * threads && nc > 32) nc = kiln_round_up(nc / 2, 32);
+  while (threads > 1 && g->batch * tiles_m * ((N + nc - 1) / nc) < 2 * threads && mc > 32) {
+    mc = kiln_round_up(mc / 2, 32);
+    tiles_m = (M + mc - 1) / mc;
+  }
+  mc = kiln_round_up((M + tiles_m - 1) / tiles_m, 32);
+  int64_t tiles_n = (N + nc - 1) / nc;
+  nc = kiln_round_up((N + tiles_n - 1) / tiles_n, 32);
+  tiles_n = (N + nc - 1) / nc;
+  const int64_t tasks = g->batch * tiles_m * tiles_n;
+  kiln_lowp_plan plan = {g, ops, kp, mc, nc, tiles_m, tiles_n, NULL, 0, NULL, 0};
+  const int workers = M * N * K * g->batch >= 65536 && tasks > 1 ? 0 : 1;
+  /* an A several tasks would convert again (one per N block) is converted once, shared; so is a
+     B several tasks would pack again (one per M block) */
+  static _Thread_local float *shared_a, *shared_b;
+  static _Thread_local int64_t have_a, have_b;
+  const int64_t slabs = (M + 31) / 32, size_a = g->batch * slabs * 32 * kp * es;
+  if (!g->a_low && tiles_n > 1 && size_a <= KILN_SHARED_LIMIT) {
+    char *rows = (char *)kiln_scratch(&shared_a, &have_a, (size_a + 3) / 4);
+    if (rows) {
+      plan.a_rows = rows;
+      plan.a_rows_bs = slabs * 32 * kp * es;
+      kiln_parallel_for(0, g->batch * slabs, 1, workers, kiln_lowp_convert, &plan);
+    }
+  }
+  const int64_t panels = (N + 31) / 32, size_b = g->batch * panels * kp * 32 * es;
+  if (!g->b_low && tiles_m > 1 && size_b <= KILN_SHARED_LIMIT) {
+    char *packed = (char *)kiln_scratch(&shared_b, &have_b, (size_b + 3) / 4);
+    if (packed) {
+      plan.b_panels = packed;
+      plan.b_panels_bs = panels * kp * 32 * es;
+      kiln_parallel_for(0, g->batch * ((panels + KILN_LOWP_CHUNK - 1) / KILN_LOWP_CHUNK), 1, workers, kiln_lowp_pack, &plan);
+    }
+  }
+  kiln_parallel_for(0, tasks, 1, workers, kiln_lowp_tasks, &plan);
+}

@@ -1,0 +1,242 @@
+"""int8 on the cpu target: the integer products on every path this machine has (AMX-INT8,
+AVX512-VNNI, AVX-VNNI, AVX2's VPMADDUBSW on the cpu:avx2 target, portable C; a path the machine
+lacks is skipped with the reason) against an exact NumPy integer reference, the calibration
+methods, the accuracy report and the accuracy budget (mixed precision), and the calibration data
+formats."""
+
+import numpy as np
+import pytest
+from onnx import helper
+
+import kiln
+from kiln.backends import parse
+from kiln.backends.cpu import features, host
+from kiln.driver.options import CompileOptions, Quantization
+from kiln.errors import KilnError
+from kiln.frontend import to_graph
+from kiln.lower.engine import activation_quantization, quantize_channels
+from kiln.lower.kir import kernel_precision
+from kiln.quantize import AccuracyReport, _clip, samples_from, split
+from tests.helpers import FLOAT, make_model
+
+RNG = np.random.default_rng(5)
+
+
+def _path_reason(name, isa="avx512"):
+    try:
+        features.int8_path(isa, isa == "avx512", {"KILN_INT8_PATH": name})
+    except KilnError as err:
+        return str(err)
+    if isa == "avx512" and host().isa != "avx512":
+        return "the native target is not avx512 here"
+    return ""
+
+
+# (path, target): AVX2 runs 7-bit activations, so it is tested on the cpu:avx2 target, whose plans
+# use them; the other paths on the native target (8-bit activations where the CPU has VNNI)
+PATHS = [
+    pytest.param(
+        name,
+        "cpu:avx2" if name == "avx2" else "cpu",
+        marks=pytest.mark.skipif(
+            bool(_path_reason(name, "avx2" if name == "avx2" else "avx512")),
+            reason=_path_reason(name, "avx2" if name == "avx2" else "avx512") or "-",
+        ),
+    )
+    for name in features.INT8_PATHS
+]
+
+
+def quantized_activations(x, lo, hi, qmax):
+    scale, zero = activation_quantization(lo, hi, qmax)
+    inv = np.float32(1.0 / scale)
+    q = np.clip(np.rint(x.astype(np.float32) * inv) + zero, 0, qmax).astype(np.int64)
+    return q, scale, zero
+
+
+def compile_int8(model, ranges, target):
+    options = CompileOptions(precision="int8", quantization=Quantization(ranges=tuple(ranges)), plan_cache=False)
+    return kiln.compile(model, target=target, options=options)
+
+
+def qmax_of(target):
+    return parse(target).int8_max
+
+
+MATMULS = {
+    "one row": (1, 5, 3),
+    "edges everywhere": (37, 100, 70),
+    "one block": (32, 64, 32),
+    "16 rows": (16, 128, 96),
+    "deep": (50, 700, 40),
+}
+
+
+@pytest.mark.parametrize("path,target", PATHS)
+@pytest.mark.parametrize("case", MATMULS)
+def test_int8_matmul_is_the_exact_integer_product(case, path, target, monkeypatch):
+    m, k, n = MATMULS[case]
+    x = RNG.standard_normal((m, k)).astype(np.float32) * 3
+    w = RNG.standard_normal((k, n)).astype(np.float32)
+    model = make_model([helper.make_node("MatMul", ["x", "w"], ["y"])], [("x", FLOAT, [m, k])], [("y", FLOAT, None)], {"w": w})  # fmt: skip
+    lo, hi = float(x.min()) * 0.8, float(x.max()) * 0.8  # some values clip
+    monkeypatch.setenv("KILN_INT8_PATH", path)
+    compiled = compile_int8(model, [("x", lo, hi)], target)
+    kernels = [k for s in compiled.plans[-1].steps for k in getattr(s, "kernels", [])]
+    assert [kernel_precision(k) for k in kernels] == ["int8"]
+    got = compiled.run({"x": x})["y"]
+    qmax = qmax_of(target)
+    qx, scale, zero = quantized_activations(x, lo, hi, qmax)
+    qw_t, channel = quantize_channels(w.T)  # per output column
+    sums = (qx - zero) @ qw_t.T.astype(np.int64)  # exact
+    want = sums.astype(np.int32).astype(np.float32) * (channel.astype(np.float64) * scale).astype(np.float32)
+    np.testing.assert_array_equal(got, want)
+
+
+CONVS = {
+    "3x3 pad 1 bias relu": ((1, 8, 9, 11), (24, 8, 3, 3), {"pads": [1, 1, 1, 1]}),
+    "1x1 two images": ((2, 40, 5, 7), (33, 40, 1, 1), {}),
+    "5x5 stride 2": ((1, 3, 17, 17), (16, 3, 5, 5), {"pads": [2, 2, 2, 2], "strides": [2, 2]}),
+}
+
+
+def im2col(q, w_shape, attrs, pad_value):
+    n, c, h, wd = q.shape
+    kh, kw = w_shape[2:]
+    pads = attrs.get("pads", [0, 0, 0, 0])
+    sh, sw = attrs.get("strides", [1, 1])
+    padded = np.full((n, c, h + pads[0] + pads[2], wd + pads[1] + pads[3]), pad_value, np.int64)
+    padded[:, :, pads[0] : pads[0] + h, pads[1] : pads[1] + wd] = q
+    oh = (padded.shape[2] - kh) // sh + 1
+    ow = (padded.shape[3] - kw) // sw + 1
+    cols = np.empty((n, c, kh, kw, oh, ow), np.int64)
+    for i in range(kh):
+        for j in range(kw):
+            cols[:, :, i, j] = padded[:, :, i : i + sh * oh : sh, j : j + sw * ow : sw]
+    return cols.reshape(n, c * kh * kw, oh * ow), (oh, ow)
+
+
+@pytest.mark.parametrize("path,target", PATHS)
+@pytest.mark.parametrize("case", CONVS)
+def test_int8_convolution_is_the_exact_integer_product_then_its_epilogue(case, path, target, monkeypatch):
+    x_shape, w_shape, attrs = CONVS[case]
+    x = RNG.standard_normal(x_shape).astype(np.float32)
+    w = RNG.standard_normal(w_shape).astype(np.float32)
+    bias = RNG.standard_normal(w_shape[0]).astype(np.float32)
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], **attrs), helper.make_node("Relu", ["c"], ["y"])]
+    model = make_model(nodes, [("x", FLOAT, list(x_shape))], [("y", FLOAT, None)], {"w": w, "b": bias})
+    lo, hi = float(x.min()), float(x.max())
+    monkeypatch.setenv("KILN_INT8_PATH", path)
+    got = compile_int8(model, [("x", lo, hi)], target).run({"x": x})["y"]
+    qx, scale, zero = quantized_activations(x, lo, hi, qmax_of(target))
+    cols, (oh, ow) = im2col(qx, w_shape, attrs, zero)  # padding is x = 0, quantized: the zero point
+    qw, channel = quantize_channels(w.reshape(w_shape[0], -1))
+    sums = np.einsum("mk,nkp->nmp", qw.astype(np.int64), cols - zero)
+    product = (
+        sums.astype(np.int32).astype(np.float32) * (channel.astype(np.float64) * scale).astype(np.float32)[:, None]
+    )
+    want = np.maximum(product + bias[:, None], 0).reshape(x_shape[0], w_shape[0], oh, ow)
+    np.testing.assert_array_equal(got, want)
+
+
+def test_paths_follow_the_machine_and_the_target():
+    mode, name = features.int8_path("avx2", native=False, env={})
+    assert name in ("avx2", "portable") and mode == features.INT8_PATHS[name]  # cpu:avx2 stands for AVX2-only
+    assert features.int8_path("avx512", env={"KILN_INT8_PATH": "portable"}) == (0, "portable")
+    with pytest.raises(KilnError, match="the int8 paths are"):
+        features.int8_path("avx512", env={"KILN_INT8_PATH": "tpu"})
+    assert parse("cpu:avx2").int8_max == 127  # may run on VPMADDUBSW: 7-bit activations
+
+
+def test_int8_needs_an_x86_target_and_says_so():
+    model = make_model([helper.make_node("Relu", ["x"], ["y"])], [("x", FLOAT, [4])], [("y", FLOAT, None)])
+    with pytest.raises(KilnError, match="has no int8 path"):
+        kiln.compile(model, target="cpu:generic", precision="int8")
+
+
+def test_calibration_methods_clip_outliers_differently():
+    values = np.concatenate([RNG.standard_normal(100_000), [40.0]])  # one far outlier
+    histogram = np.histogram(values, 2048, (values.min(), values.max()))[0]
+    extent = (float(values.min()), float(values.max()))
+
+    class Target:
+        int8_max = 255
+
+    lo, hi = _clip("percentile", extent, histogram, Target)
+    assert hi < 10 and lo > extent[0] - 1e-6  # the outlier is outside the 99.99th percentile
+    assert _clip("entropy", extent, histogram, Target)[1] < 40.0  # KL clips the sparse tail
+    positive = np.abs(values)
+    histogram = np.histogram(positive, 2048, (0.0, positive.max()))[0]
+    lo, hi = _clip("entropy", (0.0, float(positive.max())), histogram, Target)
+    assert lo == 0.0 and 2.0 < hi < 40.0
+
+
+def small_cnn(features_only=False):
+    w1 = RNG.standard_normal((8, 3, 3, 3)).astype(np.float32) * 0.3
+    w2 = RNG.standard_normal((16, 8, 3, 3)).astype(np.float32) * 0.3
+    fc = RNG.standard_normal((16, 10)).astype(np.float32)
+    nodes = [
+        helper.make_node("Conv", ["x", "w1"], ["c1"], pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c1"], ["r1"]),
+        helper.make_node("Conv", ["r1", "w2"], ["c2"], pads=[1, 1, 1, 1], strides=[2, 2]),
+        helper.make_node("Relu", ["c2"], ["r2"]),
+        helper.make_node("GlobalAveragePool", ["r2"], ["g"]),
+        helper.make_node("Flatten", ["g"], ["f"]),
+        helper.make_node("MatMul", ["f", "fc"], ["y"]),
+    ]
+    if features_only:  # the feature map: no class scores, so the budget is on the relative L2
+        return make_model(nodes[:4], [("x", FLOAT, [1, 3, 16, 16])], [("r2", FLOAT, None)], {"w1": w1, "w2": w2})
+    return make_model(nodes, [("x", FLOAT, [1, 3, 16, 16])], [("y", FLOAT, None)], {"w1": w1, "w2": w2, "fc": fc})
+
+
+def test_int8_compile_calibrates_reports_accuracy_and_keeps_layers_within_a_budget():
+    model = small_cnn()
+    data = [{"x": RNG.standard_normal((1, 3, 16, 16)).astype(np.float32)} for _ in range(10)]
+    quantized = kiln.compile(model, precision="int8", calibration=data)
+    report = quantized.accuracy
+    assert isinstance(report, AccuracyReport) and report.samples == 2 and report.layers == 3
+    assert not report.kept_fp32 and report.top1 is not None
+    fp32 = kiln.compile(model)
+    want = fp32.run(data[-1])["y"]
+    error = np.linalg.norm(quantized.run(data[-1])["y"] - want) / np.linalg.norm(want)
+    assert 1e-5 < error < 0.2  # quantized (not fp32), and close
+    assert report.rel_l2 == pytest.approx(max(report.rel_l2, error), rel=1e-6)  # it measured this sample
+    kinds = [k for s in quantized.plans[-1].steps for k in getattr(s, "kernels", [])]
+    assert sum(kernel_precision(k) == "int8" for k in kinds) == 3
+    # a budget it cannot meet with every layer in int8: layers go back to fp32 until it fits
+    features_model = small_cnn(features_only=True)
+    loose = kiln.compile(features_model, precision="int8", calibration=data).accuracy
+    assert loose.top1 is None and loose.drop() == loose.rel_l2 > 1e-4 and not loose.kept_fp32
+    budget = loose.rel_l2 / 3
+    mixed = kiln.compile(features_model, precision="int8", calibration=data, max_accuracy_drop=budget)
+    strict = mixed.accuracy
+    assert strict.kept_fp32 and strict.rel_l2 <= budget and "kept in fp32" in strict.line()
+    kernels = [k for s in mixed.plans[-1].steps for k in getattr(s, "kernels", [])]
+    int8 = sum(kernel_precision(k) == "int8" for k in kernels)
+    assert int8 == strict.layers - len(strict.kept_fp32)  # the kept layers really run in fp32
+
+
+def test_calibration_data_formats(tmp_path):
+    model = small_cnn()
+    graph = to_graph(model)
+    stacked = RNG.standard_normal((5, 1, 3, 16, 16)).astype(np.float32)
+    np.savez(tmp_path / "data.npz", x=stacked)
+    samples = samples_from(tmp_path / "data.npz", graph)
+    assert len(samples) == 5 and samples[2]["x"].shape == (1, 3, 16, 16)
+    np.testing.assert_array_equal(samples[2]["x"], stacked[2])
+    assert len(samples_from(None, graph)) == 8  # random when none given
+    calibrating, evaluating = split(samples)
+    assert len(calibrating) == 4 and len(evaluating) == 1
+    from PIL import Image
+
+    for i in range(3):
+        pixels = RNG.integers(0, 255, (20, 24, 3), dtype=np.uint8)
+        (tmp_path / "images" / "cat").mkdir(parents=True, exist_ok=True)
+        Image.fromarray(pixels).save(tmp_path / "images" / "cat" / f"{i}.png")
+    images = samples_from(tmp_path / "images", graph)
+    assert len(images) == 3 and images[0]["x"].shape == (1, 3, 16, 16) and images[0]["x"].dtype == np.float32
+    np.savez(tmp_path / "wrong.npz", y=stacked)
+    with pytest.raises(KilnError, match="no array for input"):
+        samples_from(tmp_path / "wrong.npz", graph)
+    with pytest.raises(KilnError, match="an .npz file or a folder"):
+        samples_from(tmp_path / "missing.txt", graph)
