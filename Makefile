@@ -6,7 +6,7 @@ VENV ?= .venv
 BIN = $(VENV)/bin
 STAMP = $(VENV)/.kiln-installed
 
-.PHONY: setup test bench peers-heavy conformance lint clean
+.PHONY: setup test bench peers-heavy peers-int8 conformance lint clean
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -29,6 +29,10 @@ bench: setup
 # The heavier peers (TVM, IREE) are an extra: `make peers-heavy` then `make bench`.
 peers-heavy: setup
 	$(BIN)/python -m pip install --quiet -e ".[peers-heavy]"
+
+# OpenVINO's int8 (NNCF) for the openvino-int8 bench row: `make peers-int8`.
+peers-int8: setup
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e ".[peers-int8]"
 
 conformance: setup
 	mkdir -p reports

@@ -8,7 +8,9 @@ decoder; the transformers also as the dynamo exporter writes them), batch 1.
 
 With ``--precision bf16`` kiln's row is ``kiln-bf16`` (matrix products and convolutions on AMX-BF16
 or AVX512_BF16) and the default peers are OpenVINO at its bf16 inference precision and onnxruntime
-(fp32: it has no bf16 CPU kernels); every engine's relative L2 (and top-1 agreement for
+(fp32: it has no bf16 CPU kernels); ``--precision int8`` compares ``kiln-int8`` with onnxruntime's
+``quantize_static`` and OpenVINO's NNCF (``make peers-int8``), all calibrated on the same ten
+inputs, and kiln fp32 (the int8 speed-up); every engine's relative L2 (and top-1 agreement for
 classifiers) against kiln's fp32 reference interpreter is printed beside the latencies.
 
 Runs through the benchmark harness (``kiln bench``'s runner: each job in its own worker process,
@@ -33,17 +35,25 @@ def main() -> int:
         default="resnet50,vgg19,mobilenet_v2,efficientnet-b0-dynamo,convnext-tiny-dynamo,"
         "bert-base,gpt2,bert-base-dynamo,gpt2-dynamo,vit-base-dynamo,distilbert-dynamo,llama-dynamo",
     )
-    parser.add_argument("--precision", choices=["fp32", "bf16"], default="fp32", help="kiln's precision")
-    parser.add_argument("--peers", default=None, help="default: onnxruntime,openvino (bf16: openvino-bf16,onnxruntime)")
+    parser.add_argument("--precision", choices=["fp32", "bf16", "int8"], default="fp32", help="kiln's precision")
+    parser.add_argument(
+        "--peers",
+        default=None,
+        help="default: onnxruntime,openvino (bf16: openvino-bf16,onnxruntime; int8: onnxruntime-int8,openvino-int8,kiln)",
+    )
     parser.add_argument("--batches", default="1")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--duration", type=float, default=5.0, help="seconds per job (after warm-up)")
     parser.add_argument("--out", type=Path, default=Path("reports/vs_peers"))
     parser.add_argument("--db", type=Path, default=Path("reports/bench.db"))
     args = parser.parse_args()
-    ours_name = {"fp32": "kiln", "bf16": "kiln-bf16"}[args.precision]
+    ours_name = {"fp32": "kiln", "bf16": "kiln-bf16", "int8": "kiln-int8"}[args.precision]
     if args.peers is None:
-        args.peers = {"fp32": "onnxruntime,openvino", "bf16": "openvino-bf16,onnxruntime"}[args.precision]
+        args.peers = {
+            "fp32": "onnxruntime,openvino",
+            "bf16": "openvino-bf16,onnxruntime",
+            "int8": "onnxruntime-int8,openvino-int8,kiln",
+        }[args.precision]
 
     from kiln.bench import report, store
     from kiln.bench.runner import BenchConfig, run_bench

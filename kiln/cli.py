@@ -333,12 +333,36 @@ def zoo_arch(names: tuple[str, ...], target: str, tolerance: float, as_json: boo
 )
 @click.option(
     "--precision",
-    type=click.Choice(["fp32", "bf16", "auto"]),
+    type=click.Choice(["fp32", "bf16", "int8", "auto"]),
     default="fp32",
     show_default=True,
     help="Precision of matrix products and convolutions: bf16 rounds their operands to bfloat16 and sums in "
-    "float32 (AMX-BF16 or AVX512_BF16); auto picks bf16 where the CPU has it. The accuracy against fp32 is "
+    "float32 (AMX-BF16 or AVX512_BF16); int8 quantizes weights per channel and activations per tensor "
+    "(calibrated: --calibrate); auto picks bf16 where the CPU has it. The accuracy against fp32 is "
     "measured and printed.",
+)
+@click.option(
+    "--calibrate",
+    "calibration",
+    default=None,
+    metavar="DATA",
+    help="int8 calibration data: an .npz (each input's array, samples along a leading axis) or a folder of "
+    "images (image models). The last fifth evaluates the accuracy. [default: the zoo model's example inputs, "
+    "else random inputs, which calibrate poorly]",
+)
+@click.option(
+    "--calibration-method",
+    type=click.Choice(["minmax", "percentile", "entropy"]),
+    default="minmax",
+    show_default=True,
+    help="How activation ranges come from the calibration data.",
+)
+@click.option(
+    "--max-accuracy-drop",
+    type=click.FloatRange(0),
+    default=None,
+    help="int8: keep the most sensitive layers in fp32 until the drop vs fp32 (1 - top-1 agreement for class "
+    "scores, else relative L2) is at most this.",
 )
 def compile_command(
     model: str,
@@ -349,11 +373,15 @@ def compile_command(
     retune: bool,
     target: str,
     precision: str,
+    calibration: str | None,
+    calibration_method: str,
+    max_accuracy_drop: float | None,
 ) -> None:
     """Compile MODEL (.onnx path or zoo name) to native code and save it as a .kiln artifact."""
     import time
 
     import kiln
+    from kiln import zoo
 
     graph, binding = import_bound(model, dims)
     bindings = dim_bindings(graph, dims)
@@ -361,7 +389,21 @@ def compile_command(
         for each in bindings:
             _tune(graph, each, level, _parse_duration(tune_budget), retune, target)
     start = time.perf_counter()
-    compiled = kiln.compile(graph, target=target, opt_level=level, dims=bindings[0], precision=precision)
+    if precision == "int8" and calibration is None and model in zoo.MODELS:
+        calibration = [zoo.example_inputs(model, seed=seed) for seed in range(10)]
+        out.print(f"calibrating on 10 example inputs of {model} (random data: pass --calibrate for real data)")
+    elif precision == "int8" and calibration is None:
+        out.print("calibrating on random inputs: pass --calibrate with real data for a meaningful int8 model")
+    compiled = kiln.compile(
+        graph,
+        target=target,
+        opt_level=level,
+        dims=bindings[0],
+        precision=precision,
+        calibration=calibration,
+        calibration_method=calibration_method,
+        max_accuracy_drop=max_accuracy_drop,
+    )
     for each in bindings[1:]:  # every size asked for is compiled ahead and saved with the model
         compiled.prepare_dims(each)
     seconds = time.perf_counter() - start
@@ -376,6 +418,14 @@ def compile_command(
     for fallback in plan.fallbacks:
         out.print(f"  fallback {fallback.node.label}: {fallback.reason}", highlight=False)
     out.print(f"memory plan: {plan.memory.describe()}")
+    if compiled.precision != "fp32":
+        from kiln.quantize import compare_to_fp32
+
+        report = compiled.accuracy
+        if report is None:  # bf16: compared here with the fp32 compile
+            reference = kiln.compile(graph, target=target, opt_level=level, dims=bindings[0])
+            report = compare_to_fp32(compiled, reference, graph, model)
+        out.print(f"accuracy: {report.line()}", highlight=False)
     out.print(f"wrote {output} ({output.stat().st_size / 1e6:.1f} MB)")
 
 

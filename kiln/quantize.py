@@ -387,3 +387,16 @@ def _optimized(graph: Graph, target: Any, options: Any) -> Graph:
     from kiln.driver.pipeline import optimized
 
     return optimized(graph, target, options.with_(precision="fp32"))
+
+
+def compare_to_fp32(model: Any, reference: Any, graph: Graph, name: str = "", count: int = 2) -> AccuracyReport:
+    """A compiled reduced-precision ``model`` against ``reference`` (its fp32 compile) on
+    ``count`` inputs: the zoo model ``name``'s example inputs (seeds 1..count) when it is one,
+    else random ones."""
+    from kiln import zoo
+
+    if name in zoo.MODELS:
+        samples = [zoo.example_inputs(name, seed=seed) for seed in range(1, count + 1)]
+    else:
+        samples = samples_from(None, graph, count=count, seed=1)
+    return measure(reference, model, samples, model.precision)

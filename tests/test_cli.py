@@ -335,3 +335,33 @@ def test_piped_tables_are_not_wrapped_at_80_columns():
     assert any(len(line) > 100 for line in result.stdout.splitlines()) or all(
         "cannot run on this machine (its CPU offers" in line for line in result.stdout.splitlines() if "no:" in line
     )
+
+
+def test_compile_int8_with_calibration_data_prints_the_accuracy_and_the_artifact_runs(tmp_path):
+    import numpy as np
+
+    rng = np.random.default_rng(2)
+    w = rng.standard_normal((16, 8)).astype(np.float32)
+    model = make_model(
+        [helper.make_node("MatMul", ["x", "w"], ["m"]), helper.make_node("Relu", ["m"], ["y"])],
+        [("x", FLOAT, [4, 16])],
+        [("y", FLOAT, None)],
+        {"w": w},
+    )
+    onnx.save(model, tmp_path / "m.onnx")
+    np.savez(tmp_path / "calib.npz", x=rng.standard_normal((10, 4, 16)).astype(np.float32))
+    artifact = tmp_path / "m.kiln"
+    args = ["compile", str(tmp_path / "m.onnx"), "-o", str(artifact), "--precision", "int8"]
+    result = invoke(*args, "--calibrate", str(tmp_path / "calib.npz"), "--calibration-method", "percentile")
+    assert result.exit_code == 0, result.output
+    assert ", int8)" in result.output  # compiled for cpu (isa, int8)
+    assert "accuracy: int8 vs fp32 on 2 evaluation sample(s): rel. L2" in result.output
+    assert "1/1 layers int8 (percentile calibration)" in result.output
+    x = rng.standard_normal((4, 16)).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    result = invoke("run", str(artifact), "--input", f"x={tmp_path / 'x.npy'}", "--output", str(tmp_path / "o.npz"))
+    assert result.exit_code == 0, result.output
+    got, want = np.load(tmp_path / "o.npz")["y"], np.maximum(x @ w, 0)
+    assert 0 < np.linalg.norm(got - want) / np.linalg.norm(want) < 0.05  # quantized, and close
+    bad = CliRunner().invoke(main, [*args, "--calibrate", str(tmp_path / "nothing.txt")])
+    assert bad.exit_code != 0 and "expected an .npz file or a folder of images" in str(bad.exception)

@@ -62,6 +62,10 @@ def save(model: Any, path: str | os.PathLike) -> Path:
         # what the target needs to reopen it (cpu: the ISA its libraries run on)
         meta.update(backend(model.compiled_for.backend).artifact_meta(model.compiled_for))
         meta["opt_level"] = model.options.level
+        meta["precision"] = model.options.precision  # bf16 / int8 plans compile again only so
+        if model.options.precision == "int8":
+            q = model.options.quantization
+            meta["quantization"] = {"ranges": [list(r) for r in q.ranges], "keep": sorted(q.keep), "method": q.method}
         for key, executable in model._variants.items():
             if all(isinstance(v, int) for _, v in key) and executable.keep is None:
                 meta["variants"].append(dict(key))
@@ -189,6 +193,13 @@ def read(path: str | os.PathLike) -> tuple[dict[str, Any], dict[str, bytes], Any
         by_name = {v.name: v for v in graph.constants}
         graph = graph.with_(defaults=tuple(by_name[str(name)] for name in meta.get("defaults", [])))
         meta["target"], meta["opt_level"] = str(meta["target"]), int(meta.get("opt_level", 2))
+        meta["precision"] = str(meta.get("precision", "fp32"))
+        q = meta.get("quantization") or {}
+        meta["quantization"] = {
+            "ranges": [(str(name), float(lo), float(hi)) for name, lo, hi in q.get("ranges", [])],
+            "keep": [str(name) for name in q.get("keep", [])],
+            "method": str(q.get("method", "minmax")),
+        }
         meta["variants"] = [{str(k): int(v) for k, v in dims.items()} for dims in list(meta["variants"])]
     except ArtifactError:
         raise

@@ -12,8 +12,9 @@ from typing import Any
 from kiln.backends import Threading, backend
 from kiln.driver.artifact import ArtifactError, read
 from kiln.driver.native import NativeModel
-from kiln.driver.options import CompileOptions
+from kiln.driver.options import CompileOptions, Quantization
 from kiln.driver.reference import ReferenceModel
+from kiln.errors import KilnError
 from kiln.lower.target import TargetError
 
 
@@ -47,7 +48,12 @@ def load(
                 library = folder / f"{key}.so"
                 library.write_bytes(content)
                 prebuilt[key] = library
-    options = CompileOptions.from_env(level=level)
+    q = meta["quantization"]
+    quantization = Quantization(tuple(q["ranges"]), frozenset(q["keep"]), q["method"])
+    try:
+        options = CompileOptions.from_env(level=level, precision=meta["precision"], quantization=quantization)
+    except KilnError as err:
+        raise ArtifactError(f"{path}: {err}") from None
     parallelism = Threading.of(threads, spin)
     model = NativeModel(
         graph,

@@ -68,3 +68,32 @@ class OpenVinoBackend(Backend):
 class OpenVinoBf16Backend(OpenVinoBackend):
     name = "openvino-bf16"
     precision = "bf16"
+
+
+class OpenVinoInt8Backend(OpenVinoBackend):
+    """OpenVINO's int8: NNCF post-training quantization (``nncf.quantize``, its default preset:
+    symmetric int8) on the calibration inputs every int8 row gets, then the CPU plugin at its
+    default precision. NNCF is an optional extra (``make peers-int8``)."""
+
+    name = "openvino-int8"
+    requires = ("openvino", "nncf")
+    precision = "f32"  # the int8 layers come from the quantized model; the rest stays f32
+
+    def config(self) -> dict[str, Any]:
+        return {**super().config(), "quantization": "nncf.quantize (default preset), 10 calibration samples"}
+
+    def compile(self, model: Any, example: dict[str, np.ndarray]) -> None:
+        import nncf
+        import openvino
+
+        from kiln.bench.backends.onnxruntime_backend import CALIBRATION_SEEDS
+
+        core = openvino.Core()
+        network = core.read_model(str(model.onnx_path))
+        network.reshape({name: array.shape for name, array in example.items()})
+        samples = [model.inputs(seed=seed) for seed in CALIBRATION_SEEDS]
+        quantized = nncf.quantize(network, nncf.Dataset(samples), subset_size=len(samples))
+        compiled = core.compile_model(quantized, "CPU", self._properties())
+        blob = io.BytesIO()
+        compiled.export_model(blob)
+        self.artifact = blob.getvalue()
