@@ -38,10 +38,11 @@ from kiln.lower.kir import kernel_precision
 )
 @click.option(
     "--precision",
-    type=click.Choice(["fp32", "bf16", "auto"]),
+    type=click.Choice(["fp32", "bf16", "int8", "auto"]),
     default="fp32",
     show_default=True,
-    help="Precision of matrix products and convolutions (bf16: AMX or AVX512_BF16; auto: bf16 where the CPU has it).",
+    help="Precision of matrix products and convolutions (bf16: AMX or AVX512_BF16; int8: calibrated (min-max) on "
+    "the zoo model's example inputs, else random ones; auto: bf16 where the CPU has it).",
 )
 @click.option("--disable", multiple=True, help="Skip this pass or algorithm (winograd) (repeatable).")
 @click.option(
@@ -104,6 +105,17 @@ def explain(
     options = CompileOptions.from_env(level=level, disabled=frozenset(disable), plan_cache=False)
     options = options.with_(precision=resolve_precision(precision, compiled_for))
     graph, binding = import_bound(model, dims)
+    if options.precision == "int8":
+        from kiln import zoo
+        from kiln.passes.specialize import specialize
+        from kiln.quantize import calibrate, samples_from
+
+        if model in zoo.MODELS:
+            samples = [zoo.example_inputs(model, seed=seed) for seed in range(1, 11)]
+        else:
+            samples = samples_from(None, specialize(graph, binding))
+        quantization = calibrate(specialize(graph, binding), compiled_for, options, samples, "minmax")
+        options = options.with_(quantization=quantization)
     wanted = set(print_after)
     table = Table(
         title=f"{model}: the pipeline at -O{level}, {options.precision}, for {compiled_for.name} (dims {binding or 'static'})"
@@ -272,9 +284,9 @@ def _refusals(graph):  # type: ignore[no-untyped-def]
 
 
 def _kind(kernel) -> str:  # type: ignore[no-untyped-def]
-    """A kernel's kind, with its precision when it is not float32 (``matmul+epilogue [bf16]``)."""
+    """A kernel's kind, with its precision when it is not float32 (``matmul+epilogue int8``)."""
     precision = kernel_precision(kernel)
-    return kernel.kind if precision == "fp32" else f"{kernel.kind} [{precision}]"
+    return kernel.kind if precision == "fp32" else f"{kernel.kind} {precision}"
 
 
 def _plan_summary(plan) -> dict:  # type: ignore[no-untyped-def]

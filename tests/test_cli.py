@@ -365,3 +365,25 @@ def test_compile_int8_with_calibration_data_prints_the_accuracy_and_the_artifact
     assert 0 < np.linalg.norm(got - want) / np.linalg.norm(want) < 0.05  # quantized, and close
     bad = CliRunner().invoke(main, [*args, "--calibrate", str(tmp_path / "nothing.txt")])
     assert bad.exit_code != 0 and "expected an .npz file or a folder of images" in str(bad.exception)
+
+
+def test_explain_shows_each_kernels_precision(tmp_path):
+    import numpy as np
+
+    rng = np.random.default_rng(4)
+    model = make_model(
+        [helper.make_node("MatMul", ["x", "w"], ["m"]), helper.make_node("Softmax", ["m"], ["y"])],
+        [("x", FLOAT, [4, 16])],
+        [("y", FLOAT, None)],
+        {"w": rng.standard_normal((16, 8)).astype(np.float32)},
+    )
+    onnx.save(model, tmp_path / "m.onnx")
+    result = invoke("explain", str(tmp_path / "m.onnx"), "--precision", "int8", "--json")
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.output)
+    assert report["precision"] == "int8"
+    kernels = [step for step in report["plan"]["steps"] if "kernel" in step]
+    assert sorted(step["precision"] for step in kernels) == ["fp32", "int8"]  # the softmax stays fp32
+    table = invoke("explain", str(tmp_path / "m.onnx"), "--precision", "int8")
+    plan_table = table.output.split("execution plan")[1]  # (rich wraps cells: the words, not their line)
+    assert "matmul" in plan_table and "int8" in plan_table

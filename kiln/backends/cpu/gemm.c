@@ -62,6 +62,7 @@ struct kiln_gemm {
      clamped to [0, q_max]) */
   const float *q_scale; const int32_t *q_offset; int q_rows;
   float q_inv; int32_t q_zero, q_max;
+  const uint8_t *q_source; /* B's float activations quantized once, same indexing as b (gemm_int8.c) */
   void **buffers;           /* the segment's buffer table, for the epilogue */
   const int64_t *conv;      /* im2col geometry: C H W KH KW SH SW DH DW PT PL OH OW */
   int64_t mc, nc, kc;       /* cache blocking chosen by the autotuner (0: the defaults below) */
@@ -220,44 +221,51 @@ static void kiln_pack_b_columns(const kiln_gemm *g, int64_t bt, int64_t x0, int6
   }
 }
 
-/* im2col: B[k][p] = x[ic][oh*SH - PT + kh*DH][ow*SW - PL + kw*DW] (0 outside the image), with
-   k = (ic, kh, kw) and p = (oh, ow); columns x0..x0+xc into NR-column panels. Built one k row at
-   a time into a contiguous scratch row (runs along output rows, the in-image span copied without
-   per-element bounds tests), then scattered into the panels. */
 /* one row k (= (ic, kh, kw)) of the im2col matrix, columns x0..x0+xc, into out (runs along output
-   rows: the in-image span copied without per-element bounds tests) */
-static void kiln_im2col_row(const kiln_gemm *g, int64_t bt, int64_t x0, int64_t xc, int64_t kk, float *out) {
-  const int64_t *q = g->conv;
-  const int64_t H = q[1], W = q[2], KH = q[3], KW = q[4], SH = q[5], SW = q[6], DH = q[7], DW = q[8], PT = q[9], PL = q[10], OW = q[12];
-  const float *x = g->b + bt * g->b_bs;
-  const int64_t ic = kk / (KH * KW), kh = (kk / KW) % KH, kw = kk % KW;
-  const float *plane = x + ic * H * W;
-  int64_t oh = x0 / OW, ow = x0 % OW, j = 0;
-  while (j < xc) {
-    const int64_t run = OW - ow < xc - j ? OW - ow : xc - j;
-    const int64_t ih = oh * SH - PT + kh * DH;
-    float *o = out + j;
-    if (ih < 0 || ih >= H) {
-      for (int64_t t = 0; t < run; ++t) o[t] = 0.0f;
-    } else {
-      /* output columns whose input column (ow+t)*SW - PL + kw*DW lies in [0, W) */
-      const int64_t shift = kw * DW - PL;
-      int64_t lo = 0, hi = run;
-      while (lo < run && (ow + lo) * SW + shift < 0) ++lo;
-      while (hi > lo && (ow + hi - 1) * SW + shift >= W) --hi;
-      const float *src = plane + ih * W + ow * SW + shift;
-      if (hi > lo) KILN_SPAN(bt * g->b_bs + ic * H * W + ih * W + (ow + lo) * SW + shift, (hi - lo - 1) * SW + 1, g->b_size, "B (im2col input)");
-      for (int64_t t = 0; t < lo; ++t) o[t] = 0.0f;
-      if (SW == 1)
-        memcpy(o + lo, src + lo, (size_t)(hi - lo) * sizeof(float));
-      else
-        for (int64_t t = lo; t < hi; ++t) o[t] = src[t * SW];
-      for (int64_t t = hi; t < run; ++t) o[t] = 0.0f;
-    }
-    j += run;
-    ow = 0;
-    ++oh;
+   rows: the in-image span copied without per-element bounds tests); `source` is image bt's start
+   and `pad` what lies outside the image. One body for float images (kiln_im2col_row) and for the
+   int8 path's quantized ones (kiln_im2col_row_u8, padding the zero point). */
+#define KILN_IM2COL_ROW(name, T)                                                                                      \
+  static void name(const kiln_gemm *g, const T *source, int64_t bt, int64_t x0, int64_t xc, int64_t kk, T *out, T pad) { \
+    const int64_t *q = g->conv;                                                                                       \
+    const int64_t H = q[1], W = q[2], KH = q[3], KW = q[4], SH = q[5], SW = q[6], DH = q[7], DW = q[8], PT = q[9],   \
+                  PL = q[10], OW = q[12];                                                                             \
+    const int64_t ic = kk / (KH * KW), kh = (kk / KW) % KH, kw = kk % KW;                                             \
+    const T *plane = source + ic * H * W;                                                                             \
+    int64_t oh = x0 / OW, ow = x0 % OW, j = 0;                                                                        \
+    while (j < xc) {                                                                                                  \
+      const int64_t run = OW - ow < xc - j ? OW - ow : xc - j;                                                        \
+      const int64_t ih = oh * SH - PT + kh * DH;                                                                      \
+      T *o = out + j;                                                                                                 \
+      if (ih < 0 || ih >= H) {                                                                                        \
+        for (int64_t t = 0; t < run; ++t) o[t] = pad;                                                                 \
+      } else {                                                                                                        \
+        /* output columns whose input column (ow+t)*SW - PL + kw*DW lies in [0, W) */                                 \
+        const int64_t shift = kw * DW - PL;                                                                           \
+        int64_t lo = 0, hi = run;                                                                                     \
+        while (lo < run && (ow + lo) * SW + shift < 0) ++lo;                                                          \
+        while (hi > lo && (ow + hi - 1) * SW + shift >= W) --hi;                                                      \
+        const T *src = plane + ih * W + ow * SW + shift;                                                              \
+        if (hi > lo)                                                                                                  \
+          KILN_SPAN(bt * g->b_bs + ic * H * W + ih * W + (ow + lo) * SW + shift, (hi - lo - 1) * SW + 1, g->b_size,   \
+                    "B (im2col input)");                                                                              \
+        for (int64_t t = 0; t < lo; ++t) o[t] = pad;                                                                  \
+        if (SW == 1)                                                                                                  \
+          memcpy(o + lo, src + lo, (size_t)(hi - lo) * sizeof(T));                                                    \
+        else                                                                                                          \
+          for (int64_t t = lo; t < hi; ++t) o[t] = src[t * SW];                                                       \
+        for (int64_t t = hi; t < run; ++t) o[t] = pad;                                                                \
+      }                                                                                                               \
+      j += run;                                                                                                       \
+      ow = 0;                                                                                                         \
+      ++oh;                                                                                                           \
+    }                                                                                                                 \
   }
+KILN_IM2COL_ROW(kiln_im2col_row_any, float)
+KILN_IM2COL_ROW(kiln_im2col_row_u8, uint8_t)
+
+static inline void kiln_im2col_row(const kiln_gemm *g, int64_t bt, int64_t x0, int64_t xc, int64_t kk, float *out) {
+  kiln_im2col_row_any(g, g->b + bt * g->b_bs, bt, x0, xc, kk, out, 0.0f);
 }
 
 /* im2col: B[k][p] = x[ic][oh*SH - PT + kh*DH][ow*SW - PL + kw*DW] (0 outside the image), with

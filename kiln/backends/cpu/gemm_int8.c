@@ -67,37 +67,47 @@ static void kiln_int8_rows(const kiln_gemm *g, int64_t bt, int64_t m0, int64_t m
   }
 }
 
-/* columns x0..x0+xc of B (activations: a convolution's im2col or 1x1 input, or a MatMul's float
-   B through the float packer), whole K, quantized into panels [Kp/4][32][4] */
+/* four u8 rows (k = 4q..4q+3) into a panel's k-quad row: column j's 4 bytes in one 32-bit lane */
+static inline void kiln_int8_quad_row(const uint8_t *r0, const uint8_t *r1, const uint8_t *r2, const uint8_t *r3, uint8_t *out) {
+  uint32_t words[32];
+  for (int j = 0; j < 32; ++j)
+    words[j] = (uint32_t)r0[j] | ((uint32_t)r1[j] << 8) | ((uint32_t)r2[j] << 16) | ((uint32_t)r3[j] << 24);
+  memcpy(out, words, sizeof words);
+}
+
+/* columns x0..x0+xc of B (a convolution's im2col or 1x1 input, already quantized whole into
+   g->q_source), whole K, into panels [Kp/4][32][4]; k beyond K and columns beyond xc hold the
+   zero point (the weights there are 0) */
 static void kiln_int8_pack_b(const kiln_gemm *g, int64_t bt, int64_t x0, int64_t xc, int64_t kp, void *to, float *fbuf) {
   uint8_t *dst = (uint8_t *)to;
   const int64_t K = g->K, panels = (xc + 31) / 32, padded = panels * 32;
-  const int row_major = g->pack_b == kiln_pack_b_strided && g->b_cs == 1, im2col = g->pack_b == kiln_pack_im2col;
-  float rows[4][padded] __attribute__((aligned(64)));
-  uint8_t quant[4][padded] __attribute__((aligned(64)));
+  const int im2col = g->pack_b == kiln_pack_im2col;
+  const uint8_t zero = (uint8_t)g->q_zero, *source = g->q_source + bt * g->b_bs;
+  uint8_t rows[4][padded] __attribute__((aligned(64)));
   for (int64_t quad = 0; quad < kp / 4; ++quad) {
+    const uint8_t *src[4];
     for (int h = 0; h < 4; ++h) {
       const int64_t k = 4 * quad + h;
       if (k >= K) {
-        memset(quant[h], 0, (size_t)padded); /* the weights' padding is 0 */
-        continue;
-      }
-      if (row_major) {
-        const int64_t start = bt * g->b_bs + k * g->b_rs + x0;
-        memcpy(rows[h], g->b + KILN_SPAN(start, xc, g->b_size, "B (int8 rows)"), (size_t)xc * sizeof(float));
+        memset(rows[h], zero, (size_t)padded);
+        src[h] = rows[h];
       } else if (im2col) {
-        kiln_im2col_row(g, bt, x0, xc, k, rows[h]);
-      } else {
-        for (int64_t j = 0; j < xc; ++j) rows[h][j] = g->b[KILN_AT(bt * g->b_bs + k * g->b_rs + (x0 + j) * g->b_cs, g->b_size, "B (int8)")];
+        kiln_im2col_row_u8(g, source, bt, x0, xc, k, rows[h], zero);
+        memset(rows[h] + xc, zero, (size_t)(padded - xc));
+        src[h] = rows[h];
+      } else { /* row-major (b_cs == 1): read in place when whole panels are there */
+        const uint8_t *row = g->q_source + KILN_SPAN(bt * g->b_bs + k * g->b_rs + x0, xc, g->b_size, "B (int8 rows)");
+        if (xc == padded) {
+          src[h] = row;
+        } else {
+          memcpy(rows[h], row, (size_t)xc);
+          memset(rows[h] + xc, zero, (size_t)(padded - xc));
+          src[h] = rows[h];
+        }
       }
-      for (int64_t j = xc; j < padded; ++j) rows[h][j] = 0.0f;
-      kiln_int8_quantize(g, rows[h], quant[h], padded);
     }
-    for (int64_t p = 0; p < panels; ++p) {
-      uint8_t *out = dst + p * kp * 32 + quad * 128;
-      for (int j = 0; j < 32; ++j)
-        for (int h = 0; h < 4; ++h) out[4 * j + h] = quant[h][p * 32 + j];
-    }
+    for (int64_t p = 0; p < panels; ++p)
+      kiln_int8_quad_row(src[0] + p * 32, src[1] + p * 32, src[2] + p * 32, src[3] + p * 32, dst + p * kp * 32 + quad * 128);
   }
   (void)fbuf;
 }
@@ -274,10 +284,12 @@ static void kiln_int8_finish(const kiln_gemm *g, const void *cv, int64_t ldc, in
     if (g->q_rows) {
       const float scale = g->q_scale[i0 + r];
       const int32_t offset = g->q_offset[i0 + r];
+#pragma GCC ivdep
       for (int64_t j = 0; j < cols; ++j) out[r * ldo + j] = (float)(c[r * ldc + j] + offset) * scale;
     } else {
       const float *scale = g->q_scale + j0;
       const int32_t *offset = g->q_offset + j0;
+#pragma GCC ivdep
       for (int64_t j = 0; j < cols; ++j) out[r * ldo + j] = (float)(c[r * ldc + j] + offset[j]) * scale[j];
     }
   }
@@ -287,4 +299,29 @@ static int kiln_int8_amx_on(void) { return kiln_int8_mode == 4; }
 
 static const kiln_lowp_ops kiln_int8_ops = {1, 64, kiln_int8_rows, kiln_int8_pack_b, kiln_int8_block, kiln_int8_finish, kiln_int8_amx_on};
 
-static void kiln_gemm_int8_run(const kiln_gemm *g) { kiln_lowp_run(g, &kiln_int8_ops); }
+/* the quantize-once prologue: B's float activations [lo, hi) of a chunked range */
+enum { KILN_INT8_QCHUNK = 16384 };
+static void kiln_int8_quantize_chunks(void *ctx, int64_t lo, int64_t hi, int worker) {
+  const kiln_gemm *g = (const kiln_gemm *)ctx;
+  for (int64_t i = lo; i < hi; ++i) {
+    const int64_t first = i * KILN_INT8_QCHUNK, n = g->b_size - first < KILN_INT8_QCHUNK ? g->b_size - first : KILN_INT8_QCHUNK;
+    kiln_int8_quantize(g, g->b + first, (uint8_t *)g->q_source + first, n);
+  }
+}
+
+static void kiln_gemm_int8_run(const kiln_gemm *g) {
+  if (g->b_low) {
+    kiln_lowp_run(g, &kiln_int8_ops);
+    return;
+  }
+  /* B is activations (a convolution's input): quantized once, whole (each element would
+     otherwise be quantized once per kernel tap), then packed from bytes */
+  static _Thread_local float *q_buf;
+  static _Thread_local int64_t q_have;
+  kiln_gemm local = *g;
+  local.q_source = (const uint8_t *)kiln_scratch(&q_buf, &q_have, (g->b_size + 3) / 4);
+  if (!local.q_source) return; /* out of memory */
+  const int64_t chunks = (g->b_size + KILN_INT8_QCHUNK - 1) / KILN_INT8_QCHUNK;
+  kiln_parallel_for(0, chunks, 1, kiln_in_pool() || chunks < 2 ? 1 : 0, kiln_int8_quantize_chunks, &local);
+  kiln_lowp_run(&local, &kiln_int8_ops);
+}
