@@ -280,6 +280,20 @@ static void kiln_int8_block(const kiln_gemm *g, const void *av, int64_t lda, con
 /* int32 sums to float32: (sum + offset[ch]) * scale[ch] */
 static void kiln_int8_finish(const kiln_gemm *g, const void *cv, int64_t ldc, int64_t rows, int64_t cols, int64_t i0, int64_t j0, float *out, int64_t ldo) {
   const int32_t *c = (const int32_t *)cv;
+  if (rows == 32 && cols == 32 && ldc == 32) { /* a whole block from the scratch: constant trip counts */
+    for (int r = 0; r < 32; ++r) {
+      const float *scale = g->q_rows ? NULL : g->q_scale + j0;
+      const int32_t *offset = g->q_rows ? NULL : g->q_offset + j0;
+      const float row_scale = g->q_rows ? g->q_scale[i0 + r] : 0.0f;
+      const int32_t row_offset = g->q_rows ? g->q_offset[i0 + r] : 0;
+      if (g->q_rows) {
+        for (int j = 0; j < 32; ++j) out[r * ldo + j] = (float)(c[r * 32 + j] + row_offset) * row_scale;
+      } else {
+        for (int j = 0; j < 32; ++j) out[r * ldo + j] = (float)(c[r * 32 + j] + offset[j]) * scale[j];
+      }
+    }
+    return;
+  }
   for (int64_t r = 0; r < rows; ++r) {
     if (g->q_rows) {
       const float scale = g->q_scale[i0 + r];

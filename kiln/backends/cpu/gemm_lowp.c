@@ -32,7 +32,7 @@ typedef struct {
 } kiln_lowp_ops;
 
 #define KILN_LOWP_CHUNK 8 /* B panels per shared-packing call (im2col rows are built 8 panels wide) */
-#define KILN_LOWP_KC 256  /* k per chunk: a 32-row A chunk and a 32-column B chunk in L1 */
+#define KILN_LOWP_KC_BYTES 512 /* bytes of k per chunk: a 32-row A chunk and a 32-column B chunk, 16 KB each, in L1 */
 
 typedef struct {
   const kiln_gemm *g;
@@ -77,7 +77,7 @@ static void kiln_lowp_tasks(void *ctx, int64_t lo, int64_t hi, int worker) {
   const int64_t M = g->M, N = g->N, K = g->K, kp = p->kp, mc = p->mc, nc = p->nc, es = ops->esize;
   static _Thread_local float *f_buf, *a_buf, *b_buf, *e_buf;
   static _Thread_local int64_t f_have, a_have, b_have, e_have;
-  const int64_t kchunk = KILN_LOWP_KC < kp ? KILN_LOWP_KC : kp;
+  const int64_t kchunk = KILN_LOWP_KC_BYTES / es < kp ? KILN_LOWP_KC_BYTES / es : kp;
   const int64_t slabs = (mc + 31) / 32, panel_bytes = kp * 32 * es;
   char *abuf = NULL, *bbuf = NULL;
   float *fbuf = NULL;
@@ -127,7 +127,13 @@ static void kiln_lowp_tasks(void *ctx, int64_t lo, int64_t hi, int worker) {
           const int64_t rows = mlen - ir < 32 ? mlen - ir : 32;
           const char *aslab = ablock + (ir * kp + k0) * es;
           float *tile = c + (m0 + ir) * g->ldc + n0 + jr;
-          if (rows == 32 && cols == 32) {
+          if (rows == 32 && cols == 32 && first && last && ops->finish) {
+            /* one chunk: the sums stay in a scratch block in L1, finished straight into C */
+            KILN_SPAN(bt * g->c_bs + (m0 + ir) * g->ldc + n0 + jr, 31 * g->ldc + 32, g->c_size, "C");
+            float *block = edges + (ir / 32) * 32 * 32;
+            ops->block(g, aslab, kp, bchunk, kc, block, 32, 32, 0);
+            ops->finish(g, block, 32, 32, 32, m0 + ir, n0 + jr, tile, g->ldc);
+          } else if (rows == 32 && cols == 32) {
             KILN_SPAN(bt * g->c_bs + (m0 + ir) * g->ldc + n0 + jr, 31 * g->ldc + 32, g->c_size, "C");
             ops->block(g, aslab, kp, bchunk, kc, tile, g->ldc, 32, !first);
             if (last && ops->finish) ops->finish(g, tile, g->ldc, 32, 32, m0 + ir, n0 + jr, tile, g->ldc);
@@ -157,7 +163,7 @@ static void kiln_lowp_run(const kiln_gemm *g, const kiln_lowp_ops *ops) {
   int threads = kiln_pool_threads();
   if (kiln_in_pool()) threads = 1;
   /* an M block of A rows fills about 256 KB of L2 (one chunk of it, 32 rows, is in L1) */
-  int64_t cap = 262144 / ((kp < KILN_LOWP_KC ? kp : KILN_LOWP_KC) * es);
+  int64_t cap = 262144 / (kp * es < KILN_LOWP_KC_BYTES ? kp * es : KILN_LOWP_KC_BYTES);
   cap = cap < 32 ? 32 : (cap > 512 ? 512 : cap);
   int64_t mc = kiln_round_up(M < cap ? M : cap, 32);
   int64_t nc = kiln_round_up(N < 512 ? N : 512, 32);
