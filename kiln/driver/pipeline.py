@@ -36,6 +36,7 @@ from kiln.passes import PASS_NAMES, optimize, specialize
 from kiln.passes.decompose import decompose
 from kiln.passes.fold_constants import fold_constants
 from kiln.passes.fuse import unfuse
+from kiln.passes.quantized import quantized_model
 from kiln.passes.widen_half import widen_half
 from kiln.runtime.plan import Fallback, Plan, Segment
 
@@ -185,6 +186,7 @@ def optimized(
         if observe is not None:
             observe(stage, result)
 
+    graph = quantized_model(graph)  # QOperator ops as QDQ; QDQ products marked for the int8 path
     graph = fold_constants(graph)  # what folds away needs no decomposition
     done("fold", graph)
     stages.append("decompose")

@@ -363,6 +363,8 @@ class _Importer:
             builder.poison(proto)
 
     def attribute(self, proto: onnx.AttributeProto, builder: Any, hints: list[Type] | None) -> Any:
+        if proto.name.startswith("kiln_"):  # kiln's own annotations (kiln.passes.quantized) come from kiln only
+            raise UnsupportedConstruct(f"attribute {proto.name!r}: names starting with 'kiln_' are kiln's own")
         kind = proto.type
         if kind == onnx.AttributeProto.GRAPH:
             return self.graph(proto.g, builder.scope.values, hints, outer_known=builder.scope.known)

@@ -94,7 +94,7 @@ def lower_matmul_gemm(lw: Lowerer, node: Node, epilogue: Epilogue | None = None)
     if precision == "int8":
         a_operand = MatrixOperand(a_buf, 0 if a_count == 1 else m * k, k, 1)
         b_operand, quant = _int8_weights(
-            lw, b, np.asarray(b_const, dtype=np.float32).reshape(b_count, k, n), a, rows=False
+            lw, node, b, np.asarray(b_const, dtype=np.float32).reshape(b_count, k, n), a, rows=False
         )
     elif precision == "bf16":
         a_operand, b_operand = _bf16_operands(lw, a, b, a_count, b_count, m, k, n)
@@ -144,6 +144,8 @@ def _precision_of(lw: Lowerer, node: Node, activations) -> str:  # type: ignore[
     """What this product computes in: the compile's precision, except int8 where the node has
     no calibrated activation range (or ``activations`` is None: no float input x constant
     weights) or is kept in fp32 (mixed precision), which then computes in fp32."""
+    if activations is not None and "kiln_qdq" in node.attrs:
+        return "int8"  # a pre-quantized (QDQ) model's product: int8 with the model's own quantization
     if lw.precision != "int8":
         return lw.precision
     if activations is None or node.name in lw.keep_fp32 or activations.name not in lw.ranges:
@@ -151,20 +153,33 @@ def _precision_of(lw: Lowerer, node: Node, activations) -> str:  # type: ignore[
     return "int8"
 
 
-def _int8_weights(lw: Lowerer, weights, matrices: np.ndarray, activations, rows: bool):  # type: ignore[no-untyped-def]
+def _int8_weights(lw: Lowerer, node: Node, weights, matrices: np.ndarray, activations, rows: bool):  # type: ignore[no-untyped-def]
     """The int8 operand of the weights and the product's QuantSpec: ``matrices`` [count, K, N]
     (a MatMul's B: channel = column) or [1, C, K] (a convolution's A, ``rows``: channel = row),
-    quantized per channel; the activations' per-tensor quantization from their calibrated range."""
-    lo, hi = lw.ranges[activations.name]
-    qmax = lw.target.int8_max
-    scale, zero = activation_quantization(lo, hi, qmax)
+    quantized per channel; the activations' per-tensor quantization from their calibrated range,
+    or a pre-quantized model's own (``kiln_qdq``, ``kiln_qdq_weight_scale``: kiln.passes.quantized)."""
+    given = node.attrs.get("kiln_qdq")
+    model_scales = node.attrs.get("kiln_qdq_weight_scale")
+    if given is not None:
+        scale, zero, qmax = float(given[0]), int(given[1]), 255
+    else:
+        lo, hi = lw.ranges[activations.name]
+        qmax = lw.target.int8_max
+        scale, zero = activation_quantization(lo, hi, qmax)
+
+    def per_channel(matrix: np.ndarray) -> tuple[np.ndarray, np.ndarray]:  # [C, K]
+        if model_scales is None:
+            return quantize_channels(matrix)
+        steps = np.asarray(model_scales, np.float32)
+        return np.clip(np.rint(matrix / steps[:, None]), -128, 127).astype(np.int8), steps
+
     if rows:
-        quantized, channel_scales = quantize_channels(matrices[0])  # [C, K]
+        quantized, channel_scales = per_channel(matrices[0])  # [C, K]
         sums = quantized.astype(np.int64).sum(axis=1)
         packed = lw.packed_constant(("int8-rows", weights), lambda: pack_rows_int8(quantized[None]))
         operand = PackedOperand(packed, 0, BF16_BLOCK, "int8-rows")
     else:
-        quantized_t, channel_scales = quantize_channels(matrices[0].T)  # [N, K]
+        quantized_t, channel_scales = per_channel(matrices[0].T)  # [N, K]
         quantized = quantized_t.T
         sums = quantized_t.astype(np.int64).sum(axis=1)
         packed = lw.packed_constant(("int8-quads", weights), lambda: pack_quads_int8(quantized[None]))
@@ -290,7 +305,7 @@ def lower_conv_gemm(lw: Lowerer, node: Node, epilogue: Epilogue | None = None) -
     matrix = np.asarray(weights, dtype=np.float32).reshape(1, out_channels, reduction)
     quant = None
     if precision == "int8":
-        a_operand, quant = _int8_weights(lw, w, matrix, x, rows=True)
+        a_operand, quant = _int8_weights(lw, node, w, matrix, x, rows=True)
     elif precision == "bf16":
         a_operand = PackedOperand(
             lw.packed_constant(("bf16-rows", w), lambda: pack_rows_bf16(matrix)), 0, BF16_BLOCK, "bf16-rows"

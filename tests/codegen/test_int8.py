@@ -240,3 +240,75 @@ def test_calibration_data_formats(tmp_path):
         samples_from(tmp_path / "wrong.npz", graph)
     with pytest.raises(KilnError, match="an .npz file or a folder"):
         samples_from(tmp_path / "missing.txt", graph)
+
+
+def test_a_qdq_model_from_onnxruntimes_quantizer_runs_on_the_int8_kernels(tmp_path):
+    """onnxruntime's quantize_static writes QDQ models (QuantizeLinear/DequantizeLinear around
+    every product): kiln runs their products on its int8 path with the model's own scales and
+    zero points, and agrees with onnxruntime running the same quantized model."""
+    ort = pytest.importorskip("onnxruntime", reason="onnxruntime (the 'peers' extra) writes the QDQ model")
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
+
+    model = small_cnn()
+    data = [{"x": RNG.standard_normal((1, 3, 16, 16)).astype(np.float32)} for _ in range(8)]
+
+    class Reader(CalibrationDataReader):
+        def __init__(self):
+            self.items = iter(data)
+
+        def get_next(self):
+            return next(self.items, None)
+
+    import onnx
+
+    onnx.save(model, tmp_path / "fp32.onnx")
+    quantize_static(
+        str(tmp_path / "fp32.onnx"), str(tmp_path / "qdq.onnx"), Reader(), quant_format=QuantFormat.QDQ,
+        per_channel=True, activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8,
+    )  # fmt: skip
+    compiled = kiln.compile(str(tmp_path / "qdq.onnx"))  # no precision asked: the model says int8
+    feeds = {"x": RNG.standard_normal((1, 3, 16, 16)).astype(np.float32)}
+    got = compiled.run(feeds)["y"]
+    kernels = [k for s in compiled.plans[-1].steps for k in getattr(s, "kernels", [])]
+    assert sum(kernel_precision(k) == "int8" for k in kernels) == 3  # both convolutions and the classifier
+    session = ort.InferenceSession(str(tmp_path / "qdq.onnx"), providers=["CPUExecutionProvider"])
+    want = session.run(None, feeds)[0]
+    fp32 = kiln.compile(model).run(feeds)["y"]
+    # the same quantized computation: far closer to onnxruntime's than either is to fp32
+    gap = np.linalg.norm(got - want) / np.linalg.norm(want)
+    assert gap < 0.02 and gap < 0.5 * np.linalg.norm(fp32 - want) / np.linalg.norm(want)
+    assert kiln.compile(str(tmp_path / "qdq.onnx"), target="reference").run(feeds)["y"].shape == got.shape
+
+
+def test_qlinear_ops_run_natively_and_kiln_annotations_cannot_come_from_a_model():
+    from kiln.errors import UnsupportedModelError
+
+    rng = np.random.default_rng(8)
+    x = rng.integers(0, 255, (2, 6), dtype=np.uint8)
+    w = rng.integers(-100, 100, (6, 5), dtype=np.int8)
+    inits = {
+        "xs": np.array(0.05, np.float32), "xz": np.array(128, np.uint8), "w": w,
+        "ws": np.array(0.02, np.float32), "wz": np.array(0, np.int8),
+        "ys": np.array(0.1, np.float32), "yz": np.array(10, np.uint8),
+    }  # fmt: skip
+    node = helper.make_node("QLinearMatMul", ["x", "xs", "xz", "w", "ws", "wz", "ys", "yz"], ["y"])
+    model = make_model([node], [("x", onnx_uint8(), [2, 6])], [("y", onnx_uint8(), None)], inits)
+    compiled = kiln.compile(model)
+    got = compiled.run({"x": x})["y"]
+    assert compiled.is_native  # decomposed into QDQ form, lowered natively (the product on the int8 path)
+    exact = (x.astype(np.int64) - 128) @ w.astype(np.int64)
+    want = np.clip(np.rint(exact * (0.05 * 0.02 / 0.1)) + 10, 0, 255)
+    assert np.abs(got.astype(np.int64) - want).max() <= 1  # (a tie may round either way in float32)
+    kernels = [k for s in compiled.plans[-1].steps for k in getattr(s, "kernels", [])]
+    assert "int8" in [kernel_precision(k) for k in kernels]
+    forged = make_model(
+        [helper.make_node("Relu", ["a"], ["b"], kiln_qdq=[1.0, 0, 0])], [("a", FLOAT, [2])], [("b", FLOAT, None)]
+    )
+    with pytest.raises(UnsupportedModelError, match="kiln's own"):
+        kiln.compile(forged)
+
+
+def onnx_uint8():
+    from onnx import TensorProto
+
+    return TensorProto.UINT8
