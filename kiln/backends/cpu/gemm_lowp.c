@@ -32,7 +32,7 @@ typedef struct {
 } kiln_lowp_ops;
 
 #define KILN_LOWP_CHUNK 8 /* B panels per shared-packing call (im2col rows are built 8 panels wide) */
-#define KILN_LOWP_KC_BYTES 512 /* bytes of k per chunk: a 32-row A chunk and a 32-column B chunk, 16 KB each, in L1 */
+#define KILN_LOWP_KC_BYTES 8192 /* bytes of k per chunk (4096 bf16, 8192 int8): one chunk for most products; a single pass over K with the C tiles held measured faster than chunks of 512 bytes that revisit C (BERT, ResNet-50) */
 
 typedef struct {
   const kiln_gemm *g;
