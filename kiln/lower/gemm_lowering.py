@@ -21,6 +21,7 @@ from kiln.ir.types import DType
 from kiln.lower import winograd
 from kiln.lower.engine import (
     BF16_BLOCK,
+    INT8_K,
     Epilogue,
     NotForEngine,
     activation_quantization,
@@ -39,6 +40,7 @@ from kiln.lower.engine import (
 )
 from kiln.lower.kir import (
     Binary,
+    DirectOperand,
     Expr,
     GemmSpec,
     Im2colOperand,
@@ -153,7 +155,7 @@ def _precision_of(lw: Lowerer, node: Node, activations) -> str:  # type: ignore[
     return "int8"
 
 
-def _int8_weights(lw: Lowerer, node: Node, weights, matrices: np.ndarray, activations, rows: bool):  # type: ignore[no-untyped-def]
+def _int8_weights(lw: Lowerer, node: Node, weights, matrices: np.ndarray, activations, rows: bool, pack: bool = True):  # type: ignore[no-untyped-def]
     """The int8 operand of the weights and the product's QuantSpec: ``matrices`` [count, K, N]
     (a MatMul's B: channel = column) or [1, C, K] (a convolution's A, ``rows``: channel = row),
     quantized per channel; the activations' per-tensor quantization from their calibrated range,
@@ -176,8 +178,10 @@ def _int8_weights(lw: Lowerer, node: Node, weights, matrices: np.ndarray, activa
     if rows:
         quantized, channel_scales = per_channel(matrices[0])  # [C, K]
         sums = quantized.astype(np.int64).sum(axis=1)
-        packed = lw.packed_constant(("int8-rows", weights), lambda: pack_rows_int8(quantized[None]))
-        operand = PackedOperand(packed, 0, BF16_BLOCK, "int8-rows")
+        operand = None  # (a direct convolution packs its weights itself: _direct_weights)
+        if pack:
+            packed = lw.packed_constant(("int8-rows", weights), lambda: pack_rows_int8(quantized[None]))
+            operand = PackedOperand(packed, 0, BF16_BLOCK, "int8-rows")
     else:
         quantized_t, channel_scales = per_channel(matrices[0].T)  # [N, K]
         quantized = quantized_t.T
@@ -191,6 +195,41 @@ def _int8_weights(lw: Lowerer, node: Node, weights, matrices: np.ndarray, activa
     offset_buf = lw.packed_constant(("int8-offset", *key), lambda: offsets)
     inv = float(np.float32(1.0 / scale))
     return operand, QuantSpec(scale_buf, offset_buf, rows, inv, zero, qmax)
+
+
+DIRECT_MAX_TAPS = 64  # gemm_lowp.c keeps each tap's offset in a table of 64
+DIRECT_MIN_CHANNELS = 32  # fewer input channels: most of a tap's padded k would be zeros (im2col instead)
+
+
+def _direct_weights(lw: Lowerer, node: Node, w, weights: np.ndarray, x, precision: str, quant):  # type: ignore[no-untyped-def]
+    """A direct convolution's weights (gemm_lowp.c): [OC, C, KH, KW] as B panels over the output
+    channels with K = (tap, channel), each tap's channels padded to the format's k unit (int8 64,
+    bf16 32); returns the operand and K. int8: quantized per output channel exactly as
+    ``_int8_weights`` did for the same product (its QuantSpec applies unchanged)."""
+    out_channels, channels, kernel_h, kernel_w = weights.shape
+    unit = INT8_K if precision == "int8" else BF16_BLOCK
+    padded = -(-channels // unit) * unit
+    taps = kernel_h * kernel_w
+
+    def by_tap(matrix: np.ndarray, dtype) -> np.ndarray:  # [OC, C*KH*KW] -> [1, taps * padded, OC]
+        grid = np.zeros((taps, padded, out_channels), dtype=dtype)
+        grid[:, :channels, :] = matrix.reshape(out_channels, channels, taps).transpose(2, 1, 0)
+        return grid.reshape(1, taps * padded, out_channels)
+
+    if precision == "int8":
+        given = node.attrs.get("kiln_qdq_weight_scale")
+        flat = weights.reshape(out_channels, -1)
+        if given is None:
+            quantized, _ = quantize_channels(flat)
+        else:
+            steps = np.asarray(given, np.float32)
+            quantized = np.clip(np.rint(flat / steps[:, None]), -128, 127).astype(np.int8)
+        packed = lw.packed_constant(("int8-taps", w), lambda: pack_quads_int8(by_tap(quantized, np.int8)))
+        return PackedOperand(packed, 0, BF16_BLOCK, "int8-quads"), taps * padded
+    packed = lw.packed_constant(
+        ("bf16-taps", w), lambda: pack_pairs_bf16(by_tap(weights.reshape(out_channels, -1), np.float32))
+    )
+    return PackedOperand(packed, 0, BF16_BLOCK, "bf16-pairs"), taps * padded
 
 
 def _blocking(precision: str, choice: dict) -> tuple[int, int, int]:
@@ -304,19 +343,32 @@ def lower_conv_gemm(lw: Lowerer, node: Node, epilogue: Epilogue | None = None) -
     x_buf, dst = lw.buffer(x), lw.buffer(out)
     matrix = np.asarray(weights, dtype=np.float32).reshape(1, out_channels, reduction)
     quant = None
+    direct = (
+        precision != "fp32"
+        and len(x_shape) == 4
+        and 1 < kernel_h * kernel_w <= DIRECT_MAX_TAPS
+        and geometry[5:9] == (1, 1, 1, 1)  # stride 1, dilation 1
+        and channels >= DIRECT_MIN_CHANNELS
+        and "direct" not in lw.disabled
+    )
     if precision == "int8":
-        a_operand, quant = _int8_weights(lw, node, w, matrix, x, rows=True)
-    elif precision == "bf16":
+        a_operand, quant = _int8_weights(lw, node, w, matrix, x, rows=True, pack=not direct)
+    elif precision == "bf16" and not direct:
         a_operand = PackedOperand(
             lw.packed_constant(("bf16-rows", w), lambda: pack_rows_bf16(matrix)), 0, BF16_BLOCK, "bf16-rows"
         )
-    else:
+    elif precision == "fp32":
         packed = lw.packed_constant(("rows", w, target.gemm_rows), lambda: pack_rows(matrix, target.gemm_rows))
         a_operand = PackedOperand(packed, 0, target.gemm_rows)
     pointwise = kernel_h == kernel_w == 1 and geometry[5:11] == (1, 1, 1, 1, 0, 0)
     image = channels * height * width
-    b_operand: MatrixOperand | Im2colOperand
-    if pointwise:  # 1x1, stride 1, no padding: X is already the [IC, H*W] matrix
+    b_operand: MatrixOperand | Im2colOperand | DirectOperand
+    if direct:  # the weights as B panels in (tap, channel) order; X read in place, channels-last
+        a_operand, reduction = _direct_weights(lw, node, w, np.asarray(weights, np.float32), x, precision, quant)
+        b_operand = DirectOperand(
+            x_buf, image, (channels, height, width, kernel_h, kernel_w, geometry[9], geometry[10], *out_shape[2:])
+        )
+    elif pointwise:  # 1x1, stride 1, no padding: X is already the [IC, H*W] matrix
         b_operand = MatrixOperand(x_buf, image, height * width, 1)
     else:
         b_operand = Im2colOperand(x_buf, image, tuple(int(g) for g in geometry))
@@ -342,7 +394,7 @@ def lower_conv_gemm(lw: Lowerer, node: Node, epilogue: Epilogue | None = None) -
         quant,
     )
     kind = "conv1x1" if pointwise else "conv"
-    flops = 2 * x_shape[0] * out_channels * pixels * reduction
+    flops = 2 * x_shape[0] * out_channels * pixels * channels * kernel_h * kernel_w
     return [engine_kernel(name, kind, stmt, dst, node, flops, source)]
 
 

@@ -330,6 +330,19 @@ class Im2colOperand:
 
 
 @dataclass(frozen=True, eq=False)
+class DirectOperand:
+    """A stride-1 convolution's input read in place by the reduced-precision paths' direct
+    convolution (gemm_lowp.c): the NCHW images (image b at b*batch_stride) converted once into a
+    padded channels-last copy whose rows, one per output pixel, are the product's A rows tap by tap
+    (no im2col). ``geometry`` = (C, H, W, KH, KW, pad top, pad left, OH, OW); the product's A
+    operand then holds the weights as B panels, K ordered (tap, channel padded to the k unit)."""
+
+    buffer: Buffer
+    batch_stride: int
+    geometry: tuple[int, ...]
+
+
+@dataclass(frozen=True, eq=False)
 class QuantSpec:
     """An int8 product's quantization (gemm_int8.c): the float activations are quantized as
     q = clamp(round(x * inv) + zero, 0, qmax); the int32 sums become float32 as
@@ -356,7 +369,7 @@ class GemmSpec:
     n: int
     k: int
     a: MatrixOperand | PackedOperand
-    b: MatrixOperand | PackedOperand | Im2colOperand
+    b: MatrixOperand | PackedOperand | Im2colOperand | DirectOperand
     out: Buffer
     out_batch_stride: int
     ldc: int

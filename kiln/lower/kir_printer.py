@@ -23,6 +23,7 @@ from kiln.lower.kir import (
     Buffer,
     Cast,
     Const,
+    DirectOperand,
     EngineCall,
     Expr,
     For,
@@ -55,7 +56,13 @@ CALL_NAMES = {
     WinogradOutput: "winograd_output",
     AttentionSpec: "attention",
 }
-OPERAND_NAMES = {MatrixOperand: "view", PackedOperand: "packed", Im2colOperand: "im2col", AttentionOperand: "slices"}
+OPERAND_NAMES = {
+    MatrixOperand: "view",
+    PackedOperand: "packed",
+    Im2colOperand: "im2col",
+    DirectOperand: "direct",
+    AttentionOperand: "slices",
+}
 
 
 def print_kernel(kernel: Kernel) -> str:

@@ -114,6 +114,9 @@ CONVS = {  # (input shape, weight shape, attributes)
     "1x1": ((2, 64, 7, 9), (33, 64, 1, 1), {}),
     "7x7 stride 2": ((1, 3, 30, 30), (16, 3, 7, 7), {"pads": [3, 3, 3, 3], "strides": [2, 2]}),
     "1-D dilated": ((1, 8, 50), (12, 8, 3), {"dilations": [2]}),
+    "direct 3x3": ((1, 40, 9, 11), (24, 40, 3, 3), {"pads": [1, 1, 1, 1]}),
+    "direct two images": ((2, 64, 7, 7), (70, 64, 3, 3), {"pads": [1, 1, 1, 1]}),
+    "direct 5x3 asymmetric pads": ((1, 33, 6, 13), (40, 33, 5, 3), {"pads": [2, 0, 1, 2]}),
 }
 
 

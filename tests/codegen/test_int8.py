@@ -97,14 +97,25 @@ CONVS = {
     "3x3 pad 1 bias relu": ((1, 8, 9, 11), (24, 8, 3, 3), {"pads": [1, 1, 1, 1]}),
     "1x1 two images": ((2, 40, 5, 7), (33, 40, 1, 1), {}),
     "5x5 stride 2": ((1, 3, 17, 17), (16, 3, 5, 5), {"pads": [2, 2, 2, 2], "strides": [2, 2]}),
+    # the direct convolution (stride 1, 32+ channels): no im2col, a channels-last copy of the input
+    "direct 3x3": ((1, 40, 9, 11), (24, 40, 3, 3), {"pads": [1, 1, 1, 1]}),
+    "direct two images": ((2, 64, 7, 7), (70, 64, 3, 3), {"pads": [1, 1, 1, 1]}),
+    "direct 5x3 asymmetric pads": ((1, 33, 6, 13), (40, 33, 5, 3), {"pads": [2, 0, 1, 2]}),
 }
+
+
+def uses_direct(compiled):
+    from kiln.lower.kir import DirectOperand, GemmSpec
+
+    kernels = [k for s in compiled.plans[-1].steps for k in getattr(s, "kernels", [])]
+    return any(isinstance(st, GemmSpec) and isinstance(st.b, DirectOperand) for k in kernels for st in k.body)
 
 
 def im2col(q, w_shape, attrs, pad_value):
     n, c, h, wd = q.shape
     kh, kw = w_shape[2:]
     pads = attrs.get("pads", [0, 0, 0, 0])
-    sh, sw = attrs.get("strides", [1, 1])
+    sh, sw = attrs.get("strides", [1, 1])  # (pads: top, left, bottom, right)
     padded = np.full((n, c, h + pads[0] + pads[2], wd + pads[1] + pads[3]), pad_value, np.int64)
     padded[:, :, pads[0] : pads[0] + h, pads[1] : pads[1] + wd] = q
     oh = (padded.shape[2] - kh) // sh + 1
@@ -127,7 +138,9 @@ def test_int8_convolution_is_the_exact_integer_product_then_its_epilogue(case, p
     model = make_model(nodes, [("x", FLOAT, list(x_shape))], [("y", FLOAT, None)], {"w": w, "b": bias})
     lo, hi = float(x.min()), float(x.max())
     monkeypatch.setenv("KILN_INT8_PATH", path)
-    got = compile_int8(model, [("x", lo, hi)], target).run({"x": x})["y"]
+    compiled = compile_int8(model, [("x", lo, hi)], target)
+    got = compiled.run({"x": x})["y"]
+    assert uses_direct(compiled) == case.startswith("direct")
     qx, scale, zero = quantized_activations(x, lo, hi, qmax_of(target))
     cols, (oh, ow) = im2col(qx, w_shape, attrs, zero)  # padding is x = 0, quantized: the zero point
     qw, channel = quantize_channels(w.reshape(w_shape[0], -1))

@@ -55,12 +55,13 @@ def test_fuzz_cases_pass_under_asan_and_ubsan_with_bounds_checks(tmp_path):
     assert "passed" in result.stdout
 
 
-def test_the_bf16_products_pass_under_asan_and_ubsan_with_bounds_checks(tmp_path):
-    """Every bf16 path this machine has (AMX tiles, AVX512_BF16, portable), its packers and edge
-    blocks, with the engine's own span checks on (KILN_DEBUG) and the sanitizers."""
+def test_the_bf16_and_int8_products_pass_under_asan_and_ubsan_with_bounds_checks(tmp_path):
+    """Every bf16 and int8 path this machine has (AMX tiles, AVX-512, AVX2, portable), their
+    packers, edge blocks and direct convolutions, with the engine's own span checks on
+    (KILN_DEBUG) and the sanitizers."""
     result = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "-k", "rounded",
-         str(ROOT / "tests" / "codegen" / "test_bf16.py")],
+        [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "-k", "rounded or exact",
+         str(ROOT / "tests" / "codegen" / "test_bf16.py"), str(ROOT / "tests" / "codegen" / "test_int8.py")],
         env=sanitized_env(tmp_path), capture_output=True, text=True, timeout=1200, cwd=ROOT,
     )  # fmt: skip
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]

@@ -28,6 +28,7 @@ from kiln.lower.kir import (
     Buffer,
     Cast,
     Const,
+    DirectOperand,
     EngineCall,
     Expr,
     For,
@@ -463,6 +464,10 @@ def _operand_fields(name: str, operand: object) -> list[tuple[str, str]]:
     if isinstance(operand, PackedOperand):
         return [(f"{name}_packed", operand.buffer.name), (f"{name}_packed_size", str(operand.buffer.size)),
                 (f"{name}_pbs", str(operand.batch_stride))]  # fmt: skip
+    if isinstance(operand, DirectOperand):  # the reduced-precision direct convolution (gemm_lowp.c)
+        geometry = "(const int64_t[]){" + ", ".join(str(int(v)) for v in operand.geometry) + "}"
+        return [("b", operand.buffer.name), ("b_size", str(operand.buffer.size)),
+                ("b_bs", str(operand.batch_stride)), ("conv", geometry), ("direct", "1")]  # fmt: skip
     if isinstance(operand, Im2colOperand):
         geometry = "(const int64_t[]){" + ", ".join(str(int(v)) for v in operand.geometry) + "}"
         return [("b", operand.buffer.name), ("b_size", str(operand.buffer.size)),

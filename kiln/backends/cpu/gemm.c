@@ -63,6 +63,7 @@ struct kiln_gemm {
   const float *q_scale; const int32_t *q_offset; int q_rows;
   float q_inv; int32_t q_zero, q_max;
   const uint8_t *q_source; /* B's float activations quantized once, same indexing as b (gemm_int8.c) */
+  int direct; /* a stride-1 convolution on the direct path (gemm_lowp.c): b the NCHW input, conv = (C H W KH KW PT PL OH OW) */
   void **buffers;           /* the segment's buffer table, for the epilogue */
   const int64_t *conv;      /* im2col geometry: C H W KH KW SH SW DH DW PT PL OH OW */
   int64_t mc, nc, kc;       /* cache blocking chosen by the autotuner (0: the defaults below) */

@@ -282,6 +282,61 @@ static void kiln_bf16_block(const kiln_gemm *g, const void *av, int64_t lda, con
 
 static int kiln_bf16_amx_on(void) { return kiln_bf16_mode == 2; }
 
-static const kiln_lowp_ops kiln_bf16_ops = {2, 32, kiln_bf16_rows, kiln_bf16_pack_b, kiln_bf16_block, NULL, kiln_bf16_amx_on};
+/* the direct convolution's channels-last copy: padded row ph of image bt in bf16 (padding 0) */
+static void kiln_bf16_nhwc_row(const kiln_gemm *g, int64_t bt, int64_t ph, int64_t cp, int64_t wp, void *to) {
+  const int64_t *q = g->conv;
+  const int64_t C = q[0], H = q[1], W = q[2], PT = q[5], PL = q[6], h = ph - PT;
+  uint16_t *dst = (uint16_t *)to;
+  memset(dst, 0, (size_t)(wp * cp) * sizeof(uint16_t));
+  if (h < 0 || h >= H) return;
+  const float *image = g->b + bt * g->b_bs;
+  KILN_SPAN(bt * g->b_bs + h * W, (C - 1) * H * W + W, g->b_size, "B (direct input)");
+  uint16_t line[W];
+  for (int64_t c = 0; c < C; ++c) {
+    kiln_bf16_convert(image + c * H * W + h * W, line, W);
+    uint16_t *column = dst + PL * cp + c;
+    for (int64_t w = 0; w < W; ++w) column[w * cp] = line[w];
+  }
+}
 
-static void kiln_gemm_bf16_run(const kiln_gemm *g) { kiln_lowp_run(g, &kiln_bf16_ops); }
+#ifdef KILN_X86
+__attribute__((target("amx-tile,amx-bf16"))) static void kiln_bf16_amx_taps(const kiln_gemm *g, const void *av, int64_t lda, const int64_t *offsets, int64_t taps, const void *bv, int64_t kc, void *cv, int64_t ldc) {
+  const uint16_t *a = (const uint16_t *)av, *b = (const uint16_t *)bv;
+  float *c = (float *)cv;
+  _tile_zero(0);
+  _tile_zero(1);
+  _tile_zero(2);
+  _tile_zero(3);
+  for (int64_t t = 0; t < taps; ++t) {
+    const uint16_t *at = a + offsets[t], *bt = b + t * kc * 32;
+    for (int64_t k0 = 0; k0 < kc; k0 += 32) {
+      _tile_loadd(6, bt + k0 * 32, 128);
+      _tile_loadd(7, bt + k0 * 32 + 32, 128);
+      _tile_loadd(4, at + k0, lda * 2);
+      _tile_loadd(5, at + 16 * lda + k0, lda * 2);
+      _tile_dpbf16ps(0, 4, 6);
+      _tile_dpbf16ps(1, 4, 7);
+      _tile_dpbf16ps(2, 5, 6);
+      _tile_dpbf16ps(3, 5, 7);
+    }
+  }
+  _tile_stored(0, c, ldc * 4);
+  _tile_stored(1, c + 16, ldc * 4);
+  _tile_stored(2, c + 16 * ldc, ldc * 4);
+  _tile_stored(3, c + 16 * ldc + 16, ldc * 4);
+}
+#define KILN_BF16_TAPS kiln_bf16_amx_taps
+#else
+#define KILN_BF16_TAPS NULL
+#endif
+
+static const kiln_lowp_ops kiln_bf16_ops = {2, 32, kiln_bf16_rows, kiln_bf16_pack_b, kiln_bf16_block, NULL,
+                                            kiln_bf16_amx_on, kiln_bf16_nhwc_row, KILN_BF16_TAPS, 0};
+
+static void kiln_gemm_bf16_run(const kiln_gemm *g) {
+  if (g->direct) {
+    kiln_lowp_direct(g, &kiln_bf16_ops);
+    return;
+  }
+  kiln_lowp_run(g, &kiln_bf16_ops);
+}

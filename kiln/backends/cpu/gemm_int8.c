@@ -251,7 +251,7 @@ static void kiln_int8_portable(const uint8_t *a, int64_t lda, const uint8_t *b, 
 static void kiln_int8_block(const kiln_gemm *g, const void *av, int64_t lda, const void *bv, int64_t kc, void *cv, int64_t ldc, int64_t rows, int accumulate) {
   const uint8_t *a = (const uint8_t *)av, *b = (const uint8_t *)bv;
   int32_t *c = (int32_t *)cv;
-  const int au = !g->q_rows; /* a MatMul: A holds the activations */
+  const int au = !g->q_rows || g->direct; /* a MatMul, or a direct convolution: A holds the activations */
   int mode = kiln_int8_mode;
   if (mode == 1 && g->q_max > 127) mode = 0; /* VPMADDUBSW would saturate 8-bit activations */
 #ifdef KILN_X86
@@ -311,7 +311,58 @@ static void kiln_int8_finish(const kiln_gemm *g, const void *cv, int64_t ldc, in
 
 static int kiln_int8_amx_on(void) { return kiln_int8_mode == 4; }
 
-static const kiln_lowp_ops kiln_int8_ops = {1, 64, kiln_int8_rows, kiln_int8_pack_b, kiln_int8_block, kiln_int8_finish, kiln_int8_amx_on};
+/* the direct convolution's channels-last copy: padded row ph of image bt, each pixel's channels
+   quantized (padding, spatial or channel: the zero point, i.e. x = 0) */
+static void kiln_int8_nhwc_row(const kiln_gemm *g, int64_t bt, int64_t ph, int64_t cp, int64_t wp, void *to) {
+  const int64_t *q = g->conv;
+  const int64_t C = q[0], H = q[1], W = q[2], PT = q[5], PL = q[6], h = ph - PT;
+  uint8_t *dst = (uint8_t *)to;
+  memset(dst, (int)g->q_zero, (size_t)(wp * cp));
+  if (h < 0 || h >= H) return;
+  const float *image = g->b + bt * g->b_bs;
+  KILN_SPAN(bt * g->b_bs + h * W, (C - 1) * H * W + W, g->b_size, "B (direct input)");
+  uint8_t line[W];
+  for (int64_t c = 0; c < C; ++c) {
+    kiln_int8_quantize(g, image + c * H * W + h * W, line, W);
+    uint8_t *column = dst + PL * cp + c;
+    for (int64_t w = 0; w < W; ++w) column[w * cp] = line[w];
+  }
+}
+
+#ifdef KILN_X86
+/* every tap of a direct convolution's 32 x 32 block, the sums held in the tiles throughout */
+__attribute__((target("amx-tile,amx-int8"))) static void kiln_int8_amx_taps(const kiln_gemm *g, const void *av, int64_t lda, const int64_t *offsets, int64_t taps, const void *bv, int64_t kc, void *cv, int64_t ldc) {
+  const uint8_t *a = (const uint8_t *)av, *b = (const uint8_t *)bv;
+  int32_t *c = (int32_t *)cv;
+  _tile_zero(0);
+  _tile_zero(1);
+  _tile_zero(2);
+  _tile_zero(3);
+  for (int64_t t = 0; t < taps; ++t) {
+    const uint8_t *at = a + offsets[t], *bt = b + t * kc * 32;
+    for (int64_t k0 = 0; k0 < kc; k0 += 64) {
+      _tile_loadd(6, bt + k0 * 32, 128);
+      _tile_loadd(7, bt + k0 * 32 + 64, 128);
+      _tile_loadd(4, at + k0, lda);
+      _tile_loadd(5, at + 16 * lda + k0, lda);
+      _tile_dpbusd(0, 4, 6);
+      _tile_dpbusd(1, 4, 7);
+      _tile_dpbusd(2, 5, 6);
+      _tile_dpbusd(3, 5, 7);
+    }
+  }
+  _tile_stored(0, c, ldc * 4);
+  _tile_stored(1, c + 16, ldc * 4);
+  _tile_stored(2, c + 16 * ldc, ldc * 4);
+  _tile_stored(3, c + 16 * ldc + 16, ldc * 4);
+}
+#define KILN_INT8_TAPS kiln_int8_amx_taps
+#else
+#define KILN_INT8_TAPS NULL
+#endif
+
+static const kiln_lowp_ops kiln_int8_ops = {1, 64, kiln_int8_rows, kiln_int8_pack_b, kiln_int8_block, kiln_int8_finish,
+                                            kiln_int8_amx_on, kiln_int8_nhwc_row, KILN_INT8_TAPS, 1};
 
 /* the quantize-once prologue: B's float activations [lo, hi) of a chunked range */
 enum { KILN_INT8_QCHUNK = 16384 };
@@ -324,6 +375,10 @@ static void kiln_int8_quantize_chunks(void *ctx, int64_t lo, int64_t hi, int wor
 }
 
 static void kiln_gemm_int8_run(const kiln_gemm *g) {
+  if (g->direct) {
+    kiln_lowp_direct(g, &kiln_int8_ops);
+    return;
+  }
   if (g->b_low) {
     kiln_lowp_run(g, &kiln_int8_ops);
     return;

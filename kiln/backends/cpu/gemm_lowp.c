@@ -29,6 +29,12 @@ typedef struct {
      first element is C[i0][j0]; NULL: the sums already are the float32 results */
   void (*finish)(const kiln_gemm *g, const void *c, int64_t ldc, int64_t rows, int64_t cols, int64_t i0, int64_t j0, float *out, int64_t ldo);
   int (*uses_amx)(void);
+  /* the direct convolution: padded row ph of image bt's channels-last copy (Wp pixels x cp
+     channels) at dst; and, where the path has one, a block over every tap at once (else `block`
+     tap by tap) */
+  void (*nhwc_row)(const kiln_gemm *g, int64_t bt, int64_t ph, int64_t cp, int64_t wp, void *dst);
+  void (*block_taps)(const kiln_gemm *g, const void *a, int64_t lda, const int64_t *offsets, int64_t taps, const void *b, int64_t kc, void *c, int64_t ldc);
+  int int32_sums; /* the blocks hold int32 sums that the finish scales (int8), else float results */
 } kiln_lowp_ops;
 
 #define KILN_LOWP_CHUNK 8 /* B panels per shared-packing call (im2col rows are built 8 panels wide) */
@@ -203,4 +209,129 @@ static void kiln_lowp_run(const kiln_gemm *g, const kiln_lowp_ops *ops) {
     }
   }
   kiln_parallel_for(0, tasks, 1, workers, kiln_lowp_tasks, &plan);
+}
+
+
+/* -- the direct convolution (stride 1): no im2col ----------------------------------------------
+
+   The input, converted once into a padded channels-last copy P[Hp][Wp][cp] (Wp = OW + KW - 1,
+   channels padded to the k unit), makes every output pixel's taps plain rows of P: output (oh, ow)
+   at tap (kh, kw) reads P[oh + kh][ow + kw][:]. Over "virtual" pixels v = oh * Wp + ow (the KW - 1
+   columns past OW computed and dropped), tap t's A rows start at P + (v + kh * Wp + kw) * cp with
+   one stride, cp: the product is A (virtual pixels x (tap, channel)) . B (the weights as B panels,
+   packed by the lowering in that k order), one 32 x 32 block of (pixels, output channels) at a
+   time, written transposed into the NCHW output, then the epilogue on each run of real pixels. */
+
+typedef struct {
+  const kiln_gemm *g;
+  const kiln_lowp_ops *ops;
+  int64_t C, H, W, KH, KW, PT, PL, OH, OW, cp, wp, hp, kp, virtual_px, image_bytes, mc, nc, tiles_m, tiles_n;
+  char *P;
+  int64_t offsets[64]; /* per tap, in elements of P */
+} kiln_direct_plan;
+
+static void kiln_direct_rows(void *ctx, int64_t lo, int64_t hi, int worker) {
+  const kiln_direct_plan *p = (const kiln_direct_plan *)ctx;
+  for (int64_t i = lo; i < hi; ++i) {
+    const int64_t bt = i / p->hp, ph = i % p->hp;
+    p->ops->nhwc_row(p->g, bt, ph, p->cp, p->wp, p->P + bt * p->image_bytes + ph * p->wp * p->cp * p->ops->esize);
+  }
+}
+
+static void kiln_direct_tasks(void *ctx, int64_t lo, int64_t hi, int worker) {
+  const kiln_direct_plan *p = (const kiln_direct_plan *)ctx;
+  const kiln_gemm *g = p->g;
+  const kiln_lowp_ops *ops = p->ops;
+  const int64_t es = ops->esize, taps = p->KH * p->KW, pixels = p->OH * p->OW, OC = g->M;
+  float block[32 * 32] __attribute__((aligned(64)));
+  const int amx = ops->uses_amx();
+#ifdef KILN_X86
+  if (amx) kiln_amx_configure();
+#endif
+  for (int64_t task = lo; task < hi; ++task) {
+    const int64_t bt = task / (p->tiles_m * p->tiles_n), rest = task % (p->tiles_m * p->tiles_n);
+    const int64_t v0 = (rest / p->tiles_n) * p->mc, o0 = (rest % p->tiles_n) * p->nc;
+    const int64_t vlen = p->virtual_px - v0 < p->mc ? p->virtual_px - v0 : p->mc;
+    const int64_t olen = OC - o0 < p->nc ? OC - o0 : p->nc;
+    const char *image = p->P + bt * p->image_bytes;
+    float *out = g->c + bt * g->c_bs;
+    for (int64_t jr = 0; jr < olen; jr += 32) {
+      const int64_t cols = olen - jr < 32 ? olen - jr : 32, oc0 = o0 + jr;
+      const char *panel = (const char *)g->a_low + es * KILN_SPAN((oc0 / 32) * p->kp * 32, p->kp * 32, g->a_packed_size, "weights (direct)");
+      for (int64_t ir = 0; ir < vlen; ir += 32) {
+        const int64_t v = v0 + ir;
+        const char *rows = image + v * p->cp * es;
+        if (ops->block_taps && amx) {
+          ops->block_taps(g, rows, p->cp, p->offsets, taps, panel, p->cp, block, 32);
+        } else {
+          for (int64_t t = 0; t < taps; ++t)
+            ops->block(g, rows + p->offsets[t] * es, p->cp, panel + t * p->cp * 32 * es, p->cp, block, 32, 32, t > 0);
+        }
+        /* the block's real pixels, transposed into NCHW, then the epilogue run by run */
+        const int64_t last = v + 32 < p->virtual_px ? v + 32 : p->virtual_px;
+        int64_t r = 0;
+        while (v + r < last) {
+          const int64_t oh = (v + r) / p->wp, ow = (v + r) % p->wp;
+          if (ow >= p->OW) { /* a dropped column */
+            ++r;
+            continue;
+          }
+          int64_t run = p->OW - ow < last - (v + r) ? p->OW - ow : last - (v + r);
+          const int64_t j0 = oh * p->OW + ow;
+          KILN_SPAN(bt * g->c_bs + oc0 * pixels + j0, (cols - 1) * pixels + run, g->c_size, "C (direct)");
+          for (int64_t j = 0; j < cols; ++j) {
+            float *dst = out + (oc0 + j) * pixels + j0;
+            if (ops->int32_sums) {
+              const int32_t *sums = (const int32_t *)block;
+              const float scale = g->q_scale[oc0 + j];
+              const int32_t offset = g->q_offset[oc0 + j];
+              for (int64_t t = 0; t < run; ++t) dst[t] = (float)(sums[(r + t) * 32 + j] + offset) * scale;
+            } else {
+              for (int64_t t = 0; t < run; ++t) dst[t] = block[(r + t) * 32 + j];
+            }
+          }
+          if (g->epilogue) g->epilogue(g, bt, oc0, oc0 + cols, j0, j0 + run);
+          r += run;
+        }
+      }
+    }
+  }
+#ifdef KILN_X86
+  if (amx) kiln_amx_release();
+#endif
+}
+
+static void kiln_lowp_direct(const kiln_gemm *g, const kiln_lowp_ops *ops) {
+  const int64_t *q = g->conv;
+  kiln_direct_plan plan;
+  memset(&plan, 0, sizeof plan);
+  plan.g = g;
+  plan.ops = ops;
+  plan.C = q[0], plan.H = q[1], plan.W = q[2], plan.KH = q[3], plan.KW = q[4], plan.PT = q[5], plan.PL = q[6], plan.OH = q[7], plan.OW = q[8];
+  plan.cp = kiln_round_up(plan.C, ops->kunit);
+  plan.wp = plan.OW + plan.KW - 1;
+  plan.virtual_px = plan.OH * plan.wp;
+  plan.kp = plan.KH * plan.KW * plan.cp;
+  /* rows: every padded input row, and enough slack that the last block's dropped pixels read inside */
+  plan.hp = plan.OH + plan.KH - 1 + (32 + plan.KW + plan.wp - 1) / plan.wp + 1;
+  plan.image_bytes = plan.hp * plan.wp * plan.cp * ops->esize;
+  for (int64_t kh = 0; kh < plan.KH; ++kh)
+    for (int64_t kw = 0; kw < plan.KW; ++kw) plan.offsets[kh * plan.KW + kw] = (kh * plan.wp + kw) * plan.cp;
+  int threads = kiln_pool_threads();
+  if (kiln_in_pool()) threads = 1;
+  static _Thread_local float *images;
+  static _Thread_local int64_t have;
+  plan.P = (char *)kiln_scratch(&images, &have, (g->batch * plan.image_bytes + 3) / 4);
+  if (!plan.P) return; /* out of memory */
+  const int workers = g->M * g->N * g->K * g->batch >= 65536 ? 0 : 1;
+  kiln_parallel_for(0, g->batch * plan.hp, 4, workers, kiln_direct_rows, &plan);
+  int64_t mc = kiln_round_up(plan.virtual_px < 256 ? plan.virtual_px : 256, 32);
+  int64_t nc = kiln_round_up(g->M < 256 ? g->M : 256, 32);
+  int64_t tiles_m = (plan.virtual_px + mc - 1) / mc, tiles_n = (g->M + nc - 1) / nc;
+  while (threads > 1 && g->batch * tiles_m * tiles_n < 4 * threads && mc > 32) {
+    mc = kiln_round_up(mc / 2, 32);
+    tiles_m = (plan.virtual_px + mc - 1) / mc;
+  }
+  plan.mc = mc, plan.nc = nc, plan.tiles_m = tiles_m, plan.tiles_n = tiles_n;
+  kiln_parallel_for(0, g->batch * tiles_m * tiles_n, 1, workers, kiln_direct_tasks, &plan);
 }
