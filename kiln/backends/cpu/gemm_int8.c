@@ -32,10 +32,34 @@ int kiln_set_int8(int mode) {
   return kiln_int8_mode;
 }
 
+#ifdef KILN_X86
+/* 16 floats at a time on zmm (a row of 7..56 pixels is too short for what GCC makes of the loop
+   below: a vector of 64 bytes, so it ran scalar); the tail masked */
+__attribute__((target("avx512f"))) static void kiln_int8_quantize_avx512(const kiln_gemm *g, const float *src, uint8_t *dst, int64_t n) {
+  const __m512 inv = _mm512_set1_ps(g->q_inv), zero = _mm512_set1_ps((float)g->q_zero);
+  const __m512 low = _mm512_setzero_ps(), top = _mm512_set1_ps((float)g->q_max);
+  for (int64_t i = 0; i < n; i += 16) {
+    const __mmask16 m = n - i >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - i)) - 1u);
+    __m512 v = _mm512_roundscale_ps(_mm512_mul_ps(_mm512_maskz_loadu_ps(m, src + i), inv), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    v = _mm512_min_ps(_mm512_max_ps(_mm512_add_ps(v, zero), low), top); /* (max(NaN, 0) is 0: the second operand) */
+    _mm512_mask_cvtusepi32_storeu_epi8(dst + i, m, _mm512_cvttps_epi32(v));
+  }
+}
+#endif
+
 /* n floats quantized to unsigned activations (NaN -> 0) */
-static void kiln_int8_quantize(const kiln_gemm *g, const float *src, uint8_t *dst, int64_t n) {
+static void kiln_int8_quantize(const kiln_gemm *g, const float *restrict src, uint8_t *restrict dst, int64_t n) {
+#ifdef KILN_X86
+  static int wide = -1;
+  if (wide < 0) wide = __builtin_cpu_supports("avx512f");
+  if (wide) {
+    kiln_int8_quantize_avx512(g, src, dst, n);
+    return;
+  }
+#endif
   const float inv = g->q_inv, zero = (float)g->q_zero, top = (float)g->q_max;
-  for (int64_t i = 0; i < n; ++i) {
+#pragma GCC ivdep
+  for (int64_t i = 0; i < n; ++i) { /* (restrict, ivdep: a byte store may alias anything for GCC) */
     float v = __builtin_nearbyintf(src[i] * inv) + zero;
     v = v > 0.0f ? v : 0.0f;
     v = v < top ? v : top;
@@ -311,8 +335,38 @@ static void kiln_int8_finish(const kiln_gemm *g, const void *cv, int64_t ldc, in
 
 static int kiln_int8_amx_on(void) { return kiln_int8_mode == 4; }
 
+#ifdef KILN_X86
+/* a 16 x 16 block of bytes transposed (rows of src become columns of dst): four rounds of
+   interleaves (bytes, 16-bit, 32-bit, 64-bit units) */
+__attribute__((target("sse2"))) static void kiln_transpose16_u8(const uint8_t *src, int64_t sstride, uint8_t *dst, int64_t dstride) {
+  __m128i r[16], t[16], u[16];
+  for (int i = 0; i < 16; ++i) r[i] = _mm_loadu_si128((const __m128i *)(src + i * sstride));
+  for (int k = 0; k < 8; ++k) { /* t[k]: pixels 0-7, t[k + 8]: 8-15, channel pairs (2k, 2k+1) */
+    t[k] = _mm_unpacklo_epi8(r[2 * k], r[2 * k + 1]);
+    t[k + 8] = _mm_unpackhi_epi8(r[2 * k], r[2 * k + 1]);
+  }
+  for (int half = 0; half < 2; ++half) /* u[8h + 2q]: pixels 8h..8h+3, channels 4q..4q+3; u[8h+2q+1]: pixels +4 */
+    for (int q = 0; q < 4; ++q) {
+      u[8 * half + 2 * q] = _mm_unpacklo_epi16(t[8 * half + 2 * q], t[8 * half + 2 * q + 1]);
+      u[8 * half + 2 * q + 1] = _mm_unpackhi_epi16(t[8 * half + 2 * q], t[8 * half + 2 * q + 1]);
+    }
+  for (int group = 0; group < 4; ++group) { /* pixels 4 * group .. + 3 */
+    const int base = 8 * (group / 2) + group % 2;
+    const __m128i a = u[base], b = u[base + 2], c = u[base + 4], d = u[base + 6];
+    const __m128i x0 = _mm_unpacklo_epi32(a, b), x1 = _mm_unpackhi_epi32(a, b);
+    const __m128i y0 = _mm_unpacklo_epi32(c, d), y1 = _mm_unpackhi_epi32(c, d);
+    uint8_t *o = dst + 4 * group * dstride;
+    _mm_storeu_si128((__m128i *)o, _mm_unpacklo_epi64(x0, y0));
+    _mm_storeu_si128((__m128i *)(o + dstride), _mm_unpackhi_epi64(x0, y0));
+    _mm_storeu_si128((__m128i *)(o + 2 * dstride), _mm_unpacklo_epi64(x1, y1));
+    _mm_storeu_si128((__m128i *)(o + 3 * dstride), _mm_unpackhi_epi64(x1, y1));
+  }
+}
+#endif
+
 /* the direct convolution's channels-last copy: padded row ph of image bt, each pixel's channels
-   quantized (padding, spatial or channel: the zero point, i.e. x = 0) */
+   quantized (padding, spatial or channel: the zero point, i.e. x = 0); channel lines quantized
+   first, then transposed 16 x 16 bytes at a time */
 static void kiln_int8_nhwc_row(const kiln_gemm *g, int64_t bt, int64_t ph, int64_t cp, int64_t wp, void *to) {
   const int64_t *q = g->conv;
   const int64_t C = q[0], H = q[1], W = q[2], PT = q[5], PL = q[6], h = ph - PT;
@@ -321,12 +375,20 @@ static void kiln_int8_nhwc_row(const kiln_gemm *g, int64_t bt, int64_t ph, int64
   if (h < 0 || h >= H) return;
   const float *image = g->b + bt * g->b_bs;
   KILN_SPAN(bt * g->b_bs + h * W, (C - 1) * H * W + W, g->b_size, "B (direct input)");
-  uint8_t line[W];
-  for (int64_t c = 0; c < C; ++c) {
-    kiln_int8_quantize(g, image + c * H * W + h * W, line, W);
-    uint8_t *column = dst + PL * cp + c;
-    for (int64_t w = 0; w < W; ++w) column[w * cp] = line[w];
-  }
+  static _Thread_local float *l_buf;
+  static _Thread_local int64_t l_have;
+  uint8_t *lines = (uint8_t *)kiln_scratch(&l_buf, &l_have, (C * W + 3) / 4);
+  if (!lines) return;
+  for (int64_t c = 0; c < C; ++c) kiln_int8_quantize(g, image + c * H * W + h * W, lines + c * W, W);
+  uint8_t *first = dst + PL * cp;
+  int64_t c0 = 0, w0 = 0;
+#ifdef KILN_X86
+  for (c0 = 0; c0 + 16 <= C; c0 += 16)
+    for (w0 = 0; w0 + 16 <= W; w0 += 16) kiln_transpose16_u8(lines + c0 * W + w0, W, first + w0 * cp + c0, cp);
+  w0 = W - W % 16;
+#endif
+  for (int64_t c = 0; c < C; ++c) /* what the blocks left: the last channels, the last pixels */
+    for (int64_t w = c < c0 ? w0 : 0; w < W; ++w) first[w * cp + c] = lines[c * W + w];
 }
 
 #ifdef KILN_X86

@@ -222,6 +222,57 @@ static void kiln_lowp_run(const kiln_gemm *g, const kiln_lowp_ops *ops) {
    packed by the lowering in that k order), one 32 x 32 block of (pixels, output channels) at a
    time, written transposed into the NCHW output, then the epilogue on each run of real pixels. */
 
+#ifdef KILN_X86
+/* a 16 x 16 float block transposed (src rows, stride ss, become dst rows, stride ds) */
+__attribute__((target("avx512f"))) static void kiln_transpose16_f32(const float *src, int64_t ss, float *dst, int64_t ds) {
+  __m512 r[16], t[16];
+  for (int i = 0; i < 16; ++i) r[i] = _mm512_loadu_ps(src + i * ss);
+  for (int i = 0; i < 8; ++i) { /* 32-bit pairs */
+    t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+  }
+  for (int i = 0; i < 4; ++i) { /* 64-bit pairs */
+    r[4 * i] = (__m512)_mm512_unpacklo_pd((__m512d)t[4 * i], (__m512d)t[4 * i + 2]);
+    r[4 * i + 1] = (__m512)_mm512_unpackhi_pd((__m512d)t[4 * i], (__m512d)t[4 * i + 2]);
+    r[4 * i + 2] = (__m512)_mm512_unpacklo_pd((__m512d)t[4 * i + 1], (__m512d)t[4 * i + 3]);
+    r[4 * i + 3] = (__m512)_mm512_unpackhi_pd((__m512d)t[4 * i + 1], (__m512d)t[4 * i + 3]);
+  }
+  for (int i = 0; i < 2; ++i) /* 128-bit lanes */
+    for (int j = 0; j < 4; ++j) {
+      t[8 * i + j] = _mm512_shuffle_f32x4(r[8 * i + j], r[8 * i + 4 + j], 0x88);
+      t[8 * i + 4 + j] = _mm512_shuffle_f32x4(r[8 * i + j], r[8 * i + 4 + j], 0xdd);
+    }
+  for (int j = 0; j < 8; ++j) { /* 256-bit halves */
+    r[j] = _mm512_shuffle_f32x4(t[j], t[8 + j], 0x88);
+    r[8 + j] = _mm512_shuffle_f32x4(t[j], t[8 + j], 0xdd);
+  }
+  for (int i = 0; i < 16; ++i) _mm512_storeu_ps(dst + i * ds, r[i]);
+}
+#endif
+
+/* a finished 32 x 32 block of (pixels, output channels) as (output channels, pixels) floats */
+static void kiln_direct_transpose(const kiln_gemm *g, const kiln_lowp_ops *ops, float *block, int64_t oc0, int64_t cols, float *out) {
+  if (ops->int32_sums) { /* scale in place, row by row (a row: 32 output channels) */
+    int32_t *sums = (int32_t *)block;
+    float scale[32], offset[32];
+    for (int j = 0; j < 32; ++j) {
+      scale[j] = j < cols ? g->q_scale[oc0 + j] : 0.0f;
+      offset[j] = j < cols ? (float)g->q_offset[oc0 + j] : 0.0f;
+    }
+    for (int r = 0; r < 32; ++r)
+      for (int j = 0; j < 32; ++j) block[r * 32 + j] = ((float)sums[r * 32 + j] + offset[j]) * scale[j];
+  }
+#ifdef KILN_X86
+  if (__builtin_cpu_supports("avx512f")) {
+    for (int i = 0; i < 2; ++i)
+      for (int j = 0; j < 2; ++j) kiln_transpose16_f32(block + 16 * i * 32 + 16 * j, 32, out + 16 * j * 32 + 16 * i, 32);
+    return;
+  }
+#endif
+  for (int r = 0; r < 32; ++r)
+    for (int j = 0; j < 32; ++j) out[j * 32 + r] = block[r * 32 + j];
+}
+
 typedef struct {
   const kiln_gemm *g;
   const kiln_lowp_ops *ops;
@@ -243,7 +294,7 @@ static void kiln_direct_tasks(void *ctx, int64_t lo, int64_t hi, int worker) {
   const kiln_gemm *g = p->g;
   const kiln_lowp_ops *ops = p->ops;
   const int64_t es = ops->esize, taps = p->KH * p->KW, pixels = p->OH * p->OW, OC = g->M;
-  float block[32 * 32] __attribute__((aligned(64)));
+  float block[32 * 32] __attribute__((aligned(64))), turned[32 * 32] __attribute__((aligned(64)));
   const int amx = ops->uses_amx();
 #ifdef KILN_X86
   if (amx) kiln_amx_configure();
@@ -268,6 +319,7 @@ static void kiln_direct_tasks(void *ctx, int64_t lo, int64_t hi, int worker) {
             ops->block(g, rows + p->offsets[t] * es, p->cp, panel + t * p->cp * 32 * es, p->cp, block, 32, 32, t > 0);
         }
         /* the block's real pixels, transposed into NCHW, then the epilogue run by run */
+        kiln_direct_transpose(g, ops, block, oc0, cols, turned);
         const int64_t last = v + 32 < p->virtual_px ? v + 32 : p->virtual_px;
         int64_t r = 0;
         while (v + r < last) {
@@ -279,17 +331,8 @@ static void kiln_direct_tasks(void *ctx, int64_t lo, int64_t hi, int worker) {
           int64_t run = p->OW - ow < last - (v + r) ? p->OW - ow : last - (v + r);
           const int64_t j0 = oh * p->OW + ow;
           KILN_SPAN(bt * g->c_bs + oc0 * pixels + j0, (cols - 1) * pixels + run, g->c_size, "C (direct)");
-          for (int64_t j = 0; j < cols; ++j) {
-            float *dst = out + (oc0 + j) * pixels + j0;
-            if (ops->int32_sums) {
-              const int32_t *sums = (const int32_t *)block;
-              const float scale = g->q_scale[oc0 + j];
-              const int32_t offset = g->q_offset[oc0 + j];
-              for (int64_t t = 0; t < run; ++t) dst[t] = (float)(sums[(r + t) * 32 + j] + offset) * scale;
-            } else {
-              for (int64_t t = 0; t < run; ++t) dst[t] = block[(r + t) * 32 + j];
-            }
-          }
+          for (int64_t j = 0; j < cols; ++j)
+            memcpy(out + (oc0 + j) * pixels + j0, turned + j * 32 + r, (size_t)run * sizeof(float));
           if (g->epilogue) g->epilogue(g, bt, oc0, oc0 + cols, j0, j0 + run);
           r += run;
         }
