@@ -192,7 +192,10 @@ def _attention_driver(lw: Lowerer, node: Node, compose, batch_shape, sizes, buff
     for buffer, (outer, outer_stride, inner, inner_stride, row_stride, col_stride) in zip(buffers, views):
         assert outer * inner == batch, (views, batch)
         operands.append(AttentionOperand(buffer, inner, outer_stride, inner_stride, row_stride, col_stride))
-    call = AttentionSpec(batch, queries, keys, depth, width, *operands, scores, threads, helper, safe)
+    # bf16 compiles take the products of attention to the bf16 path too (the avx512 targets'
+    # 32-column panels; softmax and the chain stay float32); int8 compiles keep them float32
+    precision = "bf16" if lw.precision == "bf16" and lw.target.gemm_cols == 32 else "fp32"
+    call = AttentionSpec(batch, queries, keys, depth, width, *operands, scores, threads, helper, safe, precision)
     return Kernel(
         name,
         "attention",

@@ -450,6 +450,7 @@ class AttentionSpec:
     threads: int
     epilogue: Function | None = None
     safe: bool = False  # a row whose softmax is NaN (all scores -inf: fully masked) gives zeros
+    precision: str = "fp32"  # "bf16": Q . K^T and P . V on the engine's bf16 path (softmax in float32)
 
 
 EngineCall = GemmSpec | WinogradInput | WinogradOutput | AttentionSpec
@@ -587,7 +588,7 @@ def kernel_precision(kernel: Kernel) -> str:
 
     def find(body: list[Stmt]) -> None:
         for stmt in body:
-            if isinstance(stmt, GemmSpec) and stmt.precision != "fp32":
+            if isinstance(stmt, (GemmSpec, AttentionSpec)) and stmt.precision != "fp32":
                 found.append(stmt.precision)
             elif isinstance(stmt, (For, If)):
                 find(stmt.body)

@@ -12,6 +12,7 @@ import kiln
 from kiln.backends.cpu import CpuBackend, features, host
 from kiln.driver.options import CompileOptions
 from kiln.errors import KilnError
+from kiln.lower.kir import kernel_precision
 from tests.helpers import FLOAT, make_model
 
 RNG = np.random.default_rng(11)
@@ -214,3 +215,21 @@ def test_the_bf16_packings_put_each_k_pair_together_and_pad_with_zeros():
     rows = pack_rows_bf16(a)
     assert rows.shape == (2, 64, 32) and rows[1, 32, 6] == rounded(a).view(np.uint32)[1, 32, 6] >> 16
     assert not rows[:, 33:].any() and not rows[:, :, 7:].any()
+
+
+@needs_bf16
+@pytest.mark.parametrize("path", PATHS)
+def test_bf16_attention_runs_its_products_in_bf16_and_stays_close_to_fp32(path, monkeypatch):
+    from kiln.ops.interpreter import Interpreter
+    from tests.passes.test_fuse import attention
+
+    graph = attention(queries=40, keys=40, depth=64, mask_shape="1,1,40,40")
+    feeds = [RNG.standard_normal(tuple(int(d) for d in v.type.shape)).astype(np.float32) for v in graph.inputs]
+    want = Interpreter(graph).run(feeds)[0]
+    monkeypatch.setenv("KILN_BF16_PATH", path)
+    compiled = kiln.compile(graph, precision="bf16", options=CompileOptions(plan_cache=False))
+    kernels = [k for step in compiled.plans[-1].steps for k in getattr(step, "kernels", [])]
+    assert [(k.kind, kernel_precision(k)) for k in kernels] == [("attention", "bf16")]
+    got = compiled.run(dict(zip([v.name for v in graph.inputs], feeds)))["o"]
+    error = np.linalg.norm(got - want) / np.linalg.norm(want)
+    assert 1e-5 < error < 2e-2  # bf16 operands (not fp32), softmax in float32

@@ -24,6 +24,7 @@ typedef struct {
   kiln_view qv, kv, vv, ov;
   const kiln_gemm *ctx;
   int safe;
+  void (*product)(const kiln_gemm *); /* the engine's float path, or its bf16 path (gemm_bf16.c) */
 } kiln_attention_job;
 
 /* slices [lo, hi) on participant `worker`, whose scores block is scratch[worker] */
@@ -43,7 +44,7 @@ static void kiln_attention_slices(void *job_ptr, int64_t lo, int64_t hi, int wor
     g.b = kt + ko; g.b_rs = kv.rs; g.b_cs = kv.cs; g.b_size = kv.size - ko;
     g.pack_b = kv.rs == 1 && kv.cs != 1 ? kiln_pack_b_columns : kiln_pack_b_strided;
     g.c = s; g.ldc = LK; g.c_size = LQ * LK;
-    kiln_gemm_run(&g);
+    job->product(&g);
     if (ctx && ctx->epilogue) { /* the chain reads the scores block through g->c (see the helper) */
       kiln_gemm e = *ctx;
       e.c = s;
@@ -75,7 +76,7 @@ static void kiln_attention_slices(void *job_ptr, int64_t lo, int64_t hi, int wor
     h.b = v + vo; h.b_rs = vv.rs; h.b_cs = vv.cs; h.b_size = vv.size - vo;
     h.pack_b = vv.rs == 1 && vv.cs != 1 ? kiln_pack_b_columns : kiln_pack_b_strided;
     h.c = out + oo; h.ldc = ov.rs; h.c_size = ov.size - oo;
-    kiln_gemm_run(&h);
+    job->product(&h);
   }
 }
 
@@ -84,11 +85,12 @@ static void kiln_attention(int64_t BH, int64_t LQ, int64_t LK, int64_t D, int64_
                            const float *kt, int64_t k_size, int64_t k_n1, int64_t k_s0, int64_t k_s1, int64_t k_rs, int64_t k_cs,
                            const float *v, int64_t v_size, int64_t v_n1, int64_t v_s0, int64_t v_s1, int64_t v_rs, int64_t v_cs,
                            float *out, int64_t o_size, int64_t o_n1, int64_t o_s0, int64_t o_s1, int64_t o_rs, int64_t o_cs,
-                           float *scratch, int64_t threads, int safe, const kiln_gemm *ctx) {
+                           float *scratch, int64_t threads, int safe, const kiln_gemm *ctx,
+                           void (*product)(const kiln_gemm *)) {
   (void)o_cs; /* 1: the fusion pass folds only output layouts with contiguous rows */
   kiln_attention_job job = {LQ, LK, D, DV, q, kt, v, out, scratch,
                             {q_size, q_n1, q_s0, q_s1, q_rs, q_cs}, {k_size, k_n1, k_s0, k_s1, k_rs, k_cs},
-                            {v_size, v_n1, v_s0, v_s1, v_rs, v_cs}, {o_size, o_n1, o_s0, o_s1, o_rs, o_cs}, ctx, safe};
+                            {v_size, v_n1, v_s0, v_s1, v_rs, v_cs}, {o_size, o_n1, o_s0, o_s1, o_rs, o_cs}, ctx, safe, product};
   /* at most `threads` participants: the scratch holds that many scores blocks */
   kiln_parallel_for(0, BH, 1, (int)threads, kiln_attention_slices, &job);
 }

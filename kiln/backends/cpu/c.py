@@ -449,7 +449,7 @@ def _narrow_products(body: Sequence[Stmt]) -> set[str]:
     """The reduced-precision paths (``bf16``, ``int8``) ``body``'s engine calls use."""
     found: set[str] = set()
     for s in body:
-        if isinstance(s, GemmSpec) and s.precision != "fp32":
+        if isinstance(s, (GemmSpec, AttentionSpec)) and s.precision != "fp32":
             found.add(s.precision)
         elif isinstance(s, (For, If)):
             found |= _narrow_products(s.body)
@@ -514,6 +514,7 @@ def engine_call(stmt: EngineCall, indent: str) -> list[str]:
             args += [operand.buffer.name, operand.buffer.size, operand.inner, operand.outer_stride,
                      operand.inner_stride, operand.row_stride, operand.col_stride]  # fmt: skip
         args += [stmt.scores.name, stmt.threads, int(stmt.safe), "&g"]
+        args.append("kiln_gemm_bf16_run" if stmt.precision == "bf16" else "kiln_gemm_run")
         lines.append(f"{indent}  kiln_attention({', '.join(str(a) for a in args)});")
     lines.append(f"{indent}}}")
     return lines
