@@ -497,8 +497,61 @@ def lower_quantize(lw: Lowerer, node: Node) -> list[Kernel]:
     ]
 
 
+def lower_dynamic_quantize(lw: Lowerer, node: Node) -> list[Kernel]:
+    """DynamicQuantizeLinear as ONNX's reference computes it, in float32: the range [min(0, min x),
+    max(0, max x)], scale = (max - min) / 255 (1 when the range is empty), zero point =
+    round(clamp(-min / scale, 0, 255)), y = clamp(round(x / scale) + zero point, 0, 255), rounding
+    half to even. One serial kernel (a reduction, then the quantization); a NaN quantizes to 0
+    (C's cast of NaN to an integer is undefined)."""
+    x = node.inputs[0]
+    assert x is not None
+    if x.type.dtype is not DType.FLOAT32:  # type: ignore[union-attr]
+        raise CannotLower("DynamicQuantizeLinear of non-float32")
+    y, scale_out, zero_out = node.outputs
+    f32, u8 = DType.FLOAT32, DType.UINT8
+    src, dst, scale_buf, zero_buf = lw.buffer(x), lw.buffer(y), lw.buffer(scale_out), lw.buffer(zero_out)
+    high, low, scale, zero = (lw.scalar(f32, hint) for hint in ("high", "low", "scale", "zero"))
+    i, j = lw.index("i"), lw.index("j")
+
+    def clamp(value: Expr) -> Expr:
+        finite = Select(Binary("==", value, value), value, Const(0.0, f32))
+        return Select(
+            Binary("<", finite, Const(0.0, f32)),
+            Const(0.0, f32),
+            Select(Binary(">", finite, Const(255.0, f32)), Const(255.0, f32), finite),
+        )
+
+    element = Load(src, i)
+    stmts: list[Stmt] = [
+        Let(high, Const(0.0, f32)),
+        Let(low, Const(0.0, f32)),
+        For(
+            i,
+            src.size,
+            [
+                Assign(high, Select(Binary(">", element, high), element, high)),
+                Assign(low, Select(Binary("<", element, low), element, low)),
+            ],
+        ),
+        Let(
+            scale,
+            Binary("/", Select(Binary("==", high, low), Const(1.0, f32), Binary("-", high, low)), Const(255.0, f32)),
+        ),
+        Let(zero, Unary("round_even", clamp(Binary("-", Const(0.0, f32), Binary("/", low, scale))))),
+        For(
+            j,
+            src.size,
+            [Store(dst, j, Cast(u8, clamp(Binary("+", Unary("round_even", Binary("/", Load(src, j), scale)), zero))))],
+        ),
+        Store(scale_buf, i64(0), scale),
+        Store(zero_buf, i64(0), Cast(u8, zero)),
+    ]
+    return [lw.kernel(node, "quantize", stmts, [x], [y, scale_out, zero_out], Schedule())]
+
+
 LOWERINGS.update(
     {
+        "DynamicQuantizeLinear": lower_dynamic_quantize,
         "LpNormalization": lower_lp_normalization,
         "BatchNormalization": lower_batch_norm,
         "QuantizeLinear": lower_quantize,

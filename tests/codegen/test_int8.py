@@ -325,3 +325,20 @@ def onnx_uint8():
     from onnx import TensorProto
 
     return TensorProto.UINT8
+
+
+@pytest.mark.parametrize("scale", [1.0, 1e-3, 50.0])
+def test_dynamic_quantize_linear_runs_natively_and_matches_the_reference_exactly(scale):
+    from onnx import TensorProto
+
+    x = (RNG.standard_normal((3, 50)) * scale).astype(np.float32)
+    x[0, :5] = [0.0, -0.0, scale * 0.5, np.float32(2.5) * scale, -scale]
+    node = helper.make_node("DynamicQuantizeLinear", ["x"], ["y", "s", "z"])
+    outputs = [("y", TensorProto.UINT8, None), ("s", FLOAT, None), ("z", TensorProto.UINT8, None)]
+    model = make_model([node], [("x", FLOAT, [3, 50])], outputs, opset=20)
+    compiled = kiln.compile(model)
+    got = compiled.run({"x": x})
+    assert compiled.is_native
+    want = kiln.compile(model, target="reference").run({"x": x})
+    for name in ("y", "s", "z"):
+        np.testing.assert_array_equal(got[name], want[name])
