@@ -13,7 +13,7 @@ from rich.table import Table
 
 from kiln.cli_bench import bench
 from kiln.cli_inspect import check, diff_command, explain
-from kiln.cli_support import configure_logging, console, dim_bindings, import_bound, out
+from kiln.cli_support import configure_logging, console, dim_bindings, import_bound, out, precision_option
 from kiln.errors import KilnError
 from kiln.version import __version__
 
@@ -331,16 +331,7 @@ def zoo_arch(names: tuple[str, ...], target: str, tolerance: float, as_json: boo
     help="cpu: this machine's best ISA (-march=native); cpu:avx512, cpu:avx2, cpu:generic: code for any CPU "
     "with that ISA (an AVX2 artifact built on an AVX-512 server); `kiln targets` lists every target.",
 )
-@click.option(
-    "--precision",
-    type=click.Choice(["fp32", "bf16", "int8", "auto"]),
-    default="fp32",
-    show_default=True,
-    help="Precision of matrix products and convolutions: bf16 rounds their operands to bfloat16 and sums in "
-    "float32 (AMX-BF16 or AVX512_BF16); int8 quantizes weights per channel and activations per tensor "
-    "(calibrated: --calibrate); auto picks bf16 where the CPU has it. The accuracy against fp32 is "
-    "measured and printed.",
-)
+@precision_option("int8 calibrates with --calibrate; the accuracy against fp32 is measured and printed.")
 @click.option(
     "--calibrate",
     "calibration",

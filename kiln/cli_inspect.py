@@ -9,7 +9,7 @@ import click
 from rich.markup import escape
 from rich.table import Table
 
-from kiln.cli_support import console, import_bound, out, parse_dims
+from kiln.cli_support import console, import_bound, out, parse_dims, precision_option
 from kiln.lower.kir import kernel_precision
 
 
@@ -36,14 +36,7 @@ from kiln.lower.kir import kernel_precision
     show_default=True,
     help="The target to compile for (any registered target: `kiln targets` lists them).",
 )
-@click.option(
-    "--precision",
-    type=click.Choice(["fp32", "bf16", "int8", "auto"]),
-    default="fp32",
-    show_default=True,
-    help="Precision of matrix products and convolutions (bf16: AMX or AVX512_BF16; int8: calibrated (min-max) on "
-    "the zoo model's example inputs, else random ones; auto: bf16 where the CPU has it).",
-)
+@precision_option("int8 calibrates (min-max) on the zoo model's example inputs, else random ones.")
 @click.option("--disable", multiple=True, help="Skip this pass or algorithm (winograd) (repeatable).")
 @click.option(
     "--kernels/--no-kernels",

@@ -84,3 +84,16 @@ def import_bound(model: str, dims: tuple[str, ...]):  # type: ignore[no-untyped-
         if isinstance(value.type, TensorType) and value.type.shape:
             binding.update({d: binding.get(d, 1) for d in value.type.shape if isinstance(d, str)})
     return graph, binding
+
+
+def precision_option(what: str):  # type: ignore[no-untyped-def]
+    """The --precision option of the commands that compile (``what``: what they do with it)."""
+    return click.option(
+        "--precision",
+        type=click.Choice(["fp32", "bf16", "int8", "auto"]),
+        default="fp32",
+        show_default=True,
+        help="Precision of matrix products and convolutions: bf16 rounds their operands to bfloat16 and sums in "
+        "float32 (AMX-BF16 or AVX512_BF16); int8 quantizes weights per channel and activations per tensor "
+        f"(calibrated); auto picks bf16 where the CPU has it. {what}",
+    )

@@ -155,13 +155,23 @@ def _precision_of(lw: Lowerer, node: Node, activations) -> str:  # type: ignore[
     return "int8"
 
 
+def _channel_weights(node: Node, matrix: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """[C, K] float weights as (int8 [C, K], scales [C]) per output channel: kiln's symmetric
+    quantization, or a pre-quantized model's own scales (``kiln_qdq_weight_scale``), which give
+    its int8 values back exactly."""
+    given = node.attrs.get("kiln_qdq_weight_scale")
+    if given is None:
+        return quantize_channels(matrix)
+    steps = np.asarray(given, np.float32)
+    return np.clip(np.rint(matrix / steps[:, None]), -128, 127).astype(np.int8), steps
+
+
 def _int8_weights(lw: Lowerer, node: Node, weights, matrices: np.ndarray, activations, rows: bool, pack: bool = True):  # type: ignore[no-untyped-def]
     """The int8 operand of the weights and the product's QuantSpec: ``matrices`` [count, K, N]
     (a MatMul's B: channel = column) or [1, C, K] (a convolution's A, ``rows``: channel = row),
     quantized per channel; the activations' per-tensor quantization from their calibrated range,
     or a pre-quantized model's own (``kiln_qdq``, ``kiln_qdq_weight_scale``: kiln.passes.quantized)."""
     given = node.attrs.get("kiln_qdq")
-    model_scales = node.attrs.get("kiln_qdq_weight_scale")
     if given is not None:
         scale, zero, qmax = float(given[0]), int(given[1]), 255
     else:
@@ -169,21 +179,15 @@ def _int8_weights(lw: Lowerer, node: Node, weights, matrices: np.ndarray, activa
         qmax = lw.target.int8_max
         scale, zero = activation_quantization(lo, hi, qmax)
 
-    def per_channel(matrix: np.ndarray) -> tuple[np.ndarray, np.ndarray]:  # [C, K]
-        if model_scales is None:
-            return quantize_channels(matrix)
-        steps = np.asarray(model_scales, np.float32)
-        return np.clip(np.rint(matrix / steps[:, None]), -128, 127).astype(np.int8), steps
-
     if rows:
-        quantized, channel_scales = per_channel(matrices[0])  # [C, K]
+        quantized, channel_scales = _channel_weights(node, matrices[0])  # [C, K]
         sums = quantized.astype(np.int64).sum(axis=1)
         operand = None  # (a direct convolution packs its weights itself: _direct_weights)
         if pack:
             packed = lw.packed_constant(("int8-rows", weights), lambda: pack_rows_int8(quantized[None]))
             operand = PackedOperand(packed, 0, BF16_BLOCK, "int8-rows")
     else:
-        quantized_t, channel_scales = per_channel(matrices[0].T)  # [N, K]
+        quantized_t, channel_scales = _channel_weights(node, matrices[0].T)  # [N, K]
         quantized = quantized_t.T
         sums = quantized_t.astype(np.int64).sum(axis=1)
         packed = lw.packed_constant(("int8-quads", weights), lambda: pack_quads_int8(quantized[None]))
@@ -217,13 +221,7 @@ def _direct_weights(lw: Lowerer, node: Node, w, weights: np.ndarray, x, precisio
         return grid.reshape(1, taps * padded, out_channels)
 
     if precision == "int8":
-        given = node.attrs.get("kiln_qdq_weight_scale")
-        flat = weights.reshape(out_channels, -1)
-        if given is None:
-            quantized, _ = quantize_channels(flat)
-        else:
-            steps = np.asarray(given, np.float32)
-            quantized = np.clip(np.rint(flat / steps[:, None]), -128, 127).astype(np.int8)
+        quantized, _ = _channel_weights(node, weights.reshape(out_channels, -1))
         packed = lw.packed_constant(("int8-taps", w), lambda: pack_quads_int8(by_tap(quantized, np.int8)))
         return PackedOperand(packed, 0, BF16_BLOCK, "int8-quads"), taps * padded
     packed = lw.packed_constant(

@@ -98,14 +98,22 @@ def bf16_path(env: Mapping[str, str] | None = None) -> tuple[int, str]:
         available.insert(0, "avx512")
     if "amx-bf16" in paths and request_amx()[0]:
         available.insert(0, "amx")
-    wanted = env.get("KILN_BF16_PATH", "").strip().lower()
-    if wanted:
-        if wanted not in BF16_PATHS:
-            raise KilnError(f"KILN_BF16_PATH={wanted!r}: the bf16 paths are {', '.join(BF16_PATHS)}")
-        if wanted not in available:
-            raise KilnError(f"KILN_BF16_PATH={wanted}: this machine runs only {', '.join(available)}")
-        return BF16_PATHS[wanted], wanted
-    return BF16_PATHS[available[0]], available[0]
+    return _chosen("KILN_BF16_PATH", BF16_PATHS, available, env, "this machine runs only")
+
+
+def _chosen(
+    variable: str, modes: dict[str, int], available: list[str], env: Mapping[str, str], only: str
+) -> tuple[int, str]:
+    """(mode, name): the path ``$variable`` asks for (KilnError unless ``available`` has it), else
+    the best available (first)."""
+    wanted = env.get(variable, "").strip().lower()
+    if not wanted:
+        return modes[available[0]], available[0]
+    if wanted not in modes:
+        raise KilnError(f"{variable}={wanted!r}: the paths are {', '.join(modes)}")
+    if wanted not in available:
+        raise KilnError(f"{variable}={wanted}: {only} {', '.join(available)}")
+    return modes[wanted], wanted
 
 
 INT8_PATHS = {"amx": 4, "avx512-vnni": 3, "avx-vnni": 2, "avx2": 1, "portable": 0}  # gemm_int8.c's modes
@@ -128,14 +136,7 @@ def int8_path(isa: str = "avx512", native: bool = True, env: Mapping[str, str] |
             available.insert(0, "avx512-vnni")
         if "amx-int8" in paths and request_amx()[0]:
             available.insert(0, "amx")
-    wanted = env.get("KILN_INT8_PATH", "").strip().lower()
-    if wanted:
-        if wanted not in INT8_PATHS:
-            raise KilnError(f"KILN_INT8_PATH={wanted!r}: the int8 paths are {', '.join(INT8_PATHS)}")
-        if wanted not in available:
-            raise KilnError(f"KILN_INT8_PATH={wanted}: code for {isa} runs only {', '.join(available)} here")
-        return INT8_PATHS[wanted], wanted
-    return INT8_PATHS[available[0]], available[0]
+    return _chosen("KILN_INT8_PATH", INT8_PATHS, available, env, f"code for {isa} runs here only")
 
 
 def int8_levels(isa: str, native: bool) -> int:
