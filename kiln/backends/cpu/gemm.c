@@ -253,6 +253,8 @@ static void kiln_pack_b_columns(const kiln_gemm *g, int64_t bt, int64_t x0, int6
         for (int64_t t = 0; t < lo; ++t) o[t] = pad;                                                                  \
         if (SW == 1)                                                                                                  \
           memcpy(o + lo, src + lo, (size_t)(hi - lo) * sizeof(T));                                                    \
+        else if (SW == 2) /* (a constant stride: vectorized as even-element extraction) */                            \
+          for (int64_t t = lo; t < hi; ++t) o[t] = src[2 * t];                                                        \
         else                                                                                                          \
           for (int64_t t = lo; t < hi; ++t) o[t] = src[t * SW];                                                       \
         for (int64_t t = hi; t < run; ++t) o[t] = pad;                                                                \
