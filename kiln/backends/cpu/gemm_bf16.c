@@ -184,46 +184,8 @@ static void kiln_bf16_pack_b(const kiln_gemm *g, int64_t bt, int64_t x0, int64_t
 /* -- micro-kernels: C (32 x 32, row stride ldc) (+)= A (32 rows, stride lda) . B pairs, over kc ---- */
 
 #ifdef KILN_X86
-__attribute__((target("amx-tile,amx-bf16"))) static void kiln_bf16_amx(const uint16_t *a, int64_t lda, const uint16_t *b, int64_t kc, float *c, int64_t ldc, int64_t rows, int accumulate) {
-  if (accumulate) {
-    _tile_loadd(0, c, ldc * 4);
-    _tile_loadd(1, c + 16, ldc * 4);
-  } else {
-    _tile_zero(0);
-    _tile_zero(1);
-  }
-  if (rows > 16) {
-    if (accumulate) {
-      _tile_loadd(2, c + 16 * ldc, ldc * 4);
-      _tile_loadd(3, c + 16 * ldc + 16, ldc * 4);
-    } else {
-      _tile_zero(2);
-      _tile_zero(3);
-    }
-    for (int64_t k0 = 0; k0 < kc; k0 += 32) {
-      _tile_loadd(6, b + k0 * 32, 128);
-      _tile_loadd(7, b + k0 * 32 + 32, 128);
-      _tile_loadd(4, a + k0, lda * 2);
-      _tile_loadd(5, a + 16 * lda + k0, lda * 2);
-      _tile_dpbf16ps(0, 4, 6);
-      _tile_dpbf16ps(1, 4, 7);
-      _tile_dpbf16ps(2, 5, 6);
-      _tile_dpbf16ps(3, 5, 7);
-    }
-    _tile_stored(2, c + 16 * ldc, ldc * 4);
-    _tile_stored(3, c + 16 * ldc + 16, ldc * 4);
-  } else {
-    for (int64_t k0 = 0; k0 < kc; k0 += 32) {
-      _tile_loadd(6, b + k0 * 32, 128);
-      _tile_loadd(7, b + k0 * 32 + 32, 128);
-      _tile_loadd(4, a + k0, lda * 2);
-      _tile_dpbf16ps(0, 4, 6);
-      _tile_dpbf16ps(1, 4, 7);
-    }
-  }
-  _tile_stored(0, c, ldc * 4);
-  _tile_stored(1, c + 16, ldc * 4);
-}
+#define KILN_AMX_DOT_BF16(c, x, y) _tile_dpbf16ps(c, x, y)
+KILN_AMX_BLOCK(kiln_bf16_amx, "amx-tile,amx-bf16", uint16_t, KILN_AMX_DOT_BF16)
 
 __attribute__((target("avx512f,avx512bf16"))) static void kiln_bf16_dot8(const uint16_t *a, int64_t lda, const uint16_t *b, int64_t kc, float *c, int64_t ldc, int accumulate) {
   __m512 acc0[8], acc1[8];
@@ -269,7 +231,7 @@ static void kiln_bf16_block(const kiln_gemm *g, const void *av, int64_t lda, con
   float *c = (float *)cv;
 #ifdef KILN_X86
   if (kiln_bf16_mode == 2) {
-    kiln_bf16_amx(a, lda, b, kc, c, ldc, rows, accumulate);
+    kiln_bf16_amx(a, lda, kiln_amx_one_tap, 1, b, kc, c, ldc, rows, accumulate, 0);
     return;
   }
   if (kiln_bf16_mode == 1) {
@@ -300,30 +262,8 @@ static void kiln_bf16_nhwc_row(const kiln_gemm *g, int64_t bt, int64_t ph, int64
 }
 
 #ifdef KILN_X86
-__attribute__((target("amx-tile,amx-bf16"))) static void kiln_bf16_amx_taps(const kiln_gemm *g, const void *av, int64_t lda, const int64_t *offsets, int64_t taps, const void *bv, int64_t kc, void *cv, int64_t ldc) {
-  const uint16_t *a = (const uint16_t *)av, *b = (const uint16_t *)bv;
-  float *c = (float *)cv;
-  _tile_zero(0);
-  _tile_zero(1);
-  _tile_zero(2);
-  _tile_zero(3);
-  for (int64_t t = 0; t < taps; ++t) {
-    const uint16_t *at = a + offsets[t], *bt = b + t * kc * 32;
-    for (int64_t k0 = 0; k0 < kc; k0 += 32) {
-      _tile_loadd(6, bt + k0 * 32, 128);
-      _tile_loadd(7, bt + k0 * 32 + 32, 128);
-      _tile_loadd(4, at + k0, lda * 2);
-      _tile_loadd(5, at + 16 * lda + k0, lda * 2);
-      _tile_dpbf16ps(0, 4, 6);
-      _tile_dpbf16ps(1, 4, 7);
-      _tile_dpbf16ps(2, 5, 6);
-      _tile_dpbf16ps(3, 5, 7);
-    }
-  }
-  _tile_stored(0, c, ldc * 4);
-  _tile_stored(1, c + 16, ldc * 4);
-  _tile_stored(2, c + 16 * ldc, ldc * 4);
-  _tile_stored(3, c + 16 * ldc + 16, ldc * 4);
+static void kiln_bf16_amx_taps(const kiln_gemm *g, const void *a, int64_t lda, const int64_t *offsets, int64_t taps, const void *b, int64_t kc, void *c, int64_t ldc) {
+  kiln_bf16_amx((const uint16_t *)a, lda, offsets, taps, (const uint16_t *)b, kc, c, ldc, 32, 0, 0);
 }
 #define KILN_BF16_TAPS kiln_bf16_amx_taps
 #else

@@ -140,52 +140,14 @@ static void kiln_int8_pack_b(const kiln_gemm *g, int64_t bt, int64_t x0, int64_t
    64). `au`: A holds the unsigned operand (a MatMul's activations), else B does. ------------- */
 
 #ifdef KILN_X86
-__attribute__((target("amx-tile,amx-int8"))) static void kiln_int8_amx(const uint8_t *a, int64_t lda, const uint8_t *b, int64_t kc, int32_t *c, int64_t ldc, int64_t rows, int accumulate, int au) {
-  if (accumulate) {
-    _tile_loadd(0, c, ldc * 4);
-    _tile_loadd(1, c + 16, ldc * 4);
-  } else {
-    _tile_zero(0);
-    _tile_zero(1);
-  }
-  if (rows > 16) {
-    if (accumulate) {
-      _tile_loadd(2, c + 16 * ldc, ldc * 4);
-      _tile_loadd(3, c + 16 * ldc + 16, ldc * 4);
-    } else {
-      _tile_zero(2);
-      _tile_zero(3);
-    }
-  }
-  for (int64_t k0 = 0; k0 < kc; k0 += 64) {
-    _tile_loadd(6, b + k0 * 32, 128);
-    _tile_loadd(7, b + k0 * 32 + 64, 128);
-    _tile_loadd(4, a + k0, lda);
-    if (au) {
-      _tile_dpbusd(0, 4, 6);
-      _tile_dpbusd(1, 4, 7);
-    } else {
-      _tile_dpbsud(0, 4, 6);
-      _tile_dpbsud(1, 4, 7);
-    }
-    if (rows > 16) {
-      _tile_loadd(5, a + 16 * lda + k0, lda);
-      if (au) {
-        _tile_dpbusd(2, 5, 6);
-        _tile_dpbusd(3, 5, 7);
-      } else {
-        _tile_dpbsud(2, 5, 6);
-        _tile_dpbsud(3, 5, 7);
-      }
-    }
-  }
-  _tile_stored(0, c, ldc * 4);
-  _tile_stored(1, c + 16, ldc * 4);
-  if (rows > 16) {
-    _tile_stored(2, c + 16 * ldc, ldc * 4);
-    _tile_stored(3, c + 16 * ldc + 16, ldc * 4);
-  }
-}
+#define KILN_AMX_DOT_INT8(c, x, y) \
+  do {                              \
+    if (au)                         \
+      _tile_dpbusd(c, x, y);        \
+    else                            \
+      _tile_dpbsud(c, x, y);        \
+  } while (0)
+KILN_AMX_BLOCK(kiln_int8_amx, "amx-tile,amx-int8", uint8_t, KILN_AMX_DOT_INT8)
 
 /* 8 rows x 32 columns on zmm */
 __attribute__((target("avx512f,avx512vnni"))) static void kiln_int8_vnni512(const uint8_t *a, int64_t lda, const uint8_t *b, int64_t kc, int32_t *c, int64_t ldc, int accumulate, int au) {
@@ -280,7 +242,7 @@ static void kiln_int8_block(const kiln_gemm *g, const void *av, int64_t lda, con
   if (mode == 1 && g->q_max > 127) mode = 0; /* VPMADDUBSW would saturate 8-bit activations */
 #ifdef KILN_X86
   if (mode == 4) {
-    kiln_int8_amx(a, lda, b, kc, c, ldc, rows, accumulate, au);
+    kiln_int8_amx(a, lda, kiln_amx_one_tap, 1, b, kc, c, ldc, rows, accumulate, au);
     return;
   }
   if (mode == 3) {
@@ -392,31 +354,9 @@ static void kiln_int8_nhwc_row(const kiln_gemm *g, int64_t bt, int64_t ph, int64
 }
 
 #ifdef KILN_X86
-/* every tap of a direct convolution's 32 x 32 block, the sums held in the tiles throughout */
-__attribute__((target("amx-tile,amx-int8"))) static void kiln_int8_amx_taps(const kiln_gemm *g, const void *av, int64_t lda, const int64_t *offsets, int64_t taps, const void *bv, int64_t kc, void *cv, int64_t ldc) {
-  const uint8_t *a = (const uint8_t *)av, *b = (const uint8_t *)bv;
-  int32_t *c = (int32_t *)cv;
-  _tile_zero(0);
-  _tile_zero(1);
-  _tile_zero(2);
-  _tile_zero(3);
-  for (int64_t t = 0; t < taps; ++t) {
-    const uint8_t *at = a + offsets[t], *bt = b + t * kc * 32;
-    for (int64_t k0 = 0; k0 < kc; k0 += 64) {
-      _tile_loadd(6, bt + k0 * 32, 128);
-      _tile_loadd(7, bt + k0 * 32 + 64, 128);
-      _tile_loadd(4, at + k0, lda);
-      _tile_loadd(5, at + 16 * lda + k0, lda);
-      _tile_dpbusd(0, 4, 6);
-      _tile_dpbusd(1, 4, 7);
-      _tile_dpbusd(2, 5, 6);
-      _tile_dpbusd(3, 5, 7);
-    }
-  }
-  _tile_stored(0, c, ldc * 4);
-  _tile_stored(1, c + 16, ldc * 4);
-  _tile_stored(2, c + 16 * ldc, ldc * 4);
-  _tile_stored(3, c + 16 * ldc + 16, ldc * 4);
+/* every tap of a direct convolution's 32 x 32 block (A: the activations, unsigned) */
+static void kiln_int8_amx_taps(const kiln_gemm *g, const void *a, int64_t lda, const int64_t *offsets, int64_t taps, const void *b, int64_t kc, void *c, int64_t ldc) {
+  kiln_int8_amx((const uint8_t *)a, lda, offsets, taps, (const uint8_t *)b, kc, c, ldc, 32, 0, 1);
 }
 #define KILN_INT8_TAPS kiln_int8_amx_taps
 #else
