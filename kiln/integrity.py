@@ -232,3 +232,8 @@ def safe_loads(data: bytes, persistent_load: Any = None) -> Any:
     if persistent_load is not None:
         unpickler.persistent_load = persistent_load  # type: ignore[method-assign]
     return unpickler.load()
+
+
+def cache_root() -> Path:
+    """kiln's cache folder: ``$KILN_CACHE_DIR``, else ``~/.cache/kiln``."""
+    return Path(os.environ.get("KILN_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "kiln"))

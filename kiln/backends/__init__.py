@@ -1,9 +1,10 @@
 """kiln's targets. Importing this package registers the built-in ones: ``cpu`` (C, this machine
-or one ISA) and ``reference`` (the reference interpreter, no compilation). See ``registry``."""
+or one ISA), ``gpu`` (Triton: a CUDA device, or ``gpu:interpret`` on the CPU) and ``reference`` (the reference interpreter, no compilation). See ``registry``."""
 
 from __future__ import annotations
 
 from kiln.backends.cpu import CpuBackend
+from kiln.backends.gpu import GpuBackend
 from kiln.backends.registry import Backend, Threading, backend, names, parse, register, unregister
 
 
@@ -15,6 +16,7 @@ class ReferenceBackend(Backend):
 
 
 register(CpuBackend())
+register(GpuBackend())
 register(ReferenceBackend())
 
 __all__ = ["Backend", "Threading", "backend", "names", "parse", "register", "unregister"]

@@ -1,0 +1,116 @@
+"""The ``gpu`` target: kernels rendered as Triton (``render.py``), run on a CUDA device, or on the
+CPU by Triton's interpreter (``gpu:interpret``, for tests on machines without a GPU), and compiled
+ahead for an NVIDIA architecture without one (``ahead.py``: registers, spills, shared memory).
+The same graph passes and lowering as the cpu target; the engines it renders are the matrix
+product (``tl.dot`` tiles, convolutions as implicit GEMM) and attention (flash attention); Winograd
+is the CPU's. No vendor library is called: every kernel is kiln's."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from kiln.backends.gpu.render import Launch, render_module
+from kiln.backends.gpu.runtime import DevicePlan, SegmentRunner, cuda_missing, module, traffic, triton_missing
+from kiln.backends.registry import Backend, SegmentRunner as Runner, Threading
+from kiln.errors import KilnError
+from kiln.lower.kir import Buffer, Kernel
+from kiln.lower.target import Target, TargetError
+
+ENGINES = ("attention", "gemm")  # sorted; no Winograd: convolutions are implicit GEMMs here
+
+
+class GpuBackend(Backend):
+    name = "gpu"
+
+    def describe(self, variant: str) -> Target:
+        if variant not in ("", "interpret"):
+            raise TargetError(f"unknown target 'gpu:{variant}'; the gpu target's variants: {', '.join(self.variants())}")
+        missing = triton_missing()
+        if missing:
+            raise TargetError(f"target 'gpu{':' + variant if variant else ''}' needs Triton: {missing}")
+        # the loop nests' shapes are the renderer's business (lanes); vector_bytes and the product
+        # tile only size the constant operands' panels, read through their layout by the kernels
+        spec = f"gpu:{variant}" if variant else ""
+        return Target("gpu", "cuda" if not variant else "interpret", 64, 1, native=False, engines=ENGINES, spec=spec)
+
+    def variants(self) -> list[str]:
+        return ["gpu", "gpu:interpret"]
+
+    def render(
+        self, segments: Sequence[Sequence[Kernel]], table: dict[Buffer, int], options: Any, target: Target
+    ) -> str:
+        return render_module(segments, table)
+
+    def identity(self, target: Target, debug: bool = False) -> tuple[str, ...]:
+        import triton
+
+        return ("triton", triton.__version__)
+
+    def available(self) -> str:
+        return triton_missing()
+
+    def precisions(self, target: Target) -> dict[str, str]:
+        only = "the gpu target computes in fp32 only (its products use IEEE fp32 tl.dot, not TF32)"
+        return {"fp32": "", "bf16": only, "int8": only}
+
+    def load(self, plan: Any, target: Target, parallelism: Threading) -> list[Runner]:
+        segments = [s for s in plan.steps if hasattr(s, "kernels")]
+        if not segments:
+            return []
+        interpret = target.isa == "interpret"
+        if not interpret:
+            missing = cuda_missing()
+            if missing:
+                raise TargetError(
+                    f"target 'gpu' cannot run here: {missing}. The same kernels run on the CPU in Triton's "
+                    "interpreter with target='gpu:interpret'; `kiln explain MODEL --target gpu --arch sm_90` "
+                    "compiles them ahead for a GPU without one"
+                )
+        namespace = module(plan.source, interpret)
+        launches = {int(k): [Launch.of(v) for v in vs] for k, vs in namespace["LAUNCHES"].items()}
+        state = DevicePlan(plan, "cpu" if interpret else "cuda")
+        slots = {slot: buffer for buffer, slot in plan.table.items()}
+        status = slots.get(0)
+        runners: list[Runner] = []
+        for number, (upload, download) in enumerate(traffic(plan)):
+            mine = launches.get(number, [])
+            uses_status = any(0 in launch.slots for launch in mine)
+            runners.append(
+                SegmentRunner(state, mine, namespace, slots, upload, download, status if uses_status else None)
+            )
+        return runners
+
+    def artifact_meta(self, target: Target) -> dict[str, Any]:
+        return {}
+
+
+def source_file(source: str) -> Path:
+    """The generated module written where people can read it (``kiln explain`` names it)."""
+    import hashlib
+
+    from kiln.integrity import cache_root
+
+    folder = cache_root() / "gpu"
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{hashlib.sha256(source.encode()).hexdigest()[:24]}.py"
+    if not path.exists():
+        path.write_text(source)
+    return path
+
+
+def transfer_times(runners: Sequence[Any]) -> dict[str, float] | None:
+    """Per-run host->device, kernel and device->host times of a loaded plan's runners (None when
+    they are not the gpu target's)."""
+    states = {id(r.state): r.state for r in runners if isinstance(r, SegmentRunner)}
+    if not states:
+        return None
+    total = {"runs": 0, "upload_ms": 0.0, "compute_ms": 0.0, "download_ms": 0.0}
+    for state in states.values():
+        for key, value in state.times.summary().items():
+            total[key] = max(total[key], value) if key == "runs" else total[key] + value
+    return total
+
+
+__all__ = ["GpuBackend", "KilnError", "source_file", "transfer_times"]

@@ -1,0 +1,214 @@
+"""Which loops of a loop nest may run as parallel GPU lanes.
+
+A kernel-IR loop nest says what is computed, in order; its schedule says which loop a CPU spreads
+over cores, but not which other loops are independent. The GPU renderer maps the outermost loops of
+a nest to lanes (one lane per iteration, all at once) and runs the rest in order inside each lane.
+That is only correct when no two iterations of the lane loops touch the same element of a buffer
+the nest writes. ``lane_depth`` proves it from the index expressions: for every buffer written,
+each access must be affine in the loop indices with the same lane coefficients, and the lane
+coefficients must keep iterations' footprints apart (a mixed radix whose digits are wider than what
+the inner loops reach). Anything it cannot prove (a data-dependent index, a scalar carried across
+iterations, inner bounds that depend on a lane) gives fewer lanes, down to none: then the nest runs
+in one sequential program, slow but right.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kiln.lower.kir import (
+    Assign,
+    Binary,
+    Buffer,
+    Cast,
+    Const,
+    Expr,
+    For,
+    If,
+    Index,
+    Let,
+    Load,
+    Scalar,
+    Stmt,
+    Store,
+    Unary,
+    postorder,
+)
+
+Affine = tuple[dict[str, int], int]  # coefficient per loop index, constant
+
+
+def affine(e: Expr) -> Affine | None:
+    """``e`` as sum(coefficient * index) + constant, or None when it is not (a load, a scalar, a
+    division)."""
+    if isinstance(e, Const):
+        if isinstance(e.value, bool) or not isinstance(e.value, int):
+            return None
+        return {}, int(e.value)
+    if isinstance(e, Index):
+        return {e.name: 1}, 0
+    if isinstance(e, Cast) and not e.dtype.is_float:
+        return affine(e.a)
+    if isinstance(e, Unary) and e.op == "-":
+        inner = affine(e.a)
+        return None if inner is None else ({k: -v for k, v in inner[0].items()}, -inner[1])
+    if isinstance(e, Binary) and e.op in ("+", "-", "*"):
+        a, b = affine(e.a), affine(e.b)
+        if a is None or b is None:
+            return None
+        if e.op == "*":
+            if a[0] and b[0]:
+                return None
+            (terms, const), factor = (a, b[1]) if not b[0] else (b, a[1])
+            return {k: v * factor for k, v in terms.items()}, const * factor
+        sign = 1 if e.op == "+" else -1
+        terms = dict(a[0])
+        for k, v in b[0].items():
+            terms[k] = terms.get(k, 0) + sign * v
+        return terms, a[1] + sign * b[1]
+    return None
+
+
+@dataclass
+class _Access:
+    index: Expr
+    inner: dict[str, tuple[int, int] | None]  # inner loop index -> its range (None: unknown)
+
+
+def _collect(body: list[Stmt], ranges: dict[str, tuple[int, int] | None], found: dict, state: dict) -> None:
+    """Every access to a buffer in ``body`` with the inner loops' ranges in scope; scalars
+    defined and assigned; loop bounds (for the lane check)."""
+
+    def visit(e: Expr) -> None:
+        for node in postorder(e):
+            if isinstance(node, Load):
+                found.setdefault(node.buffer, {"loads": [], "stores": []})["loads"].append(
+                    _Access(node.index, dict(ranges))
+                )
+            elif isinstance(node, Scalar):
+                state["used"].add(node.name)
+
+    for stmt in body:
+        if isinstance(stmt, For):
+            bounds = []
+            for bound in (stmt.start, stmt.extent):
+                if isinstance(bound, int):
+                    bounds.append(bound)
+                else:
+                    visit(bound)
+                    state["bounds"].append(bound)
+                    folded = affine(bound)
+                    bounds.append(folded[1] if folded is not None and not folded[0] else None)
+            lo, hi = bounds
+            inner = dict(ranges)
+            inner[stmt.index.name] = None if lo is None or hi is None else (lo, max(lo, hi - 1))
+            _collect(stmt.body, inner, found, state)
+        elif isinstance(stmt, If):
+            visit(stmt.cond)
+            _collect(stmt.body, ranges, found, state)
+        elif isinstance(stmt, Let):
+            state["defined"].add(stmt.scalar.name)
+            visit(stmt.value)
+        elif isinstance(stmt, Assign):
+            state["assigned"].add(stmt.scalar.name)
+            visit(stmt.value)
+        elif isinstance(stmt, Store):
+            visit(stmt.index)
+            visit(stmt.value)
+            entry = found.setdefault(stmt.buffer, {"loads": [], "stores": []})
+            entry["stores"].append(_Access(stmt.index, dict(ranges)))
+            entry.setdefault("values", []).append(stmt.value)
+        else:  # an engine call inside a loop nest: nothing is proven about it
+            state["opaque"] = True
+
+
+def perfect_nest(stmt: For) -> tuple[list[For], list[Stmt]]:
+    """The loops of ``stmt``'s perfect nest (each loop's body exactly one loop) and the body inside."""
+    nest = [stmt]
+    while len(nest[-1].body) == 1 and isinstance(nest[-1].body[0], For):
+        nest.append(nest[-1].body[0])  # type: ignore[arg-type]
+    return nest, nest[-1].body
+
+
+def lane_depth(stmt: For, flags: frozenset[Buffer] = frozenset()) -> int:
+    """How many of the outermost loops of ``stmt``'s perfect nest may run as parallel lanes (0:
+    none). ``flags``: buffers only ever set to constants (the status word: any lane may set it)."""
+    nest, _ = perfect_nest(stmt)
+    for depth in range(len(nest), 0, -1):
+        if _independent(nest, depth, flags):
+            return depth
+    return 0
+
+
+def _constant_extent(loop: For) -> int | None:
+    if isinstance(loop.start, int) and isinstance(loop.extent, int) and loop.start == 0:
+        return loop.extent
+    return None
+
+
+def _independent(nest: list[For], depth: int, flags: frozenset[Buffer]) -> bool:
+    lanes = nest[:depth]
+    extents = [_constant_extent(loop) for loop in lanes]
+    if any(e is None for e in extents):
+        return False
+    names = [loop.index.name for loop in lanes]
+    found: dict = {}
+    state: dict = {"defined": set(), "assigned": set(), "used": set(), "bounds": [], "opaque": False}
+    _collect(lanes[-1].body, {}, found, state)
+    if state["opaque"]:
+        return False
+    if state["assigned"] - state["defined"]:
+        return False  # a scalar carried from outside the nest across iterations
+    for bound in state["bounds"]:  # inner loop bounds must be the same for every lane
+        if any(isinstance(n, (Index, Scalar, Load)) and getattr(n, "name", None) in names for n in postorder(bound)):
+            return False
+        if any(isinstance(n, (Scalar, Load)) for n in postorder(bound)):
+            return False
+    for buffer, accesses in found.items():
+        if not accesses["stores"]:
+            continue
+        if buffer in flags and not accesses["loads"] and all(isinstance(v, Const) for v in accesses["values"]):
+            continue
+        if not _disjoint(accesses["stores"] + accesses["loads"], names, extents):  # type: ignore[arg-type]
+            return False
+    return True
+
+
+def _disjoint(accesses: list[_Access], names: list[str], extents: list[int]) -> bool:
+    """Whether the lane iterations' footprints in one buffer are disjoint, every access through the
+    same lane coefficients."""
+    coefficients: dict[str, int] | None = None
+    lo, hi = None, None
+    for access in accesses:
+        found = affine(access.index)
+        if found is None:
+            return False
+        terms, const = found
+        lane = {n: terms.get(n, 0) for n in names}
+        if coefficients is None:
+            coefficients = lane
+        elif lane != coefficients:
+            return False
+        low = high = const
+        for name, coefficient in terms.items():
+            if name in lane:
+                continue
+            span = access.inner.get(name)
+            if span is None:
+                return False  # an index of no known range (or not a loop of this nest)
+            a, b = coefficient * span[0], coefficient * span[1]
+            low, high = low + min(a, b), high + max(a, b)
+        lo = low if lo is None else min(lo, low)
+        hi = high if hi is None else max(hi, high)
+    assert coefficients is not None and lo is not None and hi is not None
+    # mixed radix: each lane digit's step must clear everything the smaller digits and the inner
+    # loops reach
+    reach = hi - lo
+    for name, extent in sorted(zip(names, extents), key=lambda p: abs(coefficients[p[0]])):
+        step = abs(coefficients[name])
+        if extent == 1:
+            continue
+        if step <= reach:
+            return False
+        reach += step * (extent - 1)
+    return True
