@@ -174,10 +174,12 @@ def _independent(nest: list[For], depth: int, flags: frozenset[Buffer]) -> bool:
     return True
 
 
-def _disjoint(accesses: list[_Access], names: list[str], extents: list[int]) -> bool:
+def _disjoint(accesses: list[_Access], names: list[str], extents: list[int], fixed: frozenset[str] = frozenset()) -> bool:
     """Whether the lane iterations' footprints in one buffer are disjoint, every access through the
-    same lane coefficients."""
+    same lane coefficients. ``fixed``: indices of enclosing loops (one value for all the accesses
+    compared): every access must use them alike."""
     coefficients: dict[str, int] | None = None
+    outer: dict[str, int] | None = None
     lo, hi = None, None
     for access in accesses:
         found = affine(access.index)
@@ -185,13 +187,14 @@ def _disjoint(accesses: list[_Access], names: list[str], extents: list[int]) -> 
             return False
         terms, const = found
         lane = {n: terms.get(n, 0) for n in names}
+        enclosing = {n: terms.get(n, 0) for n in fixed}
         if coefficients is None:
-            coefficients = lane
-        elif lane != coefficients:
+            coefficients, outer = lane, enclosing
+        elif lane != coefficients or enclosing != outer:
             return False
         low = high = const
         for name, coefficient in terms.items():
-            if name in lane:
+            if name in lane or name in fixed:
                 continue
             span = access.inner.get(name)
             if span is None:
@@ -212,3 +215,104 @@ def _disjoint(accesses: list[_Access], names: list[str], extents: list[int]) -> 
             return False
         reach += step * (extent - 1)
     return True
+
+
+def vector_loop(loop: For, fixed: frozenset[str]) -> dict[str, str] | None:
+    """Whether a sequential loop's iterations may run at once as one vector (a tile axis): its body
+    only defines its own scalars, stores to places no other iteration touches, and folds values into
+    scalars from outside only by an associative update (``reductions``: scalar -> its operator, one
+    of ``REDUCTIONS``). None when not; ``fixed``: the indices of the loops around it."""
+    if not isinstance(loop.start, int) or not isinstance(loop.extent, int) or loop.extent - loop.start < 2:
+        return None
+    name = loop.index.name
+    reductions: dict[str, str] = {}
+    defined: set[str] = set()
+    found: dict = {}
+    state: dict = {"defined": set(), "assigned": set(), "used": set(), "bounds": [], "opaque": False}
+
+    def nested(body: list[Stmt]) -> bool:
+        return any(isinstance(s, For) or (isinstance(s, If) and nested(s.body)) for s in body)
+
+    if nested(loop.body):
+        return None
+    for stmt in loop.body:
+        if isinstance(stmt, Let):
+            defined.add(stmt.scalar.name)
+        elif isinstance(stmt, Assign) and stmt.scalar.name not in defined:
+            kind = reduction_of(stmt)
+            if kind is None or stmt.scalar.name in reductions:
+                return None
+            reductions[stmt.scalar.name] = kind
+    _collect(loop.body, {name: (loop.start, loop.extent - 1)}, found, state)
+    if state["opaque"] or state["bounds"]:
+        return None
+    if (state["assigned"] - state["defined"]) - set(reductions):
+        return None  # an outside scalar assigned otherwise (under a condition, say)
+    for scalar in reductions:  # read only by its own update
+        uses = sum(1 for n in _scalar_reads(loop.body) if n == scalar)
+        if uses != 1:
+            return None
+    for buffer, accesses in found.items():
+        if accesses["stores"] and not _disjoint(
+            accesses["stores"] + accesses["loads"], [name], [loop.extent - loop.start], fixed
+        ):
+            return None
+    return reductions
+
+
+REDUCTIONS = ("+", "*", "max", "min")
+
+
+def reduction_of(stmt: Assign) -> str | None:
+    """The associative operator of ``s = s op e`` (or ``e op s``; max and min as kiln's pointwise
+    lowering writes them), None for anything else."""
+    from kiln.lower.pointwise import FLOAT_OPS
+
+    scalar = stmt.scalar
+    value = stmt.value
+    if isinstance(value, Binary) and value.op in ("+", "*"):
+        for mine, other in ((value.a, value.b), (value.b, value.a)):
+            if mine == scalar and scalar not in postorder(other):
+                return value.op
+    for kind, op in (("max", "Max"), ("min", "Min")):
+        for arguments in ([scalar, _other(value, scalar)], [_other(value, scalar), scalar]):
+            if arguments[0] is None or arguments[1] is None:
+                continue
+            if FLOAT_OPS[op](arguments, {}, scalar.dtype) == value and scalar not in postorder(_other(value, scalar)):
+                return kind
+    return None
+
+
+def _other(value: Expr, scalar: Scalar) -> Expr | None:
+    """The operand of a max/min select that is not ``scalar`` (its last branch or first one)."""
+    from kiln.lower.kir import Select
+
+    if isinstance(value, Select):
+        for candidate in (value.a, value.b):
+            if candidate != scalar:
+                return candidate
+    return None
+
+
+def _scalar_reads(body: list[Stmt]) -> list[str]:
+    names: list[str] = []
+
+    def visit(e: Expr) -> None:
+        names.extend(n.name for n in postorder(e) if isinstance(n, Scalar))
+
+    def walk(stmts: list[Stmt]) -> None:
+        for stmt in stmts:
+            if isinstance(stmt, If):
+                visit(stmt.cond)
+                walk(stmt.body)
+            elif isinstance(stmt, (Let, Assign)):
+                if isinstance(stmt, Assign) and reduction_of(stmt) is not None:
+                    names.append(stmt.scalar.name)  # its update reads it once
+                    continue
+                visit(stmt.value)
+            elif isinstance(stmt, Store):
+                visit(stmt.index)
+                visit(stmt.value)
+
+    walk(body)
+    return names
