@@ -178,43 +178,80 @@ def _disjoint(accesses: list[_Access], names: list[str], extents: list[int], fix
     """Whether the lane iterations' footprints in one buffer are disjoint, every access through the
     same lane coefficients. ``fixed``: indices of enclosing loops (one value for all the accesses
     compared): every access must use them alike."""
-    coefficients: dict[str, int] | None = None
-    outer: dict[str, int] | None = None
-    lo, hi = None, None
+    forms = []
     for access in accesses:
         found = affine(access.index)
         if found is None:
             return False
         terms, const = found
-        lane = {n: terms.get(n, 0) for n in names}
-        enclosing = {n: terms.get(n, 0) for n in fixed}
-        if coefficients is None:
-            coefficients, outer = lane, enclosing
-        elif lane != coefficients or enclosing != outer:
-            return False
-        low = high = const
-        for name, coefficient in terms.items():
-            if name in lane or name in fixed:
-                continue
-            span = access.inner.get(name)
-            if span is None:
+        for name in terms:
+            if name not in names and name not in fixed and access.inner.get(name) is None:
                 return False  # an index of no known range (or not a loop of this nest)
-            a, b = coefficient * span[0], coefficient * span[1]
-            low, high = low + min(a, b), high + max(a, b)
-        lo = low if lo is None else min(lo, low)
-        hi = high if hi is None else max(hi, high)
-    assert coefficients is not None and lo is not None and hi is not None
-    # mixed radix: each lane digit's step must clear everything the smaller digits and the inner
-    # loops reach
-    reach = hi - lo
-    for name, extent in sorted(zip(names, extents), key=lambda p: abs(coefficients[p[0]])):
-        step = abs(coefficients[name])
-        if extent == 1:
+        forms.append((terms, const, access.inner))
+    lanes = [{n: terms.get(n, 0) for n in names} for terms, _, _ in forms]
+    outer = [{n: terms.get(n, 0) for n in fixed} for terms, _, _ in forms]
+    if any(lane != lanes[0] for lane in lanes) or any(o != outer[0] for o in outer):
+        return False
+    return _injective(forms, names, extents, fixed) or _lanes_dominate(forms, names, extents, fixed)
+
+
+def _digits_clear(digits: list[tuple[int, int]], reach: int) -> bool:
+    """Whether sum(step * digit) over digits (step, extent) is one-to-one even when ``reach`` is
+    added: each step, smallest first, clears everything the smaller ones can reach."""
+    for step, extent in sorted(digits):
+        if extent <= 1:
             continue
         if step <= reach:
             return False
         reach += step * (extent - 1)
     return True
+
+
+def _injective(forms: list, names: list[str], extents: list[int], fixed: frozenset[str]) -> bool:
+    """Every access has the same coefficients on every index (inner loops too): the map from
+    (lanes, inner iterations, constant offset) to addresses is a mixed radix, so one-to-one."""
+    terms0 = {k: v for k, v in forms[0][0].items() if v and k not in fixed}
+    spans: dict[str, tuple[int, int]] = {}
+    constants = []
+    for terms, const, inner in forms:
+        if {k: v for k, v in terms.items() if v and k not in fixed} != terms0:
+            return False
+        for name, coefficient in terms0.items():
+            if name in names:
+                continue
+            lo, hi = inner[name]
+            if name in spans and spans[name] != (lo, hi):
+                return False
+            spans[name] = (lo, hi)
+            const += coefficient * lo
+        constants.append(const)
+    digits = [(abs(terms0.get(n, 0)), e) for n, e in zip(names, extents)]
+    if any(step == 0 and e > 1 for step, e in digits):
+        return False
+    digits += [(abs(terms0[name]), hi - lo + 1) for name, (lo, hi) in spans.items()]
+    if any(c < 0 for name, c in terms0.items() if name not in names):
+        return False  # a descending inner digit: the constant offsets no longer bound the spread
+    return _digits_clear(digits, max(constants) - min(constants))
+
+
+def _lanes_dominate(forms: list, names: list[str], extents: list[int], fixed: frozenset[str]) -> bool:
+    """The lane digits' steps clear everything the inner loops and offsets reach."""
+    coefficients = {n: forms[0][0].get(n, 0) for n in names}
+    lo, hi = None, None
+    for terms, const, inner in forms:
+        low = high = const
+        for name, coefficient in terms.items():
+            if name in names or name in fixed:
+                continue
+            span = inner[name]
+            a, b = coefficient * span[0], coefficient * span[1]
+            low, high = low + min(a, b), high + max(a, b)
+        lo = low if lo is None else min(lo, low)
+        hi = high if hi is None else max(hi, high)
+    assert lo is not None and hi is not None
+    if any(coefficients[n] == 0 and e > 1 for n, e in zip(names, extents)):
+        return False
+    return _digits_clear([(abs(coefficients[n]), e) for n, e in zip(names, extents)], hi - lo)
 
 
 def vector_loop(loop: For, fixed: frozenset[str]) -> dict[str, str] | None:

@@ -275,6 +275,12 @@ class Context:
         return self.pointers[buffer]
 
 
+def both(a: str, b: str) -> str:
+    """The conjunction of two boolean tensors (a select: the interpreter's ``&`` of an int1 scalar
+    and a tensor yields integers, which it then refuses as a mask)."""
+    return f"tl.where({b}, {a}, False)"
+
+
 def tensor(v: Val) -> str:
     """``v`` as a Triton tensor (a literal becomes a 0-d one of its type)."""
     return f"tl.full([], {v.text}, {TL_TYPES[v.dtype]})" if v.literal else v.text
@@ -395,7 +401,7 @@ class Expressions:
 
     @staticmethod
     def _and(guard: str | None, cond: str) -> str:
-        return cond if guard is None else f"({guard}) & ({cond})"
+        return cond if guard is None else both(guard, cond)
 
     @staticmethod
     def _operand(v: Val, dtype: DType) -> Val:
@@ -417,8 +423,9 @@ class Expressions:
             if a.literal and b.literal:
                 value = (a.value and b.value) if op == "&&" else (a.value or b.value)
                 return Val(literal_text(bool(value), DType.BOOL), DType.BOOL, True, bool(value))
-            a, b = (Val(tensor(a), DType.BOOL), b) if a.literal and b.literal else (a, b)
-            return Val(f"({a.text} {'&' if op == '&&' else '|'} {b.text})", DType.BOOL)
+            if a.literal:
+                a, b = b, a
+            return Val(both(a.text, b.text) if op == "&&" else f"tl.where({a.text}, True, {b.text})", DType.BOOL)
         b = self.node(e.b, guard)
         common = _wider(a.dtype, b.dtype) if op in COMPARISONS else dtype
         x, y = self._operand(a, common), self._operand(b, common)
@@ -522,7 +529,7 @@ class Statements:
                     self.block(stmt.body, pred, base)
                 return
             name = ctx.fresh("p")
-            ctx.emit(f"{name} = {cond.text}" if pred is None else f"{name} = ({pred}) & ({cond.text})")
+            ctx.emit(f"{name} = {cond.text}" if pred is None else f"{name} = {both(pred, cond.text)}")
             self.block(stmt.body, name, base)
         elif isinstance(stmt, Let):
             v = self.exprs.value(stmt.value, pred)
@@ -569,7 +576,7 @@ class Statements:
         ctx.emit(f"{ctx.zero} = tl.full({ctx.shape}, 0, tl.int64)")
         inside = ctx.fresh("p")
         bound = f"({name} < {extent})"
-        ctx.emit(f"{inside} = {bound}" if pred is None else f"{inside} = ({pred}) & {bound}")
+        ctx.emit(f"{inside} = {bound}" if pred is None else f"{inside} = {both(pred, bound)}")
         saved = ctx.env.get(loop.index.name)
         ctx.env[loop.index.name] = name
         ctx.vector = True
