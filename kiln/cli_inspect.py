@@ -57,6 +57,14 @@ from kiln.lower.kir import kernel_precision
 @click.option(
     "--json", "as_json", is_flag=True, help="Print the stages, ops, refusals, plan and printed stages as JSON."
 )
+@click.option(
+    "--arch",
+    "arches",
+    multiple=True,
+    type=click.Choice(["sm_80", "sm_86", "sm_89", "sm_90"]),
+    help="gpu targets: compile every kernel ahead for this NVIDIA architecture (no GPU needed) and show its "
+    "registers, spills and shared memory (repeatable).",
+)
 def explain(
     model: str,
     level: int,
@@ -70,6 +78,7 @@ def explain(
     target: str,
     precision: str,
     as_json: bool,
+    arches: tuple[str, ...],
 ) -> None:
     """Show what kiln does to MODEL (an .onnx path or a zoo name), stage by stage of the very
     pipeline a compile runs (import, specialize, fold, decompose, passes, lower, plan-memory,
@@ -155,8 +164,16 @@ def explain(
     if kernels:
         plan = compile_variant(graph, binding, compiled_for, options, observe=observe)
         if plan.target is not None and not plan.whole_graph_reason:
-            executable = Executable(plan)
-            observe("load", executable.runners)
+            from kiln.lower.target import TargetError
+
+            try:
+                executable = Executable(plan)
+            except TargetError as err:  # compiled for hardware this machine lacks (gpu without a CUDA device)
+                report["not_loaded"] = str(err)
+                if not as_json:
+                    out.print(f"[yellow]not loaded:[/] {escape(str(err))}")
+            else:
+                observe("load", executable.runners)
     else:  # the graph stages only
         from kiln.driver.pipeline import graph_stages
 
@@ -170,6 +187,10 @@ def explain(
     report["printed"] = printed
     if plan is not None:
         report["plan"] = _plan_summary(plan)
+    if plan is not None and plan.target is not None and plan.target.backend == "gpu" and plan.source:
+        report["gpu"] = _gpu_kernels(plan, arches, quiet=as_json)
+    elif arches:
+        raise click.BadParameter("--arch compiles a gpu target's kernels: use it with --target gpu", param_hint="--arch")
     if as_json:
         click.echo(json.dumps(report, indent=1, default=str))
         return
@@ -184,6 +205,8 @@ def explain(
         _explain_refusals(refusals)
     if plan is not None:
         _explain_plan(plan)
+    if "gpu" in report:
+        _explain_gpu(report["gpu"])
     if profile:
         _explain_profile(model, seen["specialize"], binding, runs, top, compiled_for, options)
 
@@ -267,6 +290,82 @@ def _explain_profile(model: str, graph, binding: dict[str, int], runs: int, top:
 MAX_REFUSALS = 40
 
 
+def _gpu_kernels(plan, arches: tuple[str, ...], quiet: bool) -> dict:  # type: ignore[no-untyped-def]
+    """The gpu target's kernel functions: launches, grid, blocks, and per architecture asked
+    (compiled ahead, no GPU needed) registers, spills and shared memory."""
+    from kiln.backends.gpu import source_file
+    from kiln.backends.gpu.ahead import compile_ahead
+    from kiln.backends.gpu.render import Launch
+    from kiln.backends.gpu.runtime import module
+
+    path = source_file(plan.source)
+    namespace = module(plan.source, interpret=plan.target.isa == "interpret")
+    launches = [Launch.of(fields) for segment in namespace["LAUNCHES"].values() for fields in segment]
+    functions: dict[str, dict] = {}
+    for launch in launches:
+        entry = functions.setdefault(
+            launch.function,
+            {
+                "function": launch.function,
+                "kind": launch.kind,
+                "kernels": [],
+                "grid": list(launch.grid),
+                "blocks": dict(launch.constants),
+                "num_warps": launch.num_warps,
+                "num_stages": launch.num_stages,
+                "arch": {},
+            },
+        )
+        entry["kernels"].append(launch.kernel)
+    for arch in arches:
+        with console.status(f"compiling {len(functions)} Triton kernels for {arch}...") if not quiet else _null():
+            for found in compile_ahead(plan.source, arch):
+                functions[found.function]["arch"][arch] = {
+                    "registers": found.registers,
+                    "spill_bytes": found.spill_bytes,
+                    "stack_bytes": found.stack_bytes,
+                    "shared_bytes": found.shared_bytes,
+                    "error": found.error,
+                }
+    return {"source": str(path), "launches": len(launches), "functions": list(functions.values()), "arches": list(arches)}
+
+
+def _null():  # type: ignore[no-untyped-def]
+    import contextlib
+
+    return contextlib.nullcontext()
+
+
+def _explain_gpu(found: dict) -> None:
+    arches = found["arches"]
+    table = Table(title=f"Triton kernels: {len(found['functions'])} functions, {found['launches']} launches")
+    for column in ("function", "kind", "launches", "grid", "blocks", "warps/stages"):
+        table.add_column(column, overflow="fold")
+    for arch in arches:
+        table.add_column(f"{arch} regs / spill B / smem B", overflow="fold")
+    for entry in found["functions"]:
+        cells = []
+        for arch in arches:
+            usage = entry["arch"][arch]
+            if usage["error"]:
+                cells.append(f"[red]does not compile: {escape(usage['error'])}[/]")
+            else:
+                spill = usage["spill_bytes"]
+                cells.append(f"{usage['registers']} / {'[red]' + str(spill) + '[/]' if spill else 0} / {usage['shared_bytes']}")
+        kernels = entry["kernels"]
+        table.add_row(
+            entry["function"],
+            entry["kind"],
+            str(len(kernels)),
+            "x".join(map(str, entry["grid"])),
+            ", ".join(f"{k}={v}" for k, v in entry["blocks"].items()),
+            f"{entry['num_warps']}/{entry['num_stages']}",
+            *cells,
+        )
+    out.print(table)
+    out.print(f"Triton source: {found['source']}")
+
+
 def _refusals(graph):  # type: ignore[no-untyped-def]
     """Why the fusion pass left nodes apart (fuse records a reason for every refusal)."""
     from kiln.passes.fuse import Refusal, fuse
@@ -311,6 +410,7 @@ def _plan_summary(plan) -> dict:  # type: ignore[no-untyped-def]
         "memory": {"arena_bytes": plan.memory.arena_bytes, "described": plan.memory.describe()},
         "source": str(plan.library.with_suffix(".c")) if plan.library is not None else None,
         "library": str(plan.library) if plan.library is not None else None,
+        "kernels": sum(len(s.kernels) for s in plan.steps if not isinstance(s, Fallback)),
     }
 
 

@@ -11,7 +11,7 @@ from tests.targets.kir_backend import ensure_registered
 
 ensure_registered()
 
-COMPILED_TARGETS = ["cpu", "cpu:avx512", "cpu:avx2", "cpu:generic", "kir", "kir:loops"]
+COMPILED_TARGETS = ["cpu", "cpu:avx512", "cpu:avx2", "cpu:generic", "kir", "kir:loops", "gpu:interpret"]
 
 
 def runnable(target: str) -> str:

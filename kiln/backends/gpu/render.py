@@ -253,6 +253,7 @@ class Context:
         self.env: dict[str, str] = {}
         self.scalars: dict[str, DType] = {}
         self.pointers: dict[Buffer, str] = {}
+        self.names: dict[str, str] = {}  # kernel-IR index and scalar names -> Python names
         self.override: list[tuple[Buffer, Expr, str]] = []
         self.intercept: dict[Buffer, str] = {}  # stores into this buffer assign this variable instead
         self.counter = 0
@@ -270,9 +271,22 @@ class Context:
         self.lines.append(self.indent + line)
 
     def pointer(self, buffer: Buffer) -> str:
+        """The argument naming ``buffer`` (by position: kernels that differ only in their buffers
+        have the same text, and the module keeps one of them)."""
         if buffer not in self.pointers:
-            self.pointers[buffer] = f"b_{buffer.name}"
+            self.pointers[buffer] = f"p{len(self.pointers)}"
         return self.pointers[buffer]
+
+    def index(self, name: str) -> str:
+        """The variable of a loop index (named by order of appearance, for the same reason)."""
+        if name not in self.names:
+            self.names[name] = f"i{len(self.names)}"
+        return self.names[name]
+
+    def scalar(self, name: str) -> str:
+        if name not in self.names:
+            self.names[name] = f"s{len(self.names)}"
+        return self.names[name]
 
 
 def both(a: str, b: str) -> str:
@@ -354,7 +368,7 @@ class Expressions:
         if isinstance(e, Scalar):
             if e.name in ctx.env:  # a helper's parameter bound to a value of the engine
                 return Val(ctx.env[e.name], e.dtype)
-            return Val(f"s_{e.name}", e.dtype)
+            return Val(ctx.scalar(e.name), e.dtype)
         if isinstance(e, Load):
             index = self.node(e.index, guard)
             for buffer, at, text in ctx.override:
@@ -510,7 +524,7 @@ class Statements:
                 ctx.emit(f"for {counter} in tl.range({bounds[0][0]}, {bounds[1][0]}):")
             outer = ctx.indent
             ctx.indent += "    "
-            name = f"i_{stmt.index.name}"
+            name = ctx.index(stmt.index.name)
             ctx.emit(f"{name} = {counter} + _zero")
             saved = ctx.env.get(stmt.index.name)
             ctx.env[stmt.index.name] = name
@@ -534,10 +548,10 @@ class Statements:
         elif isinstance(stmt, Let):
             v = self.exprs.value(stmt.value, pred)
             ctx.scalars[stmt.scalar.name] = stmt.scalar.dtype
-            ctx.emit(f"s_{stmt.scalar.name} = {self.broadcast(v, stmt.scalar.dtype)}")
+            ctx.emit(f"{ctx.scalar(stmt.scalar.name)} = {self.broadcast(v, stmt.scalar.dtype)}")
         elif isinstance(stmt, Assign):
             v = self.exprs.value(stmt.value, pred)
-            name = f"s_{stmt.scalar.name}"
+            name = ctx.scalar(stmt.scalar.name)
             if pred is None or pred == base:
                 ctx.emit(f"{name} = {self.broadcast(v, stmt.scalar.dtype)}")
             else:
@@ -569,7 +583,7 @@ class Statements:
         outer_indent, outer_shape, outer_zero = ctx.indent, ctx.shape, ctx.zero
         ctx.indent += "    "
         arange = f"tl.arange(0, {width}).to(tl.int64)"
-        name = f"i_{loop.index.name}"
+        name = ctx.index(loop.index.name)
         ctx.emit(f"{name} = {counter} + _zero + {arange}{'[None, :]' if ctx.lanes else ''}")
         ctx.shape = f"[BLOCK, {width}]" if ctx.lanes else f"[{width}]"
         ctx.zero = ctx.fresh("zv")
@@ -597,7 +611,7 @@ class Statements:
                         f"{folded} = tl.where(tl.reduce(({values} != {values}).to(tl.int32), {axis}, "
                         f'tl.standard._sum_combine) > 0, float("nan"), {folded})'
                     )
-                target = f"s_{stmt.scalar.name}"
+                target = ctx.scalar(stmt.scalar.name)
                 ctx.emit(f"{target} = {COMBINE[kind]}({target}, {folded}{'[:, None]' if ctx.lanes else ''})")
             else:
                 self.statement(stmt, inside, inside)
@@ -675,8 +689,8 @@ def render_nest(name: str, kernel: Kernel, stmt: For | list[Stmt], table: dict[B
             text = "_lin" if stride == 1 else f"(_lin // {stride})"
             if position:
                 text = f"{text} % {extent}"
-            head.append(f"    i_{loop.index.name} = {text}")
-            ctx.env[loop.index.name] = f"i_{loop.index.name}"
+            head.append(f"    {ctx.index(loop.index.name)} = {text}")
+            ctx.env[loop.index.name] = ctx.index(loop.index.name)
         Statements(ctx, [loop.index.name for loop in lanes]).block(lanes[-1].body, "_lanes", "_lanes")
         # lanes per program: a tile of lanes x the widest vector loop stays within TILE_MAX elements
         block = min(LANES_MAX, p2(total), max(1, TILE_MAX // max(1, ctx.widest)))
@@ -745,8 +759,10 @@ def _operand_address(op: MatrixOperand | PackedOperand, rows: str, cols: str, k:
 
 
 def gemm_blocks(m: int, n: int, k: int) -> dict[str, int]:
-    """Tile sizes of a product: 64x64 output tiles (at least 16, tl.dot's minimum), 32-deep steps."""
-    return {"BM": min(64, max(16, p2(m))), "BN": min(64, max(16, p2(n))), "BK": min(32, max(16, p2(k)))}
+    """Tile sizes of a product: 64x64 output tiles (at least 16, tl.dot's minimum), 32-deep steps;
+    a short K takes two 16-deep steps rather than one (a k loop of one step is unrolled whole, and
+    ptxas then spills VGG's first convolution, K = 27, to the stack)."""
+    return {"BM": min(64, max(16, p2(m))), "BN": min(64, max(16, p2(n))), "BK": min(32, max(16, p2(k) // 2))}
 
 
 def render_gemm(name: str, kernel: Kernel, call: GemmSpec, table: dict[Buffer, int]) -> tuple[str, Launch]:
@@ -758,13 +774,14 @@ def render_gemm(name: str, kernel: Kernel, call: GemmSpec, table: dict[Buffer, i
     a_ptr, b_ptr = ctx.pointer(call.a.buffer), ctx.pointer(call.b.buffer)
     out = ctx.pointer(call.out)
     even = k % blocks["BK"] == 0  # no k step runs past K: its loads need no k mask
+    index = "tl.int64"  # (32-bit tile indices were tried: ptxas then spills the implicit GEMMs on sm_80)
     a_at, a_step = _operand_address(call.a, "rm[:, None]", "rk[None, :]", k, "a")
     head = [
         "    _zero = tl.full([], 0, tl.int64)",
-        "    bt = tl.program_id(2).to(tl.int64)",
-        "    rm = tl.program_id(0).to(tl.int64) * BM + tl.arange(0, BM).to(tl.int64)",
-        "    rn = tl.program_id(1).to(tl.int64) * BN + tl.arange(0, BN).to(tl.int64)",
-        "    rk = tl.arange(0, BK).to(tl.int64)",
+        f"    bt = tl.program_id(2).to({index})",
+        f"    rm = tl.program_id(0).to({index}) * BM + tl.arange(0, BM).to({index})",
+        f"    rn = tl.program_id(1).to({index}) * BN + tl.arange(0, BN).to({index})",
+        f"    rk = tl.arange(0, BK).to({index})",
         "    acc = tl.full([BM, BN], 0, tl.float32)",
         f"    a_at = {a_ptr} + ({a_at})",
         f"    a_rows = rm[:, None] < {m}",
@@ -822,9 +839,11 @@ def _slice_start(op: AttentionOperand) -> str:
 
 
 def attention_blocks(queries: int, keys: int, depth: int, width: int) -> dict[str, int]:
+    """64 queries x 32 keys per step (with 8 warps: 128 registers a thread for head size 64, no
+    spills on sm_80/sm_90; 64 keys a step spill), the whole head depth and width."""
     return {
         "BQ": min(64, max(16, p2(queries))),
-        "BKEY": min(64, max(16, p2(keys))),
+        "BKEY": min(32, max(16, p2(keys))),
         "BD": max(16, p2(depth)),
         "BW": max(16, p2(width)),
     }
@@ -887,7 +906,10 @@ def render_attention(name: str, kernel: Kernel, call: AttentionSpec, table: dict
     blocks = attention_blocks(nq, nk, d, w)
     source, signature = _function(name, ctx, list(blocks), head)
     grid = (-(-nq // blocks["BQ"]), call.batch)
-    launch = Launch(name, kernel.name, grid, tuple(table[b] for b in ctx.pointers), blocks, 4, 2, "attention", signature)
+    warps = 8 if blocks["BQ"] * max(blocks["BD"], blocks["BW"]) >= 4096 else 4
+    launch = Launch(
+        name, kernel.name, grid, tuple(table[b] for b in ctx.pointers), blocks, warps, 2, "attention", signature
+    )
     return source, launch
 
 
@@ -914,10 +936,16 @@ def render_module(segments: Sequence[Sequence[Kernel]], table: dict[Buffer, int]
     """The plan's Triton module: every kernel's functions, then ``LAUNCHES`` (segment -> launches)."""
     chunks = [PRELUDE]
     launches: dict[int, list[tuple]] = {}
+    seen: dict[str, str] = {}  # a function's text (its name left out) -> the function kept
     for number, kernels in enumerate(segments):
         for kernel in kernels:
             for source, launch in render_kernel(kernel, table):
-                chunks.append(source)
+                text = source.replace(f"def {launch.function}(", "def KERNEL(", 1)
+                if text in seen:  # the same kernel on other buffers (a repeated layer): compiled once
+                    launch.function = seen[text]
+                else:
+                    seen[text] = launch.function
+                    chunks.append(source)
                 launches.setdefault(number, []).append(launch.as_tuple())
     chunks.append("\n\nLAUNCHES = " + repr(launches) + "\n")
     return "\n".join(chunks)
