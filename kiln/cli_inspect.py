@@ -190,7 +190,9 @@ def explain(
     if plan is not None and plan.target is not None and plan.target.backend == "gpu" and plan.source:
         report["gpu"] = _gpu_kernels(plan, arches, quiet=as_json)
     elif arches:
-        raise click.BadParameter("--arch compiles a gpu target's kernels: use it with --target gpu", param_hint="--arch")
+        raise click.BadParameter(
+            "--arch compiles a gpu target's kernels: use it with --target gpu", param_hint="--arch"
+        )
     if as_json:
         click.echo(json.dumps(report, indent=1, default=str))
         return
@@ -327,7 +329,12 @@ def _gpu_kernels(plan, arches: tuple[str, ...], quiet: bool) -> dict:  # type: i
                     "shared_bytes": found.shared_bytes,
                     "error": found.error,
                 }
-    return {"source": str(path), "launches": len(launches), "functions": list(functions.values()), "arches": list(arches)}
+    return {
+        "source": str(path),
+        "launches": len(launches),
+        "functions": list(functions.values()),
+        "arches": list(arches),
+    }
 
 
 def _null():  # type: ignore[no-untyped-def]
@@ -351,7 +358,9 @@ def _explain_gpu(found: dict) -> None:
                 cells.append(f"[red]does not compile: {escape(usage['error'])}[/]")
             else:
                 spill = usage["spill_bytes"]
-                cells.append(f"{usage['registers']} / {'[red]' + str(spill) + '[/]' if spill else 0} / {usage['shared_bytes']}")
+                cells.append(
+                    f"{usage['registers']} / {'[red]' + str(spill) + '[/]' if spill else 0} / {usage['shared_bytes']}"
+                )
         kernels = entry["kernels"]
         table.add_row(
             entry["function"],

@@ -13,7 +13,8 @@ from typing import Any
 
 from kiln.backends.gpu.render import Launch, render_module
 from kiln.backends.gpu.runtime import DevicePlan, SegmentRunner, cuda_missing, module, traffic, triton_missing
-from kiln.backends.registry import Backend, SegmentRunner as Runner, Threading
+from kiln.backends.registry import Backend, Threading
+from kiln.backends.registry import SegmentRunner as Runner
 from kiln.errors import KilnError
 from kiln.lower.kir import Buffer, Kernel
 from kiln.lower.target import Target, TargetError
@@ -26,7 +27,9 @@ class GpuBackend(Backend):
 
     def describe(self, variant: str) -> Target:
         if variant not in ("", "interpret"):
-            raise TargetError(f"unknown target 'gpu:{variant}'; the gpu target's variants: {', '.join(self.variants())}")
+            raise TargetError(
+                f"unknown target 'gpu:{variant}'; the gpu target's variants: {', '.join(self.variants())}"
+            )
         missing = triton_missing()
         if missing:
             raise TargetError(f"target 'gpu{':' + variant if variant else ''}' needs Triton: {missing}")

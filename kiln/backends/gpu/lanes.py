@@ -174,7 +174,9 @@ def _independent(nest: list[For], depth: int, flags: frozenset[Buffer]) -> bool:
     return True
 
 
-def _disjoint(accesses: list[_Access], names: list[str], extents: list[int], fixed: frozenset[str] = frozenset()) -> bool:
+def _disjoint(
+    accesses: list[_Access], names: list[str], extents: list[int], fixed: frozenset[str] = frozenset()
+) -> bool:
     """Whether the lane iterations' footprints in one buffer are disjoint, every access through the
     same lane coefficients. ``fixed``: indices of enclosing loops (one value for all the accesses
     compared): every access must use them alike."""
@@ -289,7 +291,7 @@ def vector_loop(loop: For, fixed: frozenset[str]) -> dict[str, str] | None:
         uses = sum(1 for n in _scalar_reads(loop.body) if n == scalar)
         if uses != 1:
             return None
-    for buffer, accesses in found.items():
+    for accesses in found.values():
         if accesses["stores"] and not _disjoint(
             accesses["stores"] + accesses["loads"], [name], [loop.extent - loop.start], fixed
         ):

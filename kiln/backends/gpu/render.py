@@ -34,9 +34,9 @@ from kiln.errors import KilnError
 from kiln.ir.types import DType
 from kiln.lower.kir import (
     COMPARISONS,
+    Assign,
     AttentionOperand,
     AttentionSpec,
-    Assign,
     Binary,
     Buffer,
     Cast,
@@ -452,7 +452,7 @@ class Expressions:
             return Val(f"({x.text} {op} {y.text})", DType.BOOL)
         if op == "/":
             return Val(f"({x.text} {'/' if common.is_float else '//'} {y.text})", dtype)
-        if op == "%" and common.is_float or op == "fmod":
+        if (op == "%" and common.is_float) or op == "fmod":
             return Val(f"libdevice.fmod({tensor(x)}, {tensor(y)})", dtype)
         if op == "pow":
             return Val(f"libdevice.pow({tensor(x)}, {tensor(y)})", dtype)
@@ -568,7 +568,9 @@ class Statements:
             mask = "" if pred is None else f", mask={pred}"
             ctx.emit(f"tl.store({address}, {value.text}{mask})")
         else:
-            raise CannotRender(f"the gpu target renders engine calls only at a kernel's top level, not {type(stmt).__name__}")
+            raise CannotRender(
+                f"the gpu target renders engine calls only at a kernel's top level, not {type(stmt).__name__}"
+            )
 
     def vector_loop(self, loop: For, reductions: dict[str, str], pred: str | None) -> None:
         """A loop whose iterations are independent (``lanes.vector_loop``) as steps of a vector of
@@ -754,7 +756,10 @@ def _operand_address(op: MatrixOperand | PackedOperand, rows: str, cols: str, k:
         raise CannotRender(f"packed layout {op.layout} is the CPU engine's reduced-precision one")
     panel = op.panel
     if side == "a":  # [batch][ceil(m/panel)][k][panel]
-        return f"bt * {op.batch_stride} + ({rows} // {panel}) * {k * panel} + {cols} * {panel} + {rows} % {panel}", panel
+        return (
+            f"bt * {op.batch_stride} + ({rows} // {panel}) * {k * panel} + {cols} * {panel} + {rows} % {panel}",
+            panel,
+        )
     return f"bt * {op.batch_stride} + ({cols} // {panel}) * {k * panel} + {rows} * {panel} + {cols} % {panel}", panel
 
 
@@ -790,7 +795,7 @@ def render_gemm(name: str, kernel: Kernel, call: GemmSpec, table: dict[Buffer, i
     if isinstance(call.b, Im2colOperand):
         # the convolution's input read as its im2col matrix: each k step's addresses computed here
         kind = "conv"
-        c, h, w, kh, kw, sh, sw, dh, dw, pt, pl, oh, ow = call.b.geometry
+        _, h, w, kh, kw, sh, sw, dh, dw, pt, pl, _, ow = call.b.geometry
         head += [
             f"    ih0 = (rn[None, :] // {ow}) * {sh} - {pt}",
             f"    iw0 = (rn[None, :] % {ow}) * {sw} - {pl}",

@@ -219,7 +219,7 @@ class SegmentRunner:
         status: Buffer | None,
     ) -> None:
         self.state = state
-        self.launches = [(functions[l.function], l, [slots[s] for s in l.slots]) for l in launches]
+        self.launches = [(functions[x.function], x, [slots[s] for s in x.slots]) for x in launches]
         self.upload = upload
         self.download = download
         self.status = status
