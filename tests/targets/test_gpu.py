@@ -1,0 +1,253 @@
+"""The gpu target (Triton). No GPU is available to these machines: ``gpu:interpret`` runs the very
+kernels ``gpu`` would launch in Triton's interpreter (through the same device arena and transfers,
+the CPU standing in for the device), and every seed model's kernels are compiled ahead for sm_80
+and sm_90 (PTX -> cubin with Triton's own ptxas) and read back for registers and spills. The shared
+compiled-vs-reference cases run on gpu:interpret through the ``target`` fixture (conftest)."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+from onnx import helper
+
+import kiln
+from kiln.ir.types import DType
+from kiln.lower.kir import Assign, Binary, Buffer, Const, For, Index, Kernel, Let, Load, Scalar, Store, i64
+from tests.helpers import FLOAT, INT64, make_model
+
+triton = pytest.importorskip("triton", reason="the gpu target needs Triton (kiln's gpu extra)")
+
+from kiln.backends.gpu import transfer_times  # noqa: E402
+from kiln.backends.gpu.lanes import lane_depth, vector_loop  # noqa: E402
+from kiln.backends.gpu.render import render_module  # noqa: E402
+
+F32 = DType.FLOAT32
+
+
+def relative_l2(got: np.ndarray, want: np.ndarray) -> float:
+    return float(np.linalg.norm((got - want).ravel()) / max(1e-30, np.linalg.norm(want.ravel())))
+
+
+# -- which loops become lanes -------------------------------------------------------------------------------
+
+
+def nest(store_index, load_index=None, extents=(4, 8)) -> For:
+    """for i < 4: for j < 8: out[store_index] = x[load_index] (+ out[...] when loading out)."""
+    i, j = Index("i"), Index("j")
+    out, x = Buffer("out", F32, 64), Buffer("x", F32, 64)
+    index = store_index(i, j)
+    value = Load(x, (load_index or store_index)(i, j))
+    return For(i, extents[0], [For(j, extents[1], [Store(out, index, value)])])
+
+
+def flat(i, j):
+    return Binary("+", Binary("*", i, i64(8)), j)
+
+
+def test_independent_loops_become_lanes_and_carried_ones_do_not():
+    assert lane_depth(nest(flat)) == 2  # out[8i + j]
+    assert lane_depth(nest(lambda i, j: Binary("+", i, Binary("*", j, i64(4))))) == 2  # a transposed write
+    assert lane_depth(nest(lambda i, j: j)) == 0  # every i writes the same 8 elements: no lane is safe
+    assert lane_depth(nest(lambda i, j: Binary("+", Binary("*", i, i64(4)), j))) == 0  # rows overlap
+
+    # a running sum: out[i] = out[i - 1] + x[i] carries a value from one iteration to the next
+    i = Index("i")
+    out, x = Buffer("out", F32, 16), Buffer("x", F32, 16)
+    scan = For(i, 15, [Store(out, Binary("+", i, i64(1)), Binary("+", Load(out, i), Load(x, Binary("+", i, i64(1)))))])
+    assert lane_depth(scan) == 0
+    # a scatter: where it writes depends on data
+    idx = Buffer("idx", DType.INT64, 16)
+    assert lane_depth(For(i, 16, [Store(out, Load(idx, i), Load(x, i))])) == 0
+
+
+def test_an_inner_loop_folding_into_a_scalar_is_a_tree_reduction_and_a_carried_one_is_not():
+    k = Index("k")
+    x = Buffer("x", F32, 64)
+    total = Scalar("total", F32)
+    summing = For(k, 64, [Assign(total, Binary("+", total, Load(x, k)))])
+    assert vector_loop(summing, frozenset()) == {"total": "+"}
+    from kiln.lower.pointwise import FLOAT_OPS
+
+    largest = For(k, 64, [Assign(total, FLOAT_OPS["Max"]([total, Load(x, k)], {}, F32))])
+    assert vector_loop(largest, frozenset()) == {"total": "max"}
+    # total = total * 0.5 + x[k]: not associative in the order the loop writes it
+    decaying = For(k, 64, [Assign(total, Binary("+", Binary("*", total, Const(0.5, F32)), Load(x, k)))])
+    assert vector_loop(decaying, frozenset()) is None
+    # a store each iteration reads back from the previous one
+    out = Buffer("out", F32, 65)
+    chained = For(k, 64, [Store(out, Binary("+", k, i64(1)), Load(out, k))])
+    assert vector_loop(chained, frozenset()) is None
+
+
+def test_the_rendered_module_keeps_one_function_per_distinct_kernel():
+    def kernel(name: str, source: Buffer, dest: Buffer) -> Kernel:
+        i = Index(f"i_{name}")
+        body = [For(i, 100, [Let(Scalar(f"t_{name}", F32), Load(source, i)), Store(dest, i, Load(source, i))])]
+        return Kernel(name, "pointwise", body, [source], [dest], [name])
+
+    a, b, c = (Buffer(n, F32, 100) for n in "abc")
+    table = {Buffer("status", DType.INT32, 1): 0, a: 1, b: 2, c: 3}
+    source = render_module([[kernel("k1", a, b), kernel("k2", b, c)]], table)
+    namespace: dict = {}
+    exec(source.split("\n\nLAUNCHES = ", 1)[1].join(["LAUNCHES = ", ""]), namespace)
+    launches = namespace["LAUNCHES"][0]
+    assert [launch[0] for launch in launches] == ["k1_0", "k1_0"]  # k2 is k1 on other buffers
+    assert [launch[3] for launch in launches] == [(1, 2), (2, 3)]
+    assert source.count("@triton.jit\ndef k") == 1
+
+
+# -- models on gpu:interpret ---------------------------------------------------------------------------------
+
+
+def f(*shape: int, seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed + sum(shape)).standard_normal(shape).astype(np.float32)
+
+
+def check(model, feeds, tolerance=1e-5):
+    compiled = kiln.compile(model, target="gpu:interpret")
+    assert compiled.is_native, [(x.node.label, x.reason) for p in compiled.plans for x in p.fallbacks]
+    expected = kiln.compile(model, target="reference").run(feeds)
+    got = compiled.run(feeds)
+    for key, value in expected.items():
+        assert relative_l2(np.asarray(got[key], np.float64), np.asarray(value, np.float64)) < tolerance, key
+    return compiled
+
+
+@pytest.mark.parametrize(
+    "attrs",
+    [
+        {"pads": [1, 1, 1, 1]},
+        {"pads": [0, 1, 2, 1], "strides": [2, 2]},
+        {"pads": [2, 2, 2, 2], "dilations": [2, 2]},
+    ],
+    ids=["padded", "strided", "dilated"],
+)
+def test_a_convolution_is_an_implicit_gemm_with_its_epilogue(attrs):
+    model = make_model(
+        [helper.make_node("Conv", ["x", "w", "b"], ["c"], **attrs), helper.make_node("Relu", ["c"], ["y"])],
+        [("x", FLOAT, [2, 5, 11, 9])],
+        [("y", FLOAT, None)],
+        {"w": f(7, 5, 3, 3), "b": f(7)},
+    )
+    compiled = check(model, {"x": f(2, 5, 11, 9, seed=1)})
+    assert "tl.dot" in compiled.plans[0].source and "inside = " in compiled.plans[0].source
+
+
+def test_attention_runs_as_one_flash_kernel_and_a_fully_masked_row_gives_the_references_answer():
+    # scores masked to -inf on a whole row: the reference's softmax gives NaN there, and so must kiln
+    q, k, v = f(1, 2, 24, 16, seed=1), f(1, 2, 40, 16, seed=2), f(1, 2, 40, 16, seed=3)
+    mask = np.zeros((24, 40), np.float32)
+    mask[5, :] = -np.inf
+    mask[:, 33:] = -np.inf
+    model = make_model(
+        [
+            helper.make_node("Transpose", ["k"], ["kt"], perm=[0, 1, 3, 2]),
+            helper.make_node("MatMul", ["q", "kt"], ["s"]),
+            helper.make_node("Mul", ["s", "scale"], ["ss"]),
+            helper.make_node("Add", ["ss", "mask"], ["sm"]),
+            helper.make_node("Softmax", ["sm"], ["p"], axis=-1),
+            helper.make_node("MatMul", ["p", "v"], ["y"]),
+        ],
+        [("q", FLOAT, [1, 2, 24, 16]), ("k", FLOAT, [1, 2, 40, 16]), ("v", FLOAT, [1, 2, 40, 16])],
+        [("y", FLOAT, None)],
+        {"scale": np.array(0.25, np.float32), "mask": mask},
+    )
+    feeds = {"q": q, "k": k, "v": v}
+    compiled = kiln.compile(model, target="gpu:interpret")
+    source = compiled.plans[0].source
+    assert "tl.dot(p, vb" in source and source.count("@triton.jit\ndef k") == 1  # one kernel, scores in registers
+    got = compiled.run(feeds)["y"]
+    want = kiln.compile(model, target="reference").run(feeds)["y"]
+    assert np.isnan(got[0, :, 5]).all() and np.isnan(want[0, :, 5]).all()
+    keep = np.ones(24, bool)
+    keep[5] = False
+    np.testing.assert_allclose(got[0][:, keep], want[0][:, keep], rtol=1e-4, atol=1e-5)
+
+
+def test_reductions_and_a_sequential_scan_match_the_reference():
+    model = make_model(
+        [
+            helper.make_node("LayerNormalization", ["x", "g", "b"], ["n"], axis=-1),
+            helper.make_node("Softmax", ["n"], ["s"], axis=-1),
+            helper.make_node("ReduceMax", ["s", "axes"], ["m"], keepdims=0),
+            helper.make_node("CumSum", ["x", "axis"], ["c"]),
+        ],
+        [("x", FLOAT, [3, 7, 300])],
+        [("m", FLOAT, None), ("c", FLOAT, None)],
+        {"g": f(300), "b": f(300, seed=4), "axes": np.array([1], np.int64), "axis": np.array(2, np.int64)},
+    )
+    x = f(3, 7, 300, seed=5)
+    x[1, 2, 7] = np.nan  # NaN wins a max on every target
+    compiled = kiln.compile(model, target="gpu:interpret")
+    got = compiled.run({"x": x})
+    want = kiln.compile(model, target="reference").run({"x": x})
+    np.testing.assert_allclose(got["m"], want["m"], rtol=1e-5, atol=1e-6)
+    assert np.isnan(got["m"][1]).any()
+    np.testing.assert_allclose(got["c"], want["c"], rtol=1e-4, atol=1e-4)
+
+
+def test_an_index_out_of_range_is_an_error_not_a_wild_read():
+    model = make_model(
+        [helper.make_node("Gather", ["w", "i"], ["y"], axis=0)],
+        [("i", INT64, [5])],
+        [("y", FLOAT, None)],
+        {"w": f(10, 33)},
+    )
+    compiled = kiln.compile(model, target="gpu:interpret")
+    np.testing.assert_array_equal(compiled.run({"i": np.array([0, 9, -1, 3, 3])})["y"], f(10, 33)[[0, 9, -1, 3, 3]])
+    with pytest.raises(kiln.KilnError, match="out of range"):
+        compiled.run({"i": np.array([0, 10, 3, 3, 3])})
+
+
+def test_transfers_are_timed_apart_from_kernels_and_concurrent_runs_stay_correct():
+    model = make_model(
+        [helper.make_node("MatMul", ["x", "w"], ["m"]), helper.make_node("Tanh", ["m"], ["y"])],
+        [("x", FLOAT, [8, 64])],
+        [("y", FLOAT, None)],
+        {"w": f(64, 32)},
+    )
+    compiled = kiln.compile(model, target="gpu:interpret")
+    feeds = [{"x": f(8, 64, seed=s)} for s in range(6)]
+    want = [np.tanh(x["x"] @ f(64, 32)) for x in feeds]
+    results: dict[int, np.ndarray] = {}
+
+    def run(n: int) -> None:
+        results[n] = compiled.run(feeds[n])["y"]
+
+    threads = [threading.Thread(target=run, args=(n,)) for n in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for n in range(6):
+        np.testing.assert_allclose(results[n], want[n], rtol=1e-5, atol=1e-5)
+    times = transfer_times([r for p in compiled._variants.values() for r in p.runners])
+    assert times is not None and times["runs"] == 6
+    assert times["upload_ms"] > 0 and times["compute_ms"] > 0 and times["download_ms"] > 0
+
+
+def test_save_and_load_rebuild_the_kernels_from_the_ir(tmp_path):
+    model = make_model(
+        [helper.make_node("Gemm", ["x", "w", "b"], ["y"], transB=1)],
+        [("x", FLOAT, [4, 16])],
+        [("y", FLOAT, None)],
+        {"w": f(8, 16), "b": f(8)},
+    )
+    compiled = kiln.compile(model, target="gpu:interpret")
+    path = compiled.save(tmp_path / "m.kiln")
+    loaded = kiln.load(path)
+    x = f(4, 16, seed=9)
+    assert loaded.target == "gpu:interpret"
+    np.testing.assert_allclose(loaded.run({"x": x})["y"], compiled.run({"x": x})["y"], rtol=0, atol=0)
+
+
+def test_the_gpu_target_without_a_cuda_device_says_so_and_names_the_interpreter():
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a CUDA device: target 'gpu' runs")
+    model = make_model([helper.make_node("Relu", ["x"], ["y"])], [("x", FLOAT, [4])], [("y", FLOAT, None)])
+    with pytest.raises(kiln.KilnError, match="no CUDA device.*gpu:interpret"):
+        kiln.compile(model, target="gpu")
