@@ -27,6 +27,14 @@ from kiln.cli_support import console, out, split_values
     help="Backends, comma-separated or repeated. [default: every known backend; missing ones are reported as such]",
 )
 @click.option(
+    "--device",
+    type=click.Choice(["all", "cpu", "cuda"]),
+    default="all",
+    show_default=True,
+    help="Which default backends to run: the CPU's, the CUDA device's (kiln-gpu, tensorrt, onnxruntime-cuda, "
+    "torch.compile-cuda; 'unavailable: no CUDA device' on a machine without one), or both. --backends overrides.",
+)
+@click.option(
     "--scenario", "-s", "scenarios", multiple=True, help="single-stream, offline, server. [default: single-stream]"
 )
 @click.option("--batch", "batches", multiple=True, type=int, help="Batch size(s). [default: 1]")
@@ -121,12 +129,18 @@ def bench(ctx: click.Context, **options) -> None:  # type: ignore[no-untyped-def
 
 def _bench_config(options: dict):  # type: ignore[no-untyped-def]
     from kiln import zoo as models
-    from kiln.bench.backends import DEFAULT_BACKENDS
+    from kiln.bench.backends import DEFAULT_BACKENDS, GPU_BACKENDS
     from kiln.bench.runner import BenchConfig
 
+    device = options.get("device", "all")
+    defaults = {
+        "cpu": [b for b in DEFAULT_BACKENDS if b not in GPU_BACKENDS],
+        "cuda": list(GPU_BACKENDS),
+        "all": list(dict.fromkeys([*DEFAULT_BACKENDS, *GPU_BACKENDS])),
+    }[device]
     return BenchConfig(
         models=split_values(options["models"]) or list(models.DEFAULT_MODELS),
-        backends=split_values(options["backends"]) or list(DEFAULT_BACKENDS),
+        backends=split_values(options["backends"]) or defaults,
         scenarios=split_values(options["scenarios"]) or ["single-stream"],
         batches=list(options["batches"]) or [1],
         threads=options["threads"],

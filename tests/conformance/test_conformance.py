@@ -12,10 +12,17 @@ BASELINE = json.loads((Path(__file__).parent / "baseline.json").read_text())
 @pytest.mark.slow
 @pytest.mark.parametrize(
     ("target", "suites"),
-    [("reference", ["node"]), ("reference", ["simple", "pytorch-converted", "pytorch-operator"]), ("cpu", ["node"])],
-    ids=["reference-node", "reference-other", "cpu-node"],
+    [
+        ("reference", ["node"]),
+        ("reference", ["simple", "pytorch-converted", "pytorch-operator"]),
+        ("cpu", ["node"]),
+        ("gpu:interpret", ["node"]),  # the gpu target's Triton kernels in Triton's interpreter
+    ],
+    ids=["reference-node", "reference-other", "cpu-node", "gpu-interpret-node"],
 )
 def test_suite_pass_count_holds_the_baseline(target, suites):
+    if target.startswith("gpu"):
+        pytest.importorskip("triton", reason="the gpu target needs Triton (kiln's gpu extra)")
     cases = load_cases(suites)
     expected = BASELINE[target]["+".join(suites)]
     assert len(cases) == expected["total"], "the installed onnx package has a different test suite"

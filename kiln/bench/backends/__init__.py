@@ -13,6 +13,7 @@ BACKENDS: dict[str, str] = {
     "kiln-bf16": "kiln.bench.backends.kiln_backend:KilnBf16Backend",
     "kiln-int8": "kiln.bench.backends.kiln_backend:KilnInt8Backend",
     "kiln-reference": "kiln.bench.backends.kiln_backend:KilnReferenceBackend",
+    "kiln-gpu": "kiln.bench.backends.gpu_backends:KilnGpuBackend",
     "onnxruntime": "kiln.bench.backends.onnxruntime_backend:OnnxRuntimeBackend",
     "onnxruntime-int8": "kiln.bench.backends.onnxruntime_backend:OnnxRuntimeInt8Backend",
     "openvino": "kiln.bench.backends.openvino_backend:OpenVinoBackend",
@@ -20,12 +21,16 @@ BACKENDS: dict[str, str] = {
     "openvino-int8": "kiln.bench.backends.openvino_backend:OpenVinoInt8Backend",
     "torch": "kiln.bench.backends.torch_backends:TorchEagerBackend",
     "torch.compile": "kiln.bench.backends.torch_backends:TorchCompileBackend",
+    "onnxruntime-cuda": "kiln.bench.backends.gpu_backends:OnnxRuntimeCudaBackend",
+    "torch.compile-cuda": "kiln.bench.backends.gpu_backends:TorchCompileCudaBackend",
     "tvm": "kiln.bench.backends.other_backends:TvmBackend",
     "iree": "kiln.bench.backends.other_backends:IreeBackend",
     "jax": "kiln.bench.backends.other_backends:JaxBackend",
     "tensorrt": "kiln.bench.backends.other_backends:TensorRtBackend",
 }
 DEFAULT_BACKENDS = ("kiln", "onnxruntime", "openvino", "torch", "torch.compile", "tvm", "iree", "jax", "tensorrt")
+# the rows of a CUDA device (``kiln bench --device cuda``; on a machine without one: "unavailable")
+GPU_BACKENDS = ("kiln-gpu", "tensorrt", "onnxruntime-cuda", "torch.compile-cuda")
 
 
 def register(name: str, location: str) -> None:
@@ -40,4 +45,13 @@ def backend_class(name: str) -> type[Backend]:
     return getattr(importlib.import_module(module_name), class_name)
 
 
-__all__ = ["BACKENDS", "DEFAULT_BACKENDS", "Backend", "Session", "Unavailable", "backend_class", "register"]
+__all__ = [
+    "BACKENDS",
+    "DEFAULT_BACKENDS",
+    "GPU_BACKENDS",
+    "Backend",
+    "Session",
+    "Unavailable",
+    "backend_class",
+    "register",
+]

@@ -1,0 +1,66 @@
+"""The seed models on the gpu target without a GPU: every kernel compiles ahead for sm_80 and sm_90
+(registers read back from the cubins: no spills in the product, convolution and attention kernels),
+fusion is at least as deep as on the cpu target, and the models at reduced sizes match the reference
+in Triton's interpreter."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import kiln
+from kiln import zoo
+
+pytest.importorskip("triton", reason="the gpu target needs Triton (kiln's gpu extra)")
+pytest.importorskip("torch", reason="torch (the 'zoo' extra) builds the zoo models")
+
+from kiln.backends.gpu.ahead import compile_ahead  # noqa: E402
+
+HEAVY = ("matmul", "conv", "attention")
+
+
+def gpu_plan(name: str):  # type: ignore[no-untyped-def]
+    from kiln.driver.pipeline import compile_plan
+    from kiln.frontend.onnx import import_onnx
+    from kiln.passes import specialize
+
+    graph = import_onnx(str(zoo.onnx_path(name)))
+    dims = {d: 1 if d == "batch" else 128 for v in graph.inputs for d in v.type.shape if isinstance(d, str)}
+    return compile_plan(specialize(graph, dims), "gpu"), compile_plan(specialize(graph, dims), "cpu")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", zoo.DEFAULT_MODELS)
+def test_every_kernel_of_a_seed_model_compiles_for_sm80_and_sm90_without_spills(name):
+    gpu, cpu = gpu_plan(name)
+    assert gpu.is_native, [(f.node.label, f.reason) for f in gpu.fallbacks]
+    kernels = [k for s in gpu.steps for k in getattr(s, "kernels", [])]
+    # fusion at least as deep as on the cpu target (which runs Winograd's three kernels per layer)
+    assert len(kernels) <= sum(len(getattr(s, "kernels", [])) for s in cpu.steps)
+    for arch in ("sm_80", "sm_90"):
+        reports = compile_ahead(gpu.source, arch)
+        failed = [(r.function, r.error) for r in reports if r.error]
+        assert not failed, f"{name} on {arch}: {failed}"
+        assert all(r.registers > 0 and r.spill_bytes >= 0 for r in reports)
+        spilled = [(r.function, r.kind, r.spill_bytes) for r in reports if r.kind in HEAVY and r.spill_bytes]
+        assert not spilled, f"{name} on {arch}: {spilled}"
+        assert sum(r.launches for r in reports) >= len(kernels)  # every kernel launched
+        assert {r.kind for r in reports} & set(HEAVY)
+
+
+REDUCED = [("resnet50", {"image_size": 64}), ("bert-base", {"seq": 16}), ("gpt2", {"seq": 16})]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("name", "sizes"), REDUCED, ids=[n for n, _ in REDUCED])
+def test_a_seed_model_at_reduced_size_matches_the_reference_in_the_interpreter(name, sizes):
+    from kiln.zoo.check import relative_l2
+
+    path = str(zoo.onnx_path(name, **sizes))
+    feeds = zoo.example_inputs(name, **sizes)
+    compiled = kiln.compile(path, target="gpu:interpret", dims={"batch": 1})
+    assert compiled.is_native
+    expected = kiln.compile(path, target="reference").run(feeds)
+    got = compiled.run(feeds)
+    for key in expected:
+        assert relative_l2(np.asarray(got[key]), np.asarray(expected[key])) <= 1e-4, key
