@@ -14,7 +14,7 @@ from kiln import zoo
 pytest.importorskip("triton", reason="the gpu target needs Triton (kiln's gpu extra)")
 pytest.importorskip("torch", reason="torch (the 'zoo' extra) builds the zoo models")
 
-from kiln.backends.gpu.ahead import compile_ahead  # noqa: E402
+from kiln.backends.gpu.ahead import compile_ahead
 
 HEAVY = ("matmul", "conv", "attention")
 
