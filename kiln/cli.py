@@ -498,7 +498,7 @@ def targets_command(as_json: bool) -> None:
             except KilnError as err:
                 row.update(runs_here=False, reason=str(err))
             else:
-                missing = found.available()
+                missing = found.runnable(target)
                 row.update(
                     isa=target.isa,
                     vector_bytes=target.vector_bytes,

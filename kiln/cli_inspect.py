@@ -209,7 +209,9 @@ def explain(
         _explain_plan(plan)
     if "gpu" in report:
         _explain_gpu(report["gpu"])
-    if profile:
+    if profile and compiled_for.backend == "gpu":
+        _explain_transfers(model, seen["specialize"], binding, runs, compiled_for, options)
+    elif profile:
         _explain_profile(model, seen["specialize"], binding, runs, top, compiled_for, options)
 
 
@@ -290,6 +292,36 @@ def _explain_profile(model: str, graph, binding: dict[str, int], runs: int, top:
 
 
 MAX_REFUSALS = 40
+
+
+def _explain_transfers(model: str, graph, binding: dict[str, int], runs: int, target, options) -> None:  # type: ignore[no-untyped-def]
+    """A gpu target's runs: time moving data host -> device, in kernels, and device -> host."""
+    from kiln import zoo as models
+    from kiln.backends.gpu import transfer_times
+    from kiln.driver.pipeline import compile_plan
+    from kiln.runtime.executable import Executable
+
+    plan = compile_plan(graph, target, options)
+    executable = Executable(plan)
+    if models.MODELS.get(model) is not None:
+        feeds = models.example_inputs(model, batch=binding.get("batch", 1))
+    else:
+        from kiln.quantize import samples_from
+
+        feeds = samples_from(None, graph)[0]
+    inputs = [feeds[v.name] for v in plan.graph.inputs]
+    with console.status(f"running {runs} time(s) on {target.name}..."):
+        for _ in range(runs):
+            executable.run(inputs)
+    times = transfer_times(executable.runners)
+    if times is None:
+        out.print("no native segment: nothing ran on the device")
+        return
+    out.print(
+        f"per run ({times['runs']} runs on {target.name}): host -> device {times['upload_ms']:.3f} ms, "
+        f"kernels {times['compute_ms']:.3f} ms, device -> host {times['download_ms']:.3f} ms"
+        + (" (Triton's interpreter on the CPU: kernel time is not a GPU's)" if target.isa == "interpret" else "")
+    )
 
 
 def _gpu_kernels(plan, arches: tuple[str, ...], quiet: bool) -> dict:  # type: ignore[no-untyped-def]

@@ -102,6 +102,11 @@ class Backend:
         """'' when this machine can build and run the target, else why not."""
         return ""
 
+    def runnable(self, target: Target) -> str:
+        """'' when code compiled for ``target`` runs on this machine, else why not (a target may
+        compile where it cannot run: ``gpu`` on a machine without a CUDA device)."""
+        return self.available()
+
     def precisions(self, target: Target) -> dict[str, str]:
         """Each arithmetic precision of matrix products and convolutions (``fp32``, ``bf16``, ``int8``)
         mapped to '' when ``target`` computes in it here, else why not."""

@@ -54,6 +54,13 @@ class GpuBackend(Backend):
     def available(self) -> str:
         return triton_missing()
 
+    def runnable(self, target: Target) -> str:
+        missing = triton_missing()
+        if missing or target.isa == "interpret":
+            return missing
+        reason = cuda_missing()
+        return f"{reason}: compiles (kiln explain --target gpu --arch sm_90); runs as gpu:interpret" if reason else ""
+
     def precisions(self, target: Target) -> dict[str, str]:
         only = "the gpu target computes in fp32 only (its products use IEEE fp32 tl.dot, not TF32)"
         return {"fp32": "", "bf16": only, "int8": only}
