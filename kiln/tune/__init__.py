@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kiln.backends import parse
+from kiln.errors import KilnError
 from kiln.driver import tuning_db as db
 from kiln.ir.graph import Graph, Node
 from kiln.lower.lowering import kernel_key
@@ -150,7 +151,14 @@ def tune(
     total, last outcome, best speed-up so far)`` is called after each kernel."""
     from kiln.tune.worker import Measurer
 
-    scope = repr(parse(target))  # results are kept per target (TargetError for an unknown one)
+    described = parse(target)
+    if described.backend == "gpu":
+        raise KilnError(
+            f"autotuning target {target!r} is not supported: the gpu target's block sizes would be measured on a "
+            "CUDA device (none here, and the interpreter's times say nothing of a GPU's); its kernels use the "
+            "schedule's defaults"
+        )
+    scope = repr(described)  # results are kept per target (TargetError for an unknown one)
     tasks = tasks_for(graph)
     for task in tasks:
         task.spec["target"] = target

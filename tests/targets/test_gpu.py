@@ -251,3 +251,10 @@ def test_the_gpu_target_without_a_cuda_device_says_so_and_names_the_interpreter(
     model = make_model([helper.make_node("Relu", ["x"], ["y"])], [("x", FLOAT, [4])], [("y", FLOAT, None)])
     with pytest.raises(kiln.KilnError, match="no CUDA device.*gpu:interpret"):
         kiln.compile(model, target="gpu")
+
+
+def test_autotuning_the_gpu_target_is_refused_with_the_reason():
+    from kiln import tune
+
+    with pytest.raises(kiln.KilnError, match="CUDA device"):
+        tune.tune(None, 1.0, target="gpu:interpret")  # type: ignore[arg-type]

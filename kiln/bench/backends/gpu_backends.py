@@ -12,7 +12,7 @@ import numpy as np
 
 from kiln.bench.backends.base import Backend, Session
 from kiln.bench.backends.kiln_backend import KilnBackend
-from kiln.bench.backends.onnxruntime_backend import OnnxRuntimeBackend, _OrtSession
+from kiln.bench.backends.onnxruntime_backend import OnnxRuntimeBackend, OrtSession
 from kiln.bench.backends.torch_backends import TorchCompileBackend
 
 
@@ -79,7 +79,7 @@ class OnnxRuntimeCudaBackend(OnnxRuntimeBackend):
         session = onnxruntime.InferenceSession(
             self.artifact, self._options(optimize=True), providers=[self.provider, "CPUExecutionProvider"]
         )
-        return _OrtSession(session)
+        return OrtSession(session)
 
 
 class _CudaTorchSession(Session):

@@ -12,7 +12,7 @@ import numpy as np
 from kiln.bench.backends.base import Backend, Session
 
 
-class _OrtSession(Session):
+class OrtSession(Session):
     def __init__(self, session: Any) -> None:
         self.session = session
 
@@ -61,7 +61,7 @@ class OnnxRuntimeBackend(Backend):
         session = onnxruntime.InferenceSession(
             self.artifact, self._options(optimize=False), providers=["CPUExecutionProvider"]
         )
-        return _OrtSession(session)
+        return OrtSession(session)
 
 
 CALIBRATION_SEEDS = range(1, 11)  # the calibration inputs every int8 backend gets (seed 0 is benchmarked)
