@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kiln.backends import parse
-from kiln.errors import KilnError
 from kiln.driver import tuning_db as db
+from kiln.errors import KilnError
 from kiln.ir.graph import Graph, Node
 from kiln.lower.lowering import kernel_key
 from kiln.ops.registry import ops_with

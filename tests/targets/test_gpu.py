@@ -21,7 +21,7 @@ triton = pytest.importorskip("triton", reason="the gpu target needs Triton (kiln
 
 from kiln.backends.gpu import transfer_times  # noqa: E402
 from kiln.backends.gpu.lanes import lane_depth, vector_loop  # noqa: E402
-from kiln.backends.gpu.render import render_module  # noqa: E402
+from kiln.backends.gpu.module import render_module  # noqa: E402
 
 F32 = DType.FLOAT32
 

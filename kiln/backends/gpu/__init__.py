@@ -11,7 +11,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from kiln.backends.gpu.render import Launch, render_module
+from kiln.backends.gpu.module import render_module
+from kiln.backends.gpu.render import Launch
 from kiln.backends.gpu.runtime import DevicePlan, SegmentRunner, cuda_missing, module, traffic, triton_missing
 from kiln.backends.registry import Backend, Threading
 from kiln.backends.registry import SegmentRunner as Runner

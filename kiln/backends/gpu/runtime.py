@@ -70,22 +70,12 @@ def _numpy_function(function: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _interpreter_libdevice() -> types.SimpleNamespace:
-    names = {
-        "tanh": np.tanh,
-        "tan": np.tan,
-        "asin": np.arcsin,
-        "acos": np.arccos,
-        "atan": np.arctan,
-        "sinh": np.sinh,
-        "cosh": np.cosh,
-        "asinh": np.arcsinh,
-        "acosh": np.arccosh,
-        "atanh": np.arctanh,
-        "pow": np.power,
-        "fmod": np.fmod,
-        "rint": np.rint,
-    }
-    return types.SimpleNamespace(**{name: _numpy_function(f) for name, f in names.items()})
+    """The libdevice functions the renderer calls, as the kernel-IR interpreter computes them."""
+    from kiln.backends.gpu.render import LIBDEVICE
+    from kiln.lower.kir_interpreter import BINARY, FUNCTIONS
+
+    table = {**FUNCTIONS, **BINARY, "rint": FUNCTIONS["round_even"]}
+    return types.SimpleNamespace(**{name: _numpy_function(table[name]) for name in LIBDEVICE})
 
 
 def module(source: str, interpret: bool) -> dict[str, Any]:
