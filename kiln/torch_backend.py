@@ -1,0 +1,136 @@
+"""``torch.compile(model, backend="kiln")``: kiln as a TorchDynamo backend.
+
+Dynamo hands over each captured FX graph (graph breaks give several); kiln traces it to core ATen
+(``make_fx`` with torch's core decompositions), converts it to kiln's IR directly
+(``kiln.frontend.fx``: no ONNX), compiles it for the chosen target and returns a callable on torch
+tensors (CPU tensors cross as NumPy views, without copies). A graph kiln cannot convert runs
+eagerly, with the op named in a warning (``options={"fallback": False}`` makes it an error).
+Shapes: each distinct input signature compiles once (dims dynamo marks dynamic included), as kiln's
+own variants do.
+
+Registered as ``kiln`` through the ``torch_dynamo_backends`` entry point (no import needed) and on
+``import kiln.torch_backend``. Inference only: weights are read when a graph compiles.
+"""
+
+from __future__ import annotations
+
+import threading
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from kiln.errors import KilnError
+
+DEFAULTS = {"target": "cpu", "precision": "fp32", "opt_level": 2, "fallback": True, "threads": 0}
+
+
+class KilnGraph:
+    """One captured graph compiled by kiln, one kiln model per input signature."""
+
+    def __init__(self, gm: Any, options: dict[str, Any], example_inputs: list[Any]) -> None:
+        self.gm = gm
+        self.options = options
+        self.models: dict[tuple, Any] = {}
+        self.lock = threading.Lock()
+        placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+        # dynamo passes a module's parameters and buffers as graph inputs: they are weights
+        # (constants kiln folds and packs), read when the graph compiles
+        self.weights = {
+            i for i, (node, value) in enumerate(zip(placeholders, example_inputs)) if _is_weight(node.name, value)
+        }
+        output = next(n for n in gm.graph.nodes if n.op == "output")
+        self.single = not isinstance(output.args[0], (tuple, list))
+
+    def signature(self, args: tuple) -> tuple:
+        return tuple((tuple(a.shape), str(a.dtype)) if hasattr(a, "shape") else ("value", a) for a in args)
+
+    def compile(self, args: tuple) -> Any:
+        import torch
+        from torch._decomp import core_aten_decompositions
+        from torch.func import functionalize
+        from torch.fx.experimental.proxy_tensor import make_fx
+
+        import kiln
+        from kiln.frontend.fx import import_traced
+
+        with torch.no_grad():  # in-place ops (relu_) and views become their functional forms first
+            traced = make_fx(
+                functionalize(self.gm, remove="mutations_and_views"), decomposition_table=core_aten_decompositions()
+            )(*args)
+        graph = import_traced(traced, list(args), self.weights)
+        model = kiln.compile(
+            graph,
+            target=self.options["target"],
+            precision=self.options["precision"],
+            opt_level=self.options["opt_level"],
+            threads=self.options["threads"],
+        )
+        return model, [v.name for v in graph.inputs]
+
+    def __call__(self, *args: Any) -> Any:
+        import torch
+
+        key = self.signature(args)
+        found = self.models.get(key)
+        if found is None:
+            with self.lock:
+                found = self.models.get(key) or self.compile(args)
+                self.models[key] = found
+        model, names = found
+        given = (a for i, a in enumerate(args) if i not in self.weights and isinstance(a, torch.Tensor))
+        feeds = dict(zip(names, (_numpy(a) for a in given)))
+        outputs = [torch.from_numpy(np.asarray(o)) for o in model.run(feeds).values()]
+        return outputs[0] if self.single else tuple(outputs)
+
+
+def _is_weight(name: str, value: Any) -> bool:
+    import torch
+
+    return isinstance(value, torch.nn.Parameter) or "_parameters_" in name or "_buffers_" in name
+
+
+def _numpy(tensor: Any) -> np.ndarray:
+    """A CPU tensor's memory as an array (no copy); anything else copied to the CPU first."""
+    data = tensor.detach()
+    if data.device.type != "cpu":
+        data = data.cpu()
+    return data.numpy() if data.is_contiguous() else data.contiguous().numpy()
+
+
+def kiln_backend(gm: Any, example_inputs: list[Any], options: dict[str, Any] | None = None) -> Callable[..., Any]:
+    """The dynamo backend: ``gm`` compiled by kiln, or ``gm`` itself (eager) when kiln cannot."""
+    import torch
+
+    settings = {**DEFAULTS, **(options or {})}
+    unknown = set(settings) - set(DEFAULTS)
+    if unknown:
+        raise KilnError(f"unknown kiln backend option(s) {sorted(unknown)}; options: {', '.join(DEFAULTS)}")
+    if torch.is_grad_enabled() and any(getattr(a, "requires_grad", False) for a in [*example_inputs, *gm.parameters()]):
+        return _eager(gm, settings, "kiln compiles inference graphs: gradients are required here (use torch.no_grad)")
+    compiled = KilnGraph(gm, settings, example_inputs)
+    try:
+        compiled(*example_inputs)  # convert and compile now: an op kiln lacks falls back here, not mid-run
+    except KilnError as err:
+        return _eager(gm, settings, str(err))
+    return compiled
+
+
+def _eager(gm: Any, settings: dict[str, Any], reason: str) -> Callable[..., Any]:
+    if not settings["fallback"]:
+        raise KilnError(f"kiln cannot compile this graph: {reason}")
+    warnings.warn(f"kiln: this graph runs eagerly: {reason}", RuntimeWarning, stacklevel=3)
+    return gm.forward
+
+
+def register() -> None:
+    """Make ``backend="kiln"`` known to torch.compile in this process (the entry point does this
+    without an import)."""
+    from torch._dynamo import list_backends, register_backend
+
+    if "kiln" not in list_backends(exclude_tags=()):
+        register_backend(kiln_backend, name="kiln")
+
+
+register()
