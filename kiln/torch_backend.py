@@ -76,13 +76,29 @@ class KilnGraph:
         found = self.models.get(key)
         if found is None:
             with self.lock:
-                found = self.models.get(key) or self.compile(args)
-                self.models[key] = found
+                found = self.models.get(key)
+                if found is None:
+                    try:
+                        found = self.compile(args)
+                    except KilnError as err:  # this signature runs eagerly (or fails, if asked)
+                        found = (_eager(self.gm, self.options, str(err)), None)
+                    self.models[key] = found
         model, names = found
+        if names is None:
+            return model(*args)
         given = (a for i, a in enumerate(args) if i not in self.weights and isinstance(a, torch.Tensor))
         feeds = dict(zip(names, (_numpy(a) for a in given)))
         outputs = [torch.from_numpy(np.asarray(o)) for o in model.run(feeds).values()]
         return outputs[0] if self.single else tuple(outputs)
+
+
+def _concrete(value: Any) -> bool:
+    """A real tensor or number (not one of dynamo's symbolic sizes or fake tensors)."""
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return all(isinstance(d, int) for d in value.shape) and not type(value).__name__.startswith("Fake")
+    return isinstance(value, (int, float, bool))
 
 
 def _is_weight(name: str, value: Any) -> bool:
@@ -110,11 +126,12 @@ def kiln_backend(gm: Any, example_inputs: list[Any], options: dict[str, Any] | N
     if torch.is_grad_enabled() and any(getattr(a, "requires_grad", False) for a in [*example_inputs, *gm.parameters()]):
         return _eager(gm, settings, "kiln compiles inference graphs: gradients are required here (use torch.no_grad)")
     compiled = KilnGraph(gm, settings, example_inputs)
-    try:
-        compiled(*example_inputs)  # convert and compile now: an op kiln lacks falls back here, not mid-run
-    except KilnError as err:
-        return _eager(gm, settings, str(err))
-    return compiled
+    if all(_concrete(a) for a in example_inputs):
+        try:  # convert and compile now: an op kiln lacks falls back here, not mid-run
+            compiled(*example_inputs)
+        except KilnError as err:
+            return _eager(gm, settings, str(err))
+    return compiled  # dims dynamo made symbolic: each call's sizes compile on first use
 
 
 def _eager(gm: Any, settings: dict[str, Any], reason: str) -> Callable[..., Any]:

@@ -142,6 +142,8 @@ class FxConverter:
         for node in graph.nodes:
             if node.op == "placeholder":
                 kind, item = placeholders[node.name]
+                if kind == "skip":
+                    continue
                 self.values[node] = (
                     self.placeholder(node.name, item) if kind == "input" else self.constant(node.name, item)
                 )
@@ -491,6 +493,45 @@ CONVERTERS["aten.amax.default"] = _reduce("ReduceMax")
 CONVERTERS["aten.amin.default"] = _reduce("ReduceMin")
 
 
+def _boolean_reduce(kind: str) -> Converter:
+    def convert(fx: FxConverter, x: Value, dims: Any = None, keepdim: bool = False) -> Value:
+        dims = [dims] if isinstance(dims, int) else dims
+        count = fx.one("Cast", [x], to=DType.INT32.onnx_code)
+        folded = _reduce("ReduceMax" if kind == "any" else "ReduceMin")(fx, count, dims, keepdim)
+        return fx.one("Cast", [folded], to=DType.BOOL.onnx_code)
+
+    return convert
+
+
+for _kind in ("any", "all"):
+    for _overload in ("dim", "dims", "default"):
+        CONVERTERS[f"aten.{_kind}.{_overload}"] = _boolean_reduce(_kind)
+
+
+@converts("aten.log1p.default")
+def _log1p(fx: FxConverter, x: Value) -> Value:
+    return fx.one("Log", [fx.one("Add", [x, fx.tensor(1.0, x)])])
+
+
+@converts("aten.expm1.default")
+def _expm1(fx: FxConverter, x: Value) -> Value:
+    return fx.one("Sub", [fx.one("Exp", [x]), fx.tensor(1.0, x)])
+
+
+@converts("aten.masked_fill.Scalar", "aten.masked_fill.Tensor")
+def _masked_fill(fx: FxConverter, x: Value, mask: Value, value: Any) -> Value:
+    return fx.one("Where", [mask, fx.one("Cast", [fx.tensor(value, x)], to=x.type.dtype.onnx_code), x])  # type: ignore[union-attr]
+
+
+@converts("aten.full_like.default", "aten.zeros_like.default", "aten.ones_like.default")
+def _full_like(fx: FxConverter, x: Value, value: Any = None, dtype: Any = None, **kwargs: Any) -> Value:
+    return _copy(
+        fx,
+        x if dtype is None else fx.const(np.zeros(fx.shape(x), torch_dtype(dtype).numpy)),
+        fx.tensor(0 if value is None else value, x),
+    )
+
+
 @converts("aten.mean.default")
 def _mean_all(fx: FxConverter, x: Value, dtype: Any = None) -> Value:
     return _reduce("ReduceMean")(fx, x, dtype=dtype)
@@ -731,11 +772,13 @@ def import_traced(module: Any, examples: list[Any], weights: set[int] | frozense
     for node in module.graph.nodes:
         if node.op == "placeholder":
             example = examples[position]
-            kind = "constant" if position in weights else "input"
-            if not hasattr(example, "shape"):
-                raise UnsupportedFxOp("placeholder", f"{node.name} is not a tensor ({type(example).__name__})")
-            placeholders[node.name] = (kind, example)
             position += 1
+            if not hasattr(example, "shape"):  # a size dynamo passes: traced with its value, unused
+                if node.users:
+                    raise UnsupportedFxOp("placeholder", f"{node.name} is a {type(example).__name__} the graph reads")
+                placeholders[node.name] = ("skip", example)
+                continue
+            placeholders[node.name] = ("constant" if position - 1 in weights else "input", example)
         elif node.op == "get_attr":
             placeholders[node.name] = ("constant", _attribute(module, node.target))
     converter = FxConverter()
