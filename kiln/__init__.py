@@ -38,6 +38,7 @@ def compile(  # shadows the builtin on purpose: the name the architecture promis
     calibration_method: str = "minmax",
     max_accuracy_drop: float | None = None,
     evaluation: Any = None,
+    dynamic_shapes: Any = None,
 ) -> Any:
     """Compile ``model`` (ONNX path/bytes/ModelProto, kiln Graph, or torch module + example inputs).
 
@@ -82,7 +83,7 @@ def compile(  # shadows the builtin on purpose: the name the architecture promis
             raise KilnError(
                 f"precision bf16 is not available for target {target}: it computes in fp32 only"
             )  # unknown names: the registry's error lists every target
-        return ReferenceModel(to_graph(model, example_inputs))
+        return ReferenceModel(to_graph(model, example_inputs, dynamic_shapes))
     compiled_for = parse(target)
     if options.precision != "fp32":  # "auto" resolved here, so cache keys name what was compiled
         from kiln.driver.pipeline import resolve_precision
@@ -101,7 +102,7 @@ def compile(  # shadows the builtin on purpose: the name the architecture promis
 
             def source_graph(key: str = key) -> tuple[Any, bool]:  # only when a new binding compiles
                 graph = plan_cache.load_graph(key)
-                return (graph, True) if graph is not None else (to_graph(model, example_inputs), False)
+                return (graph, True) if graph is not None else (to_graph(model, example_inputs, dynamic_shapes), False)
 
             return NativeModel(
                 None,
@@ -115,7 +116,7 @@ def compile(  # shadows the builtin on purpose: the name the architecture promis
                 parallelism=parallelism,
                 streams=streams,
             )
-    graph = to_graph(model, example_inputs)
+    graph = to_graph(model, example_inputs, dynamic_shapes)
     if options.precision == "int8" and (calibration is not None or not options.quantization.ranges):
         # (options that already carry ranges, kiln.quantize's own compiles, build directly)
         from kiln.passes.specialize import input_dims, specialize

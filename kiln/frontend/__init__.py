@@ -8,14 +8,15 @@ from kiln.errors import KilnError
 from kiln.ir.graph import Graph
 
 
-def to_graph(model: Any, example_inputs: Any = None) -> Graph:
-    """Import whatever the user gave: a Graph, ONNX (path, bytes, ModelProto) or a torch module."""
+def to_graph(model: Any, example_inputs: Any = None, dynamic_shapes: Any = None) -> Graph:
+    """Import whatever the user gave: a Graph, ONNX (path, bytes, ModelProto) or a torch module
+    (through torch.export; ``dynamic_shapes`` is its argument: those dims become symbolic)."""
     if isinstance(model, Graph):
         return model
     if _is_torch_module(model):
         from kiln.frontend.torch import import_torch
 
-        return import_torch(model, example_inputs)
+        return import_torch(model, example_inputs, dynamic_shapes)
     if example_inputs is not None:
         raise KilnError("example_inputs are only used with a torch module")
     from kiln.frontend.onnx import import_onnx

@@ -11,7 +11,7 @@ dims (``s0``, ``s1``... as torch names them).
 from __future__ import annotations
 
 import operator
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from types import SimpleNamespace
 from typing import Any
 
@@ -57,10 +57,15 @@ def torch_dtype(dtype: Any) -> DType:
 
 def _dim(d: Any) -> int | str:
     """A torch size: an int, or a symbol's name (``s0``) when torch traced it symbolically."""
-    try:
+    if isinstance(d, (int, np.integer)):
         return int(d)
-    except Exception:  # a SymInt whose value is not fixed
-        return str(d.node.expr) if hasattr(d, "node") else str(d)
+    expr = d.node.expr if hasattr(d, "node") else d
+    if getattr(expr, "is_number", False):
+        return int(expr)
+    name = str(expr)
+    if not name.isidentifier():
+        raise UnsupportedFxOp("a symbolic size", f"{name} (kiln's symbolic dims are single symbols)")
+    return name
 
 
 class FxConverter:
@@ -73,6 +78,7 @@ class FxConverter:
         self.builder = GraphBuilder(None, scope, self.taken, self.constants)
         self.values: dict[Any, Any] = {}
         self.inputs: list[Value] = []
+        self.renamed: dict[str, str] = {}  # placeholder name -> the graph input's name
 
     # -- helpers for converters -----------------------------------------------------------------
 
@@ -121,6 +127,7 @@ class FxConverter:
     # -- the graph ---------------------------------------------------------------------------------
 
     def placeholder(self, name: str, example: Any) -> Value:
+        name = self.renamed.get(name, name)
         dtype = torch_dtype(example.dtype)
         value = Value(unique_name(name, self.taken), TensorType(dtype, tuple(_dim(d) for d in example.shape)))
         self.inputs.append(value)
@@ -543,9 +550,12 @@ def _sum_all(fx: FxConverter, x: Value, dtype: Any = None) -> Value:
 
 
 def _target_shape(fx: FxConverter, x: Value, shape: list) -> Value:
-    if all(isinstance(s, int) for s in shape):
-        return fx.ints(shape)
-    raise UnsupportedFxOp("aten.view.default", "a symbolic target shape")
+    """A view's target shape: one symbolic size (a dynamic batch) is the -1 Reshape infers."""
+    sizes = [_dim(s) for s in shape]
+    symbolic = [i for i, s in enumerate(sizes) if not isinstance(s, int)]
+    if len(symbolic) > 1 or (symbolic and -1 in sizes):
+        raise UnsupportedFxOp("aten.view.default", f"a target shape with several symbolic sizes {sizes}")
+    return fx.ints([-1 if i in symbolic else s for i, s in enumerate(sizes)])
 
 
 @converts("aten.view.default", "aten._unsafe_view.default", "aten.reshape.default", "aten.view_copy.default")
@@ -557,7 +567,14 @@ def _view(fx: FxConverter, x: Value, shape: list) -> Value:
 def _expand(fx: FxConverter, x: Value, shape: list, implicit: bool = False) -> Value:
     rank = len(shape)
     current = (1,) * (rank - fx.rank(x)) + fx.shape(x)
-    sizes = [current[i] if int(s) == -1 else int(s) for i, s in enumerate(shape)]
+    sizes = []
+    for have, want in zip(current, (_dim(s) for s in shape)):
+        if want == -1 or (not isinstance(want, int) and have == want):
+            sizes.append(1)  # kept: Expand broadcasts a size against 1
+        elif not isinstance(want, int):
+            raise UnsupportedFxOp("aten.expand.default", f"expanding a dim of {have} to the symbolic size {want}")
+        else:
+            sizes.append(want)
     return fx.one("Expand", [x, fx.ints(sizes)])
 
 
@@ -739,8 +756,9 @@ def _pad(fx: FxConverter, x: Value, pad: list, value: float = 0.0) -> Value:
     return fx.one("Pad", [x, fx.ints(begins + ends, "pads"), constant])
 
 
-def import_exported(program: Any) -> Graph:
-    """A ``torch.export.ExportedProgram`` (decomposed to core ATen here) as a kiln graph."""
+def import_exported(program: Any, names: Sequence[str] | None = None) -> Graph:
+    """A ``torch.export.ExportedProgram`` (decomposed to core ATen here) as a kiln graph; ``names``
+    renames its user inputs (default: torch's placeholder names)."""
     from torch.export.graph_signature import InputKind
 
     program = program.run_decompositions()
@@ -760,6 +778,9 @@ def import_exported(program: Any) -> Graph:
         else:
             raise UnsupportedFxOp(f"input kind {spec.kind}")
     converter = FxConverter()
+    if names is not None:
+        users = [n for n in signature.user_inputs]
+        converter.renamed = dict(zip(users, names))
     return converter.convert(program.graph, placeholders, lambda node: list(node.args[0]))
 
 

@@ -1,12 +1,12 @@
-"""PyTorch frontend: a torch.nn.Module plus example inputs -> kiln Graph, through ONNX.
+"""PyTorch frontend: a torch.nn.Module plus example inputs -> kiln Graph, through ``torch.export``.
 
-The module is exported with torch's TorchScript-based ONNX exporter (opset 17) in memory and then
-imported like any ONNX model, so the two frontends share every converter and check.
+The module is exported (core ATen after torch's decompositions) and converted straight to kiln's IR
+by ``kiln.frontend.fx``: no ONNX in between, no TorchScript. ``dynamic_shapes`` (torch.export's
+argument) makes dims symbolic: they become kiln's symbolic dims, bound per call.
 """
 
 from __future__ import annotations
 
-import io
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -15,14 +15,12 @@ import numpy as np
 from kiln.errors import KilnError
 from kiln.ir.graph import Graph
 
-TORCH_OPSET = 17
 
-
-def import_torch(module: Any, example_inputs: Any, opset: int = TORCH_OPSET) -> Graph:
+def import_torch(module: Any, example_inputs: Any, dynamic_shapes: Any = None) -> Graph:
     """Export ``module`` called on ``example_inputs`` (a tensor, tuple, or dict name -> tensor)."""
     import torch
 
-    from kiln.frontend.onnx import import_onnx
+    from kiln.frontend.fx import UnsupportedFxOp, import_exported
 
     if example_inputs is None:
         raise KilnError("compiling a torch module needs example_inputs (a tensor, a tuple, or a dict)")
@@ -35,17 +33,19 @@ def import_torch(module: Any, example_inputs: Any, opset: int = TORCH_OPSET) -> 
     else:
         args = (_tensor(example_inputs),)
         names = ["input"]
-    buffer = io.BytesIO()
     was_training = module.training
     module.eval()
     try:
         with torch.no_grad():
-            torch.onnx.export(module, args, buffer, input_names=names, opset_version=opset, dynamo=False)
+            program = torch.export.export(module, args, dynamic_shapes=dynamic_shapes)
     except Exception as err:  # torch's own error, reported as a kiln error naming the stage
-        raise KilnError(f"torch.onnx.export failed for {type(module).__name__}: {type(err).__name__}: {err}") from err
+        raise KilnError(f"torch.export failed for {type(module).__name__}: {type(err).__name__}: {err}") from err
     finally:
         module.train(was_training)
-    return import_onnx(buffer.getvalue())
+    try:
+        return import_exported(program, names)
+    except UnsupportedFxOp as err:
+        raise KilnError(f"{type(module).__name__}: {err}") from None
 
 
 def _tensor(value: Any) -> Any:

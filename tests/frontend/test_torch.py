@@ -30,3 +30,17 @@ def test_torch_module_compiles_and_matches_torch():
 def test_torch_module_needs_example_inputs():
     with pytest.raises(kiln.KilnError, match="example_inputs"):
         kiln.compile(TinyNet())
+
+
+def test_torch_module_goes_through_torch_export_and_a_dynamic_batch_stays_symbolic():
+    torch.manual_seed(0)
+    net = TinyNet().eval()
+    x = torch.randn(2, 3, 16, 16)
+    batch = torch.export.Dim("batch", min=1, max=64)
+    compiled = kiln.compile(net, example_inputs={"image": x}, dynamic_shapes=({0: batch},))
+    (value,) = compiled.graph.inputs
+    assert value.name == "image" and isinstance(value.type.shape[0], str)  # symbolic, not 2
+    assert not any(n.op == "Constant" for n in compiled.graph.nodes)
+    for size in (1, 5):
+        y = torch.randn(size, 3, 16, 16)
+        np.testing.assert_allclose(compiled(y.numpy()), net(y).detach().numpy(), rtol=1e-4, atol=1e-6)
