@@ -176,3 +176,24 @@ def test_a_new_batch_size_compiles_again_and_stays_right():
         for batch in (1, 3, 2):
             x = r(batch, 3, 8, 8, seed=batch)
             np.testing.assert_allclose(compiled(x).numpy(), module(x).numpy(), rtol=1e-4, atol=1e-5)
+
+
+def test_the_entry_point_makes_backend_kiln_known_without_importing_kiln():
+    import subprocess
+    import sys
+    from importlib.metadata import entry_points
+
+    if not any(e.name == "kiln" for e in entry_points(group="torch_dynamo_backends")):
+        pytest.skip("kiln is not installed with its entry points here (pip install -e . registers them)")
+    script = (
+        "import sys, torch\n"
+        "m = torch.nn.Linear(4, 3).eval()\n"
+        "x = torch.randn(2, 4)\n"
+        "with torch.no_grad():\n"
+        "    y = torch.compile(m, backend='kiln')(x)\n"
+        "assert 'kiln.torch_backend' in sys.modules\n"
+        "assert torch.allclose(y, m(x), atol=1e-6)\n"
+        "print('ok')\n"
+    )
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0 and result.stdout.strip().endswith("ok"), result.stderr[-2000:]

@@ -20,6 +20,7 @@ BACKENDS: dict[str, str] = {
     "openvino-int8": "kiln.bench.backends.openvino_backend:OpenVinoInt8Backend",
     "torch": "kiln.bench.backends.torch_backends:TorchEagerBackend",
     "torch.compile": "kiln.bench.backends.torch_backends:TorchCompileBackend",
+    "torch.compile-kiln": "kiln.bench.backends.torch_backends:TorchCompileKilnBackend",
     "kiln-gpu": "kiln.bench.backends.gpu_backends:KilnGpuBackend",
     "onnxruntime-cuda": "kiln.bench.backends.gpu_backends:OnnxRuntimeCudaBackend",
     "torch.compile-cuda": "kiln.bench.backends.gpu_backends:TorchCompileCudaBackend",
@@ -28,7 +29,18 @@ BACKENDS: dict[str, str] = {
     "jax": "kiln.bench.backends.other_backends:JaxBackend",
     "tensorrt": "kiln.bench.backends.other_backends:TensorRtBackend",
 }
-DEFAULT_BACKENDS = ("kiln", "onnxruntime", "openvino", "torch", "torch.compile", "tvm", "iree", "jax", "tensorrt")
+DEFAULT_BACKENDS = (
+    "kiln",
+    "onnxruntime",
+    "openvino",
+    "torch",
+    "torch.compile",
+    "torch.compile-kiln",
+    "tvm",
+    "iree",
+    "jax",
+    "tensorrt",
+)
 # the rows of a CUDA device (``kiln bench --device cuda``; on a machine without one: "unavailable")
 GPU_BACKENDS = ("kiln-gpu", "tensorrt", "onnxruntime-cuda", "torch.compile-cuda")
 

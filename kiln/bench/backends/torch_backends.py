@@ -72,3 +72,26 @@ class TorchCompileBackend(TorchEagerBackend):
         session = _TorchSession(compiled)
         session.run(example)  # inductor compiles on the first call
         self.artifact = compiled
+
+
+class TorchCompileKilnBackend(TorchEagerBackend):
+    """torch.compile with kiln as its backend (``backend="kiln"``): what a PyTorch user gets from
+    kiln without leaving PyTorch, next to inductor on the same module."""
+
+    name = "torch.compile-kiln"
+
+    def config(self) -> dict[str, Any]:
+        return {
+            "threads": self.threads,
+            "mode": "torch.compile(backend='kiln'), target cpu",
+            "compile_includes": "the first call, which compiles",
+        }
+
+    def compile(self, model: Any, example: dict[str, np.ndarray]) -> None:
+        import torch
+
+        import kiln.torch_backend  # noqa: F401  (the entry point registers it too, when installed)
+
+        compiled = torch.compile(self._module(model), backend="kiln", options={"threads": self.threads})
+        _TorchSession(compiled).run(example)  # dynamo captures and kiln compiles on the first call
+        self.artifact = compiled

@@ -1,0 +1,102 @@
+"""PyTorch users' comparison, one run on one machine: eager PyTorch, torch.compile with inductor,
+torch.compile with kiln (``backend="kiln"``) and kiln on the ONNX export of the same module.
+
+    python benchmarks/torch_compile.py [--models resnet50,bert-base] [--duration 3] [--json out.json]
+
+Per model: first-call time of each torch.compile (capture + compile + first run) and of
+``kiln.compile`` on the ONNX file (import + compile + first run), then the median latency over
+``--duration`` seconds. Ratios: the kiln backend against kiln via ONNX (the issue's target: within
+5%), against inductor (faster), and the first-call times (kiln's <= inductor's). Nothing else should
+run on the machine meanwhile (2 threads each, as kiln bench).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import time
+from typing import Any
+
+import numpy as np
+
+
+def latency(function: Any, duration: float) -> float:
+    """Median seconds per call over ``duration`` seconds (at least 10 calls), after 2 warm-ups."""
+    for _ in range(2):
+        function()
+    times: list[float] = []
+    deadline = time.perf_counter() + duration
+    while time.perf_counter() < deadline or len(times) < 10:
+        start = time.perf_counter()
+        function()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def measure(name: str, duration: float, threads: int) -> dict[str, Any]:
+    import torch
+
+    import kiln
+    import kiln.torch_backend
+    from kiln import zoo
+
+    torch.set_num_threads(threads)
+    module = zoo.get(name).build(zoo.options_for(name)).eval()
+    feeds = zoo.example_inputs(name)
+    args = tuple(torch.from_numpy(v) for v in feeds.values())
+    row: dict[str, Any] = {"model": name}
+    with torch.no_grad():
+        row["eager_ms"] = 1e3 * latency(lambda: module(*args), duration)
+        for label, backend in (("inductor", "inductor"), ("kiln_backend", "kiln")):
+            torch._dynamo.reset()
+            options = {"threads": threads} if backend == "kiln" else None
+            compiled = torch.compile(module, backend=backend, options=options)
+            start = time.perf_counter()
+            compiled(*args)
+            row[f"{label}_first_s"] = time.perf_counter() - start
+            row[f"{label}_ms"] = 1e3 * latency(lambda compiled=compiled: compiled(*args), duration)
+    path = str(zoo.onnx_path(name))
+    start = time.perf_counter()
+    onnx_model = kiln.compile(path, threads=threads)
+    onnx_model.run(feeds)
+    row["kiln_onnx_first_s"] = time.perf_counter() - start
+    row["kiln_onnx_ms"] = 1e3 * latency(lambda: onnx_model.run(feeds), duration)
+    row["backend_vs_onnx"] = row["kiln_backend_ms"] / row["kiln_onnx_ms"]
+    row["backend_vs_inductor"] = row["kiln_backend_ms"] / row["inductor_ms"]
+    row["first_call_vs_inductor"] = row["kiln_backend_first_s"] / row["inductor_first_s"]
+    return row
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--models", default="resnet50,vgg19,mobilenet_v2,bert-base,gpt2")
+    parser.add_argument("--duration", type=float, default=3.0)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--json", default=None)
+    options = parser.parse_args()
+    from kiln.backends.cpu import features
+
+    flags = sorted(f for f in features.cpu_flags() if f in ("avx2", "avx512f", "amx_tile", "avx_vnni"))
+    print(f"{platform.processor() or platform.machine()}, ISA flags {', '.join(flags)}, {options.threads} threads")
+    header = "model | eager ms | inductor ms | kiln backend ms | kiln ONNX ms | backend/ONNX | backend/inductor | first call s: inductor / kiln backend / kiln ONNX"
+    print(header)
+    rows = []
+    for name in options.models.split(","):
+        row = measure(name, options.duration, options.threads)
+        rows.append(row)
+        print(
+            f"{name} | {row['eager_ms']:.1f} | {row['inductor_ms']:.1f} | {row['kiln_backend_ms']:.1f} | "
+            f"{row['kiln_onnx_ms']:.1f} | {row['backend_vs_onnx']:.2f} | {row['backend_vs_inductor']:.2f} | "
+            f"{row['inductor_first_s']:.1f} / {row['kiln_backend_first_s']:.1f} / {row['kiln_onnx_first_s']:.1f}",
+            flush=True,
+        )
+    if options.json:
+        with open(options.json, "w") as handle:
+            json.dump({"flags": flags, "threads": options.threads, "rows": rows}, handle, indent=1)
+    print("geomean backend/ONNX", float(np.exp(np.mean([np.log(r["backend_vs_onnx"]) for r in rows]))))
+
+
+if __name__ == "__main__":
+    main()
