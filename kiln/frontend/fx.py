@@ -580,12 +580,15 @@ def _expand(fx: FxConverter, x: Value, shape: list, implicit: bool = False) -> V
 
 @converts("aten.permute.default", "aten.permute_copy.default")
 def _permute(fx: FxConverter, x: Value, dims: list) -> Value:
-    return fx.one("Transpose", [x], perm=[fx.axis(int(d), x) for d in dims])
+    perm = [fx.axis(int(d), x) for d in dims]
+    if x in fx.constants:  # a weight's transpose (nn.Linear's): a transposed weight, not a copy each run
+        return fx.const(np.ascontiguousarray(fx.constants[x].transpose(perm)), "transposed")
+    return fx.one("Transpose", [x], perm=perm)
 
 
 @converts("aten.t.default", "aten.t_copy.default")
 def _t(fx: FxConverter, x: Value) -> Value:
-    return fx.one("Transpose", [x], perm=[1, 0]) if fx.rank(x) == 2 else x
+    return _permute(fx, x, [1, 0]) if fx.rank(x) == 2 else x
 
 
 @converts("aten.transpose.int", "aten.transpose_copy.int")
@@ -593,7 +596,7 @@ def _transpose(fx: FxConverter, x: Value, a: int, b: int) -> Value:
     perm = list(range(fx.rank(x)))
     a, b = fx.axis(a, x), fx.axis(b, x)
     perm[a], perm[b] = perm[b], perm[a]
-    return fx.one("Transpose", [x], perm=perm)
+    return _permute(fx, x, perm)
 
 
 @converts("aten.unsqueeze.default", "aten.unsqueeze_copy.default")
