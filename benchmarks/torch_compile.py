@@ -40,7 +40,7 @@ def measure(name: str, mode: str, duration: float, threads: int) -> dict[str, fl
     import torch
 
     import kiln
-    import kiln.torch_backend  # noqa: F401
+    import kiln.torch_backend
     from kiln import zoo
 
     torch.set_num_threads(threads)

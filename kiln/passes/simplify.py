@@ -247,6 +247,30 @@ def _sink_reshape(rw: Rewriter, node: Node, producers: dict[Value, Node]) -> lis
     )
 
 
+def _flattened_batch_matmul(rw: Rewriter, node: Node, producers: dict[Value, Node]) -> list[Value] | None:
+    """MatMul(Reshape(a), Reshape(b)) -> Reshape(MatMul(a, b)) when both reshapes only merge the
+    same leading batch dims ([B, H, L, D] -> [B*H, L, D]: what torch's decompositions make of a
+    4-D matmul, bmm between views). The product keeps the model's own dims, so attention and the
+    reshapes around it are recognized as when an exporter writes the 4-D MatMul."""
+    operands = []
+    for value in node.inputs:
+        producer = producers.get(value)  # type: ignore[arg-type]
+        if producer is None or producer.op not in _RESHAPES or producer.domain:
+            return None
+        source, flat = _static_shape(producer.inputs[0]), _static_shape(value)
+        if source is None or flat is None or len(source) < 3 or len(flat) != 3:
+            return None
+        if flat != (int(np.prod(source[:-2])), *source[-2:]):
+            return None
+        operands.append((producer.inputs[0], source))
+    (a, a_shape), (b, b_shape) = operands
+    if a_shape[:-2] != b_shape[:-2] or _static_shape(node.outputs[0]) is None:
+        return None
+    (product,) = rw.emit("MatMul", [a, b], {}, hint=node.outputs[0].name, name=node.name)
+    flat_shape = rw.add_constant(np.array(_static_shape(node.outputs[0]), np.int64), "shape")
+    return rw.emit("Reshape", [product, flat_shape], hint=node.outputs[0].name)
+
+
 def _whole_window_pool(rw: Rewriter, node: Node, producers: dict[Value, Node]) -> list[Value] | None:
     """AveragePool/MaxPool whose one window covers the whole input -> GlobalAveragePool/GlobalMaxPool
     (transformers' EfficientNet pools 7x7 maps with kernel 2560 and ceil_mode: a window loop
@@ -291,6 +315,11 @@ RULES: list[tuple[str, str, Rewrite]] = [
     ("Div", "x / 1 -> x", _neutral(1, 1)),
     ("Pow", "x ^ 1 -> x", _neutral(1, 1)),
     ("Pow", "x ^ 2 -> x * x; x ^ 3 -> x * x * x (float x, scalar exponent)", _small_power),
+    (
+        "MatMul",
+        "MatMul(Reshape(a), Reshape(b)) merging the same batch dims -> Reshape(MatMul(a, b))",
+        _flattened_batch_matmul,
+    ),
     ("Transpose", "Transpose(x, identity perm) -> x", _identity_perm),
     ("Transpose", "Transpose(Transpose(x, p), q) -> Transpose(x, p[q]) (or x)", _transpose_pair),
     ("Reshape", "Reshape(Reshape|Flatten|Squeeze|Unsqueeze(x)) -> Reshape(x) (or x)", _reshape_chain),
