@@ -40,11 +40,18 @@ class KilnGraph:
         self.weights = {
             i for i, (node, value) in enumerate(zip(placeholders, example_inputs)) if _is_weight(node.name, value)
         }
+        self.user = [i for i in range(len(placeholders)) if i not in self.weights]
         output = next(n for n in gm.graph.nodes if n.op == "output")
         self.single = not isinstance(output.args[0], (tuple, list))
 
     def signature(self, args: tuple) -> tuple:
-        return tuple((tuple(a.shape), str(a.dtype)) if hasattr(a, "shape") else ("value", a) for a in args)
+        """What selects the compiled model: the shapes and types of the inputs that are not
+        weights (dynamo passes every parameter on every call: reading them all costs more than
+        a small model's run)."""
+        return tuple(
+            (tuple(args[i].shape), args[i].dtype) if hasattr(args[i], "shape") else ("value", args[i])
+            for i in self.user
+        )
 
     def compile(self, args: tuple) -> Any:
         import torch
@@ -86,7 +93,7 @@ class KilnGraph:
         model, names = found
         if names is None:
             return model(*args)
-        given = (a for i, a in enumerate(args) if i not in self.weights and isinstance(a, torch.Tensor))
+        given = (args[i] for i in self.user if isinstance(args[i], torch.Tensor))
         feeds = dict(zip(names, (_numpy(a) for a in given)))
         outputs = [torch.from_numpy(np.asarray(o)) for o in model.run(feeds).values()]
         return outputs[0] if self.single else tuple(outputs)
