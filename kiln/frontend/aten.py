@@ -1,0 +1,603 @@
+"""The conversion table of kiln's PyTorch frontend: core ATen ops (as ``torch.export`` and
+``make_fx`` with torch's core decompositions leave them) -> the kiln ops that compute them.
+``CONVERTERS`` maps an op overload's name (``aten.convolution.default``) to a function of the
+converter (``kiln.frontend.fx.FxConverter``: ``one``/``emit`` make kiln nodes, ``const``/``ints``
+constants) and the FX node's arguments, returning the kiln value(s) of the node's result."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from kiln.errors import KilnError
+from kiln.ir.graph import Value
+from kiln.ir.types import DType, TensorType
+
+FxConverter = Any  # kiln.frontend.fx.FxConverter (which imports this table)
+
+OPSET = 21
+
+
+class UnsupportedFxOp(KilnError):
+    """An FX node kiln has no conversion for (its ATen op is named)."""
+
+    def __init__(self, op: str, detail: str = "") -> None:
+        self.op = op
+        super().__init__(f"no kiln conversion for {op}" + (f": {detail}" if detail else ""))
+
+
+def torch_dtype(dtype: Any) -> DType:
+    import torch
+
+    table = {
+        torch.float32: DType.FLOAT32,
+        torch.float64: DType.FLOAT64,
+        torch.float16: DType.FLOAT16,
+        torch.bfloat16: DType.BFLOAT16,
+        torch.int64: DType.INT64,
+        torch.int32: DType.INT32,
+        torch.int16: DType.INT16,
+        torch.int8: DType.INT8,
+        torch.uint8: DType.UINT8,
+        torch.bool: DType.BOOL,
+    }
+    if dtype not in table:
+        raise UnsupportedFxOp(f"dtype {dtype}")
+    return table[dtype]
+
+
+def dim_of(d: Any) -> int | str:
+    """A torch size: an int, or a symbol's name (``s0``) when torch traced it symbolically."""
+    if isinstance(d, (int, np.integer)):
+        return int(d)
+    expr = d.node.expr if hasattr(d, "node") else d
+    if getattr(expr, "is_number", False):
+        return int(expr)
+    name = str(expr)
+    if not name.isidentifier():
+        raise UnsupportedFxOp("a symbolic size", f"{name} (kiln's symbolic dims are single symbols)")
+    return name
+
+
+# -- the conversion table ---------------------------------------------------------------------------------
+
+Converter = Callable[..., Any]
+CONVERTERS: dict[str, Converter] = {}
+
+
+def converts(*names: str) -> Callable[[Converter], Converter]:
+    def register(function: Converter) -> Converter:
+        for name in names:
+            CONVERTERS[name] = function
+        return function
+
+    return register
+
+
+def _unary(op: str) -> Converter:
+    return lambda fx, x: fx.one(op, [x])
+
+
+for _name, _op in {
+    "relu": "Relu",
+    "tanh": "Tanh",
+    "sigmoid": "Sigmoid",
+    "exp": "Exp",
+    "log": "Log",
+    "sqrt": "Sqrt",
+    "neg": "Neg",
+    "abs": "Abs",
+    "erf": "Erf",
+    "sin": "Sin",
+    "cos": "Cos",
+    "floor": "Floor",
+    "ceil": "Ceil",
+    "reciprocal": "Reciprocal",
+    "logical_not": "Not",
+    "sign": "Sign",
+}.items():
+    CONVERTERS[f"aten.{_name}.default"] = _unary(_op)
+
+
+@converts(
+    "aten.clone.default",
+    "aten.alias.default",
+    "aten.alias_copy.default",
+    "aten.detach.default",
+    "aten.detach_copy.default",
+    "aten.lift_fresh_copy.default",
+)
+def _identity(fx: FxConverter, x: Value, **kwargs: Any) -> Value:
+    return x
+
+
+@converts("aten.copy.default")
+def _copy(fx: FxConverter, dest: Value, source: Value, non_blocking: bool = False) -> Value:
+    """dest's shape and type, source's values (broadcast)."""
+    value = source if source.type.dtype is dest.type.dtype else fx.one("Cast", [source], to=dest.type.dtype.onnx_code)  # type: ignore[union-attr]
+    return fx.one("Expand", [value, fx.ints(fx.shape(dest))]) if fx.shape(value) != fx.shape(dest) else value
+
+
+@converts("aten._assert_tensor_metadata.default")
+def _assert(fx: FxConverter, *args: Any, **kwargs: Any) -> None:
+    return None
+
+
+@converts("aten.rsqrt.default")
+def _rsqrt(fx: FxConverter, x: Value) -> Value:
+    return fx.one("Reciprocal", [fx.one("Sqrt", [x])])
+
+
+def _binary(op: str) -> Converter:
+    def convert(fx: FxConverter, a: Any, b: Any, alpha: Any = 1, rounding_mode: Any = None) -> Value:
+        if rounding_mode is not None:
+            raise UnsupportedFxOp(f"{op} with rounding_mode={rounding_mode}")
+        a_value = fx.tensor(a, b if isinstance(b, Value) else None)
+        b_value = fx.tensor(b, a_value)
+        if alpha != 1:
+            b_value = fx.one("Mul", [b_value, fx.tensor(alpha, b_value)])
+        return fx.one(op, [a_value, b_value])
+
+    return convert
+
+
+for _suffix in ("Tensor", "Scalar"):
+    CONVERTERS[f"aten.add.{_suffix}"] = _binary("Add")
+    CONVERTERS[f"aten.sub.{_suffix}"] = _binary("Sub")
+    CONVERTERS[f"aten.mul.{_suffix}"] = _binary("Mul")
+    CONVERTERS[f"aten.div.{_suffix}"] = _binary("Div")
+    CONVERTERS[f"aten.eq.{_suffix}"] = _binary("Equal")
+    CONVERTERS[f"aten.lt.{_suffix}"] = _binary("Less")
+    CONVERTERS[f"aten.le.{_suffix}"] = _binary("LessOrEqual")
+    CONVERTERS[f"aten.gt.{_suffix}"] = _binary("Greater")
+    CONVERTERS[f"aten.ge.{_suffix}"] = _binary("GreaterOrEqual")
+    CONVERTERS[f"aten.pow.Tensor_{_suffix}"] = _binary("Pow")
+    CONVERTERS[f"aten.maximum.{'default' if _suffix == 'Tensor' else _suffix}"] = _binary("Max")
+    CONVERTERS[f"aten.minimum.{'default' if _suffix == 'Tensor' else _suffix}"] = _binary("Min")
+CONVERTERS["aten.div.Tensor_mode"] = _binary("Div")
+
+
+@converts("aten.ne.Tensor", "aten.ne.Scalar")
+def _not_equal(fx: FxConverter, a: Any, b: Any) -> Value:
+    return fx.one("Not", [_binary("Equal")(fx, a, b)])
+
+
+@converts("aten.bitwise_and.Tensor", "aten.logical_and.default")
+def _and(fx: FxConverter, a: Value, b: Value) -> Value:
+    return fx.one("And" if a.type.dtype is DType.BOOL else "BitwiseAnd", [a, fx.tensor(b, a)])  # type: ignore[union-attr]
+
+
+@converts("aten.bitwise_or.Tensor", "aten.logical_or.default")
+def _or(fx: FxConverter, a: Value, b: Value) -> Value:
+    return fx.one("Or" if a.type.dtype is DType.BOOL else "BitwiseOr", [a, fx.tensor(b, a)])  # type: ignore[union-attr]
+
+
+@converts("aten.where.self")
+def _where(fx: FxConverter, cond: Value, a: Any, b: Any) -> Value:
+    a_value = fx.tensor(a, b if isinstance(b, Value) else None)
+    return fx.one("Where", [cond, a_value, fx.tensor(b, a_value)])
+
+
+@converts("aten.gelu.default")
+def _gelu(fx: FxConverter, x: Value, approximate: str = "none") -> Value:
+    return fx.one("Gelu", [x], approximate=approximate)
+
+
+@converts("aten.silu.default")
+def _silu(fx: FxConverter, x: Value) -> Value:
+    return fx.one("Mul", [x, fx.one("Sigmoid", [x])])
+
+
+@converts("aten.hardtanh.default", "aten.clamp.default")
+def _clamp(fx: FxConverter, x: Value, low: Any = None, high: Any = None) -> Value:
+    if low is None and high is None:
+        return x
+    bound = [None if v is None else fx.const(np.asarray(v, x.type.dtype.numpy), "bound") for v in (low, high)]  # type: ignore[union-attr]
+    return fx.one("Clip", [x, *bound])
+
+
+@converts("aten.leaky_relu.default")
+def _leaky_relu(fx: FxConverter, x: Value, slope: float = 0.01) -> Value:
+    return fx.one("LeakyRelu", [x], alpha=float(slope))
+
+
+@converts("aten.hardswish.default")
+def _hardswish(fx: FxConverter, x: Value) -> Value:
+    return fx.one("HardSwish", [x])
+
+
+@converts("aten._softmax.default", "aten.softmax.int")
+def _softmax(fx: FxConverter, x: Value, dim: int, half_to_float: Any = False) -> Value:
+    return fx.one("Softmax", [x], axis=int(dim))
+
+
+@converts("aten._log_softmax.default")
+def _log_softmax(fx: FxConverter, x: Value, dim: int, half_to_float: Any = False) -> Value:
+    return fx.one("LogSoftmax", [x], axis=int(dim))
+
+
+@converts("aten.convolution.default")
+def _convolution(fx: FxConverter, x, w, b, stride, padding, dilation, transposed, output_padding, groups) -> Value:  # type: ignore[no-untyped-def]
+    spatial = fx.rank(x) - 2
+    attrs: dict[str, Any] = {
+        "strides": [int(s) for s in stride] * (spatial if len(stride) == 1 else 1),
+        "pads": [int(p) for p in padding] * (2 if len(padding) == spatial else 1),
+        "dilations": [int(d) for d in dilation] * (spatial if len(dilation) == 1 else 1),
+        "group": int(groups),
+    }
+    if len(attrs["pads"]) != 2 * spatial:
+        attrs["pads"] = [int(padding[0])] * 2 * spatial
+    if transposed:
+        attrs["output_padding"] = [int(p) for p in output_padding]
+        return fx.one("ConvTranspose", [x, w, b], **attrs)
+    return fx.one("Conv", [x, w, b], **attrs)
+
+
+@converts("aten.addmm.default")
+def _addmm(fx: FxConverter, bias: Value, a: Value, b: Value, beta: Any = 1, alpha: Any = 1) -> Value:
+    product = fx.one("MatMul", [a, b])
+    if alpha != 1:
+        product = fx.one("Mul", [product, fx.tensor(alpha, product)])
+    if beta != 1:
+        bias = fx.one("Mul", [bias, fx.tensor(beta, bias)])
+    return fx.one("Add", [product, bias])
+
+
+@converts("aten.mm.default", "aten.bmm.default", "aten.matmul.default")
+def _matmul(fx: FxConverter, a: Value, b: Value) -> Value:
+    return fx.one("MatMul", [a, b])
+
+
+@converts("aten.native_layer_norm.default")
+def _layer_norm(fx: FxConverter, x: Value, shape: list, weight: Value | None, bias: Value | None, eps: float) -> tuple:
+    axis = fx.rank(x) - len(shape)
+    if weight is None:
+        weight = fx.const(np.ones([int(s) for s in shape], x.type.dtype.numpy), "ones")  # type: ignore[union-attr]
+    outputs = fx.emit("LayerNormalization", [x, weight, bias], {"axis": axis, "epsilon": float(eps)}, 3)
+    return tuple(outputs)
+
+
+@converts("aten.native_batch_norm.default")
+def _native_batch_norm(fx: FxConverter, x, weight, bias, mean, var, training, momentum, eps) -> tuple:  # type: ignore[no-untyped-def]
+    if training:
+        raise UnsupportedFxOp("aten.native_batch_norm.default", "training-mode batch statistics")
+    return _batch_norm(fx, x, weight, bias, mean, var, momentum, eps)
+
+
+@converts("aten.empty.memory_format", "aten.empty_like.default")
+def _empty(fx: FxConverter, size: Any, *args: Any, dtype: Any = None, **kwargs: Any) -> Value:
+    """Uninitialized memory: zeros (what reads it is undefined in torch too)."""
+    if isinstance(size, Value):
+        return fx.const(np.zeros([int(d) for d in fx.shape(size)], size.type.dtype.numpy), "empty")  # type: ignore[union-attr]
+    return _full_like_constant(fx, size, 0, dtype or __import__("torch").float32)
+
+
+@converts("aten._native_batch_norm_legit_no_training.default")
+def _batch_norm(fx: FxConverter, x, weight, bias, mean, var, momentum, eps) -> tuple:  # type: ignore[no-untyped-def]
+    channels = fx.shape(x)[1]
+    dtype = x.type.dtype.numpy
+    weight = weight if weight is not None else fx.const(np.ones(channels, dtype), "ones")
+    bias = bias if bias is not None else fx.const(np.zeros(channels, dtype), "zeros")
+    out = fx.one("BatchNormalization", [x, weight, bias, mean, var], epsilon=float(eps))
+    return (out, None, None)
+
+
+@converts("aten.max_pool2d_with_indices.default")
+def _max_pool(fx: FxConverter, x, kernel, stride=(), padding=(0,), dilation=(1,), ceil_mode=False) -> tuple:  # type: ignore[no-untyped-def]
+    kernel = [int(k) for k in kernel] * (2 if len(kernel) == 1 else 1)
+    stride = [int(s) for s in (stride or kernel)] * (2 if len(stride or kernel) == 1 else 1)
+    pad = [int(p) for p in padding] * (2 if len(padding) == 1 else 1)
+    dilation = [int(d) for d in dilation] * (2 if len(dilation) == 1 else 1)
+    out = fx.one(
+        "MaxPool", [x], kernel_shape=kernel, strides=stride, pads=pad * 2, dilations=dilation, ceil_mode=int(ceil_mode)
+    )
+    return (out, None)
+
+
+@converts("aten.avg_pool2d.default")
+def _avg_pool(
+    fx: FxConverter, x, kernel, stride=(), padding=(0,), ceil_mode=False, count_include_pad=True, divisor=None
+) -> Value:  # type: ignore[no-untyped-def]
+    if divisor is not None:
+        raise UnsupportedFxOp("aten.avg_pool2d.default", "divisor_override")
+    kernel = [int(k) for k in kernel] * (2 if len(kernel) == 1 else 1)
+    stride = [int(s) for s in (stride or kernel)] * (2 if len(stride or kernel) == 1 else 1)
+    pad = [int(p) for p in padding] * (2 if len(padding) == 1 else 1)
+    return fx.one(
+        "AveragePool",
+        [x],
+        kernel_shape=kernel,
+        strides=stride,
+        pads=pad * 2,
+        ceil_mode=int(ceil_mode),
+        count_include_pad=int(count_include_pad),
+    )
+
+
+@converts("aten._adaptive_avg_pool2d.default", "aten.adaptive_avg_pool2d.default")
+def _adaptive_avg_pool(fx: FxConverter, x: Value, size: list) -> Value:
+    height, width = fx.shape(x)[2:]
+    out_h, out_w = (int(s) for s in size)
+    if (out_h, out_w) == (1, 1):
+        return fx.one("GlobalAveragePool", [x])
+    if isinstance(height, int) and isinstance(width, int) and height % out_h == 0 and width % out_w == 0:
+        kernel = [height // out_h, width // out_w]
+        return fx.one("AveragePool", [x], kernel_shape=kernel, strides=kernel)
+    raise UnsupportedFxOp("aten._adaptive_avg_pool2d.default", f"{height}x{width} to {out_h}x{out_w}")
+
+
+def _reduce(op: str) -> Converter:
+    def convert(fx: FxConverter, x: Value, dims: Any = None, keepdim: bool = False, dtype: Any = None) -> Value:
+        axes = list(range(fx.rank(x))) if dims is None or dims == [] else [int(d) for d in dims]
+        if dtype is not None:
+            x = fx.one("Cast", [x], to=torch_dtype(dtype).onnx_code)
+        return fx.one(op, [x, fx.ints(axes, "axes")], keepdims=int(bool(keepdim)))
+
+    return convert
+
+
+CONVERTERS["aten.mean.dim"] = _reduce("ReduceMean")
+CONVERTERS["aten.sum.dim_IntList"] = _reduce("ReduceSum")
+CONVERTERS["aten.amax.default"] = _reduce("ReduceMax")
+CONVERTERS["aten.amin.default"] = _reduce("ReduceMin")
+
+
+def _boolean_reduce(kind: str) -> Converter:
+    def convert(fx: FxConverter, x: Value, dims: Any = None, keepdim: bool = False) -> Value:
+        dims = [dims] if isinstance(dims, int) else dims
+        count = fx.one("Cast", [x], to=DType.INT32.onnx_code)
+        folded = _reduce("ReduceMax" if kind == "any" else "ReduceMin")(fx, count, dims, keepdim)
+        return fx.one("Cast", [folded], to=DType.BOOL.onnx_code)
+
+    return convert
+
+
+for _kind in ("any", "all"):
+    for _overload in ("dim", "dims", "default"):
+        CONVERTERS[f"aten.{_kind}.{_overload}"] = _boolean_reduce(_kind)
+
+
+@converts("aten.log1p.default")
+def _log1p(fx: FxConverter, x: Value) -> Value:
+    return fx.one("Log", [fx.one("Add", [x, fx.tensor(1.0, x)])])
+
+
+@converts("aten.expm1.default")
+def _expm1(fx: FxConverter, x: Value) -> Value:
+    return fx.one("Sub", [fx.one("Exp", [x]), fx.tensor(1.0, x)])
+
+
+@converts("aten.masked_fill.Scalar", "aten.masked_fill.Tensor")
+def _masked_fill(fx: FxConverter, x: Value, mask: Value, value: Any) -> Value:
+    return fx.one("Where", [mask, fx.one("Cast", [fx.tensor(value, x)], to=x.type.dtype.onnx_code), x])  # type: ignore[union-attr]
+
+
+@converts("aten.full_like.default", "aten.zeros_like.default", "aten.ones_like.default")
+def _full_like(fx: FxConverter, x: Value, value: Any = None, dtype: Any = None, **kwargs: Any) -> Value:
+    return _copy(
+        fx,
+        x if dtype is None else fx.const(np.zeros(fx.shape(x), torch_dtype(dtype).numpy)),
+        fx.tensor(0 if value is None else value, x),
+    )
+
+
+@converts("aten.mean.default")
+def _mean_all(fx: FxConverter, x: Value, dtype: Any = None) -> Value:
+    return _reduce("ReduceMean")(fx, x, dtype=dtype)
+
+
+@converts("aten.sum.default")
+def _sum_all(fx: FxConverter, x: Value, dtype: Any = None) -> Value:
+    return _reduce("ReduceSum")(fx, x, dtype=dtype)
+
+
+def _target_shape(fx: FxConverter, x: Value, shape: list) -> Value:
+    """A view's target shape: one symbolic size (a dynamic batch) is the -1 Reshape infers."""
+    sizes = [dim_of(s) for s in shape]
+    symbolic = [i for i, s in enumerate(sizes) if not isinstance(s, int)]
+    if len(symbolic) > 1 or (symbolic and -1 in sizes):
+        raise UnsupportedFxOp("aten.view.default", f"a target shape with several symbolic sizes {sizes}")
+    return fx.ints([-1 if i in symbolic else s for i, s in enumerate(sizes)])
+
+
+@converts("aten.view.default", "aten._unsafe_view.default", "aten.reshape.default", "aten.view_copy.default")
+def _view(fx: FxConverter, x: Value, shape: list) -> Value:
+    return fx.one("Reshape", [x, _target_shape(fx, x, shape)])
+
+
+@converts("aten.expand.default", "aten.expand_copy.default")
+def _expand(fx: FxConverter, x: Value, shape: list, implicit: bool = False) -> Value:
+    rank = len(shape)
+    current = (1,) * (rank - fx.rank(x)) + fx.shape(x)
+    sizes = []
+    for have, want in zip(current, (dim_of(s) for s in shape)):
+        if want == -1 or (not isinstance(want, int) and have == want):
+            sizes.append(1)  # kept: Expand broadcasts a size against 1
+        elif not isinstance(want, int):
+            raise UnsupportedFxOp("aten.expand.default", f"expanding a dim of {have} to the symbolic size {want}")
+        else:
+            sizes.append(want)
+    return fx.one("Expand", [x, fx.ints(sizes)])
+
+
+@converts("aten.permute.default", "aten.permute_copy.default")
+def _permute(fx: FxConverter, x: Value, dims: list) -> Value:
+    perm = [fx.axis(int(d), x) for d in dims]
+    if x in fx.constants:  # a weight's transpose (nn.Linear's): a transposed weight, not a copy each run
+        return fx.const(np.ascontiguousarray(fx.constants[x].transpose(perm)), "transposed")
+    return fx.one("Transpose", [x], perm=perm)
+
+
+@converts("aten.t.default", "aten.t_copy.default")
+def _t(fx: FxConverter, x: Value) -> Value:
+    return _permute(fx, x, [1, 0]) if fx.rank(x) == 2 else x
+
+
+@converts("aten.transpose.int", "aten.transpose_copy.int")
+def _transpose(fx: FxConverter, x: Value, a: int, b: int) -> Value:
+    perm = list(range(fx.rank(x)))
+    a, b = fx.axis(a, x), fx.axis(b, x)
+    perm[a], perm[b] = perm[b], perm[a]
+    return _permute(fx, x, perm)
+
+
+@converts("aten.unsqueeze.default", "aten.unsqueeze_copy.default")
+def _unsqueeze(fx: FxConverter, x: Value, dim: int) -> Value:
+    dim = dim + fx.rank(x) + 1 if dim < 0 else dim
+    return fx.one("Unsqueeze", [x, fx.ints([dim], "axes")])
+
+
+@converts(
+    "aten.squeeze.dim",
+    "aten.squeeze.dims",
+    "aten.squeeze.default",
+    "aten.squeeze_copy.dim",
+    "aten.squeeze_copy.dims",
+    "aten.squeeze_copy.default",
+)
+def _squeeze(fx: FxConverter, x: Value, dims: Any = None) -> Value:
+    if dims is None:
+        dims = [i for i, d in enumerate(fx.shape(x)) if d == 1]
+    dims = [dims] if isinstance(dims, int) else list(dims)
+    dims = [fx.axis(int(d), x) for d in dims if fx.shape(x)[fx.axis(int(d), x)] == 1]
+    return fx.one("Squeeze", [x, fx.ints(dims, "axes")]) if dims else x
+
+
+@converts("aten.flatten.using_ints")
+def _flatten(fx: FxConverter, x: Value, start: int = 0, end: int = -1) -> Value:
+    shape = fx.shape(x)
+    start, end = fx.axis(start, x), fx.axis(end, x)
+    middle = int(np.prod(shape[start : end + 1]))
+    return fx.one("Reshape", [x, fx.ints([*shape[:start], middle, *shape[end + 1 :]])])
+
+
+@converts("aten.slice.Tensor", "aten.slice_copy.Tensor")
+def _slice(fx: FxConverter, x: Value, dim: int = 0, start: Any = None, end: Any = None, step: int = 1) -> Value:
+    size = fx.shape(x)[fx.axis(dim, x)]
+    start = 0 if start is None else int(start)
+    end = np.iinfo(np.int64).max if end is None else int(end)
+    if isinstance(size, int) and start == 0 and end >= size and step == 1:
+        return x
+    return fx.one("Slice", [x, fx.ints([start]), fx.ints([end]), fx.ints([fx.axis(dim, x)]), fx.ints([int(step)])])
+
+
+@converts("aten.select.int", "aten.select_copy.int")
+def _select(fx: FxConverter, x: Value, dim: int, index: int) -> Value:
+    return fx.one("Gather", [x, fx.const(np.asarray(int(index), np.int64), "index")], axis=fx.axis(dim, x))
+
+
+@converts("aten.cat.default")
+def _cat(fx: FxConverter, tensors: list, dim: int = 0) -> Value:
+    tensors = [t for t in tensors if not (isinstance(t.type, TensorType) and 0 in t.type.shape)]
+    return fx.one("Concat", list(tensors), axis=fx.axis(dim, tensors[0]))
+
+
+@converts(
+    "aten.split_with_sizes.default", "aten.split.Tensor", "aten.split_with_sizes_copy.default", "aten.split_copy.Tensor"
+)
+def _split(fx: FxConverter, x: Value, sizes: Any, dim: int = 0) -> tuple:
+    axis = fx.axis(dim, x)
+    if isinstance(sizes, int):
+        total = fx.shape(x)[axis]
+        sizes = [sizes] * (total // sizes) + ([total % sizes] if total % sizes else [])
+    return tuple(fx.emit("Split", [x, fx.ints(sizes, "split")], {"axis": axis}, len(sizes)))
+
+
+@converts("aten.embedding.default")
+def _embedding(fx: FxConverter, weight: Value, indices: Value, *rest: Any) -> Value:
+    return fx.one("Gather", [weight, indices], axis=0)
+
+
+@converts("aten.gather.default")
+def _gather(fx: FxConverter, x: Value, dim: int, index: Value, sparse_grad: bool = False) -> Value:
+    return fx.one("GatherElements", [x, index], axis=fx.axis(dim, x))
+
+
+@converts("aten.index.Tensor")
+def _index(fx: FxConverter, x: Value, indices: list) -> Value:
+    """x[..., i0, i1, ...] with index tensors on adjacent axes (NumPy's advanced indexing): the
+    indices broadcast together and stacked, one GatherND on x with those axes brought first, the
+    result's indexed dims put back where the first indexed axis was."""
+    given = [(axis, i) for axis, i in enumerate(indices) if i is not None]
+    axes = [axis for axis, _ in given]
+    if axes != list(range(axes[0], axes[0] + len(axes))):
+        raise UnsupportedFxOp("aten.index.Tensor", "index tensors on axes that are not adjacent")
+    if len(given) == 1:
+        return fx.one("Gather", [x, given[0][1]], axis=axes[0])
+    shapes = [fx.shape(i) for _, i in given]
+    if not all(isinstance(d, int) for shape in shapes for d in shape):
+        raise UnsupportedFxOp("aten.index.Tensor", "symbolic index shapes")
+    common = list(np.broadcast_shapes(*shapes))
+    stacked = [
+        fx.one(
+            "Unsqueeze",
+            [fx.one("Expand", [fx.one("Cast", [i], to=DType.INT64.onnx_code), fx.ints(common)]), fx.ints([-1], "axes")],
+        )
+        for _, i in given
+    ]
+    rank = fx.rank(x)
+    rest = [a for a in range(rank) if a not in axes]
+    front = fx.one("Transpose", [x], perm=axes + rest) if axes[0] != 0 else x
+    gathered = fx.one("GatherND", [front, fx.one("Concat", stacked, axis=-1)])
+    if axes[0] == 0:
+        return gathered
+    # the gathered dims (len(common) of them) go where the first indexed axis was
+    count, before = len(common), axes[0]
+    perm = [*range(count, count + before), *range(count), *range(count + before, count + len(rest))]
+    return fx.one("Transpose", [gathered], perm=perm)
+
+
+@converts("aten._to_copy.default", "aten.to.dtype")
+def _to_copy(fx: FxConverter, x: Value, dtype: Any = None, **kwargs: Any) -> Value:
+    if dtype is None or torch_dtype(dtype) is x.type.dtype:  # type: ignore[union-attr]
+        return x
+    return fx.one("Cast", [x], to=torch_dtype(dtype).onnx_code)
+
+
+def _full_like_constant(fx: FxConverter, size: list, value: Any, dtype: Any) -> Value:
+    numpy = torch_dtype(dtype).numpy if dtype is not None else (np.float32 if isinstance(value, float) else np.int64)
+    if not all(isinstance(s, int) for s in size):
+        raise UnsupportedFxOp("aten.full.default", "a symbolic size")
+    return fx.const(np.full([int(s) for s in size], value, dtype=numpy), "full")
+
+
+@converts("aten.full.default")
+def _full(fx: FxConverter, size: list, value: Any, dtype: Any = None, **kwargs: Any) -> Value:
+    return _full_like_constant(fx, size, value, dtype)
+
+
+@converts("aten.zeros.default")
+def _zeros(fx: FxConverter, size: list, dtype: Any = None, **kwargs: Any) -> Value:
+    return _full_like_constant(fx, size, 0, dtype or __import__("torch").float32)
+
+
+@converts("aten.ones.default")
+def _ones(fx: FxConverter, size: list, dtype: Any = None, **kwargs: Any) -> Value:
+    return _full_like_constant(fx, size, 1, dtype or __import__("torch").float32)
+
+
+@converts("aten.scalar_tensor.default")
+def _scalar_tensor(fx: FxConverter, value: Any, dtype: Any = None, **kwargs: Any) -> Value:
+    return _full_like_constant(fx, [], value, dtype or __import__("torch").float32)
+
+
+@converts("aten.arange.start_step", "aten.arange.start", "aten.arange.default")
+def _arange(fx: FxConverter, start: Any, end: Any = None, step: Any = 1, dtype: Any = None, **kwargs: Any) -> Value:
+    if end is None:
+        start, end = 0, start
+    numpy = torch_dtype(dtype).numpy if dtype is not None else np.int64
+    if any(not isinstance(v, (int, float)) for v in (start, end, step)):
+        raise UnsupportedFxOp("aten.arange", "symbolic bounds")
+    return fx.const(np.arange(start, end, step, dtype=numpy), "arange")
+
+
+@converts("aten.constant_pad_nd.default")
+def _pad(fx: FxConverter, x: Value, pad: list, value: float = 0.0) -> Value:
+    rank = fx.rank(x)
+    begins, ends = [0] * rank, [0] * rank
+    for i in range(len(pad) // 2):  # torch lists the last dim first
+        begins[rank - 1 - i], ends[rank - 1 - i] = int(pad[2 * i]), int(pad[2 * i + 1])
+    constant = fx.const(np.asarray(value, x.type.dtype.numpy), "pad_value")  # type: ignore[union-attr]
+    return fx.one("Pad", [x, fx.ints(begins + ends, "pads"), constant])
