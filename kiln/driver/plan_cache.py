@@ -48,6 +48,7 @@ from kiln import integrity
 from kiln.backends import backend
 from kiln.driver import tuning_db
 from kiln.driver.options import CompileOptions
+from kiln.integrity import cache_root
 from kiln.lower.target import Target
 from kiln.version import __version__
 
@@ -151,7 +152,7 @@ _USABLE: dict[str, bool] = {}  # cache folder -> usable (checked once per proces
 
 
 def _base() -> str:
-    return os.environ.get("KILN_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "kiln")
+    return str(cache_root())
 
 
 def root() -> Path:

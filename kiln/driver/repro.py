@@ -23,6 +23,7 @@ from typing import Any
 from kiln.driver.artifact import pack_tensors, unpack_tensors
 from kiln.driver.options import CompileOptions
 from kiln.driver.pipeline import compile_plan
+from kiln.integrity import cache_root
 from kiln.ir.parser import parse_graph
 from kiln.ir.printer import print_graph, tensor_data
 from kiln.lower.target import Target
@@ -31,8 +32,7 @@ from kiln.version import __version__
 
 
 def folder() -> Path:
-    root = os.environ.get("KILN_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "kiln")
-    return Path(root) / "repro"
+    return cache_root() / "repro"
 
 
 def write(

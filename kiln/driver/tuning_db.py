@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from kiln.backends import parse
+from kiln.integrity import cache_root
 from kiln.version import __version__
 
 SCHEMA = """
@@ -33,8 +34,7 @@ TUNED_HERE: set[str] = set()  # kernel keys this process tuned (their schedules 
 
 
 def path() -> Path:
-    root = os.environ.get("KILN_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "kiln")
-    folder = Path(root)
+    folder = cache_root()
     folder.mkdir(parents=True, exist_ok=True)
     return folder / "tune.db"
 

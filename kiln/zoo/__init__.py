@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from kiln.errors import KilnError
+from kiln.integrity import cache_root
 
 ZOO_OPSET = 17
 EXPORT_RECIPE = 3  # bump when the export procedure changes
@@ -265,8 +266,7 @@ def get(name: str) -> ZooModel:
 
 
 def cache_dir() -> Path:
-    root = os.environ.get("KILN_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "kiln")
-    path = Path(root) / "zoo"
+    path = cache_root() / "zoo"
     path.mkdir(parents=True, exist_ok=True)
     return path
 

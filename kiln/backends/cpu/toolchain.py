@@ -16,6 +16,7 @@ from pathlib import Path
 
 from kiln import integrity
 from kiln.errors import CompilerError, ResourceError
+from kiln.integrity import cache_root
 from kiln.lower.target import Target
 
 ISAS = {  # name -> (vector bytes, the compiler's -march for code that must run on any such CPU)
@@ -90,8 +91,7 @@ def cache_dir() -> Path:
     """Where built libraries are kept: ``$KILN_CACHE_DIR/lib``; when that cannot be written (a
     read-only home), a private temporary folder for this process, with one warning."""
     global _fallback_dir
-    root = os.environ.get("KILN_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "kiln")
-    path = Path(root) / "lib"
+    path = cache_root() / "lib"
     try:
         path.mkdir(parents=True, exist_ok=True)
         if os.access(path, os.W_OK | os.X_OK):

@@ -16,7 +16,6 @@ from kiln.backends.gpu.render import Launch
 from kiln.backends.gpu.runtime import DevicePlan, SegmentRunner, cuda_missing, module, traffic, triton_missing
 from kiln.backends.registry import Backend, Threading
 from kiln.backends.registry import SegmentRunner as Runner
-from kiln.errors import KilnError
 from kiln.lower.kir import Buffer, Kernel
 from kiln.lower.target import Target, TargetError
 
@@ -124,4 +123,4 @@ def transfer_times(runners: Sequence[Any]) -> dict[str, float] | None:
     return total
 
 
-__all__ = ["GpuBackend", "KilnError", "source_file", "transfer_times"]
+__all__ = ["GpuBackend", "source_file", "transfer_times"]

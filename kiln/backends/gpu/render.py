@@ -342,7 +342,7 @@ class Expressions:
             b = self.node(e.b, self._and(guard, f"({cond.text} == 0)"))
             if cond.literal:
                 return convert(a if cond.value else b, dtype)
-            a, b = self._operand(a, dtype), self._operand(b, dtype)
+            a, b = convert(a, dtype), convert(b, dtype)
             text = f"tl.where({cond.text}, {a.text}, {b.text})"
             if a.literal and b.literal:
                 text = f"{text}.to({TL_TYPES[dtype]})"
@@ -371,16 +371,6 @@ class Expressions:
     def _and(guard: str | None, cond: str) -> str:
         return cond if guard is None else both(guard, cond)
 
-    @staticmethod
-    def _operand(v: Val, dtype: DType) -> Val:
-        """An operand of an operation computed in ``dtype``: tensors converted; literals keep
-        Python's weak typing (Triton gives them their partner's type), as ``dtype`` values."""
-        if v.literal:
-            if v.dtype.is_float == dtype.is_float and v.dtype is not DType.BOOL:
-                return Val(literal_text(wrap(v.value, dtype), dtype), dtype, True, wrap(v.value, dtype))  # type: ignore[arg-type]
-            return convert(v, dtype)
-        return convert(v, dtype)
-
     def _binary(self, e: Binary, dtype: DType, guard: str | None) -> Val:
         a = self.node(e.a, guard)
         op = e.op
@@ -396,7 +386,7 @@ class Expressions:
             return Val(both(a.text, b.text) if op == "&&" else f"tl.where({a.text}, True, {b.text})", DType.BOOL)
         b = self.node(e.b, guard)
         common = _wider(a.dtype, b.dtype) if op in COMPARISONS else dtype
-        x, y = self._operand(a, common), self._operand(b, common)
+        x, y = convert(a, common), convert(b, common)  # literals stay Python numbers: Triton types them
         if x.literal and y.literal:
             folded = self._fold(op, x.value, y.value, common, dtype)
             if folded is not None:
