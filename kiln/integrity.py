@@ -155,6 +155,23 @@ def _seal_chunks(size: int, chunk: Any) -> Callable[[], str]:
     return combine
 
 
+def content_digest(header: bytes, data: memoryview) -> str:
+    """An unkeyed SHA-256 digest naming ``header`` + ``data`` (what the compiler's caches key on:
+    a weight's bytes). Large data is hashed in CHUNK pieces on both hashing threads and the pieces'
+    digests hashed together: a 400 MB weight in half the time of one sequential hash."""
+    view = data.cast("B") if data.format != "B" or data.ndim != 1 else data
+    size = view.nbytes
+    if size <= 4 * CHUNK:
+        hasher = hashlib.sha256(header)
+        hasher.update(view)
+        return hasher.hexdigest()
+    pending = [
+        _submit(lambda offset=offset: hashlib.sha256(view[offset : offset + CHUNK]).digest())
+        for offset in range(0, size, CHUNK)
+    ]
+    return hashlib.sha256(header + b"chunked" + b"".join(wait() for wait in pending)).hexdigest()
+
+
 _pool: ThreadPoolExecutor | None = None
 
 

@@ -62,9 +62,13 @@ class KilnGraph:
         import kiln
         from kiln.frontend.fx import import_traced
 
-        with torch.no_grad():  # in-place ops (relu_) and views become their functional forms first
+        # traced on fake tensors (shapes only: the model is not run); in-place ops (relu_) and
+        # views become their functional forms first
+        with torch.no_grad(), torch._guards.tracing(None):  # its own fake mode, not dynamo's
             traced = make_fx(
-                functionalize(self.gm, remove="mutations_and_views"), decomposition_table=core_aten_decompositions()
+                functionalize(self.gm, remove="mutations_and_views"),
+                decomposition_table=core_aten_decompositions(),
+                tracing_mode="fake",
             )(*args)
         graph = import_traced(traced, list(args), self.weights)
         model = kiln.compile(

@@ -50,6 +50,7 @@ from kiln.driver import tuning_db
 from kiln.driver.options import CompileOptions
 from kiln.integrity import cache_root
 from kiln.lower.target import Target
+from kiln.memory import empty_aligned
 from kiln.version import __version__
 
 FORMAT = 5  # bump when Plan/Graph/Kernel change shape: older entries then miss
@@ -311,9 +312,7 @@ class _BlobReader:
         for pending_identity, pending, _, _ in self.pending:  # the same blob twice in one pickle
             if pending_identity == identity:
                 return pending
-        raw = np.empty(info.st_size + 64, dtype=np.uint8)
-        shift = (-raw.ctypes.data) % 64  # the engine's aligned loads want 64-byte weights
-        array = raw[shift : shift + info.st_size]
+        array = empty_aligned(info.st_size, 64)  # the engine's aligned loads want 64-byte weights
         with open(path, "rb") as handle:
             if handle.readinto(memoryview(array)) != info.st_size:
                 raise DamagedEntry(f"blob {name} changed size while read")

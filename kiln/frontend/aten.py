@@ -425,8 +425,9 @@ def _expand(fx: FxConverter, x: Value, shape: list, implicit: bool = False) -> V
 @converts("aten.permute.default", "aten.permute_copy.default")
 def _permute(fx: FxConverter, x: Value, dims: list) -> Value:
     perm = [fx.axis(int(d), x) for d in dims]
-    if x in fx.constants:  # a weight's transpose (nn.Linear's): a transposed weight, not a copy each run
-        return fx.const(np.ascontiguousarray(fx.constants[x].transpose(perm)), "transposed")
+    if x in fx.constants:  # a weight's transpose (nn.Linear's): a transposed view, copied neither
+        # here nor each run (the matmul lowering packs a weight into its own layout anyway)
+        return fx.const(fx.constants[x].transpose(perm), "transposed")
     return fx.one("Transpose", [x], perm=perm)
 
 

@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from kiln.integrity import content_digest
 from kiln.ir.types import TensorType, Type
 
 DEFAULT_OPSET = 21
@@ -165,13 +166,25 @@ class Graph:
 
 
 def array_digest(array: np.ndarray) -> str:
+    """A digest of an array's dtype, shape and values. A view whose axes, reordered, are
+    contiguous (a weight's transpose) is hashed in that order, with the order in the digest: no
+    copy of a 400 MB classifier's transpose."""
     array = np.asarray(array)
-    hasher = hashlib.sha256(f"{array.dtype.str}{array.shape}".encode())
+    order = _contiguous_order(array)
+    header = f"{array.dtype.str}{array.shape}{order or ''}".encode()
     if array.dtype == object:
-        hasher.update(repr(array.tolist()).encode())
-    else:
-        hasher.update(memoryview(np.ascontiguousarray(array).reshape(-1).view(np.uint8)))  # no extra copy
-    return hasher.hexdigest()
+        return hashlib.sha256(header + repr(array.tolist()).encode()).hexdigest()
+    data = array.transpose(order) if order else np.ascontiguousarray(array)
+    return content_digest(header, memoryview(data.reshape(-1).view(np.uint8)))
+
+
+def _contiguous_order(array: np.ndarray) -> tuple[int, ...] | None:
+    """The axis order in which a non-contiguous array's memory is contiguous (None when it is
+    C-contiguous already, or no order is)."""
+    if array.flags.c_contiguous or array.ndim < 2 or array.size == 0:
+        return None
+    order = tuple(sorted(range(array.ndim), key=lambda axis: -array.strides[axis]))
+    return order if array.transpose(order).flags.c_contiguous else None
 
 
 class StructuralHasher:

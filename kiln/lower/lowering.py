@@ -39,6 +39,7 @@ from kiln.lower.kir import (
 )
 from kiln.lower.pointwise import ANY_NUMERIC, BF16, COMPARE, FLOAT_OPS, HALF, LOGIC, NATIVE, NATIVE_FLOATS
 from kiln.lower.target import Target
+from kiln.memory import aligned_copy
 from kiln.ops.registry import ops_with
 
 PARALLEL_MIN = 32 * 1024  # elements: below this a parallel region costs more than it saves
@@ -58,16 +59,6 @@ def kernel_key(op: str, attrs: dict[str, Any], shapes: list[tuple[int, ...] | No
     }
     text = json.dumps([op, plain, [list(s) if s is not None else None for s in shapes], constant], sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()[:24]
-
-
-def aligned(array: np.ndarray, alignment: int = 64) -> np.ndarray:
-    """A C-contiguous copy of ``array`` starting on an ``alignment``-byte boundary (the engine
-    loads packed weights with aligned vector loads)."""
-    raw = np.empty(array.nbytes + alignment, dtype=np.uint8)
-    shift = (-raw.ctypes.data) % alignment
-    result = raw[shift : shift + array.nbytes].view(array.dtype).reshape(array.shape)
-    result[...] = array
-    return result
 
 
 EMPTY_OPERAND_FALLBACK = ("MatMul", "Gemm", "Conv", "Fused", "Einsum")
@@ -170,7 +161,7 @@ class Lowerer:
         made once per ``key`` however many kernels read it."""
         buffer = self._packed_keys.get(key)
         if buffer is None:
-            array = aligned(make())
+            array = aligned_copy(make())  # the engine loads packed panels with aligned loads
             buffer = Buffer(f"w{len(self.packed)}", DType.from_numpy(array.dtype), int(array.size))
             self.packed[buffer] = array
             self._packed_keys[key] = buffer

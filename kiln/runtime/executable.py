@@ -15,8 +15,8 @@ from kiln.backends import backend as backend_of
 from kiln.errors import ExecutionError, KilnError
 from kiln.ir.types import TensorType
 from kiln.lower.kir import Buffer
-from kiln.lower.lowering import aligned
 from kiln.lower.memory import ALIGNMENT
+from kiln.memory import aligned_copy, empty_aligned
 from kiln.ops.interpreter import Interpreter, evaluate_node, node_failure
 from kiln.runtime.plan import Fallback, Plan, Segment
 
@@ -102,7 +102,7 @@ class Executable:
         # every weight 64-byte aligned: the engine loads packed panels with aligned vector loads,
         # and small arrays unpickled from the plan cache come back only 16-byte aligned
         self.constant_views = {
-            buffer: (view if view.ctypes.data % ALIGNMENT == 0 else aligned(view))
+            buffer: (view if view.ctypes.data % ALIGNMENT == 0 else aligned_copy(view, ALIGNMENT))
             for buffer, view in ((b, a.reshape(-1)) for b, a in plan.constants.items())
         }
         self.arena_slots = [(plan.table[buffer], offset) for buffer, offset in plan.memory.offsets.items()]
@@ -125,9 +125,7 @@ class Executable:
         try:
             return self.arenas.get_nowait()
         except queue.Empty:
-            raw = np.empty(self.plan.memory.arena_bytes + ALIGNMENT, dtype=np.uint8)
-            shift = (-raw.ctypes.data) % ALIGNMENT
-            return raw[shift : shift + self.plan.memory.arena_bytes]
+            return empty_aligned(self.plan.memory.arena_bytes, ALIGNMENT)
 
     def run(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
         if self.keep is not None:
