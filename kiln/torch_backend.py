@@ -5,8 +5,11 @@ Dynamo hands over each captured FX graph (graph breaks give several); kiln trace
 (``kiln.frontend.fx``: no ONNX), compiles it for the chosen target and returns a callable on torch
 tensors (CPU tensors cross as NumPy views, without copies). A graph kiln cannot convert runs
 eagerly, with the op named in a warning (``options={"fallback": False}`` makes it an error).
-Shapes: each distinct input signature compiles once (dims dynamo marks dynamic included), as kiln's
-own variants do.
+Shapes: dims dynamo marks dynamic (``dynamic=True``, ``mark_dynamic``, or its automatic dynamic
+shapes after a size changed) are traced symbolically and become kiln's symbolic dims: one kiln model
+whose variants (one per binding, weights packed once) cover every size dynamo's guards let through.
+A graph whose sizes kiln cannot keep symbolic (a size computed from several dims) compiles once per
+input signature instead.
 
 Registered as ``kiln`` through the ``torch_dynamo_backends`` entry point (no import needed) and on
 ``import kiln.torch_backend``. Inference only: weights are read when a graph compiles.
@@ -14,6 +17,8 @@ Registered as ``kiln`` through the ``torch_dynamo_backends`` entry point (no imp
 
 from __future__ import annotations
 
+import logging
+import re
 import threading
 import warnings
 from collections.abc import Callable
@@ -23,54 +28,104 @@ import numpy as np
 
 from kiln.errors import KilnError
 
+log = logging.getLogger("kiln.torch_backend")
+
 DEFAULTS = {"target": "cpu", "precision": "fp32", "opt_level": 2, "fallback": True, "threads": 0}
 
 
 class KilnGraph:
-    """One captured graph compiled by kiln, one kiln model per input signature."""
+    """One captured graph compiled by kiln: one kiln model with symbolic dims (``general``), or
+    one per input signature."""
 
     def __init__(self, gm: Any, options: dict[str, Any], example_inputs: list[Any]) -> None:
-        self.gm = gm
         self.options = options
         self.models: dict[tuple, Any] = {}
         self.lock = threading.Lock()
         placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
-        # dynamo passes a module's parameters and buffers as graph inputs: they are weights
-        # (constants kiln folds and packs), read when the graph compiles
+        # dynamo passes a module's parameters, buffers and other attributes as graph inputs:
+        # they are weights (constants kiln folds and packs), read when the graph compiles
         self.weights = {
-            i for i, (node, value) in enumerate(zip(placeholders, example_inputs)) if _is_weight(node.name, value)
+            i for i, (node, value) in enumerate(zip(placeholders, example_inputs)) if _is_weight(node, value)
         }
-        self.user = [i for i in range(len(placeholders)) if i not in self.weights]
+        self.gm = _scalars_folded(gm, placeholders, example_inputs, self.weights)
+        # sizes dynamo passes beside the tensors that carry them (``s0`` of a dynamic batch)
+        self.sizes = {i for i, value in enumerate(example_inputs) if _is_size(value)}
+        self.user = [i for i in range(len(placeholders)) if i not in self.weights and i not in self.sizes]
+        self.dynamic = _dynamic_dims(placeholders)  # input position -> {dim: dynamo's symbol}
         output = next(n for n in gm.graph.nodes if n.op == "output")
         self.single = not isinstance(output.args[0], (tuple, list))
+        # each size argument's tensor and dim (where dynamo's symbol first appears)
+        self.size_carriers: dict[int, tuple[int, int]] = {}
+        for i in self.sizes:
+            symbol = str(_example(placeholders[i]))
+            carrier = next(((j, d) for j, dims in self.dynamic.items() for d, s in dims.items() if s == symbol), None)
+            if carrier is None:
+                raise KilnError(f"dynamo passes the size {symbol}, which no input tensor carries")
+            self.size_carriers[i] = carrier
+        # the model compiled with symbolic dims, its dims, and the signature it serves
+        self.general: tuple[Any, list[str]] | None = None
+        self.general_dims: dict[int, dict[int, str]] = {}
+        self.general_key: tuple = ()
 
-    def signature(self, args: tuple) -> tuple:
+    def signature(self, args: tuple, symbolic: dict[int, dict[int, str]] | None = None) -> tuple:
         """What selects the compiled model: the shapes and types of the inputs that are not
         weights (dynamo passes every parameter on every call: reading them all costs more than
-        a small model's run)."""
+        a small model's run); the dims in ``symbolic`` are any size."""
+        symbolic = symbolic or {}
         return tuple(
-            (tuple(args[i].shape), args[i].dtype) if hasattr(args[i], "shape") else ("value", args[i])
+            (
+                tuple(None if d in symbolic.get(i, ()) else size for d, size in enumerate(args[i].shape)),
+                args[i].dtype,
+            )
+            if hasattr(args[i], "shape")
+            else ("value", args[i])
             for i in self.user
         )
 
-    def compile(self, args: tuple) -> Any:
+    def compile_general(self, args: tuple) -> None:
+        """A model with the dims dynamo made dynamic as kiln's symbolic dims: all of them, else
+        each input's first (a batch; the others compiled static: the views of a flattened
+        image are products of several symbols, which kiln's dims do not express)."""
+        first = {i: dict([min(dims.items())]) for i, dims in self.dynamic.items()}
+        attempts = [self.dynamic] + ([first] if first != self.dynamic else [])
+        for symbolic in attempts:
+            try:
+                self.general = self.compile(args, symbolic)
+            except Exception as err:  # kiln (or torch's tracer) keeps no symbol here: the next attempt
+                log.info("kiln cannot keep dims %s symbolic (%s: %s)", symbolic, type(err).__name__, err)
+                continue
+            self.general_dims, self.general_key = symbolic, self.signature(args, symbolic)
+            return
+
+    def compile(self, args: tuple, symbolic: dict[int, dict[int, str]] | None = None) -> Any:
+        """Trace (shapes only: fake tensors, the model is not run), convert and compile; the
+        dims in ``symbolic`` (input position -> {dim: dynamo's symbol}) stay symbols."""
         import torch
-        from torch._decomp import core_aten_decompositions
         from torch.func import functionalize
         from torch.fx.experimental.proxy_tensor import make_fx
 
         import kiln
-        from kiln.frontend.fx import import_traced
+        from kiln.frontend.fx import decompositions, import_traced
 
-        # traced on fake tensors (shapes only: the model is not run); in-place ops (relu_) and
-        # views become their functional forms first
-        with torch.no_grad(), torch._guards.tracing(None):  # its own fake mode, not dynamo's
+        fakes = self.fakes(args, symbolic or {})
+        # in its own fake mode, not dynamo's; in-place ops (relu_) and views become their
+        # functional forms first
+        with torch.no_grad(), torch._guards.tracing(None):
             traced = make_fx(
                 functionalize(self.gm, remove="mutations_and_views"),
-                decomposition_table=core_aten_decompositions(),
-                tracing_mode="fake",
-            )(*args)
-        graph = import_traced(traced, list(args), self.weights)
+                decomposition_table=decompositions(),
+                tracing_mode="symbolic" if symbolic else "fake",
+            )(*fakes)
+        # placeholders typed by the fakes (symbolic dims), weights' values from the real tensors
+        examples = [args[i] if i in self.weights else fake for i, fake in enumerate(fakes)]
+        graph = import_traced(traced, examples, self.weights)
+        if symbolic and all(v.type.is_static for v in graph.inputs):  # type: ignore[union-attr]
+            raise KilnError("the trace specialized every dynamic size")
+        log.info(
+            "kiln compiles a graph of %d nodes, inputs %s",
+            len(graph.nodes),
+            ", ".join(f"{v.name}{list(v.type.shape)}" for v in graph.inputs),  # type: ignore[union-attr]
+        )
         model = kiln.compile(
             graph,
             target=self.options["target"],
@@ -80,9 +135,31 @@ class KilnGraph:
         )
         return model, [v.name for v in graph.inputs]
 
-    def __call__(self, *args: Any) -> Any:
+    def fakes(self, args: tuple, symbolic: dict[int, dict[int, str]]) -> list[Any]:
+        """Fake tensors to trace with, in a fake mode of kiln's own: the dims in ``symbolic``
+        symbols, the rest static; each size argument the size of the tensor that carries it."""
         import torch
+        from torch._subclasses.fake_tensor import FakeTensorMode
+        from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
 
+        mode = FakeTensorMode(shape_env=ShapeEnv(), allow_non_fake_inputs=False)
+        fakes: list[Any] = []
+        for i, arg in enumerate(args):
+            if not isinstance(arg, torch.Tensor):
+                fakes.append(arg)
+                continue
+            dynamic = symbolic.get(i, {})
+            context = StatelessSymbolicContext(
+                dynamic_sizes=[DimDynamic.DYNAMIC if d in dynamic else DimDynamic.STATIC for d in range(arg.dim())]
+            )
+            fakes.append(mode.from_tensor(arg, symbolic_context=context))
+        for i, (carrier, dim) in self.size_carriers.items():
+            fakes[i] = fakes[carrier].shape[dim]  # a symbol, or the call's number
+        return fakes
+
+    def __call__(self, *args: Any) -> Any:
+        if self.general is not None and self.signature(args, self.general_dims) == self.general_key:
+            return self.run(self.general, args)
         key = self.signature(args)
         found = self.models.get(key)
         if found is None:
@@ -97,10 +174,45 @@ class KilnGraph:
         model, names = found
         if names is None:
             return model(*args)
+        return self.run(found, args)
+
+    def run(self, compiled: tuple[Any, list[str]], args: tuple) -> Any:
+        import torch
+
+        model, names = compiled
         given = (args[i] for i in self.user if isinstance(args[i], torch.Tensor))
         feeds = dict(zip(names, (_numpy(a) for a in given)))
         outputs = [torch.from_numpy(np.asarray(o)) for o in model.run(feeds).values()]
         return outputs[0] if self.single else tuple(outputs)
+
+
+def _is_size(value: Any) -> bool:
+    import torch
+
+    return isinstance(value, torch.SymInt) or (isinstance(value, int) and not isinstance(value, bool))
+
+
+def _example(node: Any) -> Any:
+    return node.meta.get("example_value", node.meta.get("val"))
+
+
+def _dynamic_dims(placeholders: list[Any]) -> dict[int, dict[int, str]]:
+    """Per input position, the dims dynamo traced as symbols (its placeholders' example values)."""
+    import torch
+
+    found: dict[int, dict[int, str]] = {}
+    for i, node in enumerate(placeholders):
+        value = _example(node)
+        if not isinstance(value, torch.Tensor):
+            continue
+        dims = {
+            d: str(size.node.expr)
+            for d, size in enumerate(value.shape)
+            if isinstance(size, torch.SymInt) and not size.node.expr.is_number
+        }
+        if dims:
+            found[i] = dims
+    return found
 
 
 def _concrete(value: Any) -> bool:
@@ -112,10 +224,51 @@ def _concrete(value: Any) -> bool:
     return isinstance(value, (int, float, bool))
 
 
-def _is_weight(name: str, value: Any) -> bool:
+def _is_weight(node: Any, value: Any) -> bool:
+    """A tensor dynamo reached through an attribute (``L['self']._modules['fc']._parameters['weight']``,
+    a BatchNorm's ``eps`` under ``dynamic=True``), not a call's argument (``L['x']``, ``L['args'][0]``)
+    or a global (which may change between calls)."""
     import torch
 
-    return isinstance(value, torch.nn.Parameter) or "_parameters_" in name or "_buffers_" in name
+    if isinstance(value, torch.nn.Parameter):
+        return True
+    source = getattr(node.meta.get("grapharg"), "source", None)
+    name = getattr(source, "name", None)
+    name = name() if callable(name) else name
+    if not isinstance(name, str):  # no source recorded: dynamo's placeholder names
+        return "_parameters_" in node.name or "_buffers_" in node.name
+    match = re.match(r"L\[[^\]]*\](\[[^\]]*\])*", name)
+    return match is not None and name[match.end() :].startswith(".") and isinstance(value, torch.Tensor)
+
+
+def _scalars_folded(gm: Any, placeholders: list[Any], example_inputs: list[Any], weights: set[int]) -> Any:
+    """A copy of ``gm`` whose ``weight.item()`` calls are the weights' numbers (dynamo passes a
+    module's float attributes as 0-d tensors under ``dynamic=True``; tracing ``item`` on a fake
+    tensor would be a data-dependent size)."""
+    import copy
+
+    import torch
+    from torch.fx.node import map_arg
+
+    items = [
+        (node, example_inputs[placeholders.index(node.args[0])].item())
+        for node in gm.graph.nodes
+        if node.op == "call_method"
+        and node.target == "item"
+        and node.args[0] in placeholders
+        and placeholders.index(node.args[0]) in weights
+    ]
+    if not items:
+        return gm
+    graph = copy.deepcopy(gm.graph)
+    mapping = {old: new for old, new in zip(gm.graph.nodes, graph.nodes)}
+    for node, number in items:
+        twin = mapping[node]
+        for user in list(twin.users):
+            user.args = map_arg(user.args, lambda n, twin=twin, number=number: number if n is twin else n)
+            user.kwargs = map_arg(user.kwargs, lambda n, twin=twin, number=number: number if n is twin else n)
+        graph.erase_node(twin)
+    return torch.fx.GraphModule(gm, graph)
 
 
 def _numpy(tensor: Any) -> np.ndarray:
@@ -136,7 +289,14 @@ def kiln_backend(gm: Any, example_inputs: list[Any], options: dict[str, Any] | N
         raise KilnError(f"unknown kiln backend option(s) {sorted(unknown)}; options: {', '.join(DEFAULTS)}")
     if torch.is_grad_enabled() and any(getattr(a, "requires_grad", False) for a in [*example_inputs, *gm.parameters()]):
         return _eager(gm, settings, "kiln compiles inference graphs: gradients are required here (use torch.no_grad)")
-    compiled = KilnGraph(gm, settings, example_inputs)
+    try:
+        compiled = KilnGraph(gm, settings, example_inputs)
+    except KilnError as err:
+        return _eager(gm, settings, str(err))
+    if compiled.dynamic and all(_concrete(a) or _is_size(a) for a in example_inputs):
+        compiled.compile_general(tuple(example_inputs))  # dims dynamo made dynamic: symbolic
+        if compiled.general is not None:
+            return compiled
     if all(_concrete(a) for a in example_inputs):
         try:  # convert and compile now: an op kiln lacks falls back here, not mid-run
             compiled(*example_inputs)

@@ -18,14 +18,22 @@ from typing import Any
 import numpy as np
 
 from kiln.errors import KilnError
-from kiln.frontend.aten import CONVERTERS, OPSET, UnsupportedFxOp, dim_of, torch_dtype
+from kiln.frontend.aten import CONVERTERS, OPSET, UnsupportedFxOp, decompositions, dim_of, torch_dtype
 from kiln.frontend.converters import GraphBuilder
 from kiln.ir.graph import Graph, Value, unique_name
 from kiln.ir.types import DType, TensorType
 from kiln.ops.inference import UnsupportedConstruct
 from kiln.ops.verify import verify
 
-__all__ = ["CONVERTERS", "FxConverter", "UnsupportedFxOp", "import_exported", "import_traced", "torch_dtype"]
+__all__ = [
+    "CONVERTERS",
+    "FxConverter",
+    "UnsupportedFxOp",
+    "decompositions",
+    "import_exported",
+    "import_traced",
+    "torch_dtype",
+]
 
 
 class FxConverter:
@@ -111,6 +119,9 @@ class FxConverter:
                 kind, item = placeholders[node.name]
                 if kind == "skip":
                     continue
+                if kind == "size":  # a symbolic size passed beside its tensor: torch's symbol
+                    self.values[node] = item
+                    continue
                 self.values[node] = (
                     self.placeholder(node.name, item) if kind == "input" else self.constant(node.name, item)
                 )
@@ -132,6 +143,11 @@ class FxConverter:
         if target is operator.getitem:
             source, index = node.args
             return self.values[source][index]
+        example = node.meta.get("val")
+        if type(example).__name__ in ("SymInt", "SymFloat", "SymBool"):
+            # a size computed from symbolic sizes (sym_size, their products): torch's expression,
+            # read by the ops that take sizes (a view's target shape)
+            return example
         name = _op_name(target)
         converter = CONVERTERS.get(name)
         if converter is None:
@@ -182,7 +198,7 @@ def import_exported(program: Any, names: Sequence[str] | None = None) -> Graph:
     renames its user inputs (default: torch's placeholder names)."""
     from torch.export.graph_signature import InputKind
 
-    program = program.run_decompositions()
+    program = program.run_decompositions(decompositions())
     signature = program.graph_signature
     state = program.state_dict
     constants = getattr(program, "constants", {})
@@ -215,10 +231,13 @@ def import_traced(module: Any, examples: list[Any], weights: set[int] | frozense
         if node.op == "placeholder":
             example = examples[position]
             position += 1
-            if not hasattr(example, "shape"):  # a size dynamo passes: traced with its value, unused
-                if node.users:
+            if not hasattr(example, "shape"):  # a size dynamo passes beside the tensor carrying it
+                if type(example).__name__ == "SymInt":
+                    placeholders[node.name] = ("size", example)
+                elif node.users:
                     raise UnsupportedFxOp("placeholder", f"{node.name} is a {type(example).__name__} the graph reads")
-                placeholders[node.name] = ("skip", example)
+                else:
+                    placeholders[node.name] = ("skip", example)
                 continue
             placeholders[node.name] = ("constant" if position - 1 in weights else "input", example)
         elif node.op == "get_attr":

@@ -178,6 +178,73 @@ def test_a_new_batch_size_compiles_again_and_stays_right():
             np.testing.assert_allclose(compiled(x).numpy(), module(x).numpy(), rtol=1e-4, atol=1e-5)
 
 
+def _compiles(caplog) -> list[str]:  # type: ignore[no-untyped-def]
+    return [r.getMessage() for r in caplog.records if r.name == "kiln.torch_backend" and "compiles" in r.getMessage()]
+
+
+def _convnet() -> nn.Module:
+    return nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 6 * 6, 5)).eval()
+
+
+def test_dims_dynamo_marks_dynamic_become_kiln_symbolic_dims(caplog):
+    """dynamic=True: one kiln model whose batch is a symbol serves every batch size (dynamo also
+    hands BatchNorm's eps as a 0-d tensor here: it is a weight, folded). Height and width are
+    dynamic too but stay static in kiln (the flattened features are their product)."""
+    import logging
+
+    import kiln.torch_backend  # noqa: F401
+
+    torch._dynamo.reset()
+    module = _convnet()
+    compiled = torch.compile(module, backend="kiln", dynamic=True)
+    with caplog.at_level(logging.INFO, logger="kiln.torch_backend"), torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("error")  # no eager fallback
+        for batch in (2, 5, 7):  # (dynamo specializes 1, and duck-sizes a 3 with the channels)
+            x = r(batch, 3, 8, 8, seed=batch)
+            np.testing.assert_allclose(compiled(x).numpy(), module(x).numpy(), rtol=1e-4, atol=1e-5)
+    compiles = _compiles(caplog)
+    assert len(compiles) == 1, compiles
+    assert "'s" in compiles[0] and "3, 8, 8]" in compiles[0], compiles[0]  # [s.., 3, 8, 8]
+
+
+def test_automatic_dynamic_shapes_recompile_once_as_symbolic(caplog):
+    """Without dynamic=True, dynamo compiles the first batch static and, when it changes, the graph
+    again with the batch dynamic: two kiln compiles for four batch sizes, the second symbolic."""
+    import logging
+
+    import kiln.torch_backend  # noqa: F401
+
+    torch._dynamo.reset()
+    module = _convnet()
+    compiled = torch.compile(module, backend="kiln")
+    with caplog.at_level(logging.INFO, logger="kiln.torch_backend"), torch.no_grad():
+        for batch in (4, 3, 2, 6):
+            x = r(batch, 3, 8, 8, seed=batch)
+            np.testing.assert_allclose(compiled(x).numpy(), module(x).numpy(), rtol=1e-4, atol=1e-5)
+    compiles = _compiles(caplog)
+    assert len(compiles) == 2, compiles
+    assert "[4, 3, 8, 8]" in compiles[0] and "'s" in compiles[1], compiles
+
+
+def test_a_dynamic_sequence_length_through_attention(caplog):
+    """mark_dynamic on a transformer layer's sequence axis: views split and merge heads around
+    the symbol; every length gives eager's result from one compile."""
+    import logging
+
+    import kiln.torch_backend  # noqa: F401
+
+    torch._dynamo.reset()
+    layer = nn.TransformerEncoderLayer(16, 2, 32, dropout=0.0, batch_first=True).eval()
+    compiled = torch.compile(layer, backend="kiln")
+    with caplog.at_level(logging.INFO, logger="kiln.torch_backend"), torch.no_grad():
+        for length in (7, 5, 12):
+            x = r(2, length, 16, seed=length)
+            torch._dynamo.mark_dynamic(x, 1)
+            np.testing.assert_allclose(compiled(x).numpy(), layer(x).numpy(), rtol=1e-4, atol=1e-4)
+    compiles = _compiles(caplog)
+    assert len(compiles) == 1 and "[2, 's" in compiles[0], compiles
+
+
 def test_the_entry_point_makes_backend_kiln_known_without_importing_kiln():
     import subprocess
     import sys
@@ -197,3 +264,108 @@ def test_the_entry_point_makes_backend_kiln_known_without_importing_kiln():
     )
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0 and result.stdout.strip().endswith("ok"), result.stderr[-2000:]
+
+
+def _counting(monkeypatch, name: str) -> list[int]:  # type: ignore[no-untyped-def]
+    """Count the conversions of one table entry (a test then knows the path it covers was taken)."""
+    import kiln.frontend.aten as aten
+
+    calls: list[int] = []
+    original = aten.CONVERTERS[name]
+
+    def counted(*args, **kwargs):  # type: ignore[no-untyped-def]
+        calls.append(1)
+        return original(*args, **kwargs)
+
+    monkeypatch.setitem(aten.CONVERTERS, name, counted)
+    return calls
+
+
+@pytest.mark.parametrize(
+    "norm_first, activation, masks",
+    [(False, "relu", "none"), (True, "gelu", "none"), (False, "gelu", "causal"), (True, "relu", "padding")],
+)
+def test_the_transformer_encoder_fast_path_converts(monkeypatch, norm_first, activation, masks):
+    """nn.TransformerEncoderLayer in eval mode without gradients runs one fused op
+    (aten._transformer_encoder_layer_fwd); kiln writes it out, masks included."""
+    import kiln.torch_backend  # noqa: F401
+
+    calls = _counting(monkeypatch, "aten._transformer_encoder_layer_fwd.default")
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    layer = nn.TransformerEncoderLayer(
+        16, 4, 32, dropout=0.0, activation=activation, batch_first=True, norm_first=norm_first
+    ).eval()
+    x = r(2, 6, 16)
+    kwargs: dict = {}
+    if masks == "causal":
+        kwargs["src_mask"] = nn.Transformer.generate_square_subsequent_mask(6)
+        kwargs["is_causal"] = True
+    elif masks == "padding":
+        kwargs["src_key_padding_mask"] = torch.tensor([[False] * 6, [False] * 4 + [True] * 2])
+    compiled = torch.compile(layer, backend="kiln", options={"fallback": False})
+    with torch.no_grad():
+        expected = layer(x, **kwargs)
+        got = compiled(x, **kwargs)
+    np.testing.assert_allclose(got.numpy(), expected.numpy(), rtol=1e-4, atol=1e-5)
+    assert calls, "the fast path was not taken: this case covers nothing"
+
+
+class Sdpa(nn.Module):
+    def __init__(self, causal: bool = False, mask: torch.Tensor | None = None, scale: float | None = None) -> None:
+        super().__init__()
+        self.causal, self.mask, self.scale = causal, mask, scale
+
+    def forward(self, q, k, v):  # type: ignore[no-untyped-def]
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=self.mask, is_causal=self.causal, scale=self.scale)
+
+
+SDPA_CASES = {
+    "plain": {},
+    "causal": {"causal": True},
+    "float-mask": {"mask": r(10, 12, seed=5)},
+    "bool-mask": {"mask": torch.from_numpy(np.random.default_rng(6).random((2, 1, 10, 12)) > 0.3)},
+    "scale": {"scale": 0.3},
+}
+
+
+@pytest.mark.parametrize("case", SDPA_CASES)
+def test_scaled_dot_product_attention_is_kilns_attention_kernel(case):
+    """F.scaled_dot_product_attention (kept whole through torch's decompositions) compiles to one
+    attention kernel, through torch.export and through torch.compile."""
+    import kiln.torch_backend
+
+    module = Sdpa(**SDPA_CASES[case])
+    q, k, v = r(2, 3, 10, 16), r(2, 3, 12, 16, seed=1), r(2, 3, 12, 8, seed=2)
+    if case == "causal":
+        k, v = k[:, :, :10], v[:, :, :10]
+    expected = module(q, k, v).numpy()
+    model = kiln.compile(module, example_inputs=(q, k, v))
+    kinds = [kernel.kind for plan in model.plans for step in plan.steps for kernel in getattr(step, "kernels", [])]
+    assert kinds == ["attention"], kinds
+    got = model.run({"input0": q.numpy(), "input1": k.numpy(), "input2": v.numpy()})
+    np.testing.assert_allclose(next(iter(got.values())), expected, rtol=1e-4, atol=1e-5)
+    torch._dynamo.reset()
+    compiled = torch.compile(module, backend="kiln", options={"fallback": False})
+    with torch.no_grad():
+        np.testing.assert_allclose(compiled(q, k, v).numpy(), expected, rtol=1e-4, atol=1e-5)
+
+
+def test_causal_attention_with_a_dynamic_sequence_length(monkeypatch, caplog):
+    """is_causal with the sequence symbolic: the mask is built from the scores' shape at run time."""
+    import logging
+
+    import kiln.torch_backend  # noqa: F401
+
+    calls = _counting(monkeypatch, "aten._scaled_dot_product_flash_attention_for_cpu.default")
+    torch._dynamo.reset()
+    module = Sdpa(causal=True)
+    compiled = torch.compile(module, backend="kiln", options={"fallback": False})
+    with caplog.at_level(logging.INFO, logger="kiln.torch_backend"), torch.no_grad():
+        for length in (6, 9, 4):
+            q, k, v = (r(2, 2, length, 8, seed=length + i) for i in range(3))
+            for t in (q, k, v):
+                torch._dynamo.mark_dynamic(t, 2)
+            np.testing.assert_allclose(compiled(q, k, v).numpy(), module(q, k, v).numpy(), rtol=1e-4, atol=1e-5)
+    compiles = _compiles(caplog)
+    assert calls and len(compiles) == 1 and "'s" in compiles[0], compiles
