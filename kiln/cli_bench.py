@@ -35,7 +35,12 @@ from kiln.cli_support import console, out, split_values
     "torch.compile-cuda; 'unavailable: no CUDA device' on a machine without one), or both. --backends overrides.",
 )
 @click.option(
-    "--scenario", "-s", "scenarios", multiple=True, help="single-stream, offline, server. [default: single-stream]"
+    "--scenario",
+    "-s",
+    "scenarios",
+    multiple=True,
+    help="MLPerf LoadGen scenarios: single-stream, multi-stream, server, offline; LoadGen's verdict "
+    "(VALID/INVALID and why) is in the report. [default: single-stream]",
 )
 @click.option("--batch", "batches", multiple=True, type=int, help="Batch size(s). [default: 1]")
 @click.option(
@@ -54,7 +59,15 @@ from kiln.cli_support import console, out, split_values
     metavar="N",
     help="After the timed run, N more inferences with RSS sampled: the growth estimate of a leak check.",
 )
-@click.option("--inflight", type=int, default=2, show_default=True, help="Requests in flight (offline, server).")
+@click.option(
+    "--inflight", type=int, default=2, show_default=True, help="Requests in flight (multi-stream, server, offline)."
+)
+@click.option(
+    "--target-latency-ms",
+    type=float,
+    default=None,
+    help="Server scenario: LoadGen's latency bound [default: 4x a measured run, at least 10 ms].",
+)
 @click.option(
     "--rate", type=float, default=None, help="Server scenario arrival rate per s [default: 70% of measured capacity]."
 )
@@ -150,6 +163,7 @@ def _bench_config(options: dict):  # type: ignore[no-untyped-def]
         soak=options["soak"],
         inflight=options["inflight"],
         rate=options["rate"],
+        target_latency_ms=options["target_latency_ms"],
         seq=options["seq"],
         timeout=options["timeout"],
         dataset=options["dataset"],

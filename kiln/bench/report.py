@@ -12,6 +12,8 @@ from typing import Any
 
 from rich.table import Table
 
+from kiln.bench.loadgen import verdict_text
+
 COLUMNS = (
     ("model", lambda r: r["model"]),
     ("backend", lambda r: r["backend"]),
@@ -31,6 +33,7 @@ COLUMNS = (
     ("RSS MB/1k", lambda r: _num(r.get("rss_growth_mb_per_1k"), 2)),
     ("energy", lambda r: _energy(r)),
     ("vs reference", lambda r: _agreement(r)),
+    ("LoadGen", lambda r: verdict_text(r.get("loadgen"))),
     ("status", lambda r: r["status"] if r["status"] == "ok" else f"{r['status']}: {r.get('error', '')}"),
 )
 
@@ -46,11 +49,14 @@ def _num(value: Any, digits: int) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
 
 
+NOISY = "†"  # the marker of a row whose latency varied more than 10%: one explanation in notes()
+
+
 def _cv(record: dict[str, Any]) -> str:
     stats = record.get("latency_ms", {})
     if "cv" not in stats:
         return "-"
-    return f"{stats['cv']:.1%}" + (" noisy" if stats.get("noisy") else "")
+    return f"{stats['cv']:.1%}" + (f" {NOISY}" if stats.get("noisy") else "")
 
 
 def _energy(record: dict[str, Any]) -> str:
@@ -89,29 +95,53 @@ TERMINAL = (
     "samples/s",
     "peak MB",
     "vs reference",
+    "LoadGen",
     "status",
 )
 
 
 def terminal_table(run: dict[str, Any]) -> Table:
-    """The key columns (the HTML and JSON carry all of them)."""
+    """The key columns of the rows that ran (the HTML and JSON carry all of them); unavailable
+    backends are one line each per reason in ``notes``."""
     columns = [(name, fn) for name, fn in COLUMNS if name in TERMINAL]
     table = Table(title=f"kiln bench {run['run_id']}", show_lines=False)
     for name, _ in columns:
         table.add_column(name, overflow="fold", max_width=48 if name == "status" else None)
-    for record in run["records"]:
+    for record in ran(run):
         table.add_row(*(str(fn(record)) for _, fn in columns))
     return table
 
 
+def ran(run: dict[str, Any]) -> list[dict[str, Any]]:
+    """The records of jobs that ran (ok, or failed while running): not the unavailable backends."""
+    return [r for r in run["records"] if r["status"] != "unavailable"]
+
+
+def unavailable(run: dict[str, Any]) -> list[tuple[str, list[str]]]:
+    """Unavailable backends grouped by reason: [(reason, [backend, ...])], one entry per reason."""
+    groups: dict[str, set[str]] = {}
+    for record in run["records"]:
+        if record["status"] == "unavailable":
+            groups.setdefault(str(record.get("error", "")), set()).add(record["backend"])
+    return sorted(((reason, sorted(names)) for reason, names in groups.items()), key=lambda item: item[1])
+
+
+def _short(text: str, limit: int = 140) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
 def notes(run: dict[str, Any]) -> list[str]:
     """Warnings a reader must see next to the numbers."""
-    lines = []
+    lines = [f"unavailable: {', '.join(names)}: {_short(reason)}" for reason, names in unavailable(run)]
+    noisy = [r for r in run["records"] if r.get("latency_ms", {}).get("noisy")]
+    if noisy:
+        worst = max(r["latency_ms"]["cv"] for r in noisy)
+        lines.append(
+            f"{NOISY} {len(noisy)} row(s) with latency CV > 10% (up to {worst:.0%}): the machine was noisy "
+            "while they ran; compare them with care or run again"
+        )
     for record in run["records"]:
-        if record.get("latency_ms", {}).get("noisy"):
-            lines.append(
-                f"{record['backend']} / {record['model']}: latency CV {record['latency_ms']['cv']:.0%} > 10%: the machine was noisy"
-            )
         growth = record.get("rss_growth_mb_per_1k")
         if growth is not None and growth > 1.0 and record.get("iterations", 0) >= 200:
             lines.append(
@@ -243,37 +273,187 @@ def plots(run: dict[str, Any]) -> dict[str, str]:
     return images
 
 
+# -- the summary: per model (and per node of a fleet), each backend relative to the fastest ------------
+
+
+def node_of(record: dict[str, Any]) -> str:
+    """The hardware a record ran on: a fleet node's label, or "" on one machine."""
+    return str(record.get("node", {}).get("label", "")) if isinstance(record.get("node"), dict) else ""
+
+
+def summary(run: dict[str, Any]) -> list[dict[str, Any]]:
+    """One group per (node, model, batch, scenario) that has latencies, fastest first; each row a
+    backend's p50, its ratio to the group's fastest, its agreement with the reference, the noise
+    marker and (where LoadGen ran the scenario) its verdict."""
+    groups: dict[tuple, list[dict[str, Any]]] = {}
+    for record in run["records"]:
+        if record["status"] == "ok" and record.get("latency_ms", {}).get("p50"):
+            key = (node_of(record), record["model"], record["scenario"], record["batch"])
+            groups.setdefault(key, []).append(record)
+    result = []
+    for (node, model, scenario, batch), records in sorted(
+        groups.items(), key=lambda item: (item[0][0], item[0][1], item[0][2] != "single-stream", item[0][2], item[0][3])
+    ):
+        records = sorted(records, key=lambda r: r["latency_ms"]["p50"])
+        fastest = records[0]["latency_ms"]["p50"]
+        rows = [
+            {
+                "backend": r["backend"],
+                "p50_ms": r["latency_ms"]["p50"],
+                "vs_fastest": r["latency_ms"]["p50"] / fastest,
+                "agreement": _agreement(r),
+                "noisy": bool(r["latency_ms"].get("noisy")),
+                "verdict": verdict_text(r.get("loadgen")) if r.get("loadgen") else None,
+            }
+            for r in records
+        ]
+        result.append({"node": node, "model": model, "scenario": scenario, "batch": batch, "rows": rows})
+    return result
+
+
+def _summary_plot(groups: list[dict[str, Any]]) -> str | None:
+    """Per group, horizontal bars of latency relative to the fastest (kiln's rows in orange)."""
+    groups = [g for g in groups if g["scenario"] == "single-stream"] or groups
+    if not groups:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    tallest = max(len(g["rows"]) for g in groups)
+    figure, axes = plt.subplots(1, len(groups), figsize=(3.3 * len(groups), 0.8 + 0.28 * tallest), squeeze=False)
+    for axis, group in zip(axes[0], groups):
+        rows = list(reversed(group["rows"]))  # fastest on top
+        colors = ["#dd8452" if r["backend"].startswith(("kiln", "torch.compile-kiln")) else "#4c72b0" for r in rows]
+        axis.barh([r["backend"] for r in rows], [r["vs_fastest"] for r in rows], color=colors)
+        axis.axvline(1.0, color="#444", linewidth=0.8)
+        title = f"{group['model']} b{group['batch']}" + (f" @ {group['node']}" if group["node"] else "")
+        axis.set_title(title, fontsize=9)
+        axis.set_xlabel("latency / fastest (p50)", fontsize=8)
+        axis.tick_params(labelsize=7)
+        for y, row in enumerate(rows):
+            axis.text(row["vs_fastest"], y, f" {row['vs_fastest']:.2f}x", va="center", fontsize=7)
+        axis.set_xlim(0, max(r["vs_fastest"] for r in rows) * 1.3)
+    figure.tight_layout()
+    return _figure_png(figure)
+
+
+def _summary_tables(groups: list[dict[str, Any]]) -> str:
+    parts = []
+    for group in groups:
+        title = f"{group['model']}, batch {group['batch']}, {group['scenario']}" + (
+            f", on {group['node']}" if group["node"] else ""
+        )
+        verdicts = any(r["verdict"] for r in group["rows"])
+        head = (
+            "<tr><th>backend</th><th>p50 ms</th><th>x fastest</th><th>agreement</th>"
+            + ("<th>LoadGen</th>" if verdicts else "")
+            + "</tr>"
+        )
+        body = "".join(
+            f"<tr><td class=l>{html.escape(r['backend'])}{(' ' + NOISY) if r['noisy'] else ''}</td>"
+            f"<td>{r['p50_ms']:.2f}</td><td>{r['vs_fastest']:.2f}</td><td>{html.escape(r['agreement'])}</td>"
+            + (f"<td>{html.escape(str(r['verdict'] or '-'))}</td>" if verdicts else "")
+            + "</tr>"
+            for r in group["rows"]
+        )
+        parts.append(f"<div class=group><h3>{html.escape(title)}</h3><table>{head}{body}</table></div>")
+    return "".join(parts)
+
+
+def _machine_line(run: dict[str, Any]) -> str:
+    machine = run["machine"]
+    flags = ", ".join(machine.get("flags", []))
+    return (
+        f"{html.escape(str(machine.get('cpu', '?')))} ({html.escape(flags)}), {machine.get('usable_cpus', '?')} usable CPUs, "
+        f"{machine.get('memory_gb', '?')} GB, {html.escape(str(machine.get('os', '?')))}; "
+        f"{run['config']['threads']} thread(s) per backend"
+    )
+
+
+def _nodes_table(run: dict[str, Any]) -> str:
+    nodes: dict[str, dict[str, Any]] = {}
+    for record in run["records"]:
+        node = record.get("node")
+        if isinstance(node, dict) and node.get("label"):
+            nodes.setdefault(node["label"], node)
+    if not nodes:
+        return ""
+    rows = "".join(
+        f"<tr><td class=l>{html.escape(label)}</td><td class=l>{html.escape(str(n.get('cpu', '?')))}</td>"
+        f"<td class=l>{html.escape(', '.join(n.get('flags', [])))}</td><td>{n.get('cpus', '?')}</td>"
+        f"<td class=l>{html.escape(str(n.get('gpus') or '-'))}</td><td class=l>{html.escape(str(n.get('fingerprint', '')))}</td></tr>"
+        for label, n in sorted(nodes.items())
+    )
+    return (
+        "<table class=nodes><tr><th>node</th><th>CPU</th><th>ISA</th><th>CPUs</th><th>GPUs</th>"
+        f"<th>fingerprint</th></tr>{rows}</table>"
+    )
+
+
 def write_html(run: dict[str, Any], path: Path) -> None:
+    """The page, first screen first: the machine, then per model each backend relative to the
+    fastest (plot and table, agreement beside it), the unavailable backends one line per reason,
+    one explanation for the noise marker; then latency distributions and the full details."""
     images = plots(run)
+    groups = summary(run)
+    overview = _summary_plot(groups)
+    details = ran(run)
     header = "".join(f"<th>{html.escape(name)}</th>" for name, _ in COLUMNS)
     rows = "".join(
-        "<tr>" + "".join(f"<td>{html.escape(str(fn(r)))}</td>" for _, fn in COLUMNS) + "</tr>" for r in run["records"]
+        "<tr>" + "".join(f"<td>{html.escape(str(fn(r)))}</td>" for _, fn in COLUMNS) + "</tr>" for r in details
     )
+    missing = "".join(
+        f'<li><b>{html.escape(", ".join(names))}</b>: <span title="{html.escape(reason)}">{html.escape(_short(reason))}</span></li>'
+        for reason, names in unavailable(run)
+    )
+    other_notes = [line for line in notes(run) if not line.startswith("unavailable: ")]
+    remarks = "".join(f"<li>{html.escape(line)}</li>" for line in other_notes)
+    distribution = images.pop("latency_cdf", None)
     figures = "".join(
         f'<figure><img alt="{name}" src="data:image/png;base64,{data}"><figcaption>{name}</figcaption></figure>'
         for name, data in images.items()
     )
-    warnings = "".join(f"<li>{html.escape(line)}</li>" for line in notes(run))
     machine = html.escape(json.dumps(run["machine"], indent=1))
     config = html.escape(json.dumps(run["config"], indent=1))
+    overview_html = (
+        f'<img class=overview alt="summary" src="data:image/png;base64,{overview}">'
+        if overview
+        else "<p>no backend ran successfully</p>"
+    )
+    distribution_html = (
+        f'<img alt="latency distributions" src="data:image/png;base64,{distribution}">' if distribution else "<p>-</p>"
+    )
     path.write_text(
         f"""<!doctype html>
 <html><head><meta charset="utf-8"><title>kiln bench {run["run_id"]}</title>
 <style>
-body {{ font-family: system-ui, sans-serif; margin: 2em; color: #222; }}
-table {{ border-collapse: collapse; font-size: 13px; }}
-th, td {{ border: 1px solid #ccc; padding: 3px 6px; text-align: right; }}
+body {{ font-family: system-ui, sans-serif; margin: 1.2em 2em; color: #222; }}
+h1 {{ font-size: 1.4em; margin: 0 0 .2em 0; }} h2 {{ font-size: 1.15em; margin: 1em 0 .3em 0; }} h3 {{ font-size: .95em; margin: .2em 0; }}
+table {{ border-collapse: collapse; font-size: 12px; }}
+th, td {{ border: 1px solid #ccc; padding: 2px 6px; text-align: right; }}
+td.l {{ text-align: left; }}
 th {{ background: #f0f0f0; }}
+.machine {{ color: #444; margin: 0 0 .6em 0; }}
+.groups {{ display: flex; flex-wrap: wrap; gap: 1.2em; }}
+.overview {{ max-width: 100%; display: block; margin: .3em 0; }}
+ul {{ margin: .3em 0; padding-left: 1.3em; font-size: 13px; }}
 figure {{ display: inline-block; margin: 1em; }}
 img {{ max-width: 100%; }}
 pre {{ background: #f7f7f7; padding: 1em; font-size: 12px; }}
 </style></head><body>
 <h1>kiln bench — run {run["run_id"]}</h1>
-<p>{run["created"]} on {html.escape(run["machine"].get("cpu", "?"))}, {run["config"]["threads"]} thread(s).
-Latencies in milliseconds; "threads/inflight" gives the concurrency of every number.</p>
-<ul>{warnings}</ul>
+<p class=machine>{run["created"]} · {_machine_line(run)}</p>
+{_nodes_table(run)}
+<h2>Summary: latency relative to the fastest backend (lower is better)</h2>
+{overview_html}
+<div class=groups>{_summary_tables(groups)}</div>
+<ul>{missing and f"<li>not run here:</li><ul>{missing}</ul>"}{remarks}</ul>
+<h2>Latency distributions</h2>{distribution_html}
+<h2>Details</h2>
 <table><tr>{header}</tr>{rows}</table>
-<h2>Plots</h2>{figures or "<p>no successful runs to plot</p>"}
+<h2>More plots</h2>{figures or "<p>no successful runs to plot</p>"}
 <h2>Machine</h2><pre>{machine}</pre>
 <h2>Configuration</h2><pre>{config}</pre>
 </body></html>

@@ -20,7 +20,7 @@ from kiln.bench.models import BenchModel, resolve_model
 from kiln.bench.worker import thread_environment
 from kiln.errors import KilnError
 
-SCENARIOS = ("single-stream", "offline", "server")
+SCENARIOS = ("single-stream", "multi-stream", "server", "offline")  # MLPerf LoadGen's (kiln.bench.loadgen)
 
 
 @dataclass
@@ -36,6 +36,7 @@ class BenchConfig:
     soak: int = 0  # extra inferences after the timed run, for RSS growth (a leak check); 0: none
     inflight: int = 2
     rate: float | None = None
+    target_latency_ms: float | None = None  # the Server scenario's latency bound (LoadGen's target)
     seq: int | None = None
     timeout: float = 600.0
     dataset: str | None = None
@@ -148,6 +149,7 @@ def _run_one(
         "min_iterations": config.min_iterations,
         "warmup": config.warmup,
         "soak": config.soak,
+        "target_latency_ms": config.target_latency_ms,
         "inflight": config.inflight,
         "rate": config.rate,
         "reference": reference,

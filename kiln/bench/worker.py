@@ -42,7 +42,7 @@ def run_job(job: dict[str, Any]) -> dict[str, Any]:
 
     from kiln.bench import scenarios
     from kiln.bench.backends import Unavailable, backend_class
-    from kiln.bench.metrics import EnergyMeter, agreement, peak_rss_bytes
+    from kiln.bench.metrics import agreement, peak_rss_bytes
     from kiln.bench.models import BenchModel
 
     for plugin in job.get("plugins", []):
@@ -77,24 +77,7 @@ def run_job(job: dict[str, Any]) -> dict[str, Any]:
         record["agreement"] = agreement(outputs, reference, model.is_classifier)
     warmup = job.get("warmup", 3)
     scenarios.warm_up(session.run, feeds, warmup)
-    scenario = job["scenario"]
-    if scenario == "single-stream":
-        meter = EnergyMeter.detect(backend.device)
-        result = scenarios.single_stream(session.run, feeds, job["duration"], job["min_iterations"], meter)
-        if not meter.available:
-            result["energy"] = {"unavailable": meter.reason}
-        record["inflight"] = 1
-    elif scenario == "offline":
-        result = scenarios.offline(session.run, feeds, job["duration"], job["inflight"], model.batch)
-        record["inflight"] = job["inflight"]
-    elif scenario == "server":
-        median = _median_seconds(session.run, feeds)
-        rate = job.get("rate") or 0.7 * job["inflight"] / median  # 70% of what the servers can take
-        result = scenarios.server(session.run, feeds, job["duration"], rate, job["inflight"])
-        record["inflight"] = job["inflight"]
-    else:
-        raise ValueError(f"unknown scenario {scenario!r}")
-    record.update(result)
+    record.update(_loadgen_scenario(job, model, backend, session, feeds))
     if job.get("soak"):  # RSS growth from a long, untimed run (the timed one is often too short)
         record.update(scenarios.soak(session.run, feeds, int(job["soak"])))
     if job.get("dataset") and model.is_classifier:
@@ -105,6 +88,51 @@ def run_job(job: dict[str, Any]) -> dict[str, Any]:
     record["peak_rss_mb"] = peak_rss_bytes() / 1e6
     record["status"] = "ok"
     return record
+
+
+SAMPLE_INPUTS = 4  # distinct inputs in LoadGen's query sample library (seed 0 is the agreement's)
+
+
+def _loadgen_scenario(job: dict[str, Any], model: Any, backend: Any, session: Any, feeds: Any) -> dict[str, Any]:
+    """The job's scenario issued by MLPerf LoadGen; single-stream also meters energy."""
+    from kiln.bench import loadgen, scenarios
+    from kiln.bench.metrics import EnergyMeter
+
+    reason = loadgen.unavailable()
+    if reason:
+        raise RuntimeError(reason)
+    scenario = job["scenario"]
+    inflight = 1 if scenario == "single-stream" else job["inflight"]
+    samples = [feeds] + [model.inputs(seed=seed) for seed in range(1, SAMPLE_INPUTS)]
+    meter = EnergyMeter.detect(backend.device) if scenario == "single-stream" else None
+    idle = meter.idle_watts(0.5) if meter is not None and meter.available else 0.0
+    joules = meter.read_joules() if meter is not None and meter.available else 0.0
+    result = loadgen.run_scenario(
+        session.run,
+        samples,
+        scenario,
+        job["duration"],
+        job["min_iterations"],
+        inflight=inflight,
+        batch=model.batch,
+        expected_latency_s=_median_seconds(session.run, feeds),
+        rate=job.get("rate"),
+        target_latency_ms=job.get("target_latency_ms"),
+    )
+    result.update(scenarios.growth(result.pop("rss_samples")))
+    result["inflight"] = inflight
+    if meter is not None:
+        if meter.available:
+            from kiln.bench.metrics import energy_per_inference
+
+            spent = meter.read_joules() - joules
+            result["energy"] = {
+                "joules_per_inference": energy_per_inference(spent, result["seconds"], idle, result["iterations"]),
+                "idle_watts": idle,
+            }
+        else:
+            result["energy"] = {"unavailable": meter.reason}
+    return result
 
 
 def run_reference(job: dict[str, Any]) -> dict[str, Any]:

@@ -90,20 +90,6 @@ def test_single_stream_meets_duration_and_iterations():
     assert result["throughput"] == pytest.approx(result["iterations"] / result["seconds"])
 
 
-def test_offline_uses_concurrency():
-    one = scenarios.offline(_sleepy(0.01), {}, duration=0.3, inflight=1, batch=4)
-    four = scenarios.offline(_sleepy(0.01), {}, duration=0.3, inflight=4, batch=4)
-    assert four["throughput"] > 2.5 * one["throughput"]  # sleeping requests overlap
-    assert one["throughput"] == pytest.approx(one["requests"] * 4 / one["seconds"])
-
-
-def test_server_separates_queueing_from_service():
-    result = scenarios.server(_sleepy(0.005), {}, duration=0.5, rate=100, inflight=1)
-    assert result["requests"] > 20
-    assert result["request_latency_ms"]["p50"] >= result["service_latency_ms"]["p50"]
-    assert result["achieved_rate"] == pytest.approx(100, rel=0.5)
-
-
 def test_median_latency_runs_warmup_then_exactly_the_timed_calls():
     calls = []
 

@@ -26,7 +26,7 @@ BACKENDS: dict[str, str] = {
     "torch.compile-cuda": "kiln.bench.backends.gpu_backends:TorchCompileCudaBackend",
     "tvm": "kiln.bench.backends.other_backends:TvmBackend",
     "iree": "kiln.bench.backends.other_backends:IreeBackend",
-    "jax": "kiln.bench.backends.other_backends:JaxBackend",
+    "jax": "kiln.bench.backends.jax_backend:JaxBackend",
     "tensorrt": "kiln.bench.backends.other_backends:TensorRtBackend",
 }
 DEFAULT_BACKENDS = (

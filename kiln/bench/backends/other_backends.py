@@ -132,27 +132,6 @@ class _IreeSession(Session):
         return [np.asarray(o.to_host() if hasattr(o, "to_host") else o) for o in outputs]
 
 
-class JaxBackend(Backend):
-    """XLA through JAX. There is no maintained ONNX->JAX or PyTorch->JAX converter (onnx-jax and
-    torch-xla's CPU path are unmaintained or need TPU/GPU stacks), so this backend reports why it
-    cannot run instead of benchmarking a hand-port of each model."""
-
-    name = "jax"
-    requires = ("jax",)
-
-    def availability(self) -> str | None:
-        return "no maintained ONNX->JAX or PyTorch->JAX converter to feed XLA the same model (see README)"
-
-    def version(self) -> str:
-        return "n/a"
-
-    def compile(self, model: Any, example: dict[str, np.ndarray]) -> None:
-        raise Unavailable(self.availability() or "")
-
-    def load(self) -> Session:
-        raise Unavailable(self.availability() or "")
-
-
 class TensorRtBackend(Backend):
     """NVIDIA TensorRT: the ONNX parser, an engine built for the example shapes, I/O buffers held
     as CUDA tensors by a CUDA-enabled torch. Needs an NVIDIA GPU; runs energy through NVML."""
