@@ -325,6 +325,16 @@ def zoo_arch(names: tuple[str, ...], target: str, tolerance: float, as_json: boo
 )
 @click.option("--retune", is_flag=True, help="With --tune: measure kernels already in the tuning database again.")
 @click.option(
+    "--cluster",
+    default=None,
+    metavar="ADDRESS",
+    help="With --tune: measure the candidates on a Ray cluster's nodes of the target's hardware class "
+    "(its ISA; narrowed with --on), each measurement holding its node alone.",
+)
+@click.option(
+    "--on", "selectors", multiple=True, metavar="KEY=VALUE", help="With --cluster: only nodes matching (cpu=EPYC...)."
+)
+@click.option(
     "--target",
     default="cpu",
     show_default=True,
@@ -362,6 +372,8 @@ def compile_command(
     dims: tuple[str, ...],
     tune_budget: str | None,
     retune: bool,
+    cluster: str | None,
+    selectors: tuple[str, ...],
     target: str,
     precision: str,
     calibration: str | None,
@@ -374,11 +386,14 @@ def compile_command(
     import kiln
     from kiln import zoo
 
+    if cluster is not None and tune_budget is None:
+        raise click.UsageError("--cluster measures tuning candidates: give --tune DURATION too")
     graph, binding = import_bound(model, dims)
     bindings = dim_bindings(graph, dims)
     if tune_budget is not None:
+        measurer = _cluster_measurer(cluster, target, selectors) if cluster else None
         for each in bindings:
-            _tune(graph, each, level, _parse_duration(tune_budget), retune, target)
+            _tune(graph, each, level, _parse_duration(tune_budget), retune, target, measurer)
     start = time.perf_counter()
     if precision == "int8" and calibration is None and model in zoo.MODELS:
         calibration = [zoo.example_inputs(model, seed=seed) for seed in range(10)]
@@ -432,7 +447,23 @@ def _parse_duration(text: str) -> float:
         ) from None
 
 
-def _tune(graph, binding: dict[str, int], level: int, budget: float, retune: bool, target: str) -> None:  # type: ignore[no-untyped-def]
+def _cluster_measurer(address: str, target: str, selectors: tuple[str, ...]):  # type: ignore[no-untyped-def]
+    from kiln.bench import fleet
+
+    reason = fleet.unavailable()
+    if reason:
+        raise click.ClickException(reason)
+    from kiln.tune.remote import ClusterMeasurer
+
+    try:
+        measurer = ClusterMeasurer(address, target, selectors)
+    except fleet.FleetError as err:
+        raise click.ClickException(str(err)) from None
+    out.print(f"measuring on {len(measurer.nodes)} node(s) of {measurer.label} at {address}", highlight=False)
+    return measurer
+
+
+def _tune(graph, binding: dict[str, int], level: int, budget: float, retune: bool, target: str, measurer=None) -> None:  # type: ignore[no-untyped-def]
     from rich.progress import (
         BarColumn,
         MofNCompleteColumn,
@@ -466,7 +497,7 @@ def _tune(graph, binding: dict[str, int], level: int, budget: float, retune: boo
         def report(done: int, total: int, outcome, best: float) -> None:  # type: ignore[no-untyped-def]
             bar.update(task_id, completed=done, best=best)
 
-        outcomes = tune.tune(optimized, budget, report, retune=retune, target=target)
+        outcomes = tune.tune(optimized, budget, report, retune=retune, target=target, measurer=measurer)
     fresh = [o for o in outcomes if not o.cached]
     failures = sum(len(o.failures) for o in fresh)
     out.print(

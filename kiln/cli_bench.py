@@ -97,6 +97,21 @@ from kiln.cli_support import console, out, split_values
 @click.option("--dataset-limit", type=int, default=None, help="Use at most this many dataset images.")
 @click.option("--plugin", "plugins", multiple=True, help="Python module to import first (may register backends).")
 @click.option("--no-agreement", is_flag=True, help="Skip comparing outputs with kiln's reference interpreter.")
+@click.option(
+    "--cluster",
+    default=None,
+    metavar="ADDRESS",
+    help="Run the job matrix on a Ray cluster (ray start --head ...; 'auto' on a node of it): once per "
+    "hardware class of its nodes, each job holding its node alone; the report groups by hardware.",
+)
+@click.option(
+    "--on",
+    "selectors",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="With --cluster: only nodes matching (repeatable, all must hold): gpu=H100, cpu=EPYC, isa=avx512f, "
+    "card=xclmgmt, node=HOST, cpus=16.",
+)
 @click.pass_context
 def bench(ctx: click.Context, **options) -> None:  # type: ignore[no-untyped-def]
     """Benchmark kiln and its peers side by side (kiln bench with no arguments: the four seed
@@ -130,8 +145,13 @@ def bench(ctx: click.Context, **options) -> None:  # type: ignore[no-untyped-def
             console.print(f"    {message}", highlight=False, style="dim")
 
     total = len(config.models) * len(config.batches) * len(config.backends) * len(config.scenarios)
-    console.print(f"kiln bench: {total} job(s), {config.threads} thread(s), {config.duration:g} s each")
-    run = run_bench(config, out / ".work", progress)
+    if options["cluster"]:
+        run = _fleet_bench(config, options, out, db, progress)
+    else:
+        if options["selectors"]:
+            raise click.UsageError("--on selects nodes of a --cluster")
+        console.print(f"kiln bench: {total} job(s), {config.threads} thread(s), {config.duration:g} s each")
+        run = run_bench(config, out / ".work", progress)
     _write_bench(run, out, db)
     if run["interrupted"]:
         sys.exit(130)
@@ -163,7 +183,7 @@ def _bench_config(options: dict):  # type: ignore[no-untyped-def]
         soak=options["soak"],
         inflight=options["inflight"],
         rate=options["rate"],
-        target_latency_ms=options["target_latency_ms"],
+        target_latency_ms=options.get("target_latency_ms"),
         seq=options["seq"],
         timeout=options["timeout"],
         dataset=options["dataset"],
@@ -171,6 +191,30 @@ def _bench_config(options: dict):  # type: ignore[no-untyped-def]
         plugins=list(options["plugins"]),
         agreement=not options["no_agreement"],
     )
+
+
+def _fleet_bench(config, options, out: Path, db: Path, progress):  # type: ignore[no-untyped-def]
+    from kiln.bench import fleet
+    from kiln.bench.runner import reference_outputs
+
+    reason = fleet.unavailable()
+    if reason:
+        raise click.ClickException(reason)
+    workdir = out / ".work"
+    workdir.mkdir(parents=True, exist_ok=True)
+    console.print(f"kiln bench on the Ray cluster at {options['cluster']}: {config.threads} thread(s) per job")
+    try:
+        return fleet.run_fleet(
+            config,
+            options["cluster"],
+            list(options["selectors"]),
+            workdir,
+            db=db,
+            progress=progress,
+            references=lambda model: reference_outputs(model, config, workdir),
+        )
+    except fleet.FleetError as err:
+        raise click.ClickException(str(err)) from None
 
 
 def _write_bench(run: dict, out: Path, db: Path) -> None:
@@ -186,7 +230,8 @@ def _write_bench(run: dict, out: Path, db: Path) -> None:
     for line in report.notes(run):
         console.print(f"[yellow]note:[/] {line}", highlight=False)
     try:
-        store.save_run(db, run)
+        if not run.get("streamed"):  # a fleet run stored each record as it arrived
+            store.save_run(db, run)
         console.print(f"stored as run {run['run_id']} in {db}")
     except store.CorruptDatabase as err:
         console.print(f"[red]warning:[/] {err}; results are in {run_dir}", highlight=False)
@@ -268,3 +313,43 @@ def bench_runs(ctx: click.Context, as_json: bool) -> None:
         return
     for run_id, created, count in runs:
         out.print(f"{run_id}  {created}  {count} record(s)")
+
+
+@bench.command("advertise")
+def bench_advertise() -> None:
+    """Print the Ray resources that describe this machine to kiln's fleet (CPU, ISA, GPUs, cards),
+    for `ray start --address HEAD --resources=...` on this node."""
+    from kiln.bench import fleet
+
+    click.echo(f"ray start --address HEAD:6379 {fleet.advertise_flags()}")
+
+
+@bench.command("nodes")
+@click.option("--cluster", required=True, metavar="ADDRESS", help="The Ray cluster's address.")
+@click.option("--on", "selectors", multiple=True, metavar="KEY=VALUE", help="Only nodes matching (gpu=H100...).")
+@click.option("--json", "as_json", is_flag=True, help="Print the nodes as JSON.")
+def bench_nodes(cluster: str, selectors: tuple[str, ...], as_json: bool) -> None:
+    """The live nodes of a Ray cluster as kiln's fleet sees them: hardware class, CPU, ISA, GPUs."""
+    from rich.table import Table
+
+    from kiln.bench import fleet
+
+    reason = fleet.unavailable()
+    if reason:
+        raise click.ClickException(reason)
+    try:
+        found = fleet.nodes(cluster, selectors)
+    except fleet.FleetError as err:
+        raise click.ClickException(str(err)) from None
+    if as_json:
+        click.echo(json.dumps(found, indent=1))
+        return
+    table = Table(title=f"{len(found)} node(s) at {cluster}")
+    for column in ("hardware class", "host", "CPUs", "ISA", "GPUs", "cards", "fingerprint"):
+        table.add_column(column)
+    for node in found:
+        table.add_row(
+            node["label"], node["hostname"], str(node["cpus"]), ", ".join(node["flags"]), node.get("gpu") or "-",
+            node.get("card") or "-", node["fingerprint"],
+        )  # fmt: skip
+    cli_support.out.print(table)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -100,7 +101,7 @@ def run_bench(config: BenchConfig, workdir: Path, progress: Progress | None = No
             if config.agreement and key not in references:
                 say(f"reference outputs for {model.label} (batch {model.batch})", None)
                 references[key] = _reference(model, config, workdir)
-            record = _run_one(model, backend, scenario, config, references.get(key), workdir, say)
+            record = run_one(model, backend, scenario, config, references.get(key), workdir, say)
             run["records"].append(record)
             say(f"{backend} / {model.label} / {scenario}: {record['status']}", record)
     except KeyboardInterrupt:
@@ -119,7 +120,7 @@ def _base_record(model: BenchModel, backend: str, scenario: str, config: BenchCo
     }
 
 
-def _run_one(
+def run_one(
     model: BenchModel,
     backend: str,
     scenario: str,
@@ -160,6 +161,17 @@ def _run_one(
     return {**record, **run_worker(job, config.threads, config.timeout, workdir)}
 
 
+def reference_outputs(model: BenchModel, config: BenchConfig, workdir: Path) -> dict[str, Any] | None:
+    """The reference outputs as arrays (shipped to a fleet's nodes), or None when they failed."""
+    import numpy as np
+
+    path = _reference(model, config, workdir)
+    if path is None:
+        return None
+    with np.load(path) as data:
+        return {name: data[name] for name in data.files}
+
+
 def _reference(model: BenchModel, config: BenchConfig, workdir: Path) -> str | None:
     """kiln's reference interpreter's outputs for the model's inputs, saved once as .npz."""
     path = workdir / f"reference-{model.label}-b{model.batch}.npz"
@@ -174,7 +186,10 @@ def run_worker(job: dict[str, Any], threads: int, timeout: float, workdir: Path)
     with os.fdopen(handle, "w") as stream:
         json.dump(job, stream)
     result_path = job_path.replace(".job.json", ".result.json")
-    environment = {**os.environ, **thread_environment(threads)}
+    # the job's temporary files (a backend's artifact: a 0.5 GB .kiln or .ort.onnx) go to a folder
+    # of its own, removed however the worker ended (a crash or a kill runs no cleanup of its own)
+    scratch = tempfile.mkdtemp(prefix="job-", dir=workdir)
+    environment = {**os.environ, **thread_environment(threads), "TMPDIR": scratch}
     command = [sys.executable, "-m", "kiln.bench.worker", job_path, result_path]
     started = time.perf_counter()
     process = subprocess.Popen(command, env=environment, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
@@ -190,6 +205,7 @@ def run_worker(job: dict[str, Any], threads: int, timeout: float, workdir: Path)
         raise
     finally:
         os.unlink(job_path)
+        shutil.rmtree(scratch, ignore_errors=True)
     wall = time.perf_counter() - started
     if not os.path.exists(result_path):
         tail = " | ".join((stderr or "").strip().splitlines()[-3:])

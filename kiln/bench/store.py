@@ -33,26 +33,29 @@ def open_db(path: Path) -> sqlite3.Connection:
 
 
 def save_run(path: Path, run: dict[str, Any]) -> None:
+    start_run(path, run)
+    add_records(path, run["run_id"], run["records"])
+
+
+def start_run(path: Path, run: dict[str, Any]) -> None:
+    """The run's row (its records follow with ``add_records``, as they arrive: a fleet streams them)."""
     connection = open_db(path)
     with connection:
         connection.execute(
             "INSERT OR REPLACE INTO runs VALUES (?, ?, ?, ?)",
             (run["run_id"], run["created"], json.dumps(run["machine"]), json.dumps(run["config"])),
         )
+    connection.close()
+
+
+def add_records(path: Path, run_id: str, records: list[dict[str, Any]]) -> None:
+    connection = open_db(path)
+    with connection:
         connection.executemany(
             "INSERT INTO records VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
             [
-                (
-                    run["run_id"],
-                    r["backend"],
-                    r["model"],
-                    r["batch"],
-                    r["scenario"],
-                    r["threads"],
-                    r["status"],
-                    json.dumps(r),
-                )
-                for r in run["records"]
+                (run_id, r["backend"], r["model"], r["batch"], r["scenario"], r["threads"], r["status"], json.dumps(r))
+                for r in records
             ],
         )
     connection.close()

@@ -145,10 +145,13 @@ def tune(
     timeout_s: float = 120.0,
     retune: bool = False,
     target: str = "cpu",
+    measurer: Any = None,
 ) -> list[Outcome]:
     """Tune every kernel of ``graph`` (optimized, static shapes) within ``budget_s`` seconds of
     wall time; kernels already in the database are skipped (unless ``retune``). ``progress(done,
-    total, last outcome, best speed-up so far)`` is called after each kernel."""
+    total, last outcome, best speed-up so far)`` is called after each kernel. ``measurer``: where
+    candidates are measured (default: a worker process here; ``kiln.tune.remote.ClusterMeasurer``:
+    nodes of a Ray cluster of the target's hardware class)."""
     from kiln.tune.worker import Measurer
 
     described = parse(target)
@@ -165,7 +168,7 @@ def tune(
     outcomes: list[Outcome] = []
     deadline = time.monotonic() + budget_s
     best_speedup = 1.0
-    with Measurer(timeout_s) as measurer:
+    with measurer if measurer is not None else Measurer(timeout_s) as measurer:
         for done, task in enumerate(tasks, 1):
             stored = None if retune else db.best(task.key, scope)
             if stored is not None:

@@ -49,6 +49,20 @@ class Hang(_Fake):
     sleep = 3600.0
 
 
+class Slow(_Fake):
+    """Compiles for 4 s: long enough to lose its node mid-job in the fleet tests."""
+
+    name = "fake-slow"
+
+    def compile(self, model, example):
+        time.sleep(4.0)
+        super().compile(model, example)
+
+
+class Sluggish(Slow):
+    name = "fake-sluggish"
+
+
 class Leak(_Fake):
     name = "fake-leak"
     leak = 1_000_000  # 1 MB per inference
@@ -95,5 +109,5 @@ class RefusesNewIR(_Fake):
         super().compile(model, example)
 
 
-for _cls in (Crash, Hang, Leak, Fail, Missing, MissingSubpackage, BrokenCheck, RefusesNewIR):
+for _cls in (Crash, Hang, Slow, Sluggish, Leak, Fail, Missing, MissingSubpackage, BrokenCheck, RefusesNewIR):
     register(_cls.name, f"{__name__}:{_cls.__name__}")

@@ -80,7 +80,8 @@ def test_reports_are_written(run, tmp_path):
     html = paths["html"].read_text()
     assert "data:image/png;base64," in html and "fake-crash" in html
     table = report.terminal_table(run)
-    assert table.row_count == 8
+    assert table.row_count == 6  # the two unavailable backends are one note line each, not rows
+    assert sum(line.startswith("unavailable: ") for line in report.notes(run)) == 2
 
 
 def test_store_and_compare(run, tmp_path):
@@ -209,7 +210,7 @@ def test_cli_end_to_end_writes_reports(tiny_onnx, tmp_path):
     offline = [r for r in data["records"] if r["scenario"] == "offline"]
     assert all(r["inflight"] == 2 and r["throughput"] > 0 for r in offline)
     html = (latest / "report.html").read_text()
-    assert html.count("<img") == 4  # latency, CDF, throughput vs batch, compile time
+    assert html.count("<img") == 5  # the summary, latency, CDF, throughput vs batch, compile time
     listing = runner.invoke(main, ["bench", "--out", str(tmp_path), "runs"])
     assert data["run_id"] in listing.output
     compare = runner.invoke(main, ["bench", "--out", str(tmp_path), "compare", data["run_id"], data["run_id"]])
@@ -343,3 +344,21 @@ def test_kiln_backends_name_their_target_and_say_when_this_cpu_cannot_run_it():
     if foreign.target.split(":")[1] not in runnable_isas():
         assert "cannot run on this machine" in foreign.availability()
     assert not backend_class("kiln-reference")(threads=1).native
+
+
+def test_a_jobs_temporary_files_are_removed_however_it_ends(tiny_onnx, tmp_path):
+    """Backends write their artifacts to temporary files (a .kiln, an .ort.onnx: 0.5 GB for VGG);
+    each job gets a folder of its own, removed after the worker ends, crashed or not."""
+    import glob
+    import tempfile
+
+    before = set(glob.glob(f"{tempfile.gettempdir()}/*.kiln")) | set(glob.glob(f"{tempfile.gettempdir()}/*.ort.onnx"))
+    config = BenchConfig(
+        models=[tiny_onnx], backends=["kiln", "onnxruntime", "fake-crash"], duration=0.1, min_iterations=2,
+        agreement=False, plugins=[PLUGIN],
+    )  # fmt: skip
+    records = run_bench(config, tmp_path)["records"]
+    assert [r["status"] for r in records][:1] == ["ok"] and records[2]["status"] == "crash"
+    assert not list(tmp_path.glob("job-*")), list(tmp_path.iterdir())
+    after = set(glob.glob(f"{tempfile.gettempdir()}/*.kiln")) | set(glob.glob(f"{tempfile.gettempdir()}/*.ort.onnx"))
+    assert after <= before, sorted(after - before)
