@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
@@ -48,7 +47,13 @@ def render(html: Path, png: Path, width: int = 1600, height: int = 2400) -> None
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 3:
-        sys.exit(__doc__)
-    render(Path(sys.argv[1]), Path(sys.argv[2]))
-    print(f"wrote {sys.argv[2]}")
+    import argparse
+
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("html", type=Path)
+    parser.add_argument("png", type=Path)
+    parser.add_argument("--width", type=int, default=1600)
+    parser.add_argument("--height", type=int, default=2400, help="900: a laptop's first screen")
+    options = parser.parse_args()
+    render(options.html, options.png, options.width, options.height)
+    print(f"wrote {options.png}")

@@ -448,8 +448,8 @@ pre {{ background: #f7f7f7; padding: 1em; font-size: 12px; }}
 {_nodes_table(run)}
 <h2>Summary: latency relative to the fastest backend (lower is better)</h2>
 {overview_html}
-<div class=groups>{_summary_tables(groups)}</div>
 <ul>{missing and f"<li>not run here:</li><ul>{missing}</ul>"}{remarks}</ul>
+<div class=groups>{_summary_tables(groups)}</div>
 <h2>Latency distributions</h2>{distribution_html}
 <h2>Details</h2>
 <table><tr>{header}</tr>{rows}</table>
