@@ -39,12 +39,25 @@ def main() -> None:
 
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
-    h100 = {"kiln:gpu=H100": 1, "kiln:cpu=AMD_EPYC_9654": 1}
-    victim = cluster.add_node(num_cpus=1, resources=h100)
-    cluster.add_node(num_cpus=1, resources=h100)
-    cluster.add_node(num_cpus=1, resources={"kiln:cpu=Intel_Xeon_8480": 1, "kiln:isa=avx2+avx512f+amx_tile": 1})
-    cluster.wait_for_nodes()
+    # the node processes write their logs to a file, not over this script's output
+    log = (
+        open(os.path.join(os.path.abspath(options.out), "ray-nodes.log"), "w")
+        if os.makedirs(options.out, exist_ok=True) is None
+        else None
+    )
+    saved = os.dup(1), os.dup(2)
+    os.dup2(log.fileno(), 1)
+    os.dup2(log.fileno(), 2)
+    try:
+        cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
+        h100 = {"kiln:gpu=H100": 1, "kiln:cpu=AMD_EPYC_9654": 1}
+        victim = cluster.add_node(num_cpus=1, resources=h100)
+        cluster.add_node(num_cpus=1, resources=h100)
+        cluster.add_node(num_cpus=1, resources={"kiln:cpu=Intel_Xeon_8480": 1, "kiln:isa=avx2+avx512f+amx_tile": 1})
+        cluster.wait_for_nodes()
+    finally:
+        os.dup2(saved[0], 1)
+        os.dup2(saved[1], 2)
     print(f"local Ray cluster at {cluster.address}: head + 2 'H100' nodes + 1 'Xeon 8480' node", flush=True)
 
     command = [

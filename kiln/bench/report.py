@@ -15,6 +15,7 @@ from rich.table import Table
 from kiln.bench.loadgen import verdict_text
 
 COLUMNS = (
+    ("node", lambda r: node_of(r) or "-"),  # a fleet run's hardware class (this machine: "-")
     ("model", lambda r: r["model"]),
     ("backend", lambda r: r["backend"]),
     ("batch", lambda r: r["batch"]),
@@ -103,7 +104,8 @@ TERMINAL = (
 def terminal_table(run: dict[str, Any]) -> Table:
     """The key columns of the rows that ran (the HTML and JSON carry all of them); unavailable
     backends are one line each per reason in ``notes``."""
-    columns = [(name, fn) for name, fn in COLUMNS if name in TERMINAL]
+    fleet = any(node_of(r) for r in run["records"])
+    columns = [(name, fn) for name, fn in COLUMNS if name in TERMINAL or (fleet and name == "node")]
     table = Table(title=f"kiln bench {run['run_id']}", show_lines=False)
     for name, _ in columns:
         table.add_column(name, overflow="fold", max_width=48 if name == "status" else None)
@@ -237,7 +239,9 @@ def plots(run: dict[str, Any]) -> dict[str, str]:
         for axis, model in zip(axes[0], models):
             for record in (r for r in single if r["model"] == model):
                 quantiles = record["latency_ms"]["percentiles"]
-                axis.plot(quantiles, np.linspace(0, 1, len(quantiles)), label=f"{record['backend']} b{record['batch']}")
+                where = f" @ {node_of(record)}" if node_of(record) else ""
+                label = f"{record['backend']} b{record['batch']}{where}"
+                axis.plot(quantiles, np.linspace(0, 1, len(quantiles)), label=label)
             axis.set_xscale("log")
             axis.set_title(f"{model}: latency CDF")
             axis.set_xlabel("ms (log scale)")
@@ -383,7 +387,7 @@ def _nodes_table(run: dict[str, Any]) -> str:
     rows = "".join(
         f"<tr><td class=l>{html.escape(label)}</td><td class=l>{html.escape(str(n.get('cpu', '?')))}</td>"
         f"<td class=l>{html.escape(', '.join(n.get('flags', [])))}</td><td>{n.get('cpus', '?')}</td>"
-        f"<td class=l>{html.escape(str(n.get('gpus') or '-'))}</td><td class=l>{html.escape(str(n.get('fingerprint', '')))}</td></tr>"
+        f"<td class=l>{html.escape(str(n.get('gpu') or '-'))}</td><td class=l>{html.escape(str(n.get('fingerprint', '')))}</td></tr>"
         for label, n in sorted(nodes.items())
     )
     return (
@@ -400,9 +404,11 @@ def write_html(run: dict[str, Any], path: Path) -> None:
     groups = summary(run)
     overview = _summary_plot(groups)
     details = ran(run)
-    header = "".join(f"<th>{html.escape(name)}</th>" for name, _ in COLUMNS)
+    fleet = any(node_of(r) for r in run["records"])
+    columns = [(name, fn) for name, fn in COLUMNS if fleet or name != "node"]
+    header = "".join(f"<th>{html.escape(name)}</th>" for name, _ in columns)
     rows = "".join(
-        "<tr>" + "".join(f"<td>{html.escape(str(fn(r)))}</td>" for _, fn in COLUMNS) + "</tr>" for r in details
+        "<tr>" + "".join(f"<td>{html.escape(str(fn(r)))}</td>" for _, fn in columns) + "</tr>" for r in details
     )
     missing = "".join(
         f'<li><b>{html.escape(", ".join(names))}</b>: <span title="{html.escape(reason)}">{html.escape(_short(reason))}</span></li>'

@@ -87,7 +87,9 @@ def test_a_fleet_run_is_grouped_by_hardware_and_streamed_into_the_store(cluster,
     groups = report.summary(run)
     assert {g["node"] for g in groups} == labels  # the report groups by hardware
     page = report.write_all(run, tmp_path / "report")["html"].read_text()
-    assert "Fake EPYC 9654" in page and "Fake Xeon 8480" in page  # the nodes table at the top
+    nodes_table = page[: page.index("<h2>Summary")]  # the nodes table at the top
+    assert "Fake EPYC 9654" in nodes_table and "Fake Xeon 8480" in nodes_table
+    assert "<td class=l>H100</td>" in nodes_table  # the H100 class's GPUs column
 
 
 def test_tuning_candidates_are_measured_on_the_targets_hardware_class(cluster, tmp_path, monkeypatch):
