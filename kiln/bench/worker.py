@@ -115,7 +115,7 @@ def _loadgen_scenario(job: dict[str, Any], model: Any, backend: Any, session: An
         job["min_iterations"],
         inflight=inflight,
         batch=model.batch,
-        expected_latency_s=_median_seconds(session.run, feeds),
+        expected_latency_s=_expected_seconds(session.run, feeds, inflight),
         rate=job.get("rate"),
         target_latency_ms=job.get("target_latency_ms"),
     )
@@ -148,6 +148,35 @@ def run_reference(job: dict[str, Any]) -> dict[str, Any]:
     outputs = kiln.compile(str(model.onnx_path), target="reference").run(model.inputs(seed=0))
     np.savez(job["output"], **{f"output{i}": np.asarray(v) for i, v in enumerate(outputs.values())})
     return {"status": "ok"}
+
+
+def _expected_seconds(run: Any, feeds: Any, inflight: int) -> float:
+    """Seconds per request per thread as the scenario will see it: a median run alone, or with
+    ``inflight`` threads at once, their measured throughput (two requests on two cores do not run
+    twice as fast when each already uses both: a Server rate from the single-run time would
+    overload them)."""
+    if inflight <= 1:
+        return _median_seconds(run, feeds)
+    import threading
+
+    count = [0]
+    lock = threading.Lock()
+    stop = time.perf_counter() + max(0.5, 3 * _median_seconds(run, feeds, 3))
+
+    def serve() -> None:
+        while time.perf_counter() < stop:
+            run(feeds)
+            with lock:
+                count[0] += 1
+
+    start = time.perf_counter()
+    threads = [threading.Thread(target=serve) for _ in range(inflight)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    elapsed = time.perf_counter() - start
+    return inflight * elapsed / max(count[0], 1)
 
 
 def _median_seconds(run: Any, feeds: Any, count: int = 5) -> float:

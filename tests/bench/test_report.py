@@ -123,3 +123,13 @@ def test_the_first_screen_shows_the_summary_plot(tmp_path):
     orange = (np.abs(pixels - [0xDD, 0x84, 0x52]).sum(axis=2) < 40).sum()
     blue = (np.abs(pixels - [0x4C, 0x72, 0xB0]).sum(axis=2) < 40).sum()
     assert orange > 200 and blue > 200, (orange, blue)
+
+
+def test_offline_groups_compare_throughput_not_queueing_latency():
+    run = synthetic_run()
+    fast = {**_ok("resnet50", "kiln", 4000.0), "scenario": "offline", "throughput": 50.0}  # queueing latency
+    slow = {**_ok("resnet50", "onnxruntime", 3000.0), "scenario": "offline", "throughput": 25.0}
+    run["records"] = [fast, slow]
+    (group,) = report.summary(run)
+    assert [r["backend"] for r in group["rows"]] == ["kiln", "onnxruntime"]
+    assert group["rows"][1]["vs_fastest"] == 2.0 and "throughput" in group["metric"]
