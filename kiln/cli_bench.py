@@ -208,7 +208,6 @@ def _fleet_bench(config, options, out: Path, db: Path, progress):  # type: ignor
             config,
             options["cluster"],
             list(options["selectors"]),
-            workdir,
             db=db,
             progress=progress,
             references=lambda model: reference_outputs(model, config, workdir),

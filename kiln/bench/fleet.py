@@ -226,7 +226,6 @@ def run_fleet(
     config: BenchConfig,
     address: str,
     selectors: list[str],
-    workdir: Path,
     db: Path | None = None,
     progress: Progress | None = None,
     references: Callable[[Any], dict[str, np.ndarray] | None] | None = None,
@@ -324,7 +323,7 @@ def run_fleet(
             try:
                 finish(ray.get(task), node, attempt)
             except Exception as err:
-                _notice_lost(ray, fleet, lost, force=node["node_id"])
+                _notice_lost(ray, fleet, lost)  # (a live node whose Ray worker died stays in use)
                 key = node["fingerprint"]
                 others = [n for n in classes[key] if n["node_id"] not in lost]
                 reason = f"node {node['hostname']} ({node['node_id'][:8]}) lost mid-job: {type(err).__name__}"
@@ -370,13 +369,9 @@ def _drop_class(
     return []
 
 
-def _notice_lost(ray: Any, fleet: list[dict[str, Any]], lost: set[str], force: str | None = None) -> None:
+def _notice_lost(ray: Any, fleet: list[dict[str, Any]], lost: set[str]) -> None:
     alive = {n["NodeID"] for n in ray.nodes() if n.get("Alive")}
-    for node in fleet:
-        if node["node_id"] not in alive:
-            lost.add(node["node_id"])
-    if force is not None and force not in alive:  # (a live node whose Ray worker died stays in use)
-        lost.add(force)
+    lost.update(node["node_id"] for node in fleet if node["node_id"] not in alive)
 
 
 def wait_for_nodes(ray: Any, count: int, timeout: float = 60.0) -> None:

@@ -76,7 +76,7 @@ def converts(*names: str) -> Callable[[Converter], Converter]:
     return register
 
 
-def _unary(op: str) -> Converter:
+def unary_op(op: str) -> Converter:
     return lambda fx, x: fx.one(op, [x])
 
 
@@ -98,7 +98,7 @@ for _name, _op in {
     "logical_not": "Not",
     "sign": "Sign",
 }.items():
-    CONVERTERS[f"aten.{_name}.default"] = _unary(_op)
+    CONVERTERS[f"aten.{_name}.default"] = unary_op(_op)
 
 
 @converts(
@@ -328,7 +328,7 @@ def _adaptive_avg_pool(fx: FxConverter, x: Value, size: list) -> Value:
     raise UnsupportedFxOp("aten._adaptive_avg_pool2d.default", f"{height}x{width} to {out_h}x{out_w}")
 
 
-def _reduce(op: str) -> Converter:
+def reduce_op(op: str) -> Converter:
     def convert(fx: FxConverter, x: Value, dims: Any = None, keepdim: bool = False, dtype: Any = None) -> Value:
         axes = list(range(fx.rank(x))) if dims is None or dims == [] else [int(d) for d in dims]
         if dtype is not None:
@@ -338,17 +338,17 @@ def _reduce(op: str) -> Converter:
     return convert
 
 
-CONVERTERS["aten.mean.dim"] = _reduce("ReduceMean")
-CONVERTERS["aten.sum.dim_IntList"] = _reduce("ReduceSum")
-CONVERTERS["aten.amax.default"] = _reduce("ReduceMax")
-CONVERTERS["aten.amin.default"] = _reduce("ReduceMin")
+CONVERTERS["aten.mean.dim"] = reduce_op("ReduceMean")
+CONVERTERS["aten.sum.dim_IntList"] = reduce_op("ReduceSum")
+CONVERTERS["aten.amax.default"] = reduce_op("ReduceMax")
+CONVERTERS["aten.amin.default"] = reduce_op("ReduceMin")
 
 
 def _boolean_reduce(kind: str) -> Converter:
     def convert(fx: FxConverter, x: Value, dims: Any = None, keepdim: bool = False) -> Value:
         dims = [dims] if isinstance(dims, int) else dims
         count = fx.one("Cast", [x], to=DType.INT32.onnx_code)
-        folded = _reduce("ReduceMax" if kind == "any" else "ReduceMin")(fx, count, dims, keepdim)
+        folded = reduce_op("ReduceMax" if kind == "any" else "ReduceMin")(fx, count, dims, keepdim)
         return fx.one("Cast", [folded], to=DType.BOOL.onnx_code)
 
     return convert
@@ -389,12 +389,12 @@ CONVERTERS["aten.ones_like.default"] = lambda fx, x, dtype=None, **kwargs: _full
 
 @converts("aten.mean.default")
 def _mean_all(fx: FxConverter, x: Value, dtype: Any = None) -> Value:
-    return _reduce("ReduceMean")(fx, x, dtype=dtype)
+    return reduce_op("ReduceMean")(fx, x, dtype=dtype)
 
 
 @converts("aten.sum.default")
 def _sum_all(fx: FxConverter, x: Value, dtype: Any = None) -> Value:
-    return _reduce("ReduceSum")(fx, x, dtype=dtype)
+    return reduce_op("ReduceSum")(fx, x, dtype=dtype)
 
 
 def _target_shape(fx: FxConverter, x: Value, shape: list) -> Value:
@@ -436,7 +436,7 @@ def _permute(fx: FxConverter, x: Value, dims: list) -> Value:
 
 
 @converts("aten.t.default", "aten.t_copy.default")
-def _t(fx: FxConverter, x: Value) -> Value:
+def transpose_2d(fx: FxConverter, x: Value) -> Value:
     return _permute(fx, x, [1, 0]) if fx.rank(x) == 2 else x
 
 
@@ -606,418 +606,3 @@ def _pad(fx: FxConverter, x: Value, pad: list, value: float = 0.0) -> Value:
         begins[rank - 1 - i], ends[rank - 1 - i] = int(pad[2 * i]), int(pad[2 * i + 1])
     constant = fx.const(np.asarray(value, x.type.dtype.numpy), "pad_value")  # type: ignore[union-attr]
     return fx.one("Pad", [x, fx.ints(begins + ends, "pads"), constant])
-
-
-# -- PyTorch's fused inference fast paths ---------------------------------------------------------------
-# nn.TransformerEncoderLayer calls one fused op in eval mode without gradients (batch_first; dynamo
-# keeps it; nn.MultiheadAttention's own fast path it traces through); no decomposition reaches core
-# ATen, so it is written out here in kiln ops, in the form kiln's attention fusion matches.
-
-
-def _linear(fx: FxConverter, x: Value, weight: Value, bias: Value | None) -> Value:
-    product = fx.one("MatMul", [x, _t(fx, weight)])
-    return product if bias is None else fx.one("Add", [product, bias])
-
-
-def _heads_attention(fx: FxConverter, q: Value, k: Value, v: Value, heads: int, mask: Value | None) -> Value:
-    """softmax(q k^T / sqrt(d) + mask) v over ``heads`` heads of [batch, seq, embed] projections."""
-    embed = int(fx.shape(q)[-1])
-    depth = embed // heads
-    split = [
-        fx.one("Transpose", [fx.one("Reshape", [t, fx.ints([0, 0, heads, depth])])], perm=[0, 2, 1, 3])
-        for t in (q, k, v)
-    ]
-    scores = fx.one("MatMul", [split[0], fx.one("Transpose", [split[1]], perm=[0, 1, 3, 2])])
-    scores = fx.one("Mul", [scores, fx.const(np.asarray(1.0 / np.sqrt(depth), q.type.dtype.numpy), "scale")])  # type: ignore[union-attr]
-    if mask is not None:
-        scores = fx.one("Add", [scores, mask])
-    context = fx.one("MatMul", [fx.one("Softmax", [scores], axis=-1), split[2]])
-    return fx.one("Reshape", [fx.one("Transpose", [context], perm=[0, 2, 1, 3]), fx.ints([0, 0, embed])])
-
-
-def _attention_mask(fx: FxConverter, op: str, mask: Value | None, mask_type: Any, dtype: Any) -> Value | None:
-    """A fast path's mask as an additive one broadcast over [batch, heads, query, key]: type 0 an
-    [query, key] attention mask, 1 a [batch, key] padding mask (True: ignored), 2 already
-    [batch, heads, query, key]."""
-    if mask is None:
-        return None
-    if mask.type.dtype is DType.BOOL:  # type: ignore[union-attr]
-        zero, low = (fx.const(np.asarray(v, dtype), "mask") for v in (0.0, -np.inf))
-        mask = fx.one("Where", [mask, low, zero])
-    rank = fx.rank(mask)
-    if mask_type == 1 and rank == 2:
-        return fx.one("Unsqueeze", [mask, fx.ints([1, 2], "axes")])  # [batch, 1, 1, key]
-    if rank in (2, 4):  # [query, key] or [batch, heads, query, key]: broadcasts as it is
-        return mask
-    raise UnsupportedFxOp(op, f"a rank-{rank} mask of type {mask_type}")
-
-
-@converts("aten._transformer_encoder_layer_fwd.default")
-def _encoder_layer(  # type: ignore[no-untyped-def]
-    fx: FxConverter,
-    src,
-    embed_dim,
-    num_heads,
-    qkv_weight,
-    qkv_bias,
-    proj_weight,
-    proj_bias,
-    use_gelu,
-    norm_first,
-    eps,
-    norm_weight_1,
-    norm_bias_1,
-    norm_weight_2,
-    norm_bias_2,
-    ffn_weight_1,
-    ffn_bias_1,
-    ffn_weight_2,
-    ffn_bias_2,
-    mask=None,
-    mask_type=None,
-) -> Value:
-    def norm(x: Value, weight: Value, bias: Value) -> Value:
-        return fx.emit("LayerNormalization", [x, weight, bias], {"axis": -1, "epsilon": float(eps)}, 1)[0]
-
-    embed = int(embed_dim)
-    mask = _attention_mask(fx, "aten._transformer_encoder_layer_fwd.default", mask, mask_type, src.type.dtype.numpy)
-    x = src
-    attend = norm(x, norm_weight_1, norm_bias_1) if norm_first else x
-    q, k, v = fx.emit(
-        "Split", [_linear(fx, attend, qkv_weight, qkv_bias), fx.ints([embed] * 3, "split")], {"axis": -1}, 3
-    )
-    x = fx.one("Add", [x, _linear(fx, _heads_attention(fx, q, k, v, int(num_heads), mask), proj_weight, proj_bias)])
-    if not norm_first:
-        x = norm(x, norm_weight_1, norm_bias_1)
-    hidden = _linear(fx, norm(x, norm_weight_2, norm_bias_2) if norm_first else x, ffn_weight_1, ffn_bias_1)
-    hidden = fx.one("Gelu", [hidden]) if use_gelu else fx.one("Relu", [hidden])
-    x = fx.one("Add", [x, _linear(fx, hidden, ffn_weight_2, ffn_bias_2)])
-    return x if norm_first else norm(x, norm_weight_2, norm_bias_2)
-
-
-# -- scaled dot-product attention ------------------------------------------------------------------------
-# Kept out of torch's decompositions (``KEPT``): torch's math decomposition scales q and k apart
-# and guards against NaN in ways kiln's attention fusion does not match; written here as
-# softmax(q k^T * scale + mask) v, the one form kiln fuses into its attention kernel.
-
-KEPT = ("aten.scaled_dot_product_attention.default", "aten._scaled_dot_product_flash_attention_for_cpu.default")
-
-
-def decompositions() -> dict:
-    """torch's core ATen decompositions, without the ops this table converts whole (``KEPT``)."""
-    from torch._decomp import core_aten_decompositions
-
-    return {op: fn for op, fn in core_aten_decompositions().items() if str(op) not in KEPT}
-
-
-def _causal_mask(fx: FxConverter, scores: Value) -> Value:
-    """0 where key <= query, -inf above the diagonal ([query, key], top-left aligned as torch's
-    is_causal); from the scores' shape, so a symbolic sequence length works too."""
-    dtype = scores.type.dtype.numpy  # type: ignore[union-attr]
-    shape = fx.shape(scores)
-    if all(isinstance(d, int) for d in shape[-2:]):
-        queries, keys = shape[-2], shape[-1]
-        return fx.const(np.triu(np.full((queries, keys), -np.inf, dtype), 1).astype(dtype), "causal")
-    sizes = fx.one("Shape", [scores])
-    zero, one = fx.const(np.asarray(0, np.int64)), fx.const(np.asarray(1, np.int64))
-    rows = fx.one("Range", [zero, fx.one("Gather", [sizes, fx.const(np.asarray(-2, np.int64))], axis=0), one])
-    cols = fx.one("Range", [zero, fx.one("Gather", [sizes, fx.const(np.asarray(-1, np.int64))], axis=0), one])
-    future = fx.one(
-        "Greater",
-        [fx.one("Unsqueeze", [cols, fx.ints([0], "axes")]), fx.one("Unsqueeze", [rows, fx.ints([1], "axes")])],
-    )
-    return fx.one("Where", [future, fx.const(np.asarray(-np.inf, dtype)), fx.const(np.asarray(0, dtype))])
-
-
-def _sdpa(
-    fx: FxConverter,
-    q: Value,
-    k: Value,
-    v: Value,
-    mask: Value | None,
-    dropout: float,
-    causal: bool,
-    scale: Any,
-    gqa: bool,
-) -> Value:
-    op = "aten.scaled_dot_product_attention.default"
-    if dropout:
-        raise UnsupportedFxOp(op, f"dropout_p={dropout} (inference only)")
-    if fx.shape(q)[:-2] != fx.shape(k)[:-2]:
-        raise UnsupportedFxOp(
-            op, f"query heads {fx.shape(q)[:-2]} and key heads {fx.shape(k)[:-2]} differ (grouped-query attention)"
-        )
-    depth = fx.shape(q)[-1]
-    if scale is None and not isinstance(depth, int):
-        raise UnsupportedFxOp(op, f"a symbolic head size {depth}")
-    dtype = q.type.dtype.numpy  # type: ignore[union-attr]
-    factor = float(scale) if scale is not None else 1.0 / float(np.sqrt(depth))
-    perm = list(range(fx.rank(k)))
-    perm[-1], perm[-2] = perm[-2], perm[-1]
-    scores = fx.one(
-        "Mul",
-        [fx.one("MatMul", [q, fx.one("Transpose", [k], perm=perm)]), fx.const(np.asarray(factor, dtype), "scale")],
-    )
-    if causal:
-        scores = fx.one("Add", [scores, _causal_mask(fx, scores)])
-    if mask is not None:
-        if mask.type.dtype is DType.BOOL:  # type: ignore[union-attr]  True: attend
-            mask = fx.one("Where", [mask, fx.const(np.asarray(0, dtype)), fx.const(np.asarray(-np.inf, dtype))])
-        scores = fx.one("Add", [scores, mask])
-    return fx.one("MatMul", [fx.one("Softmax", [scores], axis=-1), v])
-
-
-@converts("aten.scaled_dot_product_attention.default")
-def _scaled_dot_product_attention(  # type: ignore[no-untyped-def]
-    fx: FxConverter, q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, *, scale=None, enable_gqa=False
-) -> Value:
-    return _sdpa(fx, q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa)
-
-
-@converts("aten._scaled_dot_product_flash_attention_for_cpu.default")
-def _flash_attention_cpu(  # type: ignore[no-untyped-def]
-    fx: FxConverter, q, k, v, dropout_p=0.0, is_causal=False, *, attn_mask=None, scale=None
-) -> tuple:
-    # (output, logsumexp): the log-sum-exp is for the backward pass; a graph reading it is refused
-    return _sdpa(fx, q, k, v, attn_mask, dropout_p, is_causal, scale, False), None
-
-
-# -- more of core ATen: index and order ops, normalizations, resizing ------------------------------------
-
-for _name, _op in {
-    "round": "Round",
-    "isnan": "IsNaN",
-    "atan": "Atan",
-    "tan": "Tan",
-    "asin": "Asin",
-    "acos": "Acos",
-}.items():
-    CONVERTERS[f"aten.{_name}.default"] = _unary(_op)
-CONVERTERS["aten.clamp.Tensor"] = lambda fx, x, low=None, high=None: _clamp_tensor(fx, x, low, high)
-CONVERTERS["aten.prod.dim_int"] = lambda fx, x, dim, keepdim=False, dtype=None: _reduce("ReduceProd")(
-    fx, x, [dim], keepdim, dtype
-)
-
-
-def _clamp_tensor(fx: FxConverter, x: Value, low: Any, high: Any) -> Value:
-    if low is not None:
-        x = fx.one("Max", [x, fx.tensor(low, x)])
-    if high is not None:
-        x = fx.one("Min", [x, fx.tensor(high, x)])
-    return x
-
-
-@converts("aten.trunc.default")
-def _trunc(fx: FxConverter, x: Value) -> Value:
-    negative = fx.one("Less", [x, fx.tensor(0.0, x)])
-    return fx.one("Where", [negative, fx.one("Ceil", [x]), fx.one("Floor", [x])])
-
-
-@converts("aten.log2.default")
-def _log2(fx: FxConverter, x: Value) -> Value:
-    return fx.one("Div", [fx.one("Log", [x]), fx.tensor(float(np.log(2.0)), x)])
-
-
-@converts("aten.exp2.default")
-def _exp2(fx: FxConverter, x: Value) -> Value:
-    return fx.one("Pow", [fx.tensor(2.0, x), x])
-
-
-@converts("aten.bitwise_not.default")
-def _bitwise_not(fx: FxConverter, x: Value) -> Value:
-    return fx.one("Not" if x.type.dtype is DType.BOOL else "BitwiseNot", [x])  # type: ignore[union-attr]
-
-
-@converts("aten.remainder.Scalar", "aten.remainder.Tensor")
-def _remainder(fx: FxConverter, a: Value, b: Any) -> Value:
-    """Python's modulo (the divisor's sign): a - floor(a / b) * b for floats, Mod for integers."""
-    b_value = fx.tensor(b, a)
-    if not np.issubdtype(a.type.dtype.numpy, np.floating):  # type: ignore[union-attr]
-        return fx.one("Mod", [a, b_value], fmod=0)
-    return fx.one("Sub", [a, fx.one("Mul", [fx.one("Floor", [fx.one("Div", [a, b_value])]), b_value])])
-
-
-@converts("aten.fmod.Scalar", "aten.fmod.Tensor")
-def _fmod(fx: FxConverter, a: Value, b: Any) -> Value:
-    return fx.one("Mod", [a, fx.tensor(b, a)], fmod=1)
-
-
-@converts("aten.elu.default")
-def _elu(fx: FxConverter, x: Value, alpha: Any = 1.0, scale: Any = 1.0, input_scale: Any = 1.0) -> Value:
-    """scale * elu(input_scale * x, alpha) (SELU is this with its constants)."""
-    if input_scale != 1:
-        x = fx.one("Mul", [x, fx.tensor(float(input_scale), x)])
-    y = fx.one("Elu", [x], alpha=float(alpha))
-    return fx.one("Mul", [y, fx.tensor(float(scale), y)]) if scale != 1 else y
-
-
-def _arg(op: str) -> Converter:
-    def convert(fx: FxConverter, x: Value, dim: Any = None, keepdim: bool = False) -> Value:
-        if dim is None:  # over the flattened tensor
-            x, dim = fx.one("Reshape", [x, fx.ints([-1])]), 0
-            keepdim = False
-        return fx.one(op, [x], axis=fx.axis(int(dim), x), keepdims=int(bool(keepdim)), select_last_index=0)
-
-    return convert
-
-
-CONVERTERS["aten.argmax.default"] = _arg("ArgMax")
-CONVERTERS["aten.argmin.default"] = _arg("ArgMin")
-
-
-def _extreme(reduce: str, arg: str) -> Converter:
-    def convert(fx: FxConverter, x: Value, dim: int, keepdim: bool = False) -> tuple:
-        axis = fx.axis(int(dim), x)
-        values = fx.one(reduce, [x, fx.ints([axis], "axes")], keepdims=int(bool(keepdim)))
-        return values, fx.one(arg, [x], axis=axis, keepdims=int(bool(keepdim)), select_last_index=0)
-
-    return convert
-
-
-CONVERTERS["aten.max.dim"] = _extreme("ReduceMax", "ArgMax")
-CONVERTERS["aten.min.dim"] = _extreme("ReduceMin", "ArgMin")
-
-
-@converts("aten.cumsum.default")
-def _cumsum(fx: FxConverter, x: Value, dim: int, dtype: Any = None) -> Value:
-    if dtype is not None:
-        x = fx.one("Cast", [x], to=torch_dtype(dtype).onnx_code)
-    elif x.type.dtype in (DType.BOOL, DType.INT32, DType.INT16, DType.INT8, DType.UINT8):  # type: ignore[union-attr]
-        x = fx.one("Cast", [x], to=DType.INT64.onnx_code)  # torch sums small integers as int64
-    return fx.one("CumSum", [x, fx.const(np.asarray(fx.axis(int(dim), x), np.int64), "axis")])
-
-
-@converts("aten.index_select.default")
-def _index_select(fx: FxConverter, x: Value, dim: int, index: Value) -> Value:
-    return fx.one("Gather", [x, index], axis=fx.axis(int(dim), x))
-
-
-@converts("aten.flip.default")
-def _flip(fx: FxConverter, x: Value, dims: list) -> Value:
-    axes = [fx.axis(int(d), x) for d in dims]
-    last = np.iinfo(np.int64).min
-    return fx.one(
-        "Slice", [x, fx.ints([-1] * len(axes)), fx.ints([last] * len(axes)), fx.ints(axes), fx.ints([-1] * len(axes))]
-    )
-
-
-@converts("aten.repeat.default")
-def _repeat(fx: FxConverter, x: Value, repeats: list) -> Value:
-    extra = len(repeats) - fx.rank(x)
-    if extra > 0:
-        x = fx.one("Unsqueeze", [x, fx.ints(list(range(extra)), "axes")])
-    return fx.one("Tile", [x, fx.ints(repeats, "repeats")])
-
-
-@converts("aten.scatter.src", "aten.scatter.value")
-def _scatter(fx: FxConverter, x: Value, dim: int, index: Value, src: Any) -> Value:
-    if not isinstance(src, Value):
-        src = fx.one("Expand", [fx.tensor(src, x), fx.one("Shape", [index])])
-    return fx.one("ScatterElements", [x, index, src], axis=fx.axis(int(dim), x))
-
-
-@converts("aten.topk.default")
-def _topk(fx: FxConverter, x: Value, k: int, dim: int = -1, largest: bool = True, sorted: bool = True) -> tuple:
-    values, indices = fx.emit(
-        "TopK",
-        [x, fx.ints([int(k)], "k")],
-        {"axis": fx.axis(int(dim), x), "largest": int(bool(largest)), "sorted": 1},
-        2,
-    )
-    return values, indices
-
-
-@converts("aten.sort.default")
-def _sort(fx: FxConverter, x: Value, dim: int = -1, descending: bool = False) -> tuple:
-    size = fx.shape(x)[fx.axis(int(dim), x)]
-    if not isinstance(size, int):
-        raise UnsupportedFxOp("aten.sort.default", f"sorting along the symbolic size {size}")
-    return _topk(fx, x, size, dim, largest=descending)
-
-
-@converts("aten.var_mean.correction")
-def _var(fx: FxConverter, x: Value, dims: Any = None, *, correction: Any = None, keepdim: bool = False) -> Any:
-    """The variance (torch's ``correction``: 1 by default, Bessel's), and for var_mean the mean."""
-    axes = list(range(fx.rank(x))) if dims is None else [fx.axis(int(d), x) for d in dims]
-    sizes = [fx.shape(x)[a] for a in axes]
-    if not all(isinstance(s, int) for s in sizes):
-        raise UnsupportedFxOp("aten.var.correction", "a variance over symbolic sizes")
-    count = int(np.prod(sizes))
-    mean = fx.one("ReduceMean", [x, fx.ints(axes, "axes")], keepdims=1)
-    centered = fx.one("Sub", [x, mean])
-    total = fx.one(
-        "ReduceSum", [fx.one("Mul", [centered, centered]), fx.ints(axes, "axes")], keepdims=int(bool(keepdim))
-    )
-    divisor = max(count - (1 if correction is None else float(correction)), 0)
-    variance = fx.one("Div", [total, fx.tensor(float(divisor), total)])
-    if not keepdim:
-        mean = fx.one("Squeeze", [mean, fx.ints(axes, "axes")])
-    return variance, mean  # var.correction is the first of these
-
-
-CONVERTERS["aten.var.correction"] = lambda fx, *args, **kwargs: _var(fx, *args, **kwargs)[0]
-
-
-@converts("aten.linalg_vector_norm.default")
-def _vector_norm(
-    fx: FxConverter, x: Value, ord: Any = 2, dim: Any = None, keepdim: bool = False, *, dtype: Any = None
-) -> Value:
-    axes = (
-        list(range(fx.rank(x)))
-        if dim is None
-        else [fx.axis(int(d), x) for d in ([dim] if isinstance(dim, int) else dim)]
-    )
-    attrs = {"keepdims": int(bool(keepdim))}
-    if ord == 2:
-        return fx.one("Sqrt", [fx.one("ReduceSumSquare", [x, fx.ints(axes, "axes")], **attrs)])
-    if ord == 1:
-        return fx.one("ReduceL1", [x, fx.ints(axes, "axes")], **attrs)
-    if ord == float("inf"):
-        return fx.one("ReduceMax", [fx.one("Abs", [x]), fx.ints(axes, "axes")], **attrs)
-    raise UnsupportedFxOp("aten.linalg_vector_norm.default", f"ord={ord}")
-
-
-@converts("aten.native_group_norm.default")
-def _group_norm(
-    fx: FxConverter, x: Value, weight: Any, bias: Any, n: Any, c: Any, hw: Any, groups: int, eps: float
-) -> tuple:
-    """(normalized, mean, rstd) over ``groups`` groups of channels; the statistics [N, groups]."""
-    shape = fx.shape(x)
-    grouped = fx.one("Reshape", [x, fx.ints([0, int(groups), -1])])
-    mean = fx.one("ReduceMean", [grouped, fx.ints([2], "axes")], keepdims=1)
-    centered = fx.one("Sub", [grouped, mean])
-    variance = fx.one("ReduceMean", [fx.one("Mul", [centered, centered]), fx.ints([2], "axes")], keepdims=1)
-    rstd = fx.one("Reciprocal", [fx.one("Sqrt", [fx.one("Add", [variance, fx.tensor(float(eps), variance)])])])
-    y = fx.one("Reshape", [fx.one("Mul", [centered, rstd]), fx.one("Shape", [x])])
-    per_channel = [int(shape[1])] + [1] * (len(shape) - 2)
-    if weight is not None:
-        y = fx.one("Mul", [y, fx.one("Reshape", [weight, fx.ints(per_channel)])])
-    if bias is not None:
-        y = fx.one("Add", [y, fx.one("Reshape", [bias, fx.ints(per_channel)])])
-    squeeze = fx.ints([2], "axes")
-    return y, fx.one("Squeeze", [mean, squeeze]), fx.one("Squeeze", [rstd, squeeze])
-
-
-def _resize(mode: str) -> Converter:
-    """Resize to the traced op's ``output_size`` with torch's pixel centres: align_corners, else
-    half-pixel (torch clamps a source index below 0 to the edge, as Resize's edge handling does);
-    torch's bicubic is Keys' with a = -0.75."""
-
-    def convert(fx: FxConverter, x: Value, output_size: list, align_corners: bool, *scales: Any) -> Value:
-        sizes = [dim_of(d) for d in (*fx.shape(x)[:2], *output_size)]
-        if not all(isinstance(s, int) for s in sizes):
-            raise UnsupportedFxOp(f"aten.upsample_{mode}2d.default", "a symbolic output size")
-        attrs: dict[str, Any] = {
-            "mode": "cubic" if mode == "bicubic" else "linear",
-            "coordinate_transformation_mode": "align_corners" if align_corners else "pytorch_half_pixel",
-        }
-        if mode == "bicubic":
-            attrs["cubic_coeff_a"] = -0.75
-        empty = fx.const(np.zeros((0,), np.float32), "roi")
-        return fx.one("Resize", [x, empty, empty, fx.ints(sizes, "sizes")], **attrs)
-
-    return convert
-
-
-CONVERTERS["aten.upsample_bilinear2d.default"] = _resize("bilinear")
-CONVERTERS["aten.upsample_bicubic2d.default"] = _resize("bicubic")

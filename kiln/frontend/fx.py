@@ -1,6 +1,7 @@
 """PyTorch FX graphs in core ATen (what ``torch.export`` gives after ``run_decompositions`` and what
 ``make_fx`` traces for the dynamo backend) -> kiln's graph IR, directly, op by op: no ONNX in
-between. The conversion table is ``kiln.frontend.aten.CONVERTERS``; an op it lacks is an
+between. The conversion table is ``CONVERTERS`` (entries in ``kiln.frontend.aten``, ``aten_attention``
+and ``aten_extended``, all registered once this module is imported); an op it lacks is an
 ``UnsupportedFxOp`` naming it, which the dynamo backend turns into an eager fallback.
 
 Weights (parameters, buffers, lifted constants, ``get_attr`` tensors) become the graph's
@@ -18,7 +19,9 @@ from typing import Any
 import numpy as np
 
 from kiln.errors import KilnError
-from kiln.frontend.aten import CONVERTERS, OPSET, UnsupportedFxOp, decompositions, dim_of, torch_dtype
+from kiln.frontend import aten_extended  # noqa: F401  (its entries register in CONVERTERS)
+from kiln.frontend.aten import CONVERTERS, OPSET, UnsupportedFxOp, dim_of, torch_dtype
+from kiln.frontend.aten_attention import decompositions
 from kiln.frontend.converters import GraphBuilder
 from kiln.ir.graph import Graph, Value, unique_name
 from kiln.ir.types import DType, TensorType

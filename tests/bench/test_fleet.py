@@ -76,7 +76,7 @@ def test_nodes_describe_their_hardware_and_selectors_pick_them(cluster):
 
 def test_a_fleet_run_is_grouped_by_hardware_and_streamed_into_the_store(cluster, tiny_onnx, tmp_path):
     db = tmp_path / "results.db"
-    run = fleet.run_fleet(_config(tiny_onnx, ["kiln", "fake-leak"]), cluster[0].address, [], tmp_path, db=db)
+    run = fleet.run_fleet(_config(tiny_onnx, ["kiln", "fake-leak"]), cluster[0].address, [], db=db)
     records = run["records"]
     assert len(records) == 2 * 3  # two jobs per hardware class: head, H100 (two nodes), Xeon
     assert all(r["status"] == "ok" for r in records), [r.get("error") for r in records]
@@ -139,7 +139,7 @@ def test_a_node_killed_mid_job_is_retried_on_its_class_or_reported(cluster, tiny
     address, members = cluster[0].address, cluster[1]
     # H100 class: two nodes busy with one slow job each; one dies: its job runs again on the other
     killer = _kill_later(cluster[0], members["h100-a"], 2.0)
-    run = fleet.run_fleet(_config(tiny_onnx, ["fake-slow", "fake-sluggish"]), address, ["gpu=H100"], tmp_path / "a")
+    run = fleet.run_fleet(_config(tiny_onnx, ["fake-slow", "fake-sluggish"]), address, ["gpu=H100"])
     killer.join()
     records = run["records"]
     assert len(records) == 2 and all(r["status"] == "ok" for r in records), [r.get("error") for r in records]
@@ -147,7 +147,7 @@ def test_a_node_killed_mid_job_is_retried_on_its_class_or_reported(cluster, tiny
     assert {r["node"]["node_id"] for r in records if r["attempts"] == 2} != {members["h100-a"].unique_id}
     # Xeon class: its only node dies mid-job: that job and the class's others fail with the reason
     killer = _kill_later(cluster[0], members["xeon"], 2.0)
-    run = fleet.run_fleet(_config(tiny_onnx, ["fake-slow", "kiln"]), address, ["cpu=fake xeon"], tmp_path / "b")
+    run = fleet.run_fleet(_config(tiny_onnx, ["fake-slow", "kiln"]), address, ["cpu=fake xeon"])
     killer.join()
     records = run["records"]
     assert len(records) == 2 and all(r["status"] == "failed" for r in records), [

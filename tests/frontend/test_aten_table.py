@@ -12,8 +12,7 @@ import pytest
 
 torch = pytest.importorskip("torch", reason="the PyTorch frontend needs torch")
 
-from kiln.frontend.aten import CONVERTERS  # noqa: E402
-from kiln.frontend.fx import import_traced  # noqa: E402
+from kiln.frontend.fx import CONVERTERS, import_traced  # noqa: E402
 from kiln.ops.interpreter import Interpreter  # noqa: E402
 
 A = torch.ops.aten
