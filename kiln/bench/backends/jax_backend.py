@@ -469,22 +469,14 @@ def _slice(node: Node, xs: list[Any]) -> list[Any]:
     return [x[tuple(index)]]
 
 
-@jax_op("Gather")
+@jax_op("Gather", "GatherElements")
 def _gather(node: Node, xs: list[Any]) -> list[Any]:
     jnp = _jnp()
     x, indices = xs
     axis = int(node.attrs.get("axis", 0)) % x.ndim
-    indices = jnp.where(indices < 0, indices + x.shape[axis], indices)
-    return [jnp.take(x, indices, axis=axis)]
-
-
-@jax_op("GatherElements")
-def _gather_elements(node: Node, xs: list[Any]) -> list[Any]:
-    jnp = _jnp()
-    x, indices = xs
-    axis = int(node.attrs.get("axis", 0)) % x.ndim
-    indices = jnp.where(indices < 0, indices + x.shape[axis], indices)
-    return [jnp.take_along_axis(x, indices, axis=axis)]
+    indices = jnp.where(indices < 0, indices + x.shape[axis], indices)  # ONNX counts negatives from the end
+    take = jnp.take if node.op == "Gather" else jnp.take_along_axis
+    return [take(x, indices, axis=axis)]
 
 
 @jax_op("GatherND")
