@@ -69,6 +69,12 @@ from kiln.cli_support import console, out, split_values
     help="Server scenario: LoadGen's latency bound [default: 4x a measured run, at least 10 ms].",
 )
 @click.option(
+    "--latency-percentile",
+    type=click.FloatRange(0, 1, min_open=True, max_open=True),
+    default=None,
+    help="The latency percentile LoadGen judges [default: LoadGen's: 0.90 single-stream, 0.99 multi-stream, server].",
+)
+@click.option(
     "--rate", type=float, default=None, help="Server scenario arrival rate per s [default: 70% of measured capacity]."
 )
 @click.option("--seq", type=int, default=None, help="Sequence length for bert-base and gpt2. [default: 128]")
@@ -184,6 +190,7 @@ def _bench_config(options: dict):  # type: ignore[no-untyped-def]
         inflight=options["inflight"],
         rate=options["rate"],
         target_latency_ms=options.get("target_latency_ms"),
+        latency_percentile=options.get("latency_percentile"),
         seq=options["seq"],
         timeout=options["timeout"],
         dataset=options["dataset"],

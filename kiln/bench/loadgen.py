@@ -50,13 +50,15 @@ def run_scenario(
     expected_latency_s: float | None = None,
     rate: float | None = None,
     target_latency_ms: float | None = None,
+    percentile: float | None = None,
     log_dir: Path | None = None,
 ) -> dict[str, Any]:
     """One LoadGen performance run of ``scenario`` (kiln bench's name, ``SCENARIOS``).
 
     ``expected_latency_s``: a measured single run (LoadGen sizes its queries from it);
     ``rate``: the Server scenario's target queries per second; ``target_latency_ms``: the Server's
-    latency bound (default 4x the expected latency, at least 10 ms).
+    latency bound (default 4x the expected latency, at least 10 ms); ``percentile``: the latency
+    percentile LoadGen judges (its defaults: 0.90 single-stream, 0.99 multi-stream and server).
     """
     import mlperf_loadgen as lg
 
@@ -70,14 +72,22 @@ def run_scenario(
     settings.min_query_count = max(1, int(min_queries))
     capacity = inflight / expected  # queries per second the threads can serve
     target_ns = int((target_latency_ms or max(4e3 * expected, 10.0)) * 1e6)
+    if percentile is not None and not 0 < percentile < 1:
+        raise ValueError(f"a latency percentile is a fraction in (0, 1), not {percentile}")
     if scenario == "single-stream":
         settings.single_stream_expected_latency_ns = int(expected * 1e9)
+        if percentile is not None:
+            settings.single_stream_target_latency_percentile = float(percentile)
     elif scenario == "multi-stream":
         settings.multi_stream_samples_per_query = MULTI_STREAM_SAMPLES
         settings.multi_stream_expected_latency_ns = int(expected * 1e9 * MULTI_STREAM_SAMPLES / inflight)
+        if percentile is not None:
+            settings.multi_stream_target_latency_percentile = float(percentile)
     elif scenario == "server":
         settings.server_target_qps = float(rate or 0.7 * capacity)
         settings.server_target_latency_ns = target_ns
+        if percentile is not None:
+            settings.server_target_latency_percentile = float(percentile)
     else:  # offline: one query of about duration x capacity samples
         settings.offline_expected_qps = float(capacity)
     settings.max_duration_ms = int(max(4 * duration, duration + 30) * 1000)  # a guard, not a target
@@ -146,6 +156,7 @@ def run_scenario(
         "target_latency_ms": target_ns / 1e6 if scenario == "server" else None,
         "target_qps": settings.server_target_qps if scenario == "server" else None,
         "samples_per_query": MULTI_STREAM_SAMPLES if scenario == "multi-stream" else 1,
+        "latency_percentile": percentile,
         "inflight": inflight,
     }
     result: dict[str, Any] = {

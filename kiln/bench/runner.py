@@ -38,6 +38,7 @@ class BenchConfig:
     inflight: int = 2
     rate: float | None = None
     target_latency_ms: float | None = None  # the Server scenario's latency bound (LoadGen's target)
+    latency_percentile: float | None = None  # the percentile LoadGen judges (None: its defaults)
     seq: int | None = None
     timeout: float = 600.0
     dataset: str | None = None
@@ -151,6 +152,7 @@ def run_one(
         "warmup": config.warmup,
         "soak": config.soak,
         "target_latency_ms": config.target_latency_ms,
+        "latency_percentile": config.latency_percentile,
         "inflight": config.inflight,
         "rate": config.rate,
         "reference": reference,

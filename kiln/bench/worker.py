@@ -118,6 +118,7 @@ def _loadgen_scenario(job: dict[str, Any], model: Any, backend: Any, session: An
         expected_latency_s=_expected_seconds(session.run, feeds, inflight),
         rate=job.get("rate"),
         target_latency_ms=job.get("target_latency_ms"),
+        percentile=job.get("latency_percentile"),
     )
     result.update(scenarios.growth(result.pop("rss_samples")))
     result["inflight"] = inflight

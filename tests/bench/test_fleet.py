@@ -125,6 +125,27 @@ def test_tuning_candidates_are_measured_on_the_targets_hardware_class(cluster, t
     assert len(measurer.measured_on) == 1  # every candidate of one kernel on one node
 
 
+def test_kiln_compile_tunes_on_the_cluster_and_bench_lists_its_nodes(cluster, tiny_onnx, tmp_path, monkeypatch):
+    import json
+
+    from click.testing import CliRunner
+
+    from kiln.cli import main
+
+    monkeypatch.setenv("KILN_CACHE_DIR", str(tmp_path / "cache"))
+    runner = CliRunner()
+    address = cluster[0].address
+    args = ["compile", tiny_onnx, "-o", str(tmp_path / "m.kiln"), "--target", "cpu:avx2", "--tune", "40s"]
+    result = runner.invoke(main, [*args, "--cluster", address, "--on", "gpu=H100"], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    assert "measuring on 2 node(s) of" in result.output and "H100" in result.output
+    assert "tuned 2 kernel(s)" in result.output and (tmp_path / "m.kiln").exists()
+    missing = runner.invoke(main, [*args, "--cluster", address, "--on", "gpu=A100"])
+    assert missing.exit_code != 0 and "no live node" in missing.output
+    nodes = runner.invoke(main, ["bench", "nodes", "--cluster", address, "--on", "gpu=H100", "--json"])
+    assert nodes.exit_code == 0 and len(json.loads(nodes.output)) == 2
+
+
 def _kill_later(cluster, node, delay: float) -> threading.Thread:
     def kill() -> None:
         time.sleep(delay)

@@ -40,6 +40,16 @@ def test_single_stream_is_issued_by_loadgen_and_valid_when_long_enough():
     assert loadgen.verdict_text(verdict) == "VALID"
 
 
+def test_the_latency_percentile_is_loadgens_setting():
+    result = loadgen.run_scenario(
+        sleepy(0.002), SAMPLES, "single-stream", 0.3, 64, expected_latency_s=0.002, percentile=0.5
+    )
+    assert result["loadgen"]["settings"]["latency_percentile"] == 0.5
+    assert "50.0th percentile latency (ms)" in result["loadgen"]["figures"]  # what LoadGen judged
+    with pytest.raises(ValueError, match="fraction"):
+        loadgen.run_scenario(sleepy(0.001), SAMPLES, "single-stream", 0.01, 1, percentile=90)
+
+
 def test_too_short_a_run_is_invalid_with_the_reason():
     result = loadgen.run_scenario(sleepy(0.002), SAMPLES, "single-stream", 0.02, 5, expected_latency_s=0.002)
     verdict = result["loadgen"]
