@@ -207,3 +207,38 @@ def test_entry_keys_are_the_same_in_every_process(cache):
         for seed in (1, 2, 3)
     }
     assert len(keys) == 1 and len(next(iter(keys))) == 32
+
+
+def _mapped(array) -> bool:  # type: ignore[no-untyped-def]
+    import mmap
+
+    base = array
+    while base is not None:
+        if isinstance(base, mmap.mmap):
+            return True
+        base = getattr(base, "base", None) if not isinstance(base, memoryview) else base.obj
+    return False
+
+
+def test_a_hit_maps_the_weights_and_survives_its_entry_being_evicted(cache):
+    """A hit maps its blobs read-only (no copy into fresh memory); the bytes were verified and
+    kiln never rewrites a blob in place, so removing the entry (eviction) under a loaded model
+    leaves the model as it was."""
+    import shutil
+
+    weights = {"w": RNG.standard_normal((256, 512)).astype(np.float32)}
+    proto = make_model(
+        [helper.make_node("MatMul", ["x", "w"], ["y"])],
+        [("x", TensorProto.FLOAT, [4, 256])],
+        [("y", TensorProto.FLOAT, None)],
+        weights,
+    )
+    x = RNG.standard_normal((4, 256)).astype(np.float32)
+    expected = kiln.compile(proto)(x)
+    plan_cache.wait()
+    again = kiln.compile(proto)
+    assert plan_cache.STATS["hits"] == 1
+    big = [a for plan in again.plans for a in plan.constants.values() if a.nbytes >= 256 * 512 * 4]
+    assert big and all(_mapped(a) and not a.flags.writeable for a in big)
+    shutil.rmtree(plan_cache.root())  # the LRU eviction's way: unlink, never rewrite
+    np.testing.assert_array_equal(again(x), expected)
