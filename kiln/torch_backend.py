@@ -22,7 +22,7 @@ import re
 import threading
 import warnings
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -109,13 +109,18 @@ class KilnGraph:
 
         fakes = self.fakes(args, symbolic or {})
         # in its own fake mode, not dynamo's; in-place ops (relu_) and views become their
-        # functional forms first
+        # functional forms first, and writes to the graph's inputs copy_ nodes at its end
         with torch.no_grad(), torch._guards.tracing(None):
             traced = make_fx(
                 functionalize(self.gm, remove="mutations_and_views"),
                 decomposition_table=decompositions(),
                 tracing_mode="symbolic" if symbolic else "fake",
             )(*fakes)
+        writes = _writes_as_outputs(traced)
+        state = set(writes) & self.weights
+        if state:  # a buffer the graph writes (a counter, BatchNorm's running statistics) is read every call
+            self.weights -= state
+            self.user = sorted({*self.user, *state})
         # placeholders typed by the fakes (symbolic dims), weights' values from the real tensors
         examples = [args[i] if i in self.weights else fake for i, fake in enumerate(fakes)]
         graph = import_traced(traced, examples, self.weights)
@@ -133,7 +138,7 @@ class KilnGraph:
             opt_level=self.options["opt_level"],
             threads=self.options["threads"],
         )
-        return model, [v.name for v in graph.inputs]
+        return Compiled(model, [v.name for v in graph.inputs], tuple(writes))
 
     def fakes(self, args: tuple, symbolic: dict[int, dict[int, str]]) -> list[Any]:
         """Fake tensors to trace with, in a fake mode of kiln's own: the dims in ``symbolic``
@@ -157,9 +162,10 @@ class KilnGraph:
             fakes[i] = fakes[carrier].shape[dim]  # a symbol, or the call's number
         return fakes
 
-    def __call__(self, *args: Any) -> Any:
-        if self.general is not None and self.signature(args, self.general_dims) == self.general_key:
-            return self.run(self.general, args)
+    def prepare(self, args: tuple) -> Compiled:
+        """The compiled model for ``args``' signature, compiled now if it is new (nothing runs:
+        a graph that writes its inputs must write them once per call, never at compile time).
+        A graph kiln cannot compile gets the eager fallback (or KilnError if asked)."""
         key = self.signature(args)
         found = self.models.get(key)
         if found is None:
@@ -169,21 +175,68 @@ class KilnGraph:
                     try:
                         found = self.compile(args)
                     except KilnError as err:  # this signature runs eagerly (or fails, if asked)
-                        found = (_eager(self.gm, self.options, str(err)), None)
+                        found = Compiled(_eager(self.gm, self.options, str(err)), None, ())
                     self.models[key] = found
-        model, names = found
-        if names is None:
-            return model(*args)
+                    self.models[self.signature(args)] = found  # the key, once written buffers are inputs
+        return found
+
+    def __call__(self, *args: Any) -> Any:
+        if self.general is not None and self.signature(args, self.general_dims) == self.general_key:
+            return self.run(self.general, args)
+        found = self.prepare(args)
+        if found.names is None:
+            return found.model(*args)
         return self.run(found, args)
 
-    def run(self, compiled: tuple[Any, list[str]], args: tuple) -> Any:
+    def run(self, compiled: Compiled, args: tuple) -> Any:
         import torch
 
-        model, names = compiled
         given = (args[i] for i in self.user if isinstance(args[i], torch.Tensor))
-        feeds = dict(zip(names, (_numpy(a) for a in given)))
-        outputs = [torch.from_numpy(np.asarray(o)) for o in model.run(feeds).values()]
+        feeds = dict(zip(compiled.names, (_numpy(a) for a in given)))
+        outputs = [torch.from_numpy(np.asarray(o)) for o in compiled.model.run(feeds).values()]
+        if compiled.writes:  # the graph's writes to its inputs, applied once, after it read them
+            written = outputs[len(outputs) - len(compiled.writes) :]
+            outputs = outputs[: len(outputs) - len(compiled.writes)]
+            with torch.no_grad():
+                for position, value in zip(compiled.writes, written):
+                    args[position].copy_(value)
         return outputs[0] if self.single else tuple(outputs)
+
+
+class Compiled(NamedTuple):
+    """One compiled signature: the kiln model (or the eager fallback, ``names`` None), its input
+    names, and the graph inputs (positions) its extra last outputs are written back to."""
+
+    model: Any
+    names: list[str] | None
+    writes: tuple[int, ...]
+
+
+def _writes_as_outputs(traced: Any) -> list[int]:
+    """A functionalized trace's writes to its placeholders (``copy_(input, value)``, what
+    ``functionalize`` leaves of ``x.mul_(2)`` or ``self.count += 1``) become its last outputs;
+    returns the placeholders' positions in the order of those outputs (the last write of each)."""
+    import torch
+
+    placeholders = [n for n in traced.graph.nodes if n.op == "placeholder"]
+    output = next(n for n in traced.graph.nodes if n.op == "output")
+    written: dict[int, Any] = {}
+    for node in list(traced.graph.nodes):
+        if node.op == "call_function" and node.target is torch.ops.aten.copy_.default and node.args[0] in placeholders:
+            destination = placeholders.index(node.args[0])
+            with traced.graph.inserting_before(node):
+                value = traced.graph.call_function(torch.ops.aten.copy.default, tuple(node.args), dict(node.kwargs))
+            value.meta = dict(node.meta)
+            node.replace_all_uses_with(value)
+            traced.graph.erase_node(node)
+            written.pop(destination, None)  # the last write of a placeholder is the one kept
+            written[destination] = value
+    if written:
+        results = output.args[0]
+        results = list(results) if isinstance(results, (list, tuple)) else [results]
+        output.args = (tuple(results + list(written.values())),)
+        traced.recompile()
+    return list(written)
 
 
 def _is_size(value: Any) -> bool:
@@ -298,10 +351,11 @@ def kiln_backend(gm: Any, example_inputs: list[Any], options: dict[str, Any] | N
         if compiled.general is not None:
             return compiled
     if all(_concrete(a) for a in example_inputs):
-        try:  # convert and compile now: an op kiln lacks falls back here, not mid-run
-            compiled(*example_inputs)
-        except KilnError as err:
-            return _eager(gm, settings, str(err))
+        # convert and compile now, without running (dynamo calls what is returned: running here
+        # too would apply a graph's writes to its inputs twice): an op kiln lacks falls back here
+        found = compiled.prepare(tuple(example_inputs))
+        if found.names is None:
+            return found.model
     return compiled  # dims dynamo made symbolic: each call's sizes compile on first use
 
 

@@ -157,6 +157,25 @@ def _scatter(fx: FxConverter, x: Value, dim: int, index: Value, src: Any) -> Val
     return fx.one("ScatterElements", [x, index, src], axis=fx.axis(int(dim), x))
 
 
+@converts("aten.slice_scatter.default")
+def _slice_scatter(
+    fx: FxConverter, x: Value, src: Value, dim: int = 0, start: Any = None, end: Any = None, step: int = 1
+) -> Value:
+    """``x`` with ``src`` written over ``x[start:end:step]`` along ``dim`` (what functionalize makes of
+    a write through a slice, ``x[:, :2].add_(1)``): a ScatterElements of constant positions."""
+    axis = fx.axis(int(dim), x)
+    size, shape = fx.shape(x)[axis], fx.shape(src)
+    if not isinstance(size, int) or not all(isinstance(d, int) for d in shape):
+        raise UnsupportedFxOp("aten.slice_scatter.default", "a symbolic size")
+    positions = np.arange(size)[slice(start, end, int(step))]
+    if len(positions) != shape[axis]:
+        raise UnsupportedFxOp("aten.slice_scatter.default", f"{shape[axis]} values for {len(positions)} positions")
+    view = [1] * len(shape)
+    view[axis] = len(positions)
+    index = np.ascontiguousarray(np.broadcast_to(positions.reshape(view), shape).astype(np.int64))
+    return fx.one("ScatterElements", [x, fx.const(index, "positions"), src], axis=axis)
+
+
 @converts("aten.topk.default")
 def _topk(fx: FxConverter, x: Value, k: int, dim: int = -1, largest: bool = True, sorted: bool = True) -> tuple:
     values, indices = fx.emit(

@@ -44,8 +44,9 @@ class Load:
 
 # The kernel IR's operators: names of what they compute, not of any language's functions; each
 # target renders them through its own table (the C renderer's picks kiln's vectorizable float32
-# exp/tanh/erf, libm for the rest). Integer / and % truncate toward zero; comparisons and && ||
-# give booleans.
+# exp/tanh/erf, libm for the rest). Integer / and % truncate toward zero and are total: by zero
+# they give 0 (as NumPy does), the most negative value by -1 wraps (x / -1 = -x, x % -1 = 0);
+# renderers whose operators trap there (C: SIGFPE) guard them. Comparisons and && || give booleans.
 BINARY_OPS = frozenset(
     {"+", "-", "*", "/", "%", "<", "<=", ">", ">=", "==", "!=", "&&", "||", "&", "|", "^", "<<", ">>", "pow", "fmod"}
 )

@@ -83,17 +83,19 @@ FUNCTIONS: dict[str, Callable[[Any], Any]] = {
 
 
 def _c_divide(a: Any, b: Any) -> Any:
+    """The kernel IR's integer quotient: toward zero; by zero 0 (as NumPy gives)."""
     if isinstance(a, (int, np.integer)) and isinstance(b, (int, np.integer)):
         if b == 0:
-            raise ZeroDivisionError("integer division by zero in a kernel")
+            return 0
         quotient = abs(int(a)) // abs(int(b))
         return quotient if (a < 0) == (b < 0) else -quotient
     return a / b
 
 
 def _c_remainder(a: Any, b: Any) -> Any:
+    """The kernel IR's integer remainder: the dividend's sign; by zero 0."""
     if b == 0:
-        raise ZeroDivisionError("integer remainder by zero in a kernel")
+        return 0
     return int(a) - _c_divide(int(a), int(b)) * int(b)
 
 

@@ -226,6 +226,7 @@ SAMPLES: dict[str, tuple] = {
     "aten.transpose_copy.int": (lambda x: A.transpose_copy.int(x, 1, 2), [SEQ]),
     "aten.repeat.default": (lambda x: A.repeat.default(x, [2, 1, 3]), [X]),
     "aten.scatter.src": (lambda x, i, s: A.scatter.src(x, 0, i, s), [X, torch.tensor([[2, 0, 1, 2]]), t(1, 4, seed=5)]),
+    "aten.slice_scatter.default": (lambda x, s: A.slice_scatter.default(x, s, 1, 1, None, 2), [X, t(3, 2, seed=4)]),
     "aten.scatter.value": (lambda x, i: A.scatter.value(x, 1, i, 9.0), [X, torch.tensor([[3], [0], [1]])]),
     "aten.select.int": (lambda x: A.select.int(x, 1, -1), [SEQ]),
     "aten.select_copy.int": (lambda x: A.select_copy.int(x, 0, 1), [SEQ]),

@@ -394,6 +394,13 @@ class Expressions:
             x = Val(tensor(x), common)
         if op in COMPARISONS:
             return Val(f"({x.text} {op} {y.text})", DType.BOOL)
+        if op in ("/", "%") and not common.is_float and not (y.literal and y.value not in (0, -1)):
+            # the kernel IR's total integer division (see kiln.lower.kir): by 0 -> 0, by -1 -> -x / 0
+            safe = f"tl.where(({y.text}) == 0, 1, {y.text})"
+            if op == "/":
+                return Val(f"tl.where(({y.text}) == 0, 0, ({x.text}) // {safe})", dtype)
+            minus_one = f" | (({y.text}) == -1)" if common.numpy.kind == "i" else ""
+            return Val(f"tl.where((({y.text}) == 0){minus_one}, 0, ({x.text}) % {safe})", dtype)
         if op == "/":
             return Val(f"({x.text} {'/' if common.is_float else '//'} {y.text})", dtype)
         if (op == "%" and common.is_float) or op == "fmod":
