@@ -5,9 +5,6 @@ Every case failed (a wrong answer, a crash, a hang, data loss or "kiln bug") bef
 
 from __future__ import annotations
 
-import os
-import stat
-import sys
 import warnings
 
 import numpy as np
@@ -15,12 +12,10 @@ import pytest
 from onnx import TensorProto, helper
 
 import kiln
-from kiln.errors import KilnError
-from tests.conftest import runnable
 from tests.helpers import make_model
 
 torch = pytest.importorskip("torch", reason="the torch.compile cases need torch (the zoo extra)")
-import kiln.torch_backend  # noqa: E402,F401  (backend="kiln")
+import kiln.torch_backend  # noqa: E402  (backend="kiln")
 
 # -- 1. torch.compile: a graph's writes to its inputs happen exactly once --------------------------
 
@@ -123,7 +118,9 @@ INTEGER_EDGES = [(np.int32, TensorProto.INT32), (np.int64, TensorProto.INT64)]
 @pytest.mark.parametrize("dtype,code", INTEGER_EDGES, ids=["int32", "int64"])
 def test_integer_mod_of_the_most_negative_value_by_minus_one_or_zero_is_zero(target, dtype, code, fmod):
     model = make_model(
-        [helper.make_node("Mod", ["a", "b"], ["y"], fmod=fmod)], [("a", code, [6]), ("b", code, [6])], [("y", code, [6])]
+        [helper.make_node("Mod", ["a", "b"], ["y"], fmod=fmod)],
+        [("a", code, [6]), ("b", code, [6])],
+        [("y", code, [6])],
     )
     low = np.iinfo(dtype).min
     a = np.array([low, low, 7, -7, low + 1, 9], dtype)
