@@ -68,15 +68,23 @@ def user_key() -> bytes:
         return _key
 
 
+KEY_BYTES = 32
+
+
 def _load_or_make_key(path: Path) -> bytes:
-    try:
-        info = path.stat()
-    except FileNotFoundError:
+    """The key at ``path`` (made there when missing, in a folder only this user can reach).
+    Only a regular file, not a link, owned by this user, readable by no one else, of a key's
+    size is a key: anything else (a FIFO, /dev/zero, a folder, an empty file) is UntrustedKey,
+    never a hang, a huge read or a crash."""
+    problem = _untrusted(path.parent, folder=True)
+    if problem:
+        raise UntrustedKey(f"the key's folder {problem}")
+    if not os.path.lexists(path):
         path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         handle, partial = tempfile.mkstemp(dir=path.parent, prefix=".key-")
         try:
             os.fchmod(handle, 0o600)
-            os.write(handle, os.urandom(32))
+            os.write(handle, os.urandom(KEY_BYTES))
         finally:
             os.close(handle)
         try:
@@ -85,13 +93,171 @@ def _load_or_make_key(path: Path) -> bytes:
             pass
         finally:
             os.unlink(partial)
-        info = path.stat()
-    if info.st_mode & (stat.S_IRWXG | stat.S_IRWXO) or (hasattr(os, "getuid") and info.st_uid != os.getuid()):
-        raise UntrustedKey(f"{path} is readable or writable by others (or not yours): chmod 600 it or remove it")
-    data = path.read_bytes()
+    try:
+        # O_NONBLOCK: a FIFO planted as the key opens at once (and is refused), never blocks
+        handle = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except OSError as err:
+        raise UntrustedKey(f"{path} cannot be opened as a key ({err.strerror or err}): remove it") from None
+    try:
+        info = os.fstat(handle)
+        problem = _untrusted_stat(info, folder=False)
+        if problem:
+            fix = "chmod 600 it" if stat.S_ISREG(info.st_mode) else "point KILN_KEY_FILE at a regular file"
+            raise UntrustedKey(f"{path} {problem}: {fix}, or remove it and kiln makes a new one")
+        if not 16 <= info.st_size <= 4096:
+            raise UntrustedKey(f"{path} holds {info.st_size} bytes, not a key: remove it and kiln makes a new one")
+        data = os.read(handle, 4096)
+    finally:
+        os.close(handle)
     if len(data) < 16:
         raise UntrustedKey(f"{path} is too short to be a key: remove it and kiln makes a new one")
     return data
+
+
+def _untrusted_stat(info: os.stat_result, folder: bool) -> str | None:
+    """Why a file or folder with this (lstat) status is not kiln's to trust, or None."""
+    if stat.S_ISLNK(info.st_mode):
+        return "is a symbolic link (kiln follows none in its own folders)"
+    if folder and not stat.S_ISDIR(info.st_mode):
+        return "is not a folder"
+    if not folder and not stat.S_ISREG(info.st_mode):
+        return "is not a regular file"
+    if hasattr(os, "getuid") and info.st_uid != os.getuid():
+        return f"belongs to another user (uid {info.st_uid})"
+    if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        return "is writable by other users"
+    if not folder and info.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
+        return "is readable or writable by others"
+    return None
+
+
+def _untrusted(path: Path, folder: bool) -> str | None:
+    """Why ``path`` (if it exists) is not kiln's to trust, or None (also when it does not exist)."""
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        return None
+    except OSError as err:
+        return f"{path} cannot be checked ({err.strerror or err})"
+    problem = _untrusted_stat(info, folder)
+    return f"{path} {problem}" if problem else None
+
+
+class CacheUnavailable(OSError):
+    """A cache folder kiln cannot trust or make (the message says why); callers work without it."""
+
+
+def cache_folder(*parts: str) -> Path:
+    """kiln's cache folder ``cache_root()/parts...``, made where missing (mode 0700 for new levels).
+    Every level from the cache root down must be a real folder (never a symbolic link: kiln never
+    writes or deletes through one), owned by this user and writable by no one else, and this
+    user's key must be usable: a cache others can change cannot be trusted with native code or
+    with deleting. Raises CacheUnavailable naming the first level that fails."""
+    path = cache_root()
+    levels = [path]
+    for part in parts:
+        path = path / part
+        levels.append(path)
+    try:
+        levels[0].parent.mkdir(parents=True, exist_ok=True)  # above the cache root: the user's folders
+    except OSError as err:
+        raise CacheUnavailable(f"{levels[0].parent} cannot be made ({err.strerror or err})") from None
+    for level in levels:
+        problem = _untrusted(level, folder=True)
+        if problem:
+            raise CacheUnavailable(problem)
+        try:
+            os.mkdir(level, 0o700)
+        except FileExistsError:
+            problem = _untrusted(level, folder=True)  # made meanwhile, or a file where a folder belongs
+            if problem:
+                raise CacheUnavailable(problem) from None
+        except OSError as err:
+            raise CacheUnavailable(f"{level} cannot be made ({err.strerror or err})") from None
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise CacheUnavailable(f"{path} is not writable")
+    try:
+        user_key()
+    except (OSError, UntrustedKey) as err:
+        raise CacheUnavailable(f"the cache key cannot be used: {err}") from None
+    return path
+
+
+_private_folders: dict[str, Path] = {}
+
+
+def cache_folder_or_private(name: str, keep: bool = False, root: bool = False) -> Path:
+    """``cache_folder(name)`` (the cache root itself with ``root``), or where kiln cannot trust it
+    (one warning), a private temporary folder of this process named after ``name``: removed at
+    exit unless ``keep`` (a reproducer the user will read)."""
+    try:
+        return cache_folder() if root else cache_folder(name)
+    except CacheUnavailable as err:
+        cache_off(err)
+    with _key_lock:
+        folder = _private_folders.get(name)
+        if folder is None or not folder.is_dir():
+            folder = Path(tempfile.mkdtemp(prefix=f"kiln-{name}-"))
+            _private_folders[name] = folder
+            if not keep:
+                import atexit
+                import shutil
+
+                atexit.register(shutil.rmtree, folder, True)
+    return folder
+
+
+def cache_off(problem: object) -> None:
+    """The one warning (per cache root and process) that kiln works without its caches there."""
+    warn_once(
+        f"caches:{cache_root()}",
+        f"kiln: cache off ({problem}); every compile starts from scratch, built code goes to a private "
+        "temporary folder (point KILN_CACHE_DIR at a folder of your own to cache)",
+    )
+
+
+class IrregularFile(OSError):
+    """A path that is not a regular file (a FIFO, a device, a folder) where kiln reads a file."""
+
+
+def open_regular(path: str | os.PathLike, what: str = "file") -> io.BufferedReader:
+    """``path`` opened for reading if it is a regular file: checked on the opened descriptor (no
+    race with a swap), opened without blocking (a FIFO opens at once and is refused). Raises
+    IrregularFile naming what it is, or OSError (FileNotFoundError...)."""
+    handle = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    try:
+        info = os.fstat(handle)
+        if not stat.S_ISREG(info.st_mode):
+            raise IrregularFile(f"{path}: the {what} is {_kind(info.st_mode)}, not a regular file")
+        os.set_blocking(handle, True)
+        return os.fdopen(handle, "rb")
+    except BaseException:
+        os.close(handle)
+        raise
+
+
+def check_regular(path: str | os.PathLike, what: str = "file") -> None:
+    """Raises IrregularFile unless ``path`` is a regular file (following links: a user's link to a
+    model is theirs to make) or does not exist (the caller's open reports that)."""
+    try:
+        info = os.stat(path)
+    except OSError:
+        return
+    if not stat.S_ISREG(info.st_mode):
+        raise IrregularFile(f"{path}: the {what} is {_kind(info.st_mode)}, not a regular file")
+
+
+def _kind(mode: int) -> str:
+    for test, name in (
+        (stat.S_ISDIR, "a folder"),
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISSOCK, "a socket"),
+    ):
+        if test(mode):
+            return name
+    return "not a file"
 
 
 def write_atomically(path: Path, data: bytes | memoryview, prefix: str = ".partial-") -> None:

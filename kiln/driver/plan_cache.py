@@ -38,6 +38,7 @@ import mmap
 import os
 import pickle
 import shutil
+import stat
 import tempfile
 import threading
 import weakref
@@ -52,7 +53,6 @@ from kiln import integrity
 from kiln.backends import backend
 from kiln.driver import tuning_db
 from kiln.driver.options import CompileOptions
-from kiln.integrity import cache_root
 from kiln.lower.target import Target
 from kiln.version import __version__
 
@@ -96,24 +96,36 @@ def budget_bytes() -> int:
 
 def _size(path: Path) -> int:
     total = 0
-    for item in path.rglob("*"):
+    for item in path.rglob("*"):  # rglob does not descend into linked folders
         try:
-            if item.is_file():
-                total += item.stat().st_size
+            info = item.lstat()
+            if stat.S_ISREG(info.st_mode):
+                total += info.st_size
         except OSError:
             pass
     return total
 
 
+def is_entry(path: Path) -> bool:
+    """A folder kiln made as an entry: named by a 32-digit key, a real folder (not a link)."""
+    if len(path.name) != 32 or any(c not in "0123456789abcdef" for c in path.name):
+        return False
+    try:
+        return stat.S_ISDIR(path.lstat().st_mode)
+    except OSError:
+        return False
+
+
 def evict(keep: Path | None = None) -> int:
     """Remove least-recently-used entries until the cache fits its budget; returns bytes freed.
-    An entry's last use is its folder's mtime (touched on every hit)."""
+    An entry's last use is its folder's mtime (touched on every hit). Only folders kiln made as
+    entries are candidates (anything else in the folder is not kiln's to delete)."""
     base = root()
     entries = []
     for entry in base.iterdir():
-        if entry.is_dir() and entry.name != "files" and not entry.name.startswith("."):
+        if is_entry(entry):
             try:
-                entries.append((entry.stat().st_mtime, entry, _size(entry)))
+                entries.append((entry.lstat().st_mtime, entry, _size(entry)))
             except OSError:
                 continue
     total = sum(size for _, _, size in entries)
@@ -123,46 +135,28 @@ def evict(keep: Path | None = None) -> int:
             break
         if keep is not None and entry == keep:
             continue
-        shutil.rmtree(entry, ignore_errors=True)
+        shutil.rmtree(entry, ignore_errors=True)  # rmtree never follows a link inside
         freed += size
         STATS["evicted"] = STATS.get("evicted", 0) + 1
     return freed
 
 
 def enabled() -> bool:
-    """The cache is usable: a cache folder that cannot be written or a key that cannot be trusted
-    turns it off with one warning (caching is optional). Whether a compile uses it at all is its
-    ``CompileOptions.plan_cache`` (``KILN_PLAN_CACHE=0`` turns that off)."""
-    base = _base()
-    usable = _USABLE.get(base)
-    if usable is None:
-        try:
-            path = Path(base) / "plans"
-            path.mkdir(parents=True, exist_ok=True)
-            if not os.access(path, os.W_OK | os.X_OK):
-                raise PermissionError(f"{path} is not writable")
-            integrity.user_key()
-            usable = True
-        except (OSError, integrity.UntrustedKey) as err:
-            integrity.warn_once(
-                f"plan-cache:{base}", f"kiln: plan cache off ({err}); every compile starts from scratch"
-            )
-            usable = False
-        _USABLE[base] = usable
-    return usable
-
-
-_USABLE: dict[str, bool] = {}  # cache folder -> usable (checked once per process)
-
-
-def _base() -> str:
-    return str(cache_root())
+    """The cache is usable: a cache folder kiln cannot trust or write, or a key it cannot trust,
+    turns it off with one warning (caching is optional; see ``integrity.cache_folder``). Whether a
+    compile uses it at all is its ``CompileOptions.plan_cache`` (``KILN_PLAN_CACHE=0``)."""
+    try:
+        integrity.cache_folder("plans")
+        return True
+    except integrity.CacheUnavailable as err:
+        integrity.cache_off(err)
+        return False
 
 
 def root() -> Path:
-    path = Path(_base()) / "plans"
-    path.mkdir(parents=True, exist_ok=True)
-    return path
+    """The plans folder, checked again on every use (a level replaced by a link since is refused:
+    raises CacheUnavailable, which callers treat as a miss or a skipped store)."""
+    return integrity.cache_folder("plans")
 
 
 def _write_text(path: Path, text: str) -> None:
@@ -228,18 +222,27 @@ def file_digest(path: str | os.PathLike) -> str:
     if not enabled():
         return _hash_file(path)
     identity = f"{os.path.abspath(path)}\0{info.st_dev}\0{info.st_ino}\0{info.st_size}\0{info.st_mtime_ns}"
-    memo = root() / "files" / f"stat-{hashlib.sha256(identity.encode()).hexdigest()[:32]}"
-    digest = (_read_text(memo) or "").strip()
+    try:
+        memo = root() / "files" / f"stat-{hashlib.sha256(identity.encode()).hexdigest()[:32]}"
+        digest = (_read_text(memo) or "").strip()
+    except OSError:  # the cache went away (another process cleaning it) or became untrusted
+        memo, digest = None, ""
     if len(digest) == 64:
         return digest
     digest = _hash_file(path)
-    _write_text(memo, digest)
+    if memo is not None:
+        try:
+            _write_text(memo, digest)
+        except OSError:  # remembering is optional: a folder deleted meanwhile costs a hash next time
+            pass
     return digest
 
 
 def _hash_file(path: str | os.PathLike) -> str:
+    """SHA-256 of a regular file's bytes (a FIFO or device is refused: IrregularFile, never a
+    hang or an endless read)."""
     hasher = hashlib.sha256()
-    with open(path, "rb") as handle:
+    with integrity.open_regular(path) as handle:
         while chunk := handle.read(1 << 24):
             hasher.update(chunk)
     return hasher.hexdigest()
@@ -401,7 +404,8 @@ def _publish(partial: Path, final: Path) -> None:
 
 def _discard(path: Path) -> None:
     STATS["damaged"] += 1
-    shutil.rmtree(path, ignore_errors=True)
+    if not path.is_symlink():  # a link is not kiln's to follow (rmtree refuses one anyway)
+        shutil.rmtree(path, ignore_errors=True)
 
 
 # -- the entry's parts -------------------------------------------------------------------------------
@@ -442,8 +446,12 @@ def store_plan(key: str, dims: dict[str, int], plan: Any) -> None:
 def load_plan(key: str, dims: dict[str, int]) -> Any | None:
     if not enabled():
         return None
-    folder = root() / key / "variants" / variant_name(dims)
-    if not folder.exists():
+    try:
+        folder = root() / key / "variants" / variant_name(dims)
+        found = folder.is_dir() and not folder.is_symlink()
+    except OSError:  # the cache went away or became untrusted since: a miss
+        found = False
+    if not found:
         STATS["misses"] += 1
         return None
     try:
@@ -486,8 +494,11 @@ def load_signature(key: str) -> Any | None:
     """The stored source graph's inputs, outputs and defaults (no nodes, no weights: cheap)."""
     if not enabled():
         return None
-    folder = root() / key / "source"
-    if not (folder / "signature.pkl").exists():
+    try:
+        folder = root() / key / "source"
+        if not (folder / "signature.pkl").exists():
+            return None
+    except OSError:
         return None
     try:
         return _read(folder, "signature")
@@ -499,8 +510,11 @@ def load_signature(key: str) -> Any | None:
 def load_graph(key: str) -> Any | None:
     if not enabled():
         return None
-    folder = root() / key / "source"
-    if not folder.exists():
+    try:
+        folder = root() / key / "source"
+        if not folder.exists():
+            return None
+    except OSError:
         return None
     try:
         return _read(folder, "graph")

@@ -23,7 +23,7 @@ from typing import Any
 from kiln.driver.artifact import pack_tensors, unpack_tensors
 from kiln.driver.options import CompileOptions
 from kiln.driver.pipeline import compile_plan
-from kiln.integrity import cache_root
+from kiln.integrity import cache_folder_or_private
 from kiln.ir.parser import parse_graph
 from kiln.ir.printer import print_graph, tensor_data
 from kiln.lower.target import Target
@@ -32,7 +32,7 @@ from kiln.version import __version__
 
 
 def folder() -> Path:
-    return cache_root() / "repro"
+    return cache_folder_or_private("repro", keep=True)
 
 
 def write(

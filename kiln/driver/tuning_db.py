@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from kiln.backends import parse
-from kiln.integrity import cache_root
+from kiln.integrity import cache_folder_or_private
 from kiln.version import __version__
 
 SCHEMA = """
@@ -34,9 +34,9 @@ TUNED_HERE: set[str] = set()  # kernel keys this process tuned (their schedules 
 
 
 def path() -> Path:
-    folder = cache_root()
-    folder.mkdir(parents=True, exist_ok=True)
-    return folder / "tune.db"
+    """``$KILN_CACHE_DIR/tune.db`` (in a private temporary folder where kiln cannot trust the cache
+    folder: the results then last as long as this process)."""
+    return cache_folder_or_private("tuning", root=True) / "tune.db"
 
 
 def _scope(target: str | None = None) -> tuple[str, str]:

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from kiln.errors import KilnError
-from kiln.integrity import cache_root
+from kiln.integrity import cache_folder_or_private
 
 ZOO_OPSET = 17
 EXPORT_RECIPE = 3  # bump when the export procedure changes
@@ -266,9 +266,9 @@ def get(name: str) -> ZooModel:
 
 
 def cache_dir() -> Path:
-    path = cache_root() / "zoo"
-    path.mkdir(parents=True, exist_ok=True)
-    return path
+    """Where exports are kept: ``$KILN_CACHE_DIR/zoo`` (a private temporary folder where kiln
+    cannot trust that, see ``integrity.cache_folder``)."""
+    return cache_folder_or_private("zoo")
 
 
 def options_for(name: str, **overrides: Any) -> dict[str, Any]:

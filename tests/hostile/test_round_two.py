@@ -5,6 +5,7 @@ Every case failed (a wrong answer, a crash, a hang, data loss or "kiln bug") bef
 
 from __future__ import annotations
 
+import os
 import warnings
 
 import numpy as np
@@ -150,3 +151,161 @@ def test_the_kernel_ir_defines_integer_division_by_zero_and_minus_one():
     assert BINARY["/"](7, 0) == 0 and BINARY["%"](7, 0) == 0
     assert BINARY["%"](-(2**63), -1) == 0
     assert BINARY["/"](-7, 2) == -3 and BINARY["%"](-7, 2) == -1
+
+
+# -- 3. the cache's trust boundary ----------------------------------------------------------------------
+
+
+def relu_model():
+    return make_model(
+        [helper.make_node("Relu", ["x"], ["y"])], [("x", TensorProto.FLOAT, [4])], [("y", TensorProto.FLOAT, [4])]
+    )
+
+
+@pytest.fixture
+def private_cache(tmp_path, monkeypatch):
+    """A fresh cache root and key file, every plan stored, warnings of earlier tests forgotten."""
+    import kiln.driver.native as native
+    from kiln import integrity
+    from kiln.driver import plan_cache
+
+    plan_cache.wait()
+    monkeypatch.setenv("KILN_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("KILN_KEY_FILE", str(tmp_path / "config" / "cache.key"))
+    monkeypatch.setenv("KILN_PLAN_CACHE", "1")
+    monkeypatch.setattr(native, "WORTH_CACHING_S", 0.0)
+    monkeypatch.setattr(integrity, "_key", None)
+    monkeypatch.setattr(integrity, "_warned", set())
+    yield tmp_path
+    plan_cache.wait()
+
+
+def compile_and_run(**kwargs):
+    """Compile and run the Relu model; returns the warnings kiln gave."""
+    from kiln.driver import plan_cache
+
+    x = np.array([-1, 2, -3, 4], np.float32)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        got = kiln.compile(relu_model(), **kwargs).run({"x": x})["y"]
+        plan_cache.wait()
+    np.testing.assert_array_equal(got, np.maximum(x, 0))
+    return [str(w.message) for w in caught if "kiln" in str(w.message)]
+
+
+def _plant_key(kind, path):
+    path.parent.mkdir(mode=0o700, exist_ok=True)
+    if kind == "readable by others":
+        path.write_bytes(os.urandom(32))
+        path.chmod(0o644)
+    elif kind == "empty":
+        path.write_bytes(b"")
+        path.chmod(0o600)
+    elif kind == "a folder":
+        path.mkdir()
+    elif kind == "a FIFO":
+        os.mkfifo(path, 0o600)
+    elif kind == "a link to /dev/zero":
+        path.symlink_to("/dev/zero")
+
+
+@pytest.mark.parametrize("caching", ["1", "0"])
+@pytest.mark.parametrize("kind", ["readable by others", "empty", "a folder", "a FIFO", "a link to /dev/zero"])
+def test_a_key_kiln_cannot_trust_turns_caching_off_with_one_warning_and_never_fails_or_hangs(
+    private_cache, monkeypatch, kind, caching
+):
+    _plant_key(kind, private_cache / "config" / "cache.key")
+    monkeypatch.setenv("KILN_PLAN_CACHE", caching)
+    said = compile_and_run()
+    assert len(said) == 1 and "cache off" in said[0], said
+    assert compile_and_run() == []  # once per process
+
+
+def test_dev_zero_as_the_key_is_refused_without_reading_it(private_cache, monkeypatch):
+    monkeypatch.setenv("KILN_KEY_FILE", "/dev/zero")
+    said = compile_and_run()
+    assert "not a regular file" in said[0]
+
+
+def test_a_cache_folder_others_can_write_is_not_used_and_its_linked_plans_folder_is_never_followed(
+    private_cache, monkeypatch
+):
+    victim = private_cache / "someone-elses"
+    victim.mkdir()
+    (victim / "precious.txt").write_text("mine")
+    entry_like = victim / ("a" * 32)  # named like a cache entry: eviction must still not touch it
+    entry_like.mkdir()
+    (entry_like / "data").write_bytes(b"1" * 100_000)
+    cache = private_cache / "cache"
+    cache.mkdir()
+    cache.chmod(0o777)
+    (cache / "plans").symlink_to(victim)
+    monkeypatch.setenv("KILN_PLAN_CACHE_GB", "0")  # every store would evict everything it may
+    said = compile_and_run()
+    assert len(said) == 1 and "writable by other users" in said[0]
+    assert sorted(p.name for p in victim.iterdir()) == ["a" * 32, "precious.txt"]
+    assert (entry_like / "data").stat().st_size == 100_000
+
+
+def test_a_linked_level_inside_an_own_cache_folder_is_refused_and_nothing_is_deleted_through_it(
+    private_cache, monkeypatch
+):
+    victim = private_cache / "someone-elses"
+    (victim / ("b" * 32)).mkdir(parents=True)
+    cache = private_cache / "cache"
+    cache.mkdir(mode=0o700)
+    (cache / "plans").symlink_to(victim)
+    monkeypatch.setenv("KILN_PLAN_CACHE_GB", "0")
+    said = compile_and_run()
+    assert "symbolic link" in said[0]
+    assert (victim / ("b" * 32)).is_dir()
+
+
+def test_eviction_removes_only_entries_kiln_made(private_cache, monkeypatch):
+    from kiln.driver import plan_cache
+
+    compile_and_run()
+    plans = private_cache / "cache" / "plans"
+    (plans / "notes.txt").write_text("the user's")
+    (plans / "not-an-entry").mkdir()
+    outside = private_cache / "outside"
+    (outside / "d").mkdir(parents=True)
+    (plans / ("e" * 32)).symlink_to(outside)
+    monkeypatch.setenv("KILN_PLAN_CACHE_GB", "0")
+    plan_cache.evict()
+    assert (plans / "notes.txt").exists() and (plans / "not-an-entry").is_dir() and (outside / "d").is_dir()
+    assert not any(plan_cache.is_entry(p) for p in plans.iterdir())  # kiln's own entries went
+
+
+def test_a_file_where_the_cache_folder_belongs_turns_caching_off(private_cache, monkeypatch):
+    (private_cache / "cache").write_text("not a folder")
+    said = compile_and_run()
+    assert len(said) == 1 and "not a folder" in said[0]
+
+
+def test_compiles_survive_another_process_deleting_the_cache_under_them(private_cache):
+    import shutil
+    import threading
+
+    stop = threading.Event()
+    cache = private_cache / "cache"
+
+    def clean() -> None:
+        while not stop.is_set():
+            for part in ("plans", "lib"):
+                shutil.rmtree(cache / part, ignore_errors=True)
+
+    cleaner = threading.Thread(target=clean)
+    cleaner.start()
+    try:
+        for size in range(2, 7):
+            model = make_model(
+                [helper.make_node("Relu", ["x"], ["y"])],
+                [("x", TensorProto.FLOAT, [size])],
+                [("y", TensorProto.FLOAT, [size])],
+            )
+            x = np.linspace(-1, 1, size, dtype=np.float32)
+            np.testing.assert_array_equal(kiln.compile(model).run({"x": x})["y"], np.maximum(x, 0))
+    finally:
+        stop.set()
+        cleaner.join()

@@ -16,7 +16,6 @@ from pathlib import Path
 
 from kiln import integrity
 from kiln.errors import CompilerError, ResourceError
-from kiln.integrity import cache_root
 from kiln.lower.target import Target
 
 ISAS = {  # name -> (vector bytes, the compiler's -march for code that must run on any such CPU)
@@ -88,32 +87,30 @@ def find_compiler() -> tuple[str, str]:
 
 
 def cache_dir() -> Path:
-    """Where built libraries are kept: ``$KILN_CACHE_DIR/lib``; when that cannot be written (a
-    read-only home), a private temporary folder for this process, with one warning."""
-    global _fallback_dir
-    path = cache_root() / "lib"
+    """Where built libraries are kept: ``$KILN_CACHE_DIR/lib``; when kiln cannot trust or write it
+    (see ``integrity.cache_folder``), a private temporary folder for this process, with one
+    warning."""
     try:
-        path.mkdir(parents=True, exist_ok=True)
-        if os.access(path, os.W_OK | os.X_OK):
-            integrity.user_key()
-            return path
-        problem = f"{path} is not writable"
-    except (OSError, integrity.UntrustedKey) as err:
-        problem = str(err)
-    if _fallback_dir is None:
-        _fallback_dir = Path(tempfile.mkdtemp(prefix="kiln-lib-"))
-        atexit.register(shutil.rmtree, _fallback_dir, True)
-    integrity.warn_once("lib-cache", f"kiln: C library cache off ({problem}); building in {_fallback_dir}")
-    return _fallback_dir
+        return integrity.cache_folder("lib")
+    except integrity.CacheUnavailable as err:
+        integrity.cache_off(err)
+    return _private_dir()
 
 
 _fallback_dir: Path | None = None
+
+
+def _private(folder: Path) -> bool:
+    """The process's own temporary folder (nothing in it outlives the process: no seals)."""
+    return _fallback_dir is not None and folder == _fallback_dir
 
 
 def _cached(library: Path) -> bool:
     """A cached library is used only when its seal (written by this user's kiln) matches: a
     truncated, bit-flipped or planted library is rebuilt, never loaded."""
     seal = library.with_suffix(".seal")
+    if _private(library.parent):
+        return library.is_file()
     if not library.exists():
         return False
     try:
@@ -129,13 +126,28 @@ def _cached(library: Path) -> bool:
 def build(source: str, target: Target, debug: bool = False) -> Path:
     """Path of the shared library built from ``source`` for ``target`` (default: this machine),
     reused from the cache when present. Raises CompilerError when the compiler fails,
-    ResourceError when the disk is full."""
+    ResourceError when the disk is full. A cache folder deleted by another process meanwhile is
+    made again (once), never an error."""
+    try:
+        return _build(source, target, debug, cache_dir())
+    except FileNotFoundError:  # the cache folder went away under us (another process cleaning it)
+        return _build(source, target, debug, _private_dir())
+
+
+def _private_dir() -> Path:
+    global _fallback_dir
+    if _fallback_dir is None:
+        _fallback_dir = Path(tempfile.mkdtemp(prefix="kiln-lib-"))
+        atexit.register(shutil.rmtree, _fallback_dir, True)
+    return _fallback_dir
+
+
+def _build(source: str, target: Target, debug: bool, folder: Path) -> Path:
     compiler, version = find_compiler()
     # -march=native code is only valid on this kind of CPU: the target is part of the key
     key = hashlib.sha256(
         "\n".join([source, compiler, version, repr(target), *flags(target, debug)]).encode()
     ).hexdigest()[:24]
-    folder = cache_dir()
     library = folder / f"{key}.so"
     if _cached(library):
         return library
@@ -156,13 +168,16 @@ def build(source: str, target: Target, debug: bool = False) -> Path:
         if result.returncode != 0:
             if _out_of_space(result.stderr):
                 raise OSError(errno.ENOSPC, "the C compiler ran out of disk space", str(folder))
+            if not Path(own_source).exists():  # the folder was emptied under the compiler
+                raise FileNotFoundError(own_source)
             os.replace(own_source, source_path)  # kept for the bug report
             own_source = None
             raise CompilerError(
                 f"{compiler} failed on generated code {source_path} (a kiln bug):\n{result.stderr[-4000:]}"
             )
-        seal = integrity.seal_file(partial)
-        integrity.write_atomically(library.with_suffix(".seal"), seal.encode())
+        if not _private(folder):
+            seal = integrity.seal_file(partial)
+            integrity.write_atomically(library.with_suffix(".seal"), seal.encode())
         os.replace(own_source, source_path)  # kept beside the library for reading (kiln explain)
         own_source = None
         os.replace(partial, library)  # atomic: concurrent builds of the same key both end with a whole file

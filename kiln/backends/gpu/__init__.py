@@ -100,10 +100,9 @@ def source_file(source: str) -> Path:
     """The generated module written where people can read it (``kiln explain`` names it)."""
     import hashlib
 
-    from kiln.integrity import cache_root
+    from kiln.integrity import cache_folder_or_private
 
-    folder = cache_root() / "gpu"
-    folder.mkdir(parents=True, exist_ok=True)
+    folder = cache_folder_or_private("gpu")
     path = folder / f"{hashlib.sha256(source.encode()).hexdigest()[:24]}.py"
     if not path.exists():
         path.write_text(source)
