@@ -11,6 +11,7 @@ import click
 from rich.markup import escape
 from rich.table import Table
 
+from kiln.arrays import ArrayFileError, load_npy
 from kiln.cli_bench import bench
 from kiln.cli_inspect import check, diff_command, explain
 from kiln.cli_support import configure_logging, console, dim_bindings, import_bound, out, precision_option
@@ -602,9 +603,11 @@ def run_command(artifact: str, inputs: tuple[str, ...], output: Path | None, tar
         if not file:
             raise click.BadParameter(f"expected NAME=FILE.npy, got {item!r}", param_hint="--input")
         try:
-            feeds[name] = np.load(file, allow_pickle=False)
-        except (OSError, ValueError, EOFError) as err:
-            raise click.BadParameter(f"{file}: not a readable .npy array ({err})", param_hint="--input") from None
+            feeds[name] = load_npy(file)
+        except ArrayFileError as err:
+            raise click.BadParameter(str(err), param_hint="--input") from None
+        except OSError as err:
+            raise click.BadParameter(f"{file}: cannot be read ({err.strerror or err})", param_hint="--input") from None
     rng = np.random.default_rng(0)
     for value in model.graph.inputs:
         if value.name in feeds or not isinstance(value.type, TensorType) or value.type.shape is None:

@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from kiln.errors import InputError
 from kiln.ir.graph import Graph, Node, Value
 from kiln.ir.types import TensorType
 
@@ -138,8 +139,12 @@ def feeds_for(graph: Graph, path: str | None, seed: int = 0) -> dict[str, np.nda
 
     given: dict[str, Any] = {}
     if path is not None:
-        loaded = np.load(path)
-        given = dict(loaded) if hasattr(loaded, "files") else {graph.inputs[0].name: loaded}
+        from kiln.arrays import ArrayFileError, load_npy, load_npz
+
+        try:
+            given = load_npz(path) if str(path).endswith(".npz") else {graph.inputs[0].name: load_npy(path)}
+        except (ArrayFileError, OSError) as err:
+            raise InputError(f"inputs {path}: {err}") from None
     rng = np.random.default_rng(seed)
     return {
         v.name: np.asarray(given[v.name])

@@ -118,8 +118,12 @@ def samples_from(data: Any, graph: Graph, count: int = RANDOM_SAMPLES, seed: int
 
 
 def _npz_samples(path: Path, inputs: list[Value]) -> list[dict[str, np.ndarray]]:
-    with np.load(path, allow_pickle=False) as archive:
-        arrays = {name: archive[name] for name in archive.files}
+    from kiln.arrays import ArrayFileError, load_npz
+
+    try:
+        arrays = load_npz(path)
+    except (ArrayFileError, OSError) as err:
+        raise KilnError(f"calibration data {path}: {err}") from None
     missing = [v.name for v in inputs if v.name not in arrays]
     if missing:
         raise KilnError(

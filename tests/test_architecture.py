@@ -12,7 +12,7 @@ ROOT = Path(__file__).resolve().parents[1] / "kiln"
 # The layers, lowest first: a module imports its own layer and the layers below, never above
 # (README "Layering"). The public API (``kiln``) and the tools sit on top.
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("kiln.errors", "kiln.version", "kiln.integrity", "kiln.memory"),
+    ("kiln.errors", "kiln.version", "kiln.integrity", "kiln.memory", "kiln.arrays"),
     ("kiln.ir",),
     ("kiln.ops",),  # op definitions, type inference and the reference interpreter
     ("kiln.frontend", "kiln.passes"),

@@ -28,6 +28,8 @@ from typing import Any
 
 import numpy as np
 
+from kiln import integrity
+from kiln.arrays import ArrayFileError, load_npz
 from kiln.backends import backend
 from kiln.errors import KilnError
 from kiln.ir.parser import ParseError, parse_graph
@@ -36,7 +38,14 @@ from kiln.version import __version__
 
 FORMAT = "kiln-artifact"
 VERSION = 2
-MAX_INFLATION = 1000  # a deflated member may not claim more than this ratio of its stored size
+# Size budgets, checked against the zip's directory before anything is inflated or allocated.
+# kiln deflates only its text members (JSON, the IR text): they shrink 3-20x, never 1000x.
+MAX_INFLATION = 50  # a deflated member may not claim more than this ratio of its stored size...
+INFLATION_FLOOR = 1 << 20  # ...beyond a first MiB any member may claim
+MAX_MEMBERS = 4096
+MAX_VARIANTS = 256  # compiled bindings an artifact may list (each is loaded when it is)
+MAX_DIM = (1 << 31) - 1  # a variant's dim: a size kiln's int64 index arithmetic holds many times over
+JSON_DEPTH = 64  # kiln's JSON nests 4 levels; a deeper file is not kiln's
 
 
 class ArtifactError(KilnError):
@@ -109,8 +118,8 @@ def pack_tensors(data: dict[str, np.ndarray]) -> tuple[bytes, bytes, list[str]]:
 
 def unpack_tensors(numeric: bytes, strings: bytes, names: list[str]) -> dict[str, np.ndarray]:
     """``pack_tensors`` reversed; raises ValueError (never runs code) for anything else."""
-    with np.load(io.BytesIO(numeric), allow_pickle=False) as npz:
-        data = {str(name): npz[f"t{i}"] for i, name in enumerate(names)}
+    arrays = load_npz(numeric)  # every header checked against its bytes before anything is allocated
+    data = {str(name): arrays[f"t{i}"] for i, name in enumerate(names)}
     data.update({str(name): _strings_from_json(entry) for name, entry in json.loads(strings or b"{}").items()})
     return data
 
@@ -130,11 +139,64 @@ def _strings_from_json(entry: Any) -> np.ndarray:
     return array.reshape([int(d) for d in entry["shape"]])
 
 
+def _json(data: bytes, name: str, path: Path) -> Any:
+    """A member's JSON, refused before parsing when it nests deeper than kiln's ever does (the
+    parser recurses: 200,000 levels would be a RecursionError, not an answer)."""
+    depth = deepest = 0
+    inside_string = escaped = False
+    for byte in data:
+        if inside_string:
+            if escaped:
+                escaped = False
+            elif byte == 0x5C:  # backslash
+                escaped = True
+            elif byte == 0x22:
+                inside_string = False
+        elif byte == 0x22:
+            inside_string = True
+        elif byte in (0x5B, 0x7B):  # [ {
+            depth += 1
+            deepest = max(deepest, depth)
+            if deepest > JSON_DEPTH:
+                raise ArtifactError(f"{path}: damaged artifact ({name} nests deeper than {JSON_DEPTH} levels)")
+        elif byte in (0x5D, 0x7D):
+            depth -= 1
+    try:
+        return json.loads(data)
+    except (ValueError, RecursionError) as err:
+        raise ArtifactError(f"{path}: damaged artifact ({name} is not JSON: {err})") from None
+
+
+def _check_directory(archive: zipfile.ZipFile, path: Path) -> None:
+    """The zip's own claims, before anything is read: a bounded number of members, stored ones
+    as large as they are stored, deflated ones within MAX_INFLATION of their stored size, and
+    nothing claiming more bytes than the file holds."""
+    infos = archive.infolist()
+    if len(infos) > MAX_MEMBERS:
+        raise ArtifactError(f"{path}: damaged artifact ({len(infos)} members; kiln writes at most {MAX_MEMBERS})")
+    size = path.stat().st_size
+    stored = 0
+    for info in infos:
+        stored += info.compress_size
+        if info.compress_type == zipfile.ZIP_STORED and info.file_size != info.compress_size:
+            raise ArtifactError(
+                f"{path}: damaged artifact ({info.filename} claims {info.file_size} bytes stored in {info.compress_size})"
+            )
+        if info.file_size > INFLATION_FLOOR + MAX_INFLATION * info.compress_size:
+            raise ArtifactError(
+                f"{path}: damaged artifact ({info.filename} claims to inflate to {info.file_size} bytes)"
+            )
+    if stored > size:
+        raise ArtifactError(f"{path}: damaged artifact (its members claim {stored} bytes in a {size}-byte file)")
+
+
 def _members(archive: zipfile.ZipFile, path: Path) -> dict[str, bytes]:
     """Every member, each checked against the manifest's SHA-256 before anything is parsed."""
+    manifest = _json(_read_member(archive, "manifest.json", path), "manifest.json", path)
     try:
-        manifest = json.loads(_read_member(archive, "manifest.json", path))
         expected = dict(manifest["sha256"])
+        if not all(isinstance(k, str) and isinstance(v, str) for k, v in expected.items()):
+            raise TypeError("names and digests must be strings")
     except (KeyError, TypeError, ValueError) as err:
         raise ArtifactError(f"{path}: damaged artifact (no readable manifest: {err})") from None
     names = [info.filename for info in archive.infolist() if not info.is_dir()]
@@ -153,9 +215,13 @@ def _members(archive: zipfile.ZipFile, path: Path) -> dict[str, bytes]:
 def _read_member(archive: zipfile.ZipFile, name: str, path: Path) -> bytes:
     try:
         info = archive.getinfo(name)
-        if info.compress_type != zipfile.ZIP_STORED and info.file_size > MAX_INFLATION * max(info.compress_size, 1024):
-            raise ArtifactError(f"{path}: damaged artifact ({name} claims to inflate {info.file_size} bytes)")
-        return archive.read(name)
+        if info.file_size > INFLATION_FLOOR + MAX_INFLATION * info.compress_size:
+            raise ArtifactError(f"{path}: damaged artifact ({name} claims to inflate to {info.file_size} bytes)")
+        with archive.open(info) as member:  # never more than the (checked) size it claims
+            data = member.read(info.file_size + 1)
+        if len(data) != info.file_size:
+            raise ArtifactError(f"{path}: damaged artifact ({name} is not the size its entry claims)")
+        return data
     except KeyError:
         raise ArtifactError(f"{path}: damaged artifact (member {name} is missing)") from None
     except (zipfile.BadZipFile, zipfile.LargeZipFile, OSError, EOFError, ValueError, NotImplementedError) as err:
@@ -166,16 +232,22 @@ def read(path: str | os.PathLike) -> tuple[dict[str, Any], dict[str, bytes], Any
     """(meta, members, graph) of the artifact at ``path``, every member checked against the
     manifest first; nothing is unpickled. Raises ArtifactError for a damaged, foreign or newer file."""
     path = Path(path)
-    if not path.is_file():
+    if not path.exists():
         raise ArtifactError(f"{path}: no such file")
     try:
-        archive = zipfile.ZipFile(path)
-    except (zipfile.BadZipFile, zipfile.LargeZipFile, OSError, ValueError, EOFError) as err:
+        handle = integrity.open_regular(path, "artifact")
+    except OSError as err:
+        raise ArtifactError(f"{path}: cannot be read as an artifact ({err.strerror or err})") from None
+    try:
+        archive = zipfile.ZipFile(handle)
+    except (zipfile.BadZipFile, zipfile.LargeZipFile, OSError, ValueError, EOFError, RecursionError) as err:
+        handle.close()
         raise ArtifactError(f"{path}: not a kiln artifact (corrupt or foreign file: {err})") from None
-    with archive:
+    with handle, archive:
+        _check_directory(archive, path)
         try:
-            meta = json.loads(_read_member(archive, "meta.json", path))
-        except (ArtifactError, ValueError) as err:
+            meta = _json(_read_member(archive, "meta.json", path), "meta.json", path)
+        except ArtifactError as err:
             raise ArtifactError(f"{path}: not a kiln artifact (corrupt or foreign file: {err})") from None
         if not isinstance(meta, dict) or meta.get("format") != FORMAT:
             found = meta.get("format") if isinstance(meta, dict) else type(meta).__name__
@@ -187,8 +259,11 @@ def read(path: str | os.PathLike) -> tuple[dict[str, Any], dict[str, bytes], Any
             raise ArtifactError(f"{path}: artifact version {version} is from an older kiln; compile the model again")
         contents = _members(archive, path)
     try:
-        meta = json.loads(contents["meta.json"])
-        data = unpack_tensors(contents["tensors.npz"], contents.get("strings.json", b""), meta["tensor_names"])
+        _json(contents.get("strings.json", b"{}") or b"{}", "strings.json", path)  # depth-checked before use
+        names = meta["tensor_names"]
+        if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+            raise ArtifactError(f"{path}: damaged artifact (meta.json tensor_names is not a list of names)")
+        data = unpack_tensors(contents["tensors.npz"], contents.get("strings.json", b""), names)
         graph = parse_graph(contents["graph.txt"].decode(), data)
         by_name = {v.name: v for v in graph.constants}
         graph = graph.with_(defaults=tuple(by_name[str(name)] for name in meta.get("defaults", [])))
@@ -200,11 +275,45 @@ def read(path: str | os.PathLike) -> tuple[dict[str, Any], dict[str, bytes], Any
             "keep": [str(name) for name in q.get("keep", [])],
             "method": str(q.get("method", "minmax")),
         }
-        meta["variants"] = [{str(k): int(v) for k, v in dims.items()} for dims in list(meta["variants"])]
+        meta["variants"] = _variants(meta.get("variants", []), graph, path)
     except ArtifactError:
         raise
-    except (KeyError, ParseError, ValueError, TypeError, AttributeError, OSError, zipfile.BadZipFile) as err:
+    except (
+        KeyError,
+        ParseError,
+        ValueError,
+        TypeError,
+        AttributeError,
+        OSError,
+        zipfile.BadZipFile,
+        RecursionError,
+        UnicodeDecodeError,
+        ArrayFileError,
+    ) as err:
         raise ArtifactError(f"{path}: damaged artifact ({type(err).__name__}: {err})") from None
     except KilnError as err:  # a graph kiln's verifier or inference rejects
         raise ArtifactError(f"{path}: damaged artifact ({err})") from None
     return meta, contents, graph
+
+
+def _variants(listed: Any, graph: Any, path: Path) -> list[dict[str, int]]:
+    """meta.json's variants, each a binding of the graph's symbolic dims to sizes in range."""
+    if not isinstance(listed, list):
+        raise ArtifactError(f"{path}: damaged artifact (meta.json variants is not a list)")
+    if len(listed) > MAX_VARIANTS:
+        raise ArtifactError(f"{path}: damaged artifact ({len(listed)} variants listed; at most {MAX_VARIANTS})")
+    symbols = {d for v in graph.inputs for d in getattr(v.type, "shape", None) or () if isinstance(d, str)}
+    variants = []
+    for dims in listed:
+        if not isinstance(dims, dict) or set(dims) - symbols:
+            raise ArtifactError(
+                f"{path}: damaged artifact (variant {str(dims)[:80]} binds names that are not the graph's "
+                f"symbolic dims {sorted(symbols)})"
+            )
+        for name, size in dims.items():
+            if type(size) is not int or not 0 <= size <= MAX_DIM:
+                raise ArtifactError(
+                    f"{path}: damaged artifact (variant dim {name}={str(size)[:40]} is not a size in 0..{MAX_DIM})"
+                )
+        variants.append(dict(dims))
+    return variants

@@ -141,6 +141,7 @@ class _Parser:
                     array = self.array(value_type)
                 elif value_name in self.data:
                     array = np.asarray(self.data[value_name])
+                    self.check_data(value_name, value_type, array, pos)
                 else:
                     raise self.error_at(pos, f"no data for constant %{value_name}")
                 constants[self.define(scope, local, value_name, value_type, pos)] = array
@@ -295,6 +296,20 @@ class _Parser:
                 return np.asarray(self.data[ref])
             return self.array(value_type)
         raise self.error_at(pos, f"expected an attribute value, got {word!r}")
+
+    def check_data(self, name: str, value_type: Type, array: np.ndarray, pos: int) -> None:
+        """A constant's data is exactly what the text declares: its dtype and its shape (data of
+        another type would be read as the declared one: wrong answers, or reads past its end)."""
+        if not isinstance(value_type, TensorType):
+            return
+        if array.dtype != value_type.dtype.numpy or (
+            value_type.shape is not None and tuple(array.shape) != tuple(value_type.shape)
+        ):
+            raise self.error_at(
+                pos,
+                f"constant %{name}: its data is {array.dtype} {list(array.shape)}, the graph declares "
+                f"{value_type.dtype.short} {list(value_type.shape) if value_type.shape is not None else '?'}",
+            )
 
     def array(self, value_type: Type) -> np.ndarray:
         if not isinstance(value_type, TensorType) or not value_type.is_static:

@@ -309,3 +309,126 @@ def test_compiles_survive_another_process_deleting_the_cache_under_them(private_
     finally:
         stop.set()
         cleaner.join()
+
+
+# -- 4. artifacts that lie (re-signed: the manifest detects damage, not malice) ---------------------------
+
+
+def _symbolic_model():
+    w = np.arange(64 * 32, dtype=np.float32).reshape(64, 32) / 1000  # big enough to be stored as .npy
+    return make_model(
+        [helper.make_node("MatMul", ["x", "w"], ["y"])],
+        [("x", TensorProto.FLOAT, ["batch", 64])],
+        [("y", TensorProto.FLOAT, ["batch", 32])],
+        {"w": w},
+    )
+
+
+@pytest.fixture(scope="module")
+def saved_artifact(tmp_path_factory):
+    path = tmp_path_factory.mktemp("artifact") / "model.kiln"
+    kiln.compile(_symbolic_model(), dims={"batch": 2}).save(path)
+    return path
+
+
+def forge(source, destination, change):
+    """The artifact at ``source`` with its members changed by ``change(members)`` and its manifest
+    signed again, as an attacker who knows the format would."""
+    import hashlib
+    import json
+    import zipfile
+
+    with zipfile.ZipFile(source) as archive:
+        members = {name: archive.read(name) for name in archive.namelist() if name != "manifest.json"}
+    change(members)
+    manifest = {"sha256": {name: hashlib.sha256(data).hexdigest() for name, data in members.items()}}
+    with zipfile.ZipFile(destination, "w") as archive:
+        archive.writestr("manifest.json", json.dumps(manifest), compress_type=zipfile.ZIP_DEFLATED)
+        for name, data in members.items():
+            kind = zipfile.ZIP_DEFLATED if name.endswith((".json", ".txt")) else zipfile.ZIP_STORED
+            archive.writestr(name, data, compress_type=kind)
+    return destination
+
+
+def _meta(change):
+    import json
+
+    def edit(members):
+        meta = json.loads(members["meta.json"])
+        change(meta)
+        members["meta.json"] = json.dumps(meta).encode()
+
+    return edit
+
+
+def _weight(array):
+    import io
+
+    def edit(members):
+        buffer = io.BytesIO()
+        np.savez(buffer, t0=array)
+        members["tensors.npz"] = buffer.getvalue()
+
+    return edit
+
+
+def _huge_npy_header(members):
+    import io
+    import zipfile
+
+    header = io.BytesIO()
+    np.lib.format.write_array_header_1_0(header, {"descr": "<f4", "fortran_order": False, "shape": (2**40,)})
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as npz:
+        npz.writestr("t0.npy", header.getvalue() + b"\0" * 48)
+    members["tensors.npz"] = buffer.getvalue()
+
+
+def _deep_json(members):
+    members["meta.json"] = b"[" * 200_000 + b"]" * 200_000
+
+
+def _inflating_member(members):
+    members["strings.json"] = b"{" + b" " * (200 << 20) + b"}"  # 200 MB of JSON that deflates ~1000:1
+
+
+LIES = {
+    "meta.json nested 200,000 deep": (_deep_json, "nests deeper"),
+    "a member inflating 1000:1 to 200 MB": (_inflating_member, "inflate"),
+    "a negative variant dim": (_meta(lambda m: m.update(variants=[{"batch": -5}])), "batch=-5"),
+    "a text variant dim": (_meta(lambda m: m.update(variants=[{"batch": "3"}])), "batch=3"),
+    "a fractional variant dim": (_meta(lambda m: m.update(variants=[{"batch": 2.5}])), "batch=2.5"),
+    "a boolean variant dim": (_meta(lambda m: m.update(variants=[{"batch": True}])), "batch=True"),
+    "a variant of an unknown dim": (_meta(lambda m: m.update(variants=[{"height": 3}])), "symbolic dims"),
+    "10,000 variants": (_meta(lambda m: m.update(variants=[{"batch": i} for i in range(10_000)])), "variants listed"),
+    "variants not a list": (_meta(lambda m: m.update(variants={"batch": 1})), "not a list"),
+    "tensor names not a list": (_meta(lambda m: m.update(tensor_names="w")), "tensor_names"),
+    "a float16 weight for an f32 one": (_weight(np.zeros((64, 32), np.float16)), "declares"),
+    "an int32 view of an f32 weight": (_weight(np.zeros((64, 32), np.float32).view(np.int32)), "declares"),
+    "a short weight": (_weight(np.zeros((64, 31), np.float32)), "declares"),
+    "a transposed weight": (_weight(np.zeros((32, 64), np.float32)), "declares"),
+    "an .npy header claiming 2**40 elements": (_huge_npy_header, "claims"),
+}
+
+
+@pytest.mark.parametrize("lie", list(LIES))
+def test_an_artifact_that_lies_is_an_artifact_error_naming_the_field_before_anything_is_allocated(
+    lie, saved_artifact, tmp_path
+):
+    import resource
+
+    from kiln.driver.artifact import ArtifactError
+
+    change, named = LIES[lie]
+    forged = forge(saved_artifact, tmp_path / "forged.kiln", change)
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    with pytest.raises(ArtifactError, match=named.replace("*", r"\*")):
+        kiln.load(forged)
+    grown_mb = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
+    assert grown_mb < 400, f"loading the forged artifact grew the process by {grown_mb:.0f} MB"
+
+
+def test_the_unforged_artifact_still_loads_and_runs(saved_artifact, tmp_path):
+    forged = forge(saved_artifact, tmp_path / "resigned.kiln", lambda members: None)
+    x = np.ones((2, 64), np.float32)
+    np.testing.assert_allclose(kiln.load(forged).run({"x": x})["y"], kiln.compile(_symbolic_model()).run({"x": x})["y"])
