@@ -28,6 +28,10 @@ class ShapeInferenceError(KilnError):
     """Type/shape inference failed for one node (the frontend adds the node's name)."""
 
 
+class ArgumentError(KilnError, ValueError):
+    """An argument to kiln's API is outside its domain: names it, what it accepts, what was given."""
+
+
 class InputError(KilnError):
     """A run-time input has the wrong name, shape or dtype."""
 

@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from kiln.errors import ArgumentError
 from kiln.ir.graph import Node
 from kiln.lower.families import lowerable
 from kiln.lower.kir import Buffer, Kernel
@@ -32,6 +33,10 @@ from kiln.lower.target import Target, TargetError
 
 # runner(pointer table, buffer -> array view, status array): runs one native segment
 SegmentRunner = Callable[[Any, dict[Buffer, np.ndarray], np.ndarray], None]
+
+
+MAX_THREADS = 4096  # participants in a parallel loop: more than any machine kiln runs on has cores
+MAX_SPIN = 1 << 30  # pause instructions before a waiting thread sleeps (seconds of spinning)
 
 
 @dataclass(frozen=True)
@@ -48,10 +53,10 @@ class Threading:
         return cls(threads) if spin is None else cls(threads, spin)
 
     def __post_init__(self) -> None:
-        if not isinstance(self.threads, int) or self.threads < 0:
-            raise ValueError(f"threads must be a non-negative integer (0: every CPU), got {self.threads!r}")
-        if not isinstance(self.spin, int) or self.spin < 0:
-            raise ValueError(f"spin must be a non-negative integer, got {self.spin!r}")
+        if type(self.threads) is not int or self.threads < 0 or self.threads > MAX_THREADS:
+            raise ArgumentError(f"threads must be an integer in 0..{MAX_THREADS} (0: every CPU), got {self.threads!r}")
+        if type(self.spin) is not int or self.spin < 0 or self.spin > MAX_SPIN:
+            raise ArgumentError(f"spin must be an integer in 0..{MAX_SPIN} (pause instructions), got {self.spin!r}")
 
 
 class Backend:
@@ -88,6 +93,11 @@ class Backend:
 
     def identity(self, target: Target, debug: bool = False) -> tuple[str, ...]:
         return ()
+
+    def artifact_code_runs(self, meta: dict[str, Any]) -> str:
+        """Why an artifact's prebuilt code (described by ``artifact_meta``) cannot run on this
+        machine, or "" when it can."""
+        return ""
 
     def artifact_meta(self, target: Target) -> dict[str, Any]:
         """What a ``.kiln`` artifact records to reopen code built for ``target`` elsewhere."""

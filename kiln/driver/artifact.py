@@ -22,6 +22,7 @@ import hashlib
 import io
 import json
 import os
+import tempfile
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -90,7 +91,17 @@ def save(model: Any, path: str | os.PathLike) -> Path:
     for key, library in libraries.items():
         members[f"lib/{key}.so"] = Path(library).read_bytes()
     manifest = {"sha256": {name: hashlib.sha256(content).hexdigest() for name, content in members.items()}}
-    partial = path.with_name(path.name + ".partial")
+    try:  # a new file or a regular one replaced: never a device, a FIFO or a folder (-o /dev/null)
+        integrity.check_regular(path, "output")
+    except integrity.IrregularFile as err:
+        raise ArtifactError(f"{err}: kiln writes an artifact only to a regular file") from None
+    # written beside it under a name of its own (never one someone else could have planted), then renamed
+    try:
+        handle, partial_name = tempfile.mkstemp(prefix=f".{path.name[:64]}.", suffix=".partial", dir=path.parent)
+    except OSError as err:
+        raise ArtifactError(f"{path}: cannot write the artifact: {err.strerror or err}") from None
+    os.close(handle)
+    partial = Path(partial_name)
     # text is deflated; weights and libraries are stored as they are (float data barely
     # compresses, and inflating hundreds of MB would dominate load time)
     try:
@@ -99,6 +110,7 @@ def save(model: Any, path: str | os.PathLike) -> Path:
             for name, content in members.items():
                 deflate = name.endswith((".json", ".txt"))
                 archive.writestr(name, content, compress_type=zipfile.ZIP_DEFLATED if deflate else zipfile.ZIP_STORED)
+        os.chmod(partial, 0o644 & ~_umask())  # mkstemp made it 0600: an artifact is as readable as any file
         os.replace(partial, path)
     except OSError as err:
         Path(partial).unlink(missing_ok=True)
@@ -317,3 +329,15 @@ def _variants(listed: Any, graph: Any, path: Path) -> list[dict[str, int]]:
                 )
         variants.append(dict(dims))
     return variants
+
+
+def _umask() -> int:
+    """The process's umask, read without setting it (os.umask would change it for every thread)."""
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0o022

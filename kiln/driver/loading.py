@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import tempfile
@@ -16,6 +17,8 @@ from kiln.driver.options import CompileOptions, Quantization
 from kiln.driver.reference import ReferenceModel
 from kiln.errors import KilnError
 from kiln.lower.target import TargetError
+
+log = logging.getLogger("kiln")
 
 
 def load(
@@ -37,6 +40,16 @@ def load(
         compiled_for = found.reopen(target, meta)
     except TargetError as err:
         raise ArtifactError(f"{path}: built for {target} ({meta.get('isa', '?')}): {err}") from None
+    unfit = found.artifact_code_runs(meta)
+    if unfit and not rebuild:  # its native code could die of SIGILL here: generate it again, or refuse
+        reason = found.available()
+        if reason:
+            raise ArtifactError(
+                f"{path}: {unfit}, and it cannot be rebuilt here ({reason}); load it on a CPU like the one "
+                "that built it, or compile it for a baseline (kiln compile --target cpu:avx2)"
+            )
+        log.warning("%s: %s; generating its code again for this CPU", path, unfit)
+        rebuild = True
 
     prebuilt = {}
     folder = None

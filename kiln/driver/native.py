@@ -18,7 +18,7 @@ from kiln.driver import plan_cache
 from kiln.driver.artifact import save
 from kiln.driver.options import CompileOptions
 from kiln.driver.pipeline import compile_plan, resolve_target
-from kiln.errors import CompilerError, InternalError, KilnError, ResourceError
+from kiln.errors import ArgumentError, CompilerError, InternalError, KilnError, ResourceError
 from kiln.ir.graph import Graph
 from kiln.ir.types import TensorType
 from kiln.lower.target import Target
@@ -110,6 +110,8 @@ class NativeModel(Model):
         self._compiling = threading.Lock()  # one compile at a time
         self._graph_lock = threading.Lock()  # one load of the source graph
         static_inputs = all(isinstance(v.type, TensorType) and v.type.is_static for v in self.signature.inputs)
+        if dims is not None:
+            dims = check_dims(dims, self.signature)
         if compile_now and (dims is not None or static_inputs):
             self._variant(dict(dims or {}))  # compile ahead of the first run when shapes are known
 
@@ -231,7 +233,7 @@ class NativeModel(Model):
 
     def prepare_dims(self, dims: dict[str, int]) -> None:
         """Compile the variant for this binding of the symbolic dims now (``save`` keeps it)."""
-        self._variant(dict(dims))
+        self._variant(check_dims(dims, self.signature))
 
     def _execute(self, inputs: list[Any]) -> list[Any]:
         dims = input_dims(self.signature, dict(zip(self.input_names, inputs)))
@@ -289,3 +291,24 @@ class NativeModel(Model):
     def save(self, path: str) -> Any:
         """Write a ``.kiln`` artifact (IR, weights, native libraries); ``kiln.load`` reads it."""
         return save(self, path)
+
+
+MAX_DIM = (1 << 31) - 1  # a bound dim: far past any tensor a machine holds, far below index overflow
+
+
+def check_dims(dims: Any, signature: Graph) -> dict[str, int]:
+    """``dims`` as a binding of ``signature``'s symbolic input dims: names it has, sizes that are
+    integers in 0..MAX_DIM. Raises ArgumentError naming the first that is not."""
+    if not isinstance(dims, dict):
+        raise ArgumentError(f"dims must be a dict of symbolic dim name -> size, got {type(dims).__name__}")
+    symbols = sorted({d for v in signature.inputs for d in getattr(v.type, "shape", None) or () if isinstance(d, str)})
+    checked: dict[str, int] = {}
+    for name, size in dims.items():
+        if not isinstance(name, str) or name not in symbols:
+            raise ArgumentError(
+                f"dims: {name!r} is not a symbolic input dim of this model (its dims: {', '.join(symbols) or 'none'})"
+            )
+        if isinstance(size, bool) or not isinstance(size, (int, np.integer)) or not 0 <= int(size) <= MAX_DIM:
+            raise ArgumentError(f"dims: {name}={size!r} is not a size (an integer in 0..{MAX_DIM})")
+        checked[name] = int(size)
+    return checked

@@ -18,6 +18,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from kiln import integrity
 from kiln.errors import (
     InvalidModelError,
     KilnError,
@@ -53,11 +54,43 @@ def load_model(source: ModelSource) -> tuple[onnx.ModelProto, str]:
         raise ModelLoadError(f"{path}: no such file")
     if path.is_dir():
         raise ModelLoadError(f"{path}: is a directory, expected an .onnx file")
+    try:  # a regular file only: a FIFO or a device is refused, never read forever
+        with integrity.open_regular(path, "model") as handle:
+            data = handle.read()
+    except OSError as err:
+        raise ModelLoadError(f"{path}: cannot be read ({err.strerror or err})") from None
     try:
-        model = onnx.load(str(path), load_external_data=True)
+        model = onnx.load_from_string(data)
     except Exception as err:
         raise ModelLoadError(f"{path}: not a valid ONNX model ({type(err).__name__}: {err})") from None
+    del data
+    _load_external_data(model, path)
     return _check_model_proto(model, str(path)), str(path)
+
+
+def _load_external_data(model: onnx.ModelProto, path: Path) -> None:
+    """The tensors stored beside the model file, each of whose files must be a regular file
+    (a FIFO planted as a weight file would block the read forever)."""
+    from onnx.external_data_helper import _get_all_tensors, load_external_data_for_model, uses_external_data
+
+    locations = {
+        entry.value
+        for tensor in _get_all_tensors(model)
+        if uses_external_data(tensor)
+        for entry in tensor.external_data
+        if entry.key == "location"
+    }
+    if not locations:
+        return
+    for location in sorted(locations):
+        try:
+            integrity.check_regular(path.parent / location, "external data file")
+        except integrity.IrregularFile as err:
+            raise ModelLoadError(f"{path}: {err}") from None
+    try:
+        load_external_data_for_model(model, str(path.parent))
+    except Exception as err:
+        raise ModelLoadError(f"{path}: its external data cannot be read ({type(err).__name__}: {err})") from None
 
 
 def _check_model_proto(model: onnx.ModelProto, where: str) -> onnx.ModelProto:

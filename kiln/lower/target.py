@@ -34,6 +34,9 @@ class Target:
     engines: tuple[str, ...] = ENGINES  # the drivers kernels may call (sorted)
     spec: str = ""  # the name it was asked for ("cpu", "cpu:avx2"); defaults to the backend's name
     int8_max: int = 127  # largest quantized activation its int8 code may use (255 needs VNNI: gemm_int8.c)
+    # instruction-set extensions its native code may use (cpu: the host's, which -march=native
+    # enables): part of every cache key, recorded in artifacts, checked where they load
+    features: tuple[str, ...] = ()
 
     @property
     def name(self) -> str:

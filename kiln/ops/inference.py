@@ -87,7 +87,12 @@ def infer_node(
     check_type_constraints(node, input_types)
     _check_axis(node, input_types)
     ctx = InferContext(node, opdef, input_types, known, symbolic)
-    types = list(opdef.infer(ctx))
+    try:
+        types = list(opdef.infer(ctx))
+    except ValueError as err:  # a shape from the inputs' values that is none (Pad removing more than a dim holds)
+        if "dim" not in str(err):
+            raise
+        raise ShapeInferenceError(f"the inputs' values give no valid shape: {err}") from None
     if len(types) < len(node.outputs):
         raise ShapeInferenceError(f"inference gave {len(types)} output types for {len(node.outputs)} outputs")
     for index, value_type in enumerate(types[: len(node.outputs)]):

@@ -14,9 +14,10 @@ from typing import Any
 
 import numpy as np
 
-from kiln.errors import ExecutionError, KilnError, ResourceError
+from kiln.errors import ExecutionError, KilnError, ResourceError, ShapeInferenceError
 from kiln.ir.graph import Graph, Node, Value
 from kiln.ir.types import DType, OptionalType, SequenceType, TensorType, Type
+from kiln.ops.inference import infer_node
 from kiln.ops.onnx_bridge import make_onnx_op
 from kiln.ops.registry import RunContext, lookup
 
@@ -59,10 +60,22 @@ class Interpreter:
         self.graph = graph
         self.check_types = check_types
         self._runners: dict[int, Runner] = {}
+        self._shaped: dict[int, bool] = {}
         self._lock = threading.Lock()
 
     def run(self, inputs: list[Any]) -> list[Any]:
         return _Execution(self).run_graph(self.graph, inputs, {})
+
+    def shaped_by_values(self, node: Node) -> bool:
+        """Whether ``node``'s output shapes depend on its inputs' values (TopK's k, Pad's pads):
+        types that are not static, an op without subgraphs."""
+        found = self._shaped.get(id(node))
+        if found is None:
+            found = not all(isinstance(v.type, TensorType) and v.type.is_static for v in node.outputs) and not any(
+                isinstance(a, Graph) for a in node.attrs.values()
+            )
+            self._shaped[id(node)] = found
+        return found
 
     def runner(self, node: Node) -> Runner:
         key = id(node)
@@ -97,6 +110,8 @@ class _Execution:
         try:
             for node in graph.nodes:
                 args = [None if v is None else env[v] for v in node.inputs]
+                if self.interpreter.shaped_by_values(node):
+                    check_values(node, args)
                 try:
                     outputs = self.interpreter.runner(node)(args, self)
                 except KilnError:
@@ -119,6 +134,21 @@ class _Execution:
         finally:
             self.scopes.pop()
         return [env[v] for v in graph.outputs]
+
+
+def check_values(node: Node, args: list[Any]) -> None:
+    """Raises ExecutionError when the values given make ``node``'s shape invalid (a TopK k outside
+    its axis, Pad removing more than a dim holds, a negative OneHot depth): the type inference
+    every compiled target runs, here on the values (an op's reference may not check them)."""
+    if not all(a is None or isinstance(a, np.ndarray) for a in args):
+        return
+    types: list[Type | None] = [None if a is None else TensorType(DType.from_numpy(a.dtype), a.shape) for a in args]
+    try:
+        infer_node(node, types, list(args), [None] * len(args))
+    except ShapeInferenceError as err:
+        raise ExecutionError(f"node {node.label}: {err}") from None
+    except Exception:  # inference that cannot judge these values leaves the judgement to the op
+        return
 
 
 def node_failure(node: Node, args: list[Any], err: Exception, stage: str = "run") -> KilnError:

@@ -416,6 +416,8 @@ def _topk(ctx: InferContext) -> list[Type]:
     axis = normalize_axis(ctx.attr("axis"), len(data.shape))
     k = ctx.ints_value(1)
     dims = list(data.shape)
+    if k and (k[0] < 0 or (isinstance(dims[axis], int) and k[0] > dims[axis])):
+        raise ShapeInferenceError(f"TopK: k={k[0]} is outside 0..{dims[axis]} (the size of axis {axis})")
     dims[axis] = k[0] if k else ctx.fresh("k")
     return [TensorType(data.dtype, tuple(dims)), TensorType(DType.INT64, tuple(dims))]
 
@@ -429,7 +431,12 @@ def _one_hot(ctx: InferContext) -> list[Type]:
     rank = len(indices.shape) + 1
     axis = normalize_axis(ctx.attr("axis"), rank)
     dims = list(indices.shape)
-    dims.insert(axis, int(np.asarray(depth).reshape(-1)[0]) if depth is not None else ctx.fresh())
+    if depth is not None and np.asarray(depth).size != 1:
+        raise ShapeInferenceError(f"OneHot: depth must be one number, got {np.asarray(depth).size}")
+    classes = int(np.asarray(depth).reshape(-1)[0]) if depth is not None else None
+    if classes is not None and classes < 0:
+        raise ShapeInferenceError(f"OneHot: depth {classes} is negative (the number of classes)")
+    dims.insert(axis, classes if classes is not None else ctx.fresh())
     return [TensorType(dtype, tuple(dims))]
 
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from kiln.errors import InputError, ResourceError
+from kiln.errors import ArgumentError, InputError, ResourceError
 from kiln.ir.graph import Graph
 from kiln.ir.types import DType, SequenceType, TensorType
 
@@ -47,8 +47,8 @@ class Model:
         self._graph = graph
         # requests ``submit`` runs at once (OpenVINO's streams): one of them at a time has the
         # thread pool, the others run on their own threads, so the cores are shared, not oversubscribed
-        if streams is not None and (not isinstance(streams, int) or streams < 1):
-            raise ValueError(f"streams must be a positive integer, got {streams!r}")
+        if streams is not None and (type(streams) is not int or not 1 <= streams <= 1024):
+            raise ArgumentError(f"streams must be an integer in 1..1024 (requests at once), got {streams!r}")
         self.streams = streams or max(2, os.cpu_count() or 2)
         # what callers see: inputs, outputs, overridable defaults (the graph itself may load later)
         self.signature = signature if signature is not None else graph

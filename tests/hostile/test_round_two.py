@@ -6,6 +6,8 @@ Every case failed (a wrong answer, a crash, a hang, data loss or "kiln bug") bef
 from __future__ import annotations
 
 import os
+import stat
+import sys
 import warnings
 
 import numpy as np
@@ -13,102 +15,9 @@ import pytest
 from onnx import TensorProto, helper
 
 import kiln
+from kiln.errors import KilnError
+from tests.conftest import runnable
 from tests.helpers import make_model
-
-torch = pytest.importorskip("torch", reason="the torch.compile cases need torch (the zoo extra)")
-import kiln.torch_backend  # noqa: E402  (backend="kiln")
-
-# -- 1. torch.compile: a graph's writes to its inputs happen exactly once --------------------------
-
-
-class InPlaceOnInput(torch.nn.Module):
-    def forward(self, x):
-        x.mul_(2)
-        return x + 1
-
-
-class CountsCalls(torch.nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.register_buffer("count", torch.zeros(1))
-
-    def forward(self, x):
-        self.count += 1
-        return x * self.count
-
-
-class WritesThroughAView(torch.nn.Module):
-    def forward(self, x):
-        x[:, :2].add_(10)
-        return x.sum(dim=1)
-
-
-def _compiled_by_kiln(module):
-    """torch.compile with kiln, asserting no graph fell back to eager."""
-    torch._dynamo.reset()
-    return torch.compile(module, backend="kiln", options={"fallback": False})
-
-
-def test_an_in_place_op_on_an_input_is_applied_once():
-    x = torch.randn(3, 4)
-    want_x, want_y = x.clone(), None
-    eager = want_x.clone()
-    want_y = InPlaceOnInput()(eager)
-    with torch.no_grad():
-        got_y = _compiled_by_kiln(InPlaceOnInput())(x)
-    torch.testing.assert_close(x, eager)  # the input doubled once, not four times
-    torch.testing.assert_close(got_y, want_y)
-
-
-def test_a_write_through_a_view_of_an_input_is_applied_once():
-    x = torch.randn(3, 5)
-    eager = x.clone()
-    want = WritesThroughAView()(eager)
-    with torch.no_grad():
-        got = _compiled_by_kiln(WritesThroughAView())(x)
-    torch.testing.assert_close(x, eager)
-    torch.testing.assert_close(got, want)
-
-
-def test_a_buffer_counter_counts_each_call_once_and_is_read_fresh_every_call():
-    module, twin = CountsCalls(), CountsCalls()
-    compiled = _compiled_by_kiln(module)
-    with torch.no_grad():
-        for _ in range(3):
-            got = compiled(torch.ones(2))
-            want = twin(torch.ones(2))
-            torch.testing.assert_close(got, want)  # x * 1, x * 2, x * 3: never a folded stale count
-    assert module.count.item() == 3.0
-
-
-def test_batchnorm_in_train_mode_updates_its_statistics_once_per_call():
-    torch.manual_seed(0)
-    layer, twin = torch.nn.BatchNorm1d(4), torch.nn.BatchNorm1d(4)
-    torch._dynamo.reset()
-    compiled = torch.compile(layer, backend="kiln")  # batch statistics: kiln's eager fallback (named)
-    with torch.no_grad(), warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)
-        for _ in range(2):
-            x = torch.randn(8, 4)
-            torch.testing.assert_close(compiled(x), twin(x), rtol=1e-4, atol=1e-5)
-    torch.testing.assert_close(layer.running_mean, twin.running_mean, rtol=1e-4, atol=1e-6)
-    torch.testing.assert_close(layer.running_var, twin.running_var, rtol=1e-4, atol=1e-6)
-    assert int(layer.num_batches_tracked) == 2
-
-
-def test_a_mutating_graph_kiln_cannot_convert_falls_back_and_still_writes_once():
-    class Unconvertible(torch.nn.Module):
-        def forward(self, x):
-            x.add_(1)
-            return torch.special.bessel_j0(x)
-
-    x = torch.zeros(4)
-    torch._dynamo.reset()
-    with torch.no_grad(), pytest.warns(RuntimeWarning, match="bessel_j0"):
-        got = torch.compile(Unconvertible(), backend="kiln")(x)
-    torch.testing.assert_close(x, torch.ones(4))
-    torch.testing.assert_close(got, torch.special.bessel_j0(torch.ones(4)))
-
 
 # -- 2. integer division-like ops at their edges: never SIGFPE ----------------------------------------
 
@@ -130,19 +39,6 @@ def test_integer_mod_of_the_most_negative_value_by_minus_one_or_zero_is_zero(tar
     want = kiln.compile(model, target="reference").run({"a": a, "b": b})["y"]
     np.testing.assert_array_equal(got, want)
     assert list(got[:5]) == [0, 0, 0, 0, 0]
-
-
-def test_torch_remainder_and_fmod_at_the_integer_edges_match_eager():
-    a = torch.tensor([-(2**31), -(2**31), 7, -7], dtype=torch.int32)
-    b = torch.tensor([-1, -1, 2, -3], dtype=torch.int32)
-
-    def f(a, b):
-        return torch.remainder(a, b), torch.fmod(a, b)
-
-    torch._dynamo.reset()
-    got = torch.compile(f, backend="kiln", options={"fallback": False})(a, b)
-    for g, w in zip(got, f(a, b)):
-        torch.testing.assert_close(g, w)
 
 
 def test_the_kernel_ir_defines_integer_division_by_zero_and_minus_one():
@@ -432,3 +328,209 @@ def test_the_unforged_artifact_still_loads_and_runs(saved_artifact, tmp_path):
     forged = forge(saved_artifact, tmp_path / "resigned.kiln", lambda members: None)
     x = np.ones((2, 64), np.float32)
     np.testing.assert_allclose(kiln.load(forged).run({"x": x})["y"], kiln.compile(_symbolic_model()).run({"x": x})["y"])
+
+
+# -- 5. arguments and run-time values: a user's mistake is a named error, never "kiln bug" --------------
+
+
+@pytest.mark.parametrize(
+    "arguments",
+    [
+        {"dims": {"batch": -1}},
+        {"dims": {"batch": "3"}},
+        {"dims": {"batch": 2.5}},
+        {"dims": {"batch": True}},
+        {"dims": {"batch": 2**40}},
+        {"dims": {"not_a_dim": 2}},
+        {"dims": [("batch", 2)]},
+        {"threads": -3},
+        {"threads": 2.0},
+        {"streams": 0},
+        {"streams": -1},
+        {"spin": -1},
+        {"spin": "fast"},
+    ],
+    ids=repr,
+)
+def test_arguments_out_of_their_domain_are_argument_errors_naming_them(arguments):
+    from kiln.errors import ArgumentError
+
+    with pytest.raises(ArgumentError, match=next(iter(arguments)) if "dims" not in arguments else "dims"):
+        kiln.compile(_symbolic_model(), **arguments)
+
+
+def _run_time_value_models():
+    x = np.ones((2, 5), np.float32)
+    topk = make_model(
+        [helper.make_node("TopK", ["x", "k"], ["v", "i"])],
+        [("x", TensorProto.FLOAT, [2, 5]), ("k", TensorProto.INT64, [1])],
+        [("v", TensorProto.FLOAT, None), ("i", TensorProto.INT64, None)],
+    )
+    pad = make_model(
+        [helper.make_node("Pad", ["x", "p"], ["y"])],
+        [("x", TensorProto.FLOAT, [2, 5]), ("p", TensorProto.INT64, [4])],
+        [("y", TensorProto.FLOAT, None)],
+    )
+    one_hot = make_model(
+        [helper.make_node("OneHot", ["i", "d", "v"], ["y"])],
+        [("i", TensorProto.INT64, [3]), ("d", TensorProto.INT64, [1]), ("v", TensorProto.FLOAT, [2])],
+        [("y", TensorProto.FLOAT, None)],
+    )
+    values = np.array([0, 1], np.float32)
+    return {
+        "TopK k=-1": (topk, {"x": x, "k": np.array([-1])}, "k=-1"),
+        "TopK k past its axis": (topk, {"x": x, "k": np.array([7])}, "k=7"),
+        "Pad removing more than an axis holds": (pad, {"x": x, "p": np.array([0, -3, 0, -3])}, "negative dim"),
+        "OneHot with a negative depth": (
+            one_hot,
+            {"i": np.array([0, 1, 2]), "d": np.array([-3]), "v": values},
+            "depth",
+        ),
+    }
+
+
+@pytest.mark.parametrize("case", list(_run_time_value_models()))
+@pytest.mark.parametrize("where", ["cpu", "reference"])
+def test_run_time_values_that_make_no_valid_shape_are_named_errors_on_every_path(case, where):
+    from kiln.errors import InternalError
+
+    model, feeds, named = _run_time_value_models()[case]
+    compiled = kiln.compile(model, target=where)
+    with pytest.raises(KilnError, match=named) as raised:
+        compiled.run(feeds)
+    assert not isinstance(raised.value, InternalError)
+
+
+def test_an_npy_input_whose_header_claims_2_to_the_40_elements_is_exit_2_not_kiln_bug(tmp_path):
+    import subprocess
+
+    header = tmp_path / "huge.npy"
+    with open(header, "wb") as out:
+        np.lib.format.write_array_header_1_0(out, {"descr": "<f4", "fortran_order": False, "shape": (2**40,)})
+        out.write(b"\0" * 64)
+    model = tmp_path / "m.onnx"
+    model.write_bytes(relu_model().SerializeToString())
+    result = subprocess.run(
+        [sys.executable, "-m", "kiln", "run", str(model), "--input", f"x={header}"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 2, result.stderr
+    assert "claims" in result.stderr and "kiln bug" not in result.stderr
+
+
+# -- 6. files that are not files -------------------------------------------------------------------------
+
+
+def test_compiling_a_fifo_or_a_device_is_refused_at_once(tmp_path):
+    from kiln.errors import ModelLoadError
+
+    fifo = tmp_path / "model.onnx"
+    os.mkfifo(fifo)
+    for path in (fifo, "/dev/zero"):
+        with pytest.raises(ModelLoadError, match="not a regular file"):
+            kiln.compile(str(path))
+
+
+def test_an_external_data_file_replaced_by_a_fifo_after_a_cached_compile_is_refused(private_cache):
+    import onnx
+
+    w = np.ones((64, 64), np.float32)
+    model = make_model(
+        [helper.make_node("MatMul", ["x", "w"], ["y"])],
+        [("x", TensorProto.FLOAT, [1, 64])],
+        [("y", TensorProto.FLOAT, [1, 64])],
+        {"w": w},
+    )
+    path = private_cache / "ext.onnx"
+    onnx.save(model, path, save_as_external_data=True, location="weights.bin", size_threshold=0)
+    kiln.compile(str(path)).run({"x": np.ones((1, 64), np.float32)})
+    from kiln.driver import plan_cache
+
+    plan_cache.wait()
+    (private_cache / "weights.bin").unlink()
+    os.mkfifo(private_cache / "weights.bin")
+    with pytest.raises(KilnError, match="FIFO"):
+        kiln.compile(str(path))
+
+
+@pytest.mark.parametrize("where", ["/dev/null", "a FIFO", "a folder"])
+def test_saving_an_artifact_over_something_that_is_not_a_regular_file_is_refused(tmp_path, where):
+    from kiln.driver.artifact import ArtifactError
+
+    if where == "a FIFO":
+        target = tmp_path / "out.kiln"
+        os.mkfifo(target)
+    elif where == "a folder":
+        target = tmp_path / "out.kiln"
+        target.mkdir()
+    else:
+        target = where
+    before = os.stat(target)
+    with pytest.raises(ArtifactError, match="regular file"):
+        kiln.compile(relu_model()).save(target)
+    after = os.stat(target)
+    assert (after.st_ino, after.st_mode) == (before.st_ino, before.st_mode)
+    assert not list(tmp_path.glob("*.partial"))
+
+
+def test_the_cli_refuses_o_at_a_device_with_exit_2(tmp_path):
+    import subprocess
+
+    model = tmp_path / "m.onnx"
+    model.write_bytes(relu_model().SerializeToString())
+    result = subprocess.run(
+        [sys.executable, "-m", "kiln", "compile", str(model), "-o", "/dev/null"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 2, result.stderr
+    assert "regular file" in result.stderr
+    assert stat.S_ISCHR(os.stat("/dev/null").st_mode)
+
+
+# -- 7. native code records the CPU extensions it may use -------------------------------------------------
+
+
+def test_native_code_is_keyed_by_the_cpus_extensions():
+    from kiln.backends.cpu import features, host
+
+    assert host().features == features.isa_features() and host().features
+    assert "features=" in repr(host())
+
+
+def test_an_artifact_built_for_a_cpu_with_an_extension_this_one_lacks_is_rebuilt_not_run(tmp_path, monkeypatch, caplog):
+    from kiln.backends.cpu import features, host
+
+    runnable("cpu")
+    path = tmp_path / "native.kiln"
+    kiln.compile(_symbolic_model(), dims={"batch": 2}).save(path)
+    lacking = next(f for f in host().features if f not in ("avx2", "avx512f", "sse", "sse2"))
+    reduced = features.cpu_flags() - {lacking}
+    monkeypatch.setattr(features, "cpu_flags", lambda: reduced)
+    with caplog.at_level("WARNING", logger="kiln"):
+        model = kiln.load(path)
+    assert lacking in caplog.text and "again" in caplog.text
+    assert not model.prebuilt  # none of the artifact's libraries was loaded
+    x = np.ones((2, 64), np.float32)
+    np.testing.assert_allclose(
+        model.run({"x": x})["y"], kiln.compile(_symbolic_model(), target="reference").run({"x": x})["y"], rtol=1e-5
+    )
+
+
+def test_without_a_compiler_such_an_artifact_is_refused_naming_the_missing_extension(tmp_path, monkeypatch):
+    from kiln.backends import backend
+    from kiln.backends.cpu import features, host
+    from kiln.driver.artifact import ArtifactError
+
+    runnable("cpu")
+    path = tmp_path / "native.kiln"
+    kiln.compile(_symbolic_model(), dims={"batch": 2}).save(path)
+    lacking = next(f for f in host().features if f not in ("avx2", "avx512f", "sse", "sse2"))
+    reduced = features.cpu_flags() - {lacking}
+    monkeypatch.setattr(features, "cpu_flags", lambda: reduced)
+    monkeypatch.setattr(type(backend("cpu")), "available", lambda self: "no C compiler found")
+    with pytest.raises(ArtifactError, match=lacking):
+        kiln.load(path)

@@ -41,7 +41,14 @@ def host() -> Target:
         isa = "neon"
     else:
         isa = "generic"
-    return Target("cpu", isa, ISAS[isa][0], cores, int8_max=features.int8_levels(isa, native=True))
+    return Target(
+        "cpu",
+        isa,
+        ISAS[isa][0],
+        cores,
+        int8_max=features.int8_levels(isa, native=True),
+        features=features.isa_features(),
+    )
 
 
 def runnable_isas(isa: str | None = None) -> tuple[str, ...]:
@@ -90,7 +97,18 @@ class CpuBackend(Backend):
         return (*compiler, *toolchain.flags(target, debug))
 
     def artifact_meta(self, target: Target) -> dict[str, Any]:
-        return {"isa": target.isa}  # its libraries run only where this ISA does
+        # its libraries run only where this ISA does, and native ones (-march=native) only where
+        # every extension of the building CPU is present
+        return {"isa": target.isa, "cpu_features": list(target.features) if target.native else []}
+
+    def artifact_code_runs(self, meta: dict[str, Any]) -> str:
+        needed = meta.get("cpu_features") or []
+        if not isinstance(needed, list) or not all(isinstance(f, str) for f in needed):
+            return "its cpu_features field is not a list of names"
+        missing = sorted(set(needed) - features.cpu_flags())
+        if missing:
+            return f"its code was built for a CPU with {', '.join(missing)}, which this CPU lacks"
+        return ""
 
     def reopen(self, spec: str, meta: dict[str, Any]) -> Target:
         isa = str(meta.get("isa", host().isa))

@@ -38,6 +38,20 @@ _ARCH_REQ_XCOMP_PERM = 0x1023
 _XFEATURE_XTILEDATA = 18
 
 
+# the /proc/cpuinfo flags that name instruction-set extensions a compiler may emit for compute
+# code (what -march=native turns on); the others (hypervisor, rdrand, constant_tsc...) never matter
+ISA_FLAG_PREFIXES = (
+    "sse", "ssse3", "avx", "amx", "fma", "f16c", "bmi", "popcnt", "movbe", "abm", "lzcnt",
+    "gfni", "vaes", "vpclmulqdq", "adx", "xop", "asimd", "sve", "fp16", "bf16", "i8mm",
+)  # fmt: skip
+
+
+def isa_features(flags: frozenset[str] | None = None) -> tuple[str, ...]:
+    """The instruction-set extensions among ``flags`` (default: this CPU's), sorted."""
+    flags = cpu_flags() if flags is None else flags
+    return tuple(sorted(f for f in flags if f.startswith(ISA_FLAG_PREFIXES)))
+
+
 @lru_cache(maxsize=1)
 def cpu_flags() -> frozenset[str]:
     """This CPU's feature flags as the kernel reports them (empty where /proc/cpuinfo is absent)."""
