@@ -21,3 +21,18 @@ def test_a_small_jobs_peak_is_its_own_while_its_parent_holds_a_gigabyte(tiny_onn
     assert record["status"] == "ok", record
     assert 1 < record["peak_rss_mb"] < 700, record["peak_rss_mb"]  # a tiny model's worker: far below 1 GiB
     del ballast
+
+
+def test_nothing_but_kilns_own_work_is_inside_kilns_timed_compile_of_a_zoo_model(tmp_path, monkeypatch):
+    """A zoo model's ONNX file is exported by the parent once; kiln's cold compile (timed, with an
+    empty cache of its own) must not export it again: torch imported in the worker during the
+    measured region means someone else's work is in kiln's compile time and peak memory."""
+    pytest.importorskip("torch", reason="exporting a zoo model needs torch (the zoo extra)")
+    monkeypatch.setenv("KILN_CACHE_DIR", str(tmp_path / "cache"))
+    config = BenchConfig(models=["gcn"], backends=["kiln"], duration=0.2, min_iterations=3)
+    (record,) = run_bench(config, tmp_path / "out")["records"]
+    assert record["status"] == "ok", record
+    assert "imported_while_measured" in record
+    assert not {"torch", "transformers", "onnxscript"} & set(record["imported_while_measured"]), record[
+        "imported_while_measured"
+    ]
