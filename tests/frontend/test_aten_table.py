@@ -271,7 +271,8 @@ def _encoder_sample() -> tuple:
 
 
 SAMPLES["aten._transformer_encoder_layer_fwd.default"] = _encoder_sample()
-UNINITIALISED = {"aten.empty.memory_format", "aten.empty_like.default"}  # only shapes compare (times 0)
+# torch's values are whatever memory held (times 0 is NaN where it held a NaN): shapes and dtypes compare
+UNINITIALISED = {"aten.empty.memory_format", "aten.empty_like.default"}
 
 
 def test_every_entry_has_a_sample():
@@ -307,6 +308,8 @@ def test_the_entry_matches_eager_pytorch(entry):
         if entry in ("aten.topk.default", "aten.sort.default") and want.dtype == np.int64:
             continue  # indices of ties may differ; the values (compared) may not
         assert value.dtype == want.dtype, (value.dtype, want.dtype)
+        if entry in UNINITIALISED:
+            continue
         if np.issubdtype(want.dtype, np.floating):
             np.testing.assert_allclose(value, want, rtol=1e-4, atol=1e-5, equal_nan=True)
         else:
