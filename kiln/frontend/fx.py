@@ -201,8 +201,21 @@ def import_exported(program: Any, names: Sequence[str] | None = None) -> Graph:
     renames its user inputs (default: torch's placeholder names)."""
     from torch.export.graph_signature import InputKind
 
+    from torch.export.graph_signature import OutputKind
+
     program = program.run_decompositions(decompositions())
     signature = program.graph_signature
+    writes = [
+        spec.target or spec.arg.name
+        for spec in signature.output_specs
+        if spec.kind in (OutputKind.BUFFER_MUTATION, OutputKind.USER_INPUT_MUTATION)
+    ]
+    if writes:  # a compiled model is a function of its inputs: it cannot carry writes back
+        raise UnsupportedFxOp(
+            "in-place writes",
+            f"the program writes {', '.join(map(str, writes))} in place; kiln.compile builds a pure function of the "
+            "inputs (torch.compile(module, backend='kiln') applies such writes every call)",
+        )
     state = program.state_dict
     constants = getattr(program, "constants", {})
     placeholders: dict[str, Any] = {}

@@ -115,3 +115,13 @@ def test_torch_remainder_and_fmod_at_the_integer_edges_match_eager():
     got = torch.compile(f, backend="kiln", options={"fallback": False})(a, b)
     for g, w in zip(got, f(a, b)):
         torch.testing.assert_close(g, w)
+
+
+def test_kiln_compile_of_a_module_writing_its_state_refuses_instead_of_returning_its_writes():
+    """Through torch.export the writes are extra outputs of the program: returning them as the
+    model's outputs (or folding the buffer) would be a wrong answer; kiln names them instead."""
+    import kiln
+
+    for module in (CountsCalls(), InPlaceOnInput()):
+        with pytest.raises(kiln.KilnError, match="in place"):
+            kiln.compile(module, example_inputs=(torch.ones(2, 3),))
