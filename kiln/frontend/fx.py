@@ -199,9 +199,7 @@ def _op_name(target: Any) -> str:
 def import_exported(program: Any, names: Sequence[str] | None = None) -> Graph:
     """A ``torch.export.ExportedProgram`` (decomposed to core ATen here) as a kiln graph; ``names``
     renames its user inputs (default: torch's placeholder names)."""
-    from torch.export.graph_signature import InputKind
-
-    from torch.export.graph_signature import OutputKind
+    from torch.export.graph_signature import InputKind, OutputKind
 
     program = program.run_decompositions(decompositions())
     signature = program.graph_signature
