@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 
+from kiln import integrity
 from kiln.errors import KilnError
 
 IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".ppm", ".webp"}
@@ -19,7 +20,6 @@ def load_image_folder(
     root: str | Path, size: int, limit: int | None = None
 ) -> tuple[np.ndarray, np.ndarray, list[str]]:
     """Images as NCHW float32 and their labels; raises KilnError for an unusable folder."""
-    from PIL import Image
 
     root = Path(root)
     if not root.is_dir():
@@ -32,9 +32,7 @@ def load_image_folder(
         for path in sorted((root / name).iterdir()):
             if path.suffix.lower() not in IMAGE_SUFFIXES:
                 continue
-            with Image.open(path) as image:
-                pixels = np.asarray(image.convert("RGB").resize((size, size)), dtype=np.float32) / 255.0
-            images.append(((pixels - MEAN) / STD).transpose(2, 0, 1))
+            images.append(_image(path, size))
             labels.append(label)
             if limit and len(images) >= limit:
                 break
@@ -46,7 +44,6 @@ def load_image_folder(
 def load_images(root: str | Path, size: int, limit: int | None = None) -> np.ndarray:
     """Every image under ``root`` (directly, or one level of sub-folders), sorted by path, as
     NCHW float32 resized to ``size`` and ImageNet-normalized (calibration data)."""
-    from PIL import Image
 
     root = Path(root)
     paths = sorted(p for p in root.rglob("*") if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES)
@@ -54,10 +51,21 @@ def load_images(root: str | Path, size: int, limit: int | None = None) -> np.nda
         raise KilnError(f"image folder {root}: no images ({', '.join(sorted(IMAGE_SUFFIXES))})")
     images = []
     for path in paths[:limit] if limit else paths:
-        with Image.open(path) as image:
-            pixels = np.asarray(image.convert("RGB").resize((size, size)), dtype=np.float32) / 255.0
-        images.append(((pixels - MEAN) / STD).transpose(2, 0, 1))
+        images.append(_image(path, size))
     return np.stack(images).astype(np.float32)
+
+
+def _image(path: Path, size: int) -> np.ndarray:
+    """One image file (a regular file only: a FIFO named like an image would block the read) as a
+    normalized CHW float32 array; an unreadable or oversized one is a KilnError naming it."""
+    from PIL import Image
+
+    try:
+        with integrity.open_regular(path, "image") as handle, Image.open(handle) as image:
+            pixels = np.asarray(image.convert("RGB").resize((size, size)), dtype=np.float32) / 255.0
+    except (OSError, ValueError, Image.DecompressionBombError) as err:
+        raise KilnError(f"{path}: not an image kiln can read ({err})") from None
+    return ((pixels - MEAN) / STD).transpose(2, 0, 1)
 
 
 def accuracy(run: Any, root: str, model: Any, limit: int | None = None) -> dict[str, Any]:

@@ -534,3 +534,12 @@ def test_without_a_compiler_such_an_artifact_is_refused_naming_the_missing_exten
     monkeypatch.setattr(type(backend("cpu")), "available", lambda self: "no C compiler found")
     with pytest.raises(ArtifactError, match=lacking):
         kiln.load(path)
+
+
+def test_a_fifo_named_like_an_image_in_a_dataset_folder_is_a_named_error(tmp_path):
+    from kiln.bench.dataset import load_image_folder
+
+    (tmp_path / "cats").mkdir()
+    os.mkfifo(tmp_path / "cats" / "a.png")
+    with pytest.raises(KilnError, match="FIFO"):
+        load_image_folder(tmp_path, 8)
