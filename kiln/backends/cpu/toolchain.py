@@ -118,8 +118,10 @@ def _cached(library: Path) -> bool:
             return True
     except (OSError, integrity.UntrustedKey):
         pass
+    # not unlinked: the rebuild renames a whole library over it, while a process that just
+    # checked another build's bytes may be loading this path (concurrent builds of one key
+    # write the seal and the library in two steps: a mismatch is not always damage)
     DAMAGED["libraries"] += 1
-    library.unlink(missing_ok=True)
     return False
 
 
