@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ctypes
+import gc
 import math
 import os
 import resource
@@ -74,6 +76,27 @@ def peak_rss_bytes() -> int:
         pass
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # elsewhere: the best there is
     return peak if os.uname().sysname == "Darwin" else peak * 1024
+
+
+def release_freed_memory() -> None:
+    """Give memory the process freed back to the OS (garbage collected, then glibc's malloc_trim):
+    what a compile freed no longer counts in the next phase's RSS, as in a separate process."""
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc: the freed heap stays mapped
+        pass
+
+
+def reset_peak() -> bool:
+    """Start a new peak (Linux: ``5`` written to /proc/self/clear_refs resets VmHWM to the current
+    RSS); False where the peak cannot be reset (it then keeps counting from the start)."""
+    try:
+        with open("/proc/self/clear_refs", "w") as handle:
+            handle.write("5")
+        return True
+    except OSError:
+        return False
 
 
 def growth_per_thousand(samples: list[tuple[int, int]]) -> float | None:

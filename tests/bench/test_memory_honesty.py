@@ -20,6 +20,10 @@ def test_a_small_jobs_peak_is_its_own_while_its_parent_holds_a_gigabyte(tiny_onn
     (record,) = run_bench(config, tmp_path)["records"]
     assert record["status"] == "ok", record
     assert 1 < record["peak_rss_mb"] < 700, record["peak_rss_mb"]  # a tiny model's worker: far below 1 GiB
+    # each phase's own peak (compiling; loading and running), the job's peak the larger of them
+    assert 1 < record["peak_compile_mb"] <= record["peak_rss_mb"] + 1e-6
+    assert 1 < record["peak_run_mb"] <= record["peak_rss_mb"] + 1e-6
+    assert max(record["peak_compile_mb"], record["peak_run_mb"]) == pytest.approx(record["peak_rss_mb"])
     del ballast
 
 
