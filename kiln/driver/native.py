@@ -18,7 +18,15 @@ from kiln.driver import plan_cache
 from kiln.driver.artifact import save
 from kiln.driver.options import CompileOptions
 from kiln.driver.pipeline import compile_plan, resolve_target
-from kiln.errors import ArgumentError, CompilerError, InternalError, KilnError, ResourceError
+from kiln.errors import (
+    ArgumentError,
+    CompilerError,
+    ExecutionError,
+    InternalError,
+    KilnError,
+    ResourceError,
+    ShapeInferenceError,
+)
 from kiln.ir.graph import Graph
 from kiln.ir.types import TensorType
 from kiln.lower.target import Target
@@ -263,8 +271,11 @@ class NativeModel(Model):
                 if self.value_variants >= VALUE_VARIANTS:
                     return None
                 keep = [i for i, name in enumerate(self.input_names) if name not in small]
-                graph = freeze_inputs(specialize(self.graph, dims), small)
-                plan = compile_plan(graph, self.compiled_for, self.options)
+                try:
+                    graph = freeze_inputs(specialize(self.graph, dims), small)
+                    plan = compile_plan(graph, self.compiled_for, self.options)
+                except ShapeInferenceError as err:  # these inputs' values make no valid shape: the run's error
+                    raise ExecutionError(str(err)) from None
                 executable = Executable(plan, keep, self.weights, self.parallelism)
                 self.value_variants += 1
                 self._remember(key, executable)

@@ -515,7 +515,7 @@ def test_run_time_domain_errors_name_the_node_on_every_target():
         [helper.make_node("ConstantOfShape", ["s"], ["y"], name="fill")], [("s", INT64, [2])], [("y", FLOAT, None)]
     )
     for target in ("cpu", "reference"):
-        with pytest.raises(ExecutionError, match="'fill'.*negative dimensions"):
+        with pytest.raises(ExecutionError, match="'fill'.*negative dim"):
             kiln.compile(model, target=target).run({"s": np.array([2, -3])})
     ranged = make_model(
         [helper.make_node("Range", ["a", "b", "d"], ["y"], name="steps")],
