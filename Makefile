@@ -22,7 +22,7 @@ setup: $(STAMP)
 # On every core (at most 4 workers: the zoo and conformance tests hold models in memory); a 2-core
 # AVX2 machine runs it in under 20 minutes. `pytest -n 0` runs it in one process.
 test: setup
-	$(BIN)/python -m pytest -q -n auto --maxprocesses=4
+	$(BIN)/python -m pytest -q -n auto --maxprocesses=4 --dist worksteal
 
 # The main job: kiln and its peers on the four seed models; reports land in reports/bench/latest/.
 bench: setup
