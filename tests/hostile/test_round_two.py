@@ -455,18 +455,26 @@ def test_an_external_data_file_replaced_by_a_fifo_after_a_cached_compile_is_refu
         kiln.compile(str(path))
 
 
-@pytest.mark.parametrize("where", ["/dev/null", "a FIFO", "a folder"])
+def _not_a_file(kind, path):
+    """A FIFO, a folder, or a character device like /dev/null at ``path`` (a private one: a kiln
+    that got this wrong must not replace the machine's /dev/null while the test finds out)."""
+    if kind == "a FIFO":
+        os.mkfifo(path)
+    elif kind == "a folder":
+        path.mkdir()
+    else:
+        try:
+            os.mknod(path, 0o666 | stat.S_IFCHR, os.makedev(1, 3))  # what /dev/null is
+        except PermissionError:
+            pytest.skip("making a device node needs root (the FIFO and folder cases test the same check)")
+    return path
+
+
+@pytest.mark.parametrize("where", ["a device", "a FIFO", "a folder"])
 def test_saving_an_artifact_over_something_that_is_not_a_regular_file_is_refused(tmp_path, where):
     from kiln.driver.artifact import ArtifactError
 
-    if where == "a FIFO":
-        target = tmp_path / "out.kiln"
-        os.mkfifo(target)
-    elif where == "a folder":
-        target = tmp_path / "out.kiln"
-        target.mkdir()
-    else:
-        target = where
+    target = _not_a_file(where, tmp_path / "out.kiln")
     before = os.stat(target)
     with pytest.raises(ArtifactError, match="regular file"):
         kiln.compile(relu_model()).save(target)
@@ -480,15 +488,16 @@ def test_the_cli_refuses_o_at_a_device_with_exit_2(tmp_path):
 
     model = tmp_path / "m.onnx"
     model.write_bytes(relu_model().SerializeToString())
+    device = _not_a_file("a device", tmp_path / "null")
     result = subprocess.run(
-        [sys.executable, "-m", "kiln", "compile", str(model), "-o", "/dev/null"],
+        [sys.executable, "-m", "kiln", "compile", str(model), "-o", str(device)],
         capture_output=True,
         text=True,
         timeout=300,
     )
     assert result.returncode == 2, result.stderr
     assert "regular file" in result.stderr
-    assert stat.S_ISCHR(os.stat("/dev/null").st_mode)
+    assert stat.S_ISCHR(os.stat(device).st_mode)
 
 
 # -- 7. native code records the CPU extensions it may use -------------------------------------------------
