@@ -552,3 +552,17 @@ def test_a_fifo_named_like_an_image_in_a_dataset_folder_is_a_named_error(tmp_pat
     os.mkfifo(tmp_path / "cats" / "a.png")
     with pytest.raises(KilnError, match="FIFO"):
         load_image_folder(tmp_path, 8)
+
+
+def test_kiln_debug_without_the_sanitizer_runtime_is_a_named_error_not_a_dead_process(tmp_path):
+    import subprocess
+
+    model = tmp_path / "m.onnx"
+    model.write_bytes(relu_model().SerializeToString())
+    env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
+    env.update(KILN_DEBUG="1", KILN_CACHE_DIR=str(tmp_path / "cache"))
+    result = subprocess.run(
+        [sys.executable, "-m", "kiln", "run", str(model)], capture_output=True, text=True, timeout=300, env=env
+    )
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert "LD_PRELOAD" in result.stderr

@@ -84,6 +84,12 @@ class CpuBackend(Backend):
         return emit_c(segments, table, target, profile=options.profile, checked=options.debug)
 
     def build(self, source: str, target: Target, options: Any) -> Path | None:
+        if options.debug and not toolchain.sanitizer_loaded():
+            # a library built with AddressSanitizer kills a process whose ASan runtime is not first
+            raise KilnError(
+                "KILN_DEBUG builds generated code with AddressSanitizer, whose runtime must be loaded first: "
+                "run with LD_PRELOAD=$(gcc -print-file-name=libasan.so) (or unset KILN_DEBUG)"
+            )
         return toolchain.build(source, target, debug=options.debug)
 
     def scratch(self, kernels: Sequence[Kernel], target: Target) -> tuple[int, int]:

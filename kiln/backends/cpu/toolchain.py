@@ -63,6 +63,16 @@ FLAGS = (  # then the target's own (-march=...: compiler_flags)
 )
 
 
+def sanitizer_loaded() -> bool:
+    """Whether this process has the AddressSanitizer runtime mapped (preloaded: a debug library
+    can then be loaded; without it, loading one ends the process)."""
+    try:
+        with open("/proc/self/maps") as maps:
+            return any("libasan" in line for line in maps)
+    except OSError:  # not Linux: let the loader say
+        return True
+
+
 def flags(target: Target, debug: bool = False) -> tuple[str, ...]:
     """Every flag generated C for ``target`` is built with; ``debug`` (CompileOptions.debug,
     KILN_DEBUG=1) builds with AddressSanitizer and UBSan (load such a library in a process started
