@@ -154,7 +154,18 @@ def _strings_from_json(entry: Any) -> np.ndarray:
 def _json(data: bytes, name: str, path: Path) -> Any:
     """A member's JSON, refused before parsing when it nests deeper than kiln's ever does (the
     parser recurses: 200,000 levels would be a RecursionError, not an answer)."""
-    depth = deepest = 0
+    if data.count(b"[") + data.count(b"{") > JSON_DEPTH:  # fewer brackets cannot nest deeper
+        _check_depth(data, name, path)
+    try:
+        return json.loads(data)
+    except (ValueError, RecursionError) as err:
+        raise ArtifactError(f"{path}: damaged artifact ({name} is not JSON: {err})") from None
+
+
+def _check_depth(data: bytes, name: str, path: Path) -> None:
+    """Raises ArtifactError when ``data``'s arrays and objects nest deeper than JSON_DEPTH
+    (brackets inside strings do not count)."""
+    depth = 0
     inside_string = escaped = False
     for byte in data:
         if inside_string:
@@ -168,15 +179,10 @@ def _json(data: bytes, name: str, path: Path) -> Any:
             inside_string = True
         elif byte in (0x5B, 0x7B):  # [ {
             depth += 1
-            deepest = max(deepest, depth)
-            if deepest > JSON_DEPTH:
+            if depth > JSON_DEPTH:
                 raise ArtifactError(f"{path}: damaged artifact ({name} nests deeper than {JSON_DEPTH} levels)")
         elif byte in (0x5D, 0x7D):
             depth -= 1
-    try:
-        return json.loads(data)
-    except (ValueError, RecursionError) as err:
-        raise ArtifactError(f"{path}: damaged artifact ({name} is not JSON: {err})") from None
 
 
 def _check_directory(archive: zipfile.ZipFile, path: Path) -> None:
