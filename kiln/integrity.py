@@ -16,6 +16,7 @@ flipped bit). Two rules:
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import enum
 import hashlib
@@ -23,6 +24,7 @@ import hmac
 import io
 import os
 import pickle
+import shutil
 import stat
 import sys
 import tempfile
@@ -200,9 +202,6 @@ def cache_folder_or_private(name: str, keep: bool = False, root: bool = False) -
             folder = Path(tempfile.mkdtemp(prefix=f"kiln-{name}-"))
             _private_folders[name] = folder
             if not keep:
-                import atexit
-                import shutil
-
                 atexit.register(shutil.rmtree, folder, True)
     return folder
 

@@ -29,3 +29,18 @@ def make_model(
 
 FLOAT = TensorProto.FLOAT
 INT64 = TensorProto.INT64
+
+
+def write_signed_artifact(members: dict[str, bytes], path) -> None:
+    """A .kiln artifact of ``members`` with its manifest signed again, as an attacker who knows
+    the format would write one (the manifest detects damage, not malice)."""
+    import hashlib
+    import json
+    import zipfile
+
+    manifest = {"sha256": {name: hashlib.sha256(data).hexdigest() for name, data in members.items()}}
+    with zipfile.ZipFile(path, "w") as archive:
+        archive.writestr("manifest.json", json.dumps(manifest), compress_type=zipfile.ZIP_DEFLATED)
+        for name, data in members.items():
+            kind = zipfile.ZIP_DEFLATED if name.endswith((".json", ".txt")) else zipfile.ZIP_STORED
+            archive.writestr(name, data, compress_type=kind)

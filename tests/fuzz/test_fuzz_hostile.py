@@ -8,7 +8,6 @@ CI runs a quick budget; ``KILN_FUZZ_EXAMPLES=2000 pytest tests/fuzz`` is the lon
 
 from __future__ import annotations
 
-import hashlib
 import io
 import json
 import os
@@ -23,7 +22,7 @@ from onnx import TensorProto, helper
 
 import kiln
 from kiln.driver.artifact import ArtifactError
-from tests.helpers import make_model
+from tests.helpers import make_model, write_signed_artifact
 
 EXAMPLES = int(os.environ.get("KILN_FUZZ_EXAMPLES", "40"))
 FUZZ = settings(
@@ -136,21 +135,12 @@ def hostile_meta(draw, members):
     return changed
 
 
-def _write(members, path):
-    manifest = {"sha256": {name: hashlib.sha256(data).hexdigest() for name, data in members.items()}}
-    with zipfile.ZipFile(path, "w") as archive:
-        archive.writestr("manifest.json", json.dumps(manifest), compress_type=zipfile.ZIP_DEFLATED)
-        for name, data in members.items():
-            kind = zipfile.ZIP_DEFLATED if name.endswith((".json", ".txt")) else zipfile.ZIP_STORED
-            archive.writestr(name, data, compress_type=kind)
-
-
 @FUZZ
 @given(st.data())
 def test_artifacts_with_hostile_fields_load_right_or_give_an_artifact_error(artifact_members, tmp_path, data):
     members = data.draw(hostile_meta(artifact_members))
     path = tmp_path / "hostile.kiln"
-    _write(members, path)
+    write_signed_artifact(members, path)
     try:
         model = kiln.load(path)
     except ArtifactError:

@@ -17,7 +17,7 @@ from onnx import TensorProto, helper
 import kiln
 from kiln.errors import KilnError
 from tests.conftest import runnable
-from tests.helpers import make_model
+from tests.helpers import make_model, write_signed_artifact
 
 # -- 2. integer division-like ops at their edges: never SIGFPE ----------------------------------------
 
@@ -230,19 +230,12 @@ def saved_artifact(tmp_path_factory):
 def forge(source, destination, change):
     """The artifact at ``source`` with its members changed by ``change(members)`` and its manifest
     signed again, as an attacker who knows the format would."""
-    import hashlib
-    import json
     import zipfile
 
     with zipfile.ZipFile(source) as archive:
         members = {name: archive.read(name) for name in archive.namelist() if name != "manifest.json"}
     change(members)
-    manifest = {"sha256": {name: hashlib.sha256(data).hexdigest() for name, data in members.items()}}
-    with zipfile.ZipFile(destination, "w") as archive:
-        archive.writestr("manifest.json", json.dumps(manifest), compress_type=zipfile.ZIP_DEFLATED)
-        for name, data in members.items():
-            kind = zipfile.ZIP_DEFLATED if name.endswith((".json", ".txt")) else zipfile.ZIP_STORED
-            archive.writestr(name, data, compress_type=kind)
+    write_signed_artifact(members, destination)
     return destination
 
 
@@ -510,7 +503,9 @@ def test_native_code_is_keyed_by_the_cpus_extensions():
     assert "features=" in repr(host())
 
 
-def test_an_artifact_built_for_a_cpu_with_an_extension_this_one_lacks_is_rebuilt_not_run(tmp_path, monkeypatch, caplog):
+@pytest.fixture
+def artifact_for_a_richer_cpu(tmp_path, monkeypatch):
+    """(a native artifact built here, the extension this process then pretends its CPU lacks)."""
     from kiln.backends.cpu import features, host
 
     runnable("cpu")
@@ -519,6 +514,13 @@ def test_an_artifact_built_for_a_cpu_with_an_extension_this_one_lacks_is_rebuilt
     lacking = next(f for f in host().features if f not in ("avx2", "avx512f", "sse", "sse2"))
     reduced = features.cpu_flags() - {lacking}
     monkeypatch.setattr(features, "cpu_flags", lambda: reduced)
+    return path, lacking
+
+
+def test_an_artifact_built_for_a_cpu_with_an_extension_this_one_lacks_is_rebuilt_not_run(
+    artifact_for_a_richer_cpu, caplog
+):
+    path, lacking = artifact_for_a_richer_cpu
     with caplog.at_level("WARNING", logger="kiln"):
         model = kiln.load(path)
     assert lacking in caplog.text and "again" in caplog.text
@@ -529,17 +531,13 @@ def test_an_artifact_built_for_a_cpu_with_an_extension_this_one_lacks_is_rebuilt
     )
 
 
-def test_without_a_compiler_such_an_artifact_is_refused_naming_the_missing_extension(tmp_path, monkeypatch):
+def test_without_a_compiler_such_an_artifact_is_refused_naming_the_missing_extension(
+    artifact_for_a_richer_cpu, monkeypatch
+):
     from kiln.backends import backend
-    from kiln.backends.cpu import features, host
     from kiln.driver.artifact import ArtifactError
 
-    runnable("cpu")
-    path = tmp_path / "native.kiln"
-    kiln.compile(_symbolic_model(), dims={"batch": 2}).save(path)
-    lacking = next(f for f in host().features if f not in ("avx2", "avx512f", "sse", "sse2"))
-    reduced = features.cpu_flags() - {lacking}
-    monkeypatch.setattr(features, "cpu_flags", lambda: reduced)
+    path, lacking = artifact_for_a_richer_cpu
     monkeypatch.setattr(type(backend("cpu")), "available", lambda self: "no C compiler found")
     with pytest.raises(ArtifactError, match=lacking):
         kiln.load(path)
