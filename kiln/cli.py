@@ -14,7 +14,7 @@ from rich.table import Table
 from kiln.arrays import ArrayFileError, load_npy
 from kiln.cli_bench import bench
 from kiln.cli_inspect import check, diff_command, explain
-from kiln.cli_support import configure_logging, console, dim_bindings, import_bound, out, precision_option
+from kiln.cli_support import calibration_data, configure_logging, console, dim_bindings, import_bound, out, precision_option
 from kiln.errors import KilnError
 from kiln.version import __version__
 
@@ -401,6 +401,8 @@ def compile_command(
         out.print(f"calibrating on 10 example inputs of {model} (random data: pass --calibrate for real data)")
     elif precision == "int8" and calibration is None:
         out.print("calibrating on random inputs: pass --calibrate with real data for a meaningful int8 model")
+    elif precision == "int8":
+        calibration = calibration_data(calibration, graph)
     compiled = kiln.compile(
         graph,
         target=target,
@@ -426,12 +428,16 @@ def compile_command(
         out.print(f"  fallback {fallback.node.label}: {fallback.reason}", highlight=False)
     out.print(f"memory plan: {plan.memory.describe()}")
     if compiled.precision != "fp32":
-        from kiln.quantize import compare_to_fp32
+        from kiln.driver.compile import accuracy_against_fp32
+        from kiln.driver.quantize import samples_from
 
         report = compiled.accuracy
-        if report is None:  # bf16: compared here with the fp32 compile
-            reference = kiln.compile(graph, target=target, opt_level=level, dims=bindings[0])
-            report = compare_to_fp32(compiled, reference, graph, model)
+        if report is None:  # bf16: against the fp32 compile on the zoo's inputs, else random ones
+            if model in zoo.MODELS:
+                samples = [zoo.example_inputs(model, seed=seed) for seed in (1, 2)]
+            else:
+                samples = samples_from(None, graph, count=2, seed=1)
+            report = accuracy_against_fp32(compiled, samples)
         out.print(f"accuracy: {report.line()}", highlight=False)
     out.print(f"wrote {output} ({output.stat().st_size / 1e6:.1f} MB)")
 

@@ -110,7 +110,7 @@ def explain(
     if options.precision == "int8":
         from kiln import zoo
         from kiln.passes.specialize import specialize
-        from kiln.quantize import calibrate, samples_from
+        from kiln.driver.quantize import calibrate, samples_from
 
         if model in zoo.MODELS:
             samples = [zoo.example_inputs(model, seed=seed) for seed in range(1, 11)]
@@ -306,7 +306,7 @@ def _explain_transfers(model: str, graph, binding: dict[str, int], runs: int, ta
     if models.MODELS.get(model) is not None:
         feeds = models.example_inputs(model, batch=binding.get("batch", 1))
     else:
-        from kiln.quantize import samples_from
+        from kiln.driver.quantize import samples_from
 
         feeds = samples_from(None, graph)[0]
     inputs = [feeds[v.name] for v in plan.graph.inputs]

@@ -97,3 +97,25 @@ def precision_option(what: str):  # type: ignore[no-untyped-def]
         "float32 (AMX-BF16 or AVX512_BF16); int8 quantizes weights per channel and activations per tensor "
         f"(calibrated); auto picks bf16 where the CPU has it. {what}",
     )
+
+
+def calibration_data(data: str | None, graph):  # type: ignore[no-untyped-def]
+    """``--calibrate``'s data for the driver: an image folder read into input dicts (resized to
+    the model's single static square NCHW input, ImageNet-normalized); an ``.npz`` or None as
+    given (the driver reads those)."""
+    from pathlib import Path
+
+    if data is None or not Path(data).is_dir():
+        return data
+    from kiln.bench.dataset import load_images
+    from kiln.ir.types import TensorType
+
+    inputs = [v for v in graph.inputs if isinstance(v.type, TensorType)]
+    images = [v for v in inputs if v.type.shape is not None and len(v.type.shape) == 4]
+    if len(inputs) != 1 or not images:
+        raise click.UsageError(f"--calibrate {data}: image folders calibrate models with one NCHW image input")
+    value = images[0]
+    height, width = value.type.shape[2], value.type.shape[3]
+    if not isinstance(height, int) or not isinstance(width, int) or height != width:
+        raise click.UsageError(f"--calibrate {data}: the input {value.name} needs a static square size")
+    return [{value.name: image[None]} for image in load_images(data, height)]

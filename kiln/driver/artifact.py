@@ -76,11 +76,10 @@ def save(model: Any, path: str | os.PathLike) -> Path:
         if model.options.precision == "int8":
             q = model.options.quantization
             meta["quantization"] = {"ranges": [list(r) for r in q.ranges], "keep": sorted(q.keep), "method": q.method}
-        for key, executable in model._variants.items():
-            if all(isinstance(v, int) for _, v in key) and executable.keep is None:
-                meta["variants"].append(dict(key))
-                if executable.plan.library is not None:
-                    libraries[source_key(executable.plan.source)] = executable.plan.library
+        for dims, plan in model.bindings():
+            meta["variants"].append(dims)
+            if plan.library is not None:
+                libraries[source_key(plan.source)] = plan.library
     numeric, strings, meta["tensor_names"] = pack_tensors(tensor_data(model.graph))
     members: dict[str, bytes] = {
         "meta.json": json.dumps(meta, indent=1).encode(),

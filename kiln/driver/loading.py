@@ -15,6 +15,7 @@ from kiln.driver.artifact import ArtifactError, read
 from kiln.driver.native import NativeModel
 from kiln.driver.options import CompileOptions, Quantization
 from kiln.driver.reference import ReferenceModel
+from kiln.driver.variants import Compilation, Source
 from kiln.errors import KilnError
 from kiln.lower.target import TargetError
 
@@ -68,18 +69,10 @@ def load(
     except KilnError as err:
         raise ArtifactError(f"{path}: {err}") from None
     parallelism = Threading.of(threads, spin)
-    model = NativeModel(
-        graph,
-        options,
-        prebuilt=prebuilt,
-        compile_now=False,
-        target=compiled_for,
-        parallelism=parallelism,
-        streams=streams,
-        ahead=variants,
-    )
+    compilation = Compilation(Source(graph), compiled_for, options, prebuilt=prebuilt, ahead=variants)
+    model = NativeModel(compilation, parallelism, streams)
     if folder is not None:  # the libraries' folder lives as long as the model (loaded code stays mapped)
         weakref.finalize(model, shutil.rmtree, folder, ignore_errors=True)
     for dims in variants:
-        model._variant(dims)
+        model.prepare_dims(dims)
     return model

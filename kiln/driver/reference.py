@@ -7,7 +7,7 @@ from typing import Any
 from kiln.driver.artifact import save
 from kiln.ir.graph import Graph
 from kiln.ops.interpreter import Interpreter
-from kiln.runtime.model import Model
+from kiln.driver.model import Model
 
 
 class ReferenceModel(Model):

@@ -16,7 +16,8 @@ from kiln.errors import KilnError
 from kiln.frontend import to_graph
 from kiln.lower.engine import activation_quantization, quantize_channels
 from kiln.lower.kir import kernel_precision
-from kiln.quantize import AccuracyReport, _clip, samples_from, split
+from kiln.cli_support import calibration_data
+from kiln.driver.quantize import AccuracyReport, clip_range, samples_from, split
 from tests.helpers import FLOAT, make_model
 
 RNG = np.random.default_rng(5)
@@ -175,12 +176,12 @@ def test_calibration_methods_clip_outliers_differently():
     class Target:
         int8_max = 255
 
-    lo, hi = _clip("percentile", extent, histogram, Target)
+    lo, hi = clip_range("percentile", extent, histogram, Target)
     assert hi < 10 and lo > extent[0] - 1e-6  # the outlier is outside the 99.99th percentile
-    assert _clip("entropy", extent, histogram, Target)[1] < 40.0  # KL clips the sparse tail
+    assert clip_range("entropy", extent, histogram, Target)[1] < 40.0  # KL clips the sparse tail
     positive = np.abs(values)
     histogram = np.histogram(positive, 2048, (0.0, positive.max()))[0]
-    lo, hi = _clip("entropy", (0.0, float(positive.max())), histogram, Target)
+    lo, hi = clip_range("entropy", (0.0, float(positive.max())), histogram, Target)
     assert lo == 0.0 and 2.0 < hi < 40.0
 
 
@@ -246,13 +247,15 @@ def test_calibration_data_formats(tmp_path):
         pixels = RNG.integers(0, 255, (20, 24, 3), dtype=np.uint8)
         (tmp_path / "images" / "cat").mkdir(parents=True, exist_ok=True)
         Image.fromarray(pixels).save(tmp_path / "images" / "cat" / f"{i}.png")
-    images = samples_from(tmp_path / "images", graph)
+    images = calibration_data(str(tmp_path / "images"), graph)  # the CLI's --calibrate DIR
     assert len(images) == 3 and images[0]["x"].shape == (1, 3, 16, 16) and images[0]["x"].dtype == np.float32
     np.savez(tmp_path / "wrong.npz", y=stacked)
     with pytest.raises(KilnError, match="no array for input"):
         samples_from(tmp_path / "wrong.npz", graph)
-    with pytest.raises(KilnError, match="an .npz file or a folder"):
+    with pytest.raises(KilnError, match="an .npz file"):
         samples_from(tmp_path / "missing.txt", graph)
+    with pytest.raises(KilnError, match="read its images into input dicts"):  # the driver reads no folders
+        samples_from(tmp_path / "images", graph)
 
 
 def test_a_qdq_model_from_onnxruntimes_quantizer_runs_on_the_int8_kernels(tmp_path):

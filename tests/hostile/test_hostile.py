@@ -16,7 +16,7 @@ import pytest
 from onnx import helper
 
 import kiln
-import kiln.driver.native as native
+import kiln.driver.variants as native
 from kiln import integrity
 from kiln.backends.cpu import toolchain
 from kiln.driver import plan_cache

@@ -61,7 +61,7 @@ def relu_model():
 @pytest.fixture
 def private_cache(tmp_path, monkeypatch):
     """A fresh cache root and key file, every plan stored, warnings of earlier tests forgotten."""
-    import kiln.driver.native as native
+    import kiln.driver.variants as native
     from kiln import integrity
     from kiln.driver import plan_cache
 

@@ -39,7 +39,7 @@ def test_torch_tensors_are_read_in_place():
     np.testing.assert_array_equal(compiled.run({"x": x})["y"], np.maximum(x.numpy(), 0))
     grad = torch.randn(2, 3, requires_grad=True)  # detached, not refused
     np.testing.assert_array_equal(compiled(grad), np.maximum(grad.detach().numpy(), 0))
-    from kiln.runtime.model import foreign_array  # the conversion itself: no copy
+    from kiln.runtime.inputs import foreign_array  # the conversion itself: no copy
 
     assert np.shares_memory(foreign_array("x", x), x.numpy())
 

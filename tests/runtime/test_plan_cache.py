@@ -12,7 +12,7 @@ from onnx import TensorProto, helper
 
 import kiln
 import kiln.backends.cpu as cpu_backend
-import kiln.driver.native as native
+import kiln.driver.variants as native
 import kiln.frontend
 from kiln.backends.cpu import toolchain
 from kiln.driver import plan_cache
@@ -61,7 +61,7 @@ def test_second_compile_does_no_lowering_and_no_c_compilation(cache, monkeypatch
     np.testing.assert_array_equal(again(x), first)
     # small weights come back from the pickle 16-byte aligned; the engine needs 64 (a crash found
     # by the concurrency stress test)
-    (executable,) = again._variants.values()
+    (executable,) = again.executables()
     assert all(view.ctypes.data % 64 == 0 for view in executable.constant_views.values())
     assert plan_cache.STATS["hits"] == 1
     # another binding of the symbolic batch is another entry: it must compile
@@ -121,7 +121,7 @@ def test_two_processes_compiling_the_same_model_both_succeed(cache):
     onnx.save(model(), path)
     script = (
         "import sys, numpy as np, kiln\n"
-        "import kiln.driver.native as n; n.WORTH_CACHING_S = 0.0\n"
+        "import kiln.driver.variants as n; n.WORTH_CACHING_S = 0.0\n"
         "m = kiln.compile(sys.argv[1], dims={'batch': 1})\n"
         "print(float(m(np.ones((1, 4, 6, 6), np.float32)).sum()))\n"
     )

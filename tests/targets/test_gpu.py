@@ -223,7 +223,7 @@ def test_transfers_are_timed_apart_from_kernels_and_concurrent_runs_stay_correct
         t.join()
     for n in range(6):
         np.testing.assert_allclose(results[n], want[n], rtol=1e-5, atol=1e-5)
-    times = transfer_times([r for p in compiled._variants.values() for r in p.runners])
+    times = transfer_times([r for p in compiled.executables() for r in p.runners])
     assert times is not None and times["runs"] == 6
     assert times["upload_ms"] > 0 and times["compute_ms"] > 0 and times["download_ms"] > 0
 

@@ -2,8 +2,9 @@
 
 ``kiln.compile(model, precision="int8", calibration=...)`` comes here:
 
-1. the calibration data (``samples``: input dicts, an ``.npz``, or a folder of images) is split
-   into a calibration slice and a disjoint evaluation slice;
+1. the calibration data (``samples_from``: input dicts or an ``.npz``; the CLI reads image folders
+   and the zoo's inputs into dicts before they come here) is split into a calibration slice and a
+   disjoint evaluation slice;
 2. ``calibrate`` runs the fp32 compile of the model over the calibration slice with the inputs of
    every quantizable product (MatMul with constant weights, Conv) exposed as outputs, and turns
    their statistics into per-tensor ranges: ``minmax``, ``percentile`` (99.99th of |x| tails) or
@@ -27,9 +28,13 @@ from typing import Any
 
 import numpy as np
 
+from kiln.arrays import ArrayFileError, load_npz
+from kiln.driver.options import Quantization
+from kiln.driver.pipeline import compile_plan, optimized
 from kiln.errors import KilnError
 from kiln.ir.graph import Graph, Value
 from kiln.ir.types import DType, TensorType, random_tensor
+from kiln.runtime.executable import Executable
 
 METHODS = ("minmax", "percentile", "entropy")
 PERCENTILE = 99.99  # of each tail, for ``percentile``
@@ -86,10 +91,9 @@ class AccuracyReport:
 
 def samples_from(data: Any, graph: Graph, count: int = RANDOM_SAMPLES, seed: int = 0) -> list[dict[str, np.ndarray]]:
     """Input dicts from calibration data: None (random inputs, ``count`` of them: fine for
-    timing, not representative), one dict, an iterable of dicts, an ``.npz`` (each input's array,
-    with a leading axis of samples when its rank exceeds the input's), or a folder of images
-    (``DIR/*.png`` or ``DIR/<class>/*.png``: resized to the model's single image input,
-    ImageNet-normalized)."""
+    timing, not representative), one dict, an iterable of dicts, or an ``.npz`` (each input's
+    array, with a leading axis of samples when its rank exceeds the input's). Image folders are
+    the caller's to read (``kiln compile --calibrate DIR``)."""
     inputs = [v for v in graph.inputs if isinstance(v.type, TensorType)]
     if data is None:
         rng = np.random.default_rng(seed)
@@ -105,10 +109,13 @@ def samples_from(data: Any, graph: Graph, count: int = RANDOM_SAMPLES, seed: int
     if isinstance(data, (str, os.PathLike)):
         path = Path(data)
         if path.is_dir():
-            return _image_samples(path, inputs)
+            raise KilnError(
+                f"calibration data {path} is a folder: read its images into input dicts first "
+                "(kiln compile --calibrate DIR does)"
+            )
         if path.suffix == ".npz" and path.is_file():
             return _npz_samples(path, inputs)
-        raise KilnError(f"calibration data {path}: expected an .npz file or a folder of images")
+        raise KilnError(f"calibration data {path}: expected an .npz file")
     if isinstance(data, Iterable):
         samples = [dict(item) for item in data]
         if not samples:
@@ -118,8 +125,6 @@ def samples_from(data: Any, graph: Graph, count: int = RANDOM_SAMPLES, seed: int
 
 
 def _npz_samples(path: Path, inputs: list[Value]) -> list[dict[str, np.ndarray]]:
-    from kiln.arrays import ArrayFileError, load_npz
-
     try:
         arrays = load_npz(path)
     except (ArrayFileError, OSError) as err:
@@ -140,20 +145,6 @@ def _npz_samples(path: Path, inputs: list[Value]) -> list[dict[str, np.ndarray]]
     if len(counts) != 1:
         raise KilnError(f"calibration data {path}: the inputs have different sample counts {sorted(counts)}")
     return [{v.name: arrays[v.name][i] for v in inputs} for i in range(counts.pop())]
-
-
-def _image_samples(root: Path, inputs: list[Value]) -> list[dict[str, np.ndarray]]:
-    from kiln.bench.dataset import load_images
-
-    images = [v for v in inputs if len(v.type.shape) == 4]  # type: ignore[union-attr]
-    if len(inputs) != 1 or not images:
-        raise KilnError(f"calibration folder {root}: image folders calibrate models with one NCHW image input")
-    value = images[0]
-    height, width = value.type.shape[2], value.type.shape[3]  # type: ignore[union-attr]
-    if not isinstance(height, int) or not isinstance(width, int) or height != width:
-        raise KilnError(f"calibration folder {root}: the input {value.name} needs a static square size")
-    pixels = load_images(root, height)
-    return [{value.name: image[None]} for image in pixels]
 
 
 def split(samples: list[dict[str, np.ndarray]]) -> tuple[list[dict], list[dict]]:
@@ -202,10 +193,6 @@ def quantizable(graph: Graph) -> list[tuple[str, Value]]:
 def calibrate(graph: Graph, target: Any, options: Any, samples: list[dict[str, np.ndarray]], method: str) -> Any:
     """The ``Quantization`` (activation ranges by value name) of ``graph`` (dims bound) from
     ``samples`` run through its fp32 compile with the quantized activations exposed."""
-    from kiln.driver.options import Quantization
-    from kiln.driver.pipeline import compile_plan
-    from kiln.runtime.executable import Executable
-
     if method not in METHODS:
         raise KilnError(f"calibration method {method!r}: one of {', '.join(METHODS)}")
     watched: list[Value] = []
@@ -239,11 +226,11 @@ def calibrate(graph: Graph, target: Any, options: Any, samples: list[dict[str, n
                 if value in histograms:
                     lo, hi = ranges[value]
                     histograms[value] += np.histogram(array[np.isfinite(array)], BINS, (lo, hi))[0]
-        ranges = {v: _clip(method, ranges[v], histograms[v], target) for v in ranges}
+        ranges = {v: clip_range(method, ranges[v], histograms[v], target) for v in ranges}
     return Quantization(ranges=tuple((v.name, float(lo), float(hi)) for v, (lo, hi) in ranges.items()), method=method)
 
 
-def _clip(method: str, extent: tuple[float, float], histogram: np.ndarray, target: Any) -> tuple[float, float]:
+def clip_range(method: str, extent: tuple[float, float], histogram: np.ndarray, target: Any) -> tuple[float, float]:
     """The range ``method`` keeps of a histogram over ``extent``."""
     lo, hi = extent
     if hi <= lo or histogram.sum() == 0:
@@ -388,19 +375,4 @@ def random_tensor_like(array: np.ndarray, seed: int) -> np.ndarray:
 
 
 def _optimized(graph: Graph, target: Any, options: Any) -> Graph:
-    from kiln.driver.pipeline import optimized
-
     return optimized(graph, target, options.with_(precision="fp32"))
-
-
-def compare_to_fp32(model: Any, reference: Any, graph: Graph, name: str = "", count: int = 2) -> AccuracyReport:
-    """A compiled reduced-precision ``model`` against ``reference`` (its fp32 compile) on
-    ``count`` inputs: the zoo model ``name``'s example inputs (seeds 1..count) when it is one,
-    else random ones."""
-    from kiln import zoo
-
-    if name in zoo.MODELS:
-        samples = [zoo.example_inputs(name, seed=seed) for seed in range(1, count + 1)]
-    else:
-        samples = samples_from(None, graph, count=count, seed=1)
-    return measure(reference, model, samples, model.precision)

@@ -1,5 +1,8 @@
 """The public model object: ``run(dict) -> dict``, ``__call__``, ``submit -> Future``.
 
+The driver's: it decides what runs (a compiled variant, the reference interpreter) and hands the
+runtime checked inputs (``kiln.runtime.inputs``).
+
 Every target's compiled model shares this front: inputs are validated (name, dtype, shape,
 consistent symbolic dims) before anything runs, so a wrong input is a clear ``InputError``.
 """
@@ -10,32 +13,14 @@ import concurrent.futures
 import os
 import threading
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from kiln.errors import ArgumentError, InputError, ResourceError
 from kiln.ir.graph import Graph
-from kiln.ir.types import DType, SequenceType, TensorType
-
-
-@dataclass(frozen=True)
-class TensorInfo:
-    """An input's or output's description, like onnxruntime's ``get_inputs()``."""
-
-    name: str
-    dtype: np.dtype | None  # None for sequences and optionals
-    shape: tuple[int | str, ...] | None  # ints, symbolic dims by name; None when the rank is unknown
-    type: str  # kiln's text form, e.g. f32[batch,3,224,224]
-
-    @staticmethod
-    def of(value: Any) -> TensorInfo:
-        kind = value.type
-        if isinstance(kind, TensorType):
-            shape = tuple(kind.shape) if kind.shape is not None else None
-            return TensorInfo(value.name, np.dtype(kind.dtype.numpy), shape, str(kind))
-        return TensorInfo(value.name, None, None, str(kind))
+from kiln.ir.types import TensorType
+from kiln.runtime.inputs import TensorInfo, check_feeds
 
 
 class Model:
@@ -192,23 +177,7 @@ class Model:
 
     def validate(self, feeds: Mapping[str, Any]) -> list[Any]:
         """Inputs in graph order, checked; raises InputError naming the input and the mismatch."""
-        if not isinstance(feeds, Mapping):
-            raise InputError(f"run() takes a dict of input name -> array, got {type(feeds).__name__}")
-        unknown = [k for k in feeds if k not in self.input_names]
-        missing = [k for k in self.input_names if k not in feeds]
-        if unknown or missing:
-            parts = []
-            if unknown:
-                parts.append(f"unknown input(s) {unknown}")
-            if missing:
-                parts.append(f"missing input(s) {missing}")
-            defaults = f" (and defaults it may override: {sorted(self.defaults)})" if self.defaults else ""
-            raise InputError(f"{'; '.join(parts)}; the model's inputs are {self.input_names}{defaults}")
-        bindings: dict[str, int] = {}
-        arrays = []
-        for value in self.signature.inputs:
-            arrays.append(_check_input(value.name, value.type, feeds[value.name], bindings))
-        return arrays
+        return check_feeds(self.signature, feeds, self.defaults)
 
     def _execute(self, inputs: list[Any]) -> list[Any]:
         raise NotImplementedError
@@ -216,68 +185,3 @@ class Model:
     def __repr__(self) -> str:
         inputs = ", ".join(f"{v.name}: {v.type}" for v in self.signature.inputs)
         return f"<kiln {self.target} model ({inputs}) -> {self.output_names}>"
-
-
-def foreign_array(name: str, data: Any) -> Any:
-    """A torch tensor, a DLPack producer or an array-interface object as a NumPy array, in place
-    where the layout and dtype allow (DLPack: no copy); other objects are returned as they are."""
-    if hasattr(data, "__dlpack__"):
-        source = data.detach() if hasattr(data, "detach") else data  # a tensor that requires grad
-        try:
-            return np.from_dlpack(source)
-        except (TypeError, BufferError, RuntimeError, ValueError) as err:
-            device = getattr(source, "device", None)
-            if device is not None and str(device) != "cpu":
-                raise InputError(
-                    f"input {name!r}: a tensor on {device}; the cpu target reads host memory (move it: .cpu())"
-                ) from None
-            try:  # a dtype DLPack cannot carry to NumPy (bfloat16...): the array protocol, a copy
-                return np.asarray(source)
-            except Exception:
-                raise InputError(f"input {name!r}: cannot read a {type(data).__name__} as an array ({err})") from None
-    if hasattr(data, "__array_interface__") or hasattr(data, "__array__"):
-        return np.asarray(data)
-    return data
-
-
-def _check_input(name: str, expected: Any, data: Any, bindings: dict[str, int]) -> Any:
-    if isinstance(expected, SequenceType):
-        if not isinstance(data, (list, tuple)):
-            raise InputError(
-                f"input {name!r}: expected a sequence (list) of {expected.elem}, got {type(data).__name__}"
-            )
-        return [_check_input(f"{name}[{i}]", expected.elem, item, {}) for i, item in enumerate(data)]
-    if not isinstance(expected, TensorType):
-        return data
-    if not isinstance(data, np.ndarray):
-        data = foreign_array(name, data)
-    if not isinstance(data, np.ndarray):
-        if isinstance(data, (int, float, bool, list, tuple, np.generic)):
-            try:
-                data = np.asarray(data, dtype=expected.dtype.numpy)
-            except (ValueError, TypeError, OverflowError) as err:  # ragged nesting, strings for numbers
-                raise InputError(
-                    f"input {name!r}: expected an array {expected}, got a {type(data).__name__} "
-                    f"NumPy cannot read as one ({err})"
-                ) from None
-        else:
-            raise InputError(f"input {name!r}: expected an array {expected}, got {type(data).__name__}")
-    try:
-        got = DType.from_numpy(data.dtype)
-    except ValueError:
-        got = None
-    if got != expected.dtype:
-        raise InputError(f"input {name!r}: expected dtype {expected.dtype.short} ({expected}), got {data.dtype}")
-    if expected.shape is not None:
-        if data.ndim != len(expected.shape):
-            raise InputError(
-                f"input {name!r}: expected rank {len(expected.shape)} ({expected}), got shape {list(data.shape)}"
-            )
-        for axis, (dim, size) in enumerate(zip(expected.shape, data.shape)):
-            if isinstance(dim, int) and dim != size:
-                raise InputError(f"input {name!r}: expected shape {expected}, got {list(data.shape)} (axis {axis})")
-            if isinstance(dim, str) and bindings.setdefault(dim, size) != size:
-                raise InputError(
-                    f"input {name!r}: dim {dim!r} is {size} on axis {axis} but {bindings[dim]} in an earlier input"
-                )
-    return data

@@ -1,0 +1,163 @@
+"""The driver's entry: a model (ONNX, torch, kiln Graph) to a runnable model for a target.
+
+``kiln.compile`` is this function. It decides everything a compile decides before the runtime
+sees a plan: the options and precision, the plan cache (a file compiled before skips even the
+import), int8 calibration and its accuracy check, and which bindings compile ahead. The model it
+returns compiles new bindings of symbolic dims through ``kiln.driver.variants``.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from kiln.backends import Threading, backend, parse
+from kiln.driver import plan_cache
+from kiln.driver.native import NativeModel, check_dims
+from kiln.driver.options import CompileOptions
+from kiln.driver.pipeline import resolve_precision
+from kiln.driver.quantize import measure, quantize_model
+from kiln.driver.reference import ReferenceModel
+from kiln.driver.variants import Compilation, Source
+from kiln.errors import KilnError
+from kiln.frontend import to_graph
+from kiln.lower.target import Target
+from kiln.passes.specialize import input_dims, specialize
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """int8's calibration: ``samples`` (input dicts, an ``.npz``, None for random inputs),
+    ``method`` (minmax | percentile | entropy), ``evaluation`` data (default: the last fifth of
+    the samples) and the accuracy budget ``max_drop`` that keeps the noisiest layers in fp32."""
+
+    samples: Any = None
+    method: str = "minmax"
+    evaluation: Any = None
+    max_drop: float | None = None
+
+
+@dataclass(frozen=True)
+class Request:
+    """What ``kiln.compile`` was asked: the model and how to read it, the target, the options,
+    the run-time settings and the dims to compile ahead."""
+
+    model: Any
+    target: str = "cpu"
+    example_inputs: Any = None
+    dynamic_shapes: Any = None
+    options: CompileOptions = CompileOptions()
+    dims: dict[str, int] | None = None
+    parallelism: Threading = Threading()
+    streams: int | None = None
+    calibration: Calibration = Calibration()
+
+    def graph(self) -> Any:
+        return to_graph(self.model, self.example_inputs, self.dynamic_shapes)
+
+
+def options_for(options: CompileOptions | None, opt_level: int | None, precision: str | None) -> CompileOptions:
+    """``options`` (default: the KILN_* overrides) with ``opt_level`` and ``precision`` applied."""
+    if options is None:
+        options = CompileOptions.from_env(level=opt_level)
+    elif opt_level is not None:
+        options = options.with_(level=opt_level)
+    return options if precision is None else options.with_(precision=precision)
+
+
+def compile_model(request: Request) -> Any:
+    """The model ``request`` asks for (see ``kiln.compile``)."""
+    if not isinstance(request.target, str):
+        raise KilnError(f"a target is named by a string (such as 'cpu'), got {type(request.target).__name__}")
+    options = request.options
+    if not backend(request.target).compiles:  # unknown names: the registry's error lists every target
+        if options.precision == "bf16":
+            raise KilnError(f"precision bf16 is not available for target {request.target}: it computes in fp32 only")
+        return ReferenceModel(request.graph())
+    target = parse(request.target)
+    if options.precision != "fp32":  # "auto" resolved here, so cache keys name what was compiled
+        options = options.with_(precision=resolve_precision(options.precision, target))
+    path = onnx_file(request.model, request.example_inputs)
+    # the file's bytes are hashed before it is read: a cache entry is keyed by what was imported
+    # (int8 calibrates first: its plans are keyed by the ranges, known only after calibration)
+    caching = options.plan_cache and plan_cache.enabled() and options.precision != "int8"
+    source_file = (path, plan_cache.file_digest(path)) if path is not None and caching else None
+    if source_file is not None:  # compiled before? then even the import is skipped
+        cached = _from_plan_cache(request, source_file, target, options)
+        if cached is not None:
+            return cached
+    graph = request.graph()
+    if options.precision == "int8" and (request.calibration.samples is not None or not options.quantization.ranges):
+        # (options that already carry ranges, the quantizer's own compiles, build directly)
+        return _quantized(request, graph, target, options)
+    return ahead(_native(request, Source(graph, file=source_file), target, options), request.dims)
+
+
+def _native(request: Request, source: Source, target: Target, options: CompileOptions) -> NativeModel:
+    return NativeModel(Compilation(source, target, options), request.parallelism, request.streams)
+
+
+def ahead(model: NativeModel, dims: dict[str, int] | None) -> NativeModel:
+    """``model`` with the variant for ``dims`` compiled now (when dims are given or every input
+    shape is static), so the first run only runs."""
+    if dims is not None:
+        model.prepare_dims(check_dims(dims, model.signature))
+    elif model.shapes_known:
+        model.prepare_dims({})
+    return model
+
+
+def _from_plan_cache(
+    request: Request, source_file: tuple[str, str], target: Target, options: CompileOptions
+) -> NativeModel | None:
+    """The model of a file compiled before, from its cached signature (None when not cached)."""
+    key = plan_cache.file_entry(source_file[0], options, target, digest=source_file[1])
+    signature = plan_cache.load_signature(key) if key is not None else None
+    if key is None or signature is None:
+        return None
+
+    def source_graph() -> tuple[Any, bool]:  # only when a new binding compiles
+        graph = plan_cache.load_graph(key)
+        return (graph, True) if graph is not None else (request.graph(), False)
+
+    source = Source(None, signature=signature, loader=source_graph, file=source_file, cache_key=key)
+    return ahead(_native(request, source, target, options), request.dims)
+
+
+def _quantized(request: Request, graph: Any, target: Target, options: CompileOptions) -> NativeModel:
+    """The int8 model, calibrated on the request's data, with its accuracy report against fp32."""
+    calibration = request.calibration
+
+    def build(chosen: CompileOptions) -> NativeModel:
+        return ahead(_native(request, Source(graph), target, chosen), request.dims)
+
+    quantized, report = quantize_model(
+        graph,
+        target,
+        options,
+        calibration.samples,
+        calibration.method,
+        calibration.max_drop,
+        calibration.evaluation,
+        build,
+        lambda feeds: specialize(graph, input_dims(graph, feeds)),
+    )
+    quantized.accuracy = report
+    return quantized
+
+
+def onnx_file(model: Any, example_inputs: Any) -> str | None:
+    """The path of the ONNX file ``model`` names (None for anything else)."""
+    if example_inputs is None and isinstance(model, (str, os.PathLike)) and os.path.isfile(model):
+        return os.fspath(model)
+    return None
+
+
+def accuracy_against_fp32(model: NativeModel, samples: list[dict[str, Any]]) -> Any:
+    """A reduced-precision ``model`` against the fp32 compile of its graph for the same target,
+    on ``samples`` (the caller's data: the zoo's example inputs, a data set...): an
+    ``AccuracyReport``."""
+    fp32 = model.options.with_(precision="fp32")
+    reference = NativeModel(Compilation(Source(model.graph), model.compiled_for, fp32), model.parallelism)
+    return measure(reference, model, samples, model.precision)

@@ -1,0 +1,226 @@
+"""How each binding of a model's symbolic dims becomes a plan (``Compilation``), and the compiled
+variants a model keeps (``Variants``: least recently used first, bounded by count and arena bytes).
+
+The driver compiles here and hands the runtime finished plans (``kiln.runtime.executable``); the
+runtime never compiles. Plans come from the plan cache when an earlier process compiled them, a
+compile that fails of a kiln bug writes a reproducer (``kiln.driver.repro``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from kiln.driver import plan_cache
+from kiln.driver.options import CompileOptions
+from kiln.driver.pipeline import compile_plan
+from kiln.errors import CompilerError, ExecutionError, InternalError, KilnError, ResourceError, ShapeInferenceError
+from kiln.ir.graph import Graph
+from kiln.lower.target import Target
+from kiln.passes import specialize
+from kiln.runtime.executable import Executable
+from kiln.runtime.plan import Plan
+
+log = logging.getLogger("kiln")
+
+WORTH_CACHING_S = 0.5  # a plan is stored when compiling it took this long...
+WORTH_CACHING_BYTES = 1 << 20  # ...or the model's weights are this big
+MAX_VARIANTS = 16  # compiled bindings of the symbolic dims kept at once (KILN_MAX_VARIANTS)
+MAX_VARIANT_MB = 2048  # and the arenas they may hold together (KILN_MAX_VARIANT_MB)
+
+
+def freeze_inputs(graph: Graph, values: dict[str, np.ndarray]) -> Graph:
+    """``graph`` with the named inputs turned into constants of the given values."""
+    frozen = {v: np.asarray(values[v.name]) for v in graph.inputs if v.name in values}
+    return graph.with_(inputs=[v for v in graph.inputs if v not in frozen], constants={**graph.constants, **frozen})
+
+
+def _limit(name: str, default: int) -> int:
+    try:
+        return max(1, int(os.environ.get(name, default)))
+    except ValueError:
+        return default
+
+
+def _note(err: BaseException, prefix: str) -> str:
+    """The text of the first note compilation attached to ``err`` under ``prefix`` ('' if none)."""
+    return next((n.removeprefix(prefix) for n in getattr(err, "__notes__", []) if n.startswith(prefix)), "")
+
+
+@dataclass
+class Source:
+    """Where a model's graph comes from. A model compiled before may start from its signature
+    alone: the source graph (all the weights) is loaded only when a new binding must compile."""
+
+    graph: Graph | None
+    signature: Graph | None = None  # inputs and outputs (default: the graph's)
+    loader: Callable[[], tuple[Graph, bool]] | None = None  # -> (graph, came from the plan cache)
+    file: tuple[str, str] | None = None  # (path, SHA-256 when imported) of an ONNX file the cache may remember
+    cache_key: str | None = None
+
+
+class Compilation:
+    """Compiles bindings of one model's symbolic dims for one target with one set of options."""
+
+    def __init__(
+        self,
+        source: Source,
+        target: Target,
+        options: CompileOptions,
+        prebuilt: dict[str, Path] | None = None,
+        ahead: list[dict[str, int]] | None = None,
+    ) -> None:
+        self.source = source
+        self.signature = source.signature if source.signature is not None else source.graph
+        assert self.signature is not None
+        self.target = target  # what the code is for (cpu:avx2 on an AVX-512 machine...)
+        self.options = options
+        self.prebuilt = prebuilt or {}  # source key -> library a loaded artifact brought
+        self.ahead = ahead  # a loaded artifact's bindings compiled ahead; None otherwise
+        self._graph_lock = threading.Lock()
+
+    @property
+    def graph(self) -> Graph:
+        if self.source.graph is None:
+            with self._graph_lock:
+                if self.source.graph is None:
+                    assert self.source.loader is not None
+                    graph, cached = self.source.loader()
+                    if not cached:  # imported again (the cached copy was damaged): key it by itself,
+                        self.source.cache_key = None  # and the file may have changed: do not remember it
+                        self.source.file = None
+                    self.source.graph = graph
+        return self.source.graph
+
+    @property
+    def cache_key(self) -> str:
+        if self.source.cache_key is None:
+            self.source.cache_key = plan_cache.entry_key(self.graph.digest, self.options, self.target)
+        return self.source.cache_key
+
+    def plan(self, dims: dict[str, int]) -> Plan:
+        """The plan for ``dims``: from the plan cache, else compiled (and stored when compiling took
+        long enough to be worth the disk: big weights or seconds of work)."""
+        if not (self.options.plan_cache and plan_cache.enabled()):
+            return self.compile(dims)
+        plan = plan_cache.load_plan(self.cache_key, dims)
+        if plan is not None:
+            return plan
+        start = time.perf_counter()
+        plan = self.compile(dims)
+        weights = sum(a.nbytes for a in self.graph.constants.values())
+        if time.perf_counter() - start >= WORTH_CACHING_S or weights >= WORTH_CACHING_BYTES:
+            plan_cache.in_background(self._store, dims, plan)
+        return plan
+
+    def compile(self, dims: dict[str, int]) -> Plan:
+        """compile_plan; an error that is not a KilnError is a kiln bug: it becomes an
+        InternalError naming the stage, with a reproducer written to disk."""
+        if self.ahead is not None and dims not in self.ahead:
+            log.warning(
+                "compiling %s for dims %s: the artifact has code for %s only", self.target.name, dims, self.ahead or "none"
+            )
+        try:
+            return compile_plan(specialize(self.graph, dims), self.target, self.options, prebuilt=self.prebuilt)
+        except CompilerError as err:
+            if self.ahead is not None and "no C compiler" in str(err):
+                raise CompilerError(
+                    f"this model has no compiled code for dims {dims} (the artifact has {self.ahead or 'none'}) and "
+                    f"there is no C compiler to build it: {err}. Compile the artifact with these sizes "
+                    "(kiln compile --dim NAME=1,8,...) or install a C compiler"
+                ) from None
+            raise
+        except KilnError:
+            raise
+        except MemoryError as err:
+            raise ResourceError(f"out of memory while compiling for dims {dims}: {err}") from None
+        except Exception as err:
+            raise self._bug(err, dims) from err
+
+    def value_plan(self, dims: dict[str, int], values: dict[str, np.ndarray]) -> Plan:
+        """The plan for ``dims`` with the small inputs ``values`` frozen as constants (shapes that
+        depend on them become static); these values' shape error is the run's ExecutionError."""
+        try:
+            return compile_plan(freeze_inputs(specialize(self.graph, dims), values), self.target, self.options)
+        except ShapeInferenceError as err:
+            raise ExecutionError(str(err)) from None
+
+    def _bug(self, err: Exception, dims: dict[str, int]) -> InternalError:
+        from kiln.driver import repro
+
+        stage = _note(err, "kiln stage: ") or "compile"
+        try:
+            path: object = repro.write(self.graph, self.options, dims, err, stage, self.target)
+            hint = f"a reproducer is in {path}; replay it with: python -m kiln.driver.repro {path}"
+        except Exception as write_error:  # never hide the original error
+            hint = f"(writing a reproducer failed too: {write_error})"
+        node = _note(err, "kiln node: ")
+        where = f" of node {node}" if node else ""
+        return InternalError(f"kiln bug during {stage}{where}: {type(err).__name__}: {err}\n{hint}")
+
+    def _store(self, dims: dict[str, int], plan: Plan) -> None:
+        plan_cache.store_plan(self.cache_key, dims, plan)
+        if self.source.file is not None:
+            plan_cache.store_graph(self.cache_key, self.graph)
+            plan_cache.remember_file(*self.source.file, self.cache_key, self.options, self.target)
+
+
+@dataclass(frozen=True)
+class Limits:
+    """At most ``count`` compiled variants kept, their arenas at most ``arena_bytes`` together
+    (past either, the least recently used go; a variant comes back from the plan cache)."""
+
+    count: int = 0  # 0: KILN_MAX_VARIANTS, else MAX_VARIANTS
+    arena_bytes: int = 0  # 0: KILN_MAX_VARIANT_MB, else MAX_VARIANT_MB
+
+    def resolved(self) -> Limits:
+        return Limits(
+            self.count or _limit("KILN_MAX_VARIANTS", MAX_VARIANTS),
+            self.arena_bytes or _limit("KILN_MAX_VARIANT_MB", MAX_VARIANT_MB) << 20,
+        )
+
+
+class Variants:
+    """A model's compiled variants by key, least recently used first, within ``limits``."""
+
+    def __init__(self, limits: Limits) -> None:
+        self.limits = limits.resolved()
+        self._table: OrderedDict[tuple, Executable] = OrderedDict()
+        self._lock = threading.Lock()
+        self.evicted = 0
+
+    def get(self, key: tuple) -> Executable | None:
+        with self._lock:
+            executable = self._table.get(key)
+            if executable is not None:
+                self._table.move_to_end(key)
+            return executable
+
+    def add(self, key: tuple, executable: Executable) -> list[Executable]:
+        """Keep ``executable`` under ``key``; returns the variants evicted to stay within bounds."""
+        gone = []
+        with self._lock:
+            self._table[key] = executable
+            self._table.move_to_end(key)
+            while len(self._table) > 1 and (
+                len(self._table) > self.limits.count
+                or sum(e.plan.memory.arena_bytes for e in self._table.values()) > self.limits.arena_bytes
+            ):
+                gone.append(self._table.popitem(last=False)[1])
+                self.evicted += 1
+        return gone
+
+    def items(self) -> Iterator[tuple[tuple, Executable]]:
+        with self._lock:
+            return iter(list(self._table.items()))
+
+    def __len__(self) -> int:
+        return len(self._table)
