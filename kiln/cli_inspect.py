@@ -90,9 +90,8 @@ def explain(
 
     from kiln.backends import parse
     from kiln.driver.options import CompileOptions
-    from kiln.driver.pipeline import PRINTABLE, STAGES, compile_variant
+    from kiln.driver.pipeline import PRINTABLE, STAGES, compile_variant, load
     from kiln.ir.graph import Graph
-    from kiln.runtime.executable import Executable
 
     unknown = set(print_after) - set(PRINTABLE) - {"all"}
     if unknown:
@@ -167,13 +166,13 @@ def explain(
             from kiln.lower.target import TargetError
 
             try:
-                executable = Executable(plan)
+                executable = load(plan)
             except TargetError as err:  # compiled for hardware this machine lacks (gpu without a CUDA device)
                 report["not_loaded"] = str(err)
                 if not as_json:
                     out.print(f"[yellow]not loaded:[/] {escape(str(err))}")
             else:
-                observe("load", executable.runners)
+                observe("load", executable)
     else:  # the graph stages only
         from kiln.driver.pipeline import graph_stages
 
@@ -237,7 +236,9 @@ def _stage_text(stage: str, result: object) -> str:
             lines.append(f"  {buffer.name}: offset {offset}, {buffer.nbytes} bytes, steps {start}..{end}")
         text = "\n".join(lines)
     elif stage == "load":
-        text = f"{len(result)} segment runner(s) loaded"  # type: ignore[arg-type]
+        text = f"{len(result.runners)} segment runner(s) loaded"  # type: ignore[attr-defined]
+    elif stage == "verify":
+        text = "\n".join(result) or "the kernel IR holds its invariants (checked with KILN_DEBUG=1 only)"  # type: ignore[arg-type]
     else:
         text = str(result) if result else "(nothing: no native segment)"
     return text

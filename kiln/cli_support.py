@@ -105,7 +105,11 @@ def calibration_data(data: str | None, graph):  # type: ignore[no-untyped-def]
     given (the driver reads those)."""
     from pathlib import Path
 
-    if data is None or not Path(data).is_dir():
+    if data is None:
+        return None
+    if not Path(data).is_dir():
+        if Path(data).suffix != ".npz" or not Path(data).is_file():
+            raise click.UsageError(f"--calibrate {data}: expected an .npz file or a folder of images")
         return data
     from kiln.bench.dataset import load_images
     from kiln.ir.types import TensorType

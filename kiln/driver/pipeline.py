@@ -1,24 +1,26 @@
-"""The compile pipeline's table of contents. ``kiln.compile``, ``kiln explain``, ``kiln diff``,
-``--profile`` and the tuner all run this one sequence (``compile_plan``), so what explain shows is
-what a compile does:
+"""The compile pipeline: a table of stages (``PIPELINE``) that ``kiln.compile``, ``kiln explain``,
+``kiln diff``, ``--profile`` and the tuner all run (``run_stages`` iterates it), so what explain
+shows is what a compile does:
 
-    import -> specialize -> fold -> decompose[target] -> graph passes -> lower[target]
-           -> plan memory -> render[target] -> build[target] -> load[target]
+    [import: the frontend] -> specialize -> fold -> decompose[target] -> passes -> lower[target]
+           -> plan-memory -> render[target] -> build[target] -> load[target: the runtime]
 
-Stages marked [target] ask the target's backend (``kiln.backends``). ``observe(stage, result)`` is
-called after each stage with what it produced (a Graph, the kernels, the memory plan, the source,
-the library path, the loaded runners): ``kiln explain --print-after STAGE`` prints it.
+Each ``Stage`` is a named function of the compile's state (``Compile``) returning what it
+produced; stages marked [target] ask the target's backend (``kiln.backends``). ``observe(stage,
+result)`` is called after each stage with that result (a Graph, the kernels, the memory plan, the
+source, the build products, the loaded runners): ``kiln explain --print-after STAGE`` prints it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from kiln.backends import Backend, Threading
 from kiln.backends import backend as backend_of
 from kiln.backends import parse
 from kiln.driver.artifact import source_key
@@ -38,33 +40,80 @@ from kiln.passes.fold_constants import fold_constants
 from kiln.passes.fuse import unfuse
 from kiln.passes.quantized import quantized_model
 from kiln.passes.widen_half import widen_half
+from kiln.runtime.executable import Executable
 from kiln.runtime.plan import Fallback, Plan, Segment
 
 Observer = Callable[[str, Any], None]
+
+
+@dataclass
+class Compile:
+    """One compile's state as the stages fill it in."""
+
+    graph: Graph
+    target: Target
+    options: CompileOptions
+    dims: dict[str, int] = field(default_factory=dict)  # the binding ``specialize`` applies
+    prebuilt: dict[str, Path] = field(default_factory=dict)  # source key -> library an artifact brought
+    choices: dict | None = None  # tuning key -> schedule (the tuner's candidates)
+    build_library: bool = True  # False: nothing rendered or built (``kiln check``)
+    expose: Callable[[Graph], Graph] | None = None  # rewrites the graph after the passes (``kiln diff``)
+    observe: Observer | None = None  # told of each stage's result, and of each graph pass
+    unplannable: str = ""  # why the graph cannot be planned statically ('' if it can): the stages stop
+    lowerer: Lowerer | None = None
+    steps: list[Segment | Fallback] = field(default_factory=list)
+    access: list[tuple[list[Buffer], list[Buffer]]] = field(default_factory=list)  # each step's reads, writes
+    roots: dict = field(default_factory=dict)
+    constants: dict = field(default_factory=dict)
+    memory: MemoryPlan | None = None
+    table: dict[Buffer, int] = field(default_factory=dict)
+    source: str = ""
+    library: Path | None = None
+
+    @property
+    def backend(self) -> Backend:
+        return backend_of(self.target.backend)
+
+    @property
+    def segments(self) -> list[list[Kernel]]:
+        return [s.kernels for s in self.steps if isinstance(s, Segment)]
+
+    def plan(self) -> Plan:
+        """The finished plan (after build; after the graph stages when the graph is unplannable)."""
+        if self.unplannable:
+            empty = MemoryPlan({}, {}, 0, 0)
+            return Plan(self.graph, [], {}, {}, [], [], {}, empty, None, "", whole_graph_reason=self.unplannable)
+        assert self.lowerer is not None and self.memory is not None
+        # how a run-time error names a kernel's node: op, opset and the types it was compiled for
+        described = {n.label: describe_node(n, self.graph) for n in self.graph.nodes}
+        labels = {
+            int(k.name[1:]): described.get(k.sources[0], k.sources[0]) for kernels in self.segments for k in kernels
+        }
+        inputs = [self.roots[v] for v in self.graph.inputs]
+        outputs = [self.roots[v] for v in self.graph.outputs]
+        return Plan(
+            self.graph,
+            self.steps,
+            self.table,
+            self.roots,
+            inputs,
+            outputs,
+            self.constants,
+            self.memory,
+            self.library,
+            self.source,
+            labels,
+            target=self.target,
+        )
 
 
 @dataclass(frozen=True)
 class Stage:
     name: str
     what: str
+    run: Callable[[Compile], Any]  # does the stage's work on the state; returns what it produced
     per_target: bool = False  # the target's backend decides how (or whether) it runs
-
-
-TOC: tuple[Stage, ...] = (
-    Stage("import", "read the model (ONNX, torch) into kiln's typed graph IR"),
-    Stage("specialize", "bind symbolic dims to this request's sizes; shapes become static"),
-    Stage("fold", "evaluate what depends only on constants (so it needs no decomposition)"),
-    Stage("decompose", "inline ONNX functions of ops the target cannot lower whole", per_target=True),
-    Stage("passes", "graph passes: " + ", ".join(PASS_NAMES)),
-    Stage("lower", "nodes -> kernels of the kernel IR (or host fallbacks, with reasons)", per_target=True),
-    Stage("plan-memory", "one arena: intermediates placed by lifetime, engine scratch sized"),
-    Stage("render", "kernels -> the target's source (C for cpu)", per_target=True),
-    Stage("build", "source -> a loadable library (content-addressed cache)", per_target=True),
-    Stage("load", "open the library: one runner per native segment", per_target=True),
-)
-STAGES = tuple(s.name for s in TOC)
-# what --print-after accepts: every stage, and every graph pass by name
-PRINTABLE = (*STAGES, *PASS_NAMES)
+    graph: bool = False  # a graph stage (before lowering: ``kiln explain --no-kernels`` stops after them)
 
 
 def describe_node(node: Node, graph: Graph) -> str:
@@ -113,51 +162,6 @@ def chooser(choices: dict | None, target: Target, options: CompileOptions) -> Ca
     return choose
 
 
-def compile_variant(
-    graph: Graph,
-    dims: dict[str, int],
-    target: Target | str | None = None,
-    options: CompileOptions | None = None,
-    observe: Observer | None = None,
-    **kwargs: Any,
-) -> Plan:
-    """specialize, then ``compile_plan``."""
-    graph = specialize(graph, dims)
-    if observe:
-        observe("specialize", graph)
-    return compile_plan(graph, target, options, observe=observe, **kwargs)
-
-
-def compile_plan(
-    graph: Graph,
-    target: Target | str | None = None,
-    options: CompileOptions | None = None,
-    *,
-    prebuilt: dict[str, Path] | None = None,
-    choices: dict | None = None,
-    build_library: bool = True,
-    observe: Observer | None = None,
-    expose: Callable[[Graph], Graph] | None = None,
-) -> Plan:
-    """Compile a graph whose symbolic dims are bound (``specialize``) for ``target`` (default:
-    this machine's cpu): fold -> decompose -> passes -> lower -> plan memory -> render -> build.
-    ``choices`` maps tuning keys to schedules (the tuner's candidates); without ``build_library``
-    nothing is rendered or built (``kiln check`` wants the steps only); ``prebuilt`` maps source
-    keys to libraries a loaded artifact brought (no compiler needed); ``expose`` rewrites the graph
-    after the passes, before lowering (``kiln diff`` makes every surviving tensor an output)."""
-    target = resolve_target(target)
-    options = options or CompileOptions.from_env()
-    options = options.with_(precision=resolve_precision(options.precision, target))
-    stages = ["fold"]
-    try:
-        return _compile(graph, target, options, prebuilt, choices, build_library, stages, observe, expose)
-    except KilnError:
-        raise
-    except Exception as err:  # an invariant broke: say where
-        err.add_note(f"kiln stage: {stages[-1]}")
-        raise
-
-
 def resolve_precision(precision: str, target: Target) -> str:
     """The precision a compile for ``target`` runs at: ``auto`` becomes the best the target
     computes natively here (bf16, else fp32); one it cannot compute is a KilnError saying why."""
@@ -170,76 +174,49 @@ def resolve_precision(precision: str, target: Target) -> str:
     return precision
 
 
-def optimized(
-    graph: Graph,
-    target: Target,
-    options: CompileOptions,
-    observe: Observer | None = None,
-    expose: Callable[[Graph], Graph] | None = None,
-    stages: list[str] | None = None,
-) -> Graph:
-    """The graph stages: fold -> decompose[target] -> graph passes (-> ``expose``)."""
-    backend = backend_of(target.backend)
-    stages = stages if stages is not None else []
+def _specialize(state: Compile) -> Graph:
+    state.graph = specialize(state.graph, state.dims)
+    return state.graph
 
-    def done(stage: str, result: Graph) -> None:
-        if observe is not None:
-            observe(stage, result)
 
-    graph = quantized_model(graph)  # QOperator ops as QDQ; QDQ products marked for the int8 path
-    graph = fold_constants(graph)  # what folds away needs no decomposition
-    done("fold", graph)
-    stages.append("decompose")
-    graph = decompose(graph, keep=backend.keeps)
-    if backend.widens_half:
-        graph = widen_half(graph)
-    done("decompose", graph)
-    stages.append("passes")
-    graph = optimize(graph, level=options.level, disable=options.passes_disabled, after=observe)
+def _fold(state: Compile) -> Graph:
+    state.graph = quantized_model(state.graph)  # QOperator ops as QDQ; QDQ products marked for the int8 path
+    state.graph = fold_constants(state.graph)  # what folds away needs no decomposition
+    return state.graph
+
+
+def _decompose(state: Compile) -> Graph:
+    state.graph = decompose(state.graph, keep=state.backend.keeps)
+    if state.backend.widens_half:
+        state.graph = widen_half(state.graph)
+    return state.graph
+
+
+def _passes(state: Compile) -> Graph:
+    options, target = state.options, state.target
+    graph = optimize(state.graph, level=options.level, disable=options.passes_disabled, after=state.observe)
     # fusion is target-neutral; a group the target has no engine for is split back into its ops
     # (lowered one by one) rather than run on the host
     graph = unfuse(graph, lambda node: node.attrs.get("kind") != "attention" or "attention" in target.engines)
-    if expose is not None:
-        graph = expose(graph)
-    done("passes", graph)
+    if state.expose is not None:
+        graph = state.expose(graph)
+    state.graph = graph
+    state.unplannable = unplannable(graph)
     return graph
 
 
-def graph_stages(
-    graph: Graph, dims: dict[str, int], target: Target, options: CompileOptions, observe: Observer | None = None
-) -> Graph:
-    """specialize, then the graph stages (what ``kiln explain --no-kernels`` shows)."""
-    graph = specialize(graph, dims)
-    if observe:
-        observe("specialize", graph)
-    return optimized(graph, target, options, observe)
-
-
-def _compile(graph, target, options, prebuilt, choices, build_library, stages, observe, expose):  # type: ignore[no-untyped-def]
-    """compile_plan's body; appends each stage's name to ``stages`` as it starts."""
-    backend = backend_of(target.backend)
-
-    def done(stage: str, result: Any) -> None:
-        if observe is not None:
-            observe(stage, result)
-
-    graph = optimized(graph, target, options, observe, expose, stages)
-    reason = unplannable(graph)
-    if reason:
-        return Plan(graph, [], {}, {}, [], [], {}, MemoryPlan({}, {}, 0, 0), None, "", whole_graph_reason=reason)
-    stages.append("lower")
-    lowerer = Lowerer(
+def _lower(state: Compile) -> list[Segment | Fallback]:
+    graph, options = state.graph, state.options
+    lowerer = state.lowerer = Lowerer(
         graph,
-        target,
+        state.target,
         lowerings(),
-        chooser(choices, target, options),
+        chooser(state.choices, state.target, options),
         options.algorithms_disabled,
         options.precision,
         options.quantization,
     )
-    steps: list[Segment | Fallback] = []
     current: list[Kernel] = []
-    access: list[tuple[list[Buffer], list[Buffer]]] = []
     for node in graph.nodes:
         try:
             kernels = lowerer.lower(node)
@@ -247,60 +224,180 @@ def _compile(graph, target, options, prebuilt, choices, build_library, stages, o
             raise
         except CannotLower as err:
             if current:
-                steps.append(Segment(len([s for s in steps if isinstance(s, Segment)]), current))
+                state.steps.append(Segment(len(state.segments), current))
                 current = []
-            steps.append(Fallback(node, str(err)))
-            access.append(
-                ([lowerer.buffer(v) for v in node.inputs if v is not None], [lowerer.buffer(v) for v in node.outputs])
-            )
+            state.steps.append(Fallback(node, str(err)))
+            reads = [lowerer.buffer(v) for v in node.inputs if v is not None]
+            state.access.append((reads, [lowerer.buffer(v) for v in node.outputs]))
             continue
         except Exception as err:  # a kiln bug: name the node it happened on
             err.add_note(f"kiln node: {describe_node(node, graph)}")
             raise
         current.extend(kernels)
-        access.extend((k.reads, k.writes) for k in kernels)
+        state.access.extend((k.reads, k.writes) for k in kernels)
     if current:
-        steps.append(Segment(len([s for s in steps if isinstance(s, Segment)]), current))
-    if options.debug:  # the kernel IR's invariants, static bounds included, before any source
-        stages.append("kernel verification")
-        problems = [p for s in steps if isinstance(s, Segment) for k in s.kernels for p in verify_kernel(k)]
-        if problems:
-            raise AssertionError("the kernel IR breaks its invariants:\n" + "\n".join(problems[:20]))
-    done("lower", steps)
-    roots = {v: lowerer.buffer(v) for v in graph.values()}
+        state.steps.append(Segment(len(state.segments), current))
+    return state.steps
+
+
+def _verify(state: Compile) -> list[str]:
+    """With ``debug`` (KILN_DEBUG): the kernel IR's invariants, static bounds included, before any source."""
+    if not state.options.debug:
+        return []
+    problems = [p for kernels in state.segments for k in kernels for p in verify_kernel(k)]
+    if problems:
+        raise AssertionError("the kernel IR breaks its invariants:\n" + "\n".join(problems[:20]))
+    return problems
+
+
+def _plan_memory(state: Compile) -> MemoryPlan:
+    graph, lowerer = state.graph, state.lowerer
+    assert lowerer is not None
+    roots = state.roots = {v: lowerer.buffer(v) for v in graph.values()}
     inputs = [roots[v] for v in graph.inputs]
     outputs = [roots[v] for v in graph.outputs]
     # constants no step reads (weights only their packed copies serve) stay out of the plan
-    used = {b for reads, writes in access for b in (*reads, *writes)} | set(outputs)
-    used.update(b for step in steps if isinstance(step, Segment) for k in step.kernels for b in buffers_in(k.body))
-    constants = {
+    used = {b for reads, writes in state.access for b in (*reads, *writes)} | set(outputs)
+    used.update(b for kernels in state.segments for k in kernels for b in buffers_in(k.body))
+    state.constants = {
         roots[v]: np.ascontiguousarray(a)
         for v, a in graph.constants.items()
         if lowerer.root(v) is v and roots[v] in used
     }
-    constants.update(lowerer.packed)
+    state.constants.update(lowerer.packed)
     fixed = set(inputs) | set(outputs) | set(roots[v] for v in graph.constants) | set(lowerer.packed)
     temps = {b for b in roots.values() if b not in fixed} | set(lowerer.scratch)
-    stages.append("plan-memory")
-    memory = plan_memory(access, temps)
-    memory.scratch_shared, memory.scratch_per_thread = backend.scratch(
-        [k for s in steps if isinstance(s, Segment) for k in s.kernels], target
-    )
-    done("plan-memory", memory)
-    table = {lowerer.status: 0}
+    memory = state.memory = plan_memory(state.access, temps)
+    kernels = [k for segment in state.segments for k in segment]
+    memory.scratch_shared, memory.scratch_per_thread = state.backend.scratch(kernels, state.target)
+    state.table = {lowerer.status: 0}
     for buffer in [*dict.fromkeys(roots.values()), *lowerer.packed, *lowerer.scratch]:
-        table.setdefault(buffer, len(table))
-    segments = [s.kernels for s in steps if isinstance(s, Segment)]
-    stages.append("render")
-    source = backend.render(segments, table, options, target) if segments and build_library else ""
-    done("render", source)
-    library = None
-    if source:
-        stages.append("build")
-        # a loaded artifact brings its libraries: no compiler needed
-        library = (prebuilt or {}).get(source_key(source)) or backend.build(source, target, options)
-        done("build", library)
-    # how a run-time error names a kernel's node: op, opset and the types it was compiled for
-    described = {n.label: describe_node(n, graph) for n in graph.nodes}
-    labels = {int(k.name[1:]): described.get(k.sources[0], k.sources[0]) for kernels in segments for k in kernels}
-    return Plan(graph, steps, table, roots, inputs, outputs, constants, memory, library, source, labels, target=target)
+        state.table.setdefault(buffer, len(state.table))
+    return memory
+
+
+def _render(state: Compile) -> str:
+    if state.segments and state.build_library:
+        state.source = state.backend.render(state.segments, state.table, state.options, state.target)
+    return state.source
+
+
+def _build(state: Compile) -> Path | None:
+    if state.source:  # a loaded artifact brings its libraries: no compiler needed
+        prebuilt = state.prebuilt.get(source_key(state.source))
+        state.library = prebuilt or state.backend.build(state.source, state.target, state.options)
+    return state.library
+
+
+def load(plan: Plan, parallelism: Threading | None = None, **kwargs: Any) -> Executable:
+    """The pipeline's last stage, the runtime's: the plan's build products opened, one runner per
+    native segment (``kiln.runtime.executable``)."""
+    return Executable(plan, parallelism=parallelism, **kwargs)
+
+
+PIPELINE: tuple[Stage, ...] = (
+    Stage("specialize", "bind symbolic dims to this request's sizes; shapes become static", _specialize, graph=True),
+    Stage("fold", "evaluate what depends only on constants (so it needs no decomposition)", _fold, graph=True),
+    Stage("decompose", "inline ONNX functions of ops the target cannot lower whole", _decompose, True, True),
+    Stage("passes", "graph passes: " + ", ".join(PASS_NAMES), _passes, graph=True),
+    Stage("lower", "nodes -> kernels of the kernel IR (or host fallbacks, with reasons)", _lower, True),
+    Stage("verify", "with KILN_DEBUG: the kernel IR's invariants and static bounds checked", _verify),
+    Stage("plan-memory", "one arena: intermediates placed by lifetime, engine scratch sized", _plan_memory),
+    Stage("render", "kernels -> the target's source (C for cpu, Triton for gpu)", _render, True),
+    Stage("build", "source -> the target's build products (content-addressed cache)", _build, True),
+    Stage("load", "open the build products: one runner per native segment", lambda state: load(state.plan()), True),
+)
+STAGES = tuple(s.name for s in PIPELINE)
+# what --print-after accepts: every stage, and every graph pass by name
+PRINTABLE = ("import", *STAGES, *PASS_NAMES)
+
+
+def run_stages(state: Compile, first: str = "specialize", last: str = "build") -> Compile:
+    """Run ``PIPELINE`` from ``first`` through ``last`` on ``state`` (stopping after the graph
+    stages when the graph cannot be planned statically), telling ``state.observe`` of each. An
+    error that is not a KilnError gets a note naming the stage it broke in."""
+    names = STAGES[STAGES.index(first) : STAGES.index(last) + 1]
+    for stage in PIPELINE:
+        if stage.name not in names or (state.unplannable and not stage.graph):
+            continue
+        try:
+            result = stage.run(state)
+        except KilnError:
+            raise
+        except Exception as err:  # an invariant broke: say where
+            err.add_note(f"kiln stage: {stage.name}")
+            raise
+        if state.observe is not None:
+            state.observe(stage.name, result)
+    return state
+
+
+def compile_variant(
+    graph: Graph,
+    dims: dict[str, int],
+    target: Target | str | None = None,
+    options: CompileOptions | None = None,
+    observe: Observer | None = None,
+    **kwargs: Any,
+) -> Plan:
+    """specialize, then ``compile_plan``."""
+    return compile_plan(graph, target, options, observe=observe, dims=dims, first="specialize", **kwargs)
+
+
+def compile_plan(
+    graph: Graph,
+    target: Target | str | None = None,
+    options: CompileOptions | None = None,
+    *,
+    prebuilt: dict[str, Path] | None = None,
+    choices: dict | None = None,
+    build_library: bool = True,
+    observe: Observer | None = None,
+    expose: Callable[[Graph], Graph] | None = None,
+    dims: dict[str, int] | None = None,
+    first: str = "fold",
+) -> Plan:
+    """Compile a graph whose symbolic dims are bound (``specialize``) for ``target`` (default:
+    this machine's cpu): the pipeline from fold through build. ``choices`` maps tuning keys to
+    schedules (the tuner's candidates); without ``build_library`` nothing is rendered or built
+    (``kiln check`` wants the steps only); ``prebuilt`` maps source keys to libraries a loaded
+    artifact brought (no compiler needed); ``expose`` rewrites the graph after the passes, before
+    lowering (``kiln diff`` makes every surviving tensor an output)."""
+    state = start(graph, target, options, observe, dims=dims or {}, prebuilt=prebuilt or {}, choices=choices)
+    state.build_library, state.expose = build_library, expose
+    return run_stages(state, first).plan()
+
+
+def start(
+    graph: Graph,
+    target: Target | str | None,
+    options: CompileOptions | None,
+    observe: Observer | None = None,
+    **fields: Any,
+) -> Compile:
+    """A compile's initial state: the target resolved (default: this machine's cpu), the options
+    (default: the KILN_* overrides) at the precision the target computes."""
+    target = resolve_target(target)
+    options = options or CompileOptions.from_env()
+    options = options.with_(precision=resolve_precision(options.precision, target))
+    return Compile(graph, target, options, observe=observe, **fields)
+
+
+def optimized(
+    graph: Graph,
+    target: Target,
+    options: CompileOptions,
+    observe: Observer | None = None,
+    expose: Callable[[Graph], Graph] | None = None,
+) -> Graph:
+    """The graph stages on a bound graph: fold -> decompose[target] -> passes (-> ``expose``)."""
+    state = Compile(graph, target, options, observe=observe, expose=expose)
+    return run_stages(state, "fold", "passes").graph
+
+
+def graph_stages(
+    graph: Graph, dims: dict[str, int], target: Target, options: CompileOptions, observe: Observer | None = None
+) -> Graph:
+    """specialize, then the graph stages (what ``kiln explain --no-kernels`` shows)."""
+    state = Compile(graph, target, options, dims=dims, observe=observe)
+    return run_stages(state, "specialize", "passes").graph

@@ -233,7 +233,7 @@ def test_kiln_debug_compiles_verify_the_kernel_ir_before_any_c(monkeypatch):
     model = make_model([helper.make_node("Neg", ["x"], ["y"])], [("x", FLOAT, [8])], [("y", FLOAT, None)])
     with pytest.raises(AssertionError, match=r"load of b0\[0, 8\) at indices 1..8") as caught:
         plan_for(model)
-    assert "kiln stage: kernel verification" in caught.value.__notes__
+    assert "kiln stage: verify" in caught.value.__notes__
 
 
 def test_the_interpreter_evaluates_only_the_branch_a_select_takes_as_c_does():
