@@ -5,7 +5,6 @@ from __future__ import annotations
 from kiln.ir.graph import Node
 from kiln.lower.attention_lowering import lower_attention
 from kiln.lower.engine import compose_chain
-from kiln.lower.gemm_lowering import lower_conv_any, lower_matmul_any
 from kiln.lower.kir import Kernel, Store, affine, buffers_in
 from kiln.lower.lowering import CannotLower, Lowerer, default_schedule, nest, strides
 
@@ -25,8 +24,7 @@ def lower_fused(lw: Lowerer, node: Node) -> list[Kernel]:
             dict(anchor.attrs),
             name=node.name,
         )
-        lower = {"Conv": lower_conv_any, "MatMul": lower_matmul_any}[anchor.op]
-        kernels = lower(lw, direct, epilogue=compose)
+        kernels = lw.table[anchor.op](lw, direct, epilogue=compose)  # the engine, else the loop nests
         kernels[-1].kind = f"{kernels[-1].kind}+epilogue"  # the last kernel applies it
         for kernel in kernels:
             kernel.sources = [f"{node.name}: " + ", ".join(n.op for n in body.nodes)]

@@ -52,7 +52,6 @@ from kiln.lower.kir import (
     i64,
 )
 from kiln.lower.lowering import Lowerer
-from kiln.lower.nn_lowering import lower_matmul
 from kiln.lower.window_lowering import conv_window, lower_conv
 
 I64 = DType.INT64
@@ -399,18 +398,6 @@ def lower_conv_gemm(lw: Lowerer, node: Node, epilogue: Epilogue | None = None) -
 # -- choosing ------------------------------------------------------------------------------------------
 
 
-def lower_matmul_any(lw: Lowerer, node: Node, epilogue: Epilogue | None = None) -> list[Kernel]:
-    try:
-        return lower_matmul_gemm(lw, node, epilogue)
-    except NotForEngine:
-        return lower_matmul(lw, node, epilogue)
-
-
-def lower_conv_any(lw: Lowerer, node: Node, epilogue: Epilogue | None = None) -> list[Kernel]:
-    try:
-        return lower_conv_gemm(lw, node, epilogue)
-    except NotForEngine:
-        return lower_conv(lw, node, epilogue)
-
-
-LOWERINGS = {"MatMul": lower_matmul_any, "Conv": lower_conv_any}
+# the engine's rules: tried before the loop nests (``kiln.lower.families``), which take a node the
+# engine refuses (NotForEngine)
+ENGINE_LOWERINGS = {"MatMul": lower_matmul_gemm, "Conv": lower_conv_gemm}
