@@ -422,7 +422,7 @@ def compile_command(
         out.print(f"compiled ahead for {len(bindings)} bindings: " + "; ".join(str(b) for b in bindings))
     kernels = sum(len(step.kernels) for step in plan.steps if hasattr(step, "kernels"))
     out.print(
-        f"compiled {model} for {compiled.target} ({compiled.compiled_for.isa}, {compiled.precision}) in {seconds:.1f} s (-O{level}, dims {binding or 'static'}): {kernels} kernels, {len(plan.fallbacks)} host fallback(s)"
+        f"compiled {model} for {compiled.target} ({compiled.compiled_for.summary}, {compiled.precision}) in {seconds:.1f} s (-O{level}, dims {binding or 'static'}): {kernels} kernels, {len(plan.fallbacks)} host fallback(s)"
     )
     for fallback in plan.fallbacks:
         out.print(f"  fallback {fallback.node.label}: {fallback.reason}", highlight=False)
@@ -538,7 +538,7 @@ def targets_command(as_json: bool) -> None:
             else:
                 missing = found.runnable(target)
                 row.update(
-                    isa=target.isa,
+                    isa=target.summary,
                     vector_bytes=target.vector_bytes,
                     cores=target.cores,
                     engines=list(target.engines),

@@ -321,7 +321,7 @@ def _explain_transfers(model: str, graph, binding: dict[str, int], runs: int, ta
     out.print(
         f"per run ({times['runs']} runs on {target.name}): host -> device {times['upload_ms']:.3f} ms, "
         f"kernels {times['compute_ms']:.3f} ms, device -> host {times['download_ms']:.3f} ms"
-        + (" (Triton's interpreter on the CPU: kernel time is not a GPU's)" if target.isa == "interpret" else "")
+        + (" (Triton's interpreter on the CPU: kernel time is not a GPU's)" if target.interpret else "")
     )
 
 
@@ -334,7 +334,7 @@ def _gpu_kernels(plan, arches: tuple[str, ...], quiet: bool) -> dict:  # type: i
     from kiln.backends.gpu.runtime import module
 
     path = source_file(plan.source)
-    namespace = module(plan.source, interpret=plan.target.isa == "interpret")
+    namespace = module(plan.source, interpret=plan.target.interpret)
     launches = [Launch.of(fields) for segment in namespace["LAUNCHES"].values() for fields in segment]
     functions: dict[str, dict] = {}
     for launch in launches:

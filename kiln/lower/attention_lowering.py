@@ -160,12 +160,10 @@ def _attention_driver(lw: Lowerer, node: Node, compose, batch_shape, sizes, buff
     scale/mask chain is an epilogue helper reading that block through the descriptor. ``views``:
     how Q, K^T, V and the output sit in their buffers (``attention_view``), so heads are split and
     merged by the products' strides, not by copies."""
-    from kiln.lower.memory import engine_threads
-
     queries, keys, depth, width = sizes
     q_buf, kt_buf, v_buf, dst = buffers
     batch = int(np.prod(batch_shape)) if batch_shape else 1
-    threads = max(1, min(engine_threads(), batch))
+    threads = max(1, min(lw.target.cores, batch))  # participants (at most): the target's cores
     scores = lw.scratch_buffer(F32, threads * queries * keys, hint="scores")
     lw.kernel_count += 1
     name = f"k{lw.kernel_count}"

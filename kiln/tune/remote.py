@@ -27,7 +27,7 @@ ISA_FLAG = {"avx512": "avx512f", "avx2": "avx2", "neon": "asimd", "sve": "sve"}
 
 def selectors_for(target: str, selectors: Iterable[str] = ()) -> list[str]:
     """The node selectors of a target's hardware class: its ISA, and the user's."""
-    isa = parse(target).isa
+    isa = getattr(parse(target), "isa", "")  # a cpu target's; others select by the user's selectors
     found = list(selectors)
     if isa in ISA_FLAG:
         found.append(f"isa={ISA_FLAG[isa]}")

@@ -8,6 +8,7 @@ really is target-neutral."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -20,6 +21,18 @@ from kiln.lower.target import ENGINES, Target, TargetError
 NAME = "kir"
 
 
+@dataclass(frozen=True, kw_only=True)
+class KirTarget(Target):
+    """The kind of target this backend is: a 16-byte vector, one core (its own typed attributes
+    would go here, as a cpu's ISA or a gpu's architecture do)."""
+
+    backend: str = NAME
+
+    @property
+    def vector_bytes(self) -> int:
+        return 16
+
+
 class KirBackend(Backend):
     name = NAME
 
@@ -29,7 +42,7 @@ class KirBackend(Backend):
         # the loop nests are shaped for a 16-byte vector and an 8x8 engine tile (they run element
         # by element anyway: any shape would do)
         spec = f"{NAME}:{variant}" if variant else ""
-        return Target(NAME, "generic", 16, 1, native=False, engines=() if variant else ENGINES, spec=spec)
+        return KirTarget(engines=() if variant else ENGINES, spec=spec)
 
     def variants(self) -> list[str]:
         return [NAME, f"{NAME}:loops"]

@@ -22,11 +22,11 @@ from kiln.backends.cpu.toolchain import compiler_flags as compiler_flags
 from kiln.backends.registry import Backend, SegmentRunner, Threading, library_runner
 from kiln.errors import CompilerError, KilnError
 from kiln.lower.kir import Buffer, Kernel
-from kiln.lower.target import ENGINES, Target, TargetError
+from kiln.lower.target import CpuTarget, Target, TargetError
 
 
 @lru_cache(maxsize=1)
-def host() -> Target:
+def host() -> CpuTarget:
     """This machine: its best ISA (read once from /proc/cpuinfo) and the cores this process may use."""
     flags = features.cpu_flags()
     try:
@@ -41,12 +41,13 @@ def host() -> Target:
         isa = "neon"
     else:
         isa = "generic"
-    return Target(
-        "cpu",
-        isa,
-        ISAS[isa][0],
-        cores,
-        int8_max=features.int8_levels(isa, native=True),
+    return CpuTarget(
+        isa=isa,
+        simd_bytes=ISAS[isa][0],
+        threads=cores,
+        caches=features.caches(),
+        native=True,
+        int8_levels=features.int8_levels(isa, native=True),
         features=features.isa_features(),
     )
 
@@ -58,7 +59,7 @@ def runnable_isas(isa: str | None = None) -> tuple[str, ...]:
     return order.get(isa, (isa, "generic") if isa != "generic" else ("generic",))
 
 
-def isa_target(isa: str) -> Target:
+def isa_target(isa: str) -> CpuTarget:
     """``cpu:<isa>``: that ISA's code path, for any CPU that runs it (TargetError otherwise)."""
     if isa not in ISAS:
         raise TargetError(f"unknown target 'cpu:{isa}'; the cpu target's ISAs: {', '.join(ISAS)}")
@@ -66,7 +67,8 @@ def isa_target(isa: str) -> Target:
         raise TargetError(
             f"target 'cpu:{isa}' cannot run on this machine (its CPU offers {', '.join(runnable_isas())})"
         )
-    return Target("cpu", isa, ISAS[isa][0], host().cores, native=False, engines=ENGINES, spec=f"cpu:{isa}")
+    here = host()
+    return CpuTarget(isa=isa, simd_bytes=ISAS[isa][0], threads=here.threads, caches=here.caches, spec=f"cpu:{isa}")
 
 
 class CpuBackend(Backend):

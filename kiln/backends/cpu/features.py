@@ -15,6 +15,7 @@ import os
 import platform
 from collections.abc import Mapping
 from functools import lru_cache
+from typing import Any
 
 from kiln.errors import KilnError
 
@@ -160,3 +161,37 @@ def int8_levels(isa: str, native: bool) -> int:
     flags = cpu_flags()
     vnni = "avx512_vnni" in flags or "avx_vnni" in flags or "amx_int8" in flags
     return 255 if native and isa in ("avx512", "avx2") and vnni else 127
+
+
+@lru_cache(maxsize=1)
+def caches() -> Any:
+    """This CPU's data caches (``Caches``: L1d and L2 per core, L3 shared) from sysfs; 0 where
+    the OS does not say (a container without /sys, another OS)."""
+    from kiln.lower.target import Caches
+
+    sizes = {}
+    root = "/sys/devices/system/cpu/cpu0/cache"
+    try:
+        entries = sorted(os.listdir(root))
+    except OSError:
+        return Caches()
+    for entry in entries:
+        if not entry.startswith("index"):
+            continue
+        try:
+            with open(f"{root}/{entry}/level") as handle:
+                level = handle.read().strip()
+            with open(f"{root}/{entry}/type") as handle:
+                kind = handle.read().strip()
+            with open(f"{root}/{entry}/size") as handle:
+                text = handle.read().strip()
+        except OSError:
+            continue
+        if kind == "Instruction":
+            continue
+        scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
+        digits = text.rstrip("KMG")
+        if digits.isdigit():
+            sizes[{"1": "l1d", "2": "l2", "3": "l3"}.get(level, "")] = int(digits) * scale
+    sizes.pop("", None)
+    return Caches(**sizes)

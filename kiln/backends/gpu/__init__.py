@@ -17,7 +17,7 @@ from kiln.backends.gpu.runtime import DevicePlan, SegmentRunner, cuda_missing, m
 from kiln.backends.registry import Backend, Threading
 from kiln.backends.registry import SegmentRunner as Runner
 from kiln.lower.kir import Buffer, Kernel
-from kiln.lower.target import Target, TargetError
+from kiln.lower.target import GpuTarget, Target, TargetError
 
 ENGINES = ("attention", "gemm")  # sorted; no Winograd: convolutions are implicit GEMMs here
 
@@ -33,10 +33,8 @@ class GpuBackend(Backend):
         missing = triton_missing()
         if missing:
             raise TargetError(f"target 'gpu{':' + variant if variant else ''}' needs Triton: {missing}")
-        # the loop nests' shapes are the renderer's business (lanes); vector_bytes and the product
-        # tile only size the constant operands' panels, read through their layout by the kernels
         spec = f"gpu:{variant}" if variant else ""
-        return Target("gpu", "cuda" if not variant else "interpret", 64, 1, native=False, engines=ENGINES, spec=spec)
+        return GpuTarget(arch="interpret" if variant else "cuda", engines=ENGINES, spec=spec)
 
     def variants(self) -> list[str]:
         return ["gpu", "gpu:interpret"]
@@ -56,7 +54,7 @@ class GpuBackend(Backend):
 
     def runnable(self, target: Target) -> str:
         missing = triton_missing()
-        if missing or target.isa == "interpret":
+        if missing or target.interpret:
             return missing
         reason = cuda_missing()
         return f"{reason}: compiles (kiln explain --target gpu --arch sm_90); runs as gpu:interpret" if reason else ""
@@ -69,7 +67,7 @@ class GpuBackend(Backend):
         segments = [s for s in plan.steps if hasattr(s, "kernels")]
         if not segments:
             return []
-        interpret = target.isa == "interpret"
+        interpret = target.interpret
         if not interpret:
             missing = cuda_missing()
             if missing:
