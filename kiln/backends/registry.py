@@ -7,7 +7,8 @@ A backend provides, for the shared pipeline (``kiln.driver.pipeline``):
 - ``keeps(node)``: its legalization policy, what ``decompose`` leaves whole (default: what the
   shared lowering table has a rule for) and ``widens_half`` (compute float16 in float32);
 - ``render(segments, table, options, target)``: source text for the lowered kernels ('' if none);
-- ``build(source, target, options)``: that source built into something ``load`` can open (or None);
+- ``build(source, target, options)``: that source built into the files ``load`` opens (a tuple:
+  none, one or many; the plan cache and artifacts keep them all) — ``options`` are ``BuildOptions``;
 - ``load(plan, target, parallelism)``: one runner per native segment, ``runner(table, views, status)``;
 - ``scratch(kernels, target)``: the engines' working memory outside the arena (for reports);
 - ``identity(target, debug)``: what besides the source decides its build (compiler, flags), for caches.
@@ -37,6 +38,16 @@ SegmentRunner = Callable[[Any, dict[Buffer, np.ndarray], np.ndarray], None]
 
 MAX_THREADS = 4096  # participants in a parallel loop: more than any machine kiln runs on has cores
 MAX_SPIN = 1 << 30  # pause instructions before a waiting thread sleeps (seconds of spinning)
+
+
+@dataclass(frozen=True)
+class BuildOptions:
+    """What of a compile's options a backend's ``render`` and ``build`` read (the driver's
+    ``CompileOptions.build``)."""
+
+    level: int = 2  # -O level, 0..3
+    debug: bool = False  # checked indices, sanitizers
+    profile: bool = False  # per-kernel timers in the generated code
 
 
 @dataclass(frozen=True)
@@ -76,12 +87,13 @@ class Backend:
         return lowerable(node)
 
     def render(
-        self, segments: Sequence[Sequence[Kernel]], table: dict[Buffer, int], options: Any, target: Target
+        self, segments: Sequence[Sequence[Kernel]], table: dict[Buffer, int], options: BuildOptions, target: Target
     ) -> str:
         return ""
 
-    def build(self, source: str, target: Target, options: Any) -> Path | None:
-        return None
+    def build(self, source: str, target: Target, options: BuildOptions) -> tuple[Path, ...]:
+        """The files ``load`` opens (none, one or many: artifacts and the plan cache keep them all)."""
+        return ()
 
     def load(self, plan: Any, target: Target, parallelism: Threading) -> list[SegmentRunner]:
         raise NotImplementedError

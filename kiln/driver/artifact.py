@@ -1,4 +1,4 @@
-"""``.kiln`` artifacts: one zip file with the model's IR, its weights and the native libraries of
+"""``.kiln`` artifacts: one zip file with the model's IR, its weights and the build products of
 every compiled variant, so loading needs no ONNX file and no C compiler.
 
     manifest.json  the SHA-256 of every other member: checked before anything is read
@@ -6,9 +6,11 @@ every compiled variant, so loading needs no ONNX file and no C compiler.
     graph.txt      the source graph in kiln's IR text form
     tensors.npz    the numeric weights the text refers to (plain .npy members: no pickle)
     strings.json   string tensors the text refers to
-    lib/<key>.so   one native library per variant, keyed by the hash of its generated C
+    build/<key>/<n><suffix>   the files the target's build made of each variant's source (the
+                   cpu target: one shared library), keyed by the hash of that source, numbered
+                   in the order the backend returned them (version 2 wrote lib/<key>.so)
 
-Trust model: everything but ``lib/`` is data, parsed without running code (JSON, kiln's IR text,
+Trust model: everything but ``build/`` (``lib/``) is data, parsed without running code (JSON, kiln's IR text,
 ``np.load(allow_pickle=False)``). The libraries are native code: loading an artifact with them is
 trusting it like an executable. ``load(path, rebuild=True)`` ignores them and generates the code
 again from the IR (that needs a C compiler). The manifest detects damage, not forgery: a file
@@ -38,7 +40,8 @@ from kiln.ir.printer import print_graph, tensor_data
 from kiln.version import __version__
 
 FORMAT = "kiln-artifact"
-VERSION = 2
+VERSION = 3  # 3: build/<key>/<n><suffix> members (any number of build products per variant)
+OLDEST = 2  # 2: lib/<key>.so, one library per variant
 # Size budgets, checked against the zip's directory before anything is inflated or allocated.
 # kiln deflates only its text members (JSON, the IR text): they shrink 3-20x, never 1000x.
 MAX_INFLATION = 50  # a deflated member may not claim more than this ratio of its stored size...
@@ -67,7 +70,7 @@ def save(model: Any, path: str | os.PathLike) -> Path:
         "variants": [],
         "defaults": [v.name for v in model.graph.defaults],
     }
-    libraries: dict[str, Path] = {}
+    built: dict[str, tuple[Path, ...]] = {}
     if model.target != "reference":
         # what the target needs to reopen it (cpu: the ISA its libraries run on)
         meta.update(backend(model.compiled_for.backend).artifact_meta(model.compiled_for))
@@ -78,8 +81,8 @@ def save(model: Any, path: str | os.PathLike) -> Path:
             meta["quantization"] = {"ranges": [list(r) for r in q.ranges], "keep": sorted(q.keep), "method": q.method}
         for dims, plan in model.bindings():
             meta["variants"].append(dims)
-            if plan.library is not None:
-                libraries[source_key(plan.source)] = plan.library
+            if plan.products:
+                built[source_key(plan.source)] = plan.products
     numeric, strings, meta["tensor_names"] = pack_tensors(tensor_data(model.graph))
     members: dict[str, bytes] = {
         "meta.json": json.dumps(meta, indent=1).encode(),
@@ -87,8 +90,9 @@ def save(model: Any, path: str | os.PathLike) -> Path:
         "tensors.npz": numeric,
         "strings.json": strings,
     }
-    for key, library in libraries.items():
-        members[f"lib/{key}.so"] = Path(library).read_bytes()
+    for key, products in built.items():
+        for number, product in enumerate(products):
+            members[f"build/{key}/{number}{Path(product).suffix}"] = Path(product).read_bytes()
     manifest = {"sha256": {name: hashlib.sha256(content).hexdigest() for name, content in members.items()}}
     try:  # a new file or a regular one replaced: never a device, a FIFO or a folder (-o /dev/null)
         integrity.check_regular(path, "output")
@@ -272,7 +276,7 @@ def read(path: str | os.PathLike) -> tuple[dict[str, Any], dict[str, bytes], Any
         version = meta.get("version", 0)
         if not isinstance(version, int) or version > VERSION:
             raise ArtifactError(f"{path}: artifact version {version} is newer than this kiln reads ({VERSION})")
-        if version < VERSION:
+        if version < OLDEST:
             raise ArtifactError(f"{path}: artifact version {version} is from an older kiln; compile the model again")
         contents = _members(archive, path)
     try:
@@ -346,3 +350,22 @@ def _umask() -> int:
     except (OSError, ValueError, IndexError):
         pass
     return 0o022
+
+
+def build_products(contents: dict[str, bytes]) -> dict[str, list[tuple[str, bytes]]]:
+    """The artifact's build products by source key, each as (file name, bytes) in build order:
+    ``build/<key>/<n><suffix>`` members (``lib/<key>.so`` in version 2). Names that do not fit
+    (a key or number that is not alphanumeric, a path inside) are ignored, never written."""
+    found: dict[str, list[tuple[int, str, bytes]]] = {}
+    for name, content in contents.items():
+        parts = name.split("/")
+        if len(parts) == 2 and parts[0] == "lib" and parts[1].endswith(".so"):
+            key, number, suffix = parts[1].removesuffix(".so"), "0", ".so"
+        elif len(parts) == 3 and parts[0] == "build":
+            key, (number, dot, suffix) = parts[1], parts[2].partition(".")
+            suffix = dot + suffix
+        else:
+            continue
+        if key.isalnum() and number.isdigit() and (not suffix or suffix[1:].isalnum()):
+            found.setdefault(key, []).append((int(number), f"{number}{suffix}", content))
+    return {key: [(file, content) for _, file, content in sorted(files)] for key, files in found.items()}

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from kiln.backends import Threading, backend
-from kiln.driver.artifact import ArtifactError, read
+from kiln.driver.artifact import ArtifactError, build_products, read
 from kiln.driver.native import NativeModel
 from kiln.driver.options import CompileOptions, Quantization
 from kiln.driver.reference import ReferenceModel
@@ -56,12 +56,11 @@ def load(
     folder = None
     if not rebuild:
         folder = Path(tempfile.mkdtemp(prefix="kiln-artifact-"))
-        for name, content in contents.items():
-            key = name.removeprefix("lib/").removesuffix(".so")
-            if name.startswith("lib/") and name.endswith(".so") and key.isalnum():
-                library = folder / f"{key}.so"
-                library.write_bytes(content)
-                prebuilt[key] = library
+        for key, files in build_products(contents).items():
+            (folder / key).mkdir()
+            for file, content in files:
+                (folder / key / file).write_bytes(content)
+            prebuilt[key] = tuple(folder / key / file for file, _ in files)
     q = meta["quantization"]
     quantization = Quantization(tuple(q["ranges"]), frozenset(q["keep"]), q["method"])
     try:

@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from kiln.backends import BuildOptions
 from kiln.errors import KilnError
 from kiln.passes import PASS_NAMES
 
@@ -94,6 +95,11 @@ class CompileOptions:
 
     def with_(self, **changes: Any) -> CompileOptions:
         return replace(self, **changes)
+
+    @property
+    def build(self) -> BuildOptions:
+        """What of these options a backend's render and build read."""
+        return BuildOptions(self.level, self.debug, self.profile)
 
     @property
     def passes_disabled(self) -> frozenset[str]:

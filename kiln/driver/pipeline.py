@@ -54,7 +54,7 @@ class Compile:
     target: Target
     options: CompileOptions
     dims: dict[str, int] = field(default_factory=dict)  # the binding ``specialize`` applies
-    prebuilt: dict[str, Path] = field(default_factory=dict)  # source key -> library an artifact brought
+    prebuilt: dict[str, tuple[Path, ...]] = field(default_factory=dict)  # source key -> what an artifact brought
     choices: dict | None = None  # tuning key -> schedule (the tuner's candidates)
     build_library: bool = True  # False: nothing rendered or built (``kiln check``)
     expose: Callable[[Graph], Graph] | None = None  # rewrites the graph after the passes (``kiln diff``)
@@ -68,7 +68,7 @@ class Compile:
     memory: MemoryPlan | None = None
     table: dict[Buffer, int] = field(default_factory=dict)
     source: str = ""
-    library: Path | None = None
+    products: tuple[Path, ...] = ()  # the build's files
 
     @property
     def backend(self) -> Backend:
@@ -82,7 +82,7 @@ class Compile:
         """The finished plan (after build; after the graph stages when the graph is unplannable)."""
         if self.unplannable:
             empty = MemoryPlan({}, {}, 0, 0)
-            return Plan(self.graph, [], {}, {}, [], [], {}, empty, None, "", whole_graph_reason=self.unplannable)
+            return Plan(self.graph, [], {}, {}, [], [], {}, empty, (), "", whole_graph_reason=self.unplannable)
         assert self.lowerer is not None and self.memory is not None
         # how a run-time error names a kernel's node: op, opset and the types it was compiled for
         described = {n.label: describe_node(n, self.graph) for n in self.graph.nodes}
@@ -100,7 +100,7 @@ class Compile:
             outputs,
             self.constants,
             self.memory,
-            self.library,
+            self.products,
             self.source,
             labels,
             target=self.target,
@@ -278,15 +278,22 @@ def _plan_memory(state: Compile) -> MemoryPlan:
 
 def _render(state: Compile) -> str:
     if state.segments and state.build_library:
-        state.source = state.backend.render(state.segments, state.table, state.options, state.target)
+        state.source = state.backend.render(state.segments, state.table, state.options.build, state.target)
     return state.source
 
 
-def _build(state: Compile) -> Path | None:
-    if state.source:  # a loaded artifact brings its libraries: no compiler needed
+def _build(state: Compile) -> tuple[Path, ...]:
+    if state.source:  # a loaded artifact brings its build products: no compiler needed
         prebuilt = state.prebuilt.get(source_key(state.source))
-        state.library = prebuilt or state.backend.build(state.source, state.target, state.options)
-    return state.library
+        state.products = prebuilt or products(state.backend.build(state.source, state.target, state.options.build))
+    return state.products
+
+
+def products(built: Path | tuple[Path, ...] | list[Path] | None) -> tuple[Path, ...]:
+    """A backend's build result as a tuple of files (a backend may return one path or None)."""
+    if built is None:
+        return ()
+    return (Path(built),) if isinstance(built, (str, Path)) else tuple(Path(p) for p in built)
 
 
 def load(plan: Plan, parallelism: Threading | None = None, **kwargs: Any) -> Executable:
@@ -349,7 +356,7 @@ def compile_plan(
     target: Target | str | None = None,
     options: CompileOptions | None = None,
     *,
-    prebuilt: dict[str, Path] | None = None,
+    prebuilt: dict[str, tuple[Path, ...]] | None = None,
     choices: dict | None = None,
     build_library: bool = True,
     observe: Observer | None = None,

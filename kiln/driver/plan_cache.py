@@ -425,9 +425,11 @@ def store_plan(key: str, dims: dict[str, int], plan: Any) -> None:
     partial = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=folder))
     try:
         plan = copy.copy(plan)
-        if plan.library is not None:
-            shutil.copyfile(plan.library, partial / "library.so")
-            plan.library = Path("library.so")  # relative to the entry; made absolute on load
+        names = []
+        for number, product in enumerate(plan.products):  # relative to the entry; made absolute on load
+            names.append(Path(f"product{number}{Path(product).suffix}"))
+            shutil.copyfile(product, partial / names[-1])
+        plan.products = tuple(names)
         if not plan.whole_graph_reason:
             # the optimized graph's weights that only their packed copies serve are not needed
             kept = {id(a) for a in plan.constants.values()}
@@ -456,10 +458,10 @@ def load_plan(key: str, dims: dict[str, int]) -> Any | None:
         return None
     try:
         plan = _read(folder, "plan")
-        if plan.library is not None:
-            plan.library = folder / plan.library
-            if not plan.library.exists():
-                raise FileNotFoundError(plan.library)
+        plan.products = tuple(folder / Path(name).name for name in plan.products)
+        for product in plan.products:
+            if not product.is_file() or product.is_symlink():
+                raise FileNotFoundError(product)
         STATS["hits"] += 1
         try:
             os.utime(root() / key)  # most recently used: evicted last

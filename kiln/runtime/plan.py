@@ -37,11 +37,16 @@ class Plan:
     outputs: list[Buffer]
     constants: dict[Buffer, np.ndarray]
     memory: MemoryPlan
-    library: Path | None
+    products: tuple[Path, ...]  # what the target's build made of the source: zero, one or many files
     source: str
     kernel_labels: dict[int, str] = field(default_factory=dict)  # status code -> node label
     whole_graph_reason: str = ""  # set when the graph cannot be planned at all (dynamic shapes)
     target: Target | None = None  # what it was compiled for (its backend loads it)
+
+    @property
+    def library(self) -> Path | None:
+        """The first build product (the cpu target's one shared library), None when there is none."""
+        return self.products[0] if self.products else None
 
     @property
     def fallbacks(self) -> list[Fallback]:

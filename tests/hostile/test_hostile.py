@@ -136,13 +136,13 @@ def test_an_artifact_with_a_pickle_payload_is_refused_without_running_it(tmp_pat
 def test_damaged_or_extended_artifacts_are_refused_before_use(tmp_path):
     saved = kiln.compile(mlp(), dims={"batch": 2}).save(tmp_path / "m.kiln")
     with zipfile.ZipFile(saved) as archive:
-        library = next(n for n in archive.namelist() if n.startswith("lib/"))
+        library = next(n for n in archive.namelist() if n.startswith("build/"))
         content = bytearray(archive.read(library))
     content[len(content) // 2] ^= 0xFF
     flipped = rewrite_member(saved, library, bytes(content), tmp_path / "flipped.kiln", fix_manifest=False)
     with pytest.raises(ArtifactError, match="does not match its SHA-256"):
         kiln.load(flipped)
-    extra = rewrite_member(saved, "lib/extra.so", b"\x7fELF", tmp_path / "extra.kiln", fix_manifest=False)
+    extra = rewrite_member(saved, "build/extra/0.so", b"\x7fELF", tmp_path / "extra.kiln", fix_manifest=False)
     with pytest.raises(ArtifactError, match="not in its manifest"):
         kiln.load(extra)
     data = saved.read_bytes()
@@ -155,7 +155,7 @@ def test_rebuild_ignores_the_artifacts_native_code(tmp_path):
     compiled = kiln.compile(mlp(), dims={"batch": 2})
     saved = compiled.save(tmp_path / "m.kiln")
     with zipfile.ZipFile(saved) as archive:
-        library = next(n for n in archive.namelist() if n.startswith("lib/"))
+        library = next(n for n in archive.namelist() if n.startswith("build/"))
     # a library that would crash the process if loaded, with a manifest that vouches for it
     planted = rewrite_member(saved, library, b"\x7fELF garbage", tmp_path / "planted.kiln")
     x = RNG.standard_normal((2, 8)).astype(np.float32)

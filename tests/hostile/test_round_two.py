@@ -524,7 +524,7 @@ def test_an_artifact_built_for_a_cpu_with_an_extension_this_one_lacks_is_rebuilt
     with caplog.at_level("WARNING", logger="kiln"):
         model = kiln.load(path)
     assert lacking in caplog.text and "again" in caplog.text
-    assert not model.prebuilt  # none of the artifact's libraries was loaded
+    assert not model.compilation.prebuilt  # none of the artifact's libraries was loaded
     x = np.ones((2, 64), np.float32)
     np.testing.assert_allclose(
         model.run({"x": x})["y"], kiln.compile(_symbolic_model(), target="reference").run({"x": x})["y"], rtol=1e-5

@@ -19,7 +19,7 @@ from kiln.backends.cpu.c import emit_c
 from kiln.backends.cpu.scratch import engine_scratch
 from kiln.backends.cpu.toolchain import ISAS
 from kiln.backends.cpu.toolchain import compiler_flags as compiler_flags
-from kiln.backends.registry import Backend, SegmentRunner, Threading, library_runner
+from kiln.backends.registry import Backend, BuildOptions, SegmentRunner, Threading, library_runner
 from kiln.errors import CompilerError, KilnError
 from kiln.lower.kir import Buffer, Kernel
 from kiln.lower.target import CpuTarget, Target, TargetError
@@ -81,18 +81,18 @@ class CpuBackend(Backend):
         return ["cpu", *(f"cpu:{isa}" for isa in ISAS)]
 
     def render(
-        self, segments: Sequence[Sequence[Kernel]], table: dict[Buffer, int], options: Any, target: Target
+        self, segments: Sequence[Sequence[Kernel]], table: dict[Buffer, int], options: BuildOptions, target: Target
     ) -> str:
         return emit_c(segments, table, target, profile=options.profile, checked=options.debug)
 
-    def build(self, source: str, target: Target, options: Any) -> Path | None:
+    def build(self, source: str, target: Target, options: BuildOptions) -> tuple[Path, ...]:
         if options.debug and not toolchain.sanitizer_loaded():
             # a library built with AddressSanitizer kills a process whose ASan runtime is not first
             raise KilnError(
                 "KILN_DEBUG builds generated code with AddressSanitizer, whose runtime must be loaded first: "
                 "run with LD_PRELOAD=$(gcc -print-file-name=libasan.so) (or unset KILN_DEBUG)"
             )
-        return toolchain.build(source, target, debug=options.debug)
+        return (toolchain.build(source, target, debug=options.debug),)  # one shared library
 
     def scratch(self, kernels: Sequence[Kernel], target: Target) -> tuple[int, int]:
         return engine_scratch(kernels, target.gemm_rows, target.gemm_cols)

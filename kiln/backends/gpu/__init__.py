@@ -14,7 +14,7 @@ from typing import Any
 from kiln.backends.gpu.module import render_module
 from kiln.backends.gpu.render import Launch
 from kiln.backends.gpu.runtime import DevicePlan, SegmentRunner, cuda_missing, module, traffic, triton_missing
-from kiln.backends.registry import Backend, Threading
+from kiln.backends.registry import Backend, BuildOptions, Threading
 from kiln.backends.registry import SegmentRunner as Runner
 from kiln.lower.kir import Buffer, Kernel
 from kiln.lower.target import GpuTarget, Target, TargetError
@@ -40,7 +40,7 @@ class GpuBackend(Backend):
         return ["gpu", "gpu:interpret"]
 
     def render(
-        self, segments: Sequence[Sequence[Kernel]], table: dict[Buffer, int], options: Any, target: Target
+        self, segments: Sequence[Sequence[Kernel]], table: dict[Buffer, int], options: BuildOptions, target: Target
     ) -> str:
         return render_module(segments, table)
 
