@@ -61,9 +61,8 @@ from kiln.lower.kir import kernel_precision
     "--arch",
     "arches",
     multiple=True,
-    type=click.Choice(["sm_80", "sm_86", "sm_89", "sm_90"]),
-    help="gpu targets: compile every kernel ahead for this NVIDIA architecture (no GPU needed) and show its "
-    "registers, spills and shared memory (repeatable).",
+    help="Targets that compile ahead (gpu: sm_80, sm_86, sm_89, sm_90): compile every kernel for this "
+    "architecture without its hardware and show registers, spills and shared memory (repeatable).",
 )
 def explain(
     model: str,
@@ -83,135 +82,188 @@ def explain(
     """Show what kiln does to MODEL (an .onnx path or a zoo name), stage by stage of the very
     pipeline a compile runs (import, specialize, fold, decompose, passes, lower, plan-memory,
     render, build, load): node counts and timing per stage, the IR after any stage, the fusions
-    refused and why, the kernels and host fallbacks (with reasons), the memory plan and the path
-    of the generated source."""
-    import collections
-    import time
+    refused and why, the kernels and host fallbacks (with reasons), the memory plan, what the
+    target adds (the gpu target: its Triton kernels) and the generated source."""
+    from kiln.backends import backend, parse
 
-    from kiln.backends import parse
-    from kiln.driver.options import CompileOptions
-    from kiln.driver.pipeline import PRINTABLE, STAGES, compile_variant, load
-    from kiln.ir.graph import Graph
+    _check_stages(print_after)
+    compiled_for = parse(target)
+    found = backend(compiled_for.backend)
+    offered = found.ahead_arches()
+    if arches and not set(arches) <= set(offered):
+        can = f"it compiles ahead for {', '.join(offered)}" if offered else "it does not compile ahead"
+        raise click.BadParameter(f"{', '.join(arches)} for target {compiled_for.name}: {can}", param_hint="--arch")
+    graph, binding = import_bound(model, dims)
+    options = _explain_options(model, graph, binding, compiled_for, level, disable, precision)
+    view = ExplainView(model, compiled_for, options, binding, set(print_after), as_json)
+    plan = view.run(graph, kernels)
+    sections = found.explain(plan, arches, _progress(as_json)) if plan is not None and plan.source else []
+    report = view.summary(graph, plan, sections)
+    if as_json:
+        click.echo(json.dumps(report, indent=1, default=str))
+        return
+    view.show(plan, sections)
+    if profile:
+        _explain_profile(model, view.seen["specialize"], binding, runs, top, compiled_for, options)
+
+
+def _check_stages(print_after: tuple[str, ...]) -> None:
+    from kiln.driver.pipeline import PRINTABLE, STAGES
 
     unknown = set(print_after) - set(PRINTABLE) - {"all"}
     if unknown:
         raise click.BadParameter(
-            f"unknown stage(s) {sorted(unknown)}; stages: {', '.join(STAGES)}; or a pass: "
-            f"{', '.join(p for p in PRINTABLE if p not in STAGES)}",
+            f"unknown stage(s) {sorted(unknown)}; stages: import, {', '.join(STAGES)}; or a pass: "
+            f"{', '.join(p for p in PRINTABLE if p not in STAGES and p != 'import')}",
             param_hint="--print-after",
         )
-    compiled_for = parse(target)
+
+
+def _explain_options(model, graph, binding, target, level, disable, precision):  # type: ignore[no-untyped-def]
+    """The compile options explain compiles with; int8 calibrated (min-max) on the zoo model's
+    example inputs, else random ones."""
+    from kiln.driver.options import CompileOptions
     from kiln.driver.pipeline import resolve_precision
 
     options = CompileOptions.from_env(level=level, disabled=frozenset(disable), plan_cache=False)
-    options = options.with_(precision=resolve_precision(precision, compiled_for))
-    graph, binding = import_bound(model, dims)
+    options = options.with_(precision=resolve_precision(precision, target))
     if options.precision == "int8":
         from kiln import zoo
-        from kiln.passes.specialize import specialize
         from kiln.driver.quantize import calibrate, samples_from
+        from kiln.passes.specialize import specialize
 
+        bound = specialize(graph, binding)
         if model in zoo.MODELS:
             samples = [zoo.example_inputs(model, seed=seed) for seed in range(1, 11)]
         else:
-            samples = samples_from(None, specialize(graph, binding))
-        quantization = calibrate(specialize(graph, binding), compiled_for, options, samples, "minmax")
-        options = options.with_(quantization=quantization)
-    wanted = set(print_after)
-    table = Table(
-        title=f"{model}: the pipeline at -O{level}, {options.precision}, for {compiled_for.name} (dims {binding or 'static'})"
-    )
-    for column in ("stage", "nodes", "constants", "ms"):
-        table.add_column(column)
-    clock = [time.perf_counter()]
-    seen: dict[str, object] = {"import": graph}
-    last = [graph]
-    report: dict = {
-        "model": model,
-        "target": compiled_for.name,
-        "level": level,
-        "precision": options.precision,
-        "dims": binding,
-        "stages": [],
-    }
-    printed: dict[str, str] = {}
+            samples = samples_from(None, bound)
+        options = options.with_(quantization=calibrate(bound, target, options, samples, "minmax"))
+    return options
 
-    def observe(stage: str, result: object) -> None:
+
+def _progress(quiet: bool):  # type: ignore[no-untyped-def]
+    """A ``progress(text)`` context manager: a spinner with the text, or nothing when quiet."""
+    import contextlib
+
+    return (lambda text: contextlib.nullcontext()) if quiet else (lambda text: console.status(text))
+
+
+class ExplainView:
+    """``kiln explain``'s account of one compile: a row per stage (nodes, constants, ms), what
+    each stage produced, the stages asked for printed."""
+
+    def __init__(self, model, target, options, binding, wanted: set[str], as_json: bool) -> None:  # type: ignore[no-untyped-def]
+        import time
+
+        self.model, self.target, self.options, self.binding = model, target, options, binding
+        self.wanted, self.as_json = wanted, as_json
+        title = f"{model}: the pipeline at -O{options.level}, {options.precision}, for {target.name}"
+        self.table = Table(title=f"{title} (dims {binding or 'static'})")
+        for column in ("stage", "nodes", "constants", "ms"):
+            self.table.add_column(column)
+        self.clock = time.perf_counter()
+        self.seen: dict[str, object] = {}
+        self.last: object = None
+        self.rows: list[dict] = []
+        self.printed: dict[str, str] = {}
+        self.not_loaded = ""
+
+    def observe(self, stage: str, result: object) -> None:
+        import time
+
+        from kiln.ir.graph import Graph
+
         now = time.perf_counter()
-        elapsed = f"{(now - clock[0]) * 1e3:.0f}"
-        clock[0] = now
-        row = {"stage": stage, "ms": float(elapsed)}
+        elapsed = f"{(now - self.clock) * 1e3:.0f}"
+        self.clock = now
+        row: dict = {"stage": stage, "ms": float(elapsed)}
         if isinstance(result, Graph):
             if stage == "fuse":
-                seen["before fuse"] = last[0]
-            last[0] = result
-            table.add_row(stage, str(len(result.nodes)), str(len(result.constants)), elapsed)
+                self.seen["before fuse"] = self.last
+            self.last = result
+            self.table.add_row(stage, str(len(result.nodes)), str(len(result.constants)), elapsed)
             row.update(nodes=len(result.nodes), constants=len(result.constants))
         else:
-            table.add_row(stage, "", "", elapsed)
-        report["stages"].append(row)
-        seen[stage] = result
-        if stage in wanted or "all" in wanted:
-            text = _stage_text(stage, result)
-            printed[stage] = text
-            if not as_json:
+            self.table.add_row(stage, "", "", elapsed)
+        self.rows.append(row)
+        self.seen[stage] = result
+        if stage in self.wanted or "all" in self.wanted:
+            text = self.printed[stage] = _stage_text(stage, result)
+            if not self.as_json:
                 out.print(f"# after {stage}", markup=False, highlight=False)
                 out.print(text, markup=False, highlight=False)
 
-    observe("import", graph)
-    plan = None
-    if kernels:
-        plan = compile_variant(graph, binding, compiled_for, options, observe=observe)
+    def run(self, graph, kernels: bool):  # type: ignore[no-untyped-def]
+        """The pipeline through load (through the graph stages without ``kernels``); the plan or None."""
+        from kiln.driver.pipeline import compile_variant, graph_stages, load
+        from kiln.lower.target import TargetError
+
+        self.observe("import", graph)
+        if not kernels:
+            graph_stages(graph, self.binding, self.target, self.options, self.observe)
+            return None
+        plan = compile_variant(graph, self.binding, self.target, self.options, observe=self.observe)
         if plan.target is not None and not plan.whole_graph_reason:
-            from kiln.lower.target import TargetError
-
             try:
-                executable = load(plan)
+                self.observe("load", load(plan))
             except TargetError as err:  # compiled for hardware this machine lacks (gpu without a CUDA device)
-                report["not_loaded"] = str(err)
-                if not as_json:
-                    out.print(f"[yellow]not loaded:[/] {escape(str(err))}")
-            else:
-                observe("load", executable)
-    else:  # the graph stages only
-        from kiln.driver.pipeline import graph_stages
+                self.not_loaded = str(err)
+        return plan
 
-        graph_stages(graph, binding, compiled_for, options, observe)
-    before = collections.Counter(n.op for n in graph.nodes)
-    optimized = seen.get("passes", last[0])
-    after_ops = collections.Counter(n.op for n in optimized.nodes)  # type: ignore[attr-defined]
-    report["ops"] = {op: [before.get(op, 0), after_ops.get(op, 0)] for op in sorted(set(before) | set(after_ops))}
-    refusals = _refusals(seen["before fuse"]) if "before fuse" in seen else []
-    report["fusion_refused"] = [{"node": r.node, "would_join": r.candidate, "reason": r.reason} for r in refusals]
-    report["printed"] = printed
-    if plan is not None:
-        report["plan"] = _plan_summary(plan)
-    if plan is not None and plan.target is not None and plan.target.backend == "gpu" and plan.source:
-        report["gpu"] = _gpu_kernels(plan, arches, quiet=as_json)
-    elif arches:
-        raise click.BadParameter(
-            "--arch compiles a gpu target's kernels: use it with --target gpu", param_hint="--arch"
-        )
-    if as_json:
-        click.echo(json.dumps(report, indent=1, default=str))
-        return
-    out.print(table)
-    ops = Table(title="ops imported -> after the passes")
-    for column in ("op", "imported", "optimized"):
-        ops.add_column(column)
-    for op, (imported, kept) in report["ops"].items():
-        ops.add_row(escape(op), str(imported), str(kept))
-    out.print(ops)
-    if "before fuse" in seen:
-        _explain_refusals(refusals)
-    if plan is not None:
-        _explain_plan(plan)
-    if "gpu" in report:
-        _explain_gpu(report["gpu"])
-    if profile and compiled_for.backend == "gpu":
-        _explain_transfers(model, seen["specialize"], binding, runs, compiled_for, options)
-    elif profile:
-        _explain_profile(model, seen["specialize"], binding, runs, top, compiled_for, options)
+    def summary(self, graph, plan, sections) -> dict:  # type: ignore[no-untyped-def]
+        import collections
+
+        report: dict = {
+            "model": self.model,
+            "target": self.target.name,
+            "level": self.options.level,
+            "precision": self.options.precision,
+            "dims": self.binding,
+            "stages": self.rows,
+        }
+        if self.not_loaded:
+            report["not_loaded"] = self.not_loaded
+        before = collections.Counter(n.op for n in graph.nodes)
+        after = collections.Counter(n.op for n in self.seen.get("passes", self.last).nodes)  # type: ignore[attr-defined]
+        report["ops"] = {op: [before.get(op, 0), after.get(op, 0)] for op in sorted(set(before) | set(after))}
+        self.refusals = _refusals(self.seen["before fuse"]) if "before fuse" in self.seen else []
+        report["fusion_refused"] = [{"node": r.node, "would_join": r.candidate, "reason": r.reason} for r in self.refusals]
+        report["printed"] = self.printed
+        if plan is not None:
+            report["plan"] = _plan_summary(plan)
+        report.update({section.key: section.data for section in sections})
+        self.report = report
+        return report
+
+    def show(self, plan, sections) -> None:  # type: ignore[no-untyped-def]
+        if self.not_loaded:
+            out.print(f"[yellow]not loaded:[/] {escape(self.not_loaded)}")
+        out.print(self.table)
+        ops = Table(title="ops imported -> after the passes")
+        for column in ("op", "imported", "optimized"):
+            ops.add_column(column)
+        for op, (imported, kept) in self.report["ops"].items():
+            ops.add_row(escape(op), str(imported), str(kept))
+        out.print(ops)
+        if "before fuse" in self.seen:
+            _explain_refusals(self.refusals)
+        if plan is not None:
+            _explain_plan(plan)
+        for section in sections:
+            show_section(section)
+
+
+def show_section(section) -> None:  # type: ignore[no-untyped-def]
+    """A target's part of the report: its table (when it has rows), then its notes."""
+    if section.rows:
+        table = Table(title=escape(section.title))
+        for column in section.columns:
+            table.add_column(escape(column), overflow="fold")
+        for row in section.rows:
+            table.add_row(*(escape(cell) for cell in row))
+        out.print(table)
+    for note in section.notes:
+        out.print(escape(note), highlight=False)
 
 
 def _stage_text(stage: str, result: object) -> str:
@@ -245,10 +297,25 @@ def _stage_text(stage: str, result: object) -> str:
 
 
 def _explain_profile(model: str, graph, binding: dict[str, int], runs: int, top: int, target, options) -> None:  # type: ignore[no-untyped-def]
+    """``--profile``: per-kernel timers where the target's code has them, else ``runs`` runs and
+    the target's own account of them (the gpu target: time in transfers and kernels)."""
     from kiln import zoo as models
+    from kiln.backends import backend
+    from kiln.driver.pipeline import compile_plan, load
     from kiln.driver.profile import matmul_peak, profile_graph
+    from kiln.driver.quantize import samples_from
 
     feeds = models.example_inputs(model, batch=binding.get("batch", 1)) if model in models.MODELS else None
+    found = backend(target.backend)
+    if not found.kernel_timers:
+        executable = load(compile_plan(graph, target, options))
+        feeds = feeds or samples_from(None, graph)[0]
+        inputs = [feeds[v.name] for v in executable.plan.graph.inputs]
+        with console.status(f"running {runs} time(s) on {target.name}..."):
+            for _ in range(runs):
+                executable.run(inputs)
+        show_section(found.run_profile(executable, target))
+        return
     with console.status("profiling (timers in every kernel)..."):
         result = profile_graph(graph, feeds, runs=runs, target=target, options=options)
     with console.status("measuring the matrix-multiply peak..."):
@@ -294,120 +361,6 @@ def _explain_profile(model: str, graph, binding: dict[str, int], runs: int, top:
 
 MAX_REFUSALS = 40
 
-
-def _explain_transfers(model: str, graph, binding: dict[str, int], runs: int, target, options) -> None:  # type: ignore[no-untyped-def]
-    """A gpu target's runs: time moving data host -> device, in kernels, and device -> host."""
-    from kiln import zoo as models
-    from kiln.backends.gpu import transfer_times
-    from kiln.driver.pipeline import compile_plan
-    from kiln.runtime.executable import Executable
-
-    plan = compile_plan(graph, target, options)
-    executable = Executable(plan)
-    if models.MODELS.get(model) is not None:
-        feeds = models.example_inputs(model, batch=binding.get("batch", 1))
-    else:
-        from kiln.driver.quantize import samples_from
-
-        feeds = samples_from(None, graph)[0]
-    inputs = [feeds[v.name] for v in plan.graph.inputs]
-    with console.status(f"running {runs} time(s) on {target.name}..."):
-        for _ in range(runs):
-            executable.run(inputs)
-    times = transfer_times(executable.runners)
-    if times is None:
-        out.print("no native segment: nothing ran on the device")
-        return
-    out.print(
-        f"per run ({times['runs']} runs on {target.name}): host -> device {times['upload_ms']:.3f} ms, "
-        f"kernels {times['compute_ms']:.3f} ms, device -> host {times['download_ms']:.3f} ms"
-        + (" (Triton's interpreter on the CPU: kernel time is not a GPU's)" if target.interpret else "")
-    )
-
-
-def _gpu_kernels(plan, arches: tuple[str, ...], quiet: bool) -> dict:  # type: ignore[no-untyped-def]
-    """The gpu target's kernel functions: launches, grid, blocks, and per architecture asked
-    (compiled ahead, no GPU needed) registers, spills and shared memory."""
-    from kiln.backends.gpu import source_file
-    from kiln.backends.gpu.ahead import compile_ahead
-    from kiln.backends.gpu.render import Launch
-    from kiln.backends.gpu.runtime import module
-
-    path = source_file(plan.source)
-    namespace = module(plan.source, interpret=plan.target.interpret)
-    launches = [Launch.of(fields) for segment in namespace["LAUNCHES"].values() for fields in segment]
-    functions: dict[str, dict] = {}
-    for launch in launches:
-        entry = functions.setdefault(
-            launch.function,
-            {
-                "function": launch.function,
-                "kind": launch.kind,
-                "kernels": [],
-                "grid": list(launch.grid),
-                "blocks": dict(launch.constants),
-                "num_warps": launch.num_warps,
-                "num_stages": launch.num_stages,
-                "arch": {},
-            },
-        )
-        entry["kernels"].append(launch.kernel)
-    for arch in arches:
-        with console.status(f"compiling {len(functions)} Triton kernels for {arch}...") if not quiet else _null():
-            for found in compile_ahead(plan.source, arch):
-                functions[found.function]["arch"][arch] = {
-                    "registers": found.registers,
-                    "spill_bytes": found.spill_bytes,
-                    "stack_bytes": found.stack_bytes,
-                    "shared_bytes": found.shared_bytes,
-                    "error": found.error,
-                }
-    return {
-        "source": str(path),
-        "launches": len(launches),
-        "functions": list(functions.values()),
-        "arches": list(arches),
-    }
-
-
-def _null():  # type: ignore[no-untyped-def]
-    import contextlib
-
-    return contextlib.nullcontext()
-
-
-def _explain_gpu(found: dict) -> None:
-    arches = found["arches"]
-    table = Table(title=f"Triton kernels: {len(found['functions'])} functions, {found['launches']} launches")
-    for column in ("function", "kind", "launches", "grid", "blocks", "warps/stages"):
-        table.add_column(column, overflow="fold")
-    for arch in arches:
-        table.add_column(f"{arch} regs / spill B / smem B", overflow="fold")
-    for entry in found["functions"]:
-        cells = []
-        for arch in arches:
-            usage = entry["arch"][arch]
-            if usage["error"]:
-                cells.append(f"[red]does not compile: {escape(usage['error'])}[/]")
-            else:
-                spill = usage["spill_bytes"]
-                cells.append(
-                    f"{usage['registers']} / {'[red]' + str(spill) + '[/]' if spill else 0} / {usage['shared_bytes']}"
-                )
-        kernels = entry["kernels"]
-        table.add_row(
-            entry["function"],
-            entry["kind"],
-            str(len(kernels)),
-            "x".join(map(str, entry["grid"])),
-            ", ".join(f"{k}={v}" for k, v in entry["blocks"].items()),
-            f"{entry['num_warps']}/{entry['num_stages']}",
-            *cells,
-        )
-    out.print(table)
-    out.print(f"Triton source: {found['source']}")
-
-
 def _refusals(graph):  # type: ignore[no-untyped-def]
     """Why the fusion pass left nodes apart (fuse records a reason for every refusal)."""
     from kiln.passes.fuse import Refusal, fuse
@@ -450,8 +403,7 @@ def _plan_summary(plan) -> dict:  # type: ignore[no-untyped-def]
         "steps": steps,
         "native": plan.is_native,
         "memory": {"arena_bytes": plan.memory.arena_bytes, "described": plan.memory.describe()},
-        "source": str(plan.library.with_suffix(".c")) if plan.library is not None else None,
-        "library": str(plan.library) if plan.library is not None else None,
+        "products": [str(path) for path in plan.products],
         "kernels": sum(len(s.kernels) for s in plan.steps if not isinstance(s, Fallback)),
     }
 
@@ -497,9 +449,6 @@ def _explain_plan(plan) -> None:  # type: ignore[no-untyped-def]
     native = "no host fallback" if plan.is_native else f"{len(plan.fallbacks)} host fallback(s)"
     out.print(f"{sum(len(s.kernels) for s in plan.steps if not isinstance(s, Fallback))} kernels, {native}")
     out.print(f"memory plan: {plan.memory.describe()}")
-    if plan.library is not None:
-        out.print(f"generated source: {plan.library.with_suffix('.c')}")
-        out.print(f"shared library: {plan.library}")
 
 
 @click.command()

@@ -70,11 +70,25 @@ class Threading:
             raise ArgumentError(f"spin must be an integer in 0..{MAX_SPIN} (pause instructions), got {self.spin!r}")
 
 
+@dataclass
+class Section:
+    """A part of ``kiln explain``'s report a target contributes: a table (``columns``, ``rows`` of
+    text cells) and notes; ``data`` is what ``--json`` shows under ``key``."""
+
+    key: str
+    title: str
+    columns: list[str]
+    rows: list[list[str]]
+    notes: list[str]
+    data: Any
+
+
 class Backend:
     """One target family. Subclasses set ``name`` and override what differs."""
 
     name = ""
     compiles = True  # False: the graph runs on the reference interpreter (``reference``)
+    kernel_timers = False  # its generated code can time each kernel (``BuildOptions.profile``)
     widens_half = True  # float16/bfloat16 arithmetic computed in float32
 
     def describe(self, variant: str) -> Target:
@@ -128,6 +142,21 @@ class Backend:
         """'' when code compiled for ``target`` runs on this machine, else why not (a target may
         compile where it cannot run: ``gpu`` on a machine without a CUDA device)."""
         return self.available()
+
+    def ahead_arches(self) -> tuple[str, ...]:
+        """Architectures ``kiln explain --arch`` can compile this target's kernels ahead for,
+        without the hardware (none: the option does not apply)."""
+        return ()
+
+    def explain(self, plan: Any, arches: tuple[str, ...], progress: Callable[[str], Any]) -> list[Section]:
+        """What ``kiln explain`` shows of ``plan`` beyond the shared report (``progress(text)``
+        is a context manager around slow work)."""
+        return []
+
+    def run_profile(self, executable: Any, target: Target) -> Section:
+        """After ``kiln explain --profile``'s runs of ``executable`` on a target without kernel
+        timers: the target's own account of them (gpu: host <-> device transfers)."""
+        return Section("profile", "profile", [], [], [f"{target.name} keeps no account of its runs"], {})
 
     def precisions(self, target: Target) -> dict[str, str]:
         """Each arithmetic precision of matrix products and convolutions (``fp32``, ``bf16``, ``int8``)

@@ -19,7 +19,7 @@ from kiln.backends.cpu.c import emit_c
 from kiln.backends.cpu.scratch import engine_scratch
 from kiln.backends.cpu.toolchain import ISAS
 from kiln.backends.cpu.toolchain import compiler_flags as compiler_flags
-from kiln.backends.registry import Backend, BuildOptions, SegmentRunner, Threading, library_runner
+from kiln.backends.registry import Backend, BuildOptions, Section, SegmentRunner, Threading, library_runner
 from kiln.errors import CompilerError, KilnError
 from kiln.lower.kir import Buffer, Kernel
 from kiln.lower.target import CpuTarget, Target, TargetError
@@ -73,6 +73,7 @@ def isa_target(isa: str) -> CpuTarget:
 
 class CpuBackend(Backend):
     name = "cpu"
+    kernel_timers = True
 
     def describe(self, variant: str) -> Target:
         return host() if not variant else isa_target(variant)
@@ -93,6 +94,13 @@ class CpuBackend(Backend):
                 "run with LD_PRELOAD=$(gcc -print-file-name=libasan.so) (or unset KILN_DEBUG)"
             )
         return (toolchain.build(source, target, debug=options.debug),)  # one shared library
+
+    def explain(self, plan: Any, arches: tuple[str, ...], progress: Any) -> list[Section]:
+        if plan.library is None:
+            return []
+        source, library = plan.library.with_suffix(".c"), plan.library
+        notes = [f"generated source: {source}", f"shared library: {library}"]
+        return [Section("build", "build", [], [], notes, {"source": str(source), "library": str(library)})]
 
     def scratch(self, kernels: Sequence[Kernel], target: Target) -> tuple[int, int]:
         return engine_scratch(kernels, target.gemm_rows, target.gemm_cols)

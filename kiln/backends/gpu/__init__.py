@@ -7,14 +7,22 @@ is the CPU's. No vendor library is called: every kernel is kiln's."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from kiln.backends.gpu.module import render_module
+from kiln.backends.gpu.module import render_module, source_file
 from kiln.backends.gpu.render import Launch
-from kiln.backends.gpu.runtime import DevicePlan, SegmentRunner, cuda_missing, module, traffic, triton_missing
-from kiln.backends.registry import Backend, BuildOptions, Threading
+from kiln.backends.gpu.runtime import (
+    DevicePlan,
+    SegmentRunner,
+    cuda_missing,
+    module,
+    traffic,
+    transfer_times,
+    triton_missing,
+)
+from kiln.backends.registry import Backend, BuildOptions, Section, Threading
 from kiln.backends.registry import SegmentRunner as Runner
 from kiln.lower.kir import Buffer, Kernel
 from kiln.lower.target import GpuTarget, Target, TargetError
@@ -93,31 +101,20 @@ class GpuBackend(Backend):
     def artifact_meta(self, target: Target) -> dict[str, Any]:
         return {}
 
+    def ahead_arches(self) -> tuple[str, ...]:
+        from kiln.backends.gpu.ahead import ARCHES
 
-def source_file(source: str) -> Path:
-    """The generated module written where people can read it (``kiln explain`` names it)."""
-    import hashlib
+        return tuple(ARCHES)
 
-    from kiln.integrity import cache_folder_or_private
+    def explain(self, plan: Any, arches: tuple[str, ...], progress: Callable[[str], Any]) -> list[Section]:
+        from kiln.backends.gpu.explain import kernel_report, kernel_section
 
-    folder = cache_folder_or_private("gpu")
-    path = folder / f"{hashlib.sha256(source.encode()).hexdigest()[:24]}.py"
-    if not path.exists():
-        path.write_text(source)
-    return path
+        return [kernel_section(kernel_report(plan, arches, progress))] if plan.source else []
 
+    def run_profile(self, executable: Any, target: Target) -> Section:
+        from kiln.backends.gpu.explain import transfer_section
 
-def transfer_times(runners: Sequence[Any]) -> dict[str, float] | None:
-    """Per-run host->device, kernel and device->host times of a loaded plan's runners (None when
-    they are not the gpu target's)."""
-    states = {id(r.state): r.state for r in runners if isinstance(r, SegmentRunner)}
-    if not states:
-        return None
-    total = {"runs": 0, "upload_ms": 0.0, "compute_ms": 0.0, "download_ms": 0.0}
-    for state in states.values():
-        for key, value in state.times.summary().items():
-            total[key] = max(total[key], value) if key == "runs" else total[key] + value
-    return total
+        return transfer_section(executable, target)
 
 
 __all__ = ["GpuBackend", "source_file", "transfer_times"]

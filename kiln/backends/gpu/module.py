@@ -4,6 +4,7 @@ through ``engines``), kernels that differ only in their buffers kept once, then 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 
 from kiln.backends.gpu.engines import render_attention, render_gemm
 from kiln.backends.gpu.render import CannotRender, Launch, render_nest
@@ -84,3 +85,16 @@ def render_module(segments: Sequence[Sequence[Kernel]], table: dict[Buffer, int]
                 launches.setdefault(number, []).append(launch.as_tuple())
     chunks.append("\n\nLAUNCHES = " + repr(launches) + "\n")
     return "\n".join(chunks)
+
+
+def source_file(source: str) -> Path:
+    """The generated module written where people can read it (``kiln explain`` names it)."""
+    import hashlib
+
+    from kiln.integrity import cache_folder_or_private
+
+    folder = cache_folder_or_private("gpu")
+    path = folder / f"{hashlib.sha256(source.encode()).hexdigest()[:24]}.py"
+    if not path.exists():
+        path.write_text(source)
+    return path

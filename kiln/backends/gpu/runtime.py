@@ -16,7 +16,7 @@ import threading
 import time
 import types
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -277,3 +277,16 @@ def traffic(plan: Any) -> list[tuple[list[Buffer], list[Buffer]]]:
             )
         )
     return result
+
+
+def transfer_times(runners: Sequence[Any]) -> dict[str, float] | None:
+    """Per-run host->device, kernel and device->host times of a loaded plan's runners (None when
+    they are not the gpu target's)."""
+    states = {id(r.state): r.state for r in runners if isinstance(r, SegmentRunner)}
+    if not states:
+        return None
+    total = {"runs": 0, "upload_ms": 0.0, "compute_ms": 0.0, "download_ms": 0.0}
+    for state in states.values():
+        for key, value in state.times.summary().items():
+            total[key] = max(total[key], value) if key == "runs" else total[key] + value
+    return total
