@@ -14,7 +14,15 @@ from rich.table import Table
 from kiln.arrays import ArrayFileError, load_npy
 from kiln.cli_bench import bench
 from kiln.cli_inspect import check, diff_command, explain
-from kiln.cli_support import calibration_data, configure_logging, console, dim_bindings, import_bound, out, precision_option
+from kiln.cli_support import (
+    calibration_data,
+    configure_logging,
+    console,
+    dim_bindings,
+    import_bound,
+    out,
+    precision_option,
+)
 from kiln.errors import KilnError
 from kiln.version import __version__
 

@@ -227,7 +227,9 @@ class ExplainView:
         after = collections.Counter(n.op for n in self.seen.get("passes", self.last).nodes)  # type: ignore[attr-defined]
         report["ops"] = {op: [before.get(op, 0), after.get(op, 0)] for op in sorted(set(before) | set(after))}
         self.refusals = _refusals(self.seen["before fuse"]) if "before fuse" in self.seen else []
-        report["fusion_refused"] = [{"node": r.node, "would_join": r.candidate, "reason": r.reason} for r in self.refusals]
+        report["fusion_refused"] = [
+            {"node": r.node, "would_join": r.candidate, "reason": r.reason} for r in self.refusals
+        ]
         report["printed"] = self.printed
         if plan is not None:
             report["plan"] = _plan_summary(plan)
@@ -360,6 +362,7 @@ def _explain_profile(model: str, graph, binding: dict[str, int], runs: int, top:
 
 
 MAX_REFUSALS = 40
+
 
 def _refusals(graph):  # type: ignore[no-untyped-def]
     """Why the fusion pass left nodes apart (fuse records a reason for every refusal)."""

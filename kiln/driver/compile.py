@@ -9,7 +9,7 @@ returns compiles new bindings of symbolic dims through ``kiln.driver.variants``.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from kiln.backends import Threading, backend, parse
@@ -47,11 +47,11 @@ class Request:
     target: str = "cpu"
     example_inputs: Any = None
     dynamic_shapes: Any = None
-    options: CompileOptions = CompileOptions()
+    options: CompileOptions = field(default_factory=CompileOptions)
     dims: dict[str, int] | None = None
-    parallelism: Threading = Threading()
+    parallelism: Threading = field(default_factory=Threading)
     streams: int | None = None
-    calibration: Calibration = Calibration()
+    calibration: Calibration = field(default_factory=Calibration)
 
     def graph(self) -> Any:
         return to_graph(self.model, self.example_inputs, self.dynamic_shapes)

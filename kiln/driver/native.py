@@ -37,7 +37,7 @@ class NativeModel(Model):
         compilation: Compilation,
         parallelism: Threading | None = None,
         streams: int | None = None,
-        limits: Limits = Limits(),
+        limits: Limits | None = None,
     ) -> None:
         super().__init__(compilation.source.graph, compilation.signature, streams)
         self.compilation = compilation
@@ -47,7 +47,7 @@ class NativeModel(Model):
         self.target = self.compiled_for.name
         self.options = compilation.options
         # compiled variants; weights are shared by all of them (WeightStore)
-        self.variants = Variants(limits)
+        self.variants = Variants(limits or Limits())
         self.weights = WeightStore()
         self.value_variants = 0  # compiled for small inputs' values (bounded: VALUE_VARIANTS)
         self._ran: dict[int, Executable] = {}  # the variants that have executed requests

@@ -20,9 +20,8 @@ from typing import Any
 
 import numpy as np
 
-from kiln.backends import Backend, Threading
+from kiln.backends import Backend, Threading, parse
 from kiln.backends import backend as backend_of
-from kiln.backends import parse
 from kiln.driver.artifact import source_key
 from kiln.driver.options import CompileOptions
 from kiln.errors import KilnError

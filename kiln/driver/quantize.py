@@ -34,6 +34,7 @@ from kiln.driver.pipeline import compile_plan, optimized
 from kiln.errors import KilnError
 from kiln.ir.graph import Graph, Value
 from kiln.ir.types import DType, TensorType, random_tensor
+from kiln.ops.registry import has_trait
 from kiln.runtime.executable import Executable
 
 METHODS = ("minmax", "percentile", "entropy")
@@ -174,7 +175,7 @@ def quantizable(graph: Graph) -> list[tuple[str, Value]]:
             attrs = anchor.attrs
         else:
             attrs = node.attrs
-        if op not in ("MatMul", "Conv") or len(inputs) < 2 or inputs[0] is None or inputs[1] is None:
+        if not has_trait(op, "", "anchor") or len(inputs) < 2 or inputs[0] is None or inputs[1] is None:
             continue
         x, w = inputs[0], inputs[1]
         if x in graph.constants or w not in graph.constants:

@@ -5,9 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 from kiln.driver.artifact import save
+from kiln.driver.model import Model
 from kiln.ir.graph import Graph
 from kiln.ops.interpreter import Interpreter
-from kiln.driver.model import Model
 
 
 class ReferenceModel(Model):

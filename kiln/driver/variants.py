@@ -126,7 +126,10 @@ class Compilation:
         InternalError naming the stage, with a reproducer written to disk."""
         if self.ahead is not None and dims not in self.ahead:
             log.warning(
-                "compiling %s for dims %s: the artifact has code for %s only", self.target.name, dims, self.ahead or "none"
+                "compiling %s for dims %s: the artifact has code for %s only",
+                self.target.name,
+                dims,
+                self.ahead or "none",
             )
         try:
             return compile_plan(specialize(self.graph, dims), self.target, self.options, prebuilt=self.prebuilt)

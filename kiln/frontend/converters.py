@@ -16,7 +16,7 @@ from kiln.errors import InvalidModelError, ShapeInferenceError
 from kiln.ir.graph import Node, Value, constant_type, unique_name
 from kiln.ir.types import DType, SequenceType, TensorType, Type
 from kiln.ops.inference import KNOWN_VALUE_LIMIT, UnsupportedConstruct, infer_node
-from kiln.ops.registry import NONDETERMINISTIC, lookup
+from kiln.ops.registry import lookup, nondeterministic
 
 Converter = Callable[[onnx.NodeProto, "GraphBuilder", str], None]
 CONVERTERS: dict[tuple[str, str], list[tuple[int, Converter]]] = {}
@@ -147,7 +147,7 @@ class GraphBuilder:
 
     def _evaluate_if_known(self, node: Node, known: list[np.ndarray | None]) -> None:
         """Compute outputs of small nodes whose inputs are all known (shape arithmetic)."""
-        if node.op in NONDETERMINISTIC or any(True for _ in node.subgraphs()):
+        if nondeterministic(node) or any(True for _ in node.subgraphs()):
             return
         if any(v is not None and k is None for v, k in zip(node.inputs, known)):
             return

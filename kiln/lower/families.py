@@ -22,7 +22,6 @@ from kiln.lower import lowering as pointwise
 from kiln.lower.engine import NotForEngine
 from kiln.lower.lowering import ALIASES, Lowering
 
-
 LOOPS, ENGINE = 0, 10  # priorities: a kiln engine's lowering is tried before the loop nests
 
 

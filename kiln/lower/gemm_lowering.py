@@ -52,7 +52,7 @@ from kiln.lower.kir import (
     i64,
 )
 from kiln.lower.lowering import Lowerer
-from kiln.lower.window_lowering import conv_window, lower_conv
+from kiln.lower.window_lowering import conv_window
 
 I64 = DType.INT64
 

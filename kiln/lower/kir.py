@@ -8,6 +8,7 @@ schedule can change speed but never results.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from kiln.ir.types import DType
@@ -47,9 +48,13 @@ class Load:
 # exp/tanh/erf, libm for the rest). Integer / and % truncate toward zero and are total: by zero
 # they give 0 (as NumPy does), the most negative value by -1 wraps (x / -1 = -x, x % -1 = 0);
 # renderers whose operators trap there (C: SIGFPE) guard them. Comparisons and && || give booleans.
+# ``max`` and ``min`` follow np.maximum/np.minimum: a NaN in either operand is the result.
 BINARY_OPS = frozenset(
-    {"+", "-", "*", "/", "%", "<", "<=", ">", ">=", "==", "!=", "&&", "||", "&", "|", "^", "<<", ">>", "pow", "fmod"}
-)
+    {
+        "+", "-", "*", "/", "%", "<", "<=", ">", ">=", "==", "!=", "&&", "||", "&", "|", "^", "<<", ">>",
+        "pow", "fmod", "max", "min",
+    }
+)  # fmt: skip
 UNARY_OPS = frozenset(
     {
         "-", "!", "abs", "exp", "log", "sqrt", "tanh", "erf", "floor", "ceil",
@@ -162,6 +167,27 @@ def postorder(root: Expr) -> list[Expr]:
         stack.append((node, True))
         stack.extend((child, False) for child in reversed(operands(node)))
     return order
+
+
+def map_expr(root: Expr, change: Callable[[Expr], Expr]) -> Expr:
+    """``root`` rebuilt bottom-up with ``change`` applied to every node (each distinct node once:
+    shared operands stay shared); nodes ``change`` leaves alone keep their identity."""
+    done: dict[int, Expr] = {}
+    for original in postorder(root):
+        kids = operands(original)
+        new = [done[id(k)] for k in kids]
+        node = original
+        if any(n is not k for n, k in zip(new, kids)):
+            if isinstance(node, Load):
+                node = Load(node.buffer, new[0])
+            elif isinstance(node, Binary):
+                node = Binary(node.op, new[0], new[1])
+            elif isinstance(node, (Unary, Cast)):
+                node = Unary(node.op, new[0]) if isinstance(node, Unary) else Cast(node.dtype, new[0])
+            elif isinstance(node, Select):
+                node = Select(new[0], new[1], new[2])
+        done[id(original)] = change(node)
+    return done[id(root)]
 
 
 def conditional_operands(e: Expr) -> tuple[Expr, ...]:

@@ -120,6 +120,8 @@ BINARY: dict[str, Callable[[Any, Any], Any]] = {
     ">>": lambda a, b: a >> b,
     "pow": lambda a, b: np.power(a, b),
     "fmod": lambda a, b: np.fmod(a, b),
+    "max": lambda a, b: np.maximum(a, b),  # a NaN in either operand is the result
+    "min": lambda a, b: np.minimum(a, b),
 }
 
 

@@ -40,7 +40,7 @@ from kiln.lower.kir import (
 from kiln.lower.pointwise import ANY_NUMERIC, BF16, COMPARE, FLOAT_OPS, HALF, LOGIC, NATIVE, NATIVE_FLOATS
 from kiln.lower.target import Target
 from kiln.memory import aligned_copy
-from kiln.ops.registry import ops_with
+from kiln.ops.registry import has_trait, ops_with
 
 PARALLEL_MIN = 32 * 1024  # elements: below this a parallel region costs more than it saves
 ALIASES = ops_with("alias")  # no kernel: the output is the input's data
@@ -59,9 +59,6 @@ def kernel_key(op: str, attrs: dict[str, Any], shapes: list[tuple[int, ...] | No
     }
     text = json.dumps([op, plain, [list(s) if s is not None else None for s in shapes], constant], sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()[:24]
-
-
-EMPTY_OPERAND_FALLBACK = ("MatMul", "Gemm", "Conv", "Fused", "Einsum")
 
 
 def _empty(value: Value) -> bool:
@@ -256,7 +253,7 @@ class Lowerer:
         outputs = [v for v in node.outputs if v is not None]
         if outputs and all(_empty(v) for v in outputs):
             return []  # every result has a zero-size dim (a batch of 0): nothing to compute
-        if node.op in EMPTY_OPERAND_FALLBACK and any(
+        if has_trait(node.op, node.domain, "contracting") and any(
             _empty(v) for v in node.inputs if v is not None and v not in self.graph.constants
         ):
             # a product over an empty reduction dim, attention over no keys: the engine and the

@@ -26,19 +26,14 @@ def _not_nan_const(e: Expr) -> bool:
     return isinstance(e, Const) and not (isinstance(e.value, float) and math.isnan(e.value))
 
 
-# np.maximum's NaN rule: a NaN in either operand is the result. Written as "b unless a is above
-# b or unordered with it, and b is not NaN" (`!(a <= b) && b == b`): GCC 12 vectorizes chains of
-# this form (a Clip's max then min), not of `a > b || a != a`, which left Relu6 epilogues scalar.
+# np.maximum's NaN rule (a NaN in either operand is the result): the kernel IR's max and min; how
+# a target computes them (the C renderer's select chains GCC vectorizes) is the renderer's business
 def _max(a: Expr, b: Expr) -> Expr:
-    if _not_nan_const(b):
-        return Select(Binary("<=", a, b), b, a)
-    return Select(Binary("&&", Unary("!", Binary("<=", a, b)), Binary("==", b, b)), a, b)
+    return Binary("max", a, b)
 
 
 def _min(a: Expr, b: Expr) -> Expr:
-    if _not_nan_const(b):
-        return Select(Binary(">=", a, b), b, a)
-    return Select(Binary("&&", Unary("!", Binary(">=", a, b)), Binary("==", b, b)), a, b)
+    return Binary("min", a, b)
 
 
 def _divide(x: Expr, y: Expr, t: DType) -> Expr:

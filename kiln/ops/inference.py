@@ -13,7 +13,7 @@ import onnx
 from kiln.errors import ShapeInferenceError
 from kiln.ir.graph import Node
 from kiln.ir.types import TensorType, Type
-from kiln.ops.registry import InferContext, lookup
+from kiln.ops.registry import InferContext, has_trait, lookup
 
 KNOWN_VALUE_LIMIT = 4096  # elements: a computed value this small is kept for inference (shape arithmetic)
 
@@ -100,12 +100,6 @@ def infer_node(
     return types[: len(node.outputs)], ctx.out_symbolic
 
 
-# Ops whose ``axis`` attribute names a dim of input 0, in [-rank, rank - 1] (Flatten: up to rank;
-# OneHot: a new axis of the output).
-_AXIS_OPS = frozenset(
-    "Softmax LogSoftmax Hardmax LpNormalization LayerNormalization Concat Gather GatherElements Split "
-    "ArgMax ArgMin Compress ScatterElements OneHot Flatten".split()
-)
 # The largest tensor kiln accepts: more than any machine it targets can hold, and far below the
 # point where element counts overflow 64-bit index arithmetic in generated code.
 MAX_TENSOR_BYTES = 1 << 40
@@ -116,7 +110,7 @@ def _check_axis(node: Node, input_types: list[Type | None]) -> None:
         return
     shape = input_types[0].shape
     axis = node.attrs["axis"]
-    if shape is None or not isinstance(axis, int) or node.op not in _AXIS_OPS:
+    if shape is None or not isinstance(axis, int) or not has_trait(node.op, node.domain, "axis"):
         return
     rank = max(len(shape), 1)
     low, high = -rank, rank - 1  # inclusive

@@ -71,10 +71,10 @@ class OpDef:
 
 REGISTRY: dict[tuple[str, str], OpDef] = {}
 
-# Ops whose outputs differ run to run: never folded, merged or evaluated at compile time.
-NONDETERMINISTIC = frozenset(
-    {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Bernoulli", "Multinomial"}
-)
+
+def nondeterministic(node: Any) -> bool:
+    """Its outputs differ run to run: never folded, merged or evaluated at compile time."""
+    return has_trait(node.op, node.domain, "nondeterministic")
 
 
 ATTR_KINDS = {
@@ -130,7 +130,10 @@ def _arity(low: int, high: int) -> tuple[int, int]:
     return (low, -1 if high > 1000 else high)
 
 
-TRAITS = frozenset({"fusable", "anchor", "tunable", "alias", "reshape"})
+TRAITS = frozenset(
+    {"fusable", "anchor", "tunable", "alias", "reshape"}  # declared with their op families
+    | {"elementwise", "layout_free", "accumulating", "axis", "contracting", "nondeterministic"}  # kiln.ops.categories
+)
 
 
 def declare_trait(trait: str, ops: Iterable[str], domain: str = "") -> None:

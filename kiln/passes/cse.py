@@ -5,7 +5,7 @@ Runs anywhere; most useful after fold_constants (which creates duplicate constan
 from __future__ import annotations
 
 from kiln.ir.graph import Graph, StructuralHasher, array_digest
-from kiln.ops.registry import NONDETERMINISTIC, lookup
+from kiln.ops.registry import lookup, nondeterministic
 from kiln.passes.rewrite import Rewriter
 
 
@@ -28,7 +28,7 @@ def cse(graph: Graph) -> Graph:
     seen: dict[tuple, object] = {}
     for node in graph.nodes:
         inputs = tuple(id(rewriter.resolve(v)) if v is not None else None for v in node.inputs)
-        if node.op in NONDETERMINISTIC or any(True for _ in node.subgraphs()) or lookup(node.op, node.domain) is None:
+        if nondeterministic(node) or any(True for _ in node.subgraphs()) or lookup(node.op, node.domain) is None:
             rewriter.keep(node)
             continue
         key = (node.domain, node.op, hasher.attrs(node.attrs), inputs, len(node.outputs))

@@ -18,7 +18,7 @@ from kiln.ir.graph import Graph, Node, Value
 from kiln.ir.types import TensorType, Type
 from kiln.ops.inference import infer_node
 from kiln.ops.interpreter import evaluate_node, node_failure
-from kiln.ops.registry import NONDETERMINISTIC
+from kiln.ops.registry import nondeterministic
 from kiln.passes.rewrite import Rewriter
 
 FOLD_LIMIT = 16 * 1024 * 1024  # elements: never materialize larger constants
@@ -56,7 +56,7 @@ def _fold_shape(rewriter: Rewriter, node: Node) -> bool:
 
 
 def _fold(rewriter: Rewriter, node: Node) -> bool:
-    if node.op in NONDETERMINISTIC or any(True for _ in node.subgraphs()):
+    if nondeterministic(node) or any(True for _ in node.subgraphs()):
         return False
     values = [None if v is None else rewriter.constant_value(v) for v in node.inputs]
     if any(v is not None and a is None for v, a in zip(node.inputs, values)):

@@ -24,6 +24,7 @@ import numpy as np
 
 from kiln.ir.graph import Graph, Node, Value
 from kiln.ir.types import DType
+from kiln.ops.registry import has_trait
 from kiln.passes.rewrite import Rewriter
 
 EIGHT_BIT = (DType.UINT8, DType.INT8)
@@ -94,7 +95,7 @@ def annotate_qdq(graph: Graph) -> Graph:
     nodes = []
     for node in graph.nodes:
         annotation = (
-            _annotation(node, producers, constants) if node.op in ("MatMul", "Conv") and not node.domain else None
+            _annotation(node, producers, constants) if not node.domain and has_trait(node.op, "", "anchor") else None
         )
         if annotation is None:
             nodes.append(node)

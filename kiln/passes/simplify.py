@@ -177,10 +177,6 @@ def _small_power(rw: Rewriter, node: Node, producers: dict[Value, Node]) -> list
 
 
 _RESHAPES = ops_with("reshape")
-ELEMENTWISE = (
-    "Add Sub Mul Div Pow Max Min Neg Abs Relu Sigmoid Tanh Exp Log Sqrt Reciprocal Erf Floor Ceil "
-    "Softplus Softsign Elu Selu Celu LeakyRelu ThresholdedRelu HardSigmoid HardSwish Gelu Mish Clip".split()
-)
 
 
 def _static_shape(value: Value | None) -> tuple[int, ...] | None:
@@ -303,7 +299,7 @@ RULES: list[tuple[str, str, Rewrite]] = [
             "E(Reshape(x), ..) -> Reshape(E(x, ..)) (elementwise E; operands mean the same in both shapes)",
             _sink_reshape,
         )
-        for op in ELEMENTWISE
+        for op in sorted(ops_with("elementwise"))
     ],
     ("Identity", "Identity(x) -> x", _identity),
     ("Dropout", "Dropout(x) -> x (inference, mask unread)", _dropout),

@@ -2,19 +2,15 @@
 transposes meet and cancel (simplify merges and removes the pairs), and layout changes end up at
 graph edges. Transposes of constants are folded by fold_constants. Runs before simplify.
 
-    Relu(Transpose(x, p)) -> Transpose(Relu(x), p)      (any op in SINKABLE; one reader)
+    Relu(Transpose(x, p)) -> Transpose(Relu(x), p)      (any "layout_free" op; one reader)
 """
 
 from __future__ import annotations
 
 from kiln.ir.graph import Graph, Node, Value
+from kiln.ops.registry import has_trait
 from kiln.passes.dce import dce
 from kiln.passes.rewrite import Rewriter, consumers_count
-
-SINKABLE = frozenset(
-    "Relu Sigmoid Tanh Neg Abs Exp Log Sqrt Erf Reciprocal Floor Ceil Round Sign Softplus Softsign "
-    "Elu Selu LeakyRelu HardSigmoid HardSwish Gelu Mish Cast Identity IsNaN Not".split()
-)
 
 
 def sink_transposes(graph: Graph) -> Graph:
@@ -26,8 +22,8 @@ def sink_transposes(graph: Graph) -> Graph:
         source = node.inputs[0] if node.inputs else None
         transpose = producers.get(source) if source is not None else None
         if (
-            node.op in SINKABLE
-            and not node.domain
+            not node.domain
+            and has_trait(node.op, "", "layout_free")
             and len(node.outputs) == 1
             and transpose is not None
             and transpose.op == "Transpose"

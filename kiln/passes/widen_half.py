@@ -11,14 +11,10 @@ from __future__ import annotations
 
 from kiln.ir.graph import Graph
 from kiln.ir.types import DType, TensorType
+from kiln.ops.registry import has_trait
 from kiln.passes.rewrite import Rewriter
 
 HALVES = (DType.FLOAT16, DType.BFLOAT16)
-WIDENED_OPS = frozenset(
-    "MatMul Gemm Softmax LogSoftmax LayerNormalization ReduceSum ReduceMean ReduceMax ReduceMin ReduceProd "
-    "ReduceL1 ReduceL2 ReduceSumSquare ReduceLogSum Conv MaxPool AveragePool GlobalAveragePool GlobalMaxPool "
-    "CumSum CumProd ArgMax ArgMin".split()
-)
 
 
 def widen_half(graph: Graph) -> Graph:
@@ -30,7 +26,7 @@ def widen_half(graph: Graph) -> Graph:
             for v in node.inputs
             if v is not None and isinstance(v.type, TensorType) and v.type.dtype in HALVES
         }
-        if node.op not in WIDENED_OPS or node.domain or len(half) != 1 or len(node.outputs) != 1:
+        if node.domain or not has_trait(node.op, "", "accumulating") or len(half) != 1 or len(node.outputs) != 1:
             rewriter.keep(node)
             continue
         inputs = []

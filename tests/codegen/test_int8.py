@@ -11,13 +11,13 @@ from onnx import helper
 import kiln
 from kiln.backends import parse
 from kiln.backends.cpu import features, host
+from kiln.cli_support import calibration_data
 from kiln.driver.options import CompileOptions, Quantization
+from kiln.driver.quantize import AccuracyReport, clip_range, samples_from, split
 from kiln.errors import KilnError
 from kiln.frontend import to_graph
 from kiln.lower.engine import activation_quantization, quantize_channels
 from kiln.lower.kir import kernel_precision
-from kiln.cli_support import calibration_data
-from kiln.driver.quantize import AccuracyReport, clip_range, samples_from, split
 from tests.helpers import FLOAT, make_model
 
 RNG = np.random.default_rng(5)

@@ -11,7 +11,7 @@ from onnx import TensorProto, helper
 
 import kiln
 import kiln.driver.variants as variants
-from kiln.backends import Backend, register, unregister
+from kiln.backends import register, unregister
 from kiln.backends.cpu import CpuBackend
 from kiln.driver import plan_cache
 from kiln.driver.artifact import build_products

@@ -14,7 +14,7 @@ import dataclasses
 import itertools
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -48,6 +48,7 @@ from kiln.lower.kir import (
     buffers_in,
     dtypes_of,
     epilogue_of,
+    map_expr,
     postorder,
     shared_nodes,
 )
@@ -234,8 +235,38 @@ def _evaluates_nothing_new(right: Expr, left: Expr, types: dict[int, DType]) -> 
     return True
 
 
+def _not_nan_const(e: Expr) -> bool:
+    return isinstance(e, Const) and not (isinstance(e.value, float) and math.isnan(e.value))
+
+
+def _max_select(a: Expr, b: Expr) -> Expr:
+    """max as "b unless a is above b or unordered with it, and b is not NaN" (`!(a <= b) && b == b`):
+    GCC 12 vectorizes chains of this form (a Clip's max then min), not of `a > b || a != a`, which
+    left Relu6 epilogues scalar; against a constant that is not NaN, one comparison."""
+    if _not_nan_const(b):
+        return Select(Binary("<=", a, b), b, a)
+    return Select(Binary("&&", Unary("!", Binary("<=", a, b)), Binary("==", b, b)), a, b)
+
+
+def _min_select(a: Expr, b: Expr) -> Expr:
+    if _not_nan_const(b):
+        return Select(Binary(">=", a, b), b, a)
+    return Select(Binary("&&", Unary("!", Binary(">=", a, b)), Binary("==", b, b)), a, b)
+
+
+# kernel-IR operators C has no operator for, written as the C compiler's vectorizer wants them
+C_EXPANSIONS: dict[str, Callable[[Expr, Expr], Expr]] = {"max": _max_select, "min": _min_select}
+
+
+def _expanded(e: Expr) -> Expr:
+    if not any(isinstance(n, Binary) and n.op in C_EXPANSIONS for n in postorder(e)):
+        return e
+    return map_expr(e, lambda n: C_EXPANSIONS[n.op](n.a, n.b) if isinstance(n, Binary) and n.op in C_EXPANSIONS else n)
+
+
 def expr(e: Expr) -> str:
     """C for a small expression (loop bounds, conditions, indices), written out whole."""
+    e = _expanded(e)
     text: dict[int, str] = {}
     types = dtypes_of(e)
     for node in postorder(e):
@@ -249,6 +280,7 @@ _temporaries = itertools.count()  # restarted per generated function (its names 
 def bound_value(e: Expr, indent: str) -> tuple[list[str], str]:
     """C for a statement's value: declarations of temporaries (``kir.shared_nodes``: shared and
     deep subexpressions computed once, so code stays linear in the expression), then its text."""
+    e = _expanded(e)
     bound = shared_nodes(e)
     text: dict[int, str] = {}
     types = dtypes_of(e)

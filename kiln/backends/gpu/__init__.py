@@ -8,7 +8,6 @@ is the CPU's. No vendor library is called: every kernel is kiln's."""
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any
 
 from kiln.backends.gpu.module import render_module, source_file

@@ -46,7 +46,12 @@ def kernel_report(plan: Any, arches: tuple[str, ...], progress: Callable[[str], 
                     "shared_bytes": found.shared_bytes,
                     "error": found.error,
                 }
-    return {"source": str(path), "launches": len(launches), "functions": list(functions.values()), "arches": list(arches)}
+    return {
+        "source": str(path),
+        "launches": len(launches),
+        "functions": list(functions.values()),
+        "arches": list(arches),
+    }
 
 
 def kernel_section(found: dict) -> Section:

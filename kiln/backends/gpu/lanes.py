@@ -303,33 +303,14 @@ REDUCTIONS = ("+", "*", "max", "min")
 
 
 def reduction_of(stmt: Assign) -> str | None:
-    """The associative operator of ``s = s op e`` (or ``e op s``; max and min as kiln's pointwise
-    lowering writes them), None for anything else."""
-    from kiln.lower.pointwise import FLOAT_OPS
-
+    """The associative operator of ``s = s op e`` (or ``e op s``): +, *, max or min; None for
+    anything else."""
     scalar = stmt.scalar
     value = stmt.value
-    if isinstance(value, Binary) and value.op in ("+", "*"):
+    if isinstance(value, Binary) and value.op in ("+", "*", "max", "min"):
         for mine, other in ((value.a, value.b), (value.b, value.a)):
             if mine == scalar and scalar not in postorder(other):
                 return value.op
-    for kind, op in (("max", "Max"), ("min", "Min")):
-        for arguments in ([scalar, _other(value, scalar)], [_other(value, scalar), scalar]):
-            if arguments[0] is None or arguments[1] is None:
-                continue
-            if FLOAT_OPS[op](arguments, {}, scalar.dtype) == value and scalar not in postorder(_other(value, scalar)):
-                return kind
-    return None
-
-
-def _other(value: Expr, scalar: Scalar) -> Expr | None:
-    """The operand of a max/min select that is not ``scalar`` (its last branch or first one)."""
-    from kiln.lower.kir import Select
-
-    if isinstance(value, Select):
-        for candidate in (value.a, value.b):
-            if candidate != scalar:
-                return candidate
     return None
 
 

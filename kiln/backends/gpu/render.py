@@ -407,6 +407,11 @@ class Expressions:
             return Val(f"libdevice.fmod({tensor(x)}, {tensor(y)})", dtype)
         if op == "pow":
             return Val(f"libdevice.pow({tensor(x)}, {tensor(y)})", dtype)
+        if op in ("max", "min"):  # np.maximum's rule: a NaN in either operand is the result
+            pick = f"tl.{op}imum({tensor(x)}, {tensor(y)})"
+            if not common.is_float:
+                return Val(pick, dtype)
+            return Val(f"tl.where(({x.text} != {x.text}) | ({y.text} != {y.text}), {x.text} + {y.text}, {pick})", dtype)
         return Val(f"({x.text} {op} {y.text})", dtype)
 
     @staticmethod
@@ -579,10 +584,8 @@ class Statements:
 def _reduced_operand(stmt: Assign) -> Expr:
     """``e`` of a reduction ``s = s op e``."""
     value = stmt.value
-    if isinstance(value, Binary):
-        return value.b if value.a == stmt.scalar else value.a
-    assert isinstance(value, Select)
-    return value.a if value.a != stmt.scalar else value.b
+    assert isinstance(value, Binary)
+    return value.b if value.a == stmt.scalar else value.a
 
 
 def _identity(kind: str, dtype: DType) -> str:
