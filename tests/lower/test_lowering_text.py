@@ -69,8 +69,7 @@ kernel k1 (normalize) reads b0: f32[10] writes b1: f32[10]
   for i_1 in 0..2:
     let m_3: f32 = -inf
     for k_2 in 0..5:
-      %t0 = b0[((i_1 * 5) + (k_2 * 1))]
-      m_3 = select((!(m_3 <= %t0) && (%t0 == %t0)), m_3, %t0)
+      m_3 = max(m_3, b0[((i_1 * 5) + (k_2 * 1))])
     let sum_4: f64 = 0.0
     for k_2 in 0..5:
       let e_6: f32 = exp((b0[((i_1 * 5) + (k_2 * 1))] - m_3))
