@@ -40,7 +40,7 @@ peers-int8: setup
 
 conformance: setup
 	mkdir -p reports
-	$(BIN)/kiln conformance --json reports/conformance.json
+	$(BIN)/kiln conformance -o reports/conformance.json
 
 lint: setup
 	$(BIN)/ruff check kiln tests

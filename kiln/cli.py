@@ -13,16 +13,10 @@ from rich.table import Table
 
 from kiln.arrays import ArrayFileError, load_npy
 from kiln.cli_bench import bench
-from kiln.cli_inspect import check, diff_command, explain
-from kiln.cli_support import (
-    calibration_data,
-    configure_logging,
-    console,
-    dim_bindings,
-    import_bound,
-    out,
-    precision_option,
-)
+from kiln.cli_check import check, diff_command
+from kiln.cli_compile import compile_command
+from kiln.cli_inspect import explain
+from kiln.cli_support import configure_logging, console, json_option, out, output_option, target_option
 from kiln.errors import KilnError
 from kiln.version import __version__
 
@@ -63,7 +57,7 @@ def main(verbose: int, quiet: bool) -> None:
 
 
 @main.command()
-@click.option("--target", default="reference", show_default=True, help="kiln target to test (see `kiln targets`).")
+@target_option("reference", "The target to test")
 @click.option(
     "--suite",
     "suites",
@@ -73,9 +67,8 @@ def main(verbose: int, quiet: bool) -> None:
     help="ONNX test group(s): node, simple, pytorch-converted, pytorch-operator. Repeatable.",
 )
 @click.option("--filter", "name_filter", default=None, help="Only cases whose name matches this regex.")
-@click.option(
-    "--json", "json_path", type=click.Path(dir_okay=False, path_type=Path), help="Write the full report here."
-)
+@output_option("Write the full report (JSON) to this file.")
+@json_option("the full report")
 @click.option("--jobs", "-j", type=int, default=None, help="Worker processes (default: CPU count).")
 @click.option("--timeout", type=float, default=60.0, show_default=True, help="Seconds per case before it is killed.")
 @click.option(
@@ -88,7 +81,8 @@ def conformance(
     target: str,
     suites: tuple[str, ...],
     name_filter: str | None,
-    json_path: Path | None,
+    output: Path | None,
+    as_json: bool,
     jobs: int | None,
     timeout: float,
     baseline: Path | None,
@@ -123,11 +117,14 @@ def conformance(
             bar.update(task, advance=1, passed=passed)
 
         report = run_conformance(cases, target=target, jobs=jobs, timeout=timeout, progress=tick)
-    _print_report(report, show_failures)
-    if json_path:
-        json_path.parent.mkdir(parents=True, exist_ok=True)
-        json_path.write_text(json.dumps(report.to_json(), indent=1))
-        console.print(f"report written to {json_path}")
+    if not as_json:
+        _print_report(report, show_failures)
+    if output:
+        output.parent.mkdir(parents=True, exist_ok=True)
+        output.write_text(json.dumps(report.to_json(), indent=1))
+        console.print(f"report written to {output}")
+    if as_json:
+        click.echo(json.dumps(report.to_json(), indent=1))
     if baseline:
         floor = json.loads(baseline.read_text())
         key = "+".join(suites)
@@ -178,7 +175,7 @@ def zoo() -> None:
 
 
 @zoo.command("list")
-@click.option("--json", "as_json", is_flag=True, help="Print the list as JSON.")
+@json_option("the list")
 def zoo_list(as_json: bool) -> None:
     """List the built-in models."""
     from kiln import zoo as models
@@ -221,7 +218,7 @@ def zoo_export(names: tuple[str, ...]) -> None:
 
 @zoo.command("check")
 @click.argument("names", nargs=-1)
-@click.option("--target", default="reference", show_default=True)
+@target_option("reference", "The target to run on")
 @click.option("--tolerance", type=float, default=1e-4, show_default=True, help="Max relative L2 error vs onnxruntime.")
 def zoo_check(names: tuple[str, ...], target: str, tolerance: float) -> None:
     """Import NAMES, run them on kiln, and compare with onnxruntime (exit 1 on a mismatch)."""
@@ -250,11 +247,11 @@ def zoo_check(names: tuple[str, ...], target: str, tolerance: float) -> None:
 
 @zoo.command("arch")
 @click.argument("names", nargs=-1)
-@click.option("--target", default="cpu", show_default=True)
+@target_option("cpu", "The target to run on")
 @click.option(
     "--tolerance", type=float, default=1e-4, show_default=True, help="Max relative L2 error vs eager PyTorch."
 )
-@click.option("--json", "as_json", is_flag=True, help="Print the results as JSON (same exit code).")
+@json_option("the results (same exit code)")
 def zoo_arch(names: tuple[str, ...], target: str, tolerance: float, as_json: bool) -> None:
     """Tiny random-weight versions of common architectures (BERT, GPT-2, Llama, Falcon, ViT, Swin,
     ConvNeXt, wav2vec2, ...; `kiln zoo arch --json` lists them all), exported with the dynamo
@@ -306,228 +303,8 @@ def zoo_arch(names: tuple[str, ...], target: str, tolerance: float, as_json: boo
         sys.exit(1)
 
 
-@main.command("compile")
-@click.argument("model")
-@click.option(
-    "-o",
-    "--output",
-    "output",
-    type=click.Path(dir_okay=False, path_type=Path),
-    required=True,
-    help="The .kiln artifact to write.",
-)
-@click.option("-O", "level", type=click.IntRange(0, 3), default=2, show_default=True, help="Optimization level.")
-@click.option(
-    "--dim",
-    "dims",
-    multiple=True,
-    help="Bind a symbolic dim, e.g. --dim batch=8; a list compiles each size ahead, e.g. --dim batch=1,8,32 "
-    "(saved in the artifact: it needs no compiler for them). [default: every symbol = 1]",
-)
-@click.option(
-    "--tune",
-    "tune_budget",
-    default=None,
-    metavar="DURATION",
-    help="Autotune the matrix-multiply and convolution kernels first, within this wall-clock budget "
-    "(e.g. 90s, 5m, 1h). Results are kept in the tuning database: a second compile does no tuning.",
-)
-@click.option("--retune", is_flag=True, help="With --tune: measure kernels already in the tuning database again.")
-@click.option(
-    "--cluster",
-    default=None,
-    metavar="ADDRESS",
-    help="With --tune: measure the candidates on a Ray cluster's nodes of the target's hardware class "
-    "(its ISA; narrowed with --on), each measurement holding its node alone.",
-)
-@click.option(
-    "--on", "selectors", multiple=True, metavar="KEY=VALUE", help="With --cluster: only nodes matching (cpu=EPYC...)."
-)
-@click.option(
-    "--target",
-    default="cpu",
-    show_default=True,
-    help="cpu: this machine's best ISA (-march=native); cpu:avx512, cpu:avx2, cpu:generic: code for any CPU "
-    "with that ISA (an AVX2 artifact built on an AVX-512 server); `kiln targets` lists every target.",
-)
-@precision_option("int8 calibrates with --calibrate; the accuracy against fp32 is measured and printed.")
-@click.option(
-    "--calibrate",
-    "calibration",
-    default=None,
-    metavar="DATA",
-    help="int8 calibration data: an .npz (each input's array, samples along a leading axis) or a folder of "
-    "images (image models). The last fifth evaluates the accuracy. [default: the zoo model's example inputs, "
-    "else random inputs, which calibrate poorly]",
-)
-@click.option(
-    "--calibration-method",
-    type=click.Choice(["minmax", "percentile", "entropy"]),
-    default="minmax",
-    show_default=True,
-    help="How activation ranges come from the calibration data.",
-)
-@click.option(
-    "--max-accuracy-drop",
-    type=click.FloatRange(0),
-    default=None,
-    help="int8: keep the most sensitive layers in fp32 until the drop vs fp32 (1 - top-1 agreement for class "
-    "scores, else relative L2) is at most this.",
-)
-def compile_command(
-    model: str,
-    output: Path,
-    level: int,
-    dims: tuple[str, ...],
-    tune_budget: str | None,
-    retune: bool,
-    cluster: str | None,
-    selectors: tuple[str, ...],
-    target: str,
-    precision: str,
-    calibration: str | None,
-    calibration_method: str,
-    max_accuracy_drop: float | None,
-) -> None:
-    """Compile MODEL (.onnx path or zoo name) to native code and save it as a .kiln artifact."""
-    import time
-
-    import kiln
-    from kiln import zoo
-
-    if cluster is not None and tune_budget is None:
-        raise click.UsageError("--cluster measures tuning candidates: give --tune DURATION too")
-    graph, binding = import_bound(model, dims)
-    bindings = dim_bindings(graph, dims)
-    if tune_budget is not None:
-        measurer = _cluster_measurer(cluster, target, selectors) if cluster else None
-        for each in bindings:
-            _tune(graph, each, level, _parse_duration(tune_budget), retune, target, measurer)
-    start = time.perf_counter()
-    if precision == "int8" and calibration is None and model in zoo.MODELS:
-        calibration = [zoo.example_inputs(model, seed=seed) for seed in range(10)]
-        out.print(f"calibrating on 10 example inputs of {model} (random data: pass --calibrate for real data)")
-    elif precision == "int8" and calibration is None:
-        out.print("calibrating on random inputs: pass --calibrate with real data for a meaningful int8 model")
-    elif precision == "int8":
-        calibration = calibration_data(calibration, graph)
-    compiled = kiln.compile(
-        graph,
-        target=target,
-        opt_level=level,
-        dims=bindings[0],
-        precision=precision,
-        calibration=calibration,
-        calibration_method=calibration_method,
-        max_accuracy_drop=max_accuracy_drop,
-    )
-    for each in bindings[1:]:  # every size asked for is compiled ahead and saved with the model
-        compiled.prepare_dims(each)
-    seconds = time.perf_counter() - start
-    plan = compiled.plans[-1] if len(bindings) == 1 else compiled.plans[0]
-    compiled.save(output)
-    if len(bindings) > 1:
-        out.print(f"compiled ahead for {len(bindings)} bindings: " + "; ".join(str(b) for b in bindings))
-    kernels = sum(len(step.kernels) for step in plan.steps if hasattr(step, "kernels"))
-    out.print(
-        f"compiled {model} for {compiled.target} ({compiled.compiled_for.summary}, {compiled.precision}) in {seconds:.1f} s (-O{level}, dims {binding or 'static'}): {kernels} kernels, {len(plan.fallbacks)} host fallback(s)"
-    )
-    for fallback in plan.fallbacks:
-        out.print(f"  fallback {fallback.node.label}: {fallback.reason}", highlight=False)
-    out.print(f"memory plan: {plan.memory.describe()}")
-    if compiled.precision != "fp32":
-        from kiln.driver.compile import accuracy_against_fp32
-        from kiln.driver.quantize import samples_from
-
-        report = compiled.accuracy
-        if report is None:  # bf16: against the fp32 compile on the zoo's inputs, else random ones
-            if model in zoo.MODELS:
-                samples = [zoo.example_inputs(model, seed=seed) for seed in (1, 2)]
-            else:
-                samples = samples_from(None, graph, count=2, seed=1)
-            report = accuracy_against_fp32(compiled, samples)
-        out.print(f"accuracy: {report.line()}", highlight=False)
-    out.print(f"wrote {output} ({output.stat().st_size / 1e6:.1f} MB)")
-
-
-def _parse_duration(text: str) -> float:
-    units = {"s": 1, "m": 60, "h": 3600}
-    try:
-        if text and text[-1] in units:
-            return float(text[:-1]) * units[text[-1]]
-        return float(text)
-    except ValueError:
-        raise click.BadParameter(
-            f"{text!r} is not a duration (examples: 90s, 5m, 1h, 300)", param_hint="--tune"
-        ) from None
-
-
-def _cluster_measurer(address: str, target: str, selectors: tuple[str, ...]):  # type: ignore[no-untyped-def]
-    from kiln.bench import fleet
-
-    reason = fleet.unavailable()
-    if reason:
-        raise click.ClickException(reason)
-    from kiln.tune.remote import ClusterMeasurer
-
-    try:
-        measurer = ClusterMeasurer(address, target, selectors)
-    except fleet.FleetError as err:
-        raise click.ClickException(str(err)) from None
-    out.print(f"measuring on {len(measurer.nodes)} node(s) of {measurer.label} at {address}", highlight=False)
-    return measurer
-
-
-def _tune(graph, binding: dict[str, int], level: int, budget: float, retune: bool, target: str, measurer=None) -> None:  # type: ignore[no-untyped-def]
-    from rich.progress import (
-        BarColumn,
-        MofNCompleteColumn,
-        Progress,
-        TextColumn,
-        TimeElapsedColumn,
-        TimeRemainingColumn,
-    )
-
-    from kiln import tune
-    from kiln.backends import parse
-    from kiln.driver.options import CompileOptions
-    from kiln.driver.pipeline import graph_stages
-
-    # the graph the compile will lower: the pipeline's own graph stages, for this target
-    optimized = graph_stages(graph, binding, parse(target), CompileOptions.from_env(level=level))
-    tasks = tune.tasks_for(optimized)
-    columns = [
-        TextColumn("tuning"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TextColumn("kernels"),
-        TimeElapsedColumn(),
-        TextColumn("ETA"),
-        TimeRemainingColumn(),
-        TextColumn("best speed-up {task.fields[best]:.2f}x"),
-    ]
-    with Progress(*columns, console=console) as bar:
-        task_id = bar.add_task("tune", total=len(tasks), best=1.0)
-
-        def report(done: int, total: int, outcome, best: float) -> None:  # type: ignore[no-untyped-def]
-            bar.update(task_id, completed=done, best=best)
-
-        outcomes = tune.tune(optimized, budget, report, retune=retune, target=target, measurer=measurer)
-    fresh = [o for o in outcomes if not o.cached]
-    failures = sum(len(o.failures) for o in fresh)
-    out.print(
-        f"tuned {len(fresh)} kernel(s), {len(outcomes) - len(fresh)} from the tuning database, "
-        f"{len(tasks) - len(outcomes)} left at the default (budget); {failures} candidate(s) failed and were skipped"
-    )
-    for outcome in sorted(fresh, key=lambda o: -o.speedup)[:10]:
-        out.print(
-            f"  {escape(outcome.task.label)}: {outcome.choice or 'default'} {outcome.speedup:.2f}x ({outcome.default_seconds * 1e3:.2f} -> {outcome.seconds * 1e3:.2f} ms)",
-            highlight=False,
-        )
-
-
 @main.command("targets")
-@click.option("--json", "as_json", is_flag=True, help="Print the list as JSON.")
+@json_option("the list")
 def targets_command(as_json: bool) -> None:
     """List the targets kiln can compile for (``--target`` of compile, explain, run, conformance):
     each with its backend, the ISA and vector width its kernels are shaped for, the engines it
@@ -585,12 +362,8 @@ def targets_command(as_json: bool) -> None:
 @main.command("run")
 @click.argument("artifact")
 @click.option("--input", "inputs", multiple=True, help="NAME=FILE.npy (repeatable). Inputs not given are random.")
-@click.option(
-    "--output", "output", type=click.Path(dir_okay=False, path_type=Path), help="Write the outputs to this .npz."
-)
-@click.option(
-    "--target", default="cpu", show_default=True, help="Target when ARTIFACT is an .onnx file (see `kiln targets`)."
-)
+@output_option("Write the outputs to this .npz.")
+@target_option("cpu", "Target when ARTIFACT is an .onnx file")
 @click.option(
     "--threads",
     type=click.IntRange(0),
@@ -655,7 +428,7 @@ def show(model: str) -> None:
     out.print(print_graph(import_onnx(model)), markup=False, highlight=False)
 
 
-for _command in (bench, explain, check, diff_command):
+for _command in (compile_command, bench, explain, check, diff_command):
     main.add_command(_command)
 
 

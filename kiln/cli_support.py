@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import click
 from rich.console import Console
 
@@ -30,6 +32,7 @@ def configure_logging(verbose: int, quiet: bool) -> None:
         handler.kiln_cli = True  # type: ignore[attr-defined]
         logger.addHandler(handler)
     console.quiet = quiet
+    out.quiet = quiet  # results too: --json output is written with click.echo, never silenced
 
 
 def split_values(values: tuple[str, ...]) -> list[str]:
@@ -123,3 +126,33 @@ def calibration_data(data: str | None, graph):  # type: ignore[no-untyped-def]
     if not isinstance(height, int) or not isinstance(width, int) or height != width:
         raise click.UsageError(f"--calibrate {data}: the input {value.name} needs a static square size")
     return [{value.name: image[None]} for image in load_images(data, height)]
+
+
+# -- the options several commands share: declared once, meaning one thing everywhere ---------------
+
+
+def target_option(default: str = "cpu", what: str = "The target to compile for"):  # type: ignore[no-untyped-def]
+    """``--target NAME``: a registered target."""
+    return click.option(
+        "--target",
+        default=default,
+        show_default=True,
+        help=f"{what} (any registered target: `kiln targets` lists them).",
+    )
+
+
+def dim_option(what: str = "Bind a symbolic dim, e.g. --dim batch=1 (repeatable).", lists: bool = False):  # type: ignore[no-untyped-def]
+    """``--dim NAME=INT`` (with ``lists``: ``NAME=INT,INT,...``, one compile per size), repeatable."""
+    return click.option("--dim", "dims", multiple=True, help=what)
+
+
+def json_option(what: str):  # type: ignore[no-untyped-def]
+    """``--json``: the command's result as JSON on stdout instead of tables (a switch on every command)."""
+    return click.option("--json", "as_json", is_flag=True, help=f"Print {what} as JSON on stdout.")
+
+
+def output_option(what: str, required: bool = False):  # type: ignore[no-untyped-def]
+    """``-o/--output FILE``: where the command writes its result (the same name on every command)."""
+    return click.option(
+        "-o", "--output", "output", type=click.Path(dir_okay=False, path_type=Path), required=required, help=what
+    )

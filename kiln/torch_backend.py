@@ -344,6 +344,8 @@ def kiln_backend(gm: Any, example_inputs: list[Any], options: dict[str, Any] | N
         return _eager(gm, settings, "kiln compiles inference graphs: gradients are required here (use torch.no_grad)")
     try:
         compiled = KilnGraph(gm, settings, example_inputs)
+    except NotCompiled:  # refused already (fallback=False), with its reason: not wrapped twice
+        raise
     except KilnError as err:
         return _eager(gm, settings, str(err))
     if compiled.dynamic and all(_concrete(a) or _is_size(a) for a in example_inputs):
@@ -359,9 +361,13 @@ def kiln_backend(gm: Any, example_inputs: list[Any], options: dict[str, Any] | N
     return compiled  # dims dynamo made symbolic: each call's sizes compile on first use
 
 
+class NotCompiled(KilnError):
+    """With ``fallback=False``: a graph kiln cannot compile, and why."""
+
+
 def _eager(gm: Any, settings: dict[str, Any], reason: str) -> Callable[..., Any]:
     if not settings["fallback"]:
-        raise KilnError(f"kiln cannot compile this graph: {reason}")
+        raise NotCompiled(f"kiln cannot compile this graph: {reason}")
     warnings.warn(f"kiln: this graph runs eagerly: {reason}", RuntimeWarning, stacklevel=3)
     return gm.forward
 

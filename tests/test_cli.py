@@ -21,7 +21,7 @@ def test_help_lists_commands():
 
 def test_conformance_filter_json_and_baseline(tmp_path):
     out = tmp_path / "report.json"
-    result = invoke("conformance", "--filter", "^test_(relu|abs)$", "--json", str(out), "-j", "1")
+    result = invoke("conformance", "--filter", "^test_(relu|abs)$", "-o", str(out), "-j", "1")
     assert result.exit_code == 0, result.output
     report = json.loads(out.read_text())
     assert report["summary"]["total"] == 2 and report["summary"]["passed"] == 2
@@ -388,3 +388,34 @@ def test_explain_shows_each_kernels_precision(tmp_path):
     table = invoke("explain", str(tmp_path / "m.onnx"), "--precision", "int8")
     plan_table = table.output.split("execution plan")[1]  # (rich wraps cells: the words, not their line)
     assert "matmul" in plan_table and "int8" in plan_table
+
+
+def test_shared_options_mean_one_thing_on_every_command(tmp_path):
+    """-o is the output file and --json a switch printing JSON on stdout, on every command that
+    has them; -q leaves stdout to the results a script asked for (JSON) and errors."""
+    import re
+
+    from kiln.cli_bench import bench
+    from kiln.cli_check import check, diff_command
+    from kiln.cli_compile import compile_command
+    from kiln.cli_inspect import explain
+
+    commands = {"compile": compile_command, "bench": bench, "explain": explain, "check": check, "diff": diff_command}
+    commands.update({name: main.commands[name] for name in ("run", "conformance", "targets")})
+    for name, command in commands.items():
+        for option in command.params:
+            if "--json" in getattr(option, "opts", []):
+                assert option.is_flag, f"kiln {name} --json is not a switch"
+            if "-o" in getattr(option, "opts", []) or "--output" in getattr(option, "opts", []):
+                assert set(option.opts) == {"-o", "--output"}, f"kiln {name}: {option.opts}"
+    model = make_model([helper.make_node("Relu", ["x"], ["y"])], [("x", FLOAT, [2, 3])], [("y", FLOAT, None)])
+    onnx.save(model, tmp_path / "m.onnx")
+    quiet = invoke("-q", "compile", str(tmp_path / "m.onnx"), "-o", str(tmp_path / "m.kiln"))
+    assert quiet.exit_code == 0 and quiet.stdout == "", quiet.stdout  # errors only
+    ran = invoke("run", str(tmp_path / "m.kiln"), "-o", str(tmp_path / "y.npz"))
+    assert ran.exit_code == 0 and (tmp_path / "y.npz").is_file()
+    listed = invoke("-q", "conformance", "--filter", "^test_relu$", "--json", "-j", "1")
+    assert listed.exit_code == 0 and json.loads(listed.stdout)["summary"]["passed"] == 1
+    targets = invoke("targets", "--json")
+    assert {row["target"] for row in json.loads(targets.stdout)} >= {"cpu", "reference"}
+    assert re.search(r"--target TEXT\s+The target to compile for", invoke("explain", "--help").output)

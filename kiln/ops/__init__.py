@@ -5,7 +5,7 @@ module below it can look an op up (Python runs this file before any ``kiln.ops.*
 
 from __future__ import annotations
 
-from kiln.ops import control, elementwise, kiln_ops, misc, nn, shape  # noqa: F401  (they register)
+from kiln.ops import control, elementwise, kiln_ops, misc, nn, shape, signal  # noqa: F401  (they register)
 from kiln.ops.categories import declare
 from kiln.ops.registry import REGISTRY, Attr, InferContext, OpDef, RunContext, lookup, register
 

@@ -1,0 +1,231 @@
+"""``kiln compile``: a model to a ``.kiln`` artifact (with ``--tune``: its kernels tuned first)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+from rich.markup import escape
+
+from kiln.cli_support import (
+    calibration_data,
+    console,
+    dim_bindings,
+    dim_option,
+    import_bound,
+    out,
+    output_option,
+    precision_option,
+    target_option,
+)
+
+
+@click.command("compile")
+@click.argument("model")
+@output_option("The .kiln artifact to write.", required=True)
+@click.option("-O", "level", type=click.IntRange(0, 3), default=2, show_default=True, help="Optimization level.")
+@dim_option(
+    "Bind a symbolic dim, e.g. --dim batch=8; a list compiles each size ahead, e.g. --dim batch=1,8,32 "
+    "(saved in the artifact: it needs no compiler for them). [default: every symbol = 1]"
+)
+@click.option(
+    "--tune",
+    "tune_budget",
+    default=None,
+    metavar="DURATION",
+    help="Autotune the matrix-multiply and convolution kernels first, within this wall-clock budget "
+    "(e.g. 90s, 5m, 1h). Results are kept in the tuning database: a second compile does no tuning.",
+)
+@click.option("--retune", is_flag=True, help="With --tune: measure kernels already in the tuning database again.")
+@click.option(
+    "--cluster",
+    default=None,
+    metavar="ADDRESS",
+    help="With --tune: measure the candidates on a Ray cluster's nodes of the target's hardware class "
+    "(its ISA; narrowed with --on), each measurement holding its node alone.",
+)
+@click.option(
+    "--on", "selectors", multiple=True, metavar="KEY=VALUE", help="With --cluster: only nodes matching (cpu=EPYC...)."
+)
+@target_option(
+    "cpu",
+    "cpu: this machine's best ISA (-march=native); cpu:avx512, cpu:avx2, cpu:generic: code for any CPU "
+    "with that ISA (an AVX2 artifact built on an AVX-512 server)",
+)
+@precision_option("int8 calibrates with --calibrate; the accuracy against fp32 is measured and printed.")
+@click.option(
+    "--calibrate",
+    "calibration",
+    default=None,
+    metavar="DATA",
+    help="int8 calibration data: an .npz (each input's array, samples along a leading axis) or a folder of "
+    "images (image models). The last fifth evaluates the accuracy. [default: the zoo model's example inputs, "
+    "else random inputs, which calibrate poorly]",
+)
+@click.option(
+    "--calibration-method",
+    type=click.Choice(["minmax", "percentile", "entropy"]),
+    default="minmax",
+    show_default=True,
+    help="How activation ranges come from the calibration data.",
+)
+@click.option(
+    "--max-accuracy-drop",
+    type=click.FloatRange(0),
+    default=None,
+    help="int8: keep the most sensitive layers in fp32 until the drop vs fp32 (1 - top-1 agreement for class "
+    "scores, else relative L2) is at most this.",
+)
+def compile_command(
+    model: str,
+    output: Path,
+    level: int,
+    dims: tuple[str, ...],
+    tune_budget: str | None,
+    retune: bool,
+    cluster: str | None,
+    selectors: tuple[str, ...],
+    target: str,
+    precision: str,
+    calibration: str | None,
+    calibration_method: str,
+    max_accuracy_drop: float | None,
+) -> None:
+    """Compile MODEL (.onnx path or zoo name) to native code and save it as a .kiln artifact."""
+    import time
+
+    import kiln
+    from kiln import zoo
+
+    if cluster is not None and tune_budget is None:
+        raise click.UsageError("--cluster measures tuning candidates: give --tune DURATION too")
+    graph, binding = import_bound(model, dims)
+    bindings = dim_bindings(graph, dims)
+    if tune_budget is not None:
+        measurer = _cluster_measurer(cluster, target, selectors) if cluster else None
+        for each in bindings:
+            _tune(graph, each, level, _parse_duration(tune_budget), retune, target, measurer)
+    start = time.perf_counter()
+    if precision == "int8" and calibration is None and model in zoo.MODELS:
+        calibration = [zoo.example_inputs(model, seed=seed) for seed in range(10)]
+        out.print(f"calibrating on 10 example inputs of {model} (random data: pass --calibrate for real data)")
+    elif precision == "int8" and calibration is None:
+        out.print("calibrating on random inputs: pass --calibrate with real data for a meaningful int8 model")
+    elif precision == "int8":
+        calibration = calibration_data(calibration, graph)
+    what = f"{len(bindings)} binding(s) of " if len(bindings) > 1 else ""
+    with console.status(f"compiling {what}{model} for {target} ({precision}, -O{level})..."):
+        compiled = kiln.compile(
+            graph,
+            target=target,
+            opt_level=level,
+            dims=bindings[0],
+            precision=precision,
+            calibration=calibration,
+            calibration_method=calibration_method,
+            max_accuracy_drop=max_accuracy_drop,
+        )
+        for number, each in enumerate(bindings[1:], 2):  # every size asked for is compiled ahead and saved
+            console.print(f"compiled binding {number - 1}/{len(bindings)}; compiling {each}")
+            compiled.prepare_dims(each)
+    seconds = time.perf_counter() - start
+    plan = compiled.plans[-1] if len(bindings) == 1 else compiled.plans[0]
+    compiled.save(output)
+    if len(bindings) > 1:
+        out.print(f"compiled ahead for {len(bindings)} bindings: " + "; ".join(str(b) for b in bindings))
+    kernels = sum(len(step.kernels) for step in plan.steps if hasattr(step, "kernels"))
+    out.print(
+        f"compiled {model} for {compiled.target} ({compiled.compiled_for.summary}, {compiled.precision}) in {seconds:.1f} s (-O{level}, dims {binding or 'static'}): {kernels} kernels, {len(plan.fallbacks)} host fallback(s)"
+    )
+    for fallback in plan.fallbacks:
+        out.print(f"  fallback {fallback.node.label}: {fallback.reason}", highlight=False)
+    out.print(f"memory plan: {plan.memory.describe()}")
+    if compiled.precision != "fp32":
+        from kiln.driver.compile import accuracy_against_fp32
+        from kiln.driver.quantize import samples_from
+
+        report = compiled.accuracy
+        if report is None:  # bf16: against the fp32 compile on the zoo's inputs, else random ones
+            if model in zoo.MODELS:
+                samples = [zoo.example_inputs(model, seed=seed) for seed in (1, 2)]
+            else:
+                samples = samples_from(None, graph, count=2, seed=1)
+            report = accuracy_against_fp32(compiled, samples)
+        out.print(f"accuracy: {report.line()}", highlight=False)
+    out.print(f"wrote {output} ({output.stat().st_size / 1e6:.1f} MB)")
+
+
+def _parse_duration(text: str) -> float:
+    units = {"s": 1, "m": 60, "h": 3600}
+    try:
+        if text and text[-1] in units:
+            return float(text[:-1]) * units[text[-1]]
+        return float(text)
+    except ValueError:
+        raise click.BadParameter(
+            f"{text!r} is not a duration (examples: 90s, 5m, 1h, 300)", param_hint="--tune"
+        ) from None
+
+
+def _cluster_measurer(address: str, target: str, selectors: tuple[str, ...]):  # type: ignore[no-untyped-def]
+    from kiln.bench import fleet
+
+    reason = fleet.unavailable()
+    if reason:
+        raise click.ClickException(reason)
+    from kiln.tune.remote import ClusterMeasurer
+
+    try:
+        measurer = ClusterMeasurer(address, target, selectors)
+    except fleet.FleetError as err:
+        raise click.ClickException(str(err)) from None
+    out.print(f"measuring on {len(measurer.nodes)} node(s) of {measurer.label} at {address}", highlight=False)
+    return measurer
+
+
+def _tune(graph, binding: dict[str, int], level: int, budget: float, retune: bool, target: str, measurer=None) -> None:  # type: ignore[no-untyped-def]
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
+
+    from kiln import tune
+    from kiln.backends import parse
+    from kiln.driver.options import CompileOptions
+    from kiln.driver.pipeline import graph_stages
+
+    # the graph the compile will lower: the pipeline's own graph stages, for this target
+    optimized = graph_stages(graph, binding, parse(target), CompileOptions.from_env(level=level))
+    tasks = tune.tasks_for(optimized)
+    columns = [
+        TextColumn("tuning"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("kernels"),
+        TimeElapsedColumn(),
+        TextColumn("ETA"),
+        TimeRemainingColumn(),
+        TextColumn("best speed-up {task.fields[best]:.2f}x"),
+    ]
+    with Progress(*columns, console=console) as bar:
+        task_id = bar.add_task("tune", total=len(tasks), best=1.0)
+
+        def report(done: int, total: int, outcome, best: float) -> None:  # type: ignore[no-untyped-def]
+            bar.update(task_id, completed=done, best=best)
+
+        outcomes = tune.tune(optimized, budget, report, retune=retune, target=target, measurer=measurer)
+    fresh = [o for o in outcomes if not o.cached]
+    failures = sum(len(o.failures) for o in fresh)
+    out.print(
+        f"tuned {len(fresh)} kernel(s), {len(outcomes) - len(fresh)} from the tuning database, "
+        f"{len(tasks) - len(outcomes)} left at the default (budget); {failures} candidate(s) failed and were skipped"
+    )
+    for outcome in sorted(fresh, key=lambda o: -o.speedup)[:10]:
+        out.print(
+            f"  {escape(outcome.task.label)}: {outcome.choice or 'default'} {outcome.speedup:.2f}x ({outcome.default_seconds * 1e3:.2f} -> {outcome.seconds * 1e3:.2f} ms)",
+            highlight=False,
+        )
