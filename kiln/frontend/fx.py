@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from kiln.errors import KilnError
-from kiln.frontend import aten_extended  # noqa: F401  (its entries register in CONVERTERS)
+from kiln.frontend import aten_extended, aten_nn  # noqa: F401  (their entries register in CONVERTERS)
 from kiln.frontend.aten import CONVERTERS, OPSET, UnsupportedFxOp, dim_of, torch_dtype
 from kiln.frontend.aten_attention import decompositions
 from kiln.frontend.converters import GraphBuilder
