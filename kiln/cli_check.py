@@ -27,7 +27,6 @@ def check(model: str, dims: tuple[str, ...], strict: bool, as_json: bool) -> Non
     from kiln.driver.pipeline import compile_plan
     from kiln.errors import InvalidModelError, ModelLoadError, UnsupportedModelError
     from kiln.frontend.onnx import import_onnx
-    from kiln.ir.types import TensorType
     from kiln.passes import specialize
 
     found: dict = {"model": model, "unsupported": [], "dims": {}, "data_dependent": [], "fallbacks": []}
@@ -59,6 +58,27 @@ def check(model: str, dims: tuple[str, ...], strict: bool, as_json: bool) -> Non
         finish(1)
         return
     say(f"{escape(path)}: {len(graph.nodes)} nodes, every op supported")
+    symbols = _symbols(graph, found, say)
+    _data_dependent(graph, symbols, found, say)
+    binding = parse_dims(dims)
+    binding.update({s: binding.get(s, 1) for s in symbols})
+    plan = compile_plan(specialize(graph, binding), build_library=False)
+    if plan.whole_graph_reason:
+        say(f"[yellow]runs on the reference, not natively:[/] {escape(plan.whole_graph_reason)}", highlight=False)
+    for fallback in plan.fallbacks:
+        say(f"[yellow]host fallback[/] {escape(fallback.node.label)}: {escape(fallback.reason)}", highlight=False)
+    native = not plan.whole_graph_reason and not plan.fallbacks
+    say("compiles natively on the cpu target" if native else f"{len(plan.fallbacks)} host fallback(s)")
+    found["fallbacks"] = [{"node": f.node.label, "op": f.node.op, "reason": f.reason} for f in plan.fallbacks]
+    found["whole_graph_reason"] = plan.whole_graph_reason
+    found["native"] = native
+    finish(1 if strict and not native else 0)
+
+
+def _symbols(graph, found: dict, say) -> dict[str, str]:  # type: ignore[no-untyped-def]
+    """The graph's symbolic input dims (where each is, which node first reads it)."""
+    from kiln.ir.types import TensorType
+
     symbols: dict[str, str] = {}
     for value in graph.inputs:
         if isinstance(value.type, TensorType) and value.type.shape is not None:
@@ -78,6 +98,13 @@ def check(model: str, dims: tuple[str, ...], strict: bool, as_json: bool) -> Non
             f"dim {symbol!r} ({where}): specialized per binding (each new value compiles once); first read by {escape(readers.get(symbol, 'no node'))}",
             highlight=False,
         )
+    return symbols
+
+
+def _data_dependent(graph, symbols: dict[str, str], found: dict, say) -> None:  # type: ignore[no-untyped-def]
+    """Nodes whose output shapes have dims that are not the inputs' (they depend on data)."""
+    from kiln.ir.types import TensorType
+
     dynamic = []
     for node in graph.nodes:
         for value in node.outputs:
@@ -92,19 +119,6 @@ def check(model: str, dims: tuple[str, ...], strict: bool, as_json: bool) -> Non
             f"data-dependent shape {fresh} from {escape(label)}: kiln specializes on small integer inputs' values, else runs the graph on the reference",
             highlight=False,
         )
-    binding = parse_dims(dims)
-    binding.update({s: binding.get(s, 1) for s in symbols})
-    plan = compile_plan(specialize(graph, binding), build_library=False)
-    if plan.whole_graph_reason:
-        say(f"[yellow]runs on the reference, not natively:[/] {escape(plan.whole_graph_reason)}", highlight=False)
-    for fallback in plan.fallbacks:
-        say(f"[yellow]host fallback[/] {escape(fallback.node.label)}: {escape(fallback.reason)}", highlight=False)
-    native = not plan.whole_graph_reason and not plan.fallbacks
-    say("compiles natively on the cpu target" if native else f"{len(plan.fallbacks)} host fallback(s)")
-    found["fallbacks"] = [{"node": f.node.label, "op": f.node.op, "reason": f.reason} for f in plan.fallbacks]
-    found["whole_graph_reason"] = plan.whole_graph_reason
-    found["native"] = native
-    finish(1 if strict and not native else 0)
 
 
 @click.command("diff")

@@ -236,8 +236,6 @@ def run_fleet(
     config.validate()
     say = progress or (lambda message, record: None)
     ray = connect(address)
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
     fleet = nodes(address, selectors)
     if not fleet:
         raise FleetError(f"no live node of the cluster at {address} matches {' and '.join(selectors) or 'anything'}")
@@ -263,92 +261,112 @@ def run_fleet(
     if config.agreement and references is not None:
         for model in {(m.label, m.batch): m for m, _, _ in jobs}.values():
             reference_of[(model.label, model.batch)] = references(model)
-    # per class, the jobs still to run; per node, the job running there
-    queue: dict[str, list[tuple[Any, str, str, int]]] = {key: [(m, b, s, 1) for m, b, s in jobs] for key in classes}
-    remote = ray.remote(max_retries=0)(_remote_job)
-    running: dict[Any, tuple[dict[str, Any], tuple[Any, str, str, int]]] = {}
-    busy: set[str] = set()
-    lost: set[str] = set()
-    # a node a job failed on (its node died: Ray may report it alive for a while yet) is where
-    # that job goes last
-    failed_on: dict[tuple[str, str, str, int], set[str]] = {}
+    dispatch = _Dispatch(ray, config, classes, jobs, reference_of, run, db, say)
+    try:
+        dispatch.submit()
+        while dispatch.running:
+            done, _ = ray.wait(list(dispatch.running), num_returns=1, timeout=5.0)
+            if not done:
+                _notice_lost(ray, fleet, dispatch.lost)
+                continue
+            task = done[0]
+            node, job = dispatch.running.pop(task)
+            dispatch.busy.discard(node["node_id"])
+            try:
+                dispatch.finish(ray.get(task), node, job[3])
+            except Exception as err:
+                _notice_lost(ray, fleet, dispatch.lost)  # (a live node whose Ray worker died stays in use)
+                dispatch.lost_job(node, job, err)
+            dispatch.submit()
+    except KeyboardInterrupt:
+        run["interrupted"] = True
+        for task in dispatch.running:
+            ray.cancel(task, force=True)
+    return run
 
-    def pick(key: str, node: dict[str, Any]) -> tuple[Any, str, str, int] | None:
-        live = {n["node_id"] for n in classes[key] if n["node_id"] not in lost}
-        for index, job in enumerate(queue[key]):
-            avoid = failed_on.get(_job_key(job), set())
+
+class _Dispatch:
+    """Which job runs where: per hardware class the jobs still to run, per node the job running
+    there; a job whose node was lost runs again on another node of its class (last on the node
+    it failed on), or is recorded failed when none is left."""
+
+    def __init__(self, ray, config, classes, jobs, reference_of, run, db, say) -> None:  # type: ignore[no-untyped-def]
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        self.affinity = NodeAffinitySchedulingStrategy
+        self.config, self.classes, self.reference_of, self.run, self.db, self.say = (
+            config, classes, reference_of, run, db, say,
+        )  # fmt: skip
+        self.queue: dict[str, list[tuple[Any, str, str, int]]] = {
+            key: [(m, b, s, 1) for m, b, s in jobs] for key in classes
+        }
+        self.remote = ray.remote(max_retries=0)(_remote_job)
+        self.running: dict[Any, tuple[dict[str, Any], tuple[Any, str, str, int]]] = {}
+        self.busy: set[str] = set()
+        self.lost: set[str] = set()
+        self.failed_on: dict[tuple[str, str, str, int], set[str]] = {}
+
+    def pick(self, key: str, node: dict[str, Any]) -> tuple[Any, str, str, int] | None:
+        live = {n["node_id"] for n in self.classes[key] if n["node_id"] not in self.lost}
+        for index, job in enumerate(self.queue[key]):
+            avoid = self.failed_on.get(_job_key(job), set())
             if node["node_id"] not in avoid or live <= avoid:
-                return queue[key].pop(index)
+                return self.queue[key].pop(index)
         return None
 
-    def submit() -> None:
-        for key, members in classes.items():
+    def submit(self) -> None:
+        for key, members in self.classes.items():
             for node in members:
-                if node["node_id"] in busy or node["node_id"] in lost or not queue[key]:
+                if node["node_id"] in self.busy or node["node_id"] in self.lost or not self.queue[key]:
                     continue
-                job = pick(key, node)
+                job = self.pick(key, node)
                 if job is None:
                     continue
                 model, backend, scenario, _ = job
-                task = remote.options(
-                    num_cpus=node["cpus"],
-                    scheduling_strategy=NodeAffinitySchedulingStrategy(node["node_id"], soft=False),
-                ).remote(asdict(model), backend, scenario, asdict(config), reference_of.get((model.label, model.batch)))
-                running[task] = (node, job)
-                busy.add(node["node_id"])
-                say(f"running {backend} / {model.label} / {scenario} on {node['label']} ({node['hostname']})", None)
+                task = self.remote.options(
+                    num_cpus=node["cpus"], scheduling_strategy=self.affinity(node["node_id"], soft=False)
+                ).remote(
+                    asdict(model),
+                    backend,
+                    scenario,
+                    asdict(self.config),
+                    self.reference_of.get((model.label, model.batch)),
+                )
+                self.running[task] = (node, job)
+                self.busy.add(node["node_id"])
+                self.say(
+                    f"running {backend} / {model.label} / {scenario} on {node['label']} ({node['hostname']})", None
+                )
 
-    def finish(record: dict[str, Any], node: dict[str, Any], attempt: int) -> None:
+    def finish(self, record: dict[str, Any], node: dict[str, Any], attempt: int) -> None:
+        from kiln.bench import store
+
         record["node"] = {k: v for k, v in node.items() if k != "node_id"} | {"node_id": node["node_id"]}
         record["attempts"] = attempt
-        run["records"].append(record)
-        if db is not None:
-            store.add_records(db, run["run_id"], [record])
-        say(
+        self.run["records"].append(record)
+        if self.db is not None:
+            store.add_records(self.db, self.run["run_id"], [record])
+        self.say(
             f"{record['backend']} / {record['model']} / {record['scenario']} on {node['label']}: {record['status']}",
             record,
         )
 
-    try:
-        submit()
-        while running:
-            done, _ = ray.wait(list(running), num_returns=1, timeout=5.0)
-            if not done:
-                _notice_lost(ray, fleet, lost)
-                continue
-            task = done[0]
-            node, job = running.pop(task)
-            busy.discard(node["node_id"])
-            model, backend, scenario, attempt = job
-            try:
-                finish(ray.get(task), node, attempt)
-            except Exception as err:
-                _notice_lost(ray, fleet, lost)  # (a live node whose Ray worker died stays in use)
-                key = node["fingerprint"]
-                others = [n for n in classes[key] if n["node_id"] not in lost]
-                reason = f"node {node['hostname']} ({node['node_id'][:8]}) lost mid-job: {type(err).__name__}"
-                if others and attempt < MAX_ATTEMPTS:
-                    say(f"{reason}; running the job again on another {node['label']} node", None)
-                    failed_on.setdefault(_job_key(job), set()).add(node["node_id"])
-                    queue[key].insert(0, (model, backend, scenario, attempt + 1))
-                else:
-                    base = {"backend": backend, "model": model.label, "batch": model.batch, "scenario": scenario}
-                    failed = {
-                        **base,
-                        "threads": config.threads,
-                        "status": "failed",
-                        "error": f"{reason}; "
-                        + ("no other node of its class" if not others else f"{attempt} attempts"),
-                    }
-                    finish(failed, node, attempt)
-                    if not others:
-                        queue[key] = _drop_class(queue[key], config, node, reason, finish)
-            submit()
-    except KeyboardInterrupt:
-        run["interrupted"] = True
-        for task in running:
-            ray.cancel(task, force=True)
-    return run
+    def lost_job(self, node: dict[str, Any], job: tuple[Any, str, str, int], err: BaseException) -> None:
+        model, backend, scenario, attempt = job
+        key = node["fingerprint"]
+        others = [n for n in self.classes[key] if n["node_id"] not in self.lost]
+        reason = f"node {node['hostname']} ({node['node_id'][:8]}) lost mid-job: {type(err).__name__}"
+        if others and attempt < MAX_ATTEMPTS:
+            self.say(f"{reason}; running the job again on another {node['label']} node", None)
+            self.failed_on.setdefault(_job_key(job), set()).add(node["node_id"])
+            self.queue[key].insert(0, (model, backend, scenario, attempt + 1))
+            return
+        base = {"backend": backend, "model": model.label, "batch": model.batch, "scenario": scenario}
+        why = "no other node of its class" if not others else f"{attempt} attempts"
+        failed = {**base, "threads": self.config.threads, "status": "failed", "error": f"{reason}; {why}"}
+        self.finish(failed, node, attempt)
+        if not others:
+            self.queue[key] = _drop_class(self.queue[key], self.config, node, reason, self.finish)
 
 
 def _job_key(job: tuple[Any, str, str, int]) -> tuple[str, str, str, int]:

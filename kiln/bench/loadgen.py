@@ -62,71 +62,13 @@ def run_scenario(
     """
     import mlperf_loadgen as lg
 
-    if scenario not in SCENARIOS:
-        raise ValueError(f"LoadGen has no scenario {scenario!r}; kiln bench's: {', '.join(SCENARIOS)}")
     expected = max(expected_latency_s or 0.01, 1e-5)
-    settings = lg.TestSettings()
-    settings.scenario = getattr(lg.TestScenario, SCENARIOS[scenario])
-    settings.mode = lg.TestMode.PerformanceOnly
-    settings.min_duration_ms = int(duration * 1000)
-    settings.min_query_count = max(1, int(min_queries))
-    capacity = inflight / expected  # queries per second the threads can serve
-    target_ns = int((target_latency_ms or max(4e3 * expected, 10.0)) * 1e6)
-    if percentile is not None and not 0 < percentile < 1:
-        raise ValueError(f"a latency percentile is a fraction in (0, 1), not {percentile}")
-    if scenario == "single-stream":
-        settings.single_stream_expected_latency_ns = int(expected * 1e9)
-        if percentile is not None:
-            settings.single_stream_target_latency_percentile = float(percentile)
-    elif scenario == "multi-stream":
-        settings.multi_stream_samples_per_query = MULTI_STREAM_SAMPLES
-        settings.multi_stream_expected_latency_ns = int(expected * 1e9 * MULTI_STREAM_SAMPLES / inflight)
-        if percentile is not None:
-            settings.multi_stream_target_latency_percentile = float(percentile)
-    elif scenario == "server":
-        settings.server_target_qps = float(rate or 0.7 * capacity)
-        settings.server_target_latency_ns = target_ns
-        if percentile is not None:
-            settings.server_target_latency_percentile = float(percentile)
-    else:  # offline: one query of about duration x capacity samples
-        settings.offline_expected_qps = float(capacity)
-    settings.max_duration_ms = int(max(4 * duration, duration + 30) * 1000)  # a guard, not a target
-
-    work: queue.Queue[Any] = queue.Queue()
-    latencies: list[float] = []
-    rss: list[tuple[int, int]] = [(0, rss_bytes())]
-    errors: list[BaseException] = []
-    lock = threading.Lock()
-
-    def serve() -> None:
-        while True:
-            item = work.get()
-            if item is None:
-                return
-            issued, sample_id, index = item
-            try:
-                if not errors:
-                    run(samples[index % len(samples)])
-            except BaseException as err:
-                errors.append(err)
-            done = time.perf_counter()
-            with lock:
-                latencies.append(done - issued)
-                if len(latencies) % 64 == 0:
-                    rss.append((len(latencies), rss_bytes()))
-            lg.QuerySamplesComplete([lg.QuerySampleResponse(sample_id, 0, 0)])
-
-    def issue(query_samples: Any) -> None:
-        now = time.perf_counter()
-        for sample in query_samples:
-            work.put((now, sample.id, sample.index))
-
-    def flush() -> None:
-        return None
-
-    threads = [threading.Thread(target=serve, daemon=True, name=f"kiln-sut-{i}") for i in range(inflight)]
-    for thread in threads:
-        thread.start()
+    settings, target_ns = _test_settings(
+        lg, scenario, duration, min_queries, inflight, expected, rate, target_latency_ms, percentile
+    )
+    server = _Server(lg, run, samples, inflight)
+    issue, flush, threads = server.issue, server.flush, server.threads
+    work, latencies, rss, errors = server.work, server.latencies, server.rss, server.errors
     count = len(samples)
     sut = lg.ConstructSUT(issue, flush)
     qsl = lg.ConstructQSL(count, count, lambda _: None, lambda _: None)
@@ -168,6 +110,82 @@ def run_scenario(
         "rss_samples": rss,
     }
     return result
+
+
+def _test_settings(lg, scenario, duration, min_queries, inflight, expected, rate, target_latency_ms, percentile):  # type: ignore[no-untyped-def]
+    """LoadGen's TestSettings for one performance run (and the Server's latency bound, ns)."""
+    if scenario not in SCENARIOS:
+        raise ValueError(f"LoadGen has no scenario {scenario!r}; kiln bench's: {', '.join(SCENARIOS)}")
+    settings = lg.TestSettings()
+    settings.scenario = getattr(lg.TestScenario, SCENARIOS[scenario])
+    settings.mode = lg.TestMode.PerformanceOnly
+    settings.min_duration_ms = int(duration * 1000)
+    settings.min_query_count = max(1, int(min_queries))
+    capacity = inflight / expected  # queries per second the threads can serve
+    target_ns = int((target_latency_ms or max(4e3 * expected, 10.0)) * 1e6)
+    if percentile is not None and not 0 < percentile < 1:
+        raise ValueError(f"a latency percentile is a fraction in (0, 1), not {percentile}")
+    if scenario == "single-stream":
+        settings.single_stream_expected_latency_ns = int(expected * 1e9)
+        if percentile is not None:
+            settings.single_stream_target_latency_percentile = float(percentile)
+    elif scenario == "multi-stream":
+        settings.multi_stream_samples_per_query = MULTI_STREAM_SAMPLES
+        settings.multi_stream_expected_latency_ns = int(expected * 1e9 * MULTI_STREAM_SAMPLES / inflight)
+        if percentile is not None:
+            settings.multi_stream_target_latency_percentile = float(percentile)
+    elif scenario == "server":
+        settings.server_target_qps = float(rate or 0.7 * capacity)
+        settings.server_target_latency_ns = target_ns
+        if percentile is not None:
+            settings.server_target_latency_percentile = float(percentile)
+    else:  # offline: one query of about duration x capacity samples
+        settings.offline_expected_qps = float(capacity)
+    settings.max_duration_ms = int(max(4 * duration, duration + 30) * 1000)  # a guard, not a target
+    return settings, target_ns
+
+
+class _Server:
+    """The system under test: ``inflight`` threads serving LoadGen's queries from one queue, each
+    query's latency recorded (and the process's RSS every 64 of them); the first error stops the
+    work (LoadGen still gets its completions) and is raised after the run."""
+
+    def __init__(self, lg, run, samples, inflight: int) -> None:  # type: ignore[no-untyped-def]
+        self.lg, self.run, self.samples = lg, run, samples
+        self.work: queue.Queue[Any] = queue.Queue()
+        self.latencies: list[float] = []
+        self.rss: list[tuple[int, int]] = [(0, rss_bytes())]
+        self.errors: list[BaseException] = []
+        self.lock = threading.Lock()
+        self.threads = [threading.Thread(target=self.serve, daemon=True, name=f"kiln-sut-{i}") for i in range(inflight)]
+        for thread in self.threads:
+            thread.start()
+
+    def serve(self) -> None:
+        while True:
+            item = self.work.get()
+            if item is None:
+                return
+            issued, sample_id, index = item
+            try:
+                if not self.errors:
+                    self.run(self.samples[index % len(self.samples)])
+            except BaseException as err:
+                self.errors.append(err)
+            done = time.perf_counter()
+            with self.lock:
+                self.latencies.append(done - issued)
+                if len(self.latencies) % 64 == 0:
+                    self.rss.append((len(self.latencies), rss_bytes()))
+            self.lg.QuerySamplesComplete([self.lg.QuerySampleResponse(sample_id, 0, 0)])
+
+    def issue(self, query_samples: Any) -> None:
+        now = time.perf_counter()
+        for sample in query_samples:
+            self.work.put((now, sample.id, sample.index))
+
+    def flush(self) -> None:
+        return None
 
 
 _CHECK = re.compile(r"^\s*(.+?satisfied)\s*:\s*(\w+)\s*$")
