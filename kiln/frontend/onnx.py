@@ -242,6 +242,50 @@ class _Importer:
         initializer_names = {init.name for init in proto.initializer} | {
             s.values.name for s in proto.sparse_initializer
         }
+        self._initializers(proto, scope, taken, constants)
+        inputs: list[Value] = []
+        real_inputs = [i for i in proto.input if i.name not in initializer_names]
+        listed: set[str] = set()
+        for info in proto.input:
+            if info.name in listed:
+                self.problems.append(f"invalid: graph input name {info.name!r} is used twice")
+            listed.add(info.name)
+        # an initializer that is also a graph input is a default the caller may override; its
+        # declared type must be the data's
+        defaults = [scope.values[i.name] for i in proto.input if i.name in initializer_names and i.name in scope.values]
+        for info in proto.input:
+            if info.name in initializer_names and info.name in scope.values:
+                self._check_declared(f"graph input {info.name!r} (an initializer)", info.type, scope.values[info.name])
+        for index, info in enumerate(real_inputs):
+            inputs.append(self._input(info, index, hints, scope, taken))
+        self.produced_later = {name for node_proto in proto.node for name in node_proto.output}
+        builder = GraphBuilder(self, scope, taken, constants)
+        builder.own.update(initializer_names, (info.name for info in real_inputs))
+        for node_proto in proto.node:
+            self.node(node_proto, builder)
+        outputs: list[Value] = []
+        for info in proto.output:
+            if info.name not in scope.values:
+                self.problems.append(f"invalid: graph output {info.name!r} is never produced")
+                continue
+            outputs.append(scope.values[info.name])
+            if scope.values[info.name] not in builder.poisoned:
+                self._check_declared(f"graph output {info.name!r}", info.type, scope.values[info.name])
+        return Graph(
+            inputs,
+            outputs,
+            builder.nodes,
+            constants,
+            name=_symbol(proto.name or "main"),
+            opsets=dict(self.opsets),
+            defaults=tuple(defaults),
+        )
+
+    def _initializers(
+        self, proto: onnx.GraphProto, scope: _Scope, taken: set[str], constants: dict[Value, np.ndarray]
+    ) -> None:
+        """Each (sparse) initializer as a constant in ``constants`` and ``scope``; damaged or
+        unsupported ones and repeated names are problems."""
         seen_initializers: set[str] = set()
         for init in proto.initializer:
             if init.name in seen_initializers:
@@ -270,59 +314,28 @@ class _Importer:
             constants[value] = array
             scope.values[sparse.values.name] = value
             scope.known[value] = array
-        inputs: list[Value] = []
-        real_inputs = [i for i in proto.input if i.name not in initializer_names]
-        listed: set[str] = set()
-        for info in proto.input:
-            if info.name in listed:
-                self.problems.append(f"invalid: graph input name {info.name!r} is used twice")
-            listed.add(info.name)
-        # an initializer that is also a graph input is a default the caller may override; its
-        # declared type must be the data's
-        defaults = [scope.values[i.name] for i in proto.input if i.name in initializer_names and i.name in scope.values]
-        for info in proto.input:
-            if info.name in initializer_names and info.name in scope.values:
-                self._check_declared(f"graph input {info.name!r} (an initializer)", info.type, scope.values[info.name])
-        for index, info in enumerate(real_inputs):
-            try:
-                value_type = type_from_proto(info.type, info.name)
-            except ValueError as err:  # an element type code kiln does not know
-                self.problems.append(f"unsupported: graph input {info.name!r}: {err}")
-                value_type = None
-            if value_type is None and hints is not None and index < len(hints):
-                value_type = hints[index]
-            if value_type is None:
-                self.problems.append(f"invalid: graph input {info.name!r} has no type")
-                value_type = TensorType(DType.FLOAT32, None)
-            try:
-                check_size(value_type, f"graph input {info.name!r}")
-            except ShapeInferenceError as err:
-                self.problems.append(f"invalid: {err}")
-            value = Value(unique_name(info.name, taken), value_type)
-            inputs.append(value)
-            scope.values[info.name] = value
-        self.produced_later = {name for node_proto in proto.node for name in node_proto.output}
-        builder = GraphBuilder(self, scope, taken, constants)
-        builder.own.update(initializer_names, (info.name for info in real_inputs))
-        for node_proto in proto.node:
-            self.node(node_proto, builder)
-        outputs: list[Value] = []
-        for info in proto.output:
-            if info.name not in scope.values:
-                self.problems.append(f"invalid: graph output {info.name!r} is never produced")
-                continue
-            outputs.append(scope.values[info.name])
-            if scope.values[info.name] not in builder.poisoned:
-                self._check_declared(f"graph output {info.name!r}", info.type, scope.values[info.name])
-        return Graph(
-            inputs,
-            outputs,
-            builder.nodes,
-            constants,
-            name=_symbol(proto.name or "main"),
-            opsets=dict(self.opsets),
-            defaults=tuple(defaults),
-        )
+
+    def _input(
+        self, info: onnx.ValueInfoProto, index: int, hints: list[Type] | None, scope: _Scope, taken: set[str]
+    ) -> Value:
+        """A graph input's value (its declared type, else the hint at ``index``)."""
+        try:
+            value_type = type_from_proto(info.type, info.name)
+        except ValueError as err:  # an element type code kiln does not know
+            self.problems.append(f"unsupported: graph input {info.name!r}: {err}")
+            value_type = None
+        if value_type is None and hints is not None and index < len(hints):
+            value_type = hints[index]
+        if value_type is None:
+            self.problems.append(f"invalid: graph input {info.name!r} has no type")
+            value_type = TensorType(DType.FLOAT32, None)
+        try:
+            check_size(value_type, f"graph input {info.name!r}")
+        except ShapeInferenceError as err:
+            self.problems.append(f"invalid: {err}")
+        value = Value(unique_name(info.name, taken), value_type)
+        scope.values[info.name] = value
+        return value
 
     def _check_declared(self, what: str, declared: onnx.TypeProto, value: Value) -> None:
         """A declared type that contradicts the data or inference (another dtype or rank, or a

@@ -239,12 +239,43 @@ def fuse(graph: Graph, refusals: list[Refusal] | None = None) -> Graph:
         for value in node.inputs:
             if value is not None:
                 consumer_of[value] = node
+    producer = graph.producers()
+    order = {id(n): i for i, n in enumerate(graph.nodes)}
+    groups, grouped, kinds = _attention_groups(graph, consumer_of, readers, outputs, producer, order, refusals)
+    # Elementwise groups grow backwards from each sink (latest node first): a producer joins when
+    # its output has no reader outside the group (so the group is an expression tree over values
+    # computed elsewhere), then a Conv/MatMul producing one of the group's inputs joins as its
+    # anchor when every reader of its result is in the group (the epilogue may read it often).
+    for sink in reversed(graph.nodes):
+        if id(sink) in grouped or not _elementwise(sink):
+            continue
+        members = _grow(sink, producer, grouped, readers, outputs, refusals)
+        _join_anchor(members, sink, producer, grouped, readers, outputs, refusals)
+        if len(members) > 1:
+            # the anchor first (an epilogue group's body starts with its product), then the rest
+            # in graph order: elementwise work on other inputs (the SiLU of a gated MLP's other
+            # product) may precede the anchor in the graph, and depends on none of the group
+            groups.append(sorted(members.values(), key=lambda n: (not _anchor(n), order[id(n)])))
+            grouped.update(members)
+    if not groups:
+        return graph
+    replacement: dict[int, Node] = {}
+    drop: set[int] = set()
+    for group in groups:
+        fused = _fused_node(group, kinds.get(id(group[0])))
+        replacement[id(group[-1])] = fused
+        drop.update(id(n) for n in group[:-1])
+    nodes = [replacement.get(id(n), n) for n in graph.nodes if id(n) not in drop]
+    return graph.with_(nodes=nodes)
+
+
+def _attention_groups(graph, consumer_of, readers, outputs, producer, order, refusals):  # type: ignore[no-untyped-def]
+    """Attention first (its MatMul would otherwise anchor an epilogue): (groups, grouped node
+    ids, kind by first node id)."""
     groups: list[list[Node]] = []
     grouped: set[int] = set()
     kinds: dict[int, str] = {}
-    producer = graph.producers()
-    order = {id(n): i for i, n in enumerate(graph.nodes)}
-    for node in graph.nodes:  # attention first: its MatMul would otherwise anchor an epilogue
+    for node in graph.nodes:
         if node.op != "MatMul" or node.domain:
             continue
         group, reason = attention_group(node, consumer_of, readers, outputs, producer)
@@ -262,79 +293,65 @@ def fuse(graph: Graph, refusals: list[Refusal] | None = None) -> Graph:
         groups.append(group)
         grouped.update(id(n) for n in group)
         kinds[id(group[0])] = "attention"
-    # Elementwise groups grow backwards from each sink (latest node first): a producer joins when
-    # its output has no reader outside the group (so the group is an expression tree over values
-    # computed elsewhere), then a Conv/MatMul producing one of the group's inputs joins as its
-    # anchor when every reader of its result is in the group (the epilogue may read it often).
-    for sink in reversed(graph.nodes):
-        if id(sink) in grouped or not _elementwise(sink):
-            continue
-        members = {id(sink): sink}
-        stack = [sink]
-        while stack:
-            consumer = stack.pop()
-            for value in consumer.inputs:
-                candidate = producer.get(value) if value is not None else None
-                if candidate is None or id(candidate) in members or _anchor(candidate):
-                    continue
-                reason = (
-                    "already fused into another group"
-                    if id(candidate) in grouped
-                    else can_fuse(candidate, consumer, readers, outputs)
-                )
-                if reason is None and candidate.outputs[0].type != sink.outputs[0].type:
-                    reason = "the group's loop runs over another shape"
-                if reason is None and not _elementwise(candidate):
-                    reason = f"{candidate.op} is not an elementwise op"
-                if reason is None and fusion_benefit(value) <= 0:
-                    reason = "nothing to save"
-                if reason is None and len(members) >= MAX_GROUP:
-                    reason = f"the group has {MAX_GROUP} ops (longer chains split: the C compiler's time grows faster than a loop body)"
-                if reason is not None:
-                    if refusals is not None and _elementwise(candidate):
-                        refusals.append(Refusal(candidate.label, consumer.label, reason))
-                    continue
-                members[id(candidate)] = candidate
-                stack.append(candidate)
-        inside = {out for node in members.values() for out in node.outputs}
-        uses: dict[Value, int] = {}
-        for node in members.values():
-            for value in node.inputs:
-                if value is not None and value not in inside:
-                    uses[value] = uses.get(value, 0) + 1
-        for value in uses:
-            anchor = producer.get(value)
-            if anchor is None or not _anchor(anchor) or id(anchor) in grouped:
+    return groups, grouped, kinds
+
+
+def _grow(sink, producer, grouped, readers, outputs, refusals) -> dict[int, Node]:  # type: ignore[no-untyped-def]
+    """The elementwise group grown backwards from ``sink`` (each refusal recorded with its reason)."""
+    members = {id(sink): sink}
+    stack = [sink]
+    while stack:
+        consumer = stack.pop()
+        for value in consumer.inputs:
+            candidate = producer.get(value) if value is not None else None
+            if candidate is None or id(candidate) in members or _anchor(candidate):
                 continue
-            if not _float_static(value) or value.type != sink.outputs[0].type or value in outputs:
-                reason = (
-                    "the epilogue would run over another shape"
-                    if _float_static(value)
-                    else "needs static float tensors"
-                )
-            elif readers.get(value, 0) != uses[value]:
-                reason = f"%{value.name} is also read outside the group"
-            else:
-                members[id(anchor)] = anchor
-                break
-            if refusals is not None:
-                refusals.append(Refusal(anchor.label, sink.label, reason))
-        if len(members) > 1:
-            # the anchor first (an epilogue group's body starts with its product), then the rest
-            # in graph order: elementwise work on other inputs (the SiLU of a gated MLP's other
-            # product) may precede the anchor in the graph, and depends on none of the group
-            groups.append(sorted(members.values(), key=lambda n: (not _anchor(n), order[id(n)])))
-            grouped.update(members)
-    if not groups:
-        return graph
-    replacement: dict[int, Node] = {}
-    drop: set[int] = set()
-    for group in groups:
-        fused = _fused_node(group, kinds.get(id(group[0])))
-        replacement[id(group[-1])] = fused
-        drop.update(id(n) for n in group[:-1])
-    nodes = [replacement.get(id(n), n) for n in graph.nodes if id(n) not in drop]
-    return graph.with_(nodes=nodes)
+            reason = (
+                "already fused into another group"
+                if id(candidate) in grouped
+                else can_fuse(candidate, consumer, readers, outputs)
+            )
+            if reason is None and candidate.outputs[0].type != sink.outputs[0].type:
+                reason = "the group's loop runs over another shape"
+            if reason is None and not _elementwise(candidate):
+                reason = f"{candidate.op} is not an elementwise op"
+            if reason is None and fusion_benefit(value) <= 0:
+                reason = "nothing to save"
+            if reason is None and len(members) >= MAX_GROUP:
+                reason = f"the group has {MAX_GROUP} ops (longer chains split: the C compiler's time grows faster than a loop body)"
+            if reason is not None:
+                if refusals is not None and _elementwise(candidate):
+                    refusals.append(Refusal(candidate.label, consumer.label, reason))
+                continue
+            members[id(candidate)] = candidate
+            stack.append(candidate)
+    return members
+
+
+def _join_anchor(members, sink, producer, grouped, readers, outputs, refusals) -> None:  # type: ignore[no-untyped-def]
+    """A Conv/MatMul producing one of the group's inputs joins ``members`` as its anchor when every
+    reader of its result is in the group."""
+    inside = {out for node in members.values() for out in node.outputs}
+    uses: dict[Value, int] = {}
+    for node in members.values():
+        for value in node.inputs:
+            if value is not None and value not in inside:
+                uses[value] = uses.get(value, 0) + 1
+    for value in uses:
+        anchor = producer.get(value)
+        if anchor is None or not _anchor(anchor) or id(anchor) in grouped:
+            continue
+        if not _float_static(value) or value.type != sink.outputs[0].type or value in outputs:
+            reason = (
+                "the epilogue would run over another shape" if _float_static(value) else "needs static float tensors"
+            )
+        elif readers.get(value, 0) != uses[value]:
+            reason = f"%{value.name} is also read outside the group"
+        else:
+            members[id(anchor)] = anchor
+            return
+        if refusals is not None:
+            refusals.append(Refusal(anchor.label, sink.label, reason))
 
 
 def _fused_node(group: list[Node], kind: str | None = None) -> Node:
