@@ -76,7 +76,6 @@ def lower_attention(lw: Lowerer, node: Node) -> list[Kernel]:
     keys, width = kt_shape[-1], v_shape[-1]
     if kt_shape[-2] != depth or v_shape[-2] != keys:
         raise CannotLower("attention operands do not chain")
-    batch = int(np.prod(batch_shape)) if batch_shape else 1
     scores_shape = (*batch_shape, queries, keys)
     compose = compose_chain(lw, chain, bindings, scores_shape, first.outputs[0])
     q_buf, kt_buf, v_buf, dst = lw.buffer(q), lw.buffer(kt), lw.buffer(v), lw.buffer(out)
@@ -87,6 +86,17 @@ def lower_attention(lw: Lowerer, node: Node) -> list[Kernel]:
         raise CannotLower("attention with folded Transposes needs the float32 driver")
     if any(tuple(x[:-2]) != tuple(batch_shape) for x in (q_shape, kt_shape, v_shape)):
         raise CannotLower("broadcasting attention (shared K/V heads) needs the float32 driver")
+    sizes, buffers = (queries, keys, depth, width), (q_buf, kt_buf, v_buf, dst)
+    return [_attention_loops(lw, node, compose, batch_shape, sizes, buffers, safe)]
+
+
+def _attention_loops(lw: Lowerer, node: Node, compose, batch_shape, sizes, buffers, safe) -> Kernel:  # type: ignore[no-untyped-def]
+    """Attention as loop nests (any dtype): per (batch, head) and query row, the scores row in a
+    scratch buffer, its max, exp and sum, then the weighted sum of V."""
+    queries, keys, depth, width = sizes
+    q_buf, kt_buf, v_buf, dst = buffers
+    batch = int(np.prod(batch_shape)) if batch_shape else 1
+    body = node.attrs["body"]
     row = lw.scratch_buffer(F32, batch * keys, hint="scores")
 
     bh, i, d, j = lw.index("bh"), lw.index("i"), lw.index("d"), lw.index("j")
@@ -151,7 +161,7 @@ def lower_attention(lw: Lowerer, node: Node) -> list[Kernel]:
         Schedule(parallel=bh.name if batch > 1 else None, vectorize=jv.name, simd=(dv.name,)),
         flops=2 * batch * queries * keys * (depth + width),
     )
-    return [kernel]
+    return kernel
 
 
 def _attention_driver(lw: Lowerer, node: Node, compose, batch_shape, sizes, buffers, views, safe) -> Kernel:  # type: ignore[no-untyped-def]

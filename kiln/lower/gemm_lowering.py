@@ -293,52 +293,105 @@ def lower_conv_gemm(lw: Lowerer, node: Node, epilogue: Epilogue | None = None) -
     choice, source = lw.choice(node)  # algorithm and blocking (the tuning database: one lookup)
     precision = _precision_of(lw, node, x)
     bias_buf = lw.buffer(bias) if bias is not None else None
-    if len(x_shape) == 3:
-        (stride_w,), (dil_w,), (pad_l,) = conv_window(node, 1, x_shape[2:], out_shape[2:], w_shape[2:])
-        geometry = (x_shape[1], 1, x_shape[2], 1, w_shape[2], 1, stride_w, 1, dil_w, 0, pad_l, 1, out_shape[2])
-    elif len(x_shape) == 4:
-        window = conv_window(node, 2, x_shape[2:], out_shape[2:], w_shape[2:])
-        (stride_h, stride_w), (dil_h, dil_w), (pad_t, pad_l) = window
-        algorithm = choice.get("algorithm", "")
-        if (
-            algorithm != "im2col"
-            and precision == "fp32"  # bf16, int8: im2col on their paths (Winograd's transforms are float32)
-            and "winograd" not in lw.disabled
-            and "winograd" in lw.target.engines
-            and not winograd.eligible(x_shape, w_shape, out_shape, window)
-        ):
-            geometry = {"x_shape": x_shape, "w_shape": w_shape, "out_shape": out_shape, "pads": (pad_t, pad_l)}
-            tile = {"winograd4": 4, "winograd2": 2}.get(algorithm) or winograd.tile_size(out_shape)
-            kernels = winograd.lower_conv_winograd(lw, node, epilogue, geometry, bias_buf, tile, choice)
+    geometry, window = _conv_geometry(node, x_shape, w_shape, out_shape)
+    if window is not None:
+        kernels = _winograd(lw, node, epilogue, (x_shape, w_shape, out_shape), window, bias_buf, precision, choice)
+        if kernels is not None:
             for kernel in kernels:
                 kernel.tuning = source
             return kernels
-        geometry = (
-            x_shape[1],
-            x_shape[2],
-            x_shape[3],
-            w_shape[2],
-            w_shape[3],
-            stride_h,
-            stride_w,
-            dil_h,
-            dil_w,
-            pad_t,
-            pad_l,
-            out_shape[2],
-            out_shape[3],
-        )
-    else:
-        raise NotForEngine("3-D convolution")
-    channels, height, width, kernel_h, kernel_w = geometry[:5]
+    channels, _, _, kernel_h, kernel_w = geometry[:5]
     out_channels = w_shape[0]
     pixels = int(np.prod(out_shape[2:]))
     reduction = channels * kernel_h * kernel_w
     if 0 in (pixels, reduction, out_channels):
         raise NotForEngine("empty convolution")
-    target = lw.target
-    x_buf, dst = lw.buffer(x), lw.buffer(out)
+    _, dst = lw.buffer(x), lw.buffer(out)  # in this order: buffers are numbered as they are first used
     matrix = np.asarray(weights, dtype=np.float32).reshape(1, out_channels, reduction)
+    a_operand, b_operand, reduction, quant, pointwise = _conv_operands(
+        lw, node, (x, w), weights, matrix, precision, geometry, (x_shape, out_shape), reduction
+    )
+    lw.kernel_count += 1
+    name = f"k{lw.kernel_count}"
+    helper = None
+    if epilogue is not None or bias_buf is not None:
+        flat_of, position_of = conv_output_indexing(out_channels, out_shape)
+        helper = epilogue_helper(lw, name, dst, position_of, flat_of, epilogue, bias_buf, tile=_tile(precision))
+    stmt = GemmSpec(
+        x_shape[0],
+        out_channels,
+        pixels,
+        reduction,
+        a_operand,
+        b_operand,
+        dst,
+        out_channels * pixels,
+        pixels,
+        _blocking(precision, choice),
+        helper,
+        precision,
+        quant,
+    )
+    kind = "conv1x1" if pointwise else "conv"
+    flops = 2 * x_shape[0] * out_channels * pixels * channels * kernel_h * kernel_w
+    return [engine_kernel(name, kind, stmt, dst, node, flops, source)]
+
+
+def _conv_geometry(node: Node, x_shape, w_shape, out_shape):  # type: ignore[no-untyped-def]
+    """The engine's convolution geometry (channels, height, width, kernel, strides, dilations,
+    pads, output size), and the 2-D window (None for 1-D: no Winograd)."""
+    if len(x_shape) == 3:
+        (stride_w,), (dil_w,), (pad_l,) = conv_window(node, 1, x_shape[2:], out_shape[2:], w_shape[2:])
+        return (x_shape[1], 1, x_shape[2], 1, w_shape[2], 1, stride_w, 1, dil_w, 0, pad_l, 1, out_shape[2]), None
+    if len(x_shape) != 4:
+        raise NotForEngine("3-D convolution")
+    window = conv_window(node, 2, x_shape[2:], out_shape[2:], w_shape[2:])
+    (stride_h, stride_w), (dil_h, dil_w), (pad_t, pad_l) = window
+    geometry = (
+        x_shape[1],
+        x_shape[2],
+        x_shape[3],
+        w_shape[2],
+        w_shape[3],
+        stride_h,
+        stride_w,
+        dil_h,
+        dil_w,
+        pad_t,
+        pad_l,
+        out_shape[2],
+        out_shape[3],
+    )
+    return geometry, window
+
+
+def _winograd(lw: Lowerer, node: Node, epilogue, shapes, window, bias_buf, precision: str, choice: dict):  # type: ignore[no-untyped-def]
+    """The Winograd kernels when the schedule, the precision and the shapes allow them, else None."""
+    x_shape, w_shape, out_shape = shapes
+    algorithm = choice.get("algorithm", "")
+    if (
+        algorithm == "im2col"
+        or precision != "fp32"  # bf16, int8: im2col on their paths (Winograd's transforms are float32)
+        or "winograd" in lw.disabled
+        or "winograd" not in lw.target.engines
+        or winograd.eligible(x_shape, w_shape, out_shape, window)
+    ):
+        return None
+    (pad_t, pad_l) = window[2]
+    geometry = {"x_shape": x_shape, "w_shape": w_shape, "out_shape": out_shape, "pads": (pad_t, pad_l)}
+    tile = {"winograd4": 4, "winograd2": 2}.get(algorithm) or winograd.tile_size(out_shape)
+    return winograd.lower_conv_winograd(lw, node, epilogue, geometry, bias_buf, tile, choice)
+
+
+def _conv_operands(lw: Lowerer, node: Node, values, weights, matrix, precision: str, geometry, shapes, reduction: int):  # type: ignore[no-untyped-def]
+    """The engine's A operand (the weights, packed for the precision's path) and B operand (X in
+    place, as a matrix for a pointwise convolution, through im2col, or direct channels-last),
+    with the reduction length, the int8 quantization and whether it is pointwise."""
+    x, w = values
+    x_shape, out_shape = shapes
+    target = lw.target
+    x_buf = lw.buffer(x)
+    channels, height, width, kernel_h, kernel_w = geometry[:5]
     quant = None
     direct = (
         precision != "fp32"
@@ -369,30 +422,7 @@ def lower_conv_gemm(lw: Lowerer, node: Node, epilogue: Epilogue | None = None) -
         b_operand = MatrixOperand(x_buf, image, height * width, 1)
     else:
         b_operand = Im2colOperand(x_buf, image, tuple(int(g) for g in geometry))
-    lw.kernel_count += 1
-    name = f"k{lw.kernel_count}"
-    helper = None
-    if epilogue is not None or bias_buf is not None:
-        flat_of, position_of = conv_output_indexing(out_channels, out_shape)
-        helper = epilogue_helper(lw, name, dst, position_of, flat_of, epilogue, bias_buf, tile=_tile(precision))
-    stmt = GemmSpec(
-        x_shape[0],
-        out_channels,
-        pixels,
-        reduction,
-        a_operand,
-        b_operand,
-        dst,
-        out_channels * pixels,
-        pixels,
-        _blocking(precision, choice),
-        helper,
-        precision,
-        quant,
-    )
-    kind = "conv1x1" if pointwise else "conv"
-    flops = 2 * x_shape[0] * out_channels * pixels * channels * kernel_h * kernel_w
-    return [engine_kernel(name, kind, stmt, dst, node, flops, source)]
+    return a_operand, b_operand, reduction, quant, pointwise
 
 
 # -- choosing ------------------------------------------------------------------------------------------
