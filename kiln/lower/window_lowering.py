@@ -16,6 +16,7 @@ from kiln.lower.engine import Epilogue
 from kiln.lower.kir import (
     Assign,
     Binary,
+    Buffer,
     Cast,
     Const,
     Expr,
@@ -77,6 +78,27 @@ DIRECT_MAX_TAPS = 64  # terms of one output's sum (channels per group x kernel t
 DIRECT_MAX_EDGE = 16  # border rows/columns, each written out with its own valid taps
 
 
+def _interior(shapes, window):  # type: ignore[no-untyped-def]
+    """Each tap's valid output rows and columns, and the interior every tap of which is inside
+    (row_lo, row_hi, col_lo, col_hi); None when the border around it is too wide."""
+    x_shape, w_shape, out_shape = shapes
+    (stride_h, stride_w), (dil_h, dil_w), (pad_t, pad_l) = window
+    height, width = x_shape[2], x_shape[3]
+    kernel_h, kernel_w = w_shape[2], w_shape[3]
+    out_h, out_w = out_shape[2], out_shape[3]
+    rows = [valid_range(kh, stride_h, dil_h, pad_t, height, out_h) for kh in range(kernel_h)]
+    cols = [valid_range(kw, stride_w, dil_w, pad_l, width, out_w) for kw in range(kernel_w)]
+    # the interior: outputs every tap of which is inside (a tap that is never inside makes it
+    # empty; valid_range's low may then exceed the output size)
+    row_lo = min(max(r[0] for r in rows), out_h)
+    col_lo = min(max(c[0] for c in cols), out_w)
+    row_hi = max(min(r[1] for r in rows), row_lo)
+    col_hi = max(min(c[1] for c in cols), col_lo)
+    if row_lo + (out_h - row_hi) > DIRECT_MAX_EDGE or col_lo + (out_w - col_hi) > DIRECT_MAX_EDGE:
+        return None
+    return rows, cols, (row_lo, row_hi, col_lo, col_hi)
+
+
 def _direct_window(  # type: ignore[no-untyped-def]
     lw: Lowerer, node: Node, dtype: DType, rank: int, shapes, window, group: int, epilogue: Epilogue | None
 ) -> Kernel | None:
@@ -93,16 +115,10 @@ def _direct_window(  # type: ignore[no-untyped-def]
     out_h, out_w = out_shape[2], out_shape[3]
     if group_channels * kernel_h * kernel_w > DIRECT_MAX_TAPS or group == 1:
         return None
-    rows = [valid_range(kh, stride_h, dil_h, pad_t, height, out_h) for kh in range(kernel_h)]
-    cols = [valid_range(kw, stride_w, dil_w, pad_l, width, out_w) for kw in range(kernel_w)]
-    # the interior: outputs every tap of which is inside (a tap that is never inside makes it
-    # empty; valid_range's low may then exceed the output size)
-    row_lo = min(max(r[0] for r in rows), out_h)
-    col_lo = min(max(c[0] for c in cols), out_w)
-    row_hi = max(min(r[1] for r in rows), row_lo)
-    col_hi = max(min(c[1] for c in cols), col_lo)
-    if row_lo + (out_h - row_hi) > DIRECT_MAX_EDGE or col_lo + (out_w - col_hi) > DIRECT_MAX_EDGE:
+    interior = _interior(shapes, window)
+    if interior is None:
         return None
+    rows, cols, (row_lo, row_hi, col_lo, col_hi) = interior
     per_group = out_channels // group
     x, w, out = node.inputs[0], node.inputs[1], node.outputs[0]
     bias = node.inputs[2] if len(node.inputs) > 2 else None
@@ -195,13 +211,7 @@ def _blocked_depthwise(  # type: ignore[no-untyped-def]
     weights = lw.constant(w)
     if weights is None:
         return None
-    # [block][tap][lane]: one tap's weights for a block of channels are one vector
-    packed = lw.packed_constant(
-        ("depthwise-blocked", w.name, lanes),  # type: ignore[union-attr]
-        lambda: np.ascontiguousarray(
-            weights.reshape(blocks, lanes, taps).transpose(0, 2, 1).astype(np.float32)
-        ).reshape(-1),
-    )
+    packed = _pack_depthwise(lw, w, weights, blocks, lanes, taps)
     plane_in, plane_out = pad_h * pad_w * lanes, out_h * out_w * lanes
     padded = lw.scratch_buffer(F32, batch * blocks * plane_in, hint="dwpad")
     result = lw.scratch_buffer(F32, batch * blocks * plane_out, hint="dwout")
@@ -216,50 +226,56 @@ def _blocked_depthwise(  # type: ignore[no-untyped-def]
         return Binary("*", add(Binary("*", n, i64(channels)), channel), i64(size))
 
     zero = [For(p, plane_in, [Store(padded, add(in_base, p), Const(0.0, F32))])]
-    # gathers along the channels (one plane apart), contiguous stores: the copy vectorizes over c
-    fill = For(
-        ih,
-        height,
-        [
-            For(
-                iw,
-                width,
-                [
-                    For(
-                        c,
-                        lanes,
-                        [
-                            Store(
-                                padded,
-                                add(
-                                    in_base,
-                                    affine([(ih, pad_w * lanes), (iw, lanes), (c, 1)], (pad_t * pad_w + pad_l) * lanes),
-                                ),  # type: ignore[list-item]
-                                Load(x_buf, add(plane_of(height * width), affine([(ih, width), (iw, 1)]))),  # type: ignore[list-item]
-                            )
-                        ],
-                    )
-                ],
-            )
-        ],
+    fill = _blocked_fill(
+        padded, x_buf, in_base, plane_of(height * width), (ih, iw, c), (height, width, lanes), (pad_w, pad_t, pad_l)
     )
     value: Expr = Load(lw.buffer(bias), channel) if bias is not None else Const(0.0, F32)
-    for kh in range(kernel_h):
-        for kw in range(kernel_w):
-            tap = kh * kernel_w + kw
-            at = add(
-                in_base,
-                affine(
-                    [(oh, stride_h * pad_w * lanes), (ow, stride_w * lanes), (c, 1)],  # type: ignore[list-item]
-                    (kh * dil_h * pad_w + kw * dil_w) * lanes,
-                ),
-            )
-            weight = Load(packed, affine([(cb, taps * lanes), (c, 1)], tap * lanes))  # type: ignore[list-item]
-            value = Binary("+", value, Binary("*", weight, Load(padded, at)))
+    value = _blocked_taps(
+        value,
+        packed,
+        padded,
+        in_base,
+        (oh, ow, c, cb),
+        (kernel_h, kernel_w, dil_h, dil_w),
+        (stride_h, stride_w, pad_w, lanes),
+    )
     target = add(plane_of(out_h * out_w), affine([(oh, out_w), (ow, 1)]))  # type: ignore[list-item]
     if epilogue is not None:
         position: list[Expr] = [n, channel, oh, ow] if rank == 4 else [n, channel, ow]
         value = epilogue(position, value, target)
+    compute, back = _blocked_store(
+        lw, value, result, dst, out_base, (n, cb, oh, ow, c, p), (out_h, out_w, lanes, channels)
+    )
+    stmts: list[Stmt] = [For(n, batch, [For(cb, blocks, [*zero, fill, compute, back])])]
+    lw.kernel_count += 1
+    kernel = Kernel(
+        f"k{lw.kernel_count}",
+        "depthwise-conv",
+        stmts,
+        [b for b in buffers_in(stmts) if b not in (dst, padded, result)],
+        [dst, padded, result],
+        [node.label],
+        Schedule(parallel=cb.name, vectorize=c.name, simd=(p.name,)),
+        flops=2 * int(np.prod(out_shape)) * taps,
+    )
+    return kernel
+
+
+def _pack_depthwise(lw: Lowerer, w, weights, blocks: int, lanes: int, taps: int) -> Buffer:  # type: ignore[no-untyped-def]
+    """The weights as [block][tap][lane]: one tap's weights for a block of channels are one vector."""
+    return lw.packed_constant(
+        ("depthwise-blocked", w.name, lanes),
+        lambda: np.ascontiguousarray(
+            weights.reshape(blocks, lanes, taps).transpose(0, 2, 1).astype(np.float32)
+        ).reshape(-1),
+    )
+
+
+def _blocked_store(lw: Lowerer, value, result, dst, out_base, indices, sizes):  # type: ignore[no-untyped-def]
+    """Each output pixel's channels stored as one vector in the block's scratch, then written
+    back as planes: one channel at a time (c2, scalar), its pixels contiguous (p, vectorized)."""
+    n, cb, oh, ow, c, p = indices
+    out_h, out_w, lanes, channels = sizes
     compute = For(
         oh,
         out_h,
@@ -277,7 +293,6 @@ def _blocked_depthwise(  # type: ignore[no-untyped-def]
             )
         ],  # type: ignore[list-item]
     )
-    # back to planes: one channel at a time (c2, scalar), its pixels contiguous (p, vectorized)
     c2 = lw.index("c")
     plane2 = Binary("*", add(Binary("*", n, i64(channels)), add(Binary("*", cb, i64(lanes)), c2)), i64(out_h * out_w))
     back = For(
@@ -291,69 +306,68 @@ def _blocked_depthwise(  # type: ignore[no-untyped-def]
             )
         ],  # type: ignore[list-item]
     )
-    stmts: list[Stmt] = [For(n, batch, [For(cb, blocks, [*zero, fill, compute, back])])]
-    lw.kernel_count += 1
-    kernel = Kernel(
-        f"k{lw.kernel_count}",
-        "depthwise-conv",
-        stmts,
-        [b for b in buffers_in(stmts) if b not in (dst, padded, result)],
-        [dst, padded, result],
-        [node.label],
-        Schedule(parallel=cb.name, vectorize=c.name, simd=(p.name,)),
-        flops=2 * int(np.prod(out_shape)) * taps,
-    )
-    return kernel
+    return compute, back
 
 
-def lower_conv(lw: Lowerer, node: Node, epilogue: Epilogue | None = None) -> list[Kernel]:
-    dtype = require_float(lw, node)
-    rank = len(lw.shape(node.inputs[0]))  # type: ignore[arg-type]
-    x, w, out = node.inputs[0], node.inputs[1], node.outputs[0]
-    bias = node.inputs[2] if len(node.inputs) > 2 else None
-    assert x is not None and w is not None
-    x_shape, w_shape, out_shape = lw.shape(x), lw.shape(w), lw.shape(out)
+def _blocked_fill(padded, x_buf, in_base, plane, indices, sizes, pads) -> For:  # type: ignore[no-untyped-def]
+    """The copy of a block's input planes into the zero-bordered, channel-interleaved scratch:
+    gathers along the channels (one plane apart), contiguous stores (it vectorizes over c)."""
+    ih, iw, c = indices
+    height, width, lanes = sizes
+    pad_w, pad_t, pad_l = pads
+    at = add(in_base, affine([(ih, pad_w * lanes), (iw, lanes), (c, 1)], (pad_t * pad_w + pad_l) * lanes))
+    copy = Store(padded, at, Load(x_buf, add(plane, affine([(ih, width), (iw, 1)]))))  # type: ignore[list-item]
+    return For(ih, height, [For(iw, width, [For(c, lanes, [copy])])])
+
+
+def _blocked_taps(value, packed, padded, in_base, indices, kernel, strides) -> Expr:  # type: ignore[no-untyped-def]
+    """``value`` plus every tap times its channels' weights (one vector per tap)."""
+    oh, ow, c, cb = indices
+    kernel_h, kernel_w, dil_h, dil_w = kernel
+    stride_h, stride_w, pad_w, lanes = strides
+    taps = kernel_h * kernel_w
+    for kh in range(kernel_h):
+        for kw in range(kernel_w):
+            tap = kh * kernel_w + kw
+            at = add(
+                in_base,
+                affine(
+                    [(oh, stride_h * pad_w * lanes), (ow, stride_w * lanes), (c, 1)],  # type: ignore[list-item]
+                    (kh * dil_h * pad_w + kw * dil_w) * lanes,
+                ),
+            )
+            weight = Load(packed, affine([(cb, taps * lanes), (c, 1)], tap * lanes))  # type: ignore[list-item]
+            value = Binary("+", value, Binary("*", weight, Load(padded, at)))
+    return value
+
+
+def _conv_2d(node: Node, x_shape, w_shape, out_shape):  # type: ignore[no-untyped-def]
+    """Shapes and window of a 1-D or 2-D convolution as 2-D (1-D: a height of 1)."""
     if len(x_shape) == 3:  # 1-D: the same loops with a height of 1
         (stride_w,), (dil_w,), (pad_l,) = conv_window(node, 1, x_shape[2:], out_shape[2:], w_shape[2:])
-        stride_h, dil_h, pad_t = 1, 1, 0
-        x_shape, w_shape, out_shape = (
+        shapes = (
             (x_shape[0], x_shape[1], 1, x_shape[2]),
             (*w_shape[:2], 1, w_shape[2]),
             (*out_shape[:2], 1, out_shape[2]),
         )
-    elif len(x_shape) == 4:
-        (stride_h, stride_w), (dil_h, dil_w), (pad_t, pad_l) = conv_window(
-            node, 2, x_shape[2:], out_shape[2:], w_shape[2:]
-        )
-    else:
-        raise CannotLower("only 1-D and 2-D convolutions are lowered natively so far")
-    batch, _, height, width = x_shape
-    out_channels, group_channels, kernel_h, kernel_w = w_shape
-    _, _, out_h, out_w = out_shape
-    group = int(node.attrs.get("group", 1))
-    blocked = _blocked_depthwise(
-        lw, node, dtype, rank, (x_shape, w_shape, out_shape),
-        ((stride_h, stride_w), (dil_h, dil_w), (pad_t, pad_l)), group, epilogue,
-    )  # fmt: skip
-    if blocked is not None:
-        return [blocked]
-    direct = _direct_window(
-        lw, node, dtype, rank, (x_shape, w_shape, out_shape),
-        ((stride_h, stride_w), (dil_h, dil_w), (pad_t, pad_l)), group, epilogue,
-    )  # fmt: skip
-    if direct is not None:
-        return [direct]
-    per_group = out_channels // group
-    x_buf, w_buf, dst = lw.buffer(x), lw.buffer(w), lw.buffer(out)
-    bias_buf = lw.buffer(bias) if bias is not None else None
+        return shapes, ((1, stride_w), (1, dil_w), (0, pad_l))
+    if len(x_shape) == 4:
+        return (x_shape, w_shape, out_shape), conv_window(node, 2, x_shape[2:], out_shape[2:], w_shape[2:])
+    raise CannotLower("only 1-D and 2-D convolutions are lowered natively so far")
 
-    n, oc, ic = lw.index("n"), lw.index("oc"), lw.index("ic")
-    oh, ow = lw.index("oh"), lw.index("ow")
-    plane = add(Binary("*", n, i64(out_channels * out_h * out_w)), Binary("*", oc, i64(out_h * out_w)))
-    group_index = Binary("/", oc, i64(per_group))
-    in_channel = add(Binary("*", group_index, i64(group_channels)), ic)
-    init_value: Expr = Load(bias_buf, oc) if bias_buf is not None else Const(0, dtype)
-    body: list[Stmt] = [For(oh, out_h * out_w, [Store(dst, add(plane, oh), init_value)])]
+
+def _conv_taps(
+    lw: Lowerer, dtype: DType, buffers, indices, plane: Expr, in_channel: Expr, shapes, window
+) -> list[Stmt]:  # type: ignore[no-untyped-def]
+    """Per tap of the kernel: its weight, then a contiguous run over the outputs it reaches
+    inside the input (no bounds test: the valid interior is computed here)."""
+    x_buf, w_buf, dst = buffers
+    n, oc, ic, oh, ow = indices
+    x_shape, w_shape, out_shape = shapes
+    (stride_h, stride_w), (dil_h, dil_w), (pad_t, pad_l) = window
+    _, _, height, width = x_shape
+    _, group_channels, kernel_h, kernel_w = w_shape
+    _, _, out_h, out_w = out_shape
     taps: list[Stmt] = []
     for kh in range(kernel_h):
         h_low, h_high = valid_range(kh, stride_h, dil_h, pad_t, height, out_h)
@@ -395,6 +409,46 @@ def lower_conv(lw: Lowerer, node: Node, epilogue: Epilogue | None = None) -> lis
                     ],
                 )
             )
+    return taps
+
+
+def lower_conv(lw: Lowerer, node: Node, epilogue: Epilogue | None = None) -> list[Kernel]:
+    dtype = require_float(lw, node)
+    rank = len(lw.shape(node.inputs[0]))  # type: ignore[arg-type]
+    x, w, out = node.inputs[0], node.inputs[1], node.outputs[0]
+    bias = node.inputs[2] if len(node.inputs) > 2 else None
+    assert x is not None and w is not None
+    x_shape, w_shape, out_shape = lw.shape(x), lw.shape(w), lw.shape(out)
+    (x_shape, w_shape, out_shape), window = _conv_2d(node, x_shape, w_shape, out_shape)
+    batch = x_shape[0]
+    out_channels, group_channels, kernel_h, kernel_w = w_shape
+    _, _, out_h, out_w = out_shape
+    group = int(node.attrs.get("group", 1))
+    blocked = _blocked_depthwise(
+        lw, node, dtype, rank, (x_shape, w_shape, out_shape), window, group, epilogue,
+    )  # fmt: skip
+    if blocked is not None:
+        return [blocked]
+    direct = _direct_window(
+        lw, node, dtype, rank, (x_shape, w_shape, out_shape), window, group, epilogue,
+    )  # fmt: skip
+    if direct is not None:
+        return [direct]
+    per_group = out_channels // group
+    x_buf, w_buf, dst = lw.buffer(x), lw.buffer(w), lw.buffer(out)
+    bias_buf = lw.buffer(bias) if bias is not None else None
+
+    n, oc, ic = lw.index("n"), lw.index("oc"), lw.index("ic")
+    oh, ow = lw.index("oh"), lw.index("ow")
+    plane = add(Binary("*", n, i64(out_channels * out_h * out_w)), Binary("*", oc, i64(out_h * out_w)))
+    group_index = Binary("/", oc, i64(per_group))
+    in_channel = add(Binary("*", group_index, i64(group_channels)), ic)
+    init_value: Expr = Load(bias_buf, oc) if bias_buf is not None else Const(0, dtype)
+    body: list[Stmt] = [For(oh, out_h * out_w, [Store(dst, add(plane, oh), init_value)])]
+    taps = _conv_taps(
+        lw, dtype, (x_buf, w_buf, dst), (n, oc, ic, oh, ow), plane, in_channel,
+        (x_shape, w_shape, out_shape), window,
+    )  # fmt: skip
     body.append(For(ic, group_channels, taps))
     if epilogue is not None:  # fused: finish each output plane while it is in cache
         at = add(plane, add(Binary("*", oh, i64(out_w)), ow))
@@ -410,13 +464,9 @@ def lower_conv(lw: Lowerer, node: Node, epilogue: Epilogue | None = None) -> lis
     return [kernel]
 
 
-def lower_pool(lw: Lowerer, node: Node) -> list[Kernel]:
-    dtype = require_float(lw, node)
-    if len(node.outputs) > 1:
-        raise CannotLower("MaxPool's indices output")
-    x, out = node.inputs[0], node.outputs[0]
-    assert x is not None
-    x_shape, out_shape = lw.shape(x), lw.shape(out)
+def _pool_2d(node: Node, x_shape, out_shape):  # type: ignore[no-untyped-def]
+    """A 1-D or 2-D pooling as 2-D (1-D: a height of 1): shapes, kernel, and (strides,
+    dilations, (top, left, bottom, right) pads)."""
     kernel = tuple(node.attrs["kernel_shape"])
     pads = list(node.attrs.get("pads") or [0] * (2 * len(kernel)))
     if len(x_shape) == 3:  # 1-D: the 2-D loops with a height of 1
@@ -431,6 +481,18 @@ def lower_pool(lw: Lowerer, node: Node) -> list[Kernel]:
         raise CannotLower("only 1-D and 2-D pooling are lowered natively so far")
     if node.attrs.get("auto_pad", "NOTSET") != "NOTSET":
         pad_b, pad_r = pad_t, pad_l
+    return x_shape, out_shape, kernel, ((stride_h, stride_w), (dil_h, dil_w), (pad_t, pad_l, pad_b, pad_r))
+
+
+def lower_pool(lw: Lowerer, node: Node) -> list[Kernel]:
+    dtype = require_float(lw, node)
+    if len(node.outputs) > 1:
+        raise CannotLower("MaxPool's indices output")
+    x, out = node.inputs[0], node.outputs[0]
+    assert x is not None
+    x_shape, out_shape = lw.shape(x), lw.shape(out)
+    x_shape, out_shape, kernel, window = _pool_2d(node, x_shape, out_shape)
+    (stride_h, stride_w), (dil_h, dil_w), (pad_t, pad_l, pad_b, pad_r) = window
     _, channels, height, width = x_shape
     is_max = node.op == "MaxPool"
     if is_max and dtype is F32:
