@@ -48,7 +48,7 @@ class NativeModel(Model):
         self.options = compilation.options
         # compiled variants; weights are shared by all of them (WeightStore)
         self.variants = Variants(limits or Limits())
-        self.weights = WeightStore()
+        self._weights: WeightStore | None = None  # made with the first variant: the runtime's, after compiling
         self.value_variants = 0  # compiled for small inputs' values (bounded: VALUE_VARIANTS)
         self._ran: dict[int, Executable] = {}  # the variants that have executed requests
         self._compiling = threading.Lock()  # one compile at a time
@@ -57,6 +57,13 @@ class NativeModel(Model):
     def shapes_known(self) -> bool:
         """Every input's shape is static (one variant serves every run)."""
         return all(isinstance(v.type, TensorType) and v.type.is_static for v in self.signature.inputs)
+
+    @property
+    def weights(self) -> WeightStore:
+        """The weights every variant shares (the runtime's store, made when the first one loads)."""
+        if self._weights is None:
+            self._weights = WeightStore()
+        return self._weights
 
     @property
     def evicted(self) -> int:
