@@ -42,7 +42,6 @@ from kiln.lower.target import Target
 from kiln.memory import aligned_copy
 from kiln.ops.registry import has_trait, ops_with
 
-PARALLEL_MIN = 32 * 1024  # elements: below this a parallel region costs more than it saves
 ALIASES = ops_with("alias")  # no kernel: the output is the input's data
 
 
@@ -335,15 +334,8 @@ def broadcast_index(in_shape: tuple[int, ...], out_shape: tuple[int, ...], indic
 def default_schedule(
     target: Target, shape: tuple[int, ...], indices: list[Index], dtype: DType = DType.FLOAT32
 ) -> Schedule:
-    """For ``target``: the outermost loop across cores when there are several and the work is
-    large enough; the innermost loop vectorized when it spans at least one SIMD register."""
-    if not indices:
-        return Schedule()
-    total = int(np.prod(shape))
-    parallel = indices[0].name if target.cores > 1 and total >= PARALLEL_MIN and shape[0] > 1 else None
-    wide_enough = shape[-1] >= target.lanes(dtype)
-    vectorize = indices[-1].name if wide_enough and (parallel != indices[-1].name or len(indices) == 1) else None
-    return Schedule(parallel=parallel, vectorize=vectorize)
+    """The target's schedule for a loop nest nothing tuned (``Target.default_schedule``)."""
+    return target.default_schedule(shape, indices, dtype)
 
 
 def copy_kernel(lw: Lowerer, node: Node, source: Value, out: Value) -> Kernel:

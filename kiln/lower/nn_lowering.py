@@ -36,8 +36,9 @@ from kiln.lower.kir import (
     affine,
     i64,
 )
-from kiln.lower.lowering import PARALLEL_MIN, CannotLower, Lowerer, default_schedule, nest, strides
+from kiln.lower.lowering import CannotLower, Lowerer, default_schedule, nest, strides
 from kiln.lower.pointwise import FLOAT_OPS, NATIVE_FLOATS
+from kiln.lower.target import PARALLEL_MIN
 
 F64 = DType.FLOAT64
 

@@ -4,21 +4,26 @@ plus that kind's own typed attributes.
 Every target says the few things the shared lowering shapes loop nests and constant panels by
 (``vector_bytes``, ``cores``, the matrix-product tile ``gemm_rows`` x ``gemm_cols``, ``int8_max``)
 and the engines (kiln's hand-written drivers: the matrix-multiply engine, Winograd transforms,
-attention) its kernels may call. Each kind adds what is its own: a CPU its ISA, vector width,
-cores and cache sizes; a GPU its architecture, warps and shared memory; an FPGA its part and
-clock. Targets are plain frozen data: ``repr`` is part of every cache key. Which targets exist,
-and how a name such as ``cpu:avx2`` becomes one, is the backend registry's business
-(``kiln.backends``).
+attention) its kernels may call, and how a loop nest runs when nothing was tuned
+(``default_schedule``). Each kind is defined by its backend with what is its own: a CPU its ISA,
+vector width, cores and cache sizes (``kiln.backends.cpu.target``); a GPU its architecture, warps
+and shared memory (``kiln.backends.gpu.target``); an FPGA its part and clock. Targets are plain
+frozen data: ``repr`` is part of every cache key. Which targets exist, and how a name such as
+``cpu:avx2`` becomes one, is the backend registry's business (``kiln.backends``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from kiln.errors import KilnError
 from kiln.ir.types import DType
+from kiln.lower.kir import Index, Schedule
 
 ENGINES = ("attention", "gemm", "winograd")  # a sorted tuple: repr(Target) is part of cache keys
+PARALLEL_MIN = 32 * 1024  # elements: below this a parallel region costs more than it saves
 
 
 class TargetError(KilnError):
@@ -76,72 +81,15 @@ class Target:
         """SIMD lanes for ``dtype`` (1 when the target has no vector unit kiln uses)."""
         return max(1, self.vector_bytes // dtype.numpy.itemsize)
 
-
-@dataclass(frozen=True)
-class Caches:
-    """Data cache sizes in bytes, per core for L1/L2, shared L3 (0: unknown)."""
-
-    l1d: int = 0
-    l2: int = 0
-    l3: int = 0
-
-
-@dataclass(frozen=True, kw_only=True)
-class CpuTarget(Target):
-    """A CPU: ``cpu`` is the host at its best ISA, ``cpu:avx2`` the AVX2 code path on any machine
-    that runs it."""
-
-    backend: str = "cpu"
-    isa: str  # the instruction set the loop nests are shaped for: avx512 | avx2 | neon | generic
-    simd_bytes: int  # its vector registers' width
-    threads: int = 1  # the CPUs this process may use
-    caches: Caches = Caches()
-    int8_levels: int = 127  # largest quantized activation (255 needs VNNI: gemm_int8.c)
-
-    @property
-    def vector_bytes(self) -> int:
-        return self.simd_bytes
-
-    @property
-    def cores(self) -> int:
-        return self.threads
-
-    @property
-    def int8_max(self) -> int:
-        return self.int8_levels
-
-    @property
-    def gemm_rows(self) -> int:
-        """As many rows as the vector registers hold as accumulators, leaving room for the B
-        vectors and a broadcast."""
-        return 6 if self.isa == "avx2" else 8  # AVX2: 16 registers; AVX-512 and NEON: 32
-
-    @property
-    def summary(self) -> str:
-        return self.isa
-
-
-@dataclass(frozen=True, kw_only=True)
-class GpuTarget(Target):
-    """A GPU through Triton: a CUDA architecture (``sm_90``...), or Triton's interpreter on the
-    CPU (``interpret``, for tests on machines without a GPU)."""
-
-    backend: str = "gpu"
-    arch: str = "cuda"  # "cuda" (the device's, read when loading), "sm_80"/"sm_90", or "interpret"
-    warps: int = 4  # per program (Triton's num_warps)
-    shared_memory: int = 0  # bytes per block the kernels may use (0: the device's, read when loading)
-    # the loop nests' shapes are the renderer's business (lanes); this width and the product tile
-    # only size the constant operands' panels, read through their layout by the kernels
-    panel_bytes: int = 64
-
-    @property
-    def vector_bytes(self) -> int:
-        return self.panel_bytes
-
-    @property
-    def interpret(self) -> bool:
-        return self.arch == "interpret"
-
-    @property
-    def summary(self) -> str:
-        return "Triton interpreter" if self.interpret else f"Triton, {self.arch}"
+    def default_schedule(self, shape: tuple[int, ...], indices: list[Index], dtype: DType) -> Schedule:
+        """How a loop nest over ``shape`` (loops ``indices``, outermost first) runs when nothing
+        was tuned: here the outermost loop across cores when there are several and the work is
+        large enough, the innermost loop vectorized when it spans at least one SIMD register. A
+        kind of target with other habits overrides it."""
+        if not indices:
+            return Schedule()
+        total = int(np.prod(shape))
+        parallel = indices[0].name if self.cores > 1 and total >= PARALLEL_MIN and shape[0] > 1 else None
+        wide_enough = shape[-1] >= self.lanes(dtype)
+        vectorize = indices[-1].name if wide_enough and (parallel != indices[-1].name or len(indices) == 1) else None
+        return Schedule(parallel=parallel, vectorize=vectorize)

@@ -17,12 +17,13 @@ from typing import Any
 from kiln.backends.cpu import features, toolchain
 from kiln.backends.cpu.c import emit_c
 from kiln.backends.cpu.scratch import engine_scratch
+from kiln.backends.cpu.target import CpuTarget
 from kiln.backends.cpu.toolchain import ISAS
 from kiln.backends.cpu.toolchain import compiler_flags as compiler_flags
 from kiln.backends.registry import Backend, BuildOptions, Section, SegmentRunner, Threading, library_runner
 from kiln.errors import CompilerError, KilnError
 from kiln.lower.kir import Buffer, Kernel
-from kiln.lower.target import CpuTarget, Target, TargetError
+from kiln.lower.target import Target, TargetError
 
 
 @lru_cache(maxsize=1)

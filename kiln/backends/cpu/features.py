@@ -167,7 +167,7 @@ def int8_levels(isa: str, native: bool) -> int:
 def caches() -> Any:
     """This CPU's data caches (``Caches``: L1d and L2 per core, L3 shared) from sysfs; 0 where
     the OS does not say (a container without /sys, another OS)."""
-    from kiln.lower.target import Caches
+    from kiln.backends.cpu.target import Caches
 
     sizes = {}
     root = "/sys/devices/system/cpu/cpu0/cache"

@@ -21,10 +21,11 @@ from kiln.backends.gpu.runtime import (
     transfer_times,
     triton_missing,
 )
+from kiln.backends.gpu.target import GpuTarget
 from kiln.backends.registry import Backend, BuildOptions, Section, Threading
 from kiln.backends.registry import SegmentRunner as Runner
 from kiln.lower.kir import Buffer, Kernel
-from kiln.lower.target import GpuTarget, Target, TargetError
+from kiln.lower.target import Target, TargetError
 
 ENGINES = ("attention", "gemm")  # sorted; no Winograd: convolutions are implicit GEMMs here
 
