@@ -369,8 +369,11 @@ _MODULES = (
     "kiln.ir.graph",
     "kiln.ir.types",
     "kiln.lower.kir",
+    "kiln.lower.kir_expr",
     "kiln.lower.memory",
     "kiln.lower.target",
+    "kiln.backends.cpu.target",
+    "kiln.backends.gpu.target",
 )
 _PLAIN = {
     ("builtins", "set"),
@@ -406,7 +409,16 @@ class SafeUnpickler(pickle.Unpickler):
             found = super().find_class(module, name)
             if (module, None) not in _PLAIN or isinstance(found, type):
                 return found
+        elif module in sys.modules:  # a registered backend's own kind of target (already imported)
+            found = getattr(sys.modules[module], name, None)
+            if isinstance(found, type) and dataclasses.is_dataclass(found) and _is_target(found):
+                return found
         raise pickle.UnpicklingError(f"a cache entry asks for {module}.{name}, which kiln never stores")
+
+
+def _is_target(kind: type) -> bool:
+    """Whether ``kind`` is a kind of ``kiln.lower.target.Target`` (by name: this layer imports none)."""
+    return any(base.__module__ == "kiln.lower.target" and base.__name__ == "Target" for base in kind.__mro__)
 
 
 def safe_loads(data: bytes, persistent_load: Any = None) -> Any:

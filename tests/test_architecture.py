@@ -217,3 +217,35 @@ def test_the_private_attribute_check_would_catch_one():
     reader = "def save(model):\n    return model._variants\n"
     assert private_uses({"a": owner, "b": reader}) == ["b:2: model._variants"]
     assert private_uses({"a": owner + "\ndef same(model):\n    return model._variants\n"}) == []
+
+
+MAX_MODULE_LINES = 600
+MAX_FUNCTION_LINES = 80
+GENERATED = frozenset()  # generated tables a size limit does not apply to (none today)
+
+
+def oversized(sources: dict[str, str]) -> list[str]:
+    """Modules over MAX_MODULE_LINES lines and functions (methods, nested ones) over
+    MAX_FUNCTION_LINES, decorators excluded, docstrings included."""
+    found = []
+    for name, text in sources.items():
+        if name in GENERATED:
+            continue
+        lines = len(text.splitlines())
+        if lines > MAX_MODULE_LINES:
+            found.append(f"{name}: {lines} lines")
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                length = node.end_lineno - node.lineno + 1  # type: ignore[operator]
+                if length > MAX_FUNCTION_LINES:
+                    found.append(f"{name}.{node.name}: {length} lines")
+    return found
+
+
+def test_no_module_and_no_function_is_too_long_to_read():
+    assert oversized({name: path.read_text() for name, path in modules().items()}) == []
+
+
+def test_the_size_check_would_catch_a_long_function():
+    body = "\n".join(f"    x{i} = {i}" for i in range(MAX_FUNCTION_LINES))
+    assert oversized({"m": f"def f():\n{body}\n"}) == ["m.f: 81 lines"]
