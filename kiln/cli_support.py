@@ -106,12 +106,11 @@ def calibration_data(data: str | None, graph):  # type: ignore[no-untyped-def]
     """``--calibrate``'s data for the driver: an image folder read into input dicts (resized to
     the model's single static square NCHW input, ImageNet-normalized); an ``.npz`` or None as
     given (the driver reads those)."""
-    from pathlib import Path
-
     if data is None:
         return None
-    if not Path(data).is_dir():
-        if Path(data).suffix != ".npz" or not Path(data).is_file():
+    path = Path(data)
+    if not path.is_dir():
+        if path.suffix != ".npz" or not path.is_file():
             raise click.UsageError(f"--calibrate {data}: expected an .npz file or a folder of images")
         return data
     from kiln.bench.dataset import load_images
@@ -141,8 +140,8 @@ def target_option(default: str = "cpu", what: str = "The target to compile for")
     )
 
 
-def dim_option(what: str = "Bind a symbolic dim, e.g. --dim batch=1 (repeatable).", lists: bool = False):  # type: ignore[no-untyped-def]
-    """``--dim NAME=INT`` (with ``lists``: ``NAME=INT,INT,...``, one compile per size), repeatable."""
+def dim_option(what: str = "Bind a symbolic dim, e.g. --dim batch=1 (repeatable)."):  # type: ignore[no-untyped-def]
+    """``--dim NAME=INT``, repeatable (``what`` says what the command does with it)."""
     return click.option("--dim", "dims", multiple=True, help=what)
 
 

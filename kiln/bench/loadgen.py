@@ -67,10 +67,8 @@ def run_scenario(
         lg, scenario, duration, min_queries, inflight, expected, rate, target_latency_ms, percentile
     )
     server = _Server(lg, run, samples, inflight)
-    issue, flush, threads = server.issue, server.flush, server.threads
-    work, latencies, rss, errors = server.work, server.latencies, server.rss, server.errors
     count = len(samples)
-    sut = lg.ConstructSUT(issue, flush)
+    sut = lg.ConstructSUT(server.issue, server.flush)
     qsl = lg.ConstructQSL(count, count, lambda _: None, lambda _: None)
     with tempfile.TemporaryDirectory(prefix="kiln-loadgen-") as scratch:
         out = Path(log_dir or scratch)
@@ -83,15 +81,12 @@ def run_scenario(
             lg.StartTestWithLogSettings(sut, qsl, settings, log_settings)
         finally:
             elapsed = time.perf_counter() - start
-            for _ in threads:
-                work.put(None)
-            for thread in threads:
-                thread.join()
+            server.stop()
             lg.DestroyQSL(qsl)
             lg.DestroySUT(sut)
         verdict = parse_summary((out / "mlperf_log_summary.txt").read_text())
-    if errors:
-        raise errors[0]
+    if server.errors:
+        raise server.errors[0]
     verdict["settings"] = {
         "min_duration_ms": settings.min_duration_ms,
         "min_query_count": settings.min_query_count,
@@ -103,11 +98,11 @@ def run_scenario(
     }
     result: dict[str, Any] = {
         "loadgen": verdict,
-        "latency_ms": latency_stats(latencies),
-        "throughput": len(latencies) * batch / elapsed if elapsed else 0.0,
-        "iterations": len(latencies),
+        "latency_ms": latency_stats(server.latencies),
+        "throughput": len(server.latencies) * batch / elapsed if elapsed else 0.0,
+        "iterations": len(server.latencies),
         "seconds": elapsed,
-        "rss_samples": rss,
+        "rss_samples": server.rss,
     }
     return result
 
@@ -186,6 +181,13 @@ class _Server:
 
     def flush(self) -> None:
         return None
+
+    def stop(self) -> None:
+        """Every serving thread told to end, and ended."""
+        for _ in self.threads:
+            self.work.put(None)
+        for thread in self.threads:
+            thread.join()
 
 
 _CHECK = re.compile(r"^\s*(.+?satisfied)\s*:\s*(\w+)\s*$")

@@ -14,7 +14,7 @@ from typing import Any
 
 from kiln.backends import Threading, backend, parse
 from kiln.driver import plan_cache
-from kiln.driver.native import NativeModel, check_dims
+from kiln.driver.native import NativeModel
 from kiln.driver.options import CompileOptions
 from kiln.driver.pipeline import resolve_precision
 from kiln.driver.quantize import measure, quantize_model
@@ -91,21 +91,11 @@ def compile_model(request: Request) -> Any:
     if options.precision == "int8" and (request.calibration.samples is not None or not options.quantization.ranges):
         # (options that already carry ranges, the quantizer's own compiles, build directly)
         return _quantized(request, graph, target, options)
-    return ahead(_native(request, Source(graph, file=source_file), target, options), request.dims)
+    return _native(request, Source(graph, file=source_file), target, options).compile_ahead(request.dims)
 
 
 def _native(request: Request, source: Source, target: Target, options: CompileOptions) -> NativeModel:
     return NativeModel(Compilation(source, target, options), request.parallelism, request.streams)
-
-
-def ahead(model: NativeModel, dims: dict[str, int] | None) -> NativeModel:
-    """``model`` with the variant for ``dims`` compiled now (when dims are given or every input
-    shape is static), so the first run only runs."""
-    if dims is not None:
-        model.prepare_dims(check_dims(dims, model.signature))
-    elif model.shapes_known:
-        model.prepare_dims({})
-    return model
 
 
 def _from_plan_cache(
@@ -122,7 +112,7 @@ def _from_plan_cache(
         return (graph, True) if graph is not None else (request.graph(), False)
 
     source = Source(None, signature=signature, loader=source_graph, file=source_file, cache_key=key)
-    return ahead(_native(request, source, target, options), request.dims)
+    return _native(request, source, target, options).compile_ahead(request.dims)
 
 
 def _quantized(request: Request, graph: Any, target: Target, options: CompileOptions) -> NativeModel:
@@ -130,7 +120,7 @@ def _quantized(request: Request, graph: Any, target: Target, options: CompileOpt
     calibration = request.calibration
 
     def build(chosen: CompileOptions) -> NativeModel:
-        return ahead(_native(request, Source(graph), target, chosen), request.dims)
+        return _native(request, Source(graph), target, chosen).compile_ahead(request.dims)
 
     quantized, report = quantize_model(
         graph,

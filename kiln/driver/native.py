@@ -103,9 +103,16 @@ class NativeModel(Model):
         model = NativeModel(
             Compilation(source, self.compiled_for, self.options), self.parallelism, self.streams, self.variants.limits
         )
-        if model.shapes_known:
-            model.prepare_dims({})
-        return model
+        return model.compile_ahead()
+
+    def compile_ahead(self, dims: dict[str, int] | None = None) -> NativeModel:
+        """This model with the variant for ``dims`` compiled now (with no dims: the one variant,
+        when every input shape is static), so the first run only runs."""
+        if dims is not None:
+            self.prepare_dims(dims)
+        elif self.shapes_known:
+            self._variant({})
+        return self
 
     def prepare(self, feeds: dict[str, Any]) -> None:
         """Compile the variant these inputs need now, instead of on the first run."""

@@ -369,8 +369,10 @@ def compile_plan(
     (``kiln check`` wants the steps only); ``prebuilt`` maps source keys to libraries a loaded
     artifact brought (no compiler needed); ``expose`` rewrites the graph after the passes, before
     lowering (``kiln diff`` makes every surviving tensor an output)."""
-    state = start(graph, target, options, observe, dims=dims or {}, prebuilt=prebuilt or {}, choices=choices)
-    state.build_library, state.expose = build_library, expose
+    state = start(
+        graph, target, options, observe,
+        dims=dims or {}, prebuilt=prebuilt or {}, choices=choices, build_library=build_library, expose=expose,
+    )  # fmt: skip
     return run_stages(state, first).plan()
 
 

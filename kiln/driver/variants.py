@@ -75,7 +75,7 @@ class Compilation:
         source: Source,
         target: Target,
         options: CompileOptions,
-        prebuilt: dict[str, Path] | None = None,
+        prebuilt: dict[str, tuple[Path, ...]] | None = None,
         ahead: list[dict[str, int]] | None = None,
     ) -> None:
         self.source = source
@@ -83,7 +83,7 @@ class Compilation:
         assert self.signature is not None
         self.target = target  # what the code is for (cpu:avx2 on an AVX-512 machine...)
         self.options = options
-        self.prebuilt = prebuilt or {}  # source key -> library a loaded artifact brought
+        self.prebuilt = prebuilt or {}  # source key -> the build products a loaded artifact brought
         self.ahead = ahead  # a loaded artifact's bindings compiled ahead; None otherwise
         self._graph_lock = threading.Lock()
 

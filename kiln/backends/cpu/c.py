@@ -189,8 +189,7 @@ C_EXPANSIONS: dict[str, Callable[[Expr, Expr], Expr]] = {"max": _max_select, "mi
 
 
 def _expanded(e: Expr) -> Expr:
-    if not any(isinstance(n, Binary) and n.op in C_EXPANSIONS for n in postorder(e)):
-        return e
+    """``e`` with the operators of C_EXPANSIONS written out (``e`` itself when it has none)."""
     return map_expr(e, lambda n: C_EXPANSIONS[n.op](n.a, n.b) if isinstance(n, Binary) and n.op in C_EXPANSIONS else n)
 
 

@@ -15,8 +15,8 @@ import os
 import platform
 from collections.abc import Mapping
 from functools import lru_cache
-from typing import Any
 
+from kiln.backends.cpu.target import Caches
 from kiln.errors import KilnError
 
 # (path name, the /proc/cpuinfo flags it needs), best first
@@ -164,11 +164,9 @@ def int8_levels(isa: str, native: bool) -> int:
 
 
 @lru_cache(maxsize=1)
-def caches() -> Any:
-    """This CPU's data caches (``Caches``: L1d and L2 per core, L3 shared) from sysfs; 0 where
-    the OS does not say (a container without /sys, another OS)."""
-    from kiln.backends.cpu.target import Caches
-
+def caches() -> Caches:
+    """This CPU's data caches (L1d and L2 per core, L3 shared) from sysfs; 0 where the OS does
+    not say (a container without /sys, another OS)."""
     sizes = {}
     root = "/sys/devices/system/cpu/cpu0/cache"
     try:
