@@ -5,7 +5,17 @@ from __future__ import annotations
 
 from kiln.backends.cpu import CpuBackend
 from kiln.backends.gpu import GpuBackend
-from kiln.backends.registry import Backend, BuildOptions, Threading, backend, names, parse, register, unregister
+from kiln.backends.registry import (
+    Backend,
+    BuildOptions,
+    Loaded,
+    Threading,
+    backend,
+    names,
+    parse,
+    register,
+    unregister,
+)
 
 
 class ReferenceBackend(Backend):
@@ -19,4 +29,4 @@ register(CpuBackend())
 register(GpuBackend())
 register(ReferenceBackend())
 
-__all__ = ["Backend", "BuildOptions", "Threading", "backend", "names", "parse", "register", "unregister"]
+__all__ = ["Backend", "BuildOptions", "Loaded", "Threading", "backend", "names", "parse", "register", "unregister"]

@@ -35,6 +35,21 @@ from kiln.lower.target import Target, TargetError
 # runner(pointer table, buffer -> array view, status array): runs one native segment
 SegmentRunner = Callable[[Any, dict[Buffer, np.ndarray], np.ndarray], None]
 
+# a host callback for an entry: host(gap) runs the fallbacks before segment ``gap``; nonzero = failed
+HOST_CALLBACK = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int)
+
+
+@dataclass
+class Loaded:
+    """What a backend's ``load`` opened: one runner per native segment, and, where its code has
+    one, ``entry``: a C function ``int entry(void **table, host)`` running every segment in order
+    from one native call (``host`` a ``HOST_CALLBACK`` or None; returns 0, 1 when a kernel set the
+    status word, -1 when ``host`` failed). The runtime calls ``entry`` when it exists: a call's
+    cost is then one foreign call, whatever the kernel and segment counts."""
+
+    segments: list[SegmentRunner]
+    entry: Any = None
+
 
 MAX_THREADS = 4096  # participants in a parallel loop: more than any machine kiln runs on has cores
 MAX_SPIN = 1 << 30  # pause instructions before a waiting thread sleeps (seconds of spinning)
@@ -109,7 +124,7 @@ class Backend:
         """The files ``load`` opens (none, one or many: artifacts and the plan cache keep them all)."""
         return ()
 
-    def load(self, plan: Any, target: Target, parallelism: Threading) -> list[SegmentRunner]:
+    def load(self, plan: Any, target: Target, parallelism: Threading) -> Loaded:
         raise NotImplementedError
 
     def scratch(self, kernels: Sequence[Kernel], target: Target) -> tuple[int, int]:

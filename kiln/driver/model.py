@@ -20,7 +20,7 @@ import numpy as np
 from kiln.errors import ArgumentError, InputError, ResourceError
 from kiln.ir.graph import Graph
 from kiln.ir.types import TensorType
-from kiln.runtime.inputs import TensorInfo, check_feeds
+from kiln.runtime.inputs import FeedChecker, TensorInfo
 
 
 class Model:
@@ -45,6 +45,7 @@ class Model:
         self._overridden: dict[frozenset[str], Model] = {}
         self._override_lock = threading.Lock()
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
+        self._check = FeedChecker(self.signature, self.defaults)
 
     @property
     def graph(self) -> Graph:
@@ -177,7 +178,7 @@ class Model:
 
     def validate(self, feeds: Mapping[str, Any]) -> list[Any]:
         """Inputs in graph order, checked; raises InputError naming the input and the mismatch."""
-        return check_feeds(self.signature, feeds, self.defaults)
+        return self._check(feeds)
 
     def _execute(self, inputs: list[Any]) -> list[Any]:
         raise NotImplementedError

@@ -52,6 +52,7 @@ class NativeModel(Model):
         self.value_variants = 0  # compiled for small inputs' values (bounded: VALUE_VARIANTS)
         self._ran: dict[int, Executable] = {}  # the variants that have executed requests
         self._compiling = threading.Lock()  # one compile at a time
+        self._static = self.shapes_known  # no symbolic input dim: one binding, {} (skips reading dims)
 
     @property
     def shapes_known(self) -> bool:
@@ -136,14 +137,15 @@ class NativeModel(Model):
         ]
 
     def _execute(self, inputs: list[Any]) -> list[Any]:
-        dims = input_dims(self.signature, dict(zip(self.input_names, inputs)))
+        dims = {} if self._static else input_dims(self.signature, dict(zip(self.input_names, inputs)))
         executable = self._variant(dims)
-        if not executable.plan.is_native:
+        if not executable.native:
             # Shapes or attributes that depend on small inputs' values: specialize on them.
             candidate = self._value_variant(dims, inputs)
             if candidate is not None and (candidate.plan.is_native or not candidate.plan.whole_graph_reason):
                 executable = candidate
-        self._ran.setdefault(id(executable), executable)
+        if id(executable) not in self._ran:
+            self._ran[id(executable)] = executable
         return executable.run(inputs)
 
     def _value_variant(self, dims: dict[str, int], inputs: list[Any]) -> Executable | None:

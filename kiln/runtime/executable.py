@@ -10,8 +10,9 @@ from typing import Any
 
 import numpy as np
 
-from kiln.backends import Threading
+from kiln.backends import Loaded, Threading
 from kiln.backends import backend as backend_of
+from kiln.backends.registry import HOST_CALLBACK
 from kiln.errors import ExecutionError, KilnError
 from kiln.ir.types import TensorType
 from kiln.lower.kir import Buffer
@@ -47,6 +48,26 @@ class WeightStore:
             return array
 
 
+class _OutputViews:
+    """Where a run's outputs are, for a run whose buffers were addresses only (no views made)."""
+
+    __slots__ = ("arena", "constants", "given", "offsets")
+
+    def __init__(
+        self, given: dict[Buffer, np.ndarray], constants: dict[Buffer, np.ndarray], arena: np.ndarray, plan: Plan
+    ) -> None:
+        self.given, self.constants, self.arena, self.offsets = given, constants, arena, plan.memory.offsets
+
+    def __getitem__(self, buffer: Buffer) -> np.ndarray:
+        found = self.given.get(buffer)
+        if found is None:
+            found = self.constants.get(buffer)
+        if found is None:
+            offset = self.offsets[buffer]
+            found = self.arena[offset : offset + buffer.nbytes].view(buffer.dtype.numpy)
+        return found
+
+
 class _ArenaViews(dict):  # type: ignore[type-arg]
     """A run's buffer views: given ones (weights, inputs, outputs) up front; arena buffers' views
     made on first read (native segments use addresses only; fallbacks and the kir target read
@@ -70,8 +91,28 @@ class _ArenaViews(dict):  # type: ignore[type-arg]
         return self[buffer] if buffer in self else default
 
 
+class _Request:
+    """One concurrent request's memory: its arena, its status word and the pointer table with the
+    weights' and the arena buffers' addresses already written (a call writes its inputs' and
+    outputs' only: the cost of a call does not grow with the plan's buffers)."""
+
+    __slots__ = ("arena", "status", "table")
+
+    def __init__(self, executable: Executable) -> None:
+        self.arena = empty_aligned(executable.plan.memory.arena_bytes, ALIGNMENT)
+        self.status = np.zeros(1, dtype=np.int32)
+        table = (ctypes.c_void_p * executable.slots)(*executable.base_table)
+        table[0] = self.status.ctypes.data
+        base = self.arena.ctypes.data
+        for slot, offset in executable.arena_slots:
+            table[slot] = base + offset
+        self.table = table
+
+
 class Executable:
-    """A compiled plan plus what running it needs: loaded functions, weights, an arena pool."""
+    """A compiled plan plus what running it needs: loaded functions, weights, an arena pool. A
+    backend whose code has an entry (``Loaded.entry``) runs the whole plan in one native call, the
+    host fallbacks called back from it; others run segment by segment from here."""
 
     def __init__(
         self,
@@ -87,15 +128,19 @@ class Executable:
             graph = plan.graph
             plan.graph = graph.with_(constants={v: shared.get(id(a), a) for v, a in graph.constants.items()})
         self.plan = plan
+        self.native = plan.is_native  # no host fallback: what the driver asks of every run
         self.keep = keep  # positions of the inputs the plan takes (others were frozen)
         # one runner per native segment, from the backend of the target the plan was built for
-        parallelism = parallelism or Threading()
-        self.runners = (
-            backend_of(plan.target.backend).load(plan, plan.target, parallelism) if plan.target is not None else []
+        loaded = (
+            backend_of(plan.target.backend).load(plan, plan.target, parallelism or Threading())
+            if plan.target is not None
+            else Loaded([])
         )
+        self.runners = loaded.segments
+        self.entry = loaded.entry
         self.status_buffer = next((b for b, slot in plan.table.items() if slot == 0), None)
         self.interpreter = Interpreter(plan.graph) if plan.whole_graph_reason else None
-        self.arenas: queue.SimpleQueue[np.ndarray] = queue.SimpleQueue()
+        self.requests: queue.SimpleQueue[_Request] = queue.SimpleQueue()
         self.slots = len(plan.table)
         # What every request shares, computed once: weight views and their slots in the table,
         # the outputs' shapes and which of them must be copied out of memory they don't own.
@@ -109,6 +154,15 @@ class Executable:
         self.base_table: list[int | None] = [None] * self.slots
         for buffer, view in self.constant_views.items():
             self.base_table[plan.table[buffer]] = view.ctypes.data
+        self.input_slots = [(buffer, plan.table[buffer]) for buffer in plan.inputs]
+        # outputs no input, weight or arena buffer holds: a fresh array per call
+        self.fresh_outputs = list(
+            dict.fromkeys(
+                b
+                for b in plan.outputs
+                if b not in self.constant_views and b not in plan.memory.offsets and b not in plan.inputs
+            )
+        )
         shared = set(plan.memory.offsets) | set(plan.constants) | set(plan.inputs)
         self.output_layout = [
             (
@@ -120,59 +174,102 @@ class Executable:
             )
             for value, buffer in zip(plan.graph.outputs, plan.outputs)
         ]
+        # the fallbacks between native segments, by gap (gap i: before segment i; the last: after all)
+        self.gaps: list[list[Fallback]] = [[]]
+        for step in plan.steps:
+            if isinstance(step, Segment):
+                self.gaps.append([])
+            else:
+                self.gaps[-1].append(step)
+        self.current = threading.local()  # the views of the run a host callback serves
+        # no fallbacks: a null callback, which the entry never calls
+        self.host = HOST_CALLBACK(self._host) if self.entry is not None and plan.fallbacks else HOST_CALLBACK()
 
-    def _arena(self) -> np.ndarray:
+    def _request(self) -> _Request:
         try:
-            return self.arenas.get_nowait()
+            return self.requests.get_nowait()
         except queue.Empty:
-            return empty_aligned(self.plan.memory.arena_bytes, ALIGNMENT)
+            return _Request(self)
 
     def run(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
         if self.keep is not None:
             inputs = [inputs[i] for i in self.keep]
         if self.interpreter is not None:
             return self.interpreter.run(inputs)
-        plan = self.plan
-        arena = self._arena()
+        request = self._request()
         try:
-            views: dict[Buffer, np.ndarray] = dict(self.constant_views)
-            per_request: list[Buffer] = []
-            for buffer, array in zip(plan.inputs, inputs):
-                views[buffer] = np.ascontiguousarray(array).reshape(-1)
-                per_request.append(buffer)
-            for buffer in plan.outputs:
-                if buffer not in views and buffer not in plan.memory.offsets:
-                    views[buffer] = np.empty(buffer.size, dtype=buffer.dtype.numpy)
-                    per_request.append(buffer)
-            views = _ArenaViews(views, arena, plan.memory.offsets)  # arena views made when read
-            status = np.zeros(1, dtype=np.int32)
-            table = (ctypes.c_void_p * self.slots)(*self.base_table)
-            table[0] = status.ctypes.data
-            for buffer in per_request:
-                table[plan.table[buffer]] = views[buffer].ctypes.data
-            base = arena.ctypes.data
-            for slot, offset in self.arena_slots:  # addresses, not views: ~130 views cost 0.4 ms a run
-                table[slot] = base + offset
-            if self.status_buffer is not None:
-                views[self.status_buffer] = status
-            runners = iter(self.runners)
-            for step in plan.steps:
-                if isinstance(step, Segment):
-                    next(runners)(table, views, status)
-                    if status[0]:
-                        raise ExecutionError(
-                            f"node {plan.kernel_labels.get(int(status[0]), '?')}: an index input is out of range "
-                            "for the dimension it indexes (stage: run)"
-                        )
-                else:
-                    self._fallback(step, views)
+            table = request.table
+            given: dict[Buffer, np.ndarray] = {}
+            for (buffer, slot), array in zip(self.input_slots, inputs):
+                array = given[buffer] = np.ascontiguousarray(array).reshape(-1)
+                table[slot] = array.ctypes.data
+            for buffer in self.fresh_outputs:
+                array = given[buffer] = np.empty(buffer.size, dtype=buffer.dtype.numpy)
+                table[self.plan.table[buffer]] = array.ctypes.data
+            request.status[0] = 0
+            if self.entry is not None:
+                views = self._entry_run(request, given)
+            else:
+                views = self._segment_run(request, given)
             results = []
             for buffer, shape, copy in self.output_layout:
                 array = views[buffer].reshape(shape)
                 results.append(array.copy() if copy else array)
             return results
         finally:
-            self.arenas.put(arena)
+            self.requests.put(request)
+
+    def _views(self, request: _Request, given: dict[Buffer, np.ndarray]) -> _ArenaViews:
+        views = _ArenaViews({**self.constant_views, **given}, request.arena, self.plan.memory.offsets)
+        if self.status_buffer is not None:
+            views[self.status_buffer] = request.status
+        return views
+
+    def _entry_run(self, request: _Request, given: dict[Buffer, np.ndarray]) -> Any:
+        """The whole plan in one native call; the fallbacks called back from it."""
+        views = self._views(request, given) if self.host else None
+        self.current.views, self.current.error = views, None
+        try:
+            code = self.entry(ctypes.addressof(request.table), self.host)
+        finally:
+            error, self.current.views, self.current.error = self.current.error, None, None
+        if code == 1:
+            self._status_error(request.status)
+        if code != 0:
+            if error is not None:
+                raise error
+            raise ExecutionError(f"the native entry returned {code} (kiln bug)")
+        return views if views is not None else _OutputViews(given, self.constant_views, request.arena, self.plan)
+
+    def _host(self, gap: int) -> int:
+        """Called from the native entry before segment ``gap``: runs the fallbacks there. An error
+        is kept for the run to raise (it cannot cross the C frames) and stops the entry."""
+        try:
+            for step in self.gaps[gap]:
+                self._fallback(step, self.current.views)
+            return 0
+        except BaseException as err:
+            self.current.error = err
+            return 1
+
+    def _segment_run(self, request: _Request, given: dict[Buffer, np.ndarray]) -> Any:
+        """Segment by segment from Python: backends whose runners are Python (gpu, test targets)."""
+        views = self._views(request, given)
+        runners = iter(self.runners)
+        for step in self.plan.steps:
+            if isinstance(step, Segment):
+                next(runners)(request.table, views, request.status)
+                if request.status[0]:
+                    self._status_error(request.status)
+            else:
+                self._fallback(step, views)
+        return views
+
+    def _status_error(self, status: np.ndarray) -> None:
+        raise ExecutionError(
+            f"node {self.plan.kernel_labels.get(int(status[0]), '?')}: an index input is out of range "
+            "for the dimension it indexes (stage: run)"
+        )
 
     def _fallback(self, step: Fallback, views: dict[Buffer, np.ndarray]) -> None:
         plan = self.plan

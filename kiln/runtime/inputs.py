@@ -53,6 +53,36 @@ def check_feeds(signature: Graph, feeds: Mapping[str, Any], defaults: Mapping[st
     return [check_input(value.name, value.type, feeds[value.name], bindings) for value in signature.inputs]
 
 
+class FeedChecker:
+    """``check_feeds`` for one signature, with its common case made cheap: a dict holding exactly
+    the inputs, each a NumPy array of the declared dtype and static shape, is accepted after one
+    comparison per input; anything else takes ``check_feeds``'s full checks (and its messages)."""
+
+    def __init__(self, signature: Graph, defaults: Mapping[str, Any]) -> None:
+        self.signature, self.defaults = signature, defaults
+        expected = []
+        for value in signature.inputs:
+            kind = value.type
+            if not isinstance(kind, TensorType) or kind.shape is None or not kind.is_static:
+                expected = []
+                break
+            expected.append((value.name, np.dtype(kind.dtype.numpy), tuple(int(d) for d in kind.shape)))
+        self.expected = expected if len(expected) == len(signature.inputs) else None
+
+    def __call__(self, feeds: Mapping[str, Any]) -> list[Any]:
+        expected = self.expected
+        if expected is not None and type(feeds) is dict and len(feeds) == len(expected):
+            arrays = []
+            for name, dtype, shape in expected:
+                data = feeds.get(name)
+                if type(data) is not np.ndarray or data.dtype != dtype or data.shape != shape:
+                    break
+                arrays.append(data)
+            else:
+                return arrays
+        return check_feeds(self.signature, feeds, self.defaults)
+
+
 def foreign_array(name: str, data: Any) -> Any:
     """A torch tensor, a DLPack producer or an array-interface object as a NumPy array, in place
     where the layout and dtype allow (DLPack: no copy); other objects are returned as they are."""

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from kiln.backends import Backend, register
+from kiln.backends import Backend, Loaded, register
 from kiln.lower.kir import Buffer
 from kiln.lower.kir_interpreter import run_kernel
 from kiln.lower.target import ENGINES, Target, TargetError
@@ -55,7 +55,7 @@ class KirBackend(Backend):
 
             return run
 
-        return [runner_for(step.kernels) for step in plan.steps if hasattr(step, "kernels")]
+        return Loaded([runner_for(step.kernels) for step in plan.steps if hasattr(step, "kernels")])
 
 
 def ensure_registered() -> None:

@@ -9,18 +9,19 @@ from __future__ import annotations
 import ctypes
 import os
 import platform
+import threading
 from collections.abc import Sequence
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 from kiln.backends.cpu import features, toolchain
-from kiln.backends.cpu.c import emit_c
+from kiln.backends.cpu.c_unit import emit_c
 from kiln.backends.cpu.scratch import engine_scratch
 from kiln.backends.cpu.target import CpuTarget
 from kiln.backends.cpu.toolchain import ISAS
 from kiln.backends.cpu.toolchain import compiler_flags as compiler_flags
-from kiln.backends.registry import Backend, BuildOptions, Section, SegmentRunner, Threading, library_runner
+from kiln.backends.registry import HOST_CALLBACK, Backend, BuildOptions, Loaded, Section, Threading, library_runner
 from kiln.errors import CompilerError, KilnError
 from kiln.lower.kir import Buffer, Kernel
 from kiln.lower.target import Target, TargetError
@@ -151,17 +152,18 @@ class CpuBackend(Backend):
             int8 = f"the {target.name} target ({target.isa}) has no int8 path; int8 runs on the avx512 and avx2 targets"
         return {"fp32": "", "bf16": bf16, "int8": int8}
 
-    def load(self, plan: Any, target: Target, parallelism: Threading) -> list[SegmentRunner]:
+    def load(self, plan: Any, target: Target, parallelism: Threading) -> Loaded:
         segments = [s for s in plan.steps if hasattr(s, "kernels")]
         if not segments:
-            return []
+            return Loaded([])
         if plan.library is None:
             raise KilnError("a plan with native segments lacks its library (kiln bug)")
         try:
             library = ctypes.CDLL(str(plan.library))
         except OSError as err:
             raise KilnError(f"cannot load the native library {plan.library}: {err}") from None
-        # the library's own thread pool (pool.c): its participants and how long waiting threads spin
+        share_pool(library, plan.library)
+        # the library's loops: their participants, how long the pool's waiting threads spin
         library.kiln_set_threads.argtypes = [ctypes.c_int]
         library.kiln_set_threads(parallelism.threads)
         library.kiln_set_spin.argtypes = [ctypes.c_long]
@@ -183,4 +185,28 @@ class CpuBackend(Backend):
             function.argtypes = [ctypes.c_void_p]
             function.restype = ctypes.c_int
             runners.append(library_runner(function))
-        return runners
+        entry = getattr(library, "kiln_run", None)  # absent from libraries of artifacts saved before it
+        if entry is not None:
+            entry.argtypes = [ctypes.c_void_p, HOST_CALLBACK]
+            entry.restype = ctypes.c_int
+        return Loaded(runners, entry)
+
+
+_POOL_LOCK = threading.Lock()
+_POOL: list[Any] = []  # [the library whose thread pool the process uses, its pool's address]
+
+
+def share_pool(library: Any, path: Path) -> None:
+    """Run ``library``'s parallel loops on the process's one thread pool: the first library loaded
+    lends its own (kept loaded for the process's life); every later one adopts it. Libraries of
+    artifacts saved before the pool was shared keep their own."""
+    if not hasattr(library, "kiln_pool_adopt"):
+        return
+    library.kiln_pool_share.restype = ctypes.c_void_p
+    library.kiln_pool_adopt.argtypes = [ctypes.c_void_p]
+    library.kiln_pool_adopt.restype = ctypes.c_int
+    with _POOL_LOCK:
+        if not _POOL:
+            _POOL.extend([library, library.kiln_pool_share()])
+        elif not library.kiln_pool_adopt(_POOL[1]):
+            raise KilnError(f"the native library {path} cannot use the process's thread pool (kiln bug)")

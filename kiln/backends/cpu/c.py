@@ -1,11 +1,6 @@
-"""C code generation: kernels -> C11 functions with OpenMP pragmas from each kernel's schedule.
-
-Each native segment (a run of kernels between host fallbacks) becomes
-``int kiln_segment_N(void **buffers)``: ``buffers`` is the table of every buffer's address;
-``buffers[0]`` is an int32 status word a kernel sets when an input is out of range. The segment
-calls one function per kernel with a local table of that kernel's buffers; kernels whose code is
-the same but for their buffers share the function (see ``_Templates``).
-"""
+"""C code generation: kernels -> C11 functions, their parallel loops outlined onto kiln's pool
+(each kernel's schedule says which). The translation unit around them (preludes, shared kernel
+functions, ``kiln_segment_N`` and the ``kiln_run`` entry) is ``c_unit.py``'s."""
 
 from __future__ import annotations
 
@@ -18,13 +13,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kiln.backends.cpu import winograd_c
-from kiln.backends.cpu.c_engines import engine_call, narrow_products
+from kiln.backends.cpu.c_engines import engine_call
 from kiln.ir.types import DType
 from kiln.lower.kir import (
     ENGINE_CALLS,
     Assign,
-    AttentionSpec,
     Binary,
     Buffer,
     Cast,
@@ -43,8 +36,6 @@ from kiln.lower.kir import (
     Stmt,
     Store,
     Unary,
-    WinogradInput,
-    WinogradOutput,
     buffers_in,
     dtypes_of,
     epilogue_of,
@@ -52,7 +43,6 @@ from kiln.lower.kir import (
     postorder,
     shared_nodes,
 )
-from kiln.lower.target import Target
 
 C_TYPES = {
     DType.FLOAT32: "float",
@@ -82,7 +72,7 @@ def c_type(dtype: DType) -> str:
 
 
 # set by emit_c for one rendering (CompileOptions.debug): every buffer index is range-checked
-_CHECKED: contextvars.ContextVar[bool] = contextvars.ContextVar("kiln_checked", default=False)
+CHECKED: contextvars.ContextVar[bool] = contextvars.ContextVar("kiln_checked", default=False)
 
 
 # the kernel IR's operators as C: libm through <tgmath.h> (so float operands call the float
@@ -99,7 +89,7 @@ def _node_text(e: Expr, text: dict[int, str], types: dict[int, DType]) -> str:
     if isinstance(e, (Index, Scalar)):
         return e.name
     if isinstance(e, Load):
-        if _CHECKED.get():
+        if CHECKED.get():
             return f'{e.buffer.name}[kiln_checked({text[id(e.index)]}, {e.buffer.size}LL, "{e.buffer.name}", __LINE__)]'
         return f"{e.buffer.name}[{text[id(e.index)]}]"
     if isinstance(e, Binary):
@@ -391,7 +381,7 @@ def _sum_reduction(loop: For) -> str | None:
     if not (isinstance(value, Binary) and value.op == "+" and value.a == update.scalar):
         return None
     found: dict[str, None] = {}
-    _generated_names(value.b, found)
+    generated_names(value.b, found)
     return None if update.scalar.name in found else update.scalar.name
 
 
@@ -411,26 +401,26 @@ def emit_helper(function: Function, table: dict[Buffer, int]) -> str:
     return "\n".join(lines)
 
 
-def _helpers(body: Sequence[Stmt]) -> list[Function]:
+def helper_functions(body: Sequence[Stmt]) -> list[Function]:
     found: list[Function] = []
     for stmt in body:
         if isinstance(stmt, ENGINE_CALLS) and epilogue_of(stmt) is not None:
             found.append(epilogue_of(stmt))  # type: ignore[arg-type]
         elif isinstance(stmt, (For, If)):
-            found.extend(_helpers(stmt.body))
+            found.extend(helper_functions(stmt.body))
     return found
 
 
-def _calls(body: Sequence[Stmt], kinds: tuple[type, ...]) -> bool:
+def calls(body: Sequence[Stmt], kinds: tuple[type, ...]) -> bool:
     """Whether ``body`` makes an engine call of one of ``kinds``."""
-    return any(isinstance(s, kinds) or (isinstance(s, (For, If)) and _calls(s.body, kinds)) for s in body)
+    return any(isinstance(s, kinds) or (isinstance(s, (For, If)) and calls(s.body, kinds)) for s in body)
 
 
 def emit_kernel(kernel: Kernel, used: list[Buffer], table: dict[Buffer, int], name: str) -> str:
     """One kernel as its own function ``name(void **buffers)`` declaring ``used``, its helpers
     before it."""
     global _temporaries
-    lines = [emit_helper(f, table) for f in _helpers(kernel.body)]
+    lines = [emit_helper(f, table) for f in helper_functions(kernel.body)]
     _temporaries = itertools.count()
     # never inlined into the segment: a kernel is a loop nest (a call costs nothing beside it), and
     # GCC inlining thousands of them into one function takes superlinear time
@@ -445,7 +435,7 @@ def emit_kernel(kernel: Kernel, used: list[Buffer], table: dict[Buffer, int], na
     return "\n".join(lines)
 
 
-def _kernel_buffers(kernel: Kernel) -> list[Buffer]:
+def kernel_buffers(kernel: Kernel) -> list[Buffer]:
     """Every buffer a kernel's function needs (its helpers' too: ``buffers_in`` walks them)."""
     return list(dict.fromkeys([*kernel.reads, *kernel.writes, *buffers_in(kernel.body)]))
 
@@ -455,7 +445,7 @@ def comment(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9_+ .,:-]", "?", text)
 
 
-def _generated_names(root: object, found: dict[str, None]) -> None:
+def generated_names(root: object, found: dict[str, None]) -> None:
     """Every name kiln generated in a kernel (buffers, loop indices, scalars, helpers), in order of
     first appearance; each shared subexpression is visited once, without recursion."""
     seen: set[int] = set()
@@ -473,127 +463,3 @@ def _generated_names(root: object, found: dict[str, None]) -> None:
                 continue
             seen.add(id(node))
             stack.extend(reversed([getattr(node, f.name) for f in dataclasses.fields(node)]))
-
-
-class _Templates:
-    """Kernels that differ only in their buffers (a transformer's twelve identical layers, a ResNet
-    stage's blocks) share one function: each kernel's C is written against a local table of its
-    buffers with every generated name made canonical, and equal texts are emitted once. GCC's
-    time is most of a cold compile, and it falls with the code it is given (gpt2: 12x fewer
-    kernel bodies)."""
-
-    def __init__(self) -> None:
-        self.texts: dict[str, str] = {}  # canonical text -> function name
-        self.parts: list[str] = []
-
-    def function_for(self, kernel: Kernel) -> tuple[str, list[Buffer]]:
-        used = _kernel_buffers(kernel)
-        local = {b: i for i, b in enumerate(used)}
-        if _CHECKED.get():  # debug builds keep kiln's names: range-check messages name the buffer
-            self.parts.append(emit_kernel(kernel, used, local, f"kiln_{kernel.name}"))
-            return f"kiln_{kernel.name}", used
-        text = emit_kernel(kernel, used, local, "KILN_TEMPLATE")
-        helpers = [f.name for f in _helpers(kernel.body)]
-        names: dict[str, None] = {}
-        _generated_names([used, kernel.body], names)
-        variables = [n for n in names if n not in helpers]
-        mapping = {n: f"KILN_TEMPLATE_e{i}" for i, n in enumerate(dict.fromkeys(helpers))}
-        mapping.update({n: f"v{i}" for i, n in enumerate(variables)})
-        if mapping:
-            # (not after "." or "->": a loop index named c is not the descriptor's field g.c)
-            alternatives = "|".join(re.escape(n) for n in sorted(mapping, key=len, reverse=True))
-            pattern = re.compile(r"(?<![.>])\b(" + alternatives + r")\b")
-            text = pattern.sub(lambda m: mapping[m.group(1)], text)
-        name = self.texts.get(text)
-        if name is None:
-            name = f"kiln_t{len(self.texts)}"
-            self.texts[text] = name
-            self.parts.append(text.replace("KILN_TEMPLATE", name))
-        return name, used
-
-
-def emit_segment(
-    number: int,
-    kernels: Sequence[Kernel],
-    table: dict[Buffer, int],
-    profile: dict[int, int] | None = None,
-    templates: _Templates | None = None,
-) -> str:
-    templates = templates or _Templates()
-    lines = [f"int kiln_segment_{number}(void **buffers) {{"]
-    for kernel in kernels:
-        name, used = templates.function_for(kernel)
-        # which model nodes a kernel computes is in the plan's side table (kernel.sources), never
-        # here: model text in generated code would be code the model's author wrote
-        lines.append(f"  /* {comment(kernel.name)} ({comment(kernel.kind)}) */")
-        lines.append("  {")
-        if profile is not None:
-            lines.append("    double kiln_started = kiln_now();")
-        lines.append(
-            f"    void *local[{max(len(used), 1)}] = {{{', '.join(f'buffers[{table[b]}]' for b in used) or '0'}}};"
-        )
-        lines.append(f"    {name}(local);")
-        if profile is not None:
-            lines.append(f"    kiln_profile_seconds[{profile[id(kernel)]}] += kiln_now() - kiln_started;")
-        lines.append("  }")
-    lines.append("  return 0;")
-    lines.append("}")
-    return "\n".join(lines)
-
-
-def gemm_prelude(target: Target) -> str:
-    """The matrix-multiply engine, configured for the target's vector width and tile rows."""
-    engine = (Path(__file__).parent / "gemm.c").read_text()
-    return f"#define KILN_VB {target.vector_bytes}\n#define KILN_MR {target.gemm_rows}\n{engine}\n"
-
-
-# kiln's thread pool (pool.c) and the context an outlined parallel loop receives: the segment's
-# buffer table and the indices of the loops around it
-POOL = (
-    (Path(__file__).parent / "pool.c").read_text()
-    + """
-typedef struct { void **buffers; int64_t index[8]; } kiln_loop_ctx;
-"""
-)
-
-
-def emit_c(
-    segments: Sequence[Sequence[Kernel]],
-    table: dict[Buffer, int],
-    target: Target,
-    profile: bool = False,
-    checked: bool = False,
-) -> str:
-    """The whole translation unit for a model's native segments. With ``profile``, each kernel adds
-    its wall time to ``double kiln_profile_seconds[i]`` (i: the kernel's position in the plan);
-    ``checked`` range-checks every buffer index (debug builds)."""
-    token = _CHECKED.set(checked)
-    try:
-        return _emit_c(segments, table, target, profile, checked)
-    finally:
-        _CHECKED.reset(token)
-
-
-def _emit_c(segments, table, target, profile, checked):  # type: ignore[no-untyped-def]
-    kernels = [k for kernels in segments for k in kernels]
-    positions = {id(k): i for i, k in enumerate(kernels)} if profile else None
-    parts = [PRELUDE + PROFILE_PRELUDE if profile else PRELUDE, POOL]
-    if profile:
-        parts.append(f"double kiln_profile_seconds[{max(len(kernels), 1)}];")
-    if checked:
-        parts.append(DEBUG_PRELUDE)
-    if any(_calls(k.body, ENGINE_CALLS) for k in kernels):  # every driver uses the kiln_gemm descriptor
-        parts.append(gemm_prelude(target))
-    narrow = {p for k in kernels for p in narrow_products(k.body)}
-    if narrow:  # the reduced-precision paths: their shared driver, then each format
-        for part in ("amx.c", "gemm_lowp.c", *(f"gemm_{p}.c" for p in sorted(narrow))):
-            parts.append((Path(__file__).parent / part).read_text())
-    if any(_calls(k.body, (WinogradInput, WinogradOutput)) for k in kernels):
-        parts.append(winograd_c.c_source())
-    if any(_calls(k.body, (AttentionSpec,)) for k in kernels):
-        parts.append((Path(__file__).parent / "attention.c").read_text())
-    templates = _Templates()
-    segment_parts = [emit_segment(i, ks, table, positions, templates) for i, ks in enumerate(segments)]
-    parts.extend(templates.parts)
-    parts.extend(segment_parts)
-    return "\n\n".join(parts) + "\n"

@@ -133,6 +133,77 @@ static inline void kiln_ukernel_rows(int64_t kc, const float *restrict a, int64_
   }
 }
 
+/* `rows` (< MR) rows of an A read in place: a batch-1 linear layer, a decode step. Only those rows'
+   accumulators, no padded rows multiplied, no packing pass; `rows` is a constant at every call
+   (kiln_ukernel_rows_few's switch), so the loops over it unroll into registers. */
+static inline __attribute__((always_inline)) void kiln_rows_n(const int rows, int64_t kc, const float *restrict a, int64_t lda, const float *restrict b, float *restrict c, int64_t ldc, int accumulate) {
+  kiln_vf acc0[KILN_MR], acc1[KILN_MR];
+  for (int r = 0; r < rows; ++r) {
+    acc0[r] = accumulate ? *(const kiln_vfu *)(c + r * ldc) : (kiln_vf){0};
+    acc1[r] = accumulate ? *(const kiln_vfu *)(c + r * ldc + KILN_L) : (kiln_vf){0};
+  }
+  for (int64_t k = 0; k < kc; ++k) {
+    const kiln_vf b0 = *(const kiln_vf *)b, b1 = *(const kiln_vf *)(b + KILN_L);
+    for (int r = 0; r < rows; ++r) {
+      const float x = a[r * lda + k];
+      acc0[r] += x * b0;
+      acc1[r] += x * b1;
+    }
+    b += KILN_NR;
+  }
+  for (int r = 0; r < rows; ++r) {
+    *(kiln_vfu *)(c + r * ldc) = acc0[r];
+    *(kiln_vfu *)(c + r * ldc + KILN_L) = acc1[r];
+  }
+}
+
+/* an edge tile (mr <= MR rows, nr <= NR columns) of an A read in place; a narrower one through a
+   scratch tile */
+static void kiln_ukernel_rows_few(int64_t kc, const float *a, int64_t lda, const float *b, float *c, int64_t ldc, int accumulate, int64_t mr, int64_t nr) {
+  float tile[KILN_MR * KILN_NR] __attribute__((aligned(64)));
+  float *out = c;
+  int64_t ldo = ldc;
+  if (nr < KILN_NR) {
+    out = tile;
+    ldo = KILN_NR;
+    if (accumulate)
+      for (int64_t r = 0; r < mr; ++r) memcpy(tile + r * KILN_NR, c + r * ldc, (size_t)nr * sizeof(float));
+  }
+  switch (mr) {
+#define KILN_ROWS_CASE(n) \
+  case n: kiln_rows_n(n, kc, a, lda, b, out, ldo, accumulate); break;
+    KILN_ROWS_CASE(1)
+#if KILN_MR >= 2
+    KILN_ROWS_CASE(2)
+#endif
+#if KILN_MR >= 3
+    KILN_ROWS_CASE(3)
+#endif
+#if KILN_MR >= 4
+    KILN_ROWS_CASE(4)
+#endif
+#if KILN_MR >= 5
+    KILN_ROWS_CASE(5)
+#endif
+#if KILN_MR >= 6
+    KILN_ROWS_CASE(6)
+#endif
+#if KILN_MR >= 7
+    KILN_ROWS_CASE(7)
+#endif
+#if KILN_MR >= 8
+    KILN_ROWS_CASE(8)
+#endif
+#if KILN_MR > 8
+#error "kiln_ukernel_rows_few: add the cases of this KILN_MR"
+#endif
+#undef KILN_ROWS_CASE
+    default: break;
+  }
+  if (nr < KILN_NR)
+    for (int64_t r = 0; r < mr; ++r) memcpy(c + r * ldc, tile + r * KILN_NR, (size_t)nr * sizeof(float));
+}
+
 /* an edge tile (mr < MR or nr < NR): computed whole in a scratch tile, the valid part copied */
 static void kiln_ukernel_edge(int64_t kc, const float *a, const float *b, float *c, int64_t ldc, int accumulate, int64_t mr, int64_t nr) {
   float tile[KILN_MR * KILN_NR] __attribute__((aligned(64)));
@@ -307,7 +378,7 @@ static int64_t kiln_round_up(int64_t x, int64_t to) { return (x + to - 1) / to *
 typedef struct {
   const kiln_gemm *g;
   int64_t M, N, K, kblock, mc, nc, tiles_m, tiles_n, panels_a, panels_b, a_pbs, b_pbs;
-  int direct_a; /* A read in place (row-major, k contiguous): only edge panels are packed */
+  int direct_a; /* A read in place (row-major, k contiguous): never packed */
   float *all_a, *all_b;
   const float *a_packed, *b_packed;
 } kiln_gemm_plan;
@@ -348,8 +419,8 @@ static void kiln_gemm_tasks(void *ctx, int64_t lo, int64_t hi, int worker) {
   (void)all_b;
   static _Thread_local float *a_buf, *b_buf;
   static _Thread_local int64_t a_have, b_have;
-  const int direct_a = p->direct_a; /* edge panels (fewer than MR rows, or narrower than NR) packed one at a time */
-  float *abuf = a_packed ? NULL : kiln_scratch(&a_buf, &a_have, direct_a ? KILN_MR * kblock : mc * kblock);
+  const int direct_a = p->direct_a; /* A read in place: no A panels */
+  float *abuf = a_packed || direct_a ? NULL : kiln_scratch(&a_buf, &a_have, mc * kblock);
   float *bbuf = b_packed ? NULL : kiln_scratch(&b_buf, &b_have, nc * kblock);
   for (int64_t task = lo; task < hi; ++task) {
     const int64_t bt = task / (tiles_m * tiles_n), rest = task % (tiles_m * tiles_n);
@@ -393,17 +464,17 @@ static void kiln_gemm_tasks(void *ctx, int64_t lo, int64_t hi, int worker) {
         for (int64_t ir = 0; ir < mlen; ir += KILN_MR) {
           const int64_t mr = mlen - ir < KILN_MR ? mlen - ir : KILN_MR;
           float *tile = c + (m0 + ir) * g->ldc + n0 + jr;
-          if (direct_a) {
+          if (direct_a) { /* A read in place: whole tiles, and edge tiles (M below MR: batch-1 products) */
             const int64_t first = bt * g->a_bs + (m0 + ir) * g->a_rs + k0;
-            if (mr == KILN_MR && nr == KILN_NR) {
-              KILN_SPAN(first, (KILN_MR - 1) * g->a_rs + kc, g->a_size, "A (in place)");
+            KILN_SPAN(first, (mr - 1) * g->a_rs + kc, g->a_size, "A (in place)");
+            if (mr == KILN_MR && nr == KILN_NR)
               kiln_ukernel_rows(kc, g->a + first, g->a_rs, bpanel, tile, g->ldc, k0 > 0);
-              if (last && g->epilogue) g->epilogue(g, bt, m0 + ir, m0 + ir + mr, n0 + jr, n0 + jr + nr);
-              continue;
-            }
-            g->pack_a(g, bt, m0 + ir, mr, k0, kc, abuf);
+            else
+              kiln_ukernel_rows_few(kc, g->a + first, g->a_rs, bpanel, tile, g->ldc, k0 > 0, mr, nr);
+            if (last && g->epilogue) g->epilogue(g, bt, m0 + ir, m0 + ir + mr, n0 + jr, n0 + jr + nr);
+            continue;
           }
-          const float *apanel = direct_a ? abuf : ablock + (ir / KILN_MR) * a_stride;
+          const float *apanel = ablock + (ir / KILN_MR) * a_stride;
           if (mr == KILN_MR && nr == KILN_NR)
             kiln_ukernel(kc, apanel, bpanel, tile, g->ldc, k0 > 0);
           else if (nr <= KILN_L)

@@ -1,7 +1,10 @@
 /* kiln's thread pool: the parallel loops of generated kernels and of the engines run on it, not on an
    OpenMP runtime (whose default active spin-wait makes a model 13x slower when another process shares
-   a core). One pool per library: `threads` participants per loop (the calling thread and up to
-   threads - 1 workers, started on first use).
+   a core). One pool per process: every library carries this code, and the first one the process loads
+   lends its pool to every other (kiln_pool_share / kiln_pool_adopt, called by the loader), so three
+   loaded models start the workers of one pool, not three. A library's `threads` bound its loops'
+   participants (the calling thread and up to threads - 1 workers, started on first use); the pool
+   keeps as many workers as the largest bound asked of it.
    - A loop is cut into chunks claimed from an atomic ticket, so a participant slowed by another
      process on its core takes fewer chunks instead of holding the others at a barrier, and the
      caller waits for the chunks to be done, never for a worker that has none to acknowledge.
@@ -87,6 +90,9 @@ static void kiln_pool_chunks(uint64_t gen, int worker) {
 static void *kiln_pool_worker(void *arg) {
   const int id = (int)(intptr_t)arg;
   kiln_worker = id;
+#if defined(__GLIBC__)
+  pthread_setname_np(pthread_self(), "kiln-pool"); /* how tools (and kiln's tests) tell its workers */
+#endif
   uint64_t seen = atomic_load(&kiln_pool.generation);
   for (;;) {
     long spins = 0;
@@ -117,29 +123,27 @@ static void kiln_pool_after_fork(void) { /* the child has none of the parent's w
   atomic_store(&kiln_pool.sleepers, 0);
 }
 
-/* participants in a loop (set from Python: the model's `threads`); 0 = the CPUs this process may use */
-int kiln_set_threads(int threads) {
+/* workers the pool may keep: the largest bound a library asked for (0 before any: the CPUs this
+   process may use) */
+static void kiln_pool_reserve(int threads) {
   if (threads <= 0) threads = kiln_default_threads();
-  kiln_pool.threads = threads > KILN_MAX_THREADS ? KILN_MAX_THREADS : threads;
-  return kiln_pool.threads;
+  if (threads > KILN_MAX_THREADS) threads = KILN_MAX_THREADS;
+  pthread_mutex_lock(&kiln_pool.sleep_lock);
+  if (threads > kiln_pool.threads) kiln_pool.threads = threads;
+  pthread_mutex_unlock(&kiln_pool.sleep_lock);
 }
 
-/* iterations a waiting thread spins before it sleeps (0: sleep at once) */
-void kiln_set_spin(long spins) { atomic_store(&kiln_pool.spin, spins < 0 ? 0 : spins); }
+static void kiln_pool_set_spin(long spins) { atomic_store(&kiln_pool.spin, spins < 0 ? 0 : spins); }
 
-static int kiln_pool_threads(void) {
-  if (kiln_pool.threads <= 0) kiln_set_threads(0);
-  return kiln_pool.threads;
-}
-
-static int kiln_in_pool(void) { return kiln_worker >= 0; }
+static int kiln_pool_in(void) { return kiln_worker >= 0; }
 
 /* body(ctx, lo, hi, worker) over [begin, end) in chunks of `grain` iterations (0: about four chunks
-   per participant), by at most `max_workers` participants (0: the pool's threads); `worker` numbers
+   per participant), by at most `max_workers` participants (0: the pool's workers and the caller); `worker` numbers
    the participant (below max_workers: per-thread scratch is indexed by it) */
-static void kiln_parallel_for(int64_t begin, int64_t end, int64_t grain, int max_workers, kiln_body body, void *ctx) {
+static void kiln_pool_for(int64_t begin, int64_t end, int64_t grain, int max_workers, kiln_body body, void *ctx) {
   if (end <= begin) return;
-  int participants = kiln_pool_threads();
+  if (kiln_pool.threads <= 0) kiln_pool_reserve(0);
+  int participants = kiln_pool.threads;
   if (max_workers > 0 && max_workers < participants) participants = max_workers;
   if (participants > end - begin) participants = (int)(end - begin);
   if (participants <= 1 || kiln_worker >= 0 || pthread_mutex_trylock(&kiln_pool.busy) != 0) {
@@ -192,4 +196,60 @@ static void kiln_parallel_for(int64_t begin, int64_t end, int64_t grain, int max
     pthread_mutex_unlock(&kiln_pool.sleep_lock);
   }
   pthread_mutex_unlock(&kiln_pool.busy);
+}
+
+/* What a pool offers the libraries that use it. The loader takes the first library's (share) and
+   hands it to every later one (adopt): their loops then run on the first one's workers. */
+typedef struct {
+  int version;
+  void (*parallel_for)(int64_t, int64_t, int64_t, int, kiln_body, void *);
+  int (*in_pool)(void);
+  void (*reserve)(int);
+  void (*set_spin)(long);
+} kiln_pool_api;
+
+#define KILN_POOL_API 1
+static const kiln_pool_api kiln_own_pool = {KILN_POOL_API, kiln_pool_for, kiln_pool_in, kiln_pool_reserve,
+                                             kiln_pool_set_spin};
+static const kiln_pool_api *kiln_pool_used = &kiln_own_pool;
+static int kiln_library_threads; /* this library's bound on a loop's participants (0: not set yet) */
+
+const void *kiln_pool_share(void) { return &kiln_own_pool; }
+
+/* run this library's loops on another library's pool (NULL: its own); refused (returns 0) for a pool
+   of another interface version */
+int kiln_pool_adopt(const void *api) {
+  const kiln_pool_api *pool = api ? (const kiln_pool_api *)api : &kiln_own_pool;
+  if (pool->version != KILN_POOL_API) return 0;
+  kiln_pool_used = pool;
+  if (kiln_library_threads > 0) pool->reserve(kiln_library_threads);
+  return 1;
+}
+
+/* participants in this library's loops (set from Python: the model's `threads`); 0 = the CPUs this
+   process may use */
+int kiln_set_threads(int threads) {
+  if (threads <= 0) threads = kiln_default_threads();
+  kiln_library_threads = threads > KILN_MAX_THREADS ? KILN_MAX_THREADS : threads;
+  kiln_pool_used->reserve(kiln_library_threads);
+  return kiln_library_threads;
+}
+
+/* iterations a waiting thread of the pool spins before it sleeps (0: sleep at once); the pool is
+   the process's, so the last model loaded sets it for all */
+void kiln_set_spin(long spins) { kiln_pool_used->set_spin(spins); }
+
+static int kiln_pool_threads(void) {
+  if (kiln_library_threads <= 0) kiln_set_threads(0);
+  return kiln_library_threads;
+}
+
+static int kiln_in_pool(void) { return kiln_pool_used->in_pool(); }
+
+/* body(ctx, lo, hi, worker) over [begin, end) on the pool this library uses, by at most this
+   library's threads (and `max_workers` when positive) */
+static void kiln_parallel_for(int64_t begin, int64_t end, int64_t grain, int max_workers, kiln_body body, void *ctx) {
+  int participants = kiln_pool_threads();
+  if (max_workers > 0 && max_workers < participants) participants = max_workers;
+  kiln_pool_used->parallel_for(begin, end, grain, participants, body, ctx);
 }

@@ -22,7 +22,7 @@ from kiln.backends.gpu.runtime import (
     triton_missing,
 )
 from kiln.backends.gpu.target import GpuTarget
-from kiln.backends.registry import Backend, BuildOptions, Section, Threading
+from kiln.backends.registry import Backend, BuildOptions, Loaded, Section, Threading
 from kiln.backends.registry import SegmentRunner as Runner
 from kiln.lower.kir import Buffer, Kernel
 from kiln.lower.target import Target, TargetError
@@ -71,10 +71,10 @@ class GpuBackend(Backend):
         only = "the gpu target computes in fp32 only (its products use IEEE fp32 tl.dot, not TF32)"
         return {"fp32": "", "bf16": only, "int8": only}
 
-    def load(self, plan: Any, target: Target, parallelism: Threading) -> list[Runner]:
+    def load(self, plan: Any, target: Target, parallelism: Threading) -> Loaded:
         segments = [s for s in plan.steps if hasattr(s, "kernels")]
         if not segments:
-            return []
+            return Loaded([])
         interpret = target.interpret
         if not interpret:
             missing = cuda_missing()
@@ -96,7 +96,7 @@ class GpuBackend(Backend):
             runners.append(
                 SegmentRunner(state, mine, namespace, slots, upload, download, status if uses_status else None)
             )
-        return runners
+        return Loaded(runners)  # launches from Python: no native entry
 
     def artifact_meta(self, target: Target) -> dict[str, Any]:
         return {}
