@@ -53,6 +53,7 @@ class NativeModel(Model):
         self._ran: dict[int, Executable] = {}  # the variants that have executed requests
         self._compiling = threading.Lock()  # one compile at a time
         self._static = self.shapes_known  # no symbolic input dim: one binding, {} (skips reading dims)
+        self._last: tuple[tuple, Executable] | None = None
 
     @property
     def shapes_known(self) -> bool:
@@ -84,8 +85,12 @@ class NativeModel(Model):
 
     def _variant(self, dims: dict[str, int]) -> Executable:
         key = tuple(sorted(dims.items()))
+        last = self._last  # the most recently used variant: already last in the LRU order
+        if last is not None and last[0] == key:
+            return last[1]
         executable = self.variants.get(key)
         if executable is not None:
+            self._last = (key, executable)
             return executable
         with self._compiling:
             executable = self.variants.get(key)
@@ -98,6 +103,7 @@ class NativeModel(Model):
     def _keep(self, key: tuple, executable: Executable) -> None:
         for old in self.variants.add(key, executable):
             self._ran.pop(id(old), None)
+        self._last = (key, executable)
 
     def derive(self, graph: Graph) -> NativeModel:
         source = Source(graph)
@@ -158,6 +164,7 @@ class NativeModel(Model):
         if not small:
             return None
         key = (*sorted(dims.items()), *((n, a.dtype.str, a.shape, a.tobytes()) for n, a in sorted(small.items())))
+        self._last = None  # the LRU order moves: the next lookup goes through the table
         executable = self.variants.get(key)
         if executable is None:
             with self._compiling:
