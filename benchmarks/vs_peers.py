@@ -46,6 +46,7 @@ def main() -> int:
     parser.add_argument("--duration", type=float, default=5.0, help="seconds per job (after warm-up)")
     parser.add_argument("--out", type=Path, default=Path("reports/vs_peers"))
     parser.add_argument("--db", type=Path, default=Path("reports/bench.db"))
+    parser.add_argument("--no-roofline", action="store_true", help="skip measuring the machine's peaks")
     args = parser.parse_args()
     ours_name = {"fp32": "kiln", "bf16": "kiln-bf16", "int8": "kiln-int8"}[args.precision]
     if args.peers is None:
@@ -100,8 +101,14 @@ def main() -> int:
     )
     from kiln.backends.cpu import host
 
-    isa = run["machine"].get("flags") or []
-    print(f"# {run['machine'].get('cpu', '?')}; kiln's cpu target: {host().isa}; flags: {', '.join(isa)}")
+    machine = run["machine"]
+    isa = machine.get("flags") or []
+    print(
+        f"# {machine.get('vendor', '?')} {machine.get('cpu', '?')} ({machine.get('family_model', '?')}); "
+        f"kiln's cpu target: {host().isa}; flags: {', '.join(isa)}"
+    )
+    versions = machine.get("packages", {})
+    print("# engines: " + ", ".join(f"{n} {versions.get(n, '?')}" for n in ("kiln-compiler", "onnxruntime", "openvino")))
     print(f"# {config.threads} threads, median ms of single-stream latency, kiln/peer below 1: kiln faster")
     print("# relL2: relative L2 of the outputs against kiln's fp32 reference interpreter (/top-1 agreement)")
     print(header)
@@ -121,8 +128,41 @@ def main() -> int:
         print(
             f"{record.get('model')} {record.get('backend')} batch {record.get('batch')}: {record.get('status')}: {record.get('error', record.get('reason', ''))}"
         )
+    if not args.no_roofline:
+        roofline(config, p50, engines)
     print(f"stored as run {run['run_id']} in {args.db}; reports in {args.out / run['run_id']}")
     return 0
+
+
+def roofline(config, p50, engines) -> None:  # type: ignore[no-untyped-def]
+    """Each model's nominal work against the machine's measured peaks: the least latency the
+    roofline allows and the fraction of it each engine reaches."""
+    import onnx
+
+    from kiln.bench.models import resolve_model
+    from kiln.bench.roofline import bound_ms, measure_peaks, model_work
+
+    peaks = measure_peaks(config.threads)
+    print(f"# roofline: peak {peaks.gflops:.1f} GFLOP/s, {peaks.gbps:.1f} GB/s ({peaks.how})")
+    print("# GFLOP: the ONNX file's products and convolutions; MB: weights + inputs + outputs once;")
+    print("# bound: the least latency those allow; each engine: achieved GFLOP/s (bound / its latency)")
+    width = max(10, *(len(m) for m in config.models))
+    print(f"{'model':{width}} {'batch':>5} {'GFLOP':>8} {'MB':>8} {'bound ms':>9} " + " ".join(f"{e:>20}" for e in engines))
+    for name in config.models:
+        for batch in config.batches:
+            model = resolve_model(name, batch, None)
+            work = model_work(onnx.load(str(model.onnx_path)), model.inputs())
+            bound = bound_ms(work, peaks)
+            cells = []
+            for engine in engines:
+                ms = p50.get((name, batch, engine))
+                cells.append(f"{work.flops / ms / 1e6:8.1f} ({bound / ms:5.0%})" if ms else f"{'-':>20}")
+            note = f"  ({work.unknown} products of unknown shape not counted)" if work.unknown else ""
+            print(
+                f"{name:{width}} {batch:5d} {work.flops / 1e9:8.2f} {work.traffic_bytes / 1e6:8.1f} {bound:9.2f} "
+                + " ".join(f"{c:>20}" for c in cells)
+                + note
+            )
 
 
 if __name__ == "__main__":

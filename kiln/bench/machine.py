@@ -50,8 +50,13 @@ def fingerprint() -> dict[str, Any]:
     memory = next(
         (line.split()[1] for line in _read("/proc/meminfo").splitlines() if line.startswith("MemTotal")), None
     )
+    def field(name: str) -> str:
+        return next((line.split(":", 1)[1].strip() for line in cpuinfo.splitlines() if line.startswith(name)), "")
+
     return {
         "cpu": model,
+        "vendor": field("vendor_id") or platform.machine(),
+        "family_model": f"family {field('cpu family') or '?'} model {field('model') or '?'}",
         "flags": sorted(f for f in FLAGS_OF_INTEREST if f in flags),
         "logical_cpus": os.cpu_count(),
         "usable_cpus": affinity,

@@ -1,0 +1,144 @@
+"""Where a model's latency stands against the machine: its nominal work (the FLOPs of its matrix
+products and convolutions, from the ONNX file alone, so every engine is held to the same count),
+the least memory traffic it can have, and the machine's measured peaks (a large matrix product's
+FLOP/s, a large copy's bytes/s).
+
+A roofline bound is min(peak FLOP/s, intensity x bandwidth) with intensity = FLOPs / minimum
+traffic; a latency's achieved FLOP/s over that bound says how far the engine is from the machine.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+# the ops whose multiply-adds are counted; everything else (elementwise, softmax, norms) is taken
+# as free: the count is the work every engine must do, not what one of them does
+_CONTRACTIONS = ("Conv", "ConvTranspose", "MatMul", "Gemm", "FusedMatMul")
+
+
+@dataclass(frozen=True)
+class Work:
+    flops: int  # 2 x multiply-adds of the model's products and convolutions
+    traffic_bytes: int  # weights, inputs and outputs, each read or written once
+    unknown: int  # products whose shapes shape inference could not give (not counted)
+
+
+@dataclass(frozen=True)
+class Peaks:
+    gflops: float  # a large fp32 matrix product at the run's threads
+    gbps: float  # a large array copy (bytes read + written per second)
+    how: str
+
+
+def _shape(types: dict[str, Any], name: str) -> list[int] | None:
+    kind = types.get(name)
+    if kind is None or not kind.HasField("tensor_type") or not kind.tensor_type.HasField("shape"):
+        return None
+    dims = [d.dim_value if d.HasField("dim_value") else -1 for d in kind.tensor_type.shape.dim]
+    return None if any(d < 0 for d in dims) else dims
+
+
+def model_work(model: Any, inputs: dict[str, np.ndarray]) -> Work:
+    """Nominal FLOPs and minimum traffic of an ONNX ``model`` run on ``inputs`` (their shapes bind
+    the symbolic dims)."""
+    import onnx
+    from onnx import numpy_helper, shape_inference
+
+    model = onnx.ModelProto.FromString(model.SerializeToString())  # a copy: its inputs get bound
+    for value in model.graph.input:
+        if value.name in inputs and value.type.HasField("tensor_type"):
+            shape = value.type.tensor_type.shape
+            for dim, size in zip(shape.dim, inputs[value.name].shape):
+                dim.Clear()
+                dim.dim_value = int(size)
+    inferred = shape_inference.infer_shapes(model, data_prop=True)
+    graph = inferred.graph
+    types = {v.name: v.type for v in (*graph.input, *graph.output, *graph.value_info)}
+    for init in graph.initializer:
+        types.setdefault(init.name, onnx.helper.make_tensor_type_proto(init.data_type, list(init.dims)))
+    flops = unknown = 0
+    for node in graph.node:
+        if node.op_type not in _CONTRACTIONS:
+            continue
+        out = _shape(types, node.output[0])
+        a = _shape(types, node.input[0])
+        b = _shape(types, node.input[1]) if len(node.input) > 1 else None
+        if out is None or a is None or b is None:
+            unknown += 1
+            continue
+        if node.op_type == "Conv":  # weight (O, C/g, kh, kw...): each output sums C/g x kernel taps
+            reduction = int(np.prod(b[1:]))
+        elif node.op_type == "ConvTranspose":  # weight (C, O/g, kh, kw...): each input fans out
+            flops += 2 * int(np.prod(a)) * int(np.prod(b[1:]))
+            continue
+        elif node.op_type == "Gemm":
+            trans_a = next((attr.i for attr in node.attribute if attr.name == "transA"), 0)
+            reduction = a[0] if trans_a else a[-1]
+        else:  # MatMul: the last axis of A
+            reduction = a[-1]
+        flops += 2 * int(np.prod(out)) * int(reduction)
+    weights = sum(numpy_helper.to_array(init).nbytes for init in graph.initializer)
+    given = sum(array.nbytes for array in inputs.values())
+    produced = sum(4 * int(np.prod(s)) for s in (_shape(types, v.name) for v in graph.output) if s is not None)
+    return Work(flops, weights + given + produced, unknown)
+
+
+def measure_peaks(threads: int, seconds: float = 1.0) -> Peaks:
+    """The machine's fp32 FLOP/s (kiln's engine on a 1024-cube product at ``threads``; onnxruntime's
+    when it is faster) and its copy bandwidth (NumPy copying 256 MiB, one thread)."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    import kiln
+
+    n = 1024
+    rng = np.random.default_rng(0)
+    w = numpy_helper.from_array(rng.standard_normal((n, n)).astype(np.float32), "w")
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["y"])],
+        "peak",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [n, n])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [w],
+    )
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10)
+    feeds = {"x": rng.standard_normal((n, n)).astype(np.float32)}
+    runs = {"kiln": kiln.compile(proto, threads=threads).run}
+    try:
+        import onnxruntime
+
+        options = onnxruntime.SessionOptions()
+        options.intra_op_num_threads = threads
+        session = onnxruntime.InferenceSession(proto.SerializeToString(), options, providers=["CPUExecutionProvider"])
+        runs["onnxruntime"] = lambda f: session.run(None, f)
+    except ImportError:
+        pass
+    best, by = 0.0, "kiln"
+    for name, run in runs.items():
+        rate = 2 * n**3 / _best_seconds(lambda: run(feeds), seconds) / 1e9
+        if rate > best:
+            best, by = rate, name
+    source = np.ones(64 << 20, np.float32)
+    target = np.empty_like(source)
+    copy = _best_seconds(lambda: np.copyto(target, source), seconds)
+    return Peaks(best, 2 * source.nbytes / copy / 1e9, f"fp32 1024^3 product by {by}, {threads} threads; 256 MiB copy")
+
+
+def _best_seconds(call: Any, budget: float) -> float:
+    call()
+    best = float("inf")
+    deadline = time.perf_counter() + budget
+    while True:
+        start = time.perf_counter()
+        call()
+        best = min(best, time.perf_counter() - start)
+        if time.perf_counter() > deadline:
+            return best
+
+
+def bound_ms(work: Work, peaks: Peaks) -> float:
+    """The roofline's least latency for ``work``: compute-bound or traffic-bound, whichever is slower."""
+    return max(work.flops / (peaks.gflops * 1e9), work.traffic_bytes / (peaks.gbps * 1e9)) * 1e3
