@@ -108,7 +108,9 @@ def main() -> int:
         f"kiln's cpu target: {host().isa}; flags: {', '.join(isa)}"
     )
     versions = machine.get("packages", {})
-    print("# engines: " + ", ".join(f"{n} {versions.get(n, '?')}" for n in ("kiln-compiler", "onnxruntime", "openvino")))
+    print(
+        "# engines: " + ", ".join(f"{n} {versions.get(n, '?')}" for n in ("kiln-compiler", "onnxruntime", "openvino"))
+    )
     print(f"# {config.threads} threads, median ms of single-stream latency, kiln/peer below 1: kiln faster")
     print("# relL2: relative L2 of the outputs against kiln's fp32 reference interpreter (/top-1 agreement)")
     print(header)
@@ -147,7 +149,10 @@ def roofline(config, p50, engines) -> None:  # type: ignore[no-untyped-def]
     print("# GFLOP: the ONNX file's products and convolutions; MB: weights + inputs + outputs once;")
     print("# bound: the least latency those allow; each engine: achieved GFLOP/s (bound / its latency)")
     width = max(10, *(len(m) for m in config.models))
-    print(f"{'model':{width}} {'batch':>5} {'GFLOP':>8} {'MB':>8} {'bound ms':>9} " + " ".join(f"{e:>20}" for e in engines))
+    print(
+        f"{'model':{width}} {'batch':>5} {'GFLOP':>8} {'MB':>8} {'bound ms':>9} "
+        + " ".join(f"{e:>20}" for e in engines)
+    )
     for name in config.models:
         for batch in config.batches:
             model = resolve_model(name, batch, None)

@@ -278,7 +278,9 @@ def _stage_text(stage: str, result: object) -> str:
             lines.append(f"  {buffer.name}: offset {offset}, {buffer.nbytes} bytes, steps {start}..{end}")
         text = "\n".join(lines)
     elif stage == "load":
-        text = f"{len(result.runners)} segment runner(s) loaded"  # type: ignore[attr-defined]
+        runners = len(result.runners)  # type: ignore[attr-defined]
+        entry = "one native entry (kiln_run)" if result.entry is not None else "no native entry"  # type: ignore[attr-defined]
+        text = f"{runners} segment runner(s) loaded, {entry}"
     elif stage == "verify":
         text = "\n".join(result) or "the kernel IR holds its invariants (checked with KILN_DEBUG=1 only)"  # type: ignore[arg-type]
     else:

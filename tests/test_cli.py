@@ -1,4 +1,5 @@
 import json
+import re
 
 import onnx
 from click.testing import CliRunner
@@ -148,8 +149,10 @@ def test_explain_prints_what_every_pipeline_stage_produced(tmp_path):
     assert "kiln::Fused" in section["passes"]  # the epilogue fused into the product
     assert "kernel k1 (matmul+epilogue)" in section["lower"]
     assert "arena" in section["plan-memory"]
-    assert "kiln_segment_0" in section["render"]
+    assert "kiln_segment_0" in section["render"] and "int kiln_run(" in section["render"]
     assert ".so" in section["build"]
+    # the engine's blocks and the caches they came from
+    assert re.search(r"caches L1d \d+ KiB.*default blocks kc \d+, A block \d+ KiB", text), text[-3000:]
     assert "1 segment runner(s) loaded" in section["load"]
     assert "# after fuse" in text  # single passes by name too
 

@@ -50,6 +50,7 @@ def fingerprint() -> dict[str, Any]:
     memory = next(
         (line.split()[1] for line in _read("/proc/meminfo").splitlines() if line.startswith("MemTotal")), None
     )
+
     def field(name: str) -> str:
         return next((line.split(":", 1)[1].strip() for line in cpuinfo.splitlines() if line.startswith(name)), "")
 

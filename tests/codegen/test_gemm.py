@@ -216,3 +216,33 @@ def test_depthwise_convolutions_have_their_own_direct_kernel(stride):
     compiled = check(model, feeds, [])
     kinds = [k.kind for step in compiled.plans[0].steps for k in step.kernels]
     assert kinds == ["depthwise-conv+epilogue"], kinds
+
+
+def test_cache_blocks_come_from_the_machines_caches():
+    """A B micro-panel in half of L1d, an A block in half of L2: the sizes follow the caches sysfs
+    reports (any vendor's), with stated defaults when a size is unknown."""
+    from kiln.backends.cpu.c_unit import gemm_prelude
+    from kiln.backends.cpu.target import Caches, CpuTarget
+
+    zen = CpuTarget(isa="avx2", simd_bytes=32, caches=Caches(l1d=32 << 10, l2=512 << 10, l3=8 << 20))
+    assert (zen.blocking.kc, zen.blocking.a_block) == (256, 65536)
+    big = CpuTarget(isa="avx2", simd_bytes=32, caches=Caches(l1d=64 << 10, l2=2 << 20))
+    assert (big.blocking.kc, big.blocking.a_block) == (512, 262144)
+    wide = CpuTarget(isa="avx512", simd_bytes=64, caches=Caches(l1d=48 << 10, l2=2 << 20))
+    assert wide.blocking.kc == 192  # 32-float panels: half of 48 KiB holds 192 rows of them
+    unknown = CpuTarget(isa="avx2", simd_bytes=32)
+    assert unknown.blocking.kc == 256 and "unknown" in unknown.blocking.source
+    prelude = gemm_prelude(big)
+    assert "#define KILN_KC 512" in prelude and "#define KILN_A_BLOCK 262144" in prelude
+
+
+def test_a_small_cache_block_still_sums_every_slice(monkeypatch):
+    """The engine with the blocks of a tiny L1d (64-deep slices): a 300-deep product accumulates
+    five slices, edge tiles included, and matches the reference."""
+    from kiln.backends.cpu.target import Blocking, CpuTarget
+
+    monkeypatch.setenv("KILN_PLAN_CACHE", "0")
+    monkeypatch.setattr(CpuTarget, "blocking", property(lambda self: Blocking(64, 16384, "test")))
+    model, feeds = matmul((13, 300), (300, 37), b_const=True)
+    compiled = check(model, feeds, ["matmul"])
+    assert "#define KILN_KC 64" in compiled.plans[0].source

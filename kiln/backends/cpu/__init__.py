@@ -98,14 +98,35 @@ class CpuBackend(Backend):
         return (toolchain.build(source, target, debug=options.debug),)  # one shared library
 
     def explain(self, plan: Any, arches: tuple[str, ...], progress: Any) -> list[Section]:
+        sections = []
+        target = plan.target
+        if isinstance(target, CpuTarget):  # what the engine's blocking was derived from
+            caches, blocking = target.caches, target.blocking
+            facts = {
+                "isa": target.isa,
+                "tile": f"{target.gemm_rows}x{target.gemm_cols}",
+                "l1d": caches.l1d,
+                "l2": caches.l2,
+                "l3": caches.l3,
+                "kc": blocking.kc,
+                "a_block_bytes": blocking.a_block * 4,
+                "blocking_source": blocking.source,
+            }
+            notes = [
+                f"{target.name} ({target.isa}): caches L1d {caches.l1d >> 10} KiB, L2 {caches.l2 >> 10} KiB, "
+                f"L3 {caches.l3 >> 10} KiB; products in {target.gemm_rows}x{target.gemm_cols} tiles, "
+                f"default blocks {blocking.text}"
+            ]
+            sections.append(Section("engine", "engine", [], [], notes, facts))
         if plan.library is None:
-            return []
+            return sections
         source, library = plan.library.with_suffix(".c"), plan.library
         notes = [f"generated source: {source}", f"shared library: {library}"]
-        return [Section("build", "build", [], [], notes, {"source": str(source), "library": str(library)})]
+        return [*sections, Section("build", "build", [], [], notes, {"source": str(source), "library": str(library)})]
 
     def scratch(self, kernels: Sequence[Kernel], target: Target) -> tuple[int, int]:
-        return engine_scratch(kernels, target.gemm_rows, target.gemm_cols)
+        assert isinstance(target, CpuTarget)
+        return engine_scratch(kernels, target.gemm_rows, target.gemm_cols, target.blocking.kc)
 
     def identity(self, target: Target, debug: bool = False) -> tuple[str, ...]:
         try:

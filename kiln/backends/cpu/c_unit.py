@@ -23,6 +23,7 @@ from kiln.backends.cpu.c import (
     kernel_buffers,
 )
 from kiln.backends.cpu.c_engines import narrow_products
+from kiln.backends.cpu.target import CpuTarget
 from kiln.lower.kir import ENGINE_CALLS, AttentionSpec, Buffer, Kernel, WinogradInput, WinogradOutput
 from kiln.lower.target import Target
 
@@ -117,7 +118,11 @@ def emit_entry(count: int) -> str:
 def gemm_prelude(target: Target) -> str:
     """The matrix-multiply engine, configured for the target's vector width and tile rows."""
     engine = (Path(__file__).parent / "gemm.c").read_text()
-    return f"#define KILN_VB {target.vector_bytes}\n#define KILN_MR {target.gemm_rows}\n{engine}\n"
+    blocking = target.blocking if isinstance(target, CpuTarget) else CpuTarget(isa="generic", simd_bytes=16).blocking
+    return (
+        f"#define KILN_VB {target.vector_bytes}\n#define KILN_MR {target.gemm_rows}\n"
+        f"#define KILN_KC {blocking.kc}\n#define KILN_A_BLOCK {blocking.a_block}\n{engine}\n"
+    )
 
 
 # kiln's thread pool (pool.c) and the context an outlined parallel loop receives: the segment's

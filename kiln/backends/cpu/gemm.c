@@ -3,7 +3,8 @@
    C[b] = A[b] . B[b] (+ epilogue) for b in [0, batch), A: M x K, B: K x N, C: M x N row-major with
    leading dimension ldc. The register-blocked micro-kernel computes a KILN_MR x KILN_NR tile with
    KILN_MR * 2 vector accumulators (GCC vector extensions, so the same source gives AVX2, AVX-512 or
-   NEON code; KILN_VB, the vector bytes, and KILN_MR come from the target).
+   NEON code; KILN_VB, the vector bytes, and KILN_MR come from the target, and so do the default cache
+   blocks KILN_KC and KILN_A_BLOCK: CpuTarget.blocking, from the machine's L1d and L2).
 
    Operands arrive "packed": A in panels of KILN_MR rows stored k-major ([K][MR] per panel), B in
    panels of KILN_NR columns ([K][NR] per panel), zero padded at the edges. Constant operands (the
@@ -20,7 +21,6 @@
 
 #define KILN_L (KILN_VB / 4)
 #define KILN_NR (2 * KILN_L)
-#define KILN_KC 256
 
 /* KILN_DEBUG: every element the engine reads or writes through an operand is checked against the
    operand's size (kiln_checked, from the debug prelude); otherwise the checks compile away */
@@ -493,8 +493,9 @@ static void kiln_gemm_run(const kiln_gemm *g) {
   int threads = kiln_pool_threads();
   if (kiln_in_pool()) threads = 1; /* inside a driver's parallel loop this product runs alone */
   const int64_t kblock = g->kc > 0 ? g->kc : KILN_KC;
-  /* an MC x KC block of A fills about half of L2 (256 KB): short reductions take more rows */
-  int64_t depth = K < kblock ? K : kblock, mc_cap = 65536 / (depth > 0 ? depth : 1);
+  /* an MC x KC block of A fills about half of L2 (KILN_A_BLOCK floats, from the machine's caches):
+     short reductions take more rows */
+  int64_t depth = K < kblock ? K : kblock, mc_cap = KILN_A_BLOCK / (depth > 0 ? depth : 1);
   mc_cap = mc_cap < 96 ? 96 : (mc_cap > 1024 ? 1024 : mc_cap);
   int64_t mc = kiln_round_up(M < mc_cap ? M : mc_cap, KILN_MR);
   int64_t nc = kiln_round_up(N < 1024 ? N : 1024, KILN_NR);

@@ -7,17 +7,17 @@ from collections.abc import Sequence
 
 from kiln.lower.kir import For, GemmSpec, If, Kernel, PackedOperand, Stmt
 
-# gemm.c's constants: default reduction block, largest default row/column block, and the size up
-# to which an operand several tasks would repack is packed whole into a shared buffer
-_KC, _BLOCK, _SHARED_LIMIT = 256, 1024, 16 << 20
+# gemm.c's constants: largest default row/column block, and the size up to which an operand several
+# tasks would repack is packed whole into a shared buffer
+_BLOCK, _SHARED_LIMIT = 1024, 16 << 20
 
 
-def engine_scratch(kernels: Sequence[Kernel], rows: int, cols: int) -> tuple[int, int]:
+def engine_scratch(kernels: Sequence[Kernel], rows: int, cols: int, kc: int) -> tuple[int, int]:
     """Upper bound of the engine's packing buffers (``kiln_scratch`` in gemm.c), as (bytes kept by
     the calling thread, bytes kept by every thread): the calling thread keeps the largest
     whole-operand buffers (A and B), every thread the largest per-block buffers; both are reused
     from call to call, so the bound is a max over the plan's engine calls, not a sum.
-    ``rows``/``cols`` are the micro-kernel's tile."""
+    ``rows``/``cols`` are the micro-kernel's tile, ``kc`` the default reduction block."""
     shared_a = shared_b = block_a = block_b = 0
 
     def walk(stmts: list[Stmt]) -> None:
@@ -36,7 +36,7 @@ def engine_scratch(kernels: Sequence[Kernel], rows: int, cols: int) -> tuple[int
             elif isinstance(stmt, GemmSpec):
                 m, n, k, batch = stmt.m, stmt.n, stmt.k, stmt.batch
                 mc_choice, nc_choice, kc_choice = stmt.blocking
-                depth = min(k, kc_choice or _KC)
+                depth = min(k, kc_choice or kc)
                 mc = -(-min(m, max(_BLOCK, mc_choice)) // rows) * rows
                 nc = -(-min(n, max(_BLOCK, nc_choice)) // cols) * cols
                 if not isinstance(stmt.a, PackedOperand):
