@@ -34,56 +34,56 @@ class Peaks:
     how: str
 
 
-def _shape(types: dict[str, Any], name: str) -> list[int] | None:
-    kind = types.get(name)
-    if kind is None or not kind.HasField("tensor_type") or not kind.tensor_type.HasField("shape"):
+def _shape(value: Any) -> list[int] | None:
+    kind = getattr(value, "type", None)
+    shape = getattr(kind, "shape", None)
+    if shape is None or not all(isinstance(d, int) for d in shape):
         return None
-    dims = [d.dim_value if d.HasField("dim_value") else -1 for d in kind.tensor_type.shape.dim]
-    return None if any(d < 0 for d in dims) else dims
+    return [int(d) for d in shape]
 
 
 def model_work(model: Any, inputs: dict[str, np.ndarray]) -> Work:
-    """Nominal FLOPs and minimum traffic of an ONNX ``model`` run on ``inputs`` (their shapes bind
-    the symbolic dims)."""
-    import onnx
-    from onnx import numpy_helper, shape_inference
+    """Nominal FLOPs and minimum traffic of an ONNX ``model`` run on ``inputs``. Shapes come from
+    kiln's import with the inputs' sizes bound (its shape inference folds the Shape/Reshape
+    arithmetic exporters write, which ONNX's own inference leaves unknown); the count is of the
+    source graph's ops, before any rewriting."""
+    from kiln.frontend.onnx import import_onnx
+    from kiln.passes.specialize import input_dims, specialize
 
-    model = onnx.ModelProto.FromString(model.SerializeToString())  # a copy: its inputs get bound
-    for value in model.graph.input:
-        if value.name in inputs and value.type.HasField("tensor_type"):
-            shape = value.type.tensor_type.shape
-            for dim, size in zip(shape.dim, inputs[value.name].shape):
-                dim.Clear()
-                dim.dim_value = int(size)
-    inferred = shape_inference.infer_shapes(model, data_prop=True)
-    graph = inferred.graph
-    types = {v.name: v.type for v in (*graph.input, *graph.output, *graph.value_info)}
-    for init in graph.initializer:
-        types.setdefault(init.name, onnx.helper.make_tensor_type_proto(init.data_type, list(init.dims)))
+    graph = import_onnx(model)
+    graph = specialize(graph, input_dims(graph, inputs))
     flops = unknown = 0
-    for node in graph.node:
-        if node.op_type not in _CONTRACTIONS:
+    for node in graph.nodes:  # (products inside If/Loop bodies are not counted)
+        if node.op not in _CONTRACTIONS or node.domain not in ("", "ai.onnx", "com.microsoft"):
             continue
-        out = _shape(types, node.output[0])
-        a = _shape(types, node.input[0])
-        b = _shape(types, node.input[1]) if len(node.input) > 1 else None
+        out = _shape(node.outputs[0])
+        a = _shape(node.inputs[0])
+        b = _shape(node.inputs[1]) if len(node.inputs) > 1 else None
         if out is None or a is None or b is None:
             unknown += 1
             continue
-        if node.op_type == "Conv":  # weight (O, C/g, kh, kw...): each output sums C/g x kernel taps
+        if node.op == "Conv":  # weight (O, C/g, kh, kw...): each output sums C/g x kernel taps
             reduction = int(np.prod(b[1:]))
-        elif node.op_type == "ConvTranspose":  # weight (C, O/g, kh, kw...): each input fans out
+        elif node.op == "ConvTranspose":  # weight (C, O/g, kh, kw...): each input fans out
             flops += 2 * int(np.prod(a)) * int(np.prod(b[1:]))
             continue
-        elif node.op_type == "Gemm":
-            trans_a = next((attr.i for attr in node.attribute if attr.name == "transA"), 0)
-            reduction = a[0] if trans_a else a[-1]
+        elif node.op == "Gemm":
+            reduction = a[0] if node.attrs.get("transA", 0) else a[-1]
         else:  # MatMul: the last axis of A
             reduction = a[-1]
         flops += 2 * int(np.prod(out)) * int(reduction)
-    weights = sum(numpy_helper.to_array(init).nbytes for init in graph.initializer)
+    from onnx import helper
+
+    weights = sum(
+        int(np.prod(init.dims)) * np.dtype(helper.tensor_dtype_to_np_dtype(init.data_type)).itemsize
+        for init in model.graph.initializer
+    )
     given = sum(array.nbytes for array in inputs.values())
-    produced = sum(4 * int(np.prod(s)) for s in (_shape(types, v.name) for v in graph.output) if s is not None)
+    produced = 0
+    for value in graph.outputs:
+        shape = _shape(value)
+        if shape is not None:
+            produced += int(np.prod(shape)) * np.dtype(value.type.dtype.numpy).itemsize
     return Work(flops, weights + given + produced, unknown)
 
 
