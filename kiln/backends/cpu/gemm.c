@@ -372,6 +372,27 @@ static float *kiln_scratch(float **slot, int64_t *have, int64_t need) {
 
 static int64_t kiln_round_up(int64_t x, int64_t to) { return (x + to - 1) / to * to; }
 
+/* How many column tiles to cut `panels` NR-wide panels into, given `fixed` tasks per column tile
+   (batch x row tiles) and `threads` participants, from `at_least` up: the fewest (the largest
+   tiles) whose busiest thread does within 5% of an even share, else the best balance up to eight
+   tasks per thread. Nine equal tasks on two threads leave one thread idle a ninth of the time;
+   ten slightly smaller ones do not. */
+static int64_t kiln_balanced_tiles(int64_t panels, int64_t fixed, int64_t at_least, int threads) {
+  int64_t best = at_least;
+  double best_share = 0.0;
+  for (int64_t t = at_least; t <= panels && fixed * t <= 8 * (int64_t)threads; ++t) {
+    const int64_t per = (panels + t - 1) / t, tiles = (panels + per - 1) / per;
+    const int64_t busiest = (fixed * tiles + threads - 1) / threads * per; /* panels, at most */
+    const double share = (double)(fixed * panels) / (double)threads / (double)busiest;
+    if (share >= 0.95) return t;
+    if (share > best_share) {
+      best_share = share;
+      best = t;
+    }
+  }
+  return best;
+}
+
 #define KILN_SHARED_LIMIT (16 << 20) /* bytes: operands packed whole, once, up to this size */
 
 /* what the parallel phases of one product share (kiln_parallel_for's context) */
@@ -511,6 +532,10 @@ static void kiln_gemm_run(const kiln_gemm *g) {
   /* equal blocks, so no task is a short remainder (a 256-row matrix as 128 + 128, not 192 + 64) */
   if (!g->mc) mc = kiln_round_up((M + tiles_m - 1) / tiles_m, KILN_MR);
   int64_t tiles_n = (N + nc - 1) / nc;
+  if (!g->nc && threads > 1) { /* as many column tiles as keep every thread equally busy */
+    const int64_t panels = (N + KILN_NR - 1) / KILN_NR;
+    tiles_n = kiln_balanced_tiles(panels, g->batch * tiles_m, tiles_n, threads);
+  }
   if (!g->nc) nc = kiln_round_up((N + tiles_n - 1) / tiles_n, KILN_NR);
   tiles_n = (N + nc - 1) / nc;
   const int64_t tasks = g->batch * tiles_m * tiles_n;
