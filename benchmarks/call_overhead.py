@@ -10,7 +10,9 @@ Three models, each built here with fixed random weights:
   call beyond its own work.
 
 One thread (``threads=1`` for kiln, ``intra_op_num_threads=1`` for onnxruntime), rounds alternating
-between the engines in one process, medians of the rounds' means. Prints the CPU and its ISA."""
+between the engines in one process, medians of the rounds' means. kiln's native time is its
+library's entry called alone (``Executable.native_seconds``, the best round); a call's cost beyond
+it is what the Python side adds. Prints the CPU and its ISA."""
 
 from __future__ import annotations
 
@@ -126,11 +128,31 @@ def main() -> None:
                 rounds[engine].append(mean_us(run, args.calls if name != "chain-500" else max(1, args.calls // 10)))
         results[name] = {engine: statistics.median(values) for engine, values in rounds.items()}
     kiln_name = f"kiln {args.target}"
+    own_us = {}
+    for name, (model, feeds) in {"one-conv": one_conv(), "chain-5": chain(5), "chain-500": chain(500)}.items():
+        compiled = kiln.compile(model, target=args.target, threads=1)
+        compiled.run(feeds)
+        (executable,) = compiled.executables()
+        calls = args.calls if name != "chain-500" else max(1, args.calls // 10)
+        executable.native_seconds(list(feeds.values()), 200)
+        own_us[name] = min(executable.native_seconds(list(feeds.values()), calls) for _ in range(args.rounds)) * 1e6
+    beyond = {name: results[name][kiln_name] - own_us[name] for name in results}
     per_kernel = {
         engine: (results["chain-500"][engine] - results["chain-5"][engine]) / 495 for engine in results["chain-5"]
     }
     if args.json:
-        print(json.dumps({"machine": machine, "us_per_call": results, "us_per_extra_kernel": per_kernel}, indent=2))
+        print(
+            json.dumps(
+                {
+                    "machine": machine,
+                    "us_per_call": results,
+                    "us_per_extra_kernel": per_kernel,
+                    "kiln_kernels_us": own_us,
+                    "kiln_beyond_kernels_us": beyond,
+                },
+                indent=2,
+            )
+        )
         return
     print(f"{machine['cpu']} (isa {machine['isa']}), onnxruntime {machine['onnxruntime']}; one thread, us per call")
     engines_seen = list(results["one-conv"])
@@ -141,6 +163,9 @@ def main() -> None:
         ratio = f"{row[kiln_name] / row['onnxruntime']:11.2f}" if "onnxruntime" in row else ""
         print(f"{name:12}" + "".join(f"{row[e]:16.1f}" for e in engines_seen) + ratio)
     print(f"{'per kernel':12}" + "".join(f"{per_kernel[e]:16.2f}" for e in engines_seen))
+    print("kiln's native entry alone, and a call's cost beyond it, us:")
+    for name in results:
+        print(f"{name:12}{own_us[name]:16.1f}{beyond[name]:16.1f}")
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ from __future__ import annotations
 import ctypes
 import queue
 import threading
+import time
 from typing import Any
 
 import numpy as np
@@ -225,6 +226,30 @@ class Executable:
                 array = views[buffer].reshape(shape)
                 results.append(array.copy() if copy else array)
             return results
+        finally:
+            self.requests.put(request)
+
+    def native_seconds(self, inputs: list[np.ndarray], calls: int) -> float:
+        """Mean seconds of the native entry alone over ``calls`` calls on ``inputs`` (no Python
+        around it: what a run costs beyond its checks and tables). Plans without an entry, or
+        with host fallbacks, are refused with ValueError."""
+        if self.entry is None or self.host or self.interpreter is not None:
+            raise ValueError("only a plan with a native entry and no host fallback runs natively alone")
+        if self.keep is not None:
+            inputs = [inputs[i] for i in self.keep]
+        request = self._request()
+        try:
+            arrays = [np.ascontiguousarray(a).reshape(-1) for a in inputs]
+            for (_, slot), array in zip(self.input_slots, arrays):
+                request.table[slot] = address(array)
+            outputs = [np.empty(b.size, dtype=b.dtype.numpy) for b in self.fresh_outputs]
+            for buffer, array in zip(self.fresh_outputs, outputs):
+                request.table[self.plan.table[buffer]] = address(array)
+            table = ctypes.addressof(request.table)
+            start = time.perf_counter()
+            for _ in range(calls):
+                self.entry(table, self.host)
+            return (time.perf_counter() - start) / max(calls, 1)
         finally:
             self.requests.put(request)
 

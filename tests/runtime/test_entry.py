@@ -144,3 +144,16 @@ def test_three_loaded_models_share_one_thread_pool(tmp_path):
     assert libraries == 3, "three distinct libraries loaded"
     assert workers == 1, f"{workers} pool workers for three models of two threads each (one pool: one worker)"
     assert errors == 0
+
+
+def test_the_native_entry_can_be_timed_alone_but_not_with_fallbacks():
+    model = make_model([helper.make_node("Relu", ["x"], ["y"])], [("x", F, [4, 8])], [("y", F, None)])
+    compiled = kiln.compile(model, target="cpu")
+    x = -np.ones((4, 8), np.float32)
+    compiled(x)
+    seconds = the_executable(compiled).native_seconds([x], 10)
+    assert 0 < seconds < 1
+    with_fallback = kiln.compile(fallback_between_segments(), target="cpu")
+    with_fallback(np.ones((3, 8), np.float32))
+    with pytest.raises(ValueError, match="no host fallback"):
+        the_executable(with_fallback).native_seconds([np.ones((3, 8), np.float32)], 1)
