@@ -5,6 +5,7 @@ decoder; the transformers also as the dynamo exporter writes them), batch 1.
     python benchmarks/vs_peers.py                                  # twelve models, batch 1 (~15 min)
     python benchmarks/vs_peers.py --models resnet50 --batches 1 --duration 5
     python benchmarks/vs_peers.py --precision bf16                 # kiln-bf16 vs OpenVINO bf16 (and ORT fp32)
+    python benchmarks/vs_peers.py --kiln kiln-avx2                 # the AVX2 path forced (an AVX-512 machine)
 
 With ``--precision bf16`` kiln's row is ``kiln-bf16`` (matrix products and convolutions on AMX-BF16
 or AVX512_BF16) and the default peers are OpenVINO at its bf16 inference precision and onnxruntime
@@ -37,6 +38,12 @@ def main() -> int:
     )
     parser.add_argument("--precision", choices=["fp32", "bf16", "int8"], default="fp32", help="kiln's precision")
     parser.add_argument(
+        "--kiln",
+        default=None,
+        help="kiln's row: kiln, kiln-avx2 (the AVX2 path forced, on any x86 machine that has it), "
+        "kiln-bf16, kiln-int8 (default: the one of --precision)",
+    )
+    parser.add_argument(
         "--peers",
         default=None,
         help="default: onnxruntime,openvino (bf16: openvino-bf16,onnxruntime; int8: onnxruntime-int8,openvino-int8,kiln)",
@@ -48,7 +55,7 @@ def main() -> int:
     parser.add_argument("--db", type=Path, default=Path("reports/bench.db"))
     parser.add_argument("--no-roofline", action="store_true", help="skip measuring the machine's peaks")
     args = parser.parse_args()
-    ours_name = {"fp32": "kiln", "bf16": "kiln-bf16", "int8": "kiln-int8"}[args.precision]
+    ours_name = args.kiln or {"fp32": "kiln", "bf16": "kiln-bf16", "int8": "kiln-int8"}[args.precision]
     if args.peers is None:
         args.peers = {
             "fp32": "onnxruntime,openvino",
