@@ -36,12 +36,16 @@ PACKAGES = (
 
 def fingerprint() -> dict[str, Any]:
     cpuinfo = _read("/proc/cpuinfo")
-    model = next(
-        (line.split(":", 1)[1].strip() for line in cpuinfo.splitlines() if line.startswith("model name")),
-        platform.processor(),
-    )
-    flags_line = next((line for line in cpuinfo.splitlines() if line.startswith(("flags", "Features"))), "")
-    flags = set(flags_line.split(":", 1)[1].split()) if ":" in flags_line else set()
+
+    def field(name: str) -> str:  # the first processor's value of a /proc/cpuinfo key
+        for line in cpuinfo.splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == name:
+                return value.strip()
+        return ""
+
+    model = field("model name") or platform.processor()
+    flags = set((field("flags") or field("Features")).split())  # x86, Arm
     try:
         affinity = len(os.sched_getaffinity(0))
     except AttributeError:
@@ -50,10 +54,6 @@ def fingerprint() -> dict[str, Any]:
     memory = next(
         (line.split()[1] for line in _read("/proc/meminfo").splitlines() if line.startswith("MemTotal")), None
     )
-
-    def field(name: str) -> str:
-        return next((line.split(":", 1)[1].strip() for line in cpuinfo.splitlines() if line.startswith(name)), "")
-
     return {
         "cpu": model,
         "vendor": field("vendor_id") or platform.machine(),

@@ -88,39 +88,27 @@ def model_work(model: Any, inputs: dict[str, np.ndarray]) -> Work:
 
 
 def measure_peaks(threads: int, seconds: float = 1.0) -> Peaks:
-    """The machine's fp32 FLOP/s (kiln's engine on a 1024-cube product at ``threads``; onnxruntime's
-    when it is faster) and its copy bandwidth (NumPy copying 256 MiB, one thread)."""
-    from onnx import TensorProto, helper, numpy_helper
-
-    import kiln
+    """The machine's fp32 FLOP/s (kiln's engine on a 1024-cube product at ``threads``:
+    ``profile.matmul_peak``; onnxruntime's on the same model when it is faster) and its copy
+    bandwidth (NumPy copying 256 MiB, one thread)."""
+    from kiln.driver.profile import matmul_peak, square_product
 
     n = 1024
-    rng = np.random.default_rng(0)
-    w = numpy_helper.from_array(rng.standard_normal((n, n)).astype(np.float32), "w")
-    graph = helper.make_graph(
-        [helper.make_node("MatMul", ["x", "w"], ["y"])],
-        "peak",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [n, n])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
-        [w],
-    )
-    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10)
-    feeds = {"x": rng.standard_normal((n, n)).astype(np.float32)}
-    runs = {"kiln": kiln.compile(proto, threads=threads).run}
+    best, by = matmul_peak(n, threads=threads), "kiln"
     try:
         import onnxruntime
 
         options = onnxruntime.SessionOptions()
         options.intra_op_num_threads = threads
-        session = onnxruntime.InferenceSession(proto.SerializeToString(), options, providers=["CPUExecutionProvider"])
-        runs["onnxruntime"] = lambda f: session.run(None, f)
+        session = onnxruntime.InferenceSession(
+            square_product(n).SerializeToString(), options, providers=["CPUExecutionProvider"]
+        )
+        feeds = {"a": np.random.default_rng(0).standard_normal((n, n)).astype(np.float32)}
+        rate = 2 * n**3 / _best_seconds(lambda: session.run(None, feeds), seconds) / 1e9
+        if rate > best:
+            best, by = rate, "onnxruntime"
     except ImportError:
         pass
-    best, by = 0.0, "kiln"
-    for name, run in runs.items():
-        rate = 2 * n**3 / _best_seconds(lambda: run(feeds), seconds) / 1e9
-        if rate > best:
-            best, by = rate, name
     source = np.ones(64 << 20, np.float32)
     target = np.empty_like(source)
     copy = _best_seconds(lambda: np.copyto(target, source), seconds)

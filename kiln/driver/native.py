@@ -150,8 +150,7 @@ class NativeModel(Model):
             candidate = self._value_variant(dims, inputs)
             if candidate is not None and (candidate.plan.is_native or not candidate.plan.whole_graph_reason):
                 executable = candidate
-        if id(executable) not in self._ran:
-            self._ran[id(executable)] = executable
+        self._ran.setdefault(id(executable), executable)
         return executable.run(inputs)
 
     def _value_variant(self, dims: dict[str, int], inputs: list[Any]) -> Executable | None:

@@ -12,9 +12,11 @@ import ctypes
 import time
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Any
 
 import numpy as np
 
+from kiln.backends import Threading
 from kiln.driver.options import CompileOptions
 from kiln.driver.pipeline import compile_plan
 from kiln.ir.graph import Graph
@@ -110,13 +112,10 @@ def profile_graph(
     return Profile(times, wall, max(0.0, float(np.mean(walls)) - sum(t.seconds for t in times)))
 
 
-@lru_cache(maxsize=4)
-def matmul_peak(size: int = 1024, runs: int = 5) -> float:
-    """GFLOP/s of kiln's engine on a ``size``-square float32 product (best of ``runs``), with the
-    threads this process may use."""
+def square_product(size: int) -> Any:
+    """A ``size``-square float32 product as an ONNX model (input ``a`` times a constant ``w``): what
+    a machine's matrix-multiply peak is measured on."""
     from onnx import TensorProto, helper, numpy_helper
-
-    from kiln.frontend.onnx import import_onnx
 
     weights = np.random.default_rng(0).standard_normal((size, size)).astype(np.float32)
     graph = helper.make_graph(
@@ -126,8 +125,17 @@ def matmul_peak(size: int = 1024, runs: int = 5) -> float:
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [size, size])],
         [numpy_helper.from_array(weights, "w")],
     )
-    plan = compile_plan(import_onnx(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])))
-    executable = Executable(plan)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10)
+
+
+@lru_cache(maxsize=4)
+def matmul_peak(size: int = 1024, runs: int = 5, threads: int = 0) -> float:
+    """GFLOP/s of kiln's engine on a ``size``-square float32 product (best of ``runs``), on
+    ``threads`` participants (0: the threads this process may use)."""
+    from kiln.frontend.onnx import import_onnx
+
+    plan = compile_plan(import_onnx(square_product(size)))
+    executable = Executable(plan, parallelism=Threading(threads=threads))
     a = np.ones((size, size), np.float32)
     model = lambda x: executable.run([x])  # noqa: E731
     model(a)

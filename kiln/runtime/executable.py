@@ -49,44 +49,41 @@ class WeightStore:
             return array
 
 
-class _OutputViews:
-    """Where a run's outputs are, for a run whose buffers were addresses only (no views made)."""
-
-    __slots__ = ("arena", "constants", "given", "offsets")
-
-    def __init__(
-        self, given: dict[Buffer, np.ndarray], constants: dict[Buffer, np.ndarray], arena: np.ndarray, plan: Plan
-    ) -> None:
-        self.given, self.constants, self.arena, self.offsets = given, constants, arena, plan.memory.offsets
-
-    def __getitem__(self, buffer: Buffer) -> np.ndarray:
-        found = self.given.get(buffer)
-        if found is None:
-            found = self.constants.get(buffer)
-        if found is None:
-            offset = self.offsets[buffer]
-            found = self.arena[offset : offset + buffer.nbytes].view(buffer.dtype.numpy)
-        return found
+def stored(
+    buffer: Buffer, constants: dict[Buffer, np.ndarray], arena: np.ndarray, offsets: dict[Buffer, int]
+) -> np.ndarray:
+    """A weight's view, or a view of an arena buffer's bytes (KeyError: not a buffer of the plan)."""
+    view = constants.get(buffer)
+    if view is None:
+        offset = offsets[buffer]
+        view = arena[offset : offset + buffer.nbytes].view(buffer.dtype.numpy)
+    return view
 
 
 class _ArenaViews(dict):  # type: ignore[type-arg]
-    """A run's buffer views: given ones (weights, inputs, outputs) up front; arena buffers' views
-    made on first read (native segments use addresses only; fallbacks and the kir target read
-    views)."""
+    """A run's buffer views: the given ones (inputs, fresh outputs) up front; weights from the
+    executable's views and arena buffers' views made on first read (native code uses addresses
+    only; fallbacks, the kir target and the outputs read views). The weights are looked up, not
+    copied: a run's cost does not grow with them."""
 
-    def __init__(self, given: dict[Buffer, np.ndarray], arena: np.ndarray, offsets: dict[Buffer, int]) -> None:
+    def __init__(
+        self,
+        given: dict[Buffer, np.ndarray],
+        constants: dict[Buffer, np.ndarray],
+        arena: np.ndarray,
+        offsets: dict[Buffer, int],
+    ) -> None:
         super().__init__(given)
+        self.constants = constants
         self.arena = arena
         self.offsets = offsets
 
     def __missing__(self, buffer: Buffer) -> np.ndarray:
-        offset = self.offsets[buffer]  # KeyError: not a buffer of this plan
-        view = self.arena[offset : offset + buffer.nbytes].view(buffer.dtype.numpy)
-        self[buffer] = view
+        view = self[buffer] = stored(buffer, self.constants, self.arena, self.offsets)
         return view
 
     def __contains__(self, buffer: object) -> bool:
-        return super().__contains__(buffer) or buffer in self.offsets
+        return super().__contains__(buffer) or buffer in self.constants or buffer in self.offsets
 
     def get(self, buffer: Buffer, default: Any = None) -> Any:  # type: ignore[override]
         return self[buffer] if buffer in self else default
@@ -208,22 +205,18 @@ class Executable:
             return self.interpreter.run(inputs)
         request = self._request()
         try:
-            table = request.table
-            given: dict[Buffer, np.ndarray] = {}
-            for (buffer, slot), array in zip(self.input_slots, inputs):
-                array = given[buffer] = np.ascontiguousarray(array).reshape(-1)
-                table[slot] = address(array)
-            for buffer in self.fresh_outputs:
-                array = given[buffer] = np.empty(buffer.size, dtype=buffer.dtype.numpy)
-                table[self.plan.table[buffer]] = address(array)
+            given = self._bind(request, inputs)
             request.status[0] = 0
             if self.entry is not None:
-                views = self._entry_run(request, given)
+                self._entry_run(request, given)
             else:
-                views = self._segment_run(request, given)
-            results = []
+                self._segment_run(request, given)
+            results = []  # (runners and fallbacks write in place: the outputs are where they were bound)
             for buffer, shape, copy in self.output_layout:
-                array = views[buffer].reshape(shape)
+                array = given.get(buffer)
+                if array is None:
+                    array = stored(buffer, self.constant_views, request.arena, self.plan.memory.offsets)
+                array = array.reshape(shape)
                 results.append(array.copy() if copy else array)
             return results
         finally:
@@ -239,12 +232,7 @@ class Executable:
             inputs = [inputs[i] for i in self.keep]
         request = self._request()
         try:
-            arrays = [np.ascontiguousarray(a).reshape(-1) for a in inputs]
-            for (_, slot), array in zip(self.input_slots, arrays):
-                request.table[slot] = address(array)
-            outputs = [np.empty(b.size, dtype=b.dtype.numpy) for b in self.fresh_outputs]
-            for buffer, array in zip(self.fresh_outputs, outputs):
-                request.table[self.plan.table[buffer]] = address(array)
+            _alive = self._bind(request, inputs)  # the arrays the table points at, alive while timed
             table = ctypes.addressof(request.table)
             start = time.perf_counter()
             for _ in range(calls):
@@ -253,16 +241,30 @@ class Executable:
         finally:
             self.requests.put(request)
 
+    def _bind(self, request: _Request, inputs: list[np.ndarray]) -> dict[Buffer, np.ndarray]:
+        """The request's table pointed at this call's inputs and fresh outputs; returns them by
+        buffer (the caller keeps them alive while native code runs)."""
+        table = request.table
+        given: dict[Buffer, np.ndarray] = {}
+        for (buffer, slot), array in zip(self.input_slots, inputs):
+            array = given[buffer] = np.ascontiguousarray(array).reshape(-1)
+            table[slot] = address(array)
+        for buffer in self.fresh_outputs:
+            array = given[buffer] = np.empty(buffer.size, dtype=buffer.dtype.numpy)
+            table[self.plan.table[buffer]] = address(array)
+        return given
+
     def _views(self, request: _Request, given: dict[Buffer, np.ndarray]) -> _ArenaViews:
-        views = _ArenaViews({**self.constant_views, **given}, request.arena, self.plan.memory.offsets)
+        views = _ArenaViews(given, self.constant_views, request.arena, self.plan.memory.offsets)
         if self.status_buffer is not None:
             views[self.status_buffer] = request.status
         return views
 
-    def _entry_run(self, request: _Request, given: dict[Buffer, np.ndarray]) -> Any:
-        """The whole plan in one native call; the fallbacks called back from it."""
-        views = self._views(request, given) if self.host else None
-        self.current.views, self.current.error = views, None
+    def _entry_run(self, request: _Request, given: dict[Buffer, np.ndarray]) -> None:
+        """The whole plan in one native call; the fallbacks called back from it (only they read
+        views: a plan without them makes none)."""
+        self.current.views = self._views(request, given) if self.host else None
+        self.current.error = None
         try:
             code = self.entry(ctypes.addressof(request.table), self.host)
         finally:
@@ -273,7 +275,6 @@ class Executable:
             if error is not None:
                 raise error
             raise ExecutionError(f"the native entry returned {code} (kiln bug)")
-        return views if views is not None else _OutputViews(given, self.constant_views, request.arena, self.plan)
 
     def _host(self, gap: int) -> int:
         """Called from the native entry before segment ``gap``: runs the fallbacks there. An error
@@ -286,7 +287,7 @@ class Executable:
             self.current.error = err
             return 1
 
-    def _segment_run(self, request: _Request, given: dict[Buffer, np.ndarray]) -> Any:
+    def _segment_run(self, request: _Request, given: dict[Buffer, np.ndarray]) -> None:
         """Segment by segment from Python: backends whose runners are Python (gpu, test targets)."""
         views = self._views(request, given)
         runners = iter(self.runners)
@@ -297,7 +298,6 @@ class Executable:
                     self._status_error(request.status)
             else:
                 self._fallback(step, views)
-        return views
 
     def _status_error(self, status: np.ndarray) -> None:
         raise ExecutionError(

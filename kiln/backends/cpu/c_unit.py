@@ -118,7 +118,8 @@ def emit_entry(count: int) -> str:
 def gemm_prelude(target: Target) -> str:
     """The matrix-multiply engine, configured for the target's vector width and tile rows."""
     engine = (Path(__file__).parent / "gemm.c").read_text()
-    blocking = target.blocking if isinstance(target, CpuTarget) else CpuTarget(isa="generic", simd_bytes=16).blocking
+    assert isinstance(target, CpuTarget), "the cpu renderer's target is a CpuTarget"
+    blocking = target.blocking
     return (
         f"#define KILN_VB {target.vector_bytes}\n#define KILN_MR {target.gemm_rows}\n"
         f"#define KILN_KC {blocking.kc}\n#define KILN_A_BLOCK {blocking.a_block}\n{engine}\n"

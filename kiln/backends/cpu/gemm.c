@@ -101,49 +101,21 @@ static inline void kiln_ukernel(int64_t kc, const float *restrict a, const float
   }
 }
 
-/* the micro-kernel over an A read in place: MR rows a + r * lda, each contiguous along k (the
-   activations of x . W, row-major): no packing pass, and no second parallel phase to wait for */
-static inline void kiln_ukernel_rows(int64_t kc, const float *restrict a, int64_t lda, const float *restrict b, float *restrict c, int64_t ldc, int accumulate) {
-  kiln_vf acc0[KILN_MR], acc1[KILN_MR];
-  const float *rows[KILN_MR];
-#pragma GCC unroll 16
-  for (int r = 0; r < KILN_MR; ++r) {
-    rows[r] = a + r * lda;
-    if (accumulate) {
-      acc0[r] = *(const kiln_vfu *)(c + r * ldc);
-      acc1[r] = *(const kiln_vfu *)(c + r * ldc + KILN_L);
-    } else {
-      acc0[r] = (kiln_vf){0};
-      acc1[r] = (kiln_vf){0};
-    }
-  }
-  for (int64_t k = 0; k < kc; ++k) {
-    kiln_vf b0 = *(const kiln_vf *)b, b1 = *(const kiln_vf *)(b + KILN_L);
-#pragma GCC unroll 16
-    for (int r = 0; r < KILN_MR; ++r) {
-      acc0[r] += rows[r][k] * b0;
-      acc1[r] += rows[r][k] * b1;
-    }
-    b += KILN_NR;
-  }
-#pragma GCC unroll 16
-  for (int r = 0; r < KILN_MR; ++r) {
-    *(kiln_vfu *)(c + r * ldc) = acc0[r];
-    *(kiln_vfu *)(c + r * ldc + KILN_L) = acc1[r];
-  }
-}
-
-/* `rows` (< MR) rows of an A read in place: a batch-1 linear layer, a decode step. Only those rows'
-   accumulators, no padded rows multiplied, no packing pass; `rows` is a constant at every call
-   (kiln_ukernel_rows_few's switch), so the loops over it unroll into registers. */
+/* the micro-kernel over an A read in place: `rows` (up to MR) rows a + r * lda, each contiguous
+   along k (the activations of x . W, row-major): no packing pass, and no second parallel phase to
+   wait for. Fewer than MR rows (a batch-1 linear layer, a decode step) multiply only their own
+   accumulators. `rows` is a constant at every call (kiln_ukernel_rows_few's switch, the MR-row
+   tile), so the loops over it unroll into registers. */
 static inline __attribute__((always_inline)) void kiln_rows_n(const int rows, int64_t kc, const float *restrict a, int64_t lda, const float *restrict b, float *restrict c, int64_t ldc, int accumulate) {
   kiln_vf acc0[KILN_MR], acc1[KILN_MR];
+#pragma GCC unroll 16
   for (int r = 0; r < rows; ++r) {
     acc0[r] = accumulate ? *(const kiln_vfu *)(c + r * ldc) : (kiln_vf){0};
     acc1[r] = accumulate ? *(const kiln_vfu *)(c + r * ldc + KILN_L) : (kiln_vf){0};
   }
   for (int64_t k = 0; k < kc; ++k) {
     const kiln_vf b0 = *(const kiln_vf *)b, b1 = *(const kiln_vf *)(b + KILN_L);
+#pragma GCC unroll 16
     for (int r = 0; r < rows; ++r) {
       const float x = a[r * lda + k];
       acc0[r] += x * b0;
@@ -151,6 +123,7 @@ static inline __attribute__((always_inline)) void kiln_rows_n(const int rows, in
     }
     b += KILN_NR;
   }
+#pragma GCC unroll 16
   for (int r = 0; r < rows; ++r) {
     *(kiln_vfu *)(c + r * ldc) = acc0[r];
     *(kiln_vfu *)(c + r * ldc + KILN_L) = acc1[r];
@@ -489,7 +462,7 @@ static void kiln_gemm_tasks(void *ctx, int64_t lo, int64_t hi, int worker) {
             const int64_t first = bt * g->a_bs + (m0 + ir) * g->a_rs + k0;
             KILN_SPAN(first, (mr - 1) * g->a_rs + kc, g->a_size, "A (in place)");
             if (mr == KILN_MR && nr == KILN_NR)
-              kiln_ukernel_rows(kc, g->a + first, g->a_rs, bpanel, tile, g->ldc, k0 > 0);
+              kiln_rows_n(KILN_MR, kc, g->a + first, g->a_rs, bpanel, tile, g->ldc, k0 > 0);
             else
               kiln_ukernel_rows_few(kc, g->a + first, g->a_rs, bpanel, tile, g->ldc, k0 > 0, mr, nr);
             if (last && g->epilogue) g->epilogue(g, bt, m0 + ir, m0 + ir + mr, n0 + jr, n0 + jr + nr);
