@@ -193,7 +193,9 @@ def _decompose(state: Compile) -> Graph:
 
 def _passes(state: Compile) -> Graph:
     options, target = state.options, state.target
-    graph = optimize(state.graph, level=options.level, disable=options.passes_disabled, after=state.observe)
+    graph = optimize(
+        state.graph, level=options.level, disable=options.passes_disabled, after=state.observe, target=target
+    )
     # fusion is target-neutral; a group the target has no engine for is split back into its ops
     # (lowered one by one) rather than run on the host
     graph = unfuse(graph, lambda node: node.attrs.get("kind") != "attention" or "attention" in target.engines)

@@ -23,8 +23,10 @@ def lower_fused(lw: Lowerer, node: Node) -> list[Kernel]:
             [out],
             dict(anchor.attrs),
             name=node.name,
+            domain=anchor.domain,
         )
-        kernels = lw.table[anchor.op](lw, direct, epilogue=compose)  # the engine, else the loop nests
+        key = f"{anchor.domain}::{anchor.op}" if anchor.domain else anchor.op
+        kernels = lw.table[key](lw, direct, epilogue=compose)  # the engine, else the loop nests
         kernels[-1].kind = f"{kernels[-1].kind}+epilogue"  # the last kernel applies it
         for kernel in kernels:
             kernel.sources = [f"{node.name}: " + ", ".join(n.op for n in body.nodes)]

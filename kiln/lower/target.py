@@ -73,6 +73,12 @@ class Target:
         return 2 * self.vector_bytes // 4
 
     @property
+    def layouts(self) -> tuple[str, ...]:
+        """Activation layouts besides NCHW its kernels run natively (``kiln.passes.layout`` may
+        put a region of the graph in one of them)."""
+        return ()
+
+    @property
     def summary(self) -> str:
         """A few words on what the code is for (``kiln compile``'s line, ``kiln targets``)."""
         return self.name

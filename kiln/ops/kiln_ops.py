@@ -7,7 +7,7 @@ from typing import Any
 from kiln.ir.graph import Graph
 from kiln.ir.types import Type
 from kiln.ops.interpreter import Interpreter
-from kiln.ops.registry import REQUIRED, Attr, InferContext, RunContext, register
+from kiln.ops.registry import REQUIRED, Attr, InferContext, RunContext, declare_trait, register
 
 _BODIES: dict[int, Any] = {}
 
@@ -66,3 +66,85 @@ register(
     reference=_safe_softmax_reference,
     doc="Softmax whose NaN outputs are 0 (the exporters' IsNaN+Where guard, as one op).",
 )
+
+
+def _window_extent(size: Any, kernel: int, stride: int, dilation: int, pad: int) -> Any:
+    if not isinstance(size, int):
+        return None
+    span = (kernel - 1) * dilation + 1
+    return (size + pad - span) // stride + 1
+
+
+def _depthwise_infer(ctx: InferContext) -> list[Type]:
+    """x [N, H, W, C] (channels last), w [C, 1, KH, KW] -> [N, OH, OW, C]."""
+    from kiln.errors import ShapeInferenceError
+    from kiln.ir.types import TensorType
+
+    data, weight = ctx.tensor(0), ctx.tensor(1)
+    kernel = tuple(ctx.attr("kernel_shape"))
+    strides = tuple(ctx.attr("strides") or (1, 1))
+    dilations = tuple(ctx.attr("dilations") or (1, 1))
+    pads = tuple(ctx.attr("pads") or (0, 0, 0, 0))
+    if len(kernel) != 2 or len(strides) != 2 or len(dilations) != 2 or len(pads) != 4:
+        raise ShapeInferenceError("DepthwiseConv is 2-D: kernel_shape, strides, dilations of 2, pads of 4")
+    if min(strides) < 1 or min(dilations) < 1 or min(kernel) < 1 or min(pads) < 0:
+        raise ShapeInferenceError(f"bad window: kernel {kernel}, strides {strides}, dilations {dilations}, pads {pads}")
+    if data.shape is None:
+        return [TensorType(data.dtype, None)]
+    if len(data.shape) != 4:
+        raise ShapeInferenceError(f"DepthwiseConv reads [N, H, W, C], got rank {len(data.shape)}")
+    batch, height, width, channels = data.shape
+    if weight.shape is not None and (len(weight.shape) != 4 or weight.shape[1] != 1):
+        raise ShapeInferenceError(f"DepthwiseConv's weight is [C, 1, KH, KW], got {weight.shape}")
+    if weight.shape is not None and isinstance(channels, int) and weight.shape[0] != channels:
+        raise ShapeInferenceError(f"{channels} channels, but the weight has {weight.shape[0]}")
+    dims = []
+    for axis, size in enumerate((height, width)):
+        out = _window_extent(size, kernel[axis], strides[axis], dilations[axis], pads[axis] + pads[axis + 2])
+        if out is not None and out < 1:
+            raise ShapeInferenceError(f"the window is larger than the padded input along spatial dim {axis}")
+        dims.append(out if out is not None else ctx.fresh())
+    return [TensorType(data.dtype, (batch, dims[0], dims[1], channels))]
+
+
+def _depthwise_reference(ctx: RunContext, inputs: list) -> list:
+    """Each channel's plane convolved with its own kernel, summed in float64."""
+    import numpy as np
+
+    x, w = inputs[0], inputs[1]
+    bias = inputs[2] if len(inputs) > 2 and inputs[2] is not None else None
+    kh, kw = ctx.attr("kernel_shape")
+    sh, sw = ctx.attr("strides") or (1, 1)
+    dh, dw = ctx.attr("dilations") or (1, 1)
+    top, left, bottom, right = ctx.attr("pads") or (0, 0, 0, 0)
+    padded = np.pad(x.astype(np.float64), ((0, 0), (top, bottom), (left, right), (0, 0)))
+    out_h = (padded.shape[1] - ((kh - 1) * dh + 1)) // sh + 1
+    out_w = (padded.shape[2] - ((kw - 1) * dw + 1)) // sw + 1
+    out = np.zeros((x.shape[0], out_h, out_w, x.shape[3]))
+    for i in range(kh):
+        for j in range(kw):
+            window = padded[:, i * dh : i * dh + (out_h - 1) * sh + 1 : sh, j * dw : j * dw + (out_w - 1) * sw + 1 : sw]
+            out += window * w[:, 0, i, j].astype(np.float64)
+    if bias is not None:
+        out += bias.astype(np.float64)
+    return [out.astype(x.dtype)]
+
+
+register(
+    "DepthwiseConv",
+    _depthwise_infer,
+    domain="kiln",
+    attrs={
+        "kernel_shape": Attr("ints", REQUIRED),
+        "strides": Attr("ints", (1, 1)),
+        "pads": Attr("ints", (0, 0, 0, 0)),
+        "dilations": Attr("ints", (1, 1)),
+    },
+    inputs=(2, 3),
+    outputs=1,
+    reference=_depthwise_reference,
+    doc="A depthwise 2-D convolution on channels-last data: x [N, H, W, C], w [C, 1, KH, KW], "
+    "bias [C] -> [N, OH, OW, C] (kiln.passes.layout puts it where a whole region runs channels last).",
+)
+
+declare_trait("anchor", ["DepthwiseConv"], domain="kiln")  # its outputs take a fused epilogue

@@ -5,13 +5,16 @@ that breaks an invariant is named at once.
     -O0  nothing but dead-code elimination
     -O1  constant folding (with type refinement), algebraic simplification, CSE
     -O2  + Gemm canonicalization, BatchNorm folding, transpose sinking (the default)
-    -O2  also fuses elementwise chains and conv/matmul epilogues into single kernels
-    -O3  as -O2 (layout and tuning stages land here)
+    -O2  + layout assignment (channels-last regions where the target's kernels pay for the
+         conversions; kiln.passes.layout), then fuses elementwise chains and conv/matmul
+         epilogues into single kernels
+    -O3  as -O2
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from typing import Any
 from dataclasses import dataclass
 
 from kiln.errors import KilnError
@@ -23,6 +26,7 @@ from kiln.passes.fold_batchnorm import fold_batchnorm
 from kiln.passes.fold_constants import fold_constants
 from kiln.passes.fuse import fuse
 from kiln.passes.gemm import canonicalize_gemm
+from kiln.passes.layout import assign_layouts
 from kiln.passes.simplify import simplify
 from kiln.passes.transpose import sink_transposes
 
@@ -31,7 +35,8 @@ from kiln.passes.transpose import sink_transposes
 class Stage:
     name: str
     level: int
-    run: Callable[[Graph], Graph]
+    run: Callable[..., Graph]
+    per_target: bool = False  # run(graph, target): the target's kernels decide (None: no target)
 
 
 PIPELINE: tuple[Stage, ...] = (
@@ -39,6 +44,7 @@ PIPELINE: tuple[Stage, ...] = (
     Stage("simplify", 1, simplify),
     Stage("canonicalize_gemm", 2, canonicalize_gemm),
     Stage("fold_batchnorm", 2, fold_batchnorm),
+    Stage("assign_layouts", 2, assign_layouts, per_target=True),
     Stage("sink_transposes", 2, sink_transposes),
     Stage("fold_constants", 1, fold_constants),
     Stage("simplify", 1, simplify),
@@ -56,6 +62,7 @@ def optimize(
     disable: Iterable[str] = (),
     after: Callable[[str, Graph], None] | None = None,
     verify_each: bool = True,
+    target: Any = None,
 ) -> Graph:
     """Run the pipeline at -O ``level`` without the ``disable``d passes; ``after(name, graph)`` is
     called after each stage (``kiln explain --print-after``)."""
@@ -68,7 +75,7 @@ def optimize(
     for stage in PIPELINE:
         if stage.level > level or stage.name in disabled:
             continue
-        graph = stage.run(graph)
+        graph = stage.run(graph, target) if stage.per_target else stage.run(graph)
         if verify_each:
             try:
                 verify(graph)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from kiln.ir.types import DType
 from kiln.lower.target import Target
 
 
@@ -52,6 +53,10 @@ class CpuTarget(Target):
     @property
     def cores(self) -> int:
         return self.threads
+
+    @property
+    def layouts(self) -> tuple[str, ...]:
+        return ("NHWC",) if self.lanes(DType.FLOAT32) >= 4 else ()  # channels-last kernels vectorize across channels
 
     @property
     def int8_max(self) -> int:
