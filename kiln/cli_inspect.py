@@ -168,6 +168,8 @@ class ExplainView:
         if isinstance(result, Graph):
             if stage == "fuse":
                 self.seen["before fuse"] = self.last
+            if stage == "assign_layouts":
+                self.seen["before assign_layouts"] = self.last
             self.last = result
             self.table.add_row(stage, str(len(result.nodes)), str(len(result.constants)), elapsed)
             row.update(nodes=len(result.nodes), constants=len(result.constants))
@@ -218,6 +220,19 @@ class ExplainView:
         report["fusion_refused"] = [
             {"node": r.node, "would_join": r.candidate, "reason": r.reason} for r in self.refusals
         ]
+        self.layout = None
+        if "before assign_layouts" in self.seen:
+            from kiln.passes.layout import layout_decision
+
+            self.layout = layout_decision(self.seen["before assign_layouts"], self.target)
+            report["layout"] = {
+                "channels_last": self.layout.channels_last,
+                "pointwise": self.layout.pointwise,
+                "depthwise": self.layout.depthwise,
+                "conversion_bytes_before": self.layout.conversions_before,
+                "conversion_bytes_after": self.layout.conversions_after,
+                "reason": self.layout.reason,
+            }
         report["printed"] = self.printed
         if plan is not None:
             report["plan"] = _plan_summary(plan)
@@ -235,6 +250,8 @@ class ExplainView:
         for op, (imported, kept) in self.report["ops"].items():
             ops.add_row(escape(op), str(imported), str(kept))
         out.print(ops)
+        if self.layout is not None:
+            out.print(f"layout: {escape(self.layout.text())}")
         if "before fuse" in self.seen:
             _explain_refusals(self.refusals)
         if plan is not None:

@@ -155,6 +155,22 @@ def test_explain_prints_what_every_pipeline_stage_produced(tmp_path):
     assert re.search(r"caches L1d \d+ KiB.*default blocks kc \d+, A block \d+ KiB", text), text[-3000:]
     assert "1 segment runner(s) loaded" in section["load"]
     assert "# after fuse" in text  # single passes by name too
+    assert re.search(r"layout: NCHW kept: .*no convolution has a channels-last kernel", text)
+
+
+def test_explain_prints_the_layout_decision(tmp_path):
+    import numpy as np
+
+    from tests.passes.test_layout import _channels_last_depthwise
+
+    model, _ = _channels_last_depthwise(16, 8, 3, 1, [1, 1, 1, 1], 1, "Relu")
+    onnx.save(model, tmp_path / "m.onnx")
+    result = invoke("explain", str(tmp_path / "m.onnx"), "--no-kernels", "--json")
+    assert result.exit_code == 0, result.output
+    layout = json.loads(result.stdout)["layout"]
+    assert layout["channels_last"] and layout["depthwise"] == 1, layout
+    assert layout["conversion_bytes_after"] == 0 < layout["conversion_bytes_before"], layout
+    assert np.isfinite(layout["conversion_bytes_before"])
 
 
 def test_compile_with_tuning_and_profile(tmp_path, monkeypatch):
