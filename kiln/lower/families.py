@@ -10,6 +10,7 @@ from typing import Any
 
 from kiln.ir.graph import Node
 from kiln.lower import (
+    channels_last,
     fused_lowering,
     gemm_lowering,
     index_lowering,
@@ -39,7 +40,15 @@ def rules() -> list[Rule]:
     """Every family's rules: the loop-nest families at LOOPS, the engines' at their own priority."""
     found = [
         Rule(op, lower)
-        for family in (pointwise, movement_lowering, resize_lowering, nn_lowering, window_lowering, index_lowering)
+        for family in (
+            pointwise,
+            movement_lowering,
+            resize_lowering,
+            nn_lowering,
+            window_lowering,
+            channels_last,
+            index_lowering,
+        )
         for op, lower in family.LOWERINGS.items()
     ]
     found += [Rule(op, lower, ENGINE) for op, lower in gemm_lowering.ENGINE_LOWERINGS.items()]

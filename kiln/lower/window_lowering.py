@@ -11,7 +11,7 @@ import math
 import numpy as np
 
 from kiln.ir.graph import Node
-from kiln.ir.types import DType, TensorType
+from kiln.ir.types import DType
 from kiln.lower.engine import Epilogue
 from kiln.lower.kir import (
     Assign,
@@ -36,7 +36,6 @@ from kiln.lower.kir import (
     i64,
 )
 from kiln.lower.lowering import CannotLower, Lowerer, default_schedule, nest
-from kiln.lower.target import PARALLEL_MIN
 from kiln.lower.nn_lowering import F64, require_float
 from kiln.lower.pointwise import FLOAT_OPS
 
@@ -79,7 +78,7 @@ DIRECT_MAX_TAPS = 64  # terms of one output's sum (channels per group x kernel t
 DIRECT_MAX_EDGE = 16  # border rows/columns, each written out with its own valid taps
 
 
-def _interior(shapes, window):  # type: ignore[no-untyped-def]
+def window_interior(shapes, window):  # type: ignore[no-untyped-def]
     """Each tap's valid output rows and columns, and the interior every tap of which is inside
     (row_lo, row_hi, col_lo, col_hi); None when the border around it is too wide."""
     x_shape, w_shape, out_shape = shapes
@@ -116,7 +115,7 @@ def _direct_window(  # type: ignore[no-untyped-def]
     out_h, out_w = out_shape[2], out_shape[3]
     if group_channels * kernel_h * kernel_w > DIRECT_MAX_TAPS or group == 1:
         return None
-    interior = _interior(shapes, window)
+    interior = window_interior(shapes, window)
     if interior is None:
         return None
     rows, cols, (row_lo, row_hi, col_lo, col_hi) = interior
@@ -465,148 +464,6 @@ def lower_conv(lw: Lowerer, node: Node, epilogue: Epilogue | None = None) -> lis
     return [kernel]
 
 
-
-# -- channels last -------------------------------------------------------------------------------------
-
-UNROLL_PIXELS = 4  # interior output pixels computed per loaded set of a channel block's weights
-
-
-def lower_depthwise_nhwc(lw: Lowerer, node: Node, epilogue: Epilogue | None = None) -> list[Kernel]:
-    """``kiln::DepthwiseConv``: a depthwise convolution on channels-last data, vectorized across
-    channels: each pixel's channels are contiguous and each tap's weights for a vector of
-    channels are one vector (packed tap-major at compile time). Row by row, channel block by
-    channel block, each output is its whole sum (bias + every tap) stored once with the epilogue
-    applied; interior pixels go ``UNROLL_PIXELS`` at a time, sharing one load of the block's
-    weights, with no bounds tests; border rows and columns are written with only the taps that
-    fall inside. Threads take rows, or, when there are few, the channel blocks of each row."""
-    x, w, out = node.inputs[0], node.inputs[1], node.outputs[0]
-    assert x is not None and w is not None
-    for value in (x, w, out):
-        if not isinstance(value.type, TensorType) or not value.type.is_static:
-            raise CannotLower(f"%{value.name} has no static tensor shape ({value.type})")
-    dtype = require_float(lw, node)
-    bias = node.inputs[2] if len(node.inputs) > 2 else None
-    batch, height, width, channels = lw.shape(x)
-    _, out_h, out_w, _ = lw.shape(out)
-    kernel_h, kernel_w = (int(k) for k in node.attrs["kernel_shape"])
-    stride_h, stride_w = (int(k) for k in node.attrs.get("strides") or (1, 1))
-    dil_h, dil_w = (int(k) for k in node.attrs.get("dilations") or (1, 1))
-    pad_t, pad_l = (int(k) for k in (node.attrs.get("pads") or (0, 0, 0, 0))[:2])
-    taps = [(kh, kw) for kh in range(kernel_h) for kw in range(kernel_w)]
-    x_buf, dst = lw.buffer(x), lw.buffer(out)
-    weights = lw.constant(w)
-    if weights is not None:  # [tap][channel]: one tap's weights for a run of channels are a vector
-        packed = lw.packed_constant(
-            ("depthwise-nhwc", w.name),
-            lambda: np.ascontiguousarray(weights.reshape(channels, len(taps)).T.astype(dtype.numpy)).reshape(-1),
-        )
-
-        def weight(tap: int, ch: Expr) -> Expr:
-            return Load(packed, add(ch, i64(tap * channels)))
-
-    else:
-        w_buf = lw.buffer(w)
-
-        def weight(tap: int, ch: Expr) -> Expr:
-            return Load(w_buf, add(Binary("*", ch, i64(len(taps))), i64(tap)))
-
-    bias_buf = lw.buffer(bias) if bias is not None else None
-    lanes = lw.target.lanes(dtype)
-    block = lanes if channels % lanes == 0 else channels
-    n, cb, c, q = lw.index("n"), lw.index("cb"), lw.index("c"), lw.index("q")
-    oh, ow = lw.index("oh"), lw.index("ow")
-    channel: Expr = add(Binary("*", cb, i64(block)), c)
-
-    def pixel(row: Expr, col: Expr, rows: int, cols: int) -> Expr:
-        return add(Binary("*", add(Binary("*", add(Binary("*", n, i64(rows)), row), i64(cols)), col), i64(channels)), channel)
-
-    def in_position(row: Expr, col: Expr, kh: int, kw: int) -> tuple[Expr, Expr]:
-        return (
-            add(Binary("*", row, i64(stride_h)), i64(kh * dil_h - pad_t)),
-            add(Binary("*", col, i64(stride_w)), i64(kw * dil_w - pad_l)),
-        )
-
-    def finish(row: Expr, col: Expr, value: Expr) -> Stmt:
-        target = pixel(row, col, out_h, out_w)
-        if epilogue is not None:
-            value = epilogue([n, row, col, channel], value, target)
-        return Store(dst, target, value)
-
-    def start() -> Expr:
-        return Load(bias_buf, channel) if bias_buf is not None else Const(0, dtype)
-
-    def output(row: Expr, col: Expr, valid: list[tuple[int, int]], held: dict[int, Expr] | None = None) -> Stmt:
-        value = start()
-        for kh, kw in valid:
-            tap = taps.index((kh, kw))
-            in_row, in_col = in_position(row, col, kh, kw)
-            factor = held[tap] if held is not None else weight(tap, channel)
-            value = Binary("+", value, Binary("*", factor, Load(x_buf, pixel(in_row, in_col, height, width))))
-        return finish(row, col, value)
-
-    shapes = ((batch, channels, height, width), (channels, 1, kernel_h, kernel_w), (batch, channels, out_h, out_w))
-    interior = _interior(shapes, ((stride_h, stride_w), (dil_h, dil_w), (pad_t, pad_l)))
-    blocks = channels // block
-    # many rows: threads take rows, and each group of pixels runs through every channel block while
-    # its inputs are in L1; few rows (small planes): threads take channel blocks, each its own pass
-    by_rows = out_h >= 4 * lw.target.cores
-
-    def blockwise(stmts: list[Stmt]) -> list[Stmt]:
-        return [For(cb, blocks, stmts)] if by_rows else stmts
-
-    body: list[Stmt] = []
-    if interior is not None:
-        rows, cols, (row_lo, row_hi, col_lo, col_hi) = interior
-
-        def row_body(row: Expr, kh_valid: list[int]) -> list[Stmt]:
-            stmts: list[Stmt] = []
-            for col in [*range(col_lo), *range(col_hi, out_w)]:  # border columns, each with its own taps
-                valid = [(kh, kw) for kh, kw in taps if kh in kh_valid and cols[kw][0] <= col < cols[kw][1]]
-                stmts.extend(blockwise([For(c, block, [output(row, i64(col), valid)])]))
-            valid = [(kh, kw) for kh, kw in taps if kh in kh_valid]
-            groups = (col_hi - col_lo) // UNROLL_PIXELS
-            if groups:  # the block's weights loaded once for UNROLL_PIXELS pixels
-                held = {taps.index(tap): lw.scalar(dtype, "w") for tap in valid}
-                lets: list[Stmt] = [Let(scalar, weight(tap, channel)) for tap, scalar in held.items()]
-                first = add(Binary("*", q, i64(UNROLL_PIXELS)), i64(col_lo))
-                # every sum before any store: loads shared by neighbouring pixels are loaded once
-                # (a store in between could alias them, for all the C compiler knows)
-                stores = [output(row, add(first, i64(u)), valid, held) for u in range(UNROLL_PIXELS)]  # type: ignore[arg-type]
-                sums = [lw.scalar(dtype, "y") for _ in stores]
-                lets += [Let(total, store.value) for total, store in zip(sums, stores)]  # type: ignore[attr-defined]
-                lets += [Store(store.buffer, store.index, total) for total, store in zip(sums, stores)]  # type: ignore[attr-defined]
-                stmts.append(For(q, groups, blockwise([For(c, block, lets)])))
-            rest = col_lo + groups * UNROLL_PIXELS
-            if rest < col_hi:
-                stmts.append(For(ow, col_hi, blockwise([For(c, block, [output(row, ow, valid)])]), start=rest))
-            return stmts
-
-        for r in [*range(row_lo), *range(row_hi, out_h)]:  # border rows
-            body.extend(row_body(i64(r), [kh for kh in range(kernel_h) if rows[kh][0] <= r < rows[kh][1]]))
-        if row_hi > row_lo:
-            body.append(For(oh, row_hi, row_body(oh, list(range(kernel_h))), start=row_lo))
-    else:  # a border too wide to write out: each tap tested (a sum per output, as above)
-        total = lw.scalar(dtype, "acc")
-        steps: list[Stmt] = [Let(total, start())]
-        for kh, kw in taps:
-            in_row, in_col = in_position(oh, ow, kh, kw)
-            inside = Binary(
-                "&&",
-                Binary("&&", Binary(">=", in_row, i64(0)), Binary("<", in_row, i64(height))),
-                Binary("&&", Binary(">=", in_col, i64(0)), Binary("<", in_col, i64(width))),
-            )
-            term = Binary("*", weight(taps.index((kh, kw)), channel), Load(x_buf, pixel(in_row, in_col, height, width)))
-            steps.append(If(inside, [Assign(total, Binary("+", total, term))]))
-        steps.append(finish(oh, ow, total))
-        body.append(For(oh, out_h, [For(ow, out_w, blockwise([For(c, block, steps)]))]))
-    work = batch * out_h * out_w * channels
-    parallel = None if work < PARALLEL_MIN else (oh.name if by_rows else cb.name)
-    stmts: list[Stmt] = [For(n, batch, body if by_rows else [For(cb, blocks, body)])]
-    kernel = lw.kernel(node, "depthwise-conv", stmts, [x, w, bias], [out], Schedule(parallel=parallel, vectorize=c.name))
-    kernel.flops = 2 * int(np.prod(lw.shape(out))) * len(taps)
-    return [kernel]
-
-
 def _pool_2d(node: Node, x_shape, out_shape):  # type: ignore[no-untyped-def]
     """A 1-D or 2-D pooling as 2-D (1-D: a height of 1): shapes, kernel, and (strides,
     dilations, (top, left, bottom, right) pads)."""
@@ -737,4 +594,4 @@ def _max_pool_rows(lw: Lowerer, node: Node, x_shape, out_shape, window) -> Kerne
     )
 
 
-LOWERINGS = {"kiln::DepthwiseConv": lower_depthwise_nhwc, "Conv": lower_conv, "MaxPool": lower_pool, "AveragePool": lower_pool, "LpPool": lower_pool}
+LOWERINGS = {"Conv": lower_conv, "MaxPool": lower_pool, "AveragePool": lower_pool, "LpPool": lower_pool}

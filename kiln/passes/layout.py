@@ -41,7 +41,16 @@ from kiln.passes.simplify import simplify
 
 TO_NHWC = (0, 2, 3, 1)
 TO_NCHW = (0, 3, 1, 2)
-REDUCTIONS = ("ReduceMean", "ReduceMax", "ReduceMin", "ReduceSum", "ReduceProd", "ReduceL1", "ReduceL2", "ReduceSumSquare")
+REDUCTIONS = (
+    "ReduceMean",
+    "ReduceMax",
+    "ReduceMin",
+    "ReduceSum",
+    "ReduceProd",
+    "ReduceL1",
+    "ReduceL2",
+    "ReduceSumSquare",
+)
 GLOBAL_POOLS = {"GlobalAveragePool": "ReduceMean", "GlobalMaxPool": "ReduceMax"}
 MAX_ROUNDS = 16  # propagation rounds (each moves every conversion past at least one op, or stops)
 
@@ -88,7 +97,7 @@ def _decide(graph: Graph, target: Any) -> tuple[LayoutDecision, Graph]:
     before = conversion_bytes(graph)
     if not found:
         return LayoutDecision(False, 0, 0, before, before, "no convolution has a channels-last kernel"), graph
-    trial = propagate(_rewrite(graph, {id(node): kind for node, kind in found}))
+    trial = propagate(rewrite_channels_last(graph, {id(node): kind for node, kind in found}))
     after = conversion_bytes(trial)
     chosen = after < before
     reason = "fewer conversions" if chosen else "the conversions would not shrink"
@@ -110,7 +119,7 @@ def _static_f32(value: Value | None, rank: int) -> bool:
 
 
 def _candidate(graph: Graph, node: Node) -> str | None:
-    """"pointwise", "depthwise" or None: whether ``node`` is a convolution with a channels-last form."""
+    """ "pointwise", "depthwise" or None: whether ``node`` is a convolution with a channels-last form."""
     if node.op != "Conv" or node.domain or len(node.inputs) < 2:
         return None
     x, w, out = node.inputs[0], node.inputs[1], node.outputs[0]
@@ -141,7 +150,7 @@ def _pads(node: Node) -> tuple[int, ...]:
     return tuple(int(p) for p in (node.attrs.get("pads") or (0, 0, 0, 0)))
 
 
-def _rewrite(graph: Graph, kinds: dict[int, str]) -> Graph:
+def rewrite_channels_last(graph: Graph, kinds: dict[int, str]) -> Graph:
     rw = Rewriter(graph)
     for original in graph.nodes:
         kind = kinds.get(id(original))

@@ -14,8 +14,8 @@ that breaks an invariant is named at once.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import Any
 from dataclasses import dataclass
+from typing import Any
 
 from kiln.errors import KilnError
 from kiln.ir.graph import Graph

@@ -11,7 +11,7 @@ from kiln.backends import parse
 from kiln.ir.parser import parse_graph
 from kiln.ops.interpreter import Interpreter
 from kiln.ops.verify import verify
-from kiln.passes.layout import _rewrite, assign_layouts, conversion_bytes, layout_decision, propagate
+from kiln.passes.layout import assign_layouts, conversion_bytes, layout_decision, propagate, rewrite_channels_last
 from tests.helpers import FLOAT, make_model
 
 CPU = parse("cpu")
@@ -46,7 +46,9 @@ def _convnext_block(channels=8, size=6):
   %o{i}: f32[1,{s},{s},{c}] = MatMul(%a{i}, %w2)
   %b{i}: f32[1,{c},{s},{s}] = Transpose(%o{i}) {{perm=[0, 3, 1, 2]}}
   %{y}: f32[1,{c},{s},{s}] = Add(%{x}, %b{i})"""
-    blocks = block.format(i=0, x="xc", y="y0", c=c, s=s, c4=4 * c) + block.format(i=1, x="y0", y="y", c=c, s=s, c4=4 * c)
+    blocks = block.format(i=0, x="xc", y="y0", c=c, s=s, c4=4 * c) + block.format(
+        i=1, x="y0", y="y", c=c, s=s, c4=4 * c
+    )
     text = f"""
 graph g(%x: f32[1,{s},{s},{c}]) -> (%y) {{
   const %dw: f32[{c},1,7,7]
@@ -174,9 +176,15 @@ def _channels_last_depthwise(channels, size, kernel, stride, pads, dilation, act
     nodes = [
         oh.make_node("Transpose", ["x"], ["xc"], perm=[0, 3, 1, 2]),
         oh.make_node(
-            "Conv", ["xc", "w", "b"], ["c"], group=channels, pads=pads, strides=[stride, stride],
-            dilations=[dilation, dilation], kernel_shape=[kernel, kernel],
-        ),  # fmt: skip
+            "Conv",
+            ["xc", "w", "b"],
+            ["c"],
+            group=channels,
+            pads=pads,
+            strides=[stride, stride],
+            dilations=[dilation, dilation],
+            kernel_shape=[kernel, kernel],
+        ),
         oh.make_node(activation, ["c"], ["a"]),
         oh.make_node("Transpose", ["a"], ["y"], perm=[0, 2, 3, 1]),
     ]
@@ -226,7 +234,7 @@ graph g(%x: f32[1,6,7,7]) -> (%y) {
     )
     after = assign_layouts(conv, CPU)  # one conversion in and one out: the decision keeps NCHW
     assert after is conv
-    rewritten = propagate(_rewrite(conv, {id(conv.nodes[0]): "depthwise"}))
+    rewritten = propagate(rewrite_channels_last(conv, {id(conv.nodes[0]): "depthwise"}))
     assert "kiln::DepthwiseConv" in ops(rewritten)
     x = rng.standard_normal((1, 6, 7, 7)).astype(np.float32)
     np.testing.assert_allclose(run(rewritten, x)[0], run(conv, x)[0], rtol=1e-5, atol=1e-5)

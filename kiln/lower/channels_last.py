@@ -1,0 +1,196 @@
+"""Lowerings of kiln's channels-last ops (``kiln.passes.layout`` puts them in a region that runs
+channels last): ``kiln::DepthwiseConv``, a depthwise convolution on [N, H, W, C] data.
+
+Each pixel's channels are contiguous, so the kernel is vectorized across channels: each tap's
+weights for a vector of channels are one vector (packed tap-major at compile time). Row by row,
+channel block by channel block, each output is its whole sum (bias + every tap) stored once
+with the epilogue applied; interior pixels go ``UNROLL_PIXELS`` at a time, sharing one load of
+the block's weights, every sum computed before any store (so loads neighbouring pixels share
+can be loaded once), with no bounds tests; border rows and columns are written with only the
+taps that fall inside (decided here). Threads take rows or, on small planes, channel blocks.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from kiln.ir.graph import Node
+from kiln.ir.types import TensorType
+from kiln.lower.engine import Epilogue
+from kiln.lower.kir import Assign, Binary, Const, Expr, For, If, Kernel, Let, Load, Schedule, Stmt, Store, add, i64
+from kiln.lower.lowering import CannotLower, Lowerer
+from kiln.lower.nn_lowering import require_float
+from kiln.lower.target import PARALLEL_MIN
+from kiln.lower.window_lowering import window_interior
+
+UNROLL_PIXELS = 4  # interior output pixels computed per loaded set of a channel block's weights
+
+
+class _Depthwise:
+    """One kiln::DepthwiseConv node's geometry and the expressions its loops are built from."""
+
+    def __init__(self, lw: Lowerer, node: Node, epilogue: Epilogue | None) -> None:
+        x, w, out = node.inputs[0], node.inputs[1], node.outputs[0]
+        for value in (x, w, out):
+            if value is None or not isinstance(value.type, TensorType) or not value.type.is_static:
+                raise CannotLower(f"{node.label}: every operand needs a static tensor shape")
+        assert x is not None and w is not None
+        self.lw, self.node, self.epilogue = lw, node, epilogue
+        self.dtype = require_float(lw, node)
+        self.batch, self.height, self.width, self.channels = lw.shape(x)
+        _, self.out_h, self.out_w, _ = lw.shape(out)
+        self.kernel_h, self.kernel_w = (int(k) for k in node.attrs["kernel_shape"])
+        self.stride = tuple(int(k) for k in node.attrs.get("strides") or (1, 1))
+        self.dilation = tuple(int(k) for k in node.attrs.get("dilations") or (1, 1))
+        self.pads = tuple(int(k) for k in (node.attrs.get("pads") or (0, 0, 0, 0))[:2])
+        self.taps = [(kh, kw) for kh in range(self.kernel_h) for kw in range(self.kernel_w)]
+        self.x_buf, self.dst = lw.buffer(x), lw.buffer(out)
+        bias = node.inputs[2] if len(node.inputs) > 2 else None
+        self.bias = lw.buffer(bias) if bias is not None else None
+        self.weights = self._weights(w)
+        lanes = lw.target.lanes(self.dtype)
+        self.block = lanes if self.channels % lanes == 0 else self.channels
+        self.blocks = self.channels // self.block
+        # many rows: threads take rows, and each group of pixels runs through every channel block
+        # while its inputs are in L1; few rows (small planes): threads take channel blocks
+        self.by_rows = self.out_h >= 4 * lw.target.cores
+        self.n, self.cb, self.c = lw.index("n"), lw.index("cb"), lw.index("c")
+        self.oh, self.ow, self.q = lw.index("oh"), lw.index("ow"), lw.index("q")
+        self.channel: Expr = add(Binary("*", self.cb, i64(self.block)), self.c)
+
+    def _weights(self, w):  # type: ignore[no-untyped-def]
+        """The buffer the taps' weights are read from: [tap][channel] (a constant, packed), else
+        the operand as it is, [channel][tap]."""
+        weights, taps, channels = self.lw.constant(w), len(self.taps), self.channels
+        if weights is None:
+            return self.lw.buffer(w), lambda tap, ch: add(Binary("*", ch, i64(taps)), i64(tap))
+        packed = self.lw.packed_constant(
+            ("depthwise-nhwc", w.name),
+            lambda: np.ascontiguousarray(weights.reshape(channels, taps).T.astype(self.dtype.numpy)).reshape(-1),
+        )
+        return packed, lambda tap, ch: add(ch, i64(tap * channels))
+
+    # -- expressions ---------------------------------------------------------------------------
+
+    def weight(self, tap: int) -> Expr:
+        buffer, at = self.weights
+        return Load(buffer, at(tap, self.channel))
+
+    def pixel(self, row: Expr, col: Expr, rows: int, cols: int) -> Expr:
+        image_row = add(Binary("*", self.n, i64(rows)), row)
+        return add(Binary("*", add(Binary("*", image_row, i64(cols)), col), i64(self.channels)), self.channel)
+
+    def input_at(self, row: Expr, col: Expr, kh: int, kw: int) -> tuple[Expr, Expr]:
+        (stride_h, stride_w), (dil_h, dil_w), (pad_t, pad_l) = self.stride, self.dilation, self.pads
+        return (
+            add(Binary("*", row, i64(stride_h)), i64(kh * dil_h - pad_t)),
+            add(Binary("*", col, i64(stride_w)), i64(kw * dil_w - pad_l)),
+        )
+
+    def term(self, row: Expr, col: Expr, tap: tuple[int, int], weight: Expr | None = None) -> Expr:
+        in_row, in_col = self.input_at(row, col, *tap)
+        factor = weight if weight is not None else self.weight(self.taps.index(tap))
+        return Binary("*", factor, Load(self.x_buf, self.pixel(in_row, in_col, self.height, self.width)))
+
+    def start(self) -> Expr:
+        return Load(self.bias, self.channel) if self.bias is not None else Const(0, self.dtype)
+
+    def finish(self, row: Expr, col: Expr, value: Expr) -> Store:
+        target = self.pixel(row, col, self.out_h, self.out_w)
+        if self.epilogue is not None:
+            value = self.epilogue([self.n, row, col, self.channel], value, target)
+        return Store(self.dst, target, value)
+
+    def output(self, row: Expr, col: Expr, valid: list[tuple[int, int]], held: dict | None = None) -> Store:
+        value = self.start()
+        for tap in valid:
+            weight = held[self.taps.index(tap)] if held is not None else None
+            value = Binary("+", value, self.term(row, col, tap, weight))
+        return self.finish(row, col, value)
+
+    # -- loops ----------------------------------------------------------------------------------
+
+    def blockwise(self, stmts: list[Stmt]) -> list[Stmt]:
+        return [For(self.cb, self.blocks, stmts)] if self.by_rows else stmts
+
+    def vector(self, stmts: list[Stmt]) -> list[Stmt]:
+        return self.blockwise([For(self.c, self.block, stmts)])
+
+    def row(self, row: Expr, kh_valid: list[int], cols, col_lo: int, col_hi: int) -> list[Stmt]:  # type: ignore[no-untyped-def]
+        """One output row: border columns (each with its own taps), then the interior."""
+        stmts: list[Stmt] = []
+        for col in [*range(col_lo), *range(col_hi, self.out_w)]:
+            valid = [(kh, kw) for kh, kw in self.taps if kh in kh_valid and cols[kw][0] <= col < cols[kw][1]]
+            stmts.extend(self.vector([self.output(row, i64(col), valid)]))
+        valid = [(kh, kw) for kh, kw in self.taps if kh in kh_valid]
+        groups = (col_hi - col_lo) // UNROLL_PIXELS
+        if groups:
+            stmts.append(For(self.q, groups, self.vector(self._group(row, valid, col_lo))))
+        rest = col_lo + groups * UNROLL_PIXELS
+        if rest < col_hi:
+            stmts.append(For(self.ow, col_hi, self.vector([self.output(row, self.ow, valid)]), start=rest))
+        return stmts
+
+    def _group(self, row: Expr, valid: list[tuple[int, int]], col_lo: int) -> list[Stmt]:
+        """UNROLL_PIXELS interior pixels: the block's weights loaded once, every sum before any store."""
+        held = {self.taps.index(tap): self.lw.scalar(self.dtype, "w") for tap in valid}
+        stmts: list[Stmt] = [Let(scalar, self.weight(tap)) for tap, scalar in held.items()]
+        first = add(Binary("*", self.q, i64(UNROLL_PIXELS)), i64(col_lo))
+        stores = [self.output(row, add(first, i64(u)), valid, held) for u in range(UNROLL_PIXELS)]
+        sums = [self.lw.scalar(self.dtype, "y") for _ in stores]
+        stmts += [Let(total, store.value) for total, store in zip(sums, stores)]
+        return stmts + [Store(store.buffer, store.index, total) for total, store in zip(sums, stores)]
+
+    def body(self) -> list[Stmt]:
+        shapes = (
+            (self.batch, self.channels, self.height, self.width),
+            (self.channels, 1, self.kernel_h, self.kernel_w),
+            (self.batch, self.channels, self.out_h, self.out_w),
+        )
+        interior = window_interior(shapes, (self.stride, self.dilation, self.pads))
+        if interior is None:
+            return self.tested()
+        rows, cols, (row_lo, row_hi, col_lo, col_hi) = interior
+        body: list[Stmt] = []
+        for r in [*range(row_lo), *range(row_hi, self.out_h)]:  # border rows
+            kh_valid = [kh for kh in range(self.kernel_h) if rows[kh][0] <= r < rows[kh][1]]
+            body.extend(self.row(i64(r), kh_valid, cols, col_lo, col_hi))
+        if row_hi > row_lo:
+            every = list(range(self.kernel_h))
+            body.append(For(self.oh, row_hi, self.row(self.oh, every, cols, col_lo, col_hi), start=row_lo))
+        return body
+
+    def tested(self) -> list[Stmt]:
+        """A border too wide to write out: each output's taps tested one by one."""
+        total = self.lw.scalar(self.dtype, "acc")
+        steps: list[Stmt] = [Let(total, self.start())]
+        for tap in self.taps:
+            in_row, in_col = self.input_at(self.oh, self.ow, *tap)
+            inside = Binary(
+                "&&",
+                Binary("&&", Binary(">=", in_row, i64(0)), Binary("<", in_row, i64(self.height))),
+                Binary("&&", Binary(">=", in_col, i64(0)), Binary("<", in_col, i64(self.width))),
+            )
+            steps.append(If(inside, [Assign(total, Binary("+", total, self.term(self.oh, self.ow, tap)))]))
+        steps.append(self.finish(self.oh, self.ow, total))
+        return [For(self.oh, self.out_h, [For(self.ow, self.out_w, self.vector(steps))])]
+
+    def kernel(self) -> Kernel:
+        body = self.body()
+        work = self.batch * self.out_h * self.out_w * self.channels
+        parallel = None if work < PARALLEL_MIN else (self.oh.name if self.by_rows else self.cb.name)
+        stmts: list[Stmt] = [For(self.n, self.batch, body if self.by_rows else [For(self.cb, self.blocks, body)])]
+        node = self.node
+        kernel = self.lw.kernel(
+            node, "depthwise-conv", stmts, list(node.inputs), [node.outputs[0]],
+            Schedule(parallel=parallel, vectorize=self.c.name),
+        )  # fmt: skip
+        kernel.flops = 2 * work * len(self.taps)
+        return kernel
+
+
+def lower_depthwise_nhwc(lw: Lowerer, node: Node, epilogue: Epilogue | None = None) -> list[Kernel]:
+    return [_Depthwise(lw, node, epilogue).kernel()]
+
+
+LOWERINGS = {"kiln::DepthwiseConv": lower_depthwise_nhwc}
