@@ -5,6 +5,7 @@ anchor, and the output coordinates an epilogue sees. Engines themselves are the 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -26,6 +27,7 @@ from kiln.lower.kir import (
     Schedule,
     Stmt,
     Store,
+    TileFinish,
     Unary,
     add,
     buffers_in,
@@ -232,9 +234,71 @@ def conv_output_indexing(out_channels: int, out_shape: tuple[int, ...]):  # type
     return flat_of, position_of
 
 
+@dataclass
+class ComposedChain:
+    """``compose_chain``'s result: an ``Epilogue`` (call it), and the chain it composes, which an
+    engine may recognize as one it runs its own way (``tile_finish``)."""
+
+    compose: Callable[[list[Expr], Expr | None, Expr | None], Expr]
+    chain: list[Node]
+    bindings: dict[Value, Value]
+    start: Value | None
+
+    def __call__(self, position: list[Expr], value: Expr | None, flat: Expr | None = None) -> Expr:
+        return self.compose(position, value, flat)
+
+
+def tile_finish(
+    lw: Lowerer, epilogue: Epilogue | None, row_bias: Buffer | None, out_shape: tuple[int, ...], row_axis: int | None,
+    col_axis: int | None,
+) -> TileFinish | None:  # fmt: skip
+    """The epilogue as a ``TileFinish`` the engine applies in registers, when it is that simple:
+    ``row_bias`` (a convolution's own bias), then at most one Add of a constant varying along the
+    output's ``row_axis`` or ``col_axis`` only, then at most a Relu or a Clip with constant bounds.
+    None for anything else (the helper then runs it)."""
+    if epilogue is not None and not isinstance(epilogue, ComposedChain):
+        return None
+    chain = list(epilogue.chain) if epilogue is not None else []
+    current = epilogue.start if epilogue is not None else None
+    row, col, relu, lo, hi = row_bias, None, False, float("-inf"), float("inf")
+    if chain and chain[0].op == "Add" and not chain[0].domain and current in chain[0].inputs:
+        node = chain.pop(0)
+        others = [v for v in node.inputs if v is not current]
+        array = lw.constant(epilogue.bindings[others[0]]) if len(others) == 1 and epilogue is not None else None
+        if array is None or array.dtype != np.float32 or array.ndim > len(out_shape):
+            return None
+        expanded = array.reshape((1,) * (len(out_shape) - array.ndim) + array.shape)
+        varying = [axis for axis, size in enumerate(expanded.shape) if size != 1]
+        if len(varying) != 1 or expanded.shape[varying[0]] != out_shape[varying[0]]:
+            return None
+        vector = lw.packed_constant(("tile-finish", others[0].name), lambda: np.ascontiguousarray(expanded.reshape(-1)))
+        if varying[0] == row_axis and row is None:
+            row = vector
+        elif varying[0] == col_axis:
+            col = vector
+        else:
+            return None
+        current = node.outputs[0]
+    if chain and not chain[0].domain and chain[0].inputs[0] is current and chain[0].op in ("Relu", "Clip"):
+        node = chain.pop(0)
+        relu = node.op == "Relu"
+        bounds = [lw.constant(epilogue.bindings[v]) if v is not None else None for v in node.inputs[1:]]  # type: ignore[union-attr]
+        if any(b is not None and (b.size != 1 or np.isnan(b).any()) for b in bounds):
+            return None
+        if any(v is not None and b is None for v, b in zip(node.inputs[1:], bounds)):
+            return None  # a bound computed at run time
+        if len(bounds) > 0 and bounds[0] is not None:
+            lo = float(bounds[0].reshape(-1)[0])
+        if len(bounds) > 1 and bounds[1] is not None:
+            hi = float(bounds[1].reshape(-1)[0])
+    if chain or (row is None and col is None and not relu and lo == float("-inf") and hi == float("inf")):
+        return None
+    return TileFinish(row, col, relu, lo, hi)
+
+
 def compose_chain(
     lw: Lowerer, chain: list[Node], bindings: dict[Value, Value], out_shape: tuple[int, ...], start: Value | None
-) -> Callable[[list[Expr], Expr | None, Expr | None], Expr]:
+) -> ComposedChain:
     """The composed expression of ``chain`` at an output position (``flat``: the same position as a
     flat index, which operands of the output's own shape use directly); ``start`` (the anchor's
     output, if any) takes the value passed in."""
@@ -268,4 +332,4 @@ def compose_chain(
         assert result is not None
         return result
 
-    return compose
+    return ComposedChain(compose, list(chain), bindings, start)

@@ -37,6 +37,7 @@ from kiln.lower.engine import (
     pack_rows_bf16,
     pack_rows_int8,
     quantize_channels,
+    tile_finish,
 )
 from kiln.lower.kir import (
     Binary,
@@ -134,8 +135,10 @@ def lower_matmul_gemm(lw: Lowerer, node: Node, epilogue: Epilogue | None = None)
             return [*batch_position(bt, batch_shape), i, j]
 
         helper = epilogue_helper(lw, name, dst, position_of, flat_of, epilogue, None, tile=_tile(precision))
+    finish = tile_finish(lw, epilogue, None, out_shape, None, len(out_shape) - 1) if helper is not None else None
     stmt = GemmSpec(
-        batch, rows, n, k, a_operand, b_operand, dst, m * n, n, _blocking(precision, choice), helper, precision, quant
+        batch, rows, n, k, a_operand, b_operand, dst, m * n, n, _blocking(precision, choice), helper, precision, quant,
+        finish,
     )  # fmt: skip
     flops = 2 * batch * rows * n * k
     return [engine_kernel(name, "matmul", stmt, dst, node, flops, source)]
@@ -317,6 +320,7 @@ def lower_conv_gemm(lw: Lowerer, node: Node, epilogue: Epilogue | None = None) -
     if epilogue is not None or bias_buf is not None:
         flat_of, position_of = conv_output_indexing(out_channels, out_shape)
         helper = epilogue_helper(lw, name, dst, position_of, flat_of, epilogue, bias_buf, tile=_tile(precision))
+    finish = tile_finish(lw, epilogue, bias_buf, out_shape, 1, None) if helper is not None else None
     stmt = GemmSpec(
         x_shape[0],
         out_channels,
@@ -331,6 +335,7 @@ def lower_conv_gemm(lw: Lowerer, node: Node, epilogue: Epilogue | None = None) -
         helper,
         precision,
         quant,
+        finish,
     )
     kind = "conv1x1" if pointwise else "conv"
     flops = 2 * x_shape[0] * out_channels * pixels * channels * kernel_h * kernel_w

@@ -189,6 +189,21 @@ class QuantSpec:
     qmax: int
 
 
+@dataclass(frozen=True)
+class TileFinish:
+    """A fused epilogue of the simplest kind, which the CPU engine applies to a tile's accumulators
+    in registers instead of calling the ``epilogue`` helper (which computes the same, and is what
+    every other consumer of the spec runs): + ``row`` (one value per output row: a convolution's
+    bias), + ``col`` (per column: a linear layer's), then Relu (x < 0 ? 0 : x) and the bounds
+    (x <= lo ? lo : x, then x >= hi ? hi : x) of a Clip."""
+
+    row: Buffer | None = None
+    col: Buffer | None = None
+    relu: bool = False
+    lo: float = float("-inf")
+    hi: float = float("inf")
+
+
 @dataclass
 class GemmSpec:
     """``out[b] = A[b] . B[b]`` for b < batch (A: m x k, B: k x n) on the target's matrix-multiply
@@ -209,6 +224,7 @@ class GemmSpec:
     epilogue: Function | None = None
     precision: str = "fp32"  # "bf16": operands rounded to bfloat16, float32 sums (gemm_bf16.c); "int8"
     quant: QuantSpec | None = None  # int8's quantization (gemm_int8.c)
+    finish: TileFinish | None = None  # the epilogue, when this simple, in the engine's registers (fp32)
 
 
 @dataclass
@@ -298,7 +314,8 @@ def engine_buffers(call: EngineCall) -> list[Buffer]:
     """Every buffer an engine call reads or writes (its epilogue's excluded), in a fixed order."""
     if isinstance(call, GemmSpec):
         quant = [call.quant.scale, call.quant.offset] if call.quant is not None else []
-        return [call.a.buffer, call.b.buffer, *quant, call.out]
+        finish = [b for b in (call.finish.row, call.finish.col) if b is not None] if call.finish else []
+        return [call.a.buffer, call.b.buffer, *quant, *finish, call.out]
     if isinstance(call, WinogradInput):
         return [call.source, call.dest]
     if isinstance(call, WinogradOutput):

@@ -246,3 +246,35 @@ def test_a_small_cache_block_still_sums_every_slice(monkeypatch):
     model, feeds = matmul((13, 300), (300, 37), b_const=True)
     compiled = check(model, feeds, ["matmul"])
     assert "#define KILN_KC 64" in compiled.plans[0].source
+
+
+@pytest.mark.parametrize("kind", ["conv_bias_clip", "matmul_bias_relu", "matmul_clip_min_only"])
+def test_simple_epilogues_are_applied_to_the_accumulators_and_keep_nan(kind):
+    """A bias and a Relu or a Clip run in the micro-kernel's registers (no helper call per tile);
+    edge tiles get the same in memory; NaN and infinities come out as the reference's."""
+    if kind == "conv_bias_clip":
+        x = data(1, 16, 11, 13)
+        inits = {"w": data(70, 16, 1, 1), "b": data(70), "lo": np.float32(0), "hi": np.float32(6)}
+        nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"]), helper.make_node("Clip", ["c", "lo", "hi"], ["y"])]
+        engine = "conv1x1+epilogue"
+    else:
+        x = data(1, 29, 40)
+        inits = {"w": data(40, 50), "b": data(50)}
+        nodes = [helper.make_node("MatMul", ["x", "w"], ["m"]), helper.make_node("Add", ["m", "b"], ["c"])]
+        if kind == "matmul_bias_relu":
+            nodes.append(helper.make_node("Relu", ["c"], ["y"]))
+        else:
+            inits["lo"] = np.float32(-0.5)
+            nodes.append(helper.make_node("Clip", ["c", "lo", ""], ["y"]))
+        engine = "matmul+epilogue"
+    x.reshape(-1)[:6] = [np.nan, np.inf, -np.inf, -0.0, 0.0, 1e30]
+    model = make_model(nodes, [("x", F, list(x.shape))], [("y", F, None)], inits)
+    compiled = kiln.compile(model)
+    got = compiled.run({"x": x})["y"]
+    want = Interpreter(import_onnx(model)).run([x])[0]
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4, equal_nan=True)
+    assert np.isnan(got).any()  # the NaN input reached some outputs, and stayed NaN
+    source = compiled.plans[0].source
+    assert "g.f_on = 1;" in source and "g.epilogue =" not in source
+    kinds = [k.kind for step in compiled.plans[0].steps for k in step.kernels]
+    assert kinds == [engine]

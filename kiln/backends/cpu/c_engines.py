@@ -57,13 +57,26 @@ def _operand_fields(name: str, operand: object) -> list[tuple[str, str]]:
             (f"{name}_cs", str(operand.col_stride)), (f"pack_{name}", f"kiln_pack_{name}_strided")]  # fmt: skip
 
 
+def _float(value: float) -> str:
+    if value == float("inf"):
+        return "INFINITY"
+    if value == float("-inf"):
+        return "-INFINITY"
+    return f"{float(value)!r}f"
+
+
 def engine_call(stmt: EngineCall, indent: str) -> list[str]:
     """An engine call as a call into kiln's C drivers: the matrix-multiply engine's ``kiln_gemm``
     descriptor (gemm.c), the Winograd transforms (winograd.c) and the attention driver
     (attention.c); a descriptor carries the epilogue and the segment's buffer table."""
     lines = [f"{indent}{{", f"{indent}  kiln_gemm g = {{0}};"]
     epilogue = epilogue_of(stmt)
-    if epilogue is not None:
+    finish = stmt.finish if isinstance(stmt, GemmSpec) and stmt.precision == "fp32" else None
+    if finish is not None:  # the same epilogue, in the micro-kernel's registers (gemm.c)
+        lines += [f"{indent}  g.f_on = 1;", f"{indent}  g.f_relu = {int(finish.relu)};"]
+        lines += [f"{indent}  g.f_{name} = {_float(value)};" for name, value in (("lo", finish.lo), ("hi", finish.hi))]
+        lines += [f"{indent}  g.f_{name} = {b.name};" for name, b in (("row", finish.row), ("col", finish.col)) if b]
+    elif epilogue is not None:
         lines.append(f"{indent}  g.epilogue = {epilogue.name};")
         lines.append(f"{indent}  g.buffers = buffers;")
     if isinstance(stmt, GemmSpec):

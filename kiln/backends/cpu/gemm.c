@@ -53,6 +53,11 @@ struct kiln_gemm {
   kiln_pack_fn pack_b;
   float *c; int64_t c_bs, ldc;
   kiln_epilogue_fn epilogue;
+  /* a fused epilogue applied to a finished tile's accumulators in registers (fp32 only; set instead
+     of `epilogue`, which computes the same): + f_row[i] (a convolution's bias per output channel),
+     + f_col[j] (a linear layer's), then f_relu (x < 0 ? 0 : x) and the bounds f_lo, f_hi (x <= lo ? lo
+     : x, then x >= hi ? hi : x; -inf and inf when absent) */
+  const float *f_row, *f_col; int f_on, f_relu; float f_lo, f_hi;
   /* the reduced-precision paths (gemm_lowp.c): constant operands packed in the narrow format when
      the plan was built (then a_pbs, b_pbs are their batch strides and a_packed_size,
      b_packed_size their sizes in elements) */
@@ -70,9 +75,46 @@ struct kiln_gemm {
   int64_t a_size, b_size, c_size, a_packed_size, b_packed_size; /* elements, for KILN_DEBUG checks */
 };
 
+/* -- a fused epilogue in registers ------------------------------------------------------------ */
+
+typedef int32_t kiln_vi __attribute__((vector_size(KILN_VB)));
+
+typedef struct {
+  const float *row, *col; /* at the tile's first row / column, or NULL */
+  int relu;
+  float lo, hi;
+} kiln_finish;
+
+static inline __attribute__((always_inline)) kiln_vf kiln_select(kiln_vi mask, kiln_vf yes, kiln_vf no) {
+  return (kiln_vf)(((kiln_vi)yes & mask) | ((kiln_vi)no & ~mask));
+}
+
+/* one accumulator vector of row r, columns [j, j + KILN_L) of the tile, finished */
+static inline __attribute__((always_inline)) kiln_vf kiln_finish_v(const kiln_finish *f, kiln_vf v, int r, int j) {
+  if (f->row) v += f->row[r];
+  if (f->col) v += *(const kiln_vfu *)(f->col + j);
+  const kiln_vf zero = {0}, lo = (kiln_vf){0} + f->lo, hi = (kiln_vf){0} + f->hi;
+  if (f->relu) v = kiln_select(v < zero, zero, v);
+  v = kiln_select(v <= lo, lo, v);
+  return kiln_select(v >= hi, hi, v);
+}
+
+/* the same on a tile in memory (edge tiles) */
+static void kiln_finish_tile(const kiln_finish *f, float *c, int64_t ldc, int64_t mr, int64_t nr) {
+  for (int64_t r = 0; r < mr; ++r)
+    for (int64_t j = 0; j < nr; ++j) {
+      float v = c[r * ldc + j];
+      if (f->row) v += f->row[r];
+      if (f->col) v += f->col[j];
+      if (f->relu) v = v < 0.0f ? 0.0f : v;
+      v = v <= f->lo ? f->lo : v;
+      c[r * ldc + j] = v >= f->hi ? f->hi : v;
+    }
+}
+
 /* -- the micro-kernel --------------------------------------------------------------------------- */
 
-static inline void kiln_ukernel(int64_t kc, const float *restrict a, const float *restrict b, float *restrict c, int64_t ldc, int accumulate) {
+static inline void kiln_ukernel(int64_t kc, const float *restrict a, const float *restrict b, float *restrict c, int64_t ldc, int accumulate, const kiln_finish *f) {
   kiln_vf acc0[KILN_MR], acc1[KILN_MR];
 #pragma GCC unroll 16
   for (int r = 0; r < KILN_MR; ++r) {
@@ -94,6 +136,13 @@ static inline void kiln_ukernel(int64_t kc, const float *restrict a, const float
     a += KILN_MR;
     b += KILN_NR;
   }
+  if (f) {
+#pragma GCC unroll 16
+    for (int r = 0; r < KILN_MR; ++r) {
+      acc0[r] = kiln_finish_v(f, acc0[r], r, 0);
+      acc1[r] = kiln_finish_v(f, acc1[r], r, KILN_L);
+    }
+  }
 #pragma GCC unroll 16
   for (int r = 0; r < KILN_MR; ++r) {
     *(kiln_vfu *)(c + r * ldc) = acc0[r];
@@ -106,7 +155,7 @@ static inline void kiln_ukernel(int64_t kc, const float *restrict a, const float
    wait for. Fewer than MR rows (a batch-1 linear layer, a decode step) multiply only their own
    accumulators. `rows` is a constant at every call (kiln_ukernel_rows_few's switch, the MR-row
    tile), so the loops over it unroll into registers. */
-static inline __attribute__((always_inline)) void kiln_rows_n(const int rows, int64_t kc, const float *restrict a, int64_t lda, const float *restrict b, float *restrict c, int64_t ldc, int accumulate) {
+static inline __attribute__((always_inline)) void kiln_rows_n(const int rows, int64_t kc, const float *restrict a, int64_t lda, const float *restrict b, float *restrict c, int64_t ldc, int accumulate, const kiln_finish *f) {
   kiln_vf acc0[KILN_MR], acc1[KILN_MR];
 #pragma GCC unroll 16
   for (int r = 0; r < rows; ++r) {
@@ -122,6 +171,13 @@ static inline __attribute__((always_inline)) void kiln_rows_n(const int rows, in
       acc1[r] += x * b1;
     }
     b += KILN_NR;
+  }
+  if (f) {
+#pragma GCC unroll 16
+    for (int r = 0; r < rows; ++r) {
+      acc0[r] = kiln_finish_v(f, acc0[r], r, 0);
+      acc1[r] = kiln_finish_v(f, acc1[r], r, KILN_L);
+    }
   }
 #pragma GCC unroll 16
   for (int r = 0; r < rows; ++r) {
@@ -144,7 +200,7 @@ static void kiln_ukernel_rows_few(int64_t kc, const float *a, int64_t lda, const
   }
   switch (mr) {
 #define KILN_ROWS_CASE(n) \
-  case n: kiln_rows_n(n, kc, a, lda, b, out, ldo, accumulate); break;
+  case n: kiln_rows_n(n, kc, a, lda, b, out, ldo, accumulate, NULL); break;
     KILN_ROWS_CASE(1)
 #if KILN_MR >= 2
     KILN_ROWS_CASE(2)
@@ -182,7 +238,7 @@ static void kiln_ukernel_edge(int64_t kc, const float *a, const float *b, float 
   float tile[KILN_MR * KILN_NR] __attribute__((aligned(64)));
   if (accumulate)
     for (int64_t r = 0; r < mr; ++r) memcpy(tile + r * KILN_NR, c + r * ldc, (size_t)nr * sizeof(float));
-  kiln_ukernel(kc, a, b, tile, KILN_NR, accumulate);
+  kiln_ukernel(kc, a, b, tile, KILN_NR, accumulate, NULL);
   for (int64_t r = 0; r < mr; ++r) memcpy(c + r * ldc, tile + r * KILN_NR, (size_t)nr * sizeof(float));
 }
 
@@ -458,23 +514,30 @@ static void kiln_gemm_tasks(void *ctx, int64_t lo, int64_t hi, int worker) {
         for (int64_t ir = 0; ir < mlen; ir += KILN_MR) {
           const int64_t mr = mlen - ir < KILN_MR ? mlen - ir : KILN_MR;
           float *tile = c + (m0 + ir) * g->ldc + n0 + jr;
+          /* the fused epilogue in registers on whole tiles, on the tile in memory at the edges */
+          kiln_finish fin, *finish = NULL;
+          if (last && g->f_on) {
+            fin = (kiln_finish){g->f_row ? g->f_row + m0 + ir : NULL, g->f_col ? g->f_col + n0 + jr : NULL, g->f_relu, g->f_lo, g->f_hi};
+            finish = &fin;
+          }
+          const int whole = mr == KILN_MR && nr == KILN_NR;
           if (direct_a) { /* A read in place: whole tiles, and edge tiles (M below MR: batch-1 products) */
             const int64_t first = bt * g->a_bs + (m0 + ir) * g->a_rs + k0;
             KILN_SPAN(first, (mr - 1) * g->a_rs + kc, g->a_size, "A (in place)");
-            if (mr == KILN_MR && nr == KILN_NR)
-              kiln_rows_n(KILN_MR, kc, g->a + first, g->a_rs, bpanel, tile, g->ldc, k0 > 0);
+            if (whole)
+              kiln_rows_n(KILN_MR, kc, g->a + first, g->a_rs, bpanel, tile, g->ldc, k0 > 0, finish);
             else
               kiln_ukernel_rows_few(kc, g->a + first, g->a_rs, bpanel, tile, g->ldc, k0 > 0, mr, nr);
-            if (last && g->epilogue) g->epilogue(g, bt, m0 + ir, m0 + ir + mr, n0 + jr, n0 + jr + nr);
-            continue;
+          } else {
+            const float *apanel = ablock + (ir / KILN_MR) * a_stride;
+            if (whole)
+              kiln_ukernel(kc, apanel, bpanel, tile, g->ldc, k0 > 0, finish);
+            else if (nr <= KILN_L)
+              kiln_ukernel_half(kc, apanel, bpanel, tile, g->ldc, k0 > 0, mr, nr);
+            else
+              kiln_ukernel_edge(kc, apanel, bpanel, tile, g->ldc, k0 > 0, mr, nr);
           }
-          const float *apanel = ablock + (ir / KILN_MR) * a_stride;
-          if (mr == KILN_MR && nr == KILN_NR)
-            kiln_ukernel(kc, apanel, bpanel, tile, g->ldc, k0 > 0);
-          else if (nr <= KILN_L)
-            kiln_ukernel_half(kc, apanel, bpanel, tile, g->ldc, k0 > 0, mr, nr);
-          else
-            kiln_ukernel_edge(kc, apanel, bpanel, tile, g->ldc, k0 > 0, mr, nr);
+          if (finish && !whole) kiln_finish_tile(finish, tile, g->ldc, mr, nr);
           if (last && g->epilogue) g->epilogue(g, bt, m0 + ir, m0 + ir + mr, n0 + jr, n0 + jr + nr);
         }
       }
