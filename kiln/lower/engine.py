@@ -271,7 +271,7 @@ def tile_finish(
         varying = [axis for axis, size in enumerate(expanded.shape) if size != 1]
         if len(varying) != 1 or expanded.shape[varying[0]] != out_shape[varying[0]]:
             return None
-        vector = lw.packed_constant(("tile-finish", others[0].name), lambda: np.ascontiguousarray(expanded.reshape(-1)))
+        vector = lw.buffer(epilogue.bindings[others[0]])  # one axis varies: its values are the buffer, in order
         if varying[0] == row_axis and row is None:
             row = vector
         elif varying[0] == col_axis:

@@ -140,8 +140,7 @@ def lower_matmul_gemm(lw: Lowerer, node: Node, epilogue: Epilogue | None = None)
         batch, rows, n, k, a_operand, b_operand, dst, m * n, n, _blocking(precision, choice), helper, precision, quant,
         finish,
     )  # fmt: skip
-    flops = 2 * batch * rows * n * k
-    return [engine_kernel(name, "matmul", stmt, dst, node, flops, source)]
+    return [engine_kernel(name, "matmul", stmt, dst, node, 2 * batch * rows * n * k, source)]
 
 
 def _precision_of(lw: Lowerer, node: Node, activations) -> str:  # type: ignore[no-untyped-def]

@@ -37,11 +37,13 @@ from kiln.lower.kir import (
     Load,
     MatrixOperand,
     PackedOperand,
+    QuantSpec,
     Scalar,
     Schedule,
     Select,
     Stmt,
     Store,
+    TileFinish,
     Unary,
     WinogradInput,
     WinogradOutput,
@@ -62,6 +64,8 @@ OPERAND_NAMES = {
     Im2colOperand: "im2col",
     DirectOperand: "direct",
     AttentionOperand: "slices",
+    QuantSpec: "quant",
+    TileFinish: "finish",
 }
 
 
