@@ -4,9 +4,9 @@ channels last): ``kiln::DepthwiseConv``, a depthwise convolution on [N, H, W, C]
 Each pixel's channels are contiguous, so the kernel is vectorized across channels: each tap's
 weights for a vector of channels are one vector (packed tap-major at compile time). Row by row,
 channel block by channel block, each output is its whole sum (bias + every tap) stored once
-with the epilogue applied; interior pixels go ``UNROLL_PIXELS`` at a time, sharing one load of
-the block's weights, every sum computed before any store (so loads neighbouring pixels share
-can be loaded once), with no bounds tests; border rows and columns are written with only the
+with the epilogue applied; interior pixels go ``UNROLL_PIXELS`` at a time, tap by tap, each tap's
+weights loaded once for all of them and one running sum per pixel in a register, with no bounds
+tests; border rows and columns are written with only the
 taps that fall inside (decided here). Threads take rows or, on small planes, channel blocks.
 """
 
@@ -23,7 +23,7 @@ from kiln.lower.nn_lowering import require_float
 from kiln.lower.target import PARALLEL_MIN
 from kiln.lower.window_lowering import window_interior
 
-UNROLL_PIXELS = 4  # interior output pixels computed per loaded set of a channel block's weights
+UNROLL_PIXELS = 4  # interior output pixels sharing each load of a tap's weights (their sums in registers)
 
 
 class _Depthwise:
@@ -101,11 +101,10 @@ class _Depthwise:
             value = self.epilogue([self.n, row, col, self.channel], value, target)
         return Store(self.dst, target, value)
 
-    def output(self, row: Expr, col: Expr, valid: list[tuple[int, int]], held: dict | None = None) -> Store:
+    def output(self, row: Expr, col: Expr, valid: list[tuple[int, int]]) -> Store:
         value = self.start()
         for tap in valid:
-            weight = held[self.taps.index(tap)] if held is not None else None
-            value = Binary("+", value, self.term(row, col, tap, weight))
+            value = Binary("+", value, self.term(row, col, tap))
         return self.finish(row, col, value)
 
     # -- loops ----------------------------------------------------------------------------------
@@ -132,14 +131,19 @@ class _Depthwise:
         return stmts
 
     def _group(self, row: Expr, valid: list[tuple[int, int]], col_lo: int) -> list[Stmt]:
-        """UNROLL_PIXELS interior pixels: the block's weights loaded once, every sum before any store."""
-        held = {self.taps.index(tap): self.lw.scalar(self.dtype, "w") for tap in valid}
-        stmts: list[Stmt] = [Let(scalar, self.weight(tap)) for tap, scalar in held.items()]
+        """UNROLL_PIXELS interior pixels, tap by tap: each tap's weights loaded once for all of
+        them, one running sum per pixel in a register (each sum in the order ``output`` adds)."""
         first = add(Binary("*", self.q, i64(UNROLL_PIXELS)), i64(col_lo))
-        stores = [self.output(row, add(first, i64(u)), valid, held) for u in range(UNROLL_PIXELS)]
-        sums = [self.lw.scalar(self.dtype, "y") for _ in stores]
-        stmts += [Let(total, store.value) for total, store in zip(sums, stores)]
-        return stmts + [Store(store.buffer, store.index, total) for total, store in zip(sums, stores)]
+        cols = [add(first, i64(u)) for u in range(UNROLL_PIXELS)]
+        sums = [self.lw.scalar(self.dtype, "acc") for _ in cols]
+        stmts: list[Stmt] = [Let(total, self.start()) for total in sums]
+        for tap in valid:
+            weight = self.lw.scalar(self.dtype, "w")
+            stmts.append(Let(weight, self.weight(self.taps.index(tap))))
+            stmts += [
+                Assign(total, Binary("+", total, self.term(row, col, tap, weight))) for total, col in zip(sums, cols)
+            ]
+        return stmts + [self.finish(row, col, total) for total, col in zip(sums, cols)]
 
     def body(self) -> list[Stmt]:
         shapes = (

@@ -102,6 +102,8 @@ def lower_reduce(lw: Lowerer, node: Node) -> list[Kernel]:
     ):
         raise CannotLower("reduction over an empty axis")  # mean/max/min of nothing: left to the reference
     kept, reduced = _split_axes(shape, axes)
+    if reduced and kept and kept[-1] == rank - 1 and shape[-1] >= lw.target.lanes(dtype):
+        return [_reduce_rows(lw, node, shape, kept, reduced, dtype)]
     initial, combine, finish = _REDUCE[node.op]
     count = int(np.prod([shape[a] for a in reduced])) if reduced else 1
     src, dst = lw.buffer(source), lw.buffer(out)
@@ -125,6 +127,40 @@ def lower_reduce(lw: Lowerer, node: Node) -> list[Kernel]:
         parallel=indices[0].name if indices and int(np.prod(shape)) >= PARALLEL_MIN and kept_shape[0] > 1 else None
     )
     return [lw.kernel(node, "reduction", stmts, [source], [out], schedule)]
+
+
+def _reduce_rows(lw: Lowerer, node: Node, shape, kept, reduced, dtype: DType) -> Kernel:  # type: ignore[no-untyped-def]
+    """A reduction keeping the innermost axis (channels-last pooling, [N, H, W, C] over H and W):
+    a row of running sums (float64, in scratch) the length of that axis, each input row added to
+    it element by element (contiguous, vectorized), in the order the general kernel adds."""
+    initial, combine, finish = _REDUCE[node.op]
+    count = int(np.prod([shape[a] for a in reduced]))
+    width = shape[-1]
+    src, dst = lw.buffer(node.inputs[0]), lw.buffer(node.outputs[0])  # type: ignore[arg-type]
+    sums = lw.scratch_buffer(F64, width, hint="rsum")
+    in_strides, rank = strides(shape), len(shape)
+    outer = [lw.index("o") for _ in kept[:-1]]
+    inner = [lw.index("r") for _ in reduced]
+    c, c2, c3 = lw.index("c"), lw.index("c"), lw.index("c")
+    position = dict(zip(kept[:-1], outer)) | dict(zip(reduced, inner))
+    read = affine([(position[a], in_strides[a]) for a in range(rank - 1)] + [(c2, 1)])  # type: ignore[misc]
+    body: list[Stmt] = [For(c2, width, [Store(sums, c2, combine(Load(sums, c2), Cast(F64, Load(src, read))))])]
+    for index, axis in reversed(list(zip(inner, reduced))):
+        body = [For(index, shape[axis], body)]
+    out_strides = strides(tuple(shape[a] for a in kept))
+    write = affine([*zip(outer, out_strides[:-1]), (c3, 1)])  # type: ignore[list-item]
+    stmts: list[Stmt] = [
+        For(c, width, [Store(sums, c, Const(initial, F64))]),
+        *body,
+        For(c3, width, [Store(dst, write, Cast(dtype, finish(Load(sums, c3), count)))]),
+    ]
+    for index, axis in reversed(list(zip(outer, kept[:-1]))):
+        stmts = [For(index, shape[axis], stmts)]
+    lw.kernel_count += 1
+    return Kernel(
+        f"k{lw.kernel_count}", "reduction", stmts, [src], [dst, sums], [node.label],
+        Schedule(vectorize=c2.name, simd=(c.name, c3.name)),
+    )  # fmt: skip
 
 
 # -- softmax and layer normalization ---------------------------------------------------------------

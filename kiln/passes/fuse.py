@@ -297,35 +297,65 @@ def _attention_groups(graph, consumer_of, readers, outputs, producer, order, ref
 
 
 def _grow(sink, producer, grouped, readers, outputs, refusals) -> dict[int, Node]:  # type: ignore[no-untyped-def]
-    """The elementwise group grown backwards from ``sink`` (each refusal recorded with its reason)."""
+    """The elementwise group grown backwards from ``sink`` (each refusal recorded with its reason).
+    A candidate read more than once joins when every one of its readers is in the group (a
+    biased product's output read by SiLU's Sigmoid and Mul): such candidates wait until the
+    group has stopped growing, then are tried again."""
     members = {id(sink): sink}
     stack = [sink]
-    while stack:
-        consumer = stack.pop()
-        for value in consumer.inputs:
-            candidate = producer.get(value) if value is not None else None
-            if candidate is None or id(candidate) in members or _anchor(candidate):
-                continue
-            reason = (
-                "already fused into another group"
-                if id(candidate) in grouped
-                else can_fuse(candidate, consumer, readers, outputs)
-            )
-            if reason is None and candidate.outputs[0].type != sink.outputs[0].type:
-                reason = "the group's loop runs over another shape"
-            if reason is None and not _elementwise(candidate):
-                reason = f"{candidate.op} is not an elementwise op"
-            if reason is None and fusion_benefit(value) <= 0:
-                reason = "nothing to save"
-            if reason is None and len(members) >= MAX_GROUP:
-                reason = f"the group has {MAX_GROUP} ops (longer chains split: the C compiler's time grows faster than a loop body)"
-            if reason is not None:
-                if refusals is not None and _elementwise(candidate):
-                    refusals.append(Refusal(candidate.label, consumer.label, reason))
-                continue
-            members[id(candidate)] = candidate
-            stack.append(candidate)
+    waiting: dict[int, tuple[Node, Node, str]] = {}
+    while True:
+        while stack:
+            consumer = stack.pop()
+            for value in consumer.inputs:
+                candidate = producer.get(value) if value is not None else None
+                if candidate is None or id(candidate) in members or _anchor(candidate):
+                    continue
+                reason = _refusal(candidate, consumer, sink, members, grouped, readers, outputs)
+                if reason is not None:
+                    waiting[id(candidate)] = (candidate, consumer, reason)
+                    continue
+                waiting.pop(id(candidate), None)
+                members[id(candidate)] = candidate
+                stack.append(candidate)
+        for key, (candidate, consumer, _) in list(waiting.items()):
+            uses = sum(1 for node in members.values() for v in node.inputs if v is candidate.outputs[0])
+            if uses == readers.get(candidate.outputs[0], 0) and uses > 1:  # every reader is in the group
+                single = {**readers, candidate.outputs[0]: 1}
+                if _refusal(candidate, consumer, sink, members, grouped, single, outputs) is None:
+                    del waiting[key]
+                    members[id(candidate)] = candidate
+                    stack.append(candidate)
+        if not stack:
+            break
+    if refusals is not None:
+        refusals.extend(
+            Refusal(candidate.label, consumer.label, reason)
+            for candidate, consumer, reason in waiting.values()
+            if _elementwise(candidate)
+        )
     return members
+
+
+def _refusal(candidate, consumer, sink, members, grouped, readers, outputs) -> str | None:  # type: ignore[no-untyped-def]
+    """Why ``candidate`` may not join the group through ``consumer`` (None: it may)."""
+    value = candidate.outputs[0]
+    reason = (
+        "already fused into another group"
+        if id(candidate) in grouped
+        else can_fuse(candidate, consumer, readers, outputs)
+    )
+    if reason is None and candidate.outputs[0].type != sink.outputs[0].type:
+        reason = "the group's loop runs over another shape"
+    if reason is None and not _elementwise(candidate):
+        reason = f"{candidate.op} is not an elementwise op"
+    if reason is None and fusion_benefit(value) <= 0:
+        reason = "nothing to save"
+    if reason is None and len(members) >= MAX_GROUP:
+        reason = (
+            f"the group has {MAX_GROUP} ops (longer chains split: the C compiler's time grows faster than a loop body)"
+        )
+    return reason
 
 
 def _join_anchor(members, sink, producer, grouped, readers, outputs, refusals) -> None:  # type: ignore[no-untyped-def]

@@ -12,13 +12,17 @@ global pooling) until pairs meet and cancel (``simplify``). What is left are the
 consumer needs: at the region's edges (a stem convolution that stays NCHW, the classifier).
 
 The choice is a cost: the bytes the graph's layout conversions move (read and written), before
-and after. The channels-last kernels themselves are priced as equal to the NCHW ones, because
-that is what they measure (``benchmarks/layouts.py``: kiln's channels-last depthwise kernel is
-within ~15% of its NCHW kernels either way, faster on strided and small planes, slower on large
-stride-1 planes; a 1x1 convolution is one matrix product either way). So the graph goes
-channels last when that removes conversions it already had (ConvNeXt's exporters permute to
-channels last around every block's LayerNorm and linear layers), and stays as it was when it
-would add some (a MobileNet's stem). ``kiln explain`` prints the decision (``layout_decision``).
+and after, against what the channels-last kernels save. A depthwise convolution with a large
+window (5x5, 7x7) on NCHW data interleaves its channels into scratch and back (a conversion of
+its input and output it does itself) or runs on rows, and measures about twice the channels-last
+kernel's time; so each saves about the conversion of its input and output. 3x3 windows and 1x1
+convolutions are priced as equal in both layouts, which is what they measure
+(``benchmarks/layouts.py``: within ~15% either way; a 1x1 convolution is one matrix product
+either way). So the graph goes channels last where that removes conversions it had (ConvNeXt's
+exporters permute to channels last around every block's LayerNorm and linear layers) or adds
+fewer than its large depthwise windows save (EfficientNet), and stays as it was when it would
+only add some (a MobileNet's stem, a ResNet's 3x3 convolutions). ``kiln explain`` prints the
+decision (``layout_decision``).
 
 Only a target whose kernels run channels last gets it (``Target.layouts``); others keep NCHW.
 """
@@ -52,6 +56,11 @@ REDUCTIONS = (
     "ReduceSumSquare",
 )
 GLOBAL_POOLS = {"GlobalAveragePool": "ReduceMean", "GlobalMaxPool": "ReduceMax"}
+# depthwise windows from this many taps (5x5 and up): their NCHW kernel interleaves a block of
+# channels into scratch and back (kiln.lower.window_lowering's channel-blocked kernel) or runs on
+# rows, and measures about twice the channels-last kernel's time (benchmarks/layouts.py); the
+# interleaving is a conversion of the input and output, which channels last saves
+LARGE_WINDOW = 25
 MAX_ROUNDS = 16  # propagation rounds (each moves every conversion past at least one op, or stops)
 
 
@@ -64,13 +73,15 @@ class LayoutDecision:
     depthwise: int  # depthwise convolutions that would run channels last
     conversions_before: int  # bytes the graph's own layout conversions move
     conversions_after: int  # bytes the conversions left after propagation move
+    saved: int  # bytes of conversion the NCHW kernels do themselves (large depthwise windows)
     reason: str
 
     def text(self) -> str:
         verdict = "channels last (NHWC)" if self.channels_last else "NCHW kept"
         return (
             f"{verdict}: {self.pointwise} 1x1 and {self.depthwise} depthwise convolutions; conversions "
-            f"{_mb(self.conversions_before)} -> {_mb(self.conversions_after)} MB moved ({self.reason})"
+            f"{_mb(self.conversions_before)} -> {_mb(self.conversions_after)} MB moved, the NCHW kernels' own "
+            f"{_mb(self.saved)} MB saved ({self.reason})"
         )
 
 
@@ -90,22 +101,29 @@ def layout_decision(graph: Graph, target: Any = None) -> LayoutDecision:
 
 def _decide(graph: Graph, target: Any) -> tuple[LayoutDecision, Graph]:
     if target is None or "NHWC" not in getattr(target, "layouts", ()):
-        return LayoutDecision(False, 0, 0, 0, 0, f"target {getattr(target, 'name', None)} runs NCHW only"), graph
+        return LayoutDecision(False, 0, 0, 0, 0, 0, f"target {getattr(target, 'name', None)} runs NCHW only"), graph
     found = [(node, kind) for node in graph.nodes if (kind := _candidate(graph, node))]
     pointwise = sum(1 for _, kind in found if kind == "pointwise")
     depthwise = [node for node, kind in found if kind == "depthwise"]
     before = conversion_bytes(graph)
     if not found:
-        return LayoutDecision(False, 0, 0, before, before, "no convolution has a channels-last kernel"), graph
+        return LayoutDecision(False, 0, 0, before, before, 0, "no convolution has a channels-last kernel"), graph
     trial = propagate(rewrite_channels_last(graph, {id(node): kind for node, kind in found}))
     after = conversion_bytes(trial)
-    chosen = after < before
-    reason = "fewer conversions" if chosen else "the conversions would not shrink"
-    decision = LayoutDecision(chosen, pointwise, len(depthwise), before, after, reason)
+    saved = sum(2 * (_bytes(node.inputs[0]) + _bytes(node.outputs[0])) for node in depthwise if _large(graph, node))
+    chosen = after - saved < before
+    reason = "the conversions cost less than the kernels save" if chosen else "the conversions would cost more"
+    decision = LayoutDecision(chosen, pointwise, len(depthwise), before, after, saved, reason)
     return decision, (trial if chosen else graph)
 
 
 # -- which convolutions -------------------------------------------------------------------------------
+
+
+def _large(graph: Graph, node: Node) -> bool:
+    """A depthwise window of LARGE_WINDOW taps or more (5x5, 7x7)."""
+    weights = graph.constants[node.inputs[1]]  # type: ignore[index]
+    return int(np.prod(weights.shape[2:])) >= LARGE_WINDOW
 
 
 def _static_f32(value: Value | None, rank: int) -> bool:
@@ -220,6 +238,14 @@ def _scalar(rw: Rewriter, value: Value | None) -> bool:
     return value is None or (array is not None and array.size == 1)
 
 
+def _unit_dims_only(value: Value | None, rank: int | None) -> bool:
+    """A static tensor of ``rank`` with at most one dim above 1 (any permutation is a reshape)."""
+    if value is None or not isinstance(value.type, TensorType) or not value.type.is_static:
+        return False
+    shape = value.type.shape
+    return shape is not None and len(shape) == rank and sum(1 for d in shape if d != 1) <= 1
+
+
 def _sink(graph: Graph) -> Graph:
     """One sweep: each op reading a conversion computed on the conversion's input instead, the
     conversion moved to its output."""
@@ -269,13 +295,22 @@ def _move(rw: Rewriter, node: Node, producers: dict[Value, Node]) -> Value | Non
             plan.append(("as is", value))
         elif rw.constant_value(value) is not None:
             plan.append(("constant", value))
+        elif _unit_dims_only(value, out_rank):
+            plan.append(("reshaped", value))  # [N, C, 1, 1] (a squeeze-excite scale): a free reshape
         else:
             return None
     if common is None or (node.op == "Clip" and any(kind == "constant" for kind, _ in plan)):
         return None
     inverse = _inverse(common)
     for kind, value in plan:
-        if kind == "constant":
+        if kind == "reshaped":
+            shape = value.type.shape  # type: ignore[union-attr]
+            moved = [shape[i] for i in inverse]
+            if [d for d in moved if d != 1] != [d for d in shape if d != 1]:
+                return None  # a transpose would move data
+            target = rw.add_constant(np.array(moved, dtype=np.int64), f"{hint}_shape")
+            inputs.append(rw.emit("Reshape", [value, target], hint=f"{hint}_r")[0])
+        elif kind == "constant":
             array = rw.constant_value(value)
             assert array is not None and out_rank is not None
             expanded = array.reshape((1,) * (out_rank - array.ndim) + array.shape)

@@ -168,7 +168,9 @@ def test_gelu_dag_after_a_reshape_fuses_into_the_matmul_epilogue():
     np.testing.assert_allclose(compiled(x, skip), want, rtol=1e-5, atol=1e-6)
 
 
-def test_an_intermediate_read_twice_stays_outside_the_group():
+def test_an_intermediate_read_twice_joins_when_both_readers_are_in_the_group():
+    """SiLU after a biased product (Sigmoid and Mul both read the sum): one loop, the intermediate
+    computed once per element and never stored; read outside the group too, it stays outside."""
     graph = parse_graph("""
 graph g(%x: f32[4,4]) -> (%y) {
   %e: f32[4,4] = Exp(%x)
@@ -176,11 +178,25 @@ graph g(%x: f32[4,4]) -> (%y) {
   %b: f32[4,4] = Neg(%e)
   %y: f32[4,4] = Add(%a, %b)
 }""")
+    after = fuse(graph)
+    assert [n.op for n in after.nodes] == ["Fused"]
+    assert sorted(n.op for n in after.nodes[0].attrs["body"].nodes) == ["Add", "Exp", "Neg", "Relu"]
+    x = np.random.default_rng(0).standard_normal((4, 4)).astype(np.float32)
+    np.testing.assert_allclose(Interpreter(after).run([x])[0], Interpreter(graph).run([x])[0], rtol=1e-6)
+
+    shared = parse_graph("""
+graph g(%x: f32[4,4]) -> (%y, %m) {
+  %e: f32[4,4] = Exp(%x)
+  %a: f32[4,4] = Relu(%e)
+  %b: f32[4,4] = Neg(%e)
+  %y: f32[4,4] = Add(%a, %b)
+  %m: f32[1,1] = ReduceMax(%e)
+}""")
     refusals: list[Refusal] = []
-    after = fuse(graph, refusals)
-    assert [n.op for n in after.nodes] == ["Exp", "Fused"]
+    after = fuse(shared, refusals)
+    assert [n.op for n in after.nodes][:2] == ["Exp", "Fused"]
     assert [n.op for n in after.nodes[1].attrs["body"].nodes] == ["Relu", "Neg", "Add"]
-    assert any("2 readers" in r.reason for r in refusals)
+    assert any("3 readers" in r.reason for r in refusals)
 
 
 def heads_model(batch=2, length=9, heads=3, depth=4, kv_length=None, out_perm=(0, 2, 1, 3)):

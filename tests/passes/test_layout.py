@@ -238,3 +238,34 @@ graph g(%x: f32[1,6,7,7]) -> (%y) {
     assert "kiln::DepthwiseConv" in ops(rewritten)
     x = rng.standard_normal((1, 6, 7, 7)).astype(np.float32)
     np.testing.assert_allclose(run(rewritten, x)[0], run(conv, x)[0], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "op,axes,keepdims", [("ReduceMean", [1, 2], 1), ("ReduceMax", [1], 0), ("ReduceSum", [0, 2], 1)]
+)
+def test_reductions_keeping_the_channels_axis_match_onnxruntime(tmp_path, op, axes, keepdims):
+    """Channels-last global pooling (over H and W, C kept innermost) runs as rows of running sums,
+    NaN propagated as kiln's reference does (NumPy's; onnxruntime's ReduceMax drops NaN)."""
+    import onnx
+    import onnx.helper as oh
+
+    from kiln.frontend.onnx import import_onnx
+
+    x = np.random.default_rng(3).standard_normal((2, 5, 7, 24)).astype(np.float32)
+    x[0, 1, 2, 3] = np.nan
+    model = make_model(
+        [oh.make_node(op, ["x", "axes"], ["y"], keepdims=keepdims)],
+        [("x", FLOAT, list(x.shape))],
+        [("y", FLOAT, None)],
+        {"axes": np.array(axes, dtype=np.int64)},
+        opset=18,
+    )
+    path = tmp_path / "r.onnx"
+    onnx.save(model, path)
+    compiled = kiln.compile(str(path))
+    got = compiled.run({"x": x})["y"]
+    want = Interpreter(import_onnx(model)).run([x])[0]
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6, equal_nan=True)
+    assert np.isnan(got).sum() == np.isnan(want).sum() > 0
+    scratch = [b.name for step in compiled.plans[0].steps for k in step.kernels for b in k.writes]
+    assert any(name.startswith("rsum") for name in scratch), scratch  # rows of sums, not a strided sum each
