@@ -140,6 +140,8 @@ def _candidate(graph: Graph, node: Node) -> str | None:
     """ "pointwise", "depthwise" or None: whether ``node`` is a convolution with a channels-last form."""
     if node.op != "Conv" or node.domain or len(node.inputs) < 2:
         return None
+    if any(key.startswith("kiln_") for key in node.attrs):
+        return None  # marked by an earlier stage (a pre-quantized model's int8 product): kept as it is
     x, w, out = node.inputs[0], node.inputs[1], node.outputs[0]
     bias = node.inputs[2] if len(node.inputs) > 2 else None
     if not (_static_f32(x, 4) and _static_f32(out, 4)) or w not in graph.constants:

@@ -269,3 +269,16 @@ def test_reductions_keeping_the_channels_axis_match_onnxruntime(tmp_path, op, ax
     assert np.isnan(got).sum() == np.isnan(want).sum() > 0
     scratch = [b.name for step in compiled.plans[0].steps for k in step.kernels for b in k.writes]
     assert any(name.startswith("rsum") for name in scratch), scratch  # rows of sums, not a strided sum each
+
+
+def test_a_product_an_earlier_stage_marked_is_kept_as_it_is():
+    """A pre-quantized model's convolution (kiln.passes.quantized marks it for the int8 path) keeps
+    its op and its marks: rewritten, it would lose its own quantization."""
+    from kiln.ir.graph import Node
+    from kiln.passes.layout import _candidate
+
+    graph = _convnext_block()
+    conv = next(n for n in graph.nodes if n.op == "Conv")
+    assert _candidate(graph, conv) == "depthwise"
+    marked = Node(conv.op, conv.inputs, conv.outputs, {**conv.attrs, "kiln_qdq": (0.1, 0)}, name=conv.name)
+    assert _candidate(graph, marked) is None
