@@ -3,6 +3,7 @@ compilation."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import click
@@ -225,14 +226,7 @@ class ExplainView:
             from kiln.passes.layout import layout_decision
 
             self.layout = layout_decision(self.seen["before assign_layouts"], self.target)
-            report["layout"] = {
-                "channels_last": self.layout.channels_last,
-                "pointwise": self.layout.pointwise,
-                "depthwise": self.layout.depthwise,
-                "conversion_bytes_before": self.layout.conversions_before,
-                "conversion_bytes_after": self.layout.conversions_after,
-                "reason": self.layout.reason,
-            }
+            report["layout"] = dataclasses.asdict(self.layout)
         report["printed"] = self.printed
         if plan is not None:
             report["plan"] = _plan_summary(plan)

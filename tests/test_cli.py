@@ -169,8 +169,8 @@ def test_explain_prints_the_layout_decision(tmp_path):
     assert result.exit_code == 0, result.output
     layout = json.loads(result.stdout)["layout"]
     assert layout["channels_last"] and layout["depthwise"] == 1, layout
-    assert layout["conversion_bytes_after"] == 0 < layout["conversion_bytes_before"], layout
-    assert np.isfinite(layout["conversion_bytes_before"])
+    assert layout["conversions_after"] == 0 < layout["conversions_before"], layout
+    assert np.isfinite(layout["conversions_before"]) and layout["saved"] == 0  # a 3x3 window saves nothing
 
 
 def test_compile_with_tuning_and_profile(tmp_path, monkeypatch):

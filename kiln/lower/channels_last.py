@@ -44,6 +44,7 @@ class _Depthwise:
         self.dilation = tuple(int(k) for k in node.attrs.get("dilations") or (1, 1))
         self.pads = tuple(int(k) for k in (node.attrs.get("pads") or (0, 0, 0, 0))[:2])
         self.taps = [(kh, kw) for kh in range(self.kernel_h) for kw in range(self.kernel_w)]
+        self.tap_index = {tap: i for i, tap in enumerate(self.taps)}
         self.x_buf, self.dst = lw.buffer(x), lw.buffer(out)
         bias = node.inputs[2] if len(node.inputs) > 2 else None
         self.bias = lw.buffer(bias) if bias is not None else None
@@ -89,7 +90,7 @@ class _Depthwise:
 
     def term(self, row: Expr, col: Expr, tap: tuple[int, int], weight: Expr | None = None) -> Expr:
         in_row, in_col = self.input_at(row, col, *tap)
-        factor = weight if weight is not None else self.weight(self.taps.index(tap))
+        factor = weight if weight is not None else self.weight(self.tap_index[tap])
         return Binary("*", factor, Load(self.x_buf, self.pixel(in_row, in_col, self.height, self.width)))
 
     def start(self) -> Expr:
@@ -139,7 +140,7 @@ class _Depthwise:
         stmts: list[Stmt] = [Let(total, self.start()) for total in sums]
         for tap in valid:
             weight = self.lw.scalar(self.dtype, "w")
-            stmts.append(Let(weight, self.weight(self.taps.index(tap))))
+            stmts.append(Let(weight, self.weight(self.tap_index[tap])))
             stmts += [
                 Assign(total, Binary("+", total, self.term(row, col, tap, weight))) for total, col in zip(sums, cols)
             ]

@@ -68,28 +68,16 @@ register(
 )
 
 
-def _window_extent(size: Any, kernel: int, stride: int, dilation: int, pad: int) -> Any:
-    if not isinstance(size, int):
-        return None
-    span = (kernel - 1) * dilation + 1
-    return (size + pad - span) // stride + 1
-
-
 def _depthwise_infer(ctx: InferContext) -> list[Type]:
-    """x [N, H, W, C] (channels last), w [C, 1, KH, KW] -> [N, OH, OW, C]."""
+    """x [N, H, W, C] (channels last), w [C, 1, KH, KW] -> [N, OH, OW, C]: the window as Conv's
+    (``nn.window_out`` on the channels-first view of the same dims)."""
     from kiln.errors import ShapeInferenceError
     from kiln.ir.types import TensorType
+    from kiln.ops.nn import window_out
 
     data, weight = ctx.tensor(0), ctx.tensor(1)
-    kernel = tuple(ctx.attr("kernel_shape"))
-    strides = tuple(ctx.attr("strides") or (1, 1))
-    dilations = tuple(ctx.attr("dilations") or (1, 1))
-    pads = tuple(ctx.attr("pads") or (0, 0, 0, 0))
-    if len(kernel) != 2 or len(strides) != 2 or len(dilations) != 2 or len(pads) != 4:
-        raise ShapeInferenceError("DepthwiseConv is 2-D: kernel_shape, strides, dilations of 2, pads of 4")
-    if min(strides) < 1 or min(dilations) < 1 or min(kernel) < 1 or min(pads) < 0:
-        raise ShapeInferenceError(f"bad window: kernel {kernel}, strides {strides}, dilations {dilations}, pads {pads}")
-    if data.shape is None:
+    if data.shape is None:  # the window's attributes are still checked
+        window_out(ctx, TensorType(data.dtype, ctx.fresh_shape(4)), list(ctx.attr("kernel_shape")), ctx.fresh())
         return [TensorType(data.dtype, None)]
     if len(data.shape) != 4:
         raise ShapeInferenceError(f"DepthwiseConv reads [N, H, W, C], got rank {len(data.shape)}")
@@ -98,13 +86,9 @@ def _depthwise_infer(ctx: InferContext) -> list[Type]:
         raise ShapeInferenceError(f"DepthwiseConv's weight is [C, 1, KH, KW], got {weight.shape}")
     if weight.shape is not None and isinstance(channels, int) and weight.shape[0] != channels:
         raise ShapeInferenceError(f"{channels} channels, but the weight has {weight.shape[0]}")
-    dims = []
-    for axis, size in enumerate((height, width)):
-        out = _window_extent(size, kernel[axis], strides[axis], dilations[axis], pads[axis] + pads[axis + 2])
-        if out is not None and out < 1:
-            raise ShapeInferenceError(f"the window is larger than the padded input along spatial dim {axis}")
-        dims.append(out if out is not None else ctx.fresh())
-    return [TensorType(data.dtype, (batch, dims[0], dims[1], channels))]
+    planes = TensorType(data.dtype, (batch, channels, height, width))
+    _, _, out_h, out_w = window_out(ctx, planes, list(ctx.attr("kernel_shape")), channels)
+    return [TensorType(data.dtype, (batch, out_h, out_w, channels))]
 
 
 def _depthwise_reference(ctx: RunContext, inputs: list) -> list:

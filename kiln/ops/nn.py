@@ -41,7 +41,9 @@ def _spatial_out(
     return padded // stride + 1
 
 
-def _window_out(ctx: InferContext, data: TensorType, kernel: list[int], channels: Dim) -> tuple:
+def window_out(ctx: InferContext, data: TensorType, kernel: list[int], channels: Dim) -> tuple:
+    """[N, channels, *spatial out] of a windowed op over NCHW ``data`` (the window's attributes
+    checked: counts, integers, bounds; a window larger than the padded input refused)."""
     spatial = len(kernel)
     strides = ctx.attr_or("strides", (1,) * spatial)
     dilations = ctx.attr_or("dilations", (1,) * spatial)
@@ -93,7 +95,7 @@ def _conv(ctx: InferContext) -> list[Type]:
         raise ShapeInferenceError(
             f"input has {in_channels} channels but the weight expects {weight_channels} x group {group}"
         )
-    return [TensorType(dtype, _window_out(ctx, data, list(kernel), weight.shape[0]))]
+    return [TensorType(dtype, window_out(ctx, data, list(kernel), weight.shape[0]))]
 
 
 def _conv_transpose(ctx: InferContext) -> list[Type]:
@@ -129,7 +131,7 @@ def _pool(ctx: InferContext) -> list[Type]:
     data = ctx.tensor(0)
     if data.shape is None:
         return [TensorType(data.dtype, None)] * ctx.num_outputs
-    shape = _window_out(ctx, data, list(ctx.attr("kernel_shape")), data.shape[1])
+    shape = window_out(ctx, data, list(ctx.attr("kernel_shape")), data.shape[1])
     types: list[Type] = [TensorType(data.dtype, shape)]
     if ctx.num_outputs > 1:
         types.append(TensorType(DType.INT64, shape))

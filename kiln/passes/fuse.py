@@ -60,12 +60,15 @@ def _float_static(value: Value | None) -> bool:
     )
 
 
-def can_fuse(producer: Node, consumer: Node, readers: dict[Value, int], outputs: set[Value]) -> str | None:
-    """None when ``consumer`` may join ``producer``'s group, else why not."""
+def can_fuse(
+    producer: Node, consumer: Node, readers: dict[Value, int], outputs: set[Value], inside: int = 1
+) -> str | None:
+    """None when ``consumer`` may join ``producer``'s group, else why not (``inside``: how many
+    of the link's readers are in the group; every one must be)."""
     if not _fusable(consumer):
         return f"{consumer.op} is not an elementwise op"
     link = producer.outputs[0]
-    if readers.get(link, 0) != 1:
+    if readers.get(link, 0) != inside:
         return f"%{link.name} has {readers.get(link, 0)} readers: the intermediate must be kept"
     if link in outputs:
         return f"%{link.name} is a graph output"
@@ -320,12 +323,10 @@ def _grow(sink, producer, grouped, readers, outputs, refusals) -> dict[int, Node
                 stack.append(candidate)
         for key, (candidate, consumer, _) in list(waiting.items()):
             uses = sum(1 for node in members.values() for v in node.inputs if v is candidate.outputs[0])
-            if uses == readers.get(candidate.outputs[0], 0) and uses > 1:  # every reader is in the group
-                single = {**readers, candidate.outputs[0]: 1}
-                if _refusal(candidate, consumer, sink, members, grouped, single, outputs) is None:
-                    del waiting[key]
-                    members[id(candidate)] = candidate
-                    stack.append(candidate)
+            if uses > 1 and _refusal(candidate, consumer, sink, members, grouped, readers, outputs, uses) is None:
+                del waiting[key]
+                members[id(candidate)] = candidate
+                stack.append(candidate)
         if not stack:
             break
     if refusals is not None:
@@ -337,13 +338,14 @@ def _grow(sink, producer, grouped, readers, outputs, refusals) -> dict[int, Node
     return members
 
 
-def _refusal(candidate, consumer, sink, members, grouped, readers, outputs) -> str | None:  # type: ignore[no-untyped-def]
-    """Why ``candidate`` may not join the group through ``consumer`` (None: it may)."""
+def _refusal(candidate, consumer, sink, members, grouped, readers, outputs, inside=1) -> str | None:  # type: ignore[no-untyped-def]
+    """Why ``candidate`` may not join the group through ``consumer`` (None: it may); ``inside``
+    of its readers are in the group."""
     value = candidate.outputs[0]
     reason = (
         "already fused into another group"
         if id(candidate) in grouped
-        else can_fuse(candidate, consumer, readers, outputs)
+        else can_fuse(candidate, consumer, readers, outputs, inside)
     )
     if reason is None and candidate.outputs[0].type != sink.outputs[0].type:
         reason = "the group's loop runs over another shape"

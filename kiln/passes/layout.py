@@ -171,6 +171,8 @@ def _pads(node: Node) -> tuple[int, ...]:
 
 
 def rewrite_channels_last(graph: Graph, kinds: dict[int, str]) -> Graph:
+    """Each convolution of ``kinds`` (by node id: "pointwise" or "depthwise") in its channels-last
+    form between two conversions."""
     rw = Rewriter(graph)
     for original in graph.nodes:
         kind = kinds.get(id(original))
@@ -235,6 +237,13 @@ def _inverse(perm: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(inverse)
 
 
+def _moves_data(shape: tuple, perm: tuple[int, ...]) -> bool:
+    """Whether transposing ``shape`` by ``perm`` moves data (the dims above 1 change order);
+    otherwise it is a reshape."""
+    kept = [p for p in perm if shape[p] != 1]
+    return kept != sorted(kept)
+
+
 def _scalar(rw: Rewriter, value: Value | None) -> bool:
     array = rw.constant_value(value)
     return value is None or (array is not None and array.size == 1)
@@ -261,9 +270,8 @@ def _sink(graph: Graph) -> Graph:
             for out in node.outputs:
                 producers[out] = node
             continue
-        result = moved
-        producers[result] = rw.nodes[-1]
-        rw.replace(node.outputs[0], result)
+        producers[moved] = rw.nodes[-1]
+        rw.replace(node.outputs[0], moved)
         rw.drop(node)
     return rw.finish()
 
@@ -305,12 +313,9 @@ def _move(rw: Rewriter, node: Node, producers: dict[Value, Node]) -> Value | Non
         return None
     inverse = _inverse(common)
     for kind, value in plan:
-        if kind == "reshaped":
+        if kind == "reshaped":  # at most one dim above 1: transposed, it is reshaped
             shape = value.type.shape  # type: ignore[union-attr]
-            moved = [shape[i] for i in inverse]
-            if [d for d in moved if d != 1] != [d for d in shape if d != 1]:
-                return None  # a transpose would move data
-            target = rw.add_constant(np.array(moved, dtype=np.int64), f"{hint}_shape")
+            target = rw.add_constant(np.array([shape[i] for i in inverse], dtype=np.int64), f"{hint}_shape")
             inputs.append(rw.emit("Reshape", [value, target], hint=f"{hint}_r")[0])
         elif kind == "constant":
             array = rw.constant_value(value)
@@ -369,9 +374,7 @@ def _unit_transpose(rw: Rewriter, node: Node, hint: str) -> Value | None:
     perm = _perm(node)
     if source is None or perm is None or not isinstance(source.type, TensorType) or not source.type.is_static:
         return None
-    shape = source.type.shape
-    kept = [p for p in perm if shape[p] != 1]  # type: ignore[index]
-    if kept != sorted(kept):
+    if _moves_data(source.type.shape, perm):  # type: ignore[arg-type]
         return None
     target = rw.add_constant(np.array(out.type.shape, dtype=np.int64), f"{hint}_shape")  # type: ignore[union-attr]
     return rw.emit("Reshape", [source, target], hint=hint)[0]
@@ -396,10 +399,7 @@ def conversion_bytes(graph: Graph) -> int:
         value = node.inputs[0]
         if not isinstance(value.type, TensorType) or value.type.rank is None or value.type.rank < 3:  # type: ignore[union-attr]
             continue
-        shape = value.type.shape  # type: ignore[union-attr]
-        perm = _perm(node) or ()
-        kept = [p for p in perm if shape[p] != 1] if shape is not None and None not in shape else None  # type: ignore[operator]
-        if kept is not None and kept == sorted(kept):
+        if value.type.is_static and not _moves_data(value.type.shape, _perm(node) or ()):  # type: ignore[union-attr,arg-type]
             continue
         total += 2 * _bytes(value)
     return total

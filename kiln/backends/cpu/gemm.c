@@ -112,6 +112,22 @@ static void kiln_finish_tile(const kiln_finish *f, float *c, int64_t ldc, int64_
     }
 }
 
+/* a tile's `rows` accumulator rows stored, finished first when `f` is given */
+static inline __attribute__((always_inline)) void kiln_store_tile(const int rows, kiln_vf *acc0, kiln_vf *acc1, float *restrict c, int64_t ldc, const kiln_finish *f) {
+  if (f) {
+#pragma GCC unroll 16
+    for (int r = 0; r < rows; ++r) {
+      acc0[r] = kiln_finish_v(f, acc0[r], r, 0);
+      acc1[r] = kiln_finish_v(f, acc1[r], r, KILN_L);
+    }
+  }
+#pragma GCC unroll 16
+  for (int r = 0; r < rows; ++r) {
+    *(kiln_vfu *)(c + r * ldc) = acc0[r];
+    *(kiln_vfu *)(c + r * ldc + KILN_L) = acc1[r];
+  }
+}
+
 /* -- the micro-kernel --------------------------------------------------------------------------- */
 
 static inline void kiln_ukernel(int64_t kc, const float *restrict a, const float *restrict b, float *restrict c, int64_t ldc, int accumulate, const kiln_finish *f) {
@@ -136,18 +152,7 @@ static inline void kiln_ukernel(int64_t kc, const float *restrict a, const float
     a += KILN_MR;
     b += KILN_NR;
   }
-  if (f) {
-#pragma GCC unroll 16
-    for (int r = 0; r < KILN_MR; ++r) {
-      acc0[r] = kiln_finish_v(f, acc0[r], r, 0);
-      acc1[r] = kiln_finish_v(f, acc1[r], r, KILN_L);
-    }
-  }
-#pragma GCC unroll 16
-  for (int r = 0; r < KILN_MR; ++r) {
-    *(kiln_vfu *)(c + r * ldc) = acc0[r];
-    *(kiln_vfu *)(c + r * ldc + KILN_L) = acc1[r];
-  }
+  kiln_store_tile(KILN_MR, acc0, acc1, c, ldc, f);
 }
 
 /* the micro-kernel over an A read in place: `rows` (up to MR) rows a + r * lda, each contiguous
@@ -172,18 +177,7 @@ static inline __attribute__((always_inline)) void kiln_rows_n(const int rows, in
     }
     b += KILN_NR;
   }
-  if (f) {
-#pragma GCC unroll 16
-    for (int r = 0; r < rows; ++r) {
-      acc0[r] = kiln_finish_v(f, acc0[r], r, 0);
-      acc1[r] = kiln_finish_v(f, acc1[r], r, KILN_L);
-    }
-  }
-#pragma GCC unroll 16
-  for (int r = 0; r < rows; ++r) {
-    *(kiln_vfu *)(c + r * ldc) = acc0[r];
-    *(kiln_vfu *)(c + r * ldc + KILN_L) = acc1[r];
-  }
+  kiln_store_tile(rows, acc0, acc1, c, ldc, f);
 }
 
 /* an edge tile (mr <= MR rows, nr <= NR columns) of an A read in place; a narrower one through a
