@@ -21,7 +21,7 @@ from kiln.backends import BuildOptions
 from kiln.errors import KilnError
 from kiln.passes import PASS_NAMES
 
-ALGORITHMS = ("winograd", "direct")  # algorithms ``disabled`` may name besides the graph passes
+ALGORITHMS = ("winograd", "direct", "requantize")  # algorithms ``disabled`` may name besides the graph passes
 # of matrix products and convolutions; "auto": the best this target computes natively (bf16 where
 # the CPU has bf16 instructions), said by the compiled model (``precision``)
 PRECISIONS = ("fp32", "bf16", "int8", "auto")

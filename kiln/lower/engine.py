@@ -212,9 +212,11 @@ def batch_position(bt: Expr, shape: tuple[int, ...]) -> list[Expr]:
 
 
 def engine_kernel(name: str, kind: str, stmt: GemmSpec, dst: Buffer, node: Node, flops: int, source: str) -> Kernel:
-    """A kernel that is one call into the engine (it reads every buffer the call names)."""
-    reads = [b for b in buffers_in([stmt]) if b is not dst]
-    return Kernel(name, kind, [stmt], reads, [dst], [node.label], flops=flops, tuning=source)
+    """A kernel that is one call into the engine: it writes ``dst`` (and the quantized copy of an
+    int8 product's ``Requantize``) and reads every other buffer the call names."""
+    writes = [dst] if stmt.requant is None else [dst, stmt.requant.dest]
+    reads = [b for b in buffers_in([stmt]) if b not in writes]
+    return Kernel(name, kind, [stmt], reads, writes, [node.label], flops=flops, tuning=source)
 
 
 def conv_output_indexing(out_channels: int, out_shape: tuple[int, ...]):  # type: ignore[no-untyped-def]

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from kiln.ir.graph import Node
+from kiln.ir.graph import Node, Value
 from kiln.ir.types import DType
 from kiln.lower import winograd
 from kiln.lower.engine import (
@@ -49,6 +49,7 @@ from kiln.lower.kir import (
     MatrixOperand,
     PackedOperand,
     QuantSpec,
+    Requantize,
     add,
     i64,
 )
@@ -138,7 +139,7 @@ def lower_matmul_gemm(lw: Lowerer, node: Node, epilogue: Epilogue | None = None)
     finish = tile_finish(lw, epilogue, None, out_shape, None, len(out_shape) - 1) if helper is not None else None
     stmt = GemmSpec(
         batch, rows, n, k, a_operand, b_operand, dst, m * n, n, _blocking(precision, choice), helper, precision, quant,
-        finish,
+        finish, _requantize(lw, out) if precision == "int8" else None,
     )  # fmt: skip
     return [engine_kernel(name, "matmul", stmt, dst, node, 2 * batch * rows * n * k, source)]
 
@@ -199,7 +200,55 @@ def _int8_weights(lw: Lowerer, node: Node, weights, matrices: np.ndarray, activa
     scale_buf = lw.packed_constant(("int8-scale", *key), lambda: scales)
     offset_buf = lw.packed_constant(("int8-offset", *key), lambda: offsets)
     inv = float(np.float32(1.0 / scale))
-    return operand, QuantSpec(scale_buf, offset_buf, rows, inv, zero, qmax)
+    stored = lw.quantized.get(activations)  # quantized already, as this product would, by their producer
+    given = stored.dest if stored is not None and (stored.inv, stored.zero, stored.qmax) == (inv, zero, qmax) else None
+    return operand, QuantSpec(scale_buf, offset_buf, rows, inv, zero, qmax, given)
+
+
+# -- int8 between layers --------------------------------------------------------------------------------
+
+
+def _requantize(lw: Lowerer, out: Value) -> Requantize | None:
+    """The Requantize of an int8 product's output ``out`` when an int8 product reads it as its
+    activations (with the calibrated range both see): the producer stores it quantized in its
+    finish, the readers take those bytes (``QuantSpec.given``) instead of quantizing the floats
+    in a pass of their own. The float output is still stored (the engine finishes tiles in it,
+    and other readers may want it)."""
+    if "requantize" in lw.disabled or out in lw.outputs or out.name not in lw.ranges:
+        return None
+    if out.type.dtype is not DType.FLOAT32:  # type: ignore[union-attr]
+        return None
+    if not any(_int8_reader(lw, node, out) for node in lw.consumers().get(out, [])):
+        return None
+    qmax = lw.target.int8_max
+    scale, zero = activation_quantization(*lw.ranges[out.name], qmax)
+    dest = lw.scratch_buffer(DType.UINT8, int(np.prod(lw.shape(out))), "q")
+    lw.quantized[out] = requant = Requantize(dest, float(np.float32(1.0 / scale)), zero, qmax)
+    return requant
+
+
+def _int8_reader(lw: Lowerer, node: Node, value: Value) -> bool:
+    """Whether ``node`` (or the product a fused group anchors) is an int8 product of the engine
+    with ``value`` as its calibrated activations: a Conv's input, a MatMul's A against one
+    constant weight matrix (``lower_conv_gemm``, ``lower_matmul_gemm``)."""
+    op, domain, inputs, attrs = node.op, node.domain, list(node.inputs), node.attrs
+    if domain == "kiln" and op == "Fused" and attrs.get("kind") == "epilogue":
+        body = attrs["body"]
+        anchor, bindings = body.nodes[0], dict(zip(body.inputs, node.inputs))
+        op, domain, attrs = anchor.op, anchor.domain, anchor.attrs
+        inputs = [None if v is None else bindings.get(v) for v in anchor.inputs]
+    if domain or len(inputs) < 2 or inputs[0] is not value or inputs[1] is None or "kiln_qdq" in attrs:
+        return False
+    if node.name in lw.keep_fp32 or "gemm" not in lw.target.engines:
+        return False
+    weights = lw.constant(inputs[1])
+    if weights is None or inputs[1].type.dtype is not DType.FLOAT32:  # type: ignore[union-attr]
+        return False
+    if op == "Conv":
+        return int(attrs.get("group", 1)) == 1 and len(lw.shape(value)) in (3, 4)
+    if op == "MatMul":
+        return len(lw.shape(value)) >= 2 and weights.ndim >= 2 and int(np.prod(weights.shape[:-2])) == 1
+    return False
 
 
 DIRECT_MAX_TAPS = 64  # gemm_lowp.c keeps each tap's offset in a table of 64
@@ -335,6 +384,7 @@ def lower_conv_gemm(lw: Lowerer, node: Node, epilogue: Epilogue | None = None) -
         precision,
         quant,
         finish,
+        _requantize(lw, out) if precision == "int8" else None,
     )
     kind = "conv1x1" if pointwise else "conv"
     flops = 2 * x_shape[0] * out_channels * pixels * channels * kernel_h * kernel_w

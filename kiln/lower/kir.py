@@ -187,6 +187,23 @@ class QuantSpec:
     inv: float
     zero: int
     qmax: int
+    # the activations already quantized exactly so (uint8, the float operand's indexing) by the
+    # product that computed them (its ``Requantize``): read instead of quantizing them again
+    given: Buffer | None = None
+
+
+@dataclass(frozen=True, eq=False)
+class Requantize:
+    """An int8 product's finished output (after its epilogue) also stored as the activations of
+    the int8 products that read it: q = clamp(rint(x * inv) + zero, 0, qmax), NaN -> 0 (their
+    ``QuantSpec``'s own formula and parameters, so they read ``dest`` instead of quantizing the
+    float output again; ``dest`` is uint8 with the output's indexing). The next layer's
+    activations leave the producer's finish as int8: no quantize pass of their own."""
+
+    dest: Buffer
+    inv: float
+    zero: int
+    qmax: int
 
 
 @dataclass(frozen=True)
@@ -225,6 +242,7 @@ class GemmSpec:
     precision: str = "fp32"  # "bf16": operands rounded to bfloat16, float32 sums (gemm_bf16.c); "int8"
     quant: QuantSpec | None = None  # int8's quantization (gemm_int8.c)
     finish: TileFinish | None = None  # the epilogue, when this simple, in the engine's registers (fp32)
+    requant: Requantize | None = None  # int8: the output also stored quantized for its int8 readers
 
 
 @dataclass
@@ -314,8 +332,11 @@ def engine_buffers(call: EngineCall) -> list[Buffer]:
     """Every buffer an engine call reads or writes (its epilogue's excluded), in a fixed order."""
     if isinstance(call, GemmSpec):
         quant = [call.quant.scale, call.quant.offset] if call.quant is not None else []
+        if call.quant is not None and call.quant.given is not None:
+            quant.append(call.quant.given)
         finish = [b for b in (call.finish.row, call.finish.col) if b is not None] if call.finish else []
-        return [call.a.buffer, call.b.buffer, *quant, *finish, call.out]
+        requant = [call.requant.dest] if call.requant is not None else []
+        return [call.a.buffer, call.b.buffer, *quant, *finish, call.out, *requant]
     if isinstance(call, WinogradInput):
         return [call.source, call.dest]
     if isinstance(call, WinogradOutput):

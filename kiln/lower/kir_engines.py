@@ -122,6 +122,14 @@ def _gemm(machine: Any, call: GemmSpec) -> None:
     )
     out[...] = (a @ b).astype(out.dtype)
     _epilogue(machine, call.epilogue, call.batch, call.m, call.n)
+    if call.requant is not None:  # the finished output also stored quantized (the C engine's formula)
+        r = call.requant
+        dest = _strided(
+            machine, r.dest, 0, (call.batch, call.m, call.n), (call.out_batch_stride, call.ldc, 1), "requantized output"
+        )
+        with np.errstate(invalid="ignore"):
+            q = np.rint(out.astype(np.float32) * np.float32(r.inv)) + np.float32(r.zero)
+        dest[...] = np.clip(np.nan_to_num(q, nan=0.0), 0, r.qmax).astype(dest.dtype)
 
 
 def _winograd_input(machine: Any, call: WinogradInput) -> None:

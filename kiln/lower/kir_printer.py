@@ -38,6 +38,7 @@ from kiln.lower.kir import (
     MatrixOperand,
     PackedOperand,
     QuantSpec,
+    Requantize,
     Scalar,
     Schedule,
     Select,
@@ -66,6 +67,7 @@ OPERAND_NAMES = {
     AttentionOperand: "slices",
     QuantSpec: "quant",
     TileFinish: "finish",
+    Requantize: "requantize",
 }
 
 

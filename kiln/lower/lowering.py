@@ -104,6 +104,10 @@ class Lowerer:
         if quantization is not None:
             self.ranges = {name: (lo, hi) for name, lo, hi in quantization.ranges}
             self.keep_fp32 = quantization.keep
+        # int8 activations an int8 product stores quantized for the int8 products that read them
+        # (kiln.lower.gemm_lowering: ``Requantize``), by value
+        self.quantized: dict[Value, Any] = {}
+        self._consumers: dict[Value, list[Node]] | None = None
         self.target = target  # what the kernels are for (vector width, tile, cores, engines)
         self.table = table
         self.choose = choose or (lambda key: ({}, "default"))
@@ -146,6 +150,12 @@ class Lowerer:
             node.op, dict(node.attrs), shapes, [v is not None and v in self.graph.constants for v in node.inputs]
         )
         return self.choose(key)
+
+    def consumers(self) -> dict[Value, list[Node]]:
+        """The nodes reading each value (computed once: the graph does not change while lowering)."""
+        if self._consumers is None:
+            self._consumers = self.graph.consumers()
+        return self._consumers
 
     def scratch_buffer(self, dtype: DType, size: int, hint: str = "s") -> Buffer:
         buffer = Buffer(f"{hint}{len(self.scratch)}_{self.kernel_count}", dtype, size)

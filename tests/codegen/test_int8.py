@@ -4,6 +4,8 @@ lacks is skipped with the reason) against an exact NumPy integer reference, the 
 methods, the accuracy report and the accuracy budget (mixed precision), and the calibration data
 formats."""
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 from onnx import helper
@@ -16,8 +18,9 @@ from kiln.driver.options import CompileOptions, Quantization
 from kiln.driver.quantize import AccuracyReport, clip_range, samples_from, split
 from kiln.errors import KilnError
 from kiln.frontend import to_graph
+from kiln.lower import gemm_lowering
 from kiln.lower.engine import activation_quantization, quantize_channels
-from kiln.lower.kir import kernel_precision
+from kiln.lower.kir import DirectOperand, GemmSpec, kernel_precision
 from tests.helpers import FLOAT, make_model
 
 RNG = np.random.default_rng(5)
@@ -350,3 +353,108 @@ def test_dynamic_quantize_linear_runs_natively_and_matches_the_reference_exactly
     want = kiln.compile(model, target="reference").run({"x": x})
     for name in ("y", "s", "z"):
         np.testing.assert_array_equal(got[name], want[name])
+
+
+def _engine_calls(compiled):
+    kernels = [k for s in compiled.plans[-1].steps for k in getattr(s, "kernels", [])]
+    return [st for k in kernels for st in k.body if isinstance(st, GemmSpec)]
+
+
+@pytest.mark.parametrize("path,target", PATHS)
+def test_int8_activations_leave_their_producer_quantized_for_the_next_int8_product(path, target, monkeypatch):
+    """A chain of int8 products: each one read by an int8 product stores its finished output
+    (after bias, Relu, a residual Add) quantized with its reader's parameters, and the reader
+    takes those bytes instead of quantizing the floats again: on the direct convolution's
+    channels-last copy, a pointwise convolution's B, a strided convolution's im2col and a
+    MatMul's A rows. The bytes are the ones the reader would have made, so the outputs are
+    bit for bit those of the compile that quantizes in each reader (--disable requantize)."""
+    rng = np.random.default_rng(11)
+    weights = {
+        "w1": rng.standard_normal((48, 40, 3, 3)).astype(np.float32) * 0.1,  # direct (stride 1, 40 channels)
+        "b1": rng.standard_normal(48).astype(np.float32),
+        "w2": rng.standard_normal((48, 48, 1, 1)).astype(np.float32) * 0.2,  # pointwise
+        "w3": rng.standard_normal((32, 48, 3, 3)).astype(np.float32) * 0.1,  # stride 2: im2col
+        "w4": rng.standard_normal((32, 32, 1, 1)).astype(np.float32) * 0.2,
+        "shape": np.array([1, -1], np.int64),
+        "w5": rng.standard_normal((960, 50)).astype(np.float32) * 0.05,
+        "w6": rng.standard_normal((50, 10)).astype(np.float32) * 0.2,
+    }
+    nodes = [
+        helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c1"], ["a"]),
+        helper.make_node("Conv", ["a", "w2"], ["b"]),
+        helper.make_node("Conv", ["b", "w3"], ["c3"], pads=[1, 1, 1, 1], strides=[2, 2]),
+        helper.make_node("Relu", ["c3"], ["c"]),
+        helper.make_node("Conv", ["c", "w4"], ["c4"]),
+        helper.make_node("Add", ["c4", "c"], ["s"]),  # c read by a product and by its epilogue
+        helper.make_node("Relu", ["s"], ["d"]),
+        helper.make_node("Reshape", ["d", "shape"], ["flat"]),
+        helper.make_node("MatMul", ["flat", "w5"], ["m5"]),
+        helper.make_node("Relu", ["m5"], ["e"]),
+        helper.make_node("MatMul", ["e", "w6"], ["y"]),
+    ]
+    model = make_model(nodes, [("x", FLOAT, [1, 40, 9, 11])], [("y", FLOAT, None)], weights)
+    x = rng.standard_normal((1, 40, 9, 11)).astype(np.float32)
+    x[0, 3, 4, 5] = np.nan  # quantized to the zero point, in the producer as in a reader
+    ranges = [("x", -2.5, 2.5), ("a", 0.0, 4.0), ("b", -3.0, 5.0), ("c", 0.0, 2.0), ("flat", 0.0, 3.0), ("e", 0, 6)]
+    monkeypatch.setenv("KILN_INT8_PATH", path)
+    options = CompileOptions(precision="int8", quantization=Quantization(ranges=tuple(ranges)), plan_cache=False)
+    chained = kiln.compile(model, target=target, options=options)
+    apart = kiln.compile(model, target=target, options=replace(options, disabled=frozenset({"requantize"})))
+    calls = _engine_calls(chained)
+    assert [c.precision for c in calls] == ["int8"] * 6
+    # a, b, c and e are read by int8 products (d only through a Reshape: quantized by its reader)
+    assert sum(c.requant is not None for c in calls) == 4
+    readers = [c for c in calls if c.quant.given is not None]
+    assert len(readers) == 4
+    assert {type(c.b).__name__ for c in readers if c.quant.rows} == {"MatrixOperand", "Im2colOperand"}
+    assert any(type(c.a).__name__ == "MatrixOperand" and not c.quant.rows for c in readers)  # the MatMul's rows
+    assert not any(c.requant is not None or c.quant.given is not None for c in _engine_calls(apart))
+    assert isinstance(calls[0].b, DirectOperand) and calls[0].requant is not None  # a producer on the direct path
+    got, want = chained.run({"x": x})["y"], apart.run({"x": x})["y"]
+    assert np.isfinite(got).all()
+    np.testing.assert_array_equal(got, want)
+    _assert_the_bytes_are_read(model, x, target, options, apart, monkeypatch)
+
+
+def _assert_the_bytes_are_read(model, x, target, options, apart, monkeypatch):
+    """The readers really take the producers' bytes: producers made to store them with another
+    scale (their readers still told the bytes are their own) change the result."""
+    original = gemm_lowering._requantize
+
+    def skewed(lw, out):
+        stored = original(lw, out)
+        return None if stored is None else replace(stored, inv=stored.inv * 0.5)
+
+    monkeypatch.setattr(gemm_lowering, "_requantize", skewed)
+    broken = kiln.compile(model, target=target, options=options)
+    assert not np.array_equal(broken.run({"x": x})["y"], apart.run({"x": x})["y"])
+
+
+@pytest.mark.parametrize("path,target", PATHS)
+def test_the_direct_convolution_reads_the_bytes_its_producer_stored(path, target, monkeypatch):
+    """Two stride-1 3x3 convolutions of 40+ channels: the second (direct, channels-last copy made
+    from its producer's NCHW bytes) matches the compile that quantizes its floats itself."""
+    rng = np.random.default_rng(12)
+    weights = {
+        "w1": rng.standard_normal((40, 36, 3, 3)).astype(np.float32) * 0.1,
+        "w2": rng.standard_normal((24, 40, 3, 3)).astype(np.float32) * 0.1,
+    }
+    nodes = [
+        helper.make_node("Conv", ["x", "w1"], ["c1"], pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c1"], ["a"]),
+        helper.make_node("Conv", ["a", "w2"], ["y"], pads=[0, 1, 2, 1]),
+    ]
+    model = make_model(nodes, [("x", FLOAT, [2, 36, 19, 21])], [("y", FLOAT, None)], weights)
+    x = rng.standard_normal((2, 36, 19, 21)).astype(np.float32)
+    monkeypatch.setenv("KILN_INT8_PATH", path)
+    options = CompileOptions(
+        precision="int8", quantization=Quantization(ranges=(("x", -3.0, 3.0), ("a", 0.0, 3.0))), plan_cache=False
+    )
+    chained = kiln.compile(model, target=target, options=options)
+    apart = kiln.compile(model, target=target, options=replace(options, disabled=frozenset({"requantize"})))
+    calls = _engine_calls(chained)
+    assert isinstance(calls[1].b, DirectOperand) and calls[1].quant.given is calls[0].requant.dest
+    np.testing.assert_array_equal(chained.run({"x": x})["y"], apart.run({"x": x})["y"])
+
+    _assert_the_bytes_are_read(model, x, target, options, apart, monkeypatch)

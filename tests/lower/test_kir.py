@@ -247,3 +247,20 @@ def test_the_interpreter_evaluates_only_the_branch_a_select_takes_as_c_does():
     arrays = {x: np.array([1, -2, 3, -4], np.float32), y: np.zeros(6, np.float32)}
     run_kernel(kernel, arrays)  # the loads at i = 4, 5 sit on paths not taken
     np.testing.assert_array_equal(arrays[y], [1, 0, 3, 0, -1, -1])
+
+
+def test_the_interpreter_stores_a_requantized_output_as_the_c_engine_does():
+    """An int8 product's Requantize: the finished output also stored as unsigned activations,
+    rint(x * inv) + zero clamped to [0, qmax], NaN -> 0, +inf -> qmax (gemm_lowp.c's formula)."""
+    from kiln.lower.kir import MatrixOperand, Requantize
+
+    a, b = Buffer("b0", F32, 6), Buffer("b1", F32, 3)
+    out, q = Buffer("b2", F32, 2), Buffer("q0", DType.UINT8, 2)
+    call = GemmSpec(1, 2, 1, 3, MatrixOperand(a, 0, 3, 1), MatrixOperand(b, 0, 1, 1), out, 2, 1,
+                    requant=Requantize(q, 2.0, 10, 127))  # fmt: skip
+    kernel = Kernel("k1", "matmul", [call], [a, b], [out, q], ["m"])
+    for row, want in (([1.0, 2.0, 3.25], 22), ([-20.0, 0.0, 0.0], 0), ([np.nan, 0, 0], 0), ([np.inf, 0, 0], 127)):
+        arrays = {a: np.array([*row, 0.5, 0.25, 0.0], np.float32), b: np.ones(3, np.float32),
+                  out: np.zeros(2, np.float32), q: np.full(2, 99, np.uint8)}  # fmt: skip
+        run_kernel(kernel, arrays)
+        assert arrays[q].tolist() == [want, 12]  # 6.25 * 2 = 12.5 -> 12 and 0.75 * 2 = 1.5 -> 2: rint, to even

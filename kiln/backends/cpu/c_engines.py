@@ -88,6 +88,11 @@ def engine_call(stmt: EngineCall, indent: str) -> list[str]:
             q = stmt.quant
             fields += [("q_scale", q.scale.name), ("q_offset", q.offset.name), ("q_rows", int(q.rows)),
                        ("q_inv", f"{q.inv!r}f"), ("q_zero", q.zero), ("q_max", q.qmax)]  # fmt: skip
+            if q.given is not None:  # quantized by their producer (its Requantize)
+                fields += [("q_given", q.given.name), ("q_given_size", q.given.size)]
+        if stmt.requant is not None:
+            r = stmt.requant
+            fields += [("r_out", r.dest.name), ("r_inv", f"{r.inv!r}f"), ("r_zero", r.zero), ("r_max", r.qmax)]
         lines.extend(f"{indent}  g.{name} = {value};" for name, value in fields)
         path = {"bf16": "bf16_", "int8": "int8_"}.get(stmt.precision, "")
         lines.append(f"{indent}  kiln_gemm_{path}run(&g);")

@@ -68,6 +68,12 @@ struct kiln_gemm {
   const float *q_scale; const int32_t *q_offset; int q_rows;
   float q_inv; int32_t q_zero, q_max;
   const uint8_t *q_source; /* B's float activations quantized once, same indexing as b (gemm_int8.c) */
+  const uint8_t *q_given;  /* the activations (A of a MatMul, B of a convolution) quantized already by
+                              their producer, same indexing and parameters (or NULL: quantized here) */
+  uint8_t *r_out;          /* the finished C also stored quantized for the int8 products reading it:
+                              r_out[i] = clamp(rint(c[i] * r_inv) + r_zero, 0, r_max) (or NULL) */
+  float r_inv; int32_t r_zero, r_max;
+  int64_t q_given_size;     /* elements, for KILN_DEBUG checks (r_out has c_size) */
   int direct; /* a stride-1 convolution on the direct path (gemm_lowp.c): b the NCHW input, conv = (C H W KH KW PT PL OH OW) */
   void **buffers;           /* the segment's buffer table, for the epilogue */
   const int64_t *conv;      /* im2col geometry: C H W KH KW SH SW DH DW PT PL OH OW */

@@ -32,39 +32,9 @@ int kiln_set_int8(int mode) {
   return kiln_int8_mode;
 }
 
-#ifdef KILN_X86
-/* 16 floats at a time on zmm (a row of 7..56 pixels is too short for what GCC makes of the loop
-   below: a vector of 64 bytes, so it ran scalar); the tail masked */
-__attribute__((target("avx512f"))) static void kiln_int8_quantize_avx512(const kiln_gemm *g, const float *src, uint8_t *dst, int64_t n) {
-  const __m512 inv = _mm512_set1_ps(g->q_inv), zero = _mm512_set1_ps((float)g->q_zero);
-  const __m512 low = _mm512_setzero_ps(), top = _mm512_set1_ps((float)g->q_max);
-  for (int64_t i = 0; i < n; i += 16) {
-    const __mmask16 m = n - i >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - i)) - 1u);
-    __m512 v = _mm512_roundscale_ps(_mm512_mul_ps(_mm512_maskz_loadu_ps(m, src + i), inv), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    v = _mm512_min_ps(_mm512_max_ps(_mm512_add_ps(v, zero), low), top); /* (max(NaN, 0) is 0: the second operand) */
-    _mm512_mask_cvtusepi32_storeu_epi8(dst + i, m, _mm512_cvttps_epi32(v));
-  }
-}
-#endif
-
-/* n floats quantized to unsigned activations (NaN -> 0) */
+/* n floats quantized to this product's unsigned activations (NaN -> 0) */
 static void kiln_int8_quantize(const kiln_gemm *g, const float *restrict src, uint8_t *restrict dst, int64_t n) {
-#ifdef KILN_X86
-  static int wide = -1;
-  if (wide < 0) wide = __builtin_cpu_supports("avx512f");
-  if (wide) {
-    kiln_int8_quantize_avx512(g, src, dst, n);
-    return;
-  }
-#endif
-  const float inv = g->q_inv, zero = (float)g->q_zero, top = (float)g->q_max;
-#pragma GCC ivdep
-  for (int64_t i = 0; i < n; ++i) { /* (restrict, ivdep: a byte store may alias anything for GCC) */
-    float v = __builtin_nearbyintf(src[i] * inv) + zero;
-    v = v > 0.0f ? v : 0.0f;
-    v = v < top ? v : top;
-    dst[i] = (uint8_t)(int32_t)v;
-  }
+  kiln_quantize_u8(g->q_inv, g->q_zero, g->q_max, src, dst, n);
 }
 
 /* A rows m0..m0+mlen quantized (activations: a MatMul's x), zero rows up to `rows`, k padded with 0 */
@@ -79,6 +49,14 @@ static void kiln_int8_rows(const kiln_gemm *g, int64_t bt, int64_t m0, int64_t m
       continue;
     }
     const int64_t first = bt * g->a_bs + (m0 + r) * g->a_rs;
+    if (g->q_given) { /* quantized by the producer: the bytes as they are */
+      if (g->a_cs == 1)
+        memcpy(out, g->q_given + KILN_SPAN(first, K, g->q_given_size, "A (int8 rows, given)"), (size_t)K);
+      else
+        for (int64_t k = 0; k < K; ++k) out[k] = g->q_given[KILN_AT(first + k * g->a_cs, g->q_given_size, "A (int8 rows, given)")];
+      memset(out + K, 0, (size_t)(kp - K));
+      continue;
+    }
     const float *src;
     if (g->a_cs == 1) {
       src = g->a + KILN_SPAN(first, K, g->a_size, "A (int8 rows)");
@@ -339,18 +317,26 @@ static void kiln_int8_nhwc_row(const kiln_gemm *g, int64_t bt, int64_t ph, int64
   KILN_SPAN(bt * g->b_bs + h * W, (C - 1) * H * W + W, g->b_size, "B (direct input)");
   static _Thread_local float *l_buf;
   static _Thread_local int64_t l_have;
-  uint8_t *lines = (uint8_t *)kiln_scratch(&l_buf, &l_have, (C * W + 3) / 4);
-  if (!lines) return;
-  for (int64_t c = 0; c < C; ++c) kiln_int8_quantize(g, image + c * H * W + h * W, lines + c * W, W);
+  const uint8_t *lines; /* channel c's pixels of row h at lines + c * stride */
+  int64_t stride = W;
+  if (g->q_given) { /* quantized by the producer: its NCHW bytes in place */
+    lines = g->q_given + KILN_SPAN(bt * g->b_bs + h * W, (C - 1) * H * W + W, g->q_given_size, "B (direct input, given)");
+    stride = H * W;
+  } else {
+    uint8_t *quantized = (uint8_t *)kiln_scratch(&l_buf, &l_have, (C * W + 3) / 4);
+    if (!quantized) return;
+    for (int64_t c = 0; c < C; ++c) kiln_int8_quantize(g, image + c * H * W + h * W, quantized + c * W, W);
+    lines = quantized;
+  }
   uint8_t *first = dst + PL * cp;
   int64_t c0 = 0, w0 = 0;
 #ifdef KILN_X86
   for (c0 = 0; c0 + 16 <= C; c0 += 16)
-    for (w0 = 0; w0 + 16 <= W; w0 += 16) kiln_transpose16_u8(lines + c0 * W + w0, W, first + w0 * cp + c0, cp);
+    for (w0 = 0; w0 + 16 <= W; w0 += 16) kiln_transpose16_u8(lines + c0 * stride + w0, stride, first + w0 * cp + c0, cp);
   w0 = W - W % 16;
 #endif
   for (int64_t c = 0; c < C; ++c) /* what the blocks left: the last channels, the last pixels */
-    for (int64_t w = c < c0 ? w0 : 0; w < W; ++w) first[w * cp + c] = lines[c * W + w];
+    for (int64_t w = c < c0 ? w0 : 0; w < W; ++w) first[w * cp + c] = lines[c * stride + w];
 }
 
 #ifdef KILN_X86
@@ -386,7 +372,15 @@ static void kiln_gemm_int8_run(const kiln_gemm *g) {
     return;
   }
   /* B is activations (a convolution's input): quantized once, whole (each element would
-     otherwise be quantized once per kernel tap), then packed from bytes */
+     otherwise be quantized once per kernel tap), then packed from bytes; or quantized already,
+     by the product that computed them */
+  if (g->q_given) {
+    kiln_gemm local = *g;
+    local.q_source = g->q_given;
+    KILN_SPAN(0, g->b_size, g->q_given_size, "B (given)");
+    kiln_lowp_run(&local, &kiln_int8_ops);
+    return;
+  }
   static _Thread_local float *q_buf;
   static _Thread_local int64_t q_have;
   kiln_gemm local = *g;

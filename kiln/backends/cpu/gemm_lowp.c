@@ -37,6 +37,52 @@ typedef struct {
   int int32_sums; /* the blocks hold int32 sums that the finish scales (int8), else float results */
 } kiln_lowp_ops;
 
+#ifdef KILN_X86
+/* 16 floats at a time on zmm (a row of 7..56 pixels is too short for what GCC makes of the loop
+   below: a vector of 64 bytes, so it ran scalar); the tail masked */
+__attribute__((target("avx512f"))) static void kiln_quantize_u8_avx512(float q_inv, int32_t q_zero, int32_t q_max, const float *src, uint8_t *dst, int64_t n) {
+  const __m512 inv = _mm512_set1_ps(q_inv), zero = _mm512_set1_ps((float)q_zero);
+  const __m512 low = _mm512_setzero_ps(), top = _mm512_set1_ps((float)q_max);
+  for (int64_t i = 0; i < n; i += 16) {
+    const __mmask16 m = n - i >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - i)) - 1u);
+    __m512 v = _mm512_roundscale_ps(_mm512_mul_ps(_mm512_maskz_loadu_ps(m, src + i), inv), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    v = _mm512_min_ps(_mm512_max_ps(_mm512_add_ps(v, zero), low), top); /* (max(NaN, 0) is 0: the second operand) */
+    _mm512_mask_cvtusepi32_storeu_epi8(dst + i, m, _mm512_cvttps_epi32(v));
+  }
+}
+#endif
+
+/* n floats quantized to unsigned int8 activations, q = clamp(rint(x * q_inv) + q_zero, 0, q_max),
+   NaN -> 0: what an int8 product does to its float activations (gemm_int8.c) and what a product
+   whose output they are stores for it (kiln_gemm.r_out), the same function so both agree bit for bit */
+static void kiln_quantize_u8(float q_inv, int32_t q_zero, int32_t q_max, const float *restrict src, uint8_t *restrict dst, int64_t n) {
+#ifdef KILN_X86
+  static int wide = -1;
+  if (wide < 0) wide = __builtin_cpu_supports("avx512f");
+  if (wide) {
+    kiln_quantize_u8_avx512(q_inv, q_zero, q_max, src, dst, n);
+    return;
+  }
+#endif
+  const float inv = q_inv, zero = (float)q_zero, top = (float)q_max;
+#pragma GCC ivdep
+  for (int64_t i = 0; i < n; ++i) { /* (restrict, ivdep: a byte store may alias anything for GCC) */
+    float v = __builtin_nearbyintf(src[i] * inv) + zero;
+    v = v > 0.0f ? v : 0.0f;
+    v = v < top ? v : top;
+    dst[i] = (uint8_t)(int32_t)v;
+  }
+}
+
+/* rows [i0, i0 + rows) x columns [j0, j0 + cols) of batch element bt's finished C stored
+   quantized for the int8 products that read it (g->r_out: same indexing) */
+static void kiln_requantize(const kiln_gemm *g, int64_t bt, int64_t i0, int64_t rows, int64_t j0, int64_t cols) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t at = KILN_SPAN(bt * g->c_bs + (i0 + r) * g->ldc + j0, cols, g->c_size, "C (requantized)");
+    kiln_quantize_u8(g->r_inv, g->r_zero, g->r_max, g->c + at, g->r_out + at, cols);
+  }
+}
+
 #define KILN_LOWP_CHUNK 8 /* B panels per shared-packing call (im2col rows are built 8 panels wide) */
 #define KILN_LOWP_KC_BYTES 8192 /* bytes of k per chunk (4096 bf16, 8192 int8): one chunk for most products; a single pass over K with the C tiles held measured faster than chunks of 512 bytes that revisit C (BERT, ResNet-50) */
 
@@ -155,6 +201,7 @@ static void kiln_lowp_tasks(void *ctx, int64_t lo, int64_t hi, int worker) {
             }
           }
           if (last && g->epilogue) g->epilogue(g, bt, m0 + ir, m0 + ir + rows, n0 + jr, n0 + jr + cols);
+          if (last && g->r_out) kiln_requantize(g, bt, m0 + ir, rows, n0 + jr, cols);
         }
       }
     }
@@ -334,6 +381,8 @@ static void kiln_direct_tasks(void *ctx, int64_t lo, int64_t hi, int worker) {
           for (int64_t j = 0; j < cols; ++j)
             memcpy(out + (oc0 + j) * pixels + j0, turned + j * 32 + r, (size_t)run * sizeof(float));
           if (g->epilogue) g->epilogue(g, bt, oc0, oc0 + cols, j0, j0 + run);
+          if (g->r_out)
+            for (int64_t j = 0; j < cols; ++j) kiln_requantize(g, bt, oc0 + j, 1, j0, run);
           r += run;
         }
       }
