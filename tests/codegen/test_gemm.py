@@ -245,7 +245,11 @@ def test_a_small_cache_block_still_sums_every_slice(monkeypatch):
     monkeypatch.setattr(CpuTarget, "blocking", property(lambda self: Blocking(64, 16384, "test")))
     model, feeds = matmul((13, 300), (300, 37), b_const=True)
     compiled = check(model, feeds, ["matmul"])
-    assert "#define KILN_KC 64" in compiled.plans[0].source
+    # the engine object the library links was compiled with those blocks (and is keyed by them)
+    from kiln.backends.cpu import host
+    from kiln.backends.cpu.c_unit import engine_source, linked_engine
+
+    assert linked_engine(compiled.plans[0].source) == () and "#define KILN_KC 64" in engine_source(host())
 
 
 @pytest.mark.parametrize("kind", ["conv_bias_clip", "matmul_bias_relu", "matmul_clip_min_only"])

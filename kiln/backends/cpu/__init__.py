@@ -16,7 +16,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from kiln.backends.cpu import features, toolchain
+from kiln.backends.cpu import c_unit, features, toolchain
 from kiln.backends.cpu.c_unit import emit_c
 from kiln.backends.cpu.scratch import engine_scratch
 from kiln.backends.cpu.target import CpuTarget
@@ -96,7 +96,10 @@ class CpuBackend(Backend):
                 "KILN_DEBUG builds generated code with AddressSanitizer, whose runtime must be loaded first: "
                 "run with LD_PRELOAD=$(gcc -print-file-name=libasan.so) (or unset KILN_DEBUG)"
             )
-        return (toolchain.build(source, target, debug=options.debug),)  # one shared library
+        # one shared library; a unit that declares the engines links their object (built once per target)
+        narrow = c_unit.linked_engine(source)
+        engine = c_unit.engine_source(target, narrow) if narrow is not None else None
+        return (toolchain.build(source, target, debug=options.debug, engine=engine),)
 
     def explain(self, plan: Any, arches: tuple[str, ...], progress: Any) -> list[Section]:
         sections = []

@@ -80,7 +80,7 @@ static void kiln_attention_slices(void *job_ptr, int64_t lo, int64_t hi, int wor
   }
 }
 
-static void kiln_attention(int64_t BH, int64_t LQ, int64_t LK, int64_t D, int64_t DV,
+KILN_ENGINE void kiln_attention(int64_t BH, int64_t LQ, int64_t LK, int64_t D, int64_t DV,
                            const float *q, int64_t q_size, int64_t q_n1, int64_t q_s0, int64_t q_s1, int64_t q_rs, int64_t q_cs,
                            const float *kt, int64_t k_size, int64_t k_n1, int64_t k_s0, int64_t k_s1, int64_t k_rs, int64_t k_cs,
                            const float *v, int64_t v_size, int64_t v_n1, int64_t v_s0, int64_t v_s1, int64_t v_rs, int64_t v_cs,

@@ -115,15 +115,67 @@ def emit_entry(count: int) -> str:
     return "\n".join(lines)
 
 
+HERE = Path(__file__).parent
+API = (HERE / "gemm_api.h").read_text()
+NARROW_PARTS = ("amx.c", "gemm_lowp.c")  # then gemm_<precision>.c of each reduced precision
+
+
 def gemm_prelude(target: Target) -> str:
     """The matrix-multiply engine, configured for the target's vector width and tile rows."""
-    engine = (Path(__file__).parent / "gemm.c").read_text()
     assert isinstance(target, CpuTarget), "the cpu renderer's target is a CpuTarget"
     blocking = target.blocking
     return (
         f"#define KILN_VB {target.vector_bytes}\n#define KILN_MR {target.gemm_rows}\n"
-        f"#define KILN_KC {blocking.kc}\n#define KILN_A_BLOCK {blocking.a_block}\n{engine}\n"
+        f"#define KILN_KC {blocking.kc}\n#define KILN_A_BLOCK {blocking.a_block}\n{API}\n{(HERE / 'gemm.c').read_text()}\n"
     )
+
+
+def engine_source(target: Target, narrow: Sequence[str] = ()) -> str:
+    """The engine object's translation unit: the thread pool, the matrix-multiply engine, the
+    Winograd transforms, attention, and the reduced-precision paths ``narrow`` (``bf16``,
+    ``int8``: only plans with such products link them, so an fp32 library holds no code for
+    instructions its target lacks), compiled once per target, paths, compiler and flags and
+    linked into each model's library (``toolchain.build``): a model's own unit holds only its
+    kernels, and the engines' second or so of compile time is paid once."""
+    parts = ['#define KILN_ENGINE __attribute__((visibility("hidden")))', PRELUDE, POOL, gemm_prelude(target)]
+    if narrow:
+        parts += [(HERE / part).read_text() for part in (*NARROW_PARTS, *(f"gemm_{p}.c" for p in sorted(narrow)))]
+    parts += [winograd_c.c_source(), (HERE / "attention.c").read_text()]
+    return "\n\n".join(parts) + "\n"
+
+
+def linked_engine(source: str) -> tuple[str, ...] | None:
+    """The reduced-precision paths of the engine object a unit links (``engine_source``), or None
+    for a unit that links none (a debug build: the engines are in the unit)."""
+    found = re.search(r'^#define KILN_ENGINE_LINKED "([a-z0-9,]*)"$', source, re.MULTILINE)
+    if found is None:
+        return None
+    paths = tuple(p for p in found.group(1).split(",") if p)
+    if not set(paths) <= {"bf16", "int8"}:
+        raise ValueError(f"unknown engine paths {paths} in a generated unit")
+    return paths
+
+
+# what a model's unit declares of the engine object it links (engine_source)
+ENGINE_DECLARATIONS = f"""#define KILN_ENGINE __attribute__((visibility("hidden")))
+typedef void (*kiln_body)(void *ctx, int64_t begin, int64_t end, int worker);
+KILN_ENGINE void kiln_parallel_for(int64_t begin, int64_t end, int64_t grain, int max_workers, kiln_body body, void *ctx);
+typedef struct {{ void **buffers; int64_t index[8]; }} kiln_loop_ctx;
+{API}
+KILN_ENGINE void kiln_gemm_bf16_run(const kiln_gemm *g);
+KILN_ENGINE void kiln_gemm_int8_run(const kiln_gemm *g);
+KILN_ENGINE void kiln_winograd_in(int m, const float *x, float *v, int64_t N, int64_t C, int64_t H, int64_t W, int64_t PT,
+                                  int64_t PL, int64_t TH, int64_t TW);
+KILN_ENGINE void kiln_winograd_out(int m, const float *mm, float *y, const float *bias, int64_t N, int64_t O, int64_t OH,
+                                   int64_t OW, int64_t TH, int64_t TW, const kiln_gemm *g);
+KILN_ENGINE void kiln_attention(int64_t BH, int64_t LQ, int64_t LK, int64_t D, int64_t DV,
+                                const float *q, int64_t q_size, int64_t q_n1, int64_t q_s0, int64_t q_s1, int64_t q_rs, int64_t q_cs,
+                                const float *kt, int64_t k_size, int64_t k_n1, int64_t k_s0, int64_t k_s1, int64_t k_rs, int64_t k_cs,
+                                const float *v, int64_t v_size, int64_t v_n1, int64_t v_s0, int64_t v_s1, int64_t v_rs, int64_t v_cs,
+                                float *out, int64_t o_size, int64_t o_n1, int64_t o_s0, int64_t o_s1, int64_t o_rs, int64_t o_cs,
+                                float *scratch, int64_t threads, int safe, const kiln_gemm *ctx,
+                                void (*product)(const kiln_gemm *));
+"""
 
 
 # kiln's thread pool (pool.c) and the context an outlined parallel loop receives: the segment's
@@ -156,21 +208,22 @@ def emit_c(
 def _emit_c(segments, table, target, profile, checked):  # type: ignore[no-untyped-def]
     kernels = [k for kernels in segments for k in kernels]
     positions = {id(k): i for i, k in enumerate(kernels)} if profile else None
-    parts = [PRELUDE + PROFILE_PRELUDE if profile else PRELUDE, POOL]
+    parts = [PRELUDE + PROFILE_PRELUDE if profile else PRELUDE]
     if profile:
         parts.append(f"double kiln_profile_seconds[{max(len(kernels), 1)}];")
-    if checked:
-        parts.append(DEBUG_PRELUDE)
-    if any(calls(k.body, ENGINE_CALLS) for k in kernels):  # every driver uses the kiln_gemm descriptor
-        parts.append(gemm_prelude(target))
-    narrow = {p for k in kernels for p in narrow_products(k.body)}
-    if narrow:  # the reduced-precision paths: their shared driver, then each format
-        for part in ("amx.c", "gemm_lowp.c", *(f"gemm_{p}.c" for p in sorted(narrow))):
-            parts.append((Path(__file__).parent / part).read_text())
-    if any(calls(k.body, (WinogradInput, WinogradOutput)) for k in kernels):
-        parts.append(winograd_c.c_source())
-    if any(calls(k.body, (AttentionSpec,)) for k in kernels):
-        parts.append((Path(__file__).parent / "attention.c").read_text())
+    narrow = sorted({p for k in kernels for p in narrow_products(k.body)})
+    if not checked:  # the pool and the engines: the engine object, linked (compiled once per target)
+        parts += [f'#define KILN_ENGINE_LINKED "{",".join(narrow)}"', ENGINE_DECLARATIONS]
+    else:  # a debug build: everything in one unit, the engines' operand checks on (KILN_DEBUG)
+        parts += [POOL, DEBUG_PRELUDE]
+        if any(calls(k.body, ENGINE_CALLS) for k in kernels):  # every driver uses the kiln_gemm descriptor
+            parts.append(gemm_prelude(target))
+        if narrow:  # the reduced-precision paths: their shared driver, then each format
+            parts += [(HERE / part).read_text() for part in (*NARROW_PARTS, *(f"gemm_{p}.c" for p in narrow))]
+        if any(calls(k.body, (WinogradInput, WinogradOutput)) for k in kernels):
+            parts.append(winograd_c.c_source())
+        if any(calls(k.body, (AttentionSpec,)) for k in kernels):
+            parts.append((HERE / "attention.c").read_text())
     templates = Templates()
     segment_parts = [emit_segment(i, ks, table, positions, templates) for i, ks in enumerate(segments)]
     parts.extend(templates.parts)

@@ -1,4 +1,6 @@
-/* kiln's matrix-multiply engine (included in generated code that uses it).
+/* kiln's matrix-multiply engine: compiled into the engine object every model library links
+   (c_unit.engine_source), or, in debug builds, included in the generated unit. Its descriptor,
+   kiln_gemm, is gemm_api.h's.
 
    C[b] = A[b] . B[b] (+ epilogue) for b in [0, batch), A: M x K, B: K x N, C: M x N row-major with
    leading dimension ldc. The register-blocked micro-kernel computes a KILN_MR x KILN_NR tile with
@@ -36,50 +38,6 @@
 typedef float kiln_vf __attribute__((vector_size(KILN_VB)));
 typedef float kiln_vfu __attribute__((vector_size(KILN_VB), aligned(4))); /* unaligned access */
 
-typedef struct kiln_gemm kiln_gemm;
-typedef void (*kiln_pack_fn)(const kiln_gemm *g, int64_t bt, int64_t x0, int64_t xc, int64_t k0, int64_t kc, float *dst);
-typedef void (*kiln_epilogue_fn)(const kiln_gemm *g, int64_t bt, int64_t i0, int64_t i1, int64_t j0, int64_t j1);
-
-struct kiln_gemm {
-  int64_t batch, M, N, K;
-  /* A[b][i][k] = a[b * a_bs + i * a_rs + k * a_cs]; a_packed (when set) holds every panel for
-     every batch element (batch stride a_pbs) */
-  const float *a; int64_t a_bs, a_rs, a_cs;
-  const float *a_packed; int64_t a_pbs;
-  kiln_pack_fn pack_a;
-  /* B[b][k][j] = b[b * b_bs + k * b_rs + j * b_cs], or b_packed, or pack_b (im2col) */
-  const float *b; int64_t b_bs, b_rs, b_cs;
-  const float *b_packed; int64_t b_pbs;
-  kiln_pack_fn pack_b;
-  float *c; int64_t c_bs, ldc;
-  kiln_epilogue_fn epilogue;
-  /* a fused epilogue applied to a finished tile's accumulators in registers (fp32 only; set instead
-     of `epilogue`, which computes the same): + f_row[i] (a convolution's bias per output channel),
-     + f_col[j] (a linear layer's), then f_relu (x < 0 ? 0 : x) and the bounds f_lo, f_hi (x <= lo ? lo
-     : x, then x >= hi ? hi : x; -inf and inf when absent) */
-  const float *f_row, *f_col; int f_on, f_relu; float f_lo, f_hi;
-  /* the reduced-precision paths (gemm_lowp.c): constant operands packed in the narrow format when
-     the plan was built (then a_pbs, b_pbs are their batch strides and a_packed_size,
-     b_packed_size their sizes in elements) */
-  const void *a_low, *b_low;
-  /* int8 (gemm_int8.c): per-channel scales and int32 offsets (channel: the row of C when
-     q_rows, else the column), and the float activations' quantization (q = x * q_inv + q_zero,
-     clamped to [0, q_max]) */
-  const float *q_scale; const int32_t *q_offset; int q_rows;
-  float q_inv; int32_t q_zero, q_max;
-  const uint8_t *q_source; /* B's float activations quantized once, same indexing as b (gemm_int8.c) */
-  const uint8_t *q_given;  /* the activations (A of a MatMul, B of a convolution) quantized already by
-                              their producer, same indexing and parameters (or NULL: quantized here) */
-  uint8_t *r_out;          /* the finished C also stored quantized for the int8 products reading it:
-                              r_out[i] = clamp(rint(c[i] * r_inv) + r_zero, 0, r_max) (or NULL) */
-  float r_inv; int32_t r_zero, r_max;
-  int64_t q_given_size;     /* elements, for KILN_DEBUG checks (r_out has c_size) */
-  int direct; /* a stride-1 convolution on the direct path (gemm_lowp.c): b the NCHW input, conv = (C H W KH KW PT PL OH OW) */
-  void **buffers;           /* the segment's buffer table, for the epilogue */
-  const int64_t *conv;      /* im2col geometry: C H W KH KW SH SW DH DW PT PL OH OW */
-  int64_t mc, nc, kc;       /* cache blocking chosen by the autotuner (0: the defaults below) */
-  int64_t a_size, b_size, c_size, a_packed_size, b_packed_size; /* elements, for KILN_DEBUG checks */
-};
 
 /* -- a fused epilogue in registers ------------------------------------------------------------ */
 
@@ -266,7 +224,7 @@ static void kiln_ukernel_half(int64_t kc, const float *a, const float *b, float 
 /* -- packers ------------------------------------------------------------------------------------ */
 
 /* rows x0..x0+xc of A (k0..k0+kc) into MR-row panels, zero padded */
-static void kiln_pack_a_strided(const kiln_gemm *g, int64_t bt, int64_t x0, int64_t xc, int64_t k0, int64_t kc, float *dst) {
+KILN_ENGINE void kiln_pack_a_strided(const kiln_gemm *g, int64_t bt, int64_t x0, int64_t xc, int64_t k0, int64_t kc, float *dst) {
   const int64_t base = bt * g->a_bs;
   for (int64_t p = 0; p < xc; p += KILN_MR) {
     int64_t rows = xc - p < KILN_MR ? xc - p : KILN_MR;
@@ -281,7 +239,7 @@ static void kiln_pack_a_strided(const kiln_gemm *g, int64_t bt, int64_t x0, int6
 
 /* columns x0..x0+xc of B (k0..k0+kc) into NR-column panels, zero padded; row by row, so the
    source is read in order */
-static void kiln_pack_b_strided(const kiln_gemm *g, int64_t bt, int64_t x0, int64_t xc, int64_t k0, int64_t kc, float *dst) {
+KILN_ENGINE void kiln_pack_b_strided(const kiln_gemm *g, int64_t bt, int64_t x0, int64_t xc, int64_t k0, int64_t kc, float *dst) {
   const int64_t full = xc / KILN_NR, panel = kc * KILN_NR;
   for (int64_t k = 0; k < kc; ++k) {
     const int64_t start = bt * g->b_bs + (k0 + k) * g->b_rs + x0 * g->b_cs;
@@ -374,7 +332,7 @@ static inline void kiln_im2col_row(const kiln_gemm *g, int64_t bt, int64_t x0, i
 /* im2col: B[k][p] = x[ic][oh*SH - PT + kh*DH][ow*SW - PL + kw*DW] (0 outside the image), with
    k = (ic, kh, kw) and p = (oh, ow); columns x0..x0+xc into NR-column panels. Built one k row at
    a time into a contiguous scratch row, then scattered into the panels. */
-static void kiln_pack_im2col(const kiln_gemm *g, int64_t bt, int64_t x0, int64_t xc, int64_t k0, int64_t kc, float *dst) {
+KILN_ENGINE void kiln_pack_im2col(const kiln_gemm *g, int64_t bt, int64_t x0, int64_t xc, int64_t k0, int64_t kc, float *dst) {
   const int64_t full = xc / KILN_NR, panel = kc * KILN_NR, padded = (full + (full * KILN_NR < xc)) * KILN_NR;
   float row[padded] __attribute__((aligned(64)));
   for (int64_t k = 0; k < kc; ++k) {
@@ -545,7 +503,7 @@ static void kiln_gemm_tasks(void *ctx, int64_t lo, int64_t hi, int worker) {
   }
 }
 
-static void kiln_gemm_run(const kiln_gemm *g) {
+KILN_ENGINE void kiln_gemm_run(const kiln_gemm *g) {
   const int64_t M = g->M, N = g->N, K = g->K;
   int threads = kiln_pool_threads();
   if (kiln_in_pool()) threads = 1; /* inside a driver's parallel loop this product runs alone */

@@ -273,7 +273,7 @@ static void kiln_bf16_amx_taps(const kiln_gemm *g, const void *a, int64_t lda, c
 static const kiln_lowp_ops kiln_bf16_ops = {2, 32, kiln_bf16_rows, kiln_bf16_pack_b, kiln_bf16_block, NULL,
                                             kiln_bf16_amx_on, kiln_bf16_nhwc_row, KILN_BF16_TAPS, 0};
 
-static void kiln_gemm_bf16_run(const kiln_gemm *g) {
+KILN_ENGINE void kiln_gemm_bf16_run(const kiln_gemm *g) {
   if (g->direct) {
     kiln_lowp_direct(g, &kiln_bf16_ops);
     return;

@@ -362,7 +362,7 @@ static void kiln_int8_quantize_chunks(void *ctx, int64_t lo, int64_t hi, int wor
   }
 }
 
-static void kiln_gemm_int8_run(const kiln_gemm *g) {
+KILN_ENGINE void kiln_gemm_int8_run(const kiln_gemm *g) {
   if (g->direct) {
     kiln_lowp_direct(g, &kiln_int8_ops);
     return;

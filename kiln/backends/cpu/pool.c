@@ -21,6 +21,9 @@
 #include <stdatomic.h>
 
 typedef void (*kiln_body)(void *ctx, int64_t begin, int64_t end, int worker);
+#ifndef KILN_ENGINE
+#define KILN_ENGINE static /* (hidden across translation units: gemm_api.h) */
+#endif
 
 #define KILN_MAX_THREADS 256
 #define KILN_GEN_SHIFT 40 /* ticket = generation << 40 | next index (loops up to 2^40 iterations) */
@@ -248,7 +251,7 @@ static int kiln_in_pool(void) { return kiln_pool_used->in_pool(); }
 
 /* body(ctx, lo, hi, worker) over [begin, end) on the pool this library uses, by at most this
    library's threads (and `max_workers` when positive) */
-static void kiln_parallel_for(int64_t begin, int64_t end, int64_t grain, int max_workers, kiln_body body, void *ctx) {
+KILN_ENGINE void kiln_parallel_for(int64_t begin, int64_t end, int64_t grain, int max_workers, kiln_body body, void *ctx) {
   int participants = kiln_pool_threads();
   if (max_workers > 0 && max_workers < participants) participants = max_workers;
   kiln_pool_used->parallel_for(begin, end, grain, participants, body, ctx);

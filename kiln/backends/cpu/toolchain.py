@@ -135,15 +135,23 @@ def _cached(library: Path) -> bool:
     return False
 
 
-def build(source: str, target: Target, debug: bool = False) -> Path:
+def build(source: str, target: Target, debug: bool = False, engine: str | None = None) -> Path:
     """Path of the shared library built from ``source`` for ``target`` (default: this machine),
-    reused from the cache when present. Raises CompilerError when the compiler fails,
-    ResourceError when the disk is full. A cache folder deleted by another process meanwhile is
-    made again (once), never an error."""
+    reused from the cache when present; ``engine``: the source of an object the library links
+    (the engines, c_unit.engine_source), itself built once and cached the same way. Raises
+    CompilerError when the compiler fails, ResourceError when the disk is full. A cache folder
+    deleted by another process meanwhile is made again (once), never an error."""
     try:
-        return _build(source, target, debug, cache_dir())
+        return _build_linked(source, target, debug, engine, cache_dir())
     except FileNotFoundError:  # the cache folder went away under us (another process cleaning it)
-        return _build(source, target, debug, _private_dir())
+        return _build_linked(source, target, debug, engine, _private_dir())
+
+
+def _build_linked(source: str, target: Target, debug: bool, engine: str | None, folder: Path) -> Path:
+    if engine is None:
+        return _build(source, target, debug, folder)
+    obj = _build(engine, target, debug, folder, ".o")
+    return _build(source, target, debug, folder, ".so", obj)
 
 
 def _private_dir() -> Path:
@@ -154,13 +162,18 @@ def _private_dir() -> Path:
     return _fallback_dir
 
 
-def _build(source: str, target: Target, debug: bool, folder: Path) -> Path:
+def _build(
+    source: str, target: Target, debug: bool, folder: Path, suffix: str = ".so", obj: Path | None = None
+) -> Path:
+    """``source`` compiled to ``folder/<key><suffix>``: a shared library (linking ``obj``, whose
+    name is its own content key, so it is part of this key), or an object (``.o``: compiled only)."""
     compiler, version = find_compiler()
     # -march=native code is only valid on this kind of CPU: the target is part of the key
+    linked = [obj.name] if obj is not None else []
     key = hashlib.sha256(
-        "\n".join([source, compiler, version, repr(target), *flags(target, debug)]).encode()
+        "\n".join([source, compiler, version, repr(target), *flags(target, debug), *linked]).encode()
     ).hexdigest()[:24]
-    library = folder / f"{key}.so"
+    library = folder / f"{key}{suffix}"
     if _cached(library):
         return library
     # Concurrent builds of one key (conformance workers, two processes compiling a model) must not
@@ -172,11 +185,13 @@ def _build(source: str, target: Target, debug: bool, folder: Path) -> Path:
         handle, own_source = tempfile.mkstemp(suffix=".c", dir=folder)
         with os.fdopen(handle, "w") as out:
             out.write(source)
-        handle, partial = tempfile.mkstemp(suffix=".so", dir=folder)
+        handle, partial = tempfile.mkstemp(suffix=suffix, dir=folder)
         os.close(handle)
-        result = subprocess.run(
-            [compiler, *flags(target, debug), own_source, "-o", partial, "-lm"], capture_output=True, text=True
-        )
+        if suffix == ".o":  # compiled only (position-independent): linked into libraries
+            command = [compiler, *(f for f in flags(target, debug) if f != "-shared"), "-c", own_source, "-o", partial]
+        else:
+            command = [compiler, *flags(target, debug), own_source, *([str(obj)] if obj else []), "-o", partial, "-lm"]
+        result = subprocess.run(command, capture_output=True, text=True)
         if result.returncode != 0:
             if _out_of_space(result.stderr):
                 raise OSError(errno.ENOSPC, "the C compiler ran out of disk space", str(folder))

@@ -84,7 +84,7 @@ static void kiln_winograd_in_planes(void *ctx, int64_t lo, int64_t hi, int worke
   }
 }
 
-static void kiln_winograd_in(int m, const float *x, float *v, int64_t N, int64_t C, int64_t H, int64_t W, int64_t PT,
+KILN_ENGINE void kiln_winograd_in(int m, const float *x, float *v, int64_t N, int64_t C, int64_t H, int64_t W, int64_t PT,
                              int64_t PL, int64_t TH, int64_t TW) {
   kiln_wino_in_job planes = {m, x, v, N, C, H, W, PT, PL, TH, TW};
   kiln_parallel_for(0, N * C, 0, 0, kiln_winograd_in_planes, &planes);
@@ -144,7 +144,7 @@ static void kiln_winograd_out_planes(void *ctx, int64_t lo, int64_t hi, int work
   }
 }
 
-static void kiln_winograd_out(int m, const float *mm, float *y, const float *bias, int64_t N, int64_t O, int64_t OH,
+KILN_ENGINE void kiln_winograd_out(int m, const float *mm, float *y, const float *bias, int64_t N, int64_t O, int64_t OH,
                               int64_t OW, int64_t TH, int64_t TW, const kiln_gemm *g) {
   kiln_wino_out_job planes = {m, mm, y, bias, N, O, OH, OW, TH, TW, g};
   kiln_parallel_for(0, N * O, 0, 0, kiln_winograd_out_planes, &planes);
