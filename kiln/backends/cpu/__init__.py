@@ -98,7 +98,7 @@ class CpuBackend(Backend):
             )
         # one shared library; a unit that declares the engines links their object (built once per target)
         narrow = c_unit.linked_engine(source)
-        engine = c_unit.engine_source(target, narrow) if narrow is not None else None
+        engine = c_unit.engine_source(target, narrow, options.debug) if narrow is not None else None
         return (toolchain.build(source, target, debug=options.debug, engine=engine),)
 
     def explain(self, plan: Any, arches: tuple[str, ...], progress: Any) -> list[Section]:

@@ -15,7 +15,6 @@ from kiln.backends.cpu.c import (
     DEBUG_PRELUDE,
     PRELUDE,
     PROFILE_PRELUDE,
-    calls,
     comment,
     emit_kernel,
     generated_names,
@@ -24,7 +23,7 @@ from kiln.backends.cpu.c import (
 )
 from kiln.backends.cpu.c_engines import narrow_products
 from kiln.backends.cpu.target import CpuTarget
-from kiln.lower.kir import ENGINE_CALLS, AttentionSpec, Buffer, Kernel, WinogradInput, WinogradOutput
+from kiln.lower.kir import Buffer, Kernel
 from kiln.lower.target import Target
 
 
@@ -130,14 +129,17 @@ def gemm_prelude(target: Target) -> str:
     )
 
 
-def engine_source(target: Target, narrow: Sequence[str] = ()) -> str:
+def engine_source(target: Target, narrow: Sequence[str] = (), checked: bool = False) -> str:
     """The engine object's translation unit: the thread pool, the matrix-multiply engine, the
     Winograd transforms, attention, and the reduced-precision paths ``narrow`` (``bf16``,
     ``int8``: only plans with such products link them, so an fp32 library holds no code for
     instructions its target lacks), compiled once per target, paths, compiler and flags and
     linked into each model's library (``toolchain.build``): a model's own unit holds only its
-    kernels, and the engines' second or so of compile time is paid once."""
-    parts = ['#define KILN_ENGINE __attribute__((visibility("hidden")))', PRELUDE, POOL, gemm_prelude(target)]
+    kernels, and the engines' second or so of compile time is paid once. ``checked``: the
+    engines check every operand index against its buffer (KILN_DEBUG: debug builds)."""
+    parts = ['#define KILN_ENGINE __attribute__((visibility("hidden")))', PRELUDE, POOL]
+    parts += [DEBUG_PRELUDE] if checked else []
+    parts.append(gemm_prelude(target))
     if narrow:
         parts += [(HERE / part).read_text() for part in (*NARROW_PARTS, *(f"gemm_{p}.c" for p in sorted(narrow)))]
     parts += [winograd_c.c_source(), (HERE / "attention.c").read_text()]
@@ -212,18 +214,11 @@ def _emit_c(segments, table, target, profile, checked):  # type: ignore[no-untyp
     if profile:
         parts.append(f"double kiln_profile_seconds[{max(len(kernels), 1)}];")
     narrow = sorted({p for k in kernels for p in narrow_products(k.body)})
-    if not checked:  # the pool and the engines: the engine object, linked (compiled once per target)
-        parts += [f'#define KILN_ENGINE_LINKED "{",".join(narrow)}"', ENGINE_DECLARATIONS]
-    else:  # a debug build: everything in one unit, the engines' operand checks on (KILN_DEBUG)
-        parts += [POOL, DEBUG_PRELUDE]
-        if any(calls(k.body, ENGINE_CALLS) for k in kernels):  # every driver uses the kiln_gemm descriptor
-            parts.append(gemm_prelude(target))
-        if narrow:  # the reduced-precision paths: their shared driver, then each format
-            parts += [(HERE / part).read_text() for part in (*NARROW_PARTS, *(f"gemm_{p}.c" for p in narrow))]
-        if any(calls(k.body, (WinogradInput, WinogradOutput)) for k in kernels):
-            parts.append(winograd_c.c_source())
-        if any(calls(k.body, (AttentionSpec,)) for k in kernels):
-            parts.append((HERE / "attention.c").read_text())
+    # the pool and the engines: the engine object, linked (compiled once per target, its paths and
+    # flags; a debug build's with the engines' operand checks on, see engine_source)
+    parts += [f'#define KILN_ENGINE_LINKED "{",".join(narrow)}"', ENGINE_DECLARATIONS]
+    if checked:
+        parts.append(DEBUG_PRELUDE)
     templates = Templates()
     segment_parts = [emit_segment(i, ks, table, positions, templates) for i, ks in enumerate(segments)]
     parts.extend(templates.parts)
