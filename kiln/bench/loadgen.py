@@ -24,6 +24,8 @@ import numpy as np
 
 from kiln.bench.metrics import latency_stats, rss_bytes
 
+RSS_SAMPLES = 50  # at least this many RSS samples per run (at most twice as many)
+
 Run = Callable[[dict[str, np.ndarray]], Any]
 
 SCENARIOS = {"single-stream": "SingleStream", "multi-stream": "MultiStream", "server": "Server", "offline": "Offline"}
@@ -142,7 +144,8 @@ def _test_settings(lg, scenario, duration, min_queries, inflight, expected, rate
 
 class _Server:
     """The system under test: ``inflight`` threads serving LoadGen's queries from one queue, each
-    query's latency recorded (and the process's RSS every 64 of them); the first error stops the
+    query's latency recorded (and the process's RSS: after every query at first, then every 2nd,
+    4th, ... so a run of any length keeps 50-100 samples, enough for the growth estimate); the first error stops the
     work (LoadGen still gets its completions) and is raised after the run."""
 
     def __init__(self, lg, run, samples, inflight: int) -> None:  # type: ignore[no-untyped-def]
@@ -150,6 +153,7 @@ class _Server:
         self.work: queue.Queue[Any] = queue.Queue()
         self.latencies: list[float] = []
         self.rss: list[tuple[int, int]] = [(0, rss_bytes())]
+        self.every = 1  # RSS sampled every this many completions (doubling as samples accumulate)
         self.errors: list[BaseException] = []
         self.lock = threading.Lock()
         self.threads = [threading.Thread(target=self.serve, daemon=True, name=f"kiln-sut-{i}") for i in range(inflight)]
@@ -170,8 +174,11 @@ class _Server:
             done = time.perf_counter()
             with self.lock:
                 self.latencies.append(done - issued)
-                if len(self.latencies) % 64 == 0:
+                if len(self.latencies) % self.every == 0:
                     self.rss.append((len(self.latencies), rss_bytes()))
+                    if len(self.rss) > 2 * RSS_SAMPLES:  # sparser on long runs, as single_stream's
+                        self.rss = self.rss[::2]
+                        self.every *= 2
             self.lg.QuerySamplesComplete([self.lg.QuerySampleResponse(sample_id, 0, 0)])
 
     def issue(self, query_samples: Any) -> None:

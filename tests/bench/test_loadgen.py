@@ -126,3 +126,20 @@ def test_the_summary_parser_reads_verdict_checks_reasons_and_figures():
     assert found["why"] == ["Increase expected QPS so the loadgen pre-generates a larger (coalesced) query."]
     assert found["figures"]["Samples per second"] == pytest.approx(477.982)
     assert found["figures"]["50.00 percentile latency (ms)"] == pytest.approx(2.091271)
+
+
+def test_a_run_just_long_enough_for_a_growth_estimate_gets_one_whatever_the_machines_speed():
+    """The RSS is sampled after every query at first and more sparsely as samples accumulate, so
+    a run of the minimum length the growth estimate needs (200 inferences) has its 10 samples
+    however few queries the duration allowed (a slow or busy machine), and a long run keeps at
+    most about a hundred."""
+    from kiln.bench.metrics import MIN_GROWTH_INFERENCES, MIN_GROWTH_SAMPLES, growth_estimate
+
+    short = loadgen.run_scenario(sleepy(0.0), SAMPLES, "single-stream", 0.0, MIN_GROWTH_INFERENCES)
+    assert short["iterations"] >= MIN_GROWTH_INFERENCES
+    assert len(short["rss_samples"]) >= MIN_GROWTH_SAMPLES
+    assert growth_estimate(short["rss_samples"])["mb_per_1k"] is not None
+    long = loadgen.run_scenario(sleepy(0.0), SAMPLES, "single-stream", 0.0, 5000)
+    assert MIN_GROWTH_SAMPLES <= len(long["rss_samples"]) <= 2 * loadgen.RSS_SAMPLES + 1
+    counts = [count for count, _ in long["rss_samples"]]
+    assert counts == sorted(counts) and counts[-1] >= 5000 - 2 * (counts[-1] - counts[-2])

@@ -133,7 +133,7 @@ def test_an_artifact_loads_and_runs_without_a_c_compiler_and_a_missing_size_says
     assert "compiling cpu for dims {'batch': 3}" in result.stderr  # logged before it tried
 
 
-def test_a_hundred_loads_leave_the_temporary_directory_as_it_was(tmp_path, monkeypatch):
+def test_repeated_loads_leave_the_temporary_directory_as_it_was(tmp_path, monkeypatch):
     import gc
     import tempfile
 
@@ -147,7 +147,7 @@ def test_a_hundred_loads_leave_the_temporary_directory_as_it_was(tmp_path, monke
     temporary.mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(temporary))
     x = np.array([-1, 0, 2, -3], np.float32)
-    for _ in range(100):
+    for _ in range(25):  # a file any load left behind fails the last check
         loaded = kiln.load(saved)
         np.testing.assert_array_equal(loaded(x), np.maximum(x, 0))
         assert any(temporary.iterdir())  # its libraries are there while it lives
