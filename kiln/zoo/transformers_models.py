@@ -23,6 +23,7 @@ def build_bert(options: dict[str, Any]) -> torch.nn.Module:
 
     torch.manual_seed(options.get("seed", 0))
     config = BertConfig(attn_implementation=options.get("attention", "eager"))
+    config.num_hidden_layers = options.get("layers", config.num_hidden_layers)  # fewer: a reduced-size check
     return _HiddenStates(BertModel(config, add_pooling_layer=False)).eval()
 
 
@@ -31,6 +32,7 @@ def build_gpt2(options: dict[str, Any]) -> torch.nn.Module:
 
     torch.manual_seed(options.get("seed", 0))
     config = GPT2Config(attn_implementation=options.get("attention", "eager"))
+    config.n_layer = options.get("layers", config.n_layer)  # fewer: a reduced-size check
     return _HiddenStates(GPT2Model(config)).eval()
 
 
