@@ -79,6 +79,8 @@ def save(model: Any, path: str | os.PathLike) -> Path:
         if model.options.precision == "int8":
             q = model.options.quantization
             meta["quantization"] = {"ranges": [list(r) for r in q.ranges], "keep": sorted(q.keep), "method": q.method}
+        meta["ranges"] = {name: list(bounds) for name, bounds in model.ranges.items()}
+        meta["size_classes"] = {name: list(sizes) for name, sizes in model.size_classes.items()}
         for dims, plan in model.bindings():
             meta["variants"].append(dims)
             if plan.products:
@@ -338,6 +340,22 @@ def _variants(listed: Any, graph: Any, path: Path) -> list[dict[str, int]]:
                 )
         variants.append(dict(dims))
     return variants
+
+
+def sizes_meta(meta: dict, graph: Any, path: Path) -> tuple[dict[str, tuple[int, int]], dict[str, tuple[int, ...]]]:
+    """meta.json's declared ranges and size classes (absent in older artifacts: none), checked."""
+    from kiln.driver.sizes import parse_classes, parse_range
+
+    symbols = {d for v in graph.inputs for d in getattr(v.type, "shape", None) or () if isinstance(d, str)}
+    ranges, classes = meta.get("ranges", {}), meta.get("size_classes", {})
+    if not isinstance(ranges, dict) or not isinstance(classes, dict) or (set(ranges) | set(classes)) - symbols:
+        raise ArtifactError(f"{path}: damaged artifact (ranges or size classes of names that are not symbolic dims)")
+    try:
+        parsed = {name: parse_range(name, value) for name, value in ranges.items()}
+        chosen = {name: parse_classes(name, value, parsed.get(name, (1, MAX_DIM))) for name, value in classes.items()}
+    except KilnError as err:
+        raise ArtifactError(f"{path}: damaged artifact ({err})") from None
+    return parsed, chosen
 
 
 def _umask() -> int:

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from kiln.backends import Threading, backend
-from kiln.driver.artifact import ArtifactError, build_products, read
+from kiln.driver.artifact import ArtifactError, build_products, read, sizes_meta
 from kiln.driver.native import NativeModel
 from kiln.driver.options import CompileOptions, Quantization
 from kiln.driver.reference import ReferenceModel
@@ -33,6 +33,7 @@ def load(
     libraries are ignored and the code is generated again from its IR."""
     path = Path(path)
     meta, contents, graph = read(path)
+    ranges, classes = sizes_meta(meta, graph, path)
     target, level, variants = meta["target"], meta["opt_level"], meta["variants"]
     try:
         found = backend(target)
@@ -72,6 +73,7 @@ def load(
     model = NativeModel(compilation, parallelism, streams)
     if folder is not None:  # the libraries' folder lives as long as the model (loaded code stays mapped)
         weakref.finalize(model, shutil.rmtree, folder, ignore_errors=True)
+    model.ranges, model.size_classes = ranges, classes
     for dims in variants:
         model.prepare_dims(dims)
     return model

@@ -13,10 +13,12 @@ import numpy as np
 from kiln.backends import Threading
 from kiln.driver.artifact import save
 from kiln.driver.model import Model
+from kiln.driver.sizes import MAX_DIM, Chunking, check_ranges, default_classes, parse_classes, parse_range
 from kiln.driver.variants import Compilation, Limits, Source, Variants
 from kiln.errors import ArgumentError
 from kiln.ir.graph import Graph
 from kiln.ir.types import TensorType
+from kiln.passes.batching import Parallel, sample_parallel
 from kiln.passes.specialize import input_dims
 from kiln.runtime.executable import Executable, WeightStore
 from kiln.runtime.plan import Plan
@@ -54,6 +56,9 @@ class NativeModel(Model):
         self._compiling = threading.Lock()  # one compile at a time
         self._static = self.shapes_known  # no symbolic input dim: one binding, {} (skips reading dims)
         self._last: tuple[tuple, Executable] | None = None
+        self.ranges: dict[str, tuple[int, int]] = {}  # declared ranges of symbolic dims, checked every run
+        self.size_classes: dict[str, tuple[int, ...]] = {}  # a sample-parallel dim's compiled sizes
+        self._chunking: Chunking | bool | None = False  # False: not decided yet
 
     @property
     def shapes_known(self) -> bool:
@@ -116,6 +121,12 @@ class NativeModel(Model):
         """This model with the variant for ``dims`` compiled now (with no dims: the one variant,
         when every input shape is static), so the first run only runs."""
         if dims is not None:
+            ranges = (
+                {k: v for k, v in dims.items() if isinstance(v, (tuple, list, str))} if isinstance(dims, dict) else {}
+            )
+            if ranges:  # dims={"batch": (1, 64)}: a declared range
+                bound = check_dims({k: v for k, v in dims.items() if k not in ranges}, self.signature)
+                return self.declare(ranges, ahead=bound)
             self.prepare_dims(dims)
         elif self.shapes_known:
             self._variant({})
@@ -142,14 +153,88 @@ class NativeModel(Model):
             if all(isinstance(v, int) for _, v in key) and executable.keep is None
         ]
 
+    def sample_parallel(self) -> dict[str, Parallel | Exception]:
+        """For each symbolic input dim: how it is sample-parallel, or why not (kiln.passes.batching)."""
+        return sample_parallel(self.graph)  # type: ignore[return-value]
+
+    def chunking(self) -> Chunking | None:
+        """How runs at any size of the first sample-parallel dim run on its size classes (None:
+        no dim is, or every input shape is static)."""
+        if self._chunking is False:
+            chosen = None
+            if not self._static:
+                for symbol, found in self.sample_parallel().items():
+                    if isinstance(found, Parallel):
+                        bounds = self.ranges.get(symbol, (1, MAX_DIM))
+                        classes = self.size_classes.get(symbol) or default_classes(bounds)
+                        chosen = Chunking(found, classes)
+                        break
+            self._chunking = chosen
+        return self._chunking  # type: ignore[return-value]
+
+    def declare(
+        self, ranges: dict[str, Any], classes: dict[str, Any] | None = None, ahead: dict[str, int] | None = None
+    ) -> NativeModel:
+        """Declare ranges of symbolic dims (checked on every run; InputError outside) and compile
+        what serves them now: a sample-parallel dim's size classes (every size in its range then
+        runs with no compile), other dims at their range's low end (``ahead`` binds them instead)."""
+        symbols = {d for v in self.signature.inputs for d in getattr(v.type, "shape", None) or () if isinstance(d, str)}
+        parsed = {}
+        for name, value in ranges.items():
+            if name not in symbols:
+                raise ArgumentError(
+                    f"dims: {name!r} is not a symbolic input dim of this model (its dims: {', '.join(sorted(symbols)) or 'none'})"
+                )
+            parsed[name] = parse_range(name, value)
+        for name, value in (classes or {}).items():
+            self.size_classes[name] = parse_classes(name, value, parsed.get(name, (1, MAX_DIM)))
+        self.ranges.update(parsed)
+        self._chunking = False
+        chunking = self.chunking()
+        base = {name: low for name, (low, _) in self.ranges.items()}
+        base.update(ahead or {})
+        if chunking is not None and chunking.symbol in symbols:
+            low, high = self.ranges.get(chunking.symbol, (1, MAX_DIM))
+            for size in chunking.classes:
+                if low <= size <= high or size == 1:
+                    self.prepare_dims({**base, chunking.symbol: size})
+        elif base and set(base) >= symbols:
+            self.prepare_dims(base)
+        return self
+
     def _execute(self, inputs: list[Any]) -> list[Any]:
         dims = {} if self._static else input_dims(self.signature, dict(zip(self.input_names, inputs)))
+        if self.ranges:
+            check_ranges(dims, self.ranges)
+        if dims:
+            chunking = self.chunking()
+            if chunking is not None:
+                size = dims.get(chunking.symbol, 0)
+                if size > 0 and size not in chunking.classes and self.variants.get(tuple(sorted(dims.items()))) is None:
+                    return self._chunked(chunking, dims, inputs)
         executable = self._variant(dims)
         if not executable.native:
             # Shapes or attributes that depend on small inputs' values: specialize on them.
             candidate = self._value_variant(dims, inputs)
             if candidate is not None and (candidate.plan.is_native or not candidate.plan.whole_graph_reason):
                 executable = candidate
+        self._ran.setdefault(id(executable), executable)
+        return executable.run(inputs)
+
+    def _chunked(self, chunking: Chunking, dims: dict[str, int], inputs: list[Any]) -> list[Any]:
+        """A run at a size that is not a class: its chunks on the classes' variants, joined."""
+        parts = chunking.chunks(dims[chunking.symbol])
+        results = []
+        for part, chunk in zip(parts, chunking.split(inputs, parts)):
+            executable = self._variant({**dims, chunking.symbol: part})
+            if not executable.native:  # shapes that depend on values: the whole run compiles as before
+                return self._execute_exact(dims, inputs)
+            self._ran.setdefault(id(executable), executable)
+            results.append(executable.run(chunk))
+        return chunking.join(results)
+
+    def _execute_exact(self, dims: dict[str, int], inputs: list[Any]) -> list[Any]:
+        executable = self._variant(dims)
         self._ran.setdefault(id(executable), executable)
         return executable.run(inputs)
 
@@ -196,9 +281,6 @@ class NativeModel(Model):
     def save(self, path: str) -> Any:
         """Write a ``.kiln`` artifact (IR, weights, native libraries); ``kiln.load`` reads it."""
         return save(self, path)
-
-
-MAX_DIM = (1 << 31) - 1  # a bound dim: far past any tensor a machine holds, far below index overflow
 
 
 def check_dims(dims: Any, signature: Graph) -> dict[str, int]:

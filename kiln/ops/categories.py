@@ -10,6 +10,10 @@ no pass keeps a list of op names of its own.
     axis             its ``axis`` attribute names a dim of input 0 (checked by type inference)
     contracting      sums over a dim of its operands (an empty one gives a non-empty result)
     nondeterministic outputs differ run to run: never folded, merged or evaluated ahead
+    aligned          each output element reads its inputs at the same (broadcast) position only:
+                     elementwise with comparisons, logic, casts and selection
+    per_sample       input 0's leading dim holds samples and every other input is per model
+                     (weights): each output sample is computed from its own input sample alone
 The older traits (``fusable``, ``anchor``, ``tunable``, ``alias``, ``reshape``) are declared with
 their op families (``kiln.ops.elementwise``, ``nn``, ``shape``).
 """
@@ -30,6 +34,13 @@ CATEGORIES: dict[str, str] = {
     "ArgMax ArgMin Compress ScatterElements OneHot Flatten",
     "contracting": "MatMul Gemm Conv Einsum",
     "nondeterministic": "RandomNormal RandomUniform RandomNormalLike RandomUniformLike Bernoulli Multinomial",
+    "aligned": "Add Sub Mul Div Pow Mod BitShift BitwiseAnd BitwiseOr BitwiseXor BitwiseNot PRelu Max Min Sum Mean "
+    "Equal Less Greater LessOrEqual GreaterOrEqual And Or Xor Not Where Clip Cast CastLike Identity Dropout IsNaN IsInf "
+    "Abs Neg Exp Log Sqrt Reciprocal Sin Cos Tan Asin Acos Atan Sinh Cosh Asinh Acosh Atanh Tanh Sigmoid Relu Erf "
+    "Floor Ceil Round Sign Softplus Softsign Elu Selu Celu LeakyRelu ThresholdedRelu HardSigmoid HardSwish Gelu Mish "
+    "Shrink Swish",
+    "per_sample": "Conv ConvTranspose MaxPool AveragePool LpPool GlobalAveragePool GlobalMaxPool GlobalLpPool "
+    "BatchNormalization InstanceNormalization LRN DepthToSpace SpaceToDepth",
 }
 KILN_CATEGORIES: dict[str, str] = {"contracting": "Fused"}  # kiln's own ops (a fused product, attention)
 

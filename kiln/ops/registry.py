@@ -132,7 +132,16 @@ def _arity(low: int, high: int) -> tuple[int, int]:
 
 TRAITS = frozenset(
     {"fusable", "anchor", "tunable", "alias", "reshape"}  # declared with their op families
-    | {"elementwise", "layout_free", "accumulating", "axis", "contracting", "nondeterministic"}  # kiln.ops.categories
+    | {
+        "elementwise",
+        "layout_free",
+        "accumulating",
+        "axis",
+        "contracting",
+        "nondeterministic",
+        "aligned",
+        "per_sample",
+    }  # kiln.ops.categories
 )
 
 

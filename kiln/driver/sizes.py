@@ -1,0 +1,119 @@
+"""Declared ranges of a model's symbolic dims, and runs at any size of a sample-parallel dim from a
+few compiled sizes (its size classes), with no compile at run time.
+
+``kiln.passes.batching`` proves a dim sample-parallel (each output sample computed from its own
+input sample alone). A run at ``n`` samples is then split into chunks whose sizes are classes
+(largest first: 37 with classes 1 and 8 is 8+8+8+8+1+1+1+1+1), each chunk runs on its class's
+compiled variant, and the outputs are joined along their samples' dim.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from kiln.errors import ArgumentError, InputError
+from kiln.passes.batching import Parallel
+
+MAX_DIM = (1 << 31) - 1  # a bound dim: far past any tensor a machine holds, far below index overflow
+DEFAULT_RANGE = (1, MAX_DIM)  # a sample-parallel dim nobody bounded: every size runs from the classes
+DEFAULT_CLASSES = (1, 8)  # compiled sizes of a sample-parallel dim (those inside its range)
+MAX_CLASSES = 8
+
+
+def parse_range(name: str, value: Any) -> tuple[int, int]:
+    """A declared range: ``(low, high)`` (both included), or ``"low..high"``."""
+    if isinstance(value, str):
+        low, sep, high = value.partition("..")
+        if not sep:
+            raise ArgumentError(f"dims: {name}={value!r} is not a range (write LOW..HIGH, e.g. 1..64)")
+        value = (low, high)
+    if not isinstance(value, (tuple, list)) or len(value) != 2:
+        raise ArgumentError(f"dims: {name}={value!r} is not a range (a pair (low, high))")
+    try:
+        low, high = (int(str(v).strip()) for v in value)
+    except ValueError:
+        raise ArgumentError(f"dims: {name}={value!r}: a range's ends are integers") from None
+    if not 0 <= low <= high <= MAX_DIM:
+        raise ArgumentError(f"dims: {name}={low}..{high} is not a range of sizes (0 <= low <= high <= {MAX_DIM})")
+    return low, high
+
+
+def parse_classes(name: str, value: Any, bounds: tuple[int, int]) -> tuple[int, ...]:
+    """Size classes: distinct positive sizes inside ``bounds`` (at most MAX_CLASSES), with 1 or the
+    range's low end among them, so every size in the range is a sum of classes."""
+    try:
+        classes = sorted({int(v) for v in (value.split(",") if isinstance(value, str) else value)})
+    except (TypeError, ValueError):
+        raise ArgumentError(f"size classes of {name}: {value!r} is not a list of sizes") from None
+    if not classes or classes[0] < 1 or len(classes) > MAX_CLASSES:
+        raise ArgumentError(f"size classes of {name}: 1 to {MAX_CLASSES} positive sizes, got {classes}")
+    if classes[0] != 1:
+        raise ArgumentError(f"size classes of {name}: {classes} must include 1 (every size is then a sum of them)")
+    if classes[-1] > bounds[1]:
+        raise ArgumentError(f"size classes of {name}: {classes[-1]} is past the range's end {bounds[1]}")
+    return tuple(classes)
+
+
+def default_classes(bounds: tuple[int, int]) -> tuple[int, ...]:
+    return tuple(c for c in DEFAULT_CLASSES if c <= max(1, bounds[1]))
+
+
+def check_ranges(dims: dict[str, int], ranges: dict[str, tuple[int, int]]) -> None:
+    for name, (low, high) in ranges.items():
+        size = dims.get(name)
+        if size is not None and not low <= size <= high:
+            raise InputError(
+                f"{name}={size} is outside the range this model was compiled for ({name}={low}..{high}); "
+                f"compile it with --dim {name}=LOW..HIGH covering {size}"
+            )
+
+
+@dataclass(frozen=True)
+class Chunking:
+    """How runs at any size of ``parallel.symbol`` become runs at its ``classes``."""
+
+    parallel: Parallel
+    classes: tuple[int, ...]
+
+    @property
+    def symbol(self) -> str:
+        return self.parallel.symbol
+
+    def chunks(self, size: int) -> list[int]:
+        """``size`` as a sum of classes, largest first."""
+        parts = []
+        for chosen in sorted(self.classes, reverse=True):
+            count, size = divmod(size, chosen)
+            parts.extend([chosen] * count)
+        assert size == 0  # 1 is a class
+        return parts
+
+    def split(self, inputs: list[Any], parts: list[int]) -> list[list[Any]]:
+        """Each chunk's inputs: the samples' slices of the inputs that hold them, the others whole."""
+        chunks = []
+        start = 0
+        for part in parts:
+            chunk = []
+            for array, axis in zip(inputs, self.parallel.inputs):
+                if axis is None:
+                    chunk.append(array)
+                else:
+                    index = [slice(None)] * np.ndim(array)
+                    index[axis] = slice(start, start + part)
+                    chunk.append(np.ascontiguousarray(array[tuple(index)]))
+            chunks.append(chunk)
+            start += part
+        return chunks
+
+    def join(self, results: list[list[Any]]) -> list[Any]:
+        """The chunks' outputs joined along their samples' dims (the others are the first chunk's)."""
+        joined = []
+        for position, axis in enumerate(self.parallel.outputs):
+            if axis is None or len(results) == 1:
+                joined.append(results[0][position])
+            else:
+                joined.append(np.concatenate([r[position] for r in results], axis=axis))
+        return joined

@@ -1,0 +1,393 @@
+"""Which symbolic dims are *sample-parallel*: every output index along the dim is computed from
+the same index of the inputs alone, so a run at any size is the runs over its chunks, stacked.
+
+A compile for a few sizes of such a dim (its size classes) then serves every size with no compile
+at run time: the driver splits the inputs, runs each chunk on a compiled class and joins the
+outputs. The analysis is a forward dataflow over the imported graph. Each value is, for a symbol:
+
+* ``Batched(axis, per)``: it holds samples along ``axis``, ``per`` consecutive indices each (the
+  symbol itself, or a dim a Reshape merged it into: [batch, 12, 197, 64] -> [batch*12, 197, 64]);
+* ``Sizes(mask)``: a small int vector computed from shapes, ``mask[i]`` telling whether element
+  ``i`` is the symbol's size (``Shape(x)[0]`` of a batched ``x``); such values may only become
+  the target shapes of ``Reshape``/``Expand``/``ConstantOfShape`` (a chunk computes its own);
+* anything else (None): independent of the samples (weights, other inputs, shape arithmetic on
+  them).
+
+An op may read samples only when a rule says how (the op categories ``aligned``, ``per_sample``,
+``axis`` and ``reshape``, and the few ops with a rule of their own below); any other reader, and
+any sample mixing (a reduction, softmax or concat over the dim, a product contracting it), makes
+the symbol not sample-parallel, naming the node and the reason. Unknown ops are refused, never
+guessed: a refusal costs only a compile per size, as without this analysis.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from kiln.ir.graph import Graph, Node, Value, free_values
+from kiln.ir.types import TensorType
+from kiln.ops.registry import has_trait
+
+
+@dataclass(frozen=True)
+class Batched:
+    axis: int
+    per: int = 1  # indices of ``axis`` per sample (a Reshape of [batch, 12, ...] to [batch*12, ...])
+
+
+@dataclass(frozen=True)
+class Sizes:
+    mask: tuple[bool, ...] | None  # None: unknown which elements (or a scalar): all of it counts
+
+
+State = Batched | Sizes | None
+
+
+class Refused(Exception):
+    """The symbol is not sample-parallel: ``node`` mixes (or may mix) samples."""
+
+    def __init__(self, node: str, reason: str) -> None:
+        super().__init__(f"{node}: {reason}")
+        self.node = node
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class Parallel:
+    """How a sample-parallel symbol appears at the graph's boundary: its axis in each input and
+    output (None: the value does not carry it: an input every chunk shares, an output the first
+    chunk gives)."""
+
+    symbol: str
+    inputs: tuple[int | None, ...]
+    outputs: tuple[int | None, ...]
+
+
+# ops computing on shape vectors: a result holding the count is only ever a target shape
+SHAPE_ARITHMETIC = frozenset(
+    "Add Sub Mul Div Mod Max Min Neg Abs Gather Slice Squeeze Unsqueeze Cast Reshape Flatten Concat Identity "
+    "Equal Less Greater LessOrEqual GreaterOrEqual Not And Or Where ReduceProd ReduceSum ReduceMax ReduceMin".split()
+)
+
+
+def symbols(graph: Graph) -> list[str]:
+    """The symbolic dims of the graph's inputs, in order of first appearance."""
+    seen: list[str] = []
+    for value in graph.inputs:
+        for dim in getattr(value.type, "shape", None) or ():
+            if isinstance(dim, str) and dim not in seen:
+                seen.append(dim)
+    return seen
+
+
+def sample_parallel(graph: Graph) -> dict[str, Parallel | Refused]:
+    """For each symbolic input dim: how it is sample-parallel, or why not."""
+    return {symbol: _Analysis(graph, symbol).run() for symbol in symbols(graph)}
+
+
+def _rank(value: Value | None) -> int:
+    if value is None or not isinstance(value.type, TensorType) or value.type.shape is None:
+        return -1
+    return len(value.type.shape)
+
+
+def _static_count(dims: tuple) -> int | None:
+    count = 1
+    for d in dims:
+        if not isinstance(d, int):
+            return None
+        count *= d
+    return count
+
+
+class _Analysis:
+    def __init__(self, graph: Graph, symbol: str) -> None:
+        self.graph = graph
+        self.symbol = symbol
+        self.constants = graph.constants
+        self.state: dict[Value, State] = {}
+
+    def run(self) -> Parallel | Refused:
+        try:
+            inputs = []
+            for value in self.graph.inputs:
+                axis = self.axis_of(value)
+                if axis is not None:
+                    self.state[value] = Batched(axis)
+                inputs.append(axis)
+            for node in self.graph.nodes:
+                self.visit(node)
+            outputs = []
+            for value in self.graph.outputs:
+                result = self.state.get(value)
+                if isinstance(result, Sizes):
+                    raise Refused(value.name, "an output computed from the count of samples")
+                outputs.append(result.axis if isinstance(result, Batched) else None)
+            return Parallel(self.symbol, tuple(inputs), tuple(outputs))
+        except Refused as refusal:
+            return refusal
+
+    def axis_of(self, value: Value) -> int | None:
+        """The axis of ``value``'s type that is the symbol (None if none); Refused if several are
+        or the type has no known rank."""
+        if not isinstance(value.type, TensorType):
+            raise Refused(value.name, "a value that is not a tensor")
+        if value.type.shape is None:
+            raise Refused(value.name, "a tensor of unknown rank")
+        axes = [i for i, d in enumerate(value.type.shape) if d == self.symbol]
+        if len(axes) > 1:
+            raise Refused(value.name, f"{self.symbol} is more than one of its dims {value.type.shape}")
+        return axes[0] if axes else None
+
+    def ints(self, node: Node, index: int) -> list[int] | None:
+        """Input ``index`` of ``node`` when it is a constant (axes, indices, pads...)."""
+        if index >= len(node.inputs) or node.inputs[index] is None:
+            return None
+        array = self.constants.get(node.inputs[index])  # type: ignore[arg-type]
+        if array is None or array.dtype.kind not in "iu":
+            return None
+        return [int(x) for x in np.asarray(array).reshape(-1)]
+
+    def visit(self, node: Node) -> None:
+        read = [self.state.get(v) if v is not None else None for v in node.inputs]
+        inner = [self.state.get(v) for g in node.subgraphs() for v in free_values(g)]
+        if all(s is None for s in read + inner):
+            return  # independent of the samples
+        if list(node.subgraphs()):
+            raise Refused(node.label, "control flow over samples")
+        if node.domain:
+            raise Refused(node.label, "an op kiln cannot tell the per-sample behaviour of")
+        if not any(isinstance(s, Batched) for s in read):
+            results = self.sizes_rule(node, read)
+        else:
+            results = self.batched_rule(node, read)
+        for value, result in zip(node.outputs, results):
+            if result is not None:
+                self.state[value] = result
+
+    # -- values computed from the count of samples ------------------------------------------------
+    def sizes_rule(self, node: Node, read: list[State]) -> list[State]:
+        op = node.op
+        first = read[0]
+        if (op in ("Reshape", "Expand") and first is None) or op == "ConstantOfShape":
+            # a target shape holding the count: each chunk's is its own count
+            axis = self.axis_of(node.outputs[0])
+            if axis is None:
+                raise Refused(node.label, "a shape from the count of samples that its output type does not show")
+            if op == "Reshape" and first is not None:
+                raise Refused(node.label, "reshapes a value computed from the count of samples")
+            return [Batched(axis)]
+        if not all(s is None or isinstance(s, Sizes) for s in read):
+            raise Refused(node.label, "computes with the count of samples")
+        mask = first.mask if isinstance(first, Sizes) else None
+        if op in ("Shape", "Size") and _static_count(node.inputs[0].type.shape or ("?",)) is not None:  # type: ignore[union-attr]
+            return [None]  # the shape of a shape vector: its length is static
+        if op in ("Cast", "Identity", "Squeeze", "Unsqueeze", "Reshape", "Flatten") and isinstance(first, Sizes):
+            return [first if _rank(node.outputs[0]) <= 1 else Sizes(None)]  # a vector stays itself
+        if op == "Concat":
+            parts: list[bool] = []
+            for value, state in zip(node.inputs, read):
+                length = value.type.shape[0] if isinstance(value.type, TensorType) and value.type.shape else None
+                if isinstance(state, Sizes) and state.mask is not None:
+                    parts.extend(state.mask)
+                elif isinstance(length, int):
+                    parts.extend([state is not None] * length)
+                else:
+                    return [Sizes(None)]
+            return [Sizes(tuple(parts)) if any(parts) else None]
+        if op == "Gather" and mask is not None and isinstance(first, Sizes):
+            indices = self.ints(node, 1)
+            if indices is not None and all(-len(mask) <= i < len(mask) for i in indices):
+                chosen = tuple(mask[i] for i in indices)
+                return [Sizes(chosen) if any(chosen) else None]
+        if op == "Slice" and mask is not None and isinstance(first, Sizes):
+            starts, ends, steps = self.ints(node, 1), self.ints(node, 2), self.ints(node, 4)
+            if starts is not None and ends is not None and len(starts) == 1:
+                chosen = tuple(mask[slice(starts[0], ends[0], (steps or [1])[0])])
+                return [Sizes(chosen) if any(chosen) else None]
+        if op in SHAPE_ARITHMETIC:
+            return [Sizes(None)]  # arithmetic on the count: still only fit for target shapes
+        raise Refused(node.label, "computes with the count of samples")
+
+    # -- values holding samples -------------------------------------------------------------------
+    def batched_rule(self, node: Node, read: list[State]) -> list[State]:
+        op = node.op
+        batched = [(i, s.axis) for i, s in enumerate(read) if isinstance(s, Batched)]
+        pers = {s.per for s in read if isinstance(s, Batched)}
+        if len(pers) > 1:
+            raise Refused(node.label, "operands whose samples span different numbers of indices")
+        per = pers.pop()
+        if op in ("Reshape", "Flatten", "Squeeze", "Unsqueeze"):
+            return [self.reshape(node, read[0])]
+        outputs = [self.axis_of(v) for v in node.outputs]
+        if per > 1:  # a merged dim: the output keeps it where the samples' dim went
+            outputs = [self.merged_axis(node, v, read) for v in node.outputs]
+        sizes = [i for i, s in enumerate(read) if isinstance(s, Sizes)]
+        if sizes and not (op in ("Reshape", "Expand") and sizes == [1]):
+            raise Refused(node.label, "reads samples and a value computed from their count")
+        if has_trait(op, "", "aligned"):
+            self.aligned(node, read, outputs[0])
+        elif has_trait(op, "", "per_sample"):
+            if batched != [(0, 0)] or outputs[0] != 0:
+                raise Refused(node.label, "its samples are not its data's leading dim")
+        elif op == "Expand":
+            if (
+                batched != [(0, batched[0][1])]
+                or _rank(node.outputs[0]) - _rank(node.inputs[0]) + batched[0][1] != outputs[0]
+            ):
+                raise Refused(node.label, "expands across the samples' dim")
+        elif op == "Transpose":
+            rank = _rank(node.inputs[0])
+            perm = list(node.attrs.get("perm") or reversed(range(rank)))
+            moved = perm.index(batched[0][1])
+            if per == 1 and outputs[0] != moved:
+                raise Refused(node.label, "a permutation its output type does not follow")
+            outputs = [moved]
+        elif op in ("MatMul", "Gemm"):
+            self.product(node, read)
+        elif op in ("Shape", "Size"):
+            return [self.shape_sizes(node, read[0])]
+        elif op in ("Resize", "Upsample"):
+            if batched != [(0, 0)] or outputs[0] != 0:
+                raise Refused(node.label, "resizes the samples' dim")
+        elif op == "Gather" and batched == [(1, batched[0][1])]:
+            pass  # indices hold samples (an embedding lookup): each sample gathers its own rows
+        else:
+            self.along_axes(node, read, batched)
+        kept = 1 if op in ("LayerNormalization", "Dropout", "BatchNormalization") else len(node.outputs)
+        if any(axis is None for axis in outputs[:kept]):
+            raise Refused(node.label, "an output that loses the samples' dim (it mixes them)")
+        return [Batched(axis, per) if axis is not None else None for axis in outputs]
+
+    def merged_axis(self, node: Node, value: Value, read: list[State]) -> int | None:
+        """Where a merged samples' dim lands in an output of a shape-keeping op: the same dim
+        counted from the right as in its input (broadcasting, products' batch dims)."""
+        state, source = next((s, v) for s, v in zip(read, node.inputs) if isinstance(s, Batched))
+        axis = _rank(value) - _rank(source) + state.axis
+        return axis if 0 <= axis < _rank(value) else None
+
+    def aligned(self, node: Node, read: list[State], out_axis: int | None) -> None:
+        """Broadcasting ops: every operand holding samples holds them in the output's dim."""
+        out_rank = _rank(node.outputs[0])
+        for value, state in zip(node.inputs, read):
+            if isinstance(state, Batched) and out_rank - _rank(value) + state.axis != out_axis:
+                raise Refused(node.label, "broadcasts the samples' dim against another dim")
+
+    def reshape(self, node: Node, state: State) -> Batched:
+        """A reshape keeps samples apart when the dims before the samples' dim hold the same
+        static number of elements in and out (each sample's block of memory is its own); the
+        output's samples' dim is the first after that prefix, and it may merge each sample with
+        the following dims (``per`` > 1) or be the symbol again."""
+        if not isinstance(state, Batched):
+            raise Refused(node.label, "a reshape whose samples are not its data")
+        shape_in = node.inputs[0].type.shape  # type: ignore[union-attr]
+        shape_out = node.outputs[0].type.shape  # type: ignore[union-attr]
+        prefix = _static_count(shape_in[: state.axis])
+        block = _static_count(shape_in[state.axis + 1 :])  # elements per index of the samples' dim
+        if prefix is None or block is None:
+            raise Refused(node.label, "a reshape around dims kiln cannot count")
+        block *= state.per
+        count, axis = 1, 0
+        while axis < len(shape_out) and count < prefix and isinstance(shape_out[axis], int):
+            count *= shape_out[axis]
+            axis += 1
+        after = _static_count(shape_out[axis + 1 :])
+        if count != prefix or axis >= len(shape_out) or isinstance(shape_out[axis], int) or not after:
+            raise Refused(node.label, "a reshape that moves elements across the samples' dim")
+        if shape_out[axis] == self.symbol:
+            if after != block:
+                raise Refused(node.label, "a reshape that moves elements across the samples' dim")
+            return Batched(axis)
+        if block % after:
+            raise Refused(node.label, "a reshape that moves elements across the samples' dim")
+        return Batched(axis, block // after)
+
+    def product(self, node: Node, read: list[State]) -> None:
+        """Samples may be rows of A, columns of B or a batch dim of either, never the contracted
+        dim; when both operands hold samples they hold them in the same batch dim."""
+        a, b = read[0], read[1]
+        if node.op == "Gemm":
+            if node.attrs.get("transA") or not isinstance(a, Batched) or b is not None or any(read[2:]):
+                raise Refused(node.label, "a Gemm whose samples are not A's rows alone")
+            return
+        a_rank, b_rank, out_rank = _rank(node.inputs[0]), _rank(node.inputs[1]), _rank(node.outputs[0])
+        if isinstance(a, Batched) and (a_rank == 1 or a.axis == a_rank - 1):
+            raise Refused(node.label, "contracts over the samples' dim")
+        if isinstance(b, Batched) and (b_rank == 1 or b.axis == b_rank - 2):
+            raise Refused(node.label, "contracts over the samples' dim")
+        if isinstance(a, Batched) and isinstance(b, Batched):
+            if a.axis >= a_rank - 2 or b.axis >= b_rank - 2 or a.axis - a_rank != b.axis - b_rank:
+                raise Refused(node.label, "a product whose operands hold samples in different dims")
+        del out_rank
+
+    def axes(self, node: Node, rank: int) -> set[int] | None:
+        """The dims ``node`` works along, from its attributes or constant inputs (None: unknown)."""
+        op, attrs = node.op, node.attrs
+        if op in ("Softmax", "LogSoftmax", "Hardmax"):
+            return {int(attrs.get("axis", -1)) % rank}
+        if op == "LayerNormalization":
+            return set(range(int(attrs.get("axis", -1)) % rank, rank))
+        if op == "Flatten":
+            axis = int(attrs.get("axis", 1)) % (rank + 1)
+            return set(range(rank)) if axis == 0 else set(range(axis - 1, rank))
+        if op == "TopK":
+            return {int(attrs.get("axis", -1)) % rank}
+        if op == "CumSum":
+            given = self.ints(node, 1)
+            return None if given is None else {g % rank for g in given}
+        if op.startswith("Reduce"):
+            given = list(attrs["axes"]) if "axes" in attrs else self.ints(node, 1)
+            if given is None:
+                return None if len(node.inputs) > 1 and node.inputs[1] is not None else set(range(rank))
+            if not given:
+                return set() if attrs.get("noop_with_empty_axes") else set(range(rank))
+            return {g % rank for g in given}
+        if op == "Slice":
+            given = self.ints(node, 3)
+            if given is None:
+                return None if len(node.inputs) > 3 and node.inputs[3] is not None else set(range(rank))
+            return {g % rank for g in given}
+        if op in ("Pad", "Tile"):
+            amounts = self.ints(node, 1)
+            if amounts is None:
+                return None
+            if op == "Tile":
+                return {i for i, r in enumerate(amounts) if r != 1}
+            pad_axes = self.ints(node, 3) if len(node.inputs) > 3 and node.inputs[3] is not None else list(range(rank))
+            if pad_axes is None:
+                return None
+            n = len(pad_axes)
+            return {pad_axes[i] % rank for i in range(n) if amounts[i] or amounts[i + n]}
+        if has_trait(op, "", "axis") and "axis" in attrs:
+            return {int(attrs["axis"]) % rank}
+        if has_trait(op, "", "axis"):
+            return None
+        return None
+
+    def along_axes(self, node: Node, read: list[State], batched: list[tuple[int, int]]) -> None:
+        """Ops along some dims (softmax, reductions, concat, gather, split, slice, pad, tile...):
+        allowed when the samples' dim is not one of them."""
+        known = has_trait(node.op, "", "axis") or node.op.startswith("Reduce")
+        if not known and node.op not in ("CumSum", "TopK", "Slice", "Pad", "Tile"):
+            raise Refused(node.label, "an op kiln cannot tell the per-sample behaviour of")
+        data_axis = read[0].axis if isinstance(read[0], Batched) else None
+        if data_axis is None:
+            raise Refused(node.label, "samples in an operand other than the data")
+        others = [axis for i, axis in batched if i > 0]
+        if others and (node.op != "Concat" or any(axis != data_axis for axis in others)):
+            raise Refused(node.label, "samples in an operand other than the data")
+        axes = self.axes(node, _rank(node.inputs[0]))
+        if axes is None:
+            raise Refused(node.label, "dims kiln cannot read at compile time")
+        if data_axis in axes:
+            raise Refused(node.label, "works along the samples' dim")
+
+    def shape_sizes(self, node: Node, state: State) -> State:
+        if node.op == "Size" or not isinstance(state, Batched):
+            return Sizes(None)
+        rank = _rank(node.inputs[0])
+        start, end = int(node.attrs.get("start", 0)), node.attrs.get("end")
+        positions = list(range(rank))[slice(start, None if end is None else int(end))]
+        return Sizes(tuple(i == state.axis for i in positions))
