@@ -16,8 +16,25 @@ from kiln.cli_support import (
     out,
     output_option,
     precision_option,
+    split_ranges,
     target_option,
 )
+
+
+def _say_ranges(compiled) -> None:  # type: ignore[no-untyped-def]
+    """What the declared ranges mean for this model: which dims run every size without a compile."""
+    from kiln.passes.batching import Parallel
+
+    chunking = compiled.chunking()
+    for symbol, found in compiled.sample_parallel().items():
+        low, high = compiled.ranges.get(symbol, (None, None))
+        bounds = f"{low}..{high}" if low is not None else "unbounded"
+        if isinstance(found, Parallel) and chunking is not None and chunking.symbol == symbol:
+            sizes = ", ".join(map(str, chunking.classes))
+            out.print(f"{symbol} ({bounds}): sample-parallel; every size runs from the size classes {sizes}")
+        else:
+            why = found if not isinstance(found, Parallel) else "another dim is chunked"
+            out.print(f"{symbol} ({bounds}): each new size compiles on first use (not sample-parallel: {why})")
 
 
 @click.command("compile")
@@ -26,7 +43,17 @@ from kiln.cli_support import (
 @click.option("-O", "level", type=click.IntRange(0, 3), default=2, show_default=True, help="Optimization level.")
 @dim_option(
     "Bind a symbolic dim, e.g. --dim batch=8; a list compiles each size ahead, e.g. --dim batch=1,8,32 "
-    "(saved in the artifact: it needs no compiler for them). [default: every symbol = 1]"
+    "(saved in the artifact: it needs no compiler for them); a range declares the sizes the model serves, "
+    "e.g. --dim batch=1..64 (checked every run; a sample-parallel dim runs every size in it from its size "
+    "classes, with no compiler). [default: every symbol = 1]"
+)
+@click.option(
+    "--size-classes",
+    "size_classes",
+    multiple=True,
+    metavar="NAME=SIZES",
+    help="The sizes compiled for a sample-parallel dim (a run at another size is chunks of these), e.g. "
+    "--size-classes batch=1,4,16; 1 must be one. [default: 1 and 8, those inside the range]",
 )
 @click.option(
     "--tune",
@@ -81,6 +108,7 @@ def compile_command(
     output: Path,
     level: int,
     dims: tuple[str, ...],
+    size_classes: tuple[str, ...],
     tune_budget: str | None,
     retune: bool,
     cluster: str | None,
@@ -99,6 +127,13 @@ def compile_command(
 
     if cluster is not None and tune_budget is None:
         raise click.UsageError("--cluster measures tuning candidates: give --tune DURATION too")
+    ranges, dims = split_ranges(dims)
+    classes = {}
+    for item in size_classes:
+        name, sep, value = item.partition("=")
+        if not sep or not name:
+            raise click.BadParameter(f"expected NAME=SIZE,SIZE,..., got {item!r}", param_hint="--size-classes")
+        classes[name] = value
     graph, binding = import_bound(model, dims)
     bindings = dim_bindings(graph, dims)
     if tune_budget is not None:
@@ -128,6 +163,10 @@ def compile_command(
         for number, each in enumerate(bindings[1:], 2):  # every size asked for is compiled ahead and saved
             console.print(f"compiled binding {number - 1}/{len(bindings)}; compiling {each}")
             compiled.prepare_dims(each)
+        if ranges or classes:
+            compiled.declare(ranges, classes, ahead=bindings[0])
+    if ranges or classes:
+        _say_ranges(compiled)
     seconds = time.perf_counter() - start
     plan = compiled.plans[-1] if len(bindings) == 1 else compiled.plans[0]
     compiled.save(output)

@@ -44,6 +44,21 @@ def parse_dims(items: tuple[str, ...]) -> dict[str, int]:
     return {name: values[0] for name, values in parse_dim_lists(items).items()}
 
 
+def split_ranges(items: tuple[str, ...]) -> tuple[dict[str, str], tuple[str, ...]]:
+    """--dim items -> (the ranges NAME=LOW..HIGH by name, the other items)."""
+    ranges = {}
+    rest = []
+    for item in items:
+        name, _, value = item.partition("=")
+        if ".." in value:
+            if not name:
+                raise click.BadParameter(f"expected NAME=LOW..HIGH, got {item!r}", param_hint="--dim")
+            ranges[name] = value
+        else:
+            rest.append(item)
+    return ranges, tuple(rest)
+
+
 def parse_dim_lists(items: tuple[str, ...]) -> dict[str, list[int]]:
     """--dim NAME=INT[,INT...] items -> {name: [ints]} (``batch=1,8,32``: three sizes)."""
     dims: dict[str, list[int]] = {}

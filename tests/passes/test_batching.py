@@ -1,0 +1,121 @@
+"""kiln.passes.batching: which symbolic dims are sample-parallel (each output sample computed from
+its own input sample alone), and the node that refuses the others."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from kiln.ir.parser import parse_graph
+from kiln.passes.batching import Parallel, Refused, sample_parallel
+
+RNG = np.random.default_rng(0)
+WEIGHTS = {
+    "w": RNG.standard_normal((4, 3, 3, 3)).astype(np.float32),
+    "fc": RNG.standard_normal((4, 5)).astype(np.float32),
+}
+
+
+def analysed(body: str, inputs: str = "%x: f32[batch,3,6,6]", outputs: str = "%y") -> Parallel | Refused:
+    graph = parse_graph(
+        f"""
+graph g({inputs}) -> ({outputs}) {{
+  const %w: f32[4,3,3,3]
+  const %fc: f32[4,5]
+{body}
+}}""",
+        WEIGHTS,
+    )
+    return sample_parallel(graph)["batch"]
+
+
+def test_a_small_cnn_is_sample_parallel_with_its_shape_arithmetic():
+    """Conv -> Relu -> global pool -> a Reshape to [Shape(x)[0], -1] (the count of samples as a
+    target shape, as exporters write flatten) -> MatMul: the samples' dim is axis 0 in and out."""
+    found = analysed(
+        """
+  const %zero: i64[] = [0]
+  const %axes: i64[1] = [0]
+  const %rest: i64[1] = [-1]
+  %c: f32[batch,4,4,4] = Conv(%x, %w)
+  %r: f32[batch,4,4,4] = Relu(%c)
+  %p: f32[batch,4,1,1] = GlobalAveragePool(%r)
+  %s: i64[4] = Shape(%x)
+  %d0: i64[] = Gather(%s, %zero) {axis=0}
+  %d: i64[1] = Unsqueeze(%d0, %axes)
+  %target: i64[2] = Concat(%d, %rest) {axis=0}
+  %f: f32[batch,4] = Reshape(%p, %target)
+  %y: f32[batch,5] = MatMul(%f, %fc)"""
+    )
+    assert found == Parallel("batch", (0,), (0,))
+
+
+def test_a_dim_merged_with_the_next_and_split_again_stays_sample_parallel():
+    """[batch,4,3] -> [batch*4,3] (attention's heads folded into the batch) -> Softmax over the
+    last dim -> [batch,12]: the merged dim holds 4 indices per sample."""
+    found = analysed(
+        """
+  const %merge: i64[2] = [-1, 3]
+  const %split: i64[2] = [-1, 12]
+  %m: f32[n,3] = Reshape(%x, %merge)
+  %s: f32[n,3] = Softmax(%m) {axis=-1}
+  %y: f32[batch,12] = Reshape(%s, %split)""",
+        inputs="%x: f32[batch,4,3]",
+    )
+    assert found == Parallel("batch", (0,), (0,))
+
+
+MIXING = [
+    ("a mean over the samples", "%y: f32[1,3,6,6] = ReduceMean(%x, %ax) {keepdims=1}", "along the samples"),
+    ("a softmax over the samples", "%y: f32[batch,3,6,6] = Softmax(%x) {axis=0}", "along the samples"),
+    ("samples concatenated along their own dim", "%y: f32[b2,3,6,6] = Concat(%x, %x) {axis=0}", "along the samples"),
+    (
+        "a product contracting the samples",
+        "%t: f32[3,6,6,batch] = Transpose(%x) {perm=[1, 2, 3, 0]}\n  %y: f32[3,6,6,6] = MatMul(%t, %x6)",
+        "contracts over",
+    ),
+    (
+        "a reshape moving elements across the samples",
+        "%y: f32[3,q] = Reshape(%x, %three)",
+        "moves elements across",
+    ),
+    (
+        "the count of samples used as a number",
+        "%s: i64[4] = Shape(%x)\n  %n: i64[] = Gather(%s, %zero) {axis=0}\n  %f: f32[] = Cast(%n) {to=1}\n"
+        "  %y: f32[batch,3,6,6] = Div(%x, %f)",
+        "computed from their count",
+    ),
+    (
+        "indices counted over the samples",
+        "%s: i64[4] = Shape(%x)\n  %n: i64[] = Gather(%s, %zero) {axis=0}\n  %y: i64[k] = Range(%zero, %n, %one)",
+        "computes with the count",
+    ),
+]
+
+
+@pytest.mark.parametrize(("why", "body", "reason"), MIXING, ids=[m[0] for m in MIXING])
+def test_whatever_mixes_samples_is_refused_naming_its_node(why, body, reason):
+    found = analysed(
+        """
+  const %ax: i64[1] = [0]
+  const %zero: i64[] = [0]
+  const %one: i64[] = [1]
+  const %three: i64[2] = [3, -1]
+  """
+        + body,
+        inputs="%x: f32[batch,3,6,6]" + (", %x6: f32[batch,6]" if "%x6" in body else ""),
+    )
+    assert isinstance(found, Refused), why
+    assert found.node.endswith("-> y>") and reason in found.reason, found  # the node that mixes, and why
+
+
+def test_an_unknown_op_reading_samples_is_refused_not_guessed():
+    graph = parse_graph(
+        """
+graph g(%x: f32[batch,3]) -> (%y) {
+  %y: f32[batch,3] = Einsum(%x) {equation="bi->bi"}
+}""",
+        {},
+    )
+    found = sample_parallel(graph)["batch"]
+    assert isinstance(found, Refused) and "cannot tell" in found.reason
