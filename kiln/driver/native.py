@@ -5,6 +5,8 @@ plan the runtime's (``kiln.runtime.executable``)."""
 
 from __future__ import annotations
 
+import concurrent.futures
+import os
 import threading
 from typing import Any
 
@@ -140,6 +142,24 @@ class NativeModel(Model):
         """Compile the variant for this binding of the symbolic dims now (``save`` keeps it)."""
         self._variant(check_dims(dims, self.signature))
 
+    def prepare_many(self, bindings: list[dict[str, int]]) -> None:
+        """Compile several bindings now, at once: one's C compile (a process of its own) runs
+        while the next is lowered, so two size classes cost little more than one on two cores."""
+        missing = [check_dims(dims, self.signature) for dims in bindings]
+        missing = [dims for dims in missing if self.variants.get(tuple(sorted(dims.items()))) is None]
+        workers = min(len(missing), len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1)
+        if workers < 2:
+            for dims in missing:
+                self._variant(dims)
+            return
+        with concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="kiln-compile") as pool:
+            plans = list(pool.map(self.compilation.plan, missing))
+        with self._compiling:
+            for dims, plan in zip(missing, plans):
+                key = tuple(sorted(dims.items()))
+                if self.variants.get(key) is None:
+                    self._keep(key, Executable(plan, weights=self.weights, parallelism=self.parallelism))
+
     def executables(self) -> list[Executable]:
         """The compiled variants kept now (least recently used first)."""
         return [executable for _, executable in self.variants.items()]
@@ -194,10 +214,8 @@ class NativeModel(Model):
         base = {name: low for name, (low, _) in self.ranges.items()}
         base.update(ahead or {})
         if chunking is not None and chunking.symbol in symbols:
-            low, high = self.ranges.get(chunking.symbol, (1, MAX_DIM))
-            for size in chunking.classes:
-                if low <= size <= high or size == 1:
-                    self.prepare_dims({**base, chunking.symbol: size})
+            high = self.ranges.get(chunking.symbol, (1, MAX_DIM))[1]
+            self.prepare_many([{**base, chunking.symbol: size} for size in chunking.classes if size <= high])
         elif base and set(base) >= symbols:
             self.prepare_dims(base)
         return self

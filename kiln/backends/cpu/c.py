@@ -9,6 +9,7 @@ import dataclasses
 import itertools
 import math
 import re
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -193,7 +194,17 @@ def expr(e: Expr) -> str:
     return text[id(e)]
 
 
-_temporaries = itertools.count()  # restarted per generated function (its names stay canonical)
+_temporaries = threading.local()  # a counter per rendering thread (size classes render at once),
+
+
+def _restart_temporaries() -> None:  # restarted per generated function (its names stay canonical)
+    _temporaries.count = itertools.count()
+
+
+def _temporary() -> str:
+    if not hasattr(_temporaries, "count"):
+        _restart_temporaries()
+    return f"kiln_x{next(_temporaries.count)}"
 
 
 def bound_value(e: Expr, indent: str) -> tuple[list[str], str]:
@@ -207,7 +218,7 @@ def bound_value(e: Expr, indent: str) -> tuple[list[str], str]:
     for node in postorder(e):
         text[id(node)] = _node_text(node, text, types)
         if id(node) in bound:
-            name = f"kiln_x{next(_temporaries)}"
+            name = _temporary()
             lines.append(f"{indent}__auto_type {name} = {text[id(node)]};")
             text[id(node)] = name
     return lines, text[id(e)]
@@ -389,8 +400,7 @@ def emit_helper(function: Function, table: dict[Buffer, int]) -> str:
     """A gemm epilogue: ``(descriptor, batch, row range, column range)``; its buffers come from the
     descriptor's copy of the segment's table."""
     params = ", ".join(f"int64_t {p.name}" for p in function.params)
-    global _temporaries
-    _temporaries = itertools.count()
+    _restart_temporaries()
     lines = [f"static void {function.name}(const kiln_gemm *g, {params}) {{", "  void **buffers = g->buffers;"]
     lines.extend(_buffer_declarations(list(dict.fromkeys(function.buffers)), table, "  ", function.engine_block))
     # a helper's inner loops (the micro-tile row's "c", the general path's "j") touch one element
@@ -419,9 +429,8 @@ def calls(body: Sequence[Stmt], kinds: tuple[type, ...]) -> bool:
 def emit_kernel(kernel: Kernel, used: list[Buffer], table: dict[Buffer, int], name: str) -> str:
     """One kernel as its own function ``name(void **buffers)`` declaring ``used``, its helpers
     before it."""
-    global _temporaries
     lines = [emit_helper(f, table) for f in helper_functions(kernel.body)]
-    _temporaries = itertools.count()
+    _restart_temporaries()
     # never inlined into the segment: a kernel is a loop nest (a call costs nothing beside it), and
     # GCC inlining thousands of them into one function takes superlinear time
     outline = _Outline(name, used, table)

@@ -1,0 +1,143 @@
+"""One compile for every size vs a compile per size (issue 29's table): for each zoo model with a
+sample-parallel batch dim, compiled with ``--dim batch=1..64`` (size classes 1 and 8) and compiled
+for exactly one batch size:
+
+* compile seconds (each in a fresh process and a fresh cache holding only the engine object, so
+  both pay their kernels and neither the other's), and the artifact's size;
+* steady-state latency at batch 1, 8 and 32 (median of ``--runs``), the range compile over the
+  compile for exactly that size;
+* the first call at a size neither has seen (batch 5) over a warm call at that size.
+
+    python benchmarks/dynamic_shapes.py --models resnet50,mobilenet_v2 --runs 5
+
+Prints a table and, with ``--json``, one JSON line per model. Records the CPU and ISA."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+COMPILE = """
+import sys, time, kiln
+from kiln.driver.options import CompileOptions
+path, dims, out = sys.argv[1], eval(sys.argv[2]), sys.argv[3]
+start = time.perf_counter()
+model = kiln.compile(path, dims=dims, options=CompileOptions.from_env(plan_cache=False))
+seconds = time.perf_counter() - start
+model.save(out)
+print(seconds)
+"""
+
+
+def compile_in_fresh_cache(path: str, dims: dict, engine_cache: Path, out: Path) -> float:
+    with tempfile.TemporaryDirectory() as folder:
+        cache = Path(folder) / "cache"
+        shutil.copytree(engine_cache, cache)
+        env = {**os.environ, "KILN_CACHE_DIR": str(cache)}
+        done = subprocess.run(
+            [sys.executable, "-c", COMPILE, path, repr(dims), str(out)], env=env, capture_output=True, text=True
+        )
+        if done.returncode:
+            raise SystemExit(done.stderr[-2000:])
+        return float(done.stdout.split()[-1])
+
+
+def warm_engine_cache(path: str) -> Path:
+    """A cache folder holding the engine object (and nothing of ``path``'s kernels)."""
+    folder = Path(tempfile.mkdtemp(prefix="kiln-engine-"))
+    cache = folder / "cache"
+    env = {**os.environ, "KILN_CACHE_DIR": str(cache)}
+    tiny = (
+        "import numpy as np, kiln; from onnx import helper, TensorProto as T;"
+        "g = helper.make_graph([helper.make_node('MatMul', ['x', 'x'], ['y'])], 'g',"
+        "[helper.make_tensor_value_info('x', T.FLOAT, [64, 64])], [helper.make_tensor_value_info('y', T.FLOAT, [64, 64])]);"
+        "kiln.compile(helper.make_model(g, opset_imports=[helper.make_opsetid('', 17)], ir_version=10))"
+    )
+    subprocess.run([sys.executable, "-c", tiny], env=env, check=True)
+    for sub in cache.iterdir():  # keep the engine objects only
+        if sub.name != "lib":
+            shutil.rmtree(sub, ignore_errors=True)
+    for item in (cache / "lib").iterdir():
+        if item.suffix != ".o":
+            shutil.rmtree(item, ignore_errors=True) if item.is_dir() else item.unlink()
+    return cache
+
+
+def median_ms(model, feeds, runs: int) -> float:  # type: ignore[no-untyped-def]
+    model.run(feeds)
+    times = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        model.run(feeds)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times) * 1e3
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", default="resnet50,mobilenet_v2")
+    parser.add_argument("--batches", default="1,8,32")
+    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+
+    import kiln
+    from kiln import zoo
+    from kiln.backends import parse
+    from kiln.bench.machine import fingerprint
+
+    machine = fingerprint()
+    machine["isa"] = parse("cpu").summary
+    print(f"# {machine['cpu']} ({machine['family_model']}) | {machine['isa']} | {machine['usable_cpus']} CPUs")
+    batches = [int(b) for b in args.batches.split(",")]
+    work = Path(tempfile.mkdtemp(prefix="kiln-dynamic-"))
+    for name in args.models.split(","):
+        path = str(zoo.onnx_path(name))
+        engine = warm_engine_cache(path)
+        row: dict = {"model": name}
+        row["compile_range_s"] = compile_in_fresh_cache(path, {"batch": (1, 64)}, engine, work / "range.kiln")
+        row["compile_single_s"] = compile_in_fresh_cache(path, {"batch": 1}, engine, work / "single.kiln")
+        row["artifact_range_mb"] = (work / "range.kiln").stat().st_size / 1e6
+        row["artifact_single_mb"] = (work / "single.kiln").stat().st_size / 1e6
+        shutil.rmtree(engine.parent, ignore_errors=True)
+        ranged = kiln.load(work / "range.kiln")
+        # the first call at a size nobody compiled, then warm calls at it
+        feeds = zoo.example_inputs(name, batch=5)
+        start = time.perf_counter()
+        ranged.run(feeds)
+        row["first_call_b5_ms"] = (time.perf_counter() - start) * 1e3
+        row["warm_b5_ms"] = median_ms(ranged, feeds, args.runs)
+        for batch in batches:
+            feeds = zoo.example_inputs(name, batch=batch)
+            exact = kiln.compile(path, dims={"batch": batch})
+            row[f"range_b{batch}_ms"] = median_ms(ranged, feeds, args.runs)
+            row[f"exact_b{batch}_ms"] = median_ms(exact, feeds, args.runs)
+            del exact
+        if args.json:
+            print(json.dumps({**row, "isa": machine.get("isa")}))
+        print(f"\n{name}")
+        print(
+            f"  compile: range {row['compile_range_s']:.1f} s, one size {row['compile_single_s']:.1f} s "
+            f"({row['compile_range_s'] / row['compile_single_s']:.2f}x); artifact {row['artifact_range_mb']:.1f} MB "
+            f"vs {row['artifact_single_mb']:.1f} MB ({row['artifact_range_mb'] / row['artifact_single_mb']:.2f}x)"
+        )
+        print(
+            f"  first call at batch 5: {row['first_call_b5_ms']:.1f} ms, warm {row['warm_b5_ms']:.1f} ms "
+            f"({row['first_call_b5_ms'] / row['warm_b5_ms']:.2f}x)"
+        )
+        for batch in batches:
+            r, e = row[f"range_b{batch}_ms"], row[f"exact_b{batch}_ms"]
+            print(f"  batch {batch}: range {r:.1f} ms, exact compile {e:.1f} ms ({r / e:.2f}x)")
+    shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
