@@ -94,8 +94,24 @@ class KilnGraph:
             except Exception as err:  # kiln (or torch's tracer) keeps no symbol here: the next attempt
                 log.info("kiln cannot keep dims %s symbolic (%s: %s)", symbolic, type(err).__name__, err)
                 continue
-            self.general_dims, self.general_key = symbolic, self.signature(args, symbolic)
+            # the dims the trace kept symbolic (torch may specialize some it was asked to keep)
+            kept = self.kept(symbolic, args)
+            self.general_dims, self.general_key = kept, self.signature(args, kept)
             return
+
+    def kept(self, symbolic: dict[int, dict[int, str]], args: tuple) -> dict[int, dict[int, str]]:
+        """Of ``symbolic``, the dims the general model's inputs still have as symbols."""
+        import torch
+
+        assert self.general is not None and self.general.names is not None
+        shapes = {v.name: v.type.shape for v in self.general.model.signature.inputs}
+        positions = [i for i in self.user if isinstance(args[i], torch.Tensor)]
+        kept: dict[int, dict[int, str]] = {}
+        for position, name in zip(positions, self.general.names):
+            dims = {d: sym for d, sym in symbolic.get(position, {}).items() if isinstance(shapes[name][d], str)}
+            if dims:
+                kept[position] = dims
+        return kept
 
     def compile(self, args: tuple, symbolic: dict[int, dict[int, str]] | None = None) -> Any:
         """Trace (shapes only: fake tensors, the model is not run), convert and compile; the

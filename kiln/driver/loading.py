@@ -74,6 +74,7 @@ def load(
     if folder is not None:  # the libraries' folder lives as long as the model (loaded code stays mapped)
         weakref.finalize(model, shutil.rmtree, folder, ignore_errors=True)
     model.ranges, model.size_classes = ranges, classes
+    model.chunking()  # decided at load, not on the first run
     for dims in variants:
         model.prepare_dims(dims)
     return model

@@ -132,6 +132,8 @@ class NativeModel(Model):
             self.prepare_dims(dims)
         elif self.shapes_known:
             self._variant({})
+        if not self._static and self.compilation.source.graph is not None:
+            self.chunking()  # decided now (milliseconds on a large graph), not on the first run
         return self
 
     def prepare(self, feeds: dict[str, Any]) -> None:

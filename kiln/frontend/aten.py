@@ -319,13 +319,73 @@ def _sum_all(fx: FxConverter, x: Value, dtype: Any = None) -> Value:
     return reduce_op("ReduceSum")(fx, x, dtype=dtype)
 
 
+def _static(d: Any) -> int | None:
+    """A torch size that is a number (an int, or a SymInt torch resolved), else None."""
+    if isinstance(d, (int, np.integer)):
+        return int(d)
+    expr = d.node.expr if hasattr(d, "node") else d
+    return int(expr) if getattr(expr, "is_number", False) else None
+
+
+def size_value(fx: FxConverter, d: Any) -> Value:
+    """A torch size as a one-element int64 tensor: a number, a symbol (its input's ``Shape``
+    entry) or an expression of symbols (``s30*s54``: a flattened H*W), computed from the inputs'
+    shapes, so a specialization folds it to the bound value."""
+    number = _static(d)
+    if number is not None:
+        return fx.ints([number], "size")
+    expr = d.node.expr if hasattr(d, "node") else d
+    return _expression(fx, expr)
+
+
+def _expression(fx: FxConverter, expr: Any) -> Value:
+    kind = type(expr).__name__
+    if getattr(expr, "is_number", False):
+        return fx.ints([int(expr)], "size")
+    if getattr(expr, "is_Symbol", False):
+        name = str(expr)
+        for value in fx.inputs:
+            shape = getattr(value.type, "shape", None) or ()
+            if name in shape:
+                axis = shape.index(name)
+                return fx.one("Shape", [value], start=axis, end=axis + 1)
+        raise UnsupportedFxOp("a symbolic size", f"{name} is no input's dim")
+    parts = [_expression(fx, arg) for arg in getattr(expr, "args", ())]
+    if kind in ("Mul", "Add") and parts:
+        result = parts[0]
+        for part in parts[1:]:
+            result = fx.one(kind, [result, part])
+        return result
+    if kind == "FloorDiv" and len(parts) == 2:  # sizes are non-negative: truncation is the floor
+        return fx.one("Div", parts)
+    if kind in ("Mod", "PythonMod") and len(parts) == 2:
+        return fx.one("Mod", parts)
+    if kind == "Pow" and len(parts) == 2 and getattr(expr.args[1], "is_Integer", False) and int(expr.args[1]) > 0:
+        result = parts[0]
+        for _ in range(int(expr.args[1]) - 1):
+            result = fx.one("Mul", [result, parts[0]])
+        return result
+    raise UnsupportedFxOp("a symbolic size", f"{expr} ({kind})")
+
+
 def _target_shape(fx: FxConverter, x: Value, shape: list) -> Value:
-    """A view's target shape: one symbolic size (a dynamic batch) is the -1 Reshape infers."""
-    sizes = [dim_of(s) for s in shape]
-    symbolic = [i for i, s in enumerate(sizes) if not isinstance(s, int)]
-    if len(symbolic) > 1 or (symbolic and -1 in sizes):
-        raise UnsupportedFxOp("aten.view.default", f"a target shape with several symbolic sizes {sizes}")
-    return fx.ints([-1 if i in symbolic else s for i, s in enumerate(sizes)])
+    """A view's target shape: one symbolic size (a dynamic batch) is the -1 Reshape infers; with
+    more (a flattened H*W beside the batch), the sizes are computed from the inputs' shapes."""
+    sizes = [_static(s) for s in shape]
+    symbolic = [i for i, s in enumerate(sizes) if s is None]
+    if len(symbolic) <= 1 and not (symbolic and -1 in sizes):
+        if symbolic and not isinstance(dim_of_or_none(shape[symbolic[0]]), str):
+            pass  # an expression: computed below
+        else:
+            return fx.ints([-1 if i in symbolic else s for i, s in enumerate(sizes)])
+    return fx.one("Concat", [size_value(fx, s) for s in shape], axis=0)
+
+
+def dim_of_or_none(d: Any) -> int | str | None:
+    try:
+        return dim_of(d)
+    except UnsupportedFxOp:
+        return None
 
 
 @converts("aten.view.default", "aten._unsafe_view.default", "aten.reshape.default", "aten.view_copy.default")

@@ -66,6 +66,11 @@ class FxConverter:
         return self.builder.const(np.asarray(array), hint)
 
     def ints(self, values: Any, hint: str = "shape") -> Value:
+        """Constant sizes; a size that is a symbol of this trace is refused, never its example's
+        value (a converter that takes symbolic sizes computes them: ``aten.size_value``)."""
+        for v in values:
+            if type(v).__name__ == "SymInt" and not v.node.expr.is_number:
+                raise UnsupportedFxOp("a symbolic size", f"{v} where kiln needs a constant")
         return self.const(np.asarray([int(v) for v in values], np.int64), hint)
 
     def tensor(self, arg: Any, like: Value | None = None) -> Value:
@@ -75,6 +80,8 @@ class FxConverter:
             return arg
         if hasattr(arg, "op") and arg in self.values:
             return self.values[arg]
+        if type(arg).__name__ in ("SymInt", "SymFloat", "SymBool") and not arg.node.expr.is_number:
+            return self._symbolic_scalar(arg, like)  # never its example's value: a size of this call
         dtype = np.float32
         if like is not None and isinstance(like.type, TensorType):
             dtype = like.type.dtype.numpy
@@ -85,6 +92,21 @@ class FxConverter:
         elif isinstance(arg, int):
             dtype = np.int64
         return self.const(np.asarray(arg, dtype=dtype), "scalar")
+
+    def _symbolic_scalar(self, arg: Any, like: Value | None) -> Value:
+        """A size computed from the inputs' shapes (``x * x.shape[-1]``) as a 0-d tensor of
+        ``like``'s dtype (int64 alone)."""
+        from kiln.frontend.aten import size_value
+
+        if type(arg).__name__ != "SymInt":
+            raise UnsupportedFxOp(
+                "a symbolic scalar", f"{arg} ({type(arg).__name__}): kiln computes integer sizes only"
+            )
+        scalar = self.one("Squeeze", [size_value(self, arg), self.ints([0], "axes")])
+        if like is not None and isinstance(like.type, TensorType) and like.type.dtype != DType.INT64:
+            dtype = like.type.dtype if like.type.dtype.numpy.kind == "f" else DType.FLOAT32
+            scalar = self.one("Cast", [scalar], to=dtype.onnx_code)
+        return scalar
 
     def rank(self, value: Value) -> int:
         return len(value.type.shape)  # type: ignore[union-attr]
@@ -147,6 +169,8 @@ class FxConverter:
             source, index = node.args
             return self.values[source][index]
         example = node.meta.get("val")
+        if _op_name(target) in ("aten.size.default", "aten.sym_size.default") and isinstance(example, (tuple, list)):
+            return tuple(example)  # sizes read by the ops that take sizes, as below
         if type(example).__name__ in ("SymInt", "SymFloat", "SymBool"):
             # a size computed from symbolic sizes (sym_size, their products): torch's expression,
             # read by the ops that take sizes (a view's target shape)
