@@ -8,6 +8,7 @@ returns compiles new bindings of symbolic dims through ``kiln.driver.variants``.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass, field
 from typing import Any
@@ -21,7 +22,7 @@ from kiln.driver.quantize import measure, quantize_model
 from kiln.driver.reference import ReferenceModel
 from kiln.driver.variants import Compilation, Source
 from kiln.errors import KilnError
-from kiln.frontend import to_graph
+from kiln.frontend import to_graph, to_graph_ranged
 from kiln.lower.target import Target
 from kiln.passes.specialize import input_dims, specialize
 
@@ -56,6 +57,10 @@ class Request:
     def graph(self) -> Any:
         return to_graph(self.model, self.example_inputs, self.dynamic_shapes)
 
+    def imported(self) -> tuple[Any, dict[str, tuple[int, int]]]:
+        """The graph, and the ranges the model itself declares (torch.export's Dim bounds)."""
+        return to_graph_ranged(self.model, self.example_inputs, self.dynamic_shapes)
+
 
 def options_for(options: CompileOptions | None, opt_level: int | None, precision: str | None) -> CompileOptions:
     """``options`` (default: the KILN_* overrides) with ``opt_level`` and ``precision`` applied."""
@@ -87,7 +92,9 @@ def compile_model(request: Request) -> Any:
         cached = _from_plan_cache(request, source_file, target, options)
         if cached is not None:
             return cached
-    graph = request.graph()
+    graph, declared = request.imported()
+    if declared:  # the model's own ranges, under what the caller gave
+        request = dataclasses.replace(request, dims={**{k: v for k, v in declared.items()}, **(request.dims or {})})
     if options.precision == "int8" and (request.calibration.samples is not None or not options.quantization.ranges):
         # (options that already carry ranges, the quantizer's own compiles, build directly)
         return _quantized(request, graph, target, options)

@@ -8,6 +8,18 @@ from kiln.errors import KilnError
 from kiln.ir.graph import Graph
 
 
+def to_graph_ranged(
+    model: Any, example_inputs: Any = None, dynamic_shapes: Any = None
+) -> tuple[Graph, dict[str, tuple[int, int]]]:
+    """``to_graph``, and the ranges the model declares for its symbolic dims (torch.export's
+    ``Dim(name, min=, max=)``; none for other models)."""
+    if _is_torch_module(model):
+        from kiln.frontend.torch import import_torch_ranged
+
+        return import_torch_ranged(model, example_inputs, dynamic_shapes)
+    return to_graph(model, example_inputs, dynamic_shapes), {}
+
+
 def to_graph(model: Any, example_inputs: Any = None, dynamic_shapes: Any = None) -> Graph:
     """Import whatever the user gave: a Graph, ONNX (path, bytes, ModelProto) or a torch module
     (through torch.export; ``dynamic_shapes`` is its argument: those dims become symbolic)."""

@@ -44,3 +44,29 @@ def test_torch_module_goes_through_torch_export_and_a_dynamic_batch_stays_symbol
     for size in (1, 5):
         y = torch.randn(size, 3, 16, 16)
         np.testing.assert_allclose(compiled(y.numpy()), net(y).detach().numpy(), rtol=1e-4, atol=1e-6)
+
+
+def test_export_dim_bounds_become_the_models_declared_range():
+    """torch.export's Dim("batch", min=1, max=16): kiln's dim is named batch, its range is 1..16
+    (checked every run), and a sample-parallel batch runs every size in it from its two size classes."""
+    from torch.export import Dim
+
+    from kiln.errors import InputError
+
+    torch.manual_seed(0)
+    module = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 4, 3), torch.nn.ReLU(), torch.nn.Flatten(), torch.nn.Linear(4 * 6 * 6, 5)
+    ).eval()
+    compiled = kiln.compile(
+        module, example_inputs=(torch.randn(2, 3, 8, 8),), dynamic_shapes=({0: Dim("batch", min=1, max=16)},)
+    )
+    assert compiled.ranges == {"batch": (1, 16)}
+    assert str(compiled.signature.inputs[0].type) == "f32[batch,3,8,8]"
+    for batch in (1, 5, 16):
+        x = torch.randn(batch, 3, 8, 8)
+        with torch.no_grad():
+            expected = module(x).numpy()
+        np.testing.assert_allclose(compiled(x.numpy()), expected, rtol=1e-4, atol=1e-5)
+    assert sorted(dict(key)["batch"] for key, _ in compiled.variants.items()) == [1, 8]  # no size compiled
+    with pytest.raises(InputError, match="batch=17 is outside"):
+        compiled(np.zeros((17, 3, 8, 8), np.float32))
