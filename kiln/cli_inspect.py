@@ -10,7 +10,16 @@ import click
 from rich.markup import escape
 from rich.table import Table
 
-from kiln.cli_support import console, dim_option, import_bound, json_option, out, precision_option, target_option
+from kiln.cli_support import (
+    console,
+    dim_option,
+    import_bound,
+    json_option,
+    out,
+    precision_option,
+    split_ranges,
+    target_option,
+)
 from kiln.lower.kir import kernel_precision
 
 
@@ -82,18 +91,60 @@ def explain(
     if arches and not set(arches) <= set(offered):
         can = f"it compiles ahead for {', '.join(offered)}" if offered else "it does not compile ahead"
         raise click.BadParameter(f"{', '.join(arches)} for target {compiled_for.name}: {can}", param_hint="--arch")
+    ranges, dims = split_ranges(dims)
     graph, binding = import_bound(model, dims)
+    sizes = _sizes(graph, ranges)
     options = _explain_options(model, graph, binding, compiled_for, level, disable, precision)
     view = ExplainView(model, compiled_for, options, binding, set(print_after), as_json)
     plan = view.run(graph, kernels)
     sections = found.explain(plan, arches, _progress(as_json)) if plan is not None and plan.source else []
     report = view.summary(graph, plan, sections)
+    report["sizes"] = sizes
     if as_json:
         click.echo(json.dumps(report, indent=1, default=str))
         return
     view.show(plan, sections)
+    for symbol, found_size in sizes.items():
+        bounds = "{}..{}".format(*found_size["range"]) if found_size["range"] else "no range declared"
+        if found_size["classes"]:
+            classes = ", ".join(map(str, found_size["classes"]))
+            out.print(
+                f"sizes: {symbol} ({bounds}) is sample-parallel: every kernel runs any size from the size classes "
+                f"{classes} (whole-plan variants, chunks joined); no kernel has run-time extents yet"
+            )
+        else:
+            out.print(f"sizes: {symbol} ({bounds}) compiles each new size: {escape(found_size['reason'])}")
     if profile:
         _explain_profile(model, view.seen["specialize"], binding, runs, top, compiled_for, options)
+
+
+def _sizes(graph, ranges: dict[str, str]) -> dict:  # type: ignore[no-untyped-def]
+    """Per symbolic input dim: its declared range, and its size classes when it is
+    sample-parallel (the first such dim is the one chunked), else why each size compiles."""
+    from kiln.driver.sizes import MAX_DIM, default_classes, parse_range
+    from kiln.passes.batching import Parallel, sample_parallel
+
+    found = sample_parallel(graph)
+    unknown = set(ranges) - set(found)
+    if unknown:
+        raise click.BadParameter(
+            f"{', '.join(sorted(unknown))} is not a symbolic input dim (its dims: {', '.join(found) or 'none'})",
+            param_hint="--dim",
+        )
+    parsed = {name: parse_range(name, value) for name, value in ranges.items()}
+    chunked = next((name for name, how in found.items() if isinstance(how, Parallel)), None)
+    report = {}
+    for name, how in found.items():
+        bounds = parsed.get(name)
+        report[name] = {
+            "range": list(bounds) if bounds else None,
+            "sample_parallel": isinstance(how, Parallel),
+            "classes": list(default_classes(bounds or (1, MAX_DIM))) if name == chunked else None,
+            "reason": ""
+            if name == chunked
+            else (str(how) if not isinstance(how, Parallel) else "another dim is chunked"),
+        }
+    return report
 
 
 def _check_stages(print_after: tuple[str, ...]) -> None:

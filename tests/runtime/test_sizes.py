@@ -151,3 +151,32 @@ def test_an_artifact_with_damaged_ranges_is_refused(tmp_path):
         write_signed_artifact({**members, "meta.json": json.dumps(meta).encode()}, tmp_path / "bad.kiln")
         with pytest.raises(ArtifactError, match="damaged artifact"):
             kiln.load(tmp_path / "bad.kiln")
+
+
+def test_the_cli_declares_ranges_and_explains_which_dims_run_every_size(tmp_path):
+    from click.testing import CliRunner
+
+    from kiln.cli import main
+
+    model = tmp_path / "cnn.onnx"
+    onnx.save(small_cnn(), model)
+    result = CliRunner().invoke(main, ["compile", str(model), "--dim", "batch=1..32", "-o", str(tmp_path / "m.kiln")])
+    assert result.exit_code == 0, result.output
+    assert "batch (1..32): sample-parallel; every size runs from the size classes 1, 8" in result.output
+    loaded = kiln.load(tmp_path / "m.kiln")
+    assert loaded.ranges == {"batch": (1, 32)}
+    result = CliRunner().invoke(main, ["explain", str(model), "--dim", "batch=1..32", "--json"])
+    assert result.exit_code == 0, result.output
+    sizes = json.loads(result.output)["sizes"]
+    assert sizes == {"batch": {"range": [1, 32], "sample_parallel": True, "classes": [1, 8], "reason": ""}}
+    for bad, said in (
+        ("batch=9..2", "not a range of sizes"),
+        ("batch=1..x", "integers"),
+        ("seq=1..4", "not a symbolic"),
+    ):
+        done = subprocess.run(
+            [sys.executable, "-m", "kiln", "compile", str(model), "--dim", bad, "-o", str(tmp_path / "n.kiln")],
+            capture_output=True,
+            text=True,
+        )
+        assert done.returncode == 2 and said in done.stderr and "kiln bug" not in done.stderr, (bad, done.stderr)
