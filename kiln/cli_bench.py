@@ -44,6 +44,13 @@ from kiln.cli_support import console, out, split_values
 )
 @click.option("--batch", "batches", multiple=True, type=int, help="Batch size(s). [default: 1]")
 @click.option(
+    "--variable-batch",
+    default=None,
+    metavar="LOW..HIGH",
+    help="Each query a batch size drawn from LOW..HIGH (a batching server's traffic; instead of --batch). kiln "
+    "declares the range when it compiles; the report's compiles_during_run shows whether any size compiled.",
+)
+@click.option(
     "--threads", "-t", type=int, default=2, show_default=True, help="Threads every backend may use (CPU-pinned)."
 )
 @click.option("--duration", "-d", type=float, default=3.0, show_default=True, help="Seconds of measurement per job.")
@@ -192,6 +199,7 @@ def _bench_config(options: dict):  # type: ignore[no-untyped-def]
         target_latency_ms=options.get("target_latency_ms"),
         latency_percentile=options.get("latency_percentile"),
         seq=options["seq"],
+        variable_batch=options.get("variable_batch"),
         timeout=options["timeout"],
         dataset=options["dataset"],
         dataset_limit=options["dataset_limit"],

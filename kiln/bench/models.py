@@ -21,6 +21,11 @@ class BenchModel:
     batch: int
     seq: int | None = None
     path: str | None = None  # an ONNX file given by the user
+    batch_range: tuple[int, int] | None = None  # every query a batch drawn from it (``--variable-batch``)
+
+    def __post_init__(self) -> None:
+        if self.batch_range is not None:  # (a list after a trip through a job's JSON)
+            self.batch_range = (int(self.batch_range[0]), int(self.batch_range[1]))
 
     @property
     def label(self) -> str:
@@ -51,10 +56,11 @@ class BenchModel:
         if self.is_zoo:
             zoo.onnx_path(self.name, progress=progress, **self._overrides())
 
-    def inputs(self, seed: int = 0) -> dict[str, np.ndarray]:
+    def inputs(self, seed: int = 0, batch: int | None = None) -> dict[str, np.ndarray]:
+        batch = self.batch if batch is None else batch
         if self.is_zoo:
-            return zoo.example_inputs(self.name, seed=seed, batch=self.batch, **self._overrides())
-        return random_inputs_for(self.onnx_path, self.batch, seed)
+            return zoo.example_inputs(self.name, seed=seed, batch=batch, **self._overrides())
+        return random_inputs_for(self.onnx_path, batch, seed)
 
     def torch_module(self) -> Any:
         if not self.is_zoo:

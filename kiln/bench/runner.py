@@ -40,6 +40,7 @@ class BenchConfig:
     target_latency_ms: float | None = None  # the Server scenario's latency bound (LoadGen's target)
     latency_percentile: float | None = None  # the percentile LoadGen judges (None: its defaults)
     seq: int | None = None
+    variable_batch: str | None = None  # "LOW..HIGH": every query's batch drawn from it (instead of batches)
     timeout: float = 600.0
     dataset: str | None = None
     dataset_limit: int | None = None
@@ -61,6 +62,17 @@ class BenchConfig:
             raise KilnError("threads, duration and batch sizes must be positive")
         for name in self.models:
             resolve_model(name, 1, self.seq)
+        self.batch_range()
+
+    def batch_range(self) -> tuple[int, int] | None:
+        if self.variable_batch is None:
+            return None
+        from kiln.driver.sizes import parse_range
+
+        low, high = parse_range("variable batch", self.variable_batch)
+        if low < 1:
+            raise KilnError(f"a variable batch starts at 1 or more, not {low}")
+        return low, high
 
 
 Progress = Callable[[str, dict[str, Any] | None], None]
@@ -68,9 +80,11 @@ Progress = Callable[[str, dict[str, Any] | None], None]
 
 def plan(config: BenchConfig) -> list[tuple[BenchModel, str, str]]:
     jobs = []
+    batch_range = config.batch_range()
     for name in config.models:
-        for batch in config.batches:
+        for batch in [batch_range[0]] if batch_range else config.batches:
             model = resolve_model(name, batch, config.seq)
+            model.batch_range = batch_range
             for backend in config.backends:
                 for scenario in config.scenarios:
                     jobs.append((model, backend, scenario))
@@ -116,6 +130,7 @@ def _base_record(model: BenchModel, backend: str, scenario: str, config: BenchCo
         "backend": backend,
         "model": model.label,
         "batch": model.batch,
+        **({"batch_range": list(model.batch_range)} if model.batch_range else {}),
         "scenario": scenario,
         "threads": config.threads,
     }

@@ -125,6 +125,12 @@ def _loadgen_scenario(job: dict[str, Any], model: Any, backend: Any, session: An
     scenario = job["scenario"]
     inflight = 1 if scenario == "single-stream" else job["inflight"]
     samples = [feeds] + [model.inputs(seed=seed) for seed in range(1, SAMPLE_INPUTS)]
+    batch = model.batch
+    if model.batch_range is not None:  # a batching server's traffic: each query its own batch size
+        sizes = variable_batches(*model.batch_range)
+        samples = [model.inputs(seed=seed, batch=size) for seed, size in enumerate(sizes)]
+        batch = sum(sizes) / len(sizes)  # items per query, on average (LoadGen picks samples evenly)
+    compiled_before = backend.compiled_count()
     meter = EnergyMeter.detect(backend.device) if scenario == "single-stream" else None
     idle = meter.idle_watts(0.5) if meter is not None and meter.available else 0.0
     joules = meter.read_joules() if meter is not None and meter.available else 0.0
@@ -135,14 +141,17 @@ def _loadgen_scenario(job: dict[str, Any], model: Any, backend: Any, session: An
         job["duration"],
         job["min_iterations"],
         inflight=inflight,
-        batch=model.batch,
-        expected_latency_s=_expected_seconds(session.run, feeds, inflight),
+        batch=batch,
+        expected_latency_s=_expected_seconds(session.run, samples if model.batch_range else [feeds], inflight),
         rate=job.get("rate"),
         target_latency_ms=job.get("target_latency_ms"),
         percentile=job.get("latency_percentile"),
     )
     result.update(scenarios.growth(result.pop("rss_samples")))
     result["inflight"] = inflight
+    compiled_after = backend.compiled_count()
+    if compiled_before is not None and compiled_after is not None:
+        result["compiles_during_run"] = compiled_after - compiled_before
     if meter is not None:
         if meter.available:
             from kiln.bench.metrics import energy_per_inference
@@ -155,6 +164,18 @@ def _loadgen_scenario(job: dict[str, Any], model: Any, backend: Any, session: An
         else:
             result["energy"] = {"unavailable": meter.reason}
     return result
+
+
+VARIABLE_SAMPLES = 8  # distinct query sizes of a variable-batch run
+
+
+def variable_batches(low: int, high: int) -> list[int]:
+    """The query sizes of a variable-batch run: both ends and sizes between, seeded."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    middle = rng.integers(low, high + 1, size=VARIABLE_SAMPLES - 2).tolist() if high > low else []
+    return [low, high, *middle][:VARIABLE_SAMPLES] if high > low else [low]
 
 
 def run_reference(job: dict[str, Any]) -> dict[str, Any]:
@@ -172,21 +193,26 @@ def run_reference(job: dict[str, Any]) -> dict[str, Any]:
     return {"status": "ok"}
 
 
-def _expected_seconds(run: Any, feeds: Any, inflight: int) -> float:
+def _expected_seconds(run: Any, samples: list[Any], inflight: int) -> float:
     """Seconds per request per thread as the scenario will see it: a median run alone, or with
     ``inflight`` threads at once, their measured throughput (two requests on two cores do not run
     twice as fast when each already uses both: a Server rate from the single-run time would
-    overload them)."""
+    overload them). Requests cycle through ``samples`` (a variable batch: each its own size)."""
     if inflight <= 1:
-        return _median_seconds(run, feeds)
+        return _median_seconds(run, samples)
+    import itertools
     import threading
 
     count = [0]
     lock = threading.Lock()
-    stop = time.perf_counter() + max(0.5, 3 * _median_seconds(run, feeds, 3))
+    window = max(0.5, 3 * _median_seconds(run, samples, 3))  # measured before the clock starts
+    cycle = itertools.cycle(samples)
+    stop = time.perf_counter() + window
 
     def serve() -> None:
         while time.perf_counter() < stop:
+            with lock:
+                feeds = next(cycle)
             run(feeds)
             with lock:
                 count[0] += 1
@@ -201,11 +227,11 @@ def _expected_seconds(run: Any, feeds: Any, inflight: int) -> float:
     return inflight * elapsed / max(count[0], 1)
 
 
-def _median_seconds(run: Any, feeds: Any, count: int = 5) -> float:
+def _median_seconds(run: Any, samples: list[Any], count: int = 5) -> float:
     times = []
-    for _ in range(count):
+    for number in range(max(count, len(samples))):
         start = time.perf_counter()
-        run(feeds)
+        run(samples[number % len(samples)])
         times.append(time.perf_counter() - start)
     return sorted(times)[len(times) // 2]
 

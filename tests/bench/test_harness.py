@@ -362,3 +362,41 @@ def test_a_jobs_temporary_files_are_removed_however_it_ends(tiny_onnx, tmp_path)
     assert not list(tmp_path.glob("job-*")), list(tmp_path.iterdir())
     after = set(glob.glob(f"{tempfile.gettempdir()}/*.kiln")) | set(glob.glob(f"{tempfile.gettempdir()}/*.ort.onnx"))
     assert after <= before, sorted(after - before)
+
+
+def test_the_server_rate_is_measured_over_a_real_window_of_concurrent_runs():
+    """Two requests in flight, each 20 ms (sleeping: they overlap): 20 ms per request per thread.
+    (The window once started before the median that sized it was measured: ~0 s, a rate no
+    backend could serve, and every Server row INVALID with latencies of minutes.)"""
+    import time
+
+    from kiln.bench.worker import _expected_seconds
+
+    seconds = _expected_seconds(lambda feeds: time.sleep(0.02), [{}], 2)
+    assert 0.018 <= seconds <= 0.04, seconds
+
+
+def test_a_variable_batch_server_run_compiles_nothing_while_it_runs(tiny_onnx, tmp_path):
+    """--variable-batch 1..16: queries of several batch sizes; kiln declared the range when it
+    compiled (the MLP's batch is sample-parallel), so the run adds no compiled variant."""
+    pytest.importorskip("mlperf_loadgen", reason="LoadGen (mlcommons-loadgen) issues the Server scenario")
+    from kiln.bench.worker import variable_batches
+
+    config = BenchConfig(
+        models=[tiny_onnx],
+        backends=["kiln"],
+        scenarios=["server"],
+        variable_batch="1..16",
+        duration=0.5,
+        min_iterations=20,
+        warmup=1,
+        timeout=120,
+    )
+    record = run_bench(config, tmp_path / "work")["records"][0]
+    assert record["status"] == "ok", record.get("error")
+    assert record["batch_range"] == [1, 16] and record["compiles_during_run"] == 0
+    assert record["agreement"]["rel_l2"] < 1e-5
+    sizes = variable_batches(1, 16)
+    assert min(sizes) == 1 and max(sizes) == 16 and len(set(sizes)) > 2
+    with pytest.raises(Exception, match="not a range"):
+        BenchConfig(models=[tiny_onnx], backends=["kiln"], variable_batch="16").validate()

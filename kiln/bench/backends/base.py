@@ -72,6 +72,11 @@ class Backend(ABC):
     def load(self) -> Session:
         """Make the artifact runnable; timed as load time."""
 
+    def compiled_count(self) -> int | None:
+        """How many compiles the loaded model has done so far (kiln: its compiled variants), to
+        show a run compiled nothing; None where the backend cannot tell."""
+        return None
+
     def compile_figures(self) -> dict[str, Any]:
         """Compile times the backend measured itself (``compile_cold_s`` with nothing cached, which
         replaces the timed compile as ``compile_s``; ``compile_cached_s`` with its caches as they

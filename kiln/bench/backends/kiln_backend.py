@@ -74,7 +74,7 @@ class KilnBackend(Backend):
             os.environ["KILN_CACHE_DIR"] = cold
             try:
                 start = time.perf_counter()
-                kiln.compile(source, target=self.target, **self._precision(model)).prepare(example)
+                self._sized(kiln.compile(source, target=self.target, **self._precision(model)), model, example)
                 self.figures["compile_cold_s"] = time.perf_counter() - start
                 plan_cache.wait()
             finally:
@@ -89,7 +89,7 @@ class KilnBackend(Backend):
         if compiled.accuracy is not None:
             self.figures["kiln_accuracy"] = compiled.accuracy.as_dict()
         if self.native:
-            compiled.prepare(example)  # compile for the example's dims here, not on the first run
+            self._sized(compiled, model, example)  # compiled for the example's dims here, not on the first run
             self.figures["compile_cached_s"] = time.perf_counter() - start
             self.figures["plan_cache_hit"] = plan_cache.STATS["hits"] > hits
             # compile = build the artifact; load = read it back, as a deployment would
@@ -104,6 +104,19 @@ class KilnBackend(Backend):
         else:
             self.artifact = compiled
 
+    def _sized(self, compiled: Any, model: Any, example: dict[str, np.ndarray]) -> None:
+        """Compile what the runs will need: the example's dims, or for a variable batch its
+        range declared on the model's first symbolic dim (its size classes: nothing compiles
+        during the run when the dim is sample-parallel)."""
+        if model.batch_range is None:
+            compiled.prepare(example)
+            return
+        first = next((d for v in compiled.signature.inputs for d in v.type.shape or () if isinstance(d, str)), None)
+        if first is None:
+            compiled.prepare(example)
+            return
+        compiled.declare({first: tuple(model.batch_range)})
+
     def _precision(self, model: Any) -> dict[str, Any]:
         """kiln.compile's precision arguments; int8 calibrates on the inputs every int8 row gets."""
         if self.precision != "int8":
@@ -115,10 +128,15 @@ class KilnBackend(Backend):
     def compile_figures(self) -> dict[str, Any]:
         return getattr(self, "figures", {})
 
+    def compiled_count(self) -> int | None:
+        model = getattr(self, "loaded", None)
+        return None if model is None or not hasattr(model, "variants") else len(model.variants) + model.evicted
+
     def load(self) -> Session:
         if self.native:
             try:
-                return _KilnSession(kiln.load(self.artifact, threads=self.threads))
+                self.loaded = kiln.load(self.artifact, threads=self.threads)
+                return _KilnSession(self.loaded)
             finally:  # the loaded model holds what it needs: the file goes (a bench run once left 1.6 GB)
                 os.unlink(self.artifact)
         return _KilnSession(self.artifact)  # the reference has no artifact: load time is ~0
