@@ -32,10 +32,48 @@ def _binary(ctx: InferContext) -> list[Type]:
 
 
 def _compare(ctx: InferContext) -> list[Type]:
+    if ctx.node.op == "Equal":
+        _equal_sizes(ctx)
     return [TensorType(DType.BOOL, _broadcast(ctx, range(ctx.num_inputs)))]
 
 
+def _shape_vectors(ctx: InferContext, indices: list[int]) -> list[tuple] | None:
+    """The contents of 1-D (or scalar) shape vectors ``indices``, broadcast to one length."""
+    if any(ctx.shape(i) is None or len(ctx.shape(i)) > 1 for i in indices):  # type: ignore[arg-type]
+        return None
+    vectors = [ctx.dims_value(i) for i in indices]
+    if any(v is None for v in vectors):
+        return None
+    length = max(len(v) for v in vectors)  # type: ignore[arg-type]
+    if any(len(v) not in (1, length) for v in vectors):  # type: ignore[arg-type]
+        return None
+    return [tuple(v) * length if len(v) == 1 else tuple(v) for v in vectors]  # type: ignore[arg-type]
+
+
+def _equal_sizes(ctx: InferContext) -> None:
+    """``Equal`` of shape vectors, element by element where it is known: equal ints, one symbol
+    with itself, and never a symbol (a size, >= 0) with a negative number (the exporters' 'is it
+    -1?' test before Expand): contents 1/0, so a Where on it picks statically."""
+    vectors = _shape_vectors(ctx, [0, 1])
+    if vectors is None:
+        return
+    result = []
+    for a, b in zip(*vectors):
+        if isinstance(a, int) and isinstance(b, int):
+            result.append(int(a == b))
+        elif a == b:
+            result.append(1)
+        elif (isinstance(a, int) and a < 0) or (isinstance(b, int) and b < 0):
+            result.append(0)
+        else:
+            return
+    ctx.out_symbolic[0] = tuple(result)
+
+
 def _where(ctx: InferContext) -> list[Type]:
+    vectors = _shape_vectors(ctx, [0, 1, 2])
+    if vectors is not None and all(isinstance(c, int) for c in vectors[0]):
+        ctx.out_symbolic[0] = tuple(x if c else y for c, x, y in zip(*vectors))
     return [TensorType(ctx.dtype(1), _broadcast(ctx, [0, 1, 2]))]
 
 

@@ -101,6 +101,8 @@ def _reshape(ctx: InferContext) -> list[Type]:
     elif data.is_static and all(isinstance(d, int) for d in dims):
         if math.prod(data.shape) != math.prod(dims):  # type: ignore[arg-type]
             raise ShapeInferenceError(f"cannot reshape {data} to {list(dims)}")
+    if data.shape is not None and len(data.shape) <= 1:
+        _carry_symbolic(ctx, tuple(dims), lambda contents: contents)  # a shape vector stays itself
     return [TensorType(data.dtype, tuple(dims))]
 
 

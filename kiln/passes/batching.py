@@ -42,7 +42,21 @@ class Sizes:
     mask: tuple[bool, ...] | None  # None: unknown which elements (or a scalar): all of it counts
 
 
-State = Batched | Sizes | None
+@dataclass(frozen=True)
+class Index:
+    """Integers that point into each sample's own block: along the dim named ``dim`` of its type
+    (the samples' dim, under a name inference gave it), the value at sample ``b`` lies in
+    ``[b*scale + low, b*scale + high)``; made by ``Range(0, count)`` (the exporters' per-sample
+    mask lookups: ``flat_mask[b*128 + j]``), kept by scaling and adding offsets, and read by a
+    Gather from a flattened batched tensor with ``scale`` indices per sample."""
+
+    dim: str
+    scale: int
+    low: int
+    high: int
+
+
+State = Batched | Sizes | Index | None
 
 
 class Refused(Exception):
@@ -108,6 +122,7 @@ class _Analysis:
         self.symbol = symbol
         self.constants = graph.constants
         self.state: dict[Value, State] = {}
+        self._folded: dict[str, np.ndarray | None] = {}
 
     def run(self) -> Parallel | Refused:
         try:
@@ -122,7 +137,7 @@ class _Analysis:
             outputs = []
             for value in self.graph.outputs:
                 result = self.state.get(value)
-                if isinstance(result, Sizes):
+                if isinstance(result, (Sizes, Index)):
                     raise Refused(value.name, "an output computed from the count of samples")
                 outputs.append(result.axis if isinstance(result, Batched) else None)
             return Parallel(self.symbol, tuple(inputs), tuple(outputs))
@@ -140,6 +155,33 @@ class _Analysis:
         if len(axes) > 1:
             raise Refused(value.name, f"{self.symbol} is more than one of its dims {value.type.shape}")
         return axes[0] if axes else None
+
+    def mask_of(self, value: Value | None, state: State) -> tuple[bool, ...] | None:
+        """Which elements of a 1-D shape vector may be the count (None: unknown)."""
+        if isinstance(state, Sizes):
+            return state.mask
+        if value is None or state is not None or _rank(value) != 1:
+            return None
+        length = value.type.shape[0]  # type: ignore[union-attr,index]
+        return (False,) * length if isinstance(length, int) else None
+
+    def value_of(self, value: Value) -> np.ndarray | None:
+        """A sample-independent value's contents: a constant, or what folding makes of it once
+        the symbol is bound (any size: it does not depend on the count)."""
+        if value in self.constants:
+            return np.asarray(self.constants[value])
+        if self.state.get(value) is not None:
+            return None
+        if value.name not in self._folded:
+            from kiln.passes.specialize import specialize
+
+            try:  # the graph computing this value alone, bound and folded
+                folded = specialize(self.graph.with_(outputs=(value,)), {self.symbol: 1})
+                found = next((a for v, a in folded.constants.items() if v.name == folded.outputs[0].name), None)
+            except Exception:  # a value that does not fold (it reads an input's data): unknown
+                found = None
+            self._folded[value.name] = None if found is None else np.asarray(found)
+        return self._folded[value.name]
 
     def ints(self, node: Node, index: int) -> list[int] | None:
         """Input ``index`` of ``node`` when it is a constant (axes, indices, pads...)."""
@@ -159,7 +201,9 @@ class _Analysis:
             raise Refused(node.label, "control flow over samples")
         if node.domain:
             raise Refused(node.label, "an op kiln cannot tell the per-sample behaviour of")
-        if not any(isinstance(s, Batched) for s in read):
+        if any(isinstance(s, Index) for s in read):
+            results = self.index_rule(node, read)
+        elif not any(isinstance(s, Batched) for s in read):
             results = self.sizes_rule(node, read)
         else:
             results = self.batched_rule(node, read)
@@ -167,13 +211,55 @@ class _Analysis:
             if result is not None:
                 self.state[value] = result
 
+    # -- per-sample indices -----------------------------------------------------------------------
+    def index_rule(self, node: Node, read: list[State]) -> list[State]:
+        op = node.op
+        state = next(s for s in read if isinstance(s, Index))
+        others = [(v, s) for v, s in zip(node.inputs, read) if not isinstance(s, Index)]
+        out = node.outputs[0]
+        if op == "Shape" and isinstance(read[0], Index):  # the count among the indices' dims
+            dims = node.inputs[0].type.shape or ()  # type: ignore[union-attr]
+            start, end = int(node.attrs.get("start", 0)), node.attrs.get("end")
+            return [Sizes(tuple(d == state.dim for d in list(dims)[slice(start, None if end is None else int(end))]))]
+        shape = out.type.shape if isinstance(out.type, TensorType) and out.type.shape else ()
+        if state.dim not in shape or list(shape).count(state.dim) != 1:
+            raise Refused(node.label, "per-sample indices whose dim its output type loses")
+        if op in ("Unsqueeze", "Squeeze", "Identity") and isinstance(read[0], Index):
+            return [state]
+        if op == "Cast" and out.type.dtype.numpy.kind in "iu":  # type: ignore[union-attr]
+            return [state]
+        constant = [self.value_of(v) if v is not None else None for v, _ in others]
+        if op in ("Mul", "Add") and len(others) == 1 and constant[0] is not None and others[0][1] is None:
+            values = np.asarray(constant[0])
+            if values.size and values.dtype.kind in "iu":
+                low, high = int(values.min()), int(values.max())
+                if op == "Add":
+                    return [Index(state.dim, state.scale, state.low + low, state.high + high)]
+                if values.size == 1 and low > 0:
+                    return [Index(state.dim, state.scale * low, state.low * low, (state.high - 1) * low + 1)]
+        if op == "Gather" and isinstance(read[1], Index) and isinstance(read[0], Batched):
+            data = read[0]
+            if int(node.attrs.get("axis", 0)) % max(_rank(node.inputs[0]), 1) == data.axis == 0:
+                if data.per == state.scale and 0 <= state.low and state.high <= state.scale:
+                    return [Batched(list(shape).index(state.dim))]  # each sample reads its own block
+        raise Refused(node.label, "computes with per-sample indices in a way kiln cannot follow")
+
     # -- values computed from the count of samples ------------------------------------------------
     def sizes_rule(self, node: Node, read: list[State]) -> list[State]:
         op = node.op
         first = read[0]
+        if op == "Range" and isinstance(read[1], Sizes) and read[0] is None and read[2] is None:
+            start, delta = self.ints(node, 0), self.ints(node, 2)
+            out_shape = node.outputs[0].type.shape if isinstance(node.outputs[0].type, TensorType) else None
+            if start == [0] and delta == [1] and out_shape and isinstance(out_shape[0], str):
+                return [Index(out_shape[0], 1, 0, 1)]  # 0..count-1: sample b holds b
         if (op in ("Reshape", "Expand") and first is None) or op == "ConstantOfShape":
             # a target shape holding the count: each chunk's is its own count
             axis = self.axis_of(node.outputs[0])
+            target = read[0] if op == "ConstantOfShape" else read[1]
+            shown = target.mask if isinstance(target, Sizes) else None
+            if axis is None and shown is not None and sum(shown) == 1 and len(shown) == _rank(node.outputs[0]):
+                axis = shown.index(True)  # the target shape says which dim is the count
             if axis is None:
                 raise Refused(node.label, "a shape from the count of samples that its output type does not show")
             if op == "Reshape" and first is not None:
@@ -207,6 +293,12 @@ class _Analysis:
             if starts is not None and ends is not None and len(starts) == 1:
                 chosen = tuple(mask[slice(starts[0], ends[0], (steps or [1])[0])])
                 return [Sizes(chosen) if any(chosen) else None]
+        if op == "Where" and isinstance(read[1], (Sizes, type(None))) and isinstance(read[2], (Sizes, type(None))):
+            # element i is either branch's element i: it may be the count where either may
+            masks = [self.mask_of(node.inputs[i], read[i]) for i in (1, 2)]
+            if None not in masks and len(masks[0]) == len(masks[1]):  # type: ignore[arg-type]
+                union = tuple(a or b for a, b in zip(masks[0], masks[1]))  # type: ignore[arg-type]
+                return [Sizes(union) if any(union) else None]
         if op in SHAPE_ARITHMETIC:
             return [Sizes(None)]  # arithmetic on the count: still only fit for target shapes
         raise Refused(node.label, "computes with the count of samples")
@@ -221,23 +313,28 @@ class _Analysis:
         per = pers.pop()
         if op in ("Reshape", "Flatten", "Squeeze", "Unsqueeze"):
             return [self.reshape(node, read[0])]
-        outputs = [self.axis_of(v) for v in node.outputs]
-        if per > 1:  # a merged dim: the output keeps it where the samples' dim went
-            outputs = [self.merged_axis(node, v, read) for v in node.outputs]
+        # the samples' dim under the name(s) the inputs' types give it ("batch", or a name
+        # inference made for a dim it computed: a merged batch*heads, a count from a Range)
+        names = {node.inputs[i].type.shape[axis] for i, axis in batched}  # type: ignore[union-attr,index]
+        outputs = [self.named_axis(node, v, names) for v in node.outputs]
         sizes = [i for i, s in enumerate(read) if isinstance(s, Sizes)]
         if sizes and not (op in ("Reshape", "Expand") and sizes == [1]):
             raise Refused(node.label, "reads samples and a value computed from their count")
         if has_trait(op, "", "aligned"):
-            self.aligned(node, read, outputs[0])
+            outputs = [self.aligned(node, read)] * len(node.outputs)
         elif has_trait(op, "", "per_sample"):
             if batched != [(0, 0)] or outputs[0] != 0:
                 raise Refused(node.label, "its samples are not its data's leading dim")
         elif op == "Expand":
-            if (
-                batched != [(0, batched[0][1])]
-                or _rank(node.outputs[0]) - _rank(node.inputs[0]) + batched[0][1] != outputs[0]
-            ):
+            aligned = _rank(node.outputs[0]) - _rank(node.inputs[0]) + batched[0][1]
+            target = self.mask_of(node.inputs[1], read[1])
+            value = self.value_of(node.inputs[1]) if read[1] is None else None  # type: ignore[arg-type]
+            keeps = (target is not None and len(target) > aligned and target[aligned]) or (
+                value is not None and value.size > aligned and int(value.reshape(-1)[aligned]) == 1
+            )
+            if batched != [(0, batched[0][1])] or not keeps:
                 raise Refused(node.label, "expands across the samples' dim")
+            outputs = [aligned]  # the count (or 1) there: the samples stay in that dim
         elif op == "Transpose":
             rank = _rank(node.inputs[0])
             perm = list(node.attrs.get("perm") or reversed(range(rank)))
@@ -246,7 +343,7 @@ class _Analysis:
                 raise Refused(node.label, "a permutation its output type does not follow")
             outputs = [moved]
         elif op in ("MatMul", "Gemm"):
-            self.product(node, read)
+            outputs = [self.product(node, read)]
         elif op in ("Shape", "Size"):
             return [self.shape_sizes(node, read[0])]
         elif op in ("Resize", "Upsample"):
@@ -261,19 +358,23 @@ class _Analysis:
             raise Refused(node.label, "an output that loses the samples' dim (it mixes them)")
         return [Batched(axis, per) if axis is not None else None for axis in outputs]
 
-    def merged_axis(self, node: Node, value: Value, read: list[State]) -> int | None:
-        """Where a merged samples' dim lands in an output of a shape-keeping op: the same dim
-        counted from the right as in its input (broadcasting, products' batch dims)."""
-        state, source = next((s, v) for s, v in zip(read, node.inputs) if isinstance(s, Batched))
-        axis = _rank(value) - _rank(source) + state.axis
-        return axis if 0 <= axis < _rank(value) else None
+    def named_axis(self, node: Node, value: Value, names: set) -> int | None:
+        """The dim of ``value``'s type named as the inputs' samples' dims (None: none is)."""
+        if not isinstance(value.type, TensorType) or value.type.shape is None:
+            return None
+        found = [i for i, d in enumerate(value.type.shape) if isinstance(d, str) and d in names]
+        if len(found) > 1:
+            raise Refused(node.label, f"the samples' dim is more than one of its output's dims {value.type.shape}")
+        return found[0] if found else None
 
-    def aligned(self, node: Node, read: list[State], out_axis: int | None) -> None:
-        """Broadcasting ops: every operand holding samples holds them in the output's dim."""
+    def aligned(self, node: Node, read: list[State]) -> int:
+        """Broadcasting ops: every operand holding samples holds them in the same dim counted
+        from the right, which is the output's (the count broadcast with the count)."""
         out_rank = _rank(node.outputs[0])
-        for value, state in zip(node.inputs, read):
-            if isinstance(state, Batched) and out_rank - _rank(value) + state.axis != out_axis:
-                raise Refused(node.label, "broadcasts the samples' dim against another dim")
+        positions = {out_rank - _rank(v) + s.axis for v, s in zip(node.inputs, read) if isinstance(s, Batched)}
+        if len(positions) != 1:
+            raise Refused(node.label, "broadcasts the samples' dim against another dim")
+        return positions.pop()
 
     def reshape(self, node: Node, state: State) -> Batched:
         """A reshape keeps samples apart when the dims before the samples' dim hold the same
@@ -293,26 +394,28 @@ class _Analysis:
         while axis < len(shape_out) and count < prefix and isinstance(shape_out[axis], int):
             count *= shape_out[axis]
             axis += 1
-        after = _static_count(shape_out[axis + 1 :])
-        if count != prefix or axis >= len(shape_out) or isinstance(shape_out[axis], int) or not after:
+        if count != prefix or axis >= len(shape_out) or isinstance(shape_out[axis], int):
             raise Refused(node.label, "a reshape that moves elements across the samples' dim")
-        if shape_out[axis] == self.symbol:
-            if after != block:
-                raise Refused(node.label, "a reshape that moves elements across the samples' dim")
-            return Batched(axis)
+        if shape_out[axis] == self.symbol:  # the count there: the dims after hold one sample each
+            return Batched(axis)  # (as many elements in as out: they multiply to the sample's block)
+        after = _static_count(shape_out[axis + 1 :])
+        if not after:
+            raise Refused(node.label, "a reshape that moves elements across the samples' dim")
         if block % after:
             raise Refused(node.label, "a reshape that moves elements across the samples' dim")
         return Batched(axis, block // after)
 
-    def product(self, node: Node, read: list[State]) -> None:
+    def product(self, node: Node, read: list[State]) -> int:
         """Samples may be rows of A, columns of B or a batch dim of either, never the contracted
-        dim; when both operands hold samples they hold them in the same batch dim."""
+        dim; when both operands hold samples they hold them in the same batch dim. Returns the
+        output's samples' dim."""
         a, b = read[0], read[1]
+        out_rank = _rank(node.outputs[0])
         if node.op == "Gemm":
             if node.attrs.get("transA") or not isinstance(a, Batched) or b is not None or any(read[2:]):
                 raise Refused(node.label, "a Gemm whose samples are not A's rows alone")
-            return
-        a_rank, b_rank, out_rank = _rank(node.inputs[0]), _rank(node.inputs[1]), _rank(node.outputs[0])
+            return 0
+        a_rank, b_rank = _rank(node.inputs[0]), _rank(node.inputs[1])
         if isinstance(a, Batched) and (a_rank == 1 or a.axis == a_rank - 1):
             raise Refused(node.label, "contracts over the samples' dim")
         if isinstance(b, Batched) and (b_rank == 1 or b.axis == b_rank - 2):
@@ -320,7 +423,10 @@ class _Analysis:
         if isinstance(a, Batched) and isinstance(b, Batched):
             if a.axis >= a_rank - 2 or b.axis >= b_rank - 2 or a.axis - a_rank != b.axis - b_rank:
                 raise Refused(node.label, "a product whose operands hold samples in different dims")
-        del out_rank
+        if isinstance(a, Batched):  # a batch dim (aligned from the right) or A's rows
+            return out_rank - a_rank + a.axis if a.axis < a_rank - 2 else out_rank - 2
+        assert isinstance(b, Batched)
+        return out_rank - b_rank + b.axis if b.axis < b_rank - 2 else out_rank - 1
 
     def axes(self, node: Node, rank: int) -> set[int] | None:
         """The dims ``node`` works along, from its attributes or constant inputs (None: unknown)."""
