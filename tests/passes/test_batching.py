@@ -120,3 +120,90 @@ graph g(%x: f32[batch,3]) -> (%y) {
     )
     found = sample_parallel(graph)["batch"]
     assert isinstance(found, Refused) and "cannot tell" in found.reason
+
+
+def _onnx(nodes, inputs, outputs, constants):  # type: ignore[no-untyped-def]
+    """An ONNX model imported by kiln's frontend: its types are kiln's inference, not declared."""
+    from onnx import helper
+
+    from kiln.frontend.onnx import import_onnx
+    from tests.helpers import make_model
+
+    model = make_model(
+        [helper.make_node(*n[:3], **(n[3] if len(n) > 3 else {})) for n in nodes], inputs, outputs, constants
+    )
+    return import_onnx(model.SerializeToString())
+
+
+def _mask_lookup(offsets: list[int]):  # type: ignore[no-untyped-def]
+    """The exporters' per-sample mask lookup: flat_mask[b*4 + j] for j in ``offsets``, b in
+    Range(0, count), gathered from the [batch, 4] mask flattened to [batch*4]."""
+    from tests.helpers import INT64
+
+    i64 = lambda *v: np.array(v, np.int64)  # noqa: E731
+    return _onnx(
+        [
+            ("Shape", ["mask"], ["s"]),
+            ("Gather", ["s", "zero"], ["n"], {"axis": 0}),
+            ("Range", ["zero", "n", "one"], ["b"]),
+            ("Unsqueeze", ["b", "axes"], ["b1"]),
+            ("Mul", ["b1", "four"], ["start"]),
+            ("Add", ["start", "offsets"], ["index"]),
+            ("Reshape", ["mask", "flat"], ["m"]),
+            ("Gather", ["m", "index"], ["y"], {"axis": 0}),
+        ],
+        [("mask", INT64, ["batch", 4])],
+        [("y", INT64, None)],
+        {
+            "zero": np.array(0, np.int64),
+            "one": np.array(1, np.int64),
+            "four": np.array(4, np.int64),
+            "axes": i64(1),
+            "offsets": np.array([offsets], np.int64),
+            "flat": i64(-1),
+        },
+    )
+
+
+def test_per_sample_indices_into_each_samples_own_block_are_sample_parallel():
+    found = sample_parallel(_mask_lookup([3, 2, 1, 0]))["batch"]
+    assert found == Parallel("batch", (0,), (0,))
+
+
+def test_indices_reaching_into_the_next_samples_block_are_refused():
+    found = sample_parallel(_mask_lookup([1, 2, 3, 4]))["batch"]  # 4: the next sample's first
+    assert isinstance(found, Refused) and "per-sample indices" in found.reason
+
+
+def test_equal_and_where_on_shape_vectors_keep_the_symbol_in_expands_type():
+    """Where(shape == -1, 1, shape) before an Expand (the exporters' spelling of expand_as): a
+    size is never -1, so the Expand's inferred type keeps batch, and the analysis follows it."""
+    from tests.helpers import FLOAT
+
+    graph = _onnx(
+        [
+            ("Shape", ["x"], ["s"]),
+            ("Gather", ["s", "zero"], ["n"], {"axis": 0}),
+            ("Unsqueeze", ["n", "axes"], ["n1"]),
+            ("Concat", ["n1", "three"], ["target"], {"axis": 0}),
+            ("Reshape", ["target", "flat"], ["target2"]),
+            ("Equal", ["target2", "minus"], ["is"]),
+            ("Where", ["is", "ones", "target2"], ["shape"]),
+            ("Expand", ["w", "shape"], ["e"]),
+            ("Add", ["x", "e"], ["y"]),
+        ],
+        [("x", FLOAT, ["batch", 3])],
+        [("y", FLOAT, None)],
+        {
+            "zero": np.array(0, np.int64),
+            "axes": np.array([0], np.int64),
+            "three": np.array([3], np.int64),
+            "flat": np.array([-1], np.int64),
+            "minus": np.array([-1, -1], np.int64),
+            "ones": np.array([1, 1], np.int64),
+            "w": np.array([[1, 2, 3]], np.float32),
+        },
+    )
+    expand = next(n for n in graph.nodes if n.op == "Expand")
+    assert expand.outputs[0].type.shape == ("batch", 3)
+    assert sample_parallel(graph)["batch"] == Parallel("batch", (0,), (0,))
