@@ -21,6 +21,32 @@ from kiln.cli_support import (
 )
 
 
+def _calibration(precision: str, calibration, model: str, graph):  # type: ignore[no-untyped-def]
+    """int8's calibration data: --calibrate's, else the zoo model's example inputs, else random."""
+    from kiln import zoo
+
+    if precision != "int8":
+        return calibration
+    if calibration is None and model in zoo.MODELS:
+        out.print(f"calibrating on 10 example inputs of {model} (random data: pass --calibrate for real data)")
+        return [zoo.example_inputs(model, seed=seed) for seed in range(10)]
+    if calibration is None:
+        out.print("calibrating on random inputs: pass --calibrate with real data for a meaningful int8 model")
+        return None
+    return calibration_data(calibration, graph)
+
+
+def _size_classes(items: tuple[str, ...]) -> dict[str, str]:
+    """--size-classes NAME=SIZE,SIZE,... items by name (the sizes are checked when declared)."""
+    classes = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep or not name:
+            raise click.BadParameter(f"expected NAME=SIZE,SIZE,..., got {item!r}", param_hint="--size-classes")
+        classes[name] = value
+    return classes
+
+
 def _say_ranges(compiled) -> None:  # type: ignore[no-untyped-def]
     """What the declared ranges mean for this model: which dims run every size without a compile."""
     from kiln.passes.batching import Parallel
@@ -128,12 +154,7 @@ def compile_command(
     if cluster is not None and tune_budget is None:
         raise click.UsageError("--cluster measures tuning candidates: give --tune DURATION too")
     ranges, dims = split_ranges(dims)
-    classes = {}
-    for item in size_classes:
-        name, sep, value = item.partition("=")
-        if not sep or not name:
-            raise click.BadParameter(f"expected NAME=SIZE,SIZE,..., got {item!r}", param_hint="--size-classes")
-        classes[name] = value
+    classes = _size_classes(size_classes)
     graph, binding = import_bound(model, dims)
     bindings = dim_bindings(graph, dims)
     if tune_budget is not None:
@@ -141,13 +162,7 @@ def compile_command(
         for each in bindings:
             _tune(graph, each, level, _parse_duration(tune_budget), retune, target, measurer)
     start = time.perf_counter()
-    if precision == "int8" and calibration is None and model in zoo.MODELS:
-        calibration = [zoo.example_inputs(model, seed=seed) for seed in range(10)]
-        out.print(f"calibrating on 10 example inputs of {model} (random data: pass --calibrate for real data)")
-    elif precision == "int8" and calibration is None:
-        out.print("calibrating on random inputs: pass --calibrate with real data for a meaningful int8 model")
-    elif precision == "int8":
-        calibration = calibration_data(calibration, graph)
+    calibration = _calibration(precision, calibration, model, graph)
     what = f"{len(bindings)} binding(s) of " if len(bindings) > 1 else ""
     with console.status(f"compiling {what}{model} for {target} ({precision}, -O{level})..."):
         compiled = kiln.compile(

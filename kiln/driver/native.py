@@ -184,12 +184,14 @@ class NativeModel(Model):
         no dim is, or every input shape is static)."""
         if self._chunking is False:
             chosen = None
-            if not self._static:
+            if not self._static and "size-classes" not in self.options.disabled:
                 for symbol, found in self.sample_parallel().items():
                     if isinstance(found, Parallel):
                         bounds = self.ranges.get(symbol, (1, MAX_DIM))
                         classes = self.size_classes.get(symbol) or default_classes(bounds)
-                        chosen = Chunking(found, classes)
+                        if self.compilation.ahead is not None:  # a loaded artifact: the sizes it has
+                            classes = tuple(sorted({b[symbol] for b in self.compilation.ahead if b.get(symbol)}))
+                        chosen = Chunking(found, classes) if 1 in classes else None
                         break
             self._chunking = chosen
         return self._chunking  # type: ignore[return-value]
@@ -226,11 +228,13 @@ class NativeModel(Model):
         dims = {} if self._static else input_dims(self.signature, dict(zip(self.input_names, inputs)))
         if self.ranges:
             check_ranges(dims, self.ranges)
-        if dims:
+        key = tuple(sorted(dims.items()))
+        last = self._last
+        if dims and (last is None or last[0] != key) and self.variants.get(key) is None:  # not compiled: chunks?
             chunking = self.chunking()
             if chunking is not None:
                 size = dims.get(chunking.symbol, 0)
-                if size > 0 and size not in chunking.classes and self.variants.get(tuple(sorted(dims.items()))) is None:
+                if size > 0 and size not in chunking.classes:
                     return self._chunked(chunking, dims, inputs)
         executable = self._variant(dims)
         if not executable.native:

@@ -21,7 +21,9 @@ from kiln.backends import BuildOptions
 from kiln.errors import KilnError
 from kiln.passes import PASS_NAMES
 
-ALGORITHMS = ("winograd", "direct", "requantize")  # algorithms ``disabled`` may name besides the graph passes
+# algorithms ``disabled`` may name besides the graph passes ("size-classes": every size of a
+# sample-parallel dim compiles, as for any other dim)
+ALGORITHMS = ("winograd", "direct", "requantize", "size-classes")
 # of matrix products and convolutions; "auto": the best this target computes natively (bf16 where
 # the CPU has bf16 instructions), said by the compiled model (``precision``)
 PRECISIONS = ("fp32", "bf16", "int8", "auto")

@@ -57,9 +57,9 @@ def import_torch_ranged(
     ranges = _ranges(program, graph)
     names_of = _dim_names(graph, dynamic_shapes, names)
     if names_of:  # torch's s31 becomes the user's Dim("batch") in kiln's types, ranges and errors
-        from kiln.passes.specialize import specialize
+        from kiln.ir.graph import rename_symbols
 
-        graph = specialize(graph, names_of)  # type: ignore[arg-type]
+        graph = rename_symbols(graph, names_of)
         ranges = {names_of.get(k, k): v for k, v in ranges.items()}
     return graph, ranges
 

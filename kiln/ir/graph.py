@@ -315,3 +315,49 @@ def free_values(graph: Graph) -> list[Value]:
         if value not in defined and value not in free:
             free.append(value)
     return free
+
+
+def rename_symbols(graph: Graph, names: Mapping[str, str]) -> Graph:
+    """``graph`` with the symbolic dims in ``names`` renamed throughout (its subgraphs too)."""
+    from kiln.ir.types import OptionalType, SequenceType
+
+    mapping: dict[Value, Value] = {}
+
+    def renamed_type(value_type: Type) -> Type:
+        if isinstance(value_type, TensorType) and value_type.shape is not None:
+            return TensorType(
+                value_type.dtype, tuple(names.get(d, d) if isinstance(d, str) else d for d in value_type.shape)
+            )
+        if isinstance(value_type, (SequenceType, OptionalType)):
+            return type(value_type)(renamed_type(value_type.elem))
+        return value_type
+
+    def rename(value: Value | None) -> Value | None:
+        if value is None:
+            return None
+        if value not in mapping:
+            new_type = renamed_type(value.type)
+            mapping[value] = value if new_type == value.type else Value(value.name, new_type)
+        return mapping[value]
+
+    def rebuild(sub: Graph) -> Graph:
+        nodes = [
+            Node(
+                node.op,
+                [rename(v) for v in node.inputs],
+                [rename(v) for v in node.outputs],  # type: ignore[misc]
+                {k: rebuild(a) if isinstance(a, Graph) else a for k, a in node.attrs.items()},
+                name=node.name,
+                domain=node.domain,
+            )
+            for node in sub.nodes
+        ]
+        return sub.with_(
+            inputs=[rename(v) for v in sub.inputs],
+            outputs=[rename(v) for v in sub.outputs],
+            nodes=nodes,
+            constants={rename(v): a for v, a in sub.constants.items()},
+            defaults=[rename(v) for v in sub.defaults],
+        )
+
+    return rebuild(graph) if names else graph

@@ -38,8 +38,11 @@ def _compare(ctx: InferContext) -> list[Type]:
 
 
 def _shape_vectors(ctx: InferContext, indices: list[int]) -> list[tuple] | None:
-    """The contents of 1-D (or scalar) shape vectors ``indices``, broadcast to one length."""
+    """The contents of 1-D (or scalar) shape vectors ``indices`` (integers or a condition),
+    broadcast to one length; None for anything else (float data is never a shape)."""
     if any(ctx.shape(i) is None or len(ctx.shape(i)) > 1 for i in indices):  # type: ignore[arg-type]
+        return None
+    if any(ctx.dtype(i).numpy.kind not in "iub" for i in indices):
         return None
     vectors = [ctx.dims_value(i) for i in indices]
     if any(v is None for v in vectors):

@@ -182,12 +182,17 @@ def test_ops_without_lowering_fall_back_and_say_so():
 
 
 def test_symbolic_batch_compiles_one_variant_per_binding():
+    """Softmax over the last dim: the batch is sample-parallel, so batch 3 runs as three batch-1
+    chunks (one variant); with size classes disabled, each batch size is its own variant."""
+    from kiln.driver.options import CompileOptions
+
     model = case("Softmax", [("batch", 5)])
-    compiled = kiln.compile(model, target="cpu")
-    for batch in (1, 3, 1):
-        x = data((batch, 5))
-        np.testing.assert_allclose(compiled(x), kiln.compile(model)(x), rtol=1e-6)
-    assert len(compiled.plans) == 2
+    for disabled, variants in ((frozenset(), 1), (frozenset({"size-classes"}), 2)):
+        compiled = kiln.compile(model, target="cpu", options=CompileOptions.from_env(disabled=disabled))
+        for batch in (1, 3, 1):
+            x = data((batch, 5))
+            np.testing.assert_allclose(compiled(x), kiln.compile(model, target="reference")(x), rtol=1e-6)
+        assert len(compiled.plans) == variants
 
 
 def test_out_of_range_gather_is_an_error_not_a_wild_read():

@@ -480,6 +480,7 @@ def distinct_weights(compiled) -> int:
 
 def test_every_batch_size_shares_one_copy_of_the_weights_and_variants_are_bounded(cache, monkeypatch):
     monkeypatch.setenv("KILN_MAX_VARIANTS", "6")
+    monkeypatch.setenv("KILN_DISABLE", "size-classes")  # each size its own variant (the MLP's batch is sample-parallel)
     model = big_mlp()
     compiled = kiln.compile(model)
     compiled(RNG.standard_normal((1, 256)).astype(np.float32))

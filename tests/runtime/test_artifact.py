@@ -113,6 +113,16 @@ def test_an_artifact_loads_and_runs_without_a_c_compiler_and_a_missing_size_says
             got = model(x)
             want = kiln.compile(reference, target="reference")(x)
             assert np.allclose(got, want, rtol=1e-5, atol=1e-5), batch
+        # batch 3 and 9 are no compiled size, but the batch is sample-parallel: chunks of the
+        # sizes the artifact has (1+1+1, 4+4+1), no compiler
+        for batch in (3, 9):
+            x = rng.standard_normal((batch, 16)).astype(np.float32)
+            want = kiln.compile(kiln.load({str(tmp_path / "m.kiln")!r}).graph, target="reference")(x)
+            assert np.allclose(model(x), want, rtol=1e-5, atol=1e-5), batch
+        assert len(model.variants) == 2
+        import os
+        os.environ["KILN_DISABLE"] = "size-classes"  # every size its own code: a missing one needs a compiler
+        model = kiln.load({str(tmp_path / "m.kiln")!r})
         try:
             model(np.zeros((3, 16), np.float32))
         except CompilerError as err:
