@@ -54,9 +54,18 @@ class Index:
     scale: int
     low: int
     high: int
+    exact: bool = True  # False: only its shape may be used (a Max that changes chunks' values)
 
 
-State = Batched | Sizes | Index | None
+@dataclass(frozen=True)
+class SampleTuple:
+    """Index tuples along the last dim whose first component is the sample's own number (the
+    dynamo exports' ``mask[b, j]`` lookups: Concat of Range(0, count) and offsets, for GatherND)."""
+
+    dim: str
+
+
+State = Batched | Sizes | Index | SampleTuple | None
 
 
 class Refused(Exception):
@@ -137,7 +146,7 @@ class _Analysis:
             outputs = []
             for value in self.graph.outputs:
                 result = self.state.get(value)
-                if isinstance(result, (Sizes, Index)):
+                if isinstance(result, (Sizes, Index, SampleTuple)):
                     raise Refused(value.name, "an output computed from the count of samples")
                 outputs.append(result.axis if isinstance(result, Batched) else None)
             return Parallel(self.symbol, tuple(inputs), tuple(outputs))
@@ -201,7 +210,9 @@ class _Analysis:
             raise Refused(node.label, "control flow over samples")
         if node.domain:
             raise Refused(node.label, "an op kiln cannot tell the per-sample behaviour of")
-        if any(isinstance(s, Index) for s in read):
+        if any(isinstance(s, SampleTuple) for s in read):
+            results = self.tuple_rule(node, read)
+        elif any(isinstance(s, Index) for s in read):
             results = self.index_rule(node, read)
         elif not any(isinstance(s, Batched) for s in read):
             results = self.sizes_rule(node, read)
@@ -222,10 +233,29 @@ class _Analysis:
             start, end = int(node.attrs.get("start", 0)), node.attrs.get("end")
             return [Sizes(tuple(d == state.dim for d in list(dims)[slice(start, None if end is None else int(end))]))]
         shape = out.type.shape if isinstance(out.type, TensorType) and out.type.shape else ()
+        if op == "Expand" and isinstance(read[0], Index):  # copies along other dims only
+            position = len(shape) - _rank(node.inputs[0]) + list(node.inputs[0].type.shape).index(state.dim)  # type: ignore[union-attr]
+            target = self.mask_of(node.inputs[1], read[1])
+            if (
+                target is not None
+                and len(target) == len(shape)
+                and target[position]
+                and isinstance(shape[position], str)
+            ):
+                return [Index(shape[position], state.scale, state.low, state.high, state.exact)]
         if state.dim not in shape or list(shape).count(state.dim) != 1:
             raise Refused(node.label, "per-sample indices whose dim its output type loses")
-        if op in ("Unsqueeze", "Squeeze", "Identity") and isinstance(read[0], Index):
-            return [state]
+        if op in ("Unsqueeze", "Squeeze", "Identity", "Expand") and isinstance(read[0], Index):
+            return [state]  # (Expand: copies along other dims; the count's dim keeps its values)
+        if op == "Max" and len(others) == 1 and others[0][1] is None:
+            bound = self.value_of(others[0][0])  # type: ignore[arg-type]
+            # identity when no value is below the bound; else the values differ by chunk: shape only
+            exact = bound is not None and bound.size > 0 and int(bound.max()) <= state.low and state.exact
+            return [Index(state.dim, state.scale, state.low, state.high, exact)]
+        if op == "Concat" and isinstance(read[0], Index) and self.sample_tuple(node, read, state):
+            return [SampleTuple(state.dim)]
+        if not state.exact:
+            raise Refused(node.label, "uses per-sample indices whose values depend on the chunk")
         if op == "Cast" and out.type.dtype.numpy.kind in "iu":  # type: ignore[union-attr]
             return [state]
         constant = [self.value_of(v) if v is not None else None for v, _ in others]
@@ -243,6 +273,39 @@ class _Analysis:
                 if data.per == state.scale and 0 <= state.low and state.high <= state.scale:
                     return [Batched(list(shape).index(state.dim))]  # each sample reads its own block
         raise Refused(node.label, "computes with per-sample indices in a way kiln cannot follow")
+
+    def sample_tuple(self, node: Node, read: list[State], state: Index) -> bool:
+        """A Concat along the last dim of the sample numbers (Range(0, count), exactly) and other
+        components: those hold samples in the same dim, or none."""
+        rank = _rank(node.outputs[0])
+        if int(node.attrs.get("axis", 0)) % max(rank, 1) != rank - 1 or (state.scale, state.low, state.high) != (
+            1,
+            0,
+            1,
+        ):
+            return False
+        position = list(node.inputs[0].type.shape).index(state.dim)  # type: ignore[union-attr]
+        return state.exact and all(
+            s is None or (isinstance(s, Batched) and s.axis == position and s.per == 1) for s in read[1:]
+        )
+
+    def tuple_rule(self, node: Node, read: list[State]) -> list[State]:
+        """GatherND whose index tuples start with the sample's number: each sample reads its own
+        slice of data that holds samples in its leading dim."""
+        state = next(s for s in read if isinstance(s, SampleTuple))
+        data = read[0]
+        shape = node.outputs[0].type.shape if isinstance(node.outputs[0].type, TensorType) else None
+        if (
+            node.op == "GatherND"
+            and isinstance(read[1], SampleTuple)
+            and isinstance(data, Batched)
+            and (data.axis, data.per) == (0, 1)
+            and int(node.attrs.get("batch_dims", 0)) == 0
+            and shape
+            and list(shape).count(state.dim) == 1
+        ):
+            return [Batched(list(shape).index(state.dim))]
+        raise Refused(node.label, "computes with per-sample index tuples in a way kiln cannot follow")
 
     # -- values computed from the count of samples ------------------------------------------------
     def sizes_rule(self, node: Node, read: list[State]) -> list[State]:

@@ -207,3 +207,56 @@ def test_equal_and_where_on_shape_vectors_keep_the_symbol_in_expands_type():
     expand = next(n for n in graph.nodes if n.op == "Expand")
     assert expand.outputs[0].type.shape == ("batch", 3)
     assert sample_parallel(graph)["batch"] == Parallel("batch", (0,), (0,))
+
+
+def _tuple_lookup(clamp: int | None):  # type: ignore[no-untyped-def]
+    """The dynamo exports' mask[b, j] lookup: (Range(0, count), j) tuples for GatherND; with
+    ``clamp``, the sample numbers go through Max(b, clamp) first."""
+    from tests.helpers import INT64
+
+    i64 = lambda *v: np.array(v, np.int64)  # noqa: E731
+    nodes = [
+        ("Shape", ["mask"], ["s"]),
+        ("Gather", ["s", "zero"], ["n"], {"axis": 0}),
+        ("Range", ["zero", "n", "one"], ["b"]),
+        ("Unsqueeze", ["b", "axes1"], ["b1"]),
+        ("Unsqueeze", ["n", "axes0"], ["n1"]),
+        ("Concat", ["n1", "four"], ["target"], {"axis": 0}),
+    ]
+    if clamp is not None:
+        nodes.append(("Max", ["b1", "clamp"], ["b1c"]))
+    source = "b1c" if clamp is not None else "b1"
+    nodes += [
+        ("Expand", [source, "target"], ["bb"]),
+        ("Expand", ["j", "target"], ["jj"]),
+        ("Unsqueeze", ["bb", "last"], ["bb1"]),
+        ("Unsqueeze", ["jj", "last"], ["jj1"]),
+        ("Concat", ["bb1", "jj1"], ["index"], {"axis": -1}),
+        ("GatherND", ["mask", "index"], ["y"]),
+    ]
+    return _onnx(
+        nodes,
+        [("mask", INT64, ["batch", 4])],
+        [("y", INT64, None)],
+        {
+            "zero": np.array(0, np.int64),
+            "one": np.array(1, np.int64),
+            "axes0": i64(0),
+            "axes1": i64(1),
+            "last": i64(-1),
+            "four": i64(4),
+            "j": np.array([[3, 2, 1, 0]], np.int64),
+            "clamp": np.array(clamp or 0, np.int64),
+        },
+    )
+
+
+def test_index_tuples_led_by_the_sample_number_are_sample_parallel():
+    assert sample_parallel(_tuple_lookup(None))["batch"] == Parallel("batch", (0,), (0,))
+    assert sample_parallel(_tuple_lookup(0))["batch"] == Parallel("batch", (0,), (0,))  # Max(b, 0): b
+
+
+def test_sample_numbers_a_max_changes_are_refused():
+    """Max(b, 2) is b for samples 2.. of the whole batch but 2 for a chunk's first two samples."""
+    found = sample_parallel(_tuple_lookup(2))["batch"]
+    assert isinstance(found, Refused) and "depend on the chunk" in found.reason
