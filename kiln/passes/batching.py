@@ -132,6 +132,7 @@ class _Analysis:
         self.constants = graph.constants
         self.state: dict[Value, State] = {}
         self._folded: dict[str, np.ndarray | None] = {}
+        self._producers: dict[Value, Node] | None = None
 
     def run(self) -> Parallel | Refused:
         try:
@@ -165,6 +166,19 @@ class _Analysis:
             raise Refused(value.name, f"{self.symbol} is more than one of its dims {value.type.shape}")
         return axes[0] if axes else None
 
+    def ancestors(self, value: Value) -> list[Node]:
+        """The nodes ``value`` depends on, in graph order."""
+        if self._producers is None:
+            self._producers = self.graph.producers()
+        needed: set[int] = set()
+        stack = [value]
+        while stack:
+            node = self._producers.get(stack.pop())
+            if node is not None and id(node) not in needed:
+                needed.add(id(node))
+                stack.extend(v for v in node.inputs if v is not None)
+        return [n for n in self.graph.nodes if id(n) in needed]
+
     def mask_of(self, value: Value | None, state: State) -> tuple[bool, ...] | None:
         """Which elements of a 1-D shape vector may be the count (None: unknown)."""
         if isinstance(state, Sizes):
@@ -184,8 +198,8 @@ class _Analysis:
         if value.name not in self._folded:
             from kiln.passes.specialize import specialize
 
-            try:  # the graph computing this value alone, bound and folded
-                folded = specialize(self.graph.with_(outputs=(value,)), {self.symbol: 1})
+            try:  # the nodes computing this value alone, bound and folded
+                folded = specialize(self.graph.with_(outputs=(value,), nodes=self.ancestors(value)), {self.symbol: 1})
                 found = next((a for v, a in folded.constants.items() if v.name == folded.outputs[0].name), None)
             except Exception:  # a value that does not fold (it reads an input's data): unknown
                 found = None
