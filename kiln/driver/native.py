@@ -117,6 +117,7 @@ class NativeModel(Model):
         model = NativeModel(
             Compilation(source, self.compiled_for, self.options), self.parallelism, self.streams, self.variants.limits
         )
+        model.ranges, model.size_classes = dict(self.ranges), dict(self.size_classes)  # the same contract
         return model.compile_ahead()
 
     def compile_ahead(self, dims: dict[str, int] | None = None) -> NativeModel:

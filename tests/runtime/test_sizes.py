@@ -180,3 +180,19 @@ def test_the_cli_declares_ranges_and_explains_which_dims_run_every_size(tmp_path
             text=True,
         )
         assert done.returncode == 2 and said in done.stderr and "kiln bug" not in done.stderr, (bad, done.stderr)
+
+
+def test_a_run_overriding_a_default_keeps_the_declared_range():
+    """An initializer listed as an input is a default a run may override (a model of its own,
+    derived): it serves the same range, and refuses the same sizes."""
+    model = make_model(
+        [helper.make_node("Add", ["x", "b"], ["y"])],
+        [("x", FLOAT, ["batch", 2]), ("b", FLOAT, [2])],
+        [("y", FLOAT, ["batch", 2])],
+        {"b": np.array([10, 20], np.float32)},
+    )
+    compiled = kiln.compile(model, dims={"batch": (1, 4)})
+    x = np.ones((3, 2), np.float32)
+    np.testing.assert_array_equal(compiled.run({"x": x, "b": np.zeros(2, np.float32)})["y"], x)
+    with pytest.raises(InputError, match="batch=5 is outside"):
+        compiled.run({"x": np.ones((5, 2), np.float32), "b": np.zeros(2, np.float32)})
