@@ -54,9 +54,12 @@ def _say_ranges(compiled) -> None:  # type: ignore[no-untyped-def]
     chunking = compiled.chunking()
     for symbol, found in compiled.sample_parallel().items():
         low, high = compiled.ranges.get(symbol, (None, None))
-        bounds = f"{low}..{high}" if low is not None else "unbounded"
+        bounds = (
+            f"{low}..{high}" if low is not None else f"no range declared: any size; --dim {symbol}=LOW..HIGH bounds it"
+        )
         if isinstance(found, Parallel) and chunking is not None and chunking.symbol == symbol:
-            sizes = ", ".join(map(str, chunking.classes))
+            saved = sorted({dims[symbol] for dims, _ in compiled.bindings() if symbol in dims})
+            sizes = ", ".join(map(str, [c for c in chunking.classes if c in saved] or saved))
             out.print(f"{symbol} ({bounds}): sample-parallel; every size runs from the size classes {sizes}")
         else:
             why = found if not isinstance(found, Parallel) else "another dim is chunked"
@@ -180,7 +183,7 @@ def compile_command(
             compiled.prepare_dims(each)
         if ranges or classes:
             compiled.declare(ranges, classes, ahead=bindings[0])
-    if ranges or classes:
+    if ranges or classes or not compiled.shapes_known:  # what sizes the artifact serves, and how
         _say_ranges(compiled)
     seconds = time.perf_counter() - start
     plan = compiled.plans[-1] if len(bindings) == 1 else compiled.plans[0]
