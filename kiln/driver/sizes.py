@@ -21,6 +21,7 @@ MAX_DIM = (1 << 31) - 1  # a bound dim: far past any tensor a machine holds, far
 DEFAULT_RANGE = (1, MAX_DIM)  # a sample-parallel dim nobody bounded: every size runs from the classes
 DEFAULT_CLASSES = (1, 8)  # compiled sizes of a sample-parallel dim (those inside its range)
 MAX_CLASSES = 8
+MAX_CLASS = 4096  # a class is compiled at its size: larger ones are arenas of gigabytes for no speed
 
 
 def parse_range(name: str, value: Any) -> tuple[int, int]:
@@ -52,6 +53,8 @@ def parse_classes(name: str, value: Any, bounds: tuple[int, int]) -> tuple[int, 
         raise ArgumentError(f"size classes of {name}: 1 to {MAX_CLASSES} positive sizes, got {classes}")
     if classes[0] != 1:
         raise ArgumentError(f"size classes of {name}: {classes} must include 1 (every size is then a sum of them)")
+    if classes[-1] > MAX_CLASS:
+        raise ArgumentError(f"size classes of {name}: {classes[-1]} is too large a class (at most {MAX_CLASS})")
     if classes[-1] > bounds[1]:
         raise ArgumentError(f"size classes of {name}: {classes[-1]} is past the range's end {bounds[1]}")
     return tuple(classes)

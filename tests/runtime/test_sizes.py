@@ -123,6 +123,12 @@ def test_size_classes_may_be_chosen_and_must_sum_to_every_size():
         compiled.declare({"batch": "1..8"}, {"batch": "1,16"})
     with pytest.raises(ArgumentError, match="not a range"):
         compiled.declare({"batch": "1-8"})
+    with pytest.raises(ArgumentError, match="too large a class"):
+        compiled.declare({"batch": "1..100000"}, {"batch": "1,65536"})
+    with pytest.raises(ArgumentError, match="not a list of sizes"):
+        compiled.declare({"batch": "1..8"}, {"batch": "1,x"})
+    with pytest.raises(ArgumentError, match="not a range of sizes"):
+        compiled.declare({"batch": (1, 1 << 40)})
     with pytest.raises(ArgumentError, match="not a symbolic input dim"):
         compiled.declare({"seq": "1..8"})
 
