@@ -6,6 +6,7 @@ plan the runtime's (``kiln.runtime.executable``)."""
 from __future__ import annotations
 
 import concurrent.futures
+import logging
 import os
 import threading
 from typing import Any
@@ -24,6 +25,8 @@ from kiln.passes.batching import Parallel, sample_parallel
 from kiln.passes.specialize import input_dims
 from kiln.runtime.executable import Executable, WeightStore
 from kiln.runtime.plan import Plan
+
+log = logging.getLogger("kiln")
 
 SMALL_INPUT = 16  # elements: inputs this small may be frozen when shapes depend on their values
 VALUE_VARIANTS = 16  # at most this many value specializations per model, then the reference
@@ -134,7 +137,16 @@ class NativeModel(Model):
         elif self.shapes_known:
             self._variant({})
         if not self._static and self.compilation.source.graph is not None:
-            self.chunking()  # decided now (milliseconds on a large graph), not on the first run
+            chunking = self.chunking()  # decided now (milliseconds on a large graph), not on the first run
+            for symbol in sorted({d for v in self.signature.inputs for d in v.type.shape or () if isinstance(d, str)}):
+                if symbol in self.ranges:
+                    continue
+                how = (
+                    f"any size runs from size classes {', '.join(map(str, chunking.classes))}"
+                    if chunking is not None and chunking.symbol == symbol
+                    else "each new size compiles on first use"
+                )
+                log.info("%s: no range declared (dims={%r: (LOW, HIGH)} bounds it); %s", symbol, symbol, how)
         return self
 
     def prepare(self, feeds: dict[str, Any]) -> None:
