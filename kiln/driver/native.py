@@ -138,7 +138,9 @@ class NativeModel(Model):
             self._variant({})
         if not self._static and self.compilation.source.graph is not None:
             chunking = self.chunking()  # decided now (milliseconds on a large graph), not on the first run
-            for symbol in sorted({d for v in self.signature.inputs for d in v.type.shape or () if isinstance(d, str)}):
+            for symbol in sorted(
+                {d for v in self.signature.inputs for d in getattr(v.type, "shape", None) or () if isinstance(d, str)}
+            ):
                 if symbol in self.ranges:
                     continue
                 how = (

@@ -111,7 +111,10 @@ class KilnBackend(Backend):
         if model.batch_range is None:
             compiled.prepare(example)
             return
-        first = next((d for v in compiled.signature.inputs for d in v.type.shape or () if isinstance(d, str)), None)
+        first = next(
+            (d for v in compiled.signature.inputs for d in getattr(v.type, "shape", None) or () if isinstance(d, str)),
+            None,
+        )
         if first is None:
             compiled.prepare(example)
             return
