@@ -291,6 +291,13 @@ def onnx_path(
     opset = opset or model.opset
     options = options_for(name, **overrides)
     options.pop("batch", None)  # the batch dim is symbolic in the export
+    dynamic_axes = dict(model.dynamic_axes)
+    if options.get("dynamic_seq"):  # the sequence length symbolic too (token models: dim 1, "seq")
+        if not any(name in dynamic_axes for name in ("input_ids",)):
+            raise ValueError(f"{name} has no sequence dim (dynamic_seq is for token models)")
+        dynamic_axes = {k: {**v, 1: "seq"} for k, v in dynamic_axes.items()}
+    else:
+        options.pop("dynamic_seq", None)
     recipe = {"name": name, "opset": opset, "options": options, "recipe": EXPORT_RECIPE, "exporter": model.exporter}
     key = json.dumps(recipe, sort_keys=True)
     digest = hashlib.sha256(key.encode()).hexdigest()[:12]
@@ -299,13 +306,13 @@ def onnx_path(
         return path
     if progress:
         progress(f"exporting {name} to ONNX (opset {opset}); cached at {path}")
-    module = model.build(options)
+    module = model.build({k: v for k, v in options.items() if k != "dynamic_seq"})
     export_module(
         module,
         model.example_inputs({**options, "batch": 1}, 0),
         path,
         opset,
-        model.dynamic_axes,
+        dynamic_axes,
         model.output_names,
         model.exporter_folds_constants,
         model.exporter,
