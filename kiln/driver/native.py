@@ -16,12 +16,24 @@ import numpy as np
 from kiln.backends import Threading
 from kiln.driver.artifact import save
 from kiln.driver.model import Model
-from kiln.driver.sizes import MAX_DIM, Chunking, check_ranges, default_classes, parse_classes, parse_range
+from kiln.driver.sizes import (
+    MAX_CLASS,
+    MAX_DIM,
+    Chunking,
+    Padder,
+    check_ranges,
+    default_classes,
+    padded_classes,
+    parse_classes,
+    parse_padded_classes,
+    parse_range,
+)
 from kiln.driver.variants import Compilation, Limits, Source, Variants
 from kiln.errors import ArgumentError
 from kiln.ir.graph import Graph
 from kiln.ir.types import TensorType
 from kiln.passes.batching import Parallel, sample_parallel
+from kiln.passes.padding import Padding, pad, paddable
 from kiln.passes.specialize import input_dims
 from kiln.runtime.executable import Executable, WeightStore
 from kiln.runtime.plan import Plan
@@ -64,6 +76,8 @@ class NativeModel(Model):
         self.ranges: dict[str, tuple[int, int]] = {}  # declared ranges of symbolic dims, checked every run
         self.size_classes: dict[str, tuple[int, ...]] = {}  # a sample-parallel dim's compiled sizes
         self._chunking: Chunking | bool | None = False  # False: not decided yet
+        self._padder: Padder | bool | None = False  # a paddable dim's classes (False: not decided yet)
+        self.padded_model: NativeModel | None = None  # the padded graph's model (runs at the classes)
 
     @property
     def shapes_known(self) -> bool:
@@ -178,8 +192,9 @@ class NativeModel(Model):
                     self._keep(key, Executable(plan, weights=self.weights, parallelism=self.parallelism))
 
     def executables(self) -> list[Executable]:
-        """The compiled variants kept now (least recently used first)."""
-        return [executable for _, executable in self.variants.items()]
+        """The compiled variants kept now (least recently used first; a padded dim's after)."""
+        own = [executable for _, executable in self.variants.items()]
+        return own + (self.padded_model.executables() if self.padded_model is not None else [])
 
     def bindings(self) -> list[tuple[dict[str, int], Plan]]:
         """(dims, plan) of each kept variant compiled for a binding of the symbolic dims alone (not
@@ -211,12 +226,49 @@ class NativeModel(Model):
             self._chunking = chosen
         return self._chunking  # type: ignore[return-value]
 
+    def padder(self) -> Padder | None:
+        """How runs at any length of a paddable dim run at its compiled lengths (None: no dim
+        with a declared range that is not the chunked one pads; see ``kiln.passes.padding``)."""
+        if self._padder is False:
+            chosen = None
+            chunked = self.chunking()
+            if not self._static and "size-classes" not in self.options.disabled:
+                for symbol, (low, high) in self.ranges.items():
+                    if (chunked is not None and chunked.symbol == symbol) or high > MAX_CLASS:
+                        continue
+                    found = paddable(self.graph, symbol, low)
+                    if isinstance(found, Padding):
+                        classes = self.size_classes.get(symbol) or padded_classes((low, high))
+                        chosen = Padder(found, classes)
+                        break
+                    log.info("%s does not pad (%s): each new size compiles on first use", symbol, found)
+            self._padder = chosen
+        return self._padder  # type: ignore[return-value]
+
+    def padded(self) -> NativeModel:
+        """The model of the padded graph (its own variants, chunking and weights' store)."""
+        padder = self.padder()
+        assert padder is not None
+        if self.padded_model is None:
+            source = Source(pad(self.graph, padder.padding))
+            model = NativeModel(
+                Compilation(source, self.compiled_for, self.options),
+                self.parallelism,
+                self.streams,
+                self.variants.limits,
+            )
+            model.ranges = {k: v for k, v in self.ranges.items() if k != padder.symbol}
+            model.size_classes = {k: v for k, v in self.size_classes.items() if k != padder.symbol}
+            self.padded_model = model
+        return self.padded_model
+
     def declare(
         self, ranges: dict[str, Any], classes: dict[str, Any] | None = None, ahead: dict[str, int] | None = None
     ) -> NativeModel:
         """Declare ranges of symbolic dims (checked on every run; InputError outside) and compile
         what serves them now: a sample-parallel dim's size classes (every size in its range then
-        runs with no compile), other dims at their range's low end (``ahead`` binds them instead)."""
+        runs with no compile), a paddable dim's compiled lengths (each with each size class), other
+        dims at their range's low end (``ahead`` binds them instead)."""
         symbols = {d for v in self.signature.inputs for d in getattr(v.type, "shape", None) or () if isinstance(d, str)}
         parsed = {}
         for name, value in ranges.items():
@@ -225,14 +277,42 @@ class NativeModel(Model):
                     f"dims: {name!r} is not a symbolic input dim of this model (its dims: {', '.join(sorted(symbols)) or 'none'})"
                 )
             parsed[name] = parse_range(name, value)
-        for name, value in (classes or {}).items():
-            self.size_classes[name] = parse_classes(name, value, parsed.get(name, (1, MAX_DIM)))
         self.ranges.update(parsed)
-        self._chunking = False
-        chunking = self.chunking()
+        self._chunking, self._padder, self.padded_model = False, False, None
+        chunking, padder = self.chunking(), self.padder()  # which dims chunk or pad (classes: below)
+        for name, value in (classes or {}).items():
+            bounds = self.ranges.get(name, (1, MAX_DIM))
+            if chunking is not None and name == chunking.symbol:
+                self.size_classes[name] = parse_classes(name, value, bounds)
+            elif padder is not None and name == padder.symbol:
+                self.size_classes[name] = parse_padded_classes(name, value, bounds)
+            else:
+                raise ArgumentError(
+                    f"size classes of {name}: {name} is neither sample-parallel nor paddable in this model "
+                    "(kiln explain --dim says why; a padded dim needs a declared range); it compiles per size"
+                )
+        if classes:
+            self._chunking, self._padder = False, False
+            chunking, padder = self.chunking(), self.padder()
         base = {name: low for name, (low, _) in self.ranges.items()}
         base.update(ahead or {})
-        if chunking is not None and chunking.symbol in symbols:
+        if padder is not None:
+            model = self.padded()
+            model._chunking = False
+            sizes = chunking.classes if chunking is not None else (None,)
+            high = self.ranges.get(chunking.symbol, (1, MAX_DIM))[1] if chunking is not None else 0
+            wanted = []
+            for length in padder.classes:
+                for size in sizes:
+                    if size is not None and size > high:
+                        continue
+                    binding = {**base, padder.symbol: length}
+                    if size is not None:
+                        binding[chunking.symbol] = size  # type: ignore[union-attr]
+                    wanted.append(binding)
+            if set(wanted[0]) >= symbols:
+                model.prepare_many(wanted)
+        elif chunking is not None and chunking.symbol in symbols:
             high = self.ranges.get(chunking.symbol, (1, MAX_DIM))[1]
             self.prepare_many([{**base, chunking.symbol: size} for size in chunking.classes if size <= high])
         elif base and set(base) >= symbols:
@@ -243,6 +323,14 @@ class NativeModel(Model):
         dims = {} if self._static else input_dims(self.signature, dict(zip(self.input_names, inputs)))
         if self.ranges:
             check_ranges(dims, self.ranges)
+        padder = self.padder() if dims else None
+        if padder is not None and padder.symbol in dims:
+            length = dims[padder.symbol]
+            size = padder.class_for(length)
+            model = self.padded()
+            outputs = model._execute(padder.pad(inputs, length, size))
+            self._ran.update(model._ran)
+            return padder.cut(outputs, length)
         key = tuple(sorted(dims.items()))
         last = self._last
         if dims and (last is None or last[0] != key) and self.variants.get(key) is None:  # not compiled: chunks?

@@ -1,5 +1,7 @@
 """Declared ranges of a model's symbolic dims, and runs at any size of a sample-parallel dim from a
-few compiled sizes (its size classes), with no compile at run time.
+few compiled sizes (its size classes), with no compile at run time; likewise a paddable dim (a
+sequence length, ``kiln.passes.padding``): a run pads it to the smallest compiled length that
+holds it and cuts the outputs back.
 
 ``kiln.passes.batching`` proves a dim sample-parallel (each output sample computed from its own
 input sample alone). A run at ``n`` samples is then split into chunks whose sizes are classes
@@ -16,6 +18,7 @@ import numpy as np
 
 from kiln.errors import ArgumentError, InputError
 from kiln.passes.batching import Parallel
+from kiln.passes.padding import Padding
 
 MAX_DIM = (1 << 31) - 1  # a bound dim: far past any tensor a machine holds, far below index overflow
 DEFAULT_RANGE = (1, MAX_DIM)  # a sample-parallel dim nobody bounded: every size runs from the classes
@@ -120,3 +123,76 @@ class Chunking:
             else:
                 joined.append(np.concatenate([r[position] for r in results], axis=axis))
         return joined
+
+
+def padded_classes(bounds: tuple[int, int]) -> tuple[int, ...]:
+    """Default compiled lengths of a padded dim: powers of two from 16 to the range's end (which
+    is a class too), the largest MAX_CLASSES of them: a run pads to at most twice its length."""
+    low, high = bounds
+    classes = []
+    size = 16
+    while size < high:
+        if size >= low:
+            classes.append(size)
+        size *= 2
+    classes.append(high)
+    return tuple(classes[-MAX_CLASSES:])
+
+
+def parse_padded_classes(name: str, value: Any, bounds: tuple[int, int]) -> tuple[int, ...]:
+    """Compiled lengths of a padded dim: distinct positive sizes, the largest at least the range's
+    end (every length in the range pads to one), at most MAX_CLASS."""
+    try:
+        classes = sorted({int(v) for v in (value.split(",") if isinstance(value, str) else value)})
+    except (TypeError, ValueError):
+        raise ArgumentError(f"size classes of {name}: {value!r} is not a list of sizes") from None
+    if not classes or classes[0] < 1 or len(classes) > MAX_CLASSES:
+        raise ArgumentError(f"size classes of {name}: 1 to {MAX_CLASSES} positive sizes, got {classes}")
+    if classes[-1] > MAX_CLASS:
+        raise ArgumentError(f"size classes of {name}: {classes[-1]} is too large a class (at most {MAX_CLASS})")
+    if classes[-1] < bounds[1]:
+        raise ArgumentError(
+            f"size classes of {name}: the largest, {classes[-1]}, is below the range's end {bounds[1]} "
+            "(a padded dim runs at the smallest class at least its length)"
+        )
+    return tuple(classes)
+
+
+@dataclass(frozen=True)
+class Padder:
+    """How runs at any length of ``padding.symbol`` run padded to one of ``classes``."""
+
+    padding: Padding
+    classes: tuple[int, ...]
+
+    @property
+    def symbol(self) -> str:
+        return self.padding.symbol
+
+    def class_for(self, length: int) -> int:
+        return next(c for c in self.classes if c >= length)  # the range's end is at most the largest
+
+    def pad(self, inputs: list[Any], length: int, size: int) -> list[Any]:
+        """The inputs padded with zeros to ``size`` along their padded dims, then the length."""
+        padded = []
+        for array, axis in zip(inputs, self.padding.inputs):
+            if axis is None or size == length:
+                padded.append(array)
+                continue
+            array = np.asarray(array)
+            widths = [(0, 0)] * array.ndim
+            widths[axis] = (0, size - length)
+            padded.append(np.pad(array, widths))
+        return [*padded, np.array(length, np.int64)]
+
+    def cut(self, outputs: list[Any], length: int) -> list[Any]:
+        """The outputs cut back to the valid length along their padded dims."""
+        cut = []
+        for array, axes in zip(outputs, self.padding.outputs):
+            if axes:
+                index = [slice(None)] * np.ndim(array)
+                for axis in axes:
+                    index[axis] = slice(0, length)
+                array = np.ascontiguousarray(array[tuple(index)])
+            cut.append(array)
+        return cut

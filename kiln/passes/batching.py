@@ -460,6 +460,10 @@ class _Analysis:
         the following dims (``per`` > 1) or be the symbol again."""
         if not isinstance(state, Batched):
             raise Refused(node.label, "a reshape whose samples are not its data")
+        if node.op in ("Unsqueeze", "Squeeze"):  # dims of 1 come or go: elements stay in place
+            moved = self.unsqueezed(node, state.axis)
+            if moved is not None:
+                return Batched(moved, state.per)
         shape_in = node.inputs[0].type.shape  # type: ignore[union-attr]
         shape_out = node.outputs[0].type.shape  # type: ignore[union-attr]
         prefix = _static_count(shape_in[: state.axis])
@@ -481,6 +485,21 @@ class _Analysis:
         if block % after:
             raise Refused(node.label, "a reshape that moves elements across the samples' dim")
         return Batched(axis, block // after)
+
+    def unsqueezed(self, node: Node, axis: int) -> int | None:
+        """Where dim ``axis`` lands through an Unsqueeze/Squeeze with constant axes (None:
+        axes kiln cannot read, or the dim itself squeezed)."""
+        rank_in, rank_out = _rank(node.inputs[0]), _rank(node.outputs[0])
+        given = list(node.attrs["axes"]) if "axes" in node.attrs else self.ints(node, 1)
+        if given is None or rank_in < 0 or rank_out < 0:
+            return None
+        if node.op == "Unsqueeze":
+            inserted = {g % rank_out for g in given}
+            return [i for i in range(rank_out) if i not in inserted][axis]
+        removed = {g % rank_in for g in given}
+        if not given or axis in removed:
+            return None
+        return axis - sum(1 for r in removed if r < axis)
 
     def product(self, node: Node, read: list[State]) -> int:
         """Samples may be rows of A, columns of B or a batch dim of either, never the contracted

@@ -1,0 +1,129 @@
+"""A sequence length (attention mixes positions: not sample-parallel) run at any length in its
+declared range from a few compiled lengths: inputs padded, the masks kiln.passes.padding wrote,
+outputs cut back (kiln.driver.sizes.Padder)."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import helper
+
+import kiln
+from kiln.errors import ArgumentError, InputError
+from tests.helpers import FLOAT, make_model
+
+WIDTH = 4
+
+
+def attention_model() -> onnx.ModelProto:
+    """One attention head over x [batch, seq, 4] with an additive key mask from an int mask
+    input, a residual, a mean over the positions and a sum over them."""
+    rng = np.random.default_rng(3)
+    weights = {
+        "wq": rng.standard_normal((WIDTH, WIDTH)).astype(np.float32),
+        "wk": rng.standard_normal((WIDTH, WIDTH)).astype(np.float32),
+        "wv": rng.standard_normal((WIDTH, WIDTH)).astype(np.float32),
+        "one": np.array(1.0, np.float32),
+        "big": np.array(-1e4, np.float32),
+        "mid": np.array([1], np.int64),
+        "seq_axis": np.array([1], np.int64),
+    }
+    nodes = [
+        helper.make_node("MatMul", ["x", "wq"], ["q"]),
+        helper.make_node("MatMul", ["x", "wk"], ["k"]),
+        helper.make_node("MatMul", ["x", "wv"], ["v"]),
+        helper.make_node("Transpose", ["k"], ["kt"], perm=[0, 2, 1]),
+        helper.make_node("MatMul", ["q", "kt"], ["scores"]),
+        helper.make_node("Cast", ["mask"], ["maskf"], to=onnx.TensorProto.FLOAT),
+        helper.make_node("Sub", ["one", "maskf"], ["inverted"]),
+        helper.make_node("Mul", ["inverted", "big"], ["additive"]),
+        helper.make_node("Unsqueeze", ["additive", "mid"], ["additive3"]),
+        helper.make_node("Add", ["scores", "additive3"], ["masked"]),
+        helper.make_node("Softmax", ["masked"], ["probs"], axis=-1),
+        helper.make_node("MatMul", ["probs", "v"], ["attended"]),
+        helper.make_node("Add", ["attended", "x"], ["y"]),
+        helper.make_node("ReduceMean", ["y", "seq_axis"], ["pooled"], keepdims=0),
+        helper.make_node("ReduceMax", ["y", "seq_axis"], ["peak"], keepdims=0),
+    ]
+    return make_model(
+        nodes,
+        [("x", FLOAT, ["batch", "seq", WIDTH]), ("mask", onnx.TensorProto.INT64, ["batch", "seq"])],
+        [("y", FLOAT, ["batch", "seq", WIDTH]), ("pooled", FLOAT, ["batch", WIDTH]), ("peak", FLOAT, ["batch", WIDTH])],
+        weights,
+        opset=18,
+    )
+
+
+def reference(x: np.ndarray, mask: np.ndarray) -> list[np.ndarray]:
+    model = attention_model()
+    w = {t.name: onnx.numpy_helper.to_array(t) for t in model.graph.initializer}
+    q, k, v = x @ w["wq"], x @ w["wk"], x @ w["wv"]
+    scores = q @ k.transpose(0, 2, 1) + ((1.0 - mask.astype(np.float32)) * -1e4)[:, None, :]
+    e = np.exp(scores - scores.max(-1, keepdims=True))
+    y = (e / e.sum(-1, keepdims=True)) @ v + x
+    return [y, y.mean(1), y.max(1)]
+
+
+def feeds(batch: int, length: int, seed: int = 0) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed + length)
+    mask = np.ones((batch, length), np.int64)
+    mask[-1, length // 2 + 1 :] = 0  # the last sample's own padding, as a tokenizer writes it
+    return {"x": rng.standard_normal((batch, length, WIDTH)).astype(np.float32), "mask": mask}
+
+
+def test_every_length_in_the_range_runs_on_the_compiled_lengths_with_no_compile():
+    compiled = kiln.compile(attention_model(), dims={"seq": (1, 40), "batch": (1, 9)})
+    padder = compiled.padder()
+    assert padder is not None and padder.classes == (16, 32, 40)
+    assert compiled.chunking() is not None and compiled.chunking().symbol == "batch"
+    compiled_before = len(compiled.executables())
+    assert compiled.chunking().classes == (1, 8)
+    assert compiled_before == 3 * 2  # each length class at each batch class
+    for length in (1, 2, 7, 16, 17, 33, 40):
+        for batch in (1, 3, 9):
+            given = feeds(batch, length)
+            got = compiled.run(given)
+            want = reference(given["x"], given["mask"])
+            for name, expected in zip(("y", "pooled", "peak"), want):
+                assert got[name].shape == expected.shape
+                np.testing.assert_allclose(got[name], expected, rtol=1e-4, atol=1e-5, err_msg=f"{name} at {length}")
+    assert len(compiled.executables()) == compiled_before  # nothing compiled at run time
+    with pytest.raises(InputError, match="outside the range"):
+        compiled.run(feeds(1, 41))
+
+
+def test_without_the_masks_a_padded_run_would_be_wrong():
+    """The masks are what make padding exact: the padded graph run with its valid length at the
+    class size (no masking) gives other values, so the test above would catch their loss."""
+    from kiln.frontend.onnx import import_onnx
+    from kiln.passes.padding import Padding, pad, paddable
+
+    graph = import_onnx(attention_model())
+    found = paddable(graph, "seq")
+    assert isinstance(found, Padding)
+    assert sorted((m.fill, m.divide) for m in found.masks) == [(-np.inf, 0), (-np.inf, 0), (0.0, 0), (0.0, 1)]
+    unmasked = kiln.compile(pad(graph, Padding(found.symbol, found.inputs, found.outputs, ())), target="reference")
+    masked = kiln.compile(pad(graph, found), target="reference")
+    given = feeds(2, 5)
+    padded = {
+        "x": np.pad(given["x"], [(0, 0), (0, 3), (0, 0)], constant_values=7.0),
+        "mask": np.pad(given["mask"], [(0, 0), (0, 3)], constant_values=1),
+        found.valid_input: np.array(5, np.int64),
+    }
+    want = reference(given["x"], given["mask"])
+    good = masked.run(padded)
+    np.testing.assert_allclose(good["y"][:, :5], want[0], rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(good["pooled"], want[1], rtol=1e-4, atol=1e-5)
+    bad = unmasked.run(padded)
+    assert not np.allclose(bad["y"][:, :5], want[0], rtol=1e-3)
+    assert not np.allclose(bad["pooled"], want[1], rtol=1e-3)
+
+
+def test_padded_classes_are_checked():
+    with pytest.raises(ArgumentError, match="below the range's end"):
+        kiln.compile(attention_model()).declare({"seq": (1, 40)}, {"seq": [8, 16]})
+    compiled = kiln.compile(attention_model()).declare({"seq": (1, 20)}, {"seq": [8, 20]})
+    assert compiled.padder().classes == (8, 20)
+    given = feeds(2, 9)
+    np.testing.assert_allclose(compiled.run(given)["y"], reference(given["x"], given["mask"])[0], rtol=1e-4, atol=1e-5)
