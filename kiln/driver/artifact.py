@@ -85,6 +85,13 @@ def save(model: Any, path: str | os.PathLike) -> Path:
             meta["variants"].append(dims)
             if plan.products:
                 built[source_key(plan.source)] = plan.products
+        padded = getattr(model, "padded_model", None)
+        if padded is not None:  # a padded dim's compiled lengths (the padded graph is made again at load)
+            meta["padded_variants"] = []
+            for dims, plan in padded.bindings():
+                meta["padded_variants"].append(dims)
+                if plan.products:
+                    built[source_key(plan.source)] = plan.products
     numeric, strings, meta["tensor_names"] = pack_tensors(tensor_data(model.graph))
     members: dict[str, bytes] = {
         "meta.json": json.dumps(meta, indent=1).encode(),
@@ -299,6 +306,7 @@ def read(path: str | os.PathLike) -> tuple[dict[str, Any], dict[str, bytes], Any
             "method": str(q.get("method", "minmax")),
         }
         meta["variants"] = _variants(meta.get("variants", []), graph, path)
+        meta["padded_variants"] = _variants(meta.get("padded_variants", []), graph, path)
     except ArtifactError:
         raise
     except (
@@ -344,7 +352,7 @@ def _variants(listed: Any, graph: Any, path: Path) -> list[dict[str, int]]:
 
 def sizes_meta(meta: dict, graph: Any, path: Path) -> tuple[dict[str, tuple[int, int]], dict[str, tuple[int, ...]]]:
     """meta.json's declared ranges and size classes (absent in older artifacts: none), checked."""
-    from kiln.driver.sizes import parse_classes, parse_range
+    from kiln.driver.sizes import parse_classes, parse_padded_classes, parse_range
 
     symbols = {d for v in graph.inputs for d in getattr(v.type, "shape", None) or () if isinstance(d, str)}
     ranges, classes = meta.get("ranges", {}), meta.get("size_classes", {})
@@ -352,7 +360,11 @@ def sizes_meta(meta: dict, graph: Any, path: Path) -> tuple[dict[str, tuple[int,
         raise ArtifactError(f"{path}: damaged artifact (ranges or size classes of names that are not symbolic dims)")
     try:
         parsed = {name: parse_range(name, value) for name, value in ranges.items()}
-        chosen = {name: parse_classes(name, value, parsed.get(name, (1, MAX_DIM))) for name, value in classes.items()}
+        chosen = {}
+        for name, value in classes.items():
+            bounds = parsed.get(name, (1, MAX_DIM))
+            padded = isinstance(value, list) and 1 not in value and name in parsed  # a padded dim's lengths
+            chosen[name] = (parse_padded_classes if padded else parse_classes)(name, value, bounds)
     except KilnError as err:
         raise ArtifactError(f"{path}: damaged artifact ({err})") from None
     return parsed, chosen

@@ -15,6 +15,7 @@ from kiln.driver.artifact import ArtifactError, build_products, read, sizes_meta
 from kiln.driver.native import NativeModel
 from kiln.driver.options import CompileOptions, Quantization
 from kiln.driver.reference import ReferenceModel
+from kiln.driver.sizes import Padder
 from kiln.driver.variants import Compilation, Source
 from kiln.errors import KilnError
 from kiln.lower.target import TargetError
@@ -77,4 +78,14 @@ def load(
     model.chunking()  # decided at load, not on the first run
     for dims in variants:
         model.prepare_dims(dims)
+    padded = meta.get("padded_variants") or []
+    if padded:  # a padded dim's compiled lengths: the padded graph made again, its code the artifact's
+        padder = model.padder()
+        lengths = tuple(sorted({dims.get(padder.symbol, 0) for dims in padded})) if padder is not None else ()
+        low, high = ranges.get(padder.symbol, (0, 0)) if padder is not None else (0, 0)
+        if padder is None or not lengths or lengths[-1] < high:
+            raise ArtifactError(f"{path}: damaged artifact (padded variants {str(padded)[:80]} for no paddable dim)")
+        model.use_padded(Padder(padder.padding, lengths), prebuilt, padded)
+        for dims in padded:
+            model.padded().prepare_dims(dims)
     return model

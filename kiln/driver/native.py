@@ -245,18 +245,20 @@ class NativeModel(Model):
             self._padder = chosen
         return self._padder  # type: ignore[return-value]
 
-    def padded(self) -> NativeModel:
+    def use_padded(self, padder: Padder, prebuilt: dict, ahead: list[dict[str, int]]) -> None:
+        """A loaded artifact's padded dim: the lengths it holds, their code prebuilt."""
+        self._padder = padder
+        self.padded_model = None
+        self.padded(prebuilt, ahead)
+
+    def padded(self, prebuilt: dict | None = None, ahead: list[dict[str, int]] | None = None) -> NativeModel:
         """The model of the padded graph (its own variants, chunking and weights' store)."""
         padder = self.padder()
         assert padder is not None
         if self.padded_model is None:
             source = Source(pad(self.graph, padder.padding))
-            model = NativeModel(
-                Compilation(source, self.compiled_for, self.options),
-                self.parallelism,
-                self.streams,
-                self.variants.limits,
-            )
+            compilation = Compilation(source, self.compiled_for, self.options, prebuilt=prebuilt, ahead=ahead)
+            model = NativeModel(compilation, self.parallelism, self.streams, self.variants.limits)
             model.ranges = {k: v for k, v in self.ranges.items() if k != padder.symbol}
             model.size_classes = {k: v for k, v in self.size_classes.items() if k != padder.symbol}
             self.padded_model = model

@@ -4,6 +4,10 @@ outputs cut back (kiln.driver.sizes.Padder)."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import numpy as np
 import onnx
 import pytest
@@ -127,3 +131,36 @@ def test_padded_classes_are_checked():
     assert compiled.padder().classes == (8, 20)
     given = feeds(2, 9)
     np.testing.assert_allclose(compiled.run(given)["y"], reference(given["x"], given["mask"])[0], rtol=1e-4, atol=1e-5)
+
+
+def test_an_artifact_runs_every_length_without_a_compiler(tmp_path):
+    """Compiled once with seq=1..24 and batch=1..9, saved; a process with no compiler on its PATH
+    and an empty cache loads it and runs every length 1..24 at batches 1 and 9 against NumPy."""
+    compiled = kiln.compile(attention_model(), dims={"seq": (1, 24), "batch": (1, 9)})
+    compiled.save(tmp_path / "m.kiln")
+    script = f"""
+import numpy as np, kiln, sys
+sys.path.insert(0, {os.getcwd()!r})
+from tests.runtime.test_padded_lengths import feeds, reference
+model = kiln.load({str(tmp_path / "m.kiln")!r})
+assert model.padder().classes == (16, 24), model.padder()
+before = len(model.executables())
+for length in range(1, 25):
+    for batch in (1, 9):
+        given = feeds(batch, length)
+        got = model.run(given)
+        for name, want in zip(("y", "pooled", "peak"), reference(given["x"], given["mask"])):
+            np.testing.assert_allclose(got[name], want, rtol=1e-4, atol=1e-5, err_msg=f"{{name}} at {{length}}")
+assert len(model.executables()) == before == 4, (before, len(model.executables()))
+try:
+    model.run(feeds(1, 25))
+except kiln.errors.InputError as err:
+    assert "seq=1..24" in str(err)
+else:
+    raise AssertionError("seq 25 ran outside the declared range")
+print("ok")
+"""
+    env = {**os.environ, "PATH": "", "KILN_CACHE_DIR": str(tmp_path / "cache"), "CC": "/nonexistent/cc"}
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split()[-1] == "ok"
