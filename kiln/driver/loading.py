@@ -82,7 +82,7 @@ def load(
     if padded:  # a padded dim's compiled lengths: the padded graph made again, its code the artifact's
         padder = model.padder()
         lengths = tuple(sorted({dims.get(padder.symbol, 0) for dims in padded})) if padder is not None else ()
-        low, high = ranges.get(padder.symbol, (0, 0)) if padder is not None else (0, 0)
+        high = ranges.get(padder.symbol, (0, 0))[1] if padder is not None else 0
         if padder is None or not lengths or lengths[-1] < high:
             raise ArtifactError(f"{path}: damaged artifact (padded variants {str(padded)[:80]} for no paddable dim)")
         model.use_padded(Padder(padder.padding, lengths), prebuilt, padded)
