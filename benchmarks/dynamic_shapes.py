@@ -8,7 +8,14 @@ for exactly one batch size:
   compile for exactly that size;
 * the first call at a size neither has seen (batch 5) over a warm call at that size.
 
+With ``--seq 1..384`` (token models, exported with a symbolic sequence length) the same for the
+length instead, at batch 1: a compile with ``--dim seq=1..384`` (padded to its compiled lengths,
+``kiln.passes.padding``) against a compile for exactly one length; ``--lengths`` are measured
+(a length that is no class runs padded to the next one: its ratio is padding's cost), and the
+first call is at length 100.
+
     python benchmarks/dynamic_shapes.py --models resnet50,mobilenet_v2 --runs 5
+    python benchmarks/dynamic_shapes.py --models bert-base,gpt2 --seq 1..384 --lengths 16,100,128,384
 
 Prints a table and, with ``--json``, one JSON line per model. Records the CPU and ISA."""
 
@@ -87,6 +94,8 @@ def main() -> None:
     parser.add_argument("--batches", default="1,8,32")
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--seq", default="", help="LOW..HIGH: measure the sequence length instead of the batch")
+    parser.add_argument("--lengths", default="16,100,128,384")
     args = parser.parse_args()
 
     import kiln
@@ -99,6 +108,9 @@ def main() -> None:
     print(f"# {machine['cpu']} ({machine['family_model']}) | {machine['isa']} | {machine['usable_cpus']} CPUs")
     batches = [int(b) for b in args.batches.split(",")]
     work = Path(tempfile.mkdtemp(prefix="kiln-dynamic-"))
+    if args.seq:
+        lengths(args, work)
+        return
     for name in args.models.split(","):
         path = str(zoo.onnx_path(name))
         engine = warm_engine_cache(path)
@@ -137,6 +149,53 @@ def main() -> None:
             r, e = row[f"range_b{batch}_ms"], row[f"exact_b{batch}_ms"]
             print(f"  batch {batch}: range {r:.1f} ms, exact compile {e:.1f} ms ({r / e:.2f}x)")
     shutil.rmtree(work, ignore_errors=True)
+
+
+def lengths(args: argparse.Namespace, work: Path) -> None:
+    import kiln
+    from kiln import zoo
+
+    low, high = (int(v) for v in args.seq.split(".."))
+    measured = [int(v) for v in args.lengths.split(",")]
+    for name in args.models.split(","):
+        path = str(zoo.onnx_path(name, dynamic_seq=True))
+        engine = warm_engine_cache(path)
+        row: dict = {"model": name, "range": [low, high]}
+        row["compile_range_s"] = compile_in_fresh_cache(
+            path, {"seq": (low, high), "batch": (1, 1)}, engine, work / "range.kiln"
+        )
+        row["compile_single_s"] = compile_in_fresh_cache(path, {"seq": 128, "batch": 1}, engine, work / "single.kiln")
+        row["artifact_range_mb"] = (work / "range.kiln").stat().st_size / 1e6
+        row["artifact_single_mb"] = (work / "single.kiln").stat().st_size / 1e6
+        shutil.rmtree(engine.parent, ignore_errors=True)
+        ranged = kiln.load(work / "range.kiln")
+        row["classes"] = list(ranged.padder().classes)
+        feeds = zoo.example_inputs(name, batch=1, seq=100)
+        start = time.perf_counter()
+        ranged.run(feeds)
+        row["first_call_s100_ms"] = (time.perf_counter() - start) * 1e3
+        row["warm_s100_ms"] = median_ms(ranged, feeds, args.runs)
+        for length in measured:
+            feeds = zoo.example_inputs(name, batch=1, seq=length)
+            exact = kiln.compile(path, dims={"batch": 1, "seq": length})
+            row[f"range_s{length}_ms"] = median_ms(ranged, feeds, args.runs)
+            row[f"exact_s{length}_ms"] = median_ms(exact, feeds, args.runs)
+            del exact
+        if args.json:
+            print(json.dumps(row))
+        print(f"\n{name} (seq={low}..{high}, compiled lengths {row['classes']})")
+        print(
+            f"  compile: range {row['compile_range_s']:.1f} s, one length {row['compile_single_s']:.1f} s "
+            f"({row['compile_range_s'] / row['compile_single_s']:.2f}x); artifact {row['artifact_range_mb']:.1f} MB "
+            f"vs {row['artifact_single_mb']:.1f} MB ({row['artifact_range_mb'] / row['artifact_single_mb']:.2f}x)"
+        )
+        print(
+            f"  first call at length 100: {row['first_call_s100_ms']:.1f} ms, warm {row['warm_s100_ms']:.1f} ms "
+            f"({row['first_call_s100_ms'] / row['warm_s100_ms']:.2f}x)"
+        )
+        for length in measured:
+            r, e = row[f"range_s{length}_ms"], row[f"exact_s{length}_ms"]
+            print(f"  length {length}: range {r:.1f} ms, exact compile {e:.1f} ms ({r / e:.2f}x)")
 
 
 if __name__ == "__main__":

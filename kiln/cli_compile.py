@@ -51,7 +51,7 @@ def _say_ranges(compiled) -> None:  # type: ignore[no-untyped-def]
     """What the declared ranges mean for this model: which dims run every size without a compile."""
     from kiln.passes.batching import Parallel
 
-    chunking = compiled.chunking()
+    chunking, padder = compiled.chunking(), compiled.padder()
     for symbol, found in compiled.sample_parallel().items():
         low, high = compiled.ranges.get(symbol, (None, None))
         bounds = (
@@ -61,6 +61,11 @@ def _say_ranges(compiled) -> None:  # type: ignore[no-untyped-def]
             saved = sorted({dims[symbol] for dims, _ in compiled.bindings() if symbol in dims})
             sizes = ", ".join(map(str, [c for c in chunking.classes if c in saved] or saved))
             out.print(f"{symbol} ({bounds}): sample-parallel; every size runs from the size classes {sizes}")
+        elif padder is not None and padder.symbol == symbol:
+            lengths = ", ".join(map(str, padder.classes))
+            out.print(
+                f"{symbol} ({bounds}): pads; every length runs at the smallest compiled length that holds it: {lengths}"
+            )
         else:
             why = found if not isinstance(found, Parallel) else "another dim is chunked"
             out.print(f"{symbol} ({bounds}): each new size compiles on first use (not sample-parallel: {why})")
@@ -82,7 +87,9 @@ def _say_ranges(compiled) -> None:  # type: ignore[no-untyped-def]
     multiple=True,
     metavar="NAME=SIZES",
     help="The sizes compiled for a sample-parallel dim (a run at another size is chunks of these), e.g. "
-    "--size-classes batch=1,4,16; 1 must be one. [default: 1 and 8, those inside the range]",
+    "--size-classes batch=1,4,16; 1 must be one. [default: 1 and 8, those inside the range]. A dim that "
+    "pads (a sequence length, with a declared range): its compiled lengths, e.g. --size-classes seq=32,128,384, "
+    "the largest at least the range's end [default: powers of two from 16, and the range's end]",
 )
 @click.option(
     "--tune",

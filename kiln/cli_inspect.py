@@ -112,6 +112,13 @@ def explain(
                 f"sizes: {symbol} ({bounds}) is sample-parallel: every kernel runs any size from the size classes "
                 f"{classes} (whole-plan variants, chunks joined); no kernel has run-time extents yet"
             )
+        elif found_size.get("padded"):
+            masks = found_size["masks"]
+            out.print(
+                f"sizes: {symbol} ({bounds}) pads: every length runs at the smallest of the compiled lengths "
+                f"{', '.join(map(str, found_size['padded']))} that holds it ({masks} mask(s) keep padded positions "
+                "out of valid ones; outputs cut back); no kernel has run-time extents yet"
+            )
         else:
             out.print(f"sizes: {symbol} ({bounds}) compiles each new size: {escape(found_size['reason'])}")
     if profile:
@@ -121,8 +128,9 @@ def explain(
 def _sizes(graph, ranges: dict[str, str]) -> dict:  # type: ignore[no-untyped-def]
     """Per symbolic input dim: its declared range, and its size classes when it is
     sample-parallel (the first such dim is the one chunked), else why each size compiles."""
-    from kiln.driver.sizes import MAX_DIM, default_classes, parse_range
+    from kiln.driver.sizes import MAX_CLASS, MAX_DIM, default_classes, padded_classes, parse_range
     from kiln.passes.batching import Parallel, sample_parallel
+    from kiln.passes.padding import Padding, paddable
 
     found = sample_parallel(graph)
     unknown = set(ranges) - set(found)
@@ -143,7 +151,14 @@ def _sizes(graph, ranges: dict[str, str]) -> dict:  # type: ignore[no-untyped-de
             "reason": ""
             if name == chunked
             else (str(how) if not isinstance(how, Parallel) else "another dim is chunked"),
+            "padded": None,
         }
+        if name != chunked and bounds and bounds[1] <= MAX_CLASS:  # a declared range: may it pad?
+            padding = paddable(graph, name, bounds[0])
+            if isinstance(padding, Padding):
+                report[name].update(padded=list(padded_classes(bounds)), masks=len(padding.masks), reason="")
+            else:
+                report[name]["reason"] += f"; does not pad: {padding}"
     return report
 
 

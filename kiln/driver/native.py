@@ -34,7 +34,7 @@ from kiln.ir.graph import Graph
 from kiln.ir.types import TensorType
 from kiln.passes.batching import Parallel, sample_parallel
 from kiln.passes.padding import Padding, pad, paddable
-from kiln.passes.specialize import input_dims
+from kiln.passes.specialize import input_dims, specialize
 from kiln.runtime.executable import Executable, WeightStore
 from kiln.runtime.plan import Plan
 
@@ -78,6 +78,7 @@ class NativeModel(Model):
         self._chunking: Chunking | bool | None = False  # False: not decided yet
         self._padder: Padder | bool | None = False  # a paddable dim's classes (False: not decided yet)
         self.padded_model: NativeModel | None = None  # the padded graph's model (runs at the classes)
+        self.bound_in_analysis: dict[str, int] = {}  # dims bound before the batching analysis
 
     @property
     def shapes_known(self) -> bool:
@@ -207,7 +208,10 @@ class NativeModel(Model):
 
     def sample_parallel(self) -> dict[str, Parallel | Exception]:
         """For each symbolic input dim: how it is sample-parallel, or why not (kiln.passes.batching)."""
-        return sample_parallel(self.graph)  # type: ignore[return-value]
+        graph = self.graph
+        if self.bound_in_analysis:  # a padded graph: its length is a class at every run
+            graph = specialize(graph, self.bound_in_analysis)
+        return {k: v for k, v in sample_parallel(graph).items()}  # type: ignore[return-value]
 
     def chunking(self) -> Chunking | None:
         """How runs at any size of the first sample-parallel dim run on its size classes (None:
@@ -260,6 +264,7 @@ class NativeModel(Model):
             compilation = Compilation(source, self.compiled_for, self.options, prebuilt=prebuilt, ahead=ahead)
             model = NativeModel(compilation, self.parallelism, self.streams, self.variants.limits)
             model.ranges = {k: v for k, v in self.ranges.items() if k != padder.symbol}
+            model.bound_in_analysis = {padder.symbol: padder.classes[0]}
             model.size_classes = {k: v for k, v in self.size_classes.items() if k != padder.symbol}
             self.padded_model = model
         return self.padded_model

@@ -468,9 +468,8 @@ class _Analysis:
         shape_out = node.outputs[0].type.shape  # type: ignore[union-attr]
         prefix = _static_count(shape_in[: state.axis])
         block = _static_count(shape_in[state.axis + 1 :])  # elements per index of the samples' dim
-        if prefix is None or block is None:
+        if prefix is None or (block is None and state.per != 1):
             raise Refused(node.label, "a reshape around dims kiln cannot count")
-        block *= state.per
         count, axis = 1, 0
         while axis < len(shape_out) and count < prefix and isinstance(shape_out[axis], int):
             count *= shape_out[axis]
@@ -479,6 +478,9 @@ class _Analysis:
             raise Refused(node.label, "a reshape that moves elements across the samples' dim")
         if shape_out[axis] == self.symbol:  # the count there: the dims after hold one sample each
             return Batched(axis)  # (as many elements in as out: they multiply to the sample's block)
+        if block is None:
+            raise Refused(node.label, "a reshape around dims kiln cannot count")
+        block *= state.per
         after = _static_count(shape_out[axis + 1 :])
         if not after:
             raise Refused(node.label, "a reshape that moves elements across the samples' dim")

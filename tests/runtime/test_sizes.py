@@ -174,7 +174,9 @@ def test_the_cli_declares_ranges_and_explains_which_dims_run_every_size(tmp_path
     result = CliRunner().invoke(main, ["explain", str(model), "--dim", "batch=1..32", "--json"])
     assert result.exit_code == 0, result.output
     sizes = json.loads(result.output)["sizes"]
-    assert sizes == {"batch": {"range": [1, 32], "sample_parallel": True, "classes": [1, 8], "reason": ""}}
+    assert sizes == {
+        "batch": {"range": [1, 32], "sample_parallel": True, "classes": [1, 8], "reason": "", "padded": None}
+    }
     for bad, said in (
         ("batch=9..2", "not a range of sizes"),
         ("batch=1..x", "integers"),

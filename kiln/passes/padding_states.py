@@ -1,0 +1,89 @@
+"""The padding analysis' states and results (``kiln.passes.padding`` describes them)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from kiln.ir.graph import Value
+from kiln.ir.types import TensorType
+from kiln.passes.batching import Sizes
+
+VALID = "kiln_valid_"  # the padded graph's extra input: VALID + symbol, the run's true length
+PASSING = frozenset({"Identity", "Cast", "CastLike", "Dropout"})  # copy values: zeros stay zeros
+ZERO_SUMS = frozenset({"ReduceSum", "ReduceL1", "ReduceL2", "ReduceSumSquare"})  # a 0 adds nothing
+
+
+@dataclass(frozen=True)
+class Padded:
+    axes: tuple[int, ...]
+    zero: frozenset[int] = frozenset()
+    ident: bool = False  # one axis, and each element is its own position (a Range(0, length))
+
+
+@dataclass(frozen=True)
+class Merged:
+    """Positions merged with the dims around them into dim ``axis`` (a Linear on [batch*seq,
+    768] rows): index ``(o * length + position) * inner + i``; only row-wise ops may read it, a
+    Reshape splits it again."""
+
+    axis: int
+    outer: int  # whole indices of the dims before merged into it
+    inner: int  # elements of the dims after merged into it
+
+
+@dataclass(frozen=True)
+class Stride:
+    """An integer tensor independent of the positions times the length (``row * length``: the
+    start of each row of a flattened [rows, length] tensor)."""
+
+
+@dataclass(frozen=True)
+class FlatIndex:
+    """``row * length + position``: indices into a flattened [rows, length] tensor, each
+    pointing at its own row's element at the position (``axes``: where positions vary)."""
+
+    axes: tuple[int, ...]
+
+
+State = Padded | Merged | Sizes | Stride | FlatIndex | None
+
+
+@dataclass(frozen=True)
+class Mask:
+    """Operand ``index`` of the node computing ``output`` read as ``Where(valid along axis, x,
+    fill)``; ``divide``: the node (a ReduceMean) becomes a ReduceSum divided by L times the
+    static count of its other reduced elements."""
+
+    output: str
+    index: int
+    axis: int
+    fill: float
+    divide: int = 0
+
+
+@dataclass(frozen=True)
+class Padding:
+    """How a paddable symbol sits at the graph's boundary (each input's padded dim, or None;
+    each output's padded dims, cut back to the valid length after a run) and the masks ``pad``
+    writes."""
+
+    symbol: str
+    inputs: tuple[int | None, ...]
+    outputs: tuple[tuple[int, ...], ...]
+    masks: tuple[Mask, ...] = field(default=())
+
+    @property
+    def valid_input(self) -> str:
+        return VALID + self.symbol
+
+
+def rank_of(value: Value | None) -> int:
+    """A tensor value's rank (-1: unknown, or not a tensor)."""
+    if value is None or not isinstance(value.type, TensorType) or value.type.shape is None:
+        return -1
+    return len(value.type.shape)
+
+
+def broadcast_dims(out_rank: int, value: Value, axes: tuple[int, ...]) -> set[int]:
+    """``value``'s dims ``axes`` as dims of an output of rank ``out_rank`` it broadcasts to."""
+    return {out_rank - rank_of(value) + a for a in axes}

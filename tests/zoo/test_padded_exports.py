@@ -1,0 +1,60 @@
+"""Transformers exported with a symbolic sequence length run every length in a declared range
+from a few compiled lengths (kiln.passes.padding): GPT-2's causal mask built from flat indices
+into the padding mask, its Conv1D rows merged with the batch, BERT's token types gathered from a
+buffer; each against PyTorch, attention still one kernel per layer, nothing compiled at run time."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+pytest.importorskip("torch", reason="torch (the 'zoo' extra) exports the models")
+pytest.importorskip("transformers", reason="transformers (the 'zoo' extra) defines the models")
+
+import torch
+
+import kiln
+from kiln.frontend.onnx import import_onnx
+from kiln.passes.padding import Padding, paddable
+from tests.zoo.test_dynamo_exports import tiny
+
+AXES = {"input_ids": {0: "batch", 1: "seq"}, "attention_mask": {0: "batch", 1: "seq"}}
+
+
+def export(kind: str, path: str) -> torch.nn.Module:
+    module = tiny(kind)
+    ids, mask = torch.randint(0, 97, (1, 16)), torch.ones((1, 16), dtype=torch.int64)
+    with torch.no_grad():
+        torch.onnx.export(
+            module, (ids, mask), path, input_names=["input_ids", "attention_mask"], opset_version=17,
+            dynamo=False, dynamic_axes=AXES,
+        )  # fmt: skip
+    return module
+
+
+@pytest.mark.parametrize("kind", ["gpt2", "bert"])
+def test_a_torchscript_export_runs_every_length_from_its_compiled_lengths(kind, tmp_path):
+    module = export(kind, str(tmp_path / "m.onnx"))
+    found = paddable(import_onnx(str(tmp_path / "m.onnx")), "seq")
+    assert isinstance(found, Padding), found
+    # per layer: the scores' keys to -inf before Softmax, V's padded rows to 0 (the probabilities
+    # are exactly 0 there already: no mask on them, so attention stays one kernel)
+    assert sorted((m.fill, m.index) for m in found.masks) == [(-np.inf, 0)] * 2 + [(0.0, 1)] * 2
+    compiled = kiln.compile(str(tmp_path / "m.onnx"), dims={"seq": (1, 24), "batch": (1, 1)})
+    assert compiled.padder().classes == (16, 24)
+    before = len(compiled.executables())
+    assert before == 2
+    rng = np.random.default_rng(5)
+    for length in (1, 2, 9, 16, 17, 24):
+        ids = rng.integers(0, 97, (1, length))
+        mask = np.ones((1, length), np.int64)
+        mask[0, max(1, length - 3) :] = 0  # a tokenizer's padding of its own
+        got = np.asarray(next(iter(compiled.run({"input_ids": ids, "attention_mask": mask}).values())))
+        with torch.no_grad():
+            want = module(torch.from_numpy(ids), torch.from_numpy(mask)).numpy()
+        assert got.shape == want.shape
+        assert np.linalg.norm(got - want) <= 1e-4 * np.linalg.norm(want), length
+    assert len(compiled.executables()) == before  # nothing compiled at run time
+    kernels = [k.kind for p in compiled.plans for s in p.steps for k in getattr(s, "kernels", [])]
+    assert kernels.count("attention") == 2 * before, kernels
+    assert compiled.is_native
