@@ -10,7 +10,18 @@ from kiln.ir.types import TensorType
 from kiln.ops.registry import has_trait
 from kiln.passes.batching import SHAPE_ARITHMETIC, Refused, Sizes
 from kiln.passes.padding_positions import PositionRules
-from kiln.passes.padding_states import FlatIndex, Mask, Merged, Padded, Padding, State, Stride, broadcast_dims, rank_of
+from kiln.passes.padding_states import (
+    FlatIndex,
+    IndexTuple,
+    Mask,
+    Merged,
+    Padded,
+    Padding,
+    State,
+    Stride,
+    broadcast_dims,
+    rank_of,
+)
 
 
 class Analysis(PositionRules):
@@ -146,7 +157,7 @@ class Analysis(PositionRules):
             raise Refused(node.label, "control flow over the padded dim")
         if node.domain:
             raise Refused(node.label, "an op kiln cannot tell the positional behaviour of")
-        if any(isinstance(s, (Stride, FlatIndex)) for s in read):
+        if any(isinstance(s, (Stride, FlatIndex, IndexTuple)) for s in read):
             results = [self.flat_rule(node, read)]
         elif any(isinstance(s, Merged) for s in read):
             results = self.merged_rule(node, read)
@@ -164,7 +175,8 @@ class Analysis(PositionRules):
         out = node.outputs[0]
         if op == "Range" and isinstance(read[1], Sizes) and read[0] is None and read[2] is None:
             start = self.ints(node, 0)
-            if start is not None and self.ints(node, 2) == [1]:
+            length = read[1].mask in ((True,), ()) or self.is_length(node.inputs[1])  # type: ignore[union-attr]
+            if start is not None and self.ints(node, 2) == [1] and length:
                 # start, start+1, ...: position i holds the same in any run
                 return [Padded((0,), ident=start == [0])]
         if op == "ConstantOfShape" or (op in ("Expand", "Reshape") and first is None):
@@ -175,7 +187,7 @@ class Analysis(PositionRules):
             if op == "Reshape" and rank_of(node.inputs[0]) >= 0:
                 raise Refused(node.label, "reshapes a value to a shape computed from the length")
             # (Expand: a copy along the new dims; its own dims there are 1, checked by inference)
-            return [Padded(tuple(i for i, m in enumerate(mask) if m))]
+            return [Padded(tuple(i for i, m in enumerate(mask) if m), uniform=True)]
         if op == "Slice" and first is None and not any(isinstance(s, Sizes) for s in read[1:2] + read[3:]):
             return [self.slice_to_length(node, read)]
         if not all(s is None or isinstance(s, Sizes) for s in read):
@@ -303,10 +315,26 @@ class Analysis(PositionRules):
             positions = list(range(rank))[slice(start, None if end is None else int(end))]
             return Sizes(tuple(i in read[0].axes for i in positions))
         data = read[0]
+        if op == "GatherND" and isinstance(data, Padded) and isinstance(read[1], IndexTuple):
+            return self.gather_tuples(node, data, read[1])
         if op == "Gather" and isinstance(data, Merged) and isinstance(read[1], FlatIndex):
             if int(node.attrs.get("axis", 0)) % max(rank_of(node.inputs[0]), 1) == 0 == data.axis and data.inner == 1:
                 return Padded(read[1].axes)  # each index reads its own row at its own position
         raise Refused(node.label, "computes with flattened positions in a way kiln cannot follow")
+
+    def gather_tuples(self, node: Node, data: Padded, tuples: IndexTuple) -> State:
+        """GatherND by tuples whose component for each padded dim of the data is the position
+        itself, and for every other dim independent of the positions: each valid position reads
+        the data at valid positions only (the dynamo exports' ``mask[b, j]`` lookups)."""
+        if int(node.attrs.get("batch_dims", 0)) != 0:
+            raise Refused(node.label, "a GatherND with batch dims over positions")
+        width = len(tuples.parts)
+        for k, part in enumerate(tuples.parts):
+            if (k in data.axes) != (part is not None):
+                raise Refused(node.label, "index tuples that mix positions with other dims")
+        rest = [a for a in data.axes if a >= width]
+        lead = rank_of(node.inputs[1]) - 1
+        return Padded(tuple(sorted({*tuples.axes, *(lead + a - width for a in rest)})))
 
     def merged_rule(self, node: Node, read: list[State]) -> list[State]:
         op = node.op

@@ -9,7 +9,7 @@ from kiln.ir.graph import Graph, Node, Value
 from kiln.ir.types import TensorType
 from kiln.ops.registry import has_trait
 from kiln.passes.batching import Refused, Sizes
-from kiln.passes.padding_states import PASSING, ZERO_SUMS, Merged, Padded, State, broadcast_dims, rank_of
+from kiln.passes.padding_states import PASSING, ZERO_SUMS, IndexTuple, Merged, Padded, State, broadcast_dims, rank_of
 
 
 class PositionRules:
@@ -76,7 +76,11 @@ class PositionRules:
             rank = rank_of(node.inputs[0])
             start, end = int(node.attrs.get("start", 0)), node.attrs.get("end")
             positions = list(range(rank))[slice(start, None if end is None else int(end))]
-            return [Sizes(tuple(i in first.axes for i in positions))]
+            mask = tuple(i in first.axes for i in positions)
+            return [Sizes(mask) if any(mask) else None]  # the other dims' sizes do not depend on it
+        tuples = self.index_tuple(node, read)
+        if tuples is not None:
+            return [tuples]
         if op in ("LayerNormalization", "Split", "Concat", "Softplus") or has_trait(op, "", "axis"):
             return self.along_other_axes(node, read)
         raise Refused(node.label, "an op kiln cannot tell the positional behaviour of")
@@ -114,7 +118,11 @@ class PositionRules:
                         zeros.append(set())
             zero_all = set.intersection(*zeros) if zeros else set()
             keeps_zero = True
-        return Padded(tuple(sorted(positions)), frozenset(zero_all or ()) if keeps_zero else frozenset())
+        # values computed from values that do not vary along the positions do not either
+        uniform = all(s is None or (isinstance(s, Padded) and s.uniform) for s in read)
+        return Padded(
+            tuple(sorted(positions)), frozenset(zero_all or ()) if keeps_zero else frozenset(), uniform=uniform
+        )
 
     def expand(self, node: Node, read: list[State]) -> Padded:
         data, target = read[0], read[1]
@@ -130,7 +138,7 @@ class PositionRules:
                 or (value is not None and value.size > p and int(value.reshape(-1)[p]) == 1)
             ):
                 raise Refused(node.label, "expands across the padded dim")
-        return Padded(tuple(sorted(positions)))
+        return Padded(tuple(sorted(positions)), ident=data.ident, uniform=data.uniform)
 
     def reshape(self, node: Node, read: list[State]) -> State:
         """A reshape moves the padded dims by where their elements sit in memory. Measured on the
@@ -179,11 +187,14 @@ class PositionRules:
             mapping = {i: kept[i] for i in range(rank_in)}
             return Padded(
                 tuple(mapping[a] for a in data.axes),
-                frozenset(mapping[a] for a in data.zero),
-                data.ident,  # type: ignore[misc]
+                frozenset(mapping[a] for a in data.zero),  # type: ignore[misc]
+                data.ident,
+                data.uniform,
             )
         mapping = dict(enumerate(kept))
-        return Padded(tuple(mapping[a] for a in data.axes), frozenset(mapping[a] for a in data.zero), data.ident)
+        return Padded(
+            tuple(mapping[a] for a in data.axes), frozenset(mapping[a] for a in data.zero), data.ident, data.uniform
+        )
 
     def placed(self, node: Node, shapes: tuple, axis: int, outer: int, inner: int, data: State) -> State:
         """Where the padded dim at ``axis`` of the input (merged with ``outer`` whole indices
@@ -354,6 +365,28 @@ class PositionRules:
         ):
             raise Refused(node.label, "slices another dim to the length")
         return Padded(tuple(kept)) if kept else None
+
+    def index_tuple(self, node: Node, read: list[State]) -> IndexTuple | None:
+        """A Concat along a last dim of 1s of positions and values independent of them: index
+        tuples (for a GatherND); None when it is not one."""
+        rank = rank_of(node.outputs[0])
+        if node.op != "Concat" or int(node.attrs.get("axis", 0)) % max(rank, 1) != rank - 1:
+            return None
+        axes: set[int] = set()
+        parts: list[int | None] = []
+        for value, state in zip(node.inputs, read):
+            shape = getattr(value.type, "shape", None) if value is not None else None
+            if not shape or shape[-1] != 1 or (state is not None and not isinstance(state, Padded)):
+                return None
+            if isinstance(state, Padded):
+                axes |= set(state.axes)
+            if isinstance(state, Padded) and state.ident:
+                parts.append(state.axes[0])
+            elif state is None or state.uniform:
+                parts.append(None)
+            else:
+                return None
+        return IndexTuple(tuple(sorted(axes)), tuple(parts)) if rank - 1 not in axes else None
 
     def along_other_axes(self, node: Node, read: list[State]) -> list[State]:
         data = read[0]

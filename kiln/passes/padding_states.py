@@ -18,6 +18,16 @@ class Padded:
     axes: tuple[int, ...]
     zero: frozenset[int] = frozenset()
     ident: bool = False  # one axis, and each element is its own position (a Range(0, length))
+    uniform: bool = False  # its values do not vary along the padded dims (a broadcast of a constant)
+
+
+@dataclass(frozen=True)
+class IndexTuple:
+    """Index tuples along the last dim (for GatherND): component ``k`` is the position along
+    dim ``parts[k]`` of the leading dims (None: a value independent of the positions)."""
+
+    axes: tuple[int, ...]
+    parts: tuple[int | None, ...]
 
 
 @dataclass(frozen=True)
@@ -45,7 +55,7 @@ class FlatIndex:
     axes: tuple[int, ...]
 
 
-State = Padded | Merged | Sizes | Stride | FlatIndex | None
+State = Padded | Merged | Sizes | Stride | FlatIndex | IndexTuple | None
 
 
 @dataclass(frozen=True)
