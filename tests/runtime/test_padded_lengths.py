@@ -4,6 +4,7 @@ outputs cut back (kiln.driver.sizes.Padder)."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -164,3 +165,53 @@ print("ok")
     done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.split()[-1] == "ok"
+
+
+def test_the_cli_says_which_dim_pads_and_the_artifact_keeps_its_lengths(tmp_path):
+    from click.testing import CliRunner
+
+    from kiln.cli import main
+
+    onnx.save(attention_model(), tmp_path / "m.onnx")
+    runner = CliRunner()
+    done = runner.invoke(
+        main,
+        [
+            "compile",
+            str(tmp_path / "m.onnx"),
+            "--dim",
+            "seq=1..20",
+            "--dim",
+            "batch=1..2",
+            "-o",
+            str(tmp_path / "m.kiln"),
+        ],
+    )
+    assert done.exit_code == 0, done.output
+    assert "seq (1..20): pads" in done.output and "16, 20" in done.output, done.output
+    loaded = kiln.load(tmp_path / "m.kiln")
+    assert loaded.padder().classes == (16, 20)
+    given = feeds(2, 11)
+    np.testing.assert_allclose(loaded.run(given)["y"], reference(given["x"], given["mask"])[0], rtol=1e-4, atol=1e-5)
+    shown = runner.invoke(main, ["explain", str(tmp_path / "m.onnx"), "--dim", "seq=1..20", "--json"])
+    assert shown.exit_code == 0, shown.output
+    sizes = json.loads(shown.output)["sizes"]
+    assert sizes["seq"]["padded"] == [16, 20] and sizes["seq"]["masks"] == 4, sizes
+    bad = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "kiln",
+            "compile",
+            str(tmp_path / "m.onnx"),
+            "--dim",
+            "seq=1..20",
+            "--size-classes",
+            "seq=8",
+            "-o",
+            str(tmp_path / "n.kiln"),
+        ],
+        capture_output=True,
+        text=True,
+    )
+    assert bad.returncode == 2 and "below the range's end" in bad.stderr and "kiln bug" not in bad.stderr, bad.stderr
