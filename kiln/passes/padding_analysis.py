@@ -98,6 +98,8 @@ class Analysis(PositionRules):
                 result = self.state.get(value)
                 if isinstance(result, Sizes):
                     raise Refused(value.name, "an output computed from the length")
+                if result is not None and not isinstance(result, Padded):  # merged rows, flat indices
+                    raise Refused(value.name, "an output whose padded positions kiln cannot cut off")
                 outputs.append(result.axes if isinstance(result, Padded) else ())
             return Padding(self.symbol, tuple(inputs), tuple(outputs), tuple(self.masks))
         except Refused as refusal:

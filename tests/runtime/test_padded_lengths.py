@@ -215,3 +215,72 @@ def test_the_cli_says_which_dim_pads_and_the_artifact_keeps_its_lengths(tmp_path
         text=True,
     )
     assert bad.returncode == 2 and "below the range's end" in bad.stderr and "kiln bug" not in bad.stderr, bad.stderr
+
+
+def refusal(body: list, outputs: list, inputs: list | None = None) -> str:
+    from kiln.frontend.onnx import import_onnx
+    from kiln.passes.padding import Padding, paddable
+
+    weights = {
+        "w": np.ones((WIDTH, WIDTH), np.float32),
+        "last": np.array([-1], np.int64),
+        "two": np.array([2], np.int64),
+    }
+    model = make_model(body, inputs or [("x", FLOAT, ["batch", "seq", WIDTH])], outputs, weights, opset=18)
+    found = paddable(import_onnx(model), "seq")
+    assert not isinstance(found, Padding), found
+    return str(found)
+
+
+@pytest.mark.parametrize(
+    ("why", "body", "outputs", "said"),
+    [
+        (
+            "a LayerNormalization over the positions",
+            [helper.make_node("LayerNormalization", ["x", "one"], ["y"], axis=1)],
+            [("y", FLOAT, ["batch", "seq", WIDTH])],
+            "works along the padded dim",
+        ),
+        (
+            "the last token (an index counted from the end)",
+            [helper.make_node("Gather", ["x", "last"], ["y"], axis=1)],
+            [("y", FLOAT, ["batch", 1, WIDTH])],
+            "not valid at every length",
+        ),
+        (
+            "a concat along the positions",
+            [helper.make_node("Concat", ["x", "x"], ["y"], axis=1)],
+            [("y", FLOAT, ["batch", None, WIDTH])],
+            "along the padded dim",
+        ),
+        (
+            "rows merged with the batch, returned merged",
+            [
+                helper.make_node("Reshape", ["x", "flat"], ["y"]),
+            ],
+            [("y", FLOAT, [None, WIDTH])],
+            "cannot cut off",
+        ),
+        (
+            "the length used as a number (a Shape cast to floats)",
+            [
+                helper.make_node("Shape", ["x"], ["s"]),
+                helper.make_node("Cast", ["s"], ["y"], to=onnx.TensorProto.FLOAT),
+            ],
+            [("y", FLOAT, [3])],
+            "computed from the length",
+        ),
+    ],
+)
+def test_what_mixes_positions_is_refused_naming_its_node(why, body, outputs, said):
+    if any(n.op_type == "LayerNormalization" for n in body):
+        body = [
+            helper.make_node("Constant", [], ["one"], value=onnx.numpy_helper.from_array(np.ones(1, np.float32))),
+            *body,
+        ]
+    if any(n.op_type == "Reshape" for n in body):
+        body = [
+            helper.make_node("Constant", [], ["flat"], value=onnx.numpy_helper.from_array(np.array([-1, WIDTH]))),
+            *body,
+        ]
+    assert said in refusal(body, outputs), why
