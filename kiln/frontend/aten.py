@@ -397,15 +397,18 @@ def _view(fx: FxConverter, x: Value, shape: list) -> Value:
 def _expand(fx: FxConverter, x: Value, shape: list, implicit: bool = False) -> Value:
     rank = len(shape)
     current = (1,) * (rank - fx.rank(x)) + fx.shape(x)
-    sizes = []
-    for have, want in zip(current, (dim_of(s) for s in shape)):
+    sizes: list = []
+    for have, given in zip(current, shape):
+        want = dim_of(given)
         if want == -1 or (not isinstance(want, int) and have == want):
             sizes.append(1)  # kept: Expand broadcasts a size against 1
         elif not isinstance(want, int):
-            raise UnsupportedFxOp("aten.expand.default", f"expanding a dim of {have} to the symbolic size {want}")
+            sizes.append(given)  # a symbolic size (a dim of 1 or one kiln named otherwise): computed
         else:
             sizes.append(want)
-    return fx.one("Expand", [x, fx.ints(sizes)])
+    if all(isinstance(s, int) for s in sizes):
+        return fx.one("Expand", [x, fx.ints(sizes)])
+    return fx.one("Expand", [x, fx.one("Concat", [size_value(fx, s) for s in sizes], axis=0)])
 
 
 @converts("aten.permute.default", "aten.permute_copy.default")
@@ -514,16 +517,18 @@ def _index(fx: FxConverter, x: Value, indices: list) -> Value:
     if len(given) == 1:
         return fx.one("Gather", [x, given[0][1]], axis=axes[0])
     shapes = [fx.shape(i) for _, i in given]
-    if not all(isinstance(d, int) for shape in shapes for d in shape):
-        raise UnsupportedFxOp("aten.index.Tensor", "symbolic index shapes")
-    common = list(np.broadcast_shapes(*shapes))
-    stacked = [
-        fx.one(
-            "Unsqueeze",
-            [fx.one("Expand", [fx.one("Cast", [i], to=DType.INT64.onnx_code), fx.ints(common)]), fx.ints([-1], "axes")],
-        )
-        for _, i in given
-    ]
+    as_int = [fx.one("Cast", [i], to=DType.INT64.onnx_code) for _, i in given]
+    if all(isinstance(d, int) for shape in shapes for d in shape):
+        common = list(np.broadcast_shapes(*shapes))
+        broadcast = [fx.one("Expand", [i, fx.ints(common)]) for i in as_int]
+    else:  # symbolic index shapes (a mask[b, j] lookup over seq): expanded to the shape of their sum
+        common = [0] * max(len(shape) for shape in shapes)  # (only its length is used below)
+        total = as_int[0]
+        for i in as_int[1:]:
+            total = fx.one("Add", [total, i])
+        target = fx.one("Shape", [total])
+        broadcast = [fx.one("Expand", [i, target]) for i in as_int]
+    stacked = [fx.one("Unsqueeze", [i, fx.ints([-1], "axes")]) for i in broadcast]
     rank = fx.rank(x)
     rest = [a for a in range(rank) if a not in axes]
     front = fx.one("Transpose", [x], perm=axes + rest) if axes[0] != 0 else x
@@ -545,9 +550,13 @@ def _to_copy(fx: FxConverter, x: Value, dtype: Any = None, **kwargs: Any) -> Val
 
 def full_like_constant(fx: FxConverter, size: list, value: Any, dtype: Any) -> Value:
     numpy = torch_dtype(dtype).numpy if dtype is not None else (np.float32 if isinstance(value, float) else np.int64)
-    if not all(isinstance(s, int) for s in size):
-        raise UnsupportedFxOp("aten.full.default", "a symbolic size")
-    return fx.const(np.full([int(s) for s in size], value, dtype=numpy), "full")
+    if all(isinstance(s, int) for s in size):
+        return fx.const(np.full([int(s) for s in size], value, dtype=numpy), "full")
+    if not isinstance(value, (int, float, bool)):
+        raise UnsupportedFxOp("aten.full.default", "a symbolic size with a value that is no number")
+    # a symbolic size (torch.full((seq, seq), ...)): the value expanded to the sizes computed from the inputs
+    shape = fx.one("Concat", [size_value(fx, d) for d in size], axis=0)
+    return fx.one("Expand", [fx.const(np.array(value, dtype=numpy), "fill"), shape])
 
 
 @converts("aten.full.default")
@@ -575,9 +584,22 @@ def _arange(fx: FxConverter, start: Any, end: Any = None, step: Any = 1, dtype: 
     if end is None:
         start, end = 0, start
     numpy = torch_dtype(dtype).numpy if dtype is not None else np.int64
-    if any(not isinstance(v, (int, float)) for v in (start, end, step)):
-        raise UnsupportedFxOp("aten.arange", "symbolic bounds")
-    return fx.const(np.arange(start, end, step, dtype=numpy), "arange")
+    if all(isinstance(v, (int, float)) for v in (start, end, step)):
+        return fx.const(np.arange(start, end, step, dtype=numpy), "arange")
+    # a bound that is a symbol (arange(seq)): a Range on the bound sizes, folded once they are known
+    floats = any(isinstance(v, float) for v in (start, end, step))
+    kind = np.dtype(numpy) if floats and np.dtype(numpy).kind == "f" else np.dtype(np.float32 if floats else np.int64)
+    bounds = []
+    for v in (start, end, step):
+        if isinstance(v, (int, float)):
+            bounds.append(fx.const(np.array(v, dtype=kind), "bound"))
+            continue
+        scalar = fx.one("Squeeze", [size_value(fx, v), fx.ints([0], "axes")])
+        bounds.append(scalar if kind.kind == "i" else fx.one("Cast", [scalar], to=DType.from_numpy(kind).onnx_code))
+    result = fx.one("Range", bounds)
+    if np.dtype(numpy) != kind:
+        result = fx.one("Cast", [result], to=DType.from_numpy(numpy).onnx_code)
+    return result
 
 
 @converts("aten.constant_pad_nd.default")

@@ -121,8 +121,25 @@ class PositionRules:
         # values computed from values that do not vary along the positions do not either
         uniform = all(s is None or (isinstance(s, Padded) and s.uniform) for s in read)
         return Padded(
-            tuple(sorted(positions)), frozenset(zero_all or ()) if keeps_zero else frozenset(), uniform=uniform
+            tuple(sorted(positions)),
+            frozenset(zero_all or ()) if keeps_zero else frozenset(),
+            self.keeps_ident(node, read),
+            uniform,
         )
+
+    def keeps_ident(self, node: Node, read: list[State]) -> bool:
+        """Positions stay themselves through an integer copy, and an Add or Sub of zeros (the
+        past length, 0, that exports add to an arange)."""
+        first = read[0]
+        if not isinstance(first, Padded) or not first.ident:
+            return False
+        integer = isinstance(node.outputs[0].type, TensorType) and node.outputs[0].type.dtype.numpy.kind in "iu"
+        if node.op in PASSING:
+            return integer
+        if node.op in ("Add", "Sub") and len(read) == 2 and read[1] is None and integer:
+            offset = self.constant(node.inputs[1])
+            return offset is not None and offset.size > 0 and not np.any(offset != 0)
+        return False
 
     def expand(self, node: Node, read: list[State]) -> Padded:
         data, target = read[0], read[1]

@@ -66,3 +66,26 @@ def test_an_export_runs_every_length_from_its_compiled_lengths(kind, exporter, t
     kernels = [k.kind for p in compiled.plans for s in p.steps for k in getattr(s, "kernels", [])]
     assert kernels.count("attention") == 2 * before, kernels
     assert compiled.is_native
+
+
+def test_torch_export_dim_bounds_a_sequence_that_pads():
+    """torch.export's Dim("seq", min=2, max=24) on both inputs: kiln converts the arange over seq,
+    the mask lookups by symbolic index tensors and the expands to seq, declares the range and
+    runs every length from its compiled lengths, against PyTorch."""
+    from torch.export import Dim
+
+    module = tiny("gpt2")
+    ids, mask = torch.randint(0, 97, (1, 16)), torch.ones((1, 16), dtype=torch.int64)
+    seq = Dim("seq", min=2, max=24)
+    compiled = kiln.compile(module, example_inputs=(ids, mask), dynamic_shapes=({1: seq}, {1: seq}))
+    assert compiled.ranges["seq"] == (2, 24)
+    assert compiled.padder() is not None and compiled.padder().classes == (16, 24)
+    before = len(compiled.executables())
+    for length in (2, 7, 16, 23):
+        i, m = torch.randint(0, 97, (1, length)), torch.ones((1, length), dtype=torch.int64)
+        m[0, -1] = 0
+        got = np.asarray(next(iter(compiled.run(dict(zip(compiled.input_names, (i.numpy(), m.numpy())))).values())))
+        with torch.no_grad():
+            want = module(i, m).numpy()
+        assert np.linalg.norm(got - want) <= 1e-4 * np.linalg.norm(want), length
+    assert len(compiled.executables()) == before
