@@ -235,8 +235,8 @@ class NativeModel(Model):
         with a declared range that is not the chunked one pads; see ``kiln.passes.padding``)."""
         if self._padder is False:
             chosen = None
-            chunked = self.chunking()
-            if not self._static and "size-classes" not in self.options.disabled:
+            if self.ranges and not self._static and "size-classes" not in self.options.disabled:
+                chunked = self.chunking()  # (only with a declared range: a graph read from the plan cache stays unread)
                 for symbol, (low, high) in self.ranges.items():
                     if (chunked is not None and chunked.symbol == symbol) or high > MAX_CLASS:
                         continue

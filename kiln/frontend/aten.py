@@ -505,42 +505,6 @@ def _gather(fx: FxConverter, x: Value, dim: int, index: Value, sparse_grad: bool
     return fx.one("GatherElements", [x, index], axis=fx.axis(dim, x))
 
 
-@converts("aten.index.Tensor")
-def _index(fx: FxConverter, x: Value, indices: list) -> Value:
-    """x[..., i0, i1, ...] with index tensors on adjacent axes (NumPy's advanced indexing): the
-    indices broadcast together and stacked, one GatherND on x with those axes brought first, the
-    result's indexed dims put back where the first indexed axis was."""
-    given = [(axis, i) for axis, i in enumerate(indices) if i is not None]
-    axes = [axis for axis, _ in given]
-    if axes != list(range(axes[0], axes[0] + len(axes))):
-        raise UnsupportedFxOp("aten.index.Tensor", "index tensors on axes that are not adjacent")
-    if len(given) == 1:
-        return fx.one("Gather", [x, given[0][1]], axis=axes[0])
-    shapes = [fx.shape(i) for _, i in given]
-    as_int = [fx.one("Cast", [i], to=DType.INT64.onnx_code) for _, i in given]
-    if all(isinstance(d, int) for shape in shapes for d in shape):
-        common = list(np.broadcast_shapes(*shapes))
-        broadcast = [fx.one("Expand", [i, fx.ints(common)]) for i in as_int]
-    else:  # symbolic index shapes (a mask[b, j] lookup over seq): expanded to the shape of their sum
-        common = [0] * max(len(shape) for shape in shapes)  # (only its length is used below)
-        total = as_int[0]
-        for i in as_int[1:]:
-            total = fx.one("Add", [total, i])
-        target = fx.one("Shape", [total])
-        broadcast = [fx.one("Expand", [i, target]) for i in as_int]
-    stacked = [fx.one("Unsqueeze", [i, fx.ints([-1], "axes")]) for i in broadcast]
-    rank = fx.rank(x)
-    rest = [a for a in range(rank) if a not in axes]
-    front = fx.one("Transpose", [x], perm=axes + rest) if axes[0] != 0 else x
-    gathered = fx.one("GatherND", [front, fx.one("Concat", stacked, axis=-1)])
-    if axes[0] == 0:
-        return gathered
-    # the gathered dims (len(common) of them) go where the first indexed axis was
-    count, before = len(common), axes[0]
-    perm = [*range(count, count + before), *range(count), *range(count + before, count + len(rest))]
-    return fx.one("Transpose", [gathered], perm=perm)
-
-
 @converts("aten._to_copy.default", "aten.to.dtype")
 def _to_copy(fx: FxConverter, x: Value, dtype: Any = None, **kwargs: Any) -> Value:
     if dtype is None or torch_dtype(dtype) is x.type.dtype:  # type: ignore[union-attr]
