@@ -353,10 +353,11 @@ def _variants(listed: Any, graph: Any, path: Path) -> list[dict[str, int]]:
 def sizes_meta(meta: dict, graph: Any, path: Path) -> tuple[dict[str, tuple[int, int]], dict[str, tuple[int, ...]]]:
     """meta.json's declared ranges and size classes (absent in older artifacts: none), checked."""
     from kiln.driver.sizes import parse_classes, parse_padded_classes, parse_range
+    from kiln.passes.batching import symbols
 
-    symbols = {d for v in graph.inputs for d in getattr(v.type, "shape", None) or () if isinstance(d, str)}
+    names = set(symbols(graph))
     ranges, classes = meta.get("ranges", {}), meta.get("size_classes", {})
-    if not isinstance(ranges, dict) or not isinstance(classes, dict) or (set(ranges) | set(classes)) - symbols:
+    if not isinstance(ranges, dict) or not isinstance(classes, dict) or (set(ranges) | set(classes)) - names:
         raise ArtifactError(f"{path}: damaged artifact (ranges or size classes of names that are not symbolic dims)")
     try:
         parsed = {name: parse_range(name, value) for name, value in ranges.items()}

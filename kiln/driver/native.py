@@ -32,7 +32,7 @@ from kiln.driver.variants import Compilation, Limits, Source, Variants
 from kiln.errors import ArgumentError
 from kiln.ir.graph import Graph
 from kiln.ir.types import TensorType
-from kiln.passes.batching import Parallel, sample_parallel
+from kiln.passes.batching import Parallel, sample_parallel, symbols
 from kiln.passes.padding import Padding, pad, paddable
 from kiln.passes.specialize import input_dims, specialize
 from kiln.runtime.executable import Executable, WeightStore
@@ -153,9 +153,7 @@ class NativeModel(Model):
             self._variant({})
         if not self._static and self.compilation.source.graph is not None:
             chunking = self.chunking()  # decided now (milliseconds on a large graph), not on the first run
-            for symbol in sorted(
-                {d for v in self.signature.inputs for d in getattr(v.type, "shape", None) or () if isinstance(d, str)}
-            ):
+            for symbol in sorted(symbols(self.signature)):
                 if symbol in self.ranges:
                     continue
                 how = (
@@ -211,7 +209,7 @@ class NativeModel(Model):
         graph = self.graph
         if self.bound_in_analysis:  # a padded graph: its length is a class at every run
             graph = specialize(graph, self.bound_in_analysis)
-        return {k: v for k, v in sample_parallel(graph).items()}  # type: ignore[return-value]
+        return sample_parallel(graph)  # type: ignore[return-value]
 
     def chunking(self) -> Chunking | None:
         """How runs at any size of the first sample-parallel dim run on its size classes (None:
@@ -276,12 +274,12 @@ class NativeModel(Model):
         what serves them now: a sample-parallel dim's size classes (every size in its range then
         runs with no compile), a paddable dim's compiled lengths (each with each size class), other
         dims at their range's low end (``ahead`` binds them instead)."""
-        symbols = {d for v in self.signature.inputs for d in getattr(v.type, "shape", None) or () if isinstance(d, str)}
+        names = set(symbols(self.signature))
         parsed = {}
         for name, value in ranges.items():
-            if name not in symbols:
+            if name not in names:
                 raise ArgumentError(
-                    f"dims: {name!r} is not a symbolic input dim of this model (its dims: {', '.join(sorted(symbols)) or 'none'})"
+                    f"dims: {name!r} is not a symbolic input dim of this model (its dims: {', '.join(sorted(names)) or 'none'})"
                 )
             parsed[name] = parse_range(name, value)
         self.ranges.update(parsed)
@@ -303,26 +301,17 @@ class NativeModel(Model):
             chunking, padder = self.chunking(), self.padder()
         base = {name: low for name, (low, _) in self.ranges.items()}
         base.update(ahead or {})
-        if padder is not None:
-            model = self.padded()
-            model._chunking = False
-            sizes = chunking.classes if chunking is not None else (None,)
-            high = self.ranges.get(chunking.symbol, (1, MAX_DIM))[1] if chunking is not None else 0
-            wanted = []
-            for length in padder.classes:
-                for size in sizes:
-                    if size is not None and size > high:
-                        continue
-                    binding = {**base, padder.symbol: length}
-                    if size is not None:
-                        binding[chunking.symbol] = size  # type: ignore[union-attr]
-                    wanted.append(binding)
-            if set(wanted[0]) >= symbols:
-                model.prepare_many(wanted)
-        elif chunking is not None and chunking.symbol in symbols:
+        sizes: list[dict[str, int]] = [{}]  # the chunked dim's classes inside its range
+        if chunking is not None:
             high = self.ranges.get(chunking.symbol, (1, MAX_DIM))[1]
-            self.prepare_many([{**base, chunking.symbol: size} for size in chunking.classes if size <= high])
-        elif base and set(base) >= symbols:
+            sizes = [{chunking.symbol: size} for size in chunking.classes if size <= high]
+        if padder is not None:  # each compiled length with each class
+            wanted = [{**base, padder.symbol: length, **size} for length in padder.classes for size in sizes]
+            if set(wanted[0]) >= names:
+                self.padded().prepare_many(wanted)
+        elif chunking is not None and chunking.symbol in names:
+            self.prepare_many([{**base, **size} for size in sizes])
+        elif base and set(base) >= names:
             self.prepare_dims(base)
         return self
 
@@ -422,12 +411,12 @@ def check_dims(dims: Any, signature: Graph) -> dict[str, int]:
     integers in 0..MAX_DIM. Raises ArgumentError naming the first that is not."""
     if not isinstance(dims, dict):
         raise ArgumentError(f"dims must be a dict of symbolic dim name -> size, got {type(dims).__name__}")
-    symbols = sorted({d for v in signature.inputs for d in getattr(v.type, "shape", None) or () if isinstance(d, str)})
+    names = sorted(symbols(signature))
     checked: dict[str, int] = {}
     for name, size in dims.items():
-        if not isinstance(name, str) or name not in symbols:
+        if not isinstance(name, str) or name not in names:
             raise ArgumentError(
-                f"dims: {name!r} is not a symbolic input dim of this model (its dims: {', '.join(symbols) or 'none'})"
+                f"dims: {name!r} is not a symbolic input dim of this model (its dims: {', '.join(names) or 'none'})"
             )
         if isinstance(size, bool) or not isinstance(size, (int, np.integer)) or not 0 <= int(size) <= MAX_DIM:
             raise ArgumentError(f"dims: {name}={size!r} is not a size (an integer in 0..{MAX_DIM})")

@@ -45,15 +45,21 @@ def parse_range(name: str, value: Any) -> tuple[int, int]:
     return low, high
 
 
-def parse_classes(name: str, value: Any, bounds: tuple[int, int]) -> tuple[int, ...]:
-    """Size classes: distinct positive sizes inside ``bounds`` (at most MAX_CLASSES), with 1 or the
-    range's low end among them, so every size in the range is a sum of classes."""
+def _sizes(name: str, value: Any) -> list[int]:
+    """``value`` ("1,4,16" or a list) as 1 to MAX_CLASSES distinct positive sizes, ascending."""
     try:
         classes = sorted({int(v) for v in (value.split(",") if isinstance(value, str) else value)})
     except (TypeError, ValueError):
         raise ArgumentError(f"size classes of {name}: {value!r} is not a list of sizes") from None
     if not classes or classes[0] < 1 or len(classes) > MAX_CLASSES:
         raise ArgumentError(f"size classes of {name}: 1 to {MAX_CLASSES} positive sizes, got {classes}")
+    return classes
+
+
+def parse_classes(name: str, value: Any, bounds: tuple[int, int]) -> tuple[int, ...]:
+    """Size classes: distinct positive sizes inside ``bounds`` (at most MAX_CLASSES), with 1 or the
+    range's low end among them, so every size in the range is a sum of classes."""
+    classes = _sizes(name, value)
     if classes[0] != 1:
         raise ArgumentError(f"size classes of {name}: {classes} must include 1 (every size is then a sum of them)")
     if classes[-1] > MAX_CLASS:
@@ -142,12 +148,7 @@ def padded_classes(bounds: tuple[int, int]) -> tuple[int, ...]:
 def parse_padded_classes(name: str, value: Any, bounds: tuple[int, int]) -> tuple[int, ...]:
     """Compiled lengths of a padded dim: distinct positive sizes, the largest at least the range's
     end (every length in the range pads to one), at most MAX_CLASS."""
-    try:
-        classes = sorted({int(v) for v in (value.split(",") if isinstance(value, str) else value)})
-    except (TypeError, ValueError):
-        raise ArgumentError(f"size classes of {name}: {value!r} is not a list of sizes") from None
-    if not classes or classes[0] < 1 or len(classes) > MAX_CLASSES:
-        raise ArgumentError(f"size classes of {name}: 1 to {MAX_CLASSES} positive sizes, got {classes}")
+    classes = _sizes(name, value)
     if classes[-1] > MAX_CLASS:
         raise ArgumentError(f"size classes of {name}: {classes[-1]} is too large a class (at most {MAX_CLASS})")
     if classes[-1] < bounds[1]:

@@ -110,10 +110,23 @@ def sample_parallel(graph: Graph) -> dict[str, Parallel | Refused]:
     return {symbol: _Analysis(graph, symbol).run() for symbol in symbols(graph)}
 
 
-def _rank(value: Value | None) -> int:
+def rank_of(value: Value | None) -> int:
+    """A tensor value's rank (-1: unknown, or not a tensor)."""
     if value is None or not isinstance(value.type, TensorType) or value.type.shape is None:
         return -1
     return len(value.type.shape)
+
+
+def ancestors(graph: Graph, producers: dict[Value, Node], value: Value) -> list[Node]:
+    """The nodes ``value`` depends on, in graph order (``producers``: ``graph.producers()``)."""
+    needed: set[int] = set()
+    stack = [value]
+    while stack:
+        node = producers.get(stack.pop())
+        if node is not None and id(node) not in needed:
+            needed.add(id(node))
+            stack.extend(v for v in node.inputs if v is not None)
+    return [n for n in graph.nodes if id(n) in needed]
 
 
 def _static_count(dims: tuple) -> int | None:
@@ -167,23 +180,15 @@ class _Analysis:
         return axes[0] if axes else None
 
     def ancestors(self, value: Value) -> list[Node]:
-        """The nodes ``value`` depends on, in graph order."""
         if self._producers is None:
             self._producers = self.graph.producers()
-        needed: set[int] = set()
-        stack = [value]
-        while stack:
-            node = self._producers.get(stack.pop())
-            if node is not None and id(node) not in needed:
-                needed.add(id(node))
-                stack.extend(v for v in node.inputs if v is not None)
-        return [n for n in self.graph.nodes if id(n) in needed]
+        return ancestors(self.graph, self._producers, value)
 
     def mask_of(self, value: Value | None, state: State) -> tuple[bool, ...] | None:
         """Which elements of a 1-D shape vector may be the count (None: unknown)."""
         if isinstance(state, Sizes):
             return state.mask
-        if value is None or state is not None or _rank(value) != 1:
+        if value is None or state is not None or rank_of(value) != 1:
             return None
         length = value.type.shape[0]  # type: ignore[union-attr,index]
         return (False,) * length if isinstance(length, int) else None
@@ -248,7 +253,7 @@ class _Analysis:
             return [Sizes(tuple(d == state.dim for d in list(dims)[slice(start, None if end is None else int(end))]))]
         shape = out.type.shape if isinstance(out.type, TensorType) and out.type.shape else ()
         if op == "Expand" and isinstance(read[0], Index):  # copies along other dims only
-            position = len(shape) - _rank(node.inputs[0]) + list(node.inputs[0].type.shape).index(state.dim)  # type: ignore[union-attr]
+            position = len(shape) - rank_of(node.inputs[0]) + list(node.inputs[0].type.shape).index(state.dim)  # type: ignore[union-attr]
             target = self.mask_of(node.inputs[1], read[1])
             if (
                 target is not None
@@ -283,7 +288,7 @@ class _Analysis:
                     return [Index(state.dim, state.scale * low, state.low * low, (state.high - 1) * low + 1)]
         if op == "Gather" and isinstance(read[1], Index) and isinstance(read[0], Batched):
             data = read[0]
-            if int(node.attrs.get("axis", 0)) % max(_rank(node.inputs[0]), 1) == data.axis == 0:
+            if int(node.attrs.get("axis", 0)) % max(rank_of(node.inputs[0]), 1) == data.axis == 0:
                 if data.per == state.scale and 0 <= state.low and state.high <= state.scale:
                     return [Batched(list(shape).index(state.dim))]  # each sample reads its own block
         raise Refused(node.label, "computes with per-sample indices in a way kiln cannot follow")
@@ -291,12 +296,8 @@ class _Analysis:
     def sample_tuple(self, node: Node, read: list[State], state: Index) -> bool:
         """A Concat along the last dim of the sample numbers (Range(0, count), exactly) and other
         components: those hold samples in the same dim, or none."""
-        rank = _rank(node.outputs[0])
-        if int(node.attrs.get("axis", 0)) % max(rank, 1) != rank - 1 or (state.scale, state.low, state.high) != (
-            1,
-            0,
-            1,
-        ):
+        rank, numbers = rank_of(node.outputs[0]), (state.scale, state.low, state.high)
+        if int(node.attrs.get("axis", 0)) % max(rank, 1) != rank - 1 or numbers != (1, 0, 1):
             return False
         position = list(node.inputs[0].type.shape).index(state.dim)  # type: ignore[union-attr]
         return state.exact and all(
@@ -335,7 +336,7 @@ class _Analysis:
             axis = self.axis_of(node.outputs[0])
             target = read[0] if op == "ConstantOfShape" else read[1]
             shown = target.mask if isinstance(target, Sizes) else None
-            if axis is None and shown is not None and sum(shown) == 1 and len(shown) == _rank(node.outputs[0]):
+            if axis is None and shown is not None and sum(shown) == 1 and len(shown) == rank_of(node.outputs[0]):
                 axis = shown.index(True)  # the target shape says which dim is the count
             if axis is None:
                 raise Refused(node.label, "a shape from the count of samples that its output type does not show")
@@ -348,7 +349,7 @@ class _Analysis:
         if op in ("Shape", "Size") and _static_count(node.inputs[0].type.shape or ("?",)) is not None:  # type: ignore[union-attr]
             return [None]  # the shape of a shape vector: its length is static
         if op in ("Cast", "Identity", "Squeeze", "Unsqueeze", "Reshape", "Flatten") and isinstance(first, Sizes):
-            return [first if _rank(node.outputs[0]) <= 1 else Sizes(None)]  # a vector stays itself
+            return [first if rank_of(node.outputs[0]) <= 1 else Sizes(None)]  # a vector stays itself
         if op == "Concat":
             parts: list[bool] = []
             for value, state in zip(node.inputs, read):
@@ -403,7 +404,7 @@ class _Analysis:
             if batched != [(0, 0)] or outputs[0] != 0:
                 raise Refused(node.label, "its samples are not its data's leading dim")
         elif op == "Expand":
-            aligned = _rank(node.outputs[0]) - _rank(node.inputs[0]) + batched[0][1]
+            aligned = rank_of(node.outputs[0]) - rank_of(node.inputs[0]) + batched[0][1]
             target = self.mask_of(node.inputs[1], read[1])
             value = self.value_of(node.inputs[1]) if read[1] is None else None  # type: ignore[arg-type]
             keeps = (target is not None and len(target) > aligned and target[aligned]) or (
@@ -413,7 +414,7 @@ class _Analysis:
                 raise Refused(node.label, "expands across the samples' dim")
             outputs = [aligned]  # the count (or 1) there: the samples stay in that dim
         elif op == "Transpose":
-            rank = _rank(node.inputs[0])
+            rank = rank_of(node.inputs[0])
             perm = list(node.attrs.get("perm") or reversed(range(rank)))
             moved = perm.index(batched[0][1])
             if per == 1 and outputs[0] != moved:
@@ -447,8 +448,8 @@ class _Analysis:
     def aligned(self, node: Node, read: list[State]) -> int:
         """Broadcasting ops: every operand holding samples holds them in the same dim counted
         from the right, which is the output's (the count broadcast with the count)."""
-        out_rank = _rank(node.outputs[0])
-        positions = {out_rank - _rank(v) + s.axis for v, s in zip(node.inputs, read) if isinstance(s, Batched)}
+        out_rank = rank_of(node.outputs[0])
+        positions = {out_rank - rank_of(v) + s.axis for v, s in zip(node.inputs, read) if isinstance(s, Batched)}
         if len(positions) != 1:
             raise Refused(node.label, "broadcasts the samples' dim against another dim")
         return positions.pop()
@@ -491,7 +492,7 @@ class _Analysis:
     def unsqueezed(self, node: Node, axis: int) -> int | None:
         """Where dim ``axis`` lands through an Unsqueeze/Squeeze with constant axes (None:
         axes kiln cannot read, or the dim itself squeezed)."""
-        rank_in, rank_out = _rank(node.inputs[0]), _rank(node.outputs[0])
+        rank_in, rank_out = rank_of(node.inputs[0]), rank_of(node.outputs[0])
         given = list(node.attrs["axes"]) if "axes" in node.attrs else self.ints(node, 1)
         if given is None or rank_in < 0 or rank_out < 0:
             return None
@@ -508,12 +509,12 @@ class _Analysis:
         dim; when both operands hold samples they hold them in the same batch dim. Returns the
         output's samples' dim."""
         a, b = read[0], read[1]
-        out_rank = _rank(node.outputs[0])
+        out_rank = rank_of(node.outputs[0])
         if node.op == "Gemm":
             if node.attrs.get("transA") or not isinstance(a, Batched) or b is not None or any(read[2:]):
                 raise Refused(node.label, "a Gemm whose samples are not A's rows alone")
             return 0
-        a_rank, b_rank = _rank(node.inputs[0]), _rank(node.inputs[1])
+        a_rank, b_rank = rank_of(node.inputs[0]), rank_of(node.inputs[1])
         if isinstance(a, Batched) and (a_rank == 1 or a.axis == a_rank - 1):
             raise Refused(node.label, "contracts over the samples' dim")
         if isinstance(b, Batched) and (b_rank == 1 or b.axis == b_rank - 2):
@@ -582,7 +583,7 @@ class _Analysis:
         others = [axis for i, axis in batched if i > 0]
         if others and (node.op != "Concat" or any(axis != data_axis for axis in others)):
             raise Refused(node.label, "samples in an operand other than the data")
-        axes = self.axes(node, _rank(node.inputs[0]))
+        axes = self.axes(node, rank_of(node.inputs[0]))
         if axes is None:
             raise Refused(node.label, "dims kiln cannot read at compile time")
         if data_axis in axes:
@@ -591,7 +592,7 @@ class _Analysis:
     def shape_sizes(self, node: Node, state: State) -> State:
         if node.op == "Size" or not isinstance(state, Batched):
             return Sizes(None)
-        rank = _rank(node.inputs[0])
+        rank = rank_of(node.inputs[0])
         start, end = int(node.attrs.get("start", 0)), node.attrs.get("end")
         positions = list(range(rank))[slice(start, None if end is None else int(end))]
         return Sizes(tuple(i == state.axis for i in positions))

@@ -8,7 +8,7 @@ import numpy as np
 from kiln.ir.graph import Graph, Node, Value, free_values
 from kiln.ir.types import TensorType
 from kiln.ops.registry import has_trait
-from kiln.passes.batching import SHAPE_ARITHMETIC, Refused, Sizes
+from kiln.passes.batching import SHAPE_ARITHMETIC, Refused, Sizes, ancestors, symbols
 from kiln.passes.padding_positions import PositionRules
 from kiln.passes.padding_states import (
     FlatIndex,
@@ -36,6 +36,7 @@ class Analysis(PositionRules):
         self.masks: list[Mask] = []
         self._producers: dict[Value, Node] | None = None
         self.lengths = (low + 4, low + 10)  # the two lengths shapes are measured at
+        self.folds = (low, low + 3, low + 17)  # the three lengths values are folded at
         self._measured: list[dict[str, tuple]] | None = None
 
     def numeric(self, value: Value) -> tuple[tuple, tuple] | None:
@@ -44,9 +45,7 @@ class Analysis(PositionRules):
         if self._measured is None:
             from kiln.passes.specialize import specialize
 
-            others = {
-                d: 3 for v in self.graph.inputs for d in getattr(v.type, "shape", None) or () if isinstance(d, str)
-            }
+            others = dict.fromkeys(symbols(self.graph), 3)
             self._measured = []
             for length in self.lengths:
                 try:
@@ -106,6 +105,28 @@ class Analysis(PositionRules):
             return refusal
 
     # -- helpers ----------------------------------------------------------------------------------
+    def folded(self, value: Value, others: int | None = None) -> list[np.ndarray] | None:
+        """``value`` folded with the length bound to each of ``folds`` (and, with
+        ``others``, every other symbol bound to it); None when it does not fold (it reads an
+        input's data, or another symbol left unbound)."""
+        from kiln.passes.specialize import specialize
+
+        if self._producers is None:
+            self._producers = self.graph.producers()
+        alone = self.graph.with_(outputs=(value,), nodes=ancestors(self.graph, self._producers, value))
+        bound = {d: others for d in symbols(self.graph)} if others is not None else {}
+        found = []
+        for length in self.folds:
+            try:
+                folded = specialize(alone, {**bound, self.symbol: length})
+            except Exception:  # reads an input's data
+                return None
+            array = next((a for v, a in folded.constants.items() if v.name == folded.outputs[0].name), None)
+            if array is None:
+                return None
+            found.append(np.asarray(array))
+        return found
+
     def constant(self, value: Value | None) -> np.ndarray | None:
         """A value that does not depend on the length: a constant, or what folding gives for it
         at three lengths, when they agree (shape arithmetic such as ``s - s``)."""
@@ -115,28 +136,9 @@ class Analysis(PositionRules):
             return np.asarray(self.graph.constants[value])
         if isinstance(self.state.get(value), Padded):
             return None
-        from kiln.passes.specialize import specialize
-
-        if self._producers is None:
-            self._producers = self.graph.producers()
-        needed: set[int] = set()
-        stack = [value]
-        while stack:
-            node = self._producers.get(stack.pop())
-            if node is not None and id(node) not in needed:
-                needed.add(id(node))
-                stack.extend(v for v in node.inputs if v is not None)
-        nodes = [n for n in self.graph.nodes if id(n) in needed]
-        found = []
-        for length in (self.low, self.low + 3, self.low + 17):
-            try:
-                folded = specialize(self.graph.with_(outputs=(value,), nodes=nodes), {self.symbol: length})
-                array = next((a for v, a in folded.constants.items() if v.name == folded.outputs[0].name), None)
-            except Exception:  # reads an input's data: not a constant
-                return None
-            if array is None or (found and not np.array_equal(found[0], array)):
-                return None
-            found.append(np.asarray(array))
+        found = self.folded(value)
+        if found is None or any(not np.array_equal(found[0], array) for array in found[1:]):
+            return None
         return found[0]
 
     def ints(self, node: Node, index: int) -> list[int] | None:
@@ -266,32 +268,9 @@ class Analysis(PositionRules):
 
     def is_length(self, value: Value) -> bool:
         """The value is the length itself (a Gather of a Shape at a padded dim, unsqueezed or
-        cast): checked by folding it at three lengths."""
-        if self._producers is None:
-            self._producers = self.graph.producers()
-        from kiln.passes.specialize import specialize
-
-        nodes = []
-        stack, seen = [value], set()
-        while stack:
-            node = self._producers.get(stack.pop())
-            if node is not None and id(node) not in seen:
-                seen.add(id(node))
-                nodes.append(node)
-                stack.extend(v for v in node.inputs if v is not None)
-        order = [n for n in self.graph.nodes if id(n) in seen]
-        for length in (self.low, self.low + 3, self.low + 17):
-            try:
-                bound = {
-                    d: 2 for v in self.graph.inputs for d in getattr(v.type, "shape", None) or () if isinstance(d, str)
-                }
-                folded = specialize(self.graph.with_(outputs=(value,), nodes=order), {**bound, self.symbol: length})
-                array = next((a for v, a in folded.constants.items() if v.name == folded.outputs[0].name), None)
-            except Exception:
-                return False
-            if array is None or np.asarray(array).size != 1 or int(np.asarray(array).reshape(-1)[0]) != length:
-                return False
-        return True
+        cast): checked by folding it at three lengths, the other symbols bound to 2."""
+        found = self.folded(value, others=2)
+        return found is not None and all(a.size == 1 and int(a.reshape(-1)[0]) == n for a, n in zip(found, self.folds))
 
     # -- flattened rows ---------------------------------------------------------------------------
     def flat_rule(self, node: Node, read: list[State]) -> State:

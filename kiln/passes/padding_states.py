@@ -5,8 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from kiln.ir.graph import Value
-from kiln.ir.types import TensorType
-from kiln.passes.batching import Sizes
+from kiln.passes.batching import Sizes, rank_of
 
 VALID = "kiln_valid_"  # the padded graph's extra input: VALID + symbol, the run's true length
 PASSING = frozenset({"Identity", "Cast", "CastLike", "Dropout"})  # copy values: zeros stay zeros
@@ -85,13 +84,6 @@ class Padding:
     @property
     def valid_input(self) -> str:
         return VALID + self.symbol
-
-
-def rank_of(value: Value | None) -> int:
-    """A tensor value's rank (-1: unknown, or not a tensor)."""
-    if value is None or not isinstance(value.type, TensorType) or value.type.shape is None:
-        return -1
-    return len(value.type.shape)
 
 
 def broadcast_dims(out_rank: int, value: Value, axes: tuple[int, ...]) -> set[int]:

@@ -111,10 +111,9 @@ class KilnBackend(Backend):
         if model.batch_range is None:
             compiled.prepare(example)
             return
-        first = next(
-            (d for v in compiled.signature.inputs for d in getattr(v.type, "shape", None) or () if isinstance(d, str)),
-            None,
-        )
+        from kiln.passes.batching import symbols
+
+        first = next(iter(symbols(compiled.signature)), None)
         if first is None:
             compiled.prepare(example)
             return
