@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from kiln.backends import Threading
+from kiln.driver import extents
 from kiln.driver.artifact import save
 from kiln.driver.model import Model
 from kiln.driver.sizes import (
@@ -79,6 +80,8 @@ class NativeModel(Model):
         self._padder: Padder | bool | None = False  # a paddable dim's classes (False: not decided yet)
         self.padded_model: NativeModel | None = None  # the padded graph's model (runs at the classes)
         self.bound_in_analysis: dict[str, int] = {}  # dims bound before the batching analysis
+        self.extent: Padder | None = None  # a padded graph whose kernels take its length at run time
+        self.run_time_refused: dict[str, str] = {}  # why a dim's kernels cannot take it at run time
 
     @property
     def shapes_known(self) -> bool:
@@ -109,6 +112,8 @@ class NativeModel(Model):
         return self.compilation.cache_key
 
     def _variant(self, dims: dict[str, int]) -> Executable:
+        if self.extent is not None and self.extent.symbol in dims:  # one variant serves every length
+            dims = {**dims, self.extent.symbol: self.extent.classes[0]}
         key = tuple(sorted(dims.items()))
         last = self._last  # the most recently used variant: already last in the LRU order
         if last is not None and last[0] == key:
@@ -240,12 +245,21 @@ class NativeModel(Model):
                         continue
                     found = paddable(self.graph, symbol, low)
                     if isinstance(found, Padding):
-                        classes = self.size_classes.get(symbol) or padded_classes((low, high))
-                        chosen = Padder(found, classes)
+                        given = self.size_classes.get(symbol)
+                        lengths = None
+                        if not given and symbol not in self.run_time_refused and self._run_time_length():
+                            lengths = extents.samples(low, high)
+                        classes = (high,) if lengths else given or padded_classes((low, high))
+                        chosen = Padder(found, classes, lengths or ())
                         break
                     log.info("%s does not pad (%s): each new size compiles on first use", symbol, found)
             self._padder = chosen
         return self._padder  # type: ignore[return-value]
+
+    def _run_time_length(self) -> bool:
+        """Whether a padded dim's kernels may take the length at run time (the cpu target's C
+        renderer prints run-time sizes; ``--disable run-time-length`` compiles padded lengths)."""
+        return self.compiled_for.backend == "cpu" and "run-time-length" not in self.options.disabled
 
     def use_padded(self, padder: Padder, prebuilt: dict, ahead: list[dict[str, int]]) -> None:
         """A loaded artifact's padded dim: the lengths it holds, their code prebuilt."""
@@ -258,9 +272,12 @@ class NativeModel(Model):
         padder = self.padder()
         assert padder is not None
         if self.padded_model is None:
-            source = Source(pad(self.graph, padder.padding))
-            compilation = Compilation(source, self.compiled_for, self.options, prebuilt=prebuilt, ahead=ahead)
+            graph = pad(self.graph, padder.padding)
+            compilation = Compilation(Source(graph), self.compiled_for, self.options, prebuilt=prebuilt, ahead=ahead)
+            if padder.samples:  # the valid length is the padded graph's last input
+                compilation.extents = (padder.symbol, padder.samples, graph.inputs[-1].name)
             model = NativeModel(compilation, self.parallelism, self.streams, self.variants.limits)
+            model.extent = padder if padder.samples else None
             model.ranges = {k: v for k, v in self.ranges.items() if k != padder.symbol}
             model.bound_in_analysis = {padder.symbol: padder.classes[0]}
             model.size_classes = {k: v for k, v in self.size_classes.items() if k != padder.symbol}
@@ -308,7 +325,18 @@ class NativeModel(Model):
         if padder is not None:  # each compiled length with each class
             wanted = [{**base, padder.symbol: length, **size} for length in padder.classes for size in sizes]
             if set(wanted[0]) >= names:
-                self.padded().prepare_many(wanted)
+                try:
+                    self.padded().prepare_many(wanted)
+                except extents.NotAffine as err:  # the lowering varies otherwise: compiled lengths
+                    log.info(
+                        "%s: kernels cannot take the length at run time (%s); compiling lengths", padder.symbol, err
+                    )
+                    self.run_time_refused[padder.symbol] = str(err)
+                    self._padder, self.padded_model = False, None
+                    padder = self.padder()
+                    assert padder is not None
+                    wanted = [{**base, padder.symbol: n, **size} for n in padder.classes for size in sizes]
+                    self.padded().prepare_many(wanted)
         elif chunking is not None and chunking.symbol in names:
             self.prepare_many([{**base, **size} for size in sizes])
         elif base and set(base) >= names:
@@ -342,7 +370,22 @@ class NativeModel(Model):
             if candidate is not None and (candidate.plan.is_native or not candidate.plan.whole_graph_reason):
                 executable = candidate
         self._ran.setdefault(id(executable), executable)
-        return executable.run(inputs)
+        return self._run(executable, inputs)
+
+    def _run(self, executable: Executable, inputs: list[Any]) -> list[Any]:
+        """Run; a padded graph whose kernels take the length at run time gets its inputs laid out
+        at their length in the capacity's shapes, and gives its outputs back at that length."""
+        padder = self.extent
+        if padder is None:
+            return executable.run(inputs)
+        capacity = padder.classes[0]
+        axes = padder.padding.inputs
+        length = next((np.shape(a)[x] for a, x in zip(inputs, axes) if x is not None), capacity)
+        if length == capacity:
+            return executable.run(inputs)
+        laid = [extents.compact(a, x, capacity) for a, x in zip(inputs, axes)] + list(inputs[len(axes) :])
+        outputs = executable.run(laid)
+        return [extents.expand(o, x, length) for o, x in zip(outputs, padder.padding.outputs)]
 
     def _chunked(self, chunking: Chunking, dims: dict[str, int], inputs: list[Any]) -> list[Any]:
         """A run at a size that is not a class: its chunks on the classes' variants, joined."""
@@ -353,13 +396,13 @@ class NativeModel(Model):
             if not executable.native:  # shapes that depend on values: the whole run compiles as before
                 return self._execute_exact(dims, inputs)
             self._ran.setdefault(id(executable), executable)
-            results.append(executable.run(chunk))
+            results.append(self._run(executable, chunk))
         return chunking.join(results)
 
     def _execute_exact(self, dims: dict[str, int], inputs: list[Any]) -> list[Any]:
         executable = self._variant(dims)
         self._ran.setdefault(id(executable), executable)
-        return executable.run(inputs)
+        return self._run(executable, inputs)
 
     def _value_variant(self, dims: dict[str, int], inputs: list[Any]) -> Executable | None:
         """Shapes that depend on small inputs' values: compile for these values (bounded)."""

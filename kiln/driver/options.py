@@ -22,8 +22,9 @@ from kiln.errors import KilnError
 from kiln.passes import PASS_NAMES
 
 # algorithms ``disabled`` may name besides the graph passes ("size-classes": every size of a
-# sample-parallel dim compiles, as for any other dim)
-ALGORITHMS = ("winograd", "direct", "requantize", "size-classes")
+# sample-parallel dim compiles, as for any other dim; "run-time-length": a padded dim compiles its
+# padded lengths instead of kernels that take the length at run time)
+ALGORITHMS = ("winograd", "direct", "requantize", "size-classes", "run-time-length")
 # of matrix products and convolutions; "auto": the best this target computes natively (bf16 where
 # the CPU has bf16 instructions), said by the compiled model (``precision``)
 PRECISIONS = ("fp32", "bf16", "int8", "auto")

@@ -165,12 +165,21 @@ class Padder:
 
     padding: Padding
     classes: tuple[int, ...]
+    # run-time length (``kiln.driver.extents``): the lengths its kernels were lowered at, the
+    # capacity (the one class) first, the floor the smallest; a run pads only to the floor
+    samples: tuple[int, ...] = ()
 
     @property
     def symbol(self) -> str:
         return self.padding.symbol
 
+    @property
+    def floor(self) -> int:
+        return min(self.samples) if self.samples else 0
+
     def class_for(self, length: int) -> int:
+        if self.samples:  # the kernels take the length at run time
+            return max(length, self.floor)
         return next(c for c in self.classes if c >= length)  # the range's end is at most the largest
 
     def pad(self, inputs: list[Any], length: int, size: int) -> list[Any]:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from kiln.driver import plan_cache
+from kiln.driver import extents, plan_cache
 from kiln.driver.options import CompileOptions
 from kiln.driver.pipeline import compile_plan
 from kiln.errors import CompilerError, ExecutionError, InternalError, KilnError, ResourceError, ShapeInferenceError
@@ -85,6 +85,9 @@ class Compilation:
         self.options = options
         self.prebuilt = prebuilt or {}  # source key -> the build products a loaded artifact brought
         self.ahead = ahead  # a loaded artifact's bindings compiled ahead; None otherwise
+        # (symbol, lengths, valid-length input): the capacity's binding compiles with kernels that
+        # take the length at run time (``kiln.driver.extents``)
+        self.extents: tuple[str, tuple[int, ...], str] | None = None
         self._graph_lock = threading.Lock()
 
     @property
@@ -103,7 +106,10 @@ class Compilation:
     @property
     def cache_key(self) -> str:
         if self.source.cache_key is None:
-            self.source.cache_key = plan_cache.entry_key(self.graph.digest, self.options, self.target)
+            digest = self.graph.digest
+            if self.extents is not None:  # another program than the lengths' own: its own entry
+                digest = f"{digest}/run-time {self.extents[0]} {self.extents[1]}"
+            self.source.cache_key = plan_cache.entry_key(digest, self.options, self.target)
         return self.source.cache_key
 
     def plan(self, dims: dict[str, int]) -> Plan:
@@ -132,6 +138,12 @@ class Compilation:
                 self.ahead or "none",
             )
         try:
+            if self.extents is not None and dims.get(self.extents[0]) == self.extents[1][0]:
+                symbol, lengths, valid = self.extents
+                bound = {k: v for k, v in dims.items() if k != symbol}
+                return extents.compile_with_run_time_length(
+                    self.graph, bound, symbol, lengths, valid, self.target, self.options, self.prebuilt
+                )
             return compile_plan(specialize(self.graph, dims), self.target, self.options, prebuilt=self.prebuilt)
         except CompilerError as err:
             if self.ahead is not None and "no C compiler" in str(err):
@@ -141,7 +153,7 @@ class Compilation:
                     "(kiln compile --dim NAME=1,8,...) or install a C compiler"
                 ) from None
             raise
-        except KilnError:
+        except (KilnError, extents.NotAffine):
             raise
         except MemoryError as err:
             raise ResourceError(f"out of memory while compiling for dims {dims}: {err}") from None

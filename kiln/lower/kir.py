@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from kiln.ir.types import DType
 from kiln.lower.kir_expr import (  # the expressions, re-exported: kir is the kernel IR's one name
     BINARY_OPS as BINARY_OPS,
 )
@@ -85,6 +86,9 @@ from kiln.lower.kir_expr import (
 from kiln.lower.kir_expr import (
     shared_nodes as shared_nodes,
 )
+
+# the run-time length a kernel's sizes may be expressions of (``Kernel.length`` says where it is read)
+LENGTH = Scalar("kiln_len", DType.INT64)
 
 
 @dataclass
@@ -376,6 +380,9 @@ class Function:
     buffers: list[Buffer]
     engine_block: Buffer | None = None  # this buffer is the engine's per-call block (its address comes from the engine)
     schedule: Schedule = field(default_factory=Schedule)  # how its loops run (by their index names)
+    # its sizes are expressions of the run-time length ``kiln_len``: read from this buffer (a
+    # scalar int64 input), at least the int (``kiln.driver.extents``)
+    length: tuple[Buffer, int] | None = None
 
 
 @dataclass
@@ -389,6 +396,7 @@ class Kernel:
     schedule: Schedule = field(default_factory=Schedule)
     flops: int = 0  # floating-point operations of a matrix product or convolution (for profiles)
     tuning: str = "default"  # where its schedule came from: default | tuned | cached
+    length: tuple[Buffer, int] | None = None  # as Function.length: where ``kiln_len`` comes from
 
 
 def loops(body: list[Stmt]) -> list[For]:

@@ -18,6 +18,7 @@ from kiln.backends.cpu.c_engines import engine_call
 from kiln.ir.types import DType
 from kiln.lower.kir import (
     ENGINE_CALLS,
+    LENGTH,
     Assign,
     Binary,
     Buffer,
@@ -248,6 +249,7 @@ class _Outline:
     used: list[Buffer]
     table: dict[Buffer, int]
     parts: list[str] = field(default_factory=list)
+    length: list[str] = field(default_factory=list)  # ``kiln_len``'s declaration (a run-time length)
 
 
 def _scalars_from_outside(loop: For) -> bool:
@@ -256,8 +258,8 @@ def _scalars_from_outside(loop: For) -> bool:
     defined: set[str] = set()
     used: set[str] = set()
 
-    def visit(e: object) -> None:
-        used.update(n.name for n in postorder(e) if isinstance(n, Scalar))  # type: ignore[arg-type]
+    def visit(e: object) -> None:  # (the run-time length is declared in every function)
+        used.update(n.name for n in postorder(e) if isinstance(n, Scalar) and n.name != LENGTH.name)  # type: ignore[arg-type]
 
     def walk(stmts: Sequence[Stmt]) -> None:
         for stmt in stmts:
@@ -294,6 +296,7 @@ def _parallel_loop(stmt: For, schedule: Schedule, outline: _Outline, path: list[
     ]
     lines.extend(f"  const int64_t {n} = ((kiln_loop_ctx *)kiln_ctx)->index[{i}];" for i, n in enumerate(path))
     lines.extend(_buffer_declarations(outline.used, outline.table, "  "))
+    lines.extend(outline.length)
     if name == schedule.vectorize or name in schedule.simd:
         lines.append("#pragma omp simd")
     lines.append(f"  for (int64_t {name} = kiln_lo; {name} < kiln_hi; ++{name}) {{")
@@ -383,6 +386,18 @@ def _buffer_declarations(
     return lines
 
 
+def length_declaration(length: tuple[Buffer, int] | None, indent: str = "  ") -> list[str]:
+    """``kiln_len``, the length a function's sizes are expressions of (``kiln.driver.extents``):
+    the valid-length input's value, at least the floor the kernels were lowered for."""
+    if length is None:
+        return []
+    valid, floor = length
+    return [
+        f"{indent}const int64_t {LENGTH.name} = {valid.name}[0] > {floor} ? (int64_t){valid.name}[0] : {floor};",
+        f"{indent}(void){LENGTH.name};",
+    ]
+
+
 def _sum_reduction(loop: For) -> str | None:
     """The scalar a loop only accumulates into (``s = s + e``, e not reading s), else None."""
     if len(loop.body) != 1 or not isinstance(loop.body[0], Assign):
@@ -403,6 +418,7 @@ def emit_helper(function: Function, table: dict[Buffer, int]) -> str:
     _restart_temporaries()
     lines = [f"static void {function.name}(const kiln_gemm *g, {params}) {{", "  void **buffers = g->buffers;"]
     lines.extend(_buffer_declarations(list(dict.fromkeys(function.buffers)), table, "  ", function.engine_block))
+    lines.extend(length_declaration(function.length))
     # a helper's inner loops (the micro-tile row's "c", the general path's "j") touch one element
     # per iteration: SIMD even when the epilogue reads scalars from buffers GCC cannot prove
     # unaliased (GELU's constants); the attention driver runs its scores block through "j"
@@ -433,12 +449,13 @@ def emit_kernel(kernel: Kernel, used: list[Buffer], table: dict[Buffer, int], na
     _restart_temporaries()
     # never inlined into the segment: a kernel is a loop nest (a call costs nothing beside it), and
     # GCC inlining thousands of them into one function takes superlinear time
-    outline = _Outline(name, used, table)
+    outline = _Outline(name, used, table, length=length_declaration(kernel.length))
     body = statements(kernel.body, kernel.schedule, "  ", outline, [])
     lines.extend(outline.parts)  # the outlined parallel loops, before the function calling them
     lines.append(f"static __attribute__((noinline)) void {name}(void **buffers) {{")
     lines.append(f"  /* {comment(kernel.kind)} */")
     lines.extend(_buffer_declarations(used, table, "  "))
+    lines.extend(outline.length)
     lines.extend(body)
     lines.append("}")
     return "\n".join(lines)

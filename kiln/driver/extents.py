@@ -1,0 +1,275 @@
+"""Kernels whose extents are run-time values: one library serves every length of a padded dim.
+
+A padded graph (``kiln.passes.padding``) computes, at any length E >= L, the model's values at
+length L below L. Lowered at one length, its kernels hold that length in their integers: loop
+extents, a product's rows, attention's queries and keys, strides of tensors laid out after the
+length. ``compile_with_run_time_length`` lowers the graph at three lengths (the capacity C = the
+range's end, the smallest S, one between) and walks the three kernel IRs in step: they must be the
+same program, every integer that differs must be one exact affine function ``a * E + b`` of the
+length through all three, and everything else must be equal (schedules and cache blocking are
+taken from C: they change speed, never results). Those integers become expressions of ``kiln_len``
+(the length the call runs at: the padded graph's valid-length input, at least S), so the code
+computes the graph at length E with its tensors laid out densely at E, each in the first part of
+its C-sized place in the arena (every size grows with the length, checked). The C compiler runs
+once; no length in the range compiles again.
+
+Refused (the caller compiles padded lengths instead, each a compile): a lowering whose structure
+changes with the length, an integer that is not affine in it (a quadratic scores block's size is a
+buffer size, not an extent: sizes stay C's), a constant whose data is not the same prefix at every
+length, a host fallback (it would read C-shaped arrays), or an im2col geometry that varies.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Any
+
+import numpy as np
+
+from kiln.driver.pipeline import Compile, run_stages, start
+from kiln.ir.types import DType
+from kiln.lower.kir import (
+    LENGTH,
+    AttentionOperand,
+    AttentionSpec,
+    Binary,
+    Buffer,
+    Const,
+    For,
+    Function,
+    GemmSpec,
+    Kernel,
+    MatrixOperand,
+    WinogradInput,
+    WinogradOutput,
+)
+from kiln.passes import specialize
+from kiln.runtime.plan import Fallback, Plan
+
+FLOOR = 16  # the smallest length lowered: shorter runs compute at it (masked), as a padded class did
+# fields that say how code runs, never what it computes: the capacity's are kept
+_SCHEDULE = {"schedule", "blocking", "threads", "flops", "tuning", "parallel"}
+# engine-call classes whose integer fields may be run-time sizes (their renderers print them)
+_SIZED = (GemmSpec, MatrixOperand, AttentionSpec, AttentionOperand, WinogradInput, WinogradOutput)
+
+
+class NotAffine(Exception):
+    """Why the kernels cannot take the length at run time."""
+
+
+@dataclass(frozen=True)
+class RunTimeSize:
+    """An engine call's integer as ``c0 + c1 * kiln_len + c2 * kiln_len^2`` (printed as C by
+    the renderers; squares are the sizes of [length, length] masks and scores)."""
+
+    c0: int
+    c1: int
+    c2: int = 0
+
+    def __str__(self) -> str:
+        square = f" + (int64_t){self.c2} * kiln_len * kiln_len" if self.c2 else ""
+        return f"((int64_t){self.c0} + (int64_t){self.c1} * kiln_len{square})"
+
+    def at(self, length: int) -> int:
+        return self.c0 + self.c1 * length + self.c2 * length * length
+
+
+def samples(low: int, high: int) -> tuple[int, ...] | None:
+    """The lengths lowered (capacity first), or None when the range is too short to tell: three
+    determine a polynomial of degree two, the fourth checks it."""
+    floor = max(low, min(FLOOR, high))
+    chosen = (high, ((floor + high) // 2) | 1, floor, ((3 * floor + high) // 4) | 1)
+    return chosen if floor >= 2 and len(set(chosen)) == 4 else None
+
+
+def _fit(values: list[int], lengths: tuple[int, ...], where: str) -> RunTimeSize:
+    """The integer polynomial of degree <= 2 through the first three points, checked on the rest."""
+    (x0, x1, x2), (y0, y1, y2) = lengths[:3], values[:3]
+    d01, d12 = Fraction(y1 - y0, x1 - x0), Fraction(y2 - y1, x2 - x1)
+    c2 = (d12 - d01) / (x2 - x0)
+    c1 = d01 - c2 * (x0 + x1)
+    c0 = y0 - c1 * x0 - c2 * x0 * x0
+    if any(c.denominator != 1 for c in (c0, c1, c2)):
+        raise NotAffine(f"{where}: {values} at lengths {list(lengths)} is no integer polynomial of the length")
+    size = RunTimeSize(int(c0), int(c1), int(c2))
+    if any(size.at(n) != v for n, v in zip(lengths, values)):
+        raise NotAffine(f"{where}: {values} at lengths {list(lengths)} is no polynomial of degree <= 2 of the length")
+    return size
+
+
+def _expression(size: RunTimeSize) -> Any:
+    term = Binary("*", Const(size.c1, DType.INT64), LENGTH)
+    if size.c2:
+        term = Binary("+", term, Binary("*", Binary("*", Const(size.c2, DType.INT64), LENGTH), LENGTH))
+    return Binary("+", term, Const(size.c0, DType.INT64))
+
+
+class _Merge:
+    """Walks the capacity's kernel IR and the other lengths' in step (see the module's text)."""
+
+    def __init__(self, lengths: tuple[int, ...], constants: set[str]) -> None:
+        self.lengths = lengths
+        self.constants = constants  # names of constant buffers: their sizes must not vary
+        self.memo: dict[int, Any] = {}
+        self.used = False
+
+    def merge(self, items: list[Any], where: str, sized: bool = False) -> Any:
+        x = items[0]
+        if isinstance(x, (bool, str, float, type(None))) or isinstance(x, DType):
+            if any(y != x for y in items[1:]):
+                raise NotAffine(f"{where}: {[y for y in items]} differ with the length")
+            return x
+        if isinstance(x, int):
+            if all(y == x for y in items[1:]):
+                return x
+            if not sized:
+                raise NotAffine(f"{where}: {items} differ with the length")
+            self.used = True
+            return _fit(items, self.lengths, where)
+        if any(type(y) is not type(x) for y in items[1:]):
+            raise NotAffine(f"{where}: the lowering's structure differs with the length")
+        if isinstance(x, Buffer):
+            if any(y.name != x.name or y.dtype != x.dtype or y.size > x.size for y in items[1:]):
+                raise NotAffine(f"{where}: buffer {x.name} differs, or grows as the length shrinks")
+            return x
+        key = id(x)
+        if key in self.memo:
+            return self.memo[key]
+        result = self._compound(items, where, sized)
+        self.memo[key] = result
+        return result
+
+    def _compound(self, items: list[Any], where: str, sized: bool) -> Any:
+        x = items[0]
+        if isinstance(x, (list, tuple)):
+            if any(len(y) != len(x) for y in items[1:]):
+                raise NotAffine(f"{where}: the lowering's structure differs with the length")
+            merged = [self.merge([y[i] for y in items], f"{where}[{i}]", sized) for i in range(len(x))]
+            same = all(m is o for m, o in zip(merged, x))
+            return x if same else type(x)(merged)
+        if isinstance(x, dict):
+            if any(y != x for y in items[1:]):
+                raise NotAffine(f"{where}: {x} differ with the length")
+            return x
+        if isinstance(x, Const):
+            if all(y.value == x.value for y in items[1:]):
+                return x
+            if x.dtype is not DType.INT64 or isinstance(x.value, (bool, float)):
+                raise NotAffine(f"{where}: a {x.dtype.name} constant differs with the length")
+            self.used = True
+            return _expression(_fit([y.value for y in items], self.lengths, where))
+        if not dataclasses.is_dataclass(x):
+            raise NotAffine(f"{where}: {type(x).__name__} kiln cannot compare")
+        changes = {}
+        for f in dataclasses.fields(x):
+            value = getattr(x, f.name)
+            if f.name in _SCHEDULE:
+                continue
+            bound = isinstance(x, For) and f.name in ("extent", "start")
+            sized = isinstance(x, _SIZED) or bound
+            merged = self.merge([getattr(y, f.name) for y in items], f"{where}.{f.name}", sized)
+            if bound and isinstance(merged, RunTimeSize):
+                merged = _expression(merged)  # a loop bound is a kernel-IR expression
+            if merged is not value:
+                changes[f.name] = merged
+        return dataclasses.replace(x, **changes) if changes else x
+
+
+def _kernels(state: Compile) -> list[Kernel]:
+    if any(isinstance(step, Fallback) for step in state.steps):
+        reason = next(s.reason for s in state.steps if isinstance(s, Fallback))
+        raise NotAffine(f"a host fallback ({reason}) would read arrays laid out at the capacity")
+    return [k for segment in state.segments for k in segment]
+
+
+def _check_constants(states: list[Compile]) -> None:
+    """A constant whose size depends on the length (a folded Range of positions) must hold, at
+    every length, the first part of the capacity's data (what the dense layout at E reads)."""
+    capacity = {b.name: a for b, a in states[0].constants.items()}
+    for state in states[1:]:
+        for buffer, array in state.constants.items():
+            full = capacity.get(buffer.name)
+            if full is None or full.size == array.size:
+                continue
+            if full.size < array.size or not (full.reshape(-1)[: array.size] == array.reshape(-1)).all():
+                raise NotAffine(f"constant {buffer.name} is not the same prefix at every length")
+
+
+def compile_with_run_time_length(
+    graph: Any,
+    dims: dict[str, int],
+    symbol: str,
+    lengths: tuple[int, ...],
+    valid: str,
+    target: Any,
+    options: Any,
+    prebuilt: dict | None = None,
+) -> Plan:
+    """The plan of ``graph`` at ``dims`` with ``symbol`` at the capacity ``lengths[0]``, whose
+    kernels take the length at run time from input ``valid`` (at least the smallest of ``lengths``)."""
+    states = []
+    for length in lengths:
+        state = start(specialize(graph, {**dims, symbol: length}), target, options, prebuilt=prebuilt or {})
+        states.append(run_stages(state, "fold", "plan-memory"))
+    _check_constants(states)
+    kernels = [_kernels(state) for state in states]
+    if len({len(k) for k in kernels}) != 1:
+        raise NotAffine("the number of kernels changes with the length")
+    capacity = states[0]
+    constants = {b.name for b in capacity.constants}
+    merge = _Merge(lengths, constants)
+    valid_buffer = next(capacity.roots[v] for v in capacity.graph.inputs if v.name == valid)
+    position = 0
+    for segment in capacity.segments:
+        for i, kernel in enumerate(segment):
+            merged = merge.merge([kernel, *(k[position] for k in kernels[1:])], kernel.name)
+            position += 1
+            if merged is not kernel:
+                segment[i] = _with_length(merged, valid_buffer, min(lengths))
+    if not merge.used:
+        raise NotAffine("no kernel's sizes depend on the length")
+    return run_stages(capacity, "render", "build").plan()
+
+
+def _with_length(kernel: Kernel, valid: Buffer, floor: int) -> Kernel:
+    """The kernel (and its epilogues) told where ``kiln_len`` comes from."""
+    reads = kernel.reads if valid in kernel.reads else [*kernel.reads, valid]
+
+    def helpers(stmts: list) -> None:
+        for stmt in stmts:
+            epilogue = getattr(stmt, "epilogue", None)
+            if isinstance(epilogue, Function) and epilogue.length is None:
+                epilogue.length = (valid, floor)
+                if valid not in epilogue.buffers:
+                    epilogue.buffers.append(valid)
+            if isinstance(stmt, For) or (hasattr(stmt, "body") and isinstance(stmt.body, list)):
+                helpers(stmt.body)
+
+    helpers(kernel.body)
+    return dataclasses.replace(kernel, reads=reads, length=(valid, floor))
+
+
+def compact(array: Any, axis: int | None, capacity: int) -> Any:
+    """An input at length E laid out densely in the first elements of its capacity shape (what
+    the kernels read at E), the rest zero."""
+    array = np.asarray(array)
+    if axis is None or array.shape[axis] == capacity:
+        return array
+    shape = list(array.shape)
+    shape[axis] = capacity
+    out = np.zeros(shape, array.dtype)
+    out.reshape(-1)[: array.size] = array.reshape(-1)
+    return out
+
+
+def expand(array: Any, axes: tuple[int, ...], length: int) -> Any:
+    """An output computed at length E (the first elements of its capacity shape) as its E shape."""
+    if not axes:
+        return array
+    array = np.asarray(array)
+    shape = list(array.shape)
+    for axis in axes:
+        shape[axis] = length
+    return array.reshape(-1)[: int(np.prod(shape))].reshape(shape)
