@@ -61,10 +61,19 @@ def _say_ranges(compiled) -> None:  # type: ignore[no-untyped-def]
             saved = sorted({dims[symbol] for dims, _ in compiled.bindings() if symbol in dims})
             sizes = ", ".join(map(str, [c for c in chunking.classes if c in saved] or saved))
             out.print(f"{symbol} ({bounds}): sample-parallel; every size runs from the size classes {sizes}")
+        elif padder is not None and padder.symbol == symbol and padder.samples:
+            lowered = ", ".join(map(str, padder.samples))
+            out.print(
+                f"{symbol} ({bounds}): run-time length; one library per batch class whose kernels take the length "
+                f"at run time (lowered at {lowered}; lengths below {padder.floor} run at {padder.floor}, masked)"
+            )
         elif padder is not None and padder.symbol == symbol:
             lengths = ", ".join(map(str, padder.classes))
+            why = compiled.run_time_refused.get(symbol)
+            said = f" (kernels cannot take it at run time: {why})" if why else ""
             out.print(
-                f"{symbol} ({bounds}): pads; every length runs at the smallest compiled length that holds it: {lengths}"
+                f"{symbol} ({bounds}): pads; every length runs at the smallest compiled length that holds it: "
+                f"{lengths}{said}"
             )
         else:
             why = found if not isinstance(found, Parallel) else "another dim is chunked"

@@ -95,6 +95,7 @@ def explain(
     graph, binding = import_bound(model, dims)
     sizes = _sizes(graph, ranges)
     options = _explain_options(model, graph, binding, compiled_for, level, disable, precision)
+    _run_time_kernels(graph, sizes, binding, compiled_for, options, _progress(as_json))
     view = ExplainView(model, compiled_for, options, binding, set(print_after), as_json)
     plan = view.run(graph, kernels)
     sections = found.explain(plan, arches, _progress(as_json)) if plan is not None and plan.source else []
@@ -110,14 +111,30 @@ def explain(
             classes = ", ".join(map(str, found_size["classes"]))
             out.print(
                 f"sizes: {symbol} ({bounds}) is sample-parallel: every kernel runs any size from the size classes "
-                f"{classes} (whole-plan variants, chunks joined); no kernel has run-time extents yet"
+                f"{classes} (a library per class, chunks joined)"
             )
+        elif found_size.get("run_time"):
+            listing = found_size["run_time"]
+            if listing.get("refused"):
+                out.print(
+                    f"sizes: {symbol} ({bounds}): kernels cannot take the length at run time: {listing['refused']}"
+                )
+            else:
+                taking = [k for k in listing["kernels"] if k["run_time"]]
+                out.print(
+                    f"sizes: {symbol} ({bounds}) pads to a floor of {listing['floor']} and its kernels take the length at "
+                    f"run time: {len(taking)} of {len(listing['kernels'])} kernels have run-time sizes (lowered at "
+                    f"{', '.join(map(str, listing['lowered']))}), the others' do not depend on it; one library per batch class"
+                )
+                for k in listing["kernels"]:
+                    how = "run-time sizes" if k["run_time"] else "fixed sizes"
+                    out.print(f"  {k['kernel']:>6} {k['kind']:<14} {how:<14} {escape(k['computes'][:70])}")
         elif found_size.get("padded"):
             masks = found_size["masks"]
             out.print(
                 f"sizes: {symbol} ({bounds}) pads: every length runs at the smallest of the compiled lengths "
                 f"{', '.join(map(str, found_size['padded']))} that holds it ({masks} mask(s) keep padded positions "
-                "out of valid ones; outputs cut back); no kernel has run-time extents yet"
+                "out of valid ones; outputs cut back)"
             )
         else:
             out.print(f"sizes: {symbol} ({bounds}) compiles each new size: {escape(found_size['reason'])}")
@@ -160,6 +177,36 @@ def _sizes(graph, ranges: dict[str, str]) -> dict:  # type: ignore[no-untyped-de
             else:
                 report[name]["reason"] += f"; does not pad: {padding}"
     return report
+
+
+def _run_time_kernels(graph, sizes: dict, binding: dict, target, options, progress) -> None:  # type: ignore[no-untyped-def]
+    """For a padded dim on a target whose kernels can take it at run time: each kernel of the
+    library (at the binding's other dims), and whether its sizes are run-time values."""
+    from kiln.driver import extents
+    from kiln.passes.padding import pad, paddable
+
+    if target.backend != "cpu" or "run-time-length" in options.disabled:
+        return
+    for name, found in sizes.items():
+        lengths = extents.samples(*found["range"]) if found.get("padded") else None
+        if not lengths:
+            continue
+        padded = pad(graph, paddable(graph, name, found["range"][0]))  # type: ignore[arg-type]
+        others = {k: v for k, v in binding.items() if k != name}
+        others.update({k: (s["range"] or [1])[0] or 1 for k, s in sizes.items() if k != name and k not in others})
+        report: dict = {"lowered": list(lengths), "floor": min(lengths), "refused": "", "kernels": []}
+        try:
+            with progress(f"lowering at {name} = {', '.join(map(str, lengths))} (kernel sizes as functions of {name})"):
+                state = extents.run_time_kernels(padded, others, name, lengths, padded.inputs[-1].name, target, options)
+        except extents.NotAffine as err:
+            report["refused"] = str(err)
+        else:
+            for kernels in state.segments:
+                report["kernels"] += [
+                    {"kernel": k.name, "kind": k.kind, "computes": k.sources[0], "run_time": k.length is not None}
+                    for k in kernels
+                ]
+        found["run_time"] = report
 
 
 def _check_stages(print_after: tuple[str, ...]) -> None:

@@ -88,6 +88,8 @@ def save(model: Any, path: str | os.PathLike) -> Path:
         padded = getattr(model, "padded_model", None)
         if padded is not None:  # a padded dim's compiled lengths (the padded graph is made again at load)
             meta["padded_variants"] = []
+            if padded.extent is not None:  # its kernels take the length at run time (the lengths lowered)
+                meta["run_time_length"] = list(padded.extent.samples)
             for dims, plan in padded.bindings():
                 meta["padded_variants"].append(dims)
                 if plan.products:

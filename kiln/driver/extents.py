@@ -197,7 +197,7 @@ def _check_constants(states: list[Compile]) -> None:
                 raise NotAffine(f"constant {buffer.name} is not the same prefix at every length")
 
 
-def compile_with_run_time_length(
+def run_time_kernels(
     graph: Any,
     dims: dict[str, int],
     symbol: str,
@@ -206,9 +206,9 @@ def compile_with_run_time_length(
     target: Any,
     options: Any,
     prebuilt: dict | None = None,
-) -> Plan:
-    """The plan of ``graph`` at ``dims`` with ``symbol`` at the capacity ``lengths[0]``, whose
-    kernels take the length at run time from input ``valid`` (at least the smallest of ``lengths``)."""
+) -> Compile:
+    """The compile state at the capacity, through plan-memory, its kernels' sizes made
+    expressions of the run-time length (raises NotAffine saying why they cannot be)."""
     states = []
     for length in lengths:
         state = start(specialize(graph, {**dims, symbol: length}), target, options, prebuilt=prebuilt or {})
@@ -230,7 +230,23 @@ def compile_with_run_time_length(
                 segment[i] = _with_length(merged, valid_buffer, min(lengths))
     if not merge.used:
         raise NotAffine("no kernel's sizes depend on the length")
-    return run_stages(capacity, "render", "build").plan()
+    return capacity
+
+
+def compile_with_run_time_length(
+    graph: Any,
+    dims: dict[str, int],
+    symbol: str,
+    lengths: tuple[int, ...],
+    valid: str,
+    target: Any,
+    options: Any,
+    prebuilt: dict | None = None,
+) -> Plan:
+    """The plan of ``graph`` at ``dims`` with ``symbol`` at the capacity ``lengths[0]``, whose
+    kernels take the length at run time from input ``valid`` (at least the smallest of ``lengths``)."""
+    state = run_time_kernels(graph, dims, symbol, lengths, valid, target, options, prebuilt)
+    return run_stages(state, "render", "build").plan()
 
 
 def _with_length(kernel: Kernel, valid: Buffer, floor: int) -> Kernel:

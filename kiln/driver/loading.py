@@ -85,7 +85,16 @@ def load(
         high = ranges.get(padder.symbol, (0, 0))[1] if padder is not None else 0
         if padder is None or not lengths or lengths[-1] < high:
             raise ArtifactError(f"{path}: damaged artifact (padded variants {str(padded)[:80]} for no paddable dim)")
-        model.use_padded(Padder(padder.padding, lengths), prebuilt, padded)
+        lowered = meta.get("run_time_length") or ()  # the kernels take the length at run time
+        if lowered and (
+            not isinstance(lowered, list)
+            or len(lowered) != 4
+            or any(type(n) is not int or not 2 <= n <= lengths[-1] for n in lowered)
+            or lowered[0] != lengths[-1]
+            or len(lengths) != 1
+        ):
+            raise ArtifactError(f"{path}: damaged artifact (run-time length lowered at {str(lowered)[:80]})")
+        model.use_padded(Padder(padder.padding, lengths, tuple(lowered)), prebuilt, padded)
         for dims in padded:
             model.padded().prepare_dims(dims)
     return model

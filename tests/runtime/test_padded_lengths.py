@@ -77,16 +77,20 @@ def feeds(batch: int, length: int, seed: int = 0) -> dict[str, np.ndarray]:
     return {"x": rng.standard_normal((batch, length, WIDTH)).astype(np.float32), "mask": mask}
 
 
-def test_every_length_in_the_range_runs_on_the_compiled_lengths_with_no_compile():
+def test_every_length_runs_on_one_library_whose_kernels_take_the_length_at_run_time():
+    """The default: one compile per batch class (not per length) whose kernels' sizes are
+    expressions of the run-time length (kiln.driver.extents); every length 1..40 at batches 1, 2,
+    8 and 9 equals NumPy, nothing compiles at run time, the range is checked."""
     compiled = kiln.compile(attention_model(), dims={"seq": (1, 40), "batch": (1, 9)})
     padder = compiled.padder()
-    assert padder is not None and padder.classes == (16, 32, 40)
-    assert compiled.chunking() is not None and compiled.chunking().symbol == "batch"
+    assert padder is not None and padder.classes == (40,) and padder.samples[0] == 40 and padder.floor == 16
+    assert compiled.chunking() is not None and compiled.chunking().classes == (1, 8)
     compiled_before = len(compiled.executables())
-    assert compiled.chunking().classes == (1, 8)
-    assert compiled_before == 3 * 2  # each length class at each batch class
-    for length in (1, 2, 7, 16, 17, 33, 40):
-        for batch in (1, 3, 9):
+    assert compiled_before == 2  # one library per batch class, serving every length
+    kernels = [k for e in compiled.padded_model.executables() for s in e.plan.steps for k in s.kernels]
+    assert sum(k.length is not None for k in kernels) > len(kernels) // 2  # sizes read at run time
+    for length in range(1, 41):
+        for batch in (1, 2, 8, 9):
             given = feeds(batch, length)
             got = compiled.run(given)
             want = reference(given["x"], given["mask"])
@@ -96,6 +100,49 @@ def test_every_length_in_the_range_runs_on_the_compiled_lengths_with_no_compile(
     assert len(compiled.executables()) == compiled_before  # nothing compiled at run time
     with pytest.raises(InputError, match="outside the range"):
         compiled.run(feeds(1, 41))
+
+
+def test_the_run_time_length_is_read_from_the_call():
+    """Mutation check: the library run at length 17 told it is 16 (its valid-length input) gives
+    other values, so the kernels do compute with the length the call gives them."""
+    compiled = kiln.compile(attention_model(), dims={"seq": (1, 24), "batch": 1})
+    executable = compiled.padded_model.executables()[0]
+    given = feeds(1, 17)
+    inputs = [np.pad(given["x"], [(0, 0), (0, 7), (0, 0)]), np.pad(given["mask"], [(0, 0), (0, 7)])]
+    right = executable.run([*inputs, np.array(17, np.int64)])
+    wrong = executable.run([*inputs, np.array(16, np.int64)])
+    want = reference(given["x"], given["mask"])[1]
+    np.testing.assert_allclose(right[1], want, rtol=1e-4, atol=1e-5)
+    assert not np.allclose(wrong[1], want, rtol=1e-3)
+
+
+def test_compiled_lengths_when_asked_or_when_the_lowering_is_no_polynomial_of_the_length():
+    """--disable run-time-length (or size classes given) compiles padded lengths, as does a
+    lowering whose integers are no polynomial of the length (here forced): every length still
+    runs with no compile."""
+    from kiln.driver import extents
+    from kiln.driver.options import CompileOptions
+
+    options = CompileOptions.from_env(disabled=frozenset({"run-time-length"}))
+    compiled = kiln.compile(attention_model(), dims={"seq": (1, 40), "batch": (1, 9)}, options=options)
+    assert compiled.padder().classes == (16, 32, 40) and not compiled.padder().samples
+    assert len(compiled.executables()) == 3 * 2  # each length class at each batch class
+    refused = kiln.compile(attention_model())
+    real = extents._fit
+    try:  # as if some integer were not a polynomial of the length
+        extents._fit = lambda values, lengths, where: (_ for _ in ()).throw(extents.NotAffine(f"{where}: forced"))
+        refused.declare({"seq": (1, 20), "batch": (1, 2)})
+    finally:
+        extents._fit = real
+    assert "forced" in refused.run_time_refused["seq"] and refused.padder().classes == (16, 20)
+    for model in (compiled, refused):
+        before = len(model.executables())
+        for length in (1, 7, 16, 17, 20):
+            given = feeds(2, length)
+            got = model.run(given)
+            for name, want in zip(("y", "pooled", "peak"), reference(given["x"], given["mask"])):
+                np.testing.assert_allclose(got[name], want, rtol=1e-4, atol=1e-5, err_msg=f"{name} at {length}")
+        assert len(model.executables()) == before
 
 
 def test_without_the_masks_a_padded_run_would_be_wrong():
@@ -135,8 +182,9 @@ def test_padded_classes_are_checked():
 
 
 def test_an_artifact_runs_every_length_without_a_compiler(tmp_path):
-    """Compiled once with seq=1..24 and batch=1..9, saved; a process with no compiler on its PATH
-    and an empty cache loads it and runs every length 1..24 at batches 1 and 9 against NumPy."""
+    """Compiled once with seq=1..24 and batch=1..9 (a library per batch class, taking the length
+    at run time), saved; a process with no compiler on its PATH and an empty cache loads it and
+    runs every length 1..24 at batches 1 and 9 against NumPy."""
     compiled = kiln.compile(attention_model(), dims={"seq": (1, 24), "batch": (1, 9)})
     compiled.save(tmp_path / "m.kiln")
     script = f"""
@@ -144,7 +192,7 @@ import numpy as np, kiln, sys
 sys.path.insert(0, {os.getcwd()!r})
 from tests.runtime.test_padded_lengths import feeds, reference
 model = kiln.load({str(tmp_path / "m.kiln")!r})
-assert model.padder().classes == (16, 24), model.padder()
+assert model.padder().classes == (24,) and model.padder().samples, model.padder()
 before = len(model.executables())
 for length in range(1, 25):
     for batch in (1, 9):
@@ -152,7 +200,7 @@ for length in range(1, 25):
         got = model.run(given)
         for name, want in zip(("y", "pooled", "peak"), reference(given["x"], given["mask"])):
             np.testing.assert_allclose(got[name], want, rtol=1e-4, atol=1e-5, err_msg=f"{{name}} at {{length}}")
-assert len(model.executables()) == before == 4, (before, len(model.executables()))
+assert len(model.executables()) == before == 2, (before, len(model.executables()))
 try:
     model.run(feeds(1, 25))
 except kiln.errors.InputError as err:
@@ -188,15 +236,18 @@ def test_the_cli_says_which_dim_pads_and_the_artifact_keeps_its_lengths(tmp_path
         ],
     )
     assert done.exit_code == 0, done.output
-    assert "seq (1..20): pads" in done.output and "16, 20" in done.output, done.output
+    assert "seq (1..20): run-time length" in done.output and "lowered at 20, " in done.output, done.output
     loaded = kiln.load(tmp_path / "m.kiln")
-    assert loaded.padder().classes == (16, 20)
+    assert loaded.padder().classes == (20,) and loaded.padder().samples
     given = feeds(2, 11)
     np.testing.assert_allclose(loaded.run(given)["y"], reference(given["x"], given["mask"])[0], rtol=1e-4, atol=1e-5)
     shown = runner.invoke(main, ["explain", str(tmp_path / "m.onnx"), "--dim", "seq=1..20", "--json"])
     assert shown.exit_code == 0, shown.output
     sizes = json.loads(shown.output)["sizes"]
     assert sizes["seq"]["padded"] == [16, 20] and sizes["seq"]["masks"] == 4, sizes
+    listing = sizes["seq"]["run_time"]
+    assert listing["lowered"][0] == 20 and not listing["refused"], listing
+    assert any(k["run_time"] and k["kind"] == "attention" for k in listing["kernels"]), listing
     bad = subprocess.run(
         [
             sys.executable,
