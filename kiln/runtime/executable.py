@@ -107,6 +107,9 @@ class _Request:
 
     def __init__(self, executable: Executable) -> None:
         self.arena = empty_aligned(executable.plan.memory.arena_bytes, ALIGNMENT)
+        # every page faulted in now, once: a plan whose kernels take a length at run time uses more
+        # of its arena at longer lengths, and a first call at a new length must not pay the faults
+        self.arena[::4096] = 0
         self.status = np.zeros(1, dtype=np.int32)
         table = (ctypes.c_void_p * executable.slots)(*executable.base_table)
         table[0] = self.status.ctypes.data
