@@ -21,9 +21,8 @@ setup: $(STAMP)
 
 # On every core (at most 4 workers: the zoo and conformance tests hold models in memory; workers
 # steal queued tests). A 2-core Zen 1 (AVX2) runs the tests in ~13 min with kiln's caches warm and
-# 20.3 min on a fresh machine (2026-11-24 evening, 1,599 tests; KILN_CACHE_DIR and TRITON_CACHE_DIR
-# empty), where they first build ~1,900 C libraries, Triton kernels for two GPU archs and the zoo's
-# exports: 18 s over the 20-minute budget. `pytest -n 0` runs it in one process.
+# 16.8 min on a fresh machine (2026-11-25, 1,601 passed, 202 skipped; KILN_CACHE_DIR and TRITON_CACHE_DIR
+# empty: every C library, Triton kernel and zoo export built again). `pytest -n 0` runs it in one process.
 test: setup
 	$(BIN)/python -m pytest -q -n auto --maxprocesses=4 --dist worksteal
 
