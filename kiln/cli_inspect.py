@@ -197,7 +197,8 @@ def _run_time_kernels(graph, sizes: dict, binding: dict, target, options, progre
         report: dict = {"lowered": list(lengths), "floor": min(lengths), "refused": "", "kernels": []}
         try:
             with progress(f"lowering at {name} = {', '.join(map(str, lengths))} (kernel sizes as functions of {name})"):
-                state = extents.run_time_kernels(padded, others, name, lengths, padded.inputs[-1].name, target, options)
+                length = extents.RunTimeLength(name, lengths, padded.inputs[-1].name)
+                state = extents.run_time_kernels(padded, others, length, target, options)
         except extents.NotAffine as err:
             report["refused"] = str(err)
         else:

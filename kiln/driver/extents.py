@@ -3,20 +3,21 @@
 A padded graph (``kiln.passes.padding``) computes, at any length E >= L, the model's values at
 length L below L. Lowered at one length, its kernels hold that length in their integers: loop
 extents, a product's rows, attention's queries and keys, strides of tensors laid out after the
-length. ``compile_with_run_time_length`` lowers the graph at three lengths (the capacity C = the
-range's end, the smallest S, one between) and walks the three kernel IRs in step: they must be the
-same program, every integer that differs must be one exact affine function ``a * E + b`` of the
-length through all three, and everything else must be equal (schedules and cache blocking are
-taken from C: they change speed, never results). Those integers become expressions of ``kiln_len``
+length. ``compile_with_run_time_length`` lowers the graph at four lengths (the capacity C = the
+range's end, the smallest S, two between) and walks the four kernel IRs in step: they must be the
+same program, every integer that differs must be one integer polynomial of degree <= 2 of the
+length (fitted on three lengths, checked on the fourth; squares are [length, length] masks), and
+everything else must be equal (schedules and cache blocking are taken from C: they change speed,
+never results). Those integers become expressions of ``kiln_len``
 (the length the call runs at: the padded graph's valid-length input, at least S), so the code
 computes the graph at length E with its tensors laid out densely at E, each in the first part of
 its C-sized place in the arena (every size grows with the length, checked). The C compiler runs
 once; no length in the range compiles again.
 
 Refused (the caller compiles padded lengths instead, each a compile): a lowering whose structure
-changes with the length, an integer that is not affine in it (a quadratic scores block's size is a
-buffer size, not an extent: sizes stay C's), a constant whose data is not the same prefix at every
-length, a host fallback (it would read C-shaped arrays), or an im2col geometry that varies.
+changes with the length, an integer that is no such polynomial (buffer sizes are not fitted: they
+stay C's, checked to be the largest), a constant whose data is not the same prefix at every length,
+a host fallback (it would read C-shaped arrays), or an im2col geometry that varies.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from kiln.lower.kir import (
     For,
     Function,
     GemmSpec,
+    If,
     Kernel,
     MatrixOperand,
     WinogradInput,
@@ -50,13 +52,23 @@ from kiln.runtime.plan import Fallback, Plan
 
 FLOOR = 16  # the smallest length lowered: shorter runs compute at it (masked), as a padded class did
 # fields that say how code runs, never what it computes: the capacity's are kept
-_SCHEDULE = {"schedule", "blocking", "threads", "flops", "tuning", "parallel"}
+_SCHEDULE = {"schedule", "blocking", "threads", "flops", "tuning"}
 # engine-call classes whose integer fields may be run-time sizes (their renderers print them)
 _SIZED = (GemmSpec, MatrixOperand, AttentionSpec, AttentionOperand, WinogradInput, WinogradOutput)
 
 
 class NotAffine(Exception):
     """Why the kernels cannot take the length at run time."""
+
+
+@dataclass(frozen=True)
+class RunTimeLength:
+    """A padded graph's dim whose kernels take it at run time: ``lengths`` are the lengths lowered
+    (the capacity first), ``valid`` the graph's valid-length input the kernels read it from."""
+
+    symbol: str
+    lengths: tuple[int, ...]
+    valid: str
 
 
 @dataclass(frozen=True)
@@ -109,9 +121,8 @@ def _expression(size: RunTimeSize) -> Any:
 class _Merge:
     """Walks the capacity's kernel IR and the other lengths' in step (see the module's text)."""
 
-    def __init__(self, lengths: tuple[int, ...], constants: set[str]) -> None:
+    def __init__(self, lengths: tuple[int, ...]) -> None:
         self.lengths = lengths
-        self.constants = constants  # names of constant buffers: their sizes must not vary
         self.memo: dict[int, Any] = {}
         self.used = False
 
@@ -119,7 +130,7 @@ class _Merge:
         x = items[0]
         if isinstance(x, (bool, str, float, type(None))) or isinstance(x, DType):
             if any(y != x for y in items[1:]):
-                raise NotAffine(f"{where}: {[y for y in items]} differ with the length")
+                raise NotAffine(f"{where}: {items} differ with the length")
             return x
         if isinstance(x, int):
             if all(y == x for y in items[1:]):
@@ -178,9 +189,9 @@ class _Merge:
 
 
 def _kernels(state: Compile) -> list[Kernel]:
-    if any(isinstance(step, Fallback) for step in state.steps):
-        reason = next(s.reason for s in state.steps if isinstance(s, Fallback))
-        raise NotAffine(f"a host fallback ({reason}) would read arrays laid out at the capacity")
+    fallback = next((step for step in state.steps if isinstance(step, Fallback)), None)
+    if fallback is not None:
+        raise NotAffine(f"a host fallback ({fallback.reason}) would read arrays laid out at the capacity")
     return [k for segment in state.segments for k in segment]
 
 
@@ -198,29 +209,22 @@ def _check_constants(states: list[Compile]) -> None:
 
 
 def run_time_kernels(
-    graph: Any,
-    dims: dict[str, int],
-    symbol: str,
-    lengths: tuple[int, ...],
-    valid: str,
-    target: Any,
-    options: Any,
-    prebuilt: dict | None = None,
+    graph: Any, dims: dict[str, int], length: RunTimeLength, target: Any, options: Any, prebuilt: dict | None = None
 ) -> Compile:
     """The compile state at the capacity, through plan-memory, its kernels' sizes made
     expressions of the run-time length (raises NotAffine saying why they cannot be)."""
+    symbol, lengths = length.symbol, length.lengths
     states = []
-    for length in lengths:
-        state = start(specialize(graph, {**dims, symbol: length}), target, options, prebuilt=prebuilt or {})
+    for n in lengths:
+        state = start(specialize(graph, {**dims, symbol: n}), target, options, prebuilt=prebuilt or {})
         states.append(run_stages(state, "fold", "plan-memory"))
     _check_constants(states)
     kernels = [_kernels(state) for state in states]
     if len({len(k) for k in kernels}) != 1:
         raise NotAffine("the number of kernels changes with the length")
     capacity = states[0]
-    constants = {b.name for b in capacity.constants}
-    merge = _Merge(lengths, constants)
-    valid_buffer = next(capacity.roots[v] for v in capacity.graph.inputs if v.name == valid)
+    merge = _Merge(lengths)
+    valid_buffer = next(capacity.roots[v] for v in capacity.graph.inputs if v.name == length.valid)
     position = 0
     for segment in capacity.segments:
         for i, kernel in enumerate(segment):
@@ -234,18 +238,11 @@ def run_time_kernels(
 
 
 def compile_with_run_time_length(
-    graph: Any,
-    dims: dict[str, int],
-    symbol: str,
-    lengths: tuple[int, ...],
-    valid: str,
-    target: Any,
-    options: Any,
-    prebuilt: dict | None = None,
+    graph: Any, dims: dict[str, int], length: RunTimeLength, target: Any, options: Any, prebuilt: dict | None = None
 ) -> Plan:
-    """The plan of ``graph`` at ``dims`` with ``symbol`` at the capacity ``lengths[0]``, whose
-    kernels take the length at run time from input ``valid`` (at least the smallest of ``lengths``)."""
-    state = run_time_kernels(graph, dims, symbol, lengths, valid, target, options, prebuilt)
+    """The plan of ``graph`` at ``dims`` with the length at its capacity, whose kernels take the
+    length at run time from its valid-length input (at least the smallest length lowered)."""
+    state = run_time_kernels(graph, dims, length, target, options, prebuilt)
     return run_stages(state, "render", "build").plan()
 
 
@@ -260,7 +257,7 @@ def _with_length(kernel: Kernel, valid: Buffer, floor: int) -> Kernel:
                 epilogue.length = (valid, floor)
                 if valid not in epilogue.buffers:
                     epilogue.buffers.append(valid)
-            if isinstance(stmt, For) or (hasattr(stmt, "body") and isinstance(stmt.body, list)):
+            if isinstance(stmt, (For, If)):
                 helpers(stmt.body)
 
     helpers(kernel.body)

@@ -275,7 +275,7 @@ class NativeModel(Model):
             graph = pad(self.graph, padder.padding)
             compilation = Compilation(Source(graph), self.compiled_for, self.options, prebuilt=prebuilt, ahead=ahead)
             if padder.samples:  # the valid length is the padded graph's last input
-                compilation.extents = (padder.symbol, padder.samples, graph.inputs[-1].name)
+                compilation.extents = extents.RunTimeLength(padder.symbol, padder.samples, graph.inputs[-1].name)
             model = NativeModel(compilation, self.parallelism, self.streams, self.variants.limits)
             model.extent = padder if padder.samples else None
             model.ranges = {k: v for k, v in self.ranges.items() if k != padder.symbol}
@@ -323,10 +323,9 @@ class NativeModel(Model):
             high = self.ranges.get(chunking.symbol, (1, MAX_DIM))[1]
             sizes = [{chunking.symbol: size} for size in chunking.classes if size <= high]
         if padder is not None:  # each compiled length with each class
-            wanted = [{**base, padder.symbol: length, **size} for length in padder.classes for size in sizes]
-            if set(wanted[0]) >= names:
+            if set(base) | {padder.symbol} | set(sizes[0]) >= names:
                 try:
-                    self.padded().prepare_many(wanted)
+                    self._prepare_padded(padder, base, sizes)
                 except extents.NotAffine as err:  # the lowering varies otherwise: compiled lengths
                     log.info(
                         "%s: kernels cannot take the length at run time (%s); compiling lengths", padder.symbol, err
@@ -335,13 +334,17 @@ class NativeModel(Model):
                     self._padder, self.padded_model = False, None
                     padder = self.padder()
                     assert padder is not None
-                    wanted = [{**base, padder.symbol: n, **size} for n in padder.classes for size in sizes]
-                    self.padded().prepare_many(wanted)
+                    self._prepare_padded(padder, base, sizes)
         elif chunking is not None and chunking.symbol in names:
             self.prepare_many([{**base, **size} for size in sizes])
         elif base and set(base) >= names:
             self.prepare_dims(base)
         return self
+
+    def _prepare_padded(self, padder: Padder, base: dict[str, int], sizes: list[dict[str, int]]) -> None:
+        """Compile the padded graph's model at each of its lengths with each size class."""
+        wanted = [{**base, padder.symbol: length, **size} for length in padder.classes for size in sizes]
+        self.padded().prepare_many(wanted)
 
     def _execute(self, inputs: list[Any]) -> list[Any]:
         dims = {} if self._static else input_dims(self.signature, dict(zip(self.input_names, inputs)))

@@ -85,9 +85,8 @@ class Compilation:
         self.options = options
         self.prebuilt = prebuilt or {}  # source key -> the build products a loaded artifact brought
         self.ahead = ahead  # a loaded artifact's bindings compiled ahead; None otherwise
-        # (symbol, lengths, valid-length input): the capacity's binding compiles with kernels that
-        # take the length at run time (``kiln.driver.extents``)
-        self.extents: tuple[str, tuple[int, ...], str] | None = None
+        # the capacity's binding compiles with kernels that take the length at run time
+        self.extents: extents.RunTimeLength | None = None
         self._graph_lock = threading.Lock()
 
     @property
@@ -108,7 +107,7 @@ class Compilation:
         if self.source.cache_key is None:
             digest = self.graph.digest
             if self.extents is not None:  # another program than the lengths' own: its own entry
-                digest = f"{digest}/run-time {self.extents[0]} {self.extents[1]}"
+                digest = f"{digest}/run-time {self.extents.symbol} {self.extents.lengths}"
             self.source.cache_key = plan_cache.entry_key(digest, self.options, self.target)
         return self.source.cache_key
 
@@ -138,11 +137,11 @@ class Compilation:
                 self.ahead or "none",
             )
         try:
-            if self.extents is not None and dims.get(self.extents[0]) == self.extents[1][0]:
-                symbol, lengths, valid = self.extents
-                bound = {k: v for k, v in dims.items() if k != symbol}
+            length = self.extents
+            if length is not None and dims.get(length.symbol) == length.lengths[0]:
+                bound = {k: v for k, v in dims.items() if k != length.symbol}
                 return extents.compile_with_run_time_length(
-                    self.graph, bound, symbol, lengths, valid, self.target, self.options, self.prebuilt
+                    self.graph, bound, length, self.target, self.options, self.prebuilt
                 )
             return compile_plan(specialize(self.graph, dims), self.target, self.options, prebuilt=self.prebuilt)
         except CompilerError as err:
