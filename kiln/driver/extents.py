@@ -47,7 +47,6 @@ from kiln.lower.kir import (
     WinogradInput,
     WinogradOutput,
 )
-from kiln.passes import specialize
 from kiln.runtime.plan import Fallback, Plan
 
 FLOOR = 16  # the smallest length lowered: shorter runs compute at it (masked), as a padded class did
@@ -216,8 +215,9 @@ def run_time_kernels(
     symbol, lengths = length.symbol, length.lengths
     states = []
     for n in lengths:
-        state = start(specialize(graph, {**dims, symbol: n}), target, options, prebuilt=prebuilt or {})
-        states.append(run_stages(state, "fold", "plan-memory"))
+        sample = n != lengths[0]  # the capacity's state is the one built; the others are read for sizes
+        state = start(graph, target, options, dims={**dims, symbol: n}, prebuilt=prebuilt or {}, sizes_only=sample)
+        states.append(run_stages(state, "specialize", "plan-memory"))
     _check_constants(states)
     kernels = [_kernels(state) for state in states]
     if len({len(k) for k in kernels}) != 1:

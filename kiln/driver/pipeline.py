@@ -57,6 +57,10 @@ class Compile:
     choices: dict | None = None  # tuning key -> schedule (the tuner's candidates)
     build_library: bool = True  # False: nothing rendered or built (``kiln check``)
     expose: Callable[[Graph], Graph] | None = None  # rewrites the graph after the passes (``kiln diff``)
+    # lowered only to read its kernels' sizes (a run-time length's samples, ``kiln.driver.extents``):
+    # the graph is not re-verified after each pass, packed weights are views, never aligned copies
+    sizes_only: bool = False
+    folded: bool = False  # the graph is constant-folded as it stands (``specialize`` folds)
     observe: Observer | None = None  # told of each stage's result, and of each graph pass
     unplannable: str = ""  # why the graph cannot be planned statically ('' if it can): the stages stop
     lowerer: Lowerer | None = None
@@ -175,12 +179,15 @@ def resolve_precision(precision: str, target: Target) -> str:
 
 def _specialize(state: Compile) -> Graph:
     state.graph = specialize(state.graph, state.dims)
+    state.folded = bool(state.dims)  # specialize folds what the binding made constant
     return state.graph
 
 
 def _fold(state: Compile) -> Graph:
-    state.graph = quantized_model(state.graph)  # QOperator ops as QDQ; QDQ products marked for the int8 path
-    state.graph = fold_constants(state.graph)  # what folds away needs no decomposition
+    graph = quantized_model(state.graph)  # QOperator ops as QDQ; QDQ products marked for the int8 path
+    if graph is not state.graph or not state.folded:
+        graph = fold_constants(graph)  # what folds away needs no decomposition
+    state.graph = graph
     return state.graph
 
 
@@ -194,7 +201,12 @@ def _decompose(state: Compile) -> Graph:
 def _passes(state: Compile) -> Graph:
     options, target = state.options, state.target
     graph = optimize(
-        state.graph, level=options.level, disable=options.passes_disabled, after=state.observe, target=target
+        state.graph,
+        level=options.level,
+        disable=options.passes_disabled,
+        after=state.observe,
+        target=target,
+        verify_each=not state.sizes_only,
     )
     # fusion is target-neutral; a group the target has no engine for is split back into its ops
     # (lowered one by one) rather than run on the host
@@ -216,6 +228,7 @@ def _lower(state: Compile) -> list[Segment | Fallback]:
         options.algorithms_disabled,
         options.precision,
         options.quantization,
+        copy_packed=not state.sizes_only,
     )
     current: list[Kernel] = []
     for node in graph.nodes:

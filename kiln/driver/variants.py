@@ -143,7 +143,9 @@ class Compilation:
                 return extents.compile_with_run_time_length(
                     self.graph, bound, length, self.target, self.options, self.prebuilt
                 )
-            return compile_plan(specialize(self.graph, dims), self.target, self.options, prebuilt=self.prebuilt)
+            return compile_plan(
+                self.graph, self.target, self.options, prebuilt=self.prebuilt, dims=dims, first="specialize"
+            )
         except CompilerError as err:
             if self.ahead is not None and "no C compiler" in str(err):
                 raise CompilerError(

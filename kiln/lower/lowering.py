@@ -95,8 +95,11 @@ class Lowerer:
         disabled: frozenset[str] = frozenset(),
         precision: str = "fp32",
         quantization: Any = None,
+        copy_packed: bool = True,
     ) -> None:
         self.graph = graph
+        # False: packed weights stay as ``make`` returns them (a compile read for its sizes only)
+        self.copy_packed = copy_packed
         self.precision = precision  # of the matrix products and convolutions: fp32 | bf16 | int8
         # int8: activation ranges by value name, and the nodes kept in fp32 (CompileOptions.quantization)
         self.ranges: dict[str, tuple[float, float]] = {}
@@ -167,7 +170,9 @@ class Lowerer:
         made once per ``key`` however many kernels read it."""
         buffer = self._packed_keys.get(key)
         if buffer is None:
-            array = aligned_copy(make())  # the engine loads packed panels with aligned loads
+            array = make()
+            if self.copy_packed:
+                array = aligned_copy(array)  # the engine loads packed panels with aligned loads
             buffer = Buffer(f"w{len(self.packed)}", DType.from_numpy(array.dtype), int(array.size))
             self.packed[buffer] = array
             self._packed_keys[key] = buffer

@@ -4,6 +4,8 @@ Runs anywhere; most useful after fold_constants (which creates duplicate constan
 
 from __future__ import annotations
 
+import numpy as np
+
 from kiln.ir.graph import Graph, StructuralHasher, array_digest
 from kiln.ops.registry import lookup, nondeterministic
 from kiln.passes.rewrite import Rewriter
@@ -11,10 +13,11 @@ from kiln.passes.rewrite import Rewriter
 
 def cse(graph: Graph) -> Graph:
     rewriter = Rewriter(graph)
-    # only constants of one type can be equal: hash the contents of those that share a type
-    by_type: dict[str, list] = {}
+    # only constants of one type and the same sampled elements can be equal: hash the contents
+    # of those (a model's hundred distinct weight matrices are never hashed)
+    by_type: dict[tuple, list] = {}
     for value in graph.constants:
-        by_type.setdefault(str(value.type), []).append(value)
+        by_type.setdefault((str(value.type), _sample(graph.constants[value])), []).append(value)
     by_content: dict[tuple, object] = {}
     for kind, values in by_type.items():
         if len(values) < 2:
@@ -41,3 +44,13 @@ def cse(graph: Graph) -> Graph:
             rewriter.replace(old, new)
         rewriter.drop(node)
     return rewriter.finish()
+
+
+def _sample(array: np.ndarray) -> bytes:
+    """Up to 64 elements spread over ``array`` (read through its flat iterator: a transposed view
+    is not copied); equal arrays have equal samples."""
+    array = np.asarray(array)
+    if array.dtype == object or array.size == 0:
+        return b""
+    positions = np.linspace(0, array.size - 1, min(array.size, 64)).astype(np.int64)
+    return array.flat[positions].tobytes()

@@ -64,6 +64,28 @@ graph g(%x: f32[2,2]) -> (%y) {
     )
 
 
+def test_cse_merges_large_constants_only_when_every_element_is_equal():
+    """Large constants are compared by a sample of their elements first: two that agree there
+    but not elsewhere stay apart; equal ones merge."""
+    from kiln.ir.graph import Graph, Node, Value
+    from kiln.ir.types import DType, TensorType
+
+    rng = np.random.default_rng(0)
+    base = rng.standard_normal((300, 200)).astype(np.float32)
+    other = base.copy()
+    other[1, 1] += 1.0  # not one of the sampled elements
+    same = base.copy()
+    t = TensorType(DType.FLOAT32, (300, 200))
+    x = Value("x", t)
+    consts = [Value(n, t) for n in ("a", "b", "c")]
+    outs = [Value(f"y{i}", t) for i in range(3)]
+    nodes = [Node("Add", [x, c], [y]) for c, y in zip(consts, outs)]
+    graph = Graph([x], outs, nodes, dict(zip(consts, (base, other, same))))
+    merged = cse(graph)
+    assert sorted(v.name for v in merged.constants) == ["a", "b"]
+    assert [n.inputs[1].name for n in merged.nodes] == ["a", "b"]  # y2 is y0 now
+
+
 def test_fold_constants_evaluates_and_collapses_shape_subgraphs():
     before = parse_graph("""
 graph g(%x: f32[4,6]) -> (%y) {
