@@ -196,14 +196,17 @@ def _kernels(state: Compile) -> list[Kernel]:
 
 def _check_constants(states: list[Compile]) -> None:
     """A constant whose size depends on the length (a folded Range of positions) must hold, at
-    every length, the first part of the capacity's data (what the dense layout at E reads)."""
+    every length, the first part of the capacity's data (what the dense layout at E reads); one
+    whose size does not must hold the same values at every length (the library keeps the
+    capacity's)."""
     capacity = {b.name: a for b, a in states[0].constants.items()}
     for state in states[1:]:
+        packed = state.lowerer.packed if state.lowerer is not None else {}
         for buffer, array in state.constants.items():
             full = capacity.get(buffer.name)
-            if full is None or full.size == array.size:
-                continue
-            if full.size < array.size or not (full.reshape(-1)[: array.size] == array.reshape(-1)).all():
+            if full is None or full is array or (buffer in packed and full.size == array.size):
+                continue  # (a weight packed for the engine: the same graph constant at every length)
+            if full.size < array.size or not np.array_equal(full.reshape(-1)[: array.size], array.reshape(-1)):
                 raise NotAffine(f"constant {buffer.name} is not the same prefix at every length")
 
 

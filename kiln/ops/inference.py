@@ -39,8 +39,17 @@ def _shared_type_params(op: str, domain: str) -> tuple[tuple[str, bool, frozense
         # a heterogeneous variadic (Loop's carried values) binds its type variable per element
         type_str = formal.type_str if not variadic or formal.is_homogeneous else ""
         kinds = allowed.get(type_str, frozenset({type_str}) if type_str.startswith("tensor(") else frozenset())
+        # only tensor types listed: a dtype outside them is refused (else the list is not checked)
+        if not all(a.startswith("tensor(") for a in kinds):
+            kinds = frozenset()
         params.append((type_str, variadic, kinds))
     return tuple(params)
+
+
+@functools.cache
+def _type_string(onnx_code: int) -> str:
+    """The schema's spelling of a tensor dtype: ``tensor(float)``."""
+    return f"tensor({onnx.TensorProto.DataType.Name(onnx_code).lower()})"
 
 
 def check_type_constraints(node: Node, input_types: list[Type | None]) -> None:
@@ -58,8 +67,8 @@ def check_type_constraints(node: Node, input_types: list[Type | None]) -> None:
         type_var, variadic, allowed = params[position]
         if index >= len(params) and not variadic:
             continue
-        type_str = f"tensor({onnx.TensorProto.DataType.Name(value_type.dtype.onnx_code).lower()})"
-        if allowed and all(a.startswith("tensor(") for a in allowed) and type_str not in allowed:
+        type_str = _type_string(value_type.dtype.onnx_code)
+        if allowed and type_str not in allowed:
             raise ShapeInferenceError(
                 f"input %{value.name} is {value_type.dtype.short}, which the {node.op} schema does not allow there "
                 f"({', '.join(sorted(a[7:-1] for a in allowed))})"

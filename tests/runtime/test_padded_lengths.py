@@ -145,6 +145,27 @@ def test_compiled_lengths_when_asked_or_when_the_lowering_is_no_polynomial_of_th
         assert len(model.executables()) == before
 
 
+def test_a_constant_that_changes_with_the_length_is_refused_unless_it_is_the_capacitys_prefix():
+    """The library keeps the capacity's constants: one that differs at another length must be the
+    first part of the capacity's (a Range of positions), and one of the same size must be equal."""
+    from types import SimpleNamespace
+
+    from kiln.driver import extents
+    from kiln.ir.types import DType
+    from kiln.lower.kir import Buffer
+
+    def state(array: np.ndarray) -> SimpleNamespace:
+        return SimpleNamespace(constants={Buffer("c", DType.FLOAT32, array.size): array}, lowerer=None)
+
+    positions = np.arange(40, dtype=np.float32)
+    extents._check_constants([state(positions), state(positions[:17].copy()), state(positions[:16].copy())])
+    square = np.tril(np.ones((40, 40), np.float32))  # a causal mask: [17, 17] is no prefix of [40, 40]
+    with pytest.raises(extents.NotAffine, match="not the same prefix"):
+        extents._check_constants([state(square), state(np.tril(np.ones((17, 17), np.float32)))])
+    with pytest.raises(extents.NotAffine, match="not the same prefix"):  # a scale 1/length: same size
+        extents._check_constants([state(np.array([1 / 40], np.float32)), state(np.array([1 / 17], np.float32))])
+
+
 def test_without_the_masks_a_padded_run_would_be_wrong():
     """The masks are what make padding exact: the padded graph run with its valid length at the
     class size (no masking) gives other values, so the test above would catch their loss."""
