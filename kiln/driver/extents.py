@@ -47,6 +47,8 @@ from kiln.lower.kir import (
     WinogradInput,
     WinogradOutput,
 )
+from kiln.passes import specialize
+from kiln.passes.fold_constants import UNFOLDED
 from kiln.runtime.plan import Fallback, Plan
 
 FLOOR = 16  # the smallest length lowered: shorter runs compute at it (masked), as a padded class did
@@ -210,6 +212,40 @@ def _check_constants(states: list[Compile]) -> None:
                 raise NotAffine(f"constant {buffer.name} is not the same prefix at every length")
 
 
+def computed_at_run_time(graph: Any, dims: dict[str, int], symbol: str, lengths: tuple[int, ...]) -> frozenset[str]:
+    """The values that would fold to constants no dense layout at a shorter length can share
+    with the capacity's (a [1, 1, seq, seq] causal mask from Range, Unsqueeze and LessOrEqual):
+    kept computed, by kernels that take the length. Measured, not guessed from names: the part
+    of the graph that folds (from constants and input shapes) is specialized at two lengths
+    with every value kept, and a value whose shape changes in more than one dim, or in one dim
+    after a dim that is not 1, is named."""
+    known = set(graph.constants)
+    nodes = []
+    for node in graph.nodes:
+        if node.op in ("Shape", "Size") or all(v is None or v in known for v in node.inputs):
+            if not any(True for _ in node.subgraphs()):
+                nodes.append(node)
+                known.update(node.outputs)
+    outputs = [v for node in nodes for v in node.outputs]
+    if not outputs or len(lengths) < 2:
+        return frozenset()
+    part = graph.with_(outputs=outputs, nodes=nodes)
+    try:
+        shapes = [
+            [getattr(v.type, "shape", None) for v in specialize(part, {**dims, symbol: n}).outputs] for n in lengths
+        ]
+    except Exception:  # the part does not fold there: the compile will say why
+        return frozenset()
+    kept = set()
+    for value, one, other in zip(outputs, *shapes):
+        if one is None or other is None or len(one) != len(other):
+            continue
+        changed = [i for i, (a, b) in enumerate(zip(one, other)) if a != b]
+        if len(changed) > 1 or (changed and any(d != 1 for d in one[: changed[0]])):
+            kept.add(value.name)
+    return frozenset(kept)
+
+
 def run_time_kernels(
     graph: Any, dims: dict[str, int], length: RunTimeLength, target: Any, options: Any, prebuilt: dict | None = None
 ) -> Compile:
@@ -217,10 +253,14 @@ def run_time_kernels(
     expressions of the run-time length (raises NotAffine saying why they cannot be)."""
     symbol, lengths = length.symbol, length.lengths
     states = []
-    for n in lengths:
-        sample = n != lengths[0]  # the capacity's state is the one built; the others are read for sizes
-        state = start(graph, target, options, dims={**dims, symbol: n}, prebuilt=prebuilt or {}, sizes_only=sample)
-        states.append(run_stages(state, "specialize", "plan-memory"))
+    token = UNFOLDED.set(computed_at_run_time(graph, dims, symbol, lengths[:2]))
+    try:
+        for n in lengths:
+            sample = n != lengths[0]  # the capacity's state is the one built; the others are read for sizes
+            state = start(graph, target, options, dims={**dims, symbol: n}, prebuilt=prebuilt or {}, sizes_only=sample)
+            states.append(run_stages(state, "specialize", "plan-memory"))
+    finally:
+        UNFOLDED.reset(token)
     _check_constants(states)
     kernels = [_kernels(state) for state in states]
     if len({len(k) for k in kernels}) != 1:

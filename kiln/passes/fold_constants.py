@@ -7,9 +7,14 @@
 * Every other node has its output types re-inferred with the constants now known, so dims that
   were symbols at import (a Reshape target computed from shapes) become static where they can.
 Runs anywhere; the pipeline runs it again after passes that create constants.
+
+``UNFOLDED`` names values that must stay computed (a compile whose kernels take a length at run
+time keeps a [seq, seq] causal mask a kernel's result: as a constant it would be the capacity's).
 """
 
 from __future__ import annotations
+
+from contextvars import ContextVar
 
 import numpy as np
 
@@ -22,6 +27,7 @@ from kiln.ops.registry import nondeterministic
 from kiln.passes.rewrite import Rewriter
 
 FOLD_LIMIT = 16 * 1024 * 1024  # elements: never materialize larger constants
+UNFOLDED: ContextVar[frozenset[str]] = ContextVar("UNFOLDED", default=frozenset())
 
 
 def fold_constants(graph: Graph) -> Graph:
@@ -57,6 +63,9 @@ def _fold_shape(rewriter: Rewriter, node: Node) -> bool:
 
 def _fold(rewriter: Rewriter, node: Node) -> bool:
     if nondeterministic(node) or any(True for _ in node.subgraphs()):
+        return False
+    kept = UNFOLDED.get()
+    if kept and any(out.name in kept for out in node.outputs):
         return False
     values = [None if v is None else rewriter.constant_value(v) for v in node.inputs]
     if any(v is not None and a is None for v, a in zip(node.inputs, values)):

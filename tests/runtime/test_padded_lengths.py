@@ -60,11 +60,44 @@ def attention_model() -> onnx.ModelProto:
     )
 
 
-def reference(x: np.ndarray, mask: np.ndarray) -> list[np.ndarray]:
+def causal_model() -> onnx.ModelProto:
+    """attention_model with a causal mask built from the length as exporters write it (Shape,
+    Gather, Range, two Unsqueezes, LessOrEqual, Where: a [seq, seq] additive mask)."""
+    model = attention_model()
+    graph = model.graph
+    for name, array in (
+        ("i0", np.array(0, np.int64)),
+        ("i1", np.array(1, np.int64)),
+        ("ax0", np.array([0], np.int64)),
+        ("zero", np.array(0.0, np.float32)),
+    ):
+        graph.initializer.append(onnx.numpy_helper.from_array(array, name))
+    nodes = list(graph.node)
+    at = next(i for i, n in enumerate(nodes) if list(n.output) == ["masked"]) + 1
+    nodes[at - 1].output[0] = "masked0"
+    causal = [
+        helper.make_node("Shape", ["x"], ["shape"]),
+        helper.make_node("Gather", ["shape", "i1"], ["n"], axis=0),
+        helper.make_node("Range", ["i0", "n", "i1"], ["positions"]),
+        helper.make_node("Unsqueeze", ["positions", "mid"], ["rows"]),
+        helper.make_node("Unsqueeze", ["positions", "ax0"], ["cols"]),
+        helper.make_node("LessOrEqual", ["cols", "rows"], ["causal"]),
+        helper.make_node("Where", ["causal", "zero", "big"], ["causal_add"]),
+        helper.make_node("Add", ["masked0", "causal_add"], ["masked"]),
+    ]
+    del graph.node[:]
+    graph.node.extend(nodes[:at] + causal + nodes[at:])
+    return model
+
+
+def reference(x: np.ndarray, mask: np.ndarray, causal: bool = False) -> list[np.ndarray]:
     model = attention_model()
     w = {t.name: onnx.numpy_helper.to_array(t) for t in model.graph.initializer}
     q, k, v = x @ w["wq"], x @ w["wk"], x @ w["wv"]
     scores = q @ k.transpose(0, 2, 1) + ((1.0 - mask.astype(np.float32)) * -1e4)[:, None, :]
+    if causal:
+        n = x.shape[1]
+        scores = scores + np.where(np.arange(n)[None, :] <= np.arange(n)[:, None], 0.0, -1e4).astype(np.float32)
     e = np.exp(scores - scores.max(-1, keepdims=True))
     y = (e / e.sum(-1, keepdims=True)) @ v + x
     return [y, y.mean(1), y.max(1)]
@@ -143,6 +176,23 @@ def test_compiled_lengths_when_asked_or_when_the_lowering_is_no_polynomial_of_th
             for name, want in zip(("y", "pooled", "peak"), reference(given["x"], given["mask"])):
                 np.testing.assert_allclose(got[name], want, rtol=1e-4, atol=1e-5, err_msg=f"{name} at {length}")
         assert len(model.executables()) == before
+
+
+def test_a_causal_mask_built_from_the_length_is_computed_by_a_kernel_at_run_time():
+    """A [seq, seq] mask folded at each length would be the capacity's constant (no shorter
+    length's dense layout is a prefix of it): kiln keeps it computed (by kernels that take the
+    length), so the model still compiles one library; every length 1..40 equals NumPy."""
+    from kiln.driver import extents
+
+    compiled = kiln.compile(causal_model(), dims={"seq": (1, 40), "batch": (1, 2)})
+    assert compiled.padder().classes == (40,) and not compiled.run_time_refused, compiled.run_time_refused
+    kept = extents.computed_at_run_time(compiled.padded_model.graph, {"batch": 1}, "seq", (40, 17))
+    assert {"causal", "causal_add"} <= kept and not kept & {"positions", "rows", "cols", "n"}, kept
+    for length in range(1, 41):
+        given = feeds(2, length)
+        got = compiled.run(given)
+        for name, want in zip(("y", "pooled", "peak"), reference(given["x"], given["mask"], causal=True)):
+            np.testing.assert_allclose(got[name], want, rtol=1e-4, atol=1e-5, err_msg=f"{name} at {length}")
 
 
 def test_a_constant_that_changes_with_the_length_is_refused_unless_it_is_the_capacitys_prefix():

@@ -1,5 +1,5 @@
 """Transformers exported with a symbolic sequence length run every length in a declared range
-from a few compiled lengths (kiln.passes.padding): GPT-2's causal mask built from flat indices
+from one library whose kernels take the length at run time (kiln.passes.padding, kiln.driver.extents): GPT-2's causal mask built from flat indices
 into the padding mask, its Conv1D rows merged with the batch, BERT's token types gathered from a
 buffer; each against PyTorch, attention still one kernel per layer, nothing compiled at run time."""
 
@@ -52,10 +52,10 @@ def test_an_export_runs_every_length_from_its_compiled_lengths(kind, exporter, t
     # are exactly 0 there already: no mask on them, so attention stays one kernel)
     assert sorted((m.fill, m.index) for m in found.masks) == [(-np.inf, 0)] * 2 + [(0.0, 1)] * 2
     compiled = kiln.compile(str(tmp_path / "m.onnx"), dims={"seq": (1, 24), "batch": (1, 1)})
-    if kind == "bert":  # one library whose kernels take the length at run time
-        assert compiled.padder().classes == (24,) and compiled.padder().samples, compiled.run_time_refused
-    else:  # GPT-2's causal mask folds to a [seq, seq] constant: no prefix of one layout, so lengths compile
-        assert "constant" in compiled.run_time_refused["seq"] and compiled.padder().classes == (16, 24)
+    # one library whose kernels take the length at run time (GPT-2's [seq, seq] causal mask is
+    # computed by a kernel, kiln.driver.extents.computed_at_run_time: as a constant it would be
+    # the capacity's)
+    assert compiled.padder().classes == (24,) and compiled.padder().samples, compiled.run_time_refused
     before = len(compiled.executables())
     assert before == len(compiled.padder().classes)
     rng = np.random.default_rng(5)
@@ -85,7 +85,7 @@ def test_torch_export_dim_bounds_a_sequence_that_pads():
     seq = Dim("seq", min=2, max=24)
     compiled = kiln.compile(module, example_inputs=(ids, mask), dynamic_shapes=({1: seq}, {1: seq}))
     assert compiled.ranges["seq"] == (2, 24)
-    assert compiled.padder() is not None and compiled.padder().classes == (16, 24)
+    assert compiled.padder() is not None and compiled.padder().classes == (24,), compiled.run_time_refused
     before = len(compiled.executables())
     for length in (2, 7, 16, 23):
         i, m = torch.randint(0, 97, (1, length)), torch.ones((1, length), dtype=torch.int64)
