@@ -112,6 +112,10 @@ def _fits(value_type: Type, array: np.ndarray) -> bool:
 
 def refine_types(rewriter: Rewriter, node: Node) -> Node:
     """``node`` with output types re-inferred from what is known now (never less precise)."""
+    if all(isinstance(o.type, TensorType) and o.type.is_static for o in node.outputs) and all(
+        v is None or (isinstance(v.type, TensorType) and v.type.is_static) for v in node.inputs
+    ):
+        return node  # nothing to refine: static types in and out (the verifier checks they agree)
     known = [rewriter.constant_value(v) for v in node.inputs]
     try:
         types, _ = infer_node(
