@@ -12,11 +12,14 @@ never results). Those integers become expressions of ``kiln_len``
 (the length the call runs at: the padded graph's valid-length input, at least S), so the code
 computes the graph at length E with its tensors laid out densely at E, each in the first part of
 its C-sized place in the arena (every size grows with the length, checked). The C compiler runs
-once; no length in the range compiles again.
+once; no length in the range compiles again. A value that would fold to a constant no shorter
+length's dense layout can share with C's (a [length, length] causal mask) is kept computed
+(``computed_at_run_time``): its kernels take the length like the others. The lengths other than C
+are lowered for their sizes only (``Compile.sizes_only``).
 
 Refused (the caller compiles padded lengths instead, each a compile): a lowering whose structure
 changes with the length, an integer that is no such polynomial (buffer sizes are not fitted: they
-stay C's, checked to be the largest), a constant whose data is not the same prefix at every length,
+stay C's, checked to be the largest), a constant whose data is not the same prefix at every length (or, at one size, not the same),
 a host fallback (it would read C-shaped arrays), or an im2col geometry that varies.
 """
 

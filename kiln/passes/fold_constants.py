@@ -30,15 +30,25 @@ FOLD_LIMIT = 16 * 1024 * 1024  # elements: never materialize larger constants
 UNFOLDED: ContextVar[frozenset[str]] = ContextVar("UNFOLDED", default=frozenset())
 
 
-def fold_constants(graph: Graph) -> Graph:
+def fold_constants(graph: Graph, verified: bool = False) -> Graph:
+    """``verified``: ``graph``'s types were checked (the pass pipeline verifies after each pass):
+    a node whose inputs and outputs are all static has nothing to refine and is not inferred again."""
     rewriter = Rewriter(graph)
     for node in graph.nodes:
-        node = refine_types(rewriter, rewriter.resolved(node))
+        node = rewriter.resolved(node)
+        if not (verified and _static(node)):
+            node = refine_types(rewriter, node)
         if _fold_shape(rewriter, node) or _fold(rewriter, node):
             rewriter.drop(node)
             continue
         rewriter.keep(node)
     return rewriter.finish()
+
+
+def _static(node: Node) -> bool:
+    return all(isinstance(o.type, TensorType) and o.type.is_static for o in node.outputs) and all(
+        v is None or (isinstance(v.type, TensorType) and v.type.is_static) for v in node.inputs
+    )
 
 
 def _fold_shape(rewriter: Rewriter, node: Node) -> bool:
@@ -112,10 +122,6 @@ def _fits(value_type: Type, array: np.ndarray) -> bool:
 
 def refine_types(rewriter: Rewriter, node: Node) -> Node:
     """``node`` with output types re-inferred from what is known now (never less precise)."""
-    if all(isinstance(o.type, TensorType) and o.type.is_static for o in node.outputs) and all(
-        v is None or (isinstance(v.type, TensorType) and v.type.is_static) for v in node.inputs
-    ):
-        return node  # nothing to refine: static types in and out (the verifier checks they agree)
     known = [rewriter.constant_value(v) for v in node.inputs]
     try:
         types, _ = infer_node(

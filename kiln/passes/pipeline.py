@@ -39,14 +39,19 @@ class Stage:
     per_target: bool = False  # run(graph, target): the target's kernels decide (None: no target)
 
 
+def folded(graph: Graph) -> Graph:
+    """fold_constants on a graph the pipeline verified (its static nodes are not inferred again)."""
+    return fold_constants(graph, verified=True)
+
+
 PIPELINE: tuple[Stage, ...] = (
-    Stage("fold_constants", 1, fold_constants),
+    Stage("fold_constants", 1, folded),
     Stage("simplify", 1, simplify),
     Stage("canonicalize_gemm", 2, canonicalize_gemm),
     Stage("fold_batchnorm", 2, fold_batchnorm),
     Stage("assign_layouts", 2, assign_layouts, per_target=True),
     Stage("sink_transposes", 2, sink_transposes),
-    Stage("fold_constants", 1, fold_constants),
+    Stage("fold_constants", 1, folded),
     Stage("simplify", 1, simplify),
     Stage("cse", 1, cse),
     Stage("dce", 0, dce),  # dead readers (rewritten-away reshapes) must not block fusion
