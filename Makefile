@@ -21,7 +21,7 @@ setup: $(STAMP)
 
 # On every core (at most 4 workers: the zoo and conformance tests hold models in memory; workers
 # steal queued tests). A 2-core Zen 1 (AVX2) runs the tests in ~13 min with kiln's caches warm and
-# 16.8 min on a fresh machine (2026-11-25, 1,601 passed, 202 skipped; KILN_CACHE_DIR and TRITON_CACHE_DIR
+# 19.7 min on a fresh machine (2026-11-24, session 19, 1,604 passed, 202 skipped; 16.8-19.7 over the last runs; KILN_CACHE_DIR and TRITON_CACHE_DIR
 # empty: every C library, Triton kernel and zoo export built again). `pytest -n 0` runs it in one process.
 test: setup
 	$(BIN)/python -m pytest -q -n auto --maxprocesses=4 --dist worksteal
