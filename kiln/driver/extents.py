@@ -19,8 +19,9 @@ are lowered for their sizes only (``Compile.sizes_only``).
 
 Refused (the caller compiles padded lengths instead, each a compile): a lowering whose structure
 changes with the length, an integer that is no such polynomial (buffer sizes are not fitted: they
-stay C's, checked to be the largest), a constant whose data is not the same prefix at every length (or, at one size, not the same),
-a host fallback (it would read C-shaped arrays), or an im2col geometry that varies.
+stay C's, checked to be the largest), a constant whose data is not the same prefix at every
+length (or, of one size at every length, not the same data), a host fallback (it would read
+C-shaped arrays), or an im2col geometry that varies.
 """
 
 from __future__ import annotations
@@ -225,10 +226,10 @@ def computed_at_run_time(graph: Any, dims: dict[str, int], symbol: str, lengths:
     known = set(graph.constants)
     nodes = []
     for node in graph.nodes:
-        if node.op in ("Shape", "Size") or all(v is None or v in known for v in node.inputs):
-            if not any(True for _ in node.subgraphs()):
-                nodes.append(node)
-                known.update(node.outputs)
+        reads_known = node.op in ("Shape", "Size") or all(v is None or v in known for v in node.inputs)
+        if reads_known and not any(True for _ in node.subgraphs()):
+            nodes.append(node)
+            known.update(node.outputs)
     outputs = [v for node in nodes for v in node.outputs]
     if not outputs or len(lengths) < 2:
         return frozenset()

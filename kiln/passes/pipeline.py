@@ -40,7 +40,9 @@ class Stage:
 
 
 def folded(graph: Graph) -> Graph:
-    """fold_constants on a graph the pipeline verified (its static nodes are not inferred again)."""
+    """fold_constants inside the pipeline: every node's types were inferred when the graph was
+    built (import, ``specialize``) or by the pass that wrote it, and ``optimize`` verifies after
+    each pass, so static nodes are not inferred again."""
     return fold_constants(graph, verified=True)
 
 
