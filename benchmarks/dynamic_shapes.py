@@ -13,7 +13,8 @@ length instead, at batch 1: a compile with ``--dim seq=1..384`` (padded to its c
 ``kiln.passes.padding``) against a compile for exactly one length; ``--lengths`` are measured
 (a length that is no class runs padded to the next one: its ratio is padding's cost), and the
 first call at an unseen length is at 100, after one call at the first of ``--lengths`` (the
-process's first call is reported apart: it packs the weights every length shares).
+process's first call is reported apart: it packs the weights every length shares), and the arena
+each length lays out (its formulas evaluated there) beside the exact compile's.
 
     python benchmarks/dynamic_shapes.py --models resnet50,mobilenet_v2 --runs 5
     python benchmarks/dynamic_shapes.py --models bert-base,gpt2 --seq 1..384 --lengths 16,100,128,384
@@ -201,6 +202,10 @@ def lengths(args: argparse.Namespace, work: Path) -> None:
             feeds = zoo.example_inputs(name, batch=1, seq=length)
             exact = kiln.compile(path, dims={"batch": 1, "seq": length})
             row[f"range_s{length}_ms"], row[f"exact_s{length}_ms"] = paired_ms(ranged, exact, feeds, args.runs)
+            # the arena a run at this length lays out (formulas of the length) vs the exact compile's
+            growing = ranged.padded_model.executables()[0].plan.memory.growing
+            row[f"arena_range_s{length}_mb"] = (growing.at(length)[1] if growing else float("nan")) / 1e6
+            row[f"arena_exact_s{length}_mb"] = max(e.plan.memory.arena_bytes for e in exact.executables()) / 1e6
             del exact
         if args.json:
             print(json.dumps(row))
@@ -217,7 +222,10 @@ def lengths(args: argparse.Namespace, work: Path) -> None:
         )
         for length in measured:
             r, e = row[f"range_s{length}_ms"], row[f"exact_s{length}_ms"]
-            print(f"  length {length}: range {r:.1f} ms, exact compile {e:.1f} ms ({r / e:.2f}x)")
+            print(
+                f"  length {length}: range {r:.1f} ms, exact compile {e:.1f} ms ({r / e:.2f}x); arena "
+                f"{row[f'arena_range_s{length}_mb']:.1f} MB vs {row[f'arena_exact_s{length}_mb']:.1f} MB"
+            )
 
 
 if __name__ == "__main__":

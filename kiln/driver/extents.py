@@ -11,7 +11,9 @@ everything else must be equal (schedules and cache blocking are taken from C: th
 never results). Those integers become expressions of ``kiln_len``
 (the length the call runs at: the padded graph's valid-length input, at least S), so the code
 computes the graph at length E with its tensors laid out densely at E, each in the first part of
-its C-sized place in the arena (every size grows with the length, checked). The C compiler runs
+its own place in an arena laid out for E (``kiln.lower.memory.GrowingLayout``: every buffer's
+bytes a polynomial of the length, the offsets formulas of them, evaluated per length, so a short
+run touches a short arena; the capacity's layout bounds every other). The C compiler runs
 once; no length in the range compiles again. A value that would fold to a constant no shorter
 length's dense layout can share with C's (a [length, length] causal mask) is kept computed
 (``computed_at_run_time``): its kernels take the length like the others. The lengths other than C
@@ -51,6 +53,7 @@ from kiln.lower.kir import (
     WinogradInput,
     WinogradOutput,
 )
+from kiln.lower.memory import GrowingLayout, growing_layout
 from kiln.passes import specialize
 from kiln.passes.fold_constants import UNFOLDED
 from kiln.runtime.plan import Fallback, Plan
@@ -281,7 +284,32 @@ def run_time_kernels(
                 segment[i] = _with_length(merged, valid_buffer, min(lengths))
     if not merge.used:
         raise NotAffine("no kernel's sizes depend on the length")
+    assert capacity.memory is not None
+    capacity.memory.growing = _growing(states, lengths, valid_buffer)
     return capacity
+
+
+def _growing(states: list[Compile], lengths: tuple[int, ...], valid: Buffer) -> GrowingLayout:
+    """The capacity's arena as formulas of the length: each buffer's bytes fitted like the
+    kernels' integers (one that fits no polynomial, or one that would not grow with the length,
+    keeps its capacity size: an upper bound at every length)."""
+    memory = states[0].memory
+    assert memory is not None
+    floor, capacity = min(lengths), lengths[0]
+    sampled = [{b.name: b.nbytes for b in state.memory.offsets} for state in states[1:] if state.memory]
+    sizes = {}
+    for buffer in memory.offsets:
+        values = [buffer.nbytes, *(sizes_at.get(buffer.name, buffer.nbytes) for sizes_at in sampled)]
+        if len(set(values)) == 1:
+            continue
+        try:
+            size = _fit(values, lengths, buffer.name)
+        except NotAffine:
+            continue
+        coefficients = (size.c0, size.c1, size.c2)
+        if min(size.c1 + size.c2 * (2 * floor + 1), size.c1 + size.c2 * (2 * capacity - 1)) >= 0:
+            sizes[buffer] = coefficients
+    return growing_layout(memory, sizes, valid, floor, capacity)
 
 
 def compile_with_run_time_length(

@@ -3,6 +3,12 @@
 Liveness runs over the execution order (kernels and host fallbacks alike): a buffer lives from
 the first step that writes it to the last step that reads it. Buffers whose lifetimes do not
 overlap share memory; placement is greedy, largest first, at the lowest aligned offset that fits.
+
+A plan whose kernels take a length at run time (``kiln.driver.extents``) also has a
+``GrowingLayout``: each buffer's bytes as a polynomial of the length, and the arena's offsets as
+formulas of them, evaluated per length. Two buffers whose lifetimes overlap keep the order they
+have at the capacity (the lower one ends before the higher one starts), so the layout at any
+length is as disjoint as the capacity's, and packed: a short run touches a short arena.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ class MemoryPlan:
     # at most ``scratch_shared`` bytes plus ``scratch_per_thread`` for each thread
     scratch_shared: int = 0
     scratch_per_thread: int = 0
+    growing: GrowingLayout | None = None  # offsets and arena as formulas of a run-time length
 
     def scratch_bytes(self, threads: int | None = None) -> int:
         return self.scratch_shared + (threads or engine_threads()) * self.scratch_per_thread
@@ -33,10 +40,80 @@ class MemoryPlan:
     def describe(self) -> str:
         saved = 1 - self.arena_bytes / self.naive_bytes if self.naive_bytes else 0.0
         text = f"arena {self.arena_bytes / 1e6:.2f} MB for {len(self.offsets)} buffers (naive sum {self.naive_bytes / 1e6:.2f} MB, {saved:.0%} saved)"
+        if self.growing is not None:
+            low = self.growing.floor
+            text += f"; at length {low} (the least lowered) {self.growing.at(low)[1] / 1e6:.2f} MB"
         if self.scratch_per_thread:
             threads = engine_threads()
             text += f"; engine packing scratch up to {self.scratch_bytes(threads) / 1e6:.2f} MB ({threads} thread{'s' if threads > 1 else ''})"
         return text
+
+
+@dataclass(frozen=True)
+class GrowingLayout:
+    """The arena of a plan whose kernels take a length at run time, as formulas of that length
+    (``kiln_len``, read from ``valid``'s value, at least ``floor``). ``order`` are the arena's
+    buffers by their offset at the capacity; ``sizes[i]`` is ``order[i]``'s bytes as
+    ``(c0, c1, c2)``, ``c0 + c1 * n + c2 * n * n``; ``below[i]`` the positions of the buffers that
+    live at the same time as ``order[i]`` and lie below it at the capacity (only those no other
+    one of them already lies above): ``order[i]`` starts where the last of them ends."""
+
+    valid: Buffer
+    floor: int
+    capacity: int
+    order: tuple[Buffer, ...]
+    sizes: tuple[tuple[int, int, int], ...]
+    below: tuple[tuple[int, ...], ...]
+
+    def at(self, length: int) -> tuple[list[int], int]:
+        """The offsets (in ``order``) and the arena's bytes for a run at ``length``."""
+        n = min(max(length, self.floor), self.capacity)
+        offsets: list[int] = []
+        ends: list[int] = []
+        for (c0, c1, c2), below in zip(self.sizes, self.below):
+            offset = max((ends[j] for j in below), default=0)
+            offsets.append(offset)
+            ends.append(offset + _align(max(c0 + c1 * n + c2 * n * n, 1)))
+        return offsets, max(ends, default=0)
+
+
+def growing_layout(
+    plan: MemoryPlan, sizes: dict[Buffer, tuple[int, int, int]], valid: Buffer, floor: int, capacity: int
+) -> GrowingLayout:
+    """``plan`` (at the capacity) with its buffers' sizes as ``sizes`` (a buffer not named there
+    keeps its capacity size at every length). Each size must be at most the capacity's and grow
+    with the length on [floor, capacity] (ValueError otherwise): the layout at a length is then
+    never larger than at the capacity, and never larger than ``plan``'s arena."""
+    order = sorted(plan.offsets, key=lambda b: (plan.offsets[b], b.name))
+    coefficients = []
+    for buffer in order:
+        c0, c1, c2 = sizes.get(buffer, (buffer.nbytes, 0, 0))
+        # a polynomial of degree <= 2 grows on [floor, capacity] when its slope does at both ends
+        slopes = (c1 + c2 * (2 * floor + 1), c1 + c2 * (2 * capacity - 1))
+        if c0 + c1 * capacity + c2 * capacity * capacity != buffer.nbytes or min(slopes) < 0:
+            raise ValueError(
+                f"buffer {buffer.name}: {c0} + {c1}n + {c2}n^2 bytes is not its size at {capacity}, or shrinks"
+            )
+        coefficients.append((c0, c1, c2))
+    # pairs of buffers alive at the same time, from the lifetimes sorted by their start
+    spans = sorted(range(len(order)), key=lambda i: plan.lifetimes[order[i]])
+    under: list[list[int]] = [[] for _ in order]
+    for k, i in enumerate(spans):
+        end = plan.lifetimes[order[i]][1]
+        for j in spans[k + 1 :]:
+            if plan.lifetimes[order[j]][0] > end:
+                break
+            low, high = min(i, j), max(i, j)  # by offset: the lower one ends before the other starts
+            under[high].append(low)
+    below: list[tuple[int, ...]] = []
+    lower: list[int] = []  # per buffer, a bit per buffer it must end after (below it, transitively)
+    for i in range(len(order)):
+        covered = 0
+        for j in under[i]:
+            covered |= lower[j]
+        below.append(tuple(sorted(j for j in set(under[i]) if not covered >> j & 1)))
+        lower.append(covered | sum(1 << j for j in set(under[i])))
+    return GrowingLayout(valid, floor, capacity, tuple(order), tuple(coefficients), tuple(below))
 
 
 def engine_threads() -> int:

@@ -101,15 +101,21 @@ def address(array: np.ndarray) -> int:
 class _Request:
     """One concurrent request's memory: its arena, its status word and the pointer table with the
     weights' and the arena buffers' addresses already written (a call writes its inputs' and
-    outputs' only: the cost of a call does not grow with the plan's buffers)."""
+    outputs' only: the cost of a call does not grow with the plan's buffers). A plan whose arena
+    grows with a run-time length (``GrowingLayout``) rewrites the arena's slots when the length
+    changes, and its pages are touched as far as the longest length run so far needed."""
 
-    __slots__ = ("arena", "status", "table")
+    __slots__ = ("arena", "layout", "length", "reached", "status", "table", "words")
 
     def __init__(self, executable: Executable) -> None:
-        self.arena = empty_aligned(executable.plan.memory.arena_bytes, ALIGNMENT)
-        # every page faulted in now, once: a plan whose kernels take a length at run time uses more
-        # of its arena at longer lengths, and a first call at a new length must not pay the faults
-        self.arena[::4096] = 0
+        growing = executable.growing
+        size = growing.at(growing.capacity)[1] if growing is not None else executable.plan.memory.arena_bytes
+        self.arena = empty_aligned(size, ALIGNMENT)
+        self.length = -1  # the length the arena's slots are laid out for (-1: the fixed layout)
+        self.layout: _Layout | None = None
+        self.reached = 0  # bytes of the arena whose pages were touched
+        if growing is None:
+            self.touch(size)
         self.status = np.zeros(1, dtype=np.int32)
         table = (ctypes.c_void_p * executable.slots)(*executable.base_table)
         table[0] = self.status.ctypes.data
@@ -117,6 +123,35 @@ class _Request:
         for slot, offset in executable.arena_slots:
             table[slot] = base + offset
         self.table = table
+        self.words = np.frombuffer(table, dtype=np.uintp) if executable.slots else None
+
+    def touch(self, size: int) -> None:
+        """Every page of the arena's first ``size`` bytes faulted in now, once (a run must not pay
+        the faults of memory it was given in advance)."""
+        if size > self.reached:
+            self.arena[self.reached : size : 4096] = 0
+            self.reached = size
+
+    def lay_out(self, length: int, layout: _Layout) -> None:
+        if self.length != length:
+            self.touch(layout.arena_bytes)
+            assert self.words is not None
+            self.words[layout.slots] = np.uintp(self.arena.ctypes.data) + layout.offsets
+            self.length, self.layout = length, layout
+
+
+class _Layout:
+    """A growing arena laid out at one length: its buffers' slots, offsets (also by buffer), bytes."""
+
+    __slots__ = ("arena_bytes", "by_buffer", "offsets", "slots")
+
+    def __init__(self, executable: Executable, length: int) -> None:
+        growing = executable.growing
+        assert growing is not None
+        offsets, self.arena_bytes = growing.at(length)
+        self.by_buffer = dict(zip(growing.order, offsets))
+        self.slots = executable.growing_slots
+        self.offsets = np.array(offsets, dtype=np.uintp)
 
 
 class Executable:
@@ -161,6 +196,12 @@ class Executable:
             for buffer, view in ((b, a.reshape(-1)) for b, a in plan.constants.items())
         }
         self.arena_slots = [(plan.table[buffer], offset) for buffer, offset in plan.memory.offsets.items()]
+        # an arena that grows with a run-time length: laid out per length (the last few kept)
+        self.growing = plan.memory.growing
+        self.layouts: dict[int, _Layout] = {}
+        if self.growing is not None:
+            self.growing_slots = np.array([plan.table[b] for b in self.growing.order], dtype=np.intp)
+            self.valid_position = plan.inputs.index(self.growing.valid)
         self.base_table: list[int | None] = [None] * self.slots
         for buffer, view in self.constant_views.items():
             self.base_table[plan.table[buffer]] = view.ctypes.data
@@ -208,6 +249,7 @@ class Executable:
             return self.interpreter.run(inputs)
         request = self._request()
         try:
+            offsets = self._lay_out(request, inputs)
             given = self._bind(request, inputs)
             request.status[0] = 0
             if self.entry is not None:
@@ -218,12 +260,26 @@ class Executable:
             for buffer, shape, copy in self.output_layout:
                 array = given.get(buffer)
                 if array is None:
-                    array = stored(buffer, self.constant_views, request.arena, self.plan.memory.offsets)
+                    array = stored(buffer, self.constant_views, request.arena, offsets)
                 array = array.reshape(shape)
                 results.append(array.copy() if copy else array)
             return results
         finally:
             self.requests.put(request)
+
+    def _lay_out(self, request: _Request, inputs: list[np.ndarray]) -> dict[Buffer, int]:
+        """The arena's offsets for this call (a growing arena: at the length its valid-length
+        input gives, the request's table rewritten if it was laid out for another)."""
+        if self.growing is None:
+            return self.plan.memory.offsets
+        length = int(np.asarray(inputs[self.valid_position]).reshape(-1)[0])
+        layout = self.layouts.get(length)
+        if layout is None:
+            if len(self.layouts) >= 64:
+                self.layouts.clear()
+            layout = self.layouts[length] = _Layout(self, length)
+        request.lay_out(length, layout)
+        return layout.by_buffer
 
     def native_seconds(self, inputs: list[np.ndarray], calls: int) -> float:
         """Mean seconds of the native entry alone over ``calls`` calls on ``inputs`` (no Python
@@ -235,6 +291,7 @@ class Executable:
             inputs = [inputs[i] for i in self.keep]
         request = self._request()
         try:
+            self._lay_out(request, inputs)
             _alive = self._bind(request, inputs)  # the arrays the table points at, alive while timed
             table = ctypes.addressof(request.table)
             start = time.perf_counter()
@@ -258,7 +315,8 @@ class Executable:
         return given
 
     def _views(self, request: _Request, given: dict[Buffer, np.ndarray]) -> _ArenaViews:
-        views = _ArenaViews(given, self.constant_views, request.arena, self.plan.memory.offsets)
+        offsets = self.plan.memory.offsets if request.layout is None else request.layout.by_buffer
+        views = _ArenaViews(given, self.constant_views, request.arena, offsets)
         if self.status_buffer is not None:
             views[self.status_buffer] = request.status
         return views

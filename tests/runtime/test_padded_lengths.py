@@ -149,6 +149,26 @@ def test_the_run_time_length_is_read_from_the_call():
     assert not np.allclose(wrong[1], want, rtol=1e-3)
 
 
+def test_the_arena_is_laid_out_for_the_length_of_each_call():
+    """The memory plan of a run-time length is formulas of it (kiln.lower.memory.GrowingLayout):
+    a short run's arena is smaller than the capacity's, and calls whose lengths go up and down on
+    one request (its table laid out again each time) all equal NumPy. Mutation check: a request
+    that kept its first layout would place a longer run's live buffers over each other."""
+    compiled = kiln.compile(attention_model(), dims={"seq": (1, 64), "batch": 2})
+    executable = compiled.padded_model.executables()[0]
+    growing = executable.plan.memory.growing
+    assert growing is not None and growing.capacity == 64
+    short, full = growing.at(16)[1], growing.at(64)[1]
+    assert short < full <= executable.plan.memory.arena_bytes
+    assert sum(c1 or c2 for _, c1, c2 in growing.sizes) >= len(growing.sizes) // 2  # most grow with it
+    for length in (17, 64, 16, 40, 1, 63, 20, 64, 33):
+        given = feeds(2, length)
+        got = compiled.run(given)
+        for name, expected in zip(("y", "pooled", "peak"), reference(given["x"], given["mask"])):
+            np.testing.assert_allclose(got[name], expected, rtol=1e-4, atol=1e-5, err_msg=f"{name} at {length}")
+    assert "at length 16" in executable.plan.memory.describe()
+
+
 def test_compiled_lengths_when_asked_or_when_the_lowering_is_no_polynomial_of_the_length():
     """--disable run-time-length (or size classes given) compiles padded lengths, as does a
     lowering whose integers are no polynomial of the length (here forced): every length still
