@@ -89,13 +89,19 @@ def infer_node(
     known: list[np.ndarray | None],
     symbolic: list[tuple | None],
 ) -> tuple[list[Type], dict[int, tuple]]:
-    """Run the registry's inference for ``node``; returns output types and symbolic contents."""
+    """Run the registry's inference for ``node``; returns output types and symbolic contents.
+    Results are remembered by everything inference reads (op, attributes, input types, small
+    known values, symbolic contents): the twelve layers of a transformer infer once."""
+    key = memo_key(node, input_types, known, symbolic)
+    found = _MEMO.get(key) if key is not None else None
+    if found is not None:
+        return list(found[0]), dict(found[1])
     opdef = lookup(node.op, node.domain)
     if opdef is None:
         raise UnsupportedConstruct("unknown op")
     check_type_constraints(node, input_types)
     _check_axis(node, input_types)
-    ctx = InferContext(node, opdef, input_types, known, symbolic)
+    ctx = InferContext(node, opdef, input_types, known, symbolic, large=SMALL_VALUE)
     try:
         types = list(opdef.infer(ctx))
     except ValueError as err:  # a shape from the inputs' values that is none (Pad removing more than a dim holds)
@@ -106,7 +112,58 @@ def infer_node(
         raise ShapeInferenceError(f"inference gave {len(types)} output types for {len(node.outputs)} outputs")
     for index, value_type in enumerate(types[: len(node.outputs)]):
         check_size(value_type, f"output {index}")
-    return types[: len(node.outputs)], ctx.out_symbolic
+    types = types[: len(node.outputs)]
+    # not remembered: a result named after this node's outputs (fresh symbols), or one that read
+    # a value too large to be part of the key
+    if key is not None and not ctx.fresh_used and not ctx.read_large:
+        if len(_MEMO) >= MEMO_LIMIT:
+            _MEMO.clear()
+        _MEMO[key] = (tuple(types), dict(ctx.out_symbolic))
+    return types, ctx.out_symbolic
+
+
+SMALL_VALUE = 64  # elements: a known input value at most this large is part of the memo's key
+MEMO_LIMIT = 8192
+_MEMO: dict[tuple, tuple[tuple, dict]] = {}
+
+
+def _frozen(value: object) -> object:
+    """``value`` as a hashable key part, or raises TypeError (then nothing is remembered)."""
+    if isinstance(value, float):
+        return ("float", value.hex())  # exact: -0.0 is not 0.0, and a NaN is found again
+    if isinstance(value, (str, int, bool, type(None))):
+        return (type(value).__name__, value)
+    if isinstance(value, (list, tuple)):
+        return (type(value).__name__, tuple(_frozen(v) for v in value))
+    if isinstance(value, np.ndarray):
+        if value.size > SMALL_VALUE or value.dtype == object:
+            raise TypeError("a large array")
+        return ("array", value.dtype.str, value.shape, value.tobytes())
+    if isinstance(value, np.generic):
+        return ("scalar", value.dtype.str, value.tobytes())
+    raise TypeError(type(value).__name__)
+
+
+def memo_key(
+    node: Node, input_types: list[Type | None], known: list[np.ndarray | None], symbolic: list[tuple | None]
+) -> tuple | None:
+    try:
+        key = (
+            node.op,
+            node.domain,
+            len(node.outputs),
+            tuple(sorted((name, _frozen(value)) for name, value in node.attrs.items())),
+            tuple(input_types),
+            tuple(
+                None if v is None else ("large",) if np.size(v) > SMALL_VALUE else _frozen(np.asarray(v))
+                for v in known
+            ),
+            tuple(None if s is None else _frozen(tuple(s)) for s in symbolic),
+        )
+        hash(key)
+        return key
+    except TypeError:  # an attribute kiln cannot key (a subgraph): inferred every time
+        return None
 
 
 # The largest tensor kiln accepts: more than any machine it targets can hold, and far below the

@@ -226,6 +226,7 @@ class InferContext:
         values: Sequence[np.ndarray | None] = (),
         symbolic: Sequence[tuple[Dim, ...] | None] = (),
         num_outputs: int | None = None,
+        large: int | None = None,
     ) -> None:
         self.node = node
         self.opdef = opdef
@@ -236,6 +237,11 @@ class InferContext:
         # Symbolic contents of 1-D integer outputs (shape tensors), for shape ops downstream.
         self.out_symbolic: dict[int, tuple[Dim, ...]] = {}
         self._fresh = 0
+        # for ``kiln.ops.inference``'s memo: whether a fresh symbol was made, or a known value
+        # larger than ``large`` elements was read
+        self.fresh_used = False
+        self.read_large = False
+        self._large = large
 
     @property
     def num_inputs(self) -> int:
@@ -274,7 +280,10 @@ class InferContext:
         return self.tensor(index).dtype
 
     def value(self, index: int) -> np.ndarray | None:
-        return self.values[index] if index < len(self.values) else None
+        found = self.values[index] if index < len(self.values) else None
+        if found is not None and self._large is not None and np.size(found) > self._large:
+            self.read_large = True
+        return found
 
     def dims_value(self, index: int) -> tuple[Dim, ...] | None:
         """Contents of a 1-D integer input as dims (ints, or symbols where only those are known)."""
@@ -294,6 +303,7 @@ class InferContext:
     def fresh(self, tag: str = "d") -> str:
         """A new symbol for a dim no rule determines (deterministic per node)."""
         self._fresh += 1
+        self.fresh_used = True
         base = self.node.outputs[0].name if self.node.outputs else self.node.op
         clean = "".join(c if c.isalnum() or c == "_" else "_" for c in base).strip("_") or "v"
         if clean[0].isdigit():

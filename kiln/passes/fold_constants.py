@@ -21,7 +21,7 @@ import numpy as np
 from kiln.errors import KilnError, ShapeInferenceError
 from kiln.ir.graph import Graph, Node, Value
 from kiln.ir.types import TensorType, Type
-from kiln.ops.inference import infer_node
+from kiln.ops.inference import MEMO_LIMIT, SMALL_VALUE, infer_node, memo_key
 from kiln.ops.interpreter import evaluate_node, node_failure
 from kiln.ops.registry import nondeterministic
 from kiln.passes.rewrite import Rewriter
@@ -90,12 +90,21 @@ def _fold(rewriter: Rewriter, node: Node) -> bool:
         # check what came out.
         if sum(v.size for v in values if v is not None) > 65536:
             return False
-    try:
-        outputs = evaluate_node(node, values)
-    except KilnError:
-        raise
-    except Exception as err:  # the model fails on these values whenever it runs: say so now
-        raise node_failure(node, values, err, stage="constant folding") from err
+    key = _evaluation_key(node, values)
+    found = _EVALUATED.get(key) if key is not None else None
+    if found is not None:
+        outputs = [a.copy() for a in found]
+    else:
+        try:
+            outputs = evaluate_node(node, values)
+        except KilnError:
+            raise
+        except Exception as err:  # the model fails on these values whenever it runs: say so now
+            raise node_failure(node, values, err, stage="constant folding") from err
+        if key is not None and all(isinstance(a, np.ndarray) for a in outputs):
+            if len(_EVALUATED) >= MEMO_LIMIT:
+                _EVALUATED.clear()
+            _EVALUATED[key] = tuple(a.copy() for a in outputs)
     arrays = [np.asarray(a) if isinstance(a, np.ndarray) or np.isscalar(a) else None for a in outputs]
     if any(a is None or a.size > FOLD_LIMIT for a in arrays):
         return False
@@ -105,6 +114,17 @@ def _fold(rewriter: Rewriter, node: Node) -> bool:
     for value, array in zip(node.outputs, arrays):
         rewriter.replace(value, rewriter.add_constant(array, value.name))  # type: ignore[arg-type]
     return True
+
+
+# Shape arithmetic evaluated once per distinct node and small inputs (every layer of a transformer
+# computes the same Gather/Concat/Mul of the same sizes): by op, attributes and input values.
+_EVALUATED: dict[tuple, tuple[np.ndarray, ...]] = {}
+
+
+def _evaluation_key(node: Node, values: list[np.ndarray | None]) -> tuple | None:
+    if any(v is not None and np.size(v) > SMALL_VALUE for v in values):
+        return None
+    return memo_key(node, [None] * len(values), values, [])
 
 
 def _fits(value_type: Type, array: np.ndarray) -> bool:
