@@ -338,12 +338,29 @@ def content_digest(header: bytes, data: memoryview) -> str:
 
 
 _pool: ThreadPoolExecutor | None = None
+_background = threading.local()  # .on: this thread works in the background (see ``in_background``)
+
+
+def in_background() -> None:
+    """Mark the calling thread as background work (a plan-cache store after a compile or load
+    returned): it runs at the lowest CPU priority the system gives a thread (Linux niceness is per
+    thread), and its hashing runs in it, not on the shared hashing threads, so the model's first
+    calls never wait behind it."""
+    _background.on = True
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+    except (AttributeError, OSError):  # not Linux, or not allowed: it only runs at normal priority
+        pass
 
 
 def _submit(work: Callable[[], Any]) -> Callable[[], Any]:
     """Run ``work`` on the hashing threads; returns the function that waits for its result (run
-    right here when no thread can start: at interpreter exit, a background store finishing)."""
+    right here when no thread can start: at interpreter exit, a background store finishing, or in
+    a background thread)."""
     global _pool
+    if getattr(_background, "on", False):
+        result = work()
+        return lambda: result
     try:
         with _key_lock:
             if _pool is None:

@@ -155,8 +155,7 @@ def memo_key(
             tuple(sorted((name, _frozen(value)) for name, value in node.attrs.items())),
             tuple(input_types),
             tuple(
-                None if v is None else ("large",) if np.size(v) > SMALL_VALUE else _frozen(np.asarray(v))
-                for v in known
+                None if v is None else ("large",) if np.size(v) > SMALL_VALUE else _frozen(np.asarray(v)) for v in known
             ),
             tuple(None if s is None else _frozen(tuple(s)) for s in symbolic),
         )
