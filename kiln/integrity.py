@@ -387,6 +387,7 @@ _MODULES = (
     "kiln.ir.types",
     "kiln.lower.kir",
     "kiln.lower.kir_expr",
+    "kiln.driver.extents",  # a run-time length's sizes (RunTimeSize) in engine calls
     "kiln.lower.memory",
     "kiln.lower.target",
     "kiln.backends.cpu.target",

@@ -268,3 +268,20 @@ def test_a_background_store_yields_the_cpu_to_the_model_it_stores():
     assert seen["nice"] == 19 and seen["hashed_in"] == seen["thread"] == "kiln-plan-cache"
     assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == before  # the caller's is untouched
     assert integrity._submit(lambda: threading.current_thread().name)() != threading.current_thread().name
+
+
+def test_a_plan_whose_kernels_take_the_length_at_run_time_is_found_again(cache):
+    """Its engine calls hold run-time sizes and its arena formulas of the length: the entry
+    loads (it was refused as damaged, and rebuilt on every compile), and runs every length."""
+    from tests.runtime.test_padded_lengths import attention_model, feeds, reference
+
+    for _attempt in range(2):
+        compiled = kiln.compile(attention_model(), dims={"seq": (1, 24), "batch": 1})
+        plan_cache.wait()
+        assert compiled.padded_model.executables()[0].plan.memory.growing is not None
+        for length in (3, 24, 17):
+            given = feeds(1, length)
+            np.testing.assert_allclose(
+                compiled.run(given)["y"], reference(given["x"], given["mask"])[0], rtol=1e-4, atol=1e-5
+            )
+    assert plan_cache.STATS["damaged"] == 0 and plan_cache.STATS["hits"] >= 1
