@@ -94,6 +94,9 @@ def explain(
     ranges, dims = split_ranges(dims)
     graph, binding = import_bound(model, dims)
     sizes = _sizes(graph, ranges)
+    for name, size in sizes.items():  # a ranged dim is shown at its range's low end, never outside it
+        if size.get("range") and f"{name}=" not in " ".join(dims):
+            binding[name] = max(int(size["range"][0]), 1)
     options = _explain_options(model, graph, binding, compiled_for, level, disable, precision)
     _run_time_kernels(graph, sizes, binding, compiled_for, options, _progress(as_json))
     view = ExplainView(model, compiled_for, options, binding, set(print_after), as_json)
