@@ -20,9 +20,10 @@ $(STAMP): pyproject.toml constraints.txt
 setup: $(STAMP)
 
 # On every core (at most 4 workers: the zoo and conformance tests hold models in memory; workers
-# steal queued tests). A 2-core Zen 1 (AVX2) runs the tests in ~13 min with kiln's caches warm and
-# 19.7 min on a fresh machine (2026-11-24, session 19, 1,604 passed, 202 skipped; 16.8-19.7 over the last runs; KILN_CACHE_DIR and TRITON_CACHE_DIR
-# empty: every C library, Triton kernel and zoo export built again). `pytest -n 0` runs it in one process.
+# steal queued tests). Measured with KILN_CACHE_DIR and TRITON_CACHE_DIR empty (every C library,
+# Triton kernel and zoo export built again): a 2-core Zen 1 (AVX2) 16.8-19.7 min (2026-11-24,
+# 1,604 passed, 202 skipped); a 2-core Zen 4 (AVX-512: those paths run too) 11.1-11.5 min
+# (2026-11-25, 1,772 passed, 46 skipped). `pytest -n 0` runs it in one process.
 test: setup
 	$(BIN)/python -m pytest -q -n auto --maxprocesses=4 --dist worksteal
 
