@@ -94,9 +94,7 @@ def explain(
     ranges, dims = split_ranges(dims)
     graph, binding = import_bound(model, dims)
     sizes = _sizes(graph, ranges)
-    for name, size in sizes.items():  # a ranged dim is shown at its range's low end, never outside it
-        if size.get("range") and f"{name}=" not in " ".join(dims):
-            binding[name] = max(int(size["range"][0]), 1)
+    binding.update(_inside_ranges(sizes, dims))
     options = _explain_options(model, graph, binding, compiled_for, level, disable, precision)
     _run_time_kernels(graph, sizes, binding, compiled_for, options, _progress(as_json))
     view = ExplainView(model, compiled_for, options, binding, set(print_after), as_json)
@@ -143,6 +141,15 @@ def explain(
             out.print(f"sizes: {symbol} ({bounds}) compiles each new size: {escape(found_size['reason'])}")
     if profile:
         _explain_profile(model, view.seen["specialize"], binding, runs, top, compiled_for, options)
+
+
+def _inside_ranges(sizes: dict, given: tuple[str, ...]) -> dict[str, int]:
+    """A ranged dim no --dim binds is shown at its range's low end, never outside the range."""
+    return {
+        name: max(int(size["range"][0]), 1)
+        for name, size in sizes.items()
+        if size.get("range") and f"{name}=" not in " ".join(given)
+    }
 
 
 def _sizes(graph, ranges: dict[str, str]) -> dict:  # type: ignore[no-untyped-def]
