@@ -145,10 +145,9 @@ def explain(
 
 def _inside_ranges(sizes: dict, given: tuple[str, ...]) -> dict[str, int]:
     """A ranged dim no --dim binds is shown at its range's low end, never outside the range."""
+    bound = {item.partition("=")[0] for item in given}
     return {
-        name: max(int(size["range"][0]), 1)
-        for name, size in sizes.items()
-        if size.get("range") and f"{name}=" not in " ".join(given)
+        name: max(int(size["range"][0]), 1) for name, size in sizes.items() if size.get("range") and name not in bound
     }
 
 

@@ -338,10 +338,10 @@ def content_digest(header: bytes, data: memoryview) -> str:
 
 
 _pool: ThreadPoolExecutor | None = None
-_background = threading.local()  # .on: this thread works in the background (see ``in_background``)
+_background = threading.local()  # .on: this thread works in the background (see ``run_as_background``)
 
 
-def in_background() -> None:
+def run_as_background() -> None:
     """Mark the calling thread as background work (a plan-cache store after a compile or load
     returned): it runs at the lowest CPU priority the system gives a thread (Linux niceness is per
     thread), and its hashing runs in it, not on the shared hashing threads, so the model's first

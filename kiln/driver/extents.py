@@ -53,7 +53,7 @@ from kiln.lower.kir import (
     WinogradInput,
     WinogradOutput,
 )
-from kiln.lower.memory import GrowingLayout, growing_layout
+from kiln.lower.memory import GrowingLayout, growing_layout, grows
 from kiln.passes import specialize
 from kiln.passes.fold_constants import UNFOLDED
 from kiln.runtime.plan import Fallback, Plan
@@ -296,7 +296,7 @@ def _growing(states: list[Compile], lengths: tuple[int, ...], valid: Buffer) -> 
     memory = states[0].memory
     assert memory is not None
     floor, capacity = min(lengths), lengths[0]
-    sampled = [{b.name: b.nbytes for b in state.memory.offsets} for state in states[1:] if state.memory]
+    sampled = [{b.name: b.nbytes for b in state.memory.offsets} for state in states[1:]]  # type: ignore[union-attr]
     sizes = {}
     for buffer in memory.offsets:
         values = [buffer.nbytes, *(sizes_at.get(buffer.name, buffer.nbytes) for sizes_at in sampled)]
@@ -307,7 +307,7 @@ def _growing(states: list[Compile], lengths: tuple[int, ...], valid: Buffer) -> 
         except NotAffine:
             continue
         coefficients = (size.c0, size.c1, size.c2)
-        if min(size.c1 + size.c2 * (2 * floor + 1), size.c1 + size.c2 * (2 * capacity - 1)) >= 0:
+        if grows(*coefficients, floor, capacity):
             sizes[buffer] = coefficients
     return growing_layout(memory, sizes, valid, floor, capacity)
 

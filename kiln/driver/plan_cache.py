@@ -73,7 +73,7 @@ def in_background(work: Any, *args: Any) -> None:
 
 
 def _quietly(work: Any, *args: Any) -> None:
-    integrity.in_background()  # at the lowest priority: the model it stores is serving meanwhile
+    integrity.run_as_background()  # at the lowest priority: the model it stores is serving meanwhile
     try:
         work(*args)
     except Exception as err:  # a full disk or a read-only cache costs a recompile later, nothing more

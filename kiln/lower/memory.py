@@ -65,9 +65,13 @@ class GrowingLayout:
     sizes: tuple[tuple[int, int, int], ...]
     below: tuple[tuple[int, ...], ...]
 
+    def bound(self, length: int) -> int:
+        """The length the kernels run at for a call at ``length`` (the layout's key)."""
+        return min(max(length, self.floor), self.capacity)
+
     def at(self, length: int) -> tuple[list[int], int]:
         """The offsets (in ``order``) and the arena's bytes for a run at ``length``."""
-        n = min(max(length, self.floor), self.capacity)
+        n = self.bound(length)
         offsets: list[int] = []
         ends: list[int] = []
         for (c0, c1, c2), below in zip(self.sizes, self.below):
@@ -75,6 +79,12 @@ class GrowingLayout:
             offsets.append(offset)
             ends.append(offset + _align(max(c0 + c1 * n + c2 * n * n, 1)))
         return offsets, max(ends, default=0)
+
+
+def grows(c0: int, c1: int, c2: int, floor: int, capacity: int) -> bool:
+    """Whether ``c0 + c1 n + c2 n^2`` never shrinks as n goes from ``floor`` to ``capacity`` (a
+    polynomial of degree <= 2 does not when its step does not, at both ends)."""
+    return min(c1 + c2 * (2 * floor + 1), c1 + c2 * (2 * capacity - 1)) >= 0
 
 
 def growing_layout(
@@ -88,9 +98,7 @@ def growing_layout(
     coefficients = []
     for buffer in order:
         c0, c1, c2 = sizes.get(buffer, (buffer.nbytes, 0, 0))
-        # a polynomial of degree <= 2 grows on [floor, capacity] when its slope does at both ends
-        slopes = (c1 + c2 * (2 * floor + 1), c1 + c2 * (2 * capacity - 1))
-        if c0 + c1 * capacity + c2 * capacity * capacity != buffer.nbytes or min(slopes) < 0:
+        if c0 + c1 * capacity + c2 * capacity * capacity != buffer.nbytes or not grows(c0, c1, c2, floor, capacity):
             raise ValueError(
                 f"buffer {buffer.name}: {c0} + {c1}n + {c2}n^2 bytes is not its size at {capacity}, or shrinks"
             )
@@ -111,8 +119,8 @@ def growing_layout(
         covered = 0
         for j in under[i]:
             covered |= lower[j]
-        below.append(tuple(sorted(j for j in set(under[i]) if not covered >> j & 1)))
-        lower.append(covered | sum(1 << j for j in set(under[i])))
+        below.append(tuple(sorted(j for j in under[i] if not covered >> j & 1)))  # (each pair met once)
+        lower.append(covered | sum(1 << j for j in under[i]))
     return GrowingLayout(valid, floor, capacity, tuple(order), tuple(coefficients), tuple(below))
 
 

@@ -6,6 +6,7 @@ no tensor is over kiln's size limit. The importer, the converters and the passes
 from __future__ import annotations
 
 import functools
+from typing import Any
 
 import numpy as np
 import onnx
@@ -93,7 +94,7 @@ def infer_node(
     Results are remembered by everything inference reads (op, attributes, input types, small
     known values, symbolic contents): the twelve layers of a transformer infer once."""
     key = memo_key(node, input_types, known, symbolic)
-    found = _MEMO.get(key) if key is not None else None
+    found = _INFERRED.get(key)
     if found is not None:
         return list(found[0]), dict(found[1])
     opdef = lookup(node.op, node.domain)
@@ -115,16 +116,34 @@ def infer_node(
     types = types[: len(node.outputs)]
     # not remembered: a result named after this node's outputs (fresh symbols), or one that read
     # a value too large to be part of the key
-    if key is not None and not ctx.fresh_used and not ctx.read_large:
-        if len(_MEMO) >= MEMO_LIMIT:
-            _MEMO.clear()
-        _MEMO[key] = (tuple(types), dict(ctx.out_symbolic))
+    if not ctx.fresh_used and not ctx.read_large:
+        _INFERRED.put(key, (tuple(types), dict(ctx.out_symbolic)))
     return types, ctx.out_symbolic
 
 
 SMALL_VALUE = 64  # elements: a known input value at most this large is part of the memo's key
-MEMO_LIMIT = 8192
-_MEMO: dict[tuple, tuple[tuple, dict]] = {}
+
+
+class Memo:
+    """Results by ``memo_key`` (a None key is never found nor kept), at most ``limit`` of them
+    (emptied when full: a compile refills what it repeats)."""
+
+    def __init__(self, limit: int = 8192) -> None:
+        self.limit = limit
+        self.found: dict[tuple, Any] = {}
+
+    def get(self, key: tuple | None) -> Any:
+        return None if key is None else self.found.get(key)
+
+    def put(self, key: tuple | None, value: Any) -> None:
+        if key is None:
+            return
+        if len(self.found) >= self.limit:
+            self.found.clear()
+        self.found[key] = value
+
+
+_INFERRED = Memo()
 
 
 def _frozen(value: object) -> object:

@@ -21,7 +21,7 @@ import numpy as np
 from kiln.errors import KilnError, ShapeInferenceError
 from kiln.ir.graph import Graph, Node, Value
 from kiln.ir.types import TensorType, Type
-from kiln.ops.inference import MEMO_LIMIT, SMALL_VALUE, infer_node, memo_key
+from kiln.ops.inference import KNOWN_VALUE_LIMIT, SMALL_VALUE, Memo, infer_node, memo_key
 from kiln.ops.interpreter import evaluate_node, node_failure
 from kiln.ops.registry import nondeterministic
 from kiln.passes.rewrite import Rewriter
@@ -91,7 +91,7 @@ def _fold(rewriter: Rewriter, node: Node) -> bool:
         if sum(v.size for v in values if v is not None) > 65536:
             return False
     key = _evaluation_key(node, values)
-    found = _EVALUATED.get(key) if key is not None else None
+    found = _EVALUATED.get(key)
     if found is not None:
         outputs = [a.copy() for a in found]
     else:
@@ -101,10 +101,9 @@ def _fold(rewriter: Rewriter, node: Node) -> bool:
             raise
         except Exception as err:  # the model fails on these values whenever it runs: say so now
             raise node_failure(node, values, err, stage="constant folding") from err
-        if key is not None and all(isinstance(a, np.ndarray) for a in outputs):
-            if len(_EVALUATED) >= MEMO_LIMIT:
-                _EVALUATED.clear()
-            _EVALUATED[key] = tuple(a.copy() for a in outputs)
+        # remembered when it is shape arithmetic: small results (not a folded [seq, seq] mask)
+        if all(isinstance(a, np.ndarray) and a.size <= KNOWN_VALUE_LIMIT for a in outputs):
+            _EVALUATED.put(key, tuple(a.copy() for a in outputs))
     arrays = [np.asarray(a) if isinstance(a, np.ndarray) or np.isscalar(a) else None for a in outputs]
     if any(a is None or a.size > FOLD_LIMIT for a in arrays):
         return False
@@ -118,7 +117,7 @@ def _fold(rewriter: Rewriter, node: Node) -> bool:
 
 # Shape arithmetic evaluated once per distinct node and small inputs (every layer of a transformer
 # computes the same Gather/Concat/Mul of the same sizes): by op, attributes and input values.
-_EVALUATED: dict[tuple, tuple[np.ndarray, ...]] = {}
+_EVALUATED = Memo()
 
 
 def _evaluation_key(node: Node, values: list[np.ndarray | None]) -> tuple | None:

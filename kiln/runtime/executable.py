@@ -17,7 +17,7 @@ from kiln.backends.registry import HOST_CALLBACK
 from kiln.errors import ExecutionError, KilnError
 from kiln.ir.types import TensorType
 from kiln.lower.kir import Buffer
-from kiln.lower.memory import ALIGNMENT
+from kiln.lower.memory import ALIGNMENT, GrowingLayout
 from kiln.memory import aligned_copy, empty_aligned
 from kiln.ops.interpreter import Interpreter, evaluate_node, node_failure
 from kiln.runtime.plan import Fallback, Plan, Segment
@@ -105,14 +105,13 @@ class _Request:
     grows with a run-time length (``GrowingLayout``) rewrites the arena's slots when the length
     changes, and its pages are touched as far as the longest length run so far needed."""
 
-    __slots__ = ("arena", "layout", "length", "reached", "status", "table", "words")
+    __slots__ = ("arena", "layout", "reached", "status", "table", "words")
 
     def __init__(self, executable: Executable) -> None:
         growing = executable.growing
         size = growing.at(growing.capacity)[1] if growing is not None else executable.plan.memory.arena_bytes
         self.arena = empty_aligned(size, ALIGNMENT)
-        self.length = -1  # the length the arena's slots are laid out for (-1: the fixed layout)
-        self.layout: _Layout | None = None
+        self.layout: _Layout | None = None  # the growing arena's layout its slots hold (None: fixed)
         self.reached = 0  # bytes of the arena whose pages were touched
         if growing is None:
             self.touch(size)
@@ -132,25 +131,23 @@ class _Request:
             self.arena[self.reached : size : 4096] = 0
             self.reached = size
 
-    def lay_out(self, length: int, layout: _Layout) -> None:
-        if self.length != length:
+    def lay_out(self, layout: _Layout, slots: np.ndarray) -> None:
+        if self.layout is not layout:
             self.touch(layout.arena_bytes)
             assert self.words is not None
-            self.words[layout.slots] = np.uintp(self.arena.ctypes.data) + layout.offsets
-            self.length, self.layout = length, layout
+            self.words[slots] = np.uintp(self.arena.ctypes.data) + layout.offsets
+            self.layout = layout
 
 
 class _Layout:
-    """A growing arena laid out at one length: its buffers' slots, offsets (also by buffer), bytes."""
+    """A growing arena laid out at one length: its buffers' offsets (in its order, and by buffer)
+    and bytes."""
 
-    __slots__ = ("arena_bytes", "by_buffer", "offsets", "slots")
+    __slots__ = ("arena_bytes", "by_buffer", "offsets")
 
-    def __init__(self, executable: Executable, length: int) -> None:
-        growing = executable.growing
-        assert growing is not None
+    def __init__(self, growing: GrowingLayout, length: int) -> None:
         offsets, self.arena_bytes = growing.at(length)
         self.by_buffer = dict(zip(growing.order, offsets))
-        self.slots = executable.growing_slots
         self.offsets = np.array(offsets, dtype=np.uintp)
 
 
@@ -272,13 +269,14 @@ class Executable:
         input gives, the request's table rewritten if it was laid out for another)."""
         if self.growing is None:
             return self.plan.memory.offsets
-        length = int(np.asarray(inputs[self.valid_position]).reshape(-1)[0])
+        # every length below the floor runs at the floor: one layout (and no table rewrite) for them
+        length = self.growing.bound(int(np.asarray(inputs[self.valid_position]).reshape(-1)[0]))
         layout = self.layouts.get(length)
         if layout is None:
             if len(self.layouts) >= 64:
                 self.layouts.clear()
-            layout = self.layouts[length] = _Layout(self, length)
-        request.lay_out(length, layout)
+            layout = self.layouts[length] = _Layout(self.growing, length)
+        request.lay_out(layout, self.growing_slots)
         return layout.by_buffer
 
     def native_seconds(self, inputs: list[np.ndarray], calls: int) -> float:
