@@ -134,6 +134,25 @@ class _Merge:
         self.memo: dict[int, Any] = {}
         self.used = False
 
+    # how an integer that differs between the lowerings becomes a run-time size (``kiln.driver.
+    # spatial`` fits several dims instead of one length)
+    def fit(self, values: list[int], where: str) -> Any:
+        return _fit(values, self.lengths, where)
+
+    def expression(self, size: Any) -> Any:
+        return _expression(size)
+
+    def sized_type(self, x: Any) -> bool:
+        """Whether ``x``'s integer fields may be run-time sizes (its renderer prints them)."""
+        return isinstance(x, _SIZED)
+
+    def is_size(self, merged: Any) -> bool:
+        return isinstance(merged, RunTimeSize)
+
+    def constant(self, items: list[Any], where: str) -> Any:
+        """A non-integer constant that differs (the sequence route refuses it)."""
+        raise NotAffine(f"{where}: a {items[0].dtype.name} constant differs with the length")
+
     def merge(self, items: list[Any], where: str, sized: bool = False) -> Any:
         x = items[0]
         if isinstance(x, (bool, str, float, type(None))) or isinstance(x, DType):
@@ -146,7 +165,7 @@ class _Merge:
             if not sized:
                 raise NotAffine(f"{where}: {items} differ with the length")
             self.used = True
-            return _fit(items, self.lengths, where)
+            return self.fit(items, where)
         if any(type(y) is not type(x) for y in items[1:]):
             raise NotAffine(f"{where}: the lowering's structure differs with the length")
         if isinstance(x, Buffer):
@@ -176,9 +195,9 @@ class _Merge:
             if all(y.value == x.value for y in items[1:]):
                 return x
             if x.dtype is not DType.INT64 or isinstance(x.value, (bool, float)):
-                raise NotAffine(f"{where}: a {x.dtype.name} constant differs with the length")
+                return self.constant(items, where)
             self.used = True
-            return _expression(_fit([y.value for y in items], self.lengths, where))
+            return self.expression(self.fit([y.value for y in items], where))
         if not dataclasses.is_dataclass(x):
             raise NotAffine(f"{where}: {type(x).__name__} kiln cannot compare")
         changes = {}
@@ -187,10 +206,10 @@ class _Merge:
             if f.name in _SCHEDULE:
                 continue
             bound = isinstance(x, For) and f.name in ("extent", "start")
-            sized = isinstance(x, _SIZED) or bound
+            sized = self.sized_type(x) or bound
             merged = self.merge([getattr(y, f.name) for y in items], f"{where}.{f.name}", sized)
-            if bound and isinstance(merged, RunTimeSize):
-                merged = _expression(merged)  # a loop bound is a kernel-IR expression
+            if bound and self.is_size(merged):
+                merged = self.expression(merged)  # a loop bound is a kernel-IR expression
             if merged is not value:
                 changes[f.name] = merged
         return dataclasses.replace(x, **changes) if changes else x

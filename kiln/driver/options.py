@@ -23,8 +23,21 @@ from kiln.passes import PASS_NAMES
 
 # algorithms ``disabled`` may name besides the graph passes ("size-classes": every size of a
 # sample-parallel dim compiles, as for any other dim; "run-time-length": a padded dim compiles its
-# padded lengths instead of kernels that take the length at run time)
-ALGORITHMS = ("winograd", "direct", "requantize", "size-classes", "run-time-length")
+# padded lengths instead of kernels that take the length at run time; "run-time-dims": ranged dims
+# that neither chunk nor pad compile per size instead of kernels that take them at run time;
+# "direct-window": depthwise convolutions by their plane's taps, never output by output;
+# "size-specific": lowerings that hold at the compiled sizes only, such as a window's tap that no
+# output reaches left out, are not made)
+ALGORITHMS = (
+    "winograd",
+    "direct",
+    "direct-window",
+    "size-specific",
+    "requantize",
+    "size-classes",
+    "run-time-length",
+    "run-time-dims",
+)
 # of matrix products and convolutions; "auto": the best this target computes natively (bf16 where
 # the CPU has bf16 instructions), said by the compiled model (``precision``)
 PRECISIONS = ("fp32", "bf16", "int8", "auto")

@@ -89,6 +89,18 @@ from kiln.lower.kir_expr import (
 
 # the run-time length a kernel's sizes may be expressions of (``Kernel.length`` says where it is read)
 LENGTH = Scalar("kiln_len", DType.INT64)
+# the run-time dims a kernel's sizes may be expressions of (``kiln.driver.spatial``): ``kiln_d<i>``
+# is the model's i-th symbolic dim at this call (``Kernel.dims`` says where the vector is read)
+DIM_PREFIX = "kiln_d"
+
+
+def run_time_dim(index: int) -> Scalar:
+    return Scalar(f"{DIM_PREFIX}{index}", DType.INT64)
+
+
+def is_run_time_scalar(name: str) -> bool:
+    """``kiln_len`` or a ``kiln_d<i>``: declared at the top of every function that reads it."""
+    return name == LENGTH.name or (name.startswith(DIM_PREFIX) and name[len(DIM_PREFIX) :].isdigit())
 
 
 @dataclass
@@ -383,6 +395,7 @@ class Function:
     # its sizes are expressions of the run-time length ``kiln_len``: read from this buffer (a
     # scalar int64 input), at least the int (``kiln.driver.extents``)
     length: tuple[Buffer, int] | None = None
+    dims: tuple[Buffer, tuple[int, ...]] | None = None  # as Kernel.dims
 
 
 @dataclass
@@ -397,6 +410,9 @@ class Kernel:
     flops: int = 0  # floating-point operations of a matrix product or convolution (for profiles)
     tuning: str = "default"  # where its schedule came from: default | tuned | cached
     length: tuple[Buffer, int] | None = None  # as Function.length: where ``kiln_len`` comes from
+    # its sizes are expressions of run-time dims ``kiln_d<i>``: the int64 vector in this buffer (the
+    # model's every symbolic dim at this call) and the indices it reads
+    dims: tuple[Buffer, tuple[int, ...]] | None = None
 
 
 def loops(body: list[Stmt]) -> list[For]:

@@ -113,7 +113,7 @@ def _direct_window(  # type: ignore[no-untyped-def]
     batch, in_channels, height, width = x_shape
     out_channels, group_channels, kernel_h, kernel_w = w_shape
     out_h, out_w = out_shape[2], out_shape[3]
-    if group_channels * kernel_h * kernel_w > DIRECT_MAX_TAPS or group == 1:
+    if group_channels * kernel_h * kernel_w > DIRECT_MAX_TAPS or group == 1 or "direct-window" in lw.disabled:
         return None
     interior = window_interior(shapes, window)
     if interior is None:
@@ -373,8 +373,8 @@ def _conv_taps(
         h_low, h_high = valid_range(kh, stride_h, dil_h, pad_t, height, out_h)
         for kw in range(kernel_w):
             w_low, w_high = valid_range(kw, stride_w, dil_w, pad_l, width, out_w)
-            if h_low >= h_high or w_low >= w_high:
-                continue
+            if (h_low >= h_high or w_low >= w_high) and "size-specific" not in lw.disabled:
+                continue  # (a tap no output reaches: left out, where the sizes are the compiled ones)
             weight = lw.scalar(dtype, "w")
             row = add(oh, i64(h_low))
             col = add(ow, i64(w_low))

@@ -41,8 +41,10 @@ from kiln.lower.kir import (
     buffers_in,
     dtypes_of,
     epilogue_of,
+    is_run_time_scalar,
     map_expr,
     postorder,
+    run_time_dim,
     shared_nodes,
 )
 
@@ -259,7 +261,7 @@ def _scalars_from_outside(loop: For) -> bool:
     used: set[str] = set()
 
     def visit(e: object) -> None:  # (the run-time length is declared in every function)
-        used.update(n.name for n in postorder(e) if isinstance(n, Scalar) and n.name != LENGTH.name)  # type: ignore[arg-type]
+        used.update(n.name for n in postorder(e) if isinstance(n, Scalar) and not is_run_time_scalar(n.name))  # type: ignore[arg-type]
 
     def walk(stmts: Sequence[Stmt]) -> None:
         for stmt in stmts:
@@ -386,16 +388,25 @@ def _buffer_declarations(
     return lines
 
 
-def length_declaration(length: tuple[Buffer, int] | None, indent: str = "  ") -> list[str]:
+def length_declaration(
+    length: tuple[Buffer, int] | None, indent: str = "  ", dims: tuple[Buffer, tuple[int, ...]] | None = None
+) -> list[str]:
     """``kiln_len``, the length a function's sizes are expressions of (``kiln.driver.extents``):
-    the valid-length input's value, at least the floor the kernels were lowered for."""
-    if length is None:
-        return []
-    valid, floor = length
-    return [
-        f"{indent}const int64_t {LENGTH.name} = {valid.name}[0] > {floor} ? (int64_t){valid.name}[0] : {floor};",
-        f"{indent}(void){LENGTH.name};",
-    ]
+    the valid-length input's value, at least the floor the kernels were lowered for; and the
+    run-time dims ``kiln_d<i>`` it reads (``kiln.driver.spatial``), from the dims vector."""
+    lines = []
+    if length is not None:
+        valid, floor = length
+        lines += [
+            f"{indent}const int64_t {LENGTH.name} = {valid.name}[0] > {floor} ? (int64_t){valid.name}[0] : {floor};",
+            f"{indent}(void){LENGTH.name};",
+        ]
+    if dims is not None:
+        vector, indices = dims
+        for i in indices:
+            name = run_time_dim(i).name
+            lines += [f"{indent}const int64_t {name} = (int64_t){vector.name}[{i}];", f"{indent}(void){name};"]
+    return lines
 
 
 def _sum_reduction(loop: For) -> str | None:
@@ -418,7 +429,7 @@ def emit_helper(function: Function, table: dict[Buffer, int]) -> str:
     _restart_temporaries()
     lines = [f"static void {function.name}(const kiln_gemm *g, {params}) {{", "  void **buffers = g->buffers;"]
     lines.extend(_buffer_declarations(list(dict.fromkeys(function.buffers)), table, "  ", function.engine_block))
-    lines.extend(length_declaration(function.length))
+    lines.extend(length_declaration(function.length, dims=function.dims))
     # a helper's inner loops (the micro-tile row's "c", the general path's "j") touch one element
     # per iteration: SIMD even when the epilogue reads scalars from buffers GCC cannot prove
     # unaliased (GELU's constants); the attention driver runs its scores block through "j"
@@ -449,7 +460,7 @@ def emit_kernel(kernel: Kernel, used: list[Buffer], table: dict[Buffer, int], na
     _restart_temporaries()
     # never inlined into the segment: a kernel is a loop nest (a call costs nothing beside it), and
     # GCC inlining thousands of them into one function takes superlinear time
-    outline = _Outline(name, used, table, length=length_declaration(kernel.length))
+    outline = _Outline(name, used, table, length=length_declaration(kernel.length, dims=kernel.dims))
     body = statements(kernel.body, kernel.schedule, "  ", outline, [])
     lines.extend(outline.parts)  # the outlined parallel loops, before the function calling them
     lines.append(f"static __attribute__((noinline)) void {name}(void **buffers) {{")

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
+
 from kiln.lower.kir import (
     AttentionSpec,
     DirectOperand,
@@ -44,17 +46,22 @@ def _operand_fields(name: str, operand: object) -> list[tuple[str, str]]:
         return [(f"{name}_packed", operand.buffer.name), (f"{name}_packed_size", str(operand.buffer.size)),
                 (f"{name}_pbs", str(operand.batch_stride))]  # fmt: skip
     if isinstance(operand, DirectOperand):  # the reduced-precision direct convolution (gemm_lowp.c)
-        geometry = "(const int64_t[]){" + ", ".join(str(int(v)) for v in operand.geometry) + "}"
+        geometry = "(const int64_t[]){" + ", ".join(_integer(v) for v in operand.geometry) + "}"
         return [("b", operand.buffer.name), ("b_size", str(operand.buffer.size)),
                 ("b_bs", str(operand.batch_stride)), ("conv", geometry), ("direct", "1")]  # fmt: skip
     if isinstance(operand, Im2colOperand):
-        geometry = "(const int64_t[]){" + ", ".join(str(int(v)) for v in operand.geometry) + "}"
+        geometry = "(const int64_t[]){" + ", ".join(_integer(v) for v in operand.geometry) + "}"
         return [("b", operand.buffer.name), ("b_size", str(operand.buffer.size)),
                 ("b_bs", str(operand.batch_stride)), ("conv", geometry), ("pack_b", "kiln_pack_im2col")]  # fmt: skip
     assert isinstance(operand, MatrixOperand), operand
     return [(name, operand.buffer.name), (f"{name}_size", str(operand.buffer.size)),
             (f"{name}_bs", str(operand.batch_stride)), (f"{name}_rs", str(operand.row_stride)),
             (f"{name}_cs", str(operand.col_stride)), (f"pack_{name}", f"kiln_pack_{name}_strided")]  # fmt: skip
+
+
+def _integer(value: object) -> str:
+    """A size: a number, or a run-time size's C expression (``kiln.driver.spatial``)."""
+    return str(int(value)) if isinstance(value, (int, np.integer)) else str(value)  # type: ignore[call-overload]
 
 
 def _float(value: float) -> str:

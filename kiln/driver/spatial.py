@@ -1,0 +1,515 @@
+"""Kernels whose sizes are run-time values of several dims: one library serves every image size.
+
+A conv net's height and width neither chunk (a convolution mixes pixels) nor pad (the sequence
+route's masks do not follow a strided window). Their sizes reach the kernels through the shapes
+of every layer: a stride-2 convolution's output is ``(h + 2p - k) // 2 + 1``, a floor division,
+no polynomial of ``h``. The graph's shape inference already names each of those sizes: every
+symbolic dim of the graph (the inputs' ``h`` and ``w``, and each layer's fresh symbol) is one
+entry of the *dims vector*, which the runtime computes for each new binding by specializing the
+graph's shapes (milliseconds, remembered per binding), and passes to the kernels as one more
+input (``kiln_dims``, int64).
+
+``run_time_dims_kernels`` lowers the graph at four bindings of the ranged dims (the range's end
+first, the capacity; the others odd and different per dim, so that no two of the graph's dims
+agree by accident), walks the four kernel IRs in step (``kiln.driver.extents._Merge``: the same
+program, schedules from the capacity), and writes each integer that differs as ``c0 + c * d_i``
+or ``c0 + c * d_i * d_j`` over the dims vector (a product's rows are a layer's ``oh * ow``, its
+strides ``channels * oh * ow``): the one such term that fits the four lowerings, checked at
+further bindings where only the dims are computed, so two dims that agree at the lowered
+bindings cannot be confused. A float that differs (a mean's divisor ``oh * ow``) is such a
+product too. Each tensor is laid out densely at the call's sizes in the first part of its
+capacity's place in the arena (whose layout is the capacity's); inputs are laid out so before
+the call, outputs read back at their sizes.
+
+Refused (``NotAffine``, said by ``kiln compile``; each new binding then compiles on first use as
+before): a lowering whose structure changes with the sizes, an integer no such term fits or two
+terms fit differently, a constant that is not the same prefix at every binding, a host
+fallback, or a binding of the range whose shapes the model does not have (a kernel larger than
+a small image). Winograd convolutions are not used on this route (their tiles and their choice
+depend on the plane).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from kiln.driver.extents import NotAffine, _check_constants, _kernels, _Merge
+from kiln.driver.pipeline import Compile, run_stages, start
+from kiln.errors import KilnError
+from kiln.ir.graph import Graph, Value
+from kiln.ir.types import DType, TensorType
+from kiln.lower import kir
+from kiln.lower.kir import Binary, Buffer, Cast, Const, For, Function, If, Kernel, run_time_dim
+from kiln.passes.specialize import specialize
+from kiln.runtime.plan import Plan
+
+DIMS_INPUT = "kiln_dims"  # the dims vector's graph input (the last)
+CHECKS = 8  # bindings beyond the lowered ones where the fitted terms are compared
+MAX_TERMS = 2  # a size is a constant plus a constant times a product of at most this many dims
+# engine calls and operands whose integers the C renderer prints as expressions
+_SIZED = (
+    kir.GemmSpec,
+    kir.MatrixOperand,
+    kir.Im2colOperand,
+    kir.DirectOperand,
+    kir.AttentionSpec,
+    kir.AttentionOperand,
+    kir.WinogradInput,
+    kir.WinogradOutput,
+)
+
+
+Factor = tuple[int, int, int]  # (i, a, s): floor((d_i + a) / s), a in [0, s): d_i itself when s is 1
+DIVISORS = (2, 3, 4)  # a strided window's bounds are floor divisions of a layer's size by its stride
+
+
+def _factor_values(values: np.ndarray, factor: Factor) -> np.ndarray:
+    index, add, divisor = factor
+    return (values[..., index] + add) // divisor
+
+
+@dataclass(frozen=True)
+class DimSize:
+    """An engine call's integer as ``c0 + c * f_1 * f_2...`` over the dims vector, each factor a
+    dim or a floor division of one (printed as C; the numerators are never negative)."""
+
+    c0: int
+    c: int
+    factors: tuple[Factor, ...]
+
+    @property
+    def dims(self) -> tuple[int, ...]:
+        return tuple(index for index, _, _ in self.factors)
+
+    def __str__(self) -> str:
+        parts = [
+            run_time_dim(i).name if s == 1 else f"(({run_time_dim(i).name} + {a}) / {s})" for i, a, s in self.factors
+        ]
+        return f"((int64_t){self.c0} + (int64_t){self.c} * {' * '.join(parts)})"
+
+    def at(self, values: Any) -> int:
+        vector = np.asarray(values, dtype=np.int64)
+        return self.c0 + self.c * int(np.prod([_factor_values(vector, f) for f in self.factors]))
+
+
+@dataclass(frozen=True)
+class RunTimeDims:
+    """Dims whose kernels take them at run time: ``names`` are every symbolic dim of the graph
+    (the dims vector's order), ``ranged`` the dims of the route with their ranges, ``samples``
+    their values at the bindings lowered (the capacity first)."""
+
+    names: tuple[str, ...]
+    ranged: tuple[tuple[str, int, int], ...]
+    samples: tuple[tuple[int, ...], ...]
+
+    @property
+    def symbols(self) -> tuple[str, ...]:
+        return tuple(name for name, _, _ in self.ranged)
+
+    def binding(self, sample: tuple[int, ...]) -> dict[str, int]:
+        return dict(zip(self.symbols, sample))
+
+    @property
+    def capacity(self) -> dict[str, int]:
+        return self.binding(self.samples[0])
+
+
+def _near(target: int, low: int, high: int, residue: int) -> int:
+    """The size nearest ``target`` in (low, high) that is ``residue`` modulo 32 (else odd): sizes
+    whose halvings are odd or even in different ways, so a layer's dims are no multiple of the
+    next one's at every binding lowered."""
+    for modulus, wanted in ((32, residue), (2, 1)):
+        base = target - (target - wanted) % modulus
+        for candidate in (base, base + modulus, base - modulus):
+            if low < candidate < high and abs(candidate - target) <= max(1, (high - low) // 8):
+                return candidate
+    return target
+
+
+def samples(ranges: dict[str, tuple[int, int]]) -> tuple[tuple[int, ...], ...] | None:
+    """The bindings lowered (capacity first): per dim its range's end, two sizes between and its
+    low end; one dim's sizes between rise where the next one's fall, so two dims never take the
+    same sizes. None when a range is too short to tell (four distinct sizes per dim)."""
+    columns = []
+    for index, (low, high) in enumerate(ranges.values()):
+        upper, lower = (3 * high + low) // 4, (high + 3 * low) // 4
+        if index % 2:
+            upper, lower = lower, upper
+        column = [high, _near(upper, low, high, 1), _near(lower, low, high, 19), low]
+        for row in (1, 2):  # never the size an earlier dim takes at that binding
+            taken = {earlier[row] for earlier in columns}
+            for step in (0, 2, -2, 4, -4, 6, -6, 8, -8):
+                if low < column[row] + step < high and column[row] + step not in taken:
+                    column[row] += step
+                    break
+        if len(set(column)) != 4 or any(column[r] == earlier[r] for earlier in columns for r in (1, 2)):
+            return None
+        columns.append(tuple(column))
+    return tuple(zip(*columns))
+
+
+def generic_samples(
+    graph: Graph, names: tuple[str, ...], ranges: dict[str, tuple[int, int]], dims: dict[str, int]
+) -> tuple[tuple[int, ...], ...] | None:
+    """``samples``, each raised (all dims by one at a time) until no dim of the graph that differs
+    from its size at the capacity is 0 or 1: a lowering there is the general program (a plane of
+    one pixel simplifies its index arithmetic away), which runs right at those sizes too. None
+    when the ranges are too short, or too small for any binding but the capacity to be general."""
+    chosen = samples(ranges)
+    if chosen is None:
+        return None
+    highs = [high for _, high in ranges.values()]
+    capacity = dim_values(graph, names, {**dims, **dict(zip(ranges, chosen[0]))})
+    rows = [chosen[0]]
+    for row in chosen[1:]:
+        sizes = list(row)
+        while True:
+            vector = dim_values(graph, names, {**dims, **dict(zip(ranges, sizes))})
+            if not ((vector != capacity) & (vector <= 1)).any():
+                break
+            if any(size >= high for size, high in zip(sizes, highs)):
+                return None
+            sizes = [min(size + 1, high) for size, high in zip(sizes, highs)]
+        rows.append(tuple(sizes))
+    return tuple(rows) if len(set(rows)) == len(rows) else None
+
+
+def checks(
+    graph: Graph, names: tuple[str, ...], ranges: dict[str, tuple[int, int]], dims: dict[str, int]
+) -> tuple[list[dict[str, int]], list[np.ndarray]]:
+    """Further bindings (spread over the ranges, deterministic, general as ``generic_samples``'
+    are) and their dims vectors: where the fitted terms are compared, one of them lowered and held
+    out to check every term."""
+    rng = np.random.default_rng(12345)
+    capacity = dim_values(graph, names, {**dims, **{name: high for name, (_, high) in ranges.items()}})
+    bindings, vectors = [], []
+    for _ in range(8 * CHECKS):
+        binding = {**dims, **{name: int(rng.integers(low, high + 1)) for name, (low, high) in ranges.items()}}
+        vector = dim_values(graph, names, binding)
+        if not ((vector != capacity) & (vector <= 1)).any():
+            bindings.append(binding)
+            vectors.append(vector)
+        if len(bindings) == CHECKS:
+            break
+    return bindings, vectors
+
+
+def graph_symbols(graph: Graph) -> tuple[str, ...]:
+    """Every symbolic dim of the graph's values (inputs first), in a stable order."""
+    found: dict[str, None] = {}
+    values = [*graph.inputs, *(v for node in graph.nodes for v in node.outputs if v is not None)]
+    for value in values:
+        for dim in getattr(value.type, "shape", None) or ():
+            if isinstance(dim, str):
+                found.setdefault(dim)
+    return tuple(found)
+
+
+def dim_values(graph: Graph, names: tuple[str, ...], dims: dict[str, int]) -> np.ndarray:
+    """The dims vector at ``dims`` (every input dim bound): each symbol's size in the graph
+    specialized there (-1 for one that no value keeps after folding). Raises ShapeInferenceError
+    when the model has no shapes there."""
+    bound = specialize(graph, dims)
+    sizes = dict(dims)
+    symbolic = {v.name: v for v in [*graph.inputs, *(v for n in graph.nodes for v in n.outputs if v is not None)]}
+    for value in [*bound.inputs, *(v for node in bound.nodes for v in node.outputs if v is not None)]:
+        original = symbolic.get(value.name)
+        shape, before = getattr(value.type, "shape", None), getattr(getattr(original, "type", None), "shape", None)
+        if shape is None or before is None or len(shape) != len(before):
+            continue
+        for symbol, size in zip(before, shape):
+            if isinstance(symbol, str) and isinstance(size, int):
+                sizes.setdefault(symbol, size)
+    return np.array([sizes.get(name, -1) for name in names], dtype=np.int64)
+
+
+def with_dims_input(graph: Graph, names: tuple[str, ...]) -> Graph:
+    """``graph`` with the dims vector as its last input (read by the kernels, by no node)."""
+    vector = Value(DIMS_INPUT, TensorType(DType.INT64, (len(names),)))
+    return graph.with_(inputs=[*graph.inputs, vector])
+
+
+class Ambiguous(NotAffine):
+    """Several terms fit the lowered bindings and differ at another binding, or a term fitted
+    gives another integer than a lowering there: lowering at one more binding tells them apart."""
+
+    def __init__(self, message: str, check: int) -> None:
+        super().__init__(message)
+        self.check = check
+
+
+class _Fitter:
+    """The terms ``c0 + c * product`` an integer may be (a product of at most MAX_TERMS dims, or
+    one floor division of a dim), from the dims at the lowered bindings (``values``: [bindings,
+    names]) and at the check bindings."""
+
+    def __init__(self, values: np.ndarray, checked: np.ndarray) -> None:
+        both = np.concatenate([values, checked])
+        usable = [i for i in range(both.shape[1]) if (both[:, i] > 0).all() and len(set(both[:, i])) > 1]
+        groups: dict[bytes, Factor] = {}
+        for i in usable:  # dims equal at every binding tried are one dim (the first named)
+            groups.setdefault(both[:, i].tobytes(), (i, 0, 1))
+        plain = sorted(groups.values())
+        divided: dict[bytes, Factor] = {}
+        for i, _, _ in plain:
+            for divisor in DIVISORS:
+                for add in range(divisor):
+                    column = _factor_values(both, (i, add, divisor))
+                    if (column > 0).all() and column.tobytes() not in groups:
+                        divided.setdefault(column.tobytes(), (i, add, divisor))
+        terms: list[tuple[Factor, ...]] = [(f,) for f in plain] + [(f,) for f in divided.values()]
+        terms += list(itertools.combinations_with_replacement(plain, MAX_TERMS))
+        self.terms = terms
+        self.at = self._columns(values)
+        self.checked = self._columns(checked)
+        self.memo: dict[tuple[int, ...], DimSize] = {}
+
+    def _columns(self, values: np.ndarray) -> np.ndarray:
+        columns = np.ones((len(self.terms), len(values)), dtype=np.int64)
+        for row, term in enumerate(self.terms):
+            for factor in term:
+                columns[row] *= _factor_values(values, factor)
+        return columns
+
+    def fit(self, values: list[int], where: str) -> DimSize:
+        key = tuple(values)
+        if key not in self.memo:
+            self.memo[key] = self._fit(np.array(values, dtype=np.int64), where)
+        return self.memo[key]
+
+    def _fit(self, v: np.ndarray, where: str) -> DimSize:
+        m = self.at
+        spread = m - m[:, :1]
+        pick = np.abs(spread).argmax(axis=1)
+        den = spread[np.arange(len(m)), pick]
+        num = v[pick] - v[0]
+        ok = den != 0
+        safe = np.where(ok, den, 1)
+        ok &= num % safe == 0
+        c = num // safe
+        c0 = v[0] - c * m[:, 0]
+        ok &= ((c0[:, None] + c[:, None] * m) == v[None, :]).all(axis=1) & (c != 0)
+        found = np.flatnonzero(ok)
+        if not len(found):
+            raise NotAffine(f"{where}: {v.tolist()} is no constant plus a multiple of a product of the model's dims")
+        predicted = np.stack([c0[found, None] + c[found, None] * self.checked[found]])
+        differ = np.flatnonzero((predicted != predicted[:1]).any(axis=0))
+        if len(differ):
+            raise Ambiguous(
+                f"{where}: {v.tolist()} fits several products of dims that differ at other sizes", int(differ[0])
+            )
+        best = min(found, key=lambda i: (len(self.terms[i]), self.terms[i]))
+        return DimSize(int(c0[best]), int(c[best]), tuple(self.terms[best]))
+
+
+class _DimsMerge(_Merge):
+    """``_Merge`` whose integers are terms over the dims vector."""
+
+    def __init__(self, fitter: _Fitter, count: int) -> None:
+        super().__init__(tuple(range(count)))
+        self.fitter = fitter
+        self.sizes: dict[str, tuple[str, DimSize]] = {}  # where -> (how the value is the term, the term)
+
+    def fit(self, values: list[int], where: str) -> DimSize:
+        size = self.fitter.fit(values, where)
+        self.sizes[where] = ("int", size)
+        return size
+
+    def expression(self, size: Any) -> Any:
+        product: Any = None
+        for i, add, divisor in size.factors:
+            factor: Any = run_time_dim(i)
+            if divisor != 1:
+                factor = Binary("/", Binary("+", factor, Const(add, DType.INT64)), Const(divisor, DType.INT64))
+            product = factor if product is None else Binary("*", product, factor)
+        return Binary("+", Binary("*", Const(size.c, DType.INT64), product), Const(size.c0, DType.INT64))
+
+    def is_size(self, merged: Any) -> bool:
+        return isinstance(merged, DimSize)
+
+    def sized_type(self, x: Any) -> bool:
+        return isinstance(x, _SIZED)
+
+    def constant(self, items: list[Any], where: str) -> Any:
+        """A float that differs: a product of dims (a mean's divisor), or one over it."""
+        x = items[0]
+        values = [float(y.value) for y in items]
+        if x.dtype.is_float and all(v == int(v) for v in values):
+            self.used = True
+            size = self.fit([int(v) for v in values], where)
+            self.sizes[where] = ("float", size)
+            return Cast(x.dtype, self.expression(size))
+        if x.dtype.is_float and all(v and 1 / v == int(1 / v) for v in values):
+            self.used = True
+            size = self.fit([int(1 / v) for v in values], where)
+            self.sizes[where] = ("reciprocal", size)
+            return Binary("/", Const(1.0, x.dtype), Cast(x.dtype, self.expression(size)))
+        raise NotAffine(f"{where}: a {x.dtype.name} constant differs with the sizes")
+
+
+# algorithms whose structure depends on a plane's sizes (Winograd's choice and tiles, the direct
+# window's border rows): the route lowers without them
+UNUSED = frozenset({"winograd", "direct-window", "size-specific"})
+EXTRA_SAMPLES = 4  # bindings lowered beyond the first four when terms are ambiguous
+
+
+class _Check(_Merge):
+    """Walks the capacity's kernel and one lowered at a held-out binding in step: every fitted
+    term must give that lowering's integer there, and nothing else may differ."""
+
+    def __init__(self, sizes: dict[str, tuple[str, DimSize]], vector: np.ndarray) -> None:
+        super().__init__((0, 1))
+        self.sizes, self.vector = sizes, vector
+
+    def merge(self, items: list[Any], where: str, sized: bool = False) -> Any:
+        recorded = self.sizes.get(where)
+        if recorded is None:
+            return super().merge(items, where, sized)
+        how, size = recorded
+        value = size.at(self.vector)
+        expected = {"int": value, "float": float(value), "reciprocal": 1 / value if value else None}[how]
+        actual = items[1].value if isinstance(items[1], Const) else items[1]
+        if expected != actual:
+            raise Ambiguous(
+                f"{where}: the term fitted gives {expected} at another binding, whose lowering has {actual}", -1
+            )
+        return items[0]
+
+    def fit(self, values: list[int], where: str) -> Any:
+        raise Ambiguous(f"{where}: {values} differ at another binding only", -1)
+
+    def constant(self, items: list[Any], where: str) -> Any:
+        raise Ambiguous(f"{where}: a constant differs at another binding only", -1)
+
+
+def run_time_dims_kernels(
+    graph: Graph, dims: dict[str, int], route: RunTimeDims, target: Any, options: Any, prebuilt: dict | None = None
+) -> Compile:
+    """The compile state at the capacity, through plan-memory, its kernels' sizes made terms
+    over the dims vector (``graph`` has it as its last input; raises NotAffine saying why not).
+    Where two terms fit the lowered bindings and differ at a check binding, that binding is
+    lowered too (at most EXTRA_SAMPLES times)."""
+    ranges = {name: (low, high) for name, low, high in route.ranged}
+    options = options.with_(disabled=options.disabled | UNUSED)
+    bindings = [{**dims, **route.binding(s)} for s in route.samples]
+    try:
+        values = [dim_values(graph, route.names, b) for b in bindings]
+        extra, checked = checks(graph, route.names, ranges, dims)
+    except KilnError as err:
+        raise NotAffine(f"the model has no shapes at some sizes of the ranges {ranges}: {err}") from None
+    states = [_lowered(graph, b, target, options, prebuilt, b is not bindings[0]) for b in bindings]
+    held = _lowered(graph, extra[0], target, options, prebuilt, True)
+    _check_constants([*states, held])
+    for _ in range(EXTRA_SAMPLES + 1):
+        try:
+            merged = _merged(states, np.stack(values), np.stack(checked[1:]))
+            _check(merged, held, checked[0])
+            return _replace(states[0], merged)
+        except Ambiguous as err:
+            if len(states) >= len(route.samples) + EXTRA_SAMPLES or len(extra) < 3:
+                raise NotAffine(str(err)) from None
+            if err.check >= 0:  # two terms differ at a check binding: it is lowered too
+                states.append(_lowered(graph, extra.pop(err.check + 1), target, options, prebuilt, True))
+                values.append(checked.pop(err.check + 1))
+                continue
+            # a term is wrong at the held-out binding: it joins the lowered ones, the next is held out
+            states.append(held)
+            values.append(checked.pop(0))
+            extra.pop(0)
+            held = _lowered(graph, extra[0], target, options, prebuilt, True)
+            _check_constants([*states, held])
+    raise AssertionError("unreachable")
+
+
+def _lowered(graph: Graph, dims: dict[str, int], target: Any, options: Any, prebuilt: Any, sample: bool) -> Compile:
+    state = start(graph, target, options, dims=dims, prebuilt=prebuilt or {}, sizes_only=sample)
+    return run_stages(state, "specialize", "plan-memory")
+
+
+def _merged(states: list[Compile], values: np.ndarray, checked: np.ndarray) -> list[tuple[Kernel, Kernel, Any]]:
+    """Each capacity kernel (of the first state) with its merged form (the same object when no
+    integer differs) and the terms fitted, by where they are."""
+    kernels = [_kernels(state) for state in states]
+    if len({len(k) for k in kernels}) != 1:
+        raise NotAffine("the number of kernels changes with the sizes")
+    fitter = _Fitter(values, checked)
+    result = []
+    for position, kernel in enumerate(kernels[0]):
+        merge = _DimsMerge(fitter, len(states))
+        merged = merge.merge([kernel, *(k[position] for k in kernels[1:])], kernel.name)
+        result.append((kernel, merged, merge.sizes))
+    if all(kernel is merged for kernel, merged, _ in result):
+        raise NotAffine("no kernel's sizes depend on the dims")
+    return result
+
+
+def _check(merged: list[tuple[Kernel, Kernel, Any]], held: Compile, vector: np.ndarray) -> None:
+    """Every term fitted gives the held-out lowering's integers (raises Ambiguous where not)."""
+    kernels = _kernels(held)
+    if len(kernels) != len(merged):
+        raise Ambiguous("the number of kernels differs at another binding", -1)
+    for (kernel, _, sizes), other in zip(merged, kernels):
+        _Check(sizes, vector).merge([kernel, other], kernel.name)
+
+
+def _replace(capacity: Compile, merged: list[tuple[Kernel, Kernel, Any]]) -> Compile:
+    """The capacity's state with its kernels replaced by their merged forms, told where the dims
+    vector is (epilogues are changed in place: only now, when every check passed)."""
+    vector = next(capacity.roots[v] for v in capacity.graph.inputs if v.name == DIMS_INPUT)
+    position = 0
+    for segment in capacity.segments:
+        for i in range(len(segment)):
+            kernel, new, sizes = merged[position]
+            if new is not kernel:
+                read = tuple(sorted({index for _, size in sizes.values() for index in size.dims}))
+                segment[i] = _with_dims(new, vector, read)
+            position += 1
+    return capacity
+
+
+def compile_with_run_time_dims(
+    graph: Graph, dims: dict[str, int], route: RunTimeDims, target: Any, options: Any, prebuilt: dict | None = None
+) -> Plan:
+    state = run_time_dims_kernels(graph, dims, route, target, options, prebuilt)
+    return run_stages(state, "render", "build").plan()
+
+
+def _with_dims(kernel: Kernel, vector: Buffer, read: tuple[int, ...]) -> Kernel:
+    """The kernel (and its epilogues) told where the dims ``kiln_d<i>`` come from."""
+    reads = kernel.reads if vector in kernel.reads else [*kernel.reads, vector]
+
+    def helpers(stmts: list) -> None:
+        for stmt in stmts:
+            epilogue = getattr(stmt, "epilogue", None)
+            if isinstance(epilogue, Function) and epilogue.dims is None:
+                epilogue.dims = (vector, read)
+                if vector not in epilogue.buffers:
+                    epilogue.buffers.append(vector)
+            if isinstance(stmt, (For, If)):
+                helpers(stmt.body)
+
+    helpers(kernel.body)
+    return dataclasses.replace(kernel, reads=reads, dims=(vector, read))
+
+
+def lay_out(array: Any, shape: tuple[int, ...]) -> Any:
+    """An input at its sizes laid out densely in the first elements of its capacity ``shape``."""
+    array = np.asarray(array)
+    if array.shape == tuple(shape):
+        return array
+    out = np.zeros(shape, array.dtype)
+    out.reshape(-1)[: array.size] = array.reshape(-1)
+    return out
+
+
+def read_back(array: Any, shape: tuple[int, ...]) -> Any:
+    """An output computed at these sizes (the first elements of its capacity array) in ``shape``."""
+    array = np.asarray(array)
+    if array.shape == tuple(shape):
+        return array
+    return array.reshape(-1)[: int(np.prod(shape))].reshape(shape)
