@@ -388,6 +388,7 @@ _MODULES = (
     "kiln.lower.kir",
     "kiln.lower.kir_expr",
     "kiln.driver.extents",  # a run-time length's sizes (RunTimeSize) in engine calls
+    "kiln.driver.spatial",  # run-time dims' sizes (DimSize) in engine calls
     "kiln.lower.memory",
     "kiln.lower.target",
     "kiln.backends.cpu.target",

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from kiln.backends import Threading
-from kiln.driver import extents
+from kiln.driver import extents, spatial
 from kiln.driver.artifact import save
 from kiln.driver.model import Model
 from kiln.driver.sizes import (
@@ -30,12 +30,12 @@ from kiln.driver.sizes import (
     parse_range,
 )
 from kiln.driver.variants import Compilation, Limits, Source, Variants
-from kiln.errors import ArgumentError
+from kiln.errors import ArgumentError, InputError, KilnError
 from kiln.ir.graph import Graph
 from kiln.ir.types import TensorType
 from kiln.passes.batching import Parallel, sample_parallel, symbols
 from kiln.passes.padding import Padding, pad, paddable
-from kiln.passes.specialize import input_dims, specialize
+from kiln.passes.specialize import bind_type, input_dims, specialize
 from kiln.runtime.executable import Executable, WeightStore
 from kiln.runtime.plan import Plan
 
@@ -43,6 +43,7 @@ log = logging.getLogger("kiln")
 
 SMALL_INPUT = 16  # elements: inputs this small may be frozen when shapes depend on their values
 VALUE_VARIANTS = 16  # at most this many value specializations per model, then the reference
+VECTORS = 4096  # dims vectors remembered (a binding's costs milliseconds to compute)
 
 
 class NativeModel(Model):
@@ -82,6 +83,11 @@ class NativeModel(Model):
         self.bound_in_analysis: dict[str, int] = {}  # dims bound before the batching analysis
         self.extent: Padder | None = None  # a padded graph whose kernels take its length at run time
         self.run_time_refused: dict[str, str] = {}  # why a dim's kernels cannot take it at run time
+        # ranged dims that neither chunk nor pad, taken by the kernels at run time (kiln.driver.spatial):
+        # the model of the graph with the dims vector as an input, and on it, the route
+        self.dims_model: NativeModel | None = None
+        self.spatial: spatial.RunTimeDims | None = None
+        self._vectors: dict[tuple, np.ndarray] = {}  # the dims vector of each binding run (bounded)
 
     @property
     def shapes_known(self) -> bool:
@@ -114,6 +120,8 @@ class NativeModel(Model):
     def _variant(self, dims: dict[str, int]) -> Executable:
         if self.extent is not None and self.extent.symbol in dims:  # one variant serves every length
             dims = {**dims, self.extent.symbol: self.extent.classes[0]}
+        if self.spatial is not None:  # one variant serves every size of the ranged dims
+            dims = {**dims, **self.spatial.capacity}
         key = tuple(sorted(dims.items()))
         last = self._last  # the most recently used variant: already last in the LRU order
         if last is not None and last[0] == key:
@@ -322,6 +330,8 @@ class NativeModel(Model):
         if chunking is not None:
             high = self.ranges.get(chunking.symbol, (1, MAX_DIM))[1]
             sizes = [{chunking.symbol: size} for size in chunking.classes if size <= high]
+        if padder is None and self._prepare_spatial(chunking, base, sizes, names):
+            return self
         if padder is not None:  # each compiled length with each class
             if set(base) | {padder.symbol} | set(sizes[0]) >= names:
                 try:
@@ -341,6 +351,54 @@ class NativeModel(Model):
             self.prepare_dims(base)
         return self
 
+    def _prepare_spatial(
+        self, chunking: Chunking | None, base: dict[str, int], sizes: list[dict[str, int]], names: set[str]
+    ) -> bool:
+        """Ranged dims that neither chunk nor pad (an image's height and width): one compile whose
+        kernels take them at run time (``kiln.driver.spatial``), with each size class of the
+        chunked dim. False (said why) where the route does not apply or the kernels refuse."""
+        chunked = {chunking.symbol} if chunking is not None else set()
+        ranged = [name for name in self.ranges if name not in chunked]
+        if (
+            not ranged
+            or not set(self.ranges) | chunked >= names
+            or self.compiled_for.backend != "cpu"
+            or "run-time-dims" in self.options.disabled
+        ):
+            return False
+        ranges = {name: self.ranges[name] for name in ranged}
+        try:
+            graph = self.graph
+            every = spatial.graph_symbols(graph)
+            fixed = {**{k: v for k, v in base.items() if k not in ranges}, **sizes[0]}
+            chosen = spatial.generic_samples(graph, every, ranges, fixed)
+            if chosen is None:
+                raise extents.NotAffine(f"the ranges {ranges} are too short, or too small, to lower apart")
+            route = spatial.RunTimeDims(every, tuple((name, *ranges[name]) for name in ranged), chosen)
+            model = self.dims_model_for(route)
+            model.prepare_many([{**base, **size, **route.capacity} for size in sizes])
+        except (extents.NotAffine, KilnError) as err:
+            log.info("%s: kernels cannot take the sizes at run time (%s); each new size compiles on first use", ", ".join(ranged), err)
+            for name in ranged:
+                self.run_time_refused[name] = str(err)
+            return False
+        log.info("%s: kernels take the sizes at run time (one compile serves the ranges %s)", ", ".join(ranged), ranges)
+        self.dims_model = model
+        return True
+
+    def dims_model_for(
+        self, route: spatial.RunTimeDims, prebuilt: dict | None = None, ahead: list[dict[str, int]] | None = None
+    ) -> NativeModel:
+        """The model of the graph with the dims vector as its last input, on ``route``."""
+        graph = spatial.with_dims_input(self.graph, route.names)
+        compilation = Compilation(Source(graph), self.compiled_for, self.options, prebuilt=prebuilt, ahead=ahead)
+        compilation.spatial = route
+        model = NativeModel(compilation, self.parallelism, self.streams, self.variants.limits)
+        model.spatial = route
+        model.ranges, model.size_classes = dict(self.ranges), dict(self.size_classes)
+        model._padder = None  # its ranged dims are the kernels' (they do not pad)
+        return model
+
     def _prepare_padded(self, padder: Padder, base: dict[str, int], sizes: list[dict[str, int]]) -> None:
         """Compile the padded graph's model at each of its lengths with each size class."""
         wanted = [{**base, padder.symbol: length, **size} for length in padder.classes for size in sizes]
@@ -350,6 +408,10 @@ class NativeModel(Model):
         dims = {} if self._static else input_dims(self.signature, dict(zip(self.input_names, inputs)))
         if self.ranges:
             check_ranges(dims, self.ranges)
+        if self.dims_model is not None:
+            outputs = self.dims_model._execute(inputs)
+            self._ran.update(self.dims_model._ran)
+            return outputs
         padder = self.padder() if dims else None
         if padder is not None and padder.symbol in dims:
             length = dims[padder.symbol]
@@ -377,7 +439,10 @@ class NativeModel(Model):
 
     def _run(self, executable: Executable, inputs: list[Any]) -> list[Any]:
         """Run; a padded graph whose kernels take the length at run time gets its inputs laid out
-        at their length in the capacity's shapes, and gives its outputs back at that length."""
+        at their length in the capacity's shapes, and gives its outputs back at that length (the
+        same for dims taken at run time, with the dims vector as the last input)."""
+        if self.spatial is not None:
+            return self._run_spatial(executable, inputs)
         padder = self.extent
         if padder is None:
             return executable.run(inputs)
@@ -389,6 +454,34 @@ class NativeModel(Model):
         laid = [extents.compact(a, x, capacity) for a, x in zip(inputs, axes)] + list(inputs[len(axes) :])
         outputs = executable.run(laid)
         return [extents.expand(o, x, length) for o, x in zip(outputs, padder.padding.outputs)]
+
+    def _run_spatial(self, executable: Executable, inputs: list[Any]) -> list[Any]:
+        route = self.spatial
+        assert route is not None
+        values = self.signature.inputs[: len(inputs)]
+        dims = input_dims(self.signature, dict(zip(self.input_names, inputs)))
+        vector = self.dims_vector(dims)
+        capacity = {**dims, **route.capacity}
+        laid = [spatial.lay_out(a, bind_type(v.type, capacity).shape) for a, v in zip(inputs, values)]  # type: ignore[union-attr]
+        outputs = executable.run([*laid, vector])
+        sizes = dict(zip(route.names, vector.tolist()))
+        return [spatial.read_back(o, bind_type(v.type, sizes).shape) for o, v in zip(outputs, self.signature.outputs)]  # type: ignore[union-attr]
+
+    def dims_vector(self, dims: dict[str, int]) -> np.ndarray:
+        """The dims vector at ``dims`` (the graph's shapes specialized there, remembered); an
+        InputError when the model has no shapes there (a kernel larger than a small image)."""
+        key = tuple(sorted(dims.items()))
+        vector = self._vectors.get(key)
+        if vector is None:
+            assert self.spatial is not None
+            try:
+                vector = spatial.dim_values(self.graph, self.spatial.names, dims)
+            except KilnError as err:
+                raise InputError(f"the model has no shapes at dims {dims}: {err}") from None
+            if len(self._vectors) >= VECTORS:
+                self._vectors.pop(next(iter(self._vectors)))
+            self._vectors[key] = vector
+        return vector
 
     def _chunked(self, chunking: Chunking, dims: dict[str, int], inputs: list[Any]) -> list[Any]:
         """A run at a size that is not a class: its chunks on the classes' variants, joined."""

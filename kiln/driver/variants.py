@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from kiln.driver import extents, plan_cache
+from kiln.driver import extents, spatial, plan_cache
 from kiln.driver.options import CompileOptions
 from kiln.driver.pipeline import compile_plan
 from kiln.errors import CompilerError, ExecutionError, InternalError, KilnError, ResourceError, ShapeInferenceError
@@ -87,6 +87,8 @@ class Compilation:
         self.ahead = ahead  # a loaded artifact's bindings compiled ahead; None otherwise
         # the capacity's binding compiles with kernels that take the length at run time
         self.extents: extents.RunTimeLength | None = None
+        # the capacity's binding compiles with kernels that take the ranged dims at run time
+        self.spatial: spatial.RunTimeDims | None = None
         self._graph_lock = threading.Lock()
 
     @property
@@ -108,6 +110,8 @@ class Compilation:
             digest = self.graph.digest
             if self.extents is not None:  # another program than the lengths' own: its own entry
                 digest = f"{digest}/run-time {self.extents.symbol} {self.extents.lengths}"
+            if self.spatial is not None:
+                digest = f"{digest}/run-time dims {self.spatial.ranged} {self.spatial.samples}"
             self.source.cache_key = plan_cache.entry_key(digest, self.options, self.target)
         return self.source.cache_key
 
@@ -137,6 +141,12 @@ class Compilation:
                 self.ahead or "none",
             )
         try:
+            route = self.spatial
+            if route is not None and all(dims.get(k) == v for k, v in route.capacity.items()):
+                bound = {k: v for k, v in dims.items() if k not in route.capacity}
+                return spatial.compile_with_run_time_dims(
+                    self.graph, bound, route, self.target, self.options, self.prebuilt
+                )
             length = self.extents
             if length is not None and dims.get(length.symbol) == length.lengths[0]:
                 bound = {k: v for k, v in dims.items() if k != length.symbol}
