@@ -94,6 +94,19 @@ def save(model: Any, path: str | os.PathLike) -> Path:
                 meta["padded_variants"].append(dims)
                 if plan.products:
                     built[source_key(plan.source)] = plan.products
+        dims_model = getattr(model, "dims_model", None)
+        if dims_model is not None:  # kernels that take ranged dims at run time (kiln.driver.spatial)
+            route = dims_model.spatial
+            meta["run_time_dims"] = {
+                "names": list(route.names),
+                "ranged": [list(r) for r in route.ranged],
+                "samples": [list(sample) for sample in route.samples],
+                "variants": [],
+            }
+            for dims, plan in dims_model.bindings():
+                meta["run_time_dims"]["variants"].append(dims)
+                if plan.products:
+                    built[source_key(plan.source)] = plan.products
     numeric, strings, meta["tensor_names"] = pack_tensors(tensor_data(model.graph))
     members: dict[str, bytes] = {
         "meta.json": json.dumps(meta, indent=1).encode(),

@@ -11,7 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from kiln.backends import Threading, backend
-from kiln.driver.artifact import ArtifactError, build_products, read, sizes_meta
+from kiln.driver import spatial
+from kiln.driver.artifact import ArtifactError, _variants, build_products, read, sizes_meta
 from kiln.driver.native import NativeModel
 from kiln.driver.options import CompileOptions, Quantization
 from kiln.driver.reference import ReferenceModel
@@ -97,4 +98,34 @@ def load(
         model.use_padded(Padder(padder.padding, lengths, tuple(lowered)), prebuilt, padded)
         for dims in padded:
             model.padded().prepare_dims(dims)
+    if meta.get("run_time_dims"):  # kernels that take ranged dims at run time: the route made again
+        route, listed = _route(meta["run_time_dims"], graph, ranges, path)
+        model.dims_model = model.dims_model_for(route, prebuilt, ahead=listed)
+        for dims in listed:
+            model.dims_model.prepare_dims(dims)
     return model
+
+
+def _route(found: Any, graph: Any, ranges: dict[str, tuple[int, int]], path: Path) -> tuple[Any, list[dict[str, int]]]:
+    """meta.json's run-time dims, checked: the graph's own dims in its order, ranges it declares,
+    sizes lowered inside them (the capacity first), variants binding its dims."""
+    damaged = ArtifactError(f"{path}: damaged artifact (run-time dims {str(found)[:80]})")
+    if not isinstance(found, dict):
+        raise damaged
+    names, ranged, samples = found.get("names"), found.get("ranged"), found.get("samples")
+    if names != list(spatial.graph_symbols(graph)) or not isinstance(ranged, list) or not isinstance(samples, list):
+        raise damaged
+    if not ranged or any(not isinstance(r, list) or len(r) != 3 or ranges.get(r[0]) != tuple(r[1:]) for r in ranged):
+        raise damaged
+    width = len(ranged)
+    if not 4 <= len(samples) <= 4 + spatial.EXTRA_SAMPLES or any(
+        not isinstance(row, list)
+        or len(row) != width
+        or any(type(n) is not int or not low <= n <= high for n, (_, low, high) in zip(row, ranged))
+        for row in samples
+    ):
+        raise damaged
+    if samples[0] != [high for _, _, high in ranged]:
+        raise damaged
+    route = spatial.RunTimeDims(tuple(names), tuple(tuple(r) for r in ranged), tuple(tuple(row) for row in samples))
+    return route, _variants(found.get("variants", []), graph, path)

@@ -204,9 +204,11 @@ class NativeModel(Model):
                     self._keep(key, Executable(plan, weights=self.weights, parallelism=self.parallelism))
 
     def executables(self) -> list[Executable]:
-        """The compiled variants kept now (least recently used first; a padded dim's after)."""
+        """The compiled variants kept now (least recently used first; a padded dim's, or the
+        run-time dims', after)."""
         own = [executable for _, executable in self.variants.items()]
-        return own + (self.padded_model.executables() if self.padded_model is not None else [])
+        derived = [m for m in (self.padded_model, self.dims_model) if m is not None]
+        return own + [executable for model in derived for executable in model.executables()]
 
     def bindings(self) -> list[tuple[dict[str, int], Plan]]:
         """(dims, plan) of each kept variant compiled for a binding of the symbolic dims alone (not

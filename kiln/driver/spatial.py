@@ -297,7 +297,7 @@ class _Fitter:
         found = np.flatnonzero(ok)
         if not len(found):
             raise NotAffine(f"{where}: {v.tolist()} is no constant plus a multiple of a product of the model's dims")
-        predicted = np.stack([c0[found, None] + c[found, None] * self.checked[found]])
+        predicted = c0[found, None] + c[found, None] * self.checked[found]  # [terms that fit, checks]
         differ = np.flatnonzero((predicted != predicted[:1]).any(axis=0))
         if len(differ):
             raise Ambiguous(

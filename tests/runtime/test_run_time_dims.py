@@ -1,0 +1,168 @@
+"""An image's height and width (a convolution mixes pixels: neither chunked nor padded) taken by
+the kernels at run time (kiln.driver.spatial): one library per batch class serves every size in
+the declared ranges, the sizes read from the dims vector each call passes."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import onnx
+import pytest
+from onnx import helper
+
+import kiln
+from kiln.driver import spatial
+from kiln.driver.options import CompileOptions
+from kiln.errors import InputError
+from tests.helpers import FLOAT, make_model
+
+RANGES = {"batch": (1, 9), "h": (6, 40), "w": (6, 40)}
+
+
+def strided_cnn() -> onnx.ModelProto:
+    """A convolution, a strided depthwise one, a max pool, a 1x1 convolution, global pooling and
+    a linear layer: every layer's size is a floor division of the image's. Outputs the logits and
+    the strided feature map (whose shape follows the image)."""
+    rng = np.random.default_rng(7)
+    weights = {
+        "w1": rng.standard_normal((8, 3, 3, 3)).astype(np.float32) * 0.3,
+        "b1": rng.standard_normal(8).astype(np.float32) * 0.1,
+        "w2": rng.standard_normal((8, 1, 3, 3)).astype(np.float32) * 0.3,
+        "w3": rng.standard_normal((6, 8, 1, 1)).astype(np.float32) * 0.3,
+        "wl": rng.standard_normal((5, 6)).astype(np.float32),
+        "bl": rng.standard_normal(5).astype(np.float32),
+    }
+    nodes = [
+        helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c1"], ["r1"]),
+        helper.make_node("Conv", ["r1", "w2"], ["c2"], group=8, strides=[2, 2], pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c2"], ["f"]),
+        helper.make_node("MaxPool", ["f"], ["p"], kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1]),
+        helper.make_node("Conv", ["p", "w3"], ["c3"]),
+        helper.make_node("GlobalAveragePool", ["c3"], ["g"]),
+        helper.make_node("Flatten", ["g"], ["flat"]),
+        helper.make_node("Gemm", ["flat", "wl", "bl"], ["y"], transB=1),
+    ]
+    return make_model(
+        nodes,
+        [("x", FLOAT, ["batch", 3, "h", "w"])],
+        [("y", FLOAT, ["batch", 5]), ("f", FLOAT, ["batch", 8, None, None])],
+        weights,
+        opset=17,
+    )
+
+
+def image(batch: int, height: int, width: int, seed: int = 0) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed + 1000 * height + width)
+    return {"x": rng.standard_normal((batch, 3, height, width)).astype(np.float32)}
+
+
+def sizes() -> list[tuple[int, int, int]]:
+    """Every height in the range, each with a width spread over the range, at several batches."""
+    low, high = RANGES["h"]
+    rng = np.random.default_rng(11)
+    return [(int(rng.choice([1, 2, 8, 9])), h, int(rng.integers(low, high + 1))) for h in range(low, high + 1)]
+
+
+def test_every_image_size_runs_on_one_library_per_batch_class():
+    """One compile per batch class; every height 6..40 (widths spread) equals the reference
+    interpreter, the feature map comes back at each size's shape, nothing compiles at run time,
+    and the ranges are checked."""
+    model = strided_cnn()
+    compiled = kiln.compile(model, dims=RANGES)
+    assert compiled.dims_model is not None, compiled.run_time_refused
+    before = len(compiled.executables())
+    assert before == 2  # batch classes 1 and 8, each serving every height and width
+    kernels = [k for e in compiled.executables() for s in e.plan.steps for k in s.kernels]
+    assert sum(k.dims is not None for k in kernels) > len(kernels) // 2  # sizes read at run time
+    reference = kiln.compile(model, target="reference")
+    for batch, height, width in sizes():
+        given = image(batch, height, width)
+        got, want = compiled.run(given), reference.run(given)
+        for name in ("y", "f"):
+            assert got[name].shape == want[name].shape, (name, batch, height, width)
+            np.testing.assert_allclose(
+                got[name], want[name], rtol=1e-4, atol=1e-5, err_msg=f"{name} at {(batch, height, width)}"
+            )
+    assert len(compiled.executables()) == before  # nothing compiled at run time
+    with pytest.raises(InputError, match="outside the range"):
+        compiled.run(image(1, 41, 8))
+
+
+def test_the_sizes_are_read_from_the_dims_vector():
+    """Mutation check: the library run on an image of 17 x 23 told (by its dims vector) the
+    sizes of 16 x 23 gives other logits, so the kernels compute with the sizes each call gives."""
+    compiled = kiln.compile(strided_cnn(), dims={"batch": 1, "h": (6, 40), "w": (6, 40)})
+    model = compiled.dims_model
+    executable = model.executables()[0]
+    given = image(1, 17, 23)["x"]
+    laid = spatial.lay_out(given, (1, 3, 40, 40))
+    right = executable.run([laid, model.dims_vector({"batch": 1, "h": 17, "w": 23})])
+    wrong = executable.run([laid, model.dims_vector({"batch": 1, "h": 16, "w": 23})])
+    want = kiln.compile(strided_cnn(), target="reference").run({"x": given})["y"]
+    np.testing.assert_allclose(right[0], want, rtol=1e-4, atol=1e-5)
+    assert not np.allclose(wrong[0], want, rtol=1e-3)
+
+
+def test_two_terms_that_agree_where_lowered_are_told_apart():
+    """A size that fits d_0 and d_1 at the bindings lowered, which differ at a check binding:
+    ambiguous (the compile lowers there too), never a guess."""
+    values = np.array([[40, 40], [21, 21], [13, 13], [7, 7]], np.int64)
+    checked = np.array([[10, 12], [30, 30]], np.int64)
+    fitter = spatial._Fitter(values, checked)
+    with pytest.raises(spatial.Ambiguous):
+        fitter.fit([80, 42, 26, 14], "k1.n")
+    values[:, 1] = [40, 23, 13, 7]  # now they differ where lowered: 2 * d_0 fits alone
+    size = spatial._Fitter(values, checked).fit([80, 42, 26, 14], "k1.n")
+    assert (size.c0, size.c, size.dims) == (0, 2, (0,))
+
+
+def test_a_floor_division_of_a_dim_is_a_term():
+    """A strided window's bound, floor((d + 1) / 2), fits where no product of dims does."""
+    d = np.array([40, 27, 13, 8, 33], np.int64)
+    values, checked = d[:4, None], d[4:, None]
+    size = spatial._Fitter(values, checked).fit([int(v) for v in (d[:4] + 1) // 2], "k1.extent")
+    assert size.factors == ((0, 1, 2),) and size.at(np.array([33])) == 17
+    assert str(size) == "((int64_t)0 + (int64_t)1 * ((kiln_d0 + 1) / 2))"
+
+
+def test_the_route_can_be_turned_off_and_then_compiles_per_size():
+    options = CompileOptions.from_env().with_(disabled=frozenset({"run-time-dims"}))
+    compiled = kiln.compile(strided_cnn(), dims={"batch": 1, "h": (6, 40), "w": (6, 40)}, options=options)
+    assert compiled.dims_model is None
+    reference = kiln.compile(strided_cnn(), target="reference")
+    given = image(1, 9, 31)
+    np.testing.assert_allclose(compiled.run(given)["y"], reference.run(given)["y"], rtol=1e-4, atol=1e-5)
+
+
+def test_one_artifact_runs_every_image_size_without_a_compiler(tmp_path):
+    """Compiled once with h, w = 6..40, saved; a process with no compiler on its PATH and an empty
+    cache loads it and runs sizes across the ranges, each against the reference interpreter."""
+    model = strided_cnn()
+    compiled = kiln.compile(model, dims=RANGES)
+    compiled.save(tmp_path / "m.kiln")
+    reference = kiln.compile(model, target="reference")
+    chosen = sizes()[::3]
+    expected = {f"y{i}": reference.run(image(*size))["y"] for i, size in enumerate(chosen)}
+    np.savez(tmp_path / "expected.npz", **expected)
+    script = f"""
+import numpy as np, kiln, sys
+sys.path.insert(0, {os.getcwd()!r})
+from tests.runtime.test_run_time_dims import image
+model = kiln.load({str(tmp_path / "m.kiln")!r})
+expected = np.load({str(tmp_path / "expected.npz")!r})
+worst = 0.0
+for i, size in enumerate({chosen!r}):
+    got = model.run(image(*size))["y"]
+    want = expected[f"y{{i}}"]
+    worst = max(worst, float(np.abs(got - want).max() / np.abs(want).max()))
+assert len(model.executables()) == 2, len(model.executables())  # nothing compiled: the classes only
+print("worst", worst)
+"""
+    env = {**os.environ, "PATH": "", "KILN_CACHE_DIR": str(tmp_path / "cache"), "CC": "/nonexistent/cc"}
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert float(done.stdout.split()[-1]) <= 1e-5
