@@ -94,19 +94,7 @@ def save(model: Any, path: str | os.PathLike) -> Path:
                 meta["padded_variants"].append(dims)
                 if plan.products:
                     built[source_key(plan.source)] = plan.products
-        dims_model = getattr(model, "dims_model", None)
-        if dims_model is not None:  # kernels that take ranged dims at run time (kiln.driver.spatial)
-            route = dims_model.spatial
-            meta["run_time_dims"] = {
-                "names": list(route.names),
-                "ranged": [list(r) for r in route.ranged],
-                "samples": [list(sample) for sample in route.samples],
-                "variants": [],
-            }
-            for dims, plan in dims_model.bindings():
-                meta["run_time_dims"]["variants"].append(dims)
-                if plan.products:
-                    built[source_key(plan.source)] = plan.products
+        _run_time_dims_meta(model, meta, built)
     numeric, strings, meta["tensor_names"] = pack_tensors(tensor_data(model.graph))
     members: dict[str, bytes] = {
         "meta.json": json.dumps(meta, indent=1).encode(),
@@ -143,6 +131,25 @@ def save(model: Any, path: str | os.PathLike) -> Path:
         Path(partial).unlink(missing_ok=True)
         raise ArtifactError(f"{path}: cannot write the artifact: {err.strerror or err}") from None
     return path
+
+
+def _run_time_dims_meta(model: Any, meta: dict[str, Any], built: dict[str, tuple[Path, ...]]) -> None:
+    """Kernels that take ranged dims at run time (kiln.driver.spatial): the route and its variants."""
+    dims_model = getattr(model, "dims_model", None)
+    if dims_model is None:
+        return
+    route = dims_model.spatial
+    found: dict[str, Any] = {
+        "names": list(route.names),
+        "ranged": [list(r) for r in route.ranged],
+        "samples": [list(sample) for sample in route.samples],
+        "variants": [],
+    }
+    for dims, plan in dims_model.bindings():
+        found["variants"].append(dims)
+        if plan.products:
+            built[source_key(plan.source)] = plan.products
+    meta["run_time_dims"] = found
 
 
 def pack_tensors(data: dict[str, np.ndarray]) -> tuple[bytes, bytes, list[str]]:
@@ -320,8 +327,8 @@ def read(path: str | os.PathLike) -> tuple[dict[str, Any], dict[str, bytes], Any
             "keep": [str(name) for name in q.get("keep", [])],
             "method": str(q.get("method", "minmax")),
         }
-        meta["variants"] = _variants(meta.get("variants", []), graph, path)
-        meta["padded_variants"] = _variants(meta.get("padded_variants", []), graph, path)
+        meta["variants"] = variants_meta(meta.get("variants", []), graph, path)
+        meta["padded_variants"] = variants_meta(meta.get("padded_variants", []), graph, path)
     except ArtifactError:
         raise
     except (
@@ -342,7 +349,7 @@ def read(path: str | os.PathLike) -> tuple[dict[str, Any], dict[str, bytes], Any
     return meta, contents, graph
 
 
-def _variants(listed: Any, graph: Any, path: Path) -> list[dict[str, int]]:
+def variants_meta(listed: Any, graph: Any, path: Path) -> list[dict[str, int]]:
     """meta.json's variants, each a binding of the graph's symbolic dims to sizes in range."""
     if not isinstance(listed, list):
         raise ArtifactError(f"{path}: damaged artifact (meta.json variants is not a list)")

@@ -126,7 +126,7 @@ def _expression(size: RunTimeSize) -> Any:
     return Binary("+", term, Const(size.c0, DType.INT64))
 
 
-class _Merge:
+class Merge:
     """Walks the capacity's kernel IR and the other lengths' in step (see the module's text)."""
 
     def __init__(self, lengths: tuple[int, ...]) -> None:
@@ -215,14 +215,14 @@ class _Merge:
         return dataclasses.replace(x, **changes) if changes else x
 
 
-def _kernels(state: Compile) -> list[Kernel]:
+def kernels_of(state: Compile) -> list[Kernel]:
     fallback = next((step for step in state.steps if isinstance(step, Fallback)), None)
     if fallback is not None:
         raise NotAffine(f"a host fallback ({fallback.reason}) would read arrays laid out at the capacity")
     return [k for segment in state.segments for k in segment]
 
 
-def _check_constants(states: list[Compile]) -> None:
+def check_constants(states: list[Compile]) -> None:
     """A constant whose size depends on the length (a folded Range of positions) must hold, at
     every length, the first part of the capacity's data (what the dense layout at E reads); one
     whose size does not must hold the same values at every length (the library keeps the
@@ -287,12 +287,12 @@ def run_time_kernels(
             states.append(run_stages(state, "specialize", "plan-memory"))
     finally:
         UNFOLDED.reset(token)
-    _check_constants(states)
-    kernels = [_kernels(state) for state in states]
+    check_constants(states)
+    kernels = [kernels_of(state) for state in states]
     if len({len(k) for k in kernels}) != 1:
         raise NotAffine("the number of kernels changes with the length")
     capacity = states[0]
-    merge = _Merge(lengths)
+    merge = Merge(lengths)
     valid_buffer = next(capacity.roots[v] for v in capacity.graph.inputs if v.name == length.valid)
     position = 0
     for segment in capacity.segments:

@@ -12,7 +12,7 @@ from typing import Any
 
 from kiln.backends import Threading, backend
 from kiln.driver import spatial
-from kiln.driver.artifact import ArtifactError, _variants, build_products, read, sizes_meta
+from kiln.driver.artifact import ArtifactError, build_products, read, sizes_meta, variants_meta
 from kiln.driver.native import NativeModel
 from kiln.driver.options import CompileOptions, Quantization
 from kiln.driver.reference import ReferenceModel
@@ -128,4 +128,4 @@ def _route(found: Any, graph: Any, ranges: dict[str, tuple[int, int]], path: Pat
     if samples[0] != [high for _, _, high in ranged]:
         raise damaged
     route = spatial.RunTimeDims(tuple(names), tuple(tuple(r) for r in ranged), tuple(tuple(row) for row in samples))
-    return route, _variants(found.get("variants", []), graph, path)
+    return route, variants_meta(found.get("variants", []), graph, path)

@@ -380,7 +380,11 @@ class NativeModel(Model):
             model = self.dims_model_for(route)
             model.prepare_many([{**base, **size, **route.capacity} for size in sizes])
         except (extents.NotAffine, KilnError) as err:
-            log.info("%s: kernels cannot take the sizes at run time (%s); each new size compiles on first use", ", ".join(ranged), err)
+            log.info(
+                "%s: kernels cannot take the sizes at run time (%s); each new size compiles on first use",
+                ", ".join(ranged),
+                err,
+            )
             for name in ranged:
                 self.run_time_refused[name] = str(err)
             return False

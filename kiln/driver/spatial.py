@@ -11,7 +11,7 @@ input (``kiln_dims``, int64).
 
 ``run_time_dims_kernels`` lowers the graph at four bindings of the ranged dims (the range's end
 first, the capacity; the others odd and different per dim, so that no two of the graph's dims
-agree by accident), walks the four kernel IRs in step (``kiln.driver.extents._Merge``: the same
+agree by accident), walks the four kernel IRs in step (``kiln.driver.extents.Merge``: the same
 program, schedules from the capacity), and writes each integer that differs as ``c0 + c * d_i``
 or ``c0 + c * d_i * d_j`` over the dims vector (a product's rows are a layer's ``oh * ow``, its
 strides ``channels * oh * ow``): the one such term that fits the four lowerings, checked at
@@ -38,7 +38,7 @@ from typing import Any
 
 import numpy as np
 
-from kiln.driver.extents import NotAffine, _check_constants, _kernels, _Merge
+from kiln.driver.extents import Merge, NotAffine, check_constants, kernels_of
 from kiln.driver.pipeline import Compile, run_stages, start
 from kiln.errors import KilnError
 from kiln.ir.graph import Graph, Value
@@ -307,8 +307,8 @@ class _Fitter:
         return DimSize(int(c0[best]), int(c[best]), tuple(self.terms[best]))
 
 
-class _DimsMerge(_Merge):
-    """``_Merge`` whose integers are terms over the dims vector."""
+class _DimsMerge(Merge):
+    """``Merge`` whose integers are terms over the dims vector."""
 
     def __init__(self, fitter: _Fitter, count: int) -> None:
         super().__init__(tuple(range(count)))
@@ -358,7 +358,7 @@ UNUSED = frozenset({"winograd", "direct-window", "size-specific"})
 EXTRA_SAMPLES = 4  # bindings lowered beyond the first four when terms are ambiguous
 
 
-class _Check(_Merge):
+class _Check(Merge):
     """Walks the capacity's kernel and one lowered at a held-out binding in step: every fitted
     term must give that lowering's integer there, and nothing else may differ."""
 
@@ -404,7 +404,7 @@ def run_time_dims_kernels(
         raise NotAffine(f"the model has no shapes at some sizes of the ranges {ranges}: {err}") from None
     states = [_lowered(graph, b, target, options, prebuilt, b is not bindings[0]) for b in bindings]
     held = _lowered(graph, extra[0], target, options, prebuilt, True)
-    _check_constants([*states, held])
+    check_constants([*states, held])
     for _ in range(EXTRA_SAMPLES + 1):
         try:
             merged = _merged(states, np.stack(values), np.stack(checked[1:]))
@@ -422,7 +422,7 @@ def run_time_dims_kernels(
             values.append(checked.pop(0))
             extra.pop(0)
             held = _lowered(graph, extra[0], target, options, prebuilt, True)
-            _check_constants([*states, held])
+            check_constants([*states, held])
     raise AssertionError("unreachable")
 
 
@@ -434,7 +434,7 @@ def _lowered(graph: Graph, dims: dict[str, int], target: Any, options: Any, preb
 def _merged(states: list[Compile], values: np.ndarray, checked: np.ndarray) -> list[tuple[Kernel, Kernel, Any]]:
     """Each capacity kernel (of the first state) with its merged form (the same object when no
     integer differs) and the terms fitted, by where they are."""
-    kernels = [_kernels(state) for state in states]
+    kernels = [kernels_of(state) for state in states]
     if len({len(k) for k in kernels}) != 1:
         raise NotAffine("the number of kernels changes with the sizes")
     fitter = _Fitter(values, checked)
@@ -450,7 +450,7 @@ def _merged(states: list[Compile], values: np.ndarray, checked: np.ndarray) -> l
 
 def _check(merged: list[tuple[Kernel, Kernel, Any]], held: Compile, vector: np.ndarray) -> None:
     """Every term fitted gives the held-out lowering's integers (raises Ambiguous where not)."""
-    kernels = _kernels(held)
+    kernels = kernels_of(held)
     if len(kernels) != len(merged):
         raise Ambiguous("the number of kernels differs at another binding", -1)
     for (kernel, _, sizes), other in zip(merged, kernels):

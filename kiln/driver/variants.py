@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from kiln.driver import extents, spatial, plan_cache
+from kiln.driver import extents, plan_cache, spatial
 from kiln.driver.options import CompileOptions
 from kiln.driver.pipeline import compile_plan
 from kiln.errors import CompilerError, ExecutionError, InternalError, KilnError, ResourceError, ShapeInferenceError

@@ -228,12 +228,12 @@ def test_a_constant_that_changes_with_the_length_is_refused_unless_it_is_the_cap
         return SimpleNamespace(constants={Buffer("c", DType.FLOAT32, array.size): array}, lowerer=None)
 
     positions = np.arange(40, dtype=np.float32)
-    extents._check_constants([state(positions), state(positions[:17].copy()), state(positions[:16].copy())])
+    extents.check_constants([state(positions), state(positions[:17].copy()), state(positions[:16].copy())])
     square = np.tril(np.ones((40, 40), np.float32))  # a causal mask: [17, 17] is no prefix of [40, 40]
     with pytest.raises(extents.NotAffine, match="not the same prefix"):
-        extents._check_constants([state(square), state(np.tril(np.ones((17, 17), np.float32)))])
+        extents.check_constants([state(square), state(np.tril(np.ones((17, 17), np.float32)))])
     with pytest.raises(extents.NotAffine, match="not the same prefix"):  # a scale 1/length: same size
-        extents._check_constants([state(np.array([1 / 40], np.float32)), state(np.array([1 / 17], np.float32))])
+        extents.check_constants([state(np.array([1 / 40], np.float32)), state(np.array([1 / 17], np.float32))])
 
 
 def test_without_the_masks_a_padded_run_would_be_wrong():
