@@ -298,6 +298,12 @@ def onnx_path(
         dynamic_axes = {k: {**v, 1: "seq"} for k, v in dynamic_axes.items()}
     else:
         options.pop("dynamic_seq", None)
+    if options.get("dynamic_image"):  # height and width symbolic too (image models: dims 2 and 3)
+        if "input" not in dynamic_axes or name not in CLASSIFIERS:
+            raise ValueError(f"{name} has no image dims (dynamic_image is for the image classifiers)")
+        dynamic_axes = {**dynamic_axes, "input": {**dynamic_axes["input"], 2: "height", 3: "width"}}
+    else:
+        options.pop("dynamic_image", None)
     recipe = {"name": name, "opset": opset, "options": options, "recipe": EXPORT_RECIPE, "exporter": model.exporter}
     key = json.dumps(recipe, sort_keys=True)
     digest = hashlib.sha256(key.encode()).hexdigest()[:12]
@@ -306,7 +312,7 @@ def onnx_path(
         return path
     if progress:
         progress(f"exporting {name} to ONNX (opset {opset}); cached at {path}")
-    module = model.build({k: v for k, v in options.items() if k != "dynamic_seq"})
+    module = model.build({k: v for k, v in options.items() if k not in ("dynamic_seq", "dynamic_image")})
     export_module(
         module,
         model.example_inputs({**options, "batch": 1}, 0),
