@@ -65,7 +65,17 @@ _SIZED = (
 
 
 Factor = tuple[int, int, int]  # (i, a, s): floor((d_i + a) / s), a in [0, s): d_i itself when s is 1
-DIVISORS = (2, 3, 4)  # a strided window's bounds are floor divisions of a layer's size by its stride
+
+
+def strides_of(graph: Graph) -> tuple[int, ...]:
+    """The strides (above 1) of the graph's windows: a strided window's bounds are floor divisions
+    of a layer's size by its stride, the divisors a term may have (only these: each one more is
+    more terms that may fit the lowerings by accident)."""
+    found = {int(s) for node in graph.nodes if node.op in _WINDOWS for s in node.attrs.get("strides") or () if s > 1}
+    return tuple(sorted(found))
+
+
+_WINDOWS = frozenset({"Conv", "ConvInteger", "QLinearConv", "MaxPool", "AveragePool", "LpPool", "ConvTranspose"})
 
 
 def _factor_values(values: np.ndarray, factor: Factor) -> np.ndarray:
@@ -248,7 +258,7 @@ class _Fitter:
     one floor division of a dim), from the dims at the lowered bindings (``values``: [bindings,
     names]) and at the check bindings."""
 
-    def __init__(self, values: np.ndarray, checked: np.ndarray) -> None:
+    def __init__(self, values: np.ndarray, checked: np.ndarray, divisors: tuple[int, ...] = (2,)) -> None:
         both = np.concatenate([values, checked])
         usable = [i for i in range(both.shape[1]) if (both[:, i] > 0).all() and len(set(both[:, i])) > 1]
         groups: dict[bytes, Factor] = {}
@@ -257,7 +267,7 @@ class _Fitter:
         plain = sorted(groups.values())
         divided: dict[bytes, Factor] = {}
         for i, _, _ in plain:
-            for divisor in DIVISORS:
+            for divisor in divisors:
                 for add in range(divisor):
                     column = _factor_values(both, (i, add, divisor))
                     if (column > 0).all() and column.tobytes() not in groups:
@@ -407,7 +417,7 @@ def run_time_dims_kernels(
     check_constants([*states, held])
     for _ in range(EXTRA_SAMPLES + 1):
         try:
-            merged = _merged(states, np.stack(values), np.stack(checked[1:]))
+            merged = _merged(states, np.stack(values), np.stack(checked[1:]), strides_of(graph))
             _check(merged, held, checked[0])
             return _replace(states[0], merged)
         except Ambiguous as err:
@@ -431,13 +441,15 @@ def _lowered(graph: Graph, dims: dict[str, int], target: Any, options: Any, preb
     return run_stages(state, "specialize", "plan-memory")
 
 
-def _merged(states: list[Compile], values: np.ndarray, checked: np.ndarray) -> list[tuple[Kernel, Kernel, Any]]:
+def _merged(
+    states: list[Compile], values: np.ndarray, checked: np.ndarray, divisors: tuple[int, ...]
+) -> list[tuple[Kernel, Kernel, Any]]:
     """Each capacity kernel (of the first state) with its merged form (the same object when no
     integer differs) and the terms fitted, by where they are."""
     kernels = [kernels_of(state) for state in states]
     if len({len(k) for k in kernels}) != 1:
         raise NotAffine("the number of kernels changes with the sizes")
-    fitter = _Fitter(values, checked)
+    fitter = _Fitter(values, checked, divisors)
     result = []
     for position, kernel in enumerate(kernels[0]):
         merge = _DimsMerge(fitter, len(states))
