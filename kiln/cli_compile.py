@@ -75,9 +75,16 @@ def _say_ranges(compiled) -> None:  # type: ignore[no-untyped-def]
                 f"{symbol} ({bounds}): pads; every length runs at the smallest compiled length that holds it: "
                 f"{lengths}{said}"
             )
+        elif getattr(compiled, "dims_model", None) is not None and symbol in compiled.dims_model.spatial.symbols:
+            out.print(
+                f"{symbol} ({bounds}): run-time dims; one library per batch class whose kernels read every "
+                "layer's size from the call's dims vector (no compile for any size in the ranges)"
+            )
         else:
             why = found if not isinstance(found, Parallel) else "another dim is chunked"
-            out.print(f"{symbol} ({bounds}): each new size compiles on first use (not sample-parallel: {why})")
+            refused = compiled.run_time_refused.get(symbol)
+            said = f"; kernels cannot take it at run time: {refused}" if refused else ""
+            out.print(f"{symbol} ({bounds}): each new size compiles on first use (not sample-parallel: {why}{said})")
 
 
 @click.command("compile")
@@ -207,6 +214,8 @@ def compile_command(
     if len(bindings) > 1:
         out.print(f"compiled ahead for {len(bindings)} bindings: " + "; ".join(str(b) for b in bindings))
     kernels = sum(len(step.kernels) for step in plan.steps if hasattr(step, "kernels"))
+    ranged = {name: f"{low}..{high}" for name, (low, high) in getattr(compiled, "ranges", {}).items()}
+    binding = {**binding, **ranged} if binding else binding
     out.print(
         f"compiled {model} for {compiled.target} ({compiled.compiled_for.summary}, {compiled.precision}) in {seconds:.1f} s (-O{level}, dims {binding or 'static'}): {kernels} kernels, {len(plan.fallbacks)} host fallback(s)"
     )

@@ -262,7 +262,7 @@ class NativeModel(Model):
                         classes = (high,) if lengths else given or padded_classes((low, high))
                         chosen = Padder(found, classes, lengths or ())
                         break
-                    log.info("%s does not pad (%s): each new size compiles on first use", symbol, found)
+                    log.info("%s does not pad (%s)", symbol, found)
             self._padder = chosen
         return self._padder  # type: ignore[return-value]
 
