@@ -89,6 +89,19 @@ def warm_engine_cache(path: str) -> Path:
     return cache
 
 
+def compile_summary(row: dict) -> str:
+    """The compile line of a model's row: the range compile against the single-size one, both
+    seconds and artifact sizes."""
+    seconds, size = (
+        row["compile_range_s"] / row["compile_single_s"],
+        row["artifact_range_mb"] / row["artifact_single_mb"],
+    )
+    return (
+        f"  compile: range {row['compile_range_s']:.1f} s, one size {row['compile_single_s']:.1f} s ({seconds:.2f}x); "
+        f"artifact {row['artifact_range_mb']:.1f} MB vs {row['artifact_single_mb']:.1f} MB ({size:.2f}x)"
+    )
+
+
 def median_ms(model, feeds, runs: int) -> float:  # type: ignore[no-untyped-def]
     model.run(feeds)
     times = []
@@ -166,11 +179,7 @@ def main() -> None:
         if args.json:
             print(json.dumps({**row, "isa": machine.get("isa")}))
         print(f"\n{name}")
-        print(
-            f"  compile: range {row['compile_range_s']:.1f} s, one size {row['compile_single_s']:.1f} s "
-            f"({row['compile_range_s'] / row['compile_single_s']:.2f}x); artifact {row['artifact_range_mb']:.1f} MB "
-            f"vs {row['artifact_single_mb']:.1f} MB ({row['artifact_range_mb'] / row['artifact_single_mb']:.2f}x)"
-        )
+        print(compile_summary(row))
         print(
             f"  first call at batch 5: {row['first_call_b5_ms']:.1f} ms, warm {row['warm_b5_ms']:.1f} ms "
             f"({row['first_call_b5_ms'] / row['warm_b5_ms']:.2f}x)"

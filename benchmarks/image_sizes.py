@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from dynamic_shapes import FIRST_CALLS, compile_seconds, paired_ms, warm_engine_cache
+from dynamic_shapes import FIRST_CALLS, compile_seconds, compile_summary, paired_ms, warm_engine_cache
 
 UNSEEN = (161, 119)  # the first call's size (height, width): none of --sizes
 
@@ -118,11 +118,7 @@ def main() -> None:
         if args.json:
             print(json.dumps({**row, "isa": machine.get("isa")}))
         print(f"\n{name} (height and width {row['range']}, batch 1)")
-        print(
-            f"  compile: range {row['compile_range_s']:.1f} s, one size {row['compile_single_s']:.1f} s "
-            f"({row['compile_range_s'] / row['compile_single_s']:.2f}x); artifact {row['artifact_range_mb']:.1f} MB "
-            f"vs {row['artifact_single_mb']:.1f} MB ({row['artifact_range_mb'] / row['artifact_single_mb']:.2f}x)"
-        )
+        print(compile_summary(row))
         first, warm, before = row["first_call_ms"], row["warm_unseen_ms"], row["first_call_before_ms"]
         print(
             f"  first call at {UNSEEN[0]}x{UNSEEN[1]}: {first:.1f} ms, warm {warm:.1f} ms ({first / warm:.2f}x); "

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
@@ -44,3 +49,12 @@ def write_signed_artifact(members: dict[str, bytes], path) -> None:
         for name, data in members.items():
             kind = zipfile.ZIP_DEFLATED if name.endswith((".json", ".txt")) else zipfile.ZIP_STORED
             archive.writestr(name, data, compress_type=kind)
+
+
+def run_without_a_compiler(script: str, tmp_path: Path) -> str:
+    """Run ``script`` in a fresh Python with no compiler on its PATH (and CC pointing nowhere) and an
+    empty kiln cache; asserts it succeeds and returns its standard output."""
+    env = {**os.environ, "PATH": "", "KILN_CACHE_DIR": str(tmp_path / "cache"), "CC": "/nonexistent/cc"}
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout

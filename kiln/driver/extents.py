@@ -300,7 +300,7 @@ def run_time_kernels(
             merged = merge.merge([kernel, *(k[position] for k in kernels[1:])], kernel.name)
             position += 1
             if merged is not kernel:
-                segment[i] = _with_length(merged, valid_buffer, min(lengths))
+                segment[i] = told_where(merged, "length", valid_buffer, (valid_buffer, min(lengths)))
     if not merge.used:
         raise NotAffine("no kernel's sizes depend on the length")
     assert capacity.memory is not None
@@ -340,43 +340,59 @@ def compile_with_run_time_length(
     return run_stages(state, "render", "build").plan()
 
 
-def _with_length(kernel: Kernel, valid: Buffer, floor: int) -> Kernel:
-    """The kernel (and its epilogues) told where ``kiln_len`` comes from."""
-    reads = kernel.reads if valid in kernel.reads else [*kernel.reads, valid]
+def told_where(kernel: Kernel, field: str, buffer: Buffer, source: Any) -> Kernel:
+    """The kernel (and its epilogues) told where its run-time sizes come from: ``field`` is
+    ``length`` (``kiln_len``: ``(valid buffer, floor)``) or ``dims`` (``kiln_d<i>``: ``(dims vector,
+    indices read)``, ``kiln.driver.spatial``); ``buffer`` is read by it."""
+    reads = kernel.reads if buffer in kernel.reads else [*kernel.reads, buffer]
 
     def helpers(stmts: list) -> None:
         for stmt in stmts:
             epilogue = getattr(stmt, "epilogue", None)
-            if isinstance(epilogue, Function) and epilogue.length is None:
-                epilogue.length = (valid, floor)
-                if valid not in epilogue.buffers:
-                    epilogue.buffers.append(valid)
+            if isinstance(epilogue, Function) and getattr(epilogue, field) is None:
+                setattr(epilogue, field, source)
+                if buffer not in epilogue.buffers:
+                    epilogue.buffers.append(buffer)
             if isinstance(stmt, (For, If)):
                 helpers(stmt.body)
 
     helpers(kernel.body)
-    return dataclasses.replace(kernel, reads=reads, length=(valid, floor))
+    return dataclasses.replace(kernel, reads=reads, **{field: source})
 
 
-def compact(array: Any, axis: int | None, capacity: int) -> Any:
-    """An input at length E laid out densely in the first elements of its capacity shape (what
-    the kernels read at E), the rest zero."""
+def lay_out(array: Any, shape: tuple[int, ...]) -> Any:
+    """An input at its sizes laid out densely in the first elements of its capacity ``shape`` (what
+    kernels that take sizes at run time read), the rest zero."""
     array = np.asarray(array)
-    if axis is None or array.shape[axis] == capacity:
+    if array.shape == tuple(shape):
         return array
-    shape = list(array.shape)
-    shape[axis] = capacity
     out = np.zeros(shape, array.dtype)
     out.reshape(-1)[: array.size] = array.reshape(-1)
     return out
+
+
+def read_back(array: Any, shape: tuple[int, ...]) -> Any:
+    """An output computed at these sizes (the first elements of its capacity array) in ``shape``."""
+    array = np.asarray(array)
+    if array.shape == tuple(shape):
+        return array
+    return array.reshape(-1)[: int(np.prod(shape))].reshape(shape)
+
+
+def compact(array: Any, axis: int | None, capacity: int) -> Any:
+    """An input at length E laid out densely in the first elements of its capacity shape."""
+    if axis is None:
+        return np.asarray(array)
+    shape = list(np.shape(array))
+    shape[axis] = capacity
+    return lay_out(array, tuple(shape))
 
 
 def expand(array: Any, axes: tuple[int, ...], length: int) -> Any:
     """An output computed at length E (the first elements of its capacity shape) as its E shape."""
     if not axes:
         return array
-    array = np.asarray(array)
-    shape = list(array.shape)
+    shape = list(np.shape(array))
     for axis in axes:
         shape[axis] = length
-    return array.reshape(-1)[: int(np.prod(shape))].reshape(shape)
+    return read_back(array, tuple(shape))

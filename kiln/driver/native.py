@@ -468,10 +468,10 @@ class NativeModel(Model):
         dims = input_dims(self.signature, dict(zip(self.input_names, inputs)))
         vector = self.dims_vector(dims)
         capacity = {**dims, **route.capacity}
-        laid = [spatial.lay_out(a, bind_type(v.type, capacity).shape) for a, v in zip(inputs, values)]  # type: ignore[union-attr]
+        laid = [extents.lay_out(a, bind_type(v.type, capacity).shape) for a, v in zip(inputs, values)]  # type: ignore[union-attr]
         outputs = executable.run([*laid, vector])
         sizes = dict(zip(route.names, vector.tolist()))
-        return [spatial.read_back(o, bind_type(v.type, sizes).shape) for o, v in zip(outputs, self.signature.outputs)]  # type: ignore[union-attr]
+        return [extents.read_back(o, bind_type(v.type, sizes).shape) for o, v in zip(outputs, self.signature.outputs)]  # type: ignore[union-attr]
 
     def dims_vector(self, dims: dict[str, int]) -> np.ndarray:
         """The dims vector at ``dims`` (the graph's shapes specialized there, remembered); an

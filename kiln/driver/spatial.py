@@ -31,20 +31,19 @@ depend on the plane).
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from kiln.driver.extents import Merge, NotAffine, check_constants, kernels_of
+from kiln.driver.extents import Merge, NotAffine, check_constants, kernels_of, told_where
 from kiln.driver.pipeline import Compile, run_stages, start
 from kiln.errors import KilnError
 from kiln.ir.graph import Graph, Value
 from kiln.ir.types import DType, TensorType
 from kiln.lower import kir
-from kiln.lower.kir import Binary, Buffer, Cast, Const, For, Function, If, Kernel, run_time_dim
+from kiln.lower.kir import Binary, Cast, Const, Kernel, run_time_dim
 from kiln.passes.specialize import specialize
 from kiln.runtime.plan import Plan
 
@@ -479,7 +478,7 @@ def _replace(capacity: Compile, merged: list[tuple[Kernel, Kernel, Any]]) -> Com
             kernel, new, sizes = merged[position]
             if new is not kernel:
                 read = tuple(sorted({index for _, size in sizes.values() for index in size.dims}))
-                segment[i] = _with_dims(new, vector, read)
+                segment[i] = told_where(new, "dims", vector, (vector, read))
             position += 1
     return capacity
 
@@ -489,39 +488,3 @@ def compile_with_run_time_dims(
 ) -> Plan:
     state = run_time_dims_kernels(graph, dims, route, target, options, prebuilt)
     return run_stages(state, "render", "build").plan()
-
-
-def _with_dims(kernel: Kernel, vector: Buffer, read: tuple[int, ...]) -> Kernel:
-    """The kernel (and its epilogues) told where the dims ``kiln_d<i>`` come from."""
-    reads = kernel.reads if vector in kernel.reads else [*kernel.reads, vector]
-
-    def helpers(stmts: list) -> None:
-        for stmt in stmts:
-            epilogue = getattr(stmt, "epilogue", None)
-            if isinstance(epilogue, Function) and epilogue.dims is None:
-                epilogue.dims = (vector, read)
-                if vector not in epilogue.buffers:
-                    epilogue.buffers.append(vector)
-            if isinstance(stmt, (For, If)):
-                helpers(stmt.body)
-
-    helpers(kernel.body)
-    return dataclasses.replace(kernel, reads=reads, dims=(vector, read))
-
-
-def lay_out(array: Any, shape: tuple[int, ...]) -> Any:
-    """An input at its sizes laid out densely in the first elements of its capacity ``shape``."""
-    array = np.asarray(array)
-    if array.shape == tuple(shape):
-        return array
-    out = np.zeros(shape, array.dtype)
-    out.reshape(-1)[: array.size] = array.reshape(-1)
-    return out
-
-
-def read_back(array: Any, shape: tuple[int, ...]) -> Any:
-    """An output computed at these sizes (the first elements of its capacity array) in ``shape``."""
-    array = np.asarray(array)
-    if array.shape == tuple(shape):
-        return array
-    return array.reshape(-1)[: int(np.prod(shape))].reshape(shape)
