@@ -30,6 +30,7 @@ from kiln.errors import KilnError
 
 log = logging.getLogger("kiln.torch_backend")
 
+DEFAULT_HIGH = 64  # an unbounded dynamic dim serves up to max(2 x its first size, this) from one compile
 DEFAULTS = {"target": "cpu", "precision": "fp32", "opt_level": 2, "fallback": True, "threads": 0}
 
 
@@ -52,6 +53,7 @@ class KilnGraph:
         self.sizes = {i for i, value in enumerate(example_inputs) if _is_size(value)}
         self.user = [i for i in range(len(placeholders)) if i not in self.weights and i not in self.sizes]
         self.dynamic = _dynamic_dims(placeholders)  # input position -> {dim: dynamo's symbol}
+        self.bounds = _symbol_bounds(placeholders)  # dynamo's symbol -> (low, high or None: unbounded)
         output = next(n for n in gm.graph.nodes if n.op == "output")
         self.single = not isinstance(output.args[0], (tuple, list))
         # each size argument's tensor and dim (where dynamo's symbol first appears)
@@ -66,6 +68,8 @@ class KilnGraph:
         self.general: tuple[Any, list[str]] | None = None
         self.general_dims: dict[int, dict[int, str]] = {}
         self.general_key: tuple = ()
+        self.general_ranges: dict[tuple[int, int], tuple[int, int]] = {}  # (position, dim) -> declared range
+        self.widened: dict[tuple[int, int], int] = {}  # (position, dim) -> the high a call asked for
 
     def signature(self, args: tuple, symbolic: dict[int, dict[int, str]] | None = None) -> tuple:
         """What selects the compiled model: the shapes and types of the inputs that are not
@@ -89,15 +93,71 @@ class KilnGraph:
         first = {i: dict([min(dims.items())]) for i, dims in self.dynamic.items()}
         attempts = [self.dynamic] + ([first] if first != self.dynamic else [])
         for symbolic in attempts:
+            ranges: dict[tuple[int, int], tuple[int, int]] = {}
             try:
-                self.general = self.compile(args, symbolic)
+                self.general = self.compile(args, symbolic, ranges)
             except Exception as err:  # kiln (or torch's tracer) keeps no symbol here: the next attempt
                 log.info("kiln cannot keep dims %s symbolic (%s: %s)", symbolic, type(err).__name__, err)
                 continue
             # the dims the trace kept symbolic (torch may specialize some it was asked to keep)
             kept = self.kept(symbolic, args)
             self.general_dims, self.general_key = kept, self.signature(args, kept)
+            self.general_ranges = ranges
             return
+
+    def declared(self, args: tuple, symbolic: dict[int, dict[int, str]], graph: Any) -> dict[str, tuple[int, int]]:
+        """The ranges kiln declares for the trace's symbols, each by the first input dim that has
+        it: dynamo's bounds (``mark_dynamic(x, d, min=, max=)``); an unbounded dim serves up to
+        ``max(2 x its size, DEFAULT_HIGH)`` (or what a larger call asked for), said in the log.
+        One compile then serves every size in them (batch classes, padded lengths, run-time dims)."""
+        import torch
+
+        positions = [i for i in self.user if isinstance(args[i], torch.Tensor)]
+        found: dict[str, tuple[int, int]] = {}
+        for position, value in zip(positions, graph.inputs):
+            for d, size in enumerate(value.type.shape):
+                if not isinstance(size, str) or size in found or d not in symbolic.get(position, {}):
+                    continue
+                low, high = self.bounds.get(symbolic[position][d], (1, None))
+                if high is None:
+                    high = max(2 * int(args[position].shape[d]), DEFAULT_HIGH, self.widened.get((position, d), 0))
+                    log.info(
+                        "kiln: dim %d of input %d has no upper bound; one library serves %d..%d, a larger "
+                        "size one built for a wider range (torch._dynamo.mark_dynamic(x, %d, min=, max=) "
+                        "declares it)",
+                        d,
+                        position,
+                        low,
+                        high,
+                        d,
+                    )
+                found[size] = (low, high)
+        return found
+
+    def example_binding(self, args: tuple, graph: Any) -> dict[str, int]:
+        """The graph's symbols at ``args``' sizes."""
+        import torch
+
+        positions = [i for i in self.user if isinstance(args[i], torch.Tensor)]
+        return {
+            size: int(args[position].shape[d])
+            for position, value in zip(positions, graph.inputs)
+            for d, size in enumerate(value.type.shape)
+            if isinstance(size, str)
+        }
+
+    def in_range(self, args: tuple) -> bool:
+        """Whether the general model's declared ranges hold ``args``' sizes; a size above an
+        unbounded dim's range widens it (the next compile serves it), one below it compiles alone."""
+        fits = True
+        for (position, d), (low, high) in self.general_ranges.items():
+            size = int(args[position].shape[d])
+            if size > high:
+                self.widened[(position, d)] = max(2 * size, 2 * high)
+                fits = False
+            elif size < low:
+                fits = False
+        return fits
 
     def kept(self, symbolic: dict[int, dict[int, str]], args: tuple) -> dict[int, dict[int, str]]:
         """Of ``symbolic``, the dims the general model's inputs still have as symbols."""
@@ -113,9 +173,15 @@ class KilnGraph:
                 kept[position] = dims
         return kept
 
-    def compile(self, args: tuple, symbolic: dict[int, dict[int, str]] | None = None) -> Any:
+    def compile(
+        self,
+        args: tuple,
+        symbolic: dict[int, dict[int, str]] | None = None,
+        ranges: dict[tuple[int, int], tuple[int, int]] | None = None,
+    ) -> Any:
         """Trace (shapes only: fake tensors, the model is not run), convert and compile; the
-        dims in ``symbolic`` (input position -> {dim: dynamo's symbol}) stay symbols."""
+        dims in ``symbolic`` (input position -> {dim: dynamo's symbol}) stay symbols, with
+        declared ranges (``declared``; written to ``ranges`` by input position and dim)."""
         import torch
         from torch.func import functionalize
         from torch.fx.experimental.proxy_tensor import make_fx
@@ -154,6 +220,20 @@ class KilnGraph:
             opt_level=self.options["opt_level"],
             threads=self.options["threads"],
         )
+        declared = self.declared(args, symbolic or {}, graph) if symbolic else {}
+        if declared:  # built now: for the ranges, or (where kernels cannot take them) this call's sizes
+            model.declare(declared, ahead=self.example_binding(args, graph))
+            padder = model.padder()
+            for symbol in model.run_time_refused:  # compiled per size: no range to outgrow
+                if padder is None or padder.symbol != symbol:
+                    model.ranges.pop(symbol, None)
+                    declared.pop(symbol, None)
+        if ranges is not None and declared:
+            positions = [i for i in self.user if isinstance(args[i], torch.Tensor)]
+            for position, value in zip(positions, graph.inputs):  # type: ignore[union-attr]
+                for d, size in enumerate(value.type.shape):
+                    if isinstance(size, str) and size in declared:
+                        ranges[(position, d)] = declared[size]
         return Compiled(model, [v.name for v in graph.inputs], tuple(writes))
 
     def fakes(self, args: tuple, symbolic: dict[int, dict[int, str]]) -> list[Any]:
@@ -198,11 +278,25 @@ class KilnGraph:
 
     def __call__(self, *args: Any) -> Any:
         if self.general is not None and self.signature(args, self.general_dims) == self.general_key:
-            return self.run(self.general, args)
+            if self.in_range(args):
+                return self.run(self.general, args)
+            if self.widened and self.regrow(args):
+                return self.run(self.general, args)
         found = self.prepare(args)
         if found.names is None:
             return found.model(*args)
         return self.run(found, args)
+
+    def regrow(self, args: tuple) -> bool:
+        """Compile the general model again with the ranges a call outgrew widened (once per
+        doubling); False (the call compiles alone) if it still does not fit."""
+        with self.lock:
+            if not self.in_range(args):
+                general, dims, key, ranges = self.general, self.general_dims, self.general_key, self.general_ranges
+                self.compile_general(args)
+                if self.general is None:  # the wider compile failed: keep the one that worked
+                    self.general, self.general_dims, self.general_key, self.general_ranges = general, dims, key, ranges
+        return self.in_range(args)
 
     def run(self, compiled: Compiled, args: tuple) -> Any:
         import torch
@@ -282,6 +376,35 @@ def _dynamic_dims(placeholders: list[Any]) -> dict[int, dict[int, str]]:
         if dims:
             found[i] = dims
     return found
+
+
+def _symbol_bounds(placeholders: list[Any]) -> dict[str, tuple[int, int | None]]:
+    """Dynamo's value range of each symbolic input dim (``mark_dynamic``'s min and max; its
+    upper bound None where it has none)."""
+    import torch
+
+    found: dict[str, tuple[int, int | None]] = {}
+    for node in placeholders:
+        value = _example(node)
+        if not isinstance(value, torch.Tensor):
+            continue
+        for size in value.shape:
+            if not isinstance(size, torch.SymInt) or size.node.expr.is_number:
+                continue
+            bounds = size.node.shape_env.var_to_range.get(size.node.expr)
+            low = max(1, _finite(getattr(bounds, "lower", None)) or 1)
+            high = _finite(getattr(bounds, "upper", None))  # None: int_oo, unbounded
+            found[str(size.node.expr)] = (low, high if high is None or high >= low else None)
+    return found
+
+
+def _finite(bound: Any) -> int | None:
+    """A sympy bound as an int (None: infinite, or not a number)."""
+    if isinstance(bound, int):
+        return bound
+    if not getattr(bound, "is_Integer", False):  # sympy's Integer (torch's int_oo is not one)
+        return None
+    return int(bound)
 
 
 def _concrete(value: Any) -> bool:

@@ -126,13 +126,16 @@ class GraphBuilder:
         output_names = [f"{op}_out{i}" for i in range(outputs)] if isinstance(outputs, int) else outputs
         if any(v in self.poisoned for v in inputs if v is not None):
             raise PoisonedInputs()
-        placeholders = [Value(n or f"{op}_unused{i}", _POISON) for i, n in enumerate(output_names)]
+        # the outputs' final names before inference: a fresh symbol is named after its value, so
+        # two nodes' symbols (every Conv's output is ``Conv_out0`` before naming) never collide
+        names = [unique_name(n or f"{op}_unused", self.taken) for n in output_names]
+        placeholders = [Value(n, _POISON) for n in names]
         draft = Node(op, inputs, placeholders, attrs, name=name, domain=domain)
         input_types = [None if v is None else v.type for v in inputs]
         known = [None if v is None else self.scope.known.get(v) for v in inputs]
         symbolic = [None if v is None else self.scope.symbolic.get(v) for v in inputs]
         types, out_symbolic = infer_node(draft, input_types, known, symbolic)
-        results = [Value(unique_name(n or f"{op}_unused", self.taken), t) for n, t in zip(output_names, types)]
+        results = [Value(n, t) for n, t in zip(names, types)]
         node = Node(op, inputs, results, attrs, name=name, domain=domain)
         self.nodes.append(node)
         for onnx_name, value in zip(output_names, results):

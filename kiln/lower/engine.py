@@ -14,7 +14,6 @@ from kiln.ir.types import DType
 from kiln.lower.kir import (
     Binary,
     Buffer,
-    Const,
     Expr,
     For,
     Function,
@@ -33,7 +32,7 @@ from kiln.lower.kir import (
     buffers_in,
     i64,
 )
-from kiln.lower.lowering import Lowerer, broadcast_index, scalarize_for, strides
+from kiln.lower.lowering import Lowerer, broadcast_index, scalar_immediate, scalarize_for, strides
 
 I64 = DType.INT64
 BLOCKING = ("mc", "nc", "kc")  # what a tuned schedule of an engine product may set
@@ -314,11 +313,11 @@ def compose_chain(
             if v in computed:
                 return computed[v]
             actual = bindings[v]
-            known = lw.constant(actual)
-            if known is not None and known.size == 1 and known.dtype in (np.float32, np.float64):
+            immediate = scalar_immediate(lw, actual)
+            if immediate is not None:
                 # a scalar constant (a scale, a Clip bound, GELU's sqrt(2)) is an immediate: no load
                 # per element, and the scalar rules (x / c as a product) can see it
-                return Const(float(known.reshape(-1)[0]), DType.from_numpy(known.dtype))
+                return immediate
             buffer = lw.buffer(actual)
             if buffer.size == 1:
                 return Load(buffer, i64(0))

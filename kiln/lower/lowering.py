@@ -461,16 +461,21 @@ def lower_pointwise(lw: Lowerer, node: Node) -> list[Kernel]:
     dtypes = [v.type.dtype for v in inputs if v is not None]  # type: ignore[union-attr]
     scalarize = scalarize_for(node, [widen.get(d, d) for d in dtypes])
     out_dtype = out.type.dtype  # type: ignore[union-attr]
-    flat = all(v is None or lw.shape(v) == shape or lw.buffer(v).size == 1 for v in inputs)
+    flat = all(v is None or lw.shape(v) == shape or math.prod(lw.shape(v)) == 1 for v in inputs)
     if flat:
         lw.reuse_input(out, [v for v in inputs if v is not None and lw.shape(v) == shape])
     dst = lw.buffer(out)
+    # a float scalar constant is an immediate (as in fused chains): no load per element
+    immediates = {v: immediate for v in inputs if v is not None and (immediate := scalar_immediate(lw, v)) is not None}
 
     def body(indices: list[Index]) -> list[Stmt]:
         loaded: list[Expr] = []
         for value in inputs:
             if value is None:
                 loaded.append(None)  # type: ignore[arg-type]
+                continue
+            if value in immediates:
+                loaded.append(immediates[value])
                 continue
             buffer = lw.buffer(value)
             if buffer.size == 1:
@@ -492,7 +497,16 @@ def lower_pointwise(lw: Lowerer, node: Node) -> list[Kernel]:
 
     loop_shape = (dst.size,) if flat else shape
     stmts, indices = nest(lw, loop_shape, body)
-    return [lw.kernel(node, "pointwise", stmts, inputs, [out], default_schedule(lw.target, loop_shape, indices))]
+    read = [v for v in inputs if v not in immediates]
+    return [lw.kernel(node, "pointwise", stmts, read, [out], default_schedule(lw.target, loop_shape, indices))]
+
+
+def scalar_immediate(lw: Lowerer, value: Value) -> Const | None:
+    """A float scalar constant as an immediate (a scale, a Clip bound, a mean's divisor)."""
+    known = lw.constant(value)
+    if known is None or known.size != 1 or known.dtype not in (np.float32, np.float64):
+        return None
+    return Const(float(known.reshape(-1)[0]), DType.from_numpy(known.dtype))
 
 
 Lowering = Callable[[Lowerer, Node], list[Kernel]]
