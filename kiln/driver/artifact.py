@@ -145,6 +145,8 @@ def _run_time_dims_meta(model: Any, meta: dict[str, Any], built: dict[str, tuple
         "samples": [list(sample) for sample in route.samples],
         "variants": [],
     }
+    if route.program is not None:
+        found["program"] = route.program.as_meta()
     for dims, plan in dims_model.bindings():
         found["variants"].append(dims)
         if plan.products:

@@ -13,6 +13,7 @@ from typing import Any
 from kiln.backends import Threading, backend
 from kiln.driver import spatial
 from kiln.driver.artifact import ArtifactError, build_products, read, sizes_meta, variants_meta
+from kiln.driver.dims_program import DimsProgram
 from kiln.driver.native import NativeModel
 from kiln.driver.options import CompileOptions, Quantization
 from kiln.driver.reference import ReferenceModel
@@ -127,5 +128,13 @@ def _route(found: Any, graph: Any, ranges: dict[str, tuple[int, int]], path: Pat
         raise damaged
     if samples[0] != [high for _, _, high in ranged]:
         raise damaged
-    route = spatial.RunTimeDims(tuple(names), tuple(tuple(r) for r in ranged), tuple(tuple(row) for row in samples))
+    program = None
+    if found.get("program") is not None:
+        try:
+            program = DimsProgram.from_meta(found["program"], tuple(names), spatial.strides_of(graph))
+        except ValueError:
+            raise damaged from None
+    route = spatial.RunTimeDims(
+        tuple(names), tuple(tuple(r) for r in ranged), tuple(tuple(row) for row in samples), program
+    )
     return route, variants_meta(found.get("variants", []), graph, path)

@@ -377,6 +377,7 @@ class NativeModel(Model):
             if chosen is None:
                 raise extents.NotAffine(f"the ranges {ranges} are too short, or too small, to lower apart")
             route = spatial.RunTimeDims(every, tuple((name, *ranges[name]) for name in ranged), chosen)
+            route = spatial.with_program(graph, route, fixed, set(names))
             model = self.dims_model_for(route)
             model.prepare_many([{**base, **size, **route.capacity} for size in sizes])
         except (extents.NotAffine, KilnError) as err:
@@ -480,6 +481,9 @@ class NativeModel(Model):
         vector = self._vectors.get(key)
         if vector is None:
             assert self.spatial is not None
+            program = self.spatial.program
+            vector = program(dims) if program is not None else None
+        if vector is None:
             try:
                 vector = spatial.dim_values(self.graph, self.spatial.names, dims)
             except KilnError as err:

@@ -31,12 +31,14 @@ depend on the plane).
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from kiln.driver.dims_program import DimsProgram, Step
 from kiln.driver.extents import Merge, NotAffine, check_constants, kernels_of, told_where
 from kiln.driver.pipeline import Compile, run_stages, start
 from kiln.errors import KilnError
@@ -115,6 +117,7 @@ class RunTimeDims:
     names: tuple[str, ...]
     ranged: tuple[tuple[str, int, int], ...]
     samples: tuple[tuple[int, ...], ...]
+    program: DimsProgram | None = None  # the dims vector without specializing (None: specialized)
 
     @property
     def symbols(self) -> tuple[str, ...]:
@@ -237,6 +240,16 @@ def dim_values(graph: Graph, names: tuple[str, ...], dims: dict[str, int]) -> np
     return np.array([sizes.get(name, -1) for name in names], dtype=np.int64)
 
 
+def with_program(graph: Graph, route: RunTimeDims, dims: dict[str, int], inputs: set[str]) -> RunTimeDims:
+    """``route`` with its dims program (``kiln.driver.dims_program``), fitted to the vectors of its
+    samples and check bindings (``dims`` binds the dims outside the route); unchanged where none fits."""
+    ranges = {name: (low, high) for name, low, high in route.ranged}
+    vectors = [dim_values(graph, route.names, {**dims, **route.binding(s)}) for s in route.samples]
+    vectors += checks(graph, route.names, ranges, dims)[1]
+    program = fit_program(route.names, inputs, np.stack(vectors), strides_of(graph))
+    return route if program is None else dataclasses.replace(route, program=program)
+
+
 def with_dims_input(graph: Graph, names: tuple[str, ...]) -> Graph:
     """``graph`` with the dims vector as its last input (read by the kernels, by no node)."""
     vector = Value(DIMS_INPUT, TensorType(DType.INT64, (len(names),)))
@@ -252,7 +265,7 @@ class Ambiguous(NotAffine):
         self.check = check
 
 
-class _Fitter:
+class TermFitter:
     """The terms ``c0 + c * product`` an integer may be (a product of at most MAX_TERMS dims, or
     one floor division of a dim), from the dims at the lowered bindings (``values``: [bindings,
     names]) and at the check bindings."""
@@ -319,7 +332,7 @@ class _Fitter:
 class _DimsMerge(Merge):
     """``Merge`` whose integers are terms over the dims vector."""
 
-    def __init__(self, fitter: _Fitter, count: int) -> None:
+    def __init__(self, fitter: TermFitter, count: int) -> None:
         super().__init__(tuple(range(count)))
         self.fitter = fitter
         self.sizes: dict[str, tuple[str, DimSize]] = {}  # where -> (how the value is the term, the term)
@@ -448,7 +461,7 @@ def _merged(
     kernels = [kernels_of(state) for state in states]
     if len({len(k) for k in kernels}) != 1:
         raise NotAffine("the number of kernels changes with the sizes")
-    fitter = _Fitter(values, checked, divisors)
+    fitter = TermFitter(values, checked, divisors)
     result = []
     for position, kernel in enumerate(kernels[0]):
         merge = _DimsMerge(fitter, len(states))
@@ -488,3 +501,36 @@ def compile_with_run_time_dims(
 ) -> Plan:
     state = run_time_dims_kernels(graph, dims, route, target, options, prebuilt)
     return run_stages(state, "render", "build").plan()
+
+
+def fit_program(
+    names: tuple[str, ...], inputs: set[str], vectors: np.ndarray, divisors: tuple[int, ...]
+) -> DimsProgram | None:
+    """The program of ``vectors`` ([bindings, names], the capacity's first; the first half fits,
+    the rest checks), or None where a dim fits no term, or two terms that tell apart."""
+    if len(vectors) < 6:
+        return None
+    fitting, checking = vectors[: (len(vectors) + 1) // 2], vectors[(len(vectors) + 1) // 2 :]
+    bound = tuple(i for i, name in enumerate(names) if name in inputs)
+    steps: list[Step] = []
+    for index in range(len(names)):
+        if index in bound:
+            continue
+        column = vectors[:, index]
+        if len(set(column.tolist())) == 1:
+            steps.append((index, int(column[0]), 0, ()))
+            continue
+        fitter = TermFitter(fitting[:, :index], checking[:, :index], divisors)
+        try:
+            size = fitter.fit([int(v) for v in fitting[:, index]], names[index])
+        except (Ambiguous, NotAffine):
+            return None
+        if any(size.at(row) != value for row, value in zip(checking, checking[:, index])):
+            return None
+        steps.append((index, size.c0, size.c, size.factors))
+    groups: dict[bytes, list[int]] = {}
+    for index in range(len(names)):
+        if (vectors[:, index] >= 1).all():
+            groups.setdefault(vectors[:, index].tobytes(), []).append(index)
+    equal = tuple(tuple(g) for g in groups.values() if len(g) > 1)
+    return DimsProgram(names, bound, tuple(steps), tuple(int(v) for v in vectors[0]), equal)

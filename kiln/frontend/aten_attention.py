@@ -156,7 +156,7 @@ def _sdpa(
     op = "aten.scaled_dot_product_attention.default"
     if dropout:
         raise UnsupportedFxOp(op, f"dropout_p={dropout} (inference only)")
-    if fx.shape(q)[:-2] != fx.shape(k)[:-2]:
+    if not fx.same_dims(q, k, slice(None, -2)):
         raise UnsupportedFxOp(
             op, f"query heads {fx.shape(q)[:-2]} and key heads {fx.shape(k)[:-2]} differ (grouped-query attention)"
         )

@@ -50,6 +50,9 @@ class FxConverter:
         self.values: dict[Any, Any] = {}
         self.inputs: list[Value] = []
         self.renamed: dict[str, str] = {}  # placeholder name -> the graph input's name
+        # torch's shape of each converted value (its FX node's example): sizes torch knows where
+        # kiln's inference made fresh symbols (a view's -1 over a broadcast's dim)
+        self.torch_shapes: dict[Value, tuple] = {}
 
     # -- helpers for converters -----------------------------------------------------------------
 
@@ -114,6 +117,16 @@ class FxConverter:
     def shape(self, value: Value) -> tuple:
         return tuple(value.type.shape)  # type: ignore[union-attr]
 
+    def same_dims(self, a: Value, b: Value, dims: slice) -> bool:
+        """Whether ``a`` and ``b`` have the same sizes in ``dims``: by kiln's types, else by
+        torch's (ints, or one expression of the trace's symbols: what torch's guards hold)."""
+        if self.shape(a)[dims] == self.shape(b)[dims]:
+            return True
+        ta, tb = self.torch_shapes.get(a), self.torch_shapes.get(b)
+        if ta is None or tb is None or len(ta) != len(self.shape(a)) or len(tb) != len(self.shape(b)):
+            return False
+        return [str(d) for d in ta[dims]] == [str(d) for d in tb[dims]]
+
     def axis(self, dim: int, value: Value) -> int:
         return dim + self.rank(value) if dim < 0 else dim
 
@@ -154,6 +167,9 @@ class FxConverter:
                 self.values[node] = self.constant(node.target, placeholders[node.name][1])
             elif node.op == "call_function":
                 self.values[node] = self.call(node)
+                example = node.meta.get("val")
+                if isinstance(self.values[node], Value) and hasattr(example, "shape"):
+                    self.torch_shapes[self.values[node]] = tuple(example.shape)
             elif node.op == "output":
                 results = [self.values[n] if n is not None else None for n in outputs_of(node)]
                 if any(r is None or not isinstance(r, Value) for r in results):

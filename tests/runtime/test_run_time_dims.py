@@ -110,11 +110,11 @@ def test_two_terms_that_agree_where_lowered_are_told_apart():
     ambiguous (the compile lowers there too), never a guess."""
     values = np.array([[40, 40], [21, 21], [13, 13], [7, 7]], np.int64)
     checked = np.array([[10, 12], [30, 30]], np.int64)
-    fitter = spatial._Fitter(values, checked)
+    fitter = spatial.TermFitter(values, checked)
     with pytest.raises(spatial.Ambiguous):
         fitter.fit([80, 42, 26, 14], "k1.n")
     values[:, 1] = [40, 23, 13, 7]  # now they differ where lowered: 2 * d_0 fits alone
-    size = spatial._Fitter(values, checked).fit([80, 42, 26, 14], "k1.n")
+    size = spatial.TermFitter(values, checked).fit([80, 42, 26, 14], "k1.n")
     assert (size.c0, size.c, size.dims) == (0, 2, (0,))
 
 
@@ -122,7 +122,7 @@ def test_a_floor_division_of_a_dim_is_a_term():
     """A strided window's bound, floor((d + 1) / 2), fits where no product of dims does."""
     d = np.array([40, 27, 13, 8, 33], np.int64)
     values, checked = d[:4, None], d[4:, None]
-    size = spatial._Fitter(values, checked).fit([int(v) for v in (d[:4] + 1) // 2], "k1.extent")
+    size = spatial.TermFitter(values, checked).fit([int(v) for v in (d[:4] + 1) // 2], "k1.extent")
     assert size.factors == ((0, 1, 2),) and size.at(np.array([33])) == 17
     assert str(size) == "((int64_t)0 + (int64_t)1 * ((kiln_d0 + 1) / 2))"
 
@@ -158,7 +158,46 @@ for i, size in enumerate({chosen!r}):
     want = expected[f"y{{i}}"]
     worst = max(worst, float(np.abs(got - want).max() / np.abs(want).max()))
 assert len(model.executables()) == 2, len(model.executables())  # nothing compiled: the classes only
+assert model.dims_model.spatial.program is not None  # the dims program came back with the artifact
 print("worst", worst)
 """
     stdout = run_without_a_compiler(script, tmp_path)
     assert float(stdout.split()[-1]) <= 1e-5
+
+
+def test_the_dims_program_gives_the_specialized_vector_at_every_size():
+    """The route's dims program (each dim a term of earlier ones) gives, at every height and a
+    spread of widths, exactly the vector specializing the graph gives; the artifact keeps it."""
+    compiled = kiln.compile(strided_cnn(), dims={"batch": 1, "h": (6, 40), "w": (6, 40)})
+    route = compiled.dims_model.spatial
+    assert route.program is not None
+    graph = compiled.dims_model.graph
+    for _, height, width in sizes():
+        dims = {"batch": 1, "h": height, "w": width}
+        want = spatial.dim_values(graph, route.names, dims)
+        got = route.program(dims)
+        assert got is not None and got.tolist() == want.tolist(), (height, width, got, want)
+
+
+def test_the_dims_program_defers_where_it_could_be_wrong_unseen():
+    """Where the program's vector has a dim below 1, above the capacity's, or two dims apart that
+    were equal at every binding specialized (a skip connection's sizes), it gives None: the
+    binding is specialized instead (InputError where the model has no shapes)."""
+    from kiln.driver.dims_program import DimsProgram
+
+    # d1 = 2 * floor(d0 / 2) (down and up again), d2 = d0 (the skip): equal at even sizes only
+    program = DimsProgram(
+        ("h", "down_up", "skip"), (0,), ((1, 0, 2, ((0, 0, 2),)), (2, 0, 1, ((0, 0, 1),))), (40, 40, 40), ((1, 2),)
+    )
+    assert program({"h": 12}).tolist() == [12, 12, 12]
+    assert program({"h": 13}) is None  # the skip and the upsampled map disagree
+    assert program({"h": 41}) is None  # above the capacity
+    assert program({"h": 0}) is None
+    with pytest.raises(ValueError):  # a step that reads a later dim, from a damaged artifact
+        DimsProgram.from_meta(
+            {"inputs": [0], "steps": [[1, 0, 1, [[2, 0, 1]]]], "capacity": [4, 4, 4], "equal": []},
+            ("a", "b", "c"),
+            (2,),
+        )
+    meta = program.as_meta()
+    assert DimsProgram.from_meta(meta, program.names, (2,)) == program
