@@ -61,7 +61,9 @@ def measure(name: str, low: int, high: int, sizes: list[tuple[int, int]], runs: 
     from kiln.driver.options import CompileOptions
 
     path = str(zoo.onnx_path(name, dynamic_image=True))
-    ranges = {"batch": 1, "height": (low, high), "width": (low, high)}
+    # batch 1..1: the one-size compile serves batch 1 alone, so the range compile does too (an
+    # undeclared batch would also build its default size class 8: twice the work, compared unfairly)
+    ranges = {"batch": (1, 1), "height": (low, high), "width": (low, high)}
     engine = warm_engine_cache(path)
     row: dict = {"model": name, "range": f"{low}..{high}"}
     row["compile_range_s"] = compile_seconds(path, ranges, engine, work / "range.kiln")

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -225,7 +226,27 @@ def graph_symbols(graph: Graph) -> tuple[str, ...]:
 def dim_values(graph: Graph, names: tuple[str, ...], dims: dict[str, int]) -> np.ndarray:
     """The dims vector at ``dims`` (every input dim bound): each symbol's size in the graph
     specialized there (-1 for one that no value keeps after folding). Raises ShapeInferenceError
-    when the model has no shapes there."""
+    when the model has no shapes there. Remembered per graph and binding (a compile asks for the
+    same bindings' vectors while it samples, checks, fits the dims program and lowers)."""
+    key = (id(graph.nodes), names, tuple(sorted(dims.items())))
+    with _memo_lock:
+        found = _memo.get(key)
+    if found is not None and found[0] is graph.nodes:
+        return found[1].copy()
+    vector = _dim_values(graph, names, dims)
+    with _memo_lock:
+        _memo[key] = (graph.nodes, vector.copy())
+        while len(_memo) > MEMO:
+            _memo.pop(next(iter(_memo)))
+    return vector
+
+
+MEMO = 256  # vectors remembered (bindings x graphs)
+_memo: dict[tuple, tuple[Any, np.ndarray]] = {}
+_memo_lock = threading.Lock()
+
+
+def _dim_values(graph: Graph, names: tuple[str, ...], dims: dict[str, int]) -> np.ndarray:
     bound = specialize(graph, dims)
     sizes = dict(dims)
     symbolic = {v.name: v for v in [*graph.inputs, *(v for n in graph.nodes for v in n.outputs if v is not None)]}

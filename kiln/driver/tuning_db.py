@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from kiln.backends import parse
-from kiln.integrity import cache_folder_or_private
+from kiln.integrity import cache_folder_or_private, cache_root
 from kiln.version import __version__
 
 SCHEMA = """
@@ -66,20 +66,39 @@ def _readable() -> bool:
         return False
 
 
+# the database's choices per scope, read once while its file is unchanged (a compile asks for
+# hundreds of kernels: one query and one folder check each cost more than its lowering)
+_known_paths: dict[str, Path] = {}  # cache root -> the database's path (its folder checked once)
+_snapshots: dict[tuple[str, str, str], tuple[tuple, dict[str, str]]] = {}
+
+
 def best(kernel: str, target: str | None = None) -> dict[str, Any] | None:
     """The stored choice for ``kernel`` on this target and kiln version (None: never tuned)."""
-    if not _readable():
-        return None
     target, version = _scope(target)
+    root = str(cache_root())
+    file = _known_paths.get(root)
+    try:
+        if file is None:
+            file = _known_paths[root] = path()
+        info = os.stat(file)
+    except OSError:  # no database (yet), or a folder that went away: checked again next time
+        _known_paths.pop(root, None)
+        return None
+    stamp = (info.st_ino, info.st_size, info.st_mtime_ns)
+    key = (str(file), target, version)
     with _lock:
-        connection = _connect()
-        try:
-            row = connection.execute(
-                "SELECT choice FROM results WHERE kernel = ? AND target = ? AND version = ?", (kernel, target, version)
-            ).fetchone()
-        finally:
-            connection.close()
-    return json.loads(row[0]) if row else None
+        found = _snapshots.get(key)
+        if found is None or found[0] != stamp:
+            connection = _connect()
+            try:
+                rows = connection.execute(
+                    "SELECT kernel, choice FROM results WHERE target = ? AND version = ?", (target, version)
+                ).fetchall()
+            finally:
+                connection.close()
+            found = _snapshots[key] = (stamp, dict(rows))
+    choice = found[1].get(kernel)
+    return json.loads(choice) if choice is not None else None
 
 
 def record(

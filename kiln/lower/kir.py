@@ -9,6 +9,7 @@ schedule can change speed but never results.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from kiln.ir.types import DType
 from kiln.lower.kir_expr import (  # the expressions, re-exported: kir is the kernel IR's one name
@@ -431,11 +432,31 @@ def buffers_in(body: list[Stmt]) -> list[Buffer]:
     """Every buffer ``body`` loads or stores (including through gemm calls and their helpers), in
     order of first use."""
     found: dict[Buffer, None] = {}
+    seen: set[int] = set()  # expressions walked (shared operands once: a fused chain is a DAG)
 
     def visit(e: object) -> None:
-        for node in postorder(e):  # type: ignore[arg-type]
-            if isinstance(node, Load):
+        # postorder's order (operands first), loads only, without building the whole order
+        stack: list[tuple[Any, bool]] = [(e, False)]
+        while stack:
+            node, expanded = stack.pop()
+            if expanded:
                 found[node.buffer] = None
+                continue
+            if id(node) in seen:
+                continue
+            seen.add(id(node))
+            if isinstance(node, Load):
+                stack.append((node, True))
+                stack.append((node.index, False))
+            elif isinstance(node, Binary):
+                stack.append((node.b, False))
+                stack.append((node.a, False))
+            elif isinstance(node, (Unary, Cast)):
+                stack.append((node.a, False))
+            elif isinstance(node, Select):
+                stack.append((node.b, False))
+                stack.append((node.a, False))
+                stack.append((node.cond, False))
 
     def walk(stmts: list[Stmt]) -> None:
         for stmt in stmts:
