@@ -370,7 +370,10 @@ class _DimsMerge(Merge):
             if divisor != 1:
                 factor = Binary("/", Binary("+", factor, Const(add, DType.INT64)), Const(divisor, DType.INT64))
             product = factor if product is None else Binary("*", product, factor)
-        return Binary("+", Binary("*", Const(size.c, DType.INT64), product), Const(size.c0, DType.INT64))
+        if product is None:
+            return Const(size.c0, DType.INT64)
+        term = product if size.c == 1 else Binary("*", Const(size.c, DType.INT64), product)
+        return term if size.c0 == 0 else Binary("+", term, Const(size.c0, DType.INT64))
 
     def is_size(self, merged: Any) -> bool:
         return isinstance(merged, DimSize)
@@ -397,7 +400,7 @@ class _DimsMerge(Merge):
 
 # algorithms whose structure depends on a plane's sizes (Winograd's choice and tiles, the direct
 # window's border rows): the route lowers without them
-UNUSED = frozenset({"winograd", "direct-window", "size-specific"})
+UNUSED = frozenset({"winograd", "size-specific"})  # (the direct window tests its borders at run time)
 EXTRA_SAMPLES = 4  # bindings lowered beyond the first four when terms are ambiguous
 
 

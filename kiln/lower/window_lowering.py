@@ -12,11 +12,11 @@ import numpy as np
 
 from kiln.ir.graph import Node
 from kiln.ir.types import DType
+from kiln.lower.blocked_depthwise import blocked_depthwise
 from kiln.lower.engine import Epilogue
 from kiln.lower.kir import (
     Assign,
     Binary,
-    Buffer,
     Cast,
     Const,
     Expr,
@@ -32,7 +32,6 @@ from kiln.lower.kir import (
     Unary,
     add,
     affine,
-    buffers_in,
     i64,
 )
 from kiln.lower.lowering import CannotLower, Lowerer, default_schedule, nest
@@ -134,8 +133,11 @@ def _direct_window(  # type: ignore[no-untyped-def]
     start = lw.scalar(dtype, "b")
     prologue.append(Let(start, Load(lw.buffer(bias), oc) if bias is not None else Const(0, dtype)))
 
-    def output(row: Expr, col: Expr, kh_valid: list[int], kw_valid: list[int]) -> Stmt:
+    def output(row: Expr, col: Expr, kh_valid: list[int], kw_valid: list[int], guarded: bool = False) -> list[Stmt]:
+        """One output's store: the taps in ``kh_valid`` x ``kw_valid``; ``guarded``: every tap,
+        each tested at run time (inside the input) before it is read."""
         value: Expr = start
+        tests: list[tuple[Expr, Expr]] = []
         for ic, kh, kw in taps:
             if kh not in kh_valid or kw not in kw_valid:
                 continue
@@ -143,30 +145,53 @@ def _direct_window(  # type: ignore[no-untyped-def]
             in_col = add(Binary("*", col, i64(stride_w)), i64(kw * dil_w - pad_l))
             channel = add(add(Binary("*", n, i64(in_channels)), first_channel), i64(ic))
             at = add(Binary("*", channel, i64(height * width)), add(Binary("*", in_row, i64(width)), in_col))
-            value = Binary("+", value, Binary("*", weights[(ic, kh, kw)], Load(x_buf, at)))
+            term = Binary("*", weights[(ic, kh, kw)], Load(x_buf, at))
+            if guarded:
+                tests.append((_inside(in_row, height, in_col, width), term))
+            else:
+                value = Binary("+", value, term)
         target = add(
             Binary("*", add(Binary("*", n, i64(out_channels)), oc), i64(out_h * out_w)),
             add(Binary("*", row, i64(out_w)), col),
         )
+        acc = lw.scalar(dtype, "acc") if guarded else None
+        if acc is not None:
+            value = acc
         if epilogue is not None:
             position: list[Expr] = [n, oc, row, col] if rank == 4 else [n, oc, col]
             value = epilogue(position, value, target)
-        return Store(dst, target, value)
+        if acc is None:
+            return [Store(dst, target, value)]
+        sums = [If(test, [Assign(acc, Binary("+", acc, term))]) for test, term in tests]
+        return [Let(acc, start), *sums, Store(dst, target, value)]
 
     def row_body(row: Expr, kh_valid: list[int]) -> list[Stmt]:
         body: list[Stmt] = []
         for c in [*range(col_lo), *range(col_hi, out_w)]:  # border columns, each with its own taps
             kw_valid = [kw for kw in range(kernel_w) if cols[kw][0] <= c < cols[kw][1]]
-            body.append(output(row, i64(c), kh_valid, kw_valid))
+            body.extend(output(row, i64(c), kh_valid, kw_valid))
         if col_hi > col_lo:
-            body.append(For(ow, col_hi, [output(row, ow, kh_valid, list(range(kernel_w)))], start=col_lo))
+            body.append(For(ow, col_hi, output(row, ow, kh_valid, list(range(kernel_w))), start=col_lo))
         return body
 
     body: list[Stmt] = list(prologue)
-    for r in [*range(row_lo), *range(row_hi, out_h)]:  # border rows
-        body.extend(row_body(i64(r), [kh for kh in range(kernel_h) if rows[kh][0] <= r < rows[kh][1]]))
-    if row_hi > row_lo:
-        body.append(For(oh, row_hi, row_body(oh, list(range(kernel_h))), start=row_lo))
+    if "size-specific" in lw.disabled:  # sizes taken at run time: borders of no fixed count
+        last_row, last_col = (kernel_h - 1) * dil_h - pad_t, (kernel_w - 1) * dil_w - pad_l
+        edges = (
+            _leading(pad_t, stride_h),
+            min(out_h, -((last_row - height) // stride_h)),  # rows whose last tap is inside (no clipping:
+            _leading(pad_l, stride_w),  # a formula of the size at every size)
+            min(out_w, -((last_col - width) // stride_w)),
+        )
+        every = (list(range(kernel_h)), list(range(kernel_w)))
+        body.extend(
+            _run_time_borders(lw, lambda r, c, g=False: output(r, c, *every, guarded=g), oh, ow, edges, (out_h, out_w))
+        )
+    else:
+        for r in [*range(row_lo), *range(row_hi, out_h)]:  # border rows
+            body.extend(row_body(i64(r), [kh for kh in range(kernel_h) if rows[kh][0] <= r < rows[kh][1]]))
+        if row_hi > row_lo:
+            body.append(For(oh, row_hi, row_body(oh, list(range(kernel_h))), start=row_lo))
     stmts: list[Stmt] = [For(n, batch, [For(oc, out_channels, body)])]
     depthwise = group_channels == 1 and group == in_channels
     kernel = lw.kernel(
@@ -177,168 +202,48 @@ def _direct_window(  # type: ignore[no-untyped-def]
     return kernel
 
 
-BLOCKED_MAX_PLANE = 28 * 28  # output pixels per plane up to which depthwise runs channel-blocked
-BLOCKED_MIN_TAPS = 25  # 5x5 and larger: enough work per pixel to pay for the two interleaving copies
+def _leading(pad: int, stride: int) -> int:
+    """Output rows (or columns) before the first whose every tap starts inside the input: the
+    pad's, whatever the size."""
+    return -(-pad // stride)
 
 
-def _blocked_depthwise(  # type: ignore[no-untyped-def]
-    lw: Lowerer, node: Node, dtype: DType, rank: int, shapes, window, group: int, epilogue: Epilogue | None
-) -> Kernel | None:
-    """Depthwise convolution on small planes (EfficientNet's 14x14 and 7x7 5x5 layers, ConvNeXt's
-    7x7), vectorized across channels instead of along rows too short for a vector: per block of
-    ``lanes`` channels, the input planes are copied channel-interleaved into a zero-bordered
-    scratch (so every tap is inside it and no output needs a bounds test), each output pixel's
-    ``lanes`` channels are one vector (bias + every tap times its channels' weights, packed
-    tap-major at compile time; epilogue applied), and the block is written back as planes.
-    None when channels do not fill whole blocks or planes are large (rows vectorize well there)."""
-    x_shape, w_shape, out_shape = shapes
-    (stride_h, stride_w), (dil_h, dil_w), (pad_t, pad_l) = window
-    batch, channels, height, width = x_shape
-    out_channels, group_channels, kernel_h, kernel_w = w_shape
-    out_h, out_w = out_shape[2], out_shape[3]
-    lanes = lw.target.lanes(dtype)
-    if group_channels != 1 or group != channels or out_channels != channels or lanes < 4 or channels % lanes:
-        return None
-    if out_h * out_w > BLOCKED_MAX_PLANE or kernel_h * kernel_w < BLOCKED_MIN_TAPS or dtype is not F32:
-        return None
-    pad_h = max(height + pad_t, (out_h - 1) * stride_h + (kernel_h - 1) * dil_h + 1)
-    pad_w = max(width + pad_l, (out_w - 1) * stride_w + (kernel_w - 1) * dil_w + 1)
-    blocks = channels // lanes
-    x, w, out = node.inputs[0], node.inputs[1], node.outputs[0]
-    bias = node.inputs[2] if len(node.inputs) > 2 else None
-    x_buf, dst = lw.buffer(x), lw.buffer(out)  # type: ignore[arg-type]
-    taps = kernel_h * kernel_w
-    weights = lw.constant(w)
-    if weights is None:
-        return None
-    packed = _pack_depthwise(lw, w, weights, blocks, lanes, taps)
-    plane_in, plane_out = pad_h * pad_w * lanes, out_h * out_w * lanes
-    padded = lw.scratch_buffer(F32, batch * blocks * plane_in, hint="dwpad")
-    result = lw.scratch_buffer(F32, batch * blocks * plane_out, hint="dwout")
-    n, cb, c = lw.index("n"), lw.index("cb"), lw.index("c")
-    ih, iw, oh, ow, p = lw.index("ih"), lw.index("iw"), lw.index("oh"), lw.index("ow"), lw.index("p")
-    block = add(Binary("*", n, i64(blocks)), cb)
-    channel = add(Binary("*", cb, i64(lanes)), c)
-    in_base = Binary("*", block, i64(plane_in))
-    out_base = Binary("*", block, i64(plane_out))
+def _inside(row: Expr, height: int, col: Expr, width: int) -> Expr:
+    def within(at: Expr, size: int) -> Expr:
+        return Binary("&&", Binary(">=", at, i64(0)), Binary("<", at, i64(size)))
 
-    def plane_of(size: int) -> Expr:  # where (n, channel)'s plane of ``size`` elements starts
-        return Binary("*", add(Binary("*", n, i64(channels)), channel), i64(size))
-
-    zero = [For(p, plane_in, [Store(padded, add(in_base, p), Const(0.0, F32))])]
-    fill = _blocked_fill(
-        padded, x_buf, in_base, plane_of(height * width), (ih, iw, c), (height, width, lanes), (pad_w, pad_t, pad_l)
-    )
-    value: Expr = Load(lw.buffer(bias), channel) if bias is not None else Const(0.0, F32)
-    value = _blocked_taps(
-        value,
-        packed,
-        padded,
-        in_base,
-        (oh, ow, c, cb),
-        (kernel_h, kernel_w, dil_h, dil_w),
-        (stride_h, stride_w, pad_w, lanes),
-    )
-    target = add(plane_of(out_h * out_w), affine([(oh, out_w), (ow, 1)]))  # type: ignore[list-item]
-    if epilogue is not None:
-        position: list[Expr] = [n, channel, oh, ow] if rank == 4 else [n, channel, ow]
-        value = epilogue(position, value, target)
-    compute, back = _blocked_store(
-        lw, value, result, dst, out_base, (n, cb, oh, ow, c, p), (out_h, out_w, lanes, channels)
-    )
-    stmts: list[Stmt] = [For(n, batch, [For(cb, blocks, [*zero, fill, compute, back])])]
-    lw.kernel_count += 1
-    kernel = Kernel(
-        f"k{lw.kernel_count}",
-        "depthwise-conv",
-        stmts,
-        [b for b in buffers_in(stmts) if b not in (dst, padded, result)],
-        [dst, padded, result],
-        [node.label],
-        Schedule(parallel=cb.name, vectorize=c.name, simd=(p.name,)),
-        flops=2 * int(np.prod(out_shape)) * taps,
-    )
-    return kernel
+    return Binary("&&", within(row, height), within(col, width))
 
 
-def _pack_depthwise(lw: Lowerer, w, weights, blocks: int, lanes: int, taps: int) -> Buffer:  # type: ignore[no-untyped-def]
-    """The weights as [block][tap][lane]: one tap's weights for a block of channels are one vector."""
-    return lw.packed_constant(
-        ("depthwise-blocked", w.name, lanes),
-        lambda: np.ascontiguousarray(
-            weights.reshape(blocks, lanes, taps).transpose(0, 2, 1).astype(np.float32)
-        ).reshape(-1),
-    )
+def _run_time_borders(lw: Lowerer, output, oh: Index, ow: Index, edges, sizes) -> list[Stmt]:  # type: ignore[no-untyped-def]
+    """The direct window's rows with a structure no size changes (the run-time dims route lowers
+    it at several sizes and reads the sizes from the differing integers): the leading border
+    rows and columns (their count is the pads') one by one, the trailing ones (one more at odd
+    sizes) as loops, each border output testing its taps at run time, the interior loops bounded
+    by the sizes. No output is written twice (an epilogue may read what it overwrites)."""
+    row_lo, row_hi, col_lo, col_hi = edges
+    out_h, out_w = sizes
+    trailing_row, trailing_col = Binary("max", i64(row_hi), i64(row_lo)), Binary("max", i64(col_hi), i64(col_lo))
 
+    def border_row(row: Expr) -> list[Stmt]:
+        col = lw.index("bw")
+        return [For(col, out_w, output(row, col, True))]
 
-def _blocked_store(lw: Lowerer, value, result, dst, out_base, indices, sizes):  # type: ignore[no-untyped-def]
-    """Each output pixel's channels stored as one vector in the block's scratch, then written
-    back as planes: one channel at a time (c2, scalar), its pixels contiguous (p, vectorized)."""
-    n, cb, oh, ow, c, p = indices
-    out_h, out_w, lanes, channels = sizes
-    compute = For(
-        oh,
-        out_h,
-        [
-            For(
-                ow,
-                out_w,
-                [
-                    For(
-                        c,
-                        lanes,
-                        [Store(result, add(out_base, affine([(oh, out_w * lanes), (ow, lanes), (c, 1)])), value)],
-                    )
-                ],
-            )
-        ],  # type: ignore[list-item]
-    )
-    c2 = lw.index("c")
-    plane2 = Binary("*", add(Binary("*", n, i64(channels)), add(Binary("*", cb, i64(lanes)), c2)), i64(out_h * out_w))
-    back = For(
-        c2,
-        lanes,
-        [
-            For(
-                p,
-                out_h * out_w,
-                [Store(dst, add(plane2, p), Load(result, add(out_base, affine([(p, lanes), (c2, 1)]))))],
-            )
-        ],  # type: ignore[list-item]
-    )
-    return compute, back
+    def interior_row(row: Expr) -> list[Stmt]:
+        col = lw.index("bw")
+        leading = [If(Binary("<", i64(c), i64(out_w)), output(row, i64(c), True)) for c in range(col_lo)]
+        return [
+            *leading,
+            For(ow, col_hi, output(row, ow), start=col_lo),
+            For(col, out_w, output(row, col, True), start=trailing_col),
+        ]
 
-
-def _blocked_fill(padded, x_buf, in_base, plane, indices, sizes, pads) -> For:  # type: ignore[no-untyped-def]
-    """The copy of a block's input planes into the zero-bordered, channel-interleaved scratch:
-    gathers along the channels (one plane apart), contiguous stores (it vectorizes over c)."""
-    ih, iw, c = indices
-    height, width, lanes = sizes
-    pad_w, pad_t, pad_l = pads
-    at = add(in_base, affine([(ih, pad_w * lanes), (iw, lanes), (c, 1)], (pad_t * pad_w + pad_l) * lanes))
-    copy = Store(padded, at, Load(x_buf, add(plane, affine([(ih, width), (iw, 1)]))))  # type: ignore[list-item]
-    return For(ih, height, [For(iw, width, [For(c, lanes, [copy])])])
-
-
-def _blocked_taps(value, packed, padded, in_base, indices, kernel, strides) -> Expr:  # type: ignore[no-untyped-def]
-    """``value`` plus every tap times its channels' weights (one vector per tap)."""
-    oh, ow, c, cb = indices
-    kernel_h, kernel_w, dil_h, dil_w = kernel
-    stride_h, stride_w, pad_w, lanes = strides
-    taps = kernel_h * kernel_w
-    for kh in range(kernel_h):
-        for kw in range(kernel_w):
-            tap = kh * kernel_w + kw
-            at = add(
-                in_base,
-                affine(
-                    [(oh, stride_h * pad_w * lanes), (ow, stride_w * lanes), (c, 1)],  # type: ignore[list-item]
-                    (kh * dil_h * pad_w + kw * dil_w) * lanes,
-                ),
-            )
-            weight = Load(packed, affine([(cb, taps * lanes), (c, 1)], tap * lanes))  # type: ignore[list-item]
-            value = Binary("+", value, Binary("*", weight, Load(padded, at)))
-    return value
+    bottom = lw.index("bh")
+    return [
+        *(If(Binary("<", i64(r), i64(out_h)), border_row(i64(r))) for r in range(row_lo)),
+        For(oh, row_hi, interior_row(oh), start=row_lo),
+        For(bottom, out_h, border_row(bottom), start=trailing_row),
+    ]
 
 
 def _conv_2d(node: Node, x_shape, w_shape, out_shape):  # type: ignore[no-untyped-def]
@@ -424,7 +329,7 @@ def lower_conv(lw: Lowerer, node: Node, epilogue: Epilogue | None = None) -> lis
     out_channels, group_channels, kernel_h, kernel_w = w_shape
     _, _, out_h, out_w = out_shape
     group = int(node.attrs.get("group", 1))
-    blocked = _blocked_depthwise(
+    blocked = blocked_depthwise(
         lw, node, dtype, rank, (x_shape, w_shape, out_shape), window, group, epilogue,
     )  # fmt: skip
     if blocked is not None:
