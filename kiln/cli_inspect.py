@@ -10,6 +10,7 @@ import click
 from rich.markup import escape
 from rich.table import Table
 
+from kiln.cli_sizes import dim_sizes, inside_ranges, run_time_kernels, show_sizes
 from kiln.cli_support import (
     console,
     dim_option,
@@ -93,10 +94,10 @@ def explain(
         raise click.BadParameter(f"{', '.join(arches)} for target {compiled_for.name}: {can}", param_hint="--arch")
     ranges, dims = split_ranges(dims)
     graph, binding = import_bound(model, dims)
-    sizes = _sizes(graph, ranges)
-    binding.update(_inside_ranges(sizes, dims))
+    sizes = dim_sizes(graph, ranges)
+    binding.update(inside_ranges(sizes, dims))
     options = _explain_options(model, graph, binding, compiled_for, level, disable, precision)
-    _run_time_kernels(graph, sizes, binding, compiled_for, options, _progress(as_json))
+    run_time_kernels(graph, sizes, binding, compiled_for, options, _progress(as_json))
     view = ExplainView(model, compiled_for, options, binding, set(print_after), as_json)
     plan = view.run(graph, kernels)
     sections = found.explain(plan, arches, _progress(as_json)) if plan is not None and plan.source else []
@@ -106,117 +107,9 @@ def explain(
         click.echo(json.dumps(report, indent=1, default=str))
         return
     view.show(plan, sections)
-    for symbol, found_size in sizes.items():
-        bounds = "{}..{}".format(*found_size["range"]) if found_size["range"] else "no range declared"
-        if found_size["classes"]:
-            classes = ", ".join(map(str, found_size["classes"]))
-            out.print(
-                f"sizes: {symbol} ({bounds}) is sample-parallel: every kernel runs any size from the size classes "
-                f"{classes} (a library per class, chunks joined)"
-            )
-        elif found_size.get("run_time"):
-            listing = found_size["run_time"]
-            if listing.get("refused"):
-                out.print(
-                    f"sizes: {symbol} ({bounds}): kernels cannot take the length at run time: {listing['refused']}"
-                )
-            else:
-                taking = [k for k in listing["kernels"] if k["run_time"]]
-                out.print(
-                    f"sizes: {symbol} ({bounds}) pads to a floor of {listing['floor']} and its kernels take the length at "
-                    f"run time: {len(taking)} of {len(listing['kernels'])} kernels have run-time sizes (lowered at "
-                    f"{', '.join(map(str, listing['lowered']))}), the others' do not depend on it; one library per batch class"
-                )
-                for k in listing["kernels"]:
-                    how = "run-time sizes" if k["run_time"] else "fixed sizes"
-                    out.print(f"  {k['kernel']:>6} {k['kind']:<14} {how:<14} {escape(k['computes'][:70])}")
-        elif found_size.get("padded"):
-            masks = found_size["masks"]
-            out.print(
-                f"sizes: {symbol} ({bounds}) pads: every length runs at the smallest of the compiled lengths "
-                f"{', '.join(map(str, found_size['padded']))} that holds it ({masks} mask(s) keep padded positions "
-                "out of valid ones; outputs cut back)"
-            )
-        else:
-            out.print(f"sizes: {symbol} ({bounds}) compiles each new size: {escape(found_size['reason'])}")
+    show_sizes(sizes)
     if profile:
         _explain_profile(model, view.seen["specialize"], binding, runs, top, compiled_for, options)
-
-
-def _inside_ranges(sizes: dict, given: tuple[str, ...]) -> dict[str, int]:
-    """A ranged dim no --dim binds is shown at its range's low end, never outside the range."""
-    bound = {item.partition("=")[0] for item in given}
-    return {
-        name: max(int(size["range"][0]), 1) for name, size in sizes.items() if size.get("range") and name not in bound
-    }
-
-
-def _sizes(graph, ranges: dict[str, str]) -> dict:  # type: ignore[no-untyped-def]
-    """Per symbolic input dim: its declared range, and its size classes when it is
-    sample-parallel (the first such dim is the one chunked), else why each size compiles."""
-    from kiln.driver.sizes import MAX_CLASS, MAX_DIM, default_classes, padded_classes, parse_range
-    from kiln.passes.batching import Parallel, sample_parallel
-    from kiln.passes.padding import Padding, paddable
-
-    found = sample_parallel(graph)
-    unknown = set(ranges) - set(found)
-    if unknown:
-        raise click.BadParameter(
-            f"{', '.join(sorted(unknown))} is not a symbolic input dim (its dims: {', '.join(found) or 'none'})",
-            param_hint="--dim",
-        )
-    parsed = {name: parse_range(name, value) for name, value in ranges.items()}
-    chunked = next((name for name, how in found.items() if isinstance(how, Parallel)), None)
-    report = {}
-    for name, how in found.items():
-        bounds = parsed.get(name)
-        report[name] = {
-            "range": list(bounds) if bounds else None,
-            "sample_parallel": isinstance(how, Parallel),
-            "classes": list(default_classes(bounds or (1, MAX_DIM))) if name == chunked else None,
-            "reason": ""
-            if name == chunked
-            else (str(how) if not isinstance(how, Parallel) else "another dim is chunked"),
-            "padded": None,
-        }
-        if name != chunked and bounds and bounds[1] <= MAX_CLASS:  # a declared range: may it pad?
-            padding = paddable(graph, name, bounds[0])
-            if isinstance(padding, Padding):
-                report[name].update(padded=list(padded_classes(bounds)), masks=len(padding.masks), reason="")
-            else:
-                report[name]["reason"] += f"; does not pad: {padding}"
-    return report
-
-
-def _run_time_kernels(graph, sizes: dict, binding: dict, target, options, progress) -> None:  # type: ignore[no-untyped-def]
-    """For a padded dim on a target whose kernels can take it at run time: each kernel of the
-    library (at the binding's other dims), and whether its sizes are run-time values."""
-    from kiln.driver import extents
-    from kiln.passes.padding import pad, paddable
-
-    if target.backend != "cpu" or "run-time-length" in options.disabled:
-        return
-    for name, found in sizes.items():
-        lengths = extents.samples(*found["range"]) if found.get("padded") else None
-        if not lengths:
-            continue
-        padded = pad(graph, paddable(graph, name, found["range"][0]))  # type: ignore[arg-type]
-        others = {k: v for k, v in binding.items() if k != name}
-        others.update({k: (s["range"] or [1])[0] or 1 for k, s in sizes.items() if k != name and k not in others})
-        report: dict = {"lowered": list(lengths), "floor": min(lengths), "refused": "", "kernels": []}
-        try:
-            with progress(f"lowering at {name} = {', '.join(map(str, lengths))} (kernel sizes as functions of {name})"):
-                length = extents.RunTimeLength(name, lengths, padded.inputs[-1].name)
-                state = extents.run_time_kernels(padded, others, length, target, options)
-        except extents.NotAffine as err:
-            report["refused"] = str(err)
-        else:
-            for kernels in state.segments:
-                report["kernels"] += [
-                    {"kernel": k.name, "kind": k.kind, "computes": k.sources[0], "run_time": k.length is not None}
-                    for k in kernels
-                ]
-        found["run_time"] = report
 
 
 def _check_stages(print_after: tuple[str, ...]) -> None:

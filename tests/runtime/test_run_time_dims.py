@@ -203,3 +203,30 @@ def test_the_dims_program_defers_where_it_could_be_wrong_unseen():
         )
     meta = program.as_meta()
     assert DimsProgram.from_meta(meta, program.names, (2,)) == program
+
+
+def test_kiln_explain_lists_the_kernels_that_take_the_sizes_at_run_time(tmp_path):
+    """kiln explain --dim h=.. --dim w=..: the route kiln compile takes, each kernel with whether
+    it reads the dims vector (text and --json); --disable run-time-dims says each size compiles."""
+    import json
+
+    from click.testing import CliRunner
+
+    from kiln.cli import main
+
+    onnx.save(strided_cnn(), tmp_path / "m.onnx")
+    runner = CliRunner()
+    ranges = ["--dim", "batch=1..1", "--dim", "h=6..40", "--dim", "w=6..40", "--no-kernels"]
+    shown = runner.invoke(main, ["explain", str(tmp_path / "m.onnx"), *ranges, "--json"])
+    assert shown.exit_code == 0, shown.output
+    sizes = json.loads(shown.output)["sizes"]
+    listing = sizes["h"]["run_time_dims"]
+    assert listing is sizes["w"]["run_time_dims"] or listing == sizes["w"]["run_time_dims"]
+    assert not listing["refused"] and listing["dims"] == ["h", "w"] and listing["program"], listing
+    assert listing["lowered"][0] == [40, 40], listing
+    kinds = {k["kind"]: k["run_time"] for k in listing["kernels"]}
+    assert kinds["depthwise-conv+epilogue"] and kinds["pool"], kinds
+    text = runner.invoke(main, ["explain", str(tmp_path / "m.onnx"), *ranges])
+    assert "kernels take h and w at run time" in text.output, text.output
+    off = runner.invoke(main, ["explain", str(tmp_path / "m.onnx"), *ranges, "--disable", "run-time-dims"])
+    assert "compiles each new size" in off.output and "at run time" not in off.output, off.output
