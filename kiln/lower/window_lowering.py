@@ -101,15 +101,12 @@ def window_interior(shapes, window):  # type: ignore[no-untyped-def]
 def _direct_window(  # type: ignore[no-untyped-def]
     lw: Lowerer, node: Node, dtype: DType, rank: int, shapes, window, group: int, epilogue: Epilogue | None
 ) -> Kernel | None:
-    """Depthwise and narrow grouped convolutions (MobileNet/EfficientNet 3x3 and 5x5, ConvNeXt 7x7)
-    output by output: each output is its whole sum (bias + every tap) held in a register and
-    stored once with the epilogue applied, vectorized along the output row. The interior (every
-    tap inside the input) has no bounds tests; border rows and columns are written one by one
-    with only the taps that fall inside, decided here. None when sums are too long or the
-    border too wide (the per-tap plane kernel then)."""
-    x_shape, w_shape, out_shape = shapes
+    """Depthwise and narrow grouped convolutions (MobileNet 3x3, EfficientNet 5x5, ConvNeXt 7x7)
+    output by output: each output's whole sum in a register, stored once with the epilogue,
+    vectorized along the row; the interior without bounds tests, the borders by
+    ``_static_borders`` or ``_run_time_borders``. None when sums are too long or borders too wide."""
     (stride_h, stride_w), (dil_h, dil_w), (pad_t, pad_l) = window
-    batch, in_channels, height, width = x_shape
+    (batch, in_channels, height, width), w_shape, out_shape = shapes
     out_channels, group_channels, kernel_h, kernel_w = w_shape
     out_h, out_w = out_shape[2], out_shape[3]
     if group_channels * kernel_h * kernel_w > DIRECT_MAX_TAPS or group == 1 or "direct-window" in lw.disabled:
@@ -117,7 +114,6 @@ def _direct_window(  # type: ignore[no-untyped-def]
     interior = window_interior(shapes, window)
     if interior is None:
         return None
-    rows, cols, (row_lo, row_hi, col_lo, col_hi) = interior
     per_group = out_channels // group
     x, w, out = node.inputs[0], node.inputs[1], node.outputs[0]
     bias = node.inputs[2] if len(node.inputs) > 2 else None
@@ -165,6 +161,33 @@ def _direct_window(  # type: ignore[no-untyped-def]
         sums = [If(test, [Assign(acc, Binary("+", acc, term))]) for test, term in tests]
         return [Let(acc, start), *sums, Store(dst, target, value)]
 
+    body: list[Stmt] = list(prologue)
+    if "size-specific" in lw.disabled:  # sizes taken at run time: borders of no fixed count
+        every = (list(range(kernel_h)), list(range(kernel_w)))
+        edges = _run_time_edges(shapes, window)
+        body.extend(
+            _run_time_borders(lw, lambda r, c, g=False: output(r, c, *every, guarded=g), oh, ow, edges, (out_h, out_w))
+        )
+    else:
+        body.extend(_static_borders(output, (oh, ow), interior, (kernel_h, kernel_w), (out_h, out_w)))
+    stmts: list[Stmt] = [For(n, batch, [For(oc, out_channels, body)])]
+    depthwise = group_channels == 1 and group == in_channels
+    kernel = lw.kernel(
+        node, "depthwise-conv" if depthwise else "conv", stmts, [x, w, bias], [out],
+        Schedule(parallel=oc.name, vectorize=ow.name),
+    )  # fmt: skip
+    kernel.flops = 2 * int(np.prod(out_shape)) * group_channels * kernel_h * kernel_w
+    return kernel
+
+
+def _static_borders(output, indices, interior, kernel, sizes) -> list[Stmt]:  # type: ignore[no-untyped-def]
+    """The direct window's rows at one size: each border row and column written out with only
+    the taps that fall inside (decided here), the interior in loops without tests."""
+    oh, ow = indices
+    rows, cols, (row_lo, row_hi, col_lo, col_hi) = interior
+    kernel_h, kernel_w = kernel
+    out_h, out_w = sizes
+
     def row_body(row: Expr, kh_valid: list[int]) -> list[Stmt]:
         body: list[Stmt] = []
         for c in [*range(col_lo), *range(col_hi, out_w)]:  # border columns, each with its own taps
@@ -174,32 +197,27 @@ def _direct_window(  # type: ignore[no-untyped-def]
             body.append(For(ow, col_hi, output(row, ow, kh_valid, list(range(kernel_w))), start=col_lo))
         return body
 
-    body: list[Stmt] = list(prologue)
-    if "size-specific" in lw.disabled:  # sizes taken at run time: borders of no fixed count
-        last_row, last_col = (kernel_h - 1) * dil_h - pad_t, (kernel_w - 1) * dil_w - pad_l
-        edges = (
-            _leading(pad_t, stride_h),
-            min(out_h, -((last_row - height) // stride_h)),  # rows whose last tap is inside (no clipping:
-            _leading(pad_l, stride_w),  # a formula of the size at every size)
-            min(out_w, -((last_col - width) // stride_w)),
-        )
-        every = (list(range(kernel_h)), list(range(kernel_w)))
-        body.extend(
-            _run_time_borders(lw, lambda r, c, g=False: output(r, c, *every, guarded=g), oh, ow, edges, (out_h, out_w))
-        )
-    else:
-        for r in [*range(row_lo), *range(row_hi, out_h)]:  # border rows
-            body.extend(row_body(i64(r), [kh for kh in range(kernel_h) if rows[kh][0] <= r < rows[kh][1]]))
-        if row_hi > row_lo:
-            body.append(For(oh, row_hi, row_body(oh, list(range(kernel_h))), start=row_lo))
-    stmts: list[Stmt] = [For(n, batch, [For(oc, out_channels, body)])]
-    depthwise = group_channels == 1 and group == in_channels
-    kernel = lw.kernel(
-        node, "depthwise-conv" if depthwise else "conv", stmts, [x, w, bias], [out],
-        Schedule(parallel=oc.name, vectorize=ow.name),
-    )  # fmt: skip
-    kernel.flops = 2 * int(np.prod(out_shape)) * group_channels * kernel_h * kernel_w
-    return kernel
+    body: list[Stmt] = []
+    for r in [*range(row_lo), *range(row_hi, out_h)]:  # border rows
+        body.extend(row_body(i64(r), [kh for kh in range(kernel_h) if rows[kh][0] <= r < rows[kh][1]]))
+    if row_hi > row_lo:
+        body.append(For(oh, row_hi, row_body(oh, list(range(kernel_h))), start=row_lo))
+    return body
+
+
+def _run_time_edges(shapes, window) -> tuple[int, int, int, int]:  # type: ignore[no-untyped-def]
+    """The interior's (row_lo, row_hi, col_lo, col_hi) as formulas of the sizes at every size: the
+    leading edges by the pads, the trailing ones where the last tap leaves the input (no clipping
+    to the interior's start, which would make them another formula at small sizes)."""
+    x_shape, w_shape, out_shape = shapes
+    (stride_h, stride_w), (dil_h, dil_w), (pad_t, pad_l) = window
+    last_row, last_col = (w_shape[2] - 1) * dil_h - pad_t, (w_shape[3] - 1) * dil_w - pad_l
+    return (
+        _leading(pad_t, stride_h),
+        min(out_shape[2], -((last_row - x_shape[2]) // stride_h)),
+        _leading(pad_l, stride_w),
+        min(out_shape[3], -((last_col - x_shape[3]) // stride_w)),
+    )
 
 
 def _leading(pad: int, stride: int) -> int:

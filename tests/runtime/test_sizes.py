@@ -179,11 +179,11 @@ def test_the_cli_declares_ranges_and_explains_which_dims_run_every_size(tmp_path
     result = CliRunner().invoke(main, ["explain", str(model), "--dim", "batch=3..32", "--json"])
     assert result.exit_code == 0, result.output
     assert json.loads(result.output)["dims"] == {"batch": 3}
-    from kiln.cli_inspect import _inside_ranges
+    from kiln.cli_sizes import inside_ranges
 
     # a dim is bound by --dim only when named: "batch=2" binds batch, not h (whose name it ends in)
-    assert _inside_ranges({"h": {"range": [8, 64]}, "batch": {"range": None}}, ("batch=2",)) == {"h": 8}
-    assert _inside_ranges({"h": {"range": [8, 64]}}, ("h=16",)) == {}
+    assert inside_ranges({"h": {"range": [8, 64]}, "batch": {"range": None}}, ("batch=2",)) == {"h": 8}
+    assert inside_ranges({"h": {"range": [8, 64]}}, ("h=16",)) == {}
     for bad, said in (
         ("batch=9..2", "not a range of sizes"),
         ("batch=1..x", "integers"),
