@@ -106,12 +106,7 @@ def run_time_dims(graph, sizes: dict, binding: dict, target, options, progress) 
     report: dict = {"dims": list(ranged), "lowered": [], "refused": "", "kernels": [], "program": False}
     try:
         with progress(f"lowering at several sizes of {', '.join(ranged)} (kernel sizes as terms of the model's dims)"):
-            every = spatial.graph_symbols(graph)
-            chosen = spatial.generic_samples(graph, every, ranged, fixed)  # type: ignore[arg-type]
-            if chosen is None:
-                raise extents.NotAffine(f"the ranges {ranged} are too short, or too small, to lower apart")
-            route = spatial.RunTimeDims(every, tuple((name, *ranged[name]) for name in ranged), chosen)  # type: ignore[misc]
-            route = spatial.with_program(graph, route, fixed, set(sizes))
+            route = spatial.route_for(graph, ranged, fixed, set(sizes))  # type: ignore[arg-type]
             with_vector = spatial.with_dims_input(graph, route.names)
             state = spatial.run_time_dims_kernels(with_vector, fixed, route, target, options)
     except (extents.NotAffine, KilnError) as err:

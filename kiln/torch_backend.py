@@ -110,41 +110,36 @@ class KilnGraph:
         it: dynamo's bounds (``mark_dynamic(x, d, min=, max=)``); an unbounded dim serves up to
         ``max(2 x its size, DEFAULT_HIGH)`` (or what a larger call asked for), said in the log.
         One compile then serves every size in them (batch classes, padded lengths, run-time dims)."""
-        import torch
-
-        positions = [i for i in self.user if isinstance(args[i], torch.Tensor)]
         found: dict[str, tuple[int, int]] = {}
-        for position, value in zip(positions, graph.inputs):
-            for d, size in enumerate(value.type.shape):
-                if not isinstance(size, str) or size in found or d not in symbolic.get(position, {}):
-                    continue
-                low, high = self.bounds.get(symbolic[position][d], (1, None))
-                if high is None:
-                    high = max(2 * int(args[position].shape[d]), DEFAULT_HIGH, self.widened.get((position, d), 0))
-                    log.info(
-                        "kiln: dim %d of input %d has no upper bound; one library serves %d..%d, a larger "
-                        "size one built for a wider range (torch._dynamo.mark_dynamic(x, %d, min=, max=) "
-                        "declares it)",
-                        d,
-                        position,
-                        low,
-                        high,
-                        d,
-                    )
-                found[size] = (low, high)
+        for position, d, size in self.symbolic_inputs(args, graph):
+            if size in found or d not in symbolic.get(position, {}):
+                continue
+            low, high = self.bounds.get(symbolic[position][d], (1, None))
+            if high is None:
+                high = max(2 * int(args[position].shape[d]), DEFAULT_HIGH, self.widened.get((position, d), 0))
+                log.info(
+                    "kiln: dim %d of input %d has no upper bound; one library serves %d..%d, a larger "
+                    "size one built for a wider range (torch._dynamo.mark_dynamic(x, %d, min=, max=) declares it)",
+                    d,
+                    position,
+                    low,
+                    high,
+                    d,
+                )
+            found[size] = (low, high)
         return found
 
-    def example_binding(self, args: tuple, graph: Any) -> dict[str, int]:
-        """The graph's symbols at ``args``' sizes."""
+    def symbolic_inputs(self, args: tuple, graph: Any) -> list[tuple[int, int, str]]:
+        """(input position, dim, the graph's symbol) of each symbolic dim of the graph's inputs."""
         import torch
 
         positions = [i for i in self.user if isinstance(args[i], torch.Tensor)]
-        return {
-            size: int(args[position].shape[d])
+        return [
+            (position, d, size)
             for position, value in zip(positions, graph.inputs)
             for d, size in enumerate(value.type.shape)
             if isinstance(size, str)
-        }
+        ]
 
     def in_range(self, args: tuple) -> bool:
         """Whether the general model's declared ranges hold ``args``' sizes; a size above an
@@ -222,18 +217,15 @@ class KilnGraph:
         )
         declared = self.declared(args, symbolic or {}, graph) if symbolic else {}
         if declared:  # built now: for the ranges, or (where kernels cannot take them) this call's sizes
-            model.declare(declared, ahead=self.example_binding(args, graph))
+            found = self.symbolic_inputs(args, graph)
+            model.declare(declared, ahead={size: int(args[position].shape[d]) for position, d, size in found})
             padder = model.padder()
             for symbol in model.run_time_refused:  # compiled per size: no range to outgrow
                 if padder is None or padder.symbol != symbol:
                     model.ranges.pop(symbol, None)
                     declared.pop(symbol, None)
-        if ranges is not None and declared:
-            positions = [i for i in self.user if isinstance(args[i], torch.Tensor)]
-            for position, value in zip(positions, graph.inputs):  # type: ignore[union-attr]
-                for d, size in enumerate(value.type.shape):
-                    if isinstance(size, str) and size in declared:
-                        ranges[(position, d)] = declared[size]
+            if ranges is not None:
+                ranges.update({(position, d): declared[size] for position, d, size in found if size in declared})
         return Compiled(model, [v.name for v in graph.inputs], tuple(writes))
 
     def fakes(self, args: tuple, symbolic: dict[int, dict[int, str]]) -> list[Any]:

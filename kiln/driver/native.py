@@ -370,14 +370,8 @@ class NativeModel(Model):
             return False
         ranges = {name: self.ranges[name] for name in ranged}
         try:
-            graph = self.graph
-            every = spatial.graph_symbols(graph)
             fixed = {**{k: v for k, v in base.items() if k not in ranges}, **sizes[0]}
-            chosen = spatial.generic_samples(graph, every, ranges, fixed)
-            if chosen is None:
-                raise extents.NotAffine(f"the ranges {ranges} are too short, or too small, to lower apart")
-            route = spatial.RunTimeDims(every, tuple((name, *ranges[name]) for name in ranged), chosen)
-            route = spatial.with_program(graph, route, fixed, set(names))
+            route = spatial.route_for(self.graph, ranges, fixed, names)
             model = self.dims_model_for(route)
             model.prepare_many([{**base, **size, **route.capacity} for size in sizes])
         except (extents.NotAffine, KilnError) as err:

@@ -261,6 +261,17 @@ def _dim_values(graph: Graph, names: tuple[str, ...], dims: dict[str, int]) -> n
     return np.array([sizes.get(name, -1) for name in names], dtype=np.int64)
 
 
+def route_for(graph: Graph, ranges: dict[str, tuple[int, int]], dims: dict[str, int], inputs: set[str]) -> RunTimeDims:
+    """The route for ``ranges`` (``dims`` binds the graph's other input dims): its samples and, where
+    one fits, its dims program. Raises NotAffine when the ranges cannot be lowered apart."""
+    every = graph_symbols(graph)
+    chosen = generic_samples(graph, every, ranges, dims)
+    if chosen is None:
+        raise NotAffine(f"the ranges {ranges} are too short, or too small, to lower apart")
+    route = RunTimeDims(every, tuple((name, *bounds) for name, bounds in ranges.items()), chosen)
+    return with_program(graph, route, dims, inputs)
+
+
 def with_program(graph: Graph, route: RunTimeDims, dims: dict[str, int], inputs: set[str]) -> RunTimeDims:
     """``route`` with its dims program (``kiln.driver.dims_program``), fitted to the vectors of its
     samples and check bindings (``dims`` binds the dims outside the route); unchanged where none fits."""

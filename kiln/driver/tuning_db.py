@@ -74,6 +74,13 @@ _snapshots: dict[tuple[str, str, str], tuple[tuple, dict[str, str]]] = {}
 
 def best(kernel: str, target: str | None = None) -> dict[str, Any] | None:
     """The stored choice for ``kernel`` on this target and kiln version (None: never tuned)."""
+    choice = _choices(target).get(kernel)
+    return json.loads(choice) if choice is not None else None
+
+
+def _choices(target: str | None) -> dict[str, str]:
+    """Every stored choice (kernel -> JSON) on this target and kiln version, from the snapshot
+    read when the database last changed (empty: no database)."""
     target, version = _scope(target)
     root = str(cache_root())
     file = _known_paths.get(root)
@@ -83,7 +90,7 @@ def best(kernel: str, target: str | None = None) -> dict[str, Any] | None:
         info = os.stat(file)
     except OSError:  # no database (yet), or a folder that went away: checked again next time
         _known_paths.pop(root, None)
-        return None
+        return {}
     stamp = (info.st_ino, info.st_size, info.st_mtime_ns)
     key = (str(file), target, version)
     with _lock:
@@ -97,8 +104,7 @@ def best(kernel: str, target: str | None = None) -> dict[str, Any] | None:
             finally:
                 connection.close()
             found = _snapshots[key] = (stamp, dict(rows))
-    choice = found[1].get(kernel)
-    return json.loads(choice) if choice is not None else None
+    return found[1]
 
 
 def record(
@@ -132,21 +138,14 @@ def record(
                 )
         finally:
             connection.close()
+        _snapshots.clear()  # read again on the next lookup, whatever the file's stamp says
 
 
 def fingerprint(target: str | None = None) -> str:
     """Changes whenever a result is added or replaced (part of the plan-cache key)."""
     if not _readable():
         return "empty"
-    target, version = _scope(target)
-    with _lock:
-        connection = _connect()
-        try:
-            rows = connection.execute(
-                "SELECT kernel, choice FROM results WHERE target = ? AND version = ? ORDER BY kernel", (target, version)
-            ).fetchall()
-        finally:
-            connection.close()
+    rows = sorted(_choices(target).items())
     import hashlib
 
     return hashlib.sha256(json.dumps(rows).encode()).hexdigest()[:16]

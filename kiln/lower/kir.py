@@ -447,16 +447,7 @@ def buffers_in(body: list[Stmt]) -> list[Buffer]:
             seen.add(id(node))
             if isinstance(node, Load):
                 stack.append((node, True))
-                stack.append((node.index, False))
-            elif isinstance(node, Binary):
-                stack.append((node.b, False))
-                stack.append((node.a, False))
-            elif isinstance(node, (Unary, Cast)):
-                stack.append((node.a, False))
-            elif isinstance(node, Select):
-                stack.append((node.b, False))
-                stack.append((node.a, False))
-                stack.append((node.cond, False))
+            stack.extend((child, False) for child in reversed(operands(node)))
 
     def walk(stmts: list[Stmt]) -> None:
         for stmt in stmts:

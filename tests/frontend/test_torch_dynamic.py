@@ -62,6 +62,13 @@ def run(compiled, module, sizes) -> None:  # type: ignore[no-untyped-def]
             np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-4, atol=1e-4, err_msg=f"{(batch, size)}")
 
 
+def dynamic_planes():  # type: ignore[no-untyped-def]
+    """A fresh FlattenedPlanes and its torch.compile(dynamic=True) with kiln (dynamo's caches reset)."""
+    torch._dynamo.reset()
+    module = FlattenedPlanes().eval()
+    return module, torch.compile(module, backend="kiln", dynamic=True)
+
+
 def messages(caplog) -> list[str]:  # type: ignore[no-untyped-def]
     return [r.getMessage() for r in caplog.records]
 
@@ -69,9 +76,7 @@ def messages(caplog) -> list[str]:  # type: ignore[no-untyped-def]
 def test_a_flattened_height_times_width_builds_one_library(caplog, builds):
     """dynamic=True: after the first call, sizes 6..37 at several batches build nothing, and each
     equals eager (the H'*W' product, the view back and the scale read the sizes at run time)."""
-    torch._dynamo.reset()
-    module = FlattenedPlanes().eval()
-    compiled = torch.compile(module, backend="kiln", dynamic=True)
+    module, compiled = dynamic_planes()
     with caplog.at_level(logging.INFO, logger="kiln"):
         run(compiled, module, [(2, 8)])
         first = len(builds)
@@ -85,9 +90,7 @@ def test_a_flattened_height_times_width_builds_one_library(caplog, builds):
 def test_a_size_beyond_the_default_range_widens_it_once(caplog, builds):
     """An unbounded dim serves up to max(2 x its first size, 64); a larger call builds once for a
     range that doubles, and sizes inside that range build nothing more."""
-    torch._dynamo.reset()
-    module = FlattenedPlanes().eval()
-    compiled = torch.compile(module, backend="kiln", dynamic=True)
+    module, compiled = dynamic_planes()
     with caplog.at_level(logging.INFO, logger="kiln"):
         run(compiled, module, [(2, 8)])
         first = len(builds)
