@@ -98,6 +98,21 @@ class Section:
     data: Any
 
 
+@dataclass
+class PlanFacts:
+    """What a backend that sets ``reads_plan`` gets with ``render`` besides the kernels: the
+    constants' values, the model's input and output buffers, the tensors' names, the buffers each
+    segment must hand on (read by a later step, or a model output) and the calibrated range of
+    every tensor by buffer (``CompileOptions.quantization``)."""
+
+    constants: dict[Buffer, np.ndarray]
+    inputs: list[Buffer]
+    outputs: list[Buffer]
+    names: dict[Buffer, str]
+    live: list[set[Buffer]]
+    ranges: dict[Buffer, tuple[float, float]]
+
+
 class Backend:
     """One target family. Subclasses set ``name`` and override what differs."""
 
@@ -105,6 +120,7 @@ class Backend:
     compiles = True  # False: the graph runs on the reference interpreter (``reference``)
     kernel_timers = False  # its generated code can time each kernel (``BuildOptions.profile``)
     widens_half = True  # float16/bfloat16 arithmetic computed in float32
+    reads_plan = False  # render gets ``facts=PlanFacts`` (the fpga target's ROMs and formats need values)
 
     def describe(self, variant: str) -> Target:
         raise NotImplementedError

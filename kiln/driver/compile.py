@@ -15,6 +15,7 @@ from typing import Any
 
 from kiln.backends import Threading, backend, parse
 from kiln.driver import plan_cache
+from kiln.driver.fixed_point import fixed_point_model
 from kiln.driver.native import NativeModel
 from kiln.driver.options import CompileOptions
 from kiln.driver.pipeline import resolve_precision
@@ -86,7 +87,9 @@ def compile_model(request: Request) -> Any:
     path = onnx_file(request.model, request.example_inputs)
     # the file's bytes are hashed before it is read: a cache entry is keyed by what was imported
     # (int8 calibrates first: its plans are keyed by the ranges, known only after calibration)
-    caching = options.plan_cache and plan_cache.enabled() and options.precision != "int8"
+    # (the fpga target calibrates every tensor first: its plans too are keyed by the ranges)
+    calibrates = options.precision == "int8" or (target.backend == "fpga" and not options.quantization.ranges)
+    caching = options.plan_cache and plan_cache.enabled() and not calibrates
     source_file = (path, plan_cache.file_digest(path)) if path is not None and caching else None
     if source_file is not None:  # compiled before? then even the import is skipped
         cached = _from_plan_cache(request, source_file, target, options)
@@ -95,6 +98,8 @@ def compile_model(request: Request) -> Any:
     graph, declared = request.imported()
     if declared:  # the model's own ranges, under what the caller gave
         request = dataclasses.replace(request, dims={**{k: v for k, v in declared.items()}, **(request.dims or {})})
+    if target.backend == "fpga" and not options.quantization.ranges:
+        return _fixed_point(request, graph, target, options)
     if options.precision == "int8" and (request.calibration.samples is not None or not options.quantization.ranges):
         # (options that already carry ranges, the quantizer's own compiles, build directly)
         return _quantized(request, graph, target, options)
@@ -142,6 +147,31 @@ def _quantized(request: Request, graph: Any, target: Target, options: CompileOpt
     )
     quantized.accuracy = report
     return quantized
+
+
+def _fixed_point(request: Request, graph: Any, target: Target, options: CompileOptions) -> NativeModel:
+    """The fpga model: every tensor calibrated, the widths' accuracy against fp32 reported."""
+    calibration = request.calibration
+
+    def build(chosen_target: Target, chosen: CompileOptions) -> NativeModel:
+        return _native(request, Source(graph), chosen_target, chosen).compile_ahead(request.dims)
+
+    def reference() -> NativeModel:
+        return build(parse("cpu"), options)
+
+    model, report = fixed_point_model(
+        graph,
+        target,
+        options,
+        calibration.samples,
+        calibration.evaluation,
+        calibration.max_drop,
+        build,
+        reference,
+        lambda feeds: specialize(graph, input_dims(graph, feeds)),
+    )
+    model.accuracy = report
+    return model
 
 
 def onnx_file(model: Any, example_inputs: Any) -> str | None:

@@ -128,4 +128,5 @@ class CompileOptions:
     def key(self) -> str:
         """What of these options changes a plan (part of the plan cache's key)."""
         key = f"O{self.level};off={','.join(sorted(self.disabled))};dbg={int(self.debug)};{self.precision}"
-        return key + (f";q={self.quantization.digest()}" if self.precision == "int8" else "")
+        quantized = self.precision == "int8" or self.quantization.ranges  # int8, or a fixed-point design's ranges
+        return key + (f";q={self.quantization.digest()}" if quantized else "")

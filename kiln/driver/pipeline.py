@@ -22,8 +22,9 @@ import numpy as np
 
 from kiln.backends import Backend, Threading, parse
 from kiln.backends import backend as backend_of
+from kiln.backends.registry import PlanFacts
 from kiln.driver.artifact import source_key
-from kiln.driver.options import CompileOptions
+from kiln.driver.options import CompileOptions, Quantization
 from kiln.errors import KilnError
 from kiln.ir.graph import Graph, Node
 from kiln.ir.types import DType, TensorType
@@ -292,8 +293,34 @@ def _plan_memory(state: Compile) -> MemoryPlan:
 
 def _render(state: Compile) -> str:
     if state.segments and state.build_library:
-        state.source = state.backend.render(state.segments, state.table, state.options.build, state.target)
+        if state.backend.reads_plan:
+            facts = plan_facts(state)
+            state.source = state.backend.render(
+                state.segments, state.table, state.options.build, state.target, facts=facts
+            )
+        else:
+            state.source = state.backend.render(state.segments, state.table, state.options.build, state.target)
     return state.source
+
+
+def plan_facts(state: Compile | Plan, quantization: Quantization | None = None) -> PlanFacts:
+    """What a backend that reads the plan gets with ``render`` (``Backend.reads_plan``), from a
+    compile's state or a finished plan (then ``quantization`` gives the ranges)."""
+    graph, steps, roots = state.graph, state.steps, state.roots
+    quantization = quantization if quantization is not None else state.options.quantization  # type: ignore[union-attr]
+    names = {buffer: value.name for value, buffer in roots.items()}
+    outputs = [roots[v] for v in graph.outputs]
+    by_name = {value.name: buffer for value, buffer in roots.items()}
+    ranges = {by_name[n]: (lo, hi) for n, lo, hi in quantization.ranges if n in by_name}
+    reads = [
+        {b for k in step.kernels for b in k.reads}
+        if isinstance(step, Segment)
+        else {roots[v] for v in step.node.inputs if v is not None and v in roots}
+        for step in steps
+    ]
+    live = [set(outputs).union(*reads[i + 1 :]) for i, step in enumerate(steps) if isinstance(step, Segment)]
+    inputs = [roots[v] for v in graph.inputs]
+    return PlanFacts(dict(state.constants), inputs, outputs, names, live, ranges)
 
 
 def _build(state: Compile) -> tuple[Path, ...]:

@@ -11,6 +11,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Callable, Sequence
 from functools import lru_cache
 from pathlib import Path
 
@@ -173,25 +174,53 @@ def _build(
     key = hashlib.sha256(
         "\n".join([source, compiler, version, repr(target), *flags(target, debug), *linked]).encode()
     ).hexdigest()[:24]
+
+    def command(own_source: str, partial: str) -> list[str]:
+        if suffix == ".o":  # compiled only (position-independent): linked into libraries
+            return [compiler, *(f for f in flags(target, debug) if f != "-shared"), "-c", own_source, "-o", partial]
+        return [compiler, *flags(target, debug), own_source, *([str(obj)] if obj else []), "-o", partial, "-lm"]
+
+    return cached_build(source, key, folder, command, suffix, ".c", compiler)
+
+
+def build_program(
+    source: str, key_parts: Sequence[str], command: Callable[[str, str], list[str]], language: str
+) -> Path:
+    """A shared library built from ``source`` by ``command(source path, output path)`` (another
+    target's compiler: the fpga target's g++ with the HLS headers), cached, sealed and written
+    atomically as kiln's C libraries are; ``language`` is the source's suffix (".cpp")."""
+    key = hashlib.sha256("\n".join([source, *key_parts]).encode()).hexdigest()[:24]
+    try:
+        return cached_build(source, key, cache_dir(), command, ".so", language, key_parts[0] if key_parts else "")
+    except FileNotFoundError:  # the cache folder went away under us
+        return cached_build(source, key, _private_dir(), command, ".so", language, key_parts[0] if key_parts else "")
+
+
+def cached_build(
+    source: str,
+    key: str,
+    folder: Path,
+    command: Callable[[str, str], list[str]],
+    suffix: str,
+    language: str,
+    compiler: str,
+) -> Path:
+    """``folder/<key><suffix>`` built by ``command`` unless a sealed copy is there already."""
     library = folder / f"{key}{suffix}"
     if _cached(library):
         return library
     # Concurrent builds of one key (conformance workers, two processes compiling a model) must not
     # share a file being written: each compiles its own copy of the source, then both results are
     # renamed into place atomically (the last rename wins; either is whole).
-    source_path = folder / f"{key}.c"
+    source_path = folder / f"{key}{language}"
     own_source = partial = None
     try:
-        handle, own_source = tempfile.mkstemp(suffix=".c", dir=folder)
+        handle, own_source = tempfile.mkstemp(suffix=language, dir=folder)
         with os.fdopen(handle, "w") as out:
             out.write(source)
         handle, partial = tempfile.mkstemp(suffix=suffix, dir=folder)
         os.close(handle)
-        if suffix == ".o":  # compiled only (position-independent): linked into libraries
-            command = [compiler, *(f for f in flags(target, debug) if f != "-shared"), "-c", own_source, "-o", partial]
-        else:
-            command = [compiler, *flags(target, debug), own_source, *([str(obj)] if obj else []), "-o", partial, "-lm"]
-        result = subprocess.run(command, capture_output=True, text=True)
+        result = subprocess.run(command(own_source, partial), capture_output=True, text=True)
         if result.returncode != 0:
             if _out_of_space(result.stderr):
                 raise OSError(errno.ENOSPC, "the C compiler ran out of disk space", str(folder))

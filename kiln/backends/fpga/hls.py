@@ -1,0 +1,380 @@
+"""HLS C++ from a fixed-point design: one function per kernel, a DATAFLOW top per segment.
+
+The source is what Vitis HLS synthesizes and what g++ builds for the C simulation (``csim``):
+
+- every tensor is an ``ap_fixed`` array of its format with AP_RND/AP_SAT (a store rounds and
+  saturates); weights and function tables are ``static const`` ROMs initialised with their exact
+  values; a kernel's locals (``formats``) are arrays of their exact formats, rounded into the
+  tensor in one loop when the kernel ends;
+- each float expression node is a typed temporary (``ap_fixed<W, I>``), so its width is the
+  design's, not the compiler's; integer index arithmetic is plain C (``long long``);
+- the schedule is directives: ``#pragma HLS PIPELINE II=1`` on the loop ``schedule.pipelined``
+  picks for the reuse factor, arrays read in an unrolled iteration ``ARRAY_PARTITION``-ed;
+- a segment's top function takes its inputs and outputs as AXI-Stream ports
+  (``hls::stream``), its kernels connected by arrays under ``#pragma HLS DATAFLOW``;
+- ``kiln_segment<i>(void **table)`` (compiled only outside synthesis) is the C simulation's entry:
+  float tensors in, streamed through the top, float tensors out.
+
+Loads a conditional does not always evaluate read a clamped index (the value is discarded when
+the condition is false; a hardware read never leaves its array).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from kiln.backends.fpga.fixed import Format, quantize, to_float
+from kiln.backends.fpga.formats import Design, Facts, KernelDesign, is_float
+from kiln.backends.fpga.schedule import pipelined
+from kiln.ir.types import DType
+from kiln.lower.kir import (
+    Assign,
+    Binary,
+    Buffer,
+    Cast,
+    Const,
+    Expr,
+    For,
+    If,
+    Index,
+    Let,
+    Load,
+    Scalar,
+    Select,
+    Stmt,
+    Store,
+    Unary,
+    dtypes_of,
+    evaluated_always,
+    postorder,
+)
+
+INT_TYPES = {
+    DType.INT64: "long long",
+    DType.INT32: "int",
+    DType.INT16: "short",
+    DType.INT8: "signed char",
+    DType.UINT8: "unsigned char",
+    DType.BOOL: "unsigned char",
+}
+C_OPS = {"&&", "||", "&", "|", "^", "<<", ">>", "<", "<=", ">", ">=", "==", "!=", "+", "-", "*"}
+STATIC_ELEMENTS = 16384  # arrays larger than this are static (the C simulation's stack)
+
+PRELUDE = """\
+#include <ap_fixed.h>
+#include <ap_int.h>
+#include <hls_stream.h>
+
+// the mantissa of a fixed-point value, and a value set from one
+template <int W, bool S, class T> static inline long long kiln_raw(const T &x) {
+  if (S) { ap_int<W> r; r.range(W - 1, 0) = x.range(W - 1, 0); return r.to_int64(); }
+  ap_uint<W> r; r.range(W - 1, 0) = x.range(W - 1, 0); return (long long)r.to_uint64();
+}
+template <int W, class T> static inline void kiln_set(T &x, long long m) {
+  ap_int<64> r = m; x.range(W - 1, 0) = r.range(W - 1, 0);
+}
+// quotient of aligned mantissas, truncated toward zero; by zero the extreme of the dividend's sign
+static inline long long kiln_div(long long a, long long b, int shift, long long lowest, long long highest) {
+  if (b == 0) return a == 0 ? 0 : (a > 0 ? highest : lowest);
+  ap_int<200> n = a, d = b;
+  if (shift >= 0) n = n << shift; else d = d << (-shift);
+  bool negative = (n < 0) != (d < 0);
+  if (n < 0) n = -n;
+  if (d < 0) d = -d;
+  ap_int<200> q = n / d;
+  if (negative) q = -q;
+  if (q > highest) return highest;
+  if (q < lowest) return lowest;
+  return q.to_int64();
+}
+static inline long long kiln_floor(long long m, int f) { return f > 0 ? (m >> f) : (m << (-f)); }
+static inline long long kiln_ceil(long long m, int f) { return f > 0 ? -((-m) >> f) : (m << (-f)); }
+static inline long long kiln_round_even(long long m, int f) {
+  if (f <= 0) return m << (-f);
+  long long q = (m + (1LL << (f - 1))) >> f;
+  if ((m & ((1LL << f) - 1)) == (1LL << (f - 1)) && (q & 1)) q -= 1;
+  return q;
+}
+static inline int kiln_index(long long m, long long start, int shift, int size) {
+  long long p = (m - start) >> shift;
+  return (int)(p < 0 ? 0 : (p >= size ? size - 1 : p));
+}
+static inline long long kiln_clamp(long long i, long long size) { return i < 0 ? 0 : (i >= size ? size - 1 : i); }
+"""
+
+
+def literal(m: int, fmt: Format) -> str:
+    return repr(to_float(m, fmt))
+
+
+def element_type(buffer: Buffer, design: Design) -> str:
+    if is_float(buffer):
+        return f"t_{buffer.name}"
+    return INT_TYPES.get(buffer.dtype, "long long")
+
+
+@dataclass
+class _Function:
+    lines: list[str] = field(default_factory=list)
+    temps: int = 0
+    depth: int = 1
+
+    def emit(self, text: str) -> None:
+        self.lines.append("  " * self.depth + text)
+
+
+def render(
+    design: Design, facts: Facts, segments: Sequence[Sequence], slots: dict[Buffer, int], reuse: int, spec: str
+) -> str:
+    """The HLS C++ of ``design`` (``segments``: the plan's kernels by segment)."""
+    parts = [f"// HLS C++ generated by kiln for {spec}: {len(design.kernels)} kernel(s)", PRELUDE]
+    for buffer, fmt in design.formats.items():
+        parts.append(f"typedef {fmt.c_type(rounding=True)} t_{buffer.name};  // {facts.names.get(buffer, buffer.name)}")
+    for buffer, values in facts.constants.items():
+        if any(buffer in kd.kernel.reads for kd in design.kernels):
+            parts.append(_rom(buffer, values, design))
+    by_kernel = {kd.kernel.name: kd for kd in design.kernels}
+    for kd in design.kernels:
+        parts.append(_kernel(kd, design, facts, reuse))
+    for number, segment in enumerate(segments):
+        parts.append(_top(number, [by_kernel[k.name] for k in segment], design, facts, slots))
+    return "\n".join(parts) + "\n"
+
+
+def _rom(buffer: Buffer, values, design: Design) -> str:
+    flat = values.reshape(-1)
+    if is_float(buffer):
+        fmt = design.formats[buffer]
+        items = [literal(quantize(float(v), fmt), fmt) for v in flat]
+    else:
+        items = [str(int(v)) for v in flat]
+    body = ",".join(items)
+    return f"static const {element_type(buffer, design)} {buffer.name}[{buffer.size}] = {{{body}}};"
+
+
+def _params(kd: KernelDesign, facts: Facts, design: Design) -> list[Buffer]:
+    used = dict.fromkeys([*kd.kernel.reads, *kd.kernel.writes])
+    return [b for b in used if b not in facts.constants]
+
+
+def _kernel(kd: KernelDesign, design: Design, facts: Facts, reuse: int) -> str:
+    kernel = kd.kernel
+    params = _params(kd, facts, design)
+    signature = ", ".join(
+        f"{'const ' if b not in kernel.writes else ''}{element_type(b, design)} {b.name}[{b.size}]" for b in params
+    )
+    out = _Function()
+    out.lines.append(f"// {kernel.kind}: {', '.join(kernel.sources)}")
+    out.lines.append(f"static void {kernel.name}({signature}) {{")
+    out.emit("#pragma HLS INLINE off")
+    for buffer, fmt in kd.local.items():
+        storage = "static " if buffer.size > STATIC_ELEMENTS else ""
+        out.emit(f"{storage}{fmt.c_type()} l_{buffer.name}[{buffer.size}];")
+    for buffer in kd.copy_in:
+        _copy(out, f"l_{buffer.name}", buffer.name, buffer.size)
+    loops = pipelined(kernel, reuse)
+    _Body(kd, design, out, loops).block(kernel.body)
+    for buffer in kd.local:
+        _copy(out, buffer.name, f"l_{buffer.name}", buffer.size)
+    out.lines.append("}")
+    return "\n".join(out.lines)
+
+
+def _copy(out: _Function, dest: str, source: str, size: int) -> None:
+    out.emit(f"for (int i = 0; i < {size}; ++i) {{")
+    out.emit("#pragma HLS PIPELINE II=1")
+    out.emit(f"  {dest}[i] = {source}[i];")
+    out.emit("}")
+
+
+class _Body:
+    def __init__(self, kd: KernelDesign, design: Design, out: _Function, loops: dict) -> None:
+        self.kd, self.design, self.out, self.loops = kd, design, out, loops
+
+    def block(self, body: Sequence[Stmt]) -> None:
+        out = self.out
+        for stmt in body:
+            if isinstance(stmt, For):
+                i = stmt.index.name
+                out.emit(f"for (int {i} = {stmt.start}; {i} < {stmt.extent}; ++{i}) {{")
+                out.depth += 1
+                if id(stmt) in self.loops:
+                    out.emit("#pragma HLS PIPELINE II=1")
+                self.block(stmt.body)
+                out.depth -= 1
+                out.emit("}")
+            elif isinstance(stmt, If):
+                cond = self.expression(stmt.cond)
+                out.emit(f"if ({cond}) {{")
+                out.depth += 1
+                self.block(stmt.body)
+                out.depth -= 1
+                out.emit("}")
+            elif isinstance(stmt, (Let, Assign)):
+                value = self.expression(stmt.value)
+                fmt = self.kd.scalars.get(stmt.scalar.name)
+                kind = fmt.c_type() if fmt else INT_TYPES.get(stmt.scalar.dtype, "long long")
+                prefix = f"{kind} " if isinstance(stmt, Let) else ""
+                out.emit(f"{prefix}{stmt.scalar.name} = {value};")
+            elif isinstance(stmt, Store):
+                index = self.expression(stmt.index)
+                value = self.expression(stmt.value)
+                name = f"l_{stmt.buffer.name}" if stmt.buffer in self.kd.local else stmt.buffer.name
+                out.emit(f"{name}[{index}] = {value};")
+
+    def expression(self, e: Expr) -> str:
+        """Emits a temporary per float node; returns the C text of ``e``."""
+        types = dtypes_of(e)
+        always = evaluated_always(e)
+        text: dict[int, str] = {}
+        for node in postorder(e):
+            fmt = self.kd.nodes.get(id(node))
+            code = self.node(node, text, fmt, id(node) in always)
+            if fmt is not None and not isinstance(node, (Load, Scalar, Const)):
+                self.out.temps += 1
+                name = f"v{self.out.temps}"
+                self._define(name, node, fmt, code, text)
+                code = name
+            elif fmt is None and types[id(node)].is_float:
+                raise AssertionError(f"untyped float node {node!r}")
+            text[id(node)] = code
+        return text[id(e)]
+
+    def _define(self, name: str, node: Expr, fmt: Format, code: str, text: dict[int, str]) -> None:
+        if code.startswith("@set "):  # a value built from its mantissa
+            self.out.emit(f"{fmt.c_type()} {name};")
+            self.out.emit(f"kiln_set<{fmt.width}>({name}, {code[5:]});")
+        else:
+            self.out.emit(f"{fmt.c_type()} {name} = {code};")
+
+    def node(self, node: Expr, text: dict[int, str], fmt: Format | None, always: bool) -> str:
+        if isinstance(node, Const):
+            if fmt is not None:
+                return f"{fmt.c_type()}({literal(quantize(float(node.value), fmt), fmt)})"
+            return f"{int(node.value)}LL" if not isinstance(node.value, bool) else str(int(node.value))
+        if isinstance(node, Index):
+            return node.name
+        if isinstance(node, Scalar):
+            return node.name
+        if isinstance(node, Load):
+            index = text[id(node.index)]
+            if not always:
+                index = f"kiln_clamp({index}, {node.buffer.size})"
+            name = f"l_{node.buffer.name}" if node.buffer in self.kd.local else node.buffer.name
+            return f"{name}[{index}]"
+        if isinstance(node, Select):
+            c, a, b = text[id(node.cond)], text[id(node.a)], text[id(node.b)]
+            if fmt is None:
+                return f"(({c}) ? ({a}) : ({b}))"
+            t = fmt.c_type()
+            return f"(({c}) ? {t}({a}) : {t}({b}))"
+        if isinstance(node, Cast):
+            a = text[id(node.a)]
+            if fmt is None:
+                return f"(({INT_TYPES.get(node.dtype, 'long long')})({a}))"
+            return a if id(node.a) in self.kd.nodes else f"(long long)({a})"
+        if isinstance(node, Binary):
+            return self.binary(node, text, fmt)
+        return self.unary(node, text, fmt)
+
+    def raw(self, node: Expr) -> str:
+        fmt = self.kd.nodes[id(node)]
+        return f"kiln_raw<{fmt.width}, {'true' if fmt.signed else 'false'}>"
+
+    def binary(self, node: Binary, text: dict[int, str], fmt: Format | None) -> str:
+        a, b = text[id(node.a)], text[id(node.b)]
+        if fmt is None:
+            if node.op in ("/", "%"):
+                return f"(({b}) == 0 ? 0LL : ({a}) {node.op} ({b}))"
+            if node.op in ("max", "min"):
+                return f"(({a}) {'>' if node.op == 'max' else '<'} ({b}) ? ({a}) : ({b}))"
+            return f"(({a}) {node.op} ({b}))"
+        t = fmt.c_type()
+        if node.op in ("+", "-", "*"):
+            return f"{a} {node.op} {b}"
+        if node.op in ("max", "min"):
+            return f"({a} {'>' if node.op == 'max' else '<'} {b}) ? {t}({a}) : {t}({b})"
+        assert node.op == "/"
+        fa, fb = self.kd.nodes[id(node.a)], self.kd.nodes[id(node.b)]
+        shift = fmt.fraction + fb.fraction - fa.fraction
+        return (
+            f"@set kiln_div({self.raw(node.a)}({a}), {self.raw(node.b)}({b}), {shift}, {fmt.lowest}LL, {fmt.highest}LL)"
+        )
+
+    def unary(self, node: Unary, text: dict[int, str], fmt: Format | None) -> str:
+        a = text[id(node.a)]
+        if fmt is None:
+            return f"(!({a}))" if node.op == "!" else f"({node.op if node.op == '-' else ''}({a}))"
+        t = fmt.c_type()
+        if node.op == "-":
+            return f"-{a}"
+        if node.op == "abs":
+            return f"({a} < 0) ? {t}(-{a}) : {t}({a})"
+        source = self.kd.nodes[id(node.a)]
+        if node.op in ("floor", "ceil", "round_even"):
+            return f"@set kiln_{node.op}({self.raw(node.a)}({a}), {source.fraction})"
+        table = self.kd.tables[id(node)]
+        self.out.temps += 1
+        rom = f"table{self.out.temps}"
+        values = ",".join(literal(v, table.out) for v in table.values)
+        self.out.emit(f"static const {table.out.c_type()} {rom}[{table.size}] = {{{values}}};  // {node.op}")
+        return f"{rom}[kiln_index({self.raw(node.a)}({a}), {table.start}LL, {table.shift}, {table.size})]"
+
+
+def _top(number: int, kernels: list[KernelDesign], design: Design, facts: Facts, slots: dict[Buffer, int]) -> str:
+    """The segment's top function (streams in and out, DATAFLOW) and its C-simulation entry."""
+    written: set[Buffer] = set()
+    inputs: list[Buffer] = []
+    for kd in kernels:
+        for buffer in kd.kernel.reads:
+            if buffer not in written and buffer not in facts.constants and buffer not in inputs:
+                inputs.append(buffer)
+        written.update(kd.kernel.writes)
+    outputs = [b for b in dict.fromkeys(b for kd in kernels for b in kd.kernel.writes) if b in facts.live_after(number)]
+    inner = [
+        b for b in dict.fromkeys(b for kd in kernels for b in kd.kernel.writes) if b not in outputs and b not in inputs
+    ]
+    ports = [f"hls::stream<{element_type(b, design)}> &s_{b.name}" for b in [*inputs, *outputs]]
+    out = _Function()
+    out.lines.append(f"void kiln_top{number}({', '.join(ports)}) {{")
+    for b in [*inputs, *outputs]:
+        out.emit(f"#pragma HLS INTERFACE axis port=s_{b.name}")
+    out.emit("#pragma HLS INTERFACE ap_ctrl_hs port=return")
+    out.emit("#pragma HLS DATAFLOW")
+    for b in [*inputs, *outputs, *inner]:
+        storage = "static " if b.size > STATIC_ELEMENTS else ""
+        out.emit(f"{storage}{element_type(b, design)} {b.name}[{b.size}];")
+    for b in inputs:
+        _stream(out, f"{b.name}[i] = s_{b.name}.read();", b.size)
+    for kd in kernels:
+        out.emit(f"{kd.kernel.name}({', '.join(b.name for b in _params(kd, facts, design))});")
+    for b in outputs:
+        _stream(out, f"s_{b.name}.write({b.name}[i]);", b.size)
+    out.lines.append("}")
+    out.lines.append("#ifndef __SYNTHESIS__")
+    out.lines.append(f'extern "C" int kiln_segment{number}(void **table) {{')
+    for b in [*inputs, *outputs]:
+        out.emit(f"hls::stream<{element_type(b, design)}> s_{b.name};")
+    for b in inputs:
+        c = "float" if is_float(b) else INT_TYPES.get(b.dtype, "long long")
+        convert = f"{element_type(b, design)}(p[i])"
+        out.emit(
+            f"{{ const {c} *p = (const {c} *)table[{slots[b]}]; for (int i = 0; i < {b.size}; ++i) s_{b.name}.write({convert}); }}"
+        )
+    out.emit(f"kiln_top{number}({', '.join('s_' + b.name for b in [*inputs, *outputs])});")
+    for b in outputs:
+        c = "float" if is_float(b) else INT_TYPES.get(b.dtype, "long long")
+        value = f"(float)s_{b.name}.read().to_double()" if is_float(b) else f"({c})s_{b.name}.read()"
+        out.emit(f"{{ {c} *p = ({c} *)table[{slots[b]}]; for (int i = 0; i < {b.size}; ++i) p[i] = {value}; }}")
+    out.emit("return 0;")
+    out.lines.append("}")
+    out.lines.append("#endif")
+    return "\n".join(out.lines)
+
+
+def _stream(out: _Function, statement: str, size: int) -> None:
+    out.emit(f"for (int i = 0; i < {size}; ++i) {{")
+    out.emit("#pragma HLS PIPELINE II=1")
+    out.emit(f"  {statement}")
+    out.emit("}")

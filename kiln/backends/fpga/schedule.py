@@ -1,0 +1,68 @@
+"""The fpga target's schedule: which loop of a kernel is pipelined, from the layer's reuse factor.
+
+hls4ml's notion: with reuse factor R, each multiplier is used R times, so a layer of M
+multiplications has M / R of them and starts a new input every R cycles. On a kernel-IR loop nest
+this is the loop to ``#pragma HLS PIPELINE II=1`` (every loop inside it fully unrolled): the
+outermost loop whose iterations, counted with the loops around it, reach R, as long as one of its
+iterations unrolls to at most ``MAX_UNROLL`` statement instances (Vitis refuses far larger
+unrolls); an innermost loop is always a candidate. The loops around a pipelined loop run in
+sequence. Its *effective* reuse is its iteration count: ``pipelined`` records both.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from kiln.lower.kir import For, If, Kernel, Stmt
+
+MAX_UNROLL = 4096  # statement instances in one pipelined iteration
+
+
+@dataclass(frozen=True)
+class Pipelined:
+    loop: For
+    iterations: int  # of the pipelined loop, counted with the loops around it (the reuse)
+    unrolled: int  # statement instances in one iteration
+
+
+def trips(loop: For) -> int:
+    assert isinstance(loop.extent, int) and isinstance(loop.start, int)
+    return max(loop.extent - loop.start, 0)
+
+
+def work(body: Sequence[Stmt]) -> int:
+    """Statement instances ``body`` executes (every loop's trips, both sides of every if)."""
+    total = 0
+    for stmt in body:
+        if isinstance(stmt, For):
+            total += trips(stmt) * work(stmt.body)
+        elif isinstance(stmt, If):
+            total += work(stmt.body)
+        else:
+            total += 1
+    return total
+
+
+def has_loops(body: Sequence[Stmt]) -> bool:
+    return any(isinstance(s, For) or (isinstance(s, If) and has_loops(s.body)) for s in body)
+
+
+def pipelined(kernel: Kernel, reuse: int) -> dict[int, Pipelined]:
+    """The loops to pipeline in ``kernel`` (by ``id``), for reuse factor ``reuse``."""
+    chosen: dict[int, Pipelined] = {}
+
+    def visit(body: Sequence[Stmt], around: int) -> None:
+        for stmt in body:
+            if isinstance(stmt, If):
+                visit(stmt.body, around)
+            elif isinstance(stmt, For):
+                count = around * trips(stmt)
+                inner = work(stmt.body)
+                if not has_loops(stmt.body) or (count >= reuse and inner <= MAX_UNROLL):
+                    chosen[id(stmt)] = Pipelined(stmt, count, inner)
+                else:
+                    visit(stmt.body, count)
+
+    visit(kernel.body, 1)
+    return chosen

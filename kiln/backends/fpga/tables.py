@@ -1,0 +1,118 @@
+"""Function ROMs: how the fpga target computes exp, tanh, sqrt, erf... in fixed point.
+
+A ``Table`` covers a domain ``[lo, lo + size * step)`` with ``step`` a power of two, so the index
+of an input is its mantissa's distance from ``lo`` shifted right: no multiplier, no divider. Each
+entry is the function at its bin's centre, rounded into the table's format. The domain is the
+input's proved range cut to the function's window (``WINDOWS``): outside it the input is clamped
+to the nearest entry (exp of a softmax's shifted scores, at most 0, needs no more than
+[-16, 8); tanh is +-1 beyond +-8 to the table's precision).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from kiln.backends.fpga.fixed import TABLE_SIZE, Format, Interval, quantize, sized
+
+TABLE_WIDTH = 18  # bits of an entry (a BRAM_18K's native width; hls4ml's table_t is 18 bits too)
+
+
+def _erf(x: float) -> float:
+    return math.erf(x)
+
+
+FUNCTIONS: dict[str, Callable[[float], float]] = {
+    "exp": math.exp,
+    "log": math.log,
+    "sqrt": math.sqrt,
+    "tanh": math.tanh,
+    "erf": _erf,
+    "sin": math.sin,
+    "cos": math.cos,
+    "tan": math.tan,
+    "asin": math.asin,
+    "acos": math.acos,
+    "atan": math.atan,
+    "sinh": math.sinh,
+    "cosh": math.cosh,
+    "asinh": math.asinh,
+    "acosh": math.acosh,
+    "atanh": math.atanh,
+}
+
+# where each function's table may lie (its input is clamped there)
+WINDOWS: dict[str, tuple[float, float]] = {
+    "exp": (-16.0, 8.0),
+    "log": (2.0**-12, 2.0**16),
+    "sqrt": (0.0, 2.0**16),
+    "tanh": (-8.0, 8.0),
+    "erf": (-4.0, 4.0),
+    "sin": (-64.0, 64.0),
+    "cos": (-64.0, 64.0),
+    "tan": (-1.5, 1.5),
+    "asin": (-1.0, 1.0),
+    "acos": (-1.0, 1.0),
+    "atan": (-64.0, 64.0),
+    "sinh": (-16.0, 16.0),
+    "cosh": (-16.0, 16.0),
+    "asinh": (-64.0, 64.0),
+    "acosh": (1.0, 64.0),
+    "atanh": (-0.999, 0.999),
+}
+
+
+@dataclass(frozen=True)
+class Table:
+    """``function`` over inputs of ``source``: entry i is f(lo + (i + 0.5) * step) in ``out``;
+    an input of mantissa m reads entry clamp((m - start) >> shift, 0, size - 1) (``shift`` may be
+    negative: a left shift)."""
+
+    function: str
+    source: Format
+    start: int  # lo as a mantissa of ``source``
+    shift: int
+    size: int
+    out: Format
+    values: tuple[int, ...]
+
+    def index(self, m: int) -> int:
+        offset = m - self.start
+        position = offset >> self.shift if self.shift >= 0 else offset << -self.shift
+        return min(max(position, 0), self.size - 1)
+
+    @property
+    def bits(self) -> int:
+        return self.size * self.out.width
+
+
+def build(function: str, source: Format, reach: Interval) -> Table:
+    """The table of ``function`` for inputs of ``source`` whose proved range is ``reach``."""
+    f = FUNCTIONS[function]
+    lo_window, hi_window = WINDOWS[function]
+    lo = max(reach.lo, lo_window, source.interval.lo)
+    hi = min(reach.hi, hi_window, source.interval.hi)
+    if hi <= lo:  # a range outside the window (or one value): one bin at the nearest edge
+        lo = min(max(reach.lo, lo_window), hi_window)
+        hi = lo + source.step
+    # the domain's width a power of two at least hi - lo, the start on the input's grid
+    fraction = source.fraction
+    start = math.floor(lo * 2.0**fraction)
+    span_bits = max(math.ceil(math.log2(max(hi - start * 2.0**-fraction, source.step))), -fraction)
+    size_bits = max(0, min(int(math.log2(TABLE_SIZE)), span_bits + fraction))  # no finer than the input
+    shift = span_bits + fraction - size_bits  # mantissa units per entry, as a power of two
+    size = 1 << size_bits
+    step = 2.0 ** (shift - fraction)
+    samples = [_sample(f, start * 2.0**-fraction + (i + 0.5) * step, lo_window, hi_window) for i in range(size)]
+    finite = [s for s in samples if math.isfinite(s)] or [0.0]
+    out = sized(Interval(min(finite), max(finite)), TABLE_WIDTH)
+    return Table(function, source, start, shift, size, out, tuple(quantize(s, out) for s in samples))
+
+
+def _sample(f: Callable[[float], float], x: float, lo: float, hi: float) -> float:
+    x = min(max(x, lo), hi)
+    try:
+        return f(x)
+    except (ValueError, OverflowError):
+        return math.nan

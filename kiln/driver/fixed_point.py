@@ -1,0 +1,145 @@
+"""Fixed-point compiles (the fpga target): every tensor's range from calibration, then the
+accuracy of the chosen widths against fp32.
+
+``kiln.compile(model, target="fpga:vitis", calibration=...)`` comes here:
+
+1. the calibration samples (as for int8: input dicts, an ``.npz``, None for random inputs) are
+   split into a calibration and an evaluation slice;
+2. ``tensor_ranges`` runs the model's fp32 compile on this machine's CPU with every tensor that
+   survives the graph passes made an output, and keeps each one's min and max: the fpga
+   design's integer bits (``kiln.backends.fpga.formats``);
+3. the fpga compile is measured against the fp32 compile on the evaluation slice; with
+   ``max_accuracy_drop``, the bit budget grows two bits at a time (up to 32) until it fits.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from kiln.driver.options import Quantization
+from kiln.driver.pipeline import compile_plan
+from kiln.driver.quantize import AccuracyReport, measure, random_tensor_like, samples_from, split
+from kiln.ir.graph import Graph, Value
+from kiln.ir.types import TensorType
+from kiln.runtime.executable import Executable
+
+MAX_BITS = 32
+log = logging.getLogger("kiln")
+
+
+def tensor_ranges(graph: Graph, samples: list[dict[str, np.ndarray]]) -> Quantization:
+    """Every surviving tensor's (min, max) over ``samples``, by name, from the fp32 model run on
+    this machine's CPU (the inputs' straight from the samples)."""
+    watched: list[Value] = []
+
+    def expose(optimized: Graph) -> Graph:
+        values = [v for n in optimized.nodes for v in n.outputs if v is not None and isinstance(v.type, TensorType)]
+        watched.extend(v for v in dict.fromkeys(values) if v.type.dtype.is_float)  # type: ignore[union-attr]
+        return optimized.with_(outputs=list(dict.fromkeys([*optimized.outputs, *watched])))
+
+    from kiln.driver.options import CompileOptions
+
+    plan = compile_plan(graph, "cpu", CompileOptions(plan_cache=False), expose=expose)
+    executable = Executable(plan)
+    positions = {value.name: plan.graph.outputs.index(value) for value in watched}
+    lows: dict[str, float] = {}
+    highs: dict[str, float] = {}
+
+    def note(name: str, array: np.ndarray) -> None:
+        array = np.asarray(array)
+        if array.dtype.kind != "f":
+            return
+        finite = array[np.isfinite(array)]
+        if finite.size:
+            lows[name] = min(lows.get(name, np.inf), float(finite.min()))
+            highs[name] = max(highs.get(name, -np.inf), float(finite.max()))
+
+    for feeds in samples:
+        results = executable.run([np.asarray(feeds[v.name]) for v in plan.graph.inputs])
+        for name, i in positions.items():
+            note(name, results[i])
+        for name, array in feeds.items():
+            note(name, array)
+    return Quantization(ranges=tuple((n, lows[n], highs[n]) for n in lows), method="minmax")
+
+
+def fixed_point_model(
+    graph: Graph,
+    target: Any,
+    options: Any,
+    calibration: Any,
+    evaluation: Any,
+    max_accuracy_drop: float | None,
+    build: Callable[[Any, Any], Any],
+    reference: Callable[[], Any],
+    specialize_for: Callable[[dict[str, np.ndarray]], Graph],
+) -> tuple[Any, AccuracyReport]:
+    """The fpga model (``build(target, options)``) and its accuracy against fp32 (``reference()``)."""
+    samples = samples_from(calibration, graph)
+    calibrating, evaluating = split(samples)
+    if evaluation is not None:
+        evaluating = samples_from(evaluation, graph)
+    if not evaluating:
+        evaluating = [{k: random_tensor_like(v, seed) for k, v in calibrating[0].items()} for seed in range(1, 3)]
+    ranges = tensor_ranges(specialize_for(calibrating[0]), calibrating)
+    chosen = options.with_(quantization=ranges)
+    fp32 = reference()
+    model = build(target, chosen)
+    report = _report(measure(fp32, model, evaluating, f"fixed<{target.bits}>"))
+    while max_accuracy_drop is not None and report.drop() > max_accuracy_drop and target.bits + 2 <= MAX_BITS:
+        log.info("kiln: %d-bit drop %.4f above %.4f: 2 more bits", target.bits, report.drop(), max_accuracy_drop)
+        target = target.with_bits(target.bits + 2)
+        model = build(target, chosen)
+        report = _report(measure(fp32, model, evaluating, f"fixed<{target.bits}>"))
+    log.info("kiln: %s", report.line())
+    return model, report
+
+
+def _report(report: AccuracyReport) -> AccuracyReport:
+    report.method = "minmax"
+    return report
+
+
+def design_of(model: Any) -> list[tuple[Any, Any, Any]]:
+    """(plan, Design, Facts) of each plan of a compiled fpga ``model`` (a ``NativeModel``)."""
+    from kiln.backends import backend
+    from kiln.backends.fpga import facts_of
+    from kiln.driver.pipeline import plan_facts
+
+    found = []
+    for plan in model.plans:
+        facts = plan_facts(plan, model.options.quantization)
+        segments = [s.kernels for s in plan.steps if hasattr(s, "kernels")]
+        found.append((plan, backend("fpga").design(segments, facts, plan.target), facts_of(facts)))  # type: ignore[attr-defined]
+    return found
+
+
+def reference_run(model: Any, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """``model`` (one plan, no fallbacks) run by the fixed-point reference in Python integers:
+    what its C simulation must equal bit for bit."""
+    from kiln.backends.fpga.reference import floats, quantized, run_design
+
+    ((plan, design, facts),) = design_of(model)
+    memory: dict[Any, np.ndarray] = {}
+    for value, buffer in zip(plan.graph.inputs, facts.inputs, strict=True):
+        array = np.asarray(feeds[value.name])
+        fmt = design.formats.get(buffer)
+        memory[buffer] = quantized(array, fmt) if fmt is not None else np.array(array.reshape(-1), dtype=object)
+    for buffer, array in facts.constants.items():
+        fmt = design.formats.get(buffer)
+        memory[buffer] = quantized(array, fmt) if fmt is not None else np.array(array.reshape(-1), dtype=object)
+    for kd in design.kernels:
+        for buffer in kd.kernel.writes:
+            memory.setdefault(buffer, np.zeros(buffer.size, dtype=object))
+    run_design(design, memory)
+    results = {}
+    for value, buffer in zip(plan.graph.outputs, facts.outputs, strict=True):
+        fmt = design.formats.get(buffer)
+        shape = tuple(int(d) for d in value.type.shape)
+        values = floats(memory[buffer], fmt) if fmt is not None else np.array(list(memory[buffer]))
+        results[value.name] = values.reshape(shape)
+    return results
