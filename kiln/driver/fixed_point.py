@@ -25,6 +25,7 @@ from kiln.driver.pipeline import compile_plan
 from kiln.driver.quantize import AccuracyReport, measure, random_tensor_like, samples_from, split
 from kiln.ir.graph import Graph, Value
 from kiln.ir.types import TensorType
+from kiln.passes.fuse import unfuse
 from kiln.runtime.executable import Executable
 
 MAX_BITS = 32
@@ -37,6 +38,9 @@ def tensor_ranges(graph: Graph, samples: list[dict[str, np.ndarray]]) -> Quantiz
     watched: list[Value] = []
 
     def expose(optimized: Graph) -> Graph:
+        # the fpga target has no attention engine: its attention groups run op by op, so their
+        # inner tensors (scores, probabilities) are buffers there and need ranges too
+        optimized = unfuse(optimized, lambda node: node.attrs.get("kind") != "attention")
         values = [v for n in optimized.nodes for v in n.outputs if v is not None and isinstance(v.type, TensorType)]
         watched.extend(v for v in dict.fromkeys(values) if v.type.dtype.is_float)  # type: ignore[union-attr]
         return optimized.with_(outputs=list(dict.fromkeys([*optimized.outputs, *watched])))

@@ -311,7 +311,11 @@ def plan_facts(state: Compile | Plan, quantization: Quantization | None = None) 
     names = {buffer: value.name for value, buffer in roots.items()}
     outputs = [roots[v] for v in graph.outputs]
     by_name = {value.name: buffer for value, buffer in roots.items()}
-    ranges = {by_name[n]: (lo, hi) for n, lo, hi in quantization.ranges if n in by_name}
+    ranges: dict[Buffer, tuple[float, float]] = {}
+    for name, lo, hi in quantization.ranges:  # values sharing a buffer (in place): every one's range
+        if name in by_name:
+            old = ranges.get(by_name[name], (lo, hi))
+            ranges[by_name[name]] = (min(old[0], lo), max(old[1], hi))
     reads = [
         {b for k in step.kernels for b in k.reads}
         if isinstance(step, Segment)

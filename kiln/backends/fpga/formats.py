@@ -54,6 +54,7 @@ from kiln.lower.kir import (
 CONST_WIDTH = 24  # bits of a constant folded into an expression
 EXACT_OPS = ("+", "-", "*", "max", "min")
 WIDENINGS = 6
+SQRT_FRACTION = 20  # fraction bits a square root keeps at least
 # a quotient whose divisor's proved range reaches 0 (a softmax's sum of exponentials) saturates here
 QUOTIENT_LIMIT = 2.0**11  # rounds of widening a loop's invariant before giving up
 
@@ -337,10 +338,17 @@ def combine(node: Expr, args: list[tuple[Interval, int]], fail, below_zero: bool
         return Interval(0.0 if a.lo <= 0 <= a.hi else min(abs(a.lo), abs(a.hi)), a.magnitude), fa
     if node.op in ("floor", "ceil", "round_even"):
         return Interval(math.floor(a.lo), math.ceil(a.hi)), 0
+    if node.op == "sqrt":  # digit by digit (no table): a negative input gives 0
+        return Interval(math.sqrt(max(a.lo, 0.0)), math.sqrt(max(a.hi, 0.0))), sqrt_fraction(fa)
     if node.op in FUNCTIONS:
         table = build(node.op, exact(a, fa), a)
         return table.out.interval, table.out.fraction
     raise fail(f"'{node.op}' has no fixed-point form on the fpga target")
+
+
+def sqrt_fraction(source: int) -> int:
+    """Fraction bits of a square root of a value with ``source`` of them."""
+    return max((source + 1) // 2, SQRT_FRACTION)
 
 
 def _quotient(a: Interval, b: Interval) -> Interval:
@@ -475,7 +483,7 @@ def _type_nodes(kernel: Kernel, result: KernelDesign, formats: dict[Buffer, Form
                 fmt = fmt or (formats[node.buffer] if isinstance(node, Load) else result.scalars[node.name])
             else:
                 args = [reach[id(o)] for o in _operands(node)]
-                if isinstance(node, Unary) and node.op in FUNCTIONS:
+                if isinstance(node, Unary) and node.op in FUNCTIONS and node.op != "sqrt":
                     source = result.nodes[id(node.a)]
                     result.tables[id(node)] = table = build(node.op, source, args[0][0])
                     fmt = table.out

@@ -59,6 +59,7 @@ INT_TYPES = {
     DType.BOOL: "unsigned char",
 }
 C_OPS = {"&&", "||", "&", "|", "^", "<<", ">>", "<", "<=", ">", ">=", "==", "!=", "+", "-", "*"}
+STATUS = "status"  # the status word a kernel sets when its input is invalid (an output flag port)
 STATIC_ELEMENTS = 16384  # arrays larger than this are static (the C simulation's stack)
 
 PRELUDE = """\
@@ -95,6 +96,20 @@ static inline long long kiln_round_even(long long m, int f) {
   long long q = (m + (1LL << (f - 1))) >> f;
   if ((m & ((1LL << f) - 1)) == (1LL << (f - 1)) && (q & 1)) q -= 1;
   return q;
+}
+// floor(sqrt(m << shift)), digit by digit (a fixed number of steps: synthesizable); m <= 0 gives 0
+static inline long long kiln_sqrt(long long m, int shift) {
+  if (m <= 0) return 0;
+  ap_uint<128> n = m;
+  if (shift >= 0) n = n << shift; else n = n >> (-shift);
+  ap_uint<128> root = 0, bit = ap_uint<128>(1) << 126;
+  for (int i = 0; i < 64; ++i) {
+    if (bit != 0) {
+      if (n >= root + bit) { n -= root + bit; root = (root >> 1) + bit; } else { root = root >> 1; }
+      bit = bit >> 2;
+    }
+  }
+  return (long long)root.to_uint64();
 }
 static inline int kiln_index(long long m, long long start, int shift, int size) {
   long long p = (m - start) >> shift;
@@ -154,15 +169,32 @@ def _rom(buffer: Buffer, values, design: Design) -> str:
 
 
 def _params(kd: KernelDesign, facts: Facts, design: Design) -> list[Buffer]:
-    used = dict.fromkeys([*kd.kernel.reads, *kd.kernel.writes])
-    return [b for b in used if b not in facts.constants]
+    used = dict.fromkeys([*kd.kernel.reads, *kd.kernel.writes, *_stored(kd.kernel.body)])
+    return [b for b in used if b not in facts.constants and b.name != STATUS]
+
+
+def _stored(body: Sequence[Stmt]) -> list[Buffer]:
+    found: list[Buffer] = []
+    for stmt in body:
+        if isinstance(stmt, Store):
+            found.append(stmt.buffer)
+        elif isinstance(stmt, (For, If)):
+            found.extend(_stored(stmt.body))
+    return found
+
+
+def _reports(kd: KernelDesign) -> bool:
+    """Whether the kernel sets the status word (an index out of range: the run fails)."""
+    return any(b.name == STATUS for b in _stored(kd.kernel.body))
 
 
 def _kernel(kd: KernelDesign, design: Design, facts: Facts, reuse: int) -> str:
     kernel = kd.kernel
     params = _params(kd, facts, design)
+    written = set(kernel.writes) | set(_stored(kernel.body))
     signature = ", ".join(
-        f"{'const ' if b not in kernel.writes else ''}{element_type(b, design)} {b.name}[{b.size}]" for b in params
+        [f"{'const ' if b not in written else ''}{element_type(b, design)} {b.name}[{b.size}]" for b in params]
+        + (["int status[1]"] if _reports(kd) else [])
     )
     out = _Function()
     out.lines.append(f"// {kernel.kind}: {', '.join(kernel.sources)}")
@@ -314,6 +346,8 @@ class _Body:
         source = self.kd.nodes[id(node.a)]
         if node.op in ("floor", "ceil", "round_even"):
             return f"@set kiln_{node.op}({self.raw(node.a)}({a}), {source.fraction})"
+        if node.op == "sqrt":
+            return f"@set kiln_sqrt({self.raw(node.a)}({a}), {2 * fmt.fraction - source.fraction})"
         table = self.kd.tables[id(node)]
         self.out.temps += 1
         rom = f"table{self.out.temps}"
@@ -336,10 +370,15 @@ def _top(number: int, kernels: list[KernelDesign], design: Design, facts: Facts,
         b for b in dict.fromkeys(b for kd in kernels for b in kd.kernel.writes) if b not in outputs and b not in inputs
     ]
     ports = [f"hls::stream<{element_type(b, design)}> &s_{b.name}" for b in [*inputs, *outputs]]
+    reports = any(_reports(kd) for kd in kernels)
+    if reports:
+        ports.append("int status[1]")
     out = _Function()
     out.lines.append(f"void kiln_top{number}({', '.join(ports)}) {{")
     for b in [*inputs, *outputs]:
         out.emit(f"#pragma HLS INTERFACE axis port=s_{b.name}")
+    if reports:
+        out.emit("#pragma HLS INTERFACE s_axilite port=status")
     out.emit("#pragma HLS INTERFACE ap_ctrl_hs port=return")
     out.emit("#pragma HLS DATAFLOW")
     for b in [*inputs, *outputs, *inner]:
@@ -348,7 +387,8 @@ def _top(number: int, kernels: list[KernelDesign], design: Design, facts: Facts,
     for b in inputs:
         _stream(out, f"{b.name}[i] = s_{b.name}.read();", b.size)
     for kd in kernels:
-        out.emit(f"{kd.kernel.name}({', '.join(b.name for b in _params(kd, facts, design))});")
+        arguments = [b.name for b in _params(kd, facts, design)] + (["status"] if _reports(kd) else [])
+        out.emit(f"{kd.kernel.name}({', '.join(arguments)});")
     for b in outputs:
         _stream(out, f"s_{b.name}.write({b.name}[i]);", b.size)
     out.lines.append("}")
@@ -358,11 +398,12 @@ def _top(number: int, kernels: list[KernelDesign], design: Design, facts: Facts,
         out.emit(f"hls::stream<{element_type(b, design)}> s_{b.name};")
     for b in inputs:
         c = "float" if is_float(b) else INT_TYPES.get(b.dtype, "long long")
-        convert = f"{element_type(b, design)}(p[i])"
+        convert = f"({element_type(b, design)})(p[i])"
         out.emit(
             f"{{ const {c} *p = (const {c} *)table[{slots[b]}]; for (int i = 0; i < {b.size}; ++i) s_{b.name}.write({convert}); }}"
         )
-    out.emit(f"kiln_top{number}({', '.join('s_' + b.name for b in [*inputs, *outputs])});")
+    status = ["(int *)table[0]"] if reports else []
+    out.emit(f"kiln_top{number}({', '.join(['s_' + b.name for b in [*inputs, *outputs]] + status)});")
     for b in outputs:
         c = "float" if is_float(b) else INT_TYPES.get(b.dtype, "long long")
         value = f"(float)s_{b.name}.read().to_double()" if is_float(b) else f"({c})s_{b.name}.read()"

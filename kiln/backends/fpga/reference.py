@@ -8,6 +8,7 @@ test-sized shapes.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -176,6 +177,8 @@ class _State:
             return exact(abs(a), fa)
         if node.op in ("floor", "ceil", "round_even"):
             return exact(_to_integer(node.op, a, fa), 0)
+        if node.op == "sqrt":
+            return exact(square_root(a, fa, fmt.fraction), fmt.fraction)
         table = self.kd.tables[id(node)]
         return table.values[table.index(a)], table.out.fraction
 
@@ -207,6 +210,14 @@ def _operands(node: Expr) -> list[Expr]:
     if isinstance(node, (Unary, Cast)):
         return [node.a]
     return []
+
+
+def square_root(m: int, source: int, fraction: int) -> int:
+    """floor(sqrt(value)) on a grid of ``fraction`` bits (a negative value gives 0)."""
+    if m <= 0:
+        return 0
+    shift = 2 * fraction - source
+    return math.isqrt(m << shift if shift >= 0 else m >> -shift)
 
 
 def _to_integer(op: str, m: int, fraction: int) -> int:
