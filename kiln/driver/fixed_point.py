@@ -147,3 +147,24 @@ def reference_run(model: Any, feeds: dict[str, np.ndarray]) -> dict[str, np.ndar
         values = floats(memory[buffer], fmt) if fmt is not None else np.array(list(memory[buffer]))
         results[value.name] = values.reshape(shape)
     return results
+
+
+def write_fpga_project(model: Any, folder: Any, feeds: dict[str, np.ndarray]) -> list[Any]:
+    """The Vitis HLS project of a compiled fpga ``model`` under ``folder``: sources, a testbench
+    whose expected outputs are the fixed-point reference's on ``feeds``, the Tcl script, the
+    estimates. A plan with host fallbacks has no single design: a clear error."""
+    from pathlib import Path
+
+    from kiln.backends.fpga.estimate import estimate
+    from kiln.backends.fpga.project import write_project
+    from kiln.errors import KilnError
+
+    ((plan, design, facts),) = design_of(model)
+    if plan.fallbacks:
+        names = ", ".join(f.node.label for f in plan.fallbacks)
+        raise KilnError(f"the fpga design cannot include {names} (it runs on the host): no project is written")
+    expected = reference_run(model, feeds)
+    inputs = [np.asarray(feeds[v.name]) for v in plan.graph.inputs]
+    outputs = [expected[v.name] for v in plan.graph.outputs]
+    found = estimate(design, facts, plan.target)
+    return write_project(Path(folder), plan.source, design, facts, plan.target, found, inputs, outputs)

@@ -21,16 +21,20 @@ from pathlib import Path
 from typing import Any
 
 from kiln.backends.cpu import toolchain
+from kiln.backends.fpga.estimate import Estimate, check_fits, estimate
 from kiln.backends.fpga.formats import Design, DesignError, Facts, design
 from kiln.backends.fpga.hls import render as render_hls
+from kiln.backends.fpga.project import estimate_json
 from kiln.backends.fpga.target import FpgaTarget, parse_variant
-from kiln.backends.registry import Backend, BuildOptions, Loaded, PlanFacts, Threading, library_runner
+from kiln.backends.registry import Backend, BuildOptions, Loaded, PlanFacts, Section, Threading, library_runner
 from kiln.errors import CompilerError, KilnError
 from kiln.ir.graph import Node
 from kiln.lower.families import lowerable
 from kiln.lower.kir import Buffer, Kernel
 from kiln.lower.target import Target, TargetError
 
+# the designs rendered in this process, by source (kiln explain and kiln compile -o read them)
+DESIGNS: dict[str, tuple[Design, Facts, Estimate]] = {}
 CXX_FLAGS = ("-std=c++14", "-O1", "-fPIC", "-shared", "-w")
 
 
@@ -104,7 +108,14 @@ class FpgaBackend(Backend):
     ) -> str:
         assert isinstance(target, FpgaTarget) and facts is not None
         found = self.design(segments, facts, target)
-        return render_hls(found, facts_of(facts), segments, table, target.reuse, target.spec or "fpga:vitis")
+        known = facts_of(facts)
+        estimated = estimate(found, known, target)
+        check_fits(estimated, target, {k.name: ", ".join(k.sources) for s in segments for k in s})
+        source = render_hls(found, known, segments, table, target.reuse, target.spec or "fpga:vitis")
+        DESIGNS[source] = (found, known, estimated)  # for explain and project writing in this process
+        while len(DESIGNS) > 16:
+            DESIGNS.pop(next(iter(DESIGNS)))
+        return source
 
     def design(self, segments: Sequence[Sequence[Kernel]], facts: PlanFacts, target: FpgaTarget) -> Design:
         try:
@@ -143,6 +154,38 @@ class FpgaBackend(Backend):
             function.restype = ctypes.c_int
             runners.append(library_runner(function))
         return Loaded(runners)
+
+    def explain(self, plan: Any, arches: tuple[str, ...], progress: Any) -> list[Section]:
+        found = DESIGNS.get(plan.source)
+        if found is None:
+            return []
+        design_, _, estimated = found
+        target = plan.target
+        rows = [
+            [
+                kd.kernel.name,
+                ", ".join(kd.kernel.sources)[:48],
+                ", ".join(design_.formats[b].text() for b in kd.kernel.writes if b in design_.formats),
+                str(usage.reuse),
+                f"{usage.cycles:,}",
+                f"{usage.dsp:,}",
+                f"{usage.bram_18k:,}",
+                f"{usage.lut:,}",
+                f"{usage.ff:,}",
+            ]
+            for kd, usage in estimated.kernels
+        ]
+        part = target.resources
+        total = estimated.total
+        notes = [
+            "ESTIMATES from kiln's analytical model (kiln/backends/fpga/estimate.py), not synthesis results",
+            f"model: latency {estimated.latency:,} cycles = {estimated.latency_us:.2f} us at {target.clock_mhz:g} MHz; "
+            f"interval {estimated.interval:,} cycles ({estimated.throughput:,.0f} inferences/s, DATAFLOW)",
+            f"{part.device} ({part.board}): DSP {total.dsp:,}/{part.dsp:,}, BRAM_18K {total.bram_18k:,}/{part.bram_18k:,}, "
+            f"LUT {total.lut:,}/{part.lut:,}, FF {total.ff:,}/{part.ff:,}",
+        ]
+        columns = ["kernel", "nodes", "output format", "reuse", "cycles", "DSP", "BRAM_18K", "LUT", "FF"]
+        return [Section("fpga", "fpga design (estimates)", columns, rows, notes, estimate_json(estimated, target))]
 
     def identity(self, target: Target, debug: bool = False) -> tuple[str, ...]:
         return ("g++", *CXX_FLAGS, ap_types())

@@ -1,0 +1,221 @@
+"""Latency and resource ESTIMATES of an fpga design (no vendor tool runs here: these are
+analytical, from the formulas below, and labelled as estimates wherever they are shown).
+
+Per kernel, from its loop nest and the schedule (``schedule.pipelined``):
+
+- latency: a pipelined loop of N iterations (counted with the sequential loops around it) takes
+  (N - 1) * II + depth cycles, II = 1; depth = 3 for a DSP multiply + ceil(log2(adds + 1)) for the
+  unrolled adder tree + 2 per ROM lookup + 48 per division + 24 per square root (Vitis'
+  sequential cores); a loop left sequential costs its trips times its body plus one cycle per
+  trip; each local's copy in or out one cycle per element. Under DATAFLOW kernels overlap: the
+  model's interval (II) is its slowest kernel, its latency their sum;
+- DSP48: each multiply instance of a pipelined iteration (unrolled copies included) whose
+  operands are both wider than 10 bits takes ceil(Wa / 27) * ceil(Wb / 18) DSPs (hls4ml's rule:
+  narrower products are LUTs, Wa * Wb / 2 of them); a multiply outside pipelined loops one
+  instance;
+- BRAM_18K: an array of W-bit elements partitioned into p banks (p = the unroll of the loop
+  reading it, at most its size) takes p * ceil(W * ceil(size / p) / 18432) blocks when a bank holds
+  more than 1,024 bits; smaller banks and complete partitions are registers (FF) or LUT ROMs;
+- LUT: W per adder and comparator and W per select, per instance, and 200 per kernel (control);
+  FF: the widths of every temporary of a pipelined iteration, per instance, and registers above.
+
+``check_fits`` compares the totals with the part (``target.PARTS``) and names the largest user of
+a resource that does not fit.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from kiln.backends.fpga.formats import Design, Facts, KernelDesign, is_float
+from kiln.backends.fpga.schedule import pipelined, trips, work
+from kiln.backends.fpga.target import FpgaTarget
+from kiln.errors import KilnError
+from kiln.lower.kir import Assign, Binary, Buffer, Expr, For, If, Let, Load, Select, Stmt, Store, Unary, postorder
+
+BRAM_BITS = 18432
+SMALL_ARRAY_BITS = 1024
+DSP_MIN_WIDTH = 10
+RESOURCES = ("dsp", "bram_18k", "lut", "ff")
+
+
+class DoesNotFit(KilnError):
+    """The design needs more of a resource than the part has (names the layer and resource)."""
+
+
+@dataclass
+class Usage:
+    cycles: int = 0
+    dsp: int = 0
+    bram_18k: int = 0
+    lut: int = 0
+    ff: int = 0
+    reuse: int = 1  # the effective reuse of its pipelined loops (the largest)
+
+    def add(self, other: Usage) -> None:
+        for name in RESOURCES:
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+
+
+@dataclass
+class Estimate:
+    kernels: list[tuple[KernelDesign, Usage]] = field(default_factory=list)
+    total: Usage = field(default_factory=Usage)
+    interval: int = 0  # cycles between inputs under DATAFLOW (the slowest kernel)
+    latency: int = 0  # cycles for one input (the kernels' sum)
+    clock_mhz: float = 200.0
+
+    @property
+    def latency_us(self) -> float:
+        return self.latency / self.clock_mhz
+
+    @property
+    def throughput(self) -> float:
+        """Inferences per second at the clock, one every ``interval`` cycles."""
+        return self.clock_mhz * 1e6 / max(self.interval, 1)
+
+
+def estimate(design: Design, facts: Facts, target: FpgaTarget) -> Estimate:
+    found = Estimate(clock_mhz=target.clock_mhz)
+    for kd in design.kernels:
+        usage = _kernel(kd, design, facts, target.reuse)
+        found.kernels.append((kd, usage))
+        found.total.add(usage)
+        found.latency += usage.cycles
+        found.interval = max(found.interval, usage.cycles)
+    found.total.cycles = found.latency
+    return found
+
+
+def check_fits(found: Estimate, target: FpgaTarget, names: dict[str, str]) -> None:
+    part = target.resources
+    for resource, limit in (("dsp", part.dsp), ("bram_18k", part.bram_18k), ("lut", part.lut), ("ff", part.ff)):
+        needed = getattr(found.total, resource)
+        if needed > limit:
+            kd, usage = max(found.kernels, key=lambda item: getattr(item[1], resource))
+            label = names.get(kd.kernel.name, kd.kernel.name)
+            raise DoesNotFit(
+                f"the design does not fit {part.device} ({part.board}): it needs {needed:,} {resource.upper()} "
+                f"of {limit:,} (estimate); the largest user is {label} with {getattr(usage, resource):,}. "
+                f"Raise the reuse factor (fpga:vitis,reuse=N), lower the bits, or choose a larger part"
+            )
+
+
+def _kernel(kd: KernelDesign, design: Design, facts: Facts, reuse: int) -> Usage:
+    usage = Usage(lut=200)
+    chosen = pipelined(kd.kernel, reuse)
+    usage.reuse = max((p.iterations for p in chosen.values()), default=1)
+    unroll: dict[Buffer, int] = {}
+    usage.cycles = _cycles(kd, kd.kernel.body, chosen, usage, unroll, 1)
+    usage.cycles += sum(b.size for b in kd.local) + sum(b.size for b in kd.copy_in)
+    arrays = [(b, design.formats.get(b), b.size) for b in kd.kernel.writes]
+    arrays += [(b, f, b.size) for b, f in kd.local.items()]
+    arrays += [(b, design.formats.get(b), b.size) for b in kd.kernel.reads if b in facts.constants]
+    for buffer, fmt, size in arrays:
+        width = fmt.width if fmt is not None else buffer.dtype.numpy.itemsize * 8
+        _memory(usage, width, size, unroll.get(buffer, 1))
+    for table in kd.tables.values():
+        _memory(usage, table.out.width, table.size, 1)
+    return usage
+
+
+def _memory(usage: Usage, width: int, size: int, banks: int) -> None:
+    banks = max(1, min(banks, size))
+    per_bank = width * math.ceil(size / banks)
+    if per_bank <= SMALL_ARRAY_BITS:
+        usage.ff += width * size
+        usage.lut += width * size // 64  # LUT-RAM/ROM addressing
+    else:
+        usage.bram_18k += banks * math.ceil(per_bank / BRAM_BITS)
+
+
+def _cycles(kd: KernelDesign, body: Sequence[Stmt], chosen: dict, usage: Usage, unroll: dict, around: int) -> int:
+    total = 0
+    for stmt in body:
+        if isinstance(stmt, For):
+            if id(stmt) in chosen:
+                copies = work(stmt.body)
+                depth = _iteration(kd, stmt.body, usage, unroll, copies)
+                total += (around * trips(stmt) - 1) + depth if around * trips(stmt) else 0
+            else:
+                inner = _cycles(kd, stmt.body, chosen, usage, unroll, 1)
+                total += trips(stmt) * (inner + 1)
+        elif isinstance(stmt, If):
+            total += _cycles(kd, stmt.body, chosen, usage, unroll, around)
+        else:
+            total += 1
+            _operators(kd, _values(stmt), usage, 1)
+    return total
+
+
+def _iteration(kd: KernelDesign, body: Sequence[Stmt], usage: Usage, unroll: dict, copies: int) -> int:
+    """Depth of one pipelined iteration; its operators counted with every unrolled copy."""
+    multiplies = adds = lookups = divisions = roots = 0
+
+    def visit(stmts: Sequence[Stmt], times: int) -> None:
+        nonlocal multiplies, adds, lookups, divisions, roots
+        for stmt in stmts:
+            if isinstance(stmt, For):
+                visit(stmt.body, times * trips(stmt))
+            elif isinstance(stmt, If):
+                visit(stmt.body, times)
+            else:
+                counts = _operators(kd, _values(stmt), usage, times)
+                multiplies, adds = multiplies + counts[0], adds + counts[1]
+                lookups, divisions, roots = lookups + counts[2], divisions + counts[3], roots + counts[4]
+                for e in _values(stmt):
+                    for node in postorder(e):
+                        if isinstance(node, Load):
+                            unroll[node.buffer] = max(unroll.get(node.buffer, 1), copies)
+                if isinstance(stmt, Store):
+                    unroll[stmt.buffer] = max(unroll.get(stmt.buffer, 1), copies)
+
+    visit(body, 1)
+    chain = 3 if multiplies else 0
+    return (
+        1 + chain + math.ceil(math.log2(adds + 1)) + 2 * min(lookups, 1) + 48 * min(divisions, 1) + 24 * min(roots, 1)
+    )
+
+
+def _operators(kd: KernelDesign, values: list[Expr], usage: Usage, times: int) -> tuple[int, int, int, int, int]:
+    multiplies = adds = lookups = divisions = roots = 0
+    for e in values:
+        for node in postorder(e):
+            fmt = kd.nodes.get(id(node))
+            if fmt is None:
+                continue
+            if isinstance(node, Binary) and node.op == "*":
+                a, b = kd.nodes.get(id(node.a)), kd.nodes.get(id(node.b))
+                wa, wb = sorted((a.width if a else 32, b.width if b else 32), reverse=True)
+                if wb > DSP_MIN_WIDTH:
+                    usage.dsp += times * math.ceil(wa / 27) * math.ceil(wb / 18)
+                else:
+                    usage.lut += times * wa * wb // 2
+                multiplies += times
+            elif isinstance(node, Binary) and node.op == "/":
+                divisions += 1
+                usage.lut += times * fmt.width * 8
+            elif isinstance(node, (Binary, Select)):
+                adds += times
+                usage.lut += times * fmt.width
+            elif isinstance(node, Unary) and id(node) in kd.tables:
+                lookups += times
+            elif isinstance(node, Unary) and node.op == "sqrt":
+                roots += 1
+                usage.lut += times * fmt.width * 4
+            usage.ff += times * fmt.width
+    return multiplies, adds, lookups, divisions, roots
+
+
+def _values(stmt: Stmt) -> list[Expr]:
+    if isinstance(stmt, (Let, Assign)):
+        return [stmt.value]
+    if isinstance(stmt, Store):
+        return [stmt.value]
+    return []
+
+
+def weights_bits(facts: Facts, design: Design) -> int:
+    return sum(design.formats[b].width * b.size for b in facts.constants if is_float(b) and b in design.formats)

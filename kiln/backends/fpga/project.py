@@ -1,0 +1,156 @@
+"""What ``kiln compile --target fpga -o DIR`` writes: a Vitis HLS project a vendor tool opens.
+
+    DIR/firmware/kiln_model.cpp   the HLS C++ (the C-simulation entry is outside synthesis)
+    DIR/tb/kiln_tb.cpp            a testbench: the inputs, and the outputs the fixed-point
+    DIR/tb/inputs.dat, expected.dat   reference computes, compared bit for bit (C simulation)
+    DIR/build_prj.tcl             vitis_hls -f build_prj.tcl: csim, csynth, export (IP catalog)
+    DIR/estimates.json            kiln's estimates (not synthesis results)
+    DIR/README.txt
+
+Only a plan whose every node runs in the design (one segment, no host fallback) makes a project.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from kiln.backends.fpga.estimate import Estimate
+from kiln.backends.fpga.formats import Design, Facts, is_float
+from kiln.backends.fpga.hls import header
+from kiln.backends.fpga.target import FpgaTarget
+from kiln.errors import KilnError
+
+
+def write_project(
+    folder: Path,
+    source: str,
+    design: Design,
+    facts: Facts,
+    target: FpgaTarget,
+    found: Estimate,
+    inputs: list[np.ndarray],
+    expected: list[np.ndarray],
+) -> list[Path]:
+    """The project's files under ``folder`` (made if missing; files kiln writes only)."""
+    if folder.exists() and not folder.is_dir():
+        raise KilnError(f"{folder} exists and is not a folder: the fpga target writes a project folder")
+    if folder.is_symlink():
+        raise KilnError(f"{folder} is a symbolic link: kiln writes its project into a real folder")
+    (folder / "firmware").mkdir(parents=True, exist_ok=True)
+    (folder / "tb").mkdir(exist_ok=True)
+    written = []
+
+    def put(name: str, text: str) -> None:
+        path = folder / name
+        if path.is_symlink():
+            raise KilnError(f"{path} is a symbolic link: not overwritten")
+        path.write_text(text)
+        written.append(path)
+
+    put("firmware/kiln_model.cpp", source)
+    put("firmware/kiln_model.h", header(source))
+    put("tb/inputs.dat", "\n".join(" ".join(repr(float(v)) for v in a.reshape(-1)) for a in inputs) + "\n")
+    put("tb/expected.dat", "\n".join(" ".join(repr(float(v)) for v in a.reshape(-1)) for a in expected) + "\n")
+    put("tb/kiln_tb.cpp", _testbench(design, facts))
+    put("build_prj.tcl", _tcl(target))
+    put("estimates.json", json.dumps(estimate_json(found, target), indent=1))
+    put("README.txt", _readme(target))
+    return written
+
+
+def estimate_json(found: Estimate, target: FpgaTarget) -> dict[str, Any]:
+    part = target.resources
+    return {
+        "kind": "estimate (kiln's analytical model, not synthesis results)",
+        "part": part.device,
+        "clock_mhz": target.clock_mhz,
+        "reuse": target.reuse,
+        "latency_cycles": found.latency,
+        "latency_us": found.latency_us,
+        "interval_cycles": found.interval,
+        "throughput_per_s": found.throughput,
+        "resources": {r: getattr(found.total, r) for r in ("dsp", "bram_18k", "lut", "ff")},
+        "available": {"dsp": part.dsp, "bram_18k": part.bram_18k, "lut": part.lut, "ff": part.ff},
+        "kernels": [
+            {
+                "kernel": kd.kernel.name,
+                "kind": kd.kernel.kind,
+                "nodes": kd.kernel.sources,
+                "cycles": usage.cycles,
+                "reuse": usage.reuse,
+                "dsp": usage.dsp,
+                "bram_18k": usage.bram_18k,
+                "lut": usage.lut,
+                "ff": usage.ff,
+            }
+            for kd, usage in found.kernels
+        ],
+    }
+
+
+def _testbench(design: Design, facts: Facts) -> str:
+    inputs, outputs = facts.inputs, facts.outputs
+    lines = [
+        "// kiln's testbench: the model's inputs, and the outputs kiln's fixed-point reference computes;",
+        "// the C simulation must match them exactly (returns 1 on any difference).",
+        "#include <cstdio>",
+        "#include <fstream>",
+        '#include "../firmware/kiln_model.h"',
+        "int main() {",
+        '  std::ifstream in("tb/inputs.dat"), want("tb/expected.dat");',
+        "  int failures = 0;",
+    ]
+    names = []
+    for b in [*inputs, *outputs]:
+        kind = f"t_{b.name}" if is_float(b) else "long long"
+        lines.append(f"  hls::stream<{kind}> s_{b.name};")
+        names.append(f"s_{b.name}")
+    for b in inputs:
+        kind = f"t_{b.name}" if is_float(b) else "long long"
+        lines.append(f"  for (int i = 0; i < {b.size}; ++i) {{ double v; in >> v; s_{b.name}.write(({kind})(v)); }}")
+    lines.append(f"  kiln_top0({', '.join(names)});")
+    for b in outputs:
+        read = f"s_{b.name}.read().to_double()" if is_float(b) else f"(double)s_{b.name}.read()"
+        lines.append(
+            f"  for (int i = 0; i < {b.size}; ++i) {{ double v; want >> v; double got = (float){read};"
+            f' if (got != v) {{ if (failures++ < 10) printf("{b.name}[%d]: %.9g, expected %.9g\\n", i, got, v); }} }}'
+        )
+    lines += [
+        '  printf(failures ? "FAILED: %d difference(s)\\n" : "PASSED: bit for bit\\n", failures);',
+        "  return failures ? 1 : 0;",
+        "}",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def _tcl(target: FpgaTarget) -> str:
+    period = 1000.0 / target.clock_mhz
+    return f"""# vitis_hls -f build_prj.tcl   (written by kiln for {target.spec or "fpga:vitis"})
+open_project -reset kiln_prj
+set_top kiln_top0
+add_files firmware/kiln_model.cpp -cflags "-std=c++14"
+add_files -tb tb/kiln_tb.cpp -cflags "-std=c++14"
+add_files -tb tb/inputs.dat
+add_files -tb tb/expected.dat
+open_solution -reset solution1 -flow_target vivado
+set_part {{{target.resources.device}}}
+create_clock -period {period:.3f} -name default
+csim_design
+csynth_design
+export_design -format ip_catalog
+exit
+"""
+
+
+def _readme(target: FpgaTarget) -> str:
+    return f"""kiln HLS project for {target.resources.device} ({target.resources.board}) at {target.clock_mhz:g} MHz.
+
+  vitis_hls -f build_prj.tcl     C simulation (bit for bit against kiln's reference), synthesis, IP export
+
+estimates.json holds kiln's ESTIMATES (an analytical model), not synthesis results: run the
+vendor tool for those. Without it, the same C++ is what kiln runs as its C simulation.
+"""
