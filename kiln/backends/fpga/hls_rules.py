@@ -10,7 +10,6 @@ import re
 
 DYNAMIC = re.compile(r"\b(malloc|calloc|realloc|free|new|delete)\b|std::(vector|list|map|string)")
 FOR = re.compile(r"\bfor\s*\(\s*int\s+(\w+)\s*=\s*(-?\d+)\s*;\s*\1\s*<\s*([^;]+);\s*\+\+\1\s*\)")
-FUNCTION = re.compile(r"^(?:static\s+)?(?:inline\s+)?[\w<>:, ]+?\b(\w+)\s*\([^;]*\)\s*\{", re.M)
 CALL = re.compile(r"\b(\w+)\s*\(")
 
 
@@ -36,12 +35,34 @@ def check(source: str) -> list[str]:
     return problems
 
 
+def _functions(text: str) -> dict[str, str]:
+    """Each function defined at the top level: its name and body (kiln's sources put a
+    definition's head at column 0 and its closing brace alone at column 0, or all on one line)."""
+    bodies: dict[str, str] = {}
+    name, lines = "", []
+    for line in text.splitlines():
+        if not name and line[:1].strip() and "(" in line and line.rstrip().endswith("{"):
+            found = re.findall(r"(\w+)\s*\(", line.split("{")[0])
+            name, lines = (found[0] if found else ""), []
+            if name in ("if", "for", "while", "switch"):
+                name = ""
+            continue
+        if name and line.startswith("}"):
+            bodies[name] = "\n".join(lines)
+            name = ""
+        elif name:
+            lines.append(line)
+        elif line[:1].strip() and "(" in line and line.rstrip().endswith("}"):  # one-line function
+            head, _, body = line.partition("{")
+            found = re.findall(r"(\w+)\s*\(", head)
+            if found:
+                bodies[found[-1]] = body
+    return bodies
+
+
 def _recursion(text: str) -> list[str]:
     """Functions that call themselves, directly or through others."""
-    bodies: dict[str, str] = {}
-    starts = [(m.group(1), m.end()) for m in FUNCTION.finditer(text)]
-    for (name, start), nxt in zip(starts, [*starts[1:], ("", len(text))], strict=False):
-        bodies[name] = text[start : nxt[1]]
+    bodies = _functions(text)
     calls = {name: {c for c in CALL.findall(body) if c in bodies} for name, body in bodies.items()}
     found = []
     for name in calls:
