@@ -14,18 +14,18 @@ from kiln.cli_support import (
     dim_option,
     import_bound,
     out,
-    output_option,
     precision_option,
     split_ranges,
     target_option,
 )
 
 
-def _calibration(precision: str, calibration, model: str, graph):  # type: ignore[no-untyped-def]
-    """int8's calibration data: --calibrate's, else the zoo model's example inputs, else random."""
+def _calibration(precision: str, calibration, model: str, graph, fixed_point: bool = False):  # type: ignore[no-untyped-def]
+    """int8's (and the fpga target's fixed point's) calibration data: --calibrate's, else the zoo
+    model's example inputs, else random."""
     from kiln import zoo
 
-    if precision != "int8":
+    if precision != "int8" and not fixed_point:
         return calibration
     if calibration is None and model in zoo.MODELS:
         out.print(f"calibrating on 10 example inputs of {model} (random data: pass --calibrate for real data)")
@@ -89,7 +89,14 @@ def _say_ranges(compiled) -> None:  # type: ignore[no-untyped-def]
 
 @click.command("compile")
 @click.argument("model")
-@output_option("The .kiln artifact to write.", required=True)
+@click.option(
+    "-o",
+    "--output",
+    "output",
+    type=click.Path(path_type=Path),
+    required=True,
+    help="The .kiln artifact to write; with --target fpga:..., the folder of the Vitis HLS project.",
+)
 @click.option("-O", "level", type=click.IntRange(0, 3), default=2, show_default=True, help="Optimization level.")
 @dim_option(
     "Bind a symbolic dim, e.g. --dim batch=8; a list compiles each size ahead, e.g. --dim batch=1,8,32 "
@@ -188,7 +195,12 @@ def compile_command(
         for each in bindings:
             _tune(graph, each, level, _parse_duration(tune_budget), retune, target, measurer)
     start = time.perf_counter()
-    calibration = _calibration(precision, calibration, model, graph)
+    fpga = target.startswith("fpga")
+    if fpga and tune_budget is not None:
+        raise click.UsageError("--tune measures CPU kernels; the fpga target's schedule comes from its reuse factor")
+    if not fpga and output.is_dir():
+        raise click.BadParameter(f"{output} is a folder: give the .kiln file to write", param_hint="-o")
+    calibration = _calibration(precision, calibration, model, graph, fixed_point=fpga)
     what = f"{len(bindings)} binding(s) of " if len(bindings) > 1 else ""
     with console.status(f"compiling {what}{model} for {target} ({precision}, -O{level})..."):
         compiled = kiln.compile(
@@ -210,6 +222,9 @@ def compile_command(
         _say_ranges(compiled)
     seconds = time.perf_counter() - start
     plan = compiled.plans[-1] if len(bindings) == 1 else compiled.plans[0]
+    if fpga:
+        _fpga_project(compiled, output, model, graph, calibration, seconds)
+        return
     compiled.save(output)
     if len(bindings) > 1:
         out.print(f"compiled ahead for {len(bindings)} bindings: " + "; ".join(str(b) for b in bindings))
@@ -235,6 +250,30 @@ def compile_command(
             report = accuracy_against_fp32(compiled, samples)
         out.print(f"accuracy: {report.line()}", highlight=False)
     out.print(f"wrote {output} ({output.stat().st_size / 1e6:.1f} MB)")
+
+
+def _fpga_project(compiled, output: Path, model: str, graph, calibration, seconds: float) -> None:  # type: ignore[no-untyped-def]
+    """The Vitis HLS project of an fpga compile, its estimates and accuracy."""
+    import json
+
+    from kiln.driver.fixed_point import write_fpga_project
+    from kiln.driver.quantize import samples_from
+
+    samples = samples_from(calibration, graph, count=1, seed=1)
+    written = write_fpga_project(compiled, output, samples[0])
+    estimates = json.loads((output / "estimates.json").read_text())
+    out.print(f"compiled {model} for {compiled.target} ({compiled.compiled_for.summary}) in {seconds:.1f} s")
+    if compiled.accuracy is not None:
+        out.print(f"accuracy: {compiled.accuracy.line()}", highlight=False)
+    used = estimates["resources"]
+    have = estimates["available"]
+    out.print(
+        f"ESTIMATES (kiln's model, not synthesis): latency {estimates['latency_cycles']:,} cycles "
+        f"({estimates['latency_us']:.2f} us), interval {estimates['interval_cycles']:,} cycles; "
+        + ", ".join(f"{k.upper()} {used[k]:,}/{have[k]:,}" for k in used),
+        highlight=False,
+    )
+    out.print(f"wrote {len(written)} files to {output} (vitis_hls -f build_prj.tcl there)")
 
 
 def _parse_duration(text: str) -> float:

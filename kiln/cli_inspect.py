@@ -132,6 +132,19 @@ def _explain_options(model, graph, binding, target, level, disable, precision): 
 
     options = CompileOptions.from_env(level=level, disabled=frozenset(disable), plan_cache=False)
     options = options.with_(precision=resolve_precision(precision, target))
+    if target.backend == "fpga":  # fixed point: every tensor's range
+        from kiln import zoo
+        from kiln.driver.fixed_point import tensor_ranges
+        from kiln.driver.quantize import samples_from
+        from kiln.passes.specialize import specialize
+
+        bound = specialize(graph, binding)
+        samples = (
+            [zoo.example_inputs(model, seed=s) for s in range(1, 4)]
+            if model in zoo.MODELS
+            else samples_from(None, bound)
+        )
+        return options.with_(quantization=tensor_ranges(bound, samples))
     if options.precision == "int8":
         from kiln import zoo
         from kiln.driver.quantize import calibrate, samples_from

@@ -112,7 +112,17 @@ def test_the_mlp_project_keeps_the_hls_rules_and_its_testbench_passes(tmp_path):
     # the testbench is the project's own C simulation: built without kiln, bit for bit
     binary = tmp_path / "tb"
     subprocess.run(
-        ["g++", "-std=c++14", "-O1", "-w", f"-I{ap_types()}", "tb/kiln_tb.cpp", "firmware/kiln_model.cpp", "-o", str(binary)],
+        [
+            "g++",
+            "-std=c++14",
+            "-O1",
+            "-w",
+            f"-I{ap_types()}",
+            "tb/kiln_tb.cpp",
+            "firmware/kiln_model.cpp",
+            "-o",
+            str(binary),
+        ],
         cwd=folder,
         check=True,
         capture_output=True,
