@@ -195,11 +195,7 @@ def compile_command(
         for each in bindings:
             _tune(graph, each, level, _parse_duration(tune_budget), retune, target, measurer)
     start = time.perf_counter()
-    fpga = target.startswith("fpga")
-    if fpga and tune_budget is not None:
-        raise click.UsageError("--tune measures CPU kernels; the fpga target's schedule comes from its reuse factor")
-    if not fpga and output.is_dir():
-        raise click.BadParameter(f"{output} is a folder: give the .kiln file to write", param_hint="-o")
+    fpga = _fpga_output(target, tune_budget, output)
     calibration = _calibration(precision, calibration, model, graph, fixed_point=fpga)
     what = f"{len(bindings)} binding(s) of " if len(bindings) > 1 else ""
     with console.status(f"compiling {what}{model} for {target} ({precision}, -O{level})..."):
@@ -250,6 +246,16 @@ def compile_command(
             report = accuracy_against_fp32(compiled, samples)
         out.print(f"accuracy: {report.line()}", highlight=False)
     out.print(f"wrote {output} ({output.stat().st_size / 1e6:.1f} MB)")
+
+
+def _fpga_output(target: str, tune_budget: str | None, output: Path) -> bool:
+    """Whether the compile writes an fpga project (a folder) rather than a .kiln file."""
+    fpga = target.startswith("fpga")
+    if fpga and tune_budget is not None:
+        raise click.UsageError("--tune measures CPU kernels; the fpga target's schedule comes from its reuse factor")
+    if not fpga and output.is_dir():
+        raise click.BadParameter(f"{output} is a folder: give the .kiln file to write", param_hint="-o")
+    return fpga
 
 
 def _fpga_project(compiled, output: Path, model: str, graph, calibration, seconds: float) -> None:  # type: ignore[no-untyped-def]
