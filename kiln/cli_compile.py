@@ -182,7 +182,6 @@ def compile_command(
     import time
 
     import kiln
-    from kiln import zoo
 
     if cluster is not None and tune_budget is None:
         raise click.UsageError("--cluster measures tuning candidates: give --tune DURATION too")
@@ -234,18 +233,25 @@ def compile_command(
         out.print(f"  fallback {fallback.node.label}: {fallback.reason}", highlight=False)
     out.print(f"memory plan: {plan.memory.describe()}")
     if compiled.precision != "fp32":
-        from kiln.driver.compile import accuracy_against_fp32
-        from kiln.driver.quantize import samples_from
-
-        report = compiled.accuracy
-        if report is None:  # bf16: against the fp32 compile on the zoo's inputs, else random ones
-            if model in zoo.MODELS:
-                samples = [zoo.example_inputs(model, seed=seed) for seed in (1, 2)]
-            else:
-                samples = samples_from(None, graph, count=2, seed=1)
-            report = accuracy_against_fp32(compiled, samples)
-        out.print(f"accuracy: {report.line()}", highlight=False)
+        _say_accuracy(compiled, model, graph)
     out.print(f"wrote {output} ({output.stat().st_size / 1e6:.1f} MB)")
+
+
+def _say_accuracy(compiled, model: str, graph) -> None:  # type: ignore[no-untyped-def]
+    """A reduced-precision model's accuracy against fp32 (bf16: measured here on the zoo's inputs,
+    else random ones)."""
+    from kiln import zoo
+    from kiln.driver.compile import accuracy_against_fp32
+    from kiln.driver.quantize import samples_from
+
+    report = compiled.accuracy
+    if report is None:
+        if model in zoo.MODELS:
+            samples = [zoo.example_inputs(model, seed=seed) for seed in (1, 2)]
+        else:
+            samples = samples_from(None, graph, count=2, seed=1)
+        report = accuracy_against_fp32(compiled, samples)
+    out.print(f"accuracy: {report.line()}", highlight=False)
 
 
 def _fpga_output(target: str, tune_budget: str | None, output: Path) -> bool:
