@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from kiln.driver.options import Quantization
+from kiln.driver.options import CompileOptions, Quantization
 from kiln.driver.pipeline import compile_plan
 from kiln.driver.quantize import AccuracyReport, measure, random_tensor_like, samples_from, split
 from kiln.ir.graph import Graph, Value
@@ -44,8 +44,6 @@ def tensor_ranges(graph: Graph, samples: list[dict[str, np.ndarray]]) -> Quantiz
         values = [v for n in optimized.nodes for v in n.outputs if v is not None and isinstance(v.type, TensorType)]
         watched.extend(v for v in dict.fromkeys(values) if v.type.dtype.is_float)  # type: ignore[union-attr]
         return optimized.with_(outputs=list(dict.fromkeys([*optimized.outputs, *watched])))
-
-    from kiln.driver.options import CompileOptions
 
     plan = compile_plan(graph, "cpu", CompileOptions(plan_cache=False), expose=expose)
     executable = Executable(plan)
@@ -109,16 +107,15 @@ def _report(report: AccuracyReport) -> AccuracyReport:
 
 
 def design_of(model: Any) -> list[tuple[Any, Any, Any]]:
-    """(plan, Design, Facts) of each plan of a compiled fpga ``model`` (a ``NativeModel``)."""
+    """(plan, Design, PlanFacts) of each plan of a compiled fpga ``model`` (a ``NativeModel``)."""
     from kiln.backends import backend
-    from kiln.backends.fpga import facts_of
     from kiln.driver.pipeline import plan_facts
 
     found = []
     for plan in model.plans:
         facts = plan_facts(plan, model.options.quantization)
         segments = [s.kernels for s in plan.steps if hasattr(s, "kernels")]
-        found.append((plan, backend("fpga").design(segments, facts, plan.target), facts_of(facts)))  # type: ignore[attr-defined]
+        found.append((plan, backend("fpga").design(segments, facts, plan.target), facts))  # type: ignore[attr-defined]
     return found
 
 

@@ -22,19 +22,17 @@ from typing import Any
 
 from kiln.backends.cpu import toolchain
 from kiln.backends.fpga.estimate import Estimate, check_fits, estimate
-from kiln.backends.fpga.formats import Design, DesignError, Facts, design
+from kiln.backends.fpga.formats import Design, DesignError, design
 from kiln.backends.fpga.hls import render as render_hls
 from kiln.backends.fpga.project import estimate_json
 from kiln.backends.fpga.target import FpgaTarget, parse_variant
 from kiln.backends.registry import Backend, BuildOptions, Loaded, PlanFacts, Section, Threading, library_runner
 from kiln.errors import CompilerError, KilnError
-from kiln.ir.graph import Node
-from kiln.lower.families import lowerable
 from kiln.lower.kir import Buffer, Kernel
 from kiln.lower.target import Target, TargetError
 
 # the designs rendered in this process, by source (kiln explain and kiln compile -o read them)
-DESIGNS: dict[str, tuple[Design, Facts, Estimate]] = {}
+DESIGNS: dict[str, tuple[Design, PlanFacts, Estimate]] = {}
 CXX_FLAGS = ("-std=c++14", "-O1", "-fPIC", "-shared", "-w")
 
 
@@ -64,30 +62,15 @@ def cxx() -> str:
     return found
 
 
-def facts_of(plan_facts: PlanFacts) -> Facts:
-    return Facts(
-        constants=plan_facts.constants,
-        ranges=plan_facts.ranges,
-        inputs=plan_facts.inputs,
-        outputs=plan_facts.outputs,
-        names=plan_facts.names,
-        live=plan_facts.live,
-    )
-
-
 class FpgaBackend(Backend):
     name = "fpga"
     reads_plan = True
-    widens_half = True
 
     def describe(self, variant: str) -> Target:
         return parse_variant(variant)
 
     def variants(self) -> list[str]:
         return ["fpga:vitis"]
-
-    def keeps(self, node: Node) -> bool:
-        return lowerable(node)
 
     def available(self) -> str:
         if not ap_types():
@@ -108,18 +91,17 @@ class FpgaBackend(Backend):
     ) -> str:
         assert isinstance(target, FpgaTarget) and facts is not None
         found = self.design(segments, facts, target)
-        known = facts_of(facts)
-        estimated = estimate(found, known, target)
+        estimated = estimate(found, facts, target)
         check_fits(estimated, target, {k.name: ", ".join(k.sources) for s in segments for k in s})
-        source = render_hls(found, known, segments, table, target.reuse, target.spec or "fpga:vitis")
-        DESIGNS[source] = (found, known, estimated)  # for explain and project writing in this process
+        source = render_hls(found, facts, segments, table, target.reuse, target.spec or "fpga:vitis")
+        DESIGNS[source] = (found, facts, estimated)  # for explain and project writing in this process
         while len(DESIGNS) > 16:
             DESIGNS.pop(next(iter(DESIGNS)))
         return source
 
     def design(self, segments: Sequence[Sequence[Kernel]], facts: PlanFacts, target: FpgaTarget) -> Design:
         try:
-            return design(segments, facts_of(facts), target.bits)
+            return design(segments, facts, target.bits)
         except DesignError:
             raise
         except (KeyError, AssertionError) as err:  # a construct the design does not cover

@@ -29,9 +29,10 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from kiln.backends.fpga.formats import Design, Facts, KernelDesign, is_float
+from kiln.backends.fpga.formats import Design, KernelDesign
 from kiln.backends.fpga.schedule import pipelined, trips, work
 from kiln.backends.fpga.target import FpgaTarget
+from kiln.backends.registry import PlanFacts
 from kiln.errors import KilnError
 from kiln.lower.kir import Assign, Binary, Buffer, Expr, For, If, Let, Load, Select, Stmt, Store, Unary, postorder
 
@@ -77,7 +78,7 @@ class Estimate:
         return self.clock_mhz * 1e6 / max(self.interval, 1)
 
 
-def estimate(design: Design, facts: Facts, target: FpgaTarget) -> Estimate:
+def estimate(design: Design, facts: PlanFacts, target: FpgaTarget) -> Estimate:
     found = Estimate(clock_mhz=target.clock_mhz)
     for kd in design.kernels:
         usage = _kernel(kd, design, facts, target.reuse)
@@ -103,7 +104,7 @@ def check_fits(found: Estimate, target: FpgaTarget, names: dict[str, str]) -> No
             )
 
 
-def _kernel(kd: KernelDesign, design: Design, facts: Facts, reuse: int) -> Usage:
+def _kernel(kd: KernelDesign, design: Design, facts: PlanFacts, reuse: int) -> Usage:
     usage = Usage(lut=200)
     chosen = pipelined(kd.kernel, reuse)
     usage.reuse = max((p.iterations for p in chosen.values()), default=1)
@@ -210,12 +211,4 @@ def _operators(kd: KernelDesign, values: list[Expr], usage: Usage, times: int) -
 
 
 def _values(stmt: Stmt) -> list[Expr]:
-    if isinstance(stmt, (Let, Assign)):
-        return [stmt.value]
-    if isinstance(stmt, Store):
-        return [stmt.value]
-    return []
-
-
-def weights_bits(facts: Facts, design: Design) -> int:
-    return sum(design.formats[b].width * b.size for b in facts.constants if is_float(b) and b in design.formats)
+    return [stmt.value] if isinstance(stmt, (Let, Assign, Store)) else []

@@ -27,6 +27,7 @@ import numpy as np
 
 from kiln.backends.fpga.fixed import MAX_WIDTH, Format, Interval, exact, quantize, sized, to_float
 from kiln.backends.fpga.tables import FUNCTIONS, Table, build
+from kiln.backends.registry import PlanFacts
 from kiln.errors import KilnError
 from kiln.ir.types import DType
 from kiln.lower.kir import (
@@ -64,22 +65,6 @@ class DesignError(KilnError):
 
 
 @dataclass
-class Facts:
-    """What the fpga backend knows of a plan beyond its kernels: constants' values, the graph
-    tensors' calibrated ranges by buffer, the model's inputs and outputs."""
-
-    constants: dict[Buffer, np.ndarray] = field(default_factory=dict)
-    ranges: dict[Buffer, tuple[float, float]] = field(default_factory=dict)
-    inputs: list[Buffer] = field(default_factory=list)
-    outputs: list[Buffer] = field(default_factory=list)
-    names: dict[Buffer, str] = field(default_factory=dict)  # the graph's tensor names
-    live: list[set[Buffer]] = field(default_factory=list)  # per segment: buffers read after it
-
-    def live_after(self, segment: int) -> set[Buffer]:
-        return self.live[segment] if segment < len(self.live) else set(self.outputs)
-
-
-@dataclass
 class KernelDesign:
     kernel: Kernel
     nodes: dict[int, Format] = field(default_factory=dict)  # id(float expression) -> its format
@@ -109,7 +94,7 @@ def constant_format(value: float) -> Format:
     return sized(Interval(min(value, 0.0), max(value, 0.0)), CONST_WIDTH, signed=value < 0)
 
 
-def design(segments: Sequence[Sequence[Kernel]], facts: Facts, bits: int) -> Design:
+def design(segments: Sequence[Sequence[Kernel]], facts: PlanFacts, bits: int) -> Design:
     formats: dict[Buffer, Format] = {}
     for buffer, values in facts.constants.items():
         if is_float(buffer) and values.size:
@@ -122,7 +107,8 @@ def design(segments: Sequence[Sequence[Kernel]], facts: Facts, bits: int) -> Des
     kernels = []
     produced = set(facts.inputs) | set(facts.constants)
     for segment in segments:
-        produced |= {b for k in segment for b in k.reads if b not in {w for k2 in segment for w in k2.writes}}
+        writes = {b for k in segment for b in k.writes}
+        produced |= {b for k in segment for b in k.reads if b not in writes}  # from the host, before it
         for kernel in segment:
             for buffer in kernel.reads:
                 if is_float(buffer) and buffer not in formats and buffer not in kernel.writes:
@@ -282,7 +268,7 @@ class _Walk:
             if node.name not in self.env:
                 raise self.fail(f"scalar {node.name} is read before it is set")
             return self.env[node.name]
-        return combine(node, [reach[id(o)] for o in _operands(node)], self.fail, id(node) in self.below_zero)
+        return combine(node, [reach[id(o)] for o in float_operands(node)], self.fail, id(node) in self.below_zero)
 
     def integer(self, node: Expr, types: dict[int, DType], reach: dict[int, tuple[Interval, int]]) -> Interval:
         """A rough range of an integer expression (an index converted to a float)."""
@@ -297,7 +283,8 @@ class _Walk:
         return Interval(0.0, 1.0) if info is None else Interval(max(info.min, -(2.0**31)), min(info.max, 2.0**31))
 
 
-def _operands(node: Expr) -> list[Expr]:
+def float_operands(node: Expr) -> list[Expr]:
+    """The operands a node's value is computed from (a select's condition is not one)."""
     if isinstance(node, Binary):
         return [node.a, node.b]
     if isinstance(node, Select):
@@ -482,7 +469,7 @@ def _type_nodes(kernel: Kernel, result: KernelDesign, formats: dict[Buffer, Form
                 fmt = result.local.get(node.buffer) if isinstance(node, Load) else None
                 fmt = fmt or (formats[node.buffer] if isinstance(node, Load) else result.scalars[node.name])
             else:
-                args = [reach[id(o)] for o in _operands(node)]
+                args = [reach[id(o)] for o in float_operands(node)]
                 if isinstance(node, Unary) and node.op in FUNCTIONS and node.op != "sqrt":
                     source = result.nodes[id(node.a)]
                     result.tables[id(node)] = table = build(node.op, source, args[0][0])

@@ -19,9 +19,10 @@ from typing import Any
 import numpy as np
 
 from kiln.backends.fpga.estimate import Estimate
-from kiln.backends.fpga.formats import Design, Facts, is_float
+from kiln.backends.fpga.formats import Design, is_float
 from kiln.backends.fpga.hls import header
 from kiln.backends.fpga.target import FpgaTarget
+from kiln.backends.registry import PlanFacts
 from kiln.errors import KilnError
 
 
@@ -29,7 +30,7 @@ def write_project(
     folder: Path,
     source: str,
     design: Design,
-    facts: Facts,
+    facts: PlanFacts,
     target: FpgaTarget,
     found: Estimate,
     inputs: list[np.ndarray],
@@ -92,7 +93,7 @@ def estimate_json(found: Estimate, target: FpgaTarget) -> dict[str, Any]:
     }
 
 
-def _testbench(design: Design, facts: Facts) -> str:
+def _testbench(design: Design, facts: PlanFacts) -> str:
     inputs, outputs = facts.inputs, facts.outputs
     lines = [
         "// kiln's testbench: the model's inputs, and the outputs kiln's fixed-point reference computes;",

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from kiln.backends.fpga.fixed import Format, align, divide, quantize, round_to, store, to_float, wrap
-from kiln.backends.fpga.formats import Design, KernelDesign, is_float
+from kiln.backends.fpga.formats import Design, KernelDesign, float_operands, is_float
 from kiln.lower.kir import (
     COMPARISONS,
     Assign,
@@ -143,7 +143,7 @@ class _State:
                 return int(self.local[node.buffer][index]), self.kd.local[node.buffer].fraction
             source = self.formats.get(node.buffer)
             return int(self.memory[node.buffer][index]), source.fraction if source and is_float(node.buffer) else 0
-        args = [values[id(o)] for o in _operands(node)]
+        args = [values[id(o)] for o in float_operands(node)]
         if fmt is None:  # an integer (or boolean) result
             if isinstance(node, Select):
                 return (args[0] if values[id(node.cond)][0] else args[1])[0], 0
@@ -200,16 +200,6 @@ class _State:
 
 def _is_fixed(kd: KernelDesign, node: Binary) -> bool:
     return id(node.a) in kd.nodes or id(node.b) in kd.nodes
-
-
-def _operands(node: Expr) -> list[Expr]:
-    if isinstance(node, Binary):
-        return [node.a, node.b]
-    if isinstance(node, Select):
-        return [node.a, node.b]
-    if isinstance(node, (Unary, Cast)):
-        return [node.a]
-    return []
 
 
 def square_root(m: int, source: int, fraction: int) -> int:

@@ -19,16 +19,12 @@ from kiln.backends.fpga.fixed import TABLE_SIZE, Format, Interval, quantize, siz
 TABLE_WIDTH = 18  # bits of an entry (a BRAM_18K's native width; hls4ml's table_t is 18 bits too)
 
 
-def _erf(x: float) -> float:
-    return math.erf(x)
-
-
 FUNCTIONS: dict[str, Callable[[float], float]] = {
     "exp": math.exp,
     "log": math.log,
     "sqrt": math.sqrt,
     "tanh": math.tanh,
-    "erf": _erf,
+    "erf": math.erf,
     "sin": math.sin,
     "cos": math.cos,
     "tan": math.tan,
