@@ -77,6 +77,8 @@ template <int W, bool S, class T> static inline long long kiln_raw(const T &x) {
 template <int W, class T> static inline void kiln_set(T &x, long long m) {
   ap_int<64> r = m; x.range(W - 1, 0) = r.range(W - 1, 0);
 }
+// a ROM word (a mantissa, stored as a plain integer: W bits of block RAM or LUT ROM) as its type
+template <class T, int W> static inline T kiln_rom(long long m) { T x; kiln_set<W>(x, m); return x; }
 // quotient of aligned mantissas, truncated toward zero; by zero the extreme of the dividend's sign
 static inline long long kiln_div(long long a, long long b, int shift, long long lowest, long long highest) {
   if (b == 0) return a == 0 ? 0 : (a > 0 ? highest : lowest);
@@ -160,14 +162,33 @@ def render(
     return "\n".join(parts) + "\n"
 
 
+def mantissa_type(fmt: Format) -> str:
+    """The plain C integer a ROM of ``fmt`` stores its mantissas in (an initializer of class
+    type, ap_fixed's, compiles into a static constructor that g++ takes minutes over)."""
+    return (
+        next(t for bits, t in ((8, "signed char"), (16, "short"), (32, "int")) if fmt.width <= bits)
+        if fmt.width <= 32
+        else "long long"
+    )
+
+
+def rom_words(values, fmt: Format) -> str:
+    return ",".join(str(quantize(float(v), fmt)) for v in values)
+
+
+def rom_read(name: str, fmt: Format, index: str) -> str:
+    return f"kiln_rom<{fmt.c_type()}, {fmt.width}>({name}[{index}])"
+
+
 def _rom(buffer: Buffer, values, design: Design) -> str:
     flat = values.reshape(-1)
     if is_float(buffer):
         fmt = design.formats[buffer]
-        items = [literal(quantize(float(v), fmt), fmt) for v in flat]
-    else:
-        items = [str(int(v)) for v in flat]
-    body = ",".join(items)
+        kind = mantissa_type(fmt)
+        return (
+            f"static const {kind} {buffer.name}[{buffer.size}] = {{{rom_words(flat, fmt)}}};  // {fmt.text()} mantissas"
+        )
+    body = ",".join(str(int(v)) for v in flat)
     return f"static const {element_type(buffer, design)} {buffer.name}[{buffer.size}] = {{{body}}};"
 
 
@@ -209,7 +230,7 @@ def _kernel(kd: KernelDesign, design: Design, facts: PlanFacts, reuse: int) -> s
     for buffer in kd.copy_in:
         _copy(out, f"l_{buffer.name}", buffer.name, buffer.size)
     loops = pipelined(kernel, reuse)
-    _Body(kd, design, out, loops).block(kernel.body)
+    _Body(kd, design, out, loops, {b for b in facts.constants if is_float(b)}).block(kernel.body)
     for buffer in kd.local:
         _copy(out, buffer.name, f"l_{buffer.name}", buffer.size)
     out.lines.append("}")
@@ -221,8 +242,8 @@ def _copy(out: _Function, dest: str, source: str, size: int) -> None:
 
 
 class _Body:
-    def __init__(self, kd: KernelDesign, design: Design, out: _Function, loops: dict) -> None:
-        self.kd, self.design, self.out, self.loops = kd, design, out, loops
+    def __init__(self, kd: KernelDesign, design: Design, out: _Function, loops: dict, roms: set[Buffer]) -> None:
+        self.kd, self.design, self.out, self.loops, self.roms = kd, design, out, loops, roms
 
     def block(self, body: Sequence[Stmt]) -> None:
         out = self.out
@@ -293,6 +314,8 @@ class _Body:
             index = text[id(node.index)]
             if not always:
                 index = f"kiln_clamp({index}, {node.buffer.size})"
+            if node.buffer in self.roms:
+                return rom_read(node.buffer.name, self.design.formats[node.buffer], index)
             name = f"l_{node.buffer.name}" if node.buffer in self.kd.local else node.buffer.name
             return f"{name}[{index}]"
         if isinstance(node, Select):
@@ -351,9 +374,10 @@ class _Body:
         table = self.kd.tables[id(node)]
         self.out.temps += 1
         rom = f"table{self.out.temps}"
-        values = ",".join(literal(v, table.out) for v in table.values)
-        self.out.emit(f"static const {table.out.c_type()} {rom}[{table.size}] = {{{values}}};  // {node.op}")
-        return f"{rom}[kiln_index({self.raw(node.a)}({a}), {table.start}LL, {table.shift}, {table.size})]"
+        values = ",".join(str(v) for v in table.values)
+        self.out.emit(f"static const {mantissa_type(table.out)} {rom}[{table.size}] = {{{values}}};  // {node.op}")
+        index = f"kiln_index({self.raw(node.a)}({a}), {table.start}LL, {table.shift}, {table.size})"
+        return rom_read(rom, table.out, index)
 
 
 def _top(number: int, kernels: list[KernelDesign], design: Design, facts: PlanFacts, slots: dict[Buffer, int]) -> str:
