@@ -28,11 +28,13 @@ from kiln.cli_support import console, out, split_values
 )
 @click.option(
     "--device",
-    type=click.Choice(["all", "cpu", "cuda"]),
+    type=click.Choice(["all", "cpu", "cuda", "fpga"]),
     default="all",
     show_default=True,
     help="Which default backends to run: the CPU's, the CUDA device's (kiln-gpu, tensorrt, onnxruntime-cuda, "
-    "torch.compile-cuda; 'unavailable: no CUDA device' on a machine without one), or both. --backends overrides.",
+    "torch.compile-cuda; 'unavailable: no CUDA device' on a machine without one), or both (all); fpga: kiln-fpga "
+    "and hls4ml as C simulations, on the FPGA-size zoo models (jet-mlp, mnist-cnn, transformer-block) unless "
+    "--models names others. --backends overrides.",
 )
 @click.option(
     "--scenario",
@@ -175,7 +177,7 @@ def bench(ctx: click.Context, **options) -> None:  # type: ignore[no-untyped-def
 
 def _bench_config(options: dict):  # type: ignore[no-untyped-def]
     from kiln import zoo as models
-    from kiln.bench.backends import DEFAULT_BACKENDS, GPU_BACKENDS
+    from kiln.bench.backends import DEFAULT_BACKENDS, FPGA_BACKENDS, GPU_BACKENDS
     from kiln.bench.runner import BenchConfig
 
     device = options.get("device", "all")
@@ -183,9 +185,11 @@ def _bench_config(options: dict):  # type: ignore[no-untyped-def]
         "cpu": [b for b in DEFAULT_BACKENDS if b not in GPU_BACKENDS],
         "cuda": list(GPU_BACKENDS),
         "all": list(dict.fromkeys([*DEFAULT_BACKENDS, *GPU_BACKENDS])),
+        "fpga": list(FPGA_BACKENDS),
     }[device]
+    default_models = models.FPGA_MODELS if device == "fpga" else models.DEFAULT_MODELS
     return BenchConfig(
-        models=split_values(options["models"]) or list(models.DEFAULT_MODELS),
+        models=split_values(options["models"]) or list(default_models),
         backends=split_values(options["backends"]) or defaults,
         scenarios=split_values(options["scenarios"]) or ["single-stream"],
         batches=list(options["batches"]) or [1],

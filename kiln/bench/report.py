@@ -17,7 +17,7 @@ from kiln.bench.loadgen import verdict_text
 COLUMNS = (
     ("node", lambda r: node_of(r) or "-"),  # a fleet run's hardware class (this machine: "-")
     ("model", lambda r: r["model"]),
-    ("backend", lambda r: r["backend"]),
+    ("backend", lambda r: r["backend"] + (f" ({r['simulated']})" if r.get("simulated") else "")),
     ("batch", lambda r: r["batch"]),
     ("scenario", lambda r: r["scenario"]),
     ("threads/inflight", lambda r: f"{r['threads']}/{r.get('inflight', '-')}"),
@@ -34,6 +34,7 @@ COLUMNS = (
     ("RSS MB/1k", lambda r: _num(r.get("rss_growth_mb_per_1k"), 2)),
     ("energy", lambda r: _energy(r)),
     ("vs reference", lambda r: _agreement(r)),
+    ("device estimate", lambda r: _device_estimate(r)),
     ("LoadGen", lambda r: verdict_text(r.get("loadgen"))),
     ("status", lambda r: r["status"] if r["status"] == "ok" else f"{r['status']}: {r.get('error', '')}"),
 )
@@ -67,6 +68,22 @@ def _energy(record: dict[str, Any]) -> str:
     if "joules_per_inference" in energy:
         return f"{energy['joules_per_inference'] * 1e3:.1f} mJ"
     return "unavailable"
+
+
+def _has_estimates(run: dict[str, Any]) -> bool:
+    return any(r.get("fpga_estimates") for r in run["records"])
+
+
+def _device_estimate(record: dict[str, Any]) -> str:
+    """An FPGA design's estimated latency and resources on its part (kiln's analytical model)."""
+    found = record.get("fpga_estimates")
+    if not found:
+        return "-"
+    used = found["resources"]
+    return (
+        f"est. {found['latency_us']:.2f} us, II {found['interval_cycles']:,}, DSP {used['dsp']:,}, "
+        f"BRAM {used['bram_18k']:,}, LUT {used['lut']:,} ({found['part']})"
+    )
 
 
 def _agreement(record: dict[str, Any]) -> str:
@@ -105,7 +122,8 @@ def terminal_table(run: dict[str, Any]) -> Table:
     """The key columns of the rows that ran (the HTML and JSON carry all of them); unavailable
     backends are one line each per reason in ``notes``."""
     fleet = any(node_of(r) for r in run["records"])
-    columns = [(name, fn) for name, fn in COLUMNS if name in TERMINAL or (fleet and name == "node")]
+    shown = {*TERMINAL, *(["node"] if fleet else []), *(["device estimate"] if _has_estimates(run) else [])}
+    columns = [(name, fn) for name, fn in COLUMNS if name in shown]
     table = Table(title=f"kiln bench {run['run_id']}", show_lines=False)
     for name, _ in columns:
         table.add_column(name, overflow="fold", max_width=48 if name == "status" else None)

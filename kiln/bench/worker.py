@@ -55,6 +55,8 @@ def run_job(job: dict[str, Any]) -> dict[str, Any]:
         return {**record, "status": "unavailable", "error": reason}
     record["backend_version"] = backend.version()
     record["config"] = backend.config()
+    if getattr(backend, "simulated", None):  # a simulation's timings are not a device's: the row says so
+        record["simulated"] = backend.simulated
     feeds = model.inputs(seed=0)
     str(model.onnx_path)  # a zoo model's file located (exported by the parent) before anything is timed
     imported_before = set(sys.modules)

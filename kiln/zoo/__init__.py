@@ -100,6 +100,24 @@ def _dlrm_inputs(options: dict[str, Any], seed: int) -> dict[str, np.ndarray]:
     }
 
 
+def _small(builder: str) -> Callable[[dict[str, Any]], Any]:
+    def build(options: dict[str, Any]) -> Any:
+        from kiln.zoo import small
+
+        return getattr(small, builder)(options)
+
+    return build
+
+
+def _small_inputs(name: str) -> Callable[[dict[str, Any], int], dict[str, np.ndarray]]:
+    def make(options: dict[str, Any], seed: int) -> dict[str, np.ndarray]:
+        from kiln.zoo import small
+
+        return small.inputs_of(name)(options, seed)
+
+    return make
+
+
 def _transformers(builder: str) -> Callable[[dict[str, Any]], Any]:
     """A builder of ``kiln.zoo.transformers_models`` (imported when a model is built: torch and
     transformers are the zoo extra)."""
@@ -173,6 +191,29 @@ MODELS: dict[str, ZooModel] = {
         output_names=("click",),
     ),
 }
+
+_BATCH_DYNAMIC = {"x": {0: "batch"}, "output": {0: "batch"}}
+MODELS["jet-mlp"] = ZooModel(
+    "jet-mlp",
+    "jet-tagging MLP 16-64-32-32-5 + softmax (hls4ml's tutorial size), 5k parameters",
+    _small("jet_mlp"),
+    _small_inputs("jet-mlp"),
+    dynamic_axes=_BATCH_DYNAMIC,
+)
+MODELS["mnist-cnn"] = ZooModel(
+    "mnist-cnn",
+    "MNIST-size CNN: 2 x (conv 3x3, ReLU, max-pool), dense 10, softmax; 1x28x28, 9k parameters",
+    _small("mnist_cnn"),
+    _small_inputs("mnist-cnn"),
+    dynamic_axes=_BATCH_DYNAMIC,
+)
+MODELS["transformer-block"] = ZooModel(
+    "transformer-block",
+    "one pre-norm encoder block: 2-head attention, GELU MLP; 8 tokens x 32",
+    _small("transformer_block"),
+    _small_inputs("transformer-block"),
+    dynamic_axes=_BATCH_DYNAMIC,
+)
 
 for _name in ("bert-base", "gpt2"):  # the transformers as torch.onnx.export(dynamo=True) writes them today
     _base = MODELS[_name]
@@ -255,7 +296,8 @@ MODELS.update(
 )
 
 DEFAULT_MODELS = ("resnet50", "vgg19", "bert-base", "gpt2")
-CLASSIFIERS = ("resnet50", "vgg19", "mobilenet_v2", "gcn")
+FPGA_MODELS = ("jet-mlp", "mnist-cnn", "transformer-block")  # sizes an FPGA holds on chip
+CLASSIFIERS = ("resnet50", "vgg19", "mobilenet_v2", "gcn", "jet-mlp", "mnist-cnn")
 
 
 def get(name: str) -> ZooModel:

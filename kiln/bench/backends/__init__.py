@@ -28,6 +28,8 @@ BACKENDS: dict[str, str] = {
     "iree": "kiln.bench.backends.other_backends:IreeBackend",
     "jax": "kiln.bench.backends.jax_backend:JaxBackend",
     "tensorrt": "kiln.bench.backends.other_backends:TensorRtBackend",
+    "kiln-fpga": "kiln.bench.backends.fpga_backends:KilnFpgaBackend",
+    "hls4ml": "kiln.bench.backends.fpga_backends:Hls4mlBackend",
 }
 DEFAULT_BACKENDS = (
     "kiln",
@@ -43,6 +45,8 @@ DEFAULT_BACKENDS = (
 )
 # the rows of a CUDA device (``kiln bench --device cuda``; on a machine without one: "unavailable")
 GPU_BACKENDS = ("kiln-gpu", "tensorrt", "onnxruntime-cuda", "torch.compile-cuda")
+# the FPGA rows (``kiln bench --device fpga``): C simulations, labelled "(csim)", with estimates
+FPGA_BACKENDS = ("kiln-fpga", "hls4ml")
 
 
 def register(name: str, location: str) -> None:
@@ -60,6 +64,7 @@ def backend_class(name: str) -> type[Backend]:
 __all__ = [
     "BACKENDS",
     "DEFAULT_BACKENDS",
+    "FPGA_BACKENDS",
     "GPU_BACKENDS",
     "Backend",
     "Session",

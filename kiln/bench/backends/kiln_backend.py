@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import tempfile
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -13,6 +15,22 @@ import numpy as np
 import kiln
 from kiln.bench.backends.base import Backend, Session
 from kiln.driver import plan_cache
+
+
+@contextlib.contextmanager
+def cold_cache() -> Iterator[None]:
+    """kiln's caches (plans, built libraries) empty, as on a new machine, for the block's compiles."""
+    cold = tempfile.mkdtemp(prefix="kiln-bench-cold-")
+    previous = os.environ.get("KILN_CACHE_DIR")
+    os.environ["KILN_CACHE_DIR"] = cold
+    try:
+        yield
+    finally:
+        if previous is None:
+            os.environ.pop("KILN_CACHE_DIR", None)
+        else:
+            os.environ["KILN_CACHE_DIR"] = previous
+        shutil.rmtree(cold, ignore_errors=True)
 
 
 class _KilnSession(Session):
@@ -69,20 +87,11 @@ class KilnBackend(Backend):
         if self.native:
             # cold: kiln's caches (plans, built libraries) empty, as on a new machine; then the
             # compile that is benchmarked, with the caches as they are (a plan-cache hit says so)
-            cold = tempfile.mkdtemp(prefix="kiln-bench-cold-")
-            previous = os.environ.get("KILN_CACHE_DIR")
-            os.environ["KILN_CACHE_DIR"] = cold
-            try:
+            with cold_cache():
                 start = time.perf_counter()
                 self._sized(kiln.compile(source, target=self.target, **self._precision(model)), model, example)
                 self.figures["compile_cold_s"] = time.perf_counter() - start
                 plan_cache.wait()
-            finally:
-                if previous is None:
-                    os.environ.pop("KILN_CACHE_DIR", None)
-                else:
-                    os.environ["KILN_CACHE_DIR"] = previous
-                shutil.rmtree(cold, ignore_errors=True)
             hits = plan_cache.STATS["hits"]
             start = time.perf_counter()
         compiled = kiln.compile(source, target=self.target, **self._precision(model))
