@@ -7,14 +7,14 @@ Per kernel, from its loop nest and the schedule (``schedule.pipelined``):
   (N - 1) * II + depth cycles, II = 1; depth = 3 for a DSP multiply + ceil(log2(adds + 1)) for the
   unrolled adder tree + 2 per ROM lookup + 48 per division + 24 per square root (Vitis'
   sequential cores); a loop left sequential costs its trips times its body plus one cycle per
-  trip; each local's copy in or out one cycle per element. Under DATAFLOW kernels overlap: the
+  trip; each local's copy in or out one cycle per bank's worth of elements. Under DATAFLOW kernels overlap: the
   model's interval (II) is its slowest kernel, its latency their sum;
 - DSP48: each multiply instance of a pipelined iteration (unrolled copies included) whose
   operands are both wider than 10 bits takes ceil(Wa / 27) * ceil(Wb / 18) DSPs (hls4ml's rule:
   narrower products are LUTs, Wa * Wb / 2 of them); a multiply outside pipelined loops one
   instance;
-- BRAM_18K: an array of W-bit elements partitioned into p banks (p = the unroll of the loop
-  reading it, at most its size) takes p * ceil(W * ceil(size / p) / 18432) blocks when a bank holds
+- BRAM_18K: an array of W-bit elements partitioned into p banks (``schedule.banks``: the
+  accesses one pipelined iteration makes to it, at most its size) takes p * ceil(W * ceil(size / p) / 18432) blocks when a bank holds
   more than 1,024 bits; smaller banks and complete partitions are registers (FF) or LUT ROMs;
 - LUT: W per adder and comparator and W per select, per instance, and 200 per kernel (control);
   FF: the widths of every temporary of a pipelined iteration, per instance, and registers above.
@@ -30,11 +30,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from kiln.backends.fpga.formats import Design, KernelDesign
-from kiln.backends.fpga.schedule import pipelined, trips, work
+from kiln.backends.fpga.schedule import banks, pipelined, trips
 from kiln.backends.fpga.target import FpgaTarget
 from kiln.backends.registry import PlanFacts
 from kiln.errors import KilnError
-from kiln.lower.kir import Assign, Binary, Buffer, Expr, For, If, Let, Load, Select, Stmt, Store, Unary, postorder
+from kiln.lower.kir import Assign, Binary, Expr, For, If, Let, Select, Stmt, Store, Unary, postorder
 
 BRAM_BITS = 18432
 SMALL_ARRAY_BITS = 1024
@@ -108,9 +108,10 @@ def _kernel(kd: KernelDesign, design: Design, facts: PlanFacts, reuse: int) -> U
     usage = Usage(lut=200)
     chosen = pipelined(kd.kernel, reuse)
     usage.reuse = max((p.iterations for p in chosen.values()), default=1)
-    unroll: dict[Buffer, int] = {}
-    usage.cycles = _cycles(kd, kd.kernel.body, chosen, usage, unroll, 1)
-    usage.cycles += sum(b.size for b in kd.local) + sum(b.size for b in kd.copy_in)
+    unroll = banks(kd.kernel, reuse)
+    usage.cycles = _cycles(kd, kd.kernel.body, chosen, usage, 1)
+    # a local's copy in or out moves one element per bank per cycle (hls.copy)
+    usage.cycles += sum(math.ceil(b.size / unroll.get(b, 1)) for b in [*kd.local, *kd.copy_in])
     arrays = [(b, design.formats.get(b), b.size) for b in kd.kernel.writes]
     arrays += [(b, f, b.size) for b, f in kd.local.items()]
     arrays += [(b, design.formats.get(b), b.size) for b in kd.kernel.reads if b in facts.constants]
@@ -132,26 +133,25 @@ def _memory(usage: Usage, width: int, size: int, banks: int) -> None:
         usage.bram_18k += banks * math.ceil(per_bank / BRAM_BITS)
 
 
-def _cycles(kd: KernelDesign, body: Sequence[Stmt], chosen: dict, usage: Usage, unroll: dict, around: int) -> int:
+def _cycles(kd: KernelDesign, body: Sequence[Stmt], chosen: dict, usage: Usage, around: int) -> int:
     total = 0
     for stmt in body:
         if isinstance(stmt, For):
             if id(stmt) in chosen:
-                copies = work(stmt.body)
-                depth = _iteration(kd, stmt.body, usage, unroll, copies)
+                depth = _iteration(kd, stmt.body, usage)
                 total += (around * trips(stmt) - 1) + depth if around * trips(stmt) else 0
             else:
-                inner = _cycles(kd, stmt.body, chosen, usage, unroll, 1)
+                inner = _cycles(kd, stmt.body, chosen, usage, 1)
                 total += trips(stmt) * (inner + 1)
         elif isinstance(stmt, If):
-            total += _cycles(kd, stmt.body, chosen, usage, unroll, around)
+            total += _cycles(kd, stmt.body, chosen, usage, around)
         else:
             total += 1
             _operators(kd, _values(stmt), usage, 1)
     return total
 
 
-def _iteration(kd: KernelDesign, body: Sequence[Stmt], usage: Usage, unroll: dict, copies: int) -> int:
+def _iteration(kd: KernelDesign, body: Sequence[Stmt], usage: Usage) -> int:
     """Depth of one pipelined iteration; its operators counted with every unrolled copy."""
     multiplies = adds = lookups = divisions = roots = 0
 
@@ -166,12 +166,6 @@ def _iteration(kd: KernelDesign, body: Sequence[Stmt], usage: Usage, unroll: dic
                 counts = _operators(kd, _values(stmt), usage, times)
                 multiplies, adds = multiplies + counts[0], adds + counts[1]
                 lookups, divisions, roots = lookups + counts[2], divisions + counts[3], roots + counts[4]
-                for e in _values(stmt):
-                    for node in postorder(e):
-                        if isinstance(node, Load):
-                            unroll[node.buffer] = max(unroll.get(node.buffer, 1), copies)
-                if isinstance(stmt, Store):
-                    unroll[stmt.buffer] = max(unroll.get(stmt.buffer, 1), copies)
 
     visit(body, 1)
     chain = 3 if multiplies else 0

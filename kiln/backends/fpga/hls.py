@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 from kiln.backends.fpga.fixed import Format, quantize, to_float
 from kiln.backends.fpga.formats import Design, KernelDesign, is_float
-from kiln.backends.fpga.schedule import pipelined
+from kiln.backends.fpga.schedule import banks, pipelined
 from kiln.backends.registry import PlanFacts
 from kiln.ir.types import DType
 from kiln.lower.kir import (
@@ -227,18 +227,34 @@ def _kernel(kd: KernelDesign, design: Design, facts: PlanFacts, reuse: int) -> s
     for buffer, fmt in kd.local.items():
         storage = "static " if buffer.size > STATIC_ELEMENTS else ""
         out.emit(f"{storage}{fmt.c_type()} l_{buffer.name}[{buffer.size}];")
+    partitions = banks(kernel, reuse)
+    for buffer, count in partitions.items():
+        name = f"l_{buffer.name}" if buffer in kd.local else buffer.name
+        how = "complete" if count >= buffer.size else f"cyclic factor={count}"
+        out.emit(f"#pragma HLS ARRAY_PARTITION variable={name} {how} dim=1")
     for buffer in kd.copy_in:
-        _copy(out, f"l_{buffer.name}", buffer.name, buffer.size)
+        _copy(out, f"l_{buffer.name}", buffer.name, buffer.size, partitions.get(buffer, 1))
     loops = pipelined(kernel, reuse)
     _Body(kd, design, out, loops, {b for b in facts.constants if is_float(b)}).block(kernel.body)
     for buffer in kd.local:
-        _copy(out, buffer.name, f"l_{buffer.name}", buffer.size)
+        _copy(out, buffer.name, f"l_{buffer.name}", buffer.size, partitions.get(buffer, 1))
     out.lines.append("}")
     return "\n".join(out.lines)
 
 
-def _copy(out: _Function, dest: str, source: str, size: int) -> None:
-    _stream(out, f"{dest}[i] = {source}[i];", size)
+def _copy(out: _Function, dest: str, source: str, size: int, banks: int) -> None:
+    """``dest = source``, one element per bank per cycle (both partitioned alike)."""
+    if banks <= 1:
+        _stream(out, f"{dest}[i] = {source}[i];", size)
+        return
+    out.emit(f"for (int c = 0; c < {-(-size // banks)}; ++c) {{")
+    out.emit("#pragma HLS PIPELINE II=1")
+    out.emit(f"  for (int j = 0; j < {banks}; ++j) {{")
+    out.emit("  #pragma HLS UNROLL")
+    out.emit(f"    int i = c * {banks} + j;")
+    out.emit(f"    if (i < {size}) {dest}[i] = {source}[i];")
+    out.emit("  }")
+    out.emit("}")
 
 
 class _Body:

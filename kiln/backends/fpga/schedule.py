@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from kiln.lower.kir import For, If, Kernel, Stmt
+from kiln.lower.kir import Assign, Buffer, For, If, Kernel, Let, Load, Stmt, Store, postorder
 
 MAX_UNROLL = 4096  # statement instances in one pipelined iteration
 
@@ -66,3 +66,28 @@ def pipelined(kernel: Kernel, reuse: int) -> dict[int, Pipelined]:
 
     visit(kernel.body, 1)
     return chosen
+
+
+def banks(kernel: Kernel, reuse: int) -> dict[Buffer, int]:
+    """The arrays a pipelined iteration of ``kernel`` reads or writes more than once, by buffer:
+    how many of its accesses one iteration makes (its unrolled copies), at most its size. Each is
+    ``ARRAY_PARTITION``-ed into that many banks (complete at its size) so the iteration's accesses
+    go in one cycle."""
+    found: dict[Buffer, int] = {}
+
+    def visit(body: Sequence[Stmt], times: int) -> None:
+        for stmt in body:
+            if isinstance(stmt, For):
+                visit(stmt.body, times * trips(stmt))
+            elif isinstance(stmt, If):
+                visit(stmt.body, times)
+            else:
+                values = [stmt.value] if isinstance(stmt, (Let, Assign, Store)) else []
+                touched = [n.buffer for e in values for n in postorder(e) if isinstance(n, Load)]
+                touched += [stmt.buffer] if isinstance(stmt, Store) else []
+                for buffer in touched:
+                    found[buffer] = min(max(found.get(buffer, 1), times), buffer.size)
+
+    for chosen in pipelined(kernel, reuse).values():
+        visit(chosen.loop.body, 1)
+    return {b: n for b, n in found.items() if n > 1}
