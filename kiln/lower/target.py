@@ -79,6 +79,13 @@ class Target:
         return ()
 
     @property
+    def pixel_major(self) -> bool:
+        """Whether its convolutions and poolings loop output pixel by output pixel, every channel
+        and tap of one pixel inside (an HLS pipeline taking a pixel per initiation interval, as a
+        stream of pixels arrives), rather than plane by plane as caches and SIMD want."""
+        return False
+
+    @property
     def summary(self) -> str:
         """A few words on what the code is for (``kiln compile``'s line, ``kiln targets``)."""
         return self.name

@@ -36,6 +36,7 @@ from kiln.lower.kir import (
 )
 from kiln.lower.lowering import CannotLower, Lowerer, default_schedule, nest
 from kiln.lower.nn_lowering import F64, require_float
+from kiln.lower.pixel_lowering import pixel_conv, pixel_nest
 from kiln.lower.pointwise import FLOAT_OPS
 
 F32 = DType.FLOAT32
@@ -347,6 +348,8 @@ def lower_conv(lw: Lowerer, node: Node, epilogue: Epilogue | None = None) -> lis
     out_channels, group_channels, kernel_h, kernel_w = w_shape
     _, _, out_h, out_w = out_shape
     group = int(node.attrs.get("group", 1))
+    if lw.target.pixel_major:
+        return [pixel_conv(lw, node, dtype, rank, (x_shape, w_shape, out_shape), window, group, epilogue)]
     blocked = blocked_depthwise(
         lw, node, dtype, rank, (x_shape, w_shape, out_shape), window, group, epilogue,
     )  # fmt: skip
@@ -418,14 +421,14 @@ def lower_pool(lw: Lowerer, node: Node) -> list[Kernel]:
     (stride_h, stride_w), (dil_h, dil_w), (pad_t, pad_l, pad_b, pad_r) = window
     _, channels, height, width = x_shape
     is_max = node.op == "MaxPool"
-    if is_max and dtype is F32:
+    if is_max and dtype is F32 and not lw.target.pixel_major:
         window = (kernel, (stride_h, stride_w), (dil_h, dil_w), (pad_t, pad_l))
         return [_max_pool_rows(lw, node, x_shape, out_shape, window)]
     power = float(node.attrs.get("p", 2)) if node.op == "LpPool" else None
     include_pad = bool(node.attrs.get("count_include_pad", 0))
     x_buf, dst = lw.buffer(x), lw.buffer(out)
 
-    def body(indices: list[Index]) -> list[Stmt]:
+    def body(indices: list[Expr]) -> list[Stmt]:
         nc, oh, ow = indices
         acc, count, padded = lw.scalar(F64, "acc"), lw.scalar(DType.INT64, "cnt"), lw.scalar(DType.INT64, "pad")
         kh, kw = lw.index("kh"), lw.index("kw")
@@ -476,6 +479,14 @@ def lower_pool(lw: Lowerer, node: Node) -> list[Kernel]:
             Store(dst, target, Cast(dtype, final)),
         ]
 
+    if lw.target.pixel_major:  # pixel by pixel, every channel's window inside
+
+        def channels_of(n: Index, oh: Index, ow: Index) -> list[Stmt]:
+            c = lw.index("c")
+            return [For(c, channels, body([add(Binary("*", n, i64(channels)), c), oh, ow]))]
+
+        stmts, schedule = pixel_nest(lw, x_shape[0], out_shape[2], out_shape[3], channels_of)
+        return [lw.kernel(node, "pool", stmts, [x], [out], schedule)]
     loop_shape = (x_shape[0] * channels, out_shape[2], out_shape[3])
     stmts, indices = nest(lw, loop_shape, body)
     return [lw.kernel(node, "pool", stmts, [x], [out], default_schedule(lw.target, loop_shape, indices))]

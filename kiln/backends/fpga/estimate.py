@@ -4,7 +4,8 @@ analytical, from the formulas below, and labelled as estimates wherever they are
 Per kernel, from its loop nest and the schedule (``schedule.pipelined``):
 
 - latency: a pipelined loop of N iterations (counted with the sequential loops around it) takes
-  (N - 1) * II + depth cycles, II = 1; depth = 3 for a DSP multiply + ceil(log2(adds + 1)) for the
+  (N - 1) * II + depth cycles (II = 1, or the reuse factor for a pixel loop, whose operators
+  are then shared II ways); depth = 3 for a DSP multiply + ceil(log2(adds + 1)) for the
   unrolled adder tree + 2 per ROM lookup + 48 per division + 24 per square root (Vitis'
   sequential cores); a loop left sequential costs its trips times its body plus one cycle per
   trip; each local's copy in or out one cycle per bank's worth of elements. Under DATAFLOW kernels overlap: the
@@ -138,8 +139,14 @@ def _cycles(kd: KernelDesign, body: Sequence[Stmt], chosen: dict, usage: Usage, 
     for stmt in body:
         if isinstance(stmt, For):
             if id(stmt) in chosen:
-                depth = _iteration(kd, stmt.body, usage)
-                total += (around * trips(stmt) - 1) + depth if around * trips(stmt) else 0
+                interval = chosen[id(stmt)].interval
+                own = Usage(lut=0)
+                depth = _iteration(kd, stmt.body, own)
+                # an interval of II cycles shares each operator II ways (Vitis' resource sharing)
+                usage.dsp += math.ceil(own.dsp / interval)
+                usage.lut += math.ceil(own.lut / interval)
+                usage.ff += own.ff
+                total += (around * trips(stmt) - 1) * interval + depth if around * trips(stmt) else 0
             else:
                 inner = _cycles(kd, stmt.body, chosen, usage, 1)
                 total += trips(stmt) * (inner + 1)

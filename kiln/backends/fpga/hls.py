@@ -8,8 +8,8 @@ The source is what Vitis HLS synthesizes and what g++ builds for the C simulatio
   tensor in one loop when the kernel ends;
 - each float expression node is a typed temporary (``ap_fixed<W, I>``), so its width is the
   design's, not the compiler's; integer index arithmetic is plain C (``long long``);
-- the schedule is directives: ``#pragma HLS PIPELINE II=1`` on the loop ``schedule.pipelined``
-  picks for the reuse factor, arrays read in an unrolled iteration ``ARRAY_PARTITION``-ed;
+- the schedule is directives: ``#pragma HLS PIPELINE II=`` on the loop ``schedule.pipelined``
+  picks for the reuse factor (II = 1, or the reuse factor on a convolution's pixel loop), arrays read in an unrolled iteration ``ARRAY_PARTITION``-ed;
 - a segment's top function takes its inputs and outputs as AXI-Stream ports
   (``hls::stream``), its kernels connected by arrays under ``#pragma HLS DATAFLOW``;
 - ``kiln_segment<i>(void **table)`` (compiled only outside synthesis) is the C simulation's entry:
@@ -269,7 +269,7 @@ class _Body:
                 out.emit(f"for (int {i} = {stmt.start}; {i} < {stmt.extent}; ++{i}) {{")
                 out.depth += 1
                 if id(stmt) in self.loops:
-                    out.emit("#pragma HLS PIPELINE II=1")
+                    out.emit(f"#pragma HLS PIPELINE II={self.loops[id(stmt)].interval}")
                 self.block(stmt.body)
                 out.depth -= 1
                 out.emit("}")

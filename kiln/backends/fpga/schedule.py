@@ -24,6 +24,7 @@ class Pipelined:
     loop: For
     iterations: int  # of the pipelined loop, counted with the loops around it (the reuse)
     unrolled: int  # statement instances in one iteration
+    interval: int = 1  # cycles between iterations (II): its operators shared this many ways
 
 
 def trips(loop: For) -> int:
@@ -49,8 +50,14 @@ def has_loops(body: Sequence[Stmt]) -> bool:
 
 
 def pipelined(kernel: Kernel, reuse: int) -> dict[int, Pipelined]:
-    """The loops to pipeline in ``kernel`` (by ``id``), for reuse factor ``reuse``."""
+    """The loops to pipeline in ``kernel`` (by ``id``), for reuse factor ``reuse``.
+
+    A loop the kernel's schedule marks (``Schedule.pipeline``: a pixel loop, interval 0 meaning
+    the target's) is pipelined at an interval of ``reuse`` cycles, its operators shared
+    ``reuse`` ways (hls4ml's convolution: one output pixel per R cycles), when one iteration
+    unrolls to at most ``MAX_UNROLL``; every other loop by the rule above."""
     chosen: dict[int, Pipelined] = {}
+    marked = kernel.schedule.pipeline
 
     def visit(body: Sequence[Stmt], around: int) -> None:
         for stmt in body:
@@ -59,13 +66,28 @@ def pipelined(kernel: Kernel, reuse: int) -> dict[int, Pipelined]:
             elif isinstance(stmt, For):
                 count = around * trips(stmt)
                 inner = work(stmt.body)
-                if not has_loops(stmt.body) or (count >= reuse and inner <= MAX_UNROLL):
+                if stmt.index.name in marked and inner <= MAX_UNROLL:
+                    chosen[id(stmt)] = Pipelined(stmt, count, inner, marked[stmt.index.name] or reuse)
+                elif marked and any(name in marked for name in _names(stmt.body)):
+                    visit(stmt.body, count)
+                elif not has_loops(stmt.body) or (count >= reuse and inner <= MAX_UNROLL):
                     chosen[id(stmt)] = Pipelined(stmt, count, inner)
                 else:
                     visit(stmt.body, count)
 
     visit(kernel.body, 1)
     return chosen
+
+
+def _names(body: Sequence[Stmt]) -> set[str]:
+    found: set[str] = set()
+    for stmt in body:
+        if isinstance(stmt, For):
+            found.add(stmt.index.name)
+            found |= _names(stmt.body)
+        elif isinstance(stmt, If):
+            found |= _names(stmt.body)
+    return found
 
 
 def banks(kernel: Kernel, reuse: int) -> dict[Buffer, int]:

@@ -52,6 +52,10 @@ class FpgaTarget(Target):
         return 4  # the loop nests' shape (one element per iteration; the schedule unrolls)
 
     @property
+    def pixel_major(self) -> bool:
+        return True  # a convolution's pipeline takes one output pixel per initiation interval
+
+    @property
     def resources(self) -> Part:
         return PARTS[self.part]
 
