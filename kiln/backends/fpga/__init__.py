@@ -25,6 +25,7 @@ from kiln.backends.fpga.estimate import Estimate, check_fits, estimate
 from kiln.backends.fpga.formats import Design, DesignError, design
 from kiln.backends.fpga.hls import render as render_hls
 from kiln.backends.fpga.project import estimate_json
+from kiln.backends.fpga.streams import segment_streams
 from kiln.backends.fpga.target import FpgaTarget, parse_variant
 from kiln.backends.registry import Backend, BuildOptions, Loaded, PlanFacts, Section, Threading, library_runner
 from kiln.errors import CompilerError, KilnError
@@ -101,11 +102,15 @@ class FpgaBackend(Backend):
 
     def design(self, segments: Sequence[Sequence[Kernel]], facts: PlanFacts, target: FpgaTarget) -> Design:
         try:
-            return design(segments, facts, target.bits)
+            found = design(segments, facts, target.bits)
         except DesignError:
             raise
         except (KeyError, AssertionError) as err:  # a construct the design does not cover
             raise DesignError(f"the fpga target cannot make a fixed-point design of this plan: {err!r}") from None
+        by_kernel = {kd.kernel.name: kd for kd in found.kernels}
+        for number, segment in enumerate(segments):
+            found.streams.update(segment_streams(number, [by_kernel[k.name] for k in segment], facts, target.reuse))
+        return found
 
     def build(self, source: str, target: Target, options: BuildOptions) -> tuple[Path, ...]:
         missing = self.available()

@@ -20,6 +20,9 @@ Per kernel, from its loop nest and the schedule (``schedule.pipelined``):
 - LUT: W per adder and comparator and W per select, per instance, and 200 per kernel (control);
   FF: the widths of every temporary of a pipelined iteration, per instance, and registers above.
 
+Streams (``streams``): a tensor a kernel stores in its stream's order takes no memory, a
+consumer's window its size; each fill costs its step plus one cycle per group.
+
 ``check_fits`` compares the totals with the part (``target.PARTS``) and names the largest user of
 a resource that does not fit.
 """
@@ -111,9 +114,23 @@ def _kernel(kd: KernelDesign, design: Design, facts: PlanFacts, reuse: int) -> U
     usage.reuse = max((p.iterations for p in chosen.values()), default=1)
     unroll = banks(kd.kernel, reuse)
     usage.cycles = _cycles(kd, kd.kernel.body, chosen, usage, 1)
-    # a local's copy in or out moves one element per bank per cycle (hls.copy)
-    usage.cycles += sum(math.ceil(b.size / unroll.get(b, 1)) for b in [*kd.local, *kd.copy_in])
-    arrays = [(b, design.formats.get(b), b.size) for b in kd.kernel.writes]
+    name = kd.kernel.name
+    sinks = {b: c for b, c in design.streams.items() if c.producer == name}
+    sources = {b: c for b, c in design.streams.items() if c.consumer == name}
+    # a local's copy in or out moves one element per bank per cycle (hls.copy), into a stream one
+    usage.cycles += sum(b.size if b in sinks else math.ceil(b.size / unroll.get(b, 1)) for b in kd.local)
+    usage.cycles += sum(math.ceil(b.size / unroll.get(b, 1)) for b in kd.copy_in)
+    usage.cycles += sum(b.size for b, c in sinks.items() if c.staged)
+    for channel in sources.values():  # each group's fill, one element per cycle, and the drain
+        window = channel.window
+        usage.cycles += len(window.needs) * (window.step + 1) + channel.buffer.size - window.needs[-1]
+    # a tensor streamed out as it is stored is no array; a window holds what its groups need
+    arrays = [
+        (b, design.formats.get(b), b.size)
+        for b in kd.kernel.writes
+        if b not in sinks or sinks[b].staged or b in kd.local
+    ]
+    arrays += [(b, design.formats.get(b), c.window.size) for b, c in sources.items()]
     arrays += [(b, f, b.size) for b, f in kd.local.items()]
     arrays += [(b, design.formats.get(b), b.size) for b in kd.kernel.reads if b in facts.constants]
     for buffer, fmt, size in arrays:

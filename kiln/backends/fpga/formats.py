@@ -81,6 +81,7 @@ class Design:
     formats: dict[Buffer, Format]
     kernels: list[KernelDesign]
     bits: int
+    streams: dict = field(default_factory=dict)  # Buffer -> streams.Channel (the backend fills it in)
 
 
 def is_float(buffer: Buffer) -> bool:

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from kiln.backends.fpga.fixed import Format, quantize, to_float
 from kiln.backends.fpga.formats import Design, KernelDesign, is_float
 from kiln.backends.fpga.schedule import banks, pipelined
+from kiln.backends.fpga.streams import Channel, drain, fill, segment_tensors
 from kiln.backends.registry import PlanFacts
 from kiln.ir.types import DType
 from kiln.lower.kir import (
@@ -156,9 +157,11 @@ def render(
             parts.append(_rom(buffer, values, design))
     by_kernel = {kd.kernel.name: kd for kd in design.kernels}
     for kd in design.kernels:
-        parts.append(_kernel(kd, design, facts, reuse))
+        parts.append(_kernel(kd, design, facts, reuse, design.streams))
     for number, segment in enumerate(segments):
-        parts.append(_top(number, [by_kernel[k.name] for k in segment], design, facts, slots))
+        names = {k.name for k in segment}
+        streams = {b: c for b, c in design.streams.items() if c.consumer in names}
+        parts.append(_top(number, [by_kernel[k.name] for k in segment], design, facts, slots, streams))
     return "\n".join(parts) + "\n"
 
 
@@ -212,12 +215,19 @@ def _reports(kd: KernelDesign) -> bool:
     return any(b.name == STATUS for b in _stored(kd.kernel.body))
 
 
-def _kernel(kd: KernelDesign, design: Design, facts: PlanFacts, reuse: int) -> str:
+def _kernel(kd: KernelDesign, design: Design, facts: PlanFacts, reuse: int, streams: dict[Buffer, Channel]) -> str:
     kernel = kd.kernel
     params = _params(kd, facts, design)
     written = set(kernel.writes) | set(_stored(kernel.body))
+    sources = {b: c for b, c in streams.items() if c.consumer == kernel.name}
+    sinks = {b: c for b, c in streams.items() if c.producer == kernel.name}
     signature = ", ".join(
-        [f"{'const ' if b not in written else ''}{element_type(b, design)} {b.name}[{b.size}]" for b in params]
+        [
+            f"hls::stream<{element_type(b, design)}> &s_{b.name}"
+            if b in sources or b in sinks
+            else f"{'const ' if b not in written else ''}{element_type(b, design)} {b.name}[{b.size}]"
+            for b in params
+        ]
         + (["int status[1]"] if _reports(kd) else [])
     )
     out = _Function()
@@ -227,19 +237,50 @@ def _kernel(kd: KernelDesign, design: Design, facts: PlanFacts, reuse: int) -> s
     for buffer, fmt in kd.local.items():
         storage = "static " if buffer.size > STATIC_ELEMENTS else ""
         out.emit(f"{storage}{fmt.c_type()} l_{buffer.name}[{buffer.size}];")
+    staged = [b for b, c in sinks.items() if c.staged]
+    for buffer in staged:  # computed whole, streamed out when the kernel ends
+        storage = "static " if buffer.size > STATIC_ELEMENTS else ""
+        out.emit(f"{storage}{element_type(buffer, design)} {buffer.name}[{buffer.size}];")
+    _windows(out, sources, design)
     partitions = banks(kernel, reuse)
     for buffer, count in partitions.items():
-        name = f"l_{buffer.name}" if buffer in kd.local else buffer.name
-        how = "complete" if count >= buffer.size else f"cyclic factor={count}"
+        if buffer in sinks and not (buffer in kd.local or buffer in staged):
+            continue  # written to its stream
+        size = sources[buffer].window.size if buffer in sources else buffer.size
+        name = f"w_{buffer.name}" if buffer in sources else f"l_{buffer.name}" if buffer in kd.local else buffer.name
+        how = "complete" if count >= size else f"cyclic factor={count}"
         out.emit(f"#pragma HLS ARRAY_PARTITION variable={name} {how} dim=1")
     for buffer in kd.copy_in:
         _copy(out, f"l_{buffer.name}", buffer.name, buffer.size, partitions.get(buffer, 1))
     loops = pipelined(kernel, reuse)
-    _Body(kd, design, out, loops, {b for b in facts.constants if is_float(b)}).block(kernel.body)
+    body = _Body(kd, design, out, loops, {b for b in facts.constants if is_float(b)})
+    body.sources, body.sinks = sources, {b: c for b, c in sinks.items() if not c.staged and b not in kd.local}
+    for channel in sources.values():
+        if not channel.window.groups:
+            fill(channel, out.emit, f"need_{channel.buffer.name}")
+    body.block(kernel.body)
     for buffer in kd.local:
-        _copy(out, buffer.name, f"l_{buffer.name}", buffer.size, partitions.get(buffer, 1))
+        if buffer in sinks:
+            _stream(out, f"s_{buffer.name}.write(l_{buffer.name}[i]);", buffer.size)
+        else:
+            _copy(out, buffer.name, f"l_{buffer.name}", buffer.size, partitions.get(buffer, 1))
+    for buffer in staged:
+        _stream(out, f"s_{buffer.name}.write({buffer.name}[i]);", buffer.size)
+    for channel in sources.values():
+        drain(channel, out.emit)
     out.lines.append("}")
     return "\n".join(out.lines)
+
+
+def _windows(out: _Function, sources: dict[Buffer, Channel], design: Design) -> None:
+    """A consumer's windows of its input streams: the buffer, its read count, each group's need."""
+    for buffer, channel in sources.items():
+        window = channel.window
+        storage = "static " if window.size > STATIC_ELEMENTS else ""
+        out.emit(f"{storage}{element_type(buffer, design)} w_{buffer.name}[{window.size}];  // of {buffer.size}")
+        out.emit(f"int r_{buffer.name} = 0;")
+        needs = ",".join(str(n) for n in window.needs)
+        out.emit(f"static const int need_{buffer.name}[{len(window.needs)}] = {{{needs}}};")
 
 
 def _copy(out: _Function, dest: str, source: str, size: int, banks: int) -> None:
@@ -260,6 +301,8 @@ def _copy(out: _Function, dest: str, source: str, size: int, banks: int) -> None
 class _Body:
     def __init__(self, kd: KernelDesign, design: Design, out: _Function, loops: dict, roms: set[Buffer]) -> None:
         self.kd, self.design, self.out, self.loops, self.roms = kd, design, out, loops, roms
+        self.sources: dict[Buffer, Channel] = {}  # input streams read through windows
+        self.sinks: dict[Buffer, Channel] = {}  # output streams written in store order
 
     def block(self, body: Sequence[Stmt]) -> None:
         out = self.out
@@ -270,6 +313,9 @@ class _Body:
                 out.depth += 1
                 if id(stmt) in self.loops:
                     out.emit(f"#pragma HLS PIPELINE II={self.loops[id(stmt)].interval}")
+                for channel in self.sources.values():
+                    if channel.window.groups and channel.window.groups[-1] is stmt:
+                        fill(channel, out.emit, f"need_{channel.buffer.name}")
                 self.block(stmt.body)
                 out.depth -= 1
                 out.emit("}")
@@ -289,6 +335,9 @@ class _Body:
             elif isinstance(stmt, Store):
                 index = self.expression(stmt.index)
                 value = self.expression(stmt.value)
+                if stmt.buffer in self.sinks:  # in the order the stream carries (streams.Order)
+                    out.emit(f"s_{stmt.buffer.name}.write({element_type(stmt.buffer, self.design)}({value}));")
+                    continue
                 name = f"l_{stmt.buffer.name}" if stmt.buffer in self.kd.local else stmt.buffer.name
                 out.emit(f"{name}[{index}] = {value};")
 
@@ -332,6 +381,9 @@ class _Body:
                 index = f"kiln_clamp({index}, {node.buffer.size})"
             if node.buffer in self.roms:
                 return rom_read(node.buffer.name, self.design.formats[node.buffer], index)
+            if node.buffer in self.sources:
+                channel = self.sources[node.buffer]
+                return f"w_{node.buffer.name}[{channel.order.text(index)} % {channel.window.size}]"
             name = f"l_{node.buffer.name}" if node.buffer in self.kd.local else node.buffer.name
             return f"{name}[{index}]"
         if isinstance(node, Select):
@@ -396,19 +448,16 @@ class _Body:
         return rom_read(rom, table.out, index)
 
 
-def _top(number: int, kernels: list[KernelDesign], design: Design, facts: PlanFacts, slots: dict[Buffer, int]) -> str:
+def _top(
+    number: int,
+    kernels: list[KernelDesign],
+    design: Design,
+    facts: PlanFacts,
+    slots: dict[Buffer, int],
+    streams: dict[Buffer, Channel],
+) -> str:
     """The segment's top function (streams in and out, DATAFLOW) and its C-simulation entry."""
-    written: set[Buffer] = set()
-    inputs: list[Buffer] = []
-    for kd in kernels:
-        for buffer in kd.kernel.reads:
-            if buffer not in written and buffer not in facts.constants and buffer not in inputs:
-                inputs.append(buffer)
-        written.update(kd.kernel.writes)
-    outputs = [b for b in dict.fromkeys(b for kd in kernels for b in kd.kernel.writes) if b in facts.live[number]]
-    inner = [
-        b for b in dict.fromkeys(b for kd in kernels for b in kd.kernel.writes) if b not in outputs and b not in inputs
-    ]
+    inputs, outputs, inner = segment_tensors(number, kernels, facts)
     ports = [f"hls::stream<{element_type(b, design)}> &s_{b.name}" for b in [*inputs, *outputs]]
     reports = any(_reports(kd) for kd in kernels)
     if reports:
@@ -422,12 +471,20 @@ def _top(number: int, kernels: list[KernelDesign], design: Design, facts: PlanFa
     out.emit("#pragma HLS INTERFACE ap_ctrl_hs port=return")
     out.emit("#pragma HLS DATAFLOW")
     for b in [*inputs, *outputs, *inner]:
+        if b in streams:
+            # a consumer with several input streams may wait on one while another fills: those
+            # FIFOs hold a whole tensor (no deadlock under DATAFLOW); a chain's hold two
+            many = sum(1 for c in streams.values() if c.consumer == streams[b].consumer) > 1
+            out.emit(f"hls::stream<{element_type(b, design)}> s_{b.name};")
+            out.emit(f"#pragma HLS STREAM variable=s_{b.name} depth={b.size if many else 2}")
+            continue
         storage = "static " if b.size > STATIC_ELEMENTS else ""
         out.emit(f"{storage}{element_type(b, design)} {b.name}[{b.size}];")
     for b in inputs:
         _stream(out, f"{b.name}[i] = s_{b.name}.read();", b.size)
     for kd in kernels:
-        arguments = [b.name for b in _params(kd, facts, design)] + (["status"] if _reports(kd) else [])
+        arguments = [f"s_{b.name}" if b in streams else b.name for b in _params(kd, facts, design)]
+        arguments += ["status"] if _reports(kd) else []
         out.emit(f"{kd.kernel.name}({', '.join(arguments)});")
     for b in outputs:
         _stream(out, f"s_{b.name}.write({b.name}[i]);", b.size)

@@ -52,6 +52,7 @@ class KilnFpgaBackend(KilnBackend):
     def compile(self, model: Any, example: dict[str, np.ndarray]) -> None:
         import kiln
         from kiln.backends.fpga import DESIGNS
+        from kiln.driver import plan_cache
         from kiln.backends.fpga.estimate import DoesNotFit
         from kiln.backends.fpga.project import estimate_json
         from kiln.bench.backends.onnxruntime_backend import CALIBRATION_SEEDS
@@ -62,6 +63,7 @@ class KilnFpgaBackend(KilnBackend):
             with cold_cache():  # nothing cached, as every peer's compile: calibration, design, g++
                 compiled = kiln.compile(str(model.onnx_path), target=self.target, calibration=calibration)
                 compiled.prepare(example)  # the C simulation built and loaded before its cache folder goes
+                plan_cache.wait()  # the plan's background save, before its folder goes
         except DoesNotFit as err:  # what the model would need on the part: the row says it
             raise Unavailable(str(err)) from None
         if compiled.accuracy is not None:
