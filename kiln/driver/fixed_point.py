@@ -119,6 +119,11 @@ def design_of(model: Any) -> list[tuple[Any, Any, Any]]:
     return found
 
 
+def _input_names(model: Any, plan: Any) -> list[str]:
+    """The user's names of the plan's inputs, in order (the plan's own may be renamed)."""
+    return list(getattr(model, "input_names", [v.name for v in plan.graph.inputs]))
+
+
 def reference_run(model: Any, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """``model`` (one plan, no fallbacks) run by the fixed-point reference in Python integers:
     what its C simulation must equal bit for bit."""
@@ -126,8 +131,8 @@ def reference_run(model: Any, feeds: dict[str, np.ndarray]) -> dict[str, np.ndar
 
     ((plan, design, facts),) = design_of(model)
     memory: dict[Any, np.ndarray] = {}
-    for value, buffer in zip(plan.graph.inputs, facts.inputs, strict=True):
-        array = np.asarray(feeds[value.name])
+    for name, buffer in zip(_input_names(model, plan), facts.inputs, strict=True):
+        array = np.asarray(feeds[name])
         fmt = design.formats.get(buffer)
         memory[buffer] = quantized(array, fmt) if fmt is not None else np.array(array.reshape(-1), dtype=object)
     for buffer, array in facts.constants.items():
@@ -138,11 +143,12 @@ def reference_run(model: Any, feeds: dict[str, np.ndarray]) -> dict[str, np.ndar
             memory.setdefault(buffer, np.zeros(buffer.size, dtype=object))
     run_design(design, memory)
     results = {}
-    for value, buffer in zip(plan.graph.outputs, facts.outputs, strict=True):
+    names = list(getattr(model, "output_names", [v.name for v in plan.graph.outputs]))  # the user's, in order
+    for name, value, buffer in zip(names, plan.graph.outputs, facts.outputs, strict=True):
         fmt = design.formats.get(buffer)
         shape = tuple(int(d) for d in value.type.shape)
         values = floats(memory[buffer], fmt) if fmt is not None else np.array(list(memory[buffer]))
-        results[value.name] = values.reshape(shape)
+        results[name] = values.reshape(shape)
     return results
 
 
@@ -161,7 +167,7 @@ def write_fpga_project(model: Any, folder: Any, feeds: dict[str, np.ndarray]) ->
         names = ", ".join(f.node.label for f in plan.fallbacks)
         raise KilnError(f"the fpga design cannot include {names} (it runs on the host): no project is written")
     expected = reference_run(model, feeds)
-    inputs = [np.asarray(feeds[v.name]) for v in plan.graph.inputs]
-    outputs = [expected[v.name] for v in plan.graph.outputs]
+    inputs = [np.asarray(feeds[name]) for name in _input_names(model, plan)]
+    outputs = list(expected.values())  # in the plan's output order
     found = estimate(design, facts, plan.target)
     return write_project(Path(folder), plan.source, design, facts, plan.target, found, inputs, outputs)

@@ -85,3 +85,41 @@ def test_the_estimates_count_windows_not_feature_maps(tmp_path):
         return found.total.ff + 18432 * found.total.bram_18k
 
     assert memory(streamed) < memory(arrays)
+
+
+def test_m_axi_puts_weights_that_do_not_fit_in_ddr_and_its_project_passes(tmp_path):
+    """interface=m_axi: tensors behind AXI masters with s_axilite control; weights=ddr reads the
+    large weights through a port per kernel (bursts); the C simulation is still bit for bit, and
+    the project's own testbench (g++, no kiln) passes."""
+    import subprocess
+
+    from kiln.driver.fixed_point import write_fpga_project
+
+    torch.manual_seed(2)
+    net = torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4)).eval()
+    path = tmp_path / "mlp.onnx"
+    torch.onnx.export(net, (torch.randn(1, 64),), str(path), dynamo=False, opset_version=13, input_names=["x"])
+    rng = np.random.default_rng(0)
+    samples = [{"x": rng.standard_normal((1, 64)).astype(np.float32)} for _ in range(6)]
+    on_chip = kiln.compile(str(path), target="fpga:vitis,interface=m_axi", calibration=samples)
+    assert "ddr_" not in on_chip.plans[0].source  # auto: they fit on the part, so ROMs
+    compiled = kiln.compile(str(path), target="fpga:vitis,interface=m_axi,weights=ddr", calibration=samples)
+    source = compiled.plans[0].source
+    assert "#pragma HLS INTERFACE m_axi port=ddr_" in source and "#pragma HLS INTERFACE s_axilite port=return" in source
+    assert "#pragma HLS INTERFACE axis" not in source and check(source) == []
+    # the 64x32 weight (2,048 >= 1,024 elements) is read from DDR; the 32x4 one stays a ROM
+    assert source.count("m_axi port=ddr_") == 1
+    for feeds in samples[:2]:
+        got, want = compiled.run(feeds), reference_run(compiled, feeds)
+        for key in want:
+            np.testing.assert_array_equal(got[key], want[key])
+    folder = tmp_path / "prj"
+    write_fpga_project(compiled, folder, samples[0])
+    binary = tmp_path / "tb"
+    build = [
+        "g++", "-std=c++14", "-O1", "-w", f"-I{ap_types()}", "tb/kiln_tb.cpp", "firmware/kiln_model.cpp",
+        "-o", str(binary),
+    ]  # fmt: skip
+    subprocess.run(build, cwd=folder, check=True, capture_output=True)
+    result = subprocess.run([str(binary)], cwd=folder, capture_output=True, text=True)
+    assert result.returncode == 0 and "PASSED" in result.stdout, result.stdout

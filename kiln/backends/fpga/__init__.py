@@ -94,7 +94,7 @@ class FpgaBackend(Backend):
         found = self.design(segments, facts, target)
         estimated = estimate(found, facts, target)
         check_fits(estimated, target, {k.name: ", ".join(k.sources) for s in segments for k in s})
-        source = render_hls(found, facts, segments, table, target.reuse, target.spec or "fpga:vitis")
+        source = render_hls(found, facts, segments, table, target)
         DESIGNS[source] = (found, facts, estimated)  # for explain and project writing in this process
         while len(DESIGNS) > 16:
             DESIGNS.pop(next(iter(DESIGNS)))

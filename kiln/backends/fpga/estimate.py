@@ -23,6 +23,10 @@ Per kernel, from its loop nest and the schedule (``schedule.pipelined``):
 Streams (``streams``): a tensor a kernel stores in its stream's order takes no memory, a
 consumer's window its size; each fill costs its step plus one cycle per group.
 
+Weights in DDR (``interface=m_axi``, ``axi``) take no on-chip memory; a pipelined loop reading
+them runs at an interval of at least the AXI beats (512 bits each) one iteration's words take,
+plus ``axi.DDR_LATENCY`` cycles per kernel for the first burst.
+
 ``check_fits`` compares the totals with the part (``target.PARTS``) and names the largest user of
 a resource that does not fit.
 """
@@ -33,12 +37,13 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from kiln.backends.fpga import axi
 from kiln.backends.fpga.formats import Design, KernelDesign
 from kiln.backends.fpga.schedule import banks, pipelined, trips
 from kiln.backends.fpga.target import FpgaTarget
 from kiln.backends.registry import PlanFacts
 from kiln.errors import KilnError
-from kiln.lower.kir import Assign, Binary, Expr, For, If, Let, Select, Stmt, Store, Unary, postorder
+from kiln.lower.kir import Assign, Binary, Buffer, Expr, For, If, Let, Load, Select, Stmt, Store, Unary, postorder
 
 BRAM_BITS = 18432
 SMALL_ARRAY_BITS = 1024
@@ -84,8 +89,9 @@ class Estimate:
 
 def estimate(design: Design, facts: PlanFacts, target: FpgaTarget) -> Estimate:
     found = Estimate(clock_mhz=target.clock_mhz)
+    ddr = axi.in_ddr(design, facts, target)
     for kd in design.kernels:
-        usage = _kernel(kd, design, facts, target.reuse)
+        usage = _kernel(kd, design, facts, target.reuse, ddr)
         found.kernels.append((kd, usage))
         found.total.add(usage)
         found.latency += usage.cycles
@@ -108,12 +114,14 @@ def check_fits(found: Estimate, target: FpgaTarget, names: dict[str, str]) -> No
             )
 
 
-def _kernel(kd: KernelDesign, design: Design, facts: PlanFacts, reuse: int) -> Usage:
+def _kernel(kd: KernelDesign, design: Design, facts: PlanFacts, reuse: int, ddr: set[Buffer]) -> Usage:
     usage = Usage(lut=200)
     chosen = pipelined(kd.kernel, reuse)
     usage.reuse = max((p.iterations for p in chosen.values()), default=1)
     unroll = banks(kd.kernel, reuse)
-    usage.cycles = _cycles(kd, kd.kernel.body, chosen, usage, 1)
+    reads = {b: design.formats[b].width for b in kd.kernel.reads if b in ddr}
+    usage.cycles = _cycles(kd, kd.kernel.body, chosen, usage, 1, reads)
+    usage.cycles += axi.DDR_LATENCY if reads else 0
     name = kd.kernel.name
     sinks = {b: c for b, c in design.streams.items() if c.producer == name}
     sources = {b: c for b, c in design.streams.items() if c.consumer == name}
@@ -132,7 +140,7 @@ def _kernel(kd: KernelDesign, design: Design, facts: PlanFacts, reuse: int) -> U
     ]
     arrays += [(b, design.formats.get(b), c.window.size) for b, c in sources.items()]
     arrays += [(b, f, b.size) for b, f in kd.local.items()]
-    arrays += [(b, design.formats.get(b), b.size) for b in kd.kernel.reads if b in facts.constants]
+    arrays += [(b, design.formats.get(b), b.size) for b in kd.kernel.reads if b in facts.constants and b not in ddr]
     for buffer, fmt, size in arrays:
         width = fmt.width if fmt is not None else buffer.dtype.numpy.itemsize * 8
         _memory(usage, width, size, unroll.get(buffer, 1))
@@ -151,12 +159,14 @@ def _memory(usage: Usage, width: int, size: int, banks: int) -> None:
         usage.bram_18k += banks * math.ceil(per_bank / BRAM_BITS)
 
 
-def _cycles(kd: KernelDesign, body: Sequence[Stmt], chosen: dict, usage: Usage, around: int) -> int:
+def _cycles(kd: KernelDesign, body: Sequence[Stmt], chosen: dict, usage: Usage, around: int, ddr: dict) -> int:
+    """Cycles of ``body``; ``ddr``: the weights read from DDR (their widths), whose words a
+    pipelined iteration needs in AXI beats (its interval at least that many)."""
     total = 0
     for stmt in body:
         if isinstance(stmt, For):
             if id(stmt) in chosen:
-                interval = chosen[id(stmt)].interval
+                interval = max(chosen[id(stmt)].interval, _beats(stmt.body, ddr))
                 own = Usage(lut=0)
                 depth = _iteration(kd, stmt.body, own)
                 # an interval of II cycles shares each operator II ways (Vitis' resource sharing)
@@ -165,14 +175,35 @@ def _cycles(kd: KernelDesign, body: Sequence[Stmt], chosen: dict, usage: Usage, 
                 usage.ff += own.ff
                 total += (around * trips(stmt) - 1) * interval + depth if around * trips(stmt) else 0
             else:
-                inner = _cycles(kd, stmt.body, chosen, usage, 1)
+                inner = _cycles(kd, stmt.body, chosen, usage, 1, ddr)
                 total += trips(stmt) * (inner + 1)
         elif isinstance(stmt, If):
-            total += _cycles(kd, stmt.body, chosen, usage, around)
+            total += _cycles(kd, stmt.body, chosen, usage, around, ddr)
         else:
             total += 1
             _operators(kd, _values(stmt), usage, 1)
     return total
+
+
+def _beats(body: Sequence[Stmt], ddr: dict) -> int:
+    """AXI beats of the DDR words one iteration of ``body`` (unrolled) reads."""
+    if not ddr:
+        return 1
+    bits = 0
+
+    def visit(stmts: Sequence[Stmt], times: int) -> None:
+        nonlocal bits
+        for stmt in stmts:
+            if isinstance(stmt, For):
+                visit(stmt.body, times * trips(stmt))
+            elif isinstance(stmt, If):
+                visit(stmt.body, times)
+            else:
+                for e in _values(stmt):
+                    bits += times * sum(ddr[n.buffer] for n in postorder(e) if isinstance(n, Load) and n.buffer in ddr)
+
+    visit(body, 1)
+    return max(1, axi.beats(bits, 1))
 
 
 def _iteration(kd: KernelDesign, body: Sequence[Stmt], usage: Usage) -> int:

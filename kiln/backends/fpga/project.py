@@ -56,7 +56,7 @@ def write_project(
     put("firmware/kiln_model.h", header(source))
     put("tb/inputs.dat", "\n".join(" ".join(repr(float(v)) for v in a.reshape(-1)) for a in inputs) + "\n")
     put("tb/expected.dat", "\n".join(" ".join(repr(float(v)) for v in a.reshape(-1)) for a in expected) + "\n")
-    put("tb/kiln_tb.cpp", _testbench(design, facts))
+    put("tb/kiln_tb.cpp", _testbench(design, facts, source))
     put("build_prj.tcl", _tcl(target))
     put("estimates.json", json.dumps(estimate_json(found, target), indent=1))
     put("README.txt", _readme(target))
@@ -93,8 +93,9 @@ def estimate_json(found: Estimate, target: FpgaTarget) -> dict[str, Any]:
     }
 
 
-def _testbench(design: Design, facts: PlanFacts) -> str:
+def _testbench(design: Design, facts: PlanFacts, source: str) -> str:
     inputs, outputs = facts.inputs, facts.outputs
+    m_axi = "#pragma HLS INTERFACE m_axi" in source
     lines = [
         "// kiln's testbench: the model's inputs, and the outputs kiln's fixed-point reference computes;",
         "// the C simulation must match them exactly (returns 1 on any difference).",
@@ -108,14 +109,21 @@ def _testbench(design: Design, facts: PlanFacts) -> str:
     names = []
     for b in [*inputs, *outputs]:
         kind = f"t_{b.name}" if is_float(b) else "long long"
-        lines.append(f"  hls::stream<{kind}> s_{b.name};")
+        # m_axi: the tensors in memory the top's masters read and write; axis: streams
+        lines.append(f"  static {kind} s_{b.name}[{b.size}];" if m_axi else f"  hls::stream<{kind}> s_{b.name};")
         names.append(f"s_{b.name}")
     for b in inputs:
         kind = f"t_{b.name}" if is_float(b) else "long long"
-        lines.append(f"  for (int i = 0; i < {b.size}; ++i) {{ double v; in >> v; s_{b.name}.write(({kind})(v)); }}")
+        put = f"s_{b.name}[i] = ({kind})(v);" if m_axi else f"s_{b.name}.write(({kind})(v));"
+        lines.append(f"  for (int i = 0; i < {b.size}; ++i) {{ double v; in >> v; {put} }}")
+    names += _weights(source)
+    if any(line.startswith("void kiln_top0(") and "int status[1]" in line for line in source.splitlines()):
+        lines.append("  int status[1] = {0};  // set when an index input is out of range")
+        names.append("status")
     lines.append(f"  kiln_top0({', '.join(names)});")
     for b in outputs:
-        read = f"s_{b.name}.read().to_double()" if is_float(b) else f"(double)s_{b.name}.read()"
+        got = f"s_{b.name}[i]" if m_axi else f"s_{b.name}.read()"
+        read = f"{got}.to_double()" if is_float(b) else f"(double){got}"
         lines.append(
             f"  for (int i = 0; i < {b.size}; ++i) {{ double v; want >> v; double got = (float){read};"
             f' if (got != v) {{ if (failures++ < 10) printf("{b.name}[%d]: %.9g, expected %.9g\\n", i, got, v); }} }}'
@@ -126,6 +134,12 @@ def _testbench(design: Design, facts: PlanFacts) -> str:
         "}",
     ]
     return "\n".join(lines) + "\n"
+
+
+def _weights(source: str) -> list[str]:
+    """The DDR regions an m_axi top takes (``kiln_ddr0 + start`` each, from its C-simulation entry)."""
+    call = next((line for line in source.splitlines() if line.strip().startswith("kiln_top0(")), "")
+    return [a.strip() for a in call.split("(", 1)[-1].rstrip(");").split(",") if "kiln_ddr" in a]
 
 
 def _tcl(target: FpgaTarget) -> str:

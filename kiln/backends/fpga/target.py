@@ -1,7 +1,7 @@
 """The fpga target's kind: an FPGA part, its clock, the design's memory interface, reuse and bits.
 
 Named ``fpga:vitis`` (AMD/Xilinx Vitis HLS) with attributes after commas:
-``fpga:vitis,part=xczu7ev,clock=200,reuse=4,bits=16,interface=axis``. The parts' resources are
+``fpga:vitis,part=xczu7ev,clock=200,reuse=4,bits=16,interface=m_axi,weights=auto``. The parts' resources are
 their data sheets' (DS962 UltraScale+, DS190 Zynq-7000, the Alveo U250 data sheet): what the
 estimates are checked against.
 """
@@ -33,8 +33,11 @@ PARTS = {
         Part("xc7z020", "xc7z020clg400-1", 220, 280, 53200, 106400, "PYNQ-Z2"),
     )
 }
-INTERFACES = ("axis",)  # AXI-Stream in and out, weights in on-chip ROMs
-DEFAULTS = {"part": "xcu250", "clock": "200", "reuse": "1", "bits": "16", "interface": "axis"}
+# axis: AXI-Stream in and out, weights in on-chip ROMs; m_axi: tensors behind AXI masters with an
+# s_axilite control port, large weights in DDR (``axi``)
+INTERFACES = ("axis", "m_axi")
+WEIGHTS = ("auto", "rom", "ddr")  # where weights live under m_axi: ROMs where they fit (auto), all ROMs, DDR
+DEFAULTS = {"part": "xcu250", "clock": "200", "reuse": "1", "bits": "16", "interface": "axis", "weights": "auto"}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -46,6 +49,7 @@ class FpgaTarget(Target):
     reuse: int = 1  # hls4ml's reuse factor: each multiplier used this many times
     bits: int = 16  # total bits of every tensor's ap_fixed (integer bits from calibration)
     interface: str = "axis"
+    weights: str = "auto"
 
     @property
     def vector_bytes(self) -> int:
@@ -85,6 +89,10 @@ def parse_variant(variant: str) -> FpgaTarget:
         raise TargetError(f"unknown FPGA part {settings['part']!r}; known parts: {', '.join(PARTS)}")
     if settings["interface"] not in INTERFACES:
         raise TargetError(f"fpga interface {settings['interface']!r}: supported: {', '.join(INTERFACES)}")
+    if settings["weights"] not in WEIGHTS:
+        raise TargetError(f"fpga weights {settings['weights']!r}: one of {', '.join(WEIGHTS)}")
+    if settings["weights"] == "ddr" and settings["interface"] != "m_axi":
+        raise TargetError("fpga weights=ddr reads them through AXI masters: give interface=m_axi too")
     try:
         clock, reuse, bits = float(settings["clock"]), int(settings["reuse"]), int(settings["bits"])
     except ValueError:
@@ -100,4 +108,5 @@ def parse_variant(variant: str) -> FpgaTarget:
         reuse=reuse,
         bits=bits,
         interface=settings["interface"],
+        weights=settings["weights"],
     )

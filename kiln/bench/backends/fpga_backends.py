@@ -52,10 +52,10 @@ class KilnFpgaBackend(KilnBackend):
     def compile(self, model: Any, example: dict[str, np.ndarray]) -> None:
         import kiln
         from kiln.backends.fpga import DESIGNS
-        from kiln.driver import plan_cache
         from kiln.backends.fpga.estimate import DoesNotFit
         from kiln.backends.fpga.project import estimate_json
         from kiln.bench.backends.onnxruntime_backend import CALIBRATION_SEEDS
+        from kiln.driver import plan_cache
 
         self.figures: dict[str, Any] = {}
         calibration = [model.inputs(seed=seed) for seed in CALIBRATION_SEEDS]
