@@ -120,9 +120,12 @@ def _kernel(kd: KernelDesign, design: Design, facts: PlanFacts, reuse: int, ddr:
     usage.reuse = max((p.iterations for p in chosen.values()), default=1)
     unroll = banks(kd.kernel, reuse)
     reads = {b: design.formats[b].width for b in kd.kernel.reads if b in ddr}
-    usage.cycles = _cycles(kd, kd.kernel.body, chosen, usage, 1, reads)
-    usage.cycles += axi.DDR_LATENCY if reads else 0
     name = kd.kernel.name
+    # stores straight into a stream: one beat (``lanes`` of them) per cycle
+    writes = {b: c.lanes for b, c in design.streams.items() if c.producer == name and not c.staged}
+    writes = {b: n for b, n in writes.items() if b not in kd.local}
+    usage.cycles = _cycles(kd, kd.kernel.body, chosen, usage, 1, (reads, writes))
+    usage.cycles += axi.DDR_LATENCY if reads else 0
     sinks = {b: c for b, c in design.streams.items() if c.producer == name}
     sources = {b: c for b, c in design.streams.items() if c.consumer == name}
     # a local's copy in or out moves one element per bank per cycle (hls.copy), into a stream one
@@ -159,14 +162,15 @@ def _memory(usage: Usage, width: int, size: int, banks: int) -> None:
         usage.bram_18k += banks * math.ceil(per_bank / BRAM_BITS)
 
 
-def _cycles(kd: KernelDesign, body: Sequence[Stmt], chosen: dict, usage: Usage, around: int, ddr: dict) -> int:
-    """Cycles of ``body``; ``ddr``: the weights read from DDR (their widths), whose words a
-    pipelined iteration needs in AXI beats (its interval at least that many)."""
+def _cycles(kd: KernelDesign, body: Sequence[Stmt], chosen: dict, usage: Usage, around: int, io: tuple) -> int:
+    """Cycles of ``body``; ``io``: the weights read from DDR (their widths), whose words a
+    pipelined iteration needs in AXI beats, and the streams it stores into (their lanes), a beat
+    a cycle: its interval is at least either."""
     total = 0
     for stmt in body:
         if isinstance(stmt, For):
             if id(stmt) in chosen:
-                interval = max(chosen[id(stmt)].interval, _beats(stmt.body, ddr))
+                interval = max(chosen[id(stmt)].interval, *_beats(stmt.body, *io))
                 own = Usage(lut=0)
                 depth = _iteration(kd, stmt.body, own)
                 # an interval of II cycles shares each operator II ways (Vitis' resource sharing)
@@ -175,24 +179,23 @@ def _cycles(kd: KernelDesign, body: Sequence[Stmt], chosen: dict, usage: Usage, 
                 usage.ff += own.ff
                 total += (around * trips(stmt) - 1) * interval + depth if around * trips(stmt) else 0
             else:
-                inner = _cycles(kd, stmt.body, chosen, usage, 1, ddr)
+                inner = _cycles(kd, stmt.body, chosen, usage, 1, io)
                 total += trips(stmt) * (inner + 1)
         elif isinstance(stmt, If):
-            total += _cycles(kd, stmt.body, chosen, usage, around, ddr)
+            total += _cycles(kd, stmt.body, chosen, usage, around, io)
         else:
             total += 1
             _operators(kd, _values(stmt), usage, 1)
     return total
 
 
-def _beats(body: Sequence[Stmt], ddr: dict) -> int:
-    """AXI beats of the DDR words one iteration of ``body`` (unrolled) reads."""
-    if not ddr:
-        return 1
-    bits = 0
+def _beats(body: Sequence[Stmt], ddr: dict, streams: dict) -> tuple[int, int]:
+    """(AXI beats of the DDR words, stream beats of the stores) one iteration of ``body``
+    (unrolled) takes."""
+    bits, stored = 0, 0.0
 
     def visit(stmts: Sequence[Stmt], times: int) -> None:
-        nonlocal bits
+        nonlocal bits, stored
         for stmt in stmts:
             if isinstance(stmt, For):
                 visit(stmt.body, times * trips(stmt))
@@ -201,9 +204,11 @@ def _beats(body: Sequence[Stmt], ddr: dict) -> int:
             else:
                 for e in _values(stmt):
                     bits += times * sum(ddr[n.buffer] for n in postorder(e) if isinstance(n, Load) and n.buffer in ddr)
+                if isinstance(stmt, Store) and stmt.buffer in streams:
+                    stored += times / streams[stmt.buffer]  # a beat carries lanes stores
 
     visit(body, 1)
-    return max(1, axi.beats(bits, 1))
+    return max(1, axi.beats(bits, 1)), max(1, math.ceil(stored))
 
 
 def _iteration(kd: KernelDesign, body: Sequence[Stmt], usage: Usage) -> int:

@@ -78,7 +78,7 @@ class Window:
     size: int  # elements of the circular buffer
     groups: tuple[For, ...]  # the loops around the pipelined loop (fills happen in the innermost's body)
     needs: tuple[int, ...]  # positions read once group g's fill is done (per group, flattened)
-    step: int  # the largest fill (one element per cycle)
+    step: int  # the largest fill, in beats (one per cycle)
 
     def group_text(self) -> str:
         """The C expression of the current group's number (its loops flattened)."""
@@ -96,6 +96,12 @@ class Channel:
     order: Order
     staged: bool  # the producer writes a local array, streamed out in flat order at its end
     window: Window
+    lanes: int = 1  # consecutive positions one stream beat carries (a pixel's channels)
+
+    @property
+    def beat(self) -> str:
+        """The C struct of a beat of ``lanes`` elements (``hls.beat``: the type of any beat)."""
+        return f"k_{self.buffer.name}"
 
 
 def segment_tensors(number: int, kernels: list[KernelDesign], facts: PlanFacts) -> tuple[list, list, list]:
@@ -132,15 +138,17 @@ def channels(
         if len(writers) != 1 or len(readers) != 1 or readers[0] < writers[0]:
             continue
         producer, consumer = kernels[writers[0]], kernels[readers[0]]
+        lanes = 1
         if buffer in locals_of[writers[0]]:
             order, staged = Order(), False  # its local's copy-out streams it in flat order
         else:
             order, staged = _order(producer, buffer)
+            lanes = 1 if staged else _lanes(producer, buffer, reuse)
         try:
-            window = _window(consumer, buffer, order, reuse)
+            window = _window(consumer, buffer, order, reuse, lanes)
         except Unanalysable:
-            window = Window(buffer.size, (), (buffer.size,), buffer.size)
-        found[buffer] = Channel(buffer, producer.name, consumer.name, order, staged, window)
+            window = Window(buffer.size, (), (buffer.size,), buffer.size // lanes)
+        found[buffer] = Channel(buffer, producer.name, consumer.name, order, staged, window, lanes)
     return found
 
 
@@ -256,7 +264,24 @@ def _eval(e: Expr, env: dict[str, np.ndarray]) -> np.ndarray:
     raise Unanalysable
 
 
-def _window(consumer: Kernel, buffer: Buffer, order: Order, reuse: int) -> Window:
+MAX_LANES = 256  # the widest beat a stream carries (elements)
+
+
+def _lanes(producer: Kernel, buffer: Buffer, reuse: int) -> int:
+    """The stores to ``buffer`` one iteration of the producer's pipelined loop makes (its beat:
+    they are consecutive positions, the store order being the stream's); 1 outside pipelines."""
+    ((path, _),) = [(p, s) for p, s in _with_loops(producer.body, ()) if isinstance(s, Store) and s.buffer is buffer]
+    for chosen in pipelined(producer, reuse).values():
+        if _within(chosen.loop, path):
+            inner = list(path[next(i for i, s in enumerate(path) if s is chosen.loop) + 1 :])
+            if any(isinstance(s, If) for s in inner):
+                return 1
+            lanes = int(np.prod([s.extent - s.start for s in inner])) if inner else 1  # type: ignore[misc]
+            return lanes if lanes <= MAX_LANES and buffer.size % lanes == 0 else 1
+    return 1
+
+
+def _window(consumer: Kernel, buffer: Buffer, order: Order, reuse: int, lanes: int = 1) -> Window:
     loads = [
         (path, node)
         for path, stmt in _with_loops(consumer.body, ())
@@ -287,11 +312,12 @@ def _window(consumer: Kernel, buffer: Buffer, order: Order, reuse: int) -> Windo
         clipped = np.clip(positions, 0, buffer.size - 1)
         low = np.minimum(low, np.where(valid, clipped, buffer.size).min(axis=1))
         high = np.maximum(high, np.where(valid, clipped, -1).max(axis=1))
-    needs = np.maximum.accumulate(high + 1)
+    # whole beats: a fill may read up to lanes - 1 positions past what its group needs
+    needs = np.minimum(-(-np.maximum.accumulate(high + 1) // lanes) * lanes, buffer.size)
     later_low = np.minimum.accumulate(low[::-1])[::-1]
     span = int(np.max(needs - np.minimum(later_low, needs))) if count else buffer.size
-    size = min(max(span, 1), buffer.size)
-    steps = np.diff(np.concatenate([[0], needs]))
+    size = min(-(-max(span, 1) // lanes) * lanes, buffer.size)
+    steps = np.diff(np.concatenate([[0], needs])) // lanes
     return Window(size, tuple(groups), tuple(int(n) for n in needs), int(max(steps.max(), 1)))
 
 
@@ -319,14 +345,21 @@ def fill(channel: Channel, emit, name: str) -> None:  # type: ignore[no-untyped-
     emit(f"{{ const int need = {name}[{window.group_text()}];")
     emit(f"  for (int q = 0; q < {window.step}; ++q) {{")
     emit("  #pragma HLS PIPELINE II=1")
-    emit(f"    if (r_{b} < need) {{ w_{b}[r_{b} % {window.size}] = s_{b}.read(); ++r_{b}; }}")
+    if channel.lanes == 1:
+        emit(f"    if (r_{b} < need) {{ w_{b}[r_{b} % {window.size}] = s_{b}.read(); ++r_{b}; }}")
+    else:  # a beat: lanes consecutive positions (the window is a whole number of beats)
+        emit(f"    if (r_{b} < need) {{")
+        emit(f"      {channel.beat} beat = s_{b}.read();")
+        emit(f"      for (int l = 0; l < {channel.lanes}; ++l) w_{b}[(r_{b} + l) % {window.size}] = beat.v[l];")
+        emit(f"      r_{b} += {channel.lanes};")
+        emit("    }")
     emit("  }")
     emit("}")
 
 
 def drain(channel: Channel, emit) -> None:  # type: ignore[no-untyped-def]
     """Reads what no group needed, so the producer's stream is consumed whole."""
-    left = channel.buffer.size - channel.window.needs[-1]
+    left = (channel.buffer.size - channel.window.needs[-1]) // channel.lanes
     if left > 0:
         emit(f"for (int q = 0; q < {left}; ++q) {{")
         emit("#pragma HLS PIPELINE II=1")
