@@ -91,7 +91,7 @@ def conformance(
     """Run the ONNX backend conformance suite; each case isolated in a worker process."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-    from kiln.conformance.runner import load_cases, run_conformance
+    from kiln.conformance.runner import fixed_point_target, load_cases, makes_sense_in_fixed_point, run_conformance
 
     try:
         cases = load_cases(suites, name_filter)
@@ -99,6 +99,15 @@ def conformance(
         raise click.BadParameter(str(err)) from None
     if not cases:
         raise click.ClickException(f"no cases match filter {name_filter!r}")
+    if fixed_point_target(target):
+        kept = [c for c in cases if makes_sense_in_fixed_point(c)]
+        console.print(
+            f"{target} computes in fixed point: {len(cases) - len(kept)} case(s) with non-float32 or non-finite "
+            "tensors not run; each case calibrated on its inputs, compared within 256 steps of its output format"
+        )
+        cases = kept
+        if not cases:
+            raise click.ClickException("none of the matching cases makes sense in fixed point")
     console.print(f"running {len(cases)} case(s) from {', '.join(suites)} on target [bold]{target}[/]")
     columns = (
         TextColumn("{task.description}"),

@@ -208,6 +208,23 @@ def compare_outputs(expected: list[Any], got: list[Any], rtol: float, atol: floa
         np.testing.assert_allclose(out, ref, rtol=output_rtol, atol=atol, err_msg=f"output {index}")
 
 
+def fixed_point_target(target: str) -> bool:
+    """Whether ``target`` computes in fixed point (the fpga target: calibrated from each case's
+    inputs, compared within its output format's steps)."""
+    return target.split(":")[0] == "fpga"
+
+
+def makes_sense_in_fixed_point(case: Case) -> bool:
+    """A case whose every input and output is a finite float32 tensor (fixed point has no NaN,
+    infinity or integer/string tensors to compute)."""
+    for inputs, outputs in case.data_sets:
+        for value in [*inputs, *outputs]:
+            array = _to_numpy(value)
+            if not isinstance(array, np.ndarray) or array.dtype != np.float32 or not np.all(np.isfinite(array)):
+                return False
+    return bool(case.data_sets)
+
+
 def run_case(case: Case, target: str) -> CaseResult:
     """Run one case in this process (the worker calls this); never raises."""
     import onnx
@@ -219,12 +236,22 @@ def run_case(case: Case, target: str) -> CaseResult:
     native: bool | None = None
     try:
         model = onnx.load_from_string(case.model)
-        compiled = kiln.compile(model, target=target)
+        atol = case.atol
+        if fixed_point_target(target):
+            from kiln.driver.fixed_point import output_tolerance
+
+            initializers = {i.name for i in model.graph.initializer}
+            names = [i.name for i in model.graph.input if i.name not in initializers]
+            samples = [dict(zip(names, (_to_numpy(x) for x in inputs))) for inputs, _ in case.data_sets]
+            compiled = kiln.compile(model, target=target, calibration=samples)
+            atol = max(atol, output_tolerance(compiled))
+        else:
+            compiled = kiln.compile(model, target=target)
         input_names = compiled.input_names
         for inputs, outputs in case.data_sets:
             feeds = dict(zip(input_names, (_to_numpy(x) for x in inputs)))
             got = list(compiled.run(feeds).values())
-            compare_outputs([_to_numpy(x) for x in outputs], got, case.rtol, case.atol)
+            compare_outputs([_to_numpy(x) for x in outputs], got, case.rtol, atol)
         native = getattr(compiled, "is_native", None)  # known once every variant has compiled
         status, message = "pass", ""
     except AssertionError as err:

@@ -106,6 +106,16 @@ def _report(report: AccuracyReport) -> AccuracyReport:
     return report
 
 
+TOLERANCE_STEPS = 256  # of the output format's last bit: 8 of 16 bits for the error budget
+
+
+def output_tolerance(model: Any) -> float:
+    """The absolute tolerance of a compiled fpga ``model`` against fp32: ``TOLERANCE_STEPS``
+    steps of its coarsest output format (what the shared tests and conformance allow)."""
+    steps = [d.formats[b].step for _, d, f in design_of(model) for b in f.outputs if b in d.formats]
+    return TOLERANCE_STEPS * max(steps, default=0.0)
+
+
 def design_of(model: Any) -> list[tuple[Any, Any, Any]]:
     """(plan, Design, PlanFacts) of each plan of a compiled fpga ``model`` (a ``NativeModel``)."""
     from kiln.backends import backend

@@ -22,7 +22,7 @@ from onnx import TensorProto, helper
 import kiln
 from kiln.backends.fpga import ap_types
 from kiln.backends.fpga.hls_rules import check
-from kiln.driver.fixed_point import design_of, reference_run, write_fpga_project
+from kiln.driver.fixed_point import design_of, output_tolerance, reference_run, write_fpga_project
 from kiln.lower.target import TargetError
 from tests.helpers import make_model
 from tests.targets.test_targets import CASES
@@ -38,8 +38,7 @@ EXACT_CASES = ["depthwise conv", "pooling", "layernorm", "gather + reduce"]
 
 def tolerance(model) -> float:
     """256 steps of the output's last bit (the worst output of the plan)."""
-    steps = [d.formats[b].step for _, d, f in design_of(model) for b in f.outputs if b in d.formats]
-    return 256 * max(steps)
+    return output_tolerance(model)
 
 
 @pytest.fixture(autouse=True)
