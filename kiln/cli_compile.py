@@ -31,7 +31,8 @@ def _calibration(precision: str, calibration, model: str, graph, fixed_point: bo
         out.print(f"calibrating on 10 example inputs of {model} (random data: pass --calibrate for real data)")
         return [zoo.example_inputs(model, seed=seed) for seed in range(10)]
     if calibration is None:
-        out.print("calibrating on random inputs: pass --calibrate with real data for a meaningful int8 model")
+        what = "fixed-point widths" if fixed_point else "int8 model"
+        out.print(f"calibrating on random inputs: pass --calibrate with real data for a meaningful {what}")
         return None
     return calibration_data(calibration, graph)
 
