@@ -97,8 +97,50 @@ def fixed_point_model(
         target = target.with_bits(target.bits + 2)
         model = build(target, chosen)
         report = _report(measure(fp32, model, evaluating, f"fixed<{target.bits}>"))
+    if max_accuracy_drop is not None and report.drop() <= max_accuracy_drop:
+        model, report = _per_layer(
+            model, report, target, lambda t: build(t, chosen), fp32, evaluating, max_accuracy_drop
+        )
     log.info("kiln: %s", report.line())
     return model, report
+
+
+MIN_BITS = 6  # the narrowest a layer's budget goes
+MAX_TRIALS = 24  # compiles the per-layer search may spend
+
+
+def _per_layer(model, report, target, build, fp32, evaluating, budget):  # type: ignore[no-untyped-def]
+    """The per-layer bit budget: each layer's output narrowed 2 bits at a time, largest tensors
+    first, while the drop stays within ``budget`` (at most ``MAX_TRIALS`` compiles). The
+    report's precision names the widths that differ from the model's."""
+    layers = sorted(
+        {
+            (facts.names.get(b, b.name), b.size)
+            for _, d, facts in design_of(model)
+            for kd in d.kernels
+            for b in kd.kernel.writes
+            if b in d.formats
+        },
+        key=lambda item: -item[1],
+    )
+    widths: dict[str, int] = {}
+    trials = 0
+    for name, _ in layers:
+        while trials < MAX_TRIALS and widths.get(name, target.bits) - 2 >= MIN_BITS:
+            trial = {**widths, name: widths.get(name, target.bits) - 2}
+            trials += 1
+            candidate = build(target.with_widths(trial))
+            measured = _report(measure(fp32, candidate, evaluating, _label(target.bits, trial)))
+            if measured.drop() > budget:
+                break
+            widths, model, report = trial, candidate, measured
+    log.info("kiln: per-layer budget after %d trial compile(s): %s", trials, report.precision)
+    return model, report
+
+
+def _label(bits: int, widths: dict[str, int]) -> str:
+    narrower = ", ".join(f"{name} {w}" for name, w in sorted(widths.items()))
+    return f"fixed<{bits}>" + (f" (narrower: {narrower})" if narrower else "")
 
 
 def _report(report: AccuracyReport) -> AccuracyReport:

@@ -176,3 +176,20 @@ def test_missing_ap_types_headers_are_named(monkeypatch, tmp_path):
     finally:
         monkeypatch.delenv("KILN_AP_TYPES")
         ap_types.cache_clear()
+
+
+def test_max_accuracy_drop_finds_a_per_layer_bit_budget(tmp_path, monkeypatch):
+    """With max_accuracy_drop the widths grow until the drop fits, then each layer's output is
+    narrowed 2 bits at a time while it still fits: a per-layer budget, measured, never above it."""
+    from kiln.driver import fixed_point
+
+    monkeypatch.setattr(fixed_point, "MAX_TRIALS", 4)  # the search's compiles, kept few here
+    path, _, samples = mlp(tmp_path, softmax=False)
+    budget = 0.05
+    compiled = kiln.compile(str(path), target="fpga:vitis", calibration=samples, max_accuracy_drop=budget)
+    widths = dict(compiled.plans[0].target.widths)
+    assert widths and all(w < 16 for w in widths.values())  # some layer narrower than the model's 16 bits
+    assert "narrower" in compiled.accuracy.precision and compiled.accuracy.drop() <= budget
+    ((_, design, facts),) = design_of(compiled)
+    narrowed = {facts.names.get(b, b.name): f.width for b, f in design.formats.items()}
+    assert all(narrowed[name] == w for name, w in widths.items())

@@ -102,7 +102,7 @@ class FpgaBackend(Backend):
 
     def design(self, segments: Sequence[Sequence[Kernel]], facts: PlanFacts, target: FpgaTarget) -> Design:
         try:
-            found = design(segments, facts, target.bits)
+            found = design(segments, facts, target.bits, dict(target.widths))
         except DesignError:
             raise
         except (KeyError, AssertionError) as err:  # a construct the design does not cover

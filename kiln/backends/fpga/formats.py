@@ -95,7 +95,12 @@ def constant_format(value: float) -> Format:
     return sized(Interval(min(value, 0.0), max(value, 0.0)), CONST_WIDTH, signed=value < 0)
 
 
-def design(segments: Sequence[Sequence[Kernel]], facts: PlanFacts, bits: int) -> Design:
+def design(
+    segments: Sequence[Sequence[Kernel]], facts: PlanFacts, bits: int, widths: dict[str, int] | None = None
+) -> Design:
+    """The fixed-point design of a plan: every tensor ``bits`` wide, or as ``widths`` gives by
+    tensor name (the per-layer budget)."""
+    widths = widths or {}
     formats: dict[Buffer, Format] = {}
     for buffer, values in facts.constants.items():
         if is_float(buffer) and values.size:
@@ -104,7 +109,8 @@ def design(segments: Sequence[Sequence[Kernel]], facts: PlanFacts, bits: int) ->
             formats[buffer] = sized(Interval(min(lo, 0.0), max(hi, 0.0)), bits)
     for buffer, (lo, hi) in facts.ranges.items():
         if is_float(buffer) and buffer not in formats:
-            formats[buffer] = sized(Interval(min(lo, 0.0), max(hi, 0.0)), bits)
+            width = widths.get(facts.names.get(buffer, buffer.name), bits)
+            formats[buffer] = sized(Interval(min(lo, 0.0), max(hi, 0.0)), width)
     kernels = []
     produced = set(facts.inputs) | set(facts.constants)
     for segment in segments:

@@ -50,6 +50,8 @@ class FpgaTarget(Target):
     bits: int = 16  # total bits of every tensor's ap_fixed (integer bits from calibration)
     interface: str = "axis"
     weights: str = "auto"
+    # per tensor (by name) total bits other than ``bits``: the per-layer budget max_accuracy_drop finds
+    widths: tuple[tuple[str, int], ...] = ()
 
     @property
     def vector_bytes(self) -> int:
@@ -66,6 +68,11 @@ class FpgaTarget(Target):
     @property
     def summary(self) -> str:
         return f"Vitis HLS, {self.resources.device} at {self.clock_mhz:g} MHz, reuse {self.reuse}, {self.bits}-bit"
+
+    def with_widths(self, widths: dict[str, int]) -> FpgaTarget:
+        from dataclasses import replace
+
+        return replace(self, widths=tuple(sorted(widths.items())))
 
     def with_bits(self, bits: int) -> FpgaTarget:
         from dataclasses import replace
