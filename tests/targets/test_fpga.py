@@ -132,8 +132,10 @@ def test_the_mlp_project_keeps_the_hls_rules_and_its_testbench_passes(tmp_path):
 
 def test_a_design_that_does_not_fit_names_the_layer_and_the_resource(tmp_path):
     path, _, samples = mlp(tmp_path, softmax=False)
-    with pytest.raises(kiln.KilnError, match=r"needs [\d,]+ DSP of 220 \(estimate\).*largest user is .*Gemm"):
+    with pytest.raises(kiln.KilnError, match=r"needs [\d,]+ DSP of 220 \(estimate\).*largest user is .*Gemm") as err:
         kiln.compile(str(path), target="fpga:vitis,part=xc7z020", calibration=samples[:2])
+    # what it would need of every resource, so a user can pick the part or the reuse factor
+    assert all(f"{r} " in str(err.value) for r in ("DSP", "BRAM_18K", "LUT", "FF")) and "would need" in str(err.value)
     # a larger reuse factor shares the multipliers: it fits
     compiled = kiln.compile(str(path), target="fpga:vitis,part=xc7z020,reuse=64", calibration=samples[:2])
     assert compiled.is_native

@@ -107,9 +107,13 @@ def check_fits(found: Estimate, target: FpgaTarget, names: dict[str, str]) -> No
         if needed > limit:
             kd, usage = max(found.kernels, key=lambda item: getattr(item[1], resource))
             label = names.get(kd.kernel.name, kd.kernel.name)
+            needs = ", ".join(
+                f"{name.upper()} {getattr(found.total, name):,}/{getattr(part, name):,}" for name in RESOURCES
+            )
             raise DoesNotFit(
                 f"the design does not fit {part.device} ({part.board}): it needs {needed:,} {resource.upper()} "
                 f"of {limit:,} (estimate); the largest user is {label} with {getattr(usage, resource):,}. "
+                f"It would need {needs}; latency {found.latency:,} cycles. "
                 f"Raise the reuse factor (fpga:vitis,reuse=N), lower the bits, or choose a larger part"
             )
 
