@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 
 from kiln.backends.fpga import axi
 from kiln.backends.fpga.formats import Design, KernelDesign
-from kiln.backends.fpga.schedule import banks, pipelined, trips
+from kiln.backends.fpga.schedule import banks, instances, pipelined, trips
 from kiln.backends.fpga.target import FpgaTarget
 from kiln.backends.registry import PlanFacts
 from kiln.errors import KilnError
@@ -197,41 +197,21 @@ def _beats(body: Sequence[Stmt], ddr: dict, streams: dict) -> tuple[int, int]:
     """(AXI beats of the DDR words, stream beats of the stores) one iteration of ``body``
     (unrolled) takes."""
     bits, stored = 0, 0.0
-
-    def visit(stmts: Sequence[Stmt], times: int) -> None:
-        nonlocal bits, stored
-        for stmt in stmts:
-            if isinstance(stmt, For):
-                visit(stmt.body, times * trips(stmt))
-            elif isinstance(stmt, If):
-                visit(stmt.body, times)
-            else:
-                for e in _values(stmt):
-                    bits += times * sum(ddr[n.buffer] for n in postorder(e) if isinstance(n, Load) and n.buffer in ddr)
-                if isinstance(stmt, Store) and stmt.buffer in streams:
-                    stored += times / streams[stmt.buffer]  # a beat carries lanes stores
-
-    visit(body, 1)
+    for stmt, times in instances(body):
+        for e in _values(stmt):
+            bits += times * sum(ddr[n.buffer] for n in postorder(e) if isinstance(n, Load) and n.buffer in ddr)
+        if isinstance(stmt, Store) and stmt.buffer in streams:
+            stored += times / streams[stmt.buffer]  # a beat carries lanes stores
     return max(1, axi.beats(bits, 1)), max(1, math.ceil(stored))
 
 
 def _iteration(kd: KernelDesign, body: Sequence[Stmt], usage: Usage) -> int:
     """Depth of one pipelined iteration; its operators counted with every unrolled copy."""
     multiplies = adds = lookups = divisions = roots = 0
-
-    def visit(stmts: Sequence[Stmt], times: int) -> None:
-        nonlocal multiplies, adds, lookups, divisions, roots
-        for stmt in stmts:
-            if isinstance(stmt, For):
-                visit(stmt.body, times * trips(stmt))
-            elif isinstance(stmt, If):
-                visit(stmt.body, times)
-            else:
-                counts = _operators(kd, _values(stmt), usage, times)
-                multiplies, adds = multiplies + counts[0], adds + counts[1]
-                lookups, divisions, roots = lookups + counts[2], divisions + counts[3], roots + counts[4]
-
-    visit(body, 1)
+    for stmt, times in instances(body):
+        counts = _operators(kd, _values(stmt), usage, times)
+        multiplies, adds = multiplies + counts[0], adds + counts[1]
+        lookups, divisions, roots = lookups + counts[2], divisions + counts[3], roots + counts[4]
     chain = 3 if multiplies else 0
     return (
         1 + chain + math.ceil(math.log2(adds + 1)) + 2 * min(lookups, 1) + 48 * min(divisions, 1) + 24 * min(roots, 1)

@@ -11,7 +11,7 @@ sequence. Its *effective* reuse is its iteration count: ``pipelined`` records bo
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from kiln.lower.kir import Assign, Buffer, For, If, Kernel, Let, Load, Stmt, Store, postorder
@@ -96,20 +96,23 @@ def banks(kernel: Kernel, reuse: int) -> dict[Buffer, int]:
     ``ARRAY_PARTITION``-ed into that many banks (complete at its size) so the iteration's accesses
     go in one cycle."""
     found: dict[Buffer, int] = {}
-
-    def visit(body: Sequence[Stmt], times: int) -> None:
-        for stmt in body:
-            if isinstance(stmt, For):
-                visit(stmt.body, times * trips(stmt))
-            elif isinstance(stmt, If):
-                visit(stmt.body, times)
-            else:
-                values = [stmt.value] if isinstance(stmt, (Let, Assign, Store)) else []
-                touched = [n.buffer for e in values for n in postorder(e) if isinstance(n, Load)]
-                touched += [stmt.buffer] if isinstance(stmt, Store) else []
-                for buffer in touched:
-                    found[buffer] = min(max(found.get(buffer, 1), times), buffer.size)
-
     for chosen in pipelined(kernel, reuse).values():
-        visit(chosen.loop.body, 1)
+        for stmt, times in instances(chosen.loop.body):
+            values = [stmt.value] if isinstance(stmt, (Let, Assign, Store)) else []
+            touched = [n.buffer for e in values for n in postorder(e) if isinstance(n, Load)]
+            touched += [stmt.buffer] if isinstance(stmt, Store) else []
+            for buffer in touched:
+                found[buffer] = min(max(found.get(buffer, 1), times), buffer.size)
     return {b: n for b, n in found.items() if n > 1}
+
+
+def instances(body: Sequence[Stmt], times: int = 1) -> Iterator[tuple[Stmt, int]]:
+    """Every statement of ``body`` that is not a loop or condition, with the times one pass of
+    ``body`` runs it unrolled (its loops' trips; both sides of every condition)."""
+    for stmt in body:
+        if isinstance(stmt, For):
+            yield from instances(stmt.body, times * trips(stmt))
+        elif isinstance(stmt, If):
+            yield from instances(stmt.body, times)
+        else:
+            yield stmt, times
