@@ -54,12 +54,15 @@ def test_a_cnn_streams_between_kernels_through_line_buffers_bit_for_bit(tmp_path
     assert len(channels) == len(design.kernels) - 1  # a chain: every tensor between kernels is a FIFO
     second = next(c for c in channels if kinds[c.consumer].startswith("conv"))
     half = SIZE // 2
-    # the second conv's input (the pool's output, C1 x 6 x 6) streams pixel by pixel; its window
-    # holds the 3 input rows one output row needs, all channels: a line buffer
+    # the second conv's input (the pool's output, C1 x 6 x 6) streams pixel by pixel, a pixel's
+    # channels a beat; its window holds the 3 input rows one output row needs and the rows (the
+    # stride's) read ahead while it computes, all channels: a line buffer
     assert second.buffer.size == C1 * half * half and not second.staged and second.order.radices
-    assert second.window.size == 3 * half * C1 < second.buffer.size
+    assert second.lanes == C1 and second.window.size == (3 + stride) * half * C1 < second.buffer.size
+    if stride == 1:  # an input row per output row: the read-ahead keeps up, no fill between rows
+        assert second.window.step == 0
     pool = next(c for c in channels if kinds[c.consumer] == "pool")
-    assert pool.window.size == 2 * SIZE * C1  # 2 rows of the first conv's output for a 2x2 pool
+    assert pool.window.size == (2 + 2) * SIZE * C1  # a 2x2 pool's 2 rows, and the next 2 read ahead
     source = plan.source
     assert source.count("hls::stream<") >= 2 * len(channels) and "#pragma HLS STREAM variable=" in source
     assert check(source) == []

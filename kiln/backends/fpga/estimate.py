@@ -136,9 +136,10 @@ def _kernel(kd: KernelDesign, design: Design, facts: PlanFacts, reuse: int, ddr:
     usage.cycles += sum(b.size if b in sinks else math.ceil(b.size / unroll.get(b, 1)) for b in kd.local)
     usage.cycles += sum(math.ceil(b.size / unroll.get(b, 1)) for b in kd.copy_in)
     usage.cycles += sum(b.size for b, c in sinks.items() if c.staged)
-    for channel in sources.values():  # each group's fill, one element per cycle, and the drain
+    for channel in sources.values():  # the prefill, each group's top-up fill and the drain, a beat a cycle
         window = channel.window
-        usage.cycles += len(window.needs) * (window.step + 1) + channel.buffer.size - window.needs[-1]
+        usage.cycles += window.prefill + (len(window.needs) * (window.step + 1) if window.step else 0)
+        usage.cycles += (channel.buffer.size - window.needs[-1]) // channel.lanes
     # a tensor streamed out as it is stored is no array; a window holds what its groups need
     arrays = [
         (b, design.formats.get(b), b.size)

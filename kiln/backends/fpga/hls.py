@@ -29,7 +29,7 @@ from kiln.backends.fpga.fixed import Format, quantize, to_float
 from kiln.backends.fpga.formats import Design, KernelDesign, is_float
 from kiln.backends.fpga.prelude import PRELUDE
 from kiln.backends.fpga.schedule import banks, pipelined
-from kiln.backends.fpga.streams import Channel, drain, fill, segment_tensors
+from kiln.backends.fpga.streams import Channel, drain, fill, prefill, read_ahead, segment_tensors, tables
 from kiln.backends.fpga.target import FpgaTarget
 from kiln.backends.registry import PlanFacts
 from kiln.ir.types import DType
@@ -229,8 +229,7 @@ def _kernel(
     body.sources, body.sinks = sources, {b: c for b, c in sinks.items() if not c.staged and b not in kd.local}
     body.ddr = dict(in_ddr)
     for channel in sources.values():
-        if not channel.window.groups:
-            fill(channel, out.emit, f"need_{channel.buffer.name}")
+        prefill(channel, out.emit)
     body.block(kernel.body)
     for buffer in kd.local:
         if buffer in sinks:
@@ -252,8 +251,8 @@ def _windows(out: _Function, sources: dict[Buffer, Channel], design: Design) -> 
         storage = "static " if window.size > STATIC_ELEMENTS else ""
         out.emit(f"{storage}{element_type(buffer, design)} w_{buffer.name}[{window.size}];  // of {buffer.size}")
         out.emit(f"int r_{buffer.name} = 0;")
-        needs = ",".join(str(n) for n in window.needs)
-        out.emit(f"static const int need_{buffer.name}[{len(window.needs)}] = {{{needs}}};")
+        for line in tables(channel):
+            out.emit(line)
 
 
 def _copy(out: _Function, dest: str, source: str, size: int, banks: int) -> None:
@@ -295,7 +294,9 @@ class _Body:
                         out.emit(f"#pragma HLS ARRAY_PARTITION variable=pack_{channel.buffer.name}.v complete")
                 for channel in self.sources.values():
                     if channel.window.groups and channel.window.groups[-1] is stmt:
-                        fill(channel, out.emit, f"need_{channel.buffer.name}")
+                        fill(channel, out.emit)
+                    if channel.window.loop is stmt:
+                        read_ahead(channel, out.emit)
                 self.block(stmt.body)
                 for channel in packs:
                     out.emit(f"s_{channel.buffer.name}.write(pack_{channel.buffer.name});")

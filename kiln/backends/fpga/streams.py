@@ -75,10 +75,19 @@ class Order:
 
 @dataclass(frozen=True)
 class Window:
+    """How a consumer reads a stream: ``prefill`` beats when it starts; before each group, a fill
+    up to ``needs[g]`` (at most ``step`` beats: what the read-ahead left missing); in each
+    iteration of the pipelined ``loop``, one beat read ahead while below ``ahead[g]`` (the next
+    group's need) and below ``room[g]`` (the window never overwrites a position still needed)."""
+
     size: int  # elements of the circular buffer
     groups: tuple[For, ...]  # the loops around the pipelined loop (fills happen in the innermost's body)
     needs: tuple[int, ...]  # positions read once group g's fill is done (per group, flattened)
-    step: int  # the largest fill, in beats (one per cycle)
+    step: int  # the largest fill before a group after the first, in beats (0: none)
+    prefill: int = 0  # beats read when the kernel starts (the first group's need)
+    loop: For | None = None  # the pipelined loop that reads ahead
+    ahead: tuple[int, ...] = ()
+    room: tuple[int, ...] = ()
 
     def group_text(self) -> str:
         """The C expression of the current group's number (its loops flattened)."""
@@ -147,7 +156,7 @@ def channels(
         try:
             window = _window(consumer, buffer, order, reuse, lanes)
         except Unanalysable:
-            window = Window(buffer.size, (), (buffer.size,), buffer.size // lanes)
+            window = Window(buffer.size, (), (buffer.size,), 0, buffer.size // lanes)
         found[buffer] = Channel(buffer, producer.name, consumer.name, order, staged, window, lanes)
     return found
 
@@ -314,11 +323,28 @@ def _window(consumer: Kernel, buffer: Buffer, order: Order, reuse: int, lanes: i
         high = np.maximum(high, np.where(valid, clipped, -1).max(axis=1))
     # whole beats: a fill may read up to lanes - 1 positions past what its group needs
     needs = np.minimum(-(-np.maximum.accumulate(high + 1) // lanes) * lanes, buffer.size)
-    later_low = np.minimum.accumulate(low[::-1])[::-1]
-    span = int(np.max(needs - np.minimum(later_low, needs))) if count else buffer.size
-    size = min(-(-max(span, 1) // lanes) * lanes, buffer.size)
-    steps = np.diff(np.concatenate([[0], needs])) // lanes
-    return Window(size, tuple(groups), tuple(int(n) for n in needs), int(max(steps.max(), 1)))
+    later_low = np.minimum(np.minimum.accumulate(low[::-1])[::-1], needs)
+    ahead = np.concatenate([needs[1:], needs[-1:]])
+    # room to read the next group's need ahead, while this group's positions stay
+    size = min(-(-max(int(np.max(ahead - later_low)), 1) // lanes) * lanes, buffer.size)
+    room = later_low + size
+    read, deficits = 0, []
+    iterations = chosen[0].loop.extent - chosen[0].loop.start  # type: ignore[operator]
+    for g in range(count):
+        deficits.append(max(0, int(needs[g]) - read) // lanes)
+        read = max(read, int(needs[g]))
+        if groups:  # one beat an iteration, while below the next need and inside the window
+            read += min(iterations, max(0, min(int(ahead[g]), int(room[g])) - read) // lanes) * lanes
+    return Window(
+        size,
+        tuple(groups),
+        tuple(int(n) for n in needs),
+        max(deficits[1:], default=0),
+        deficits[0],
+        chosen[0].loop if groups else None,
+        tuple(int(a) for a in ahead),
+        tuple(int(r) for r in room),
+    )
 
 
 def _within(loop: Stmt, path: tuple) -> bool:
@@ -338,28 +364,66 @@ def _groups(body: Sequence[Stmt], target: Pipelined) -> list[For]:
     raise Unanalysable
 
 
-def fill(channel: Channel, emit, name: str) -> None:  # type: ignore[no-untyped-def]
-    """The fill of ``channel``'s window for the current group, one element per cycle."""
-    window = channel.window
-    b = channel.buffer.name
-    emit(f"{{ const int need = {name}[{window.group_text()}];")
+def _read(channel: Channel, indent: str) -> list[str]:
+    """One beat into the window at the read count."""
+    b, window = channel.buffer.name, channel.window
+    if channel.lanes == 1:
+        return [f"{indent}w_{b}[r_{b} % {window.size}] = s_{b}.read(); ++r_{b};"]
+    return [
+        f"{indent}{channel.beat} beat = s_{b}.read();",
+        f"{indent}for (int l = 0; l < {channel.lanes}; ++l) w_{b}[(r_{b} + l) % {window.size}] = beat.v[l];",
+        f"{indent}r_{b} += {channel.lanes};",
+    ]
+
+
+def prefill(channel: Channel, emit) -> None:  # type: ignore[no-untyped-def]
+    """The beats the first group needs, read when the kernel starts."""
+    if channel.window.prefill:
+        emit(f"for (int q = 0; q < {channel.window.prefill}; ++q) {{")
+        emit("#pragma HLS PIPELINE II=1")
+        for line in _read(channel, "  "):
+            emit(line)
+        emit("}")
+
+
+def fill(channel: Channel, emit) -> None:  # type: ignore[no-untyped-def]
+    """Before a group: what the read-ahead left missing of its need, one beat per cycle."""
+    window, b = channel.window, channel.buffer.name
+    if not window.step:
+        return
+    emit(f"{{ const int need = need_{b}[{window.group_text()}];")
     emit(f"  for (int q = 0; q < {window.step}; ++q) {{")
     emit("  #pragma HLS PIPELINE II=1")
-    if channel.lanes == 1:
-        emit(f"    if (r_{b} < need) {{ w_{b}[r_{b} % {window.size}] = s_{b}.read(); ++r_{b}; }}")
-    else:  # a beat: lanes consecutive positions (the window is a whole number of beats)
-        emit(f"    if (r_{b} < need) {{")
-        emit(f"      {channel.beat} beat = s_{b}.read();")
-        emit(f"      for (int l = 0; l < {channel.lanes}; ++l) w_{b}[(r_{b} + l) % {window.size}] = beat.v[l];")
-        emit(f"      r_{b} += {channel.lanes};")
-        emit("    }")
+    emit(f"    if (r_{b} < need) {{")
+    for line in _read(channel, "      "):
+        emit(line)
+    emit("    }")
     emit("  }")
     emit("}")
 
 
+def read_ahead(channel: Channel, emit) -> None:  # type: ignore[no-untyped-def]
+    """In an iteration of the pipelined loop: one beat of the next group's need, if there is room."""
+    b, g, lanes = channel.buffer.name, channel.window.group_text(), channel.lanes
+    emit(f"if (r_{b} < ahead_{b}[{g}] && r_{b} + {lanes} <= room_{b}[{g}]) {{")
+    for line in _read(channel, "  "):
+        emit(line)
+    emit("}")
+
+
+def tables(channel: Channel) -> list[str]:
+    """The window's per-group needs, read-ahead bounds and room, as ROMs."""
+    b, window = channel.buffer.name, channel.window
+    lines = []
+    for name, values in (("need", window.needs), ("ahead", window.ahead), ("room", window.room)):
+        if values and ((name == "need" and window.step) or (name != "need" and window.loop is not None)):
+            lines.append(f"static const int {name}_{b}[{len(values)}] = {{{','.join(str(v) for v in values)}}};")
+    return lines
+
+
 def drain(channel: Channel, emit) -> None:  # type: ignore[no-untyped-def]
     """Reads what no group needed, so the producer's stream is consumed whole."""
-    left = (channel.buffer.size - channel.window.needs[-1]) // channel.lanes
+    left = (channel.buffer.size - channel.window.needs[-1]) // channel.lanes  # the read-ahead stops there too
     if left > 0:
         emit(f"for (int q = 0; q < {left}; ++q) {{")
         emit("#pragma HLS PIPELINE II=1")
