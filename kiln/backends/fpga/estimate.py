@@ -3,13 +3,19 @@ analytical, from the formulas below, and labelled as estimates wherever they are
 
 Per kernel, from its loop nest and the schedule (``schedule.pipelined``):
 
+- a kernel that unrolls whole to at most 4,096 statements is one pipelined function (II = the
+  reuse factor, hls4ml's dense layer): its latency is one iteration's depth plus its stream
+  beats in and out, its interval the reuse factor or its beats, whichever is larger;
 - latency: a pipelined loop of N iterations (counted with the sequential loops around it) takes
   (N - 1) * II + depth cycles (II = 1, or the reuse factor for a pixel loop, whose operators
   are then shared II ways); depth = 3 for a DSP multiply + ceil(log2(adds + 1)) for the
   unrolled adder tree + 2 per ROM lookup + 48 per division + 24 per square root (Vitis'
   sequential cores); a loop left sequential costs its trips times its body plus one cycle per
-  trip; each local's copy in or out one cycle per bank's worth of elements. Under DATAFLOW kernels overlap: the
-  model's interval (II) is its slowest kernel, its latency their sum;
+  trip; each local's copy in or out one cycle per bank's worth of elements. The top function
+  moves the model's inputs and outputs an element a cycle: they add to the latency and bound
+  the interval. Under DATAFLOW kernels overlap: the model's interval (II) is its slowest
+  kernel's, its latency their sum (an upper bound: streamed kernels start before their
+  producer ends);
 - DSP48: each multiply instance of a pipelined iteration (unrolled copies included) whose
   operands are both wider than 10 bits takes ceil(Wa / 27) * ceil(Wb / 18) DSPs (hls4ml's rule:
   narrower products are LUTs, Wa * Wb / 2 of them); a multiply outside pipelined loops one
@@ -39,7 +45,7 @@ from dataclasses import dataclass, field
 
 from kiln.backends.fpga import axi
 from kiln.backends.fpga.formats import Design, KernelDesign
-from kiln.backends.fpga.schedule import banks, instances, pipelined, trips
+from kiln.backends.fpga.schedule import banks, instances, pipelined, trips, whole
 from kiln.backends.fpga.target import FpgaTarget
 from kiln.backends.registry import PlanFacts
 from kiln.errors import KilnError
@@ -63,6 +69,7 @@ class Usage:
     lut: int = 0
     ff: int = 0
     reuse: int = 1  # the effective reuse of its pipelined loops (the largest)
+    interval: int = 0  # cycles between inputs (0: its cycles; a whole-function pipeline: its II)
 
     def add(self, other: Usage) -> None:
         for name in RESOURCES:
@@ -95,7 +102,12 @@ def estimate(design: Design, facts: PlanFacts, target: FpgaTarget) -> Estimate:
         found.kernels.append((kd, usage))
         found.total.add(usage)
         found.latency += usage.cycles
-        found.interval = max(found.interval, usage.cycles)
+        found.interval = max(found.interval, usage.interval or usage.cycles)
+    # the top moves its inputs and outputs an element a cycle (AXI-Stream, or an m_axi burst)
+    inputs = [b.size for b in facts.inputs if any(b in kd.kernel.reads for kd in design.kernels)]
+    outputs = [b.size for b in facts.outputs]
+    found.latency += max(inputs, default=0) + max(outputs, default=0)
+    found.interval = max(found.interval, *inputs, *outputs)
     found.total.cycles = found.latency
     return found
 
@@ -125,21 +137,35 @@ def _kernel(kd: KernelDesign, design: Design, facts: PlanFacts, reuse: int, ddr:
     unroll = banks(kd.kernel, reuse)
     reads = {b: design.formats[b].width for b in kd.kernel.reads if b in ddr}
     name = kd.kernel.name
-    # stores straight into a stream: one beat (``lanes`` of them) per cycle
-    writes = {b: c.lanes for b, c in design.streams.items() if c.producer == name and not c.staged}
-    writes = {b: n for b, n in writes.items() if b not in kd.local}
-    usage.cycles = _cycles(kd, kd.kernel.body, chosen, usage, 1, (reads, writes))
-    usage.cycles += axi.DDR_LATENCY if reads else 0
     sinks = {b: c for b, c in design.streams.items() if c.producer == name}
     sources = {b: c for b, c in design.streams.items() if c.consumer == name}
-    # a local's copy in or out moves one element per bank per cycle (hls.copy), into a stream one
-    usage.cycles += sum(b.size if b in sinks else math.ceil(b.size / unroll.get(b, 1)) for b in kd.local)
-    usage.cycles += sum(math.ceil(b.size / unroll.get(b, 1)) for b in kd.copy_in)
-    usage.cycles += sum(b.size for b, c in sinks.items() if c.staged)
+    # stores straight into a stream: one beat (``lanes`` of them) per cycle
+    writes = {b: c.lanes for b, c in sinks.items() if not c.staged and b not in kd.local}
+    # a local's copy into a stream or a staged tensor's: a beat a cycle
+    out_beats = sum(b.size // sinks[b].lanes for b in kd.local if b in sinks)
+    out_beats += sum(b.size for b, c in sinks.items() if c.staged)
+    in_beats = 0
     for channel in sources.values():  # the prefill, each group's top-up fill and the drain, a beat a cycle
         window = channel.window
-        usage.cycles += window.prefill + (len(window.needs) * (window.step + 1) if window.step else 0)
-        usage.cycles += (channel.buffer.size - window.needs[-1]) // channel.lanes
+        in_beats += window.prefill + (len(window.needs) * (window.step + 1) if window.step else 0)
+        in_beats += (channel.buffer.size - window.needs[-1]) // channel.lanes
+    interval = whole(kd.kernel, reuse)
+    if interval:  # one pipelined function: operators shared II ways, a new input every II cycles
+        own = Usage(lut=0)
+        depth = _iteration(kd, kd.kernel.body, own)
+        # shared II ways: the operators and their pipeline registers
+        usage.dsp, usage.lut = math.ceil(own.dsp / interval), 200 + math.ceil(own.lut / interval)
+        usage.ff = math.ceil(own.ff / interval)
+        usage.reuse = interval
+        usage.interval = max(interval, in_beats, out_beats, *_beats(kd.kernel.body, reads, writes))
+        # each shared operator takes its II inputs in turn before the result is out
+        usage.cycles = depth + interval - 1 + in_beats + out_beats + (axi.DDR_LATENCY if reads else 0)
+    else:
+        usage.cycles = _cycles(kd, kd.kernel.body, chosen, usage, 1, (reads, writes)) + in_beats + out_beats
+        usage.cycles += axi.DDR_LATENCY if reads else 0
+        # a local's copy in or out of an array moves one element per bank per cycle (hls.copy)
+        usage.cycles += sum(math.ceil(b.size / unroll.get(b, 1)) for b in kd.local if b not in sinks)
+        usage.cycles += sum(math.ceil(b.size / unroll.get(b, 1)) for b in kd.copy_in)
     # a tensor streamed out as it is stored is no array; a window holds what its groups need
     arrays = [
         (b, design.formats.get(b), b.size)

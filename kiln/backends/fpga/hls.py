@@ -28,7 +28,7 @@ from kiln.backends.fpga import axi
 from kiln.backends.fpga.fixed import Format, quantize, to_float
 from kiln.backends.fpga.formats import Design, KernelDesign, is_float
 from kiln.backends.fpga.prelude import PRELUDE
-from kiln.backends.fpga.schedule import banks, pipelined
+from kiln.backends.fpga.schedule import banks, pipelined, whole
 from kiln.backends.fpga.streams import Channel, drain, fill, prefill, read_ahead, segment_tensors, tables
 from kiln.backends.fpga.target import FpgaTarget
 from kiln.backends.registry import PlanFacts
@@ -205,6 +205,9 @@ def _kernel(
     out.lines.append(f"// {kernel.kind}: {', '.join(kernel.sources)}")
     out.lines.append(f"static void {kernel.name}({signature}) {{")
     out.emit("#pragma HLS INLINE off")
+    interval = whole(kernel, reuse)
+    if interval:  # small enough to unroll whole: the function is the pipeline (hls4ml's dense)
+        out.emit(f"#pragma HLS PIPELINE II={interval}")
     for buffer, fmt in kd.local.items():
         storage = "static " if buffer.size > STATIC_ELEMENTS else ""
         out.emit(f"{storage}{fmt.c_type()} l_{buffer.name}[{buffer.size}];")
@@ -233,7 +236,7 @@ def _kernel(
     body.block(kernel.body)
     for buffer in kd.local:
         if buffer in sinks:
-            _stream(out, f"s_{buffer.name}.write(l_{buffer.name}[i]);", buffer.size)
+            _beats_out(out, sinks[buffer], f"l_{buffer.name}")
         else:
             _copy(out, buffer.name, f"l_{buffer.name}", buffer.size, partitions.get(buffer, 1))
     for buffer in staged:
@@ -564,6 +567,20 @@ def _top_m_axi(
     out.lines.append("}")
     out.lines.append("#endif")
     return "\n".join(out.lines)
+
+
+def _beats_out(out: _Function, channel: Channel, source: str) -> None:
+    """A local array streamed out in flat order, ``lanes`` elements a beat."""
+    b, lanes = channel.buffer.name, channel.lanes
+    if lanes == 1:
+        _stream(out, f"s_{b}.write({source}[i]);", channel.buffer.size)
+        return
+    out.emit(f"for (int c = 0; c < {channel.buffer.size // lanes}; ++c) {{")
+    out.emit("#pragma HLS PIPELINE II=1")
+    out.emit(f"  {channel.beat} beat;")
+    out.emit(f"  for (int l = 0; l < {lanes}; ++l) beat.v[l] = {source}[c * {lanes} + l];")
+    out.emit(f"  s_{b}.write(beat);")
+    out.emit("}")
 
 
 def beat(channel: Channel, design: Design) -> str:

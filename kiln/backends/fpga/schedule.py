@@ -17,6 +17,10 @@ from dataclasses import dataclass
 from kiln.lower.kir import Assign, Buffer, For, If, Kernel, Let, Load, Stmt, Store, postorder
 
 MAX_UNROLL = 4096  # statement instances in one pipelined iteration
+# kernels that gather many inputs into each output (hls4ml's dense, softmax, normalizations): a
+# small one is one pipelined function; an elementwise kernel keeps a pipelined loop (an element a
+# cycle, as a stream brings them)
+WHOLE_KINDS = ("matmul", "reduction", "normalize")
 
 
 @dataclass(frozen=True)
@@ -57,6 +61,8 @@ def pipelined(kernel: Kernel, reuse: int) -> dict[int, Pipelined]:
     ``reuse`` ways (hls4ml's convolution: one output pixel per R cycles), when one iteration
     unrolls to at most ``MAX_UNROLL``; every other loop by the rule above."""
     chosen: dict[int, Pipelined] = {}
+    if whole(kernel, reuse):
+        return chosen
     marked = kernel.schedule.pipeline
 
     def visit(body: Sequence[Stmt], around: int) -> None:
@@ -90,14 +96,25 @@ def _names(body: Sequence[Stmt]) -> set[str]:
     return found
 
 
+def whole(kernel: Kernel, reuse: int) -> int | None:
+    """The interval of a kernel pipelined as a whole function (``#pragma HLS PIPELINE II=`` at its
+    top, every loop in it unrolled: hls4ml's dense layer at reuse R accepts an input every R
+    cycles), when it is one of ``WHOLE_KINDS``, all of it unrolls to at most ``MAX_UNROLL``
+    statement instances and it marks no pixel loop; None otherwise."""
+    if kernel.kind.split("+")[0] not in WHOLE_KINDS or kernel.schedule.pipeline or work(kernel.body) > MAX_UNROLL:
+        return None
+    return reuse if has_loops(kernel.body) else None
+
+
 def banks(kernel: Kernel, reuse: int) -> dict[Buffer, int]:
     """The arrays a pipelined iteration of ``kernel`` reads or writes more than once, by buffer:
     how many of its accesses one iteration makes (its unrolled copies), at most its size. Each is
     ``ARRAY_PARTITION``-ed into that many banks (complete at its size) so the iteration's accesses
     go in one cycle."""
     found: dict[Buffer, int] = {}
-    for chosen in pipelined(kernel, reuse).values():
-        for stmt, times in instances(chosen.loop.body):
+    bodies = [kernel.body] if whole(kernel, reuse) else [p.loop.body for p in pipelined(kernel, reuse).values()]
+    for body in bodies:
+        for stmt, times in instances(body):
             values = [stmt.value] if isinstance(stmt, (Let, Assign, Store)) else []
             touched = [n.buffer for e in values for n in postorder(e) if isinstance(n, Load)]
             touched += [stmt.buffer] if isinstance(stmt, Store) else []

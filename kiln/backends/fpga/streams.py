@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from kiln.backends.fpga.formats import KernelDesign
-from kiln.backends.fpga.schedule import Pipelined, pipelined
+from kiln.backends.fpga.schedule import Pipelined, banks, pipelined
 from kiln.backends.registry import PlanFacts
 from kiln.lower.kir import (
     Assign,
@@ -150,6 +150,8 @@ def channels(
         lanes = 1
         if buffer in locals_of[writers[0]]:
             order, staged = Order(), False  # its local's copy-out streams it in flat order
+            lanes = banks(producer, reuse).get(buffer, 1)  # a beat: what its banks give in a cycle
+            lanes = lanes if lanes <= MAX_LANES and buffer.size % lanes == 0 else 1
         else:
             order, staged = _order(producer, buffer)
             lanes = 1 if staged else _lanes(producer, buffer, reuse)
