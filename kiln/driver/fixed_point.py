@@ -20,9 +20,10 @@ from typing import Any
 
 import numpy as np
 
+from kiln.backends.fpga.fixed import with_infinities
 from kiln.driver.options import CompileOptions, Quantization
 from kiln.driver.pipeline import compile_plan
-from kiln.driver.quantize import AccuracyReport, measure, random_tensor_like, samples_from, split
+from kiln.driver.quantize import AccuracyReport, measure, samples_from, split
 from kiln.ir.graph import Graph, Value
 from kiln.ir.types import TensorType
 from kiln.passes.fuse import unfuse
@@ -50,6 +51,7 @@ def tensor_ranges(graph: Graph, samples: list[dict[str, np.ndarray]]) -> Quantiz
     positions = {value.name: plan.graph.outputs.index(value) for value in watched}
     lows: dict[str, float] = {}
     highs: dict[str, float] = {}
+    infinite: dict[str, set[int]] = {}  # the signs of the infinities a tensor held (a mask's -inf)
 
     def note(name: str, array: np.ndarray) -> None:
         array = np.asarray(array)
@@ -59,6 +61,10 @@ def tensor_ranges(graph: Graph, samples: list[dict[str, np.ndarray]]) -> Quantiz
         if finite.size:
             lows[name] = min(lows.get(name, np.inf), float(finite.min()))
             highs[name] = max(highs.get(name, -np.inf), float(finite.max()))
+        if np.isneginf(array).any():
+            infinite.setdefault(name, set()).add(-1)
+        if np.isposinf(array).any():
+            infinite.setdefault(name, set()).add(1)
 
     for feeds in samples:
         results = executable.run([np.asarray(feeds[v.name]) for v in plan.graph.inputs])
@@ -66,6 +72,8 @@ def tensor_ranges(graph: Graph, samples: list[dict[str, np.ndarray]]) -> Quantiz
             note(name, results[i])
         for name, array in feeds.items():
             note(name, array)
+    for name, signs in infinite.items():
+        lows[name], highs[name] = with_infinities(lows.get(name, 0.0), highs.get(name, 0.0), signs)
     return Quantization(ranges=tuple((n, lows[n], highs[n]) for n in lows), method="minmax")
 
 
@@ -85,8 +93,10 @@ def fixed_point_model(
     calibrating, evaluating = split(samples)
     if evaluation is not None:
         evaluating = samples_from(evaluation, graph)
-    if not evaluating:
-        evaluating = [{k: random_tensor_like(v, seed) for k, v in calibrating[0].items()} for seed in range(1, 3)]
+    if not evaluating:  # too few samples to hold some out: measured on what calibrated it (random
+        # stand-ins would be meaningless for inputs that are shapes or scales)
+        log.info("kiln: one calibration sample: the accuracy is measured on it, not on held-out data")
+        evaluating = calibrating
     ranges = tensor_ranges(specialize_for(calibrating[0]), calibrating)
     chosen = options.with_(quantization=ranges)
     fp32 = reference()
@@ -167,6 +177,8 @@ def design_of(model: Any) -> list[tuple[Any, Any, Any]]:
     for plan in model.plans:
         facts = plan_facts(plan, model.options.quantization)
         segments = [s.kernels for s in plan.steps if hasattr(s, "kernels")]
+        if not segments:  # every node on the host: no design
+            continue
         found.append((plan, backend("fpga").design(segments, facts, plan.target), facts))  # type: ignore[attr-defined]
     return found
 

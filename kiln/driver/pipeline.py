@@ -309,7 +309,7 @@ def plan_facts(state: Compile | Plan, quantization: Quantization | None = None) 
     graph, steps, roots = state.graph, state.steps, state.roots
     quantization = quantization if quantization is not None else state.options.quantization  # type: ignore[union-attr]
     names = {buffer: value.name for value, buffer in roots.items()}
-    outputs = [roots[v] for v in graph.outputs]
+    outputs = [roots[v] for v in graph.outputs if v in roots]  # (one a host step computes has none)
     by_name = {value.name: buffer for value, buffer in roots.items()}
     ranges: dict[Buffer, tuple[float, float]] = {}
     for name, lo, hi in quantization.ranges:  # values sharing a buffer (in place): every one's range
@@ -323,7 +323,7 @@ def plan_facts(state: Compile | Plan, quantization: Quantization | None = None) 
         for step in steps
     ]
     live = [set(outputs).union(*reads[i + 1 :]) for i, step in enumerate(steps) if isinstance(step, Segment)]
-    inputs = [roots[v] for v in graph.inputs]
+    inputs = [roots[v] for v in graph.inputs if v in roots]
     return PlanFacts(dict(state.constants), inputs, outputs, names, live, ranges)
 
 

@@ -9,7 +9,7 @@ Per kernel, from its loop nest and the schedule (``schedule.pipelined``):
 - latency: a pipelined loop of N iterations (counted with the sequential loops around it) takes
   (N - 1) * II + depth cycles (II = 1, or the reuse factor for a pixel loop, whose operators
   are then shared II ways); depth = 3 for a DSP multiply + ceil(log2(adds + 1)) for the
-  unrolled adder tree + 2 per ROM lookup + 48 per division + 24 per square root (Vitis'
+  unrolled adder tree + 5 per ROM lookup (two reads, the interpolation's multiply-add) + 48 per division + 24 per square root (Vitis'
   sequential cores); a loop left sequential costs its trips times its body plus one cycle per
   trip; each local's copy in or out one cycle per bank's worth of elements. The top function
   moves the model's inputs and outputs an element a cycle: they add to the latency and bound
@@ -179,7 +179,7 @@ def _kernel(kd: KernelDesign, design: Design, facts: PlanFacts, reuse: int, ddr:
         width = fmt.width if fmt is not None else buffer.dtype.numpy.itemsize * 8
         _memory(usage, width, size, unroll.get(buffer, 1))
     for table in kd.tables.values():
-        _memory(usage, table.out.width, table.size, 1)
+        _memory(usage, table.out.width, table.size + 1, 1)
     return usage
 
 
@@ -241,7 +241,7 @@ def _iteration(kd: KernelDesign, body: Sequence[Stmt], usage: Usage) -> int:
         lookups, divisions, roots = lookups + counts[2], divisions + counts[3], roots + counts[4]
     chain = 3 if multiplies else 0
     return (
-        1 + chain + math.ceil(math.log2(adds + 1)) + 2 * min(lookups, 1) + 48 * min(divisions, 1) + 24 * min(roots, 1)
+        1 + chain + math.ceil(math.log2(adds + 1)) + 5 * min(lookups, 1) + 48 * min(divisions, 1) + 24 * min(roots, 1)
     )
 
 
@@ -268,6 +268,7 @@ def _operators(kd: KernelDesign, values: list[Expr], usage: Usage, times: int) -
                 usage.lut += times * fmt.width
             elif isinstance(node, Unary) and id(node) in kd.tables:
                 lookups += times
+                usage.dsp += times  # the interpolation's product (18 x 24 bits: one DSP48)
             elif isinstance(node, Unary) and node.op == "sqrt":
                 roots += 1
                 usage.lut += times * fmt.width * 4

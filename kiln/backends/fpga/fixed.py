@@ -187,3 +187,14 @@ def divide(a: int, fa: int, b: int, fb: int, fmt: Format) -> int:
     denominator = b if shift >= 0 else b << -shift
     quotient = abs(numerator) // abs(denominator)
     return saturate(quotient if (numerator < 0) == (denominator < 0) else -quotient, fmt)
+
+
+INFINITY_MARGIN = 16.0  # an infinity's stand-in: this many times the finite values' magnitude
+
+
+def with_infinities(lo: float, hi: float, signs: set[int]) -> tuple[float, float]:
+    """A range that holds a stand-in for each infinity the tensor had: fixed point has none, so
+    -inf (a mask) saturates to a value far enough below every finite one that exp of it, shifted
+    by a softmax's maximum, is 0."""
+    standin = INFINITY_MARGIN * max(abs(lo), abs(hi), 1.0)
+    return (min(lo, -standin) if -1 in signs else lo), (max(hi, standin) if 1 in signs else hi)

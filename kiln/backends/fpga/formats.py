@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from kiln.backends.fpga.fixed import MAX_WIDTH, Format, Interval, exact, quantize, sized, to_float
+from kiln.backends.fpga.fixed import MAX_WIDTH, Format, Interval, exact, quantize, sized, to_float, with_infinities
 from kiln.backends.fpga.tables import FUNCTIONS, Table, build
 from kiln.backends.registry import PlanFacts
 from kiln.errors import KilnError
@@ -106,6 +106,9 @@ def design(
         if is_float(buffer) and values.size:
             finite = values[np.isfinite(values)] if values.dtype.kind == "f" else values
             lo, hi = (float(finite.min()), float(finite.max())) if finite.size else (0.0, 0.0)
+            if values.dtype.kind == "f" and not np.isfinite(values).all():  # a mask's -inf: a stand-in
+                signs = {-1} if np.isneginf(values).any() else set()
+                lo, hi = with_infinities(lo, hi, signs | ({1} if np.isposinf(values).any() else set()))
             formats[buffer] = sized(Interval(min(lo, 0.0), max(hi, 0.0)), bits)
     for buffer, (lo, hi) in facts.ranges.items():
         if is_float(buffer) and buffer not in formats:

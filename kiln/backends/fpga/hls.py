@@ -323,7 +323,7 @@ class _Body:
                 value = self.expression(stmt.value)
                 if stmt.buffer in self.sinks:  # in the order the stream carries (streams.Order)
                     channel = self.sinks[stmt.buffer]
-                    element = f"{element_type(stmt.buffer, self.design)}({value})"
+                    element = f"(({element_type(stmt.buffer, self.design)})({value}))"
                     if channel.lanes > 1:
                         lane = f"{channel.order.text(index)} % {channel.lanes}"
                         out.emit(f"pack_{stmt.buffer.name}.v[{lane}] = {element};")
@@ -437,9 +437,9 @@ class _Body:
         self.out.temps += 1
         rom = f"table{self.out.temps}"
         values = ",".join(str(v) for v in table.values)
-        self.out.emit(f"static const {mantissa_type(table.out)} {rom}[{table.size}] = {{{values}}};  // {node.op}")
-        index = f"kiln_index({self.raw(node.a)}({a}), {table.start}LL, {table.shift}, {table.size})"
-        return rom_read(rom, table.out, index)
+        self.out.emit(f"static const {mantissa_type(table.out)} {rom}[{table.size + 1}] = {{{values}}};  // {node.op}")
+        found = f"kiln_interp({self.raw(node.a)}({a}), {table.start}LL, {table.shift}, {table.size}, {rom})"
+        return f"kiln_rom<{table.out.c_type()}, {table.out.width}>({found})"
 
 
 def _top(
@@ -593,16 +593,3 @@ def _stream(out: _Function, statement: str, size: int) -> None:
     out.emit("#pragma HLS PIPELINE II=1")
     out.emit(f"  {statement}")
     out.emit("}")
-
-
-def header(source: str) -> str:
-    """The declarations a testbench includes: the headers, helpers, tensor types and the top
-    functions' prototypes (``source`` is ``render``'s)."""
-    head = source.split(DESIGN_MARK)[0]
-    lines = source.splitlines()
-    prototypes = [line[:-2] + ";" for line in lines if line.startswith("void kiln_top")]
-    # an m_axi design's weights, as the host writes them to DDR (the testbench passes them)
-    weights = [line.split(" = ")[0] + ";" for line in lines if line.startswith("extern const ") and "kiln_ddr" in line]
-    if weights:
-        prototypes += ["#ifndef __SYNTHESIS__", *weights, "#endif"]
-    return "#pragma once\n" + head + "\n".join(prototypes) + "\n"

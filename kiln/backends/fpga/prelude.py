@@ -7,6 +7,8 @@ PRELUDE = """\
 #include <ap_int.h>
 #include <hls_stream.h>
 
+#define KILN_FRACTION_BITS 24
+
 // the mantissa of a fixed-point value, and a value set from one
 template <int W, bool S, class T> static inline long long kiln_raw(const T &x) {
   if (S) { ap_int<W> r; r.range(W - 1, 0) = x.range(W - 1, 0); return r.to_int64(); }
@@ -53,9 +55,18 @@ static inline long long kiln_sqrt(long long m, int shift) {
   }
   return (long long)root.to_uint64();
 }
-static inline int kiln_index(long long m, long long start, int shift, int size) {
-  long long p = (m - start) >> shift;
-  return (int)(p < 0 ? 0 : (p >= size ? size - 1 : p));
+// a function ROM of size + 1 edge values, interpolated linearly within an input's bin (tables.py)
+template <class T> static inline long long kiln_interp(long long m, long long start, int shift, int size, const T *table) {
+  long long top = (long long)size << shift, p = m - start;
+  p = p < 0 ? 0 : (p > top ? top : p);
+  long long i = p >> shift;
+  if (i > size - 1) i = size - 1;
+  long long within = p - (i << shift);
+  int drop = shift > KILN_FRACTION_BITS ? shift - KILN_FRACTION_BITS : 0;
+  within = within >> drop;
+  int s = shift - drop;
+  long long product = ((long long)table[i + 1] - (long long)table[i]) * within;
+  return (long long)table[i] + (s > 0 ? ((product + (1LL << (s - 1))) >> s) : product);
 }
 static inline long long kiln_clamp(long long i, long long size) { return i < 0 ? 0 : (i >= size ? size - 1 : i); }
 """

@@ -20,7 +20,7 @@ import numpy as np
 
 from kiln.backends.fpga.estimate import Estimate
 from kiln.backends.fpga.formats import Design, is_float
-from kiln.backends.fpga.hls import header
+from kiln.backends.fpga.hls import DESIGN_MARK
 from kiln.backends.fpga.target import FpgaTarget
 from kiln.backends.registry import PlanFacts
 from kiln.errors import KilnError
@@ -169,3 +169,16 @@ def _readme(target: FpgaTarget) -> str:
 estimates.json holds kiln's ESTIMATES (an analytical model), not synthesis results: run the
 vendor tool for those. Without it, the same C++ is what kiln runs as its C simulation.
 """
+
+
+def header(source: str) -> str:
+    """The declarations a testbench includes: the headers, helpers, tensor types and the top
+    functions' prototypes (``source`` is ``render``'s)."""
+    head = source.split(DESIGN_MARK)[0]
+    lines = source.splitlines()
+    prototypes = [line[:-2] + ";" for line in lines if line.startswith("void kiln_top")]
+    # an m_axi design's weights, as the host writes them to DDR (the testbench passes them)
+    weights = [line.split(" = ")[0] + ";" for line in lines if line.startswith("extern const ") and "kiln_ddr" in line]
+    if weights:
+        prototypes += ["#ifndef __SYNTHESIS__", *weights, "#endif"]
+    return "#pragma once\n" + head + "\n".join(prototypes) + "\n"

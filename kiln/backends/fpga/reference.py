@@ -180,7 +180,7 @@ class _State:
         if node.op == "sqrt":
             return exact(square_root(a, fa, fmt.fraction), fmt.fraction)
         table = self.kd.tables[id(node)]
-        return table.values[table.index(a)], table.out.fraction
+        return table.lookup(a), table.out.fraction
 
     def integer(self, node: Expr, args: list[Value], dtype: Any) -> int:
         if isinstance(node, Binary):

@@ -1,8 +1,11 @@
 """Function ROMs: how the fpga target computes exp, tanh, sqrt, erf... in fixed point.
 
-A ``Table`` covers a domain ``[lo, lo + size * step)`` with ``step`` a power of two, so the index
-of an input is its mantissa's distance from ``lo`` shifted right: no multiplier, no divider. Each
-entry is the function at its bin's centre, rounded into the table's format. The domain is the
+A ``Table`` covers a domain ``[lo, lo + size * step]`` with ``step`` a power of two, so the bin
+of an input is its mantissa's distance from ``lo`` shifted right: no divider. Its ``size + 1``
+entries are the function at the bins' edges, rounded into the table's format; an input between
+two edges reads both and interpolates linearly (one multiplier: the error falls from the slope
+times a bin to the curvature times a bin squared), its fraction of the bin kept to
+``FRACTION_BITS`` bits. The domain is the
 input's proved range cut to the function's window (``WINDOWS``): outside it the input is clamped
 to the nearest entry (exp of a softmax's shifted scores, at most 0, needs no more than
 [-16, 8); tanh is +-1 beyond +-8 to the table's precision).
@@ -17,6 +20,7 @@ from dataclasses import dataclass
 from kiln.backends.fpga.fixed import TABLE_SIZE, Format, Interval, quantize, sized
 
 TABLE_WIDTH = 18  # bits of an entry (a BRAM_18K's native width; hls4ml's table_t is 18 bits too)
+FRACTION_BITS = 24  # of an input's position within its bin, for the interpolation's product
 
 
 FUNCTIONS: dict[str, Callable[[float], float]] = {
@@ -61,9 +65,9 @@ WINDOWS: dict[str, tuple[float, float]] = {
 
 @dataclass(frozen=True)
 class Table:
-    """``function`` over inputs of ``source``: entry i is f(lo + (i + 0.5) * step) in ``out``;
-    an input of mantissa m reads entry clamp((m - start) >> shift, 0, size - 1) (``shift`` may be
-    negative: a left shift)."""
+    """``function`` over inputs of ``source``: entry i (0..size) is f(lo + i * step) in ``out``;
+    an input of mantissa m (clamped to the domain) interpolates entries i and i + 1 of its bin
+    (``lookup``; ``shift`` >= 0: mantissa units per bin, as a power of two)."""
 
     function: str
     source: Format
@@ -73,14 +77,19 @@ class Table:
     out: Format
     values: tuple[int, ...]
 
-    def index(self, m: int) -> int:
-        offset = m - self.start
-        position = offset >> self.shift if self.shift >= 0 else offset << -self.shift
-        return min(max(position, 0), self.size - 1)
+    def lookup(self, m: int) -> int:
+        """The output mantissa for input mantissa ``m`` (what ``kiln_interp`` computes in C)."""
+        position = min(max(m - self.start, 0), self.size << self.shift)
+        i = min(position >> self.shift, self.size - 1)
+        within = position - (i << self.shift)
+        drop = max(self.shift - FRACTION_BITS, 0)
+        within, shift = within >> drop, self.shift - drop
+        product = (self.values[i + 1] - self.values[i]) * within
+        return self.values[i] + ((product + (1 << (shift - 1))) >> shift if shift > 0 else product)
 
     @property
     def bits(self) -> int:
-        return self.size * self.out.width
+        return (self.size + 1) * self.out.width
 
 
 def build(function: str, source: Format, reach: Interval) -> Table:
@@ -97,10 +106,10 @@ def build(function: str, source: Format, reach: Interval) -> Table:
     start = math.floor(lo * 2.0**fraction)
     span_bits = max(math.ceil(math.log2(max(hi - start * 2.0**-fraction, source.step))), -fraction)
     size_bits = max(0, min(int(math.log2(TABLE_SIZE)), span_bits + fraction))  # no finer than the input
-    shift = span_bits + fraction - size_bits  # mantissa units per entry, as a power of two
+    shift = span_bits + fraction - size_bits  # mantissa units per bin, as a power of two (>= 0)
     size = 1 << size_bits
     step = 2.0 ** (shift - fraction)
-    samples = [_sample(f, start * 2.0**-fraction + (i + 0.5) * step, lo_window, hi_window) for i in range(size)]
+    samples = [_sample(f, start * 2.0**-fraction + i * step, lo_window, hi_window) for i in range(size + 1)]
     finite = [s for s in samples if math.isfinite(s)] or [0.0]
     out = sized(Interval(min(finite), max(finite)), TABLE_WIDTH)
     return Table(function, source, start, shift, size, out, tuple(quantize(s, out) for s in samples))
