@@ -25,6 +25,7 @@ from kiln.backends.fpga.estimate import Estimate, check_fits, estimate
 from kiln.backends.fpga.formats import Design, DesignError, design
 from kiln.backends.fpga.hls import render as render_hls
 from kiln.backends.fpga.project import estimate_json
+from kiln.backends.fpga.rewrite import canonical
 from kiln.backends.fpga.streams import segment_streams
 from kiln.backends.fpga.target import FpgaTarget, parse_variant
 from kiln.backends.registry import Backend, BuildOptions, Loaded, PlanFacts, Section, Threading, library_runner
@@ -101,6 +102,9 @@ class FpgaBackend(Backend):
         return source
 
     def design(self, segments: Sequence[Sequence[Kernel]], facts: PlanFacts, target: FpgaTarget) -> Design:
+        segments = [
+            [canonical(k, facts.constants) for k in segment] for segment in segments
+        ]  # constant powers rewritten
         try:
             found = design(segments, facts, target.bits, dict(target.widths))
         except DesignError:

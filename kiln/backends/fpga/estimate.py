@@ -252,7 +252,10 @@ def _operators(kd: KernelDesign, values: list[Expr], usage: Usage, times: int) -
             fmt = kd.nodes.get(id(node))
             if fmt is None:
                 continue
-            if isinstance(node, Binary) and node.op == "*":
+            if id(node) in kd.tables:  # a ROM function: two reads and the interpolation's product
+                lookups += times
+                usage.dsp += times  # 18 x 24 bits: one DSP48
+            elif isinstance(node, Binary) and node.op == "*":
                 a, b = kd.nodes.get(id(node.a)), kd.nodes.get(id(node.b))
                 wa, wb = sorted((a.width if a else 32, b.width if b else 32), reverse=True)
                 if wb > DSP_MIN_WIDTH:
@@ -266,9 +269,6 @@ def _operators(kd: KernelDesign, values: list[Expr], usage: Usage, times: int) -
             elif isinstance(node, (Binary, Select)):
                 adds += times
                 usage.lut += times * fmt.width
-            elif isinstance(node, Unary) and id(node) in kd.tables:
-                lookups += times
-                usage.dsp += times  # the interpolation's product (18 x 24 bits: one DSP48)
             elif isinstance(node, Unary) and node.op == "sqrt":
                 roots += 1
                 usage.lut += times * fmt.width * 4

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from kiln.backends.fpga.fixed import MAX_WIDTH, Format, Interval, exact, quantize, sized, to_float, with_infinities
-from kiln.backends.fpga.tables import FUNCTIONS, Table, build
+from kiln.backends.fpga.tables import Table, build, function_name
 from kiln.backends.registry import PlanFacts
 from kiln.errors import KilnError
 from kiln.ir.types import DType
@@ -307,6 +307,11 @@ def float_operands(node: Expr) -> list[Expr]:
 def combine(node: Expr, args: list[tuple[Interval, int]], fail, below_zero: bool = False) -> tuple[Interval, int]:
     """The (interval, fraction) of a float node from its float operands' (``below_zero``: the
     node is known to be at most 0)."""
+    function = function_name(node)
+    if function is not None:  # a ROM over the first operand's range
+        (a, fa) = args[0]
+        table = build(function, exact(a, fa), a)
+        return table.out.interval, table.out.fraction
     if isinstance(node, Binary):
         (a, fa), (b, fb) = args
         if node.op in ("+", "-"):
@@ -337,9 +342,6 @@ def combine(node: Expr, args: list[tuple[Interval, int]], fail, below_zero: bool
         return Interval(math.floor(a.lo), math.ceil(a.hi)), 0
     if node.op == "sqrt":  # digit by digit (no table): a negative input gives 0
         return Interval(math.sqrt(max(a.lo, 0.0)), math.sqrt(max(a.hi, 0.0))), sqrt_fraction(fa)
-    if node.op in FUNCTIONS:
-        table = build(node.op, exact(a, fa), a)
-        return table.out.interval, table.out.fraction
     raise fail(f"'{node.op}' has no fixed-point form on the fpga target")
 
 
@@ -480,9 +482,10 @@ def _type_nodes(kernel: Kernel, result: KernelDesign, formats: dict[Buffer, Form
                 fmt = fmt or (formats[node.buffer] if isinstance(node, Load) else result.scalars[node.name])
             else:
                 args = [reach[id(o)] for o in float_operands(node)]
-                if isinstance(node, Unary) and node.op in FUNCTIONS and node.op != "sqrt":
-                    source = result.nodes[id(node.a)]
-                    result.tables[id(node)] = table = build(node.op, source, args[0][0])
+                function = function_name(node)
+                if function is not None:
+                    source = result.nodes[id(node.a)]  # type: ignore[attr-defined]
+                    result.tables[id(node)] = table = build(function, source, args[0][0])
                     fmt = table.out
                 else:
                     fail = lambda why: DesignError(f"kernel {kernel.name}: {why}")  # noqa: E731

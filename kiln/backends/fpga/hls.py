@@ -408,6 +408,8 @@ class _Body:
                 return f"(({a}) {'>' if node.op == 'max' else '<'} ({b}) ? ({a}) : ({b}))"
             return f"(({a}) {node.op} ({b}))"
         t = fmt.c_type()
+        if id(node) in self.kd.tables:  # a power with a constant exponent
+            return self.table(node, a)
         if node.op in ("+", "-", "*"):
             return f"{a} {node.op} {b}"
         if node.op in ("max", "min"):
@@ -433,11 +435,16 @@ class _Body:
             return f"@set kiln_{node.op}({self.raw(node.a)}({a}), {source.fraction})"
         if node.op == "sqrt":
             return f"@set kiln_sqrt({self.raw(node.a)}({a}), {2 * fmt.fraction - source.fraction})"
+        return self.table(node, a)
+
+    def table(self, node: Unary | Binary, a: str) -> str:
+        """A ROM function of ``node``'s first operand (text ``a``), interpolated."""
         table = self.kd.tables[id(node)]
         self.out.temps += 1
         rom = f"table{self.out.temps}"
         values = ",".join(str(v) for v in table.values)
-        self.out.emit(f"static const {mantissa_type(table.out)} {rom}[{table.size + 1}] = {{{values}}};  // {node.op}")
+        kind = mantissa_type(table.out)
+        self.out.emit(f"static const {kind} {rom}[{table.size + 1}] = {{{values}}};  // {table.function}")
         found = f"kiln_interp({self.raw(node.a)}({a}), {table.start}LL, {table.shift}, {table.size}, {rom})"
         return f"kiln_rom<{table.out.c_type()}, {table.out.width}>({found})"
 

@@ -154,6 +154,9 @@ class _State:
         def exact(m: int, fraction: int) -> Value:
             return wrap(align(m, fraction, fmt.fraction), fmt), fmt.fraction
 
+        if id(node) in self.kd.tables:  # a ROM function of the first operand (a unary, a constant power)
+            table = self.kd.tables[id(node)]
+            return table.lookup(args[0][0]), table.out.fraction
         if isinstance(node, Select):
             cond = values[id(node.cond)][0]
             return exact(*(args[0] if cond else args[1]))
@@ -179,8 +182,7 @@ class _State:
             return exact(_to_integer(node.op, a, fa), 0)
         if node.op == "sqrt":
             return exact(square_root(a, fa, fmt.fraction), fmt.fraction)
-        table = self.kd.tables[id(node)]
-        return table.lookup(a), table.out.fraction
+        raise AssertionError(f"no fixed-point form of {node.op!r} (the design admitted it)")
 
     def integer(self, node: Expr, args: list[Value], dtype: Any) -> int:
         if isinstance(node, Binary):

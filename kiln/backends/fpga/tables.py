@@ -18,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from kiln.backends.fpga.fixed import TABLE_SIZE, Format, Interval, quantize, sized
+from kiln.lower.kir import Binary, Const, Expr, Unary
 
 TABLE_WIDTH = 18  # bits of an entry (a BRAM_18K's native width; hls4ml's table_t is 18 bits too)
 FRACTION_BITS = 24  # of an input's position within its bin, for the interpolation's product
@@ -63,6 +64,34 @@ WINDOWS: dict[str, tuple[float, float]] = {
 }
 
 
+POWER = "pow:"  # a power with a constant exponent c, named "pow:<c>" (``rewrite``)
+POWER_WINDOW = (-(2.0**16), 2.0**16)
+
+
+def is_function(op: str) -> bool:
+    """Whether ``op`` is computed from a ROM."""
+    return op in FUNCTIONS or op.startswith(POWER)
+
+
+def function_name(node: Expr) -> str | None:
+    """The ROM function a kernel-IR node computes (a unary function but the square root, whose
+    core is exact; a power with a constant exponent), or None."""
+    if isinstance(node, Unary) and is_function(node.op) and node.op != "sqrt":
+        return node.op
+    if isinstance(node, Binary) and node.op == "pow" and isinstance(node.b, Const):
+        return f"{POWER}{float(node.b.value)!r}"
+    return None
+
+
+def function_of(op: str) -> tuple[Callable[[float], float], tuple[float, float]]:
+    """The function ``op`` names and the window its table may cover."""
+    if op.startswith(POWER):
+        exponent = float(op[len(POWER) :])
+        low = POWER_WINDOW[0] if exponent.is_integer() else 0.0  # a fractional power of a negative: none
+        return (lambda x: x**exponent), (low, POWER_WINDOW[1])
+    return FUNCTIONS[op], WINDOWS[op]
+
+
 @dataclass(frozen=True)
 class Table:
     """``function`` over inputs of ``source``: entry i (0..size) is f(lo + i * step) in ``out``;
@@ -94,8 +123,7 @@ class Table:
 
 def build(function: str, source: Format, reach: Interval) -> Table:
     """The table of ``function`` for inputs of ``source`` whose proved range is ``reach``."""
-    f = FUNCTIONS[function]
-    lo_window, hi_window = WINDOWS[function]
+    f, (lo_window, hi_window) = function_of(function)
     lo = max(reach.lo, lo_window, source.interval.lo)
     hi = min(reach.hi, hi_window, source.interval.hi)
     if hi <= lo:  # a range outside the window (or one value): one bin at the nearest edge
@@ -119,5 +147,5 @@ def _sample(f: Callable[[float], float], x: float, lo: float, hi: float) -> floa
     x = min(max(x, lo), hi)
     try:
         return f(x)
-    except (ValueError, OverflowError):
+    except (ValueError, OverflowError, ZeroDivisionError):
         return math.nan
