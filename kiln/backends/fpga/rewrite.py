@@ -15,7 +15,23 @@ from dataclasses import replace
 
 import numpy as np
 
-from kiln.lower.kir import Assign, Binary, Buffer, Const, Expr, For, If, Kernel, Let, Load, Stmt, Store, Unary, map_expr
+from kiln.lower.kir import (
+    Assign,
+    Binary,
+    Buffer,
+    Cast,
+    Const,
+    Expr,
+    For,
+    If,
+    Kernel,
+    Let,
+    Load,
+    Stmt,
+    Store,
+    Unary,
+    map_expr,
+)
 
 MAX_POWER = 8
 
@@ -25,10 +41,16 @@ def canonical(kernel: Kernel, constants: Mapping[Buffer, np.ndarray]) -> Kernel:
     exponent read from a one-element constant (an initializer) counts as a constant."""
 
     def power(node: Expr) -> Expr:
-        if isinstance(node, Binary) and node.op == "pow" and isinstance(node.b, Load):
-            values = constants.get(node.b.buffer)
-            if values is not None and values.size == 1 and values.dtype.kind == "f":
-                node = Binary("pow", node.a, Const(float(values.reshape(-1)[0]), node.b.buffer.dtype))
+        if isinstance(node, Binary) and node.op == "pow":
+            exponent = node.b
+            while isinstance(exponent, Cast):  # a constant converted to the base's type
+                exponent = exponent.a
+            if isinstance(exponent, Load):
+                values = constants.get(exponent.buffer)
+                if values is not None and values.size == 1 and values.dtype.kind == "f":
+                    exponent = Const(float(values.reshape(-1)[0]), exponent.buffer.dtype)
+            if isinstance(exponent, Const):
+                node = Binary("pow", node.a, Const(float(exponent.value), exponent.dtype))
         return _power(node)
 
     body = _block(kernel.body, power)
