@@ -13,8 +13,9 @@ Estimates: hls4ml gives resources and latency only by synthesis (vitis_hls, not 
 Its documented rules for the same layer are what kiln's estimates are set beside: a Dense layer
 at reuse R has n_in * n_out / R multipliers (one DSP48 each at 16 bits) and accepts an input every
 R cycles; an io_parallel Conv2D (latency strategy, parallelization factor 1) has K*K*C*F / R
-multipliers and takes one output pixel per R cycles. Every kiln figure here is an ESTIMATE from
-kiln's analytical model. Not a test: no pass/fail.
+multipliers and takes one output pixel per R cycles. The II columns are cycles between inputs
+(a kernel's, under DATAFLOW). Every kiln figure here is an ESTIMATE from kiln's analytical
+model. Not a test: no pass/fail.
 """
 
 from __future__ import annotations
@@ -78,7 +79,8 @@ def compare_estimates(name: str, reuse: int) -> None:
 
     import kiln
     from kiln import zoo
-    from kiln.backends.fpga import DESIGNS
+    from kiln.backends.fpga.estimate import estimate
+    from kiln.driver.fixed_point import design_of
 
     path = str(zoo.onnx_path(name))
     graph = onnx.shape_inference.infer_shapes(onnx.load(path)).graph
@@ -89,16 +91,17 @@ def compare_estimates(name: str, reuse: int) -> None:
         if len(v.type.tensor_type.shape.dim) == 4
     }
     model = kiln.compile(path, target=f"fpga:vitis,reuse={reuse}", calibration=[zoo.example_inputs(name, seed=1)])
-    (plan,) = model.plans
-    _, _, found = DESIGNS[plan.source]
+    ((plan, design, facts),) = design_of(model)
+    found = estimate(design, facts, plan.target)
     print(f"\n{name} at reuse {reuse}: kiln's ESTIMATES beside hls4ml's rules (hls4ml: no estimate without synthesis)")
-    print(f"{'layer':<24} {'kiln cycles':>11} {'kiln DSP':>9} | {'hls4ml mults':>12} {'hls4ml cycles/input':>20}")
+    print(f"{'layer':<24} {'kiln latency':>12} {'kiln II':>8} {'kiln DSP':>9} | {'hls4ml mults':>12} {'hls4ml II':>10}")
     for kd, usage in found.kernels:
         nodes = [n for n in graph.node if n.name and any(f"[{n.name}]" in s for s in kd.kernel.sources)]
         rule = next((r for n in nodes if (r := hls4ml_rule(n, weights, pixels, reuse)) is not None), None)
         label = rule[0] if rule else ", ".join(kd.kernel.sources)[:24]
-        theirs = f"{rule[1]:>12,} {rule[2]:>20,}" if rule else f"{'-':>12} {'-':>20}"
-        print(f"{label:<24} {usage.cycles:>11,} {usage.dsp:>9,} | {theirs}")
+        theirs = f"{rule[1]:>12,} {rule[2]:>10,}" if rule else f"{'-':>12} {'-':>10}"
+        interval = usage.interval or usage.cycles
+        print(f"{label:<24} {usage.cycles:>12,} {interval:>8,} {usage.dsp:>9,} | {theirs}")
     print(f"model (estimate): latency {found.latency:,} cycles, interval {found.interval:,}, DSP {found.total.dsp:,}")
 
 
