@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kiln.backends.fpga.fixed import Format, quantize
+from kiln.backends.fpga.fixed import Format, mantissa_type, quantize
 from kiln.backends.fpga.formats import Design, KernelDesign, is_float
 from kiln.backends.fpga.target import FpgaTarget
 from kiln.backends.registry import PlanFacts
@@ -79,8 +79,7 @@ def regions(kernels: list[KernelDesign], ddr: set[Buffer]) -> list[Region]:
 
 def word_type(design: Design, ddr: set[Buffer]) -> str:
     """The C integer of the packed array's words: wide enough for every DDR tensor's mantissa."""
-    width = max((design.formats[b].width for b in ddr), default=16)
-    return next((t for bits, t in ((8, "signed char"), (16, "short"), (32, "int")) if width <= bits), "long long")
+    return mantissa_type(max((design.formats[b].width for b in ddr), default=16))
 
 
 def packed(number: int, found: list[Region], design: Design, facts: PlanFacts, ddr: set[Buffer]) -> str:

@@ -198,3 +198,11 @@ def with_infinities(lo: float, hi: float, signs: set[int]) -> tuple[float, float
     by a softmax's maximum, is 0."""
     standin = INFINITY_MARGIN * max(abs(lo), abs(hi), 1.0)
     return (min(lo, -standin) if -1 in signs else lo), (max(hi, standin) if 1 in signs else hi)
+
+
+def mantissa_type(fmt: Format | int) -> str:
+    """The plain C integer a ROM of ``fmt`` (or of that many bits) stores its mantissas in (an
+    initializer of class type, ap_fixed's, compiles into a static constructor that g++ takes
+    minutes over)."""
+    width = fmt if isinstance(fmt, int) else fmt.width
+    return next((t for bits, t in ((8, "signed char"), (16, "short"), (32, "int")) if width <= bits), "long long")

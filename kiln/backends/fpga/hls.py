@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from kiln.backends.fpga import axi
-from kiln.backends.fpga.fixed import Format, quantize, to_float
+from kiln.backends.fpga.fixed import Format, mantissa_type, quantize, to_float
 from kiln.backends.fpga.formats import Design, KernelDesign, is_float
 from kiln.backends.fpga.prelude import PRELUDE
 from kiln.backends.fpga.schedule import banks, pipelined, whole
@@ -126,16 +126,6 @@ def render(
         else:
             parts.append(_top(number, kernels, design, facts, slots, streams))
     return "\n".join(parts) + "\n"
-
-
-def mantissa_type(fmt: Format) -> str:
-    """The plain C integer a ROM of ``fmt`` stores its mantissas in (an initializer of class
-    type, ap_fixed's, compiles into a static constructor that g++ takes minutes over)."""
-    return (
-        next(t for bits, t in ((8, "signed char"), (16, "short"), (32, "int")) if fmt.width <= bits)
-        if fmt.width <= 32
-        else "long long"
-    )
 
 
 def rom_words(values, fmt: Format) -> str:
