@@ -1,8 +1,23 @@
 """Accuracy on a labelled image folder: ``DIR/<class name>/<image>``; classes in sorted order are
-labels 0..n-1, images resized to the model's input and normalized with ImageNet statistics."""
+labels 0..n-1, each image preprocessed as torchvision's evaluation transforms do for the model.
+
+``Preprocess`` is torchvision's ``Resize(resize) -> CenterCrop(crop) -> ToTensor -> Normalize``:
+
+- the shorter side is resized to ``resize`` and the longer to ``int(resize * long / short)``
+  (torchvision's ``_compute_resized_output_size``), with PIL's filter (bilinear, or bicubic where
+  the model's weights were evaluated so);
+- the centre ``crop`` x ``crop`` is cut at ``int(round((side - crop) / 2))`` (an image smaller than
+  the crop is padded with zeros, as CenterCrop does);
+- pixels / 255, minus the ImageNet mean, over its standard deviation.
+
+Per zoo model (``PREPROCESS``, from the weights' documented transforms in torchvision): ResNet-50,
+VGG-19, MobileNetV2 and ViT-B: resize 256, crop 224, bilinear; EfficientNet-B0: 256, 224, bicubic;
+ConvNeXt-T: 236, 224, bilinear. Other models: resize = crop * 256 / 224, bilinear.
+"""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -12,14 +27,42 @@ from kiln import integrity
 from kiln.errors import KilnError
 
 IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".ppm", ".webp"}
+
+
+@dataclass(frozen=True)
+class Preprocess:
+    resize: int  # the shorter side's length after resizing
+    crop: int  # the centre square's side
+    filter: str = "bilinear"  # or "bicubic"
+
+
+PREPROCESS = {
+    "resnet50": Preprocess(256, 224),
+    "vgg19": Preprocess(256, 224),
+    "mobilenet_v2": Preprocess(256, 224),
+    "vit-base-dynamo": Preprocess(256, 224),
+    "efficientnet-b0-dynamo": Preprocess(256, 224, "bicubic"),
+    "convnext-tiny-dynamo": Preprocess(236, 224),
+}
+
+
+def preprocess_for(model: str | None, size: int) -> Preprocess:
+    """The evaluation transform of zoo model ``model`` at input ``size`` (the default for others)."""
+    known = PREPROCESS.get(model or "")
+    if known is not None and known.crop == size:
+        return known
+    return Preprocess(round(size * 256 / 224), size)
+
+
 MEAN = np.array([0.485, 0.456, 0.406], np.float32)
 STD = np.array([0.229, 0.224, 0.225], np.float32)
 
 
 def load_image_folder(
-    root: str | Path, size: int, limit: int | None = None
+    root: str | Path, size: int | Preprocess, limit: int | None = None
 ) -> tuple[np.ndarray, np.ndarray, list[str]]:
     """Images as NCHW float32 and their labels; raises KilnError for an unusable folder."""
+    transform = size if isinstance(size, Preprocess) else preprocess_for(None, size)
 
     root = Path(root)
     if not root.is_dir():
@@ -32,7 +75,7 @@ def load_image_folder(
         for path in sorted((root / name).iterdir()):
             if path.suffix.lower() not in IMAGE_SUFFIXES:
                 continue
-            images.append(_image(path, size))
+            images.append(image_array(path, transform))
             labels.append(label)
             if limit and len(images) >= limit:
                 break
@@ -41,9 +84,10 @@ def load_image_folder(
     return np.stack(images).astype(np.float32), np.array(labels), classes
 
 
-def load_images(root: str | Path, size: int, limit: int | None = None) -> np.ndarray:
+def load_images(root: str | Path, size: int | Preprocess, limit: int | None = None) -> np.ndarray:
     """Every image under ``root`` (directly, or one level of sub-folders), sorted by path, as
-    NCHW float32 resized to ``size`` and ImageNet-normalized (calibration data)."""
+    NCHW float32, preprocessed for input ``size`` (calibration data)."""
+    transform = size if isinstance(size, Preprocess) else preprocess_for(None, size)
 
     root = Path(root)
     paths = sorted(p for p in root.rglob("*") if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES)
@@ -51,28 +95,49 @@ def load_images(root: str | Path, size: int, limit: int | None = None) -> np.nda
         raise KilnError(f"image folder {root}: no images ({', '.join(sorted(IMAGE_SUFFIXES))})")
     images = []
     for path in paths[:limit] if limit else paths:
-        images.append(_image(path, size))
+        images.append(image_array(path, transform))
     return np.stack(images).astype(np.float32)
 
 
-def _image(path: Path, size: int) -> np.ndarray:
+def image_array(path: Path, transform: Preprocess) -> np.ndarray:
     """One image file (a regular file only: a FIFO named like an image would block the read) as a
     normalized CHW float32 array; an unreadable or oversized one is a KilnError naming it."""
     from PIL import Image
 
     try:
         with integrity.open_regular(path, "image") as handle, Image.open(handle) as image:
-            pixels = np.asarray(image.convert("RGB").resize((size, size)), dtype=np.float32) / 255.0
+            pixels = np.asarray(resize_and_crop(image.convert("RGB"), transform), dtype=np.float32) / 255.0
     except (OSError, ValueError, Image.DecompressionBombError) as err:
         raise KilnError(f"{path}: not an image kiln can read ({err})") from None
     return ((pixels - MEAN) / STD).transpose(2, 0, 1)
+
+
+def resize_and_crop(image: Any, transform: Preprocess) -> Any:
+    """torchvision's Resize(shorter side) then CenterCrop on a PIL image (module docstring)."""
+    from PIL import Image
+
+    width, height = image.size
+    short, long = (width, height) if width <= height else (height, width)
+    new_short, new_long = transform.resize, int(transform.resize * long / short)
+    size = (new_short, new_long) if width <= height else (new_long, new_short)
+    method = Image.Resampling.BICUBIC if transform.filter == "bicubic" else Image.Resampling.BILINEAR
+    image = image.resize(size, method)
+    crop = transform.crop
+    if image.size[0] < crop or image.size[1] < crop:  # CenterCrop pads a smaller image with zeros
+        padded = Image.new("RGB", (max(crop, image.size[0]), max(crop, image.size[1])))
+        padded.paste(image, ((padded.size[0] - image.size[0]) // 2, (padded.size[1] - image.size[1]) // 2))
+        image = padded
+    top = round((image.size[1] - crop) / 2.0)
+    left = round((image.size[0] - crop) / 2.0)
+    return image.crop((left, top, left + crop, top + crop))
 
 
 def accuracy(run: Any, root: str, model: Any, limit: int | None = None) -> dict[str, Any]:
     """Top-1 accuracy of ``run`` over the folder, fed ``model.batch`` images at a time."""
     example = model.inputs()
     name, array = next(iter(example.items()))
-    images, labels, classes = load_image_folder(root, array.shape[-1], limit)
+    transform = preprocess_for(getattr(model, "name", None), array.shape[-1])
+    images, labels, classes = load_image_folder(root, transform, limit)
     correct = 0
     batch = model.batch
     for start in range(0, len(images) - batch + 1, batch):
