@@ -132,12 +132,23 @@ def resize_and_crop(image: Any, transform: Preprocess) -> Any:
     return image.crop((left, top, left + crop, top + crop))
 
 
+DIGITS = "digits"  # --dataset digits: scikit-learn's real 8x8 digits, the zoo's held-out split
+
+
 def accuracy(run: Any, root: str, model: Any, limit: int | None = None) -> dict[str, Any]:
-    """Top-1 accuracy of ``run`` over the folder, fed ``model.batch`` images at a time."""
+    """Top-1 accuracy of ``run`` over the folder (or ``digits``), fed ``model.batch`` images at a time."""
     example = model.inputs()
     name, array = next(iter(example.items()))
-    transform = preprocess_for(getattr(model, "name", None), array.shape[-1])
-    images, labels, classes = load_image_folder(root, transform, limit)
+    if root == DIGITS:
+        from kiln.zoo import digits
+
+        if getattr(model, "name", None) not in digits.SHAPES:
+            raise KilnError(f"--dataset {DIGITS} is the digits models' data (digits-mlp, digits-cnn)")
+        images, labels = digits.test_split(model.name)
+        images, labels, classes = images[:limit], labels[:limit], [str(d) for d in range(10)]
+    else:
+        transform = preprocess_for(getattr(model, "name", None), array.shape[-1])
+        images, labels, classes = load_image_folder(root, transform, limit)
     correct = 0
     batch = model.batch
     for start in range(0, len(images) - batch + 1, batch):

@@ -215,6 +215,24 @@ MODELS["transformer-block"] = ZooModel(
     dynamic_axes=_BATCH_DYNAMIC,
 )
 
+
+def _digits(name: str, what: str) -> ZooModel:
+    def build(options: dict[str, Any]) -> Any:
+        from kiln.zoo import digits
+
+        return digits.builder(name)(options)
+
+    def inputs(options: dict[str, Any], seed: int) -> dict[str, np.ndarray]:
+        from kiln.zoo import digits
+
+        return digits.inputs(name)(options, seed)
+
+    return ZooModel(name, what, build, inputs, dynamic_axes=_BATCH_DYNAMIC)
+
+
+MODELS["digits-mlp"] = _digits("digits-mlp", "MLP 64-64-10 trained on scikit-learn's real 8x8 digits (in seconds)")
+MODELS["digits-cnn"] = _digits("digits-cnn", "2-conv CNN trained on scikit-learn's real 8x8 digits (in seconds)")
+
 for _name in ("bert-base", "gpt2"):  # the transformers as torch.onnx.export(dynamo=True) writes them today
     _base = MODELS[_name]
     MODELS[f"{_name}-dynamo"] = ZooModel(
@@ -297,7 +315,7 @@ MODELS.update(
 
 DEFAULT_MODELS = ("resnet50", "vgg19", "bert-base", "gpt2")
 FPGA_MODELS = ("jet-mlp", "mnist-cnn", "transformer-block")  # sizes an FPGA holds on chip
-CLASSIFIERS = ("resnet50", "vgg19", "mobilenet_v2", "gcn", "jet-mlp", "mnist-cnn")
+CLASSIFIERS = ("resnet50", "vgg19", "mobilenet_v2", "gcn", "jet-mlp", "mnist-cnn", "digits-mlp", "digits-cnn")
 
 
 def get(name: str) -> ZooModel:
