@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from pathlib import Path
 
 import click
 from rich.markup import escape
@@ -53,6 +54,12 @@ from kiln.lower.kir import kernel_precision
 )
 @click.option("--runs", type=click.IntRange(1), default=10, show_default=True, help="Timed runs for --profile.")
 @click.option(
+    "--trace",
+    type=click.Path(dir_okay=False, writable=True, path_type=Path),
+    default=None,
+    help="Write one inference's kernels as a Chrome/Perfetto trace (JSON; open in ui.perfetto.dev). Implies --profile.",
+)
+@click.option(
     "--top", type=click.IntRange(1), default=25, show_default=True, help="Kernels listed by --profile (slowest first)."
 )
 @json_option("the stages, ops, refusals, plan and printed stages")
@@ -72,6 +79,7 @@ def explain(
     kernels: bool,
     profile: bool,
     runs: int,
+    trace: Path | None,
     top: int,
     target: str,
     precision: str,
@@ -108,8 +116,8 @@ def explain(
         return
     view.show(plan, sections)
     show_sizes(sizes)
-    if profile:
-        _explain_profile(model, view.seen["specialize"], binding, runs, top, compiled_for, options)
+    if profile or trace:
+        _explain_profile(model, view.seen["specialize"], binding, (runs, top, trace), compiled_for, options)
 
 
 def _check_stages(print_after: tuple[str, ...]) -> None:
@@ -328,9 +336,11 @@ def _stage_text(stage: str, result: object) -> str:
     return text
 
 
-def _explain_profile(model: str, graph, binding: dict[str, int], runs: int, top: int, target, options) -> None:  # type: ignore[no-untyped-def]
+def _explain_profile(model: str, graph, binding: dict[str, int], shown: tuple, target, options) -> None:  # type: ignore[no-untyped-def]
     """``--profile``: per-kernel timers where the target's code has them, else ``runs`` runs and
-    the target's own account of them (the gpu target: time in transfers and kernels)."""
+    the target's own account of them (the gpu target: time in transfers and kernels); ``--trace``
+    writes the timers as a Chrome/Perfetto trace."""
+    runs, top, trace = shown
     from kiln import zoo as models
     from kiln.backends import backend
     from kiln.driver.pipeline import compile_plan, load
@@ -340,6 +350,8 @@ def _explain_profile(model: str, graph, binding: dict[str, int], runs: int, top:
     feeds = models.example_inputs(model, batch=binding.get("batch", 1)) if model in models.MODELS else None
     found = backend(target.backend)
     if not found.kernel_timers:
+        if trace is not None:
+            raise click.UsageError(f"--trace: target {target.name} has no per-kernel timers")
         executable = load(compile_plan(graph, target, options))
         feeds = feeds or samples_from(None, graph)[0]
         inputs = [feeds[v.name] for v in executable.plan.graph.inputs]
@@ -350,6 +362,11 @@ def _explain_profile(model: str, graph, binding: dict[str, int], runs: int, top:
         return
     with console.status("profiling (timers in every kernel)..."):
         result = profile_graph(graph, feeds, runs=runs, target=target, options=options)
+    if trace is not None:
+        from kiln.driver.profile import chrome_trace
+
+        trace.write_text(json.dumps(chrome_trace(result, runs, f"{model} on {target.name}")))
+        out.print(f"trace written to {trace} (open it in ui.perfetto.dev)")
     with console.status("measuring the matrix-multiply peak..."):
         peak = matmul_peak()
     total = sum(t.seconds for t in result.kernels)

@@ -1,3 +1,4 @@
+import itertools
 import json
 import re
 
@@ -442,3 +443,27 @@ def test_shared_options_mean_one_thing_on_every_command(tmp_path):
     targets = invoke("targets", "--json")
     assert {row["target"] for row in json.loads(targets.stdout)} >= {"cpu", "reference"}
     assert re.search(r"--target TEXT\s+The target to compile for", invoke("explain", "--help").output)
+
+
+def test_explain_trace_writes_a_perfetto_trace_of_the_kernels(tmp_path, monkeypatch):
+    import numpy as np
+
+    monkeypatch.setenv("KILN_CACHE_DIR", str(tmp_path / "cache"))
+    weights = {"w": np.random.default_rng(0).standard_normal((16, 24)).astype(np.float32)}
+    model = make_model(
+        [helper.make_node("MatMul", ["x", "w"], ["m"]), helper.make_node("Sigmoid", ["m"], ["y"])],
+        [("x", FLOAT, [32, 16])],
+        [("y", FLOAT, None)],
+        weights,
+    )
+    onnx.save(model, tmp_path / "m.onnx")
+    trace = tmp_path / "t.json"
+    result = invoke("explain", str(tmp_path / "m.onnx"), "--no-kernels", "--trace", str(trace), "--runs", "2")
+    assert result.exit_code == 0, result.output
+    events = json.loads(trace.read_text())["traceEvents"]
+    slices = [e for e in events if e["ph"] == "X"]
+    kernels = [e for e in slices if e["cat"] != "host"]
+    assert kernels and all(e["dur"] >= 0 and e["pid"] == 1 for e in slices)
+    # end to end in execution order: each starts where the one before it ended
+    assert all(abs(b["ts"] - (a["ts"] + a["dur"])) < 1e-6 for a, b in itertools.pairwise(slices))
+    assert any(e["ph"] == "M" and e["name"] == "process_name" for e in events)

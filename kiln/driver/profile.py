@@ -147,3 +147,51 @@ def _timed(model, a: np.ndarray) -> float:  # type: ignore[no-untyped-def]
     start = time.perf_counter()
     model(a)
     return time.perf_counter() - start
+
+
+def chrome_trace(profile: Profile, runs: int, title: str) -> dict[str, Any]:
+    """``profile`` as a Chrome/Perfetto trace (the JSON trace-event format ``ui.perfetto.dev`` and
+    ``chrome://tracing`` open): one inference, each kernel a complete event ("X") of its mean time
+    over ``runs`` runs, laid end to end in execution order (a segment runs its kernels one after
+    another, each on every thread), then the host's share (runtime, fallbacks) as one event."""
+    events: list[dict[str, Any]] = [
+        {"name": "process_name", "ph": "M", "pid": 1, "args": {"name": f"kiln: {title}"}},
+        {"name": "thread_name", "ph": "M", "pid": 1, "tid": 1, "args": {"name": "kernels"}},
+    ]
+    start = 0.0
+    for timed in profile.kernels:
+        duration = timed.seconds * 1e6
+        args = {"computes": "; ".join(timed.kernel.sources), "schedule": timed.schedule, "runs": runs}
+        if timed.gflops is not None:
+            args["gflops"] = round(timed.gflops, 2)
+        events.append(
+            {
+                "name": timed.kernel.name,
+                "cat": timed.kernel.kind,
+                "ph": "X",
+                "pid": 1,
+                "tid": 1,
+                "ts": start,
+                "dur": duration,
+                "args": args,
+            }
+        )
+        start += duration
+    if profile.fallback_seconds > 0:
+        events.append(
+            {
+                "name": "host (runtime, fallbacks)",
+                "cat": "host",
+                "ph": "X",
+                "pid": 1,
+                "tid": 1,
+                "ts": start,
+                "dur": profile.fallback_seconds * 1e6,
+                "args": {"note": "the run's wall time less its kernels' (mean over runs)"},
+            }
+        )
+    return {
+        "traceEvents": events,
+        "displayTimeUnit": "ms",
+        "otherData": {"source": "kiln explain --profile", "runs": runs},
+    }
