@@ -113,6 +113,14 @@ from kiln.cli_support import console, out, split_values
     "for the digits-mlp and digits-cnn zoo models.",
 )
 @click.option("--dataset-limit", type=int, default=None, help="Use at most this many dataset images.")
+@click.option(
+    "--memory-limit",
+    "memory_limit_mb",
+    type=click.IntRange(64),
+    default=None,
+    help="Each worker's address-space limit in MB (RLIMIT_AS): a backend that needs more gets an 'oom' row "
+    "and the run goes on.",
+)
 @click.option("--plugin", "plugins", multiple=True, help="Python module to import first (may register backends).")
 @click.option("--no-agreement", is_flag=True, help="Skip comparing outputs with kiln's reference interpreter.")
 @click.option(
@@ -219,6 +227,7 @@ def _bench_config(options: dict):  # type: ignore[no-untyped-def]
         timeout=options["timeout"],
         dataset=options["dataset"],
         dataset_limit=options["dataset_limit"],
+        memory_limit_mb=options.get("memory_limit_mb"),
         plugins=list(options["plugins"]),
         agreement=not options["no_agreement"],
     )

@@ -44,6 +44,7 @@ class BenchConfig:
     timeout: float = 600.0
     dataset: str | None = None
     dataset_limit: int | None = None
+    memory_limit_mb: int | None = None  # each worker's address space (RLIMIT_AS): past it, an "oom" row
     plugins: list[str] = field(default_factory=list)
     agreement: bool = True
 
@@ -174,6 +175,7 @@ def run_one(
         "dataset": config.dataset,
         "dataset_limit": config.dataset_limit,
         "plugins": config.plugins,
+        "memory_limit_mb": config.memory_limit_mb,
     }
     return {**record, **run_worker(job, config.threads, config.timeout, workdir)}
 
@@ -195,6 +197,17 @@ def _reference(model: BenchModel, config: BenchConfig, workdir: Path) -> str | N
     job = {"kind": "reference", "model": asdict(model), "output": str(path), "plugins": config.plugins}
     result = run_worker(job, config.threads, config.timeout, workdir)
     return str(path) if result.get("status") == "ok" and path.exists() else None
+
+
+# what a native library prints when an allocation fails (the worker's own MemoryError is its record)
+OUT_OF_MEMORY = (
+    "MemoryError",
+    "bad_alloc",
+    "Cannot allocate memory",
+    "out of memory",
+    "failed to map segment",
+    "Memory allocation",  # OpenBLAS
+)
 
 
 def run_worker(job: dict[str, Any], threads: int, timeout: float, workdir: Path) -> dict[str, Any]:
@@ -226,6 +239,9 @@ def run_worker(job: dict[str, Any], threads: int, timeout: float, workdir: Path)
     wall = time.perf_counter() - started
     if not os.path.exists(result_path):
         tail = " | ".join((stderr or "").strip().splitlines()[-3:])
+        limit = job.get("memory_limit_mb")
+        if limit and any(sign in (stderr or "") for sign in OUT_OF_MEMORY):
+            return {"status": "oom", "error": f"out of memory under the worker's {limit} MB limit (RLIMIT_AS): {tail}"}
         return {
             "status": "crash",
             "error": f"worker exited with code {process.returncode} and no result; stderr: {tail}",

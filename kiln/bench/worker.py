@@ -242,8 +242,15 @@ def main() -> int:
     job_path, result_path = sys.argv[1], sys.argv[2]
     with open(job_path) as handle:
         job = json.load(handle)
+    limit = job.get("memory_limit_mb")
     try:
+        if limit:  # a memory limit (a synthetic OOM, or a machine's budget): past it, allocations fail
+            import resource
+
+            resource.setrlimit(resource.RLIMIT_AS, (int(limit) << 20, int(limit) << 20))
         record = run_reference(job) if job.get("kind") == "reference" else run_job(job)
+    except MemoryError as err:
+        record = {"status": "oom", "error": f"out of memory under the worker's {limit} MB limit (RLIMIT_AS): {err}"}
     except Exception as err:
         record = {
             "status": "error",
