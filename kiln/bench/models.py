@@ -22,6 +22,7 @@ class BenchModel:
     seq: int | None = None
     path: str | None = None  # an ONNX file given by the user
     batch_range: tuple[int, int] | None = None  # every query a batch drawn from it (``--variable-batch``)
+    weights: str | None = None  # a zoo model's state_dict file (``--weights``): its export loads it
 
     def __post_init__(self) -> None:
         if self.batch_range is not None:  # (a list after a trip through a job's JSON)
@@ -49,12 +50,12 @@ class BenchModel:
     def onnx_path(self) -> Path:
         if self.path is not None:
             return Path(self.path)
-        return zoo.onnx_path(self.name, **self._overrides())
+        return zoo.onnx_path(self.name, weights=self.weights, **self._overrides())
 
     def prepare(self, progress: Any = None) -> None:
         """Export the zoo model if it is not cached yet (done once, in the parent process)."""
         if self.is_zoo:
-            zoo.onnx_path(self.name, progress=progress, **self._overrides())
+            zoo.onnx_path(self.name, progress=progress, weights=self.weights, **self._overrides())
 
     def inputs(self, seed: int = 0, batch: int | None = None) -> dict[str, np.ndarray]:
         batch = self.batch if batch is None else batch
@@ -66,7 +67,13 @@ class BenchModel:
         if not self.is_zoo:
             return None
         model = zoo.get(self.name)
-        return model.build(zoo.options_for(self.name, **self._overrides()))
+        module = model.build(zoo.options_for(self.name, **self._overrides()))
+        if self.weights is not None:
+            from kiln.zoo.weights import load_into
+
+            load_into(module, self.weights)
+            module.eval()
+        return module
 
 
 def resolve_model(name: str, batch: int, seq: int | None) -> BenchModel:

@@ -47,6 +47,8 @@ class BenchConfig:
     memory_limit_mb: int | None = None  # each worker's address space (RLIMIT_AS): past it, an "oom" row
     plugins: list[str] = field(default_factory=list)
     agreement: bool = True
+    weights: dict[str, str] = field(default_factory=dict)  # zoo model -> state_dict file (``--weights``)
+    cold_compile: bool = True  # kiln's timed compile with its caches empty (a study: its first point only)
 
     def validate(self) -> None:
         import importlib
@@ -86,6 +88,7 @@ def plan(config: BenchConfig) -> list[tuple[BenchModel, str, str]]:
         for batch in [batch_range[0]] if batch_range else config.batches:
             model = resolve_model(name, batch, config.seq)
             model.batch_range = batch_range
+            model.weights = config.weights.get(name)
             for backend in config.backends:
                 for scenario in config.scenarios:
                     jobs.append((model, backend, scenario))
@@ -176,6 +179,7 @@ def run_one(
         "dataset_limit": config.dataset_limit,
         "plugins": config.plugins,
         "memory_limit_mb": config.memory_limit_mb,
+        "cold_compile": config.cold_compile,
     }
     return {**record, **run_worker(job, config.threads, config.timeout, workdir)}
 

@@ -23,9 +23,14 @@ Run = Callable[[dict[str, np.ndarray]], Any]
 MAX_ITERATIONS = 1_000_000
 
 
-def warm_up(run: Run, feeds: dict[str, np.ndarray], iterations: int) -> None:
+def warm_up(run: Run, feeds: dict[str, np.ndarray], iterations: int) -> list[float]:
+    """Run ``iterations`` times unmeasured; returns each run's seconds (a first estimate)."""
+    times = []
     for _ in range(iterations):
+        start = time.perf_counter()
         run(feeds)
+        times.append(time.perf_counter() - start)
+    return times
 
 
 def median_latency_ms(run: Run, feeds: dict[str, np.ndarray], runs: int, warmup: int = 5) -> float:

@@ -50,6 +50,7 @@ def run_job(job: dict[str, Any]) -> dict[str, Any]:
     record: dict[str, Any] = {"cpus": pin_cpus(job["threads"])}
     model = BenchModel(**job["model"])
     backend = backend_class(job["backend"])(job["threads"])
+    backend.cold_compile = job.get("cold_compile", True)
     reason = backend.availability()
     if reason:
         return {**record, "status": "unavailable", "error": reason}
@@ -74,6 +75,8 @@ def run_job(job: dict[str, Any]) -> dict[str, Any]:
         figures = backend.compile_figures()
         record.update(figures)
         record["compile_s"] = figures.get("compile_cold_s", record["compile_s"])  # cold, as every peer's
+        if not backend.cold_compile and "compile_cached_s" in figures:
+            record["compile_warm"] = True  # a study's later point: the caches as they were
         start = time.perf_counter()
         session = backend.load()
         record["load_s"] = time.perf_counter() - start
@@ -90,8 +93,8 @@ def run_job(job: dict[str, Any]) -> dict[str, Any]:
             reference = [data[f"output{i}"] for i in range(len(data.files))]
         record["agreement"] = agreement(outputs, reference, model.is_classifier)
     warmup = job.get("warmup", 3)
-    scenarios.warm_up(session.run, feeds, warmup)
-    record.update(_loadgen_scenario(job, model, backend, session, feeds))
+    warm = scenarios.warm_up(session.run, feeds, warmup)
+    record.update(_loadgen_scenario(job, model, backend, session, feeds, warm))
     if job.get("soak"):  # RSS growth from a long, untimed run (the timed one is often too short)
         record.update(scenarios.soak(session.run, feeds, int(job["soak"])))
     if job.get("dataset") and model.is_classifier:
@@ -116,8 +119,11 @@ def measured_imports(before: set[str]) -> list[str]:
 SAMPLE_INPUTS = 4  # distinct inputs in LoadGen's query sample library (seed 0 is the agreement's)
 
 
-def _loadgen_scenario(job: dict[str, Any], model: Any, backend: Any, session: Any, feeds: Any) -> dict[str, Any]:
-    """The job's scenario issued by MLPerf LoadGen; single-stream also meters energy."""
+def _loadgen_scenario(
+    job: dict[str, Any], model: Any, backend: Any, session: Any, feeds: Any, warm: list[float]
+) -> dict[str, Any]:
+    """The job's scenario issued by MLPerf LoadGen; single-stream also meters energy. ``warm``:
+    the warm-up runs' seconds, LoadGen's expected latency for one stream of one size."""
     from kiln.bench import loadgen, scenarios
     from kiln.bench.metrics import EnergyMeter
 
@@ -144,7 +150,9 @@ def _loadgen_scenario(job: dict[str, Any], model: Any, backend: Any, session: An
         job["min_iterations"],
         inflight=inflight,
         batch=batch,
-        expected_latency_s=_expected_seconds(session.run, samples if model.batch_range else [feeds], inflight),
+        expected_latency_s=sorted(warm)[len(warm) // 2]
+        if warm and inflight <= 1 and model.batch_range is None
+        else _expected_seconds(session.run, samples if model.batch_range else [feeds], inflight),
         rate=job.get("rate"),
         target_latency_ms=job.get("target_latency_ms"),
         percentile=job.get("latency_percentile"),
@@ -193,6 +201,46 @@ def run_reference(job: dict[str, Any]) -> dict[str, Any]:
     outputs = kiln.compile(str(model.onnx_path), target="reference").run(model.inputs(seed=0))
     np.savez(job["output"], **{f"output{i}": np.asarray(v) for i, v in enumerate(outputs.values())})
     return {"status": "ok"}
+
+
+def run_breakdown(job: dict[str, Any]) -> dict[str, Any]:
+    """kiln's own account of one inference (``kiln explain --profile``'s per-kernel timers, as
+    its Chrome trace): milliseconds per kernel kind (``copy`` kernels are the layout conversions
+    and concatenations the plan kept), the host's share, the arena and the weights."""
+    import subprocess
+    import tempfile
+
+    from kiln.bench.backends import backend_class
+    from kiln.bench.models import BenchModel
+
+    model = BenchModel(**job["model"])
+    backend = backend_class(job["backend"])(1)
+    target, precision = getattr(backend, "target", None), getattr(backend, "precision", "fp32")
+    if target is None:
+        return {"status": "unavailable", "error": f"{job['backend']} is not a kiln target"}
+    trace = os.path.join(tempfile.mkdtemp(prefix="breakdown-"), "trace.json")
+    command = [sys.executable, "-m", "kiln", "explain", str(model.onnx_path), "--dim", f"batch={model.batch}"]
+    command += ["--target", target, "--precision", precision, "--runs", "5", "--trace", trace]
+    done = subprocess.run(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    if done.returncode != 0 or not os.path.exists(trace):
+        tail = " | ".join(done.stderr.strip().splitlines()[-2:])
+        return {"status": "error", "error": f"kiln explain --profile exited with {done.returncode}: {tail}"}
+    with open(trace) as handle:
+        found = json.load(handle)
+    kinds: dict[str, float] = {}
+    for event in found["traceEvents"]:
+        if event.get("ph") == "X":
+            kinds[event["cat"]] = kinds.get(event["cat"], 0.0) + event["dur"] / 1e3
+    other = found.get("otherData", {})
+    return {
+        "status": "ok",
+        "ms_by_kind": kinds,
+        "run_ms": other.get("run_ms"),
+        "arena_mb": other.get("arena_bytes", 0) / 1e6,
+        "weights_mb": other.get("weight_bytes", 0) / 1e6,
+        "target": target,
+        "precision": precision,
+    }
 
 
 def _expected_seconds(run: Any, samples: list[Any], inflight: int) -> float:
@@ -248,7 +296,8 @@ def main() -> int:
             import resource
 
             resource.setrlimit(resource.RLIMIT_AS, (int(limit) << 20, int(limit) << 20))
-        record = run_reference(job) if job.get("kind") == "reference" else run_job(job)
+        kinds = {"reference": run_reference, "breakdown": run_breakdown}
+        record = kinds.get(job.get("kind", ""), run_job)(job)
     except MemoryError as err:
         record = {"status": "oom", "error": f"out of memory under the worker's {limit} MB limit (RLIMIT_AS): {err}"}
     except Exception as err:

@@ -59,6 +59,8 @@ class Profile:
     kernels: list[KernelTime]
     run_seconds: float  # median wall time of one whole run (timers included)
     fallback_seconds: float  # what the host fallbacks took per run (run minus kernels, roughly)
+    arena_bytes: int = 0  # the memory plan's one arena (every intermediate tensor)
+    weight_bytes: int = 0  # the plan's constants as the kernels read them (packed, converted)
 
 
 def _inputs(graph: Graph, feeds: dict[str, np.ndarray] | None, seed: int) -> list[np.ndarray]:
@@ -109,7 +111,9 @@ def profile_graph(
         walls.append(time.perf_counter() - start)
     times = [KernelTime(k, timers[i] / runs) for i, k in enumerate(kernels)]
     wall = float(np.median(walls))
-    return Profile(times, wall, max(0.0, float(np.mean(walls)) - sum(t.seconds for t in times)))
+    host = max(0.0, float(np.mean(walls)) - sum(t.seconds for t in times))
+    weights = sum(int(np.asarray(array).nbytes) for array in plan.constants.values())
+    return Profile(times, wall, host, plan.memory.arena_bytes, weights)
 
 
 def square_product(size: int) -> Any:
@@ -193,5 +197,11 @@ def chrome_trace(profile: Profile, runs: int, title: str) -> dict[str, Any]:
     return {
         "traceEvents": events,
         "displayTimeUnit": "ms",
-        "otherData": {"source": "kiln explain --profile", "runs": runs},
+        "otherData": {
+            "source": "kiln explain --profile",
+            "runs": runs,
+            "run_ms": profile.run_seconds * 1e3,
+            "arena_bytes": profile.arena_bytes,
+            "weight_bytes": profile.weight_bytes,
+        },
     }

@@ -344,9 +344,15 @@ def example_inputs(name: str, seed: int = 0, **overrides: Any) -> dict[str, np.n
 
 
 def onnx_path(
-    name: str, *, opset: int | None = None, progress: Callable[[str], None] | None = None, **overrides: Any
+    name: str,
+    *,
+    opset: int | None = None,
+    progress: Callable[[str], None] | None = None,
+    weights: str | None = None,
+    **overrides: Any,
 ) -> Path:
-    """Path of the cached ONNX export of ``name``, exporting it first if needed."""
+    """Path of the cached ONNX export of ``name``, exporting it first if needed; ``weights``: a
+    state_dict file loaded into the module first (kiln.zoo.weights; its digest keys the cache)."""
     model = get(name)
     opset = opset or model.opset
     options = options_for(name, **overrides)
@@ -365,6 +371,10 @@ def onnx_path(
     else:
         options.pop("dynamic_image", None)
     recipe = {"name": name, "opset": opset, "options": options, "recipe": EXPORT_RECIPE, "exporter": model.exporter}
+    if weights is not None:
+        from kiln.zoo.weights import digest
+
+        recipe["weights"] = digest(weights)
     key = json.dumps(recipe, sort_keys=True)
     digest = hashlib.sha256(key.encode()).hexdigest()[:12]
     path = cache_dir() / f"{name}-opset{opset}-{digest}.onnx"
@@ -373,6 +383,11 @@ def onnx_path(
     if progress:
         progress(f"exporting {name} to ONNX (opset {opset}); cached at {path}")
     module = model.build({k: v for k, v in options.items() if k not in ("dynamic_seq", "dynamic_image")})
+    if weights is not None:
+        from kiln.zoo.weights import load_into
+
+        load_into(module, weights)
+        module.eval()
     export_module(
         module,
         model.example_inputs({**options, "batch": 1}, 0),
@@ -432,9 +447,8 @@ def export_module(
 
 def load_state_dict(name: str, state_dict_path: str | os.PathLike) -> Any:
     """Build zoo model ``name`` and load a torch state_dict (e.g. torchvision's) into it strictly."""
-    import torch
+    from kiln.zoo.weights import load_into
 
     module = get(name).build(options_for(name))
-    state = torch.load(str(state_dict_path), map_location="cpu", weights_only=True)
-    module.load_state_dict(state, strict=True)
+    load_into(module, state_dict_path)
     return module.eval()

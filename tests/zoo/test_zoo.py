@@ -31,7 +31,7 @@ def test_state_dict_loads_strictly(tmp_path):
     with torch.no_grad():
         np.testing.assert_array_equal(loaded(x).numpy(), source(x).numpy())
     torch.save({"wrong.weight": torch.zeros(1)}, tmp_path / "bad.pth")
-    with pytest.raises(RuntimeError, match="Missing key"):
+    with pytest.raises(kiln.KilnError, match=r"does not fit the model: \d+ missing \(.*1 unexpected \(wrong.weight\)"):
         zoo.load_state_dict("resnet50", tmp_path / "bad.pth")
 
 

@@ -49,6 +49,9 @@ class Backend(ABC):
     def __init__(self, threads: int) -> None:
         self.threads = threads
         self.artifact: Any = None
+        # a compile that depends on caches measures itself with them empty first (compile_figures);
+        # False: only with the caches as they are (a study's later points of one model and backend)
+        self.cold_compile = True
 
     def availability(self) -> str | None:
         """None when the backend can run here, else why not."""

@@ -91,7 +91,7 @@ class OpenVinoInt8Backend(OpenVinoBackend):
         core = openvino.Core()
         network = core.read_model(str(model.onnx_path))
         network.reshape({name: array.shape for name, array in example.items()})
-        samples = [model.inputs(seed=seed) for seed in CALIBRATION_SEEDS]
+        samples = [model.inputs(seed=seed, batch=1) for seed in CALIBRATION_SEEDS]
         quantized = nncf.quantize(network, nncf.Dataset(samples), subset_size=len(samples))
         compiled = core.compile_model(quantized, "CPU", self._properties())
         blob = io.BytesIO()
