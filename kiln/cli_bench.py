@@ -114,6 +114,14 @@ from kiln.cli_support import console, out, split_values
 )
 @click.option("--dataset-limit", type=int, default=None, help="Use at most this many dataset images.")
 @click.option(
+    "--weights",
+    "weights",
+    multiple=True,
+    metavar="MODEL=FILE",
+    help="A zoo model's state_dict (torchvision's parameter names; read with weights_only, so it runs no "
+    "code), exported in place of the random weights. Repeatable.",
+)
+@click.option(
     "--memory-limit",
     "memory_limit_mb",
     type=click.IntRange(64),
@@ -195,6 +203,16 @@ def _dataset(value: str | None) -> str | None:
     return value
 
 
+def _weights(values: tuple[str, ...]) -> dict[str, str]:
+    from kiln.zoo import MODELS
+    from kiln.zoo.weights import WeightsError, parse_weights
+
+    try:
+        return parse_weights(list(values), MODELS)
+    except WeightsError as err:
+        raise click.BadParameter(str(err), param_hint="--weights") from None
+
+
 def _bench_config(options: dict):  # type: ignore[no-untyped-def]
     from kiln import zoo as models
     from kiln.bench.backends import DEFAULT_BACKENDS, FPGA_BACKENDS, GPU_BACKENDS
@@ -228,6 +246,7 @@ def _bench_config(options: dict):  # type: ignore[no-untyped-def]
         dataset=options["dataset"],
         dataset_limit=options["dataset_limit"],
         memory_limit_mb=options.get("memory_limit_mb"),
+        weights=_weights(options.get("weights", ())),
         plugins=list(options["plugins"]),
         agreement=not options["no_agreement"],
     )

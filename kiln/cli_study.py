@@ -30,6 +30,9 @@ def _ints(name: str):  # type: ignore[no-untyped-def]
     return parse
 
 
+DEFAULT_OUT = Path("reports/study")
+
+
 @click.command("study")
 @click.option(
     "--models", "-m", multiple=True, help="Zoo names or .onnx paths, comma-separated. [default: resnet50,bert-base]"
@@ -125,7 +128,7 @@ def _ints(name: str):  # type: ignore[no-untyped-def]
 @click.option(
     "--out",
     type=click.Path(file_okay=False, path_type=Path),
-    default=Path("reports/study"),
+    default=DEFAULT_OUT,
     show_default=True,
     help="Reports land in OUT/<study id>/ (and OUT/latest).",
 )
@@ -152,11 +155,22 @@ def study(**options: Any) -> None:
       kiln study -m resnet50 -b kiln --batch 1,64,256 --memory-limit 2000
     """
     from kiln.bench import study as studies
-    from kiln.bench.study_report import write_study_html
+    from kiln.errors import KilnError
+
+    try:  # everything here is what the user asked: a mistake is a usage error (exit 2)
+        config = _config(options)
+        found = studies.open_study(config, options["out"], options["db"] or options["out"] / "results.db")
+    except KilnError as err:
+        raise click.UsageError(str(err)) from None
+    _run_and_report(found, options)
+
+
+def _config(options: dict[str, Any]):  # type: ignore[no-untyped-def]
+    from kiln.bench import study as studies
     from kiln.zoo import MODELS
     from kiln.zoo.weights import parse_weights
 
-    config = studies.StudyConfig(
+    return studies.StudyConfig(
         models=split_values(options["models"]) or ["resnet50", "bert-base"],
         backends=split_values(options["backends"]) or ["kiln", "onnxruntime", "openvino"],
         precisions=split_values(options["precisions"]) or ["fp32"],
@@ -178,16 +192,18 @@ def study(**options: Any) -> None:
         breakdown=not options["no_breakdown"],
         plugins=list(options["plugins"]),
     )
+
+
+def _run_and_report(found, options: dict[str, Any]) -> None:  # type: ignore[no-untyped-def]
+    from kiln.bench.study_report import write_study_html
+
     out_dir: Path = options["out"]
     db: Path = options["db"] or out_dir / "results.db"
-    command = "kiln study " + " ".join(shlex.quote(a) for a in sys.argv[2:]) if len(sys.argv) > 1 else "kiln study"
-    found = studies.open_study(config, out_dir, db)
+    from kiln.bench.study import command as study_command
+
+    command = study_command(found.config) + (f" --out {shlex.quote(str(out_dir))}" if out_dir != DEFAULT_OUT else "")
     if options["report_only"]:
-        found.run["records"] = [
-            found.done[studies.coordinates(p)] for p in studies.points(config) if studies.coordinates(p) in found.done
-        ]
-        found.run["breakdowns"] = studies._load_breakdowns(found)
-        run = found.run
+        run = found.stored()
     else:
         run = _run_with_progress(found, options["retry_failed"])
     path = found.folder / "report.html"

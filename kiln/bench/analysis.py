@@ -83,7 +83,7 @@ def curves(records: list[dict[str, Any]], latency_bound_ms: float) -> list[Curve
         curve = found.setdefault(key, Curve(*key[:2], record["backend"], key[2], key[3], key[4]))
         if ok(record):
             curve.points.append(record)
-        elif record["status"] in ("oom", "timeout") and curve.ended is None:
+        elif record["status"] in ("oom", "timeout", "skipped") and curve.ended is None:
             curve.ended = record
     for curve in found.values():
         curve.knee = knee([p["batch"] for p in curve.points], [throughput(p) for p in curve.points])
@@ -122,7 +122,9 @@ def breaking_point(curve: Curve, bound_ms: float) -> dict[str, Any] | None:
         previous = point
     if curve.ended is not None:
         status = curve.ended["status"]
-        return {"batch": curve.ended["batch"], "reason": "out of memory" if status == "oom" else "timed out"}
+        reasons = {"oom": "out of memory", "timeout": "timed out"}
+        reason = reasons.get(status) or str(curve.ended.get("error", status)).removeprefix("not run: ")
+        return {"batch": curve.ended["batch"], "reason": reason}
     return None
 
 

@@ -213,7 +213,7 @@ def _flatten(record: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 # -- plots -------------------------------------------------------------------------------------------
 
 
-def _figure_png(figure: Any) -> str:
+def figure_png(figure: Any) -> str:
     buffer = io.BytesIO()
     figure.savefig(buffer, format="png", dpi=110, bbox_inches="tight")
     import matplotlib.pyplot as plt
@@ -252,7 +252,7 @@ def plots(run: dict[str, Any]) -> dict[str, str]:
             axis.set_title(f"{model} (batch {batch})")
             axis.set_ylabel("latency ms (p50; bars: min..p90, or max with < 10 samples)")
             axis.tick_params(axis="x", rotation=30)
-        images["latency"] = _figure_png(figure)
+        images["latency"] = figure_png(figure)
         figure, axes = plt.subplots(1, len(models), figsize=(4.5 * len(models), 3.6), squeeze=False)
         for axis, model in zip(axes[0], models):
             for record in (r for r in single if r["model"] == model):
@@ -265,7 +265,7 @@ def plots(run: dict[str, Any]) -> dict[str, str]:
             axis.set_xlabel("ms (log scale)")
             axis.set_ylabel("fraction of requests")
             axis.legend(fontsize=7)
-        images["latency_cdf"] = _figure_png(figure)
+        images["latency_cdf"] = figure_png(figure)
     batches = sorted({r["batch"] for r in ok})
     if len(batches) > 1:
         figure, axis = plt.subplots(figsize=(6, 3.6))
@@ -282,7 +282,7 @@ def plots(run: dict[str, Any]) -> dict[str, str]:
         axis.set_ylabel("samples / s")
         axis.set_title("throughput vs batch")
         axis.legend(fontsize=7)
-        images["throughput"] = _figure_png(figure)
+        images["throughput"] = figure_png(figure)
     compiled = [r for r in ok if r.get("compile_s") is not None]
     if compiled:
         figure, axis = plt.subplots(figsize=(max(6, 0.5 * len(compiled)), 3.6))
@@ -291,7 +291,7 @@ def plots(run: dict[str, Any]) -> dict[str, str]:
         axis.set_xticks(range(len(compiled)), labels, rotation=60, fontsize=7)
         axis.set_ylabel("compile s")
         axis.set_title("compile time")
-        images["compile"] = _figure_png(figure)
+        images["compile"] = figure_png(figure)
     return images
 
 
@@ -369,7 +369,7 @@ def _summary_plot(groups: list[dict[str, Any]]) -> str | None:
             axis.text(row["vs_fastest"], y, f" {row['vs_fastest']:.2f}x", va="center", fontsize=7)
         axis.set_xlim(0, max(r["vs_fastest"] for r in rows) * 1.3)
     figure.tight_layout()
-    return _figure_png(figure)
+    return figure_png(figure)
 
 
 def _summary_tables(groups: list[dict[str, Any]]) -> str:
@@ -395,7 +395,7 @@ def _summary_tables(groups: list[dict[str, Any]]) -> str:
     return "".join(parts)
 
 
-def _machine_line(run: dict[str, Any]) -> str:
+def machine_line(run: dict[str, Any]) -> str:
     machine = run["machine"]
     flags = ", ".join(machine.get("flags", []))
     return (
@@ -479,7 +479,7 @@ img {{ max-width: 100%; }}
 pre {{ background: #f7f7f7; padding: 1em; font-size: 12px; }}
 </style></head><body>
 <h1>kiln bench — run {run["run_id"]}</h1>
-<p class=machine>{run["created"]} · {_machine_line(run)}</p>
+<p class=machine>{run["created"]} · {machine_line(run)}</p>
 {_nodes_table(run)}
 <h2>Summary: latency relative to the fastest backend (lower is better)</h2>
 {overview_html}

@@ -179,6 +179,33 @@ def reproduce(point: Point, config: StudyConfig) -> str:
     return " ".join(parts)
 
 
+def command(config: StudyConfig) -> str:
+    """The ``kiln study`` command that runs (or resumes) this study: every setting spelled out."""
+    parts = [
+        "kiln study",
+        f"-m {','.join(config.models)}",
+        f"-b {','.join(config.backends)}",
+        f"--threads {','.join(map(str, config.threads))}",
+        f"--batch {','.join(map(str, config.batches))}",
+        f"--precision {','.join(config.precisions)}",
+    ]
+    if config.scenarios != ["single-stream"]:
+        parts.append(f"-s {','.join(config.scenarios)} --inflight {','.join(map(str, config.inflight))}")
+    parts.append(f"--duration {config.duration:g} --min-iterations {config.min_iterations} --warmup {config.warmup}")
+    optional = {
+        "--seq": config.seq,
+        "--memory-limit": config.memory_limit_mb,
+        "--dataset": config.dataset,
+        "--dataset-limit": config.dataset_limit,
+    }
+    parts.extend(f"{flag} {value}" for flag, value in optional.items() if value is not None)
+    if config.latency_bound_ms != 100.0:
+        parts.append(f"--latency-bound-ms {config.latency_bound_ms:g}")
+    parts.extend(f"--weights {model}={path}" for model, path in config.weights.items())
+    parts.extend(f"--plugin {plugin}" for plugin in config.plugins)
+    return " ".join(parts)
+
+
 Progress = Callable[[str, dict[str, Any] | None], None]
 
 
@@ -196,6 +223,13 @@ class Study:
     @property
     def id(self) -> str:
         return str(self.run["run_id"])
+
+    def stored(self) -> dict[str, Any]:
+        """The study's run with every stored point of its grid (and kiln's breakdowns)."""
+        grid = [coordinates(p) for p in points(self.config)]
+        self.run["records"] = [self.done[key] for key in grid if key in self.done]
+        self.run["breakdowns"] = _load_breakdowns(self)
+        return self.run
 
     def remaining(self, retry_failed: bool = False) -> list[Point]:
         return [p for p in points(self.config) if not self._finished(p, retry_failed)]
@@ -289,7 +323,10 @@ def run_study(study: Study, progress: Progress, retry_failed: bool = False) -> d
     left = study.remaining(retry_failed)
     total = len(points(study.config))
     progress(f"{study.id}: {total} point(s), {total - len(left)} stored, {len(left)} to run", None)
-    ended: dict[tuple, str] = {}
+    ended: dict[tuple, tuple[int, str]] = {}  # a sweep -> the batch that ended it, and how
+    for key, stored in study.done.items():  # sweeps a stored point ended stay ended on resume
+        if stored["status"] in ENDS_SWEEP and not retry_failed:
+            _end(ended, Point(*key), stored["status"])
     compiled: set[tuple] = {(p[0], p[1], p[2]) for p, r in study.done.items() if r["status"] == "ok"}
     try:
         for number, point in enumerate(left):
@@ -299,7 +336,7 @@ def run_study(study: Study, progress: Progress, retry_failed: bool = False) -> d
             store.add_records(study.db, study.id, [record])
             study.done[coordinates(point)] = record
             if record["status"] in ENDS_SWEEP:
-                ended[_sweep(point)] = f"{record['status']} at batch {point.batch}"
+                _end(ended, point, record["status"])
             if record["status"] not in ("unavailable", "skipped"):
                 study.seconds.append((point, time.perf_counter() - started))
             eta = study.eta(left[number + 1 :])
@@ -310,13 +347,17 @@ def run_study(study: Study, progress: Progress, retry_failed: bool = False) -> d
     except KeyboardInterrupt:
         study.run["interrupted"] = True
         progress("interrupted: every finished point is stored; the same command resumes", None)
-    study.run["records"] = [study.done[coordinates(p)] for p in points(study.config) if coordinates(p) in study.done]
-    study.run["breakdowns"] = _load_breakdowns(study)
-    return study.run
+    return study.stored()
+
+
+def _end(ended: dict[tuple, tuple[int, str]], point: Point, status: str) -> None:
+    if point.batch < ended.get(_sweep(point), (1 << 62, ""))[0]:
+        ended[_sweep(point)] = (point.batch, f"{status} at batch {point.batch}")
 
 
 def _sweep(point: Point) -> tuple:
-    """A backend's sweep over batches: what a larger batch's failure is the same failure of."""
+    """A backend's sweep over batches (at every thread count): past the batch that ran out of
+    memory or time, its larger batches would too."""
     return (point.model, point.backend, point.precision, point.scenario, point.inflight)
 
 
@@ -327,9 +368,9 @@ def _run_point(study: Study, point: Point, ended: dict, compiled: set, progress:
     base |= {"scenario": point.scenario, "threads": point.threads}
     if point.variant is None:
         return {**base, "status": "unavailable", "error": f"{point.backend} has no {point.precision} variant"}
-    why = ended.get(_sweep(point))
-    if why:
-        return {**base, "status": "skipped", "error": f"not run: this backend's sweep ended ({why})"}
+    end = ended.get(_sweep(point))
+    if end is not None and point.batch >= end[0]:  # a larger batch needs more memory and time, not less
+        return {**base, "status": "skipped", "error": f"not run: this backend's sweep ended ({end[1]})"}
     bench = bench_config(point, config)
     model.weights = config.weights.get(point.model)
     model.prepare(progress=lambda message: progress(message, None))

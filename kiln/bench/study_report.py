@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from kiln.bench import analysis
-from kiln.bench.report import _figure_png, _machine_line
+from kiln.bench.report import figure_png, machine_line
 
 COLOURS = ("#dd8452", "#4c72b0", "#55a868", "#c44e52", "#8172b3", "#937860", "#da8bc3", "#8c8c8c", "#ccb974")
 
@@ -224,7 +224,7 @@ def _curve_plots(curves: list[analysis.Curve], models: list[str]) -> dict[str, s
             axis.set_xlabel("batch (log2)")
             axis.set_ylabel(ylabel)
             axis.legend(fontsize=6)
-        images[title] = _figure_png(figure)
+        images[title] = figure_png(figure)
     return images
 
 
@@ -255,7 +255,7 @@ def _scaling_plot(records: list[dict[str, Any]]) -> str | None:
         axis.set_xlabel("threads")
         axis.set_ylabel("throughput / throughput at 1 thread")
         axis.legend(fontsize=6)
-    return _figure_png(figure)
+    return figure_png(figure)
 
 
 def _pareto_plot(records: list[dict[str, Any]], models: list[str]) -> str | None:
@@ -300,7 +300,7 @@ def _pareto_plot(records: list[dict[str, Any]], models: list[str]) -> str | None
         axis.set_xlabel("p50 ms per query (log)")
         axis.set_ylabel("samples / s")
         axis.legend(fontsize=6)
-    return _figure_png(figure)
+    return figure_png(figure)
 
 
 def write_study_html(run: dict[str, Any], path: Path, command: str) -> None:
@@ -386,7 +386,7 @@ def _definitions() -> str:
 
 def _machine_line_of(run: dict[str, Any]) -> str:
     """The bench report's machine line without its thread count (a study sweeps threads)."""
-    line = _machine_line({**run, "config": {"threads": "-"}})
+    line = machine_line({**run, "config": {"threads": "-"}})
     return line.rsplit(";", 1)[0]
 
 

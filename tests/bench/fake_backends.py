@@ -109,5 +109,16 @@ class RefusesNewIR(_Fake):
         super().compile(model, example)
 
 
-for _cls in (Crash, Hang, Slow, Sluggish, Leak, Fail, Missing, MissingSubpackage, BrokenCheck, RefusesNewIR):
+class Hungry(_Fake):
+    """Needs 256 MB at batch 1 and 16 GB from batch 2 on: under a worker's memory limit, its
+    batch sweep ends in an out-of-memory row (a study's synthetic OOM)."""
+
+    name = "fake-hungry"
+
+    def compile(self, model, example):
+        self.held = bytearray((256 << 20) if model.batch == 1 else (16 << 30))
+        super().compile(model, example)
+
+
+for _cls in (Hungry, Crash, Hang, Slow, Sluggish, Leak, Fail, Missing, MissingSubpackage, BrokenCheck, RefusesNewIR):
     register(_cls.name, f"{__name__}:{_cls.__name__}")
