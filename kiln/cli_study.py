@@ -162,6 +162,8 @@ def study(**options: Any) -> None:
         found = studies.open_study(config, options["out"], options["db"] or options["out"] / "results.db")
     except KilnError as err:
         raise click.UsageError(str(err)) from None
+    if options["report_only"] and not found.done:
+        raise click.UsageError(f"--report-only: no point of this study ({found.id}) is stored in the database yet")
     _run_and_report(found, options)
 
 

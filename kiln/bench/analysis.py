@@ -106,15 +106,18 @@ def knee(xs: list[float], ys: list[float]) -> int | None:
 
 
 def breaking_point(curve: Curve, bound_ms: float) -> dict[str, Any] | None:
+    """The first of the curve's three events (``events`` keeps each one's batch and reason):
+    per-sample latency stops improving, the tail crosses the bound, the sweep ended."""
+    events: dict[str, dict[str, Any]] = {}
     previous = None
     for point in curve.points:
         tail, which = tail_ms(point)
-        if tail > bound_ms:
-            return {"batch": point["batch"], "reason": f"{which} {tail:.1f} ms > the {bound_ms:g} ms bound"}
-        if previous is not None:
+        if tail > bound_ms and "tail" not in events:
+            events["tail"] = {"batch": point["batch"], "reason": f"{which} {tail:.1f} ms > the {bound_ms:g} ms bound"}
+        if previous is not None and "plateau" not in events:
             gain = 1 - per_sample_ms(point) / per_sample_ms(previous)
             if gain <= IMPROVES:
-                return {
+                events["plateau"] = {
                     "batch": point["batch"],
                     "reason": f"per-sample latency {_change(gain)} from batch {previous['batch']} "
                     f"(needs > {IMPROVES:.0%} better)",
@@ -124,8 +127,11 @@ def breaking_point(curve: Curve, bound_ms: float) -> dict[str, Any] | None:
         status = curve.ended["status"]
         reasons = {"oom": "out of memory", "timeout": "timed out"}
         reason = reasons.get(status) or str(curve.ended.get("error", status)).removeprefix("not run: ")
-        return {"batch": curve.ended["batch"], "reason": reason}
-    return None
+        events["ended"] = {"batch": curve.ended["batch"], "reason": reason}
+    if not events:
+        return None
+    first = min(events.values(), key=lambda event: event["batch"])
+    return {**first, "events": events}
 
 
 def _change(gain: float) -> str:

@@ -79,18 +79,30 @@ def _best_table(records: list[dict[str, Any]]) -> str:
         top = found.get("throughput") or next(r for r in found.values() if r)
         rows.append(
             f"<tr><td class=l>{_esc(model)}</td><td class=l>{_esc(variant)}</td>{''.join(cells)}"
-            f"<td class=l>{_esc(analysis.accuracy_text(top))}</td><td>{top.get('peak_rss_mb', 0):.0f}</td></tr>"
+            f"<td class=l>{_esc(analysis.accuracy_text(top))}</td><td>{top.get('peak_rss_mb', 0):.0f}</td>"
+            f"<td>{_cold_compile(records, model, variant)}</td></tr>"
         )
     head = "".join(f"<th>best {o}</th>" for o in objectives)
     note = "" if energy else f"<p>throughput per watt: {_esc(_energy_reason(records))}</p>"
     skipped = "".join(f"<li>{_esc(line)}</li>" for line in missing)
     return (
-        f"<table><tr><th>model</th><th>backend</th>{head}<th>accuracy (at best throughput)</th><th>peak MB</th></tr>"
+        f"<table><tr><th>model</th><th>backend</th>{head}<th>accuracy (at best throughput)</th><th>peak MB</th>"
+        "<th>compile s (cold)</th></tr>"
         + "".join(rows)
         + "</table>"
         + note
         + (f"<p>not measured:</p><ul>{skipped}</ul>" if skipped else "")
     )
+
+
+def _cold_compile(records: list[dict[str, Any]], model: str, variant: str) -> str:
+    """The variant's compile with nothing cached (a study's first point of it; kiln's later
+    points compile with warm caches and say so)."""
+    for record in records:
+        if record["model"] == model and analysis.label(record) == variant and analysis.ok(record):
+            if not record.get("compile_warm") and record.get("compile_s") is not None:
+                return f"{record['compile_s']:.1f} (batch {record['batch']})"
+    return "-"
 
 
 def _why_not(records: list[dict[str, Any]], model: str, variant: str) -> str:
@@ -119,16 +131,23 @@ def _curves_table(curves: list[analysis.Curve]) -> str:
             continue
         batches = ", ".join(str(p["batch"]) for p in curve.points) or "-"
         peak = max((analysis.throughput(p) for p in curve.points), default=0.0)
-        breaking = f"batch {curve.breaking['batch']}: {curve.breaking['reason']}" if curve.breaking else "none"
+        events = (curve.breaking or {}).get("events", {})
+        cells = "".join(f"<td class=l>{_esc(_event(events.get(k)))}</td>" for k in ("plateau", "tail", "ended"))
+        first = f"batch {curve.breaking['batch']}" if curve.breaking else "none"
         rows.append(
             f"<tr><td class=l>{_esc(curve.model)}</td><td class=l>{_esc(curve.name)}</td>"
-            f"<td class=l>{_esc(curve.scenario)}</td><td>{_esc(batches)}</td><td>{peak:.1f}</td>"
-            f"<td>{curve.knee if curve.knee is not None else 'none'}</td><td class=l>{_esc(breaking)}</td></tr>"
+            f"<td>{_esc(batches)}</td><td>{peak:.1f}</td>"
+            f"<td>{curve.knee if curve.knee is not None else 'none'}</td><td><b>{first}</b></td>{cells}</tr>"
         )
     return (
-        "<table><tr><th>model</th><th>curve</th><th>scenario</th><th>batches measured</th><th>peak samples/s</th>"
-        "<th>knee (batch)</th><th>breaking point</th></tr>" + "".join(rows) + "</table>"
+        "<table><tr><th>model</th><th>curve</th><th>batches measured</th><th>peak samples/s</th>"
+        "<th>knee (batch)</th><th>breaking point</th><th>per-sample latency stops improving</th>"
+        "<th>tail over the bound</th><th>sweep ended</th></tr>" + "".join(rows) + "</table>"
     )
+
+
+def _event(event: dict[str, Any] | None) -> str:
+    return "-" if event is None else f"batch {event['batch']}: {event['reason']}"
 
 
 def _scaling_table(records: list[dict[str, Any]]) -> str:
@@ -162,6 +181,25 @@ def _failures(records: list[dict[str, Any]]) -> str:
     )
     return (
         "<table><tr><th>model</th><th>backend</th><th>status</th><th>points</th><th>why</th></tr>" + body + "</table>"
+    )
+
+
+def _transfers_table(records: list[dict[str, Any]]) -> str:
+    """Host-device data movement per point where the backend timed it (kiln's gpu target)."""
+    timed = [r for r in records if r.get("transfers")]
+    if not timed:
+        return "<p>host-device transfers: no point in this study timed them (kiln's gpu target does).</p>"
+    body = "".join(
+        f"<tr><td class=l>{_esc(r['model'])}</td><td class=l>{_esc(r['backend'])}"
+        f"{' (' + _esc(r['simulated']) + ')' if r.get('simulated') else ''}</td><td>{r['batch']}</td>"
+        f"<td>{r['transfers']['upload_ms']:.3f}</td><td>{r['transfers']['compute_ms']:.3f}</td>"
+        f"<td>{r['transfers']['download_ms']:.3f}</td></tr>"
+        for r in timed
+    )
+    return (
+        "<p>host-device transfers per run (the gpu target's own timers):</p><table><tr><th>model</th>"
+        "<th>backend</th><th>batch</th><th>host to device ms</th><th>kernels ms</th><th>device to host ms</th></tr>"
+        f"{body}</table>"
     )
 
 
@@ -204,7 +242,7 @@ def _curve_plots(curves: list[analysis.Curve], models: list[str]) -> dict[str, s
         ("per-sample latency vs batch", analysis.per_sample_ms, "ms per sample (p50 / batch)"),
         ("peak memory vs batch", lambda r: r.get("peak_rss_mb") or 0.0, "peak RSS MB"),
     ):
-        figure, axes = plt.subplots(1, len(models), figsize=(5.6 * len(models), 3.8), squeeze=False)
+        figure, axes = plt.subplots(1, len(models), figsize=(7.4 * len(models), 3.8), squeeze=False)
         for axis, model in zip(axes[0], models):
             for curve in (c for c in curves if c.model == model and len(c.points) > 0):
                 xs = [p["batch"] for p in curve.points]
@@ -223,7 +261,8 @@ def _curve_plots(curves: list[analysis.Curve], models: list[str]) -> dict[str, s
             axis.set_title(f"{model}: {title}", fontsize=10)
             axis.set_xlabel("batch (log2)")
             axis.set_ylabel(ylabel)
-            axis.legend(fontsize=6)
+            axis.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+        figure.subplots_adjust(wspace=0.75)
         images[title] = figure_png(figure)
     return images
 
@@ -239,7 +278,7 @@ def _scaling_plot(records: list[dict[str, Any]]) -> str | None:
 
     models = sorted({r["model"] for r in rows})
     colour = _colour_of([r["variant"] for r in rows])
-    figure, axes = plt.subplots(1, len(models), figsize=(5.6 * len(models), 3.6), squeeze=False)
+    figure, axes = plt.subplots(1, len(models), figsize=(7.4 * len(models), 3.6), squeeze=False)
     for axis, model in zip(axes[0], models):
         series: dict[tuple, list[tuple[int, float]]] = {}
         for row in (r for r in rows if r["model"] == model):
@@ -254,7 +293,7 @@ def _scaling_plot(records: list[dict[str, Any]]) -> str | None:
         axis.set_title(f"{model}: speedup vs 1 thread (every batch; batch 1 opaque)", fontsize=10)
         axis.set_xlabel("threads")
         axis.set_ylabel("throughput / throughput at 1 thread")
-        axis.legend(fontsize=6)
+        axis.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     return figure_png(figure)
 
 
@@ -268,7 +307,7 @@ def _pareto_plot(records: list[dict[str, Any]], models: list[str]) -> str | None
     if not single:
         return None
     colour = _colour_of([analysis.label(r) for r in single])
-    figure, axes = plt.subplots(1, len(models), figsize=(5.6 * len(models), 3.8), squeeze=False)
+    figure, axes = plt.subplots(1, len(models), figsize=(7.4 * len(models), 3.8), squeeze=False)
     for axis, model in zip(axes[0], models):
         mine = [r for r in single if r["model"] == model]
         for variant in sorted({analysis.label(r) for r in mine}):
@@ -299,7 +338,7 @@ def _pareto_plot(records: list[dict[str, Any]], models: list[str]) -> str | None
         axis.set_title(f"{model}: latency vs throughput (marker size: threads)", fontsize=10)
         axis.set_xlabel("p50 ms per query (log)")
         axis.set_ylabel("samples / s")
-        axis.legend(fontsize=6)
+        axis.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     return figure_png(figure)
 
 
@@ -365,8 +404,7 @@ pre {{ background: #f7f7f7; padding: .6em; font-size: 11px; }}
 <i>copy</i> kernels are the layout conversions and concatenations the plan kept; <i>host</i> is the runtime
 and any host fallback; the arena holds every intermediate tensor; weights as the kernels read them, packed):</p>
 {_breakdown_table(run.get("breakdowns", []))}
-<p>Host-device transfers: no GPU backend ran in this study (a kiln-gpu point records its upload and download
-timers).</p>
+{_transfers_table(records)}
 {weights}
 <h2>Points that did not run</h2>
 {_failures(records)}

@@ -95,6 +95,7 @@ def run_job(job: dict[str, Any]) -> dict[str, Any]:
     warmup = job.get("warmup", 3)
     warm = scenarios.warm_up(session.run, feeds, warmup)
     record.update(_loadgen_scenario(job, model, backend, session, feeds, warm))
+    record.update(backend.run_figures())
     if job.get("soak"):  # RSS growth from a long, untimed run (the timed one is often too short)
         record.update(scenarios.soak(session.run, feeds, int(job["soak"])))
     if job.get("dataset") and model.is_classifier:

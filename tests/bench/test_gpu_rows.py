@@ -38,3 +38,18 @@ def test_a_cuda_row_on_a_machine_without_a_cuda_device_says_so(name):
     assert backend.device == "cuda"  # energy from NVML
     reason = backend.availability()
     assert reason is not None and "no CUDA device" in reason
+
+
+def test_the_gpu_targets_transfer_timers_are_in_its_row(tiny_onnx, tmp_path, monkeypatch):
+    """kiln-gpu-interpret: kiln-gpu's kernels, arena and transfers in Triton's interpreter (no GPU
+    needed); its row carries the runtime's host->device / kernel / device->host split."""
+    pytest.importorskip("triton", reason="the gpu target needs Triton (kiln's gpu extra)")
+    from kiln.bench.runner import run_bench
+
+    monkeypatch.setenv("KILN_CACHE_DIR", str(tmp_path / "cache"))
+    config = _bench_config(options(models=(tiny_onnx,), backends=("kiln-gpu-interpret",), threads=1, duration=0.2))
+    (row,) = run_bench(config, tmp_path / "work")["records"]
+    assert row["status"] == "ok", row
+    assert row["simulated"] == "Triton interpreter"
+    times = row["transfers"]
+    assert times["runs"] >= 2 and times["upload_ms"] > 0 and times["compute_ms"] > 0 and times["download_ms"] > 0

@@ -98,11 +98,13 @@ def test_breaking_point_per_sample_latency_tail_bound_and_oom():
     records = [_record(1, 10.0), _record(2, 12.0), _record(4, 16.0), _record(8, 31.0)]
     (curve,) = analysis.curves(records, latency_bound_ms=1000)
     assert curve.breaking["batch"] == 8 and "per-sample latency 3% better from batch 4" in curve.breaking["reason"]
+    assert set(curve.breaking["events"]) == {"plateau"}
     (curve,) = analysis.curves(records, latency_bound_ms=15)  # batch 4's max (17.6 ms) crosses 15 ms first
-    assert curve.breaking == {"batch": 4, "reason": "max 17.6 ms > the 15 ms bound"}
+    assert (curve.breaking["batch"], curve.breaking["reason"]) == (4, "max 17.6 ms > the 15 ms bound")
+    assert curve.breaking["events"]["plateau"]["batch"] == 8  # each event kept
     scaling = [_record(1, 10.0), _record(2, 12.0), _record(4, 0, status="oom")]
     (curve,) = analysis.curves(scaling, latency_bound_ms=1000)
-    assert curve.breaking == {"batch": 4, "reason": "out of memory"}
+    assert (curve.breaking["batch"], curve.breaking["reason"]) == (4, "out of memory")
 
 
 def test_speedup_best_configuration_and_pareto_front():

@@ -22,6 +22,7 @@ BACKENDS: dict[str, str] = {
     "torch.compile": "kiln.bench.backends.torch_backends:TorchCompileBackend",
     "torch.compile-kiln": "kiln.bench.backends.torch_backends:TorchCompileKilnBackend",
     "kiln-gpu": "kiln.bench.backends.gpu_backends:KilnGpuBackend",
+    "kiln-gpu-interpret": "kiln.bench.backends.gpu_backends:KilnGpuInterpretBackend",
     "onnxruntime-cuda": "kiln.bench.backends.gpu_backends:OnnxRuntimeCudaBackend",
     "torch.compile-cuda": "kiln.bench.backends.gpu_backends:TorchCompileCudaBackend",
     "tvm": "kiln.bench.backends.other_backends:TvmBackend",

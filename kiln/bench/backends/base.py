@@ -75,6 +75,11 @@ class Backend(ABC):
     def load(self) -> Session:
         """Make the artifact runnable; timed as load time."""
 
+    def run_figures(self) -> dict[str, Any]:
+        """What the backend measured about the runs themselves, read after the scenario (kiln's
+        gpu target: host->device, kernel and device->host milliseconds per run, ``transfers``)."""
+        return {}
+
     def compiled_count(self) -> int | None:
         """How many compiles the loaded model has done so far (kiln: its compiled variants), to
         show a run compiled nothing; None where the backend cannot tell."""

@@ -49,6 +49,33 @@ class KilnGpuBackend(KilnBackend):
 
         return {**super().config(), "device": torch.cuda.get_device_name(0), "products": "fp32 (IEEE tl.dot)"}
 
+    def run_figures(self) -> dict[str, Any]:
+        """The gpu target's own timers: per run, host->device, kernels, device->host (ms)."""
+        from kiln.backends.gpu import transfer_times
+
+        model = getattr(self, "loaded", None)
+        if model is None or not hasattr(model, "executables"):
+            return {}
+        times = transfer_times([runner for executable in model.executables() for runner in executable.runners])
+        return {"transfers": times} if times else {}
+
+
+class KilnGpuInterpretBackend(KilnGpuBackend):
+    """The same kernels, arena and transfers as kiln-gpu, run by Triton's interpreter with the CPU
+    standing in for the device (``gpu:interpret``): a simulation, for small models, labelled so;
+    its timings are the interpreter's, its transfer split is the runtime's own."""
+
+    name = "kiln-gpu-interpret"
+    target = "gpu:interpret"
+    device = "cpu"
+    simulated = "Triton interpreter"
+
+    def availability(self) -> str | None:
+        return KilnBackend.availability(self)
+
+    def config(self) -> dict[str, Any]:
+        return {**KilnBackend.config(self), "device": "CPU (Triton interpreter)"}
+
 
 class OnnxRuntimeCudaBackend(OnnxRuntimeBackend):
     """onnxruntime with the CUDA execution provider (the onnxruntime-gpu package)."""
