@@ -179,17 +179,17 @@ def test_an_out_of_memory_point_ends_that_backends_sweep_and_the_study_goes_on(t
     result = CliRunner().invoke(main, arguments)
     assert result.exit_code == 0, result.output
     answer = json.loads(result.stdout)
-    rows = {
-        (r["backend"], r["batch"]): r
-        for r in json.loads((tmp_path / answer["study"] / "results.json").read_text())["records"]
-    }
-    assert rows[("fake-hungry", 1)]["status"] == "ok"
-    assert rows[("fake-hungry", 2)]["status"] == "oom" and "3000 MB" in rows[("fake-hungry", 2)]["error"]
-    assert rows[("fake-hungry", 4)]["status"] == "skipped"
-    assert "sweep ended (oom at batch 2)" in rows[("fake-hungry", 4)]["error"]
-    assert all(rows[("kiln", b)]["status"] == "ok" for b in (1, 2, 4))  # the study went on
-    curve = next(c for c in answer["curves"] if c["curve"].startswith("fake-hungry"))
-    assert curve["breaking_point"] == {"batch": 2, "reason": "out of memory"}
+    records = json.loads((tmp_path / answer["study"] / "results.json").read_text())["records"]
+    rows = {(r["threads"], r["batch"]): r for r in records}
+    assert rows[(1, 1)]["status"] == "ok"
+    assert rows[(1, 2)]["status"] == "oom" and "3000 MB" in rows[(1, 2)]["error"]
+    for where in ((1, 4), (2, 2), (2, 4)):  # the larger batches, at every thread count
+        assert rows[where]["status"] == "skipped" and "sweep ended (oom at batch 2)" in rows[where]["error"]
+    assert rows[(2, 1)]["status"] == "ok"  # the study went on below the batch that ran out
+    curves = {c["curve"]: c["breaking_point"] for c in answer["curves"]}
+    one, two = curves["fake-hungry fp32, 1 thread(s)"], curves["fake-hungry fp32, 2 thread(s)"]
+    assert (one["batch"], one["reason"]) == (2, "out of memory")
+    assert (two["batch"], two["reason"]) == (2, "this backend's sweep ended (oom at batch 2)")
     assert "out of memory" in (tmp_path / answer["study"] / "report.html").read_text()
 
 
@@ -200,7 +200,8 @@ def test_kilns_breakdown_of_one_inference(tiny_onnx, tmp_path, monkeypatch):
     (row,) = run["breakdowns"]
     assert row["status"] == "breakdown:ok", row
     assert row["ms_by_kind"]["matmul"] > 0 and row["arena_mb"] > 0
-    assert row["weights_mb"] == pytest.approx((16 * 32 + 32 * 10) * 4 / 1e6, rel=0.5)
+    raw = (16 * 32 + 32 * 10) * 4 / 1e6  # the weights as kiln's kernels read them: packed, maybe padded
+    assert raw <= row["weights_mb"] < 4 * raw
 
 
 @pytest.mark.parametrize(
