@@ -151,8 +151,12 @@ def accuracy(run: Any, root: str, model: Any, limit: int | None = None) -> dict[
         images, labels, classes = load_image_folder(root, transform, limit)
     correct = 0
     batch = model.batch
-    for start in range(0, len(images) - batch + 1, batch):
-        logits = np.asarray(run({name: images[start : start + batch]})[0])
-        correct += int(np.sum(np.argmax(logits.reshape(batch, -1), axis=1) == labels[start : start + batch]))
-    evaluated = (len(images) // batch) * batch
+    for start in range(0, len(images), batch):
+        chunk = images[start : start + batch]
+        real = len(chunk)
+        if real < batch:  # the last images: padded with copies of the first to the compiled batch, not counted
+            chunk = np.concatenate([chunk, np.repeat(chunk[:1], batch - real, axis=0)])
+        logits = np.asarray(run({name: chunk})[0]).reshape(batch, -1)[:real]
+        correct += int(np.sum(np.argmax(logits, axis=1) == labels[start : start + real]))
+    evaluated = len(images)  # every image, whatever the batch: a batch sweep scores the same set
     return {"top1": correct / evaluated if evaluated else None, "images": evaluated, "classes": len(classes)}

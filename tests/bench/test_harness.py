@@ -163,6 +163,15 @@ def test_accuracy_on_an_image_folder(tmp_path):
         BenchModel("colour", 1, path=str(path)),
     )
     assert result == {"top1": 1.0, "images": 9, "classes": 3}
+    seen = []
+
+    def last_is_red(feeds):  # batch 4 over 9 images: the ninth (red) padded with copies of itself
+        seen.append(feeds["x"].shape[0])
+        out = np.asarray(compiled.run(feeds)["y"])
+        return [out if len(seen) < 3 else np.tile(np.float32([[0, 0, 1]]), (4, 1))]
+
+    batched = accuracy(last_is_red, str(tmp_path / "data"), BenchModel("colour", 4, path=str(path)))
+    assert seen == [4, 4, 4] and batched == {"top1": 1.0, "images": 9, "classes": 3}  # every image, once
     with pytest.raises(Exception, match="expected one sub-folder per class"):
         accuracy(None, str(tmp_path / "data" / "red"), BenchModel("colour", 1, path=str(path)))
 
