@@ -102,7 +102,12 @@ def variant(backend: str, precision: str) -> str | None:
 def study_id(config: StudyConfig, machine: dict[str, Any]) -> str:
     """The study's name in the database: a digest of its fixed settings and of the machine."""
     hardware = {k: machine.get(k) for k in ("cpu", "family_model", "flags", "usable_cpus", "memory_gb")}
-    text = json.dumps({"settings": config.fixed(), "machine": hardware}, sort_keys=True, default=str)
+    settings = config.fixed()
+    if settings.get("weights"):  # a weights file by its contents, not where it lies
+        from kiln.zoo.weights import digest
+
+        settings["weights"] = {model: digest(path) for model, path in settings["weights"].items()}
+    text = json.dumps({"settings": settings, "machine": hardware}, sort_keys=True, default=str)
     return "study-" + hashlib.sha256(text.encode()).hexdigest()[:12]
 
 

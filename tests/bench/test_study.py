@@ -60,6 +60,28 @@ def test_a_study_is_named_by_its_settings_and_machine_not_its_grid():
     assert studies.study_id(_config("a.onnx"), {**machine, "cpu": "y"}) != first  # another machine
 
 
+def test_given_weights_are_known_by_their_contents(tmp_path):
+    machine = {"cpu": "x"}
+    (tmp_path / "a.pth").write_bytes(b"same")
+    (tmp_path / "b.pth").write_bytes(b"same")
+    (tmp_path / "c.pth").write_bytes(b"other")
+    ids = {
+        name: studies.study_id(_config("resnet50", weights={"resnet50": str(tmp_path / name)}), machine)
+        for name in ("a.pth", "b.pth", "c.pth")
+    }
+    assert ids["a.pth"] == ids["b.pth"] != ids["c.pth"]
+
+
+def test_the_report_sets_top1_of_given_weights_beside_the_published_figure():
+    from kiln.bench.study_report import _weights_section
+
+    record = _record(8, 100.0, accuracy={"top1": 0.7612, "images": 5000, "classes": 1000})
+    record |= {"model": "resnet50", "model_given": "resnet50"}
+    page = _weights_section([record], {"weights": {"resnet50": "/w/r50.pth"}})
+    assert "76.12% (5000 images)" in page and "IMAGENET1K_V1 76.13%" in page and "-0.01 pt" in page
+    assert "no point measured top-1" in _weights_section([_record(1, 5.0)], {"weights": {"resnet50": "/w"}})
+
+
 def test_reproduce_names_the_one_bench_job():
     point = studies.Point("resnet50", "kiln", "int8", 8, 2, "offline", 4)
     command = studies.reproduce(point, _config("resnet50", memory_limit_mb=2000))
