@@ -208,9 +208,11 @@ def _run_and_report(found, options: dict[str, Any]) -> None:  # type: ignore[no-
         run = found.stored()
     else:
         run = _run_with_progress(found, options["retry_failed"])
+    from kiln.integrity import write_atomically
+
     path = found.folder / "report.html"
-    write_study_html(run, path, command)
-    (found.folder / "results.json").write_text(json.dumps(run, indent=1, default=str))
+    write_study_html(run, path, command)  # written beside, then renamed: a link planted there is replaced, not followed
+    write_atomically(found.folder / "results.json", json.dumps(run, indent=1, default=str).encode())
     latest = out_dir / "latest"
     if latest.is_symlink() or not latest.exists():
         latest.unlink(missing_ok=True)

@@ -292,10 +292,12 @@ def open_study(config: StudyConfig, out: Path, db: Path) -> Study:
         "records": [],
         "interrupted": False,
     }
+    folder = out / identity
+    if folder.is_symlink() or (folder.exists() and not folder.is_dir()):
+        raise StudyError(f"{folder} is not a folder kiln made (kiln follows no link in its own folders): remove it")
+    folder.mkdir(parents=True, exist_ok=True)
     db.parent.mkdir(parents=True, exist_ok=True)
     store.start_run(db, run)
-    folder = out / identity
-    folder.mkdir(parents=True, exist_ok=True)
     return Study(config, db, folder, run, done)
 
 
@@ -398,6 +400,8 @@ def _reference(study: Study, model: Any, bench: BenchConfig) -> str | None:
     folder = study.folder / "references"
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"reference-{model.label}-b{model.batch}.npz"
+    if path.is_symlink() or (path.exists() and not path.is_file()):
+        raise StudyError(f"{path} is not a file kiln wrote (a link, or not a regular file): remove it")
     if path.is_file():
         return str(path)
     job = {"kind": "reference", "model": asdict(model), "output": str(path), "plugins": bench.plugins}

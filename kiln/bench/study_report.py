@@ -365,8 +365,7 @@ def write_study_html(run: dict[str, Any], path: Path, command: str) -> None:
         "<p class=warn>the study was interrupted: run the same command to resume</p>" if run.get("interrupted") else ""
     )
     weights = _weights_section(records, config)
-    path.write_text(
-        f"""<!doctype html>
+    page = f"""<!doctype html>
 <html><head><meta charset="utf-8"><title>kiln study {_esc(run["run_id"])}</title>
 <style>
 body {{ font-family: system-ui, sans-serif; margin: 1em 1.6em; color: #222; }}
@@ -413,7 +412,9 @@ and any host fallback; the arena holds every intermediate tensor; weights as the
 <pre>{_esc(json.dumps(config, indent=1))}</pre>
 </body></html>
 """
-    )
+    from kiln.integrity import write_atomically
+
+    write_atomically(path, page.encode())
 
 
 def _definitions() -> str:

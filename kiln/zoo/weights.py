@@ -60,8 +60,11 @@ def regular_file(path: str | Path) -> Path:
 
 def digest(path: str | Path) -> str:
     """The file's SHA-256 (its identity in the export cache and in the report)."""
+    from kiln.integrity import open_regular
+
+    regular_file(path)
     sha = hashlib.sha256()
-    with open(regular_file(path), "rb") as handle:
+    with open_regular(path, "weights file") as handle:
         for chunk in iter(lambda: handle.read(1 << 20), b""):
             sha.update(chunk)
     return sha.hexdigest()
@@ -73,8 +76,14 @@ def load_into(module: Any, path: str | Path) -> None:
 
     import torch
 
+    from kiln.integrity import IrregularFile, open_regular
+
+    regular_file(path)  # a missing file or a FIFO named before anything opens it
     try:
-        loaded = torch.load(regular_file(path), map_location="cpu", weights_only=True)
+        with open_regular(path, "weights file") as handle:  # checked on the descriptor it reads
+            loaded = torch.load(handle, map_location="cpu", weights_only=True)
+    except IrregularFile as err:
+        raise WeightsError(str(err)) from None
     except (pickle.UnpicklingError, RuntimeError, EOFError, ValueError, OSError) as err:
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise WeightsError(f"weights file {path}: not a state_dict PyTorch loads safely ({first})") from None

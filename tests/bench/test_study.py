@@ -240,3 +240,29 @@ def test_a_mistake_is_a_named_error(tmp_path, arguments, message):
     result = CliRunner().invoke(main, ["study", "-m", "resnet50", "--out", str(tmp_path), *arguments])
     assert result.exit_code == 2, result.output
     assert message in result.output
+
+
+def test_a_link_planted_in_the_studys_folder_is_never_followed(tiny_onnx, tmp_path, monkeypatch):
+    monkeypatch.setenv("KILN_CACHE_DIR", str(tmp_path / "cache"))
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    victim = outside / "precious.txt"
+    victim.write_text("keep me")
+    config = _config(tiny_onnx, batches=[1], agreement=True)
+    found = studies.open_study(config, tmp_path / "out", tmp_path / "r.db")
+    (found.folder / "references").mkdir()
+    planted = found.folder / "references" / "reference-tiny-b1.npz"
+    planted.symlink_to(victim)
+    with pytest.raises(studies.StudyError, match="not a file kiln wrote"):
+        studies.run_study(found, lambda message, record: None)
+    planted.unlink()
+    (found.folder / "report.html").symlink_to(victim)  # the report replaces a link, never writes through it
+    run = studies.run_study(found, lambda message, record: None)
+    write_study_html(run, found.folder / "report.html", "kiln study ...")
+    assert victim.read_text() == "keep me" and not (found.folder / "report.html").is_symlink()
+    linked = tmp_path / "linked"
+    (tmp_path / "elsewhere").mkdir()
+    linked.mkdir()
+    (linked / found.id).symlink_to(tmp_path / "elsewhere")
+    with pytest.raises(studies.StudyError, match="not a folder kiln made"):
+        studies.open_study(config, linked, tmp_path / "r2.db")
