@@ -223,6 +223,9 @@ def _run_and_report(found, options: dict[str, Any]) -> None:  # type: ignore[no-
     if run.get("interrupted"):
         console.print("[yellow]interrupted[/]: run the same command to resume")
         sys.exit(130)
+    if not any(r["status"] == "ok" for r in run["records"]):  # nothing measured: a failure, not a study
+        console.print("[red]no point of the study ran[/]: the report lists why")
+        sys.exit(1)
 
 
 def _default_threads() -> list[int]:

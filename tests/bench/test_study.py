@@ -226,6 +226,15 @@ def test_kilns_breakdown_of_one_inference(tiny_onnx, tmp_path, monkeypatch):
     assert raw <= row["weights_mb"] < 4 * raw
 
 
+def test_a_study_where_nothing_ran_exits_1_with_its_report(tiny_onnx, tmp_path):
+    arguments = ["study", "-m", tiny_onnx, "-b", "fake-error", "--threads", "1", "--batch", "1", "--plugin", PLUGIN]
+    result = CliRunner().invoke(main, [*arguments, "--out", str(tmp_path), "--no-agreement", "--no-breakdown"])
+    assert result.exit_code == 1, result.output
+    assert "no point of the study ran" in result.output
+    (report,) = tmp_path.glob("study-*/report.html")
+    assert "this backend cannot compile anything" in report.read_text()
+
+
 @pytest.mark.parametrize(
     "arguments, message",
     [
