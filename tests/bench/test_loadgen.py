@@ -59,23 +59,50 @@ def test_too_short_a_run_is_invalid_with_the_reason():
     assert loadgen.verdict_text(verdict).startswith("INVALID (Early stopping satisfied: no")
 
 
+def overlapping(seconds: float):  # type: ignore[no-untyped-def]
+    """A sleeping model that records the most requests it ever had running at once."""
+    import threading
+
+    lock, state = threading.Lock(), {"now": 0, "most": 0}
+
+    def run(feeds):  # type: ignore[no-untyped-def]
+        with lock:
+            state["now"] += 1
+            state["most"] = max(state["most"], state["now"])
+        time.sleep(seconds)
+        with lock:
+            state["now"] -= 1
+        return [np.zeros(1)]
+
+    return run, state
+
+
 def test_offline_keeps_every_thread_busy():
-    one = loadgen.run_scenario(sleepy(0.01), SAMPLES, "offline", 0.3, 1, inflight=1, batch=4, expected_latency_s=0.01)
-    four = loadgen.run_scenario(sleepy(0.01), SAMPLES, "offline", 0.3, 1, inflight=4, batch=4, expected_latency_s=0.01)
-    assert four["throughput"] > 2.5 * one["throughput"]  # sleeping requests overlap
+    # counted, not timed: requests in flight at once (a timing ratio fails on a loaded machine)
+    run, state = overlapping(0.01)
+    one = loadgen.run_scenario(run, SAMPLES, "offline", 0.3, 1, inflight=1, batch=4, expected_latency_s=0.01)
+    assert state["most"] == 1
+    run, state = overlapping(0.01)
+    four = loadgen.run_scenario(run, SAMPLES, "offline", 0.3, 1, inflight=4, batch=4, expected_latency_s=0.01)
+    assert state["most"] == 4  # every one of the four threads served a request at the same time
     assert one["throughput"] == pytest.approx(one["iterations"] * 4 / one["seconds"], rel=1e-6)
     assert four["loadgen"]["result"] in ("VALID", "INVALID") and "Samples per second" in four["loadgen"]["figures"]
 
 
 def test_server_arrivals_follow_the_target_rate_and_queueing_counts():
-    result = loadgen.run_scenario(
-        sleepy(0.004), SAMPLES, "server", 0.6, 20, inflight=1, expected_latency_s=0.004, rate=80
-    )
-    verdict = result["loadgen"]
-    assert verdict["settings"]["target_qps"] == 80
-    assert verdict["figures"]["Completed samples per second"] == pytest.approx(80, rel=0.35)
-    assert result["latency_ms"]["p50"] >= 4.0  # request latency: issue to completion, queueing included
-    assert "Performance constraints satisfied" in verdict["checks"]
+    rates = []
+    for _ in range(3):  # a rate is timed: a machine busy with other work may starve one attempt
+        result = loadgen.run_scenario(
+            sleepy(0.004), SAMPLES, "server", 0.6, 20, inflight=1, expected_latency_s=0.004, rate=80
+        )
+        verdict = result["loadgen"]
+        assert verdict["settings"]["target_qps"] == 80
+        assert result["latency_ms"]["p50"] >= 4.0  # request latency: issue to completion, queueing included
+        assert "Performance constraints satisfied" in verdict["checks"]
+        rates.append(verdict["figures"]["Completed samples per second"])
+        if rates[-1] == pytest.approx(80, rel=0.35):
+            break
+    assert rates[-1] == pytest.approx(80, rel=0.35), rates
 
 
 def test_multi_stream_queries_carry_eight_samples():
