@@ -150,6 +150,8 @@ def scaling(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
         one = by_threads.get(1)
         if one is None or len(by_threads) < 2:
             continue
+        counts = sorted(by_threads)
+        bend = knee(counts, [throughput(by_threads[t]) for t in counts])  # needs 3 thread counts or more
         for threads, record in sorted(by_threads.items()):
             speedup = throughput(record) / throughput(one)
             rows.append(
@@ -162,6 +164,7 @@ def scaling(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
                     "p50_ms": record["latency_ms"]["p50"],
                     "speedup": speedup,
                     "efficiency": speedup / threads,
+                    "knee_threads": bend,
                 }
             )
     return rows

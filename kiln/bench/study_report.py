@@ -156,12 +156,14 @@ def _scaling_table(records: list[dict[str, Any]]) -> str:
         return "<p>no thread sweep with a one-thread point</p>"
     body = "".join(
         f"<tr><td class=l>{_esc(r['model'])}</td><td class=l>{_esc(r['variant'])}</td><td>{r['batch']}</td>"
-        f"<td>{r['threads']}</td><td>{r['p50_ms']:.2f}</td><td>{r['speedup']:.2f}x</td><td>{r['efficiency']:.0%}</td></tr>"
+        f"<td>{r['threads']}</td><td>{r['p50_ms']:.2f}</td><td>{r['speedup']:.2f}x</td><td>{r['efficiency']:.0%}</td>"
+        f"<td>{r['knee_threads'] if r['knee_threads'] is not None else '-'}</td></tr>"
         for r in rows
     )
     return (
         "<table><tr><th>model</th><th>backend</th><th>batch</th><th>threads</th><th>p50 ms</th>"
-        f"<th>speedup vs 1 thread</th><th>parallel efficiency</th></tr>{body}</table>"
+        f"<th>speedup vs 1 thread</th><th>parallel efficiency</th><th>knee (threads; 3 counts or more)</th></tr>"
+        f"{body}</table>"
     )
 
 

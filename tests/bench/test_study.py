@@ -129,6 +129,19 @@ def test_breaking_point_per_sample_latency_tail_bound_and_oom():
     assert (curve.breaking["batch"], curve.breaking["reason"]) == (4, "out of memory")
 
 
+def test_thread_knee_and_throughput_per_watt():
+    records = [_record(1, 40.0, threads=1), _record(1, 21.0, threads=2), _record(1, 12.0, threads=4)]
+    records += [_record(1, 11.5, threads=8)]  # 25, 48, 83, 87 samples/s: flat past 4 threads
+    assert {r["knee_threads"] for r in analysis.scaling(records)} == {4}
+    lean = _record(4, 20.0, backend="onnxruntime", energy={"joules_per_inference": 0.5})  # 8 samples per joule
+    hungry = _record(8, 30.0, energy={"joules_per_inference": 2.0})  # 4 samples per joule
+    best = {(r["variant"], r["objective"]): r["record"] for r in analysis.best([lean, hungry])}
+    assert analysis.samples_per_joule(best[("onnxruntime fp32", "throughput per watt")]) == 8.0
+    (win,) = [w for w in analysis.winners([lean, hungry]) if w["objective"] == "throughput per watt"]
+    assert win["ranked"][0]["variant"] == "onnxruntime fp32"
+    assert analysis.margin(win["ranked"][0]["record"], win["ranked"][1]["record"], "throughput per watt") == 2.0
+
+
 def test_speedup_best_configuration_and_pareto_front():
     records = [
         _record(1, 10.0, threads=1),
