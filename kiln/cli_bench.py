@@ -10,7 +10,7 @@ import click
 from rich.table import Table
 
 from kiln import cli_support
-from kiln.cli_support import console, out, split_values
+from kiln.cli_support import console, dataset_option, out, split_values, weights_option
 
 
 @click.group(invoke_without_command=True)
@@ -103,23 +103,15 @@ from kiln.cli_support import console, out, split_values
     default=None,
     help="SQLite results database. [default: OUT/results.db]",
 )
-@click.option(
-    "--dataset",
-    type=str,
-    default=None,
-    callback=lambda ctx, param, value: _dataset(value),
-    help="Labelled image folder (DIR/<class>/<image>, preprocessed as torchvision does for the model) "
+@dataset_option(
+    "Labelled image folder (DIR/<class>/<image>, preprocessed as torchvision does for the model) "
     "for top-1 accuracy of classifiers, or 'digits': scikit-learn's real 8x8 digits (the held-out 450) "
     "for the digits-mlp and digits-cnn zoo models.",
 )
 @click.option("--dataset-limit", type=int, default=None, help="Use at most this many dataset images.")
-@click.option(
-    "--weights",
-    "weights",
-    multiple=True,
-    metavar="MODEL=FILE",
-    help="A zoo model's state_dict (torchvision's parameter names; read with weights_only, so it runs no "
-    "code), exported in place of the random weights. Repeatable.",
+@weights_option(
+    "A zoo model's state_dict (torchvision's parameter names; read with weights_only, so it runs no "
+    "code), exported in place of the random weights. Repeatable."
 )
 @click.option(
     "--memory-limit",
@@ -194,25 +186,6 @@ def bench(ctx: click.Context, **options) -> None:  # type: ignore[no-untyped-def
         sys.exit(1)
 
 
-def _dataset(value: str | None) -> str | None:
-    """--dataset: 'digits' or a folder that exists."""
-    if value is None or value == "digits":
-        return value
-    if not Path(value).is_dir():
-        raise click.BadParameter(f"{value!r}: not a folder (give DIR/<class>/<image>, or 'digits')")
-    return value
-
-
-def _weights(values: tuple[str, ...]) -> dict[str, str]:
-    from kiln.zoo import MODELS
-    from kiln.zoo.weights import WeightsError, parse_weights
-
-    try:
-        return parse_weights(list(values), MODELS)
-    except WeightsError as err:
-        raise click.BadParameter(str(err), param_hint="--weights") from None
-
-
 def _bench_config(options: dict):  # type: ignore[no-untyped-def]
     from kiln import zoo as models
     from kiln.bench.backends import DEFAULT_BACKENDS, FPGA_BACKENDS, GPU_BACKENDS
@@ -246,7 +219,7 @@ def _bench_config(options: dict):  # type: ignore[no-untyped-def]
         dataset=options["dataset"],
         dataset_limit=options["dataset_limit"],
         memory_limit_mb=options.get("memory_limit_mb"),
-        weights=_weights(options.get("weights", ())),
+        weights=options.get("weights") or {},
         plugins=list(options["plugins"]),
         agreement=not options["no_agreement"],
     )

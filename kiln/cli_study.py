@@ -11,7 +11,7 @@ from typing import Any
 
 import click
 
-from kiln.cli_support import console, out, split_values
+from kiln.cli_support import console, dataset_option, out, split_values, weights_option
 
 
 def _ints(name: str):  # type: ignore[no-untyped-def]
@@ -102,16 +102,11 @@ DEFAULT_OUT = Path("reports/study")
     show_default=True,
     help="A tail latency (p99, or the maximum below 100 samples) past it is a breaking point.",
 )
-@click.option(
-    "--dataset", default=None, help="Labelled image folder or 'digits' (as kiln bench --dataset): top-1 per point."
-)
+@dataset_option("Labelled image folder or 'digits' (as kiln bench --dataset): top-1 per point.")
 @click.option("--dataset-limit", type=click.IntRange(1), default=None, help="Use at most this many dataset images.")
-@click.option(
-    "--weights",
-    "weights",
-    multiple=True,
-    metavar="MODEL=FILE",
-    help="A zoo model's state_dict (torchvision's names); with --dataset the report compares top-1 with the published figure. Repeatable.",
+@weights_option(
+    "A zoo model's state_dict (torchvision's names); with --dataset the report compares top-1 with the "
+    "published figure. Repeatable."
 )
 @click.option("--no-agreement", is_flag=True, help="Skip comparing outputs with kiln's reference interpreter.")
 @click.option(
@@ -169,8 +164,6 @@ def study(**options: Any) -> None:
 
 def _config(options: dict[str, Any]):  # type: ignore[no-untyped-def]
     from kiln.bench import study as studies
-    from kiln.zoo import MODELS
-    from kiln.zoo.weights import parse_weights
 
     return studies.StudyConfig(
         models=split_values(options["models"]) or ["resnet50", "bert-base"],
@@ -187,9 +180,9 @@ def _config(options: dict[str, Any]):  # type: ignore[no-untyped-def]
         timeout=options["timeout"],
         memory_limit_mb=options["memory_limit_mb"],
         latency_bound_ms=options["latency_bound_ms"],
-        dataset=_dataset(options["dataset"]),
+        dataset=options["dataset"],
         dataset_limit=options["dataset_limit"],
-        weights=parse_weights(list(options["weights"]), MODELS),
+        weights=options["weights"],
         agreement=not options["no_agreement"],
         breakdown=not options["no_breakdown"],
         plugins=list(options["plugins"]),
@@ -236,16 +229,6 @@ def _default_threads() -> list[int]:
     except AttributeError:
         usable = os.cpu_count() or 1
     return sorted({1, usable})
-
-
-def _dataset(value: str | None) -> str | None:
-    if value is None or value == "digits":
-        return value
-    if not Path(value).is_dir():
-        raise click.BadParameter(
-            f"{value!r}: not a folder (give DIR/<class>/<image>, or 'digits')", param_hint="--dataset"
-        )
-    return value
 
 
 def _run_with_progress(found, retry_failed: bool) -> dict:  # type: ignore[no-untyped-def]
@@ -320,13 +303,7 @@ def _print_answers(run: dict, as_json: bool) -> None:
         record = row["record"]
         if record is None:
             continue
-        figure = (
-            f"p50 {record['latency_ms']['p50']:.2f} ms"
-            if row["objective"] == "latency"
-            else f"{analysis.throughput(record):.1f}/s"
-            if row["objective"] == "throughput"
-            else f"{analysis.samples_per_joule(record):.1f}/J"
-        )
+        figure = analysis.figure_text(record, row["objective"])
         table.add_row(
             row["model"],
             row["variant"],

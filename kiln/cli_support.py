@@ -170,3 +170,33 @@ def output_option(what: str, required: bool = False):  # type: ignore[no-untyped
     return click.option(
         "-o", "--output", "output", type=click.Path(dir_okay=False, path_type=Path), required=required, help=what
     )
+
+
+def _dataset_value(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """--dataset: 'digits' or a folder that exists."""
+    if value is None or value == "digits":
+        return value
+    if not Path(value).is_dir():
+        raise click.BadParameter(f"{value!r}: not a folder (give DIR/<class>/<image>, or 'digits')")
+    return value
+
+
+def dataset_option(help: str):  # type: ignore[no-untyped-def]
+    """--dataset (kiln bench, kiln study): a labelled image folder or 'digits', checked."""
+    return click.option("--dataset", type=str, default=None, callback=_dataset_value, help=help)
+
+
+def _weights_value(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]) -> dict[str, str]:
+    """--weights MODEL=FILE items -> {zoo model: the file's absolute path}, each a regular file."""
+    from kiln.zoo import MODELS
+    from kiln.zoo.weights import WeightsError, parse_weights
+
+    try:
+        return parse_weights(list(values), MODELS)
+    except WeightsError as err:
+        raise click.BadParameter(str(err)) from None
+
+
+def weights_option(help: str):  # type: ignore[no-untyped-def]
+    """--weights MODEL=FILE (kiln bench, kiln study), repeatable, parsed and checked."""
+    return click.option("--weights", multiple=True, metavar="MODEL=FILE", callback=_weights_value, help=help)

@@ -201,13 +201,23 @@ def best(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return rows
 
 
+def figure_text(record: dict[str, Any], objective: str) -> str:
+    """The point's figure for the objective, with its unit."""
+    if objective == "latency":
+        return f"p50 {record['latency_ms']['p50']:.2f} ms"
+    if objective == "throughput":
+        return f"{throughput(record):.1f} samples/s"
+    return f"{samples_per_joule(record):.1f} samples/J"
+
+
 def winners(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per model and objective: the best point of all, and the best of every other backend
     variant (its margin is the winner's lead over the runner-up)."""
     found = []
+    rows = best(records)
     for model in sorted({r["model"] for r in records if r["scenario"] != "breakdown"}):
         for objective in OBJECTIVES:
-            ranked = [row for row in best(records) if row["model"] == model and row["objective"] == objective]
+            ranked = [row for row in rows if row["model"] == model and row["objective"] == objective]
             ranked = [row for row in ranked if row["record"] is not None]
             ranked.sort(key=lambda row: -score(row["record"], objective))  # type: ignore[operator]
             if ranked:

@@ -395,13 +395,13 @@ def _summary_tables(groups: list[dict[str, Any]]) -> str:
     return "".join(parts)
 
 
-def machine_line(run: dict[str, Any]) -> str:
-    machine = run["machine"]
+def machine_line(machine: dict[str, Any], threads: int | None = None) -> str:
+    """The machine in one line (HTML), and the threads every backend had where one count was used."""
     flags = ", ".join(machine.get("flags", []))
     return (
         f"{html.escape(str(machine.get('cpu', '?')))} ({html.escape(flags)}), {machine.get('usable_cpus', '?')} usable CPUs, "
-        f"{machine.get('memory_gb', '?')} GB, {html.escape(str(machine.get('os', '?')))}; "
-        f"{run['config']['threads']} thread(s) per backend"
+        f"{machine.get('memory_gb', '?')} GB, {html.escape(str(machine.get('os', '?')))}"
+        + (f"; {threads} thread(s) per backend" if threads is not None else "")
     )
 
 
@@ -479,7 +479,7 @@ img {{ max-width: 100%; }}
 pre {{ background: #f7f7f7; padding: 1em; font-size: 12px; }}
 </style></head><body>
 <h1>kiln bench — run {run["run_id"]}</h1>
-<p class=machine>{run["created"]} · {machine_line(run)}</p>
+<p class=machine>{run["created"]} · {machine_line(run["machine"], run["config"]["threads"])}</p>
 {_nodes_table(run)}
 <h2>Summary: latency relative to the fastest backend (lower is better)</h2>
 {overview_html}

@@ -51,16 +51,7 @@ class BenchConfig:
     cold_compile: bool = True  # kiln's timed compile with its caches empty (a study: its first point only)
 
     def validate(self) -> None:
-        import importlib
-
-        for plugin in self.plugins:
-            importlib.import_module(plugin)  # plugins may register extra backends
-        unknown = [b for b in self.backends if b not in BACKENDS]
-        if unknown:
-            raise KilnError(f"unknown backend(s) {unknown}; available: {', '.join(BACKENDS)}")
-        bad = [s for s in self.scenarios if s not in SCENARIOS]
-        if bad:
-            raise KilnError(f"unknown scenario(s) {bad}; available: {', '.join(SCENARIOS)}")
+        check_names(self.plugins, self.backends, self.scenarios)
         if self.threads < 1 or self.duration <= 0 or any(b < 1 for b in self.batches):
             raise KilnError("threads, duration and batch sizes must be positive")
         for name in self.models:
@@ -76,6 +67,23 @@ class BenchConfig:
         if low < 1:
             raise KilnError(f"a variable batch starts at 1 or more, not {low}")
         return low, high
+
+
+def check_names(
+    plugins: list[str], backends: list[str], scenarios: list[str], offered: Callable[[], list[str]] | None = None
+) -> None:
+    """Import the plugins (they may register backends), then refuse unknown backends and
+    scenarios, listing what is there (``offered``: the backend names to list, else every one)."""
+    import importlib
+
+    for plugin in plugins:
+        importlib.import_module(plugin)
+    unknown = [b for b in backends if b not in BACKENDS]
+    if unknown:
+        raise KilnError(f"unknown backend(s) {unknown}; available: {', '.join(offered() if offered else BACKENDS)}")
+    bad = [s for s in scenarios if s not in SCENARIOS]
+    if bad:
+        raise KilnError(f"unknown scenario(s) {bad}; available: {', '.join(SCENARIOS)}")
 
 
 Progress = Callable[[str, dict[str, Any] | None], None]

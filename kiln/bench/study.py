@@ -23,7 +23,7 @@ from kiln.bench import store
 from kiln.bench.backends import BACKENDS
 from kiln.bench.machine import fingerprint
 from kiln.bench.models import resolve_model
-from kiln.bench.runner import SCENARIOS, BenchConfig, run_one, run_worker
+from kiln.bench.runner import BenchConfig, check_names, run_one, run_worker
 from kiln.errors import KilnError
 
 PRECISIONS = ("fp32", "bf16", "int8")
@@ -61,19 +61,10 @@ class StudyConfig:
     plugins: list[str] = field(default_factory=list)
 
     def validate(self) -> None:
-        import importlib
-
-        for plugin in self.plugins:
-            importlib.import_module(plugin)
-        unknown = [b for b in self.backends if b not in BACKENDS]
-        if unknown:
-            raise StudyError(f"unknown backend(s) {unknown}; available: {', '.join(base_backends())}")
+        check_names(self.plugins, self.backends, self.scenarios, offered=base_backends)
         bad = [p for p in self.precisions if p not in PRECISIONS]
         if bad:
             raise StudyError(f"unknown precision(s) {bad}; available: {', '.join(PRECISIONS)}")
-        bad = [s for s in self.scenarios if s not in SCENARIOS]
-        if bad:
-            raise StudyError(f"unknown scenario(s) {bad}; available: {', '.join(SCENARIOS)}")
         if min(self.threads) < 1 or min(self.batches) < 1 or min(self.inflight) < 1 or self.duration <= 0:
             raise StudyError("threads, batch sizes, requests in flight and duration must be positive")
         for name in self.models:

@@ -24,14 +24,6 @@ def _where(record: dict[str, Any]) -> str:
     return f"batch {record['batch']}, {record['threads']} thread(s), {record['scenario']}{flight}"
 
 
-def _figure(record: dict[str, Any], objective: str) -> str:
-    if objective == "latency":
-        return f"p50 {record['latency_ms']['p50']:.2f} ms"
-    if objective == "throughput":
-        return f"{analysis.throughput(record):.1f} samples/s"
-    return f"{analysis.samples_per_joule(record):.1f} samples/J"
-
-
 def answers(records: list[dict[str, Any]]) -> list[str]:
     """The first screen's sentences (HTML), per model and objective."""
     lines = []
@@ -40,14 +32,14 @@ def answers(records: list[dict[str, Any]]) -> list[str]:
         top = ranked[0]["record"]
         text = (
             f"<b>{_esc(found['model'])}</b>, {objective}: <b>{_esc(ranked[0]['variant'])}</b> at "
-            f"{_esc(_where(top))}: {_figure(top, objective)}"
+            f"{_esc(_where(top))}: {analysis.figure_text(top, objective)}"
         )
         rivals = [row for row in ranked[1:] if row["variant"].split()[0] != ranked[0]["variant"].split()[0]]
         if rivals:
             other = rivals[0]["record"]
             text += (
                 f", {analysis.margin(top, other, objective):.2f}x the best other backend "
-                f"({_esc(rivals[0]['variant'])}: {_figure(other, objective)} at {_esc(_where(other))})"
+                f"({_esc(rivals[0]['variant'])}: {analysis.figure_text(other, objective)} at {_esc(_where(other))})"
             )
         text += f"; accuracy {_esc(analysis.accuracy_text(top))}; peak memory {top.get('peak_rss_mb', 0):.0f} MB"
         lines.append(f"{text}<div class=cmd>{_esc(top.get('reproduce', ''))}</div>")
@@ -73,7 +65,7 @@ def _best_table(records: list[dict[str, Any]]) -> str:
             cells.append(
                 "<td class=l>-</td>"
                 if record is None
-                else f"<td class=l><b>{_figure(record, objective)}</b><br>{_esc(_where(record))}"
+                else f"<td class=l><b>{analysis.figure_text(record, objective)}</b><br>{_esc(_where(record))}"
                 f"<div class=cmd>{_esc(record.get('reproduce', ''))}</div></td>"
             )
         top = found.get("throughput") or next(r for r in found.values() if r)
@@ -382,7 +374,7 @@ ul.answers li {{ margin: .25em 0; font-size: 13.5px; }}
 pre {{ background: #f7f7f7; padding: .6em; font-size: 11px; }}
 </style></head><body>
 <h1>kiln study {_esc(run["run_id"])}</h1>
-<p class=machine>{_esc(run["created"])} · {_machine_line_of(run)} · {len(records)} point(s): {_esc(status)}</p>
+<p class=machine>{_esc(run["created"])} · {machine_line(run["machine"])} · {len(records)} point(s): {_esc(status)}</p>
 <div class=cmd>{_esc(command)}</div>
 {interrupted}
 <h2>Answers</h2>
@@ -423,12 +415,6 @@ def _definitions() -> str:
     """The analysis module's definitions, as plain text."""
     text = (analysis.__doc__ or "").split("Definitions", 1)[-1]
     return " ".join(text.replace("**", "").replace("* ", "").split())
-
-
-def _machine_line_of(run: dict[str, Any]) -> str:
-    """The bench report's machine line without its thread count (a study sweeps threads)."""
-    line = machine_line({**run, "config": {"threads": "-"}})
-    return line.rsplit(";", 1)[0]
 
 
 def _weights_section(records: list[dict[str, Any]], config: dict[str, Any]) -> str:

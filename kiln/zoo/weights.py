@@ -10,6 +10,7 @@ are.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import stat
@@ -59,10 +60,17 @@ def regular_file(path: str | Path) -> Path:
 
 
 def digest(path: str | Path) -> str:
-    """The file's SHA-256 (its identity in the export cache and in the report)."""
+    """The file's SHA-256 (its identity in the export cache and in the study): hashed once per
+    process while the file keeps its size and modification time (every model lookup asks)."""
+    resolved = regular_file(path)
+    info = os.stat(resolved)
+    return _sha256(str(resolved), info.st_size, info.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=16)
+def _sha256(path: str, size: int, modified: int) -> str:
     from kiln.integrity import open_regular
 
-    regular_file(path)
     sha = hashlib.sha256()
     with open_regular(path, "weights file") as handle:
         for chunk in iter(lambda: handle.read(1 << 20), b""):

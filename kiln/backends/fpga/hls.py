@@ -21,7 +21,7 @@ the condition is false; a hardware read never leaves its array).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from kiln.backends.fpga import axi
@@ -480,14 +480,7 @@ def _top(
         )
     status = ["(int *)table[0]"] if reports else []
     out.emit(f"kiln_top{number}({', '.join(['s_' + b.name for b in [*inputs, *outputs]] + status)});")
-    for b in outputs:
-        c = "float" if is_float(b) else INT_TYPES.get(b.dtype, "long long")
-        value = f"(float)s_{b.name}.read().to_double()" if is_float(b) else f"({c})s_{b.name}.read()"
-        out.emit(f"{{ {c} *p = ({c} *)table[{slots[b]}]; for (int i = 0; i < {b.size}; ++i) p[i] = {value}; }}")
-    out.emit("return 0;")
-    out.lines.append("}")
-    out.lines.append("#endif")
-    return "\n".join(out.lines)
+    return _outputs_back(out, outputs, slots, lambda b: f"s_{b.name}.read()")
 
 
 def _declare(out: _Function, tensors: list[Buffer], streams: dict[Buffer, Channel], design: Design) -> None:
@@ -556,9 +549,17 @@ def _top_m_axi(
     arguments += [f"kiln_ddr{number} + {r.start}" for r in found]
     arguments += ["(int *)table[0]"] if reports else []
     out.emit(f"kiln_top{number}({', '.join(arguments)});")
+    return _outputs_back(out, outputs, slots, lambda b: f"a_{b.name}[i]")
+
+
+def _outputs_back(
+    out: _Function, outputs: list[Buffer], slots: dict[Buffer, int], element: Callable[[Buffer], str]
+) -> str:
+    """The C simulation's host side, last: each output's elements (``element(b)``: the i-th of the
+    stream or array) back into the runtime's table as float or the output's integer type."""
     for b in outputs:
         c = "float" if is_float(b) else INT_TYPES.get(b.dtype, "long long")
-        value = f"(float)a_{b.name}[i].to_double()" if is_float(b) else f"({c})a_{b.name}[i]"
+        value = f"(float){element(b)}.to_double()" if is_float(b) else f"({c}){element(b)}"
         out.emit(f"{{ {c} *p = ({c} *)table[{slots[b]}]; for (int i = 0; i < {b.size}; ++i) p[i] = {value}; }}")
     out.emit("return 0;")
     out.lines.append("}")
