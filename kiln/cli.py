@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import sys
 import traceback
@@ -19,6 +20,7 @@ from kiln.cli_inspect import explain
 from kiln.cli_study import study
 from kiln.cli_support import configure_logging, console, json_option, out, output_option, target_option
 from kiln.errors import KilnError
+from kiln.output_files import write_output_file
 from kiln.version import __version__
 
 
@@ -130,8 +132,7 @@ def conformance(
     if not as_json:
         _print_report(report, show_failures)
     if output:
-        output.parent.mkdir(parents=True, exist_ok=True)
-        output.write_text(json.dumps(report.to_json(), indent=1))
+        write_output_file(output, json.dumps(report.to_json(), indent=1), "conformance report")
         console.print(f"report written to {output}")
     if as_json:
         click.echo(json.dumps(report.to_json(), indent=1))
@@ -424,7 +425,9 @@ def run_command(artifact: str, inputs: tuple[str, ...], output: Path | None, tar
         )
         out.print(f"  {name}: {array.dtype}{list(array.shape)} {stats}", highlight=False)
     if output:
-        np.savez(output, **{k: np.asarray(v) for k, v in results.items()})
+        buffer = io.BytesIO()
+        np.savez(buffer, **{k: np.asarray(v) for k, v in results.items()})
+        write_output_file(output, buffer.getvalue(), "outputs file")
         out.print(f"wrote {output}")
 
 

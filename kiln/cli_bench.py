@@ -7,10 +7,12 @@ import sys
 from pathlib import Path
 
 import click
+from rich.markup import escape
 from rich.table import Table
 
 from kiln import cli_support
 from kiln.cli_support import console, dataset_option, out, split_values, weights_option
+from kiln.output_files import OutputPathError, ensure_folder
 
 
 @click.group(invoke_without_command=True)
@@ -232,8 +234,7 @@ def _fleet_bench(config, options, out: Path, db: Path, progress):  # type: ignor
     reason = fleet.unavailable()
     if reason:
         raise click.ClickException(reason)
-    workdir = out / ".work"
-    workdir.mkdir(parents=True, exist_ok=True)
+    workdir = ensure_folder(out / ".work", "work folder", parents=True)
     console.print(f"kiln bench on the Ray cluster at {options['cluster']}: {config.threads} thread(s) per job")
     try:
         return fleet.run_fleet(
@@ -264,8 +265,8 @@ def _write_bench(run: dict, out: Path, db: Path) -> None:
         if not run.get("streamed"):  # a fleet run stored each record as it arrived
             store.save_run(db, run)
         console.print(f"stored as run {run['run_id']} in {db}")
-    except store.CorruptDatabase as err:
-        console.print(f"[red]warning:[/] {err}; results are in {run_dir}", highlight=False)
+    except (store.CorruptDatabase, store.DatabaseLocked, OutputPathError) as err:
+        console.print(f"[red]warning:[/] {escape(str(err))}; results are in {run_dir}", highlight=False)
     for kind, path in paths.items():
         console.print(f"{kind}: {path}")
 

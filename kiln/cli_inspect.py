@@ -18,11 +18,13 @@ from kiln.cli_support import (
     import_bound,
     json_option,
     out,
+    output_file_value,
     precision_option,
     split_ranges,
     target_option,
 )
 from kiln.lower.kir import kernel_precision
+from kiln.output_files import write_output_file
 
 
 @click.command()
@@ -57,6 +59,7 @@ from kiln.lower.kir import kernel_precision
     "--trace",
     type=click.Path(dir_okay=False, writable=True, path_type=Path),
     default=None,
+    callback=output_file_value,
     help="Write one inference's kernels as a Chrome/Perfetto trace (JSON; open in ui.perfetto.dev). Implies --profile.",
 )
 @click.option(
@@ -365,7 +368,7 @@ def _explain_profile(model: str, graph, binding: dict[str, int], shown: tuple, t
     if trace is not None:
         from kiln.driver.profile import chrome_trace
 
-        trace.write_text(json.dumps(chrome_trace(result, runs, f"{model} on {target.name}")))
+        write_output_file(trace, json.dumps(chrome_trace(result, runs, f"{model} on {target.name}")), "trace")
         out.print(f"trace written to {trace} (open it in ui.perfetto.dev)")
     with console.status("measuring the matrix-multiply peak..."):
         peak = matmul_peak()

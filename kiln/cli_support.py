@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import os
+import stat
 from pathlib import Path
 
 import click
 from rich.console import Console
+
+from kiln.output_files import OutputPathError, check_output_file
 
 # Results go to stdout, progress and notes to stderr. In a terminal, tables fit its width; piped to
 # a file or a program they are written at full width (rich's default there would wrap at 80).
@@ -165,10 +169,31 @@ def json_option(what: str):  # type: ignore[no-untyped-def]
     return click.option("--json", "as_json", is_flag=True, help=f"Print {what} as JSON on stdout.")
 
 
+def output_file_value(ctx: click.Context, param: click.Parameter, value: Path | None) -> Path | None:
+    """An output path checked before any work: absent, a regular file, or (for a project) a real
+    folder; a link, FIFO or device there is refused at once, never followed or written later."""
+    if value is None:
+        return value
+    try:
+        if not stat.S_ISDIR(os.lstat(value).st_mode):
+            check_output_file(value, "output")
+    except FileNotFoundError:
+        pass
+    except OutputPathError as err:
+        raise click.BadParameter(str(err)) from None
+    return value
+
+
 def output_option(what: str, required: bool = False):  # type: ignore[no-untyped-def]
     """``-o/--output FILE``: where the command writes its result (the same name on every command)."""
     return click.option(
-        "-o", "--output", "output", type=click.Path(dir_okay=False, path_type=Path), required=required, help=what
+        "-o",
+        "--output",
+        "output",
+        type=click.Path(dir_okay=False, path_type=Path),
+        required=required,
+        callback=output_file_value,
+        help=what,
     )
 
 

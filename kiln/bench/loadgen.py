@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from kiln.bench.metrics import latency_stats, rss_bytes
+from kiln.output_files import ensure_folder
 
 RSS_SAMPLES = 50  # at least this many RSS samples per run (at most twice as many)
 
@@ -74,7 +75,7 @@ def run_scenario(
     qsl = lg.ConstructQSL(count, count, lambda _: None, lambda _: None)
     with tempfile.TemporaryDirectory(prefix="kiln-loadgen-") as scratch:
         out = Path(log_dir or scratch)
-        out.mkdir(parents=True, exist_ok=True)
+        ensure_folder(out, "LoadGen log folder", parents=True)
         log_settings = lg.LogSettings()
         log_settings.log_output.outdir = str(out)
         log_settings.log_output.copy_summary_to_stdout = False

@@ -13,6 +13,7 @@ from typing import Any
 from rich.table import Table
 
 from kiln.bench.loadgen import verdict_text
+from kiln.output_files import ensure_folder, write_output_file
 
 COLUMNS = (
     ("node", lambda r: node_of(r) or "-"),  # a fleet run's hardware class (this machine: "-")
@@ -185,16 +186,17 @@ def notes(run: dict[str, Any]) -> list[str]:
 
 
 def write_json(run: dict[str, Any], path: Path) -> None:
-    path.write_text(json.dumps(run, indent=1, default=str))
+    write_output_file(path, json.dumps(run, indent=1, default=str), "results file")
 
 
 def write_csv(run: dict[str, Any], path: Path) -> None:
     rows = [_flatten(r) for r in run["records"]]
     fields = sorted({k for row in rows for k in row})
-    with path.open("w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=fields)
-        writer.writeheader()
-        writer.writerows(rows)
+    handle = io.StringIO(newline="")
+    writer = csv.DictWriter(handle, fieldnames=fields)
+    writer.writeheader()
+    writer.writerows(rows)
+    write_output_file(path, handle.getvalue(), "results file")
 
 
 def _flatten(record: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -460,7 +462,8 @@ def write_html(run: dict[str, Any], path: Path) -> None:
     distribution_html = (
         f'<img alt="latency distributions" src="data:image/png;base64,{distribution}">' if distribution else "<p>-</p>"
     )
-    path.write_text(
+    write_output_file(
+        path,
         f"""<!doctype html>
 <html><head><meta charset="utf-8"><title>kiln bench {run["run_id"]}</title>
 <style>
@@ -492,12 +495,13 @@ pre {{ background: #f7f7f7; padding: 1em; font-size: 12px; }}
 <h2>Machine</h2><pre>{machine}</pre>
 <h2>Configuration</h2><pre>{config}</pre>
 </body></html>
-"""
+""",
+        "report",
     )
 
 
 def write_all(run: dict[str, Any], out_dir: Path) -> dict[str, Path]:
-    out_dir.mkdir(parents=True, exist_ok=True)
+    ensure_folder(out_dir, "report folder", parents=True)
     paths = {"json": out_dir / "results.json", "csv": out_dir / "results.csv", "html": out_dir / "report.html"}
     write_json(run, paths["json"])
     write_csv(run, paths["csv"])

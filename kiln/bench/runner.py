@@ -20,6 +20,7 @@ from kiln.bench.machine import fingerprint
 from kiln.bench.models import BenchModel, resolve_model
 from kiln.bench.worker import thread_environment
 from kiln.errors import KilnError
+from kiln.output_files import ensure_folder
 
 SCENARIOS = ("single-stream", "multi-stream", "server", "offline")  # MLPerf LoadGen's (kiln.bench.loadgen)
 
@@ -117,7 +118,7 @@ def run_bench(config: BenchConfig, workdir: Path, progress: Progress | None = No
         "interrupted": False,
     }
     jobs = plan(config)
-    workdir.mkdir(parents=True, exist_ok=True)
+    ensure_folder(workdir, "work folder", parents=True)
     references: dict[tuple[str, int], str | None] = {}
     try:
         for model in {(m.label, m.batch): m for m, _, _ in jobs}.values():

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sqlite3
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from kiln.errors import KilnError
+from kiln.output_files import check_output_file
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (run_id TEXT PRIMARY KEY, created TEXT, machine TEXT, config TEXT);
@@ -22,14 +25,54 @@ class CorruptDatabase(KilnError):
     """The results database cannot be read; it is left untouched."""
 
 
-def open_db(path: Path) -> sqlite3.Connection:
+class DatabaseLocked(KilnError):
+    """Another process holds the results database's write lock longer than kiln waits."""
+
+
+WAIT_SECONDS = 60.0  # how long a writer waits for another process's transaction (a bench beside a study)
+
+
+def open_db(path: Path, wait: float = WAIT_SECONDS) -> sqlite3.Connection:
+    """The results database at ``path`` (made if missing). A link, FIFO or folder there, or at
+    SQLite's journal names beside it, is refused (OutputPathError), never followed; a database
+    another process keeps locked past ``wait`` seconds is a DatabaseLocked; an unreadable one a
+    CorruptDatabase (left untouched)."""
+    for name in (path, Path(f"{path}-journal"), Path(f"{path}-wal"), Path(f"{path}-shm")):
+        check_output_file(name, "results database")
     try:
-        connection = sqlite3.connect(path)
+        connection = sqlite3.connect(path, timeout=wait)
+    except sqlite3.DatabaseError as err:
+        raise _named(err, path, wait) from None
+    try:
         connection.executescript(SCHEMA)
         connection.execute("SELECT count(*) FROM runs").fetchone()
         return connection
     except sqlite3.DatabaseError as err:
-        raise CorruptDatabase(f"results database {path} is unreadable ({err}); it was not modified") from None
+        connection.close()
+        raise _named(err, path, wait) from None
+
+
+def _named(err: sqlite3.DatabaseError, path: Path, wait: float) -> KilnError:
+    if isinstance(err, sqlite3.OperationalError) and ("locked" in str(err) or "busy" in str(err)):
+        return DatabaseLocked(
+            f"results database {path} is locked by another process (a kiln bench or kiln study writing to it?); "
+            f"waited {wait:g} s: run again when it has finished, or give another --db"
+        )
+    return CorruptDatabase(f"results database {path} is unreadable ({err}); it was not modified")
+
+
+@contextlib.contextmanager
+def _database(path: Path) -> Iterator[sqlite3.Connection]:
+    """An open database for one transaction (committed at the end), closed however it ends; SQLite's
+    errors on the way are named (locked, unreadable)."""
+    connection = open_db(path)
+    try:
+        with connection:
+            yield connection
+    except sqlite3.DatabaseError as err:
+        raise _named(err, path, WAIT_SECONDS) from None
+    finally:
+        connection.close()
 
 
 def save_run(path: Path, run: dict[str, Any]) -> None:
@@ -39,18 +82,15 @@ def save_run(path: Path, run: dict[str, Any]) -> None:
 
 def start_run(path: Path, run: dict[str, Any]) -> None:
     """The run's row (its records follow with ``add_records``, as they arrive: a fleet streams them)."""
-    connection = open_db(path)
-    with connection:
+    with _database(path) as connection:
         connection.execute(
             "INSERT OR REPLACE INTO runs VALUES (?, ?, ?, ?)",
             (run["run_id"], run["created"], json.dumps(run["machine"]), json.dumps(run["config"])),
         )
-    connection.close()
 
 
 def add_records(path: Path, run_id: str, records: list[dict[str, Any]]) -> None:
-    connection = open_db(path)
-    with connection:
+    with _database(path) as connection:
         connection.executemany(
             "INSERT INTO records VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
             [
@@ -58,23 +98,19 @@ def add_records(path: Path, run_id: str, records: list[dict[str, Any]]) -> None:
                 for r in records
             ],
         )
-    connection.close()
 
 
 def list_runs(path: Path) -> list[tuple[str, str, int]]:
-    connection = open_db(path)
-    rows = connection.execute(
-        "SELECT runs.run_id, created, count(records.run_id) FROM runs LEFT JOIN records USING (run_id) GROUP BY runs.run_id ORDER BY created"
-    ).fetchall()
-    connection.close()
-    return rows
+    with _database(path) as connection:
+        return connection.execute(
+            "SELECT runs.run_id, created, count(records.run_id) FROM runs LEFT JOIN records USING (run_id) GROUP BY runs.run_id ORDER BY created"
+        ).fetchall()
 
 
 def load_records(path: Path, run_id: str) -> list[dict[str, Any]]:
-    connection = open_db(path)
-    rows = connection.execute("SELECT data FROM records WHERE run_id = ?", (run_id,)).fetchall()
-    known = connection.execute("SELECT 1 FROM runs WHERE run_id = ?", (run_id,)).fetchone()
-    connection.close()
+    with _database(path) as connection:
+        rows = connection.execute("SELECT data FROM records WHERE run_id = ?", (run_id,)).fetchall()
+        known = connection.execute("SELECT 1 FROM runs WHERE run_id = ?", (run_id,)).fetchone()
     if not known:
         raise KilnError(f"no run {run_id!r} in {path}; list them with `kiln bench runs`")
     return [json.loads(r[0]) for r in rows]

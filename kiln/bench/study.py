@@ -25,6 +25,7 @@ from kiln.bench.machine import fingerprint
 from kiln.bench.models import resolve_model
 from kiln.bench.runner import BenchConfig, check_names, run_one, run_worker
 from kiln.errors import KilnError
+from kiln.output_files import ensure_folder
 
 PRECISIONS = ("fp32", "bf16", "int8")
 # statuses that end a backend's sweep over larger batches (a larger batch needs more, not less)
@@ -286,8 +287,8 @@ def open_study(config: StudyConfig, out: Path, db: Path) -> Study:
     folder = out / identity
     if folder.is_symlink() or (folder.exists() and not folder.is_dir()):
         raise StudyError(f"{folder} is not a folder kiln made (kiln follows no link in its own folders): remove it")
-    folder.mkdir(parents=True, exist_ok=True)
-    db.parent.mkdir(parents=True, exist_ok=True)
+    ensure_folder(folder, "study folder", parents=True)
+    ensure_folder(db.parent, "results database's folder", parents=True)
     store.start_run(db, run)
     return Study(config, db, folder, run, done)
 
@@ -378,8 +379,7 @@ def _run_point(study: Study, point: Point, ended: dict, compiled: set, progress:
     first = (point.model, point.backend, point.precision) not in compiled
     bench.cold_compile = first
     progress(f"running {_describe(point)}", None)
-    work = study.folder / ".work"
-    work.mkdir(exist_ok=True)
+    work = ensure_folder(study.folder / ".work", "work folder")
     record = run_one(model, bench.backends[0], point.scenario, bench, reference, work, progress)
     if record["status"] == "ok":
         compiled.add((point.model, point.backend, point.precision))
@@ -388,8 +388,7 @@ def _run_point(study: Study, point: Point, ended: dict, compiled: set, progress:
 
 def _reference(study: Study, model: Any, bench: BenchConfig) -> str | None:
     """kiln's reference outputs for the model at this batch, computed once per study."""
-    folder = study.folder / "references"
-    folder.mkdir(parents=True, exist_ok=True)
+    folder = ensure_folder(study.folder / "references", "references folder")
     path = folder / f"reference-{model.label}-b{model.batch}.npz"
     if path.is_symlink() or (path.exists() and not path.is_file()):
         raise StudyError(f"{path} is not a file kiln wrote (a link, or not a regular file): remove it")

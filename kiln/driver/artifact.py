@@ -37,6 +37,7 @@ from kiln.backends import backend
 from kiln.errors import KilnError
 from kiln.ir.parser import ParseError, parse_graph
 from kiln.ir.printer import print_graph, tensor_data
+from kiln.output_files import OutputPathError, check_output_file
 from kiln.version import __version__
 
 FORMAT = "kiln-artifact"
@@ -106,10 +107,10 @@ def save(model: Any, path: str | os.PathLike) -> Path:
         for number, product in enumerate(products):
             members[f"build/{key}/{number}{Path(product).suffix}"] = Path(product).read_bytes()
     manifest = {"sha256": {name: hashlib.sha256(content).hexdigest() for name, content in members.items()}}
-    try:  # a new file or a regular one replaced: never a device, a FIFO or a folder (-o /dev/null)
-        integrity.check_regular(path, "output")
-    except integrity.IrregularFile as err:
-        raise ArtifactError(f"{err}: kiln writes an artifact only to a regular file") from None
+    try:  # a new file or a regular one replaced: never a link, a device, a FIFO or a folder (-o /dev/null)
+        check_output_file(path, "artifact")
+    except OutputPathError as err:
+        raise ArtifactError(str(err)) from None
     # written beside it under a name of its own (never one someone else could have planted), then renamed
     try:
         handle, partial_name = tempfile.mkstemp(prefix=f".{path.name[:64]}.", suffix=".partial", dir=path.parent)

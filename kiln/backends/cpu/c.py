@@ -8,7 +8,6 @@ import contextvars
 import dataclasses
 import itertools
 import math
-import re
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -47,6 +46,7 @@ from kiln.lower.kir import (
     run_time_dim,
     shared_nodes,
 )
+from kiln.source_text import c_comment
 
 C_TYPES = {
     DType.FLOAT32: "float",
@@ -464,7 +464,7 @@ def emit_kernel(kernel: Kernel, used: list[Buffer], table: dict[Buffer, int], na
     body = statements(kernel.body, kernel.schedule, "  ", outline, [])
     lines.extend(outline.parts)  # the outlined parallel loops, before the function calling them
     lines.append(f"static __attribute__((noinline)) void {name}(void **buffers) {{")
-    lines.append(f"  /* {comment(kernel.kind)} */")
+    lines.append(f"  /* {c_comment(kernel.kind)} */")
     lines.extend(_buffer_declarations(used, table, "  "))
     lines.extend(outline.length)
     lines.extend(body)
@@ -475,11 +475,6 @@ def emit_kernel(kernel: Kernel, used: list[Buffer], table: dict[Buffer, int], na
 def kernel_buffers(kernel: Kernel) -> list[Buffer]:
     """Every buffer a kernel's function needs (its helpers' too: ``buffers_in`` walks them)."""
     return list(dict.fromkeys([*kernel.reads, *kernel.writes, *buffers_in(kernel.body)]))
-
-
-def comment(text: str) -> str:
-    """``text`` reduced to what is safe inside a C comment (kiln's own words only, but never trust)."""
-    return re.sub(r"[^A-Za-z0-9_+ .,:-]", "?", text)
 
 
 def generated_names(root: object, found: dict[str, None]) -> None:

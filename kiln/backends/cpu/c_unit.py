@@ -15,7 +15,6 @@ from kiln.backends.cpu.c import (
     DEBUG_PRELUDE,
     PRELUDE,
     PROFILE_PRELUDE,
-    comment,
     emit_kernel,
     generated_names,
     helper_functions,
@@ -25,6 +24,7 @@ from kiln.backends.cpu.c_engines import narrow_products
 from kiln.backends.cpu.target import CpuTarget
 from kiln.lower.kir import Buffer, Kernel
 from kiln.lower.target import Target
+from kiln.source_text import c_comment
 
 
 class Templates:
@@ -77,7 +77,7 @@ def emit_segment(
         name, used = templates.function_for(kernel)
         # which model nodes a kernel computes is in the plan's side table (kernel.sources), never
         # here: model text in generated code would be code the model's author wrote
-        lines.append(f"  /* {comment(kernel.name)} ({comment(kernel.kind)}) */")
+        lines.append(f"  /* {c_comment(kernel.name)} ({c_comment(kernel.kind)}) */")
         lines.append("  {")
         if profile is not None:
             lines.append("    double kiln_started = kiln_now();")

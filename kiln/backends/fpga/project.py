@@ -23,7 +23,8 @@ from kiln.backends.fpga.formats import Design, is_float
 from kiln.backends.fpga.hls import DESIGN_MARK
 from kiln.backends.fpga.target import FpgaTarget
 from kiln.backends.registry import PlanFacts
-from kiln.errors import KilnError
+from kiln.output_files import OutputFolder
+from kiln.source_text import c_string, tcl_comment
 
 
 def write_project(
@@ -36,31 +37,24 @@ def write_project(
     inputs: list[np.ndarray],
     expected: list[np.ndarray],
 ) -> list[Path]:
-    """The project's files under ``folder`` (made if missing; files kiln writes only)."""
-    if folder.exists() and not folder.is_dir():
-        raise KilnError(f"{folder} exists and is not a folder: the fpga target writes a project folder")
-    if folder.is_symlink():
-        raise KilnError(f"{folder} is a symbolic link: kiln writes its project into a real folder")
-    (folder / "firmware").mkdir(parents=True, exist_ok=True)
-    (folder / "tb").mkdir(exist_ok=True)
+    """The project's files under ``folder`` (made if missing; files kiln writes only). A link, FIFO
+    or non-folder at the folder or anywhere inside it is refused (OutputPathError), never followed."""
     written = []
-
-    def put(name: str, text: str) -> None:
-        path = folder / name
-        if path.is_symlink():
-            raise KilnError(f"{path} is a symbolic link: not overwritten")
-        path.write_text(text)
-        written.append(path)
-
-    put("firmware/kiln_model.cpp", source)
-    put("firmware/kiln_model.h", header(source))
-    put("tb/inputs.dat", "\n".join(" ".join(repr(float(v)) for v in a.reshape(-1)) for a in inputs) + "\n")
-    put("tb/expected.dat", "\n".join(" ".join(repr(float(v)) for v in a.reshape(-1)) for a in expected) + "\n")
-    put("tb/kiln_tb.cpp", _testbench(design, facts, source))
-    put("build_prj.tcl", _tcl(target))
-    put("estimates.json", json.dumps(estimate_json(found, target), indent=1))
-    put("README.txt", _readme(target))
+    with OutputFolder(folder, "fpga project folder") as root:
+        with root.folder("firmware") as firmware, root.folder("tb") as bench:
+            written.append(firmware.write("kiln_model.cpp", source))
+            written.append(firmware.write("kiln_model.h", header(source)))
+            written.append(bench.write("inputs.dat", _numbers(inputs)))
+            written.append(bench.write("expected.dat", _numbers(expected)))
+            written.append(bench.write("kiln_tb.cpp", _testbench(design, facts, source)))
+        written.append(root.write("build_prj.tcl", _tcl(target)))
+        written.append(root.write("estimates.json", json.dumps(estimate_json(found, target), indent=1)))
+        written.append(root.write("README.txt", _readme(target)))
     return written
+
+
+def _numbers(arrays: list[np.ndarray]) -> str:
+    return "\n".join(" ".join(repr(float(v)) for v in a.reshape(-1)) for a in arrays) + "\n"
 
 
 def estimate_json(found: Estimate, target: FpgaTarget) -> dict[str, Any]:
@@ -126,7 +120,7 @@ def _testbench(design: Design, facts: PlanFacts, source: str) -> str:
         read = f"{got}.to_double()" if is_float(b) else f"(double){got}"
         lines.append(
             f"  for (int i = 0; i < {b.size}; ++i) {{ double v; want >> v; double got = (float){read};"
-            f' if (got != v) {{ if (failures++ < 10) printf("{b.name}[%d]: %.9g, expected %.9g\\n", i, got, v); }} }}'
+            f' if (got != v) {{ if (failures++ < 10) printf("{c_string(b.name)}[%d]: %.9g, expected %.9g\\n", i, got, v); }} }}'
         )
     lines += [
         '  printf(failures ? "FAILED: %d difference(s)\\n" : "PASSED: bit for bit\\n", failures);',
@@ -144,7 +138,7 @@ def _weights(source: str) -> list[str]:
 
 def _tcl(target: FpgaTarget) -> str:
     period = 1000.0 / target.clock_mhz
-    return f"""# vitis_hls -f build_prj.tcl   (written by kiln for {target.spec or "fpga:vitis"})
+    return f"""# vitis_hls -f build_prj.tcl   (written by kiln for {tcl_comment(target.spec or "fpga:vitis")})
 open_project -reset kiln_prj
 set_top kiln_top0
 add_files firmware/kiln_model.cpp -cflags "-std=c++14"

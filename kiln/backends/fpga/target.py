@@ -106,6 +106,9 @@ def parse_variant(variant: str) -> FpgaTarget:
         raise TargetError(f"fpga target attributes clock, reuse and bits are numbers, got {rest!r}") from None
     if not (10 <= clock <= 1000 and 1 <= reuse <= 1 << 20 and 4 <= bits <= 32):
         raise TargetError("fpga target: clock must be 10..1000 MHz, reuse 1..1048576, bits 4..32")
+    # the spec is rebuilt from the parsed values (never the user's raw text: it names the target in
+    # generated sources and reports), so "clock=200\n" and "clock=2e2" both read clock=200
+    settings.update(clock=f"{clock:g}", reuse=str(reuse), bits=str(bits))
     spec = "fpga:vitis" + "".join(f",{k}={settings[k]}" for k in DEFAULTS if settings[k] != DEFAULTS[k])
     return FpgaTarget(
         engines=(),

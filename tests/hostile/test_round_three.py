@@ -1,0 +1,294 @@
+"""The third hostile probe (issue 47): each class it found, tested as a class.
+
+1. A model's names never become code in any generated language (C, HLS C++, its testbench and Tcl,
+   Triton/Python): every name is emitted only through ``kiln.source_text``.
+2. and 3. kiln never writes through a link it did not make, nor into a FIFO or a device, at any path
+   of any command (projects, traces, reports, study folders, databases, artifacts).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper
+
+import kiln
+from kiln.errors import KilnError
+from kiln.output_files import OutputFolder, OutputPathError, ensure_folder, write_output_file
+from kiln.source_text import c_comment, safe_text
+from tests.helpers import make_model
+
+FLOAT = TensorProto.FLOAT
+
+# a name in each generated language's syntax: comment ends, line continuations (a backslash, the
+# trigraph ??/), a newline starting a real line, string and format syntax, Tcl and shell substitutions
+HOSTILE_NAMES = [
+    'x\nstatic int k = std::system("touch PWNED");\n//',
+    "ends in a backslash \\",
+    "ends in a trigraph ??/",
+    "*/ int evil; /*",
+    '"; import os; os.system("touch PWNED") #',
+    "\n__import__('os').system('touch PWNED')",
+    "[exec touch PWNED]; $env(HOME) }{ \\",
+    "%s%n%x $(touch PWNED) `touch PWNED`",
+    "\r\n#define float int\n",
+    "名前🔥",
+]
+
+
+@pytest.fixture(autouse=True)
+def own_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("KILN_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.chdir(tmp_path)  # a PWNED marker would land here
+
+
+def named_mlp(names: list[str]):
+    """x -> MatMul -> Add -> Relu -> MatMul -> y with every value and node named from ``names``."""
+    rng = np.random.default_rng(0)
+    a, b, c, d, w1, b1, w2 = (names[i % len(names)] + f"#{i}" for i in range(7))
+    nodes = [
+        helper.make_node("MatMul", [a, w1], [b], name=names[0]),
+        helper.make_node("Add", [b, b1], [c], name=names[1 % len(names)]),
+        helper.make_node("Relu", [c], [d], name=names[2 % len(names)]),
+        helper.make_node("MatMul", [d, w2], ["y"], name=names[3 % len(names)]),
+    ]
+    inits = {
+        w1: rng.standard_normal((8, 6)).astype(np.float32),
+        b1: rng.standard_normal(6).astype(np.float32),
+        w2: rng.standard_normal((6, 4)).astype(np.float32),
+    }
+    model = make_model(nodes, [(a, FLOAT, [1, 8])], [("y", FLOAT, [1, 4])], inits)
+    feeds = {a: rng.standard_normal((1, 8)).astype(np.float32)}
+    return model, feeds
+
+
+def raw_names_in(text: str, names: list[str]) -> list[str]:
+    """Each hostile name (or its part before a newline, with syntax) found verbatim in ``text``."""
+    found = []
+    for name in names:
+        for piece in [name, *name.splitlines()]:
+            if len(piece) > 3 and safe_text(piece, limit=10_000) != piece and piece in text:
+                found.append(piece)
+    return found
+
+
+def sources_of(compiled) -> list[str]:
+    return [plan.source for plan in compiled.plans if getattr(plan, "source", "")]
+
+
+@pytest.mark.parametrize("target", ["cpu", "gpu:interpret"])
+def test_names_in_every_language_syntax_never_reach_the_cpu_or_gpu_source(target, tmp_path):
+    if target.startswith("gpu"):
+        pytest.importorskip("triton", reason="the gpu target renders Triton kernels (pip install triton)")
+    model, feeds = named_mlp(HOSTILE_NAMES)
+    compiled = kiln.compile(model, target=target)
+    want = kiln.compile(model, target="reference").run(feeds)
+    got = compiled.run(feeds)
+    np.testing.assert_allclose(got["y"], want["y"], rtol=1e-4, atol=1e-4)
+    sources = sources_of(compiled)
+    assert sources, "the compiled model kept no generated source to check"
+    for source in sources:
+        assert raw_names_in(source, HOSTILE_NAMES) == []
+    assert not (tmp_path / "PWNED").exists()
+
+
+def fpga_ready() -> str | None:
+    from kiln.backends.fpga import ap_types
+
+    if shutil.which("g++") is None or not ap_types():
+        return "the fpga target's C simulation needs g++ and the ap_types headers (pip install hls4ml)"
+    return None
+
+
+@pytest.mark.skipif(fpga_ready() is not None, reason=str(fpga_ready()))
+def test_names_never_become_hls_code_in_the_design_the_testbench_or_the_tcl(tmp_path):
+    from kiln.driver.fixed_point import write_fpga_project
+
+    model, feeds = named_mlp(HOSTILE_NAMES)
+    # the C simulation compiles and runs the design: a name that became code would run here
+    compiled = kiln.compile(model, target="fpga:vitis,clock=2e2", calibration=[feeds])
+    assert not (tmp_path / "PWNED").exists()
+    got = compiled.run(feeds)
+    want = kiln.compile(model, target="reference").run(feeds)
+    np.testing.assert_allclose(got["y"], want["y"], atol=0.05)
+    assert compiled.target == "fpga:vitis"  # the spec is kiln's own text, rebuilt from parsed values
+    written = write_fpga_project(compiled, tmp_path / "prj", feeds)
+    for path in written:  # every source (estimates.json holds names as JSON strings: data, escaped by json)
+        if path.suffix in (".cpp", ".h", ".tcl", ".txt"):
+            assert raw_names_in(path.read_text(), HOSTILE_NAMES) == [], path
+    text = (tmp_path / "prj/firmware/kiln_model.cpp").read_text()
+    for line in text.splitlines():
+        if "//" in line:  # a comment ends its line: no continuation into the next
+            assert not line.rstrip().endswith(("\\", "??/")), line
+    # the project's own testbench, built without kiln
+    from kiln.backends.fpga import ap_types
+
+    subprocess.run(
+        ["g++", "-std=c++14", "-O1", "-w", f"-I{ap_types()}", "tb/kiln_tb.cpp", "firmware/kiln_model.cpp", "-o", "../testbench"],
+        cwd=tmp_path / "prj",
+        check=True,
+        capture_output=True,
+    )
+    run = subprocess.run([str(tmp_path / "testbench")], cwd=tmp_path / "prj", capture_output=True, text=True)
+    assert run.returncode == 0 and "PASSED" in run.stdout
+    assert not (tmp_path / "PWNED").exists() and not (tmp_path / "prj/PWNED").exists()
+
+
+def test_a_target_string_with_syntax_never_reaches_a_source():
+    from kiln.backends.fpga.target import parse_variant
+
+    target = parse_variant("vitis,clock=\n200\n,reuse= 2,bits=16")
+    assert target.spec == "fpga:vitis,reuse=2" and "\n" not in target.spec
+
+
+@pytest.mark.parametrize("text", HOSTILE_NAMES + ["a" * 500, "*/", "??/", "\\"])
+def test_the_escaping_functions_keep_only_their_safe_alphabet(text):
+    for escaped in (c_comment(text), safe_text(text)):
+        assert "\n" not in escaped and "\r" not in escaped and "\\" not in escaped
+        assert "*/" not in escaped and "/*" not in escaped and "??" not in escaped and "?" not in escaped
+        assert not set(escaped) & set("\"'`$;[]{}#%()<>")
+        assert len(escaped) < 120
+
+
+def test_renderers_take_model_text_only_through_source_text():
+    """grep, as a test: a generated line that carries names (facts.names, kernel.sources, a target's
+    spec) is written only through kiln.source_text's functions."""
+    root = Path(kiln.__file__).parent / "backends"
+    offenders = []
+    for path in root.rglob("*.py"):
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            if not line.lstrip().startswith(("#", '"""')) and ("f\"" in line or "f'" in line):
+                for risky in ("facts.names", ".sources)", ".sources,", "target.spec", "{spec}"):
+                    if risky in line and not any(f in line for f in ("c_comment(", "c_string(", "tcl_comment(")):
+                        offenders.append(f"{path.relative_to(root)}:{number}: {line.strip()}")
+    assert offenders == []
+
+
+# -- 2 and 3: links and files that are not files at every output path --------------------------------
+
+
+def test_an_output_folder_never_follows_a_link_at_any_level(tmp_path):
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out/firmware").symlink_to(elsewhere)
+    with OutputFolder(tmp_path / "out") as out:
+        with pytest.raises(OutputPathError, match="firmware.*symbolic link"):
+            out.folder("firmware")
+        (tmp_path / "out/x.txt").symlink_to(elsewhere / "target.txt")
+        with pytest.raises(OutputPathError, match="symbolic link"):
+            out.write("x.txt", "data")
+        os.mkfifo(tmp_path / "out/fifo")
+        with pytest.raises(OutputPathError, match="FIFO"):
+            out.write("fifo", "data")
+        assert out.write("fine.txt", "data").read_text() == "data"
+    assert list(elsewhere.iterdir()) == []
+    (tmp_path / "linked").symlink_to(elsewhere)
+    with pytest.raises(OutputPathError, match="symbolic link"):
+        OutputFolder(tmp_path / "linked")
+    with pytest.raises(OutputPathError, match="symbolic link"):
+        ensure_folder(tmp_path / "linked")
+    with pytest.raises(OutputPathError, match="symbolic link"):
+        write_output_file(tmp_path / "out/x.txt", "data")
+    assert list(elsewhere.iterdir()) == []
+
+
+@pytest.mark.skipif(fpga_ready() is not None, reason=str(fpga_ready()))
+@pytest.mark.parametrize("planted", ["firmware", "tb", "build_prj.tcl", "tb/kiln_tb.cpp", "firmware/kiln_model.h"])
+def test_the_fpga_project_refuses_a_link_planted_anywhere_in_it(tmp_path, planted):
+    from kiln.driver.fixed_point import write_fpga_project
+
+    model, feeds = named_mlp(["a", "b", "c", "d"])
+    compiled = kiln.compile(model, target="fpga:vitis", calibration=[feeds])
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    project = tmp_path / "prj"
+    (project / Path(planted).parent).mkdir(parents=True, exist_ok=True)
+    (project / planted).symlink_to(elsewhere if "." not in planted else elsewhere / "victim")
+    with pytest.raises(OutputPathError, match="symbolic link"):
+        write_fpga_project(compiled, project, feeds)
+    assert list(elsewhere.iterdir()) == []
+
+
+def kiln_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "kiln", *args], cwd=cwd, capture_output=True, text=True, timeout=600, env=os.environ
+    )
+
+
+@pytest.fixture
+def small_model(tmp_path) -> Path:
+    model, _ = named_mlp(["a", "b", "c", "d"])
+    path = tmp_path / "m.onnx"
+    path.write_bytes(model.SerializeToString())
+    return path
+
+
+@pytest.mark.parametrize("kind", ["link", "fifo"])
+def test_explain_trace_never_writes_through_a_link_nor_waits_on_a_fifo(tmp_path, small_model, kind):
+    victim = tmp_path / "victim.txt"
+    victim.write_text("keep")
+    trace = tmp_path / "trace.json"
+    if kind == "link":
+        trace.symlink_to(victim)
+    else:
+        os.mkfifo(trace)
+    result = kiln_cli("explain", str(small_model), "--profile", "--runs", "1", "--trace", str(trace), cwd=tmp_path)
+    assert result.returncode == 2, result.stderr
+    assert "trace.json" in result.stderr and ("symbolic link" in result.stderr or "FIFO" in result.stderr)
+    assert victim.read_text() == "keep"
+
+
+@pytest.mark.parametrize("command", ["compile", "run", "conformance"])
+def test_every_o_file_refuses_a_link_or_fifo_before_any_work(tmp_path, small_model, command):
+    victim = tmp_path / "victim.txt"
+    victim.write_text("keep")
+    for kind in ("link", "fifo"):
+        output = tmp_path / f"out-{kind}"
+        if kind == "link":
+            output.symlink_to(victim)
+        else:
+            os.mkfifo(output)
+        args = {"compile": ["compile", str(small_model)], "run": ["run", str(small_model)]}.get(
+            command, ["conformance", "--filter", "test_relu$"]
+        )
+        result = kiln_cli(*args, "-o", str(output), cwd=tmp_path)
+        assert result.returncode == 2, (kind, result.stderr)
+        assert str(output) in result.stderr
+    assert victim.read_text() == "keep"
+
+
+def test_the_results_database_is_never_a_link_and_a_locked_one_is_named(tmp_path):
+    from kiln.bench import store
+
+    victim = tmp_path / "victim.txt"
+    victim.write_text("keep")
+    (tmp_path / "linked.db").symlink_to(victim)
+    run = {"run_id": "r", "created": "now", "machine": {}, "config": {}, "records": []}
+    with pytest.raises(OutputPathError, match="symbolic link"):
+        store.start_run(tmp_path / "linked.db", run)
+    (tmp_path / "j.db-journal").symlink_to(victim)
+    with pytest.raises(OutputPathError, match="journal|symbolic link"):
+        store.start_run(tmp_path / "j.db", run)
+    assert victim.read_text() == "keep"
+    db = tmp_path / "results.db"
+    store.start_run(db, run)
+    holder = sqlite3.connect(db)
+    holder.execute("BEGIN EXCLUSIVE")
+    try:
+        with pytest.raises(store.DatabaseLocked, match="locked by another process"):
+            connection = store.open_db(db, wait=0.2)
+            connection.close()
+            with store._database(db) as again:  # noqa: SLF001 - the writer's path, with a short wait
+                again.execute("INSERT INTO runs VALUES ('x', '', '', '')")
+    finally:
+        holder.rollback()
+        holder.close()
+    assert isinstance(store.DatabaseLocked("x"), KilnError)
