@@ -53,7 +53,10 @@ class DimsProgram:
             product = 1
             for j, add, divisor in factors:
                 product *= (int(vector[j]) + add) // divisor
-            vector[index] = c0 + c * product
+            value = c0 + c * product
+            if not -(1 << 62) < value < 1 << 62:  # beyond any tensor: only specializing can tell (and refuse)
+                return None
+            vector[index] = value
         capacity = np.asarray(self.capacity, dtype=np.int64)
         kept = capacity >= 1  # (-1: a dim no value keeps after folding)
         if (vector[kept] < 1).any() or (vector[kept] > capacity[kept]).any():

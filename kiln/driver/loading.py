@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from kiln.backends import Threading, backend
-from kiln.driver import spatial
+from kiln.driver import extents, spatial
 from kiln.driver.artifact import ArtifactError, build_products, read, sizes_meta, variants_meta
 from kiln.driver.dims_program import DimsProgram
 from kiln.driver.native import NativeModel
@@ -87,23 +87,27 @@ def load(
         high = ranges.get(padder.symbol, (0, 0))[1] if padder is not None else 0
         if padder is None or not lengths or lengths[-1] < high:
             raise ArtifactError(f"{path}: damaged artifact (padded variants {str(padded)[:80]} for no paddable dim)")
+        low = ranges.get(padder.symbol, (0, 0))[0]
+        if any(type(n) is not int or not low <= n <= high for n in lengths):
+            raise ArtifactError(f"{path}: damaged artifact (padded lengths {str(lengths)[:80]} outside {low}..{high})")
         lowered = meta.get("run_time_length") or ()  # the kernels take the length at run time
-        if lowered and (
-            not isinstance(lowered, list)
-            or len(lowered) != 4
-            or any(type(n) is not int or not 2 <= n <= lengths[-1] for n in lowered)
-            or lowered[0] != lengths[-1]
-            or len(lengths) != 1
-        ):
+        # the lengths lowered are the ones a compile chooses for the range, never the file's own
+        if lowered and (lowered != list(extents.samples(low, high) or ()) or len(lengths) != 1):
             raise ArtifactError(f"{path}: damaged artifact (run-time length lowered at {str(lowered)[:80]})")
         model.use_padded(Padder(padder.padding, lengths, tuple(lowered)), prebuilt, padded)
-        for dims in padded:
-            model.padded().prepare_dims(dims)
+        try:
+            for dims in padded:
+                model.padded().prepare_dims(dims)
+        except extents.NotAffine as err:
+            raise ArtifactError(f"{path}: damaged artifact (run-time length: {err})") from None
     if meta.get("run_time_dims"):  # kernels that take ranged dims at run time: the route made again
         route, listed = _route(meta["run_time_dims"], graph, ranges, path)
         model.dims_model = model.dims_model_for(route, prebuilt, ahead=listed)
-        for dims in listed:
-            model.dims_model.prepare_dims(dims)
+        try:
+            for dims in listed:
+                model.dims_model.prepare_dims(dims)
+        except extents.NotAffine as err:  # kernels that do not lower apart at the file's sizes
+            raise ArtifactError(f"{path}: damaged artifact (run-time dims: {err})") from None
     return model
 
 
@@ -126,15 +130,34 @@ def _route(found: Any, graph: Any, ranges: dict[str, tuple[int, int]], path: Pat
         for row in samples
     ):
         raise damaged
-    if samples[0] != [high for _, _, high in ranged]:
+    if samples[0] != [high for _, _, high in ranged] or len({tuple(row) for row in samples}) != len(samples):
         raise damaged
-    program = None
-    if found.get("program") is not None:
-        try:
-            program = DimsProgram.from_meta(found["program"], tuple(names), spatial.strides_of(graph))
-        except ValueError:
-            raise damaged from None
-    route = spatial.RunTimeDims(
-        tuple(names), tuple(tuple(r) for r in ranged), tuple(tuple(row) for row in samples), program
-    )
-    return route, variants_meta(found.get("variants", []), graph, path)
+    route = spatial.RunTimeDims(tuple(names), tuple(tuple(r) for r in ranged), tuple(tuple(row) for row in samples))
+    listed = variants_meta(found.get("variants", []), graph, path)
+    # the file's samples and program are checked against the graph, never believed: the first
+    # samples are the ones a compile chooses, and the program is fitted again from the graph's own
+    # dims at them (its capacity the graph's size at the capacity, not the file's)
+    at_capacity = [v for v in listed if all(v.get(s) == c for s, c in route.capacity.items())]
+    for binding in at_capacity:  # the compile's own binding of the other dims is one of these (the first, as saved)
+        checked = _checked_route(found, graph, route, {k: v for k, v in binding.items() if k not in route.symbols})
+        if checked is not None:
+            return checked, listed
+    raise damaged
+
+
+def _checked_route(found: dict, graph: Any, route: Any, fixed: dict[str, int]) -> Any:
+    """``route`` with its program fitted again from the graph (None where the file's samples are not
+    the ones a compile chooses with ``fixed``, or its program differs from the graph's)."""
+    names = route.names
+    try:
+        chosen = spatial.generic_samples(graph, names, {s: (low, high) for s, low, high in route.ranged}, fixed)
+        if chosen is None or route.samples[: len(chosen)] != chosen:
+            return None
+        if found.get("program") is None:
+            return route
+        claimed = DimsProgram.from_meta(found["program"], tuple(names), spatial.strides_of(graph))
+        inputs = {d for v in graph.inputs for d in (getattr(v.type, "shape", None) or ()) if isinstance(d, str)}
+        rebuilt = spatial.with_program(graph, route, fixed, inputs)
+    except (ValueError, KilnError, extents.NotAffine):
+        return None
+    return rebuilt if rebuilt.program == claimed else None

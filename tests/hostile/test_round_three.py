@@ -131,7 +131,17 @@ def test_names_never_become_hls_code_in_the_design_the_testbench_or_the_tcl(tmp_
     from kiln.backends.fpga import ap_types
 
     subprocess.run(
-        ["g++", "-std=c++14", "-O1", "-w", f"-I{ap_types()}", "tb/kiln_tb.cpp", "firmware/kiln_model.cpp", "-o", "../testbench"],
+        [
+            "g++",
+            "-std=c++14",
+            "-O1",
+            "-w",
+            f"-I{ap_types()}",
+            "tb/kiln_tb.cpp",
+            "firmware/kiln_model.cpp",
+            "-o",
+            "../testbench",
+        ],
         cwd=tmp_path / "prj",
         check=True,
         capture_output=True,
@@ -164,7 +174,7 @@ def test_renderers_take_model_text_only_through_source_text():
     offenders = []
     for path in root.rglob("*.py"):
         for number, line in enumerate(path.read_text().splitlines(), 1):
-            if not line.lstrip().startswith(("#", '"""')) and ("f\"" in line or "f'" in line):
+            if not line.lstrip().startswith(("#", '"""')) and ('f"' in line or "f'" in line):
                 for risky in ("facts.names", ".sources)", ".sources,", "target.spec", "{spec}"):
                     if risky in line and not any(f in line for f in ("c_comment(", "c_string(", "tcl_comment(")):
                         offenders.append(f"{path.relative_to(root)}:{number}: {line.strip()}")
@@ -286,9 +296,115 @@ def test_the_results_database_is_never_a_link_and_a_locked_one_is_named(tmp_path
         with pytest.raises(store.DatabaseLocked, match="locked by another process"):
             connection = store.open_db(db, wait=0.2)
             connection.close()
-            with store._database(db) as again:  # noqa: SLF001 - the writer's path, with a short wait
+            with store._database(db) as again:
                 again.execute("INSERT INTO runs VALUES ('x', '', '', '')")
     finally:
         holder.rollback()
         holder.close()
     assert isinstance(store.DatabaseLocked("x"), KilnError)
+
+
+# -- 4: forged run-time-shape data in an artifact --------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def run_time_dims_artifact(tmp_path_factory):
+    """A saved model whose kernels take the image's size at run time (with a dims program), and its members."""
+    import json
+    import zipfile
+
+    from tests.runtime.test_run_time_dims import RANGES, strided_cnn
+
+    folder = tmp_path_factory.mktemp("dims")
+    os.environ.setdefault("KILN_CACHE_DIR", str(folder / "cache"))
+    compiled = kiln.compile(strided_cnn(), dims=RANGES)
+    compiled.save(folder / "m.kiln")
+    with zipfile.ZipFile(folder / "m.kiln") as archive:
+        members = {n: archive.read(n) for n in archive.namelist() if n != "manifest.json"}
+    meta = json.loads(members["meta.json"])
+    assert meta["run_time_dims"].get("program"), "the fixture's model must carry a dims program"
+    return members, meta
+
+
+def forge(meta: dict, how: str) -> dict:
+    import copy
+
+    meta = copy.deepcopy(meta)
+    found = meta["run_time_dims"]
+    program = found["program"]
+    if how == "larger capacity":
+        program["capacity"] = [c * 4 if c > 1 else c for c in program["capacity"]]
+        program["equal"] = []
+    elif how == "huge integers":
+        program["steps"] = [[i, (1 << 31) - 1, (1 << 31) - 1, f] for i, _, _, f in program["steps"]]
+        program["capacity"] = [(1 << 31) - 1 if c > 1 else c for c in program["capacity"]]
+        program["equal"] = []
+    elif how == "duplicate samples":
+        found["samples"] = [found["samples"][0], *([found["samples"][1]] * (len(found["samples"]) - 1))]
+    elif how == "other samples":
+        found["samples"] = [found["samples"][0], *[[v - 1 for v in row] for row in found["samples"][1:]]]
+    elif how == "dims that disagree with the graph":
+        program["steps"] = [[i, c0 + 4, c, f] for i, c0, c, f in program["steps"]]
+        program["equal"] = []  # (the groups would give the forgery away at run time)
+    elif how == "dims beyond the arena":
+        program["capacity"] = [c * 4 if c > 1 else c for c in program["capacity"]]
+        program["steps"] = [[i, c0 + 8, c, f] for i, c0, c, f in program["steps"]]
+        program["equal"] = []
+    elif how == "no program steps":
+        program["steps"] = []
+    return meta
+
+
+@pytest.mark.parametrize(
+    "how",
+    [
+        "larger capacity",
+        "huge integers",
+        "duplicate samples",
+        "other samples",
+        "dims that disagree with the graph",
+        "dims beyond the arena",
+        "no program steps",
+    ],
+)
+def test_forged_run_time_shape_data_is_refused_before_any_kernel_runs(run_time_dims_artifact, tmp_path, how):
+    import json
+
+    from kiln.driver.artifact import ArtifactError
+    from tests.helpers import write_signed_artifact
+    from tests.runtime.test_run_time_dims import image
+
+    members, meta = run_time_dims_artifact
+    path = tmp_path / "forged.kiln"
+    write_signed_artifact({**members, "meta.json": json.dumps(forge(meta, how)).encode()}, path)
+    try:
+        model = kiln.load(path, rebuild=True)
+    except ArtifactError as err:
+        assert "run-time dims" in str(err)
+        return
+    # loaded: the forgery changed nothing the graph does not say (never a wrong shape or a write past the arena)
+    from tests.runtime.test_run_time_dims import strided_cnn
+
+    reference = kiln.compile(strided_cnn(), target="reference")
+    for size in [(1, 40, 40), (1, 7, 33), (1, 6, 6), (1, 23, 11), (2, 7, 33), (9, 6, 6)]:
+        feeds = image(*size)
+        want, got = reference.run(feeds), model.run(feeds)
+        for key in want:
+            assert got[key].shape == want[key].shape
+            np.testing.assert_allclose(got[key], want[key], rtol=1e-4, atol=1e-4)
+
+
+def test_an_unforged_run_time_dims_artifact_loads_with_rebuild(run_time_dims_artifact, tmp_path):
+    import json
+
+    from tests.helpers import write_signed_artifact
+    from tests.runtime.test_run_time_dims import image, strided_cnn
+
+    members, meta = run_time_dims_artifact
+    path = tmp_path / "same.kiln"
+    write_signed_artifact({**members, "meta.json": json.dumps(meta).encode()}, path)
+    model = kiln.load(path, rebuild=True)
+    assert model.dims_model is not None and model.dims_model.spatial.program is not None
+    reference = kiln.compile(strided_cnn(), target="reference")
+    feeds = image(2, 17, 29)
+    np.testing.assert_allclose(model.run(feeds)["y"], reference.run(feeds)["y"], rtol=1e-4, atol=1e-4)
