@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import functools
+import hashlib
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -10,6 +13,7 @@ import numpy as np
 
 from kiln import zoo
 from kiln.errors import KilnError
+from kiln.integrity import open_regular
 from kiln.ir.types import random_tensor
 
 
@@ -23,6 +27,7 @@ class BenchModel:
     path: str | None = None  # an ONNX file given by the user
     batch_range: tuple[int, int] | None = None  # every query a batch drawn from it (``--variable-batch``)
     weights: str | None = None  # a zoo model's state_dict file (``--weights``): its export loads it
+    digest: str | None = None  # a user's ONNX file by its contents (SHA-256): its identity, not its name
 
     def __post_init__(self) -> None:
         if self.batch_range is not None:  # (a list after a trip through a job's JSON)
@@ -30,6 +35,10 @@ class BenchModel:
 
     @property
     def label(self) -> str:
+        """The model's name in rows, reports and keys: a user's file is its name and the start of its
+        contents' digest (``m-3fa2b1c0``), so two files named alike never share a row or a reference."""
+        if self.path is not None and self.digest:
+            return f"{self.name}-{self.digest[:8]}"
         return self.name if self.seq is None or self.name not in ("bert-base", "gpt2") else f"{self.name}-s{self.seq}"
 
     @property
@@ -83,8 +92,31 @@ def resolve_model(name: str, batch: int, seq: int | None) -> BenchModel:
     if name.endswith(".onnx") or Path(name).exists():
         if not Path(name).is_file():
             raise KilnError(f"model file {name!r} does not exist")
-        return BenchModel(Path(name).stem, batch, None, path=str(Path(name).resolve()))
+        path = Path(name).resolve()
+        return BenchModel(Path(name).stem, batch, None, path=str(path), digest=file_digest(path))
     raise KilnError(f"unknown model {name!r}; available: {', '.join(zoo.MODELS)} (or a path to an .onnx file)")
+
+
+def file_digest(path: str | Path) -> str:
+    """A model file's SHA-256, hashed once per process while its size and modification time hold.
+    Only a regular file is read (a FIFO is refused at once, never waited on)."""
+    try:
+        info = os.stat(path)
+    except OSError as err:
+        raise KilnError(f"model file {str(path)!r}: {err.strerror or err}") from None
+    return _sha256(str(path), info.st_size, info.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=64)
+def _sha256(path: str, size: int, modified: int) -> str:
+    sha = hashlib.sha256()
+    try:
+        with open_regular(path, "model file") as handle:
+            for chunk in iter(lambda: handle.read(1 << 20), b""):
+                sha.update(chunk)
+    except OSError as err:
+        raise KilnError(f"model file {path!r}: {err.strerror or err}") from None
+    return sha.hexdigest()
 
 
 def random_inputs_for(path: Path, batch: int, seed: int) -> dict[str, np.ndarray]:

@@ -22,7 +22,8 @@ from typing import Any
 from kiln.bench import store
 from kiln.bench.backends import BACKENDS
 from kiln.bench.machine import fingerprint
-from kiln.bench.models import resolve_model
+from kiln.bench.models import file_digest, resolve_model
+from kiln.zoo import MODELS
 from kiln.bench.runner import BenchConfig, check_names, run_one, run_worker
 from kiln.errors import KilnError
 from kiln.output_files import ensure_folder
@@ -99,6 +100,10 @@ def study_id(config: StudyConfig, machine: dict[str, Any]) -> str:
         from kiln.zoo.weights import digest
 
         settings["weights"] = {model: digest(path) for model, path in settings["weights"].items()}
+    # a user's model file by its contents too: the same name with other contents is another study
+    files = {m: file_digest(m) for m in config.models if m not in MODELS and Path(m).is_file()}
+    if files:
+        settings["model_files"] = files
     text = json.dumps({"settings": settings, "machine": hardware}, sort_keys=True, default=str)
     return "study-" + hashlib.sha256(text.encode()).hexdigest()[:12]
 

@@ -158,7 +158,7 @@ def test_a_target_string_with_syntax_never_reaches_a_source():
     assert target.spec == "fpga:vitis,reuse=2" and "\n" not in target.spec
 
 
-@pytest.mark.parametrize("text", HOSTILE_NAMES + ["a" * 500, "*/", "??/", "\\"])
+@pytest.mark.parametrize("text", [*HOSTILE_NAMES, "a" * 500, "*/", "??/", "\\"])
 def test_the_escaping_functions_keep_only_their_safe_alphabet(text):
     for escaped in (c_comment(text), safe_text(text)):
         assert "\n" not in escaped and "\r" not in escaped and "\\" not in escaped
@@ -408,3 +408,42 @@ def test_an_unforged_run_time_dims_artifact_loads_with_rebuild(run_time_dims_art
     reference = kiln.compile(strided_cnn(), target="reference")
     feeds = image(2, 17, 29)
     np.testing.assert_allclose(model.run(feeds)["y"], reference.run(feeds)["y"], rtol=1e-4, atol=1e-4)
+
+
+# -- 5: two models that share a file name ----------------------------------------------------------
+
+
+def test_two_models_with_one_file_name_get_their_own_rows_and_references(tmp_path):
+    from kiln.bench.models import resolve_model
+    from kiln.bench.runner import BenchConfig, run_bench
+
+    paths = []
+    for folder, names in (("a", ["a", "b", "c", "d"]), ("b", ["e", "f", "g", "h"])):
+        model, _ = named_mlp(names)
+        model.graph.initializer[0].raw_data = bytes(reversed(model.graph.initializer[0].raw_data))  # other weights
+        (tmp_path / folder).mkdir()
+        paths.append(tmp_path / folder / "m.onnx")
+        paths[-1].write_bytes(model.SerializeToString())
+    first, second = (resolve_model(str(p), 1, None) for p in paths)
+    assert first.label != second.label and first.label.startswith("m-") and first.digest != second.digest
+    config = BenchConfig(models=[str(p) for p in paths], backends=["kiln"], duration=0.05, min_iterations=2, warmup=1)
+    run = run_bench(config, tmp_path / "work")
+    rows = {r["model"]: r for r in run["records"]}
+    assert set(rows) == {first.label, second.label}
+    for row in rows.values():  # each against its own model's reference
+        assert row["status"] == "ok", row.get("error")
+        assert row["agreement"]["rel_l2"] < 1e-4, row["agreement"]
+
+
+def test_a_study_knows_a_model_file_by_its_contents(tmp_path):
+    from kiln.bench.study import StudyConfig, study_id
+
+    path = tmp_path / "m.onnx"
+    model, _ = named_mlp(["a", "b", "c", "d"])
+    path.write_bytes(model.SerializeToString())
+    config = StudyConfig(models=[str(path)], backends=["kiln"])
+    before = study_id(config, {})
+    model.graph.initializer[0].raw_data = bytes(reversed(model.graph.initializer[0].raw_data))
+    path.write_bytes(model.SerializeToString())
+    os.utime(path, ns=(1, 1))  # (another size or time: the digest is taken again)
+    assert study_id(config, {}) != before
