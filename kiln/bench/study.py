@@ -23,10 +23,10 @@ from kiln.bench import store
 from kiln.bench.backends import BACKENDS
 from kiln.bench.machine import fingerprint
 from kiln.bench.models import file_digest, resolve_model
-from kiln.zoo import MODELS
 from kiln.bench.runner import BenchConfig, check_names, run_one, run_worker
 from kiln.errors import KilnError
 from kiln.output_files import ensure_folder
+from kiln.zoo import MODELS
 
 PRECISIONS = ("fp32", "bf16", "int8")
 # statuses that end a backend's sweep over larger batches (a larger batch needs more, not less)
