@@ -11,7 +11,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from kiln import cli_support
-from kiln.cli_support import console, dataset_option, out, split_values, weights_option
+from kiln.cli_support import MAX_MEMORY_MB, console, dataset_option, out, split_values, weights_option
 from kiln.output_files import OutputPathError, ensure_folder
 
 
@@ -118,7 +118,7 @@ from kiln.output_files import OutputPathError, ensure_folder
 @click.option(
     "--memory-limit",
     "memory_limit_mb",
-    type=click.IntRange(64),
+    type=click.IntRange(64, MAX_MEMORY_MB),
     default=None,
     help="Each worker's address-space limit in MB (RLIMIT_AS): a backend that needs more gets an 'oom' row "
     "and the run goes on.",

@@ -11,7 +11,7 @@ from typing import Any
 
 import click
 
-from kiln.cli_support import console, dataset_option, out, split_values, weights_option
+from kiln.cli_support import MAX_MEMORY_MB, console, dataset_option, out, split_values, weights_option
 
 
 def _ints(name: str):  # type: ignore[no-untyped-def]
@@ -91,7 +91,7 @@ DEFAULT_OUT = Path("reports/study")
 @click.option(
     "--memory-limit",
     "memory_limit_mb",
-    type=click.IntRange(64),
+    type=click.IntRange(64, MAX_MEMORY_MB),
     default=None,
     help="Each worker's address space in MB (RLIMIT_AS): an out-of-memory point ends that backend's sweep.",
 )

@@ -14,6 +14,7 @@ from kiln.output_files import OutputPathError, check_output_file
 # Results go to stdout, progress and notes to stderr. In a terminal, tables fit its width; piped to
 # a file or a program they are written at full width (rich's default there would wrap at 80).
 FULL_WIDTH = 10_000
+MAX_MEMORY_MB = 1 << 40  # --memory-limit: an address space in MB that RLIMIT_AS can hold (1 EiB)
 console = Console(stderr=True)
 out = Console()
 if not out.is_terminal:

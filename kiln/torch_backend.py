@@ -262,8 +262,13 @@ class KilnGraph:
                 if found is None:
                     try:
                         found = self.compile(args)
+                    except NotCompiled:
+                        raise
                     except KilnError as err:  # this signature runs eagerly (or fails, if asked)
                         found = Compiled(_eager(self.gm, self.options, str(err)), None, ())
+                    except Exception as err:
+                        reason = f"kiln bug converting this graph ({type(err).__name__}: {err})"
+                        found = Compiled(_eager(self.gm, self.options, reason), None, ())
                     self.models[key] = found
                     self.models[self.signature(args)] = found  # the key, once written buffers are inputs
         return found
@@ -479,6 +484,8 @@ def kiln_backend(gm: Any, example_inputs: list[Any], options: dict[str, Any] | N
         raise
     except KilnError as err:
         return _eager(gm, settings, str(err))
+    except Exception as err:
+        return _eager(gm, settings, f"kiln bug reading this graph ({type(err).__name__}: {err})")
     if compiled.dynamic and all(_concrete(a) or _is_size(a) for a in example_inputs):
         compiled.compile_general(tuple(example_inputs))  # dims dynamo made dynamic: symbolic
         if compiled.general is not None:

@@ -121,8 +121,15 @@ def resize_and_crop(image: Any, transform: Preprocess) -> Any:
     new_short, new_long = transform.resize, int(transform.resize * long / short)
     size = (new_short, new_long) if width <= height else (new_long, new_short)
     method = Image.Resampling.BICUBIC if transform.filter == "bicubic" else Image.Resampling.BILINEAR
-    image = image.resize(size, method)
     crop = transform.crop
+    if size[0] * size[1] > 4 * transform.resize**2 and min(size) >= crop:
+        # a long, thin image (1x60000 resized would be 256x15 million pixels): only the centre crop's
+        # window is resampled, from the source box it comes from, so the work is the output's size
+        left, top = round((size[0] - crop) / 2.0), round((size[1] - crop) / 2.0)
+        sx, sy = size[0] / width, size[1] / height
+        box = (left / sx, top / sy, (left + crop) / sx, (top + crop) / sy)
+        return image.resize((crop, crop), method, box=box)
+    image = image.resize(size, method)
     if image.size[0] < crop or image.size[1] < crop:  # CenterCrop pads a smaller image with zeros
         padded = Image.new("RGB", (max(crop, image.size[0]), max(crop, image.size[1])))
         padded.paste(image, ((padded.size[0] - image.size[0]) // 2, (padded.size[1] - image.size[1]) // 2))

@@ -193,10 +193,25 @@ def connect(address: str) -> Any:
     import ray
 
     if not ray.is_initialized():
+        settings: dict[str, Any] = {"logging_level": "ERROR", "log_to_driver": False}
+        host = address.rsplit(":", 1)[0] if ":" in address else address
+        if address == "local" or host in ("127.0.0.1", "localhost", "::1", "[::1]"):
+            # a cluster on this machine only: this process's node is the loopback address too (Ray would
+            # otherwise announce, and a local cluster listen on, the machine's outside address)
+            settings["_node_ip_address"] = "127.0.0.1"
+        if address == "local":
+            settings["include_dashboard"] = False  # no HTTP port opened for a run that needs none
         try:
-            ray.init(address=address, logging_level="ERROR", log_to_driver=False)
+            ray.init(address=address, **settings)
         except Exception as err:
-            raise FleetError(f"cannot join the Ray cluster at {address}: {type(err).__name__}: {err}") from None
+            text = str(err)
+            if "uthentication token" in text or ("token" in text.lower() and "auth" in text.lower()):
+                raise FleetError(
+                    f"cannot join the Ray cluster at {address}: it requires its authentication token (Ray's token "
+                    "authentication): give this process the cluster's token, as Ray reads it: RAY_AUTH_MODE=token "
+                    "and RAY_AUTH_TOKEN=<token> (or the token in ~/.ray/auth_token, as `ray start` writes it)"
+                ) from None
+            raise FleetError(f"cannot join the Ray cluster at {address}: {type(err).__name__}: {text}") from None
     return ray
 
 

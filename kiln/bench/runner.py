@@ -55,6 +55,8 @@ class BenchConfig:
         check_names(self.plugins, self.backends, self.scenarios)
         if self.threads < 1 or self.duration <= 0 or any(b < 1 for b in self.batches):
             raise KilnError("threads, duration and batch sizes must be positive")
+        if self.memory_limit_mb is not None and not 64 <= self.memory_limit_mb <= 1 << 40:
+            raise KilnError(f"a memory limit is 64 to {1 << 40} MB (RLIMIT_AS), not {self.memory_limit_mb}")
         for name in self.models:
             resolve_model(name, 1, self.seq)
         self.batch_range()

@@ -331,7 +331,8 @@ class NativeModel(Model):
         sizes: list[dict[str, int]] = [{}]  # the chunked dim's classes inside its range
         if chunking is not None:
             high = self.ranges.get(chunking.symbol, (1, MAX_DIM))[1]
-            sizes = [{chunking.symbol: size} for size in chunking.classes if size <= high]
+            # (a range of 0..0 has no class inside it: its one size is the class)
+            sizes = [{chunking.symbol: size} for size in chunking.classes if size <= high] or [{chunking.symbol: high}]
         if padder is None and self._prepare_spatial(chunking, base, sizes, names):
             return self
         if padder is not None:  # each compiled length with each class
@@ -383,6 +384,7 @@ class NativeModel(Model):
             for name in ranged:
                 self.run_time_refused[name] = str(err)
             return False
+        _check_capacity(model, ranges)
         log.info("%s: kernels take the sizes at run time (one compile serves the ranges %s)", ", ".join(ranged), ranges)
         self.dims_model = model
         return True
@@ -410,7 +412,14 @@ class NativeModel(Model):
         if self.ranges:
             check_ranges(dims, self.ranges)
         if self.dims_model is not None:
-            outputs = self.dims_model._execute(inputs)
+            try:
+                outputs = self.dims_model._execute(inputs)
+            except extents.NotAffine as err:  # a new size class that does not lower apart: compile per size
+                log.info("kernels cannot take the sizes at run time at %s (%s); each new size compiles", dims, err)
+                for name, _, _ in self.dims_model.spatial.ranged:  # type: ignore[union-attr]
+                    self.run_time_refused[name] = str(err)
+                self.dims_model = None
+                return self._execute(inputs)
             self._ran.update(self.dims_model._ran)
             return outputs
         padder = self.padder() if dims else None
@@ -565,3 +574,21 @@ def check_dims(dims: Any, signature: Graph) -> dict[str, int]:
             raise ArgumentError(f"dims: {name}={size!r} is not a size (an integer in 0..{MAX_DIM})")
         checked[name] = int(size)
     return checked
+
+
+def _check_capacity(model: NativeModel, ranges: dict[str, tuple[int, int]]) -> None:
+    """Refuse, when they are declared, ranges whose kernels' working memory at the capacity (where
+    they are laid out) this machine could never hold: every run would fail wanting it."""
+    try:
+        physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return
+    for dims, plan in model.bindings():
+        need = plan.memory.arena_bytes if plan.memory is not None else 0
+        if need > physical:
+            shown = ", ".join(f"{name}={low}..{high}" for name, (low, high) in ranges.items())
+            raise ArgumentError(
+                f"dims: {shown}: kernels laid out at the largest sizes ({dims}) need {need:,} bytes "
+                f"({need / 2**30:.1f} GiB) of working memory and this machine has {physical / 2**30:.1f} GiB: "
+                "declare smaller ranges"
+            )

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from kiln.errors import KilnError
+from kiln.errors import KilnError, UnsupportedModelError
 from kiln.frontend import aten_extended, aten_nn  # noqa: F401  (their entries register in CONVERTERS)
 from kiln.frontend.aten import CONVERTERS, OPSET, UnsupportedFxOp, dim_of, torch_dtype
 from kiln.frontend.aten_attention import decompositions
@@ -152,6 +152,8 @@ class FxConverter:
 
     def convert(self, graph: Any, placeholders: dict[str, Any], outputs_of: Callable[[Any], list[Any]]) -> Graph:
         """``placeholders``: FX placeholder name -> ("input", example) or ("constant", tensor)."""
+        import torch
+
         for node in graph.nodes:
             if node.op == "placeholder":
                 kind, item = placeholders[node.name]
@@ -164,7 +166,15 @@ class FxConverter:
                     self.placeholder(node.name, item) if kind == "input" else self.constant(node.name, item)
                 )
             elif node.op == "get_attr":
-                self.values[node] = self.constant(node.target, placeholders[node.name][1])
+                item = placeholders[node.name][1]
+                if not isinstance(item, torch.Tensor):  # a subgraph: control flow (torch.cond, while_loop)
+                    raise UnsupportedModelError(
+                        [
+                            f"{node.target}: a {type(item).__name__} (control flow such as torch.cond); kiln takes tensors"
+                        ],
+                        "torch graph",
+                    )
+                self.values[node] = self.constant(node.target, item)
             elif node.op == "call_function":
                 self.values[node] = self.call(node)
                 example = node.meta.get("val")

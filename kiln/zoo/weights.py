@@ -98,8 +98,26 @@ def load_into(module: Any, path: str | Path) -> None:
     state = _state_dict(loaded)
     if state is None:
         raise WeightsError(f"weights file {path}: holds no state_dict (a dict of tensors)")
-    state = {k.removeprefix("module."): v for k, v in state.items()}  # saved from DataParallel
+    odd = [repr(k) for k in state if not isinstance(k, str)]
+    if odd:
+        raise WeightsError(f"weights file {path}: a state_dict's keys are parameter names, not {', '.join(odd[:3])}")
     expected = module.state_dict()
+    state = {k.removeprefix("module."): v for k, v in state.items()}  # saved from DataParallel
+    unusual = []
+    for key, tensor in state.items():  # dense tensors with data, of a kind the model's own takes without loss
+        want = expected.get(key)
+        if tensor.layout != torch.strided:
+            unusual.append(f"{key} is a {str(tensor.layout).removeprefix('torch.')} tensor")
+        elif tensor.is_meta:
+            unusual.append(f"{key} is a meta tensor (no data)")
+        elif want is not None and (tensor.is_complex() and not want.is_complex()):
+            unusual.append(f"{key} is {str(tensor.dtype).removeprefix('torch.')} (its imaginary part would be lost)")
+        elif want is not None and tensor.is_floating_point() != want.is_floating_point() and tensor.dtype != torch.bool:
+            unusual.append(
+                f"{key} is {str(tensor.dtype).removeprefix('torch.')}, the model's {str(want.dtype).removeprefix('torch.')}"
+            )
+    if unusual:
+        raise WeightsError(f"weights file {path}: {'; '.join(unusual[:3])}{' ...' if len(unusual) > 3 else ''}")
     missing = sorted(set(expected) - set(state))
     unexpected = sorted(set(state) - set(expected))
     shapes = [
@@ -118,7 +136,11 @@ def load_into(module: Any, path: str | Path) -> None:
         if shapes:
             parts.append(f"{len(shapes)} of another shape ({'; '.join(shapes[:3])})")
         raise WeightsError(f"weights file {path} does not fit the model: {', '.join(parts)}")
-    module.load_state_dict(state, strict=True)
+    try:
+        module.load_state_dict(state, strict=True)
+    except (RuntimeError, TypeError, ValueError) as err:  # what the checks above did not foresee, named
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise WeightsError(f"weights file {path} does not load into the model ({first[:200]})") from None
 
 
 def _state_dict(loaded: Any) -> dict[str, Any] | None:

@@ -358,8 +358,11 @@ def _plan_cache_off():
 
 
 HOSTILE_TEXT = st.one_of(
+    # each generated language's syntax: C/C++ comments, strings, line continuations and the trigraph
+    # ??/ (HLS C++ under -std=c++14), Python/Triton strings, Tcl substitutions, shell and make
     st.sampled_from(["*/", "/*", '"', "\\", "\n", "#define", "%s%n", "$(touch pwned)", "名前", "🔥", "x" * 5000]),
-    st.text(alphabet=st.sampled_from('*/"\\\n\r#%$`;(){}<>ü名 abc'), min_size=1, max_size=24),
+    st.sampled_from(["??/", "x\\", "'''", '"""', "[exec touch pwned]", "${HOME}", "$$(x)", "\\\n", "\r\n#", "`id`"]),
+    st.text(alphabet=st.sampled_from("*/\"\\\n\r#%$`;(){}<>?[]'ü名 abc"), min_size=1, max_size=24),
 )
 
 

@@ -447,3 +447,96 @@ def test_a_study_knows_a_model_file_by_its_contents(tmp_path):
     path.write_bytes(model.SerializeToString())
     os.utime(path, ns=(1, 1))  # (another size or time: the digest is taken again)
     assert study_id(config, {}) != before
+
+
+# -- 6 and 7: a user's mistakes get named errors, never a bare exception or a hang ------------------
+
+
+@pytest.mark.parametrize("kind", ["integer keys", "sparse", "meta", "complex"])
+def test_weights_a_model_cannot_take_are_named(tmp_path, kind):
+    torch = pytest.importorskip("torch", reason="--weights files are PyTorch state_dicts")
+    from kiln.zoo.weights import WeightsError, load_into
+
+    module = torch.nn.Linear(4, 3)
+    state = dict(module.state_dict())
+    if kind == "integer keys":
+        state = {0: state["weight"], 1: state["bias"]}
+    elif kind == "sparse":
+        state["weight"] = state["weight"].to_sparse()
+    elif kind == "meta":
+        state["weight"] = torch.empty(3, 4, device="meta")
+    else:
+        state["weight"] = torch.complex(state["weight"], torch.ones(3, 4))
+    path = tmp_path / "w.pt"
+    torch.save(state, path)
+    with pytest.raises(WeightsError):
+        load_into(module, path)
+
+
+def test_a_long_thin_image_is_resized_by_its_output_not_its_length(tmp_path):
+    from PIL import Image
+
+    from kiln.bench.dataset import Preprocess, image_array
+
+    path = tmp_path / "thin.png"
+    Image.new("RGB", (60000, 1), (200, 100, 50)).save(path)
+    pixels = image_array(path, Preprocess(256, 224))  # resized whole, this asked for 11.8 GB
+    assert pixels.shape == (3, 224, 224) and np.isfinite(pixels).all()
+    # an ordinary image takes the ordinary path: the same as resizing then cropping
+    Image.new("RGB", (300, 200), (10, 20, 30)).save(tmp_path / "plain.png")
+    assert image_array(tmp_path / "plain.png", Preprocess(256, 224)).shape == (3, 224, 224)
+
+
+def test_a_range_of_zero_batch_compiles_and_runs():
+    from tests.runtime.test_run_time_dims import strided_cnn
+
+    compiled = kiln.compile(strided_cnn(), dims={"batch": (0, 0), "h": (6, 40), "w": (6, 40)})
+    out = compiled.run({"x": np.zeros((0, 3, 9, 9), np.float32)})
+    assert out["y"].shape == (0, 5)
+
+
+def test_ranges_whose_capacity_no_machine_here_holds_are_refused_when_declared():
+    from kiln.errors import ArgumentError
+    from tests.runtime.test_run_time_dims import strided_cnn
+
+    with pytest.raises(ArgumentError, match="bytes"):
+        kiln.compile(strided_cnn(), dims={"batch": (1, 1), "h": (8, 100000), "w": (8, 100000)})
+
+
+def test_a_memory_limit_past_what_rlimit_holds_is_a_usage_error(tmp_path):
+    result = kiln_cli(
+        "bench", "-m", "resnet50", "--memory-limit", "10000000000000", "--out", str(tmp_path), cwd=tmp_path
+    )
+    assert result.returncode == 2 and "memory-limit" in result.stderr
+
+
+def test_torch_cond_runs_eagerly_with_a_warning():
+    torch = pytest.importorskip("torch", reason="the torch.compile backend")
+
+    class Branchy(torch.nn.Module):
+        def forward(self, x):
+            return torch.cond(x.sum() > 0, lambda t: t * 2, lambda t: t - 1, (x,))
+
+    module = Branchy()
+    compiled = torch.compile(module, backend="kiln")
+    with torch.no_grad(), pytest.warns(RuntimeWarning, match="runs eagerly"):
+        for x in (torch.ones(3), -torch.ones(3)):
+            assert torch.equal(compiled(x), module(x))
+
+
+def test_a_local_fleet_cluster_listens_on_loopback_only(monkeypatch):
+    ray = pytest.importorskip("ray", reason="the fleet runs on Ray (the 'fleet' extra)")
+    from kiln.bench import fleet
+
+    seen = {}
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", lambda **kwargs: seen.update(kwargs))
+    fleet.connect("local")
+    assert seen["_node_ip_address"] == "127.0.0.1" and seen["include_dashboard"] is False
+
+    def refuse(**kwargs):
+        raise ConnectionError("Authentication token is missing or incorrect")
+
+    monkeypatch.setattr(ray, "init", refuse)
+    with pytest.raises(fleet.FleetError, match="RAY_AUTH_TOKEN"):
+        fleet.connect("127.0.0.1:6399")
