@@ -80,26 +80,7 @@ def load(
     model.chunking()  # decided at load, not on the first run
     for dims in variants:
         model.prepare_dims(dims)
-    padded = meta.get("padded_variants") or []
-    if padded:  # a padded dim's compiled lengths: the padded graph made again, its code the artifact's
-        padder = model.padder()
-        lengths = tuple(sorted({dims.get(padder.symbol, 0) for dims in padded})) if padder is not None else ()
-        high = ranges.get(padder.symbol, (0, 0))[1] if padder is not None else 0
-        if padder is None or not lengths or lengths[-1] < high:
-            raise ArtifactError(f"{path}: damaged artifact (padded variants {str(padded)[:80]} for no paddable dim)")
-        low = ranges.get(padder.symbol, (0, 0))[0]
-        if any(type(n) is not int or not low <= n <= high for n in lengths):
-            raise ArtifactError(f"{path}: damaged artifact (padded lengths {str(lengths)[:80]} outside {low}..{high})")
-        lowered = meta.get("run_time_length") or ()  # the kernels take the length at run time
-        # the lengths lowered are the ones a compile chooses for the range, never the file's own
-        if lowered and (lowered != list(extents.samples(low, high) or ()) or len(lengths) != 1):
-            raise ArtifactError(f"{path}: damaged artifact (run-time length lowered at {str(lowered)[:80]})")
-        model.use_padded(Padder(padder.padding, lengths, tuple(lowered)), prebuilt, padded)
-        try:
-            for dims in padded:
-                model.padded().prepare_dims(dims)
-        except extents.NotAffine as err:
-            raise ArtifactError(f"{path}: damaged artifact (run-time length: {err})") from None
+    _padded(model, meta, ranges, prebuilt, path)
     if meta.get("run_time_dims"):  # kernels that take ranged dims at run time: the route made again
         route, listed = _route(meta["run_time_dims"], graph, ranges, path)
         model.dims_model = model.dims_model_for(route, prebuilt, ahead=listed)
@@ -109,6 +90,32 @@ def load(
         except extents.NotAffine as err:  # kernels that do not lower apart at the file's sizes
             raise ArtifactError(f"{path}: damaged artifact (run-time dims: {err})") from None
     return model
+
+
+def _padded(model: Any, meta: dict[str, Any], ranges: dict[str, tuple[int, int]], prebuilt: dict, path: Path) -> None:
+    """A padded dim's compiled lengths: the padded graph made again, its code the artifact's; the
+    lengths and the run-time length's samples checked against the declared range."""
+    padded = meta.get("padded_variants") or []
+    if not padded:
+        return
+    padder = model.padder()
+    lengths = tuple(sorted({dims.get(padder.symbol, 0) for dims in padded})) if padder is not None else ()
+    high = ranges.get(padder.symbol, (0, 0))[1] if padder is not None else 0
+    if padder is None or not lengths or lengths[-1] < high:
+        raise ArtifactError(f"{path}: damaged artifact (padded variants {str(padded)[:80]} for no paddable dim)")
+    low = ranges.get(padder.symbol, (0, 0))[0]
+    if any(type(n) is not int or not low <= n <= high for n in lengths):
+        raise ArtifactError(f"{path}: damaged artifact (padded lengths {str(lengths)[:80]} outside {low}..{high})")
+    lowered = meta.get("run_time_length") or ()  # the kernels take the length at run time
+    # the lengths lowered are the ones a compile chooses for the range, never the file's own
+    if lowered and (lowered != list(extents.samples(low, high) or ()) or len(lengths) != 1):
+        raise ArtifactError(f"{path}: damaged artifact (run-time length lowered at {str(lowered)[:80]})")
+    model.use_padded(Padder(padder.padding, lengths, tuple(lowered)), prebuilt, padded)
+    try:
+        for dims in padded:
+            model.padded().prepare_dims(dims)
+    except extents.NotAffine as err:
+        raise ArtifactError(f"{path}: damaged artifact (run-time length: {err})") from None
 
 
 def _route(found: Any, graph: Any, ranges: dict[str, tuple[int, int]], path: Path) -> tuple[Any, list[dict[str, int]]]:
