@@ -35,6 +35,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from kiln.output_files import describe
+
 CHUNK = 4 << 20  # bytes hashed per task: big blobs spread over both threads
 _key_lock = threading.Lock()
 _key: bytes | None = None
@@ -227,7 +229,7 @@ def open_regular(path: str | os.PathLike, what: str = "file") -> io.BufferedRead
     try:
         info = os.fstat(handle)
         if not stat.S_ISREG(info.st_mode):
-            raise IrregularFile(f"{path}: the {what} is {_kind(info.st_mode)}, not a regular file")
+            raise IrregularFile(f"{path}: the {what} is {describe(info.st_mode)}, not a regular file")
         os.set_blocking(handle, True)
         return os.fdopen(handle, "rb")
     except BaseException:
@@ -243,20 +245,7 @@ def check_regular(path: str | os.PathLike, what: str = "file") -> None:
     except OSError:
         return
     if not stat.S_ISREG(info.st_mode):
-        raise IrregularFile(f"{path}: the {what} is {_kind(info.st_mode)}, not a regular file")
-
-
-def _kind(mode: int) -> str:
-    for test, name in (
-        (stat.S_ISDIR, "a folder"),
-        (stat.S_ISFIFO, "a FIFO"),
-        (stat.S_ISCHR, "a character device"),
-        (stat.S_ISBLK, "a block device"),
-        (stat.S_ISSOCK, "a socket"),
-    ):
-        if test(mode):
-            return name
-    return "not a file"
+        raise IrregularFile(f"{path}: the {what} is {describe(info.st_mode)}, not a regular file")
 
 
 def write_atomically(path: Path, data: bytes | memoryview, prefix: str = ".partial-") -> None:
