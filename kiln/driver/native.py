@@ -340,13 +340,7 @@ class NativeModel(Model):
                 try:
                     self._prepare_padded(padder, base, sizes)
                 except extents.NotAffine as err:  # the lowering varies otherwise: compiled lengths
-                    log.info(
-                        "%s: kernels cannot take the length at run time (%s); compiling lengths", padder.symbol, err
-                    )
-                    self.run_time_refused[padder.symbol] = str(err)
-                    self._padder, self.padded_model = False, None
-                    padder = self.padder()
-                    assert padder is not None
+                    padder = self._compiled_lengths(padder, err)
                     self._prepare_padded(padder, base, sizes)
         elif chunking is not None and chunking.symbol in names:
             self.prepare_many([{**base, **size} for size in sizes])
@@ -402,6 +396,16 @@ class NativeModel(Model):
         model._padder = None  # its ranged dims are the kernels' (they do not pad)
         return model
 
+    def _compiled_lengths(self, padder: Padder, err: extents.NotAffine) -> Padder:
+        """The padded dim's kernels cannot take the length at run time (``err`` says why): from now on
+        it runs at compiled lengths, and ``run_time_refused`` says why."""
+        log.info("%s: kernels cannot take the length at run time (%s); compiling lengths", padder.symbol, err)
+        self.run_time_refused[padder.symbol] = str(err)
+        self._padder, self.padded_model = False, None
+        chosen = self.padder()
+        assert chosen is not None and not chosen.samples
+        return chosen
+
     def _prepare_padded(self, padder: Padder, base: dict[str, int], sizes: list[dict[str, int]]) -> None:
         """Compile the padded graph's model at each of its lengths with each size class."""
         wanted = [{**base, padder.symbol: length, **size} for length in padder.classes for size in sizes]
@@ -427,7 +431,13 @@ class NativeModel(Model):
             length = dims[padder.symbol]
             size = padder.class_for(length)
             model = self.padded()
-            outputs = model._execute(padder.pad(inputs, length, size))
+            try:
+                outputs = model._execute(padder.pad(inputs, length, size))
+            except extents.NotAffine as err:  # a binding first seen now does not lower apart
+                if not padder.samples:
+                    raise
+                self._compiled_lengths(padder, err)
+                return self._execute(inputs)
             self._ran.update(model._ran)
             return padder.cut(outputs, length)
         key = tuple(sorted(dims.items()))

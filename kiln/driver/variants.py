@@ -150,13 +150,9 @@ class Compilation:
             length = self.extents
             if length is not None and dims.get(length.symbol) == length.lengths[0]:
                 bound = {k: v for k, v in dims.items() if k != length.symbol}
-                try:
-                    return extents.compile_with_run_time_length(
-                        self.graph, bound, length, self.target, self.options, self.prebuilt
-                    )
-                except extents.NotAffine as err:  # this binding does not lower apart: the padded graph at
-                    # its capacity is right for every shorter length too (the valid length is its input)
-                    log.info("%s: kernels cannot take the length at run time at %s (%s)", length.symbol, dims, err)
+                return extents.compile_with_run_time_length(
+                    self.graph, bound, length, self.target, self.options, self.prebuilt
+                )
             return compile_plan(
                 self.graph, self.target, self.options, prebuilt=self.prebuilt, dims=dims, first="specialize"
             )

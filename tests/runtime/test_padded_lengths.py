@@ -198,6 +198,39 @@ def test_compiled_lengths_when_asked_or_when_the_lowering_is_no_polynomial_of_th
         assert len(model.executables()) == before
 
 
+def test_a_binding_first_seen_at_run_time_that_does_not_lower_apart_runs_at_compiled_lengths():
+    """A batch the model mixes (centred over the batch: it never chunks) compiles when it first
+    runs: one whose lowering is no polynomial of the length (here forced) switches the dim to
+    compiled lengths, with right answers."""
+    from kiln.driver import extents
+    from kiln.driver.options import CompileOptions
+
+    source = attention_model()
+    source.graph.initializer.append(onnx.numpy_helper.from_array(np.array([0], np.int64), "batch_axis"))
+    source.graph.node.extend(
+        [
+            helper.make_node("ReduceMean", ["pooled", "batch_axis"], ["batch_mean"], keepdims=1),
+            helper.make_node("Sub", ["pooled", "batch_mean"], ["centred"]),
+        ]
+    )
+    source.graph.output.append(helper.make_tensor_value_info("centred", FLOAT, ["batch", WIDTH]))
+    model = kiln.compile(source, options=CompileOptions.from_env(plan_cache=False))
+    model.declare({"seq": (1, 20)})
+    assert model.chunking() is None and model.padder().samples  # the length at run time, for now
+    real = extents._fit
+    try:
+        extents._fit = lambda values, lengths, where: (_ for _ in ()).throw(extents.NotAffine(f"{where}: forced"))
+        for length in (3, 20):
+            given = feeds(2, length)
+            got = model.run(given)
+            y, pooled, peak = reference(given["x"], given["mask"])
+            for name, want in zip(("y", "pooled", "peak", "centred"), (y, pooled, peak, pooled - pooled.mean(0))):
+                np.testing.assert_allclose(got[name], want, rtol=1e-4, atol=1e-5, err_msg=f"{name} at {length}")
+    finally:
+        extents._fit = real
+    assert "forced" in model.run_time_refused["seq"] and model.padder().classes == (16, 20)
+
+
 def test_a_causal_mask_built_from_the_length_is_computed_by_a_kernel_at_run_time():
     """A [seq, seq] mask folded at each length would be the capacity's constant (no shorter
     length's dense layout is a prefix of it): kiln keeps it computed (by kernels that take the
