@@ -22,6 +22,7 @@ from kiln.driver.sizes import (
     MAX_DIM,
     Chunking,
     Padder,
+    check_capacity,
     check_ranges,
     default_classes,
     padded_classes,
@@ -378,7 +379,7 @@ class NativeModel(Model):
             for name in ranged:
                 self.run_time_refused[name] = str(err)
             return False
-        _check_capacity(model, ranges)
+        check_capacity(model.bindings(), ranges)
         log.info("%s: kernels take the sizes at run time (one compile serves the ranges %s)", ", ".join(ranged), ranges)
         self.dims_model = model
         return True
@@ -584,21 +585,3 @@ def check_dims(dims: Any, signature: Graph) -> dict[str, int]:
             raise ArgumentError(f"dims: {name}={size!r} is not a size (an integer in 0..{MAX_DIM})")
         checked[name] = int(size)
     return checked
-
-
-def _check_capacity(model: NativeModel, ranges: dict[str, tuple[int, int]]) -> None:
-    """Refuse, when they are declared, ranges whose kernels' working memory at the capacity (where
-    they are laid out) this machine could never hold: every run would fail wanting it."""
-    try:
-        physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):
-        return
-    for dims, plan in model.bindings():
-        need = plan.memory.arena_bytes if plan.memory is not None else 0
-        if need > physical:
-            shown = ", ".join(f"{name}={low}..{high}" for name, (low, high) in ranges.items())
-            raise ArgumentError(
-                f"dims: {shown}: kernels laid out at the largest sizes ({dims}) need {need:,} bytes "
-                f"({need / 2**30:.1f} GiB) of working memory and this machine has {physical / 2**30:.1f} GiB: "
-                "declare smaller ranges"
-            )

@@ -11,6 +11,8 @@ compiled variant, and the outputs are joined along their samples' dim.
 
 from __future__ import annotations
 
+import os
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -206,3 +208,21 @@ class Padder:
                 array = np.ascontiguousarray(array[tuple(index)])
             cut.append(array)
         return cut
+
+
+def check_capacity(bindings: Iterable[tuple[dict[str, int], Any]], ranges: dict[str, tuple[int, int]]) -> None:
+    """Refuse, when they are declared, ranges whose kernels' working memory at the capacity (where
+    they are laid out) this machine could never hold: every run would fail wanting it."""
+    try:
+        physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return
+    for dims, plan in bindings:
+        need = plan.memory.arena_bytes if plan.memory is not None else 0
+        if need > physical:
+            shown = ", ".join(f"{name}={low}..{high}" for name, (low, high) in ranges.items())
+            raise ArgumentError(
+                f"dims: {shown}: kernels laid out at the largest sizes ({dims}) need {need:,} bytes "
+                f"({need / 2**30:.1f} GiB) of working memory and this machine has {physical / 2**30:.1f} GiB: "
+                "declare smaller ranges"
+            )
