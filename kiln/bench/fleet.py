@@ -201,18 +201,48 @@ def connect(address: str) -> Any:
             settings["_node_ip_address"] = "127.0.0.1"
         if address == "local":
             settings["include_dashboard"] = False  # no HTTP port opened for a run that needs none
+        has_token = address != "local" and _use_token_if_given()
         try:
             ray.init(address=address, **settings)
         except Exception as err:
-            text = str(err)
-            if "uthentication token" in text or ("token" in text.lower() and "auth" in text.lower()):
+            text = " ".join(str(err).split())
+            if "uthentication token" in text or ("token" in text.lower() and "auth" in text.lower()) or not has_token:
+                hint = (
+                    "the token this process gave was refused"
+                    if has_token
+                    else "if it uses Ray's token authentication (`ray start` with RAY_AUTH_MODE=token), this "
+                    "process had no token"
+                )
                 raise FleetError(
-                    f"cannot join the Ray cluster at {address}: it requires its authentication token (Ray's token "
-                    "authentication): give this process the cluster's token, as Ray reads it: RAY_AUTH_MODE=token "
-                    "and RAY_AUTH_TOKEN=<token> (or the token in ~/.ray/auth_token, as `ray start` writes it)"
+                    f"cannot join the Ray cluster at {address} ({type(err).__name__}: {text[:300]}): {hint}; give "
+                    "this process the cluster's token as Ray reads it: RAY_AUTH_TOKEN=<token>, or the token's "
+                    "file in RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token (where `ray get-auth-token --generate` "
+                    "writes it)"
                 ) from None
             raise FleetError(f"cannot join the Ray cluster at {address}: {type(err).__name__}: {text}") from None
     return ray
+
+
+def _use_token_if_given() -> bool:
+    """Whether this process joins with a Ray authentication token. Ray only sends one when
+    RAY_AUTH_MODE=token, and a cluster made by `ray start` with tokens on refuses a process without
+    it (with a bare "Failed to connect"): a token the user has (RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH,
+    ~/.ray/auth_token) turns the mode on unless RAY_AUTH_MODE says otherwise."""
+    mode = os.environ.get("RAY_AUTH_MODE")
+    if mode is not None:
+        return mode.lower() == "token"
+    named = os.environ.get("RAY_AUTH_TOKEN_PATH")
+    files = [Path(named)] if named else [Path.home() / ".ray" / "auth_token"]
+    if not (os.environ.get("RAY_AUTH_TOKEN") or any(f.is_file() for f in files)):
+        return False
+    os.environ["RAY_AUTH_MODE"] = "token"
+    try:  # Ray caches its settings once imported: read again with token mode on
+        from ray._raylet import Config
+
+        Config.initialize("")
+    except (ImportError, AttributeError):
+        pass
+    return True
 
 
 def nodes(address: str, selectors: Iterable[str] = ()) -> list[dict[str, Any]]:

@@ -524,9 +524,13 @@ def test_torch_cond_runs_eagerly_with_a_warning():
             assert torch.equal(compiled(x), module(x))
 
 
-def test_a_local_fleet_cluster_listens_on_loopback_only(monkeypatch):
+def test_a_local_fleet_cluster_listens_on_loopback_only(monkeypatch, tmp_path):
     ray = pytest.importorskip("ray", reason="the fleet runs on Ray (the 'fleet' extra)")
     from kiln.bench import fleet
+
+    for name in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))  # no token file
 
     seen = {}
     monkeypatch.setattr(ray, "is_initialized", lambda: False)
@@ -540,3 +544,70 @@ def test_a_local_fleet_cluster_listens_on_loopback_only(monkeypatch):
     monkeypatch.setattr(ray, "init", refuse)
     with pytest.raises(fleet.FleetError, match="RAY_AUTH_TOKEN"):
         fleet.connect("127.0.0.1:6399")
+    assert "RAY_AUTH_MODE" not in os.environ  # no token: the mode is left as it was
+    (tmp_path / ".ray").mkdir()
+    (tmp_path / ".ray" / "auth_token").write_text("0" * 32)
+    with pytest.raises(fleet.FleetError, match="the token this process gave was refused"):
+        fleet.connect("127.0.0.1:6399")
+    assert os.environ["RAY_AUTH_MODE"] == "token"  # a token the user has is sent (Ray sends none otherwise)
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_the_fleet_joins_a_cluster_made_by_ray_start_with_its_token(tmp_path):
+    """As users make one: `ray get-auth-token --generate`, then `ray start --head` with
+    RAY_AUTH_MODE=token. `kiln bench nodes` from a shell with the token file (RAY_AUTH_MODE unset)
+    joins; one with no token is told how to give it, a named error, not Ray's bare "Failed to
+    connect"."""
+    pytest.importorskip("ray", reason="the fleet runs on Ray (the 'fleet' extra)")
+    import json
+    import signal
+    import socket
+    import tempfile
+    import time
+
+    bin_dir = Path(sys.executable).parent
+    home, stranger = tmp_path / "home", tmp_path / "stranger"
+    home.mkdir()
+    stranger.mkdir()
+    user = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")} | {"HOME": str(home)}
+    made = subprocess.run(
+        [str(bin_dir / "ray"), "get-auth-token", "--generate"], env=user, capture_output=True, timeout=60
+    )
+    assert made.returncode == 0 and (home / ".ray" / "auth_token").is_file(), made.stderr[-2000:]
+    port = _free_port()
+    sessions = tempfile.mkdtemp(prefix="kiln-ray-", dir="/tmp")  # short: Ray's socket paths are under it
+    head = subprocess.Popen(  # its own session: the whole cluster is stopped with it, never `ray stop`
+        [str(bin_dir / "ray"), "start", "--head", "--block", f"--port={port}", "--num-cpus=1",
+         "--node-ip-address=127.0.0.1", "--include-dashboard=false", f"--temp-dir={sessions}"],
+        env=user | {"RAY_AUTH_MODE": "token"}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )  # fmt: skip
+    try:
+        kiln_cli = [str(bin_dir / "kiln"), "bench", "nodes", "--cluster", f"127.0.0.1:{port}", "--json"]
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline and head.poll() is None:  # the head takes seconds to listen
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                time.sleep(0.5)
+        joined = subprocess.run(kiln_cli, env=user, capture_output=True, text=True, timeout=120)
+        assert joined.returncode == 0, joined.stderr[-3000:]
+        assert len(json.loads(joined.stdout)) == 1
+        refused = subprocess.run(
+            kiln_cli, env=user | {"HOME": str(stranger)}, capture_output=True, text=True, timeout=180
+        )
+        assert refused.returncode == 1 and "RAY_AUTH_TOKEN" in refused.stderr, refused.stderr[-3000:]
+        assert "Traceback" not in refused.stderr
+    finally:
+        os.killpg(head.pid, signal.SIGKILL)  # the head and every process it started (its session)
+        head.wait()
+        shutil.rmtree(sessions, ignore_errors=True)
