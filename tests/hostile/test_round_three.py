@@ -611,3 +611,32 @@ def test_the_fleet_joins_a_cluster_made_by_ray_start_with_its_token(tmp_path):
         os.killpg(head.pid, signal.SIGKILL)  # the head and every process it started (its session)
         head.wait()
         shutil.rmtree(sessions, ignore_errors=True)
+
+
+def test_torch_compile_dynamic_on_growing_sizes_never_sees_an_internal_refusal(monkeypatch):
+    """torch.compile(dynamic=True) called at growing sizes: where kiln's kernels cannot take the
+    sizes at run time (here forced: no kernel's sizes terms of the dims, no lowering a polynomial of
+    a length) each size compiles instead; the caller never sees kiln's internal NotAffine, nothing
+    falls back to eager, and every call equals eager PyTorch."""
+    pytest.importorskip("torch", reason="torch (the 'zoo' extra) runs torch.compile")
+    from kiln.driver import extents, spatial
+    from tests.frontend.test_torch_dynamic import dynamic_planes, run
+
+    refused, merged, calls = [], spatial._merged, []
+
+    def refuse(*args, **kwargs):  # type: ignore[no-untyped-def]
+        refused.append(args)
+        raise extents.NotAffine("forced")
+
+    def refuse_after_the_first(*args, **kwargs):  # type: ignore[no-untyped-def]
+        calls.append(args)
+        return merged(*args, **kwargs) if len(calls) == 1 else refuse(*args)
+
+    module, compiled = dynamic_planes()
+    monkeypatch.setattr(spatial, "_merged", refuse_after_the_first)  # one batch class lowers apart, the next not
+    run(compiled, module, [(2, 8), (2, 9), (3, 12), (1, 5)])
+    assert len(refused) > 1  # the refusal happened, and stayed inside kiln
+    monkeypatch.setattr(extents, "_fit", refuse)
+    monkeypatch.setattr(spatial, "_merged", refuse)  # every declaration refuses
+    module, compiled = dynamic_planes()
+    run(compiled, module, [(2, 8), (2, 9), (3, 12), (2, 70), (1, 5)])  # 70: past the first range
