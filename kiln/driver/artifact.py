@@ -37,6 +37,7 @@ from kiln.backends import backend
 from kiln.errors import KilnError
 from kiln.ir.parser import ParseError, parse_graph
 from kiln.ir.printer import print_graph, tensor_data
+from kiln.memory import empty_aligned
 from kiln.output_files import OutputPathError, check_output_file
 from kiln.version import __version__
 
@@ -48,6 +49,7 @@ OLDEST = 2  # 2: lib/<key>.so, one library per variant
 MAX_INFLATION = 50  # a deflated member may not claim more than this ratio of its stored size...
 INFLATION_FLOOR = 1 << 20  # ...beyond a first MiB any member may claim
 MAX_MEMBERS = 4096
+CHUNK = 1 << 22  # bytes read from a member at a time (never the whole member twice in memory)
 MAX_VARIANTS = 256  # compiled bindings an artifact may list (each is loaded when it is)
 MAX_DIM = (1 << 31) - 1  # a variant's dim: a size kiln's int64 index arithmetic holds many times over
 JSON_DEPTH = 64  # kiln's JSON nests 4 levels; a deeper file is not kiln's
@@ -165,12 +167,28 @@ def pack_tensors(data: dict[str, np.ndarray]) -> tuple[bytes, bytes, list[str]]:
     return buffer.getvalue(), json.dumps(strings).encode(), list(numeric)
 
 
-def unpack_tensors(numeric: bytes, strings: bytes, names: list[str]) -> dict[str, np.ndarray]:
+def unpack_tensors(numeric: bytes | bytearray, strings: bytes, names: list[str]) -> dict[str, np.ndarray]:
     """``pack_tensors`` reversed; raises ValueError (never runs code) for anything else."""
     arrays = load_npz(numeric)  # every header checked against its bytes before anything is allocated
-    data = {str(name): arrays[f"t{i}"] for i, name in enumerate(names)}
+    data = dict(zip(map(str, names), _aligned([arrays[f"t{i}"] for i in range(len(names))])))
     data.update({str(name): _strings_from_json(entry) for name, entry in json.loads(strings or b"{}").items()})
     return data
+
+
+def _aligned(arrays: list[np.ndarray]) -> list[np.ndarray]:
+    """The arrays copied into one buffer, each starting on a 64-byte boundary (the engine's weight
+    views then need no aligned copy of their own); the views they were of can be freed."""
+    offsets, total = [], 0
+    for array in arrays:
+        offsets.append(total)
+        total += -(-array.nbytes // 64) * 64
+    buffer = empty_aligned(max(total, 1))
+    copied = []
+    for array, at in zip(arrays, offsets):
+        into = buffer[at : at + array.nbytes].view(array.dtype).reshape(array.shape)
+        into[...] = array
+        copied.append(into)
+    return copied
 
 
 def _strings_to_json(array: np.ndarray) -> dict[str, Any]:
@@ -245,7 +263,7 @@ def _check_directory(archive: zipfile.ZipFile, path: Path) -> None:
         raise ArtifactError(f"{path}: damaged artifact (its members claim {stored} bytes in a {size}-byte file)")
 
 
-def _members(archive: zipfile.ZipFile, path: Path) -> dict[str, bytes]:
+def _members(archive: zipfile.ZipFile, path: Path) -> dict[str, bytearray]:
     """Every member, each checked against the manifest's SHA-256 before anything is parsed."""
     manifest = _json(_read_member(archive, "manifest.json", path), "manifest.json", path)
     try:
@@ -267,15 +285,19 @@ def _members(archive: zipfile.ZipFile, path: Path) -> dict[str, bytes]:
     return contents
 
 
-def _read_member(archive: zipfile.ZipFile, name: str, path: Path) -> bytes:
+def _read_member(archive: zipfile.ZipFile, name: str, path: Path) -> bytearray:
     try:
         info = archive.getinfo(name)
         if info.file_size > INFLATION_FLOOR + MAX_INFLATION * info.compress_size:
             raise ArtifactError(f"{path}: damaged artifact ({name} claims to inflate to {info.file_size} bytes)")
-        with archive.open(info) as member:  # never more than the (checked) size it claims
-            data = member.read(info.file_size + 1)
-        if len(data) != info.file_size:
-            raise ArtifactError(f"{path}: damaged artifact ({name} is not the size its entry claims)")
+        data = bytearray(info.file_size)  # (a bytearray: the weights' arrays are views of it, writable)
+        view, at = memoryview(data), 0
+        with archive.open(info) as member:  # never more than the (checked) size it claims, in pieces
+            while at < info.file_size and (piece := member.read(min(CHUNK, info.file_size - at))):
+                view[at : at + len(piece)] = piece
+                at += len(piece)
+            if at != info.file_size or member.read(1):
+                raise ArtifactError(f"{path}: damaged artifact ({name} is not the size its entry claims)")
         return data
     except KeyError:
         raise ArtifactError(f"{path}: damaged artifact (member {name} is missing)") from None
@@ -283,7 +305,7 @@ def _read_member(archive: zipfile.ZipFile, name: str, path: Path) -> bytes:
         raise ArtifactError(f"{path}: damaged artifact ({name}: {err})") from None
 
 
-def read(path: str | os.PathLike) -> tuple[dict[str, Any], dict[str, bytes], Any]:
+def read(path: str | os.PathLike) -> tuple[dict[str, Any], dict[str, bytearray], Any]:
     """(meta, members, graph) of the artifact at ``path``, every member checked against the
     manifest first; nothing is unpickled. Raises ArtifactError for a damaged, foreign or newer file."""
     path = Path(path)
@@ -318,7 +340,8 @@ def read(path: str | os.PathLike) -> tuple[dict[str, Any], dict[str, bytes], Any
         names = meta["tensor_names"]
         if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
             raise ArtifactError(f"{path}: damaged artifact (meta.json tensor_names is not a list of names)")
-        data = unpack_tensors(contents["tensors.npz"], contents.get("strings.json", b""), names)
+        # (the arrays are views of the member's bytes, which live as long as they do)
+        data = unpack_tensors(contents.pop("tensors.npz"), contents.get("strings.json", b""), names)
         graph = parse_graph(contents["graph.txt"].decode(), data)
         by_name = {v.name: v for v in graph.constants}
         graph = graph.with_(defaults=tuple(by_name[str(name)] for name in meta.get("defaults", [])))

@@ -164,3 +164,57 @@ def test_repeated_loads_leave_the_temporary_directory_as_it_was(tmp_path, monkey
         del loaded
         gc.collect()
     assert list(temporary.iterdir()) == []
+
+
+def test_loaded_weights_are_held_once_each_on_a_64_byte_boundary(tmp_path):
+    """The artifact's weights load into one aligned buffer (the engine's weight views need no
+    copies of their own), and the member's bytes they were read from are not kept."""
+    from kiln.driver import artifact
+
+    weights = {f"w{i}": RNG.standard_normal((5, 7 + i)).astype(np.float32) for i in range(3)}
+    nodes = [helper.make_node("MatMul", ["x", "w0"], ["h0"]), helper.make_node("Relu", ["h0"], ["y"])]
+    source = make_model(nodes, [("x", FLOAT, [2, 5])], [("y", FLOAT, None)], weights)
+    path = kiln.compile(source, target="reference").save(tmp_path / "m.kiln")
+    read_bytes = []
+    real = artifact._read_member
+
+    def spy(archive, name, where):  # type: ignore[no-untyped-def]
+        data = real(archive, name, where)
+        if name == "tensors.npz":
+            read_bytes.append(np.frombuffer(data, np.uint8))
+        return data
+
+    artifact._read_member = spy
+    try:
+        _, _, graph = artifact.read(path)
+    finally:
+        artifact._read_member = real
+    arrays = {v.name: a for v, a in graph.constants.items() if v.name in weights}
+    # copies: nothing keeps the member's bytes alive once read
+    assert read_bytes and not any(np.shares_memory(a, read_bytes[0]) for a in arrays.values())
+    assert arrays.keys() == weights.keys()
+    for name, array in arrays.items():
+        np.testing.assert_array_equal(array, weights[name])
+        assert array.ctypes.data % 64 == 0 and array.flags.writeable, name
+    bases = {id(a.base if a.base is not None else a) for a in arrays.values()}
+    assert len(bases) == 1  # one buffer
+
+
+def test_npz_bytes_load_as_views_and_a_damaged_stored_member_is_refused():
+    import io
+
+    from kiln.arrays import ArrayFileError, load_npz
+
+    arrays = {"a": np.arange(12, dtype=np.float32).reshape(3, 4), "b": np.asfortranarray(np.ones((2, 3)))}
+    buffer = io.BytesIO()
+    np.savez(buffer, **arrays)
+    data = bytearray(buffer.getvalue())
+    loaded = load_npz(data)
+    for name, array in arrays.items():
+        np.testing.assert_array_equal(loaded[name], array)
+        assert np.shares_memory(loaded[name], np.frombuffer(data, np.uint8))  # a view, no copy
+    assert load_npz(bytes(data)).keys() == arrays.keys()  # (bytes: read through zipfile, copied)
+    at = data.index(np.arange(12, dtype=np.float32).tobytes())
+    data[at + 5] ^= 0xFF  # one bit pattern changed inside a stored member: its CRC no longer holds
+    with pytest.raises(ArrayFileError):
+        load_npz(data)
