@@ -29,17 +29,16 @@ class ArrayFileError(KilnError):
     """A file that is not an .npy/.npz kiln can read as plain arrays (the message says why)."""
 
 
-def read_npy(handle: IO[bytes], available: int, what: str) -> np.ndarray:
-    """The array in ``handle`` (positioned at an .npy's magic), whose file holds ``available``
-    bytes from there. Raises ArrayFileError when the header is not one, asks for objects, or
-    claims a size other than the bytes present."""
+def _header(handle: IO[bytes], available: int, what: str) -> tuple[tuple[int, ...], bool, np.dtype]:
+    """(shape, Fortran order, dtype) of the .npy at ``handle`` (positioned at its magic; left at
+    its data), whose file holds ``available`` bytes from there: the checks ``read_npy`` states."""
     start = handle.tell()
     try:
         version = np.lib.format.read_magic(handle)
         if version == (1, 0):
-            shape, _fortran, dtype = np.lib.format.read_array_header_1_0(handle, max_header_size=MAX_HEADER)
+            shape, fortran, dtype = np.lib.format.read_array_header_1_0(handle, max_header_size=MAX_HEADER)
         elif version == (2, 0):
-            shape, _fortran, dtype = np.lib.format.read_array_header_2_0(handle, max_header_size=MAX_HEADER)
+            shape, fortran, dtype = np.lib.format.read_array_header_2_0(handle, max_header_size=MAX_HEADER)
         else:
             raise ArrayFileError(f"{what}: .npy format version {version} (kiln reads 1.0 and 2.0)")
     except ArrayFileError:
@@ -56,6 +55,15 @@ def read_npy(handle: IO[bytes], available: int, what: str) -> np.ndarray:
         raise ArrayFileError(
             f"{what}: the header claims {dtype} {list(shape)} ({claimed} bytes) but the file holds {present}"
         )
+    return shape, fortran, dtype
+
+
+def read_npy(handle: IO[bytes], available: int, what: str) -> np.ndarray:
+    """The array in ``handle`` (positioned at an .npy's magic), whose file holds ``available``
+    bytes from there. Raises ArrayFileError when the header is not one, asks for objects, or
+    claims a size other than the bytes present."""
+    start = handle.tell()
+    _header(handle, available, what)
     handle.seek(start)
     try:
         return np.lib.format.read_array(handle, allow_pickle=False)
@@ -66,7 +74,7 @@ def read_npy(handle: IO[bytes], available: int, what: str) -> np.ndarray:
 class _Reader(io.RawIOBase):
     """A read-only file over bytes in memory (io.BytesIO would copy them first)."""
 
-    def __init__(self, data: bytes | bytearray) -> None:
+    def __init__(self, data: bytes | bytearray | memoryview) -> None:
         self.data, self.at = memoryview(data), 0
 
     def readable(self) -> bool:
@@ -92,27 +100,9 @@ class _Reader(io.RawIOBase):
 
 def read_npy_view(data: memoryview, what: str) -> np.ndarray:
     """The array of the .npy bytes ``data`` as a view of them (checked as ``read_npy`` checks)."""
-    handle = io.BytesIO(data)
-    try:
-        version = np.lib.format.read_magic(handle)
-        header = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
-        if version not in ((1, 0), (2, 0)):
-            raise ArrayFileError(f"{what}: .npy format version {version} (kiln reads 1.0 and 2.0)")
-        shape, fortran, dtype = header(handle, max_header_size=MAX_HEADER)
-    except ArrayFileError:
-        raise
-    except (ValueError, OSError, EOFError, SyntaxError, TypeError) as err:
-        raise ArrayFileError(f"{what}: not an .npy array ({err})") from None
-    if dtype.hasobject:
-        raise ArrayFileError(f"{what}: holds Python objects (kiln reads only plain arrays, never pickles)")
-    if not all(isinstance(d, int) and d >= 0 for d in shape):
-        raise ArrayFileError(f"{what}: header shape {shape} is not a shape")
-    claimed, start = math.prod(shape) * dtype.itemsize, handle.tell()
-    if claimed != len(data) - start:
-        raise ArrayFileError(
-            f"{what}: the header claims {dtype} {list(shape)} ({claimed} bytes) but the file holds {len(data) - start}"
-        )
-    flat = np.frombuffer(data, dtype=dtype, count=math.prod(shape), offset=start)
+    handle = _Reader(data)
+    shape, fortran, dtype = _header(handle, len(data), what)  # type: ignore[arg-type]
+    flat = np.frombuffer(data, dtype=dtype, count=math.prod(shape), offset=handle.tell())
     return flat.reshape(shape[::-1]).transpose() if fortran else flat.reshape(shape)
 
 
