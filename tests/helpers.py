@@ -58,3 +58,13 @@ def run_without_a_compiler(script: str, tmp_path: Path) -> str:
     done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     return done.stdout
+
+
+def run_fpga_testbench(project: Path, binary: Path) -> subprocess.CompletedProcess:
+    """An fpga project's own C simulation, built without kiln (g++ with the ap_types headers) and
+    run in the project's folder."""
+    from kiln.backends.fpga import ap_types
+
+    build = ["g++", "-std=c++14", "-O1", "-w", f"-I{ap_types()}", "tb/kiln_tb.cpp", "firmware/kiln_model.cpp"]
+    subprocess.run([*build, "-o", str(binary)], cwd=project, check=True, capture_output=True)
+    return subprocess.run([str(binary)], cwd=project, capture_output=True, text=True)

@@ -23,7 +23,7 @@ import kiln
 from kiln.errors import KilnError
 from kiln.output_files import OutputFolder, OutputPathError, ensure_folder, write_output_file
 from kiln.source_text import c_comment, safe_text
-from tests.helpers import make_model
+from tests.helpers import make_model, run_fpga_testbench
 
 FLOAT = TensorProto.FLOAT
 
@@ -128,25 +128,7 @@ def test_names_never_become_hls_code_in_the_design_the_testbench_or_the_tcl(tmp_
         if "//" in line:  # a comment ends its line: no continuation into the next
             assert not line.rstrip().endswith(("\\", "??/")), line
     # the project's own testbench, built without kiln
-    from kiln.backends.fpga import ap_types
-
-    subprocess.run(
-        [
-            "g++",
-            "-std=c++14",
-            "-O1",
-            "-w",
-            f"-I{ap_types()}",
-            "tb/kiln_tb.cpp",
-            "firmware/kiln_model.cpp",
-            "-o",
-            "../testbench",
-        ],
-        cwd=tmp_path / "prj",
-        check=True,
-        capture_output=True,
-    )
-    run = subprocess.run([str(tmp_path / "testbench")], cwd=tmp_path / "prj", capture_output=True, text=True)
+    run = run_fpga_testbench(tmp_path / "prj", tmp_path / "testbench")
     assert run.returncode == 0 and "PASSED" in run.stdout
     assert not (tmp_path / "PWNED").exists() and not (tmp_path / "prj/PWNED").exists()
 

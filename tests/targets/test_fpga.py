@@ -12,7 +12,6 @@
 from __future__ import annotations
 
 import shutil
-import subprocess
 
 import numpy as np
 import pytest
@@ -24,7 +23,7 @@ from kiln.backends.fpga import ap_types
 from kiln.backends.fpga.hls_rules import check
 from kiln.driver.fixed_point import design_of, output_tolerance, reference_run, write_fpga_project
 from kiln.lower.target import TargetError
-from tests.helpers import make_model
+from tests.helpers import make_model, run_fpga_testbench
 from tests.targets.test_targets import CASES
 
 pytestmark = pytest.mark.skipif(
@@ -109,24 +108,7 @@ def test_the_mlp_project_keeps_the_hls_rules_and_its_testbench_passes(tmp_path):
     tcl = (folder / "build_prj.tcl").read_text()
     assert "set_part {xcu250-figd2104-2L-e}" in tcl and "csynth_design" in tcl
     # the testbench is the project's own C simulation: built without kiln, bit for bit
-    binary = tmp_path / "tb"
-    subprocess.run(
-        [
-            "g++",
-            "-std=c++14",
-            "-O1",
-            "-w",
-            f"-I{ap_types()}",
-            "tb/kiln_tb.cpp",
-            "firmware/kiln_model.cpp",
-            "-o",
-            str(binary),
-        ],
-        cwd=folder,
-        check=True,
-        capture_output=True,
-    )
-    result = subprocess.run([str(binary)], cwd=folder, capture_output=True, text=True)
+    result = run_fpga_testbench(folder, tmp_path / "tb")
     assert result.returncode == 0 and "PASSED" in result.stdout, result.stdout
 
 
