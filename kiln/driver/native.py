@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from kiln.backends import Threading
-from kiln.driver import extents, spatial
+from kiln.driver import extents, plan_cache, spatial
 from kiln.driver.artifact import save
 from kiln.driver.model import Model
 from kiln.driver.sizes import (
@@ -176,6 +176,9 @@ class NativeModel(Model):
                     else "each new size compiles on first use"
                 )
                 log.info("%s: no range declared (dims={%r: (LOW, HIGH)} bounds it); %s", symbol, symbol, how)
+        # the plan-cache entries written now, not behind the caller's first timed or served runs
+        # (a big model's store, a low-priority thread on a busy machine, lingered for minutes)
+        plan_cache.wait()
         return self
 
     def prepare(self, feeds: dict[str, Any]) -> None:

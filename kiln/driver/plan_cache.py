@@ -65,8 +65,10 @@ _pending: list[threading.Thread] = []
 
 
 def in_background(work: Any, *args: Any) -> None:
-    """Run a store after compile has returned (writing a big model's entry takes seconds); the
-    interpreter waits for it at exit (not a daemon), and ``wait()`` joins it explicitly."""
+    """Run a store beside the caller (writing a big model's entry takes seconds): a variant
+    compiled at run time (a new size) is served before its entry is written. ``kiln.compile``
+    waits for its own stores before it returns (``wait()``), so no store runs behind a user's
+    timed or served calls; the interpreter waits for any left at exit (not a daemon)."""
     thread = threading.Thread(target=_quietly, args=(work, *args), name="kiln-plan-cache")
     _pending.append(thread)
     thread.start()
@@ -526,19 +528,6 @@ def load_graph(key: str) -> Any | None:
         return None
 
 
-def _external_files(path: Path) -> list[str]:
-    """The external-data files an ONNX file's tensors live in (relative to its folder)."""
-    import onnx
-    from onnx.external_data_helper import _get_all_tensors, uses_external_data
-
-    model = onnx.load(str(path), load_external_data=False)
-    found: dict[str, None] = {}
-    for tensor in _get_all_tensors(model):
-        if uses_external_data(tensor):
-            found.update({e.value: None for e in tensor.external_data if e.key == "location"})
-    return list(found)
-
-
 def _file_index(digest: str, options: CompileOptions, target: Target) -> Path:
     return root() / "files" / f"{digest}-{entry_key('file', options, target)[:16]}"
 
@@ -549,8 +538,10 @@ def remember_file(path: str | os.PathLike, digest: str, key: str, options: Compi
     its external data files are hashed too."""
     if not enabled():
         return
+    from kiln.frontend.onnx import external_files
+
     path = Path(path)
-    lines = [key] + [f"{name}\t{file_digest(path.parent / name)}" for name in _external_files(path)]
+    lines = [key] + [f"{name}\t{file_digest(path.parent / name)}" for name in external_files(path)]
     _write_text(_file_index(digest, options, target), "\n".join(lines))
 
 

@@ -56,6 +56,7 @@ def load_model(source: ModelSource) -> tuple[onnx.ModelProto, str]:
         raise ModelLoadError(f"{path}: is a directory, expected an .onnx file")
     try:  # a regular file only: a FIFO or a device is refused, never read forever
         with integrity.open_regular(path, "model") as handle:
+            identity = _identity(os.fstat(handle.fileno()))
             data = handle.read()
     except OSError as err:
         raise ModelLoadError(f"{path}: cannot be read ({err.strerror or err})") from None
@@ -64,24 +65,52 @@ def load_model(source: ModelSource) -> tuple[onnx.ModelProto, str]:
     except Exception as err:
         raise ModelLoadError(f"{path}: not a valid ONNX model ({type(err).__name__}: {err})") from None
     del data
-    _load_external_data(model, path)
+    _EXTERNAL[str(path)] = (identity, _load_external_data(model, path))
     return _check_model_proto(model, str(path)), str(path)
 
 
-def _load_external_data(model: onnx.ModelProto, path: Path) -> None:
-    """The tensors stored beside the model file, each of whose files must be a regular file
-    (a FIFO planted as a weight file would block the read forever)."""
-    from onnx.external_data_helper import _get_all_tensors, load_external_data_for_model, uses_external_data
+# the external-data files of the ONNX files this process imported: (path) -> (the file's identity
+# when read, the files' names); the plan cache's index lists them without parsing the model again
+# (a big model's second parse holds the interpreter's lock for a second)
+_EXTERNAL: dict[str, tuple[tuple[int, ...], list[str]]] = {}
 
-    locations = {
-        entry.value
-        for tensor in _get_all_tensors(model)
-        if uses_external_data(tensor)
-        for entry in tensor.external_data
-        if entry.key == "location"
-    }
+
+def _identity(info: os.stat_result) -> tuple[int, ...]:
+    return (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns)
+
+
+def external_files(path: str | os.PathLike) -> list[str]:
+    """The external-data files (relative to its folder) an ONNX file's tensors live in: as the
+    import read them if the file is unchanged since, else parsed from the file again."""
+    found = _EXTERNAL.get(str(path))
+    try:
+        if found is not None and found[0] == _identity(os.stat(path)):
+            return list(found[1])
+    except OSError:
+        pass
+    from onnx.external_data_helper import _get_all_tensors
+
+    return _locations(_get_all_tensors(onnx.load(str(path), load_external_data=False)))
+
+
+def _locations(tensors: Any) -> list[str]:
+    from onnx.external_data_helper import uses_external_data
+
+    found: dict[str, None] = {}
+    for tensor in tensors:
+        if uses_external_data(tensor):
+            found.update({e.value: None for e in tensor.external_data if e.key == "location"})
+    return list(found)
+
+
+def _load_external_data(model: onnx.ModelProto, path: Path) -> list[str]:
+    """The tensors stored beside the model file, each of whose files must be a regular file
+    (a FIFO planted as a weight file would block the read forever); returns those files' names."""
+    from onnx.external_data_helper import _get_all_tensors, load_external_data_for_model
+
+    locations = _locations(_get_all_tensors(model))
     if not locations:
-        return
+        return locations
     for location in sorted(locations):
         try:
             integrity.check_regular(path.parent / location, "external data file")
@@ -91,6 +120,7 @@ def _load_external_data(model: onnx.ModelProto, path: Path) -> None:
         load_external_data_for_model(model, str(path.parent))
     except Exception as err:
         raise ModelLoadError(f"{path}: its external data cannot be read ({type(err).__name__}: {err})") from None
+    return locations
 
 
 def _check_model_proto(model: onnx.ModelProto, where: str) -> onnx.ModelProto:
