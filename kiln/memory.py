@@ -7,7 +7,31 @@ first touch of memory the VM's host has not backed yet dominates either way. Not
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import functools
+
 import numpy as np
+
+BIG = 16 << 20  # bytes of weights from which a compile or load hands its freed heap back
+
+
+def return_freed() -> None:
+    """Hand the heap memory the process freed back to the OS (glibc's ``malloc_trim``): a compile's
+    folded and unpacked copies of the weights, freed, otherwise stay in the process's RSS (glibc
+    keeps freed blocks below its adaptive mmap threshold, up to 32 MB each, for reuse). A few
+    milliseconds; nothing where the C library is not glibc."""
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
+
+
+@functools.cache
+def _malloc_trim():  # type: ignore[no-untyped-def]
+    try:
+        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
+    except (OSError, AttributeError):  # not glibc
+        return None
 
 
 def empty_aligned(nbytes: int, alignment: int = 64) -> np.ndarray:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import ctypes
 import gc
 import math
 import os
@@ -81,11 +80,10 @@ def peak_rss_bytes() -> int:
 def release_freed_memory() -> None:
     """Give memory the process freed back to the OS (garbage collected, then glibc's malloc_trim):
     what a compile freed no longer counts in the next phase's RSS, as in a separate process."""
+    from kiln.memory import return_freed
+
     gc.collect()
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):  # not glibc: the freed heap stays mapped
-        pass
+    return_freed()
 
 
 def reset_peak() -> bool:

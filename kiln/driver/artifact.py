@@ -37,7 +37,7 @@ from kiln.backends import backend
 from kiln.errors import KilnError
 from kiln.ir.parser import ParseError, parse_graph
 from kiln.ir.printer import print_graph, tensor_data
-from kiln.memory import empty_aligned
+from kiln.memory import aligned_copy
 from kiln.output_files import OutputPathError, check_output_file
 from kiln.version import __version__
 
@@ -176,19 +176,11 @@ def unpack_tensors(numeric: bytes | bytearray, strings: bytes, names: list[str])
 
 
 def _aligned(arrays: list[np.ndarray]) -> list[np.ndarray]:
-    """The arrays copied into one buffer, each starting on a 64-byte boundary (the engine's weight
-    views then need no aligned copy of their own); the views they were of can be freed."""
-    offsets, total = [], 0
-    for array in arrays:
-        offsets.append(total)
-        total += -(-array.nbytes // 64) * 64
-    buffer = empty_aligned(max(total, 1))
-    copied = []
-    for array, at in zip(arrays, offsets):
-        into = buffer[at : at + array.nbytes].view(array.dtype).reshape(array.shape)
-        into[...] = array
-        copied.append(into)
-    return copied
+    """The arrays copied, each into its own buffer starting on a 64-byte boundary (the engine's
+    weight views then need no aligned copy of their own), so each is freed with its last view: a
+    loaded model lets go of the weights only their packed copies serve (one shared buffer stayed
+    whole while any weight in it was read as it is)."""
+    return [aligned_copy(array) for array in arrays]
 
 
 def _strings_to_json(array: np.ndarray) -> dict[str, Any]:

@@ -24,6 +24,7 @@ from kiln.driver.reference import ReferenceModel
 from kiln.driver.variants import Compilation, Source
 from kiln.errors import KilnError
 from kiln.frontend import to_graph, to_graph_ranged
+from kiln.memory import return_freed
 from kiln.lower.target import Target
 from kiln.passes.specialize import input_dims, specialize
 
@@ -103,7 +104,22 @@ def compile_model(request: Request) -> Any:
     if options.precision == "int8" and (request.calibration.samples is not None or not options.quantization.ranges):
         # (options that already carry ranges, the quantizer's own compiles, build directly)
         return _quantized(request, graph, target, options)
-    return _native(request, Source(graph, file=source_file), target, options).compile_ahead(request.dims)
+    model = _native(request, Source(graph, file=source_file), target, options).compile_ahead(request.dims)
+    key = model.compilation.source.cache_key
+    if source_file is not None and key is not None and plan_cache.has_graph(key):
+        # its variants hold their packed weights; the source graph comes back from the cache when
+        # a new binding compiles
+        model.release_source(_cached_graph(request, key))
+        return_freed()
+    return model
+
+
+def _cached_graph(request: Request, key: str) -> Any:
+    def source_graph() -> tuple[Any, bool]:  # only when a new binding compiles
+        graph = plan_cache.load_graph(key)
+        return (graph, True) if graph is not None else (request.graph(), False)
+
+    return source_graph
 
 
 def _native(request: Request, source: Source, target: Target, options: CompileOptions) -> NativeModel:
@@ -119,11 +135,7 @@ def _from_plan_cache(
     if key is None or signature is None:
         return None
 
-    def source_graph() -> tuple[Any, bool]:  # only when a new binding compiles
-        graph = plan_cache.load_graph(key)
-        return (graph, True) if graph is not None else (request.graph(), False)
-
-    source = Source(None, signature=signature, loader=source_graph, file=source_file, cache_key=key)
+    source = Source(None, signature=signature, loader=_cached_graph(request, key), file=source_file, cache_key=key)
     return _native(request, source, target, options).compile_ahead(request.dims)
 
 

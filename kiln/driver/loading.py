@@ -21,6 +21,7 @@ from kiln.driver.sizes import Padder
 from kiln.driver.variants import Compilation, Source
 from kiln.errors import KilnError
 from kiln.lower.target import TargetError
+from kiln.memory import return_freed
 
 log = logging.getLogger("kiln")
 
@@ -89,7 +90,34 @@ def load(
                 model.dims_model.prepare_dims(dims)
         except extents.NotAffine as err:  # kernels that do not lower apart at the file's sizes
             raise ArtifactError(f"{path}: damaged artifact (run-time dims: {err})") from None
+    # the variants hold their packed weights: the source graph's are read again from the file only
+    # if a binding the artifact has no code for must compile
+    model.release_source(_reader(path, _identity(path)))
+    return_freed()
     return model
+
+
+def _identity(path: Path) -> tuple[int, ...]:
+    info = path.stat()
+    return (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns)
+
+
+def _reader(path: Path, identity: tuple[int, ...]) -> Any:
+    """The artifact's source graph read again, if the file is the one loaded."""
+
+    def read_again() -> tuple[Any, bool]:
+        try:
+            same = _identity(path) == identity
+        except OSError:
+            same = False
+        if not same:
+            raise ArtifactError(
+                f"{path}: the artifact changed or went away since it was loaded, and a binding it has no code "
+                "for must compile from its graph; load it again (or declare the sizes when compiling)"
+            )
+        return read(path)[2], True
+
+    return read_again
 
 
 def _padded(model: Any, meta: dict[str, Any], ranges: dict[str, tuple[int, int]], prebuilt: dict, path: Path) -> None:

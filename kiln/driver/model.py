@@ -115,10 +115,11 @@ class Model:
         with self._override_lock:
             model = self._overridden.get(names)
             if model is None:
-                values = [self.defaults[name] for name in sorted(names)]
-                graph = self.graph.with_(
-                    inputs=[*self.graph.inputs, *values],
-                    constants={v: a for v, a in self.graph.constants.items() if v not in values},
+                source = self.graph  # (its own values: a graph let go of and read again has new ones)
+                values = sorted((v for v in source.constants if v.name in names), key=lambda v: v.name)
+                graph = source.with_(
+                    inputs=[*source.inputs, *values],
+                    constants={v: a for v, a in source.constants.items() if v not in values},
                 )
                 model = self._overridden[names] = self.derive(graph)
         return model

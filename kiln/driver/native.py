@@ -61,7 +61,7 @@ class NativeModel(Model):
         streams: int | None = None,
         limits: Limits | None = None,
     ) -> None:
-        super().__init__(compilation.source.graph, compilation.signature, streams)
+        super().__init__(None, compilation.signature, streams)  # (the graph is the compilation's)
         self.compilation = compilation
         self.parallelism = parallelism or Threading()  # how its parallel loops run (kiln's pool)
         self.accuracy: Any = None  # reduced precision: the AccuracyReport against fp32 (kiln.driver.quantize)
@@ -145,10 +145,8 @@ class NativeModel(Model):
         self._last = (key, executable)
 
     def derive(self, graph: Graph) -> NativeModel:
-        source = Source(graph)
-        model = NativeModel(
-            Compilation(source, self.compiled_for, self.options), self.parallelism, self.streams, self.variants.limits
-        )
+        compilation = Compilation(Source(graph), self.compiled_for, self.options)
+        model = NativeModel(compilation, self.parallelism, self.streams, self.variants.limits)
         model.ranges, model.size_classes = dict(self.ranges), dict(self.size_classes)  # the same contract
         return model.compile_ahead()
 
@@ -176,9 +174,7 @@ class NativeModel(Model):
                     else "each new size compiles on first use"
                 )
                 log.info("%s: no range declared (dims={%r: (LOW, HIGH)} bounds it); %s", symbol, symbol, how)
-        # the plan-cache entries written now, not behind the caller's first timed or served runs
-        # (a big model's store, a low-priority thread on a busy machine, lingered for minutes)
-        plan_cache.wait()
+        plan_cache.wait()  # its stores written now, not behind the caller's timed or served runs
         return self
 
     def prepare(self, feeds: dict[str, Any]) -> None:
@@ -280,6 +276,18 @@ class NativeModel(Model):
         self._padder = padder
         self.padded_model = None
         self.padded(prebuilt, ahead)
+
+    def release_source(self, loader: Any) -> None:
+        """Let go of the source graph and the graphs made of it (the variants hold packed weights);
+        ``loader()`` -> (graph, True) brings it back if a binding not compiled yet must compile."""
+        self.compilation.release(loader)
+        self.signature = self._check.signature = self.compilation.signature
+        if self.padded_model is not None:
+            padding = self.padder().padding  # type: ignore[union-attr]
+            self.padded_model.release_source(lambda: (pad(self.graph, padding), True))
+        if self.dims_model is not None:
+            names = self.dims_model.spatial.names  # type: ignore[union-attr]
+            self.dims_model.release_source(lambda: (spatial.with_dims_input(self.graph, names), True))
 
     def padded(self, prebuilt: dict | None = None, ahead: list[dict[str, int]] | None = None) -> NativeModel:
         """The model of the padded graph (its own variants, chunking and weights' store)."""

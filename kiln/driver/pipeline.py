@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 import numpy as np
@@ -26,7 +27,7 @@ from kiln.backends.registry import PlanFacts
 from kiln.driver.artifact import source_key
 from kiln.driver.options import CompileOptions, Quantization
 from kiln.errors import KilnError
-from kiln.ir.graph import Graph, Node
+from kiln.ir.graph import Graph, Node, Value, free_values
 from kiln.ir.types import DType, TensorType
 from kiln.lower.families import lowerings
 from kiln.lower.kir import Buffer, Kernel, buffers_in
@@ -34,6 +35,7 @@ from kiln.lower.kir_verify import verify_kernel
 from kiln.lower.lowering import CannotLower, Lowerer
 from kiln.lower.memory import MemoryPlan, plan_memory
 from kiln.lower.target import Target
+from kiln.memory import BIG, return_freed
 from kiln.passes import PASS_NAMES, optimize, specialize
 from kiln.passes.decompose import decompose
 from kiln.passes.fold_constants import fold_constants
@@ -69,6 +71,7 @@ class Compile:
     access: list[tuple[list[Buffer], list[Buffer]]] = field(default_factory=list)  # each step's reads, writes
     roots: dict = field(default_factory=dict)
     constants: dict = field(default_factory=dict)
+    released: set = field(default_factory=set)  # constants let go while lowering (their packed copies serve)
     memory: MemoryPlan | None = None
     table: dict[Buffer, int] = field(default_factory=dict)
     source: str = ""
@@ -95,8 +98,12 @@ class Compile:
         }
         inputs = [self.roots[v] for v in self.graph.inputs]
         outputs = [self.roots[v] for v in self.graph.outputs]
+        # the optimized graph keeps only the weights the plan reads as they are: one only its packed
+        # copies serve is not held twice (a model's weights stayed resident beside their packed form)
+        kept = {id(a) for a in self.constants.values()}
+        graph = self.graph.with_(constants={v: a for v, a in self.graph.constants.items() if id(a) in kept})
         return Plan(
-            self.graph,
+            graph,
             self.steps,
             self.table,
             self.roots,
@@ -220,7 +227,13 @@ def _passes(state: Compile) -> Graph:
 
 
 def _lower(state: Compile) -> list[Segment | Fallback]:
-    graph, options = state.graph, state.options
+    # the graph lowered holds its weights in a dict of its own: a weight only its packed copy serves
+    # is let go as soon as its last reader is lowered (the passes' graph may share its dict with
+    # the source graph, which must keep every weight)
+    graph = state.graph = state.graph.with_()
+    weights = dict(graph.constants)  # (the graph is this stage's own: no one else sees its dict change)
+    object.__setattr__(graph, "constants", MappingProxyType(weights))
+    options = state.options
     lowerer = state.lowerer = Lowerer(
         graph,
         state.target,
@@ -232,7 +245,8 @@ def _lower(state: Compile) -> list[Segment | Fallback]:
         copy_packed=not state.sizes_only,
     )
     current: list[Kernel] = []
-    for node in graph.nodes:
+    release = _Release(graph, weights, lowerer) if not state.sizes_only else None
+    for number, node in enumerate(graph.nodes):
         try:
             kernels = lowerer.lower(node)
         except KilnError:
@@ -244,15 +258,68 @@ def _lower(state: Compile) -> list[Segment | Fallback]:
             state.steps.append(Fallback(node, str(err)))
             reads = [lowerer.buffer(v) for v in node.inputs if v is not None]
             state.access.append((reads, [lowerer.buffer(v) for v in node.outputs]))
+            if release is not None:
+                release.after(number, [(reads, [])])
             continue
         except Exception as err:  # a kiln bug: name the node it happened on
             err.add_note(f"kiln node: {describe_node(node, graph)}")
             raise
         current.extend(kernels)
+        access = [(k.reads, [*k.writes, *buffers_in(k.body)]) for k in kernels]
         state.access.extend((k.reads, k.writes) for k in kernels)
+        if release is not None:
+            release.after(number, access)
+    state.released = release.released if release is not None else set()
     if current:
         state.steps.append(Segment(len(state.segments), current))
     return state.steps
+
+
+class _Release:
+    """Lets go of the weights that only their packed copies serve, while lowering: a constant
+    whose last reader has been lowered, that no kernel so far reads as it is and on whose buffer
+    nothing else lives (a reshape's view), is replaced in the lowered graph's dict by a
+    placeholder of its type that holds no memory. (The compile's peak was the source weights, their
+    folded copies and the packed forms at once.) ``_plan_memory`` checks that no step reads one."""
+
+    def __init__(self, graph: Graph, weights: dict[Value, np.ndarray], lowerer: Lowerer) -> None:
+        self.graph, self.weights, self.lowerer = graph, weights, lowerer
+        self.last: dict[int, list[Value]] = {}  # node number -> the constants it reads last
+        last: dict[Value, int] = {}
+        for number, node in enumerate(graph.nodes):
+            for value in node.inputs:
+                if value is not None and value in graph.constants:
+                    last[value] = number
+            for sub in node.subgraphs():
+                for value in free_values(sub):
+                    if value in graph.constants:
+                        last[value] = number
+        for value, number in last.items():
+            if value not in lowerer.outputs:
+                self.last.setdefault(number, []).append(value)
+        self.read: set[Buffer] = set()
+        self.released: set[Value] = set()
+        self.unreturned = 0  # bytes let go since the freed heap was last handed back
+
+    def after(self, number: int, access: list[tuple[list[Buffer], list[Buffer]]]) -> None:
+        for reads, others in access:
+            self.read.update(reads, others)
+        lowerer, constants = self.lowerer, self.weights
+        for value in self.last.get(number, ()):
+            if lowerer.root(value) is not value or lowerer.shared(value):
+                continue
+            if value in lowerer.buffers and lowerer.buffers[value] in self.read:
+                continue
+            array = constants[value]
+            if array.nbytes < 4096:  # small: not worth a placeholder
+                continue
+            constants[value] = np.broadcast_to(np.zeros((), array.dtype), array.shape)
+            self.released.add(value)
+            self.unreturned += array.nbytes
+            del array  # (this reference too)
+        if self.unreturned >= BIG:  # freed blocks smaller than the packed ones would stay in the RSS
+            return_freed()
+            self.unreturned = 0
 
 
 def _verify(state: Compile) -> list[str]:
@@ -279,6 +346,9 @@ def _plan_memory(state: Compile) -> MemoryPlan:
         for v, a in graph.constants.items()
         if lowerer.root(v) is v and roots[v] in used
     }
+    misread = [v.name for v in state.released if roots[v] in used]
+    if misread:
+        raise AssertionError(f"weights let go while lowering are read by a step: {misread[:5]}")
     state.constants.update(lowerer.packed)
     fixed = set(inputs) | set(outputs) | set(roots[v] for v in graph.constants) | set(lowerer.packed)
     temps = {b for b in roots.values() if b not in fixed} | set(lowerer.scratch)
@@ -369,9 +439,11 @@ def run_stages(state: Compile, first: str = "specialize", last: str = "build") -
     stages when the graph cannot be planned statically), telling ``state.observe`` of each. An
     error that is not a KilnError gets a note naming the stage it broke in."""
     names = STAGES[STAGES.index(first) : STAGES.index(last) + 1]
+    result = None
     for stage in PIPELINE:
         if stage.name not in names or (state.unplannable and not stage.graph):
             continue
+        result = None  # the last stage's result (a graph and its weights) is not held through this one
         try:
             result = stage.run(state)
         except KilnError:
@@ -381,6 +453,8 @@ def run_stages(state: Compile, first: str = "specialize", last: str = "build") -
             raise
         if state.observe is not None:
             state.observe(stage.name, result)
+        if stage.name in ("passes", "lower") and sum(a.nbytes for a in state.graph.constants.values()) >= BIG:
+            return_freed()  # the copies of the weights this stage freed leave the RSS before the next
     return state
 
 

@@ -432,12 +432,7 @@ def store_plan(key: str, dims: dict[str, int], plan: Any) -> None:
         for number, product in enumerate(plan.products):  # relative to the entry; made absolute on load
             names.append(Path(f"product{number}{Path(product).suffix}"))
             shutil.copyfile(product, partial / names[-1])
-        plan.products = tuple(names)
-        if not plan.whole_graph_reason:
-            # the optimized graph's weights that only their packed copies serve are not needed
-            kept = {id(a) for a in plan.constants.values()}
-            graph = plan.graph
-            plan.graph = graph.with_(constants={v: a for v, a in graph.constants.items() if id(a) in kept})
+        plan.products = tuple(names)  # (the plan's graph holds only the weights it reads unpacked)
         _write(partial, "plan", plan)
         _publish(partial, folder / name)
         STATS["stores"] += 1
@@ -487,12 +482,20 @@ def store_graph(key: str, graph: Any) -> None:
     try:
         _write(partial, "graph", graph)
         # what a compiled model needs before it needs the weights: inputs, outputs, defaults
-        signature = type(graph)(graph.inputs, graph.outputs, (), {}, graph.name, graph.opsets, graph.defaults)
-        _write(partial, "signature", signature)
+        _write(partial, "signature", graph.signature())
         _publish(partial, final)
     except Exception:
         shutil.rmtree(partial, ignore_errors=True)
         raise
+
+
+def has_graph(key: str) -> bool:
+    """Whether entry ``key`` holds its source graph (stored, not only being written)."""
+    try:
+        folder = root() / key / "source"
+        return enabled() and folder.is_dir() and not folder.is_symlink()
+    except OSError:
+        return False
 
 
 def load_signature(key: str) -> Any | None:

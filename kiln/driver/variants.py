@@ -104,10 +104,22 @@ class Compilation:
                     self.source.graph = graph
         return self.source.graph
 
+    def release(self, loader: Callable[[], tuple[Graph, bool]]) -> None:
+        """Let go of the source graph (every weight) once the bindings asked for are compiled:
+        ``loader`` brings it back if another must compile. The signature stays."""
+        with self._graph_lock:
+            if self.source.graph is not None:
+                self.signature = self.source.signature = self.signature.signature()
+                self.source.loader, self.source.graph = loader, None
+
     @property
     def cache_key(self) -> str:
         if self.source.cache_key is None:
-            digest = self.graph.digest
+            graph = self.graph
+            # the digest ignores names; an entry's source graph and signature are read back by
+            # models of the same file or graph, so the names a caller feeds are part of its key
+            names = [[v.name for v in values] for values in (graph.inputs, graph.outputs, graph.defaults)]
+            digest = f"{graph.digest}/names {names}"
             if self.extents is not None:  # another program than the lengths' own: its own entry
                 digest = f"{digest}/run-time {self.extents.symbol} {self.extents.lengths}"
             if self.spatial is not None:

@@ -128,6 +128,10 @@ class Graph:
                 return value
         raise KeyError(f"graph {self.name!r} has no value named {name!r}")
 
+    def signature(self) -> Graph:
+        """The graph's inputs, outputs and overridable defaults, without its nodes or weights."""
+        return Graph(self.inputs, self.outputs, (), {}, self.name, self.opsets, self.defaults)
+
     def with_(self, **changes: Any) -> Graph:
         """A copy with some fields replaced (graphs are immutable)."""
         fields = {

@@ -208,6 +208,10 @@ class Lowerer:
             root = self.root(value)
             self._sharers[root] = self._sharers.get(root, 0) + 1
 
+    def shared(self, value: Value) -> bool:
+        """Whether another value lives in ``value``'s buffer (a reshape's view of it)."""
+        return self._sharers.get(value, 0) > 0
+
     # -- values ------------------------------------------------------------------------------
 
     def root(self, value: Value) -> Value:

@@ -149,9 +149,12 @@ def test_grouped_conv_keeps_the_loop_nest():
 
 def test_weights_are_packed_once_and_the_originals_leave_the_plan():
     model, _ = conv((1, 16, 8, 8), (32, 16, 3, 3), strides=[2, 2], pads=[1, 1, 1, 1])  # im2col
-    plan = compile_plan(import_onnx(model))
+    graph = import_onnx(model)
+    plan = compile_plan(graph)
     target = host()
-    weight = next(a for a in plan.graph.constants.values() if a.ndim == 4)
+    weight = next(a for a in graph.constants.values() if a.ndim == 4)
+    # nor does the plan's graph hold the original beside its packed form
+    assert not any(a.ndim == 4 for a in plan.graph.constants.values())
     packed = [a for b, a in plan.constants.items() if b.name.startswith("w")]
     assert len(packed) == 1
     np.testing.assert_array_equal(packed[0], pack_rows(weight.reshape(1, 32, -1), target.gemm_rows))

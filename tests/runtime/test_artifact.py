@@ -167,7 +167,7 @@ def test_repeated_loads_leave_the_temporary_directory_as_it_was(tmp_path, monkey
 
 
 def test_loaded_weights_are_held_once_each_on_a_64_byte_boundary(tmp_path):
-    """The artifact's weights load into one aligned buffer (the engine's weight views need no
+    """The artifact's weights load into aligned buffers (the engine's weight views need no
     copies of their own), and the member's bytes they were read from are not kept."""
     from kiln.driver import artifact
 
@@ -197,7 +197,60 @@ def test_loaded_weights_are_held_once_each_on_a_64_byte_boundary(tmp_path):
         np.testing.assert_array_equal(array, weights[name])
         assert array.ctypes.data % 64 == 0 and array.flags.writeable, name
     bases = {id(a.base if a.base is not None else a) for a in arrays.values()}
-    assert len(bases) == 1  # one buffer
+    assert len(bases) == len(arrays)  # each its own buffer: freed with its last view
+
+
+def test_a_loaded_model_lets_go_of_its_source_weights_and_reads_them_again_only_to_compile(tmp_path, monkeypatch):
+    """After ``kiln.load`` the variants hold their packed weights only: the source graph's arrays
+    are freed (they stayed resident beside the packed copies), runs at the compiled sizes never
+    read the file again, a binding with no code reads the graph back from the file, and a file
+    replaced since the load is a named error, never another model's weights."""
+    import gc
+    import weakref
+
+    from kiln.driver import artifact, loading
+
+    weight = RNG.standard_normal((64, 48)).astype(np.float32)
+    source = make_model(
+        [helper.make_node("MatMul", ["x", "w"], ["h"]), helper.make_node("Relu", ["h"], ["y"])],
+        [("x", FLOAT, ["batch", 64])],
+        [("y", FLOAT, None)],
+        {"w": weight},
+    )
+    compiled = kiln.compile(source, dims={"batch": 2})
+    compiled.prepare_dims({"batch": 5})
+    path = compiled.save(tmp_path / "m.kiln")
+    held = []
+    real_aligned = artifact._aligned
+
+    def watch(arrays):  # type: ignore[no-untyped-def]
+        copies = real_aligned(arrays)
+        held.extend(weakref.ref(a) for a in copies if a.nbytes == weight.nbytes)
+        return copies
+
+    monkeypatch.setattr(artifact, "_aligned", watch)
+    loaded = kiln.load(path)
+    gc.collect()
+    assert held and all(ref() is None for ref in held)  # the source weight is gone
+    assert loaded.compilation.source.graph is None
+
+    def no_read(*args):  # type: ignore[no-untyped-def]
+        raise AssertionError("a compiled size read the artifact again")
+
+    reference = kiln.compile(source, target="reference")
+    with monkeypatch.context() as patch:
+        patch.setattr(loading, "read", no_read)
+        for batch in (2, 5):
+            x = RNG.standard_normal((batch, 64)).astype(np.float32)
+            np.testing.assert_allclose(loaded(x), reference(x), rtol=1e-5, atol=1e-5)
+    loaded.prepare_dims({"batch": 7})  # no code for it: compiled from the graph read again
+    x = RNG.standard_normal((7, 64)).astype(np.float32)
+    np.testing.assert_allclose(loaded(x), reference(x), rtol=1e-5, atol=1e-5)
+    other = kiln.load(path)
+    kiln.compile(model(), dims={"batch": 2}).save(tmp_path / "other.kiln")
+    (tmp_path / "other.kiln").replace(path)  # another model now has the name
+    with pytest.raises(ArtifactError, match="changed or went away since it was loaded"):
+        other.prepare_dims({"batch": 9})
 
 
 def test_npz_bytes_load_as_views_and_a_damaged_stored_member_is_refused():

@@ -130,6 +130,29 @@ def test_compile_returns_with_its_entry_written_and_the_file_parsed_once(cache, 
     assert external_files(path) == ["m.data"] and len(parsed) == 1
 
 
+def test_models_alike_but_for_their_names_never_read_each_others_graph(cache):
+    """Two files with one structure and the same weights but other names: the second's source graph,
+    let go of after its compile and read back from the cache for a new binding, is its own (it was
+    the first's, whose input names the second's callers do not use)."""
+    weights = (RNG.standard_normal((64, 32)) * 0.1).astype(np.float32)
+    models = []
+    for index, (x, w, y) in enumerate((("x", "w", "y"), ("pixels", "kernel", "scores"))):
+        proto = make_model(
+            [helper.make_node("MatMul", [x, w], ["h"]), helper.make_node("Relu", ["h"], [y])],
+            [(x, TensorProto.FLOAT, ["batch", 64])],
+            [(y, TensorProto.FLOAT, None)],
+            {w: weights},
+        )
+        onnx.save(proto, cache / f"m{index}.onnx")
+        models.append(kiln.compile(str(cache / f"m{index}.onnx"), dims={"batch": 2}))
+    second = models[1]
+    assert second.compilation.source.graph is None  # let go of: its variants hold the packed weights
+    second.prepare_dims({"batch": 3})  # a new binding: the source graph read back
+    assert [v.name for v in second.graph.inputs] == ["pixels"] and second.graph.constants
+    x = RNG.standard_normal((3, 64)).astype(np.float32)
+    np.testing.assert_allclose(second.run({"pixels": x})["scores"], np.maximum(x @ weights, 0), rtol=1e-5, atol=1e-5)
+
+
 def test_damaged_entries_are_counted_removed_and_rebuilt(cache):
     proto = model()
     x = RNG.standard_normal((1, 4, 6, 6)).astype(np.float32)
