@@ -170,3 +170,132 @@ def load_npz(source: str | os.PathLike | bytes | bytearray) -> dict[str, np.ndar
     except (zipfile.BadZipFile, zipfile.LargeZipFile, OSError, EOFError, ValueError, NotImplementedError) as err:
         raise ArrayFileError(f"{what}: not an .npz archive ({err})") from None
     return arrays
+
+
+class NotSequential(Exception):
+    """An .npz that is not laid out as ``np.savez`` writes it (stored members, each with its sizes
+    and CRC in its local header): read it whole instead (``load_npz``)."""
+
+
+class _Stream(io.RawIOBase):
+    """Reads at most ``size`` bytes of ``source`` in order, hashing every byte read."""
+
+    def __init__(self, source: IO[bytes], size: int, hasher: Any) -> None:
+        self.source, self.left, self.hasher, self.at = source, size, hasher, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self.at
+
+    def readinto(self, buffer: Any) -> int:
+        view = memoryview(buffer).cast("B")[: self.left]
+        done = 0
+        while done < len(view):
+            got = self.source.readinto(view[done:])  # type: ignore[attr-defined]
+            if not got:
+                break
+            done += got
+        self.hasher.update(view[:done])
+        self.left -= done
+        self.at += done
+        return done
+
+    def exactly(self, count: int, what: str) -> bytes:
+        data = bytearray(count)
+        if self.readinto(data) != count:
+            raise ArrayFileError(f"{what}: ends inside a member")
+        return bytes(data)
+
+
+CHUNK = 1 << 22
+
+
+def stream_npz(source: IO[bytes], size: int, hasher: Any, allocate: Any, what: str) -> dict[str, np.ndarray]:
+    """Every array of the .npz of ``size`` bytes read in order from ``source`` (as ``np.savez``
+    writes one: stored members, sizes and CRC in each local header), each straight into memory
+    from ``allocate(nbytes)`` (a uint8 array), its CRC checked; every byte, the central directory's
+    included, goes through ``hasher`` (the caller compares its digest before using the arrays).
+    Never more than one array's bytes beyond the arrays themselves. Raises ArrayFileError, or
+    NotSequential for an .npz laid out otherwise."""
+    stream = _Stream(source, size, hasher)
+    arrays: dict[str, np.ndarray] = {}
+    while True:
+        if stream.left < 4:
+            raise NotSequential("no central directory")
+        signature = stream.exactly(4, what)
+        if signature != b"PK\x03\x04":  # the central directory: the members are done
+            if signature != b"PK\x01\x02" or not arrays:
+                raise NotSequential("not a local header")
+            break
+        if len(arrays) >= MAX_MEMBERS:
+            raise ArrayFileError(f"{what}: more than {MAX_MEMBERS} members")
+        header = stream.exactly(26, what)
+        flags, method = int.from_bytes(header[2:4], "little"), int.from_bytes(header[4:6], "little")
+        crc = int.from_bytes(header[10:14], "little")
+        stored, plain = int.from_bytes(header[14:18], "little"), int.from_bytes(header[18:22], "little")
+        name_length, extra_length = int.from_bytes(header[22:24], "little"), int.from_bytes(header[24:26], "little")
+        if method != zipfile.ZIP_STORED or flags & 0x9:  # compressed, encrypted or sizes after the data
+            raise NotSequential("a member is not stored with its sizes")
+        name = stream.exactly(name_length, what).decode("utf-8", "replace")
+        extra = stream.exactly(extra_length, what)
+        if stored == plain == 0xFFFFFFFF:  # ZIP64: the sizes are in the extra field
+            stored, plain = _zip64_sizes(extra, what)
+        if stored != plain or stored > stream.left:
+            raise ArrayFileError(f"{what}: {name} claims {plain} bytes stored in {stored} of {stream.left} left")
+        arrays[name.removesuffix(".npy")] = _stream_npy(stream, stored, crc, allocate, f"{what}: {name}")
+    while stream.left:  # the central directory: hashed, not needed
+        if not stream.readinto(bytearray(min(CHUNK, stream.left))):
+            raise ArrayFileError(f"{what}: shorter than its size")
+    return arrays
+
+
+def _zip64_sizes(extra: bytes, what: str) -> tuple[int, int]:
+    at = 0
+    while at + 4 <= len(extra):
+        kind, length = int.from_bytes(extra[at : at + 2], "little"), int.from_bytes(extra[at + 2 : at + 4], "little")
+        if kind == 1 and length >= 16:
+            body = extra[at + 4 : at + 20]
+            return int.from_bytes(body[8:16], "little"), int.from_bytes(body[0:8], "little")
+        at += 4 + length
+    raise ArrayFileError(f"{what}: a ZIP64 member without its sizes")
+
+
+def _stream_npy(stream: _Stream, size: int, crc: int, allocate: Any, what: str) -> np.ndarray:
+    head = _Bounded(stream, size)
+    shape, fortran, dtype = _header(head, size, what)  # type: ignore[arg-type]
+    check = zlib.crc32(head.taken)  # the CRC covers the header too
+    nbytes = size - len(head.taken)
+    flat = allocate(nbytes)
+    view, at = memoryview(flat).cast("B"), 0
+    while at < nbytes:
+        got = stream.readinto(view[at : at + min(CHUNK, nbytes - at)])
+        if not got:
+            raise ArrayFileError(f"{what}: ends inside its data")
+        check = zlib.crc32(view[at : at + got], check)
+        at += got
+    if check != crc:
+        raise ArrayFileError(f"{what}: does not match its CRC")
+    array = flat.view(dtype)
+    return array.reshape(shape[::-1]).transpose() if fortran else array.reshape(shape)
+
+
+class _Bounded(io.RawIOBase):
+    """The first bytes of a member for its .npy header, kept (the CRC covers them)."""
+
+    def __init__(self, stream: _Stream, size: int) -> None:
+        self.stream, self.left, self.taken = stream, size, bytearray()
+
+    def readable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return len(self.taken)
+
+    def readinto(self, buffer: Any) -> int:
+        view = memoryview(buffer).cast("B")[: self.left]
+        got = self.stream.readinto(view)
+        self.taken += view[:got]
+        self.left -= got
+        return got

@@ -32,12 +32,12 @@ from typing import Any
 import numpy as np
 
 from kiln import integrity
-from kiln.arrays import ArrayFileError, load_npz
+from kiln.arrays import ArrayFileError, NotSequential, load_npz, stream_npz
 from kiln.backends import backend
 from kiln.errors import KilnError
 from kiln.ir.parser import ParseError, parse_graph
 from kiln.ir.printer import print_graph, tensor_data
-from kiln.memory import aligned_copy
+from kiln.memory import aligned_copy, empty_aligned
 from kiln.output_files import OutputPathError, check_output_file
 from kiln.version import __version__
 
@@ -99,7 +99,7 @@ def save(model: Any, path: str | os.PathLike) -> Path:
                     built[source_key(plan.source)] = plan.products
         _run_time_dims_meta(model, meta, built)
     numeric, strings, meta["tensor_names"] = pack_tensors(tensor_data(model.graph))
-    members: dict[str, bytes] = {
+    members: dict[str, bytes | memoryview] = {
         "meta.json": json.dumps(meta, indent=1).encode(),
         "graph.txt": print_graph(model.graph).encode(),
         "tensors.npz": numeric,
@@ -157,20 +157,29 @@ def _run_time_dims_meta(model: Any, meta: dict[str, Any], built: dict[str, tuple
     meta["run_time_dims"] = found
 
 
-def pack_tensors(data: dict[str, np.ndarray]) -> tuple[bytes, bytes, list[str]]:
+def pack_tensors(data: dict[str, np.ndarray]) -> tuple[memoryview, bytes, list[str]]:
     """Named arrays as files that load without pickle: numeric ones as an .npz of plain .npy
     members (``t0``, ``t1``... in the order of the returned names), string ones as JSON."""
     numeric = {name: a for name, a in data.items() if a.dtype != object}
     buffer = io.BytesIO()
     np.savez(buffer, **{f"t{i}": a for i, a in enumerate(numeric.values())})
     strings = {name: _strings_to_json(a) for name, a in data.items() if a.dtype == object}
-    return buffer.getvalue(), json.dumps(strings).encode(), list(numeric)
+    # (the buffer's own bytes, not a copy of them: a big model's weights are not held three times)
+    return buffer.getbuffer(), json.dumps(strings).encode(), list(numeric)
 
 
 def unpack_tensors(numeric: bytes | bytearray, strings: bytes, names: list[str]) -> dict[str, np.ndarray]:
     """``pack_tensors`` reversed; raises ValueError (never runs code) for anything else."""
     arrays = load_npz(numeric)  # every header checked against its bytes before anything is allocated
-    data = dict(zip(map(str, names), _aligned([arrays[f"t{i}"] for i in range(len(names))])))
+    return _named({f"t{i}": a for i, a in enumerate(_aligned([arrays[f"t{i}"] for i in range(len(names))]))}, strings, names)
+
+
+def _named(arrays: dict[str, np.ndarray], strings: bytes, names: list[str]) -> dict[str, np.ndarray]:
+    """The arrays by their tensors' names (member ``t<i>`` is ``names[i]``), the strings added."""
+    missing = [f"t{i}" for i in range(len(names)) if f"t{i}" not in arrays]
+    if missing or len(arrays) != len(names):
+        raise ValueError(f"the weights' members {sorted(arrays)[:5]} are not the {len(names)} its meta names")
+    data = {str(name): arrays[f"t{i}"] for i, name in enumerate(names)}
     data.update({str(name): _strings_from_json(entry) for name, entry in json.loads(strings or b"{}").items()})
     return data
 
@@ -255,8 +264,12 @@ def _check_directory(archive: zipfile.ZipFile, path: Path) -> None:
         raise ArtifactError(f"{path}: damaged artifact (its members claim {stored} bytes in a {size}-byte file)")
 
 
-def _members(archive: zipfile.ZipFile, path: Path) -> dict[str, bytearray]:
-    """Every member, each checked against the manifest's SHA-256 before anything is parsed."""
+def _members(archive: zipfile.ZipFile, path: Path) -> tuple[dict[str, bytearray], dict[str, np.ndarray] | None]:
+    """Every member, each checked against the manifest's SHA-256 before anything is parsed but the
+    weights: ``tensors.npz`` is read straight into the arrays (hashed as it is read, its arrays used
+    only once its digest matched), never into one member-sized buffer copied after (a model's weights
+    were in memory twice while it loaded). Returns (members, the weights' arrays by member name; None
+    when the .npz is not laid out as np.savez writes it: it is then a member like the others)."""
     manifest = _json(_read_member(archive, "manifest.json", path), "manifest.json", path)
     try:
         expected = dict(manifest["sha256"])
@@ -269,12 +282,42 @@ def _members(archive: zipfile.ZipFile, path: Path) -> dict[str, bytearray]:
     if unlisted:
         raise ArtifactError(f"{path}: damaged artifact (members not in its manifest: {unlisted[:5]})")
     contents = {}
+    arrays = None
+    if "tensors.npz" in expected:
+        arrays = _stream_tensors(archive, expected["tensors.npz"], path)
     for name, digest in expected.items():
+        if name == "tensors.npz" and arrays is not None:
+            continue
         content = _read_member(archive, name, path)
         if hashlib.sha256(content).hexdigest() != digest:
             raise ArtifactError(f"{path}: damaged artifact ({name} does not match its SHA-256 in the manifest)")
         contents[name] = content
-    return contents
+    return contents, arrays
+
+
+def _stream_tensors(archive: zipfile.ZipFile, digest: str, path: Path) -> dict[str, np.ndarray] | None:
+    """The weights of member ``tensors.npz``, each in its own 64-byte-aligned buffer (None: not laid
+    out as np.savez writes it). Raises ArtifactError for damage."""
+    try:
+        info = archive.getinfo("tensors.npz")
+        if info.compress_type != zipfile.ZIP_STORED:
+            return None
+        hasher = hashlib.sha256()
+        with archive.open(info) as member:
+            arrays = stream_npz(member, info.file_size, hasher, empty_aligned, "tensors.npz")
+            if member.read(1):
+                raise ArtifactError(f"{path}: damaged artifact (tensors.npz is not the size its entry claims)")
+    except NotSequential:
+        return None
+    except KeyError:
+        raise ArtifactError(f"{path}: damaged artifact (member tensors.npz is missing)") from None
+    except ArrayFileError as err:
+        raise ArtifactError(f"{path}: damaged artifact ({err})") from None
+    except (zipfile.BadZipFile, zipfile.LargeZipFile, OSError, EOFError, ValueError, NotImplementedError) as err:
+        raise ArtifactError(f"{path}: damaged artifact (tensors.npz: {err})") from None
+    if hasher.hexdigest() != digest:
+        raise ArtifactError(f"{path}: damaged artifact (tensors.npz does not match its SHA-256 in the manifest)")
+    return arrays
 
 
 def _read_member(archive: zipfile.ZipFile, name: str, path: Path) -> bytearray:
@@ -326,14 +369,17 @@ def read(path: str | os.PathLike) -> tuple[dict[str, Any], dict[str, bytearray],
             raise ArtifactError(f"{path}: artifact version {version} is newer than this kiln reads ({VERSION})")
         if version < OLDEST:
             raise ArtifactError(f"{path}: artifact version {version} is from an older kiln; compile the model again")
-        contents = _members(archive, path)
+        contents, streamed = _members(archive, path)
     try:
         _json(contents.get("strings.json", b"{}") or b"{}", "strings.json", path)  # depth-checked before use
         names = meta["tensor_names"]
         if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
             raise ArtifactError(f"{path}: damaged artifact (meta.json tensor_names is not a list of names)")
         # (the arrays are views of the member's bytes, which live as long as they do)
-        data = unpack_tensors(contents.pop("tensors.npz"), contents.get("strings.json", b""), names)
+        if streamed is not None:
+            data = _named(streamed, contents.get("strings.json", b""), names)
+        else:
+            data = unpack_tensors(contents.pop("tensors.npz"), contents.get("strings.json", b""), names)
         graph = parse_graph(contents["graph.txt"].decode(), data)
         by_name = {v.name: v for v in graph.constants}
         graph = graph.with_(defaults=tuple(by_name[str(name)] for name in meta.get("defaults", [])))

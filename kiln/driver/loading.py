@@ -36,6 +36,7 @@ def load(
     """The model saved at ``path`` (see ``artifact.read``). With ``rebuild``, the artifact's native
     libraries are ignored and the code is generated again from its IR."""
     path = Path(path)
+    identity = _identity(path) if path.is_file() else ()  # (taken first: a file replaced after it is refused)
     meta, contents, graph = read(path)
     ranges, classes = sizes_meta(meta, graph, path)
     target, level, variants = meta["target"], meta["opt_level"], meta["variants"]
@@ -73,17 +74,26 @@ def load(
     except KilnError as err:
         raise ArtifactError(f"{path}: {err}") from None
     parallelism = Threading.of(threads, spin)
-    compilation = Compilation(Source(graph), compiled_for, options, prebuilt=prebuilt, ahead=variants)
+    # the graph's signature without its weights: the model's compiled variants hold their packed
+    # copies, and the graph is read again from the file only for a binding the artifact has no code for
+    reader = _reader(path, identity)
+    source = Source(graph, signature=graph.signature(), loader=reader)
+    compilation = Compilation(source, compiled_for, options, prebuilt=prebuilt, ahead=variants)
+    del graph
     model = NativeModel(compilation, parallelism, streams)
     if folder is not None:  # the libraries' folder lives as long as the model (loaded code stays mapped)
         weakref.finalize(model, shutil.rmtree, folder, ignore_errors=True)
     model.ranges, model.size_classes = ranges, classes
     model.chunking()  # decided at load, not on the first run
-    for dims in variants:
+    derived = meta.get("padded_variants") or meta.get("run_time_dims")  # graphs made of the source next
+    for number, dims in enumerate(variants):
+        # the last compile of the source graph takes it: its weights go as their packed copies come
+        source.consume = number == len(variants) - 1 and not derived
         model.prepare_dims(dims)
+    source.consume = False
     _padded(model, meta, ranges, prebuilt, path)
     if meta.get("run_time_dims"):  # kernels that take ranged dims at run time: the route made again
-        route, listed = _route(meta["run_time_dims"], graph, ranges, path)
+        route, listed = _route(meta["run_time_dims"], model.graph, ranges, path)
         model.dims_model = model.dims_model_for(route, prebuilt, ahead=listed)
         try:
             for dims in listed:
@@ -92,7 +102,7 @@ def load(
             raise ArtifactError(f"{path}: damaged artifact (run-time dims: {err})") from None
     # the variants hold their packed weights: the source graph's are read again from the file only
     # if a binding the artifact has no code for must compile
-    model.release_source(_reader(path, _identity(path)))
+    model.release_source(reader)
     return_freed()
     return model
 

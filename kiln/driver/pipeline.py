@@ -493,6 +493,7 @@ def compile_plan(
         graph, target, options, observe,
         dims=dims or {}, prebuilt=prebuilt or {}, choices=choices, build_library=build_library, expose=expose,
     )  # fmt: skip
+    del graph  # the state holds it (a graph handed over is freed as the stages replace it)
     return run_stages(state, first).plan()
 
 

@@ -65,6 +65,9 @@ class Source:
     loader: Callable[[], tuple[Graph, bool]] | None = None  # -> (graph, came from the plan cache)
     file: tuple[str, str] | None = None  # (path, SHA-256 when imported) of an ONNX file the cache may remember
     cache_key: str | None = None
+    # the next compile takes the graph and lets go of its weights as it packs them (``loader``
+    # reads it again if another binding must compile): a loaded artifact's last variant
+    consume: bool = False
 
 
 class Compilation:
@@ -104,6 +107,15 @@ class Compilation:
                     self.source.graph = graph
         return self.source.graph
 
+    def _hand_over(self) -> Graph:
+        """The source graph for a compile; the compile's own (no longer held here) when it may be
+        consumed: its weights are then freed as their packed copies are made."""
+        graph = self.graph
+        if self.source.consume and self.source.loader is not None:
+            with self._graph_lock:
+                self.source.graph, self.source.consume = None, False
+        return graph
+
     def release(self, loader: Callable[[], tuple[Graph, bool]]) -> None:
         """Let go of the source graph (every weight) once the bindings asked for are compiled:
         ``loader`` brings it back if another must compile. The signature stays."""
@@ -136,8 +148,8 @@ class Compilation:
         if plan is not None:
             return plan
         start = time.perf_counter()
-        plan = self.compile(dims)
         weights = sum(a.nbytes for a in self.graph.constants.values())
+        plan = self.compile(dims)
         if time.perf_counter() - start >= WORTH_CACHING_S or weights >= WORTH_CACHING_BYTES:
             plan_cache.in_background(self._store, dims, plan)
         return plan
@@ -166,7 +178,7 @@ class Compilation:
                     self.graph, bound, length, self.target, self.options, self.prebuilt
                 )
             return compile_plan(
-                self.graph, self.target, self.options, prebuilt=self.prebuilt, dims=dims, first="specialize"
+                self._hand_over(), self.target, self.options, prebuilt=self.prebuilt, dims=dims, first="specialize"
             )
         except CompilerError as err:
             if self.ahead is not None and "no C compiler" in str(err):

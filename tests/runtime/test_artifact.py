@@ -167,8 +167,8 @@ def test_repeated_loads_leave_the_temporary_directory_as_it_was(tmp_path, monkey
 
 
 def test_loaded_weights_are_held_once_each_on_a_64_byte_boundary(tmp_path):
-    """The artifact's weights load into aligned buffers (the engine's weight views need no
-    copies of their own), and the member's bytes they were read from are not kept."""
+    """The artifact's weights load each into its own aligned buffer (the engine's weight views need
+    no copies of their own), read straight from the file: the member is never in memory whole."""
     from kiln.driver import artifact
 
     weights = {f"w{i}": RNG.standard_normal((5, 7 + i)).astype(np.float32) for i in range(3)}
@@ -190,8 +190,7 @@ def test_loaded_weights_are_held_once_each_on_a_64_byte_boundary(tmp_path):
     finally:
         artifact._read_member = real
     arrays = {v.name: a for v, a in graph.constants.items() if v.name in weights}
-    # copies: nothing keeps the member's bytes alive once read
-    assert read_bytes and not any(np.shares_memory(a, read_bytes[0]) for a in arrays.values())
+    assert not read_bytes  # never read whole: streamed into the arrays (the weights were in memory twice)
     assert arrays.keys() == weights.keys()
     for name, array in arrays.items():
         np.testing.assert_array_equal(array, weights[name])
@@ -208,7 +207,7 @@ def test_a_loaded_model_lets_go_of_its_source_weights_and_reads_them_again_only_
     import gc
     import weakref
 
-    from kiln.driver import artifact, loading
+    from kiln.driver import loading
 
     weight = RNG.standard_normal((64, 48)).astype(np.float32)
     source = make_model(
@@ -221,15 +220,16 @@ def test_a_loaded_model_lets_go_of_its_source_weights_and_reads_them_again_only_
     compiled.prepare_dims({"batch": 5})
     path = compiled.save(tmp_path / "m.kiln")
     held = []
-    real_aligned = artifact._aligned
+    real_read = loading.read
 
-    def watch(arrays):  # type: ignore[no-untyped-def]
-        copies = real_aligned(arrays)
-        held.extend(weakref.ref(a) for a in copies if a.nbytes == weight.nbytes)
-        return copies
+    def watch(where):  # type: ignore[no-untyped-def]
+        meta, contents, graph = real_read(where)
+        held.extend(weakref.ref(a) for a in graph.constants.values() if a.nbytes == weight.nbytes)
+        return meta, contents, graph
 
-    monkeypatch.setattr(artifact, "_aligned", watch)
+    monkeypatch.setattr(loading, "read", watch)
     loaded = kiln.load(path)
+    monkeypatch.setattr(loading, "read", real_read)
     gc.collect()
     assert held and all(ref() is None for ref in held)  # the source weight is gone
     assert loaded.compilation.source.graph is None
@@ -271,3 +271,66 @@ def test_npz_bytes_load_as_views_and_a_damaged_stored_member_is_refused():
     data[at + 5] ^= 0xFF  # one bit pattern changed inside a stored member: its CRC no longer holds
     with pytest.raises(ArrayFileError):
         load_npz(data)
+
+
+def _rewritten(path, tensors):  # type: ignore[no-untyped-def]
+    """The artifact at ``path`` with member tensors.npz replaced by ``tensors`` (bytes, or a function
+    of the old bytes) and its manifest digest made to match (damage the manifest cannot see)."""
+    import hashlib
+
+    with zipfile.ZipFile(path) as archive:
+        members = {info.filename: archive.read(info) for info in archive.infolist()}
+    new = tensors(members["tensors.npz"]) if callable(tensors) else tensors
+    manifest = json.loads(members["manifest.json"])
+    manifest["sha256"]["tensors.npz"] = hashlib.sha256(new).hexdigest()
+    members["manifest.json"], members["tensors.npz"] = json.dumps(manifest).encode(), new
+    with zipfile.ZipFile(path, "w") as archive:
+        for name, content in members.items():
+            archive.writestr(name, content)
+
+
+def test_weights_stored_otherwise_load_and_damaged_weights_are_named(tmp_path):
+    """A tensors.npz whose members are deflated (not as np.savez writes them) loads through the
+    whole-member path; a flipped byte inside an array or its CRC, a truncated member, and bytes the
+    manifest does not match are each a damaged-artifact error, never a crash or wrong weights."""
+    import io
+
+    source = make_model(
+        [helper.make_node("MatMul", ["x", "w"], ["h"]), helper.make_node("Relu", ["h"], ["y"])],
+        [("x", FLOAT, ["batch", 64])],
+        [("y", FLOAT, None)],
+        {"w": RNG.standard_normal((64, 48)).astype(np.float32)},
+    )
+    compiled = kiln.compile(source, dims={"batch": 2})
+    x = RNG.standard_normal((2, 64)).astype(np.float32)
+    want = compiled(x)
+    path = compiled.save(tmp_path / "m.kiln")
+
+    def deflated(old: bytes) -> bytes:
+        out = io.BytesIO()
+        with zipfile.ZipFile(io.BytesIO(old)) as source, zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as target:
+            for info in source.infolist():
+                target.writestr(info.filename, source.read(info))
+        return out.getvalue()
+
+    _rewritten(path, deflated)
+    np.testing.assert_array_equal(kiln.load(path)(x), want)
+    for damage, message in (
+        (lambda old: old[:14] + bytes([old[14] ^ 1]) + old[15:], "damaged artifact"),  # a local header's CRC
+        (lambda old: old[:1000] + bytes([old[1000] ^ 1]) + old[1001:], "damaged artifact"),  # inside an array
+        (lambda old: old[: len(old) // 2], "damaged artifact"),
+    ):
+        path = compiled.save(tmp_path / "m.kiln")
+        _rewritten(path, damage)
+        with pytest.raises(ArtifactError, match=message):
+            kiln.load(path)
+    path = compiled.save(tmp_path / "m.kiln")
+    with zipfile.ZipFile(path) as archive:  # bytes the manifest does not match (the manifest kept)
+        members = {info.filename: archive.read(info) for info in archive.infolist()}
+    old = members["tensors.npz"]
+    members["tensors.npz"] = old[:1000] + bytes([old[1000] ^ 1]) + old[1001:]
+    with zipfile.ZipFile(path, "w") as archive:
+        for name, content in members.items():
+            archive.writestr(name, content)
+    with pytest.raises(ArtifactError, match="damaged artifact"):
+        kiln.load(path)
