@@ -10,17 +10,21 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import functools
+import gc
 
 import numpy as np
 
 BIG = 16 << 20  # bytes of weights from which a compile or load hands its freed heap back
 
 
-def return_freed() -> None:
+def return_freed(collect: bool = False) -> None:
     """Hand the heap memory the process freed back to the OS (glibc's ``malloc_trim``): a compile's
     folded and unpacked copies of the weights, freed, otherwise stay in the process's RSS (glibc
     keeps freed blocks below its adaptive mmap threshold, up to 32 MB each, for reuse). A few
-    milliseconds; nothing where the C library is not glibc."""
+    milliseconds; nothing where the C library is not glibc. ``collect``: the garbage collector
+    first (an imported model's structures are freed in cycles)."""
+    if collect:
+        gc.collect()
     trim = _malloc_trim()
     if trim is not None:
         trim(0)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import gc
 import math
 import os
 import resource
@@ -82,8 +81,7 @@ def release_freed_memory() -> None:
     what a compile freed no longer counts in the next phase's RSS, as in a separate process."""
     from kiln.memory import return_freed
 
-    gc.collect()
-    return_freed()
+    return_freed(collect=True)
 
 
 def reset_peak() -> bool:

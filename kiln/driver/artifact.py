@@ -65,6 +65,8 @@ def source_key(source: str) -> str:
 
 def save(model: Any, path: str | os.PathLike) -> Path:
     path = Path(path)
+    compilation = getattr(model, "compilation", None)  # a model that let go of its source graph reads it back,
+    released = compilation is not None and compilation.source.graph is None and compilation.source.loader is not None
     meta: dict[str, Any] = {
         "format": FORMAT,
         "version": VERSION,
@@ -98,21 +100,47 @@ def save(model: Any, path: str | os.PathLike) -> Path:
                 if plan.products:
                     built[source_key(plan.source)] = plan.products
         _run_time_dims_meta(model, meta, built)
-    numeric, strings, meta["tensor_names"] = pack_tensors(tensor_data(model.graph))
+    try:  # a new file or a regular one replaced: never a link, a device, a FIFO or a folder (-o /dev/null)
+        check_output_file(path, "artifact")
+    except OutputPathError as err:
+        raise ArtifactError(str(err)) from None
+    graph = model.graph
+    data = tensor_data(graph)
+    strings = json.dumps({name: _strings_to_json(a) for name, a in data.items() if a.dtype == object}).encode()
     members: dict[str, bytes | memoryview] = {
-        "meta.json": json.dumps(meta, indent=1).encode(),
-        "graph.txt": print_graph(model.graph).encode(),
-        "tensors.npz": numeric,
+        "meta.json": b"",
+        "graph.txt": print_graph(graph).encode(),
         "strings.json": strings,
     }
     for key, products in built.items():
         for number, product in enumerate(products):
             members[f"build/{key}/{number}{Path(product).suffix}"] = Path(product).read_bytes()
+    # the weights' .npz goes through a temporary file beside the artifact, never a buffer in memory
+    # (a big model's weights were held three times while it was saved)
+    numeric = {name: a for name, a in data.items() if a.dtype != object}
+    meta["tensor_names"] = list(numeric)
+    members["meta.json"] = json.dumps(meta, indent=1).encode()
     manifest = {"sha256": {name: hashlib.sha256(content).hexdigest() for name, content in members.items()}}
-    try:  # a new file or a regular one replaced: never a link, a device, a FIFO or a folder (-o /dev/null)
-        check_output_file(path, "artifact")
-    except OutputPathError as err:
-        raise ArtifactError(str(err)) from None
+    try:
+        with tempfile.TemporaryFile(dir=path.parent) as weights:
+            np.savez(weights, **{f"t{i}": a for i, a in enumerate(numeric.values())})
+            weights.seek(0)
+            hasher = hashlib.sha256()
+            while piece := weights.read(CHUNK):
+                hasher.update(piece)
+            manifest["sha256"]["tensors.npz"] = hasher.hexdigest()
+            _write_archive(path, manifest, members, weights)
+    except OSError as err:
+        raise ArtifactError(f"{path}: cannot write the artifact: {err.strerror or err}") from None
+    finally:
+        del graph, data, numeric
+        if released:  # and lets go of it again once saved
+            compilation.release(compilation.source.loader)
+    return path
+
+
+def _write_archive(path: Path, manifest: dict, members: dict[str, bytes | memoryview], weights: Any) -> None:
+    """The artifact written under a name of its own beside ``path``, then renamed into place."""
     # written beside it under a name of its own (never one someone else could have planted), then renamed
     try:
         handle, partial_name = tempfile.mkstemp(prefix=f".{path.name[:64]}.", suffix=".partial", dir=path.parent)
@@ -128,12 +156,15 @@ def save(model: Any, path: str | os.PathLike) -> Path:
             for name, content in members.items():
                 deflate = name.endswith((".json", ".txt"))
                 archive.writestr(name, content, compress_type=zipfile.ZIP_DEFLATED if deflate else zipfile.ZIP_STORED)
+            weights.seek(0)
+            with archive.open("tensors.npz", "w", force_zip64=True) as member:
+                while piece := weights.read(CHUNK):
+                    member.write(piece)
         os.chmod(partial, 0o644 & ~_umask())  # mkstemp made it 0600: an artifact is as readable as any file
         os.replace(partial, path)
     except OSError as err:
         Path(partial).unlink(missing_ok=True)
         raise ArtifactError(f"{path}: cannot write the artifact: {err.strerror or err}") from None
-    return path
 
 
 def _run_time_dims_meta(model: Any, meta: dict[str, Any], built: dict[str, tuple[Path, ...]]) -> None:

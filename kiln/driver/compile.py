@@ -110,7 +110,7 @@ def compile_model(request: Request) -> Any:
         # its variants hold their packed weights; the source graph comes back from the cache when
         # a new binding compiles
         model.release_source(_cached_graph(request, key))
-        return_freed()
+        return_freed(collect=True)
     return model
 
 

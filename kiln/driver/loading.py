@@ -103,7 +103,7 @@ def load(
     # the variants hold their packed weights: the source graph's are read again from the file only
     # if a binding the artifact has no code for must compile
     model.release_source(reader)
-    return_freed()
+    return_freed(collect=True)
     return model
 
 
