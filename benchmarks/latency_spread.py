@@ -139,14 +139,18 @@ def main() -> int:
     for model in (m.strip() for m in args.models.split(",") if m.strip()):
         for engine in engines:
             # repeats alternate with nothing else running: each its own process, one after another
-            rows.append(summarize(model, engine, [job(engine, model, args.runs, args.threads) for _ in range(args.repeats)]))
+            rows.append(
+                summarize(model, engine, [job(engine, model, args.runs, args.threads) for _ in range(args.repeats)])
+            )
             if not args.json:
                 _print_row(rows[-1])
     if args.json:
         print(json.dumps({"hardware": hardware, "threads": args.threads, "runs": args.runs, "rows": rows}, indent=1))
     else:
         isa = " ".join(hardware["flags"]) or "no AVX2"
-        print(f"# {hardware['cpu']} ({hardware['family_model']}; {isa}), {args.threads} threads, batch 1, {args.runs} runs")
+        print(
+            f"# {hardware['cpu']} ({hardware['family_model']}; {isa}), {args.threads} threads, batch 1, {args.runs} runs"
+        )
     return 0
 
 

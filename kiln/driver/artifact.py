@@ -202,7 +202,9 @@ def pack_tensors(data: dict[str, np.ndarray]) -> tuple[memoryview, bytes, list[s
 def unpack_tensors(numeric: bytes | bytearray, strings: bytes, names: list[str]) -> dict[str, np.ndarray]:
     """``pack_tensors`` reversed; raises ValueError (never runs code) for anything else."""
     arrays = load_npz(numeric)  # every header checked against its bytes before anything is allocated
-    return _named({f"t{i}": a for i, a in enumerate(_aligned([arrays[f"t{i}"] for i in range(len(names))]))}, strings, names)
+    return _named(
+        {f"t{i}": a for i, a in enumerate(_aligned([arrays[f"t{i}"] for i in range(len(names))]))}, strings, names
+    )
 
 
 def _named(arrays: dict[str, np.ndarray], strings: bytes, names: list[str]) -> dict[str, np.ndarray]:

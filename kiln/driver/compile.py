@@ -24,8 +24,8 @@ from kiln.driver.reference import ReferenceModel
 from kiln.driver.variants import Compilation, Source
 from kiln.errors import KilnError
 from kiln.frontend import to_graph, to_graph_ranged
-from kiln.memory import return_freed
 from kiln.lower.target import Target
+from kiln.memory import return_freed
 from kiln.passes.specialize import input_dims, specialize
 
 
