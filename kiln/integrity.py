@@ -237,6 +237,11 @@ def open_regular(path: str | os.PathLike, what: str = "file") -> io.BufferedRead
         raise
 
 
+def file_identity(info: os.stat_result) -> tuple[int, ...]:
+    """What tells a file from another or from itself changed: device, inode, size, times."""
+    return (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns)
+
+
 def check_regular(path: str | os.PathLike, what: str = "file") -> None:
     """Raises IrregularFile unless ``path`` is a regular file (following links: a user's link to a
     model is theirs to make) or does not exist (the caller's open reports that)."""

@@ -202,8 +202,10 @@ def pack_tensors(data: dict[str, np.ndarray]) -> tuple[memoryview, bytes, list[s
 def unpack_tensors(numeric: bytes | bytearray, strings: bytes, names: list[str]) -> dict[str, np.ndarray]:
     """``pack_tensors`` reversed; raises ValueError (never runs code) for anything else."""
     arrays = load_npz(numeric)  # every header checked against its bytes before anything is allocated
+    # each copied into its own 64-byte-aligned buffer (the engine's weight views need no copies of
+    # their own, and each is freed with its last view), the member's bytes then let go of
     return _named(
-        {f"t{i}": a for i, a in enumerate(_aligned([arrays[f"t{i}"] for i in range(len(names))]))}, strings, names
+        {f"t{i}": aligned_copy(arrays[f"t{i}"]) for i in range(len(names)) if f"t{i}" in arrays}, strings, names
     )
 
 
@@ -215,14 +217,6 @@ def _named(arrays: dict[str, np.ndarray], strings: bytes, names: list[str]) -> d
     data = {str(name): arrays[f"t{i}"] for i, name in enumerate(names)}
     data.update({str(name): _strings_from_json(entry) for name, entry in json.loads(strings or b"{}").items()})
     return data
-
-
-def _aligned(arrays: list[np.ndarray]) -> list[np.ndarray]:
-    """The arrays copied, each into its own buffer starting on a 64-byte boundary (the engine's
-    weight views then need no aligned copy of their own), so each is freed with its last view: a
-    loaded model lets go of the weights only their packed copies serve (one shared buffer stayed
-    whole while any weight in it was read as it is)."""
-    return [aligned_copy(array) for array in arrays]
 
 
 def _strings_to_json(array: np.ndarray) -> dict[str, Any]:
@@ -408,7 +402,6 @@ def read(path: str | os.PathLike) -> tuple[dict[str, Any], dict[str, bytearray],
         names = meta["tensor_names"]
         if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
             raise ArtifactError(f"{path}: damaged artifact (meta.json tensor_names is not a list of names)")
-        # (the arrays are views of the member's bytes, which live as long as they do)
         if streamed is not None:
             data = _named(streamed, contents.get("strings.json", b""), names)
         else:

@@ -10,6 +10,7 @@ import weakref
 from pathlib import Path
 from typing import Any
 
+from kiln import integrity
 from kiln.backends import Threading, backend
 from kiln.driver import extents, spatial
 from kiln.driver.artifact import ArtifactError, build_products, read, sizes_meta, variants_meta
@@ -36,7 +37,7 @@ def load(
     """The model saved at ``path`` (see ``artifact.read``). With ``rebuild``, the artifact's native
     libraries are ignored and the code is generated again from its IR."""
     path = Path(path)
-    identity = _identity(path) if path.is_file() else ()  # (taken first: a file replaced after it is refused)
+    identity = integrity.file_identity(path.stat()) if path.is_file() else ()  # (before it is read)
     meta, contents, graph = read(path)
     ranges, classes = sizes_meta(meta, graph, path)
     target, level, variants = meta["target"], meta["opt_level"], meta["variants"]
@@ -107,17 +108,12 @@ def load(
     return model
 
 
-def _identity(path: Path) -> tuple[int, ...]:
-    info = path.stat()
-    return (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns)
-
-
 def _reader(path: Path, identity: tuple[int, ...]) -> Any:
     """The artifact's source graph read again, if the file is the one loaded."""
 
     def read_again() -> tuple[Any, bool]:
         try:
-            same = _identity(path) == identity
+            same = integrity.file_identity(path.stat()) == identity
         except OSError:
             same = False
         if not same:

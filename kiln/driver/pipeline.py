@@ -283,7 +283,7 @@ class _Release:
     folded copies and the packed forms at once.) ``_plan_memory`` checks that no step reads one."""
 
     def __init__(self, graph: Graph, weights: dict[Value, np.ndarray], lowerer: Lowerer) -> None:
-        self.graph, self.weights, self.lowerer = graph, weights, lowerer
+        self.weights, self.lowerer = weights, lowerer
         self.last: dict[int, list[Value]] = {}  # node number -> the constants it reads last
         last: dict[Value, int] = {}
         for number, node in enumerate(graph.nodes):

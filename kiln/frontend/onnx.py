@@ -56,7 +56,7 @@ def load_model(source: ModelSource) -> tuple[onnx.ModelProto, str]:
         raise ModelLoadError(f"{path}: is a directory, expected an .onnx file")
     try:  # a regular file only: a FIFO or a device is refused, never read forever
         with integrity.open_regular(path, "model") as handle:
-            identity = _identity(os.fstat(handle.fileno()))
+            identity = integrity.file_identity(os.fstat(handle.fileno()))
             data = handle.read()
     except OSError as err:
         raise ModelLoadError(f"{path}: cannot be read ({err.strerror or err})") from None
@@ -75,16 +75,12 @@ def load_model(source: ModelSource) -> tuple[onnx.ModelProto, str]:
 _EXTERNAL: dict[str, tuple[tuple[int, ...], list[str]]] = {}
 
 
-def _identity(info: os.stat_result) -> tuple[int, ...]:
-    return (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns)
-
-
 def external_files(path: str | os.PathLike) -> list[str]:
     """The external-data files (relative to its folder) an ONNX file's tensors live in: as the
     import read them if the file is unchanged since, else parsed from the file again."""
     found = _EXTERNAL.get(str(path))
     try:
-        if found is not None and found[0] == _identity(os.stat(path)):
+        if found is not None and found[0] == integrity.file_identity(os.stat(path)):
             return list(found[1])
     except OSError:
         pass
