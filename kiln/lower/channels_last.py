@@ -3,11 +3,13 @@ channels last): ``kiln::DepthwiseConv``, a depthwise convolution on [N, H, W, C]
 
 Each pixel's channels are contiguous, so the kernel is vectorized across channels: each tap's
 weights for a vector of channels are one vector (packed tap-major at compile time). Row by row,
-channel block by channel block, each output is its whole sum (bias + every tap) stored once
-with the epilogue applied; interior pixels go ``UNROLL_PIXELS`` at a time, tap by tap, each tap's
+channel block by channel block, each output is its whole sum (bias + every tap) stored once with
+the epilogue applied; interior pixels go ``UNROLL_PIXELS`` at a time, tap by tap, each tap's
 weights loaded once for all of them and one running sum per pixel in a register, with no bounds
-tests; border rows and columns are written with only the
-taps that fall inside (decided here). Threads take rows or, on small planes, channel blocks.
+tests. Border rows and columns: on small kernels, written out with only the taps that fall
+inside each output (decided here); from ``PADDED_MIN_TAPS`` taps, the input is first copied into
+a zero-bordered scratch, so every output is an interior one. Threads take rows or, on small
+planes, channel blocks.
 """
 
 from __future__ import annotations
@@ -17,13 +19,18 @@ import numpy as np
 from kiln.ir.graph import Node
 from kiln.ir.types import TensorType
 from kiln.lower.engine import Epilogue
-from kiln.lower.kir import Assign, Binary, Const, Expr, For, If, Kernel, Let, Load, Schedule, Stmt, Store, add, i64
+from kiln.lower.kir import Assign, Binary, Const, Expr, For, If, Kernel, Let, Load, Schedule, Stmt, Store, add, i64, mul
 from kiln.lower.lowering import CannotLower, Lowerer
 from kiln.lower.nn_lowering import require_float
 from kiln.lower.target import PARALLEL_MIN
 from kiln.lower.window_lowering import window_interior
 
 UNROLL_PIXELS = 4  # interior output pixels sharing each load of a tap's weights (their sums in registers)
+# taps from which the input is copied zero-bordered first: the border code grows as the border
+# (kernel size) times the taps per output, so a 7x7 layer's is thousands of statements (GCC 18 s
+# of ConvNeXt-T's 34 s cold compile); the copy costs the kernel 3-16% there (Zen 3, 7x7 layers
+# of 7x7 to 56x56) and 4-69% on 3x3 layers, whose border code is small (benchmarks/depthwise.py)
+PADDED_MIN_TAPS = 25
 
 
 class _Depthwise:
@@ -57,14 +64,17 @@ class _Depthwise:
         self.by_rows = self.out_h >= 4 * lw.target.cores
         self.n, self.cb, self.c = lw.index("n"), lw.index("cb"), lw.index("c")
         self.oh, self.ow, self.q = lw.index("oh"), lw.index("ow"), lw.index("q")
-        self.channel: Expr = add(Binary("*", self.cb, i64(self.block)), self.c)
+        self.channel: Expr = add(mul(self.cb, i64(self.block)), self.c)
+        # where the taps read: (buffer, rows, columns, top pad, left pad) of the input as it is,
+        # or of its zero-bordered copy (``padded_body``: no pads left to subtract)
+        self.source = (self.x_buf, self.height, self.width, *self.pads)
 
     def _weights(self, w):  # type: ignore[no-untyped-def]
         """The buffer the taps' weights are read from: [tap][channel] (a constant, packed), else
         the operand as it is, [channel][tap]."""
         weights, taps, channels = self.lw.constant(w), len(self.taps), self.channels
         if weights is None:
-            return self.lw.buffer(w), lambda tap, ch: add(Binary("*", ch, i64(taps)), i64(tap))
+            return self.lw.buffer(w), lambda tap, ch: add(mul(ch, i64(taps)), i64(tap))
         packed = self.lw.packed_constant(
             ("depthwise-nhwc", w.name),
             lambda: np.ascontiguousarray(weights.reshape(channels, taps).T.astype(self.dtype.numpy)).reshape(-1),
@@ -78,20 +88,21 @@ class _Depthwise:
         return Load(buffer, at(tap, self.channel))
 
     def pixel(self, row: Expr, col: Expr, rows: int, cols: int) -> Expr:
-        image_row = add(Binary("*", self.n, i64(rows)), row)
-        return add(Binary("*", add(Binary("*", image_row, i64(cols)), col), i64(self.channels)), self.channel)
+        image_row = add(mul(self.n, i64(rows)), row)
+        return add(mul(add(mul(image_row, i64(cols)), col), i64(self.channels)), self.channel)
 
     def input_at(self, row: Expr, col: Expr, kh: int, kw: int) -> tuple[Expr, Expr]:
-        (stride_h, stride_w), (dil_h, dil_w), (pad_t, pad_l) = self.stride, self.dilation, self.pads
+        (stride_h, stride_w), (dil_h, dil_w), (pad_t, pad_l) = self.stride, self.dilation, self.source[3:]
         return (
-            add(Binary("*", row, i64(stride_h)), i64(kh * dil_h - pad_t)),
-            add(Binary("*", col, i64(stride_w)), i64(kw * dil_w - pad_l)),
+            add(mul(row, i64(stride_h)), i64(kh * dil_h - pad_t)),
+            add(mul(col, i64(stride_w)), i64(kw * dil_w - pad_l)),
         )
 
     def term(self, row: Expr, col: Expr, tap: tuple[int, int], weight: Expr | None = None) -> Expr:
         in_row, in_col = self.input_at(row, col, *tap)
         factor = weight if weight is not None else self.weight(self.tap_index[tap])
-        return Binary("*", factor, Load(self.x_buf, self.pixel(in_row, in_col, self.height, self.width)))
+        buffer, rows, cols = self.source[:3]
+        return Binary("*", factor, Load(buffer, self.pixel(in_row, in_col, rows, cols)))
 
     def start(self) -> Expr:
         return Load(self.bias, self.channel) if self.bias is not None else Const(0, self.dtype)
@@ -134,7 +145,7 @@ class _Depthwise:
     def _group(self, row: Expr, valid: list[tuple[int, int]], col_lo: int) -> list[Stmt]:
         """UNROLL_PIXELS interior pixels, tap by tap: each tap's weights loaded once for all of
         them, one running sum per pixel in a register (each sum in the order ``output`` adds)."""
-        first = add(Binary("*", self.q, i64(UNROLL_PIXELS)), i64(col_lo))
+        first = add(mul(self.q, i64(UNROLL_PIXELS)), i64(col_lo))
         cols = [add(first, i64(u)) for u in range(UNROLL_PIXELS)]
         sums = [self.lw.scalar(self.dtype, "acc") for _ in cols]
         stmts: list[Stmt] = [Let(total, self.start()) for total in sums]
@@ -146,7 +157,68 @@ class _Depthwise:
             ]
         return stmts + [self.finish(row, col, total) for total, col in zip(sums, cols)]
 
-    def body(self) -> list[Stmt]:
+    def padded_rows_cols(self) -> tuple[int, int] | None:
+        """Rows and columns of the zero-bordered copy: the input at (top pad, left pad), zeros
+        around it up to the last row and column a tap reads (None: negative pads)."""
+        (stride_h, stride_w), (dil_h, dil_w), (pad_t, pad_l) = self.stride, self.dilation, self.pads
+        if pad_t < 0 or pad_l < 0:
+            return None
+        rows = max(self.height + pad_t, (self.out_h - 1) * stride_h + (self.kernel_h - 1) * dil_h + 1)
+        cols = max(self.width + pad_l, (self.out_w - 1) * stride_w + (self.kernel_w - 1) * dil_w + 1)
+        return rows, cols
+
+    def padded_body(self, rows: int, cols: int) -> tuple[list[Stmt], list[Stmt]]:
+        """(the copy into the zero-bordered scratch, the outputs read from it). Taking rows, the
+        copy's input rows are shared out as the output rows are (the same parallel loop index);
+        taking channel blocks, each block copies its own channels."""
+        copy = self.lw.scratch_buffer(self.dtype, self.batch * rows * cols * self.channels, hint="dwpad")
+        pad_t, pad_l = self.pads
+        self.source = (copy, rows, cols, 0, 0)
+        zero = Const(0, self.dtype)
+        channels = self.channels if self.by_rows else self.block
+        lane = self.lw.index("q")
+        at_channel = lane if self.by_rows else self.channel  # (taking rows, a row's pixels are one run)
+
+        def run(row: Expr, col: int, count: int, value) -> list[Stmt]:  # type: ignore[no-untyped-def]
+            """``count`` pixels of a padded row from column ``col`` (their ``channels``): zeros or the input."""
+            if count <= 0:
+                return []
+            start = add(mul(add(mul(self.n, i64(rows)), row), i64(cols * self.channels)), i64(col * self.channels))
+            if self.by_rows:
+                return [For(lane, count * channels, [Store(copy, add(start, lane), value(lane))])]
+            pixel = self.lw.index("p")
+            at = add(add(start, mul(pixel, i64(self.channels))), at_channel)
+            return [For(pixel, count, [For(self.c, channels, [Store(copy, at, value(pixel))])])]
+
+        def source(offset: Expr) -> Expr:  # the input row ``r``'s element ``offset`` (taking rows) or pixel
+            image_row = add(mul(self.n, i64(self.height)), r)
+            if self.by_rows:
+                return Load(self.x_buf, add(mul(image_row, i64(self.width * self.channels)), offset))
+            return Load(
+                self.x_buf, add(mul(add(mul(image_row, i64(self.width)), offset), i64(self.channels)), self.channel)
+            )
+
+        r = self.oh if self.by_rows else self.lw.index("r")
+        middle = add(r, i64(pad_t))
+        inside = [
+            *run(middle, 0, pad_l, lambda _: zero),
+            *run(middle, pad_l, self.width, source),
+            *run(middle, pad_l + self.width, cols - pad_l - self.width, lambda _: zero),
+        ]
+        above = self.lw.index("t")
+        top = [For(above, pad_t, run(above, 0, cols, lambda _: zero))] if pad_t else []
+        filled: list[Stmt] = [*top, For(r, self.height, inside)]
+        below = rows - pad_t - self.height
+        if below > 0:
+            bottom = self.lw.index("t")
+            filled.append(For(bottom, below, run(add(bottom, i64(pad_t + self.height)), 0, cols, lambda _: zero)))
+        compute: list[Stmt] = [
+            For(self.oh, self.out_h, self.row(self.oh, list(range(self.kernel_h)), None, 0, self.out_w))
+        ]
+        return filled, compute
+
+    def bordered_body(self) -> list[Stmt]:
+        """Border rows and columns written out, each output with only the taps that fall inside."""
         shapes = (
             (self.batch, self.channels, self.height, self.width),
             (self.channels, 1, self.kernel_h, self.kernel_w),
@@ -181,16 +253,23 @@ class _Depthwise:
         return [For(self.oh, self.out_h, [For(self.ow, self.out_w, self.vector(steps))])]
 
     def kernel(self) -> Kernel:
-        body = self.body()
+        geometry = self.padded_rows_cols() if len(self.taps) >= PADDED_MIN_TAPS else None
+        if geometry is None:
+            filled, body = [], self.bordered_body()
+        else:
+            filled, body = self.padded_body(*geometry)
         work = self.batch * self.out_h * self.out_w * self.channels
         parallel = None if work < PARALLEL_MIN else (self.oh.name if self.by_rows else self.cb.name)
-        stmts: list[Stmt] = [For(self.n, self.batch, body if self.by_rows else [For(self.cb, self.blocks, body)])]
+        per_image = [*filled, *body] if self.by_rows else [For(self.cb, self.blocks, [*filled, *body])]
+        stmts: list[Stmt] = [For(self.n, self.batch, per_image)]
         node = self.node
         kernel = self.lw.kernel(
             node, "depthwise-conv", stmts, list(node.inputs), [node.outputs[0]],
             Schedule(parallel=parallel, vectorize=self.c.name),
         )  # fmt: skip
         kernel.flops = 2 * work * len(self.taps)
+        if self.source[0] is not self.x_buf:  # the zero-bordered copy: memory planning needs it written here
+            kernel.writes.append(self.source[0])
         return kernel
 
 

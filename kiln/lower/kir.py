@@ -93,6 +93,9 @@ LENGTH = Scalar("kiln_len", DType.INT64)
 # the run-time dims a kernel's sizes may be expressions of (``kiln.driver.spatial``): ``kiln_d<i>``
 # is the model's i-th symbolic dim at this call (``Kernel.dims`` says where the vector is read)
 DIM_PREFIX = "kiln_d"
+# the plan's status word (table slot 0, outside memory planning): kernels that find bad data
+# (an index out of range) store a code there, whatever their writes say
+STATUS_NAME = "status"
 
 
 def run_time_dim(index: int) -> Scalar:

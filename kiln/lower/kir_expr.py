@@ -114,12 +114,12 @@ class Cast:
 Expr = Const | Index | Scalar | Load | Binary | Unary | Select | Cast
 
 
-def dtypes_of(root: Expr) -> dict[int, DType]:
+def dtypes_of(root: Expr, order: list[Expr] | None = None) -> dict[int, DType]:
     """The type of every node of ``root`` (by id), in one iterative walk (C's usual arithmetic
     conversions: a float operand makes the result float, the wider float wins; comparisons and
-    logic give booleans)."""
+    logic give booleans; ``order``: ``postorder(root)`` where the caller has it)."""
     known: dict[int, DType] = {}
-    for node in postorder(root):
+    for node in order if order is not None else postorder(root):
         if isinstance(node, Const):
             found = node.dtype
         elif isinstance(node, Index):
@@ -224,13 +224,13 @@ def evaluated_always(root: Expr, order: list[Expr] | None = None) -> set[int]:
 MAX_NESTING = 16  # operators deep before a subexpression is bound to a name of its own
 
 
-def shared_nodes(root: Expr) -> set[int]:
+def shared_nodes(root: Expr, order: list[Expr] | None = None) -> set[int]:
     """The nodes of ``root`` (by id) to compute once into a named temporary when it is written
     out: those used more than once and those nesting past MAX_NESTING (written as a tree, a DAG
     of n shared selects is 2^n long). Only nodes evaluated on every path qualify (a load under a
     select may be out of bounds on the path that does not take it), unless they hold no load and
-    no division (safe to evaluate anywhere)."""
-    order = postorder(root)
+    no division (safe to evaluate anywhere). ``order``: ``postorder(root)`` where the caller has it."""
+    order = order if order is not None else postorder(root)
     uses: dict[int, int] = {}
     for node in order:
         for child in operands(node):

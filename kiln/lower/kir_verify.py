@@ -2,8 +2,9 @@
 problem (an empty list: none).
 
 * every loop index, scalar and helper parameter is defined in an enclosing scope before its use;
-* indices are integers; a store goes to a buffer the kernel writes (or its scratch), never to one it
-  only reads;
+* indices are integers; a store goes to a buffer among the kernel's writes (its scratch too:
+  memory planning gives a buffer its lifetime from the kernels' reads and writes), never to one
+  it only reads;
 * **static bounds**: an access evaluated on every path whose index interval follows from constant
   loop bounds (affine arithmetic, constant division and remainder, selects) must lie inside its
   buffer. Accesses under an ``If``, in a select's branches or with loop bounds known only at run
@@ -17,6 +18,7 @@ from collections.abc import Sequence
 from kiln.ir.types import DType
 from kiln.lower.kir import (
     ENGINE_CALLS,
+    STATUS_NAME,
     Assign,
     Binary,
     Buffer,
@@ -87,6 +89,7 @@ class _Checker:
         self.kernel = kernel
         self.problems: list[str] = []
         self.only_read = {b for b in kernel.reads if b not in kernel.writes}
+        self.writes = set(kernel.writes)
 
     def problem(self, text: str) -> None:
         self.problems.append(f"kernel {self.kernel.name} ({self.kernel.kind}): {text}")
@@ -118,6 +121,8 @@ class _Checker:
                 self.access(stmt.buffer, stmt.index, scope, guarded, "store")
                 if stmt.buffer in self.only_read:
                     self.problem(f"stores into {stmt.buffer.name}, which it only reads")
+                elif stmt.buffer not in self.writes and stmt.buffer.name != STATUS_NAME:
+                    self.problem(f"stores into {stmt.buffer.name}, which is not among its writes")
             elif isinstance(stmt, ENGINE_CALLS):
                 epilogue = epilogue_of(stmt)
                 if epilogue is not None:

@@ -19,6 +19,7 @@ import numpy as np
 from kiln.ir.graph import Graph, Node, Value
 from kiln.ir.types import DType, TensorType
 from kiln.lower.kir import (
+    STATUS_NAME,
     Binary,
     Buffer,
     Cast,
@@ -118,7 +119,7 @@ class Lowerer:
         self.buffers: dict[Value, Buffer] = {}
         self.aliases: dict[Value, Value] = {}
         self.outputs = set(graph.outputs)
-        self.status = Buffer("status", DType.INT32, 1)
+        self.status = Buffer(STATUS_NAME, DType.INT32, 1)
         self.kernel_count = 0
         self._names = 0
         from kiln.passes.rewrite import consumers_count

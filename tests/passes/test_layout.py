@@ -201,6 +201,12 @@ def _channels_last_depthwise(channels, size, kernel, stride, pads, dilation, act
         (12, 9, 7, 1, [3, 3, 3, 3], 1),  # ConvNeXt's 7x7: no interior column
         (5, 10, 3, 1, [0, 2, 1, 0], 2),  # channels not a vector's multiple, asymmetric pads, dilated
         (8, 6, 3, 1, [20, 20, 20, 20], 1),  # a border too wide to unroll: every tap tested
+        # from PADDED_MIN_TAPS taps the input is copied zero-bordered first:
+        (16, 13, 7, 1, [3, 3, 3, 3], 1),  # threads take rows, two channel blocks
+        (16, 13, 5, 2, [2, 1, 1, 2], 1),  # strided, asymmetric pads
+        (16, 12, 5, 1, [4, 0, 3, 4], 2),  # dilated: rows of zeros past the input on one side only
+        (24, 5, 7, 1, [3, 3, 3, 3], 1),  # a small plane: threads take channel blocks
+        (6, 8, 5, 1, [0, 0, 0, 0], 1),  # no padding at all, channels not a vector's multiple
     ],
 )
 def test_channels_last_depthwise_matches_onnxruntime(tmp_path, channels, size, kernel, stride, pads, dilation):
@@ -216,6 +222,30 @@ def test_channels_last_depthwise_matches_onnxruntime(tmp_path, channels, size, k
     assert kinds == ["depthwise-conv+epilogue"], kinds  # no conversion left on either side
     want = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_a_large_depthwise_kernel_is_compact_code(tmp_path):
+    """A 7x7 layer on a 56x56 plane (ConvNeXt's first stage) is one row of code over a
+    zero-bordered copy, not every border pixel written out with its own taps (hundreds of
+    kilobytes of C: most of a cold compile)."""
+    import onnx
+
+    from kiln.backends.cpu.c_unit import Templates
+    from kiln.lower.kir import buffers_in
+    from kiln.lower.kir_verify import verify_kernel
+
+    model, x = _channels_last_depthwise(32, 56, 7, 1, [3, 3, 3, 3], 1, "Relu")
+    path = tmp_path / "dw7.onnx"
+    onnx.save(model, path)
+    compiled = kiln.compile(str(path), threads=2)
+    compiled.run({"x": x})
+    (kernel,) = [k for p in compiled.plans for step in p.steps for k in getattr(step, "kernels", [])]
+    templates = Templates()
+    templates.function_for(kernel)
+    text = "\n".join(templates.parts)
+    assert len(text) < 100_000, len(text)  # the bordered form: over 600,000 characters
+    assert any(b.name.startswith("dwpad") for b in buffers_in(kernel.body))
+    assert verify_kernel(kernel) == []  # its scratch among its writes: memory planning places it
 
 
 def test_depthwise_conv_reference_matches_a_grouped_conv():

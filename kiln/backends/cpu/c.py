@@ -182,17 +182,23 @@ def _min_select(a: Expr, b: Expr) -> Expr:
 C_EXPANSIONS: dict[str, Callable[[Expr, Expr], Expr]] = {"max": _max_select, "min": _min_select}
 
 
-def _expanded(e: Expr) -> Expr:
-    """``e`` with the operators of C_EXPANSIONS written out (``e`` itself when it has none)."""
-    return map_expr(e, lambda n: C_EXPANSIONS[n.op](n.a, n.b) if isinstance(n, Binary) and n.op in C_EXPANSIONS else n)
+def _expanded(e: Expr) -> tuple[Expr, list[Expr]]:
+    """``e`` with the operators of C_EXPANSIONS written out (``e`` itself when it has none), and
+    its nodes in postorder (one walk for everything the renderer asks of it: statements of
+    thousands of nodes are what a cold compile spends its Python time on)."""
+    order = postorder(e)
+    if not any(isinstance(n, Binary) and n.op in C_EXPANSIONS for n in order):
+        return e, order
+    e = map_expr(e, lambda n: C_EXPANSIONS[n.op](n.a, n.b) if isinstance(n, Binary) and n.op in C_EXPANSIONS else n)
+    return e, postorder(e)
 
 
 def expr(e: Expr) -> str:
     """C for a small expression (loop bounds, conditions, indices), written out whole."""
-    e = _expanded(e)
+    e, order = _expanded(e)
     text: dict[int, str] = {}
-    types = dtypes_of(e)
-    for node in postorder(e):
+    types = dtypes_of(e, order)
+    for node in order:
         text[id(node)] = _node_text(node, text, types)
     return text[id(e)]
 
@@ -213,12 +219,12 @@ def _temporary() -> str:
 def bound_value(e: Expr, indent: str) -> tuple[list[str], str]:
     """C for a statement's value: declarations of temporaries (``kir.shared_nodes``: shared and
     deep subexpressions computed once, so code stays linear in the expression), then its text."""
-    e = _expanded(e)
-    bound = shared_nodes(e)
+    e, order = _expanded(e)
+    bound = shared_nodes(e, order)
     text: dict[int, str] = {}
-    types = dtypes_of(e)
+    types = dtypes_of(e, order)
     lines: list[str] = []
-    for node in postorder(e):
+    for node in order:
         text[id(node)] = _node_text(node, text, types)
         if id(node) in bound:
             name = _temporary()

@@ -23,6 +23,7 @@ from kiln.backends.cpu.c import (
 from kiln.backends.cpu.c_engines import narrow_products
 from kiln.backends.cpu.target import CpuTarget
 from kiln.lower.kir import Buffer, Kernel
+from kiln.lower.kir_key import StructureKeys
 from kiln.lower.target import Target
 from kiln.source_text import c_comment
 
@@ -37,6 +38,8 @@ class Templates:
     def __init__(self) -> None:
         self.texts: dict[str, str] = {}  # canonical text -> function name
         self.parts: list[str] = []
+        self.keys = StructureKeys()
+        self.by_key: dict[int, str] = {}  # a kernel's structure (kir_key) -> its function's name
 
     def function_for(self, kernel: Kernel) -> tuple[str, list[Buffer]]:
         used = kernel_buffers(kernel)
@@ -44,6 +47,16 @@ class Templates:
         if CHECKED.get():  # debug builds keep kiln's names: range-check messages name the buffer
             self.parts.append(emit_kernel(kernel, used, local, f"kiln_{kernel.name}"))
             return f"kiln_{kernel.name}", used
+        key = self.keys.key(kernel, used)
+        if key is not None and key in self.by_key:  # the same program as one written already
+            return self.by_key[key], used
+        name = self._written(kernel, used, local)
+        if key is not None:
+            self.by_key[key] = name
+        return name, used
+
+    def _written(self, kernel: Kernel, used: list[Buffer], local: dict[Buffer, int]) -> str:
+        """The name of the function for ``kernel``'s canonical text, written if it is new."""
         text = emit_kernel(kernel, used, local, "KILN_TEMPLATE")
         helpers = [f.name for f in helper_functions(kernel.body)]
         names: dict[str, None] = {}
@@ -61,7 +74,7 @@ class Templates:
             name = f"kiln_t{len(self.texts)}"
             self.texts[text] = name
             self.parts.append(text.replace("KILN_TEMPLATE", name))
-        return name, used
+        return name
 
 
 def emit_segment(
