@@ -2,6 +2,7 @@
 fallbacks called back between segments; one thread pool per process, whatever the number of
 loaded models."""
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -144,6 +145,52 @@ def test_three_loaded_models_share_one_thread_pool(tmp_path):
     assert libraries == 3, "three distinct libraries loaded"
     assert workers == 1, f"{workers} pool workers for three models of two threads each (one pool: one worker)"
     assert errors == 0
+
+
+LOADED_SCRIPT = textwrap.dedent(
+    """
+    import os, sys
+    import numpy as np
+    import kiln
+    from kiln.runtime import executable
+
+    def pool_threads():
+        names = []
+        for task in os.listdir("/proc/self/task"):
+            with open(f"/proc/self/task/{task}/comm") as comm:
+                names.append(comm.read().strip())
+        return names.count("kiln-pool")
+
+    model = kiln.load(sys.argv[1], threads=2)
+    ready = [e.requests.qsize() for e in model.executables()]
+    workers = pool_threads()
+    made = []
+    original = executable._Request.__init__
+    executable._Request.__init__ = lambda self, ex: (made.append(1), original(self, ex))[1]
+    model.run({"x": np.ones((64, 64), np.float32)})
+    print(workers, sum(ready), len(made))
+    """
+)
+
+
+def test_a_loaded_model_starts_its_workers_and_first_memory_at_load(tmp_path):
+    """The first inference after ``kiln.load`` pays no thread starts and no first touch of its
+    working memory: the pool's workers and one request's arena are made by the load."""
+    if not os.path.isdir("/proc/self/task"):
+        pytest.skip("counting the pool's threads reads /proc (Linux)")
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["m"]), helper.make_node("Relu", ["m"], ["y"])]
+    weights = {"w": np.random.default_rng(0).standard_normal((64, 64)).astype(np.float32)}
+    compiled = kiln.compile(make_model(nodes, [("x", F, [64, 64])], [("y", F, None)], weights), threads=2)
+    compiled.save(tmp_path / "m.kiln")
+    env = {"KILN_CACHE_DIR": str(tmp_path / "cache"), "PATH": "/usr/bin:/bin"}
+    done = subprocess.run(
+        [sys.executable, "-c", LOADED_SCRIPT, str(tmp_path / "m.kiln")],
+        capture_output=True, text=True, timeout=600, env=env, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    workers, ready, made = (int(v) for v in done.stdout.split())
+    assert workers == 1, f"{workers} pool workers after loading a model of two threads (one expected)"
+    assert ready == 1 and made == 0, (ready, made)
 
 
 def test_the_native_entry_can_be_timed_alone_but_not_with_fallbacks():

@@ -1,6 +1,7 @@
-"""The memory plan kiln prints at compile time is what a run actually takes: the first inference
-of a model whose intermediates dwarf its weights grows the process by the arena plus at most the
-engine's packing scratch, both as printed."""
+"""The memory plan kiln prints at compile time is what a run actually takes: a model whose
+intermediates dwarf its weights grows the process by the arena when it is compiled (the first
+request's memory is made and touched then, not by the first inference), and its first inference
+by at most the engine's packing scratch, both as printed."""
 
 import json
 import os
@@ -38,14 +39,17 @@ SCRIPT = textwrap.dedent(
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
         [weight("w1", 48, 8, 3, 3), weight("w2", 48, 48, 1, 1), weight("w3", 48, 48, 3, 3)],
     )
-    model = kiln.compile(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+    onnx_model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    kiln.compile(onnx_model)  # (once: the libraries built, the imports made)
     x = rng.standard_normal((1, 8, 192, 192)).astype(np.float32)
+    start = rss_bytes()
+    model = kiln.compile(onnx_model)
     memory = model.plans[0].memory
     before = rss_bytes()
     model(x)
     after = rss_bytes()
     print(json.dumps({"arena": memory.arena_bytes, "scratch": memory.scratch_bytes(),
-                      "described": memory.describe(), "growth": after - before}))
+                      "described": memory.describe(), "compile": before - start, "growth": after - before}))
     """
 )
 
@@ -60,7 +64,7 @@ def test_first_run_grows_the_process_by_the_printed_plan(tmp_path):
     # intermediates of 48 x 192 x 192 floats (7 MB each), several alive at once
     assert arena >= 14e6, figures
     assert f"arena {arena / 1e6:.2f} MB" in figures["described"]
-    # the arena is touched by the run (its pages become resident) ...
-    assert growth >= 0.9 * arena, figures
-    # ... and nothing beyond it and the engine's scratch (plus 4 MB for the library and Python)
-    assert growth <= arena + scratch + 4e6, figures
+    # the arena is made and touched by the compile (its pages resident before the first run) ...
+    assert figures["compile"] >= 0.9 * arena, figures
+    # ... and the first run takes nothing beyond the engine's scratch (plus 4 MB for Python)
+    assert growth <= scratch + 4e6, figures

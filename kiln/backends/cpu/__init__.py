@@ -193,6 +193,8 @@ class CpuBackend(Backend):
         library.kiln_set_threads(parallelism.threads)
         library.kiln_set_spin.argtypes = [ctypes.c_long]
         library.kiln_set_spin(parallelism.spin)
+        if hasattr(library, "kiln_pool_start"):  # (absent from libraries of older artifacts)
+            library.kiln_pool_start()  # the workers start now, not in the first inference
         if hasattr(library, "kiln_set_bf16"):  # the plan has bf16 products: the best path this CPU grants
             library.kiln_set_bf16.argtypes = [ctypes.c_int]
             library.kiln_set_bf16.restype = ctypes.c_int

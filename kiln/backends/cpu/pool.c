@@ -249,6 +249,20 @@ static int kiln_pool_threads(void) {
 
 static int kiln_in_pool(void) { return kiln_pool_used->in_pool(); }
 
+static void kiln_pool_nothing(void *ctx, int64_t lo, int64_t hi, int worker) {
+  (void)ctx;
+  (void)lo;
+  (void)hi;
+  (void)worker;
+}
+
+/* the pool's workers for this library's loops started now (when a model is loaded), not by its
+   first inference */
+void kiln_pool_start(void) {
+  int participants = kiln_pool_threads();
+  kiln_pool_used->parallel_for(0, participants, 1, participants, kiln_pool_nothing, NULL);
+}
+
 /* body(ctx, lo, hi, worker) over [begin, end) on the pool this library uses, by at most this
    library's threads (and `max_workers` when positive) */
 KILN_ENGINE void kiln_parallel_for(int64_t begin, int64_t end, int64_t grain, int max_workers, kiln_body body, void *ctx) {
