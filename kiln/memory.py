@@ -11,6 +11,8 @@ import ctypes
 import ctypes.util
 import functools
 import gc
+import mmap
+from typing import Any
 
 import numpy as np
 
@@ -36,6 +38,22 @@ def _malloc_trim():  # type: ignore[no-untyped-def]
         return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
     except (OSError, AttributeError):  # not glibc
         return None
+
+
+def drop_mapped_pages(array: Any) -> None:
+    """Let the pages of an array that maps a file leave the process's RSS (``MADV_DONTNEED``):
+    they stay in the page cache, and a later read faults them back in from there. For arrays read
+    once and kept only in case (a source graph read back from the plan cache to be saved): a big
+    model's weights otherwise count twice in the RSS, as its packed copies and as these. Nothing
+    for an array that maps no file, or where the system has no such advice."""
+    base = array
+    while base is not None and not isinstance(base, mmap.mmap):  # views, then NumPy's memoryview of the map
+        base = base.obj if isinstance(base, memoryview) else getattr(base, "base", None)
+    if isinstance(base, mmap.mmap) and hasattr(mmap, "MADV_DONTNEED"):
+        try:
+            base.madvise(mmap.MADV_DONTNEED)
+        except (OSError, ValueError):  # closed, or the system refuses: the pages just stay
+            pass
 
 
 def empty_aligned(nbytes: int, alignment: int = 64) -> np.ndarray:

@@ -37,7 +37,7 @@ from kiln.backends import backend
 from kiln.errors import KilnError
 from kiln.ir.parser import ParseError, parse_graph
 from kiln.ir.printer import print_graph, tensor_data
-from kiln.memory import aligned_copy, empty_aligned
+from kiln.memory import aligned_copy, drop_mapped_pages, empty_aligned
 from kiln.output_files import OutputPathError, check_output_file
 from kiln.version import __version__
 
@@ -123,7 +123,7 @@ def save(model: Any, path: str | os.PathLike) -> Path:
     manifest = {"sha256": {name: hashlib.sha256(content).hexdigest() for name, content in members.items()}}
     try:
         with tempfile.TemporaryFile(dir=path.parent) as weights:
-            np.savez(weights, **{f"t{i}": a for i, a in enumerate(numeric.values())})
+            _write_npz(weights, list(numeric.values()))
             weights.seek(0)
             hasher = hashlib.sha256()
             while piece := weights.read(CHUNK):
@@ -137,6 +137,17 @@ def save(model: Any, path: str | os.PathLike) -> Path:
         if released:  # and lets go of it again once saved
             compilation.release(compilation.source.loader)
     return path
+
+
+def _write_npz(file: Any, arrays: list[np.ndarray]) -> None:
+    """``arrays`` as ``np.savez`` writes them (members ``t0.npy``, ``t1.npy``... stored, in order),
+    one at a time: an array read back from the plan cache (a released source graph, file-mapped)
+    lets its pages go once written, so saving a big model does not hold its weights twice."""
+    with zipfile.ZipFile(file, "w", zipfile.ZIP_STORED, allowZip64=True) as archive:
+        for number, array in enumerate(arrays):
+            with archive.open(f"t{number}.npy", "w", force_zip64=True) as member:
+                np.lib.format.write_array(member, np.asanyarray(array), allow_pickle=False)
+            drop_mapped_pages(array)
 
 
 def _write_archive(path: Path, manifest: dict, members: dict[str, bytes | memoryview], weights: Any) -> None:

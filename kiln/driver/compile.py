@@ -104,7 +104,9 @@ def compile_model(request: Request) -> Any:
     if options.precision == "int8" and (request.calibration.samples is not None or not options.quantization.ranges):
         # (options that already carry ranges, the quantizer's own compiles, build directly)
         return _quantized(request, graph, target, options)
-    model = _native(request, Source(graph, file=source_file), target, options).compile_ahead(request.dims)
+    model = _native(request, Source(graph, file=source_file), target, options)
+    del graph  # the model's source holds it now: released below, its memory is returned (not kept here)
+    model = model.compile_ahead(request.dims)
     key = model.compilation.source.cache_key
     if source_file is not None and key is not None and plan_cache.has_graph(key):
         # its variants hold their packed weights; the source graph comes back from the cache when

@@ -54,6 +54,7 @@ from kiln.backends import backend
 from kiln.driver import tuning_db
 from kiln.driver.options import CompileOptions
 from kiln.lower.target import Target
+from kiln.memory import drop_mapped_pages
 from kiln.version import __version__
 
 FORMAT = 5  # bump when Plan/Graph/Kernel change shape: older entries then miss
@@ -295,8 +296,9 @@ class _BlobReader:
     check before the object is used. A blob this process already verified, still held by a
     variant, is shared."""
 
-    def __init__(self, blobs: Path) -> None:
+    def __init__(self, blobs: Path, resident: bool = True) -> None:
         self.blobs = blobs
+        self.resident = resident  # False: each blob checked as it is read, its pages then let go of
         self.pending: list[tuple[tuple, np.ndarray, str, Callable[[], str]]] = []
 
     def persistent_load(self, pid: Any) -> Any:
@@ -330,6 +332,14 @@ class _BlobReader:
             if array.size != info.st_size:
                 raise DamagedEntry(f"blob {name} changed size while mapped")
         array.flags.writeable = False
+        if not self.resident:  # checked now and its pages let go of at once, not all held until the end
+            if not hmac.compare_digest(integrity.seal_later(array)()[:BLOB_NAME], name):
+                path.unlink(missing_ok=True)  # written again by the rebuild's store
+                raise DamagedEntry(f"blob {name} does not match its seal")
+            drop_mapped_pages(array)
+            with _blob_lock:
+                _blob_cache[identity] = array
+            return array
         self.pending.append((identity, array, name, integrity.seal_later(array)))
         return array
 
@@ -383,9 +393,11 @@ def _write(folder: Path, stem: str, obj: Any) -> None:
     _seal(folder)
 
 
-def _read(folder: Path, stem: str) -> Any:
+def _read(folder: Path, stem: str, resident: bool = True) -> Any:
+    """The object pickled in ``folder``; ``resident=False``: its arrays' pages are let go of once
+    checked (a source graph, read back to be saved or recompiled, not to run)."""
     _check_seals(folder, (f"{stem}.pkl",))
-    reader = _BlobReader(_blobs_of(folder))
+    reader = _BlobReader(_blobs_of(folder), resident)
     loaded = integrity.safe_loads((folder / f"{stem}.pkl").read_bytes(), reader.persistent_load)
     reader.verify()
     return loaded
@@ -525,7 +537,7 @@ def load_graph(key: str) -> Any | None:
     except OSError:
         return None
     try:
-        return _read(folder, "graph")
+        return _read(folder, "graph", resident=False)
     except Exception:
         _discard(folder)
         return None
