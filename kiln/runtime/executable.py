@@ -232,9 +232,12 @@ class Executable:
         self.current = threading.local()  # the views of the run a host callback serves
         # no fallbacks: a null callback, which the entry never calls
         self.host = HOST_CALLBACK(self._host) if self.entry is not None and plan.fallbacks else HOST_CALLBACK()
+        self._prepare_first_request()
+
+    def _prepare_first_request(self) -> None:
+        """The first request's memory made (and its pages faulted in) now, not in the first run (an
+        arena that grows with a run-time length is touched as lengths come)."""
         if (self.entry is not None or self.runners) and self.growing is None:
-            # the first request's memory made (and its pages faulted in) now, not in the first run
-            # (an arena that grows with a run-time length is touched as lengths come)
             try:
                 self.requests.put(_Request(self))
             except MemoryError:  # the first run says so, as it did before
