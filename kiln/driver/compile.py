@@ -25,7 +25,7 @@ from kiln.driver.variants import Compilation, Source
 from kiln.errors import KilnError
 from kiln.frontend import to_graph, to_graph_ranged
 from kiln.lower.target import Target
-from kiln.memory import return_freed
+from kiln.memory import BIG, return_freed
 from kiln.passes.specialize import input_dims, specialize
 
 
@@ -97,6 +97,8 @@ def compile_model(request: Request) -> Any:
         if cached is not None:
             return cached
     graph, declared = request.imported()
+    if sum(a.nbytes for a in graph.constants.values()) >= BIG:
+        return_freed(collect=True)  # the parsed file's structures, freed, leave the RSS before the copies come
     if declared:  # the model's own ranges, under what the caller gave
         request = dataclasses.replace(request, dims={**{k: v for k, v in declared.items()}, **(request.dims or {})})
     if target.backend == "fpga" and not options.quantization.ranges:
