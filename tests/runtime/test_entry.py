@@ -87,6 +87,16 @@ def test_a_request_table_is_prepared_once_not_per_call(monkeypatch):
     assert len(made) <= 1, f"{len(made)} request tables made for 20 sequential calls"
 
 
+# the pool's worker threads in this process (a script's helper: it runs in a fresh process)
+POOL_THREADS = """
+def pool_threads():
+    names = []
+    for task in os.listdir("/proc/self/task"):
+        with open(f"/proc/self/task/{task}/comm") as comm:
+            names.append(comm.read().strip())
+    return names.count("kiln-pool")
+"""
+
 POOL_SCRIPT = textwrap.dedent(
     """
     import os, threading
@@ -109,13 +119,7 @@ POOL_SCRIPT = textwrap.dedent(
     x = np.ones((256, 256), np.float32)
     first = [m.run({"x": x})["y"] for m in models]
 
-    def pool_threads():
-        names = []
-        for task in os.listdir("/proc/self/task"):
-            with open(f"/proc/self/task/{task}/comm") as comm:
-                names.append(comm.read().strip())
-        return names.count("kiln-pool")
-
+    POOL_THREADS
     # concurrent requests of the three models share the one pool (each request's loops run on
     # the pool or, when it is busy, on the request's own thread)
     errors = []
@@ -130,7 +134,7 @@ POOL_SCRIPT = textwrap.dedent(
     [t.join() for t in threads]
     print(len(libraries), pool_threads(), len(errors))
     """
-)
+).replace("POOL_THREADS\n", POOL_THREADS)
 
 
 def test_three_loaded_models_share_one_thread_pool(tmp_path):
@@ -154,13 +158,7 @@ LOADED_SCRIPT = textwrap.dedent(
     import kiln
     from kiln.runtime import executable
 
-    def pool_threads():
-        names = []
-        for task in os.listdir("/proc/self/task"):
-            with open(f"/proc/self/task/{task}/comm") as comm:
-                names.append(comm.read().strip())
-        return names.count("kiln-pool")
-
+    POOL_THREADS
     model = kiln.load(sys.argv[1], threads=2)
     ready = [e.requests.qsize() for e in model.executables()]
     workers = pool_threads()
@@ -170,7 +168,7 @@ LOADED_SCRIPT = textwrap.dedent(
     model.run({"x": np.ones((64, 64), np.float32)})
     print(workers, sum(ready), len(made))
     """
-)
+).replace("POOL_THREADS\n", POOL_THREADS)
 
 
 def test_a_loaded_model_starts_its_workers_and_first_memory_at_load(tmp_path):
