@@ -333,9 +333,7 @@ class _BlobReader:
                 raise DamagedEntry(f"blob {name} changed size while mapped")
         array.flags.writeable = False
         if not self.resident:  # checked now and its pages let go of at once, not all held until the end
-            if not hmac.compare_digest(integrity.seal_later(array)()[:BLOB_NAME], name):
-                path.unlink(missing_ok=True)  # written again by the rebuild's store
-                raise DamagedEntry(f"blob {name} does not match its seal")
+            self._check(name, integrity.seal_later(array)())
             drop_mapped_pages(array)
             with _blob_lock:
                 _blob_cache[identity] = array
@@ -343,11 +341,14 @@ class _BlobReader:
         self.pending.append((identity, array, name, integrity.seal_later(array)))
         return array
 
+    def _check(self, name: str, seal: str) -> None:
+        if not hmac.compare_digest(seal[:BLOB_NAME], name):
+            (self.blobs / name).unlink(missing_ok=True)  # written again by the rebuild's store
+            raise DamagedEntry(f"blob {name} does not match its seal")
+
     def verify(self) -> None:
         for _, _, name, seal in self.pending:
-            if not hmac.compare_digest(seal()[:BLOB_NAME], name):
-                (self.blobs / name).unlink(missing_ok=True)  # written again by the rebuild's store
-                raise DamagedEntry(f"blob {name} does not match its seal")
+            self._check(name, seal())
         with _blob_lock:
             for identity, array, _, _ in self.pending:
                 _blob_cache[identity] = array

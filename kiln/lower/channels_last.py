@@ -27,8 +27,8 @@ from kiln.lower.window_lowering import window_interior
 
 UNROLL_PIXELS = 4  # interior output pixels sharing each load of a tap's weights (their sums in registers)
 # taps from which the input is copied zero-bordered first: the border code grows as the border
-# (kernel size) times the taps per output, so a 7x7 layer's is thousands of statements (GCC 18 s
-# of ConvNeXt-T's 34 s cold compile); the copy costs the kernel 3-16% there (Zen 3, 7x7 layers
+# (kernel size) times the taps per output, so a 7x7 layer's is thousands of statements (GCC took
+# 18 s on ConvNeXt-T's); the copy costs the kernel 3-16% there (Zen 3, 7x7 layers
 # of 7x7 to 56x56) and 4-69% on 3x3 layers, whose border code is small (benchmarks/depthwise.py)
 PADDED_MIN_TAPS = 25
 
@@ -176,8 +176,7 @@ class _Depthwise:
         self.source = (copy, rows, cols, 0, 0)
         zero = Const(0, self.dtype)
         channels = self.channels if self.by_rows else self.block
-        lane = self.lw.index("q")
-        at_channel = lane if self.by_rows else self.channel  # (taking rows, a row's pixels are one run)
+        lane = self.lw.index("q")  # taking rows, a run of pixels is one run of elements
 
         def run(row: Expr, col: int, count: int, value) -> list[Stmt]:  # type: ignore[no-untyped-def]
             """``count`` pixels of a padded row from column ``col`` (their ``channels``): zeros or the input."""
@@ -187,7 +186,7 @@ class _Depthwise:
             if self.by_rows:
                 return [For(lane, count * channels, [Store(copy, add(start, lane), value(lane))])]
             pixel = self.lw.index("p")
-            at = add(add(start, mul(pixel, i64(self.channels))), at_channel)
+            at = add(add(start, mul(pixel, i64(self.channels))), self.channel)
             return [For(pixel, count, [For(self.c, channels, [Store(copy, at, value(pixel))])])]
 
         def source(offset: Expr) -> Expr:  # the input row ``r``'s element ``offset`` (taking rows) or pixel

@@ -390,3 +390,29 @@ def test_a_compiled_model_holds_its_weights_once_and_saving_does_not_hold_them_a
     held, saving = (int(v) for v in done.stdout.split())
     assert held < 96 + 48, f"{held} MB held after compiling 96 MB of weights (packed once, plus the arena and code)"
     assert saving < 48, f"saving grew the peak by {saving} MB (weights 96 MB: read back whole, not array by array)"
+
+
+def test_a_source_graph_read_back_with_a_damaged_weight_is_refused(cache):
+    """A source graph is read back blob by blob, each checked as it is read (and its pages let go
+    of): a flipped byte in one is damage, the graph is not returned and the entry is removed."""
+    from kiln.frontend.onnx import import_onnx
+
+    weights = {"w": RNG.standard_normal((256, 256)).astype(np.float32)}
+    proto = make_model(
+        [helper.make_node("MatMul", ["x", "w"], ["y"])], [("x", TensorProto.FLOAT, [2, 256])],
+        [("y", TensorProto.FLOAT, None)], weights,
+    )  # fmt: skip
+    graph = import_onnx(proto)
+    plan_cache.store_graph("k" * 24, graph)
+    again = plan_cache.load_graph("k" * 24)
+    assert again is not None
+    np.testing.assert_array_equal(next(iter(again.constants.values())), weights["w"])
+    (blob,) = [
+        p for p in (cache / "cache" / "plans" / ("k" * 24) / "blobs").iterdir() if p.stat().st_size >= 256 * 1024
+    ]
+    data = bytearray(blob.read_bytes())
+    data[1000] ^= 1
+    blob.write_bytes(bytes(data))
+    plan_cache._blob_cache.clear()  # (the same process would reuse the copy it checked already)
+    assert plan_cache.load_graph("k" * 24) is None
+    assert not (cache / "cache" / "plans" / ("k" * 24) / "source").exists()
