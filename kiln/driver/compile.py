@@ -21,6 +21,7 @@ from kiln.driver.options import CompileOptions
 from kiln.driver.pipeline import resolve_precision
 from kiln.driver.quantize import measure, quantize_model
 from kiln.driver.reference import ReferenceModel
+from kiln.driver.sizes import declared_ranges
 from kiln.driver.variants import Compilation, Source
 from kiln.errors import KilnError
 from kiln.frontend import to_graph, to_graph_ranged
@@ -97,7 +98,7 @@ def compile_model(request: Request) -> Any:
         if cached is not None:
             return cached
     graph, declared = request.imported()
-    if sum(a.nbytes for a in graph.constants.values()) >= BIG:
+    if graph.constant_bytes() >= BIG:
         return_freed(collect=True)  # the parsed file's structures, freed, leave the RSS before the copies come
     if declared:  # the model's own ranges, under what the caller gave
         request = dataclasses.replace(request, dims={**{k: v for k, v in declared.items()}, **(request.dims or {})})
@@ -108,7 +109,7 @@ def compile_model(request: Request) -> Any:
         return _quantized(request, graph, target, options)
     model = _native(request, Source(graph, file=source_file), target, options)
     del graph  # the model's source holds it now: released below, its memory is returned (not kept here)
-    if source_file is not None and not _ranged(request.dims):
+    if source_file is not None and not declared_ranges(request.dims):
         _consumed_from_cache(request, model)
     model = model.compile_ahead(request.dims)
     key = model.compilation.source.cache_key
@@ -120,17 +121,13 @@ def compile_model(request: Request) -> Any:
     return model
 
 
-def _ranged(dims: Any) -> bool:
-    return isinstance(dims, dict) and any(isinstance(v, (tuple, list, str)) for v in dims.values())
-
-
 def _consumed_from_cache(request: Request, model: NativeModel) -> None:
     """A big model compiled from a file for one binding: its source graph is stored in the plan
     cache first, the imported one let go of, and the compile takes the cache's copy and frees each
     weight as its folded and packed copies replace it (the imported weights, their folded copies and
     the packed ones were all held at the lowering's peak: ResNet-50's 320 MB for 102 of weights)."""
     graph = model.compilation.source.graph
-    if graph is None or sum(a.nbytes for a in graph.constants.values()) < BIG:
+    if graph is None or graph.constant_bytes() < BIG:
         return
     key = model.compilation.cache_key
     try:

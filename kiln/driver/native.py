@@ -24,6 +24,7 @@ from kiln.driver.sizes import (
     Padder,
     check_capacity,
     check_ranges,
+    declared_ranges,
     default_classes,
     padded_classes,
     parse_classes,
@@ -154,9 +155,7 @@ class NativeModel(Model):
         """This model with the variant for ``dims`` compiled now (with no dims: the one variant,
         when every input shape is static), so the first run only runs."""
         if dims is not None:
-            ranges = (
-                {k: v for k, v in dims.items() if isinstance(v, (tuple, list, str))} if isinstance(dims, dict) else {}
-            )
+            ranges = declared_ranges(dims)
             if ranges:  # dims={"batch": (1, 64)}: a declared range
                 bound = check_dims({k: v for k, v in dims.items() if k not in ranges}, self.signature)
                 return self.declare(ranges, ahead=bound)

@@ -453,7 +453,7 @@ def run_stages(state: Compile, first: str = "specialize", last: str = "build") -
             raise
         if state.observe is not None:
             state.observe(stage.name, result)
-        if stage.name in ("passes", "lower") and sum(a.nbytes for a in state.graph.constants.values()) >= BIG:
+        if stage.name in ("passes", "lower") and state.graph.constant_bytes() >= BIG:
             return_freed()  # the copies of the weights this stage freed leave the RSS before the next
     return state
 

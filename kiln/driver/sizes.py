@@ -29,6 +29,11 @@ MAX_CLASSES = 8
 MAX_CLASS = 4096  # a class is compiled at its size: larger ones are arenas of gigabytes for no speed
 
 
+def declared_ranges(dims: Any) -> dict[str, Any]:
+    """The dims of a ``dims=`` argument that declare a range (``(1, 64)``, ``"1..64"``), not a size."""
+    return {k: v for k, v in dims.items() if isinstance(v, (tuple, list, str))} if isinstance(dims, dict) else {}
+
+
 def parse_range(name: str, value: Any) -> tuple[int, int]:
     """A declared range: ``(low, high)`` (both included), or ``"low..high"``."""
     if isinstance(value, str):

@@ -148,7 +148,7 @@ class Compilation:
         if plan is not None:
             return plan
         start = time.perf_counter()
-        weights = sum(a.nbytes for a in self.graph.constants.values())
+        weights = self.graph.constant_bytes()
         plan = self.compile(dims)
         if time.perf_counter() - start >= WORTH_CACHING_S or weights >= WORTH_CACHING_BYTES:
             plan_cache.in_background(self._store, dims, plan)

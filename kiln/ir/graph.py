@@ -128,6 +128,10 @@ class Graph:
                 return value
         raise KeyError(f"graph {self.name!r} has no value named {name!r}")
 
+    def constant_bytes(self) -> int:
+        """Bytes of the graph's constants (its weights; not its subgraphs')."""
+        return sum(a.nbytes for a in self.constants.values())
+
     def signature(self) -> Graph:
         """The graph's inputs, outputs and overridable defaults, without its nodes or weights."""
         return Graph(self.inputs, self.outputs, (), {}, self.name, self.opsets, self.defaults)

@@ -60,8 +60,9 @@ class _Walk:
         self.interned = interned
         self.table = table
         self.names: dict[str, int] = {}
-        self.done: dict[int, int] = {}  # id(node) -> its interned int (each shared node once)
-        self.keep: list[object] = []  # the nodes behind ``done``'s ids stay alive while it is used
+        self.done: dict[
+            int, int
+        ] = {}  # id(node) -> its interned int (each shared node once; the kernel holds them all)
 
     def intern(self, item: tuple[Any, ...]) -> int:
         found = self.interned.get(item)
@@ -141,7 +142,6 @@ class _Walk:
                 value = self.intern((tag, own))
                 if not isinstance(node, (list, tuple, dict)):
                     self.done[id(node)] = value
-                    self.keep.append(node)
                 results.append(value)
                 continue
             if id(node) in self.done:
