@@ -6,6 +6,7 @@ compiled-vs-reference cases run on gpu:interpret through the ``target`` fixture 
 
 from __future__ import annotations
 
+import re
 import threading
 
 import numpy as np
@@ -258,3 +259,63 @@ def test_autotuning_the_gpu_target_is_refused_with_the_reason():
 
     with pytest.raises(kiln.KilnError, match="CUDA device"):
         tune.tune(None, 1.0, target="gpu:interpret")  # type: ignore[arg-type]
+
+
+# -- memory ordering inside one program ---------------------------------------------------------------------
+
+
+def unordered_rereads(source: str) -> list[str]:
+    """Loads of a buffer that an earlier statement of the same Triton function stored with no
+    ``tl.debug_barrier()`` between them, in program text order. On a GPU such a load may run in
+    another thread than the store (each tensor has its own layout over the program's threads) and
+    read stale memory; Triton's interpreter runs whole tensors in order and never shows it."""
+    found = []
+    written: set[str] = set()
+    function = ""
+    for line in source.splitlines():
+        if line.startswith("def "):
+            function, written = line, set()
+        if "tl.debug_barrier()" in line:
+            written.clear()
+        loads = set(re.findall(r"tl\.load\((p\d+)\b", line))
+        if loads & written:
+            found.append(f"{function.split('(')[0]}: {line.strip()[:120]}")
+        written |= set(re.findall(r"tl\.store\((p\d+)\b", line))
+    return found
+
+
+POOLS = [
+    ("MaxPool", {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1]}),
+    ("AveragePool", {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1], "count_include_pad": 0}),
+    ("MaxPool", {"kernel_shape": [2, 2], "strides": [1, 1], "pads": [0, 1, 0, 1]}),
+]
+
+
+@pytest.mark.parametrize(("op", "attrs"), POOLS)
+def test_a_program_rereading_what_it_stored_waits_for_a_barrier_first(op, attrs):
+    """ResNet-50's max pool (3x3, stride 2, pads 1) gave wrong answers on an H100 (rel L2 4.8e-2;
+    docs/gpu/2026-11-27-h100-run2.md) and right ones in the interpreter: its kernel stores -inf,
+    then folds each tap into the output in loops whose vectors start one element later (the
+    padded column), so another thread read the element before the -inf or the last tap's value
+    reached memory."""
+    model = make_model(
+        [helper.make_node("Relu", ["x"], ["r"]), helper.make_node(op, ["r"], ["y"], **attrs)],
+        [("x", FLOAT, [1, 8, 30, 30])],
+        [("y", FLOAT, None)],
+        {},
+    )
+    x = f(1, 8, 30, 30, seed=3)
+    compiled = kiln.compile(model, target="gpu:interpret")
+    got = compiled.run({"x": x})["y"]
+    source = "\n".join(e.plan.source for e in compiled.executables())
+    assert "tl.store" in source and "tl.load" in source
+    assert unordered_rereads(source) == []
+    want = kiln.compile(model, target="reference").run({"x": x})["y"]
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+
+
+def test_the_reread_check_finds_a_store_then_load_with_no_barrier():
+    racy = "def k(p0, p1):\n    tl.store(p0 + i, 0.0)\n    tl.store(p0 + i, tl.load(p0 + i) + tl.load(p1 + i))\n"
+    assert unordered_rereads(racy) == ["def k: tl.store(p0 + i, tl.load(p0 + i) + tl.load(p1 + i))"]
+    ordered = racy.replace("    tl.store(p0 + i, tl.load", "    tl.debug_barrier()\n    tl.store(p0 + i, tl.load")
+    assert unordered_rereads(ordered) == []

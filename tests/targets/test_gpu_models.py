@@ -15,6 +15,7 @@ pytest.importorskip("triton", reason="the gpu target needs Triton (kiln's gpu ex
 pytest.importorskip("torch", reason="torch (the 'zoo' extra) builds the zoo models")
 
 from kiln.backends.gpu.ahead import compile_ahead
+from tests.targets.test_gpu import unordered_rereads
 
 HEAVY = ("matmul", "conv", "attention")
 
@@ -47,6 +48,8 @@ def test_every_kernel_of_a_seed_model_compiles_for_sm80_and_sm90_without_spills(
     kernels = [k for s in gpu.steps for k in getattr(s, "kernels", [])]
     # fusion at least as deep as on the cpu target (which runs Winograd's three kernels per layer)
     assert len(kernels) <= sum(len(getattr(s, "kernels", [])) for s in cpu.steps)
+    # no program reads memory it stored without a barrier between (a race on a GPU; test_gpu.py)
+    assert unordered_rereads(gpu.source) == []
     for arch in ARCHES[name]:
         reports = compile_ahead(gpu.source, arch)
         failed = [(r.function, r.error) for r in reports if r.error]

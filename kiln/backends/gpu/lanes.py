@@ -302,6 +302,35 @@ def vector_loop(loop: For, fixed: frozenset[str]) -> dict[str, str] | None:
 REDUCTIONS = ("+", "*", "max", "min")
 
 
+def accesses(body: list[Stmt]) -> tuple[set[Buffer], set[Buffer]]:
+    """(the buffers ``body`` loads, the buffers it stores), nested statements included."""
+    loads: set[Buffer] = set()
+    stores: set[Buffer] = set()
+
+    def visit(e: Expr) -> None:
+        loads.update(n.buffer for n in postorder(e) if isinstance(n, Load))
+
+    def walk(stmts: list[Stmt]) -> None:
+        for stmt in stmts:
+            if isinstance(stmt, For):
+                for bound in (stmt.start, stmt.extent):
+                    if not isinstance(bound, int):
+                        visit(bound)
+                walk(stmt.body)
+            elif isinstance(stmt, If):
+                visit(stmt.cond)
+                walk(stmt.body)
+            elif isinstance(stmt, (Let, Assign)):
+                visit(stmt.value)
+            elif isinstance(stmt, Store):
+                visit(stmt.index)
+                visit(stmt.value)
+                stores.add(stmt.buffer)
+
+    walk(body)
+    return loads, stores
+
+
 def reduction_of(stmt: Assign) -> str | None:
     """The associative operator of ``s = s op e`` (or ``e op s``): +, *, max or min; None for
     anything else."""

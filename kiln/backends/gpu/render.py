@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from kiln.backends.gpu.lanes import lane_depth, perfect_nest, vector_loop
+from kiln.backends.gpu.lanes import accesses, lane_depth, perfect_nest, vector_loop
 from kiln.backends.gpu.render_expr import (  # re-exported: the renderer's one name for them
     COMBINE as COMBINE,
 )
@@ -135,20 +135,43 @@ class Launch:
 
 
 class Statements:
-    """Kernel-IR statements as the body of a Triton function, predicated by masks."""
+    """Kernel-IR statements as the body of a Triton function, predicated by masks.
+
+    Memory written by one statement and read by a later one of the same program need not be read
+    by the thread that wrote it: Triton lays each tensor out over the program's threads by its own
+    shape and access pattern (a [BLOCK, 1] lane value and a [BLOCK, 64] vector step, or a vector
+    loop starting one element later, put the same element in different threads), and orders no
+    global-memory access between threads. So a statement that loads a buffer written since the
+    last barrier gets one first (``tl.debug_barrier()``: bar.sync, after which the block's writes
+    are visible to all its threads), and so does the end of a sequential loop whose body reads
+    what it writes (the next iteration's reads). Triton's interpreter runs whole tensors in order
+    and never showed this: only a GPU does."""
 
     def __init__(self, ctx: Context, enclosing: Sequence[str] = ()) -> None:
         self.ctx = ctx
         self.exprs = Expressions(ctx)
         self.enclosing = list(enclosing)  # indices of the loops around (lanes included)
+        self.written: set[Buffer] = set()  # stored since the last barrier
 
     def block(self, body: Sequence[Stmt], pred: str | None, base: str | None) -> None:
         ctx = self.ctx
         start = len(ctx.lines)
         for stmt in body:
-            self.statement(stmt, pred, base)
+            self.ordered(stmt, pred, base)
         if len(ctx.lines) == start:
             ctx.emit("pass")
+
+    def ordered(self, stmt: Stmt, pred: str | None, base: str | None) -> None:
+        """``stmt`` after a barrier if it reads memory written since the last one."""
+        loads, stores = accesses([stmt])
+        if loads & self.written:
+            self.barrier()
+        self.statement(stmt, pred, base)
+        self.written |= stores - set(self.ctx.intercept)
+
+    def barrier(self) -> None:
+        self.ctx.emit("tl.debug_barrier()")
+        self.written.clear()
 
     def broadcast(self, v: Val, dtype: DType) -> str:
         v = convert(v, dtype)
@@ -186,6 +209,9 @@ class Statements:
             ctx.env[stmt.index.name] = name
             self.enclosing.append(stmt.index.name)
             self.block(stmt.body, pred, base)
+            loads, stores = accesses(stmt.body)
+            if loads & stores - set(ctx.intercept):  # the next iteration reads what this one wrote
+                self.barrier()
             self.enclosing.pop()
             ctx.indent = outer
             if saved is None:
@@ -272,7 +298,7 @@ class Statements:
                 target = ctx.scalar(stmt.scalar.name)
                 ctx.emit(f"{target} = {COMBINE[kind]}({target}, {folded}{'[:, None]' if ctx.lanes else ''})")
             else:
-                self.statement(stmt, inside, inside)
+                self.ordered(stmt, inside, inside)
         ctx.vector = False
         ctx.indent, ctx.shape, ctx.zero = outer_indent, outer_shape, outer_zero
         if saved is None:
