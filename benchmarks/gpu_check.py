@@ -178,6 +178,19 @@ def _timed(call: Any, duration: float, sync: Any, minimum: int = 10) -> dict[str
     }
 
 
+def _steady(before: dict[str, Any] | None, after: dict[str, Any] | None) -> dict[str, Any] | None:
+    """Per-run transfer and kernel times of the runs between two readings (the averages since load
+    include the first run, which compiles every kernel)."""
+    if not before or not after or after["runs"] <= before["runs"]:
+        return after
+    runs = after["runs"] - before["runs"]
+    split = {
+        k: (after[k] * after["runs"] - before[k] * before["runs"]) / runs
+        for k in ("upload_ms", "compute_ms", "download_ms")
+    }
+    return {**after, **split, "runs": runs}
+
+
 def job_time(model: str, batch: int, engine: str, target: str, duration: float) -> dict[str, Any]:
     """One engine's latency on ``model`` at ``batch``, in this process."""
     import numpy as np
@@ -190,16 +203,21 @@ def job_time(model: str, batch: int, engine: str, target: str, duration: float) 
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     result: dict[str, Any] = {"model": model, "batch": batch, "engine": engine, "device": device}
     started = time.perf_counter()
-    if engine == "kiln":
+    if engine.startswith("kiln"):
+        if engine == "kiln-nographs":
+            os.environ["KILN_GPU_GRAPHS"] = "0"
         import kiln
         from kiln.backends.gpu import transfer_times
 
         compiled = kiln.compile(str(zoo.onnx_path(model)), target=target)
         compiled.run(feeds)
         result["first_call_s"] = time.perf_counter() - started
-        result["host"] = _timed(lambda: compiled.run(feeds), duration, sync)
         runners = [r for executable in compiled.executables() for r in executable.runners]
-        result["split"] = transfer_times(runners)
+        for _ in range(3):  # warm (a CUDA graph is captured after the first run)
+            compiled.run(feeds)
+        before = transfer_times(runners)
+        result["host"] = _timed(lambda: compiled.run(feeds), duration, sync)
+        result["split"] = _steady(before, transfer_times(runners))
         return result
     module = zoo.get(model).build(zoo.options_for(model, batch=batch)).eval().to(device)
     tensors = [torch.from_numpy(np.ascontiguousarray(v)).to(device) for v in feeds.values()]
@@ -327,7 +345,7 @@ class Run:
     def conformance(self) -> None:
         from kiln.conformance.runner import load_cases, run_conformance
 
-        pattern = DRY_CONFORMANCE if self.args.dry_run else CONFORMANCE
+        pattern = self.args.cases or (DRY_CONFORMANCE if self.args.dry_run else CONFORMANCE)
         cases = load_cases(("node",), pattern)
         budget = min(self.args.conformance_budget, self.left() - 60)
         step: dict[str, Any] = {"cases": len(cases), "pattern": pattern}
@@ -360,12 +378,18 @@ class Run:
     def latency_jobs(self) -> list[dict[str, Any]]:
         names = self.model_names()
         timed = self.args.latency_models.split(",") if self.args.latency_models else names[:1] + names[3:4]
-        engines = ["kiln", "eager"]
+        engines = ["kiln", "kiln-nographs", "eager"]
         if not self.args.dry_run or self.args.inductor:
             engines += ["inductor", "inductor-reduce-overhead"]
         if self.args.autotune:
             engines.append("inductor-max-autotune-no-cudagraphs")
-        batches = [1, 2] if self.args.dry_run else [1, 32]
+        batches = (
+            [int(b) for b in self.args.batches.split(",")]
+            if self.args.batches
+            else [1, 2]
+            if self.args.dry_run
+            else [1, 32]
+        )
         return [
             {"job": "time", "model": m, "batch": b, "engine": e, "target": self.target, "duration": self.args.duration}
             for m in timed
@@ -386,7 +410,7 @@ class Run:
         warmups = [
             {**j, "duration": 0.0}
             for j in self.latency_jobs()
-            if j["engine"] != "eager" and not (j["engine"] == "kiln" and j["batch"] == 1)  # a check compiles that
+            if j["engine"] not in ("eager", "kiln-nographs") and not (j["engine"] == "kiln" and j["batch"] == 1)
         ]
         with concurrent.futures.ThreadPoolExecutor(max_workers=len(checks) + len(warmups)) as pool:
             checked = pool.map(lambda s: self.spawn(s, budget), checks)
@@ -522,7 +546,10 @@ def latency_table(rows: list[dict[str, Any]]) -> list[str]:
         host, device = row.get("host", {}), row.get("device_resident", {})
         split = row.get("split") or {}
         split_text = (
-            f"{split['upload_ms']:.3f} / {split['compute_ms']:.3f} / {split['download_ms']:.3f}" if split else ""
+            f"{split['upload_ms']:.3f} / {split['compute_ms']:.3f} / {split['download_ms']:.3f}"
+            f" (graphs: {split.get('cuda_graphs', '?')})"
+            if split
+            else ""
         )
         lines.append(
             f"| {row['model']} | {row['batch']} | {row['engine']} | {host.get('median_ms', 0):.3f} | "
@@ -554,6 +581,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
     )
     parser.add_argument("--models", default="", help="comma-separated zoo models (default: the five seed models)")
     parser.add_argument("--latency-models", default="", help="models timed (default: resnet50,bert-base)")
+    parser.add_argument("--cases", default="", help="regex of ONNX node cases (default: one per kernel family)")
+    parser.add_argument("--batches", default="", help="comma-separated batch sizes timed (default: 1,32; dry run 1,2)")
     parser.add_argument("--duration", type=float, default=2.0, help="seconds of timed calls per engine")
     parser.add_argument("--conformance-budget", type=float, default=100.0)
     parser.add_argument("--models-budget", type=float, default=170.0)

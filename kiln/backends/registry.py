@@ -121,6 +121,9 @@ class Backend:
     kernel_timers = False  # its generated code can time each kernel (``BuildOptions.profile``)
     widens_half = True  # float16/bfloat16 arithmetic computed in float32
     reads_plan = False  # render gets ``facts=PlanFacts`` (the fpga target's ROMs and formats need values)
+    # the sizes a sample-parallel dim compiles at when nobody said (others run as chunks of them): a
+    # CPU's cores are busy from 8 samples on; a GPU wants the whole batch in one launch of each kernel
+    batch_classes: tuple[int, ...] = (1, 8)
 
     def describe(self, variant: str) -> Target:
         raise NotImplementedError

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from kiln.backends import Threading
+from kiln.backends import Threading, backend
 from kiln.driver import extents, plan_cache, spatial
 from kiln.driver.artifact import save
 from kiln.driver.model import Model
@@ -234,7 +234,9 @@ class NativeModel(Model):
                 for symbol, found in self.sample_parallel().items():
                     if isinstance(found, Parallel):
                         bounds = self.ranges.get(symbol, (1, MAX_DIM))
-                        classes = self.size_classes.get(symbol) or default_classes(bounds)
+                        classes = self.size_classes.get(symbol) or default_classes(
+                            bounds, backend(self.target).batch_classes
+                        )
                         if self.compilation.ahead is not None:  # a loaded artifact: the sizes it has
                             classes = tuple(sorted({b[symbol] for b in self.compilation.ahead if b.get(symbol)}))
                         chosen = Chunking(found, classes) if 1 in classes else None

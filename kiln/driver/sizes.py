@@ -76,8 +76,9 @@ def parse_classes(name: str, value: Any, bounds: tuple[int, int]) -> tuple[int, 
     return tuple(classes)
 
 
-def default_classes(bounds: tuple[int, int]) -> tuple[int, ...]:
-    return tuple(c for c in DEFAULT_CLASSES if c <= max(1, bounds[1]))
+def default_classes(bounds: tuple[int, int], classes: tuple[int, ...] = DEFAULT_CLASSES) -> tuple[int, ...]:
+    """``classes`` (a target's, ``Backend.batch_classes``) inside ``bounds``."""
+    return tuple(c for c in classes if c <= max(1, bounds[1]))
 
 
 def check_ranges(dims: dict[str, int], ranges: dict[str, tuple[int, int]]) -> None:

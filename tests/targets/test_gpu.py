@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 import threading
+import types
 
 import numpy as np
 import pytest
@@ -227,6 +228,87 @@ def test_transfers_are_timed_apart_from_kernels_and_concurrent_runs_stay_correct
     times = transfer_times([r for p in compiled.executables() for r in p.runners])
     assert times is not None and times["runs"] == 6
     assert times["upload_ms"] > 0 and times["compute_ms"] > 0 and times["download_ms"] > 0
+
+
+class FakeGraph:
+    """torch.cuda.CUDAGraph's part the runtime uses, on the CPU: what was launched while capturing
+    is recorded (and not run), replay runs it again."""
+
+    captures = 0
+
+    def __init__(self) -> None:
+        self.recorded: list = []
+
+    def replay(self) -> None:
+        for call in self.recorded:
+            call()
+
+
+def test_a_cuda_device_replays_the_launches_as_one_graph_captured_after_the_first_run(monkeypatch):
+    """No GPU here: the runtime's side of CUDA graphs (when it captures, that replays replace the
+    launches, that inputs of later runs reach the replayed kernels, that a failed capture keeps
+    direct launches and says why) with a CPU stand-in for the graph; docs/gpu holds the device runs."""
+    import contextlib
+
+    import torch
+
+    from kiln.backends.gpu.runtime import SegmentRunner
+
+    capturing: list[FakeGraph] = []
+    original = SegmentRunner.launch
+
+    def launch(self):  # while capturing, launches are recorded into the graph, not run
+        if capturing:
+            capturing[-1].recorded.append(lambda: original(self))
+        else:
+            original(self)
+
+    @contextlib.contextmanager
+    def graph(fake):
+        FakeGraph.captures += 1
+        capturing.append(fake)
+        try:
+            yield
+        finally:
+            capturing.pop()
+
+    monkeypatch.setattr(SegmentRunner, "launch", launch)
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", FakeGraph)
+    monkeypatch.setattr(torch.cuda, "graph", graph)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
+    model = make_model(
+        [helper.make_node("MatMul", ["x", "w"], ["m"]), helper.make_node("Tanh", ["m"], ["y"])],
+        [("x", FLOAT, [8, 64])],
+        [("y", FLOAT, None)],
+        {"w": f(64, 32)},
+    )
+    compiled = kiln.compile(model, target="gpu:interpret")
+    compiled.run({"x": f(8, 64)})  # compiled and run: the runners exist now
+    runners = [r for p in compiled.executables() for r in p.runners]
+    for runner in runners:  # a CUDA device, as far as the runner can tell
+        runner.state.device = types.SimpleNamespace(type="cuda")
+        runner.runs, runner.graph, runner.graph_note = 0, None, ""
+    calls = []
+    monkeypatch.setattr(SegmentRunner, "launch", lambda self: (calls.append(self), launch(self))[1])
+    FakeGraph.captures = 0
+    for seed in range(4):
+        x = f(8, 64, seed=seed + 10)
+        np.testing.assert_allclose(compiled.run({"x": x})["y"], np.tanh(x @ f(64, 32)), rtol=1e-5, atol=1e-5)
+    assert FakeGraph.captures == len(runners) and all(r.graph is not None for r in runners)
+    assert len(calls) == 2 * len(runners)  # the first run's launches and the capture's; then replays only
+    assert transfer_times(runners)["cuda_graphs"] == "captured"
+
+    def refuse(fake):
+        raise RuntimeError("operation not permitted when stream is capturing")
+
+    monkeypatch.setattr(torch.cuda, "graph", refuse)
+    for runner in runners:
+        runner.runs, runner.graph, runner.graph_note = 0, None, ""
+    for seed in range(2):
+        x = f(8, 64, seed=seed + 20)
+        np.testing.assert_allclose(compiled.run({"x": x})["y"], np.tanh(x @ f(64, 32)), rtol=1e-5, atol=1e-5)
+    assert all(r.graph is None for r in runners)
+    assert "not captured: RuntimeError: operation not permitted" in transfer_times(runners)["cuda_graphs"]
 
 
 def test_save_and_load_rebuild_the_kernels_from_the_ir(tmp_path):

@@ -32,6 +32,9 @@ ENGINES = ("attention", "gemm")  # sorted; no Winograd: convolutions are implici
 
 class GpuBackend(Backend):
     name = "gpu"
+    # one launch per kernel for the whole batch up to 128 (an H100's 132 SMs are not busy at batch 8:
+    # ResNet-50 at 32 ran as four chunks of 8, 1.6x torch.compile, docs/gpu/2026-11-27-h100-run1.md)
+    batch_classes = (1, 8, 32, 128)
 
     def describe(self, variant: str) -> Target:
         if variant not in ("", "interpret"):

@@ -90,7 +90,8 @@ def transfer_section(executable: Any, target: Any) -> Section:
         return Section("transfers", "data movement", [], [], ["no native segment: nothing ran on the device"], {})
     note = (
         f"per run ({times['runs']} runs on {target.name}): host -> device {times['upload_ms']:.3f} ms, "
-        f"kernels {times['compute_ms']:.3f} ms, device -> host {times['download_ms']:.3f} ms"
+        f"kernels {times['compute_ms']:.3f} ms, device -> host {times['download_ms']:.3f} ms; CUDA graphs: "
+        f"{times['cuda_graphs']}"
         + (" (Triton's interpreter on the CPU: kernel time is not a GPU's)" if target.interpret else "")
     )
     return Section("transfers", "data movement", [], [], [note], times)
