@@ -30,6 +30,13 @@ from kiln.runtime.executable import Executable
 from kiln.runtime.plan import Plan
 
 log = logging.getLogger("kiln")
+_COMPILED = [0]  # plans compiled by this process (not read from the plan cache)
+
+
+def plans_compiled() -> int:
+    """How many plans this process has compiled so far (a benchmark's "compiles during run")."""
+    return _COMPILED[0]
+
 
 WORTH_CACHING_S = 0.5  # a plan is stored when compiling it took this long...
 WORTH_CACHING_BYTES = 1 << 20  # ...or the model's weights are this big
@@ -157,6 +164,7 @@ class Compilation:
     def compile(self, dims: dict[str, int]) -> Plan:
         """compile_plan; an error that is not a KilnError is a kiln bug: it becomes an
         InternalError naming the stage, with a reproducer written to disk."""
+        _COMPILED[0] += 1
         if self.ahead is not None and dims not in self.ahead:
             log.warning(
                 "compiling %s for dims %s: the artifact has code for %s only",

@@ -332,6 +332,23 @@ class RunContext:
 # -- shared inference helpers --------------------------------------------------------------------
 
 
+CLAMPED = ".min"  # "seq.min512": min(seq, 512) (a symbol name: letters, digits, '_' and '.')
+
+
+def clamped(symbol: str, dim: int) -> str:
+    """The dim ``min(symbol, dim)``: a slice ``[0:symbol]`` of a static dim of ``dim`` elements.
+    One name per pair, so two such slices have the same dim; broadcast against ``symbol`` itself
+    it is ``symbol`` (``_broadcast_dim``). Bound like any derived symbol: inference at the
+    binding computes its value."""
+    return f"{symbol}{CLAMPED}{dim}"
+
+
+def clamped_base(name: str) -> str | None:
+    """``s`` of a ``clamped(s, d)`` name, else None."""
+    base, found, bound = name.rpartition(CLAMPED)
+    return base if found and base and bound.isdigit() else None
+
+
 def broadcast_shapes(ctx: InferContext, *shapes: tuple[Dim, ...] | None) -> tuple[Dim, ...] | None:
     """Numpy-style broadcast of (possibly symbolic) shapes; raises on a static mismatch."""
     if any(s is None for s in shapes):
@@ -353,6 +370,11 @@ def _broadcast_dim(ctx: InferContext, dims: list[Dim]) -> Dim:
         return static.pop()  # a symbol meeting a static dim must be that dim or 1
     if len(symbols) == 1:
         return symbols.pop()
+    # min(s, d) (a slice [0:s] of d >= 1 elements) against s itself: they are equal, or one is 1
+    # and then so is s: the result is s in every run that broadcasts
+    bases = {clamped_base(d) or d for d in symbols}
+    if len(bases) == 1 and bases <= symbols:
+        return bases.pop()
     if symbols:
         return ctx.fresh("b")
     return 1

@@ -16,6 +16,7 @@ from kiln.ops.registry import (
     InferContext,
     RunContext,
     broadcast_shapes,
+    clamped,
     declare_trait,
     dim_product,
     normalize_axis,
@@ -242,13 +243,28 @@ def _slice(ctx: InferContext) -> list[Type]:
     starts, ends = ctx.ints_value(1), ctx.ints_value(2)
     axes = ctx.ints_value(3) if ctx.has(3) else None
     steps = ctx.ints_value(4) if ctx.has(4) else None
-    known = starts is not None and ends is not None
-    known = known and (axes is not None or not ctx.has(3)) and (steps is not None or not ctx.has(4))
-    if not known:
+    known = starts is not None and (axes is not None or not ctx.has(3)) and (steps is not None or not ctx.has(4))
+    symbolic_ends = ctx.dims_value(2) if known and ends is None else None
+    if not known or (ends is None and symbolic_ends is None):
+        if axes is not None:  # only the sliced dims are unknown
+            touched = {normalize_axis(a, rank) for a in axes}
+            return [TensorType(data.dtype, tuple(ctx.fresh() if i in touched else d for i, d in enumerate(data.shape)))]
         return [TensorType(data.dtype, ctx.fresh_shape(rank))]
     axes = list(range(len(starts))) if axes is None else [normalize_axis(a, rank) for a in axes]
     steps = [1] * len(starts) if steps is None else steps
     dims = list(data.shape)
+    if ends is None:  # ends computed from shapes: [0:n] of a dim of n, or of a static dim (clamped)
+        for start, end, axis, step in zip(starts, symbolic_ends, axes, steps, strict=True):
+            dim = dims[axis]
+            if isinstance(end, int) and isinstance(dim, int):
+                dims[axis] = len(range(*slice(start, end, step).indices(dim)))
+            elif start == 0 and step == 1 and isinstance(end, str) and dim == end:
+                pass
+            elif start == 0 and step == 1 and isinstance(end, str) and isinstance(dim, int) and dim > 0:
+                dims[axis] = clamped(end, dim)  # min(end, dim): ONNX clamps the end
+            else:
+                dims[axis] = ctx.fresh()
+        return [TensorType(data.dtype, tuple(dims))]
     symbolic = ctx.dims_value(0) if rank == 1 else None
     for start, end, axis, step in zip(starts, ends, axes, steps, strict=True):
         if step == 0:

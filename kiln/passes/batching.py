@@ -129,6 +129,20 @@ def ancestors(graph: Graph, producers: dict[Value, Node], value: Value) -> list[
     return [n for n in graph.nodes if id(n) in needed]
 
 
+def _ratio(numerator: list, denominator: list) -> int | None:
+    """prod(numerator) / prod(denominator) when the symbols cancel and the ints divide, else None."""
+    numerator, denominator = list(numerator), list(denominator)
+    for dim in [d for d in denominator if isinstance(d, str)]:
+        if dim not in numerator:
+            return None
+        numerator.remove(dim)
+        denominator.remove(dim)
+    top, bottom = _static_count(tuple(numerator)), _static_count(tuple(denominator))
+    if top is None or not bottom or top % bottom:
+        return None
+    return top // bottom
+
+
 def _static_count(dims: tuple) -> int | None:
     count = 1
     for d in dims:
@@ -469,6 +483,16 @@ class _Analysis:
         shape_out = node.outputs[0].type.shape  # type: ignore[union-attr]
         prefix = _static_count(shape_in[: state.axis])
         block = _static_count(shape_in[state.axis + 1 :])  # elements per index of the samples' dim
+        if prefix == 1 and state.axis == 0 and shape_out and shape_out[0] != self.symbol:
+            # [batch, 4, seq, 16] -> [batch*4, seq, 16]: the samples' blocks in and out, their
+            # symbols cancelled (the same dims after the samples' dim on both sides)
+            merged = _ratio(list(shape_in[1:]), list(shape_out[1:]))
+            if merged is not None and merged >= 1:
+                return Batched(0, merged * state.per)
+        if prefix == 1 and state.axis == 0 and shape_out and shape_out[0] == self.symbol and state.per > 1:
+            # [batch*4, 16, seq] -> [batch, 4, 16, seq]: each sample's 4 indices become its own block
+            if _ratio(list(shape_out[1:]), list(shape_in[1:])) == state.per:
+                return Batched(0)
         if prefix is None or (block is None and state.per != 1):
             raise Refused(node.label, "a reshape around dims kiln cannot count")
         count, axis = 1, 0
@@ -595,4 +619,5 @@ class _Analysis:
         rank = rank_of(node.inputs[0])
         start, end = int(node.attrs.get("start", 0)), node.attrs.get("end")
         positions = list(range(rank))[slice(start, None if end is None else int(end))]
-        return Sizes(tuple(i == state.axis for i in positions))
+        mask = tuple(i == state.axis for i in positions)
+        return Sizes(mask) if any(mask) else None  # other dims' sizes: the same in every chunk

@@ -67,6 +67,77 @@ ARCHITECTURES: dict[str, Architecture] = {
             **_DECODER,
         ),
         _arch(
+            "albert",
+            "AlbertModel",
+            "AlbertConfig",
+            "tokens",
+            "encoder",
+            intermediate_size=128,
+            embedding_size=32,
+            **_DECODER,
+        ),
+        _arch(
+            "electra",
+            "ElectraModel",
+            "ElectraConfig",
+            "tokens",
+            "encoder",
+            intermediate_size=128,
+            embedding_size=32,
+            **_DECODER,
+        ),
+        _arch(
+            "xlm-roberta", "XLMRobertaModel", "XLMRobertaConfig", "tokens", "encoder", intermediate_size=128, **_DECODER
+        ),
+        _arch(
+            "roformer",
+            "RoFormerModel",
+            "RoFormerConfig",
+            "tokens",
+            "encoder",
+            intermediate_size=128,
+            embedding_size=64,
+            **_DECODER,
+        ),
+        _arch("ernie", "ErnieModel", "ErnieConfig", "tokens", "encoder", intermediate_size=128, **_DECODER),
+        _arch(
+            "mpnet",
+            "MPNetModel",
+            "MPNetConfig",
+            "tokens",
+            "encoder",
+            intermediate_size=128,
+            **_DECODER,
+        ),
+        _arch(
+            "clip-text",
+            "CLIPTextModel",
+            "CLIPTextConfig",
+            "tokens",
+            "encoder",
+            vocab_size=256,
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            max_position_embeddings=64,
+        ),
+        _arch(
+            "t5-encoder",
+            "T5EncoderModel",
+            "T5Config",
+            "tokens",
+            "encoder",
+            vocab_size=256,
+            d_model=64,
+            d_kv=16,
+            d_ff=128,
+            num_layers=2,
+            num_heads=4,
+            relative_attention_num_buckets=8,
+            relative_attention_max_distance=32,
+        ),
+        _arch(
             "distilbert",
             "DistilBertModel",
             "DistilBertConfig",
@@ -213,6 +284,16 @@ ARCHITECTURES: dict[str, Architecture] = {
             num_stages=2,
         ),
         _arch(
+            "convnextv2",
+            "ConvNextV2Model",
+            "ConvNextV2Config",
+            "pixels",
+            "cnn",
+            hidden_sizes=[16, 32],
+            depths=[1, 1],
+            num_stages=2,
+        ),
+        _arch(
             "resnet",
             "ResNetModel",
             "ResNetConfig",
@@ -338,17 +419,29 @@ def _randomize_norms(model: Any, seed: int) -> None:
                 module.running_var.copy_(torch.rand(module.running_var.shape, generator=generator) + 0.5)
 
 
-def inputs(name: str, seed: int = 0) -> dict[str, np.ndarray]:
+def inputs(name: str, seed: int = 0, batch: int = 1, seq: int = SEQ, image: int = IMAGE) -> dict[str, np.ndarray]:
+    """Example feeds; token models get a padding mask that differs per sample (the first sample's
+    last 3 positions, the others' last ``k % seq`` for sample k), so the mask must reach attention."""
     arch = get(name)
     rng = np.random.default_rng(seed)
     if arch.inputs == "pixels":
-        return {"pixel_values": rng.standard_normal((1, 3, IMAGE, IMAGE)).astype(np.float32)}
+        return {"pixel_values": rng.standard_normal((batch, 3, image, image)).astype(np.float32)}
     if arch.inputs == "audio":
-        return {"input_values": rng.standard_normal((1, SAMPLES)).astype(np.float32)}
-    ids = rng.integers(0, 256, size=(1, SEQ), dtype=np.int64)
-    mask = np.ones((1, SEQ), dtype=np.int64)
-    mask[0, -3:] = 0  # padding at the end: the mask must reach attention
+        return {"input_values": rng.standard_normal((batch, SAMPLES)).astype(np.float32)}
+    ids = rng.integers(0, 256, size=(batch, seq), dtype=np.int64)
+    mask = np.ones((batch, seq), dtype=np.int64)
+    for row in range(batch):
+        padded = min(seq - 1, 3 if row == 0 else row % seq)  # every row keeps one token
+        if padded:
+            mask[row, -padded:] = 0
     return {"input_ids": ids, "attention_mask": mask}
+
+
+DYNAMIC_AXES = {  # symbolic dims of a dynamic export, per input kind
+    "tokens": {"input_ids": {0: "batch", 1: "seq"}, "attention_mask": {0: "batch", 1: "seq"}},
+    "pixels": {"pixel_values": {0: "batch", 2: "height", 3: "width"}},
+    "audio": {"input_values": {0: "batch", 1: "samples"}},
+}
 
 
 def eager(name: str, feeds: dict[str, np.ndarray], seed: int = 0) -> np.ndarray:
@@ -375,16 +468,26 @@ def _key(name: str) -> str:
     return hashlib.sha256(json.dumps(recipe, sort_keys=True, default=str).encode()).hexdigest()[:12]
 
 
-def export(name: str, progress: Callable[[str], None] | None = None) -> Path:
-    """Path of ``name``'s dynamo export (opset 18), exported once into the zoo cache."""
+def export(
+    name: str, progress: Callable[[str], None] | None = None, exporter: str = "dynamo", dynamic: bool = False
+) -> Path:
+    """Path of ``name``'s export, made once into the zoo cache: ``exporter`` "dynamo" (opset 18) or
+    "torchscript" (opset 17); ``dynamic``: symbolic batch and sequence length (image: batch, height
+    and width; audio: batch and samples), named as in ``DYNAMIC_AXES``."""
     from kiln import zoo
 
-    path = zoo.cache_dir() / "arch" / f"{name}-{_key(name)}.onnx"
+    if exporter not in ("dynamo", "torchscript"):
+        raise KilnError(f"unknown exporter {exporter!r}; choose dynamo or torchscript")
+    opset = 18 if exporter == "dynamo" else 17
+    suffix = ("" if exporter == "dynamo" else "-ts") + ("-dyn" if dynamic else "")
+    path = zoo.cache_dir() / "arch" / f"{name}{suffix}-{_key(name)}.onnx"
     if path.exists():
         return path
     path.parent.mkdir(parents=True, exist_ok=True)
     if progress:
-        progress(f"exporting architecture {name} (dynamo, opset 18); cached at {path}")
-    zoo.export_module(build(name), inputs(name), path, 18, None, ("output",), exporter="dynamo")
+        progress(f"exporting architecture {name} ({exporter}, opset {opset}); cached at {path}")
+    axes = {**DYNAMIC_AXES[get(name).inputs], "output": {0: "batch"}} if dynamic else None
+    example = inputs(name, batch=2) if dynamic else inputs(name)  # batch 2: no exporter specializes it to 1
+    zoo.export_module(build(name), example, path, opset, axes, ("output",), exporter=exporter)
     os.utime(path)
     return path

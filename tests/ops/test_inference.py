@@ -125,3 +125,22 @@ def test_split_reduce_topk_and_unknown_sizes():
 def test_inference_errors(op, types, attrs, message):
     with pytest.raises(ShapeInferenceError, match=message):
         infer(op, types, attrs)
+
+
+def test_a_slice_to_a_length_read_from_a_shape_keeps_its_other_dims_and_broadcasts_to_that_length():
+    """position_ids[:, :seq] (ends from Shape: symbolic contents) of a [1,512] table is
+    [1, min(seq,512)] (not two fresh symbols); added to [batch,seq,64] it is seq: equal to seq, or
+    1 and then so is seq, in every run that broadcasts."""
+    data = Value("positions", parse_type("f32[1,512,64]"))
+    starts, ends, axes = (Value(n, parse_type("i64[1]")) for n in ("starts", "ends", "axes"))
+    node = Node("Slice", [data, starts, ends, axes], [Value("out", TensorType(DType.FLOAT32, None))], {})
+    known = [None, np.array([0]), None, np.array([1])]
+    types, _ = infer_node(node, [v.type for v in node.inputs], known, [None, None, ("seq",), None])
+    assert [str(t) for t in types] == ["f32[1,seq.min512,64]"]
+    assert infer("Add", ["f32[batch,seq,64]", "f32[1,seq.min512,64]"])[0] == ["f32[batch,seq,64]"]
+    assert infer("Add", ["f32[1,seq.min512,64]", "f32[1,seq.min512,64]"])[0] == ["f32[1,seq.min512,64]"]
+    # another length is not the clamped one: a fresh symbol, as before
+    assert infer("Add", ["f32[batch,other,64]", "f32[1,seq.min512,64]"])[0] != ["f32[batch,other,64]"]
+    node = Node("Slice", [data, starts, ends, axes], [Value("out", TensorType(DType.FLOAT32, None))], {})
+    types, _ = infer_node(node, [v.type for v in node.inputs], [None, np.array([0]), None, np.array([1])], [None] * 4)
+    assert str(types[0]).startswith("f32[1,") and str(types[0]).endswith(",64]")  # unknown ends: that dim alone

@@ -260,3 +260,36 @@ def test_sample_numbers_a_max_changes_are_refused():
     """Max(b, 2) is b for samples 2.. of the whole batch but 2 for a chunk's first two samples."""
     found = sample_parallel(_tuple_lookup(2))["batch"]
     assert isinstance(found, Refused) and "depend on the chunk" in found.reason
+
+
+def test_heads_folded_into_the_batch_with_a_symbolic_length_and_a_clamped_position_slice_are_sample_parallel():
+    """The exporters' attention layout with a symbolic sequence length: positions sliced to the
+    length ([0:seq] of 512, whose dim is min(seq, 512)) added to the tokens, [batch,seq,64] ->
+    [batch,seq,4,16] -> [batch,4,seq,16] -> [batch*4,seq,16] -> back: each sample is 4 indices of
+    the merged dim, seen by cancelling seq on both sides of the reshape."""
+    graph = parse_graph(
+        """
+graph g(%x: f32[batch,seq,64]) -> (%y) {
+  const %pos: f32[1,512,64]
+  const %zero: i64[1] = [0]
+  const %one: i64[1] = [1]
+  const %rest: i64[1] = [-1]
+  const %four: i64[1] = [4]
+  const %sixteen: i64[1] = [16]
+  %n: i64[1] = Shape(%x) {start=1, end=2}
+  %b: i64[1] = Shape(%x) {start=0, end=1}
+  %p: f32[1,seq.min512,64] = Slice(%pos, %zero, %n, %one, %one)
+  %h: f32[batch,seq,64] = Add(%x, %p)
+  %t1: i64[4] = Concat(%b, %n, %rest, %sixteen) {axis=0}
+  %v: f32[batch,seq,4,16] = Reshape(%h, %t1)
+  %tr: f32[batch,4,seq,16] = Transpose(%v) {perm=[0, 2, 1, 3]}
+  %t2: i64[3] = Concat(%rest, %n, %sixteen) {axis=0}
+  %m: f32[heads,seq,16] = Reshape(%tr, %t2)
+  %r: f32[heads,seq,16] = Relu(%m)
+  %t3: i64[4] = Concat(%b, %four, %n, %sixteen) {axis=0}
+  %u: f32[batch,4,seq,16] = Reshape(%r, %t3)
+  %y: f32[batch,seq,4,16] = Transpose(%u) {perm=[0, 2, 1, 3]}
+}""",
+        {"pos": RNG.standard_normal((1, 512, 64)).astype(np.float32)},
+    )
+    assert sample_parallel(graph)["batch"] == Parallel("batch", (0,), (0,))

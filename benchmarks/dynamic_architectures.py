@@ -1,0 +1,152 @@
+"""Architectures kiln's zoo does not have, exported with symbolic sizes by both ONNX exporters,
+compiled once with declared ranges and run at many sizes against onnxruntime (issue 49's table).
+
+    python benchmarks/dynamic_architectures.py [--models albert,t5-encoder] [--exporters dynamo,torchscript]
+        [--json out.jsonl]
+
+Per (architecture, exporter), each in a process of its own with no plan cache:
+``kiln.compile(path, dims=ranges)`` (token models: batch 1..8, seq 1..64; images: batch 1..4,
+height and width 32..64), then runs at the ranges' ends, primes and sizes inside (token models
+with padding masks that differ per sample), each compared with onnxruntime on the same file. The
+row: the route per dim (sample-parallel, padded, run-time extents, or why not), plans compiled
+after ``kiln.compile`` returned, the slowest first call at a new size, the worst relative L2, and
+any error by binding. No failure is dropped: a size that fails is a row's error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+
+TEXT_RANGES = {"batch": (1, 8), "seq": (1, 64)}
+TEXT_SIZES = [(1, 16), (1, 1), (8, 64), (3, 7), (5, 13), (2, 64), (8, 1), (4, 31)]
+IMAGE_RANGES = {"batch": (1, 4), "height": (32, 64), "width": (32, 64)}
+IMAGE_SIZES = [(1, 32, 32), (4, 64, 64), (3, 37, 37), (2, 48, 64), (1, 61, 53)]
+DEFAULT_MODELS = (
+    "roberta,albert,electra,xlm-roberta,roformer,ernie,mpnet,clip-text,t5-encoder,deberta-v2,"
+    "opt,bloom,gpt-neo,qwen2,deit,convnextv2"
+)
+
+
+def measure(name: str, exporter: str) -> dict[str, Any]:
+    """One (architecture, exporter) in this process."""
+    import numpy as np
+    import onnxruntime
+
+    import kiln
+    from kiln.driver.variants import plans_compiled
+    from kiln.passes.batching import sample_parallel
+    from kiln.zoo import architectures
+
+    row: dict[str, Any] = {"model": name, "exporter": exporter}
+    started = time.perf_counter()
+    path = str(architectures.export(name, exporter=exporter, dynamic=True))
+    row["export_s"] = time.perf_counter() - started
+    arch = architectures.get(name)
+    text = arch.inputs == "tokens"
+    ranges = TEXT_RANGES if text else IMAGE_RANGES
+    sizes = TEXT_SIZES if text else IMAGE_SIZES
+    from kiln.frontend.onnx import import_onnx
+
+    row["sample_parallel"] = {k: str(v)[:160] for k, v in sample_parallel(import_onnx(path)).items()}
+    session = onnxruntime.InferenceSession(path, providers=["CPUExecutionProvider"])
+    started = time.perf_counter()
+    try:
+        model = kiln.compile(path, dims={k: f"{a}..{b}" for k, (a, b) in ranges.items()})
+    except Exception as err:
+        row["error"] = f"compile: {type(err).__module__}.{type(err).__name__}: {err}"[:500]
+        return row
+    row["compile_s"] = time.perf_counter() - started
+    before = plans_compiled()
+    worst, slowest, runs, errors = 0.0, 0.0, [], []
+    for size in sizes:
+        if text:
+            feeds = architectures.inputs(name, batch=size[0], seq=size[1])
+        else:
+            feeds = architectures.inputs(name, batch=size[0], image=size[1])
+            feeds = {
+                "pixel_values": np.ascontiguousarray(np.resize(feeds["pixel_values"], (size[0], 3, size[1], size[2])))
+            }
+        try:
+            want = session.run(None, feeds)[0]
+        except Exception as err:
+            runs.append({"size": size, "onnxruntime": f"fails: {str(err)[:120]}"})
+            continue
+        compiled = plans_compiled()
+        started = time.perf_counter()
+        try:
+            got = next(iter(model.run(feeds).values()))
+        except Exception as err:
+            errors.append(f"{size}: {type(err).__module__}.{type(err).__name__}: {str(err)[:200]}")
+            continue
+        seconds = time.perf_counter() - started
+        error = (
+            float(np.linalg.norm(got - want) / max(np.linalg.norm(want), 1e-30))
+            if got.shape == want.shape
+            else float("inf")
+        )
+        worst = max(worst, error)
+        slowest = max(slowest, seconds)
+        runs.append({"size": size, "seconds": seconds, "compiled": plans_compiled() - compiled, "rel_l2": error})
+    row.update(
+        {
+            "runs": runs,
+            "errors": errors,
+            "compiles_after_compile": plans_compiled() - before,
+            "slowest_first_call_s": slowest,
+            "worst_rel_l2": worst,
+            "native": bool(getattr(model, "is_native", False)),
+            "run_time_refused": dict(getattr(model, "run_time_refused", {}) or {}),
+        }
+    )
+    return row
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--models", default=DEFAULT_MODELS)
+    parser.add_argument("--exporters", default="dynamo,torchscript")
+    parser.add_argument("--json", help="append one JSON line per row here")
+    parser.add_argument("--timeout", type=float, default=900)
+    parser.add_argument("--one", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.one:
+        name, exporter = args.one.split(":")
+        print(json.dumps(measure(name, exporter), default=str), flush=True)
+        return 0
+    print(
+        f"{'model':<12} {'exporter':<11} {'batch':<10} {'compiles':>8} {'first call s':>12} {'worst rel L2':>12}  errors"
+    )
+    for name in args.models.split(","):
+        for exporter in args.exporters.split(","):
+            env = {**os.environ, "KILN_PLAN_CACHE": "0"}  # every plan compiled here (exports stay cached)
+            command = [sys.executable, __file__, "--one", f"{name}:{exporter}"]
+            try:
+                done = subprocess.run(command, capture_output=True, text=True, timeout=args.timeout, env=env, cwd=ROOT)
+                line = next((x for x in reversed(done.stdout.splitlines()) if x.startswith("{")), None)
+                row = json.loads(line) if line else {"model": name, "exporter": exporter, "error": done.stderr[-400:]}
+            except subprocess.TimeoutExpired:
+                row = {"model": name, "exporter": exporter, "error": f"timed out after {args.timeout:.0f} s"}
+            batch = "parallel" if row.get("sample_parallel", {}).get("batch", "").startswith("Parallel") else "refused"
+            print(
+                f"{name:<12} {exporter:<11} {batch:<10} {row.get('compiles_after_compile', '-'):>8} "
+                f"{row.get('slowest_first_call_s', float('nan')):>12.2f} {row.get('worst_rel_l2', float('nan')):>12.1e}  "
+                f"{row.get('error') or '; '.join(row.get('errors', []))[:300]}",
+                flush=True,
+            )
+            if args.json:
+                with open(args.json, "a") as handle:
+                    handle.write(json.dumps(row, default=str) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
