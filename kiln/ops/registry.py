@@ -22,6 +22,7 @@ import numpy as np
 from kiln.errors import ShapeInferenceError
 from kiln.ir.graph import Node
 from kiln.ir.types import Dim, DType, TensorType, Type
+from kiln.ops.symbolic_dims import clamped_base
 
 REQUIRED = object()
 
@@ -330,23 +331,6 @@ class RunContext:
 
 
 # -- shared inference helpers --------------------------------------------------------------------
-
-
-CLAMPED = ".min"  # "seq.min512": min(seq, 512) (a symbol name: letters, digits, '_' and '.')
-
-
-def clamped(symbol: str, dim: int) -> str:
-    """The dim ``min(symbol, dim)``: a slice ``[0:symbol]`` of a static dim of ``dim`` elements.
-    One name per pair, so two such slices have the same dim; broadcast against ``symbol`` itself
-    it is ``symbol`` (``_broadcast_dim``). Bound like any derived symbol: inference at the
-    binding computes its value."""
-    return f"{symbol}{CLAMPED}{dim}"
-
-
-def clamped_base(name: str) -> str | None:
-    """``s`` of a ``clamped(s, d)`` name, else None."""
-    base, found, bound = name.rpartition(CLAMPED)
-    return base if found and base and bound.isdigit() else None
 
 
 def broadcast_shapes(ctx: InferContext, *shapes: tuple[Dim, ...] | None) -> tuple[Dim, ...] | None:

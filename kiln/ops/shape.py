@@ -16,57 +16,14 @@ from kiln.ops.registry import (
     InferContext,
     RunContext,
     broadcast_shapes,
-    clamped,
     declare_trait,
-    dim_product,
     normalize_axis,
     register,
     same_as_input,
 )
+from kiln.ops.symbolic_dims import quotient, sliced_to_sizes, symbolic_product
 
 INT64_MAX = 2**63 - 1
-
-
-def symbolic_product(ctx: InferContext, dims: tuple[Dim, ...] | list[Dim]) -> Dim:
-    """The product of dims: an int, a symbol when it is one symbol times 1s, else a fresh symbol."""
-    static = dim_product([d for d in dims if isinstance(d, int)])
-    symbols = [d for d in dims if isinstance(d, str)]
-    if not symbols:
-        return int(static or 0) if static is not None else ctx.fresh()
-    if len(symbols) == 1 and static == 1:
-        return symbols[0]
-    return 0 if static == 0 else ctx.fresh()
-
-
-def _quotient(ctx: InferContext, numerator: list[Dim], denominator: list[Dim]) -> Dim:
-    """prod(numerator) / prod(denominator) with symbols cancelled where they match."""
-    numerator, denominator = list(numerator), list(denominator)
-    for dim in [d for d in denominator if isinstance(d, str)]:
-        if dim in numerator:
-            numerator.remove(dim)
-            denominator.remove(dim)
-    if any(isinstance(d, str) for d in denominator):
-        return ctx.fresh()
-    divisor = dim_product(denominator)
-    static = dim_product([d for d in numerator if isinstance(d, int)])
-    symbols = [d for d in numerator if isinstance(d, str)]
-    if divisor == 0 and static == 0 and not symbols:
-        # NumPy and onnxruntime refuse this too: any size fits
-        raise ShapeInferenceError("-1 is ambiguous: the tensor has 0 elements and the other dims multiply to 0")
-    if divisor == 0 and static and not symbols:
-        raise ShapeInferenceError(f"cannot reshape {static} elements: the other dims multiply to 0")
-    if divisor is None or divisor == 0 or static is None:
-        return ctx.fresh()
-    if static % divisor:
-        if symbols:
-            return ctx.fresh()
-        raise ShapeInferenceError(f"cannot reshape: {static} elements into a multiple of {divisor}")
-    rest = static // divisor
-    if not symbols:
-        return rest
-    if len(symbols) == 1 and rest == 1:
-        return symbols[0]
-    return ctx.fresh()
 
 
 def _reshape(ctx: InferContext) -> list[Type]:
@@ -98,7 +55,7 @@ def _reshape(ctx: InferContext) -> list[Type]:
             dims[infer_at] = ctx.fresh()
         else:
             rest = [d for i, d in enumerate(dims) if i != infer_at]
-            dims[infer_at] = _quotient(ctx, list(data.shape), rest)
+            dims[infer_at] = quotient(ctx, list(data.shape), rest)
     elif data.is_static and all(isinstance(d, int) for d in dims):
         if math.prod(data.shape) != math.prod(dims):  # type: ignore[arg-type]
             raise ShapeInferenceError(f"cannot reshape {data} to {list(dims)}")
@@ -253,18 +210,8 @@ def _slice(ctx: InferContext) -> list[Type]:
     axes = list(range(len(starts))) if axes is None else [normalize_axis(a, rank) for a in axes]
     steps = [1] * len(starts) if steps is None else steps
     dims = list(data.shape)
-    if ends is None:  # ends computed from shapes: [0:n] of a dim of n, or of a static dim (clamped)
-        for start, end, axis, step in zip(starts, symbolic_ends, axes, steps, strict=True):
-            dim = dims[axis]
-            if isinstance(end, int) and isinstance(dim, int):
-                dims[axis] = len(range(*slice(start, end, step).indices(dim)))
-            elif start == 0 and step == 1 and isinstance(end, str) and dim == end:
-                pass
-            elif start == 0 and step == 1 and isinstance(end, str) and isinstance(dim, int) and dim > 0:
-                dims[axis] = clamped(end, dim)  # min(end, dim): ONNX clamps the end
-            else:
-                dims[axis] = ctx.fresh()
-        return [TensorType(data.dtype, tuple(dims))]
+    if ends is None:  # ends computed from shapes
+        return [TensorType(data.dtype, sliced_to_sizes(ctx, dims, starts, symbolic_ends, axes, steps))]
     symbolic = ctx.dims_value(0) if rank == 1 else None
     for start, end, axis, step in zip(starts, ends, axes, steps, strict=True):
         if step == 0:

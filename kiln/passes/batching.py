@@ -29,6 +29,7 @@ import numpy as np
 from kiln.ir.graph import Graph, Node, Value, free_values
 from kiln.ir.types import TensorType
 from kiln.ops.registry import has_trait
+from kiln.ops.symbolic_dims import dims_ratio, static_count
 
 
 @dataclass(frozen=True)
@@ -127,29 +128,6 @@ def ancestors(graph: Graph, producers: dict[Value, Node], value: Value) -> list[
             needed.add(id(node))
             stack.extend(v for v in node.inputs if v is not None)
     return [n for n in graph.nodes if id(n) in needed]
-
-
-def _ratio(numerator: list, denominator: list) -> int | None:
-    """prod(numerator) / prod(denominator) when the symbols cancel and the ints divide, else None."""
-    numerator, denominator = list(numerator), list(denominator)
-    for dim in [d for d in denominator if isinstance(d, str)]:
-        if dim not in numerator:
-            return None
-        numerator.remove(dim)
-        denominator.remove(dim)
-    top, bottom = _static_count(tuple(numerator)), _static_count(tuple(denominator))
-    if top is None or not bottom or top % bottom:
-        return None
-    return top // bottom
-
-
-def _static_count(dims: tuple) -> int | None:
-    count = 1
-    for d in dims:
-        if not isinstance(d, int):
-            return None
-        count *= d
-    return count
 
 
 class _Analysis:
@@ -360,7 +338,7 @@ class _Analysis:
         if not all(s is None or isinstance(s, Sizes) for s in read):
             raise Refused(node.label, "computes with the count of samples")
         mask = first.mask if isinstance(first, Sizes) else None
-        if op in ("Shape", "Size") and _static_count(node.inputs[0].type.shape or ("?",)) is not None:  # type: ignore[union-attr]
+        if op in ("Shape", "Size") and static_count(node.inputs[0].type.shape or ("?",)) is not None:  # type: ignore[union-attr]
             return [None]  # the shape of a shape vector: its length is static
         if op in ("Cast", "Identity", "Squeeze", "Unsqueeze", "Reshape", "Flatten") and isinstance(first, Sizes):
             return [first if rank_of(node.outputs[0]) <= 1 else Sizes(None)]  # a vector stays itself
@@ -481,17 +459,16 @@ class _Analysis:
                 return Batched(moved, state.per)
         shape_in = node.inputs[0].type.shape  # type: ignore[union-attr]
         shape_out = node.outputs[0].type.shape  # type: ignore[union-attr]
-        prefix = _static_count(shape_in[: state.axis])
-        block = _static_count(shape_in[state.axis + 1 :])  # elements per index of the samples' dim
+        prefix = static_count(shape_in[: state.axis])
+        block = static_count(shape_in[state.axis + 1 :])  # elements per index of the samples' dim
         if prefix == 1 and state.axis == 0 and shape_out and shape_out[0] != self.symbol:
-            # [batch, 4, seq, 16] -> [batch*4, seq, 16]: the samples' blocks in and out, their
-            # symbols cancelled (the same dims after the samples' dim on both sides)
-            merged = _ratio(list(shape_in[1:]), list(shape_out[1:]))
+            # [batch, 4, seq, 16] -> [batch*4, seq, 16]: 4 indices per sample once seq cancels
+            merged = dims_ratio(list(shape_in[1:]), list(shape_out[1:]))
             if merged is not None and merged >= 1:
                 return Batched(0, merged * state.per)
         if prefix == 1 and state.axis == 0 and shape_out and shape_out[0] == self.symbol and state.per > 1:
             # [batch*4, 16, seq] -> [batch, 4, 16, seq]: each sample's 4 indices become its own block
-            if _ratio(list(shape_out[1:]), list(shape_in[1:])) == state.per:
+            if dims_ratio(list(shape_out[1:]), list(shape_in[1:])) == state.per:
                 return Batched(0)
         if prefix is None or (block is None and state.per != 1):
             raise Refused(node.label, "a reshape around dims kiln cannot count")
@@ -506,7 +483,7 @@ class _Analysis:
         if block is None:
             raise Refused(node.label, "a reshape around dims kiln cannot count")
         block *= state.per
-        after = _static_count(shape_out[axis + 1 :])
+        after = static_count(shape_out[axis + 1 :])
         if not after:
             raise Refused(node.label, "a reshape that moves elements across the samples' dim")
         if block % after:

@@ -437,6 +437,20 @@ def inputs(name: str, seed: int = 0, batch: int = 1, seq: int = SEQ, image: int 
     return {"input_ids": ids, "attention_mask": mask}
 
 
+# added for issue 49's suite of symbolic sizes (benchmarks/dynamic_architectures.py,
+# tests/zoo/test_dynamic_architectures.py); the fixed-size test covers the others
+SIZES_SUITE = (
+    "albert",
+    "electra",
+    "xlm-roberta",
+    "roformer",
+    "ernie",
+    "mpnet",
+    "clip-text",
+    "t5-encoder",
+    "convnextv2",
+)
+
 DYNAMIC_AXES = {  # symbolic dims of a dynamic export, per input kind
     "tokens": {"input_ids": {0: "batch", 1: "seq"}, "attention_mask": {0: "batch", 1: "seq"}},
     "pixels": {"pixel_values": {0: "batch", 2: "height", 3: "width"}},

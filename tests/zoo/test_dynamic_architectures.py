@@ -1,0 +1,43 @@
+"""Architectures exported with symbolic batch and sequence length, compiled once with declared
+ranges and run at the ranges' ends, primes and sizes inside (padding masks that differ per
+sample) against onnxruntime on the same file: every size matches, and batch is proven
+sample-parallel, so no size compiles after ``kiln.compile`` returned (issue 49; the whole table
+is ``benchmarks/dynamic_architectures.py``)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import kiln
+from kiln.driver.variants import plans_compiled
+from kiln.passes.batching import Parallel, sample_parallel
+from kiln.zoo import architectures
+
+pytest.importorskip("torch", reason="torch (the 'zoo' extra) exports the models")
+pytest.importorskip("transformers", reason="transformers (the 'zoo' extra) defines the architectures")
+pytest.importorskip("onnxscript", reason="onnxscript (the 'zoo' extra) is the dynamo exporter's backend")
+onnxruntime = pytest.importorskip("onnxruntime", reason="the sizes are checked against onnxruntime")
+
+SIZES = [(1, 16), (1, 1), (8, 64), (3, 7), (5, 13), (8, 1)]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["albert", "clip-text"])
+def test_a_dynamo_export_with_symbolic_sizes_runs_every_size_without_compiling_again(name, monkeypatch):
+    monkeypatch.setenv("KILN_PLAN_CACHE", "0")  # every plan is compiled, none read back
+    path = str(architectures.export(name, exporter="dynamo", dynamic=True))
+    from kiln.frontend.onnx import import_onnx
+
+    assert isinstance(sample_parallel(import_onnx(path))["batch"], Parallel)
+    model = kiln.compile(path, dims={"batch": "1..8", "seq": "1..64"})
+    session = onnxruntime.InferenceSession(path, providers=["CPUExecutionProvider"])
+    compiled = plans_compiled()
+    for batch, seq in SIZES:
+        feeds = architectures.inputs(name, batch=batch, seq=seq)
+        want = session.run(None, feeds)[0]
+        got = next(iter(model.run(feeds).values()))
+        assert got.shape == want.shape
+        error = np.linalg.norm(got - want) / np.linalg.norm(want)
+        assert error <= 1e-5, f"{name} at batch {batch}, seq {seq}: relative L2 {error:.2e}"
+    assert plans_compiled() == compiled, "a size compiled after kiln.compile returned"
