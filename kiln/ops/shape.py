@@ -88,7 +88,9 @@ def _squeeze(ctx: InferContext) -> list[Type]:
             return [TensorType(data.dtype, None)]
         if any(isinstance(d, str) for d in data.shape):
             return [TensorType(data.dtype, None)]
-        return [TensorType(data.dtype, tuple(d for d in data.shape if d != 1))]
+        shape = tuple(d for d in data.shape if d != 1)
+        _carry_symbolic(ctx, shape, lambda dims: dims)  # a size [n] squeezed to a scalar stays n
+        return [TensorType(data.dtype, shape)]
     rank = len(data.shape)
     axes = {normalize_axis(a, rank) for a in axes}
     for axis in axes:
@@ -329,6 +331,11 @@ def _constant_of_shape(ctx: InferContext) -> list[Type]:
 def _range(ctx: InferContext) -> list[Type]:
     dtype = ctx.dtype(0)
     start, limit, delta = ctx.value(0), ctx.value(1), ctx.value(2)
+    if limit is None and start is not None and delta is not None:  # Range(0, n, 1) of a size n: n long
+        size = ctx.dims_value(1)
+        first, step = (float(np.asarray(v).reshape(-1)[0]) for v in (start, delta))
+        if size is not None and len(size) == 1 and isinstance(size[0], str) and (first, step) == (0, 1):
+            return [TensorType(dtype, (size[0],))]
     if start is None or limit is None or delta is None:
         return [TensorType(dtype, (ctx.fresh("n"),))]
     start, limit, delta = (float(np.asarray(v).reshape(-1)[0]) for v in (start, limit, delta))

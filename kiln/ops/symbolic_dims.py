@@ -10,6 +10,7 @@ symbolic sizes: names with a meaning instead of fresh symbols, where the meaning
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
 from kiln.errors import ShapeInferenceError
@@ -34,20 +35,6 @@ def clamped_base(name: str) -> str | None:
 def static_count(dims: tuple | list) -> int | None:
     """The product of dims when every one is an int, else None."""
     return math.prod(dims) if all(isinstance(d, int) for d in dims) else None
-
-
-def dims_ratio(numerator: list, denominator: list) -> int | None:
-    """prod(numerator) / prod(denominator) when the symbols cancel and the ints divide, else None."""
-    numerator, denominator = list(numerator), list(denominator)
-    for dim in [d for d in denominator if isinstance(d, str)]:
-        if dim not in numerator:
-            return None
-        numerator.remove(dim)
-        denominator.remove(dim)
-    top, bottom = static_count(numerator), static_count(denominator)
-    if top is None or not bottom or top % bottom:
-        return None
-    return top // bottom
 
 
 def sliced_to_sizes(ctx: Any, dims: list[Dim], starts: list, ends: tuple, axes: list, steps: list) -> tuple[Dim, ...]:
@@ -107,3 +94,38 @@ def quotient(ctx: Any, numerator: list[Dim], denominator: list[Dim]) -> Dim:
     if len(symbols) == 1 and rest == 1:
         return symbols[0]
     return ctx.fresh()
+
+
+@dataclass(frozen=True)
+class Monomial:
+    """A product of dims: an int coefficient times symbols (sorted, repeats kept). What a
+    sample-parallel dim holds per sample when a reshape merges it with others ([batch, seq, 64]
+    -> [batch*seq, 64]: seq indices per sample)."""
+
+    coefficient: int = 1
+    symbols: tuple[str, ...] = ()
+
+    @staticmethod
+    def of(dims: tuple | list) -> Monomial:
+        ints = [d for d in dims if isinstance(d, int)]
+        return Monomial(math.prod(ints), tuple(sorted(d for d in dims if isinstance(d, str))))
+
+    def __mul__(self, other: Monomial) -> Monomial:
+        return Monomial(self.coefficient * other.coefficient, tuple(sorted(self.symbols + other.symbols)))
+
+    def divided(self, other: Monomial) -> Monomial | None:
+        """self / other when other's symbols cancel and its coefficient divides, else None."""
+        symbols = list(self.symbols)
+        for symbol in other.symbols:
+            if symbol not in symbols:
+                return None
+            symbols.remove(symbol)
+        if not other.coefficient or self.coefficient % other.coefficient:
+            return None
+        return Monomial(self.coefficient // other.coefficient, tuple(symbols))
+
+    def __str__(self) -> str:
+        return "*".join([str(self.coefficient)] * (self.coefficient != 1 or not self.symbols) + list(self.symbols))
+
+
+ONE = Monomial()

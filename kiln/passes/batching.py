@@ -29,13 +29,15 @@ import numpy as np
 from kiln.ir.graph import Graph, Node, Value, free_values
 from kiln.ir.types import TensorType
 from kiln.ops.registry import has_trait
-from kiln.ops.symbolic_dims import dims_ratio, static_count
+from kiln.ops.symbolic_dims import ONE, Monomial, static_count
 
 
 @dataclass(frozen=True)
 class Batched:
     axis: int
-    per: int = 1  # indices of ``axis`` per sample (a Reshape of [batch, 12, ...] to [batch*12, ...])
+    # indices of ``axis`` per sample: a Reshape of [batch, 12, ...] to [batch*12, ...] makes 12,
+    # of [batch, seq, 64] to [batch*seq, 64] makes seq
+    per: Monomial = ONE
 
 
 @dataclass(frozen=True)
@@ -281,7 +283,7 @@ class _Analysis:
         if op == "Gather" and isinstance(read[1], Index) and isinstance(read[0], Batched):
             data = read[0]
             if int(node.attrs.get("axis", 0)) % max(rank_of(node.inputs[0]), 1) == data.axis == 0:
-                if data.per == state.scale and 0 <= state.low and state.high <= state.scale:
+                if data.per == Monomial(state.scale) and 0 <= state.low and state.high <= state.scale:
                     return [Batched(list(shape).index(state.dim))]  # each sample reads its own block
         raise Refused(node.label, "computes with per-sample indices in a way kiln cannot follow")
 
@@ -293,7 +295,7 @@ class _Analysis:
             return False
         position = list(node.inputs[0].type.shape).index(state.dim)  # type: ignore[union-attr]
         return state.exact and all(
-            s is None or (isinstance(s, Batched) and s.axis == position and s.per == 1) for s in read[1:]
+            s is None or (isinstance(s, Batched) and s.axis == position and s.per == ONE) for s in read[1:]
         )
 
     def tuple_rule(self, node: Node, read: list[State]) -> list[State]:
@@ -306,7 +308,7 @@ class _Analysis:
             node.op == "GatherND"
             and isinstance(read[1], SampleTuple)
             and isinstance(data, Batched)
-            and (data.axis, data.per) == (0, 1)
+            and (data.axis, data.per) == (0, ONE)
             and int(node.attrs.get("batch_dims", 0)) == 0
             and shape
             and list(shape).count(state.dim) == 1
@@ -460,17 +462,7 @@ class _Analysis:
         shape_in = node.inputs[0].type.shape  # type: ignore[union-attr]
         shape_out = node.outputs[0].type.shape  # type: ignore[union-attr]
         prefix = static_count(shape_in[: state.axis])
-        block = static_count(shape_in[state.axis + 1 :])  # elements per index of the samples' dim
-        if prefix == 1 and state.axis == 0 and shape_out and shape_out[0] != self.symbol:
-            # [batch, 4, seq, 16] -> [batch*4, seq, 16]: 4 indices per sample once seq cancels
-            merged = dims_ratio(list(shape_in[1:]), list(shape_out[1:]))
-            if merged is not None and merged >= 1:
-                return Batched(0, merged * state.per)
-        if prefix == 1 and state.axis == 0 and shape_out and shape_out[0] == self.symbol and state.per > 1:
-            # [batch*4, 16, seq] -> [batch, 4, 16, seq]: each sample's 4 indices become its own block
-            if dims_ratio(list(shape_out[1:]), list(shape_in[1:])) == state.per:
-                return Batched(0)
-        if prefix is None or (block is None and state.per != 1):
+        if prefix is None:
             raise Refused(node.label, "a reshape around dims kiln cannot count")
         count, axis = 1, 0
         while axis < len(shape_out) and count < prefix and isinstance(shape_out[axis], int):
@@ -480,15 +472,13 @@ class _Analysis:
             raise Refused(node.label, "a reshape that moves elements across the samples' dim")
         if shape_out[axis] == self.symbol:  # the count there: the dims after hold one sample each
             return Batched(axis)  # (as many elements in as out: they multiply to the sample's block)
-        if block is None:
-            raise Refused(node.label, "a reshape around dims kiln cannot count")
-        block *= state.per
-        after = static_count(shape_out[axis + 1 :])
-        if not after:
+        # each sample's block (its indices times the elements of each, symbols and all) over the
+        # elements per index after: [batch, 4, seq, 16] -> [batch*4, seq, 16] is 4 once seq cancels
+        block = Monomial.of(shape_in[state.axis + 1 :]) * state.per
+        per = block.divided(Monomial.of(shape_out[axis + 1 :]))
+        if per is None or not per.coefficient:
             raise Refused(node.label, "a reshape that moves elements across the samples' dim")
-        if block % after:
-            raise Refused(node.label, "a reshape that moves elements across the samples' dim")
-        return Batched(axis, block // after)
+        return Batched(axis, per)
 
     def unsqueezed(self, node: Node, axis: int) -> int | None:
         """Where dim ``axis`` lands through an Unsqueeze/Squeeze with constant axes (None:

@@ -144,3 +144,17 @@ def test_a_slice_to_a_length_read_from_a_shape_keeps_its_other_dims_and_broadcas
     node = Node("Slice", [data, starts, ends, axes], [Value("out", TensorType(DType.FLOAT32, None))], {})
     types, _ = infer_node(node, [v.type for v in node.inputs], [None, np.array([0]), None, np.array([1])], [None] * 4)
     assert str(types[0]).startswith("f32[1,") and str(types[0]).endswith(",64]")  # unknown ends: that dim alone
+
+
+def test_range_over_a_size_is_that_size_long_and_a_squeezed_size_keeps_its_contents():
+    """arange(seq) as the dynamo exporter writes it: Squeeze(Shape(x)[1:2]) -> Range(0, n, 1)."""
+    size = Value("size", parse_type("i64[1]"))
+    node = Node("Squeeze", [size], [Value("n", TensorType(DType.INT64, None))], {})
+    types, symbolic = infer_node(node, [size.type], [None], [("seq",)])
+    assert [str(t) for t in types] == ["i64[]"] and symbolic == {0: ("seq",)}
+    ends = [Value(n, parse_type("i64[]")) for n in ("start", "limit", "delta")]
+    node = Node("Range", ends, [Value("r", TensorType(DType.INT64, None))], {})
+    types, _ = infer_node(node, [v.type for v in ends], [np.array(0), None, np.array(1)], [None, ("seq",), None])
+    assert [str(t) for t in types] == ["i64[seq]"]
+    types, _ = infer_node(node, [v.type for v in ends], [np.array(1), None, np.array(1)], [None, ("seq",), None])
+    assert [str(t) for t in types] != ["i64[seq]"]  # 1..seq-1 is not seq long

@@ -293,3 +293,37 @@ graph g(%x: f32[batch,seq,64]) -> (%y) {
         {"pos": RNG.standard_normal((1, 512, 64)).astype(np.float32)},
     )
     assert sample_parallel(graph)["batch"] == Parallel("batch", (0,), (0,))
+
+
+def test_tokens_flattened_to_rows_with_a_symbolic_length_are_sample_parallel():
+    """GPT-2's Conv1D: [batch,seq,64] -> [-1,64] (seq rows per sample, seq symbolic) -> MatMul ->
+    back to [batch,seq,8]; a reshape that would put another symbol's elements in a sample's block
+    is refused."""
+    body = """
+graph g(%x: f32[batch,seq,64]) -> (%y) {{
+  const %w: f32[64,8]
+  const %rows: i64[2] = [-1, 64]
+  const %rest: i64[2] = [-1, 8]
+  %b: i64[1] = Shape(%x) {{start=0, end=1}}
+  %n: i64[1] = Shape(%x) {{start=1, end=2}}
+  %r: f32[{rows},64] = Reshape(%x, %rows)
+  %m: f32[{rows},8] = MatMul(%r, %w)
+  %t: i64[3] = Concat(%b, %n, %rest) {{axis=0}}
+  %y: f32[{out}] = Reshape(%m, %t)
+}}"""
+    weights = {"w": RNG.standard_normal((64, 8)).astype(np.float32)}
+    graph = parse_graph(body.format(rows="flat", out="batch,seq,8"), weights)
+    assert sample_parallel(graph)["batch"] == Parallel("batch", (0,), (0,))
+    graph = parse_graph(body.format(rows="flat", out="seq,batch,8"), weights)  # samples moved: refused
+    assert isinstance(sample_parallel(graph)["batch"], Refused)
+
+
+def test_monomials_multiply_and_divide_with_symbols():
+    from kiln.ops.symbolic_dims import ONE, Monomial
+
+    block = Monomial.of(["seq", 4, 16])
+    assert block == Monomial(64, ("seq",)) and block * Monomial.of(["heads"]) == Monomial(64, ("heads", "seq"))
+    assert block.divided(Monomial.of(["seq", 16])) == Monomial(4)
+    assert block.divided(Monomial.of([16])) == Monomial(4, ("seq",))
+    assert block.divided(Monomial.of(["other"])) is None and block.divided(Monomial.of([3])) is None
+    assert Monomial.of([]) == ONE and str(Monomial(4, ("seq",))) == "4*seq"

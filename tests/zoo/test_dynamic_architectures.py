@@ -23,7 +23,7 @@ SIZES = [(1, 16), (1, 1), (8, 64), (3, 7), (5, 13), (8, 1)]
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["albert", "clip-text"])
+@pytest.mark.parametrize("name", ["albert", "gpt2"])  # heads folded into the batch; tokens flattened to rows
 def test_a_dynamo_export_with_symbolic_sizes_runs_every_size_without_compiling_again(name, monkeypatch):
     monkeypatch.setenv("KILN_PLAN_CACHE", "0")  # every plan is compiled, none read back
     path = str(architectures.export(name, exporter="dynamo", dynamic=True))
