@@ -452,29 +452,38 @@ def buffers_in(body: list[Stmt]) -> list[Buffer]:
                 stack.append((node, True))
             stack.extend((child, False) for child in reversed(operands(node)))
 
-    def walk(stmts: list[Stmt]) -> None:
-        for stmt in stmts:
-            if isinstance(stmt, For):
-                for bound in (stmt.start, stmt.extent):
-                    visit(bound)
-                walk(stmt.body)
-            elif isinstance(stmt, If):
-                visit(stmt.cond)
-                walk(stmt.body)
-            elif isinstance(stmt, (Let, Assign)):
-                visit(stmt.value)
-            elif isinstance(stmt, Store):
-                visit(stmt.index)
-                visit(stmt.value)
-                found[stmt.buffer] = None
-            elif isinstance(stmt, ENGINE_CALLS):
-                found.update((b, None) for b in engine_buffers(stmt))
-                epilogue = epilogue_of(stmt)
-                if epilogue is not None:
-                    walk(epilogue.body)
+    def engine(call: Any) -> None:
+        found.update((b, None) for b in engine_buffers(call))
+        epilogue = epilogue_of(call)
+        if epilogue is not None:
+            walk_statements(epilogue.body, visit, lambda s: found.update({s.buffer: None}), engine)
 
-    walk(body)
+    walk_statements(body, visit, lambda s: found.update({s.buffer: None}), engine)
     return list(found)
+
+
+def walk_statements(body: list[Stmt], visit: Any, stored: Any = None, engine: Any = None) -> None:
+    """Every expression of ``body`` in statement order to ``visit`` (loop bounds that are
+    expressions, conditions, values, store indices and values), each Store to ``stored`` after
+    its expressions, each engine call to ``engine``."""
+    for stmt in body:
+        if isinstance(stmt, For):
+            for bound in (stmt.start, stmt.extent):
+                if not isinstance(bound, int):
+                    visit(bound)
+            walk_statements(stmt.body, visit, stored, engine)
+        elif isinstance(stmt, If):
+            visit(stmt.cond)
+            walk_statements(stmt.body, visit, stored, engine)
+        elif isinstance(stmt, (Let, Assign)):
+            visit(stmt.value)
+        elif isinstance(stmt, Store):
+            visit(stmt.index)
+            visit(stmt.value)
+            if stored is not None:
+                stored(stmt)
+        elif isinstance(stmt, ENGINE_CALLS) and engine is not None:
+            engine(stmt)
 
 
 def kernel_precision(kernel: Kernel) -> str:

@@ -33,6 +33,7 @@ from kiln.lower.kir import (
     Store,
     Unary,
     postorder,
+    walk_statements,
 )
 
 Affine = tuple[dict[str, int], int]  # coefficient per loop index, constant
@@ -310,24 +311,7 @@ def accesses(body: list[Stmt]) -> tuple[set[Buffer], set[Buffer]]:
     def visit(e: Expr) -> None:
         loads.update(n.buffer for n in postorder(e) if isinstance(n, Load))
 
-    def walk(stmts: list[Stmt]) -> None:
-        for stmt in stmts:
-            if isinstance(stmt, For):
-                for bound in (stmt.start, stmt.extent):
-                    if not isinstance(bound, int):
-                        visit(bound)
-                walk(stmt.body)
-            elif isinstance(stmt, If):
-                visit(stmt.cond)
-                walk(stmt.body)
-            elif isinstance(stmt, (Let, Assign)):
-                visit(stmt.value)
-            elif isinstance(stmt, Store):
-                visit(stmt.index)
-                visit(stmt.value)
-                stores.add(stmt.buffer)
-
-    walk(body)
+    walk_statements(body, visit, lambda store: stores.add(store.buffer))
     return loads, stores
 
 
