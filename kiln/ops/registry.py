@@ -378,13 +378,3 @@ def same_as_input(index: int = 0, dtype: DType | None = None) -> Infer:
         return [TensorType(dtype or source.dtype, source.shape)]
 
     return infer
-
-
-def dim_product(dims: Sequence[Dim]) -> Dim | None:
-    """Product of dims if all static, else None."""
-    total = 1
-    for dim in dims:
-        if not isinstance(dim, int):
-            return None
-        total *= dim
-    return total

@@ -32,8 +32,9 @@ def clamped_base(name: str) -> str | None:
     return base if found and base and bound.isdigit() else None
 
 
-def static_count(dims: tuple | list) -> int | None:
+def dim_product(dims: Any) -> int | None:
     """The product of dims when every one is an int, else None."""
+    dims = list(dims)
     return math.prod(dims) if all(isinstance(d, int) for d in dims) else None
 
 
@@ -56,7 +57,7 @@ def sliced_to_sizes(ctx: Any, dims: list[Dim], starts: list, ends: tuple, axes: 
 
 def symbolic_product(ctx: Any, dims: tuple[Dim, ...] | list[Dim]) -> Dim:
     """The product of dims: an int, a symbol when it is one symbol times 1s, else a fresh symbol."""
-    static = static_count([d for d in dims if isinstance(d, int)])
+    static = dim_product([d for d in dims if isinstance(d, int)])
     symbols = [d for d in dims if isinstance(d, str)]
     if not symbols:
         return int(static or 0) if static is not None else ctx.fresh()
@@ -74,8 +75,8 @@ def quotient(ctx: Any, numerator: list[Dim], denominator: list[Dim]) -> Dim:
             denominator.remove(dim)
     if any(isinstance(d, str) for d in denominator):
         return ctx.fresh()
-    divisor = static_count(denominator)
-    static = static_count([d for d in numerator if isinstance(d, int)])
+    divisor = dim_product(denominator)
+    static = dim_product([d for d in numerator if isinstance(d, int)])
     symbols = [d for d in numerator if isinstance(d, str)]
     if divisor == 0 and static == 0 and not symbols:
         # NumPy and onnxruntime refuse this too: any size fits

@@ -29,7 +29,7 @@ import numpy as np
 from kiln.ir.graph import Graph, Node, Value, free_values
 from kiln.ir.types import TensorType
 from kiln.ops.registry import has_trait
-from kiln.ops.symbolic_dims import ONE, Monomial, static_count
+from kiln.ops.symbolic_dims import ONE, Monomial, dim_product
 
 
 @dataclass(frozen=True)
@@ -340,7 +340,7 @@ class _Analysis:
         if not all(s is None or isinstance(s, Sizes) for s in read):
             raise Refused(node.label, "computes with the count of samples")
         mask = first.mask if isinstance(first, Sizes) else None
-        if op in ("Shape", "Size") and static_count(node.inputs[0].type.shape or ("?",)) is not None:  # type: ignore[union-attr]
+        if op in ("Shape", "Size") and dim_product(node.inputs[0].type.shape or ("?",)) is not None:  # type: ignore[union-attr]
             return [None]  # the shape of a shape vector: its length is static
         if op in ("Cast", "Identity", "Squeeze", "Unsqueeze", "Reshape", "Flatten") and isinstance(first, Sizes):
             return [first if rank_of(node.outputs[0]) <= 1 else Sizes(None)]  # a vector stays itself
@@ -461,7 +461,7 @@ class _Analysis:
                 return Batched(moved, state.per)
         shape_in = node.inputs[0].type.shape  # type: ignore[union-attr]
         shape_out = node.outputs[0].type.shape  # type: ignore[union-attr]
-        prefix = static_count(shape_in[: state.axis])
+        prefix = dim_product(shape_in[: state.axis])
         if prefix is None:
             raise Refused(node.label, "a reshape around dims kiln cannot count")
         count, axis = 1, 0

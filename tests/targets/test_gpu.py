@@ -287,7 +287,7 @@ def test_a_cuda_device_replays_the_launches_as_one_graph_captured_after_the_firs
     runners = [r for p in compiled.executables() for r in p.runners]
     for runner in runners:  # a CUDA device, as far as the runner can tell
         runner.state.device = types.SimpleNamespace(type="cuda")
-        runner.runs, runner.graph, runner.graph_note = 0, None, ""
+        runner.graph, runner.graph_note = None, ""
     calls = []
     monkeypatch.setattr(SegmentRunner, "launch", lambda self: (calls.append(self), launch(self))[1])
     FakeGraph.captures = 0
@@ -303,7 +303,7 @@ def test_a_cuda_device_replays_the_launches_as_one_graph_captured_after_the_firs
 
     monkeypatch.setattr(torch.cuda, "graph", refuse)
     for runner in runners:
-        runner.runs, runner.graph, runner.graph_note = 0, None, ""
+        runner.graph, runner.graph_note = None, ""
     for seed in range(2):
         x = f(8, 64, seed=seed + 20)
         np.testing.assert_allclose(compiled.run({"x": x})["y"], np.tanh(x @ f(64, 32)), rtol=1e-5, atol=1e-5)

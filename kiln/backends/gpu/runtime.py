@@ -226,8 +226,7 @@ class SegmentRunner:
         self.download = download
         self.status = status
         self.graph: Any = None  # torch.cuda.CUDAGraph of the launches, once captured
-        self.graph_note = "" if graphs_wanted() else "off (KILN_GPU_GRAPHS=0)"
-        self.runs = 0
+        self.graph_note = "" if graphs_wanted() else "off (KILN_GPU_GRAPHS=0)"  # set by the one capture try
 
     def launch(self) -> None:
         state = self.state
@@ -275,9 +274,8 @@ class SegmentRunner:
                 self.launch()
             state.synchronize()
             computed = time.perf_counter()
-            self.runs += 1
-            if self.runs == 1 and self.graph is None and not self.graph_note and state.device.type == "cuda":
-                self.capture()
+            if self.graph is None and not self.graph_note and state.device.type == "cuda":
+                self.capture()  # once, after the first run (which compiled every kernel)
             for buffer in self.download:
                 _host(views[buffer], buffer).copy_(state.tensor(buffer))
             if self.status is not None:
