@@ -18,13 +18,14 @@ from typing import Any
 
 import numpy as np
 
+from kiln.backends.registry import Backend
 from kiln.errors import ArgumentError, InputError
 from kiln.passes.batching import Parallel
 from kiln.passes.padding import Padding
 
 MAX_DIM = (1 << 31) - 1  # a bound dim: far past any tensor a machine holds, far below index overflow
 DEFAULT_RANGE = (1, MAX_DIM)  # a sample-parallel dim nobody bounded: every size runs from the classes
-DEFAULT_CLASSES = (1, 8)  # compiled sizes of a sample-parallel dim (those inside its range)
+DEFAULT_CLASSES = Backend.batch_classes  # compiled sizes of a sample-parallel dim (a target may have its own)
 MAX_CLASSES = 8
 MAX_CLASS = 4096  # a class is compiled at its size: larger ones are arenas of gigabytes for no speed
 
