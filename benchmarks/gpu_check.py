@@ -134,8 +134,11 @@ def job_check(model: str, target: str) -> dict[str, Any]:
     started = time.perf_counter()
     again = list(compiled.run(feeds).values())
     second_s = time.perf_counter() - started
-    errors = [_relative_l2(g, w) for g, w in zip(got, want)]
-    repeat = max(_relative_l2(a, g) for a, g in zip(again, got))
+    third = list(compiled.run(feeds).values())
+    # the first run uses the rendered blocks, later ones the tuner's choice (another summation
+    # order): both must match; from the second run on, runs repeat to the bit
+    errors = [_relative_l2(g, w) for g, w in zip(got + again, want + want)]
+    repeat = max(_relative_l2(a, g) for a, g in zip(third, again))
     result = {
         "model": model,
         "target": target,
@@ -175,20 +178,17 @@ def _timed(call: Any, duration: float, sync: Any, minimum: int = 10) -> dict[str
         "median_ms": 1e3 * statistics.median(times),
         "p90_ms": 1e3 * times[min(len(times) - 1, int(0.9 * len(times)))],
         "runs": len(times),
+        "calls": len(times) + (3 if minimum > 1 else 0),
     }
 
 
-def _steady(before: dict[str, Any] | None, after: dict[str, Any] | None) -> dict[str, Any] | None:
-    """Per-run transfer and kernel times of the runs between two readings (the averages since load
-    include the first run, which compiles every kernel)."""
-    if not before or not after or after["runs"] <= before["runs"]:
+def _steady(before: dict[str, Any] | None, after: dict[str, Any] | None, calls: int) -> dict[str, Any] | None:
+    """Per-call transfer and kernel times over the ``calls`` between two readings (the averages
+    since load include the first run, which compiles and tunes every kernel)."""
+    if not before or not after or calls <= 0:
         return after
-    runs = after["runs"] - before["runs"]
-    split = {
-        k: (after[k] * after["runs"] - before[k] * before["runs"]) / runs
-        for k in ("upload_ms", "compute_ms", "download_ms")
-    }
-    return {**after, **split, "runs": runs}
+    split = {f"{k}_ms": 1e3 * (after[f"{k}_s"] - before[f"{k}_s"]) / calls for k in ("upload", "compute", "download")}
+    return {**after, **split, "runs": calls}
 
 
 def job_time(model: str, batch: int, engine: str, target: str, duration: float) -> dict[str, Any]:
@@ -206,6 +206,8 @@ def job_time(model: str, batch: int, engine: str, target: str, duration: float) 
     if engine.startswith("kiln"):
         if engine == "kiln-nographs":
             os.environ["KILN_GPU_GRAPHS"] = "0"
+        if engine == "kiln-untuned":
+            os.environ["KILN_GPU_TUNE"] = "0"
         import kiln
         from kiln.backends.gpu import transfer_times
 
@@ -217,7 +219,9 @@ def job_time(model: str, batch: int, engine: str, target: str, duration: float) 
             compiled.run(feeds)
         before = transfer_times(runners)
         result["host"] = _timed(lambda: compiled.run(feeds), duration, sync)
-        result["split"] = _steady(before, transfer_times(runners))
+        after = transfer_times(runners)
+        result["split"] = _steady(before, after, result["host"]["calls"])
+        result["tuning"] = (after or {}).get("tuning")
         return result
     module = zoo.get(model).build(zoo.options_for(model, batch=batch)).eval().to(device)
     tensors = [torch.from_numpy(np.ascontiguousarray(v)).to(device) for v in feeds.values()]
@@ -271,13 +275,15 @@ class Run:
             "dry_run": args.dry_run,
             "steps": {},
         }
-        scratch = Path(tempfile.mkdtemp(prefix="kiln-gpu-check-"))
+        scratch = Path(args.cache) if args.cache else Path(tempfile.mkdtemp(prefix="kiln-gpu-check-"))
         self.env = dict(os.environ)
         self.env.setdefault("KILN_CACHE_DIR", str(scratch / "kiln-cache"))
         self.env.setdefault("TRITON_CACHE_DIR", str(scratch / "triton-cache"))
         self.env.setdefault("TORCHINDUCTOR_CACHE_DIR", str(scratch / "inductor-cache"))
         self.env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])
         self.env["PYTHONUNBUFFERED"] = "1"
+        if args.dry_run:  # the interpreter's times mean nothing, but the tuner's bookkeeping runs
+            self.env.setdefault("KILN_GPU_TUNE", "force")
 
     def left(self) -> float:
         return self.deadline - time.monotonic()
@@ -380,9 +386,9 @@ class Run:
     def latency_jobs(self) -> list[dict[str, Any]]:
         names = self.model_names()
         timed = self.args.latency_models.split(",") if self.args.latency_models else names[:1] + names[3:4]
-        engines = ["kiln", "kiln-nographs", "eager"]
-        if not self.args.dry_run or self.args.inductor:
-            engines += ["inductor", "inductor-reduce-overhead"]
+        engines = self.args.engines.split(",")
+        if self.args.dry_run and not self.args.inductor:
+            engines = [e for e in engines if not e.startswith("inductor")]
         if self.args.autotune:
             engines.append("inductor-max-autotune-no-cudagraphs")
         batches = (
@@ -392,12 +398,14 @@ class Run:
             if self.args.dry_run
             else [1, 32]
         )
-        return [
+        jobs = [
             {"job": "time", "model": m, "batch": b, "engine": e, "target": self.target, "duration": self.args.duration}
             for m in timed
             for b in batches
             for e in engines
         ]
+        # kiln against torch everywhere first; kiln's ablations (untuned, no graphs) after, where budget is left
+        return sorted(jobs, key=lambda j: j["engine"] in ("kiln-untuned", "kiln-nographs"))
 
     def models(self) -> None:
         """Each model checked in a process of its own, all at once; meanwhile every latency job that
@@ -412,7 +420,8 @@ class Run:
         warmups = [
             {**j, "duration": 0.0}
             for j in self.latency_jobs()
-            if j["engine"] not in ("eager", "kiln-nographs") and not (j["engine"] == "kiln" and j["batch"] == 1)
+            if j["engine"] in ("kiln", "inductor", "inductor-reduce-overhead")
+            and not (j["engine"] == "kiln" and j["batch"] == 1)
         ]
         with concurrent.futures.ThreadPoolExecutor(max_workers=len(checks) + len(warmups)) as pool:
             checked = pool.map(lambda s: self.spawn(s, budget), checks)
@@ -549,7 +558,7 @@ def latency_table(rows: list[dict[str, Any]]) -> list[str]:
         split = row.get("split") or {}
         split_text = (
             f"{split['upload_ms']:.3f} / {split['compute_ms']:.3f} / {split['download_ms']:.3f}"
-            f" (graphs: {split.get('cuda_graphs', '?')})"
+            f" (graphs: {split.get('cuda_graphs', '?')}; tuning: {_tuning_text(row.get('tuning'))})"
             if split
             else ""
         )
@@ -571,6 +580,16 @@ def latency_table(rows: list[dict[str, Any]]) -> list[str]:
     return [*lines, "", *ratios, ""]
 
 
+def _tuning_text(tuning: Any) -> str:
+    if not isinstance(tuning, dict):
+        return str(tuning)
+    return (
+        f"{tuning['tuned']} measured, {tuning['cached']} cached, {tuning['changed']} changed, "
+        f"{tuning['failed']} candidates failed; rendered {tuning['rendered_ms']:.3f} -> chosen "
+        f"{tuning['chosen_ms']:.3f} ms summed; {tuning['seconds']:.1f} s ({tuning['compile_seconds']:.1f} s compiling)"
+    )
+
+
 def parse(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default="gpu-check", help="folder for gpu_check.json and gpu_check.md")
@@ -589,6 +608,15 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--conformance-budget", type=float, default=100.0)
     parser.add_argument("--models-budget", type=float, default=240.0)
     parser.add_argument("--job-timeout", type=float, default=120.0, help="seconds per latency job")
+    parser.add_argument(
+        "--engines",
+        default="kiln,eager,inductor,inductor-reduce-overhead,kiln-untuned",
+        help="comma-separated engines timed: kiln, kiln-untuned (KILN_GPU_TUNE=0), kiln-nographs "
+        "(KILN_GPU_GRAPHS=0), eager, inductor, inductor-reduce-overhead",
+    )
+    parser.add_argument(
+        "--cache", default="", help="folder for kiln's, Triton's and inductor's caches (kept: a second run reuses them)"
+    )
     parser.add_argument("--inductor", action="store_true", help="time torch.compile in a dry run too")
     parser.add_argument("--autotune", action="store_true", help="add inductor's max-autotune-no-cudagraphs")
     parser.add_argument("--worker", help=argparse.SUPPRESS)

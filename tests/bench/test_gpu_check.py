@@ -36,6 +36,8 @@ def test_the_gpu_check_dry_run_checks_times_and_writes_its_report(tmp_path):
         "1",
         "--duration",
         "0.1",
+        "--engines",
+        "kiln,kiln-nographs,kiln-untuned,eager",
         "--budget",
         "400",
     ]
@@ -51,11 +53,14 @@ def test_the_gpu_check_dry_run_checks_times_and_writes_its_report(tmp_path):
     assert "error" not in model, model
     assert model["ok"] and model["rel_l2"] < 1e-4 and model["repeat_rel_l2"] == 0.0
     rows = {row["engine"]: row for row in steps["latency"]}
-    assert set(rows) == {"kiln", "kiln-nographs", "eager"}, rows
+    assert set(rows) == {"kiln", "kiln-nographs", "kiln-untuned", "eager"}, rows
     for row in rows.values():
         assert "error" not in row, row
         assert row["host"]["median_ms"] > 0 and row["host"]["p90_ms"] >= row["host"]["median_ms"]
     assert rows["kiln"]["split"]["compute_ms"] > 0 and rows["kiln"]["split"]["cuda_graphs"].startswith("none")
     assert rows["kiln-nographs"]["split"]["cuda_graphs"].startswith("off")
+    tuning = rows["kiln"]["tuning"]  # the dry run forces the tuner on in the interpreter
+    assert tuning["tuned"] + tuning["cached"] >= 1 and tuning["chosen_ms"] <= tuning["rendered_ms"], tuning
+    assert rows["kiln-untuned"]["tuning"] == "off"
     page = (tmp_path / "gpu_check.md").read_text()
     assert "| mnist-cnn | 1 | kiln |" in page and "2 / 2 pass" in page and "| mnist-cnn | " in page

@@ -401,3 +401,100 @@ def test_the_reread_check_finds_a_store_then_load_with_no_barrier():
     assert unordered_rereads(racy) == ["def k: tl.store(p0 + i, tl.load(p0 + i) + tl.load(p1 + i))"]
     ordered = racy.replace("    tl.store(p0 + i, tl.load", "    tl.debug_barrier()\n    tl.store(p0 + i, tl.load")
     assert unordered_rereads(ordered) == []
+
+
+def residual_product():
+    """y = x @ w + x2 (the add fused into the product's epilogue) then Relu: a tiled launch."""
+    return make_model(
+        [
+            helper.make_node("MatMul", ["x", "w"], ["m"]),
+            helper.make_node("Add", ["m", "r"], ["s"]),
+            helper.make_node("Relu", ["s"], ["y"]),
+        ],
+        [("x", FLOAT, [64, 48]), ("r", FLOAT, [64, 80])],
+        [("y", FLOAT, None)],
+        {"w": f(48, 80)},
+    )
+
+
+def tuning_reports(compiled):
+    return transfer_times([r for p in compiled.executables() for r in p.runners])["tuning"]
+
+
+def test_block_sizes_are_measured_after_the_first_run_remembered_and_the_first_answer_is_right(monkeypatch, tmp_path):
+    """KILN_GPU_TUNE=force tunes in the interpreter too (its times mean nothing: the bookkeeping,
+    the buffers put back after every try and the cache are what is checked; docs/gpu has the GPU's)."""
+    from kiln.backends.gpu import tuning
+
+    monkeypatch.setenv("KILN_GPU_TUNE", "force")
+    monkeypatch.setenv("KILN_CACHE_DIR", str(tmp_path / "cache"))
+    model = residual_product()
+    feeds = {"x": f(64, 48, seed=1), "r": f(64, 80, seed=2)}
+    want = np.maximum(feeds["x"] @ f(48, 80) + feeds["r"], 0)
+    tried = []
+    original = tuning.choose
+
+    def choose(entry, configs, *rest):
+        tried.append([c.label() for c in configs])
+        return configs[-1], {c.label(): 1.0 for c in configs}  # the last candidate "wins": it must then run
+
+    monkeypatch.setattr(tuning, "choose", choose)
+    compiled = kiln.compile(model, target="gpu:interpret")
+    np.testing.assert_allclose(compiled.run(feeds)["y"], want, rtol=1e-5, atol=1e-5)
+    report = tuning_reports(compiled)
+    assert report["tuned"] == len(tried) >= 1 and report["changed"] == report["tuned"] and report["cached"] == 0
+    assert all(labels[0] == "64x64 w4 s3" and "32x32 w2 s4" in labels for labels in tried), tried
+    assert not any(label.startswith("128x") for labels in tried for label in labels)  # m = 64: no 128-row tile
+    assert any(label.startswith("64x128") for labels in tried for label in labels)  # n = 80: 128 columns fit
+    again = {"x": f(64, 48, seed=3), "r": f(64, 80, seed=4)}
+    np.testing.assert_allclose(
+        compiled.run(again)["y"], np.maximum(again["x"] @ f(48, 80) + again["r"], 0), rtol=1e-5, atol=1e-5
+    )
+    files = list((tmp_path / "cache" / "gpu").glob("tuned-*.json"))
+    assert len(files) == 1 and "32" in files[0].read_text()
+
+    monkeypatch.setattr(tuning, "choose", original)
+    fresh = kiln.compile(model, target="gpu:interpret")  # a second load: the choice comes from the file
+    np.testing.assert_allclose(fresh.run(feeds)["y"], want, rtol=1e-5, atol=1e-5)
+    report = tuning_reports(fresh)
+    assert report["tuned"] == 0 and report["cached"] == len(tried) and report["changed"] == len(tried)
+
+
+def test_a_candidate_that_disagrees_or_fails_is_skipped_and_the_buffers_are_put_back(monkeypatch, tmp_path):
+    from kiln.backends.gpu import tuning
+
+    monkeypatch.setenv("KILN_GPU_TUNE", "force")
+    monkeypatch.setenv("KILN_CACHE_DIR", str(tmp_path / "cache"))
+    (tmp_path / "cache" / "gpu").mkdir(parents=True)
+    garbage = tmp_path / "cache" / "gpu" / "tuned-interpret.json"
+    garbage.write_text('{"k": [1, 2], "x": {"constants": "no"}')  # not JSON: ignored, then rewritten
+    calls = {"n": 0}
+    original_agree = tuning.agree
+
+    def agree(got, want):  # every other candidate "disagrees"
+        calls["n"] += 1
+        return original_agree(got, want) and calls["n"] % 2 == 1
+
+    monkeypatch.setattr(tuning, "agree", agree)
+    monkeypatch.setitem(tuning.FAMILIES, "gemm", [({"BM": 32, "BN": 32}, 2, 4), ({"BM": 64, "BN": 64}, 4, 1000)])
+    feeds = {"x": f(64, 48, seed=1), "r": f(64, 80, seed=2)}
+    compiled = kiln.compile(residual_product(), target="gpu:interpret")
+    got = compiled.run(feeds)["y"]
+    np.testing.assert_allclose(got, np.maximum(feeds["x"] @ f(48, 80) + feeds["r"], 0), rtol=1e-5, atol=1e-5)
+    report = tuning_reports(compiled)
+    assert report["tuned"] >= 1 and report["failed"] >= report["tuned"]
+    import json
+
+    assert json.loads(garbage.read_text())  # rewritten as JSON
+
+
+def test_tuning_is_off_in_the_interpreter_unless_forced_and_off_when_asked(monkeypatch):
+    from kiln.backends.gpu import tuning
+
+    monkeypatch.delenv("KILN_GPU_TUNE", raising=False)
+    assert tuning.mode() == "on"
+    compiled = kiln.compile(residual_product(), target="gpu:interpret")
+    compiled.run({"x": f(64, 48), "r": f(64, 80)})
+    assert tuning_reports(compiled) == "off"  # gpu:interpret: times from the interpreter mean nothing
+    monkeypatch.setenv("KILN_GPU_TUNE", "0")
+    assert tuning.mode() == "off"

@@ -152,7 +152,8 @@ def render_gemm(name: str, kernel: Kernel, call: GemmSpec, table: dict[Buffer, i
         ctx.emit(f"tl.store({out} + (bt * {call.out_batch_stride} + ri * {call.ldc} + rj), acc, mask=_tile)")
     source, signature = function_text(name, ctx, list(blocks), head)
     grid = (-(-m // blocks["BM"]), -(-n // blocks["BN"]), call.batch)
-    launch = Launch(name, kernel.name, grid, tuple(table[b] for b in ctx.pointers), blocks, 4, 3, kind, signature)
+    slots = tuple(table[b] for b in ctx.pointers)
+    launch = Launch(name, kernel.name, grid, slots, blocks, 4, 3, kind, signature, (("BM", m), ("BN", n)))
     return source, launch
 
 
@@ -230,6 +231,15 @@ def render_attention(name: str, kernel: Kernel, call: AttentionSpec, table: dict
     grid = (-(-nq // blocks["BQ"]), call.batch)
     warps = 8 if blocks["BQ"] * max(blocks["BD"], blocks["BW"]) >= 4096 else 4
     launch = Launch(
-        name, kernel.name, grid, tuple(table[b] for b in ctx.pointers), blocks, warps, 2, "attention", signature
+        name,
+        kernel.name,
+        grid,
+        tuple(table[b] for b in ctx.pointers),
+        blocks,
+        warps,
+        2,
+        "attention",
+        signature,
+        (("BQ", nq),),
     )
     return source, launch

@@ -115,6 +115,14 @@ class Launch:
     num_stages: int
     kind: str  # lanes | sequential | matmul | conv | attention
     signature: dict[str, str] = field(default_factory=dict)
+    # the grid's tiled axes, in order: (block constant, extent) -- grid[i] = ceil(extent / constants[name]);
+    # what a tuner may change (``tuning``); empty for a launch whose blocks are fixed
+    tiles: tuple[tuple[str, int], ...] = ()
+
+    def grid_for(self, constants: dict[str, int]) -> tuple[int, ...]:
+        """The grid of this launch with other block sizes (the untiled axes as they were)."""
+        tiled = tuple(-(-extent // constants[name]) for name, extent in self.tiles)
+        return tiled + tuple(self.grid[len(tiled) :])
 
     def as_tuple(self) -> tuple:
         return (
@@ -127,6 +135,7 @@ class Launch:
             self.num_stages,
             self.kind,
             self.signature,
+            self.tiles,
         )
 
     @classmethod

@@ -22,7 +22,9 @@ from typing import Any
 
 import numpy as np
 
+from kiln.backends.gpu import tuning
 from kiln.backends.gpu.render import Launch
+from kiln.backends.gpu.tuning import Entry, Tuner
 from kiln.errors import ExecutionError, KilnError
 from kiln.ir.types import DType
 from kiln.lower.kir import Buffer, buffers_in
@@ -173,6 +175,11 @@ class DevicePlan:
         for buffer, array in plan.constants.items():
             self.tensors[buffer] = _host(np.ascontiguousarray(array), buffer).to(self.device)
         self.arena = torch.empty(max(1, plan.memory.arena_bytes), dtype=torch.uint8, device=self.device)
+        self.tuner: Tuner | None = None
+        wanted = tuning.mode()
+        if wanted == "force" or (wanted == "on" and self.device.type == "cuda"):
+            name = torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else "interpret"
+            self.tuner = Tuner(name, launch_one, self.synchronize, self.device.type == "cuda")
 
     def tensor(self, buffer: Buffer) -> Any:
         found = self.tensors.get(buffer)
@@ -199,6 +206,10 @@ def graphs_wanted() -> bool:
     return os.environ.get("KILN_GPU_GRAPHS", "1").strip() not in ("0", "false", "no", "off")
 
 
+def launch_one(function: Any, launch: Launch, args: list[Any]) -> None:
+    function[launch.grid](*args, **launch.constants, num_warps=launch.num_warps, num_stages=launch.num_stages)
+
+
 class SegmentRunner:
     """One native segment: upload what it reads from the host, launch its kernels in order,
     download what later steps or the caller read.
@@ -208,7 +219,11 @@ class SegmentRunner:
     kernel launches, which cost more than ResNet-50's kernels at batch 1 (an H100, 2026-11-27).
     Everything a launch names stays where it was captured: the arena, the weights and each input's
     device buffer are allocated once per loaded plan, and uploads copy into them before a replay.
-    A capture that fails keeps the direct launches and says why (``graph_note``)."""
+    A capture that fails keeps the direct launches and says why (``graph_note``).
+
+    Before the first run the plan's tuner (``tuning``) compiles every kernel and its block-size
+    candidates in threads; after it, it measures them on the run's buffers and the graph captures
+    the chosen ones."""
 
     def __init__(
         self,
@@ -222,20 +237,25 @@ class SegmentRunner:
     ) -> None:
         self.state = state
         self.launches = [(functions[x.function], x, [slots[s] for s in x.slots]) for x in launches]
+        self.entries: list[Entry] | None = None  # the launches with their tensors, from the first run on
         self.upload = upload
         self.download = download
         self.status = status
         self.graph: Any = None  # torch.cuda.CUDAGraph of the launches, once captured
         self.graph_note = "" if graphs_wanted() else "off (KILN_GPU_GRAPHS=0)"  # set by the one capture try
 
+    def prepared(self) -> list[Entry]:
+        if self.entries is None:
+            state = self.state
+            entries = [(f, x, [state.tensor(b) for b in buffers]) for f, x, buffers in self.launches]
+            self.entries = state.tuner.prepare(entries) if state.tuner else entries
+        return self.entries
+
     def launch(self) -> None:
         state = self.state
-        for function, launch, buffers in self.launches:
-            args = [state.tensor(b) for b in buffers]
+        for function, launch, args in self.prepared():
             try:
-                function[launch.grid](
-                    *args, **launch.constants, num_warps=launch.num_warps, num_stages=launch.num_stages
-                )
+                launch_one(function, launch, args)
             except KilnError:
                 raise
             except Exception as err:
@@ -258,6 +278,15 @@ class SegmentRunner:
         self.graph = graph
         self.graph_note = "captured"
 
+    def after_run(self) -> None:
+        """After the first run: block sizes measured (the run left real values in the buffers), then
+        the launches captured as a graph (once: a failed capture leaves its note)."""
+        state = self.state
+        if state.tuner is not None and state.tuner.pending and self.entries is not None:
+            self.entries = state.tuner.tune(self.entries)
+        if self.graph is None and not self.graph_note and state.device.type == "cuda":
+            self.capture()  # once, after the first run (which compiled every kernel)
+
     def __call__(self, table: Any, views: dict[Buffer, np.ndarray], status: np.ndarray) -> None:
         state = self.state
         with state.lock, np.errstate(all="ignore"):
@@ -274,8 +303,7 @@ class SegmentRunner:
                 self.launch()
             state.synchronize()
             computed = time.perf_counter()
-            if self.graph is None and not self.graph_note and state.device.type == "cuda":
-                self.capture()  # once, after the first run (which compiled every kernel)
+            self.after_run()
             for buffer in self.download:
                 _host(views[buffer], buffer).copy_(state.tensor(buffer))
             if self.status is not None:
@@ -326,6 +354,10 @@ def transfer_times(runners: Sequence[Any]) -> dict[str, float] | None:
     for state in states.values():
         for key, value in state.times.summary().items():
             total[key] = max(total[key], value) if key == "runs" else total[key] + value
+        for part in ("upload", "compute", "download"):  # seconds since load, every segment's runs
+            total[f"{part}_s"] = total.get(f"{part}_s", 0.0) + getattr(state.times, part)
     notes = sorted({r.graph_note for r in runners if isinstance(r, SegmentRunner) and r.graph_note})
     total["cuda_graphs"] = "; ".join(notes) or "none (not a CUDA device)"
+    reports = [s.tuner.report.summary() for s in states.values() if s.tuner is not None]
+    total["tuning"] = {k: sum(r[k] for r in reports) for k in reports[0]} if reports else "off"
     return total
