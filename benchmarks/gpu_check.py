@@ -581,13 +581,9 @@ def latency_table(rows: list[dict[str, Any]]) -> list[str]:
 
 
 def _tuning_text(tuning: Any) -> str:
-    if not isinstance(tuning, dict):
-        return str(tuning)
-    return (
-        f"{tuning['tuned']} measured, {tuning['cached']} cached, {tuning['changed']} changed, "
-        f"{tuning['failed']} candidates failed; rendered {tuning['rendered_ms']:.3f} -> chosen "
-        f"{tuning['chosen_ms']:.3f} ms summed; {tuning['seconds']:.1f} s ({tuning['compile_seconds']:.1f} s compiling)"
-    )
+    from kiln.backends.gpu.explain import tuning_note
+
+    return tuning_note(tuning)
 
 
 def parse(argv: list[str]) -> argparse.Namespace:

@@ -83,6 +83,17 @@ def kernel_section(found: dict) -> Section:
     return Section("gpu", title, columns, rows, [f"Triton source: {found['source']}"], found)
 
 
+def tuning_note(tuning: Any) -> str:
+    """The tuner's summary in words (``off``: the rendered blocks, as in the interpreter)."""
+    if not isinstance(tuning, dict):
+        return "as rendered (tuning off: KILN_GPU_TUNE=0, or Triton's interpreter)"
+    return (
+        f"{tuning['tuned']} distinct launches measured, {tuning['cached']} launches from the cache, "
+        f"{tuning['changed']} changed, {tuning['failed']} candidates refused; measured kernels "
+        f"{tuning['rendered_ms']:.3f} -> {tuning['chosen_ms']:.3f} ms; {tuning['seconds']:.1f} s"
+    )
+
+
 def transfer_section(executable: Any, target: Any) -> Section:
     """Per run: host -> device, kernels, device -> host (after the caller's runs)."""
     times = transfer_times(executable.runners)
@@ -91,7 +102,7 @@ def transfer_section(executable: Any, target: Any) -> Section:
     note = (
         f"per run ({times['runs']} runs on {target.name}): host -> device {times['upload_ms']:.3f} ms, "
         f"kernels {times['compute_ms']:.3f} ms, device -> host {times['download_ms']:.3f} ms; CUDA graphs: "
-        f"{times['cuda_graphs']}"
+        f"{times['cuda_graphs']}; block sizes: {tuning_note(times['tuning'])}"
         + (" (Triton's interpreter on the CPU: kernel time is not a GPU's)" if target.interpret else "")
     )
     return Section("transfers", "data movement", [], [], [note], times)
