@@ -456,17 +456,22 @@ def store_plan(key: str, dims: dict[str, int], plan: Any) -> None:
         raise
 
 
-def load_plan(key: str, dims: dict[str, int]) -> Any | None:
+def has_plan(key: str, dims: dict[str, int]) -> bool:
+    """Whether entry ``key`` holds a plan for ``dims`` (reading it may still find it damaged)."""
     if not enabled():
-        return None
+        return False
     try:
         folder = root() / key / "variants" / variant_name(dims)
-        found = folder.is_dir() and not folder.is_symlink()
+        return folder.is_dir() and not folder.is_symlink()
     except OSError:  # the cache went away or became untrusted since: a miss
-        found = False
-    if not found:
+        return False
+
+
+def load_plan(key: str, dims: dict[str, int]) -> Any | None:
+    if not has_plan(key, dims):
         STATS["misses"] += 1
         return None
+    folder = root() / key / "variants" / variant_name(dims)
     try:
         plan = _read(folder, "plan")
         plan.products = tuple(folder / Path(name).name for name in plan.products)

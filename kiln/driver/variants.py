@@ -25,6 +25,7 @@ from kiln.driver.pipeline import compile_plan
 from kiln.errors import CompilerError, ExecutionError, InternalError, KilnError, ResourceError, ShapeInferenceError
 from kiln.ir.graph import Graph
 from kiln.lower.target import Target
+from kiln.memory import return_freed
 from kiln.passes import specialize
 from kiln.runtime.executable import Executable
 from kiln.runtime.plan import Plan
@@ -151,7 +152,13 @@ class Compilation:
         long enough to be worth the disk: big weights or seconds of work)."""
         if not (self.options.plan_cache and plan_cache.enabled()):
             return self.compile(dims)
-        plan = plan_cache.load_plan(self.cache_key, dims)
+        key = self.cache_key
+        if self.source.consume and self.source.loader is not None and plan_cache.has_plan(key, dims):
+            # a loaded artifact's last binding is in the cache: its weights will be the plan's packed
+            # ones, so the source graph's go before the plan's are mapped (read again if it is damaged)
+            self._hand_over()
+            return_freed()
+        plan = plan_cache.load_plan(key, dims)
         if plan is not None:
             return plan
         start = time.perf_counter()
