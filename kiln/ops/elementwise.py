@@ -81,7 +81,13 @@ def _where(ctx: InferContext) -> list[Type]:
 
 
 def _cast(ctx: InferContext) -> list[Type]:
-    return [TensorType(DType.from_onnx(int(ctx.attr("to"))), ctx.shape(0))]
+    dtype = DType.from_onnx(int(ctx.attr("to")))
+    shape = ctx.shape(0)
+    if dtype in (DType.INT64, DType.INT32) and shape is not None and len(shape) <= 1:
+        contents = ctx.dims_value(0)  # a size cast to an int wide enough for it stays that size
+        if contents is not None:
+            ctx.out_symbolic[0] = tuple(contents)
+    return [TensorType(dtype, shape)]
 
 
 def _cast_like(ctx: InferContext) -> list[Type]:

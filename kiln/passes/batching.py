@@ -22,7 +22,7 @@ guessed: a refusal costs only a compile per size, as without this analysis.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -30,6 +30,7 @@ from kiln.ir.graph import Graph, Node, Value, free_values
 from kiln.ir.types import TensorType
 from kiln.ops.registry import has_trait
 from kiln.ops.symbolic_dims import ONE, Monomial, dim_product
+from kiln.passes.sample_index import Index, SampleTuple, blocked, reads_own_block
 
 
 @dataclass(frozen=True)
@@ -43,29 +44,6 @@ class Batched:
 @dataclass(frozen=True)
 class Sizes:
     mask: tuple[bool, ...] | None  # None: unknown which elements (or a scalar): all of it counts
-
-
-@dataclass(frozen=True)
-class Index:
-    """Integers that point into each sample's own block: along the dim named ``dim`` of its type
-    (the samples' dim, under a name inference gave it), the value at sample ``b`` lies in
-    ``[b*scale + low, b*scale + high)``; made by ``Range(0, count)`` (the exporters' per-sample
-    mask lookups: ``flat_mask[b*128 + j]``), kept by scaling and adding offsets, and read by a
-    Gather from a flattened batched tensor with ``scale`` indices per sample."""
-
-    dim: str
-    scale: int
-    low: int
-    high: int
-    exact: bool = True  # False: only its shape may be used (a Max that changes chunks' values)
-
-
-@dataclass(frozen=True)
-class SampleTuple:
-    """Index tuples along the last dim whose first component is the sample's own number (the
-    dynamo exports' ``mask[b, j]`` lookups: Concat of Range(0, count) and offsets, for GatherND)."""
-
-    dim: str
 
 
 State = Batched | Sizes | Index | SampleTuple | None
@@ -173,10 +151,13 @@ class _Analysis:
             raise Refused(value.name, f"{self.symbol} is more than one of its dims {value.type.shape}")
         return axes[0] if axes else None
 
-    def ancestors(self, value: Value) -> list[Node]:
+    def producers(self) -> dict[Value, Node]:
         if self._producers is None:
             self._producers = self.graph.producers()
-        return ancestors(self.graph, self._producers, value)
+        return self._producers
+
+    def ancestors(self, value: Value) -> list[Node]:
+        return ancestors(self.graph, self.producers(), value)
 
     def mask_of(self, value: Value | None, state: State) -> tuple[bool, ...] | None:
         """Which elements of a 1-D shape vector may be the count (None: unknown)."""
@@ -255,7 +236,7 @@ class _Analysis:
                 and target[position]
                 and isinstance(shape[position], str)
             ):
-                return [Index(shape[position], state.scale, state.low, state.high, state.exact)]
+                return [replace(state, dim=shape[position])]
         if state.dim not in shape or list(shape).count(state.dim) != 1:
             raise Refused(node.label, "per-sample indices whose dim its output type loses")
         if op in ("Unsqueeze", "Squeeze", "Identity", "Expand") and isinstance(read[0], Index):
@@ -264,14 +245,18 @@ class _Analysis:
             bound = self.value_of(others[0][0])  # type: ignore[arg-type]
             # identity when no value is below the bound; else the values differ by chunk: shape only
             exact = bound is not None and bound.size > 0 and int(bound.max()) <= state.low and state.exact
-            return [Index(state.dim, state.scale, state.low, state.high, exact)]
+            return [replace(state, exact=exact and state.block is None)]
         if op == "Concat" and isinstance(read[0], Index) and self.sample_tuple(node, read, state):
             return [SampleTuple(state.dim)]
         if not state.exact:
             raise Refused(node.label, "uses per-sample indices whose values depend on the chunk")
         if op == "Cast" and out.type.dtype.numpy.kind in "iu":  # type: ignore[union-attr]
             return [state]
-        constant = [self.value_of(v) if v is not None else None for v, _ in others]
+        if len(others) == 1 and isinstance(others[0][1], (type(None), Sizes)):
+            found = blocked(node, state, others[0][0], self.producers(), self.constants)
+            if found is not None:
+                return [found]
+        constant = [self.value_of(v) if v is not None and state.block is None else None for v, _ in others]
         if op in ("Mul", "Add") and len(others) == 1 and constant[0] is not None and others[0][1] is None:
             values = np.asarray(constant[0])
             if values.size and values.dtype.kind in "iu":
@@ -283,7 +268,7 @@ class _Analysis:
         if op == "Gather" and isinstance(read[1], Index) and isinstance(read[0], Batched):
             data = read[0]
             if int(node.attrs.get("axis", 0)) % max(rank_of(node.inputs[0]), 1) == data.axis == 0:
-                if data.per == Monomial(state.scale) and 0 <= state.low and state.high <= state.scale:
+                if reads_own_block(state, data.per):
                     return [Batched(list(shape).index(state.dim))]  # each sample reads its own block
         raise Refused(node.label, "computes with per-sample indices in a way kiln cannot follow")
 
@@ -572,7 +557,12 @@ class _Analysis:
         if data_axis is None:
             raise Refused(node.label, "samples in an operand other than the data")
         others = [axis for i, axis in batched if i > 0]
-        if others and (node.op != "Concat" or any(axis != data_axis for axis in others)):
+        # Concat joins, and GatherElements/ScatterElements index, each sample's own slices when every
+        # operand holds the samples along the same dim, alike (RoBERTa's position ids: a per-sample
+        # gather from its buffer expanded over the batch)
+        alike = {s.per for s in read if isinstance(s, Batched)} == {read[0].per}  # type: ignore[union-attr]
+        joins = node.op == "Concat" or (node.op in ("GatherElements", "ScatterElements") and alike)
+        if others and (not joins or any(axis != data_axis for axis in others)):
             raise Refused(node.label, "samples in an operand other than the data")
         axes = self.axes(node, rank_of(node.inputs[0]))
         if axes is None:

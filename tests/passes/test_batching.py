@@ -327,3 +327,104 @@ def test_monomials_multiply_and_divide_with_symbols():
     assert block.divided(Monomial.of([16])) == Monomial(4, ("seq",))
     assert block.divided(Monomial.of(["other"])) is None and block.divided(Monomial.of([3])) is None
     assert Monomial.of([]) == ONE and str(Monomial(4, ("seq",))) == "4*seq"
+
+
+def _symbolic_mask_lookup(scale_from: str = "mask", offset: int = 0, offsets_from: str = "mask"):  # type: ignore[no-untyped-def]
+    """The TorchScript exports' lookup with a symbolic length: flat_mask[b*seq + j + offset] for
+    j in Range(0, seq), the scale and the range's end read from shapes (``scale_from`` and
+    ``offsets_from`` name the tensors whose dim 1 they read: ``other`` has another length)."""
+    from tests.helpers import INT64
+
+    i64 = lambda *v: np.array(v, np.int64)  # noqa: E731
+    return _onnx(
+        [
+            ("Shape", ["mask"], ["s"]),
+            ("Gather", ["s", "zero"], ["n"], {"axis": 0}),
+            ("Range", ["zero", "n", "one"], ["b"]),
+            ("Unsqueeze", ["b", "axes"], ["b1"]),
+            ("Shape", [scale_from], ["s2"]),
+            ("Gather", ["s2", "one"], ["seq"], {"axis": 0}),
+            ("Cast", ["seq"], ["seq64"], {"to": 7}),
+            ("Mul", ["b1", "seq64"], ["start"]),
+            ("Shape", [offsets_from], ["s3"]),
+            ("Gather", ["s3", "one"], ["len"], {"axis": 0}),
+            ("Range", ["zero", "len", "one"], ["j"]),
+            ("Add", ["j", "shift"], ["js"]),
+            ("Unsqueeze", ["js" if offset else "j", "zero_axis"], ["j1"]),
+            ("Add", ["start", "j1"], ["index"]),
+            ("Reshape", ["mask", "flat"], ["m"]),
+            ("Gather", ["m", "index"], ["y"], {"axis": 0}),
+        ],
+        [("mask", INT64, ["batch", "seq"]), ("other", INT64, ["batch", "keys"])],
+        [("y", INT64, None)],
+        {
+            "zero": np.array(0, np.int64),
+            "one": np.array(1, np.int64),
+            "axes": i64(1),
+            "zero_axis": i64(0),
+            "shift": np.array(offset, np.int64),
+            "flat": i64(-1),
+        },
+    )
+
+
+def test_a_per_sample_lookup_scaled_by_a_symbolic_length_is_sample_parallel_and_runs_at_every_batch():
+    import kiln
+
+    graph = _symbolic_mask_lookup()
+    assert sample_parallel(graph)["batch"] == Parallel("batch", (0, 0), (0,))
+    model = kiln.compile(graph, dims={"batch": "1..8", "seq": "1..16"})
+    for batch, seq in ((1, 5), (3, 7), (8, 16), (6, 1)):
+        mask = RNG.integers(0, 2, (batch, seq)).astype(np.int64)
+        other = np.zeros((batch, 3), np.int64)
+        np.testing.assert_array_equal(model.run({"mask": mask, "other": other})["y"], mask)
+
+
+@pytest.mark.parametrize(
+    "kind",
+    ["scale from another length", "offsets from another length", "offsets shifted into the next sample"],
+)
+def test_a_symbolic_lookup_that_may_read_another_samples_block_is_refused(kind):
+    graph = {
+        "scale from another length": lambda: _symbolic_mask_lookup(scale_from="other"),
+        "offsets from another length": lambda: _symbolic_mask_lookup(offsets_from="other"),
+        "offsets shifted into the next sample": lambda: _symbolic_mask_lookup(offset=1),
+    }[kind]()
+    found = sample_parallel(graph)["batch"]
+    assert isinstance(found, Refused) and "per-sample indices" in found.reason, found
+
+
+def test_a_per_sample_gather_elements_from_a_buffer_expanded_over_the_batch_is_sample_parallel():
+    """RoBERTa's token types: a [1, 8] buffer expanded to [batch, 8], gathered along dim 1 at
+    per-sample positions; an index gathered along the samples' dim is refused."""
+    from tests.helpers import INT64
+
+    along = _onnx(
+        [
+            ("Shape", ["ids"], ["s"]),
+            ("Expand", ["buffer", "s"], ["wide"]),
+            ("GatherElements", ["wide", "ids"], ["y"], {"axis": 1}),
+        ],
+        [("ids", INT64, ["batch", 8])],
+        [("y", INT64, None)],
+        {"buffer": np.arange(8, dtype=np.int64).reshape(1, 8) * 10},
+    )
+    assert sample_parallel(along)["batch"] == Parallel("batch", (0,), (0,))
+    across = _onnx(
+        [
+            ("Shape", ["ids"], ["s"]),
+            ("Expand", ["buffer", "s"], ["wide"]),
+            ("GatherElements", ["wide", "ids"], ["y"], {"axis": 0}),
+        ],
+        [("ids", INT64, ["batch", 8])],
+        [("y", INT64, None)],
+        {"buffer": np.arange(8, dtype=np.int64).reshape(1, 8) * 10},
+    )
+    found = sample_parallel(across)["batch"]
+    assert isinstance(found, Refused) and "samples' dim" in found.reason, found
+    import kiln
+
+    model = kiln.compile(along, dims={"batch": "1..8"})
+    for batch in (1, 3, 8):
+        ids = RNG.integers(0, 8, (batch, 8)).astype(np.int64)
+        np.testing.assert_array_equal(model.run({"ids": ids})["y"], ids * 10)

@@ -23,10 +23,17 @@ SIZES = [(1, 16), (1, 1), (8, 64), (3, 7), (5, 13), (8, 1)]
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["albert", "gpt2"])  # heads folded into the batch; tokens flattened to rows
-def test_a_dynamo_export_with_symbolic_sizes_runs_every_size_without_compiling_again(name, monkeypatch):
+@pytest.mark.parametrize(
+    ("name", "exporter"),
+    [
+        ("gpt2", "dynamo"),  # tokens flattened to rows
+        ("albert", "torchscript"),  # heads folded into the batch; the mask flattened, read at b*seq + j
+        ("roberta", "dynamo"),  # position ids: a per-sample GatherElements from a buffer expanded over the batch
+    ],
+)
+def test_an_export_with_symbolic_sizes_runs_every_size_without_compiling_again(name, exporter, monkeypatch):
     monkeypatch.setenv("KILN_PLAN_CACHE", "0")  # every plan is compiled, none read back
-    path = str(architectures.export(name, exporter="dynamo", dynamic=True))
+    path = str(architectures.export(name, exporter=exporter, dynamic=True))
     from kiln.frontend.onnx import import_onnx
 
     assert isinstance(sample_parallel(import_onnx(path))["batch"], Parallel)
