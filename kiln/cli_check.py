@@ -9,20 +9,32 @@ import click
 from rich.markup import escape
 from rich.table import Table
 
-from kiln.cli_support import console, dim_option, import_bound, json_option, out, parse_dims
+from kiln.cli_support import console, dim_option, import_bound, json_option, out, parse_dims, split_ranges
 
 
 @click.command()
 @click.argument("model")
-@dim_option("Bind a symbolic dim for the fallback check, e.g. --dim batch=8.")
-@click.option("--strict", is_flag=True, help="Also exit 1 when a node would run as a host fallback on the cpu target.")
+@dim_option(
+    "Bind a symbolic dim for the fallback check, e.g. --dim batch=8; a range (--dim seq=1..128) checks "
+    "the program kiln.compile makes for the ranges at their ends and middles instead."
+)
+@click.option(
+    "--strict",
+    is_flag=True,
+    help="Also exit 1 when a node would run as a host fallback on the cpu target (with ranges: when a "
+    "size compiles after kiln.compile returned or does not run natively).",
+)
+@click.option("--target", default="cpu", show_default=True, help="Target of the range check.")
 @json_option("the findings (same exit codes)")
-def check(model: str, dims: tuple[str, ...], strict: bool, as_json: bool) -> None:
+def check(model: str, dims: tuple[str, ...], strict: bool, target: str, as_json: bool) -> None:
     """Check MODEL (an .onnx path or a zoo name) before compiling: every unsupported construct (op,
     opset, attribute, dtype) with its node's name, all at once; the symbolic dims kiln specializes
     and which node first reads each; nodes whose output shapes depend on data; and the nodes that
-    would run as host fallbacks on the cpu target. Exit code 0: compiles (natively unless listed);
-    1: the model cannot be compiled (or, with --strict, has host fallbacks)."""
+    would run as host fallbacks on the cpu target. With ranges (--dim NAME=LOW..HIGH), the model
+    compiled as kiln.compile(MODEL, dims=ranges) runs at each range's ends and middle against the
+    reference interpreter, each size's route and answer reported. Exit code 0: compiles (natively
+    unless listed); 1: the model cannot be compiled, or a size fails or disagrees (with --strict:
+    host fallbacks; with ranges, a size that compiles after kiln.compile or runs off native code)."""
     from kiln import zoo as models
     from kiln.driver.pipeline import compile_plan
     from kiln.errors import InvalidModelError, ModelLoadError, UnsupportedModelError
@@ -58,8 +70,18 @@ def check(model: str, dims: tuple[str, ...], strict: bool, as_json: bool) -> Non
         finish(1)
         return
     say(f"{escape(path)}: {len(graph.nodes)} nodes, every op supported")
-    symbols = _symbols(graph, found, say)
-    _data_dependent(graph, symbols, found, say)
+    ranges, dims = split_ranges(dims)
+    quiet = (lambda *args, **kwargs: None) if ranges else say  # the range check says how each dim runs
+    symbols = _symbols(graph, found, quiet)
+    _data_dependent(graph, symbols, found, quiet)
+    if ranges:  # the program kiln.compile makes for the ranges, not one specialization
+        from kiln.cli_check_ranges import check_ranges, exit_code
+
+        report = check_ranges(path, ranges, parse_dims(dims), target)
+        found["ranges"] = report
+        _say_ranges(report, say)
+        finish(exit_code(report, strict))
+        return
     binding = parse_dims(dims)
     binding.update({s: binding.get(s, 1) for s in symbols})
     plan = compile_plan(specialize(graph, binding), build_library=False)
@@ -73,6 +95,25 @@ def check(model: str, dims: tuple[str, ...], strict: bool, as_json: bool) -> Non
     found["whole_graph_reason"] = plan.whole_graph_reason
     found["native"] = native
     finish(1 if strict and not native else 0)
+
+
+def _say_ranges(report: dict, say) -> None:  # type: ignore[no-untyped-def]
+    if report.get("compile_error"):
+        say(f"[red]kiln.compile at the ranges failed:[/] {escape(report['compile_error'])}", highlight=False)
+        return
+    table = Table(title=f"{report['target']} at the declared ranges (compiled in {report['compile_s']:.1f} s)")
+    for column in ("dims", "verdict", "compiled after kiln.compile", "native", "rel. L2 vs reference", "ms"):
+        table.add_column(column)
+    for row in report["bindings"]:
+        table.add_row(
+            ", ".join(f"{k}={v}" for k, v in row["dims"].items()),
+            row["verdict"] + (f": {escape(row['error'])}" if row.get("error") else ""),
+            str(row["compiled"]),
+            "yes" if row["native"] else "no",
+            f"{row['rel_l2']:.1e}",
+            f"{1e3 * row['seconds']:.1f}" if "seconds" in row else "",
+        )
+    say(table)
 
 
 def _symbols(graph, found: dict, say) -> dict[str, str]:  # type: ignore[no-untyped-def]
