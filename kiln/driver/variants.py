@@ -203,7 +203,9 @@ class Compilation:
                     "(kiln compile --dim NAME=1,8,...) or install a C compiler"
                 ) from None
             raise
-        except (KilnError, extents.NotAffine):
+        except KilnError as err:
+            raise _at_binding(err, dims) from None
+        except extents.NotAffine:
             raise
         except MemoryError as err:
             raise ResourceError(f"out of memory while compiling for dims {dims}: {err}") from None
@@ -236,6 +238,15 @@ class Compilation:
         if self.source.file is not None:
             plan_cache.store_graph(self.cache_key, self.graph)
             plan_cache.remember_file(*self.source.file, self.cache_key, self.options, self.target)
+
+
+def _at_binding(err: KilnError, dims: dict[str, int]) -> KilnError:
+    """``err`` naming the binding it came from (one size of a model may fail where others run:
+    mBART's export at batch 1), unless its message already does."""
+    where = ", ".join(f"{name}={size}" for name, size in sorted(dims.items()))
+    if where and err.args and isinstance(err.args[0], str) and where not in err.args[0]:
+        err.args = (f"{err.args[0]} (compiling for {where})", *err.args[1:])
+    return err
 
 
 @dataclass(frozen=True)

@@ -103,3 +103,19 @@ def test_execution_errors_name_the_node(target):
     compiled = kiln.compile(onnx_model, target=target)
     with pytest.raises(kiln.ExecutionError, match="node 'lookup' \\(Gather\\)"):
         compiled(np.array([0, 7]))
+
+
+def test_a_size_that_cannot_compile_is_an_error_naming_its_binding_while_others_run():
+    """One binding of a symbolic dim may fail where others run (an exporter's reshape to [2, -1]):
+    the error names the binding, and the sizes that work keep working."""
+    graph = make_model(
+        [helper.make_node("Reshape", ["x", "t"], ["y"])],
+        [("x", FLOAT, ["batch", 3])],
+        [("y", FLOAT, None)],
+        {"t": np.array([2, -1], np.int64)},
+    )
+    compiled = kiln.compile(graph)
+    assert compiled.run({"x": np.ones((4, 3), np.float32)})["y"].shape == (2, 6)
+    with pytest.raises(KilnError, match=r"3 elements into a multiple of 2 \(compiling for batch=1\)"):
+        compiled.run({"x": np.ones((1, 3), np.float32)})
+    assert compiled.run({"x": np.ones((2, 3), np.float32)})["y"].shape == (2, 3)
