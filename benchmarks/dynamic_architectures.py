@@ -107,7 +107,20 @@ def measure(name: str, exporter: str) -> dict[str, Any]:
             "run_time_refused": dict(getattr(model, "run_time_refused", {}) or {}),
         }
     )
+    from kiln.cli_check_ranges import check_ranges, exit_code
+
+    # what `kiln check PATH --dim ... --strict` says of the same ranges
+    report = check_ranges(path, {k: f"{a}..{b}" for k, (a, b) in ranges.items()}, {}, "cpu")
+    verdicts = sorted({b["verdict"] for b in report["bindings"]}) or [report.get("compile_error", "?")]
+    row["kiln_check"] = {"strict_exit": exit_code(report, strict=True), "verdicts": verdicts}
     return row
+
+
+def _check_text(row: dict[str, Any]) -> str:
+    found = row.get("kiln_check")
+    if not found:
+        return "-"
+    return f"exit {found['strict_exit']} ({', '.join(found['verdicts'])})"
 
 
 def main() -> int:
@@ -123,7 +136,8 @@ def main() -> int:
         print(json.dumps(measure(name, exporter), default=str), flush=True)
         return 0
     print(
-        f"{'model':<12} {'exporter':<11} {'batch':<10} {'compiles':>8} {'first call s':>12} {'worst rel L2':>12}  errors"
+        f"{'model':<12} {'exporter':<11} {'batch':<10} {'compiles':>8} {'first call s':>12} {'worst rel L2':>12}  "
+        f"{'kiln check --strict':<28} errors"
     )
     for name in args.models.split(","):
         for exporter in args.exporters.split(","):
@@ -139,7 +153,7 @@ def main() -> int:
             print(
                 f"{name:<12} {exporter:<11} {batch:<10} {row.get('compiles_after_compile', '-'):>8} "
                 f"{row.get('slowest_first_call_s', float('nan')):>12.2f} {row.get('worst_rel_l2', float('nan')):>12.1e}  "
-                f"{row.get('error') or '; '.join(row.get('errors', []))[:300]}",
+                f"{_check_text(row):<28} {row.get('error') or '; '.join(row.get('errors', []))[:300]}",
                 flush=True,
             )
             if args.json:
