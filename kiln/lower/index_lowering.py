@@ -263,4 +263,56 @@ def lower_gather_nd(lw: Lowerer, node: Node) -> list[Kernel]:
     return [lw.kernel(node, "copy", stmts, [data, indices], [out], default_schedule(lw.target, out_shape, loop))]
 
 
-LOWERINGS.update({"Hardmax": lower_hardmax, "ScatterElements": lower_scatter_elements, "GatherND": lower_gather_nd})
+def lower_scatter_nd(lw: Lowerer, node: Node) -> list[Kernel]:
+    """ScatterND: out = data, then out[indices[p, 0..k-1], s] = updates[p, s] (or combined with
+    what is there: add, mul, max, min) for every update position p and slice position s, in order
+    (duplicate indices apply one after the other); every index checked (negative counts from the
+    end, out of range stops the run with the node named). BART's "shift tokens right" and mBART's
+    exports write their first token this way."""
+    data, indices, updates, out = node.inputs[0], node.inputs[1], node.inputs[2], node.outputs[0]
+    assert data is not None and indices is not None and updates is not None
+    shape, index_shape = lw.shape(data), lw.shape(indices)
+    if not index_shape or index_shape[-1] > len(shape):
+        raise CannotLower("ScatterND indices deeper than the data")
+    depth, positions = index_shape[-1], len(index_shape) - 1
+    update_shape = [*index_shape[:-1], *shape[depth:]]
+    src, idx, upd, dst = lw.buffer(data), lw.buffer(indices), lw.buffer(updates), lw.buffer(out)
+    code = lw.kernel_count + 1
+    data_strides, index_strides, update_strides = strides(shape), strides(index_shape), strides(update_shape)
+    reduction = node.attrs.get("reduction", "none")
+    copy, _ = nest(lw, (dst.size,), lambda i: [Store(dst, i[0], Load(src, i[0]))])
+
+    def body(loop: list[Index]) -> list[Stmt]:
+        at = affine(list(zip(loop[:positions], index_strides[:positions])))  # type: ignore[arg-type]
+        stmts: list[Stmt] = []
+        write: list[tuple[Expr, int]] = []
+        for j in range(depth):
+            checks, picked = _checked_index(lw, Load(idx, add(at, i64(j))), shape[j], code)
+            stmts.extend(checks)
+            write.append((picked, data_strides[j]))
+        write.extend((loop[positions + a], data_strides[depth + a]) for a in range(len(shape) - depth))
+        target = affine(write)  # type: ignore[arg-type]
+        new = Load(upd, affine(list(zip(loop, update_strides))))  # type: ignore[arg-type]
+        old = Load(dst, target)
+        value = {
+            "none": new,
+            "add": Binary("+", old, new),
+            "mul": Binary("*", old, new),
+            "max": Select(Binary(">", new, old), new, old),
+            "min": Select(Binary("<", new, old), new, old),
+        }[reduction]
+        return [*stmts, Store(dst, target, value)]
+
+    scatter, _ = nest(lw, update_shape, body) if 0 not in update_shape else ([], [])
+    # serial: duplicate indices must be applied in order
+    return [lw.kernel(node, "copy", copy + scatter, [data, indices, updates], [out], Schedule())]
+
+
+LOWERINGS.update(
+    {
+        "Hardmax": lower_hardmax,
+        "ScatterElements": lower_scatter_elements,
+        "ScatterND": lower_scatter_nd,
+        "GatherND": lower_gather_nd,
+    }
+)

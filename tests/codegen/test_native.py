@@ -224,6 +224,24 @@ def test_out_of_range_gather_nd_is_an_error_not_a_wild_read(target):
         compiled(np.array([[0, 0], [0, 4]]))
 
 
+def test_scatter_nd_writes_in_order_natively_and_an_out_of_range_index_is_an_error_not_a_wild_write(target):
+    """BART's "shift tokens right": ScatterND writing the first token of each row; duplicates
+    apply in order; a negative index counts from the end; one past the end stops the run."""
+    model = make_model(
+        [helper.make_node("ScatterND", ["t", "i", "u"], ["y"], name="shift", reduction="add")],
+        [("i", I64, [3, 2]), ("u", F, [3, 2])],
+        [("y", F, None)],
+        {"t": data((3, 4, 2))},
+    )
+    compiled = kiln.compile(model, target=target)
+    reference = kiln.compile(model, target="reference")
+    assert compiled.is_native
+    good = (np.array([[2, -4], [0, 3], [2, 0]]), data((3, 2)))  # [2, 0] twice: both added
+    np.testing.assert_allclose(compiled(*good), reference(*good), rtol=1e-6)
+    with pytest.raises(ExecutionError, match=r"'shift' \(ScatterND\).*an index input is out of range"):
+        compiled(np.array([[0, 0], [0, 4], [1, 1]]), data((3, 2)))
+
+
 def test_concurrent_requests_have_their_own_arenas():
     model, _ = CASES["layer_norm"]
     compiled = kiln.compile(model, target="cpu")
