@@ -30,7 +30,14 @@ from kiln.ir.graph import Graph, Node, Value, free_values
 from kiln.ir.types import TensorType
 from kiln.ops.registry import has_trait
 from kiln.ops.symbolic_dims import ONE, Monomial, dim_product
-from kiln.passes.sample_index import Index, SampleTuple, blocked, reads_own_block
+from kiln.passes.sample_index import (
+    Index,
+    SampleTuple,
+    blocked,
+    reads_own_block,
+    scatters_own_tuples,
+    scatters_within_samples,
+)
 
 
 @dataclass(frozen=True)
@@ -241,6 +248,8 @@ class _Analysis:
             raise Refused(node.label, "per-sample indices whose dim its output type loses")
         if op in ("Unsqueeze", "Squeeze", "Identity", "Expand") and isinstance(read[0], Index):
             return [state]  # (Expand: copies along other dims; the count's dim keeps its values)
+        if op in ("Reshape", "Flatten") and isinstance(read[0], Index) and all(d == 1 for d in shape if d != state.dim):
+            return [state]  # [batch] <-> [batch, 1]: the same values in the same order
         if op == "Max" and len(others) == 1 and others[0][1] is None:
             bound = self.value_of(others[0][0])  # type: ignore[arg-type]
             # identity when no value is below the bound; else the values differ by chunk: shape only
@@ -270,6 +279,11 @@ class _Analysis:
             if int(node.attrs.get("axis", 0)) % max(rank_of(node.inputs[0]), 1) == data.axis == 0:
                 if reads_own_block(state, data.per):
                     return [Batched(list(shape).index(state.dim))]  # each sample reads its own block
+        if op in ("Add", "Sub", "Mul") and len(others) == 1 and others[0][1] is None:
+            if self.value_of(others[0][0]) is None:  # type: ignore[arg-type]
+                # values kiln cannot follow, a shape it can (TorchScript's index_put broadcasts its
+                # index tensors by adding them, for the sum's shape alone): only that may be used
+                return [replace(state, exact=False)]
         raise Refused(node.label, "computes with per-sample indices in a way kiln cannot follow")
 
     def sample_tuple(self, node: Node, read: list[State], state: Index) -> bool:
@@ -299,6 +313,9 @@ class _Analysis:
             and list(shape).count(state.dim) == 1
         ):
             return [Batched(list(shape).index(state.dim))]
+        spans = [(s.axis, s.per) if isinstance(s, Batched) else None for s in read]
+        if node.op == "ScatterND" and scatters_own_tuples(node, read[1], spans[0], (spans + [None] * 3)[2], state.dim):
+            return [Batched(0)]
         raise Refused(node.label, "computes with per-sample index tuples in a way kiln cannot follow")
 
     # -- values computed from the count of samples ------------------------------------------------
@@ -408,6 +425,8 @@ class _Analysis:
                 raise Refused(node.label, "resizes the samples' dim")
         elif op == "Gather" and batched == [(1, batched[0][1])]:
             pass  # indices hold samples (an embedding lookup): each sample gathers its own rows
+        elif op == "ScatterND" and scatters_within_samples(node, batched):
+            outputs = [batched[0][1]]
         else:
             self.along_axes(node, read, batched)
         kept = 1 if op in ("LayerNormalization", "Dropout", "BatchNormalization") else len(node.outputs)

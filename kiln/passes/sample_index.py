@@ -136,3 +136,33 @@ def reads_own_block(state: Index, per: Monomial) -> bool:
     if state.block is not None:
         return state.block == per and state.span in (ONE, per)
     return per == Monomial(state.scale) and 0 <= state.low and state.high <= state.scale
+
+
+def scatters_within_samples(node: Node, batched: list[tuple[int, int]]) -> bool:
+    """A ScatterND whose sample-independent index tuples address only dims before the samples'
+    (the tokens shifted right of BART's dynamo export: a [seq, batch] transpose written at rows
+    1..seq-1), so each sample's slice of the updates lands in its own slice of the data."""
+    indices = node.inputs[1]
+    shape = indices.type.shape if indices is not None and isinstance(indices.type, TensorType) else None
+    if not shape or not isinstance(shape[-1], int) or not batched or batched[0][0] != 0:
+        return False
+    depth, data_axis = shape[-1], batched[0][1]
+    if data_axis < depth:  # an index tuple picks the sample: another rule's (SampleTuple)
+        return False
+    updates_axis = len(shape) - 1 + data_axis - depth
+    return batched == [(0, data_axis), (2, updates_axis)]
+
+
+def scatters_own_tuples(node: Node, indices: object, data: tuple | None, updates: tuple | None, dim: str) -> bool:
+    """A ScatterND whose index tuples are led by each sample's own number (``indices`` a
+    ``SampleTuple`` along ``dim``: TorchScript's index_put of ``x[:, 1:] = y``), data and updates
+    holding the samples (their (axis, per)) in their leading index dims: each sample's updates land
+    in its own slice."""
+    value = node.inputs[1]
+    index_shape = list(value.type.shape or ()) if value is not None and isinstance(value.type, TensorType) else []
+    return (
+        isinstance(indices, SampleTuple)
+        and data == (0, ONE)
+        and index_shape.count(dim) == 1
+        and updates == (index_shape.index(dim), ONE)
+    )

@@ -137,6 +137,22 @@ ARCHITECTURES: dict[str, Architecture] = {
             relative_attention_num_buckets=8,
             relative_attention_max_distance=32,
         ),
+        _arch(  # encoder-decoder: the decoder's inputs are the tokens shifted right (ScatterND)
+            "bart",
+            "BartModel",
+            "BartConfig",
+            "tokens",
+            "encoder-decoder",
+            vocab_size=256,
+            d_model=64,
+            encoder_layers=1,
+            decoder_layers=1,
+            encoder_attention_heads=4,
+            decoder_attention_heads=4,
+            encoder_ffn_dim=128,
+            decoder_ffn_dim=128,
+            max_position_embeddings=64,
+        ),
         _arch(
             "distilbert",
             "DistilBertModel",
@@ -449,6 +465,7 @@ SIZES_SUITE = (
     "clip-text",
     "t5-encoder",
     "convnextv2",
+    "bart",
 )
 
 DYNAMIC_AXES = {  # symbolic dims of a dynamic export, per input kind

@@ -428,3 +428,78 @@ def test_a_per_sample_gather_elements_from_a_buffer_expanded_over_the_batch_is_s
     for batch in (1, 3, 8):
         ids = RNG.integers(0, 8, (batch, 8)).astype(np.int64)
         np.testing.assert_array_equal(model.run({"ids": ids})["y"], ids * 10)
+
+
+def _shift_right(exporter: str):  # type: ignore[no-untyped-def]
+    """BART's shift-tokens-right, y[:, 1:] = x[:, :-1], as each exporter writes it: TorchScript as
+    index tuples (Range(0, count) reshaped to [batch, 1], the columns broadcast to it by an Add
+    whose shape alone is used, expanded, stacked); dynamo as rows of the transposed [5, batch]."""
+    from tests.helpers import INT64
+
+    i64 = lambda *v: np.array(v, np.int64)  # noqa: E731
+    constants = {"zero": np.array(0, np.int64), "one": np.array(1, np.int64), "five": np.array(5, np.int64)}
+    constants.update({"col_axis": i64(1), "start": i64(0), "end": i64(4), "flat": i64(-1, 1), "last": i64(-1)})
+    updates = [("Slice", ["x", "start", "end", "col_axis"], ["u"])]
+    if exporter == "dynamo":
+        constants["rows"] = np.array([[1], [2], [3], [4]], np.int64)
+        nodes = [
+            *updates,
+            ("Transpose", ["x"], ["xt"], {"perm": [1, 0]}),
+            ("Transpose", ["u"], ["ut"], {"perm": [1, 0]}),
+            ("ScatterND", ["xt", "rows", "ut"], ["yt"]),
+            ("Transpose", ["yt"], ["y"], {"perm": [1, 0]}),
+        ]
+    else:
+        constants.update({"from1": i64(1), "to5": i64(5), "axis0": i64(0)})
+        nodes = [
+            *updates,
+            ("Shape", ["x"], ["s"]),
+            ("Gather", ["s", "zero"], ["n"], {"axis": 0}),
+            ("Range", ["zero", "n", "one"], ["b"]),
+            ("Reshape", ["b", "flat"], ["b2"]),
+            ("Range", ["zero", "five", "one"], ["cols"]),
+            ("Slice", ["cols", "from1", "to5", "axis0"], ["c"]),
+            ("Add", ["b2", "c"], ["broadcast"]),
+            ("Shape", ["broadcast"], ["bs"]),
+            ("Expand", ["b2", "bs"], ["be"]),
+            ("Expand", ["c", "bs"], ["ce"]),
+            ("Unsqueeze", ["be", "last"], ["b3"]),
+            ("Unsqueeze", ["ce", "last"], ["c3"]),
+            ("Concat", ["b3", "c3"], ["tuples"], {"axis": -1}),
+            ("ScatterND", ["x", "tuples", "u"], ["y"]),
+        ]
+    return _onnx(nodes, [("x", INT64, ["batch", 5])], [("y", INT64, None)], constants)
+
+
+@pytest.mark.parametrize("exporter", ["torchscript", "dynamo"])
+def test_tokens_shifted_right_by_scatter_nd_are_sample_parallel_and_run_at_every_batch(exporter):
+    import kiln
+
+    graph = _shift_right(exporter)
+    assert sample_parallel(graph)["batch"] == Parallel("batch", (0,), (0,))
+    model = kiln.compile(graph, dims={"batch": "1..8"})
+    assert model.is_native
+    for batch in (1, 3, 8, 5):
+        x = RNG.integers(0, 100, (batch, 5)).astype(np.int64)
+        want = x.copy()
+        want[:, 1:] = x[:, :-1]
+        np.testing.assert_array_equal(model.run({"x": x})["y"], want)
+
+
+def test_a_scatter_nd_writing_across_samples_is_refused():
+    """Index tuples that name rows of the samples' dim itself (a constant [[0]] into [batch, 5])."""
+    from tests.helpers import INT64
+
+    graph = _onnx(
+        [("Slice", ["x", "start", "end", "axis0"], ["u"]), ("ScatterND", ["x", "first", "u"], ["y"])],
+        [("x", INT64, ["batch", 5])],
+        [("y", INT64, None)],
+        {
+            "first": np.array([[0]], np.int64),
+            "start": np.array([1], np.int64),
+            "end": np.array([2], np.int64),
+            "axis0": np.array([0], np.int64),
+        },
+    )
+    found = sample_parallel(graph)["batch"]
+    assert isinstance(found, Refused), found
