@@ -105,3 +105,20 @@ def test_bindings_cover_each_ranges_ends_and_middle():
     assert found[:3] == [{"h": 3, "b": 1, "s": 0}, {"h": 3, "b": 4, "s": 32}, {"h": 3, "b": 8, "s": 64}]
     assert {"h": 3, "b": 1, "s": 32} in found and {"h": 3, "b": 4, "s": 0} in found and len(found) == 7
     assert cli_check_ranges.relative_l2({"y": np.array([1, 2])}, {"y": np.array([1, 3])}) == float("inf")
+
+
+def test_a_size_the_model_itself_cannot_run_is_told_apart_from_a_kiln_error(tmp_path, monkeypatch):
+    """[batch, 3] reshaped to [2, -1]: batch 1 has no such shape, in kiln's reference as in kiln."""
+    monkeypatch.setenv("KILN_CACHE_DIR", str(tmp_path / "cache"))
+    model = make_model(
+        [helper.make_node("Reshape", ["x", "t"], ["y"])],
+        [("x", FLOAT, ["batch", 3])],
+        [("y", FLOAT, None)],
+        {"t": np.array([2, -1], np.int64)},
+    )
+    path = tmp_path / "pairs.onnx"
+    path.write_bytes(model.SerializeToString())
+    result = invoke("check", str(path), "--dim", "batch=1..4", "--json")
+    assert result.exit_code == 1
+    verdicts = {row["dims"]["batch"]: row["verdict"] for row in json.loads(result.stdout)["ranges"]["bindings"]}
+    assert verdicts == {1: "fails in the reference too", 2: "ok", 4: "ok"}
