@@ -118,7 +118,10 @@ def test_a_size_the_model_itself_cannot_run_is_told_apart_from_a_kiln_error(tmp_
     )
     path = tmp_path / "pairs.onnx"
     path.write_bytes(model.SerializeToString())
-    result = invoke("check", str(path), "--dim", "batch=1..4", "--json")
+    result = invoke("check", str(path), "--dim", "batch=2..4", "--json")
     assert result.exit_code == 1
     verdicts = {row["dims"]["batch"]: row["verdict"] for row in json.loads(result.stdout)["ranges"]["bindings"]}
-    assert verdicts == {1: "fails in the reference too", 2: "ok", 4: "ok"}
+    assert verdicts == {2: "ok", 3: "fails in the reference too", 4: "per-size compile"}
+    # the range's low end itself cannot compile: kiln.compile at these ranges fails, and says where
+    failed = json.loads(invoke("check", str(path), "--dim", "batch=1..4", "--json").stdout)["ranges"]
+    assert "compiling for batch=1" in failed["compile_error"] and failed["bindings"] == []
