@@ -199,6 +199,17 @@ def lower_hardmax(lw: Lowerer, node: Node) -> list[Kernel]:
     return _scan_axis(lw, node, -1, emit)
 
 
+def _scattered(reduction: str, old: Expr, new: Expr) -> Expr:
+    """What a scatter stores where ``old`` was: ``new``, or the two combined by its reduction."""
+    return {
+        "none": new,
+        "add": Binary("+", old, new),
+        "mul": Binary("*", old, new),
+        "max": Select(Binary(">", new, old), new, old),
+        "min": Select(Binary("<", new, old), new, old),
+    }[reduction]
+
+
 def lower_scatter_elements(lw: Lowerer, node: Node) -> list[Kernel]:
     data, indices, updates, out = node.inputs[0], node.inputs[1], node.inputs[2], node.outputs[0]
     assert data is not None and indices is not None and updates is not None
@@ -214,16 +225,7 @@ def lower_scatter_elements(lw: Lowerer, node: Node) -> list[Kernel]:
         at = affine(list(zip(loop, index_strides)))  # type: ignore[arg-type]
         stmts, picked = _checked_index(lw, Load(idx, at), shape[axis], code)
         target = affine([(picked if a == axis else i, data_strides[a]) for a, i in enumerate(loop)])  # type: ignore[misc]
-        new = Load(upd, at)
-        old = Load(dst, target)
-        value = {
-            "none": new,
-            "add": Binary("+", old, new),
-            "mul": Binary("*", old, new),
-            "max": Select(Binary(">", new, old), new, old),
-            "min": Select(Binary("<", new, old), new, old),
-        }[reduction]
-        return [*stmts, Store(dst, target, value)]
+        return [*stmts, Store(dst, target, _scattered(reduction, Load(dst, target), Load(upd, at)))]
 
     scatter, _ = nest(lw, index_shape, body) if 0 not in index_shape else ([], [])
     # serial: duplicate indices must be applied in order
@@ -293,15 +295,7 @@ def lower_scatter_nd(lw: Lowerer, node: Node) -> list[Kernel]:
         write.extend((loop[positions + a], data_strides[depth + a]) for a in range(len(shape) - depth))
         target = affine(write)  # type: ignore[arg-type]
         new = Load(upd, affine(list(zip(loop, update_strides))))  # type: ignore[arg-type]
-        old = Load(dst, target)
-        value = {
-            "none": new,
-            "add": Binary("+", old, new),
-            "mul": Binary("*", old, new),
-            "max": Select(Binary(">", new, old), new, old),
-            "min": Select(Binary("<", new, old), new, old),
-        }[reduction]
-        return [*stmts, Store(dst, target, value)]
+        return [*stmts, Store(dst, target, _scattered(reduction, Load(dst, target), new))]
 
     scatter, _ = nest(lw, update_shape, body) if 0 not in update_shape else ([], [])
     # serial: duplicate indices must be applied in order

@@ -135,6 +135,15 @@ def _onnx(nodes, inputs, outputs, constants):  # type: ignore[no-untyped-def]
     return import_onnx(model.SerializeToString())
 
 
+# b1 = [[0], [1], ..., [count-1]]: each sample's number, from the mask's shape
+SAMPLE_NUMBERS = [
+    ("Shape", ["mask"], ["s"]),
+    ("Gather", ["s", "zero"], ["n"], {"axis": 0}),
+    ("Range", ["zero", "n", "one"], ["b"]),
+    ("Unsqueeze", ["b", "axes"], ["b1"]),
+]
+
+
 def _mask_lookup(offsets: list[int]):  # type: ignore[no-untyped-def]
     """The exporters' per-sample mask lookup: flat_mask[b*4 + j] for j in ``offsets``, b in
     Range(0, count), gathered from the [batch, 4] mask flattened to [batch*4]."""
@@ -143,10 +152,7 @@ def _mask_lookup(offsets: list[int]):  # type: ignore[no-untyped-def]
     i64 = lambda *v: np.array(v, np.int64)  # noqa: E731
     return _onnx(
         [
-            ("Shape", ["mask"], ["s"]),
-            ("Gather", ["s", "zero"], ["n"], {"axis": 0}),
-            ("Range", ["zero", "n", "one"], ["b"]),
-            ("Unsqueeze", ["b", "axes"], ["b1"]),
+            *SAMPLE_NUMBERS,
             ("Mul", ["b1", "four"], ["start"]),
             ("Add", ["start", "offsets"], ["index"]),
             ("Reshape", ["mask", "flat"], ["m"]),
@@ -338,10 +344,7 @@ def _symbolic_mask_lookup(scale_from: str = "mask", offset: int = 0, offsets_fro
     i64 = lambda *v: np.array(v, np.int64)  # noqa: E731
     return _onnx(
         [
-            ("Shape", ["mask"], ["s"]),
-            ("Gather", ["s", "zero"], ["n"], {"axis": 0}),
-            ("Range", ["zero", "n", "one"], ["b"]),
-            ("Unsqueeze", ["b", "axes"], ["b1"]),
+            *SAMPLE_NUMBERS,
             ("Shape", [scale_from], ["s2"]),
             ("Gather", ["s2", "one"], ["seq"], {"axis": 0}),
             ("Cast", ["seq"], ["seq64"], {"to": 7}),
@@ -399,27 +402,20 @@ def test_a_per_sample_gather_elements_from_a_buffer_expanded_over_the_batch_is_s
     per-sample positions; an index gathered along the samples' dim is refused."""
     from tests.helpers import INT64
 
-    along = _onnx(
-        [
-            ("Shape", ["ids"], ["s"]),
-            ("Expand", ["buffer", "s"], ["wide"]),
-            ("GatherElements", ["wide", "ids"], ["y"], {"axis": 1}),
-        ],
-        [("ids", INT64, ["batch", 8])],
-        [("y", INT64, None)],
-        {"buffer": np.arange(8, dtype=np.int64).reshape(1, 8) * 10},
-    )
+    def gathered(axis: int):  # type: ignore[no-untyped-def]
+        return _onnx(
+            [
+                ("Shape", ["ids"], ["s"]),
+                ("Expand", ["buffer", "s"], ["wide"]),
+                ("GatherElements", ["wide", "ids"], ["y"], {"axis": axis}),
+            ],
+            [("ids", INT64, ["batch", 8])],
+            [("y", INT64, None)],
+            {"buffer": np.arange(8, dtype=np.int64).reshape(1, 8) * 10},
+        )
+
+    along, across = gathered(1), gathered(0)
     assert sample_parallel(along)["batch"] == Parallel("batch", (0,), (0,))
-    across = _onnx(
-        [
-            ("Shape", ["ids"], ["s"]),
-            ("Expand", ["buffer", "s"], ["wide"]),
-            ("GatherElements", ["wide", "ids"], ["y"], {"axis": 0}),
-        ],
-        [("ids", INT64, ["batch", 8])],
-        [("y", INT64, None)],
-        {"buffer": np.arange(8, dtype=np.int64).reshape(1, 8) * 10},
-    )
     found = sample_parallel(across)["batch"]
     assert isinstance(found, Refused) and "samples' dim" in found.reason, found
     import kiln
