@@ -48,7 +48,17 @@ class KilnGraph:
         self.weights = {
             i for i, (node, value) in enumerate(zip(placeholders, example_inputs)) if _is_weight(node, value)
         }
-        self.gm = _scalars_folded(gm, placeholders, example_inputs, self.weights)
+        # Python floats dynamo passes as 0-d tensors (``dynamic=True``; ``math.pi`` in a GELU) that
+        # are not attributes: folded at their first values like the weights' numbers, and a call
+        # with other values runs eagerly (their guard)
+        self.floats = {
+            i
+            for i, node in enumerate(placeholders)
+            if i not in self.weights and getattr(node.meta.get("grapharg"), "pass_arg_as_tensor", False)
+        }
+        self.float_values = tuple(_number(example_inputs[i]) for i in sorted(self.floats))
+        self.eager = gm.forward
+        self.gm = _scalars_folded(gm, placeholders, example_inputs, self.weights | self.floats)
         # sizes dynamo passes beside the tensors that carry them (``s0`` of a dynamic batch)
         self.sizes = {i for i, value in enumerate(example_inputs) if _is_size(value)}
         self.user = [i for i in range(len(placeholders)) if i not in self.weights and i not in self.sizes]
@@ -274,6 +284,8 @@ class KilnGraph:
         return found
 
     def __call__(self, *args: Any) -> Any:
+        if self.floats and tuple(_number(args[i]) for i in sorted(self.floats)) != self.float_values:
+            return self.eager(*args)  # a float kiln folded has another value in this call
         if self.general is not None and self.signature(args, self.general_dims) == self.general_key:
             if self.in_range(args):
                 return self.run(self.general, args)
@@ -458,6 +470,14 @@ def _scalars_folded(gm: Any, placeholders: list[Any], example_inputs: list[Any],
             user.kwargs = map_arg(user.kwargs, lambda n, twin=twin, number=number: number if n is twin else n)
         graph.erase_node(twin)
     return torch.fx.GraphModule(gm, graph)
+
+
+def _number(value: Any) -> float | None:
+    """A float dynamo passed (a 0-d tensor, or the number itself) as a number; None if it is not one."""
+    try:
+        return float(value.item() if hasattr(value, "item") else value)
+    except (TypeError, ValueError, RuntimeError):
+        return None
 
 
 def _numpy(tensor: Any) -> np.ndarray:

@@ -5,6 +5,7 @@ at run time): no C compile after the first call."""
 from __future__ import annotations
 
 import logging
+import math
 import warnings
 
 import numpy as np
@@ -119,3 +120,40 @@ def test_mark_dynamic_bounds_are_the_declared_range(caplog, builds):
     said = messages(caplog)
     assert not any("no upper bound" in m for m in said), said
     assert any("kernels take the sizes at run time" in m and "(6, 40)" in m for m in said), said
+
+
+SCALE = 2.0  # a module global float: dynamo passes it (and math.pi) as a 0-d tensor under dynamic=True
+
+
+class GeluNew(nn.Module):
+    """GPT-2/ALBERT's tanh GELU: math.sqrt(2.0 / math.pi), and a global float the caller may change."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.fc(x)
+        return 0.5 * h * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (h + 0.044715 * h**3))) * SCALE
+
+
+def test_python_floats_dynamo_passes_as_tensors_are_folded_and_guarded():
+    """They were a symbolic float (``sqrt(2.0 / zuf0)``) kiln has no conversion for, so the whole
+    graph ran eagerly; now kiln folds their values, and a call with another value runs eagerly."""
+    global SCALE
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    model = GeluNew().eval()
+    compiled = torch.compile(model, backend="kiln", dynamic=True, options={"fallback": False})
+    x = torch.randn(3, 8)
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)  # "runs eagerly" would be an error here
+        torch.testing.assert_close(compiled(x), model(x), rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(compiled(x[:2]), model(x[:2]), rtol=1e-5, atol=1e-5)
+    try:
+        SCALE = 3.0  # the folded value no longer holds: the guard runs the graph eagerly
+        with torch.no_grad():
+            torch.testing.assert_close(compiled(x), model(x), rtol=1e-5, atol=1e-5)
+    finally:
+        SCALE = 2.0
