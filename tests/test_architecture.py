@@ -26,7 +26,7 @@ LAYERS: tuple[str, ...] = (
     "kiln.diff", "kiln.conformance", "kiln.zoo", "kiln.torch_backend",  # tools on the API
     "kiln.bench",
     "kiln.tune",
-    "kiln.cli_support", "kiln.cli_check", "kiln.cli_sizes", "kiln.cli_inspect", "kiln.cli_bench", "kiln.cli_study", "kiln.cli_compile", "kiln.cli",
+    "kiln.cli_support", "kiln.cli_check_ranges", "kiln.cli_check", "kiln.cli_sizes", "kiln.cli_inspect", "kiln.cli_bench", "kiln.cli_study", "kiln.cli_compile", "kiln.cli",
     "kiln.__main__",
 )  # fmt: skip
 
