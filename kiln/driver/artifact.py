@@ -23,6 +23,7 @@ import base64
 import hashlib
 import io
 import json
+import math
 import os
 import tempfile
 import zipfile
@@ -251,9 +252,21 @@ def _json(data: bytes, name: str, path: Path) -> Any:
     if data.count(b"[") + data.count(b"{") > JSON_DEPTH:  # fewer brackets cannot nest deeper
         _check_depth(data, name, path)
     try:
-        return json.loads(data)
+        return json.loads(data, parse_constant=_non_finite, parse_float=_finite)
     except (ValueError, RecursionError) as err:
         raise ArtifactError(f"{path}: damaged artifact ({name} is not JSON: {err})") from None
+
+
+def _non_finite(text: str) -> float:
+    raise ValueError(f"{text} is no JSON number (kiln never writes one)")
+
+
+def _finite(text: str) -> float:
+    """A JSON number kiln could have written (1e400 parses as infinity: refused)."""
+    number = float(text)
+    if not math.isfinite(number):
+        raise ValueError(f"{text} is out of range")
+    return number
 
 
 def _check_depth(data: bytes, name: str, path: Path) -> None:
@@ -438,6 +451,7 @@ def read(path: str | os.PathLike) -> tuple[dict[str, Any], dict[str, bytearray],
         ValueError,
         TypeError,
         AttributeError,
+        OverflowError,
         OSError,
         zipfile.BadZipFile,
         RecursionError,

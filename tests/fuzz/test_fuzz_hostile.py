@@ -151,6 +151,22 @@ def test_artifacts_with_hostile_fields_load_right_or_give_an_artifact_error(arti
     np.testing.assert_allclose(model.run({"x": x})["y"], want, rtol=1e-5)
 
 
+@pytest.mark.parametrize("number", ["Infinity", "-Infinity", "NaN", "1e400"])
+@pytest.mark.parametrize("field", ["opt_level", "version", "variants"])
+def test_a_non_finite_number_in_an_artifacts_json_is_an_artifact_error(artifact_members, tmp_path, field, number):
+    """JSON as Python reads it takes Infinity, NaN and 1e400 (an infinite float): int() of one was
+    an OverflowError escaping the loader (found by the fuzzer above); kiln never writes one."""
+    text = artifact_members["meta.json"].decode()
+    meta = json.loads(text)
+    meta[field] = "PLACEHOLDER" if field != "variants" else [{"batch": "PLACEHOLDER"}]
+    path = tmp_path / "hostile.kiln"
+    write_signed_artifact(
+        {**artifact_members, "meta.json": json.dumps(meta).replace('"PLACEHOLDER"', number).encode()}, path
+    )
+    with pytest.raises(ArtifactError, match="damaged artifact|not a kiln artifact|newer|older"):
+        kiln.load(path)
+
+
 # -- torch modules that write their inputs and buffers -------------------------------------------------
 
 
