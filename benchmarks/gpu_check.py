@@ -77,14 +77,6 @@ def _torch_setup(device: str) -> Any:
     return torch
 
 
-def _relative_l2(got: Any, want: Any) -> float:
-    import numpy as np
-
-    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
-    norm = float(np.linalg.norm(want))
-    return float(np.linalg.norm(got - want) / (norm or 1.0))
-
-
 def _first_divergence(path: str, target: str, feeds: dict[str, Any]) -> str:
     """``kiln diff`` on ``target``: the first tensor beyond tolerance and the node that made it."""
     from kiln.cli_support import import_bound
@@ -116,6 +108,7 @@ def job_check(model: str, target: str) -> dict[str, Any]:
     """Compile ``model`` for ``target``, run it at batch 1 and compare with onnxruntime (CPU)."""
     import kiln
     from kiln import zoo
+    from kiln.zoo.check import relative_l2 as _relative_l2
     from kiln.zoo.check import run_onnxruntime
 
     device = "cpu" if target.endswith("interpret") else "cuda"

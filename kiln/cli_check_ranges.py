@@ -13,6 +13,8 @@ from typing import Any
 
 import numpy as np
 
+from kiln.zoo import check as zoo_check
+
 TOLERANCE = 1e-4  # relative L2 against the reference interpreter
 
 
@@ -66,12 +68,9 @@ def relative_l2(got: dict[str, np.ndarray], want: dict[str, np.ndarray]) -> floa
         if expected.dtype.kind not in "fc":
             worst = max(worst, 0.0 if np.array_equal(actual, expected) else float("inf"))
             continue
-        a, b = actual.astype(np.float64), expected.astype(np.float64)
-        if not np.array_equal(np.isnan(a), np.isnan(b)):
+        if not np.array_equal(np.isnan(actual), np.isnan(expected)):
             return float("inf")
-        a, b = np.nan_to_num(a, nan=0.0), np.nan_to_num(b, nan=0.0)
-        scale = float(np.linalg.norm(b))
-        worst = max(worst, float(np.linalg.norm(a - b)) / (scale if scale else 1.0))
+        worst = max(worst, zoo_check.relative_l2(np.nan_to_num(actual, nan=0.0), np.nan_to_num(expected, nan=0.0)))
     return worst
 
 

@@ -46,6 +46,8 @@ FAMILIES: dict[str, list[tuple[dict[str, int], int, int]]] = {
 }
 FAMILY = {"matmul": "gemm", "conv": "gemm", "attention": "attention"}
 TOLERANCE = 1e-5  # relative L2 between a candidate's outputs and the rendered blocks'
+Entry = tuple[Any, Launch, list[Any]]  # (Triton function, launch, its argument tensors)
+Launcher = Callable[[Any, Launch, list[Any]], None]
 
 
 def mode() -> str:
@@ -203,7 +205,7 @@ def _async_mode() -> Any:
     return found
 
 
-def precompile(work: Sequence[tuple[Any, Launch, list[Any]]]) -> float:
+def precompile(work: Sequence[Entry]) -> float:
     """Every (function, launch, arguments) compiled, in threads where this Triton can; seconds
     spent. Failures are left for the launch that needs the kernel to report."""
     started = time.perf_counter()
@@ -264,10 +266,6 @@ def agree(got: Sequence[Any], want: Sequence[Any]) -> bool:
         if float(torch.linalg.vector_norm(a64[finite] - b64[finite])) > TOLERANCE * max(scale, 1e-30):
             return False
     return True
-
-
-Entry = tuple[Any, Launch, list[Any]]  # (Triton function, launch, its argument tensors)
-Launcher = Callable[[Any, Launch, list[Any]], None]
 
 
 def cuda_clock(launch_one: Launcher) -> Callable[[Entry], float]:
