@@ -34,6 +34,7 @@ from kiln.passes.sample_index import (
     Index,
     SampleTuple,
     blocked,
+    constant_ints,
     reads_own_block,
     scatters_own_tuples,
     scatters_within_samples,
@@ -195,12 +196,7 @@ class _Analysis:
 
     def ints(self, node: Node, index: int) -> list[int] | None:
         """Input ``index`` of ``node`` when it is a constant (axes, indices, pads...)."""
-        if index >= len(node.inputs) or node.inputs[index] is None:
-            return None
-        array = self.constants.get(node.inputs[index])  # type: ignore[arg-type]
-        if array is None or array.dtype.kind not in "iu":
-            return None
-        return [int(x) for x in np.asarray(array).reshape(-1)]
+        return constant_ints(node.inputs[index], self.constants) if index < len(node.inputs) else None
 
     def visit(self, node: Node) -> None:
         read = [self.state.get(v) if v is not None else None for v in node.inputs]

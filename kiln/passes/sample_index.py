@@ -65,7 +65,8 @@ def _integer(value: Value) -> bool:
     return isinstance(value.type, TensorType) and value.type.dtype.numpy.kind in "iu"
 
 
-def _ints(value: Value | None, constants: dict[Value, np.ndarray]) -> list[int] | None:
+def constant_ints(value: Value | None, constants: dict[Value, np.ndarray]) -> list[int] | None:
+    """``value``'s integers when it is an integer constant (axes, indices, pads...), else None."""
     array = constants.get(value) if value is not None else None  # type: ignore[arg-type]
     if array is None or np.asarray(array).dtype.kind not in "iu":
         return None
@@ -80,7 +81,7 @@ def size_name(value: Value, producers: dict[Value, Node], constants: dict[Value,
     gather = _source(value, producers)
     if gather is None or gather.op != "Gather" or int(gather.attrs.get("axis", 0)) != 0:
         return None
-    index = _ints(gather.inputs[1], constants)
+    index = constant_ints(gather.inputs[1], constants)
     shape_node = producers.get(gather.inputs[0])  # type: ignore[arg-type]
     if index is None or len(index) != 1 or shape_node is None or shape_node.op != "Shape":
         return None
@@ -99,9 +100,9 @@ def range_span(value: Value, producers: dict[Value, Node], constants: dict[Value
     """``n`` when ``value``'s integers are ``Range(0, n, 1)``'s, moved or re-typed (each in
     ``[0, n)``), else None."""
     node = _source(value, producers)
-    if node is None or node.op != "Range" or _ints(node.inputs[0], constants) != [0]:
+    if node is None or node.op != "Range" or constant_ints(node.inputs[0], constants) != [0]:
         return None
-    if _ints(node.inputs[2], constants) != [1] or node.inputs[1] is None:
+    if constant_ints(node.inputs[2], constants) != [1] or node.inputs[1] is None:
         return None
     name = size_name(node.inputs[1], producers, constants)  # n read from a shape: its symbol
     if name is not None:
