@@ -7,7 +7,8 @@
 #   OUT=/tmp/isa bash benchmarks/cpu_isa_check.sh          # everything, ~8 minutes on 16 cores
 #   STEPS=tests OUT=/tmp/isa bash benchmarks/cpu_isa_check.sh
 #
-# Written for a lent machine (python3 with numpy, onnx, onnxruntime, torch, pytest-xdist; kiln from
+# Written for a lent machine (python3 with numpy, onnx, onnxruntime, torch, pytest-xdist, and
+# mlcommons-loadgen for the latency steps: the harness times with it; kiln from
 # this checkout through PYTHONPATH). Results: $OUT/isa.txt, $OUT/tests.txt, $OUT/int8.txt, $OUT/bf16.txt.
 set -u
 cd "$(dirname "$0")/.."
@@ -38,12 +39,12 @@ if [[ ,$STEPS, == *,tests,* ]]; then
         tee "$OUT/tests.txt" | tail -25
 fi
 if [[ ,$STEPS, == *,int8,* ]]; then
-    timeout 170 $PYTHON benchmarks/vs_peers.py --models "$MODELS" --precision int8 --peers onnxruntime-int8,kiln \
+    timeout ${INT8_S:-170} $PYTHON benchmarks/vs_peers.py --models "$MODELS" --precision int8 --peers onnxruntime-int8,kiln \
         --threads 2 --duration 2 --no-roofline --out "$OUT/bench-int8" --db "$OUT/bench.db" 2>"$OUT/int8.log" |
         tee "$OUT/int8.txt"
 fi
 if [[ ,$STEPS, == *,bf16,* ]]; then
-    timeout 130 $PYTHON benchmarks/vs_peers.py --models "$MODELS" --precision bf16 --peers onnxruntime,kiln \
+    timeout ${BF16_S:-130} $PYTHON benchmarks/vs_peers.py --models "$MODELS" --precision bf16 --peers onnxruntime,kiln \
         --threads 2 --duration 2 --no-roofline --out "$OUT/bench-bf16" --db "$OUT/bench.db" 2>"$OUT/bf16.log" |
         tee "$OUT/bf16.txt"
 fi
