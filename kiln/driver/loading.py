@@ -22,7 +22,7 @@ from kiln.driver.sizes import Padder
 from kiln.driver.variants import Compilation, Source
 from kiln.errors import KilnError
 from kiln.lower.target import TargetError
-from kiln.memory import return_freed
+from kiln.memory import BIG, return_freed
 
 log = logging.getLogger("kiln")
 
@@ -80,6 +80,7 @@ def load(
     reader = _reader(path, identity)
     source = Source(graph, signature=graph.signature(), loader=reader)
     compilation = Compilation(source, compiled_for, options, prebuilt=prebuilt, ahead=variants)
+    big = graph.constant_bytes() >= BIG  # a full collection costs ~1 s in a process holding millions of objects
     del graph
     model = NativeModel(compilation, parallelism, streams)
     if folder is not None:  # the libraries' folder lives as long as the model (loaded code stays mapped)
@@ -104,7 +105,7 @@ def load(
     # the variants hold their packed weights: the source graph's are read again from the file only
     # if a binding the artifact has no code for must compile
     model.release_source(reader)
-    return_freed(collect=True)
+    return_freed(collect=big)
     return model
 
 

@@ -25,7 +25,7 @@ def sanitized_env(tmp_path):
             # Python itself is not built with ASan: its allocations are not leaks to report
             "ASAN_OPTIONS": "detect_leaks=0:abort_on_error=1",
             "KILN_CACHE_DIR": str(tmp_path / "cache"),
-            "KILN_FUZZ_EXAMPLES": os.environ.get("KILN_SANITIZED_EXAMPLES", "15"),
+            "KILN_FUZZ_EXAMPLES": os.environ.get("KILN_SANITIZED_EXAMPLES", "8"),
             "PYTHONPATH": str(ROOT),
         }
     )

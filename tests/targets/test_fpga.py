@@ -40,9 +40,17 @@ def tolerance(model) -> float:
     return output_tolerance(model)
 
 
+@pytest.fixture(scope="module")
+def module_cache(tmp_path_factory):
+    return tmp_path_factory.mktemp("cache")
+
+
 @pytest.fixture(autouse=True)
-def own_cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("KILN_CACHE_DIR", str(tmp_path / "cache"))
+def own_cache(module_cache, monkeypatch):
+    """The module's own cache: a design built once is reused by the tests that build the same
+    source (a C simulation is seconds of g++); plans are not cached, so each test renders its own."""
+    monkeypatch.setenv("KILN_CACHE_DIR", str(module_cache))
+    monkeypatch.setenv("KILN_PLAN_CACHE", "0")
 
 
 @pytest.mark.parametrize("name,model,feeds", CASES, ids=[c[0] for c in CASES])

@@ -24,9 +24,17 @@ pytestmark = pytest.mark.skipif(
 FLOAT = TensorProto.FLOAT
 
 
+@pytest.fixture(scope="module")
+def module_cache(tmp_path_factory):
+    return tmp_path_factory.mktemp("cache")
+
+
 @pytest.fixture(autouse=True)
-def own_cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("KILN_CACHE_DIR", str(tmp_path / "cache"))
+def own_cache(module_cache, monkeypatch):
+    """The module's own cache: a design built once is reused by the tests that build the same
+    source (a C simulation is seconds of g++); plans are not cached, so each test renders its own."""
+    monkeypatch.setenv("KILN_CACHE_DIR", str(module_cache))
+    monkeypatch.setenv("KILN_PLAN_CACHE", "0")
 
 
 def check(model, feeds_list):  # type: ignore[no-untyped-def]
