@@ -39,7 +39,10 @@ from kiln.lower.kir import (
     Store,
     Unary,
     operands,
+    postorder,
 )
+
+DEEP = 200  # expressions nested deeper are evaluated iteratively (a closure per level would recurse)
 
 
 class NotInterpretable(Exception):
@@ -142,28 +145,41 @@ def _cast(dtype: DType, value: Any) -> Any:
     return dtype.numpy.type(wrapped)
 
 
+Evaluator = Callable[[dict[str, Any], dict[int, Any]], Any]
+
+
 class _Machine:
     def __init__(self, kernel: Kernel, buffers: dict[Buffer, np.ndarray]) -> None:
         self.kernel = kernel
         self.buffers = buffers
+        self.compiled: dict[int, tuple[Expr, Evaluator]] = {}  # by the root's identity (the root kept)
+
+    def value(self, root: Expr, env: dict[str, Any]) -> Any:
+        """``root``'s value: the expression made once into nested closures (a Python call per
+        node, not a dispatch; a node several users share is evaluated once per value asked), the
+        same C semantics as ``eval``, which deep expressions still use."""
+        entry = self.compiled.get(id(root))
+        if entry is None:
+            entry = self.compiled[id(root)] = (root, _closures(self, root))
+        return entry[1](env, {})
 
     def run(self, body: Sequence[Stmt], env: dict[str, Any]) -> None:
         for stmt in body:
             if isinstance(stmt, For):
-                start = stmt.start if isinstance(stmt.start, int) else int(self.eval(stmt.start, env))
-                stop = stmt.extent if isinstance(stmt.extent, int) else int(self.eval(stmt.extent, env))
+                start = stmt.start if isinstance(stmt.start, int) else int(self.value(stmt.start, env))
+                stop = stmt.extent if isinstance(stmt.extent, int) else int(self.value(stmt.extent, env))
                 for value in range(start, stop):
                     env[stmt.index.name] = value
                     self.run(stmt.body, env)
             elif isinstance(stmt, If):
-                if self.eval(stmt.cond, env):
+                if self.value(stmt.cond, env):
                     self.run(stmt.body, env)
             elif isinstance(stmt, (Let, Assign)):
-                env[stmt.scalar.name] = _cast(stmt.scalar.dtype, self.eval(stmt.value, env))
+                env[stmt.scalar.name] = _cast(stmt.scalar.dtype, self.value(stmt.value, env))
             elif isinstance(stmt, Store):
                 array = self.array(stmt.buffer)
-                index = self.position(stmt.buffer, self.eval(stmt.index, env))
-                value = self.eval(stmt.value, env)
+                index = self.position(stmt.buffer, self.value(stmt.index, env))
+                value = self.value(stmt.value, env)
                 array[index] = _cast(stmt.buffer.dtype, value)
             elif isinstance(stmt, ENGINE_CALLS):
                 engines.run(self, stmt)
@@ -247,6 +263,81 @@ class _Machine:
         if isinstance(e, Cast):
             return _cast(e.dtype, values[id(e.a)])
         raise TypeError(f"not a kernel-IR expression: {e!r}")
+
+
+def _closures(machine: _Machine, root: Expr) -> Evaluator:
+    """One closure per distinct node of ``root``, operands first; a shared node remembers its value
+    for the evaluation in progress (``memo``). Selects and && / || run only the operand they take."""
+    order = postorder(root)
+    depth: dict[int, int] = {}
+    users: dict[int, int] = {}
+    for node in order:
+        kids = operands(node)
+        depth[id(node)] = 1 + max((depth[id(k)] for k in kids), default=0)
+        for kid in kids:
+            users[id(kid)] = users.get(id(kid), 0) + 1
+    if depth[id(root)] > DEEP:
+        return lambda env, memo: machine.eval(root, env)
+    made: dict[int, Evaluator] = {}
+    for node in order:
+        function = _closure(machine, node, [made[id(k)] for k in operands(node)])
+        made[id(node)] = _remembered(id(node), function) if users.get(id(node), 0) > 1 else function
+    return made[id(root)]
+
+
+def _remembered(key: int, function: Evaluator) -> Evaluator:
+    def shared(env: dict[str, Any], memo: dict[int, Any]) -> Any:
+        if key in memo:
+            return memo[key]
+        value = memo[key] = function(env, memo)
+        return value
+
+    return shared
+
+
+def _closure(machine: _Machine, e: Expr, kids: list[Evaluator]) -> Evaluator:
+    if isinstance(e, Const):
+        constant = e.dtype.numpy.type(e.value) if e.dtype.is_float else int(e.value)
+        return lambda env, memo: constant
+    if isinstance(e, (Index, Scalar)):
+        name = e.name
+        return lambda env, memo: env[name]
+    if isinstance(e, Load):
+        (index,) = kids
+        buffer, integral = e.buffer, e.buffer.dtype.numpy.kind in "iub"
+
+        def load(env: dict[str, Any], memo: dict[int, Any]) -> Any:
+            value = machine.array(buffer)[machine.position(buffer, index(env, memo))]
+            return value.item() if integral else value
+
+        return load
+    if isinstance(e, Binary):
+        a, b = kids
+        if e.op == "&&":
+            return lambda env, memo: int(bool(a(env, memo)) and bool(b(env, memo)))
+        if e.op == "||":
+            return lambda env, memo: int(bool(a(env, memo)) or bool(b(env, memo)))
+        function = BINARY[e.op]
+        return lambda env, memo: function(a(env, memo), b(env, memo))
+    if isinstance(e, Unary):
+        (a,) = kids
+        unary = FUNCTIONS.get(e.op)
+        if unary is None:
+            message = f"kernel {machine.kernel.name}: no interpreter for function {e.op}"
+
+            def missing(env: dict[str, Any], memo: dict[int, Any]) -> Any:
+                raise NotInterpretable(message)
+
+            return missing
+        return lambda env, memo: unary(a(env, memo))
+    if isinstance(e, Select):
+        cond, a, b = kids
+        return lambda env, memo: a(env, memo) if cond(env, memo) else b(env, memo)
+    if isinstance(e, Cast):
+        (a,) = kids
+        dtype = e.dtype
+        return lambda env, memo: _cast(dtype, a(env, memo))
+    raise TypeError(f"not a kernel-IR expression: {e!r}")
 
 
 def run_kernel(kernel: Kernel, buffers: dict[Buffer, np.ndarray]) -> None:

@@ -249,6 +249,29 @@ def test_the_interpreter_evaluates_only_the_branch_a_select_takes_as_c_does():
     np.testing.assert_array_equal(arrays[y], [1, 0, 3, 0, -1, -1])
 
 
+@pytest.mark.timeout(60)  # evaluated as a tree, depth 60 would never end
+@pytest.mark.parametrize("depth", [60, 5000])  # closures, and the iterative walk past kir_interpreter.DEEP
+def test_the_interpreter_evaluates_a_shared_operand_once_and_any_depth(depth):
+    """Lowering shares operands: (e + e) % p nested 60 times is 2^60 nodes as a tree, and fused
+    chains nest thousands deep. Both evaluate in linear time, to C's integer result."""
+    from kiln.lower.kir import Binary
+
+    x, y = Buffer("b0", DType.INT64, 1), Buffer("b1", DType.INT64, 3)
+    i = Index("i1")
+    value = Binary("+", Load(x, i64(0)), i)
+    for _ in range(depth):
+        value = Binary("%", Binary("+", value, value), i64(1_000_003))
+    kernel = Kernel("k1", "pointwise", [For(i, 3, [Store(y, i, value)])], [x], [y], ["chain"])
+    arrays = {x: np.array([7], np.int64), y: np.zeros(3, np.int64)}
+    run_kernel(kernel, arrays)
+    expected = []
+    for start in range(7, 10):
+        for _ in range(depth):
+            start = (2 * start) % 1_000_003
+        expected.append(start)
+    np.testing.assert_array_equal(arrays[y], expected)
+
+
 def test_the_interpreter_stores_a_requantized_output_as_the_c_engine_does():
     """An int8 product's Requantize: the finished output also stored as unsigned activations,
     rint(x * inv) + zero clamped to [0, qmax], NaN -> 0, +inf -> qmax (gemm_lowp.c's formula)."""
