@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from kiln.errors import ShapeInferenceError
 from kiln.ir.types import DType, TensorType, Type
 from kiln.ops.registry import (
@@ -11,6 +13,7 @@ from kiln.ops.registry import (
     register,
     same_as_input,
 )
+from kiln.ops.symbolic_dims import clamped, scaled, scaled_parts
 
 UNARY = (
     "Abs Neg Exp Log Sqrt Reciprocal Sin Cos Tan Asin Acos Atan Sinh Cosh Asinh Acosh Atanh Tanh "
@@ -28,7 +31,66 @@ def _broadcast(ctx: InferContext, indices: range | list[int]) -> tuple | None:
 
 
 def _binary(ctx: InferContext) -> list[Type]:
+    if ctx.node.op in ("Add", "Mul", "Div"):
+        _size_arithmetic(ctx)
+    elif ctx.node.op in ("Min", "Max") and ctx.num_inputs == 2:
+        _size_bounds(ctx)
     return [TensorType(ctx.dtype(0), _broadcast(ctx, range(ctx.num_inputs)))]
+
+
+def _size_arithmetic(ctx: InferContext) -> None:
+    """Sums, products and quotients of sizes (``batch * heads``, a target shape's first element)
+    stay sizes: ints computed, a size times an int a scaled size (``batch.x4``), divided back by
+    what it was scaled with the size again, ``n + 0`` still ``n``, and a size kiln cannot name a
+    fresh symbol (unknown, but one size: a Concat of it with known sizes keeps theirs). Only where
+    every operand is a size or a number >= 0 (a divisor > 0): the result is >= 0, never the -1 an
+    exporter's Equal tests for."""
+    vectors = _shape_vectors(ctx, [0, 1])
+    op = ctx.node.op
+    if vectors is None or ctx.dtype(0).numpy.kind not in "iu":
+        return
+    result: list[Any] = []
+    for a, b in zip(*vectors):
+        if any(isinstance(x, int) and x < 0 for x in (a, b)) or (op == "Div" and not (isinstance(b, int) and b > 0)):
+            return
+        if isinstance(a, int) and isinstance(b, int):
+            result.append(a + b if op == "Add" else a * b if op == "Mul" else a // b)
+        elif op == "Add" and 0 in (a, b):
+            result.append(b if a == 0 else a)
+        elif op == "Mul" and (isinstance(a, int) or isinstance(b, int)):
+            result.append(scaled(b, a) if isinstance(a, int) else scaled(a, b))
+        elif op == "Div" and isinstance(a, str) and isinstance(b, int):
+            base, factor = scaled_parts(a) or (a, 1)
+            result.append(scaled(base, factor // b) if factor % b == 0 else ctx.fresh())
+        else:
+            result.append(ctx.fresh())
+    ctx.out_symbolic[0] = tuple(result)
+
+
+def _size_bounds(ctx: InferContext) -> None:
+    """``min(n, c)`` of a size and a number >= 0 is the clamped size ``n.minc`` (a window capped at
+    a table's length: ``min(seq, 2048)``); min and max of ints computed, of a size with itself that
+    size, ``max(n, 0)`` n; any other pair of sizes a fresh size (>= 0 too)."""
+    vectors = _shape_vectors(ctx, [0, 1])
+    if vectors is None or ctx.dtype(0).numpy.kind not in "iu":
+        return
+    lowest = ctx.node.op == "Min"
+    result: list[Any] = []
+    for a, b in zip(*vectors):
+        if any(isinstance(x, int) and x < 0 for x in (a, b)):
+            return
+        if isinstance(a, int) and isinstance(b, int):
+            result.append(min(a, b) if lowest else max(a, b))
+        elif a == b:
+            result.append(a)
+        elif lowest and (isinstance(a, int) or isinstance(b, int)):
+            size, cap = (b, a) if isinstance(a, int) else (a, b)
+            result.append(0 if cap == 0 else clamped(size, cap))
+        elif not lowest and 0 in (a, b):
+            result.append(b if a == 0 else a)
+        else:
+            result.append(ctx.fresh())
+    ctx.out_symbolic[0] = tuple(result)
 
 
 def _compare(ctx: InferContext) -> list[Type]:

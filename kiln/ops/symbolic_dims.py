@@ -26,6 +26,42 @@ def clamped(symbol: str, dim: int) -> str:
     return f"{symbol}{CLAMPED}{dim}"
 
 
+SCALED = ".x"  # "batch.x4": 4 * batch (heads folded into the batch: [batch, 4, seq] -> [batch*4, seq])
+
+
+def scaled(symbol: str, factor: int) -> Dim:
+    """The dim ``factor * symbol``: one name per product, so every value holding that product has
+    the same dim; specialize binds it with its symbol (``bound``)."""
+    base, times = scaled_parts(symbol) or (symbol, 1)
+    factor *= times
+    return 0 if factor == 0 else base if factor == 1 else f"{base}{SCALED}{factor}"
+
+
+def scaled_parts(name: str) -> tuple[str, int] | None:
+    """``(s, k)`` of a ``scaled(s, k)`` name, else None."""
+    base, found, factor = name.rpartition(SCALED)
+    return (base, int(factor)) if found and base and factor.isdigit() and int(factor) > 1 else None
+
+
+def bound(name: str, dims: Any) -> Dim:
+    """``name``'s value under a binding of symbols to ints (``dims``: a mapping), or ``name``."""
+    if name in dims:
+        return dims[name]
+    parts = scaled_parts(name)
+    if parts is not None and isinstance(bound(parts[0], dims), int):
+        return parts[1] * bound(parts[0], dims)  # type: ignore[operator]
+    return name
+
+
+def named(ctx: Any, product: Monomial) -> Dim:
+    """A product of dims as a dim: an int, one symbol scaled, else a fresh symbol."""
+    if not product.symbols or product.coefficient == 0:
+        return product.coefficient
+    if len(product.symbols) == 1:
+        return scaled(product.symbols[0], product.coefficient)
+    return ctx.fresh()
+
+
 def clamped_base(name: str) -> str | None:
     """``s`` of a ``clamped(s, d)`` name, else None."""
     base, found, bound = name.rpartition(CLAMPED)
@@ -56,45 +92,30 @@ def sliced_to_sizes(ctx: Any, dims: list[Dim], starts: list, ends: tuple, axes: 
 
 
 def symbolic_product(ctx: Any, dims: tuple[Dim, ...] | list[Dim]) -> Dim:
-    """The product of dims: an int, a symbol when it is one symbol times 1s, else a fresh symbol."""
-    static = dim_product([d for d in dims if isinstance(d, int)])
-    symbols = [d for d in dims if isinstance(d, str)]
-    if not symbols:
-        return int(static or 0) if static is not None else ctx.fresh()
-    if len(symbols) == 1 and static == 1:
-        return symbols[0]
-    return 0 if static == 0 else ctx.fresh()
+    """The product of dims: an int, one symbol (scaled by the ints), else a fresh symbol."""
+    return named(ctx, Monomial.of(dims))
 
 
 def quotient(ctx: Any, numerator: list[Dim], denominator: list[Dim]) -> Dim:
-    """prod(numerator) / prod(denominator) with symbols cancelled where they match."""
-    numerator, denominator = list(numerator), list(denominator)
-    for dim in [d for d in denominator if isinstance(d, str)]:
-        if dim in numerator:
-            numerator.remove(dim)
-            denominator.remove(dim)
-    if any(isinstance(d, str) for d in denominator):
+    """prod(numerator) / prod(denominator) with symbols cancelled where they match (a scaled
+    symbol counts as its factor times the symbol)."""
+    top, bottom = Monomial.of(numerator), Monomial.of(denominator)
+    cancelled = top.divided(Monomial(1, bottom.symbols))
+    if cancelled is None:
         return ctx.fresh()
-    divisor = dim_product(denominator)
-    static = dim_product([d for d in numerator if isinstance(d, int)])
-    symbols = [d for d in numerator if isinstance(d, str)]
-    if divisor == 0 and static == 0 and not symbols:
-        # NumPy and onnxruntime refuse this too: any size fits
-        raise ShapeInferenceError("-1 is ambiguous: the tensor has 0 elements and the other dims multiply to 0")
-    if divisor == 0 and static and not symbols:
-        raise ShapeInferenceError(f"cannot reshape {static} elements: the other dims multiply to 0")
-    if divisor is None or divisor == 0 or static is None:
+    static, divisor = cancelled.coefficient, bottom.coefficient
+    if not cancelled.symbols:
+        if divisor == 0 and static == 0:
+            # NumPy and onnxruntime refuse this too: any size fits
+            raise ShapeInferenceError("-1 is ambiguous: the tensor has 0 elements and the other dims multiply to 0")
+        if divisor == 0:
+            raise ShapeInferenceError(f"cannot reshape {static} elements: the other dims multiply to 0")
+        if static % divisor:
+            raise ShapeInferenceError(f"cannot reshape: {static} elements into a multiple of {divisor}")
+        return static // divisor
+    if divisor == 0 or static % divisor:
         return ctx.fresh()
-    if static % divisor:
-        if symbols:
-            return ctx.fresh()
-        raise ShapeInferenceError(f"cannot reshape: {static} elements into a multiple of {divisor}")
-    rest = static // divisor
-    if not symbols:
-        return rest
-    if len(symbols) == 1 and rest == 1:
-        return symbols[0]
-    return ctx.fresh()
+    return named(ctx, Monomial(static // divisor, cancelled.symbols))
 
 
 @dataclass(frozen=True)
@@ -108,8 +129,17 @@ class Monomial:
 
     @staticmethod
     def of(dims: tuple | list) -> Monomial:
-        ints = [d for d in dims if isinstance(d, int)]
-        return Monomial(math.prod(ints), tuple(sorted(d for d in dims if isinstance(d, str))))
+        coefficient, symbols = 1, []
+        for dim in dims:
+            parts = scaled_parts(dim) if isinstance(dim, str) else None
+            if isinstance(dim, int):
+                coefficient *= dim
+            elif parts is not None:
+                coefficient *= parts[1]
+                symbols.append(parts[0])
+            else:
+                symbols.append(dim)
+        return Monomial(coefficient, tuple(sorted(symbols)))
 
     def __mul__(self, other: Monomial) -> Monomial:
         return Monomial(self.coefficient * other.coefficient, tuple(sorted(self.symbols + other.symbols)))

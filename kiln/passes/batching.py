@@ -167,6 +167,15 @@ class _Analysis:
     def ancestors(self, value: Value) -> list[Node]:
         return ancestors(self.graph, self.producers(), value)
 
+    def per_of(self, value: Value, axis: int) -> Monomial:
+        """Indices per sample along ``axis`` as ``value``'s type names the dim: ``batch.x4`` (the
+        count of a value whose samples span 4 indices each, [batch*4, ...]) is 4; 1 otherwise."""
+        shape = value.type.shape if isinstance(value.type, TensorType) else None
+        if not shape or not isinstance(shape[axis], str):
+            return ONE
+        per = Monomial.of([shape[axis]]).divided(Monomial(1, (self.symbol,)))
+        return per if per is not None and per.coefficient else ONE
+
     def mask_of(self, value: Value | None, state: State) -> tuple[bool, ...] | None:
         """Which elements of a 1-D shape vector may be the count (None: unknown)."""
         if isinstance(state, Sizes):
@@ -334,7 +343,16 @@ class _Analysis:
                 raise Refused(node.label, "a shape from the count of samples that its output type does not show")
             if op == "Reshape" and first is not None:
                 raise Refused(node.label, "reshapes a value computed from the count of samples")
-            return [Batched(axis)]
+            return [Batched(axis, self.per_of(node.outputs[0], axis))]
+        if op == "Tile" and first is None and isinstance(read[1], Sizes) and read[1].mask is not None:
+            # a value the same for every sample, tiled once per sample along one dim: each
+            # sample's block is one copy ([4, 16, 16] tiled [batch, 1, 1]: 4 rows per sample)
+            shape_in = node.inputs[0].type.shape  # type: ignore[union-attr]
+            mask = read[1].mask
+            if shape_in is not None and sum(mask) == 1 and len(mask) == len(shape_in):
+                per = Monomial.of([shape_in[mask.index(True)]])
+                if per.coefficient:
+                    return [Batched(mask.index(True), per)]
         if not all(s is None or isinstance(s, Sizes) for s in read):
             raise Refused(node.label, "computes with the count of samples")
         mask = first.mask if isinstance(first, Sizes) else None

@@ -11,6 +11,7 @@ from collections.abc import Mapping
 
 from kiln.ir.graph import Graph, Node, Value
 from kiln.ir.types import OptionalType, SequenceType, TensorType, Type
+from kiln.ops.symbolic_dims import bound
 
 
 def bind_type(value_type: Type, dims: Mapping[str, int]) -> Type:
@@ -18,7 +19,7 @@ def bind_type(value_type: Type, dims: Mapping[str, int]) -> Type:
         if value_type.shape is None:
             return value_type
         return TensorType(
-            value_type.dtype, tuple(dims.get(d, d) if isinstance(d, str) else d for d in value_type.shape)
+            value_type.dtype, tuple(bound(d, dims) if isinstance(d, str) else d for d in value_type.shape)
         )
     if isinstance(value_type, (SequenceType, OptionalType)):
         return type(value_type)(bind_type(value_type.elem, dims))

@@ -499,3 +499,112 @@ def test_a_scatter_nd_writing_across_samples_is_refused():
     )
     found = sample_parallel(graph)["batch"]
     assert isinstance(found, Refused), found
+
+
+def _heads_folded_by_a_computed_count(tile: bool = False):  # type: ignore[no-untyped-def]
+    """BLOOM's ALiBi and GPT-Neo's heads: [batch, seq, 64] -> [batch, 4, seq, 16] -> a Reshape to
+    [Shape(x)[0] * 4, -1, 16] (the target computed from the count), Softmax, back to [batch, seq, 64].
+    With ``tile``, DeBERTa's relative positions too: a [4, 16, 16] table tiled [Shape(x)[0], 1, 1]
+    (once per sample) and multiplied in."""
+    from tests.helpers import FLOAT
+
+    i64 = lambda *v: np.array(v, np.int64)  # noqa: E731
+    nodes = [
+        ("Reshape", ["x", "split"], ["h"]),
+        ("Transpose", ["h"], ["t"], {"perm": [0, 2, 1, 3]}),
+        ("Shape", ["x"], ["s"]),
+        ("Gather", ["s", "zero"], ["n"], {"axis": 0}),
+        ("Mul", ["n", "heads"], ["nh"]),
+        ("Unsqueeze", ["nh", "axes"], ["nh1"]),
+        ("Concat", ["nh1", "minus_one", "sixteen"], ["target"], {"axis": 0}),
+        ("Reshape", ["t", "target"], ["folded"]),
+        ("Softmax", ["folded"], ["p"], {"axis": -1}),
+        ("Unsqueeze", ["n", "axes"], ["count"]),
+    ]
+    constants = {
+        "split": i64(0, -1, 4, 16),
+        "zero": np.array(0, np.int64),
+        "heads": np.array(4, np.int64),
+        "axes": i64(0),
+        "minus_one": i64(-1),
+        "sixteen": i64(16),
+        "four": i64(4),
+        "merge": i64(0, 0, 64),
+    }
+    last = "p"
+    if tile:
+        nodes += [
+            ("Concat", ["count", "one", "one"], ["repeats"], {"axis": 0}),
+            ("Tile", ["table", "repeats"], ["tiled"]),
+            ("MatMul", ["p", "tiled"], ["q"]),
+        ]
+        constants.update(one=i64(1), table=RNG.standard_normal((4, 16, 16)).astype(np.float32))
+        last = "q"
+    nodes += [
+        ("Concat", ["count", "four", "minus_one", "sixteen"], ["back"], {"axis": 0}),
+        ("Reshape", [last, "back"], ["u"]),
+        ("Transpose", ["u"], ["v"], {"perm": [0, 2, 1, 3]}),
+        ("Reshape", ["v", "merge"], ["y"]),
+    ]
+    from onnx import helper
+
+    from tests.helpers import make_model
+
+    made = [helper.make_node(*n[:3], **(n[3] if len(n) > 3 else {})) for n in nodes]
+    return make_model(made, [("x", FLOAT, ["batch", "seq", 64])], [("y", FLOAT, None)], constants).SerializeToString()
+
+
+@pytest.mark.parametrize("tile", [False, True], ids=["alibi-heads", "tiled-relative-table"])
+def test_a_reshape_or_tile_by_the_count_times_a_number_is_sample_parallel_and_runs_at_every_batch(tile):
+    """The count times 4 is the dim ``batch.x4`` (not a fresh symbol): the Reshape's -1 is ``seq``
+    and each sample spans 4 indices of the folded dim; a table tiled once per sample is the same."""
+    import onnxruntime
+
+    import kiln
+    from kiln.driver.variants import plans_compiled
+    from kiln.frontend.onnx import import_onnx
+
+    model_bytes = _heads_folded_by_a_computed_count(tile)
+    graph = import_onnx(model_bytes)
+    folded = next(n for n in graph.nodes if n.outputs[0].name == "folded")
+    assert folded.outputs[0].type.shape == ("batch.x4", "seq", 16)
+    if tile:
+        tiled = next(n for n in graph.nodes if n.op == "Tile")
+        assert tiled.outputs[0].type.shape == ("batch.x4", 16, 16)
+    assert sample_parallel(graph)["batch"] == Parallel("batch", (0,), (0,))
+    session = onnxruntime.InferenceSession(model_bytes, providers=["CPUExecutionProvider"])
+    model = kiln.compile(model_bytes, dims={"batch": "1..8", "seq": 16})
+    compiled = plans_compiled()
+    for batch in (1, 3, 8, 5):
+        x = RNG.standard_normal((batch, 16, 64)).astype(np.float32)
+        np.testing.assert_allclose(model.run({"x": x})["y"], session.run(None, {"x": x})[0], rtol=1e-5, atol=1e-6)
+    assert plans_compiled() == compiled
+
+
+def test_sizes_scaled_clamped_and_divided_keep_their_names():
+    from kiln.ops.symbolic_dims import Monomial, bound, scaled, scaled_parts
+
+    assert scaled("batch", 4) == "batch.x4" and scaled("batch.x4", 3) == "batch.x12" and scaled("batch", 1) == "batch"
+    assert scaled("batch", 0) == 0 and scaled_parts("batch.x4") == ("batch", 4) and scaled_parts("batch.xy") is None
+    assert Monomial.of(["batch.x4", "seq", 16]) == Monomial(64, ("batch", "seq"))
+    assert bound("batch.x4", {"batch": 3}) == 12 and bound("seq.x2", {"batch": 3}) == "seq.x2"
+    from tests.helpers import FLOAT
+
+    i64 = lambda *v: np.array(v, np.int64)  # noqa: E731
+    graph = _onnx(
+        [
+            ("Shape", ["x"], ["s"]),
+            ("Gather", ["s", "one"], ["len"], {"axis": 0}),
+            ("Min", ["len", "cap"], ["capped"]),
+            ("Mul", ["len", "three"], ["tripled"]),
+            ("Div", ["tripled", "three"], ["again"]),
+            ("Unsqueeze", ["capped", "axes"], ["c1"]),
+            ("Unsqueeze", ["again", "axes"], ["a1"]),
+            ("Concat", ["c1", "a1"], ["target"], {"axis": 0}),
+            ("ConstantOfShape", ["target"], ["y"]),
+        ],
+        [("x", FLOAT, ["batch", "seq"])],
+        [("y", FLOAT, None)],
+        {"one": np.array(1, np.int64), "cap": np.array(512, np.int64), "three": np.array(3, np.int64), "axes": i64(0)},
+    )
+    assert graph.outputs[0].type.shape == ("seq.min512", "seq")

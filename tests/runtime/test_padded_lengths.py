@@ -457,3 +457,39 @@ def test_what_mixes_positions_is_refused_naming_its_node(why, body, outputs, sai
             *body,
         ]
     assert said in refusal(body, outputs), why
+
+
+def test_a_slice_at_half_a_static_dim_read_from_a_shape_with_the_batch_unbound_pads():
+    """Llama's rotate_half as TorchScript writes it: ``x[..., : x.shape[-1] // 2]`` with the end a
+    Shape -> Gather -> Div of a [batch, seq, 8] tensor (batch unbound): the end folds to 4 at any
+    batch, so the slice is along another dim and the length still pads; at every length the run
+    matches onnxruntime."""
+    import onnxruntime
+
+    from kiln.frontend.onnx import import_onnx
+    from kiln.passes.padding import Padding, paddable
+
+    body = [
+        helper.make_node("Shape", ["x"], ["s"]),
+        helper.make_node("Gather", ["s", "minus_one"], ["d"], axis=0),
+        helper.make_node("Div", ["d", "two"], ["half"]),
+        helper.make_node("Unsqueeze", ["half", "zero"], ["end"]),
+        helper.make_node("Slice", ["x", "zero", "end", "minus_one1"], ["first"]),
+        helper.make_node("Slice", ["x", "end", "big", "minus_one1"], ["second"]),
+        helper.make_node("Neg", ["second"], ["negated"]),
+        helper.make_node("Concat", ["negated", "first"], ["y"], axis=-1),
+    ]
+    weights = {
+        "minus_one": np.array(-1, np.int64),
+        "minus_one1": np.array([-1], np.int64),
+        "two": np.array(2, np.int64),
+        "zero": np.array([0], np.int64),
+        "big": np.array([1 << 40], np.int64),
+    }
+    model = make_model(body, [("x", FLOAT, ["batch", "seq", 8])], [("y", FLOAT, None)], weights, opset=18)
+    assert isinstance(paddable(import_onnx(model), "seq"), Padding)
+    compiled = kiln.compile(model, dims={"batch": 2, "seq": "1..12"})
+    session = onnxruntime.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    for length in (1, 5, 12):
+        x = np.random.default_rng(length).standard_normal((2, length, 8)).astype(np.float32)
+        np.testing.assert_array_equal(compiled.run({"x": x})["y"], session.run(None, {"x": x})[0])
