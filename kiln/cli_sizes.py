@@ -48,7 +48,7 @@ def dim_sizes(graph, ranges: dict[str, str]) -> dict:  # type: ignore[no-untyped
             "padded": None,
         }
         if name != chunked and bounds and bounds[1] <= MAX_CLASS:  # a declared range: may it pad?
-            padding = paddable(graph, name, bounds[0])
+            padding = paddable(graph, name, bounds[0], bounds[1])
             if isinstance(padding, Padding):
                 report[name].update(padded=list(padded_classes(bounds)), masks=len(padding.masks), reason="")
             else:
@@ -72,7 +72,7 @@ def run_time_kernels(graph, sizes: dict, binding: dict, target, options, progres
         lengths = extents.samples(*found["range"]) if found.get("padded") else None
         if not lengths:
             continue
-        padded = pad(graph, paddable(graph, name, found["range"][0]))  # type: ignore[arg-type]
+        padded = pad(graph, paddable(graph, name, *found["range"]))  # type: ignore[arg-type]
         others = {k: v for k, v in binding.items() if k != name}
         others.update({k: (s["range"] or [1])[0] or 1 for k, s in sizes.items() if k != name and k not in others})
         report: dict = {"lowered": list(lengths), "floor": min(lengths), "refused": "", "kernels": []}

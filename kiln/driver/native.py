@@ -254,7 +254,7 @@ class NativeModel(Model):
                 for symbol, (low, high) in self.ranges.items():
                     if (chunked is not None and chunked.symbol == symbol) or high > MAX_CLASS:
                         continue
-                    found = paddable(self.graph, symbol, low)
+                    found = paddable(self.graph, symbol, low, high)
                     if isinstance(found, Padding):
                         given = self.size_classes.get(symbol)
                         lengths = None

@@ -33,6 +33,8 @@ def _broadcast(ctx: InferContext, indices: range | list[int]) -> tuple | None:
 def _binary(ctx: InferContext) -> list[Type]:
     if ctx.node.op in ("Add", "Mul", "Div"):
         _size_arithmetic(ctx)
+    elif ctx.node.op == "Sub":
+        _size_difference(ctx)
     elif ctx.node.op in ("Min", "Max") and ctx.num_inputs == 2:
         _size_bounds(ctx)
     return [TensorType(ctx.dtype(0), _broadcast(ctx, range(ctx.num_inputs)))]
@@ -64,6 +66,25 @@ def _size_arithmetic(ctx: InferContext) -> None:
             result.append(scaled(base, factor // b) if factor % b == 0 else ctx.fresh())
         else:
             result.append(ctx.fresh())
+    ctx.out_symbolic[0] = tuple(result)
+
+
+def _size_difference(ctx: InferContext) -> None:
+    """A size minus itself is 0 (``key_length - query_length`` of one length: a causal window's
+    start), minus 0 itself, ints computed; any other difference may be negative: no contents."""
+    vectors = _shape_vectors(ctx, [0, 1])
+    if vectors is None or ctx.dtype(0).numpy.kind not in "iu":
+        return
+    result: list[Any] = []
+    for a, b in zip(*vectors):
+        if isinstance(a, int) and isinstance(b, int):
+            result.append(a - b)
+        elif a == b:
+            result.append(0)
+        elif b == 0:
+            result.append(a)
+        else:
+            return
     ctx.out_symbolic[0] = tuple(result)
 
 

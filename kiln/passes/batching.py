@@ -30,6 +30,7 @@ from kiln.ir.graph import Graph, Node, Value, free_values
 from kiln.ir.types import TensorType
 from kiln.ops.registry import has_trait
 from kiln.ops.symbolic_dims import ONE, Monomial, dim_product
+from kiln.passes.op_axes import works_along
 from kiln.passes.sample_index import (
     Index,
     SampleTuple,
@@ -536,50 +537,6 @@ class _Analysis:
         assert isinstance(b, Batched)
         return out_rank - b_rank + b.axis if b.axis < b_rank - 2 else out_rank - 1
 
-    def axes(self, node: Node, rank: int) -> set[int] | None:
-        """The dims ``node`` works along, from its attributes or constant inputs (None: unknown)."""
-        op, attrs = node.op, node.attrs
-        if op in ("Softmax", "LogSoftmax", "Hardmax"):
-            return {int(attrs.get("axis", -1)) % rank}
-        if op == "LayerNormalization":
-            return set(range(int(attrs.get("axis", -1)) % rank, rank))
-        if op == "Flatten":
-            axis = int(attrs.get("axis", 1)) % (rank + 1)
-            return set(range(rank)) if axis == 0 else set(range(axis - 1, rank))
-        if op == "TopK":
-            return {int(attrs.get("axis", -1)) % rank}
-        if op == "CumSum":
-            given = self.ints(node, 1)
-            return None if given is None else {g % rank for g in given}
-        if op.startswith("Reduce"):
-            given = list(attrs["axes"]) if "axes" in attrs else self.ints(node, 1)
-            if given is None:
-                return None if len(node.inputs) > 1 and node.inputs[1] is not None else set(range(rank))
-            if not given:
-                return set() if attrs.get("noop_with_empty_axes") else set(range(rank))
-            return {g % rank for g in given}
-        if op == "Slice":
-            given = self.ints(node, 3)
-            if given is None:
-                return None if len(node.inputs) > 3 and node.inputs[3] is not None else set(range(rank))
-            return {g % rank for g in given}
-        if op in ("Pad", "Tile"):
-            amounts = self.ints(node, 1)
-            if amounts is None:
-                return None
-            if op == "Tile":
-                return {i for i, r in enumerate(amounts) if r != 1}
-            pad_axes = self.ints(node, 3) if len(node.inputs) > 3 and node.inputs[3] is not None else list(range(rank))
-            if pad_axes is None:
-                return None
-            n = len(pad_axes)
-            return {pad_axes[i] % rank for i in range(n) if amounts[i] or amounts[i + n]}
-        if has_trait(op, "", "axis") and "axis" in attrs:
-            return {int(attrs["axis"]) % rank}
-        if has_trait(op, "", "axis"):
-            return None
-        return None
-
     def along_axes(self, node: Node, read: list[State], batched: list[tuple[int, int]]) -> None:
         """Ops along some dims (softmax, reductions, concat, gather, split, slice, pad, tile...):
         allowed when the samples' dim is not one of them."""
@@ -597,7 +554,7 @@ class _Analysis:
         joins = node.op == "Concat" or (node.op in ("GatherElements", "ScatterElements") and alike)
         if others and (not joins or any(axis != data_axis for axis in others)):
             raise Refused(node.label, "samples in an operand other than the data")
-        axes = self.axes(node, rank_of(node.inputs[0]))
+        axes = works_along(node, rank_of(node.inputs[0]), self.ints)
         if axes is None:
             raise Refused(node.label, "dims kiln cannot read at compile time")
         if data_axis in axes:

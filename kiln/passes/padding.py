@@ -48,10 +48,11 @@ from kiln.passes.padding_states import (  # noqa: F401 - the analysis' states, r
 I64, BOOL = DType.from_short("i64"), DType.from_short("bool")
 
 
-def paddable(graph: Graph, symbol: str, low: int = 1) -> Padding | Refused:
+def paddable(graph: Graph, symbol: str, low: int = 1, high: int | None = None) -> Padding | Refused:
     """Whether ``symbol`` may be padded (lengths ``>= low`` run: a constant index below ``low``
-    along the dim is a valid position in every run), and with which masks; or why not."""
-    return Analysis(graph, symbol, max(int(low), 1)).run()
+    along the dim is a valid position in every run; ``high``, when given, the longest length
+    padded to: ``min(length, c)`` with ``c >= high`` is the length), and with which masks; or why not."""
+    return Analysis(graph, symbol, max(int(low), 1), high).run()
 
 
 class _Writer:

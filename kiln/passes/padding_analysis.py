@@ -28,10 +28,11 @@ class Analysis(PositionRules):
     """The dataflow: states of values, the length's arithmetic, flat indices and merged rows
     (``PositionRules``: the ops on padded values)."""
 
-    def __init__(self, graph: Graph, symbol: str, low: int) -> None:
+    def __init__(self, graph: Graph, symbol: str, low: int, high: int | None = None) -> None:
         self.graph = graph
         self.symbol = symbol
         self.low = low
+        self.high = high  # the longest padded length (None: unknown)
         self.state: dict[Value, State] = {}
         self.masks: list[Mask] = []
         self._producers: dict[Value, Node] | None = None
@@ -211,7 +212,17 @@ class Analysis(PositionRules):
                 and self.is_length(length)
             ):
                 return [Stride()]
+        if op in ("Min", "Max") and len(read) == 2:
+            bounded = self.bounded_length(node, read)
+            if bounded is not None:
+                return [bounded]
+        if op in SHAPE_ARITHMETIC and len(node.outputs) == 1 and self.constant(node.outputs[0]) is not None:
+            return [None]  # the same at every length (key_length - query_length: 0)
         mask = first.mask if isinstance(first, Sizes) else None
+        if op == "Slice" and mask is not None and isinstance(first, Sizes):
+            piece = self.sliced_sizes(node, mask)
+            if piece is not False:
+                return [piece]
         if op in ("Shape", "Size"):
             return [None]
         if op in ("Cast", "Identity", "Squeeze", "Unsqueeze", "Reshape", "Flatten") and isinstance(first, Sizes):
@@ -247,6 +258,33 @@ class Analysis(PositionRules):
         if op in SHAPE_ARITHMETIC:
             return [Sizes(None)]
         raise Refused(node.label, "computes with the length")
+
+    def sliced_sizes(self, node: Node, mask: tuple[bool, ...]) -> Sizes | bool | None:
+        """A piece of a shape vector (``Shape(k)[-2:-1]``, a length read from a key's shape): which
+        of its elements are the length (None: none is); False when kiln cannot read the slice."""
+        starts, ends, axes, steps = (self.ints(node, i) for i in (1, 2, 3, 4))
+        if starts is None or ends is None or len(starts) != 1 or axes not in (None, [0], [-1]):
+            return False
+        chosen = tuple(mask[slice(starts[0], ends[0], (steps or [1])[0])])
+        return Sizes(chosen) if any(chosen) else None
+
+    def bounded_length(self, node: Node, read: list[State]) -> Sizes | None:
+        """``min(length, c)`` with c at least the longest padded length (a window capped at a
+        table's size: ``min(seq, 2048)``), or ``max(length, c)`` with c at most the shortest: the
+        length itself at every length that runs; None for anything else."""
+        sizes = [(i, s) for i, s in enumerate(read) if isinstance(s, Sizes)]
+        if len(sizes) != 1 or sizes[0][1].mask is None:
+            return None
+        state, bound = sizes[0][1], self.ints(node, 1 - sizes[0][0])
+        if bound is None or len(bound) not in (1, len(state.mask)):
+            return None
+        bound = bound * len(state.mask) if len(bound) == 1 else bound
+        for is_length, c in zip(state.mask, bound):
+            if is_length and not (
+                (node.op == "Min" and self.high is not None and c >= self.high) or (node.op == "Max" and c <= self.low)
+            ):
+                return None
+        return state
 
     def slice_to_length(self, node: Node, read: list[State]) -> State:
         """A Slice of a length-independent value whose ends are computed from the length (a

@@ -377,11 +377,14 @@ class PositionRules:
                 kept.remove(axis)  # a prefix every length has
                 continue
             raise Refused(node.label, "slices the padded dim at positions not valid at every length")
-        if isinstance(ends_state, Sizes) and any(
-            m for m, axis in zip(ends_state.mask or (True,), axes) if axis not in data.axes
-        ):
-            raise Refused(node.label, "slices another dim to the length")
-        return Padded(tuple(kept)) if kept else None
+        if isinstance(ends_state, Sizes):
+            for i, axis in enumerate(axes):
+                if axis in data.axes or not (ends_state.mask is None or ends_state.mask[i]):
+                    continue
+                if ends_state.mask is None or starts[i] != 0 or (steps and steps[i] != 1):
+                    raise Refused(node.label, "slices another dim to the length")
+                kept.append(axis)  # [0:length] of a dim of the padded value's own: positions too (a causal table)
+        return Padded(tuple(sorted(kept))) if kept else None
 
     def index_tuple(self, node: Node, read: list[State]) -> IndexTuple | None:
         """A Concat along a last dim of 1s of positions and values independent of them: index

@@ -493,3 +493,54 @@ def test_a_slice_at_half_a_static_dim_read_from_a_shape_with_the_batch_unbound_p
     for length in (1, 5, 12):
         x = np.random.default_rng(length).standard_normal((2, length, 8)).astype(np.float32)
         np.testing.assert_array_equal(compiled.run({"x": x})["y"], session.run(None, {"x": x})[0])
+
+
+def test_a_causal_window_cut_from_a_table_with_computed_ends_pads_and_runs_every_length():
+    """GPT-Neo's causal mask as both exporters write it: ``bias[k - q : k, :k]`` of a [64, 64]
+    table, ``k`` and ``q`` read from shapes (``k - q`` is 0 at every length), the end capped at the
+    table (``min(seq, 64)``, dynamo's guard), sliced along a dim of the table's own; the length
+    pads (0 compiles after kiln.compile) and every length matches onnxruntime."""
+    import onnxruntime
+
+    from kiln.driver.variants import plans_compiled
+    from kiln.frontend.onnx import import_onnx
+    from kiln.passes.padding import Padding, paddable
+
+    body = [
+        helper.make_node("Transpose", ["x"], ["xt"], perm=[0, 2, 1]),
+        helper.make_node("MatMul", ["x", "xt"], ["scores"]),
+        helper.make_node("Shape", ["x"], ["s"], start=1, end=2),
+        helper.make_node("Squeeze", ["s", "zero"], ["k"]),
+        helper.make_node("Shape", ["scores"], ["s2"]),
+        helper.make_node("Slice", ["s2", "minus_two", "minus_one", "zero"], ["q1"]),
+        helper.make_node("Squeeze", ["q1", "zero"], ["q"]),
+        helper.make_node("Sub", ["k", "q"], ["start0"]),
+        helper.make_node("Min", ["k", "cap"], ["end0"]),
+        helper.make_node("Unsqueeze", ["start0", "zero"], ["start"]),
+        helper.make_node("Unsqueeze", ["end0", "zero"], ["end"]),
+        helper.make_node("Slice", ["table", "start", "end", "zero"], ["rows"]),
+        helper.make_node("Slice", ["rows", "zero", "end", "one"], ["window"]),
+        helper.make_node("Where", ["window", "scores", "lowest"], ["masked"]),
+        helper.make_node("Softmax", ["masked"], ["p"], axis=-1),
+        helper.make_node("MatMul", ["p", "x"], ["y"]),
+    ]
+    weights = {
+        "zero": np.array([0], np.int64),
+        "one": np.array([1], np.int64),
+        "minus_one": np.array([-1], np.int64),
+        "minus_two": np.array([-2], np.int64),
+        "cap": np.array(64, np.int64),
+        "table": np.tril(np.ones((64, 64), bool)),
+        "lowest": np.array(-3.4e38, np.float32),
+    }
+    model = make_model(body, [("x", FLOAT, ["batch", "seq", WIDTH])], [("y", FLOAT, None)], weights, opset=18)
+    graph = import_onnx(model)
+    assert isinstance(paddable(graph, "seq", 1, 12), Padding)
+    assert not isinstance(paddable(graph, "seq", 1, 100), Padding)  # min(seq, 64) is not the length past 64
+    compiled = kiln.compile(model, dims={"batch": 2, "seq": "1..12"})
+    before = plans_compiled()
+    session = onnxruntime.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    for length in (1, 4, 7, 12):
+        x = np.random.default_rng(length).standard_normal((2, length, WIDTH)).astype(np.float32)
+        np.testing.assert_allclose(compiled.run({"x": x})["y"], session.run(None, {"x": x})[0], rtol=1e-5, atol=1e-6)
+    assert plans_compiled() == before
