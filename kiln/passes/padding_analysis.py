@@ -216,8 +216,8 @@ class Analysis(PositionRules):
             bounded = self.bounded_length(node, read)
             if bounded is not None:
                 return [bounded]
-        if op in SHAPE_ARITHMETIC and len(node.outputs) == 1 and self.constant(node.outputs[0]) is not None:
-            return [None]  # the same at every length (key_length - query_length: 0)
+        if op == "Sub" and all(isinstance(s, Sizes) and s.mask == (True,) for s in read):
+            return [None]  # the length minus the length (key_length - query_length): 0 at every length
         mask = first.mask if isinstance(first, Sizes) else None
         if op == "Slice" and mask is not None and isinstance(first, Sizes):
             piece = self.sliced_sizes(node, mask)
