@@ -29,6 +29,9 @@ SIZES = [(1, 16), (1, 1), (8, 64), (3, 7), (5, 13), (8, 1)]
         ("gpt2", "dynamo"),  # tokens flattened to rows
         ("albert", "torchscript"),  # heads folded into the batch; the mask flattened, read at b*seq + j
         ("roberta", "dynamo"),  # position ids: a per-sample GatherElements from a buffer expanded over the batch
+        ("bloom", "torchscript"),  # ALiBi: [batch*heads, 1, seq] reshaped by a target computed from the count
+        ("gpt-neo", "dynamo"),  # a causal window cut from a table, its end min(seq, 2048): the length pads
+        ("llama", "torchscript"),  # rotate_half's end x.shape[-1] // 2 read with the batch unbound: pads
     ],
 )
 def test_an_export_with_symbolic_sizes_runs_every_size_without_compiling_again(name, exporter, monkeypatch):
