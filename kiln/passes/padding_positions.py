@@ -61,6 +61,13 @@ class PositionRules:
             return [self.slice(node, read)]
         if op == "GatherElements" and read[0] is None and isinstance(read[1], Padded):
             return [Padded(read[1].axes)]  # out[i] = data[... index[i] ...]: position-wise on the indices
+        if op == "GatherElements" and isinstance(first, Padded) and isinstance(read[1], (Padded, type(None))):
+            # along a dim that is not padded (DeBERTa's relative positions: scores gathered along
+            # their table of 2 * span by position differences): each valid position reads its own row
+            axis = int(node.attrs.get("axis", 0)) % rank_of(node.inputs[0])
+            if axis in first.axes:
+                raise Refused(node.label, "gathers along the padded dim by indices kiln cannot bound")
+            return [Padded(tuple(sorted(set(first.axes) | set(read[1].axes if read[1] else ()))))]
         if op == "Trilu" and isinstance(first, Padded) and not any(read[1:]):
             return [Padded(first.axes)]  # kept or zeroed by (row, column): position-wise
         if op == "CumSum" and isinstance(first, Padded) and not any(read[1:]):

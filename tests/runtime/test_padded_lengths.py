@@ -544,3 +544,55 @@ def test_a_causal_window_cut_from_a_table_with_computed_ends_pads_and_runs_every
         x = np.random.default_rng(length).standard_normal((2, length, WIDTH)).astype(np.float32)
         np.testing.assert_allclose(compiled.run({"x": x})["y"], session.run(None, {"x": x})[0], rtol=1e-5, atol=1e-6)
     assert plans_compiled() == before
+
+
+def test_relative_positions_gathered_from_a_table_of_distances_pad_and_run_every_length():
+    """DeBERTa's content-to-position scores: ``c2p = x @ table^T`` ([batch, seq, 2*span]) gathered
+    along its table dim by the clamped distance ``clip(i - j + span, 0, 2*span - 1)`` of positions
+    from ``Range(0, seq)``: a gather along a dim that is not padded, each valid (i, j) reading its own
+    row, so the length pads; every length matches onnxruntime with no compile after kiln.compile."""
+    import onnxruntime
+
+    from kiln.driver.variants import plans_compiled
+    from kiln.frontend.onnx import import_onnx
+    from kiln.passes.padding import Padding, paddable
+
+    span = 3
+    body = [
+        helper.make_node("MatMul", ["x", "table_t"], ["c2p"]),
+        helper.make_node("Shape", ["x"], ["s"]),
+        helper.make_node("Gather", ["s", "one"], ["length"], axis=0),
+        helper.make_node("Range", ["zero", "length", "one"], ["positions"]),
+        helper.make_node("Unsqueeze", ["positions", "last"], ["rows"]),
+        helper.make_node("Unsqueeze", ["positions", "first"], ["cols"]),
+        helper.make_node("Sub", ["rows", "cols"], ["distance"]),
+        helper.make_node("Add", ["distance", "span"], ["shifted"]),
+        helper.make_node("Clip", ["shifted", "zero", "top"], ["index2"]),
+        helper.make_node("Slice", ["s", "first", "two"], ["batch_and_length"]),
+        helper.make_node("Slice", ["s", "last1", "two"], ["length1"]),
+        helper.make_node("Concat", ["batch_and_length", "length1"], ["target"], axis=0),
+        helper.make_node("Expand", ["index2", "target"], ["index"]),
+        helper.make_node("GatherElements", ["c2p", "index"], ["scores"], axis=2),
+        helper.make_node("Softmax", ["scores"], ["p"], axis=-1),
+        helper.make_node("MatMul", ["p", "x"], ["y"]),
+    ]
+    weights = {
+        "table_t": np.random.default_rng(0).standard_normal((WIDTH, 2 * span)).astype(np.float32),
+        "zero": np.array(0, np.int64),
+        "one": np.array(1, np.int64),
+        "span": np.array(span, np.int64),
+        "top": np.array(2 * span - 1, np.int64),
+        "first": np.array([0], np.int64),
+        "last": np.array([-1], np.int64),
+        "last1": np.array([1], np.int64),
+        "two": np.array([2], np.int64),
+    }
+    model = make_model(body, [("x", FLOAT, ["batch", "seq", WIDTH])], [("y", FLOAT, None)], weights, opset=18)
+    assert isinstance(paddable(import_onnx(model), "seq", 1, 12), Padding)
+    compiled = kiln.compile(model, dims={"batch": 2, "seq": "1..12"})
+    before = plans_compiled()
+    session = onnxruntime.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    for length in (1, 5, 8, 12):
+        x = np.random.default_rng(length).standard_normal((2, length, WIDTH)).astype(np.float32)
+        np.testing.assert_allclose(compiled.run({"x": x})["y"], session.run(None, {"x": x})[0], rtol=1e-5, atol=1e-6)
+    assert plans_compiled() == before
