@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
 
 from kiln.errors import ShapeInferenceError
-from kiln.ir.types import DType, TensorType, Type
+from kiln.ir.types import Dim, DType, TensorType, Type
 from kiln.ops.registry import (
     InferContext,
     broadcast_shapes,
@@ -31,87 +31,82 @@ def _broadcast(ctx: InferContext, indices: range | list[int]) -> tuple | None:
 
 
 def _binary(ctx: InferContext) -> list[Type]:
-    if ctx.node.op in ("Add", "Mul", "Div"):
-        _size_arithmetic(ctx)
-    elif ctx.node.op == "Sub":
-        _size_difference(ctx)
-    elif ctx.node.op in ("Min", "Max") and ctx.num_inputs == 2:
-        _size_bounds(ctx)
+    element = SIZE_RULES.get(ctx.node.op) if ctx.num_inputs == 2 else None
+    if element is not None:
+        _size_contents(ctx, element)
     return [TensorType(ctx.dtype(0), _broadcast(ctx, range(ctx.num_inputs)))]
 
 
-def _size_arithmetic(ctx: InferContext) -> None:
+def _size_contents(ctx: InferContext, element: Callable[[InferContext, Dim, Dim], Dim | None]) -> None:
+    """Arithmetic on shape vectors keeps their contents as sizes, element by element (``element``
+    returns None where the result may not be a size: then the vector has no contents)."""
+    vectors = _shape_vectors(ctx, [0, 1])
+    if vectors is None or ctx.dtype(0).numpy.kind not in "iu":
+        return
+    result = [element(ctx, a, b) for a, b in zip(*vectors)]
+    if None not in result:
+        ctx.out_symbolic[0] = tuple(result)  # type: ignore[arg-type]
+
+
+def _size_arithmetic(ctx: InferContext, a: Dim, b: Dim) -> Dim | None:
     """Sums, products and quotients of sizes (``batch * heads``, a target shape's first element)
     stay sizes: ints computed, a size times an int a scaled size (``batch.x4``), divided back by
     what it was scaled with the size again, ``n + 0`` still ``n``, and a size kiln cannot name a
     fresh symbol (unknown, but one size: a Concat of it with known sizes keeps theirs). Only where
-    every operand is a size or a number >= 0 (a divisor > 0): the result is >= 0, never the -1 an
+    both operands are sizes or numbers >= 0 (a divisor > 0): the result is >= 0, never the -1 an
     exporter's Equal tests for."""
-    vectors = _shape_vectors(ctx, [0, 1])
     op = ctx.node.op
-    if vectors is None or ctx.dtype(0).numpy.kind not in "iu":
-        return
-    result: list[Any] = []
-    for a, b in zip(*vectors):
-        if any(isinstance(x, int) and x < 0 for x in (a, b)) or (op == "Div" and not (isinstance(b, int) and b > 0)):
-            return
-        if isinstance(a, int) and isinstance(b, int):
-            result.append(a + b if op == "Add" else a * b if op == "Mul" else a // b)
-        elif op == "Add" and 0 in (a, b):
-            result.append(b if a == 0 else a)
-        elif op == "Mul" and (isinstance(a, int) or isinstance(b, int)):
-            result.append(scaled(b, a) if isinstance(a, int) else scaled(a, b))
-        elif op == "Div" and isinstance(a, str) and isinstance(b, int):
-            base, factor = scaled_parts(a) or (a, 1)
-            result.append(scaled(base, factor // b) if factor % b == 0 else ctx.fresh())
-        else:
-            result.append(ctx.fresh())
-    ctx.out_symbolic[0] = tuple(result)
+    if any(isinstance(x, int) and x < 0 for x in (a, b)) or (op == "Div" and not (isinstance(b, int) and b > 0)):
+        return None
+    if isinstance(a, int) and isinstance(b, int):
+        return a + b if op == "Add" else a * b if op == "Mul" else a // b
+    if op == "Add" and 0 in (a, b):
+        return b if a == 0 else a
+    if op == "Mul" and (isinstance(a, int) or isinstance(b, int)):
+        return scaled(b, a) if isinstance(a, int) else scaled(a, b)  # type: ignore[arg-type]
+    if op == "Div" and isinstance(a, str) and isinstance(b, int):
+        base, factor = scaled_parts(a) or (a, 1)
+        return scaled(base, factor // b) if factor % b == 0 else ctx.fresh()
+    return ctx.fresh()
 
 
-def _size_difference(ctx: InferContext) -> None:
+def _size_difference(ctx: InferContext, a: Dim, b: Dim) -> Dim | None:
     """A size minus itself is 0 (``key_length - query_length`` of one length: a causal window's
     start), minus 0 itself, ints computed; any other difference may be negative: no contents."""
-    vectors = _shape_vectors(ctx, [0, 1])
-    if vectors is None or ctx.dtype(0).numpy.kind not in "iu":
-        return
-    result: list[Any] = []
-    for a, b in zip(*vectors):
-        if isinstance(a, int) and isinstance(b, int):
-            result.append(a - b)
-        elif a == b:
-            result.append(0)
-        elif b == 0:
-            result.append(a)
-        else:
-            return
-    ctx.out_symbolic[0] = tuple(result)
+    if isinstance(a, int) and isinstance(b, int):
+        return a - b
+    if a == b:
+        return 0
+    return a if b == 0 else None
 
 
-def _size_bounds(ctx: InferContext) -> None:
+def _size_bounds(ctx: InferContext, a: Dim, b: Dim) -> Dim | None:
     """``min(n, c)`` of a size and a number >= 0 is the clamped size ``n.minc`` (a window capped at
     a table's length: ``min(seq, 2048)``); min and max of ints computed, of a size with itself that
     size, ``max(n, 0)`` n; any other pair of sizes a fresh size (>= 0 too)."""
-    vectors = _shape_vectors(ctx, [0, 1])
-    if vectors is None or ctx.dtype(0).numpy.kind not in "iu":
-        return
     lowest = ctx.node.op == "Min"
-    result: list[Any] = []
-    for a, b in zip(*vectors):
-        if any(isinstance(x, int) and x < 0 for x in (a, b)):
-            return
-        if isinstance(a, int) and isinstance(b, int):
-            result.append(min(a, b) if lowest else max(a, b))
-        elif a == b:
-            result.append(a)
-        elif lowest and (isinstance(a, int) or isinstance(b, int)):
-            size, cap = (b, a) if isinstance(a, int) else (a, b)
-            result.append(0 if cap == 0 else clamped(size, cap))
-        elif not lowest and 0 in (a, b):
-            result.append(b if a == 0 else a)
-        else:
-            result.append(ctx.fresh())
-    ctx.out_symbolic[0] = tuple(result)
+    if any(isinstance(x, int) and x < 0 for x in (a, b)):
+        return None
+    if isinstance(a, int) and isinstance(b, int):
+        return min(a, b) if lowest else max(a, b)
+    if a == b:
+        return a
+    if lowest and (isinstance(a, int) or isinstance(b, int)):
+        size, cap = (b, a) if isinstance(a, int) else (a, b)
+        return 0 if cap == 0 else clamped(size, cap)  # type: ignore[arg-type]
+    if not lowest and 0 in (a, b):
+        return b if a == 0 else a
+    return ctx.fresh()
+
+
+SIZE_RULES: dict[str, Callable[[InferContext, Dim, Dim], Dim | None]] = {
+    "Add": _size_arithmetic,
+    "Mul": _size_arithmetic,
+    "Div": _size_arithmetic,
+    "Sub": _size_difference,
+    "Min": _size_bounds,
+    "Max": _size_bounds,
+}
 
 
 def _compare(ctx: InferContext) -> list[Type]:

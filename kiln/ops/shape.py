@@ -269,18 +269,14 @@ def _expand(ctx: InferContext) -> list[Type]:
 
 def _tile(ctx: InferContext) -> list[Type]:
     data = ctx.tensor(0)
-    repeats = ctx.ints_value(1)
     if data.shape is None:
         return [TensorType(data.dtype, None)]
-    if repeats is None:  # repeats from sizes (deberta's relative positions, once per sample): their product
-        counts = ctx.dims_value(1)
-        if counts is None or len(counts) != len(data.shape) or any(isinstance(c, int) and c < 0 for c in counts):
-            return [TensorType(data.dtype, ctx.fresh_shape(len(data.shape)))]
-        return [TensorType(data.dtype, tuple(symbolic_product(ctx, [d, c]) for d, c in zip(data.shape, counts)))]
-    dims = [
-        d * r if isinstance(d, int) else symbolic_product(ctx, [d, r]) for d, r in zip(data.shape, repeats, strict=True)
-    ]
-    return [TensorType(data.dtype, tuple(dims))]
+    counts = ctx.dims_value(1)  # ints, or sizes (DeBERTa's relative positions repeated once per sample)
+    if counts is not None and len(counts) != len(data.shape):
+        raise ShapeInferenceError(f"Tile of a rank-{len(data.shape)} tensor by {len(counts)} repeats")
+    if counts is None or any(isinstance(c, int) and c < 0 for c in counts):
+        return [TensorType(data.dtype, ctx.fresh_shape(len(data.shape)))]
+    return [TensorType(data.dtype, tuple(symbolic_product(ctx, [d, c]) for d, c in zip(data.shape, counts)))]
 
 
 def _pad(ctx: InferContext) -> list[Type]:

@@ -48,9 +48,8 @@ def bound(name: str, dims: Any) -> Dim:
     if name in dims:
         return dims[name]
     parts = scaled_parts(name)
-    if parts is not None and isinstance(bound(parts[0], dims), int):
-        return parts[1] * bound(parts[0], dims)  # type: ignore[operator]
-    return name
+    base = bound(parts[0], dims) if parts is not None else None
+    return parts[1] * base if parts is not None and isinstance(base, int) else name
 
 
 def named(ctx: Any, product: Monomial) -> Dim:
