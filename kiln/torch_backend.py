@@ -18,7 +18,6 @@ Registered as ``kiln`` through the ``torch_dynamo_backends`` entry point (no imp
 from __future__ import annotations
 
 import logging
-import re
 import threading
 import warnings
 from collections.abc import Callable
@@ -27,6 +26,20 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from kiln.errors import KilnError
+from kiln.frontend.dynamo_graph import (
+    concrete,
+    dynamic_dims,
+    example,
+    fixed_sizes,
+    is_size,
+    is_weight,
+    linear_as_matmul,
+    scalars_folded,
+    static_context,
+    symbol_bounds,
+    unified,
+    writes_as_outputs,
+)
 
 log = logging.getLogger("kiln.torch_backend")
 
@@ -46,7 +59,7 @@ class KilnGraph:
         # dynamo passes a module's parameters, buffers and other attributes as graph inputs:
         # they are weights (constants kiln folds and packs), read when the graph compiles
         self.weights = {
-            i for i, (node, value) in enumerate(zip(placeholders, example_inputs)) if _is_weight(node, value)
+            i for i, (node, value) in enumerate(zip(placeholders, example_inputs)) if is_weight(node, value)
         }
         # Python floats dynamo passes as 0-d tensors (``dynamic=True``; ``math.pi`` in a GELU) that
         # are not attributes: folded at their first values like the weights' numbers, and a call
@@ -58,19 +71,22 @@ class KilnGraph:
         }
         self.float_values = tuple(_number(example_inputs[i]) for i in sorted(self.floats))
         self.eager = gm.forward
-        self.gm = _scalars_folded(gm, placeholders, example_inputs, self.weights | self.floats)
+        self.gm = scalars_folded(gm, placeholders, example_inputs, self.weights | self.floats)
         # sizes dynamo passes beside the tensors that carry them (``s0`` of a dynamic batch)
-        self.sizes = {i for i, value in enumerate(example_inputs) if _is_size(value)}
+        self.sizes = {i for i, value in enumerate(example_inputs) if is_size(value)}
         self.user = [i for i in range(len(placeholders)) if i not in self.weights and i not in self.sizes]
-        self.dynamic = _dynamic_dims(placeholders)  # input position -> {dim: dynamo's symbol}
-        self.bounds = _symbol_bounds(placeholders)  # dynamo's symbol -> (low, high or None: unbounded)
+        # input position -> {dim: dynamo's symbol}; equal sizes at the same dim of two inputs one
+        # symbol (a guard: a call where they differ compiles alone)
+        traced = dynamic_dims(placeholders)
+        self.dynamic = unified(traced, example_inputs)
+        self.bounds = symbol_bounds(placeholders)  # dynamo's symbol -> (low, high or None: unbounded)
         output = next(n for n in gm.graph.nodes if n.op == "output")
         self.single = not isinstance(output.args[0], (tuple, list))
         # each size argument's tensor and dim (where dynamo's symbol first appears)
         self.size_carriers: dict[int, tuple[int, int]] = {}
         for i in self.sizes:
-            symbol = str(_example(placeholders[i]))
-            carrier = next(((j, d) for j, dims in self.dynamic.items() for d, s in dims.items() if s == symbol), None)
+            symbol = str(example(placeholders[i]))
+            carrier = next(((j, d) for j, dims in traced.items() for d, s in dims.items() if s == symbol), None)
             if carrier is None:
                 raise KilnError(f"dynamo passes the size {symbol}, which no input tensor carries")
             self.size_carriers[i] = carrier
@@ -155,6 +171,11 @@ class KilnGraph:
         """Whether the general model's declared ranges hold ``args``' sizes; a size above an
         unbounded dim's range widens it (the next compile serves it), one below it compiles alone."""
         fits = True
+        sizes: dict[str, int] = {}
+        for position, dims in self.general_dims.items():
+            for d, symbol in dims.items():
+                if sizes.setdefault(symbol, int(args[position].shape[d])) != int(args[position].shape[d]):
+                    return False  # dims the model holds equal differ in this call
         for (position, d), (low, high) in self.general_ranges.items():
             size = int(args[position].shape[d])
             if size > high:
@@ -199,18 +220,21 @@ class KilnGraph:
         # functional forms first, and writes to the graph's inputs copy_ nodes at its end
         with torch.no_grad(), torch._guards.tracing(None):
             traced = make_fx(
-                functionalize(self.gm, remove="mutations_and_views"),
+                functionalize(linear_as_matmul(self.gm) if symbolic else self.gm, remove="mutations_and_views"),
                 decomposition_table=decompositions(),
                 tracing_mode="symbolic" if symbolic else "fake",
             )(*fakes)
-        writes = _writes_as_outputs(traced)
+        writes = writes_as_outputs(traced)
         state = set(writes) & self.weights
         if state:  # a buffer the graph writes (a counter, BatchNorm's running statistics) is read every call
             self.weights -= state
             self.user = sorted({*self.user, *state})
         # placeholders typed by the fakes (symbolic dims), weights' values from the real tensors
         examples = [args[i] if i in self.weights else fake for i, fake in enumerate(fakes)]
+        fixed = fixed_sizes(fakes)
         graph = import_traced(traced, examples, self.weights)
+        if fixed_sizes(fakes) != fixed:  # a converter read a symbolic size as its example's number
+            raise KilnError(f"converting the trace fixed the sizes {sorted(fixed_sizes(fakes) - fixed)}")
         if symbolic and all(v.type.is_static for v in graph.inputs):  # type: ignore[union-attr]
             raise KilnError("the trace specialized every dynamic size")
         log.info(
@@ -242,20 +266,33 @@ class KilnGraph:
         """Fake tensors to trace with, in a fake mode of kiln's own: the dims in ``symbolic``
         symbols, the rest static; each size argument the size of the tensor that carries it."""
         import torch
+        from torch._dynamo.source import ConstantSource
         from torch._subclasses.fake_tensor import FakeTensorMode
-        from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
+        from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv
 
-        mode = FakeTensorMode(shape_env=ShapeEnv(), allow_non_fake_inputs=False)
+        env = ShapeEnv()
+        mode = FakeTensorMode(shape_env=env, allow_non_fake_inputs=False)
+        shared: dict[str, Any] = {}  # dynamo's symbol -> this trace's: dims dynamo found equal stay one
         fakes: list[Any] = []
         for i, arg in enumerate(args):
             if not isinstance(arg, torch.Tensor):
                 fakes.append(arg)
                 continue
             dynamic = symbolic.get(i, {})
-            context = StatelessSymbolicContext(
-                dynamic_sizes=[DimDynamic.DYNAMIC if d in dynamic else DimDynamic.STATIC for d in range(arg.dim())]
-            )
-            fakes.append(mode.from_tensor(arg, symbolic_context=context))
+            if not dynamic:
+                fakes.append(mode.from_tensor(arg, symbolic_context=static_context(arg)))
+                continue
+            sizes = []
+            for d, size in enumerate(arg.shape):
+                if d not in dynamic:
+                    sizes.append(int(size))
+                    continue
+                if dynamic[d] not in shared:
+                    source = ConstantSource(f"kiln_{dynamic[d]}")
+                    shared[dynamic[d]] = env.create_unspecified_symint_and_symbol(int(size), source, DimDynamic.DYNAMIC)
+                sizes.append(shared[dynamic[d]])
+            with mode:
+                fakes.append(torch.empty(sizes, dtype=arg.dtype, device=arg.device))
         for i, (carrier, dim) in self.size_carriers.items():
             fakes[i] = fakes[carrier].shape[dim]  # a symbol, or the call's number
         return fakes
@@ -331,147 +368,6 @@ class Compiled(NamedTuple):
     writes: tuple[int, ...]
 
 
-def _writes_as_outputs(traced: Any) -> list[int]:
-    """A functionalized trace's writes to its placeholders (``copy_(input, value)``, what
-    ``functionalize`` leaves of ``x.mul_(2)`` or ``self.count += 1``) become its last outputs;
-    returns the placeholders' positions in the order of those outputs (the last write of each)."""
-    import torch
-
-    placeholders = [n for n in traced.graph.nodes if n.op == "placeholder"]
-    output = next(n for n in traced.graph.nodes if n.op == "output")
-    written: dict[int, Any] = {}
-    for node in list(traced.graph.nodes):
-        if node.op == "call_function" and node.target is torch.ops.aten.copy_.default and node.args[0] in placeholders:
-            destination = placeholders.index(node.args[0])
-            with traced.graph.inserting_before(node):
-                value = traced.graph.call_function(torch.ops.aten.copy.default, tuple(node.args), dict(node.kwargs))
-            value.meta = dict(node.meta)
-            node.replace_all_uses_with(value)
-            traced.graph.erase_node(node)
-            written.pop(destination, None)  # the last write of a placeholder is the one kept
-            written[destination] = value
-    if written:
-        results = output.args[0]
-        results = list(results) if isinstance(results, (list, tuple)) else [results]
-        output.args = (tuple(results + list(written.values())),)
-        traced.recompile()
-    return list(written)
-
-
-def _is_size(value: Any) -> bool:
-    import torch
-
-    return isinstance(value, torch.SymInt) or (isinstance(value, int) and not isinstance(value, bool))
-
-
-def _example(node: Any) -> Any:
-    return node.meta.get("example_value", node.meta.get("val"))
-
-
-def _dynamic_dims(placeholders: list[Any]) -> dict[int, dict[int, str]]:
-    """Per input position, the dims dynamo traced as symbols (its placeholders' example values)."""
-    import torch
-
-    found: dict[int, dict[int, str]] = {}
-    for i, node in enumerate(placeholders):
-        value = _example(node)
-        if not isinstance(value, torch.Tensor):
-            continue
-        dims = {
-            d: str(size.node.expr)
-            for d, size in enumerate(value.shape)
-            if isinstance(size, torch.SymInt) and not size.node.expr.is_number
-        }
-        if dims:
-            found[i] = dims
-    return found
-
-
-def _symbol_bounds(placeholders: list[Any]) -> dict[str, tuple[int, int | None]]:
-    """Dynamo's value range of each symbolic input dim (``mark_dynamic``'s min and max; its
-    upper bound None where it has none)."""
-    import torch
-
-    found: dict[str, tuple[int, int | None]] = {}
-    for node in placeholders:
-        value = _example(node)
-        if not isinstance(value, torch.Tensor):
-            continue
-        for size in value.shape:
-            if not isinstance(size, torch.SymInt) or size.node.expr.is_number:
-                continue
-            bounds = size.node.shape_env.var_to_range.get(size.node.expr)
-            low = max(1, _finite(getattr(bounds, "lower", None)) or 1)
-            high = _finite(getattr(bounds, "upper", None))  # None: int_oo, unbounded
-            found[str(size.node.expr)] = (low, high if high is None or high >= low else None)
-    return found
-
-
-def _finite(bound: Any) -> int | None:
-    """A sympy bound as an int (None: infinite, or not a number)."""
-    if isinstance(bound, int):
-        return bound
-    if not getattr(bound, "is_Integer", False):  # sympy's Integer (torch's int_oo is not one)
-        return None
-    return int(bound)
-
-
-def _concrete(value: Any) -> bool:
-    """A real tensor or number (not one of dynamo's symbolic sizes or fake tensors)."""
-    import torch
-
-    if isinstance(value, torch.Tensor):
-        return all(isinstance(d, int) for d in value.shape) and not type(value).__name__.startswith("Fake")
-    return isinstance(value, (int, float, bool))
-
-
-def _is_weight(node: Any, value: Any) -> bool:
-    """A tensor dynamo reached through an attribute (``L['self']._modules['fc']._parameters['weight']``,
-    a BatchNorm's ``eps`` under ``dynamic=True``), not a call's argument (``L['x']``, ``L['args'][0]``)
-    or a global (which may change between calls)."""
-    import torch
-
-    if isinstance(value, torch.nn.Parameter):
-        return True
-    source = getattr(node.meta.get("grapharg"), "source", None)
-    name = getattr(source, "name", None)
-    name = name() if callable(name) else name
-    if not isinstance(name, str):  # no source recorded: dynamo's placeholder names
-        return "_parameters_" in node.name or "_buffers_" in node.name
-    match = re.match(r"L\[[^\]]*\](\[[^\]]*\])*", name)
-    return match is not None and name[match.end() :].startswith(".") and isinstance(value, torch.Tensor)
-
-
-def _scalars_folded(gm: Any, placeholders: list[Any], example_inputs: list[Any], weights: set[int]) -> Any:
-    """A copy of ``gm`` whose ``weight.item()`` calls are the weights' numbers (dynamo passes a
-    module's float attributes as 0-d tensors under ``dynamic=True``; tracing ``item`` on a fake
-    tensor would be a data-dependent size)."""
-    import copy
-
-    import torch
-    from torch.fx.node import map_arg
-
-    items = [
-        (node, example_inputs[placeholders.index(node.args[0])].item())
-        for node in gm.graph.nodes
-        if node.op == "call_method"
-        and node.target == "item"
-        and node.args[0] in placeholders
-        and placeholders.index(node.args[0]) in weights
-    ]
-    if not items:
-        return gm
-    graph = copy.deepcopy(gm.graph)
-    mapping = {old: new for old, new in zip(gm.graph.nodes, graph.nodes)}
-    for node, number in items:
-        twin = mapping[node]
-        for user in list(twin.users):
-            user.args = map_arg(user.args, lambda n, twin=twin, number=number: number if n is twin else n)
-            user.kwargs = map_arg(user.kwargs, lambda n, twin=twin, number=number: number if n is twin else n)
-        graph.erase_node(twin)
-    return torch.fx.GraphModule(gm, graph)
-
-
 def _number(value: Any) -> float | None:
     """A float dynamo passed (a 0-d tensor, or the number itself) as a number; None if it is not one."""
     try:
@@ -506,11 +402,11 @@ def kiln_backend(gm: Any, example_inputs: list[Any], options: dict[str, Any] | N
         return _eager(gm, settings, str(err))
     except Exception as err:
         return _eager(gm, settings, f"kiln bug reading this graph ({type(err).__name__}: {err})")
-    if compiled.dynamic and all(_concrete(a) or _is_size(a) for a in example_inputs):
+    if compiled.dynamic and all(concrete(a) or is_size(a) for a in example_inputs):
         compiled.compile_general(tuple(example_inputs))  # dims dynamo made dynamic: symbolic
         if compiled.general is not None:
             return compiled
-    if all(_concrete(a) for a in example_inputs):
+    if all(concrete(a) for a in example_inputs):
         # convert and compile now, without running (dynamo calls what is returned: running here
         # too would apply a graph's writes to its inputs twice): an op kiln lacks falls back here
         found = compiled.prepare(tuple(example_inputs))

@@ -117,7 +117,15 @@ def _identity(fx: FxConverter, x: Value, **kwargs: Any) -> Value:
 def _copy(fx: FxConverter, dest: Value, source: Value, non_blocking: bool = False) -> Value:
     """dest's shape and type, source's values (broadcast)."""
     value = source if source.type.dtype is dest.type.dtype else fx.one("Cast", [source], to=dest.type.dtype.onnx_code)  # type: ignore[union-attr]
-    return fx.one("Expand", [value, fx.ints(fx.shape(dest))]) if fx.shape(value) != fx.shape(dest) else value
+    if fx.shape(value) == fx.shape(dest):
+        return value
+    return fx.one("Expand", [value, _shape_of(fx, dest)])
+
+
+def _shape_of(fx: FxConverter, x: Value) -> Value:
+    """``x``'s shape as a value: constants, or read at run time where a dim is symbolic."""
+    shape = fx.shape(x)
+    return fx.ints(shape) if all(isinstance(d, int) for d in shape) else fx.one("Shape", [x])
 
 
 @converts("aten._assert_tensor_metadata.default")
@@ -130,6 +138,23 @@ def _rsqrt(fx: FxConverter, x: Value) -> Value:
     return fx.one("Reciprocal", [fx.one("Sqrt", [x])])
 
 
+def _promoted(fx: FxConverter, a: Value, b: Value) -> tuple[Value, Value]:
+    """Two tensors of different dtypes in torch's type promotion: a float beats an integer or a
+    bool (``slopes * arange(n)``: BLOOM's ALiBi), the wider of two floats or two integers wins."""
+    types = [getattr(v.type, "dtype", None) for v in (a, b)]
+    if None in types or types[0] is types[1]:
+        return a, b
+
+    def rank(dtype: Any) -> tuple[int, int]:
+        kind = dtype.numpy.kind
+        return ({"b": 0, "u": 1, "i": 1, "f": 2}.get(kind, 3), dtype.numpy.itemsize)
+
+    wanted = max(types, key=rank)  # type: ignore[arg-type]
+    return tuple(  # type: ignore[return-value]
+        v if t is wanted else fx.one("Cast", [v], to=wanted.onnx_code) for v, t in zip((a, b), types)
+    )
+
+
 def _binary(op: str) -> Converter:
     def convert(fx: FxConverter, a: Any, b: Any, alpha: Any = 1, rounding_mode: Any = None) -> Value:
         if rounding_mode is not None:
@@ -138,6 +163,7 @@ def _binary(op: str) -> Converter:
         b_value = fx.tensor(b, a_value)
         if alpha != 1:
             b_value = fx.one("Mul", [b_value, fx.tensor(alpha, b_value)])
+        a_value, b_value = _promoted(fx, a_value, b_value)
         return fx.one(op, [a_value, b_value])
 
     return convert
@@ -298,11 +324,17 @@ def _masked_fill(fx: FxConverter, x: Value, mask: Value, value: Any) -> Value:
 
 @converts("aten.full_like.default")
 def _full_like(fx: FxConverter, x: Value, value: Any, dtype: Any = None, **kwargs: Any) -> Value:
-    return _copy(
-        fx,
-        x if dtype is None else fx.const(np.zeros(fx.shape(x), torch_dtype(dtype).numpy)),
-        fx.tensor(value, x),
-    )
+    if dtype is None or all(isinstance(d, int) for d in fx.shape(x)):
+        return _copy(
+            fx,
+            x if dtype is None else fx.const(np.zeros(fx.shape(x), torch_dtype(dtype).numpy)),
+            fx.tensor(value, x),
+        )
+    fill = fx.tensor(value, x)  # a symbolic shape in another dtype: the value cast, expanded to x's shape
+    wanted = torch_dtype(dtype)
+    if fill.type.dtype is not wanted:  # type: ignore[union-attr]
+        fill = fx.one("Cast", [fill], to=wanted.onnx_code)
+    return fx.one("Expand", [fill, fx.one("Shape", [x])])
 
 
 CONVERTERS["aten.zeros_like.default"] = lambda fx, x, dtype=None, **kwargs: _full_like(fx, x, 0, dtype)
@@ -466,8 +498,12 @@ def _flatten(fx: FxConverter, x: Value, start: int = 0, end: int = -1) -> Value:
 @converts("aten.slice.Tensor", "aten.slice_copy.Tensor")
 def _slice(fx: FxConverter, x: Value, dim: int = 0, start: Any = None, end: Any = None, step: int = 1) -> Value:
     size = fx.shape(x)[fx.axis(dim, x)]
-    start = 0 if start is None else int(start)
-    end = np.iinfo(np.int64).max if end is None else int(end)
+    start = 0 if start is None else start
+    end = np.iinfo(np.int64).max if end is None else end
+    if _static(start) is None or _static(end) is None:  # an end read from a size (buffer[:, :seq]): computed
+        bounds = [fx.ints([_static(b)]) if _static(b) is not None else size_value(fx, b) for b in (start, end)]
+        return fx.one("Slice", [x, *bounds, fx.ints([fx.axis(dim, x)]), fx.ints([int(step)])])
+    start, end = int(start), int(end)
     if isinstance(size, int) and start == 0 and end >= size and step == 1:
         return x
     return fx.one("Slice", [x, fx.ints([start]), fx.ints([end]), fx.ints([fx.axis(dim, x)]), fx.ints([int(step)])])
@@ -541,36 +577,3 @@ def _ones(fx: FxConverter, size: list, dtype: Any = None, **kwargs: Any) -> Valu
 @converts("aten.scalar_tensor.default")
 def _scalar_tensor(fx: FxConverter, value: Any, dtype: Any = None, **kwargs: Any) -> Value:
     return full_like_constant(fx, [], value, dtype or __import__("torch").float32)
-
-
-@converts("aten.arange.start_step", "aten.arange.start", "aten.arange.default")
-def _arange(fx: FxConverter, start: Any, end: Any = None, step: Any = 1, dtype: Any = None, **kwargs: Any) -> Value:
-    if end is None:
-        start, end = 0, start
-    numpy = torch_dtype(dtype).numpy if dtype is not None else np.int64
-    if all(isinstance(v, (int, float)) for v in (start, end, step)):
-        return fx.const(np.arange(start, end, step, dtype=numpy), "arange")
-    # a bound that is a symbol (arange(seq)): a Range on the bound sizes, folded once they are known
-    floats = any(isinstance(v, float) for v in (start, end, step))
-    kind = np.dtype(numpy) if floats and np.dtype(numpy).kind == "f" else np.dtype(np.float32 if floats else np.int64)
-    bounds = []
-    for v in (start, end, step):
-        if isinstance(v, (int, float)):
-            bounds.append(fx.const(np.array(v, dtype=kind), "bound"))
-            continue
-        scalar = fx.one("Squeeze", [size_value(fx, v), fx.ints([0], "axes")])
-        bounds.append(scalar if kind.kind == "i" else fx.one("Cast", [scalar], to=DType.from_numpy(kind).onnx_code))
-    result = fx.one("Range", bounds)
-    if np.dtype(numpy) != kind:
-        result = fx.one("Cast", [result], to=DType.from_numpy(numpy).onnx_code)
-    return result
-
-
-@converts("aten.constant_pad_nd.default")
-def _pad(fx: FxConverter, x: Value, pad: list, value: float = 0.0) -> Value:
-    rank = fx.rank(x)
-    begins, ends = [0] * rank, [0] * rank
-    for i in range(len(pad) // 2):  # torch lists the last dim first
-        begins[rank - 1 - i], ends[rank - 1 - i] = int(pad[2 * i]), int(pad[2 * i + 1])
-    constant = fx.const(np.asarray(value, x.type.dtype.numpy), "pad_value")  # type: ignore[union-attr]
-    return fx.one("Pad", [x, fx.ints(begins + ends, "pads"), constant])

@@ -1,5 +1,6 @@
 """The conversion table's index and order ops, statistics, normalizations and resizing (argmax,
-topk, sort, cumsum, scatter, variance, norms, group norm, bilinear/bicubic upsampling...)."""
+topk, sort, cumsum, scatter, variance, norms, group norm, bilinear/bicubic upsampling, arange,
+constant padding...)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from kiln.frontend.aten import (
     converts,
     dim_of,
     reduce_op,
+    size_value,
     torch_dtype,
     unary_op,
 )
@@ -317,3 +319,36 @@ def _index(fx: FxConverter, x: Value, indices: list) -> Value:
     count, before = len(common), axes[0]
     perm = [*range(count, count + before), *range(count), *range(count + before, count + len(rest))]
     return fx.one("Transpose", [gathered], perm=perm)
+
+
+@converts("aten.arange.start_step", "aten.arange.start", "aten.arange.default")
+def _arange(fx: FxConverter, start: Any, end: Any = None, step: Any = 1, dtype: Any = None, **kwargs: Any) -> Value:
+    if end is None:
+        start, end = 0, start
+    numpy = torch_dtype(dtype).numpy if dtype is not None else np.int64
+    if all(isinstance(v, (int, float)) for v in (start, end, step)):
+        return fx.const(np.arange(start, end, step, dtype=numpy), "arange")
+    # a bound that is a symbol (arange(seq)): a Range on the bound sizes, folded once they are known
+    floats = any(isinstance(v, float) for v in (start, end, step))
+    kind = np.dtype(numpy) if floats and np.dtype(numpy).kind == "f" else np.dtype(np.float32 if floats else np.int64)
+    bounds = []
+    for v in (start, end, step):
+        if isinstance(v, (int, float)):
+            bounds.append(fx.const(np.array(v, dtype=kind), "bound"))
+            continue
+        scalar = fx.one("Squeeze", [size_value(fx, v), fx.ints([0], "axes")])
+        bounds.append(scalar if kind.kind == "i" else fx.one("Cast", [scalar], to=DType.from_numpy(kind).onnx_code))
+    result = fx.one("Range", bounds)
+    if np.dtype(numpy) != kind:
+        result = fx.one("Cast", [result], to=DType.from_numpy(numpy).onnx_code)
+    return result
+
+
+@converts("aten.constant_pad_nd.default")
+def _pad(fx: FxConverter, x: Value, pad: list, value: float = 0.0) -> Value:
+    rank = fx.rank(x)
+    begins, ends = [0] * rank, [0] * rank
+    for i in range(len(pad) // 2):  # torch lists the last dim first
+        begins[rank - 1 - i], ends[rank - 1 - i] = int(pad[2 * i]), int(pad[2 * i + 1])
+    constant = fx.const(np.asarray(value, x.type.dtype.numpy), "pad_value")  # type: ignore[union-attr]
+    return fx.one("Pad", [x, fx.ints(begins + ends, "pads"), constant])

@@ -256,6 +256,8 @@ class _Analysis:
             return [state]  # (Expand: copies along other dims; the count's dim keeps its values)
         if op in ("Reshape", "Flatten") and isinstance(read[0], Index) and all(d == 1 for d in shape if d != state.dim):
             return [state]  # [batch] <-> [batch, 1]: the same values in the same order
+        if op == "Slice" and isinstance(read[0], Index) and self.keeps_every_sample(node, read, state):
+            return [state]  # arange(count)[:count] (dynamo's batch indices of a mask lookup)
         if op == "Max" and len(others) == 1 and others[0][1] is None:
             bound = self.value_of(others[0][0])  # type: ignore[arg-type]
             # identity when no value is below the bound; else the values differ by chunk: shape only
@@ -291,6 +293,24 @@ class _Analysis:
                 # index tensors by adding them, for the sum's shape alone): only that may be used
                 return [replace(state, exact=False)]
         raise Refused(node.label, "computes with per-sample indices in a way kiln cannot follow")
+
+    def keeps_every_sample(self, node: Node, read: list[State], state: Index) -> bool:
+        """A Slice that keeps the indices' samples' dim whole: from 0, step 1, to past the count
+        (a constant at least the indices' own upper bound) or to the count itself."""
+        dims = list(node.inputs[0].type.shape or ())  # type: ignore[union-attr]
+        starts, axes = self.ints(node, 1), self.ints(node, 3) if len(node.inputs) > 3 else None
+        steps = self.ints(node, 4) if len(node.inputs) > 4 and node.inputs[4] is not None else None
+        if starts is None or (len(node.inputs) > 3 and node.inputs[3] is not None and axes is None):
+            return False
+        axes = [a % len(dims) for a in (axes if axes is not None else range(len(starts)))]
+        if dims.index(state.dim) not in axes:
+            return True  # sliced along other dims only
+        k = axes.index(dims.index(state.dim))
+        ends, end_state = self.ints(node, 2), read[2]
+        whole = (ends is not None and ends[k] >= 2**31 - 1) or (
+            isinstance(end_state, Sizes) and len(end_state.mask) == len(axes) and end_state.mask[k]
+        )
+        return starts[k] == 0 and (steps is None or steps[k] == 1) and whole and state.block is None
 
     def sample_tuple(self, node: Node, read: list[State], state: Index) -> bool:
         """A Concat along the last dim of the sample numbers (Range(0, count), exactly) and other

@@ -35,9 +35,20 @@ def works_along(node: Node, rank: int, ints: Callable[[Node, int], list[int] | N
         return {g % rank for g in given}
     if op == "Slice":
         given = ints(node, 3)
+        starts, ends = ints(node, 1), ints(node, 2)
+        steps = ints(node, 4) if len(node.inputs) > 4 and node.inputs[4] is not None else None
         if given is None:
-            return None if len(node.inputs) > 3 and node.inputs[3] is not None else set(range(rank))
-        return {g % rank for g in given}
+            if len(node.inputs) > 3 and node.inputs[3] is not None:
+                return None
+            given = list(range(len(starts))) if starts is not None else list(range(rank))
+        if starts is None or ends is None or len(starts) != len(given) or len(ends) != len(given):
+            return {g % rank for g in given}
+        # [0:past the end:1] along a dim keeps it whole: only the other axes are cut
+        return {
+            g % rank
+            for i, g in enumerate(given)
+            if not (starts[i] == 0 and ends[i] >= 2**31 - 1 and (steps is None or steps[i] == 1))
+        }
     if op in ("Pad", "Tile"):
         amounts = ints(node, 1)
         if amounts is None:

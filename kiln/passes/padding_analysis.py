@@ -331,6 +331,12 @@ class Analysis(PositionRules):
             if op == "Unsqueeze":
                 raise Refused(node.label, "moves flat indices' dims")
             return read[0]
+        if (
+            op == "Concat"
+            and all(s is None or isinstance(s, (Stride, Sizes)) for s in read)
+            and all(v is not None and rank_of(v) == 1 for v in node.inputs)
+        ):
+            return Sizes(None)  # a shape vector holding rows * length (a flatten's target): sizes only
         if op == "Shape" and isinstance(read[0], FlatIndex):
             rank = rank_of(node.inputs[0])
             start, end = int(node.attrs.get("start", 0)), node.attrs.get("end")

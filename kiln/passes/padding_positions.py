@@ -391,6 +391,8 @@ class PositionRules:
                 if ends_state.mask is None or starts[i] != 0 or (steps and steps[i] != 1):
                     raise Refused(node.label, "slices another dim to the length")
                 kept.append(axis)  # [0:length] of a dim of the padded value's own: positions too (a causal table)
+        if tuple(sorted(kept)) == data.axes:
+            return data  # the padded dims whole: positions, zeros and uniform values as they were
         return Padded(tuple(sorted(kept))) if kept else None
 
     def index_tuple(self, node: Node, read: list[State]) -> IndexTuple | None:
