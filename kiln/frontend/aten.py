@@ -14,6 +14,7 @@ import numpy as np
 from kiln.errors import KilnError
 from kiln.ir.graph import Value
 from kiln.ir.types import DType, TensorType
+from kiln.ops.symbolic_dims import scaled
 
 FxConverter = Any  # kiln.frontend.fx.FxConverter (which imports this table)
 
@@ -56,8 +57,12 @@ def dim_of(d: Any) -> int | str:
     if getattr(expr, "is_number", False):
         return int(expr)
     name = str(expr)
+    if getattr(expr, "is_Mul", False) and len(expr.args) == 2:  # 4*s34: heads folded into the batch
+        factor, symbol = sorted(expr.args, key=lambda a: not a.is_Integer)
+        if factor.is_Integer and int(factor) > 0 and str(symbol).isidentifier():
+            return scaled(str(symbol), int(factor))
     if not name.isidentifier():
-        raise UnsupportedFxOp("a symbolic size", f"{name} (kiln's symbolic dims are single symbols)")
+        raise UnsupportedFxOp("a symbolic size", f"{name} (kiln's symbolic dims are single symbols or their multiples)")
     return name
 
 
@@ -164,6 +169,9 @@ def _binary(op: str) -> Converter:
         if alpha != 1:
             b_value = fx.one("Mul", [b_value, fx.tensor(alpha, b_value)])
         a_value, b_value = _promoted(fx, a_value, b_value)
+        if op == "Div" and a_value.type.dtype.numpy.kind in "biu":  # type: ignore[union-attr]
+            # torch's true division: integers divide as float32 (DeBERTa's log(distance / bucket))
+            a_value, b_value = (fx.one("Cast", [v], to=DType.FLOAT32.onnx_code) for v in (a_value, b_value))
         return fx.one(op, [a_value, b_value])
 
     return convert

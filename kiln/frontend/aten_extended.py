@@ -149,7 +149,10 @@ def _repeat(fx: FxConverter, x: Value, repeats: list) -> Value:
     extra = len(repeats) - fx.rank(x)
     if extra > 0:
         x = fx.one("Unsqueeze", [x, fx.ints(list(range(extra)), "axes")])
-    return fx.one("Tile", [x, fx.ints(repeats, "repeats")])
+    if all(isinstance(dim_of(r), int) for r in repeats):
+        return fx.one("Tile", [x, fx.ints(repeats, "repeats")])
+    # a count read from a size (DeBERTa's table repeated once per sample: repeat(batch, 1, 1))
+    return fx.one("Tile", [x, fx.one("Concat", [size_value(fx, r) for r in repeats], axis=0)])
 
 
 @converts("aten.scatter.src", "aten.scatter.value")

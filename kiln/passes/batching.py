@@ -30,6 +30,7 @@ from kiln.ir.graph import Graph, Node, Value, free_values
 from kiln.ir.types import TensorType
 from kiln.ops.registry import has_trait
 from kiln.ops.symbolic_dims import ONE, Monomial, dim_product
+from kiln.passes.dce import dce
 from kiln.passes.op_axes import works_along
 from kiln.passes.sample_index import (
     Index,
@@ -96,8 +97,10 @@ def symbols(graph: Graph) -> list[str]:
 
 
 def sample_parallel(graph: Graph) -> dict[str, Parallel | Refused]:
-    """For each symbolic input dim: how it is sample-parallel, or why not."""
-    return {symbol: _Analysis(graph, symbol).run() for symbol in symbols(graph)}
+    """For each symbolic input dim: how it is sample-parallel, or why not (of the nodes the
+    outputs read: a pooled output nobody returns does not count)."""
+    live = dce(graph)
+    return {symbol: _Analysis(live, symbol).run() for symbol in symbols(graph)}
 
 
 def rank_of(value: Value | None) -> int:

@@ -34,6 +34,7 @@ import numpy as np
 from kiln.ir.graph import Graph, Node, Value, unique_name
 from kiln.ir.types import DType, TensorType
 from kiln.passes.batching import Refused
+from kiln.passes.dce import dce
 from kiln.passes.padding_analysis import Analysis
 from kiln.passes.padding_states import (  # noqa: F401 - the analysis' states, re-exported
     VALID,
@@ -51,8 +52,10 @@ I64, BOOL = DType.from_short("i64"), DType.from_short("bool")
 def paddable(graph: Graph, symbol: str, low: int = 1, high: int | None = None) -> Padding | Refused:
     """Whether ``symbol`` may be padded (lengths ``>= low`` run: a constant index below ``low``
     along the dim is a valid position in every run; ``high``, when given, the longest length
-    padded to: ``min(length, c)`` with ``c >= high`` is the length), and with which masks; or why not."""
-    return Analysis(graph, symbol, max(int(low), 1), high).run()
+    padded to: ``min(length, c)`` with ``c >= high`` is the length), and with which masks; or why not.
+    Only the nodes the outputs read count (CLIP's pooled features, an ArgMax along the length,
+    when only the hidden states are returned)."""
+    return Analysis(dce(graph), symbol, max(int(low), 1), high).run()
 
 
 class _Writer:

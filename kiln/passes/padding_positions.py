@@ -32,6 +32,17 @@ class PositionRules:
     def mask(self, node: Node, index: int, axis: int, fill: float, divide: int = 0) -> None:  # pragma: no cover
         raise NotImplementedError
 
+    def folded(self, value: Value, others: int | None = None) -> list[np.ndarray] | None:  # pragma: no cover
+        raise NotImplementedError
+
+    def ones_in(self, shape: Value) -> set[int]:
+        """The entries of a shape vector computed from sizes that are 1 at every length and any
+        other symbols' sizes (an Expand's "keep this dim": ``expand(batch, -1, seq, seq)``)."""
+        found = (self.folded(shape, others=2) or []) + (self.folded(shape, others=3) or [])
+        if not found or any(a.ndim != 1 or a.shape != found[0].shape for a in found):
+            return set()
+        return {i for i in range(found[0].size) if all(int(a[i]) == 1 for a in found)}
+
     def padded_rule(self, node: Node, read: list[State]) -> list[State]:
         op = node.op
         if any(isinstance(s, Sizes) for s in read) and op not in ("Reshape", "Expand", "Slice"):
@@ -156,11 +167,15 @@ class PositionRules:
         positions = broadcast_dims(out_rank, node.inputs[0], data.axes)
         mask = target.mask if isinstance(target, Sizes) else None
         value = self.constant(node.inputs[1]) if target is None else None
+        kept: set[int] | None = None  # of a target computed from sizes: the entries 1 whatever the sizes
         for p in positions:
-            if not (
-                (mask is not None and len(mask) > p and mask[p])
-                or (value is not None and value.size > p and int(value.reshape(-1)[p]) == 1)
+            if (mask is not None and len(mask) > p and mask[p]) or (
+                value is not None and value.size > p and int(value.reshape(-1)[p]) == 1
             ):
+                continue
+            if kept is None:
+                kept = self.ones_in(node.inputs[1]) if value is None else set()
+            if p not in kept:
                 raise Refused(node.label, "expands across the padded dim")
         return Padded(tuple(sorted(positions)), ident=data.ident, uniform=data.uniform)
 

@@ -157,3 +157,39 @@ def test_a_converter_that_reads_a_symbolic_size_as_a_number_is_caught(monkeypatc
         for batch, seq in [(2, 16), (3, 7), (4, 33)]:
             x = torch.from_numpy(rng.standard_normal((batch, seq)).astype(np.float32))
             np.testing.assert_allclose(compiled(x).numpy(), module(x).numpy(), rtol=1e-5, atol=1e-5)
+
+
+class Disentangled(nn.Module):
+    """DeBERTa's spellings: integer distances divided as floats (``log(distance / 2)``: torch's
+    true division), a table repeated once per sample (``repeat(batch, 1, 1)``) and heads folded
+    into the batch (``[batch * 4, seq, seq]``: a dim that is 4 times a symbol)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.table = nn.Parameter(torch.randn(8, 16))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        batch, seq = x.shape[0], x.shape[1]
+        positions = torch.arange(seq)
+        distance = (positions[None, :] - positions[:, None]).abs() + 1  # int64 [seq, seq]
+        bias = torch.log(distance / 2)  # float
+        table = self.table.unsqueeze(0).repeat(batch, 1, 1)  # [batch, 8, 16]
+        scores = (x @ table).unsqueeze(1).expand(batch, 4, seq, 16).reshape(batch * 4, seq, 16)
+        mixed = scores @ scores.transpose(1, 2) + bias  # [batch*4, seq, seq]
+        return mixed.softmax(-1).reshape(batch, 4, seq, seq).sum(1)
+
+
+def test_integer_division_a_table_repeated_per_sample_and_folded_heads_stay_symbolic(monkeypatch):
+    monkeypatch.setenv("KILN_PLAN_CACHE", "0")
+    torch._dynamo.reset()
+    module = Disentangled().eval()
+    compiled = torch.compile(module, backend="kiln", dynamic=True)
+    rng = np.random.default_rng(3)
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("error")  # no eager fallback
+        for i, (batch, seq) in enumerate([(2, 5), (3, 7), (5, 2), (4, 11)]):
+            x = torch.from_numpy(rng.standard_normal((batch, seq, 8)).astype(np.float32))
+            np.testing.assert_allclose(compiled(x).numpy(), module(x).numpy(), rtol=1e-4, atol=1e-5)
+            if i == 0:
+                first = plans_compiled()
+    assert plans_compiled() == first, "a size compiled after the first call"

@@ -594,3 +594,47 @@ def _matches_onnxruntime_at_every_length(model: onnx.ModelProto, lengths: tuple[
         x = np.random.default_rng(length).standard_normal((2, length, WIDTH)).astype(np.float32)
         np.testing.assert_allclose(compiled.run({"x": x})["y"], session.run(None, {"x": x})[0], rtol=1e-5, atol=1e-6)
     assert plans_compiled() == before
+
+
+def test_what_no_output_reads_does_not_refuse_padding():
+    """An ArgMax along the length that no output reads (CLIP's pooled features when only the
+    hidden states are returned) does not stop the length from padding; returned, it does."""
+    from kiln.frontend.onnx import import_onnx
+    from kiln.passes.padding import Padding, paddable
+
+    body = [
+        helper.make_node("Relu", ["x"], ["y"]),
+        helper.make_node("ArgMax", ["x"], ["pooled"], axis=1),
+    ]
+    dead = make_model(body, [("x", FLOAT, ["batch", "seq", WIDTH])], [("y", FLOAT, ["batch", "seq", WIDTH])], {})
+    assert isinstance(paddable(import_onnx(dead), "seq"), Padding)
+    read = make_model(
+        body,
+        [("x", FLOAT, ["batch", "seq", WIDTH])],
+        [("y", FLOAT, ["batch", "seq", WIDTH]), ("pooled", onnx.TensorProto.INT64, ["batch", 1, WIDTH])],
+        {},
+    )
+    assert "works along the padded dim" in str(paddable(import_onnx(read), "seq"))
+
+
+def test_an_expand_whose_computed_target_keeps_the_padded_dims_pads():
+    """``bias.unsqueeze(0).expand(batch, -1, seq, seq)`` spelled with 1s for the kept dims in a
+    target computed from the batch (MPNet's relative-position bias): the positions stay put."""
+    from kiln.frontend.onnx import import_onnx
+    from kiln.passes.padding import Padding, paddable
+
+    body = [
+        helper.make_node("MatMul", ["x", "xt"], ["scores"]),  # [batch, seq, seq]
+        helper.make_node("ReduceMean", ["scores"], ["bias"], axes=[0], keepdims=1),  # [1, seq, seq]
+        helper.make_node("Shape", ["x"], ["batch"], start=0, end=1),
+        helper.make_node("Concat", ["batch", "one", "one"], ["target"], axis=0),
+        helper.make_node("Expand", ["bias", "target"], ["y"]),
+    ]
+    body = [
+        helper.make_node("Transpose", ["x"], ["xt"], perm=[0, 2, 1]),
+        helper.make_node("Constant", [], ["one"], value=onnx.numpy_helper.from_array(np.array([1], np.int64))),
+        *body,
+    ]
+    model = make_model(body, [("x", FLOAT, ["batch", "seq", WIDTH])], [("y", FLOAT, ["batch", "seq", "seq"])], {})
+    found = paddable(import_onnx(model), "seq")
+    assert isinstance(found, Padding), found
