@@ -181,11 +181,25 @@ def fixed_sizes(fakes: list[Any]) -> set[str]:
     return found
 
 
+def linear_by_symbolic_sizes(x: Any, weight: Any, bias: Any = None) -> Any:
+    """``linear(x, weight, bias)`` with the rows flattened by ``x``'s own (symbolic) sizes: one
+    ``addmm`` over ``[rows, in]`` viewed back, as torch's linear computes it, the bias in the
+    product (kiln's Gemm epilogue)."""
+    import torch
+
+    if x.dim() <= 2:
+        return torch.nn.functional.linear(x, weight, bias)
+    rows = x.reshape(-1, x.shape[-1])
+    out = rows @ weight.t() if bias is None else torch.addmm(bias, rows, weight.t())
+    return out.view(*x.shape[:-1], weight.shape[0])
+
+
 def linear_as_matmul(gm: Any) -> Any:
-    """A copy of ``gm`` whose ``linear(x, w, b)`` calls are ``x @ w.T + b``: torch's linear on a 3-D
-    input with a bias flattens it by its integer sizes (``_flatten_nd_linear``), which under
-    functionalization specializes every symbolic dim of the input (the batch and sequence length
-    of each transformer layer's projections)."""
+    """A copy of ``gm`` whose ``linear`` calls flatten by symbolic sizes
+    (``linear_by_symbolic_sizes``): torch's linear on a 3-D input with a bias flattens it by its
+    integer sizes (``_flatten_nd_linear``), which under functionalization specializes every
+    symbolic dim of the input (the batch and sequence length of each transformer layer's
+    projections)."""
     import copy
 
     import torch
@@ -194,16 +208,7 @@ def linear_as_matmul(gm: Any) -> Any:
     if not any(node.op == "call_function" and node.target in linears for node in gm.graph.nodes):
         return gm
     graph = copy.deepcopy(gm.graph)
-    for node in list(graph.nodes):
-        if node.op != "call_function" or node.target not in linears:
-            continue
-        arguments = dict(zip(("input", "weight", "bias"), node.args)) | node.kwargs
-        with graph.inserting_before(node):
-            result = graph.call_function(
-                torch.matmul, (arguments["input"], graph.call_function(torch.t, (arguments["weight"],)))
-            )
-            if arguments.get("bias") is not None:
-                result = graph.call_function(torch.add, (result, arguments["bias"]))
-        node.replace_all_uses_with(result)
-        graph.erase_node(node)
+    for node in graph.nodes:
+        if node.op == "call_function" and node.target in linears:
+            node.target = linear_by_symbolic_sizes
     return torch.fx.GraphModule(gm, graph)
