@@ -177,6 +177,17 @@ class PositionRules:
                 kept = self.ones_in(node.inputs[1]) if value is None else set()
             if p not in kept:
                 raise Refused(node.label, "expands across the padded dim")
+        # a dim of 1 expanded to the length (a key mask over the queries: [b,1,1,s] -> [b,1,s,s]):
+        # padded there too, each position a copy
+        grown = set()
+        if mask is not None and len(mask) == out_rank:
+            offset = out_rank - rank_of(node.inputs[0])
+            shape = node.inputs[0].type.shape or ()  # type: ignore[union-attr]
+            grown = {
+                p for p in range(out_rank) if mask[p] and p not in positions and (p < offset or shape[p - offset] == 1)
+            }
+        if grown:
+            return Padded(tuple(sorted(positions | grown)), uniform=data.uniform)
         return Padded(tuple(sorted(positions)), ident=data.ident, uniform=data.uniform)
 
     def reshape(self, node: Node, read: list[State]) -> State:

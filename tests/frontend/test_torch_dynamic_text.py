@@ -77,6 +77,32 @@ def test_an_encoder_compiles_once_per_dynamo_graph(monkeypatch):
     assert plans_compiled() == compiled_so_far, "a size compiled after the first call"
 
 
+class ExpandedMaskEncoder(Encoder):
+    """The older spelling (transformers' ``_prepare_4d_attention_mask``): the key mask expanded
+    over the queries, ``mask[:, None, None, :].expand(batch, 1, seq, seq)``."""
+
+    def forward(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        batch, seq = ids.shape
+        x = self.tokens(ids) + self.positions(self.position_ids[:, :seq])
+        allowed = mask.bool()[:, None, None, :].expand(batch, 1, seq, seq)
+        q, k, v = self.qkv(x).view(batch, seq, 3, self.heads, -1).permute(2, 0, 3, 1, 4)
+        attended = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed)
+        return self.norm(x + self.out(attended.transpose(1, 2).reshape(batch, seq, -1)))
+
+
+def test_a_key_mask_expanded_over_the_queries_pads(monkeypatch):
+    """The expanded query dim of the mask is padded too (each padded row a copy), so the length
+    pads and later sizes compile nothing."""
+    monkeypatch.setenv("KILN_PLAN_CACHE", "0")
+    torch._dynamo.reset()
+    module = ExpandedMaskEncoder().eval()
+    compiled = torch.compile(module, backend="kiln", dynamic=True)
+    check(compiled, module, [(2, 16)])
+    compiled_so_far = plans_compiled()
+    check(compiled, module, [(3, 7), (5, 13), (8, 64), (4, 31)])
+    assert plans_compiled() == compiled_so_far, "a size compiled after the first call"
+
+
 def test_inputs_held_equal_by_a_guard_still_run_when_they_differ(monkeypatch):
     """Two inputs whose batch dims were equal at the first call share kiln's symbol; a call where
     they differ is not run by that model (it compiles alone) and still matches eager."""
