@@ -17,14 +17,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from own_process import append_row, measured_alone
 
 TEXT_RANGES = {"batch": (1, 8), "seq": (1, 64)}
 TEXT_SIZES = [(1, 16), (1, 1), (8, 64), (3, 7), (5, 13), (2, 64), (8, 1), (4, 31)]
@@ -141,14 +140,7 @@ def main() -> int:
     )
     for name in args.models.split(","):
         for exporter in args.exporters.split(","):
-            env = {**os.environ, "KILN_PLAN_CACHE": "0"}  # every plan compiled here (exports stay cached)
-            command = [sys.executable, __file__, "--one", f"{name}:{exporter}"]
-            try:
-                done = subprocess.run(command, capture_output=True, text=True, timeout=args.timeout, env=env, cwd=ROOT)
-                line = next((x for x in reversed(done.stdout.splitlines()) if x.startswith("{")), None)
-                row = json.loads(line) if line else {"model": name, "exporter": exporter, "error": done.stderr[-400:]}
-            except subprocess.TimeoutExpired:
-                row = {"model": name, "exporter": exporter, "error": f"timed out after {args.timeout:.0f} s"}
+            row = measured_alone(__file__, f"{name}:{exporter}", args.timeout, {"model": name, "exporter": exporter})
             batch = "parallel" if row.get("sample_parallel", {}).get("batch", "").startswith("Parallel") else "refused"
             print(
                 f"{name:<12} {exporter:<11} {batch:<10} {row.get('compiles_after_compile', '-'):>8} "
@@ -156,9 +148,7 @@ def main() -> int:
                 f"{_check_text(row):<28} {row.get('error') or '; '.join(row.get('errors', []))[:300]}",
                 flush=True,
             )
-            if args.json:
-                with open(args.json, "a") as handle:
-                    handle.write(json.dumps(row, default=str) + "\n")
+            append_row(args.json, row)
     return 0
 
 

@@ -18,14 +18,14 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
-import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from own_process import append_row, measured_alone
+
 TEXT_SIZES = [(1, 16), (2, 16), (3, 7), (5, 13), (8, 64), (1, 1), (4, 31), (2, 1)]
 IMAGE_SIZES = [(1, 32, 32), (2, 32, 32), (3, 37, 37), (4, 64, 64), (2, 48, 48)]
 DEFAULT_MODELS = "roberta,albert,electra,gpt2,opt,bloom,gpt-neo,llama,qwen2,t5-encoder"
@@ -117,24 +117,15 @@ def main() -> int:
         f"{'other calls s':>13} {'worst rel L2':>12}  errors"
     )
     for name in args.models.split(","):
-        env = {**os.environ, "KILN_PLAN_CACHE": "0"}
-        command = [sys.executable, __file__, "--one", name]
-        try:
-            done = subprocess.run(command, capture_output=True, text=True, timeout=args.timeout, env=env, cwd=ROOT)
-            line = next((x for x in reversed(done.stdout.splitlines()) if x.startswith("{")), None)
-            row = json.loads(line) if line else {"model": name, "errors": [done.stderr[-400:]]}
-        except subprocess.TimeoutExpired:
-            row = {"model": name, "errors": [f"timed out after {args.timeout:.0f} s"]}
+        row = measured_alone(__file__, name, args.timeout, {"model": name})
         compiles = f"{row.get('kiln_compiles', '-')} / {row.get('graphs', '-')} graphs"
         print(
             f"{name:<12} {compiles:>13} {row.get('plans_after_first_call', '-'):>24} "
             f"{row.get('slowest_first_call_s', float('nan')):>12.2f} {row.get('slowest_other_call_s', float('nan')):>13.2f} "
-            f"{row.get('worst_rel_l2', float('nan')):>12.1e}  {'; '.join(row.get('errors', []))[:300]}",
+            f"{row.get('worst_rel_l2', float('nan')):>12.1e}  {row.get('error') or '; '.join(row.get('errors', []))[:300]}",
             flush=True,
         )
-        if args.json:
-            with open(args.json, "a") as handle:
-                handle.write(json.dumps(row, default=str) + "\n")
+        append_row(args.json, row)
     return 0
 
 

@@ -62,19 +62,24 @@ def check(compiled, module, sizes) -> None:  # type: ignore[no-untyped-def]
             np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-4, atol=1e-4, err_msg=f"{(batch, seq)}")
 
 
+def compiles_once(module: nn.Module, later: list[tuple[int, int]]) -> None:
+    """``torch.compile(module, dynamic=True)`` with kiln (dynamo's caches reset): the first call at
+    (2, 16) compiles, then every size in ``later`` matches eager and compiles no plan."""
+    torch._dynamo.reset()
+    compiled = torch.compile(module.eval(), backend="kiln", dynamic=True)
+    check(compiled, module, [(2, 16)])
+    compiled_so_far = plans_compiled()
+    check(compiled, module, later)
+    assert plans_compiled() == compiled_so_far, "a size compiled after the first call"
+
+
 def test_an_encoder_compiles_once_per_dynamo_graph(monkeypatch):
     """After the first call at batch and length >= 2, sizes inside the ranges compile no plan:
     the Linears keep the batch and length symbolic (not specialized by torch's flattening), the
     ids' and the mask's batch are one symbol, the batch runs from size classes and the length
     pads."""
     monkeypatch.setenv("KILN_PLAN_CACHE", "0")
-    torch._dynamo.reset()
-    module = Encoder().eval()
-    compiled = torch.compile(module, backend="kiln", dynamic=True)
-    check(compiled, module, [(2, 16)])
-    compiled_so_far = plans_compiled()
-    check(compiled, module, [(3, 7), (5, 13), (8, 64), (4, 31), (2, 2)])
-    assert plans_compiled() == compiled_so_far, "a size compiled after the first call"
+    compiles_once(Encoder(), [(3, 7), (5, 13), (8, 64), (4, 31), (2, 2)])
 
 
 class ExpandedMaskEncoder(Encoder):
@@ -94,13 +99,7 @@ def test_a_key_mask_expanded_over_the_queries_pads(monkeypatch):
     """The expanded query dim of the mask is padded too (each padded row a copy), so the length
     pads and later sizes compile nothing."""
     monkeypatch.setenv("KILN_PLAN_CACHE", "0")
-    torch._dynamo.reset()
-    module = ExpandedMaskEncoder().eval()
-    compiled = torch.compile(module, backend="kiln", dynamic=True)
-    check(compiled, module, [(2, 16)])
-    compiled_so_far = plans_compiled()
-    check(compiled, module, [(3, 7), (5, 13), (8, 64), (4, 31)])
-    assert plans_compiled() == compiled_so_far, "a size compiled after the first call"
+    compiles_once(ExpandedMaskEncoder(), [(3, 7), (5, 13), (8, 64), (4, 31)])
 
 
 def test_inputs_held_equal_by_a_guard_still_run_when_they_differ(monkeypatch):
