@@ -33,7 +33,7 @@ from kiln.frontend.dynamo_graph import (
     fixed_sizes,
     is_size,
     is_weight,
-    linear_as_matmul,
+    linears_by_symbolic_sizes,
     scalars_folded,
     static_context,
     symbol_bounds,
@@ -220,7 +220,9 @@ class KilnGraph:
         # functional forms first, and writes to the graph's inputs copy_ nodes at its end
         with torch.no_grad(), torch._guards.tracing(None):
             traced = make_fx(
-                functionalize(linear_as_matmul(self.gm) if symbolic else self.gm, remove="mutations_and_views"),
+                functionalize(
+                    linears_by_symbolic_sizes(self.gm) if symbolic else self.gm, remove="mutations_and_views"
+                ),
                 decomposition_table=decompositions(),
                 tracing_mode="symbolic" if symbolic else "fake",
             )(*fakes)

@@ -194,7 +194,7 @@ def linear_by_symbolic_sizes(x: Any, weight: Any, bias: Any = None) -> Any:
     return out.view(*x.shape[:-1], weight.shape[0])
 
 
-def linear_as_matmul(gm: Any) -> Any:
+def linears_by_symbolic_sizes(gm: Any) -> Any:
     """A copy of ``gm`` whose ``linear`` calls flatten by symbolic sizes
     (``linear_by_symbolic_sizes``): torch's linear on a 3-D input with a bias flattens it by its
     integer sizes (``_flatten_nd_linear``), which under functionalization specializes every

@@ -303,7 +303,11 @@ class _Analysis:
         dims = list(node.inputs[0].type.shape or ())  # type: ignore[union-attr]
         starts, axes = self.ints(node, 1), self.ints(node, 3) if len(node.inputs) > 3 else None
         steps = self.ints(node, 4) if len(node.inputs) > 4 and node.inputs[4] is not None else None
-        if starts is None or (len(node.inputs) > 3 and node.inputs[3] is not None and axes is None):
+        if (
+            starts is None
+            or state.dim not in dims
+            or (len(node.inputs) > 3 and node.inputs[3] is not None and axes is None)
+        ):
             return False
         axes = [a % len(dims) for a in (axes if axes is not None else range(len(starts)))]
         if dims.index(state.dim) not in axes:
@@ -311,7 +315,10 @@ class _Analysis:
         k = axes.index(dims.index(state.dim))
         ends, end_state = self.ints(node, 2), read[2]
         whole = (ends is not None and ends[k] >= 2**31 - 1) or (
-            isinstance(end_state, Sizes) and len(end_state.mask) == len(axes) and end_state.mask[k]
+            isinstance(end_state, Sizes)
+            and end_state.mask is not None
+            and len(end_state.mask) == len(axes)
+            and end_state.mask[k]
         )
         return starts[k] == 0 and (steps is None or steps[k] == 1) and whole and state.block is None
 
