@@ -235,8 +235,9 @@ class KilnGraph:
         examples = [args[i] if i in self.weights else fake for i, fake in enumerate(fakes)]
         fixed = fixed_sizes(fakes)
         graph = import_traced(traced, examples, self.weights)
-        if fixed_sizes(fakes) != fixed:  # a converter read a symbolic size as its example's number
-            raise KilnError(f"converting the trace fixed the sizes {sorted(fixed_sizes(fakes) - fixed)}")
+        late = fixed_sizes(fakes) - fixed  # sizes a converter read as its example's number
+        if late:
+            raise KilnError(f"converting the trace fixed the sizes {sorted(late)}")
         if symbolic and all(v.type.is_static for v in graph.inputs):  # type: ignore[union-attr]
             raise KilnError("the trace specialized every dynamic size")
         log.info(
