@@ -77,6 +77,13 @@ def strides_of(graph: Graph) -> tuple[int, ...]:
     return tuple(sorted(found))
 
 
+def divisors_of(graph: Graph, states: list[Compile]) -> tuple[int, ...]:
+    """The strides and the divisors the lowerings said their sizes take (a loop over groups of
+    pixels): the floor divisions a kernel's integer may be a term of."""
+    said = {d for state in states if state.lowerer is not None for d in state.lowerer.divisors if d > 1}
+    return tuple(sorted(set(strides_of(graph)) | said))
+
+
 _WINDOWS = frozenset({"Conv", "ConvInteger", "QLinearConv", "MaxPool", "AveragePool", "LpPool", "ConvTranspose"})
 
 
@@ -464,7 +471,7 @@ def run_time_dims_kernels(
     check_constants([*states, held])
     for _ in range(EXTRA_SAMPLES + 1):
         try:
-            merged = _merged(states, np.stack(values), np.stack(checked[1:]), strides_of(graph))
+            merged = _merged(states, np.stack(values), np.stack(checked[1:]), divisors_of(graph, states))
             _check(merged, held, checked[0])
             return _replace(states[0], merged)
         except Ambiguous as err:

@@ -61,7 +61,11 @@ class _Depthwise:
         self.blocks = self.channels // self.block
         # many rows: threads take rows, and each group of pixels runs through every channel block
         # while its inputs are in L1; few rows (small planes): threads take channel blocks
-        self.by_rows = self.out_h >= 4 * lw.target.cores
+        # (sizes taken at run time: one structure for every plane, so threads always take rows)
+        self.run_time_sizes = "size-specific" in lw.disabled
+        self.by_rows = self.run_time_sizes or self.out_h >= 4 * lw.target.cores
+        if self.run_time_sizes:
+            lw.divisors.add(UNROLL_PIXELS)  # the interior's groups of pixels: ``width // UNROLL_PIXELS``
         self.n, self.cb, self.c = lw.index("n"), lw.index("cb"), lw.index("c")
         self.oh, self.ow, self.q = lw.index("oh"), lw.index("ow"), lw.index("q")
         self.channel: Expr = add(mul(self.cb, i64(self.block)), self.c)
@@ -135,10 +139,12 @@ class _Depthwise:
             stmts.extend(self.vector([self.output(row, i64(col), valid)]))
         valid = [(kh, kw) for kh, kw in self.taps if kh in kh_valid]
         groups = (col_hi - col_lo) // UNROLL_PIXELS
-        if groups:
+        # sizes taken at run time: both loops at every size (either may run no times), so the
+        # program is one at every width and its extents are terms of the dims
+        if groups or self.run_time_sizes:
             stmts.append(For(self.q, groups, self.vector(self._group(row, valid, col_lo))))
         rest = col_lo + groups * UNROLL_PIXELS
-        if rest < col_hi:
+        if rest < col_hi or self.run_time_sizes:
             stmts.append(For(self.ow, col_hi, self.vector([self.output(row, self.ow, valid)]), start=rest))
         return stmts
 
@@ -208,7 +214,7 @@ class _Depthwise:
         top = [For(above, pad_t, run(above, 0, cols, lambda _: zero))] if pad_t else []
         filled: list[Stmt] = [*top, For(r, self.height, inside)]
         below = rows - pad_t - self.height
-        if below > 0:
+        if below > 0 or (below == 0 and self.run_time_sizes):
             bottom = self.lw.index("t")
             filled.append(For(bottom, below, run(add(bottom, i64(pad_t + self.height)), 0, cols, lambda _: zero)))
         compute: list[Stmt] = [

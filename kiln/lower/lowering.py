@@ -116,6 +116,10 @@ class Lowerer:
         self.table = table
         self.choose = choose or (lambda key: ({}, "default"))
         self.disabled = disabled  # algorithms turned off (``winograd``): CompileOptions.disabled
+        # divisors of the floor divisions a lowering's sizes take (beyond the model's strides): a
+        # loop over groups of pixels runs ``width // group`` times; sizes taken at run time are
+        # fitted with them (``kiln.driver.spatial``)
+        self.divisors: set[int] = set()
         self.buffers: dict[Value, Buffer] = {}
         self.aliases: dict[Value, Value] = {}
         self.outputs = set(graph.outputs)

@@ -14,6 +14,7 @@ from onnx import helper
 import kiln
 from kiln.driver import extents, spatial
 from kiln.driver.options import CompileOptions
+from kiln.driver.variants import plans_compiled
 from kiln.errors import InputError
 from tests.helpers import FLOAT, make_model, run_without_a_compiler
 
@@ -127,6 +128,48 @@ def test_a_floor_division_of_a_dim_is_a_term():
     size = spatial.TermFitter(values, checked).fit([int(v) for v in (d[:4] + 1) // 2], "k1.extent")
     assert size.factors == ((0, 1, 2),) and size.at(np.array([33])) == 17
     assert str(size) == "((int64_t)0 + (int64_t)1 * ((kiln_d0 + 1) / 2))"
+
+
+def large_window_cnn() -> onnx.ModelProto:
+    """A stride-2 convolution, then a 7x7 depthwise one (channels last: its interior runs groups of
+    pixels, ``width // 4`` of them, with no stride 4 anywhere in the model) and a 1x1 one."""
+    rng = np.random.default_rng(3)
+    weights = {
+        "w1": rng.standard_normal((16, 8, 3, 3)).astype(np.float32) * 0.3,
+        "w2": rng.standard_normal((16, 1, 7, 7)).astype(np.float32) * 0.2,
+        "b2": rng.standard_normal(16).astype(np.float32) * 0.1,
+        "w3": rng.standard_normal((8, 16, 1, 1)).astype(np.float32) * 0.3,
+    }
+    nodes = [
+        helper.make_node("Conv", ["x", "w1"], ["c1"], strides=[2, 2], pads=[1, 1, 1, 1]),
+        helper.make_node("Conv", ["c1", "w2", "b2"], ["c2"], group=16, pads=[3, 3, 3, 3]),
+        helper.make_node("Relu", ["c2"], ["r2"]),
+        helper.make_node("Conv", ["r2", "w3"], ["y"]),
+    ]
+    return make_model(
+        nodes, [("x", FLOAT, ["batch", 8, "h", "w"])], [("y", FLOAT, ["batch", 8, None, None])], weights, opset=17
+    )
+
+
+def test_groups_of_pixels_take_the_width_at_run_time():
+    """The channels-last depthwise kernel's interior (groups of 4 pixels, then the rest) is one
+    program at every width (either loop may run no times) whose group count is a floor division
+    the lowering declares: every width's residue modulo 4 matches the reference with nothing
+    compiled after kiln.compile (before: 'no constant plus a multiple of a product of the model's
+    dims', a compile per size)."""
+    model = large_window_cnn()
+    compiled = kiln.compile(model, dims={"batch": 1, "h": (16, 60), "w": (16, 60)})
+    assert compiled.dims_model is not None, compiled.run_time_refused
+    kinds = [k.kind for e in compiled.executables() for s in e.plan.steps for k in s.kernels if k.dims is not None]
+    assert any(kind.startswith("depthwise-conv") for kind in kinds), kinds
+    reference = kiln.compile(model, target="reference")
+    before = plans_compiled()
+    for height, width in [(16, 16), (60, 60), (23, 41), (37, 19), (50, 57), (29, 22)]:
+        given = {"x": np.random.default_rng(width).standard_normal((1, 8, height, width)).astype(np.float32)}
+        got, want = compiled.run(given)["y"], reference.run(given)["y"]
+        assert got.shape == want.shape == (1, 8, (height + 1) // 2, (width + 1) // 2)
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+    assert plans_compiled() == before
 
 
 def test_the_route_can_be_turned_off_and_then_compiles_per_size():

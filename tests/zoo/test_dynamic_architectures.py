@@ -63,3 +63,28 @@ def test_an_export_with_symbolic_sizes_runs_every_size_without_compiling_again(n
         error = np.linalg.norm(got - want) / np.linalg.norm(want)
         assert error <= 1e-5, f"{name} at batch {batch}, seq {seq}: relative L2 {error:.2e}"
     assert plans_compiled() == compiled, "a size compiled after kiln.compile returned"
+
+
+IMAGE_SIZES = [(1, 32, 32), (4, 64, 64), (3, 37, 37), (2, 48, 63), (1, 61, 53)]
+
+
+@pytest.mark.slow
+def test_a_convnext_v2_export_runs_every_image_size_without_compiling_again(monkeypatch):
+    """ConvNeXtV2 (a 4x4 patchify, 7x7 depthwise windows channels last, GRN), exported by the dynamo
+    exporter with symbolic batch, height and width: every size matches onnxruntime on one compile
+    (before: a compile per image size, 'the lowering's structure differs with the length')."""
+    monkeypatch.setenv("KILN_PLAN_CACHE", "0")
+    path = str(architectures.export("convnextv2", exporter="dynamo", dynamic=True))
+    model = kiln.compile(path, dims={"batch": "1..4", "height": "32..64", "width": "32..64"})
+    assert not model.run_time_refused, model.run_time_refused
+    session = onnxruntime.InferenceSession(path, providers=["CPUExecutionProvider"])
+    compiled = plans_compiled()
+    rng = np.random.default_rng(0)
+    for batch, height, width in IMAGE_SIZES:
+        feeds = {"pixel_values": rng.standard_normal((batch, 3, height, width)).astype(np.float32)}
+        want = session.run(None, feeds)[0]
+        got = next(iter(model.run(feeds).values()))
+        assert got.shape == want.shape
+        error = np.linalg.norm(got - want) / np.linalg.norm(want)
+        assert error <= 1e-5, f"convnextv2 at {batch}x{height}x{width}: relative L2 {error:.2e}"
+    assert plans_compiled() == compiled, "an image size compiled after kiln.compile returned"
