@@ -222,17 +222,44 @@ def kernels_of(state: Compile) -> list[Kernel]:
     return [k for segment in state.segments for k in segment]
 
 
+def referenced(kernels: list[Kernel]) -> set[str]:
+    """The names of every buffer the kernels mention (loads, stores, engine operands)."""
+    found: set[str] = set()
+    seen: set[int] = set()
+    stack: list[Any] = list(kernels)
+    while stack:
+        x = stack.pop()
+        if isinstance(x, (int, float, str, bool, type(None), DType)) or id(x) in seen:
+            continue
+        seen.add(id(x))
+        if isinstance(x, Buffer):
+            found.add(x.name)
+        elif isinstance(x, (list, tuple)):
+            stack.extend(x)
+        elif isinstance(x, dict):
+            stack.extend(x.values())
+        elif dataclasses.is_dataclass(x):
+            stack.extend(getattr(x, f.name) for f in dataclasses.fields(x))
+    return found
+
+
 def check_constants(states: list[Compile]) -> None:
     """A constant whose size depends on the length (a folded Range of positions) must hold, at
     every length, the first part of the capacity's data (what the dense layout at E reads); one
     whose size does not must hold the same values at every length (the library keeps the
     capacity's)."""
     capacity = {b.name: a for b, a in states[0].constants.items()}
+    read = referenced(kernels_of(states[0]))  # (a shape vector only inference read is no kernel's)
     for state in states[1:]:
         packed = state.lowerer.packed if state.lowerer is not None else {}
         for buffer, array in state.constants.items():
             full = capacity.get(buffer.name)
-            if full is None or full is array or (buffer in packed and full.size == array.size):
+            if (
+                full is None
+                or full is array
+                or (buffer in packed and full.size == array.size)
+                or buffer.name not in read
+            ):
                 continue  # (a weight packed for the engine: the same graph constant at every length)
             if full.size < array.size or not np.array_equal(full.reshape(-1)[: array.size], array.reshape(-1)):
                 raise NotAffine(f"constant {buffer.name} is not the same prefix at every length")

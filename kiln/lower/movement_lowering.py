@@ -1,7 +1,10 @@
 """Lowerings that move data without arithmetic: Transpose, Concat, Split, Slice, Gather, Pad (each
-a loop nest of loads and stores; Gather's indices bounds-checked into the status word)."""
+a loop nest of loads and stores; Gather's indices bounds-checked into the status word), and
+ConstantOfShape (a fill)."""
 
 from __future__ import annotations
+
+import numpy as np
 
 from kiln.ir.graph import Node, Value
 from kiln.ir.types import DType
@@ -224,7 +227,27 @@ def lower_pad(lw: Lowerer, node: Node) -> list[Kernel]:
     ]
 
 
+def lower_constant_of_shape(lw: Lowerer, node: Node) -> list[Kernel]:
+    """The value (0.0 by default) at every element of the output's shape (the shape vector, read
+    by inference, is not loaded). Usually folded; kept computed where its shape follows a length
+    the kernels take at run time (``kiln.driver.extents``)."""
+    out = node.outputs[0]
+    dtype = out.type.dtype  # type: ignore[union-attr]
+    if dtype in (DType.FLOAT16, DType.BFLOAT16) or dtype.numpy.kind not in "biuf":
+        raise CannotLower(f"ConstantOfShape of {dtype.short} has no native lowering")
+    given = node.attrs.get("value")
+    value = np.asarray(0.0 if given is None else given).reshape(-1)
+    if value.size != 1:
+        raise CannotLower("ConstantOfShape's value must hold one element")
+    dst = lw.buffer(out)
+    number = value[0].item()
+    fill = Const(bool(number) if dtype is DType.BOOL else number, dtype)
+    body, indices = nest(lw, (dst.size,), lambda i: [Store(dst, i[0], fill)])
+    return [lw.kernel(node, "copy", body, [], [out], default_schedule(lw.target, (dst.size,), indices))]
+
+
 LOWERINGS = {
+    "ConstantOfShape": lower_constant_of_shape,
     "Transpose": lower_transpose,
     "Concat": lower_concat,
     "Split": lower_split,

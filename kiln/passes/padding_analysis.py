@@ -10,6 +10,7 @@ from kiln.ir.types import TensorType
 from kiln.ops.registry import has_trait
 from kiln.passes.batching import SHAPE_ARITHMETIC, Refused, Sizes, ancestors, symbols
 from kiln.passes.padding_positions import PositionRules
+from kiln.passes.padding_shifts import ShiftRules
 from kiln.passes.padding_states import (
     FlatIndex,
     IndexTuple,
@@ -20,11 +21,12 @@ from kiln.passes.padding_states import (
     State,
     Stride,
     broadcast_dims,
+    is_shifted,
     rank_of,
 )
 
 
-class Analysis(PositionRules):
+class Analysis(ShiftRules, PositionRules):
     """The dataflow: states of values, the length's arithmetic, flat indices and merged rows
     (``PositionRules``: the ops on padded values)."""
 
@@ -69,6 +71,9 @@ class Analysis(PositionRules):
             and all(isinstance(d, int) or d == self.symbol for d in shape)
         ):
             found = [tuple(n if d == self.symbol else d for d in shape) for n in self.lengths]
+        if len(found) != 2 or found[0] is None or found[1] is None:
+            arrays = self.folded(value, others=3, lengths=self.lengths)  # computed from shapes: folded away there
+            found = [tuple(a.shape) for a in arrays] if arrays is not None else []
         if len(found) != 2 or found[0] is None or found[1] is None or len(found[0]) != len(found[1]):
             return None
         return found[0], found[1]  # type: ignore[return-value]
@@ -98,7 +103,8 @@ class Analysis(PositionRules):
                 result = self.state.get(value)
                 if isinstance(result, Sizes):
                     raise Refused(value.name, "an output computed from the length")
-                if result is not None and not isinstance(result, Padded):  # merged rows, flat indices
+                if (result is not None and not isinstance(result, Padded)) or is_shifted(result):
+                    # merged rows, flat indices, positions shifted (cut at the length, cut wrong)
                     raise Refused(value.name, "an output whose padded positions kiln cannot cut off")
                 outputs.append(result.axes if isinstance(result, Padded) else ())
             return Padding(self.symbol, tuple(inputs), tuple(outputs), tuple(self.masks))
@@ -106,10 +112,12 @@ class Analysis(PositionRules):
             return refusal
 
     # -- helpers ----------------------------------------------------------------------------------
-    def folded(self, value: Value, others: int | None = None) -> list[np.ndarray] | None:
-        """``value`` folded with the length bound to each of ``folds`` (and, with
-        ``others``, every other symbol bound to it); None when it does not fold (it reads an
-        input's data, or another symbol left unbound)."""
+    def folded(
+        self, value: Value, others: int | None = None, lengths: tuple[int, ...] | None = None
+    ) -> list[np.ndarray] | None:
+        """``value`` folded with the length bound to each of ``lengths`` (``folds`` unless
+        given; and, with ``others``, every other symbol bound to it); None when it does not fold
+        (it reads an input's data, or another symbol left unbound)."""
         from kiln.passes.specialize import specialize
 
         if self._producers is None:
@@ -117,7 +125,7 @@ class Analysis(PositionRules):
         alone = self.graph.with_(outputs=(value,), nodes=ancestors(self.graph, self._producers, value))
         bound = {d: others for d in symbols(self.graph)} if others is not None else {}
         found = []
-        for length in self.folds:
+        for length in lengths or self.folds:
             try:
                 folded = specialize(alone, {**bound, self.symbol: length})
             except Exception:  # reads an input's data
@@ -165,7 +173,13 @@ class Analysis(PositionRules):
             raise Refused(node.label, "control flow over the padded dim")
         if node.domain:
             raise Refused(node.label, "an op kiln cannot tell the positional behaviour of")
-        if any(isinstance(s, (Stride, FlatIndex, IndexTuple)) for s in read):
+        if node.op == "ScatterND":
+            results = [self.scattered(node, read)]
+        elif node.op == "ScatterElements" and isinstance(read[0], Padded) and read[1] is None and read[2] is None:
+            results = [self.scattered_elements(node, read)]
+        elif any(is_shifted(s) for s in read):
+            results = self.shifted_rule(node, read)
+        elif any(isinstance(s, (Stride, FlatIndex, IndexTuple)) for s in read):
             results = [self.flat_rule(node, read)]
         elif any(isinstance(s, Merged) for s in read):
             results = self.merged_rule(node, read)

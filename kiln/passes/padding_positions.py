@@ -32,7 +32,12 @@ class PositionRules:
     def mask(self, node: Node, index: int, axis: int, fill: float, divide: int = 0) -> None:  # pragma: no cover
         raise NotImplementedError
 
-    def folded(self, value: Value, others: int | None = None) -> list[np.ndarray] | None:  # pragma: no cover
+    def shifted_slice(self, node: Node, data: Padded, read: list[State]) -> Padded | None:  # pragma: no cover
+        raise NotImplementedError  # ShiftRules'
+
+    def folded(  # pragma: no cover
+        self, value: Value, others: int | None = None, lengths: tuple[int, ...] | None = None
+    ) -> list[np.ndarray] | None:
         raise NotImplementedError
 
     def ones_in(self, shape: Value) -> set[int]:
@@ -406,9 +411,12 @@ class PositionRules:
             )
             if starts[i] == 0 and step == 1 and to_length:
                 continue  # all of it
-            if 0 <= starts[i] and step == 1 and ends is not None and ends[i] <= self.low:
-                kept.remove(axis)  # a prefix every length has
+            if 0 <= starts[i] and step == 1 and ends is not None and 0 <= ends[i] <= self.low:
+                kept.remove(axis)  # a prefix every length has (a negative end counts from the length)
                 continue
+            shifted = self.shifted_slice(node, data, read)  # x[:, 1:], x[:, :-1]: shorter, still padded
+            if shifted is not None:
+                return shifted
             raise Refused(node.label, "slices the padded dim at positions not valid at every length")
         if isinstance(ends_state, Sizes):
             for i, axis in enumerate(axes):

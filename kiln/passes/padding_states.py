@@ -18,6 +18,12 @@ class Padded:
     zero: frozenset[int] = frozenset()
     ident: bool = False  # one axis, and each element is its own position (a Range(0, length))
     uniform: bool = False  # its values do not vary along the padded dims (a broadcast of a constant)
+    # (one axis) shifted by a slice (``x[:, :-1]``, ``x[:, 1:]``): its length is the run's length
+    # minus ``short`` and it is valid below that; ``kiln.passes.padding_shifts`` follows it
+    short: int = 0
+    # each element is its position plus this (a Range(0, length) sliced from 1: the positions a
+    # shifted copy is written to); None: not so (``ident`` is offset 0)
+    offset: int | None = None
 
 
 @dataclass(frozen=True)
@@ -27,6 +33,19 @@ class IndexTuple:
 
     axes: tuple[int, ...]
     parts: tuple[int | None, ...]
+    # component k is the position plus offsets[k] (() : all 0), the tuples' positions valid below
+    # the length minus ``short`` (tuples written to shifted positions: ``kiln.passes.padding_shifts``)
+    offsets: tuple[int, ...] = ()
+    short: int = 0
+
+
+@dataclass(frozen=True)
+class ShiftedSizes:
+    """A shape vector read from a shifted value (``Padded.short``): the elements ``mask`` marks
+    are the length minus ``short``."""
+
+    mask: tuple[bool, ...]
+    short: int
 
 
 @dataclass(frozen=True)
@@ -54,7 +73,7 @@ class FlatIndex:
     axes: tuple[int, ...]
 
 
-State = Padded | Merged | Sizes | Stride | FlatIndex | IndexTuple | None
+State = Padded | Merged | Sizes | ShiftedSizes | Stride | FlatIndex | IndexTuple | None
 
 
 @dataclass(frozen=True)
@@ -84,6 +103,15 @@ class Padding:
     @property
     def valid_input(self) -> str:
         return VALID + self.symbol
+
+
+def is_shifted(state: State) -> bool:
+    """A state only ``kiln.passes.padding_shifts`` may read (the others assume a length of L)."""
+    if isinstance(state, Padded):
+        return bool(state.short) or state.offset not in (None, 0)
+    if isinstance(state, IndexTuple):
+        return bool(state.short) or any(state.offsets)
+    return isinstance(state, ShiftedSizes)
 
 
 def broadcast_dims(out_rank: int, value: Value, axes: tuple[int, ...]) -> set[int]:

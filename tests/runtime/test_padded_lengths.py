@@ -250,15 +250,23 @@ def test_a_causal_mask_built_from_the_length_is_computed_by_a_kernel_at_run_time
 
 def test_a_constant_that_changes_with_the_length_is_refused_unless_it_is_the_capacitys_prefix():
     """The library keeps the capacity's constants: one that differs at another length must be the
-    first part of the capacity's (a Range of positions), and one of the same size must be equal."""
+    first part of the capacity's (a Range of positions), and one of the same size must be equal.
+    One no kernel reads (a shape vector only inference read) may differ."""
     from types import SimpleNamespace
 
     from kiln.driver import extents
     from kiln.ir.types import DType
-    from kiln.lower.kir import Buffer
+    from kiln.lower.kir import Buffer, Kernel
 
-    def state(array: np.ndarray) -> SimpleNamespace:
-        return SimpleNamespace(constants={Buffer("c", DType.FLOAT32, array.size): array}, lowerer=None)
+    def state(array: np.ndarray, read: bool = True) -> SimpleNamespace:
+        buffer = Buffer("c", DType.FLOAT32, array.size)
+        kernel = Kernel("k0", "copy", [], [buffer] if read else [], [], [])
+        return SimpleNamespace(constants={buffer: array}, lowerer=None, steps=[], segments=[[kernel]])
+
+    shape = np.array([8, 40], np.float32)
+    extents.check_constants([state(shape, read=False), state(np.array([8, 17], np.float32), read=False)])
+    with pytest.raises(extents.NotAffine, match="not the same prefix"):
+        extents.check_constants([state(shape), state(np.array([8, 17], np.float32))])
 
     positions = np.arange(40, dtype=np.float32)
     extents.check_constants([state(positions), state(positions[:17].copy()), state(positions[:16].copy())])

@@ -22,7 +22,7 @@ onnxruntime = pytest.importorskip("onnxruntime", reason="the sizes are checked a
 SIZES = [(1, 16), (1, 1), (8, 64), (3, 7), (5, 13), (8, 1)]
 
 
-# 15 architectures kiln's zoo does not have (and GPT-2, which it has, from the dynamo exporter),
+# 16 architectures kiln's zoo does not have (and GPT-2, which it has, from the dynamo exporter),
 # each from one exporter so both are covered; benchmarks/dynamic_architectures.py runs both of each
 CASES = [
     ("gpt2", "dynamo"),  # tokens flattened to rows
@@ -41,6 +41,7 @@ CASES = [
     ("deberta-v2", "torchscript"),  # disentangled attention: a table tiled once per sample, gathered by distance
     ("opt", "dynamo"),  # learned positions offset by 2, from a CumSum of the mask
     ("qwen2", "torchscript"),  # grouped-query attention, RMSNorm, rotary positions
+    ("bart", "torchscript"),  # encoder-decoder: decoder ids shifted right by ScatterNDs of index tuples
 ]
 
 
