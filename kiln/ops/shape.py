@@ -164,6 +164,10 @@ def _concat(ctx: InferContext) -> list[Type]:
                 raise ShapeInferenceError(f"inputs disagree on dim {i}: {column}")
             dims.append(static.pop() if static else column[0])
     parts = [ctx.dims_value(i) for i in range(ctx.num_inputs)] if rank == 1 else []
+    for i, part in enumerate(parts):  # a piece of unknown contents but known length: fresh dims
+        length = shapes[i][0]
+        if part is None and isinstance(length, int) and any(p is not None for p in parts):
+            parts[i] = tuple(ctx.fresh() for _ in range(length))
     if parts and all(p is not None for p in parts):
         ctx.out_symbolic[0] = tuple(d for p in parts for d in p)  # type: ignore[union-attr]
     return [TensorType(dtype, tuple(dims))]

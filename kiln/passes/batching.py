@@ -7,17 +7,15 @@ outputs. The analysis is a forward dataflow over the imported graph. Each value 
 
 * ``Batched(axis, per)``: it holds samples along ``axis``, ``per`` consecutive indices each (the
   symbol itself, or a dim a Reshape merged it into: [batch, 12, 197, 64] -> [batch*12, 197, 64]);
-* ``Sizes(mask)``: a small int vector computed from shapes, ``mask[i]`` telling whether element
-  ``i`` is the symbol's size (``Shape(x)[0]`` of a batched ``x``); such values may only become
-  the target shapes of ``Reshape``/``Expand``/``ConstantOfShape`` (a chunk computes its own);
-* anything else (None): independent of the samples (weights, other inputs, shape arithmetic on
-  them).
+* ``Sizes(mask)``: a small int vector from shapes, ``mask[i]``: whether element ``i`` is the
+  symbol's size (``Shape(x)[0]`` of a batched ``x``); only a Reshape/Expand/ConstantOfShape target;
+* anything else (None): independent of the samples (weights, other inputs, their shapes' arithmetic).
 
 An op may read samples only when a rule says how (the op categories ``aligned``, ``per_sample``,
 ``axis`` and ``reshape``, and the few ops with a rule of their own below); any other reader, and
 any sample mixing (a reduction, softmax or concat over the dim, a product contracting it), makes
 the symbol not sample-parallel, naming the node and the reason. Unknown ops are refused, never
-guessed: a refusal costs only a compile per size, as without this analysis.
+guessed (a refusal costs only a compile per size).
 """
 
 from __future__ import annotations
@@ -31,7 +29,7 @@ from kiln.ir.types import TensorType
 from kiln.ops.registry import has_trait
 from kiln.ops.symbolic_dims import ONE, Monomial, dim_product
 from kiln.passes.dce import dce
-from kiln.passes.op_axes import works_along
+from kiln.passes.op_axes import ancestors, gathered_nd_axis, symbols, works_along
 from kiln.passes.sample_index import (
     Index,
     SampleTuple,
@@ -86,16 +84,6 @@ SHAPE_ARITHMETIC = frozenset(
 )
 
 
-def symbols(graph: Graph) -> list[str]:
-    """The symbolic dims of the graph's inputs, in order of first appearance."""
-    seen: list[str] = []
-    for value in graph.inputs:
-        for dim in getattr(value.type, "shape", None) or ():
-            if isinstance(dim, str) and dim not in seen:
-                seen.append(dim)
-    return seen
-
-
 def sample_parallel(graph: Graph) -> dict[str, Parallel | Refused]:
     """For each symbolic input dim: how it is sample-parallel, or why not (of the nodes the
     outputs read: a pooled output nobody returns does not count)."""
@@ -108,18 +96,6 @@ def rank_of(value: Value | None) -> int:
     if value is None or not isinstance(value.type, TensorType) or value.type.shape is None:
         return -1
     return len(value.type.shape)
-
-
-def ancestors(graph: Graph, producers: dict[Value, Node], value: Value) -> list[Node]:
-    """The nodes ``value`` depends on, in graph order (``producers``: ``graph.producers()``)."""
-    needed: set[int] = set()
-    stack = [value]
-    while stack:
-        node = producers.get(stack.pop())
-        if node is not None and id(node) not in needed:
-            needed.add(id(node))
-            stack.extend(v for v in node.inputs if v is not None)
-    return [n for n in graph.nodes if id(n) in needed]
 
 
 class _Analysis:
@@ -470,10 +446,14 @@ class _Analysis:
                 raise Refused(node.label, "resizes the samples' dim")
         elif op == "Gather" and batched == [(1, batched[0][1])]:
             pass  # indices hold samples (an embedding lookup): each sample gathers its own rows
+        elif op == "GatherND" and batched == [(0, batched[0][1])] and gathered_nd_axis(node, batched[0][1]) is not None:
+            outputs = [gathered_nd_axis(node, batched[0][1])]  # tuples index the dims before the samples
         elif op == "ScatterND" and scatters_within_samples(node, batched):
             outputs = [batched[0][1]]
         else:
             self.along_axes(node, read, batched)
+            if outputs[0] is None and op in ("Pad", "Slice", "Tile"):  # (a name inference lost)
+                outputs = [batched[0][1]]  # the data's dims in place, cut or grown along others only
         kept = 1 if op in ("LayerNormalization", "Dropout", "BatchNormalization") else len(node.outputs)
         if any(axis is None for axis in outputs[:kept]):
             raise Refused(node.label, "an output that loses the samples' dim (it mixes them)")
@@ -519,7 +499,8 @@ class _Analysis:
             axis += 1
         if count != prefix or axis >= len(shape_out) or isinstance(shape_out[axis], int):
             raise Refused(node.label, "a reshape that moves elements across the samples' dim")
-        if shape_out[axis] == self.symbol:  # the count there: the dims after hold one sample each
+        # the count there (by name: the symbol, or the input's own name for the dim holding it)
+        if shape_out[axis] == self.symbol or (state.per == ONE and shape_out[axis] == shape_in[state.axis]):
             return Batched(axis)  # (as many elements in as out: they multiply to the sample's block)
         # each sample's block (its indices times the elements of each, symbols and all) over the
         # elements per index after: [batch, 4, seq, 16] -> [batch*4, seq, 16] is 4 once seq cancels
@@ -584,7 +565,7 @@ class _Analysis:
         joins = node.op == "Concat" or (node.op in ("GatherElements", "ScatterElements") and alike)
         if others and (not joins or any(axis != data_axis for axis in others)):
             raise Refused(node.label, "samples in an operand other than the data")
-        axes = works_along(node, rank_of(node.inputs[0]), self.ints)
+        axes = works_along(node, rank_of(node.inputs[0]), self.ints, self.graph)
         if axes is None:
             raise Refused(node.label, "dims kiln cannot read at compile time")
         if data_axis in axes:

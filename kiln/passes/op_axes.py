@@ -6,13 +6,62 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from kiln.ir.graph import Node
+import numpy as np
+
+from kiln.ir.graph import Graph, Node, Value
 from kiln.ops.registry import has_trait
 
+FOLDS = (5, 7, 12)  # the sizes every symbol is bound to when a Pad's amounts are folded
 
-def works_along(node: Node, rank: int, ints: Callable[[Node, int], list[int] | None]) -> set[int] | None:
+
+def symbols(graph: Graph) -> list[str]:
+    """The symbolic dims of the graph's inputs, in order of first appearance."""
+    seen: list[str] = []
+    for value in graph.inputs:
+        for dim in getattr(value.type, "shape", None) or ():
+            if isinstance(dim, str) and dim not in seen:
+                seen.append(dim)
+    return seen
+
+
+def ancestors(graph: Graph, producers: dict[Value, Node], value: Value) -> list[Node]:
+    """The nodes ``value`` depends on, in graph order (``producers``: ``graph.producers()``)."""
+    needed: set[int] = set()
+    stack = [value]
+    while stack:
+        node = producers.get(stack.pop())
+        if node is not None and id(node) not in needed:
+            needed.add(id(node))
+            stack.extend(v for v in node.inputs if v is not None)
+    return [n for n in graph.nodes if id(n) in needed]
+
+
+def folded_amounts(graph: Graph, value: Value) -> list[list[int]] | None:
+    """A Pad's amounts computed from shapes (Swin pads each window's plane up to a multiple of the
+    window), folded with every symbol bound to each of ``FOLDS``; None when they do not fold (they
+    read an input's data)."""
+    from kiln.passes.specialize import specialize
+
+    alone = graph.with_(outputs=(value,), nodes=ancestors(graph, graph.producers(), value))
+    found = []
+    for size in FOLDS:
+        try:
+            folded = specialize(alone, dict.fromkeys(symbols(graph), size))
+        except Exception:  # reads an input's data
+            return None
+        array = next((a for v, a in folded.constants.items() if v.name == folded.outputs[0].name), None)
+        if array is None or np.asarray(array).dtype.kind not in "iu":
+            return None
+        found.append([int(x) for x in np.asarray(array).reshape(-1)])
+    return found if len({len(f) for f in found}) == 1 else None
+
+
+def works_along(
+    node: Node, rank: int, ints: Callable[[Node, int], list[int] | None], graph: Graph | None = None
+) -> set[int] | None:
     """The dims ``node`` works along, from its attributes or constant inputs (``ints(node, i)``: input
-    i's contents when kiln can read them at compile time); None: unknown."""
+    i's contents when kiln can read them at compile time; a Pad's amounts computed from shapes are
+    folded in ``graph`` at several sizes, a dim padded at any of them counted); None: unknown."""
     op, attrs = node.op, node.attrs
     if op in ("Softmax", "LogSoftmax", "Hardmax"):
         return {int(attrs.get("axis", -1)) % rank}
@@ -51,6 +100,9 @@ def works_along(node: Node, rank: int, ints: Callable[[Node, int], list[int] | N
         }
     if op in ("Pad", "Tile"):
         amounts = ints(node, 1)
+        if amounts is None and op == "Pad" and graph is not None and node.inputs[1] is not None:
+            every = folded_amounts(graph, node.inputs[1])
+            amounts = [max(abs(a) for a in column) for column in zip(*every)] if every else None
         if amounts is None:
             return None
         if op == "Tile":
@@ -65,3 +117,16 @@ def works_along(node: Node, rank: int, ints: Callable[[Node, int], list[int] | N
     if has_trait(op, "", "axis"):
         return None
     return None
+
+
+def gathered_nd_axis(node: Node, axis: int) -> int | None:
+    """Where a GatherND with index tuples of static width ``k`` and no batch dims moves its data's
+    dim ``axis`` (Falcon's key head picked by ``[[-2]]`` from the heads in front): the output is
+    ``indices.shape[:-1] + data.shape[k:]``, so a dim past the tuples' is ``axis - k`` after the
+    indices' leading dims; None when the tuples index it (or their width is unknown)."""
+    if node.op != "GatherND" or int(node.attrs.get("batch_dims", 0)) != 0:
+        return None
+    shape = getattr(node.inputs[1].type, "shape", None) if node.inputs[1] is not None else None
+    if not shape or not isinstance(shape[-1], int) or axis < shape[-1]:
+        return None
+    return len(shape) - 1 + axis - shape[-1]

@@ -9,6 +9,7 @@ from kiln.ir.graph import Graph, Node, Value
 from kiln.ir.types import TensorType
 from kiln.ops.registry import has_trait
 from kiln.passes.batching import Refused, Sizes
+from kiln.passes.op_axes import gathered_nd_axis
 from kiln.passes.padding_states import PASSING, ZERO_SUMS, IndexTuple, Merged, Padded, State, broadcast_dims, rank_of
 
 
@@ -84,6 +85,16 @@ class PositionRules:
             if axis in first.axes:
                 raise Refused(node.label, "gathers along the padded dim by indices kiln cannot bound")
             return [Padded(tuple(sorted(set(first.axes) | set(read[1].axes if read[1] else ()))))]
+        if op == "GatherND" and isinstance(first, Padded) and read[1] is None:
+            moved = [gathered_nd_axis(node, a) for a in first.axes]  # index tuples of the dims before
+            if any(m is None for m in moved):
+                raise Refused(node.label, "gathers along the padded dim by index tuples")
+            return [Padded(tuple(moved), uniform=first.uniform)]  # type: ignore[arg-type]
+        if op == "Tile" and isinstance(first, Padded) and read[1] is None:
+            repeats = self.ints(node, 1)  # copies along the other dims only (GPT-J's positions per rotary pair)
+            if repeats is None or any(repeats[a] != 1 for a in first.axes if a < len(repeats)):
+                raise Refused(node.label, "tiles along the padded dim")
+            return [Padded(first.axes, ident=first.ident, uniform=first.uniform)]
         if op == "Trilu" and isinstance(first, Padded) and not any(read[1:]):
             return [Padded(first.axes)]  # kept or zeroed by (row, column): position-wise
         if op == "CumSum" and isinstance(first, Padded) and not any(read[1:]):
