@@ -13,7 +13,7 @@ from kiln.ops.registry import (
     register,
     same_as_input,
 )
-from kiln.ops.symbolic_dims import clamped, scaled, scaled_parts
+from kiln.ops.symbolic_dims import clamped, floored, scaled, scaled_parts
 
 UNARY = (
     "Abs Neg Exp Log Sqrt Reciprocal Sin Cos Tan Asin Acos Atan Sinh Cosh Asinh Acosh Atanh Tanh "
@@ -66,7 +66,7 @@ def _size_arithmetic(ctx: InferContext, a: Dim, b: Dim) -> Dim | None:
         return scaled(b, a) if isinstance(a, int) else scaled(a, b)  # type: ignore[arg-type]
     if op == "Div" and isinstance(a, str) and isinstance(b, int):
         base, factor = scaled_parts(a) or (a, 1)
-        return scaled(base, factor // b) if factor % b == 0 else ctx.fresh()
+        return scaled(base, factor // b) if factor % b == 0 else floored(a, b)
     return ctx.fresh()
 
 

@@ -138,6 +138,13 @@ def _transpose(ctx: InferContext) -> list[Type]:
     return [TensorType(data.dtype, tuple(data.shape[p] for p in perm))]
 
 
+def unknown_contents(value: str, index: int) -> str:
+    """The size element ``index`` of the integer value ``value`` holds, when inference cannot name
+    it (a window count computed through a remainder): one name per value and element."""
+    clean = "".join(c if c.isalnum() or c == "_" else "_" for c in value).strip("_") or "v"
+    return f"{'v' + clean if clean[0].isdigit() else clean}.v{index}"
+
+
 def _concat(ctx: InferContext) -> list[Type]:
     types = [ctx.tensor(i) for i in range(ctx.num_inputs)]
     dtype = types[0].dtype
@@ -164,10 +171,10 @@ def _concat(ctx: InferContext) -> list[Type]:
                 raise ShapeInferenceError(f"inputs disagree on dim {i}: {column}")
             dims.append(static.pop() if static else column[0])
     parts = [ctx.dims_value(i) for i in range(ctx.num_inputs)] if rank == 1 else []
-    for i, part in enumerate(parts):  # a piece of unknown contents but known length: fresh dims
-        length = shapes[i][0]
+    for i, part in enumerate(parts):  # a piece of unknown contents but known length: its own dims,
+        length = shapes[i][0]  # named by the value (two targets reading one count agree on it)
         if part is None and isinstance(length, int) and any(p is not None for p in parts):
-            parts[i] = tuple(ctx.fresh() for _ in range(length))
+            parts[i] = tuple(unknown_contents(ctx.node.inputs[i].name, j) for j in range(length))
     if parts and all(p is not None for p in parts):
         ctx.out_symbolic[0] = tuple(d for p in parts for d in p)  # type: ignore[union-attr]
     return [TensorType(dtype, tuple(dims))]
@@ -285,7 +292,7 @@ def _tile(ctx: InferContext) -> list[Type]:
 
 def _pad(ctx: InferContext) -> list[Type]:
     data = ctx.tensor(0)
-    pads = ctx.ints_value(1)
+    pads = ctx.dims_value(1)  # amounts computed from sizes (a window's pad) are symbols: those dims are new
     if data.shape is None:
         return [TensorType(data.dtype, None)]
     rank = len(data.shape)
@@ -297,7 +304,11 @@ def _pad(ctx: InferContext) -> list[Type]:
         raise ShapeInferenceError(f"{len(pads)} pads for {len(axes)} axes")
     dims = list(data.shape)
     for i, axis in enumerate(axes):
-        extra = pads[i] + pads[i + len(axes)]
+        begin, end = pads[i], pads[i + len(axes)]
+        if not isinstance(begin, int) or not isinstance(end, int):
+            dims[axis] = ctx.fresh()  # padded by an amount known only at run time
+            continue
+        extra = begin + end
         dims[axis] = dims[axis] + extra if isinstance(dims[axis], int) else (dims[axis] if extra == 0 else ctx.fresh())
     return [TensorType(data.dtype, tuple(dims))]
 

@@ -43,11 +43,29 @@ def scaled_parts(name: str) -> tuple[str, int] | None:
     return (base, int(factor)) if found and base and factor.isdigit() and int(factor) > 1 else None
 
 
+FLOORED = ".d"  # "pad_d1.d4": pad_d1 // 4 (a window count: a padded plane's height over the window)
+
+
+def floored(symbol: str, divisor: int) -> str:
+    """The dim ``symbol // divisor`` (a size divided by a number that may not divide it): one name
+    per quotient, so two places that compute it (Swin's window partition and its reverse) agree."""
+    return symbol if divisor == 1 else f"{symbol}{FLOORED}{divisor}"
+
+
+def floored_parts(name: str) -> tuple[str, int] | None:
+    """``(s, k)`` of a ``floored(s, k)`` name, else None."""
+    base, found, divisor = name.rpartition(FLOORED)
+    return (base, int(divisor)) if found and base and divisor.isdigit() and int(divisor) > 1 else None
+
+
 def bound(name: str, dims: Any) -> Dim:
     """``name``'s value under a binding of symbols to ints (``dims``: a mapping), or ``name``."""
     if name in dims:
         return dims[name]
     parts = scaled_parts(name)
+    if parts is None and (quotient := floored_parts(name)) is not None:
+        base = bound(quotient[0], dims)
+        return base // quotient[1] if isinstance(base, int) else name
     base = bound(parts[0], dims) if parts is not None else None
     return parts[1] * base if parts is not None and isinstance(base, int) else name
 

@@ -59,6 +59,8 @@ class ShiftRules:
         cut = start + (0 if end >= _BIG else -end)
         if not cut:
             return data
+        if data.short + cut > self.low:  # type: ignore[attr-defined]
+            return None  # shorter lengths than the cut are empty there, not ``cut`` shorter
         offset = None
         if data.ident or data.offset is not None:
             offset = (data.offset or 0) + start  # element i is position a + i: i plus a

@@ -158,3 +158,38 @@ def test_range_over_a_size_is_that_size_long_and_a_squeezed_size_keeps_its_conte
     assert [str(t) for t in types] == ["i64[seq]"]
     types, _ = infer_node(node, [v.type for v in ends], [np.array(1), None, np.array(1)], [None, ("seq",), None])
     assert [str(t) for t in types] != ["i64[seq]"]  # 1..seq-1 is not seq long
+
+
+def test_a_size_divided_by_a_number_is_one_name_wherever_it_is_computed():
+    """``h // 4`` is ``h.d4`` (Swin's window count: computed once for the partition and again for
+    its reverse, so the two views agree), bound by specialize to the floor division."""
+    from kiln.ops.symbolic_dims import bound, floored, floored_parts
+
+    size, four = Value("size", parse_type("i64[1]")), Value("four", parse_type("i64[1]"))
+    node = Node("Div", [size, four], [Value("q", TensorType(DType.INT64, None))], {})
+    _, symbolic = infer_node(node, [size.type, four.type], [None, np.array([4])], [("h",), None])
+    assert symbolic == {0: ("h.d4",)} and floored("h", 4) == "h.d4" and floored("h", 1) == "h"
+    assert floored_parts("h.d4") == ("h", 4) and floored_parts("h.dx") is None
+    assert bound("h.d4", {"h": 10}) == 2 and bound("h.x2.d4", {"h": 10}) == 5 and bound("h.d4", {}) == "h.d4"
+
+
+def test_a_piece_of_a_target_inference_cannot_name_is_named_by_its_value():
+    """Concat(count, unknown, [16]): the count and 16 are kept, the unknown piece is one name per
+    value (two targets reading one value agree), not a fresh symbol per Concat."""
+    count, unknown, width = (Value(n, parse_type("i64[1]")) for n in ("count", "rows", "width"))
+    out = [Value("target", TensorType(DType.INT64, None))]
+    node = Node("Concat", [count, unknown, width], out, {"axis": 0})
+    types = [v.type for v in node.inputs]
+    _, first = infer_node(node, types, [None, None, np.array([16])], [("batch",), None, None])
+    _, second = infer_node(node, types, [None, None, np.array([16])], [("batch",), None, None])
+    assert first == second == {0: ("batch", "rows.v0", 16)}
+
+
+def test_a_pad_by_amounts_computed_from_sizes_keeps_the_dims_it_does_not_pad():
+    """Pad amounts [0, 0, 0, 0, 0, p, q, 0] with p, q known only at run time: the batch and the
+    channels stay themselves, the padded dims are new (before: every dim a fresh symbol)."""
+    data, pads = Value("x", parse_type("f32[batch,h,w,16]")), Value("pads", parse_type("i64[8]"))
+    node = Node("Pad", [data, pads], [Value("padded", TensorType(DType.FLOAT32, None))], {})
+    types, _ = infer_node(node, [data.type, pads.type], [None, None], [None, (0, 0, 0, 0, 0, "p", "q", 0)])
+    dims = types[0].shape
+    assert dims[0] == "batch" and dims[3] == 16 and dims[1] not in ("h", "p") and dims[2] not in ("w", "q")

@@ -157,3 +157,23 @@ def test_shifted_positions_returned_or_scattered_short_of_the_end_are_refused():
     ]
     found = paddable(import_onnx(shifted_model(short)), "seq")
     assert not isinstance(found, Padding) and "ScatterND" in str(found), found
+
+
+def test_a_cut_longer_than_the_shortest_length_is_refused():
+    """``cat([start, start], ids[:, :-2])`` is the run's length only where the length is at least 2
+    (at 1, ``ids[:, :-2]`` is empty, not one shorter than nothing): padded when the range starts at
+    2, refused when it starts at 1."""
+    nodes = [
+        helper.make_node("Slice", ["ids", "zero", "minus_two", "one", "one"], ["head"]),
+        helper.make_node("Shape", ["ids"], ["batch"], start=0, end=1),
+        helper.make_node("Concat", ["batch", "two"], ["columns"], axis=0),
+        helper.make_node("Expand", ["start", "columns"], ["starts"]),
+        helper.make_node("Concat", ["starts", "head"], ["shifted"], axis=1),
+        *embedded("shifted"),
+    ]
+    weights = {**constants(), "minus_two": np.array([-2], np.int64), "two": np.array([2], np.int64)}
+    graph = import_onnx(
+        make_model(nodes, [("ids", INT64, ["batch", "seq"])], [("y", FLOAT, ["batch", "seq", WIDTH])], weights)
+    )
+    assert isinstance(paddable(graph, "seq", low=2), Padding)
+    assert not isinstance(paddable(graph, "seq", low=1), Padding)
