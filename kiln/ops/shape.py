@@ -138,13 +138,6 @@ def _transpose(ctx: InferContext) -> list[Type]:
     return [TensorType(data.dtype, tuple(data.shape[p] for p in perm))]
 
 
-def unknown_contents(value: str, index: int) -> str:
-    """The size element ``index`` of the integer value ``value`` holds, when inference cannot name
-    it (a window count computed through a remainder): one name per value and element."""
-    clean = "".join(c if c.isalnum() or c == "_" else "_" for c in value).strip("_") or "v"
-    return f"{'v' + clean if clean[0].isdigit() else clean}.v{index}"
-
-
 def _concat(ctx: InferContext) -> list[Type]:
     types = [ctx.tensor(i) for i in range(ctx.num_inputs)]
     dtype = types[0].dtype
@@ -171,10 +164,10 @@ def _concat(ctx: InferContext) -> list[Type]:
                 raise ShapeInferenceError(f"inputs disagree on dim {i}: {column}")
             dims.append(static.pop() if static else column[0])
     parts = [ctx.dims_value(i) for i in range(ctx.num_inputs)] if rank == 1 else []
-    for i, part in enumerate(parts):  # a piece of unknown contents but known length: its own dims,
-        length = shapes[i][0]  # named by the value (two targets reading one count agree on it)
+    for i, part in enumerate(parts):  # a piece of unknown contents but known length: fresh dims (not
+        length = shapes[i][0]  # named by the value: a name may stand for other values after rewrites)
         if part is None and isinstance(length, int) and any(p is not None for p in parts):
-            parts[i] = tuple(unknown_contents(ctx.node.inputs[i].name, j) for j in range(length))
+            parts[i] = tuple(ctx.fresh() for _ in range(length))
     if parts and all(p is not None for p in parts):
         ctx.out_symbolic[0] = tuple(d for p in parts for d in p)  # type: ignore[union-attr]
     return [TensorType(dtype, tuple(dims))]

@@ -70,12 +70,15 @@ IMAGE_SIZES = [(1, 32, 32), (4, 64, 64), (3, 37, 37), (2, 48, 63), (1, 61, 53)]
 
 
 @pytest.mark.slow
-def test_a_convnext_v2_export_runs_every_image_size_without_compiling_again(monkeypatch):
-    """ConvNeXtV2 (a 4x4 patchify, 7x7 depthwise windows channels last, GRN), exported by the dynamo
-    exporter with symbolic batch, height and width: every size matches onnxruntime on one compile
-    (before: a compile per image size, 'the lowering's structure differs with the length')."""
+@pytest.mark.parametrize("name", ["convnextv2", "segformer"])
+def test_an_image_export_runs_every_image_size_without_compiling_again(name, monkeypatch):
+    """ConvNeXtV2 (a 4x4 patchify, 7x7 depthwise windows channels last, GRN; before: a compile per
+    image size, 'the lowering's structure differs with the length') and SegFormer (views whose
+    targets mix the count with sizes computed by floor divisions; before: the batch refused),
+    exported by the dynamo exporter with symbolic batch, height and width: every size matches
+    onnxruntime on one compile."""
     monkeypatch.setenv("KILN_PLAN_CACHE", "0")
-    path = str(architectures.export("convnextv2", exporter="dynamo", dynamic=True))
+    path = str(architectures.export(name, exporter="dynamo", dynamic=True))
     model = kiln.compile(path, dims={"batch": "1..4", "height": "32..64", "width": "32..64"})
     assert not model.run_time_refused, model.run_time_refused
     session = onnxruntime.InferenceSession(path, providers=["CPUExecutionProvider"])
@@ -87,5 +90,5 @@ def test_a_convnext_v2_export_runs_every_image_size_without_compiling_again(monk
         got = next(iter(model.run(feeds).values()))
         assert got.shape == want.shape
         error = np.linalg.norm(got - want) / np.linalg.norm(want)
-        assert error <= 1e-5, f"convnextv2 at {batch}x{height}x{width}: relative L2 {error:.2e}"
+        assert error <= 1e-5, f"{name} at {batch}x{height}x{width}: relative L2 {error:.2e}"
     assert plans_compiled() == compiled, "an image size compiled after kiln.compile returned"
