@@ -15,6 +15,7 @@ import numpy as np
 from kiln.ir.graph import Node, Value
 from kiln.ir.types import DType
 from kiln.lower.engine import Epilogue
+from kiln.lower.integer_reduce import lower_integer_extreme, reduced_axes
 from kiln.lower.kir import (
     Assign,
     Binary,
@@ -76,23 +77,15 @@ _REDUCE = {  # op: (initial value, combine(acc, x), finish(acc, count))
 
 
 def lower_reduce(lw: Lowerer, node: Node) -> list[Kernel]:
+    integer = node.inputs[0].type.dtype.numpy.kind in "iu"  # type: ignore[union-attr]
+    if node.op in ("ReduceMax", "ReduceMin") and integer:
+        return lower_integer_extreme(lw, node)
     dtype = require_float(lw, node)
     source, out = node.inputs[0], node.outputs[0]
     assert source is not None
     shape = lw.shape(source)
     rank = len(shape)
-    if node.op.startswith("Global"):
-        axes = set(range(2, rank))
-    else:
-        raw = lw.constant(node.inputs[1]) if len(node.inputs) > 1 and node.inputs[1] is not None else None
-        if len(node.inputs) > 1 and node.inputs[1] is not None and raw is None:
-            raise CannotLower("reduction axes are not constant")
-        if raw is None or raw.size == 0:
-            if node.attrs.get("noop_with_empty_axes"):
-                raise CannotLower("noop reduction (left to the reference)")
-            axes = set(range(rank))
-        else:
-            axes = {int(a) % rank for a in raw}
+    axes = reduced_axes(lw, node, rank)
     if any(shape[a] == 0 for a in axes) and node.op not in (
         "ReduceSum",
         "ReduceSumSquare",

@@ -70,6 +70,15 @@ CASES = {
     "reduce_mean": (case("ReduceMean", [(2, 3, 4)], inits={"axes": np.array([-1])}), [data((2, 3, 4))]),
     "reduce_sum_all": (case("ReduceSum", [(2, 3, 4)], {"keepdims": 0}), [data((2, 3, 4))]),
     "reduce_max_middle": (case("ReduceMax", [(2, 3, 4)], inits={"axes": np.array([1])}), [data((2, 3, 4))]),
+    # integers (a position's maximum): exact in their own type, the type's own extremes included
+    "reduce_max_int32": (
+        case("ReduceMax", [(2, 3, 4)], dtype=TensorProto.INT32, inits={"axes": np.array([1])}),
+        [np.array(RNG.integers(-(2**31), 2**31, (2, 3, 4)), np.int32)],
+    ),
+    "reduce_min_int64_all": (
+        case("ReduceMin", [(3, 5)], {"keepdims": 0}, dtype=I64),
+        [np.array([[2**62, -(2**63), 5, 0, 1]] * 3, np.int64)],
+    ),
     "softmax_axis1": (case("Softmax", [(2, 5, 3)], {"axis": 1}), [data((2, 5, 3))]),
     "log_softmax": (case("LogSoftmax", [(3, 7)]), [data((3, 7))]),
     "layer_norm": (
