@@ -321,7 +321,7 @@ class TermFitter:
             for divisor in divisors:
                 for add in range(divisor):
                     column = _factor_values(both, (i, add, divisor))
-                    if (column > 0).all() and column.tobytes() not in groups:
+                    if (column >= 0).all() and column.any() and column.tobytes() not in groups:
                         divided.setdefault(column.tobytes(), (i, add, divisor))
         terms: list[tuple[Factor, ...]] = [(f,) for f in plain] + [(f,) for f in divided.values()]
         terms += list(itertools.combinations_with_replacement(plain, MAX_TERMS))

@@ -172,6 +172,17 @@ def test_groups_of_pixels_take_the_width_at_run_time():
     assert plans_compiled() == before
 
 
+def test_a_floor_division_that_is_zero_at_small_sizes_is_a_term():
+    """A loop over groups of 4 pixels of a plane that is 3 pixels wide at the smallest size runs no
+    times there: floor(d / 4) is 0 at that binding and still the term (ConvNeXtV2's last stage
+    through torch.compile, whose range starts at 16: before, 'no constant plus a multiple of a
+    product of the model's dims' and a compile per size)."""
+    d = np.array([40, 27, 13, 3, 33], np.int64)
+    values, checked = d[:4, None], d[4:, None]
+    size = spatial.TermFitter(values, checked, (4,)).fit([int(v) for v in d[:4] // 4], "k1.extent")
+    assert size.factors == ((0, 0, 4),) and size.at(np.array([33])) == 8 and size.at(np.array([2])) == 0
+
+
 def test_the_route_can_be_turned_off_and_then_compiles_per_size():
     options = CompileOptions.from_env().with_(disabled=frozenset({"run-time-dims"}))
     compiled = kiln.compile(strided_cnn(), dims={"batch": 1, "h": (6, 40), "w": (6, 40)}, options=options)
