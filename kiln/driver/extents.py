@@ -52,6 +52,7 @@ from kiln.lower.kir import (
     MatrixOperand,
     WinogradInput,
     WinogradOutput,
+    buffers_in,
 )
 from kiln.lower.memory import GrowingLayout, growing_layout, grows
 from kiln.passes import specialize
@@ -222,34 +223,14 @@ def kernels_of(state: Compile) -> list[Kernel]:
     return [k for segment in state.segments for k in segment]
 
 
-def referenced(kernels: list[Kernel]) -> set[str]:
-    """The names of every buffer the kernels mention (loads, stores, engine operands)."""
-    found: set[str] = set()
-    seen: set[int] = set()
-    stack: list[Any] = list(kernels)
-    while stack:
-        x = stack.pop()
-        if isinstance(x, (int, float, str, bool, type(None), DType)) or id(x) in seen:
-            continue
-        seen.add(id(x))
-        if isinstance(x, Buffer):
-            found.add(x.name)
-        elif isinstance(x, (list, tuple)):
-            stack.extend(x)
-        elif isinstance(x, dict):
-            stack.extend(x.values())
-        elif dataclasses.is_dataclass(x):
-            stack.extend(getattr(x, f.name) for f in dataclasses.fields(x))
-    return found
-
-
 def check_constants(states: list[Compile]) -> None:
     """A constant whose size depends on the length (a folded Range of positions) must hold, at
     every length, the first part of the capacity's data (what the dense layout at E reads); one
     whose size does not must hold the same values at every length (the library keeps the
     capacity's)."""
     capacity = {b.name: a for b, a in states[0].constants.items()}
-    read = referenced(kernels_of(states[0]))  # (a shape vector only inference read is no kernel's)
+    # (a shape vector only inference read is no kernel's)
+    read = {b.name for k in kernels_of(states[0]) for b in [*k.reads, *buffers_in(k.body)]}
     for state in states[1:]:
         packed = state.lowerer.packed if state.lowerer is not None else {}
         for buffer, array in state.constants.items():

@@ -23,6 +23,7 @@ from kiln.passes.padding_states import (
     broadcast_dims,
     is_shifted,
     rank_of,
+    where_mask,
 )
 
 
@@ -258,16 +259,8 @@ class Analysis(ShiftRules, PositionRules):
                 chosen = tuple(mask[i] for i in indices)
                 return [Sizes(chosen) if any(chosen) else None]
         if op == "Where":  # element i is either branch's element i (whichever the condition picks)
-            masks = []
-            for i in (1, 2):
-                state = read[i]
-                length = rank_of(node.inputs[i]) == 1 and node.inputs[i].type.shape[0]  # type: ignore[union-attr]
-                if isinstance(state, Sizes) and state.mask is not None:
-                    masks.append(state.mask)
-                elif state is None and isinstance(length, int):
-                    masks.append((False,) * length)
-            if len(masks) == 2 and len(masks[0]) == len(masks[1]):
-                union = tuple(a or b for a, b in zip(*masks))
+            union = where_mask(node, read, Sizes)
+            if union is not None:
                 return [Sizes(union) if any(union) else None]
         if op in SHAPE_ARITHMETIC:
             return [Sizes(None)]

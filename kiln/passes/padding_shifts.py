@@ -23,7 +23,16 @@ from kiln.ir.graph import Node, Value
 from kiln.ir.types import TensorType
 from kiln.ops.registry import has_trait
 from kiln.passes.batching import Refused, Sizes
-from kiln.passes.padding_states import PASSING, IndexTuple, Padded, ShiftedSizes, State, is_shifted, rank_of
+from kiln.passes.padding_states import (
+    PASSING,
+    IndexTuple,
+    Padded,
+    ShiftedSizes,
+    State,
+    is_shifted,
+    rank_of,
+    where_mask,
+)
 
 _BIG = (1 << 31) - 1  # a slice end at least this: to the end
 
@@ -83,8 +92,6 @@ class ShiftRules:
             return [ShiftedSizes(sizes.mask, first.short) if isinstance(sizes, Sizes) and sizes.mask else sizes]
         if op in ("Expand", "Reshape", "ConstantOfShape"):
             return [self.shaped(node, read)]
-        if op == "ScatterND":
-            return [self.scattered(node, read)]
         if any(isinstance(s, ShiftedSizes) for s in read) and op != "ConstantOfShape":
             return [self.shifted_sizes(node, read)]
         if op == "Concat":
@@ -113,16 +120,8 @@ class ShiftRules:
         if op in ("Cast", "Identity", "Squeeze", "Unsqueeze") and isinstance(first, ShiftedSizes):
             return first if rank_of(node.outputs[0]) <= 1 else Sizes(None)
         if op == "Where":
-            masks = []
-            for index in (1, 2):
-                state, value = read[index], node.inputs[index]
-                length = rank_of(value) == 1 and value.type.shape[0]  # type: ignore[union-attr]
-                if isinstance(state, ShiftedSizes):
-                    masks.append(state.mask)
-                elif state is None and isinstance(length, int):
-                    masks.append((False,) * length)
-            if len(masks) == 2 and len(masks[0]) == len(masks[1]):
-                union = tuple(a or b for a, b in zip(*masks))
+            union = where_mask(node, read, ShiftedSizes)
+            if union is not None:
                 return ShiftedSizes(union, short) if any(union) else None
         if op == "Concat" and all(rank_of(v) == 1 for v in node.inputs if v is not None):
             parts: list[bool] = []

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from kiln.ir.graph import Value
+from kiln.ir.graph import Node, Value
 from kiln.passes.batching import Sizes, rank_of
 
 VALID = "kiln_valid_"  # the padded graph's extra input: VALID + symbol, the run's true length
@@ -112,6 +112,23 @@ def is_shifted(state: State) -> bool:
     if isinstance(state, IndexTuple):
         return bool(state.short) or any(state.offsets)
     return isinstance(state, ShiftedSizes)
+
+
+def where_mask(node: Node, read: list[State], kind: type) -> tuple[bool, ...] | None:
+    """A Where between two 1-D shape vectors (element i is either branch's element i): which
+    elements may be the length, read from ``kind`` states' masks (a branch independent of the
+    length, of static size, has none); None when a branch is neither."""
+    masks = []
+    for index in (1, 2):
+        state, value = read[index], node.inputs[index]
+        length = rank_of(value) == 1 and value.type.shape[0]
+        if isinstance(state, kind) and state.mask is not None:
+            masks.append(state.mask)
+        elif state is None and isinstance(length, int):
+            masks.append((False,) * length)
+    if len(masks) != 2 or len(masks[0]) != len(masks[1]):
+        return None
+    return tuple(a or b for a, b in zip(*masks))
 
 
 def broadcast_dims(out_rank: int, value: Value, axes: tuple[int, ...]) -> set[int]:
