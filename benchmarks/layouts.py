@@ -3,13 +3,21 @@ channels-last kernel (kiln::DepthwiseConv, what kiln.passes.layout puts in a cha
 each layer with its Relu, in one process, rounds alternating, best of the rounds (ms).
 
     python benchmarks/layouts.py [--threads 1] [--rounds 300]
+    python benchmarks/layouts.py --models mobilenet_v2,resnet50 --threads 2   # whole models
 
-The layout pass prices the two kernels as equal; this is the measurement that says whether they are."""
+Layers alone miss what a layout does to the kernels around them, so ``--models`` times whole zoo
+models (batch 1) three ways, each in its own process with no plan cache: the layout pass's choice,
+NCHW forced (the pass disabled) and channels last forced (its price overridden); medians and p90 of
+``--rounds`` runs after a warm-up. The layout pass prices each depthwise convolution as saving the
+conversion of its input and output; this is the measurement that says whether it does."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -50,10 +58,54 @@ def layer(channels: int, size: int, stride: int, kernel: int, channels_last: boo
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10)
 
 
+MODEL_JOB = r"""
+import json, os, statistics, sys, time
+import numpy as np
+import kiln
+import kiln.passes.layout as layout
+from kiln import zoo
+model, mode, threads, rounds = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+if mode == "nhwc":
+    layout.pays = lambda before, after, saved: True
+feeds = {k: np.asarray(v) for k, v in zoo.example_inputs(model, batch=1).items()}
+compiled = kiln.compile(zoo.onnx_path(model), dims={"batch": 1}, threads=threads)
+for _ in range(10):
+    compiled.run(feeds)
+times = []
+for _ in range(rounds):
+    start = time.perf_counter()
+    compiled.run(feeds)
+    times.append((time.perf_counter() - start) * 1e3)
+times.sort()
+print(json.dumps({"p50": statistics.median(times), "p90": times[int(0.9 * (len(times) - 1))]}))
+"""
+
+
+def whole_models(models: list[str], threads: int, rounds: int) -> None:
+    """Each model under the pass's choice, NCHW forced and channels last forced, fresh processes."""
+    for model in models:
+        row: dict = {"model": model}
+        for mode in ("auto", "nchw", "nhwc"):
+            env = dict(os.environ, KILN_PLAN_CACHE="0")
+            if mode == "nchw":
+                env["KILN_DISABLE"] = ",".join(filter(None, [env.get("KILN_DISABLE", ""), "assign_layouts"]))
+            done = subprocess.run(
+                [sys.executable, "-c", MODEL_JOB, model, mode, str(threads), str(rounds)],
+                env=env, capture_output=True, text=True, check=False,
+            )  # fmt: skip
+            if done.returncode:
+                row[mode] = f"failed: {done.stderr.strip().splitlines()[-1:]}"
+                continue
+            times = json.loads(done.stdout.strip().splitlines()[-1])
+            row[f"{mode}_p50_ms"], row[f"{mode}_p90_ms"] = round(times["p50"], 3), round(times["p90"], 3)
+        print(json.dumps(row), flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--rounds", type=int, default=300)
+    parser.add_argument("--models", help="zoo models timed whole, in each layout (comma-separated)")
     args = parser.parse_args()
 
     import kiln
@@ -61,6 +113,9 @@ def main() -> None:
 
     machine = fingerprint()
     print(json.dumps({"cpu": machine.get("cpu"), "flags": machine.get("flags"), "threads": args.threads}))
+    if args.models:
+        whole_models(args.models.split(","), args.threads, args.rounds)
+        return
     with tempfile.TemporaryDirectory() as folder:
         for channels, size, stride, kernel in LAYERS:
             models = []

@@ -12,17 +12,21 @@ global pooling) until pairs meet and cancel (``simplify``). What is left are the
 consumer needs: at the region's edges (a stem convolution that stays NCHW, the classifier).
 
 The choice is a cost: the bytes the graph's layout conversions move (read and written), before
-and after, against what the channels-last kernels save. A depthwise convolution with a large
-window (5x5, 7x7) on NCHW data interleaves its channels into scratch and back (a conversion of
-its input and output it does itself) or runs on rows, and measures about twice the channels-last
-kernel's time; so each saves about the conversion of its input and output. 3x3 windows and 1x1
-convolutions are priced as equal in both layouts, which is what they measure
-(``benchmarks/layouts.py``: within ~15% either way; a 1x1 convolution is one matrix product
-either way). So the graph goes channels last where that removes conversions it had (ConvNeXt's
-exporters permute to channels last around every block's LayerNorm and linear layers) or adds
-fewer than its large depthwise windows save (EfficientNet), and stays as it was when it would
-only add some (a MobileNet's stem, a ResNet's 3x3 convolutions). ``kiln explain`` prints the
-decision (``layout_decision``).
+and after, against what the channels-last kernels save. A depthwise convolution on NCHW data runs
+on rows (short ones on the small planes: a 7x7 plane fills half a 16-float vector) or interleaves
+its channels into scratch and back (a conversion of its input and output it does itself); the
+channels-last kernel vectorizes across channels, and the 1x1 products beside it then read their
+activations in place and write whole rows (on NCHW data they pack them each call and write tiles
+strided by the plane). So each depthwise convolution is priced as saving the conversion of its
+input and output. Measured on whole models, not on layers alone (``python benchmarks/layouts.py
+--models mobilenet_v2,resnet50``): MobileNetV2 6.7 -> 4.4 ms channels last on a 2-core Zen 4
+(4.7 on its AVX2 path), while its 3x3 layers alone measure within ~35% either way. 1x1
+convolutions are priced as equal in both layouts: channels last only for them costs a ResNet
+more than it saves (the conversions around every 3x3 convolution: resnet50 49 -> 61 ms). So the
+graph goes channels last where that removes conversions it had (ConvNeXt's exporters permute to
+channels last around every block's LayerNorm and linear layers) or adds fewer than its depthwise
+convolutions save (MobileNet, EfficientNet), and stays as it was when it would only add some (a
+ResNet's 3x3 convolutions). ``kiln explain`` prints the decision (``layout_decision``).
 
 Only a target whose kernels run channels last gets it (``Target.layouts``); others keep NCHW.
 """
@@ -56,11 +60,6 @@ REDUCTIONS = (
     "ReduceSumSquare",
 )
 GLOBAL_POOLS = {"GlobalAveragePool": "ReduceMean", "GlobalMaxPool": "ReduceMax"}
-# depthwise windows from this many taps (5x5 and up): their NCHW kernel interleaves a block of
-# channels into scratch and back (kiln.lower.window_lowering's channel-blocked kernel) or runs on
-# rows, and measures about twice the channels-last kernel's time (benchmarks/layouts.py); the
-# interleaving is a conversion of the input and output, which channels last saves
-LARGE_WINDOW = 25
 MAX_ROUNDS = 16  # propagation rounds (each moves every conversion past at least one op, or stops)
 
 
@@ -73,14 +72,14 @@ class LayoutDecision:
     depthwise: int  # depthwise convolutions that would run channels last
     conversions_before: int  # bytes the graph's own layout conversions move
     conversions_after: int  # bytes the conversions left after propagation move
-    saved: int  # bytes of conversion the NCHW kernels do themselves (large depthwise windows)
+    saved: int  # bytes of conversion the depthwise convolutions' channels-last kernels save
     reason: str
 
     def text(self) -> str:
         verdict = "channels last (NHWC)" if self.channels_last else "NCHW kept"
         return (
             f"{verdict}: {self.pointwise} 1x1 and {self.depthwise} depthwise convolutions; conversions "
-            f"{_mb(self.conversions_before)} -> {_mb(self.conversions_after)} MB moved, the NCHW kernels' own "
+            f"{_mb(self.conversions_before)} -> {_mb(self.conversions_after)} MB moved, the depthwise kernels' "
             f"{_mb(self.saved)} MB saved ({self.reason})"
         )
 
@@ -110,20 +109,21 @@ def _decide(graph: Graph, target: Any) -> tuple[LayoutDecision, Graph]:
         return LayoutDecision(False, 0, 0, before, before, 0, "no convolution has a channels-last kernel"), graph
     trial = propagate(rewrite_channels_last(graph, {id(node): kind for node, kind in found}))
     after = conversion_bytes(trial)
-    saved = sum(2 * (_bytes(node.inputs[0]) + _bytes(node.outputs[0])) for node in depthwise if _large(graph, node))
-    chosen = after - saved < before
+    saved = sum(2 * (_bytes(node.inputs[0]) + _bytes(node.outputs[0])) for node in depthwise)
+    chosen = pays(before, after, saved)
     reason = "the conversions cost less than the kernels save" if chosen else "the conversions would cost more"
     decision = LayoutDecision(chosen, pointwise, len(depthwise), before, after, saved, reason)
     return decision, (trial if chosen else graph)
 
 
+def pays(before: int, after: int, saved: int) -> bool:
+    """Whether channels last pays: the conversions it leaves, less what its depthwise kernels save,
+    move fewer bytes than the graph's own (``benchmarks/layouts.py --models`` replaces it to force
+    either layout)."""
+    return after - saved < before
+
+
 # -- which convolutions -------------------------------------------------------------------------------
-
-
-def _large(graph: Graph, node: Node) -> bool:
-    """A depthwise window of LARGE_WINDOW taps or more (5x5, 7x7)."""
-    weights = graph.constants[node.inputs[1]]  # type: ignore[index]
-    return int(np.prod(weights.shape[2:])) >= LARGE_WINDOW
 
 
 def _static_f32(value: Value | None, rank: int) -> bool:

@@ -104,6 +104,45 @@ graph g(%x: f32[1,8,6,6]) -> (%y) {
     assert decision.conversions_after > decision.conversions_before == 0
 
 
+def test_an_inverted_residual_with_a_3x3_depthwise_goes_channels_last():
+    """MobileNetV2's block (1x1 expand, 3x3 depthwise, 1x1 project, residual) on NCHW data: the
+    depthwise convolution saves the conversion of its (expanded) input and output, more than the
+    two conversions at the graph's edges cost, so the block runs channels last."""
+    rng = np.random.default_rng(0)
+    data = {
+        "w1": rng.standard_normal((24, 4, 1, 1)).astype(np.float32),
+        "dw": rng.standard_normal((24, 1, 3, 3)).astype(np.float32),
+        "w3": rng.standard_normal((4, 24, 1, 1)).astype(np.float32),
+        "lo": np.float32(0),
+        "hi": np.float32(6),
+    }
+    before = parse_graph(
+        """
+graph g(%x: f32[1,4,8,8]) -> (%y) {
+  const %w1: f32[24,4,1,1]
+  const %dw: f32[24,1,3,3]
+  const %w3: f32[4,24,1,1]
+  const %lo: f32[]
+  const %hi: f32[]
+  %a: f32[1,24,8,8] = Conv(%x, %w1)
+  %r: f32[1,24,8,8] = Clip(%a, %lo, %hi)
+  %d: f32[1,24,8,8] = Conv(%r, %dw) {group=24, pads=[1, 1, 1, 1]}
+  %s: f32[1,24,8,8] = Clip(%d, %lo, %hi)
+  %c: f32[1,4,8,8] = Conv(%s, %w3)
+  %y: f32[1,4,8,8] = Add(%c, %x)
+}""",
+        data,
+    )
+    decision = layout_decision(before, CPU)
+    assert decision.channels_last and decision.depthwise == 1 and decision.pointwise == 2, decision
+    assert decision.saved == 2 * 2 * (24 * 8 * 8 * 4) > decision.conversions_after - decision.conversions_before
+    after = assign_layouts(before, CPU)
+    verify(after)
+    assert "kiln::DepthwiseConv" in ops(after) and ops(after).count("Transpose") == 2  # the input's and the output's
+    x = rng.standard_normal((1, 4, 8, 8)).astype(np.float32)
+    np.testing.assert_allclose(run(after, x)[0], run(before, x)[0], rtol=1e-4, atol=1e-4)
+
+
 def test_a_target_without_channels_last_kernels_keeps_nchw():
     before = _convnext_block()
     assert assign_layouts(before, None) is before
