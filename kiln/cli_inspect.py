@@ -23,7 +23,7 @@ from kiln.cli_support import (
     split_ranges,
     target_option,
 )
-from kiln.lower.kir import kernel_precision
+from kiln.lower.kir import engine_calls, kernel_precision
 from kiln.output_files import write_output_file
 
 
@@ -496,7 +496,7 @@ def _explain_plan(plan) -> None:  # type: ignore[no-untyped-def]
                 f"{kernel.name} (segment {step.number})",
                 _kind(kernel),
                 escape("; ".join(kernel.sources)),
-                ", ".join(p for p in parts if p) or "serial",
+                ", ".join(p for p in parts if p) or ("engine (parallel inside)" if engine_calls(kernel) else "serial"),
             )
     out.print(table)
     native = "no host fallback" if plan.is_native else f"{len(plan.fallbacks)} host fallback(s)"

@@ -129,6 +129,23 @@ def test_explain_shows_kernels_and_memory_plan(tmp_path):
     assert "memory plan" in result.output and "generated source" in result.output
 
 
+def test_explain_says_a_matrix_product_runs_in_the_engine_not_serially(tmp_path):
+    import numpy as np
+
+    weights = {"w": np.random.default_rng(0).standard_normal((64, 64)).astype(np.float32)}
+    model = make_model(
+        [helper.make_node("MatMul", ["x", "w"], ["m"]), helper.make_node("Exp", ["m"], ["y"])],
+        [("x", FLOAT, [64, 64])],
+        [("y", FLOAT, None)],
+        weights,
+    )
+    onnx.save(model, tmp_path / "m.onnx")
+    result = invoke("explain", str(tmp_path / "m.onnx"))
+    assert result.exit_code == 0, result.output
+    row = next(line for line in result.output.splitlines() if "MatMul" in line and "(segment" in line)
+    assert "engine (parallel inside)" in row and "serial" not in row, row
+
+
 def test_explain_prints_what_every_pipeline_stage_produced(tmp_path):
     from kiln.driver.pipeline import STAGES as PIPELINE
 

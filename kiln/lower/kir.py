@@ -486,17 +486,24 @@ def walk_statements(body: list[Stmt], visit: Any, stored: Any = None, engine: An
             engine(stmt)
 
 
-def kernel_precision(kernel: Kernel) -> str:
-    """What a kernel's matrix products compute in: ``bf16`` or ``int8`` when it calls the engine's
-    reduced-precision paths, else ``fp32`` (every other kernel computes in its tensors' types)."""
-    found: list[str] = []
+def engine_calls(kernel: Kernel) -> list[GemmSpec | AttentionSpec]:
+    """The engine calls (matrix products, attention) in a kernel's body, in order: the engine
+    parallelizes them itself."""
+    found: list[GemmSpec | AttentionSpec] = []
 
     def find(body: list[Stmt]) -> None:
         for stmt in body:
-            if isinstance(stmt, (GemmSpec, AttentionSpec)) and stmt.precision != "fp32":
-                found.append(stmt.precision)
+            if isinstance(stmt, (GemmSpec, AttentionSpec)):
+                found.append(stmt)
             elif isinstance(stmt, (For, If)):
                 find(stmt.body)
 
     find(kernel.body)
+    return found
+
+
+def kernel_precision(kernel: Kernel) -> str:
+    """What a kernel's matrix products compute in: ``bf16`` or ``int8`` when it calls the engine's
+    reduced-precision paths, else ``fp32`` (every other kernel computes in its tensors' types)."""
+    found = [call.precision for call in engine_calls(kernel) if call.precision != "fp32"]
     return found[0] if found else "fp32"
