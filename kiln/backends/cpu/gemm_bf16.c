@@ -187,22 +187,27 @@ static void kiln_bf16_pack_b(const kiln_gemm *g, int64_t bt, int64_t x0, int64_t
 #define KILN_AMX_DOT_BF16(c, x, y) _tile_dpbf16ps(c, x, y)
 KILN_AMX_BLOCK(kiln_bf16_amx, "amx-tile,amx-bf16", uint16_t, KILN_AMX_DOT_BF16)
 
-__attribute__((target("avx512f,avx512bf16"))) static void kiln_bf16_dot8(const uint16_t *a, int64_t lda, const uint16_t *b, int64_t kc, float *c, int64_t ldc, int accumulate) {
+/* 8 rows x 32 columns on zmm: the sum over taps t of A rows at a + offsets[t] times B panel rows
+   t * kc .. (t + 1) * kc, the sums held in registers across the taps; a plain block is one tap */
+__attribute__((target("avx512f,avx512bf16"))) static void kiln_bf16_dot8(const uint16_t *a, int64_t lda, const int64_t *offsets, int64_t taps, const uint16_t *b, int64_t kc, float *c, int64_t ldc, int accumulate) {
   __m512 acc0[8], acc1[8];
   for (int r = 0; r < 8; ++r) {
     acc0[r] = accumulate ? _mm512_loadu_ps(c + r * ldc) : _mm512_setzero_ps();
     acc1[r] = accumulate ? _mm512_loadu_ps(c + r * ldc + 16) : _mm512_setzero_ps();
   }
-  for (int64_t p = 0; p < kc / 2; ++p) {
-    const __m512bh b0 = (__m512bh)_mm512_loadu_si512((const void *)(b + p * 64));
-    const __m512bh b1 = (__m512bh)_mm512_loadu_si512((const void *)(b + p * 64 + 32));
+  for (int64_t t = 0; t < taps; ++t) {
+    const uint16_t *at = a + offsets[t], *bt = b + t * kc * 32;
+    for (int64_t p = 0; p < kc / 2; ++p) {
+      const __m512bh b0 = (__m512bh)_mm512_loadu_si512((const void *)(bt + p * 64));
+      const __m512bh b1 = (__m512bh)_mm512_loadu_si512((const void *)(bt + p * 64 + 32));
 #pragma GCC unroll 8
-    for (int r = 0; r < 8; ++r) {
-      uint32_t word;
-      memcpy(&word, a + r * lda + 2 * p, sizeof word);
-      const __m512bh pair = (__m512bh)_mm512_set1_epi32((int)word);
-      acc0[r] = _mm512_dpbf16_ps(acc0[r], pair, b0);
-      acc1[r] = _mm512_dpbf16_ps(acc1[r], pair, b1);
+      for (int r = 0; r < 8; ++r) {
+        uint32_t word;
+        memcpy(&word, at + r * lda + 2 * p, sizeof word);
+        const __m512bh pair = (__m512bh)_mm512_set1_epi32((int)word);
+        acc0[r] = _mm512_dpbf16_ps(acc0[r], pair, b0);
+        acc1[r] = _mm512_dpbf16_ps(acc1[r], pair, b1);
+      }
     }
   }
   for (int r = 0; r < 8; ++r) {
@@ -235,7 +240,7 @@ static void kiln_bf16_block(const kiln_gemm *g, const void *av, int64_t lda, con
     return;
   }
   if (kiln_bf16_mode == 1) {
-    for (int64_t r = 0; r < rows; r += 8) kiln_bf16_dot8(a + r * lda, lda, b, kc, c + r * ldc, ldc, accumulate);
+    for (int64_t r = 0; r < rows; r += 8) kiln_bf16_dot8(a + r * lda, lda, kiln_amx_one_tap, 1, b, kc, c + r * ldc, ldc, accumulate);
     return;
   }
 #endif
@@ -261,17 +266,28 @@ static void kiln_bf16_nhwc_row(const kiln_gemm *g, int64_t bt, int64_t ph, int64
   }
 }
 
+/* every tap of a direct convolution's 32 x 32 block at once where the path has such a kernel (AMX
+   tiles, AVX512_BF16 registers): 1; else 0 (the driver goes tap by tap through kiln_bf16_block) */
+static int kiln_bf16_taps(const kiln_gemm *g, const void *a, int64_t lda, const int64_t *offsets, int64_t taps, const void *b, int64_t kc, void *c, int64_t ldc) {
+  (void)g;
 #ifdef KILN_X86
-static void kiln_bf16_amx_taps(const kiln_gemm *g, const void *a, int64_t lda, const int64_t *offsets, int64_t taps, const void *b, int64_t kc, void *c, int64_t ldc) {
-  kiln_bf16_amx((const uint16_t *)a, lda, offsets, taps, (const uint16_t *)b, kc, c, ldc, 32, 0, 0);
-}
-#define KILN_BF16_TAPS kiln_bf16_amx_taps
+  const uint16_t *a16 = (const uint16_t *)a, *b16 = (const uint16_t *)b;
+  if (kiln_bf16_mode == 2) {
+    kiln_bf16_amx(a16, lda, offsets, taps, b16, kc, c, ldc, 32, 0, 0);
+    return 1;
+  }
+  if (kiln_bf16_mode == 1) {
+    for (int64_t r = 0; r < 32; r += 8) kiln_bf16_dot8(a16 + r * lda, lda, offsets, taps, b16, kc, (float *)c + r * ldc, ldc, 0);
+    return 1;
+  }
 #else
-#define KILN_BF16_TAPS NULL
+  (void)a, (void)lda, (void)offsets, (void)taps, (void)b, (void)kc, (void)c, (void)ldc;
 #endif
+  return 0;
+}
 
 static const kiln_lowp_ops kiln_bf16_ops = {2, 32, kiln_bf16_rows, kiln_bf16_pack_b, kiln_bf16_block, NULL,
-                                            kiln_bf16_amx_on, kiln_bf16_nhwc_row, KILN_BF16_TAPS, 0};
+                                            kiln_bf16_amx_on, kiln_bf16_nhwc_row, kiln_bf16_taps, 0};
 
 KILN_ENGINE void kiln_gemm_bf16_run(const kiln_gemm *g) {
   if (g->direct) {

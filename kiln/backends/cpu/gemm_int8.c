@@ -127,27 +127,32 @@ static void kiln_int8_pack_b(const kiln_gemm *g, int64_t bt, int64_t x0, int64_t
   } while (0)
 KILN_AMX_BLOCK(kiln_int8_amx, "amx-tile,amx-int8", uint8_t, KILN_AMX_DOT_INT8)
 
-/* 8 rows x 32 columns on zmm */
-__attribute__((target("avx512f,avx512vnni"))) static void kiln_int8_vnni512(const uint8_t *a, int64_t lda, const uint8_t *b, int64_t kc, int32_t *c, int64_t ldc, int accumulate, int au) {
+/* 8 rows x 32 columns on zmm: the sum over taps t of A rows at a + offsets[t] times B panel rows
+   t * kc .. (t + 1) * kc, the sums held in registers across the taps (a direct convolution's block
+   pays one load and store of C, not one per tap); a plain block is one tap at offset 0 */
+__attribute__((target("avx512f,avx512vnni"))) static void kiln_int8_vnni512(const uint8_t *a, int64_t lda, const int64_t *offsets, int64_t taps, const uint8_t *b, int64_t kc, int32_t *c, int64_t ldc, int accumulate, int au) {
   __m512i acc0[8], acc1[8];
   for (int r = 0; r < 8; ++r) {
     acc0[r] = accumulate ? _mm512_loadu_si512((const void *)(c + r * ldc)) : _mm512_setzero_si512();
     acc1[r] = accumulate ? _mm512_loadu_si512((const void *)(c + r * ldc + 16)) : _mm512_setzero_si512();
   }
-  for (int64_t q = 0; q < kc / 4; ++q) {
-    const __m512i b0 = _mm512_loadu_si512((const void *)(b + q * 128));
-    const __m512i b1 = _mm512_loadu_si512((const void *)(b + q * 128 + 64));
+  for (int64_t t = 0; t < taps; ++t) {
+    const uint8_t *at = a + offsets[t], *bt = b + t * kc * 32;
+    for (int64_t q = 0; q < kc / 4; ++q) {
+      const __m512i b0 = _mm512_loadu_si512((const void *)(bt + q * 128));
+      const __m512i b1 = _mm512_loadu_si512((const void *)(bt + q * 128 + 64));
 #pragma GCC unroll 8
-    for (int r = 0; r < 8; ++r) {
-      int32_t word;
-      memcpy(&word, a + r * lda + 4 * q, sizeof word);
-      const __m512i quad = _mm512_set1_epi32(word);
-      if (au) {
-        acc0[r] = _mm512_dpbusd_epi32(acc0[r], quad, b0);
-        acc1[r] = _mm512_dpbusd_epi32(acc1[r], quad, b1);
-      } else {
-        acc0[r] = _mm512_dpbusd_epi32(acc0[r], b0, quad);
-        acc1[r] = _mm512_dpbusd_epi32(acc1[r], b1, quad);
+      for (int r = 0; r < 8; ++r) {
+        int32_t word;
+        memcpy(&word, at + r * lda + 4 * q, sizeof word);
+        const __m512i quad = _mm512_set1_epi32(word);
+        if (au) {
+          acc0[r] = _mm512_dpbusd_epi32(acc0[r], quad, b0);
+          acc1[r] = _mm512_dpbusd_epi32(acc1[r], quad, b1);
+        } else {
+          acc0[r] = _mm512_dpbusd_epi32(acc0[r], b0, quad);
+          acc1[r] = _mm512_dpbusd_epi32(acc1[r], b1, quad);
+        }
       }
     }
   }
@@ -224,7 +229,7 @@ static void kiln_int8_block(const kiln_gemm *g, const void *av, int64_t lda, con
     return;
   }
   if (mode == 3) {
-    for (int64_t r = 0; r < rows; r += 8) kiln_int8_vnni512(a + r * lda, lda, b, kc, c + r * ldc, ldc, accumulate, au);
+    for (int64_t r = 0; r < rows; r += 8) kiln_int8_vnni512(a + r * lda, lda, kiln_amx_one_tap, 1, b, kc, c + r * ldc, ldc, accumulate, au);
     return;
   }
   if (mode == 2 || mode == 1) {
@@ -339,18 +344,29 @@ static void kiln_int8_nhwc_row(const kiln_gemm *g, int64_t bt, int64_t ph, int64
     for (int64_t w = c < c0 ? w0 : 0; w < W; ++w) first[w * cp + c] = lines[c * stride + w];
 }
 
+/* every tap of a direct convolution's 32 x 32 block at once (A: the activations, unsigned), where
+   the path has such a kernel (AMX tiles, AVX-512 VNNI registers): 1; else 0 (the driver goes tap
+   by tap through kiln_int8_block) */
+static int kiln_int8_taps(const kiln_gemm *g, const void *a, int64_t lda, const int64_t *offsets, int64_t taps, const void *b, int64_t kc, void *c, int64_t ldc) {
+  (void)g;
 #ifdef KILN_X86
-/* every tap of a direct convolution's 32 x 32 block (A: the activations, unsigned) */
-static void kiln_int8_amx_taps(const kiln_gemm *g, const void *a, int64_t lda, const int64_t *offsets, int64_t taps, const void *b, int64_t kc, void *c, int64_t ldc) {
-  kiln_int8_amx((const uint8_t *)a, lda, offsets, taps, (const uint8_t *)b, kc, c, ldc, 32, 0, 1);
-}
-#define KILN_INT8_TAPS kiln_int8_amx_taps
+  const uint8_t *au8 = (const uint8_t *)a, *bu8 = (const uint8_t *)b;
+  if (kiln_int8_mode == 4) {
+    kiln_int8_amx(au8, lda, offsets, taps, bu8, kc, c, ldc, 32, 0, 1);
+    return 1;
+  }
+  if (kiln_int8_mode == 3) {
+    for (int64_t r = 0; r < 32; r += 8) kiln_int8_vnni512(au8 + r * lda, lda, offsets, taps, bu8, kc, (int32_t *)c + r * ldc, ldc, 0, 1);
+    return 1;
+  }
 #else
-#define KILN_INT8_TAPS NULL
+  (void)a, (void)lda, (void)offsets, (void)taps, (void)b, (void)kc, (void)c, (void)ldc;
 #endif
+  return 0;
+}
 
 static const kiln_lowp_ops kiln_int8_ops = {1, 64, kiln_int8_rows, kiln_int8_pack_b, kiln_int8_block, kiln_int8_finish,
-                                            kiln_int8_amx_on, kiln_int8_nhwc_row, KILN_INT8_TAPS, 1};
+                                            kiln_int8_amx_on, kiln_int8_nhwc_row, kiln_int8_taps, 1};
 
 /* the quantize-once prologue: B's float activations [lo, hi) of a chunked range */
 enum { KILN_INT8_QCHUNK = 16384 };

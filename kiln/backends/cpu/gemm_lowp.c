@@ -30,10 +30,10 @@ typedef struct {
   void (*finish)(const kiln_gemm *g, const void *c, int64_t ldc, int64_t rows, int64_t cols, int64_t i0, int64_t j0, float *out, int64_t ldo);
   int (*uses_amx)(void);
   /* the direct convolution: padded row ph of image bt's channels-last copy (Wp pixels x cp
-     channels) at dst; and, where the path has one, a block over every tap at once (else `block`
-     tap by tap) */
+     channels) at dst; and a 32 x 32 block over every tap at once, the sums kept in registers or
+     tiles (returns 0 where the path in force has no such kernel: then `block` tap by tap) */
   void (*nhwc_row)(const kiln_gemm *g, int64_t bt, int64_t ph, int64_t cp, int64_t wp, void *dst);
-  void (*block_taps)(const kiln_gemm *g, const void *a, int64_t lda, const int64_t *offsets, int64_t taps, const void *b, int64_t kc, void *c, int64_t ldc);
+  int (*block_taps)(const kiln_gemm *g, const void *a, int64_t lda, const int64_t *offsets, int64_t taps, const void *b, int64_t kc, void *c, int64_t ldc);
   int int32_sums; /* the blocks hold int32 sums that the finish scales (int8), else float results */
 } kiln_lowp_ops;
 
@@ -359,12 +359,9 @@ static void kiln_direct_tasks(void *ctx, int64_t lo, int64_t hi, int worker) {
       for (int64_t ir = 0; ir < vlen; ir += 32) {
         const int64_t v = v0 + ir;
         const char *rows = image + v * p->cp * es;
-        if (ops->block_taps && amx) {
-          ops->block_taps(g, rows, p->cp, p->offsets, taps, panel, p->cp, block, 32);
-        } else {
+        if (!ops->block_taps(g, rows, p->cp, p->offsets, taps, panel, p->cp, block, 32))
           for (int64_t t = 0; t < taps; ++t)
             ops->block(g, rows + p->offsets[t] * es, p->cp, panel + t * p->cp * 32 * es, p->cp, block, 32, 32, t > 0);
-        }
         /* the block's real pixels, transposed into NCHW, then the epilogue run by run */
         kiln_direct_transpose(g, ops, block, oc0, cols, turned);
         const int64_t last = v + 32 < p->virtual_px ? v + 32 : p->virtual_px;
