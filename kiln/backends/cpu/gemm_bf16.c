@@ -287,7 +287,7 @@ static int kiln_bf16_taps(const kiln_gemm *g, const void *a, int64_t lda, const 
 }
 
 static const kiln_lowp_ops kiln_bf16_ops = {2, 32, kiln_bf16_rows, kiln_bf16_pack_b, kiln_bf16_block, NULL,
-                                            kiln_bf16_amx_on, kiln_bf16_nhwc_row, kiln_bf16_taps, 0};
+                                            kiln_bf16_amx_on, kiln_bf16_nhwc_row, kiln_bf16_taps, 0, 2};
 
 KILN_ENGINE void kiln_gemm_bf16_run(const kiln_gemm *g) {
   if (g->direct) {

@@ -366,7 +366,7 @@ static int kiln_int8_taps(const kiln_gemm *g, const void *a, int64_t lda, const 
 }
 
 static const kiln_lowp_ops kiln_int8_ops = {1, 64, kiln_int8_rows, kiln_int8_pack_b, kiln_int8_block, kiln_int8_finish,
-                                            kiln_int8_amx_on, kiln_int8_nhwc_row, kiln_int8_taps, 1};
+                                            kiln_int8_amx_on, kiln_int8_nhwc_row, kiln_int8_taps, 1, 4};
 
 /* the quantize-once prologue: B's float activations [lo, hi) of a chunked range */
 enum { KILN_INT8_QCHUNK = 16384 };

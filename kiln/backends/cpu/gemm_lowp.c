@@ -35,6 +35,7 @@ typedef struct {
   void (*nhwc_row)(const kiln_gemm *g, int64_t bt, int64_t ph, int64_t cp, int64_t wp, void *dst);
   int (*block_taps)(const kiln_gemm *g, const void *a, int64_t lda, const int64_t *offsets, int64_t taps, const void *b, int64_t kc, void *c, int64_t ldc);
   int int32_sums; /* the blocks hold int32 sums that the finish scales (int8), else float results */
+  int64_t kstep;  /* the k values one 32-bit lane of the register kernels takes (int8 4, bf16 2) */
 } kiln_lowp_ops;
 
 #ifdef KILN_X86
@@ -172,8 +173,11 @@ static void kiln_lowp_tasks(void *ctx, int64_t lo, int64_t hi, int worker) {
         bpanel = bbuf;
       }
       for (int64_t k0 = 0; k0 < kp; k0 += kchunk) {
-        const int64_t kc = kp - k0 < kchunk ? kp - k0 : kchunk;
+        int64_t kc = kp - k0 < kchunk ? kp - k0 : kchunk;
         const int first = k0 == 0, last = k0 + kc >= kp;
+        /* past K, A and B hold zeros: the register kernels stop at K's next lane step (a K of 16
+           padded to 64 multiplies 16), AMX tiles take their whole 64-byte rows */
+        if (!amx && K - k0 < kc) kc = kiln_round_up(K - k0, ops->kstep);
         const char *bchunk = bpanel + k0 * 32 * es;
         for (int64_t ir = 0; ir < mlen; ir += 32) {
           const int64_t rows = mlen - ir < 32 ? mlen - ir : 32;
