@@ -378,11 +378,12 @@ def _explain_profile(model: str, graph, binding: dict[str, int], shown: tuple, t
     )
     for column in ("kernel", "kind", "computes", "ms", "%", "GFLOP/s", "% peak", "schedule"):
         table.add_column(column, overflow="fold")
+    paths = _precision_paths(target)
     for timed in sorted(result.kernels, key=lambda t: -t.seconds)[:top]:
         rate = timed.gflops
         table.add_row(
             timed.kernel.name,
-            _kind(timed.kernel),
+            _kind(timed.kernel, paths),
             escape("; ".join(timed.kernel.sources)),
             f"{timed.seconds * 1e3:.3f}",
             f"{100 * timed.seconds / total:.1f}" if total else "-",
@@ -393,7 +394,7 @@ def _explain_profile(model: str, graph, binding: dict[str, int], shown: tuple, t
     out.print(table)
     kinds: dict[str, list[float]] = {}
     for timed in result.kernels:
-        entry = kinds.setdefault(_kind(timed.kernel), [0, 0.0, 0.0])
+        entry = kinds.setdefault(_kind(timed.kernel, paths), [0, 0.0, 0.0])
         entry[0] += 1
         entry[1] += timed.seconds
         entry[2] += timed.kernel.flops
@@ -423,28 +424,44 @@ def _refusals(graph):  # type: ignore[no-untyped-def]
     return refusals
 
 
-def _kind(kernel) -> str:  # type: ignore[no-untyped-def]
-    """A kernel's kind, with its precision when it is not float32 (``matmul+epilogue int8``)."""
+def _kind(kernel, paths: dict[str, str]) -> str:  # type: ignore[no-untyped-def]
+    """A kernel's kind, with its precision when it is not float32 and the hardware path its
+    products take (``matmul+epilogue int8 (avx512-vnni)``)."""
     precision = kernel_precision(kernel)
-    return kernel.kind if precision == "fp32" else f"{kernel.kind} {precision}"
+    if precision == "fp32":
+        return kernel.kind
+    return f"{kernel.kind} {precision}" + (f" ({paths[precision]})" if precision in paths else "")
+
+
+def _precision_paths(target) -> dict[str, str]:  # type: ignore[no-untyped-def]
+    """The hardware path of each reduced precision in ``target``'s code on this machine (cpu
+    targets; {} for others, whose reduced precision is their compiler's)."""
+    if target is None or target.backend != "cpu":
+        return {}
+    from kiln.backends.cpu import features
+
+    return features.precision_path_names(target.isa, target.native)
 
 
 def _plan_summary(plan) -> dict:  # type: ignore[no-untyped-def]
     from kiln.runtime.plan import Fallback
 
     steps = []
+    paths = _precision_paths(plan.target)
     for step in plan.steps:
         if isinstance(step, Fallback):
             steps.append({"fallback": step.node.label, "op": step.node.op, "reason": step.reason})
             continue
         for kernel in step.kernels:
             schedule = kernel.schedule
+            precision = kernel_precision(kernel)
             steps.append(
                 {
                     "kernel": kernel.name,
                     "segment": step.number,
                     "kind": kernel.kind,
-                    "precision": kernel_precision(kernel),
+                    "precision": precision,
+                    "precision_path": paths.get(precision),
                     "computes": kernel.sources,
                     "parallel": schedule.parallel,
                     "vectorize": schedule.vectorize,
@@ -480,6 +497,7 @@ def _explain_plan(plan) -> None:  # type: ignore[no-untyped-def]
         out.print(f"whole graph runs on the reference: {plan.whole_graph_reason}")
         return
     table = Table(title="execution plan: kernels and host fallbacks, in order")
+    paths = _precision_paths(plan.target)
     for column in ("step", "kind", "computes", "schedule / reason"):
         table.add_column(column, overflow="fold")
     for step in plan.steps:
@@ -494,7 +512,7 @@ def _explain_plan(plan) -> None:  # type: ignore[no-untyped-def]
             ]
             table.add_row(
                 f"{kernel.name} (segment {step.number})",
-                _kind(kernel),
+                _kind(kernel, paths),
                 escape("; ".join(kernel.sources)),
                 ", ".join(p for p in parts if p) or ("engine (parallel inside)" if engine_calls(kernel) else "serial"),
             )

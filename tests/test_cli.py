@@ -427,9 +427,18 @@ def test_explain_shows_each_kernels_precision(tmp_path):
     assert report["precision"] == "int8"
     kernels = [step for step in report["plan"]["steps"] if "kernel" in step]
     assert sorted(step["precision"] for step in kernels) == ["fp32", "int8"]  # the softmax stays fp32
+    # the hardware path the int8 product takes here: the one the loader sets for this CPU
+    from kiln.backends import parse
+    from kiln.backends.cpu import features
+
+    cpu = parse("cpu")
+    want = features.int8_path(cpu.isa, cpu.native)[1]
+    int8_step = next(step for step in kernels if step["precision"] == "int8")
+    assert int8_step["precision_path"] in (want, f"{want}-int8"), int8_step
+    assert next(step for step in kernels if step["precision"] == "fp32")["precision_path"] is None
     table = invoke("explain", str(tmp_path / "m.onnx"), "--precision", "int8")
     plan_table = table.output.split("execution plan")[1]  # (rich wraps cells: the words, not their line)
-    assert "matmul" in plan_table and "int8" in plan_table
+    assert "matmul" in plan_table and "int8" in plan_table and int8_step["precision_path"] in plan_table
 
 
 def test_shared_options_mean_one_thing_on_every_command(tmp_path):

@@ -154,6 +154,16 @@ def int8_path(isa: str = "avx512", native: bool = True, env: Mapping[str, str] |
     return _chosen("KILN_INT8_PATH", INT8_PATHS, available, env, f"code for {isa} runs here only")
 
 
+def precision_path_names(isa: str, native: bool) -> dict[str, str]:
+    """{"bf16": ..., "int8": ...}: the hardware path each reduced precision's products take in code
+    of a cpu target of ``isa`` loaded in this process (what the loader sets through kiln_set_bf16
+    and kiln_set_int8): ``kiln explain`` prints it beside each kernel's precision."""
+    bf16 = bf16_path()[1]
+    int8 = int8_path(isa, native)[1]
+    return {"bf16": "amx-bf16" if bf16 == "amx" else ("avx512-bf16" if bf16 == "avx512" else bf16),
+            "int8": "amx-int8" if int8 == "amx" else int8}  # fmt: skip
+
+
 def int8_levels(isa: str, native: bool) -> int:
     """The largest quantized activation (255, or 127) the int8 code of a target may use: 7-bit
     activations wherever the code may run on AVX2's VPMADDUBSW (its pairs of u8 x s8 products
