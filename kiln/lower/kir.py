@@ -286,9 +286,9 @@ class WinogradInput:
 
 @dataclass
 class WinogradOutput:
-    """Winograd output transform: ``products`` [(tile+2)^2][out_channels][tiles] back to tiles of
-    the NCHW ``dest`` [batch, out_channels, out_h, out_w], plus ``bias`` per channel, then
-    ``epilogue`` per finished row of tiles."""
+    """Winograd output transform: ``products`` [(tile+2)^2][out_channels][tiles] (``tile_major``:
+    [(tile+2)^2][tiles][out_channels]) back to tiles of the NCHW ``dest`` [batch, out_channels,
+    out_h, out_w], plus ``bias`` per channel, then ``epilogue`` per finished row of tiles."""
 
     tile: int
     products: Buffer
@@ -301,6 +301,7 @@ class WinogradOutput:
     tiles_h: int
     tiles_w: int
     epilogue: Function | None = None
+    tile_major: bool = False
 
 
 @dataclass(frozen=True, eq=False)

@@ -160,10 +160,13 @@ def _winograd_output(machine: Any, call: WinogradOutput) -> None:
     m, size = call.tile, call.tile + 2
     at = np.asarray(TRANSFORMS[m]["AT"], np.float64)
     tiles = call.tiles_h * call.tiles_w
+    count = call.batch * tiles  # [point][channel][tile], or [point][tile][channel] when tile-major
+    strides = (
+        (call.out_channels * count, 1, call.out_channels) if call.tile_major else (call.out_channels * count, count, 1)
+    )
     products = _strided(
-        machine, call.products, 0, (size * size, call.out_channels, call.batch * tiles),
-        (call.out_channels * call.batch * tiles, call.batch * tiles, 1), "winograd products",
-    ).astype(np.float64)  # fmt: skip
+        machine, call.products, 0, (size * size, call.out_channels, count), strides, "winograd products"
+    ).astype(np.float64)
     dest = _strided(
         machine, call.dest, 0, (call.batch, call.out_channels, call.out_h, call.out_w),
         (call.out_channels * call.out_h * call.out_w, call.out_h * call.out_w, call.out_w, 1), "winograd output",

@@ -22,7 +22,7 @@ import numpy as np
 
 from kiln.ir.graph import Node
 from kiln.ir.types import DType
-from kiln.lower.engine import blocking, conv_output_indexing, epilogue_helper, pack_rows
+from kiln.lower.engine import blocking, conv_output_indexing, epilogue_helper, pack_cols, pack_rows
 from kiln.lower.kir import (
     GemmSpec,
     Kernel,
@@ -113,8 +113,24 @@ def lower_conv_winograd(
     products = lw.scratch_buffer(F32, a * a * out_channels * tiles, hint="wino_m")
     target = lw.target
     u = weight_transform(np.asarray(lw.constant(w)), m)
-    packed = lw.packed_constant(("winograd", w, m, target.gemm_rows), lambda: pack_rows(u, target.gemm_rows))
-    panel_rows = -(-out_channels // target.gemm_rows) * target.gemm_rows
+    # the a*a products: M[p] = U[p] . V[p] (out channels x tiles); with fewer tiles than a panel of
+    # the engine's columns (a 7x7 or 14x14 output: 16 tiles) most of every panel would be padding,
+    # so the products run transposed, M[p]^T = V[p]^T . U[p]^T (tiles x out channels): the panels
+    # run across the output channels and the output transform reads M tile-major
+    tile_major = tiles < target.gemm_cols
+    if tile_major:
+        cols = target.gemm_cols
+        packed = lw.packed_constant(("winograd-t", w, m, cols), lambda: pack_cols(u.transpose(0, 2, 1), cols))
+        panels = -(-out_channels // cols) * cols
+        a_operand: MatrixOperand | PackedOperand = MatrixOperand(transformed, channels * tiles, 1, tiles)
+        b_operand: MatrixOperand | PackedOperand = PackedOperand(packed, panels * channels, cols)
+        rows, columns, ldc = tiles, out_channels, out_channels
+    else:
+        packed = lw.packed_constant(("winograd", w, m, target.gemm_rows), lambda: pack_rows(u, target.gemm_rows))
+        panel_rows = -(-out_channels // target.gemm_rows) * target.gemm_rows
+        a_operand = PackedOperand(packed, panel_rows * channels, target.gemm_rows)
+        b_operand = MatrixOperand(transformed, channels * tiles, tiles, 1)
+        rows, columns, ldc = out_channels, tiles, tiles
 
     # 1. input transform (zero padding applied here)
     stmts: list[Stmt] = [
@@ -126,14 +142,14 @@ def lower_conv_winograd(
     # 2. a*a products on the engine
     product = GemmSpec(
         a * a,
-        out_channels,
-        tiles,
+        rows,
+        columns,
         channels,
-        PackedOperand(packed, panel_rows * channels, target.gemm_rows),
-        MatrixOperand(transformed, channels * tiles, tiles, 1),
+        a_operand,
+        b_operand,
         products,
         out_channels * tiles,
-        tiles,
+        ldc,
         blocking(choice or {}),
     )
     lw.kernel_count += 1
@@ -155,7 +171,9 @@ def lower_conv_winograd(
     if epilogue is not None:
         flat_of, position_of = conv_output_indexing(out_channels, geometry["out_shape"])
         helper = epilogue_helper(lw, name, dst, position_of, flat_of, epilogue, None)
-    call = WinogradOutput(m, products, dst, bias_buf, batch, out_channels, out_h, out_w, tiles_h, tiles_w, helper)
+    call = WinogradOutput(
+        m, products, dst, bias_buf, batch, out_channels, out_h, out_w, tiles_h, tiles_w, helper, tile_major
+    )
     third = Kernel(name, "winograd-out", [call], [], [dst], [node.label])
     third.reads = [b for b in buffers_in([call]) if b is not dst]
     return [first, second, third]

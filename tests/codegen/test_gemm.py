@@ -199,6 +199,33 @@ def test_winograd_matches_the_reference(x_shape, w_shape, pads, tile, monkeypatc
     check(model, feeds, ["conv+epilogue"])
 
 
+@pytest.mark.parametrize(
+    "x_shape,w_shape",
+    [
+        ((1, 16, 5, 5), (24, 16, 3, 3)),  # F(2x2, 3x3), 9 tiles: tile-major on every target
+        ((1, 24, 7, 7), (40, 24, 3, 3)),  # ResNet's last stage, 16 tiles: tile-major on AVX-512 (32-column panels)
+        ((1, 16, 40, 40), (20, 16, 3, 3)),  # 100 tiles: channel-major products
+    ],
+)
+def test_winograd_products_of_few_tiles_run_with_the_tiles_as_rows(x_shape, w_shape):
+    """With fewer tiles than a panel of the engine's columns, the a*a products run transposed
+    (tiles x output channels, the output transform reading them tile-major), so no panel is mostly
+    padding; with more, as output channels x tiles. Both match the reference."""
+    from kiln.backends import parse
+    from kiln.lower.kir import WinogradOutput
+    from kiln.lower.winograd import tile_size
+
+    model, feeds = conv(x_shape, w_shape, pads=[1, 1, 1, 1])
+    compiled = check(model, feeds, ["winograd-gemm"])
+    calls = [s for step in compiled.plans[0].steps for k in step.kernels for s in k.body]
+    (out,) = [s for s in calls if isinstance(s, WinogradOutput)]
+    (product,) = [s for s in calls if isinstance(s, GemmSpec)]
+    m = tile_size((x_shape[0], w_shape[0], x_shape[2], x_shape[3]))
+    tiles = x_shape[0] * (-(-x_shape[2] // m)) * (-(-x_shape[3] // m))
+    assert out.tile_major == (tiles < parse("cpu").gemm_cols)
+    assert (product.m, product.n) == ((tiles, w_shape[0]) if out.tile_major else (w_shape[0], tiles))
+
+
 def test_winograd_transforms_reproduce_the_direct_convolution():
     from kiln.lower.winograd import TRANSFORMS
 

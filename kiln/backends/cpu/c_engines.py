@@ -110,7 +110,7 @@ def engine_call(stmt: EngineCall, indent: str) -> list[str]:
     elif isinstance(stmt, WinogradOutput):
         bias = stmt.bias.name if stmt.bias is not None else "(const float *)0"
         args = [stmt.tile, stmt.products.name, stmt.dest.name, bias, stmt.batch, stmt.out_channels, stmt.out_h,
-                stmt.out_w, stmt.tiles_h, stmt.tiles_w, "&g"]  # fmt: skip
+                stmt.out_w, stmt.tiles_h, stmt.tiles_w, int(stmt.tile_major), "&g"]  # fmt: skip
         lines.append(f"{indent}  kiln_winograd_out({', '.join(str(a) for a in args)});")
     else:
         args: list[object] = [stmt.batch, stmt.queries, stmt.keys, stmt.depth, stmt.width]

@@ -182,7 +182,7 @@ KILN_ENGINE void kiln_gemm_int8_run(const kiln_gemm *g);
 KILN_ENGINE void kiln_winograd_in(int m, const float *x, float *v, int64_t N, int64_t C, int64_t H, int64_t W, int64_t PT,
                                   int64_t PL, int64_t TH, int64_t TW);
 KILN_ENGINE void kiln_winograd_out(int m, const float *mm, float *y, const float *bias, int64_t N, int64_t O, int64_t OH,
-                                   int64_t OW, int64_t TH, int64_t TW, const kiln_gemm *g);
+                                   int64_t OW, int64_t TH, int64_t TW, int tile_major, const kiln_gemm *g);
 KILN_ENGINE void kiln_attention(int64_t BH, int64_t LQ, int64_t LK, int64_t D, int64_t DV,
                                 const float *q, int64_t q_size, int64_t q_n1, int64_t q_s0, int64_t q_s1, int64_t q_rs, int64_t q_cs,
                                 const float *kt, int64_t k_size, int64_t k_n1, int64_t k_s0, int64_t k_s1, int64_t k_rs, int64_t k_cs,

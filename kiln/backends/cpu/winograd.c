@@ -90,11 +90,13 @@ KILN_ENGINE void kiln_winograd_in(int m, const float *x, float *v, int64_t N, in
   kiln_parallel_for(0, N * C, 0, 0, kiln_winograd_in_planes, &planes);
 }
 
-/* M[point][o][tile] -> the output (+ bias), then the fused epilogue once per finished plane. The
-   tiles' m x m results are scattered into a thread-local plane of whole tiles (no edge tests),
-   whose visible OH x OW part is then copied out row by row with the bias. */
+/* M[point][o][tile] (tile_major: M[point][tile][o], a product of few tiles computed with the
+   tiles as its rows, so the engine's panels run across output channels, not across 4 or 16
+   tiles padded to a panel) -> the output (+ bias), then the fused epilogue once per finished
+   plane. The tiles' m x m results are scattered into a thread-local plane of whole tiles (no
+   edge tests), whose visible OH x OW part is then copied out row by row with the bias. */
 typedef struct {
-  int m;
+  int m, tile_major;
   const float *mm;
   float *y;
   const float *bias;
@@ -118,11 +120,19 @@ static void kiln_winograd_out_planes(void *ctx, int64_t lo, int64_t hi, int work
     for (int64_t t0 = 0; t0 < tiles; t0 += 8) {
       const int lanes = tiles - t0 < 8 ? (int)(tiles - t0) : 8;
       kiln_v8 p[36], out[16];
-      const float *src = mm + o * T + n * tiles + t0;
-      KILN_SPAN(o * T + n * tiles + t0, (int64_t)(a * a - 1) * O * T + lanes, (int64_t)a * a * O * T, "winograd M");
-      for (int q = 0; q < a * a; ++q) {
-        if (lanes == 8) p[q] = *(const kiln_v8u *)(src + q * O * T);
-        else { kiln_v8 lane = {0}; for (int l = 0; l < lanes; ++l) lane[l] = src[q * O * T + l]; p[q] = lane; }
+      if (job->tile_major) { /* lane l: tile t0 + l's element o, O apart */
+        const float *src = mm + (n * tiles + t0) * O + o;
+        KILN_SPAN((n * tiles + t0) * O + o, (int64_t)(a * a - 1) * O * T + (lanes - 1) * O + 1, (int64_t)a * a * O * T, "winograd M");
+        int32_t index[8]; /* (lanes past the last tile read the first: not stored) */
+        for (int l = 0; l < 8; ++l) index[l] = (int32_t)((l < lanes ? l : 0) * O);
+        for (int q = 0; q < a * a; ++q) p[q] = kiln_wino_gather(src + q * O * T, index);
+      } else {
+        const float *src = mm + o * T + n * tiles + t0;
+        KILN_SPAN(o * T + n * tiles + t0, (int64_t)(a * a - 1) * O * T + lanes, (int64_t)a * a * O * T, "winograd M");
+        for (int q = 0; q < a * a; ++q) {
+          if (lanes == 8) p[q] = *(const kiln_v8u *)(src + q * O * T);
+          else { kiln_v8 lane = {0}; for (int l = 0; l < lanes; ++l) lane[l] = src[q * O * T + l]; p[q] = lane; }
+        }
       }
       if (m == 4) kiln_wino4_out(p, out); else kiln_wino2_out(p, out);
       for (int l = 0; l < lanes; ++l) {
@@ -145,7 +155,7 @@ static void kiln_winograd_out_planes(void *ctx, int64_t lo, int64_t hi, int work
 }
 
 KILN_ENGINE void kiln_winograd_out(int m, const float *mm, float *y, const float *bias, int64_t N, int64_t O, int64_t OH,
-                              int64_t OW, int64_t TH, int64_t TW, const kiln_gemm *g) {
-  kiln_wino_out_job planes = {m, mm, y, bias, N, O, OH, OW, TH, TW, g};
+                              int64_t OW, int64_t TH, int64_t TW, int tile_major, const kiln_gemm *g) {
+  kiln_wino_out_job planes = {m, tile_major, mm, y, bias, N, O, OH, OW, TH, TW, g};
   kiln_parallel_for(0, N * O, 0, 0, kiln_winograd_out_planes, &planes);
 }
