@@ -59,15 +59,7 @@ def load(
         log.warning("%s: %s; generating its code again for this CPU", path, unfit)
         rebuild = True
 
-    prebuilt = {}
-    folder = None
-    if not rebuild:
-        folder = Path(tempfile.mkdtemp(prefix="kiln-artifact-"))
-        for key, files in build_products(contents).items():
-            (folder / key).mkdir()
-            for file, content in files:
-                (folder / key / file).write_bytes(content)
-            prebuilt[key] = tuple(folder / key / file for file, _ in files)
+    prebuilt, folder = _unpacked(contents) if not rebuild else ({}, None)
     q = meta["quantization"]
     quantization = Quantization(tuple(q["ranges"]), frozenset(q["keep"]), q["method"])
     try:
@@ -105,11 +97,22 @@ def load(
     # the variants hold their packed weights: the source graph's are read again from the file only
     # if a binding the artifact has no code for must compile
     model.release_source(reader)
-    # the plan-cache stores of what was compiled here are written now, not behind the caller's
-    # first runs (on two cores a store beside them made mobilenet_v2's first runs 2-3x slower)
-    plan_cache.wait()
+    plan_cache.wait()  # stores written now, not beside the first runs (on two cores: 2-3x slower)
     return_freed(collect=big)
     return model
+
+
+def _unpacked(contents: Any) -> tuple[dict[str, tuple[Path, ...]], Path]:
+    """The artifact's native libraries written into a folder of their own (it lives as long as the
+    model: loaded code stays mapped)."""
+    folder = Path(tempfile.mkdtemp(prefix="kiln-artifact-"))
+    prebuilt = {}
+    for key, files in build_products(contents).items():
+        (folder / key).mkdir()
+        for file, content in files:
+            (folder / key / file).write_bytes(content)
+        prebuilt[key] = tuple(folder / key / file for file, _ in files)
+    return prebuilt, folder
 
 
 def _reader(path: Path, identity: tuple[int, ...]) -> Any:

@@ -94,6 +94,29 @@ def weight_transform(weights: np.ndarray, m: int) -> np.ndarray:
     )
 
 
+def _product_operands(lw, w, m: int, transformed, sizes: tuple[int, int, int], tile_major: bool):  # type: ignore[no-untyped-def]
+    """The a*a products' operands: M[p] = U[p] . V[p] (out channels x tiles), the weights packed as
+    row panels; or, with fewer tiles than a panel of the engine's columns (a 7x7 or 14x14 output:
+    16 tiles), where most of every panel would be padding, transposed: M[p]^T = V[p]^T . U[p]^T
+    (tiles x out channels), the weights packed as column panels, the panels running across the
+    output channels (the output transform then reads M tile-major)."""
+    channels, out_channels, tiles = sizes
+    target = lw.target
+    u = weight_transform(np.asarray(lw.constant(w)), m)
+    if tile_major:
+        cols = target.gemm_cols
+        packed = lw.packed_constant(("winograd-t", w, m, cols), lambda: pack_cols(u.transpose(0, 2, 1), cols))
+        panels = -(-out_channels // cols) * cols
+        return (
+            MatrixOperand(transformed, channels * tiles, 1, tiles),
+            PackedOperand(packed, panels * channels, cols),
+        ), packed
+    packed = lw.packed_constant(("winograd", w, m, target.gemm_rows), lambda: pack_rows(u, target.gemm_rows))
+    panel_rows = -(-out_channels // target.gemm_rows) * target.gemm_rows
+    a_operand = PackedOperand(packed, panel_rows * channels, target.gemm_rows)
+    return (a_operand, MatrixOperand(transformed, channels * tiles, tiles, 1)), packed
+
+
 def lower_conv_winograd(
     lw, node: Node, epilogue, geometry: dict, bias_buf, m: int, choice: dict | None = None
 ) -> list[Kernel]:  # type: ignore[no-untyped-def]
@@ -112,25 +135,11 @@ def lower_conv_winograd(
     transformed = lw.scratch_buffer(F32, a * a * channels * tiles, hint="wino_v")
     products = lw.scratch_buffer(F32, a * a * out_channels * tiles, hint="wino_m")
     target = lw.target
-    u = weight_transform(np.asarray(lw.constant(w)), m)
-    # the a*a products: M[p] = U[p] . V[p] (out channels x tiles); with fewer tiles than a panel of
-    # the engine's columns (a 7x7 or 14x14 output: 16 tiles) most of every panel would be padding,
-    # so the products run transposed, M[p]^T = V[p]^T . U[p]^T (tiles x out channels): the panels
-    # run across the output channels and the output transform reads M tile-major
     tile_major = tiles < target.gemm_cols
-    if tile_major:
-        cols = target.gemm_cols
-        packed = lw.packed_constant(("winograd-t", w, m, cols), lambda: pack_cols(u.transpose(0, 2, 1), cols))
-        panels = -(-out_channels // cols) * cols
-        a_operand: MatrixOperand | PackedOperand = MatrixOperand(transformed, channels * tiles, 1, tiles)
-        b_operand: MatrixOperand | PackedOperand = PackedOperand(packed, panels * channels, cols)
-        rows, columns, ldc = tiles, out_channels, out_channels
-    else:
-        packed = lw.packed_constant(("winograd", w, m, target.gemm_rows), lambda: pack_rows(u, target.gemm_rows))
-        panel_rows = -(-out_channels // target.gemm_rows) * target.gemm_rows
-        a_operand = PackedOperand(packed, panel_rows * channels, target.gemm_rows)
-        b_operand = MatrixOperand(transformed, channels * tiles, tiles, 1)
-        rows, columns, ldc = out_channels, tiles, tiles
+    (a_operand, b_operand), packed = _product_operands(
+        lw, w, m, transformed, (channels, out_channels, tiles), tile_major
+    )
+    rows, columns, ldc = (tiles, out_channels, out_channels) if tile_major else (out_channels, tiles, tiles)
 
     # 1. input transform (zero padding applied here)
     stmts: list[Stmt] = [
