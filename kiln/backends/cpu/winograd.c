@@ -120,19 +120,11 @@ static void kiln_winograd_out_planes(void *ctx, int64_t lo, int64_t hi, int work
     for (int64_t t0 = 0; t0 < tiles; t0 += 8) {
       const int lanes = tiles - t0 < 8 ? (int)(tiles - t0) : 8;
       kiln_v8 p[36], out[16];
-      if (job->tile_major) { /* lane l: tile t0 + l's element o, O apart */
-        const float *src = mm + (n * tiles + t0) * O + o;
-        KILN_SPAN((n * tiles + t0) * O + o, (int64_t)(a * a - 1) * O * T + (lanes - 1) * O + 1, (int64_t)a * a * O * T, "winograd M");
-        int32_t index[8]; /* (lanes past the last tile read the first: not stored) */
-        for (int l = 0; l < 8; ++l) index[l] = (int32_t)((l < lanes ? l : 0) * O);
-        for (int q = 0; q < a * a; ++q) p[q] = kiln_wino_gather(src + q * O * T, index);
-      } else {
-        const float *src = mm + o * T + n * tiles + t0;
-        KILN_SPAN(o * T + n * tiles + t0, (int64_t)(a * a - 1) * O * T + lanes, (int64_t)a * a * O * T, "winograd M");
-        for (int q = 0; q < a * a; ++q) {
-          if (lanes == 8) p[q] = *(const kiln_v8u *)(src + q * O * T);
-          else { kiln_v8 lane = {0}; for (int l = 0; l < lanes; ++l) lane[l] = src[q * O * T + l]; p[q] = lane; }
-        }
+      const float *src = mm + o * T + n * tiles + t0;
+      KILN_SPAN(o * T + n * tiles + t0, (int64_t)(a * a - 1) * O * T + lanes, (int64_t)a * a * O * T, "winograd M");
+      for (int q = 0; q < a * a; ++q) {
+        if (lanes == 8) p[q] = *(const kiln_v8u *)(src + q * O * T);
+        else { kiln_v8 lane = {0}; for (int l = 0; l < lanes; ++l) lane[l] = src[q * O * T + l]; p[q] = lane; }
       }
       if (m == 4) kiln_wino4_out(p, out); else kiln_wino2_out(p, out);
       for (int l = 0; l < lanes; ++l) {
@@ -154,8 +146,58 @@ static void kiln_winograd_out_planes(void *ctx, int64_t lo, int64_t hi, int work
   }
 }
 
+/* the same from a tile-major M[point][tile][o]: lanes run over 8 output channels of one tile (a
+   contiguous load per point), and each of the 8 planes is assembled whole before it is copied out
+   with the bias and its epilogue runs */
+static void kiln_winograd_out_channels(void *ctx, int64_t lo, int64_t hi, int worker) {
+  const kiln_wino_out_job *job = (const kiln_wino_out_job *)ctx;
+  const int m = job->m, a = m + 2;
+  const float *mm = job->mm, *bias = job->bias;
+  float *y = job->y;
+  const kiln_gemm *g = job->g;
+  const int64_t N = job->N, O = job->O, OH = job->OH, OW = job->OW, TH = job->TH, TW = job->TW;
+  const int64_t T = N * TH * TW, tiles = TH * TW, pitch = TW * m, plane = TH * m * pitch, blocks = (O + 7) / 8;
+  static _Thread_local float *whole_buf;
+  static _Thread_local int64_t whole_have;
+  float *whole = kiln_scratch(&whole_buf, &whole_have, 8 * plane);
+  if (!whole) return; /* out of memory */
+  for (int64_t index = lo; index < hi; ++index) {
+    const int64_t n = index / blocks, o0 = (index % blocks) * 8;
+    const int lanes = O - o0 < 8 ? (int)(O - o0) : 8;
+    for (int64_t t = 0; t < tiles; ++t) {
+      kiln_v8 p[36], out[16];
+      const float *src = mm + (n * tiles + t) * O + o0;
+      KILN_SPAN((n * tiles + t) * O + o0, (int64_t)(a * a - 1) * O * T + lanes, (int64_t)a * a * O * T, "winograd M");
+      for (int q = 0; q < a * a; ++q) {
+        if (lanes == 8) p[q] = *(const kiln_v8u *)(src + q * O * T);
+        else { kiln_v8 lane = {0}; for (int l = 0; l < lanes; ++l) lane[l] = src[q * O * T + l]; p[q] = lane; }
+      }
+      if (m == 4) kiln_wino4_out(p, out); else kiln_wino2_out(p, out);
+      float *tile = whole + (t / TW) * m * pitch + (t % TW) * m;
+      for (int l = 0; l < lanes; ++l)
+        for (int i = 0; i < m; ++i)
+          for (int j = 0; j < m; ++j) tile[l * plane + i * pitch + j] = out[i * m + j][l];
+    }
+    for (int l = 0; l < lanes; ++l) {
+      const float b = bias ? bias[o0 + l] : 0.0f;
+      float *dst = y + (n * O + o0 + l) * OH * OW;
+      KILN_SPAN((n * O + o0 + l) * OH * OW, OH * OW, N * O * OH * OW, "winograd output");
+      for (int64_t oh = 0; oh < OH; ++oh) {
+        const float *row = whole + l * plane + oh * pitch;
+#pragma omp simd
+        for (int64_t ow = 0; ow < OW; ++ow) dst[oh * OW + ow] = row[ow] + b;
+      }
+    }
+    if (g && g->epilogue) g->epilogue(g, n, o0, o0 + lanes, 0, OH * OW); /* the planes are final (and in cache) */
+  }
+}
+
 KILN_ENGINE void kiln_winograd_out(int m, const float *mm, float *y, const float *bias, int64_t N, int64_t O, int64_t OH,
                               int64_t OW, int64_t TH, int64_t TW, int tile_major, const kiln_gemm *g) {
   kiln_wino_out_job planes = {m, tile_major, mm, y, bias, N, O, OH, OW, TH, TW, g};
+  if (tile_major) {
+    kiln_parallel_for(0, N * ((O + 7) / 8), 0, 0, kiln_winograd_out_channels, &planes);
+    return;
+  }
   kiln_parallel_for(0, N * O, 0, 0, kiln_winograd_out_planes, &planes);
 }
