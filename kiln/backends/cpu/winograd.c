@@ -104,11 +104,24 @@ typedef struct {
   const kiln_gemm *g;
 } kiln_wino_out_job;
 
+/* plane o of image n: the visible OH x OW part of a plane of whole tiles (row pitch TW * m), plus
+   the bias */
+static void kiln_wino_copy_out(const kiln_wino_out_job *job, const float *whole, int64_t n, int64_t o) {
+  const int64_t O = job->O, OH = job->OH, OW = job->OW, pitch = job->TW * job->m;
+  const float b = job->bias ? job->bias[o] : 0.0f;
+  float *dst = job->y + (n * O + o) * OH * OW;
+  KILN_SPAN((n * O + o) * OH * OW, OH * OW, job->N * O * OH * OW, "winograd output");
+  for (int64_t oh = 0; oh < OH; ++oh) {
+    const float *row = whole + oh * pitch;
+#pragma omp simd
+    for (int64_t ow = 0; ow < OW; ++ow) dst[oh * OW + ow] = row[ow] + b;
+  }
+}
+
 static void kiln_winograd_out_planes(void *ctx, int64_t lo, int64_t hi, int worker) {
   const kiln_wino_out_job *job = (const kiln_wino_out_job *)ctx;
   const int m = job->m, a = m + 2;
-  const float *mm = job->mm, *bias = job->bias;
-  float *y = job->y;
+  const float *mm = job->mm;
   const kiln_gemm *g = job->g;
   const int64_t N = job->N, O = job->O, OH = job->OH, OW = job->OW, TH = job->TH, TW = job->TW;
   const int64_t T = N * TH * TW, tiles = TH * TW, pitch = TW * m;
@@ -134,14 +147,7 @@ static void kiln_winograd_out_planes(void *ctx, int64_t lo, int64_t hi, int work
           for (int j = 0; j < m; ++j) tile[i * pitch + j] = out[i * m + j][l];
       }
     }
-    const float b = bias ? bias[o] : 0.0f;
-    float *dst = y + (n * O + o) * OH * OW;
-    KILN_SPAN((n * O + o) * OH * OW, OH * OW, N * O * OH * OW, "winograd output");
-    for (int64_t oh = 0; oh < OH; ++oh) {
-      const float *row = whole + oh * pitch;
-#pragma omp simd
-      for (int64_t ow = 0; ow < OW; ++ow) dst[oh * OW + ow] = row[ow] + b;
-    }
+    kiln_wino_copy_out(job, whole, n, o);
     if (g && g->epilogue) g->epilogue(g, n, o, o + 1, 0, OH * OW); /* the plane is final (and in cache) */
   }
 }
@@ -152,8 +158,7 @@ static void kiln_winograd_out_planes(void *ctx, int64_t lo, int64_t hi, int work
 static void kiln_winograd_out_channels(void *ctx, int64_t lo, int64_t hi, int worker) {
   const kiln_wino_out_job *job = (const kiln_wino_out_job *)ctx;
   const int m = job->m, a = m + 2;
-  const float *mm = job->mm, *bias = job->bias;
-  float *y = job->y;
+  const float *mm = job->mm;
   const kiln_gemm *g = job->g;
   const int64_t N = job->N, O = job->O, OH = job->OH, OW = job->OW, TH = job->TH, TW = job->TW;
   const int64_t T = N * TH * TW, tiles = TH * TW, pitch = TW * m, plane = TH * m * pitch, blocks = (O + 7) / 8;
@@ -178,16 +183,7 @@ static void kiln_winograd_out_channels(void *ctx, int64_t lo, int64_t hi, int wo
         for (int i = 0; i < m; ++i)
           for (int j = 0; j < m; ++j) tile[l * plane + i * pitch + j] = out[i * m + j][l];
     }
-    for (int l = 0; l < lanes; ++l) {
-      const float b = bias ? bias[o0 + l] : 0.0f;
-      float *dst = y + (n * O + o0 + l) * OH * OW;
-      KILN_SPAN((n * O + o0 + l) * OH * OW, OH * OW, N * O * OH * OW, "winograd output");
-      for (int64_t oh = 0; oh < OH; ++oh) {
-        const float *row = whole + l * plane + oh * pitch;
-#pragma omp simd
-        for (int64_t ow = 0; ow < OW; ++ow) dst[oh * OW + ow] = row[ow] + b;
-      }
-    }
+    for (int l = 0; l < lanes; ++l) kiln_wino_copy_out(job, whole + l * plane, n, o0 + l);
     if (g && g->epilogue) g->epilogue(g, n, o0, o0 + lanes, 0, OH * OW); /* the planes are final (and in cache) */
   }
 }
