@@ -19,10 +19,10 @@ channels-last kernel vectorizes across channels, and the 1x1 products beside it 
 activations in place and write whole rows (on NCHW data they pack them each call and write tiles
 strided by the plane). So each depthwise convolution is priced as saving the conversion of its
 input and output. Measured on whole models, not on layers alone (``python benchmarks/layouts.py
---models mobilenet_v2,resnet50``): MobileNetV2 6.7 -> 4.4 ms channels last on a 2-core Zen 4
-(4.7 on its AVX2 path), while its 3x3 layers alone measure within ~35% either way. 1x1
+--models mobilenet_v2,resnet50``): MobileNetV2 6.9 -> 4.6 ms channels last on a 2-core Zen 4
+(6.5 -> 4.7 on its AVX2 path), while its 3x3 layers alone measure within ~35% either way. 1x1
 convolutions are priced as equal in both layouts: channels last only for them costs a ResNet
-more than it saves (the conversions around every 3x3 convolution: resnet50 49 -> 61 ms). So the
+more than it saves (the conversions around every 3x3 convolution: resnet50 46 -> 57 ms). So the
 graph goes channels last where that removes conversions it had (ConvNeXt's exporters permute to
 channels last around every block's LayerNorm and linear layers) or adds fewer than its depthwise
 convolutions save (MobileNet, EfficientNet), and stays as it was when it would only add some (a
