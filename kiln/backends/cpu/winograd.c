@@ -118,6 +118,15 @@ static void kiln_wino_copy_out(const kiln_wino_out_job *job, const float *whole,
   }
 }
 
+/* M's `points` transform points of `lanes` consecutive values (tiles of a channel, or channels of
+   a tile) at src, step apart: one vector each, lanes past `lanes` zero */
+static inline void kiln_wino_points(const float *src, int64_t step, int points, int lanes, kiln_v8 *p) {
+  for (int q = 0; q < points; ++q) {
+    if (lanes == 8) p[q] = *(const kiln_v8u *)(src + q * step);
+    else { kiln_v8 lane = {0}; for (int l = 0; l < lanes; ++l) lane[l] = src[q * step + l]; p[q] = lane; }
+  }
+}
+
 static void kiln_winograd_out_planes(void *ctx, int64_t lo, int64_t hi, int worker) {
   const kiln_wino_out_job *job = (const kiln_wino_out_job *)ctx;
   const int m = job->m, a = m + 2;
@@ -135,10 +144,7 @@ static void kiln_winograd_out_planes(void *ctx, int64_t lo, int64_t hi, int work
       kiln_v8 p[36], out[16];
       const float *src = mm + o * T + n * tiles + t0;
       KILN_SPAN(o * T + n * tiles + t0, (int64_t)(a * a - 1) * O * T + lanes, (int64_t)a * a * O * T, "winograd M");
-      for (int q = 0; q < a * a; ++q) {
-        if (lanes == 8) p[q] = *(const kiln_v8u *)(src + q * O * T);
-        else { kiln_v8 lane = {0}; for (int l = 0; l < lanes; ++l) lane[l] = src[q * O * T + l]; p[q] = lane; }
-      }
+      kiln_wino_points(src, O * T, a * a, lanes, p);
       if (m == 4) kiln_wino4_out(p, out); else kiln_wino2_out(p, out);
       for (int l = 0; l < lanes; ++l) {
         const int64_t t = t0 + l;
@@ -173,10 +179,7 @@ static void kiln_winograd_out_channels(void *ctx, int64_t lo, int64_t hi, int wo
       kiln_v8 p[36], out[16];
       const float *src = mm + (n * tiles + t) * O + o0;
       KILN_SPAN((n * tiles + t) * O + o0, (int64_t)(a * a - 1) * O * T + lanes, (int64_t)a * a * O * T, "winograd M");
-      for (int q = 0; q < a * a; ++q) {
-        if (lanes == 8) p[q] = *(const kiln_v8u *)(src + q * O * T);
-        else { kiln_v8 lane = {0}; for (int l = 0; l < lanes; ++l) lane[l] = src[q * O * T + l]; p[q] = lane; }
-      }
+      kiln_wino_points(src, O * T, a * a, lanes, p);
       if (m == 4) kiln_wino4_out(p, out); else kiln_wino2_out(p, out);
       float *tile = whole + (t / TW) * m * pitch + (t % TW) * m;
       for (int l = 0; l < lanes; ++l)
