@@ -45,15 +45,20 @@ def fold_batchnorm(graph: Graph) -> Graph:
         gamma, beta, mean, var = (np.asarray(p, dtype=np.float64) for p in params)  # type: ignore[arg-type]
         scale = gamma / np.sqrt(var + float(node.attrs.get("epsilon", 1e-5)))
         dtype = weight.dtype
+        # the product in the weight's own type (scale rounded once): a float64 copy of a large
+        # weight was four times its size, transiently, per folded layer
+        if weight.dtype != np.float32:  # (half and integer weights: in float64, rounded once)
+            weight = weight.astype(np.float64)
+        factor = scale.astype(weight.dtype)
         if source.op == "Conv":
-            new_weight = weight.astype(np.float64) * scale.reshape(-1, *([1] * (weight.ndim - 1)))
+            new_weight = weight * factor.reshape(-1, *([1] * (weight.ndim - 1)))
         elif source.attrs.get("transB"):
-            new_weight = weight.astype(np.float64) * scale[:, None]
+            new_weight = weight * factor[:, None]
         else:
-            new_weight = weight.astype(np.float64) * scale[None, :]
+            new_weight = weight * factor[None, :]
         old_bias = np.zeros_like(mean) if bias is None else bias.astype(np.float64)
         new_bias = (old_bias - mean) * scale + beta
-        weight_value = rewriter.add_constant(new_weight.astype(dtype), f"{source.outputs[0].name}_w_bn")
+        weight_value = rewriter.add_constant(new_weight.astype(dtype, copy=False), f"{source.outputs[0].name}_w_bn")
         bias_value = rewriter.add_constant(new_bias.astype(dtype), f"{source.outputs[0].name}_b_bn")
         fused = Node(
             source.op,
