@@ -14,7 +14,7 @@ import numpy as np
 from kiln.errors import KilnError
 from kiln.ir.graph import Value
 from kiln.ir.types import DType, TensorType
-from kiln.ops.symbolic_dims import scaled
+from kiln.ops import symbolic_dims
 
 FxConverter = Any  # kiln.frontend.fx.FxConverter (which imports this table)
 
@@ -50,20 +50,21 @@ def torch_dtype(dtype: Any) -> DType:
 
 
 def dim_of(d: Any) -> int | str:
-    """A torch size: an int, or a symbol's name (``s0``) when torch traced it symbolically."""
+    """A torch size: an int, or the canonical text of the expression torch traced it as
+    (``s0``, ``4*s34``, ``s0*s1``, ``(s1+3)//4``: ``kiln.ir.dims``)."""
     if isinstance(d, (int, np.integer)):
         return int(d)
     expr = d.node.expr if hasattr(d, "node") else d
     if getattr(expr, "is_number", False):
         return int(expr)
-    name = str(expr)
-    if getattr(expr, "is_Mul", False) and len(expr.args) == 2:  # 4*s34: heads folded into the batch
-        factor, symbol = sorted(expr.args, key=lambda a: not a.is_Integer)
-        if factor.is_Integer and int(factor) > 0 and str(symbol).isidentifier():
-            return scaled(str(symbol), int(factor))
-    if not name.isidentifier():
-        raise UnsupportedFxOp("a symbolic size", f"{name} (kiln's symbolic dims are single symbols or their multiples)")
-    return name
+    found = symbolic_dims.from_sympy(expr)
+    if found is None:
+        raise UnsupportedFxOp(
+            "a symbolic size",
+            f"{expr} (kiln's symbolic dims are sums, products, floor divisions, remainders, "
+            "minima and maxima of symbols and integers)",
+        )
+    return symbolic_dims.dim_of(found)
 
 
 # -- the conversion table ---------------------------------------------------------------------------------

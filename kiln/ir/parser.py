@@ -9,8 +9,9 @@ from typing import Any
 
 import numpy as np
 
+from kiln.ir.dims import DimSyntaxError, canonical
 from kiln.ir.graph import Graph, Node, Value
-from kiln.ir.types import DType, OptionalType, SequenceType, TensorType, Type
+from kiln.ir.types import DType, OptionalType, SequenceType, TensorType, Type, split_dims
 
 _TOKEN = re.compile(
     r"""
@@ -22,8 +23,9 @@ _TOKEN = re.compile(
   | (?P<ellipsis>\.\.\.)
   | (?P<arrow>->)
   | (?P<scope>::)
-  | (?P<ident>[A-Za-z_][A-Za-z0-9_.]*)
+  | (?P<ident>[A-Za-z_][A-Za-z0-9_.*]*)
   | (?P<punct>[()\[\]{},:=<>@])
+  | (?P<op>//|[*%+-])
     """,
     re.VERBOSE,
 )
@@ -179,7 +181,7 @@ class _Parser:
         return json.loads(text) if text.startswith('"') else text
 
     def type(self) -> Type:
-        kind, word, pos = self.next()
+        _, word, pos = self.next()
         if word in ("seq", "opt"):
             self.expect("<")
             elem = self.type()
@@ -193,19 +195,34 @@ class _Parser:
         if self.accept("..."):
             self.expect("]")
             return TensorType(dtype, None)
+        # dims are read from the text between the brackets (a dim may be an expression:
+        # ``4*batch``, ``(h+3)//4``, ``min(seq,512)``), then the tokens in it are skipped
+        start = self.tokens[self.index - 1][2] + 1
+        close = self._closing_bracket(start)
+        body = self.text[start:close]
         dims: list[int | str] = []
-        while not self.at("]"):
-            kind, dim, pos = self.next()
-            if kind == "number":
-                dims.append(int(dim))
-            elif kind == "ident":
+        if body.strip():
+            for part in split_dims(body):
+                try:
+                    dim = canonical(part.strip())
+                except DimSyntaxError as err:
+                    raise self.error_at(start, f"expected a dim: {err}") from None
+                if isinstance(dim, int) and dim < 0:
+                    raise self.error_at(start, f"expected a dim, got {part.strip()!r}")
                 dims.append(dim)
-            else:
-                raise self.error_at(pos, f"expected a dim, got {dim!r}")
-            if not self.accept(","):
-                break
+        while self.peek()[0] != "end" and self.peek()[2] < close:
+            self.index += 1
         self.expect("]")
         return TensorType(dtype, tuple(dims))
+
+    def _closing_bracket(self, start: int) -> int:
+        depth = 0
+        for position in range(start, len(self.text)):
+            char = self.text[position]
+            if char == "]" and depth == 0:
+                return position
+            depth += {"(": 1, ")": -1}.get(char, 0)
+        raise self.error_at(start, "a type's dims with no closing ']'")
 
     def node(self, scope: dict[str, Value], local: set[str]) -> Node:
         outputs: list[tuple[str, Type, int]] = []

@@ -14,10 +14,12 @@ from dataclasses import dataclass
 import ml_dtypes
 import numpy as np
 
+from kiln.ir.dims import canonical, is_dim_text
+
 Dim = int | str
 Shape = tuple[Dim, ...]
 
-_SYMBOL = re.compile(r"^[A-Za-z_][A-Za-z0-9_.]*$")
+_SYMBOL = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")  # a symbol; any other dim is an expression (kiln.ir.dims)
 
 
 class DType(enum.Enum):
@@ -106,7 +108,7 @@ def check_dim(dim: Dim) -> Dim:
         if dim < 0:
             raise ValueError(f"negative dim {dim}")
         return int(dim)
-    if isinstance(dim, str) and _SYMBOL.match(dim):
+    if isinstance(dim, str) and (_SYMBOL.match(dim) or is_dim_text(dim)):
         return dim
     raise ValueError(f"invalid dim {dim!r}: expected a non-negative int or a symbol name")
 
@@ -182,10 +184,22 @@ def parse_type(text: str) -> Type:
     if not body:
         return TensorType(dtype, ())
     dims: list[Dim] = []
-    for part in body.split(","):
+    for part in split_dims(body):
         part = part.strip()
-        dims.append(int(part) if re.fullmatch(r"\d+", part) else part)
+        dims.append(int(part) if re.fullmatch(r"\d+", part) else canonical(part))
     return TensorType(dtype, tuple(dims))
+
+
+def split_dims(body: str) -> list[str]:
+    """A type's dims text split at its top-level commas (``min(seq,512)`` is one dim)."""
+    parts, depth, start = [], 0, 0
+    for index, char in enumerate(body):
+        depth += {"(": 1, ")": -1}.get(char, 0)
+        if char == "," and depth == 0:
+            parts.append(body[start:index])
+            start = index + 1
+    parts.append(body[start:])
+    return parts
 
 
 def random_tensor(dtype: DType, shape: list[int], rng: np.random.Generator) -> np.ndarray:

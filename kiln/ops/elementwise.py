@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 from kiln.errors import ShapeInferenceError
-from kiln.ir.types import Dim, DType, TensorType, Type
+from kiln.ir.types import DType, TensorType, Type
 from kiln.ops.registry import (
     InferContext,
     broadcast_shapes,
@@ -13,7 +11,14 @@ from kiln.ops.registry import (
     register,
     same_as_input,
 )
-from kiln.ops.symbolic_dims import clamped, floored, scaled, scaled_parts
+from kiln.ops.size_contents import (
+    SIZE_RULES,
+    cast_contents,
+    float_contents,
+    rounded_contents,
+    shape_vectors,
+    size_contents,
+)
 
 UNARY = (
     "Abs Neg Exp Log Sqrt Reciprocal Sin Cos Tan Asin Acos Atan Sinh Cosh Asinh Acosh Atanh Tanh "
@@ -32,81 +37,11 @@ def _broadcast(ctx: InferContext, indices: range | list[int]) -> tuple | None:
 
 def _binary(ctx: InferContext) -> list[Type]:
     element = SIZE_RULES.get(ctx.node.op) if ctx.num_inputs == 2 else None
-    if element is not None:
-        _size_contents(ctx, element)
+    if element is not None and ctx.dtype(0).numpy.kind == "f":
+        float_contents(ctx)
+    elif element is not None:
+        size_contents(ctx, element)
     return [TensorType(ctx.dtype(0), _broadcast(ctx, range(ctx.num_inputs)))]
-
-
-def _size_contents(ctx: InferContext, element: Callable[[InferContext, Dim, Dim], Dim | None]) -> None:
-    """Arithmetic on shape vectors keeps their contents as sizes, element by element (``element``
-    returns None where the result may not be a size: then the vector has no contents)."""
-    vectors = _shape_vectors(ctx, [0, 1])
-    if vectors is None or ctx.dtype(0).numpy.kind not in "iu":
-        return
-    result = [element(ctx, a, b) for a, b in zip(*vectors)]
-    if None not in result:
-        ctx.out_symbolic[0] = tuple(result)  # type: ignore[arg-type]
-
-
-def _size_arithmetic(ctx: InferContext, a: Dim, b: Dim) -> Dim | None:
-    """Sums, products and quotients of sizes (``batch * heads``, a target shape's first element)
-    stay sizes: ints computed, a size times an int a scaled size (``batch.x4``), divided back by
-    what it was scaled with the size again, ``n + 0`` still ``n``, and a size kiln cannot name a
-    fresh symbol (unknown, but one size: a Concat of it with known sizes keeps theirs). Only where
-    both operands are sizes or numbers >= 0 (a divisor > 0): the result is >= 0, never the -1 an
-    exporter's Equal tests for."""
-    op = ctx.node.op
-    if any(isinstance(x, int) and x < 0 for x in (a, b)) or (op == "Div" and not (isinstance(b, int) and b > 0)):
-        return None
-    if isinstance(a, int) and isinstance(b, int):
-        return a + b if op == "Add" else a * b if op == "Mul" else a // b
-    if op == "Add" and 0 in (a, b):
-        return b if a == 0 else a
-    if op == "Mul" and (isinstance(a, int) or isinstance(b, int)):
-        return scaled(b, a) if isinstance(a, int) else scaled(a, b)  # type: ignore[arg-type]
-    if op == "Div" and isinstance(a, str) and isinstance(b, int):
-        base, factor = scaled_parts(a) or (a, 1)
-        return scaled(base, factor // b) if factor % b == 0 else floored(a, b)
-    return ctx.fresh()
-
-
-def _size_difference(ctx: InferContext, a: Dim, b: Dim) -> Dim | None:
-    """A size minus itself is 0 (``key_length - query_length`` of one length: a causal window's
-    start), minus 0 itself, ints computed; any other difference may be negative: no contents."""
-    if isinstance(a, int) and isinstance(b, int):
-        return a - b
-    if a == b:
-        return 0
-    return a if b == 0 else None
-
-
-def _size_bounds(ctx: InferContext, a: Dim, b: Dim) -> Dim | None:
-    """``min(n, c)`` of a size and a number >= 0 is the clamped size ``n.minc`` (a window capped at
-    a table's length: ``min(seq, 2048)``); min and max of ints computed, of a size with itself that
-    size, ``max(n, 0)`` n; any other pair of sizes a fresh size (>= 0 too)."""
-    lowest = ctx.node.op == "Min"
-    if any(isinstance(x, int) and x < 0 for x in (a, b)):
-        return None
-    if isinstance(a, int) and isinstance(b, int):
-        return min(a, b) if lowest else max(a, b)
-    if a == b:
-        return a
-    if lowest and (isinstance(a, int) or isinstance(b, int)):
-        size, cap = (b, a) if isinstance(a, int) else (a, b)
-        return 0 if cap == 0 else clamped(size, cap)  # type: ignore[arg-type]
-    if not lowest and 0 in (a, b):
-        return b if a == 0 else a
-    return ctx.fresh()
-
-
-SIZE_RULES: dict[str, Callable[[InferContext, Dim, Dim], Dim | None]] = {
-    "Add": _size_arithmetic,
-    "Mul": _size_arithmetic,
-    "Div": _size_arithmetic,
-    "Sub": _size_difference,
-    "Min": _size_bounds,
-    "Max": _size_bounds,
-}
 
 
 def _compare(ctx: InferContext) -> list[Type]:
@@ -115,27 +50,11 @@ def _compare(ctx: InferContext) -> list[Type]:
     return [TensorType(DType.BOOL, _broadcast(ctx, range(ctx.num_inputs)))]
 
 
-def _shape_vectors(ctx: InferContext, indices: list[int]) -> list[tuple] | None:
-    """The contents of 1-D (or scalar) shape vectors ``indices`` (integers or a condition),
-    broadcast to one length; None for anything else (float data is never a shape)."""
-    if any(ctx.shape(i) is None or len(ctx.shape(i)) > 1 for i in indices):  # type: ignore[arg-type]
-        return None
-    if any(ctx.dtype(i).numpy.kind not in "iub" for i in indices):
-        return None
-    vectors = [ctx.dims_value(i) for i in indices]
-    if any(v is None for v in vectors):
-        return None
-    length = max(len(v) for v in vectors)  # type: ignore[arg-type]
-    if any(len(v) not in (1, length) for v in vectors):  # type: ignore[arg-type]
-        return None
-    return [tuple(v) * length if len(v) == 1 else tuple(v) for v in vectors]  # type: ignore[arg-type]
-
-
 def _equal_sizes(ctx: InferContext) -> None:
     """``Equal`` of shape vectors, element by element where it is known: equal ints, one symbol
     with itself, and never a symbol (a size, >= 0) with a negative number (the exporters' 'is it
     -1?' test before Expand): contents 1/0, so a Where on it picks statically."""
-    vectors = _shape_vectors(ctx, [0, 1])
+    vectors = shape_vectors(ctx, [0, 1])
     if vectors is None:
         return
     result = []
@@ -152,7 +71,7 @@ def _equal_sizes(ctx: InferContext) -> None:
 
 
 def _where(ctx: InferContext) -> list[Type]:
-    vectors = _shape_vectors(ctx, [0, 1, 2])
+    vectors = shape_vectors(ctx, [0, 1, 2])
     if vectors is not None and all(isinstance(c, int) for c in vectors[0]):
         ctx.out_symbolic[0] = tuple(x if c else y for c, x, y in zip(*vectors))
     return [TensorType(ctx.dtype(1), _broadcast(ctx, [0, 1, 2]))]
@@ -160,12 +79,13 @@ def _where(ctx: InferContext) -> list[Type]:
 
 def _cast(ctx: InferContext) -> list[Type]:
     dtype = DType.from_onnx(int(ctx.attr("to")))
-    shape = ctx.shape(0)
-    if dtype in (DType.INT64, DType.INT32) and shape is not None and len(shape) <= 1:
-        contents = ctx.dims_value(0)  # a size cast to an int wide enough for it stays that size
-        if contents is not None:
-            ctx.out_symbolic[0] = tuple(contents)
-    return [TensorType(dtype, shape)]
+    cast_contents(ctx, dtype)
+    return [TensorType(dtype, ctx.shape(0))]
+
+
+def _rounding(ctx: InferContext) -> list[Type]:
+    rounded_contents(ctx)
+    return [ctx.input_types[0]]  # type: ignore[list-item]
 
 
 def _cast_like(ctx: InferContext) -> list[Type]:
@@ -220,7 +140,7 @@ def _dropout(ctx: InferContext) -> list[Type]:
 
 def _register() -> None:
     for op in UNARY:
-        register(op, same_as_input())
+        register(op, _rounding if op in ("Ceil", "Floor") else same_as_input())
     register("Identity", lambda ctx: [ctx.input_types[0]])
     for op in ("IsNaN", "IsInf"):
         register(op, same_as_input(dtype=DType.BOOL))

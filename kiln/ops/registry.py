@@ -287,7 +287,16 @@ class InferContext:
         return found
 
     def dims_value(self, index: int) -> tuple[Dim, ...] | None:
-        """Contents of a 1-D integer input as dims (ints, or symbols where only those are known)."""
+        """Contents of a 1-D integer input as dims (ints, or symbols where only those are known);
+        None where an element is an expression that may be negative (never a dim)."""
+        found = self.integers_value(index)
+        if found is None or any(not isinstance(d, (int, str)) for d in found):
+            return None
+        return found
+
+    def integers_value(self, index: int) -> tuple | None:
+        """Contents of a 1-D integer input: ints, sizes' dims, and expressions
+        (``kiln.ir.dims.Expr``) for elements computed from sizes that may be negative."""
         if not self.has(index):
             return None
         array = self.value(index)

@@ -11,6 +11,7 @@ import math
 import numpy as np
 
 from kiln.errors import ShapeInferenceError
+from kiln.ir import dims as sizes
 from kiln.ir.types import Dim, DType, TensorType, Type
 from kiln.ops.registry import (
     InferContext,
@@ -21,7 +22,15 @@ from kiln.ops.registry import (
     register,
     same_as_input,
 )
-from kiln.ops.symbolic_dims import quotient, sliced_to_sizes, symbolic_product
+from kiln.ops.symbolic_dims import (
+    arranged,
+    as_expr,
+    carry_contents,
+    dim_of,
+    quotient,
+    sliced_to_sizes,
+    symbolic_product,
+)
 
 INT64_MAX = 2**63 - 1
 
@@ -59,8 +68,8 @@ def _reshape(ctx: InferContext) -> list[Type]:
     elif data.is_static and all(isinstance(d, int) for d in dims):
         if math.prod(data.shape) != math.prod(dims):  # type: ignore[arg-type]
             raise ShapeInferenceError(f"cannot reshape {data} to {list(dims)}")
-    if data.shape is not None and len(data.shape) <= 1:
-        _carry_symbolic(ctx, tuple(dims), lambda contents: contents)  # a shape vector stays itself
+    if data.shape is not None:
+        carry_contents(ctx, tuple(dims), lambda contents: contents)  # a shape vector stays itself
     return [TensorType(data.dtype, tuple(dims))]
 
 
@@ -89,7 +98,7 @@ def _squeeze(ctx: InferContext) -> list[Type]:
         if any(isinstance(d, str) for d in data.shape):
             return [TensorType(data.dtype, None)]
         shape = tuple(d for d in data.shape if d != 1)
-        _carry_symbolic(ctx, shape, lambda dims: dims)  # a size [n] squeezed to a scalar stays n
+        carry_contents(ctx, shape, lambda dims: dims)  # a size [n] squeezed to a scalar stays n
         return [TensorType(data.dtype, shape)]
     rank = len(data.shape)
     axes = {normalize_axis(a, rank) for a in axes}
@@ -97,7 +106,7 @@ def _squeeze(ctx: InferContext) -> list[Type]:
         if isinstance(data.shape[axis], int) and data.shape[axis] != 1:
             raise ShapeInferenceError(f"cannot squeeze axis {axis} of size {data.shape[axis]}")
     shape = tuple(d for i, d in enumerate(data.shape) if i not in axes)
-    _carry_symbolic(ctx, shape, lambda dims: dims)
+    carry_contents(ctx, shape, lambda dims: dims)
     return [TensorType(data.dtype, shape)]
 
 
@@ -115,15 +124,8 @@ def _unsqueeze(ctx: InferContext) -> list[Type]:
         raise ShapeInferenceError(f"repeated axes {axes}")
     source = iter(data.shape)
     shape = tuple(1 if i in axes_set else next(source) for i in range(rank))
-    _carry_symbolic(ctx, shape, lambda dims: dims)
+    carry_contents(ctx, shape, lambda dims: dims)
     return [TensorType(data.dtype, shape)]
-
-
-def _carry_symbolic(ctx: InferContext, shape: tuple, transform) -> None:
-    """Shape tensors reshaped between rank 0 and 1 keep their symbolic contents."""
-    contents = ctx.dims_value(0) if len(shape) <= 1 else None
-    if contents is not None:
-        ctx.out_symbolic[0] = transform(contents)
 
 
 def _transpose(ctx: InferContext) -> list[Type]:
@@ -135,6 +137,7 @@ def _transpose(ctx: InferContext) -> list[Type]:
     perm = list(range(rank))[::-1] if perm is None else [normalize_axis(p, rank) for p in perm]
     if sorted(perm) != list(range(rank)):
         raise ShapeInferenceError(f"perm {list(perm)} is not a permutation of {rank} axes")
+    arranged(ctx, lambda grid: grid.transpose(perm))
     return [TensorType(data.dtype, tuple(data.shape[p] for p in perm))]
 
 
@@ -163,7 +166,7 @@ def _concat(ctx: InferContext) -> list[Type]:
             if len(static) > 1:
                 raise ShapeInferenceError(f"inputs disagree on dim {i}: {column}")
             dims.append(static.pop() if static else column[0])
-    parts = [ctx.dims_value(i) for i in range(ctx.num_inputs)] if rank == 1 else []
+    parts = [ctx.integers_value(i) for i in range(ctx.num_inputs)] if rank == 1 else []
     for i, part in enumerate(parts):  # a piece of unknown contents but known length: fresh dims (not
         length = shapes[i][0]  # named by the value: a name may stand for other values after rewrites)
         if part is None and isinstance(length, int) and any(p is not None for p in parts):
@@ -218,22 +221,20 @@ def _slice(ctx: InferContext) -> list[Type]:
     dims = list(data.shape)
     if ends is None:  # ends computed from shapes
         return [TensorType(data.dtype, sliced_to_sizes(ctx, dims, starts, symbolic_ends, axes, steps))]
-    symbolic = ctx.dims_value(0) if rank == 1 else None
+    cuts = [slice(None)] * rank
     for start, end, axis, step in zip(starts, ends, axes, steps, strict=True):
         if step == 0:
             raise ShapeInferenceError("slice step cannot be 0")
         dim = dims[axis]
         if isinstance(dim, int):
             dims[axis] = len(range(*slice(start, end, step).indices(dim)))
-            if symbolic is not None:
-                symbolic = symbolic[slice(start, end, step)]
+            cuts[axis] = slice(start, end, step)
         elif start == 0 and end >= INT64_MAX // 2 and step == 1:
             pass  # the whole dim
         else:
             dims[axis] = ctx.fresh()
-            symbolic = None
-    if symbolic is not None:
-        ctx.out_symbolic[0] = tuple(symbolic)
+    if all(isinstance(d, int) for d in dims):
+        arranged(ctx, lambda grid: grid[tuple(cuts)])
     return [TensorType(data.dtype, tuple(dims))]
 
 
@@ -243,7 +244,7 @@ def _gather(ctx: InferContext) -> list[Type]:
         return [TensorType(data.dtype, None)]
     axis = normalize_axis(ctx.attr("axis"), len(data.shape))
     shape = data.shape[:axis] + indices.shape + data.shape[axis + 1 :]
-    source = ctx.dims_value(0) if len(data.shape) == 1 else None
+    source = ctx.integers_value(0) if len(data.shape) == 1 else None
     picks = ctx.ints_value(1) if source is not None else None
     if source is not None and picks is not None and all(-len(source) <= i < len(source) for i in picks):
         ctx.out_symbolic[0] = tuple(source[i] for i in picks)
@@ -298,11 +299,13 @@ def _pad(ctx: InferContext) -> list[Type]:
     dims = list(data.shape)
     for i, axis in enumerate(axes):
         begin, end = pads[i], pads[i + len(axes)]
-        if not isinstance(begin, int) or not isinstance(end, int):
-            dims[axis] = ctx.fresh()  # padded by an amount known only at run time
+        if isinstance(dims[axis], int) and isinstance(begin, int) and isinstance(end, int):
+            dims[axis] = dims[axis] + begin + end
             continue
-        extra = begin + end
-        dims[axis] = dims[axis] + extra if isinstance(dims[axis], int) else (dims[axis] if extra == 0 else ctx.fresh())
+        # the dim plus amounts that are sizes (a window's pad, ``(4-h%4)%4``): its expression,
+        # where that is a size at every binding; else a dim known only at run time
+        grown = sizes.add(as_expr(dims[axis]), as_expr(begin), as_expr(end))
+        dims[axis] = dim_of(grown) if sizes.bounds(grown)[0] >= 0 else ctx.fresh()
     return [TensorType(data.dtype, tuple(dims))]
 
 
@@ -455,10 +458,12 @@ def _resize(ctx: InferContext) -> list[Type]:
         scales_index, sizes_index, axes = 2, 3, ctx.attr("axes")
     axes = list(range(rank)) if axes is None else [normalize_axis(a, rank) for a in axes]
     dims = list(data.shape)
-    sizes = ctx.ints_value(sizes_index) if sizes_index is not None and ctx.has(sizes_index) else None
+    sizes = ctx.dims_value(sizes_index) if sizes_index is not None and ctx.has(sizes_index) else None
     scales = ctx.value(scales_index) if ctx.has(scales_index) else None
+    policy = ctx.attr("keep_aspect_ratio_policy")
+    if sizes is not None and policy in ("not_larger", "not_smaller") and not all(isinstance(d, int) for d in sizes):
+        sizes = None  # (sizes from shapes under an aspect policy: dims known at run time)
     if sizes is not None and len(sizes):
-        policy = ctx.attr("keep_aspect_ratio_policy")
         if policy in ("not_larger", "not_smaller") and all(isinstance(dims[a], int) for a in axes):
             ratios = [sizes[i] / dims[a] for i, a in enumerate(axes)]
             ratio = min(ratios) if policy == "not_larger" else max(ratios)

@@ -1,10 +1,10 @@
-"""Dims that are symbols: what kiln can say about products, quotients and slices of them.
+"""Dims that are symbols: what kiln can say about sums, products, quotients and slices of them.
 
-A dim is an int or a symbol name (``kiln.ir.types``). Inference names a dim it computes when it can
-(a product of one symbol and 1s is that symbol; ``[0:n]`` of a static dim of d elements is
-``clamped(n, d)``, i.e. min(n, d)) and makes a fresh symbol otherwise; the analyses divide
-products of dims by cancelling the symbols both sides hold. This is the first piece of issue 49's
-symbolic sizes: names with a meaning instead of fresh symbols, where the meaning is provable.
+A dim is an int or the canonical text of a size expression (``kiln.ir.dims``): inference names a
+dim it computes (a product of one symbol and 1s is that symbol; ``[0:n]`` of a static dim of d
+elements is ``min(n,d)``; ``batch*4*seq`` merged by a Reshape is ``4*batch*seq``; a window count
+``(h+3)//4``) and makes a fresh symbol only where no expression says it; the analyses divide
+products of dims by cancelling the factors both sides hold.
 """
 
 from __future__ import annotations
@@ -13,76 +13,101 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from kiln.errors import ShapeInferenceError
+from kiln.ir import dims as sizes
 from kiln.ir.types import Dim
 
-CLAMPED = ".min"  # "seq.min512": min(seq, 512) (a symbol name: letters, digits, '_' and '.')
+
+def as_expr(dim: Dim | sizes.Expr) -> sizes.Expr:
+    """A dim (or a shape vector's element) as an expression."""
+    if isinstance(dim, sizes.Expr):
+        return dim
+    return sizes.const(int(dim)) if not isinstance(dim, str) else sizes.parse(dim)
 
 
-def clamped(symbol: str, dim: int) -> str:
+def dim_of(expr: sizes.Expr) -> Dim:
+    """An expression as a dim: its number, or its canonical text."""
+    return expr.constant if expr.is_constant else sizes.text(expr)
+
+
+def clamped(symbol: str, dim: int) -> Dim:
     """The dim ``min(symbol, dim)``: a slice ``[0:symbol]`` of a static dim of ``dim`` elements.
     One name per pair, so two such slices have the same dim; broadcast against ``symbol`` itself
     it is ``symbol`` (``kiln.ops.registry``'s broadcast). Inference at a binding computes it."""
-    return f"{symbol}{CLAMPED}{dim}"
-
-
-SCALED = ".x"  # "batch.x4": 4 * batch (heads folded into the batch: [batch, 4, seq] -> [batch*4, seq])
+    return dim_of(sizes.extreme(True, as_expr(symbol), sizes.const(dim)))
 
 
 def scaled(symbol: str, factor: int) -> Dim:
-    """The dim ``factor * symbol``: one name per product, so every value holding that product has
-    the same dim; specialize binds it with its symbol (``bound``)."""
-    base, times = scaled_parts(symbol) or (symbol, 1)
-    factor *= times
-    return 0 if factor == 0 else base if factor == 1 else f"{base}{SCALED}{factor}"
+    """The dim ``factor * symbol`` (heads folded into the batch: [batch, 4, seq] -> [4*batch,
+    seq]); specialize binds it with its symbol (``bound``)."""
+    return dim_of(sizes.scale(as_expr(symbol), factor))
 
 
-def scaled_parts(name: str) -> tuple[str, int] | None:
-    """``(s, k)`` of a ``scaled(s, k)`` name, else None."""
-    base, found, factor = name.rpartition(SCALED)
-    return (base, int(factor)) if found and base and factor.isdigit() and int(factor) > 1 else None
-
-
-FLOORED = ".d"  # "pad_d1.d4": pad_d1 // 4 (a window count: a padded plane's height over the window)
-
-
-def floored(symbol: str, divisor: int) -> str:
+def floored(symbol: str, divisor: int) -> Dim:
     """The dim ``symbol // divisor`` (a size divided by a number that may not divide it): one name
     per quotient, so two places that compute it (Swin's window partition and its reverse) agree."""
-    return symbol if divisor == 1 else f"{symbol}{FLOORED}{divisor}"
-
-
-def floored_parts(name: str) -> tuple[str, int] | None:
-    """``(s, k)`` of a ``floored(s, k)`` name, else None."""
-    base, found, divisor = name.rpartition(FLOORED)
-    return (base, int(divisor)) if found and base and divisor.isdigit() and int(divisor) > 1 else None
+    return dim_of(sizes.floordiv(as_expr(symbol), divisor))
 
 
 def bound(name: str, dims: Any) -> Dim:
-    """``name``'s value under a binding of symbols to ints (``dims``: a mapping), or ``name``."""
+    """``name``'s value under a binding of symbols to ints (``dims``: a mapping), or the dim of
+    what is left where some symbols are not bound."""
     if name in dims:
         return dims[name]
-    parts = scaled_parts(name)
-    if parts is None and (quotient := floored_parts(name)) is not None:
-        base = bound(quotient[0], dims)
-        return base // quotient[1] if isinstance(base, int) else name
-    base = bound(parts[0], dims) if parts is not None else None
-    return parts[1] * base if parts is not None and isinstance(base, int) else name
+    return dim_of(sizes.substitute(sizes.parse(name), dims))
 
 
 def named(ctx: Any, product: Monomial) -> Dim:
-    """A product of dims as a dim: an int, one symbol scaled, else a fresh symbol."""
-    if not product.symbols or product.coefficient == 0:
-        return product.coefficient
-    if len(product.symbols) == 1:
-        return scaled(product.symbols[0], product.coefficient)
-    return ctx.fresh()
+    """A product of dims as a dim (an int, or its expression's text)."""
+    return product_name(product)
+
+
+def product_name(product: Monomial) -> Dim:
+    """A product of dims by its canonical text (``4*batch*seq``)."""
+    expr = sizes.const(product.coefficient)
+    for factor in product.symbols:
+        expr = sizes.mul(expr, sizes.parse(factor))
+    return dim_of(expr)
 
 
 def clamped_base(name: str) -> str | None:
-    """``s`` of a ``clamped(s, d)`` name, else None."""
-    base, found, bound = name.rpartition(CLAMPED)
-    return base if found and base and bound.isdigit() else None
+    """``s`` of a ``min(s, d)`` dim (s a symbol, d a number >= 1), else None."""
+    expr = sizes.parse(name)
+    atom = expr.monomial[1][0] if expr.monomial and expr.monomial[0] == 1 and len(expr.monomial[1]) == 1 else None
+    if not isinstance(atom, sizes.Extreme) or not atom.lowest or len(atom.items) != 2:
+        return None
+    numbers = [i.constant for i in atom.items if i.is_constant]
+    names = [i.symbol for i in atom.items if i.symbol is not None]
+    return names[0] if len(numbers) == 1 and numbers[0] >= 1 and len(names) == 1 else None
+
+
+SMALL_CONTENTS = 64  # elements: a shape-like tensor up to this size keeps its contents through moves
+
+
+def carry_contents(ctx: Any, shape: tuple, transform) -> None:
+    """Shape tensors reshaped (any static shape: the contents are row-major) keep their contents."""
+    if not all(isinstance(d, int) for d in shape) or math.prod(shape) > SMALL_CONTENTS:
+        return
+    contents = ctx.integers_value(0)
+    if contents is not None and len(contents) == math.prod(shape):
+        ctx.out_symbolic[0] = transform(contents)
+
+
+def arranged(ctx: Any, move) -> None:
+    """The contents of a small static integer tensor moved by ``move`` (a function of a NumPy
+    object array of the contents in their shape): a transpose or a slice of a pads matrix
+    (TorchScript's pads: pairs reversed and transposed) keeps them."""
+    shape = ctx.shape(0)
+    contents = ctx.integers_value(0)
+    if contents is None or shape is None or not all(isinstance(d, int) for d in shape):
+        return
+    if len(contents) != math.prod(shape) or len(contents) > SMALL_CONTENTS:
+        return
+    grid = np.empty(len(contents), dtype=object)
+    grid[:] = list(contents)
+    ctx.out_symbolic[0] = tuple(move(grid.reshape(shape)).reshape(-1).tolist())
 
 
 def dim_product(dims: Any) -> int | None:
@@ -118,8 +143,9 @@ def quotient(ctx: Any, numerator: list[Dim], denominator: list[Dim]) -> Dim:
     symbol counts as its factor times the symbol)."""
     top, bottom = Monomial.of(numerator), Monomial.of(denominator)
     cancelled = top.divided(Monomial(1, bottom.symbols))
-    if cancelled is None:
-        return ctx.fresh()
+    if cancelled is None:  # factors that are sums: divide the expressions (a window's rows*cols)
+        exact = sizes.divide(_product_expr(numerator), _product_expr(denominator))
+        return dim_of(exact) if exact is not None and sizes.bounds(exact)[0] >= 0 else ctx.fresh()
     static, divisor = cancelled.coefficient, bottom.coefficient
     if not cancelled.symbols:
         if divisor == 0 and static == 0:
@@ -135,6 +161,13 @@ def quotient(ctx: Any, numerator: list[Dim], denominator: list[Dim]) -> Dim:
     return named(ctx, Monomial(static // divisor, cancelled.symbols))
 
 
+def _product_expr(dims: list[Dim]) -> sizes.Expr:
+    result = sizes.const(1)
+    for dim in dims:
+        result = sizes.mul(result, as_expr(dim))
+    return result
+
+
 @dataclass(frozen=True)
 class Monomial:
     """A product of dims: an int coefficient times symbols (sorted, repeats kept). What a
@@ -146,16 +179,20 @@ class Monomial:
 
     @staticmethod
     def of(dims: tuple | list) -> Monomial:
+        """The product of dims: numbers into the coefficient, each dim that is a product of
+        atoms its atoms (by their texts), any other dim (a sum) one factor."""
         coefficient, symbols = 1, []
         for dim in dims:
-            parts = scaled_parts(dim) if isinstance(dim, str) else None
             if isinstance(dim, int):
                 coefficient *= dim
-            elif parts is not None:
-                coefficient *= parts[1]
-                symbols.append(parts[0])
-            else:
-                symbols.append(dim)
+                continue
+            expr = as_expr(dim)
+            single = expr.monomial
+            if single is None:
+                symbols.append(sizes.text(expr))
+                continue
+            coefficient *= single[0]
+            symbols.extend(sizes.atom_text(atom) for atom in single[1])
         return Monomial(coefficient, tuple(sorted(symbols)))
 
     def __mul__(self, other: Monomial) -> Monomial:
@@ -177,3 +214,33 @@ class Monomial:
 
 
 ONE = Monomial()
+
+
+def from_sympy(expr: Any) -> sizes.Expr | None:
+    """A sympy expression torch traced a size as, as kiln's expression (None: one it has no form
+    for: a fraction, a power, a function kiln does not know)."""
+    args = getattr(expr, "args", ())
+    if getattr(expr, "is_Integer", False):
+        return sizes.const(int(expr))
+    if getattr(expr, "is_Symbol", False):
+        return sizes.sym(str(expr)) if str(expr).isidentifier() else None
+    parts = [from_sympy(a) for a in args]
+    if None in parts or not parts:
+        return None
+    kind = type(expr).__name__
+    if getattr(expr, "is_Add", False) or getattr(expr, "is_Mul", False):
+        result = parts[0]
+        for part in parts[1:]:
+            result = sizes.add(result, part) if expr.is_Add else sizes.mul(result, part)  # type: ignore[arg-type]
+        return result
+    if kind in ("FloorDiv", "Mod", "PythonMod") and len(parts) == 2 and parts[1].is_constant:  # type: ignore[union-attr]
+        k = parts[1].constant  # type: ignore[union-attr]
+        if k <= 0:
+            return None
+        return sizes.floordiv(parts[0], k) if kind == "FloorDiv" else sizes.mod(parts[0], k)  # type: ignore[arg-type]
+    if kind in ("Max", "Min"):
+        result = parts[0]
+        for part in parts[1:]:
+            result = sizes.extreme(kind == "Min", result, part)  # type: ignore[arg-type]
+        return result
+    return None

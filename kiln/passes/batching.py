@@ -36,6 +36,7 @@ from kiln.passes.sample_index import (
     blocked,
     constant_ints,
     reads_own_block,
+    rows_per_sample,
     scatters_own_tuples,
     scatters_within_samples,
 )
@@ -413,7 +414,7 @@ class _Analysis:
         names = {node.inputs[i].type.shape[axis] for i, axis in batched}  # type: ignore[union-attr,index]
         outputs = [self.named_axis(node, v, names) for v in node.outputs]
         sizes = [i for i, s in enumerate(read) if isinstance(s, Sizes)]
-        if sizes and not (op in ("Reshape", "Expand") and sizes == [1]):
+        if sizes and not (op in ("Reshape", "Expand") and sizes == [1]) and not self.resized_to_the_count(node, read):
             raise Refused(node.label, "reads samples and a value computed from their count")
         if has_trait(op, "", "aligned"):
             outputs = [self.aligned(node, read)] * len(node.outputs)
@@ -458,6 +459,14 @@ class _Analysis:
         if any(axis is None for axis in outputs[:kept]):
             raise Refused(node.label, "an output that loses the samples' dim (it mixes them)")
         return [Batched(axis, per) if axis is not None else None for axis in outputs]
+
+    def resized_to_the_count(self, node: Node, read: list[State]) -> bool:
+        """A Resize to sizes whose first element alone may be the count (``[batch, c, 2*h,
+        2*w]`` read from the input's shape): each sample resized alone."""
+        if node.op != "Resize" or [i for i, s in enumerate(read) if isinstance(s, Sizes)] != [3]:
+            return False
+        mask = self.mask_of(node.inputs[3], read[3])
+        return mask is not None and len(mask) > 1 and mask[0] and not any(mask[1:])
 
     def named_axis(self, node: Node, value: Value, names: set) -> int | None:
         """The dim of ``value``'s type named as the inputs' samples' dims (None: none is)."""
@@ -507,6 +516,8 @@ class _Analysis:
         block = Monomial.of(shape_in[state.axis + 1 :]) * state.per
         per = block.divided(Monomial.of(shape_out[axis + 1 :]))
         if per is None or not per.coefficient:
+            per = rows_per_sample(self.symbol, shape_in, shape_out, state.axis, axis)
+        if per is None:
             raise Refused(node.label, "a reshape that moves elements across the samples' dim")
         return Batched(axis, per)
 

@@ -15,9 +15,10 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from kiln.ir import dims as sizes
 from kiln.ir.graph import Node, Value
 from kiln.ir.types import TensorType
-from kiln.ops.symbolic_dims import ONE, Monomial
+from kiln.ops.symbolic_dims import ONE, Monomial, as_expr, dim_of
 
 
 @dataclass(frozen=True)
@@ -167,3 +168,17 @@ def scatters_own_tuples(node: Node, indices: object, data: tuple | None, updates
         and index_shape.count(dim) == 1
         and updates == (index_shape.index(dim), ONE)
     )
+
+
+def rows_per_sample(symbol: str, shape_in: tuple, shape_out: tuple, axis_in: int, axis: int) -> Monomial | None:
+    """Indices per sample of an output dim that is the count times an expression free of it
+    (``16*((h+1)//2)*batch``), where no other dim in or out holds the count: the reshape's
+    own element count check makes each sample's block its rows (both sides are the count
+    times sizes free of it, equal at every binding that runs)."""
+    per = sizes.divide(as_expr(shape_out[axis]), sizes.sym(symbol))
+    others = [d for i, d in enumerate(shape_out) if i != axis] + [d for i, d in enumerate(shape_in) if i != axis_in]
+    if per is None or symbol in sizes.symbols(per) or sizes.bounds(per)[0] < 0:
+        return None
+    if any(isinstance(d, str) and symbol in sizes.symbols(sizes.parse(d)) for d in others):
+        return None
+    return Monomial.of([dim_of(per)])

@@ -1,0 +1,177 @@
+"""Sizes computed by the exporters' shape arithmetic are expressions (kiln.ir.dims), so a size
+computed twice is one dim and a count merged with other sizes divides back out: the window
+partition/reverse of Swin and the patch folding of MobileViT are proven sample-parallel and run
+at every batch on one compile (issue 49; before: refused at their views, a compile per batch)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from onnx import helper
+
+import kiln
+from kiln.driver.variants import plans_compiled
+from kiln.frontend.onnx import import_onnx
+from kiln.passes.batching import Parallel, sample_parallel
+from tests.helpers import FLOAT, make_model
+
+onnxruntime = pytest.importorskip("onnxruntime", reason="the runs are checked against onnxruntime")
+RNG = np.random.default_rng(3)
+I64 = np.int64
+
+
+def _size(nodes: list, source: str, axis: int, out: str) -> None:
+    """``out`` = the scalar size ``source.shape[axis]`` (each call its own nodes, as an exporter
+    writes a size again wherever it needs it)."""
+    nodes += [
+        helper.make_node("Shape", [source], [f"{out}_shape"]),
+        helper.make_node("Gather", [f"{out}_shape", f"axis{axis}"], [out], axis=0),
+    ]
+
+
+def _padded(nodes: list, size: str, out: str) -> None:
+    """``out`` = size + (4 - size % 4) % 4, computed as the dynamo exporter writes it."""
+    nodes += [
+        helper.make_node("Mod", [size, "four"], [f"{out}_m"]),
+        helper.make_node("Mul", [f"{out}_m", "minus_one"], [f"{out}_n"]),
+        helper.make_node("Add", ["four", f"{out}_n"], [f"{out}_a"]),
+        helper.make_node("Mod", [f"{out}_a", "four"], [f"{out}_pad"]),
+        helper.make_node("Add", [size, f"{out}_pad"], [out]),
+    ]
+
+
+def _vector(nodes: list, parts: list[str], out: str) -> None:
+    for part in parts:
+        if not part.startswith("c_"):
+            nodes.append(helper.make_node("Unsqueeze", [part, "axis0"], [f"{out}_{part}"]))
+    pieces = [p if p.startswith("c_") else f"{out}_{p}" for p in parts]
+    nodes.append(helper.make_node("Concat", pieces, [out], axis=0))
+
+
+def windows_model() -> bytes:
+    """x [batch, h, w, 8] padded to multiples of 4 (pads from the sizes), partitioned into 4x4
+    windows ([batch*nh*nw, 16, 8]), scaled, merged back and cut to [batch, h, w, 8]: every size
+    the views take is computed again where it is used (the partition's and the reverse's)."""
+    nodes: list = []
+    _size(nodes, "x", 1, "h")
+    _size(nodes, "x", 2, "w")
+    for name, size in (("hp_pad", "h"), ("wp_pad", "w")):
+        _padded(nodes, size, name)
+    nodes += [
+        helper.make_node("Sub", ["hp_pad", "h"], ["pad_h"]),
+        helper.make_node("Sub", ["wp_pad", "w"], ["pad_w"]),
+    ]
+    _vector(nodes, ["c_zero", "c_zero", "c_zero", "c_zero", "c_zero", "pad_h", "pad_w", "c_zero"], "pads")
+    nodes.append(helper.make_node("Pad", ["x", "pads"], ["padded"]))
+    _size(nodes, "padded", 0, "b1")
+    for tag in ("p", "r"):  # the partition's sizes and the reverse's, each computed on its own
+        _size(nodes, "x", 1, f"h_{tag}")
+        _size(nodes, "x", 2, f"w_{tag}")
+        _padded(nodes, f"h_{tag}", f"hp_{tag}")
+        _padded(nodes, f"w_{tag}", f"wp_{tag}")
+        nodes += [
+            helper.make_node("Div", [f"hp_{tag}", "four"], [f"nh_{tag}"]),
+            helper.make_node("Div", [f"wp_{tag}", "four"], [f"nw_{tag}"]),
+        ]
+    _vector(nodes, ["b1", "nh_p", "c_four", "nw_p", "c_four", "c_eight"], "split")
+    nodes += [
+        helper.make_node("Reshape", ["padded", "split"], ["split_x"]),
+        helper.make_node("Transpose", ["split_x"], ["moved"], perm=[0, 1, 3, 2, 4, 5]),
+        helper.make_node("Reshape", ["moved", "rows"], ["windows"]),  # [-1, 16, 8]
+        helper.make_node("Mul", ["windows", "scale"], ["scaled"]),
+    ]
+    _vector(nodes, ["c_minus_one", "nh_r", "nw_r", "c_four", "c_four", "c_eight"], "merge")
+    nodes += [
+        helper.make_node("Reshape", ["scaled", "merge"], ["merged"]),
+        helper.make_node("Transpose", ["merged"], ["back"], perm=[0, 1, 3, 2, 4, 5]),
+    ]
+    _vector(nodes, ["c_minus_one", "hp_r", "wp_r", "c_eight"], "plane")
+    nodes.append(helper.make_node("Reshape", ["back", "plane"], ["whole"]))
+    _vector(nodes, ["h", "w"], "ends")
+    nodes.append(helper.make_node("Slice", ["whole", "c_zeros2", "ends", "c_axes12"], ["y"]))
+    constants = {
+        "four": np.array(4, I64),
+        "minus_one": np.array(-1, I64),
+        "axis0": np.array([0], I64),
+        "axis1": np.array(1, I64),
+        "axis2": np.array(2, I64),
+        "axis0_": np.array(0, I64),
+        "c_zero": np.array([0], I64),
+        "c_four": np.array([4], I64),
+        "c_eight": np.array([8], I64),
+        "c_minus_one": np.array([-1], I64),
+        "c_zeros2": np.array([0, 0], I64),
+        "c_axes12": np.array([1, 2], I64),
+        "rows": np.array([-1, 16, 8], I64),
+        "scale": RNG.standard_normal((16, 8)).astype(np.float32),
+    }
+    for node in nodes:  # Gather's axis-0 index is a scalar named axis0_ (Unsqueeze's axes are [0])
+        if node.op_type == "Gather" and node.input[1] == "axis0":
+            node.input[1] = "axis0_"
+    model = make_model(nodes, [("x", FLOAT, ["batch", "h", "w", 8])], [("y", FLOAT, None)], constants)
+    return model.SerializeToString()
+
+
+def patches_model() -> bytes:
+    """MobileViT's patch folding: the patch grid's size computed through floats,
+    ``int(ceil(h / 2.0) * 2.0) // 2``, then x [batch, 4, h, w] viewed as [batch*4*nh, 2, nw, 2],
+    transposed, scaled and folded back."""
+    nodes: list = []
+    for axis, tag in ((0, "b"), (1, "c"), (2, "h"), (3, "w")):
+        _size(nodes, "x", axis, tag)
+    for tag in ("h", "w"):
+        nodes += [
+            helper.make_node("Cast", [tag], [f"{tag}_f"], to=1),
+            helper.make_node("Div", [f"{tag}_f", "two_f"], [f"{tag}_half"]),
+            helper.make_node("Ceil", [f"{tag}_half"], [f"{tag}_up"]),
+            helper.make_node("Mul", [f"{tag}_up", "two_f"], [f"{tag}_even_f"]),
+            helper.make_node("Cast", [f"{tag}_even_f"], [f"{tag}_even"], to=7),
+            helper.make_node("Div", [f"{tag}_even", "two"], [f"n{tag}"]),
+        ]
+    nodes += [
+        helper.make_node("Mul", ["b", "c"], ["bc"]),
+        helper.make_node("Mul", ["bc", "nh"], ["rows"]),
+    ]
+    _vector(nodes, ["rows", "c_two", "nw", "c_two"], "view")
+    nodes += [
+        helper.make_node("Reshape", ["x", "view"], ["patches"]),
+        helper.make_node("Transpose", ["patches"], ["moved"], perm=[0, 2, 1, 3]),
+        helper.make_node("Mul", ["moved", "scale"], ["scaled"]),
+        helper.make_node("Transpose", ["scaled"], ["back"], perm=[0, 2, 1, 3]),
+    ]
+    _vector(nodes, ["b", "c", "h_even", "w_even"], "folded")
+    nodes.append(helper.make_node("Reshape", ["back", "folded"], ["y"]))
+    constants = {
+        "axis0": np.array([0], I64),
+        "axis0_": np.array(0, I64),
+        "axis1": np.array(1, I64),
+        "axis2": np.array(2, I64),
+        "axis3": np.array(3, I64),
+        "two_f": np.array(2.0, np.float32),
+        "two": np.array(2, I64),
+        "c_two": np.array([2], I64),
+        "scale": RNG.standard_normal((2, 2)).astype(np.float32),
+    }
+    for node in nodes:
+        if node.op_type == "Gather" and node.input[1] == "axis0":
+            node.input[1] = "axis0_"
+    model = make_model(nodes, [("x", FLOAT, ["batch", 4, "h", "w"])], [("y", FLOAT, None)], constants)
+    return model.SerializeToString()
+
+
+@pytest.mark.parametrize(
+    ("build", "sizes", "shape"),
+    [(windows_model, {"h": 10, "w": 7}, (10, 7, 8)), (patches_model, {"h": 6, "w": 8}, (4, 6, 8))],
+    ids=["swin-windows", "mobilevit-patches"],
+)
+def test_views_by_sizes_computed_twice_or_through_floats_are_sample_parallel_at_every_batch(build, sizes, shape):
+    model_bytes = build()
+    graph = import_onnx(model_bytes)
+    assert sample_parallel(graph)["batch"] == Parallel("batch", (0,), (0,))
+    session = onnxruntime.InferenceSession(model_bytes, providers=["CPUExecutionProvider"])
+    model = kiln.compile(model_bytes, dims={"batch": "1..6", **sizes})
+    compiled = plans_compiled()
+    for batch in (1, 5, 6, 3):
+        x = RNG.standard_normal((batch, *shape)).astype(np.float32)
+        np.testing.assert_allclose(model.run({"x": x})["y"], session.run(None, {"x": x})[0], rtol=1e-6, atol=1e-6)
+    assert plans_compiled() == compiled, "a batch size compiled after kiln.compile returned"
