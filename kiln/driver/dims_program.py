@@ -11,7 +11,9 @@ specialized anyway: the lowered ones and the check bindings. Half of those fit, 
 check; a dim no term fits, or that two terms fit differently, leaves the program out (every new
 binding is then specialized, as before).
 
-Evaluating the program costs microseconds. It is trusted only where it cannot be wrong unseen:
+A dim whose name is an expression of the input dims (``(h+1)//2``, ``4*((h+3)//4)``:
+``kiln.ir.dims``) is not fitted: the name is its program, checked against the vectors like a
+fitted step. Evaluating the program costs microseconds. It is trusted only where it cannot be wrong unseen:
 a binding whose vector has a dim below 1, above its size at the capacity (kernels are laid out
 there), or two dims apart that were equal at every binding specialized (a residual Add, a U-Net's
 Concat: the model may have no shapes there), is specialized instead, which raises InputError
@@ -24,6 +26,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+
+from kiln.ir import dims as sizes
 
 Step = tuple[int, int, int, tuple[tuple[int, int, int], ...]]  # (index, c0, c, factors (j, a, s))
 
@@ -40,6 +44,9 @@ class DimsProgram:
     steps: tuple[Step, ...]
     capacity: tuple[int, ...]
     equal: tuple[tuple[int, ...], ...]
+    # entries whose dim is an expression of the input dims (``(h+1)//2``: kiln.ir.dims): the name
+    # itself is the program, evaluated, never fitted
+    named: tuple[int, ...] = ()
 
     def __call__(self, dims: dict[str, Any]) -> np.ndarray | None:
         """The vector at ``dims`` (every input dim bound), or None where only specializing can tell."""
@@ -49,6 +56,12 @@ class DimsProgram:
             if size is None:
                 return None
             vector[index] = size
+        given = {self.names[i]: int(vector[i]) for i in self.inputs}
+        for index in self.named:
+            value = sizes.substitute(sizes.parse(self.names[index]), given)
+            if not value.is_constant:
+                return None
+            vector[index] = value.constant
         for index, c0, c, factors in self.steps:
             product = 1
             for j, add, divisor in factors:
@@ -71,6 +84,7 @@ class DimsProgram:
             "steps": [[i, c0, c, [list(f) for f in factors]] for i, c0, c, factors in self.steps],
             "capacity": list(self.capacity),
             "equal": [list(group) for group in self.equal],
+            "named": list(self.named),
         }
 
     @classmethod
@@ -104,4 +118,16 @@ class DimsProgram:
                 raise ValueError(f"a step {str(step)[:60]}")
             steps.append((index, c0, c, factors))
         equal = tuple(ints(group, 0, n) for group in found.get("equal") or [])
-        return cls(names, inputs, tuple(steps), capacity, equal)  # type: ignore[arg-type]
+        named = ints(found.get("named") or [], 0, n)
+        given = {names[i] for i in inputs}
+        if any(i in inputs or not expression_of(names[i], given) for i in named):
+            raise ValueError("a named entry that is no expression of the input dims")
+        return cls(names, inputs, tuple(steps), capacity, equal, named)  # type: ignore[arg-type]
+
+
+def expression_of(name: str, inputs: set[str]) -> bool:
+    """Whether the dim ``name`` is an expression (kiln.ir.dims) of the dims ``inputs`` only."""
+    if not sizes.is_dim_text(name):
+        return False
+    expr = sizes.parse(name)
+    return not expr.is_constant and expr.symbol is None and sizes.symbols(expr) <= inputs

@@ -39,10 +39,11 @@ from typing import Any
 
 import numpy as np
 
-from kiln.driver.dims_program import DimsProgram, Step
+from kiln.driver.dims_program import DimsProgram, Step, expression_of
 from kiln.driver.extents import Merge, NotAffine, check_constants, kernels_of, told_where
 from kiln.driver.pipeline import Compile, run_stages, start
 from kiln.errors import KilnError
+from kiln.ir import dims as size_exprs
 from kiln.ir.graph import Graph, Value
 from kiln.ir.types import DType, TensorType
 from kiln.lower import kir
@@ -554,9 +555,17 @@ def fit_program(
         return None
     fitting, checking = vectors[: (len(vectors) + 1) // 2], vectors[(len(vectors) + 1) // 2 :]
     bound = tuple(i for i, name in enumerate(names) if name in inputs)
+    given = {names[i] for i in bound}
+    named = tuple(i for i in range(len(names)) if i not in bound and expression_of(names[i], given))
+    for index in named:  # the name is the program: checked at every binding specialized
+        expr = size_exprs.parse(names[index])
+        for row in vectors:
+            value = size_exprs.substitute(expr, {names[i]: int(row[i]) for i in bound})
+            if row[index] >= 0 and value != size_exprs.const(int(row[index])):
+                return None
     steps: list[Step] = []
     for index in range(len(names)):
-        if index in bound:
+        if index in bound or index in named:
             continue
         column = vectors[:, index]
         if len(set(column.tolist())) == 1:
@@ -575,4 +584,4 @@ def fit_program(
         if (vectors[:, index] >= 1).all():
             groups.setdefault(vectors[:, index].tobytes(), []).append(index)
     equal = tuple(tuple(g) for g in groups.values() if len(g) > 1)
-    return DimsProgram(names, bound, tuple(steps), tuple(int(v) for v in vectors[0]), equal)
+    return DimsProgram(names, bound, tuple(steps), tuple(int(v) for v in vectors[0]), equal, named)

@@ -8,8 +8,10 @@ from typing import Any
 import numpy as np
 
 from kiln.errors import ShapeInferenceError
+from kiln.ir import dims as sizes
 from kiln.ir.types import Dim, DType, TensorType, Type
 from kiln.ops.registry import InferContext, declare_trait, normalize_axis, register, same_as_input
+from kiln.ops.symbolic_dims import as_expr, dim_of
 
 
 def _spatial_out(
@@ -23,9 +25,9 @@ def _spatial_out(
     auto_pad: str,
     ceil_mode: bool = False,
 ) -> Dim:
-    if not isinstance(size, int):
-        return ctx.fresh()
     effective = dilation * (kernel - 1) + 1
+    if not isinstance(size, int):
+        return _symbolic_out(ctx, size, effective, stride, pad_begin + pad_end, auto_pad, ceil_mode)
     if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
         return -(-size // stride)
     if auto_pad == "VALID":
@@ -39,6 +41,22 @@ def _spatial_out(
             out -= 1
         return out
     return padded // stride + 1
+
+
+def _symbolic_out(
+    ctx: InferContext, size: str, effective: int, stride: int, pads: int, auto_pad: str, ceil: bool
+) -> Dim:
+    """A window's output length over a symbolic one, as its expression (``(h-1)//2+1``) where
+    that is a length at every binding (0 or more; a smaller input is refused when the binding
+    compiles), else a fresh symbol (ceil_mode, a window that may exceed the padded input)."""
+    x = as_expr(size)
+    if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+        out = sizes.floordiv(sizes.add(x, sizes.const(stride - 1)), stride)
+    elif ceil or auto_pad == "VALID":
+        return ctx.fresh()
+    else:
+        out = sizes.add(sizes.floordiv(sizes.add(x, sizes.const(pads - effective)), stride), sizes.const(1))
+    return dim_of(out) if sizes.bounds(out)[0] >= 0 else ctx.fresh()
 
 
 def window_out(ctx: InferContext, data: TensorType, kernel: list[int], channels: Dim) -> tuple:

@@ -460,7 +460,7 @@ def _resize(ctx: InferContext) -> list[Type]:
     dims = list(data.shape)
     sizes = ctx.dims_value(sizes_index) if sizes_index is not None and ctx.has(sizes_index) else None
     scales = ctx.value(scales_index) if ctx.has(scales_index) else None
-    policy = ctx.attr("keep_aspect_ratio_policy")
+    policy = ctx.attr("keep_aspect_ratio_policy") if ctx.node.op == "Resize" else "stretch"
     if sizes is not None and policy in ("not_larger", "not_smaller") and not all(isinstance(d, int) for d in sizes):
         sizes = None  # (sizes from shapes under an aspect policy: dims known at run time)
     if sizes is not None and len(sizes):

@@ -178,7 +178,7 @@ def cast_contents(ctx: InferContext, dtype: DType) -> None:
     float32/float64 they become ratios; ratios cast to an integer are truncated (a floor
     division where the ratio is 0 or more)."""
     shape = ctx.shape(0)
-    if shape is None:
+    if shape is None or ctx.value(0) is not None:  # (known values fold; a float one may be no integer)
         return
     found = ctx.integers_value(0)
     if found is None:

@@ -382,13 +382,13 @@ def test_weights_stored_otherwise_load_and_damaged_weights_are_named(tmp_path):
 
 
 def test_a_load_that_compiles_frees_each_weight_a_pass_rewrote_when_that_pass_returns(tmp_path, monkeypatch):
-    """A load that compiles (nothing in the plan cache) consumes the artifact's graph: a weight the
-    BN fold rewrote is freed as soon as that pass returns, not held beside its folded copy through
-    every later pass (ResNet-50's load into an empty cache peaked 100 MB higher)."""
+    """A load that compiles (nothing in the plan cache) consumes the artifact's graph: the graph
+    the passes start from (every original weight) is freed as soon as the first pass has
+    rewritten it, not held by the compile's state through every later pass beside the BN fold's
+    copies (ResNet-50's load into an empty cache peaked 100 MB higher)."""
     import gc
     import weakref
 
-    from kiln.driver import loading
     from kiln.passes import pipeline
 
     channels = 32
@@ -407,27 +407,26 @@ def test_a_load_that_compiles_frees_each_weight_a_pass_rewrote_when_that_pass_re
     reference = kiln.compile(source, target="reference")
     path = kiln.compile(source).save(tmp_path / "m.kiln")
     monkeypatch.setenv("KILN_PLAN_CACHE", "0")  # the load compiles
-    held, alive_after_fold = [], []
-    real_read = loading.read
-
-    def watch(where):  # type: ignore[no-untyped-def]
-        meta, contents, graph = real_read(where)
-        held.extend(weakref.ref(a) for a in graph.constants.values() if a.shape == weight.shape)
-        return meta, contents, graph
-
-    def after_fold(graph, *args):  # type: ignore[no-untyped-def]
-        gc.collect()
-        alive_after_fold.append(sum(ref() is not None for ref in held))
-        return layouts.run(graph, *args)
-
+    started, alive_after_fold = [], []
     stages = list(pipeline.PIPELINE)
-    index = next(i for i, stage in enumerate(stages) if stage.name == "assign_layouts")
-    layouts = stages[index]
-    stages[index] = pipeline.Stage(layouts.name, layouts.level, after_fold, layouts.per_target)
-    monkeypatch.setattr(pipeline, "PIPELINE", tuple(stages))
-    monkeypatch.setattr(loading, "read", watch)
-    loaded = kiln.load(path)
-    assert len(held) == 1 and alive_after_fold == [0]  # the unfolded weight went with the fold's input
-    x = RNG.standard_normal((1, channels, 8, 8)).astype(np.float32)
 
+    def wrapped(index, check):  # type: ignore[no-untyped-def]
+        stage = stages[index]
+
+        def run(graph, *args):  # type: ignore[no-untyped-def]
+            if check:
+                gc.collect()
+                alive_after_fold.append(started[0]() is not None)
+            else:
+                started.append(weakref.ref(graph))
+            return stage.run(graph, *args)
+
+        return pipeline.Stage(stage.name, stage.level, run, stage.per_target)
+
+    layouts = next(i for i, stage in enumerate(stages) if stage.name == "assign_layouts")
+    stages[0], stages[layouts] = wrapped(0, False), wrapped(layouts, True)
+    monkeypatch.setattr(pipeline, "PIPELINE", tuple(stages))
+    loaded = kiln.load(path)
+    assert alive_after_fold == [False]  # the passes' first input went once rewritten
+    x = RNG.standard_normal((1, channels, 8, 8)).astype(np.float32)
     np.testing.assert_allclose(loaded(x), reference(x), rtol=1e-4, atol=2e-3)  # (sums of 288 terms near 16)

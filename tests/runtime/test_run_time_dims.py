@@ -227,6 +227,9 @@ def test_the_dims_program_gives_the_specialized_vector_at_every_size():
     compiled = kiln.compile(strided_cnn(), dims={"batch": 1, "h": (6, 40), "w": (6, 40)})
     route = compiled.dims_model.spatial
     assert route.program is not None
+    # every layer's size is named by its expression ((h+1)//2, ...): evaluated, nothing fitted
+    assert set(route.program.named) | set(route.program.inputs) >= {i for i, n in enumerate(route.names) if "h" in n}
+    assert not [step for step in route.program.steps if step[3]], route.program.steps
     graph = compiled.dims_model.graph
     for _, height, width in sizes():
         dims = {"batch": 1, "h": height, "w": width}
@@ -257,6 +260,10 @@ def test_the_dims_program_defers_where_it_could_be_wrong_unseen():
         )
     meta = program.as_meta()
     assert DimsProgram.from_meta(meta, program.names, (2,)) == program
+    with pytest.raises(ValueError):  # a named entry that is no expression of the inputs
+        DimsProgram.from_meta({**meta, "named": [2]}, program.names, (2,))
+    named = DimsProgram(("h", "(h+1)//2"), (0,), (), (40, 20), (), (1,))
+    assert named({"h": 13}).tolist() == [13, 7] and DimsProgram.from_meta(named.as_meta(), named.names, ()) == named
 
 
 def test_kiln_explain_lists_the_kernels_that_take_the_sizes_at_run_time(tmp_path):

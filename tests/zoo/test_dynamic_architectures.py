@@ -92,3 +92,27 @@ def test_an_image_export_runs_every_image_size_without_compiling_again(name, mon
         feeds = {"pixel_values": rng.standard_normal((batch, 3, height, width)).astype(np.float32)}
         matches(model, session, feeds, f"{name} at {batch}x{height}x{width}")
     assert plans_compiled() == compiled, "an image size compiled after kiln.compile returned"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("name", "exporter"), [("swin", "dynamo"), ("swin", "torchscript"), ("mobilevit", "torchscript")]
+)
+def test_window_and_patch_views_are_sample_parallel_at_every_batch(name, exporter, monkeypatch):
+    """Swin's window partition and reverse (sizes padded to the window and computed again where
+    each view needs them) and MobileViT's patch folding (its grid computed through floats:
+    ceil(h / 2.0) * 2.0): the sizes are expressions, so the batch is proven sample-parallel and
+    every batch runs on one compile (before: refused at their views, a compile per batch)."""
+    monkeypatch.setenv("KILN_PLAN_CACHE", "0")
+    path = str(architectures.export(name, exporter=exporter, dynamic=True))
+    from kiln.frontend.onnx import import_onnx
+
+    assert isinstance(sample_parallel(import_onnx(path))["batch"], Parallel)
+    model = kiln.compile(path, dims={"batch": "1..4", "height": 32, "width": 32})
+    session = onnxruntime.InferenceSession(path, providers=["CPUExecutionProvider"])
+    compiled = plans_compiled()
+    rng = np.random.default_rng(1)
+    for batch in (1, 3, 4, 2):
+        feeds = {"pixel_values": rng.standard_normal((batch, 3, 32, 32)).astype(np.float32)}
+        matches(model, session, feeds, f"{name} ({exporter}) at batch {batch}")
+    assert plans_compiled() == compiled, "a batch size compiled after kiln.compile returned"
