@@ -381,15 +381,48 @@ def test_weights_stored_otherwise_load_and_damaged_weights_are_named(tmp_path):
         kiln.load(path)
 
 
-def test_a_load_that_compiles_frees_each_weight_a_pass_rewrote_when_that_pass_returns(tmp_path, monkeypatch):
+LOAD_SCRIPT = """
+import gc, sys, weakref
+import numpy as np
+import kiln
+from kiln.passes import pipeline
+
+started, alive = [], []
+stages = list(pipeline.PIPELINE)
+
+
+def wrapped(index, check):
+    stage = stages[index]
+
+    def run(graph, *args):
+        if check:
+            gc.collect()
+            alive.append(started[0]() is not None)
+        else:
+            started.append(weakref.ref(graph))
+        return stage.run(graph, *args)
+
+    return pipeline.Stage(stage.name, stage.level, run, stage.per_target)
+
+
+layouts = next(i for i, stage in enumerate(stages) if stage.name == "assign_layouts")
+stages[0], stages[layouts] = wrapped(0, False), wrapped(layouts, True)
+pipeline.PIPELINE = tuple(stages)
+loaded = kiln.load(sys.argv[1])
+x = np.load(sys.argv[2])
+np.save(sys.argv[3], loaded(x))
+print(alive)
+"""
+
+
+def test_a_load_that_compiles_frees_each_weight_a_pass_rewrote_when_that_pass_returns(tmp_path):
     """A load that compiles (nothing in the plan cache) consumes the artifact's graph: the graph
     the passes start from (every original weight) is freed as soon as the first pass has
     rewritten it, not held by the compile's state through every later pass beside the BN fold's
-    copies (ResNet-50's load into an empty cache peaked 100 MB higher)."""
-    import gc
-    import weakref
-
-    from kiln.passes import pipeline
+    copies (ResNet-50's load into an empty cache peaked 100 MB higher). In a fresh process: a
+    test process's other tests may hold graphs of their own."""
+    import subprocess
+    import sys
 
     channels = 32
     weight = RNG.standard_normal((channels, channels, 3, 3)).astype(np.float32)
@@ -406,27 +439,16 @@ def test_a_load_that_compiles_frees_each_weight_a_pass_rewrote_when_that_pass_re
     )
     reference = kiln.compile(source, target="reference")
     path = kiln.compile(source).save(tmp_path / "m.kiln")
-    monkeypatch.setenv("KILN_PLAN_CACHE", "0")  # the load compiles
-    started, alive_after_fold = [], []
-    stages = list(pipeline.PIPELINE)
-
-    def wrapped(index, check):  # type: ignore[no-untyped-def]
-        stage = stages[index]
-
-        def run(graph, *args):  # type: ignore[no-untyped-def]
-            if check:
-                gc.collect()
-                alive_after_fold.append(started[0]() is not None)
-            else:
-                started.append(weakref.ref(graph))
-            return stage.run(graph, *args)
-
-        return pipeline.Stage(stage.name, stage.level, run, stage.per_target)
-
-    layouts = next(i for i, stage in enumerate(stages) if stage.name == "assign_layouts")
-    stages[0], stages[layouts] = wrapped(0, False), wrapped(layouts, True)
-    monkeypatch.setattr(pipeline, "PIPELINE", tuple(stages))
-    loaded = kiln.load(path)
-    assert alive_after_fold == [False]  # the passes' first input went once rewritten
     x = RNG.standard_normal((1, channels, 8, 8)).astype(np.float32)
-    np.testing.assert_allclose(loaded(x), reference(x), rtol=1e-4, atol=2e-3)  # (sums of 288 terms near 16)
+    np.save(tmp_path / "x.npy", x)
+    env = {"KILN_CACHE_DIR": str(tmp_path / "cache"), "KILN_PLAN_CACHE": "0", "PATH": "/usr/bin:/bin"}
+    done = subprocess.run(
+        [sys.executable, "-c", LOAD_SCRIPT, str(path), str(tmp_path / "x.npy"), str(tmp_path / "y.npy")],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split() == ["[False]"]  # the passes' first input went once rewritten
+    np.testing.assert_allclose(np.load(tmp_path / "y.npy"), reference(x), rtol=1e-4, atol=2e-3)  # (sums near 16)
