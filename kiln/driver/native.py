@@ -459,7 +459,7 @@ class NativeModel(Model):
             chunking = self.chunking()
             if chunking is not None:
                 size = dims.get(chunking.symbol, 0)
-                if size > 0 and size not in chunking.classes:
+                if size > 0 and size not in chunking.classes and chunking.holds(dims):
                     return self._chunked(chunking, dims, inputs)
         executable = self._variant(dims)
         if not executable.native:

@@ -20,6 +20,7 @@ import numpy as np
 
 from kiln.backends.registry import Backend
 from kiln.errors import ArgumentError, InputError
+from kiln.ir import dims as size_exprs
 from kiln.passes.batching import Parallel
 from kiln.passes.padding import Padding
 
@@ -102,6 +103,13 @@ class Chunking:
     @property
     def symbol(self) -> str:
         return self.parallel.symbol
+
+    def holds(self, dims: dict[str, int]) -> bool:
+        """Whether the proof's guards are 0 at ``dims`` (one it cannot evaluate does not hold):
+        where not, the run compiles for its size instead of running as chunks."""
+        return all(
+            size_exprs.substitute(size_exprs.parse(g), dims) == size_exprs.const(0) for g in self.parallel.guards
+        )
 
     def chunks(self, size: int) -> list[int]:
         """``size`` as a sum of classes, largest first."""

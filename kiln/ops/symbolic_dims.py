@@ -156,8 +156,10 @@ def quotient(ctx: Any, numerator: list[Dim], denominator: list[Dim]) -> Dim:
         if static % divisor:
             raise ShapeInferenceError(f"cannot reshape: {static} elements into a multiple of {divisor}")
         return static // divisor
-    if divisor == 0 or static % divisor:
+    if divisor == 0:
         return ctx.fresh()
+    if static % divisor:  # the reshape runs only where the count divides: then it is this quotient
+        return dim_of(sizes.floordiv(sizes.mul(sizes.const(static), _product_expr(list(cancelled.symbols))), divisor))
     return named(ctx, Monomial(static // divisor, cancelled.symbols))
 
 

@@ -76,6 +76,9 @@ class Parallel:
     symbol: str
     inputs: tuple[int | None, ...]
     outputs: tuple[int | None, ...]
+    # expressions of the other input dims that must be 0 at a binding for its chunks to be its
+    # samples' (``(h*w)%16``: a view whose rows per sample are whole only there); checked per run
+    guards: tuple[str, ...] = ()
 
 
 # ops computing on shape vectors: a result holding the count is only ever a target shape
@@ -107,6 +110,7 @@ class _Analysis:
         self.state: dict[Value, State] = {}
         self._folded: dict[str, np.ndarray | None] = {}
         self._producers: dict[Value, Node] | None = None
+        self.guards: list[str] = []
 
     def run(self) -> Parallel | Refused:
         try:
@@ -124,7 +128,7 @@ class _Analysis:
                 if isinstance(result, (Sizes, Index, SampleTuple)):
                     raise Refused(value.name, "an output computed from the count of samples")
                 outputs.append(result.axis if isinstance(result, Batched) else None)
-            return Parallel(self.symbol, tuple(inputs), tuple(outputs))
+            return Parallel(self.symbol, tuple(inputs), tuple(outputs), tuple(dict.fromkeys(self.guards)))
         except Refused as refusal:
             return refusal
 
@@ -516,9 +520,12 @@ class _Analysis:
         block = Monomial.of(shape_in[state.axis + 1 :]) * state.per
         per = block.divided(Monomial.of(shape_out[axis + 1 :]))
         if per is None or not per.coefficient:
-            per = rows_per_sample(self.symbol, shape_in, shape_out, state.axis, axis)
-        if per is None:
-            raise Refused(node.label, "a reshape that moves elements across the samples' dim")
+            found = rows_per_sample(self.symbol, shape_in, shape_out, state.axis, axis)
+            if found is None:
+                raise Refused(node.label, "a reshape that moves elements across the samples' dim")
+            per, guard = found
+            if guard is not None:
+                self.guards.append(guard)
         return Batched(axis, per)
 
     def unsqueezed(self, node: Node, axis: int) -> int | None:

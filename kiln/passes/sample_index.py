@@ -170,15 +170,27 @@ def scatters_own_tuples(node: Node, indices: object, data: tuple | None, updates
     )
 
 
-def rows_per_sample(symbol: str, shape_in: tuple, shape_out: tuple, axis_in: int, axis: int) -> Monomial | None:
+def rows_per_sample(
+    symbol: str, shape_in: tuple, shape_out: tuple, axis_in: int, axis: int
+) -> tuple[Monomial, str | None] | None:
     """Indices per sample of an output dim that is the count times an expression free of it
-    (``16*((h+1)//2)*batch``), where no other dim in or out holds the count: the reshape's
-    own element count check makes each sample's block its rows (both sides are the count
-    times sizes free of it, equal at every binding that runs)."""
-    per = sizes.divide(as_expr(shape_out[axis]), sizes.sym(symbol))
+    (``16*((h+1)//2)*batch``), where no other dim in or out holds the count: the reshape's own
+    element count check makes each sample's block its rows (both sides are the count times sizes
+    free of it, equal at every binding that runs). With a guard (an expression that must be 0)
+    where the dim is such a product floor-divided by a number (``(batch*h*w)//16``: each sample's
+    rows are whole only where ``h*w % 16`` is 0)."""
     others = [d for i, d in enumerate(shape_out) if i != axis] + [d for i, d in enumerate(shape_in) if i != axis_in]
-    if per is None or symbol in sizes.symbols(per) or sizes.bounds(per)[0] < 0:
-        return None
     if any(isinstance(d, str) and symbol in sizes.symbols(sizes.parse(d)) for d in others):
         return None
-    return Monomial.of([dim_of(per)])
+    out = as_expr(shape_out[axis])
+    guard = None
+    per = sizes.divide(out, sizes.sym(symbol))
+    single = out.monomial
+    if per is None and single is not None and single[0] == 1 and len(single[1]) == 1:
+        floor = single[1][0]
+        whole = sizes.divide(floor.inner, sizes.sym(symbol)) if isinstance(floor, sizes.Floor) else None
+        if whole is not None:
+            per, guard = sizes.floordiv(whole, floor.k), sizes.text(sizes.mod(whole, floor.k))
+    if per is None or symbol in sizes.symbols(per) or sizes.bounds(per)[0] < 0:
+        return None
+    return Monomial.of([dim_of(per)]), guard

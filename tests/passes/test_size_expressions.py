@@ -175,3 +175,44 @@ def test_views_by_sizes_computed_twice_or_through_floats_are_sample_parallel_at_
         x = RNG.standard_normal((batch, *shape)).astype(np.float32)
         np.testing.assert_allclose(model.run({"x": x})["y"], session.run(None, {"x": x})[0], rtol=1e-6, atol=1e-6)
     assert plans_compiled() == compiled, "a batch size compiled after kiln.compile returned"
+
+
+def folded_rows_model() -> bytes:
+    """x [batch, 16, h, w] viewed as [-1, 2, 2, 2], then as [-1, 16, 4, 4] (rows: batch*h*w // 16,
+    whole per sample only where h*w is a multiple of 16), scaled, and viewed back by x's shape."""
+    nodes = [
+        helper.make_node("Reshape", ["x", "eights"], ["small"]),
+        helper.make_node("Reshape", ["small", "blocks"], ["rows"]),
+        helper.make_node("Mul", ["rows", "scale"], ["scaled"]),
+        helper.make_node("Shape", ["x"], ["shape"]),
+        helper.make_node("Reshape", ["scaled", "shape"], ["y"]),
+    ]
+    constants = {
+        "eights": np.array([-1, 2, 2, 2], I64),
+        "blocks": np.array([-1, 16, 4, 4], I64),
+        "scale": RNG.standard_normal((16, 4, 4)).astype(np.float32),
+    }
+    model = make_model(nodes, [("x", FLOAT, ["batch", 16, "h", "w"])], [("y", FLOAT, None)], constants)
+    return model.SerializeToString()
+
+
+def test_a_view_whose_rows_per_sample_are_whole_only_at_some_sizes_chunks_only_there():
+    """The count's rows are ``(batch*h*w)//16``: sample-parallel with the guard ``(h*w)%16 == 0``,
+    checked per run. Where it holds (4x8 planes) every batch runs on the classes; where it does
+    not (3x3 planes: a batch of 16 is valid as a whole, not as chunks of 8) a run compiles for its
+    size instead of running as chunks that would not reshape."""
+    model_bytes = folded_rows_model()
+    found = sample_parallel(import_onnx(model_bytes))["batch"]
+    assert isinstance(found, Parallel) and found.guards == ("(h*w)%16",)
+    session = onnxruntime.InferenceSession(model_bytes, providers=["CPUExecutionProvider"])
+    model = kiln.compile(model_bytes, dims={"batch": "1..16", "h": 4, "w": 8})
+    compiled = plans_compiled()
+    for batch in (1, 5, 16, 3):
+        x = RNG.standard_normal((batch, 16, 4, 8)).astype(np.float32)
+        np.testing.assert_allclose(model.run({"x": x})["y"], session.run(None, {"x": x})[0], rtol=1e-6, atol=1e-6)
+    assert plans_compiled() == compiled
+    from kiln.driver.sizes import Chunking
+
+    chunking = Chunking(found, (1, 8))  # 3x3 planes: a batch of 16 is valid whole, its chunks of 8 are not
+    assert chunking.holds({"batch": 5, "h": 4, "w": 8}) and not chunking.holds({"batch": 16, "h": 3, "w": 3})
+    assert not chunking.holds({"batch": 5})  # a guard kiln cannot evaluate does not hold
