@@ -42,6 +42,7 @@ def dim_sizes(graph, ranges: dict[str, str]) -> dict:  # type: ignore[no-untyped
             "range": list(bounds) if bounds else None,
             "sample_parallel": isinstance(how, Parallel),
             "classes": list(default_classes(bounds or (1, MAX_DIM))) if name == chunked else None,
+            "guards": list(how.guards) if isinstance(how, Parallel) else [],
             "reason": ""
             if name == chunked
             else (str(how) if not isinstance(how, Parallel) else "another dim is chunked"),
@@ -153,8 +154,14 @@ def show_sizes(sizes: dict) -> None:
         bounds = "{}..{}".format(*found_size["range"]) if found_size["range"] else "no range declared"
         if found_size["classes"]:
             classes = ", ".join(map(str, found_size["classes"]))
+            where = (
+                " where " + " and ".join(f"{g} == 0" for g in found_size["guards"]) if found_size.get("guards") else ""
+            )
             out.print(
-                f"sizes: {symbol} ({bounds}) is sample-parallel: every kernel runs any size from the size classes "
+                f"sizes: {symbol} ({bounds}) is sample-parallel{escape(where)}: every kernel runs any size from the "
+                f"size classes {classes} (a library per class, chunks joined; elsewhere a run compiles for its size)"
+                if where
+                else f"sizes: {symbol} ({bounds}) is sample-parallel: every kernel runs any size from the size classes "
                 f"{classes} (a library per class, chunks joined)"
             )
         elif found_size.get("run_time_dims"):

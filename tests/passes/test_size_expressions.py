@@ -216,3 +216,19 @@ def test_a_view_whose_rows_per_sample_are_whole_only_at_some_sizes_chunks_only_t
     chunking = Chunking(found, (1, 8))  # 3x3 planes: a batch of 16 is valid whole, its chunks of 8 are not
     assert chunking.holds({"batch": 5, "h": 4, "w": 8}) and not chunking.holds({"batch": 16, "h": 3, "w": 3})
     assert not chunking.holds({"batch": 5})  # a guard kiln cannot evaluate does not hold
+
+
+def test_kiln_explain_says_where_the_batch_chunks(tmp_path):
+    """``kiln explain`` names the guard under which the batch runs as chunks (and --json lists it)."""
+    import json
+
+    from click.testing import CliRunner
+
+    from kiln.cli import main
+
+    path = tmp_path / "folded.onnx"
+    path.write_bytes(folded_rows_model())
+    said = CliRunner().invoke(main, ["explain", str(path), "--dim", "h=4", "--dim", "w=8"], catch_exceptions=False)
+    assert said.exit_code == 0 and "sample-parallel where (h*w)%16 == 0" in said.output, said.output
+    listed = CliRunner().invoke(main, ["explain", str(path), "--dim", "h=4", "--dim", "w=8", "--json"])
+    assert json.loads(listed.stdout)["sizes"]["batch"]["guards"] == ["(h*w)%16"]
