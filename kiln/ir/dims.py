@@ -414,9 +414,30 @@ class DimSyntaxError(ValueError):
     """Text that is not a dim expression."""
 
 
+LONGEST = 4096  # characters of a dim's text (kiln names none longer than NAMEABLE: a longer one is no dim)
+NAMEABLE = 512  # characters: an expression with a longer text names no dim (inference makes a fresh symbol)
+
+
+def nameable(expr: Expr) -> bool:
+    """Whether ``expr`` may name a dim: short enough to read back (a long chain of strided windows
+    or a product of sums multiplied again starts over from a fresh symbol instead)."""
+    return len(text(expr)) <= NAMEABLE
+
+
 @lru_cache(maxsize=65536)
 def parse(source: str) -> Expr:
     """The expression a dim's text names (canonical or not; DimSyntaxError if it names none)."""
+    if len(source) > LONGEST or source.count("(") > LONGEST // 8:
+        raise DimSyntaxError(
+            f"a dim of {len(source)} characters, {source.count('(')} parentheses: too deep to be a size"
+        )
+    try:
+        return _parsed(source)
+    except RecursionError:
+        raise DimSyntaxError(f"{source[:60]!r}...: too deep to be a size") from None
+
+
+def _parsed(source: str) -> Expr:
     tokens: list[tuple[str, str]] = []
     position = 0
     while position < len(source):

@@ -56,7 +56,9 @@ def _symbolic_out(
         return ctx.fresh()
     else:
         out = sizes.add(sizes.floordiv(sizes.add(x, sizes.const(pads - effective)), stride), sizes.const(1))
-    return dim_of(out) if sizes.bounds(out)[0] >= 0 else ctx.fresh()
+    if sizes.bounds(out)[0] < 0 or not sizes.nameable(out):
+        return ctx.fresh()  # (a long chain of strided windows starts again from a fresh size)
+    return dim_of(out)
 
 
 def window_out(ctx: InferContext, data: TensorType, kernel: list[int], channels: Dim) -> tuple:

@@ -305,7 +305,7 @@ def _pad(ctx: InferContext) -> list[Type]:
         # the dim plus amounts that are sizes (a window's pad, ``(4-h%4)%4``): its expression,
         # where that is a size at every binding; else a dim known only at run time
         grown = sizes.add(as_expr(dims[axis]), as_expr(begin), as_expr(end))
-        dims[axis] = dim_of(grown) if sizes.bounds(grown)[0] >= 0 else ctx.fresh()
+        dims[axis] = dim_of(grown) if sizes.bounds(grown)[0] >= 0 and sizes.nameable(grown) else ctx.fresh()
     return [TensorType(data.dtype, tuple(dims))]
 
 

@@ -82,7 +82,7 @@ def _element(expr: sizes.Expr, ctx: InferContext | None = None) -> Any:
     if expr.is_constant:
         return expr.constant
     size = sizes.bounds(expr)[0] >= 0
-    if len(expr.terms) > LARGEST or len(sizes.text(expr)) > 4 * LARGEST * 8:
+    if len(expr.terms) > LARGEST or not sizes.nameable(expr):
         return ctx.fresh() if size and ctx is not None else None
     return dim_of(expr) if size else expr
 

@@ -145,7 +145,8 @@ def quotient(ctx: Any, numerator: list[Dim], denominator: list[Dim]) -> Dim:
     cancelled = top.divided(Monomial(1, bottom.symbols))
     if cancelled is None:  # factors that are sums: divide the expressions (a window's rows*cols)
         exact = sizes.divide(_product_expr(numerator), _product_expr(denominator))
-        return dim_of(exact) if exact is not None and sizes.bounds(exact)[0] >= 0 else ctx.fresh()
+        fits = exact is not None and sizes.bounds(exact)[0] >= 0 and sizes.nameable(exact)
+        return dim_of(exact) if fits else ctx.fresh()  # type: ignore[arg-type]
     static, divisor = cancelled.coefficient, bottom.coefficient
     if not cancelled.symbols:
         if divisor == 0 and static == 0:
@@ -159,7 +160,8 @@ def quotient(ctx: Any, numerator: list[Dim], denominator: list[Dim]) -> Dim:
     if divisor == 0:
         return ctx.fresh()
     if static % divisor:  # the reshape runs only where the count divides: then it is this quotient
-        return dim_of(sizes.floordiv(sizes.mul(sizes.const(static), _product_expr(list(cancelled.symbols))), divisor))
+        floor = sizes.floordiv(sizes.mul(sizes.const(static), _product_expr(list(cancelled.symbols))), divisor)
+        return dim_of(floor) if sizes.nameable(floor) else ctx.fresh()
     return named(ctx, Monomial(static // divisor, cancelled.symbols))
 
 

@@ -144,3 +144,14 @@ def test_sizes_torch_traced_as_sympy_expressions_are_the_same_expressions():
     assert from_sympy(functions.Mod(s0, 4)) == d.parse("s0%4")
     assert from_sympy(sympy.Max(s0, 2 * s1)) == d.parse("max(s0,2*s1)")
     assert from_sympy(s0 / 3) is None and from_sympy(s0**2) is None
+
+
+def test_hostile_dim_text_is_a_named_error_never_a_crash():
+    """Text kiln did not write (an IR file, a damaged artifact): nesting or length beyond any size
+    kiln names is a DimSyntaxError, never a RecursionError; a type with such a dim is refused."""
+    with pytest.raises(d.DimSyntaxError):
+        d.parse("(" * 5000 + "h" + ")" * 5000)
+    with pytest.raises(d.DimSyntaxError):
+        d.parse("+".join(["h"] * 3000))
+    with pytest.raises(ValueError):
+        parse_type("f32[" + "(" * 600 + "h" + ")" * 600 + "]")

@@ -232,3 +232,22 @@ def test_kiln_explain_says_where_the_batch_chunks(tmp_path):
     assert said.exit_code == 0 and "sample-parallel where (h*w)%16 == 0" in said.output, said.output
     listed = CliRunner().invoke(main, ["explain", str(path), "--dim", "h=4", "--dim", "w=8", "--json"])
     assert json.loads(listed.stdout)["sizes"]["batch"]["guards"] == ["(h*w)%16"]
+
+
+def test_a_long_chain_of_strided_windows_names_its_sizes_until_they_grow_too_long():
+    """300 stride-2 convolutions over a symbolic plane: each size is an expression of the one
+    before until its text would pass kiln.ir.dims.NAMEABLE, then a fresh symbol starts the chain
+    again (before that limit existed, the 65th name failed the type check and the import with it)."""
+    from kiln.ir import dims
+
+    w = np.ones((1, 1, 1, 1), np.float32)
+    nodes = [
+        helper.make_node("Conv", ["x" if i == 0 else f"c{i - 1}", "w"], [f"c{i}"], strides=[2, 2], pads=[1, 1, 1, 1])
+        for i in range(300)
+    ]
+    graph = import_onnx(
+        make_model(nodes, [("x", FLOAT, ["b", 1, "h", "w"])], [("c299", FLOAT, None)], {"w": w}).SerializeToString()
+    )
+    shapes = [n.outputs[0].type.shape for n in graph.nodes]
+    assert shapes[0][2] == "(h+1)//2+1" and all(len(s[2]) <= dims.NAMEABLE for s in shapes)
+    assert "h" not in dims.symbols(dims.parse(shapes[-1][2]))  # a fresh symbol took over
