@@ -173,7 +173,14 @@ def test_the_cli_declares_ranges_and_explains_which_dims_run_every_size(tmp_path
     assert result.exit_code == 0, result.output
     sizes = json.loads(result.output)["sizes"]
     assert sizes == {
-        "batch": {"range": [1, 32], "sample_parallel": True, "classes": [1, 8], "reason": "", "padded": None}
+        "batch": {
+            "range": [1, 32],
+            "sample_parallel": True,
+            "classes": [1, 8],
+            "guards": [],
+            "reason": "",
+            "padded": None,
+        }
     }
     # the pipeline is shown at a size inside the range (its low end), never at 1 below it
     result = CliRunner().invoke(main, ["explain", str(model), "--dim", "batch=3..32", "--json"])
