@@ -23,8 +23,8 @@ setup: $(STAMP)
 # steal queued tests). Measured with KILN_CACHE_DIR and TRITON_CACHE_DIR empty (every C library,
 # Triton kernel and zoo export built again): a 2-core Zen 1 (AVX2) 16.8-19.7 min (2026-11-24,
 # 1,604 passed, 202 skipped); a 2-core Zen 4 (AVX-512: those paths run too) 11.1-11.5 min
-# (2026-11-25, 1,772 passed, 46 skipped), from a fresh clone 13.9 min with the venv's setup
-# (2026-11-27, 2,054 passed, 47 skipped); a 2-core Zen 3 (AVX2) with warm caches 15.9-17.9 min
+# (2026-11-25, 1,772 passed, 46 skipped), from a fresh clone 13.9-16.2 min with the venv's setup
+# (2026-11-27: 2,054 passed, 47 skipped; later 2,079 passed, 47 skipped); a 2-core Zen 3 (AVX2) with warm caches 15.9-17.9 min
 # (2026-11-27, 1,887 passed, 208 skipped). `pytest -n 0` runs it in one process.
 test: setup
 	$(BIN)/python -m pytest -q -n auto --maxprocesses=4 --dist worksteal
