@@ -92,6 +92,12 @@ class Expr:
         atoms, coefficient = self.terms[0]
         return coefficient, atoms
 
+    @property
+    def atom(self) -> Atom | None:
+        """The atom if this is exactly one (coefficient 1, nothing added)."""
+        single = self.monomial
+        return single[1][0] if single is not None and single[0] == 1 and len(single[1]) == 1 else None
+
 
 # -- construction ----------------------------------------------------------------------------------
 
@@ -172,9 +178,9 @@ def floordiv(expr: Expr, k: int, ranges: Ranges = NO_RANGES) -> Expr:
         raise ValueError(f"a floor division of a size by {k}: kiln divides sizes by positive numbers only")
     if k == 1:
         return expr
-    common = _common_factor(expr, k)
+    common = common_factor(expr, k)
     if common > 1:  # (g*x) // (g*m) == x // m
-        return floordiv(_divided_exactly(expr, common), k // common, ranges)
+        return floordiv(divided_exactly(expr, common), k // common, ranges)
     whole = {m: c // k for m, c in expr.terms if c % k == 0}
     rest = _made({m: c for m, c in expr.terms if c % k}, expr.constant % k)
     quotient = _made(whole, expr.constant // k)
@@ -183,9 +189,8 @@ def floordiv(expr: Expr, k: int, ranges: Ranges = NO_RANGES) -> Expr:
     low, high = bounds(rest, ranges)
     if low >= 0 and high < k:
         return quotient
-    inner = rest.monomial
-    if inner is not None and inner[0] == 1 and len(inner[1]) == 1 and isinstance(inner[1][0], Floor):
-        nested = inner[1][0]  # (e // j) // k == e // (j*k)
+    nested = rest.atom
+    if isinstance(nested, Floor):  # (e // j) // k == e // (j*k)
         return add(quotient, of_atom(Floor(nested.inner, nested.k * k)))
     return add(quotient, of_atom(Floor(rest, k)))
 
@@ -197,9 +202,9 @@ def mod(expr: Expr, k: int, ranges: Ranges = NO_RANGES) -> Expr:
         raise ValueError(f"a remainder of a size by {k}: kiln divides sizes by positive numbers only")
     if k == 1:
         return const(0)
-    common = _common_factor(expr, k)
+    common = common_factor(expr, k)
     if common > 1:  # (g*x) % (g*m) == g * (x % m)
-        return scale(mod(_divided_exactly(expr, common), k // common, ranges), common)
+        return scale(mod(divided_exactly(expr, common), k // common, ranges), common)
     expr = _reduced(expr, k)
     rest = _made({m: c % k for m, c in expr.terms}, expr.constant % k)
     if rest.is_constant:
@@ -207,19 +212,19 @@ def mod(expr: Expr, k: int, ranges: Ranges = NO_RANGES) -> Expr:
     low, high = bounds(rest, ranges)
     if low >= 0 and high < k:
         return rest
-    inner = rest.monomial
-    if inner is not None and inner[0] == 1 and len(inner[1]) == 1 and isinstance(inner[1][0], Mod):
-        nested = inner[1][0]
-        if nested.k % k == 0:  # (e % jk) % k == e % k
-            return mod(nested.inner, k, ranges)
+    nested = rest.atom
+    if isinstance(nested, Mod) and nested.k % k == 0:  # (e % jk) % k == e % k
+        return mod(nested.inner, k, ranges)
     return of_atom(Mod(rest, k))
 
 
-def _common_factor(expr: Expr, k: int) -> int:
+def common_factor(expr: Expr, k: int) -> int:
+    """The greatest common divisor of ``k`` and every integer of ``expr``."""
     return math.gcd(k, expr.constant, *(c for _, c in expr.terms))
 
 
-def _divided_exactly(expr: Expr, factor: int) -> Expr:
+def divided_exactly(expr: Expr, factor: int) -> Expr:
+    """``expr / factor`` where ``factor`` divides every integer of it (``common_factor``)."""
     return Expr(tuple((m, c // factor) for m, c in expr.terms), expr.constant // factor)
 
 
@@ -243,13 +248,8 @@ def divide(top: Expr, bottom: Expr) -> Expr | None:
     """``top / bottom`` where it is exact for every value of the symbols: a quotient that is one
     product (``16*batch*hp*wp`` over ``16*hp*wp``, whatever sums those are), else None."""
     if bottom.is_constant:
-        if bottom.constant == 0 or top.constant % bottom.constant or any(c % bottom.constant for _, c in top.terms):
-            return None
-        return (
-            scale(top, 1)
-            if bottom.constant == 1
-            else Expr(tuple((m, c // bottom.constant) for m, c in top.terms), top.constant // bottom.constant)
-        )
+        k = bottom.constant
+        return divided_exactly(top, k) if k and common_factor(top, k) == abs(k) else None
     whole = expanded(top)
     for numerator, denominator in ((top, bottom), (whole, expanded(bottom))):
         if denominator.is_constant:
@@ -269,8 +269,7 @@ def extreme(lowest: bool, a: Expr, b: Expr, ranges: Ranges = NO_RANGES) -> Expr:
     """``min(a, b)`` (lowest) or ``max(a, b)``; one operand where the bounds order them."""
     items: list[Expr] = []
     for expr in (a, b):
-        inner = expr.monomial
-        nested = inner[1][0] if inner is not None and inner[0] == 1 and len(inner[1]) == 1 else None
+        nested = expr.atom
         items.extend(nested.items if isinstance(nested, Extreme) and nested.lowest == lowest else [expr])
     kept: list[Expr] = []
     for item in sorted(set(items), key=text):

@@ -10,7 +10,6 @@ Ceil and Floor then round the right way: the ratios assume the sizes they divide
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -34,11 +33,8 @@ class Ratio:
 
 
 def _ratio(numerator: sizes.Expr, denominator: int) -> Ratio:
-    common = math.gcd(denominator, numerator.constant, *(c for _, c in numerator.terms))
-    if common > 1:
-        numerator = sizes.Expr(tuple((m, c // common) for m, c in numerator.terms), numerator.constant // common)
-        denominator //= common
-    return Ratio(numerator, denominator)
+    common = sizes.common_factor(numerator, denominator)
+    return Ratio(sizes.divided_exactly(numerator, common), denominator // common)
 
 
 def shape_vectors(ctx: InferContext, indices: list[int], integers: bool = False) -> list[tuple] | None:
@@ -49,7 +45,12 @@ def shape_vectors(ctx: InferContext, indices: list[int], integers: bool = False)
         return None
     if any(ctx.dtype(i).numpy.kind not in "iub" for i in indices):
         return None
-    vectors = [ctx.integers_value(i) if integers else ctx.dims_value(i) for i in indices]
+    return _broadcast([ctx.integers_value(i) if integers else ctx.dims_value(i) for i in indices])
+
+
+def _broadcast(vectors: list[tuple | None]) -> list[tuple] | None:
+    """Contents vectors broadcast to one length (a vector of one element repeated); None where
+    one is unknown or the lengths do not broadcast."""
     if any(v is None for v in vectors):
         return None
     length = max(len(v) for v in vectors)  # type: ignore[arg-type]
@@ -76,14 +77,14 @@ def size_contents(ctx: InferContext, element: Callable[[InferContext, Any, Any],
 LARGEST = 48  # terms: an expression growing past this (products of sums, multiplied again) is a fresh size
 
 
-def _element(expr: sizes.Expr, ctx: InferContext | None = None) -> Any:
+def _element(expr: sizes.Expr, ctx: InferContext) -> Any:
     """A computed element of a shape vector: a number, a size's dim, or the expression itself
     (None: a large expression that may be negative, which kiln does not follow)."""
     if expr.is_constant:
         return expr.constant
     size = sizes.bounds(expr)[0] >= 0
     if len(expr.terms) > LARGEST or not sizes.nameable(expr):
-        return ctx.fresh() if size and ctx is not None else None
+        return ctx.fresh() if size else None
     return dim_of(expr) if size else expr
 
 
@@ -147,14 +148,10 @@ def _ratio_arithmetic(ctx: InferContext, a: Ratio, b: Ratio) -> Ratio | None:
 
 def float_contents(ctx: InferContext) -> None:
     """Float arithmetic on sizes (``h / 2.0``): ratios, element by element."""
-    vectors = [_float_vector(ctx, i) for i in (0, 1)]
-    if vectors[0] is None or vectors[1] is None:
+    vectors = _broadcast([_float_vector(ctx, i) for i in (0, 1)])
+    if vectors is None:
         return
-    length = max(len(v) for v in vectors)  # type: ignore[arg-type]
-    if any(len(v) not in (1, length) for v in vectors):  # type: ignore[arg-type]
-        return
-    a, b = (v * length if len(v) == 1 else v for v in vectors)  # type: ignore[operator]
-    result = [_ratio_arithmetic(ctx, x, y) for x, y in zip(a, b)]
+    result = [_ratio_arithmetic(ctx, x, y) for x, y in zip(*vectors)]
     if None not in result and any(not r.numerator.is_constant for r in result):  # type: ignore[union-attr]
         ctx.out_symbolic[0] = tuple(result)
 

@@ -59,11 +59,6 @@ def bound(name: str, dims: Any) -> Dim:
     return dim_of(sizes.substitute(sizes.parse(name), dims))
 
 
-def named(ctx: Any, product: Monomial) -> Dim:
-    """A product of dims as a dim (an int, or its expression's text)."""
-    return product_name(product)
-
-
 def product_name(product: Monomial) -> Dim:
     """A product of dims by its canonical text (``4*batch*seq``)."""
     expr = sizes.const(product.coefficient)
@@ -74,8 +69,7 @@ def product_name(product: Monomial) -> Dim:
 
 def clamped_base(name: str) -> str | None:
     """``s`` of a ``min(s, d)`` dim (s a symbol, d a number >= 1), else None."""
-    expr = sizes.parse(name)
-    atom = expr.monomial[1][0] if expr.monomial and expr.monomial[0] == 1 and len(expr.monomial[1]) == 1 else None
+    atom = sizes.parse(name).atom
     if not isinstance(atom, sizes.Extreme) or not atom.lowest or len(atom.items) != 2:
         return None
     numbers = [i.constant for i in atom.items if i.is_constant]
@@ -135,7 +129,7 @@ def sliced_to_sizes(ctx: Any, dims: list[Dim], starts: list, ends: tuple, axes: 
 
 def symbolic_product(ctx: Any, dims: tuple[Dim, ...] | list[Dim]) -> Dim:
     """The product of dims: an int, one symbol (scaled by the ints), else a fresh symbol."""
-    return named(ctx, Monomial.of(dims))
+    return product_name(Monomial.of(dims))
 
 
 def quotient(ctx: Any, numerator: list[Dim], denominator: list[Dim]) -> Dim:
@@ -162,7 +156,7 @@ def quotient(ctx: Any, numerator: list[Dim], denominator: list[Dim]) -> Dim:
     if static % divisor:  # the reshape runs only where the count divides: then it is this quotient
         floor = sizes.floordiv(sizes.mul(sizes.const(static), _product_expr(list(cancelled.symbols))), divisor)
         return dim_of(floor) if sizes.nameable(floor) else ctx.fresh()
-    return named(ctx, Monomial(static // divisor, cancelled.symbols))
+    return product_name(Monomial(static // divisor, cancelled.symbols))
 
 
 def _product_expr(dims: list[Dim]) -> sizes.Expr:

@@ -185,10 +185,9 @@ def rows_per_sample(
     out = as_expr(shape_out[axis])
     guard = None
     per = sizes.divide(out, sizes.sym(symbol))
-    single = out.monomial
-    if per is None and single is not None and single[0] == 1 and len(single[1]) == 1:
-        floor = single[1][0]
-        whole = sizes.divide(floor.inner, sizes.sym(symbol)) if isinstance(floor, sizes.Floor) else None
+    floor = out.atom
+    if per is None and isinstance(floor, sizes.Floor):
+        whole = sizes.divide(floor.inner, sizes.sym(symbol))
         if whole is not None:
             per, guard = sizes.floordiv(whole, floor.k), sizes.text(sizes.mod(whole, floor.k))
     if per is None or symbol in sizes.symbols(per) or sizes.bounds(per)[0] < 0:
