@@ -102,12 +102,15 @@ def _say_ranges(report: dict, say) -> None:  # type: ignore[no-untyped-def]
         say(f"[red]kiln.compile at the ranges failed:[/] {escape(report['compile_error'])}", highlight=False)
         return
     table = Table(title=f"{report['target']} at the declared ranges (compiled in {report['compile_s']:.1f} s)")
-    for column in ("dims", "verdict", "compiled after kiln.compile", "native", "rel. L2 vs reference", "ms"):
+    columns = ("dims", "verdict", "route", "compiled after kiln.compile", "native", "rel. L2 vs reference", "ms")
+    for column in columns:
         table.add_column(column)
     for row in report["bindings"]:
+        route = row.get("route")
         table.add_row(
             ", ".join(f"{k}={v}" for k, v in row["dims"].items()),
             row["verdict"] + (f": {escape(row['error'])}" if row.get("error") else ""),
+            escape(f"{route['route']}: {route['detail']}") if route else "",
             str(row["compiled"]),
             "yes" if row["native"] else "no",
             f"{row['rel_l2']:.1e}",

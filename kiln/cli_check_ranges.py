@@ -2,9 +2,11 @@
 ranges. The model is compiled as ``kiln.compile(MODEL, dims=ranges)`` compiles it (the same
 routes: size classes, padding, run-time sizes), then run at each range's low end, middle and high
 end (all dims together, and each dim at its ends with the others in the middle) on random inputs
-against kiln's reference interpreter on the same inputs. Each binding says whether it ran
-natively, whether it compiled after ``kiln.compile`` returned (a per-size compile), how far it was
-from the reference, and any error, naming the binding."""
+against kiln's reference interpreter on the same inputs. Each binding says the route that served it
+(``kiln.driver.routes``: run-time sizes, padded, size classes, compiled, value-specialized, and the
+routes that refused it, with their reasons), whether it ran natively, whether it compiled after
+``kiln.compile`` returned (a per-size compile), how far it was from the reference, and any error,
+naming the binding."""
 
 from __future__ import annotations
 
@@ -134,6 +136,9 @@ def check_ranges(path: str, ranges: dict[str, str], fixed: dict[str, int], targe
             row["seconds"] = time.perf_counter() - started
             row["compiled"] = plans_compiled() - before
             row["native"] = bool(model.is_native)
+            route = getattr(model, "route", None)  # how the binding was served (kiln.driver.routes)
+            if route is not None:
+                row["route"] = route.as_dict()
             row["rel_l2"] = relative_l2(got, reference.run(feeds))
         except Exception as err:  # a kiln bug as much as a refusal: the binding's row says which
             row["error"] = f"{type(err).__name__}: {str(err)[:400]}"

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from kiln.backends import Threading, backend
-from kiln.driver import extents, plan_cache, spatial
+from kiln.driver import extents, plan_cache, routes, spatial
 from kiln.driver.artifact import save
 from kiln.driver.model import Model
 from kiln.driver.sizes import (
@@ -23,7 +23,6 @@ from kiln.driver.sizes import (
     Chunking,
     Padder,
     check_capacity,
-    check_ranges,
     declared_ranges,
     default_classes,
     padded_classes,
@@ -90,6 +89,8 @@ class NativeModel(Model):
         self.dims_model: NativeModel | None = None
         self.spatial: spatial.RunTimeDims | None = None
         self._vectors: dict[tuple, np.ndarray] = {}  # the dims vector of each binding run (bounded)
+        self.route: routes.Route | None = None  # how the last run was served (kiln.driver.routes)
+        self.routes_taken: dict[str, int] = {}  # runs served by each route
 
     @property
     def shapes_known(self) -> bool:
@@ -119,7 +120,9 @@ class NativeModel(Model):
     def cache_key(self) -> str:
         return self.compilation.cache_key
 
-    def _variant(self, dims: dict[str, int]) -> Executable:
+    def variant(self, dims: dict[str, int]) -> Executable:
+        """The variant for ``dims``, compiled now if it is not kept (a size class or spatial capacity
+        maps to its one variant)."""
         if self.extent is not None and self.extent.symbol in dims:  # one variant serves every length
             dims = {**dims, self.extent.symbol: self.extent.classes[0]}
         if self.spatial is not None:  # one variant serves every size of the ranged dims
@@ -161,7 +164,7 @@ class NativeModel(Model):
                 return self.declare(ranges, ahead=bound)
             self.prepare_dims(dims)
         elif self.shapes_known:
-            self._variant({})
+            self.variant({})
         if not self._static and self.compilation.source.graph is not None:
             chunking = self.chunking()  # decided now (milliseconds on a large graph), not on the first run
             for symbol in sorted(symbols(self.signature)):
@@ -178,11 +181,11 @@ class NativeModel(Model):
 
     def prepare(self, feeds: dict[str, Any]) -> None:
         """Compile the variant these inputs need now, instead of on the first run."""
-        self._variant(input_dims(self.signature, feeds))
+        self.variant(input_dims(self.signature, feeds))
 
     def prepare_dims(self, dims: dict[str, int]) -> None:
         """Compile the variant for this binding of the symbolic dims now (``save`` keeps it)."""
-        self._variant(check_dims(dims, self.signature))
+        self.variant(check_dims(dims, self.signature))
 
     def prepare_many(self, bindings: list[dict[str, int]]) -> None:
         """Compile several bindings now, at once: one's C compile (a process of its own) runs
@@ -192,7 +195,7 @@ class NativeModel(Model):
         workers = min(len(missing), len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1)
         if workers < 2:
             for dims in missing:
-                self._variant(dims)
+                self.variant(dims)
             return
         with concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="kiln-compile") as pool:
             plans = list(pool.map(self.compilation.plan, missing))
@@ -353,7 +356,7 @@ class NativeModel(Model):
                 try:
                     self._prepare_padded(padder, base, sizes)
                 except extents.NotAffine as err:  # the lowering varies otherwise: compiled lengths
-                    padder = self._compiled_lengths(padder, err)
+                    padder = self.compiled_lengths(padder, err)
                     self._prepare_padded(padder, base, sizes)
         elif chunking is not None and chunking.symbol in names:
             self.prepare_many([{**base, **size} for size in sizes])
@@ -409,7 +412,7 @@ class NativeModel(Model):
         model._padder = None  # its ranged dims are the kernels' (they do not pad)
         return model
 
-    def _compiled_lengths(self, padder: Padder, err: extents.NotAffine) -> Padder:
+    def compiled_lengths(self, padder: Padder, err: extents.NotAffine) -> Padder:
         """The padded dim's kernels cannot take the length at run time (``err`` says why): from now on
         it runs at compiled lengths, and ``run_time_refused`` says why."""
         log.info("%s: kernels cannot take the length at run time (%s); compiling lengths", padder.symbol, err)
@@ -425,52 +428,31 @@ class NativeModel(Model):
         self.padded().prepare_many(wanted)
 
     def _execute(self, inputs: list[Any]) -> list[Any]:
-        dims = {} if self._static else input_dims(self.signature, dict(zip(self.input_names, inputs)))
-        if self.ranges:
-            check_ranges(dims, self.ranges)
-        if self.dims_model is not None:
-            try:
-                outputs = self.dims_model._execute(inputs)
-            except extents.NotAffine as err:  # a new size class that does not lower apart: compile per size
-                log.info("kernels cannot take the sizes at run time at %s (%s); each new size compiles", dims, err)
-                for name, _, _ in self.dims_model.spatial.ranged:  # type: ignore[union-attr]
-                    self.run_time_refused[name] = str(err)
-                self.dims_model = None
-                return self._execute(inputs)
-            self._ran.update(self.dims_model._ran)
-            return outputs
-        padder = self.padder() if dims else None
-        if padder is not None and padder.symbol in dims:
-            length = dims[padder.symbol]
-            size = padder.class_for(length)
-            model = self.padded()
-            try:
-                outputs = model._execute(padder.pad(inputs, length, size))
-            except extents.NotAffine as err:  # a binding first seen now does not lower apart
-                if not padder.samples:
-                    raise
-                self._compiled_lengths(padder, err)
-                return self._execute(inputs)
-            self._ran.update(model._ran)
-            return padder.cut(outputs, length)
+        return routes.serve(self, inputs)  # the route chooser: kiln.driver.routes
+
+    def execute(self, inputs: list[Any]) -> list[Any]:
+        """Run positional inputs by the chooser's route (a derived model's runs: padded, run-time dims)."""
+        return self._execute(inputs)
+
+    @property
+    def static(self) -> bool:
+        """No symbolic input dim: one binding, {} (a run reads no dims)."""
+        return self._static
+
+    def ran_too(self, derived: NativeModel) -> None:
+        """The variants a derived model (padded, run-time dims) ran count as this model's."""
+        self._ran.update(derived._ran)
+
+    def note_ran(self, executable: Executable) -> None:
+        self._ran.setdefault(id(executable), executable)
+
+    def has_variant(self, dims: dict[str, int]) -> bool:
+        """Whether the variant for exactly ``dims`` is compiled (a run there compiles nothing)."""
         key = tuple(sorted(dims.items()))
         last = self._last
-        if dims and (last is None or last[0] != key) and self.variants.get(key) is None:  # not compiled: chunks?
-            chunking = self.chunking()
-            if chunking is not None:
-                size = dims.get(chunking.symbol, 0)
-                if size > 0 and size not in chunking.classes and chunking.holds(dims):
-                    return self._chunked(chunking, dims, inputs)
-        executable = self._variant(dims)
-        if not executable.native:
-            # Shapes or attributes that depend on small inputs' values: specialize on them.
-            candidate = self._value_variant(dims, inputs)
-            if candidate is not None and (candidate.plan.is_native or not candidate.plan.whole_graph_reason):
-                executable = candidate
-        self._ran.setdefault(id(executable), executable)
-        return self._run(executable, inputs)
+        return (last is not None and last[0] == key) or self.variants.get(key) is not None
 
-    def _run(self, executable: Executable, inputs: list[Any]) -> list[Any]:
+    def run_executable(self, executable: Executable, inputs: list[Any]) -> list[Any]:
         """Run; a padded graph whose kernels take the length at run time gets its inputs laid out
         at their length in the capacity's shapes, and gives its outputs back at that length (the
         same for dims taken at run time, with the dims vector as the last input)."""
@@ -519,24 +501,7 @@ class NativeModel(Model):
             self._vectors[key] = vector
         return vector
 
-    def _chunked(self, chunking: Chunking, dims: dict[str, int], inputs: list[Any]) -> list[Any]:
-        """A run at a size that is not a class: its chunks on the classes' variants, joined."""
-        parts = chunking.chunks(dims[chunking.symbol])
-        results = []
-        for part, chunk in zip(parts, chunking.split(inputs, parts)):
-            executable = self._variant({**dims, chunking.symbol: part})
-            if not executable.native:  # shapes that depend on values: the whole run compiles as before
-                return self._execute_exact(dims, inputs)
-            self._ran.setdefault(id(executable), executable)
-            results.append(self._run(executable, chunk))
-        return chunking.join(results)
-
-    def _execute_exact(self, dims: dict[str, int], inputs: list[Any]) -> list[Any]:
-        executable = self._variant(dims)
-        self._ran.setdefault(id(executable), executable)
-        return self._run(executable, inputs)
-
-    def _value_variant(self, dims: dict[str, int], inputs: list[Any]) -> Executable | None:
+    def value_variant(self, dims: dict[str, int], inputs: list[Any]) -> Executable | None:
         """Shapes that depend on small inputs' values: compile for these values (bounded)."""
         small = {
             name: np.asarray(array)
