@@ -432,7 +432,7 @@ class NativeModel(Model):
 
     def execute(self, inputs: list[Any]) -> list[Any]:
         """Run positional inputs by the chooser's route (a derived model's runs: padded, run-time dims)."""
-        return self._execute(inputs)
+        return routes.serve(self, inputs, name_binding=False)
 
     @property
     def static(self) -> bool:

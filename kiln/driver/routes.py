@@ -31,6 +31,7 @@ from typing import Any
 from kiln.driver import extents
 from kiln.driver.sizes import check_ranges
 from kiln.driver.variants import plans_compiled
+from kiln.errors import ArgumentError, InputError, KilnError, ResourceError
 from kiln.passes.batching import Parallel
 from kiln.passes.specialize import input_dims
 
@@ -64,12 +65,30 @@ class Route:
         return f"{text} ({self.refused[0][0]}: {self.refused[0][1]})" if self.refused else text
 
 
-def serve(model: Any, inputs: list[Any]) -> list[Any]:
+def serve(model: Any, inputs: list[Any], name_binding: bool = True) -> list[Any]:
     """Run ``inputs`` on ``model`` by the first route that serves their binding (the module's note);
-    the route taken is recorded on the model."""
+    the route taken is recorded on the model. A failure that is not the caller's (a shape the model
+    has no meaning for at this binding, a compile that fails there) names the binding
+    (``name_binding``: the user's run, not a derived model's padded one)."""
     dims = {} if model.static else input_dims(model.signature, dict(zip(model.input_names, inputs)))
     if model.ranges:
         check_ranges(dims, model.ranges)
+    if not name_binding or not dims:
+        return _serve(model, dims, inputs)
+    try:
+        return _serve(model, dims, inputs)
+    except (InputError, ResourceError, ArgumentError):
+        raise  # the caller's inputs or the machine's limits: they say what they are
+    except KilnError as err:
+        text = err.args[0] if err.args and isinstance(err.args[0], str) else None
+        named = text is not None and all(f"{k!r}: {v}" in text or f"{k}={v}" in text for k, v in dims.items())
+        if text is not None and not named:  # (a message that names the dims already stays as it is)
+            binding = ", ".join(f"{name}={size}" for name, size in sorted(dims.items()))
+            err.args = (f"at {binding}: {text}", *err.args[1:])
+        raise
+
+
+def _serve(model: Any, dims: dict[str, int], inputs: list[Any]) -> list[Any]:
     refused: list[tuple[str, str]] = []
     before = plans_compiled()
     for route in (_run_time_sizes, _padded, _size_classes, _compiled):

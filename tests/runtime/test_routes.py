@@ -9,12 +9,14 @@ import sys
 
 import numpy as np
 import onnx
+import pytest
 from onnx import helper
 
 import kiln
 from kiln.driver.routes import ROUTES
 from kiln.driver.variants import plans_compiled
-from tests.helpers import FLOAT, make_model
+from kiln.errors import ExecutionError, KilnError
+from tests.helpers import FLOAT, INT64, make_model
 from tests.passes.test_size_expressions import folded_rows_model
 from tests.runtime.test_padded_lengths import attention_model
 from tests.runtime.test_padded_lengths import feeds as token_feeds
@@ -120,3 +122,21 @@ def test_kiln_check_prints_the_route_of_each_binding(tmp_path):
     routes = {row["dims"]["batch"]: row["route"]["route"] for row in rows}
     assert routes[1] == "compiled" and routes[20] == "size classes"
     assert all(row["route"]["compiled"] is False for row in rows)
+
+
+def test_a_failure_at_one_binding_names_the_binding():
+    """An index out of range in the third sample: the run went as chunks of the batch-1 class, so
+    the node's message shows the chunk's shapes; the error also names the run's binding."""
+    nodes = [helper.make_node("Gather", ["table", "idx"], ["y"], axis=0)]
+    source = make_model(
+        nodes, [("idx", INT64, ["batch"])], [("y", FLOAT, None)], {"table": np.ones((4, 3), np.float32)}
+    )
+    model = kiln.compile(source)
+    assert model.run({"idx": np.array([0, 3, 1], np.int64)})["y"].shape == (3, 3)
+    with pytest.raises(ExecutionError, match="^at batch=3: node .*out of range"):
+        model.run({"idx": np.array([0, 1, 9], np.int64)})
+    reshape = [helper.make_node("Reshape", ["x", "pairs"], ["y"])]  # a compile's failure names it its own way
+    pairs = {"pairs": np.array([2, -1], np.int64)}
+    odd = kiln.compile(make_model(reshape, [("x", FLOAT, ["batch", 3])], [("y", FLOAT, None)], pairs))
+    with pytest.raises(KilnError, match=r"cannot reshape.*\(compiling for batch=3\)$"):
+        odd.run({"x": np.ones((3, 3), np.float32)})
