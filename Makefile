@@ -14,7 +14,7 @@ $(STAMP): pyproject.toml constraints.txt
 	# torch first and pinned: the local CPU wheel; anything later that wants torch finds it installed.
 	$(BIN)/python -m pip install --quiet -c constraints.txt torch==2.13.0
 	$(BIN)/python -m pip uninstall --quiet --yes kiln 2>/dev/null || true  # the distribution's name before it was kiln-compiler
-	$(BIN)/python -m pip install --quiet -c constraints.txt -e ".[zoo,peers,gpu,xla,fpga,fleet,dev]"
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e ".[zoo,peers,gpu,xla,fpga,fleet,serve,dev]"
 	touch $(STAMP)
 
 setup: $(STAMP)

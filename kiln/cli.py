@@ -17,6 +17,7 @@ from kiln.cli_bench import bench
 from kiln.cli_check import check, diff_command
 from kiln.cli_compile import compile_command
 from kiln.cli_inspect import explain
+from kiln.cli_serve import serve
 from kiln.cli_study import study
 from kiln.cli_support import configure_logging, console, json_option, out, output_option, target_option
 from kiln.errors import KilnError
@@ -441,7 +442,7 @@ def show(model: str) -> None:
     out.print(print_graph(import_onnx(model)), markup=False, highlight=False)
 
 
-for _command in (compile_command, bench, study, explain, check, diff_command):
+for _command in (compile_command, bench, study, explain, check, diff_command, serve):
     main.add_command(_command)
 
 

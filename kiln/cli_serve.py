@@ -1,0 +1,102 @@
+"""``kiln serve``: compiled models behind the Open Inference Protocol (``kiln.serve``)."""
+
+from __future__ import annotations
+
+import logging
+
+import click
+
+from kiln.cli_support import console
+
+
+@click.command("serve")
+@click.argument("repository", type=click.Path(exists=True))
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on (0.0.0.0: every interface).")
+@click.option(
+    "--port", default=8000, show_default=True, type=click.IntRange(0, 65535), help="HTTP port (0: a free one)."
+)
+@click.option(
+    "--max-queue-delay-ms", default=2.0, show_default=True, type=click.FloatRange(0, 10_000),
+    help="How long a request waits for others to join its batch (0: no dynamic batching).",
+)  # fmt: skip
+@click.option(
+    "--max-batch",
+    default=8,
+    show_default=True,
+    type=click.IntRange(1, 4096),
+    help="Samples per joined batch (and an ONNX file's batch range 1..N).",
+)
+@click.option(
+    "--max-queue",
+    default=256,
+    show_default=True,
+    type=click.IntRange(1),
+    help="Waiting requests per model before HTTP 503.",
+)
+@click.option(
+    "--timeout",
+    "timeout_s",
+    default=60.0,
+    show_default=True,
+    type=click.FloatRange(0.001),
+    help="Seconds a request may take (HTTP 504 after).",
+)
+@click.option(
+    "--max-request-mb", default=64.0, show_default=True, type=click.FloatRange(0.001), help="Largest request body."
+)
+@click.option(
+    "--max-elements",
+    default=1 << 26,
+    show_default=True,
+    type=click.IntRange(1),
+    help="Largest tensor a request may declare, in elements.",
+)
+@click.option(
+    "--token", envvar="KILN_SERVE_TOKEN", help="Require 'Authorization: Bearer TOKEN' (also KILN_SERVE_TOKEN)."
+)
+@click.option(
+    "--trust-artifacts", is_flag=True,
+    help="Load .kiln artifacts' native code as it is (default: generate it again from their IR, which needs a C compiler).",
+)  # fmt: skip
+@click.option(
+    "--threads", default=0, show_default=True, help="Threads per model run (0: every CPU this process may use)."
+)
+@click.option(
+    "--log-level", default="info", type=click.Choice(["debug", "info", "warning", "error"]), show_default=True
+)
+def serve(repository: str, host: str, port: int, max_queue_delay_ms: float, max_batch: int, max_queue: int, timeout_s: float,
+          max_request_mb: float, max_elements: int, token: str | None, trust_artifacts: bool, threads: int, log_level: str) -> None:  # fmt: skip
+    """Serve REPOSITORY over the Open Inference Protocol (KServe v2, REST).
+
+    REPOSITORY is a folder of NAME/VERSION/model.kiln (or model.onnx, compiled when it loads) or
+    one MODEL.kiln / MODEL.onnx. Requests for a model whose batch kiln proved sample-parallel are
+    joined into batches (up to --max-batch samples, waiting at most --max-queue-delay-ms); /metrics
+    speaks Prometheus. Binds 127.0.0.1 unless told otherwise; SIGTERM answers the requests in flight,
+    then stops.
+
+    \b
+    curl localhost:8000/v2/models/NAME
+    curl -d '{"inputs":[{"name":"x","shape":[1,4],"datatype":"FP32","data":[1,2,3,4]}]}' \\
+         localhost:8000/v2/models/NAME/infer
+    """
+    from kiln.serve.app import Settings
+    from kiln.serve.protocol import Limits
+    from kiln.serve.repository import Repository
+    from kiln.serve.server import serve_forever
+
+    logging.getLogger("kiln.serve").setLevel(log_level.upper())
+    logging.getLogger("kiln.serve.access").setLevel(log_level.upper())
+    repo = Repository(repository, trust=trust_artifacts, max_batch=max_batch, threads=threads)
+    with console.status("loading models..."):
+        repo.load_all()
+    for entry in repo.loaded.values():
+        state = "ready" if entry.ready else f"[red]not ready[/]: {entry.error}"
+        console.print(f"{entry.name} (version {entry.version}, {entry.path.name}): {state}")
+    if not repo.loaded:
+        console.print(
+            "[yellow]no model found[/] (NAME/VERSION/model.kiln or model.onnx): the repository index stays empty"
+        )
+    limits = Limits(int(max_request_mb * (1 << 20)), max_elements)
+    settings = Settings(max_queue_delay_ms, max_batch, max_queue, timeout_s, token, limits)
+    console.print(f"serving on http://{host}:{port} (the Open Inference Protocol, REST; /metrics)")
+    serve_forever(repo, settings, host, port, log_level)

@@ -1,0 +1,194 @@
+"""Dynamic batching: requests for one model queue and run together.
+
+A model whose every input and output has the same symbolic first dim, which kiln proved
+sample-parallel (its size classes: ``kiln.driver.routes``), batches: the first request waits up to
+``max_queue_delay``, and requests that arrived meanwhile with the same per-sample shapes and
+dtypes join it, up to ``max_batch`` samples (at most the dim's declared range, so any total runs
+on the classes' code with no compile). Their inputs are concatenated along the first axis, run once,
+and each request gets its own rows of every output back. Other models run each request alone, in
+order. A joined batch that fails (one request's bad values) runs its requests one by one, so only
+the request at fault fails.
+
+The batch runs on a thread of its own (kiln's process-wide pool runs its parallel loops), so the
+server's event loop keeps taking requests meanwhile. The queue is bounded: past ``max_queue``
+waiting requests, ``QueueFull`` (HTTP 503 with Retry-After).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from kiln.errors import KilnError
+from kiln.ir.types import TensorType
+from kiln.passes.batching import Parallel
+
+
+class QueueFull(KilnError):
+    """The model's queue is full: the server is busy (HTTP 503)."""
+
+
+@dataclass
+class Timing:
+    """Where one request's time went, in seconds."""
+
+    queue: float = 0.0
+    compute: float = 0.0
+    batch: int = 1
+
+
+@dataclass
+class _Pending:
+    feeds: dict[str, np.ndarray]
+    rows: int  # samples on the batched axis (0: runs alone)
+    key: tuple  # what a request must match to join another
+    future: asyncio.Future
+    enqueued: float = field(default_factory=time.perf_counter)
+
+
+def batch_symbol(model: Any) -> str | None:
+    """The dim requests of ``model`` may be joined along: the first dim of every output and of the
+    inputs that are not static (the static ones must then be the same in every joined request),
+    proven sample-parallel without guards (None: each request runs alone)."""
+    inputs = [v for v in model.signature.inputs if not (isinstance(v.type, TensorType) and v.type.is_static)]
+    values = [*inputs, *model.signature.outputs]
+    firsts = {v.type.shape[0] if isinstance(v.type, TensorType) and v.type.shape else None for v in values}
+    if len(firsts) != 1:
+        return None
+    symbol = next(iter(firsts))
+    if not isinstance(symbol, str):
+        return None
+    chunking = getattr(model, "chunking", None)
+    found = chunking() if callable(chunking) else None
+    if found is None or found.symbol != symbol or not isinstance(found.parallel, Parallel) or found.parallel.guards:
+        return None
+    return symbol
+
+
+class Batcher:
+    """One model's queue and the task that runs it (see the module's note)."""
+
+    def __init__(self, model: Any, delay_s: float, max_batch: int, max_queue: int, observe: Callable[..., None]):
+        self.model = model
+        self.symbol = batch_symbol(model)
+        static = {v.name for v in model.signature.inputs if isinstance(v.type, TensorType) and v.type.is_static}
+        self.batched = [v.name for v in model.signature.inputs if v.name not in static]
+        self.fixed = sorted(static)
+        high = (getattr(model, "ranges", {}) or {}).get(self.symbol, (1, max_batch))[1] if self.symbol else 1
+        self.max_batch = max(1, min(max_batch, high))
+        self.delay_s, self.max_queue = delay_s, max_queue
+        self.observe = observe  # observe(batch_size, compute_seconds)
+        self.queue: deque[_Pending] = deque()
+        self.executor = ThreadPoolExecutor(1, thread_name_prefix="kiln-serve")
+        self.wakeup: asyncio.Event | None = None
+        self.task: asyncio.Task | None = None
+
+    def _start(self) -> None:
+        if self.task is None:
+            self.wakeup = asyncio.Event()
+            self.task = asyncio.get_running_loop().create_task(self._worker())
+
+    async def infer(self, feeds: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], Timing]:
+        """Run one request (checked by the model's signature first: InputError before it queues)."""
+        self.model.validate(feeds)
+        if len(self.queue) >= self.max_queue:
+            raise QueueFull(f"{len(self.queue)} requests are waiting for this model (the limit)")
+        self._start()
+        rows, key = 0, ()
+        if self.symbol is not None:
+            batched = [np.asarray(feeds[name]) for name in self.batched]
+            rows = int(batched[0].shape[0]) if batched and batched[0].ndim else 0
+            fixed = tuple(np.asarray(feeds[name]).tobytes() for name in self.fixed)  # the same in every joined request
+            key = (tuple((a.dtype.str, a.shape[1:]) for a in batched), fixed)
+            if rows > self.max_batch or any(a.ndim == 0 or a.shape[0] != rows for a in batched):
+                rows = 0  # (a request larger than a batch runs alone)
+        pending = _Pending(feeds, rows, key, asyncio.get_running_loop().create_future())
+        self.queue.append(pending)
+        assert self.wakeup is not None
+        self.wakeup.set()
+        return await pending.future
+
+    async def _worker(self) -> None:
+        assert self.wakeup is not None
+        while True:
+            await self.wakeup.wait()
+            self.wakeup.clear()
+            while self.queue:
+                await self._gather()
+                group = self._take()
+                if group:
+                    await self._run(group)
+
+    async def _gather(self) -> None:
+        """Wait for the first request's delay to pass, or for a full batch."""
+        first = self.queue[0]
+        if not first.rows or self.delay_s <= 0:
+            return
+        while True:
+            waiting = sum(p.rows for p in self.queue if p.key == first.key and p.rows)
+            left = first.enqueued + self.delay_s - time.perf_counter()
+            if waiting >= self.max_batch or left <= 0 or first.future.done():
+                return
+            await asyncio.sleep(min(left, 0.0005))
+
+    def _take(self) -> list[_Pending]:
+        first = self.queue.popleft()
+        if first.future.done():  # timed out or cancelled while it waited
+            return []
+        group, rows = [first], first.rows
+        if first.rows:
+            kept: deque[_Pending] = deque()
+            while self.queue:
+                pending = self.queue.popleft()
+                if pending.future.done():
+                    continue
+                if pending.rows and pending.key == first.key and rows + pending.rows <= self.max_batch:
+                    group.append(pending)
+                    rows += pending.rows
+                else:
+                    kept.append(pending)
+            self.queue = kept
+        return group
+
+    async def _run(self, group: list[_Pending]) -> None:
+        loop = asyncio.get_running_loop()
+        started = time.perf_counter()
+        try:
+            if len(group) == 1:
+                outputs = [await loop.run_in_executor(self.executor, self.model.run, group[0].feeds)]
+            else:
+                joined = {name: np.concatenate([p.feeds[name] for p in group]) for name in self.batched}
+                joined.update({name: group[0].feeds[name] for name in self.fixed})
+                whole = await loop.run_in_executor(self.executor, self.model.run, joined)
+                outputs = _split(whole, [p.rows for p in group])
+        except KilnError as err:
+            if len(group) == 1:
+                if not group[0].future.done():
+                    group[0].future.set_exception(err)
+                return
+            for pending in group:  # one request's values failed the batch: each alone, so only it fails
+                await self._run([pending])
+            return
+        compute = time.perf_counter() - started
+        rows = sum(p.rows for p in group) or 1
+        self.observe(rows, compute)
+        for pending, result in zip(group, outputs):
+            if not pending.future.done():
+                pending.future.set_result((result, Timing(started - pending.enqueued, compute, rows)))
+
+    def close(self) -> None:
+        if self.task is not None:
+            self.task.cancel()
+        self.executor.shutdown(wait=True)
+
+
+def _split(outputs: dict[str, np.ndarray], rows: list[int]) -> list[dict[str, np.ndarray]]:
+    bounds = np.cumsum([0, *rows])
+    return [{name: array[bounds[i] : bounds[i + 1]] for name, array in outputs.items()} for i in range(len(rows))]

@@ -1,0 +1,80 @@
+"""Running the server: in the foreground (``kiln serve``), or on a thread (tests, embedding).
+
+uvicorn runs the application: on SIGTERM or Ctrl-C it stops taking connections, answers the
+requests in flight (up to ``GRACE_S``), then the batchers close.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from typing import Any
+
+from kiln.errors import ArgumentError
+from kiln.serve.app import Settings, build_app
+from kiln.serve.repository import Repository
+
+GRACE_S = 30  # seconds SIGTERM waits for the requests in flight
+
+
+def _config(app: Any, host: str, port: int, log_level: str) -> Any:
+    import uvicorn
+
+    return uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        log_level=log_level,
+        access_log=False,
+        timeout_graceful_shutdown=GRACE_S,
+        lifespan="on",
+    )
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """A listening socket on ``host``:``port`` (0: a free port); a named error when it is taken."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as err:
+        sock.close()
+        raise ArgumentError(f"cannot listen on {host}:{port}: {err.strerror}") from None
+    sock.listen(2048)
+    return sock
+
+
+def serve_forever(repository: Repository, settings: Settings, host: str, port: int, log_level: str = "info") -> None:
+    """Serve ``repository`` on ``host``:``port`` until SIGTERM or Ctrl-C."""
+    import uvicorn
+
+    sock = bind(host, port)
+    uvicorn.Server(_config(build_app(repository, settings), host, port, log_level)).run(sockets=[sock])
+
+
+class Running:
+    """A server on a thread of this process (``url``; ``stop()`` drains it like SIGTERM)."""
+
+    def __init__(
+        self, repository: Repository, settings: Settings | None = None, host: str = "127.0.0.1", port: int = 0
+    ):
+        import uvicorn
+
+        self.sock = bind(host, port)
+        self.port = self.sock.getsockname()[1]
+        self.url = f"http://{host}:{self.port}"
+        self.server = uvicorn.Server(_config(build_app(repository, settings or Settings()), host, self.port, "warning"))
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
+        self.thread.start()
+        deadline = time.monotonic() + 30
+        while not self.server.started:
+            if not self.thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError("the server did not start")
+            time.sleep(0.01)
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(GRACE_S + 5)
+        self.sock.close()
