@@ -98,5 +98,8 @@ def serve(repository: str, host: str, port: int, max_queue_delay_ms: float, max_
         )
     limits = Limits(int(max_request_mb * (1 << 20)), max_elements)
     settings = Settings(max_queue_delay_ms, max_batch, max_queue, timeout_s, token, limits)
-    console.print(f"serving on http://{host}:{port} (the Open Inference Protocol, REST; /metrics)")
-    serve_forever(repo, settings, host, port, log_level)
+
+    def announce(url: str) -> None:
+        console.print(f"serving on {url} (the Open Inference Protocol, REST; /metrics)")
+
+    serve_forever(repo, settings, host, port, log_level, announce)

@@ -119,7 +119,7 @@ def _input(entry: Any, number: int, binary: bytes, offset: int, limits: Limits) 
     if not isinstance(name, str) or not name:
         raise ProtocolError(f"inputs[{number}] has no name")
     datatype = entry.get("datatype")
-    if datatype not in DATATYPES:
+    if not isinstance(datatype, str) or datatype not in DATATYPES:
         known = ", ".join(DATATYPES)
         raise ProtocolError(f"input {name!r}: datatype {str(datatype)[:20]!r} is not one kiln takes ({known})")
     dtype = DATATYPES[datatype]

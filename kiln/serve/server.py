@@ -46,11 +46,17 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-def serve_forever(repository: Repository, settings: Settings, host: str, port: int, log_level: str = "info") -> None:
-    """Serve ``repository`` on ``host``:``port`` until SIGTERM or Ctrl-C."""
+def serve_forever(
+    repository: Repository, settings: Settings, host: str, port: int, log_level: str = "info", announce: Any = None
+) -> None:
+    """Serve ``repository`` on ``host``:``port`` (0: a free port) until SIGTERM or Ctrl-C;
+    ``announce(url)`` is called once it listens."""
     import uvicorn
 
     sock = bind(host, port)
+    port = sock.getsockname()[1]
+    if announce is not None:
+        announce(f"http://{host}:{port}")
     uvicorn.Server(_config(build_app(repository, settings), host, port, log_level)).run(sockets=[sock])
 
 
