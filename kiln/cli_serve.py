@@ -62,10 +62,15 @@ from kiln.cli_support import console
     "--threads", default=0, show_default=True, help="Threads per model run (0: every CPU this process may use)."
 )
 @click.option(
+    "--grpc-port",
+    type=click.IntRange(0, 65535),
+    help="Serve the protocol's gRPC service on this port too (0: a free one).",
+)
+@click.option(
     "--log-level", default="info", type=click.Choice(["debug", "info", "warning", "error"]), show_default=True
 )
 def serve(repository: str, host: str, port: int, max_queue_delay_ms: float, max_batch: int, max_queue: int, timeout_s: float,
-          max_request_mb: float, max_elements: int, token: str | None, trust_artifacts: bool, threads: int, log_level: str) -> None:  # fmt: skip
+          max_request_mb: float, max_elements: int, token: str | None, trust_artifacts: bool, threads: int, grpc_port: int | None, log_level: str) -> None:  # fmt: skip
     """Serve REPOSITORY over the Open Inference Protocol (KServe v2, REST).
 
     REPOSITORY is a folder of NAME/VERSION/model.kiln (or model.onnx, compiled when it loads) or
@@ -97,9 +102,10 @@ def serve(repository: str, host: str, port: int, max_queue_delay_ms: float, max_
             "[yellow]no model found[/] (NAME/VERSION/model.kiln or model.onnx): the repository index stays empty"
         )
     limits = Limits(int(max_request_mb * (1 << 20)), max_elements)
-    settings = Settings(max_queue_delay_ms, max_batch, max_queue, timeout_s, token, limits)
+    settings = Settings(max_queue_delay_ms, max_batch, max_queue, timeout_s, token, limits, grpc_port)
 
     def announce(url: str) -> None:
-        console.print(f"serving on {url} (the Open Inference Protocol, REST; /metrics)")
+        grpc = "" if grpc_port is None else f"; gRPC on port {grpc_port or 'chosen at start'}"
+        console.print(f"serving on {url} (the Open Inference Protocol, REST; /metrics{grpc})")
 
     serve_forever(repo, settings, host, port, log_level, announce)

@@ -35,10 +35,11 @@ from kiln.driver.variants import plans_compiled
 from kiln.errors import ArgumentError, ExecutionError, InputError, KilnError
 from kiln.serve.batcher import Batcher, QueueFull
 from kiln.serve.metrics import Metrics
-from kiln.serve.protocol import HEADER, Limits, ProtocolError, read_request, write_response
+from kiln.serve.protocol import HEADER, Failure, Limits, ProtocolError, read_request, write_response
 from kiln.serve.repository import Loaded, Repository
 from kiln.version import __version__
 
+GRPC_GRACE_S = 30
 access = logging.getLogger("kiln.serve.access")
 log = logging.getLogger("kiln.serve")
 
@@ -53,12 +54,7 @@ class Settings:
     timeout_s: float = 60.0
     token: str | None = None
     limits: Limits | None = None
-
-
-class Failure(Exception):
-    def __init__(self, status: int, reason: str, headers: dict[str, str] | None = None) -> None:
-        super().__init__(reason)
-        self.status, self.reason, self.headers = status, reason, headers or {}
+    grpc_port: int | None = None  # the gRPC service's port (0: a free one; None: no gRPC)
 
 
 class Service:
@@ -70,6 +66,7 @@ class Service:
         self.metrics = Metrics()
         self.batchers: dict[tuple[str, str, int], Batcher] = {}  # (model, version, id of the kiln model)
         self.compiled_at_start = plans_compiled()
+        self.grpc_port: int | None = None  # bound, once the server started
 
     def model(self, name: str, version: str | None) -> Loaded:
         loaded = self.repository.loaded.get(name)
@@ -147,8 +144,9 @@ def _reason(err: BaseException) -> tuple[int, str, dict[str, str]]:
     return 500, f"kiln bug: {type(err).__name__}: {err}", {}
 
 
-def build_app(repository: Repository, settings: Settings | None = None) -> Starlette:
-    """The Starlette application serving ``repository`` (loaded already, or loaded at startup)."""
+def build_app(repository: Repository, settings: Settings | None = None, host: str = "127.0.0.1") -> Starlette:
+    """The Starlette application serving ``repository`` (its models loaded already), with the gRPC
+    service on ``host`` in the same event loop when ``settings.grpc_port`` is set (``app.state.service``)."""
     service = Service(repository, settings or Settings())
 
     async def handle(request: Request, work: Any, model: str | None = None) -> Response:
@@ -176,10 +174,21 @@ def build_app(repository: Repository, settings: Settings | None = None) -> Starl
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        grpc = None
+        if service.settings.grpc_port is not None:
+            from kiln.serve.grpc_service import grpc_server
+
+            grpc, service.grpc_port = grpc_server(service, host, service.settings.grpc_port)
+            await grpc.start()
+            log.info("the gRPC service listens on %s:%d", host, service.grpc_port)
         yield
+        if grpc is not None:
+            await grpc.stop(GRPC_GRACE_S)  # the calls in flight answered first
         _close(service)  # after the server stopped taking requests and the last one was answered
 
-    return Starlette(routes=_routes(service, handle), lifespan=lifespan)
+    app = Starlette(routes=_routes(service, handle), lifespan=lifespan)
+    app.state.service = service
+    return app
 
 
 def _routes(service: Service, handle: Any) -> list[Route]:

@@ -47,6 +47,15 @@ class ProtocolError(KilnError):
     """A request the protocol (or the model's signature) does not allow: HTTP 400, with why."""
 
 
+class Failure(Exception):
+    """A request refused with an HTTP status (404: no such model, 413, 503...) and its reason
+    (gRPC maps the status to its own codes)."""
+
+    def __init__(self, status: int, reason: str, headers: dict[str, str] | None = None) -> None:
+        super().__init__(reason)
+        self.status, self.reason, self.headers = status, reason, headers or {}
+
+
 def datatype_of(dtype: np.dtype) -> str:
     for name, known in DATATYPES.items():
         if known == dtype:
@@ -118,21 +127,8 @@ def _input(entry: Any, number: int, binary: bytes, offset: int, limits: Limits) 
     name = entry.get("name")
     if not isinstance(name, str) or not name:
         raise ProtocolError(f"inputs[{number}] has no name")
-    datatype = entry.get("datatype")
-    if not isinstance(datatype, str) or datatype not in DATATYPES:
-        known = ", ".join(DATATYPES)
-        raise ProtocolError(f"input {name!r}: datatype {str(datatype)[:20]!r} is not one kiln takes ({known})")
-    dtype = DATATYPES[datatype]
-    shape = entry.get("shape")
-    if not isinstance(shape, list) or len(shape) > MAX_RANK:
-        raise ProtocolError(f"input {name!r}: 'shape' must be a list of at most {MAX_RANK} sizes")
-    if not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
-        raise ProtocolError(f"input {name!r}: shape {str(shape)[:80]} has a size that is not a non-negative integer")
-    count = math.prod(shape)  # Python integers: no overflow
-    if count > limits.max_elements:
-        raise ProtocolError(
-            f"input {name!r}: shape {shape} has {count} elements, over the limit of {limits.max_elements}"
-        )
+    dtype, count = check_tensor(name, entry.get("datatype"), entry.get("shape"), limits)
+    shape = entry["shape"]
     parameters = entry.get("parameters") or {}
     if not isinstance(parameters, dict):
         raise ProtocolError(f"input {name!r}: 'parameters' must be an object")
@@ -142,7 +138,7 @@ def _input(entry: Any, number: int, binary: bytes, offset: int, limits: Limits) 
             raise ProtocolError(f"input {name!r}: binary_data_size must be a non-negative integer")
         if size != count * dtype.itemsize:
             raise ProtocolError(
-                f"input {name!r}: binary_data_size {size} is not {count} {datatype} elements ({count * dtype.itemsize} bytes)"
+                f"input {name!r}: binary_data_size {size} is not {count} {entry['datatype']} elements ({count * dtype.itemsize} bytes)"
             )
         if offset + size > len(binary):
             raise ProtocolError(
@@ -155,8 +151,38 @@ def _input(entry: Any, number: int, binary: bytes, offset: int, limits: Limits) 
     return name, _from_json(name, entry["data"], dtype, shape, count), 0
 
 
+def check_tensor(name: str, datatype: Any, shape: Any, limits: Limits) -> tuple[np.dtype, int]:
+    """An input's datatype and shape checked (JSON's or gRPC's): its dtype and element count."""
+    if not isinstance(datatype, str) or datatype not in DATATYPES:
+        known = ", ".join(DATATYPES)
+        raise ProtocolError(f"input {name!r}: datatype {str(datatype)[:20]!r} is not one kiln takes ({known})")
+    if not isinstance(shape, list) or len(shape) > MAX_RANK:
+        raise ProtocolError(f"input {name!r}: 'shape' must be a list of at most {MAX_RANK} sizes")
+    if not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
+        raise ProtocolError(f"input {name!r}: shape {str(shape)[:80]} has a size that is not a non-negative integer")
+    count = math.prod(shape)  # Python integers: no overflow
+    if count > limits.max_elements:
+        raise ProtocolError(
+            f"input {name!r}: shape {shape} has {count} elements, over the limit of {limits.max_elements}"
+        )
+    return DATATYPES[datatype], count
+
+
+def from_raw(name: str, raw: bytes, dtype: np.dtype, shape: list[int], count: int) -> np.ndarray:
+    """Little-endian bytes, row-major, as the input's array (their length checked)."""
+    if len(raw) != count * dtype.itemsize:
+        raise ProtocolError(
+            f"input {name!r}: {len(raw)} bytes of data for {count} {dtype} elements ({count * dtype.itemsize} bytes)"
+        )
+    return np.frombuffer(raw, dtype=dtype.newbyteorder("<")).astype(dtype, copy=True).reshape(shape)
+
+
 def _from_json(name: str, data: Any, dtype: np.dtype, shape: list[int], count: int) -> np.ndarray:
-    flat = _flatten(name, data, count)
+    return from_values(name, _flatten(name, data, count), dtype, shape, count)
+
+
+def from_values(name: str, flat: list[Any], dtype: np.dtype, shape: list[int], count: int) -> np.ndarray:
+    """A flat list of values (JSON's ``data``, gRPC's typed contents) as the input's array."""
     if len(flat) != count:
         raise ProtocolError(f"input {name!r}: {len(flat)} values for shape {shape} ({count} elements)")
     if dtype.kind == "b":

@@ -57,7 +57,7 @@ def serve_forever(
     port = sock.getsockname()[1]
     if announce is not None:
         announce(f"http://{host}:{port}")
-    uvicorn.Server(_config(build_app(repository, settings), host, port, log_level)).run(sockets=[sock])
+    uvicorn.Server(_config(build_app(repository, settings, host), host, port, log_level)).run(sockets=[sock])
 
 
 class Running:
@@ -71,7 +71,8 @@ class Running:
         self.sock = bind(host, port)
         self.port = self.sock.getsockname()[1]
         self.url = f"http://{host}:{self.port}"
-        self.server = uvicorn.Server(_config(build_app(repository, settings or Settings()), host, self.port, "warning"))
+        self.app = build_app(repository, settings or Settings(), host)
+        self.server = uvicorn.Server(_config(self.app, host, self.port, "warning"))
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
         self.thread.start()
         deadline = time.monotonic() + 30
@@ -79,6 +80,7 @@ class Running:
             if not self.thread.is_alive() or time.monotonic() > deadline:
                 raise RuntimeError("the server did not start")
             time.sleep(0.01)
+        self.grpc_port: int | None = self.app.state.service.grpc_port  # (bound in the startup, before started)
 
     def stop(self) -> None:
         self.server.should_exit = True
