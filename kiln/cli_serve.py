@@ -16,8 +16,9 @@ from kiln.cli_support import console
     "--port", default=8000, show_default=True, type=click.IntRange(0, 65535), help="HTTP port (0: a free one)."
 )
 @click.option(
-    "--max-queue-delay-ms", default=2.0, show_default=True, type=click.FloatRange(0, 10_000),
-    help="How long a request waits for others to join its batch (0: no dynamic batching).",
+    "--max-queue-delay-ms", default=0.0, show_default=True, type=click.FloatRange(0, 10_000),
+    help="How long a request may wait for others to join its batch. Requests that arrive while a batch runs join "
+    "the next one whatever this is (0: no wait when the model is idle, so a lone request pays nothing).",
 )  # fmt: skip
 @click.option(
     "--max-batch",

@@ -48,7 +48,7 @@ log = logging.getLogger("kiln.serve")
 class Settings:
     """How the server batches, limits and guards requests."""
 
-    max_queue_delay_ms: float = 2.0
+    max_queue_delay_ms: float = 0.0  # (requests that arrive while a batch runs join the next one anyway)
     max_batch: int = 8
     max_queue: int = 256
     timeout_s: float = 60.0

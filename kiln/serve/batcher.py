@@ -1,9 +1,11 @@
 """Dynamic batching: requests for one model queue and run together.
 
 A model whose every input and output has the same symbolic first dim, which kiln proved
-sample-parallel (its size classes: ``kiln.driver.routes``), batches: the first request waits up to
-``max_queue_delay``, and requests that arrived meanwhile with the same per-sample shapes and
-dtypes join it, up to ``max_batch`` samples (at most the dim's declared range, so any total runs
+sample-parallel (its size classes: ``kiln.driver.routes``), batches: requests that arrive while a
+batch runs queue, and the next run takes every queued request with the same per-sample shapes and
+dtypes as the first (so a lone request on an idle model runs at once, and load makes batches by
+itself); ``max_queue_delay`` lets the first request also wait that long for company, up to
+``max_batch`` samples (at most the dim's declared range, so any total runs
 on the classes' code with no compile). Their inputs are concatenated along the first axis, run once,
 and each request gets its own rows of every output back. Other models run each request alone, in
 order. A joined batch that fails (one request's bad values) runs its requests one by one, so only
