@@ -1,0 +1,199 @@
+"""kiln served over the Open Inference Protocol against kiln in-process, on loopback: what the
+server costs per request, and what dynamic batching gives under load.
+
+For each model (a zoo model's ONNX file, its batch declared 1..MAX_BATCH as ``kiln serve`` declares
+it), in one run:
+- in-process: ``kiln.compile`` of the same file, single-stream p50/p90 at batch 1, and the
+  throughput at each batch size (the best one is the target's reference);
+- served: ``kiln serve FILE`` in its own process (the client is this process: a keep-alive
+  ``http.client`` connection per client speaking the protocol), single-stream p50/p90 at batch 1
+  with binary tensors and with JSON, then offline throughput with CLIENTS concurrent clients sending
+  batch-1 requests (the server joins them) and the mean batch it ran (its /metrics).
+
+    python benchmarks/serve.py --models resnet50,bert-base [--seconds 8] [--clients 8]
+
+Two cores: the server, the model's threads and the client share them (no other machine here).
+Not a test: prints a table and JSON lines.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+
+import numpy as np
+
+MAX_BATCH = 8
+
+
+def percentiles(times: list[float]) -> tuple[float, float]:
+    times = sorted(times)
+    return statistics.median(times), times[int(0.9 * (len(times) - 1))]
+
+
+def timed(call, seconds: float) -> list[float]:  # type: ignore[no-untyped-def]
+    for _ in range(5):
+        call()
+    times, end = [], time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        start = time.perf_counter()
+        call()
+        times.append((time.perf_counter() - start) * 1e3)
+    return times
+
+
+def in_process(path: str, feeds, seconds: float) -> dict:  # type: ignore[no-untyped-def]
+    import kiln
+
+    model = kiln.compile(path, dims={"batch": f"1..{MAX_BATCH}"}, threads=2)
+    p50, p90 = percentiles(timed(lambda: model.run(feeds(1)), seconds))
+    throughput = {}
+    for batch in (1, 2, 4, 8):
+        runs = timed(lambda b=batch: model.run(feeds(b)), seconds / 2)
+        throughput[batch] = batch * 1e3 / statistics.median(runs)
+    return {"p50": p50, "p90": p90, "throughput": throughput}
+
+
+def start_server(path: str) -> tuple[subprocess.Popen, str]:
+    command = [
+        sys.executable,
+        "-m",
+        "kiln",
+        "serve",
+        path,
+        "--port",
+        "0",
+        "--max-batch",
+        str(MAX_BATCH),
+        "--threads",
+        "2",
+    ]
+    server = subprocess.Popen(command, stderr=subprocess.PIPE, text=True, env={**os.environ, "COLUMNS": "200"})
+    for line in server.stderr:  # type: ignore[union-attr]
+        if line.startswith("serving on "):
+            threading.Thread(target=server.stderr.read, daemon=True).start()  # type: ignore[union-attr]
+            return server, line.split()[2]
+    raise RuntimeError("kiln serve did not start")
+
+
+class Client:
+    """A lean keep-alive HTTP client of the protocol (one connection; binary tensors or JSON)."""
+
+    def __init__(self, url: str, name: str) -> None:
+        import http.client
+
+        host, port = url[len("http://") :].split(":")
+        self.connection = http.client.HTTPConnection(host, int(port), timeout=300)
+        self.path = f"/v2/models/{name}/infer"
+
+    def infer(self, feeds: dict[str, np.ndarray], binary: bool) -> dict:
+        kinds = {"float32": "FP32", "int64": "INT64"}
+        inputs, blobs = [], []
+        for key, array in feeds.items():
+            entry = {"name": key, "shape": list(array.shape), "datatype": kinds[array.dtype.name]}
+            if binary:
+                entry["parameters"] = {"binary_data_size": array.nbytes}
+                blobs.append(array.tobytes())
+            else:
+                entry["data"] = array.reshape(-1).tolist()
+            inputs.append(entry)
+        document = {"inputs": inputs}
+        if binary:
+            document["parameters"] = {"binary_data_output": True}
+        head = json.dumps(document).encode()
+        headers = {"Content-Type": "application/octet-stream", "Inference-Header-Content-Length": str(len(head))}
+        self.connection.request("POST", self.path, head + b"".join(blobs), headers if binary else {})
+        answer = self.connection.getresponse()
+        body = answer.read()
+        if answer.status != 200:
+            raise RuntimeError(f"HTTP {answer.status}: {body[:300]!r}")
+        length = answer.getheader("Inference-Header-Content-Length")
+        return json.loads(body[: int(length)] if length else body)
+
+
+def served(url: str, name: str, feeds, seconds: float, clients: int) -> dict:  # type: ignore[no-untyped-def]
+    client = Client(url, name)
+    binary = percentiles(timed(lambda: client.infer(feeds(1), True), seconds))
+    as_json = percentiles(timed(lambda: client.infer(feeds(1), False), seconds / 2))
+    before = _batches(url)
+    done, stop = [], time.perf_counter() + seconds
+
+    def load() -> None:
+        own, count = Client(url, name), 0
+        while time.perf_counter() < stop:
+            own.infer(feeds(1), True)
+            count += 1
+        done.append(count)
+
+    threads = [threading.Thread(target=load) for _ in range(clients)]
+    started = time.perf_counter()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    throughput = sum(done) / (time.perf_counter() - started)
+    after = _batches(url)
+    runs = after.get("+Inf", 0) - before.get("+Inf", 0)
+    return {"binary": binary, "json": as_json, "throughput": throughput, "mean_batch": sum(done) / max(runs, 1)}
+
+
+def _batches(url: str) -> dict[str, float]:
+    metrics = urllib.request.urlopen(f"{url}/metrics", timeout=60).read().decode()
+    found = {}
+    for line in metrics.splitlines():
+        if line.startswith("kiln_batch_size_bucket"):
+            found[line.split('le="')[1].split('"')[0]] = float(line.split()[-1])
+    return found
+
+
+def feeds_of(model: str):  # type: ignore[no-untyped-def]
+    from kiln import zoo
+
+    one = {k: np.asarray(v) for k, v in zoo.example_inputs(model, batch=1).items()}
+    return lambda batch: {k: np.repeat(v, batch, axis=0) for k, v in one.items()}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", default="resnet50,bert-base")
+    parser.add_argument("--seconds", type=float, default=8.0)
+    parser.add_argument("--clients", type=int, default=8)
+    args = parser.parse_args()
+    from kiln import zoo
+    from kiln.bench.machine import fingerprint
+
+    print(json.dumps({"cpu": fingerprint().get("cpu"), "clients": args.clients}))
+    rows = []
+    for model in args.models.split(","):
+        path, feeds = str(zoo.onnx_path(model)), feeds_of(model)
+        server, url = start_server(path)
+        try:
+            remote = served(url, zoo.onnx_path(model).stem, feeds, args.seconds, args.clients)
+        finally:
+            server.terminate()
+            server.wait(60)
+        local = in_process(path, feeds, args.seconds)
+        best = max(local["throughput"].values())
+        row = {"model": model, "in_process": local, "served": remote,
+               "served_minus_in_process_ms": remote["binary"][0] - local["p50"],
+               "offline_vs_best_batch": remote["throughput"] / best}  # fmt: skip
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    print(
+        f"{'model':12} {'in-proc p50':>11} {'served bin p50':>14} {'+ms':>6} {'json p50':>9} {'offline/s':>9} {'mean batch':>10} {'best batch/s':>12} {'ratio':>6}"
+    )
+    for r in rows:
+        local, remote = r["in_process"], r["served"]
+        print(f"{r['model']:12} {local['p50']:11.2f} {remote['binary'][0]:14.2f} {r['served_minus_in_process_ms']:6.2f} "
+              f"{remote['json'][0]:9.2f} {remote['throughput']:9.1f} {remote['mean_batch']:10.2f} {max(local['throughput'].values()):12.1f} {r['offline_vs_best_batch']:6.2f}")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
