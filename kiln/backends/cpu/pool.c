@@ -165,6 +165,10 @@ static void kiln_pool_for(int64_t begin, int64_t end, int64_t grain, int max_wor
       participants = kiln_pool.started + 1; /* fewer threads than asked: run with those there are */
       break;
     }
+#if defined(__GLIBC__)
+    /* named here too, so it has its name once this returns (its own call may not have run yet) */
+    pthread_setname_np(kiln_pool.handles[kiln_pool.started], "kiln-pool");
+#endif
     ++kiln_pool.started;
   }
   const uint64_t gen = atomic_load(&kiln_pool.generation) + 1;
