@@ -3,11 +3,12 @@ server costs per request, and what dynamic batching gives under load.
 
 For each model (a zoo model's ONNX file, its batch declared 1..MAX_BATCH as ``kiln serve`` declares
 it), in one run:
-- in-process: ``kiln.compile`` of the same file, single-stream p50/p90 at batch 1, and the
-  throughput at each batch size (the best one is the target's reference);
+- single-stream at batch 1, in-process (``kiln.compile`` of the same file in this process) and
+  served (binary tensors) in alternating rounds, so the machine's slow stretches fall on both;
+- in-process throughput at each batch size (the best one is the offline target's reference);
 - served: ``kiln serve FILE`` in its own process (the client is this process: a keep-alive
-  ``http.client`` connection per client speaking the protocol), single-stream p50/p90 at batch 1
-  with binary tensors and with JSON, then offline throughput with CLIENTS concurrent clients sending
+  ``http.client`` connection per client speaking the protocol), single-stream with JSON, then
+  offline throughput with CLIENTS concurrent clients sending
   batch-1 requests (the server joins them) and the mean batch it ran (its /metrics).
 
     python benchmarks/serve.py --models resnet50,bert-base [--seconds 8] [--clients 8]
@@ -21,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import socket
 import statistics
 import subprocess
 import sys
@@ -31,6 +33,7 @@ import urllib.request
 import numpy as np
 
 MAX_BATCH = 8
+EXTRA: list[str] = []  # more kiln serve arguments
 
 
 def percentiles(times: list[float]) -> tuple[float, float]:
@@ -49,16 +52,24 @@ def timed(call, seconds: float) -> list[float]:  # type: ignore[no-untyped-def]
     return times
 
 
-def in_process(path: str, feeds, seconds: float) -> dict:  # type: ignore[no-untyped-def]
-    import kiln
-
-    model = kiln.compile(path, dims={"batch": f"1..{MAX_BATCH}"}, threads=2)
-    p50, p90 = percentiles(timed(lambda: model.run(feeds(1)), seconds))
+def in_process(model, feeds, seconds: float) -> dict:  # type: ignore[no-untyped-def]
+    """Throughput of the in-process model at each batch size (samples per second)."""
     throughput = {}
     for batch in (1, 2, 4, 8):
         runs = timed(lambda b=batch: model.run(feeds(b)), seconds / 2)
         throughput[batch] = batch * 1e3 / statistics.median(runs)
-    return {"p50": p50, "p90": p90, "throughput": throughput}
+    return {"throughput": throughput}
+
+
+def single_stream(model, client: Client, feeds, seconds: float, rounds: int = 4) -> dict:  # type: ignore[no-untyped-def]
+    """Batch-1 latency in-process and served (binary), in alternating rounds, so a slow stretch of
+    the machine falls on both (this VM has them)."""
+    local: list[float] = []
+    remote: list[float] = []
+    for _ in range(rounds):
+        local += timed(lambda: model.run(feeds(1)), seconds / rounds)
+        remote += timed(lambda: client.infer(feeds(1), True), seconds / rounds)
+    return {"in_process": percentiles(local), "binary": percentiles(remote)}
 
 
 def start_server(path: str) -> tuple[subprocess.Popen, str]:
@@ -91,6 +102,8 @@ class Client:
 
         host, port = url[len("http://") :].split(":")
         self.connection = http.client.HTTPConnection(host, int(port), timeout=300)
+        self.connection.connect()  # (http.client writes headers and body apart: without TCP_NODELAY, Nagle
+        self.connection.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # and delayed ACKs cost 40 ms)
         self.path = f"/v2/models/{name}/infer"
 
     def infer(self, feeds: dict[str, np.ndarray], binary: bool) -> dict:
@@ -120,7 +133,6 @@ class Client:
 
 def served(url: str, name: str, feeds, seconds: float, clients: int) -> dict:  # type: ignore[no-untyped-def]
     client = Client(url, name)
-    binary = percentiles(timed(lambda: client.infer(feeds(1), True), seconds))
     as_json = percentiles(timed(lambda: client.infer(feeds(1), False), seconds / 2))
     before = _batches(url)
     done, stop = [], time.perf_counter() + seconds
@@ -141,7 +153,7 @@ def served(url: str, name: str, feeds, seconds: float, clients: int) -> dict:  #
     throughput = sum(done) / (time.perf_counter() - started)
     after = _batches(url)
     runs = after.get("+Inf", 0) - before.get("+Inf", 0)
-    return {"binary": binary, "json": as_json, "throughput": throughput, "mean_batch": sum(done) / max(runs, 1)}
+    return {"json": as_json, "throughput": throughput, "mean_batch": sum(done) / max(runs, 1)}
 
 
 def _batches(url: str) -> dict[str, float]:
@@ -171,16 +183,23 @@ def main() -> None:
 
     print(json.dumps({"cpu": fingerprint().get("cpu"), "clients": args.clients}))
     rows = []
+    import kiln
+
     for model in args.models.split(","):
         path, feeds = str(zoo.onnx_path(model)), feeds_of(model)
+        local_model = kiln.compile(path, dims={"batch": f"1..{MAX_BATCH}"}, threads=2)
         server, url = start_server(path)
         try:
-            remote = served(url, zoo.onnx_path(model).stem, feeds, args.seconds, args.clients)
+            name = zoo.onnx_path(model).stem
+            stream = single_stream(local_model, Client(url, name), feeds, 2 * args.seconds)
+            remote = served(url, name, feeds, args.seconds, args.clients)
         finally:
             server.terminate()
             server.wait(60)
-        local = in_process(path, feeds, args.seconds)
+        local = in_process(local_model, feeds, args.seconds)
         best = max(local["throughput"].values())
+        local["p50"], local["p90"] = stream["in_process"]
+        remote["binary"] = stream["binary"]
         row = {"model": model, "in_process": local, "served": remote,
                "served_minus_in_process_ms": remote["binary"][0] - local["p50"],
                "offline_vs_best_batch": remote["throughput"] / best}  # fmt: skip
