@@ -63,6 +63,11 @@ from kiln.cli_support import console
     "--threads", default=0, show_default=True, help="Threads per model run (0: every CPU this process may use)."
 )
 @click.option(
+    "--spin",
+    type=click.IntRange(0),
+    help="Pause instructions a pool thread spins before it sleeps (kiln.compile's spin).",
+)
+@click.option(
     "--grpc-port",
     type=click.IntRange(0, 65535),
     help="Serve the protocol's gRPC service on this port too (0: a free one).",
@@ -71,7 +76,7 @@ from kiln.cli_support import console
     "--log-level", default="info", type=click.Choice(["debug", "info", "warning", "error"]), show_default=True
 )
 def serve(repository: str, host: str, port: int, max_queue_delay_ms: float, max_batch: int, max_queue: int, timeout_s: float,
-          max_request_mb: float, max_elements: int, token: str | None, trust_artifacts: bool, threads: int, grpc_port: int | None, log_level: str) -> None:  # fmt: skip
+          max_request_mb: float, max_elements: int, token: str | None, trust_artifacts: bool, threads: int, spin: int | None, grpc_port: int | None, log_level: str) -> None:  # fmt: skip
     """Serve REPOSITORY over the Open Inference Protocol (KServe v2, REST).
 
     REPOSITORY is a folder of NAME/VERSION/model.kiln (or model.onnx, compiled when it loads) or
@@ -92,7 +97,7 @@ def serve(repository: str, host: str, port: int, max_queue_delay_ms: float, max_
 
     logging.getLogger("kiln.serve").setLevel(log_level.upper())
     logging.getLogger("kiln.serve.access").setLevel(log_level.upper())
-    repo = Repository(repository, trust=trust_artifacts, max_batch=max_batch, threads=threads)
+    repo = Repository(repository, trust=trust_artifacts, max_batch=max_batch, threads=threads, spin=spin)
     with console.status("loading models..."):
         repo.load_all()
     for entry in repo.loaded.values():

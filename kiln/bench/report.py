@@ -180,6 +180,15 @@ def notes(run: dict[str, Any]) -> list[str]:
         r.get("energy", {}).get("unavailable") for r in run["records"] if r.get("energy", {}).get("unavailable")
     }
     lines.extend(f"energy unavailable: {reason}" for reason in sorted(energies))
+    invalid = [r for r in run["records"] if (r.get("loadgen") or {}).get("result") == "INVALID"]
+    if invalid:
+        failed = sorted({name for r in invalid for name in r["loadgen"].get("failed", [])})
+        lines.append(
+            f"LoadGen: INVALID on {len(invalid)} row(s) ({', '.join(failed) or 'see its log'}). INVALID is LoadGen's "
+            "word for a run too short for a result MLPerf would accept (its minimum duration and query count, and "
+            "early stopping's confidence that the percentile it reports holds): the latencies measured are still "
+            "what the row says; a longer --duration gives LoadGen the queries it needs for VALID"
+        )
     if run.get("interrupted"):
         lines.append("the run was interrupted: only finished jobs are reported")
     return lines

@@ -84,9 +84,16 @@ def _regular_inside(path: Path, root: Path) -> bool:
 class Repository:
     """The models found under ``root`` (a folder or one model file), loaded on demand."""
 
-    def __init__(self, root: str | os.PathLike, trust: bool = False, max_batch: int = MAX_BATCH, threads: int = 0):
+    def __init__(
+        self,
+        root: str | os.PathLike,
+        trust: bool = False,
+        max_batch: int = MAX_BATCH,
+        threads: int = 0,
+        spin: int | None = None,
+    ):
         self.root = Path(root)
-        self.trust, self.max_batch, self.threads = trust, max_batch, threads
+        self.trust, self.max_batch, self.threads, self.spin = trust, max_batch, threads, spin
         if not self.root.exists():
             raise ArgumentError(f"no model repository or model file at {self.root}")
         if self.root.is_file() and self.root.suffix not in (".kiln", ".onnx"):
@@ -162,9 +169,9 @@ class Repository:
         import kiln
 
         if path.suffix == ".kiln":
-            return kiln.load(str(path), rebuild=not self.trust, threads=self.threads)
+            return kiln.load(str(path), rebuild=not self.trust, threads=self.threads, spin=self.spin)
         dims = _batch_range(path, self.max_batch)
-        return kiln.compile(str(path), dims=dims or None, threads=self.threads)
+        return kiln.compile(str(path), dims=dims or None, threads=self.threads, spin=self.spin)
 
 
 def _batch_range(path: Path, max_batch: int) -> dict[str, str]:

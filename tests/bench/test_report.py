@@ -90,6 +90,16 @@ def test_unavailable_backends_are_one_line_per_reason_and_noise_one_explanation(
     assert all(r["status"] != "unavailable" for r in rows) and len(rows) == 9  # crash kept
 
 
+def test_an_invalid_loadgen_verdict_is_explained_in_words():
+    run = synthetic_run()
+    assert not any(line.startswith("LoadGen:") for line in report.notes(run))
+    ran = [r for r in run["records"] if r.get("status") == "ok"]
+    ran[0]["loadgen"] = {"result": "INVALID", "failed": ["Early stopping satisfied"]}
+    ran[1]["loadgen"] = {"result": "VALID", "failed": []}
+    (line,) = [line for line in report.notes(run) if line.startswith("LoadGen:")]
+    assert "INVALID on 1 row(s) (Early stopping satisfied)" in line and "a longer --duration" in line
+
+
 def test_the_page_starts_with_the_summary(tmp_path):
     run = synthetic_run()
     paths = report.write_all(run, tmp_path)
