@@ -63,6 +63,11 @@ from kiln.cli_support import console
     "--threads", default=0, show_default=True, help="Threads per model run (0: every CPU this process may use)."
 )
 @click.option(
+    "--latency-target-ms", type=click.FloatRange(0.001),
+    help="Adaptive batching: size batches (and the wait for company) from the model's measured compute time per "
+    "batch size so that a request's latency holds this target.",
+)  # fmt: skip
+@click.option(
     "--spin",
     type=click.IntRange(0),
     help="Pause instructions a pool thread spins before it sleeps (kiln.compile's spin).",
@@ -76,7 +81,8 @@ from kiln.cli_support import console
     "--log-level", default="info", type=click.Choice(["debug", "info", "warning", "error"]), show_default=True
 )
 def serve(repository: str, host: str, port: int, max_queue_delay_ms: float, max_batch: int, max_queue: int, timeout_s: float,
-          max_request_mb: float, max_elements: int, token: str | None, trust_artifacts: bool, threads: int, spin: int | None, grpc_port: int | None, log_level: str) -> None:  # fmt: skip
+          max_request_mb: float, max_elements: int, token: str | None, trust_artifacts: bool, threads: int, latency_target_ms: float | None, spin: int | None, grpc_port: int | None,
+          log_level: str) -> None:  # fmt: skip
     """Serve REPOSITORY over the Open Inference Protocol (KServe v2, REST).
 
     REPOSITORY is a folder of NAME/VERSION/model.kiln (or model.onnx, compiled when it loads) or
@@ -108,7 +114,9 @@ def serve(repository: str, host: str, port: int, max_queue_delay_ms: float, max_
             "[yellow]no model found[/] (NAME/VERSION/model.kiln or model.onnx): the repository index stays empty"
         )
     limits = Limits(int(max_request_mb * (1 << 20)), max_elements)
-    settings = Settings(max_queue_delay_ms, max_batch, max_queue, timeout_s, token, limits, grpc_port)
+    settings = Settings(
+        max_queue_delay_ms, max_batch, max_queue, timeout_s, token, limits, grpc_port, latency_target_ms
+    )
 
     def announce(url: str) -> None:
         grpc = "" if grpc_port is None else f"; gRPC on port {grpc_port or 'chosen at start'}"

@@ -55,6 +55,7 @@ class Settings:
     token: str | None = None
     limits: Limits | None = None
     grpc_port: int | None = None  # the gRPC service's port (0: a free one; None: no gRPC)
+    latency_target_ms: float | None = None  # adaptive batching: batches sized to the measured curve
 
 
 class Service:
@@ -89,7 +90,11 @@ class Service:
                 metrics.compiles.set(plans_compiled() - self.compiled_at_start)
 
             delay = self.settings.max_queue_delay_ms / 1e3
-            found = Batcher(loaded.model, delay, self.settings.max_batch, self.settings.max_queue, observe)
+            target = self.settings.latency_target_ms
+            found = Batcher(
+                loaded.model, delay, self.settings.max_batch, self.settings.max_queue, observe,
+                None if target is None else target / 1e3,
+            )  # fmt: skip
             self.batchers[key] = found
         return found
 

@@ -5,7 +5,9 @@ sample-parallel (its size classes: ``kiln.driver.routes``), batches: requests th
 batch runs queue, and the next run takes every queued request with the same per-sample shapes and
 dtypes as the first (so a lone request on an idle model runs at once, and load makes batches by
 itself); ``max_queue_delay`` lets the first request also wait that long for company, up to
-``max_batch`` samples (at most the dim's declared range, so any total runs
+``max_batch`` samples. With a latency target, the batcher reads the model's measured
+compute-time-per-batch-size curve: a batch is at most the largest size whose compute fits half
+the target, and the first request waits for company only as long as that leaves slack (at most the dim's declared range, so any total runs
 on the classes' code with no compile). Their inputs are concatenated along the first axis, run once,
 and each request gets its own rows of every output back. Other models run each request alone, in
 order. A joined batch that fails (one request's bad values) runs its requests one by one, so only
@@ -77,7 +79,15 @@ def batch_symbol(model: Any) -> str | None:
 class Batcher:
     """One model's queue and the task that runs it (see the module's note)."""
 
-    def __init__(self, model: Any, delay_s: float, max_batch: int, max_queue: int, observe: Callable[..., None]):
+    def __init__(
+        self,
+        model: Any,
+        delay_s: float,
+        max_batch: int,
+        max_queue: int,
+        observe: Callable[..., None],
+        latency_target_s: float | None = None,
+    ):
         self.model = model
         self.symbol = batch_symbol(model)
         static = {v.name for v in model.signature.inputs if isinstance(v.type, TensorType) and v.type.is_static}
@@ -86,6 +96,8 @@ class Batcher:
         high = (getattr(model, "ranges", {}) or {}).get(self.symbol, (1, max_batch))[1] if self.symbol else 1
         self.max_batch = max(1, min(max_batch, high))
         self.delay_s, self.max_queue = delay_s, max_queue
+        self.target = latency_target_s
+        self.costs: dict[int, float] = {}  # measured compute seconds per batch size (moving average)
         self.observe = observe  # observe(batch_size, compute_seconds)
         self.queue: deque[_Pending] = deque()
         self.executor = ThreadPoolExecutor(1, thread_name_prefix="kiln-serve")
@@ -128,15 +140,50 @@ class Batcher:
                 if group:
                     await self._run(group)
 
+    def predicted(self, rows: int) -> float | None:
+        """The compute time of a batch of ``rows`` from the measured ones (None: nothing measured):
+        the measured size itself, else the nearest measured size below scaled by rows (above: by
+        rows too, which a batch's per-sample cost only lowers)."""
+        if rows in self.costs:
+            return self.costs[rows]
+        if not self.costs:
+            return None
+        below = [size for size in self.costs if size < rows]
+        size = max(below) if below else min(self.costs)
+        return self.costs[size] * rows / size
+
+    def limit(self) -> int:
+        """Samples per batch: ``max_batch``, or under a latency target the largest batch whose
+        measured (or extrapolated) compute time fits half the target (the other half: waiting for
+        the batch before it), at least 1; sizes not measured yet are tried as the curve allows."""
+        if self.target is None:
+            return self.max_batch
+        best = 1
+        for rows in range(1, self.max_batch + 1):
+            cost = self.predicted(rows)
+            if cost is not None and cost <= self.target / 2:
+                best = rows
+        return best
+
+    def delay(self, limit: int) -> float:
+        """How long the first request waits for company: the configured delay, or under a latency
+        target the slack a full batch leaves in the target's first half."""
+        if self.target is None:
+            return self.delay_s
+        cost = self.predicted(limit)
+        return 0.0 if cost is None else max(0.0, min(self.target / 2 - cost, self.target / 4))
+
     async def _gather(self) -> None:
         """Wait for the first request's delay to pass, or for a full batch."""
         first = self.queue[0]
-        if not first.rows or self.delay_s <= 0:
+        limit = self.limit()
+        delay = self.delay(limit)
+        if not first.rows or delay <= 0:
             return
         while True:
             waiting = sum(p.rows for p in self.queue if p.key == first.key and p.rows)
-            left = first.enqueued + self.delay_s - time.perf_counter()
-            if waiting >= self.max_batch or left <= 0 or first.future.done():
+            left = first.enqueued + delay - time.perf_counter()
+            if waiting >= limit or left <= 0 or first.future.done():
                 return
             await asyncio.sleep(min(left, 0.0005))
 
@@ -144,14 +191,14 @@ class Batcher:
         first = self.queue.popleft()
         if first.future.done():  # timed out or cancelled while it waited
             return []
-        group, rows = [first], first.rows
+        group, rows, limit = [first], first.rows, self.limit()
         if first.rows:
             kept: deque[_Pending] = deque()
             while self.queue:
                 pending = self.queue.popleft()
                 if pending.future.done():
                     continue
-                if pending.rows and pending.key == first.key and rows + pending.rows <= self.max_batch:
+                if pending.rows and pending.key == first.key and rows + pending.rows <= limit:
                     group.append(pending)
                     rows += pending.rows
                 else:
@@ -181,6 +228,8 @@ class Batcher:
         compute = time.perf_counter() - started
         rows = sum(p.rows for p in group) or 1
         self.observe(rows, compute)
+        known = self.costs.get(rows)
+        self.costs[rows] = compute if known is None else 0.7 * known + 0.3 * compute
         for pending, result in zip(group, outputs):
             if not pending.future.done():
                 pending.future.set_result((result, Timing(started - pending.enqueued, compute, rows)))

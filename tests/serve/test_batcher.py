@@ -1,0 +1,66 @@
+"""The batcher's choices: which models batch, and under a latency target, how large a batch and
+how long a wait the measured compute times allow."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from onnx import helper
+
+import kiln
+from kiln.serve.batcher import Batcher, batch_symbol
+from tests.helpers import FLOAT, make_model
+from tests.runtime.test_routes import count_scaled
+from tests.runtime.test_sizes import small_cnn
+
+pytest.importorskip("starlette", reason="the 'serve' extra")
+
+
+def batcher(target_s: float | None = None, delay_s: float = 0.0) -> Batcher:
+    model = kiln.compile(small_cnn(), dims={"batch": "1..16"})
+    return Batcher(model, delay_s, 8, 16, lambda rows, seconds: None, target_s)
+
+
+def test_a_proven_sample_parallel_batch_batches_and_others_do_not():
+    assert batch_symbol(kiln.compile(small_cnn(), dims={"batch": "1..16"})) == "batch"
+    assert batch_symbol(kiln.compile(count_scaled(), dims={"batch": "1..16"})) is None  # no sample is its own
+    relu = make_model([helper.make_node("Relu", ["x"], ["y"])], [("x", FLOAT, [2, 3])], [("y", FLOAT, [2, 3])])
+    assert batch_symbol(kiln.compile(relu)) is None  # no symbolic dim at all
+
+
+def test_without_a_target_the_limit_is_max_batch_and_the_delay_as_configured():
+    plain = batcher(delay_s=0.003)
+    plain.costs = {1: 0.5}  # (measurements do not matter without a target)
+    assert plain.limit() == 8 and plain.delay(8) == 0.003
+
+
+def test_a_latency_target_sizes_batches_from_the_measured_curve():
+    adaptive = batcher(target_s=0.010)
+    assert adaptive.limit() == 1 and adaptive.delay(1) == 0.0  # nothing measured: one at a time, no wait
+    adaptive.costs = {1: 0.002}
+    assert adaptive.predicted(3) == pytest.approx(0.006)  # scaled by rows from the size below
+    assert adaptive.limit() == 2  # 2 x 2 ms fits half of 10 ms, 3 x 2 ms does not
+    assert adaptive.delay(2) == pytest.approx(0.001)  # the slack a batch of 2 leaves in 5 ms
+    adaptive.costs = {1: 0.002, 4: 0.004}  # batches are cheaper per sample than one at a time
+    assert adaptive.limit() == 5 and adaptive.delay(5) == pytest.approx(0.0)
+    adaptive.costs = {1: 0.02}  # even one sample is over the target: still one at a time
+    assert adaptive.limit() == 1 and adaptive.delay(1) == 0.0
+
+
+def test_joined_requests_each_get_their_own_rows():
+    import asyncio
+
+    reference = kiln.compile(small_cnn(), target="reference")
+    serving = batcher(delay_s=0.05)
+
+    async def run() -> list:
+        feeds = [{"x": np.random.default_rng(i).standard_normal((1 + i % 3, 3, 6, 6)).astype(np.float32),
+                  "scale": np.array([0.5], np.float32)} for i in range(6)]  # fmt: skip
+        answers = await asyncio.gather(*(serving.infer(f) for f in feeds))
+        return list(zip(feeds, answers))
+
+    results = asyncio.run(run())
+    for feeds, (outputs, _) in results:
+        np.testing.assert_allclose(outputs["y"], reference.run(feeds)["y"], rtol=1e-5, atol=1e-5)
+    assert max(timing.batch for _, (_, timing) in results) > 1
+    serving.close()
