@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -133,6 +134,12 @@ from kiln.output_files import OutputPathError, ensure_folder
     "hardware class of its nodes, each job holding its node alone; the report groups by hardware.",
 )
 @click.option(
+    "--server",
+    metavar="URL",
+    help="Also measure a kiln serve already running at URL (the kiln-served row: each model by its bench name, "
+    "e.g. a repository REPO/resnet50/1/model.onnx for -m resnet50). Without it, -b kiln-served starts a server per model.",
+)
+@click.option(
     "--on",
     "selectors",
     multiple=True,
@@ -157,7 +164,15 @@ def bench(ctx: click.Context, **options) -> None:  # type: ignore[no-untyped-def
         return
     from kiln.bench.runner import run_bench
 
+    if options.get("server"):
+        from kiln.bench.backends.served_backend import SERVER_ENV
+
+        if not options["server"].startswith("http://"):
+            raise click.UsageError(f"--server takes an http:// URL, got {options['server']!r}")
+        os.environ[SERVER_ENV] = options["server"]  # (the job processes inherit it)
     config = _bench_config(options)
+    if options.get("server") and "kiln-served" not in config.backends:
+        config.backends.append("kiln-served")
     out: Path = options["out"]
     db: Path = options["db"] or out / "results.db"
     records_done = 0

@@ -13,6 +13,7 @@ BACKENDS: dict[str, str] = {
     "kiln-bf16": "kiln.bench.backends.kiln_backend:KilnBf16Backend",
     "kiln-int8": "kiln.bench.backends.kiln_backend:KilnInt8Backend",
     "kiln-reference": "kiln.bench.backends.kiln_backend:KilnReferenceBackend",
+    "kiln-served": "kiln.bench.backends.served_backend:KilnServedBackend",
     "onnxruntime": "kiln.bench.backends.onnxruntime_backend:OnnxRuntimeBackend",
     "onnxruntime-int8": "kiln.bench.backends.onnxruntime_backend:OnnxRuntimeInt8Backend",
     "openvino": "kiln.bench.backends.openvino_backend:OpenVinoBackend",

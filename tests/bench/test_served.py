@@ -1,0 +1,55 @@
+"""The kiln-served row: kiln behind ``kiln serve``, measured by the harness over the protocol
+(LoadGen's scenarios included), and ``kiln bench --server URL`` against a server already running."""
+
+from __future__ import annotations
+
+import shutil
+import urllib.request
+
+import pytest
+from click.testing import CliRunner
+
+from kiln.bench.runner import BenchConfig, run_bench
+from kiln.cli import main
+
+pytest.importorskip("uvicorn", reason="the 'serve' extra runs kiln serve")
+
+
+def test_a_served_row_beside_the_in_process_one(tiny_onnx, tmp_path):
+    config = BenchConfig(models=[tiny_onnx], backends=["kiln", "kiln-served"], scenarios=["single-stream", "offline"],
+                         duration=1.0, min_iterations=50, warmup=1, timeout=300)  # fmt: skip
+    run = run_bench(config, tmp_path / "work")
+    rows = {(r["backend"], r["scenario"]): r for r in run["records"]}
+    for scenario in ("single-stream", "offline"):
+        served, local = rows[("kiln-served", scenario)], rows[("kiln", scenario)]
+        assert served["status"] == "ok", served.get("error")
+        assert served["agreement"]["rel_l2"] < 1e-6  # the same answers over the wire
+        assert served["latency_ms"]["p50"] > 0 and local["status"] == "ok"
+    assert "kiln serve" in rows[("kiln-served", "single-stream")]["config"]["server"]
+
+
+def test_kiln_bench_server_measures_a_running_server(tiny_onnx, tmp_path, monkeypatch):
+    from kiln.bench.backends.served_backend import SERVER_ENV
+    from kiln.serve.repository import Repository
+    from kiln.serve.server import Running
+
+    monkeypatch.delenv(SERVER_ENV, raising=False)  # (kiln bench --server sets it: gone after this test)
+
+    (tmp_path / "repo" / "tiny" / "1").mkdir(parents=True)
+    shutil.copy(tiny_onnx, tmp_path / "repo" / "tiny" / "1" / "model.onnx")
+    repository = Repository(tmp_path / "repo")
+    repository.load_all()
+    running = Running(repository)
+    try:
+        result = CliRunner().invoke(
+            main, ["bench", "-m", tiny_onnx, "-b", "kiln", "--server", running.url, "--duration", "1", "--out", str(tmp_path / "out")]
+        )  # fmt: skip
+        assert result.exit_code == 0, result.output
+        metrics = urllib.request.urlopen(f"{running.url}/metrics", timeout=30).read().decode()
+        line = next(
+            x for x in metrics.splitlines() if x.startswith('kiln_execution_count_total{model="tiny",version="1"}')
+        )
+        assert float(line.split()[-1]) > 10  # the bench's requests reached the running server
+        assert "kiln-served" in result.output
+    finally:
+        running.stop()
