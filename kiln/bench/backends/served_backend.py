@@ -8,7 +8,8 @@ Offline included) measures served kiln: the protocol, the server's dynamic batch
 
 With ``kiln bench --server URL`` (the environment variable ``KILN_BENCH_SERVER``), the row is a
 server already running there instead, its model named as the bench model (``REPO/resnet50/1/...``
-for ``-m resnet50``): nothing is started or stopped.
+for ``-m resnet50``): nothing is started or stopped. ``KILN_SERVED_ARGS`` passes more arguments to
+the server a row starts (``--max-batch 1``: the same server without dynamic batching).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ import numpy as np
 from kiln.bench.backends.base import Backend, Session, Unavailable
 
 SERVER_ENV = "KILN_BENCH_SERVER"
+ARGS_ENV = "KILN_SERVED_ARGS"  # more arguments for the kiln serve a row starts ("--max-batch 1": no batching)
 KINDS = {"float32": "FP32", "float16": "FP16", "float64": "FP64", "int64": "INT64", "int32": "INT32", "int8": "INT8",
          "uint8": "UINT8", "bool": "BOOL"}  # fmt: skip
 DTYPES = {v: k for k, v in KINDS.items()}
@@ -122,7 +124,8 @@ class KilnServedBackend(Backend):
         path = str(model.onnx_path)
         self.model_name = os.path.splitext(os.path.basename(path))[0]
         command = [sys.executable, "-m", "kiln", "serve", path, "--port", "0", "--threads", str(self.threads),
-                   "--max-batch", str(max(8, model.batch)), "--log-level", "warning"]  # fmt: skip
+                   "--max-batch", str(max(8, model.batch)), "--log-level", "warning",
+                   *os.environ.get(ARGS_ENV, "").split()]  # fmt: skip
         self.server = subprocess.Popen(command, stderr=subprocess.PIPE, text=True, env={**os.environ, "COLUMNS": "200"})
         atexit.register(self.close)  # (a job that fails before its session closes leaves no server behind)
         deadline = time.monotonic() + START_S
