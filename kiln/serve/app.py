@@ -26,6 +26,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -33,6 +34,7 @@ from starlette.routing import Route
 
 from kiln.driver.variants import plans_compiled
 from kiln.errors import ArgumentError, ExecutionError, InputError, KilnError
+from kiln.ir.types import TensorType
 from kiln.serve.batcher import Batcher, QueueFull
 from kiln.serve.metrics import Metrics
 from kiln.serve.protocol import HEADER, Failure, Limits, ProtocolError, read_request, write_response
@@ -56,6 +58,7 @@ class Settings:
     limits: Limits | None = None
     grpc_port: int | None = None  # the gRPC service's port (0: a free one; None: no gRPC)
     latency_target_ms: float | None = None  # adaptive batching: batches sized to the measured curve
+    calibrate: bool = True  # measure each model's compute time per batch size when it loads
 
 
 class Service:
@@ -98,6 +101,15 @@ class Service:
             self.batchers[key] = found
         return found
 
+    def prepare(self, loaded: Loaded) -> None:
+        """The model's batcher made now, and its compute time per batch size measured (on this
+        thread: call it before serving, or off the event loop)."""
+        batcher = self.batcher(loaded)
+        if self.settings.calibrate and not batcher.calibrated:
+            if batcher.calibrate(lambda rows: sample_feeds(loaded.model, batcher.symbol, rows)):
+                costs = ", ".join(f"{rows}: {1e3 * cost:.1f} ms" for rows, cost in sorted(batcher.costs.items()))
+                log.info("%s: compute per batch size %s; requests join up to %d", loaded.name, costs, batcher.limit())
+
     async def infer(self, request: Request, name: str, version: str | None) -> Response:
         loaded = self.model(name, version)
         if not loaded.ready:
@@ -117,6 +129,23 @@ class Service:
         self.metrics.latency.labels(name, "compute").observe(timing.compute)
         self.metrics.requests.labels(loaded.name, loaded.version).inc()
         return Response(content, headers=headers)
+
+
+def sample_feeds(model: Any, symbol: str | None, rows: int) -> dict[str, np.ndarray] | None:
+    """Inputs of ``rows`` samples for measuring ``model`` (random floats, zeros elsewhere), or None
+    where another symbolic dim leaves a shape unknown."""
+    rng = np.random.default_rng(rows)
+    feeds = {}
+    for value in model.signature.inputs:
+        kind = value.type
+        if not isinstance(kind, TensorType) or kind.shape is None:
+            return None
+        shape = [rows if d == symbol else d for d in kind.shape]
+        if not all(isinstance(d, int) for d in shape):
+            return None
+        dtype = kind.dtype.numpy
+        feeds[value.name] = rng.standard_normal(shape).astype(dtype) if dtype.kind == "f" else np.zeros(shape, dtype)
+    return feeds
 
 
 async def _body(request: Request, limit: int) -> bytes:
@@ -180,6 +209,9 @@ def build_app(repository: Repository, settings: Settings | None = None, host: st
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         grpc = None
+        for loaded in list(service.repository.loaded.values()):
+            if loaded.ready:
+                await asyncio.get_running_loop().run_in_executor(None, service.prepare, loaded)
         if service.settings.grpc_port is not None:
             from kiln.serve.grpc_service import grpc_server
 
@@ -275,6 +307,7 @@ def _repository_routes(service: Service, handle: Any) -> list[Route]:
             loaded = await asyncio.get_running_loop().run_in_executor(None, repo.load, name)
             if not loaded.ready:
                 raise Failure(400, f"model {name!r} failed to load: {loaded.error}")
+            await asyncio.get_running_loop().run_in_executor(None, service.prepare, loaded)
             return JSONResponse({})
 
         return await handle(request, work, name)

@@ -5,7 +5,10 @@ sample-parallel (its size classes: ``kiln.driver.routes``), batches: requests th
 batch runs queue, and the next run takes every queued request with the same per-sample shapes and
 dtypes as the first (so a lone request on an idle model runs at once, and load makes batches by
 itself); ``max_queue_delay`` lets the first request also wait that long for company, up to
-``max_batch`` samples. With a latency target, the batcher reads the model's measured
+``max_batch`` samples. Where the model's compute time per batch size was measured when it loaded
+(``calibrate``), requests join only up to the largest size that runs cheaper per sample than one
+sample alone: on a CPU whose cores one sample already fills, joining would only make requests wait
+for each other, so they run one by one. With a latency target, the batcher reads the model's measured
 compute-time-per-batch-size curve: a batch is at most the largest size whose compute fits half
 the target, and the first request waits for company only as long as that leaves slack (at most the dim's declared range, so any total runs
 on the classes' code with no compile). Their inputs are concatenated along the first axis, run once,
@@ -33,6 +36,8 @@ import numpy as np
 from kiln.errors import KilnError
 from kiln.ir.types import TensorType
 from kiln.passes.batching import Parallel
+
+PAYS = 0.9  # a batch is worth joining where a sample costs at most this much of one run alone
 
 
 class QueueFull(KilnError):
@@ -98,6 +103,7 @@ class Batcher:
         self.delay_s, self.max_queue = delay_s, max_queue
         self.target = latency_target_s
         self.costs: dict[int, float] = {}  # measured compute seconds per batch size (moving average)
+        self.calibrated = False  # the curve measured at load (calibrate): batches only where they pay
         self.observe = observe  # observe(batch_size, compute_seconds)
         self.queue: deque[_Pending] = deque()
         self.executor = ThreadPoolExecutor(1, thread_name_prefix="kiln-serve")
@@ -153,17 +159,49 @@ class Batcher:
         return self.costs[size] * rows / size
 
     def limit(self) -> int:
-        """Samples per batch: ``max_batch``, or under a latency target the largest batch whose
-        measured (or extrapolated) compute time fits half the target (the other half: waiting for
-        the batch before it), at least 1; sizes not measured yet are tried as the curve allows."""
+        """Samples per batch: where the model's curve was measured at load (``calibrate``), the
+        largest measured size whose per-sample cost is at most ``PAYS`` of one sample alone (a
+        batch that does not run cheaper per sample only makes its requests wait for each other:
+        then 1); else ``max_batch``. Under a latency target, also no larger than the largest batch
+        whose measured (or extrapolated) compute fits half the target (the other half: waiting for
+        the batch before it); at least 1."""
+        best = self.max_batch
+        if self.calibrated:
+            alone = self.costs[1]
+            best = max(
+                (rows for rows in self.costs if rows <= self.max_batch and self.costs[rows] / rows <= PAYS * alone),
+                default=1,
+            )
         if self.target is None:
-            return self.max_batch
-        best = 1
-        for rows in range(1, self.max_batch + 1):
+            return best
+        fits = 1
+        for rows in range(1, best + 1):
             cost = self.predicted(rows)
             if cost is not None and cost <= self.target / 2:
-                best = rows
-        return best
+                fits = rows
+        return fits
+
+    def calibrate(self, feeds: Callable[[int], dict[str, np.ndarray] | None], rounds: int = 3) -> bool:
+        """Measure the model's compute time at batch 1, 2, 4, ... up to ``max_batch`` (``feeds(rows)``:
+        inputs of that many samples, None where the model's other dims leave them unknown): the
+        curve ``limit`` reads. Runs the model, so it is called before serving (or on a worker
+        thread). False when the curve could not be measured."""
+        if self.symbol is None or feeds(1) is None:
+            return False
+        rows = 1
+        while rows <= self.max_batch:
+            inputs = feeds(rows)
+            assert inputs is not None
+            self.model.run(inputs)  # (the first: warms the size's code)
+            times = []
+            for _ in range(rounds):
+                started = time.perf_counter()
+                self.model.run(inputs)
+                times.append(time.perf_counter() - started)
+            self.costs[rows] = sorted(times)[len(times) // 2]
+            rows *= 2
+        self.calibrated = True
+        return True
 
     def delay(self, limit: int) -> float:
         """How long the first request waits for company: the configured delay, or under a latency
