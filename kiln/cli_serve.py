@@ -67,6 +67,16 @@ from kiln.cli_support import console
     help="Adaptive batching: size batches (and the wait for company) from the model's measured compute time per "
     "batch size so that a request's latency holds this target.",
 )  # fmt: skip
+@click.option("--ray", "on_ray", is_flag=True, help="Serve as a Ray Serve deployment (replicas on a Ray cluster).")
+@click.option(
+    "--replicas",
+    default=1,
+    show_default=True,
+    type=click.IntRange(1),
+    help="With --ray: replicas (the least, with --max-replicas).",
+)
+@click.option("--max-replicas", type=click.IntRange(1), help="With --ray: autoscale between --replicas and this many.")
+@click.option("--ray-address", help="With --ray: the cluster to join (default: a local Ray started for this server).")
 @click.option(
     "--spin",
     type=click.IntRange(0),
@@ -81,8 +91,9 @@ from kiln.cli_support import console
     "--log-level", default="info", type=click.Choice(["debug", "info", "warning", "error"]), show_default=True
 )
 def serve(repository: str, host: str, port: int, max_queue_delay_ms: float, max_batch: int, max_queue: int, timeout_s: float,
-          max_request_mb: float, max_elements: int, token: str | None, trust_artifacts: bool, threads: int, latency_target_ms: float | None, spin: int | None, grpc_port: int | None,
-          log_level: str) -> None:  # fmt: skip
+          max_request_mb: float, max_elements: int, token: str | None, trust_artifacts: bool, threads: int,
+          latency_target_ms: float | None, on_ray: bool, replicas: int, max_replicas: int | None, ray_address: str | None,
+          spin: int | None, grpc_port: int | None, log_level: str) -> None:  # fmt: skip
     """Serve REPOSITORY over the Open Inference Protocol (KServe v2, REST).
 
     REPOSITORY is a folder of NAME/VERSION/model.kiln (or model.onnx, compiled when it loads) or
@@ -104,15 +115,6 @@ def serve(repository: str, host: str, port: int, max_queue_delay_ms: float, max_
     logging.getLogger("kiln.serve").setLevel(log_level.upper())
     logging.getLogger("kiln.serve.access").setLevel(log_level.upper())
     repo = Repository(repository, trust=trust_artifacts, max_batch=max_batch, threads=threads, spin=spin)
-    with console.status("loading models..."):
-        repo.load_all()
-    for entry in repo.loaded.values():
-        state = "ready" if entry.ready else f"[red]not ready[/]: {entry.error}"
-        console.print(f"{entry.name} (version {entry.version}, {entry.path.name}): {state}")
-    if not repo.loaded:
-        console.print(
-            "[yellow]no model found[/] (NAME/VERSION/model.kiln or model.onnx): the repository index stays empty"
-        )
     limits = Limits(int(max_request_mb * (1 << 20)), max_elements)
     settings = Settings(
         max_queue_delay_ms, max_batch, max_queue, timeout_s, token, limits, grpc_port, latency_target_ms
@@ -122,4 +124,25 @@ def serve(repository: str, host: str, port: int, max_queue_delay_ms: float, max_
         grpc = "" if grpc_port is None else f"; gRPC on port {grpc_port or 'chosen at start'}"
         console.print(f"serving on {url} (the Open Inference Protocol, REST; /metrics{grpc})")
 
+    if on_ray:
+        from kiln.serve import ray_serve
+
+        if grpc_port is not None:
+            raise click.UsageError("--grpc-port is not served through Ray Serve's proxy: leave it out with --ray")
+        options = {"trust": trust_artifacts, "max_batch": max_batch, "threads": threads, "spin": spin}
+        app = ray_serve.deployment(str(repo.root.resolve()), options, settings, replicas, max_replicas)
+        with console.status("starting Ray Serve and its replicas (each loads the repository)..."):
+            ray_serve.run(app, host, port, ray_address)
+        announce(f"http://{host}:{port}")
+        ray_serve.wait_then_stop()
+        return
+    with console.status("loading models..."):
+        repo.load_all()
+    for entry in repo.loaded.values():
+        state = "ready" if entry.ready else f"[red]not ready[/]: {entry.error}"
+        console.print(f"{entry.name} (version {entry.version}, {entry.path.name}): {state}")
+    if not repo.loaded:
+        console.print(
+            "[yellow]no model found[/] (NAME/VERSION/model.kiln or model.onnx): the repository index stays empty"
+        )
     serve_forever(repo, settings, host, port, log_level, announce)
