@@ -67,6 +67,10 @@ from kiln.cli_support import console
     help="Adaptive batching: size batches (and the wait for company) from the model's measured compute time per "
     "batch size so that a request's latency holds this target.",
 )  # fmt: skip
+@click.option(
+    "--runtime", type=click.Choice(["kiln", "onnxruntime"]), default="kiln", show_default=True,
+    help="What runs the models: kiln, or onnxruntime behind the same server (a peer to compare with).",
+)  # fmt: skip
 @click.option("--ray", "on_ray", is_flag=True, help="Serve as a Ray Serve deployment (replicas on a Ray cluster).")
 @click.option(
     "--replicas",
@@ -92,7 +96,7 @@ from kiln.cli_support import console
 )
 def serve(repository: str, host: str, port: int, max_queue_delay_ms: float, max_batch: int, max_queue: int, timeout_s: float,
           max_request_mb: float, max_elements: int, token: str | None, trust_artifacts: bool, threads: int,
-          latency_target_ms: float | None, on_ray: bool, replicas: int, max_replicas: int | None, ray_address: str | None,
+          latency_target_ms: float | None, runtime: str, on_ray: bool, replicas: int, max_replicas: int | None, ray_address: str | None,
           spin: int | None, grpc_port: int | None, log_level: str) -> None:  # fmt: skip
     """Serve REPOSITORY over the Open Inference Protocol (KServe v2, REST).
 
@@ -114,7 +118,9 @@ def serve(repository: str, host: str, port: int, max_queue_delay_ms: float, max_
 
     logging.getLogger("kiln.serve").setLevel(log_level.upper())
     logging.getLogger("kiln.serve.access").setLevel(log_level.upper())
-    repo = Repository(repository, trust=trust_artifacts, max_batch=max_batch, threads=threads, spin=spin)
+    repo = Repository(
+        repository, trust=trust_artifacts, max_batch=max_batch, threads=threads, spin=spin, runtime=runtime
+    )
     limits = Limits(int(max_request_mb * (1 << 20)), max_elements)
     settings = Settings(
         max_queue_delay_ms, max_batch, max_queue, timeout_s, token, limits, grpc_port, latency_target_ms
@@ -129,7 +135,13 @@ def serve(repository: str, host: str, port: int, max_queue_delay_ms: float, max_
 
         if grpc_port is not None:
             raise click.UsageError("--grpc-port is not served through Ray Serve's proxy: leave it out with --ray")
-        options = {"trust": trust_artifacts, "max_batch": max_batch, "threads": threads, "spin": spin}
+        options = {
+            "trust": trust_artifacts,
+            "max_batch": max_batch,
+            "threads": threads,
+            "spin": spin,
+            "runtime": runtime,
+        }
         app = ray_serve.deployment(str(repo.root.resolve()), options, settings, replicas, max_replicas)
         with console.status("starting Ray Serve and its replicas (each loads the repository)..."):
             ray_serve.run(app, host, port, ray_address)

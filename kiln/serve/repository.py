@@ -91,9 +91,11 @@ class Repository:
         max_batch: int = MAX_BATCH,
         threads: int = 0,
         spin: int | None = None,
+        runtime: str = "kiln",
     ):
         self.root = Path(root)
         self.trust, self.max_batch, self.threads, self.spin = trust, max_batch, threads, spin
+        self.runtime = runtime  # "kiln", or "onnxruntime": a peer behind the same server (kiln.serve.peer)
         if not self.root.exists():
             raise ArgumentError(f"no model repository or model file at {self.root}")
         if self.root.is_file() and self.root.suffix not in (".kiln", ".onnx"):
@@ -168,6 +170,12 @@ class Repository:
     def _open(self, path: Path) -> Any:
         import kiln
 
+        if self.runtime == "onnxruntime":
+            from kiln.serve.peer import OnnxRuntimeModel
+
+            if path.suffix != ".onnx":
+                raise ArgumentError(f"{path.name}: onnxruntime serves .onnx files only")
+            return OnnxRuntimeModel(str(path), self.threads)
         if path.suffix == ".kiln":
             return kiln.load(str(path), rebuild=not self.trust, threads=self.threads, spin=self.spin)
         dims = _batch_range(path, self.max_batch)

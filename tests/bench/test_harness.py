@@ -182,7 +182,7 @@ def test_cli_names_valid_choices(tmp_path):
     assert (
         result.exit_code != 0
         and "unknown backend(s) ['warp-drive']; available: kiln, kiln-avx2, kiln-bf16, kiln-int8, kiln-reference, kiln-served, "
-        "onnxruntime, onnxruntime-int8, openvino, openvino-bf16, openvino-int8"
+        "onnxruntime, onnxruntime-int8, onnxruntime-served, openvino, openvino-bf16, openvino-int8"
         in str(result.exception)
     )
     result = runner.invoke(main, ["bench", "-m", "resnet9000", "--out", str(tmp_path)])

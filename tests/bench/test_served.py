@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import shutil
 import urllib.request
 
@@ -16,7 +17,7 @@ pytest.importorskip("uvicorn", reason="the 'serve' extra runs kiln serve")
 
 
 def test_a_served_row_beside_the_in_process_one(tiny_onnx, tmp_path):
-    config = BenchConfig(models=[tiny_onnx], backends=["kiln", "kiln-served"], scenarios=["single-stream", "offline"],
+    config = BenchConfig(models=[tiny_onnx], backends=["kiln", "kiln-served", "onnxruntime-served"], scenarios=["single-stream", "offline"],
                          duration=1.0, min_iterations=50, warmup=1, timeout=300)  # fmt: skip
     run = run_bench(config, tmp_path / "work")
     rows = {(r["backend"], r["scenario"]): r for r in run["records"]}
@@ -26,6 +27,11 @@ def test_a_served_row_beside_the_in_process_one(tiny_onnx, tmp_path):
         assert served["agreement"]["rel_l2"] < 1e-6  # the same answers over the wire
         assert served["latency_ms"]["p50"] > 0 and local["status"] == "ok"
     assert "kiln serve" in rows[("kiln-served", "single-stream")]["config"]["server"]
+    peer = rows[("onnxruntime-served", "single-stream")]  # the peer behind the same server code
+    if importlib.util.find_spec("onnxruntime") is None:  # (the 'peers' extra): its row says why not
+        assert peer["status"] == "unavailable" and "onnxruntime" in peer["error"]
+    else:
+        assert peer["status"] == "ok" and peer["agreement"]["rel_l2"] < 1e-5
 
 
 def test_kiln_bench_server_measures_a_running_server(tiny_onnx, tmp_path, monkeypatch):

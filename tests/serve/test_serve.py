@@ -192,3 +192,23 @@ def test_a_new_version_loads_beside_the_one_serving(repo, tmp_path):
         assert post(f"{running.url}/v2/models/cnn/versions/1/infer", infer_json(images(1)))[0] == 404
     finally:
         running.stop()
+
+
+def test_onnxruntime_behind_the_same_server_answers_the_same(repo, expected):
+    pytest.importorskip("onnxruntime", reason="onnxruntime (the 'peers' extra) is the peer served")
+    repository = Repository(repo, runtime="onnxruntime")
+    repository.load("cnn")
+    running = Running(repository)
+    try:
+        x = images(3, seed=4)
+        status, answer = post(f"{running.url}/v2/models/cnn/infer", infer_json(x))
+        assert status == 200
+        np.testing.assert_allclose(
+            np.array(answer["outputs"][0]["data"], np.float32).reshape(3, 5), expected(x), rtol=1e-5, atol=1e-5
+        )
+        bad = json.dumps({"inputs": [{"name": "x", "shape": [1, 3, 6, 6], "datatype": "FP64", "data": [0.0] * 108},
+                                     {"name": "scale", "shape": [1], "datatype": "FP32", "data": [1.0]}]}).encode()  # fmt: skip
+        status, answer = post(f"{running.url}/v2/models/cnn/infer", bad)
+        assert status == 400 and "dtype" in answer["error"]  # checked by the signature, as kiln's requests are
+    finally:
+        running.stop()

@@ -16,6 +16,7 @@ BACKENDS: dict[str, str] = {
     "kiln-served": "kiln.bench.backends.served_backend:KilnServedBackend",
     "onnxruntime": "kiln.bench.backends.onnxruntime_backend:OnnxRuntimeBackend",
     "onnxruntime-int8": "kiln.bench.backends.onnxruntime_backend:OnnxRuntimeInt8Backend",
+    "onnxruntime-served": "kiln.bench.backends.served_backend:OnnxRuntimeServedBackend",
     "openvino": "kiln.bench.backends.openvino_backend:OpenVinoBackend",
     "openvino-bf16": "kiln.bench.backends.openvino_backend:OpenVinoBf16Backend",
     "openvino-int8": "kiln.bench.backends.openvino_backend:OpenVinoInt8Backend",

@@ -99,6 +99,7 @@ class ServedSession(Session):
 class KilnServedBackend(Backend):
     name = "kiln-served"
     requires = ("uvicorn", "starlette", "prometheus_client")
+    runtime_args: tuple[str, ...] = ()  # kiln serve --runtime ... (kiln by default)
 
     def __init__(self, threads: int) -> None:
         super().__init__(threads)
@@ -125,7 +126,7 @@ class KilnServedBackend(Backend):
         self.model_name = os.path.splitext(os.path.basename(path))[0]
         command = [sys.executable, "-m", "kiln", "serve", path, "--port", "0", "--threads", str(self.threads),
                    "--max-batch", str(max(8, model.batch)), "--log-level", "warning",
-                   *os.environ.get(ARGS_ENV, "").split()]  # fmt: skip
+                   *self.runtime_args, *os.environ.get(ARGS_ENV, "").split()]  # fmt: skip
         self.server = subprocess.Popen(command, stderr=subprocess.PIPE, text=True, env={**os.environ, "COLUMNS": "200"})
         atexit.register(self.close)  # (a job that fails before its session closes leaves no server behind)
         deadline = time.monotonic() + START_S
@@ -166,3 +167,17 @@ class KilnServedBackend(Backend):
             except subprocess.TimeoutExpired:
                 self.server.kill()
             self.server = None
+
+
+class OnnxRuntimeServedBackend(KilnServedBackend):
+    """onnxruntime behind the same server (``kiln serve --runtime onnxruntime``): the peer served
+    the same way, so the protocol's cost is the same on both rows."""
+
+    name = "onnxruntime-served"
+    requires = ("uvicorn", "starlette", "prometheus_client", "onnxruntime")
+    runtime_args = ("--runtime", "onnxruntime")
+
+    def version(self) -> str:
+        import onnxruntime
+
+        return onnxruntime.__version__
