@@ -148,6 +148,9 @@ def serve(repository: str, host: str, port: int, max_queue_delay_ms: float, max_
         announce(f"http://{host}:{port}")
         ray_serve.wait_then_stop()
         return
+    from kiln.serve.server import bind
+
+    sock = bind(host, port)  # (a port in use is said before the models compile, not after)
     with console.status("loading models..."):
         repo.load_all()
     for entry in repo.loaded.values():
@@ -157,4 +160,4 @@ def serve(repository: str, host: str, port: int, max_queue_delay_ms: float, max_
         console.print(
             "[yellow]no model found[/] (NAME/VERSION/model.kiln or model.onnx): the repository index stays empty"
         )
-    serve_forever(repo, settings, host, port, log_level, announce)
+    serve_forever(repo, settings, host, port, log_level, announce, sock)

@@ -50,13 +50,19 @@ def bind(host: str, port: int) -> socket.socket:
 
 
 def serve_forever(
-    repository: Repository, settings: Settings, host: str, port: int, log_level: str = "info", announce: Any = None
+    repository: Repository,
+    settings: Settings,
+    host: str,
+    port: int,
+    log_level: str = "info",
+    announce: Any = None,
+    sock: socket.socket | None = None,
 ) -> None:
-    """Serve ``repository`` on ``host``:``port`` (0: a free port) until SIGTERM or Ctrl-C;
-    ``announce(url)`` is called once it listens."""
+    """Serve ``repository`` on ``host``:``port`` (0: a free port; or on ``sock``, bound already)
+    until SIGTERM or Ctrl-C; ``announce(url)`` is called once it listens."""
     import uvicorn
 
-    sock = bind(host, port)
+    sock = sock or bind(host, port)
     port = sock.getsockname()[1]
     if announce is not None:
         announce(f"http://{host}:{port}")
