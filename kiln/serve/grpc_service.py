@@ -108,7 +108,8 @@ class Handlers:
             raise QueueFull(f"model {loaded.name!r} is not ready: {loaded.error}")
         inputs = inputs_of(request, service.limits)
         batcher = service.batcher(loaded)
-        outputs, timing = await asyncio.wait_for(batcher.infer(inputs), service.settings.timeout_s)
+        async with asyncio.timeout(service.settings.timeout_s):
+            outputs, timing = await batcher.infer(inputs)
         wanted = [o.name for o in request.outputs] or list(outputs)
         unknown = [n for n in wanted if n not in outputs]
         if unknown:
