@@ -69,6 +69,9 @@ class Limits:
 
     max_request_bytes: int = 64 << 20
     max_elements: int = 1 << 26  # per tensor
+    # JSON tensors become Python objects before arrays (~16x their text: "0," is 2 bytes, a float 32):
+    # past this, tensors go in the binary extension
+    max_json_bytes: int = 8 << 20
 
 
 @dataclass
@@ -92,6 +95,11 @@ def read_request(body: bytes, header_length: str | None, limits: Limits) -> Infe
             raise ProtocolError(f"Inference-Header-Content-Length {header_length[:40]!r} is not a number") from None
         if not 0 <= split <= len(body):
             raise ProtocolError(f"Inference-Header-Content-Length {split} is outside the body's {len(body)} bytes")
+    if split > limits.max_json_bytes:
+        raise ProtocolError(
+            f"a JSON part of {split} bytes is over the limit of {limits.max_json_bytes}: send large tensors as binary "
+            "data (parameters.binary_data_size, the binary tensor data extension)"
+        )
     try:
         document = json.loads(body[:split])
     except (ValueError, RecursionError) as err:

@@ -16,6 +16,7 @@ from kiln.serve.app import Settings, build_app
 from kiln.serve.repository import Repository
 
 GRACE_S = 30  # seconds SIGTERM waits for the requests in flight
+MAX_CONNECTIONS = 1024  # connections and requests at once; past it uvicorn answers 503 (slow clients hold no more)
 
 
 def _config(app: Any, host: str, port: int, log_level: str) -> Any:
@@ -29,6 +30,7 @@ def _config(app: Any, host: str, port: int, log_level: str) -> Any:
         access_log=False,
         timeout_graceful_shutdown=GRACE_S,
         lifespan="on",
+        limit_concurrency=MAX_CONNECTIONS,
     )
 
 

@@ -134,6 +134,7 @@ HOSTILE = [
     (json.dumps({"inputs": [{"name": "x", "shape": [2], "datatype": "FP32", "data": [[[[[[[[[[[[[[[[[[1]]]]]]]]]]]]]]]]]]}]}).encode(), {}, "nested"),
     (json.dumps({"inputs": [{"name": "x", "shape": [2], "datatype": "INT8", "data": [1, 300]}]}).encode(), {}, "range"),
     (json.dumps({"inputs": [{"name": "x", "shape": [-1], "datatype": "FP32", "data": [1]}]}).encode(), {}, "non-negative"),
+    (b'{"inputs": [{"name": "x", "shape": [1], "datatype": "FP32", "data": [' + b"0," * (5 << 20) + b"0]}]}", {}, "binary"),
 ]  # fmt: skip
 
 
