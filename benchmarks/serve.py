@@ -7,7 +7,7 @@ it), in one run:
   served (binary tensors) in alternating rounds, so the machine's slow stretches fall on both;
 - in-process throughput at each batch size (the best one is the offline target's reference);
 - served: ``kiln serve FILE`` in its own process (the client is this process: a keep-alive
-  ``http.client`` connection per client speaking the protocol), single-stream with JSON, then
+  connection per client: the bench's ``ServedSession``), single-stream with JSON, then
   offline throughput with CLIENTS concurrent clients sending
   batch-1 requests (the server joins them) and the mean batch it ran (its /metrics).
 
@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -31,6 +30,8 @@ import time
 import urllib.request
 
 import numpy as np
+
+from kiln.bench.backends.served_backend import ServedSession  # the bench's keep-alive protocol client
 
 MAX_BATCH = 8
 EXTRA: list[str] = []  # more kiln serve arguments
@@ -61,14 +62,14 @@ def in_process(model, feeds, seconds: float) -> dict:  # type: ignore[no-untyped
     return {"throughput": throughput}
 
 
-def single_stream(model, client: Client, feeds, seconds: float, rounds: int = 4) -> dict:  # type: ignore[no-untyped-def]
+def single_stream(model, client: ServedSession, feeds, seconds: float, rounds: int = 4) -> dict:  # type: ignore[no-untyped-def]
     """Batch-1 latency in-process and served (binary), in alternating rounds, so a slow stretch of
     the machine falls on both (this VM has them)."""
     local: list[float] = []
     remote: list[float] = []
     for _ in range(rounds):
         local += timed(lambda: model.run(feeds(1)), seconds / rounds)
-        remote += timed(lambda: client.infer(feeds(1), True), seconds / rounds)
+        remote += timed(lambda: client.run(feeds(1)), seconds / rounds)
     return {"in_process": percentiles(local), "binary": percentiles(remote)}
 
 
@@ -94,53 +95,27 @@ def start_server(path: str) -> tuple[subprocess.Popen, str]:
     raise RuntimeError("kiln serve did not start")
 
 
-class Client:
-    """A lean keep-alive HTTP client of the protocol (one connection; binary tensors or JSON)."""
-
-    def __init__(self, url: str, name: str) -> None:
-        import http.client
-
-        host, port = url[len("http://") :].split(":")
-        self.connection = http.client.HTTPConnection(host, int(port), timeout=300)
-        self.connection.connect()  # (http.client writes headers and body apart: without TCP_NODELAY, Nagle
-        self.connection.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # and delayed ACKs cost 40 ms)
-        self.path = f"/v2/models/{name}/infer"
-
-    def infer(self, feeds: dict[str, np.ndarray], binary: bool) -> dict:
-        kinds = {"float32": "FP32", "int64": "INT64"}
-        inputs, blobs = [], []
-        for key, array in feeds.items():
-            entry = {"name": key, "shape": list(array.shape), "datatype": kinds[array.dtype.name]}
-            if binary:
-                entry["parameters"] = {"binary_data_size": array.nbytes}
-                blobs.append(array.tobytes())
-            else:
-                entry["data"] = array.reshape(-1).tolist()
-            inputs.append(entry)
-        document = {"inputs": inputs}
-        if binary:
-            document["parameters"] = {"binary_data_output": True}
-        head = json.dumps(document).encode()
-        headers = {"Content-Type": "application/octet-stream", "Inference-Header-Content-Length": str(len(head))}
-        self.connection.request("POST", self.path, head + b"".join(blobs), headers if binary else {})
-        answer = self.connection.getresponse()
-        body = answer.read()
-        if answer.status != 200:
-            raise RuntimeError(f"HTTP {answer.status}: {body[:300]!r}")
-        length = answer.getheader("Inference-Header-Content-Length")
-        return json.loads(body[: int(length)] if length else body)
+def json_infer(url: str, name: str, feeds: dict[str, np.ndarray]) -> dict:
+    """One request with JSON tensors (the binary ones go through the bench's ServedSession)."""
+    kinds = {"float32": "FP32", "int64": "INT64"}
+    inputs = [{"name": k, "shape": list(a.shape), "datatype": kinds[a.dtype.name], "data": a.reshape(-1).tolist()}
+              for k, a in feeds.items()]  # fmt: skip
+    request = urllib.request.Request(
+        f"{url}/v2/models/{name}/infer", json.dumps({"inputs": inputs}).encode(), method="POST"
+    )
+    with urllib.request.urlopen(request, timeout=300) as answer:
+        return json.loads(answer.read())
 
 
 def served(url: str, name: str, feeds, seconds: float, clients: int) -> dict:  # type: ignore[no-untyped-def]
-    client = Client(url, name)
-    as_json = percentiles(timed(lambda: client.infer(feeds(1), False), seconds / 2))
+    as_json = percentiles(timed(lambda: json_infer(url, name, feeds(1)), seconds / 2))
     before = _batches(url)
     done, stop = [], time.perf_counter() + seconds
 
     def load() -> None:
-        own, count = Client(url, name), 0
+        own, count = ServedSession(url, name), 0
         while time.perf_counter() < stop:
-            own.infer(feeds(1), True)
+            own.run(feeds(1))
             count += 1
         done.append(count)
 
@@ -191,7 +166,7 @@ def main() -> None:
         server, url = start_server(path)
         try:
             name = zoo.onnx_path(model).stem
-            stream = single_stream(local_model, Client(url, name), feeds, 2 * args.seconds)
+            stream = single_stream(local_model, ServedSession(url, name), feeds, 2 * args.seconds)
             remote = served(url, name, feeds, args.seconds, args.clients)
         finally:
             server.terminate()

@@ -98,6 +98,8 @@ class Service:
                 loaded.model, delay, self.settings.max_batch, self.settings.max_queue, observe,
                 None if target is None else target / 1e3,
             )  # fmt: skip
+            for old in [k for k in self.batchers if k[0] == loaded.name]:  # a version replaced: its batcher ends
+                self.batchers.pop(old).retire()  # once the requests it holds are answered
             self.batchers[key] = found
         return found
 
@@ -110,25 +112,38 @@ class Service:
                 costs = ", ".join(f"{rows}: {1e3 * cost:.1f} ms" for rows, cost in sorted(batcher.costs.items()))
                 log.info("%s: compute per batch size %s; requests join up to %d", loaded.name, costs, batcher.limit())
 
-    async def infer(self, request: Request, name: str, version: str | None) -> Response:
+    def ready(self, name: str, version: str | None) -> Loaded:
+        """The model serving ``name`` (and ``version``, if given), ready (503 otherwise)."""
         loaded = self.model(name, version)
         if not loaded.ready:
             raise Failure(503, f"model {name!r} is not ready: {loaded.error}", {"retry-after": "5"})
-        body = await _body(request, self.limits.max_request_bytes)
-        parsed = read_request(body, request.headers.get(HEADER), self.limits)
+        return loaded
+
+    async def run(
+        self, loaded: Loaded, inputs: dict[str, np.ndarray], wanted: list[str] | None
+    ) -> dict[str, np.ndarray]:
+        """One request's outputs (``wanted`` of them, all if None) through the model's batcher,
+        within the timeout; its queue and compute times observed. REST and gRPC both come here."""
         batcher = self.batcher(loaded)
-        self.metrics.queued.labels(name).set(len(batcher.queue))
+        self.metrics.queued.labels(loaded.name).set(len(batcher.queue))
         async with asyncio.timeout(self.settings.timeout_s):  # (no task of its own, as wait_for makes)
-            outputs, timing = await batcher.infer(parsed.inputs)
-        if parsed.wanted is not None:
-            unknown = [n for n in parsed.wanted if n not in outputs]
+            outputs, timing = await batcher.infer(inputs)
+        if wanted:
+            unknown = [n for n in wanted if n not in outputs]
             if unknown:
                 raise ProtocolError(f"no output {unknown[0]!r}; the model's outputs are {sorted(outputs)}")
-            outputs = {n: outputs[n] for n in parsed.wanted}
-        content, headers = write_response(loaded.name, loaded.version, parsed, outputs)
-        self.metrics.latency.labels(name, "queue").observe(timing.queue)
-        self.metrics.latency.labels(name, "compute").observe(timing.compute)
+            outputs = {n: outputs[n] for n in wanted}
+        self.metrics.latency.labels(loaded.name, "queue").observe(timing.queue)
+        self.metrics.latency.labels(loaded.name, "compute").observe(timing.compute)
         self.metrics.requests.labels(loaded.name, loaded.version).inc()
+        return outputs
+
+    async def infer(self, request: Request, name: str, version: str | None) -> Response:
+        loaded = self.ready(name, version)
+        body = await _body(request, self.limits.max_request_bytes)
+        parsed = read_request(body, request.headers.get(HEADER), self.limits)
+        outputs = await self.run(loaded, parsed.inputs, parsed.wanted)
+        content, headers = write_response(loaded.name, loaded.version, parsed, outputs)
         return Response(content, headers=headers)
 
 

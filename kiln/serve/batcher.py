@@ -5,14 +5,14 @@ sample-parallel (its size classes: ``kiln.driver.routes``), batches: requests th
 batch runs queue, and the next run takes every queued request with the same per-sample shapes and
 dtypes as the first (so a lone request on an idle model runs at once, and load makes batches by
 itself); ``max_queue_delay`` lets the first request also wait that long for company, up to
-``max_batch`` samples. Where the model's compute time per batch size was measured when it loaded
+``max_batch`` samples (at most the dim's declared range, so any total runs on the classes' code
+with no compile). Where the model's compute time per batch size was measured when it loaded
 (``calibrate``), requests join only up to the largest size that runs cheaper per sample than one
 sample alone: on a CPU whose cores one sample already fills, joining would only make requests wait
-for each other, so they run one by one. With a latency target, the batcher reads the model's measured
-compute-time-per-batch-size curve: a batch is at most the largest size whose compute fits half
-the target, and the first request waits for company only as long as that leaves slack (at most the dim's declared range, so any total runs
-on the classes' code with no compile). Their inputs are concatenated along the first axis, run once,
-and each request gets its own rows of every output back. Other models run each request alone, in
+for each other, so they run one by one. With a latency target, a batch is at most the largest size
+whose measured compute fits half the target, and the first request waits for company only as long
+as that leaves slack. Joined inputs are concatenated along the first axis, run once, and each
+request gets its own rows of every output back. Other models run each request alone, in
 order. A joined batch that fails (one request's bad values) runs its requests one by one, so only
 the request at fault fails.
 
@@ -110,6 +110,7 @@ class Batcher:
         self.executor = ThreadPoolExecutor(1, thread_name_prefix="kiln-serve")
         self.wakeup: asyncio.Event | None = None
         self.task: asyncio.Task | None = None
+        self.retired = False  # a newer version serves: end once the queue is empty
 
     def _start(self) -> None:
         if self.task is None:
@@ -119,6 +120,10 @@ class Batcher:
     async def infer(self, feeds: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], Timing]:
         """Run one request (checked by the model's signature first: InputError before it queues)."""
         self.model.validate(feeds)
+        if self.retired:  # handed out just before a newer version replaced it: run alone, off its queue
+            started = time.perf_counter()
+            outputs = await asyncio.get_running_loop().run_in_executor(None, self.model.run, feeds)
+            return outputs, Timing(0.0, time.perf_counter() - started, 1)
         if len(self.queue) >= self.max_queue:
             raise QueueFull(f"{len(self.queue)} requests are waiting for this model (the limit)")
         self._start()
@@ -138,7 +143,7 @@ class Batcher:
 
     async def _worker(self) -> None:
         assert self.wakeup is not None
-        while True:
+        while not self.retired:
             await self.wakeup.wait()
             self.wakeup.clear()
             while self.queue:
@@ -146,6 +151,16 @@ class Batcher:
                 group = self._take()
                 if group:
                     await self._run(group)
+        self.executor.shutdown(wait=False)  # (retired: every request it held is answered)
+
+    def retire(self) -> None:
+        """A newer version took this model's place: answer what is queued, then end (no new
+        request reaches a retired batcher: the service no longer hands it out)."""
+        self.retired = True
+        if self.wakeup is not None:
+            self.wakeup.set()
+        else:  # never started: nothing queued
+            self.executor.shutdown(wait=False)
 
     def predicted(self, rows: int) -> float | None:
         """The compute time of a batch of ``rows`` from the measured ones (None: nothing measured):
@@ -256,22 +271,24 @@ class Batcher:
                 joined.update({name: group[0].feeds[name] for name in self.fixed})
                 whole = await loop.run_in_executor(self.executor, self.model.run, joined)
                 outputs = _split(whole, [p.rows for p in group])
-        except KilnError as err:
-            if len(group) == 1:
-                if not group[0].future.done():
-                    group[0].future.set_exception(err)
+        except Exception as err:  # (anything: the worker task must outlive every request)
+            if len(group) == 1 or not isinstance(err, KilnError):
+                for pending in group:
+                    if not pending.future.done():
+                        pending.future.set_exception(err)
                 return
             for pending in group:  # one request's values failed the batch: each alone, so only it fails
                 await self._run([pending])
             return
         compute = time.perf_counter() - started
-        rows = sum(p.rows for p in group) or 1
-        self.observe(rows, compute)
-        known = self.costs.get(rows)
-        self.costs[rows] = compute if known is None else 0.7 * known + 0.3 * compute
+        rows = sum(p.rows for p in group)
+        self.observe(rows or 1, compute)
+        if rows:  # (a request that runs alone unbatched is no point of the batch-size curve)
+            known = self.costs.get(rows)
+            self.costs[rows] = compute if known is None else 0.7 * known + 0.3 * compute
         for pending, result in zip(group, outputs):
             if not pending.future.done():
-                pending.future.set_result((result, Timing(started - pending.enqueued, compute, rows)))
+                pending.future.set_result((result, Timing(started - pending.enqueued, compute, rows or 1)))
 
     def close(self) -> None:
         if self.task is not None:

@@ -103,25 +103,14 @@ class Handlers:
 
     async def _infer(self, request: Any) -> Any:
         service = self.service
-        loaded = service.model(request.model_name, request.model_version or None)
-        if not loaded.ready:
-            raise QueueFull(f"model {loaded.name!r} is not ready: {loaded.error}")
+        loaded = service.ready(request.model_name, request.model_version or None)
         inputs = inputs_of(request, service.limits)
-        batcher = service.batcher(loaded)
-        async with asyncio.timeout(service.settings.timeout_s):
-            outputs, timing = await batcher.infer(inputs)
-        wanted = [o.name for o in request.outputs] or list(outputs)
-        unknown = [n for n in wanted if n not in outputs]
-        if unknown:
-            raise ProtocolError(f"no output {unknown[0]!r}; the model's outputs are {sorted(outputs)}")
+        outputs = await service.run(loaded, inputs, [o.name for o in request.outputs])
         answer = MESSAGES["ModelInferResponse"](model_name=loaded.name, model_version=loaded.version, id=request.id)
-        for name in wanted:
-            array = np.ascontiguousarray(outputs[name])
+        for name, array in outputs.items():
+            array = np.ascontiguousarray(array)
             answer.outputs.add(name=name, datatype=datatype_of(array.dtype), shape=list(array.shape))
             answer.raw_output_contents.append(array.astype(array.dtype.newbyteorder("<"), copy=False).tobytes())
-        service.metrics.latency.labels(loaded.name, "queue").observe(timing.queue)
-        service.metrics.latency.labels(loaded.name, "compute").observe(timing.compute)
-        service.metrics.requests.labels(loaded.name, loaded.version).inc()
         return answer
 
     async def _guarded(self, context: Any, model: str, work: Any) -> Any:

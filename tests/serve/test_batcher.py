@@ -64,3 +64,24 @@ def test_joined_requests_each_get_their_own_rows():
         np.testing.assert_allclose(outputs["y"], reference.run(feeds)["y"], rtol=1e-5, atol=1e-5)
     assert max(timing.batch for _, (_, timing) in results) > 1
     serving.close()
+
+
+def test_a_retired_batcher_answers_what_it_holds_and_what_still_reaches_it():
+    import asyncio
+
+    reference = kiln.compile(small_cnn(), target="reference")
+    feeds = {"x": np.ones((2, 3, 6, 6), np.float32), "scale": np.array([0.5], np.float32)}
+    serving = batcher(delay_s=0.05)
+
+    async def run() -> list:
+        queued = asyncio.ensure_future(serving.infer(feeds))  # waits in the queue for company
+        await asyncio.sleep(0.01)
+        serving.retire()  # a newer version took its place
+        late = await serving.infer(feeds)  # handed out just before: still answered
+        answers = [await queued, late]
+        await asyncio.sleep(0.01)
+        assert serving.task is not None and serving.task.done()  # its worker ended by itself, the loop still running
+        return answers
+
+    for outputs, _ in asyncio.run(run()):
+        np.testing.assert_allclose(outputs["y"], reference.run(feeds)["y"], rtol=1e-5, atol=1e-5)
