@@ -263,9 +263,11 @@ class ExplainView:
         ]
         self.layout = None
         if "before assign_layouts" in self.seen:
+            from kiln.driver.pipeline import narrow_of
             from kiln.passes.layout import layout_decision
 
-            self.layout = layout_decision(self.seen["before assign_layouts"], self.target)
+            before_layout = self.seen["before assign_layouts"]
+            self.layout = layout_decision(before_layout, self.target, narrow_of(self.options))
             report["layout"] = dataclasses.asdict(self.layout)
         report["printed"] = self.printed
         if plan is not None:

@@ -68,3 +68,30 @@ def run_fpga_testbench(project: Path, binary: Path) -> subprocess.CompletedProce
     build = ["g++", "-std=c++14", "-O1", "-w", f"-I{ap_types()}", "tb/kiln_tb.cpp", "firmware/kiln_model.cpp"]
     subprocess.run([*build, "-o", str(binary)], cwd=project, check=True, capture_output=True)
     return subprocess.run([str(binary)], cwd=project, capture_output=True, text=True)
+
+
+def residual_chain(rng):
+    """A ResNet-like chain on [2, 40, 12, 13] images (the layout pass runs it channels last in
+    int8 and bf16 compiles): 3x3 with bias and Relu, 1x1, 3x3 of stride 2 with asymmetric pads,
+    bias and Relu, 1x1 plus a residual Add, Relu; returns (model, input)."""
+    weights = {
+        "w1": rng.standard_normal((48, 40, 3, 3)).astype(np.float32) * 0.1,
+        "b1": rng.standard_normal(48).astype(np.float32),
+        "w2": rng.standard_normal((64, 48, 1, 1)).astype(np.float32) * 0.2,
+        "w3": rng.standard_normal((32, 64, 3, 3)).astype(np.float32) * 0.1,
+        "b3": rng.standard_normal(32).astype(np.float32),
+        "w4": rng.standard_normal((32, 32, 1, 1)).astype(np.float32) * 0.2,
+    }
+    nodes = [
+        helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c1"], ["a"]),
+        helper.make_node("Conv", ["a", "w2"], ["b"]),
+        helper.make_node("Conv", ["b", "w3", "b3"], ["c3"], pads=[1, 0, 1, 1], strides=[2, 2]),
+        helper.make_node("Relu", ["c3"], ["c"]),
+        helper.make_node("Conv", ["c", "w4"], ["c4"]),
+        helper.make_node("Add", ["c4", "c"], ["s"]),
+        helper.make_node("Relu", ["s"], ["y"]),
+    ]
+    model = make_model(nodes, [("x", FLOAT, [2, 40, 12, 13])], [("y", FLOAT, None)], weights)
+    x = rng.standard_normal((2, 40, 12, 13)).astype(np.float32)
+    return model, x

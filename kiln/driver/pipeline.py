@@ -40,6 +40,7 @@ from kiln.passes import PASS_NAMES, optimize, specialize
 from kiln.passes.decompose import decompose
 from kiln.passes.fold_constants import fold_constants
 from kiln.passes.fuse import unfuse
+from kiln.passes.layout import Narrow
 from kiln.passes.quantized import quantized_model
 from kiln.passes.widen_half import widen_half
 from kiln.runtime.executable import Executable
@@ -215,6 +216,17 @@ def _taken(state: Compile) -> Graph:
     return graph
 
 
+def narrow_of(options: CompileOptions) -> Narrow | None:
+    """What an int8 or bf16 compile tells the layout pass: int8 runs the products whose
+    activations were calibrated (``kiln_range_of`` or their own name) and not kept in fp32."""
+    if options.precision == "bf16":
+        return Narrow("bf16")
+    if options.precision != "int8":
+        return None
+    quantization = options.quantization
+    return Narrow("int8", frozenset(name for name, _, _ in quantization.ranges), frozenset(quantization.keep))
+
+
 def _passes(state: Compile) -> Graph:
     options, target = state.options, state.target
     graph = optimize(
@@ -224,6 +236,7 @@ def _passes(state: Compile) -> Graph:
         after=state.observe,
         target=target,
         verify_each=not state.sizes_only,
+        narrow=narrow_of(options),
     )
     # fusion is target-neutral; a group the target has no engine for is split back into its ops
     # (lowered one by one) rather than run on the host

@@ -35,6 +35,7 @@ from kiln.errors import KilnError
 from kiln.ir.graph import Graph, Value
 from kiln.ir.types import DType, TensorType, random_tensor
 from kiln.ops.registry import has_trait
+from kiln.passes.layout import range_key
 from kiln.runtime.executable import Executable
 
 METHODS = ("minmax", "percentile", "entropy")
@@ -160,22 +161,23 @@ def split(samples: list[dict[str, np.ndarray]]) -> tuple[list[dict], list[dict]]
 # -- what gets quantized -------------------------------------------------------------------------------
 
 
-def quantizable(graph: Graph) -> list[tuple[str, Value]]:
-    """(node name, the float activations it quantizes) for every product the int8 path takes:
-    MatMul of float activations by constant weights, single-group Conv with constant weights
+def quantizable(graph: Graph) -> list[tuple[str, Value, str]]:
+    """(node name, the float activations it quantizes, the name their range goes by:
+    ``kiln.passes.layout.range_key``) for every product the int8 path takes: MatMul of float
+    activations by constant weights, single-group Conv (or kiln::ConvNHWC) with constant weights
     (also as the anchor of a fused epilogue)."""
-    found: list[tuple[str, Value]] = []
+    found: list[tuple[str, Value, str]] = []
     for node in graph.nodes:
-        op, inputs = node.op, list(node.inputs)
+        op, domain, inputs, attrs = node.op, node.domain, list(node.inputs), node.attrs
         if node.attrs.get("kind") == "epilogue" and "body" in node.attrs:
             body = node.attrs["body"]
             anchor = body.nodes[0]
             bindings = dict(zip(body.inputs, node.inputs))
-            op, inputs = anchor.op, [None if v is None else bindings.get(v, v) for v in anchor.inputs]
-            attrs = anchor.attrs
-        else:
-            attrs = node.attrs
-        if not has_trait(op, "", "anchor") or len(inputs) < 2 or inputs[0] is None or inputs[1] is None:
+            op, domain, attrs = anchor.op, anchor.domain, anchor.attrs
+            inputs = [None if v is None else bindings.get(v, v) for v in anchor.inputs]
+        if (domain, op) == ("kiln", "ConvNHWC"):
+            domain = ""  # the channels-last form of a Conv (its int8 path is the same)
+        if domain or not has_trait(op, "", "anchor") or len(inputs) < 2 or inputs[0] is None or inputs[1] is None:
             continue
         x, w = inputs[0], inputs[1]
         if x in graph.constants or w not in graph.constants:
@@ -184,7 +186,7 @@ def quantizable(graph: Graph) -> list[tuple[str, Value]]:
             continue
         if op == "Conv" and int(attrs.get("group", 1)) != 1:
             continue
-        found.append((node.name, x))
+        found.append((node.name, x, range_key(attrs, x)))
     return found
 
 
@@ -197,9 +199,12 @@ def calibrate(graph: Graph, target: Any, options: Any, samples: list[dict[str, n
     if method not in METHODS:
         raise KilnError(f"calibration method {method!r}: one of {', '.join(METHODS)}")
     watched: list[Value] = []
+    keys: dict[Value, str] = {}
 
     def expose(optimized: Graph) -> Graph:
-        watched.extend(dict.fromkeys(value for _, value in quantizable(optimized)))
+        found = quantizable(optimized)
+        keys.update((value, key) for _, value, key in found)
+        watched.extend(dict.fromkeys(value for _, value, _ in found))
         return optimized.with_(outputs=list(dict.fromkeys([*optimized.outputs, *watched])))
 
     plan = compile_plan(graph, target, options.with_(precision="fp32", plan_cache=False), expose=expose)
@@ -228,7 +233,7 @@ def calibrate(graph: Graph, target: Any, options: Any, samples: list[dict[str, n
                     lo, hi = ranges[value]
                     histograms[value] += np.histogram(array[np.isfinite(array)], BINS, (lo, hi))[0]
         ranges = {v: clip_range(method, ranges[v], histograms[v], target) for v in ranges}
-    return Quantization(ranges=tuple((v.name, float(lo), float(hi)) for v, (lo, hi) in ranges.items()), method=method)
+    return Quantization(ranges=tuple((keys[v], float(lo), float(hi)) for v, (lo, hi) in ranges.items()), method=method)
 
 
 def clip_range(method: str, extent: tuple[float, float], histogram: np.ndarray, target: Any) -> tuple[float, float]:
@@ -309,10 +314,10 @@ def noise_ranking(graph: Graph, quantization: Any, target: Any) -> list[str]:
     their RMS). A cheap proxy of each layer's sensitivity, from the calibration alone."""
     ranges = {name: (lo, hi) for name, lo, hi in quantization.ranges}
     scores = []
-    for node_name, value in quantizable(graph):
-        if value.name not in ranges:
+    for node_name, _, key in quantizable(graph):
+        if key not in ranges:
             continue
-        lo, hi = ranges[value.name]
+        lo, hi = ranges[key]
         weights = None
         for node in graph.nodes:
             if node.name == node_name:

@@ -53,8 +53,9 @@ from kiln.lower.kir import (
     add,
     i64,
 )
-from kiln.lower.lowering import Lowerer
+from kiln.lower.lowering import CannotLower, Lowerer
 from kiln.lower.window_lowering import conv_window
+from kiln.passes.layout import DIRECT_MAX_TAPS, DIRECT_MIN_CHANNELS, range_key
 
 I64 = DType.INT64
 
@@ -152,7 +153,7 @@ def _precision_of(lw: Lowerer, node: Node, activations) -> str:  # type: ignore[
         return "int8"  # a pre-quantized (QDQ) model's product: int8 with the model's own quantization
     if lw.precision != "int8":
         return lw.precision
-    if activations is None or node.name in lw.keep_fp32 or activations.name not in lw.ranges:
+    if activations is None or node.name in lw.keep_fp32 or range_key(node.attrs, activations) not in lw.ranges:
         return "fp32"
     return "int8"
 
@@ -177,7 +178,7 @@ def _int8_weights(lw: Lowerer, node: Node, weights, matrices: np.ndarray, activa
     if given is not None:
         scale, zero, qmax = float(given[0]), int(given[1]), 255
     else:
-        lo, hi = lw.ranges[activations.name]
+        lo, hi = lw.ranges[range_key(node.attrs, activations)]
         qmax = lw.target.int8_max
         scale, zero = activation_quantization(lo, hi, qmax)
 
@@ -214,45 +215,46 @@ def _requantize(lw: Lowerer, out: Value) -> Requantize | None:
     finish, the readers take those bytes (``QuantSpec.given``) instead of quantizing the floats
     in a pass of their own. The float output is still stored (the engine finishes tiles in it,
     and other readers may want it)."""
-    if "requantize" in lw.disabled or out in lw.outputs or out.name not in lw.ranges:
+    if "requantize" in lw.disabled or out in lw.outputs:
         return None
     if out.type.dtype is not DType.FLOAT32:  # type: ignore[union-attr]
         return None
-    if not any(_int8_reader(lw, node, out) for node in lw.consumers().get(out, [])):
+    keys = [key for node in lw.consumers().get(out, []) if (key := _int8_reader(lw, node, out)) is not None]
+    if not keys or keys[0] not in lw.ranges:
         return None
     qmax = lw.target.int8_max
-    scale, zero = activation_quantization(*lw.ranges[out.name], qmax)
+    scale, zero = activation_quantization(*lw.ranges[keys[0]], qmax)
     dest = lw.scratch_buffer(DType.UINT8, int(np.prod(lw.shape(out))), "q")
     lw.quantized[out] = requant = Requantize(dest, float(np.float32(1.0 / scale)), zero, qmax)
     return requant
 
 
-def _int8_reader(lw: Lowerer, node: Node, value: Value) -> bool:
-    """Whether ``node`` (or the product a fused group anchors) is an int8 product of the engine
-    with ``value`` as its calibrated activations: a Conv's input, a MatMul's A against one
-    constant weight matrix (``lower_conv_gemm``, ``lower_matmul_gemm``)."""
+def _int8_reader(lw: Lowerer, node: Node, value: Value) -> str | None:
+    """The key of ``value``'s calibrated range (``kiln.passes.layout.range_key``) when ``node``
+    (or the product a fused group anchors) is an int8 product of the engine with ``value`` as its
+    activations: a Conv's or kiln::ConvNHWC's input, a MatMul's A against one constant weight
+    matrix (``lower_conv_gemm``, ``lower_conv_nhwc``, ``lower_matmul_gemm``); else None."""
     op, domain, inputs, attrs = node.op, node.domain, list(node.inputs), node.attrs
     if domain == "kiln" and op == "Fused" and attrs.get("kind") == "epilogue":
         body = attrs["body"]
         anchor, bindings = body.nodes[0], dict(zip(body.inputs, node.inputs))
         op, domain, attrs = anchor.op, anchor.domain, anchor.attrs
         inputs = [None if v is None else bindings.get(v) for v in anchor.inputs]
+    if domain == "kiln" and op == "ConvNHWC":
+        op, domain = "Conv", ""
     if domain or len(inputs) < 2 or inputs[0] is not value or inputs[1] is None or "kiln_qdq" in attrs:
-        return False
+        return None
     if node.name in lw.keep_fp32 or "gemm" not in lw.target.engines:
-        return False
+        return None
     weights = lw.constant(inputs[1])
     if weights is None or inputs[1].type.dtype is not DType.FLOAT32:  # type: ignore[union-attr]
-        return False
-    if op == "Conv":
-        return int(attrs.get("group", 1)) == 1 and len(lw.shape(value)) in (3, 4)
-    if op == "MatMul":
-        return len(lw.shape(value)) >= 2 and weights.ndim >= 2 and int(np.prod(weights.shape[:-2])) == 1
-    return False
-
-
-DIRECT_MAX_TAPS = 64  # gemm_lowp.c keeps each tap's offset in a table of 64
-DIRECT_MIN_CHANNELS = 32  # fewer input channels: most of a tap's padded k would be zeros (im2col instead)
+        return None
+    key = range_key(attrs, value)
+    if op == "Conv" and int(attrs.get("group", 1)) == 1 and len(lw.shape(value)) in (3, 4):
+        return key
+    if op == "MatMul" and len(lw.shape(value)) >= 2 and weights.ndim >= 2 and int(np.prod(weights.shape[:-2])) == 1:
+        return key
+    return None
 
 
 def _direct_weights(lw: Lowerer, node: Node, w, weights: np.ndarray, x, precision: str, quant):  # type: ignore[no-untyped-def]
@@ -442,7 +444,7 @@ def _conv_operands(lw: Lowerer, node: Node, values, weights, matrix, precision: 
     place, as a matrix for a pointwise convolution, through im2col, or direct channels-last),
     with the reduction length, the int8 quantization and whether it is pointwise."""
     x, w = values
-    x_shape, out_shape = shapes
+    x_shape, _ = shapes
     target = lw.target
     x_buf = lw.buffer(x)
     channels, height, width, kernel_h, kernel_w = geometry[:5]
@@ -450,8 +452,9 @@ def _conv_operands(lw: Lowerer, node: Node, values, weights, matrix, precision: 
     direct = (
         precision != "fp32"
         and len(x_shape) == 4
-        and 1 < kernel_h * kernel_w <= DIRECT_MAX_TAPS
-        and geometry[5:9] == (1, 1, 1, 1)  # stride 1, dilation 1
+        and kernel_h * kernel_w <= DIRECT_MAX_TAPS
+        and (kernel_h * kernel_w > 1 or geometry[5:7] != (1, 1))  # (a 1x1 of stride 1 is a plain product)
+        and geometry[7:9] == (1, 1)  # dilation 1
         and channels >= DIRECT_MIN_CHANNELS
         and "direct" not in lw.disabled
     )
@@ -469,9 +472,7 @@ def _conv_operands(lw: Lowerer, node: Node, values, weights, matrix, precision: 
     b_operand: MatrixOperand | Im2colOperand | DirectOperand
     if direct:  # the weights as B panels in (tap, channel) order; X read in place, channels-last
         a_operand, reduction = _direct_weights(lw, node, w, np.asarray(weights, np.float32), x, precision, quant)
-        b_operand = DirectOperand(
-            x_buf, image, (channels, height, width, kernel_h, kernel_w, geometry[9], geometry[10], *out_shape[2:])
-        )
+        b_operand = DirectOperand(x_buf, image, (*geometry[:5], *geometry[9:13], *geometry[5:7], 0))
     elif pointwise:  # 1x1, stride 1, no padding: X is already the [IC, H*W] matrix
         b_operand = MatrixOperand(x_buf, image, height * width, 1)
     else:
@@ -479,9 +480,60 @@ def _conv_operands(lw: Lowerer, node: Node, values, weights, matrix, precision: 
     return a_operand, b_operand, reduction, quant, pointwise
 
 
+def lower_conv_nhwc(lw: Lowerer, node: Node, epilogue: Epilogue | None = None) -> list[Kernel]:
+    """kiln::ConvNHWC (a channels-last region's convolution, ``kiln.passes.layout``): the int8 and
+    bf16 paths' direct convolution reading the NHWC input in place (int8: the bytes its producer
+    stored quantized) and writing the NHWC output, (pixel, channel) the product's (row, column):
+    the epilogue is indexed as a MatMul's, the bias an Add in it."""
+    x, w, out = node.inputs[0], node.inputs[1], node.outputs[0]
+    assert x is not None and w is not None
+    if "gemm" not in lw.target.engines:
+        raise NotForEngine(f"target {lw.target.name} has no matrix-multiply engine")
+    weights = lw.constant(w)
+    precision = _precision_of(lw, node, x)
+    if precision == "fp32" or weights is None:  # kiln.passes.layout makes it only where it is not
+        raise CannotLower(f"{node.label}: a channels-last convolution runs on the int8 and bf16 paths only")
+    (batch, height, width, channels), out_shape = lw.shape(x), lw.shape(out)
+    out_channels, _, kernel_h, kernel_w = weights.shape
+    _, out_h, out_w, _ = out_shape
+    strides = tuple(int(v) for v in node.attrs.get("strides") or (1, 1))
+    pads = tuple(int(v) for v in node.attrs.get("pads") or (0, 0, 0, 0))
+    if tuple(node.attrs.get("dilations") or (1, 1)) != (1, 1) or kernel_h * kernel_w > DIRECT_MAX_TAPS:
+        raise CannotLower(f"{node.label}: the direct convolution takes no dilation and at most {DIRECT_MAX_TAPS} taps")
+    choice, source = lw.choice(node)
+    x_buf, dst = lw.buffer(x), lw.buffer(out)
+    quant = None
+    if precision == "int8":
+        matrix = np.asarray(weights, np.float32).reshape(1, out_channels, -1)
+        _, quant = _int8_weights(lw, node, w, matrix, x, rows=True, pack=False)
+    a_operand, reduction = _direct_weights(lw, node, w, np.asarray(weights, np.float32), x, precision, quant)
+    geometry = (channels, height, width, kernel_h, kernel_w, pads[0], pads[1], out_h, out_w, *strides, 1)
+    b_operand = DirectOperand(x_buf, height * width * channels, geometry)
+    pixels = out_h * out_w
+    lw.kernel_count += 1
+    name = f"k{lw.kernel_count}"
+    helper = None
+    if epilogue is not None:
+
+        def flat_of(bt: Expr, i: Expr, j: Expr) -> Expr:
+            return add(add(Binary("*", bt, i64(pixels * out_channels)), Binary("*", i, i64(out_channels))), j)
+
+        def position_of(bt: Expr, i: Expr, j: Expr) -> list[Expr]:
+            return [bt, Binary("/", i, i64(out_w)), Binary("%", i, i64(out_w)), j]
+
+        helper = epilogue_helper(lw, name, dst, position_of, flat_of, epilogue, None, tile=_tile(precision))
+    stmt = GemmSpec(
+        batch, pixels, out_channels, reduction, a_operand, b_operand, dst, pixels * out_channels, out_channels,
+        _blocking(precision, choice), helper, precision, quant, None,
+        _requantize(lw, out) if precision == "int8" else None,
+    )  # fmt: skip
+    flops = 2 * batch * out_channels * pixels * channels * kernel_h * kernel_w
+    return [engine_kernel(name, "conv", stmt, dst, node, flops, source)]
+
+
 # -- choosing ------------------------------------------------------------------------------------------
 
 
 # the engine's rules: tried before the loop nests (``kiln.lower.families``), which take a node the
 # engine refuses (NotForEngine)
-ENGINE_LOWERINGS = {"MatMul": lower_matmul_gemm, "Conv": lower_conv_gemm}
+ENGINE_LOWERINGS = {"MatMul": lower_matmul_gemm, "Conv": lower_conv_gemm, "kiln::ConvNHWC": lower_conv_nhwc}

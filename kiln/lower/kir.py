@@ -183,11 +183,14 @@ class Im2colOperand:
 
 @dataclass(frozen=True, eq=False)
 class DirectOperand:
-    """A stride-1 convolution's input read in place by the reduced-precision paths' direct
-    convolution (gemm_lowp.c): the NCHW images (image b at b*batch_stride) converted once into a
-    padded channels-last copy whose rows, one per output pixel, are the product's A rows tap by tap
-    (no im2col). ``geometry`` = (C, H, W, KH, KW, pad top, pad left, OH, OW); the product's A
-    operand then holds the weights as B panels, K ordered (tap, channel padded to the k unit)."""
+    """A convolution's input read in place by the reduced-precision paths' direct convolution
+    (gemm_lowp.c): the images (image b at b*batch_stride) converted once into a padded
+    channels-last copy (split into stride phases) whose rows, one per output pixel, are the
+    product's A rows tap by tap (no im2col). ``geometry`` = (C, H, W, KH, KW, pad top, pad left,
+    OH, OW, stride h, stride w, channels last): with channels last (1) the input is NHWC and the
+    product writes an NHWC output (rows = pixels, columns = output channels), else both are NCHW.
+    The product's A operand holds the weights as B panels, K ordered (tap, channel padded to the
+    k unit)."""
 
     buffer: Buffer
     batch_stride: int

@@ -132,3 +132,67 @@ register(
 )
 
 declare_trait("anchor", ["DepthwiseConv"], domain="kiln")  # its outputs take a fused epilogue
+
+
+def _conv_nhwc_infer(ctx: InferContext) -> list[Type]:
+    """x [N, H, W, C] (channels last), w [OC, C, KH, KW] -> [N, OH, OW, OC]: the window as Conv's."""
+    from kiln.errors import ShapeInferenceError
+    from kiln.ir.types import TensorType
+    from kiln.ops.nn import window_out
+
+    data, weight = ctx.tensor(0), ctx.tensor(1)
+    out_channels = weight.shape[0] if weight.shape is not None and len(weight.shape) == 4 else ctx.fresh()
+    if data.shape is None:
+        window_out(ctx, TensorType(data.dtype, ctx.fresh_shape(4)), list(ctx.attr("kernel_shape")), out_channels)
+        return [TensorType(data.dtype, None)]
+    if len(data.shape) != 4:
+        raise ShapeInferenceError(f"ConvNHWC reads [N, H, W, C], got rank {len(data.shape)}")
+    batch, height, width, channels = data.shape
+    if weight.shape is not None and (
+        len(weight.shape) != 4 or (isinstance(channels, int) and weight.shape[1] != channels)
+    ):
+        raise ShapeInferenceError(f"ConvNHWC's weight is [OC, {channels}, KH, KW], got {weight.shape}")
+    planes = TensorType(data.dtype, (batch, channels, height, width))
+    _, _, out_h, out_w = window_out(ctx, planes, list(ctx.attr("kernel_shape")), out_channels)
+    return [TensorType(data.dtype, (batch, out_h, out_w, out_channels))]
+
+
+def _conv_nhwc_reference(ctx: RunContext, inputs: list) -> list:
+    """Every output channel's sum over the window and the input channels, in float64."""
+    import numpy as np
+
+    x, w = inputs[0].astype(np.float64), inputs[1].astype(np.float64)
+    kh, kw = ctx.attr("kernel_shape")
+    sh, sw = ctx.attr("strides") or (1, 1)
+    dh, dw = ctx.attr("dilations") or (1, 1)
+    top, left, bottom, right = ctx.attr("pads") or (0, 0, 0, 0)
+    padded = np.pad(x, ((0, 0), (top, bottom), (left, right), (0, 0)))
+    out_h = (padded.shape[1] - ((kh - 1) * dh + 1)) // sh + 1
+    out_w = (padded.shape[2] - ((kw - 1) * dw + 1)) // sw + 1
+    out = np.zeros((x.shape[0], out_h, out_w, w.shape[0]))
+    for i in range(kh):
+        for j in range(kw):
+            window = padded[:, i * dh : i * dh + (out_h - 1) * sh + 1 : sh, j * dw : j * dw + (out_w - 1) * sw + 1 : sw]
+            out += window @ w[:, :, i, j].T
+    return [out.astype(inputs[0].dtype)]
+
+
+register(
+    "ConvNHWC",
+    _conv_nhwc_infer,
+    domain="kiln",
+    attrs={
+        "kernel_shape": Attr("ints", REQUIRED),
+        "strides": Attr("ints", (1, 1)),
+        "pads": Attr("ints", (0, 0, 0, 0)),
+        "dilations": Attr("ints", (1, 1)),
+    },
+    inputs=2,
+    outputs=1,
+    reference=_conv_nhwc_reference,
+    doc="A 2-D convolution (one group) on channels-last data: x [N, H, W, C], w [OC, C, KH, KW] -> "
+    "[N, OH, OW, OC] (kiln.passes.layout puts it in a channels-last region where the int8 and bf16 "
+    "paths' direct convolution reads and writes that layout; its bias is an Add after it).",
+)
+
+declare_trait("anchor", ["ConvNHWC"], domain="kiln")  # its outputs take a fused epilogue

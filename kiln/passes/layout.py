@@ -28,6 +28,20 @@ channels last around every block's LayerNorm and linear layers) or adds fewer th
 convolutions save (MobileNet, EfficientNet), and stays as it was when it would only add some (a
 ResNet's 3x3 convolutions). ``kiln explain`` prints the decision (``layout_decision``).
 
+In an int8 or bf16 compile (``Narrow``), every other single-group convolution the reduced-
+precision paths run as a direct convolution (``DIRECT_MIN_CHANNELS`` input channels or more, up
+to ``DIRECT_MAX_TAPS`` taps, any stride, no dilation) has a channels-last form too:
+
+    Conv(x, W, B)                          ->  T_nchw(kiln::ConvNHWC(T_nhwc(x), W) + B)
+
+On NCHW data that kernel makes a channels-last copy of its input and transposes its output into
+planes (and the 1x1 products beside it pack their activations), so it is priced as saving the
+conversion of its input and output, as a depthwise one is: a ResNet then runs channels last from
+its stem to its pooling, each product reading the bytes its producer stored (int8: quantized in the
+producer's finish) in place. The products made here carry ``kiln_range_of``, the name of the
+activations they read before the rewrite: the calibrated range of those activations is looked up
+by it, so ranges measured on a graph of either layout apply to both.
+
 Only a target whose kernels run channels last gets it (``Target.layouts``); others keep NCHW.
 """
 
@@ -61,6 +75,29 @@ REDUCTIONS = (
 )
 GLOBAL_POOLS = {"GlobalAveragePool": "ReduceMean", "GlobalMaxPool": "ReduceMax"}
 MAX_ROUNDS = 16  # propagation rounds (each moves every conversion past at least one op, or stops)
+DIRECT_MAX_TAPS = 64  # gemm_lowp.c keeps each tap's offset in a table of 64
+DIRECT_MIN_CHANNELS = 32  # fewer input channels: most of a tap's padded k would be zeros (im2col instead)
+RANGE_OF = "kiln_range_of"  # a product's annotation: the activations whose calibrated range it uses
+
+
+@dataclass(frozen=True)
+class Narrow:
+    """A reduced-precision compile's say in the layout: its ``precision`` (int8, bf16), the
+    activations it has a calibrated range for (int8: by name; None for bf16) and the nodes it keeps
+    in fp32 (mixed precision): a convolution runs on the direct path only in that precision."""
+
+    precision: str
+    calibrated: frozenset[str] | None = None
+    keep: frozenset[str] = frozenset()
+
+    def takes(self, node: Node) -> bool:
+        x = node.inputs[0]
+        return node.name not in self.keep and (self.calibrated is None or (x is not None and x.name in self.calibrated))
+
+
+def range_key(attrs: dict, value: Value) -> str:
+    """The name a product's activations' calibrated range is found by (``kiln_range_of``)."""
+    return str(attrs.get(RANGE_OF, value.name))
 
 
 @dataclass(frozen=True)
@@ -69,7 +106,7 @@ class LayoutDecision:
 
     channels_last: bool
     pointwise: int  # 1x1 convolutions that would run as products on channels-last rows
-    depthwise: int  # depthwise convolutions that would run channels last
+    depthwise: int  # depthwise convolutions that would run channels last (and direct ones: int8, bf16)
     conversions_before: int  # bytes the graph's own layout conversions move
     conversions_after: int  # bytes the conversions left after propagation move
     saved: int  # bytes of conversion the depthwise convolutions' channels-last kernels save
@@ -78,9 +115,9 @@ class LayoutDecision:
     def text(self) -> str:
         verdict = "channels last (NHWC)" if self.channels_last else "NCHW kept"
         return (
-            f"{verdict}: {self.pointwise} 1x1 and {self.depthwise} depthwise convolutions; conversions "
-            f"{_mb(self.conversions_before)} -> {_mb(self.conversions_after)} MB moved, the depthwise kernels' "
-            f"{_mb(self.saved)} MB saved ({self.reason})"
+            f"{verdict}: {self.pointwise} 1x1 and {self.depthwise} depthwise or direct (int8, bf16) convolutions; "
+            f"conversions {_mb(self.conversions_before)} -> {_mb(self.conversions_after)} MB moved, their "
+            f"channels-last kernels' {_mb(self.saved)} MB saved ({self.reason})"
         )
 
 
@@ -88,22 +125,22 @@ def _mb(count: int) -> str:
     return f"{count / 1e6:.2f}"
 
 
-def assign_layouts(graph: Graph, target: Any = None) -> Graph:
+def assign_layouts(graph: Graph, target: Any = None, narrow: Narrow | None = None) -> Graph:
     """The graph with channels-last regions where they pay (``target`` None or without NHWC
     kernels: unchanged)."""
-    return _decide(graph, target)[1]
+    return _decide(graph, target, narrow)[1]
 
 
-def layout_decision(graph: Graph, target: Any = None) -> LayoutDecision:
-    return _decide(graph, target)[0]
+def layout_decision(graph: Graph, target: Any = None, narrow: Narrow | None = None) -> LayoutDecision:
+    return _decide(graph, target, narrow)[0]
 
 
-def _decide(graph: Graph, target: Any) -> tuple[LayoutDecision, Graph]:
+def _decide(graph: Graph, target: Any, narrow: Narrow | None) -> tuple[LayoutDecision, Graph]:
     if target is None or "NHWC" not in getattr(target, "layouts", ()):
         return LayoutDecision(False, 0, 0, 0, 0, 0, f"target {getattr(target, 'name', None)} runs NCHW only"), graph
-    found = [(node, kind) for node in graph.nodes if (kind := _candidate(graph, node))]
+    found = [(node, kind) for node in graph.nodes if (kind := _candidate(graph, node, narrow))]
     pointwise = sum(1 for _, kind in found if kind == "pointwise")
-    depthwise = [node for node, kind in found if kind == "depthwise"]
+    depthwise = [node for node, kind in found if kind in ("depthwise", "direct")]
     before = conversion_bytes(graph)
     if not found:
         return LayoutDecision(False, 0, 0, before, before, 0, "no convolution has a channels-last kernel"), graph
@@ -136,8 +173,9 @@ def _static_f32(value: Value | None, rank: int) -> bool:
     )
 
 
-def _candidate(graph: Graph, node: Node) -> str | None:
-    """ "pointwise", "depthwise" or None: whether ``node`` is a convolution with a channels-last form."""
+def _candidate(graph: Graph, node: Node, narrow: Narrow | None = None) -> str | None:
+    """ "pointwise", "depthwise", "direct" (``narrow``'s direct convolutions) or None: whether
+    ``node`` is a convolution with a channels-last form."""
     if node.op != "Conv" or node.domain or len(node.inputs) < 2:
         return None
     if any(key.startswith("kiln_") for key in node.attrs):
@@ -161,6 +199,16 @@ def _candidate(graph: Graph, node: Node) -> str | None:
         return "pointwise"
     if group == channels and weights.shape[0] == channels and weights.shape[1] == 1:
         return "depthwise"
+    dilations = tuple(node.attrs.get("dilations") or (1, 1))
+    if (
+        narrow is not None
+        and narrow.takes(node)
+        and group == 1
+        and dilations == (1, 1)
+        and channels >= DIRECT_MIN_CHANNELS
+        and weights.shape[2] * weights.shape[3] <= DIRECT_MAX_TAPS
+    ):
+        return "direct"
     return None
 
 
@@ -171,8 +219,8 @@ def _pads(node: Node) -> tuple[int, ...]:
 
 
 def rewrite_channels_last(graph: Graph, kinds: dict[int, str]) -> Graph:
-    """Each convolution of ``kinds`` (by node id: "pointwise" or "depthwise") in its channels-last
-    form between two conversions."""
+    """Each convolution of ``kinds`` (by node id: "pointwise", "depthwise" or "direct") in its
+    channels-last form between two conversions."""
     rw = Rewriter(graph)
     for original in graph.nodes:
         kind = kinds.get(id(original))
@@ -188,22 +236,32 @@ def rewrite_channels_last(graph: Graph, kinds: dict[int, str]) -> Graph:
             weights = rw.constant_value(w)
             assert weights is not None
             matrix = rw.add_constant(np.ascontiguousarray(weights.reshape(weights.shape[0], -1).T), f"{hint}_wt")
-            result = rw.emit("MatMul", [rows, matrix], hint=f"{hint}_nhwc", name=node.name)[0]
+            marked = {RANGE_OF: original.inputs[0].name}  # type: ignore[union-attr]
+            result = rw.emit("MatMul", [rows, matrix], marked, hint=f"{hint}_nhwc", name=node.name)[0]
+            if bias is not None:
+                result = rw.emit("Add", [result, bias], hint=f"{hint}_nhwc_b")[0]
+        elif kind == "direct":
+            attrs = {**_window(rw, node, w), RANGE_OF: original.inputs[0].name}  # type: ignore[union-attr]
+            result = rw.emit("ConvNHWC", [rows, w], attrs, hint=f"{hint}_nhwc", name=node.name, domain="kiln")[0]
             if bias is not None:
                 result = rw.emit("Add", [result, bias], hint=f"{hint}_nhwc_b")[0]
         else:
-            attrs = {
-                "kernel_shape": tuple(int(k) for k in rw.constant_value(w).shape[2:]),  # type: ignore[union-attr]
-                "strides": tuple(int(s) for s in (node.attrs.get("strides") or (1, 1))),
-                "pads": _pads(node),
-                "dilations": tuple(int(d) for d in (node.attrs.get("dilations") or (1, 1))),
-            }
             inputs = [rows, w] + ([bias] if bias is not None else [])
+            attrs = _window(rw, node, w)
             result = rw.emit("DepthwiseConv", inputs, attrs, hint=f"{hint}_nhwc", name=node.name, domain="kiln")[0]
         back = rw.emit("Transpose", [result], {"perm": TO_NCHW}, hint=hint)[0]
         rw.replace(node.outputs[0], back)
         rw.drop(node)
     return rw.finish()
+
+
+def _window(rw: Rewriter, node: Node, w: Value) -> dict[str, Any]:
+    return {
+        "kernel_shape": tuple(int(k) for k in rw.constant_value(w).shape[2:]),  # type: ignore[union-attr]
+        "strides": tuple(int(s) for s in (node.attrs.get("strides") or (1, 1))),
+        "pads": _pads(node),
+        "dilations": tuple(int(d) for d in (node.attrs.get("dilations") or (1, 1))),
+    }
 
 
 # -- moving conversions ------------------------------------------------------------------------------

@@ -26,7 +26,7 @@ from kiln.passes.fold_batchnorm import fold_batchnorm
 from kiln.passes.fold_constants import fold_constants
 from kiln.passes.fuse import fuse
 from kiln.passes.gemm import canonicalize_gemm
-from kiln.passes.layout import assign_layouts
+from kiln.passes.layout import Narrow, assign_layouts
 from kiln.passes.simplify import simplify
 from kiln.passes.transpose import sink_transposes
 
@@ -36,7 +36,7 @@ class Stage:
     name: str
     level: int
     run: Callable[..., Graph]
-    per_target: bool = False  # run(graph, target): the target's kernels decide (None: no target)
+    per_target: bool = False  # run(graph, target, narrow): the target's kernels and the precision decide
 
 
 def folded(graph: Graph) -> Graph:
@@ -70,9 +70,11 @@ def optimize(
     after: Callable[[str, Graph], None] | None = None,
     verify_each: bool = True,
     target: Any = None,
+    narrow: Narrow | None = None,
 ) -> Graph:
     """Run the pipeline at -O ``level`` without the ``disable``d passes; ``after(name, graph)`` is
-    called after each stage (``kiln explain --print-after``)."""
+    called after each stage (``kiln explain --print-after``). ``target`` (None: no target) and
+    ``narrow`` (an int8 or bf16 compile's products) are for the stages whose choices they decide."""
     disabled = set(disable)
     unknown = disabled - set(PASS_NAMES)
     if unknown:
@@ -82,7 +84,7 @@ def optimize(
     for stage in PIPELINE:
         if stage.level > level or stage.name in disabled:
             continue
-        graph = stage.run(graph, target) if stage.per_target else stage.run(graph)
+        graph = stage.run(graph, target, narrow) if stage.per_target else stage.run(graph)
         if verify_each:
             try:
                 verify(graph)

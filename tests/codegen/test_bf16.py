@@ -13,7 +13,7 @@ from kiln.backends.cpu import CpuBackend, features, host
 from kiln.driver.options import CompileOptions
 from kiln.errors import KilnError
 from kiln.lower.kir import kernel_precision
-from tests.helpers import FLOAT, make_model
+from tests.helpers import FLOAT, make_model, residual_chain
 
 RNG = np.random.default_rng(11)
 
@@ -123,6 +123,14 @@ CONVS = {  # (input shape, weight shape, attributes)
     "direct 3x3": ((1, 40, 9, 11), (24, 40, 3, 3), {"pads": [1, 1, 1, 1]}),
     "direct two images": ((2, 64, 7, 7), (70, 64, 3, 3), {"pads": [1, 1, 1, 1]}),
     "direct 5x3 asymmetric pads": ((1, 33, 6, 13), (40, 33, 5, 3), {"pads": [2, 0, 1, 2]}),
+    # strided: the padded copy split into stride phases, each tap a stride-1 read of one of them
+    "direct 3x3 stride 2": ((1, 40, 13, 14), (24, 40, 3, 3), {"pads": [1, 1, 1, 1], "strides": [2, 2]}),
+    "direct 1x1 stride 2 two images": ((2, 64, 10, 9), (40, 64, 1, 1), {"strides": [2, 2]}),
+    "direct 5x3 strides 3x2 asymmetric pads": (
+        (1, 36, 17, 12),
+        (33, 36, 5, 3),
+        {"pads": [2, 0, 1, 2], "strides": [3, 2]},
+    ),
 }
 
 
@@ -239,3 +247,24 @@ def test_bf16_attention_runs_its_products_in_bf16_and_stays_close_to_fp32(path, 
     got = compiled.run(dict(zip([v.name for v in graph.inputs], feeds)))["o"]
     error = np.linalg.norm(got - want) / np.linalg.norm(want)
     assert 1e-5 < error < 2e-2  # bf16 operands (not fp32), softmax in float32
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_a_channels_last_bf16_region_computes_what_the_nchw_graph_does(path, monkeypatch):
+    """In a bf16 compile the layout pass runs a ResNet-like chain channels last (3x3
+    convolutions of stride 1 and 2 as kiln::ConvNHWC on the direct path, 1x1 ones as MatMuls on
+    NHWC rows): the same bf16 operands summed in float32, so it matches the NCHW compile up to
+    the order of the sums."""
+    from kiln.lower.kir import DirectOperand, GemmSpec
+
+    model, x = residual_chain(np.random.default_rng(13))
+    monkeypatch.setenv("KILN_BF16_PATH", path)
+    options = CompileOptions(precision="bf16", plan_cache=False)
+    last = kiln.compile(model, options=options)
+    planes = kiln.compile(model, options=CompileOptions(precision="bf16", plan_cache=False, disabled=frozenset({"assign_layouts"})))  # fmt: skip
+    kernels = [k for s in last.plans[-1].steps for k in getattr(s, "kernels", [])]
+    calls = [st for k in kernels for st in k.body if isinstance(st, GemmSpec)]
+    assert [c.precision for c in calls] == ["bf16"] * 4
+    assert [c.b.geometry[9:] for c in calls if isinstance(c.b, DirectOperand)] == [(1, 1, 1), (2, 2, 1)]
+    got, want = last.run({"x": x})["y"], planes.run({"x": x})["y"]
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * float(np.abs(want).max()))

@@ -21,7 +21,7 @@ from kiln.frontend import to_graph
 from kiln.lower import gemm_lowering
 from kiln.lower.engine import activation_quantization, quantize_channels
 from kiln.lower.kir import DirectOperand, GemmSpec, kernel_precision
-from tests.helpers import FLOAT, make_model
+from tests.helpers import FLOAT, make_model, residual_chain
 
 RNG = np.random.default_rng(5)
 
@@ -105,6 +105,14 @@ CONVS = {
     "direct 3x3": ((1, 40, 9, 11), (24, 40, 3, 3), {"pads": [1, 1, 1, 1]}),
     "direct two images": ((2, 64, 7, 7), (70, 64, 3, 3), {"pads": [1, 1, 1, 1]}),
     "direct 5x3 asymmetric pads": ((1, 33, 6, 13), (40, 33, 5, 3), {"pads": [2, 0, 1, 2]}),
+    # strided: the padded copy split into stride phases, each tap a stride-1 read of one of them
+    "direct 3x3 stride 2": ((1, 40, 13, 14), (24, 40, 3, 3), {"pads": [1, 1, 1, 1], "strides": [2, 2]}),
+    "direct 1x1 stride 2 two images": ((2, 64, 10, 9), (40, 64, 1, 1), {"strides": [2, 2]}),
+    "direct 5x3 strides 3x2 asymmetric pads": (
+        (1, 36, 17, 12),
+        (33, 36, 5, 3),
+        {"pads": [2, 0, 1, 2], "strides": [3, 2]},
+    ),
 }
 
 
@@ -373,7 +381,7 @@ def test_int8_activations_leave_their_producer_quantized_for_the_next_int8_produ
         "w1": rng.standard_normal((48, 40, 3, 3)).astype(np.float32) * 0.1,  # direct (stride 1, 40 channels)
         "b1": rng.standard_normal(48).astype(np.float32),
         "w2": rng.standard_normal((48, 48, 1, 1)).astype(np.float32) * 0.2,  # pointwise
-        "w3": rng.standard_normal((32, 48, 3, 3)).astype(np.float32) * 0.1,  # stride 2: im2col
+        "w3": rng.standard_normal((32, 48, 3, 3)).astype(np.float32) * 0.1,  # dilated: im2col
         "w4": rng.standard_normal((32, 32, 1, 1)).astype(np.float32) * 0.2,
         "shape": np.array([1, -1], np.int64),
         "w5": rng.standard_normal((960, 50)).astype(np.float32) * 0.05,
@@ -383,7 +391,7 @@ def test_int8_activations_leave_their_producer_quantized_for_the_next_int8_produ
         helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1]),
         helper.make_node("Relu", ["c1"], ["a"]),
         helper.make_node("Conv", ["a", "w2"], ["b"]),
-        helper.make_node("Conv", ["b", "w3"], ["c3"], pads=[1, 1, 1, 1], strides=[2, 2]),
+        helper.make_node("Conv", ["b", "w3"], ["c3"], pads=[2, 2, 2, 2], strides=[2, 2], dilations=[2, 2]),
         helper.make_node("Relu", ["c3"], ["c"]),
         helper.make_node("Conv", ["c", "w4"], ["c4"]),
         helper.make_node("Add", ["c4", "c"], ["s"]),  # c read by a product and by its epilogue
@@ -398,9 +406,14 @@ def test_int8_activations_leave_their_producer_quantized_for_the_next_int8_produ
     x[0, 3, 4, 5] = np.nan  # quantized to the zero point, in the producer as in a reader
     ranges = [("x", -2.5, 2.5), ("a", 0.0, 4.0), ("b", -3.0, 5.0), ("c", 0.0, 2.0), ("flat", 0.0, 3.0), ("e", 0, 6)]
     monkeypatch.setenv("KILN_INT8_PATH", path)
-    options = CompileOptions(precision="int8", quantization=Quantization(ranges=tuple(ranges)), plan_cache=False)
+    options = CompileOptions(
+        precision="int8",
+        quantization=Quantization(ranges=tuple(ranges)),
+        plan_cache=False,
+        disabled=frozenset({"assign_layouts"}),  # NCHW throughout (the channels-last chain: its own test)
+    )
     chained = kiln.compile(model, target=target, options=options)
-    apart = kiln.compile(model, target=target, options=replace(options, disabled=frozenset({"requantize"})))
+    apart = kiln.compile(model, target=target, options=replace(options, disabled=options.disabled | {"requantize"}))
     calls = _engine_calls(chained)
     assert [c.precision for c in calls] == ["int8"] * 6
     # a, b, c and e are read by int8 products (d only through a Reshape: quantized by its reader)
@@ -458,3 +471,26 @@ def test_the_direct_convolution_reads_the_bytes_its_producer_stored(path, target
     np.testing.assert_array_equal(chained.run({"x": x})["y"], apart.run({"x": x})["y"])
 
     _assert_the_bytes_are_read(model, x, target, options, apart, monkeypatch)
+
+
+@pytest.mark.parametrize("path,target", PATHS)
+def test_a_channels_last_int8_region_computes_what_the_nchw_graph_does(path, target, monkeypatch):
+    """In an int8 compile the layout pass runs a ResNet-like chain channels last: 3x3
+    convolutions (stride 1 and 2) as kiln::ConvNHWC on the direct path reading NHWC bytes and
+    writing NHWC rows, 1x1 ones as MatMuls on those rows, the residual Add on NHWC data, each
+    product reading what its producer stored quantized. The calibrated ranges are the NCHW
+    graph's (by the name of each convolution's input before the rewrite), the integer sums are
+    exact, so the output is bit for bit the NCHW compile's."""
+    model, x = residual_chain(np.random.default_rng(13))
+    ranges = (("x", -2.5, 2.5), ("a", 0.0, 4.0), ("b", -3.0, 5.0), ("c", 0.0, 2.0))
+    monkeypatch.setenv("KILN_INT8_PATH", path)
+    options = CompileOptions(precision="int8", quantization=Quantization(ranges=ranges), plan_cache=False)
+    last = kiln.compile(model, target=target, options=options)
+    planes = kiln.compile(model, target=target, options=replace(options, disabled=frozenset({"assign_layouts"})))
+    calls = _engine_calls(last)
+    assert [c.precision for c in calls] == ["int8"] * 4
+    direct = [c for c in calls if isinstance(c.b, DirectOperand)]
+    assert [c.b.geometry[9:] for c in direct] == [(1, 1, 1), (2, 2, 1)]  # strides, channels last
+    assert sum(c.quant.given is not None for c in calls) == 3  # a, b and c: their producers' bytes
+    assert not any(isinstance(c.b, DirectOperand) and c.b.geometry[11] for c in _engine_calls(planes))
+    np.testing.assert_array_equal(last.run({"x": x})["y"], planes.run({"x": x})["y"])

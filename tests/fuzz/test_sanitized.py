@@ -57,10 +57,10 @@ def test_fuzz_cases_pass_under_asan_and_ubsan_with_bounds_checks(tmp_path):
 
 def test_the_bf16_and_int8_products_pass_under_asan_and_ubsan_with_bounds_checks(tmp_path):
     """Every bf16 and int8 path this machine has (AMX tiles, AVX-512, AVX2, portable), their
-    packers, edge blocks and direct convolutions, with the engine's own span checks on
-    (KILN_DEBUG) and the sanitizers."""
+    packers, edge blocks and direct convolutions (strided, channels last), with the engine's own
+    span checks on (KILN_DEBUG) and the sanitizers."""
     result = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "-k", "rounded or exact",
+        [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "-k", "rounded or exact or channels_last",
          str(ROOT / "tests" / "codegen" / "test_bf16.py"), str(ROOT / "tests" / "codegen" / "test_int8.py")],
         env=sanitized_env(tmp_path), capture_output=True, text=True, timeout=1200, cwd=ROOT,
     )  # fmt: skip

@@ -44,7 +44,7 @@ struct kiln_gemm {
                               r_out[i] = clamp(rint(c[i] * r_inv) + r_zero, 0, r_max) (or NULL) */
   float r_inv; int32_t r_zero, r_max;
   int64_t q_given_size;     /* elements, for KILN_DEBUG checks (r_out has c_size) */
-  int direct; /* a stride-1 convolution on the direct path (gemm_lowp.c): b the NCHW input, conv = (C H W KH KW PT PL OH OW) */
+  int direct; /* a convolution on the direct path (gemm_lowp.c): b the input, conv = (C H W KH KW PT PL OH OW SH SW NHWC) */
   void **buffers;           /* the segment's buffer table, for the epilogue */
   const int64_t *conv;      /* im2col geometry: C H W KH KW SH SW DH DW PT PL OH OW */
   int64_t mc, nc, kc;       /* cache blocking chosen by the autotuner (0: the defaults below) */

@@ -253,16 +253,25 @@ static int kiln_bf16_amx_on(void) { return kiln_bf16_mode == 2; }
 static void kiln_bf16_nhwc_row(const kiln_gemm *g, int64_t bt, int64_t ph, int64_t cp, int64_t wp, void *to) {
   const int64_t *q = g->conv;
   const int64_t C = q[0], H = q[1], W = q[2], PT = q[5], PL = q[6], h = ph - PT;
+  const int64_t width = W < wp - PL ? W : wp - PL; /* the input pixels any tap reads */
   uint16_t *dst = (uint16_t *)to;
   memset(dst, 0, (size_t)(wp * cp) * sizeof(uint16_t));
-  if (h < 0 || h >= H) return;
+  if (h < 0 || h >= H || width <= 0) return;
+  if (q[11]) { /* channels last: the row is width pixels of C channels */
+    const float *src = g->b + KILN_SPAN(bt * g->b_bs + h * W * C, width * C, g->b_size, "B (direct input, channels last)");
+    if (cp == C)
+      kiln_bf16_convert(src, dst + PL * cp, width * C);
+    else
+      for (int64_t w = 0; w < width; ++w) kiln_bf16_convert(src + w * C, dst + (PL + w) * cp, C);
+    return;
+  }
   const float *image = g->b + bt * g->b_bs;
   KILN_SPAN(bt * g->b_bs + h * W, (C - 1) * H * W + W, g->b_size, "B (direct input)");
   uint16_t line[W];
   for (int64_t c = 0; c < C; ++c) {
     kiln_bf16_convert(image + c * H * W + h * W, line, W);
     uint16_t *column = dst + PL * cp + c;
-    for (int64_t w = 0; w < W; ++w) column[w * cp] = line[w];
+    for (int64_t w = 0; w < width; ++w) column[w * cp] = line[w];
   }
 }
 

@@ -309,15 +309,35 @@ __attribute__((target("sse2"))) static void kiln_transpose16_u8(const uint8_t *s
 }
 #endif
 
-/* the direct convolution's channels-last copy: padded row ph of image bt, each pixel's channels
-   quantized (padding, spatial or channel: the zero point, i.e. x = 0); channel lines quantized
-   first, then transposed 16 x 16 bytes at a time */
+/* the direct convolution's channels-last copy: padded row ph of image bt (wp pixels), each pixel's
+   channels quantized (padding, spatial or channel: the zero point, i.e. x = 0). An NCHW input: channel
+   lines quantized first, then transposed 16 x 16 bytes at a time; an NHWC one: its pixels copied
+   (quantized by their producer) or quantized in place */
 static void kiln_int8_nhwc_row(const kiln_gemm *g, int64_t bt, int64_t ph, int64_t cp, int64_t wp, void *to) {
   const int64_t *q = g->conv;
   const int64_t C = q[0], H = q[1], W = q[2], PT = q[5], PL = q[6], h = ph - PT;
+  const int64_t width = W < wp - PL ? W : wp - PL; /* the input pixels any tap reads */
   uint8_t *dst = (uint8_t *)to;
   memset(dst, (int)g->q_zero, (size_t)(wp * cp));
-  if (h < 0 || h >= H) return;
+  if (h < 0 || h >= H || width <= 0) return;
+  uint8_t *first = dst + PL * cp;
+  if (q[11]) { /* channels last: the row is width pixels of C channels */
+    const int64_t at = bt * g->b_bs + h * W * C;
+    if (g->q_given) {
+      const uint8_t *src = g->q_given + KILN_SPAN(at, width * C, g->q_given_size, "B (direct input, given, channels last)");
+      if (cp == C)
+        memcpy(first, src, (size_t)(width * C));
+      else
+        for (int64_t w = 0; w < width; ++w) memcpy(first + w * cp, src + w * C, (size_t)C);
+    } else {
+      const float *src = g->b + KILN_SPAN(at, width * C, g->b_size, "B (direct input, channels last)");
+      if (cp == C)
+        kiln_int8_quantize(g, src, first, width * C);
+      else
+        for (int64_t w = 0; w < width; ++w) kiln_int8_quantize(g, src + w * C, first + w * cp, C);
+    }
+    return;
+  }
   const float *image = g->b + bt * g->b_bs;
   KILN_SPAN(bt * g->b_bs + h * W, (C - 1) * H * W + W, g->b_size, "B (direct input)");
   static _Thread_local float *l_buf;
@@ -333,15 +353,14 @@ static void kiln_int8_nhwc_row(const kiln_gemm *g, int64_t bt, int64_t ph, int64
     for (int64_t c = 0; c < C; ++c) kiln_int8_quantize(g, image + c * H * W + h * W, quantized + c * W, W);
     lines = quantized;
   }
-  uint8_t *first = dst + PL * cp;
   int64_t c0 = 0, w0 = 0;
 #ifdef KILN_X86
   for (c0 = 0; c0 + 16 <= C; c0 += 16)
-    for (w0 = 0; w0 + 16 <= W; w0 += 16) kiln_transpose16_u8(lines + c0 * stride + w0, stride, first + w0 * cp + c0, cp);
-  w0 = W - W % 16;
+    for (w0 = 0; w0 + 16 <= width; w0 += 16) kiln_transpose16_u8(lines + c0 * stride + w0, stride, first + w0 * cp + c0, cp);
+  w0 = width - width % 16;
 #endif
   for (int64_t c = 0; c < C; ++c) /* what the blocks left: the last channels, the last pixels */
-    for (int64_t w = c < c0 ? w0 : 0; w < W; ++w) first[w * cp + c] = lines[c * stride + w];
+    for (int64_t w = c < c0 ? w0 : 0; w < width; ++w) first[w * cp + c] = lines[c * stride + w];
 }
 
 /* every tap of a direct convolution's 32 x 32 block at once (A: the activations, unsigned), where

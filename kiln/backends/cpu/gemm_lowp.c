@@ -95,6 +95,9 @@ typedef struct {
   int64_t a_rows_bs;  /* bytes */
   const char *b_panels; /* B packed whole, once (shared by the tasks), or NULL */
   int64_t b_panels_bs;  /* bytes */
+  const char *a_given;  /* A's rows read in place (int8 activations quantized by their producer,
+                           rows of K = kp bytes): whole slabs of 32 rows from here, a last short
+                           slab converted (the kernels read 16 or 32 rows) */
 } kiln_lowp_plan;
 
 static void kiln_lowp_convert(void *ctx, int64_t lo, int64_t hi, int worker) {
@@ -137,7 +140,7 @@ static void kiln_lowp_tasks(void *ctx, int64_t lo, int64_t hi, int worker) {
   /* edge blocks (fewer than 32 rows or columns) accumulate in a scratch of whole blocks (one per
      slab of the panel being computed), finished into C after the last chunk */
   float *edges = kiln_scratch(&e_buf, &e_have, slabs * 32 * 32);
-  if (!g->a_low && !p->a_rows) abuf = (char *)kiln_scratch(&a_buf, &a_have, (slabs * 32 * kp * es + 3) / 4);
+  if (!g->a_low && !p->a_rows) abuf = (char *)kiln_scratch(&a_buf, &a_have, (slabs * 32 * kp * es + 3) / 4); /* (a_given: its short slab) */
   if (!g->b_low && !p->b_panels) {
     fbuf = kiln_scratch(&f_buf, &f_have, K * 32);
     bbuf = (char *)kiln_scratch(&b_buf, &b_have, (panel_bytes + 3) / 4);
@@ -151,8 +154,11 @@ static void kiln_lowp_tasks(void *ctx, int64_t lo, int64_t hi, int worker) {
     const int64_t bt = task / (p->tiles_m * p->tiles_n), rest = task % (p->tiles_m * p->tiles_n);
     const int64_t m0 = (rest / p->tiles_n) * mc, n0 = (rest % p->tiles_n) * nc;
     const int64_t mlen = M - m0 < mc ? M - m0 : mc, nlen = N - n0 < nc ? N - n0 : nc;
-    const char *ablock;
-    if (g->a_low) {
+    const char *ablock = NULL;
+    if (p->a_given) {
+      ablock = p->a_given + es * KILN_SPAN(bt * g->a_bs + m0 * kp, mlen * kp, g->q_given_size, "A (int8 rows, given)");
+      if (mlen % 32) ops->rows(g, bt, m0 + mlen - mlen % 32, mlen % 32, 32, kp, abuf); /* the short slab */
+    } else if (g->a_low) {
       ablock = (const char *)g->a_low + es * KILN_SPAN(bt * g->a_pbs + m0 * kp, kiln_round_up(mlen, 32) * kp, g->a_packed_size, "A (packed rows)");
     } else if (p->a_rows) {
       ablock = p->a_rows + bt * p->a_rows_bs + m0 * kp * es;
@@ -181,7 +187,7 @@ static void kiln_lowp_tasks(void *ctx, int64_t lo, int64_t hi, int worker) {
         const char *bchunk = bpanel + k0 * 32 * es;
         for (int64_t ir = 0; ir < mlen; ir += 32) {
           const int64_t rows = mlen - ir < 32 ? mlen - ir : 32;
-          const char *aslab = ablock + (ir * kp + k0) * es;
+          const char *aslab = (p->a_given && rows < 32 ? abuf : ablock + ir * kp * es) + k0 * es;
           float *tile = c + (m0 + ir) * g->ldc + n0 + jr;
           if (rows == 32 && cols == 32 && first && last && ops->finish) {
             /* one chunk: the sums stay in a scratch block in L1, finished straight into C */
@@ -235,14 +241,16 @@ static void kiln_lowp_run(const kiln_gemm *g, const kiln_lowp_ops *ops) {
   nc = kiln_round_up((N + tiles_n - 1) / tiles_n, 32);
   tiles_n = (N + nc - 1) / nc;
   const int64_t tasks = g->batch * tiles_m * tiles_n;
-  kiln_lowp_plan plan = {g, ops, kp, mc, nc, tiles_m, tiles_n, NULL, 0, NULL, 0};
+  kiln_lowp_plan plan = {g, ops, kp, mc, nc, tiles_m, tiles_n, NULL, 0, NULL, 0, NULL};
+  if (!g->a_low && g->q_given && g->a_cs == 1 && g->a_rs == K && kp == K && (g->batch == 1 || g->a_bs == M * K))
+    plan.a_given = (const char *)g->q_given;
   const int workers = M * N * K * g->batch >= 65536 && tasks > 1 ? 0 : 1;
   /* an A several tasks would convert again (one per N block) is converted once, shared; so is a
      B several tasks would pack again (one per M block) */
   static _Thread_local float *shared_a, *shared_b;
   static _Thread_local int64_t have_a, have_b;
   const int64_t slabs = (M + 31) / 32, size_a = g->batch * slabs * 32 * kp * es;
-  if (!g->a_low && tiles_n > 1 && size_a <= KILN_SHARED_LIMIT) {
+  if (!g->a_low && !plan.a_given && tiles_n > 1 && size_a <= KILN_SHARED_LIMIT) {
     char *rows = (char *)kiln_scratch(&shared_a, &have_a, (size_a + 3) / 4);
     if (rows) {
       plan.a_rows = rows;
@@ -263,15 +271,19 @@ static void kiln_lowp_run(const kiln_gemm *g, const kiln_lowp_ops *ops) {
 }
 
 
-/* -- the direct convolution (stride 1): no im2col ----------------------------------------------
+/* -- the direct convolution: no im2col ------------------------------------------------------
 
-   The input, converted once into a padded channels-last copy P[Hp][Wp][cp] (Wp = OW + KW - 1,
-   channels padded to the k unit), makes every output pixel's taps plain rows of P: output (oh, ow)
-   at tap (kh, kw) reads P[oh + kh][ow + kw][:]. Over "virtual" pixels v = oh * Wp + ow (the KW - 1
-   columns past OW computed and dropped), tap t's A rows start at P + (v + kh * Wp + kw) * cp with
-   one stride, cp: the product is A (virtual pixels x (tap, channel)) . B (the weights as B panels,
-   packed by the lowering in that k order), one 32 x 32 block of (pixels, output channels) at a
-   time, written transposed into the NCHW output, then the epilogue on each run of real pixels. */
+   The input, converted once into a padded channels-last copy P (channels padded to the k unit cp),
+   makes every output pixel's taps plain rows of P. Stride 1: P[Hq][Wq][cp] (Wq = OW + KW - 1), and
+   output (oh, ow) at tap (kh, kw) reads P[oh + kh][ow + kw][:]. Stride s (s_h, s_w): P is split into
+   s_h x s_w phase images P_ab[Hq][Wq][cp] holding the padded input's pixels (q * s_h + a, r * s_w + b),
+   so output (oh, ow) at tap (kh, kw) reads P_{kh % s_h, kw % s_w}[oh + kh / s_h][ow + kw / s_w]: a
+   stride-1 read again (Wq = OW + (KW - 1) / s_w). Over "virtual" pixels v = oh * Wq + ow (the columns
+   past OW computed and dropped), tap t's A rows start at P + v * cp + offset[t] with one stride, cp:
+   the product is A (virtual pixels x (tap, channel)) . B (the weights as B panels, packed by the
+   lowering in that k order), one 32 x 32 block of (pixels, output channels) at a time, written
+   transposed into an NCHW output, or as it is into an NHWC one (geometry flag: the input and the
+   output channels last), then the epilogue on each run of real pixels. */
 
 #ifdef KILN_X86
 /* a 16 x 16 float block transposed (src rows, stride ss, become dst rows, stride ds) */
@@ -301,18 +313,21 @@ __attribute__((target("avx512f"))) static void kiln_transpose16_f32(const float 
 }
 #endif
 
-/* a finished 32 x 32 block of (pixels, output channels) as (output channels, pixels) floats */
-static void kiln_direct_transpose(const kiln_gemm *g, const kiln_lowp_ops *ops, float *block, int64_t oc0, int64_t cols, float *out) {
-  if (ops->int32_sums) { /* scale in place, row by row (a row: 32 output channels) */
-    int32_t *sums = (int32_t *)block;
-    float scale[32], offset[32];
-    for (int j = 0; j < 32; ++j) {
-      scale[j] = j < cols ? g->q_scale[oc0 + j] : 0.0f;
-      offset[j] = j < cols ? (float)g->q_offset[oc0 + j] : 0.0f;
-    }
-    for (int r = 0; r < 32; ++r)
-      for (int j = 0; j < 32; ++j) block[r * 32 + j] = ((float)sums[r * 32 + j] + offset[j]) * scale[j];
+/* an int8 block's sums scaled to float32 in place, row by row (a row: 32 output channels) */
+static void kiln_direct_scale(const kiln_gemm *g, const kiln_lowp_ops *ops, float *block, int64_t oc0, int64_t cols) {
+  if (!ops->int32_sums) return;
+  int32_t *sums = (int32_t *)block;
+  float scale[32], offset[32];
+  for (int j = 0; j < 32; ++j) {
+    scale[j] = j < cols ? g->q_scale[oc0 + j] : 0.0f;
+    offset[j] = j < cols ? (float)g->q_offset[oc0 + j] : 0.0f;
   }
+  for (int r = 0; r < 32; ++r)
+    for (int j = 0; j < 32; ++j) block[r * 32 + j] = ((float)sums[r * 32 + j] + offset[j]) * scale[j];
+}
+
+/* a finished (scaled) 32 x 32 block of (pixels, output channels) as (output channels, pixels) */
+static void kiln_direct_transpose(const float *block, float *out) {
 #ifdef KILN_X86
   if (__builtin_cpu_supports("avx512f")) {
     for (int i = 0; i < 2; ++i)
@@ -327,16 +342,64 @@ static void kiln_direct_transpose(const kiln_gemm *g, const kiln_lowp_ops *ops, 
 typedef struct {
   const kiln_gemm *g;
   const kiln_lowp_ops *ops;
-  int64_t C, H, W, KH, KW, PT, PL, OH, OW, cp, wp, hp, kp, virtual_px, image_bytes, mc, nc, tiles_m, tiles_n;
+  int64_t C, H, W, KH, KW, PT, PL, OH, OW, SH, SW, OC, cp, wq, hq, kp, virtual_px, phase_bytes, image_bytes, mc, nc, tiles_m, tiles_n;
+  int nhwc; /* the input and the output channels last */
   char *P;
   int64_t offsets[64]; /* per tap, in elements of P */
 } kiln_direct_plan;
 
+/* padded input rows lo..hi (over every image) into their phase images */
 static void kiln_direct_rows(void *ctx, int64_t lo, int64_t hi, int worker) {
   const kiln_direct_plan *p = (const kiln_direct_plan *)ctx;
+  const int64_t es = p->ops->esize, rows = p->hq * p->SH, pixel = p->cp * es;
+  static _Thread_local float *r_buf;
+  static _Thread_local int64_t r_have;
   for (int64_t i = lo; i < hi; ++i) {
-    const int64_t bt = i / p->hp, ph = i % p->hp;
-    p->ops->nhwc_row(p->g, bt, ph, p->cp, p->wp, p->P + bt * p->image_bytes + ph * p->wp * p->cp * p->ops->esize);
+    const int64_t bt = i / rows, ph = i % rows, a = ph % p->SH, q = ph / p->SH;
+    char *image = p->P + bt * p->image_bytes;
+    if (p->SW == 1) { /* the row lands whole in phase (a, 0) */
+      p->ops->nhwc_row(p->g, bt, ph, p->cp, p->wq, image + a * p->phase_bytes + q * p->wq * pixel);
+      continue;
+    }
+    char *line = (char *)kiln_scratch(&r_buf, &r_have, (p->wq * p->SW * pixel + 3) / 4);
+    if (!line) return; /* out of memory */
+    p->ops->nhwc_row(p->g, bt, ph, p->cp, p->wq * p->SW, line);
+    for (int64_t b = 0; b < p->SW; ++b) {
+      char *row = image + (a * p->SW + b) * p->phase_bytes + q * p->wq * pixel;
+      for (int64_t col = 0; col < p->wq; ++col) memcpy(row + col * pixel, line + (col * p->SW + b) * pixel, (size_t)pixel);
+    }
+  }
+}
+
+/* a block's real pixels v .. last (virtual) stored and finished, run by run of one output row */
+static void kiln_direct_store(const kiln_direct_plan *p, int64_t bt, int64_t v, int64_t last, const float *block, int64_t oc0, int64_t cols) {
+  const kiln_gemm *g = p->g;
+  const int64_t pixels = p->OH * p->OW, OC = p->OC;
+  float turned[32 * 32] __attribute__((aligned(64)));
+  if (!p->nhwc) kiln_direct_transpose(block, turned);
+  float *out = g->c + bt * g->c_bs;
+  int64_t r = 0;
+  while (v + r < last) {
+    const int64_t oh = (v + r) / p->wq, ow = (v + r) % p->wq;
+    if (ow >= p->OW) { /* a dropped column */
+      ++r;
+      continue;
+    }
+    const int64_t run = p->OW - ow < last - (v + r) ? p->OW - ow : last - (v + r);
+    const int64_t j0 = oh * p->OW + ow;
+    if (p->nhwc) { /* pixel rows of OC channels: (pixel, channel) is the engine's (row, column) */
+      KILN_SPAN(bt * g->c_bs + j0 * OC + oc0, (run - 1) * OC + cols, g->c_size, "C (direct, channels last)");
+      for (int64_t k = 0; k < run; ++k) memcpy(out + (j0 + k) * OC + oc0, block + (r + k) * 32, (size_t)cols * sizeof(float));
+      if (g->epilogue) g->epilogue(g, bt, j0, j0 + run, oc0, oc0 + cols);
+      if (g->r_out) kiln_requantize(g, bt, j0, run, oc0, cols);
+    } else {
+      KILN_SPAN(bt * g->c_bs + oc0 * pixels + j0, (cols - 1) * pixels + run, g->c_size, "C (direct)");
+      for (int64_t j = 0; j < cols; ++j) memcpy(out + (oc0 + j) * pixels + j0, turned + j * 32 + r, (size_t)run * sizeof(float));
+      if (g->epilogue) g->epilogue(g, bt, oc0, oc0 + cols, j0, j0 + run);
+      if (g->r_out)
+        for (int64_t j = 0; j < cols; ++j) kiln_requantize(g, bt, oc0 + j, 1, j0, run);
+    }
+    r += run;
   }
 }
 
@@ -344,8 +407,8 @@ static void kiln_direct_tasks(void *ctx, int64_t lo, int64_t hi, int worker) {
   const kiln_direct_plan *p = (const kiln_direct_plan *)ctx;
   const kiln_gemm *g = p->g;
   const kiln_lowp_ops *ops = p->ops;
-  const int64_t es = ops->esize, taps = p->KH * p->KW, pixels = p->OH * p->OW, OC = g->M;
-  float block[32 * 32] __attribute__((aligned(64))), turned[32 * 32] __attribute__((aligned(64)));
+  const int64_t es = ops->esize, taps = p->KH * p->KW, OC = p->OC;
+  float block[32 * 32] __attribute__((aligned(64)));
   const int amx = ops->uses_amx();
 #ifdef KILN_X86
   if (amx) kiln_amx_configure();
@@ -356,7 +419,6 @@ static void kiln_direct_tasks(void *ctx, int64_t lo, int64_t hi, int worker) {
     const int64_t vlen = p->virtual_px - v0 < p->mc ? p->virtual_px - v0 : p->mc;
     const int64_t olen = OC - o0 < p->nc ? OC - o0 : p->nc;
     const char *image = p->P + bt * p->image_bytes;
-    float *out = g->c + bt * g->c_bs;
     for (int64_t jr = 0; jr < olen; jr += 32) {
       const int64_t cols = olen - jr < 32 ? olen - jr : 32, oc0 = o0 + jr;
       const char *panel = (const char *)g->a_low + es * KILN_SPAN((oc0 / 32) * p->kp * 32, p->kp * 32, g->a_packed_size, "weights (direct)");
@@ -366,26 +428,8 @@ static void kiln_direct_tasks(void *ctx, int64_t lo, int64_t hi, int worker) {
         if (!ops->block_taps(g, rows, p->cp, p->offsets, taps, panel, p->cp, block, 32))
           for (int64_t t = 0; t < taps; ++t)
             ops->block(g, rows + p->offsets[t] * es, p->cp, panel + t * p->cp * 32 * es, p->cp, block, 32, 32, t > 0);
-        /* the block's real pixels, transposed into NCHW, then the epilogue run by run */
-        kiln_direct_transpose(g, ops, block, oc0, cols, turned);
-        const int64_t last = v + 32 < p->virtual_px ? v + 32 : p->virtual_px;
-        int64_t r = 0;
-        while (v + r < last) {
-          const int64_t oh = (v + r) / p->wp, ow = (v + r) % p->wp;
-          if (ow >= p->OW) { /* a dropped column */
-            ++r;
-            continue;
-          }
-          int64_t run = p->OW - ow < last - (v + r) ? p->OW - ow : last - (v + r);
-          const int64_t j0 = oh * p->OW + ow;
-          KILN_SPAN(bt * g->c_bs + oc0 * pixels + j0, (cols - 1) * pixels + run, g->c_size, "C (direct)");
-          for (int64_t j = 0; j < cols; ++j)
-            memcpy(out + (oc0 + j) * pixels + j0, turned + j * 32 + r, (size_t)run * sizeof(float));
-          if (g->epilogue) g->epilogue(g, bt, oc0, oc0 + cols, j0, j0 + run);
-          if (g->r_out)
-            for (int64_t j = 0; j < cols; ++j) kiln_requantize(g, bt, oc0 + j, 1, j0, run);
-          r += run;
-        }
+        kiln_direct_scale(g, ops, block, oc0, cols);
+        kiln_direct_store(p, bt, v, v + 32 < p->virtual_px ? v + 32 : p->virtual_px, block, oc0, cols);
       }
     }
   }
@@ -401,15 +445,21 @@ static void kiln_lowp_direct(const kiln_gemm *g, const kiln_lowp_ops *ops) {
   plan.g = g;
   plan.ops = ops;
   plan.C = q[0], plan.H = q[1], plan.W = q[2], plan.KH = q[3], plan.KW = q[4], plan.PT = q[5], plan.PL = q[6], plan.OH = q[7], plan.OW = q[8];
+  plan.SH = q[9], plan.SW = q[10], plan.nhwc = (int)q[11];
+  plan.OC = plan.nhwc ? g->N : g->M;
   plan.cp = kiln_round_up(plan.C, ops->kunit);
-  plan.wp = plan.OW + plan.KW - 1;
-  plan.virtual_px = plan.OH * plan.wp;
+  plan.wq = plan.OW + (plan.KW - 1) / plan.SW;
+  plan.virtual_px = plan.OH * plan.wq;
   plan.kp = plan.KH * plan.KW * plan.cp;
-  /* rows: every padded input row, and enough slack that the last block's dropped pixels read inside */
-  plan.hp = plan.OH + plan.KH - 1 + (32 + plan.KW + plan.wp - 1) / plan.wp + 1;
-  plan.image_bytes = plan.hp * plan.wp * plan.cp * ops->esize;
+  /* rows of each phase: every one a tap reads, and enough slack that the last block's dropped
+     pixels read inside */
+  plan.hq = plan.OH + (plan.KH - 1) / plan.SH + (32 + plan.KW + plan.wq - 1) / plan.wq + 1;
+  plan.phase_bytes = plan.hq * plan.wq * plan.cp * ops->esize;
+  plan.image_bytes = plan.SH * plan.SW * plan.phase_bytes;
   for (int64_t kh = 0; kh < plan.KH; ++kh)
-    for (int64_t kw = 0; kw < plan.KW; ++kw) plan.offsets[kh * plan.KW + kw] = (kh * plan.wp + kw) * plan.cp;
+    for (int64_t kw = 0; kw < plan.KW; ++kw)
+      plan.offsets[kh * plan.KW + kw] = ((kh % plan.SH) * plan.SW + kw % plan.SW) * (plan.phase_bytes / ops->esize) +
+                                        ((kh / plan.SH) * plan.wq + kw / plan.SW) * plan.cp;
   int threads = kiln_pool_threads();
   if (kiln_in_pool()) threads = 1;
   static _Thread_local float *images;
@@ -417,10 +467,10 @@ static void kiln_lowp_direct(const kiln_gemm *g, const kiln_lowp_ops *ops) {
   plan.P = (char *)kiln_scratch(&images, &have, (g->batch * plan.image_bytes + 3) / 4);
   if (!plan.P) return; /* out of memory */
   const int workers = g->M * g->N * g->K * g->batch >= 65536 ? 0 : 1;
-  kiln_parallel_for(0, g->batch * plan.hp, 4, workers, kiln_direct_rows, &plan);
+  kiln_parallel_for(0, g->batch * plan.hq * plan.SH, 4, workers, kiln_direct_rows, &plan);
   int64_t mc = kiln_round_up(plan.virtual_px < 256 ? plan.virtual_px : 256, 32);
-  int64_t nc = kiln_round_up(g->M < 256 ? g->M : 256, 32);
-  int64_t tiles_m = (plan.virtual_px + mc - 1) / mc, tiles_n = (g->M + nc - 1) / nc;
+  int64_t nc = kiln_round_up(plan.OC < 256 ? plan.OC : 256, 32);
+  int64_t tiles_m = (plan.virtual_px + mc - 1) / mc, tiles_n = (plan.OC + nc - 1) / nc;
   while (threads > 1 && g->batch * tiles_m * tiles_n < 4 * threads && mc > 32) {
     mc = kiln_round_up(mc / 2, 32);
     tiles_m = (plan.virtual_px + mc - 1) / mc;
