@@ -255,8 +255,15 @@ static void kiln_bf16_nhwc_row(const kiln_gemm *g, int64_t bt, int64_t ph, int64
   const int64_t C = q[0], H = q[1], W = q[2], PT = q[5], PL = q[6], h = ph - PT;
   const int64_t width = W < wp - PL ? W : wp - PL; /* the input pixels any tap reads */
   uint16_t *dst = (uint16_t *)to;
-  memset(dst, 0, (size_t)(wp * cp) * sizeof(uint16_t));
-  if (h < 0 || h >= H || width <= 0) return;
+  if (h < 0 || h >= H || width <= 0) {
+    memset(dst, 0, (size_t)(wp * cp) * sizeof(uint16_t));
+    return;
+  }
+  /* the padding around the row's pixels, and the pixels' padded channels */
+  memset(dst, 0, (size_t)(PL * cp) * sizeof(uint16_t));
+  memset(dst + (PL + width) * cp, 0, (size_t)((wp - PL - width) * cp) * sizeof(uint16_t));
+  if (cp != C)
+    for (int64_t w = 0; w < width; ++w) memset(dst + (PL + w) * cp + C, 0, (size_t)(cp - C) * sizeof(uint16_t));
   if (q[11]) { /* channels last: the row is width pixels of C channels */
     const float *src = g->b + KILN_SPAN(bt * g->b_bs + h * W * C, width * C, g->b_size, "B (direct input, channels last)");
     if (cp == C)

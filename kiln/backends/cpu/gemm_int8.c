@@ -318,9 +318,16 @@ static void kiln_int8_nhwc_row(const kiln_gemm *g, int64_t bt, int64_t ph, int64
   const int64_t C = q[0], H = q[1], W = q[2], PT = q[5], PL = q[6], h = ph - PT;
   const int64_t width = W < wp - PL ? W : wp - PL; /* the input pixels any tap reads */
   uint8_t *dst = (uint8_t *)to;
-  memset(dst, (int)g->q_zero, (size_t)(wp * cp));
-  if (h < 0 || h >= H || width <= 0) return;
+  if (h < 0 || h >= H || width <= 0) {
+    memset(dst, (int)g->q_zero, (size_t)(wp * cp));
+    return;
+  }
   uint8_t *first = dst + PL * cp;
+  /* the padding around the row's pixels (the pixels' padded channels: below) */
+  memset(dst, (int)g->q_zero, (size_t)(PL * cp));
+  memset(first + width * cp, (int)g->q_zero, (size_t)((wp - PL - width) * cp));
+  if (cp != C)
+    for (int64_t w = 0; w < width; ++w) memset(first + w * cp + C, (int)g->q_zero, (size_t)(cp - C));
   if (q[11]) { /* channels last: the row is width pixels of C channels */
     const int64_t at = bt * g->b_bs + h * W * C;
     if (g->q_given) {
