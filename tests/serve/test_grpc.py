@@ -38,6 +38,7 @@ def served(tmp_path_factory):
         )
         for method, (request, response) in METHODS.items()
     }
+    calls["port"] = running.grpc_port  # (for clients of their own: tritonclient's)
     yield calls
     channel.close()
     running.stop()
@@ -94,3 +95,32 @@ def test_bad_calls_get_statuses_with_reasons(served):
             served["ModelInfer"](message)
         assert caught.value.code() == code and reason in caught.value.details(), caught.value.details()
     assert served["ModelInfer"](request(images(2))).outputs[0].shape == [2, 5]
+
+
+def test_tritonclient_grpc_talks_to_the_service(served):
+    """The protocol's own gRPC client (tritonclient.grpc: its generated stubs, not kiln's
+    descriptor) on the same port: health, metadata, inference with binary contents, an error
+    status with its reason."""
+    tritongrpc = pytest.importorskip("tritonclient.grpc", reason="tritonclient's gRPC side (the 'serve' extra)")
+    from tritonclient.utils import InferenceServerException
+
+    client = tritongrpc.InferenceServerClient(f"127.0.0.1:{served['port']}")
+    try:
+        assert client.is_server_live() and client.is_model_ready("cnn")
+        metadata = client.get_model_metadata("cnn", as_json=True)
+        assert metadata["inputs"][0]["shape"] == ["-1", "3", "6", "6"] and metadata["versions"] == ["3"]
+        x = images(2, seed=7)
+        inputs = [
+            tritongrpc.InferInput("x", list(x.shape), "FP32"),
+            tritongrpc.InferInput("scale", list(SCALE.shape), "FP32"),
+        ]
+        inputs[0].set_data_from_numpy(x)
+        inputs[1].set_data_from_numpy(SCALE)
+        result = client.infer("cnn", inputs, request_id="t1")
+        want = kiln.compile(small_cnn(), target="reference").run({"x": x, "scale": SCALE})["y"]
+        np.testing.assert_allclose(result.as_numpy("y"), want, rtol=1e-5, atol=1e-5)
+        assert result.get_response().id == "t1"
+        with pytest.raises(InferenceServerException, match="no model"):
+            client.infer("nobody", inputs)
+    finally:
+        client.close()
