@@ -96,7 +96,17 @@ def _say_ranges(compiled) -> None:  # type: ignore[no-untyped-def]
     "output",
     type=click.Path(path_type=Path),
     required=True,
-    help="The .kiln artifact to write; with --target fpga:..., the folder of the Vitis HLS project.",
+    help="The .kiln artifact to write; with --target fpga:..., the folder of the Vitis HLS project; with "
+    "--emit c, the folder of the C library.",
+)
+@click.option(
+    "--emit",
+    type=click.Choice(["artifact", "c"]),
+    default="artifact",
+    show_default=True,
+    help="c: the model as a C library in the folder -o names (kiln.h, libkiln_model.so, the weights file "
+    "model.kw, an example main.c): it runs without Python, NumPy or a compiler; one size (--dim binds every "
+    "symbolic dim; default 1).",
 )
 @click.option("-O", "level", type=click.IntRange(0, 3), default=2, show_default=True, help="Optimization level.")
 @dim_option(
@@ -166,6 +176,7 @@ def _say_ranges(compiled) -> None:  # type: ignore[no-untyped-def]
 def compile_command(
     model: str,
     output: Path,
+    emit: str,
     level: int,
     dims: tuple[str, ...],
     size_classes: tuple[str, ...],
@@ -195,7 +206,7 @@ def compile_command(
         for each in bindings:
             _tune(graph, each, level, _parse_duration(tune_budget), retune, target, measurer)
     start = time.perf_counter()
-    fpga = _fpga_output(target, tune_budget, output)
+    fpga = _fpga_output(target, tune_budget, output, emit, bool(ranges or classes or len(bindings) > 1))
     calibration = _calibration(precision, calibration, model, graph, fixed_point=fpga)
     what = f"{len(bindings)} binding(s) of " if len(bindings) > 1 else ""
     with console.status(f"compiling {what}{model} for {target} ({precision}, -O{level})..."):
@@ -220,6 +231,11 @@ def compile_command(
     plan = compiled.plans[-1] if len(bindings) == 1 else compiled.plans[0]
     if fpga:
         _fpga_project(compiled, output, model, graph, calibration, seconds)
+        return
+    if emit == "c":
+        from kiln.driver.emit_c import emit_c
+
+        out.print(emit_c(compiled, output, bindings[0]).line(), highlight=False)
         return
     compiled.save(output)
     if len(bindings) > 1:
@@ -255,8 +271,13 @@ def _say_accuracy(compiled, model: str, graph) -> None:  # type: ignore[no-untyp
     out.print(f"accuracy: {report.line()}", highlight=False)
 
 
-def _fpga_output(target: str, tune_budget: str | None, output: Path) -> bool:
-    """Whether the compile writes an fpga project (a folder) rather than a .kiln file."""
+def _fpga_output(target: str, tune_budget: str | None, output: Path, emit: str, sized: bool) -> bool:
+    """Whether the compile writes an fpga project (a folder) rather than a .kiln file (or, with
+    --emit c, a C library's folder: one size, ``sized`` saying more were asked for)."""
+    if emit == "c":
+        if sized or target.split(":")[0] != "cpu":
+            raise click.UsageError("--emit c builds one size for a cpu target: bind each dim to one size with --dim")
+        return False
     fpga = target.startswith("fpga")
     if fpga and tune_budget is not None:
         raise click.UsageError("--tune measures CPU kernels; the fpga target's schedule comes from its reuse factor")

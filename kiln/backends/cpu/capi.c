@@ -1,0 +1,282 @@
+/* kiln's C API (kiln.h) over one compiled plan: the library `kiln compile --emit c` builds from
+   this file and the plan's tables (kiln_model_tables.h, written by kiln.driver.emit_c), linked
+   against the plan's own library (libkiln_plan.so: its kiln_run entry, the engine, the pool).
+
+   The plan's buffer table is what the Python runtime builds (kiln.runtime.executable): slot 0
+   the status word, the weights' addresses (from the weights file, mapped read-only), the arena's
+   buffers at their planned offsets, the inputs' and the caller-written outputs' addresses per
+   call; outputs the plan leaves in the arena (or that are weights or inputs) are copied out. */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "kiln.h"
+
+typedef struct {
+  const char *name;
+  uint8_t code, bits;
+  int32_t ndim;
+  const int64_t *shape;
+  int64_t slot;
+  int32_t source;   /* outputs: 0 written in place (the caller's memory), 1 the arena, 2 a weight, 3 an input */
+  int64_t where;    /* the arena offset, the weight's index or the input's position */
+  int64_t elements;
+} kiln_io;
+
+#include "kiln_model_tables.h"
+
+typedef int (*kiln_host_fn)(int gap);
+extern int kiln_run(void **buffers, kiln_host_fn host);
+extern void kiln_set_threads(int threads);
+extern void kiln_pool_start(void) __attribute__((weak));
+extern int kiln_set_int8(int mode) __attribute__((weak));
+extern int kiln_set_bf16(int mode) __attribute__((weak));
+
+#define KILN_MAGIC "KILNWTS1"
+#define KILN_ALIGN 64
+
+struct kiln_model {
+  void *map;
+  size_t map_bytes;
+  void *table[KILN_SLOTS > 0 ? KILN_SLOTS : 1]; /* the weights' addresses; the rest filled per context and call */
+  const char *weights[KILN_CONSTANTS > 0 ? KILN_CONSTANTS : 1];
+};
+
+struct kiln_context {
+  const kiln_model *model;
+  char *arena;
+  int32_t status;
+  void *table[KILN_SLOTS > 0 ? KILN_SLOTS : 1];
+};
+
+static _Thread_local char kiln_message[512];
+
+static kiln_status kiln_fail(kiln_status status, const char *format, ...) {
+  va_list args;
+  va_start(args, format);
+  vsnprintf(kiln_message, sizeof kiln_message, format, args);
+  va_end(args);
+  return status;
+}
+
+static kiln_status kiln_ok(void) {
+  kiln_message[0] = 0;
+  return KILN_OK;
+}
+
+const char *kiln_last_error(void) { return kiln_message; }
+
+int kiln_abi_version(void) { return KILN_ABI_VERSION; }
+
+void kiln_set_thread_count(int threads) { kiln_set_threads(threads < 0 ? 0 : threads); }
+
+/* CRC-32 (IEEE, zlib's; kiln_crc_table from the tables header): the weights file's checksum */
+static uint64_t kiln_crc32(const unsigned char *data, size_t n) {
+  uint32_t crc = 0xFFFFFFFFu;
+  for (size_t i = 0; i < n; ++i) crc = kiln_crc_table[(crc ^ data[i]) & 0xFF] ^ (crc >> 8);
+  return crc ^ 0xFFFFFFFFu;
+}
+
+static uint64_t kiln_read64(const unsigned char *p) {
+  uint64_t v = 0;
+  for (int i = 7; i >= 0; --i) v = (v << 8) | p[i];
+  return v;
+}
+
+/* the best micro-kernel paths this CPU has for the plan's reduced-precision products */
+static void kiln_choose_paths(void) {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_cpu_init();
+  if (kiln_set_int8) {
+    int mode = 0;
+    if (__builtin_cpu_supports("avx2")) mode = 1;
+    if (KILN_INT8_VNNI && __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512f")) mode = 3;
+    kiln_set_int8(mode);
+  }
+  if (kiln_set_bf16) kiln_set_bf16(__builtin_cpu_supports("avx512bf16") ? 1 : 0);
+#else
+  if (kiln_set_int8) kiln_set_int8(0);
+  if (kiln_set_bf16) kiln_set_bf16(0);
+#endif
+}
+
+/* the header: magic, ABI, constant count, data bytes, checksum, model id, each constant's bytes */
+static kiln_status kiln_check_header(const unsigned char *p, size_t size, size_t *data_at) {
+  const size_t fixed = 8 + 8 + 8 + 8 + 64;
+  if (size < fixed) return kiln_fail(KILN_ERROR_FILE, "the weights file is %zu bytes: truncated (no header)", size);
+  if (memcmp(p, KILN_MAGIC, 8) != 0) return kiln_fail(KILN_ERROR_FILE, "not a kiln weights file (its first bytes are not " KILN_MAGIC ")");
+  const uint64_t abi = kiln_read64(p + 8) & 0xffffffffu, count = kiln_read64(p + 8) >> 32;
+  if (abi != KILN_ABI_VERSION) return kiln_fail(KILN_ERROR_FILE, "the weights file is of ABI version %llu, this library of %d", (unsigned long long)abi, KILN_ABI_VERSION);
+  if (memcmp(p + 32, KILN_MODEL_ID, 64) != 0) return kiln_fail(KILN_ERROR_FILE, "the weights file is another model's (its model id differs from this library's)");
+  if (count != KILN_CONSTANTS) return kiln_fail(KILN_ERROR_FILE, "the weights file holds %llu weights, this model %d", (unsigned long long)count, KILN_CONSTANTS);
+  const size_t table = fixed + 8 * (size_t)count;
+  *data_at = (table + KILN_ALIGN - 1) / KILN_ALIGN * KILN_ALIGN;
+  const uint64_t data_bytes = kiln_read64(p + 16);
+  if (size < table || data_bytes != (uint64_t)(size - *data_at) || size < *data_at)
+    return kiln_fail(KILN_ERROR_FILE, "the weights file is %zu bytes, its header says %llu of data after %zu: truncated or damaged", size, (unsigned long long)data_bytes, *data_at);
+  return KILN_OK;
+}
+
+kiln_status kiln_model_load(const char *weights_path, kiln_model **model) {
+  if (!model) return kiln_fail(KILN_ERROR_ARGUMENT, "kiln_model_load: model is NULL");
+  *model = NULL;
+  if (!weights_path) return kiln_fail(KILN_ERROR_ARGUMENT, "kiln_model_load: weights_path is NULL");
+  if (!KILN_CPU_OK()) return kiln_fail(KILN_ERROR_CPU, "this library was built for a CPU with %s; this CPU lacks some", KILN_CPU_NEEDS);
+  int fd = open(weights_path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return kiln_fail(KILN_ERROR_FILE, "cannot open %s: %s", weights_path, strerror(errno));
+  struct stat st;
+  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    close(fd);
+    return kiln_fail(KILN_ERROR_FILE, "%s is not a regular file", weights_path);
+  }
+  const size_t size = (size_t)st.st_size;
+  void *map = size ? mmap(NULL, size, PROT_READ, MAP_PRIVATE, fd, 0) : MAP_FAILED;
+  close(fd);
+  if (map == MAP_FAILED) return kiln_fail(size ? KILN_ERROR_FILE : KILN_ERROR_FILE, "cannot map %s (%zu bytes)", weights_path, size);
+  const unsigned char *p = (const unsigned char *)map;
+  size_t data_at = 0;
+  kiln_status status = kiln_check_header(p, size, &data_at);
+  if (status == KILN_OK && kiln_crc32(p + data_at, size - data_at) != kiln_read64(p + 24))
+    status = kiln_fail(KILN_ERROR_FILE, "the weights file's checksum does not match its data: damaged");
+  kiln_model *m = status == KILN_OK ? (kiln_model *)calloc(1, sizeof *m) : NULL;
+  if (status == KILN_OK && !m) status = kiln_fail(KILN_ERROR_MEMORY, "out of memory");
+  if (status != KILN_OK) {
+    munmap(map, size);
+    return status;
+  }
+  m->map = map, m->map_bytes = size;
+  size_t at = data_at;
+  for (int i = 0; i < KILN_CONSTANTS; ++i) {
+    const uint64_t bytes = kiln_read64(p + 96 + 8 * (size_t)i);
+    if (bytes != kiln_constant_bytes[i] || at + bytes > size) {
+      munmap(map, size);
+      free(m);
+      return kiln_fail(KILN_ERROR_FILE, "weight %d is %llu bytes in the file, %llu in the model", i, (unsigned long long)bytes, (unsigned long long)kiln_constant_bytes[i]);
+    }
+    m->weights[i] = (const char *)p + at;
+    m->table[kiln_constant_slots[i]] = (void *)(p + at);
+    at = (at + bytes + KILN_ALIGN - 1) / KILN_ALIGN * KILN_ALIGN;
+  }
+  static int started = 0;
+  if (!__atomic_exchange_n(&started, 1, __ATOMIC_ACQ_REL)) {
+    kiln_choose_paths();
+    if (kiln_pool_start) kiln_pool_start();
+  }
+  *model = m;
+  return kiln_ok();
+}
+
+void kiln_model_free(kiln_model *model) {
+  if (!model) return;
+  munmap(model->map, model->map_bytes);
+  free(model);
+}
+
+int kiln_model_input_count(const kiln_model *model) { return model ? KILN_INPUTS : 0; }
+int kiln_model_output_count(const kiln_model *model) { return model ? KILN_OUTPUTS : 0; }
+
+static kiln_status kiln_describe(const kiln_io *io, kiln_tensor_info *info) {
+  info->name = io->name;
+  info->dtype.code = io->code, info->dtype.bits = io->bits, info->dtype.lanes = 1;
+  info->ndim = io->ndim;
+  info->shape = info->min_shape = info->max_shape = io->shape; /* (static dims: every range is one size) */
+  return kiln_ok();
+}
+
+kiln_status kiln_model_input(const kiln_model *model, int index, kiln_tensor_info *info) {
+  if (!model || !info) return kiln_fail(KILN_ERROR_ARGUMENT, "kiln_model_input: model or info is NULL");
+  if (index < 0 || index >= KILN_INPUTS) return kiln_fail(KILN_ERROR_ARGUMENT, "input %d: the model has %d", index, KILN_INPUTS);
+  return kiln_describe(&kiln_inputs[index], info);
+}
+
+kiln_status kiln_model_output(const kiln_model *model, int index, kiln_tensor_info *info) {
+  if (!model || !info) return kiln_fail(KILN_ERROR_ARGUMENT, "kiln_model_output: model or info is NULL");
+  if (index < 0 || index >= KILN_OUTPUTS) return kiln_fail(KILN_ERROR_ARGUMENT, "output %d: the model has %d", index, KILN_OUTPUTS);
+  return kiln_describe(&kiln_outputs[index], info);
+}
+
+size_t kiln_model_workspace_size(const kiln_model *model) { return model ? (size_t)KILN_ARENA_BYTES : 0; }
+
+kiln_status kiln_context_create(const kiln_model *model, kiln_context **context) {
+  if (!context) return kiln_fail(KILN_ERROR_ARGUMENT, "kiln_context_create: context is NULL");
+  *context = NULL;
+  if (!model) return kiln_fail(KILN_ERROR_ARGUMENT, "kiln_context_create: model is NULL");
+  kiln_context *c = (kiln_context *)calloc(1, sizeof *c);
+  if (!c) return kiln_fail(KILN_ERROR_MEMORY, "out of memory");
+  const size_t bytes = ((size_t)KILN_ARENA_BYTES + KILN_ALIGN - 1) / KILN_ALIGN * KILN_ALIGN;
+  if (bytes && posix_memalign((void **)&c->arena, KILN_ALIGN, bytes) != 0) {
+    free(c);
+    return kiln_fail(KILN_ERROR_MEMORY, "out of memory for a workspace of %zu bytes", bytes);
+  }
+  if (bytes) memset(c->arena, 0, bytes); /* its pages faulted in now, not in the first run */
+  c->model = model;
+  memcpy(c->table, model->table, sizeof c->table);
+  for (int i = 0; i < KILN_ARENA_SLOTS; ++i) c->table[kiln_arena_slots[i][0]] = c->arena + kiln_arena_slots[i][1];
+  c->table[0] = &c->status;
+  *context = c;
+  return kiln_ok();
+}
+
+void kiln_context_free(kiln_context *context) {
+  if (!context) return;
+  free(context->arena);
+  free(context);
+}
+
+static kiln_status kiln_check_tensor(const char *role, int index, const kiln_io *io, const DLTensor *t) {
+  if (!t->data) return kiln_fail(KILN_ERROR_ARGUMENT, "%s %d (%s): data is NULL", role, index, io->name);
+  if (t->device.device_type != kDLCPU) return kiln_fail(KILN_ERROR_TENSOR, "%s %d (%s): not a CPU tensor (device type %d)", role, index, io->name, (int)t->device.device_type);
+  if (t->dtype.code != io->code || t->dtype.bits != io->bits || t->dtype.lanes != 1)
+    return kiln_fail(KILN_ERROR_TENSOR, "%s %d (%s): dtype (code %d, %d bits, %d lanes), the model's is (code %d, %d bits)", role, index, io->name, t->dtype.code, t->dtype.bits, t->dtype.lanes, io->code, io->bits);
+  if (t->ndim != io->ndim || (t->ndim && !t->shape)) return kiln_fail(KILN_ERROR_TENSOR, "%s %d (%s): %d dims, the model's has %d", role, index, io->name, (int)t->ndim, (int)io->ndim);
+  int64_t expected = 1;
+  for (int d = t->ndim - 1; d >= 0; --d) {
+    if (t->shape[d] != io->shape[d]) return kiln_fail(KILN_ERROR_TENSOR, "%s %d (%s): dim %d is %lld, the model's is %lld", role, index, io->name, d, (long long)t->shape[d], (long long)io->shape[d]);
+    if (t->strides && io->shape[d] > 1 && t->strides[d] != expected) return kiln_fail(KILN_ERROR_TENSOR, "%s %d (%s): not C-contiguous (dim %d's stride is %lld)", role, index, io->name, d, (long long)t->strides[d]);
+    expected *= io->shape[d];
+  }
+  return KILN_OK;
+}
+
+kiln_status kiln_infer(kiln_context *context, const DLTensor *inputs, int input_count, DLTensor *outputs, int output_count) {
+  if (!context) return kiln_fail(KILN_ERROR_ARGUMENT, "kiln_infer: context is NULL");
+  if (input_count != KILN_INPUTS || output_count != KILN_OUTPUTS)
+    return kiln_fail(KILN_ERROR_ARGUMENT, "kiln_infer: %d inputs and %d outputs given, the model takes %d and %d", input_count, output_count, KILN_INPUTS, KILN_OUTPUTS);
+  if ((KILN_INPUTS && !inputs) || (KILN_OUTPUTS && !outputs)) return kiln_fail(KILN_ERROR_ARGUMENT, "kiln_infer: inputs or outputs is NULL");
+  const char *given[KILN_INPUTS > 0 ? KILN_INPUTS : 1];
+  for (int i = 0; i < KILN_INPUTS; ++i) {
+    kiln_status status = kiln_check_tensor("input", i, &kiln_inputs[i], &inputs[i]);
+    if (status != KILN_OK) return status;
+    given[i] = (const char *)inputs[i].data + inputs[i].byte_offset;
+    context->table[kiln_inputs[i].slot] = (void *)given[i];
+  }
+  for (int i = 0; i < KILN_OUTPUTS; ++i) {
+    kiln_status status = kiln_check_tensor("output", i, &kiln_outputs[i], &outputs[i]);
+    if (status != KILN_OK) return status;
+    if (kiln_outputs[i].source == 0) context->table[kiln_outputs[i].slot] = (char *)outputs[i].data + outputs[i].byte_offset;
+  }
+  context->status = 0;
+  const int code = kiln_run(context->table, NULL);
+  if (code == 1) {
+    const int32_t at = context->status;
+    return kiln_fail(KILN_ERROR_RUN, "node %s: an index input is out of range for the dimension it indexes",
+                     at >= 0 && at < KILN_LABELS ? kiln_kernel_labels[at] : "?");
+  }
+  if (code != 0) return kiln_fail(KILN_ERROR_RUN, "the plan's entry returned %d", code);
+  for (int i = 0; i < KILN_OUTPUTS; ++i) {
+    const kiln_io *io = &kiln_outputs[i];
+    const size_t bytes = (size_t)io->elements * (io->bits / 8);
+    const char *from = io->source == 1 ? context->arena + io->where
+                     : io->source == 2 ? context->model->weights[io->where]
+                     : io->source == 3 ? given[io->where] : NULL;
+    if (from) memmove((char *)outputs[i].data + outputs[i].byte_offset, from, bytes);
+  }
+  return kiln_ok();
+}

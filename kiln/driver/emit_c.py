@@ -1,0 +1,286 @@
+"""A compiled model as a C library with a small, stable header (``kiln compile MODEL --emit c -o
+DIR``, ``kiln.emit_c``): run it from C or C++ with no Python, NumPy or compiler on the machine.
+
+The folder holds:
+
+- ``kiln.h``: the API (``kiln/backends/cpu/kiln.h``: load, describe, contexts, ``kiln_infer`` on
+  DLPack tensors, statuses and messages);
+- ``libkiln_model.so``: the API over this model's plan (``kiln/backends/cpu/capi.c`` compiled with
+  the plan's tables: buffer slots, arena offsets, inputs and outputs), linked to
+- ``libkiln_plan.so``: the plan's generated code with kiln's engine and thread pool (the library
+  the Python runtime loads for the same plan), found beside it (rpath ``$ORIGIN``);
+- ``model.kw``: the weights, packed as the plan reads them, each 64-byte aligned after a header
+  (magic, ABI version, count, data bytes, CRC-32, the model's id, each weight's bytes): the library
+  maps it read-only, so processes share its pages, and refuses a truncated, damaged or foreign one;
+- ``main.c``: an example that loads the model, runs it once on zeros and prints each output's first
+  values; ``README.txt``: how to build and run it;
+- ``src/``: the API library's source (``capi.c`` and this model's ``kiln_model_tables.h``), to build
+  it again (with sanitizers, say) against ``libkiln_plan.so``.
+
+This first form takes one binding of the model's dims (``dims``: every symbolic input dim bound);
+a plan with host fallbacks (ops without native code) cannot run without Python and is refused.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+import subprocess
+import tempfile
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from kiln.backends.cpu import toolchain
+from kiln.errors import ArgumentError, KilnError
+from kiln.ir.types import DType, TensorType
+from kiln.passes.batching import symbols
+
+ABI_VERSION = 1
+MAGIC = b"KILNWTS1"
+ALIGN = 64
+HERE = Path(__file__).resolve().parents[1] / "backends" / "cpu"
+DLPACK = {  # kiln dtype -> DLPack (type code, bits)
+    DType.FLOAT32: (2, 32),
+    DType.FLOAT64: (2, 64),
+    DType.FLOAT16: (2, 16),
+    DType.BFLOAT16: (4, 16),
+    DType.INT8: (0, 8),
+    DType.INT16: (0, 16),
+    DType.INT32: (0, 32),
+    DType.INT64: (0, 64),
+    DType.UINT8: (1, 8),
+    DType.BOOL: (6, 8),
+}
+# /proc/cpuinfo flag -> GCC's __builtin_cpu_supports name: what a -march=native library may use
+CPU_FLAGS = {
+    "avx": "avx",
+    "avx2": "avx2",
+    "fma": "fma",
+    "f16c": "f16c",
+    "bmi1": "bmi",
+    "bmi2": "bmi2",
+    "avx512f": "avx512f",
+    "avx512bw": "avx512bw",
+    "avx512dq": "avx512dq",
+    "avx512vl": "avx512vl",
+    "avx512cd": "avx512cd",
+    "avx512_vnni": "avx512vnni",
+    "avx512_bf16": "avx512bf16",
+    "avx512vbmi": "avx512vbmi",
+    "avx512ifma": "avx512ifma",
+}
+ISA_FLAGS = {"avx512": ("avx2", "fma", "avx512f", "avx512bw", "avx512dq", "avx512vl"), "avx2": ("avx2", "fma")}
+
+
+@dataclass
+class Emitted:
+    """What ``emit_c`` wrote: the folder, its files, the weights' bytes and the dims it runs."""
+
+    folder: Path
+    files: list[str]
+    weight_bytes: int
+    dims: dict[str, int]
+
+    def line(self) -> str:
+        dims = ", ".join(f"{k}={v}" for k, v in self.dims.items()) or "static"
+        return f"C library in {self.folder}: {', '.join(self.files)} ({self.weight_bytes / 1e6:.1f} MB of weights; dims {dims})"
+
+
+def emit_c(model: Any, folder: str | Path, dims: dict[str, int] | None = None) -> Emitted:
+    """Write ``model`` (a ``kiln.compile`` result for the cpu target) as a C library into ``folder``
+    (made if absent; files of these names in it are replaced, nothing else is touched)."""
+    dims = dict(dims or {})
+    unbound = sorted(set(symbols(model.signature)) - set(dims))
+    if unbound:
+        raise ArgumentError(f"--emit c runs one size: bind {', '.join(unbound)} (--dim {unbound[0]}=N)")
+    if not hasattr(model, "variant"):
+        raise ArgumentError("--emit c takes a model compiled for the cpu target")
+    executable = model.variant(dims)
+    plan = executable.plan
+    _check(plan, executable)
+    folder = Path(folder)
+    if folder.is_symlink() or (folder.exists() and not folder.is_dir()):
+        raise ArgumentError(f"{folder} is not a folder")
+    folder.mkdir(parents=True, exist_ok=True)
+    constants = [(buffer, np.ascontiguousarray(array).reshape(-1)) for buffer, array in plan.constants.items()]
+    data, sizes = _weights_data(constants)
+    tables = _tables(plan, constants, sizes)
+    model_id = hashlib.sha256(tables.encode() + zlib.crc32(data).to_bytes(8, "little")).hexdigest()
+    header = _weights_header(sizes, data, model_id)
+    with tempfile.TemporaryDirectory(prefix="kiln-emit-") as scratch:
+        build = Path(scratch)
+        (build / "kiln_model_tables.h").write_text(_id_define(model_id) + _cpu_checks(plan.target) + tables)
+        shutil.copyfile(HERE / "kiln.h", build / "kiln.h")
+        shutil.copyfile(HERE / "capi.c", build / "capi.c")
+        plan_library = build / "libkiln_plan.so"
+        shutil.copyfile(plan.library, plan_library)
+        _link(build, plan_library)
+        for name in ("libkiln_plan.so", "libkiln_model.so", "kiln.h"):
+            _replace(folder / name, (build / name).read_bytes())
+        source = folder / "src"
+        if source.is_symlink() or (source.exists() and not source.is_dir()):
+            raise ArgumentError(f"{source} exists and is not a folder")
+        source.mkdir(exist_ok=True)
+        for name in ("capi.c", "kiln_model_tables.h"):  # the API library's source (a sanitized or static build)
+            _replace(source / name, (build / name).read_bytes())
+    _replace(folder / "model.kw", header + data)
+    _replace(folder / "main.c", (HERE / "capi_example.c").read_bytes())
+    _replace(folder / "README.txt", _readme(plan).encode())
+    files = ["kiln.h", "libkiln_model.so", "libkiln_plan.so", "model.kw", "main.c", "README.txt", "src/"]
+    return Emitted(folder, files, len(data), dims)
+
+
+def _check(plan: Any, executable: Any) -> None:
+    target = plan.target
+    if target is None or target.backend != "cpu" or plan.library is None:
+        raise ArgumentError("--emit c takes the cpu target's native code (this plan has no native library)")
+    if not plan.is_native or executable.interpreter is not None:
+        ops = sorted({step.node.op for step in getattr(plan, "fallbacks", [])})
+        raise ArgumentError(
+            "the model needs host fallbacks (ops without native code"
+            + (f": {', '.join(ops)}" if ops else "")
+            + "), which run in Python: it cannot be a C library yet"
+        )
+    if plan.memory.growing is not None or executable.keep is not None:
+        raise ArgumentError("--emit c takes plans of fixed sizes (bind every dim with --dim)")
+
+
+def _weights_data(constants: list[tuple[Any, np.ndarray]]) -> tuple[bytes, list[int]]:
+    parts, sizes, at = [], [], 0
+    for _, array in constants:
+        raw = array.view(np.uint8).tobytes()
+        sizes.append(len(raw))
+        pad = -(at + len(raw)) % ALIGN
+        parts += [raw, b"\0" * pad]
+        at += len(raw) + pad
+    return b"".join(parts), sizes
+
+
+def _weights_header(sizes: list[int], data: bytes, model_id: str) -> bytes:
+    head = MAGIC + (ABI_VERSION | (len(sizes) << 32)).to_bytes(8, "little")
+    head += len(data).to_bytes(8, "little") + zlib.crc32(data).to_bytes(8, "little") + model_id.encode()
+    head += b"".join(size.to_bytes(8, "little") for size in sizes)
+    return head + b"\0" * (-len(head) % ALIGN)
+
+
+def _tables(plan: Any, constants: list[tuple[Any, np.ndarray]], sizes: list[int]) -> str:
+    """The plan's buffer table as C: slots, weights, arena offsets, inputs and outputs."""
+    table = plan.table
+    lines = [f"#define KILN_SLOTS {len(table)}", f"#define KILN_ARENA_BYTES {int(plan.memory.arena_bytes)}"]
+    lines.append(f"#define KILN_CONSTANTS {len(constants)}")
+    slots = [str(table[buffer]) for buffer, _ in constants] or ["0"]
+    lines.append(f"static const int64_t kiln_constant_slots[] = {{{', '.join(slots)}}};")
+    lines.append(f"static const uint64_t kiln_constant_bytes[] = {{{', '.join(str(s) for s in sizes) or '0'}}};")
+    arena = [(table[b], int(offset)) for b, offset in plan.memory.offsets.items() if b in table]
+    lines.append(f"#define KILN_ARENA_SLOTS {len(arena)}")
+    pairs = ", ".join(f"{{{slot}, {offset}}}" for slot, offset in arena) or "{0, 0}"
+    lines.append(f"static const int64_t kiln_arena_slots[][2] = {{{pairs}}};")
+    weight_index = {buffer: i for i, (buffer, _) in enumerate(constants)}
+    inputs = [_io(value, buffer, table[buffer], 0, 0) for value, buffer in zip(plan.graph.inputs, plan.inputs)]
+    outputs = []
+    for value, buffer in zip(plan.graph.outputs, plan.outputs):
+        if buffer in weight_index:
+            source, where = 2, weight_index[buffer]
+        elif buffer in plan.inputs:
+            source, where = 3, plan.inputs.index(buffer)
+        elif buffer in plan.memory.offsets:
+            source, where = 1, int(plan.memory.offsets[buffer])
+        else:
+            source, where = 0, 0
+        outputs.append(_io(value, buffer, table.get(buffer, 0), source, where))
+    lines.append(f"#define KILN_INPUTS {len(inputs)}")
+    lines.append(f"static const kiln_io kiln_inputs[] = {{{', '.join(inputs) or '{0}'}}};")
+    lines.append(f"#define KILN_OUTPUTS {len(outputs)}")
+    lines.append(f"static const kiln_io kiln_outputs[] = {{{', '.join(outputs) or '{0}'}}};")
+    labels = dict(getattr(plan, "kernel_labels", {}) or {})
+    count = max(labels, default=0) + 1
+    texts = ", ".join(_c_string(str(labels.get(i, "?"))) for i in range(count))
+    lines.append(f"#define KILN_LABELS {count}")
+    lines.append(f"static const char *const kiln_kernel_labels[] = {{{texts}}};")
+    crc = [zlib_table_entry(i) for i in range(256)]
+    lines.append(f"static const uint32_t kiln_crc_table[256] = {{{', '.join(f'{c}u' for c in crc)}}};")
+    return "\n".join(lines) + "\n"
+
+
+def zlib_table_entry(i: int) -> int:
+    c = i
+    for _ in range(8):
+        c = 0xEDB88320 ^ (c >> 1) if c & 1 else c >> 1
+    return c
+
+
+def _io(value: Any, buffer: Any, slot: int, source: int, where: int) -> str:
+    vtype = value.type
+    if not isinstance(vtype, TensorType) or vtype.shape is None or not vtype.is_static:
+        raise KilnError(f"{value.name}: no static shape in the plan (kiln bug)")
+    if vtype.dtype not in DLPACK:
+        raise ArgumentError(f"{value.name}: dtype {vtype.dtype.name} has no C API type yet")
+    code, bits = DLPACK[vtype.dtype]
+    shape = [int(d) for d in vtype.shape]
+    dims = "(const int64_t[]){" + (", ".join(str(d) for d in shape) or "0") + "}"
+    elements = int(np.prod(shape)) if shape else 1
+    return f"{{{_c_string(value.name)}, {code}, {bits}, {len(shape)}, {dims}, {slot}, {source}, {where}, {elements}}}"
+
+
+def _c_string(text: str) -> str:
+    """``text`` as a C string literal (every byte outside printable ASCII escaped)."""
+    body = "".join(chr(b) if 32 <= b < 127 and chr(b) not in '"\\?' else f"\\{b:03o}" for b in text.encode("utf-8"))
+    return f'"{body}"'
+
+
+def _id_define(model_id: str) -> str:
+    return f'static const char KILN_MODEL_ID[65] = "{model_id}";\n'
+
+
+def _cpu_checks(target: Any) -> str:
+    """KILN_CPU_OK(): the instruction sets the plan's code was built for, checked at load."""
+    if target.native:
+        needed = sorted({CPU_FLAGS[f] for f in target.features if f in CPU_FLAGS})
+    else:
+        needed = list(ISA_FLAGS.get(target.isa, ()))
+    test = " && ".join(f'__builtin_cpu_supports("{name}")' for name in needed) or "1"
+    vnni = int(target.isa == "avx512" or (target.native and target.isa == "avx2"))
+    return (
+        f"#define KILN_CPU_OK() (__builtin_cpu_init(), ({test}))\n"
+        f'#define KILN_CPU_NEEDS "{", ".join(needed) or "nothing"}"\n'
+        f"#define KILN_INT8_VNNI {vnni}\n"
+    )
+
+
+def _link(build: Path, plan_library: Path) -> None:
+    compiler = toolchain.find_compiler()[0]
+    command = [compiler, "-std=c11", "-O2", "-fPIC", "-shared", "-Wall", "-Wextra", "-Werror", "-Wno-unused-parameter",
+               "-I", str(build), str(build / "capi.c"), "-o", str(build / "libkiln_model.so"),
+               "-L", str(build), "-l:" + plan_library.name, "-Wl,-rpath,$ORIGIN", "-Wl,--no-undefined"]  # fmt: skip
+    result = subprocess.run(command, capture_output=True, text=True)
+    if result.returncode != 0:
+        raise KilnError(f"building the C API library failed (kiln bug):\n{result.stderr[-3000:]}")
+
+
+def _replace(path: Path, content: bytes) -> None:
+    """``path`` written whole (a link there is replaced, never followed)."""
+    if path.is_symlink() or (path.exists() and not path.is_file()):
+        raise ArgumentError(f"{path} exists and is not a regular file: kiln will not write through it")
+    temporary = path.with_name(f".{path.name}.kiln-tmp")
+    temporary.write_bytes(content)
+    temporary.replace(path)
+
+
+def _readme(plan: Any) -> str:
+    names = ", ".join(v.name for v in plan.graph.inputs)
+    return f"""kiln: this model as a C library (kiln.h; ABI version {ABI_VERSION})
+
+Build the example and run it (no Python, NumPy or kiln needed at run time; a C compiler only to build
+your own program):
+
+    cc -std=c99 -O2 main.c -I. -L. -lkiln_model -Wl,-rpath,'$ORIGIN' -o example
+    ./example model.kw
+
+Inputs: {names}. kiln.h says what the API promises (threads, allocation, errors). The code was
+built for {plan.target.name} ({plan.target.isa}); on a CPU without those instructions
+kiln_model_load returns KILN_ERROR_CPU.
+"""

@@ -1,0 +1,164 @@
+/* Drives kiln.h the way a user's program would (tests/runtime/test_emit_c.py builds it with -std=c99
+   -Wall -Wextra -Werror, and with AddressSanitizer and UBSan):
+     capi_check run WEIGHTS IN_0 .. IN_n-1 OUT_0 .. OUT_m-1   raw bytes in, raw bytes out
+     capi_check load WEIGHTS                                   prints the load's status and message
+     capi_check misuse WEIGHTS                                 bad calls: each must give its status */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kiln.h"
+
+static int64_t count(const kiln_tensor_info *info) {
+  int64_t n = 1;
+  for (int d = 0; d < info->ndim; ++d) n *= info->shape[d];
+  return n;
+}
+
+static void *read_file(const char *path, size_t want) {
+  FILE *f = fopen(path, "rb");
+  void *data = malloc(want ? want : 1);
+  if (!f || !data || fread(data, 1, want, f) != want) {
+    fprintf(stderr, "cannot read %zu bytes of %s\n", want, path);
+    exit(3);
+  }
+  fclose(f);
+  return data;
+}
+
+static void tensor(DLTensor *t, const kiln_tensor_info *info, void *data) {
+  memset(t, 0, sizeof *t);
+  t->data = data;
+  t->device.device_type = kDLCPU;
+  t->ndim = info->ndim;
+  t->dtype = info->dtype;
+  t->shape = (int64_t *)info->shape;
+}
+
+static int expect(const char *what, kiln_status got, kiln_status want) {
+  printf("%s: status %d (%s)\n", what, (int)got, kiln_last_error());
+  if (got != want) {
+    printf("  expected status %d\n", (int)want);
+    return 1;
+  }
+  if (want != KILN_OK && !kiln_last_error()[0]) {
+    printf("  no message\n");
+    return 1;
+  }
+  return 0;
+}
+
+static int misuse(kiln_model *model) {
+  int failures = 0;
+  kiln_tensor_info in0, out0;
+  kiln_context *context = NULL;
+  failures += expect("context", kiln_context_create(model, &context), KILN_OK);
+  failures += expect("input -1", kiln_model_input(model, -1, &in0), KILN_ERROR_ARGUMENT);
+  failures += expect("input 0", kiln_model_input(model, 0, &in0), KILN_OK);
+  failures += expect("output 0", kiln_model_output(model, 0, &out0), KILN_OK);
+  const int n_in = kiln_model_input_count(model), n_out = kiln_model_output_count(model);
+  DLTensor *inputs = calloc((size_t)n_in, sizeof(DLTensor)), *outputs = calloc((size_t)n_out, sizeof(DLTensor));
+  for (int i = 0; i < n_in; ++i) {
+    kiln_tensor_info info;
+    kiln_model_input(model, i, &info);
+    tensor(&inputs[i], &info, calloc((size_t)count(&info), info.dtype.bits / 8));
+  }
+  for (int i = 0; i < n_out; ++i) {
+    kiln_tensor_info info;
+    kiln_model_output(model, i, &info);
+    tensor(&outputs[i], &info, calloc((size_t)count(&info), info.dtype.bits / 8));
+  }
+  failures += expect("a good run", kiln_infer(context, inputs, n_in, outputs, n_out), KILN_OK);
+  failures += expect("no context", kiln_infer(NULL, inputs, n_in, outputs, n_out), KILN_ERROR_ARGUMENT);
+  failures += expect("one input short", kiln_infer(context, inputs, n_in - 1, outputs, n_out), KILN_ERROR_ARGUMENT);
+  failures += expect("NULL inputs", kiln_infer(context, NULL, n_in, outputs, n_out), KILN_ERROR_ARGUMENT);
+  void *data = inputs[0].data;
+  inputs[0].data = NULL;
+  failures += expect("NULL data", kiln_infer(context, inputs, n_in, outputs, n_out), KILN_ERROR_ARGUMENT);
+  inputs[0].data = data;
+  inputs[0].dtype.bits = in0.dtype.bits == 64 ? 32 : 64;
+  failures += expect("wrong dtype", kiln_infer(context, inputs, n_in, outputs, n_out), KILN_ERROR_TENSOR);
+  inputs[0].dtype = in0.dtype;
+  int64_t shape[8] = {0};
+  memcpy(shape, in0.shape, sizeof(int64_t) * (size_t)in0.ndim);
+  shape[0] += 1;
+  inputs[0].shape = shape;
+  failures += expect("wrong dims", kiln_infer(context, inputs, n_in, outputs, n_out), KILN_ERROR_TENSOR);
+  inputs[0].shape = (int64_t *)in0.shape;
+  inputs[0].ndim = in0.ndim + 1;
+  failures += expect("wrong rank", kiln_infer(context, inputs, n_in, outputs, n_out), KILN_ERROR_TENSOR);
+  inputs[0].ndim = in0.ndim;
+  int64_t strides[8] = {0};
+  for (int d = 0; d < in0.ndim; ++d) strides[d] = 1;
+  inputs[0].strides = strides;
+  failures += expect(in0.ndim > 1 ? "not contiguous" : "strides of one dim", kiln_infer(context, inputs, n_in, outputs, n_out), in0.ndim > 1 ? KILN_ERROR_TENSOR : KILN_OK);
+  inputs[0].strides = NULL;
+  outputs[0].device.device_type = 2;
+  failures += expect("a GPU output", kiln_infer(context, inputs, n_in, outputs, n_out), KILN_ERROR_TENSOR);
+  outputs[0].device.device_type = kDLCPU;
+  failures += expect("a good run again", kiln_infer(context, inputs, n_in, outputs, n_out), KILN_OK);
+  if (in0.dtype.code == kDLInt && in0.dtype.bits == 64) { /* token ids: one out of the table's range */
+    ((int64_t *)inputs[0].data)[0] = 1000000;
+    failures += expect("an index out of range", kiln_infer(context, inputs, n_in, outputs, n_out), KILN_ERROR_RUN);
+    ((int64_t *)inputs[0].data)[0] = 0;
+    failures += expect("and a good run after it", kiln_infer(context, inputs, n_in, outputs, n_out), KILN_OK);
+  }
+  failures += expect("describe into NULL", kiln_model_input(model, 0, NULL), KILN_ERROR_ARGUMENT);
+  kiln_context *other = context;
+  failures += expect("no model", kiln_context_create(NULL, &other), KILN_ERROR_ARGUMENT);
+  if (other) failures += expect("a failed create leaves NULL", KILN_ERROR_ARGUMENT, KILN_OK);
+  kiln_context_free(other); /* (freeing NULL is allowed) */
+  kiln_context_free(context);
+  for (int i = 0; i < n_in; ++i) free(inputs[i].data);
+  for (int i = 0; i < n_out; ++i) free(outputs[i].data);
+  free(inputs), free(outputs);
+  return failures;
+}
+
+int main(int argc, char **argv) {
+  if (argc < 3) return 2;
+  if (kiln_abi_version() != KILN_ABI_VERSION) return 4;
+  kiln_model *model = NULL;
+  const kiln_status loaded = kiln_model_load(argv[2], &model);
+  if (!strcmp(argv[1], "load")) {
+    printf("load: status %d (%s)\n", (int)loaded, kiln_last_error());
+    kiln_model_free(model);
+    return 0;
+  }
+  if (loaded != KILN_OK) return fprintf(stderr, "%s\n", kiln_last_error()), 1;
+  if (!strcmp(argv[1], "misuse")) {
+    const int failures = misuse(model);
+    kiln_model_free(model);
+    return failures ? 1 : 0;
+  }
+  const int n_in = kiln_model_input_count(model), n_out = kiln_model_output_count(model);
+  if (argc != 3 + n_in + n_out) return fprintf(stderr, "%d inputs and %d outputs\n", n_in, n_out), 2;
+  DLTensor *inputs = calloc((size_t)n_in, sizeof(DLTensor)), *outputs = calloc((size_t)n_out, sizeof(DLTensor));
+  for (int i = 0; i < n_in; ++i) {
+    kiln_tensor_info info;
+    kiln_model_input(model, i, &info);
+    tensor(&inputs[i], &info, read_file(argv[3 + i], (size_t)count(&info) * (info.dtype.bits / 8)));
+  }
+  for (int i = 0; i < n_out; ++i) {
+    kiln_tensor_info info;
+    kiln_model_output(model, i, &info);
+    tensor(&outputs[i], &info, malloc((size_t)count(&info) * (info.dtype.bits / 8)));
+  }
+  kiln_context *context = NULL;
+  if (kiln_context_create(model, &context) != KILN_OK || kiln_infer(context, inputs, n_in, outputs, n_out) != KILN_OK)
+    return fprintf(stderr, "%s\n", kiln_last_error()), 1;
+  for (int i = 0; i < n_out; ++i) {
+    kiln_tensor_info info;
+    kiln_model_output(model, i, &info);
+    FILE *f = fopen(argv[3 + n_in + i], "wb");
+    const size_t bytes = (size_t)count(&info) * (info.dtype.bits / 8);
+    if (!f || fwrite(outputs[i].data, 1, bytes, f) != bytes) return 3;
+    fclose(f);
+  }
+  kiln_context_free(context);
+  for (int i = 0; i < n_in; ++i) free(inputs[i].data);
+  for (int i = 0; i < n_out; ++i) free(outputs[i].data);
+  free(inputs), free(outputs);
+  kiln_model_free(model);
+  return 0;
+}

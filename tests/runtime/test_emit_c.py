@@ -1,0 +1,220 @@
+"""A compiled model as a C library (``kiln compile --emit c``): C programs written against kiln.h,
+built with -std=c99 -Wall -Wextra -Werror (and with AddressSanitizer and UBSan), run the model
+bit for bit as the Python runtime does, and every misuse or damaged file is a status and a message."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import kiln
+from kiln.driver.emit_c import emit_c
+from kiln.errors import ArgumentError
+from tests.runtime.test_sizes import small_cnn
+
+CHECK = Path(__file__).parent / "c" / "capi_check.c"
+CC = shutil.which("cc") or shutil.which("gcc")
+pytestmark = pytest.mark.skipif(CC is None, reason="no C compiler to build the C programs")
+STRICT = ["-std=c99", "-Wall", "-Wextra", "-Werror", "-O1"]
+
+
+def embedding_model() -> onnx.ModelProto:
+    """Token ids (int64) through an embedding table, a product and a softmax: integer inputs."""
+    rng = np.random.default_rng(3)
+    table = numpy_helper.from_array(rng.standard_normal((50, 16)).astype(np.float32), "table")
+    weight = numpy_helper.from_array(rng.standard_normal((16, 7)).astype(np.float32), "weight")
+    nodes = [
+        helper.make_node("Gather", ["table", "ids"], ["e"]),
+        helper.make_node("MatMul", ["e", "weight"], ["m"]),
+        helper.make_node("Softmax", ["m"], ["y"], axis=-1),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "embed",
+        [helper.make_tensor_value_info("ids", TensorProto.INT64, [3, 5])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3, 5, 7])],
+        [table, weight],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def build(
+    folder: Path, extra: list[str] = (), sources: list[str] = (), libraries: list[str] = ("-lkiln_model",)
+) -> Path:  # type: ignore[assignment]
+    binary = folder / ("check" + ("-sanitized" if extra else ""))
+    command = [CC, *STRICT, *extra, str(CHECK), *sources, f"-I{folder}", f"-L{folder}", *libraries,
+               f"-Wl,-rpath,{folder}", "-o", str(binary)]  # fmt: skip
+    result = subprocess.run(command, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    return binary
+
+
+@pytest.fixture(scope="module", params=["cnn", "embedding"])
+def emitted(request, tmp_path_factory):
+    folder = tmp_path_factory.mktemp(f"c-{request.param}")
+    if request.param == "cnn":
+        model, dims = kiln.compile(small_cnn()), {"batch": 2}
+    else:
+        model, dims = kiln.compile(embedding_model()), {}
+    emit_c(model, folder, dims)
+    return model, folder, build(folder)
+
+
+def feeds_of(model) -> dict[str, np.ndarray]:  # type: ignore[no-untyped-def]
+    rng = np.random.default_rng(5)
+    if "ids" in model.input_names:
+        return {"ids": rng.integers(0, 50, (3, 5)).astype(np.int64)}
+    return {"x": rng.standard_normal((2, 3, 6, 6)).astype(np.float32), "scale": np.float32([0.5])}
+
+
+def run_c(binary: Path, folder: Path, model, feeds, tmp_path: Path) -> list[np.ndarray]:  # type: ignore[no-untyped-def]
+    paths = []
+    for name in model.input_names:
+        path = tmp_path / f"in-{name}.bin"
+        np.ascontiguousarray(feeds[name]).tofile(path)
+        paths.append(str(path))
+    outs = [str(tmp_path / f"out-{i}.bin") for i in range(len(model.output_names))]
+    result = subprocess.run(
+        [str(binary), "run", str(folder / "model.kw"), *paths, *outs], capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    return [np.fromfile(path, np.float32) for path in outs]
+
+
+def test_the_c_library_computes_what_python_does_bit_for_bit(emitted, tmp_path):
+    model, folder, binary = emitted
+    feeds = feeds_of(model)
+    want = model.run(feeds)
+    got = run_c(binary, folder, model, feeds, tmp_path)
+    for name, array in zip(model.output_names, got):
+        np.testing.assert_array_equal(array, np.asarray(want[name], np.float32).reshape(-1))
+
+
+def test_misuse_at_the_c_boundary_is_a_status_and_a_message(emitted):
+    _, folder, binary = emitted
+    result = subprocess.run([str(binary), "misuse", str(folder / "model.kw")], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "wrong dims: status 4" in result.stdout and "NULL data: status 1" in result.stdout
+
+
+def damaged_files(folder: Path, tmp_path: Path) -> dict[str, tuple[Path, str]]:
+    data = (folder / "model.kw").read_bytes()
+    flipped = bytearray(data)
+    flipped[-1] ^= 0x40
+    cases = {
+        "truncated": (data[: len(data) // 2], "truncated"),
+        "a header only": (data[:40], "truncated"),
+        "empty": (b"", "cannot map"),
+        "another format": (b"PK\x03\x04" + data[4:], "not a kiln weights file"),
+        "a flipped bit": (bytes(flipped), "checksum"),
+        "another ABI": (data[:8] + bytes([9]) + data[9:], "ABI version"),
+        "another model": (data[:40] + b"0" * 8 + data[48:], "another model"),
+    }
+    paths = {}
+    for name, (content, reason) in cases.items():
+        path = tmp_path / (name.replace(" ", "-") + ".kw")
+        path.write_bytes(content)
+        paths[name] = (path, reason)
+    paths["a folder"] = (tmp_path, "not a regular file")
+    paths["missing"] = (tmp_path / "nothing.kw", "cannot open")
+    return paths
+
+
+def test_damaged_or_foreign_weights_files_are_refused_with_the_reason(emitted, tmp_path):
+    _, folder, binary = emitted
+    for name, (path, reason) in damaged_files(folder, tmp_path).items():
+        result = subprocess.run([str(binary), "load", str(path)], capture_output=True, text=True)
+        assert result.returncode == 0, (name, result.stderr)
+        assert "load: status 2" in result.stdout and reason in result.stdout, (name, result.stdout)
+
+
+def sanitizers_work(tmp_path: Path) -> bool:
+    probe = tmp_path / "probe.c"
+    probe.write_text("int main(void) { return 0; }\n")
+    result = subprocess.run(
+        [CC, "-fsanitize=address,undefined", str(probe), "-o", str(tmp_path / "probe")], capture_output=True
+    )
+    return result.returncode == 0 and subprocess.run([str(tmp_path / "probe")]).returncode == 0
+
+
+def test_the_api_library_passes_under_asan_and_ubsan(emitted, tmp_path):
+    """The API's own code (src/capi.c) and the C program built with AddressSanitizer and UBSan
+    against the plan's library: a run, the misuse, the damaged files."""
+    model, folder, _ = emitted
+    if not sanitizers_work(tmp_path):
+        pytest.skip("this compiler cannot build and run AddressSanitizer/UBSan programs")
+    flags = ["-fsanitize=address,undefined", "-fno-sanitize-recover=undefined", "-g", f"-I{folder / 'src'}"]
+    binary = build(folder, flags, [str(folder / "src" / "capi.c")], ["-l:libkiln_plan.so"])
+    feeds = feeds_of(model)
+    got = run_c(binary, folder, model, feeds, tmp_path)
+    want = model.run(feeds)
+    np.testing.assert_array_equal(got[0], np.asarray(want[model.output_names[0]], np.float32).reshape(-1))
+    result = subprocess.run([str(binary), "misuse", str(folder / "model.kw")], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+    for name, (path, reason) in damaged_files(folder, tmp_path).items():
+        result = subprocess.run([str(binary), "load", str(path)], capture_output=True, text=True)
+        assert result.returncode == 0 and reason in result.stdout, (name, result.stdout + result.stderr)
+
+
+def test_the_example_builds_strict_and_runs(emitted):
+    _, folder, _ = emitted
+    binary = folder / "example"
+    command = [CC, *STRICT, str(folder / "main.c"), f"-I{folder}", f"-L{folder}", "-lkiln_model", "-Wl,-rpath,$ORIGIN", "-o", str(binary)]  # fmt: skip
+    result = subprocess.run(command, capture_output=True, text=True, cwd=folder)
+    assert result.returncode == 0, result.stderr
+    run = subprocess.run([str(binary), "model.kw"], capture_output=True, text=True, cwd=folder)
+    assert run.returncode == 0 and "output 0 starts" in run.stdout, run.stdout + run.stderr
+
+
+def test_what_cannot_be_a_c_library_is_refused_with_the_reason(tmp_path):
+    with pytest.raises(ArgumentError, match="bind batch"):
+        emit_c(kiln.compile(small_cnn()), tmp_path / "a", {})
+    with pytest.raises(ArgumentError, match="cpu target"):
+        emit_c(kiln.compile(small_cnn(), target="reference"), tmp_path / "b", {"batch": 1})
+    (tmp_path / "c").write_text("a file")
+    with pytest.raises(ArgumentError, match="not a folder"):
+        emit_c(kiln.compile(small_cnn()), tmp_path / "c", {"batch": 1})
+
+
+def test_names_from_the_model_file_are_escaped_into_the_c_tables(tmp_path):
+    """Input names are the model file's strings: quotes, backslashes, trigraphs and non-ASCII
+    bytes come back from kiln_model_input as they were."""
+    name = 'a"b\\c??/d\u00e9'
+    node = helper.make_node("Relu", [name], ["y"])
+    graph = helper.make_graph(
+        [node],
+        "names",
+        [helper.make_tensor_value_info(name, TensorProto.FLOAT, [2, 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])],
+    )
+    model = kiln.compile(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+    folder = tmp_path / "names"
+    emit_c(model, folder)
+    binary = folder / "example"
+    command = [CC, *STRICT, str(folder / "main.c"), f"-I{folder}", f"-L{folder}", "-lkiln_model", "-Wl,-rpath,$ORIGIN", "-o", str(binary)]  # fmt: skip
+    assert subprocess.run(command, capture_output=True, cwd=folder).returncode == 0
+    run = subprocess.run([str(binary), "model.kw"], capture_output=True, cwd=folder)
+    assert run.returncode == 0 and f"input 0: {name}, 2 dims".encode() in run.stdout, run.stdout
+
+
+def test_kiln_compile_emit_c_writes_the_folder(tmp_path):
+    from click.testing import CliRunner
+
+    from kiln.cli import main
+
+    onnx.save(small_cnn(), tmp_path / "cnn.onnx")
+    runner = CliRunner()
+    result = runner.invoke(main, ["compile", str(tmp_path / "cnn.onnx"), "--emit", "c", "-o", str(tmp_path / "out"), "--dim", "batch=3"])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert {"kiln.h", "libkiln_model.so", "libkiln_plan.so", "model.kw", "main.c"} <= {
+        p.name for p in (tmp_path / "out").iterdir()
+    }
+    assert "batch=3" in result.output
+    ranged = runner.invoke(main, ["compile", str(tmp_path / "cnn.onnx"), "--emit", "c", "-o", str(tmp_path / "r"), "--dim", "batch=1..4"])  # fmt: skip
+    assert ranged.exit_code == 2 and "one size" in ranged.output
