@@ -34,6 +34,7 @@ from kiln.lower.kir import Buffer, Kernel, buffers_in
 from kiln.lower.kir_verify import verify_kernel
 from kiln.lower.lowering import CannotLower, Lowerer
 from kiln.lower.memory import MemoryPlan, plan_memory
+from kiln.lower.quantized_only import store_quantized_only
 from kiln.lower.target import Target
 from kiln.memory import BIG, return_freed
 from kiln.passes import PASS_NAMES, optimize, specialize
@@ -294,6 +295,12 @@ def _lower(state: Compile) -> list[Segment | Fallback]:
     state.released = release.released if release is not None else set()
     if current:
         state.steps.append(Segment(len(state.segments), current))
+    if "quantized-only" not in options.algorithms_disabled:
+        kernels = [k for step in state.steps if isinstance(step, Segment) for k in step.kernels]
+        other = {lowerer.buffer(v) for v in graph.outputs} | {
+            lowerer.buffer(v) for step in state.steps if isinstance(step, Fallback) for v in step.node.inputs if v is not None
+        }  # fmt: skip
+        store_quantized_only(kernels, other)
     return state.steps
 
 

@@ -522,9 +522,10 @@ def lower_conv_nhwc(lw: Lowerer, node: Node, epilogue: Epilogue | None = None) -
             return [bt, Binary("/", i, i64(out_w)), Binary("%", i, i64(out_w)), j]
 
         helper = epilogue_helper(lw, name, dst, position_of, flat_of, epilogue, None, tile=_tile(precision))
+    finish = tile_finish(lw, epilogue, None, out_shape, None, 3) if epilogue is not None else None
     stmt = GemmSpec(
         batch, pixels, out_channels, reduction, a_operand, b_operand, dst, pixels * out_channels, out_channels,
-        _blocking(precision, choice), helper, precision, quant, None,
+        _blocking(precision, choice), helper, precision, quant, finish,
         _requantize(lw, out) if precision == "int8" else None,
     )  # fmt: skip
     flops = 2 * batch * out_channels * pixels * channels * kernel_h * kernel_w

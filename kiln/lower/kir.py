@@ -227,6 +227,9 @@ class Requantize:
     inv: float
     zero: int
     qmax: int
+    # the float output is read by nothing else (``kiln.lower.quantized_only``): the engine finishes
+    # each tile in a scratch with the product's ``TileFinish`` and stores only these bytes
+    only: bool = False
 
 
 @dataclass(frozen=True)

@@ -492,5 +492,7 @@ def test_a_channels_last_int8_region_computes_what_the_nchw_graph_does(path, tar
     direct = [c for c in calls if isinstance(c.b, DirectOperand)]
     assert [c.b.geometry[9:] for c in direct] == [(1, 1, 1), (2, 2, 1)]  # strides, channels last
     assert sum(c.quant.given is not None for c in calls) == 3  # a, b and c: their producers' bytes
+    # a and b are read by nothing else: their producers store only the bytes (c: the residual's floats too)
+    assert [c.requant.only for c in calls if c.requant is not None] == [True, True, False]
     assert not any(isinstance(c.b, DirectOperand) and c.b.geometry[11] for c in _engine_calls(planes))
     np.testing.assert_array_equal(last.run({"x": x})["y"], planes.run({"x": x})["y"])

@@ -20,6 +20,7 @@ from kiln.lower.kir import (
     MatrixOperand,
     PackedOperand,
     Stmt,
+    TileFinish,
     WinogradInput,
     WinogradOutput,
     epilogue_of,
@@ -79,8 +80,12 @@ def engine_call(stmt: EngineCall, indent: str) -> list[str]:
     lines = [f"{indent}{{", f"{indent}  kiln_gemm g = {{0}};"]
     epilogue = epilogue_of(stmt)
     finish = stmt.finish if isinstance(stmt, GemmSpec) and stmt.precision == "fp32" else None
+    only = isinstance(stmt, GemmSpec) and stmt.requant is not None and stmt.requant.only
+    if only:  # int8 bytes only: the epilogue on each tile's scratch (gemm_lowp.c)
+        finish = stmt.finish or TileFinish()  # (no epilogue: the bounds still say "none")
+        lines.append(f"{indent}  g.r_only = 1;")
     if finish is not None:  # the same epilogue, in the micro-kernel's registers (gemm.c)
-        lines += [f"{indent}  g.f_on = 1;", f"{indent}  g.f_relu = {int(finish.relu)};"]
+        lines += [f"{indent}  g.f_on = {int(not only)};", f"{indent}  g.f_relu = {int(finish.relu)};"]
         lines += [f"{indent}  g.f_{name} = {_float(value)};" for name, value in (("lo", finish.lo), ("hi", finish.hi))]
         lines += [f"{indent}  g.f_{name} = {b.name};" for name, b in (("row", finish.row), ("col", finish.col)) if b]
     elif epilogue is not None:

@@ -43,6 +43,8 @@ struct kiln_gemm {
   uint8_t *r_out;          /* the finished C also stored quantized for the int8 products reading it:
                               r_out[i] = clamp(rint(c[i] * r_inv) + r_zero, 0, r_max) (or NULL) */
   float r_inv; int32_t r_zero, r_max;
+  int r_only;               /* nothing reads the float C: each tile finished in a scratch (the f_ fields:
+                              bias, Relu, bounds) and stored as r_out only (kiln.lower.quantized_only) */
   int64_t q_given_size;     /* elements, for KILN_DEBUG checks (r_out has c_size) */
   int direct; /* a convolution on the direct path (gemm_lowp.c): b the input, conv = (C H W KH KW PT PL OH OW SH SW NHWC) */
   void **buffers;           /* the segment's buffer table, for the epilogue */

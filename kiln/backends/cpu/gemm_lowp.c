@@ -11,9 +11,10 @@
      need it).
    Work is split as the float engine's: (batch, M block, N block) tasks over kiln's pool. A task
    walks its N block one 32-column panel at a time; the panel's C blocks stay in L2 while each
-   k chunk of the panel (in L1) meets every 32-row slab of A. Blocks of 32 x 32 (16 x 32 for a
-   last slab of at most 16 rows) are the formats' micro-kernels' (AMX tiles, AVX-512 / AVX2 dot
-   products, portable C); edge blocks accumulate in a scratch. After the last chunk a block is
+   k chunk of the panel (in L1) meets every 32-row slab of A. Blocks of 32 x 32 (a last slab: its
+   rows rounded up to 8, the register kernels' unit; to 16 or 32 on AMX tiles) are the formats'
+   micro-kernels' (AMX tiles, AVX-512 / AVX2 dot products, portable C); edge blocks accumulate in
+   a scratch. After the last chunk a block is
    finished (int8: int32 sums to float32 with the scales) and the epilogue runs on it. */
 
 typedef struct {
@@ -81,6 +82,18 @@ static void kiln_requantize(const kiln_gemm *g, int64_t bt, int64_t i0, int64_t 
   for (int64_t r = 0; r < rows; ++r) {
     const int64_t at = KILN_SPAN(bt * g->c_bs + (i0 + r) * g->ldc + j0, cols, g->c_size, "C (requantized)");
     kiln_quantize_u8(g->r_inv, g->r_zero, g->r_max, g->c + at, g->r_out + at, cols);
+  }
+}
+
+/* a finished tile (rows x cols floats at `tile`, row stride ld) through the product's TileFinish
+   (g->f_: bias, Relu, bounds: its whole epilogue) and stored only as its int8 readers' bytes at
+   rows i0.., columns j0.. of batch element bt's r_out (g->r_only: nothing reads the floats) */
+static void kiln_store_quantized(const kiln_gemm *g, float *tile, int64_t ld, int64_t bt, int64_t i0, int64_t rows, int64_t j0, int64_t cols) {
+  const kiln_finish fin = {g->f_row ? g->f_row + i0 : NULL, g->f_col ? g->f_col + j0 : NULL, g->f_relu, g->f_lo, g->f_hi};
+  kiln_finish_tile(&fin, tile, ld, rows, cols);
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t at = KILN_SPAN(bt * g->c_bs + (i0 + r) * g->ldc + j0, cols, g->c_size, "C (quantized only)");
+    kiln_quantize_u8(g->r_inv, g->r_zero, g->r_max, tile + r * ld, g->r_out + at, cols);
   }
 }
 
@@ -189,6 +202,19 @@ static void kiln_lowp_tasks(void *ctx, int64_t lo, int64_t hi, int worker) {
           const int64_t rows = mlen - ir < 32 ? mlen - ir : 32;
           const char *aslab = (p->a_given && rows < 32 ? abuf : ablock + ir * kp * es) + k0 * es;
           float *tile = c + (m0 + ir) * g->ldc + n0 + jr;
+          if (g->r_only) { /* the sums in the slab's scratch block, the floats in another, C untouched */
+            float *block = edges + (ir / 32) * 32 * 32;
+            ops->block(g, aslab, kp, bchunk, kc, block, 32, amx ? (rows <= 16 ? 16 : 32) : kiln_round_up(rows, 8), !first);
+            if (last) {
+              float finished[32 * 32] __attribute__((aligned(64)));
+              if (ops->finish)
+                ops->finish(g, block, 32, rows, cols, m0 + ir, n0 + jr, finished, 32);
+              else
+                for (int64_t r = 0; r < rows; ++r) memcpy(finished + r * 32, block + r * 32, (size_t)cols * sizeof(float));
+              kiln_store_quantized(g, finished, 32, bt, m0 + ir, rows, n0 + jr, cols);
+            }
+            continue;
+          }
           if (rows == 32 && cols == 32 && first && last && ops->finish) {
             /* one chunk: the sums stay in a scratch block in L1, finished straight into C */
             KILN_SPAN(bt * g->c_bs + (m0 + ir) * g->ldc + n0 + jr, 31 * g->ldc + 32, g->c_size, "C");
@@ -201,7 +227,7 @@ static void kiln_lowp_tasks(void *ctx, int64_t lo, int64_t hi, int worker) {
             if (last && ops->finish) ops->finish(g, tile, g->ldc, 32, 32, m0 + ir, n0 + jr, tile, g->ldc);
           } else {
             float *block = edges + (ir / 32) * 32 * 32;
-            ops->block(g, aslab, kp, bchunk, kc, block, 32, rows <= 16 ? 16 : 32, !first);
+            ops->block(g, aslab, kp, bchunk, kc, block, 32, amx ? (rows <= 16 ? 16 : 32) : kiln_round_up(rows, 8), !first);
             if (last) {
               KILN_SPAN(bt * g->c_bs + (m0 + ir) * g->ldc + n0 + jr, (rows - 1) * g->ldc + cols, g->c_size, "C");
               if (ops->finish)
@@ -372,7 +398,7 @@ static void kiln_direct_rows(void *ctx, int64_t lo, int64_t hi, int worker) {
 }
 
 /* a block's real pixels v .. last (virtual) stored and finished, run by run of one output row */
-static void kiln_direct_store(const kiln_direct_plan *p, int64_t bt, int64_t v, int64_t last, const float *block, int64_t oc0, int64_t cols) {
+static void kiln_direct_store(const kiln_direct_plan *p, int64_t bt, int64_t v, int64_t last, float *block, int64_t oc0, int64_t cols) {
   const kiln_gemm *g = p->g;
   const int64_t pixels = p->OH * p->OW, OC = p->OC;
   float turned[32 * 32] __attribute__((aligned(64)));
@@ -387,7 +413,9 @@ static void kiln_direct_store(const kiln_direct_plan *p, int64_t bt, int64_t v, 
     }
     const int64_t run = p->OW - ow < last - (v + r) ? p->OW - ow : last - (v + r);
     const int64_t j0 = oh * p->OW + ow;
-    if (p->nhwc) { /* pixel rows of OC channels: (pixel, channel) is the engine's (row, column) */
+    if (p->nhwc && g->r_only) { /* only the int8 readers' bytes */
+      kiln_store_quantized(g, block + r * 32, 32, bt, j0, run, oc0, cols);
+    } else if (p->nhwc) { /* pixel rows of OC channels: (pixel, channel) is the engine's (row, column) */
       KILN_SPAN(bt * g->c_bs + j0 * OC + oc0, (run - 1) * OC + cols, g->c_size, "C (direct, channels last)");
       for (int64_t k = 0; k < run; ++k) memcpy(out + (j0 + k) * OC + oc0, block + (r + k) * 32, (size_t)cols * sizeof(float));
       if (g->epilogue) g->epilogue(g, bt, j0, j0 + run, oc0, oc0 + cols);

@@ -1,0 +1,71 @@
+"""int8 activations that leave their producer only as bytes.
+
+An int8 product whose output only int8 products read stores it twice: as float32 (its finish and
+epilogue write it, then read it back to quantize it) and as the unsigned bytes its readers take
+(``Requantize``). When nothing reads the floats -- every reader is an engine product that takes
+those bytes as its quantized operand, none of their epilogues reads the floats, no host fallback
+does, it is not an output -- and the producer's epilogue is simple enough to run on a tile
+(``TileFinish``: a bias, Relu, Clip; or none), the producer is marked ``Requantize.only``: the engine
+finishes each tile in a scratch and stores only the bytes (a ResNet's first two convolutions of
+every block). The floats' buffer is still planned (its writes and reads stay declared) but never
+touched. Products on the row-major layouts only (a MatMul's rows, a channels-last convolution's
+pixels): a NCHW convolution's output keeps both.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from kiln.lower.kir import Buffer, DirectOperand, GemmSpec, Kernel, buffers_in
+
+
+def store_quantized_only(kernels: list[Kernel], other_reads: set[Buffer]) -> int:
+    """Marks the producers among ``kernels`` whose floats nothing reads (``other_reads``: the
+    buffers host fallbacks and the outputs read); returns how many."""
+    producers = {
+        spec.out: spec
+        for kernel in kernels
+        for spec in kernel.body
+        if isinstance(spec, GemmSpec)
+        and _row_major(spec)
+        and spec.requant is not None
+        and (spec.finish is not None or spec.epilogue is None)
+    }
+    readers: dict[Buffer, list[Kernel]] = {}
+    for kernel in kernels:
+        for buffer in kernel.reads:
+            if buffer in producers:
+                readers.setdefault(buffer, []).append(kernel)
+    marked = 0
+    for out, spec in producers.items():
+        if out in other_reads or not all(_takes_bytes(kernel, out, spec) for kernel in readers.get(out, [])):
+            continue
+        assert spec.requant is not None
+        spec.requant = replace(spec.requant, only=True)
+        spec.epilogue = None  # (its TileFinish, if any, is the whole epilogue)
+        marked += 1
+    return marked
+
+
+def _row_major(spec: GemmSpec) -> bool:
+    """The output is (row, column) = (sample or pixel, channel): a MatMul's, a channels-last
+    convolution's."""
+    if spec.precision != "int8" or spec.quant is None:
+        return False
+    if isinstance(spec.b, DirectOperand):
+        return bool(spec.b.geometry[11])
+    return not spec.quant.rows
+
+
+def _takes_bytes(kernel: Kernel, out: Buffer, producer: GemmSpec) -> bool:
+    """Whether ``kernel`` reads ``out`` only as the quantized activations its producer stored."""
+    if len(kernel.body) != 1 or not isinstance(kernel.body[0], GemmSpec):
+        return False
+    spec = kernel.body[0]
+    assert producer.requant is not None
+    if spec.quant is None or spec.quant.given is not producer.requant.dest:
+        return False
+    if spec.epilogue is not None and out in buffers_in(spec.epilogue.body):
+        return False
+    quantized, other = (spec.b, spec.a) if spec.quant.rows or isinstance(spec.b, DirectOperand) else (spec.a, spec.b)
+    return getattr(quantized, "buffer", None) is out and getattr(other, "buffer", None) is not out
