@@ -9,6 +9,8 @@ The folder holds:
   the plan's tables: buffer slots, arena offsets, inputs and outputs), linked to
 - ``libkiln_plan.so``: the plan's generated code with kiln's engine and thread pool (the library
   the Python runtime loads for the same plan), found beside it (rpath ``$ORIGIN``);
+- ``libkiln_model.a``: the same as one static library (the API, the plan's unit, the engine:
+  link with ``-lpthread -lm``);
 - ``model.kw``: the weights, packed as the plan reads them, each 64-byte aligned after a header
   (magic, ABI version, count, data bytes, CRC-32, the model's id, each weight's bytes): the library
   maps it read-only, so processes share its pages, and refuses a truncated, damaged or foreign one;
@@ -34,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from kiln.backends.cpu import toolchain
+from kiln.backends.cpu import c_unit, toolchain
 from kiln.errors import ArgumentError, KilnError
 from kiln.ir.types import DType, TensorType
 from kiln.passes.batching import symbols
@@ -119,7 +121,10 @@ def emit_c(model: Any, folder: str | Path, dims: dict[str, int] | None = None) -
         plan_library = build / "libkiln_plan.so"
         shutil.copyfile(plan.library, plan_library)
         _link(build, plan_library)
-        for name in ("libkiln_plan.so", "libkiln_model.so", "kiln.h"):
+        names = ["libkiln_plan.so", "libkiln_model.so", "kiln.h"]
+        if _archive(build, plan):
+            names.append("libkiln_model.a")
+        for name in names:
             _replace(folder / name, (build / name).read_bytes())
         source = folder / "src"
         if source.is_symlink() or (source.exists() and not source.is_dir()):
@@ -131,6 +136,8 @@ def emit_c(model: Any, folder: str | Path, dims: dict[str, int] | None = None) -
     _replace(folder / "main.c", (HERE / "capi_example.c").read_bytes())
     _replace(folder / "README.txt", _readme(plan).encode())
     files = ["kiln.h", "libkiln_model.so", "libkiln_plan.so", "model.kw", "main.c", "README.txt", "src/"]
+    if (folder / "libkiln_model.a").exists():
+        files.insert(2, "libkiln_model.a")
     return Emitted(folder, files, len(data), dims)
 
 
@@ -261,6 +268,36 @@ def _link(build: Path, plan_library: Path) -> None:
         raise KilnError(f"building the C API library failed (kiln bug):\n{result.stderr[-3000:]}")
 
 
+def _archive(build: Path, plan: Any) -> bool:
+    """``libkiln_model.a``: the API, the plan's unit and its engine object (the same source and
+    flags as the shared libraries); False where the plan's unit source is not at hand (a plan
+    read from an artifact)."""
+    unit_path = plan.library.with_suffix(".c")
+    if not unit_path.is_file():
+        return False
+    unit = unit_path.read_text()
+    objects = [toolchain.object_file(unit, plan.target)]
+    narrow = c_unit.linked_engine(unit)
+    if narrow is not None:  # (None: a debug build, whose unit holds the engines)
+        objects.append(toolchain.object_file(c_unit.engine_source(plan.target, narrow), plan.target))
+    compiler = toolchain.find_compiler()[0]
+    capi = build / "capi.o"
+    command = [compiler, "-std=c11", "-O2", "-fPIC", "-c", "-I", str(build), str(build / "capi.c"), "-o", str(capi)]
+    result = subprocess.run(command, capture_output=True, text=True)
+    archiver = shutil.which("ar")
+    if result.returncode != 0 or archiver is None:
+        raise KilnError(f"building the static C API library failed (kiln bug): {result.stderr[-2000:] or 'no ar'}")
+    members = []
+    for number, obj in enumerate([capi, *objects]):  # distinct member names (the cache's are keys)
+        member = build / f"kiln_{number}.o"
+        shutil.copyfile(obj, member)
+        members.append(str(member))
+    result = subprocess.run([archiver, "rcs", str(build / "libkiln_model.a"), *members], capture_output=True, text=True)
+    if result.returncode != 0:
+        raise KilnError(f"ar failed on the static C API library (kiln bug): {result.stderr[-2000:]}")
+    return True
+
+
 def _replace(path: Path, content: bytes) -> None:
     """``path`` written whole (a link there is replaced, never followed)."""
     if path.is_symlink() or (path.exists() and not path.is_file()):
@@ -279,6 +316,10 @@ your own program):
 
     cc -std=c99 -O2 main.c -I. -L. -lkiln_model -Wl,-rpath,'$ORIGIN' -o example
     ./example model.kw
+
+or statically (the program then needs only model.kw beside it):
+
+    cc -std=c99 -O2 main.c -I. libkiln_model.a -lpthread -lm -o example
 
 Inputs: {names}. kiln.h says what the API promises (threads, allocation, errors). The code was
 built for {plan.target.name} ({plan.target.isa}); on a CPU without those instructions

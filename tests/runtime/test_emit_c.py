@@ -218,3 +218,20 @@ def test_kiln_compile_emit_c_writes_the_folder(tmp_path):
     assert "batch=3" in result.output
     ranged = runner.invoke(main, ["compile", str(tmp_path / "cnn.onnx"), "--emit", "c", "-o", str(tmp_path / "r"), "--dim", "batch=1..4"])  # fmt: skip
     assert ranged.exit_code == 2 and "one size" in ranged.output
+
+
+def test_the_static_library_links_alone_and_computes_the_same(emitted, tmp_path):
+    """libkiln_model.a (the API, the plan's unit, the engine): a program linked with it and
+    -lpthread -lm only runs with no library of kiln's beside it, bit for bit as Python."""
+    model, folder, _ = emitted
+    binary = tmp_path / "static-check"
+    command = [CC, *STRICT, str(CHECK), f"-I{folder}", str(folder / "libkiln_model.a"), "-lpthread", "-lm", "-o", str(binary)]  # fmt: skip
+    result = subprocess.run(command, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    needed = subprocess.run(["ldd", str(binary)], capture_output=True, text=True).stdout
+    assert "kiln" not in needed, needed
+    feeds = feeds_of(model)
+    got = run_c(binary, folder, model, feeds, tmp_path)
+    want = model.run(feeds)
+    for name, array in zip(model.output_names, got):
+        np.testing.assert_array_equal(array, np.asarray(want[name], np.float32).reshape(-1))

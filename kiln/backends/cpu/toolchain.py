@@ -148,6 +148,15 @@ def build(source: str, target: Target, debug: bool = False, engine: str | None =
         return _build_linked(source, target, debug, engine, _private_dir())
 
 
+def object_file(source: str, target: Target) -> Path:
+    """``source`` compiled to a position-independent object (cached as the libraries are): what a
+    static library of a plan is made of (``kiln.driver.emit_c``)."""
+    try:
+        return _build(source, target, False, cache_dir(), ".o")
+    except FileNotFoundError:  # the cache folder went away under us
+        return _build(source, target, False, _private_dir(), ".o")
+
+
 def _build_linked(source: str, target: Target, debug: bool, engine: str | None, folder: Path) -> Path:
     if engine is None:
         return _build(source, target, debug, folder)
