@@ -91,12 +91,11 @@ def _depthwise_infer(ctx: InferContext) -> list[Type]:
     return [TensorType(data.dtype, (batch, out_h, out_w, channels))]
 
 
-def _depthwise_reference(ctx: RunContext, inputs: list) -> list:
-    """Each channel's plane convolved with its own kernel, summed in float64."""
+def _windows(ctx: RunContext, x: Any) -> list:
+    """((tap row, tap column), the [N, OH, OW, C] input pixels that tap reads, float64) of a
+    channels-last window op (kiln::DepthwiseConv, kiln::ConvNHWC), zero padded."""
     import numpy as np
 
-    x, w = inputs[0], inputs[1]
-    bias = inputs[2] if len(inputs) > 2 and inputs[2] is not None else None
     kh, kw = ctx.attr("kernel_shape")
     sh, sw = ctx.attr("strides") or (1, 1)
     dh, dw = ctx.attr("dilations") or (1, 1)
@@ -104,11 +103,28 @@ def _depthwise_reference(ctx: RunContext, inputs: list) -> list:
     padded = np.pad(x.astype(np.float64), ((0, 0), (top, bottom), (left, right), (0, 0)))
     out_h = (padded.shape[1] - ((kh - 1) * dh + 1)) // sh + 1
     out_w = (padded.shape[2] - ((kw - 1) * dw + 1)) // sw + 1
-    out = np.zeros((x.shape[0], out_h, out_w, x.shape[3]))
-    for i in range(kh):
-        for j in range(kw):
-            window = padded[:, i * dh : i * dh + (out_h - 1) * sh + 1 : sh, j * dw : j * dw + (out_w - 1) * sw + 1 : sw]
-            out += window * w[:, 0, i, j].astype(np.float64)
+    return [
+        ((i, j), padded[:, i * dh : i * dh + (out_h - 1) * sh + 1 : sh, j * dw : j * dw + (out_w - 1) * sw + 1 : sw])
+        for i in range(kh)
+        for j in range(kw)
+    ]
+
+
+WINDOW_ATTRS = {
+    "kernel_shape": Attr("ints", REQUIRED),
+    "strides": Attr("ints", (1, 1)),
+    "pads": Attr("ints", (0, 0, 0, 0)),
+    "dilations": Attr("ints", (1, 1)),
+}
+
+
+def _depthwise_reference(ctx: RunContext, inputs: list) -> list:
+    """Each channel's plane convolved with its own kernel, summed in float64."""
+    import numpy as np
+
+    x, w = inputs[0], inputs[1]
+    bias = inputs[2] if len(inputs) > 2 and inputs[2] is not None else None
+    out = sum(window * w[:, 0, i, j].astype(np.float64) for (i, j), window in _windows(ctx, x))
     if bias is not None:
         out += bias.astype(np.float64)
     return [out.astype(x.dtype)]
@@ -118,12 +134,7 @@ register(
     "DepthwiseConv",
     _depthwise_infer,
     domain="kiln",
-    attrs={
-        "kernel_shape": Attr("ints", REQUIRED),
-        "strides": Attr("ints", (1, 1)),
-        "pads": Attr("ints", (0, 0, 0, 0)),
-        "dilations": Attr("ints", (1, 1)),
-    },
+    attrs=WINDOW_ATTRS,
     inputs=(2, 3),
     outputs=1,
     reference=_depthwise_reference,
@@ -161,32 +172,16 @@ def _conv_nhwc_reference(ctx: RunContext, inputs: list) -> list:
     """Every output channel's sum over the window and the input channels, in float64."""
     import numpy as np
 
-    x, w = inputs[0].astype(np.float64), inputs[1].astype(np.float64)
-    kh, kw = ctx.attr("kernel_shape")
-    sh, sw = ctx.attr("strides") or (1, 1)
-    dh, dw = ctx.attr("dilations") or (1, 1)
-    top, left, bottom, right = ctx.attr("pads") or (0, 0, 0, 0)
-    padded = np.pad(x, ((0, 0), (top, bottom), (left, right), (0, 0)))
-    out_h = (padded.shape[1] - ((kh - 1) * dh + 1)) // sh + 1
-    out_w = (padded.shape[2] - ((kw - 1) * dw + 1)) // sw + 1
-    out = np.zeros((x.shape[0], out_h, out_w, w.shape[0]))
-    for i in range(kh):
-        for j in range(kw):
-            window = padded[:, i * dh : i * dh + (out_h - 1) * sh + 1 : sh, j * dw : j * dw + (out_w - 1) * sw + 1 : sw]
-            out += window @ w[:, :, i, j].T
-    return [out.astype(inputs[0].dtype)]
+    w = inputs[1].astype(np.float64)
+    out = sum(window @ w[:, :, i, j].T for (i, j), window in _windows(ctx, inputs[0]))
+    return [np.asarray(out).astype(inputs[0].dtype)]
 
 
 register(
     "ConvNHWC",
     _conv_nhwc_infer,
     domain="kiln",
-    attrs={
-        "kernel_shape": Attr("ints", REQUIRED),
-        "strides": Attr("ints", (1, 1)),
-        "pads": Attr("ints", (0, 0, 0, 0)),
-        "dilations": Attr("ints", (1, 1)),
-    },
+    attrs=WINDOW_ATTRS,
     inputs=2,
     outputs=1,
     reference=_conv_nhwc_reference,

@@ -351,3 +351,38 @@ def test_a_product_an_earlier_stage_marked_is_kept_as_it_is():
     assert _candidate(graph, conv) == "depthwise"
     marked = Node(conv.op, conv.inputs, conv.outputs, {**conv.attrs, "kiln_qdq": (0.1, 0)}, name=conv.name)
     assert _candidate(graph, marked) is None
+
+
+def test_reduced_precision_compiles_run_every_direct_convolution_channels_last():
+    """With an int8/bf16 compile's say (Narrow), single-group convolutions of 32+ channels (any
+    stride) become kiln::ConvNHWC, their bias an Add; the rewritten graph computes what the NCHW
+    one does (the op's reference), and an fp32 compile, or a layer kept in fp32, keeps them NCHW."""
+    from kiln.passes.layout import RANGE_OF, Narrow
+
+    rng = np.random.default_rng(4)
+    data = {
+        "w1": rng.standard_normal((32, 32, 3, 3)).astype(np.float32) * 0.1,
+        "b1": rng.standard_normal(32).astype(np.float32),
+        "w2": rng.standard_normal((40, 32, 3, 3)).astype(np.float32) * 0.1,
+    }
+    text = """
+graph g(%x: f32[1,32,9,10]) -> (%y) {
+  const %w1: f32[32,32,3,3]
+  const %b1: f32[32]
+  const %w2: f32[40,32,3,3]
+  %c: f32[1,32,9,10] = Conv(%x, %w1, %b1) {pads=[1, 1, 1, 1]} name="c1"
+  %r: f32[1,32,9,10] = Relu(%c)
+  %y: f32[1,40,4,5] = Conv(%r, %w2) {pads=[0, 1, 1, 0], strides=[2, 2]} name="c2"
+}"""
+    before = parse_graph(text, data)
+    x = rng.standard_normal((1, 32, 9, 10)).astype(np.float32)
+    after = assign_layouts(before, CPU, Narrow("bf16"))
+    verify(after)
+    assert ops(after).count("kiln::ConvNHWC") == 2 and "Conv" not in ops(after)
+    assert sorted(n.attrs[RANGE_OF] for n in after.nodes if n.op == "ConvNHWC") == ["r", "x"]
+    np.testing.assert_allclose(run(after, x)[0], run(before, x)[0], rtol=1e-4, atol=1e-4)
+    assert "kiln::ConvNHWC" not in ops(assign_layouts(before, CPU))  # fp32: no direct path to pay for it
+    kept = assign_layouts(before, CPU, Narrow("int8", frozenset({"x", "r"}), frozenset({"c1"})))
+    assert "c1" in [n.name for n in kept.nodes if n.op == "Conv"]  # kept in fp32: NCHW
+    uncalibrated = assign_layouts(before, CPU, Narrow("int8", frozenset({"x"})))
+    assert "c2" in [n.name for n in uncalibrated.nodes if n.op == "Conv"]  # no range for r: fp32, NCHW
