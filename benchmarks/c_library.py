@@ -3,7 +3,7 @@ costs without Python in the loop, and whether the C library computes what ``kiln
 does, bit for bit.
 
 For each model: compile (batch and lengths bound to the zoo's example), save and ``kiln.load`` the
-artifact, emit the C library, build ``benchmarks/c/kiln_time.c`` against it; time kiln_infer from C,
+artifact, emit the C library, build ``kiln/bench/kiln_time.c`` against it; time kiln_infer from C,
 ``run`` from Python and onnxruntime's ``InferenceSession.run`` on the same inputs, THREADS threads
 each, alternating; compare the C outputs with Python's.
 
@@ -17,9 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -72,6 +70,7 @@ def measure(name: str, calls: int, threads: int, rounds: int, work: Path) -> dic
     import onnxruntime as ort
 
     import kiln
+    from kiln.bench.backends.kiln_c_backend import build_timer, time_from_c
     from kiln.driver.emit_c import emit_c
     from kiln.passes.batching import symbols
 
@@ -84,10 +83,7 @@ def measure(name: str, calls: int, threads: int, rounds: int, work: Path) -> dic
     loaded = kiln.load(str(artifact), threads=threads)
     folder = work / f"{name}-c"
     emit_c(compiled, folder, {k: v for k, v in dims.items() if k in symbols(compiled.signature)})
-    binary = folder / "kiln_time"
-    cc = shutil.which("cc") or "gcc"
-    subprocess.run([cc, "-std=c99", "-O2", str(HERE / "c" / "kiln_time.c"), f"-I{folder}", f"-L{folder}", "-lkiln_model",
-                    f"-Wl,-rpath,{folder}", "-o", str(binary)], check=True)  # fmt: skip
+    binary = build_timer(folder)  # kiln/bench/kiln_time.c, as the kiln-c bench row builds it
     inputs = []
     for v in loaded.input_names:
         file = work / f"{name}-{v}.bin"
@@ -99,14 +95,15 @@ def measure(name: str, calls: int, threads: int, rounds: int, work: Path) -> dic
     ort_feeds = {i.name: feeds[i.name] for i in session.get_inputs()}
     c_times, py_times, ort_times = [], [], []
     for _ in range(rounds):
-        out = subprocess.run([str(binary), str(folder / "model.kw"), str(calls), str(threads), *inputs],
-                             capture_output=True, text=True, check=True, env={"KILN_TIME_OUT": str(work / f"{name}-out")})  # fmt: skip
-        c_times.append(float(out.stdout.split()[0]))
+        env = {"KILN_TIME_OUT": str(work / f"{name}-out")}
+        c_times.append(time_from_c(binary, folder, calls, threads, [Path(i) for i in inputs], env)[0])
         py_times.append(statistics.median(timed(lambda: loaded.run(feeds), calls)))
         ort_times.append(statistics.median(timed(lambda: session.run(None, ort_feeds), calls)))
     want = loaded.run(feeds)
     identical = all(
-        np.array_equal(np.fromfile(work / f"{name}-out{i}.bin", np.asarray(want[o]).dtype), np.asarray(want[o]).reshape(-1))
+        np.array_equal(
+            np.fromfile(work / f"{name}-out{i}.bin", np.asarray(want[o]).dtype), np.asarray(want[o]).reshape(-1)
+        )
         for i, o in enumerate(loaded.output_names)
     )
     return {
@@ -133,7 +130,9 @@ def main() -> int:
             row = measure(name, calls, args.threads, args.rounds, Path(scratch))
             print(json.dumps(row), flush=True)
             rows.append(row)
-    print(f"\n{'model':<10} {'threads':>7} {'kiln-c us':>10} {'kiln-python us':>15} {'ORT-python us':>14} {'C / ORT':>8}  identical")
+    print(
+        f"\n{'model':<10} {'threads':>7} {'kiln-c us':>10} {'kiln-python us':>15} {'ORT-python us':>14} {'C / ORT':>8}  identical"
+    )
     for r in rows:
         print(f"{r['model']:<10} {r['threads']:>7} {r['kiln_c_us']:>10.1f} {r['kiln_python_us']:>15.1f} "
               f"{r['onnxruntime_python_us']:>14.1f} {r['kiln_c_us'] / r['onnxruntime_python_us']:>8.2f}  {r['bit_identical']}")  # fmt: skip

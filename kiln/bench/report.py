@@ -189,6 +189,14 @@ def notes(run: dict[str, Any]) -> list[str]:
             "early stopping's confidence that the percentile it reports holds): the latencies measured are still "
             "what the row says; a longer --duration gives LoadGen the queries it needs for VALID"
         )
+    for record in run["records"]:
+        native = record.get("native_latency_ms")
+        if native:
+            lines.append(
+                f"{record['backend']} / {record['model']}: from C, no Python in the loop: p50 {native['p50']:.3f} ms, "
+                f"p90 {native['p90']:.3f} ms ({native['calls']} calls); the same calls through Python (ctypes), "
+                f"alternating: p50 {native['python_p50']:.3f} ms ({1e3 * (native['python_p50'] - native['p50']):+.0f} us)"
+            )
     if run.get("interrupted"):
         lines.append("the run was interrupted: only finished jobs are reported")
     return lines

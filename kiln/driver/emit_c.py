@@ -109,10 +109,10 @@ def emit_c(model: Any, folder: str | Path, dims: dict[str, int] | None = None) -
         raise ArgumentError(f"{folder} is not a folder")
     folder.mkdir(parents=True, exist_ok=True)
     constants = [(buffer, np.ascontiguousarray(array).reshape(-1)) for buffer, array in plan.constants.items()]
-    data, sizes = _weights_data(constants)
+    sizes, data_bytes, crc = _weights_layout(constants)
     tables = _tables(plan, constants, sizes)
-    model_id = hashlib.sha256(tables.encode() + zlib.crc32(data).to_bytes(8, "little")).hexdigest()
-    header = _weights_header(sizes, data, model_id)
+    model_id = hashlib.sha256(tables.encode() + crc.to_bytes(8, "little")).hexdigest()
+    header = _weights_header(sizes, data_bytes, crc, model_id)
     with tempfile.TemporaryDirectory(prefix="kiln-emit-") as scratch:
         build = Path(scratch)
         (build / "kiln_model_tables.h").write_text(_id_define(model_id) + _cpu_checks(plan.target) + tables)
@@ -132,13 +132,13 @@ def emit_c(model: Any, folder: str | Path, dims: dict[str, int] | None = None) -
         source.mkdir(exist_ok=True)
         for name in ("capi.c", "kiln_model_tables.h"):  # the API library's source (a sanitized or static build)
             _replace(source / name, (build / name).read_bytes())
-    _replace(folder / "model.kw", header + data)
+    _write_weights(folder / "model.kw", header, constants)
     _replace(folder / "main.c", (HERE / "capi_example.c").read_bytes())
     _replace(folder / "README.txt", _readme(plan).encode())
     files = ["kiln.h", "libkiln_model.so", "libkiln_plan.so", "model.kw", "main.c", "README.txt", "src/"]
     if (folder / "libkiln_model.a").exists():
         files.insert(2, "libkiln_model.a")
-    return Emitted(folder, files, len(data), dims)
+    return Emitted(folder, files, data_bytes, dims)
 
 
 def _check(plan: Any, executable: Any) -> None:
@@ -156,22 +156,40 @@ def _check(plan: Any, executable: Any) -> None:
         raise ArgumentError("--emit c takes plans of fixed sizes (bind every dim with --dim)")
 
 
-def _weights_data(constants: list[tuple[Any, np.ndarray]]) -> tuple[bytes, list[int]]:
-    parts, sizes, at = [], [], 0
+def _weights_layout(constants: list[tuple[Any, np.ndarray]]) -> tuple[list[int], int, int]:
+    """(each weight's bytes, the data's bytes with the 64-byte padding, its CRC-32), read in place."""
+    sizes, at, crc = [], 0, 0
     for _, array in constants:
-        raw = array.view(np.uint8).tobytes()
-        sizes.append(len(raw))
+        raw = memoryview(array.view(np.uint8))
         pad = -(at + len(raw)) % ALIGN
-        parts += [raw, b"\0" * pad]
+        crc = zlib.crc32(b"\0" * pad, zlib.crc32(raw, crc))
+        sizes.append(len(raw))
         at += len(raw) + pad
-    return b"".join(parts), sizes
+    return sizes, at, crc
 
 
-def _weights_header(sizes: list[int], data: bytes, model_id: str) -> bytes:
+def _weights_header(sizes: list[int], data_bytes: int, crc: int, model_id: str) -> bytes:
     head = MAGIC + (ABI_VERSION | (len(sizes) << 32)).to_bytes(8, "little")
-    head += len(data).to_bytes(8, "little") + zlib.crc32(data).to_bytes(8, "little") + model_id.encode()
+    head += data_bytes.to_bytes(8, "little") + crc.to_bytes(8, "little") + model_id.encode()
     head += b"".join(size.to_bytes(8, "little") for size in sizes)
     return head + b"\0" * (-len(head) % ALIGN)
+
+
+def _write_weights(path: Path, header: bytes, constants: list[tuple[Any, np.ndarray]]) -> None:
+    """The weights file written whole, streamed from the arrays (no copy of them in memory)."""
+    if path.is_symlink() or (path.exists() and not path.is_file()):
+        raise ArgumentError(f"{path} exists and is not a regular file: kiln will not write through it")
+    temporary = path.with_name(f".{path.name}.kiln-tmp")
+    with open(temporary, "wb") as out:
+        out.write(header)
+        at = 0
+        for _, array in constants:
+            raw = memoryview(array.view(np.uint8))
+            out.write(raw)
+            pad = -(at + len(raw)) % ALIGN
+            out.write(b"\0" * pad)
+            at += len(raw) + pad
+    temporary.replace(path)
 
 
 def _tables(plan: Any, constants: list[tuple[Any, np.ndarray]], sizes: list[int]) -> str:

@@ -327,6 +327,23 @@ def test_kilns_compile_time_is_cold_with_its_cached_time_beside_it(tiny_onnx, tm
     assert "cached compile s" in [name for name, _ in report.COLUMNS]
 
 
+def test_the_kiln_c_row_runs_the_c_library_and_times_it_without_python(tiny_onnx, tmp_path):
+    """kiln-c: the model as its C library (queries through its C API), agreeing with the reference,
+    and a C driver's timing of the library beside the row (the report says what Python adds)."""
+    import shutil
+
+    if shutil.which("cc") is None and shutil.which("gcc") is None:
+        pytest.skip("no C compiler: the C library cannot be built here")
+    config = BenchConfig(models=[tiny_onnx], backends=["kiln-c"], duration=0.2, min_iterations=3)
+    run = run_bench(config, tmp_path)
+    (record,) = run["records"]
+    assert record["status"] == "ok", record
+    native = record["native_latency_ms"]
+    assert 0 < native["p50"] <= native["p90"] and native["calls"] >= 30 and native["python_p50"] > 0
+    assert any(line.startswith("kiln-c / ") and "no Python in the loop" in line for line in report.notes(run))
+    assert not list(tmp_path.glob("kiln-c-*"))  # (its folder is made elsewhere and removed with its session)
+
+
 def test_soak_estimates_rss_growth_from_a_long_run(tiny_onnx, tmp_path):
     short = BenchConfig(models=[tiny_onnx], backends=["kiln"], duration=1e-6, min_iterations=3)
     (record,) = run_bench(short, tmp_path / "short")["records"]

@@ -14,6 +14,7 @@ BACKENDS: dict[str, str] = {
     "kiln-int8": "kiln.bench.backends.kiln_backend:KilnInt8Backend",
     "kiln-reference": "kiln.bench.backends.kiln_backend:KilnReferenceBackend",
     "kiln-served": "kiln.bench.backends.served_backend:KilnServedBackend",
+    "kiln-c": "kiln.bench.backends.kiln_c_backend:KilnCBackend",
     "onnxruntime": "kiln.bench.backends.onnxruntime_backend:OnnxRuntimeBackend",
     "onnxruntime-int8": "kiln.bench.backends.onnxruntime_backend:OnnxRuntimeInt8Backend",
     "onnxruntime-served": "kiln.bench.backends.served_backend:OnnxRuntimeServedBackend",

@@ -2,7 +2,8 @@
    (inputs as raw bytes; zeros when absent) prints the median and p90 microseconds per call over
    CALLS calls, after 10 unmeasured ones, on THREADS threads (0: every CPU); with $KILN_TIME_OUT
    set, the outputs of the last call are written to $KILN_TIME_OUT<i>.bin. Built by
-   benchmarks/c_library.py against an emitted folder. */
+   the kiln-c bench row (kiln.bench.backends.kiln_c_backend) and benchmarks/c_library.py against an
+   emitted folder. */
 #define _POSIX_C_SOURCE 199309L
 #include <stdio.h>
 #include <stdlib.h>
