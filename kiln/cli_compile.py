@@ -206,7 +206,7 @@ def compile_command(
         for each in bindings:
             _tune(graph, each, level, _parse_duration(tune_budget), retune, target, measurer)
     start = time.perf_counter()
-    fpga = _fpga_output(target, tune_budget, output, emit, bool(ranges or classes or len(bindings) > 1))
+    fpga = _fpga_output(target, tune_budget, output, emit, bool(len(ranges) > 1 or classes or len(bindings) > 1))
     calibration = _calibration(precision, calibration, model, graph, fixed_point=fpga)
     what = f"{len(bindings)} binding(s) of " if len(bindings) > 1 else ""
     with console.status(f"compiling {what}{model} for {target} ({precision}, -O{level})..."):
@@ -233,9 +233,7 @@ def compile_command(
         _fpga_project(compiled, output, model, graph, calibration, seconds)
         return
     if emit == "c":
-        from kiln.driver.emit_c import emit_c
-
-        out.print(emit_c(compiled, output, bindings[0]).line(), highlight=False)
+        _emit_c(compiled, output, bindings[0], ranges)
         return
     compiled.save(output)
     if len(bindings) > 1:
@@ -252,6 +250,15 @@ def compile_command(
     if compiled.precision != "fp32":
         _say_accuracy(compiled, model, graph)
     out.print(f"wrote {output} ({output.stat().st_size / 1e6:.1f} MB)")
+
+
+def _emit_c(compiled, output: Path, dims: dict, ranges: dict) -> None:  # type: ignore[no-untyped-def]
+    """The C library's folder: one size, and at most one sample-parallel range (--dim batch=1..64)."""
+    from kiln.driver.emit_c import emit_c
+    from kiln.driver.sizes import parse_range
+
+    batch = next(((name, *parse_range(name, value)) for name, value in ranges.items()), None)
+    out.print(emit_c(compiled, output, dims, batch).line(), highlight=False)
 
 
 def _say_accuracy(compiled, model: str, graph) -> None:  # type: ignore[no-untyped-def]
@@ -276,7 +283,10 @@ def _fpga_output(target: str, tune_budget: str | None, output: Path, emit: str, 
     --emit c, a C library's folder: one size, ``sized`` saying more were asked for)."""
     if emit == "c":
         if sized or target.split(":")[0] != "cpu":
-            raise click.UsageError("--emit c builds one size for a cpu target: bind each dim to one size with --dim")
+            raise click.UsageError(
+                "--emit c builds one size for a cpu target (and at most one sample-parallel range, --dim batch=1..64): "
+                "bind the other dims to one size with --dim"
+            )
         return False
     fpga = target.startswith("fpga")
     if fpga and tune_budget is not None:

@@ -92,10 +92,19 @@ class Emitted:
         return f"C library in {self.folder}: {', '.join(self.files)} ({self.weight_bytes / 1e6:.1f} MB of weights; dims {dims})"
 
 
-def emit_c(model: Any, folder: str | Path, dims: dict[str, int] | None = None) -> Emitted:
+def emit_c(
+    model: Any, folder: str | Path, dims: dict[str, int] | None = None, batch: tuple[str, int, int] | None = None
+) -> Emitted:
     """Write ``model`` (a ``kiln.compile`` result for the cpu target) as a C library into ``folder``
-    (made if absent; files of these names in it are replaced, nothing else is touched)."""
+    (made if absent; files of these names in it are replaced, nothing else is touched). ``dims``
+    binds the symbolic dims; ``batch`` = (symbol, low, high): a sample-parallel dim the library runs
+    at any size in [low, high], one sample at a time on the plan of size 1 (its axis 0 in every
+    input and output)."""
     dims = dict(dims or {})
+    axes = None
+    if batch is not None:
+        axes = _batch_axes(model, *batch)
+        dims[batch[0]] = 1
     unbound = sorted(set(symbols(model.signature)) - set(dims))
     if unbound:
         raise ArgumentError(f"--emit c runs one size: bind {', '.join(unbound)} (--dim {unbound[0]}=N)")
@@ -110,7 +119,7 @@ def emit_c(model: Any, folder: str | Path, dims: dict[str, int] | None = None) -
     folder.mkdir(parents=True, exist_ok=True)
     constants = [(buffer, np.ascontiguousarray(array).reshape(-1)) for buffer, array in plan.constants.items()]
     sizes, data_bytes, crc = _weights_layout(constants)
-    tables = _tables(plan, constants, sizes)
+    tables = _batch_range(batch) + _tables(plan, constants, sizes, axes)
     model_id = hashlib.sha256(tables.encode() + crc.to_bytes(8, "little")).hexdigest()
     header = _weights_header(sizes, data_bytes, crc, model_id)
     with tempfile.TemporaryDirectory(prefix="kiln-emit-") as scratch:
@@ -138,6 +147,8 @@ def emit_c(model: Any, folder: str | Path, dims: dict[str, int] | None = None) -
     files = ["kiln.h", "libkiln_model.so", "libkiln_plan.so", "model.kw", "main.c", "README.txt", "src/"]
     if (folder / "libkiln_model.a").exists():
         files.insert(2, "libkiln_model.a")
+    if batch is not None:
+        dims[batch[0]] = f"{batch[1]}..{batch[2]}"  # type: ignore[assignment]
     return Emitted(folder, files, data_bytes, dims)
 
 
@@ -192,7 +203,28 @@ def _write_weights(path: Path, header: bytes, constants: list[tuple[Any, np.ndar
     temporary.replace(path)
 
 
-def _tables(plan: Any, constants: list[tuple[Any, np.ndarray]], sizes: list[int]) -> str:
+def _batch_axes(model: Any, symbol: str, low: int, high: int) -> tuple[tuple[bool, ...], tuple[bool, ...]]:
+    """Which inputs and outputs carry the sample-parallel ``symbol`` (on axis 0), or why not."""
+    from kiln.passes.batching import Parallel
+
+    if not 1 <= low <= high:
+        raise ArgumentError(f"{symbol}={low}..{high}: a range of sizes from 1 up")
+    found = model.sample_parallel().get(symbol) if hasattr(model, "sample_parallel") else None
+    if not isinstance(found, Parallel):
+        raise ArgumentError(f"{symbol} is not proven sample-parallel ({found}): the C library runs one size of it")
+    if found.guards:
+        raise ArgumentError(f"{symbol}'s samples are whole only where {', '.join(found.guards)} hold: not in C yet")
+    if any(axis not in (0, None) for axis in (*found.inputs, *found.outputs)) or None in found.outputs:
+        raise ArgumentError(f"{symbol} is not axis 0 of every output (and input that carries it): not in C yet")
+    return tuple(axis == 0 for axis in found.inputs), tuple(axis == 0 for axis in found.outputs)
+
+
+def _batch_range(batch: tuple[str, int, int] | None) -> str:
+    low, high = (batch[1], batch[2]) if batch is not None else (1, 1)
+    return f"#define KILN_BATCH_MIN {low}\n#define KILN_BATCH_MAX {high}\n"
+
+
+def _tables(plan: Any, constants: list[tuple[Any, np.ndarray]], sizes: list[int], axes: Any = None) -> str:
     """The plan's buffer table as C: slots, weights, arena offsets, inputs and outputs."""
     table = plan.table
     lines = [f"#define KILN_SLOTS {len(table)}", f"#define KILN_ARENA_BYTES {int(plan.memory.arena_bytes)}"]
@@ -205,9 +237,13 @@ def _tables(plan: Any, constants: list[tuple[Any, np.ndarray]], sizes: list[int]
     pairs = ", ".join(f"{{{slot}, {offset}}}" for slot, offset in arena) or "{0, 0}"
     lines.append(f"static const int64_t kiln_arena_slots[][2] = {{{pairs}}};")
     weight_index = {buffer: i for i, (buffer, _) in enumerate(constants)}
-    inputs = [_io(value, buffer, table[buffer], 0, 0) for value, buffer in zip(plan.graph.inputs, plan.inputs)]
+    batched_in, batched_out = axes or ((False,) * len(plan.inputs), (False,) * len(plan.outputs))
+    inputs = [
+        _io(value, buffer, table[buffer], 0, 0, batched)
+        for value, buffer, batched in zip(plan.graph.inputs, plan.inputs, batched_in)
+    ]
     outputs = []
-    for value, buffer in zip(plan.graph.outputs, plan.outputs):
+    for value, buffer, batched in zip(plan.graph.outputs, plan.outputs, batched_out):
         if buffer in weight_index:
             source, where = 2, weight_index[buffer]
         elif buffer in plan.inputs:
@@ -216,7 +252,7 @@ def _tables(plan: Any, constants: list[tuple[Any, np.ndarray]], sizes: list[int]
             source, where = 1, int(plan.memory.offsets[buffer])
         else:
             source, where = 0, 0
-        outputs.append(_io(value, buffer, table.get(buffer, 0), source, where))
+        outputs.append(_io(value, buffer, table.get(buffer, 0), source, where, batched))
     lines.append(f"#define KILN_INPUTS {len(inputs)}")
     lines.append(f"static const kiln_io kiln_inputs[] = {{{', '.join(inputs) or '{0}'}}};")
     lines.append(f"#define KILN_OUTPUTS {len(outputs)}")
@@ -238,7 +274,7 @@ def zlib_table_entry(i: int) -> int:
     return c
 
 
-def _io(value: Any, buffer: Any, slot: int, source: int, where: int) -> str:
+def _io(value: Any, buffer: Any, slot: int, source: int, where: int, batched: bool = False) -> str:
     vtype = value.type
     if not isinstance(vtype, TensorType) or vtype.shape is None or not vtype.is_static:
         raise KilnError(f"{value.name}: no static shape in the plan (kiln bug)")
@@ -248,7 +284,16 @@ def _io(value: Any, buffer: Any, slot: int, source: int, where: int) -> str:
     shape = [int(d) for d in vtype.shape]
     dims = "(const int64_t[]){" + (", ".join(str(d) for d in shape) or "0") + "}"
     elements = int(np.prod(shape)) if shape else 1
-    return f"{{{_c_string(value.name)}, {code}, {bits}, {len(shape)}, {dims}, {slot}, {source}, {where}, {elements}}}"
+    if batched and (not shape or shape[0] != 1):
+        raise KilnError(f"{value.name}: the sample-parallel dim is not its axis 0 of size 1 (kiln bug)")
+    fields = f"{code}, {bits}, {len(shape)}, {dims}, {slot}, {source}, {where}, {elements}, {int(batched)}"
+    if batched:  # described as -1 on axis 0, within [KILN_BATCH_MIN, KILN_BATCH_MAX]
+        rest = "".join(f", {d}" for d in shape[1:])
+        fields += f", (const int64_t[]){{-1{rest}}}, (const int64_t[]){{KILN_BATCH_MIN{rest}}}"
+        fields += f", (const int64_t[]){{KILN_BATCH_MAX{rest}}}"
+    else:
+        fields += f", {dims}, {dims}, {dims}"
+    return f"{{{_c_string(value.name)}, {fields}}}"
 
 
 def _c_string(text: str) -> str:

@@ -73,7 +73,7 @@ def feeds_of(model) -> dict[str, np.ndarray]:  # type: ignore[no-untyped-def]
     return {"x": rng.standard_normal((2, 3, 6, 6)).astype(np.float32), "scale": np.float32([0.5])}
 
 
-def run_c(binary: Path, folder: Path, model, feeds, tmp_path: Path) -> list[np.ndarray]:  # type: ignore[no-untyped-def]
+def run_c(binary: Path, folder: Path, model, feeds, tmp_path: Path, batch: int = 1) -> list[np.ndarray]:  # type: ignore[no-untyped-def]
     paths = []
     for name in model.input_names:
         path = tmp_path / f"in-{name}.bin"
@@ -81,7 +81,7 @@ def run_c(binary: Path, folder: Path, model, feeds, tmp_path: Path) -> list[np.n
         paths.append(str(path))
     outs = [str(tmp_path / f"out-{i}.bin") for i in range(len(model.output_names))]
     result = subprocess.run(
-        [str(binary), "run", str(folder / "model.kw"), *paths, *outs], capture_output=True, text=True
+        [str(binary), f"batch={batch}", "run", str(folder / "model.kw"), *paths, *outs], capture_output=True, text=True
     )
     assert result.returncode == 0, result.stdout + result.stderr
     return [np.fromfile(path, np.float32) for path in outs]
@@ -217,7 +217,9 @@ def test_kiln_compile_emit_c_writes_the_folder(tmp_path):
     }
     assert "batch=3" in result.output
     ranged = runner.invoke(main, ["compile", str(tmp_path / "cnn.onnx"), "--emit", "c", "-o", str(tmp_path / "r"), "--dim", "batch=1..4"])  # fmt: skip
-    assert ranged.exit_code == 2 and "one size" in ranged.output
+    assert ranged.exit_code == 0 and "batch=1..4" in ranged.output, ranged.output
+    many = runner.invoke(main, ["compile", str(tmp_path / "cnn.onnx"), "--emit", "c", "-o", str(tmp_path / "m"), "--dim", "batch=1,4"])  # fmt: skip
+    assert many.exit_code == 2 and "one size" in many.output
 
 
 def test_the_static_library_links_alone_and_computes_the_same(emitted, tmp_path):
@@ -235,3 +237,36 @@ def test_the_static_library_links_alone_and_computes_the_same(emitted, tmp_path)
     want = model.run(feeds)
     for name, array in zip(model.output_names, got):
         np.testing.assert_array_equal(array, np.asarray(want[name], np.float32).reshape(-1))
+
+
+def test_a_sample_parallel_batch_runs_every_size_of_its_range(tmp_path):
+    """--dim batch=1..5: the library takes any batch in the range (described as -1 with its bounds),
+    running the plan of one sample per sample: bit for bit each sample's Python run; a batch outside
+    the range is a status with the reason."""
+    model = kiln.compile(small_cnn())
+    folder = tmp_path / "batched"
+    emitted = emit_c(model, folder, {}, ("batch", 1, 5))
+    assert emitted.dims == {"batch": "1..5"}
+    binary = build(folder)
+    rng = np.random.default_rng(9)
+    scale = np.float32([0.5])
+    for batch in (1, 3, 5):
+        x = rng.standard_normal((batch, 3, 6, 6)).astype(np.float32)
+        (got,) = run_c(binary, folder, model, {"x": x, "scale": scale}, tmp_path, batch)
+        want = np.concatenate([model.run({"x": x[i : i + 1], "scale": scale})["y"] for i in range(batch)])
+        np.testing.assert_array_equal(got, want.reshape(-1))
+    x = rng.standard_normal((6, 3, 6, 6)).astype(np.float32)
+    x.tofile(tmp_path / "six.bin")
+    scale.tofile(tmp_path / "scale.bin")
+    command = [str(binary), "batch=6", "run", str(folder / "model.kw"), str(tmp_path / "six.bin"), str(tmp_path / "scale.bin"), str(tmp_path / "o.bin")]  # fmt: skip
+    result = subprocess.run(command, capture_output=True, text=True)
+    assert result.returncode == 1 and "outside the model's range 1..5" in result.stderr, result.stderr
+    with pytest.raises(ArgumentError, match="range of sizes"):
+        emit_c(model, tmp_path / "bad", {}, ("batch", 0, 4))
+    if sanitizers_work(tmp_path):  # the per-sample offsets under AddressSanitizer and UBSan
+        flags = ["-fsanitize=address,undefined", "-fno-sanitize-recover=undefined", "-g", f"-I{folder / 'src'}"]
+        sanitized = build(folder, flags, [str(folder / "src" / "capi.c")], ["-l:libkiln_plan.so"])
+        x = rng.standard_normal((4, 3, 6, 6)).astype(np.float32)
+        (got,) = run_c(sanitized, folder, model, {"x": x, "scale": scale}, tmp_path, 4)
+        want = np.concatenate([model.run({"x": x[i : i + 1], "scale": scale})["y"] for i in range(4)])
+        np.testing.assert_array_equal(got, want.reshape(-1))

@@ -27,7 +27,9 @@ typedef struct {
   int64_t slot;
   int32_t source;   /* outputs: 0 written in place (the caller's memory), 1 the arena, 2 a weight, 3 an input */
   int64_t where;    /* the arena offset, the weight's index or the input's position */
-  int64_t elements;
+  int64_t elements; /* of one sample when batched */
+  int32_t batched;  /* axis 0 is the sample-parallel dim: any size in [KILN_BATCH_MIN, KILN_BATCH_MAX], run a sample at a time */
+  const int64_t *shown, *minimum, *maximum; /* what kiln_model_input/output describe */
 } kiln_io;
 
 #include "kiln_model_tables.h"
@@ -186,7 +188,7 @@ static kiln_status kiln_describe(const kiln_io *io, kiln_tensor_info *info) {
   info->name = io->name;
   info->dtype.code = io->code, info->dtype.bits = io->bits, info->dtype.lanes = 1;
   info->ndim = io->ndim;
-  info->shape = info->min_shape = info->max_shape = io->shape; /* (static dims: every range is one size) */
+  info->shape = io->shown, info->min_shape = io->minimum, info->max_shape = io->maximum;
   return kiln_ok();
 }
 
@@ -230,7 +232,9 @@ void kiln_context_free(kiln_context *context) {
   free(context);
 }
 
-static kiln_status kiln_check_tensor(const char *role, int index, const kiln_io *io, const DLTensor *t) {
+/* a tensor against the model's description; *samples: its size of the sample-parallel dim (a
+   batched tensor's, else left as it was) */
+static kiln_status kiln_check_tensor(const char *role, int index, const kiln_io *io, const DLTensor *t, int64_t *samples) {
   if (!t->data) return kiln_fail(KILN_ERROR_ARGUMENT, "%s %d (%s): data is NULL", role, index, io->name);
   if (t->device.device_type != kDLCPU) return kiln_fail(KILN_ERROR_TENSOR, "%s %d (%s): not a CPU tensor (device type %d)", role, index, io->name, (int)t->device.device_type);
   if (t->dtype.code != io->code || t->dtype.bits != io->bits || t->dtype.lanes != 1)
@@ -238,9 +242,18 @@ static kiln_status kiln_check_tensor(const char *role, int index, const kiln_io 
   if (t->ndim != io->ndim || (t->ndim && !t->shape)) return kiln_fail(KILN_ERROR_TENSOR, "%s %d (%s): %d dims, the model's has %d", role, index, io->name, (int)t->ndim, (int)io->ndim);
   int64_t expected = 1;
   for (int d = t->ndim - 1; d >= 0; --d) {
-    if (t->shape[d] != io->shape[d]) return kiln_fail(KILN_ERROR_TENSOR, "%s %d (%s): dim %d is %lld, the model's is %lld", role, index, io->name, d, (long long)t->shape[d], (long long)io->shape[d]);
-    if (t->strides && io->shape[d] > 1 && t->strides[d] != expected) return kiln_fail(KILN_ERROR_TENSOR, "%s %d (%s): not C-contiguous (dim %d's stride is %lld)", role, index, io->name, d, (long long)t->strides[d]);
-    expected *= io->shape[d];
+    const int64_t size = t->shape[d];
+    if (d == 0 && io->batched) {
+      if (size < KILN_BATCH_MIN || size > KILN_BATCH_MAX)
+        return kiln_fail(KILN_ERROR_TENSOR, "%s %d (%s): dim 0 is %lld, outside the model's range %d..%d", role, index, io->name, (long long)size, KILN_BATCH_MIN, KILN_BATCH_MAX);
+      if (*samples >= 0 && size != *samples)
+        return kiln_fail(KILN_ERROR_TENSOR, "%s %d (%s): dim 0 is %lld, another tensor's is %lld", role, index, io->name, (long long)size, (long long)*samples);
+      *samples = size;
+    } else if (size != io->shape[d]) {
+      return kiln_fail(KILN_ERROR_TENSOR, "%s %d (%s): dim %d is %lld, the model's is %lld", role, index, io->name, d, (long long)size, (long long)io->shape[d]);
+    }
+    if (t->strides && size > 1 && t->strides[d] != expected) return kiln_fail(KILN_ERROR_TENSOR, "%s %d (%s): not C-contiguous (dim %d's stride is %lld)", role, index, io->name, d, (long long)t->strides[d]);
+    expected *= size;
   }
   return KILN_OK;
 }
@@ -250,33 +263,44 @@ kiln_status kiln_infer(kiln_context *context, const DLTensor *inputs, int input_
   if (input_count != KILN_INPUTS || output_count != KILN_OUTPUTS)
     return kiln_fail(KILN_ERROR_ARGUMENT, "kiln_infer: %d inputs and %d outputs given, the model takes %d and %d", input_count, output_count, KILN_INPUTS, KILN_OUTPUTS);
   if ((KILN_INPUTS && !inputs) || (KILN_OUTPUTS && !outputs)) return kiln_fail(KILN_ERROR_ARGUMENT, "kiln_infer: inputs or outputs is NULL");
-  const char *given[KILN_INPUTS > 0 ? KILN_INPUTS : 1];
+  int64_t samples = -1;
   for (int i = 0; i < KILN_INPUTS; ++i) {
-    kiln_status status = kiln_check_tensor("input", i, &kiln_inputs[i], &inputs[i]);
+    kiln_status status = kiln_check_tensor("input", i, &kiln_inputs[i], &inputs[i], &samples);
     if (status != KILN_OK) return status;
-    given[i] = (const char *)inputs[i].data + inputs[i].byte_offset;
-    context->table[kiln_inputs[i].slot] = (void *)given[i];
   }
   for (int i = 0; i < KILN_OUTPUTS; ++i) {
-    kiln_status status = kiln_check_tensor("output", i, &kiln_outputs[i], &outputs[i]);
+    kiln_status status = kiln_check_tensor("output", i, &kiln_outputs[i], &outputs[i], &samples);
     if (status != KILN_OK) return status;
-    if (kiln_outputs[i].source == 0) context->table[kiln_outputs[i].slot] = (char *)outputs[i].data + outputs[i].byte_offset;
   }
-  context->status = 0;
-  const int code = kiln_run(context->table, NULL);
-  if (code == 1) {
-    const int32_t at = context->status;
-    return kiln_fail(KILN_ERROR_RUN, "node %s: an index input is out of range for the dimension it indexes",
-                     at >= 0 && at < KILN_LABELS ? kiln_kernel_labels[at] : "?");
-  }
-  if (code != 0) return kiln_fail(KILN_ERROR_RUN, "the plan's entry returned %d", code);
-  for (int i = 0; i < KILN_OUTPUTS; ++i) {
-    const kiln_io *io = &kiln_outputs[i];
-    const size_t bytes = (size_t)io->elements * (io->bits / 8);
-    const char *from = io->source == 1 ? context->arena + io->where
-                     : io->source == 2 ? context->model->weights[io->where]
-                     : io->source == 3 ? given[io->where] : NULL;
-    if (from) memmove((char *)outputs[i].data + outputs[i].byte_offset, from, bytes);
+  if (samples < 0) samples = 1;
+  const char *given[KILN_INPUTS > 0 ? KILN_INPUTS : 1];
+  for (int64_t s = 0; s < samples; ++s) { /* the plan of one sample, once per sample (batched tensors: that sample's rows) */
+    for (int i = 0; i < KILN_INPUTS; ++i) {
+      const kiln_io *io = &kiln_inputs[i];
+      const int64_t at = io->batched ? s * io->elements * (io->bits / 8) : 0;
+      given[i] = (const char *)inputs[i].data + inputs[i].byte_offset + at;
+      context->table[io->slot] = (void *)given[i];
+    }
+    for (int i = 0; i < KILN_OUTPUTS; ++i) {
+      const kiln_io *io = &kiln_outputs[i];
+      if (io->source == 0) context->table[io->slot] = (char *)outputs[i].data + outputs[i].byte_offset + s * io->elements * (io->bits / 8);
+    }
+    context->status = 0;
+    const int code = kiln_run(context->table, NULL);
+    if (code == 1) {
+      const int32_t at = context->status;
+      return kiln_fail(KILN_ERROR_RUN, "node %s: an index input is out of range for the dimension it indexes",
+                       at >= 0 && at < KILN_LABELS ? kiln_kernel_labels[at] : "?");
+    }
+    if (code != 0) return kiln_fail(KILN_ERROR_RUN, "the plan's entry returned %d", code);
+    for (int i = 0; i < KILN_OUTPUTS; ++i) {
+      const kiln_io *io = &kiln_outputs[i];
+      const size_t bytes = (size_t)io->elements * (io->bits / 8);
+      const char *from = io->source == 1 ? context->arena + io->where
+                       : io->source == 2 ? context->model->weights[io->where]
+                       : io->source == 3 ? given[io->where] : NULL;
+      if (from) memmove((char *)outputs[i].data + outputs[i].byte_offset + (size_t)s * bytes, from, bytes);
+    }
   }
   return kiln_ok();
 }

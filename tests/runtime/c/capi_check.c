@@ -9,11 +9,16 @@
 
 #include "kiln.h"
 
+static int64_t batch = 1; /* run mode: the size of a dim described as -1 (argv: batch=N) */
+
 static int64_t count(const kiln_tensor_info *info) {
   int64_t n = 1;
-  for (int d = 0; d < info->ndim; ++d) n *= info->shape[d];
+  for (int d = 0; d < info->ndim; ++d) n *= info->shape[d] < 0 ? batch : info->shape[d];
   return n;
 }
+
+static int64_t shapes[64][8]; /* the run's tensors' dims, -1 resolved */
+static int used = 0;
 
 static void *read_file(const char *path, size_t want) {
   FILE *f = fopen(path, "rb");
@@ -33,6 +38,10 @@ static void tensor(DLTensor *t, const kiln_tensor_info *info, void *data) {
   t->ndim = info->ndim;
   t->dtype = info->dtype;
   t->shape = (int64_t *)info->shape;
+  if (used < 64 && info->ndim <= 8) {
+    for (int d = 0; d < info->ndim; ++d) shapes[used][d] = info->shape[d] < 0 ? batch : info->shape[d];
+    t->shape = shapes[used++];
+  }
 }
 
 static int expect(const char *what, kiln_status got, kiln_status want) {
@@ -116,6 +125,10 @@ static int misuse(kiln_model *model) {
 }
 
 int main(int argc, char **argv) {
+  if (argc > 1 && !strncmp(argv[1], "batch=", 6)) { /* capi_check batch=N MODE ...: -1 dims are N */
+    batch = atoll(argv[1] + 6);
+    ++argv, --argc;
+  }
   if (argc < 3) return 2;
   if (kiln_abi_version() != KILN_ABI_VERSION) return 4;
   kiln_model *model = NULL;
