@@ -181,7 +181,7 @@ def test_cli_names_valid_choices(tmp_path):
     result = runner.invoke(main, ["bench", "-b", "warp-drive", "--out", str(tmp_path)])
     assert (
         result.exit_code != 0
-        and "unknown backend(s) ['warp-drive']; available: kiln, kiln-avx2, kiln-bf16, kiln-int8, kiln-reference, kiln-served, "
+        and "unknown backend(s) ['warp-drive']; available: kiln, kiln-avx2, kiln-bf16, kiln-int8, kiln-reference, kiln-served, kiln-c, "
         "onnxruntime, onnxruntime-int8, onnxruntime-served, openvino, openvino-bf16, openvino-int8"
         in str(result.exception)
     )
