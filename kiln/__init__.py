@@ -92,6 +92,18 @@ def load(
     return load_artifact(path, rebuild=rebuild, threads=threads, spin=spin, streams=streams)
 
 
+def emit_c(
+    model: Any, folder: Any, dims: dict[str, int] | None = None, batch: tuple[str, int, int] | None = None
+) -> Any:
+    """Write ``model`` (a ``kiln.compile`` result for the cpu target) as a C library into ``folder``
+    (``kiln compile --emit c``): kiln.h, libkiln_model.so and .a, the weights file, an example. ``dims``
+    binds the symbolic dims; ``batch`` = (symbol, low, high) lets a sample-parallel dim take any size
+    in [low, high]. Returns what was written (``.line()`` says it)."""
+    from kiln.driver.emit_c import emit_c as emit
+
+    return emit(model, folder, dims, batch)
+
+
 __all__ = [
     "ExecutionError",
     "InputError",
@@ -102,6 +114,7 @@ __all__ = [
     "UnsupportedModelError",
     "__version__",
     "compile",
+    "emit_c",
     "load",
     "targets",
 ]

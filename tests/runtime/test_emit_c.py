@@ -245,7 +245,7 @@ def test_a_sample_parallel_batch_runs_every_size_of_its_range(tmp_path):
     the range is a status with the reason."""
     model = kiln.compile(small_cnn())
     folder = tmp_path / "batched"
-    emitted = emit_c(model, folder, {}, ("batch", 1, 5))
+    emitted = kiln.emit_c(model, folder, batch=("batch", 1, 5))  # (the public API's name for it)
     assert emitted.dims == {"batch": "1..5"}
     binary = build(folder)
     rng = np.random.default_rng(9)
