@@ -154,8 +154,10 @@ def emit_c(
 
 def _check(plan: Any, executable: Any) -> None:
     target = plan.target
-    if target is None or target.backend != "cpu" or plan.library is None:
-        raise ArgumentError("--emit c takes the cpu target's native code (this plan has no native library)")
+    if target is None or target.backend != "cpu":
+        raise ArgumentError("--emit c takes a model compiled for the cpu target")
+    if plan.library is None:
+        raise ArgumentError("the model runs no native code (its outputs are its inputs or weights): nothing to build")
     if not plan.is_native or executable.interpreter is not None:
         ops = sorted({step.node.op for step in getattr(plan, "fallbacks", [])})
         raise ArgumentError(

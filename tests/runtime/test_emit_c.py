@@ -270,3 +270,31 @@ def test_a_sample_parallel_batch_runs_every_size_of_its_range(tmp_path):
         (got,) = run_c(sanitized, folder, model, {"x": x, "scale": scale}, tmp_path, 4)
         want = np.concatenate([model.run({"x": x[i : i + 1], "scale": scale})["y"] for i in range(4)])
         np.testing.assert_array_equal(got, want.reshape(-1))
+
+
+def test_outputs_that_are_an_input_or_a_weight_are_copied_out(tmp_path):
+    """An output that is the input itself (Identity) or a weight comes out of the C call too."""
+    const = numpy_helper.from_array(np.arange(6, dtype=np.float32).reshape(2, 3), "c")
+    nodes = [helper.make_node("Relu", ["x"], ["y"]), helper.make_node("Identity", ["x"], ["z"]), helper.make_node("Identity", ["c"], ["w"])]  # fmt: skip
+    graph = helper.make_graph(
+        nodes,
+        "aliases",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
+        [helper.make_tensor_value_info(name, TensorProto.FLOAT, None) for name in "yzw"],
+        [const],
+    )
+    model = kiln.compile(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+    folder = tmp_path / "aliases"
+    kiln.emit_c(model, folder)
+    x = np.random.default_rng(2).standard_normal((2, 3)).astype(np.float32)
+    got = run_c(build(folder), folder, model, {"x": x}, tmp_path)
+    want = model.run({"x": x})
+    for name, array in zip(model.output_names, got):
+        np.testing.assert_array_equal(array, np.asarray(want[name]).reshape(-1))
+    only_copies = helper.make_graph(
+        [helper.make_node("Identity", ["x"], ["y"])], "copy", graph.input, [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)]
+    )  # fmt: skip
+    with pytest.raises(ArgumentError, match="nothing to build"):
+        kiln.emit_c(
+            kiln.compile(helper.make_model(only_copies, opset_imports=[helper.make_opsetid("", 17)])), tmp_path / "n"
+        )
