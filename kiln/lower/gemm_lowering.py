@@ -214,7 +214,7 @@ def _requantize(lw: Lowerer, out: Value) -> Requantize | None:
     activations (with the calibrated range both see): the producer stores it quantized in its
     finish, the readers take those bytes (``QuantSpec.given``) instead of quantizing the floats
     in a pass of their own. The float output is still stored (the engine finishes tiles in it,
-    and other readers may want it)."""
+    and other readers may want it), unless nothing else reads it (``kiln.lower.quantized_only``)."""
     if "requantize" in lw.disabled or out in lw.outputs:
         return None
     if out.type.dtype is not DType.FLOAT32:  # type: ignore[union-attr]
