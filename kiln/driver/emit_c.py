@@ -190,9 +190,7 @@ def _weights_header(sizes: list[int], data_bytes: int, crc: int, model_id: str) 
 
 def _write_weights(path: Path, header: bytes, constants: list[tuple[Any, np.ndarray]]) -> None:
     """The weights file written whole, streamed from the arrays (no copy of them in memory)."""
-    if path.is_symlink() or (path.exists() and not path.is_file()):
-        raise ArgumentError(f"{path} exists and is not a regular file: kiln will not write through it")
-    temporary = path.with_name(f".{path.name}.kiln-tmp")
+    temporary = _temporary(path)
     with open(temporary, "wb") as out:
         out.write(header)
         at = 0
@@ -364,12 +362,18 @@ def _archive(build: Path, plan: Any) -> bool:
 
 
 def _replace(path: Path, content: bytes) -> None:
-    """``path`` written whole (a link there is replaced, never followed)."""
-    if path.is_symlink() or (path.exists() and not path.is_file()):
-        raise ArgumentError(f"{path} exists and is not a regular file: kiln will not write through it")
-    temporary = path.with_name(f".{path.name}.kiln-tmp")
+    """``path`` written whole."""
+    temporary = _temporary(path)
     temporary.write_bytes(content)
     temporary.replace(path)
+
+
+def _temporary(path: Path) -> Path:
+    """Where ``path`` is written before it is renamed into place; refused where ``path`` is a link
+    or anything but a regular file (kiln writes through neither)."""
+    if path.is_symlink() or (path.exists() and not path.is_file()):
+        raise ArgumentError(f"{path} exists and is not a regular file: kiln will not write through it")
+    return path.with_name(f".{path.name}.kiln-tmp")
 
 
 def _readme(plan: Any) -> str:

@@ -218,21 +218,28 @@ def engine_kernel(name: str, kind: str, stmt: GemmSpec, dst: Buffer, node: Node,
     return Kernel(name, kind, [stmt], reads, writes, [node.label], flops=flops, tuning=source)
 
 
+def row_major_flat(rows: int, cols: int):  # type: ignore[no-untyped-def]
+    """``flat_of`` for an output of ``rows`` x ``cols`` per batch element, row-major: the engine's
+    (batch, row, column) as a flat index (a MatMul's, a channels-last convolution's)."""
+
+    def flat_of(bt: Expr, i: Expr, j: Expr) -> Expr:
+        return add(add(Binary("*", bt, i64(rows * cols)), Binary("*", i, i64(cols))), j)
+
+    return flat_of
+
+
 def conv_output_indexing(out_channels: int, out_shape: tuple[int, ...]):  # type: ignore[no-untyped-def]
     """(flat_of, position_of) for a convolution output viewed as [image][channel][pixel]: the
     engine's (batch, row, column) coordinates of an epilogue."""
     pixels = int(np.prod(out_shape[2:]))
     out_w = out_shape[-1]
 
-    def flat_of(bt: Expr, i: Expr, j: Expr) -> Expr:
-        return add(add(Binary("*", bt, i64(out_channels * pixels)), Binary("*", i, i64(pixels))), j)
-
     def position_of(bt: Expr, i: Expr, j: Expr) -> list[Expr]:
         if len(out_shape) == 3:
             return [bt, i, j]
         return [bt, i, Binary("/", j, i64(out_w)), Binary("%", j, i64(out_w))]
 
-    return flat_of, position_of
+    return row_major_flat(out_channels, pixels), position_of
 
 
 @dataclass

@@ -37,6 +37,7 @@ from kiln.lower.engine import (
     pack_rows_bf16,
     pack_rows_int8,
     quantize_channels,
+    row_major_flat,
     tile_finish,
 )
 from kiln.lower.kir import (
@@ -50,7 +51,6 @@ from kiln.lower.kir import (
     PackedOperand,
     QuantSpec,
     Requantize,
-    add,
     i64,
 )
 from kiln.lower.lowering import CannotLower, Lowerer
@@ -127,9 +127,7 @@ def lower_matmul_gemm(lw: Lowerer, node: Node, epilogue: Epilogue | None = None)
     name = f"k{lw.kernel_count}"
     helper = None
     if epilogue is not None:
-
-        def flat_of(bt: Expr, i: Expr, j: Expr) -> Expr:
-            return add(add(Binary("*", bt, i64(m * n)), Binary("*", i, i64(n))), j)
+        flat_of = row_major_flat(m, n)
 
         def position_of(bt: Expr, i: Expr, j: Expr) -> list[Expr]:
             if rows != m:  # folded batch: row i is (batch element i / m, row i % m)
@@ -514,9 +512,7 @@ def lower_conv_nhwc(lw: Lowerer, node: Node, epilogue: Epilogue | None = None) -
     name = f"k{lw.kernel_count}"
     helper = None
     if epilogue is not None:
-
-        def flat_of(bt: Expr, i: Expr, j: Expr) -> Expr:
-            return add(add(Binary("*", bt, i64(pixels * out_channels)), Binary("*", i, i64(out_channels))), j)
+        flat_of = row_major_flat(pixels, out_channels)
 
         def position_of(bt: Expr, i: Expr, j: Expr) -> list[Expr]:
             return [bt, Binary("/", i, i64(out_w)), Binary("%", i, i64(out_w)), j]
