@@ -262,16 +262,7 @@ def _tables(plan: Any, constants: list[tuple[Any, np.ndarray]], sizes: list[int]
     texts = ", ".join(_c_string(str(labels.get(i, "?"))) for i in range(count))
     lines.append(f"#define KILN_LABELS {count}")
     lines.append(f"static const char *const kiln_kernel_labels[] = {{{texts}}};")
-    crc = [zlib_table_entry(i) for i in range(256)]
-    lines.append(f"static const uint32_t kiln_crc_table[256] = {{{', '.join(f'{c}u' for c in crc)}}};")
     return "\n".join(lines) + "\n"
-
-
-def zlib_table_entry(i: int) -> int:
-    c = i
-    for _ in range(8):
-        c = 0xEDB88320 ^ (c >> 1) if c & 1 else c >> 1
-    return c
 
 
 def _io(value: Any, buffer: Any, slot: int, source: int, where: int, batched: bool = False) -> str:

@@ -9,6 +9,7 @@
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -79,8 +80,20 @@ int kiln_abi_version(void) { return KILN_ABI_VERSION; }
 
 void kiln_set_thread_count(int threads) { kiln_set_threads(threads < 0 ? 0 : threads); }
 
-/* CRC-32 (IEEE, zlib's; kiln_crc_table from the tables header): the weights file's checksum */
+/* CRC-32 (IEEE, zlib's): the weights file's checksum; its table made once per process */
+static uint32_t kiln_crc_table[256];
+static pthread_once_t kiln_crc_once = PTHREAD_ONCE_INIT;
+
+static void kiln_crc_init(void) {
+  for (uint32_t i = 0; i < 256; ++i) {
+    uint32_t c = i;
+    for (int k = 0; k < 8; ++k) c = c & 1 ? 0xEDB88320u ^ (c >> 1) : c >> 1;
+    kiln_crc_table[i] = c;
+  }
+}
+
 static uint64_t kiln_crc32(const unsigned char *data, size_t n) {
+  pthread_once(&kiln_crc_once, kiln_crc_init);
   uint32_t crc = 0xFFFFFFFFu;
   for (size_t i = 0; i < n; ++i) crc = kiln_crc_table[(crc ^ data[i]) & 0xFF] ^ (crc >> 8);
   return crc ^ 0xFFFFFFFFu;
