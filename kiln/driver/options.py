@@ -27,8 +27,10 @@ from kiln.passes import PASS_NAMES
 # that neither chunk nor pad compile per size instead of kernels that take them at run time;
 # "direct-window": depthwise convolutions by their plane's taps, never output by output;
 # "size-specific": lowerings that hold at the compiled sizes only, such as a window's tap that no
-# output reaches left out, are not made; "quantized-only": int8 products whose floats nothing reads
-# still store them, kiln.lower.quantized_only)
+# output reaches left out, are not made; "requantize": int8 and bf16 products store no narrow copy
+# of their output for their readers, each reader quantizes or rounds the floats itself,
+# kiln.lower.narrow_store; "quantized-only": int8 and bf16 products whose floats nothing reads still
+# store them, kiln.lower.quantized_only)
 ALGORITHMS = (
     "winograd",
     "direct",

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from kiln.ir.graph import Node, Value
+from kiln.ir.graph import Node
 from kiln.ir.types import DType
 from kiln.lower import winograd
 from kiln.lower.engine import (
@@ -50,10 +50,10 @@ from kiln.lower.kir import (
     MatrixOperand,
     PackedOperand,
     QuantSpec,
-    Requantize,
     i64,
 )
 from kiln.lower.lowering import CannotLower, Lowerer
+from kiln.lower.narrow_store import bf16_given, narrow_store
 from kiln.lower.window_lowering import conv_window
 from kiln.passes.layout import DIRECT_MAX_TAPS, DIRECT_MIN_CHANNELS, range_key
 
@@ -94,7 +94,7 @@ def lower_matmul_gemm(lw: Lowerer, node: Node, epilogue: Epilogue | None = None)
     b_operand: MatrixOperand | PackedOperand
     # int8: float activations (A) times one constant weight matrix (B)
     precision = _precision_of(lw, node, a if a_const is None and b_const is not None and b_count == 1 else None)
-    quant = None
+    quant, given = None, None
     if precision == "int8":
         a_operand = MatrixOperand(a_buf, 0 if a_count == 1 else m * k, k, 1)
         b_operand, quant = _int8_weights(
@@ -102,6 +102,8 @@ def lower_matmul_gemm(lw: Lowerer, node: Node, epilogue: Epilogue | None = None)
         )
     elif precision == "bf16":
         a_operand, b_operand = _bf16_operands(lw, a, b, a_count, b_count, m, k, n)
+        if a_const is None and b_const is not None and b_count == 1:
+            given = bf16_given(lw, a)
     elif a_const is not None:
         matrices = np.asarray(a_const, dtype=np.float32).reshape(a_count, m, k)
         a_operand = PackedOperand(
@@ -138,7 +140,7 @@ def lower_matmul_gemm(lw: Lowerer, node: Node, epilogue: Epilogue | None = None)
     finish = tile_finish(lw, epilogue, None, out_shape, None, len(out_shape) - 1) if helper is not None else None
     stmt = GemmSpec(
         batch, rows, n, k, a_operand, b_operand, dst, m * n, n, _blocking(precision, choice), helper, precision, quant,
-        finish, _requantize(lw, out) if precision == "int8" else None,
+        finish, narrow_store(lw, out, precision), given,
     )  # fmt: skip
     return [engine_kernel(name, "matmul", stmt, dst, node, 2 * batch * rows * n * k, source)]
 
@@ -202,57 +204,6 @@ def _int8_weights(lw: Lowerer, node: Node, weights, matrices: np.ndarray, activa
     stored = lw.quantized.get(activations)  # quantized already, as this product would, by their producer
     given = stored.dest if stored is not None and (stored.inv, stored.zero, stored.qmax) == (inv, zero, qmax) else None
     return operand, QuantSpec(scale_buf, offset_buf, rows, inv, zero, qmax, given)
-
-
-# -- int8 between layers --------------------------------------------------------------------------------
-
-
-def _requantize(lw: Lowerer, out: Value) -> Requantize | None:
-    """The Requantize of an int8 product's output ``out`` when an int8 product reads it as its
-    activations (with the calibrated range both see): the producer stores it quantized in its
-    finish, the readers take those bytes (``QuantSpec.given``) instead of quantizing the floats
-    in a pass of their own. The float output is still stored (the engine finishes tiles in it,
-    and other readers may want it), unless nothing else reads it (``kiln.lower.quantized_only``)."""
-    if "requantize" in lw.disabled or out in lw.outputs:
-        return None
-    if out.type.dtype is not DType.FLOAT32:  # type: ignore[union-attr]
-        return None
-    keys = [key for node in lw.consumers().get(out, []) if (key := _int8_reader(lw, node, out)) is not None]
-    if not keys or keys[0] not in lw.ranges:
-        return None
-    qmax = lw.target.int8_max
-    scale, zero = activation_quantization(*lw.ranges[keys[0]], qmax)
-    dest = lw.scratch_buffer(DType.UINT8, int(np.prod(lw.shape(out))), "q")
-    lw.quantized[out] = requant = Requantize(dest, float(np.float32(1.0 / scale)), zero, qmax)
-    return requant
-
-
-def _int8_reader(lw: Lowerer, node: Node, value: Value) -> str | None:
-    """The key of ``value``'s calibrated range (``kiln.passes.layout.range_key``) when ``node``
-    (or the product a fused group anchors) is an int8 product of the engine with ``value`` as its
-    activations: a Conv's or kiln::ConvNHWC's input, a MatMul's A against one constant weight
-    matrix (``lower_conv_gemm``, ``lower_conv_nhwc``, ``lower_matmul_gemm``); else None."""
-    op, domain, inputs, attrs = node.op, node.domain, list(node.inputs), node.attrs
-    if domain == "kiln" and op == "Fused" and attrs.get("kind") == "epilogue":
-        body = attrs["body"]
-        anchor, bindings = body.nodes[0], dict(zip(body.inputs, node.inputs))
-        op, domain, attrs = anchor.op, anchor.domain, anchor.attrs
-        inputs = [None if v is None else bindings.get(v) for v in anchor.inputs]
-    if domain == "kiln" and op == "ConvNHWC":
-        op, domain = "Conv", ""
-    if domain or len(inputs) < 2 or inputs[0] is not value or inputs[1] is None or "kiln_qdq" in attrs:
-        return None
-    if node.name in lw.keep_fp32 or "gemm" not in lw.target.engines:
-        return None
-    weights = lw.constant(inputs[1])
-    if weights is None or inputs[1].type.dtype is not DType.FLOAT32:  # type: ignore[union-attr]
-        return None
-    key = range_key(attrs, value)
-    if op == "Conv" and int(attrs.get("group", 1)) == 1 and len(lw.shape(value)) in (3, 4):
-        return key
-    if op == "MatMul" and len(lw.shape(value)) >= 2 and weights.ndim >= 2 and int(np.prod(weights.shape[:-2])) == 1:
-        return key
-    return None
 
 
 def _direct_weights(lw: Lowerer, node: Node, w, weights: np.ndarray, x, precision: str, quant):  # type: ignore[no-untyped-def]
@@ -384,7 +335,7 @@ def lower_conv_gemm(lw: Lowerer, node: Node, epilogue: Epilogue | None = None) -
         precision,
         quant,
         finish,
-        _requantize(lw, out) if precision == "int8" else None,
+        narrow_store(lw, out, precision),
     )
     kind = "conv1x1" if pointwise else "conv"
     flops = 2 * x_shape[0] * out_channels * pixels * channels * kernel_h * kernel_w
@@ -522,7 +473,7 @@ def lower_conv_nhwc(lw: Lowerer, node: Node, epilogue: Epilogue | None = None) -
     stmt = GemmSpec(
         batch, pixels, out_channels, reduction, a_operand, b_operand, dst, pixels * out_channels, out_channels,
         _blocking(precision, choice), helper, precision, quant, finish,
-        _requantize(lw, out) if precision == "int8" else None,
+        narrow_store(lw, out, precision), bf16_given(lw, x) if precision == "bf16" else None,
     )  # fmt: skip
     flops = 2 * batch * out_channels * pixels * channels * kernel_h * kernel_w
     return [engine_kernel(name, "conv", stmt, dst, node, flops, source)]

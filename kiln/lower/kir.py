@@ -221,7 +221,10 @@ class Requantize:
     the int8 products that read it: q = clamp(rint(x * inv) + zero, 0, qmax), NaN -> 0 (their
     ``QuantSpec``'s own formula and parameters, so they read ``dest`` instead of quantizing the
     float output again; ``dest`` is uint8 with the output's indexing). The next layer's
-    activations leave the producer's finish as int8: no quantize pass of their own."""
+    activations leave the producer's finish as int8: no quantize pass of their own. ``bf16``: a
+    bf16 product's output rounded to bfloat16 (to nearest even, the conversion its bf16 readers
+    would do; ``dest`` uint16, ``inv``/``zero``/``qmax`` unused), read by them in place
+    (``GemmSpec.given``)."""
 
     dest: Buffer
     inv: float
@@ -230,6 +233,7 @@ class Requantize:
     # the float output is read by nothing else (``kiln.lower.quantized_only``): the engine finishes
     # each tile in a scratch with the product's ``TileFinish`` and stores only these bytes
     only: bool = False
+    bf16: bool = False
 
 
 @dataclass(frozen=True)
@@ -268,7 +272,10 @@ class GemmSpec:
     precision: str = "fp32"  # "bf16": operands rounded to bfloat16, float32 sums (gemm_bf16.c); "int8"
     quant: QuantSpec | None = None  # int8's quantization (gemm_int8.c)
     finish: TileFinish | None = None  # the epilogue, when this simple, in the engine's registers (fp32)
-    requant: Requantize | None = None  # int8: the output also stored quantized for its int8 readers
+    requant: Requantize | None = None  # int8, bf16: the output also stored narrow for its readers
+    # bf16: the activations (A of a MatMul, a channels-last convolution's input) rounded to bfloat16
+    # already by their producer (its ``Requantize``, ``bf16``), read instead of converting them here
+    given: Buffer | None = None
 
 
 @dataclass
@@ -361,6 +368,8 @@ def engine_buffers(call: EngineCall) -> list[Buffer]:
         quant = [call.quant.scale, call.quant.offset] if call.quant is not None else []
         if call.quant is not None and call.quant.given is not None:
             quant.append(call.quant.given)
+        if call.given is not None:
+            quant.append(call.given)
         finish = [b for b in (call.finish.row, call.finish.col) if b is not None] if call.finish else []
         requant = [call.requant.dest] if call.requant is not None else []
         return [call.a.buffer, call.b.buffer, *quant, *finish, call.out, *requant]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import ml_dtypes
 import numpy as np
 
 from kiln.lower.kir import (
@@ -127,6 +128,9 @@ def _gemm(machine: Any, call: GemmSpec) -> None:
         dest = _strided(
             machine, r.dest, 0, (call.batch, call.m, call.n), (call.out_batch_stride, call.ldc, 1), "requantized output"
         )
+        if r.bf16:  # rounded to nearest even, as the bits of a bfloat16
+            dest[...] = out.astype(np.float32).astype(ml_dtypes.bfloat16).view(np.uint16)
+            return
         with np.errstate(invalid="ignore"):
             q = np.rint(out.astype(np.float32) * np.float32(r.inv)) + np.float32(r.zero)
         dest[...] = np.clip(np.nan_to_num(q, nan=0.0), 0, r.qmax).astype(dest.dtype)

@@ -268,3 +268,25 @@ def test_a_channels_last_bf16_region_computes_what_the_nchw_graph_does(path, mon
     assert [c.b.geometry[9:] for c in calls if isinstance(c.b, DirectOperand)] == [(1, 1, 1), (2, 2, 1)]
     got, want = last.run({"x": x})["y"], planes.run({"x": x})["y"]
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * float(np.abs(want).max()))
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_bf16_activations_pass_between_layers_as_bf16_bit_for_bit(path, monkeypatch):
+    """In a bf16 compile a product whose output only bf16 products read stores it as bfloat16
+    halves only (``Requantize.bf16``, ``only``) and its readers take them in place
+    (``GemmSpec.given``): the 1x1's rows (K 48, padded: converted from the halves) and the
+    stride-2 convolution's padded copy. The output the residual Add reads keeps its floats and
+    no copy (dropped: it would only move the rounding). The readers' operands are the very
+    halves they would have rounded, so the output is bit for bit the compile without it."""
+    from kiln.lower.kir import GemmSpec
+
+    model, x = residual_chain(np.random.default_rng(17))
+    monkeypatch.setenv("KILN_BF16_PATH", path)
+    options = CompileOptions(precision="bf16", plan_cache=False)
+    chained = kiln.compile(model, options=options)
+    apart = kiln.compile(model, options=CompileOptions(precision="bf16", plan_cache=False, disabled=frozenset({"requantize"})))  # fmt: skip
+    calls = [st for s in chained.plans[-1].steps for k in getattr(s, "kernels", []) for st in k.body if isinstance(st, GemmSpec)]  # fmt: skip
+    assert [c.precision for c in calls] == ["bf16"] * 4
+    assert [c.requant is not None and c.requant.bf16 and c.requant.only for c in calls] == [True, True, False, False]
+    assert [c.given is calls[i - 1].requant.dest if i in (1, 2) else c.given is None for i, c in enumerate(calls)] == [True] * 4  # fmt: skip
+    np.testing.assert_array_equal(chained.run({"x": x})["y"], apart.run({"x": x})["y"])

@@ -18,7 +18,7 @@ from kiln.driver.options import CompileOptions, Quantization
 from kiln.driver.quantize import AccuracyReport, clip_range, samples_from, split
 from kiln.errors import KilnError
 from kiln.frontend import to_graph
-from kiln.lower import gemm_lowering
+from kiln.lower import narrow_store
 from kiln.lower.engine import activation_quantization, quantize_channels
 from kiln.lower.kir import DirectOperand, GemmSpec, kernel_precision
 from tests.helpers import FLOAT, make_model, residual_chain
@@ -433,13 +433,13 @@ def test_int8_activations_leave_their_producer_quantized_for_the_next_int8_produ
 def _assert_the_bytes_are_read(model, x, target, options, apart, monkeypatch):
     """The readers really take the producers' bytes: producers made to store them with another
     scale (their readers still told the bytes are their own) change the result."""
-    original = gemm_lowering._requantize
+    original = narrow_store.requantize
 
     def skewed(lw, out):
         stored = original(lw, out)
         return None if stored is None else replace(stored, inv=stored.inv * 0.5)
 
-    monkeypatch.setattr(gemm_lowering, "_requantize", skewed)
+    monkeypatch.setattr(narrow_store, "requantize", skewed)
     broken = kiln.compile(model, target=target, options=options)
     assert not np.array_equal(broken.run({"x": x})["y"], apart.run({"x": x})["y"])
 

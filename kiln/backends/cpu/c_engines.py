@@ -81,7 +81,7 @@ def engine_call(stmt: EngineCall, indent: str) -> list[str]:
     epilogue = epilogue_of(stmt)
     finish = stmt.finish if isinstance(stmt, GemmSpec) and stmt.precision == "fp32" else None
     only = isinstance(stmt, GemmSpec) and stmt.requant is not None and stmt.requant.only
-    if only:  # int8 bytes only: the epilogue on each tile's scratch (gemm_lowp.c)
+    if only:  # int8 bytes (bf16 halves) only: the epilogue on each tile's scratch (gemm_lowp.c)
         finish = stmt.finish or TileFinish()  # (no epilogue: the bounds still say "none")
         lines.append(f"{indent}  g.r_only = 1;")
     if finish is not None:  # the same epilogue, in the micro-kernel's registers (gemm.c)
@@ -102,7 +102,11 @@ def engine_call(stmt: EngineCall, indent: str) -> list[str]:
                        ("q_inv", f"{q.inv!r}f"), ("q_zero", q.zero), ("q_max", q.qmax)]  # fmt: skip
             if q.given is not None:  # quantized by their producer (its Requantize)
                 fields += [("q_given", q.given.name), ("q_given_size", q.given.size)]
-        if stmt.requant is not None:
+        if stmt.given is not None:  # rounded to bf16 by their producer (its Requantize)
+            fields += [("h_given", stmt.given.name), ("q_given_size", stmt.given.size)]
+        if stmt.requant is not None and stmt.requant.bf16:
+            fields.append(("h_out", stmt.requant.dest.name))
+        elif stmt.requant is not None:
             r = stmt.requant
             fields += [("r_out", r.dest.name), ("r_inv", f"{r.inv!r}f"), ("r_zero", r.zero), ("r_max", r.qmax)]
         lines.extend(f"{indent}  g.{name} = {value};" for name, value in fields)

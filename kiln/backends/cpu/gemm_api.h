@@ -44,8 +44,12 @@ struct kiln_gemm {
                               r_out[i] = clamp(rint(c[i] * r_inv) + r_zero, 0, r_max) (or NULL) */
   float r_inv; int32_t r_zero, r_max;
   int r_only;               /* nothing reads the float C: each tile finished in a scratch (the f_ fields:
-                              bias, Relu, bounds) and stored as r_out only (kiln.lower.quantized_only) */
-  int64_t q_given_size;     /* elements, for KILN_DEBUG checks (r_out has c_size) */
+                              bias, Relu, bounds) and stored as r_out (h_out) only (kiln.lower.quantized_only) */
+  const uint16_t *h_given; /* bf16 (gemm_bf16.c): the activations rounded to bfloat16 already by their
+                              producer, same indexing (or NULL: converted here) */
+  uint16_t *h_out;         /* bf16: the finished C also stored as bfloat16 for the bf16 products
+                              reading it (round to nearest even, the conversion they would do) */
+  int64_t q_given_size;     /* elements of q_given or h_given, for KILN_DEBUG checks (r_out, h_out have c_size) */
   int direct; /* a convolution on the direct path (gemm_lowp.c): b the input, conv = (C H W KH KW PT PL OH OW SH SW NHWC) */
   void **buffers;           /* the segment's buffer table, for the epilogue */
   const int64_t *conv;      /* im2col geometry: C H W KH KW SH SW DH DW PT PL OH OW */

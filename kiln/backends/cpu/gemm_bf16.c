@@ -99,7 +99,12 @@ static void kiln_bf16_rows(const kiln_gemm *g, int64_t bt, int64_t m0, int64_t m
       continue;
     }
     const int64_t first = bt * g->a_bs + (m0 + r) * g->a_rs;
-    if (g->a_cs == 1) {
+    if (g->h_given) { /* rounded by the producer: the halves as they are */
+      if (g->a_cs == 1)
+        memcpy(out, g->h_given + KILN_SPAN(first, K, g->q_given_size, "A (bf16 rows, given)"), (size_t)K * sizeof(uint16_t));
+      else
+        for (int64_t k = 0; k < K; ++k) out[k] = g->h_given[KILN_AT(first + k * g->a_cs, g->q_given_size, "A (bf16 rows, given)")];
+    } else if (g->a_cs == 1) {
       kiln_bf16_convert(g->a + KILN_SPAN(first, K, g->a_size, "A (bf16 rows)"), out, K);
     } else {
       for (int64_t k = 0; k < K; ++k) out[k] = kiln_bf16_round(g->a[KILN_AT(first + k * g->a_cs, g->a_size, "A (bf16 rows)")]);
@@ -264,6 +269,14 @@ static void kiln_bf16_nhwc_row(const kiln_gemm *g, int64_t bt, int64_t ph, int64
   memset(dst + (PL + width) * cp, 0, (size_t)((wp - PL - width) * cp) * sizeof(uint16_t));
   if (cp != C)
     for (int64_t w = 0; w < width; ++w) memset(dst + (PL + w) * cp + C, 0, (size_t)(cp - C) * sizeof(uint16_t));
+  if (q[11] && g->h_given) { /* channels last, rounded by the producer: the halves in place */
+    const uint16_t *src = g->h_given + KILN_SPAN(bt * g->b_bs + h * W * C, width * C, g->q_given_size, "B (direct input, given, channels last)");
+    if (cp == C)
+      memcpy(dst + PL * cp, src, (size_t)(width * C) * sizeof(uint16_t));
+    else
+      for (int64_t w = 0; w < width; ++w) memcpy(dst + (PL + w) * cp, src + w * C, (size_t)C * sizeof(uint16_t));
+    return;
+  }
   if (q[11]) { /* channels last: the row is width pixels of C channels */
     const float *src = g->b + KILN_SPAN(bt * g->b_bs + h * W * C, width * C, g->b_size, "B (direct input, channels last)");
     if (cp == C)
@@ -302,8 +315,11 @@ static int kiln_bf16_taps(const kiln_gemm *g, const void *a, int64_t lda, const 
   return 0;
 }
 
+/* finished floats rounded for the bf16 products reading them (kiln_gemm.h_out) */
+static void kiln_bf16_narrow(const kiln_gemm *g, const float *src, int64_t at, int64_t n) { kiln_bf16_convert(src, g->h_out + at, n); }
+
 static const kiln_lowp_ops kiln_bf16_ops = {2, 32, kiln_bf16_rows, kiln_bf16_pack_b, kiln_bf16_block, NULL,
-                                            kiln_bf16_amx_on, kiln_bf16_nhwc_row, kiln_bf16_taps, 0, 2};
+                                            kiln_bf16_amx_on, kiln_bf16_nhwc_row, kiln_bf16_taps, 0, 2, kiln_bf16_narrow};
 
 KILN_ENGINE void kiln_gemm_bf16_run(const kiln_gemm *g) {
   if (g->direct) {

@@ -391,8 +391,13 @@ static int kiln_int8_taps(const kiln_gemm *g, const void *a, int64_t lda, const 
   return 0;
 }
 
+/* finished floats quantized for the int8 products reading them (kiln_gemm.r_out) */
+static void kiln_int8_narrow(const kiln_gemm *g, const float *src, int64_t at, int64_t n) {
+  kiln_quantize_u8(g->r_inv, g->r_zero, g->r_max, src, g->r_out + at, n);
+}
+
 static const kiln_lowp_ops kiln_int8_ops = {1, 64, kiln_int8_rows, kiln_int8_pack_b, kiln_int8_block, kiln_int8_finish,
-                                            kiln_int8_amx_on, kiln_int8_nhwc_row, kiln_int8_taps, 1, 4};
+                                            kiln_int8_amx_on, kiln_int8_nhwc_row, kiln_int8_taps, 1, 4, kiln_int8_narrow};
 
 /* the quantize-once prologue: B's float activations [lo, hi) of a chunked range */
 enum { KILN_INT8_QCHUNK = 16384 };

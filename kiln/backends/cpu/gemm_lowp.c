@@ -37,7 +37,16 @@ typedef struct {
   int (*block_taps)(const kiln_gemm *g, const void *a, int64_t lda, const int64_t *offsets, int64_t taps, const void *b, int64_t kc, void *c, int64_t ldc);
   int int32_sums; /* the blocks hold int32 sums that the finish scales (int8), else float results */
   int64_t kstep;  /* the k values one 32-bit lane of the register kernels takes (int8 4, bf16 2) */
+  /* n finished floats stored in the format the product's readers take, at element `at` of the
+     narrow copy of C (int8: quantized into r_out; bf16: rounded into h_out) */
+  void (*narrow)(const kiln_gemm *g, const float *src, int64_t at, int64_t n);
 } kiln_lowp_ops;
+
+/* the product keeps a narrow copy of its output for its readers (kiln_gemm.r_out, h_out) */
+static int kiln_narrow_out(const kiln_gemm *g) { return g->r_out != NULL || g->h_out != NULL; }
+
+/* the activations its producer stored narrow already (int8 bytes, bf16 halves), or NULL */
+static const char *kiln_given(const kiln_gemm *g) { return g->q_given ? (const char *)g->q_given : (const char *)g->h_given; }
 
 #ifdef KILN_X86
 /* 16 floats at a time on zmm (a row of 7..56 pixels is too short for what GCC makes of the loop
@@ -77,23 +86,23 @@ static void kiln_quantize_u8(float q_inv, int32_t q_zero, int32_t q_max, const f
 }
 
 /* rows [i0, i0 + rows) x columns [j0, j0 + cols) of batch element bt's finished C stored
-   quantized for the int8 products that read it (g->r_out: same indexing) */
-static void kiln_requantize(const kiln_gemm *g, int64_t bt, int64_t i0, int64_t rows, int64_t j0, int64_t cols) {
+   narrow for the products that read it (g->r_out or h_out: same indexing) */
+static void kiln_requantize(const kiln_gemm *g, const kiln_lowp_ops *ops, int64_t bt, int64_t i0, int64_t rows, int64_t j0, int64_t cols) {
   for (int64_t r = 0; r < rows; ++r) {
-    const int64_t at = KILN_SPAN(bt * g->c_bs + (i0 + r) * g->ldc + j0, cols, g->c_size, "C (requantized)");
-    kiln_quantize_u8(g->r_inv, g->r_zero, g->r_max, g->c + at, g->r_out + at, cols);
+    const int64_t at = KILN_SPAN(bt * g->c_bs + (i0 + r) * g->ldc + j0, cols, g->c_size, "C (stored narrow)");
+    ops->narrow(g, g->c + at, at, cols);
   }
 }
 
 /* a finished tile (rows x cols floats at `tile`, row stride ld) through the product's TileFinish
-   (g->f_: bias, Relu, bounds: its whole epilogue) and stored only as its int8 readers' bytes at
-   rows i0.., columns j0.. of batch element bt's r_out (g->r_only: nothing reads the floats) */
-static void kiln_store_quantized(const kiln_gemm *g, float *tile, int64_t ld, int64_t bt, int64_t i0, int64_t rows, int64_t j0, int64_t cols) {
+   (g->f_: bias, Relu, bounds: its whole epilogue) and stored only as its readers' narrow form at
+   rows i0.., columns j0.. of batch element bt's r_out or h_out (g->r_only: nothing reads the floats) */
+static void kiln_store_quantized(const kiln_gemm *g, const kiln_lowp_ops *ops, float *tile, int64_t ld, int64_t bt, int64_t i0, int64_t rows, int64_t j0, int64_t cols) {
   const kiln_finish fin = {g->f_row ? g->f_row + i0 : NULL, g->f_col ? g->f_col + j0 : NULL, g->f_relu, g->f_lo, g->f_hi};
   kiln_finish_tile(&fin, tile, ld, rows, cols);
   for (int64_t r = 0; r < rows; ++r) {
-    const int64_t at = KILN_SPAN(bt * g->c_bs + (i0 + r) * g->ldc + j0, cols, g->c_size, "C (quantized only)");
-    kiln_quantize_u8(g->r_inv, g->r_zero, g->r_max, tile + r * ld, g->r_out + at, cols);
+    const int64_t at = KILN_SPAN(bt * g->c_bs + (i0 + r) * g->ldc + j0, cols, g->c_size, "C (narrow only)");
+    ops->narrow(g, tile + r * ld, at, cols);
   }
 }
 
@@ -108,8 +117,8 @@ typedef struct {
   int64_t a_rows_bs;  /* bytes */
   const char *b_panels; /* B packed whole, once (shared by the tasks), or NULL */
   int64_t b_panels_bs;  /* bytes */
-  const char *a_given;  /* A's rows read in place (int8 activations quantized by their producer,
-                           rows of K = kp bytes): whole slabs of 32 rows from here, a last short
+  const char *a_given;  /* A's rows read in place (int8 or bf16 activations stored narrow by their
+                           producer, rows of K = kp elements): whole slabs of 32 rows from here, a last short
                            slab converted (the kernels read 16 or 32 rows) */
 } kiln_lowp_plan;
 
@@ -169,7 +178,7 @@ static void kiln_lowp_tasks(void *ctx, int64_t lo, int64_t hi, int worker) {
     const int64_t mlen = M - m0 < mc ? M - m0 : mc, nlen = N - n0 < nc ? N - n0 : nc;
     const char *ablock = NULL;
     if (p->a_given) {
-      ablock = p->a_given + es * KILN_SPAN(bt * g->a_bs + m0 * kp, mlen * kp, g->q_given_size, "A (int8 rows, given)");
+      ablock = p->a_given + es * KILN_SPAN(bt * g->a_bs + m0 * kp, mlen * kp, g->q_given_size, "A (rows, given)");
       if (mlen % 32) ops->rows(g, bt, m0 + mlen - mlen % 32, mlen % 32, 32, kp, abuf); /* the short slab */
     } else if (g->a_low) {
       ablock = (const char *)g->a_low + es * KILN_SPAN(bt * g->a_pbs + m0 * kp, kiln_round_up(mlen, 32) * kp, g->a_packed_size, "A (packed rows)");
@@ -211,7 +220,7 @@ static void kiln_lowp_tasks(void *ctx, int64_t lo, int64_t hi, int worker) {
                 ops->finish(g, block, 32, rows, cols, m0 + ir, n0 + jr, finished, 32);
               else
                 for (int64_t r = 0; r < rows; ++r) memcpy(finished + r * 32, block + r * 32, (size_t)cols * sizeof(float));
-              kiln_store_quantized(g, finished, 32, bt, m0 + ir, rows, n0 + jr, cols);
+              kiln_store_quantized(g, ops, finished, 32, bt, m0 + ir, rows, n0 + jr, cols);
             }
             continue;
           }
@@ -237,7 +246,7 @@ static void kiln_lowp_tasks(void *ctx, int64_t lo, int64_t hi, int worker) {
             }
           }
           if (last && g->epilogue) g->epilogue(g, bt, m0 + ir, m0 + ir + rows, n0 + jr, n0 + jr + cols);
-          if (last && g->r_out) kiln_requantize(g, bt, m0 + ir, rows, n0 + jr, cols);
+          if (last && kiln_narrow_out(g)) kiln_requantize(g, ops, bt, m0 + ir, rows, n0 + jr, cols);
         }
       }
     }
@@ -268,8 +277,8 @@ static void kiln_lowp_run(const kiln_gemm *g, const kiln_lowp_ops *ops) {
   tiles_n = (N + nc - 1) / nc;
   const int64_t tasks = g->batch * tiles_m * tiles_n;
   kiln_lowp_plan plan = {g, ops, kp, mc, nc, tiles_m, tiles_n, NULL, 0, NULL, 0, NULL};
-  if (!g->a_low && g->q_given && g->a_cs == 1 && g->a_rs == K && kp == K && (g->batch == 1 || g->a_bs == M * K))
-    plan.a_given = (const char *)g->q_given;
+  if (!g->a_low && kiln_given(g) && g->a_cs == 1 && g->a_rs == K && kp == K && (g->batch == 1 || g->a_bs == M * K))
+    plan.a_given = kiln_given(g);
   const int workers = M * N * K * g->batch >= 65536 && tasks > 1 ? 0 : 1;
   /* an A several tasks would convert again (one per N block) is converted once, shared; so is a
      B several tasks would pack again (one per M block) */
@@ -413,19 +422,19 @@ static void kiln_direct_store(const kiln_direct_plan *p, int64_t bt, int64_t v, 
     }
     const int64_t run = p->OW - ow < last - (v + r) ? p->OW - ow : last - (v + r);
     const int64_t j0 = oh * p->OW + ow;
-    if (p->nhwc && g->r_only) { /* only the int8 readers' bytes */
-      kiln_store_quantized(g, block + r * 32, 32, bt, j0, run, oc0, cols);
+    if (p->nhwc && g->r_only) { /* only the readers' narrow form */
+      kiln_store_quantized(g, p->ops, block + r * 32, 32, bt, j0, run, oc0, cols);
     } else if (p->nhwc) { /* pixel rows of OC channels: (pixel, channel) is the engine's (row, column) */
       KILN_SPAN(bt * g->c_bs + j0 * OC + oc0, (run - 1) * OC + cols, g->c_size, "C (direct, channels last)");
       for (int64_t k = 0; k < run; ++k) memcpy(out + (j0 + k) * OC + oc0, block + (r + k) * 32, (size_t)cols * sizeof(float));
       if (g->epilogue) g->epilogue(g, bt, j0, j0 + run, oc0, oc0 + cols);
-      if (g->r_out) kiln_requantize(g, bt, j0, run, oc0, cols);
+      if (kiln_narrow_out(g)) kiln_requantize(g, p->ops, bt, j0, run, oc0, cols);
     } else {
       KILN_SPAN(bt * g->c_bs + oc0 * pixels + j0, (cols - 1) * pixels + run, g->c_size, "C (direct)");
       for (int64_t j = 0; j < cols; ++j) memcpy(out + (oc0 + j) * pixels + j0, turned + j * 32 + r, (size_t)run * sizeof(float));
       if (g->epilogue) g->epilogue(g, bt, oc0, oc0 + cols, j0, j0 + run);
-      if (g->r_out)
-        for (int64_t j = 0; j < cols; ++j) kiln_requantize(g, bt, oc0 + j, 1, j0, run);
+      if (kiln_narrow_out(g))
+        for (int64_t j = 0; j < cols; ++j) kiln_requantize(g, p->ops, bt, oc0 + j, 1, j0, run);
     }
     r += run;
   }
