@@ -4,10 +4,12 @@ does, bit for bit.
 
 For each model: compile (batch and lengths bound to the zoo's example), save and ``kiln.load`` the
 artifact, emit the C library, build ``kiln/bench/kiln_time.c`` against it; time kiln_infer from C,
-``run`` from Python and onnxruntime's ``InferenceSession.run`` on the same inputs, THREADS threads
-each, alternating; compare the C outputs with Python's.
+``run`` from Python, onnxruntime's ``Run`` from C (``benchmarks/ort_time.c``: its C API through the
+``libonnxruntime.so`` its wheel ships, inputs and outputs bound once over caller-owned buffers) and
+its ``InferenceSession.run`` from Python on the same inputs, THREADS threads each, alternating;
+compare the C outputs with Python's.
 
-    python benchmarks/c_library.py                       # one-conv, resnet50, bert-base, gpt2
+    python benchmarks/c_library.py                       # tiny-conv, one-conv, resnet50, bert-base, gpt2
     python benchmarks/c_library.py --models one-conv --threads 1 --calls 2000
 
 Not a test: prints a table and JSON lines.
@@ -18,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -28,28 +31,33 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 
 
-def one_conv(folder: Path) -> tuple[str, dict[str, np.ndarray]]:
-    """A 3x3 convolution of 8 channels on a 1x3x32x32 image: a call's fixed cost dominates."""
+def one_conv(folder: Path, channels: int, size: int, out_channels: int) -> tuple[str, dict[str, np.ndarray]]:
+    """A 3x3 convolution (padding 1) of ``out_channels`` on a 1 x channels x size x size image."""
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 
     rng = np.random.default_rng(0)
-    weight = numpy_helper.from_array(rng.standard_normal((8, 3, 3, 3)).astype(np.float32), "w")
+    weight = numpy_helper.from_array(rng.standard_normal((out_channels, channels, 3, 3)).astype(np.float32), "w")
     graph = helper.make_graph(
         [helper.make_node("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1])],
         "one_conv",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 32, 32])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 32, 32])],
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, channels, size, size])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, out_channels, size, size])],
         [weight],
     )
-    path = folder / "one_conv.onnx"
+    path = folder / f"one_conv_{channels}_{size}.onnx"
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
-    return str(path), {"x": rng.standard_normal((1, 3, 32, 32)).astype(np.float32)}
+    return str(path), {"x": rng.standard_normal((1, channels, size, size)).astype(np.float32)}
+
+
+# one 3x3 convolution: tiny-conv's 144 multiply-adds leave only what a call costs; one-conv's 221k
+# (8 channels out of 3 on 32x32) add a little work
+CONVOLUTIONS = {"tiny-conv": (1, 4, 1), "one-conv": (3, 32, 8)}
 
 
 def model_files(name: str, folder: Path) -> tuple[str, dict[str, np.ndarray]]:
-    if name == "one-conv":
-        return one_conv(folder)
+    if name in CONVOLUTIONS:
+        return one_conv(folder, *CONVOLUTIONS[name])
     from kiln import zoo
 
     return str(zoo.onnx_path(name)), zoo.example_inputs(name)
@@ -64,6 +72,40 @@ def timed(call, calls: int) -> list[float]:  # type: ignore[no-untyped-def]
         call()
         times.append((time.perf_counter() - start) * 1e6)
     return times
+
+
+ONNX_TYPES = {"float32": 1, "uint8": 2, "int8": 3, "int32": 6, "int64": 7, "bool": 9, "float64": 11}
+
+
+def ort_timer(work: Path) -> tuple[Path, Path] | None:
+    """(benchmarks/ort_time.c built, onnxruntime's shared library), or None when the wheel has no
+    libonnxruntime.so (the row then says so)."""
+    import onnxruntime as ort
+
+    libraries = sorted((Path(ort.__file__).parent / "capi").glob("libonnxruntime.so*"))
+    if not libraries:
+        return None
+    binary = work / "ort_time"
+    if not binary.exists():
+        subprocess.run(["gcc", "-O2", "-std=c11", "-o", str(binary), str(HERE / "ort_time.c"), "-ldl"], check=True)
+    return binary, libraries[0]
+
+
+def ort_from_c(timer, path: str, session, feeds: dict, files: dict, calls: int, threads: int) -> tuple[float, int]:  # type: ignore[no-untyped-def]
+    """onnxruntime's Run from C: (median microseconds per call, threads the process held)."""
+    binary, library = timer
+    outputs = session.run(None, {i.name: feeds[i.name] for i in session.get_inputs()})
+
+    def spec(name: str, array: np.ndarray, file: str = "") -> str:
+        shape = ",".join(str(d) for d in np.shape(array))
+        return f"{name}|{ONNX_TYPES[np.asarray(array).dtype.name]}|{shape}" + (f"|{file}" if file else "")
+
+    out_specs = ";".join(spec(o.name, a) for o, a in zip(session.get_outputs(), outputs))
+    in_specs = [spec(i.name, feeds[i.name], files[i.name]) for i in session.get_inputs()]
+    command = [str(binary), str(library), path, str(calls), str(threads), out_specs, *in_specs]
+    result = subprocess.run(command, capture_output=True, text=True, check=True)
+    median, _, tasks, _ = result.stdout.split()
+    return float(median), int(tasks)
 
 
 def measure(name: str, calls: int, threads: int, rounds: int, work: Path) -> dict:
@@ -84,21 +126,26 @@ def measure(name: str, calls: int, threads: int, rounds: int, work: Path) -> dic
     folder = work / f"{name}-c"
     emit_c(compiled, folder, {k: v for k, v in dims.items() if k in symbols(compiled.signature)})
     binary = build_timer(folder)  # kiln/bench/kiln_time.c, as the kiln-c bench row builds it
-    inputs = []
+    inputs, files = [], {}
     for v in loaded.input_names:
         file = work / f"{name}-{v}.bin"
         np.ascontiguousarray(feeds[v]).tofile(file)
         inputs.append(str(file))
+        files[v] = str(file)
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads or 0
     session = ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
     ort_feeds = {i.name: feeds[i.name] for i in session.get_inputs()}
-    c_times, py_times, ort_times = [], [], []
+    timer = ort_timer(work)
+    c_times, py_times, ort_times, ort_c_times, ort_tasks = [], [], [], [], 0
     for _ in range(rounds):
         env = {"KILN_TIME_OUT": str(work / f"{name}-out")}
         c_times.append(time_from_c(binary, folder, calls, threads, [Path(i) for i in inputs], env)[0])
         py_times.append(statistics.median(timed(lambda: loaded.run(feeds), calls)))
         ort_times.append(statistics.median(timed(lambda: session.run(None, ort_feeds), calls)))
+        if timer is not None:
+            median, ort_tasks = ort_from_c(timer, path, session, feeds, files, calls, threads)
+            ort_c_times.append(median)
     want = loaded.run(feeds)
     identical = all(
         np.array_equal(
@@ -112,30 +159,38 @@ def measure(name: str, calls: int, threads: int, rounds: int, work: Path) -> dic
         "kiln_c_us": statistics.median(c_times),
         "kiln_python_us": statistics.median(py_times),
         "onnxruntime_python_us": statistics.median(ort_times),
+        # (None: the onnxruntime wheel has no libonnxruntime.so to call from C)
+        "onnxruntime_c_us": statistics.median(ort_c_times) if ort_c_times else None,
+        "onnxruntime_c_process_threads": ort_tasks if ort_c_times else None,
         "bit_identical": identical,
     }
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--models", default="one-conv,resnet50,bert-base,gpt2")
+    parser.add_argument("--models", default="tiny-conv,one-conv,resnet50,bert-base,gpt2")
     parser.add_argument("--threads", type=int, default=1, help="threads per engine (0: every CPU)")
-    parser.add_argument("--calls", type=int, default=0, help="calls per round (default: 2000 for one-conv, else 20)")
+    parser.add_argument(
+        "--calls", type=int, default=0, help="calls per round (default: 2000 for the convolutions, else 20)"
+    )
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
     rows = []
     with tempfile.TemporaryDirectory(prefix="kiln-c-bench-") as scratch:
         for name in args.models.split(","):
-            calls = args.calls or (2000 if name == "one-conv" else 20)
+            calls = args.calls or (2000 if name in CONVOLUTIONS else 20)
             row = measure(name, calls, args.threads, args.rounds, Path(scratch))
             print(json.dumps(row), flush=True)
             rows.append(row)
     print(
-        f"\n{'model':<10} {'threads':>7} {'kiln-c us':>10} {'kiln-python us':>15} {'ORT-python us':>14} {'C / ORT':>8}  identical"
+        f"\n{'model':<10} {'threads':>7} {'kiln-c us':>10} {'kiln-python us':>15} {'ORT-c us':>9} "
+        f"{'ORT-python us':>14} {'kiln-c / ORT-c':>15}  identical"
     )
     for r in rows:
+        ort_c = r["onnxruntime_c_us"]
+        ratio = f"{r['kiln_c_us'] / ort_c:>15.2f}" if ort_c else f"{'not installed':>15}"
         print(f"{r['model']:<10} {r['threads']:>7} {r['kiln_c_us']:>10.1f} {r['kiln_python_us']:>15.1f} "
-              f"{r['onnxruntime_python_us']:>14.1f} {r['kiln_c_us'] / r['onnxruntime_python_us']:>8.2f}  {r['bit_identical']}")  # fmt: skip
+              f"{ort_c or float('nan'):>9.1f} {r['onnxruntime_python_us']:>14.1f} {ratio}  {r['bit_identical']}")  # fmt: skip
     return 0 if all(r["bit_identical"] for r in rows) else 1
 
 
