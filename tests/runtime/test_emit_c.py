@@ -73,7 +73,9 @@ def feeds_of(model) -> dict[str, np.ndarray]:  # type: ignore[no-untyped-def]
     return {"x": rng.standard_normal((2, 3, 6, 6)).astype(np.float32), "scale": np.float32([0.5])}
 
 
-def run_c(binary: Path, folder: Path, model, feeds, tmp_path: Path, batch: int = 1) -> list[np.ndarray]:  # type: ignore[no-untyped-def]
+def run_c(
+    binary: Path, folder: Path, model, feeds, tmp_path: Path, batch: int = 1, mode: str = "run"
+) -> list[np.ndarray]:  # type: ignore[no-untyped-def]
     paths = []
     for name in model.input_names:
         path = tmp_path / f"in-{name}.bin"
@@ -81,7 +83,7 @@ def run_c(binary: Path, folder: Path, model, feeds, tmp_path: Path, batch: int =
         paths.append(str(path))
     outs = [str(tmp_path / f"out-{i}.bin") for i in range(len(model.output_names))]
     result = subprocess.run(
-        [str(binary), f"batch={batch}", "run", str(folder / "model.kw"), *paths, *outs], capture_output=True, text=True
+        [str(binary), f"batch={batch}", mode, str(folder / "model.kw"), *paths, *outs], capture_output=True, text=True
     )
     assert result.returncode == 0, result.stdout + result.stderr
     return [np.fromfile(path, np.float32) for path in outs]
@@ -94,6 +96,20 @@ def test_the_c_library_computes_what_python_does_bit_for_bit(emitted, tmp_path):
     got = run_c(binary, folder, model, feeds, tmp_path)
     for name, array in zip(model.output_names, got):
         np.testing.assert_array_equal(array, np.asarray(want[name], np.float32).reshape(-1))
+
+
+def test_weights_in_memory_and_a_workspace_of_the_callers_compute_the_same(emitted, tmp_path):
+    """kiln_model_load_memory (the weights file's bytes in the caller's aligned memory, read in
+    place) and kiln_context_create_in (a workspace the caller owns): the same outputs bit for bit;
+    NULL, unaligned, truncated, too small -> statuses with messages."""
+    model, folder, binary = emitted
+    feeds = feeds_of(model)
+    got = run_c(binary, folder, model, feeds, tmp_path, mode="memory")
+    for name, array in zip(model.output_names, got):
+        np.testing.assert_array_equal(array, np.asarray(model.run(feeds)[name], np.float32).reshape(-1))
+    result = subprocess.run([str(binary), "memory", str(folder / "model.kw")], capture_output=True, text=True)
+    assert "memory: not aligned: status 1" in result.stdout and "memory: truncated: status 2" in result.stdout
+    assert "workspace: too small: status 1" in result.stdout or "workspace: no model: status 1" in result.stdout
 
 
 def test_misuse_at_the_c_boundary_is_a_status_and_a_message(emitted):
@@ -157,6 +173,8 @@ def test_the_api_library_passes_under_asan_and_ubsan(emitted, tmp_path):
     np.testing.assert_array_equal(got[0], np.asarray(want[model.output_names[0]], np.float32).reshape(-1))
     result = subprocess.run([str(binary), "misuse", str(folder / "model.kw")], capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
+    got = run_c(binary, folder, model, feeds, tmp_path, mode="memory")
+    np.testing.assert_array_equal(got[0], np.asarray(want[model.output_names[0]], np.float32).reshape(-1))
     for name, (path, reason) in damaged_files(folder, tmp_path).items():
         result = subprocess.run([str(binary), "load", str(path)], capture_output=True, text=True)
         assert result.returncode == 0 and reason in result.stdout, (name, result.stdout + result.stderr)

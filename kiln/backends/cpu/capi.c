@@ -44,9 +44,11 @@ extern int kiln_set_bf16(int mode) __attribute__((weak));
 
 #define KILN_MAGIC "KILNWTS1"
 #define KILN_ALIGN 64
+#define KILN_WORKSPACE_BYTES kiln_workspace_bytes
+static const size_t kiln_workspace_bytes = ((size_t)KILN_ARENA_BYTES + KILN_ALIGN - 1) / KILN_ALIGN * KILN_ALIGN;
 
 struct kiln_model {
-  void *map;
+  void *map; /* the weights file's mapping (NULL: the caller's memory, kiln_model_load_memory) */
   size_t map_bytes;
   void *table[KILN_SLOTS > 0 ? KILN_SLOTS : 1]; /* the weights' addresses; the rest filled per context and call */
   const char *weights[KILN_CONSTANTS > 0 ? KILN_CONSTANTS : 1];
@@ -55,6 +57,7 @@ struct kiln_model {
 struct kiln_context {
   const kiln_model *model;
   char *arena;
+  int owns_arena; /* 0: the caller's workspace (kiln_context_create_in) */
   int32_t status;
   void *table[KILN_SLOTS > 0 ? KILN_SLOTS : 1];
 };
@@ -139,23 +142,9 @@ static kiln_status kiln_check_header(const unsigned char *p, size_t size, size_t
   return KILN_OK;
 }
 
-kiln_status kiln_model_load(const char *weights_path, kiln_model **model) {
-  if (!model) return kiln_fail(KILN_ERROR_ARGUMENT, "kiln_model_load: model is NULL");
-  *model = NULL;
-  if (!weights_path) return kiln_fail(KILN_ERROR_ARGUMENT, "kiln_model_load: weights_path is NULL");
-  if (!KILN_CPU_OK()) return kiln_fail(KILN_ERROR_CPU, "this library was built for a CPU with %s; this CPU lacks some", KILN_CPU_NEEDS);
-  int fd = open(weights_path, O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return kiln_fail(KILN_ERROR_FILE, "cannot open %s: %s", weights_path, strerror(errno));
-  struct stat st;
-  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-    close(fd);
-    return kiln_fail(KILN_ERROR_FILE, "%s is not a regular file", weights_path);
-  }
-  const size_t size = (size_t)st.st_size;
-  void *map = size ? mmap(NULL, size, PROT_READ, MAP_PRIVATE, fd, 0) : MAP_FAILED;
-  close(fd);
-  if (map == MAP_FAILED) return kiln_fail(size ? KILN_ERROR_FILE : KILN_ERROR_FILE, "cannot map %s (%zu bytes)", weights_path, size);
-  const unsigned char *p = (const unsigned char *)map;
+/* the model over the weights' bytes at p (size bytes): checked, then their addresses in the table;
+   map: the file's mapping, unmapped on failure and by kiln_model_free (NULL: the caller's memory) */
+static kiln_status kiln_model_over(const unsigned char *p, size_t size, void *map, kiln_model **model) {
   size_t data_at = 0;
   kiln_status status = kiln_check_header(p, size, &data_at);
   if (status == KILN_OK && kiln_crc32(p + data_at, size - data_at) != kiln_read64(p + 24))
@@ -163,7 +152,7 @@ kiln_status kiln_model_load(const char *weights_path, kiln_model **model) {
   kiln_model *m = status == KILN_OK ? (kiln_model *)calloc(1, sizeof *m) : NULL;
   if (status == KILN_OK && !m) status = kiln_fail(KILN_ERROR_MEMORY, "out of memory");
   if (status != KILN_OK) {
-    munmap(map, size);
+    if (map) munmap(map, size);
     return status;
   }
   m->map = map, m->map_bytes = size;
@@ -171,7 +160,7 @@ kiln_status kiln_model_load(const char *weights_path, kiln_model **model) {
   for (int i = 0; i < KILN_CONSTANTS; ++i) {
     const uint64_t bytes = kiln_read64(p + 96 + 8 * (size_t)i);
     if (bytes != kiln_constant_bytes[i] || at + bytes > size) {
-      munmap(map, size);
+      if (map) munmap(map, size);
       free(m);
       return kiln_fail(KILN_ERROR_FILE, "weight %d is %llu bytes in the file, %llu in the model", i, (unsigned long long)bytes, (unsigned long long)kiln_constant_bytes[i]);
     }
@@ -188,9 +177,38 @@ kiln_status kiln_model_load(const char *weights_path, kiln_model **model) {
   return kiln_ok();
 }
 
+kiln_status kiln_model_load(const char *weights_path, kiln_model **model) {
+  if (!model) return kiln_fail(KILN_ERROR_ARGUMENT, "kiln_model_load: model is NULL");
+  *model = NULL;
+  if (!weights_path) return kiln_fail(KILN_ERROR_ARGUMENT, "kiln_model_load: weights_path is NULL");
+  if (!KILN_CPU_OK()) return kiln_fail(KILN_ERROR_CPU, "this library was built for a CPU with %s; this CPU lacks some", KILN_CPU_NEEDS);
+  int fd = open(weights_path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return kiln_fail(KILN_ERROR_FILE, "cannot open %s: %s", weights_path, strerror(errno));
+  struct stat st;
+  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    close(fd);
+    return kiln_fail(KILN_ERROR_FILE, "%s is not a regular file", weights_path);
+  }
+  const size_t size = (size_t)st.st_size;
+  void *map = size ? mmap(NULL, size, PROT_READ, MAP_PRIVATE, fd, 0) : MAP_FAILED;
+  close(fd);
+  if (map == MAP_FAILED) return kiln_fail(KILN_ERROR_FILE, "cannot map %s (%zu bytes)", weights_path, size);
+  return kiln_model_over((const unsigned char *)map, size, map, model);
+}
+
+kiln_status kiln_model_load_memory(const void *data, size_t bytes, kiln_model **model) {
+  if (!model) return kiln_fail(KILN_ERROR_ARGUMENT, "kiln_model_load_memory: model is NULL");
+  *model = NULL;
+  if (!data) return kiln_fail(KILN_ERROR_ARGUMENT, "kiln_model_load_memory: data is NULL");
+  if ((uintptr_t)data % KILN_ALIGN)
+    return kiln_fail(KILN_ERROR_ARGUMENT, "kiln_model_load_memory: data at %p is not 64-byte aligned (the weights are read in place: allocate with posix_memalign)", data);
+  if (!KILN_CPU_OK()) return kiln_fail(KILN_ERROR_CPU, "this library was built for a CPU with %s; this CPU lacks some", KILN_CPU_NEEDS);
+  return kiln_model_over((const unsigned char *)data, bytes, NULL, model);
+}
+
 void kiln_model_free(kiln_model *model) {
   if (!model) return;
-  munmap(model->map, model->map_bytes);
+  if (model->map) munmap(model->map, model->map_bytes);
   free(model);
 }
 
@@ -217,21 +235,19 @@ kiln_status kiln_model_output(const kiln_model *model, int index, kiln_tensor_in
   return kiln_describe(&kiln_outputs[index], info);
 }
 
-size_t kiln_model_workspace_size(const kiln_model *model) { return model ? (size_t)KILN_ARENA_BYTES : 0; }
+size_t kiln_model_workspace_size(const kiln_model *model) { return model ? KILN_WORKSPACE_BYTES : 0; }
 
-kiln_status kiln_context_create(const kiln_model *model, kiln_context **context) {
-  if (!context) return kiln_fail(KILN_ERROR_ARGUMENT, "kiln_context_create: context is NULL");
-  *context = NULL;
-  if (!model) return kiln_fail(KILN_ERROR_ARGUMENT, "kiln_context_create: model is NULL");
+/* a context over the workspace `arena` (KILN_WORKSPACE_BYTES, zeroed here: its pages are faulted in
+   now, not in the first run); owned: kiln_context_free frees it */
+static kiln_status kiln_context_over(const kiln_model *model, char *arena, int owned, kiln_context **context) {
   kiln_context *c = (kiln_context *)calloc(1, sizeof *c);
-  if (!c) return kiln_fail(KILN_ERROR_MEMORY, "out of memory");
-  const size_t bytes = ((size_t)KILN_ARENA_BYTES + KILN_ALIGN - 1) / KILN_ALIGN * KILN_ALIGN;
-  if (bytes && posix_memalign((void **)&c->arena, KILN_ALIGN, bytes) != 0) {
-    free(c);
-    return kiln_fail(KILN_ERROR_MEMORY, "out of memory for a workspace of %zu bytes", bytes);
+  if (!c) {
+    if (owned) free(arena);
+    return kiln_fail(KILN_ERROR_MEMORY, "out of memory");
   }
-  if (bytes) memset(c->arena, 0, bytes); /* its pages faulted in now, not in the first run */
+  if (KILN_WORKSPACE_BYTES) memset(arena, 0, KILN_WORKSPACE_BYTES);
   c->model = model;
+  c->arena = arena, c->owns_arena = owned;
   memcpy(c->table, model->table, sizeof c->table);
   for (int i = 0; i < KILN_ARENA_SLOTS; ++i) c->table[kiln_arena_slots[i][0]] = c->arena + kiln_arena_slots[i][1];
   c->table[0] = &c->status;
@@ -239,9 +255,30 @@ kiln_status kiln_context_create(const kiln_model *model, kiln_context **context)
   return kiln_ok();
 }
 
+kiln_status kiln_context_create(const kiln_model *model, kiln_context **context) {
+  if (!context) return kiln_fail(KILN_ERROR_ARGUMENT, "kiln_context_create: context is NULL");
+  *context = NULL;
+  if (!model) return kiln_fail(KILN_ERROR_ARGUMENT, "kiln_context_create: model is NULL");
+  char *arena = NULL;
+  if (KILN_WORKSPACE_BYTES && posix_memalign((void **)&arena, KILN_ALIGN, KILN_WORKSPACE_BYTES) != 0)
+    return kiln_fail(KILN_ERROR_MEMORY, "out of memory for a workspace of %zu bytes", (size_t)KILN_WORKSPACE_BYTES);
+  return kiln_context_over(model, arena, 1, context);
+}
+
+kiln_status kiln_context_create_in(const kiln_model *model, void *workspace, size_t bytes, kiln_context **context) {
+  if (!context) return kiln_fail(KILN_ERROR_ARGUMENT, "kiln_context_create_in: context is NULL");
+  *context = NULL;
+  if (!model) return kiln_fail(KILN_ERROR_ARGUMENT, "kiln_context_create_in: model is NULL");
+  if (KILN_WORKSPACE_BYTES && !workspace) return kiln_fail(KILN_ERROR_ARGUMENT, "kiln_context_create_in: workspace is NULL");
+  if ((uintptr_t)workspace % KILN_ALIGN) return kiln_fail(KILN_ERROR_ARGUMENT, "kiln_context_create_in: the workspace at %p is not 64-byte aligned", workspace);
+  if (bytes < KILN_WORKSPACE_BYTES)
+    return kiln_fail(KILN_ERROR_ARGUMENT, "kiln_context_create_in: a workspace of %zu bytes, the model needs %zu (kiln_model_workspace_size)", bytes, (size_t)KILN_WORKSPACE_BYTES);
+  return kiln_context_over(model, (char *)workspace, 0, context);
+}
+
 void kiln_context_free(kiln_context *context) {
   if (!context) return;
-  free(context->arena);
+  if (context->owns_arena) free(context->arena);
   free(context);
 }
 

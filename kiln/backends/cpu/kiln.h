@@ -74,15 +74,22 @@ typedef struct {
 int kiln_abi_version(void);
 /* load the model's weights file (the library holds its code); *model is NULL on failure */
 kiln_status kiln_model_load(const char *weights_path, kiln_model **model);
+/* the model from its weights file's bytes already in memory (embedded in a program, read from an
+   archive): checked as a file is, then used in place, never copied, so they must be 64-byte aligned
+   and stay valid and unchanged until kiln_model_free */
+kiln_status kiln_model_load_memory(const void *data, size_t bytes, kiln_model **model);
 void kiln_model_free(kiln_model *model);
 int kiln_model_input_count(const kiln_model *model);
 int kiln_model_output_count(const kiln_model *model);
 kiln_status kiln_model_input(const kiln_model *model, int index, kiln_tensor_info *info);
 kiln_status kiln_model_output(const kiln_model *model, int index, kiln_tensor_info *info);
-/* bytes of working memory a context of this model holds */
+/* bytes of working memory a context of this model holds (the same at every size of its range) */
 size_t kiln_model_workspace_size(const kiln_model *model);
 /* a context for one thread at a time; *context is NULL on failure */
 kiln_status kiln_context_create(const kiln_model *model, kiln_context **context);
+/* a context on a workspace the caller owns: at least kiln_model_workspace_size bytes, 64-byte
+   aligned, zeroed here, and left alone by kiln_context_free (it must outlive the context) */
+kiln_status kiln_context_create_in(const kiln_model *model, void *workspace, size_t bytes, kiln_context **context);
 void kiln_context_free(kiln_context *context);
 /* one inference: inputs and outputs in the order kiln_model_input/output list them */
 kiln_status kiln_infer(kiln_context *context, const DLTensor *inputs, int input_count, DLTensor *outputs, int output_count);

@@ -2,7 +2,11 @@
    -Wall -Wextra -Werror, and with AddressSanitizer and UBSan):
      capi_check run WEIGHTS IN_0 .. IN_n-1 OUT_0 .. OUT_m-1   raw bytes in, raw bytes out
      capi_check load WEIGHTS                                   prints the load's status and message
-     capi_check misuse WEIGHTS                                 bad calls: each must give its status */
+     capi_check misuse WEIGHTS                                 bad calls: each must give its status
+     capi_check memory WEIGHTS IN_0 .. OUT_m-1                 as run, the weights loaded from memory
+                                                               and the context on a workspace of its
+                                                               own, after the bad calls of both */
+#define _POSIX_C_SOURCE 200112L
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -124,6 +128,45 @@ static int misuse(kiln_model *model) {
   return failures;
 }
 
+/* the weights file's bytes in 64-byte aligned memory (*bytes: their count) */
+static void *weights_in_memory(const char *path, size_t *bytes) {
+  FILE *f = fopen(path, "rb");
+  if (!f || fseek(f, 0, SEEK_END) != 0) exit(3);
+  *bytes = (size_t)ftell(f);
+  rewind(f);
+  void *data = NULL;
+  if (posix_memalign(&data, 64, *bytes + 64) != 0 || fread(data, 1, *bytes, f) != *bytes) exit(3);
+  fclose(f);
+  return data;
+}
+
+/* the bad calls of kiln_model_load_memory and kiln_context_create_in; *model: the good load */
+static int memory_misuse(const char *path, kiln_model **model, void **data, void **workspace) {
+  int failures = 0;
+  size_t bytes = 0;
+  *data = weights_in_memory(path, &bytes);
+  kiln_model *other = NULL;
+  failures += expect("memory: NULL data", kiln_model_load_memory(NULL, bytes, &other), KILN_ERROR_ARGUMENT);
+  failures += expect("memory: not aligned", kiln_model_load_memory((char *)*data + 8, bytes, &other), KILN_ERROR_ARGUMENT);
+  failures += expect("memory: truncated", kiln_model_load_memory(*data, bytes / 2, &other), KILN_ERROR_FILE);
+  failures += expect("memory: no header", kiln_model_load_memory(*data, 40, &other), KILN_ERROR_FILE);
+  failures += expect("memory: NULL model", kiln_model_load_memory(*data, bytes, NULL), KILN_ERROR_ARGUMENT);
+  if (other) failures += expect("memory: a failed load leaves NULL", KILN_ERROR_ARGUMENT, KILN_OK);
+  failures += expect("memory: load", kiln_model_load_memory(*data, bytes, model), KILN_OK);
+  if (!*model) return failures + 1;
+  const size_t need = kiln_model_workspace_size(*model);
+  if (posix_memalign(workspace, 64, need + 64) != 0) exit(3);
+  kiln_context *context = NULL;
+  if (need) {
+    failures += expect("workspace: NULL", kiln_context_create_in(*model, NULL, need, &context), KILN_ERROR_ARGUMENT);
+    failures += expect("workspace: too small", kiln_context_create_in(*model, *workspace, need - 1, &context), KILN_ERROR_ARGUMENT);
+    failures += expect("workspace: not aligned", kiln_context_create_in(*model, (char *)*workspace + 8, need, &context), KILN_ERROR_ARGUMENT);
+  }
+  failures += expect("workspace: no model", kiln_context_create_in(NULL, *workspace, need, &context), KILN_ERROR_ARGUMENT);
+  if (context) failures += expect("workspace: a failed create leaves NULL", KILN_ERROR_ARGUMENT, KILN_OK);
+  return failures;
+}
+
 int main(int argc, char **argv) {
   if (argc > 1 && !strncmp(argv[1], "batch=", 6)) { /* capi_check batch=N MODE ...: -1 dims are N */
     batch = atoll(argv[1] + 6);
@@ -132,7 +175,10 @@ int main(int argc, char **argv) {
   if (argc < 3) return 2;
   if (kiln_abi_version() != KILN_ABI_VERSION) return 4;
   kiln_model *model = NULL;
-  const kiln_status loaded = kiln_model_load(argv[2], &model);
+  void *memory = NULL, *workspace = NULL;
+  const int in_memory = !strcmp(argv[1], "memory");
+  if (in_memory && memory_misuse(argv[2], &model, &memory, &workspace)) return 1;
+  const kiln_status loaded = in_memory ? KILN_OK : kiln_model_load(argv[2], &model);
   if (!strcmp(argv[1], "load")) {
     printf("load: status %d (%s)\n", (int)loaded, kiln_last_error());
     kiln_model_free(model);
@@ -158,7 +204,9 @@ int main(int argc, char **argv) {
     tensor(&outputs[i], &info, malloc((size_t)count(&info) * (info.dtype.bits / 8)));
   }
   kiln_context *context = NULL;
-  if (kiln_context_create(model, &context) != KILN_OK || kiln_infer(context, inputs, n_in, outputs, n_out) != KILN_OK)
+  const kiln_status created = in_memory ? kiln_context_create_in(model, workspace, kiln_model_workspace_size(model), &context)
+                                        : kiln_context_create(model, &context);
+  if (created != KILN_OK || kiln_infer(context, inputs, n_in, outputs, n_out) != KILN_OK)
     return fprintf(stderr, "%s\n", kiln_last_error()), 1;
   for (int i = 0; i < n_out; ++i) {
     kiln_tensor_info info;
@@ -173,5 +221,6 @@ int main(int argc, char **argv) {
   for (int i = 0; i < n_out; ++i) free(outputs[i].data);
   free(inputs), free(outputs);
   kiln_model_free(model);
+  free(workspace), free(memory); /* (after the context and the model: they read them) */
   return 0;
 }
