@@ -253,12 +253,16 @@ def compile_command(
 
 
 def _emit_c(compiled, output: Path, dims: dict, ranges: dict) -> None:  # type: ignore[no-untyped-def]
-    """The C library's folder: one size, and at most one sample-parallel range (--dim batch=1..64)."""
+    """The C library's folder: one size, and at most one range (--dim batch=1..64: a sample-parallel
+    batch; --dim seq=1..128: a run-time length)."""
     from kiln.driver.emit_c import emit_c
     from kiln.driver.sizes import parse_range
+    from kiln.passes.batching import Parallel
 
-    batch = next(((name, *parse_range(name, value)) for name, value in ranges.items()), None)
-    out.print(emit_c(compiled, output, dims, batch).line(), highlight=False)
+    ranged = next(((name, *parse_range(name, value)) for name, value in ranges.items()), None)
+    parallel = ranged is not None and isinstance(compiled.sample_parallel().get(ranged[0]), Parallel)
+    batch, length = (ranged, None) if parallel else (None, ranged)
+    out.print(emit_c(compiled, output, dims, batch, length).line(), highlight=False)
 
 
 def _say_accuracy(compiled, model: str, graph) -> None:  # type: ignore[no-untyped-def]
@@ -284,7 +288,8 @@ def _fpga_output(target: str, tune_budget: str | None, output: Path, emit: str, 
     if emit == "c":
         if sized or target.split(":")[0] != "cpu":
             raise click.UsageError(
-                "--emit c builds one size for a cpu target (and at most one sample-parallel range, --dim batch=1..64): "
+                "--emit c builds one size for a cpu target (and at most one range: a sample-parallel batch, --dim "
+                "batch=1..64, or a run-time length, --dim seq=1..128): "
                 "bind the other dims to one size with --dim"
             )
         return False

@@ -19,8 +19,10 @@ The folder holds:
 - ``src/``: the API library's source (``capi.c`` and this model's ``kiln_model_tables.h``), to build
   it again (with sanitizers, say) against ``libkiln_plan.so``.
 
-This first form takes one binding of the model's dims (``dims``: every symbolic input dim bound);
-a plan with host fallbacks (ops without native code) cannot run without Python and is refused.
+It takes one binding of the model's dims (``dims``) and at most one range: a sample-parallel batch
+(``batch``: the plan of one sample, once per sample) or a run-time length (``length``: one plan for
+every length, ``kiln.driver.emit_c_length``). A plan with host fallbacks (ops without native code)
+cannot run without Python and is refused.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from typing import Any
 import numpy as np
 
 from kiln.backends.cpu import c_unit, toolchain
+from kiln.driver.emit_c_length import length_tables, length_variant, no_length, output_axes
 from kiln.errors import ArgumentError, KilnError
 from kiln.ir.types import DType, TensorType
 from kiln.passes.batching import symbols
@@ -93,33 +96,45 @@ class Emitted:
 
 
 def emit_c(
-    model: Any, folder: str | Path, dims: dict[str, int] | None = None, batch: tuple[str, int, int] | None = None
+    model: Any,
+    folder: str | Path,
+    dims: dict[str, int] | None = None,
+    batch: tuple[str, int, int] | None = None,
+    length: tuple[str, int, int] | None = None,
 ) -> Emitted:
     """Write ``model`` (a ``kiln.compile`` result for the cpu target) as a C library into ``folder``
     (made if absent; files of these names in it are replaced, nothing else is touched). ``dims``
     binds the symbolic dims; ``batch`` = (symbol, low, high): a sample-parallel dim the library runs
     at any size in [low, high], one sample at a time on the plan of size 1 (its axis 0 in every
-    input and output)."""
+    input and output); ``length`` = (symbol, low, high): a paddable dim whose kernels take the
+    length at run time, any length in [low, high] on one plan."""
     dims = dict(dims or {})
-    axes = None
+    axes, padder = None, None
+    if batch is not None and length is not None:
+        raise ArgumentError("the C library takes one range: a sample-parallel batch or a run-time length")
     if batch is not None:
         axes = _batch_axes(model, *batch)
         dims[batch[0]] = 1
-    unbound = sorted(set(symbols(model.signature)) - set(dims))
+    unbound = sorted(set(symbols(model.signature)) - set(dims) - ({length[0]} if length else set()))
     if unbound:
         raise ArgumentError(f"--emit c runs one size: bind {', '.join(unbound)} (--dim {unbound[0]}=N)")
     if not hasattr(model, "variant"):
         raise ArgumentError("--emit c takes a model compiled for the cpu target")
-    executable = model.variant(dims)
+    if length is not None:
+        executable, padder = length_variant(model, dims, *length)
+        axes = (tuple(a if a is not None else -1 for a in padder.padding.inputs), tuple(output_axes(padder)))
+    else:
+        executable = model.variant(dims)
     plan = executable.plan
-    _check(plan, executable)
+    _check(plan, executable, padder is not None)
     folder = Path(folder)
     if folder.is_symlink() or (folder.exists() and not folder.is_dir()):
         raise ArgumentError(f"{folder} is not a folder")
     folder.mkdir(parents=True, exist_ok=True)
     constants = [(buffer, np.ascontiguousarray(array).reshape(-1)) for buffer, array in plan.constants.items()]
     sizes, data_bytes, crc = _weights_layout(constants)
-    tables = _batch_range(batch) + _tables(plan, constants, sizes, axes)
+    extra = length_tables(plan, padder, length[1], length[2]) if length is not None else no_length()
+    tables = _batch_range(batch) + extra + _tables(plan, constants, sizes, axes, padder is not None)
     model_id = hashlib.sha256(tables.encode() + crc.to_bytes(8, "little")).hexdigest()
     header = _weights_header(sizes, data_bytes, crc, model_id)
     with tempfile.TemporaryDirectory(prefix="kiln-emit-") as scratch:
@@ -143,16 +158,17 @@ def emit_c(
             _replace(source / name, (build / name).read_bytes())
     _write_weights(folder / "model.kw", header, constants)
     _replace(folder / "main.c", (HERE / "capi_example.c").read_bytes())
-    _replace(folder / "README.txt", _readme(plan).encode())
+    _replace(folder / "README.txt", _readme(plan, len(plan.inputs) - int(padder is not None)).encode())
     files = ["kiln.h", "libkiln_model.so", "libkiln_plan.so", "model.kw", "main.c", "README.txt", "src/"]
     if (folder / "libkiln_model.a").exists():
         files.insert(2, "libkiln_model.a")
-    if batch is not None:
-        dims[batch[0]] = f"{batch[1]}..{batch[2]}"  # type: ignore[assignment]
+    for ranged in (batch, length):
+        if ranged is not None:
+            dims[ranged[0]] = f"{ranged[1]}..{ranged[2]}"  # type: ignore[assignment]
     return Emitted(folder, files, data_bytes, dims)
 
 
-def _check(plan: Any, executable: Any) -> None:
+def _check(plan: Any, executable: Any, run_time_length: bool = False) -> None:
     target = plan.target
     if target is None or target.backend != "cpu":
         raise ArgumentError("--emit c takes a model compiled for the cpu target")
@@ -165,7 +181,7 @@ def _check(plan: Any, executable: Any) -> None:
             + (f": {', '.join(ops)}" if ops else "")
             + "), which run in Python: it cannot be a C library yet"
         )
-    if plan.memory.growing is not None or executable.keep is not None:
+    if (plan.memory.growing is not None and not run_time_length) or executable.keep is not None:
         raise ArgumentError("--emit c takes plans of fixed sizes (bind every dim with --dim)")
 
 
@@ -224,10 +240,14 @@ def _batch_range(batch: tuple[str, int, int] | None) -> str:
     return f"#define KILN_BATCH_MIN {low}\n#define KILN_BATCH_MAX {high}\n"
 
 
-def _tables(plan: Any, constants: list[tuple[Any, np.ndarray]], sizes: list[int], axes: Any = None) -> str:
-    """The plan's buffer table as C: slots, weights, arena offsets, inputs and outputs."""
+def _tables(plan: Any, constants: list[tuple[Any, np.ndarray]], sizes: list[int], axes: Any = None, lengths: bool = False) -> str:  # fmt: skip
+    """The plan's buffer table as C: slots, weights, arena offsets, inputs and outputs. ``axes``:
+    each input's and output's sample-parallel flag, or with ``lengths`` its run-time length axis
+    (-1: none; the plan's last input, the valid length, is the library's own)."""
     table = plan.table
-    lines = [f"#define KILN_SLOTS {len(table)}", f"#define KILN_ARENA_BYTES {int(plan.memory.arena_bytes)}"]
+    growing = plan.memory.growing if lengths else None
+    arena_bytes = growing.at(growing.capacity)[1] if growing is not None else int(plan.memory.arena_bytes)
+    lines = [f"#define KILN_SLOTS {len(table)}", f"#define KILN_ARENA_BYTES {int(arena_bytes)}"]
     lines.append(f"#define KILN_CONSTANTS {len(constants)}")
     slots = [str(table[buffer]) for buffer, _ in constants] or ["0"]
     lines.append(f"static const int64_t kiln_constant_slots[] = {{{', '.join(slots)}}};")
@@ -237,22 +257,25 @@ def _tables(plan: Any, constants: list[tuple[Any, np.ndarray]], sizes: list[int]
     pairs = ", ".join(f"{{{slot}, {offset}}}" for slot, offset in arena) or "{0, 0}"
     lines.append(f"static const int64_t kiln_arena_slots[][2] = {{{pairs}}};")
     weight_index = {buffer: i for i, (buffer, _) in enumerate(constants)}
-    batched_in, batched_out = axes or ((False,) * len(plan.inputs), (False,) * len(plan.outputs))
+    flags_in, flags_out = axes or ((False,) * len(plan.inputs), (False,) * len(plan.outputs))
+    user_inputs = list(zip(plan.graph.inputs, plan.inputs))[: len(plan.inputs) - int(lengths)]
     inputs = [
-        _io(value, buffer, table[buffer], 0, 0, batched)
-        for value, buffer, batched in zip(plan.graph.inputs, plan.inputs, batched_in)
+        _io(value, buffer, table[buffer], 0, 0, *((False, flag) if lengths else (flag, -1)))
+        for (value, buffer), flag in zip(user_inputs, flags_in)
     ]
     outputs = []
-    for value, buffer, batched in zip(plan.graph.outputs, plan.outputs, batched_out):
+    for value, buffer, flag in zip(plan.graph.outputs, plan.outputs, flags_out):
         if buffer in weight_index:
             source, where = 2, weight_index[buffer]
         elif buffer in plan.inputs:
             source, where = 3, plan.inputs.index(buffer)
-        elif buffer in plan.memory.offsets:
-            source, where = 1, int(plan.memory.offsets[buffer])
+        elif buffer in plan.memory.offsets:  # (a run-time layout: its position in the growing order)
+            source, where = 1, growing.order.index(buffer) if growing is not None else int(plan.memory.offsets[buffer])
         else:
             source, where = 0, 0
-        outputs.append(_io(value, buffer, table.get(buffer, 0), source, where, batched))
+        outputs.append(
+            _io(value, buffer, table.get(buffer, 0), source, where, *((False, flag) if lengths else (flag, -1)))
+        )
     lines.append(f"#define KILN_INPUTS {len(inputs)}")
     lines.append(f"static const kiln_io kiln_inputs[] = {{{', '.join(inputs) or '{0}'}}};")
     lines.append(f"#define KILN_OUTPUTS {len(outputs)}")
@@ -265,7 +288,7 @@ def _tables(plan: Any, constants: list[tuple[Any, np.ndarray]], sizes: list[int]
     return "\n".join(lines) + "\n"
 
 
-def _io(value: Any, buffer: Any, slot: int, source: int, where: int, batched: bool = False) -> str:
+def _io(value: Any, buffer: Any, slot: int, source: int, where: int, batched: bool = False, axis: int = -1) -> str:
     vtype = value.type
     if not isinstance(vtype, TensorType) or vtype.shape is None or not vtype.is_static:
         raise KilnError(f"{value.name}: no static shape in the plan (kiln bug)")
@@ -282,9 +305,15 @@ def _io(value: Any, buffer: Any, slot: int, source: int, where: int, batched: bo
         rest = "".join(f", {d}" for d in shape[1:])
         fields += f", (const int64_t[]){{-1{rest}}}, (const int64_t[]){{KILN_BATCH_MIN{rest}}}"
         fields += f", (const int64_t[]){{KILN_BATCH_MAX{rest}}}"
+    elif axis >= 0:  # a run-time length: -1 on its axis, within [KILN_LENGTH_MIN, KILN_LENGTH_MAX]
+
+        def with_axis(text: str) -> str:
+            return "(const int64_t[]){" + ", ".join(text if d == axis else str(n) for d, n in enumerate(shape)) + "}"
+
+        fields += f", {with_axis('-1')}, {with_axis('KILN_LENGTH_MIN')}, {with_axis('KILN_LENGTH_MAX')}"
     else:
         fields += f", {dims}, {dims}, {dims}"
-    return f"{{{_c_string(value.name)}, {fields}}}"
+    return f"{{{_c_string(value.name)}, {fields}, {axis}}}"
 
 
 def _c_string(text: str) -> str:
@@ -367,8 +396,8 @@ def _temporary(path: Path) -> Path:
     return path.with_name(f".{path.name}.kiln-tmp")
 
 
-def _readme(plan: Any) -> str:
-    names = ", ".join(v.name for v in plan.graph.inputs)
+def _readme(plan: Any, count: int) -> str:
+    names = ", ".join(v.name for v in plan.graph.inputs[:count])
     return f"""kiln: this model as a C library (kiln.h; ABI version {ABI_VERSION})
 
 Build the example and run it (no Python, NumPy or kiln needed at run time; a C compiler only to build

@@ -4,6 +4,7 @@ bit for bit as the Python runtime does, and every misuse or damaged file is a st
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -316,3 +317,75 @@ def test_outputs_that_are_an_input_or_a_weight_are_copied_out(tmp_path):
         kiln.emit_c(
             kiln.compile(helper.make_model(only_copies, opset_imports=[helper.make_opsetid("", 17)])), tmp_path / "n"
         )
+
+
+def attention_model() -> onnx.ModelProto:
+    """Token ids [3, seq] through an embedding table, self-attention over the positions (a softmax
+    across the length: padding needs its mask) and a product: seq pads, at run-time lengths."""
+    rng = np.random.default_rng(4)
+    table = numpy_helper.from_array(rng.standard_normal((50, 16)).astype(np.float32), "table")
+    weight = numpy_helper.from_array(rng.standard_normal((16, 7)).astype(np.float32), "weight")
+    nodes = [
+        helper.make_node("Gather", ["table", "ids"], ["e"]),
+        helper.make_node("Transpose", ["e"], ["et"], perm=[0, 2, 1]),
+        helper.make_node("MatMul", ["e", "et"], ["s"]),
+        helper.make_node("Softmax", ["s"], ["p"], axis=-1),
+        helper.make_node("MatMul", ["p", "e"], ["c"]),
+        helper.make_node("MatMul", ["c", "weight"], ["y"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "attention",
+        [helper.make_tensor_value_info("ids", TensorProto.INT64, [3, "seq"])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3, "seq", 7])],
+        [table, weight],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_a_run_time_length_runs_every_length_of_its_range_bit_for_bit(tmp_path):
+    """--dim seq=1..40 on a model whose seq pads with kernels taking the length at run time: one
+    plan, the length described as -1 with its bounds; every length (below the floor: padded with
+    zeros into the context's buffers and cut back) bit for bit Python's run; a length outside the
+    range a status with the reason, and the boundary's misuse too; the padding and cutting under
+    AddressSanitizer and UBSan."""
+    model = kiln.compile(attention_model())
+    folder = tmp_path / "lengths"
+    emitted = kiln.emit_c(model, folder, length=("seq", 1, 40))
+    assert emitted.dims == {"seq": "1..40"}
+    tables = (folder / "src" / "kiln_model_tables.h").read_text()
+    floor = int(re.search(r"#define KILN_LENGTH_FLOOR (\d+)", tables).group(1))
+    assert "#define KILN_LENGTH 1" in tables and floor > 6  # (lengths 1 and 6 below: padded and cut)
+    binary = build(folder)
+    rng = np.random.default_rng(10)
+    binaries = [binary]
+    if sanitizers_work(tmp_path):
+        flags = ["-fsanitize=address,undefined", "-fno-sanitize-recover=undefined", "-g", f"-I{folder / 'src'}"]
+        binaries.append(build(folder, flags, [str(folder / "src" / "capi.c")], ["-l:libkiln_plan.so"]))
+    for length in (1, 6, 16, 17, 33, 40):
+        ids = rng.integers(0, 50, (3, length)).astype(np.int64)
+        want = np.asarray(model.run({"ids": ids})["y"], np.float32).reshape(-1)
+        for program in binaries:
+            (got,) = run_c(program, folder, model, {"ids": ids}, tmp_path, length)
+            np.testing.assert_array_equal(got, want)
+    rng.integers(0, 50, (3, 41)).astype(np.int64).tofile(tmp_path / "long.bin")
+    command = [str(binary), "batch=41", "run", str(folder / "model.kw"), str(tmp_path / "long.bin"), str(tmp_path / "o.bin")]  # fmt: skip
+    result = subprocess.run(command, capture_output=True, text=True)
+    assert result.returncode == 1 and "outside the model's range 1..40" in result.stderr, result.stderr
+    for program in binaries:
+        command = [str(program), "batch=5", "misuse", str(folder / "model.kw")]  # (length 5)
+        result = subprocess.run(command, capture_output=True, text=True)
+        assert result.returncode == 0 and "wrong dims: status 4" in result.stdout, result.stdout + result.stderr
+    with pytest.raises(ArgumentError, match="neither proven sample-parallel nor paddable"):
+        kiln.emit_c(kiln.compile(embedding_model_of_length()), tmp_path / "no", length=("seq", 1, 8))
+    with pytest.raises(ArgumentError, match="one range"):
+        kiln.emit_c(model, tmp_path / "two", batch=("seq", 1, 4), length=("seq", 1, 4))
+
+
+def embedding_model_of_length() -> onnx.ModelProto:
+    """embedding_model with its positions symbolic: each position on its own (sample-parallel along
+    axis 1), so the length neither pads nor is a batch on axis 0."""
+    model = embedding_model()
+    for value in (*model.graph.input, *model.graph.output):
+        value.type.tensor_type.shape.dim[1].dim_param = "seq"
+    return model

@@ -5,7 +5,14 @@
    The plan's buffer table is what the Python runtime builds (kiln.runtime.executable): slot 0
    the status word, the weights' addresses (from the weights file, mapped read-only), the arena's
    buffers at their planned offsets, the inputs' and the caller-written outputs' addresses per
-   call; outputs the plan leaves in the arena (or that are weights or inputs) are copied out. */
+   call; outputs the plan leaves in the arena (or that are weights or inputs) are copied out.
+
+   A run-time length (KILN_LENGTH: a padded plan whose kernels take the length at run time,
+   kiln.driver.extents): one dim of some inputs and outputs is any length in [KILN_LENGTH_MIN,
+   KILN_LENGTH_MAX]; a run at length L computes at E = max(L, KILN_LENGTH_FLOOR) with the valid
+   length L as the plan's last input, its arena laid out for E (every buffer's bytes a polynomial of
+   E, kiln.lower.memory.GrowingLayout); below the floor the tensors are padded with zeros into the
+   context's buffers and the outputs cut back to L. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
@@ -31,6 +38,7 @@ typedef struct {
   int64_t elements; /* of one sample when batched */
   int32_t batched;  /* axis 0 is the sample-parallel dim: any size in [KILN_BATCH_MIN, KILN_BATCH_MAX], run a sample at a time */
   const int64_t *shown, *minimum, *maximum; /* what kiln_model_input/output describe */
+  int32_t axis;     /* KILN_LENGTH: the dim that is the run-time length (-1: none); shape and elements at the capacity */
 } kiln_io;
 
 #include "kiln_model_tables.h"
@@ -60,6 +68,9 @@ struct kiln_context {
   int owns_arena; /* 0: the caller's workspace (kiln_context_create_in) */
   int32_t status;
   void *table[KILN_SLOTS > 0 ? KILN_SLOTS : 1];
+  int64_t valid;                                           /* KILN_LENGTH: the run's length */
+  int64_t offsets[KILN_GROWING > 0 ? KILN_GROWING : 1];   /* KILN_LENGTH: the arena laid out for the run */
+  char *pad[KILN_INPUTS + KILN_OUTPUTS > 0 ? KILN_INPUTS + KILN_OUTPUTS : 1]; /* tensors at the floor length */
 };
 
 static _Thread_local char kiln_message[512];
@@ -237,6 +248,55 @@ kiln_status kiln_model_output(const kiln_model *model, int index, kiln_tensor_in
 
 size_t kiln_model_workspace_size(const kiln_model *model) { return model ? KILN_WORKSPACE_BYTES : 0; }
 
+static const kiln_io *kiln_io_at(int i) { return i < KILN_INPUTS ? &kiln_inputs[i] : &kiln_outputs[i - KILN_INPUTS]; }
+
+/* KILN_LENGTH: an io's elements at length n (its shape is the capacity's) */
+static int64_t kiln_elements(const kiln_io *io, int64_t n) {
+  return io->axis >= 0 ? io->elements / KILN_LENGTH_CAPACITY * n : io->elements;
+}
+
+/* KILN_LENGTH: the buffers a run below the floor pads its tensors into (at the floor) */
+static kiln_status kiln_pad_buffers(kiln_context *c) {
+  if (!KILN_LENGTH || KILN_LENGTH_MIN >= KILN_LENGTH_FLOOR) return KILN_OK;
+  for (int i = 0; i < KILN_INPUTS + KILN_OUTPUTS; ++i) {
+    const kiln_io *io = kiln_io_at(i);
+    if (io->axis < 0) continue;
+    c->pad[i] = (char *)calloc((size_t)kiln_elements(io, KILN_LENGTH_FLOOR), io->bits / 8);
+    if (!c->pad[i]) return KILN_ERROR_MEMORY;
+  }
+  return KILN_OK;
+}
+
+/* a tensor of length `from_n` along io's axis copied into one of length `to_n` (cut, or padded
+   with zeros) */
+static void kiln_resize(const kiln_io *io, char *to, int64_t to_n, const char *from, int64_t from_n) {
+  int64_t outer = 1, inner = io->bits / 8;
+  for (int d = 0; d < io->axis; ++d) outer *= io->shape[d];
+  for (int d = io->axis + 1; d < io->ndim; ++d) inner *= io->shape[d];
+  const int64_t kept = (to_n < from_n ? to_n : from_n) * inner;
+  for (int64_t o = 0; o < outer; ++o) {
+    memcpy(to + o * to_n * inner, from + o * from_n * inner, (size_t)kept);
+    if (to_n > from_n) memset(to + o * to_n * inner + kept, 0, (size_t)((to_n - from_n) * inner));
+  }
+}
+
+/* KILN_LENGTH: the arena laid out for length n (GrowingLayout.at): each buffer where the last of
+   those below it at the capacity ends, its bytes c0 + c1 n + c2 n^2 rounded to 64 */
+static void kiln_lay_out(kiln_context *c, int64_t n) {
+  int64_t ends[KILN_GROWING > 0 ? KILN_GROWING : 1];
+  for (int i = 0; i < KILN_GROWING; ++i) {
+    int64_t offset = 0;
+    for (int k = kiln_growing_below_at[i]; k < kiln_growing_below_at[i + 1]; ++k)
+      if (ends[kiln_growing_below[k]] > offset) offset = ends[kiln_growing_below[k]];
+    const int64_t *z = kiln_growing_sizes[i];
+    int64_t bytes = z[0] + z[1] * n + z[2] * n * n;
+    bytes = bytes < 1 ? 1 : bytes;
+    c->offsets[i] = offset;
+    ends[i] = offset + (bytes + KILN_ALIGN - 1) / KILN_ALIGN * KILN_ALIGN;
+    c->table[kiln_growing_slots[i]] = c->arena + offset;
+  }
+}
+
 /* a context over the workspace `arena` (KILN_WORKSPACE_BYTES, zeroed here: its pages are faulted in
    now, not in the first run); owned: kiln_context_free frees it */
 static kiln_status kiln_context_over(const kiln_model *model, char *arena, int owned, kiln_context **context) {
@@ -246,6 +306,11 @@ static kiln_status kiln_context_over(const kiln_model *model, char *arena, int o
     return kiln_fail(KILN_ERROR_MEMORY, "out of memory");
   }
   if (KILN_WORKSPACE_BYTES) memset(arena, 0, KILN_WORKSPACE_BYTES);
+  if (kiln_pad_buffers(c) != KILN_OK) {
+    if (owned) free(arena);
+    kiln_context_free(c);
+    return kiln_fail(KILN_ERROR_MEMORY, "out of memory");
+  }
   c->model = model;
   c->arena = arena, c->owns_arena = owned;
   memcpy(c->table, model->table, sizeof c->table);
@@ -279,12 +344,13 @@ kiln_status kiln_context_create_in(const kiln_model *model, void *workspace, siz
 void kiln_context_free(kiln_context *context) {
   if (!context) return;
   if (context->owns_arena) free(context->arena);
+  for (int i = 0; i < KILN_INPUTS + KILN_OUTPUTS; ++i) free(context->pad[i]);
   free(context);
 }
 
 /* a tensor against the model's description; *samples: its size of the sample-parallel dim (a
    batched tensor's, else left as it was) */
-static kiln_status kiln_check_tensor(const char *role, int index, const kiln_io *io, const DLTensor *t, int64_t *samples) {
+static kiln_status kiln_check_tensor(const char *role, int index, const kiln_io *io, const DLTensor *t, int64_t *samples, int64_t *length) {
   if (!t->data) return kiln_fail(KILN_ERROR_ARGUMENT, "%s %d (%s): data is NULL", role, index, io->name);
   if (t->device.device_type != kDLCPU) return kiln_fail(KILN_ERROR_TENSOR, "%s %d (%s): not a CPU tensor (device type %d)", role, index, io->name, (int)t->device.device_type);
   if (t->dtype.code != io->code || t->dtype.bits != io->bits || t->dtype.lanes != 1)
@@ -299,6 +365,12 @@ static kiln_status kiln_check_tensor(const char *role, int index, const kiln_io 
       if (*samples >= 0 && size != *samples)
         return kiln_fail(KILN_ERROR_TENSOR, "%s %d (%s): dim 0 is %lld, another tensor's is %lld", role, index, io->name, (long long)size, (long long)*samples);
       *samples = size;
+    } else if (KILN_LENGTH && d == io->axis) {
+      if (size < KILN_LENGTH_MIN || size > KILN_LENGTH_MAX)
+        return kiln_fail(KILN_ERROR_TENSOR, "%s %d (%s): dim %d is %lld, outside the model's range %d..%d", role, index, io->name, d, (long long)size, KILN_LENGTH_MIN, KILN_LENGTH_MAX);
+      if (*length >= 0 && size != *length)
+        return kiln_fail(KILN_ERROR_TENSOR, "%s %d (%s): dim %d is %lld, another tensor's length is %lld", role, index, io->name, d, (long long)size, (long long)*length);
+      *length = size;
     } else if (size != io->shape[d]) {
       return kiln_fail(KILN_ERROR_TENSOR, "%s %d (%s): dim %d is %lld, the model's is %lld", role, index, io->name, d, (long long)size, (long long)io->shape[d]);
     }
@@ -308,20 +380,69 @@ static kiln_status kiln_check_tensor(const char *role, int index, const kiln_io 
   return KILN_OK;
 }
 
+static kiln_status kiln_ran(kiln_context *context, int code) {
+  if (code == 1) {
+    const int32_t at = context->status;
+    return kiln_fail(KILN_ERROR_RUN, "node %s: an index input is out of range for the dimension it indexes",
+                     at >= 0 && at < KILN_LABELS ? kiln_kernel_labels[at] : "?");
+  }
+  return code != 0 ? kiln_fail(KILN_ERROR_RUN, "the plan's entry returned %d", code) : KILN_OK;
+}
+
+/* KILN_LENGTH: one run at length n (checked), at E = max(n, floor) */
+static kiln_status kiln_infer_length(kiln_context *context, const DLTensor *inputs, DLTensor *outputs, int64_t n) {
+  const int64_t e = n > KILN_LENGTH_FLOOR ? n : KILN_LENGTH_FLOOR;
+  kiln_lay_out(context, e);
+  context->valid = n;
+  context->table[KILN_VALID_SLOT] = &context->valid;
+  const char *given[KILN_INPUTS > 0 ? KILN_INPUTS : 1];
+  for (int i = 0; i < KILN_INPUTS; ++i) {
+    const kiln_io *io = &kiln_inputs[i];
+    given[i] = (const char *)inputs[i].data + inputs[i].byte_offset;
+    if (io->axis >= 0 && e != n) { /* below the floor: padded with zeros */
+      kiln_resize(io, context->pad[i], e, given[i], n);
+      given[i] = context->pad[i];
+    }
+    context->table[io->slot] = (void *)given[i];
+  }
+  for (int i = 0; i < KILN_OUTPUTS; ++i) {
+    const kiln_io *io = &kiln_outputs[i];
+    if (io->source == 0) context->table[io->slot] = io->axis >= 0 && e != n ? context->pad[KILN_INPUTS + i] : (char *)outputs[i].data + outputs[i].byte_offset;
+  }
+  context->status = 0;
+  const kiln_status ran = kiln_ran(context, kiln_run(context->table, NULL));
+  if (ran != KILN_OK) return ran;
+  for (int i = 0; i < KILN_OUTPUTS; ++i) {
+    const kiln_io *io = &kiln_outputs[i];
+    char *to = (char *)outputs[i].data + outputs[i].byte_offset;
+    const char *from = io->source == 0 ? (io->axis >= 0 && e != n ? context->pad[KILN_INPUTS + i] : NULL)
+                     : io->source == 1 ? context->arena + context->offsets[io->where]
+                     : io->source == 2 ? context->model->weights[io->where]
+                     : given[io->where];
+    if (!from) continue;
+    if (io->axis >= 0)
+      kiln_resize(io, to, n, from, e);
+    else
+      memmove(to, from, (size_t)io->elements * (io->bits / 8));
+  }
+  return kiln_ok();
+}
+
 kiln_status kiln_infer(kiln_context *context, const DLTensor *inputs, int input_count, DLTensor *outputs, int output_count) {
   if (!context) return kiln_fail(KILN_ERROR_ARGUMENT, "kiln_infer: context is NULL");
   if (input_count != KILN_INPUTS || output_count != KILN_OUTPUTS)
     return kiln_fail(KILN_ERROR_ARGUMENT, "kiln_infer: %d inputs and %d outputs given, the model takes %d and %d", input_count, output_count, KILN_INPUTS, KILN_OUTPUTS);
   if ((KILN_INPUTS && !inputs) || (KILN_OUTPUTS && !outputs)) return kiln_fail(KILN_ERROR_ARGUMENT, "kiln_infer: inputs or outputs is NULL");
-  int64_t samples = -1;
+  int64_t samples = -1, length = -1;
   for (int i = 0; i < KILN_INPUTS; ++i) {
-    kiln_status status = kiln_check_tensor("input", i, &kiln_inputs[i], &inputs[i], &samples);
+    kiln_status status = kiln_check_tensor("input", i, &kiln_inputs[i], &inputs[i], &samples, &length);
     if (status != KILN_OK) return status;
   }
   for (int i = 0; i < KILN_OUTPUTS; ++i) {
-    kiln_status status = kiln_check_tensor("output", i, &kiln_outputs[i], &outputs[i], &samples);
+    kiln_status status = kiln_check_tensor("output", i, &kiln_outputs[i], &outputs[i], &samples, &length);
     if (status != KILN_OK) return status;
   }
+  if (KILN_LENGTH) return kiln_infer_length(context, inputs, outputs, length);
   if (samples < 0) samples = 1;
   const char *given[KILN_INPUTS > 0 ? KILN_INPUTS : 1];
   for (int64_t s = 0; s < samples; ++s) { /* the plan of one sample, once per sample (batched tensors: that sample's rows) */
@@ -336,13 +457,8 @@ kiln_status kiln_infer(kiln_context *context, const DLTensor *inputs, int input_
       if (io->source == 0) context->table[io->slot] = (char *)outputs[i].data + outputs[i].byte_offset + s * io->elements * (io->bits / 8);
     }
     context->status = 0;
-    const int code = kiln_run(context->table, NULL);
-    if (code == 1) {
-      const int32_t at = context->status;
-      return kiln_fail(KILN_ERROR_RUN, "node %s: an index input is out of range for the dimension it indexes",
-                       at >= 0 && at < KILN_LABELS ? kiln_kernel_labels[at] : "?");
-    }
-    if (code != 0) return kiln_fail(KILN_ERROR_RUN, "the plan's entry returned %d", code);
+    const kiln_status ran = kiln_ran(context, kiln_run(context->table, NULL));
+    if (ran != KILN_OK) return ran;
     for (int i = 0; i < KILN_OUTPUTS; ++i) {
       const kiln_io *io = &kiln_outputs[i];
       const size_t bytes = (size_t)io->elements * (io->bits / 8);

@@ -92,12 +92,12 @@ static int misuse(kiln_model *model) {
   inputs[0].dtype.bits = in0.dtype.bits == 64 ? 32 : 64;
   failures += expect("wrong dtype", kiln_infer(context, inputs, n_in, outputs, n_out), KILN_ERROR_TENSOR);
   inputs[0].dtype = in0.dtype;
-  int64_t shape[8] = {0};
-  memcpy(shape, in0.shape, sizeof(int64_t) * (size_t)in0.ndim);
+  int64_t shape[8] = {0}, *resolved = inputs[0].shape; /* (-1 dims resolved: the run's sizes) */
+  memcpy(shape, resolved, sizeof(int64_t) * (size_t)in0.ndim);
   shape[0] += 1;
   inputs[0].shape = shape;
   failures += expect("wrong dims", kiln_infer(context, inputs, n_in, outputs, n_out), KILN_ERROR_TENSOR);
-  inputs[0].shape = (int64_t *)in0.shape;
+  inputs[0].shape = resolved;
   inputs[0].ndim = in0.ndim + 1;
   failures += expect("wrong rank", kiln_infer(context, inputs, n_in, outputs, n_out), KILN_ERROR_TENSOR);
   inputs[0].ndim = in0.ndim;
