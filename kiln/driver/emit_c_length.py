@@ -31,9 +31,10 @@ def length_variant(model: Any, dims: dict[str, int], symbol: str, low: int, high
             f"{symbol}={low}..{high} says why): the C library runs one size of it"
         )
     if not padder.samples:
+        why = getattr(model, "run_time_refused", {}).get(symbol, "kiln explain says why")
         raise ArgumentError(
-            f"{symbol}'s kernels do not take the length at run time in this model (it compiles padded lengths "
-            "instead, kiln explain says why): the C library runs one size of it"
+            f"{symbol}'s kernels do not take the length at run time in this model ({why}; it compiles padded "
+            "lengths instead, not in C yet): the C library runs one size of it"
         )
     executable = model.padded().variant({**dims, symbol: padder.classes[0]})
     if executable.plan.memory.growing is None:
