@@ -80,7 +80,27 @@ def length_tables(plan: Any, padder: Any, low: int, high: int) -> str:
     lines.append(f"static const int64_t kiln_growing_sizes[][3] = {{{sizes}}};")
     lines.append(f"static const int32_t kiln_growing_below_at[] = {{{', '.join(map(str, below_at))}}};")
     lines.append(f"static const int32_t kiln_growing_below[] = {{{', '.join(map(str, below)) or '0'}}};")
+    lines += _constant_tables(table, growing.constants)
     return "\n".join(lines) + "\n"
+
+
+def _constant_tables(table: dict, constants: tuple) -> list[str]:
+    """The integer constants whose values follow the length (``GrowingLayout.constants``): each
+    one's slot, element bits and its elements' (c0, c1, c2), written per call at the run's length."""
+    at, terms = [0], []
+    for _, coefficients in constants:
+        terms.extend(coefficients)
+        at.append(len(terms))
+    slots = ", ".join(str(table[b]) for b, _ in constants) or "0"
+    bits = ", ".join(str(b.dtype.numpy.itemsize * 8) for b, _ in constants) or "0"
+    rows = ", ".join(f"{{{c0}, {c1}, {c2}}}" for c0, c1, c2 in terms) or "{0, 0, 0}"
+    return [
+        f"#define KILN_LENGTH_CONSTANTS {len(constants)}",
+        f"static const int64_t kiln_length_constant_slots[] = {{{slots}}};",
+        f"static const int32_t kiln_length_constant_bits[] = {{{bits}}};",
+        f"static const int32_t kiln_length_constant_at[] = {{{', '.join(map(str, at))}}};",
+        f"static const int64_t kiln_length_constant_terms[][3] = {{{rows}}};",
+    ]
 
 
 def no_length() -> str:
@@ -90,4 +110,6 @@ def no_length() -> str:
         "#define KILN_LENGTH_CAPACITY 1\n#define KILN_VALID_SLOT 0\n#define KILN_GROWING 0\n"
         "static const int64_t kiln_growing_slots[] = {0};\nstatic const int64_t kiln_growing_sizes[][3] = {{0, 0, 0}};\n"
         "static const int32_t kiln_growing_below_at[] = {0};\nstatic const int32_t kiln_growing_below[] = {0};\n"
+        + "\n".join(_constant_tables({}, ()))
+        + "\n"
     )

@@ -223,18 +223,25 @@ def kernels_of(state: Compile) -> list[Kernel]:
     return [k for segment in state.segments for k in segment]
 
 
-def check_constants(states: list[Compile]) -> None:
+RUN_TIME_CONSTANT_LIMIT = 4096  # elements: a larger constant whose values follow the length is refused
+
+
+def check_constants(states: list[Compile], lengths: tuple[int, ...] | None = None) -> tuple[tuple[Buffer, tuple], ...]:
     """A constant whose size depends on the length (a folded Range of positions) must hold, at
-    every length, the first part of the capacity's data (what the dense layout at E reads); one
-    whose size does not must hold the same values at every length (the library keeps the
-    capacity's)."""
-    capacity = {b.name: a for b, a in states[0].constants.items()}
+    every length, the first part of the capacity's data (what the dense layout at E reads). One
+    whose size does not holds the same values at every length (the library keeps the capacity's),
+    or, given the ``lengths`` the states were lowered at, small integers each a polynomial of the
+    length (arange(batch) * seq, a TorchScript export's flat-index offsets): those are returned,
+    (the capacity's buffer, each element's (c0, c1, c2)), for the runtime to write at the length it
+    runs at (``GrowingLayout.constants``)."""
+    capacity = {b.name: (b, a) for b, a in states[0].constants.items()}
     # (a shape vector only inference read is no kernel's)
     read = {b.name for k in kernels_of(states[0]) for b in [*k.reads, *buffers_in(k.body)]}
+    varying: set[str] = set()
     for state in states[1:]:
         packed = state.lowerer.packed if state.lowerer is not None else {}
         for buffer, array in state.constants.items():
-            full = capacity.get(buffer.name)
+            full = capacity.get(buffer.name, (None, None))[1]
             if (
                 full is None
                 or full is array
@@ -242,8 +249,27 @@ def check_constants(states: list[Compile]) -> None:
                 or buffer.name not in read
             ):
                 continue  # (a weight packed for the engine: the same graph constant at every length)
+            same_size = full.size == array.size
+            if same_size and np.array_equal(full.reshape(-1), array.reshape(-1)):
+                continue
+            if same_size and lengths is not None and full.dtype.kind in "iu" and full.size <= RUN_TIME_CONSTANT_LIMIT:
+                varying.add(buffer.name)
+                continue
             if full.size < array.size or not np.array_equal(full.reshape(-1)[: array.size], array.reshape(-1)):
                 raise NotAffine(f"constant {buffer.name} is not the same prefix at every length")
+    found = []
+    for name in sorted(varying):
+        assert lengths is not None
+        columns = []
+        for state in states:
+            array = next((a for b, a in state.constants.items() if b.name == name), None)
+            if array is None or array.size != capacity[name][1].size:
+                raise NotAffine(f"constant {name} is not the same prefix at every length")
+            columns.append(np.asarray(array).reshape(-1).astype(np.int64))
+        values = np.stack(columns)  # [lengths, elements]
+        fits = [_fit([int(v) for v in values[:, i]], lengths, f"constant {name}") for i in range(values.shape[1])]
+        found.append((capacity[name][0], tuple((f.c0, f.c1, f.c2) for f in fits)))
+    return tuple(found)
 
 
 def computed_at_run_time(graph: Any, dims: dict[str, int], symbol: str, lengths: tuple[int, ...]) -> frozenset[str]:
@@ -295,7 +321,7 @@ def run_time_kernels(
             states.append(run_stages(state, "specialize", "plan-memory"))
     finally:
         UNFOLDED.reset(token)
-    check_constants(states)
+    constants = check_constants(states, lengths)
     kernels = [kernels_of(state) for state in states]
     if len({len(k) for k in kernels}) != 1:
         raise NotAffine("the number of kernels changes with the length")
@@ -312,7 +338,7 @@ def run_time_kernels(
     if not merge.used:
         raise NotAffine("no kernel's sizes depend on the length")
     assert capacity.memory is not None
-    capacity.memory.growing = _growing(states, lengths, valid_buffer)
+    capacity.memory.growing = dataclasses.replace(_growing(states, lengths, valid_buffer), constants=constants)
     return capacity
 
 

@@ -17,6 +17,8 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
 from kiln.lower.kir import Buffer
 
 ALIGNMENT = 64  # bytes: a cache line, and enough for any SIMD load
@@ -56,7 +58,10 @@ class GrowingLayout:
     buffers by their offset at the capacity; ``sizes[i]`` is ``order[i]``'s bytes as
     ``(c0, c1, c2)``, ``c0 + c1 * n + c2 * n * n``; ``below[i]`` the positions of the buffers that
     live at the same time as ``order[i]`` and lie below it at the capacity (only those no other
-    one of them already lies above): ``order[i]`` starts where the last of them ends."""
+    one of them already lies above): ``order[i]`` starts where the last of them ends.
+    ``constants``: the integer constants of one size whose values change with the length (an
+    exporter's flat-index offsets, arange(batch) * seq), each element ``c0 + c1 n + c2 n^2``: the
+    runtime writes them for the length it runs at (``values``) and the kernels read those."""
 
     valid: Buffer
     floor: int
@@ -64,6 +69,15 @@ class GrowingLayout:
     order: tuple[Buffer, ...]
     sizes: tuple[tuple[int, int, int], ...]
     below: tuple[tuple[int, ...], ...]
+    constants: tuple[tuple[Buffer, tuple[tuple[int, int, int], ...]], ...] = ()
+
+    def values(self, length: int) -> list[np.ndarray]:
+        """The run-time constants at ``length`` (in ``constants``' order, each its buffer's dtype)."""
+        n = self.bound(length)
+        return [
+            np.array([c0 + c1 * n + c2 * n * n for c0, c1, c2 in terms], dtype=buffer.dtype.numpy)
+            for buffer, terms in self.constants
+        ]
 
     def bound(self, length: int) -> int:
         """The length the kernels run at for a call at ``length`` (the layout's key)."""

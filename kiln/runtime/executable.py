@@ -131,11 +131,13 @@ class _Request:
             self.arena[self.reached : size : 4096] = 0
             self.reached = size
 
-    def lay_out(self, layout: _Layout, slots: np.ndarray) -> None:
+    def lay_out(self, layout: _Layout, slots: np.ndarray, constant_slots: np.ndarray) -> None:
         if self.layout is not layout:
             self.touch(layout.arena_bytes)
             assert self.words is not None
             self.words[slots] = np.uintp(self.arena.ctypes.data) + layout.offsets
+            if len(constant_slots):  # the constants whose values follow the length, at this one
+                self.words[constant_slots] = layout.constant_addresses
             self.layout = layout
 
 
@@ -143,12 +145,15 @@ class _Layout:
     """A growing arena laid out at one length: its buffers' offsets (in its order, and by buffer)
     and bytes."""
 
-    __slots__ = ("arena_bytes", "by_buffer", "offsets")
+    __slots__ = ("arena_bytes", "by_buffer", "constant_addresses", "constants", "offsets")
 
     def __init__(self, growing: GrowingLayout, length: int) -> None:
         offsets, self.arena_bytes = growing.at(length)
         self.by_buffer = dict(zip(growing.order, offsets))
         self.offsets = np.array(offsets, dtype=np.uintp)
+        # (held here: the kernels of every request laid out at this length read them)
+        self.constants = [aligned_copy(values, ALIGNMENT) for values in growing.values(length)]
+        self.constant_addresses = np.array([a.ctypes.data for a in self.constants], dtype=np.uintp)
 
 
 class Executable:
@@ -198,6 +203,7 @@ class Executable:
         self.layouts: dict[int, _Layout] = {}
         if self.growing is not None:
             self.growing_slots = np.array([plan.table[b] for b in self.growing.order], dtype=np.intp)
+            self.constant_slots = np.array([plan.table[b] for b, _ in self.growing.constants], dtype=np.intp)
             self.valid_position = plan.inputs.index(self.growing.valid)
         self.base_table: list[int | None] = [None] * self.slots
         for buffer, view in self.constant_views.items():
@@ -286,7 +292,7 @@ class Executable:
             if len(self.layouts) >= 64:
                 self.layouts.clear()
             layout = self.layouts[length] = _Layout(self.growing, length)
-        request.lay_out(layout, self.growing_slots)
+        request.lay_out(layout, self.growing_slots, self.constant_slots)
         return layout.by_buffer
 
     def native_seconds(self, inputs: list[np.ndarray], calls: int) -> float:

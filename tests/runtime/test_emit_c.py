@@ -389,3 +389,25 @@ def embedding_model_of_length() -> onnx.ModelProto:
     for value in (*model.graph.input, *model.graph.output):
         value.type.tensor_type.shape.dim[1].dim_param = "seq"
     return model
+
+
+@pytest.mark.slow
+def test_a_torchscript_encoders_lengths_run_from_c_with_the_offsets_written_per_call(tmp_path):
+    """A TorchScript RoBERTa-like export (its flat-index offsets arange(batch) * seq a constant whose
+    values follow the length: the library writes them per call) as a C library over seq 1..64 at
+    batch 2: lengths below the floor, between and at the end bit for bit Python's run."""
+    pytest.importorskip("torch", reason="the export needs PyTorch")
+    from kiln.zoo import architectures
+
+    path = str(architectures.export("roberta", exporter="torchscript", dynamic=True))
+    model = kiln.compile(path)
+    folder = tmp_path / "roberta"
+    kiln.emit_c(model, folder, {"batch": 2}, length=("seq", 1, 64))
+    assert "#define KILN_LENGTH_CONSTANTS 0" not in (folder / "src" / "kiln_model_tables.h").read_text()
+    binary = build(folder)
+    for length in (3, 31, 64):
+        feeds = architectures.inputs("roberta", batch=2, seq=length)
+        want = model.run(feeds)
+        got = run_c(binary, folder, model, feeds, tmp_path, length)
+        for name, array in zip(model.output_names, got):
+            np.testing.assert_array_equal(array, np.asarray(want[name], np.float32).reshape(-1))

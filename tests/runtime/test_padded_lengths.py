@@ -277,6 +277,38 @@ def test_a_constant_that_changes_with_the_length_is_refused_unless_it_is_the_cap
         extents.check_constants([state(np.array([1 / 40], np.float32)), state(np.array([1 / 17], np.float32))])
 
 
+def test_integer_constants_that_follow_the_length_are_written_at_run_time():
+    """A small integer constant of one size whose values are polynomials of the length (a
+    TorchScript export's flat-index offsets arange(batch) * seq) is returned with each element's
+    terms, for the runtime to write at the length it runs at; one that is no polynomial, or of
+    floats, is refused; without the lengths (image sizes) as before."""
+    from types import SimpleNamespace
+
+    from kiln.driver import extents
+    from kiln.ir.types import DType
+    from kiln.lower.kir import Buffer, Kernel
+    from kiln.lower.memory import GrowingLayout
+
+    def state(array: np.ndarray) -> SimpleNamespace:
+        buffer = Buffer("c", DType.from_numpy(array.dtype), array.size)
+        kernel = Kernel("k0", "copy", [], [buffer], [], [])
+        return SimpleNamespace(constants={buffer: array}, lowerer=None, steps=[], segments=[[kernel]])
+
+    lengths = (40, 21, 16, 23)
+    offsets = [state(np.arange(4, dtype=np.int64) * n + 3) for n in lengths]  # b * seq + 3
+    ((buffer, terms),) = extents.check_constants(offsets, lengths)
+    assert terms == ((3, 0, 0), (3, 1, 0), (3, 2, 0), (3, 3, 0))
+    layout = GrowingLayout(buffer, 16, 40, (), (), (), ((buffer, terms),))
+    np.testing.assert_array_equal(layout.values(7)[0], [3, 19, 35, 51])  # (below the floor: at 16)
+    np.testing.assert_array_equal(layout.values(33)[0], np.arange(4) * 33 + 3)
+    with pytest.raises(extents.NotAffine, match="polynomial"):
+        extents.check_constants([state(np.array([n * n * n], np.int64)) for n in lengths], lengths)
+    with pytest.raises(extents.NotAffine, match="not the same prefix"):
+        extents.check_constants([state(np.array([n], np.float32)) for n in lengths], lengths)
+    with pytest.raises(extents.NotAffine, match="not the same prefix"):
+        extents.check_constants(offsets)  # (no lengths: image sizes keep the old rule)
+
+
 def test_without_the_masks_a_padded_run_would_be_wrong():
     """The masks are what make padding exact: the padded graph run with its valid length at the
     class size (no masking) gives other values, so the test above would catch their loss."""

@@ -61,6 +61,23 @@ def test_an_export_with_symbolic_sizes_runs_every_size_without_compiling_again(n
     assert plans_compiled() == compiled, "a size compiled after kiln.compile returned"
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["roberta", "albert"])
+def test_torchscript_flat_index_offsets_take_the_length_at_run_time(name, monkeypatch):
+    """TorchScript exports of BERT-family encoders fold arange(batch) * seq (flat-index offsets): a
+    constant of one size whose values follow the length. Written by the runtime at the length it
+    runs at, the length stays a run-time extent (one plan, not padded classes), every size right."""
+    monkeypatch.setenv("KILN_PLAN_CACHE", "0")
+    path = str(architectures.export(name, exporter="torchscript", dynamic=True))
+    model = kiln.compile(path, dims={"batch": "1..8", "seq": "1..64"})
+    assert not model.run_time_refused, model.run_time_refused
+    session = onnxruntime.InferenceSession(path, providers=["CPUExecutionProvider"])
+    compiled = plans_compiled()
+    for batch, seq in SIZES:
+        matches(model, session, architectures.inputs(name, batch=batch, seq=seq), f"{name} at batch {batch}, seq {seq}")
+    assert plans_compiled() == compiled, "a size compiled after kiln.compile returned"
+
+
 def matches(model, session, feeds: dict, where: str) -> None:  # type: ignore[no-untyped-def]
     """The model's first output at ``feeds`` is onnxruntime's within relative L2 1e-5."""
     want = session.run(None, feeds)[0]

@@ -71,6 +71,7 @@ struct kiln_context {
   int64_t valid;                                           /* KILN_LENGTH: the run's length */
   int64_t offsets[KILN_GROWING > 0 ? KILN_GROWING : 1];   /* KILN_LENGTH: the arena laid out for the run */
   char *pad[KILN_INPUTS + KILN_OUTPUTS > 0 ? KILN_INPUTS + KILN_OUTPUTS : 1]; /* tensors at the floor length */
+  void *constants[KILN_LENGTH_CONSTANTS > 0 ? KILN_LENGTH_CONSTANTS : 1]; /* written per run at its length */
 };
 
 static _Thread_local char kiln_message[512];
@@ -255,8 +256,13 @@ static int64_t kiln_elements(const kiln_io *io, int64_t n) {
   return io->axis >= 0 ? io->elements / KILN_LENGTH_CAPACITY * n : io->elements;
 }
 
-/* KILN_LENGTH: the buffers a run below the floor pads its tensors into (at the floor) */
+/* KILN_LENGTH: the buffers a run below the floor pads its tensors into (at the floor), and those
+   of the constants whose values follow the length */
 static kiln_status kiln_pad_buffers(kiln_context *c) {
+  for (int k = 0; k < KILN_LENGTH_CONSTANTS; ++k) {
+    const int64_t n = kiln_length_constant_at[k + 1] - kiln_length_constant_at[k];
+    if (posix_memalign(&c->constants[k], KILN_ALIGN, (size_t)(n > 0 ? n : 1) * 8) != 0) return KILN_ERROR_MEMORY;
+  }
   if (!KILN_LENGTH || KILN_LENGTH_MIN >= KILN_LENGTH_FLOOR) return KILN_OK;
   for (int i = 0; i < KILN_INPUTS + KILN_OUTPUTS; ++i) {
     const kiln_io *io = kiln_io_at(i);
@@ -294,6 +300,23 @@ static void kiln_lay_out(kiln_context *c, int64_t n) {
     c->offsets[i] = offset;
     ends[i] = offset + (bytes + KILN_ALIGN - 1) / KILN_ALIGN * KILN_ALIGN;
     c->table[kiln_growing_slots[i]] = c->arena + offset;
+  }
+}
+
+/* KILN_LENGTH: the constants whose values follow the length, at length n, in their slots */
+static void kiln_length_constants(kiln_context *c, int64_t n) {
+  for (int k = 0; k < KILN_LENGTH_CONSTANTS; ++k) {
+    for (int j = kiln_length_constant_at[k], e = 0; j < kiln_length_constant_at[k + 1]; ++j, ++e) {
+      const int64_t *t = kiln_length_constant_terms[j];
+      const int64_t v = t[0] + t[1] * n + t[2] * n * n;
+      switch (kiln_length_constant_bits[k]) {
+        case 8: ((int8_t *)c->constants[k])[e] = (int8_t)v; break;
+        case 16: ((int16_t *)c->constants[k])[e] = (int16_t)v; break;
+        case 32: ((int32_t *)c->constants[k])[e] = (int32_t)v; break;
+        default: ((int64_t *)c->constants[k])[e] = v; break;
+      }
+    }
+    c->table[kiln_length_constant_slots[k]] = c->constants[k];
   }
 }
 
@@ -345,6 +368,7 @@ void kiln_context_free(kiln_context *context) {
   if (!context) return;
   if (context->owns_arena) free(context->arena);
   for (int i = 0; i < KILN_INPUTS + KILN_OUTPUTS; ++i) free(context->pad[i]);
+  for (int k = 0; k < KILN_LENGTH_CONSTANTS; ++k) free(context->constants[k]);
   free(context);
 }
 
@@ -393,6 +417,7 @@ static kiln_status kiln_ran(kiln_context *context, int code) {
 static kiln_status kiln_infer_length(kiln_context *context, const DLTensor *inputs, DLTensor *outputs, int64_t n) {
   const int64_t e = n > KILN_LENGTH_FLOOR ? n : KILN_LENGTH_FLOOR;
   kiln_lay_out(context, e);
+  kiln_length_constants(context, e);
   context->valid = n;
   context->table[KILN_VALID_SLOT] = &context->valid;
   const char *given[KILN_INPUTS > 0 ? KILN_INPUTS : 1];
