@@ -334,7 +334,8 @@ def compose_chain(
 
         result: Expr | None = value
         for node in chain:
-            scalarize = scalarize_for(node, [v.type.dtype for v in node.inputs if v is not None])  # type: ignore[union-attr]
+            dtypes = [v.type.dtype for v in node.inputs if v is not None]  # type: ignore[union-attr]
+            scalarize = scalarize_for(node, dtypes, lw.target.float_to_int)
             result = scalarize([None if v is None else operand(v) for v in node.inputs])  # type: ignore[arg-type]
             computed[node.outputs[0]] = result
         assert result is not None

@@ -368,8 +368,24 @@ def copy_kernel(lw: Lowerer, node: Node, source: Value, out: Value) -> Kernel:
     return lw.kernel(node, "copy", body, [source], [out], default_schedule(lw.target, (dst.size,), indices))
 
 
-def scalarize_for(node: Node, dtypes: list[DType]) -> Callable[[list[Expr]], Expr]:
-    """The scalar expression of an elementwise node, for its input dtypes."""
+def _x86_float_to_int(first: DType, out_dtype: DType) -> Callable[[list[Expr]], Expr]:
+    """A float -> int32/int64 cast as x86 (and NumPy there) does it: truncated toward zero, and
+    NaN, infinities and values out of the type's range the integer indefinite (its minimum),
+    never C's undefined behaviour (relative-position buckets cast log(0) = -inf)."""
+    bits = 63 if out_dtype is DType.INT64 else 31
+    high, low = Const(float(2**bits), first), Const(-float(2**bits), first)
+    least = Const(-(2**bits), out_dtype)
+
+    def cast(a: list[Expr]) -> Expr:
+        outside = Binary("||", Binary("!=", a[0], a[0]), Binary("||", Binary(">=", a[0], high), Binary("<", a[0], low)))
+        return Select(outside, least, Cast(out_dtype, a[0]))
+
+    return cast
+
+
+def scalarize_for(node: Node, dtypes: list[DType], float_to_int: str = "") -> Callable[[list[Expr]], Expr]:
+    """The scalar expression of an elementwise node, for its input dtypes (``float_to_int``: the
+    target's rule for casts of NaN and out-of-range floats, ``Target.float_to_int``)."""
     op, attrs = node.op, dict(node.attrs)
     first = dtypes[0]
     out_dtype = node.outputs[0].type.dtype  # type: ignore[union-attr]
@@ -405,6 +421,8 @@ def scalarize_for(node: Node, dtypes: list[DType]) -> Callable[[list[Expr]], Exp
             DType.UINT32,
             DType.UINT64,
         ) and first in (*NATIVE_FLOATS, HALF, BF16):
+            if float_to_int == "x86" and out_dtype in (DType.INT32, DType.INT64) and first in NATIVE_FLOATS:
+                return _x86_float_to_int(first, out_dtype)
             raise CannotLower("float -> integer casts of NaN/out-of-range values differ between C and NumPy")
         return lambda a: Cast(out_dtype, a[0])
     if op == "Clip":
@@ -468,7 +486,7 @@ def lower_pointwise(lw: Lowerer, node: Node) -> list[Kernel]:
     # half precision: computed in float32 (loads widened, the result rounded once on store)
     widen = {HALF: DType.FLOAT32, BF16: DType.FLOAT32}
     dtypes = [v.type.dtype for v in inputs if v is not None]  # type: ignore[union-attr]
-    scalarize = scalarize_for(node, [widen.get(d, d) for d in dtypes])
+    scalarize = scalarize_for(node, [widen.get(d, d) for d in dtypes], lw.target.float_to_int)
     out_dtype = out.type.dtype  # type: ignore[union-attr]
     flat = all(v is None or lw.shape(v) == shape or math.prod(lw.shape(v)) == 1 for v in inputs)
     if flat:

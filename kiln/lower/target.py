@@ -48,6 +48,13 @@ class Target:
         return self.spec or self.backend
 
     @property
+    def float_to_int(self) -> str:
+        """What its native code gives for a float -> int32/int64 cast of NaN or of a value out of
+        range, when it is what kiln's reference (NumPy on this kind of CPU) gives: "x86" (the
+        integer indefinite, the type's minimum); "" where unknown (such casts run on the reference)."""
+        return ""
+
+    @property
     def vector_bytes(self) -> int:
         """The width, in bytes, the innermost loops are shaped for."""
         raise NotImplementedError

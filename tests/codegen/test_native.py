@@ -311,3 +311,23 @@ def test_a_damaged_cached_library_is_counted_and_rebuilt(tmp_path, monkeypatch):
     np.testing.assert_array_equal(kiln.compile(model)(*feeds), first)
     assert toolchain.DAMAGED["libraries"] == before + 1
     assert library.read_bytes()[:4] == b"\x7fELF"
+
+
+@pytest.mark.parametrize(
+    ("source", "to"), [(F, TensorProto.INT64), (F, TensorProto.INT32), (TensorProto.DOUBLE, TensorProto.INT64)]
+)
+def test_float_to_int_casts_of_nan_and_out_of_range_values_run_natively_where_the_rule_is_known(source, to, target):
+    """Casts of NaN, infinities and values out of the integer's range (a relative-position bucket
+    casts log(0) = -inf): native on the x86 paths, giving what the reference (NumPy on this kind of
+    CPU) gives, the integer indefinite; on a target whose rule kiln does not know, the reference's."""
+    from kiln.backends import parse
+
+    model = case("Cast", [(12,)], {"to": to}, dtype=[source])
+    kind = np.float64 if source == TensorProto.DOUBLE else np.float32
+    x = np.array([np.nan, np.inf, -np.inf, 3e9, -3e9, 1e19, -1e19, 2.7, -2.7, 0.0, -0.5, 1234.9], kind)
+    compiled = kiln.compile(model, target=target)
+    with np.errstate(invalid="ignore"):
+        want = kiln.compile(model, target="reference")(x)
+    np.testing.assert_array_equal(compiled(x), want)
+    if parse(target).float_to_int == "x86":
+        assert compiled.is_native, [(f.node.op, f.reason) for plan in compiled.plans for f in plan.fallbacks]

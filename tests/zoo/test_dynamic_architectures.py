@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 import kiln
+from kiln.backends import parse
 from kiln.driver.variants import plans_compiled
 from kiln.passes.batching import Parallel, sample_parallel
 from kiln.zoo import architectures
@@ -62,15 +63,18 @@ def test_an_export_with_symbolic_sizes_runs_every_size_without_compiling_again(n
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["roberta", "albert"])
+@pytest.mark.parametrize("name", ["roberta", "albert", "mpnet"])
 def test_torchscript_flat_index_offsets_take_the_length_at_run_time(name, monkeypatch):
     """TorchScript exports of BERT-family encoders fold arange(batch) * seq (flat-index offsets): a
     constant of one size whose values follow the length. Written by the runtime at the length it
-    runs at, the length stays a run-time extent (one plan, not padded classes), every size right."""
+    runs at, the length stays a run-time extent (one plan, not padded classes), every size right.
+    MPNet's relative-position buckets cast log(0) = -inf to an integer: native on x86, no host
+    fallback that would refuse the run-time length."""
     monkeypatch.setenv("KILN_PLAN_CACHE", "0")
     path = str(architectures.export(name, exporter="torchscript", dynamic=True))
     model = kiln.compile(path, dims={"batch": "1..8", "seq": "1..64"})
-    assert not model.run_time_refused, model.run_time_refused
+    if name != "mpnet" or parse("cpu").float_to_int == "x86":
+        assert not model.run_time_refused, model.run_time_refused
     session = onnxruntime.InferenceSession(path, providers=["CPUExecutionProvider"])
     compiled = plans_compiled()
     for batch, seq in SIZES:

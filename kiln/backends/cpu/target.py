@@ -82,3 +82,7 @@ class CpuTarget(Target):
     @property
     def summary(self) -> str:
         return self.isa
+
+    @property
+    def float_to_int(self) -> str:
+        return "x86" if self.isa in ("avx512", "avx2") else ""  # (cvttss2si's integer indefinite)
