@@ -368,6 +368,8 @@ def test_a_run_time_length_runs_every_length_of_its_range_bit_for_bit(tmp_path):
         for program in binaries:
             (got,) = run_c(program, folder, model, {"ids": ids}, tmp_path, length)
             np.testing.assert_array_equal(got, want)
+    for program in binaries:  # (under ASan too: a run too long for its workspace writes nothing)
+        _check_short_workspaces(program, folder, model, tmp_path)
     rng.integers(0, 50, (3, 41)).astype(np.int64).tofile(tmp_path / "long.bin")
     command = [str(binary), "batch=41", "run", str(folder / "model.kw"), str(tmp_path / "long.bin"), str(tmp_path / "o.bin")]  # fmt: skip
     result = subprocess.run(command, capture_output=True, text=True)
@@ -411,3 +413,18 @@ def test_a_torchscript_encoders_lengths_run_from_c_with_the_offsets_written_per_
         got = run_c(binary, folder, model, feeds, tmp_path, length)
         for name, array in zip(model.output_names, got):
             np.testing.assert_array_equal(array, np.asarray(want[name], np.float32).reshape(-1))
+
+
+def _check_short_workspaces(binary: Path, folder: Path, model, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """A workspace of kiln_model_workspace_size_at(16) runs lengths up to 16 (bit for bit), and a
+    longer run on it is a status with the reason, not a write past its end."""
+    ids = np.random.default_rng(12).integers(0, 50, (3, 33)).astype(np.int64)
+    ids[:, :16].copy().tofile(tmp_path / "short.bin")
+    ids.tofile(tmp_path / "long33.bin")
+    weights, out = str(folder / "model.kw"), str(tmp_path / "o.bin")
+    result = subprocess.run([str(binary), "batch=16", "ws=16", "run", weights, str(tmp_path / "short.bin"), out], capture_output=True, text=True)  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    want = np.asarray(model.run({"ids": ids[:, :16].copy()})["y"], np.float32).reshape(-1)
+    np.testing.assert_array_equal(np.fromfile(out, np.float32), want)
+    result = subprocess.run([str(binary), "batch=33", "ws=16", "run", weights, str(tmp_path / "long33.bin"), out], capture_output=True, text=True)  # fmt: skip
+    assert result.returncode == 1 and "needs a workspace of" in result.stderr, result.stderr

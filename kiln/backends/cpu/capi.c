@@ -66,6 +66,7 @@ struct kiln_context {
   const kiln_model *model;
   char *arena;
   int owns_arena; /* 0: the caller's workspace (kiln_context_create_in) */
+  size_t arena_bytes; /* the workspace's bytes (a caller's may hold only runs up to some length) */
   int32_t status;
   void *table[KILN_SLOTS > 0 ? KILN_SLOTS : 1];
   int64_t valid;                                           /* KILN_LENGTH: the run's length */
@@ -249,6 +250,15 @@ kiln_status kiln_model_output(const kiln_model *model, int index, kiln_tensor_in
 
 size_t kiln_model_workspace_size(const kiln_model *model) { return model ? KILN_WORKSPACE_BYTES : 0; }
 
+static int64_t kiln_layout(int64_t n, int64_t *offsets);
+
+size_t kiln_model_workspace_size_at(const kiln_model *model, int64_t length) {
+  if (!model) return 0;
+  if (!KILN_LENGTH) return KILN_WORKSPACE_BYTES;
+  const int64_t n = length < KILN_LENGTH_FLOOR ? KILN_LENGTH_FLOOR : length > KILN_LENGTH_MAX ? KILN_LENGTH_MAX : length;
+  return (size_t)kiln_layout(n, NULL);
+}
+
 static const kiln_io *kiln_io_at(int i) { return i < KILN_INPUTS ? &kiln_inputs[i] : &kiln_outputs[i - KILN_INPUTS]; }
 
 /* KILN_LENGTH: an io's elements at length n (its shape is the capacity's) */
@@ -288,8 +298,9 @@ static void kiln_resize(const kiln_io *io, char *to, int64_t to_n, const char *f
 
 /* KILN_LENGTH: the arena laid out for length n (GrowingLayout.at): each buffer where the last of
    those below it at the capacity ends, its bytes c0 + c1 n + c2 n^2 rounded to 64 */
-static void kiln_lay_out(kiln_context *c, int64_t n) {
-  int64_t ends[KILN_GROWING > 0 ? KILN_GROWING : 1];
+/* KILN_LENGTH: the arena's bytes at length n, and each buffer's offset into `offsets` (if given) */
+static int64_t kiln_layout(int64_t n, int64_t *offsets) {
+  int64_t ends[KILN_GROWING > 0 ? KILN_GROWING : 1], total = 0;
   for (int i = 0; i < KILN_GROWING; ++i) {
     int64_t offset = 0;
     for (int k = kiln_growing_below_at[i]; k < kiln_growing_below_at[i + 1]; ++k)
@@ -297,10 +308,19 @@ static void kiln_lay_out(kiln_context *c, int64_t n) {
     const int64_t *z = kiln_growing_sizes[i];
     int64_t bytes = z[0] + z[1] * n + z[2] * n * n;
     bytes = bytes < 1 ? 1 : bytes;
-    c->offsets[i] = offset;
+    if (offsets) offsets[i] = offset;
     ends[i] = offset + (bytes + KILN_ALIGN - 1) / KILN_ALIGN * KILN_ALIGN;
-    c->table[kiln_growing_slots[i]] = c->arena + offset;
+    total = ends[i] > total ? ends[i] : total;
   }
+  return total;
+}
+
+/* KILN_LENGTH: the arena laid out for length n (GrowingLayout.at), or 0 when the context's
+   workspace is too small for it */
+static int kiln_lay_out(kiln_context *c, int64_t n) {
+  if ((size_t)kiln_layout(n, c->offsets) > c->arena_bytes) return 0;
+  for (int i = 0; i < KILN_GROWING; ++i) c->table[kiln_growing_slots[i]] = c->arena + c->offsets[i];
+  return 1;
 }
 
 /* KILN_LENGTH: the constants whose values follow the length, at length n, in their slots */
@@ -322,20 +342,20 @@ static void kiln_length_constants(kiln_context *c, int64_t n) {
 
 /* a context over the workspace `arena` (KILN_WORKSPACE_BYTES, zeroed here: its pages are faulted in
    now, not in the first run); owned: kiln_context_free frees it */
-static kiln_status kiln_context_over(const kiln_model *model, char *arena, int owned, kiln_context **context) {
+static kiln_status kiln_context_over(const kiln_model *model, char *arena, size_t bytes, int owned, kiln_context **context) {
   kiln_context *c = (kiln_context *)calloc(1, sizeof *c);
   if (!c) {
     if (owned) free(arena);
     return kiln_fail(KILN_ERROR_MEMORY, "out of memory");
   }
-  if (KILN_WORKSPACE_BYTES) memset(arena, 0, KILN_WORKSPACE_BYTES);
+  if (bytes) memset(arena, 0, bytes);
   if (kiln_pad_buffers(c) != KILN_OK) {
     if (owned) free(arena);
     kiln_context_free(c);
     return kiln_fail(KILN_ERROR_MEMORY, "out of memory");
   }
   c->model = model;
-  c->arena = arena, c->owns_arena = owned;
+  c->arena = arena, c->owns_arena = owned, c->arena_bytes = bytes;
   memcpy(c->table, model->table, sizeof c->table);
   for (int i = 0; i < KILN_ARENA_SLOTS; ++i) c->table[kiln_arena_slots[i][0]] = c->arena + kiln_arena_slots[i][1];
   c->table[0] = &c->status;
@@ -350,7 +370,7 @@ kiln_status kiln_context_create(const kiln_model *model, kiln_context **context)
   char *arena = NULL;
   if (KILN_WORKSPACE_BYTES && posix_memalign((void **)&arena, KILN_ALIGN, KILN_WORKSPACE_BYTES) != 0)
     return kiln_fail(KILN_ERROR_MEMORY, "out of memory for a workspace of %zu bytes", (size_t)KILN_WORKSPACE_BYTES);
-  return kiln_context_over(model, arena, 1, context);
+  return kiln_context_over(model, arena, KILN_WORKSPACE_BYTES, 1, context);
 }
 
 kiln_status kiln_context_create_in(const kiln_model *model, void *workspace, size_t bytes, kiln_context **context) {
@@ -359,9 +379,10 @@ kiln_status kiln_context_create_in(const kiln_model *model, void *workspace, siz
   if (!model) return kiln_fail(KILN_ERROR_ARGUMENT, "kiln_context_create_in: model is NULL");
   if (KILN_WORKSPACE_BYTES && !workspace) return kiln_fail(KILN_ERROR_ARGUMENT, "kiln_context_create_in: workspace is NULL");
   if ((uintptr_t)workspace % KILN_ALIGN) return kiln_fail(KILN_ERROR_ARGUMENT, "kiln_context_create_in: the workspace at %p is not 64-byte aligned", workspace);
-  if (bytes < KILN_WORKSPACE_BYTES)
-    return kiln_fail(KILN_ERROR_ARGUMENT, "kiln_context_create_in: a workspace of %zu bytes, the model needs %zu (kiln_model_workspace_size)", bytes, (size_t)KILN_WORKSPACE_BYTES);
-  return kiln_context_over(model, (char *)workspace, 0, context);
+  const size_t least = kiln_model_workspace_size_at(model, KILN_LENGTH_MIN); /* (no length: the whole workspace) */
+  if (bytes < least)
+    return kiln_fail(KILN_ERROR_ARGUMENT, "kiln_context_create_in: a workspace of %zu bytes, the model needs %zu (kiln_model_workspace_size)", bytes, least);
+  return kiln_context_over(model, (char *)workspace, bytes > KILN_WORKSPACE_BYTES ? KILN_WORKSPACE_BYTES : bytes, 0, context);
 }
 
 void kiln_context_free(kiln_context *context) {
@@ -416,7 +437,9 @@ static kiln_status kiln_ran(kiln_context *context, int code) {
 /* KILN_LENGTH: one run at length n (checked), at E = max(n, floor) */
 static kiln_status kiln_infer_length(kiln_context *context, const DLTensor *inputs, DLTensor *outputs, int64_t n) {
   const int64_t e = n > KILN_LENGTH_FLOOR ? n : KILN_LENGTH_FLOOR;
-  kiln_lay_out(context, e);
+  if (!kiln_lay_out(context, e))
+    return kiln_fail(KILN_ERROR_ARGUMENT, "kiln_infer: a run at length %lld needs a workspace of %lld bytes, this context's holds %zu (kiln_model_workspace_size_at)",
+                     (long long)n, (long long)kiln_layout(e, NULL), context->arena_bytes);
   kiln_length_constants(context, e);
   context->valid = n;
   context->table[KILN_VALID_SLOT] = &context->valid;

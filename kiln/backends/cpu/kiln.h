@@ -83,12 +83,17 @@ int kiln_model_input_count(const kiln_model *model);
 int kiln_model_output_count(const kiln_model *model);
 kiln_status kiln_model_input(const kiln_model *model, int index, kiln_tensor_info *info);
 kiln_status kiln_model_output(const kiln_model *model, int index, kiln_tensor_info *info);
-/* bytes of working memory a context of this model holds (the same at every size of its range) */
+/* bytes of working memory a context of this model holds (every size of its range runs in it) */
 size_t kiln_model_workspace_size(const kiln_model *model);
+/* bytes a context needs to run at most `length` of a run-time length (a workspace this size given to
+   kiln_context_create_in runs every length up to it; a longer run returns KILN_ERROR_ARGUMENT);
+   kiln_model_workspace_size for a model without one */
+size_t kiln_model_workspace_size_at(const kiln_model *model, int64_t length);
 /* a context for one thread at a time; *context is NULL on failure */
 kiln_status kiln_context_create(const kiln_model *model, kiln_context **context);
-/* a context on a workspace the caller owns: at least kiln_model_workspace_size bytes, 64-byte
-   aligned, zeroed here, and left alone by kiln_context_free (it must outlive the context) */
+/* a context on a workspace the caller owns: at least kiln_model_workspace_size bytes (a run-time
+   length: kiln_model_workspace_size_at the longest run), 64-byte aligned, zeroed here, and left
+   alone by kiln_context_free (it must outlive the context) */
 kiln_status kiln_context_create_in(const kiln_model *model, void *workspace, size_t bytes, kiln_context **context);
 void kiln_context_free(kiln_context *context);
 /* one inference: inputs and outputs in the order kiln_model_input/output list them */

@@ -14,6 +14,7 @@
 #include "kiln.h"
 
 static int64_t batch = 1; /* run mode: the size of a dim described as -1 (argv: batch=N) */
+static int64_t workspace_length = 0; /* run mode with ws=M: a workspace of the caller's for runs up to length M */
 
 static int64_t count(const kiln_tensor_info *info) {
   int64_t n = 1;
@@ -172,6 +173,10 @@ int main(int argc, char **argv) {
     batch = atoll(argv[1] + 6);
     ++argv, --argc;
   }
+  if (argc > 1 && !strncmp(argv[1], "ws=", 3)) { /* capi_check [batch=N] ws=M run ...: kiln_model_workspace_size_at(M) */
+    workspace_length = atoll(argv[1] + 3);
+    ++argv, --argc;
+  }
   if (argc < 3) return 2;
   if (kiln_abi_version() != KILN_ABI_VERSION) return 4;
   kiln_model *model = NULL;
@@ -204,8 +209,14 @@ int main(int argc, char **argv) {
     tensor(&outputs[i], &info, malloc((size_t)count(&info) * (info.dtype.bits / 8)));
   }
   kiln_context *context = NULL;
-  const kiln_status created = in_memory ? kiln_context_create_in(model, workspace, kiln_model_workspace_size(model), &context)
-                                        : kiln_context_create(model, &context);
+  if (workspace_length > 0) { /* a workspace of the caller's sized for runs up to that length */
+    const size_t bytes = kiln_model_workspace_size_at(model, workspace_length);
+    if (posix_memalign(&workspace, 64, bytes + 64) != 0) return 3;
+    if (kiln_context_create_in(model, workspace, bytes, &context) != KILN_OK) return fprintf(stderr, "%s\n", kiln_last_error()), 1;
+  }
+  const kiln_status created = context ? KILN_OK
+                              : in_memory ? kiln_context_create_in(model, workspace, kiln_model_workspace_size(model), &context)
+                                          : kiln_context_create(model, &context);
   if (created != KILN_OK || kiln_infer(context, inputs, n_in, outputs, n_out) != KILN_OK)
     return fprintf(stderr, "%s\n", kiln_last_error()), 1;
   for (int i = 0; i < n_out; ++i) {
