@@ -428,3 +428,14 @@ def _check_short_workspaces(binary: Path, folder: Path, model, tmp_path: Path) -
     np.testing.assert_array_equal(np.fromfile(out, np.float32), want)
     result = subprocess.run([str(binary), "batch=33", "ws=16", "run", weights, str(tmp_path / "long33.bin"), out], capture_output=True, text=True)  # fmt: skip
     assert result.returncode == 1 and "needs a workspace of" in result.stderr, result.stderr
+
+
+def test_an_output_with_the_length_in_two_dims_is_refused_for_c(tmp_path):
+    """The attention map itself as an output ([3, seq, seq]: cut along two dims) is not in C yet:
+    refused, naming the output and its dims, before anything is written."""
+    model = attention_model()
+    model.graph.output.append(helper.make_tensor_value_info("p", TensorProto.FLOAT, [3, "seq", "seq"]))
+    compiled = kiln.compile(model)
+    with pytest.raises(ArgumentError, match=r"output 1 has the length in 2 dims \[1, 2\]"):
+        kiln.emit_c(compiled, tmp_path / "two", length=("seq", 1, 40))
+    assert not (tmp_path / "two").exists()
