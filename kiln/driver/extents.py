@@ -258,15 +258,13 @@ def check_constants(states: list[Compile], lengths: tuple[int, ...] | None = Non
             if full.size < array.size or not np.array_equal(full.reshape(-1)[: array.size], array.reshape(-1)):
                 raise NotAffine(f"constant {buffer.name} is not the same prefix at every length")
     found = []
+    by_name = [{b.name: a for b, a in state.constants.items()} for state in states] if varying else []
     for name in sorted(varying):
         assert lengths is not None
-        columns = []
-        for state in states:
-            array = next((a for b, a in state.constants.items() if b.name == name), None)
-            if array is None or array.size != capacity[name][1].size:
-                raise NotAffine(f"constant {name} is not the same prefix at every length")
-            columns.append(np.asarray(array).reshape(-1).astype(np.int64))
-        values = np.stack(columns)  # [lengths, elements]
+        arrays = [held.get(name) for held in by_name]
+        if any(a is None or a.size != capacity[name][1].size for a in arrays):
+            raise NotAffine(f"constant {name} is not the same prefix at every length")
+        values = np.stack([np.asarray(a).reshape(-1).astype(np.int64) for a in arrays])  # [lengths, elements]
         fits = [_fit([int(v) for v in values[:, i]], lengths, f"constant {name}") for i in range(values.shape[1])]
         found.append((capacity[name][0], tuple((f.c0, f.c1, f.c2) for f in fits)))
     return tuple(found)

@@ -136,8 +136,7 @@ class _Request:
             self.touch(layout.arena_bytes)
             assert self.words is not None
             self.words[slots] = np.uintp(self.arena.ctypes.data) + layout.offsets
-            if len(constant_slots):  # the constants whose values follow the length, at this one
-                self.words[constant_slots] = layout.constant_addresses
+            self.words[constant_slots] = layout.constant_addresses  # (the constants that follow the length)
             self.layout = layout
 
 

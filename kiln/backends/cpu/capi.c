@@ -266,12 +266,13 @@ static int64_t kiln_elements(const kiln_io *io, int64_t n) {
   return io->axis >= 0 ? io->elements / KILN_LENGTH_CAPACITY * n : io->elements;
 }
 
-/* KILN_LENGTH: the buffers a run below the floor pads its tensors into (at the floor), and those
-   of the constants whose values follow the length */
-static kiln_status kiln_pad_buffers(kiln_context *c) {
+/* KILN_LENGTH: the context's own buffers: those of the constants whose values follow the length,
+   and those a run below the floor pads its tensors into (at the floor) */
+static kiln_status kiln_context_buffers(kiln_context *c) {
   for (int k = 0; k < KILN_LENGTH_CONSTANTS; ++k) {
     const int64_t n = kiln_length_constant_at[k + 1] - kiln_length_constant_at[k];
-    if (posix_memalign(&c->constants[k], KILN_ALIGN, (size_t)(n > 0 ? n : 1) * 8) != 0) return KILN_ERROR_MEMORY;
+    const size_t bytes = (size_t)(n > 0 ? n : 1) * (size_t)(kiln_length_constant_bits[k] / 8);
+    if (posix_memalign(&c->constants[k], KILN_ALIGN, bytes) != 0) return KILN_ERROR_MEMORY;
   }
   if (!KILN_LENGTH || KILN_LENGTH_MIN >= KILN_LENGTH_FLOOR) return KILN_OK;
   for (int i = 0; i < KILN_INPUTS + KILN_OUTPUTS; ++i) {
@@ -296,9 +297,9 @@ static void kiln_resize(const kiln_io *io, char *to, int64_t to_n, const char *f
   }
 }
 
-/* KILN_LENGTH: the arena laid out for length n (GrowingLayout.at): each buffer where the last of
-   those below it at the capacity ends, its bytes c0 + c1 n + c2 n^2 rounded to 64 */
-/* KILN_LENGTH: the arena's bytes at length n, and each buffer's offset into `offsets` (if given) */
+/* KILN_LENGTH: the arena's bytes at length n (GrowingLayout.at), and each buffer's offset into
+   `offsets` (if given): each buffer where the last of those below it at the capacity ends, its
+   bytes c0 + c1 n + c2 n^2 rounded to 64 */
 static int64_t kiln_layout(int64_t n, int64_t *offsets) {
   int64_t ends[KILN_GROWING > 0 ? KILN_GROWING : 1], total = 0;
   for (int i = 0; i < KILN_GROWING; ++i) {
@@ -315,8 +316,8 @@ static int64_t kiln_layout(int64_t n, int64_t *offsets) {
   return total;
 }
 
-/* KILN_LENGTH: the arena laid out for length n (GrowingLayout.at), or 0 when the context's
-   workspace is too small for it */
+/* KILN_LENGTH: the arena laid out for length n in the context's slots, or 0 when its workspace is
+   too small for it */
 static int kiln_lay_out(kiln_context *c, int64_t n) {
   if ((size_t)kiln_layout(n, c->offsets) > c->arena_bytes) return 0;
   for (int i = 0; i < KILN_GROWING; ++i) c->table[kiln_growing_slots[i]] = c->arena + c->offsets[i];
@@ -340,8 +341,8 @@ static void kiln_length_constants(kiln_context *c, int64_t n) {
   }
 }
 
-/* a context over the workspace `arena` (KILN_WORKSPACE_BYTES, zeroed here: its pages are faulted in
-   now, not in the first run); owned: kiln_context_free frees it */
+/* a context over the workspace `arena` (`bytes`, zeroed here: its pages are faulted in now, not in
+   the first run); owned: kiln_context_free frees it */
 static kiln_status kiln_context_over(const kiln_model *model, char *arena, size_t bytes, int owned, kiln_context **context) {
   kiln_context *c = (kiln_context *)calloc(1, sizeof *c);
   if (!c) {
@@ -349,7 +350,7 @@ static kiln_status kiln_context_over(const kiln_model *model, char *arena, size_
     return kiln_fail(KILN_ERROR_MEMORY, "out of memory");
   }
   if (bytes) memset(arena, 0, bytes);
-  if (kiln_pad_buffers(c) != KILN_OK) {
+  if (kiln_context_buffers(c) != KILN_OK) {
     if (owned) free(arena);
     kiln_context_free(c);
     return kiln_fail(KILN_ERROR_MEMORY, "out of memory");
