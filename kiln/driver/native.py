@@ -6,6 +6,7 @@ plan the runtime's (``kiln.runtime.executable``)."""
 from __future__ import annotations
 
 import concurrent.futures
+import dataclasses
 import logging
 import os
 import threading
@@ -79,6 +80,7 @@ class NativeModel(Model):
         self.ranges: dict[str, tuple[int, int]] = {}  # declared ranges of symbolic dims, checked every run
         self.size_classes: dict[str, tuple[int, ...]] = {}  # a sample-parallel dim's compiled sizes
         self._chunking: Chunking | bool | None = False  # False: not decided yet
+        self.proven: dict[str, Parallel | Exception] | None = None  # the batching proof, where not the graph's
         self._padder: Padder | bool | None = False  # a paddable dim's classes (False: not decided yet)
         self.padded_model: NativeModel | None = None  # the padded graph's model (runs at the classes)
         self.bound_in_analysis: dict[str, int] = {}  # dims bound before the batching analysis
@@ -223,6 +225,8 @@ class NativeModel(Model):
 
     def sample_parallel(self) -> dict[str, Parallel | Exception]:
         """For each symbolic input dim: how it is sample-parallel, or why not (kiln.passes.batching)."""
+        if self.proven is not None:
+            return self.proven
         graph = self.graph
         if self.bound_in_analysis:  # a padded graph: its length is a class at every run
             graph = specialize(graph, self.bound_in_analysis)
@@ -408,6 +412,12 @@ class NativeModel(Model):
         compilation.spatial = route
         model = NativeModel(compilation, self.parallelism, self.streams, self.variants.limits)
         model.spatial = route
+        # the source graph's proof, the dims vector whole in every chunk: the graph read by the kernels
+        # computes sizes from the vector, and the copies hold per sample what the shapes they replace do
+        model.proven = {
+            name: dataclasses.replace(found, inputs=(*found.inputs, None)) if isinstance(found, Parallel) else found
+            for name, found in self.sample_parallel().items()
+        }
         model.ranges, model.size_classes = dict(self.ranges), dict(self.size_classes)
         model._padder = None  # its ranged dims are the kernels' (they do not pad)
         return model

@@ -48,6 +48,7 @@ from kiln.ir.graph import Graph, Value
 from kiln.ir.types import DType, TensorType
 from kiln.lower import kir
 from kiln.lower.kir import Binary, Cast, Const, Kernel, run_time_dim
+from kiln.passes.run_time_sizes import read_at_run_time
 from kiln.passes.specialize import specialize
 from kiln.runtime.plan import Plan
 
@@ -291,9 +292,10 @@ def with_program(graph: Graph, route: RunTimeDims, dims: dict[str, int], inputs:
 
 
 def with_dims_input(graph: Graph, names: tuple[str, ...]) -> Graph:
-    """``graph`` with the dims vector as its last input (read by the kernels, by no node)."""
+    """``graph`` with the dims vector as its last input, read by the kernels and by the copies
+    of the size computations a kernel reads as data (``kiln.passes.run_time_sizes``)."""
     vector = Value(DIMS_INPUT, TensorType(DType.INT64, (len(names),)))
-    return graph.with_(inputs=[*graph.inputs, vector])
+    return read_at_run_time(graph.with_(inputs=[*graph.inputs, vector]), vector, names)
 
 
 class Ambiguous(NotAffine):

@@ -159,8 +159,8 @@ def _concat(ctx: InferContext) -> list[Type]:
             if all(isinstance(d, int) for d in column):
                 dims.append(sum(column))
             else:
-                nonzero = [d for d in column if d != 0]
-                dims.append(nonzero[0] if len(nonzero) == 1 else ctx.fresh())
+                # the sum of the pieces' sizes (a KV cache's [past] joined with [1] is past+1)
+                dims.append(dim_of(sizes.add(*(as_expr(d) for d in column))))
         else:
             static = {d for d in column if isinstance(d, int)}
             if len(static) > 1:

@@ -269,7 +269,10 @@ class _Analysis:
         if op == "Gather" and isinstance(read[1], Index) and isinstance(read[0], Batched):
             data = read[0]
             if int(node.attrs.get("axis", 0)) % max(rank_of(node.inputs[0]), 1) == data.axis == 0:
-                if reads_own_block(state, data.per):
+                own, guard = reads_own_block(state, data.per)
+                if own:
+                    if guard is not None:
+                        self.guards.append(guard)
                     return [Batched(list(shape).index(state.dim))]  # each sample reads its own block
         if op in ("Add", "Sub", "Mul") and len(others) == 1 and others[0][1] is None:
             if self.value_of(others[0][0]) is None:  # type: ignore[arg-type]

@@ -12,6 +12,7 @@ seq``), which a Gather from the mask flattened to ``[batch*seq]`` reads sample b
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from functools import reduce
 
 import numpy as np
 
@@ -132,12 +133,25 @@ def blocked(
     return None
 
 
-def reads_own_block(state: Index, per: Monomial) -> bool:
+def reads_own_block(state: Index, per: Monomial) -> tuple[bool, str | None]:
     """Whether a Gather along a flattened batched tensor's axis 0, holding ``per`` indices per
-    sample, reads with ``state`` only each sample's own block."""
+    sample, reads with ``state`` only each sample's own block, and the guard that must be 0 where
+    that holds only at some sizes: offsets counted by another size than the block's (a decode
+    step's mask [batch, total] read at b*total + j for j < past+1: ``max(0, past+1-total)``)."""
     if state.block is not None:
-        return state.block == per and state.span in (ONE, per)
-    return per == Monomial(state.scale) and 0 <= state.low and state.high <= state.scale
+        if state.block != per:
+            return False, None
+        if state.span in (ONE, per):
+            return True, None
+        excess = sizes.extreme(False, sizes.sub(_expr(state.span), _expr(per)), sizes.const(0))
+        return True, (None if excess == sizes.const(0) else sizes.text(excess))
+    return per == Monomial(state.scale) and 0 <= state.low and state.high <= state.scale, None
+
+
+def _expr(product: Monomial) -> sizes.Expr:
+    return sizes.scale(
+        reduce(sizes.mul, (sizes.parse(s) for s in product.symbols), sizes.const(1)), product.coefficient
+    )
 
 
 def scatters_within_samples(node: Node, batched: list[tuple[int, int]]) -> bool:
