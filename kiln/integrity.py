@@ -383,6 +383,8 @@ _MODULES = (
     "kiln.lower.kir_expr",
     "kiln.driver.extents",  # a run-time length's sizes (RunTimeSize) in engine calls
     "kiln.driver.spatial",  # run-time dims' sizes (DimSize) in engine calls
+    "kiln.driver.sized_terms",  # run-time dims' sizes read from the lowering (ExprSize)
+    "kiln.ir.dims",  # the expressions those and sizes hold
     "kiln.lower.memory",
     "kiln.lower.target",
     "kiln.backends.cpu.target",
@@ -406,6 +408,7 @@ _PLAIN = {
     ("numpy._core.multiarray", "scalar"),
     ("numpy.dtypes", None),  # numpy's dtype classes (Float32DType...)
     ("ml_dtypes", None),  # bfloat16 and the float8 types' scalar classes
+    ("kiln.ir.sized", "SizedInt"),  # an int that keeps the expression of the dims it was computed from
 }
 
 

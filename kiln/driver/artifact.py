@@ -189,6 +189,7 @@ def _run_time_dims_meta(model: Any, meta: dict[str, Any], built: dict[str, tuple
         "names": list(route.names),
         "ranged": [list(r) for r in route.ranged],
         "samples": [list(sample) for sample in route.samples],
+        "copies": route.copies,
         "variants": [],
     }
     if route.program is not None:

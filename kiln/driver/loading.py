@@ -180,7 +180,11 @@ def _route(found: Any, graph: Any, ranges: dict[str, tuple[int, int]], path: Pat
         raise damaged
     if samples[0] != [high for _, _, high in ranged] or len({tuple(row) for row in samples}) != len(samples):
         raise damaged
-    route = spatial.RunTimeDims(tuple(names), tuple(tuple(r) for r in ranged), tuple(tuple(row) for row in samples))
+    copies = found.get("copies", False)  # (an artifact from before sizes were read at run time: none)
+    if not isinstance(copies, bool):
+        raise damaged
+    rows = tuple(tuple(row) for row in samples)
+    route = spatial.RunTimeDims(tuple(names), tuple(tuple(r) for r in ranged), rows, copies=copies)
     listed = variants_meta(found.get("variants", []), graph, path)
     # the file's samples and program are checked against the graph, never believed: the first
     # samples are the ones a compile chooses, and the program is fitted again from the graph's own

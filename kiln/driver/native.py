@@ -294,8 +294,10 @@ class NativeModel(Model):
             padding = self.padder().padding  # type: ignore[union-attr]
             self.padded_model.release_source(lambda: (pad(self.graph, padding), True))
         if self.dims_model is not None:
-            names = self.dims_model.spatial.names  # type: ignore[union-attr]
-            self.dims_model.release_source(lambda: (spatial.with_dims_input(self.graph, names), True))
+            route = self.dims_model.spatial  # type: ignore[union-attr]
+            self.dims_model.release_source(
+                lambda: (spatial.with_dims_input(self.graph, route.names, route.copies), True)
+            )
 
     def padded(self, prebuilt: dict | None = None, ahead: list[dict[str, int]] | None = None) -> NativeModel:
         """The model of the padded graph (its own variants, chunking and weights' store)."""
@@ -387,8 +389,18 @@ class NativeModel(Model):
         try:
             fixed = {**{k: v for k, v in base.items() if k not in ranges}, **sizes[0]}
             route = spatial.route_for(self.graph, ranges, fixed, names)
-            model = self.dims_model_for(route)
-            model.prepare_many([{**base, **size, **route.capacity} for size in sizes])
+            try:
+                model = self.dims_model_for(route)
+                model.prepare_many([{**base, **size, **route.capacity} for size in sizes])
+            except (extents.NotAffine, KilnError) as err:
+                if not spatial.reads_sizes_as_data(self.graph, route.names):
+                    raise
+                # the sizes the kernels read as data, folded per binding as before (their copies
+                # compute with what has no native lowering here: an integer Div on the host)
+                log.info("%s: sizes computed from the dims vector refused (%s); folding them", ", ".join(ranged), err)
+                route = dataclasses.replace(route, copies=False)
+                model = self.dims_model_for(route)
+                model.prepare_many([{**base, **size, **route.capacity} for size in sizes])
         except (extents.NotAffine, KilnError) as err:
             log.info(
                 "%s: kernels cannot take the sizes at run time (%s); each new size compiles on first use",
@@ -407,7 +419,7 @@ class NativeModel(Model):
         self, route: spatial.RunTimeDims, prebuilt: dict | None = None, ahead: list[dict[str, int]] | None = None
     ) -> NativeModel:
         """The model of the graph with the dims vector as its last input, on ``route``."""
-        graph = spatial.with_dims_input(self.graph, route.names)
+        graph = spatial.with_dims_input(self.graph, route.names, route.copies)
         compilation = Compilation(Source(graph), self.compiled_for, self.options, prebuilt=prebuilt, ahead=ahead)
         compilation.spatial = route
         model = NativeModel(compilation, self.parallelism, self.streams, self.variants.limits)

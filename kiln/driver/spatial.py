@@ -33,27 +33,30 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import threading
+import logging
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from kiln.driver import sized_terms
 from kiln.driver.dims_program import DimsProgram, Step, expression_of
+from kiln.driver.dims_vector import checks, dim_values, generic_samples, graph_symbols
 from kiln.driver.extents import Merge, NotAffine, check_constants, kernels_of, told_where
 from kiln.driver.pipeline import Compile, run_stages, start
+from kiln.driver.sized_terms import ExprSize
 from kiln.errors import KilnError
 from kiln.ir import dims as size_exprs
 from kiln.ir.graph import Graph, Value
+from kiln.ir.sized import SizedInt
 from kiln.ir.types import DType, TensorType
 from kiln.lower import kir
 from kiln.lower.kir import Binary, Cast, Const, Kernel, run_time_dim
 from kiln.passes.run_time_sizes import read_at_run_time
-from kiln.passes.specialize import specialize
 from kiln.runtime.plan import Plan
 
+log = logging.getLogger("kiln")
 DIMS_INPUT = "kiln_dims"  # the dims vector's graph input (the last)
-CHECKS = 8  # bindings beyond the lowered ones where the fitted terms are compared
 MAX_TERMS = 2  # a size is a constant plus a constant times a product of at most this many dims
 # engine calls and operands whose integers the C renderer prints as expressions
 _SIZED = (
@@ -128,6 +131,7 @@ class RunTimeDims:
     ranged: tuple[tuple[str, int, int], ...]
     samples: tuple[tuple[int, ...], ...]
     program: DimsProgram | None = None  # the dims vector without specializing (None: specialized)
+    copies: bool = True  # sizes read as data computed from the dims vector (``with_dims_input``)
 
     @property
     def symbols(self) -> tuple[str, ...]:
@@ -139,135 +143,6 @@ class RunTimeDims:
     @property
     def capacity(self) -> dict[str, int]:
         return self.binding(self.samples[0])
-
-
-def _near(target: int, low: int, high: int, residue: int) -> int:
-    """The size nearest ``target`` in (low, high) that is ``residue`` modulo 32 (else odd): sizes
-    whose halvings are odd or even in different ways, so a layer's dims are no multiple of the
-    next one's at every binding lowered."""
-    for modulus, wanted in ((32, residue), (2, 1)):
-        base = target - (target - wanted) % modulus
-        for candidate in (base, base + modulus, base - modulus):
-            if low < candidate < high and abs(candidate - target) <= max(1, (high - low) // 8):
-                return candidate
-    return target
-
-
-def samples(ranges: dict[str, tuple[int, int]]) -> tuple[tuple[int, ...], ...] | None:
-    """The bindings lowered (capacity first): per dim its range's end, two sizes between and its
-    low end; one dim's sizes between rise where the next one's fall, so two dims never take the
-    same sizes. None when a range is too short to tell (four distinct sizes per dim)."""
-    columns = []
-    for index, (low, high) in enumerate(ranges.values()):
-        upper, lower = (3 * high + low) // 4, (high + 3 * low) // 4
-        if index % 2:
-            upper, lower = lower, upper
-        column = [high, _near(upper, low, high, 1), _near(lower, low, high, 19), low]
-        for row in (1, 2):  # never the size an earlier dim takes at that binding
-            taken = {earlier[row] for earlier in columns}
-            for step in (0, 2, -2, 4, -4, 6, -6, 8, -8):
-                if low < column[row] + step < high and column[row] + step not in taken:
-                    column[row] += step
-                    break
-        if len(set(column)) != 4 or any(column[r] == earlier[r] for earlier in columns for r in (1, 2)):
-            return None
-        columns.append(tuple(column))
-    return tuple(zip(*columns))
-
-
-def generic_samples(
-    graph: Graph, names: tuple[str, ...], ranges: dict[str, tuple[int, int]], dims: dict[str, int]
-) -> tuple[tuple[int, ...], ...] | None:
-    """``samples``, each raised (all dims by one at a time) until no dim of the graph that differs
-    from its size at the capacity is 0 or 1: a lowering there is the general program (a plane of
-    one pixel simplifies its index arithmetic away), which runs right at those sizes too. None
-    when the ranges are too short, or too small for any binding but the capacity to be general."""
-    chosen = samples(ranges)
-    if chosen is None:
-        return None
-    highs = [high for _, high in ranges.values()]
-    capacity = dim_values(graph, names, {**dims, **dict(zip(ranges, chosen[0]))})
-    rows = [chosen[0]]
-    for row in chosen[1:]:
-        sizes = list(row)
-        while True:
-            vector = dim_values(graph, names, {**dims, **dict(zip(ranges, sizes))})
-            if not ((vector != capacity) & (vector <= 1)).any():
-                break
-            if any(size >= high for size, high in zip(sizes, highs)):
-                return None
-            sizes = [min(size + 1, high) for size, high in zip(sizes, highs)]
-        rows.append(tuple(sizes))
-    return tuple(rows) if len(set(rows)) == len(rows) else None
-
-
-def checks(
-    graph: Graph, names: tuple[str, ...], ranges: dict[str, tuple[int, int]], dims: dict[str, int]
-) -> tuple[list[dict[str, int]], list[np.ndarray]]:
-    """Further bindings (spread over the ranges, deterministic, general as ``generic_samples``'
-    are) and their dims vectors: where the fitted terms are compared, one of them lowered and held
-    out to check every term."""
-    rng = np.random.default_rng(12345)
-    capacity = dim_values(graph, names, {**dims, **{name: high for name, (_, high) in ranges.items()}})
-    bindings, vectors = [], []
-    for _ in range(8 * CHECKS):
-        binding = {**dims, **{name: int(rng.integers(low, high + 1)) for name, (low, high) in ranges.items()}}
-        vector = dim_values(graph, names, binding)
-        if not ((vector != capacity) & (vector <= 1)).any():
-            bindings.append(binding)
-            vectors.append(vector)
-        if len(bindings) == CHECKS:
-            break
-    return bindings, vectors
-
-
-def graph_symbols(graph: Graph) -> tuple[str, ...]:
-    """Every symbolic dim of the graph's values (inputs first), in a stable order."""
-    found: dict[str, None] = {}
-    values = [*graph.inputs, *(v for node in graph.nodes for v in node.outputs if v is not None)]
-    for value in values:
-        for dim in getattr(value.type, "shape", None) or ():
-            if isinstance(dim, str):
-                found.setdefault(dim)
-    return tuple(found)
-
-
-def dim_values(graph: Graph, names: tuple[str, ...], dims: dict[str, int]) -> np.ndarray:
-    """The dims vector at ``dims`` (every input dim bound): each symbol's size in the graph
-    specialized there (-1 for one that no value keeps after folding). Raises ShapeInferenceError
-    when the model has no shapes there. Remembered per graph and binding (a compile asks for the
-    same bindings' vectors while it samples, checks, fits the dims program and lowers)."""
-    key = (id(graph.nodes), names, tuple(sorted(dims.items())))
-    with _memo_lock:
-        found = _memo.get(key)
-    if found is not None and found[0] is graph.nodes:
-        return found[1].copy()
-    vector = _dim_values(graph, names, dims)
-    with _memo_lock:
-        _memo[key] = (graph.nodes, vector.copy())
-        while len(_memo) > MEMO:
-            _memo.pop(next(iter(_memo)))
-    return vector
-
-
-MEMO = 256  # vectors remembered (bindings x graphs)
-_memo: dict[tuple, tuple[Any, np.ndarray]] = {}
-_memo_lock = threading.Lock()
-
-
-def _dim_values(graph: Graph, names: tuple[str, ...], dims: dict[str, int]) -> np.ndarray:
-    bound = specialize(graph, dims)
-    sizes = dict(dims)
-    symbolic = {v.name: v for v in [*graph.inputs, *(v for n in graph.nodes for v in n.outputs if v is not None)]}
-    for value in [*bound.inputs, *(v for node in bound.nodes for v in node.outputs if v is not None)]:
-        original = symbolic.get(value.name)
-        shape, before = getattr(value.type, "shape", None), getattr(getattr(original, "type", None), "shape", None)
-        if shape is None or before is None or len(shape) != len(before):
-            continue
-        for symbol, size in zip(before, shape):
-            if isinstance(symbol, str) and isinstance(size, int):
-                sizes.setdefault(symbol, size)
-    return np.array([sizes.get(name, -1) for name in names], dtype=np.int64)
 
 
 def route_for(graph: Graph, ranges: dict[str, tuple[int, int]], dims: dict[str, int], inputs: set[str]) -> RunTimeDims:
@@ -291,11 +166,19 @@ def with_program(graph: Graph, route: RunTimeDims, dims: dict[str, int], inputs:
     return route if program is None else dataclasses.replace(route, program=program)
 
 
-def with_dims_input(graph: Graph, names: tuple[str, ...]) -> Graph:
-    """``graph`` with the dims vector as its last input, read by the kernels and by the copies
-    of the size computations a kernel reads as data (``kiln.passes.run_time_sizes``)."""
+def reads_sizes_as_data(graph: Graph, names: tuple[str, ...]) -> bool:
+    """Whether ``with_dims_input`` copies any size computation (a kernel reads a size as data)."""
     vector = Value(DIMS_INPUT, TensorType(DType.INT64, (len(names),)))
-    return read_at_run_time(graph.with_(inputs=[*graph.inputs, vector]), vector, names)
+    given = graph.with_(inputs=[*graph.inputs, vector])
+    return read_at_run_time(given, vector, names) is not given
+
+
+def with_dims_input(graph: Graph, names: tuple[str, ...], copies: bool = True) -> Graph:
+    """``graph`` with the dims vector as its last input, read by the kernels and (``copies``) by
+    the copies of the size computations a kernel reads as data (``kiln.passes.run_time_sizes``)."""
+    vector = Value(DIMS_INPUT, TensorType(DType.INT64, (len(names),)))
+    given = graph.with_(inputs=[*graph.inputs, vector])
+    return read_at_run_time(given, vector, names) if copies else given
 
 
 class Ambiguous(NotAffine):
@@ -372,19 +255,26 @@ class TermFitter:
 
 
 class _DimsMerge(Merge):
-    """``Merge`` whose integers are terms over the dims vector."""
+    """``Merge`` whose integers are the lowering's own expressions over the dims vector where they
+    hold at every lowered binding (``kiln.driver.sized_terms``), else terms fitted to them."""
 
-    def __init__(self, fitter: TermFitter, count: int) -> None:
+    def __init__(self, fitter: TermFitter, count: int, read: Any = None) -> None:
         super().__init__(tuple(range(count)))
-        self.fitter = fitter
-        self.sizes: dict[str, tuple[str, DimSize]] = {}  # where -> (how the value is the term, the term)
+        self.fitter, self.read = fitter, read
+        self.sizes: dict[str, tuple[str, Any]] = {}  # where -> (how the value is the term, the term)
+        self.counts = {"read": 0, "fitted": 0}
 
-    def fit(self, values: list[int], where: str) -> DimSize:
-        size = self.fitter.fit(values, where)
+    def fit(self, values: list[int], where: str) -> Any:
+        size = self.read(values) if self.read is not None else None
+        self.counts["read" if size is not None else "fitted"] += 1
+        if size is None:
+            size = self.fitter.fit(values, where)
         self.sizes[where] = ("int", size)
         return size
 
     def expression(self, size: Any) -> Any:
+        if isinstance(size, ExprSize):
+            return size.kir()
         product: Any = None
         for i, add, divisor in size.factors:
             factor: Any = run_time_dim(i)
@@ -397,7 +287,7 @@ class _DimsMerge(Merge):
         return term if size.c0 == 0 else Binary("+", term, Const(size.c0, DType.INT64))
 
     def is_size(self, merged: Any) -> bool:
-        return isinstance(merged, DimSize)
+        return isinstance(merged, (DimSize, ExprSize))
 
     def sized_type(self, x: Any) -> bool:
         return isinstance(x, _SIZED)
@@ -464,6 +354,7 @@ def run_time_dims_kernels(
     ranges = {name: (low, high) for name, low, high in route.ranged}
     options = options.with_(disabled=options.disabled | UNUSED)
     bindings = [{**dims, **route.binding(s)} for s in route.samples]
+    bindings[0] = {k: SizedInt(v, size_exprs.sym(k)) if k in ranges else v for k, v in bindings[0].items()}
     try:
         values = [dim_values(graph, route.names, b) for b in bindings]
         extra, checked = checks(graph, route.names, ranges, dims)
@@ -474,7 +365,7 @@ def run_time_dims_kernels(
     check_constants([*states, held])
     for _ in range(EXTRA_SAMPLES + 1):
         try:
-            merged = _merged(states, np.stack(values), np.stack(checked[1:]), divisors_of(graph, states))
+            merged = _merged(states, np.stack(values), np.stack(checked[1:]), divisors_of(graph, states), route)
             _check(merged, held, checked[0])
             return _replace(states[0], merged)
         except Ambiguous as err:
@@ -499,19 +390,27 @@ def _lowered(graph: Graph, dims: dict[str, int], target: Any, options: Any, preb
 
 
 def _merged(
-    states: list[Compile], values: np.ndarray, checked: np.ndarray, divisors: tuple[int, ...]
+    states: list[Compile], values: np.ndarray, checked: np.ndarray, divisors: tuple[int, ...], route: RunTimeDims
 ) -> list[tuple[Kernel, Kernel, Any]]:
     """Each capacity kernel (of the first state) with its merged form (the same object when no
-    integer differs) and the terms fitted, by where they are."""
+    integer differs) and its run-time sizes, by where they are: the lowering's own expressions
+    where they hold at every lowered binding, else terms fitted to those bindings."""
     kernels = [kernels_of(state) for state in states]
     if len({len(k) for k in kernels}) != 1:
         raise NotAffine("the number of kernels changes with the sizes")
     fitter = TermFitter(values, checked, divisors)
-    result = []
+    ranges = {name: (low, high) for name, low, high in route.ranged}
+
+    def read(found: list[int]) -> ExprSize | None:
+        return sized_terms.read(found[0], route.names, ranges, values, found)
+
+    result, counts = [], {"read": 0, "fitted": 0}
     for position, kernel in enumerate(kernels[0]):
-        merge = _DimsMerge(fitter, len(states))
+        merge = _DimsMerge(fitter, len(states), read)
         merged = merge.merge([kernel, *(k[position] for k in kernels[1:])], kernel.name)
         result.append((kernel, merged, merge.sizes))
+        counts = {k: counts[k] + merge.counts[k] for k in counts}
+    log.debug("run-time sizes: %(read)d read from the lowering's expressions, %(fitted)d fitted", counts)
     if all(kernel is merged for kernel, merged, _ in result):
         raise NotAffine("no kernel's sizes depend on the dims")
     return result

@@ -15,6 +15,7 @@ import ml_dtypes
 import numpy as np
 
 from kiln.ir.dims import canonical, is_dim_text
+from kiln.ir.sized import SizedInt
 
 Dim = int | str
 Shape = tuple[Dim, ...]
@@ -107,7 +108,7 @@ def check_dim(dim: Dim) -> Dim:
     if isinstance(dim, (int, np.integer)):
         if dim < 0:
             raise ValueError(f"negative dim {dim}")
-        return int(dim)
+        return dim if isinstance(dim, SizedInt) else int(dim)  # (a size keeps its expression)
     if isinstance(dim, str) and (_SYMBOL.match(dim) or is_dim_text(dim)):
         return dim
     raise ValueError(f"invalid dim {dim!r}: expected a non-negative int or a symbol name")

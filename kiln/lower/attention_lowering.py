@@ -12,9 +12,8 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
-
 from kiln.ir.graph import Node
+from kiln.ir.sized import size_product
 from kiln.ir.types import DType
 from kiln.lower.engine import batch_position, compose_chain, epilogue_helper
 from kiln.lower.kir import (
@@ -95,7 +94,7 @@ def _attention_loops(lw: Lowerer, node: Node, compose, batch_shape, sizes, buffe
     scratch buffer, its max, exp and sum, then the weighted sum of V."""
     queries, keys, depth, width = sizes
     q_buf, kt_buf, v_buf, dst = buffers
-    batch = int(np.prod(batch_shape)) if batch_shape else 1
+    batch = size_product(batch_shape) if batch_shape else 1
     body = node.attrs["body"]
     row = lw.scratch_buffer(F32, batch * keys, hint="scores")
 
@@ -172,7 +171,7 @@ def _attention_driver(lw: Lowerer, node: Node, compose, batch_shape, sizes, buff
     merged by the products' strides, not by copies."""
     queries, keys, depth, width = sizes
     q_buf, kt_buf, v_buf, dst = buffers
-    batch = int(np.prod(batch_shape)) if batch_shape else 1
+    batch = size_product(batch_shape) if batch_shape else 1
     threads = max(1, min(lw.target.cores, batch))  # participants (at most): the target's cores
     scores = lw.scratch_buffer(F32, threads * queries * keys, hint="scores")
     lw.kernel_count += 1

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from kiln.ir.graph import Node, Value
+from kiln.ir.sized import size_product
 from kiln.ir.types import DType
 from kiln.lower.kir import (
     Binary,
@@ -231,7 +232,7 @@ def row_major_flat(rows: int, cols: int):  # type: ignore[no-untyped-def]
 def conv_output_indexing(out_channels: int, out_shape: tuple[int, ...]):  # type: ignore[no-untyped-def]
     """(flat_of, position_of) for a convolution output viewed as [image][channel][pixel]: the
     engine's (batch, row, column) coordinates of an epilogue."""
-    pixels = int(np.prod(out_shape[2:]))
+    pixels = size_product(out_shape[2:])
     out_w = out_shape[-1]
 
     def position_of(bt: Expr, i: Expr, j: Expr) -> list[Expr]:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import numpy as np
 
 from kiln.ir.graph import Node
+from kiln.ir.sized import size_product
 from kiln.ir.types import DType
 from kiln.lower import winograd
 from kiln.lower.engine import (
@@ -77,9 +78,9 @@ def lower_matmul_gemm(lw: Lowerer, node: Node, epilogue: Epilogue | None = None)
     if 0 in (m, k, n):
         raise NotForEngine("empty matrix")
     batch_shape = out_shape[:-2]
-    batch = int(np.prod(batch_shape)) if batch_shape else 1
-    a_count = int(np.prod(a_shape[:-2])) if len(a_shape) > 2 else 1
-    b_count = int(np.prod(b_shape[:-2])) if len(b_shape) > 2 else 1
+    batch = size_product(batch_shape) if batch_shape else 1
+    a_count = size_product(a_shape[:-2]) if len(a_shape) > 2 else 1
+    b_count = size_product(b_shape[:-2]) if len(b_shape) > 2 else 1
     target = lw.target
     dst, a_buf, b_buf = lw.buffer(out), lw.buffer(a), lw.buffer(b)
     rows = m
@@ -304,7 +305,7 @@ def lower_conv_gemm(lw: Lowerer, node: Node, epilogue: Epilogue | None = None) -
             return kernels
     channels, _, _, kernel_h, kernel_w = geometry[:5]
     out_channels = w_shape[0]
-    pixels = int(np.prod(out_shape[2:]))
+    pixels = size_product(out_shape[2:])
     reduction = channels * kernel_h * kernel_w
     if 0 in (pixels, reduction, out_channels):
         raise NotForEngine("empty convolution")

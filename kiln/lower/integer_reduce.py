@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from kiln.ir.graph import Node
+from kiln.ir.sized import size_product
 from kiln.ir.types import DType
 from kiln.lower.kir import Assign, Binary, Const, For, Index, Kernel, Let, Load, Schedule, Select, Stmt, Store, affine
 from kiln.lower.lowering import CannotLower, Lowerer, nest, strides
@@ -58,5 +59,5 @@ def lower_integer_extreme(lw: Lowerer, node: Node) -> list[Kernel]:
 
     kept_shape = tuple(shape[a] for a in kept)
     stmts, indices = nest(lw, kept_shape, outer)
-    big = int(np.prod(shape)) >= PARALLEL_MIN and bool(kept_shape) and kept_shape[0] > 1
+    big = size_product(shape) >= PARALLEL_MIN and bool(kept_shape) and kept_shape[0] > 1
     return [lw.kernel(node, "reduction", stmts, [source], [out], Schedule(parallel=indices[0].name if big else None))]

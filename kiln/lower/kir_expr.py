@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from kiln.ir.sized import SizedInt
 from kiln.ir.types import DType
 
 
@@ -278,7 +279,7 @@ def mul(a: Expr, b: Expr) -> Expr:
 
 
 def i64(value: int) -> Const:
-    return Const(int(value), DType.INT64)
+    return Const(value if isinstance(value, SizedInt) else int(value), DType.INT64)  # (a size keeps its expression)
 
 
 def affine(terms: list[tuple[Expr, int]], offset: int = 0) -> Expr:

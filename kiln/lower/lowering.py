@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from kiln.ir.graph import Graph, Node, Value
+from kiln.ir.sized import SizedInt
 from kiln.ir.types import DType, TensorType
 from kiln.lower.kir import (
     STATUS_NAME,
@@ -233,11 +234,11 @@ class Lowerer:
     def buffer(self, value: Value) -> Buffer:
         value = self.root(value)
         if value not in self.buffers:
-            self.buffers[value] = Buffer(f"b{len(self.buffers)}", value.type.dtype, int(np.prod(self.shape(value))))  # type: ignore[union-attr]
+            self.buffers[value] = Buffer(f"b{len(self.buffers)}", value.type.dtype, math.prod(self.shape(value)))  # type: ignore[union-attr]
         return self.buffers[value]
 
     def shape(self, value: Value) -> tuple[int, ...]:
-        return tuple(int(d) for d in value.type.shape)  # type: ignore[union-attr]
+        return tuple(d if isinstance(d, SizedInt) else int(d) for d in value.type.shape)  # type: ignore[union-attr]
 
     def constant(self, value: Value | None) -> np.ndarray | None:
         return None if value is None else self.graph.constants.get(value)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from kiln.ir.graph import Node, Value
+from kiln.ir.sized import size_product
 from kiln.ir.types import DType
 from kiln.lower.engine import activation_quantization
 from kiln.lower.kir import Buffer, Requantize
@@ -35,7 +36,7 @@ def requantize(lw: Lowerer, out: Value) -> Requantize | None:
         return None
     qmax = lw.target.int8_max
     scale, zero = activation_quantization(*lw.ranges[keys[0]], qmax)
-    dest = lw.scratch_buffer(DType.UINT8, int(np.prod(lw.shape(out))), "q")
+    dest = lw.scratch_buffer(DType.UINT8, size_product(lw.shape(out)), "q")
     lw.quantized[out] = requant = Requantize(dest, float(np.float32(1.0 / scale)), zero, qmax)
     return requant
 
@@ -82,7 +83,7 @@ def _int8_reader(lw: Lowerer, node: Node, value: Value) -> str | None:
     key = range_key(attrs, value)
     if op in ("Conv", "ConvNHWC") and int(attrs.get("group", 1)) == 1 and len(lw.shape(value)) in (3, 4):
         return key
-    if op == "MatMul" and len(lw.shape(value)) >= 2 and weights.ndim >= 2 and int(np.prod(weights.shape[:-2])) == 1:
+    if op == "MatMul" and len(lw.shape(value)) >= 2 and weights.ndim >= 2 and size_product(weights.shape[:-2]) == 1:
         return key
     return None
 
@@ -102,7 +103,7 @@ def _store_bf16(lw: Lowerer, out: Value) -> Requantize | None:
         return None
     if not any(_bf16_reader(lw, node, out) for node in lw.consumers().get(out, [])):
         return None
-    dest = lw.scratch_buffer(DType.UINT16, int(np.prod(lw.shape(out))), "h")
+    dest = lw.scratch_buffer(DType.UINT16, size_product(lw.shape(out)), "h")
     lw.quantized[out] = requant = Requantize(dest, 1.0, 0, 0, bf16=True)
     return requant
 
@@ -117,7 +118,7 @@ def _bf16_reader(lw: Lowerer, node: Node, value: Value) -> bool:
     op, _, weights = found
     if op == "ConvNHWC":
         return True
-    return op == "MatMul" and len(lw.shape(value)) >= 2 and weights.ndim >= 2 and int(np.prod(weights.shape[:-2])) == 1
+    return op == "MatMul" and len(lw.shape(value)) >= 2 and weights.ndim >= 2 and size_product(weights.shape[:-2]) == 1
 
 
 def bf16_given(lw: Lowerer, value: Value) -> Buffer | None:

@@ -13,6 +13,7 @@ from collections.abc import Callable
 import numpy as np
 
 from kiln.ir.graph import Node, Value
+from kiln.ir.sized import size_product
 from kiln.ir.types import DType
 from kiln.lower.engine import Epilogue
 from kiln.lower.integer_reduce import lower_integer_extreme, reduced_axes
@@ -98,7 +99,7 @@ def lower_reduce(lw: Lowerer, node: Node) -> list[Kernel]:
     if reduced and kept and kept[-1] == rank - 1 and shape[-1] >= lw.target.lanes(dtype):
         return [_reduce_rows(lw, node, shape, kept, reduced, dtype)]
     initial, combine, finish = _REDUCE[node.op]
-    count = int(np.prod([shape[a] for a in reduced])) if reduced else 1
+    count = size_product([shape[a] for a in reduced]) if reduced else 1
     src, dst = lw.buffer(source), lw.buffer(out)
     in_strides = strides(shape)
     out_strides = strides(tuple(shape[a] for a in kept))
@@ -117,7 +118,7 @@ def lower_reduce(lw: Lowerer, node: Node) -> list[Kernel]:
     kept_shape = tuple(shape[a] for a in kept)
     stmts, indices = nest(lw, kept_shape, outer)
     schedule = Schedule(
-        parallel=indices[0].name if indices and int(np.prod(shape)) >= PARALLEL_MIN and kept_shape[0] > 1 else None
+        parallel=indices[0].name if indices and size_product(shape) >= PARALLEL_MIN and kept_shape[0] > 1 else None
     )
     return [lw.kernel(node, "reduction", stmts, [source], [out], schedule)]
 
@@ -127,7 +128,7 @@ def _reduce_rows(lw: Lowerer, node: Node, shape, kept, reduced, dtype: DType) ->
     a row of running sums (float64, in scratch) the length of that axis, each input row added to
     it element by element (contiguous, vectorized), in the order the general kernel adds."""
     initial, combine, finish = _REDUCE[node.op]
-    count = int(np.prod([shape[a] for a in reduced]))
+    count = size_product([shape[a] for a in reduced])
     width = shape[-1]
     src, dst = lw.buffer(node.inputs[0]), lw.buffer(node.outputs[0])  # type: ignore[arg-type]
     sums = lw.scratch_buffer(F64, width, hint="rsum")
@@ -216,7 +217,7 @@ def lower_softmax(lw: Lowerer, node: Node) -> list[Kernel]:
 
     outer_shape = tuple(shape[a] for a in outer_axes)
     stmts, indices = nest(lw, outer_shape, body)
-    parallel = indices[0].name if indices and int(np.prod(shape)) >= PARALLEL_MIN and outer_shape[0] > 1 else None
+    parallel = indices[0].name if indices and size_product(shape) >= PARALLEL_MIN and outer_shape[0] > 1 else None
     return [lw.kernel(node, "normalize", stmts, [source], [out], Schedule(parallel=parallel))]
 
 
@@ -227,8 +228,8 @@ def lower_layer_norm(lw: Lowerer, node: Node) -> list[Kernel]:
     assert source is not None and scale is not None
     shape = lw.shape(source)
     axis = node.attrs.get("axis", -1) % len(shape)
-    inner = int(np.prod(shape[axis:]))
-    outer = int(np.prod(shape[:axis]))
+    inner = size_product(shape[axis:])
+    outer = size_product(shape[:axis])
     for value in (scale, bias):
         if value is not None and lw.buffer(value).size not in (1, inner):
             raise CannotLower("LayerNormalization scale/bias broadcast other than over the normalized dims")
@@ -257,7 +258,7 @@ def lower_instance_norm(lw: Lowerer, node: Node) -> list[Kernel]:
     def per_channel(buffer: Buffer) -> Callable[[Expr, Index], Expr]:
         return lambda row, k: Load(buffer, Binary("%", row, i64(channels)))
 
-    inner = int(np.prod(shape[2:]))
+    inner = size_product(shape[2:])
     return _normalize_rows(lw, node, shape[0] * channels, inner, dtype, per_channel(scale_buf), per_channel(bias_buf))
 
 
@@ -374,7 +375,7 @@ def lower_matmul(lw: Lowerer, node: Node, epilogue: Epilogue | None = None) -> l
         return [For(i, m, inner)]
 
     stmts, indices = nest(lw, batch, body, hint="bt")
-    work = int(np.prod(out_shape)) * k_size
+    work = size_product(out_shape) * k_size
     # across cores: the batch loop when there is a batch, else the rows
     parallel = indices[0].name if indices and batch[0] > 1 else i.name
     return [
@@ -452,7 +453,7 @@ def lower_batch_norm(lw: Lowerer, node: Node) -> list[Kernel]:
     assert x is not None and scale is not None and bias is not None and mean is not None and var is not None
     shape = lw.shape(x)
     channels = shape[1] if len(shape) > 1 else 1
-    spatial = int(np.prod(shape[2:])) if len(shape) > 2 else 1
+    spatial = size_product(shape[2:]) if len(shape) > 2 else 1
     epsilon = float(node.attrs.get("epsilon", 1e-5))
     bufs = [lw.buffer(v) for v in (scale, bias, mean, var)]
     src, dst = lw.buffer(x), lw.buffer(out)
@@ -501,7 +502,7 @@ def lower_quantize(lw: Lowerer, node: Node) -> list[Kernel]:
     if quantize and out_dtype not in (DType.INT8, DType.UINT8, DType.INT16, DType.UINT16):
         raise CannotLower(f"QuantizeLinear to {out_dtype.short}")
     info = np.iinfo(out_dtype.numpy) if quantize else None
-    after = int(np.prod(shape[axis + 1 :])) if shape else 1
+    after = size_product(shape[axis + 1 :]) if shape else 1
 
     def body(loop: list[Index]) -> list[Stmt]:
         i = loop[0]

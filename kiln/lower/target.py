@@ -16,9 +16,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
-
 from kiln.errors import KilnError
+from kiln.ir.sized import size_product
 from kiln.ir.types import DType
 from kiln.lower.kir import Index, Schedule
 
@@ -108,7 +107,7 @@ class Target:
         kind of target with other habits overrides it."""
         if not indices:
             return Schedule()
-        total = int(np.prod(shape))
+        total = size_product(shape)
         parallel = indices[0].name if self.cores > 1 and total >= PARALLEL_MIN and shape[0] > 1 else None
         wide_enough = shape[-1] >= self.lanes(dtype)
         vectorize = indices[-1].name if wide_enough and (parallel != indices[-1].name or len(indices) == 1) else None

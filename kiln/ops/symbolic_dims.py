@@ -17,6 +17,7 @@ import numpy as np
 
 from kiln.errors import ShapeInferenceError
 from kiln.ir import dims as sizes
+from kiln.ir.sized import SizedInt
 from kiln.ir.types import Dim
 
 
@@ -56,7 +57,11 @@ def bound(name: str, dims: Any) -> Dim:
     what is left where some symbols are not bound."""
     if name in dims:
         return dims[name]
-    return dim_of(sizes.substitute(sizes.parse(name), dims))
+    expr = sizes.parse(name)
+    found = dim_of(sizes.substitute(expr, dims))
+    if isinstance(found, int) and any(isinstance(dims.get(s), SizedInt) for s in sizes.symbols(expr)):
+        return SizedInt(found, expr)  # the size at the binding that keeps what it is
+    return found
 
 
 def product_name(product: Monomial) -> Dim:

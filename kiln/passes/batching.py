@@ -268,12 +268,10 @@ class _Analysis:
                     return [Index(state.dim, state.scale * low, state.low * low, (state.high - 1) * low + 1)]
         if op == "Gather" and isinstance(read[1], Index) and isinstance(read[0], Batched):
             data = read[0]
-            if int(node.attrs.get("axis", 0)) % max(rank_of(node.inputs[0]), 1) == data.axis == 0:
-                own, guard = reads_own_block(state, data.per)
-                if own:
-                    if guard is not None:
-                        self.guards.append(guard)
-                    return [Batched(list(shape).index(state.dim))]  # each sample reads its own block
+            axis = int(node.attrs.get("axis", 0)) % max(rank_of(node.inputs[0]), 1)
+            if axis == data.axis == 0 and (guards := reads_own_block(state, data.per)) is not None:
+                self.guards += guards
+                return [Batched(list(shape).index(state.dim))]  # each sample reads its own block
         if op in ("Add", "Sub", "Mul") and len(others) == 1 and others[0][1] is None:
             if self.value_of(others[0][0]) is None:  # type: ignore[arg-type]
                 # values kiln cannot follow, a shape it can (TorchScript's index_put broadcasts its

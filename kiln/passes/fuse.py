@@ -26,9 +26,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import numpy as np
-
 from kiln.ir.graph import Graph, Node, Value
+from kiln.ir.sized import size_product
 from kiln.ir.types import TensorType
 from kiln.ops.registry import has_trait
 from kiln.passes.rewrite import consumers_count
@@ -99,7 +98,7 @@ def _elementwise(node: Node) -> bool:
 
 def fusion_benefit(link: Value) -> int:
     """Bytes of memory traffic saved: the intermediate is neither written nor read back."""
-    return 2 * int(np.prod(link.type.shape)) * link.type.dtype.numpy.itemsize  # type: ignore[union-attr, arg-type]
+    return 2 * size_product(link.type.shape) * link.type.dtype.numpy.itemsize  # type: ignore[union-attr, arg-type]
 
 
 MAX_GROUP = 48  # elementwise ops in one group: GCC's time on one loop body grows faster than its length
@@ -201,7 +200,7 @@ def attention_view(
     ``batch``: the output's batch dims, when X broadcasts against them (multi-query and grouped
     attention: one K/V head for several query heads): X's dims of 1 there repeat with stride 0."""
     rank = len(stored)
-    contiguous = [int(np.prod(stored[i + 1 :])) for i in range(rank)]
+    contiguous = [size_product(stored[i + 1 :]) for i in range(rank)]
     if inverse:  # P dim i is X dim perm[i]
         shape, stride = [0] * rank, [0] * rank
         for i, p in enumerate(perm):

@@ -133,19 +133,20 @@ def blocked(
     return None
 
 
-def reads_own_block(state: Index, per: Monomial) -> tuple[bool, str | None]:
+def reads_own_block(state: Index, per: Monomial) -> tuple[str, ...] | None:
     """Whether a Gather along a flattened batched tensor's axis 0, holding ``per`` indices per
-    sample, reads with ``state`` only each sample's own block, and the guard that must be 0 where
-    that holds only at some sizes: offsets counted by another size than the block's (a decode
-    step's mask [batch, total] read at b*total + j for j < past+1: ``max(0, past+1-total)``)."""
+    sample, reads with ``state`` only each sample's own block: None where not, else the guards
+    that must be 0 where that holds only at some sizes: offsets counted by another size than the
+    block's (a decode step's mask [batch, total] read at b*total + j for j < past+1:
+    ``max(0, past+1-total)``)."""
     if state.block is not None:
         if state.block != per:
-            return False, None
+            return None
         if state.span in (ONE, per):
-            return True, None
+            return ()
         excess = sizes.extreme(False, sizes.sub(_expr(state.span), _expr(per)), sizes.const(0))
-        return True, (None if excess == sizes.const(0) else sizes.text(excess))
-    return per == Monomial(state.scale) and 0 <= state.low and state.high <= state.scale, None
+        return () if excess == sizes.const(0) else (sizes.text(excess),)
+    return () if per == Monomial(state.scale) and 0 <= state.low and state.high <= state.scale else None
 
 
 def _expr(product: Monomial) -> sizes.Expr:

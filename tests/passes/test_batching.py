@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from kiln.driver.sizes import Chunking
 from kiln.ir.parser import parse_graph
 from kiln.passes.batching import Parallel, Refused, sample_parallel
 
@@ -383,18 +384,26 @@ def test_a_per_sample_lookup_scaled_by_a_symbolic_length_is_sample_parallel_and_
         np.testing.assert_array_equal(model.run({"mask": mask, "other": other})["y"], mask)
 
 
-@pytest.mark.parametrize(
-    "kind",
-    ["scale from another length", "offsets from another length", "offsets shifted into the next sample"],
-)
+@pytest.mark.parametrize("kind", ["scale from another length", "offsets shifted into the next sample"])
 def test_a_symbolic_lookup_that_may_read_another_samples_block_is_refused(kind):
     graph = {
         "scale from another length": lambda: _symbolic_mask_lookup(scale_from="other"),
-        "offsets from another length": lambda: _symbolic_mask_lookup(offsets_from="other"),
         "offsets shifted into the next sample": lambda: _symbolic_mask_lookup(offset=1),
     }[kind]()
     found = sample_parallel(graph)["batch"]
     assert isinstance(found, Refused) and "per-sample indices" in found.reason, found
+
+
+def test_offsets_counted_by_another_length_hold_under_a_guard():
+    """b*seq + j for j < keys reads only sample b's block where keys <= seq (a decode step's mask
+    [batch, total] read at its past+1 positions): sample-parallel under the guard
+    max(0, keys - seq) == 0, checked per run (chunks only where it is 0)."""
+    found = sample_parallel(_symbolic_mask_lookup(offsets_from="other"))["batch"]
+    assert isinstance(found, Parallel), found
+    check = Chunking(found, (1,))
+    assert len(found.guards) == 1, found
+    assert check.holds({"batch": 2, "seq": 9, "keys": 9}) and check.holds({"batch": 2, "seq": 9, "keys": 3})
+    assert not check.holds({"batch": 2, "seq": 9, "keys": 10})
 
 
 def test_a_per_sample_gather_elements_from_a_buffer_expanded_over_the_batch_is_sample_parallel():
