@@ -12,7 +12,8 @@ onnxruntime on the same file.
                                      [--max-past 128] [--lengths 1,7,33,128]
 
 Prints, per model and past length: the relative L2 against onnxruntime and the route that served it,
-then the plans compiled after ``kiln.compile`` returned (a generation loop needs 0: the past length
+then the compile's seconds and how many kernel integers it read from the lowering's own size
+expressions or fitted to lowered bindings, the plans compiled after ``kiln.compile`` returned (a generation loop needs 0: the past length
 taken at run time) and why kiln refused the run-time sizes (``run_time_refused``). Not a test: no
 pass/fail (tests/zoo/test_decoders.py is).
 """
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 
 
 def main() -> int:
@@ -35,6 +37,7 @@ def main() -> int:
     import onnxruntime
 
     import kiln
+    from kiln.driver import extents
     from kiln.driver.variants import plans_compiled
     from kiln.zoo import decoders
 
@@ -46,7 +49,13 @@ def main() -> int:
                 print(f"{name} ({exporter}): export failed: {type(err).__name__}: {str(err)[:200]}")
                 continue
             dims = {"past": (1, args.max_past), "total": (2, args.max_past + 1), "batch": (1, max(2, args.batch))}
+            found = extents.sizes_found()
+            started = time.perf_counter()
             model = kiln.compile(str(path), dims=dims)
+            took = time.perf_counter() - started
+            after = extents.sizes_found()
+            read, fitted = (after[k] - found[k] for k in ("read", "fitted"))
+            print(f"{name} ({exporter}): compiled in {took:.1f} s; kernel sizes read {read}, fitted {fitted}")
             session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
             outputs = decoders.names(name)[1]
             before = plans_compiled()

@@ -58,12 +58,17 @@ def measure(name: str, exporter: str) -> dict[str, Any]:
     row["sample_parallel"] = {k: str(v)[:160] for k, v in sample_parallel(import_onnx(path)).items()}
     session = onnxruntime.InferenceSession(path, providers=["CPUExecutionProvider"])
     started = time.perf_counter()
+    from kiln.driver import extents
+
+    found = extents.sizes_found()
     try:
         model = kiln.compile(path, dims={k: f"{a}..{b}" for k, (a, b) in ranges.items()})
     except Exception as err:
         row["error"] = f"compile: {type(err).__module__}.{type(err).__name__}: {err}"[:500]
         return row
     row["compile_s"] = time.perf_counter() - started
+    # run-time dims route: kernel integers read from the lowering's size expressions / fitted
+    row["sizes_read_fitted"] = [extents.sizes_found()[k] - found[k] for k in ("read", "fitted")]
     before = plans_compiled()
     worst, slowest, runs, errors = 0.0, 0.0, [], []
     for size in sizes:
@@ -136,7 +141,7 @@ def main() -> int:
         return 0
     print(
         f"{'model':<12} {'exporter':<11} {'batch':<10} {'compiles':>8} {'first call s':>12} {'worst rel L2':>12}  "
-        f"{'kiln check --strict':<28} errors"
+        f"{'sizes read/fitted':>17}  {'kiln check --strict':<28} errors"
     )
     for name in args.models.split(","):
         for exporter in args.exporters.split(","):
@@ -145,7 +150,7 @@ def main() -> int:
             print(
                 f"{name:<12} {exporter:<11} {batch:<10} {row.get('compiles_after_compile', '-'):>8} "
                 f"{row.get('slowest_first_call_s', float('nan')):>12.2f} {row.get('worst_rel_l2', float('nan')):>12.1e}  "
-                f"{_check_text(row):<28} {row.get('error') or '; '.join(row.get('errors', []))[:300]}",
+                f"{'/'.join(map(str, row.get('sizes_read_fitted', ['-']))):>17}  {_check_text(row):<28} {row.get('error') or '; '.join(row.get('errors', []))[:300]}",
                 flush=True,
             )
             append_row(args.json, row)

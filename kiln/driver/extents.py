@@ -36,6 +36,8 @@ from typing import Any
 import numpy as np
 
 from kiln.driver.pipeline import Compile, run_stages, start
+from kiln.ir import dims as size_exprs
+from kiln.ir.sized import SizedInt
 from kiln.ir.types import DType
 from kiln.lower.kir import (
     LENGTH,
@@ -54,6 +56,7 @@ from kiln.lower.kir import (
     WinogradOutput,
     buffers_in,
 )
+from kiln.lower.kir_verify import verify_kernel
 from kiln.lower.memory import GrowingLayout, growing_layout, grows
 from kiln.passes import specialize
 from kiln.passes.fold_constants import UNFOLDED
@@ -120,11 +123,41 @@ def _fit(values: list[int], lengths: tuple[int, ...], where: str) -> RunTimeSize
     return size
 
 
+def _read(values: list[int], lengths: tuple[int, ...]) -> RunTimeSize | None:
+    """The capacity's integer's own expression (``kiln.ir.sized``: the capacity is lowered with
+    the length a ``SizedInt``) as the polynomial it is, where it is one of degree <= 2 of the
+    length and gives every lowered length's integer; None where not (the integer is fitted)."""
+    found = values[0]
+    if not isinstance(found, SizedInt) or len(size_exprs.symbols(found.expr)) != 1:
+        return None
+    coefficients = [found.expr.constant, 0, 0]
+    for atoms, coefficient in found.expr.terms:
+        if len(atoms) > 2 or not all(isinstance(a, size_exprs.Sym) for a in atoms):
+            return None
+        coefficients[len(atoms)] += coefficient
+    size = RunTimeSize(*coefficients)
+    return size if all(size.at(n) == int(v) for n, v in zip(lengths, values)) else None
+
+
 def _expression(size: RunTimeSize) -> Any:
     term = Binary("*", Const(size.c1, DType.INT64), LENGTH)
     if size.c2:
         term = Binary("+", term, Binary("*", Binary("*", Const(size.c2, DType.INT64), LENGTH), LENGTH))
     return Binary("+", term, Const(size.c0, DType.INT64))
+
+
+_SIZES = {"read": 0, "fitted": 0}  # this process's run-time sizes, by how they were found
+
+
+def sizes_found() -> dict[str, int]:
+    """How many kernel integers this process's run-time compiles (lengths and dims) read from the
+    lowering's own size expressions and how many they fitted to the lowered bindings."""
+    return dict(_SIZES)
+
+
+def found_sizes(counts: dict[str, int]) -> None:
+    for key, count in counts.items():
+        _SIZES[key] += count
 
 
 class Merge:
@@ -134,11 +167,14 @@ class Merge:
         self.lengths = lengths
         self.memo: dict[int, Any] = {}
         self.used = False
+        self.counts = {"read": 0, "fitted": 0}
 
     # how an integer that differs between the lowerings becomes a run-time size (``kiln.driver.
     # spatial`` fits several dims instead of one length)
     def fit(self, values: list[int], where: str) -> Any:
-        return _fit(values, self.lengths, where)
+        read = _read(values, self.lengths)
+        self.counts["read" if read is not None else "fitted"] += 1
+        return read or _fit(values, self.lengths, where)
 
     def expression(self, size: Any) -> Any:
         return _expression(size)
@@ -315,7 +351,8 @@ def run_time_kernels(
     try:
         for n in lengths:
             sample = n != lengths[0]  # the capacity's state is the one built; the others are read for sizes
-            state = start(graph, target, options, dims={**dims, symbol: n}, prebuilt=prebuilt or {}, sizes_only=sample)
+            at = n if sample else SizedInt(n, size_exprs.sym(symbol))  # the capacity keeps its sizes' expressions
+            state = start(graph, target, options, dims={**dims, symbol: at}, prebuilt=prebuilt or {}, sizes_only=sample)
             states.append(run_stages(state, "specialize", "plan-memory"))
     finally:
         UNFOLDED.reset(token)
@@ -335,6 +372,11 @@ def run_time_kernels(
                 segment[i] = told_where(merged, "length", valid_buffer, (valid_buffer, min(lengths)))
     if not merge.used:
         raise NotAffine("no kernel's sizes depend on the length")
+    found_sizes(merge.counts)
+    for kernel in kernels_of(capacity):  # every access inside its buffer at every length it runs at
+        problems = verify_kernel(kernel, {LENGTH.name: (min(lengths), lengths[0])})
+        if problems:
+            raise NotAffine(f"at some length of the range, {problems[0]}")
     assert capacity.memory is not None
     capacity.memory.growing = dataclasses.replace(_growing(states, lengths, valid_buffer), constants=constants)
     return capacity

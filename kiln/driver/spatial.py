@@ -34,6 +34,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import logging
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,7 +43,7 @@ import numpy as np
 from kiln.driver import sized_terms
 from kiln.driver.dims_program import DimsProgram, Step, expression_of
 from kiln.driver.dims_vector import checks, dim_values, generic_samples, graph_symbols
-from kiln.driver.extents import Merge, NotAffine, check_constants, kernels_of, told_where
+from kiln.driver.extents import Merge, NotAffine, check_constants, found_sizes, kernels_of, told_where
 from kiln.driver.pipeline import Compile, run_stages, start
 from kiln.driver.sized_terms import ExprSize
 from kiln.errors import KilnError
@@ -52,6 +53,7 @@ from kiln.ir.sized import SizedInt
 from kiln.ir.types import DType, TensorType
 from kiln.lower import kir
 from kiln.lower.kir import Binary, Cast, Const, Kernel, run_time_dim
+from kiln.lower.kir_verify import verify_kernel
 from kiln.passes.run_time_sizes import read_at_run_time
 from kiln.runtime.plan import Plan
 
@@ -367,7 +369,7 @@ def run_time_dims_kernels(
         try:
             merged = _merged(states, np.stack(values), np.stack(checked[1:]), divisors_of(graph, states), route)
             _check(merged, held, checked[0])
-            return _replace(states[0], merged)
+            return _verified(_replace(states[0], merged), route, dims)
         except Ambiguous as err:
             if len(states) >= len(route.samples) + EXTRA_SAMPLES or len(extra) < 3:
                 raise NotAffine(str(err)) from None
@@ -411,6 +413,7 @@ def _merged(
         result.append((kernel, merged, merge.sizes))
         counts = {k: counts[k] + merge.counts[k] for k in counts}
     log.debug("run-time sizes: %(read)d read from the lowering's expressions, %(fitted)d fitted", counts)
+    found_sizes(counts)
     if all(kernel is merged for kernel, merged, _ in result):
         raise NotAffine("no kernel's sizes depend on the dims")
     return result
@@ -437,6 +440,28 @@ def _replace(capacity: Compile, merged: list[tuple[Kernel, Kernel, Any]]) -> Com
                 read = tuple(sorted({index for _, size in sizes.values() for index in size.dims}))
                 segment[i] = told_where(new, "dims", vector, (vector, read))
             position += 1
+    return capacity
+
+
+def _verified(capacity: Compile, route: RunTimeDims, fixed: dict[str, int]) -> Compile:
+    """``capacity`` once every access of its kernels is inside its buffer at every size of the
+    route's ranges (``kiln.lower.kir_verify`` with each dims vector entry's bounds: an entry that is
+    an expression of the input dims is bounded by their ranges; others are not, and accesses that
+    depend on them are left to the run-time checks). Raises NotAffine naming the first that is not."""
+    known = {**{k: (v, v) for k, v in fixed.items()}, **{name: (low, high) for name, low, high in route.ranged}}
+    scope: dict[str, tuple[int, int] | None] = {}
+    for i, name in enumerate(route.names):
+        try:
+            expr = size_exprs.parse(name)
+        except size_exprs.DimSyntaxError:
+            continue
+        low, high = size_exprs.bounds(expr, known) if size_exprs.symbols(expr) <= set(known) else (None, None)
+        if low is not None and high is not None and low > -math.inf and high < math.inf:
+            scope[run_time_dim(i).name] = (int(low), int(high))
+    for kernel in kernels_of(capacity):
+        problems = verify_kernel(kernel, scope)
+        if problems:
+            raise NotAffine(f"at some size of the ranges, {problems[0]}")
     return capacity
 
 

@@ -7,8 +7,10 @@ problem (an empty list: none).
   it only reads;
 * **static bounds**: an access evaluated on every path whose index interval follows from constant
   loop bounds (affine arithmetic, constant division and remainder, selects) must lie inside its
-  buffer. Accesses under an ``If``, in a select's branches or with loop bounds known only at run
-  time are left to the run-time checks (``KILN_DEBUG``) and the interpreter.
+  buffer. Loop bounds that are run-time sizes (``kiln_d<i>``, ``kiln_len``) count at every value
+  their ranges allow, where the caller gives those ranges. Accesses under an ``If``, in a select's
+  branches or with loop bounds read from data are left to the run-time checks (``KILN_DEBUG``)
+  and the interpreter.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from kiln.lower.kir import (
     Unary,
     epilogue_of,
     evaluated_always,
+    is_run_time_scalar,
     postorder,
 )
 
@@ -55,10 +58,12 @@ NARROWING = {
 }
 
 
-def verify_kernel(kernel: Kernel) -> list[str]:
-    """Every broken invariant of ``kernel`` (and its helpers), as readable lines."""
-    checker = _Checker(kernel)
-    checker.block(kernel.body, {}, guarded=False)
+def verify_kernel(kernel: Kernel, run_time: dict[str, Interval] | None = None) -> list[str]:
+    """Every broken invariant of ``kernel`` (and its helpers), as readable lines. ``run_time``: the
+    values the run-time sizes it reads may take (``kiln_d<i>``, ``kiln_len``: their declared
+    ranges), so accesses under loops bounded by them are checked at every size they allow."""
+    checker = _Checker(kernel, run_time or {})
+    checker.block(kernel.body, dict(checker.run_time), guarded=False)
     return checker.problems
 
 
@@ -85,8 +90,9 @@ def _integer(e: Expr) -> bool | None:
 
 
 class _Checker:
-    def __init__(self, kernel: Kernel) -> None:
+    def __init__(self, kernel: Kernel, run_time: dict[str, Interval]) -> None:
         self.kernel = kernel
+        self.run_time = run_time  # the run-time sizes' values, declared in every function
         self.problems: list[str] = []
         self.only_read = {b for b in kernel.reads if b not in kernel.writes}
         self.writes = set(kernel.writes)
@@ -102,7 +108,9 @@ class _Checker:
                 for bound in (stmt.start, stmt.extent):
                     if not isinstance(bound, int):
                         self.expression(bound, scope, guarded)
-                start, stop = (b if isinstance(b, int) else (b[0] if b and b[0] == b[1] else None) for b in bounds)
+                # (a bound known as an interval, a run-time size's: the index's widest values)
+                start = bounds[0] if isinstance(bounds[0], int) else (bounds[0][0] if bounds[0] else None)
+                stop = bounds[1] if isinstance(bounds[1], int) else (bounds[1][1] if bounds[1] else None)
                 inner = dict(scope)
                 inner[stmt.index.name] = (start, stop - 1) if start is not None and stop is not None else None
                 if start is not None and stop is not None and stop <= start:
@@ -131,14 +139,14 @@ class _Checker:
                 self.problem(f"unknown statement {type(stmt).__name__}")
 
     def helper(self, function: Function) -> None:
-        params: dict[str, Interval] = {p.name: None for p in function.params}
+        params: dict[str, Interval] = {**self.run_time, **{p.name: None for p in function.params}}
         self.block(function.body, params, guarded=True)  # tile bounds come at run time
 
     def expression(self, root: Expr, scope: dict[str, Interval], guarded: bool) -> None:
         order = postorder(root)
         always = evaluated_always(root, order)
         for node in order:
-            if isinstance(node, (Index, Scalar)) and node.name not in scope:
+            if isinstance(node, (Index, Scalar)) and node.name not in scope and not is_run_time_scalar(node.name):
                 self.problem(f"{node.name} is used outside the loop or block that defines it")
             elif isinstance(node, Load):
                 self.access(node.buffer, node.index, scope, guarded or id(node) not in always, "load")
@@ -217,6 +225,9 @@ def _interval(e: Expr, known: dict[int, Interval], scope: dict[str, Interval]) -
         return (min(products), max(products))
     if e.op == "/" and b[0] == b[1] and b[0] > 0:  # C division truncates: monotonic in a
         return (int(a[0] / b[0]), int(a[1] / b[0]))
+    if e.op in ("min", "max"):
+        pick = min if e.op == "min" else max
+        return (pick(a[0], b[0]), pick(a[1], b[1]))
     if e.op == "%" and b[0] == b[1] and b[0] > 0:
         if a[0] >= 0 and a[1] < b[0]:
             return a

@@ -11,6 +11,7 @@ import math
 import numpy as np
 
 from kiln.ir.graph import Node
+from kiln.ir.sized import smallest
 from kiln.ir.types import DType
 from kiln.lower.blocked_depthwise import blocked_depthwise
 from kiln.lower.engine import Epilogue
@@ -213,11 +214,13 @@ def _run_time_edges(shapes, window) -> tuple[int, int, int, int]:  # type: ignor
     x_shape, w_shape, out_shape = shapes
     (stride_h, stride_w), (dil_h, dil_w), (pad_t, pad_l) = window
     last_row, last_col = (w_shape[2] - 1) * dil_h - pad_t, (w_shape[3] - 1) * dil_w - pad_l
+    # (ceil((size - last) / stride) as a floor division of what is 0 or more at any size the window
+    # fits, and smallest(): at the run-time dims route's capacity both keep their expressions)
     return (
         _leading(pad_t, stride_h),
-        min(out_shape[2], -((last_row - x_shape[2]) // stride_h)),
+        smallest(out_shape[2], (x_shape[2] - last_row + stride_h - 1) // stride_h),
         _leading(pad_l, stride_w),
-        min(out_shape[3], -((last_col - x_shape[3]) // stride_w)),
+        smallest(out_shape[3], (x_shape[3] - last_col + stride_w - 1) // stride_w),
     )
 
 

@@ -12,7 +12,21 @@ from kiln.driver.options import CompileOptions
 from kiln.driver.pipeline import compile_plan
 from kiln.frontend.onnx import import_onnx
 from kiln.ir.types import DType
-from kiln.lower.kir import Buffer, For, GemmSpec, Index, Kernel, Let, Load, PackedOperand, Scalar, Store, i64
+from kiln.lower.kir import (
+    Binary,
+    Buffer,
+    For,
+    GemmSpec,
+    Index,
+    Kernel,
+    Let,
+    Load,
+    PackedOperand,
+    Scalar,
+    Store,
+    i64,
+    run_time_dim,
+)
 from kiln.lower.kir_interpreter import KernelIndexError, run_kernel
 from kiln.lower.kir_printer import print_kernel
 from kiln.lower.kir_verify import verify_kernel
@@ -287,3 +301,21 @@ def test_the_interpreter_stores_a_requantized_output_as_the_c_engine_does():
                   out: np.zeros(2, np.float32), q: np.full(2, 99, np.uint8)}  # fmt: skip
         run_kernel(kernel, arrays)
         assert arrays[q].tolist() == [want, 12]  # 6.25 * 2 = 12.5 -> 12 and 0.75 * 2 = 1.5 -> 2: rint, to even
+
+
+def test_the_verifier_bounds_loops_over_run_time_sizes_by_their_ranges():
+    """A loop over a run-time dim (the dims vector's kiln_d0) is checked at every size its range
+    allows: a 40-element buffer holds rows of 4 for d0 up to 10, not 11 (issue 49's interval
+    verifier); without the ranges the access is not checked (the run-time checks' part)."""
+    x, y = Buffer("b0", F32, 40), Buffer("b1", F32, 40)
+    i, j = Index("i1"), Index("j1")
+    rows = run_time_dim(0)
+    index = Binary("+", Binary("*", i, i64(4)), j)
+    body = [For(i, rows, [For(j, 4, [Store(y, index, Load(x, index))])])]
+    kernel = Kernel("k1", "copy", body, [x], [y], ["rows"])
+    assert verify_kernel(kernel, {rows.name: (1, 10)}) == []
+    assert verify_kernel(kernel, {rows.name: (1, 11)}) == [
+        "kernel k1 (copy): load of b0[0, 40) at indices 0..43",
+        "kernel k1 (copy): store of b1[0, 40) at indices 0..43",
+    ]
+    assert verify_kernel(kernel) == []
