@@ -9,12 +9,14 @@ values [batch, kv_heads, total, head_dim], total = past + 1. Exported with ``bat
 onnxruntime on the same file.
 
     python benchmarks/decode_step.py [--models gpt2,llama,qwen2] [--exporters torchscript,dynamo]
-                                     [--max-past 128] [--lengths 1,7,33,128]
+                                     [--max-past 128] [--lengths 1,7,33,128] [--time 200]
 
 Prints, per model and past length: the relative L2 against onnxruntime and the route that served it,
 then the compile's seconds and how many kernel integers it read from the lowering's own size
 expressions or fitted to lowered bindings, the plans compiled after ``kiln.compile`` returned (a generation loop needs 0: the past length
-taken at run time) and why kiln refused the run-time sizes (``run_time_refused``). Not a test: no
+taken at run time) and why kiln refused the run-time sizes (``run_time_refused``). ``--time N``: per
+length, the median and p90 microseconds of a step on that one compile, on a compile for exactly
+that length, and on onnxruntime (batch 1 only: the exact compile binds batch 1). Not a test: no
 pass/fail (tests/zoo/test_decoders.py is).
 """
 
@@ -32,6 +34,7 @@ def main() -> int:
     parser.add_argument("--max-past", type=int, default=128)
     parser.add_argument("--lengths", default="1,7,33,128")
     parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--time", type=int, default=0, help="calls timed per engine and length (0: none)")
     args = parser.parse_args()
     import numpy as np
     import onnxruntime
@@ -64,10 +67,33 @@ def main() -> int:
                 got, want = model.run(feeds), session.run(None, feeds)
                 error = max(np.linalg.norm(np.asarray(got[n]) - w) / np.linalg.norm(w) for n, w in zip(outputs, want))
                 route = getattr(getattr(model, "route", None), "name", "?")
-                print(f"{name} ({exporter}) past {past:>4}: relative L2 {error:.1e}, route {route}")
+                timing = _timed(kiln, str(path), model, session, feeds, args.time) if args.time else ""
+                print(f"{name} ({exporter}) past {past:>4}: relative L2 {error:.1e}, route {route}{timing}")
             print(f"{name} ({exporter}): plans compiled after kiln.compile: {plans_compiled() - before}")
             print(f"{name} ({exporter}): run-time sizes refused: {getattr(model, 'run_time_refused', {})}")
     return 0
+
+
+def _timed(kiln, path: str, model, session, feeds: dict, calls: int) -> str:  # type: ignore[no-untyped-def]
+    """Median and p90 microseconds per step of: the one compile for every length (``model``), a
+    compile for exactly this length (what the step cost before: one per generated token), and
+    onnxruntime; timed in alternating blocks of 10 calls so drift touches all three."""
+    import numpy as np
+
+    exact = kiln.compile(path, dims={"past": feeds["past_0"].shape[2], "total": feeds["mask"].shape[1], "batch": 1})
+    engines = {"ranges": lambda: model.run(feeds), "exact": lambda: exact.run(feeds)}
+    engines["onnxruntime"] = lambda: session.run(None, feeds)
+    times: dict[str, list[float]] = {k: [] for k in engines}
+    for run in engines.values():
+        run()
+    for _ in range(max(1, calls // 10)):
+        for key, run in engines.items():
+            for _ in range(10):
+                started = time.perf_counter()
+                run()
+                times[key].append((time.perf_counter() - started) * 1e6)
+    parts = [f"{k} {np.median(v):.0f}/{np.percentile(v, 90):.0f}" for k, v in times.items()]
+    return "; us p50/p90: " + ", ".join(parts)
 
 
 if __name__ == "__main__":

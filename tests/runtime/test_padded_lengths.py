@@ -181,12 +181,12 @@ def test_compiled_lengths_when_asked_or_when_the_lowering_is_no_polynomial_of_th
     assert compiled.padder().classes == (16, 32, 40) and not compiled.padder().samples
     assert len(compiled.executables()) == 3 * 2  # each length class at each batch class
     refused = kiln.compile(attention_model())
-    real = extents._fit
+    real = extents.Merge.fit
     try:  # as if some integer were not a polynomial of the length
-        extents._fit = lambda values, lengths, where: (_ for _ in ()).throw(extents.NotAffine(f"{where}: forced"))
+        extents.Merge.fit = lambda self, values, where: (_ for _ in ()).throw(extents.NotAffine(f"{where}: forced"))
         refused.declare({"seq": (1, 20), "batch": (1, 2)})
     finally:
-        extents._fit = real
+        extents.Merge.fit = real
     assert "forced" in refused.run_time_refused["seq"] and refused.padder().classes == (16, 20)
     for model in (compiled, refused):
         before = len(model.executables())
@@ -217,9 +217,9 @@ def test_a_binding_first_seen_at_run_time_that_does_not_lower_apart_runs_at_comp
     model = kiln.compile(source, options=CompileOptions.from_env(plan_cache=False))
     model.declare({"seq": (1, 20)})
     assert model.chunking() is None and model.padder().samples  # the length at run time, for now
-    real = extents._fit
+    real = extents.Merge.fit
     try:
-        extents._fit = lambda values, lengths, where: (_ for _ in ()).throw(extents.NotAffine(f"{where}: forced"))
+        extents.Merge.fit = lambda self, values, where: (_ for _ in ()).throw(extents.NotAffine(f"{where}: forced"))
         for length in (3, 20):
             given = feeds(2, length)
             got = model.run(given)
@@ -227,7 +227,7 @@ def test_a_binding_first_seen_at_run_time_that_does_not_lower_apart_runs_at_comp
             for name, want in zip(("y", "pooled", "peak", "centred"), (y, pooled, peak, pooled - pooled.mean(0))):
                 np.testing.assert_allclose(got[name], want, rtol=1e-4, atol=1e-5, err_msg=f"{name} at {length}")
     finally:
-        extents._fit = real
+        extents.Merge.fit = real
     assert "forced" in model.run_time_refused["seq"] and model.padder().classes == (16, 20)
 
 
