@@ -109,6 +109,22 @@ def emit_c(
     return emit(model, folder, dims, batch, length)
 
 
+def generate(model: Any, input_ids: Any, max_new_tokens: int, **sampling: Any) -> Any:
+    """Generate text with ``model``, a compiled decode step (``kiln.driver.generation``): the prompt
+    ``input_ids`` [batch, tokens] and the tokens after it, [batch, tokens + generated]. Keywords:
+    ``temperature`` (0: greedy), ``top_k``, ``top_p``, ``seed``, ``stop_tokens``."""
+    from kiln.driver.generation import generate as run
+
+    return run(model, input_ids, max_new_tokens, **sampling)
+
+
+def generate_stream(model: Any, input_ids: Any, max_new_tokens: int, **sampling: Any) -> Any:
+    """``generate`` as an iterator of each step's new token ids ([batch]), as each is drawn."""
+    from kiln.driver.generation import stream
+
+    return stream(model, input_ids, max_new_tokens, **sampling)
+
+
 __all__ = [
     "ExecutionError",
     "InputError",
@@ -120,6 +136,8 @@ __all__ = [
     "__version__",
     "compile",
     "emit_c",
+    "generate",
+    "generate_stream",
     "load",
     "targets",
 ]

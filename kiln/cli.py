@@ -16,6 +16,7 @@ from kiln.arrays import ArrayFileError, load_npy
 from kiln.cli_bench import bench
 from kiln.cli_check import check, diff_command
 from kiln.cli_compile import compile_command
+from kiln.cli_generate import generate_command
 from kiln.cli_inspect import explain
 from kiln.cli_serve import serve
 from kiln.cli_study import study
@@ -442,7 +443,7 @@ def show(model: str) -> None:
     out.print(print_graph(import_onnx(model)), markup=False, highlight=False)
 
 
-for _command in (compile_command, bench, study, explain, check, diff_command, serve):
+for _command in (compile_command, bench, study, explain, check, diff_command, serve, generate_command):
     main.add_command(_command)
 
 

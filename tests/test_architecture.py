@@ -23,11 +23,11 @@ LAYERS: tuple[str, ...] = (
     "kiln.runtime",  # load and run plans only
     "kiln.driver",  # the pipeline, compiling, variants, caches, artifacts, quantization
     "kiln",  # the public API: compile, load, targets
-    "kiln.diff", "kiln.conformance", "kiln.zoo", "kiln.torch_backend",  # tools on the API
+    "kiln.diff", "kiln.conformance", "kiln.zoo", "kiln.torch_backend"  # tools on the API
     "kiln.serve",  # the Open Inference Protocol server (kiln serve)
     "kiln.bench",
     "kiln.tune",
-    "kiln.cli_support", "kiln.cli_check_ranges", "kiln.cli_check", "kiln.cli_sizes", "kiln.cli_inspect", "kiln.cli_bench", "kiln.cli_study", "kiln.cli_compile", "kiln.cli_serve", "kiln.cli",
+    "kiln.cli_support", "kiln.cli_check_ranges", "kiln.cli_check", "kiln.cli_sizes", "kiln.cli_inspect", "kiln.cli_bench", "kiln.cli_study", "kiln.cli_compile", "kiln.cli_serve", "kiln.cli_generate", "kiln.cli",
     "kiln.__main__",
 )  # fmt: skip
 

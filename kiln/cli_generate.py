@@ -1,0 +1,124 @@
+"""``kiln generate``: text generation on a compiled decode step, timed (``kiln.driver.generation``)."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import click
+import numpy as np
+
+from kiln.cli_support import console, json_option, out
+
+
+@click.command("generate")
+@click.argument("model")
+@click.option(
+    "--prompt-tokens", default=16, show_default=True, type=click.IntRange(1), help="Prompt length (random ids)."
+)
+@click.option("--new-tokens", default=32, show_default=True, type=click.IntRange(1), help="Tokens to generate.")
+@click.option("--batch", default=1, show_default=True, type=click.IntRange(1, 64), help="Prompts at once.")
+@click.option(
+    "--context", default=None, type=click.IntRange(2), help="Longest past the compile serves [prompt + new tokens]."
+)
+@click.option("--temperature", default=0.0, show_default=True, type=click.FloatRange(0), help="0: greedy.")
+@click.option("--top-k", default=0, show_default=True, type=click.IntRange(0), help="Keep the k most likely (0: all).")
+@click.option("--top-p", default=1.0, show_default=True, type=click.FloatRange(0, 1, min_open=True), help="Nucleus.")
+@click.option("--seed", default=0, show_default=True, type=int, help="Seeds the prompt's ids and the sampling.")
+@click.option(
+    "--exporter", default="torchscript", show_default=True, type=click.Choice(["torchscript", "dynamo"]),
+    help="For a zoo decoder name: which ONNX exporter writes its decode step.",
+)  # fmt: skip
+@json_option("the tokens and the timings")
+def generate_command(
+    model: str,
+    prompt_tokens: int,
+    new_tokens: int,
+    batch: int,
+    context: int | None,
+    temperature: float,
+    top_k: int,
+    top_p: float,
+    seed: int,
+    exporter: str,
+    as_json: bool,
+) -> None:
+    """Generate NEW_TOKENS after a random prompt with MODEL: a decode step (.onnx whose inputs are
+    the token ids, the attention mask and each layer's past keys and values, its outputs the
+    logits and the present ones; dims ``past`` and ``total``), or a zoo decoder (gpt2, llama,
+    qwen2: tiny random weights). Compiled once for every past length up to the context, then
+    timed: time to first token (the prompt fed one token a step), time per output token,
+    tokens/s, and the Python loop's share of each step."""
+    import kiln
+    from kiln.driver import generation
+    from kiln.zoo import decoders
+
+    path = Path(model)
+    if not path.is_file():
+        path = decoders.export(decoders.get(model).name, exporter=exporter)
+    longest = context or prompt_tokens + new_tokens
+    dims = {"past": f"0..{longest - 1}", "total": f"1..{longest}", "batch": f"1..{max(batch, 2)}"}
+    started = time.perf_counter()
+    compiled = kiln.compile(str(path), dims=dims)
+    compile_s = time.perf_counter() - started
+    vocab = _vocab(compiled)
+    ids = np.random.default_rng(seed).integers(0, vocab, (batch, prompt_tokens)).astype(np.int64)
+    stamps, running = _timed_run(compiled, generation)
+    started = time.perf_counter()
+    steps = []
+    for token in generation.stream(compiled, ids, new_tokens, temperature, top_k, top_p, seed):
+        steps.append(token)
+        stamps.append(time.perf_counter())
+    total = stamps[-1] - started if stamps else 0.0
+    first = stamps[0] - started if stamps else 0.0
+    per_token = (stamps[-1] - stamps[0]) / (len(stamps) - 1) if len(stamps) > 1 else float("nan")
+    calls = prompt_tokens + len(steps) - 1
+    report = {
+        "model": str(path),
+        "batch": batch,
+        "prompt_tokens": prompt_tokens,
+        "new_tokens": len(steps),
+        "compile_s": compile_s,
+        "time_to_first_token_s": first,
+        "time_per_output_token_ms": per_token * 1e3,
+        "tokens_per_s": batch * (len(steps) - 1) / (stamps[-1] - stamps[0]) if len(stamps) > 1 else float("nan"),
+        "python_share": max(0.0, 1.0 - sum(running) / total) if total else float("nan"),
+        "steps": calls,
+        "tokens": np.concatenate([ids, np.stack(steps, axis=1)], axis=1).tolist(),
+    }
+    if as_json:
+        out.print_json(json.dumps(report))
+        return
+    console.print(f"compiled {path.name} for every past length up to {longest - 1} in {compile_s:.1f} s")
+    out.print(
+        f"time to first token {first * 1e3:.1f} ms ({prompt_tokens} prompt tokens), "
+        f"{report['time_per_output_token_ms']:.2f} ms per output token, {report['tokens_per_s']:.1f} tokens/s, "
+        f"the Python loop {100 * report['python_share']:.0f}% of the time"
+    )
+    for row in report["tokens"]:
+        out.print(" ".join(map(str, row)))
+
+
+def _vocab(compiled) -> int:  # type: ignore[no-untyped-def]
+    from kiln.driver.generation import roles
+
+    logits = next(v for v in compiled.signature.outputs if v.name == roles(compiled).logits)
+    vocab = logits.type.shape[-1]
+    return vocab if isinstance(vocab, int) else 2
+
+
+def _timed_run(compiled, generation) -> tuple[list[float], list[float]]:  # type: ignore[no-untyped-def]
+    """Wrap ``compiled.run`` to add each call's seconds to a list (the model's share of a step)."""
+    running: list[float] = []
+    run = compiled.run
+
+    def timed(feeds, outputs=None):  # type: ignore[no-untyped-def]
+        started = time.perf_counter()
+        try:
+            return run(feeds, outputs)
+        finally:
+            running.append(time.perf_counter() - started)
+
+    compiled.run = timed
+    return [], running

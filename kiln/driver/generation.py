@@ -1,0 +1,205 @@
+"""Text generation with a compiled decode step: the loop, the KV cache it carries, sampling.
+
+A *decode step* is a decoder compiled as one generation step (``kiln.zoo.decoders`` writes them;
+optimum-style exports have the same roles): the new tokens' ids ``[batch, new]``, the attention
+mask ``[batch, total]`` and each layer's past keys and values ``[batch, kv_heads, past, head_dim]``
+in, the logits ``[batch, new, vocab]`` and each layer's present keys and values (``past + new``
+positions) out. Compiled with the past length declared as a range (``dims={"past": "0..511",
+"total": "1..512"}``) its kernels take the past length at run time (``kiln.driver.spatial``), so
+the whole loop — the prompt fed one token at a time, then one step per new token — runs on that
+one compile: no compile per token.
+
+    model = kiln.compile(decoders.export("llama"), dims={"past": "0..255", "total": "1..256", "batch": "1..4"})
+    tokens = kiln.generate(model, prompt_ids, max_new_tokens=32)                    # greedy
+    for step in kiln.generate_stream(model, prompt_ids, 32, temperature=0.8, top_p=0.9, seed=1):
+        ...                                                                          # [batch] ids per step
+
+Sampling: ``temperature`` 0 is greedy (the first of equal maxima, as ``torch.argmax``); otherwise
+logits / temperature, the ``top_k`` largest kept (0: all), then the smallest set of the most
+likely whose probability reaches ``top_p``, drawn with NumPy's generator seeded by ``seed``. A
+sequence that draws one of ``stop_tokens`` is finished: it keeps that token from then on, and the
+loop ends when every sequence has. Prompts in a batch have one length (a batch of different
+lengths: one call per length).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from kiln.errors import ArgumentError
+from kiln.ir.types import TensorType
+
+
+@dataclass(frozen=True)
+class StepRoles:
+    """Which of a decode step's inputs and outputs are which (by their names and types)."""
+
+    ids: str
+    mask: str | None
+    past: tuple[str, ...]
+    logits: str
+    present: tuple[str, ...]
+    cache: tuple[tuple[int | str, ...], ...]  # each past input's shape (its past axis: 2)
+
+
+def roles(model: Any) -> StepRoles:
+    """The roles of ``model``'s inputs and outputs: the integer input named like ``ids`` (or the
+    first [batch, new] integer input), the one named like ``mask``, the float rank-4 inputs (the
+    past keys and values, in order), the output named like ``logits`` (else the first) and the
+    float rank-4 outputs (the present keys and values, in the pasts' order). ArgumentError naming
+    what is missing where ``model`` is not a decode step."""
+    signature = model.signature
+    integers = [v for v in signature.inputs if _tensor(v) and not v.type.dtype.is_float and v.type.rank == 2]
+    ids = next((v for v in integers if "id" in v.name.lower()), integers[0] if integers else None)
+    mask = next((v for v in integers if "mask" in v.name.lower() and v is not ids), None)
+    past = [v for v in signature.inputs if _tensor(v) and v.type.dtype.is_float and v.type.rank == 4]
+    outputs = [v for v in signature.outputs if _tensor(v)]
+    logits = next((v for v in outputs if "logit" in v.name.lower()), outputs[0] if outputs else None)
+    present = [v for v in outputs if v is not logits and v.type.dtype.is_float and v.type.rank == 4]
+    missing = [
+        what
+        for what, found in (("token ids [batch, new]", ids), ("logits", logits), ("past keys and values", past))
+        if not found
+    ]
+    if not missing and len(present) != len(past):
+        missing.append(f"as many present keys and values as past ones ({len(present)} vs {len(past)})")
+    if missing:
+        raise ArgumentError(f"not a decode step: no {', '.join(missing)} among its inputs and outputs")
+    assert ids is not None and logits is not None
+    return StepRoles(
+        ids.name,
+        mask.name if mask is not None else None,
+        tuple(v.name for v in past),
+        logits.name,
+        tuple(v.name for v in present),
+        tuple(tuple(v.type.shape) for v in past),
+    )
+
+
+def _tensor(value: Any) -> bool:
+    return isinstance(value.type, TensorType) and value.type.shape is not None
+
+
+def stream(
+    model: Any,
+    input_ids: Any,
+    max_new_tokens: int,
+    temperature: float = 0.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    seed: int | None = None,
+    stop_tokens: Sequence[int] = (),
+) -> Iterator[np.ndarray]:
+    """Each generated step's token ids ([batch] int64), as soon as it is drawn (see the module)."""
+    found = roles(model)
+    ids = _prompt(input_ids)
+    _check_sampling(max_new_tokens, temperature, top_k, top_p)
+    batch, prompt = ids.shape
+    context = _context(model, found)
+    if context is not None and prompt + max_new_tokens - 1 > context:
+        raise ArgumentError(
+            f"a prompt of {prompt} tokens and {max_new_tokens} new ones need a cache of "
+            f"{prompt + max_new_tokens - 1} positions; the model was compiled for at most {context}"
+        )
+    cache = [np.zeros(_cache_shape(shape, batch), np.float32) for shape in found.cache]
+    rng = np.random.default_rng(seed)
+    stops = np.asarray(list(stop_tokens), np.int64)
+    done = np.zeros(batch, bool)
+    logits = None
+    for position in range(prompt):  # the prompt, one token a step
+        logits, cache = _step(model, found, ids[:, position : position + 1], cache, position)
+    for produced in range(max_new_tokens):
+        assert logits is not None
+        token = np.where(done, _last(ids), pick(logits[:, -1], temperature, top_k, top_p, rng))
+        done |= np.isin(token, stops)
+        ids = np.concatenate([ids, token[:, None]], axis=1)
+        yield token
+        if done.all() or produced == max_new_tokens - 1:
+            return
+        logits, cache = _step(model, found, token[:, None], cache, ids.shape[1] - 1)
+
+
+def generate(model: Any, input_ids: Any, max_new_tokens: int, **sampling: Any) -> np.ndarray:
+    """The prompt and the tokens generated after it, [batch, prompt + generated] (``stream``'s
+    keyword arguments: temperature, top_k, top_p, seed, stop_tokens)."""
+    ids = _prompt(input_ids)
+    steps = list(stream(model, ids, max_new_tokens, **sampling))
+    return np.concatenate([ids, np.stack(steps, axis=1)], axis=1) if steps else ids
+
+
+def pick(logits: np.ndarray, temperature: float, top_k: int, top_p: float, rng: np.random.Generator) -> np.ndarray:
+    """One token per row of ``logits`` [batch, vocab] (see the module's sampling rules)."""
+    rows = np.asarray(logits, np.float64)
+    if temperature <= 0:
+        return rows.argmax(axis=1).astype(np.int64)
+    scores = rows / temperature
+    if 0 < top_k < scores.shape[1]:
+        kth = np.partition(scores, -top_k, axis=1)[:, -top_k][:, None]
+        scores = np.where(scores < kth, -np.inf, scores)
+    probs = np.exp(scores - scores.max(axis=1, keepdims=True))
+    probs /= probs.sum(axis=1, keepdims=True)
+    if top_p < 1.0:
+        order = np.argsort(-probs, axis=1, kind="stable")
+        ranked = np.take_along_axis(probs, order, axis=1)
+        before = np.cumsum(ranked, axis=1) - ranked  # the mass of the more likely ones
+        ranked = np.where(before < top_p, ranked, 0.0)
+        probs = np.zeros_like(probs)
+        np.put_along_axis(probs, order, ranked, axis=1)
+        probs /= probs.sum(axis=1, keepdims=True)
+    draws = rng.random(len(probs))[:, None]
+    return np.minimum((np.cumsum(probs, axis=1) < draws).sum(axis=1), probs.shape[1] - 1).astype(np.int64)
+
+
+def _step(model: Any, found: StepRoles, tokens: np.ndarray, cache: list[np.ndarray], past: int) -> tuple:
+    feeds: dict[str, np.ndarray] = {found.ids: np.ascontiguousarray(tokens, np.int64)}
+    if found.mask is not None:
+        feeds[found.mask] = np.ones((tokens.shape[0], past + tokens.shape[1]), np.int64)
+    feeds.update(zip(found.past, cache))
+    out = model.run(feeds)
+    return np.asarray(out[found.logits]), [np.asarray(out[name]) for name in found.present]
+
+
+def _prompt(input_ids: Any) -> np.ndarray:
+    ids = np.asarray(input_ids)
+    if ids.ndim == 1:
+        ids = ids[None]
+    if ids.ndim != 2 or ids.shape[1] < 1 or ids.dtype.kind not in "iu":
+        raise ArgumentError(
+            f"input_ids: a [batch, tokens] integer array of at least one token, got {ids.dtype}{list(ids.shape)}"
+        )
+    return ids.astype(np.int64)
+
+
+def _check_sampling(max_new_tokens: int, temperature: float, top_k: int, top_p: float) -> None:
+    if type(max_new_tokens) is not int or max_new_tokens < 1:
+        raise ArgumentError(f"max_new_tokens: a positive integer, got {max_new_tokens!r}")
+    if not temperature >= 0 or not 0 < top_p <= 1 or type(top_k) is not int or top_k < 0:
+        raise ArgumentError(
+            f"sampling: temperature >= 0, 0 < top_p <= 1, top_k >= 0; got {temperature}, {top_p}, {top_k}"
+        )
+
+
+def _cache_shape(shape: tuple[int | str, ...], batch: int) -> tuple[int, ...]:
+    """An empty cache of the past input's shape: [batch, heads, 0, head_dim]."""
+    heads, depth = shape[1], shape[3]
+    if not isinstance(heads, int) or not isinstance(depth, int):
+        raise ArgumentError(f"a past input of shape {list(shape)}: its heads and head size must be numbers")
+    return (batch, heads, 0, depth)
+
+
+def _context(model: Any, found: StepRoles) -> int | None:
+    """The longest past the model was compiled for (its past dim's declared range), None: unknown."""
+    symbol = found.cache[0][2]
+    ranges = getattr(model, "ranges", None) or {}
+    return ranges[symbol][1] if isinstance(symbol, str) and symbol in ranges else None
+
+
+def _last(ids: np.ndarray) -> np.ndarray:
+    return ids[:, -1]
+
+
+__all__ = ["StepRoles", "generate", "pick", "roles", "stream"]

@@ -1,0 +1,95 @@
+"""Generation on a compiled decode step (kiln.generate, issue 52): greedy generation gives token
+for token what ``transformers.generate`` gives on the same random weights for GPT-2, Llama- and
+Qwen2-like decoders, with no compile after ``kiln.compile`` for any prompt length or number of new
+tokens in the declared context; sampling is seeded; bad arguments are named errors."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import kiln
+from kiln.driver.generation import pick, roles
+from kiln.driver.variants import plans_compiled
+from kiln.errors import ArgumentError
+from kiln.zoo import decoders
+
+torch = pytest.importorskip("torch", reason="torch (the 'zoo' extra) exports the decoders")
+pytest.importorskip("transformers", reason="transformers (the 'zoo' extra) defines the decoders")
+pytest.importorskip("onnxscript", reason="onnxscript (the 'zoo' extra) is the dynamo exporter's backend")
+
+CONTEXT = {"past": "0..40", "total": "1..41", "batch": "1..2"}
+
+
+def compiled(name: str, exporter: str):  # type: ignore[no-untyped-def]
+    return kiln.compile(str(decoders.export(name, exporter=exporter)), dims=CONTEXT)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("name", "exporter"), [("gpt2", "torchscript"), ("llama", "dynamo"), ("qwen2", "torchscript")])
+def test_greedy_generation_matches_transformers_token_for_token(name, exporter, monkeypatch):
+    monkeypatch.setenv("KILN_PLAN_CACHE", "0")
+    model = compiled(name, exporter)
+    hf = decoders.build(name).model
+    compiles = plans_compiled()
+    rng = np.random.default_rng(11)
+    for batch, prompt, new in ((1, 5, 12), (2, 3, 9), (1, 1, 20)):
+        ids = rng.integers(0, decoders.get(name).vocab, (batch, prompt)).astype(np.int64)
+        with torch.no_grad():
+            want = hf.generate(
+                torch.from_numpy(ids),
+                attention_mask=torch.ones_like(torch.from_numpy(ids)),
+                max_new_tokens=new,
+                min_new_tokens=new,
+                do_sample=False,
+                pad_token_id=0,
+            ).numpy()
+        got = kiln.generate(model, ids, max_new_tokens=new)
+        assert got.shape == want.shape and np.array_equal(got, want), (
+            f"{name} at {batch}x{prompt}+{new}:\n{got}\n{want}"
+        )
+    assert plans_compiled() == compiles, "a prompt length or a new token compiled after kiln.compile returned"
+
+
+@pytest.mark.slow
+def test_sampling_is_seeded_and_stops_at_stop_tokens(monkeypatch):
+    monkeypatch.setenv("KILN_PLAN_CACHE", "0")
+    model = compiled("gpt2", "torchscript")
+    ids = np.array([[5, 17, 99]], np.int64)
+    first = kiln.generate(model, ids, 10, temperature=0.9, top_k=40, top_p=0.95, seed=3)
+    again = kiln.generate(model, ids, 10, temperature=0.9, top_k=40, top_p=0.95, seed=3)
+    assert np.array_equal(first, again) and first.shape == (1, 13)
+    stop = int(first[0, 5])  # the third token drawn: generation ends there
+    stopped = kiln.generate(model, ids, 10, temperature=0.9, top_k=40, top_p=0.95, seed=3, stop_tokens=[stop])
+    assert np.array_equal(stopped[0], first[0, : list(first[0, 3:]).index(stop) + 4])
+    steps = list(kiln.generate_stream(model, ids, 4))
+    assert len(steps) == 4 and all(s.shape == (1,) for s in steps)
+    with pytest.raises(ArgumentError, match="compiled for at most 40"):
+        kiln.generate(model, np.zeros((1, 30), np.int64), 12)
+    with pytest.raises(ArgumentError, match="max_new_tokens"):
+        kiln.generate(model, ids, 0)
+    with pytest.raises(ArgumentError, match="top_p"):
+        kiln.generate(model, ids, 3, temperature=1.0, top_p=0.0)
+
+
+def test_pick_keeps_only_the_top_k_and_the_nucleus():
+    rng = np.random.default_rng(0)
+    logits = np.log(np.array([[0.5, 0.3, 0.15, 0.05]]))
+    assert pick(logits, 0.0, 0, 1.0, rng).tolist() == [0]
+    drawn = {int(pick(logits, 1.0, 2, 1.0, rng)[0]) for _ in range(200)}
+    assert drawn == {0, 1}  # top-2: never 2 or 3, both of the two drawn
+    drawn = {int(pick(logits, 1.0, 0, 0.7, rng)[0]) for _ in range(200)}
+    assert drawn == {0, 1}  # the smallest set reaching 0.7: 0.5 + 0.3
+
+
+def test_a_model_that_is_no_decode_step_is_a_named_error():
+    class NotAStep:
+        signature = kiln.compile.__globals__  # (anything without the roles)
+
+    from kiln.ir.graph import Graph, Value
+    from kiln.ir.types import DType, TensorType
+
+    x = Value("x", TensorType(DType.FLOAT32, (1, 4)))
+    NotAStep.signature = Graph(inputs=(x,), outputs=(x,), nodes=(), constants={})  # type: ignore[assignment]
+    with pytest.raises(ArgumentError, match="not a decode step"):
+        roles(NotAStep())
