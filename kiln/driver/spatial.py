@@ -362,6 +362,7 @@ def run_time_dims_kernels(
         extra, checked = checks(graph, route.names, ranges, dims)
     except KilnError as err:
         raise NotAffine(f"the model has no shapes at some sizes of the ranges {ranges}: {err}") from None
+    bindings[0] = _kept(bindings[0], route.names, values[0])
     states = [_lowered(graph, b, target, options, prebuilt, b is not bindings[0]) for b in bindings]
     held = _lowered(graph, extra[0], target, options, prebuilt, True)
     check_constants([*states, held])
@@ -384,6 +385,21 @@ def run_time_dims_kernels(
             held = _lowered(graph, extra[0], target, options, prebuilt, True)
             check_constants([*states, held])
     raise AssertionError("unreachable")
+
+
+def _kept(binding: dict[str, int], names: tuple[str, ...], vector: np.ndarray) -> dict[str, int]:
+    """The capacity's binding with each symbol a ``SizedInt`` that keeps its name: the ranged input
+    dims, and the symbols inference made where no expression of them says a size (a layer's
+    ``s77``: its size is the dims vector's entry, the expression its own name)."""
+    kept = dict(binding)
+    for i, name in enumerate(names):
+        try:
+            bare = size_exprs.parse(name).symbol == name
+        except size_exprs.DimSyntaxError:
+            continue
+        if bare and name not in binding and int(vector[i]) >= 0:
+            kept[name] = SizedInt(int(vector[i]), size_exprs.sym(name))
+    return kept
 
 
 def _lowered(graph: Graph, dims: dict[str, int], target: Any, options: Any, prebuilt: Any, sample: bool) -> Compile:

@@ -13,6 +13,7 @@ import onnx
 
 from kiln.errors import ShapeInferenceError
 from kiln.ir.graph import Node
+from kiln.ir.sized import SizedInt
 from kiln.ir.types import TensorType, Type
 from kiln.ops.registry import InferContext, has_trait, lookup
 
@@ -177,11 +178,24 @@ def memo_key(
                 None if v is None else ("large",) if np.size(v) > SMALL_VALUE else _frozen(np.asarray(v)) for v in known
             ),
             tuple(None if s is None else _frozen(tuple(s)) for s in symbolic),
+            _sized(input_types),  # (a size that keeps its expression infers types that keep theirs)
         )
         hash(key)
         return key
     except TypeError:  # an attribute kiln cannot key (a subgraph): inferred every time
         return None
+
+
+def _sized(input_types: list[Type | None]) -> tuple | None:
+    """The expressions of the inputs' ``SizedInt`` dims (None: there are none, the usual case)."""
+    found = [
+        (i, j, d.expr)
+        for i, t in enumerate(input_types)
+        if isinstance(t, TensorType) and t.shape is not None
+        for j, d in enumerate(t.shape)
+        if isinstance(d, SizedInt)
+    ]
+    return tuple(found) if found else None
 
 
 # The largest tensor kiln accepts: more than any machine it targets can hold, and far below the
