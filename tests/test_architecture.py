@@ -23,7 +23,7 @@ LAYERS: tuple[str, ...] = (
     "kiln.runtime",  # load and run plans only
     "kiln.driver",  # the pipeline, compiling, variants, caches, artifacts, quantization
     "kiln",  # the public API: compile, load, targets
-    "kiln.diff", "kiln.conformance", "kiln.zoo", "kiln.torch_backend"  # tools on the API
+    "kiln.diff", "kiln.conformance", "kiln.zoo", "kiln.torch_backend",  # tools on the API
     "kiln.serve",  # the Open Inference Protocol server (kiln serve)
     "kiln.bench",
     "kiln.tune",
