@@ -89,24 +89,21 @@ def expr_of(value: object) -> sizes.Expr | None:
 
 def smallest(*values: int) -> int:
     """``min`` that keeps the expression (min of the operands' expressions)."""
-    chosen = min(values)
-    found = [expr_of(v) for v in values]
-    if any(isinstance(v, SizedInt) for v in values) and all(e is not None for e in found):
-        expr = found[0]
-        for other in found[1:]:
-            expr = sizes.extreme(True, expr, other)  # type: ignore[arg-type]
-        return SizedInt(chosen, expr)  # type: ignore[arg-type]
-    return chosen
+    return _extreme(True, values)
 
 
 def largest(*values: int) -> int:
     """``max`` that keeps the expression."""
-    chosen = max(values)
+    return _extreme(False, values)
+
+
+def _extreme(lowest: bool, values: tuple[int, ...]) -> int:
+    chosen = min(values) if lowest else max(values)
     found = [expr_of(v) for v in values]
     if any(isinstance(v, SizedInt) for v in values) and all(e is not None for e in found):
         expr = found[0]
         for other in found[1:]:
-            expr = sizes.extreme(False, expr, other)  # type: ignore[arg-type]
+            expr = sizes.extreme(lowest, expr, other)  # type: ignore[arg-type]
         return SizedInt(chosen, expr)  # type: ignore[arg-type]
     return chosen
 
