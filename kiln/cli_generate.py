@@ -64,7 +64,8 @@ def generate_command(
     compile_s = time.perf_counter() - started
     vocab = _vocab(compiled)
     ids = np.random.default_rng(seed).integers(0, vocab, (batch, prompt_tokens)).astype(np.int64)
-    stamps, running = _timed_run(compiled, generation)
+    stamps: list[float] = []
+    running = _timed_runs(compiled)
     started = time.perf_counter()
     steps = []
     for token in generation.stream(compiled, ids, new_tokens, temperature, top_k, top_p, seed):
@@ -108,8 +109,8 @@ def _vocab(compiled) -> int:  # type: ignore[no-untyped-def]
     return vocab if isinstance(vocab, int) else 2
 
 
-def _timed_run(compiled, generation) -> tuple[list[float], list[float]]:  # type: ignore[no-untyped-def]
-    """Wrap ``compiled.run`` to add each call's seconds to a list (the model's share of a step)."""
+def _timed_runs(compiled) -> list[float]:  # type: ignore[no-untyped-def]
+    """Wrap ``compiled.run`` to add each call's seconds to the list returned (the model's share of a step)."""
     running: list[float] = []
     run = compiled.run
 
@@ -121,4 +122,4 @@ def _timed_run(compiled, generation) -> tuple[list[float], list[float]]:  # type
             running.append(time.perf_counter() - started)
 
     compiled.run = timed
-    return [], running
+    return running

@@ -114,7 +114,7 @@ def stream(
         logits, cache = _step(model, found, ids[:, position : position + 1], cache, position)
     for produced in range(max_new_tokens):
         assert logits is not None
-        token = np.where(done, _last(ids), pick(logits[:, -1], temperature, top_k, top_p, rng))
+        token = np.where(done, ids[:, -1], pick(logits[:, -1], temperature, top_k, top_p, rng))
         done |= np.isin(token, stops)
         ids = np.concatenate([ids, token[:, None]], axis=1)
         yield token
@@ -196,10 +196,6 @@ def _context(model: Any, found: StepRoles) -> int | None:
     symbol = found.cache[0][2]
     ranges = getattr(model, "ranges", None) or {}
     return ranges[symbol][1] if isinstance(symbol, str) and symbol in ranges else None
-
-
-def _last(ids: np.ndarray) -> np.ndarray:
-    return ids[:, -1]
 
 
 __all__ = ["StepRoles", "generate", "pick", "roles", "stream"]

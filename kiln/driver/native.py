@@ -389,18 +389,17 @@ class NativeModel(Model):
         try:
             fixed = {**{k: v for k, v in base.items() if k not in ranges}, **sizes[0]}
             route = spatial.route_for(self.graph, ranges, fixed, names)
-            try:
-                model = self.dims_model_for(route)
-                model.prepare_many([{**base, **size, **route.capacity} for size in sizes])
-            except (extents.NotAffine, KilnError) as err:
-                if not spatial.reads_sizes_as_data(self.graph, route.names):
-                    raise
-                # the sizes the kernels read as data, folded per binding as before (their copies
-                # compute with what has no native lowering here: an integer Div on the host)
-                log.info("%s: sizes computed from the dims vector refused (%s); folding them", ", ".join(ranged), err)
-                route = dataclasses.replace(route, copies=False)
-                model = self.dims_model_for(route)
-                model.prepare_many([{**base, **size, **route.capacity} for size in sizes])
+            for copies in (True, False):  # sizes read as data from the dims vector, else folded per binding
+                route = dataclasses.replace(route, copies=copies)
+                try:
+                    model = self.dims_model_for(route)
+                    model.prepare_many([{**base, **size, **route.capacity} for size in sizes])
+                    break
+                except (extents.NotAffine, KilnError) as err:
+                    if not copies or not spatial.reads_sizes_as_data(self.graph, route.names):
+                        raise
+                    # (the copies compute with what has no native lowering here: an integer Div on the host)
+                    log.info("%s: sizes from the dims vector refused (%s); folding them", ", ".join(ranged), err)
         except (extents.NotAffine, KilnError) as err:
             log.info(
                 "%s: kernels cannot take the sizes at run time (%s); each new size compiles on first use",

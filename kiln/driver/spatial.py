@@ -170,17 +170,20 @@ def with_program(graph: Graph, route: RunTimeDims, dims: dict[str, int], inputs:
 
 def reads_sizes_as_data(graph: Graph, names: tuple[str, ...]) -> bool:
     """Whether ``with_dims_input`` copies any size computation (a kernel reads a size as data)."""
-    vector = Value(DIMS_INPUT, TensorType(DType.INT64, (len(names),)))
-    given = graph.with_(inputs=[*graph.inputs, vector])
+    given, vector = _with_vector(graph, names)
     return read_at_run_time(given, vector, names) is not given
 
 
 def with_dims_input(graph: Graph, names: tuple[str, ...], copies: bool = True) -> Graph:
     """``graph`` with the dims vector as its last input, read by the kernels and (``copies``) by
     the copies of the size computations a kernel reads as data (``kiln.passes.run_time_sizes``)."""
-    vector = Value(DIMS_INPUT, TensorType(DType.INT64, (len(names),)))
-    given = graph.with_(inputs=[*graph.inputs, vector])
+    given, vector = _with_vector(graph, names)
     return read_at_run_time(given, vector, names) if copies else given
+
+
+def _with_vector(graph: Graph, names: tuple[str, ...]) -> tuple[Graph, Value]:
+    vector = Value(DIMS_INPUT, TensorType(DType.INT64, (len(names),)))
+    return graph.with_(inputs=[*graph.inputs, vector]), vector
 
 
 class Ambiguous(NotAffine):
@@ -260,14 +263,13 @@ class _DimsMerge(Merge):
     """``Merge`` whose integers are the lowering's own expressions over the dims vector where they
     hold at every lowered binding (``kiln.driver.sized_terms``), else terms fitted to them."""
 
-    def __init__(self, fitter: TermFitter, count: int, read: Any = None) -> None:
+    def __init__(self, fitter: TermFitter, count: int, read: Any) -> None:
         super().__init__(tuple(range(count)))
         self.fitter, self.read = fitter, read
         self.sizes: dict[str, tuple[str, Any]] = {}  # where -> (how the value is the term, the term)
-        self.counts = {"read": 0, "fitted": 0}
 
     def fit(self, values: list[int], where: str) -> Any:
-        size = self.read(values) if self.read is not None else None
+        size = self.read(values)
         self.counts["read" if size is not None else "fitted"] += 1
         if size is None:
             size = self.fitter.fit(values, where)
@@ -356,13 +358,12 @@ def run_time_dims_kernels(
     ranges = {name: (low, high) for name, low, high in route.ranged}
     options = options.with_(disabled=options.disabled | UNUSED)
     bindings = [{**dims, **route.binding(s)} for s in route.samples]
-    bindings[0] = {k: SizedInt(v, size_exprs.sym(k)) if k in ranges else v for k, v in bindings[0].items()}
     try:
         values = [dim_values(graph, route.names, b) for b in bindings]
         extra, checked = checks(graph, route.names, ranges, dims)
     except KilnError as err:
         raise NotAffine(f"the model has no shapes at some sizes of the ranges {ranges}: {err}") from None
-    bindings[0] = _kept(bindings[0], route.names, values[0])
+    bindings[0] = _kept(bindings[0], ranges, route.names, values[0])
     states = [_lowered(graph, b, target, options, prebuilt, b is not bindings[0]) for b in bindings]
     held = _lowered(graph, extra[0], target, options, prebuilt, True)
     check_constants([*states, held])
@@ -387,11 +388,11 @@ def run_time_dims_kernels(
     raise AssertionError("unreachable")
 
 
-def _kept(binding: dict[str, int], names: tuple[str, ...], vector: np.ndarray) -> dict[str, int]:
+def _kept(binding: dict[str, int], ranges: Any, names: tuple[str, ...], vector: np.ndarray) -> dict[str, int]:
     """The capacity's binding with each symbol a ``SizedInt`` that keeps its name: the ranged input
     dims, and the symbols inference made where no expression of them says a size (a layer's
     ``s77``: its size is the dims vector's entry, the expression its own name)."""
-    kept = dict(binding)
+    kept = {k: SizedInt(v, size_exprs.sym(k)) if k in ranges else v for k, v in binding.items()}
     for i, name in enumerate(names):
         try:
             bare = size_exprs.parse(name).symbol == name

@@ -110,7 +110,7 @@ def _extreme(lowest: bool, values: tuple[int, ...]) -> int:
 
 def size_product(dims: Any) -> int:
     """The product of sizes (1 for none), a ``SizedInt`` where a factor is one."""
-    found = [d for d in dims]
+    found = list(dims)
     if any(isinstance(d, SizedInt) for d in found):
         product: int = 1
         for d in found:

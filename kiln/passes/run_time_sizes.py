@@ -20,6 +20,8 @@ a graph with none is returned unchanged (the same object).
 
 from __future__ import annotations
 
+from functools import reduce
+
 import numpy as np
 
 from kiln.ir import dims as sizes
@@ -158,9 +160,9 @@ class _Copier:
             start, end = node.attrs.get("start", 0), node.attrs.get("end", rank)
             start = max(0, min(rank, start + rank if start < 0 else start))
             end = max(0, min(rank, end + rank if end < 0 else end))
-            parts = [self._dim(d) for d in shape[start:end]]
+            parts = [self._dim(_expr(d)) for d in shape[start:end]]
         else:
-            parts = [self._dim(sizes.text(sizes.mul(*(_expr(d) for d in shape)) if shape else sizes.const(1)))]
+            parts = [self._dim(reduce(sizes.mul, (_expr(d) for d in shape), sizes.const(1)))]
         if any(p is None for p in parts):
             return None
         out = node.outputs[0]
@@ -172,9 +174,8 @@ class _Copier:
             joined = self._emit("Reshape", [joined, self._constant(np.zeros(0, np.int64))], {}, out.type, out.name)
         return (joined,)
 
-    def _dim(self, dim: int | str) -> Value | None:
-        """A [1] int64 vector: the dim computed from the dims vector's entries of input symbols."""
-        expr = _expr(dim)
+    def _dim(self, expr: sizes.Expr) -> Value | None:
+        """A [1] int64 vector: the size ``expr`` computed from the dims vector's entries of input symbols."""
         one = TensorType(DType.INT64, (1,))
         total = self._constant(np.array([expr.constant], np.int64)) if expr.constant or not expr.terms else None
         for atoms, coefficient in expr.terms:

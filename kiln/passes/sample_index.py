@@ -12,14 +12,13 @@ seq``), which a Gather from the mask flattened to ``[batch*seq]`` reads sample b
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from functools import reduce
 
 import numpy as np
 
 from kiln.ir import dims as sizes
 from kiln.ir.graph import Node, Value
 from kiln.ir.types import TensorType
-from kiln.ops.symbolic_dims import ONE, Monomial, as_expr, dim_of
+from kiln.ops.symbolic_dims import ONE, Monomial, as_expr, dim_of, product_name
 
 
 @dataclass(frozen=True)
@@ -144,15 +143,10 @@ def reads_own_block(state: Index, per: Monomial) -> tuple[str, ...] | None:
             return None
         if state.span in (ONE, per):
             return ()
-        excess = sizes.extreme(False, sizes.sub(_expr(state.span), _expr(per)), sizes.const(0))
+        span, block = as_expr(product_name(state.span)), as_expr(product_name(per))
+        excess = sizes.extreme(False, sizes.sub(span, block), sizes.const(0))
         return () if excess == sizes.const(0) else (sizes.text(excess),)
     return () if per == Monomial(state.scale) and 0 <= state.low and state.high <= state.scale else None
-
-
-def _expr(product: Monomial) -> sizes.Expr:
-    return sizes.scale(
-        reduce(sizes.mul, (sizes.parse(s) for s in product.symbols), sizes.const(1)), product.coefficient
-    )
 
 
 def scatters_within_samples(node: Node, batched: list[tuple[int, int]]) -> bool:

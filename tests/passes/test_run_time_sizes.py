@@ -136,3 +136,26 @@ def test_a_graph_whose_sizes_only_shape_it_is_unchanged():
     vector = Value(spatial.DIMS_INPUT, TensorType(DType.INT64, (1,)))
     given = graph.with_(inputs=[*graph.inputs, vector])
     assert read_at_run_time(given, vector, ("n",)) is given
+
+
+def test_a_size_scaling_data_is_read_from_the_dims_vector(tmp_path, monkeypatch):
+    """``x * Size(x)`` (rank 3: the element count, a product of a dim and numbers) runs on one
+    compile at every length, matching onnxruntime."""
+    monkeypatch.setenv("KILN_PLAN_CACHE", "0")
+    nodes = [
+        helper.make_node("Size", ["x"], ["count"]),
+        helper.make_node("Cast", ["count"], ["scale"], to=1),
+        helper.make_node("Mul", ["x", "scale"], ["y"]),
+    ]
+    path = tmp_path / "size.onnx"
+    path.write_bytes(make_model(nodes, [("x", FLOAT, [1, "n", 4])], [("y", FLOAT, [1, "n", 4])]).SerializeToString())
+    graph = import_onnx(str(path))
+    names = spatial.graph_symbols(graph)
+    assert spatial.reads_sizes_as_data(graph, names)
+    model = kiln.compile(str(path), dims={"n": "1..40"})
+    session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    compiled = plans_compiled()
+    for n in (1, 7, 40):
+        x = {"x": np.random.default_rng(n).standard_normal((1, n, 4)).astype(np.float32)}
+        np.testing.assert_allclose(model.run(x)["y"], session.run(None, x)[0], rtol=1e-6, err_msg=f"n={n}")
+    assert plans_compiled() == compiled
