@@ -109,8 +109,12 @@ def measure(name: str, exporter: str) -> dict[str, Any]:
             "worst_rel_l2": worst,
             "native": bool(getattr(model, "is_native", False)),
             "run_time_refused": dict(getattr(model, "run_time_refused", {}) or {}),
+            "routes_taken": dict(getattr(model, "routes_taken", {}) or {}),
         }
     )
+    from kiln.driver.routes import dim_routes
+
+    row["route_per_dim"] = {symbol: route for symbol, (route, _) in dim_routes(model).items()}
     from kiln.cli_check_ranges import check_ranges, exit_code
 
     # what `kiln check PATH --dim ... --strict` says of the same ranges
@@ -140,15 +144,15 @@ def main() -> int:
         print(json.dumps(measure(name, exporter), default=str), flush=True)
         return 0
     print(
-        f"{'model':<12} {'exporter':<11} {'batch':<10} {'compiles':>8} {'first call s':>12} {'worst rel L2':>12}  "
+        f"{'model':<12} {'exporter':<11} {'route per dim':<44} {'compiles':>8} {'first call s':>12} {'worst rel L2':>12}  "
         f"{'sizes read/fitted':>17}  {'kiln check --strict':<28} errors"
     )
     for name in args.models.split(","):
         for exporter in args.exporters.split(","):
             row = measured_alone(__file__, f"{name}:{exporter}", args.timeout, {"model": name, "exporter": exporter})
-            batch = "parallel" if row.get("sample_parallel", {}).get("batch", "").startswith("Parallel") else "refused"
+            routes = ", ".join(f"{k}: {v}" for k, v in row.get("route_per_dim", {}).items()) or "-"
             print(
-                f"{name:<12} {exporter:<11} {batch:<10} {row.get('compiles_after_compile', '-'):>8} "
+                f"{name:<12} {exporter:<11} {routes:<44} {row.get('compiles_after_compile', '-'):>8} "
                 f"{row.get('slowest_first_call_s', float('nan')):>12.2f} {row.get('worst_rel_l2', float('nan')):>12.1e}  "
                 f"{'/'.join(map(str, row.get('sizes_read_fitted', ['-']))):>17}  {_check_text(row):<28} {row.get('error') or '; '.join(row.get('errors', []))[:300]}",
                 flush=True,

@@ -50,42 +50,10 @@ def _size_classes(items: tuple[str, ...]) -> dict[str, str]:
 
 def _say_ranges(compiled) -> None:  # type: ignore[no-untyped-def]
     """What the declared ranges mean for this model: which dims run every size without a compile."""
-    from kiln.passes.batching import Parallel
+    from kiln.driver.routes import dim_routes
 
-    chunking, padder = compiled.chunking(), compiled.padder()
-    for symbol, found in compiled.sample_parallel().items():
-        low, high = compiled.ranges.get(symbol, (None, None))
-        bounds = (
-            f"{low}..{high}" if low is not None else f"no range declared: any size; --dim {symbol}=LOW..HIGH bounds it"
-        )
-        if isinstance(found, Parallel) and chunking is not None and chunking.symbol == symbol:
-            saved = sorted({dims[symbol] for dims, _ in compiled.bindings() if symbol in dims})
-            sizes = ", ".join(map(str, [c for c in chunking.classes if c in saved] or saved))
-            out.print(f"{symbol} ({bounds}): sample-parallel; every size runs from the size classes {sizes}")
-        elif padder is not None and padder.symbol == symbol and padder.samples:
-            lowered = ", ".join(map(str, padder.samples))
-            out.print(
-                f"{symbol} ({bounds}): run-time length; one library per batch class whose kernels take the length "
-                f"at run time (lowered at {lowered}; lengths below {padder.floor} run at {padder.floor}, masked)"
-            )
-        elif padder is not None and padder.symbol == symbol:
-            lengths = ", ".join(map(str, padder.classes))
-            why = compiled.run_time_refused.get(symbol)
-            said = f" (kernels cannot take it at run time: {why})" if why else ""
-            out.print(
-                f"{symbol} ({bounds}): pads; every length runs at the smallest compiled length that holds it: "
-                f"{lengths}{said}"
-            )
-        elif getattr(compiled, "dims_model", None) is not None and symbol in compiled.dims_model.spatial.symbols:
-            out.print(
-                f"{symbol} ({bounds}): run-time dims; one library per batch class whose kernels read every "
-                "layer's size from the call's dims vector (no compile for any size in the ranges)"
-            )
-        else:
-            why = found if not isinstance(found, Parallel) else "another dim is chunked"
-            refused = compiled.run_time_refused.get(symbol)
-            said = f"; kernels cannot take it at run time: {refused}" if refused else ""
-            out.print(f"{symbol} ({bounds}): each new size compiles on first use (not sample-parallel: {why}{said})")
+    for symbol, (_, text) in dim_routes(compiled).items():
+        out.print(f"{symbol} {text}")
 
 
 @click.command("compile")

@@ -29,6 +29,7 @@ C-shaped arrays), or an im2col geometry that varies.
 from __future__ import annotations
 
 import dataclasses
+import logging
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
@@ -67,6 +68,8 @@ FLOOR = 16  # the smallest length lowered: shorter runs compute at it (masked), 
 _SCHEDULE = {"schedule", "blocking", "threads", "flops", "tuning"}
 # engine-call classes whose integer fields may be run-time sizes (their renderers print them)
 _SIZED = (GemmSpec, MatrixOperand, AttentionSpec, AttentionOperand, WinogradInput, WinogradOutput)
+
+log = logging.getLogger("kiln")
 
 
 class NotAffine(Exception):
@@ -130,8 +133,11 @@ def _read(values: list[int], lengths: tuple[int, ...]) -> RunTimeSize | None:
     found = values[0]
     if not isinstance(found, SizedInt) or len(size_exprs.symbols(found.expr)) != 1:
         return None
-    coefficients = [found.expr.constant, 0, 0]
-    for atoms, coefficient in found.expr.terms:
+    # the lowered lengths bound the symbol (shorter runs compute at the floor): min(2048, seq) is seq
+    (symbol,) = size_exprs.symbols(found.expr)
+    expr = size_exprs.simplified(found.expr, {symbol: (min(lengths), max(lengths))})
+    coefficients = [expr.constant, 0, 0]
+    for atoms, coefficient in expr.terms:
         if len(atoms) > 2 or not all(isinstance(a, size_exprs.Sym) for a in atoms):
             return None
         coefficients[len(atoms)] += coefficient
@@ -174,6 +180,8 @@ class Merge:
     def fit(self, values: list[int], where: str) -> Any:
         read = _read(values, self.lengths)
         self.counts["read" if read is not None else "fitted"] += 1
+        if read is None:
+            log.debug("run-time length: %s fitted (no expression gives %s)", where, values)
         return read or _fit(values, self.lengths, where)
 
     def expression(self, size: Any) -> Any:

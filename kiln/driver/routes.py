@@ -197,3 +197,51 @@ def _compiled(model: Any, dims: dict[str, int], inputs: list[Any], refused: list
             executable, name, detail = candidate, "value-specialized", "compiled for these input values"
     model.note_ran(executable)
     return model.run_executable(executable, inputs), name, detail
+
+
+def dim_routes(model: Any) -> dict[str, tuple[str, str]]:
+    """Per symbolic dim of ``model`` (a ``NativeModel`` with declared ranges): the route that serves
+    its sizes (``chunked``, ``run-time length``, ``padded``, ``run-time dims`` or ``per-size
+    compile``) and a sentence saying so, with the refusals that put it there (``kiln compile``
+    prints them; benchmarks record them)."""
+    chunking, padder = model.chunking(), model.padder()
+    dims_model = getattr(model, "dims_model", None)
+    found: dict[str, tuple[str, str]] = {}
+    for symbol, proof in model.sample_parallel().items():
+        low, high = model.ranges.get(symbol, (None, None))
+        bounds = (
+            f"{low}..{high}" if low is not None else f"no range declared: any size; --dim {symbol}=LOW..HIGH bounds it"
+        )
+        refused = model.run_time_refused.get(symbol)
+        if isinstance(proof, Parallel) and chunking is not None and chunking.symbol == symbol:
+            saved = sorted({dims[symbol] for dims, _ in model.bindings() if symbol in dims})
+            classes = ", ".join(map(str, [c for c in chunking.classes if c in saved] or saved))
+            found[symbol] = ("chunked", f"({bounds}): sample-parallel; every size runs from the size classes {classes}")
+        elif padder is not None and padder.symbol == symbol and padder.samples:
+            lowered = ", ".join(map(str, padder.samples))
+            found[symbol] = (
+                "run-time length",
+                f"({bounds}): run-time length; one library per batch class whose kernels take the length at run "
+                f"time (lowered at {lowered}; lengths below {padder.floor} run at {padder.floor}, masked)",
+            )
+        elif padder is not None and padder.symbol == symbol:
+            said = f" (kernels cannot take it at run time: {refused})" if refused else ""
+            found[symbol] = (
+                "padded",
+                f"({bounds}): pads; every length runs at the smallest compiled length that holds it: "
+                f"{', '.join(map(str, padder.classes))}{said}",
+            )
+        elif dims_model is not None and symbol in dims_model.spatial.symbols:
+            found[symbol] = (
+                "run-time dims",
+                f"({bounds}): run-time dims; one library per batch class whose kernels read every layer's size "
+                "from the call's dims vector (no compile for any size in the ranges)",
+            )
+        else:
+            why = proof if not isinstance(proof, Parallel) else "another dim is chunked"
+            said = f"; kernels cannot take it at run time: {refused}" if refused else ""
+            found[symbol] = (
+                "per-size compile",
+                f"({bounds}): each new size compiles on first use (not sample-parallel: {why}{said})",
+            )
+    return found

@@ -60,10 +60,11 @@ def read(
     if not isinstance(value, SizedInt):
         return None
     position = {name: i for i, name in enumerate(names)}
-    symbols = sizes.symbols(value.expr)
-    if not symbols or not symbols <= set(position) or not _printable(value.expr, ranges):
+    expr = sizes.simplified(value.expr, ranges)  # (min(2048, seq) is seq where seq <= 2048)
+    symbols = sizes.symbols(expr)
+    if not symbols or not symbols <= set(position) or not _printable(expr, ranges):
         return None
-    size = ExprSize(value.expr, tuple(sorted((s, position[s]) for s in symbols)))
+    size = ExprSize(expr, tuple(sorted((s, position[s]) for s in symbols)))
     try:
         if any(size.at(vector) != int(v) for vector, v in zip(vectors, values)):
             return None

@@ -272,6 +272,7 @@ class _DimsMerge(Merge):
         size = self.read(values)
         self.counts["read" if size is not None else "fitted"] += 1
         if size is None:
+            log.debug("run-time dims: %s fitted (no expression gives %s)", where, values)
             size = self.fitter.fit(values, where)
         self.sizes[where] = ("int", size)
         return size

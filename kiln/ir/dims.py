@@ -187,8 +187,8 @@ def floordiv(expr: Expr, k: int, ranges: Ranges = NO_RANGES) -> Expr:
     if rest.is_constant:
         return add(quotient, const(rest.constant // k))
     low, high = bounds(rest, ranges)
-    if low >= 0 and high < k:
-        return quotient
+    if math.isfinite(low) and math.isfinite(high) and low // k == high // k:  # one quotient in the ranges
+        return add(quotient, const(int(low // k)))
     nested = rest.atom
     if isinstance(nested, Floor):  # (e // j) // k == e // (j*k)
         return add(quotient, of_atom(Floor(nested.inner, nested.k * k)))
@@ -210,8 +210,8 @@ def mod(expr: Expr, k: int, ranges: Ranges = NO_RANGES) -> Expr:
     if rest.is_constant:
         return const(rest.constant % k)
     low, high = bounds(rest, ranges)
-    if low >= 0 and high < k:
-        return rest
+    if math.isfinite(low) and math.isfinite(high) and low // k == high // k:  # one quotient in the ranges
+        return add(rest, const(-k * int(low // k)))
     nested = rest.atom
     if isinstance(nested, Mod) and nested.k % k == 0:  # (e % jk) % k == e % k
         return mod(nested.inner, k, ranges)
@@ -327,28 +327,34 @@ def _atom_bounds(atom: Atom, ranges: Ranges) -> tuple[float, float]:
     return pick(lo for lo, _ in found), pick(hi for _, hi in found)
 
 
-def substitute(expr: Expr, values: Mapping[str, int | Expr]) -> Expr:
-    """``expr`` with symbols replaced (by numbers or expressions), simplified again."""
+def substitute(expr: Expr, values: Mapping[str, int | Expr], ranges: Ranges = NO_RANGES) -> Expr:
+    """``expr`` with symbols replaced (by numbers or expressions), simplified again (with ``ranges``:
+    a min/max the ranges order, a floor division or remainder they bound, reduced)."""
     result = const(expr.constant)
     for atoms, coefficient in expr.terms:
         term = const(coefficient)
         for atom in atoms:
-            term = mul(term, _substitute_atom(atom, values))
+            term = mul(term, _substitute_atom(atom, values, ranges))
         result = add(result, term)
     return result
 
 
-def _substitute_atom(atom: Atom, values: Mapping[str, int | Expr]) -> Expr:
+def simplified(expr: Expr, ranges: Ranges) -> Expr:
+    """``expr`` reduced where ``ranges`` decide it: ``min(2048, seq)`` is ``seq`` for seq in 1..64."""
+    return substitute(expr, {}, ranges)
+
+
+def _substitute_atom(atom: Atom, values: Mapping[str, int | Expr], ranges: Ranges) -> Expr:
     if isinstance(atom, Sym):
         value = values.get(atom.name)
         return of_atom(atom) if value is None else value if isinstance(value, Expr) else const(int(value))
     if isinstance(atom, Floor):
-        return floordiv(substitute(atom.inner, values), atom.k)
+        return floordiv(substitute(atom.inner, values, ranges), atom.k, ranges)
     if isinstance(atom, Mod):
-        return mod(substitute(atom.inner, values), atom.k)
-    first, *rest = (substitute(item, values) for item in atom.items)
+        return mod(substitute(atom.inner, values, ranges), atom.k, ranges)
+    first, *rest = (substitute(item, values, ranges) for item in atom.items)
     for item in rest:
-        first = extreme(atom.lowest, first, item)
+        first = extreme(atom.lowest, first, item, ranges)
     return first
 
 

@@ -92,6 +92,18 @@ def test_min_and_max_drop_what_the_bounds_order():
     assert d.bounds(d.parse("2*seq-1"), ranged) == (1, 255)
 
 
+def test_ranges_simplify_an_expression_made_without_them():
+    """A position table's slice, min(2048, seq), is seq where the declared range keeps seq <= 2048
+    (the run-time routes read it as the length itself), and a floor division the range bounds
+    below its divisor is 0; outside the range nothing is dropped."""
+    table = d.parse("8*min(2048,seq) + (seq-1)//64")
+    assert d.simplified(table, {"seq": (1, 64)}) == d.parse("8*seq")
+    assert d.simplified(table, {"seq": (1, 4096)}) == table
+    assert d.simplified(d.parse("max(h,w)*h"), {"h": (32, 64), "w": (1, 16)}) == d.parse("h*h")
+    for seq in (1, 17, 64):  # the same value wherever the range holds
+        assert d.substitute(table, {"seq": seq}) == d.substitute(d.simplified(table, {"seq": (1, 64)}), {"seq": seq})
+
+
 def test_exact_division_sees_through_sums_and_rounded_sizes():
     """The element count of Swin's windows over the padded plane is the batch; a product over
     one of its factors is the rest; anything else is no exact quotient."""

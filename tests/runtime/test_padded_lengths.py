@@ -575,6 +575,13 @@ def test_a_causal_window_cut_from_a_table_with_computed_ends_pads_and_runs_every
     assert isinstance(paddable(graph, "seq", 1, 12), Padding)
     assert not isinstance(paddable(graph, "seq", 1, 100), Padding)  # min(seq, 64) is not the length past 64
     _matches_onnxruntime_at_every_length(model, (1, 4, 7, 12))
+    # up to the table's 64 rows the length is taken at run time: min(seq, 64) is read as seq from
+    # the declared range, so no kernel integer is fitted to the lowered lengths
+    from kiln.driver.extents import sizes_found
+
+    found = sizes_found()
+    _matches_onnxruntime_at_every_length(model, (3, 64))
+    assert sizes_found()["read"] > found["read"] and sizes_found()["fitted"] == found["fitted"]
 
 
 def test_relative_positions_gathered_from_a_table_of_distances_pad_and_run_every_length():

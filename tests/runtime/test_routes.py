@@ -13,7 +13,7 @@ import pytest
 from onnx import helper
 
 import kiln
-from kiln.driver.routes import ROUTES
+from kiln.driver.routes import ROUTES, dim_routes
 from kiln.driver.variants import plans_compiled
 from kiln.errors import ExecutionError, KilnError
 from tests.helpers import FLOAT, INT64, make_model
@@ -99,6 +99,23 @@ def test_a_padded_length_and_sizes_taken_at_run_time_are_routes_of_their_own():
     images.run(image(1, 17, 29))
     assert images.route.name == "run-time sizes" and images.route.detail == "h, w taken by the kernels at run time"
     assert images.route.refused == () and not images.route.compiled
+
+
+def test_each_ranged_dim_says_its_route_before_any_run():
+    """``dim_routes`` (what ``kiln compile`` prints, what benchmarks record): chunked batch, a
+    length padded or taken at run time, image sizes in the dims vector, and a per-size compile
+    where no range is declared and the batch is not sample-parallel."""
+    tokens = kiln.compile(attention_model(), dims={"seq": (1, 40), "batch": (1, 9)})
+    found = dim_routes(tokens)
+    assert found["batch"][0] == "chunked" and found["seq"][0] in ("padded", "run-time length")
+    assert found["seq"][1].startswith("(1..40): ")
+    images = kiln.compile(strided_cnn(), dims={"batch": 1, "h": (6, 40), "w": (6, 40)})
+    assert {k: v[0] for k, v in dim_routes(images).items() if k in ("h", "w")} == {
+        "h": "run-time dims",
+        "w": "run-time dims",
+    }
+    scaled = dim_routes(kiln.compile(count_scaled()))
+    assert scaled["batch"][0] == "per-size compile" and "no range declared" in scaled["batch"][1]
 
 
 def test_a_static_model_has_one_route():
