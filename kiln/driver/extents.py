@@ -359,7 +359,9 @@ def run_time_kernels(
     try:
         for n in lengths:
             sample = n != lengths[0]  # the capacity's state is the one built; the others are read for sizes
-            at = n if sample else SizedInt(n, size_exprs.sym(symbol))  # the capacity keeps its sizes' expressions
+            at = (
+                n if sample else SizedInt(n, size_exprs.sym(symbol), {symbol: n})
+            )  # the capacity keeps its sizes' expressions
             state = start(graph, target, options, dims={**dims, symbol: at}, prebuilt=prebuilt or {}, sizes_only=sample)
             states.append(run_stages(state, "specialize", "plan-memory"))
     finally:

@@ -393,14 +393,16 @@ def _kept(binding: dict[str, int], ranges: Any, names: tuple[str, ...], vector: 
     """The capacity's binding with each symbol a ``SizedInt`` that keeps its name: the ranged input
     dims, and the symbols inference made where no expression of them says a size (a layer's
     ``s77``: its size is the dims vector's entry, the expression its own name)."""
-    kept = {k: SizedInt(v, size_exprs.sym(k)) if k in ranges else v for k, v in binding.items()}
+    at = {k: int(v) for k, v in binding.items()}  # (shared: a product's values split it)
+    kept = {k: SizedInt(v, size_exprs.sym(k), at) if k in ranges else v for k, v in binding.items()}
     for i, name in enumerate(names):
         try:
             bare = size_exprs.parse(name).symbol == name
         except size_exprs.DimSyntaxError:
             continue
         if bare and name not in binding and int(vector[i]) >= 0:
-            kept[name] = SizedInt(int(vector[i]), size_exprs.sym(name))
+            at[name] = int(vector[i])
+            kept[name] = SizedInt(int(vector[i]), size_exprs.sym(name), at)
     return kept
 
 

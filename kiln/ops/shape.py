@@ -12,6 +12,7 @@ import numpy as np
 
 from kiln.errors import ShapeInferenceError
 from kiln.ir import dims as sizes
+from kiln.ir.sized import regrouped
 from kiln.ir.types import Dim, DType, TensorType, Type
 from kiln.ops.registry import (
     InferContext,
@@ -69,6 +70,7 @@ def _reshape(ctx: InferContext) -> list[Type]:
         if math.prod(data.shape) != math.prod(dims):  # type: ignore[arg-type]
             raise ShapeInferenceError(f"cannot reshape {data} to {list(dims)}")
     if data.shape is not None:
+        dims = regrouped(tuple(data.shape), dims)  # a folded target keeps the sizes' expressions
         carry_contents(ctx, tuple(dims), lambda contents: contents)  # a shape vector stays itself
     return [TensorType(data.dtype, tuple(dims))]
 

@@ -17,7 +17,7 @@ import numpy as np
 
 from kiln.errors import ShapeInferenceError
 from kiln.ir import dims as sizes
-from kiln.ir.sized import SizedInt
+from kiln.ir.sized import SizedInt, expr_of, size_product
 from kiln.ir.types import Dim
 
 
@@ -59,8 +59,13 @@ def bound(name: str, dims: Any) -> Dim:
         return dims[name]
     expr = sizes.parse(name)
     found = dim_of(sizes.substitute(expr, dims))
-    if isinstance(found, int) and any(isinstance(dims.get(s), SizedInt) for s in sizes.symbols(expr)):
-        return SizedInt(found, expr)  # the size at the binding that keeps what it is
+    kept = [dims[s] for s in sizes.symbols(expr) if isinstance(dims.get(s), SizedInt)]
+    if isinstance(found, int) and kept:
+        # the size at the binding that keeps what it is: the kept sizes' symbols (a dim bound to a
+        # plain number, the batch class of a length route, is that number in it)
+        fixed = {s: int(dims[s]) for s in sizes.symbols(expr) if s in dims and not isinstance(dims[s], SizedInt)}
+        at = {s: int(dims[s]) for s in sizes.symbols(expr) if s in dims}
+        return SizedInt(found, sizes.substitute(expr, fixed), {**(kept[0].at or {}), **at})
     return found
 
 
@@ -134,12 +139,25 @@ def sliced_to_sizes(ctx: Any, dims: list[Dim], starts: list, ends: tuple, axes: 
 
 def symbolic_product(ctx: Any, dims: tuple[Dim, ...] | list[Dim]) -> Dim:
     """The product of dims: an int, one symbol (scaled by the ints), else a fresh symbol."""
+    if _all_sized(dims):
+        return size_product(dims)  # (numbers at a binding that keep their expressions)
     return product_name(Monomial.of(dims))
+
+
+def _all_sized(dims: Any) -> bool:
+    """Every dim a number and one at least a ``SizedInt`` (a lowering's binding)."""
+    return all(isinstance(d, int) for d in dims) and any(isinstance(d, SizedInt) for d in dims)
 
 
 def quotient(ctx: Any, numerator: list[Dim], denominator: list[Dim]) -> Dim:
     """prod(numerator) / prod(denominator) with symbols cancelled where they match (a scaled
     symbol counts as its factor times the symbol)."""
+    if _all_sized([*numerator, *denominator]):
+        top_size, bottom_size = size_product(numerator), size_product(denominator)
+        if bottom_size and top_size % bottom_size == 0:
+            exact = sizes.divide(expr_of(top_size), expr_of(bottom_size))  # type: ignore[arg-type]
+            whole = int(top_size) // int(bottom_size)
+            return SizedInt(whole, exact, getattr(top_size, "at", None)) if exact is not None else whole
     top, bottom = Monomial.of(numerator), Monomial.of(denominator)
     cancelled = top.divided(Monomial(1, bottom.symbols))
     if cancelled is None:  # factors that are sums: divide the expressions (a window's rows*cols)
