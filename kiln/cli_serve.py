@@ -6,7 +6,7 @@ import logging
 
 import click
 
-from kiln.cli_support import console
+from kiln.cli_support import console, split_ranges
 
 
 @click.command("serve")
@@ -94,10 +94,15 @@ from kiln.cli_support import console
 @click.option(
     "--log-level", default="info", type=click.Choice(["debug", "info", "warning", "error"]), show_default=True
 )
+@click.option(
+    "--dim", "dims", multiple=True, metavar="NAME=LOW..HIGH",
+    help="A declared range for .onnx models compiled at load (repeatable; a model without that dim ignores it): "
+    "--dim seq=1..128 lets requests of different lengths join one batch.",
+)  # fmt: skip
 def serve(repository: str, host: str, port: int, max_queue_delay_ms: float, max_batch: int, max_queue: int, timeout_s: float,
           max_request_mb: float, max_elements: int, token: str | None, trust_artifacts: bool, threads: int,
           latency_target_ms: float | None, runtime: str, on_ray: bool, replicas: int, max_replicas: int | None, ray_address: str | None,
-          spin: int | None, grpc_port: int | None, log_level: str) -> None:  # fmt: skip
+          spin: int | None, grpc_port: int | None, log_level: str, dims: tuple[str, ...]) -> None:  # fmt: skip
     """Serve REPOSITORY over the Open Inference Protocol (KServe v2, REST).
 
     REPOSITORY is a folder of NAME/VERSION/model.kiln (or model.onnx, compiled when it loads) or
@@ -118,9 +123,13 @@ def serve(repository: str, host: str, port: int, max_queue_delay_ms: float, max_
 
     logging.getLogger("kiln.serve").setLevel(log_level.upper())
     logging.getLogger("kiln.serve.access").setLevel(log_level.upper())
+    ranges, rest = split_ranges(dims)
+    if rest:
+        raise click.BadParameter(f"expected NAME=LOW..HIGH, got {rest[0]!r}", param_hint="--dim")
     repo = Repository(
-        repository, trust=trust_artifacts, max_batch=max_batch, threads=threads, spin=spin, runtime=runtime
-    )
+        repository, trust=trust_artifacts, max_batch=max_batch, threads=threads, spin=spin, runtime=runtime,
+        dims=ranges,
+    )  # fmt: skip
     limits = Limits(int(max_request_mb * (1 << 20)), max_elements)
     settings = Settings(
         max_queue_delay_ms, max_batch, max_queue, timeout_s, token, limits, grpc_port, latency_target_ms
@@ -141,6 +150,7 @@ def serve(repository: str, host: str, port: int, max_queue_delay_ms: float, max_
             "threads": threads,
             "spin": spin,
             "runtime": runtime,
+            "dims": ranges,
         }
         app = ray_serve.deployment(str(repo.root.resolve()), options, settings, replicas, max_replicas)
         with console.status("starting Ray Serve and its replicas (each loads the repository)..."):

@@ -494,3 +494,11 @@ def test_explain_trace_writes_a_perfetto_trace_of_the_kernels(tmp_path, monkeypa
     # end to end in execution order: each starts where the one before it ended
     assert all(abs(b["ts"] - (a["ts"] + a["dur"])) < 1e-6 for a, b in itertools.pairwise(slices))
     assert any(e["ph"] == "M" and e["name"] == "process_name" for e in events)
+
+
+def test_serve_takes_ranges_and_refuses_a_dim_that_is_no_range(tmp_path):
+    """``kiln serve --dim seq=1..128``: a declared range for .onnx models compiled at load; a
+    bound size (no range) is a usage error, exit 2, before anything loads."""
+    assert "NAME=LOW..HIGH" in invoke("serve", "--help").output
+    result = CliRunner().invoke(main, ["serve", str(tmp_path), "--dim", "seq=16"])
+    assert result.exit_code == 2 and "NAME=LOW..HIGH" in result.output

@@ -18,6 +18,7 @@ from kiln.backends import Threading, backend
 from kiln.driver import extents, plan_cache, routes, spatial
 from kiln.driver.artifact import save
 from kiln.driver.model import Model
+from kiln.driver.ragged import Ragged
 from kiln.driver.sizes import (
     MAX_CLASS,
     MAX_DIM,
@@ -93,6 +94,7 @@ class NativeModel(Model):
         self._vectors: dict[tuple, np.ndarray] = {}  # the dims vector of each binding run (bounded)
         self.route: routes.Route | None = None  # how the last run was served (kiln.driver.routes)
         self.routes_taken: dict[str, int] = {}  # runs served by each route
+        self._ragged: Any = None  # requests of different lengths as one batch (kiln.driver.ragged)
 
     @property
     def shapes_known(self) -> bool:
@@ -447,6 +449,13 @@ class NativeModel(Model):
         """Compile the padded graph's model at each of its lengths with each size class."""
         wanted = [{**base, padder.symbol: length, **size} for length in padder.classes for size in sizes]
         self.padded().prepare_many(wanted)
+
+    def ragged(self) -> Any:
+        """Requests of different lengths as one batch (``kiln.driver.ragged.Ragged``, made once;
+        ``NotRagged`` saying why not, every time)."""
+        if self._ragged is None:
+            self._ragged = Ragged(self)
+        return self._ragged
 
     def _execute(self, inputs: list[Any]) -> list[Any]:
         return routes.serve(self, inputs)  # the route chooser: kiln.driver.routes

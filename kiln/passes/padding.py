@@ -58,16 +58,44 @@ def paddable(graph: Graph, symbol: str, low: int = 1, high: int | None = None) -
     return Analysis(dce(graph), symbol, max(int(low), 1), high).run()
 
 
+class NotPerSample(ValueError):
+    """A mask whose operand has no one dim that is the batch: lengths per sample cannot reach it."""
+
+
 class _Writer:
     """Writes ``pad``'s nodes: one valid-position mask per (dim, rank), the guarded operands."""
 
-    def __init__(self, graph: Graph, padding: Padding) -> None:
+    def __init__(self, graph: Graph, padding: Padding, per_sample: str | None = None) -> None:
         self.graph = graph
         self.taken = {v.name for v in graph.values()}
         self.constants = dict(graph.constants)
         self.nodes: list[Node] = []
-        self.valid = self.fresh(padding.valid_input, TensorType(I64, ()))
-        self.flags: dict[tuple[str, int], Value] = {}  # (dim name, axis from the end) -> bool mask
+        self.per_sample = per_sample  # the batch dim, where each sample has its own valid length
+        self.valid = self.fresh(padding.valid_input, TensorType(I64, (per_sample,) if per_sample else ()))
+        self.flags: dict[tuple, Value] = {}  # (dim name, axis from the end, batch axis from the end) -> bool mask
+        self.placed: dict[int, Value] = {}  # per sample: the lengths shaped [batch, 1, ...] (trailing dims)
+
+    def batch_axis(self, value: Value) -> int | None:
+        """Per sample: ``value``'s one dim that is the batch (else ``NotPerSample``); None otherwise."""
+        if self.per_sample is None:
+            return None
+        shape = value.type.shape  # type: ignore[union-attr]
+        found = [i for i, d in enumerate(shape) if str(d) == self.per_sample]
+        if len(found) != 1:
+            raise NotPerSample(f"{value.name} {list(shape)} has no one dim {self.per_sample}")
+        return found[0]
+
+    def lengths_for(self, rank: int, axis: int | None) -> Value:
+        """The valid length as it broadcasts against a value of ``rank`` whose batch is ``axis``."""
+        if axis is None:
+            return self.valid
+        trailing = rank - axis - 1
+        if trailing not in self.placed:
+            placed = self.fresh("kiln_pad_lengths", TensorType(I64, (self.per_sample, *(1,) * trailing)))
+            target = self.const("kiln_pad_target", np.array([-1, *(1,) * trailing], np.int64))
+            self.nodes.append(Node("Reshape", (self.valid, target), (placed,)))
+            self.placed[trailing] = placed
+        return self.placed[trailing]
 
     def fresh(self, base: str, value_type: TensorType) -> Value:
         name = unique_name(base, self.taken)
@@ -84,15 +112,14 @@ class _Writer:
         broadcast against it: Shape -> Gather -> Range -> Less(L) -> Reshape to [n, 1, ...]."""
         shape = value.type.shape  # type: ignore[union-attr]
         rank = len(shape)
-        key = (str(shape[axis]), rank - axis)
+        batch = self.batch_axis(value)
+        key = (str(shape[axis]), rank - axis, None if batch is None else rank - batch)
         if key in self.flags:
             return self.flags[key]
         sizes = self.fresh("kiln_pad_shape", TensorType(I64, (rank,)))
         count = self.fresh("kiln_pad_count", TensorType(I64, ()))
         span = self.fresh("kiln_pad_positions", TensorType(I64, (shape[axis],)))
-        flags = self.fresh("kiln_pad_valid", TensorType(BOOL, (shape[axis],)))
         trailing = (1,) * (rank - axis - 1)
-        placed = self.fresh("kiln_pad_mask", TensorType(BOOL, (shape[axis], *trailing)))
         zero, one = (
             self.const("kiln_pad_zero", np.array(0, np.int64)),
             self.const("kiln_pad_one", np.array(1, np.int64)),
@@ -101,9 +128,18 @@ class _Writer:
             Node("Shape", (value,), (sizes,)),
             Node("Gather", (sizes, self.const("kiln_pad_axis", np.array(axis, np.int64))), (count,), {"axis": 0}),
             Node("Range", (zero, count, one), (span,)),
-            Node("Less", (span, self.valid), (flags,)),
-            Node("Reshape", (flags, self.const("kiln_pad_target", np.array([-1, *trailing], np.int64))), (placed,)),
         ]
+        target = self.const("kiln_pad_target", np.array([-1, *trailing], np.int64))
+        if batch is None:  # one length: compare, then place the flags along the axis
+            flags = self.fresh("kiln_pad_valid", TensorType(BOOL, (shape[axis],)))
+            placed = self.fresh("kiln_pad_mask", TensorType(BOOL, (shape[axis], *trailing)))
+            self.nodes += [Node("Less", (span, self.valid), (flags,)), Node("Reshape", (flags, target), (placed,))]
+        else:  # a length per sample: positions placed along the axis against the lengths along the batch
+            positions = self.fresh("kiln_pad_positions", TensorType(I64, (shape[axis], *trailing)))
+            mask_shape = tuple(shape[i] if i in (axis, batch) else 1 for i in range(min(axis, batch), rank))
+            placed = self.fresh("kiln_pad_mask", TensorType(BOOL, mask_shape))
+            lengths = self.lengths_for(rank, batch)
+            self.nodes += [Node("Reshape", (span, target), (positions,)), Node("Less", (positions, lengths), (placed,))]
         self.flags[key] = placed
         return placed
 
@@ -133,17 +169,22 @@ class _Writer:
         if "axes" in attrs and self.graph.opset >= 13:  # ReduceSum takes its axes as an input since 13
             inputs[1:] = [self.const("kiln_pad_axes", np.array(attrs.pop("axes"), np.int64))]
         self.nodes.append(Node("ReduceSum", tuple(inputs), (total,), attrs, node.name, node.domain))
-        count = self.fresh("kiln_pad_count", TensorType(I64, ()))
-        scaled = self.fresh("kiln_pad_count_f", TensorType(out.type.dtype, ()))  # type: ignore[union-attr]
-        self.nodes.append(Node("Mul", (self.valid, self.const("kiln_pad_per", np.array(divide, np.int64))), (count,)))
+        batch = self.batch_axis(out)
+        lengths = self.lengths_for(len(out.type.shape), batch)  # type: ignore[union-attr]
+        count = self.fresh("kiln_pad_count", lengths.type)  # type: ignore[arg-type]
+        scaled = self.fresh("kiln_pad_count_f", TensorType(out.type.dtype, lengths.type.shape))  # type: ignore[union-attr]
+        self.nodes.append(Node("Mul", (lengths, self.const("kiln_pad_per", np.array(divide, np.int64))), (count,)))
         self.nodes.append(Node("Cast", (count,), (scaled,), {"to": out.type.dtype.onnx_code}))  # type: ignore[union-attr]
         self.nodes.append(Node("Div", (total, scaled), (out,)))
 
 
-def pad(graph: Graph, padding: Padding) -> Graph:
+def pad(graph: Graph, padding: Padding, per_sample: str | None = None) -> Graph:
     """``graph`` with the valid length as a new last input and each mask of ``padding`` written
-    as ``Where(position < L, x, fill)`` before the operand it guards."""
-    writer = _Writer(graph, padding)
+    as ``Where(position < L, x, fill)`` before the operand it guards. ``per_sample``: the batch
+    dim, each sample with its own valid length (the input is then ``[batch]``: requests of
+    different lengths run as one batch); ``NotPerSample`` where a masked operand has no one dim
+    that is the batch (a batch folded with heads, ``[batch*heads, seq, seq]``)."""
+    writer = _Writer(graph, padding, per_sample)
     by_output: dict[str, list[Mask]] = {}
     for m in padding.masks:
         by_output.setdefault(m.output, []).append(m)

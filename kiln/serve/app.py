@@ -107,10 +107,14 @@ class Service:
         """The model's batcher made now, and its compute time per batch size measured (on this
         thread: call it before serving, or off the event loop)."""
         batcher = self.batcher(loaded)
+        before = plans_compiled()
+        if batcher.prepare_joins():
+            log.info("%s: requests of different lengths join (lengths %s)", loaded.name, batcher.ragged.classes)
         if self.settings.calibrate and not batcher.calibrated:
             if batcher.calibrate(lambda rows: sample_feeds(loaded.model, batcher.symbol, rows)):
                 costs = ", ".join(f"{rows}: {1e3 * cost:.1f} ms" for rows, cost in sorted(batcher.costs.items()))
                 log.info("%s: compute per batch size %s; requests join up to %d", loaded.name, costs, batcher.limit())
+        self.compiled_at_start += plans_compiled() - before  # (loading compiles; serving must not)
 
     def ready(self, name: str, version: str | None) -> Loaded:
         """The model serving ``name`` (and ``version``, if given), ready (503 otherwise)."""

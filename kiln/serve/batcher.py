@@ -12,7 +12,10 @@ sample alone: on a CPU whose cores one sample already fills, joining would only 
 for each other, so they run one by one. With a latency target, a batch is at most the largest size
 whose measured compute fits half the target, and the first request waits for company only as long
 as that leaves slack. Joined inputs are concatenated along the first axis, run once, and each
-request gets its own rows of every output back. Other models run each request alone, in
+request gets its own rows of every output back. Where the model's sequence length pads and each
+sample can have its own valid length (``kiln.driver.ragged``), requests of different lengths join
+too: padded to the smallest compiled length that holds the longest, each cut back to its own
+(their code compiled when the model loads, ``prepare_joins``). Other models run each request alone, in
 order. A joined batch that fails (one request's bad values) runs its requests one by one, so only
 the request at fault fails.
 
@@ -24,6 +27,7 @@ waiting requests, ``QueueFull`` (HTTP 503 with Retry-After).
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections import deque
 from collections.abc import Callable
@@ -36,6 +40,8 @@ import numpy as np
 from kiln.errors import KilnError
 from kiln.ir.types import TensorType
 from kiln.passes.batching import Parallel
+
+log = logging.getLogger("kiln")
 
 PAYS = 0.75  # a batch is worth joining where a sample costs at most this much of one run alone (ResNet-50 on
 # 2 Zen 4 cores: 0.86-0.95 at batch 8, and joined requests waited for each other: p50 143 vs 81 ms at 18 QPS)
@@ -111,6 +117,35 @@ class Batcher:
         self.wakeup: asyncio.Event | None = None
         self.task: asyncio.Task | None = None
         self.retired = False  # a newer version serves: end once the queue is empty
+        self.ragged: Any = None  # requests of different lengths as one batch, once prepare_joins compiled it
+
+    def prepare_joins(self) -> bool:
+        """Compile what joining requests of different lengths runs (before serving: it compiles);
+        False where the model cannot (the reason logged)."""
+        if self.symbol is None or not hasattr(self.model, "ragged"):
+            return False
+        try:
+            ragged = self.model.ragged()
+        except KilnError as err:
+            log.info("requests of different lengths run apart: %s", err)
+            return False
+        if ragged.batch != self.symbol:
+            return False
+        try:
+            ragged.warm()
+        except KilnError as err:  # (a loaded artifact on a machine with no C compiler)
+            log.info("requests of different lengths run apart: their code did not compile: %s", err)
+            return False
+        self.ragged = ragged
+        return True
+
+    def _shape_key(self, name: str, shape: tuple[int, ...]) -> tuple:
+        """What a joined request's input must share with the others: its dims after the batch
+        (but for the padded length, where requests of different lengths join)."""
+        if self.ragged is None:
+            return shape[1:]
+        axis = dict(zip(self.ragged.names, self.ragged.padding.inputs)).get(name)
+        return tuple(-1 if i == axis else d for i, d in enumerate(shape) if i > 0)
 
     def _start(self) -> None:
         if self.task is None:
@@ -132,7 +167,7 @@ class Batcher:
             batched = [np.asarray(feeds[name]) for name in self.batched]
             rows = int(batched[0].shape[0]) if batched and batched[0].ndim else 0
             fixed = tuple(np.asarray(feeds[name]).tobytes() for name in self.fixed)  # the same in every joined request
-            key = (tuple((a.dtype.str, a.shape[1:]) for a in batched), fixed)
+            key = (tuple((a.dtype.str, self._shape_key(n, a.shape)) for n, a in zip(self.batched, batched)), fixed)
             if rows > self.max_batch or any(a.ndim == 0 or a.shape[0] != rows for a in batched):
                 rows = 0  # (a request larger than a batch runs alone)
         pending = _Pending(feeds, rows, key, asyncio.get_running_loop().create_future())
@@ -266,6 +301,9 @@ class Batcher:
         try:
             if len(group) == 1:
                 outputs = [await loop.run_in_executor(self.executor, self.model.run, group[0].feeds)]
+            elif self.ragged is not None and len({self.ragged.length_of(p.feeds) for p in group}) > 1:
+                requests = [p.feeds for p in group]
+                outputs = await loop.run_in_executor(self.executor, self.ragged.run, requests)
             else:
                 joined = {name: np.concatenate([p.feeds[name] for p in group]) for name in self.batched}
                 joined.update({name: group[0].feeds[name] for name in self.fixed})

@@ -92,8 +92,10 @@ class Repository:
         threads: int = 0,
         spin: int | None = None,
         runtime: str = "kiln",
+        dims: dict[str, str] | None = None,
     ):
         self.root = Path(root)
+        self.dims = dict(dims or {})  # declared ranges for .onnx files compiled at load (those they have)
         self.trust, self.max_batch, self.threads, self.spin = trust, max_batch, threads, spin
         self.runtime = runtime  # "kiln", or "onnxruntime": a peer behind the same server (kiln.serve.peer)
         if not self.root.exists():
@@ -178,15 +180,16 @@ class Repository:
             return OnnxRuntimeModel(str(path), self.threads)
         if path.suffix == ".kiln":
             return kiln.load(str(path), rebuild=not self.trust, threads=self.threads, spin=self.spin)
-        dims = _batch_range(path, self.max_batch)
+        dims = _batch_range(path, self.max_batch, self.dims)
         return kiln.compile(str(path), dims=dims or None, threads=self.threads, spin=self.spin)
 
 
-def _batch_range(path: Path, max_batch: int) -> dict[str, str]:
-    """An ONNX file's batch: the one symbolic dim that is the first axis of its inputs that have one
-    (the others static), compiled for 1..max_batch (its size classes: the batcher joins requests up
-    to them)."""
+def _batch_range(path: Path, max_batch: int, declared: dict[str, str]) -> dict[str, str]:
+    """An ONNX file's ranges: its batch, the one symbolic dim that is the first axis of its inputs
+    that have one (the others static), compiled for 1..max_batch (its size classes: the batcher
+    joins requests up to them), and the ``declared`` ranges of the dims it has."""
     from kiln.frontend.onnx import import_onnx
+    from kiln.passes.op_axes import symbols
 
     graph = import_onnx(str(path))
     firsts = set()
@@ -194,6 +197,7 @@ def _batch_range(path: Path, max_batch: int) -> dict[str, str]:
         shape = value.type.shape if isinstance(value.type, TensorType) else None
         if shape is None or not all(isinstance(d, int) for d in shape):
             firsts.add(shape[0] if shape else None)
+    found = {k: v for k, v in declared.items() if k in set(symbols(graph))}
     if len(firsts) == 1 and isinstance(next(iter(firsts)), str):
-        return {next(iter(firsts)): f"1..{max_batch}"}
-    return {}
+        return {next(iter(firsts)): f"1..{max_batch}", **found}
+    return found

@@ -85,3 +85,31 @@ def test_a_retired_batcher_answers_what_it_holds_and_what_still_reaches_it():
 
     for outputs, _ in asyncio.run(run()):
         np.testing.assert_allclose(outputs["y"], reference.run(feeds)["y"], rtol=1e-5, atol=1e-5)
+
+
+def test_requests_of_different_lengths_join_and_each_gets_its_own_length_back():
+    """A token model whose length pads: requests of lengths 3..29 queue together, run as joined
+    batches (each sample its own valid length, compiled when the model loads), and each answer is
+    the request's own at its own length; nothing compiles while serving."""
+    import asyncio
+
+    from kiln.driver.variants import plans_compiled
+    from tests.runtime.test_padded_lengths import attention_model, feeds
+
+    model = kiln.compile(attention_model(), dims={"seq": "1..32", "batch": "1..8"})
+    serving = Batcher(model, 0.05, 8, 16, lambda rows, seconds: None)
+    assert serving.prepare_joins() and serving.ragged is not None
+    requests = [feeds(1 + i % 2, length, i) for i, length in enumerate((3, 17, 29, 8, 12))]
+    before = plans_compiled()
+
+    async def run() -> list:
+        return await asyncio.gather(*(serving.infer(f) for f in requests))
+
+    answers = asyncio.run(run())
+    assert plans_compiled() == before
+    assert max(timing.batch for _, timing in answers) > 2  # lengths joined (one length alone joins at most 2)
+    for request, (outputs, _) in zip(requests, answers):
+        alone = model.run(request)
+        for name in alone:
+            np.testing.assert_allclose(outputs[name], alone[name], rtol=1e-5, atol=1e-5)
+    serving.close()

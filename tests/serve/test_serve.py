@@ -213,3 +213,42 @@ def test_onnxruntime_behind_the_same_server_answers_the_same(repo, expected):
         assert status == 400 and "dtype" in answer["error"]  # checked by the signature, as kiln's requests are
     finally:
         running.stop()
+
+
+def test_requests_of_different_lengths_are_joined_by_the_server(tmp_path):
+    """`kiln serve --dim seq=1..32` on a token model: concurrent requests of lengths 2..31 (through
+    tritonclient, binary tensors) are joined into batches whose samples each keep their own valid
+    length; every answer is the request's own, nothing compiles while serving."""
+    from tests.runtime.test_padded_lengths import attention_model, feeds, reference
+
+    (tmp_path / "tokens" / "1").mkdir(parents=True)
+    onnx.save(attention_model(), tmp_path / "tokens" / "1" / "model.onnx")
+    repository = Repository(tmp_path, max_batch=8, dims={"seq": "1..32", "unused": "1..4"})
+    repository.load_all()
+    assert repository.loaded["tokens"].model.ranges == {"batch": (1, 8), "seq": (1, 32)}
+    running = Running(repository, Settings(max_queue_delay_ms=50, max_batch=8))
+    try:
+        url = running.url[len("http://") :]
+
+        def one(i: int) -> tuple[dict, np.ndarray]:
+            request = feeds(1, 2 + (i * 7) % 30, seed=i)
+            inputs = [
+                httpclient.InferInput(name, list(array.shape), "FP32" if array.dtype == np.float32 else "INT64")
+                for name, array in request.items()
+            ]
+            for put, array in zip(inputs, request.values()):
+                put.set_data_from_numpy(array, binary_data=True)
+            result = httpclient.InferenceServerClient(url).infer("tokens", inputs)
+            return request, result.as_numpy("y")
+
+        with concurrent.futures.ThreadPoolExecutor(8) as pool:
+            results = list(pool.map(one, range(8)))
+        assert len({request["x"].shape[1] for request, _ in results}) == 8
+        for request, y in results:
+            np.testing.assert_allclose(y, reference(request["x"], request["mask"])[0], rtol=1e-4, atol=1e-4)
+        metrics = urllib.request.urlopen(f"{running.url}/metrics", timeout=30).read().decode()
+        executions = float(_metric(metrics, 'kiln_execution_count_total{model="tokens",version="1"}'))
+        assert executions < 8  # different lengths joined
+        assert float(_metric(metrics, "kiln_compiles_during_serving")) == 0
+    finally:
+        running.stop()
