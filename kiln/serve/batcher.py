@@ -111,6 +111,9 @@ class Batcher:
         self.target = latency_target_s
         self.costs: dict[int, float] = {}  # measured compute seconds per batch size (moving average)
         self.calibrated = False  # the curve measured at load (calibrate): batches only where they pay
+        # that curve as measured, alone on the machine: whether joining pays is read from it, never
+        # from the moving averages (a lone run slowed by the clients' load made batches look cheap)
+        self.curve: dict[int, float] = {}
         self.observe = observe  # observe(batch_size, compute_seconds)
         self.queue: deque[_Pending] = deque()
         self.executor = ThreadPoolExecutor(1, thread_name_prefix="kiln-serve")
@@ -218,9 +221,9 @@ class Batcher:
         the batch before it); at least 1."""
         best = self.max_batch
         if self.calibrated:
-            alone = self.costs[1]
+            alone = self.curve[1]
             best = max(
-                (rows for rows in self.costs if rows <= self.max_batch and self.costs[rows] / rows <= PAYS * alone),
+                (rows for rows in self.curve if rows <= self.max_batch and self.curve[rows] / rows <= PAYS * alone),
                 default=1,
             )
         if self.target is None:
@@ -249,7 +252,7 @@ class Batcher:
                 started = time.perf_counter()
                 self.model.run(inputs)
                 times.append(time.perf_counter() - started)
-            self.costs[rows] = sorted(times)[len(times) // 2]
+            self.costs[rows] = self.curve[rows] = sorted(times)[len(times) // 2]
             rows *= 2
         self.calibrated = True
         return True

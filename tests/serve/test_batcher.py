@@ -113,3 +113,16 @@ def test_requests_of_different_lengths_join_and_each_gets_its_own_length_back():
         for name in alone:
             np.testing.assert_allclose(outputs[name], alone[name], rtol=1e-5, atol=1e-5)
     serving.close()
+
+
+def test_whether_joining_pays_is_read_from_the_curve_measured_at_load():
+    """A lone run slowed by the load around it (the moving average of batch 1 doubled) does not
+    make batches of 2 look cheaper per sample: the limit stays what the curve measured at load
+    says (batch 2 cost 1.9x a lone sample there: joining does not pay)."""
+    serving = batcher()
+    serving.costs, serving.curve, serving.calibrated = {1: 0.010, 2: 0.019}, {1: 0.010, 2: 0.019}, True
+    assert serving.limit() == 1
+    serving.costs[1] = 0.020  # served lone runs under load
+    assert serving.limit() == 1
+    serving.curve[2] = serving.costs[2] = 0.012  # where the curve says batches pay, they join
+    assert serving.limit() == 2
