@@ -104,10 +104,10 @@ def arranged(ctx: Any, move) -> None:
     object array of the contents in their shape): a transpose or a slice of a pads matrix
     (TorchScript's pads: pairs reversed and transposed) keeps them."""
     shape = ctx.shape(0)
+    if shape is None or not all(isinstance(d, int) for d in shape) or math.prod(shape) > SMALL_CONTENTS:
+        return  # (before reading the contents: a 2048x2048 mask table is no shape arithmetic)
     contents = ctx.integers_value(0)
-    if contents is None or shape is None or not all(isinstance(d, int) for d in shape):
-        return
-    if len(contents) != math.prod(shape) or len(contents) > SMALL_CONTENTS:
+    if contents is None or len(contents) != math.prod(shape):
         return
     grid = np.empty(len(contents), dtype=object)
     grid[:] = list(contents)
