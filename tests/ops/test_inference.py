@@ -194,3 +194,34 @@ def test_a_pad_by_amounts_computed_from_sizes_keeps_the_dims_it_does_not_pad():
     types, _ = infer_node(node, [data.type, pads.type], [None, None], [None, (0, 0, 0, 0, 0, "p", "q", 0)])
     dims = types[0].shape
     assert dims[0] == "batch" and dims[3] == 16 and dims[1] not in ("h", "p") and dims[2] not in ("w", "q")
+
+
+def test_a_large_constant_sliced_or_transposed_is_not_read_as_shape_arithmetic(monkeypatch):
+    """Shape inference keeps the contents of small integer tensors (shape vectors) through a Slice
+    or Transpose; a large table (GPT-Neo's 2048x2048 causal mask, sliced in every layer and every
+    lowering) is never turned into Python numbers for that (it cost 25 s of a 26 s compile)."""
+    from kiln.ir.graph import Node, Value
+    from kiln.ir.types import DType, TensorType
+    from kiln.ops import registry
+    from kiln.ops.inference import infer_node
+
+    read = []
+    original = registry.InferContext.integers_value
+
+    def counting(self, index):  # type: ignore[no-untyped-def]
+        found = original(self, index)
+        read.append(0 if found is None else len(found))
+        return found
+
+    monkeypatch.setattr(registry.InferContext, "integers_value", counting)
+    table = np.zeros((512, 512), np.int64)
+    for op, extra, attrs in (
+        ("Slice", [np.array([0]), np.array([7]), np.array([0])], {}),
+        ("Transpose", [], {"perm": [1, 0]}),
+    ):
+        values = [Value("table", TensorType(DType.INT64, (512, 512)))]
+        values += [Value(f"i{k}", TensorType(DType.INT64, (1,))) for k in range(len(extra))]
+        node = Node(op, tuple(values), (Value("out", None),), attrs)
+        (typed,), _ = infer_node(node, [v.type for v in values], [table, *extra], [None] * len(values))
+        assert typed.shape == ((7, 512) if op == "Slice" else (512, 512))
+    assert max(read, default=0) < 512 * 512
