@@ -51,7 +51,12 @@ def main() -> int:
             except Exception as err:  # an exporter's failure is a row, not the end of the run
                 print(f"{name} ({exporter}): export failed: {type(err).__name__}: {str(err)[:200]}")
                 continue
-            dims = {"past": (1, args.max_past), "total": (2, args.max_past + 1), "batch": (1, max(2, args.batch))}
+            dims = {
+                "past": (1, args.max_past),
+                "new": (1, 16),
+                "total": (2, args.max_past + 1),
+                "batch": (1, max(2, args.batch)),
+            }
             found = extents.sizes_found()
             started = time.perf_counter()
             model = kiln.compile(str(path), dims=dims)

@@ -6,10 +6,12 @@ mask ``[batch, total]`` and each layer's past keys and values ``[batch, kv_heads
 in, the logits ``[batch, new, vocab]`` and each layer's present keys and values (``past + new``
 positions) out. Compiled with the past length declared as a range (``dims={"past": "0..511",
 "total": "1..512"}``) its kernels take the past length at run time (``kiln.driver.spatial``), so
-the whole loop — the prompt fed one token at a time, then one step per new token — runs on that
-one compile: no compile per token.
+the whole loop — the prompt in one step (in steps of at most the ``new`` dim's range where the ids'
+length is one; one token a step where it is the number 1), then one step per new token — runs on
+that one compile: no compile per token.
 
-    model = kiln.compile(decoders.export("llama"), dims={"past": "0..255", "total": "1..256", "batch": "1..4"})
+    dims = {"past": "0..255", "new": "1..256", "total": "1..256", "batch": "1..4"}
+    model = kiln.compile(decoders.export("llama"), dims=dims)
     tokens = kiln.generate(model, prompt_ids, max_new_tokens=32)                    # greedy
     for step in kiln.generate_stream(model, prompt_ids, 32, temperature=0.8, top_p=0.9, seed=1):
         ...                                                                          # [batch] ids per step
@@ -110,8 +112,9 @@ def stream(
     stops = np.asarray(list(stop_tokens), np.int64)
     done = np.zeros(batch, bool)
     logits = None
-    for position in range(prompt):  # the prompt, one token a step
-        logits, cache = _step(model, found, ids[:, position : position + 1], cache, position)
+    chunk = _prefill_chunk(model, found)
+    for position in range(0, prompt, chunk):  # the prompt, in as few steps as the model takes
+        logits, cache = _step(model, found, ids[:, position : position + chunk], cache, position)
     for produced in range(max_new_tokens):
         assert logits is not None
         token = np.where(done, ids[:, -1], pick(logits[:, -1], temperature, top_k, top_p, rng))
@@ -189,6 +192,17 @@ def _cache_shape(shape: tuple[int | str, ...], batch: int) -> tuple[int, ...]:
     if not isinstance(heads, int) or not isinstance(depth, int):
         raise ArgumentError(f"a past input of shape {list(shape)}: its heads and head size must be numbers")
     return (batch, heads, 0, depth)
+
+
+def _prefill_chunk(model: Any, found: StepRoles) -> int:
+    """How many prompt tokens one step takes: the ids' length where it is a number, the high end of
+    its declared range where it is a symbol with one (else 1: a size with no range would compile)."""
+    ids = next(v for v in model.signature.inputs if v.name == found.ids)
+    length = ids.type.shape[1]
+    if isinstance(length, int):
+        return max(1, length)
+    ranges = getattr(model, "ranges", None) or {}
+    return int(ranges[length][1]) if isinstance(length, str) and length in ranges else 1
 
 
 def _context(model: Any, found: StepRoles) -> int | None:

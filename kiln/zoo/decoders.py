@@ -4,8 +4,9 @@ A Hugging Face causal LM (random weights from a tiny config and a fixed seed) wr
 is one step: the new tokens ``ids`` [batch, new], the attention mask [batch, total] and each
 layer's past keys and values [batch, kv_heads, past, head_dim] -> the logits [batch, new, vocab]
 and each layer's present keys and values [batch, kv_heads, total, head_dim], total = past + new.
-Exported with ``past`` and ``total`` symbolic (and the batch), as a generation loop feeds it: the
-past length grows by one each token, so a compiler that compiles per length compiles per token.
+Exported with ``past``, ``new`` and ``total`` symbolic (and the batch), as a generation loop feeds
+it: the prompt in one step (``new`` its length), then one token a step, the past length growing by
+one each token, so a compiler that compiles per length compiles per token.
 
     path = decoders.export("gpt2", exporter="torchscript")
     feeds = decoders.inputs("gpt2", past=7)
@@ -69,7 +70,7 @@ DECODERS = {
         {**_SMALL, "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 512},
     ),
 }
-RECIPE = 1  # bump when the wrapper or the export changes (the cache key)
+RECIPE = 2  # bump when the wrapper or the export changes (the cache key)
 
 
 def get(name: str) -> Decoder:
@@ -133,8 +134,8 @@ def inputs(name: str, past: int, batch: int = 1, new: int = 1, seed: int = 0) ->
 
 
 def export(name: str, exporter: str = "torchscript") -> Path:
-    """Path of ``name``'s decode step as ONNX, made once into the zoo cache: ``past`` and ``total``
-    symbolic (``batch`` too), one new token per step."""
+    """Path of ``name``'s decode step as ONNX, made once into the zoo cache: ``past``, ``new`` and
+    ``total`` symbolic (``batch`` too)."""
     import torch
     import transformers
 
@@ -150,10 +151,14 @@ def export(name: str, exporter: str = "torchscript") -> Path:
         return path
     path.parent.mkdir(parents=True, exist_ok=True)
     inputs_, outputs = names(name)
-    axes: dict[str, dict[int, str]] = {"ids": {0: "batch"}, "mask": {0: "batch", 1: "total"}, "logits": {0: "batch"}}
+    axes: dict[str, dict[int, str]] = {
+        "ids": {0: "batch", 1: "new"},
+        "mask": {0: "batch", 1: "total"},
+        "logits": {0: "batch", 1: "new"},
+    }
     axes.update({n: {0: "batch", 2: "past"} for n in inputs_[2:]})
     axes.update({n: {0: "batch", 2: "total"} for n in outputs[1:]})
-    example = inputs(name, past=5, batch=2)  # batch 2, past 5: no exporter specializes them
+    example = inputs(name, past=5, batch=2, new=3)  # batch 2, past 5, 3 new: no exporter specializes them
     opset = 17 if exporter == "torchscript" else 18
     zoo.export_module(build(name), example, path, opset, axes, tuple(outputs), exporter=exporter)
     os.utime(path)

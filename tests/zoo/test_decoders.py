@@ -26,7 +26,7 @@ STEPS = [(1, 1), (2, 7), (1, 64), (2, 33), (1, 2)]  # (batch, past)
 def test_a_decode_step_runs_every_past_length_on_one_compile(name, exporter, monkeypatch):
     monkeypatch.setenv("KILN_PLAN_CACHE", "0")
     path = str(decoders.export(name, exporter=exporter))
-    model = kiln.compile(path, dims={"past": "1..64", "total": "2..65", "batch": "1..2"})
+    model = kiln.compile(path, dims={"past": "1..64", "new": "1..16", "total": "2..65", "batch": "1..2"})
     assert not model.run_time_refused, model.run_time_refused
     session = onnxruntime.InferenceSession(path, providers=["CPUExecutionProvider"])
     outputs = decoders.names(name)[1]
@@ -46,7 +46,9 @@ def test_a_mask_shorter_than_the_cache_is_a_named_error(monkeypatch):
     """The mask must cover the cache and the new token (total >= past + 1): shorter, the step's
     gather reads past it — an error that names the node and the binding, never a crash."""
     monkeypatch.setenv("KILN_PLAN_CACHE", "0")
-    model = kiln.compile(str(decoders.export("gpt2")), dims={"past": "1..64", "total": "2..65", "batch": "1..2"})
+    model = kiln.compile(
+        str(decoders.export("gpt2")), dims={"past": "1..64", "new": "1..16", "total": "2..65", "batch": "1..2"}
+    )
     feeds = decoders.inputs("gpt2", past=10, batch=2)
     feeds["mask"] = np.ones((2, 5), np.int64)
     with pytest.raises(kiln.KilnError, match="past=10, total=5"):

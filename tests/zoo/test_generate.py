@@ -18,7 +18,7 @@ torch = pytest.importorskip("torch", reason="torch (the 'zoo' extra) exports the
 pytest.importorskip("transformers", reason="transformers (the 'zoo' extra) defines the decoders")
 pytest.importorskip("onnxscript", reason="onnxscript (the 'zoo' extra) is the dynamo exporter's backend")
 
-CONTEXT = {"past": "0..40", "total": "1..41", "batch": "1..2"}
+CONTEXT = {"past": "0..40", "new": "1..41", "total": "1..41", "batch": "1..2"}
 
 
 def compiled(name: str, exporter: str):  # type: ignore[no-untyped-def]
@@ -72,6 +72,23 @@ def test_sampling_is_seeded_and_stops_at_stop_tokens(monkeypatch):
         kiln.generate(model, ids, 3, temperature=1.0, top_p=0.0)
 
 
+@pytest.mark.slow
+def test_the_prompt_runs_in_one_step_and_a_step_per_token_after(monkeypatch):
+    """With ``new`` declared, a prompt of 17 tokens is one step (then one per token); declared
+    shorter, the prompt runs in steps of at most its range's end; the tokens are the same."""
+    monkeypatch.setenv("KILN_PLAN_CACHE", "0")
+    ids = np.random.default_rng(5).integers(0, decoders.get("llama").vocab, (1, 17)).astype(np.int64)
+    found = {}
+    for new in ("1..41", "1..8"):
+        model = kiln.compile(str(decoders.export("llama", exporter="dynamo")), dims={**CONTEXT, "new": new})
+        calls = []
+        run = model.run
+        model.run = lambda feeds, outputs=None, run=run: calls.append(feeds["ids"].shape[1]) or run(feeds, outputs)
+        found[new] = kiln.generate(model, ids, 4)
+        assert calls == ([17] if new == "1..41" else [8, 8, 1]) + [1, 1, 1], calls
+    assert np.array_equal(found["1..41"], found["1..8"])
+
+
 def test_pick_keeps_only_the_top_k_and_the_nucleus():
     rng = np.random.default_rng(0)
     logits = np.log(np.array([[0.5, 0.3, 0.15, 0.05]]))
@@ -93,3 +110,25 @@ def test_a_model_that_is_no_decode_step_is_a_named_error():
     NotAStep.signature = Graph(inputs=(x,), outputs=(x,), nodes=(), constants={})  # type: ignore[assignment]
     with pytest.raises(ArgumentError, match="not a decode step"):
         roles(NotAStep())
+
+
+@pytest.mark.slow
+def test_kiln_generate_reports_the_tokens_and_steps_it_ran(monkeypatch):
+    """``kiln generate llama --json``: the prompt (seeded ids) and its greedy continuation, the same
+    tokens ``kiln.generate`` gives; one step for the prompt, one per token after the first."""
+    import json
+
+    from click.testing import CliRunner
+
+    from kiln.cli import main
+
+    monkeypatch.setenv("KILN_PLAN_CACHE", "0")
+    args = ["generate", "llama", "--prompt-tokens", "5", "--new-tokens", "4", "--exporter", "dynamo", "--json"]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.output[result.output.index("{") :])
+    assert (report["steps"], report["new_tokens"], report["prompt_tokens"]) == (4, 4, 5)
+    tokens = np.array(report["tokens"], np.int64)
+    model = kiln.compile(str(decoders.export("llama", exporter="dynamo")), dims=CONTEXT)
+    assert np.array_equal(tokens, kiln.generate(model, tokens[:, :5], 4))
+    assert report["time_to_first_token_s"] > 0 and report["warm_up_s"] > 0
