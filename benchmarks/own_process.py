@@ -13,10 +13,12 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def measured_alone(script: str, one: str, timeout: float, row: dict[str, Any]) -> dict[str, Any]:
-    """The last JSON line ``script --one ONE`` prints, or ``row`` with ``error`` saying why none."""
+def measured_alone(
+    script: str, one: str, timeout: float, row: dict[str, Any], extra: list[str] | tuple[str, ...] = ()
+) -> dict[str, Any]:
+    """The last JSON line ``script --one ONE [EXTRA...]`` prints, or ``row`` with ``error`` saying why none."""
     env = {**os.environ, "KILN_PLAN_CACHE": "0"}  # every plan compiled here (exports stay cached)
-    command = [sys.executable, script, "--one", one]
+    command = [sys.executable, script, "--one", one, *extra]
     try:
         done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT)
     except subprocess.TimeoutExpired:

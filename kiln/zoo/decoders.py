@@ -69,6 +69,10 @@ DECODERS = {
         "Qwen2ForCausalLM",
         {**_SMALL, "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 512},
     ),
+    # full-size: GPT-2 (124M parameters) as released; random weights (nothing is downloaded)
+    "gpt2-124m": Decoder(
+        "gpt2-124m", "GPT2Config", "GPT2LMHeadModel", {"vocab_size": 50257, "n_embd": 768, "n_layer": 12, "n_head": 12}
+    ),
 }
 RECIPE = 2  # bump when the wrapper or the export changes (the cache key)
 
@@ -86,7 +90,6 @@ def build(name: str, seed: int = 0) -> Any:
     from transformers.cache_utils import DynamicCache
 
     decoder = get(name)
-    assert decoder.layers == 2, "the decode step's signature has two layers' caches"
     torch.manual_seed(seed)
     config = getattr(transformers, decoder.config_class)(**decoder.config)
     config._attn_implementation = "eager"
@@ -97,10 +100,7 @@ def build(name: str, seed: int = 0) -> Any:
             super().__init__()
             self.model = model
 
-        # (named parameters, not *past: the dynamo exporter maps dynamic axes by parameter name;
-        # every decoder here has two layers)
-        def forward(self, ids, mask, past_0, past_1, past_2, past_3):  # type: ignore[no-untyped-def]
-            past = (past_0, past_1, past_2, past_3)
+        def step(self, ids, mask, past):  # type: ignore[no-untyped-def]
             cache = DynamicCache()
             for i in range(decoder.layers):
                 cache.update(past[2 * i], past[2 * i + 1], i)
@@ -110,6 +110,15 @@ def build(name: str, seed: int = 0) -> Any:
                 present += [layer.keys, layer.values]
             return (out.logits, *present)
 
+    # forward takes each past tensor as a named parameter (past_0, past_1, ...), not *past: the
+    # dynamo exporter maps dynamic axes by parameter name
+    pasts = names(name)[0][2:]
+    scope: dict[str, Any] = {}
+    exec(
+        f"def forward(self, ids, mask, {', '.join(pasts)}):\n    return self.step(ids, mask, ({', '.join(pasts)},))",
+        scope,
+    )
+    Step.forward = scope["forward"]
     return Step().eval()
 
 

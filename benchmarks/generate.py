@@ -1,0 +1,219 @@
+"""Text generation, kiln against the engines a user could pick (issue 52's table): time to first
+token at two prompt lengths, time per output token and tokens/s over the new tokens, peak memory,
+and the bandwidth line (each engine's tokens/s as a fraction of the machine's measured memory
+bandwidth over the bytes a token reads).
+
+    python benchmarks/generate.py [--models gpt2-124m] [--prompts 128,512] [--new-tokens 128]
+        [--engines kiln,onnxruntime,transformers,llama.cpp,onnxruntime-genai,openvino-genai] [--json out.jsonl]
+
+Every engine runs the same random weights (``kiln.zoo.decoders``: a Hugging Face config, a fixed
+seed; nothing is downloaded), greedy, batch 1, 2 threads, each (model, engine) in a process of its
+own (its peak RSS is its own). kiln: the decode-step ONNX compiled once for the context (``past``,
+``new`` and ``total`` ranges), ``kiln.generate_stream``'s loop, the prompt in one step (in steps of
+the ``new`` range's end where the model's position table leaves less). onnxruntime: the same ONNX
+file through the same loop (the step's cost is the engine's; the loop is kiln's). transformers:
+eager ``generate`` with its own cache (TTFT: the prompt's forward; per token: the rest). The
+peers a user would run for generation (llama.cpp's ``llama-cpp-python``, ONNX Runtime GenAI,
+OpenVINO GenAI) are rows that say "not installed" where their package is absent; where present
+they are not wired yet (their own model converters are each a step: said in the row). Each
+engine's tokens are compared with kiln's (greedy: the same weights give the same tokens, up to
+near-ties). Timings are the machine's: record its CPU beside them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from own_process import append_row, measured_alone
+
+PEERS_NOT_WIRED = {
+    "llama.cpp": "llama_cpp",
+    "onnxruntime-genai": "onnxruntime_genai",
+    "openvino-genai": "openvino_genai",
+}
+
+
+def bandwidth_gb_s(megabytes: int = 512, rounds: int = 5) -> float:
+    """The machine's memory bandwidth as NumPy copies it (bytes read + written per second, the best
+    of ``rounds``: a copy of an array far larger than the caches)."""
+    import numpy as np
+
+    source = np.ones(megabytes << 18, np.float32)  # (megabytes * 2**20 / 4 floats)
+    target = np.empty_like(source)
+    best = float("inf")
+    for _ in range(rounds):
+        started = time.perf_counter()
+        np.copyto(target, source)
+        best = min(best, time.perf_counter() - started)
+    return 2 * source.nbytes / best / 1e9
+
+
+def context_dims(name: str, prompt: int, new_tokens: int) -> dict[str, str]:
+    """The ranges one compile serves a prompt of up to ``prompt`` tokens and ``new_tokens`` after it
+    with: the capacity lowers every range's end at once, so ``past``'s end plus ``new``'s must fit
+    the model's position table."""
+    from kiln.zoo import decoders
+
+    config = decoders.get(name).config
+    table = int(config.get("n_positions", config.get("max_position_embeddings", 1 << 20)))
+    context = prompt + new_tokens
+    if context > table:
+        raise SystemExit(f"{name}: a context of {context} is past its position table ({table})")
+    new = max(1, min(prompt, table - (context - 1)))
+    return {"past": f"0..{context - 1}", "new": f"1..{new}", "total": f"1..{context}", "batch": "1..1"}
+
+
+def prompts_for(name: str, lengths: list[int]) -> dict[int, Any]:
+    import numpy as np
+
+    from kiln.zoo import decoders
+
+    vocab = decoders.get(name).vocab
+    return {n: np.random.default_rng(n).integers(0, vocab, (1, n)).astype(np.int64) for n in lengths}
+
+
+def _timed_stream(model: Any, ids: Any, new_tokens: int) -> tuple[float, float, list[int]]:
+    """(seconds to the first token, seconds per token after it, the tokens) of kiln's loop."""
+    from kiln.driver import generation
+
+    started = time.perf_counter()
+    stamps, tokens = [], []
+    for token in generation.stream(model, ids, new_tokens):
+        stamps.append(time.perf_counter())
+        tokens.append(int(token[0]))
+    return stamps[0] - started, (stamps[-1] - stamps[0]) / max(1, len(stamps) - 1), tokens
+
+
+class _Session:
+    """An onnxruntime session with the two things kiln's generation loop reads: ``signature`` (the
+    compiled model's) and ``run``."""
+
+    def __init__(self, path: str, signature: Any, threads: int) -> None:
+        import onnxruntime
+
+        options = onnxruntime.SessionOptions()
+        options.intra_op_num_threads = threads
+        self.session = onnxruntime.InferenceSession(path, options, providers=["CPUExecutionProvider"])
+        self.signature, self.ranges = signature, {}
+        self.names = [o.name for o in self.session.get_outputs()]
+
+    def run(self, feeds: dict[str, Any], outputs: Any = None) -> dict[str, Any]:
+        return dict(zip(self.names, self.session.run(None, feeds)))
+
+
+def _transformers(name: str, prompts: dict[int, Any], new_tokens: int, threads: int) -> dict[str, Any]:
+    import torch
+
+    from kiln.zoo import decoders
+
+    torch.set_num_threads(threads)
+    model = decoders.build(name).model
+    rows = {}
+    with torch.no_grad():
+        for length, ids in prompts.items():
+            tensor = torch.from_numpy(ids)
+            model(tensor)  # warm
+            started = time.perf_counter()
+            model(tensor, use_cache=True)
+            first = time.perf_counter() - started
+            started = time.perf_counter()
+            out = model.generate(tensor, attention_mask=torch.ones_like(tensor), max_new_tokens=new_tokens,
+                                 min_new_tokens=new_tokens, do_sample=False, pad_token_id=0)  # fmt: skip
+            whole = time.perf_counter() - started
+            rows[length] = {"ttft_s": first, "tpot_s": (whole - first) / (new_tokens - 1),
+                            "tokens": out[0, ids.shape[1]:].tolist()}  # fmt: skip
+    return rows
+
+
+def measure(name: str, engine: str, prompt_lengths: list[int], new_tokens: int, threads: int) -> dict[str, Any]:
+    """One (model, engine) in this process."""
+    import kiln
+    from kiln.bench.metrics import peak_rss_bytes
+    from kiln.zoo import decoders
+
+    row: dict[str, Any] = {"model": name, "engine": engine, "threads": threads}
+    if engine in PEERS_NOT_WIRED:
+        found = importlib.util.find_spec(PEERS_NOT_WIRED[engine]) is not None
+        row["error"] = "installed, not wired into this benchmark yet" if found else "not installed"
+        return row
+    prompts = prompts_for(name, prompt_lengths)
+    if engine == "transformers":
+        row["prompts"] = _transformers(name, prompts, new_tokens, threads)
+        row["peak_rss_mb"] = peak_rss_bytes() / 1e6
+        return row
+    path = str(decoders.export(name))
+    dims = context_dims(name, max(prompt_lengths), new_tokens)
+    started = time.perf_counter()
+    compiled = kiln.compile(path, dims=dims, threads=threads)
+    row["compile_s"], row["dims"] = time.perf_counter() - started, dims
+    model = compiled if engine == "kiln" else _Session(path, compiled.signature, threads)
+    if engine != "kiln":
+        model.ranges = dict(compiled.ranges)  # (the loop reads the context and the prompt's step from them)
+        del compiled
+    row["prompts"] = {}
+    for length, ids in prompts.items():
+        _timed_stream(model, ids, 2)  # warm: the first calls fault the weights in
+        first, per_token, tokens = _timed_stream(model, ids, new_tokens)
+        row["prompts"][length] = {"ttft_s": first, "tpot_s": per_token, "tokens": tokens}
+    row["peak_rss_mb"] = peak_rss_bytes() / 1e6
+    return row
+
+
+def weight_bytes(name: str) -> int:
+    """The bytes of fp32 weights a decode step reads (every parameter once; the tied embedding
+    once)."""
+    from kiln.zoo import decoders
+
+    return sum(p.numel() * 4 for p in decoders.build(name).model.parameters())
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--models", default="gpt2-124m")
+    parser.add_argument("--engines", default="kiln,onnxruntime,transformers," + ",".join(PEERS_NOT_WIRED))
+    parser.add_argument("--prompts", default="128,512")
+    parser.add_argument("--new-tokens", type=int, default=128)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--json", help="append one JSON line per row here")
+    parser.add_argument("--timeout", type=float, default=1800)
+    parser.add_argument("--one", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    lengths = [int(n) for n in args.prompts.split(",")]
+    if args.one:
+        name, engine = args.one.split(":")
+        print(json.dumps(measure(name, engine, lengths, args.new_tokens, args.threads), default=str), flush=True)
+        return 0
+    bandwidth = bandwidth_gb_s()
+    print(f"memory bandwidth (NumPy copy, read + written): {bandwidth:.1f} GB/s")
+    for name in args.models.split(","):
+        weights = weight_bytes(name)
+        bound = bandwidth * 1e9 / weights
+        print(f"{name}: {weights / 1e6:.0f} MB of fp32 weights per token; bandwidth bound {bound:.1f} tokens/s")
+        print(f"{'engine':<20} {'prompt':>6} {'TTFT ms':>9} {'ms/token':>9} {'tokens/s':>9} {'of bound':>9} "
+              f"{'peak MB':>8} {'same tokens':>11}")  # fmt: skip
+        reference: dict[str, list[int]] = {}
+        for engine in args.engines.split(","):
+            extra = ["--prompts", args.prompts, "--new-tokens", str(args.new_tokens), "--threads", str(args.threads)]
+            row = measured_alone(__file__, f"{name}:{engine}", args.timeout, {"model": name, "engine": engine}, extra)
+            row.update({"bandwidth_gb_s": bandwidth, "weight_bytes": weights})
+            append_row(args.json, row)
+            if row.get("error"):
+                print(f"{engine:<20} {row['error'][:200]}")
+                continue
+            for length, found in row["prompts"].items():
+                rate = 1 / found["tpot_s"]
+                same = reference.setdefault(str(length), found["tokens"]) == found["tokens"]
+                print(f"{engine:<20} {length:>6} {found['ttft_s'] * 1e3:>9.1f} {found['tpot_s'] * 1e3:>9.2f} "
+                      f"{rate:>9.1f} {rate / bound:>9.2f} {row.get('peak_rss_mb', 0):>8.0f} {same!s:>11}")  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
