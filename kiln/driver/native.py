@@ -92,6 +92,7 @@ class NativeModel(Model):
         self.dims_model: NativeModel | None = None
         self.spatial: spatial.RunTimeDims | None = None
         self._vectors: dict[tuple, np.ndarray] = {}  # the dims vector of each binding run (bounded)
+        self._shapes: dict[tuple, tuple] = {}  # and (that vector, the inputs' laid shapes, the outputs')
         self.route: routes.Route | None = None  # how the last run was served (kiln.driver.routes)
         self.routes_taken: dict[str, int] = {}  # runs served by each route
         self._ragged: Any = None  # requests of different lengths as one batch (kiln.driver.ragged)
@@ -451,8 +452,7 @@ class NativeModel(Model):
         self.padded().prepare_many(wanted)
 
     def ragged(self) -> Any:
-        """Requests of different lengths as one batch (``kiln.driver.ragged.Ragged``, made once;
-        ``NotRagged`` saying why not, every time)."""
+        """Requests of different lengths as one batch (``kiln.driver.ragged``; ``NotRagged`` why not)."""
         if self._ragged is None:
             self._ragged = Ragged(self)
         return self._ragged
@@ -501,16 +501,22 @@ class NativeModel(Model):
         return [extents.expand(o, x, length) for o, x in zip(outputs, padder.padding.outputs)]
 
     def _run_spatial(self, executable: Executable, inputs: list[Any]) -> list[Any]:
-        route = self.spatial
-        assert route is not None
-        values = self.signature.inputs[: len(inputs)]
         dims = input_dims(self.signature, dict(zip(self.input_names, inputs)))
-        vector = self.dims_vector(dims)
-        capacity = {**dims, **route.capacity}
-        laid = [extents.lay_out(a, bind_type(v.type, capacity).shape) for a, v in zip(inputs, values)]  # type: ignore[union-attr]
+        key = tuple(sorted(dims.items()))
+        found = self._shapes.get(key)  # a decode loop calls at each binding many times: its shapes once
+        if found is None:
+            vector = self.dims_vector(dims)
+            capacity = {**dims, **self.spatial.capacity}  # type: ignore[union-attr]
+            sizes = dict(zip(self.spatial.names, vector.tolist()))  # type: ignore[union-attr]
+            laid_shapes = [bind_type(v.type, capacity).shape for v in self.signature.inputs[: len(inputs)]]  # type: ignore[union-attr]
+            out_shapes = [bind_type(v.type, sizes).shape for v in self.signature.outputs]  # type: ignore[union-attr]
+            while len(self._shapes) >= VECTORS:
+                self._shapes.pop(next(iter(self._shapes)))
+            found = self._shapes[key] = (vector, laid_shapes, out_shapes)
+        vector, laid_shapes, out_shapes = found
+        laid = [extents.lay_out(a, shape) for a, shape in zip(inputs, laid_shapes)]
         outputs = executable.run([*laid, vector])
-        sizes = dict(zip(route.names, vector.tolist()))
-        return [extents.read_back(o, bind_type(v.type, sizes).shape) for o, v in zip(outputs, self.signature.outputs)]  # type: ignore[union-attr]
+        return [extents.read_back(o, shape) for o, shape in zip(outputs, out_shapes)]
 
     def dims_vector(self, dims: dict[str, int]) -> np.ndarray:
         """The dims vector at ``dims`` (the graph's shapes specialized there, remembered); an
