@@ -59,10 +59,13 @@ def context_dims(name: str, prompt: int, new_tokens: int) -> dict[str, str]:
     """The ranges one compile serves a prompt of up to ``prompt`` tokens and ``new_tokens`` after it
     with: the capacity lowers every range's end at once, so ``past``'s end plus ``new``'s must fit
     the model's position table."""
+    import transformers
+
     from kiln.zoo import decoders
 
-    config = decoders.get(name).config
-    table = int(config.get("n_positions", config.get("max_position_embeddings", 1 << 20)))
+    decoder = decoders.get(name)
+    config = getattr(transformers, decoder.config_class)(**decoder.config)  # (its defaults too)
+    table = int(getattr(config, "n_positions", None) or getattr(config, "max_position_embeddings", 1 << 20))
     context = prompt + new_tokens
     if context > table:
         raise SystemExit(f"{name}: a context of {context} is past its position table ({table})")
@@ -157,11 +160,19 @@ def measure(name: str, engine: str, prompt_lengths: list[int], new_tokens: int, 
     if engine != "kiln":
         model.ranges = dict(compiled.ranges)  # (the loop reads the context and the prompt's step from them)
         del compiled
+    else:
+        from kiln.driver.routes import dim_routes
+
+        row["routes"] = {k: route for k, (route, _) in dim_routes(compiled).items()}
+    from kiln.driver.variants import plans_compiled
+
     row["prompts"] = {}
     for length, ids in prompts.items():
         _timed_stream(model, ids, 2)  # warm: the first calls fault the weights in
+        before = plans_compiled()
         first, per_token, tokens = _timed_stream(model, ids, new_tokens)
         row["prompts"][length] = {"ttft_s": first, "tpot_s": per_token, "tokens": tokens}
+        row["prompts"][length]["compiles"] = plans_compiled() - before  # (0: one compile served it all)
     row["peak_rss_mb"] = peak_rss_bytes() / 1e6
     return row
 
@@ -197,7 +208,7 @@ def main() -> int:
         bound = bandwidth * 1e9 / weights
         print(f"{name}: {weights / 1e6:.0f} MB of fp32 weights per token; bandwidth bound {bound:.1f} tokens/s")
         print(f"{'engine':<20} {'prompt':>6} {'TTFT ms':>9} {'ms/token':>9} {'tokens/s':>9} {'of bound':>9} "
-              f"{'peak MB':>8} {'same tokens':>11}")  # fmt: skip
+              f"{'peak MB':>8} {'same tokens':>11} {'compiles':>8}")  # fmt: skip
         reference: dict[str, list[int]] = {}
         for engine in args.engines.split(","):
             extra = ["--prompts", args.prompts, "--new-tokens", str(args.new_tokens), "--threads", str(args.threads)]
@@ -207,11 +218,15 @@ def main() -> int:
             if row.get("error"):
                 print(f"{engine:<20} {row['error'][:200]}")
                 continue
+            if row.get("routes"):
+                print(
+                    f"{engine:<20} routes per dim {row['routes']}; compile {row['compile_s']:.1f} s, dims {row['dims']}"
+                )
             for length, found in row["prompts"].items():
                 rate = 1 / found["tpot_s"]
                 same = reference.setdefault(str(length), found["tokens"]) == found["tokens"]
                 print(f"{engine:<20} {length:>6} {found['ttft_s'] * 1e3:>9.1f} {found['tpot_s'] * 1e3:>9.2f} "
-                      f"{rate:>9.1f} {rate / bound:>9.2f} {row.get('peak_rss_mb', 0):>8.0f} {same!s:>11}")  # fmt: skip
+                      f"{rate:>9.1f} {rate / bound:>9.2f} {row.get('peak_rss_mb', 0):>8.0f} {same!s:>11} {found.get('compiles', '-')!s:>8}")  # fmt: skip
     return 0
 
 

@@ -93,6 +93,7 @@ class NativeModel(Model):
         self.spatial: spatial.RunTimeDims | None = None
         self._vectors: dict[tuple, np.ndarray] = {}  # the dims vector of each binding run (bounded)
         self._shapes: dict[tuple, tuple] = {}  # and (that vector, the inputs' laid shapes, the outputs')
+        self._laid = extents.LaidInputs()  # the buffers inputs are laid out in, kept between calls
         self.route: routes.Route | None = None  # how the last run was served (kiln.driver.routes)
         self.routes_taken: dict[str, int] = {}  # runs served by each route
         self._ragged: Any = None  # requests of different lengths as one batch (kiln.driver.ragged)
@@ -514,9 +515,7 @@ class NativeModel(Model):
                 self._shapes.pop(next(iter(self._shapes)))
             found = self._shapes[key] = (vector, laid_shapes, out_shapes)
         vector, laid_shapes, out_shapes = found
-        laid = [extents.lay_out(a, shape) for a, shape in zip(inputs, laid_shapes)]
-        outputs = executable.run([*laid, vector])
-        return [extents.read_back(o, shape) for o, shape in zip(outputs, out_shapes)]
+        return self._laid.run(executable, list(inputs), laid_shapes, vector, out_shapes)
 
     def dims_vector(self, dims: dict[str, int]) -> np.ndarray:
         """The dims vector at ``dims`` (the graph's shapes specialized there, remembered); an
