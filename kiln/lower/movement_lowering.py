@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from kiln.ir.graph import Node, Value
+from kiln.ir.sized import size_product
 from kiln.ir.types import DType
 from kiln.lower.kir import (
     Binary,
@@ -51,17 +52,23 @@ def _offset_copy(
     small = lw.shape(source) if into_output else lw.shape(out)
     big = lw.shape(out) if into_output else lw.shape(source)
     src, dst = lw.buffer(source), lw.buffer(out)
+    # the dims from ``axis`` on are one contiguous block in each (only ``axis`` differs): a row
+    # per index of the dims before it, each a long contiguous copy (a KV cache's past into its
+    # present: 12 rows of past*64 floats, not 12*past loops of 64)
+    rows, block = size_product(small[:axis]), size_product(small[axis:])
+    big_block, start = size_product(big[axis:]), offset * size_product(big[axis + 1 :])
 
     def body(indices: list[Index]) -> list[Stmt]:
-        shifted = [(idx, s) for idx, s in zip(indices, strides(big))]
-        big_index = affine(shifted, offset * strides(big)[axis])  # type: ignore[arg-type]
-        small_index = affine(list(zip(indices, strides(small))))  # type: ignore[arg-type]
+        row, i = indices
+        big_index = affine([(row, big_block), (i, 1)], start)  # type: ignore[arg-type]
+        small_index = affine([(row, block), (i, 1)])  # type: ignore[arg-type]
         if into_output:
             return [Store(dst, big_index, Load(src, small_index))]
         return [Store(dst, small_index, Load(src, big_index))]
 
-    stmts, indices = nest(lw, small, body)
-    return lw.kernel(node, "copy", stmts, [source], [out], default_schedule(lw.target, small, indices))
+    shape = (rows, block)
+    stmts, indices = nest(lw, shape, body)
+    return lw.kernel(node, "copy", stmts, [source], [out], default_schedule(lw.target, shape, indices))
 
 
 def lower_concat(lw: Lowerer, node: Node) -> list[Kernel]:
