@@ -82,8 +82,11 @@ def prompts_for(name: str, lengths: list[int]) -> dict[int, Any]:
     return {n: np.random.default_rng(n).integers(0, vocab, (1, n)).astype(np.int64) for n in lengths}
 
 
-def _timed_stream(model: Any, ids: Any, new_tokens: int) -> tuple[float, float, list[int]]:
-    """(seconds to the first token, seconds per token after it, the tokens) of kiln's loop."""
+def _timed_stream(model: Any, ids: Any, new_tokens: int) -> tuple[float, float, list[int], list[float]]:
+    """(seconds to the first token, seconds per token after it, the tokens, the p50 and p90 of
+    the gaps between tokens) of kiln's loop."""
+    import numpy as np
+
     from kiln.driver import generation
 
     started = time.perf_counter()
@@ -91,7 +94,9 @@ def _timed_stream(model: Any, ids: Any, new_tokens: int) -> tuple[float, float, 
     for token in generation.stream(model, ids, new_tokens):
         stamps.append(time.perf_counter())
         tokens.append(int(token[0]))
-    return stamps[0] - started, (stamps[-1] - stamps[0]) / max(1, len(stamps) - 1), tokens
+    gaps = np.diff(stamps) if len(stamps) > 1 else np.zeros(1)
+    spread = [float(np.percentile(gaps, 50)), float(np.percentile(gaps, 90))]
+    return stamps[0] - started, (stamps[-1] - stamps[0]) / max(1, len(stamps) - 1), tokens, spread
 
 
 class _Session:
@@ -170,8 +175,8 @@ def measure(name: str, engine: str, prompt_lengths: list[int], new_tokens: int, 
     for length, ids in prompts.items():
         _timed_stream(model, ids, 2)  # warm: the first calls fault the weights in
         before = plans_compiled()
-        first, per_token, tokens = _timed_stream(model, ids, new_tokens)
-        row["prompts"][length] = {"ttft_s": first, "tpot_s": per_token, "tokens": tokens}
+        first, per_token, tokens, spread = _timed_stream(model, ids, new_tokens)
+        row["prompts"][length] = {"ttft_s": first, "tpot_s": per_token, "tokens": tokens, "tpot_p50_p90_s": spread}
         row["prompts"][length]["compiles"] = plans_compiled() - before  # (0: one compile served it all)
     row["peak_rss_mb"] = peak_rss_bytes() / 1e6
     return row
@@ -183,6 +188,11 @@ def weight_bytes(name: str) -> int:
     from kiln.zoo import decoders
 
     return sum(p.numel() * 4 for p in decoders.build(name).model.parameters())
+
+
+def _spread(found: dict[str, Any]) -> str:
+    spread = found.get("tpot_p50_p90_s")
+    return f"p50/p90 {spread[0] * 1e3:.2f}/{spread[1] * 1e3:.2f} ms" if spread else ""
 
 
 def main() -> int:
@@ -226,7 +236,7 @@ def main() -> int:
                 rate = 1 / found["tpot_s"]
                 same = reference.setdefault(str(length), found["tokens"]) == found["tokens"]
                 print(f"{engine:<20} {length:>6} {found['ttft_s'] * 1e3:>9.1f} {found['tpot_s'] * 1e3:>9.2f} "
-                      f"{rate:>9.1f} {rate / bound:>9.2f} {row.get('peak_rss_mb', 0):>8.0f} {same!s:>11} {found.get('compiles', '-')!s:>8}")  # fmt: skip
+                      f"{rate:>9.1f} {rate / bound:>9.2f} {row.get('peak_rss_mb', 0):>8.0f} {same!s:>11} {found.get('compiles', '-')!s:>8} {_spread(found)}")  # fmt: skip
     return 0
 
 
