@@ -471,15 +471,13 @@ class LaidInputs:
     def lay(self, arrays: list[Any], shapes: list[tuple[int, ...]]) -> tuple[list[Any], list[Any]]:
         """(the arrays laid out, the set of buffers to ``give_back``)."""
         with self.lock:
-            taken = self.free.pop() if self.free else []
+            taken = self.free.pop() if self.free else [None] * len(arrays)  # (a model's inputs: one count)
         laid = []
         for i, (array, shape) in enumerate(zip(arrays, shapes)):
             array = np.asarray(array)
             if array.shape == tuple(shape):
                 laid.append(array)
                 continue
-            while len(taken) <= i:
-                taken.append(None)
             held = taken[i]
             if held is None or held[0].shape != tuple(shape) or held[0].dtype != array.dtype:
                 held = taken[i] = [np.zeros(shape, array.dtype), 0]

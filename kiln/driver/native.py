@@ -46,7 +46,7 @@ log = logging.getLogger("kiln")
 
 SMALL_INPUT = 16  # elements: inputs this small may be frozen when shapes depend on their values
 VALUE_VARIANTS = 16  # at most this many value specializations per model, then the reference
-VECTORS = 4096  # dims vectors remembered (a binding's costs milliseconds to compute)
+VECTORS = 4096  # bindings whose dims vector and shapes are remembered (a binding costs milliseconds)
 
 
 class NativeModel(Model):
@@ -91,8 +91,7 @@ class NativeModel(Model):
         # the model of the graph with the dims vector as an input, and on it, the route
         self.dims_model: NativeModel | None = None
         self.spatial: spatial.RunTimeDims | None = None
-        self._vectors: dict[tuple, np.ndarray] = {}  # the dims vector of each binding run (bounded)
-        self._shapes: dict[tuple, tuple] = {}  # and (that vector, the inputs' laid shapes, the outputs')
+        self._shapes: dict[tuple, tuple] = {}  # per binding run: (dims vector, inputs' laid shapes, outputs')
         self._laid = extents.LaidInputs()  # the buffers inputs are laid out in, kept between calls
         self.route: routes.Route | None = None  # how the last run was served (kiln.driver.routes)
         self.routes_taken: dict[str, int] = {}  # runs served by each route
@@ -312,13 +311,18 @@ class NativeModel(Model):
             compilation = Compilation(Source(graph), self.compiled_for, self.options, prebuilt=prebuilt, ahead=ahead)
             if padder.samples:  # the valid length is the padded graph's last input
                 compilation.extents = extents.RunTimeLength(padder.symbol, padder.samples, graph.inputs[-1].name)
-            model = NativeModel(compilation, self.parallelism, self.streams, self.variants.limits)
-            model.extent = padder if padder.samples else None
-            model.ranges = {k: v for k, v in self.ranges.items() if k != padder.symbol}
-            model.bound_in_analysis = {padder.symbol: padder.classes[0]}
-            model.size_classes = {k: v for k, v in self.size_classes.items() if k != padder.symbol}
-            self.padded_model = model
+            self.padded_model = self.model_padded(compilation, padder.symbol, padder.classes[0])
+            self.padded_model.extent = padder if padder.samples else None
         return self.padded_model
+
+    def model_padded(self, compilation: Compilation, symbol: str, length: int) -> NativeModel:
+        """The model of a padded graph of this one (``compilation``): this model's contract but for
+        the padded ``symbol``, which is a compiled length at every run (analysed at ``length``)."""
+        model = NativeModel(compilation, self.parallelism, self.streams, self.variants.limits)
+        model.ranges = {k: v for k, v in self.ranges.items() if k != symbol}
+        model.bound_in_analysis = {symbol: length}
+        model.size_classes = {k: v for k, v in self.size_classes.items() if k != symbol}
+        return model
 
     def declare(
         self, ranges: dict[str, Any], classes: dict[str, Any] | None = None, ahead: dict[str, int] | None = None
@@ -518,22 +522,17 @@ class NativeModel(Model):
         return self._laid.run(executable, list(inputs), laid_shapes, vector, out_shapes)
 
     def dims_vector(self, dims: dict[str, int]) -> np.ndarray:
-        """The dims vector at ``dims`` (the graph's shapes specialized there, remembered); an
-        InputError when the model has no shapes there (a kernel larger than a small image)."""
-        key = tuple(sorted(dims.items()))
-        vector = self._vectors.get(key)
-        if vector is None:
-            assert self.spatial is not None
-            program = self.spatial.program
-            vector = program(dims) if program is not None else None
+        """The dims vector at ``dims`` (its program's, else the graph's shapes specialized there;
+        a run remembers it per binding); an InputError when the model has no shapes there (a
+        kernel larger than a small image)."""
+        assert self.spatial is not None
+        program = self.spatial.program
+        vector = program(dims) if program is not None else None
         if vector is None:
             try:
                 vector = spatial.dim_values(self.graph, self.spatial.names, dims)
             except KilnError as err:
                 raise InputError(f"the model has no shapes at dims {dims}: {err}") from None
-            if len(self._vectors) >= VECTORS:
-                self._vectors.pop(next(iter(self._vectors)))
-            self._vectors[key] = vector
         return vector
 
     def value_variant(self, dims: dict[str, int], inputs: list[Any]) -> Executable | None:

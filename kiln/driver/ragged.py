@@ -48,10 +48,7 @@ class Ragged:
             raise NotRagged(f"lengths per sample cannot reach every mask: {err}") from err
         self.classes = padded_classes(model.ranges[self.symbol])
         compilation = Compilation(Source(graph), model.compiled_for, model.options)
-        inner = type(model)(compilation, model.parallelism, model.streams, model.variants.limits)
-        inner.ranges = {k: v for k, v in model.ranges.items() if k != self.symbol}
-        inner.bound_in_analysis = {self.symbol: self.classes[0]}
-        inner.size_classes = {k: v for k, v in model.size_classes.items() if k != self.symbol}
+        inner = model.model_padded(compilation, self.symbol, self.classes[0])
         chunked = inner.chunking()
         if chunked is None or chunked.symbol != self.batch:
             raise NotRagged(f"{self.batch} is not sample-parallel once each sample has its own length")

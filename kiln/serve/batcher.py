@@ -121,6 +121,7 @@ class Batcher:
         self.task: asyncio.Task | None = None
         self.retired = False  # a newer version serves: end once the queue is empty
         self.ragged: Any = None  # requests of different lengths as one batch, once prepare_joins compiled it
+        self.padded_axes: dict[str, int | None] = {}  # then: each input's padded axis (by name)
 
     def prepare_joins(self) -> bool:
         """Compile what joining requests of different lengths runs (before serving: it compiles);
@@ -139,7 +140,7 @@ class Batcher:
         except KilnError as err:  # (a loaded artifact on a machine with no C compiler)
             log.info("requests of different lengths run apart: their code did not compile: %s", err)
             return False
-        self.ragged = ragged
+        self.ragged, self.padded_axes = ragged, dict(zip(ragged.names, ragged.padding.inputs))
         return True
 
     def _shape_key(self, name: str, shape: tuple[int, ...]) -> tuple:
@@ -147,7 +148,7 @@ class Batcher:
         (but for the padded length, where requests of different lengths join)."""
         if self.ragged is None:
             return shape[1:]
-        axis = dict(zip(self.ragged.names, self.ragged.padding.inputs)).get(name)
+        axis = self.padded_axes.get(name)
         return tuple(-1 if i == axis else d for i, d in enumerate(shape) if i > 0)
 
     def _start(self) -> None:
