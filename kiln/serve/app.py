@@ -198,9 +198,12 @@ def _reason(err: BaseException) -> tuple[int, str, dict[str, str]]:
     return 500, f"kiln bug: {type(err).__name__}: {err}", {}
 
 
-def build_app(repository: Repository, settings: Settings | None = None, host: str = "127.0.0.1") -> Starlette:
+def build_app(
+    repository: Repository, settings: Settings | None = None, host: str = "127.0.0.1", on_ready: Any = None
+) -> Starlette:
     """The Starlette application serving ``repository`` (its models loaded already), with the gRPC
-    service on ``host`` in the same event loop when ``settings.grpc_port`` is set (``app.state.service``)."""
+    service on ``host`` in the same event loop when ``settings.grpc_port`` is set (``app.state.service``);
+    ``on_ready()`` is called once its startup (each model's batch sizes measured) is done."""
     service = Service(repository, settings or Settings())
 
     async def handle(request: Request, work: Any, model: str | None = None) -> Response:
@@ -244,6 +247,8 @@ def build_app(repository: Repository, settings: Settings | None = None, host: st
             grpc, service.grpc_port = grpc_server(service, host, service.settings.grpc_port)
             await grpc.start()
             log.info("the gRPC service listens on %s:%d", host, service.grpc_port)
+        if on_ready is not None:
+            on_ready()
         yield
         if grpc is not None:
             await grpc.stop(GRPC_GRACE_S)  # the calls in flight answered first

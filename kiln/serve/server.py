@@ -17,6 +17,8 @@ from kiln.serve.repository import Repository
 
 GRACE_S = 30  # seconds SIGTERM waits for the requests in flight
 MAX_CONNECTIONS = 1024  # connections and requests at once; past it uvicorn answers 503 (slow clients hold no more)
+KEEP_ALIVE_S = 60  # an idle keep-alive connection is closed after this (uvicorn's default, 5 s, drops
+# the connections of clients that send a request every few seconds: a client pool at a low rate)
 
 
 def _config(app: Any, host: str, port: int, log_level: str) -> Any:
@@ -31,6 +33,7 @@ def _config(app: Any, host: str, port: int, log_level: str) -> Any:
         timeout_graceful_shutdown=GRACE_S,
         lifespan="on",
         limit_concurrency=MAX_CONNECTIONS,
+        timeout_keep_alive=KEEP_ALIVE_S,
     )
 
 
@@ -61,14 +64,15 @@ def serve_forever(
     sock: socket.socket | None = None,
 ) -> None:
     """Serve ``repository`` on ``host``:``port`` (0: a free port; or on ``sock``, bound already)
-    until SIGTERM or Ctrl-C; ``announce(url)`` is called once it listens."""
+    until SIGTERM or Ctrl-C; ``announce(url)`` is called once it listens and its startup is done (each
+    model's compute per batch size measured: a request sent before waits for that)."""
     import uvicorn
 
     sock = sock or bind(host, port)
     port = sock.getsockname()[1]
-    if announce is not None:
-        announce(f"http://{host}:{port}")
-    uvicorn.Server(_config(build_app(repository, settings, host), host, port, log_level)).run(sockets=[sock])
+    ready = None if announce is None else (lambda: announce(f"http://{host}:{port}"))
+    app = build_app(repository, settings, host, on_ready=ready)  # (announced once the models are measured)
+    uvicorn.Server(_config(app, host, port, log_level)).run(sockets=[sock])
 
 
 class Running:

@@ -59,3 +59,36 @@ def test_kiln_bench_server_measures_a_running_server(tiny_onnx, tmp_path, monkey
         assert "kiln-served" in result.output
     finally:
         running.stop()
+
+
+def test_a_kept_connection_the_server_closed_is_opened_again(tiny_onnx, tmp_path):
+    """A keep-alive connection closed while idle (the server's keep-alive timeout, at a low request
+    rate) is not a failed request: the client opens it again and sends once more; a connection that
+    fails when it is new is still an error."""
+    import socket
+
+    import numpy as np
+
+    from kiln.bench.backends.served_backend import ServedSession
+    from kiln.serve.repository import Repository
+    from kiln.serve.server import Running
+
+    (tmp_path / "repo" / "tiny" / "1").mkdir(parents=True)
+    shutil.copy(tiny_onnx, tmp_path / "repo" / "tiny" / "1" / "model.onnx")
+    repository = Repository(tmp_path / "repo")
+    repository.load_all()
+    running = Running(repository)
+    try:
+        session = ServedSession(running.url, "tiny")
+        x = np.ones((2, 16), np.float32)
+        first = session.run({"x": x})
+        old = session.local.connection
+        old.sock.shutdown(socket.SHUT_RDWR)  # what the peer closing an idle connection leaves
+        again = session.run({"x": x})
+        assert session.local.connection is not old
+        np.testing.assert_array_equal(first[0], again[0])
+        gone = ServedSession(running.url.rsplit(":", 1)[0] + ":1", "tiny")  # nothing listens on port 1
+        with pytest.raises(ConnectionRefusedError):
+            gone.run({"x": x})
+    finally:
+        running.stop()

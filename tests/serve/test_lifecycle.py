@@ -76,12 +76,16 @@ def test_sigterm_answers_the_requests_in_flight_then_exits(model_file):
         stderr=subprocess.PIPE, text=True, env={**os.environ, "COLUMNS": "200"},
     )  # fmt: skip
     try:
-        url = None
+        url, before = None, []
         for line in server.stderr:  # type: ignore[union-attr]
             if line.startswith("serving on "):
                 url = line.split()[2]
                 break
+            before.append(line)
         assert url is not None, "the server did not say where it listens"
+        # it says so once its startup is done (the batch sizes measured): a client that starts on
+        # the line does not wait behind that work
+        assert any("compute per batch size" in line for line in before), before
         answers: list[tuple[int, dict]] = []
         caller = threading.Thread(
             target=lambda: answers.append(post(f"{url}/v2/models/cnn/infer", infer_json(images(2))))

@@ -68,10 +68,7 @@ class ServedSession(Session):
             blobs.append(array.tobytes())
         head = json.dumps({"inputs": inputs, "parameters": {"binary_data_output": True}}).encode()
         headers = {"Content-Type": "application/octet-stream", "Inference-Header-Content-Length": str(len(head))}
-        connection = self._connection()
-        connection.request("POST", self.path, head + b"".join(blobs), headers)
-        answer = connection.getresponse()
-        body = answer.read()
+        body, answer = self._post(head + b"".join(blobs), headers)
         if answer.status != 200:
             raise RuntimeError(f"the server answered HTTP {answer.status}: {body[:300]!r}")
         split = int(answer.getheader("Inference-Header-Content-Length") or len(body))
@@ -87,6 +84,24 @@ class ServedSession(Session):
             outputs.append(raw.reshape(entry["shape"]))
             offset += size
         return outputs
+
+    def _post(self, body: bytes, headers: dict[str, str]) -> tuple[bytes, http.client.HTTPResponse]:
+        """The request on this thread's keep-alive connection; one the server closed while it was
+        idle (its keep-alive timeout) is opened again and the request sent once more (inference
+        is stateless: a request that never reached the server is safe to repeat)."""
+        for attempt in (0, 1):
+            reused = getattr(self.local, "connection", None) is not None
+            connection = self._connection()
+            try:
+                connection.request("POST", self.path, body, headers)
+                answer = connection.getresponse()
+                return answer.read(), answer
+            except (BrokenPipeError, ConnectionResetError, http.client.RemoteDisconnected):
+                connection.close()
+                self.local.connection = None
+                if not reused or attempt:
+                    raise
+        raise AssertionError("unreachable")
 
     def close(self) -> None:
         connection = getattr(self.local, "connection", None)
