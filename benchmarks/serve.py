@@ -14,7 +14,7 @@ it), in one run:
   --latency-target-ms T``) and without (``--max-batch 1``: a server of its own), at a ladder of
   rates (fractions of the in-process batch-1 capacity, climbing until a rate is INVALID): the
   highest VALID rate of each. LoadGen judges the 90th percentile against T (4x the in-process
-  p50 by default; a 99th-percentile verdict needs ~660 queries a rate, minutes for BERT on two
+  p50 by default, ``--target-factor``; a 99th-percentile verdict needs ~660 queries a rate, minutes for BERT on two
   cores), and each rate's p99 is reported beside it.
 
     python benchmarks/serve.py --models resnet50,bert-base [--seconds 8] [--clients 8] [--ladder-seconds 15]
@@ -135,7 +135,7 @@ def _batches(url: str) -> dict[str, float]:
     return found
 
 
-LADDER = (0.5, 0.65, 0.8, 0.95, 1.1)  # rates tried, as fractions of the in-process batch-1 capacity
+LADDER = (0.5, 0.65, 0.8, 0.95, 1.1, 1.25, 1.4)  # rates tried, as fractions of the in-process batch-1 capacity
 
 
 def ladder(url: str, name: str, feeds, p50_ms: float, target_ms: float, seconds: float) -> dict:  # type: ignore[no-untyped-def]
@@ -153,7 +153,8 @@ def ladder(url: str, name: str, feeds, p50_ms: float, target_ms: float, seconds:
         latency = found["latency_ms"]
         verdict = found["loadgen"]["result"]
         steps.append({"rate": round(rate, 2), "result": verdict, "p90": latency.get("p90"),
-                      "p99": latency.get("p99"), "queries": found["iterations"]})  # fmt: skip
+                      "p99": latency.get("p99"), "queries": found["iterations"],
+                      "why": found["loadgen"]["why"][:2]})  # fmt: skip
         print(json.dumps({"ladder": name, **steps[-1]}), flush=True)
         if verdict != "VALID":
             break
@@ -163,7 +164,7 @@ def ladder(url: str, name: str, feeds, p50_ms: float, target_ms: float, seconds:
 
 def server_scenario(path: str, name: str, feeds, p50_ms: float, args) -> dict:  # type: ignore[no-untyped-def]
     """The ladder with dynamic batching and without, each server in its own process."""
-    target = args.target_ms or 4 * p50_ms
+    target = args.target_ms or args.target_factor * p50_ms
     found = {}
     for label, extra, max_batch in (("batching", ("--latency-target-ms", f"{target:g}"), MAX_BATCH),
                                     ("no batching", (), 1)):  # fmt: skip
@@ -201,7 +202,10 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=8.0)
     parser.add_argument("--clients", type=int, default=8)
     parser.add_argument("--ladder-seconds", type=float, default=15.0, help="LoadGen's Server run at each rate")
-    parser.add_argument("--target-ms", type=float, default=None, help="the Server's latency bound (4x p50)")
+    parser.add_argument(
+        "--target-ms", type=float, default=None, help="the Server's latency bound (default: --target-factor x p50)"
+    )
+    parser.add_argument("--target-factor", type=float, default=4.0)
     parser.add_argument("--no-ladder", action="store_true", help="skip LoadGen's Server scenario")
     args = parser.parse_args()
     from kiln import zoo
