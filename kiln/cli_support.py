@@ -113,12 +113,14 @@ def precision_option(what: str):  # type: ignore[no-untyped-def]
     """The --precision option of the commands that compile (``what``: what they do with it)."""
     return click.option(
         "--precision",
-        type=click.Choice(["fp32", "bf16", "int8", "auto"]),
+        type=click.Choice(["fp32", "bf16", "int8", "int8-weights", "auto"]),
         default="fp32",
         show_default=True,
         help="Precision of matrix products and convolutions: bf16 rounds their operands to bfloat16 and sums in "
         "float32 (AMX-BF16 or AVX512_BF16); int8 quantizes weights per channel and activations per tensor "
-        f"(calibrated); auto picks bf16 where the CPU has it. {what}",
+        "(calibrated); int8-weights stores the constant weights of matrix products as int8 per output column "
+        "and computes in float32 (no calibration: a quarter of the bytes a memory-bound decode step reads); "
+        f"auto picks bf16 where the CPU has it. {what}",
     )
 
 

@@ -193,10 +193,10 @@ class Backend:
         return Section("profile", "profile", [], [], [f"{target.name} keeps no account of its runs"], {})
 
     def precisions(self, target: Target) -> dict[str, str]:
-        """Each arithmetic precision of matrix products and convolutions (``fp32``, ``bf16``, ``int8``)
+        """Each arithmetic precision of matrix products and convolutions (``fp32``, ``bf16``, ``int8``, ``int8-weights``)
         mapped to '' when ``target`` computes in it here, else why not."""
         only = f"the {target.name} target computes in fp32 only"
-        return {"fp32": "", "bf16": only, "int8": only}
+        return {"fp32": "", "bf16": only, "int8": only, "int8-weights": only}
 
 
 _BACKENDS: dict[str, Backend] = {}

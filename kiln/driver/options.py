@@ -43,8 +43,11 @@ ALGORITHMS = (
     "run-time-dims",
 )
 # of matrix products and convolutions; "auto": the best this target computes natively (bf16 where
-# the CPU has bf16 instructions), said by the compiled model (``precision``)
-PRECISIONS = ("fp32", "bf16", "int8", "auto")
+# the CPU has bf16 instructions), said by the compiled model (``precision``); "int8-weights": the
+# constant weights of matrix products int8 (per output column), activations and sums float32
+# (no calibration: what a memory-bound decode step reads is weights)
+INT8_WEIGHTS = "int8-weights"
+PRECISIONS = ("fp32", "bf16", "int8", INT8_WEIGHTS, "auto")
 FALSE = ("0", "", "false", "no", "off")
 
 

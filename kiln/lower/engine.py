@@ -73,6 +73,17 @@ def pack_cols(matrices: np.ndarray, cols: int) -> np.ndarray:
     return full.reshape(batch, k, padded // cols, cols).transpose(0, 2, 1, 3)
 
 
+def pack_cols_int8(matrix: np.ndarray, cols: int) -> tuple[np.ndarray, np.ndarray]:
+    """[K, N] float32 weights -> (int8 panels [ceil(N/cols), K, cols], zero padded; float32 scales
+    [N]): each column symmetric, its largest magnitude mapped to 127 (``quantize_channels``), the
+    weight-only int8 path's B (gemm_w8.c)."""
+    quantized_t, scales = quantize_channels(np.asarray(matrix, dtype=np.float32).T)  # [N, K]
+    n, k = quantized_t.shape
+    full = np.zeros((k, -(-n // cols) * cols), np.int8)
+    full[:, :n] = quantized_t.T
+    return np.ascontiguousarray(full.reshape(k, -1, cols).transpose(1, 0, 2)), scales
+
+
 BF16_BLOCK = 32  # the bf16 path's block (gemm_bf16.c): rows of A and columns of a B panel; K padded to it
 
 

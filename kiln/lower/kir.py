@@ -269,13 +269,15 @@ class GemmSpec:
     ldc: int
     blocking: tuple[int, int, int] = (0, 0, 0)
     epilogue: Function | None = None
-    precision: str = "fp32"  # "bf16": operands rounded to bfloat16, float32 sums (gemm_bf16.c); "int8"
+    precision: str = "fp32"  # "bf16": operands rounded to bfloat16, float32 sums (gemm_bf16.c); "int8"; "w8"
     quant: QuantSpec | None = None  # int8's quantization (gemm_int8.c)
     finish: TileFinish | None = None  # the epilogue, when this simple, in the engine's registers (fp32)
     requant: Requantize | None = None  # int8, bf16: the output also stored narrow for its readers
     # bf16: the activations (A of a MatMul, a channels-last convolution's input) rounded to bfloat16
     # already by their producer (its ``Requantize``, ``bf16``), read instead of converting them here
     given: Buffer | None = None
+    # "w8" (weight-only int8, gemm_w8.c): B's per-column float32 scales (B is int8 panels, "w8-cols")
+    scales: Buffer | None = None
 
 
 @dataclass
@@ -370,6 +372,8 @@ def engine_buffers(call: EngineCall) -> list[Buffer]:
             quant.append(call.quant.given)
         if call.given is not None:
             quant.append(call.given)
+        if call.scales is not None:
+            quant.append(call.scales)
         finish = [b for b in (call.finish.row, call.finish.col) if b is not None] if call.finish else []
         requant = [call.requant.dest] if call.requant is not None else []
         return [call.a.buffer, call.b.buffer, *quant, *finish, call.out, *requant]
@@ -519,7 +523,7 @@ def engine_calls(kernel: Kernel) -> list[GemmSpec | AttentionSpec]:
 
 
 def kernel_precision(kernel: Kernel) -> str:
-    """What a kernel's matrix products compute in: ``bf16`` or ``int8`` when it calls the engine's
+    """What a kernel's matrix products compute in: ``bf16``, ``int8`` or ``w8`` when it calls the engine's
     reduced-precision paths, else ``fp32`` (every other kernel computes in its tensors' types)."""
     found = [call.precision for call in engine_calls(kernel) if call.precision != "fp32"]
     return found[0] if found else "fp32"

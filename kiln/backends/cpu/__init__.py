@@ -175,7 +175,7 @@ class CpuBackend(Backend):
         int8 = ""
         if target.isa not in ("avx512", "avx2"):
             int8 = f"the {target.name} target ({target.isa}) has no int8 path; int8 runs on the avx512 and avx2 targets"
-        return {"fp32": "", "bf16": bf16, "int8": int8}
+        return {"fp32": "", "bf16": bf16, "int8": int8, "int8-weights": ""}  # (gemm_w8.c: plain vector code)
 
     def load(self, plan: Any, target: Target, parallelism: Threading) -> Loaded:
         segments = [s for s in plan.steps if hasattr(s, "kernels")]

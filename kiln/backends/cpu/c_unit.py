@@ -153,8 +153,9 @@ def engine_source(target: Target, narrow: Sequence[str] = (), checked: bool = Fa
     parts = ['#define KILN_ENGINE __attribute__((visibility("hidden")))', PRELUDE, POOL]
     parts += [DEBUG_PRELUDE] if checked else []
     parts.append(gemm_prelude(target))
-    if narrow:
-        parts += [(HERE / part).read_text() for part in (*NARROW_PARTS, *(f"gemm_{p}.c" for p in sorted(narrow)))]
+    if set(narrow) - {"w8"}:  # (the weight-only int8 path is plain vector code: no AMX, no packers of its own)
+        parts += [(HERE / part).read_text() for part in NARROW_PARTS]
+    parts += [(HERE / f"gemm_{p}.c").read_text() for p in sorted(narrow)]
     parts += [winograd_c.c_source(), (HERE / "attention.c").read_text()]
     return "\n\n".join(parts) + "\n"
 
@@ -166,7 +167,7 @@ def linked_engine(source: str) -> tuple[str, ...] | None:
     if found is None:
         return None
     paths = tuple(p for p in found.group(1).split(",") if p)
-    if not set(paths) <= {"bf16", "int8"}:
+    if not set(paths) <= {"bf16", "int8", "w8"}:
         raise ValueError(f"unknown engine paths {paths} in a generated unit")
     return paths
 
@@ -179,6 +180,7 @@ typedef struct {{ void **buffers; int64_t index[8]; }} kiln_loop_ctx;
 {API}
 KILN_ENGINE void kiln_gemm_bf16_run(const kiln_gemm *g);
 KILN_ENGINE void kiln_gemm_int8_run(const kiln_gemm *g);
+KILN_ENGINE void kiln_gemm_w8_run(const kiln_gemm *g);
 KILN_ENGINE void kiln_winograd_in(int m, const float *x, float *v, int64_t N, int64_t C, int64_t H, int64_t W, int64_t PT,
                                   int64_t PL, int64_t TH, int64_t TW);
 KILN_ENGINE void kiln_winograd_out(int m, const float *mm, float *y, const float *bias, int64_t N, int64_t O, int64_t OH,

@@ -183,7 +183,7 @@ class FpgaBackend(Backend):
 
     def precisions(self, target: Target) -> dict[str, str]:
         fixed = "the fpga target computes in fixed point (ap_fixed, widths from calibration)"
-        return {"fp32": "", "bf16": fixed, "int8": fixed}
+        return {"fp32": "", "bf16": fixed, "int8": fixed, "int8-weights": fixed}
 
 
 __all__ = ["FpgaBackend", "FpgaTarget", "ap_types"]

@@ -72,7 +72,7 @@ class GpuBackend(Backend):
 
     def precisions(self, target: Target) -> dict[str, str]:
         only = "the gpu target computes in fp32 only (its products use IEEE fp32 tl.dot, not TF32)"
-        return {"fp32": "", "bf16": only, "int8": only}
+        return {"fp32": "", "bf16": only, "int8": only, "int8-weights": only}
 
     def load(self, plan: Any, target: Target, parallelism: Threading) -> Loaded:
         segments = [s for s in plan.steps if hasattr(s, "kernels")]
