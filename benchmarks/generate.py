@@ -4,11 +4,13 @@ and the bandwidth line (each engine's tokens/s as a fraction of the machine's me
 bandwidth over the bytes a token reads).
 
     python benchmarks/generate.py [--models gpt2-124m] [--prompts 128,512] [--new-tokens 128]
-        [--engines kiln,onnxruntime,transformers,llama.cpp,onnxruntime-genai,openvino-genai] [--json out.jsonl]
+        [--engines kiln,kiln-int8-weights,onnxruntime,transformers,llama.cpp,onnxruntime-genai,openvino-genai]
+        [--json out.jsonl]
 
 Every engine runs the same random weights (``kiln.zoo.decoders``: a Hugging Face config, a fixed
 seed; nothing is downloaded), greedy, batch 1, 2 threads, each (model, engine) in a process of its
-own (its peak RSS is its own). kiln: the decode-step ONNX compiled once for the context (``past``,
+own (its peak RSS is its own). kiln (fp32) and kiln-int8-weights (``precision="int8-weights"``:
+the products' weights int8, its bound over the int8 bytes): the decode-step ONNX compiled once for the context (``past``,
 ``new`` and ``total`` ranges), ``kiln.generate_stream``'s loop, the prompt in one step (in steps of
 the ``new`` range's end where the model's position table leaves less). onnxruntime: the same ONNX
 file through the same loop (the step's cost is the engine's; the loop is kiln's). transformers:
@@ -33,6 +35,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from own_process import append_row, measured_alone
 
+KILN_ENGINES = {"kiln": "fp32", "kiln-int8-weights": "int8-weights"}  # engine -> kiln's precision
 PEERS_NOT_WIRED = {
     "llama.cpp": "llama_cpp",
     "onnxruntime-genai": "onnxruntime_genai",
@@ -159,10 +162,12 @@ def measure(name: str, engine: str, prompt_lengths: list[int], new_tokens: int, 
     path = str(decoders.export(name))
     dims = context_dims(name, max(prompt_lengths), new_tokens)
     started = time.perf_counter()
-    compiled = kiln.compile(path, dims=dims, threads=threads)
-    row["compile_s"], row["dims"] = time.perf_counter() - started, dims
-    model = compiled if engine == "kiln" else _Session(path, compiled.signature, threads)
-    if engine != "kiln":
+    precision = KILN_ENGINES.get(engine, "fp32")
+    compiled = kiln.compile(path, dims=dims, threads=threads, precision=precision)
+    row["compile_s"], row["dims"], row["precision"] = time.perf_counter() - started, dims, compiled.precision
+    ours = engine in KILN_ENGINES
+    model = compiled if ours else _Session(path, compiled.signature, threads)
+    if not ours:
         model.ranges = dict(compiled.ranges)  # (the loop reads the context and the prompt's step from them)
         del compiled
     else:
@@ -182,12 +187,14 @@ def measure(name: str, engine: str, prompt_lengths: list[int], new_tokens: int, 
     return row
 
 
-def weight_bytes(name: str) -> int:
-    """The bytes of fp32 weights a decode step reads (every parameter once; the tied embedding
-    once)."""
+def weight_bytes(name: str, int8: bool = False) -> int:
+    """The bytes of weights a decode step reads (every parameter once; the tied embedding once):
+    fp32, or with ``int8`` the matrices (every 2-D parameter) at one byte an element, as
+    ``--precision int8-weights`` stores the products' weights (its per-column scales and an
+    embedding table's few rows a token reads are left out)."""
     from kiln.zoo import decoders
 
-    return sum(p.numel() * 4 for p in decoders.build(name).model.parameters())
+    return sum(p.numel() * (1 if int8 and p.dim() == 2 else 4) for p in decoders.build(name).model.parameters())
 
 
 def _spread(found: dict[str, Any]) -> str:
@@ -198,7 +205,7 @@ def _spread(found: dict[str, Any]) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", default="gpt2-124m")
-    parser.add_argument("--engines", default="kiln,onnxruntime,transformers," + ",".join(PEERS_NOT_WIRED))
+    parser.add_argument("--engines", default=",".join([*KILN_ENGINES, "onnxruntime", "transformers", *PEERS_NOT_WIRED]))
     parser.add_argument("--prompts", default="128,512")
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--threads", type=int, default=2)
@@ -214,16 +221,18 @@ def main() -> int:
     bandwidth = bandwidth_gb_s()
     print(f"memory bandwidth (NumPy copy, read + written): {bandwidth:.1f} GB/s")
     for name in args.models.split(","):
-        weights = weight_bytes(name)
+        weights, weights8 = weight_bytes(name), weight_bytes(name, int8=True)
         bound = bandwidth * 1e9 / weights
-        print(f"{name}: {weights / 1e6:.0f} MB of fp32 weights per token; bandwidth bound {bound:.1f} tokens/s")
+        print(f"{name}: {weights / 1e6:.0f} MB of fp32 weights per token; bandwidth bound {bound:.1f} tokens/s; "
+              f"int8 weights: {weights8 / 1e6:.0f} MB, {bandwidth * 1e9 / weights8:.1f} tokens/s")  # fmt: skip
         print(f"{'engine':<20} {'prompt':>6} {'TTFT ms':>9} {'ms/token':>9} {'tokens/s':>9} {'of bound':>9} "
               f"{'peak MB':>8} {'same tokens':>11} {'compiles':>8}")  # fmt: skip
         reference: dict[str, list[int]] = {}
         for engine in args.engines.split(","):
             extra = ["--prompts", args.prompts, "--new-tokens", str(args.new_tokens), "--threads", str(args.threads)]
             row = measured_alone(__file__, f"{name}:{engine}", args.timeout, {"model": name, "engine": engine}, extra)
-            row.update({"bandwidth_gb_s": bandwidth, "weight_bytes": weights})
+            row_bytes = weights8 if KILN_ENGINES.get(engine) == "int8-weights" else weights
+            row.update({"bandwidth_gb_s": bandwidth, "weight_bytes": row_bytes})
             append_row(args.json, row)
             if row.get("error"):
                 print(f"{engine:<20} {row['error'][:200]}")
@@ -236,7 +245,7 @@ def main() -> int:
                 rate = 1 / found["tpot_s"]
                 same = reference.setdefault(str(length), found["tokens"]) == found["tokens"]
                 print(f"{engine:<20} {length:>6} {found['ttft_s'] * 1e3:>9.1f} {found['tpot_s'] * 1e3:>9.2f} "
-                      f"{rate:>9.1f} {rate / bound:>9.2f} {row.get('peak_rss_mb', 0):>8.0f} {same!s:>11} {found.get('compiles', '-')!s:>8} {_spread(found)}")  # fmt: skip
+                      f"{rate:>9.1f} {rate * row_bytes / (bandwidth * 1e9):>9.2f} {row.get('peak_rss_mb', 0):>8.0f} {same!s:>11} {found.get('compiles', '-')!s:>8} {_spread(found)}")  # fmt: skip
     return 0
 
 

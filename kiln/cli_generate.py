@@ -30,6 +30,11 @@ from kiln.cli_support import console, json_option, out
     "--exporter", default="torchscript", show_default=True, type=click.Choice(["torchscript", "dynamo"]),
     help="For a zoo decoder name: which ONNX exporter writes its decode step.",
 )  # fmt: skip
+@click.option(
+    "--precision", default="fp32", show_default=True, type=click.Choice(["fp32", "int8-weights", "bf16", "auto"]),
+    help="Of the matrix products: int8-weights stores their weights as int8 (per output column), a quarter of "
+    "the bytes each token reads; bf16 where the CPU has it.",
+)  # fmt: skip
 @json_option("the tokens and the timings")
 def generate_command(
     model: str,
@@ -42,6 +47,7 @@ def generate_command(
     top_p: float,
     seed: int,
     exporter: str,
+    precision: str,
     as_json: bool,
 ) -> None:
     """Generate NEW_TOKENS after a random prompt with MODEL: a decode step (.onnx whose inputs are
@@ -65,7 +71,7 @@ def generate_command(
         "batch": f"1..{max(batch, 2)}",
     }
     started = time.perf_counter()
-    compiled = kiln.compile(str(path), dims=dims)
+    compiled = kiln.compile(str(path), dims=dims, precision=precision)
     compile_s = time.perf_counter() - started
     vocab = _vocab(compiled)
     ids = np.random.default_rng(seed).integers(0, vocab, (batch, prompt_tokens)).astype(np.int64)
@@ -86,6 +92,7 @@ def generate_command(
     report = {
         "model": str(path),
         "batch": batch,
+        "precision": compiled.precision,
         "prompt_tokens": prompt_tokens,
         "new_tokens": len(steps),
         "compile_s": compile_s,
@@ -100,7 +107,9 @@ def generate_command(
     if as_json:
         out.print_json(json.dumps(report))
         return
-    console.print(f"compiled {path.name} for every past length up to {longest - 1} in {compile_s:.1f} s")
+    console.print(
+        f"compiled {path.name} ({compiled.precision}) for every past length up to {longest - 1} in {compile_s:.1f} s"
+    )
     out.print(
         f"time to first token {first * 1e3:.1f} ms ({prompt_tokens} prompt tokens), "
         f"{report['time_per_output_token_ms']:.2f} ms per output token, {report['tokens_per_s']:.1f} tokens/s, "

@@ -37,6 +37,10 @@ typedef struct {
   int64_t panels, per_task;
 } kiln_w8_plan;
 
+/* from this many rows of A a panel is widened once per block (kiln_w8_panel_rows) rather than in
+   registers per MR rows: at two tiles of rows the widening already costs more than the copy */
+#define KILN_W8_WIDEN_ROWS (2 * KILN_MR)
+
 /* `rows` (a constant at each call: the switch below) rows of A times one int8 panel, scaled by
    the panel's column scales, stored (finished when `f` is given) into c */
 static inline __attribute__((always_inline)) void kiln_w8_rows_n(const int rows, int64_t k, const float *restrict a, int64_t lda, const int8_t *restrict b, const float *restrict scale, float *restrict c, int64_t ldc, const kiln_finish *f) {
@@ -113,6 +117,48 @@ static void kiln_w8_tile(int64_t mr, int64_t nr, int64_t k, const float *a, int6
   }
 }
 
+/* many rows (a prompt's): the panel widened and scaled once per KC-deep block into float32 (what
+   the float micro-kernel streams), then every row of A multiplied by it as gemm.c multiplies an A
+   read in place; the widening is paid once per block, not once per MR rows */
+static void kiln_w8_panel_rows(const kiln_gemm *g, int64_t bt, const int8_t *b, const float *scale, int64_t n0, int64_t nr) {
+  static _Thread_local float *block;
+  static _Thread_local int64_t have;
+  const int64_t M = g->M, K = g->K, kblock = KILN_KC;
+  float *panel = kiln_scratch(&block, &have, kblock * KILN_NR);
+  float cols[KILN_NR] __attribute__((aligned(64))) = {0};
+  memcpy(cols, scale, (size_t)nr * sizeof(float)); /* (columns past the matrix: scale 0) */
+  const kiln_vf s0 = *(const kiln_vf *)cols, s1 = *(const kiln_vf *)(cols + KILN_L);
+  for (int64_t k0 = 0; k0 < K; k0 += kblock) {
+    const int64_t kc = K - k0 < kblock ? K - k0 : kblock;
+    for (int64_t p = 0; p < kc; ++p) {
+      const int8_t *from = b + (k0 + p) * KILN_NR;
+      *(kiln_vf *)(panel + p * KILN_NR) = kiln_widen8(from) * s0;
+      *(kiln_vf *)(panel + p * KILN_NR + KILN_L) = kiln_widen8(from + KILN_L) * s1;
+    }
+    const int last = k0 + kc >= K;
+    for (int64_t m0 = 0; m0 < M; m0 += KILN_MR) {
+      const int64_t mr = M - m0 < KILN_MR ? M - m0 : KILN_MR;
+      const int64_t from = bt * g->a_bs + m0 * g->a_rs + k0;
+      (void)KILN_SPAN(from, (mr - 1) * g->a_rs + kc, g->a_size, "A (in place)");
+      const int64_t to = bt * g->c_bs + m0 * g->ldc + n0;
+      (void)KILN_SPAN(to, (mr - 1) * g->ldc + nr, g->c_size, "C");
+      float *tile = g->c + to;
+      kiln_finish fin, *finish = NULL;
+      if (last && g->f_on) {
+        fin = (kiln_finish){g->f_row ? g->f_row + m0 : NULL, g->f_col ? g->f_col + n0 : NULL, g->f_relu, g->f_lo, g->f_hi};
+        finish = &fin;
+      }
+      if (mr == KILN_MR && nr == KILN_NR) {
+        kiln_rows_n(KILN_MR, kc, g->a + from, g->a_rs, panel, tile, g->ldc, k0 > 0, finish);
+      } else {
+        kiln_ukernel_rows_few(kc, g->a + from, g->a_rs, panel, tile, g->ldc, k0 > 0, mr, nr);
+        if (finish) kiln_finish_tile(finish, tile, g->ldc, mr, nr);
+      }
+      if (last && g->epilogue) g->epilogue(g, bt, m0, m0 + mr, n0, n0 + nr);
+    }
+  }
+}
+
 static void kiln_w8_tasks(void *ctx, int64_t lo, int64_t hi, int worker) {
   (void)worker;
   const kiln_w8_plan *p = (const kiln_w8_plan *)ctx;
@@ -127,6 +173,10 @@ static void kiln_w8_tasks(void *ctx, int64_t lo, int64_t hi, int worker) {
       const int64_t n0 = panel * KILN_NR, nr = N - n0 < KILN_NR ? N - n0 : KILN_NR;
       const int64_t at = bt * g->b_pbs + panel * K * KILN_NR;
       const int8_t *b = weights + KILN_SPAN(at, K * KILN_NR, g->b_packed_size, "B (int8 panels)");
+      if (M >= KILN_W8_WIDEN_ROWS) {
+        kiln_w8_panel_rows(g, bt, b, g->q_scale + n0, n0, nr);
+        continue;
+      }
       for (int64_t m0 = 0; m0 < M; m0 += KILN_MR) {
         const int64_t mr = M - m0 < KILN_MR ? M - m0 : KILN_MR;
         const int64_t from = bt * g->a_bs + m0 * g->a_rs;
