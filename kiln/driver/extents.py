@@ -501,8 +501,9 @@ class LaidInputs:
         laid, taken = self.lay(inputs, shapes)
         try:
             outputs = [read_back(o, shape) for o, shape in zip(executable.run([*laid, vector]), out_shapes)]
-            held = [h[0] for h in taken if h is not None]
-            return [o.copy() if any(np.may_share_memory(o, h) for h in held) else o for o in outputs]
+            # (a view's base is the array owning its memory: one look per output, not one per held buffer)
+            held = {id(h[0]) for h in taken if h is not None}
+            return [o.copy() if id(o) in held or id(o.base) in held else o for o in outputs]
         finally:
             self.give_back(taken)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ctypes
 import queue
+import sys
 import threading
 import time
 from typing import Any
@@ -98,6 +99,38 @@ def address(array: np.ndarray) -> int:
         return int(array.ctypes.data)
 
 
+LARGE_OUTPUT = 1 << 18  # bytes: outputs this large come from Recycled, smaller ones from np.empty
+RECYCLED_KEEP = 64  # arrays of one size kept for reuse
+
+
+class Recycled:
+    """Output arrays reused once nothing but this holds them (its list is their only owner: their
+    reference count says so). A decode loop's present KV cache is 10-45 MB of outputs a step; fresh
+    memory each step cost a page fault per 4 KB written (2,400 a step on GPT-2 124M at past 128:
+    the Concats writing the present took 4x their time). Small outputs come from ``np.empty``
+    (malloc reuses those itself). Thread-safe."""
+
+    def __init__(self) -> None:
+        self.kept: dict[tuple[int, str], list[np.ndarray]] = {}
+        self.lock = threading.Lock()
+        self.unheld = [np.empty(0)]  # an array nobody else holds: what a free one's count reads
+
+    def take(self, size: int, dtype: np.dtype) -> np.ndarray:
+        if size * dtype.itemsize < LARGE_OUTPUT:
+            return np.empty(size, dtype)
+        with self.lock:
+            for alone in self.unheld:  # (counted as the candidates are: in a list, by a loop's name)
+                free = sys.getrefcount(alone)
+            kept = self.kept.setdefault((size, dtype.str), [])
+            for array in kept:
+                if sys.getrefcount(array) <= free:
+                    return array
+            array = np.empty(size, dtype)
+            if len(kept) < RECYCLED_KEEP:
+                kept.append(array)
+            return array
+
+
 class _Request:
     """One concurrent request's memory: its arena, its status word and the pointer table with the
     weights' and the arena buffers' addresses already written (a call writes its inputs' and
@@ -187,6 +220,7 @@ class Executable:
         self.status_buffer = next((b for b, slot in plan.table.items() if slot == 0), None)
         self.interpreter = Interpreter(plan.graph) if plan.whole_graph_reason else None
         self.requests: queue.SimpleQueue[_Request] = queue.SimpleQueue()
+        self.recycled = Recycled()  # the fresh outputs' memory, reused once the caller let go of it
         self.slots = len(plan.table)
         # What every request shares, computed once: weight views and their slots in the table,
         # the outputs' shapes and which of them must be copied out of memory they don't own.
@@ -323,7 +357,7 @@ class Executable:
             array = given[buffer] = np.ascontiguousarray(array).reshape(-1)
             table[slot] = address(array)
         for buffer in self.fresh_outputs:
-            array = given[buffer] = np.empty(buffer.size, dtype=buffer.dtype.numpy)
+            array = given[buffer] = self.recycled.take(buffer.size, np.dtype(buffer.dtype.numpy))
             table[self.plan.table[buffer]] = address(array)
         return given
 

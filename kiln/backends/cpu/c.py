@@ -8,6 +8,7 @@ import contextvars
 import dataclasses
 import itertools
 import math
+import re
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -46,6 +47,7 @@ from kiln.lower.kir import (
     run_time_dim,
     shared_nodes,
 )
+from kiln.lower.target import PARALLEL_MIN
 from kiln.source_text import c_comment
 
 C_TYPES = {
@@ -317,9 +319,31 @@ def _parallel_loop(stmt: For, schedule: Schedule, outline: _Outline, path: list[
     return [
         f"{indent}{{",
         f"{indent}  kiln_loop_ctx kiln_c = {{buffers, {{{indices}}}}};",
-        f"{indent}  kiln_parallel_for({start}, {stop}, 0, 0, {function}, &kiln_c);",
+        f"{indent}  kiln_parallel_for({start}, {stop}, 0, {_workers(stmt, path)}, {function}, &kiln_c);",
         f"{indent}}}",
     ]
+
+
+def _workers(loop: For, path: list[str]) -> str:
+    """The pool's participants for a parallel loop: all (0), or, where the nest's extents are
+    run-time values (sizes taken at run time: the schedule chose parallel at the capacity), one
+    when this call's work is below ``PARALLEL_MIN`` elements: a decode step's 12-row copy of a
+    short cache, say, runs inline rather than paying the pool's wake-up for microseconds of work."""
+    extents, names, body = [], [*path], [loop]
+    while body:
+        nested = body[0]
+        if not isinstance(nested, For) or not isinstance(nested.start, int):
+            break
+        extents.append(nested.extent)
+        names.append(nested.index.name)
+        body = [s for s in nested.body if isinstance(s, For)][:1] if len(nested.body) == 1 else []
+    if all(isinstance(e, int) for e in extents):
+        return "0"  # (known sizes: the schedule's own choice stands)
+    texts = [str(e) if isinstance(e, int) else expr(e) for e in extents]
+    if any(re.search(rf"\b{re.escape(n)}\b", t) for t in texts for n in names):
+        return "0"  # an extent that follows another loop's index: no one product to test
+    work = " * ".join(f"({t})" for t in texts)
+    return f"({work}) < {PARALLEL_MIN} ? 1 : 0"
 
 
 def statements(
