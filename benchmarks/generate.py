@@ -36,6 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from own_process import append_row, measured_alone
 
 KILN_ENGINES = {"kiln": "fp32", "kiln-int8-weights": "int8-weights"}  # engine -> kiln's precision
+ACCURACY = "int8-weights-accuracy"  # a row of its own: int8-weights against fp32 on a fixed token stream
 PEERS_NOT_WIRED = {
     "llama.cpp": "llama_cpp",
     "onnxruntime-genai": "onnxruntime_genai",
@@ -154,6 +155,9 @@ def measure(name: str, engine: str, prompt_lengths: list[int], new_tokens: int, 
         found = importlib.util.find_spec(PEERS_NOT_WIRED[engine]) is not None
         row["error"] = "installed, not wired into this benchmark yet" if found else "not installed"
         return row
+    if engine == ACCURACY:
+        row.update(int8_accuracy(name, max(prompt_lengths), threads))
+        return row
     prompts = prompts_for(name, prompt_lengths)
     if engine == "transformers":
         row["prompts"] = _transformers(name, prompts, new_tokens, threads)
@@ -187,6 +191,39 @@ def measure(name: str, engine: str, prompt_lengths: list[int], new_tokens: int, 
     return row
 
 
+def int8_accuracy(name: str, length: int, threads: int) -> dict[str, Any]:
+    """int8-weights against fp32 on a fixed token stream (the seeded prompt of ``length`` tokens, one
+    prefill step, every position's logits): the relative L2 of the logits, how often the two
+    predict the same next token, and each one's perplexity of the stream's own next tokens."""
+    import numpy as np
+
+    import kiln
+    from kiln.driver.generation import roles
+    from kiln.zoo import decoders
+
+    path = str(decoders.export(name))
+    dims = {"past": "0..0", "new": f"{length}..{length}", "total": f"{length}..{length}", "batch": "1..1"}
+    ids = prompts_for(name, [length])[length]
+    logits = {}
+    for precision in ("fp32", "int8-weights"):
+        model = kiln.compile(path, dims=dims, threads=threads, precision=precision)
+        found = roles(model)
+        feeds = {found.ids: ids, **({found.mask: np.ones_like(ids)} if found.mask else {})}
+        feeds.update({p: np.zeros((1, s[1], 0, s[3]), np.float32) for p, s in zip(found.past, found.cache)})
+        logits[precision] = np.asarray(model.run(feeds)[found.logits], np.float64)[0]  # [length, vocab]
+        del model
+
+    def perplexity(values: np.ndarray) -> float:
+        shifted = values[:-1] - values[:-1].max(axis=1, keepdims=True)
+        log_p = shifted - np.log(np.exp(shifted).sum(axis=1, keepdims=True))
+        return float(np.exp(-log_p[np.arange(length - 1), ids[0, 1:]].mean()))
+
+    fp32, int8 = logits["fp32"], logits["int8-weights"]
+    return {"tokens": length, "logits_rel_l2": float(np.linalg.norm(int8 - fp32) / np.linalg.norm(fp32)),
+            "same_next_token": float((int8.argmax(axis=1) == fp32.argmax(axis=1)).mean()),
+            "perplexity_fp32": perplexity(fp32), "perplexity_int8_weights": perplexity(int8)}  # fmt: skip
+
+
 def weight_bytes(name: str, int8: bool = False) -> int:
     """The bytes of weights a decode step reads (every parameter once; the tied embedding once):
     fp32, or with ``int8`` the matrices (every 2-D parameter) at one byte an element, as
@@ -205,7 +242,9 @@ def _spread(found: dict[str, Any]) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", default="gpt2-124m")
-    parser.add_argument("--engines", default=",".join([*KILN_ENGINES, "onnxruntime", "transformers", *PEERS_NOT_WIRED]))
+    parser.add_argument(
+        "--engines", default=",".join([*KILN_ENGINES, ACCURACY, "onnxruntime", "transformers", *PEERS_NOT_WIRED])
+    )
     parser.add_argument("--prompts", default="128,512")
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--threads", type=int, default=2)
@@ -236,6 +275,11 @@ def main() -> int:
             append_row(args.json, row)
             if row.get("error"):
                 print(f"{engine:<20} {row['error'][:200]}")
+                continue
+            if engine == ACCURACY:
+                print(f"{engine:<20} on {row['tokens']} fixed tokens: logits rel. L2 {row['logits_rel_l2']:.2e}, "
+                      f"the same next token {100 * row['same_next_token']:.1f}%, perplexity {row['perplexity_fp32']:.1f} "
+                      f"(fp32) vs {row['perplexity_int8_weights']:.1f} (int8-weights)")  # fmt: skip
                 continue
             if row.get("routes"):
                 print(
