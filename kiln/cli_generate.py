@@ -64,12 +64,7 @@ def generate_command(
     if not path.is_file():
         path = decoders.export(decoders.get(model).name, exporter=exporter)
     longest = context or prompt_tokens + new_tokens
-    dims = {
-        "past": f"0..{longest - 1}",
-        "new": f"1..{longest}",
-        "total": f"1..{longest}",
-        "batch": f"1..{max(batch, 2)}",
-    }
+    dims = _context_dims(longest, batch)
     started = time.perf_counter()
     compiled = kiln.compile(str(path), dims=dims, precision=precision)
     compile_s = time.perf_counter() - started
@@ -141,3 +136,13 @@ def _timed_runs(compiled) -> list[float]:  # type: ignore[no-untyped-def]
 
     compiled.run = timed
     return running
+
+
+def _context_dims(longest: int, batch: int) -> dict[str, str]:
+    """The ranges one compile serves every past length up to ``longest`` with."""
+    return {
+        "past": f"0..{longest - 1}",
+        "new": f"1..{longest}",
+        "total": f"1..{longest}",
+        "batch": f"1..{max(batch, 2)}",
+    }

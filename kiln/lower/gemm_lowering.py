@@ -84,8 +84,8 @@ def lower_matmul_gemm(lw: Lowerer, node: Node, epilogue: Epilogue | None = None)
     batch = size_product(batch_shape) if batch_shape else 1
     a_count = size_product(a_shape[:-2]) if len(a_shape) > 2 else 1
     b_count = size_product(b_shape[:-2]) if len(b_shape) > 2 else 1
-    target = lw.target
-    dst, a_buf, b_buf = lw.buffer(out), lw.buffer(a), lw.buffer(b)
+    dst, a_buf = lw.buffer(out), lw.buffer(a)
+    lw.buffer(b)  # (made here, after A's: buffers are numbered in the order they are made)
     rows = m
     if b_count == 1 and lw.constant(a) is None:
         # B shared by every batch element: the batch folds into the rows of one product
@@ -114,26 +114,8 @@ def lower_matmul_gemm(lw: Lowerer, node: Node, epilogue: Epilogue | None = None)
         a_operand, b_operand = _bf16_operands(lw, a, b, a_count, b_count, m, k, n)
         if a_const is None and b_const is not None and b_count == 1:
             given = bf16_given(lw, a)
-    elif a_const is not None:
-        matrices = np.asarray(a_const, dtype=np.float32).reshape(a_count, m, k)
-        a_operand = PackedOperand(
-            lw.packed_constant(("rows", a, target.gemm_rows), lambda: pack_rows(matrices, target.gemm_rows)),
-            0 if a_count == 1 else -(-m // target.gemm_rows) * target.gemm_rows * k,
-            target.gemm_rows,
-        )
     else:
-        a_operand = MatrixOperand(a_buf, 0 if a_count == 1 else m * k, k, 1)
-    if precision != "fp32":
-        pass  # set above
-    elif b_const is not None:
-        matrices = np.asarray(b_const, dtype=np.float32).reshape(b_count, k, n)
-        b_operand = PackedOperand(
-            lw.packed_constant(("cols", b, target.gemm_cols), lambda: pack_cols(matrices, target.gemm_cols)),
-            0 if b_count == 1 else -(-n // target.gemm_cols) * target.gemm_cols * k,
-            target.gemm_cols,
-        )
-    else:
-        b_operand = MatrixOperand(b_buf, 0 if b_count == 1 else k * n, n, 1)
+        a_operand, b_operand = _fp32_operands(lw, a, b, a_count, b_count, m, k, n)
     choice, source = lw.choice(node)
     lw.kernel_count += 1
     name = f"k{lw.kernel_count}"
@@ -153,6 +135,29 @@ def lower_matmul_gemm(lw: Lowerer, node: Node, epilogue: Epilogue | None = None)
         finish, narrow_store(lw, out, precision), given, scales,
     )  # fmt: skip
     return [engine_kernel(name, "matmul", stmt, dst, node, 2 * batch * rows * n * k, source)]
+
+
+def _fp32_operands(lw: Lowerer, a, b, a_count: int, b_count: int, m: int, k: int, n: int):  # type: ignore[no-untyped-def]
+    """The float32 engine's operands: constant ones packed into the micro-tile's panels once
+    (``pack_rows``, ``pack_cols``), the others read as strided matrices."""
+    target, a_const, b_const = lw.target, lw.constant(a), lw.constant(b)
+    a_operand: MatrixOperand | PackedOperand = MatrixOperand(lw.buffer(a), 0 if a_count == 1 else m * k, k, 1)
+    b_operand: MatrixOperand | PackedOperand = MatrixOperand(lw.buffer(b), 0 if b_count == 1 else k * n, n, 1)
+    if a_const is not None:
+        rows = np.asarray(a_const, dtype=np.float32).reshape(a_count, m, k)
+        a_operand = PackedOperand(
+            lw.packed_constant(("rows", a, target.gemm_rows), lambda: pack_rows(rows, target.gemm_rows)),
+            0 if a_count == 1 else -(-m // target.gemm_rows) * target.gemm_rows * k,
+            target.gemm_rows,
+        )
+    if b_const is not None:
+        cols = np.asarray(b_const, dtype=np.float32).reshape(b_count, k, n)
+        b_operand = PackedOperand(
+            lw.packed_constant(("cols", b, target.gemm_cols), lambda: pack_cols(cols, target.gemm_cols)),
+            0 if b_count == 1 else -(-n // target.gemm_cols) * target.gemm_cols * k,
+            target.gemm_cols,
+        )
+    return a_operand, b_operand
 
 
 def _w8_weights(lw: Lowerer, weights, matrix: np.ndarray) -> tuple[PackedOperand, Buffer]:
