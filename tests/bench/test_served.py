@@ -16,6 +16,18 @@ from kiln.cli import main
 pytest.importorskip("uvicorn", reason="the 'serve' extra runs kiln serve")
 
 
+def served_tiny(tiny_onnx, tmp_path):  # type: ignore[no-untyped-def]
+    """A server on a free loopback port with the tiny model as REPO/tiny/1/model.onnx."""
+    from kiln.serve.repository import Repository
+    from kiln.serve.server import Running
+
+    (tmp_path / "repo" / "tiny" / "1").mkdir(parents=True)
+    shutil.copy(tiny_onnx, tmp_path / "repo" / "tiny" / "1" / "model.onnx")
+    repository = Repository(tmp_path / "repo")
+    repository.load_all()
+    return Running(repository)
+
+
 def test_a_served_row_beside_the_in_process_one(tiny_onnx, tmp_path):
     config = BenchConfig(models=[tiny_onnx], backends=["kiln", "kiln-served", "onnxruntime-served"], scenarios=["single-stream", "offline"],
                          duration=1.0, min_iterations=50, warmup=1, timeout=300)  # fmt: skip
@@ -36,16 +48,10 @@ def test_a_served_row_beside_the_in_process_one(tiny_onnx, tmp_path):
 
 def test_kiln_bench_server_measures_a_running_server(tiny_onnx, tmp_path, monkeypatch):
     from kiln.bench.backends.served_backend import SERVER_ENV
-    from kiln.serve.repository import Repository
-    from kiln.serve.server import Running
 
     monkeypatch.delenv(SERVER_ENV, raising=False)  # (kiln bench --server sets it: gone after this test)
 
-    (tmp_path / "repo" / "tiny" / "1").mkdir(parents=True)
-    shutil.copy(tiny_onnx, tmp_path / "repo" / "tiny" / "1" / "model.onnx")
-    repository = Repository(tmp_path / "repo")
-    repository.load_all()
-    running = Running(repository)
+    running = served_tiny(tiny_onnx, tmp_path)
     try:
         result = CliRunner().invoke(
             main, ["bench", "-m", tiny_onnx, "-b", "kiln", "--server", running.url, "--duration", "1", "--out", str(tmp_path / "out")]
@@ -70,14 +76,8 @@ def test_a_kept_connection_the_server_closed_is_opened_again(tiny_onnx, tmp_path
     import numpy as np
 
     from kiln.bench.backends.served_backend import ServedSession
-    from kiln.serve.repository import Repository
-    from kiln.serve.server import Running
 
-    (tmp_path / "repo" / "tiny" / "1").mkdir(parents=True)
-    shutil.copy(tiny_onnx, tmp_path / "repo" / "tiny" / "1" / "model.onnx")
-    repository = Repository(tmp_path / "repo")
-    repository.load_all()
-    running = Running(repository)
+    running = served_tiny(tiny_onnx, tmp_path)
     try:
         session = ServedSession(running.url, "tiny")
         x = np.ones((2, 16), np.float32)
