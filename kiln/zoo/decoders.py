@@ -73,6 +73,25 @@ DECODERS = {
     "gpt2-124m": Decoder(
         "gpt2-124m", "GPT2Config", "GPT2LMHeadModel", {"vocab_size": 50257, "n_embd": 768, "n_layer": 12, "n_head": 12}
     ),
+    # Qwen2.5-0.5B's shapes (494M parameters, the embedding tied to the head; grouped-query attention,
+    # 14 heads over 2 key/value heads); random weights. The position range is cut to 4,096 (a decode
+    # step's rotary tables are computed, not stored: the cut changes no weight)
+    "qwen2-0.5b": Decoder(
+        "qwen2-0.5b",
+        "Qwen2Config",
+        "Qwen2ForCausalLM",
+        {
+            "vocab_size": 151936,
+            "hidden_size": 896,
+            "intermediate_size": 4864,
+            "num_hidden_layers": 24,
+            "num_attention_heads": 14,
+            "num_key_value_heads": 2,
+            "max_position_embeddings": 4096,
+            "tie_word_embeddings": True,
+            "rope_theta": 1000000.0,
+        },
+    ),
 }
 RECIPE = 2  # bump when the wrapper or the export changes (the cache key)
 
@@ -155,8 +174,9 @@ def export(name: str, exporter: str = "torchscript") -> Path:
     decoder = get(name)
     recipe = [decoder.config, RECIPE, exporter, torch.__version__, transformers.__version__]
     key = hashlib.sha256(json.dumps(recipe, sort_keys=True, default=str).encode()).hexdigest()[:12]
-    path = zoo.cache_dir() / "decoders" / f"{name}-step-{exporter}-{key}.onnx"
-    if path.exists():
+    stem = f"{name}-step-{exporter}-{key}"
+    path = zoo.cache_dir() / "decoders" / stem / f"{stem}.onnx"  # (a folder each: a model past 2 GB
+    if path.exists():  # keeps its weights beside it as external-data files, named by the exporter)
         return path
     path.parent.mkdir(parents=True, exist_ok=True)
     inputs_, outputs = names(name)
