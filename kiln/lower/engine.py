@@ -76,12 +76,21 @@ def pack_cols(matrices: np.ndarray, cols: int) -> np.ndarray:
 def pack_cols_int8(matrix: np.ndarray, cols: int) -> tuple[np.ndarray, np.ndarray]:
     """[K, N] float32 weights -> (int8 panels [ceil(N/cols), K, cols], zero padded; float32 scales
     [N]): each column symmetric, its largest magnitude mapped to 127 (``quantize_channels``), the
-    weight-only int8 path's B (gemm_w8.c)."""
-    quantized_t, scales = quantize_channels(np.asarray(matrix, dtype=np.float32).T)  # [N, K]
-    n, k = quantized_t.shape
-    full = np.zeros((k, -(-n // cols) * cols), np.int8)
-    full[:, :n] = quantized_t.T
-    return np.ascontiguousarray(full.reshape(k, -1, cols).transpose(1, 0, 2)), scales
+    weight-only int8 path's B (gemm_w8.c). Quantized a block of panels at a time: the float
+    temporaries stay a block's, not the matrix's (a 151,936-token head is 545 MB of float32)."""
+    matrix = np.asarray(matrix, dtype=np.float32)
+    k, n = matrix.shape
+    panels = -(-n // cols)
+    packed = np.zeros((panels, k, cols), np.int8)
+    scales = np.empty(n, np.float32)
+    step = max(1, (1 << 22) // max(1, k * cols))  # panels per block: ~16 MB of float32 temporaries
+    for first in range(0, panels, step):
+        lo, hi = first * cols, min(n, (first + step) * cols)
+        quantized_t, scales[lo:hi] = quantize_channels(matrix[:, lo:hi].T)  # [hi - lo, K]
+        block = np.zeros((k, -(-(hi - lo) // cols) * cols), np.int8)
+        block[:, : hi - lo] = quantized_t.T
+        packed[first : first + block.shape[1] // cols] = block.reshape(k, -1, cols).transpose(1, 0, 2)
+    return packed, scales
 
 
 BF16_BLOCK = 32  # the bf16 path's block (gemm_bf16.c): rows of A and columns of a B panel; K padded to it

@@ -105,3 +105,18 @@ def test_targets_without_the_path_say_why():
     with pytest.raises(KilnError, match="fixed point"):
         resolve_precision("int8-weights", parse("fpga"))
     assert resolve_precision("int8-weights", parse("cpu:generic")) == "int8-weights"
+
+
+def test_weights_quantized_block_by_block_are_the_whole_matrix_quantized():
+    """``pack_cols_int8`` quantizes a block of panels at a time (its float temporaries a block's):
+    the panels and scales are those of the whole matrix quantized at once, edges padded with 0."""
+    from kiln.lower.engine import pack_cols_int8
+
+    k, n, cols = 64, 70_001, 32  # several blocks, a last panel of 17 columns
+    w = RNG.standard_normal((k, n)).astype(np.float32)
+    packed, scales = pack_cols_int8(w, cols)
+    q, want_scales = quantize_channels(w.T)
+    full = np.zeros((k, packed.shape[0] * cols), np.int8)
+    full[:, :n] = q.T
+    np.testing.assert_array_equal(packed, full.reshape(k, -1, cols).transpose(1, 0, 2))
+    np.testing.assert_array_equal(scales, want_scales)
