@@ -468,8 +468,12 @@ class LaidInputs:
         self.keep = keep
         self.lock = threading.Lock()
 
-    def lay(self, arrays: list[Any], shapes: list[tuple[int, ...]]) -> tuple[list[Any], list[Any]]:
-        """(the arrays laid out, the set of buffers to ``give_back``)."""
+    def lay(
+        self, arrays: list[Any], shapes: list[tuple[int, ...]], recycled: Any = None
+    ) -> tuple[list[Any], list[Any]]:
+        """(the arrays laid out, the set of buffers to ``give_back``); an array that is already
+        laid out so in an output's memory (``recycled``: an earlier call's present KV cache, now
+        the past) is read where it is."""
         with self.lock:
             taken = self.free.pop() if self.free else [None] * len(arrays)  # (a model's inputs: one count)
         laid = []
@@ -477,6 +481,10 @@ class LaidInputs:
             array = np.asarray(array)
             if array.shape == tuple(shape):
                 laid.append(array)
+                continue
+            in_place = recycled.laid_in_place(array, tuple(shape)) if recycled is not None else None
+            if in_place is not None:
+                laid.append(in_place)
                 continue
             held = taken[i]
             if held is None or held[0].shape != tuple(shape) or held[0].dtype != array.dtype:
@@ -498,9 +506,14 @@ class LaidInputs:
         """``executable`` run on ``inputs`` laid out at ``shapes`` (and the dims ``vector``), its
         outputs read back at ``out_shapes``; an output that is a laid-out input's memory is copied
         (the buffer is the next call's)."""
-        laid, taken = self.lay(inputs, shapes)
+        recycled = getattr(executable, "recycled", None)
+        laid, taken = self.lay(inputs, shapes, recycled)
         try:
-            outputs = [read_back(o, shape) for o, shape in zip(executable.run([*laid, vector]), out_shapes)]
+            raw = executable.run([*laid, vector])
+            if recycled is not None:  # (computed at these sizes: each output written densely up to them)
+                for output, shape in zip(raw, out_shapes):
+                    recycled.written(output, int(np.prod(shape)))
+            outputs = [read_back(o, shape) for o, shape in zip(raw, out_shapes)]
             # (a view's base is the array owning its memory: one look per output, not one per held buffer)
             held = {id(h[0]) for h in taken if h is not None}
             return [o.copy() if id(o) in held or id(o.base) in held else o for o in outputs]

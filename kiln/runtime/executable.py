@@ -108,12 +108,19 @@ class Recycled:
     reference count says so). A decode loop's present KV cache is 10-45 MB of outputs a step; fresh
     memory each step cost a page fault per 4 KB written (2,400 a step on GPT-2 124M at past 128:
     the Concats writing the present took 4x their time). Small outputs come from ``np.empty``
-    (malloc reuses those itself). Thread-safe."""
+    (malloc reuses those itself). Thread-safe.
+
+    Each kept array also knows, where a caller said how much a run wrote (``written``), that it is
+    zero past that: a decode step's present is then already what the next step's past is laid out
+    as (``laid_in_place``: dense in the first elements of a capacity buffer, the rest zero), and
+    is read where it is instead of copied."""
 
     def __init__(self) -> None:
         self.kept: dict[tuple[int, str], list[np.ndarray]] = {}
         self.lock = threading.Lock()
         self.unheld = [np.empty(0)]  # an array nobody else holds: what a free one's count reads
+        self.upto: dict[int, int] = {}  # id(kept array) -> elements past which it is zero
+        self.unknown: set[int] = set()  # kept arrays written by a run that did not say how far
 
     def take(self, size: int, dtype: np.dtype) -> np.ndarray:
         if size * dtype.itemsize < LARGE_OUTPUT:
@@ -124,11 +131,43 @@ class Recycled:
             kept = self.kept.setdefault((size, dtype.str), [])
             for array in kept:
                 if sys.getrefcount(array) <= free:
+                    if id(array) in self.unknown:  # its last run wrote who knows how far
+                        self.upto[id(array)] = size
+                    self.unknown.add(id(array))
                     return array
-            array = np.empty(size, dtype)
+            array = np.zeros(size, dtype)  # (zero pages from the system: faulted in as a run writes them)
             if len(kept) < RECYCLED_KEEP:
                 kept.append(array)
+                self.upto[id(array)] = 0
+                self.unknown.add(id(array))
             return array
+
+    def written(self, output: np.ndarray, count: int) -> None:
+        """A run wrote the first ``count`` elements of ``output`` (a view of a kept array) and
+        nothing past them: what an earlier run left past them is zeroed, so it is zero there."""
+        base = output if output.base is None else output.base
+        with self.lock:
+            upto = self.upto.get(id(base))
+            if upto is None or not isinstance(base, np.ndarray):
+                return
+            if upto > count:
+                base.reshape(-1)[count:upto] = 0
+            self.upto[id(base)] = count
+            self.unknown.discard(id(base))
+
+    def laid_in_place(self, array: np.ndarray, shape: tuple[int, ...]) -> np.ndarray | None:
+        """``array`` laid out densely in the first elements of ``shape``, the rest zero, without a
+        copy: where it is the start of a kept array known to be zero past it (None otherwise)."""
+        base, count = array.base, int(np.prod(shape))
+        if not isinstance(base, np.ndarray) or base.dtype != array.dtype or not array.flags.c_contiguous:
+            return None
+        with self.lock:
+            upto = self.upto.get(id(base))
+            if upto is None or id(base) in self.unknown or upto > array.size or base.size < count:
+                return None
+        if array.__array_interface__["data"][0] != base.__array_interface__["data"][0]:
+            return None
+        return base.reshape(-1)[:count].reshape(shape)
 
 
 class _Request:

@@ -46,3 +46,34 @@ def test_small_outputs_are_plain_allocations_and_the_kept_count_is_bounded():
     first = held[0].__array_interface__["data"][0]
     del held
     assert pool.take(size, np.dtype(np.float32)).__array_interface__["data"][0] == first
+
+
+def test_an_output_known_zero_past_what_was_written_is_laid_out_where_it_is():
+    """``written`` zeroes what an earlier run left past this run's extent; ``laid_in_place`` then
+    gives the array as ``lay_out`` would (dense first, the rest zero) without a copy, and nothing
+    where the extent is unknown, the array is not the start of a kept one, or it is too small."""
+    from kiln.driver.extents import lay_out
+
+    pool = Recycled()
+    size = LARGE_OUTPUT // 4
+    shape = (4, size // 8)  # a capacity of half the kept array
+
+    def run(count: int, value: float) -> np.ndarray:
+        out = pool.take(size, np.dtype(np.float32))
+        out[:count] = value  # what a run computing ``count`` elements writes
+        pool.written(out, count)
+        return out[:count]
+
+    first = run(300, 1.0)
+    assert pool.laid_in_place(first, shape) is not None
+    where = first.__array_interface__["data"][0]
+    del first
+    second = run(100, 2.0)  # the same memory again: 100..300 was the first run's, zeroed now
+    assert second.__array_interface__["data"][0] == where
+    laid = pool.laid_in_place(second, shape)
+    np.testing.assert_array_equal(laid, lay_out(second, shape))
+    assert laid.__array_interface__["data"][0] == where  # read where it is: no copy
+    assert pool.laid_in_place(second[1:], shape) is None  # not the start of the kept array
+    assert pool.laid_in_place(second, (4, size)) is None  # larger than the kept array
+    again = pool.take(size, np.dtype(np.float32))  # taken (its extent unknown until a run says)
+    assert pool.laid_in_place(again[:10], shape) is None

@@ -175,3 +175,31 @@ def test_kiln_compile_of_a_decode_step_at_int8_weights_says_what_it_could_not_me
     result = CliRunner().invoke(main, args)
     assert result.exit_code == 0, result.output
     assert "int8-weights" in result.output and "not measured" in result.output and out.is_file()
+
+
+@pytest.mark.slow
+def test_a_present_cache_read_in_place_as_the_next_past_gives_the_same_tokens(monkeypatch):
+    """Every output recycled (the threshold at 0 bytes, as GPT-2 124M's caches are above it): each
+    step's present KV cache is the next step's past, read where it is, not copied; greedy tokens are
+    still transformers' own, and the in-place layout was used."""
+    from kiln.runtime import executable
+
+    monkeypatch.setenv("KILN_PLAN_CACHE", "0")
+    monkeypatch.setattr(executable, "LARGE_OUTPUT", 0)
+    used = []
+    real = executable.Recycled.laid_in_place
+
+    def spy(self, array, shape):  # type: ignore[no-untyped-def]
+        found = real(self, array, shape)
+        used.append(found is not None)
+        return found
+
+    monkeypatch.setattr(executable.Recycled, "laid_in_place", spy)
+    model = kiln.compile(str(decoders.export("gpt2")), dims={**CONTEXT, "past": "0..63", "total": "1..64"})
+    hf = decoders.build("gpt2").model
+    ids = np.random.default_rng(21).integers(0, decoders.get("gpt2").vocab, (1, 6)).astype(np.int64)
+    with torch.no_grad():
+        want = hf.generate(torch.from_numpy(ids), attention_mask=torch.ones_like(torch.from_numpy(ids)),
+                           max_new_tokens=20, min_new_tokens=20, do_sample=False, pad_token_id=0).numpy()  # fmt: skip
+    assert np.array_equal(kiln.generate(model, ids, 20), want)
+    assert any(used), "no past was read in place"
