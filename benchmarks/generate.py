@@ -158,6 +158,11 @@ def measure(name: str, engine: str, prompt_lengths: list[int], new_tokens: int, 
     if engine == ACCURACY:
         row.update(int8_accuracy(name, max(prompt_lengths), threads))
         return row
+    if engine not in (*KILN_ENGINES, "onnxruntime", "transformers"):
+        row["error"] = (
+            f"unknown engine; known: {', '.join([*KILN_ENGINES, ACCURACY, 'onnxruntime', 'transformers', *PEERS_NOT_WIRED])}"
+        )
+        return row
     prompts = prompts_for(name, prompt_lengths)
     if engine == "transformers":
         row["prompts"] = _transformers(name, prompts, new_tokens, threads)
