@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import threading
 from dataclasses import dataclass
 from fractions import Fraction
@@ -512,7 +513,7 @@ class LaidInputs:
             raw = executable.run([*laid, vector])
             if recycled is not None:  # (computed at these sizes: each output written densely up to them)
                 for output, shape in zip(raw, out_shapes):
-                    recycled.written(output, int(np.prod(shape)))
+                    recycled.written(output, math.prod(shape))
             outputs = [read_back(o, shape) for o, shape in zip(raw, out_shapes)]
             # (a view's base is the array owning its memory: one look per output, not one per held buffer)
             held = {id(h[0]) for h in taken if h is not None}

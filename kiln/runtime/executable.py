@@ -4,6 +4,7 @@ fallbacks on the reference implementation, one arena per concurrent request."""
 from __future__ import annotations
 
 import ctypes
+import math
 import queue
 import sys
 import threading
@@ -158,7 +159,7 @@ class Recycled:
     def laid_in_place(self, array: np.ndarray, shape: tuple[int, ...]) -> np.ndarray | None:
         """``array`` laid out densely in the first elements of ``shape``, the rest zero, without a
         copy: where it is the start of a kept array known to be zero past it (None otherwise)."""
-        base, count = array.base, int(np.prod(shape))
+        base, count = array.base, math.prod(shape)
         if not isinstance(base, np.ndarray) or base.dtype != array.dtype or not array.flags.c_contiguous:
             return None
         with self.lock:

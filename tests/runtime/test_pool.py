@@ -83,3 +83,24 @@ def test_a_forked_child_runs_the_model_with_a_pool_of_its_own():
 def test_bad_settings_are_clear_errors(bad):
     with pytest.raises(ValueError, match="threads|spin|streams"):
         kiln.compile(model(), **bad)
+
+
+def test_a_parallel_loop_over_run_time_sizes_runs_inline_when_its_work_is_small():
+    """The schedule chose parallel at the capacity; a call whose run-time sizes leave less than
+    PARALLEL_MIN elements of work runs on the calling thread. Known sizes keep the schedule's
+    choice, and a nest whose inner extent follows a loop index has no one product to test."""
+    from kiln.backends.cpu.c import pool_participants
+    from kiln.ir.types import DType
+    from kiln.lower.kir import For, Index, Scalar, run_time_dim
+    from kiln.lower.kir_expr import Binary, i64
+    from kiln.lower.target import PARALLEL_MIN
+
+    rows, inner, past = Index("r"), Index("c"), run_time_dim(1)
+    copy = For(rows, 12, [For(inner, Binary("*", i64(64), past), [])])
+    decided = pool_participants(copy)
+    assert str(PARALLEL_MIN) in decided and decided.endswith("? 1 : 0")
+    assert pool_participants(For(rows, 12, [For(inner, 4096, [])])) == "0"
+    triangle = For(rows, 12, [For(inner, Binary("+", rows, past), [])])
+    assert pool_participants(triangle) == "0"
+    local = For(rows, 12, [For(inner, Scalar("t", DType.INT64), [])])
+    assert pool_participants(local) == "0"

@@ -8,7 +8,6 @@ import contextvars
 import dataclasses
 import itertools
 import math
-import re
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -319,30 +318,29 @@ def _parallel_loop(stmt: For, schedule: Schedule, outline: _Outline, path: list[
     return [
         f"{indent}{{",
         f"{indent}  kiln_loop_ctx kiln_c = {{buffers, {{{indices}}}}};",
-        f"{indent}  kiln_parallel_for({start}, {stop}, 0, {_workers(stmt, path)}, {function}, &kiln_c);",
+        f"{indent}  kiln_parallel_for({start}, {stop}, 0, {pool_participants(stmt)}, {function}, &kiln_c);",
         f"{indent}}}",
     ]
 
 
-def _workers(loop: For, path: list[str]) -> str:
+def pool_participants(loop: For) -> str:
     """The pool's participants for a parallel loop: all (0), or, where the nest's extents are
     run-time values (sizes taken at run time: the schedule chose parallel at the capacity), one
     when this call's work is below ``PARALLEL_MIN`` elements: a decode step's 12-row copy of a
     short cache, say, runs inline rather than paying the pool's wake-up for microseconds of work."""
-    extents, names, body = [], [*path], [loop]
-    while body:
-        nested = body[0]
-        if not isinstance(nested, For) or not isinstance(nested.start, int):
-            break
+    extents, nested = [], loop
+    while isinstance(nested, For) and isinstance(nested.start, int):
         extents.append(nested.extent)
-        names.append(nested.index.name)
-        body = [s for s in nested.body if isinstance(s, For)][:1] if len(nested.body) == 1 else []
+        nested = nested.body[0] if len(nested.body) == 1 else None  # type: ignore[assignment]
     if all(isinstance(e, int) for e in extents):
         return "0"  # (known sizes: the schedule's own choice stands)
-    texts = [str(e) if isinstance(e, int) else expr(e) for e in extents]
-    if any(re.search(rf"\b{re.escape(n)}\b", t) for t in texts for n in names):
-        return "0"  # an extent that follows another loop's index: no one product to test
-    work = " * ".join(f"({t})" for t in texts)
+    inner = [e for e in extents[1:] if not isinstance(e, int)]
+    # an inner extent must be known where the loop is called: numbers and the run-time sizes only
+    # (one that follows an index or a scalar of the nest has no one product to test)
+    if any(isinstance(n, Index) or (isinstance(n, Scalar) and not is_run_time_scalar(n.name))
+           for e in inner for n in postorder(e)):  # fmt: skip
+        return "0"
+    work = " * ".join(f"({e if isinstance(e, int) else expr(e)})" for e in extents)
     return f"({work}) < {PARALLEL_MIN} ? 1 : 0"
 
 

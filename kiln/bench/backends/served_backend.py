@@ -89,19 +89,24 @@ class ServedSession(Session):
         """The request on this thread's keep-alive connection; one the server closed while it was
         idle (its keep-alive timeout) is opened again and the request sent once more (inference
         is stateless: a request that never reached the server is safe to repeat)."""
-        for attempt in (0, 1):
-            reused = getattr(self.local, "connection", None) is not None
-            connection = self._connection()
-            try:
-                connection.request("POST", self.path, body, headers)
-                answer = connection.getresponse()
-                return answer.read(), answer
-            except (BrokenPipeError, ConnectionResetError, http.client.RemoteDisconnected):
-                connection.close()
-                self.local.connection = None
-                if not reused or attempt:
-                    raise
-        raise AssertionError("unreachable")
+        reused = getattr(self.local, "connection", None) is not None
+        try:
+            return self._exchange(body, headers)
+        except (BrokenPipeError, ConnectionResetError, http.client.RemoteDisconnected):
+            if not reused:
+                raise
+        return self._exchange(body, headers)  # (on a new connection: a failure now is the answer)
+
+    def _exchange(self, body: bytes, headers: dict[str, str]) -> tuple[bytes, http.client.HTTPResponse]:
+        connection = self._connection()
+        try:
+            connection.request("POST", self.path, body, headers)
+            answer = connection.getresponse()
+            return answer.read(), answer
+        except (BrokenPipeError, ConnectionResetError, http.client.RemoteDisconnected):
+            connection.close()  # (dropped: the next request opens another)
+            self.local.connection = None
+            raise
 
     def close(self) -> None:
         connection = getattr(self.local, "connection", None)
