@@ -332,7 +332,7 @@ def _stage_text(stage: str, result: object) -> str:
         text = "\n".join(lines)
     elif stage == "load":
         runners = len(result.runners)  # type: ignore[attr-defined]
-        entry = "one native entry (kiln_run)" if result.entry is not None else "no native entry"  # type: ignore[attr-defined]
+        entry = "one native entry (kiln_context_run)" if result.api is not None else "no native entry"  # type: ignore[attr-defined]
         text = f"{runners} segment runner(s) loaded, {entry}"
     elif stage == "verify":
         text = "\n".join(result) or "the kernel IR holds its invariants (checked with KILN_DEBUG=1 only)"  # type: ignore[arg-type]

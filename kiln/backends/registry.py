@@ -42,13 +42,13 @@ HOST_CALLBACK = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int)
 @dataclass
 class Loaded:
     """What a backend's ``load`` opened: one runner per native segment, and, where its code has
-    one, ``entry``: a C function ``int entry(void **table, host)`` running every segment in order
-    from one native call (``host`` a ``HOST_CALLBACK`` or None; returns 0, 1 when a kernel set the
-    status word, -1 when ``host`` failed). The runtime calls ``entry`` when it exists: a call's
-    cost is then one foreign call, whatever the kernel and segment counts."""
+    it, ``api``: kiln's C API over the plan (``kiln.backends.cpu.native_api.NativeApi``), whose
+    ``kiln_context_run`` runs every segment in order from one native call (host steps called back
+    between them). The runtime runs through ``api`` when it exists: a call's cost is then one
+    foreign call, whatever the kernel and segment counts."""
 
     segments: list[SegmentRunner]
-    entry: Any = None
+    api: Any = None
 
 
 MAX_THREADS = 4096  # participants in a parallel loop: more than any machine kiln runs on has cores
@@ -113,6 +113,17 @@ class PlanFacts:
     ranges: dict[Buffer, tuple[float, float]]
 
 
+@dataclass
+class Placement:
+    """Where a plan's buffers live, for a backend that sets ``reads_placement``: the memory plan
+    (``kiln.lower.memory.MemoryPlan``), the inputs', outputs' and weights' buffers."""
+
+    memory: Any
+    inputs: list[Buffer]
+    outputs: list[Buffer]
+    constants: list[Buffer]
+
+
 class Backend:
     """One target family. Subclasses set ``name`` and override what differs."""
 
@@ -121,6 +132,9 @@ class Backend:
     kernel_timers = False  # its generated code can time each kernel (``BuildOptions.profile``)
     widens_half = True  # float16/bfloat16 arithmetic computed in float32
     reads_plan = False  # render gets ``facts=PlanFacts`` (the fpga target's ROMs and formats need values)
+    # render gets ``placement``: the memory plan, the inputs', outputs' and weights' buffers (the
+    # cpu target writes them into its code as the C API's tables)
+    reads_placement = False
     # the sizes a sample-parallel dim compiles at when nobody said (others run as chunks of them): a
     # CPU's cores are busy from 8 samples on; a GPU wants the whole batch in one launch of each kernel
     batch_classes: tuple[int, ...] = (1, 8)

@@ -43,8 +43,8 @@ from kiln.output_files import OutputPathError, check_output_file
 from kiln.version import __version__
 
 FORMAT = "kiln-artifact"
-VERSION = 3  # 3: build/<key>/<n><suffix> members (any number of build products per variant)
-OLDEST = 2  # 2: lib/<key>.so, one library per variant
+VERSION = 4  # 4: each library holds its plan's tables and kiln's C API, the one path its runs take
+OLDEST = 2  # 3: build/<key>/<n><suffix>; 2: lib/<key>.so (their code is built again: its sources' keys differ)
 # Size budgets, checked against the zip's directory before anything is inflated or allocated.
 # kiln deflates only its text members (JSON, the IR text): they shrink 3-20x, never 1000x.
 MAX_INFLATION = 50  # a deflated member may not claim more than this ratio of its stored size...

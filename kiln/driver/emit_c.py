@@ -5,19 +5,20 @@ The folder holds:
 
 - ``kiln.h``: the API (``kiln/backends/cpu/kiln.h``: load, describe, contexts, ``kiln_infer`` on
   DLPack tensors, statuses and messages);
-- ``libkiln_model.so``: the API over this model's plan (``kiln/backends/cpu/capi.c`` compiled with
-  the plan's tables: buffer slots, arena offsets, inputs and outputs), linked to
-- ``libkiln_plan.so``: the plan's generated code with kiln's engine and thread pool (the library
-  the Python runtime loads for the same plan), found beside it (rpath ``$ORIGIN``);
-- ``libkiln_model.a``: the same as one static library (the API, the plan's unit, the engine:
+- ``libkiln_model.so``: the plan's library, the very file the Python runtime loads for it: its
+  generated code with its tables (``kiln_tables``: slots, arena offsets, the weights', inputs' and
+  outputs' buffers), kiln's engine, thread pool and the C API (``capi.c``) over those tables;
+- ``libkiln_model.a``: the same as one static library (the plan's unit and the engine object:
   link with ``-lpthread -lm``);
-- ``model.kw``: the weights, packed as the plan reads them, each 64-byte aligned after a header
-  (magic, ABI version, count, data bytes, CRC-32, the model's id, each weight's bytes): the library
-  maps it read-only, so processes share its pages, and refuses a truncated, damaged or foreign one;
+- ``model.kw``: the tensors' descriptions (names, dtypes, dims, ranges) and the weights, packed as
+  the plan reads them, each 64-byte aligned, after a header (magic, ABI version, count, data
+  bytes, CRC-32, the plan's id, each weight's bytes): the library maps it read-only, so processes
+  share its pages, and refuses a truncated, damaged or foreign one (every slot and byte count in
+  it is checked against the library's own tables);
 - ``main.c``: an example that loads the model, runs it once on zeros and prints each output's first
   values; ``README.txt``: how to build and run it;
-- ``src/``: the API library's source (``capi.c`` and this model's ``kiln_model_tables.h``), to build
-  it again (with sanitizers, say) against ``libkiln_plan.so``.
+- ``src/``: the API's source (``capi.c``, ``kiln_plan.h``), to build it again (with sanitizers,
+  say) into a program linked against ``libkiln_model.so``.
 
 It takes one binding of the model's dims (``dims``) and at most one range: a sample-parallel batch
 (``batch``: the plan of one sample, once per sample) or a run-time length (``length``: one plan for
@@ -27,7 +28,7 @@ cannot run without Python and is refused.
 
 from __future__ import annotations
 
-import hashlib
+import re
 import shutil
 import subprocess
 import tempfile
@@ -39,13 +40,14 @@ from typing import Any
 import numpy as np
 
 from kiln.backends.cpu import c_unit, toolchain
-from kiln.driver.emit_c_length import length_tables, length_variant, no_length, output_axes
+from kiln.driver.emit_c_length import length_variant, output_axes
 from kiln.errors import ArgumentError, KilnError
 from kiln.ir.types import DType, TensorType
 from kiln.passes.batching import symbols
 
-ABI_VERSION = 1
+ABI_VERSION = 2  # 2: the descriptions in the weights file, the tables in the library
 MAGIC = b"KILNWTS1"
+HEAD = 104  # the header's fixed part: magic, ABI | count, data bytes, CRC-32, plan id, description words
 ALIGN = 64
 HERE = Path(__file__).resolve().parents[1] / "backends" / "cpu"
 DLPACK = {  # kiln dtype -> DLPack (type code, bits)
@@ -60,25 +62,6 @@ DLPACK = {  # kiln dtype -> DLPack (type code, bits)
     DType.UINT8: (1, 8),
     DType.BOOL: (6, 8),
 }
-# /proc/cpuinfo flag -> GCC's __builtin_cpu_supports name: what a -march=native library may use
-CPU_FLAGS = {
-    "avx": "avx",
-    "avx2": "avx2",
-    "fma": "fma",
-    "f16c": "f16c",
-    "bmi1": "bmi",
-    "bmi2": "bmi2",
-    "avx512f": "avx512f",
-    "avx512bw": "avx512bw",
-    "avx512dq": "avx512dq",
-    "avx512vl": "avx512vl",
-    "avx512cd": "avx512cd",
-    "avx512_vnni": "avx512vnni",
-    "avx512_bf16": "avx512bf16",
-    "avx512vbmi": "avx512vbmi",
-    "avx512ifma": "avx512ifma",
-}
-ISA_FLAGS = {"avx512": ("avx2", "fma", "avx512f", "avx512bw", "avx512dq", "avx512vl"), "avx2": ("avx2", "fma")}
 
 
 @dataclass
@@ -131,35 +114,36 @@ def emit_c(
     if folder.is_symlink() or (folder.exists() and not folder.is_dir()):
         raise ArgumentError(f"{folder} is not a folder")
     folder.mkdir(parents=True, exist_ok=True)
-    constants = [(buffer, np.ascontiguousarray(array).reshape(-1)) for buffer, array in plan.constants.items()]
-    sizes, data_bytes, crc = _weights_layout(constants)
-    extra = length_tables(plan, padder, length[1], length[2]) if length is not None else no_length()
-    tables = _batch_range(batch) + extra + _tables(plan, constants, sizes, axes, padder is not None)
-    model_id = hashlib.sha256(tables.encode() + crc.to_bytes(8, "little")).hexdigest()
-    header = _weights_header(sizes, data_bytes, crc, model_id)
+    slots = plan.table
+    constants = sorted(
+        ((buffer, np.ascontiguousarray(array).reshape(-1)) for buffer, array in plan.constants.items()),
+        key=lambda item: slots[item[0]],
+    )
+    if [slots[b] for b, _ in constants] != _compiled_constant_slots(plan):
+        raise KilnError("the plan's weights are not those its tables name (kiln bug)")
+    ranges = (batch[1:] if batch else (1, 1)) + (length[1:] if length else (1, 1))
+    words = _descriptions(plan, axes, padder is not None, ranges)
+    sizes = [array.nbytes for _, array in constants]
+    header, data_at = _weights_header(sizes, words, _plan_id(plan))
     with tempfile.TemporaryDirectory(prefix="kiln-emit-") as scratch:
         build = Path(scratch)
-        (build / "kiln_model_tables.h").write_text(_id_define(model_id) + _cpu_checks(plan.target) + tables)
+        shutil.copyfile(plan.library, build / "libkiln_model.so")
         shutil.copyfile(HERE / "kiln.h", build / "kiln.h")
-        shutil.copyfile(HERE / "capi.c", build / "capi.c")
-        plan_library = build / "libkiln_plan.so"
-        shutil.copyfile(plan.library, plan_library)
-        _link(build, plan_library)
-        names = ["libkiln_plan.so", "libkiln_model.so", "kiln.h"]
+        names = ["libkiln_model.so", "kiln.h"]
         if _archive(build, plan):
             names.append("libkiln_model.a")
         for name in names:
             _replace(folder / name, (build / name).read_bytes())
-        source = folder / "src"
-        if source.is_symlink() or (source.exists() and not source.is_dir()):
-            raise ArgumentError(f"{source} exists and is not a folder")
-        source.mkdir(exist_ok=True)
-        for name in ("capi.c", "kiln_model_tables.h"):  # the API library's source (a sanitized or static build)
-            _replace(source / name, (build / name).read_bytes())
-    _write_weights(folder / "model.kw", header, constants)
+    source = folder / "src"
+    if source.is_symlink() or (source.exists() and not source.is_dir()):
+        raise ArgumentError(f"{source} exists and is not a folder")
+    source.mkdir(exist_ok=True)
+    for name in ("capi.c", "kiln_plan.h"):  # the API's source (a sanitized build of a program)
+        _replace(source / name, (HERE / name).read_bytes())
+    data_bytes = _write_weights(folder / "model.kw", header, data_at, constants)
     _replace(folder / "main.c", (HERE / "capi_example.c").read_bytes())
     _replace(folder / "README.txt", _readme(plan, len(plan.inputs) - int(padder is not None)).encode())
-    files = ["kiln.h", "libkiln_model.so", "libkiln_plan.so", "model.kw", "main.c", "README.txt", "src/"]
+    files = ["kiln.h", "libkiln_model.so", "model.kw", "main.c", "README.txt", "src/"]
     if (folder / "libkiln_model.a").exists():
         files.insert(2, "libkiln_model.a")
     for ranged in (batch, length):
@@ -185,38 +169,54 @@ def _check(plan: Any, executable: Any, run_time_length: bool = False) -> None:
         raise ArgumentError("--emit c takes plans of fixed sizes (bind every dim with --dim)")
 
 
-def _weights_layout(constants: list[tuple[Any, np.ndarray]]) -> tuple[list[int], int, int]:
-    """(each weight's bytes, the data's bytes with the 64-byte padding, its CRC-32), read in place."""
-    sizes, at, crc = [], 0, 0
-    for _, array in constants:
-        raw = memoryview(array.view(np.uint8))
-        pad = -(at + len(raw)) % ALIGN
-        crc = zlib.crc32(b"\0" * pad, zlib.crc32(raw, crc))
-        sizes.append(len(raw))
-        at += len(raw) + pad
-    return sizes, at, crc
+def _plan_id(plan: Any) -> str:
+    """The id the plan's library names itself by (its unit's SHA-256, in ``kiln_tables``)."""
+    found = re.search(r'kiln_tables = \{\n  KILN_PLAN_TABLES_VERSION, "([0-9a-f]{64})"', plan.source or "")
+    if found is None:
+        raise ArgumentError("the model's code has no C API tables (it was compiled by another kiln): compile it again")
+    return found.group(1)
 
 
-def _weights_header(sizes: list[int], data_bytes: int, crc: int, model_id: str) -> bytes:
-    head = MAGIC + (ABI_VERSION | (len(sizes) << 32)).to_bytes(8, "little")
-    head += data_bytes.to_bytes(8, "little") + crc.to_bytes(8, "little") + model_id.encode()
+def _compiled_constant_slots(plan: Any) -> list[int]:
+    """The weights' slots as the plan's tables list them (the order the library reads the file in)."""
+    found = re.search(r"static const int64_t kiln_t_constants\[\] = \{([0-9, ]*)\};", plan.source or "")
+    if found is None:
+        raise ArgumentError("the model's code has no C API tables (it was compiled by another kiln): compile it again")
+    count = len(plan.constants)
+    return [int(v) for v in found.group(1).split(",")][:count] if count else []
+
+
+def _weights_header(sizes: list[int], words: list[int], plan_id: str) -> tuple[bytes, int]:
+    """The header up to the data (its data bytes and CRC-32 left zero: ``_write_weights`` writes
+    them), and where the data starts."""
+    head = MAGIC + (ABI_VERSION | (len(sizes) << 32)).to_bytes(8, "little") + bytes(16) + plan_id.encode()
+    head += len(words).to_bytes(8, "little")
     head += b"".join(size.to_bytes(8, "little") for size in sizes)
-    return head + b"\0" * (-len(head) % ALIGN)
+    head += b"".join((w & (2**64 - 1)).to_bytes(8, "little") for w in words)
+    head += b"\0" * (-len(head) % ALIGN)
+    return head, len(head)
 
 
-def _write_weights(path: Path, header: bytes, constants: list[tuple[Any, np.ndarray]]) -> None:
-    """The weights file written whole, streamed from the arrays (no copy of them in memory)."""
+def _write_weights(path: Path, header: bytes, data_at: int, constants: list[tuple[Any, np.ndarray]]) -> int:
+    """The weights file written whole, streamed from the arrays (no copy of them in memory), its
+    data bytes and CRC-32 (of everything after the header's fixed part) filled in; returns the
+    data bytes."""
     temporary = _temporary(path)
+    crc = zlib.crc32(header[HEAD:])
+    at = 0
     with open(temporary, "wb") as out:
         out.write(header)
-        at = 0
         for _, array in constants:
             raw = memoryview(array.view(np.uint8))
+            pad = b"\0" * (-(at + len(raw)) % ALIGN)
             out.write(raw)
-            pad = -(at + len(raw)) % ALIGN
-            out.write(b"\0" * pad)
-            at += len(raw) + pad
+            out.write(pad)
+            crc = zlib.crc32(pad, zlib.crc32(raw, crc))
+            at += len(raw) + len(pad)
+        out.seek(16)
+        out.write(at.to_bytes(8, "little") + crc.to_bytes(8, "little"))
     temporary.replace(path)
+    return at
 
 
 def _batch_axes(model: Any, symbol: str, low: int, high: int) -> tuple[tuple[bool, ...], tuple[bool, ...]]:
@@ -235,60 +235,23 @@ def _batch_axes(model: Any, symbol: str, low: int, high: int) -> tuple[tuple[boo
     return tuple(axis == 0 for axis in found.inputs), tuple(axis == 0 for axis in found.outputs)
 
 
-def _batch_range(batch: tuple[str, int, int] | None) -> str:
-    low, high = (batch[1], batch[2]) if batch is not None else (1, 1)
-    return f"#define KILN_BATCH_MIN {low}\n#define KILN_BATCH_MAX {high}\n"
-
-
-def _tables(plan: Any, constants: list[tuple[Any, np.ndarray]], sizes: list[int], axes: Any = None, lengths: bool = False) -> str:  # fmt: skip
-    """The plan's buffer table as C: slots, weights, arena offsets, inputs and outputs. ``axes``:
-    each input's and output's sample-parallel flag, or with ``lengths`` its run-time length axis
-    (-1: none; the plan's last input, the valid length, is the library's own)."""
-    table = plan.table
-    growing = plan.memory.growing if lengths else None
-    arena_bytes = growing.at(growing.capacity)[1] if growing is not None else int(plan.memory.arena_bytes)
-    lines = [f"#define KILN_SLOTS {len(table)}", f"#define KILN_ARENA_BYTES {int(arena_bytes)}"]
-    lines.append(f"#define KILN_CONSTANTS {len(constants)}")
-    slots = [str(table[buffer]) for buffer, _ in constants] or ["0"]
-    lines.append(f"static const int64_t kiln_constant_slots[] = {{{', '.join(slots)}}};")
-    lines.append(f"static const uint64_t kiln_constant_bytes[] = {{{', '.join(str(s) for s in sizes) or '0'}}};")
-    arena = [(table[b], int(offset)) for b, offset in plan.memory.offsets.items() if b in table]
-    lines.append(f"#define KILN_ARENA_SLOTS {len(arena)}")
-    pairs = ", ".join(f"{{{slot}, {offset}}}" for slot, offset in arena) or "{0, 0}"
-    lines.append(f"static const int64_t kiln_arena_slots[][2] = {{{pairs}}};")
-    weight_index = {buffer: i for i, (buffer, _) in enumerate(constants)}
+def _descriptions(plan: Any, axes: Any, lengths: bool, ranges: tuple[int, ...]) -> list[int]:
+    """The tensors' descriptions the library reads from the weights file (capi.c's kiln_read_io):
+    the batch and length ranges, the counts, then per tensor its name, dtype, dims, slot, batched
+    flag, length axis and the dims kiln_model_input/output describe. ``axes``: each input's and
+    output's sample-parallel flag, or with ``lengths`` its run-time length axis (-1: none; the
+    plan's last input, the valid length, is the library's own)."""
     flags_in, flags_out = axes or ((False,) * len(plan.inputs), (False,) * len(plan.outputs))
-    user_inputs = list(zip(plan.graph.inputs, plan.inputs))[: len(plan.inputs) - int(lengths)]
-    inputs = [
-        _io(value, buffer, table[buffer], 0, 0, *((False, flag) if lengths else (flag, -1)))
-        for (value, buffer), flag in zip(user_inputs, flags_in)
-    ]
-    outputs = []
-    for value, buffer, flag in zip(plan.graph.outputs, plan.outputs, flags_out):
-        if buffer in weight_index:
-            source, where = 2, weight_index[buffer]
-        elif buffer in plan.inputs:
-            source, where = 3, plan.inputs.index(buffer)
-        elif buffer in plan.memory.offsets:  # (a run-time layout: its position in the growing order)
-            source, where = 1, growing.order.index(buffer) if growing is not None else int(plan.memory.offsets[buffer])
-        else:
-            source, where = 0, 0
-        outputs.append(
-            _io(value, buffer, table.get(buffer, 0), source, where, *((False, flag) if lengths else (flag, -1)))
-        )
-    lines.append(f"#define KILN_INPUTS {len(inputs)}")
-    lines.append(f"static const kiln_io kiln_inputs[] = {{{', '.join(inputs) or '{0}'}}};")
-    lines.append(f"#define KILN_OUTPUTS {len(outputs)}")
-    lines.append(f"static const kiln_io kiln_outputs[] = {{{', '.join(outputs) or '{0}'}}};")
-    labels = dict(getattr(plan, "kernel_labels", {}) or {})
-    count = max(labels, default=0) + 1
-    texts = ", ".join(_c_string(str(labels.get(i, "?"))) for i in range(count))
-    lines.append(f"#define KILN_LABELS {count}")
-    lines.append(f"static const char *const kiln_kernel_labels[] = {{{texts}}};")
-    return "\n".join(lines) + "\n"
+    count = len(plan.inputs) - int(lengths)
+    words = [*ranges, count, len(plan.outputs)]
+    pairs = [*zip(plan.graph.inputs[:count], plan.inputs, flags_in), *zip(plan.graph.outputs, plan.outputs, flags_out)]
+    for value, buffer, flag in pairs:
+        words += _description(value, plan.table[buffer], (False, flag) if lengths else (flag, -1), ranges)
+    return words
 
 
-def _io(value: Any, buffer: Any, slot: int, source: int, where: int, batched: bool = False, axis: int = -1) -> str:
+def _description(value: Any, slot: int, flags: tuple[bool, int], ranges: tuple[int, ...]) -> list[int]:
+    batched, axis = flags
     vtype = value.type
     if not isinstance(vtype, TensorType) or vtype.shape is None or not vtype.is_static:
         raise KilnError(f"{value.name}: no static shape in the plan (kiln bug)")
@@ -296,64 +259,23 @@ def _io(value: Any, buffer: Any, slot: int, source: int, where: int, batched: bo
         raise ArgumentError(f"{value.name}: dtype {vtype.dtype.name} has no C API type yet")
     code, bits = DLPACK[vtype.dtype]
     shape = [int(d) for d in vtype.shape]
-    dims = "(const int64_t[]){" + (", ".join(str(d) for d in shape) or "0") + "}"
-    elements = int(np.prod(shape)) if shape else 1
     if batched and (not shape or shape[0] != 1):
         raise KilnError(f"{value.name}: the sample-parallel dim is not its axis 0 of size 1 (kiln bug)")
-    fields = f"{code}, {bits}, {len(shape)}, {dims}, {slot}, {source}, {where}, {elements}, {int(batched)}"
-    if batched:  # described as -1 on axis 0, within [KILN_BATCH_MIN, KILN_BATCH_MAX]
-        rest = "".join(f", {d}" for d in shape[1:])
-        fields += f", (const int64_t[]){{-1{rest}}}, (const int64_t[]){{KILN_BATCH_MIN{rest}}}"
-        fields += f", (const int64_t[]){{KILN_BATCH_MAX{rest}}}"
-    elif axis >= 0:  # a run-time length: -1 on its axis, within [KILN_LENGTH_MIN, KILN_LENGTH_MAX]
-
-        def with_axis(text: str) -> str:
-            return "(const int64_t[]){" + ", ".join(text if d == axis else str(n) for d, n in enumerate(shape)) + "}"
-
-        fields += f", {with_axis('-1')}, {with_axis('KILN_LENGTH_MIN')}, {with_axis('KILN_LENGTH_MAX')}"
-    else:
-        fields += f", {dims}, {dims}, {dims}"
-    return f"{{{_c_string(value.name)}, {fields}, {axis}}}"
-
-
-def _c_string(text: str) -> str:
-    """``text`` as a C string literal (every byte outside printable ASCII escaped)."""
-    body = "".join(chr(b) if 32 <= b < 127 and chr(b) not in '"\\?' else f"\\{b:03o}" for b in text.encode("utf-8"))
-    return f'"{body}"'
-
-
-def _id_define(model_id: str) -> str:
-    return f'static const char KILN_MODEL_ID[65] = "{model_id}";\n'
-
-
-def _cpu_checks(target: Any) -> str:
-    """KILN_CPU_OK(): the instruction sets the plan's code was built for, checked at load."""
-    if target.native:
-        needed = sorted({CPU_FLAGS[f] for f in target.features if f in CPU_FLAGS})
-    else:
-        needed = list(ISA_FLAGS.get(target.isa, ()))
-    test = " && ".join(f'__builtin_cpu_supports("{name}")' for name in needed) or "1"
-    vnni = int(target.isa == "avx512" or (target.native and target.isa == "avx2"))
-    return (
-        f"#define KILN_CPU_OK() (__builtin_cpu_init(), ({test}))\n"
-        f'#define KILN_CPU_NEEDS "{", ".join(needed) or "nothing"}"\n'
-        f"#define KILN_INT8_VNNI {vnni}\n"
-    )
-
-
-def _link(build: Path, plan_library: Path) -> None:
-    compiler = toolchain.find_compiler()[0]
-    command = [compiler, "-std=c11", "-O2", "-fPIC", "-shared", "-Wall", "-Wextra", "-Werror", "-Wno-unused-parameter",
-               "-I", str(build), str(build / "capi.c"), "-o", str(build / "libkiln_model.so"),
-               "-L", str(build), "-l:" + plan_library.name, "-Wl,-rpath,$ORIGIN", "-Wl,--no-undefined"]  # fmt: skip
-    result = subprocess.run(command, capture_output=True, text=True)
-    if result.returncode != 0:
-        raise KilnError(f"building the C API library failed (kiln bug):\n{result.stderr[-3000:]}")
+    name = value.name.encode("utf-8")
+    padded = name + b"\0" * (8 - len(name) % 8)
+    words = [len(name), *(int.from_bytes(padded[i : i + 8], "little") for i in range(0, len(padded), 8))]
+    words += [code, bits, len(shape), slot, int(batched), int(axis)]
+    shown, low, high = list(shape), list(shape), list(shape)
+    if batched:  # described as -1 on axis 0, within the batch range
+        shown[0], low[0], high[0] = -1, ranges[0], ranges[1]
+    elif axis >= 0:  # a run-time length: -1 on its axis, within the length range
+        shown[axis], low[axis], high[axis] = -1, ranges[2], ranges[3]
+    return words + shape + shown + low + high
 
 
 def _archive(build: Path, plan: Any) -> bool:
-    """``libkiln_model.a``: the API, the plan's unit and its engine object (the same source and
-    flags as the shared libraries); False where the plan's unit source is not at hand (a plan
+    """``libkiln_model.a``: the plan's unit and its engine object with the API (the same source
+    and flags as the shared library); False where the plan's unit source is not at hand (a plan
     read from an artifact)."""
     unit_path = plan.library.with_suffix(".c")
     if not unit_path.is_file():
@@ -363,15 +285,11 @@ def _archive(build: Path, plan: Any) -> bool:
     narrow = c_unit.linked_engine(unit)
     if narrow is not None:  # (None: a debug build, whose unit holds the engines)
         objects.append(toolchain.object_file(c_unit.engine_source(plan.target, narrow), plan.target))
-    compiler = toolchain.find_compiler()[0]
-    capi = build / "capi.o"
-    command = [compiler, "-std=c11", "-O2", "-fPIC", "-c", "-I", str(build), str(build / "capi.c"), "-o", str(capi)]
-    result = subprocess.run(command, capture_output=True, text=True)
     archiver = shutil.which("ar")
-    if result.returncode != 0 or archiver is None:
-        raise KilnError(f"building the static C API library failed (kiln bug): {result.stderr[-2000:] or 'no ar'}")
+    if archiver is None:
+        raise KilnError("building the static C API library needs ar (binutils), which is not on PATH")
     members = []
-    for number, obj in enumerate([capi, *objects]):  # distinct member names (the cache's are keys)
+    for number, obj in enumerate(objects):  # distinct member names (the cache's are keys)
         member = build / f"kiln_{number}.o"
         shutil.copyfile(obj, member)
         members.append(str(member))

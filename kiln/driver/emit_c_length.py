@@ -4,8 +4,8 @@ low, high))``, ``kiln compile --emit c --dim seq=1..128``): the plan the Python 
 A paddable dim (``kiln.passes.padding``) whose kernels take the length at run time
 (``kiln.driver.extents``) has one plan for the whole range: the padded graph lowered at the
 capacity (the range's end), its valid length a last input, its arena a ``GrowingLayout`` (every
-buffer's bytes a polynomial of the length, the offsets formulas of them). The C API (capi.c) lays
-the arena out per call, passes the length, pads tensors shorter than the floor with zeros and cuts
+buffer's bytes a polynomial of the length, the offsets formulas of them: the plan's tables in its
+library, kiln.backends.cpu.c_tables). The C API (capi.c) lays the arena out per call, passes the length, pads tensors shorter than the floor with zeros and cuts
 the outputs back: what ``kiln.driver.sizes.Padder`` does in Python.
 """
 
@@ -53,63 +53,3 @@ def output_axes(padder: Any) -> list[int]:
             raise ArgumentError(f"output {position} has the length in {len(cut)} dims {list(cut)}: not in C yet")
         axes.append(cut[0] if cut else -1)
     return axes
-
-
-def length_tables(plan: Any, padder: Any, low: int, high: int) -> str:
-    """The run-time length's defines and the growing layout as C tables."""
-    growing = plan.memory.growing
-    table = plan.table
-    lines = [
-        "#define KILN_LENGTH 1",
-        f"#define KILN_LENGTH_MIN {low}",
-        f"#define KILN_LENGTH_MAX {high}",
-        f"#define KILN_LENGTH_FLOOR {max(growing.floor, low)}",
-        f"#define KILN_LENGTH_CAPACITY {growing.capacity}",
-        f"#define KILN_VALID_SLOT {table[growing.valid]}",
-        f"#define KILN_GROWING {len(growing.order)}",
-    ]
-    below_at, below = [0], []
-    for i, under in enumerate(growing.below):
-        if any(j >= i for j in under):
-            raise ArgumentError("the run-time layout is not in offset order (kiln bug)")
-        below.extend(under)
-        below_at.append(len(below))
-    slots = ", ".join(str(table[b]) for b in growing.order) or "0"
-    sizes = ", ".join(f"{{{c0}, {c1}, {c2}}}" for c0, c1, c2 in growing.sizes) or "{0, 0, 0}"
-    lines.append(f"static const int64_t kiln_growing_slots[] = {{{slots}}};")
-    lines.append(f"static const int64_t kiln_growing_sizes[][3] = {{{sizes}}};")
-    lines.append(f"static const int32_t kiln_growing_below_at[] = {{{', '.join(map(str, below_at))}}};")
-    lines.append(f"static const int32_t kiln_growing_below[] = {{{', '.join(map(str, below)) or '0'}}};")
-    lines += _constant_tables(table, growing.constants)
-    return "\n".join(lines) + "\n"
-
-
-def _constant_tables(table: dict, constants: tuple) -> list[str]:
-    """The integer constants whose values follow the length (``GrowingLayout.constants``): each
-    one's slot, element bits and its elements' (c0, c1, c2), written per call at the run's length."""
-    at, terms = [0], []
-    for _, coefficients in constants:
-        terms.extend(coefficients)
-        at.append(len(terms))
-    slots = ", ".join(str(table[b]) for b, _ in constants) or "0"
-    bits = ", ".join(str(b.dtype.numpy.itemsize * 8) for b, _ in constants) or "0"
-    rows = ", ".join(f"{{{c0}, {c1}, {c2}}}" for c0, c1, c2 in terms) or "{0, 0, 0}"
-    return [
-        f"#define KILN_LENGTH_CONSTANTS {len(constants)}",
-        f"static const int64_t kiln_length_constant_slots[] = {{{slots}}};",
-        f"static const int32_t kiln_length_constant_bits[] = {{{bits}}};",
-        f"static const int32_t kiln_length_constant_at[] = {{{', '.join(map(str, at))}}};",
-        f"static const int64_t kiln_length_constant_terms[][3] = {{{rows}}};",
-    ]
-
-
-def no_length() -> str:
-    """The defines of a library without a run-time length (capi.c's length code compiled out)."""
-    return (
-        "#define KILN_LENGTH 0\n#define KILN_LENGTH_MIN 1\n#define KILN_LENGTH_MAX 1\n#define KILN_LENGTH_FLOOR 1\n"
-        "#define KILN_LENGTH_CAPACITY 1\n#define KILN_VALID_SLOT 0\n#define KILN_GROWING 0\n"
-        "static const int64_t kiln_growing_slots[] = {0};\nstatic const int64_t kiln_growing_sizes[][3] = {{0, 0, 0}};\n"
-        "static const int32_t kiln_growing_below_at[] = {0};\nstatic const int32_t kiln_growing_below[] = {0};\n"
-        + "\n".join(_constant_tables({}, ()))
-        + "\n"
-    )

@@ -23,7 +23,7 @@ import numpy as np
 
 from kiln.backends import Backend, Threading, parse
 from kiln.backends import backend as backend_of
-from kiln.backends.registry import PlanFacts
+from kiln.backends.registry import Placement, PlanFacts
 from kiln.driver.artifact import source_key
 from kiln.driver.options import CompileOptions, Quantization
 from kiln.errors import KilnError
@@ -396,6 +396,17 @@ def _render(state: Compile) -> str:
             facts = plan_facts(state)
             state.source = state.backend.render(
                 state.segments, state.table, state.options.build, state.target, facts=facts
+            )
+        elif state.backend.reads_placement:
+            assert state.memory is not None and state.roots is not None
+            placement = Placement(
+                state.memory,
+                [state.roots[v] for v in state.graph.inputs],
+                [state.roots[v] for v in state.graph.outputs],
+                list(state.constants),
+            )
+            state.source = state.backend.render(
+                state.segments, state.table, state.options.build, state.target, placement=placement
             )
         else:
             state.source = state.backend.render(state.segments, state.table, state.options.build, state.target)

@@ -9,6 +9,8 @@ import queue
 import sys
 import threading
 import time
+import weakref
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import numpy as np
@@ -19,7 +21,7 @@ from kiln.backends.registry import HOST_CALLBACK
 from kiln.errors import ExecutionError, KilnError
 from kiln.ir.types import TensorType
 from kiln.lower.kir import Buffer
-from kiln.lower.memory import ALIGNMENT, GrowingLayout
+from kiln.lower.memory import ALIGNMENT
 from kiln.memory import aligned_copy, empty_aligned
 from kiln.ops.interpreter import Interpreter, evaluate_node, node_failure
 from kiln.runtime.plan import Fallback, Plan, Segment
@@ -52,7 +54,7 @@ class WeightStore:
 
 
 def stored(
-    buffer: Buffer, constants: dict[Buffer, np.ndarray], arena: np.ndarray, offsets: dict[Buffer, int]
+    buffer: Buffer, constants: dict[Buffer, np.ndarray], arena: np.ndarray, offsets: Mapping[Buffer, int]
 ) -> np.ndarray:
     """A weight's view, or a view of an arena buffer's bytes (KeyError: not a buffer of the plan)."""
     view = constants.get(buffer)
@@ -73,7 +75,7 @@ class _ArenaViews(dict):  # type: ignore[type-arg]
         given: dict[Buffer, np.ndarray],
         constants: dict[Buffer, np.ndarray],
         arena: np.ndarray,
-        offsets: dict[Buffer, int],
+        offsets: Mapping[Buffer, int],
     ) -> None:
         super().__init__(given)
         self.constants = constants
@@ -171,31 +173,52 @@ class Recycled:
         return base.reshape(-1)[:count].reshape(shape)
 
 
-class _Request:
-    """One concurrent request's memory: its arena, its status word and the pointer table with the
-    weights' and the arena buffers' addresses already written (a call writes its inputs' and
-    outputs' only: the cost of a call does not grow with the plan's buffers). A plan whose arena
-    grows with a run-time length (``GrowingLayout``) rewrites the arena's slots when the length
-    changes, and its pages are touched as far as the longest length run so far needed."""
+class _Bound:
+    """The plan's model in its C API (``kiln_model_bind`` over the weights this executable holds),
+    freed when the executable and every request's context are gone (each context's finalizer
+    holds this, so the model outlives them)."""
 
-    __slots__ = ("arena", "layout", "reached", "status", "table", "words")
+    def __init__(self, api: Any, model: int, weights: Any) -> None:
+        self.api, self.model, self.weights = api, model, weights  # (the weights outlive the model)
+        weakref.finalize(self, api.free_model, model)
+
+
+class _Request:
+    """One concurrent request's memory: its arena and the pointer table that runs read. With the
+    plan's C API (the cpu target), a context of it over the arena: its table, with the weights'
+    and the arena buffers' addresses written by the API, is the one the native entry reads; a call
+    writes its inputs' and outputs' addresses only (a call's cost does not grow with the plan's
+    buffers). An arena that grows with a run-time length is laid out by the API per length, and
+    its pages are touched as far as the longest length run so far needed."""
+
+    __slots__ = ("__weakref__", "arena", "context", "offsets", "reached", "status", "table")
 
     def __init__(self, executable: Executable) -> None:
-        growing = executable.growing
-        size = growing.at(growing.capacity)[1] if growing is not None else executable.plan.memory.arena_bytes
+        bound = executable.bound
+        size = executable.arena_bytes
         self.arena = empty_aligned(size, ALIGNMENT)
-        self.layout: _Layout | None = None  # the growing arena's layout its slots hold (None: fixed)
         self.reached = 0  # bytes of the arena whose pages were touched
-        if growing is None:
+        if executable.growing is None:
             self.touch(size)
+        self.offsets: np.ndarray | None = None  # a run-time length: the arena's offsets at this run's length
+        if bound is not None:
+            api = bound.api
+            self.context = api.context(bound.model, self.arena.ctypes.data, size)
+            weakref.finalize(self, api.free_context, self.context, bound)
+            self.table = (ctypes.c_void_p * executable.slots).from_address(api.table(self.context))
+            self.status = np.ctypeslib.as_array((ctypes.c_int32 * 1).from_address(self.table[0]))
+            if executable.growing is not None:
+                count = len(executable.growing.order)
+                self.offsets = np.ctypeslib.as_array((ctypes.c_int64 * count).from_address(api.offsets(self.context)))
+            return
+        self.context = None  # a backend whose runners are Python: the table is this request's own
         self.status = np.zeros(1, dtype=np.int32)
         table = (ctypes.c_void_p * executable.slots)(*executable.base_table)
         table[0] = self.status.ctypes.data
         base = self.arena.ctypes.data
-        for slot, offset in executable.arena_slots:
-            table[slot] = base + offset
+        for buffer, offset in executable.plan.memory.offsets.items():
+            table[executable.plan.table[buffer]] = base + offset
         self.table = table
-        self.words = np.frombuffer(table, dtype=np.uintp) if executable.slots else None
 
     def touch(self, size: int) -> None:
         """Every page of the arena's first ``size`` bytes faulted in now, once (a run must not pay
@@ -204,34 +227,31 @@ class _Request:
             self.arena[self.reached : size : 4096] = 0
             self.reached = size
 
-    def lay_out(self, layout: _Layout, slots: np.ndarray, constant_slots: np.ndarray) -> None:
-        if self.layout is not layout:
-            self.touch(layout.arena_bytes)
-            assert self.words is not None
-            self.words[slots] = np.uintp(self.arena.ctypes.data) + layout.offsets
-            self.words[constant_slots] = layout.constant_addresses  # (the constants that follow the length)
-            self.layout = layout
 
+class _GrowingOffsets(Mapping):  # type: ignore[type-arg]
+    """A run-time length's arena offsets by buffer, read from the request's context (the API laid
+    the arena out for the run's length)."""
 
-class _Layout:
-    """A growing arena laid out at one length: its buffers' offsets (in its order, and by buffer)
-    and bytes."""
+    def __init__(self, index: dict[Buffer, int], offsets: np.ndarray) -> None:
+        self.index, self.offsets = index, offsets
 
-    __slots__ = ("arena_bytes", "by_buffer", "constant_addresses", "constants", "offsets")
+    def __getitem__(self, buffer: Buffer) -> int:
+        return int(self.offsets[self.index[buffer]])
 
-    def __init__(self, growing: GrowingLayout, length: int) -> None:
-        offsets, self.arena_bytes = growing.at(length)
-        self.by_buffer = dict(zip(growing.order, offsets))
-        self.offsets = np.array(offsets, dtype=np.uintp)
-        # (held here: the kernels of every request laid out at this length read them)
-        self.constants = [aligned_copy(values, ALIGNMENT) for values in growing.values(length)]
-        self.constant_addresses = np.array([a.ctypes.data for a in self.constants], dtype=np.uintp)
+    def __contains__(self, buffer: object) -> bool:
+        return buffer in self.index
+
+    def __iter__(self) -> Iterator[Buffer]:
+        return iter(self.index)
+
+    def __len__(self) -> int:
+        return len(self.index)
 
 
 class Executable:
     """A compiled plan plus what running it needs: loaded functions, weights, an arena pool. A
-    backend whose code has an entry (``Loaded.entry``) runs the whole plan in one native call, the
-    host fallbacks called back from it; others run segment by segment from here."""
+    backend whose code has kiln's C API (``Loaded.api``) runs the whole plan in one native call,
+    the host fallbacks called back from it; others run segment by segment from here."""
 
     def __init__(
         self,
@@ -256,7 +276,7 @@ class Executable:
             else Loaded([])
         )
         self.runners = loaded.segments
-        self.entry = loaded.entry
+        self.api = loaded.api
         self.status_buffer = next((b for b, slot in plan.table.items() if slot == 0), None)
         self.interpreter = Interpreter(plan.graph) if plan.whole_graph_reason else None
         self.requests: queue.SimpleQueue[_Request] = queue.SimpleQueue()
@@ -270,17 +290,10 @@ class Executable:
             buffer: (view if view.ctypes.data % ALIGNMENT == 0 else aligned_copy(view, ALIGNMENT))
             for buffer, view in ((b, a.reshape(-1)) for b, a in plan.constants.items())
         }
-        self.arena_slots = [(plan.table[buffer], offset) for buffer, offset in plan.memory.offsets.items()]
-        # an arena that grows with a run-time length: laid out per length (the last few kept)
-        self.growing = plan.memory.growing
-        self.layouts: dict[int, _Layout] = {}
-        if self.growing is not None:
-            self.growing_slots = np.array([plan.table[b] for b in self.growing.order], dtype=np.intp)
-            self.constant_slots = np.array([plan.table[b] for b, _ in self.growing.constants], dtype=np.intp)
-            self.valid_position = plan.inputs.index(self.growing.valid)
         self.base_table: list[int | None] = [None] * self.slots
         for buffer, view in self.constant_views.items():
             self.base_table[plan.table[buffer]] = view.ctypes.data
+        self._bind_api(plan)
         self.input_slots = [(buffer, plan.table[buffer]) for buffer in plan.inputs]
         # outputs no input, weight or arena buffer holds: a fresh array per call
         self.fresh_outputs = list(
@@ -310,13 +323,27 @@ class Executable:
                 self.gaps[-1].append(step)
         self.current = threading.local()  # the views of the run a host callback serves
         # no fallbacks: a null callback, which the entry never calls
-        self.host = HOST_CALLBACK(self._host) if self.entry is not None and plan.fallbacks else HOST_CALLBACK()
+        self.host = HOST_CALLBACK(self._host) if self.api is not None and plan.fallbacks else HOST_CALLBACK()
         self._prepare_first_request()
+
+    def _bind_api(self, plan: Plan) -> None:
+        """The plan's model in its C API, over these weights (one per executable; a context per
+        request); an arena that grows with a run-time length is laid out per length by the API."""
+        self.bound = _Bound(self.api, self.api.bind(self.base_table), self.constant_views) if self.api else None
+        self.growing = plan.memory.growing
+        self.arena_bytes = int(plan.memory.arena_bytes)
+        if self.growing is not None:
+            if self.bound is None:
+                raise ExecutionError("a plan with a run-time length runs only through kiln's C API (kiln bug)")
+            self.arena_bytes = self.bound.api.workspace(self.bound.model)
+            self.growing_index = {buffer: i for i, buffer in enumerate(self.growing.order)}
+            self.valid_position = plan.inputs.index(self.growing.valid)
+            self.touched: dict[int, int] = {}  # length -> the arena's bytes a run at it reaches
 
     def _prepare_first_request(self) -> None:
         """The first request's memory made (and its pages faulted in) now, not in the first run (an
         arena that grows with a run-time length is touched as lengths come)."""
-        if (self.entry is not None or self.runners) and self.growing is None:
+        if (self.api is not None or self.runners) and self.growing is None:
             try:
                 self.requests.put(_Request(self))
             except MemoryError:  # the first run says so, as it did before
@@ -335,13 +362,14 @@ class Executable:
             return self.interpreter.run(inputs)
         request = self._request()
         try:
-            offsets = self._lay_out(request, inputs)
+            length = self._length(request, inputs)
             given = self._bind(request, inputs)
             request.status[0] = 0
-            if self.entry is not None:
-                self._entry_run(request, given)
+            if self.api is not None:
+                self._api_run(request, given, length)
             else:
                 self._segment_run(request, given)
+            offsets = self._offsets(request)
             results = []  # (runners and fallbacks write in place: the outputs are where they were bound)
             for buffer, shape, copy in self.output_layout:
                 array = given.get(buffer)
@@ -353,37 +381,43 @@ class Executable:
         finally:
             self.requests.put(request)
 
-    def _lay_out(self, request: _Request, inputs: list[np.ndarray]) -> dict[Buffer, int]:
-        """The arena's offsets for this call (a growing arena: at the length its valid-length
-        input gives, the request's table rewritten if it was laid out for another)."""
+    def _length(self, request: _Request, inputs: list[np.ndarray]) -> int:
+        """A run-time length's value for this call (the arena's pages it reaches touched); 0 for
+        a plan without one."""
         if self.growing is None:
+            return 0
+        length = int(np.asarray(inputs[self.valid_position]).reshape(-1)[0])
+        reached = self.touched.get(length)
+        if reached is None:
+            assert self.bound is not None
+            if len(self.touched) >= 4096:
+                self.touched.clear()
+            reached = self.touched[length] = self.bound.api.workspace(self.bound.model, length)
+        request.touch(reached)
+        return length
+
+    def _offsets(self, request: _Request) -> Mapping[Buffer, int]:
+        """The arena's offsets of this request's run."""
+        if request.offsets is None:
             return self.plan.memory.offsets
-        # every length below the floor runs at the floor: one layout (and no table rewrite) for them
-        length = self.growing.bound(int(np.asarray(inputs[self.valid_position]).reshape(-1)[0]))
-        layout = self.layouts.get(length)
-        if layout is None:
-            if len(self.layouts) >= 64:
-                self.layouts.clear()
-            layout = self.layouts[length] = _Layout(self.growing, length)
-        request.lay_out(layout, self.growing_slots, self.constant_slots)
-        return layout.by_buffer
+        return _GrowingOffsets(self.growing_index, request.offsets)
 
     def native_seconds(self, inputs: list[np.ndarray], calls: int) -> float:
         """Mean seconds of the native entry alone over ``calls`` calls on ``inputs`` (no Python
-        around it: what a run costs beyond its checks and tables). Plans without an entry, or
+        around it: what a run costs beyond its checks and tables). Plans without the C API, or
         with host fallbacks, are refused with ValueError."""
-        if self.entry is None or self.host or self.interpreter is not None:
+        if self.api is None or self.host or self.interpreter is not None:
             raise ValueError("only a plan with a native entry and no host fallback runs natively alone")
         if self.keep is not None:
             inputs = [inputs[i] for i in self.keep]
         request = self._request()
         try:
-            self._lay_out(request, inputs)
+            length = self._length(request, inputs)
             _alive = self._bind(request, inputs)  # the arrays the table points at, alive while timed
-            table = ctypes.addressof(request.table)
+            run, context = self.api.run, request.context
             start = time.perf_counter()
             for _ in range(calls):
-                self.entry(table, self.host)
+                run(context, length, self.host)
             return (time.perf_counter() - start) / max(calls, 1)
         finally:
             self.requests.put(request)
@@ -402,27 +436,26 @@ class Executable:
         return given
 
     def _views(self, request: _Request, given: dict[Buffer, np.ndarray]) -> _ArenaViews:
-        offsets = self.plan.memory.offsets if request.layout is None else request.layout.by_buffer
-        views = _ArenaViews(given, self.constant_views, request.arena, offsets)
+        views = _ArenaViews(given, self.constant_views, request.arena, self._offsets(request))
         if self.status_buffer is not None:
             views[self.status_buffer] = request.status
         return views
 
-    def _entry_run(self, request: _Request, given: dict[Buffer, np.ndarray]) -> None:
-        """The whole plan in one native call; the fallbacks called back from it (only they read
-        views: a plan without them makes none)."""
+    def _api_run(self, request: _Request, given: dict[Buffer, np.ndarray], length: int) -> None:
+        """The whole plan in one native call through the C API; the fallbacks called back from it
+        (only they read views: a plan without them makes none)."""
         self.current.views = self._views(request, given) if self.host else None
         self.current.error = None
         try:
-            code = self.entry(ctypes.addressof(request.table), self.host)
+            code = self.api.run(request.context, length, self.host)
         finally:
             error, self.current.views, self.current.error = self.current.error, None, None
-        if code == 1:
-            self._status_error(request.status)
         if code != 0:
+            if request.status[0]:
+                self._status_error(request.status)
             if error is not None:
                 raise error
-            raise ExecutionError(f"the native entry returned {code} (kiln bug)")
+            raise ExecutionError(f"the native entry failed: {self.api.last_error()} (kiln bug)")
 
     def _host(self, gap: int) -> int:
         """Called from the native entry before segment ``gap``: runs the fallbacks there. An error

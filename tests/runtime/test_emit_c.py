@@ -16,6 +16,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import kiln
 from kiln.driver.emit_c import emit_c
+from kiln.driver.emit_c_length import length_variant
 from kiln.errors import ArgumentError
 from tests.runtime.test_sizes import small_cnn
 
@@ -167,7 +168,7 @@ def test_the_api_library_passes_under_asan_and_ubsan(emitted, tmp_path):
     if not sanitizers_work(tmp_path):
         pytest.skip("this compiler cannot build and run AddressSanitizer/UBSan programs")
     flags = ["-fsanitize=address,undefined", "-fno-sanitize-recover=undefined", "-g", f"-I{folder / 'src'}"]
-    binary = build(folder, flags, [str(folder / "src" / "capi.c")], ["-l:libkiln_plan.so"])
+    binary = build(folder, flags, [str(folder / "src" / "capi.c")], ["-lkiln_model"])
     feeds = feeds_of(model)
     got = run_c(binary, folder, model, feeds, tmp_path)
     want = model.run(feeds)
@@ -201,7 +202,7 @@ def test_what_cannot_be_a_c_library_is_refused_with_the_reason(tmp_path):
         emit_c(kiln.compile(small_cnn()), tmp_path / "c", {"batch": 1})
 
 
-def test_names_from_the_model_file_are_escaped_into_the_c_tables(tmp_path):
+def test_names_from_the_model_file_come_back_from_the_c_api_as_they_were(tmp_path):
     """Input names are the model file's strings: quotes, backslashes, trigraphs and non-ASCII
     bytes come back from kiln_model_input as they were."""
     name = 'a"b\\c??/d\u00e9'
@@ -231,9 +232,7 @@ def test_kiln_compile_emit_c_writes_the_folder(tmp_path):
     runner = CliRunner()
     result = runner.invoke(main, ["compile", str(tmp_path / "cnn.onnx"), "--emit", "c", "-o", str(tmp_path / "out"), "--dim", "batch=3"])  # fmt: skip
     assert result.exit_code == 0, result.output
-    assert {"kiln.h", "libkiln_model.so", "libkiln_plan.so", "model.kw", "main.c"} <= {
-        p.name for p in (tmp_path / "out").iterdir()
-    }
+    assert {"kiln.h", "libkiln_model.so", "model.kw", "main.c", "src"} <= {p.name for p in (tmp_path / "out").iterdir()}
     assert "batch=3" in result.output
     ranged = runner.invoke(main, ["compile", str(tmp_path / "cnn.onnx"), "--emit", "c", "-o", str(tmp_path / "r"), "--dim", "batch=1..4"])  # fmt: skip
     assert ranged.exit_code == 0 and "batch=1..4" in ranged.output, ranged.output
@@ -284,7 +283,7 @@ def test_a_sample_parallel_batch_runs_every_size_of_its_range(tmp_path):
         emit_c(model, tmp_path / "bad", {}, ("batch", 0, 4))
     if sanitizers_work(tmp_path):  # the per-sample offsets under AddressSanitizer and UBSan
         flags = ["-fsanitize=address,undefined", "-fno-sanitize-recover=undefined", "-g", f"-I{folder / 'src'}"]
-        sanitized = build(folder, flags, [str(folder / "src" / "capi.c")], ["-l:libkiln_plan.so"])
+        sanitized = build(folder, flags, [str(folder / "src" / "capi.c")], ["-lkiln_model"])
         x = rng.standard_normal((4, 3, 6, 6)).astype(np.float32)
         (got,) = run_c(sanitized, folder, model, {"x": x, "scale": scale}, tmp_path, 4)
         want = np.concatenate([model.run({"x": x[i : i + 1], "scale": scale})["y"] for i in range(4)])
@@ -353,15 +352,16 @@ def test_a_run_time_length_runs_every_length_of_its_range_bit_for_bit(tmp_path):
     folder = tmp_path / "lengths"
     emitted = kiln.emit_c(model, folder, length=("seq", 1, 40))
     assert emitted.dims == {"seq": "1..40"}
-    tables = (folder / "src" / "kiln_model_tables.h").read_text()
-    floor = int(re.search(r"#define KILN_LENGTH_FLOOR (\d+)", tables).group(1))
-    assert "#define KILN_LENGTH 1" in tables and floor > 6  # (lengths 1 and 6 below: padded and cut)
+    plan = length_variant(model, {}, "seq", 1, 40)[0].plan  # (the library's: its tables are in its code)
+    floor = plan.memory.growing.floor
+    assert re.search(rf"  1, \d+, {floor}, 40, ", plan.source) and floor > 6  # (lengths 1 and 6: padded and cut)
+    assert (folder / "libkiln_model.so").read_bytes() == plan.library.read_bytes(), "the Python runtime's library"
     binary = build(folder)
     rng = np.random.default_rng(10)
     binaries = [binary]
     if sanitizers_work(tmp_path):
         flags = ["-fsanitize=address,undefined", "-fno-sanitize-recover=undefined", "-g", f"-I{folder / 'src'}"]
-        binaries.append(build(folder, flags, [str(folder / "src" / "capi.c")], ["-l:libkiln_plan.so"]))
+        binaries.append(build(folder, flags, [str(folder / "src" / "capi.c")], ["-lkiln_model"]))
     for length in (1, 6, 16, 17, 33, 40):
         ids = rng.integers(0, 50, (3, length)).astype(np.int64)
         want = np.asarray(model.run({"ids": ids})["y"], np.float32).reshape(-1)
@@ -405,7 +405,7 @@ def test_a_torchscript_encoders_lengths_run_from_c_with_the_offsets_written_per_
     model = kiln.compile(path)
     folder = tmp_path / "roberta"
     kiln.emit_c(model, folder, {"batch": 2}, length=("seq", 1, 64))
-    assert "#define KILN_LENGTH_CONSTANTS 0" not in (folder / "src" / "kiln_model_tables.h").read_text()
+    assert length_variant(model, {"batch": 2}, "seq", 1, 64)[0].plan.memory.growing.constants, "offsets per call"
     binary = build(folder)
     for length in (3, 31, 64):
         feeds = architectures.inputs("roberta", batch=2, seq=length)

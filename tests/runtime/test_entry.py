@@ -40,7 +40,7 @@ def test_a_plan_with_fallbacks_runs_from_one_native_call(monkeypatch):
     x = np.random.default_rng(0).standard_normal((3, 8)).astype(np.float32)
     expected = kiln.compile(fallback_between_segments(), target="reference")(x)
     executable = the_executable(compiled)
-    assert executable.entry is not None and len(executable.runners) == 2, "two native segments, one entry"
+    assert executable.api is not None and len(executable.runners) == 2, "two native segments, one entry"
 
     def no_segment_from_python(*args):
         raise AssertionError("a segment ran from Python: the entry should run them")

@@ -18,11 +18,20 @@ from typing import Any
 
 from kiln.backends.cpu import c_unit, features, toolchain
 from kiln.backends.cpu.c_unit import emit_c
+from kiln.backends.cpu.native_api import NativeApi
 from kiln.backends.cpu.scratch import engine_scratch
 from kiln.backends.cpu.target import CpuTarget
 from kiln.backends.cpu.toolchain import ISAS
 from kiln.backends.cpu.toolchain import compiler_flags as compiler_flags
-from kiln.backends.registry import HOST_CALLBACK, Backend, BuildOptions, Loaded, Section, Threading, library_runner
+from kiln.backends.registry import (
+    Backend,
+    BuildOptions,
+    Loaded,
+    Placement,
+    Section,
+    Threading,
+    library_runner,
+)
 from kiln.errors import CompilerError, KilnError
 from kiln.lower.kir import Buffer, Kernel
 from kiln.lower.target import Target, TargetError
@@ -76,6 +85,7 @@ def isa_target(isa: str) -> CpuTarget:
 
 class CpuBackend(Backend):
     name = "cpu"
+    reads_placement = True  # its code holds the plan's tables (the C API's: c_tables)
     kernel_timers = True
 
     def describe(self, variant: str) -> Target:
@@ -84,10 +94,15 @@ class CpuBackend(Backend):
     def variants(self) -> list[str]:
         return ["cpu", *(f"cpu:{isa}" for isa in ISAS)]
 
-    def render(
-        self, segments: Sequence[Sequence[Kernel]], table: dict[Buffer, int], options: BuildOptions, target: Target
+    def render(  # type: ignore[override]
+        self,
+        segments: Sequence[Sequence[Kernel]],
+        table: dict[Buffer, int],
+        options: BuildOptions,
+        target: Target,
+        placement: Placement | None = None,
     ) -> str:
-        return emit_c(segments, table, target, profile=options.profile, checked=options.debug)
+        return emit_c(segments, table, target, profile=options.profile, checked=options.debug, placement=placement)
 
     def build(self, source: str, target: Target, options: BuildOptions) -> tuple[Path, ...]:
         if options.debug and not toolchain.sanitizer_loaded():
@@ -212,11 +227,11 @@ class CpuBackend(Backend):
             function.argtypes = [ctypes.c_void_p]
             function.restype = ctypes.c_int
             runners.append(library_runner(function))
-        entry = getattr(library, "kiln_run", None)  # absent from libraries of artifacts saved before it
-        if entry is not None:
-            entry.argtypes = [ctypes.c_void_p, HOST_CALLBACK]
-            entry.restype = ctypes.c_int
-        return Loaded(runners, entry)
+        try:  # the plan runs through kiln's C API, the library's own (capi.c)
+            api = NativeApi(library, plan.library)
+        except AttributeError:
+            raise KilnError(f"the native library {plan.library} lacks kiln's C API (built by another kiln)") from None
+        return Loaded(runners, api)
 
 
 _POOL_LOCK = threading.Lock()

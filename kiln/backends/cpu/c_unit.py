@@ -21,7 +21,10 @@ from kiln.backends.cpu.c import (
     kernel_buffers,
 )
 from kiln.backends.cpu.c_engines import narrow_products
+from kiln.backends.cpu.c_tables import HEADER as PLAN_HEADER
+from kiln.backends.cpu.c_tables import tables_source
 from kiln.backends.cpu.target import CpuTarget
+from kiln.backends.registry import Placement
 from kiln.lower.kir import Buffer, Kernel
 from kiln.lower.kir_key import StructureKeys
 from kiln.lower.target import Target
@@ -157,6 +160,9 @@ def engine_source(target: Target, narrow: Sequence[str] = (), checked: bool = Fa
         parts += [(HERE / part).read_text() for part in NARROW_PARTS]
     parts += [(HERE / f"gemm_{p}.c").read_text() for p in sorted(narrow)]
     parts += [winograd_c.c_source(), (HERE / "attention.c").read_text()]
+    # kiln's C API over the plan's tables (kiln_tables, in the unit): the code the Python runtime
+    # and a C program both run a plan through
+    parts += [(HERE / "kiln.h").read_text(), PLAN_HEADER, (HERE / "capi.c").read_text()]
     return "\n\n".join(parts) + "\n"
 
 
@@ -211,15 +217,21 @@ def emit_c(
     target: Target,
     profile: bool = False,
     checked: bool = False,
+    placement: Placement | None = None,
 ) -> str:
     """The whole translation unit for a model's native segments. With ``profile``, each kernel adds
     its wall time to ``double kiln_profile_seconds[i]`` (i: the kernel's position in the plan);
-    ``checked`` range-checks every buffer index (debug builds)."""
+    ``checked`` range-checks every buffer index (debug builds). ``placement``: where the plan's
+    buffers live, written as the unit's ``kiln_tables`` (the C API's; a unit without them is
+    only a piece of one, for kiln's own tests)."""
     token = CHECKED.set(checked)
     try:
-        return _emit_c(segments, table, target, profile, checked)
+        unit = _emit_c(segments, table, target, profile, checked)
     finally:
         CHECKED.reset(token)
+    if placement is None:
+        return unit
+    return unit + "\n" + tables_source(unit, placement, table, [k for ks in segments for k in ks], target)
 
 
 def _emit_c(segments, table, target, profile, checked):  # type: ignore[no-untyped-def]

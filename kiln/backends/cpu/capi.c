@@ -1,18 +1,21 @@
-/* kiln's C API (kiln.h) over one compiled plan: the library `kiln compile --emit c` builds from
-   this file and the plan's tables (kiln_model_tables.h, written by kiln.driver.emit_c), linked
-   against the plan's own library (libkiln_plan.so: its kiln_run entry, the engine, the pool).
+/* kiln's C API (kiln.h) over one compiled plan. This file is part of the engine object every plan's
+   library links (kiln.backends.cpu.c_unit.engine_source, compiled once per target), and reads the
+   plan's tables from its unit (kiln_tables, kiln_plan.h): the library the Python runtime loads is
+   the one a C program links, and both run the plan through the code below (contexts, the buffer
+   table, the arena laid out at a run-time length, the entry's call and its errors). The Python
+   runtime binds the weights it holds (kiln_model_bind) and fills the table's inputs and outputs
+   itself; a C program loads a weights file and calls kiln_infer on DLPack tensors.
 
-   The plan's buffer table is what the Python runtime builds (kiln.runtime.executable): slot 0
-   the status word, the weights' addresses (from the weights file, mapped read-only), the arena's
-   buffers at their planned offsets, the inputs' and the caller-written outputs' addresses per
-   call; outputs the plan leaves in the arena (or that are weights or inputs) are copied out.
+   A weights file (kiln.driver.emit_c) holds, after its header, the tensors' descriptions (names,
+   dtypes, dims, ranges: kiln_io) and the weights. Nothing in it says where anything lives: every
+   slot, byte count and offset is checked against the compiled tables, so a damaged or hostile
+   file is refused, never read or written past a buffer.
 
-   A run-time length (KILN_LENGTH: a padded plan whose kernels take the length at run time,
-   kiln.driver.extents): one dim of some inputs and outputs is any length in [KILN_LENGTH_MIN,
-   KILN_LENGTH_MAX]; a run at length L computes at E = max(L, KILN_LENGTH_FLOOR) with the valid
-   length L as the plan's last input, its arena laid out for E (every buffer's bytes a polynomial of
-   E, kiln.lower.memory.GrowingLayout); below the floor the tensors are padded with zeros into the
-   context's buffers and the outputs cut back to L. */
+   A run-time length (has_length: a padded plan whose kernels take the length at run time,
+   kiln.driver.extents): a run at length L computes at E = max(L, floor) with the valid length L in
+   the plan's valid slot, its arena laid out for E (every buffer's bytes a polynomial of E,
+   kiln.lower.memory.GrowingLayout); kiln_infer pads tensors shorter than the floor with zeros into
+   the context's buffers and cuts the outputs back to L. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
@@ -25,54 +28,71 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#ifndef KILN_H
 #include "kiln.h"
+#endif
+#ifndef KILN_PLAN_H
+#include "kiln_plan.h"
+#endif
+
+typedef int (*kiln_host_fn)(int gap);
+extern const kiln_plan_tables kiln_tables __attribute__((weak)); /* (absent: a unit built without them) */
+extern int kiln_run(void **buffers, kiln_host_fn host);
+extern int kiln_set_threads(int threads);
+extern void kiln_pool_start(void);
+extern int kiln_set_int8(int mode) __attribute__((weak));
+extern int kiln_set_bf16(int mode) __attribute__((weak));
+
+/* the Python runtime's entries (not in kiln.h: it binds the weights it holds and fills the table) */
+kiln_status kiln_model_bind(void *const *addresses, int64_t count, kiln_model **model);
+kiln_status kiln_context_bind(const kiln_model *model, void *workspace, size_t bytes, kiln_context **context);
+void **kiln_context_table(kiln_context *context);
+const int64_t *kiln_context_offsets(const kiln_context *context);
+kiln_status kiln_context_run(kiln_context *context, int64_t length, kiln_host_fn host);
+
+#define KILN_MAGIC "KILNWTS1"
+#define KILN_ALIGN 64
+#define KILN_HEAD 104   /* magic, ABI | weight count, data bytes, CRC-32, model id (64), description words */
+#define KILN_MAX_IO 4096
+#define KILN_MAX_DIMS 16
+#define T kiln_tables
 
 typedef struct {
   const char *name;
   uint8_t code, bits;
   int32_t ndim;
-  const int64_t *shape;
+  const int64_t *shape; /* per sample when batched, at the capacity along a run-time length's axis */
+  const int64_t *shown, *minimum, *maximum; /* what kiln_model_input/output describe */
   int64_t slot;
   int32_t source;   /* outputs: 0 written in place (the caller's memory), 1 the arena, 2 a weight, 3 an input */
-  int64_t where;    /* the arena offset, the weight's index or the input's position */
-  int64_t elements; /* of one sample when batched */
-  int32_t batched;  /* axis 0 is the sample-parallel dim: any size in [KILN_BATCH_MIN, KILN_BATCH_MAX], run a sample at a time */
-  const int64_t *shown, *minimum, *maximum; /* what kiln_model_input/output describe */
-  int32_t axis;     /* KILN_LENGTH: the dim that is the run-time length (-1: none); shape and elements at the capacity */
+  int64_t where;    /* the arena buffer (its offset, or its growing position), the weight's or the input's index */
+  int64_t elements;
+  int32_t batched;  /* axis 0 is a sample-parallel dim in [batch_min, batch_max], run a sample at a time */
+  int32_t axis;     /* the run-time length's axis (-1: none) */
 } kiln_io;
 
-#include "kiln_model_tables.h"
-
-typedef int (*kiln_host_fn)(int gap);
-extern int kiln_run(void **buffers, kiln_host_fn host);
-extern void kiln_set_threads(int threads);
-extern void kiln_pool_start(void) __attribute__((weak));
-extern int kiln_set_int8(int mode) __attribute__((weak));
-extern int kiln_set_bf16(int mode) __attribute__((weak));
-
-#define KILN_MAGIC "KILNWTS1"
-#define KILN_ALIGN 64
-#define KILN_WORKSPACE_BYTES kiln_workspace_bytes
-static const size_t kiln_workspace_bytes = ((size_t)KILN_ARENA_BYTES + KILN_ALIGN - 1) / KILN_ALIGN * KILN_ALIGN;
-
 struct kiln_model {
-  void *map; /* the weights file's mapping (NULL: the caller's memory, kiln_model_load_memory) */
+  void *map; /* the weights file's mapping (NULL: the caller's memory or Python's weights) */
   size_t map_bytes;
-  void *table[KILN_SLOTS > 0 ? KILN_SLOTS : 1]; /* the weights' addresses; the rest filled per context and call */
-  const char *weights[KILN_CONSTANTS > 0 ? KILN_CONSTANTS : 1];
+  void **table; /* the weights' addresses; the rest filled per context and call */
+  const char **weights; /* by constant index */
+  int64_t *words;       /* the descriptions, copied out of the file */
+  kiln_io *io;          /* inputs then outputs (none in a model bound by the Python runtime) */
+  int32_t inputs, outputs;
+  int64_t batch_min, batch_max, length_min, length_max;
 };
 
 struct kiln_context {
   const kiln_model *model;
   char *arena;
-  int owns_arena; /* 0: the caller's workspace (kiln_context_create_in) */
-  size_t arena_bytes; /* the workspace's bytes (a caller's may hold only runs up to some length) */
+  int owns_arena; /* 0: the caller's workspace (kiln_context_create_in, kiln_context_bind) */
+  size_t arena_bytes;
   int32_t status;
-  void *table[KILN_SLOTS > 0 ? KILN_SLOTS : 1];
-  int64_t valid;                                           /* KILN_LENGTH: the run's length */
-  int64_t offsets[KILN_GROWING > 0 ? KILN_GROWING : 1];   /* KILN_LENGTH: the arena laid out for the run */
-  char *pad[KILN_INPUTS + KILN_OUTPUTS > 0 ? KILN_INPUTS + KILN_OUTPUTS : 1]; /* tensors at the floor length */
-  void *constants[KILN_LENGTH_CONSTANTS > 0 ? KILN_LENGTH_CONSTANTS : 1]; /* written per run at its length */
+  void **table;
+  int64_t valid, laid; /* a run-time length: this run's length; the length the arena is laid out for */
+  int64_t *offsets;    /* a run-time length: the arena laid out for the run (growing order) */
+  char **pad;          /* tensors at the floor length (kiln_infer below it) */
+  void **constants;    /* written per run at its length */
 };
 
 static _Thread_local char kiln_message[512];
@@ -95,6 +115,59 @@ const char *kiln_last_error(void) { return kiln_message; }
 int kiln_abi_version(void) { return KILN_ABI_VERSION; }
 
 void kiln_set_thread_count(int threads) { kiln_set_threads(threads < 0 ? 0 : threads); }
+
+/* bit i of kiln_tables.cpu_needs (kiln.backends.cpu.c_tables.CPU_BITS, the same order) */
+static int kiln_cpu_flag(int bit) {
+#if defined(__x86_64__) || defined(__i386__)
+  switch (bit) {
+    case 0: return __builtin_cpu_supports("avx");
+    case 1: return __builtin_cpu_supports("avx2");
+    case 2: return __builtin_cpu_supports("fma");
+    case 3: return __builtin_cpu_supports("f16c");
+    case 4: return __builtin_cpu_supports("bmi");
+    case 5: return __builtin_cpu_supports("bmi2");
+    case 6: return __builtin_cpu_supports("avx512f");
+    case 7: return __builtin_cpu_supports("avx512bw");
+    case 8: return __builtin_cpu_supports("avx512dq");
+    case 9: return __builtin_cpu_supports("avx512vl");
+    case 10: return __builtin_cpu_supports("avx512cd");
+    case 11: return __builtin_cpu_supports("avx512vnni");
+    case 12: return __builtin_cpu_supports("avx512bf16");
+    case 13: return __builtin_cpu_supports("avx512vbmi");
+    case 14: return __builtin_cpu_supports("avx512ifma");
+    default: return 0;
+  }
+#else
+  return bit < 0;
+#endif
+}
+
+static kiln_status kiln_check_cpu(void) {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_cpu_init();
+#endif
+  for (int bit = 0; bit < 32; ++bit)
+    if ((T.cpu_needs >> bit & 1u) && !kiln_cpu_flag(bit))
+      return kiln_fail(KILN_ERROR_CPU, "this library was built for instructions this CPU lacks (cpu_needs bit %d)", bit);
+  return KILN_OK;
+}
+
+/* the best micro-kernel paths this CPU has for the plan's reduced-precision products */
+static void kiln_choose_paths(void) {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_cpu_init();
+  if (kiln_set_int8) {
+    int mode = 0;
+    if (__builtin_cpu_supports("avx2")) mode = 1;
+    if (T.int8_vnni && __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512f")) mode = 3;
+    kiln_set_int8(mode);
+  }
+  if (kiln_set_bf16) kiln_set_bf16(__builtin_cpu_supports("avx512bf16") ? 1 : 0);
+#else
+  if (kiln_set_int8) kiln_set_int8(0);
+  if (kiln_set_bf16) kiln_set_bf16(0);
+#endif
+}
 
 /* CRC-32 (IEEE, zlib's): the weights file's checksum; its table made once per process */
 static uint32_t kiln_crc_table[256];
@@ -121,70 +194,190 @@ static uint64_t kiln_read64(const unsigned char *p) {
   return v;
 }
 
-/* the best micro-kernel paths this CPU has for the plan's reduced-precision products */
-static void kiln_choose_paths(void) {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_cpu_init();
-  if (kiln_set_int8) {
-    int mode = 0;
-    if (__builtin_cpu_supports("avx2")) mode = 1;
-    if (KILN_INT8_VNNI && __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512f")) mode = 3;
-    kiln_set_int8(mode);
-  }
-  if (kiln_set_bf16) kiln_set_bf16(__builtin_cpu_supports("avx512bf16") ? 1 : 0);
-#else
-  if (kiln_set_int8) kiln_set_int8(0);
-  if (kiln_set_bf16) kiln_set_bf16(0);
-#endif
+static int kiln_slot_in(int64_t slot, const int64_t *slots, int32_t count) {
+  for (int32_t i = 0; i < count; ++i)
+    if (slots[i] == slot) return i;
+  return -1;
 }
 
-/* the header: magic, ABI, constant count, data bytes, checksum, model id, each constant's bytes */
+/* the header: magic, ABI | weight count, data bytes, CRC-32 of everything after the header, the
+   plan's id, the descriptions' word count; then each weight's bytes, the descriptions, the data */
 static kiln_status kiln_check_header(const unsigned char *p, size_t size, size_t *data_at) {
-  const size_t fixed = 8 + 8 + 8 + 8 + 64;
-  if (size < fixed) return kiln_fail(KILN_ERROR_FILE, "the weights file is %zu bytes: truncated (no header)", size);
+  if (size < KILN_HEAD) return kiln_fail(KILN_ERROR_FILE, "the weights file is %zu bytes: truncated (no header)", size);
   if (memcmp(p, KILN_MAGIC, 8) != 0) return kiln_fail(KILN_ERROR_FILE, "not a kiln weights file (its first bytes are not " KILN_MAGIC ")");
-  const uint64_t abi = kiln_read64(p + 8) & 0xffffffffu, count = kiln_read64(p + 8) >> 32;
+  const uint64_t abi = kiln_read64(p + 8) & 0xffffffffu, count = kiln_read64(p + 8) >> 32, words = kiln_read64(p + 96);
   if (abi != KILN_ABI_VERSION) return kiln_fail(KILN_ERROR_FILE, "the weights file is of ABI version %llu, this library of %d", (unsigned long long)abi, KILN_ABI_VERSION);
-  if (memcmp(p + 32, KILN_MODEL_ID, 64) != 0) return kiln_fail(KILN_ERROR_FILE, "the weights file is another model's (its model id differs from this library's)");
-  if (count != KILN_CONSTANTS) return kiln_fail(KILN_ERROR_FILE, "the weights file holds %llu weights, this model %d", (unsigned long long)count, KILN_CONSTANTS);
-  const size_t table = fixed + 8 * (size_t)count;
+  if (strlen(T.id) != 64 || memcmp(p + 32, T.id, 64) != 0) return kiln_fail(KILN_ERROR_FILE, "the weights file is another model's (its model id differs from this library's)");
+  if (count != (uint64_t)T.constant_count) return kiln_fail(KILN_ERROR_FILE, "the weights file holds %llu weights, this model %d", (unsigned long long)count, (int)T.constant_count);
+  if (words > (1u << 24)) return kiln_fail(KILN_ERROR_FILE, "the weights file claims %llu words of descriptions: damaged", (unsigned long long)words);
+  const size_t table = KILN_HEAD + 8 * (size_t)count + 8 * (size_t)words;
   *data_at = (table + KILN_ALIGN - 1) / KILN_ALIGN * KILN_ALIGN;
   const uint64_t data_bytes = kiln_read64(p + 16);
-  if (size < table || data_bytes != (uint64_t)(size - *data_at) || size < *data_at)
+  if (size < *data_at || data_bytes != (uint64_t)(size - *data_at))
     return kiln_fail(KILN_ERROR_FILE, "the weights file is %zu bytes, its header says %llu of data after %zu: truncated or damaged", size, (unsigned long long)data_bytes, *data_at);
+  if (kiln_crc32(p + KILN_HEAD, size - KILN_HEAD) != kiln_read64(p + 24))
+    return kiln_fail(KILN_ERROR_FILE, "the weights file's checksum does not match its contents: damaged");
   return KILN_OK;
 }
 
-/* the model over the weights' bytes at p (size bytes): checked, then their addresses in the table;
-   map: the file's mapping, unmapped on failure and by kiln_model_free (NULL: the caller's memory) */
+typedef struct {
+  const int64_t *w;
+  int64_t n, at;
+} kiln_cursor;
+
+static int kiln_take(kiln_cursor *c, int64_t count, const int64_t **out) {
+  if (count < 0 || count > c->n - c->at) return 0;
+  *out = c->w + c->at;
+  c->at += count;
+  return 1;
+}
+
+static int kiln_take1(kiln_cursor *c, int64_t *v) {
+  const int64_t *p;
+  if (!kiln_take(c, 1, &p)) return 0;
+  *v = *p;
+  return 1;
+}
+
+/* where an output's values are after a run: its slot is a weight's, an arena buffer's, an input's
+   (the caller's memory then), or its own (written in place) */
+static void kiln_source(kiln_io *io, int32_t inputs) {
+  int k;
+  if ((k = kiln_slot_in(io->slot, T.constant_slots, T.constant_count)) >= 0) {
+    io->source = 2, io->where = k;
+  } else if ((k = kiln_slot_in(io->slot, T.input_slots, inputs)) >= 0) {
+    io->source = 3, io->where = k;
+  } else if (T.has_length && (k = kiln_slot_in(io->slot, T.growing_slots, T.growing_count)) >= 0) {
+    io->source = 1, io->where = k;
+  } else {
+    io->source = 0, io->where = 0;
+    for (int i = 0; i < T.arena_count; ++i)
+      if (T.arena[i][0] == io->slot) io->source = 1, io->where = T.arena[i][1];
+  }
+}
+
+/* one description, checked against the compiled tables: its slot the plan's, its bytes its
+   buffer's (a sample's; at the capacity along a run-time length) */
+static const char *kiln_read_one(kiln_cursor *c, kiln_io *io, int64_t want_slot) {
+  int64_t name_bytes, v[6];
+  const int64_t *name;
+  if (!kiln_take1(c, &name_bytes) || name_bytes < 0 || name_bytes > 4096 || !kiln_take(c, name_bytes / 8 + 1, &name)) return "a name runs past the descriptions";
+  io->name = (const char *)name;
+  if (memchr(io->name, 0, (size_t)name_bytes + 1) != io->name + name_bytes) return "a name is not terminated where its length says";
+  for (int i = 0; i < 6; ++i)
+    if (!kiln_take1(c, &v[i])) return "the descriptions end early";
+  if (v[1] != 8 && v[1] != 16 && v[1] != 32 && v[1] != 64) return "a dtype of an unknown width";
+  if (v[0] < 0 || v[0] > 255 || v[2] < 0 || v[2] > KILN_MAX_DIMS) return "a dtype code or a rank out of range";
+  io->code = (uint8_t)v[0], io->bits = (uint8_t)v[1], io->ndim = (int32_t)v[2], io->slot = v[3];
+  io->batched = (int32_t)v[4], io->axis = (int32_t)v[5];
+  if (io->slot != want_slot) return "a tensor's slot is not the plan's";
+  if (!kiln_take(c, io->ndim, &io->shape) || !kiln_take(c, io->ndim, &io->shown) || !kiln_take(c, io->ndim, &io->minimum) || !kiln_take(c, io->ndim, &io->maximum))
+    return "the descriptions end early";
+  io->elements = 1;
+  for (int d = 0; d < io->ndim; ++d) {
+    if (io->shape[d] < 0 || io->shape[d] > (1ll << 31)) return "a dim out of range";
+    io->elements *= io->shape[d];
+    if (io->elements > (1ll << 50)) return "a tensor too large";
+  }
+  if (io->elements * (io->bits / 8) != T.slot_bytes[io->slot]) return "a tensor's bytes are not its buffer's";
+  if (io->batched != 0 && (io->batched != 1 || io->ndim < 1 || io->shape[0] != 1 || T.has_length)) return "a batched tensor whose axis 0 is not one sample";
+  if (io->axis != -1 && (!T.has_length || io->axis < 0 || io->axis >= io->ndim || io->shape[io->axis] != T.capacity))
+    return "a run-time length's axis that is not the plan's capacity";
+  return NULL;
+}
+
+/* the tensors' descriptions after the weights' sizes: batch and length ranges, counts, each tensor */
+static kiln_status kiln_read_io(kiln_model *m, const unsigned char *p, size_t data_at) {
+  const int64_t words = (int64_t)kiln_read64(p + 96);
+  const unsigned char *at = p + KILN_HEAD + 8 * (size_t)T.constant_count;
+  if (at + 8 * words > p + data_at) return kiln_fail(KILN_ERROR_FILE, "the descriptions run into the weights: damaged");
+  m->words = (int64_t *)calloc((size_t)words + 1, sizeof(int64_t));
+  if (!m->words) return kiln_fail(KILN_ERROR_MEMORY, "out of memory");
+  for (int64_t i = 0; i < words; ++i) m->words[i] = (int64_t)kiln_read64(at + 8 * i);
+  kiln_cursor c = {m->words, words, 0};
+  int64_t r[6];
+  for (int i = 0; i < 6; ++i)
+    if (!kiln_take1(&c, &r[i])) return kiln_fail(KILN_ERROR_FILE, "the weights file's descriptions end early: damaged");
+  const int32_t plan_inputs = T.input_count - (T.has_length ? 1 : 0);
+  if (r[4] != plan_inputs || r[5] != T.output_count)
+    return kiln_fail(KILN_ERROR_FILE, "the weights file describes %lld inputs and %lld outputs, the plan has %d and %d", (long long)r[4], (long long)r[5], (int)plan_inputs, (int)T.output_count);
+  if (r[0] < 1 || r[0] > r[1] || r[1] > (1ll << 31) || (T.has_length && (r[2] < 1 || r[2] > r[3] || r[3] > T.capacity)))
+    return kiln_fail(KILN_ERROR_FILE, "the weights file's ranges are not the plan's: damaged");
+  m->batch_min = r[0], m->batch_max = r[1];
+  if (T.has_length) m->length_min = r[2], m->length_max = r[3];
+  if (r[4] + r[5] > KILN_MAX_IO) return kiln_fail(KILN_ERROR_FILE, "the weights file describes %lld tensors: more than kiln's C API takes", (long long)(r[4] + r[5]));
+  m->inputs = (int32_t)r[4], m->outputs = (int32_t)r[5];
+  m->io = (kiln_io *)calloc((size_t)(m->inputs + m->outputs) + 1, sizeof(kiln_io));
+  if (!m->io) return kiln_fail(KILN_ERROR_MEMORY, "out of memory");
+  for (int i = 0; i < m->inputs + m->outputs; ++i) {
+    kiln_io *io = &m->io[i];
+    const int64_t slot = i < m->inputs ? T.input_slots[i] : T.output_slots[i - m->inputs];
+    const char *why = kiln_read_one(&c, io, slot);
+    if (why) return kiln_fail(KILN_ERROR_FILE, "the weights file's tensor %d: %s: damaged or another model's", i, why);
+    if (i < m->inputs) io->source = 3, io->where = i;
+    else kiln_source(io, m->inputs);
+  }
+  return KILN_OK;
+}
+
+static kiln_model *kiln_model_new(void) {
+  kiln_model *m = (kiln_model *)calloc(1, sizeof *m);
+  if (!m) return NULL;
+  m->table = (void **)calloc((size_t)T.slots, sizeof(void *));
+  m->weights = (const char **)calloc((size_t)T.constant_count + 1, sizeof(char *));
+  if (!m->table || !m->weights) {
+    free(m->table), free(m->weights), free(m);
+    return NULL;
+  }
+  m->batch_min = m->batch_max = 1;
+  m->length_min = 1, m->length_max = T.capacity;
+  return m;
+}
+
+void kiln_model_free(kiln_model *model) {
+  if (!model) return;
+  if (model->map) munmap(model->map, model->map_bytes);
+  free(model->table), free((void *)model->weights), free(model->words), free(model->io);
+  free(model);
+}
+
+static kiln_status kiln_tables_ok(void) {
+  if (!&kiln_tables) return kiln_fail(KILN_ERROR_FILE, "this library's plan has no tables: it is not a model's library");
+  if (T.version != KILN_PLAN_TABLES_VERSION || T.slots < 1)
+    return kiln_fail(KILN_ERROR_FILE, "the library's plan tables are of version %d, this API's %d", (int)T.version, KILN_PLAN_TABLES_VERSION);
+  return kiln_check_cpu();
+}
+
+/* the model over the weights file's bytes at p (size bytes): checked, its descriptions read, its
+   weights' addresses in the table; map: the file's mapping, unmapped on failure and by
+   kiln_model_free (NULL: the caller's memory) */
 static kiln_status kiln_model_over(const unsigned char *p, size_t size, void *map, kiln_model **model) {
   size_t data_at = 0;
+  kiln_model *m = NULL;
   kiln_status status = kiln_check_header(p, size, &data_at);
-  if (status == KILN_OK && kiln_crc32(p + data_at, size - data_at) != kiln_read64(p + 24))
-    status = kiln_fail(KILN_ERROR_FILE, "the weights file's checksum does not match its data: damaged");
-  kiln_model *m = status == KILN_OK ? (kiln_model *)calloc(1, sizeof *m) : NULL;
-  if (status == KILN_OK && !m) status = kiln_fail(KILN_ERROR_MEMORY, "out of memory");
-  if (status != KILN_OK) {
-    if (map) munmap(map, size);
-    return status;
-  }
-  m->map = map, m->map_bytes = size;
+  if (status == KILN_OK && !(m = kiln_model_new())) status = kiln_fail(KILN_ERROR_MEMORY, "out of memory");
+  if (m) m->map = map, m->map_bytes = size; /* (unmapped by kiln_model_free from here) */
+  if (status == KILN_OK) status = kiln_read_io(m, p, data_at);
   size_t at = data_at;
-  for (int i = 0; i < KILN_CONSTANTS; ++i) {
-    const uint64_t bytes = kiln_read64(p + 96 + 8 * (size_t)i);
-    if (bytes != kiln_constant_bytes[i] || at + bytes > size) {
-      if (map) munmap(map, size);
-      free(m);
-      return kiln_fail(KILN_ERROR_FILE, "weight %d is %llu bytes in the file, %llu in the model", i, (unsigned long long)bytes, (unsigned long long)kiln_constant_bytes[i]);
+  for (int i = 0; status == KILN_OK && i < T.constant_count; ++i) {
+    const uint64_t bytes = kiln_read64(p + KILN_HEAD + 8 * (size_t)i), want = (uint64_t)T.slot_bytes[T.constant_slots[i]];
+    if (bytes != want || at + bytes > size) {
+      status = kiln_fail(KILN_ERROR_FILE, "weight %d is %llu bytes in the file, %llu in the model", i, (unsigned long long)bytes, (unsigned long long)want);
+      break;
     }
     m->weights[i] = (const char *)p + at;
-    m->table[kiln_constant_slots[i]] = (void *)(p + at);
+    m->table[T.constant_slots[i]] = (void *)(p + at);
     at = (at + bytes + KILN_ALIGN - 1) / KILN_ALIGN * KILN_ALIGN;
+  }
+  if (status != KILN_OK) {
+    if (m) kiln_model_free(m);
+    else if (map) munmap(map, size);
+    return status;
   }
   static int started = 0;
   if (!__atomic_exchange_n(&started, 1, __ATOMIC_ACQ_REL)) {
     kiln_choose_paths();
-    if (kiln_pool_start) kiln_pool_start();
+    kiln_pool_start();
   }
   *model = m;
   return kiln_ok();
@@ -194,7 +387,8 @@ kiln_status kiln_model_load(const char *weights_path, kiln_model **model) {
   if (!model) return kiln_fail(KILN_ERROR_ARGUMENT, "kiln_model_load: model is NULL");
   *model = NULL;
   if (!weights_path) return kiln_fail(KILN_ERROR_ARGUMENT, "kiln_model_load: weights_path is NULL");
-  if (!KILN_CPU_OK()) return kiln_fail(KILN_ERROR_CPU, "this library was built for a CPU with %s; this CPU lacks some", KILN_CPU_NEEDS);
+  kiln_status status = kiln_tables_ok();
+  if (status != KILN_OK) return status;
   int fd = open(weights_path, O_RDONLY | O_CLOEXEC);
   if (fd < 0) return kiln_fail(KILN_ERROR_FILE, "cannot open %s: %s", weights_path, strerror(errno));
   struct stat st;
@@ -215,18 +409,37 @@ kiln_status kiln_model_load_memory(const void *data, size_t bytes, kiln_model **
   if (!data) return kiln_fail(KILN_ERROR_ARGUMENT, "kiln_model_load_memory: data is NULL");
   if ((uintptr_t)data % KILN_ALIGN)
     return kiln_fail(KILN_ERROR_ARGUMENT, "kiln_model_load_memory: data at %p is not 64-byte aligned (the weights are read in place: allocate with posix_memalign)", data);
-  if (!KILN_CPU_OK()) return kiln_fail(KILN_ERROR_CPU, "this library was built for a CPU with %s; this CPU lacks some", KILN_CPU_NEEDS);
+  kiln_status status = kiln_tables_ok();
+  if (status != KILN_OK) return status;
   return kiln_model_over((const unsigned char *)data, bytes, NULL, model);
 }
 
-void kiln_model_free(kiln_model *model) {
-  if (!model) return;
-  if (model->map) munmap(model->map, model->map_bytes);
-  free(model);
+/* (kiln's Python runtime) the model over weights it holds: `addresses`, one per slot of the
+   plan's table (`count` of them), the weights' set, the rest NULL; they must outlive the model.
+   No tensor descriptions: kiln_infer refuses it; runs go through kiln_context_run. */
+kiln_status kiln_model_bind(void *const *addresses, int64_t count, kiln_model **model) {
+  if (!model || !addresses) return kiln_fail(KILN_ERROR_ARGUMENT, "kiln_model_bind: model or addresses is NULL");
+  *model = NULL;
+  kiln_status status = kiln_tables_ok();
+  if (status != KILN_OK) return status;
+  if (count != T.slots) return kiln_fail(KILN_ERROR_ARGUMENT, "kiln_model_bind: %lld addresses, the plan has %lld slots", (long long)count, (long long)T.slots);
+  kiln_model *m = kiln_model_new();
+  if (!m) return kiln_fail(KILN_ERROR_MEMORY, "out of memory");
+  for (int i = 0; i < T.constant_count; ++i) {
+    const int64_t slot = T.constant_slots[i];
+    if (!addresses[slot] || (uintptr_t)addresses[slot] % KILN_ALIGN) {
+      kiln_model_free(m);
+      return kiln_fail(KILN_ERROR_ARGUMENT, "kiln_model_bind: weight %d (slot %lld) is NULL or not 64-byte aligned", i, (long long)slot);
+    }
+    m->table[slot] = addresses[slot];
+    m->weights[i] = (const char *)addresses[slot];
+  }
+  *model = m;
+  return kiln_ok();
 }
 
-int kiln_model_input_count(const kiln_model *model) { return model ? KILN_INPUTS : 0; }
-int kiln_model_output_count(const kiln_model *model) { return model ? KILN_OUTPUTS : 0; }
+int kiln_model_input_count(const kiln_model *model) { return model ? model->inputs : 0; }
+int kiln_model_output_count(const kiln_model *model) { return model ? model->outputs : 0; }
 
 static kiln_status kiln_describe(const kiln_io *io, kiln_tensor_info *info) {
   info->name = io->name;
@@ -238,47 +451,73 @@ static kiln_status kiln_describe(const kiln_io *io, kiln_tensor_info *info) {
 
 kiln_status kiln_model_input(const kiln_model *model, int index, kiln_tensor_info *info) {
   if (!model || !info) return kiln_fail(KILN_ERROR_ARGUMENT, "kiln_model_input: model or info is NULL");
-  if (index < 0 || index >= KILN_INPUTS) return kiln_fail(KILN_ERROR_ARGUMENT, "input %d: the model has %d", index, KILN_INPUTS);
-  return kiln_describe(&kiln_inputs[index], info);
+  if (index < 0 || index >= model->inputs) return kiln_fail(KILN_ERROR_ARGUMENT, "input %d: the model has %d", index, (int)model->inputs);
+  return kiln_describe(&model->io[index], info);
 }
 
 kiln_status kiln_model_output(const kiln_model *model, int index, kiln_tensor_info *info) {
   if (!model || !info) return kiln_fail(KILN_ERROR_ARGUMENT, "kiln_model_output: model or info is NULL");
-  if (index < 0 || index >= KILN_OUTPUTS) return kiln_fail(KILN_ERROR_ARGUMENT, "output %d: the model has %d", index, KILN_OUTPUTS);
-  return kiln_describe(&kiln_outputs[index], info);
+  if (index < 0 || index >= model->outputs) return kiln_fail(KILN_ERROR_ARGUMENT, "output %d: the model has %d", index, (int)model->outputs);
+  return kiln_describe(&model->io[model->inputs + index], info);
 }
 
-size_t kiln_model_workspace_size(const kiln_model *model) { return model ? KILN_WORKSPACE_BYTES : 0; }
+static size_t kiln_round(int64_t bytes) { return ((size_t)bytes + KILN_ALIGN - 1) / KILN_ALIGN * KILN_ALIGN; }
 
-static int64_t kiln_layout(int64_t n, int64_t *offsets);
+size_t kiln_model_workspace_size(const kiln_model *model) { return model ? kiln_round(T.arena_bytes) : 0; }
+
+/* a run-time length: the arena's bytes at length n (GrowingLayout.at), and each buffer's offset
+   into `offsets` (if given): each buffer where the last of those below it at the capacity ends,
+   its bytes c0 + c1 n + c2 n^2 rounded to 64 */
+static int64_t kiln_layout(int64_t n, int64_t *offsets, int64_t *ends) {
+  int64_t total = 0;
+  for (int i = 0; i < T.growing_count; ++i) {
+    int64_t offset = 0;
+    for (int k = T.below_at[i]; k < T.below_at[i + 1]; ++k)
+      if (ends[T.below[k]] > offset) offset = ends[T.below[k]];
+    const int64_t *z = T.growing_sizes[i];
+    int64_t bytes = z[0] + z[1] * n + z[2] * n * n;
+    bytes = bytes < 1 ? 1 : bytes;
+    if (offsets) offsets[i] = offset;
+    ends[i] = offset + (int64_t)kiln_round(bytes);
+    total = ends[i] > total ? ends[i] : total;
+  }
+  return total;
+}
+
+/* the length a run at n computes at */
+static int64_t kiln_bound(int64_t n) { return n < T.floor ? T.floor : n > T.capacity ? T.capacity : n; }
 
 size_t kiln_model_workspace_size_at(const kiln_model *model, int64_t length) {
   if (!model) return 0;
-  if (!KILN_LENGTH) return KILN_WORKSPACE_BYTES;
-  const int64_t n = length < KILN_LENGTH_FLOOR ? KILN_LENGTH_FLOOR : length > KILN_LENGTH_MAX ? KILN_LENGTH_MAX : length;
-  return (size_t)kiln_layout(n, NULL);
+  if (!T.has_length) return kiln_model_workspace_size(model);
+  int64_t *ends = (int64_t *)calloc((size_t)T.growing_count + 1, sizeof(int64_t));
+  if (!ends) return kiln_model_workspace_size(model); /* (an upper bound) */
+  const int64_t n = kiln_bound(length < model->length_min ? model->length_min : length);
+  const size_t bytes = (size_t)kiln_layout(n, NULL, ends);
+  free(ends);
+  return bytes;
 }
 
-static const kiln_io *kiln_io_at(int i) { return i < KILN_INPUTS ? &kiln_inputs[i] : &kiln_outputs[i - KILN_INPUTS]; }
+static const kiln_io *kiln_io_at(const kiln_model *m, int i) { return &m->io[i]; }
 
-/* KILN_LENGTH: an io's elements at length n (its shape is the capacity's) */
+/* a run-time length: an io's elements at length n (its shape is the capacity's) */
 static int64_t kiln_elements(const kiln_io *io, int64_t n) {
-  return io->axis >= 0 ? io->elements / KILN_LENGTH_CAPACITY * n : io->elements;
+  return io->axis >= 0 ? io->elements / T.capacity * n : io->elements;
 }
 
-/* KILN_LENGTH: the context's own buffers: those of the constants whose values follow the length,
-   and those a run below the floor pads its tensors into (at the floor) */
-static kiln_status kiln_context_buffers(kiln_context *c) {
-  for (int k = 0; k < KILN_LENGTH_CONSTANTS; ++k) {
-    const int64_t n = kiln_length_constant_at[k + 1] - kiln_length_constant_at[k];
-    const size_t bytes = (size_t)(n > 0 ? n : 1) * (size_t)(kiln_length_constant_bits[k] / 8);
+/* a run-time length: the context's own buffers: those of the constants whose values follow the
+   length, and those a run below the floor pads its tensors into (at the floor) */
+static kiln_status kiln_context_buffers(kiln_context *c, const kiln_model *m) {
+  for (int k = 0; k < T.length_constant_count; ++k) {
+    const int64_t n = T.length_constant_at[k + 1] - T.length_constant_at[k];
+    const size_t bytes = (size_t)(n > 0 ? n : 1) * (size_t)(T.length_constant_bits[k] / 8);
     if (posix_memalign(&c->constants[k], KILN_ALIGN, bytes) != 0) return KILN_ERROR_MEMORY;
   }
-  if (!KILN_LENGTH || KILN_LENGTH_MIN >= KILN_LENGTH_FLOOR) return KILN_OK;
-  for (int i = 0; i < KILN_INPUTS + KILN_OUTPUTS; ++i) {
-    const kiln_io *io = kiln_io_at(i);
+  if (!T.has_length || m->length_min >= T.floor) return KILN_OK;
+  for (int i = 0; i < m->inputs + m->outputs; ++i) {
+    const kiln_io *io = kiln_io_at(m, i);
     if (io->axis < 0) continue;
-    c->pad[i] = (char *)calloc((size_t)kiln_elements(io, KILN_LENGTH_FLOOR), io->bits / 8);
+    c->pad[i] = (char *)calloc((size_t)kiln_elements(io, T.floor), io->bits / 8);
     if (!c->pad[i]) return KILN_ERROR_MEMORY;
   }
   return KILN_OK;
@@ -297,68 +536,62 @@ static void kiln_resize(const kiln_io *io, char *to, int64_t to_n, const char *f
   }
 }
 
-/* KILN_LENGTH: the arena's bytes at length n (GrowingLayout.at), and each buffer's offset into
-   `offsets` (if given): each buffer where the last of those below it at the capacity ends, its
-   bytes c0 + c1 n + c2 n^2 rounded to 64 */
-static int64_t kiln_layout(int64_t n, int64_t *offsets) {
-  int64_t ends[KILN_GROWING > 0 ? KILN_GROWING : 1], total = 0;
-  for (int i = 0; i < KILN_GROWING; ++i) {
-    int64_t offset = 0;
-    for (int k = kiln_growing_below_at[i]; k < kiln_growing_below_at[i + 1]; ++k)
-      if (ends[kiln_growing_below[k]] > offset) offset = ends[kiln_growing_below[k]];
-    const int64_t *z = kiln_growing_sizes[i];
-    int64_t bytes = z[0] + z[1] * n + z[2] * n * n;
-    bytes = bytes < 1 ? 1 : bytes;
-    if (offsets) offsets[i] = offset;
-    ends[i] = offset + (bytes + KILN_ALIGN - 1) / KILN_ALIGN * KILN_ALIGN;
-    total = ends[i] > total ? ends[i] : total;
-  }
-  return total;
-}
-
-/* KILN_LENGTH: the arena laid out for length n in the context's slots, or 0 when its workspace is
-   too small for it */
+/* a run-time length: the arena laid out for length n in the context's slots and the constants
+   that follow the length written for it (once per length change), or 0 when the workspace is too
+   small for it */
 static int kiln_lay_out(kiln_context *c, int64_t n) {
-  if ((size_t)kiln_layout(n, c->offsets) > c->arena_bytes) return 0;
-  for (int i = 0; i < KILN_GROWING; ++i) c->table[kiln_growing_slots[i]] = c->arena + c->offsets[i];
-  return 1;
-}
-
-/* KILN_LENGTH: the constants whose values follow the length, at length n, in their slots */
-static void kiln_length_constants(kiln_context *c, int64_t n) {
-  for (int k = 0; k < KILN_LENGTH_CONSTANTS; ++k) {
-    for (int j = kiln_length_constant_at[k], e = 0; j < kiln_length_constant_at[k + 1]; ++j, ++e) {
-      const int64_t *t = kiln_length_constant_terms[j];
+  if (c->laid == n) return 1;
+  int64_t *ends = c->offsets + T.growing_count;
+  if ((size_t)kiln_layout(n, c->offsets, ends) > c->arena_bytes) return 0;
+  for (int i = 0; i < T.growing_count; ++i) c->table[T.growing_slots[i]] = c->arena + c->offsets[i];
+  for (int k = 0; k < T.length_constant_count; ++k) {
+    for (int j = T.length_constant_at[k], e = 0; j < T.length_constant_at[k + 1]; ++j, ++e) {
+      const int64_t *t = T.length_constant_terms[j];
       const int64_t v = t[0] + t[1] * n + t[2] * n * n;
-      switch (kiln_length_constant_bits[k]) {
+      switch (T.length_constant_bits[k]) {
         case 8: ((int8_t *)c->constants[k])[e] = (int8_t)v; break;
         case 16: ((int16_t *)c->constants[k])[e] = (int16_t)v; break;
         case 32: ((int32_t *)c->constants[k])[e] = (int32_t)v; break;
         default: ((int64_t *)c->constants[k])[e] = v; break;
       }
     }
-    c->table[kiln_length_constant_slots[k]] = c->constants[k];
+    c->table[T.length_constant_slots[k]] = c->constants[k];
   }
+  c->laid = n;
+  return 1;
 }
 
-/* a context over the workspace `arena` (`bytes`, zeroed here: its pages are faulted in now, not in
-   the first run); owned: kiln_context_free frees it */
-static kiln_status kiln_context_over(const kiln_model *model, char *arena, size_t bytes, int owned, kiln_context **context) {
+void kiln_context_free(kiln_context *context) {
+  if (!context) return;
+  if (context->owns_arena) free(context->arena);
+  if (context->pad && context->model)
+    for (int i = 0; i < context->model->inputs + context->model->outputs; ++i) free(context->pad[i]);
+  if (context->constants)
+    for (int k = 0; k < T.length_constant_count; ++k) free(context->constants[k]);
+  free(context->table), free(context->offsets), free(context->pad), free(context->constants);
+  free(context);
+}
+
+/* a context over the workspace `arena` (`bytes`; zeroed here when `zero`: its pages are faulted in
+   now, not in the first run); owned: kiln_context_free frees it */
+static kiln_status kiln_context_over(const kiln_model *model, char *arena, size_t bytes, int owned, int zero, kiln_context **context) {
   kiln_context *c = (kiln_context *)calloc(1, sizeof *c);
-  if (!c) {
-    if (owned) free(arena);
-    return kiln_fail(KILN_ERROR_MEMORY, "out of memory");
+  if (c) {
+    c->model = model;
+    c->table = (void **)calloc((size_t)T.slots, sizeof(void *));
+    c->offsets = (int64_t *)calloc(2 * (size_t)T.growing_count + 1, sizeof(int64_t));
+    c->pad = (char **)calloc((size_t)(model->inputs + model->outputs) + 1, sizeof(char *));
+    c->constants = (void **)calloc((size_t)T.length_constant_count + 1, sizeof(void *));
   }
-  if (bytes) memset(arena, 0, bytes);
-  if (kiln_context_buffers(c) != KILN_OK) {
+  if (!c || !c->table || !c->offsets || !c->pad || !c->constants || kiln_context_buffers(c, model) != KILN_OK) {
     if (owned) free(arena);
     kiln_context_free(c);
     return kiln_fail(KILN_ERROR_MEMORY, "out of memory");
   }
-  c->model = model;
-  c->arena = arena, c->owns_arena = owned, c->arena_bytes = bytes;
-  memcpy(c->table, model->table, sizeof c->table);
-  for (int i = 0; i < KILN_ARENA_SLOTS; ++i) c->table[kiln_arena_slots[i][0]] = c->arena + kiln_arena_slots[i][1];
+  if (bytes && zero) memset(arena, 0, bytes);
+  c->arena = arena, c->owns_arena = owned, c->arena_bytes = bytes, c->laid = -1;
+  memcpy(c->table, model->table, (size_t)T.slots * sizeof(void *));
+  for (int i = 0; i < T.arena_count; ++i) c->table[T.arena[i][0]] = c->arena + T.arena[i][1];
   c->table[0] = &c->status;
   *context = c;
   return kiln_ok();
@@ -368,35 +601,70 @@ kiln_status kiln_context_create(const kiln_model *model, kiln_context **context)
   if (!context) return kiln_fail(KILN_ERROR_ARGUMENT, "kiln_context_create: context is NULL");
   *context = NULL;
   if (!model) return kiln_fail(KILN_ERROR_ARGUMENT, "kiln_context_create: model is NULL");
+  const size_t bytes = kiln_model_workspace_size(model);
   char *arena = NULL;
-  if (KILN_WORKSPACE_BYTES && posix_memalign((void **)&arena, KILN_ALIGN, KILN_WORKSPACE_BYTES) != 0)
-    return kiln_fail(KILN_ERROR_MEMORY, "out of memory for a workspace of %zu bytes", (size_t)KILN_WORKSPACE_BYTES);
-  return kiln_context_over(model, arena, KILN_WORKSPACE_BYTES, 1, context);
+  if (bytes && posix_memalign((void **)&arena, KILN_ALIGN, bytes) != 0)
+    return kiln_fail(KILN_ERROR_MEMORY, "out of memory for a workspace of %zu bytes", bytes);
+  return kiln_context_over(model, arena, bytes, 1, 1, context);
+}
+
+static kiln_status kiln_context_in(const char *who, const kiln_model *model, void *workspace, size_t bytes, int zero, kiln_context **context) {
+  if (!context) return kiln_fail(KILN_ERROR_ARGUMENT, "%s: context is NULL", who);
+  *context = NULL;
+  if (!model) return kiln_fail(KILN_ERROR_ARGUMENT, "%s: model is NULL", who);
+  const size_t whole = kiln_model_workspace_size(model);
+  if (whole && !workspace) return kiln_fail(KILN_ERROR_ARGUMENT, "%s: workspace is NULL", who);
+  if (whole && (uintptr_t)workspace % KILN_ALIGN) return kiln_fail(KILN_ERROR_ARGUMENT, "%s: the workspace at %p is not 64-byte aligned", who, workspace);
+  const size_t least = kiln_model_workspace_size_at(model, model->length_min); /* (no length: the whole workspace) */
+  if (bytes < least)
+    return kiln_fail(KILN_ERROR_ARGUMENT, "%s: a workspace of %zu bytes, the model needs %zu (kiln_model_workspace_size)", who, bytes, least);
+  return kiln_context_over(model, (char *)workspace, bytes > whole ? whole : bytes, 0, zero, context);
 }
 
 kiln_status kiln_context_create_in(const kiln_model *model, void *workspace, size_t bytes, kiln_context **context) {
-  if (!context) return kiln_fail(KILN_ERROR_ARGUMENT, "kiln_context_create_in: context is NULL");
-  *context = NULL;
-  if (!model) return kiln_fail(KILN_ERROR_ARGUMENT, "kiln_context_create_in: model is NULL");
-  if (KILN_WORKSPACE_BYTES && !workspace) return kiln_fail(KILN_ERROR_ARGUMENT, "kiln_context_create_in: workspace is NULL");
-  if ((uintptr_t)workspace % KILN_ALIGN) return kiln_fail(KILN_ERROR_ARGUMENT, "kiln_context_create_in: the workspace at %p is not 64-byte aligned", workspace);
-  const size_t least = kiln_model_workspace_size_at(model, KILN_LENGTH_MIN); /* (no length: the whole workspace) */
-  if (bytes < least)
-    return kiln_fail(KILN_ERROR_ARGUMENT, "kiln_context_create_in: a workspace of %zu bytes, the model needs %zu (kiln_model_workspace_size)", bytes, least);
-  return kiln_context_over(model, (char *)workspace, bytes > KILN_WORKSPACE_BYTES ? KILN_WORKSPACE_BYTES : bytes, 0, context);
+  return kiln_context_in("kiln_context_create_in", model, workspace, bytes, 1, context);
 }
 
-void kiln_context_free(kiln_context *context) {
-  if (!context) return;
-  if (context->owns_arena) free(context->arena);
-  for (int i = 0; i < KILN_INPUTS + KILN_OUTPUTS; ++i) free(context->pad[i]);
-  for (int k = 0; k < KILN_LENGTH_CONSTANTS; ++k) free(context->constants[k]);
-  free(context);
+/* (kiln's Python runtime) a context on its own arena, not zeroed (it faults pages in as runs
+   reach them); its table, whose input and output slots the runtime writes before each run, and a
+   run-time length's current offsets (in the growing order) */
+kiln_status kiln_context_bind(const kiln_model *model, void *workspace, size_t bytes, kiln_context **context) {
+  return kiln_context_in("kiln_context_bind", model, workspace, bytes, 0, context);
+}
+
+void **kiln_context_table(kiln_context *context) { return context ? context->table : NULL; }
+
+const int64_t *kiln_context_offsets(const kiln_context *context) { return context ? context->offsets : NULL; }
+
+/* one run of the plan over the context's table (its inputs and outputs already in it): at `length`
+   where the plan has a run-time length; `host` called between segments (the Python runtime's host
+   steps; NULL: none) */
+kiln_status kiln_context_run(kiln_context *c, int64_t length, kiln_host_fn host) {
+  if (!c) return kiln_fail(KILN_ERROR_ARGUMENT, "kiln_context_run: context is NULL");
+  if (T.has_length) {
+    if (length < 0 || length > T.capacity) return kiln_fail(KILN_ERROR_ARGUMENT, "a run at length %lld, the plan's capacity is %lld", (long long)length, (long long)T.capacity);
+    const int64_t e = kiln_bound(length);
+    if (!kiln_lay_out(c, e)) {
+      int64_t *ends = c->offsets + T.growing_count;
+      return kiln_fail(KILN_ERROR_ARGUMENT, "a run at length %lld needs a workspace of %lld bytes, this context's holds %zu (kiln_model_workspace_size_at)",
+                       (long long)length, (long long)kiln_layout(e, NULL, ends), c->arena_bytes);
+    }
+    c->valid = length;
+    c->table[T.valid_slot] = &c->valid;
+  }
+  c->status = 0;
+  const int code = kiln_run(c->table, host);
+  if (code == 1) {
+    const int32_t at = c->status;
+    return kiln_fail(KILN_ERROR_RUN, "node %s: an index input is out of range for the dimension it indexes", at >= 0 && at < T.label_count ? T.labels[at] : "?");
+  }
+  if (code == -1) return kiln_fail(KILN_ERROR_RUN, "a host step failed");
+  return code != 0 ? kiln_fail(KILN_ERROR_RUN, "the plan's entry returned %d", code) : kiln_ok();
 }
 
 /* a tensor against the model's description; *samples: its size of the sample-parallel dim (a
-   batched tensor's, else left as it was) */
-static kiln_status kiln_check_tensor(const char *role, int index, const kiln_io *io, const DLTensor *t, int64_t *samples, int64_t *length) {
+   batched tensor's, else left as it was); *length: its run-time length */
+static kiln_status kiln_check_tensor(const kiln_model *m, const char *role, int index, const kiln_io *io, const DLTensor *t, int64_t *samples, int64_t *length) {
   if (!t->data) return kiln_fail(KILN_ERROR_ARGUMENT, "%s %d (%s): data is NULL", role, index, io->name);
   if (t->device.device_type != kDLCPU) return kiln_fail(KILN_ERROR_TENSOR, "%s %d (%s): not a CPU tensor (device type %d)", role, index, io->name, (int)t->device.device_type);
   if (t->dtype.code != io->code || t->dtype.bits != io->bits || t->dtype.lanes != 1)
@@ -406,14 +674,14 @@ static kiln_status kiln_check_tensor(const char *role, int index, const kiln_io 
   for (int d = t->ndim - 1; d >= 0; --d) {
     const int64_t size = t->shape[d];
     if (d == 0 && io->batched) {
-      if (size < KILN_BATCH_MIN || size > KILN_BATCH_MAX)
-        return kiln_fail(KILN_ERROR_TENSOR, "%s %d (%s): dim 0 is %lld, outside the model's range %d..%d", role, index, io->name, (long long)size, KILN_BATCH_MIN, KILN_BATCH_MAX);
+      if (size < m->batch_min || size > m->batch_max)
+        return kiln_fail(KILN_ERROR_TENSOR, "%s %d (%s): dim 0 is %lld, outside the model's range %lld..%lld", role, index, io->name, (long long)size, (long long)m->batch_min, (long long)m->batch_max);
       if (*samples >= 0 && size != *samples)
         return kiln_fail(KILN_ERROR_TENSOR, "%s %d (%s): dim 0 is %lld, another tensor's is %lld", role, index, io->name, (long long)size, (long long)*samples);
       *samples = size;
-    } else if (KILN_LENGTH && d == io->axis) {
-      if (size < KILN_LENGTH_MIN || size > KILN_LENGTH_MAX)
-        return kiln_fail(KILN_ERROR_TENSOR, "%s %d (%s): dim %d is %lld, outside the model's range %d..%d", role, index, io->name, d, (long long)size, KILN_LENGTH_MIN, KILN_LENGTH_MAX);
+    } else if (d == io->axis) {
+      if (size < m->length_min || size > m->length_max)
+        return kiln_fail(KILN_ERROR_TENSOR, "%s %d (%s): dim %d is %lld, outside the model's range %lld..%lld", role, index, io->name, d, (long long)size, (long long)m->length_min, (long long)m->length_max);
       if (*length >= 0 && size != *length)
         return kiln_fail(KILN_ERROR_TENSOR, "%s %d (%s): dim %d is %lld, another tensor's length is %lld", role, index, io->name, d, (long long)size, (long long)*length);
       *length = size;
@@ -426,47 +694,37 @@ static kiln_status kiln_check_tensor(const char *role, int index, const kiln_io 
   return KILN_OK;
 }
 
-static kiln_status kiln_ran(kiln_context *context, int code) {
-  if (code == 1) {
-    const int32_t at = context->status;
-    return kiln_fail(KILN_ERROR_RUN, "node %s: an index input is out of range for the dimension it indexes",
-                     at >= 0 && at < KILN_LABELS ? kiln_kernel_labels[at] : "?");
-  }
-  return code != 0 ? kiln_fail(KILN_ERROR_RUN, "the plan's entry returned %d", code) : KILN_OK;
+/* the arena buffer an output was left in, for this run */
+static const char *kiln_arena_at(const kiln_context *c, const kiln_io *io) {
+  return c->arena + (T.has_length ? c->offsets[io->where] : io->where);
 }
 
-/* KILN_LENGTH: one run at length n (checked), at E = max(n, floor) */
-static kiln_status kiln_infer_length(kiln_context *context, const DLTensor *inputs, DLTensor *outputs, int64_t n) {
-  const int64_t e = n > KILN_LENGTH_FLOOR ? n : KILN_LENGTH_FLOOR;
-  if (!kiln_lay_out(context, e))
-    return kiln_fail(KILN_ERROR_ARGUMENT, "kiln_infer: a run at length %lld needs a workspace of %lld bytes, this context's holds %zu (kiln_model_workspace_size_at)",
-                     (long long)n, (long long)kiln_layout(e, NULL), context->arena_bytes);
-  kiln_length_constants(context, e);
-  context->valid = n;
-  context->table[KILN_VALID_SLOT] = &context->valid;
-  const char *given[KILN_INPUTS > 0 ? KILN_INPUTS : 1];
-  for (int i = 0; i < KILN_INPUTS; ++i) {
-    const kiln_io *io = &kiln_inputs[i];
+/* a run-time length: one run at length n (checked), at E = max(n, floor) */
+static kiln_status kiln_infer_length(kiln_context *c, const DLTensor *inputs, DLTensor *outputs, int64_t n) {
+  const kiln_model *m = c->model;
+  const int64_t e = kiln_bound(n);
+  const char *given[KILN_MAX_IO];
+  for (int i = 0; i < m->inputs; ++i) {
+    const kiln_io *io = &m->io[i];
     given[i] = (const char *)inputs[i].data + inputs[i].byte_offset;
     if (io->axis >= 0 && e != n) { /* below the floor: padded with zeros */
-      kiln_resize(io, context->pad[i], e, given[i], n);
-      given[i] = context->pad[i];
+      kiln_resize(io, c->pad[i], e, given[i], n);
+      given[i] = c->pad[i];
     }
-    context->table[io->slot] = (void *)given[i];
+    c->table[io->slot] = (void *)given[i];
   }
-  for (int i = 0; i < KILN_OUTPUTS; ++i) {
-    const kiln_io *io = &kiln_outputs[i];
-    if (io->source == 0) context->table[io->slot] = io->axis >= 0 && e != n ? context->pad[KILN_INPUTS + i] : (char *)outputs[i].data + outputs[i].byte_offset;
+  for (int i = 0; i < m->outputs; ++i) {
+    const kiln_io *io = &m->io[m->inputs + i];
+    if (io->source == 0) c->table[io->slot] = io->axis >= 0 && e != n ? c->pad[m->inputs + i] : (char *)outputs[i].data + outputs[i].byte_offset;
   }
-  context->status = 0;
-  const kiln_status ran = kiln_ran(context, kiln_run(context->table, NULL));
+  const kiln_status ran = kiln_context_run(c, n, NULL);
   if (ran != KILN_OK) return ran;
-  for (int i = 0; i < KILN_OUTPUTS; ++i) {
-    const kiln_io *io = &kiln_outputs[i];
+  for (int i = 0; i < m->outputs; ++i) {
+    const kiln_io *io = &m->io[m->inputs + i];
     char *to = (char *)outputs[i].data + outputs[i].byte_offset;
-    const char *from = io->source == 0 ? (io->axis >= 0 && e != n ? context->pad[KILN_INPUTS + i] : NULL)
-                     : io->source == 1 ? context->arena + context->offsets[io->where]
-                     : io->source == 2 ? context->model->weights[io->where]
+    const char *from = io->source == 0 ? (io->axis >= 0 && e != n ? c->pad[m->inputs + i] : NULL)
+                     : io->source == 1 ? kiln_arena_at(c, io)
+                     : io->source == 2 ? m->weights[io->where]
                      : given[io->where];
     if (!from) continue;
     if (io->axis >= 0)
@@ -477,45 +735,51 @@ static kiln_status kiln_infer_length(kiln_context *context, const DLTensor *inpu
   return kiln_ok();
 }
 
-kiln_status kiln_infer(kiln_context *context, const DLTensor *inputs, int input_count, DLTensor *outputs, int output_count) {
-  if (!context) return kiln_fail(KILN_ERROR_ARGUMENT, "kiln_infer: context is NULL");
-  if (input_count != KILN_INPUTS || output_count != KILN_OUTPUTS)
-    return kiln_fail(KILN_ERROR_ARGUMENT, "kiln_infer: %d inputs and %d outputs given, the model takes %d and %d", input_count, output_count, KILN_INPUTS, KILN_OUTPUTS);
-  if ((KILN_INPUTS && !inputs) || (KILN_OUTPUTS && !outputs)) return kiln_fail(KILN_ERROR_ARGUMENT, "kiln_infer: inputs or outputs is NULL");
-  int64_t samples = -1, length = -1;
-  for (int i = 0; i < KILN_INPUTS; ++i) {
-    kiln_status status = kiln_check_tensor("input", i, &kiln_inputs[i], &inputs[i], &samples, &length);
-    if (status != KILN_OK) return status;
-  }
-  for (int i = 0; i < KILN_OUTPUTS; ++i) {
-    kiln_status status = kiln_check_tensor("output", i, &kiln_outputs[i], &outputs[i], &samples, &length);
-    if (status != KILN_OK) return status;
-  }
-  if (KILN_LENGTH) return kiln_infer_length(context, inputs, outputs, length);
-  if (samples < 0) samples = 1;
-  const char *given[KILN_INPUTS > 0 ? KILN_INPUTS : 1];
-  for (int64_t s = 0; s < samples; ++s) { /* the plan of one sample, once per sample (batched tensors: that sample's rows) */
-    for (int i = 0; i < KILN_INPUTS; ++i) {
-      const kiln_io *io = &kiln_inputs[i];
+/* the plan of one sample, once per sample (batched tensors: that sample's rows) */
+static kiln_status kiln_infer_samples(kiln_context *c, const DLTensor *inputs, DLTensor *outputs, int64_t samples) {
+  const kiln_model *m = c->model;
+  const char *given[KILN_MAX_IO];
+  for (int64_t s = 0; s < samples; ++s) {
+    for (int i = 0; i < m->inputs; ++i) {
+      const kiln_io *io = &m->io[i];
       const int64_t at = io->batched ? s * io->elements * (io->bits / 8) : 0;
       given[i] = (const char *)inputs[i].data + inputs[i].byte_offset + at;
-      context->table[io->slot] = (void *)given[i];
+      c->table[io->slot] = (void *)given[i];
     }
-    for (int i = 0; i < KILN_OUTPUTS; ++i) {
-      const kiln_io *io = &kiln_outputs[i];
-      if (io->source == 0) context->table[io->slot] = (char *)outputs[i].data + outputs[i].byte_offset + s * io->elements * (io->bits / 8);
+    for (int i = 0; i < m->outputs; ++i) {
+      const kiln_io *io = &m->io[m->inputs + i];
+      if (io->source == 0) c->table[io->slot] = (char *)outputs[i].data + outputs[i].byte_offset + s * io->elements * (io->bits / 8);
     }
-    context->status = 0;
-    const kiln_status ran = kiln_ran(context, kiln_run(context->table, NULL));
+    const kiln_status ran = kiln_context_run(c, 0, NULL);
     if (ran != KILN_OK) return ran;
-    for (int i = 0; i < KILN_OUTPUTS; ++i) {
-      const kiln_io *io = &kiln_outputs[i];
+    for (int i = 0; i < m->outputs; ++i) {
+      const kiln_io *io = &m->io[m->inputs + i];
       const size_t bytes = (size_t)io->elements * (io->bits / 8);
-      const char *from = io->source == 1 ? context->arena + io->where
-                       : io->source == 2 ? context->model->weights[io->where]
-                       : io->source == 3 ? given[io->where] : NULL;
+      const char *from = io->source == 1 ? kiln_arena_at(c, io) : io->source == 2 ? m->weights[io->where] : io->source == 3 ? given[io->where] : NULL;
       if (from) memmove((char *)outputs[i].data + outputs[i].byte_offset + (size_t)s * bytes, from, bytes);
     }
   }
   return kiln_ok();
 }
+
+kiln_status kiln_infer(kiln_context *context, const DLTensor *inputs, int input_count, DLTensor *outputs, int output_count) {
+  if (!context) return kiln_fail(KILN_ERROR_ARGUMENT, "kiln_infer: context is NULL");
+  const kiln_model *m = context->model;
+  if (!m->io) return kiln_fail(KILN_ERROR_ARGUMENT, "kiln_infer: the model was bound without tensor descriptions (kiln's Python runtime): load a weights file");
+  if (input_count != m->inputs || output_count != m->outputs)
+    return kiln_fail(KILN_ERROR_ARGUMENT, "kiln_infer: %d inputs and %d outputs given, the model takes %d and %d", input_count, output_count, (int)m->inputs, (int)m->outputs);
+  if ((m->inputs && !inputs) || (m->outputs && !outputs)) return kiln_fail(KILN_ERROR_ARGUMENT, "kiln_infer: inputs or outputs is NULL");
+  int64_t samples = -1, length = -1;
+  for (int i = 0; i < m->inputs; ++i) {
+    kiln_status status = kiln_check_tensor(m, "input", i, &m->io[i], &inputs[i], &samples, &length);
+    if (status != KILN_OK) return status;
+  }
+  for (int i = 0; i < m->outputs; ++i) {
+    kiln_status status = kiln_check_tensor(m, "output", i, &m->io[m->inputs + i], &outputs[i], &samples, &length);
+    if (status != KILN_OK) return status;
+  }
+  if (T.has_length) return kiln_infer_length(context, inputs, outputs, length < 0 ? m->length_min : length);
+  return kiln_infer_samples(context, inputs, outputs, samples < 0 ? 1 : samples);
+}
+
+#undef T

@@ -22,7 +22,7 @@
 extern "C" {
 #endif
 
-#define KILN_ABI_VERSION 1
+#define KILN_ABI_VERSION 2
 
 /* DLPack's tensor (https://github.com/dmlc/dlpack, v0.8 layout); skipped when dlpack.h came first */
 #ifndef DLPACK_VERSION
