@@ -174,7 +174,7 @@ def compile_command(
         for each in bindings:
             _tune(graph, each, level, _parse_duration(tune_budget), retune, target, measurer)
     start = time.perf_counter()
-    fpga = _fpga_output(target, tune_budget, output, emit, bool(len(ranges) > 1 or classes or len(bindings) > 1))
+    fpga = _fpga_output(target, tune_budget, output, emit, bool(len(ranges) > 2 or classes or len(bindings) > 1))
     calibration = _calibration(precision, calibration, model, graph, fixed_point=fpga)
     what = f"{len(bindings)} binding(s) of " if len(bindings) > 1 else ""
     with console.status(f"compiling {what}{model} for {target} ({precision}, -O{level})..."):
@@ -221,15 +221,23 @@ def compile_command(
 
 
 def _emit_c(compiled, output: Path, dims: dict, ranges: dict) -> None:  # type: ignore[no-untyped-def]
-    """The C library's folder: one size, and at most one range (--dim batch=1..64: a sample-parallel
-    batch; --dim seq=1..128: a run-time length)."""
+    """The C library's folder: one size, and up to two ranges (--dim batch=1..64: a sample-parallel
+    batch; --dim seq=1..128: a run-time length; both: a BERT's)."""
     from kiln.driver.emit_c import emit_c
     from kiln.driver.sizes import parse_range
     from kiln.passes.batching import Parallel
 
-    ranged = next(((name, *parse_range(name, value)) for name, value in ranges.items()), None)
-    parallel = ranged is not None and isinstance(compiled.sample_parallel().get(ranged[0]), Parallel)
-    batch, length = (ranged, None) if parallel else (None, ranged)
+    batch = length = None
+    for name, value in ranges.items():
+        ranged = (name, *parse_range(name, value))
+        if isinstance(compiled.sample_parallel().get(name), Parallel) and batch is None:
+            batch = ranged
+        elif length is None:
+            length = ranged
+        else:
+            raise click.UsageError(
+                f"--emit c takes one sample-parallel batch range and one run-time length range: {name} is neither"
+            )
     out.print(emit_c(compiled, output, dims, batch, length).line(), highlight=False)
 
 
@@ -261,8 +269,8 @@ def _fpga_output(target: str, tune_budget: str | None, output: Path, emit: str, 
     if emit == "c":
         if sized or target.split(":")[0] != "cpu":
             raise click.UsageError(
-                "--emit c builds one size for a cpu target (and at most one range: a sample-parallel batch, --dim "
-                "batch=1..64, or a run-time length, --dim seq=1..128): "
+                "--emit c builds one size for a cpu target (and up to two ranges: a sample-parallel batch, --dim "
+                "batch=1..64, and a run-time length, --dim seq=1..128): "
                 "bind the other dims to one size with --dim"
             )
         return False

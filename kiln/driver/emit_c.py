@@ -20,9 +20,9 @@ The folder holds:
 - ``src/``: the API's source (``capi.c``, ``kiln_plan.h``), to build it again (with sanitizers,
   say) into a program linked against ``libkiln_model.so``.
 
-It takes one binding of the model's dims (``dims``) and at most one range: a sample-parallel batch
-(``batch``: the plan of one sample, once per sample) or a run-time length (``length``: one plan for
-every length, ``kiln.driver.emit_c_length``). A plan with host fallbacks (ops without native code)
+It takes one binding of the model's dims (``dims``) and up to two ranges: a sample-parallel batch
+(``batch``: the plan of one sample, once per sample) and a run-time length (``length``: one plan for
+every length, ``kiln.driver.emit_c_length``), together (a BERT's batch and sequence) or alone. A plan with host fallbacks (ops without native code)
 cannot run without Python and is refused.
 """
 
@@ -92,20 +92,21 @@ def emit_c(
     input and output); ``length`` = (symbol, low, high): a paddable dim whose kernels take the
     length at run time, any length in [low, high] on one plan."""
     dims = dict(dims or {})
-    axes, padder = None, None
-    if batch is not None and length is not None:
-        raise ArgumentError("the C library takes one range: a sample-parallel batch or a run-time length")
+    batched, padder = None, None
+    if batch is not None and length is not None and batch[0] == length[0]:
+        raise ArgumentError(f"{batch[0]} is given two ranges: a sample-parallel batch and a run-time length")
     if batch is not None:
-        axes = _batch_axes(model, *batch)
+        batched = _batch_axes(model, *batch)
         dims[batch[0]] = 1
     unbound = sorted(set(symbols(model.signature)) - set(dims) - ({length[0]} if length else set()))
     if unbound:
         raise ArgumentError(f"--emit c runs one size: bind {', '.join(unbound)} (--dim {unbound[0]}=N)")
     if not hasattr(model, "variant"):
         raise ArgumentError("--emit c takes a model compiled for the cpu target")
+    lengths = None
     if length is not None:
         executable, padder = length_variant(model, dims, *length)
-        axes = (tuple(a if a is not None else -1 for a in padder.padding.inputs), tuple(output_axes(padder)))
+        lengths = (tuple(a if a is not None else -1 for a in padder.padding.inputs), tuple(output_axes(padder)))
     else:
         executable = model.variant(dims)
     plan = executable.plan
@@ -122,7 +123,7 @@ def emit_c(
     if [slots[b] for b, _ in constants] != _compiled_constant_slots(plan):
         raise KilnError("the plan's weights are not those its tables name (kiln bug)")
     ranges = (batch[1:] if batch else (1, 1)) + (length[1:] if length else (1, 1))
-    words = _descriptions(plan, axes, padder is not None, ranges)
+    words = _descriptions(plan, batched, lengths, ranges)
     sizes = [array.nbytes for _, array in constants]
     header, data_at = _weights_header(sizes, words, _plan_id(plan))
     with tempfile.TemporaryDirectory(prefix="kiln-emit-") as scratch:
@@ -235,18 +236,22 @@ def _batch_axes(model: Any, symbol: str, low: int, high: int) -> tuple[tuple[boo
     return tuple(axis == 0 for axis in found.inputs), tuple(axis == 0 for axis in found.outputs)
 
 
-def _descriptions(plan: Any, axes: Any, lengths: bool, ranges: tuple[int, ...]) -> list[int]:
+def _descriptions(plan: Any, batched: Any, lengths: Any, ranges: tuple[int, ...]) -> list[int]:
     """The tensors' descriptions the library reads from the weights file (capi.c's kiln_read_io):
     the batch and length ranges, the counts, then per tensor its name, dtype, dims, slot, batched
-    flag, length axis and the dims kiln_model_input/output describe. ``axes``: each input's and
-    output's sample-parallel flag, or with ``lengths`` its run-time length axis (-1: none; the
-    plan's last input, the valid length, is the library's own)."""
-    flags_in, flags_out = axes or ((False,) * len(plan.inputs), (False,) * len(plan.outputs))
-    count = len(plan.inputs) - int(lengths)
+    flag, length axis and the dims kiln_model_input/output describe. ``batched``: each input's and
+    output's sample-parallel flag (axis 0); ``lengths``: each one's run-time length axis (-1: none;
+    the plan's last input, the valid length, is the library's own)."""
+    count = len(plan.inputs) - int(lengths is not None)
+    flags_in, flags_out = batched or ((False,) * count, (False,) * len(plan.outputs))
+    axes_in, axes_out = lengths or ((-1,) * count, (-1,) * len(plan.outputs))
     words = [*ranges, count, len(plan.outputs)]
-    pairs = [*zip(plan.graph.inputs[:count], plan.inputs, flags_in), *zip(plan.graph.outputs, plan.outputs, flags_out)]
-    for value, buffer, flag in pairs:
-        words += _description(value, plan.table[buffer], (False, flag) if lengths else (flag, -1), ranges)
+    described = [
+        *zip(plan.graph.inputs[:count], plan.inputs, flags_in, axes_in),
+        *zip(plan.graph.outputs, plan.outputs, flags_out, axes_out),
+    ]
+    for value, buffer, flag, axis in described:
+        words += _description(value, plan.table[buffer], (flag, axis), ranges)
     return words
 
 
@@ -268,7 +273,7 @@ def _description(value: Any, slot: int, flags: tuple[bool, int], ranges: tuple[i
     shown, low, high = list(shape), list(shape), list(shape)
     if batched:  # described as -1 on axis 0, within the batch range
         shown[0], low[0], high[0] = -1, ranges[0], ranges[1]
-    elif axis >= 0:  # a run-time length: -1 on its axis, within the length range
+    if axis >= 0:  # a run-time length: -1 on its axis, within the length range
         shown[axis], low[axis], high[axis] = -1, ranges[2], ranges[3]
     return words + shape + shown + low + high
 

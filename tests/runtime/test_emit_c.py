@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -76,7 +77,7 @@ def feeds_of(model) -> dict[str, np.ndarray]:  # type: ignore[no-untyped-def]
 
 
 def run_c(
-    binary: Path, folder: Path, model, feeds, tmp_path: Path, batch: int = 1, mode: str = "run"
+    binary: Path, folder: Path, model, feeds, tmp_path: Path, batch: int = 1, mode: str = "run", length: int = -1
 ) -> list[np.ndarray]:  # type: ignore[no-untyped-def]
     paths = []
     for name in model.input_names:
@@ -85,8 +86,10 @@ def run_c(
         paths.append(str(path))
     outs = [str(tmp_path / f"out-{i}.bin") for i in range(len(model.output_names))]
     result = subprocess.run(
-        [str(binary), f"batch={batch}", mode, str(folder / "model.kw"), *paths, *outs], capture_output=True, text=True
-    )
+        [str(binary), f"batch={batch}", *([f"len={length}"] if length >= 0 else []), mode, str(folder / "model.kw"), *paths, *outs],
+        capture_output=True,
+        text=True,
+    )  # fmt: skip
     assert result.returncode == 0, result.stdout + result.stderr
     return [np.fromfile(path, np.float32) for path in outs]
 
@@ -150,6 +153,61 @@ def test_damaged_or_foreign_weights_files_are_refused_with_the_reason(emitted, t
         result = subprocess.run([str(binary), "load", str(path)], capture_output=True, text=True)
         assert result.returncode == 0, (name, result.stderr)
         assert "load: status 2" in result.stdout and reason in result.stdout, (name, result.stdout)
+
+
+def forged_descriptions(folder: Path, tmp_path: Path) -> dict[str, Path]:
+    """model.kw with its tensors' descriptions changed and its checksum made right again (what a
+    hostile file does): each lies about where a tensor lives or how large it is."""
+    data = bytearray((folder / "model.kw").read_bytes())
+    count, words = int.from_bytes(data[8:16], "little") >> 32, int.from_bytes(data[96:104], "little")
+    start = 104 + 8 * count
+    original = np.frombuffer(bytes(data[start : start + 8 * words]), np.int64).copy()
+    first = 7 + int(original[6]) // 8 + 1  # the first tensor's code (after its name's length and words)
+    cases = {
+        "another slot": (first + 3, lambda v: v + 1),
+        "wider dtype": (first + 1, lambda v: 64 if v != 64 else 32),
+        "a larger dim": (first + 6, lambda v: v + 1),
+        "one more dim": (first + 2, lambda v: v + 1),
+        "a huge name": (6, lambda v: 1 << 40),
+        "an unterminated name": (6, lambda v: max(v - 1, 0)),
+        "one input more": (4, lambda v: v + 1),
+        "an inverted batch range": (0, lambda v: 5),
+        "a length axis it lacks": (first + 5, lambda v: 1),
+        "batched on a dim of many": (first + 4, lambda v: 1 - v),
+        "a huge rank": (first + 2, lambda v: 1 << 20),
+    }
+    paths = {}
+    for name, (index, change) in cases.items():
+        forged = original.copy()
+        forged[index] = change(int(forged[index]))
+        content = bytearray(data)
+        content[start : start + 8 * words] = forged.tobytes()
+        content[24:32] = zlib.crc32(bytes(content[104:])).to_bytes(8, "little")
+        path = tmp_path / (name.replace(" ", "-") + ".kw")
+        path.write_bytes(bytes(content))
+        paths[name] = path
+    claims = bytearray(data)
+    claims[96:104] = (words + 10_000).to_bytes(8, "little")
+    claims[24:32] = zlib.crc32(bytes(claims[104:])).to_bytes(8, "little")
+    paths["more words than the file"] = tmp_path / "claims.kw"
+    paths["more words than the file"].write_bytes(bytes(claims))
+    return paths
+
+
+def test_forged_descriptions_are_refused_never_read_past_a_buffer(emitted, tmp_path):
+    """The weights file's descriptions (names, dtypes, dims, slots) are checked against the
+    library's compiled tables: a file whose checksum is right but whose descriptions lie is refused
+    with status 2 and the reason, under AddressSanitizer and UBSan too."""
+    _, folder, binary = emitted
+    binaries = [binary]
+    if sanitizers_work(tmp_path):
+        flags = ["-fsanitize=address,undefined", "-fno-sanitize-recover=undefined", "-g", f"-I{folder / 'src'}"]
+        binaries.append(build(folder, flags, [str(folder / "src" / "capi.c")], ["-lkiln_model"]))
+    for name, path in forged_descriptions(folder, tmp_path).items():
+        for program in binaries:
+            result = subprocess.run([str(program), "load", str(path)], capture_output=True, text=True)
+            assert result.returncode == 0, (name, result.stdout + result.stderr)
+            assert "load: status 2" in result.stdout and "damaged" in result.stdout, (name, result.stdout)
 
 
 def sanitizers_work(tmp_path: Path) -> bool:
@@ -380,8 +438,34 @@ def test_a_run_time_length_runs_every_length_of_its_range_bit_for_bit(tmp_path):
         assert result.returncode == 0 and "wrong dims: status 4" in result.stdout, result.stdout + result.stderr
     with pytest.raises(ArgumentError, match="neither proven sample-parallel nor paddable"):
         kiln.emit_c(kiln.compile(embedding_model_of_length()), tmp_path / "no", length=("seq", 1, 8))
-    with pytest.raises(ArgumentError, match="one range"):
+    with pytest.raises(ArgumentError, match="two ranges"):
         kiln.emit_c(model, tmp_path / "two", batch=("seq", 1, 4), length=("seq", 1, 4))
+
+
+def test_a_batch_range_and_a_run_time_length_run_together_bit_for_bit(tmp_path):
+    """--dim batch=1..4 --dim seq=1..24 (a BERT's two ranges): one plan of one sample at run-time
+    lengths, run once per sample; every (batch, length) pair, below the floor and at the ends, bit
+    for bit Python's run, normal and under AddressSanitizer and UBSan; both dims described as -1."""
+    onnx_model = attention_model()
+    for value in (*onnx_model.graph.input, *onnx_model.graph.output):
+        value.type.tensor_type.shape.dim[0].dim_param = "batch"
+    model = kiln.compile(onnx_model)
+    folder = tmp_path / "both"
+    emitted = kiln.emit_c(model, folder, batch=("batch", 1, 4), length=("seq", 1, 24))
+    assert emitted.dims == {"batch": "1..4", "seq": "1..24"}
+    binaries = [build(folder)]
+    if sanitizers_work(tmp_path):
+        flags = ["-fsanitize=address,undefined", "-fno-sanitize-recover=undefined", "-g", f"-I{folder / 'src'}"]
+        binaries.append(build(folder, flags, [str(folder / "src" / "capi.c")], ["-lkiln_model"]))
+    rng = np.random.default_rng(11)
+    for samples, length in ((1, 1), (3, 5), (4, 24), (2, 17)):
+        ids = rng.integers(0, 50, (samples, length)).astype(np.int64)
+        want = np.asarray(model.run({"ids": ids})["y"], np.float32).reshape(-1)
+        for program in binaries:
+            (got,) = run_c(program, folder, model, {"ids": ids}, tmp_path, samples, length=length)
+            np.testing.assert_array_equal(got, want)
+    described = subprocess.run([str(folder / "check"), "batch=2", "len=3", "misuse", str(folder / "model.kw")], capture_output=True, text=True)  # fmt: skip
+    assert "wrong dims: status 4" in described.stdout, described.stdout + described.stderr
 
 
 def embedding_model_of_length() -> onnx.ModelProto:

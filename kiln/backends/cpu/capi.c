@@ -280,7 +280,7 @@ static const char *kiln_read_one(kiln_cursor *c, kiln_io *io, int64_t want_slot)
     if (io->elements > (1ll << 50)) return "a tensor too large";
   }
   if (io->elements * (io->bits / 8) != T.slot_bytes[io->slot]) return "a tensor's bytes are not its buffer's";
-  if (io->batched != 0 && (io->batched != 1 || io->ndim < 1 || io->shape[0] != 1 || T.has_length)) return "a batched tensor whose axis 0 is not one sample";
+  if (io->batched != 0 && (io->batched != 1 || io->ndim < 1 || io->shape[0] != 1 || io->axis == 0)) return "a batched tensor whose axis 0 is not one sample";
   if (io->axis != -1 && (!T.has_length || io->axis < 0 || io->axis >= io->ndim || io->shape[io->axis] != T.capacity))
     return "a run-time length's axis that is not the plan's capacity";
   return NULL;
@@ -300,7 +300,7 @@ static kiln_status kiln_read_io(kiln_model *m, const unsigned char *p, size_t da
     if (!kiln_take1(&c, &r[i])) return kiln_fail(KILN_ERROR_FILE, "the weights file's descriptions end early: damaged");
   const int32_t plan_inputs = T.input_count - (T.has_length ? 1 : 0);
   if (r[4] != plan_inputs || r[5] != T.output_count)
-    return kiln_fail(KILN_ERROR_FILE, "the weights file describes %lld inputs and %lld outputs, the plan has %d and %d", (long long)r[4], (long long)r[5], (int)plan_inputs, (int)T.output_count);
+    return kiln_fail(KILN_ERROR_FILE, "the weights file describes %lld inputs and %lld outputs, the plan has %d and %d: damaged or another model's", (long long)r[4], (long long)r[5], (int)plan_inputs, (int)T.output_count);
   if (r[0] < 1 || r[0] > r[1] || r[1] > (1ll << 31) || (T.has_length && (r[2] < 1 || r[2] > r[3] || r[3] > T.capacity)))
     return kiln_fail(KILN_ERROR_FILE, "the weights file's ranges are not the plan's: damaged");
   m->batch_min = r[0], m->batch_max = r[1];
@@ -699,64 +699,47 @@ static const char *kiln_arena_at(const kiln_context *c, const kiln_io *io) {
   return c->arena + (T.has_length ? c->offsets[io->where] : io->where);
 }
 
-/* a run-time length: one run at length n (checked), at E = max(n, floor) */
-static kiln_status kiln_infer_length(kiln_context *c, const DLTensor *inputs, DLTensor *outputs, int64_t n) {
-  const kiln_model *m = c->model;
-  const int64_t e = kiln_bound(n);
-  const char *given[KILN_MAX_IO];
-  for (int i = 0; i < m->inputs; ++i) {
-    const kiln_io *io = &m->io[i];
-    given[i] = (const char *)inputs[i].data + inputs[i].byte_offset;
-    if (io->axis >= 0 && e != n) { /* below the floor: padded with zeros */
-      kiln_resize(io, c->pad[i], e, given[i], n);
-      given[i] = c->pad[i];
-    }
-    c->table[io->slot] = (void *)given[i];
-  }
-  for (int i = 0; i < m->outputs; ++i) {
-    const kiln_io *io = &m->io[m->inputs + i];
-    if (io->source == 0) c->table[io->slot] = io->axis >= 0 && e != n ? c->pad[m->inputs + i] : (char *)outputs[i].data + outputs[i].byte_offset;
-  }
-  const kiln_status ran = kiln_context_run(c, n, NULL);
-  if (ran != KILN_OK) return ran;
-  for (int i = 0; i < m->outputs; ++i) {
-    const kiln_io *io = &m->io[m->inputs + i];
-    char *to = (char *)outputs[i].data + outputs[i].byte_offset;
-    const char *from = io->source == 0 ? (io->axis >= 0 && e != n ? c->pad[m->inputs + i] : NULL)
-                     : io->source == 1 ? kiln_arena_at(c, io)
-                     : io->source == 2 ? m->weights[io->where]
-                     : given[io->where];
-    if (!from) continue;
-    if (io->axis >= 0)
-      kiln_resize(io, to, n, from, e);
-    else
-      memmove(to, from, (size_t)io->elements * (io->bits / 8));
-  }
-  return kiln_ok();
+/* the start of sample s of a tensor at length n (a batched tensor's rows of one sample) */
+static size_t kiln_sample_at(const kiln_io *io, int64_t s, int64_t n) {
+  return io->batched ? (size_t)s * (size_t)kiln_elements(io, n) * (io->bits / 8) : 0;
 }
 
-/* the plan of one sample, once per sample (batched tensors: that sample's rows) */
-static kiln_status kiln_infer_samples(kiln_context *c, const DLTensor *inputs, DLTensor *outputs, int64_t samples) {
+/* the plan of one sample, once per sample (batched tensors: that sample's rows), each run at
+   length n where the plan has a run-time length (at E = max(n, floor): tensors below the floor
+   padded with zeros into the context's buffers, outputs cut back) */
+static kiln_status kiln_infer_runs(kiln_context *c, const DLTensor *inputs, DLTensor *outputs, int64_t samples, int64_t n) {
   const kiln_model *m = c->model;
+  const int64_t e = T.has_length ? kiln_bound(n) : n;
   const char *given[KILN_MAX_IO];
   for (int64_t s = 0; s < samples; ++s) {
     for (int i = 0; i < m->inputs; ++i) {
       const kiln_io *io = &m->io[i];
-      const int64_t at = io->batched ? s * io->elements * (io->bits / 8) : 0;
-      given[i] = (const char *)inputs[i].data + inputs[i].byte_offset + at;
+      given[i] = (const char *)inputs[i].data + inputs[i].byte_offset + kiln_sample_at(io, s, n);
+      if (io->axis >= 0 && e != n) { /* below the floor: padded with zeros */
+        kiln_resize(io, c->pad[i], e, given[i], n);
+        given[i] = c->pad[i];
+      }
       c->table[io->slot] = (void *)given[i];
     }
     for (int i = 0; i < m->outputs; ++i) {
       const kiln_io *io = &m->io[m->inputs + i];
-      if (io->source == 0) c->table[io->slot] = (char *)outputs[i].data + outputs[i].byte_offset + s * io->elements * (io->bits / 8);
+      char *to = (char *)outputs[i].data + outputs[i].byte_offset + kiln_sample_at(io, s, n);
+      if (io->source == 0) c->table[io->slot] = io->axis >= 0 && e != n ? c->pad[m->inputs + i] : to;
     }
-    const kiln_status ran = kiln_context_run(c, 0, NULL);
+    const kiln_status ran = kiln_context_run(c, n, NULL);
     if (ran != KILN_OK) return ran;
     for (int i = 0; i < m->outputs; ++i) {
       const kiln_io *io = &m->io[m->inputs + i];
-      const size_t bytes = (size_t)io->elements * (io->bits / 8);
-      const char *from = io->source == 1 ? kiln_arena_at(c, io) : io->source == 2 ? m->weights[io->where] : io->source == 3 ? given[io->where] : NULL;
-      if (from) memmove((char *)outputs[i].data + outputs[i].byte_offset + (size_t)s * bytes, from, bytes);
+      char *to = (char *)outputs[i].data + outputs[i].byte_offset + kiln_sample_at(io, s, n);
+      const char *from = io->source == 0 ? (io->axis >= 0 && e != n ? c->pad[m->inputs + i] : NULL)
+                       : io->source == 1 ? kiln_arena_at(c, io)
+                       : io->source == 2 ? m->weights[io->where]
+                       : given[io->where];
+      if (!from) continue;
+      if (io->axis >= 0)
+        kiln_resize(io, to, n, from, e);
+      else
+        memmove(to, from, (size_t)io->elements * (io->bits / 8));
     }
   }
   return kiln_ok();
@@ -778,8 +761,7 @@ kiln_status kiln_infer(kiln_context *context, const DLTensor *inputs, int input_
     kiln_status status = kiln_check_tensor(m, "output", i, &m->io[m->inputs + i], &outputs[i], &samples, &length);
     if (status != KILN_OK) return status;
   }
-  if (T.has_length) return kiln_infer_length(context, inputs, outputs, length < 0 ? m->length_min : length);
-  return kiln_infer_samples(context, inputs, outputs, samples < 0 ? 1 : samples);
+  return kiln_infer_runs(context, inputs, outputs, samples < 0 ? 1 : samples, T.has_length ? (length < 0 ? m->length_min : length) : 0);
 }
 
 #undef T

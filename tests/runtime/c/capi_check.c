@@ -14,11 +14,12 @@
 #include "kiln.h"
 
 static int64_t batch = 1; /* run mode: the size of a dim described as -1 (argv: batch=N) */
+static int64_t length = -1; /* run mode with len=M: the size of a -1 dim past axis 0 (a batch and a length) */
 static int64_t workspace_length = 0; /* run mode with ws=M: a workspace of the caller's for runs up to length M */
 
 static int64_t count(const kiln_tensor_info *info) {
   int64_t n = 1;
-  for (int d = 0; d < info->ndim; ++d) n *= info->shape[d] < 0 ? batch : info->shape[d];
+  for (int d = 0; d < info->ndim; ++d) n *= info->shape[d] < 0 ? (d > 0 && length >= 0 ? length : batch) : info->shape[d];
   return n;
 }
 
@@ -44,7 +45,7 @@ static void tensor(DLTensor *t, const kiln_tensor_info *info, void *data) {
   t->dtype = info->dtype;
   t->shape = (int64_t *)info->shape;
   if (used < 64 && info->ndim <= 8) {
-    for (int d = 0; d < info->ndim; ++d) shapes[used][d] = info->shape[d] < 0 ? batch : info->shape[d];
+    for (int d = 0; d < info->ndim; ++d) shapes[used][d] = info->shape[d] < 0 ? (d > 0 && length >= 0 ? length : batch) : info->shape[d];
     t->shape = shapes[used++];
   }
 }
@@ -171,6 +172,10 @@ static int memory_misuse(const char *path, kiln_model **model, void **data, void
 int main(int argc, char **argv) {
   if (argc > 1 && !strncmp(argv[1], "batch=", 6)) { /* capi_check batch=N MODE ...: -1 dims are N */
     batch = atoll(argv[1] + 6);
+    ++argv, --argc;
+  }
+  if (argc > 1 && !strncmp(argv[1], "len=", 4)) { /* capi_check batch=N len=M MODE ...: -1 dims past axis 0 are M */
+    length = atoll(argv[1] + 4);
     ++argv, --argc;
   }
   if (argc > 1 && !strncmp(argv[1], "ws=", 3)) { /* capi_check [batch=N] ws=M run ...: kiln_model_workspace_size_at(M) */
