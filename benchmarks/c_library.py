@@ -11,6 +11,12 @@ compare the C outputs with Python's.
 
     python benchmarks/c_library.py                       # tiny-conv, one-conv, resnet50, bert-base, gpt2
     python benchmarks/c_library.py --models one-conv --threads 1 --calls 2000
+    python benchmarks/c_library.py --ranged bert-base,gpt2   # batch 1..2 and seq 1..128 in one library
+
+``--ranged``: the model compiled once with its batch and sequence as ranges (``declare``), saved and
+loaded, and emitted as one C library over both ranges; at sizes across them, the C outputs compared
+with ``kiln.load(...).run``'s and both timed (no compile happens at any size: the C library has no
+compiler to call).
 
 Not a test: prints a table and JSON lines.
 """
@@ -166,6 +172,48 @@ def measure(name: str, calls: int, threads: int, rounds: int, work: Path) -> dic
     }
 
 
+RANGED_SIZES = ((1, 1), (1, 7), (2, 33), (1, 128), (2, 128))
+
+
+def measure_ranged(name: str, calls: int, threads: int, work: Path) -> list[dict]:
+    """``name`` over batch 1..2 and seq 1..128 as one C library: per size, C against Python."""
+    import kiln
+    from kiln import zoo
+    from kiln.bench.backends.kiln_c_backend import build_timer, time_from_c
+    from kiln.driver.emit_c import emit_c
+
+    path = str(zoo.onnx_path(name, dynamic_seq=True))
+    compiled = kiln.compile(path)
+    compiled.declare({"batch": "1..2", "seq": "1..128"})
+    artifact = work / f"{name}-ranged.kiln"
+    compiled.save(str(artifact))
+    loaded = kiln.load(str(artifact), threads=threads)
+    folder = work / f"{name}-ranged-c"
+    emit_c(compiled, folder, {}, batch=("batch", 1, 2), length=("seq", 1, 128))
+    binary = build_timer(folder)
+    rows = []
+    for batch, seq in RANGED_SIZES:
+        feeds = zoo.example_inputs(name, batch=batch, seq=seq)
+        files = []
+        for v in loaded.input_names:
+            files.append(work / f"{name}-{v}-{batch}-{seq}.bin")
+            np.ascontiguousarray(feeds[v]).tofile(files[-1])
+        env = {"KILN_TIME_OUT": str(work / f"{name}-r-out"), "KILN_TIME_SIZES": f"{batch},{seq}"}
+        c_median, c_p90 = time_from_c(binary, folder, calls, threads, files, env)
+        python = timed(lambda: loaded.run(feeds), calls)
+        want = loaded.run(feeds)
+        identical = all(
+            np.array_equal(
+                np.fromfile(work / f"{name}-r-out{i}.bin", np.asarray(want[o]).dtype), np.asarray(want[o]).reshape(-1)
+            )
+            for i, o in enumerate(loaded.output_names)
+        )
+        rows.append({"model": name, "batch": batch, "seq": seq, "threads": threads, "kiln_c_us": c_median,
+                     "kiln_c_p90_us": c_p90, "kiln_python_us": statistics.median(python),
+                     "kiln_python_p90_us": float(np.percentile(python, 90)), "bit_identical": identical})  # fmt: skip
+    return rows
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", default="tiny-conv,one-conv,resnet50,bert-base,gpt2")
@@ -174,7 +222,19 @@ def main() -> int:
         "--calls", type=int, default=0, help="calls per round (default: 2000 for the convolutions, else 20)"
     )
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--ranged", default="", help="models run over batch 1..2 and seq 1..128 from one C library")
     args = parser.parse_args()
+    if args.ranged:
+        with tempfile.TemporaryDirectory(prefix="kiln-c-bench-") as scratch:
+            ranged = [r for name in args.ranged.split(",") for r in measure_ranged(name, args.calls or 10, args.threads, Path(scratch))]  # fmt: skip
+        print(
+            f"\n{'model':<10} {'batch':>5} {'seq':>4} {'kiln-c us (p90)':>22} {'kiln-python us (p90)':>24}  identical"
+        )
+        for r in ranged:
+            print(json.dumps(r))
+            print(f"{r['model']:<10} {r['batch']:>5} {r['seq']:>4} {r['kiln_c_us']:>12.1f} ({r['kiln_c_p90_us']:>8.1f}) "
+                  f"{r['kiln_python_us']:>14.1f} ({r['kiln_python_p90_us']:>8.1f})  {r['bit_identical']}")  # fmt: skip
+        return 0 if all(r["bit_identical"] for r in ranged) else 1
     rows = []
     with tempfile.TemporaryDirectory(prefix="kiln-c-bench-") as scratch:
         for name in args.models.split(","):

@@ -1,7 +1,9 @@
 /* Times kiln_infer from C (no Python in the loop): `kiln_time WEIGHTS CALLS THREADS [IN_0 .. IN_n-1]`
    (inputs as raw bytes; zeros when absent) prints the median and p90 microseconds per call over
    CALLS calls, after 10 unmeasured ones, on THREADS threads (0: every CPU); with $KILN_TIME_OUT
-   set, the outputs of the last call are written to $KILN_TIME_OUT<i>.bin. Built by
+   set, the outputs of the last call are written to $KILN_TIME_OUT<i>.bin; with $KILN_TIME_SIZES
+   set to "B" or "B,L", a dim the library describes as -1 is B on axis 0 and L past it (a batch
+   range, a run-time length). Built by
    the kiln-c bench row (kiln.bench.backends.kiln_c_backend) and benchmarks/c_library.py against an
    emitted folder. */
 #define _POSIX_C_SOURCE 199309L
@@ -23,9 +25,19 @@ static int compare(const void *a, const void *b) {
   return x < y ? -1 : x > y;
 }
 
+static int64_t sizes[2] = {1, 1};   /* $KILN_TIME_SIZES: what a -1 dim is (axis 0, past it) */
+static int64_t shapes[32][16], used = 0; /* the tensors' dims, -1 resolved */
+
+static const int64_t *resolved(const kiln_tensor_info *info) {
+  if (used >= 32 || info->ndim > 16) return info->shape;
+  for (int d = 0; d < info->ndim; ++d) shapes[used][d] = info->shape[d] < 0 ? sizes[d > 0] : info->shape[d];
+  return shapes[used++];
+}
+
 static void *tensor_for(const kiln_tensor_info *info, DLTensor *t, const char *path) {
+  const int64_t *shape = resolved(info);
   int64_t n = 1;
-  for (int d = 0; d < info->ndim; ++d) n *= info->shape[d];
+  for (int d = 0; d < info->ndim; ++d) n *= shape[d];
   const size_t bytes = (size_t)n * (info->dtype.bits / 8);
   void *data = calloc(bytes ? bytes : 1, 1);
   if (data && path) {
@@ -38,13 +50,19 @@ static void *tensor_for(const kiln_tensor_info *info, DLTensor *t, const char *p
   t->device.device_type = kDLCPU;
   t->ndim = info->ndim;
   t->dtype = info->dtype;
-  t->shape = (int64_t *)info->shape;
+  t->shape = (int64_t *)shape;
   return data;
 }
 
 int main(int argc, char **argv) {
   if (argc < 4) return fprintf(stderr, "usage: kiln_time WEIGHTS CALLS THREADS [INPUTS...]\n"), 2;
   const int calls = atoi(argv[2]);
+  const char *given = getenv("KILN_TIME_SIZES");
+  if (given) {
+    char *rest = NULL;
+    sizes[0] = sizes[1] = strtoll(given, &rest, 10);
+    if (rest && *rest == ',') sizes[1] = strtoll(rest + 1, NULL, 10);
+  }
   kiln_set_thread_count(atoi(argv[3]));
   kiln_model *model = NULL;
   kiln_context *context = NULL;
@@ -73,12 +91,10 @@ int main(int argc, char **argv) {
   for (int i = 0; dump && i < n_out; ++i) {
     char path[4096];
     snprintf(path, sizeof path, "%s%d.bin", dump, i);
-    kiln_tensor_info info;
-    kiln_model_output(model, i, &info);
     int64_t n = 1;
-    for (int d = 0; d < info.ndim; ++d) n *= info.shape[d];
+    for (int d = 0; d < outputs[i].ndim; ++d) n *= outputs[i].shape[d];
     FILE *f = fopen(path, "wb");
-    if (!f || fwrite(outputs[i].data, (size_t)(info.dtype.bits / 8), (size_t)n, f) != (size_t)n) return 3;
+    if (!f || fwrite(outputs[i].data, (size_t)(outputs[i].dtype.bits / 8), (size_t)n, f) != (size_t)n) return 3;
     fclose(f);
   }
   qsort(times, (size_t)calls, sizeof(double), compare);

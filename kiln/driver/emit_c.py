@@ -239,7 +239,8 @@ def _batch_axes(model: Any, symbol: str, low: int, high: int) -> tuple[tuple[boo
 def _descriptions(plan: Any, batched: Any, lengths: Any, ranges: tuple[int, ...]) -> list[int]:
     """The tensors' descriptions the library reads from the weights file (capi.c's kiln_read_io):
     the batch and length ranges, the counts, then per tensor its name, dtype, dims, slot, batched
-    flag, length axis and the dims kiln_model_input/output describe. ``batched``: each input's and
+    flag, length axis and the dims kiln_model_input/output describe; last the node each status
+    code names (for the run's errors). ``batched``: each input's and
     output's sample-parallel flag (axis 0); ``lengths``: each one's run-time length axis (-1: none;
     the plan's last input, the valid length, is the library's own)."""
     count = len(plan.inputs) - int(lengths is not None)
@@ -252,7 +253,19 @@ def _descriptions(plan: Any, batched: Any, lengths: Any, ranges: tuple[int, ...]
     ]
     for value, buffer, flag, axis in described:
         words += _description(value, plan.table[buffer], (flag, axis), ranges)
+    labels = dict(getattr(plan, "kernel_labels", {}) or {})  # the node each status code names
+    count = max(labels, default=-1) + 1
+    words.append(count)
+    for code in range(count):
+        words += _text_words(str(labels.get(code, "?")))
     return words
+
+
+def _text_words(text: str) -> list[int]:
+    """A name as words: its bytes, then its UTF-8 zero-padded to whole 8-byte words (one zero at least)."""
+    raw = text.encode("utf-8")
+    padded = raw + b"\0" * (8 - len(raw) % 8)
+    return [len(raw), *(int.from_bytes(padded[i : i + 8], "little") for i in range(0, len(padded), 8))]
 
 
 def _description(value: Any, slot: int, flags: tuple[bool, int], ranges: tuple[int, ...]) -> list[int]:
@@ -266,10 +279,7 @@ def _description(value: Any, slot: int, flags: tuple[bool, int], ranges: tuple[i
     shape = [int(d) for d in vtype.shape]
     if batched and (not shape or shape[0] != 1):
         raise KilnError(f"{value.name}: the sample-parallel dim is not its axis 0 of size 1 (kiln bug)")
-    name = value.name.encode("utf-8")
-    padded = name + b"\0" * (8 - len(name) % 8)
-    words = [len(name), *(int.from_bytes(padded[i : i + 8], "little") for i in range(0, len(padded), 8))]
-    words += [code, bits, len(shape), slot, int(batched), int(axis)]
+    words = [*_text_words(value.name), code, bits, len(shape), slot, int(batched), int(axis)]
     shown, low, high = list(shape), list(shape), list(shape)
     if batched:  # described as -1 on axis 0, within the batch range
         shown[0], low[0], high[0] = -1, ranges[0], ranges[1]

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from kiln.backends.registry import Placement
-from kiln.lower.kir import Buffer, Kernel
+from kiln.lower.kir import Buffer
 
 HEADER = (Path(__file__).parent / "kiln_plan.h").read_text()
 # /proc/cpuinfo flag -> GCC's __builtin_cpu_supports name: what a -march=native library may use
@@ -56,15 +56,10 @@ def _array(ctype: str, name: str, rows: Sequence[Any], width: int = 0) -> str:
     return f"static const {ctype} {name}[] = {{{', '.join(str(int(v)) for v in rows) or '0'}}};"
 
 
-def c_string(text: str) -> str:
-    """``text`` as a C string literal (every byte outside printable ASCII escaped)."""
-    body = "".join(chr(b) if 32 <= b < 127 and chr(b) not in '"\\?' else f"\\{b:03o}" for b in text.encode("utf-8"))
-    return f'"{body}"'
-
-
-def tables_source(unit: str, placement: Placement, table: dict[Buffer, int], kernels: Sequence[Kernel], target: Any) -> str:  # fmt: skip
+def tables_source(unit: str, placement: Placement, table: dict[Buffer, int], target: Any) -> str:
     """The C text that defines ``kiln_tables`` for the unit ``unit`` (appended to it; its id is
-    the unit's SHA-256)."""
+    the unit's SHA-256). Numbers only: no name of the model's reaches the source (a weights file
+    carries the tensors' and nodes' names, as data)."""
     memory = placement.memory
     growing = memory.growing
     slot_bytes = [0] * len(table)
@@ -81,9 +76,6 @@ def tables_source(unit: str, placement: Placement, table: dict[Buffer, int], ker
     ]
     length = _length_tables(growing, table) if growing is not None else None
     lines += length[0] if length else []
-    labels = {int(k.name[1:]): k.sources[0] if k.sources else k.name for k in kernels if k.name[1:].isdigit()}
-    count = max(labels, default=0) + 1
-    lines.append(f"static const char *const kiln_t_labels[] = {{{', '.join(c_string(labels.get(i, '?')) for i in range(count))}}};")  # fmt: skip
     needs = cpu_needs(target)
     mask = sum(1 << CPU_BITS.index(name) for name in needs if name in CPU_BITS)
     vnni = int(target.isa == "avx512" or (target.native and target.isa == "avx2"))
@@ -98,7 +90,7 @@ def tables_source(unit: str, placement: Placement, table: dict[Buffer, int], ker
         f"  {len(placement.constants)}, kiln_t_constants, {len(arena)}, kiln_t_arena,",
         f"  {len(placement.inputs)}, kiln_t_inputs, {len(placement.outputs)}, kiln_t_outputs,",
         f"  {length_fields},",
-        f"  {count}, kiln_t_labels, {mask}u, {vnni}}};",
+        f"  {mask}u, {vnni}}};",
     ]
     return HEADER + "\n" + "\n".join(lines) + "\n"
 

@@ -231,7 +231,7 @@ def emit_c(
         CHECKED.reset(token)
     if placement is None:
         return unit
-    return unit + "\n" + tables_source(unit, placement, table, [k for ks in segments for k in ks], target)
+    return unit + "\n" + tables_source(unit, placement, table, target)
 
 
 def _emit_c(segments, table, target, profile, checked):  # type: ignore[no-untyped-def]

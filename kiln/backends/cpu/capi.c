@@ -80,6 +80,8 @@ struct kiln_model {
   kiln_io *io;          /* inputs then outputs (none in a model bound by the Python runtime) */
   int32_t inputs, outputs;
   int64_t batch_min, batch_max, length_min, length_max;
+  int32_t label_count;  /* the node each status code names (from the weights file) */
+  const char **labels;
 };
 
 struct kiln_context {
@@ -286,6 +288,23 @@ static const char *kiln_read_one(kiln_cursor *c, kiln_io *io, int64_t want_slot)
   return NULL;
 }
 
+/* the node each status code names: a count, then each name (its bytes, its words) */
+static kiln_status kiln_read_labels(kiln_model *m, kiln_cursor *c) {
+  int64_t count;
+  if (!kiln_take1(c, &count) || count < 0 || count > (1 << 20)) return kiln_fail(KILN_ERROR_FILE, "the weights file's node names are missing or too many: damaged");
+  m->labels = (const char **)calloc((size_t)count + 1, sizeof(char *));
+  if (!m->labels) return kiln_fail(KILN_ERROR_MEMORY, "out of memory");
+  for (int64_t i = 0; i < count; ++i) {
+    int64_t bytes;
+    const int64_t *text;
+    if (!kiln_take1(c, &bytes) || bytes < 0 || bytes > 4096 || !kiln_take(c, bytes / 8 + 1, &text) || memchr(text, 0, (size_t)bytes + 1) != (const char *)text + bytes)
+      return kiln_fail(KILN_ERROR_FILE, "the weights file's node name %lld runs past its descriptions: damaged", (long long)i);
+    m->labels[i] = (const char *)text;
+  }
+  m->label_count = (int32_t)count;
+  return KILN_OK;
+}
+
 /* the tensors' descriptions after the weights' sizes: batch and length ranges, counts, each tensor */
 static kiln_status kiln_read_io(kiln_model *m, const unsigned char *p, size_t data_at) {
   const int64_t words = (int64_t)kiln_read64(p + 96);
@@ -317,7 +336,7 @@ static kiln_status kiln_read_io(kiln_model *m, const unsigned char *p, size_t da
     if (i < m->inputs) io->source = 3, io->where = i;
     else kiln_source(io, m->inputs);
   }
-  return KILN_OK;
+  return kiln_read_labels(m, &c);
 }
 
 static kiln_model *kiln_model_new(void) {
@@ -337,7 +356,7 @@ static kiln_model *kiln_model_new(void) {
 void kiln_model_free(kiln_model *model) {
   if (!model) return;
   if (model->map) munmap(model->map, model->map_bytes);
-  free(model->table), free((void *)model->weights), free(model->words), free(model->io);
+  free(model->table), free((void *)model->weights), free(model->words), free(model->io), free(model->labels);
   free(model);
 }
 
@@ -656,7 +675,9 @@ kiln_status kiln_context_run(kiln_context *c, int64_t length, kiln_host_fn host)
   const int code = kiln_run(c->table, host);
   if (code == 1) {
     const int32_t at = c->status;
-    return kiln_fail(KILN_ERROR_RUN, "node %s: an index input is out of range for the dimension it indexes", at >= 0 && at < T.label_count ? T.labels[at] : "?");
+    const kiln_model *m = c->model;
+    if (at >= 0 && at < m->label_count) return kiln_fail(KILN_ERROR_RUN, "node %s: an index input is out of range for the dimension it indexes", m->labels[at]);
+    return kiln_fail(KILN_ERROR_RUN, "kernel %d: an index input is out of range for the dimension it indexes", (int)at);
   }
   if (code == -1) return kiln_fail(KILN_ERROR_RUN, "a host step failed");
   return code != 0 ? kiln_fail(KILN_ERROR_RUN, "the plan's entry returned %d", code) : kiln_ok();

@@ -38,8 +38,6 @@ typedef struct {
   const int32_t *length_constant_bits;
   const int32_t *length_constant_at; /* length_constant_count + 1 starts into the terms */
   const int64_t (*length_constant_terms)[3];
-  int32_t label_count; /* the node each status code names */
-  const char *const *labels;
   uint32_t cpu_needs; /* bits (capi.c's kiln_cpu_flag) of the instructions the code was built for */
   int32_t int8_vnni;  /* the code's int8 products may take the AVX512-VNNI path */
 } kiln_plan_tables;
