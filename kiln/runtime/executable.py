@@ -203,7 +203,7 @@ class _Request:
         self.offsets: np.ndarray | None = None  # a run-time length: the arena's offsets at this run's length
         if bound is not None:
             api = bound.api
-            self.context = api.context(bound.model, self.arena.ctypes.data, size)
+            self.context = api.context(bound.model, self.arena.ctypes.data, size, executable.threads)
             weakref.finalize(self, api.free_context, self.context, bound)
             self.table = (ctypes.c_void_p * executable.slots).from_address(api.table(self.context))
             self.status = np.ctypeslib.as_array((ctypes.c_int32 * 1).from_address(self.table[0]))
@@ -277,6 +277,7 @@ class Executable:
         )
         self.runners = loaded.segments
         self.api = loaded.api
+        self.threads = (parallelism or Threading()).threads  # its runs' own (the library may be another model's too)
         self.status_buffer = next((b for b, slot in plan.table.items() if slot == 0), None)
         self.interpreter = Interpreter(plan.graph) if plan.whole_graph_reason else None
         self.requests: queue.SimpleQueue[_Request] = queue.SimpleQueue()

@@ -40,6 +40,8 @@ extern const kiln_plan_tables kiln_tables __attribute__((weak)); /* (absent: a u
 extern int kiln_run(void **buffers, kiln_host_fn host);
 extern int kiln_set_threads(int threads);
 extern void kiln_pool_start(void);
+extern int kiln_pool_call_threads(int threads);
+extern int kiln_pool_reserve_threads(int threads);
 extern int kiln_set_int8(int mode) __attribute__((weak));
 extern int kiln_set_bf16(int mode) __attribute__((weak));
 
@@ -49,6 +51,7 @@ kiln_status kiln_context_bind(const kiln_model *model, void *workspace, size_t b
 void **kiln_context_table(kiln_context *context);
 const int64_t *kiln_context_offsets(const kiln_context *context);
 kiln_status kiln_context_run(kiln_context *context, int64_t length, kiln_host_fn host);
+kiln_status kiln_context_set_threads(kiln_context *context, int threads);
 
 #define KILN_MAGIC "KILNWTS1"
 #define KILN_ALIGN 64
@@ -90,6 +93,7 @@ struct kiln_context {
   int owns_arena; /* 0: the caller's workspace (kiln_context_create_in, kiln_context_bind) */
   size_t arena_bytes;
   int32_t status;
+  int threads;         /* its runs' participants (0: the library's, kiln_set_thread_count) */
   void **table;
   int64_t valid, laid; /* a run-time length: this run's length; the length the arena is laid out for */
   int64_t *offsets;    /* a run-time length: the arena laid out for the run (growing order) */
@@ -655,6 +659,14 @@ void **kiln_context_table(kiln_context *context) { return context ? context->tab
 
 const int64_t *kiln_context_offsets(const kiln_context *context) { return context ? context->offsets : NULL; }
 
+/* (kiln's Python runtime) the context's runs on `threads` participants (a model's own `threads`:
+   another model sharing this library keeps its own); 0: the library's; below 0: every CPU */
+kiln_status kiln_context_set_threads(kiln_context *context, int threads) {
+  if (!context) return kiln_fail(KILN_ERROR_ARGUMENT, "kiln_context_set_threads: context is NULL");
+  context->threads = threads == 0 ? 0 : kiln_pool_reserve_threads(threads);
+  return kiln_ok();
+}
+
 /* one run of the plan over the context's table (its inputs and outputs already in it): at `length`
    where the plan has a run-time length; `host` called between segments (the Python runtime's host
    steps; NULL: none) */
@@ -672,7 +684,9 @@ kiln_status kiln_context_run(kiln_context *c, int64_t length, kiln_host_fn host)
     c->table[T.valid_slot] = &c->valid;
   }
   c->status = 0;
+  const int bound = kiln_pool_call_threads(c->threads);
   const int code = kiln_run(c->table, host);
+  kiln_pool_call_threads(bound);
   if (code == 1) {
     const int32_t at = c->status;
     const kiln_model *m = c->model;

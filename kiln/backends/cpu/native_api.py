@@ -32,6 +32,7 @@ class NativeApi:
             "kiln_context_table": ([pointer], pointer),
             "kiln_context_offsets": ([pointer], pointer),
             "kiln_context_run": ([pointer, ctypes.c_int64, HOST_CALLBACK], status),
+            "kiln_context_set_threads": ([pointer, ctypes.c_int], status),
             "kiln_last_error": ([], ctypes.c_char_p),
         }
         for name, (arguments, result) in signatures.items():
@@ -57,10 +58,13 @@ class NativeApi:
             return int(self.library.kiln_model_workspace_size(model))
         return int(self.library.kiln_model_workspace_size_at(model, length))
 
-    def context(self, model: int, arena: int, size: int) -> int:
+    def context(self, model: int, arena: int, size: int, threads: int) -> int:
+        """A context over ``arena`` whose runs take ``threads`` participants (0: every CPU),
+        whatever another model sharing this library asked for."""
         handle = ctypes.c_void_p()
         if self.library.kiln_context_bind(model, arena, size, ctypes.byref(handle)) != OK:
             raise self.error("a context over the arena failed")
+        self.library.kiln_context_set_threads(handle, threads if threads > 0 else -1)
         return int(handle.value)  # type: ignore[arg-type]
 
     def table(self, context: int) -> int:

@@ -246,7 +246,28 @@ int kiln_set_threads(int threads) {
    the process's, so the last model loaded sets it for all */
 void kiln_set_spin(long spins) { kiln_pool_used->set_spin(spins); }
 
+/* a run's own bound on its loops' participants, on the thread that runs it (kiln_context_run: its
+   context's threads, so two models sharing one library keep their own); 0: the library's */
+static _Thread_local int kiln_call_threads;
+
+/* the calling thread's runs bounded to `threads` participants (0: the library's); the previous */
+int kiln_pool_call_threads(int threads) {
+  const int previous = kiln_call_threads;
+  kiln_call_threads = threads < 0 ? 0 : threads > KILN_MAX_THREADS ? KILN_MAX_THREADS : threads;
+  return previous;
+}
+
+/* workers enough for runs of `threads` participants (0 or less: the CPUs this process may use);
+   the count */
+int kiln_pool_reserve_threads(int threads) {
+  if (threads <= 0) threads = kiln_default_threads();
+  threads = threads > KILN_MAX_THREADS ? KILN_MAX_THREADS : threads;
+  kiln_pool_used->reserve(threads);
+  return threads;
+}
+
 static int kiln_pool_threads(void) {
+  if (kiln_call_threads > 0) return kiln_call_threads;
   if (kiln_library_threads <= 0) kiln_set_threads(0);
   return kiln_library_threads;
 }
@@ -269,8 +290,13 @@ void kiln_pool_start(void) {
 
 /* body(ctx, lo, hi, worker) over [begin, end) on the pool this library uses, by at most this
    library's threads (and `max_workers` when positive) */
+static _Thread_local int kiln_last_bound; /* the bound the calling thread's last loop ran under */
+
+/* the participants' bound of the calling thread's last parallel loop (what a run's threads gave) */
+int kiln_pool_last_bound(void) { return kiln_last_bound; }
+
 KILN_ENGINE void kiln_parallel_for(int64_t begin, int64_t end, int64_t grain, int max_workers, kiln_body body, void *ctx) {
-  int participants = kiln_pool_threads();
+  int participants = kiln_last_bound = kiln_pool_threads();
   if (max_workers > 0 && max_workers < participants) participants = max_workers;
   kiln_pool_used->parallel_for(begin, end, grain, participants, body, ctx);
 }
