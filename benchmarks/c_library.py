@@ -11,7 +11,7 @@ compare the C outputs with Python's.
 
     python benchmarks/c_library.py                       # tiny-conv, one-conv, resnet50, bert-base, gpt2
     python benchmarks/c_library.py --models one-conv --threads 1 --calls 2000
-    python benchmarks/c_library.py --ranged bert-base,gpt2   # batch 1..2 and seq 1..128 in one library
+    python benchmarks/c_library.py --ranged bert-base,gpt2,resnet50   # batch 1..2 and seq 1..128 in one library
 
 ``--ranged``: the model compiled once with its batch and sequence as ranges (``declare``), saved and
 loaded, and emitted as one C library over both ranges; at sizes across them, the C outputs compared
@@ -176,29 +176,36 @@ RANGED_SIZES = ((1, 1), (1, 7), (2, 33), (1, 128), (2, 128))
 
 
 def measure_ranged(name: str, calls: int, threads: int, work: Path) -> list[dict]:
-    """``name`` over batch 1..2 and seq 1..128 as one C library: per size, C against Python."""
+    """``name`` over batch 1..2 and seq 1..128 (an image model: batch 1..3) as one C library: per
+    size, C against Python."""
     import kiln
     from kiln import zoo
     from kiln.bench.backends.kiln_c_backend import build_timer, time_from_c
     from kiln.driver.emit_c import emit_c
 
-    path = str(zoo.onnx_path(name, dynamic_seq=True))
+    try:  # a token model: its batch and sequence; an image model: its batch
+        path, sizes = str(zoo.onnx_path(name, dynamic_seq=True)), RANGED_SIZES
+    except ValueError:
+        path, sizes = str(zoo.onnx_path(name)), ((1, 0), (2, 0), (3, 0))
     compiled = kiln.compile(path)
-    compiled.declare({"batch": "1..2", "seq": "1..128"})
+    compiled.declare({"batch": "1..3"} if sizes[0][1] == 0 else {"batch": "1..2", "seq": "1..128"})
     artifact = work / f"{name}-ranged.kiln"
     compiled.save(str(artifact))
     loaded = kiln.load(str(artifact), threads=threads)
     folder = work / f"{name}-ranged-c"
-    emit_c(compiled, folder, {}, batch=("batch", 1, 2), length=("seq", 1, 128))
+    if sizes[0][1] == 0:
+        emit_c(compiled, folder, {}, batch=("batch", 1, 3))
+    else:
+        emit_c(compiled, folder, {}, batch=("batch", 1, 2), length=("seq", 1, 128))
     binary = build_timer(folder)
     rows = []
-    for batch, seq in RANGED_SIZES:
-        feeds = zoo.example_inputs(name, batch=batch, seq=seq)
+    for batch, seq in sizes:
+        feeds = zoo.example_inputs(name, batch=batch, **({"seq": seq} if seq else {}))
         files = []
         for v in loaded.input_names:
             files.append(work / f"{name}-{v}-{batch}-{seq}.bin")
             np.ascontiguousarray(feeds[v]).tofile(files[-1])
-        env = {"KILN_TIME_OUT": str(work / f"{name}-r-out"), "KILN_TIME_SIZES": f"{batch},{seq}"}
+        env = {"KILN_TIME_OUT": str(work / f"{name}-r-out"), "KILN_TIME_SIZES": f"{batch},{seq or batch}"}
         c_median, c_p90 = time_from_c(binary, folder, calls, threads, files, env)
         python = timed(lambda: loaded.run(feeds), calls)
         want = loaded.run(feeds)
