@@ -40,8 +40,9 @@ from typing import Any
 import numpy as np
 
 from kiln.backends.cpu import c_unit, toolchain
-from kiln.driver.emit_c_length import length_variant, output_axes
-from kiln.errors import ArgumentError, KilnError
+from kiln.driver.emit_c_classes import link_classes, weight_arrays
+from kiln.driver.emit_c_length import length_variants, output_axes
+from kiln.errors import ArgumentError, CompilerError, KilnError
 from kiln.ir.types import DType, TensorType
 from kiln.passes.batching import symbols
 
@@ -105,34 +106,48 @@ def emit_c(
         raise ArgumentError("--emit c takes a model compiled for the cpu target")
     lengths = None
     if length is not None:
-        executable, padder = length_variant(model, dims, *length)
+        variants, padder = length_variants(model, dims, *length)
         lengths = (tuple(a if a is not None else -1 for a in padder.padding.inputs), tuple(output_axes(padder)))
     else:
-        executable = model.variant(dims)
-    plan = executable.plan
-    _check(plan, executable, padder is not None)
+        variants = [(model.variant(dims), 0)]
+    for executable, _ in variants:
+        _check(executable.plan, executable, padder is not None)
+    plans = [executable.plan for executable, _ in variants]
     folder = Path(folder)
     if folder.is_symlink() or (folder.exists() and not folder.is_dir()):
         raise ArgumentError(f"{folder} is not a folder")
     folder.mkdir(parents=True, exist_ok=True)
-    slots = plan.table
-    constants = sorted(
-        ((buffer, np.ascontiguousarray(array).reshape(-1)) for buffer, array in plan.constants.items()),
-        key=lambda item: slots[item[0]],
-    )
-    if [slots[b] for b, _ in constants] != _compiled_constant_slots(plan):
-        raise KilnError("the plan's weights are not those its tables name (kiln bug)")
+    arrays, maps = weight_arrays(plans, _compiled_constant_slots)
     ranges = (batch[1:] if batch else (1, 1)) + (length[1:] if length else (1, 1))
-    words = _descriptions(plan, batched, lengths, ranges)
-    sizes = [array.nbytes for _, array in constants]
-    header, data_at = _weights_header(sizes, words, _plan_id(plan))
+    classes = [(plan, class_length, indices) for plan, (_, class_length), indices in zip(plans, variants, maps)]
+    header, data_at = _weights_header([a.nbytes for a in arrays], _descriptions(classes, batched, lengths, ranges), _plan_id(plans[0]))  # fmt: skip
+    _write_library(folder, plans)
+    data_bytes = _write_weights(folder / "model.kw", header, data_at, arrays)
+    _replace(folder / "main.c", (HERE / "capi_example.c").read_bytes())
+    _replace(folder / "README.txt", _readme(plans[-1], len(plans[-1].inputs) - int(padder is not None)).encode())
+    files = ["kiln.h", "libkiln_model.so", "model.kw", "main.c", "README.txt", "src/"]
+    if (folder / "libkiln_model.a").exists():
+        files.insert(2, "libkiln_model.a")
+    for ranged in (batch, length):
+        if ranged is not None:
+            dims[ranged[0]] = f"{ranged[1]}..{ranged[2]}"  # type: ignore[assignment]
+    return Emitted(folder, files, data_bytes, dims)
+
+
+def _write_library(folder: Path, plans: list[Any]) -> None:
+    """kiln.h, the library (the plan's own; several classes' linked into one) and its static twin,
+    and the API's source in ``src/``."""
     with tempfile.TemporaryDirectory(prefix="kiln-emit-") as scratch:
         build = Path(scratch)
-        shutil.copyfile(plan.library, build / "libkiln_model.so")
         shutil.copyfile(HERE / "kiln.h", build / "kiln.h")
         names = ["libkiln_model.so", "kiln.h"]
-        if _archive(build, plan):
+        if len(plans) > 1:
+            link_classes(build, plans, plans[0].target)
             names.append("libkiln_model.a")
+        else:
+            shutil.copyfile(plans[0].library, build / "libkiln_model.so")
+            if _archive(build, plans[0]):
+                names.append("libkiln_model.a")
         for name in names:
             _replace(folder / name, (build / name).read_bytes())
     source = folder / "src"
@@ -141,16 +156,6 @@ def emit_c(
     source.mkdir(exist_ok=True)
     for name in ("capi.c", "kiln_plan.h"):  # the API's source (a sanitized build of a program)
         _replace(source / name, (HERE / name).read_bytes())
-    data_bytes = _write_weights(folder / "model.kw", header, data_at, constants)
-    _replace(folder / "main.c", (HERE / "capi_example.c").read_bytes())
-    _replace(folder / "README.txt", _readme(plan, len(plan.inputs) - int(padder is not None)).encode())
-    files = ["kiln.h", "libkiln_model.so", "model.kw", "main.c", "README.txt", "src/"]
-    if (folder / "libkiln_model.a").exists():
-        files.insert(2, "libkiln_model.a")
-    for ranged in (batch, length):
-        if ranged is not None:
-            dims[ranged[0]] = f"{ranged[1]}..{ranged[2]}"  # type: ignore[assignment]
-    return Emitted(folder, files, data_bytes, dims)
 
 
 def _check(plan: Any, executable: Any, run_time_length: bool = False) -> None:
@@ -198,7 +203,7 @@ def _weights_header(sizes: list[int], words: list[int], plan_id: str) -> tuple[b
     return head, len(head)
 
 
-def _write_weights(path: Path, header: bytes, data_at: int, constants: list[tuple[Any, np.ndarray]]) -> int:
+def _write_weights(path: Path, header: bytes, data_at: int, arrays: list[np.ndarray]) -> int:
     """The weights file written whole, streamed from the arrays (no copy of them in memory), its
     data bytes and CRC-32 (of everything after the header's fixed part) filled in; returns the
     data bytes."""
@@ -207,7 +212,7 @@ def _write_weights(path: Path, header: bytes, data_at: int, constants: list[tupl
     at = 0
     with open(temporary, "wb") as out:
         out.write(header)
-        for _, array in constants:
+        for array in arrays:
             raw = memoryview(array.view(np.uint8))
             pad = b"\0" * (-(at + len(raw)) % ALIGN)
             out.write(raw)
@@ -236,28 +241,35 @@ def _batch_axes(model: Any, symbol: str, low: int, high: int) -> tuple[tuple[boo
     return tuple(axis == 0 for axis in found.inputs), tuple(axis == 0 for axis in found.outputs)
 
 
-def _descriptions(plan: Any, batched: Any, lengths: Any, ranges: tuple[int, ...]) -> list[int]:
-    """The tensors' descriptions the library reads from the weights file (capi.c's kiln_read_io):
-    the batch and length ranges, the counts, then per tensor its name, dtype, dims, slot, batched
-    flag, length axis and the dims kiln_model_input/output describe; last the node each status
-    code names (for the run's errors). ``batched``: each input's and
-    output's sample-parallel flag (axis 0); ``lengths``: each one's run-time length axis (-1: none;
-    the plan's last input, the valid length, is the library's own)."""
+def _descriptions(classes: list[tuple[Any, int, list[int]]], batched: Any, lengths: Any, ranges: tuple[int, ...]) -> list[int]:  # fmt: skip
+    """The descriptions the library reads from the weights file (capi.c's kiln_read_io): the batch
+    and length ranges, the tensor and plan counts, then per plan (a padded length's classes, or
+    the one plan) its class length (0: none), its id, which array each of its weights is, its
+    tensors (name, dtype, dims, slot, batched flag, length axis, the dims kiln_model_input/output
+    describe) and the node each of its status codes names. ``batched``: each input's and output's
+    sample-parallel flag (axis 0); ``lengths``: each one's length axis (-1: none; a padded plan's
+    last input, the valid length, is the library's own)."""
+    plan = classes[0][0]
     count = len(plan.inputs) - int(lengths is not None)
     flags_in, flags_out = batched or ((False,) * count, (False,) * len(plan.outputs))
     axes_in, axes_out = lengths or ((-1,) * count, (-1,) * len(plan.outputs))
-    words = [*ranges, count, len(plan.outputs)]
-    described = [
-        *zip(plan.graph.inputs[:count], plan.inputs, flags_in, axes_in),
-        *zip(plan.graph.outputs, plan.outputs, flags_out, axes_out),
-    ]
-    for value, buffer, flag, axis in described:
-        words += _description(value, plan.table[buffer], (flag, axis), ranges)
-    labels = dict(getattr(plan, "kernel_labels", {}) or {})  # the node each status code names
-    count = max(labels, default=-1) + 1
-    words.append(count)
-    for code in range(count):
-        words += _text_words(str(labels.get(code, "?")))
+    words = [*ranges, count, len(plan.outputs), len(classes)]
+    for plan, class_length, indices in classes:
+        words += [
+            class_length,
+            *(int.from_bytes(_plan_id(plan).encode()[i : i + 8], "little") for i in range(0, 64, 8)),
+        ]
+        words += [len(indices), *indices]
+        described = [
+            *zip(plan.graph.inputs[:count], plan.inputs, flags_in, axes_in),
+            *zip(plan.graph.outputs, plan.outputs, flags_out, axes_out),
+        ]
+        for value, buffer, flag, axis in described:
+            words += _description(value, plan.table[buffer], (flag, axis), ranges)
+        labels = dict(getattr(plan, "kernel_labels", {}) or {})  # the node each status code names
+        words.append(max(labels, default=-1) + 1)
+        for code in range(words[-1]):
+            words += _text_words(str(labels.get(code, "?")))
     return words
 
 
@@ -290,16 +302,17 @@ def _description(value: Any, slot: int, flags: tuple[bool, int], ranges: tuple[i
 
 def _archive(build: Path, plan: Any) -> bool:
     """``libkiln_model.a``: the plan's unit and its engine object with the API (the same source
-    and flags as the shared library); False where the plan's unit source is not at hand (a plan
-    read from an artifact)."""
-    unit_path = plan.library.with_suffix(".c")
-    if not unit_path.is_file():
+    and flags as the shared library); False where the plan's unit source is not at hand."""
+    unit = plan.source or ""
+    if "kiln_library_plans" not in unit:
         return False
-    unit = unit_path.read_text()
-    objects = [toolchain.object_file(unit, plan.target)]
-    narrow = c_unit.linked_engine(unit)
-    if narrow is not None:  # (None: a debug build, whose unit holds the engines)
-        objects.append(toolchain.object_file(c_unit.engine_source(plan.target, narrow), plan.target))
+    try:
+        objects = [toolchain.object_file(unit, plan.target)]
+        narrow = c_unit.linked_engine(unit)
+        if narrow is not None:  # (None: a debug build, whose unit holds the engines)
+            objects.append(toolchain.object_file(c_unit.engine_source(plan.target, narrow), plan.target))
+    except CompilerError:  # no compiler here (a model loaded from an artifact): the shared library only
+        return False
     archiver = shutil.which("ar")
     if archiver is None:
         raise KilnError("building the static C API library needs ar (binutils), which is not on PATH")

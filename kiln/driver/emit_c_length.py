@@ -1,5 +1,10 @@
 """A C library that runs every length of a dim in a declared range (``kiln.emit_c(..., length=(dim,
-low, high))``, ``kiln compile --emit c --dim seq=1..128``): the plan the Python runtime runs for it.
+low, high))``, ``kiln compile --emit c --dim seq=1..128``): the plans the Python runtime runs for it.
+
+A dim whose kernels cannot take the length at run time compiles padded lengths (``classes``): the
+library then holds one plan per class a length of the range pads to (their units renamed, one
+library, ``kiln.driver.emit_c_classes``), and a run pads its tensors to its class, passes the valid
+length and cuts the outputs back, as ``kiln.driver.sizes.Padder`` does.
 
 A paddable dim (``kiln.passes.padding``) whose kernels take the length at run time
 (``kiln.driver.extents``) has one plan for the whole range: the padded graph lowered at the
@@ -16,9 +21,10 @@ from typing import Any
 from kiln.errors import ArgumentError
 
 
-def length_variant(model: Any, dims: dict[str, int], symbol: str, low: int, high: int) -> tuple[Any, Any]:
-    """(the executable of ``model``'s padded plan for ``symbol`` in [low, high], its Padder), or
-    ArgumentError saying why the dim has no run-time length in this model."""
+def length_variants(model: Any, dims: dict[str, int], symbol: str, low: int, high: int) -> tuple[list[tuple[Any, int]], Any]:  # fmt: skip
+    """(the executables of ``model``'s padded plans for ``symbol`` in [low, high], each with the
+    length it was compiled at (0: one plan whose kernels take the length at run time), its Padder),
+    or ArgumentError saying why the dim pads in neither way in this model."""
     if not 1 <= low <= high:
         raise ArgumentError(f"{symbol}={low}..{high}: a range of sizes from 1 up")
     if not hasattr(model, "declare") or not hasattr(model, "padder"):
@@ -30,18 +36,23 @@ def length_variant(model: Any, dims: dict[str, int], symbol: str, low: int, high
             f"{symbol} is neither proven sample-parallel nor paddable in this model (kiln explain --dim "
             f"{symbol}={low}..{high} says why): the C library runs one size of it"
         )
-    if not padder.samples:
-        why = getattr(model, "run_time_refused", {}).get(symbol, "kiln explain says why")
-        raise ArgumentError(
-            f"{symbol}'s kernels do not take the length at run time in this model ({why}; it compiles padded "
-            "lengths instead, not in C yet): the C library runs one size of it"
-        )
+    if not padder.samples:  # compiled lengths: the classes a length of the range pads to
+        classes = [c for c in padder.classes if padder.class_for(low) <= c <= padder.class_for(high)]
+        return [(model.padded().variant({**dims, symbol: c}), c) for c in classes], padder
     executable = model.padded().variant({**dims, symbol: padder.classes[0]})
     if executable.plan.memory.growing is None:
         raise ArgumentError(
             f"{symbol}: the plan for its range has no run-time layout: the C library runs one size of it"
         )
-    return executable, padder
+    return [(executable, 0)], padder
+
+
+def length_variant(model: Any, dims: dict[str, int], symbol: str, low: int, high: int) -> tuple[Any, Any]:
+    """(the executable of the one plan whose kernels take ``symbol`` at run time, its Padder)."""
+    variants, padder = length_variants(model, dims, symbol, low, high)
+    if variants[0][1]:
+        raise ArgumentError(f"{symbol}'s kernels do not take the length at run time in this model")
+    return variants[0][0], padder
 
 
 def output_axes(padder: Any) -> list[int]:

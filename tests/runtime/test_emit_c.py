@@ -162,14 +162,20 @@ def forged_descriptions(folder: Path, tmp_path: Path) -> dict[str, Path]:
     count, words = int.from_bytes(data[8:16], "little") >> 32, int.from_bytes(data[96:104], "little")
     start = 104 + 8 * count
     original = np.frombuffer(bytes(data[start : start + 8 * words]), np.int64).copy()
-    first = 7 + int(original[6]) // 8 + 1  # the first tensor's code (after its name's length and words)
+    # ranges (4), counts (3), the first plan's length, id (8), weight count and arrays, then its first
+    # tensor: its name's length and words, then its code
+    name_at = 4 + 3 + 1 + 8 + 1 + int(original[16])
+    first = name_at + 1 + int(original[name_at]) // 8 + 1
     cases = {
         "another slot": (first + 3, lambda v: v + 1),
         "wider dtype": (first + 1, lambda v: 64 if v != 64 else 32),
         "a larger dim": (first + 6, lambda v: v + 1),
         "one more dim": (first + 2, lambda v: v + 1),
-        "a huge name": (6, lambda v: 1 << 40),
-        "an unterminated name": (6, lambda v: max(v - 1, 0)),
+        "a huge name": (name_at, lambda v: 1 << 40),
+        "an unterminated name": (name_at, lambda v: max(v - 1, 0)),
+        "another plan count": (6, lambda v: v + 1),
+        "a weight of another array": (17, lambda v: v + 1000),
+        "another weight count": (16, lambda v: v + 1),
         "one input more": (4, lambda v: v + 1),
         "an inverted batch range": (0, lambda v: 5),
         "a length axis it lacks": (first + 5, lambda v: 1),
@@ -466,6 +472,41 @@ def test_a_batch_range_and_a_run_time_length_run_together_bit_for_bit(tmp_path):
             np.testing.assert_array_equal(got, want)
     described = subprocess.run([str(folder / "check"), "batch=2", "len=3", "misuse", str(folder / "model.kw")], capture_output=True, text=True)  # fmt: skip
     assert "wrong dims: status 4" in described.stdout, described.stdout + described.stderr
+
+
+def test_compiled_length_classes_run_every_length_from_one_library(tmp_path):
+    """A length whose kernels do not take it at run time (here: --disable run-time-length) compiles
+    padded classes: the C library holds one plan per class (their units renamed, linked into one
+    library with one engine, each class's weights read from the file's arrays, shared where equal),
+    and a run pads to its class and cuts back; every length of the range, with a batch range too,
+    bit for bit Python's, normal and under ASan/UBSan; the static library too."""
+    from kiln.driver.options import CompileOptions
+
+    onnx_model = attention_model()
+    for value in (*onnx_model.graph.input, *onnx_model.graph.output):
+        value.type.tensor_type.shape.dim[0].dim_param = "batch"
+    options = CompileOptions.from_env(disabled=frozenset({"run-time-length"}))
+    model = kiln.compile(onnx_model, options=options)
+    folder = tmp_path / "classes"
+    kiln.emit_c(model, folder, batch=("batch", 1, 3), length=("seq", 1, 40))
+    assert not model.padder().samples and len(model.padder().classes) > 1, "compiled classes, not a run-time length"
+    binaries = [build(folder)]
+    if sanitizers_work(tmp_path):
+        flags = ["-fsanitize=address,undefined", "-fno-sanitize-recover=undefined", "-g", f"-I{folder / 'src'}"]
+        binaries.append(build(folder, flags, [str(folder / "src" / "capi.c")], ["-lkiln_model"]))
+    static = tmp_path / "static-classes"
+    command = [CC, *STRICT, str(CHECK), f"-I{folder}", str(folder / "libkiln_model.a"), "-lpthread", "-lm", "-o", str(static)]  # fmt: skip
+    assert subprocess.run(command, capture_output=True).returncode == 0
+    binaries.append(static)
+    rng = np.random.default_rng(13)
+    for samples, length in ((1, 1), (2, 16), (3, 17), (1, 33), (2, 40)):
+        ids = rng.integers(0, 50, (samples, length)).astype(np.int64)
+        want = np.asarray(model.run({"ids": ids})["y"], np.float32).reshape(-1)
+        for program in binaries:
+            (got,) = run_c(program, folder, model, {"ids": ids}, tmp_path, samples, length=length)
+            np.testing.assert_array_equal(got, want, err_msg=f"{program.name} at {samples}x{length}")
+    result = subprocess.run([str(binaries[0]), "batch=1", "len=41", "misuse", str(folder / "model.kw")], capture_output=True, text=True)  # fmt: skip
+    assert "outside the model's range 1..40" in result.stdout + result.stderr, result.stdout + result.stderr
 
 
 def embedding_model_of_length() -> onnx.ModelProto:

@@ -90,9 +90,20 @@ def tables_source(unit: str, placement: Placement, table: dict[Buffer, int], tar
         f"  {len(placement.constants)}, kiln_t_constants, {len(arena)}, kiln_t_arena,",
         f"  {len(placement.inputs)}, kiln_t_inputs, {len(placement.outputs)}, kiln_t_outputs,",
         f"  {length_fields},",
-        f"  {mask}u, {vnni}}};",
+        f"  {mask}u, {vnni}, kiln_run}};",
+    ]
+    lines += [
+        "const kiln_plan_tables *const *kiln_library_plans(int32_t *count) {",
+        "  static const kiln_plan_tables *const one[1] = {&kiln_tables};",
+        "  *count = 1;",
+        "  return one;",
+        "}",
     ]
     return HEADER + "\n" + "\n".join(lines) + "\n"
+
+
+# a unit without tables (kiln's own tests of pieces of the C renderer): a library of no plan
+NO_TABLES = HEADER + "const kiln_plan_tables *const *kiln_library_plans(int32_t *count) { *count = 0; return 0; }\n"
 
 
 def _length_tables(growing: Any, table: dict[Buffer, int]) -> tuple[list[str], str]:

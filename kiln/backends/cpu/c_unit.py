@@ -22,7 +22,7 @@ from kiln.backends.cpu.c import (
 )
 from kiln.backends.cpu.c_engines import narrow_products
 from kiln.backends.cpu.c_tables import HEADER as PLAN_HEADER
-from kiln.backends.cpu.c_tables import tables_source
+from kiln.backends.cpu.c_tables import NO_TABLES, tables_source
 from kiln.backends.cpu.target import CpuTarget
 from kiln.backends.registry import Placement
 from kiln.lower.kir import Buffer, Kernel
@@ -230,7 +230,7 @@ def emit_c(
     finally:
         CHECKED.reset(token)
     if placement is None:
-        return unit
+        return unit + "\n" + NO_TABLES
     return unit + "\n" + tables_source(unit, placement, table, target)
 
 

@@ -36,8 +36,6 @@
 #endif
 
 typedef int (*kiln_host_fn)(int gap);
-extern const kiln_plan_tables kiln_tables __attribute__((weak)); /* (absent: a unit built without them) */
-extern int kiln_run(void **buffers, kiln_host_fn host);
 extern int kiln_set_threads(int threads);
 extern void kiln_pool_start(void);
 extern int kiln_pool_call_threads(int threads);
@@ -58,7 +56,9 @@ kiln_status kiln_context_set_threads(kiln_context *context, int threads);
 #define KILN_HEAD 104   /* magic, ABI | weight count, data bytes, CRC-32, model id (64), description words */
 #define KILN_MAX_IO 4096
 #define KILN_MAX_DIMS 16
-#define T kiln_tables
+#define KILN_MAX_CLASSES 64
+#define T (*t) /* the plan a function works on: its `t` */
+
 
 typedef struct {
   const char *name;
@@ -71,16 +71,26 @@ typedef struct {
   int64_t where;    /* the arena buffer (its offset, or its growing position), the weight's or the input's index */
   int64_t elements;
   int32_t batched;  /* axis 0 is a sample-parallel dim in [batch_min, batch_max], run a sample at a time */
-  int32_t axis;     /* the run-time length's axis (-1: none) */
+  int32_t axis;     /* the length's axis (-1: none): a run-time length, or a padded class's length */
 } kiln_io;
+
+/* one plan of the model: a run-time length's (or a fixed size's) one, or a padded length's class */
+typedef struct {
+  const kiln_plan_tables *t;
+  void **table;         /* the weights' addresses in its slots; the rest filled per context and call */
+  const char **weights; /* by constant index */
+  kiln_io *io;          /* inputs then outputs (none in a model bound by the Python runtime) */
+  int64_t length;       /* a padded class: the length it was compiled at (0: none) */
+  int64_t valid_slot;   /* a padded class: its valid-length input's slot */
+  const int64_t *arrays; /* which of the file's arrays each of its weights is */
+} kiln_class;
 
 struct kiln_model {
   void *map; /* the weights file's mapping (NULL: the caller's memory or Python's weights) */
   size_t map_bytes;
-  void **table; /* the weights' addresses; the rest filled per context and call */
-  const char **weights; /* by constant index */
   int64_t *words;       /* the descriptions, copied out of the file */
-  kiln_io *io;          /* inputs then outputs (none in a model bound by the Python runtime) */
+  int32_t class_count;
+  kiln_class *classes;  /* by length (one: a fixed size or a run-time length) */
   int32_t inputs, outputs;
   int64_t batch_min, batch_max, length_min, length_max;
   int32_t label_count;  /* the node each status code names (from the weights file) */
@@ -94,10 +104,10 @@ struct kiln_context {
   size_t arena_bytes;
   int32_t status;
   int threads;         /* its runs' participants (0: the library's, kiln_set_thread_count) */
-  void **table;
-  int64_t valid, laid; /* a run-time length: this run's length; the length the arena is laid out for */
+  void ***tables;      /* one per class */
+  int64_t valid, laid; /* a length: this run's; the run-time length the arena is laid out for */
   int64_t *offsets;    /* a run-time length: the arena laid out for the run (growing order) */
-  char **pad;          /* tensors at the floor length (kiln_infer below it) */
+  char **pad;          /* tensors at a padded length (below a run-time length's floor, or a class's) */
   void **constants;    /* written per run at its length */
 };
 
@@ -148,7 +158,7 @@ static int kiln_cpu_flag(int bit) {
 #endif
 }
 
-static kiln_status kiln_check_cpu(void) {
+static kiln_status kiln_check_cpu(const kiln_plan_tables *t) {
 #if defined(__x86_64__) || defined(__i386__)
   __builtin_cpu_init();
 #endif
@@ -159,7 +169,7 @@ static kiln_status kiln_check_cpu(void) {
 }
 
 /* the best micro-kernel paths this CPU has for the plan's reduced-precision products */
-static void kiln_choose_paths(void) {
+static void kiln_choose_paths(const kiln_plan_tables *t) {
 #if defined(__x86_64__) || defined(__i386__)
   __builtin_cpu_init();
   if (kiln_set_int8) {
@@ -170,6 +180,7 @@ static void kiln_choose_paths(void) {
   }
   if (kiln_set_bf16) kiln_set_bf16(__builtin_cpu_supports("avx512bf16") ? 1 : 0);
 #else
+  (void)t;
   if (kiln_set_int8) kiln_set_int8(0);
   if (kiln_set_bf16) kiln_set_bf16(0);
 #endif
@@ -206,16 +217,27 @@ static int kiln_slot_in(int64_t slot, const int64_t *slots, int32_t count) {
   return -1;
 }
 
-/* the header: magic, ABI | weight count, data bytes, CRC-32 of everything after the header, the
-   plan's id, the descriptions' word count; then each weight's bytes, the descriptions, the data */
+/* the library's plans (kiln_library_plans: its unit's one, or a padded length's classes), at
+   most KILN_MAX_CLASSES; 0: none (a unit built without tables) */
+static int32_t kiln_plans(const kiln_plan_tables *const **plans) {
+  int32_t count = 0;
+  *plans = kiln_library_plans(&count);
+  return *plans && count > 0 && count <= KILN_MAX_CLASSES ? count : 0;
+}
+
+/* the header: magic, ABI | array count, data bytes, CRC-32 of everything after the header, the
+   first plan's id, the descriptions' word count; then each array's bytes, the descriptions, the
+   data (every plan's id and weights are checked against its tables with the descriptions) */
 static kiln_status kiln_check_header(const unsigned char *p, size_t size, size_t *data_at) {
   if (size < KILN_HEAD) return kiln_fail(KILN_ERROR_FILE, "the weights file is %zu bytes: truncated (no header)", size);
   if (memcmp(p, KILN_MAGIC, 8) != 0) return kiln_fail(KILN_ERROR_FILE, "not a kiln weights file (its first bytes are not " KILN_MAGIC ")");
   const uint64_t abi = kiln_read64(p + 8) & 0xffffffffu, count = kiln_read64(p + 8) >> 32, words = kiln_read64(p + 96);
   if (abi != KILN_ABI_VERSION) return kiln_fail(KILN_ERROR_FILE, "the weights file is of ABI version %llu, this library of %d", (unsigned long long)abi, KILN_ABI_VERSION);
+  const kiln_plan_tables *const *plans = NULL;
+  if (!kiln_plans(&plans)) return kiln_fail(KILN_ERROR_FILE, "this library's plan has no tables: it is not a model's library");
+  const kiln_plan_tables *t = plans[0];
   if (strlen(T.id) != 64 || memcmp(p + 32, T.id, 64) != 0) return kiln_fail(KILN_ERROR_FILE, "the weights file is another model's (its model id differs from this library's)");
-  if (count != (uint64_t)T.constant_count) return kiln_fail(KILN_ERROR_FILE, "the weights file holds %llu weights, this model %d", (unsigned long long)count, (int)T.constant_count);
-  if (words > (1u << 24)) return kiln_fail(KILN_ERROR_FILE, "the weights file claims %llu words of descriptions: damaged", (unsigned long long)words);
+  if (count > (1u << 24) || words > (1u << 24)) return kiln_fail(KILN_ERROR_FILE, "the weights file claims %llu arrays and %llu words of descriptions: damaged", (unsigned long long)count, (unsigned long long)words);
   const size_t table = KILN_HEAD + 8 * (size_t)count + 8 * (size_t)words;
   *data_at = (table + KILN_ALIGN - 1) / KILN_ALIGN * KILN_ALIGN;
   const uint64_t data_bytes = kiln_read64(p + 16);
@@ -247,7 +269,7 @@ static int kiln_take1(kiln_cursor *c, int64_t *v) {
 
 /* where an output's values are after a run: its slot is a weight's, an arena buffer's, an input's
    (the caller's memory then), or its own (written in place) */
-static void kiln_source(kiln_io *io, int32_t inputs) {
+static void kiln_source(const kiln_plan_tables *t, kiln_io *io, int32_t inputs) {
   int k;
   if ((k = kiln_slot_in(io->slot, T.constant_slots, T.constant_count)) >= 0) {
     io->source = 2, io->where = k;
@@ -262,9 +284,9 @@ static void kiln_source(kiln_io *io, int32_t inputs) {
   }
 }
 
-/* one description, checked against the compiled tables: its slot the plan's, its bytes its
-   buffer's (a sample's; at the capacity along a run-time length) */
-static const char *kiln_read_one(kiln_cursor *c, kiln_io *io, int64_t want_slot) {
+/* one description, checked against the plan's compiled tables: its slot the plan's, its bytes its
+   buffer's (a sample's; at the capacity of a run-time length, at a class's length) */
+static const char *kiln_read_one(const kiln_plan_tables *t, kiln_cursor *c, kiln_io *io, int64_t want_slot, int64_t length) {
   int64_t name_bytes, v[6];
   const int64_t *name;
   if (!kiln_take1(c, &name_bytes) || name_bytes < 0 || name_bytes > 4096 || !kiln_take(c, name_bytes / 8 + 1, &name)) return "a name runs past the descriptions";
@@ -287,8 +309,9 @@ static const char *kiln_read_one(kiln_cursor *c, kiln_io *io, int64_t want_slot)
   }
   if (io->elements * (io->bits / 8) != T.slot_bytes[io->slot]) return "a tensor's bytes are not its buffer's";
   if (io->batched != 0 && (io->batched != 1 || io->ndim < 1 || io->shape[0] != 1 || io->axis == 0)) return "a batched tensor whose axis 0 is not one sample";
-  if (io->axis != -1 && (!T.has_length || io->axis < 0 || io->axis >= io->ndim || io->shape[io->axis] != T.capacity))
-    return "a run-time length's axis that is not the plan's capacity";
+  const int64_t along = T.has_length ? T.capacity : length; /* the length the plan's buffers hold */
+  if (io->axis != -1 && (along < 1 || io->axis < 0 || io->axis >= io->ndim || io->shape[io->axis] != along))
+    return "a length's axis that is not the plan's";
   return NULL;
 }
 
@@ -296,102 +319,178 @@ static const char *kiln_read_one(kiln_cursor *c, kiln_io *io, int64_t want_slot)
 static kiln_status kiln_read_labels(kiln_model *m, kiln_cursor *c) {
   int64_t count;
   if (!kiln_take1(c, &count) || count < 0 || count > (1 << 20)) return kiln_fail(KILN_ERROR_FILE, "the weights file's node names are missing or too many: damaged");
-  m->labels = (const char **)calloc((size_t)count + 1, sizeof(char *));
-  if (!m->labels) return kiln_fail(KILN_ERROR_MEMORY, "out of memory");
+  const char **labels = (const char **)calloc((size_t)count + 1, sizeof(char *));
+  if (!labels) return kiln_fail(KILN_ERROR_MEMORY, "out of memory");
   for (int64_t i = 0; i < count; ++i) {
     int64_t bytes;
     const int64_t *text;
-    if (!kiln_take1(c, &bytes) || bytes < 0 || bytes > 4096 || !kiln_take(c, bytes / 8 + 1, &text) || memchr(text, 0, (size_t)bytes + 1) != (const char *)text + bytes)
+    if (!kiln_take1(c, &bytes) || bytes < 0 || bytes > 4096 || !kiln_take(c, bytes / 8 + 1, &text) || memchr(text, 0, (size_t)bytes + 1) != (const char *)text + bytes) {
+      free(labels);
       return kiln_fail(KILN_ERROR_FILE, "the weights file's node name %lld runs past its descriptions: damaged", (long long)i);
-    m->labels[i] = (const char *)text;
+    }
+    labels[i] = (const char *)text;
   }
-  m->label_count = (int32_t)count;
+  free(m->labels); /* (every class names its own nodes; the last's are kept: codes past them name a kernel) */
+  m->labels = labels, m->label_count = (int32_t)count;
   return KILN_OK;
 }
 
-/* the tensors' descriptions after the weights' sizes: batch and length ranges, counts, each tensor */
-static kiln_status kiln_read_io(kiln_model *m, const unsigned char *p, size_t data_at) {
-  const int64_t words = (int64_t)kiln_read64(p + 96);
-  const unsigned char *at = p + KILN_HEAD + 8 * (size_t)T.constant_count;
-  if (at + 8 * words > p + data_at) return kiln_fail(KILN_ERROR_FILE, "the descriptions run into the weights: damaged");
-  m->words = (int64_t *)calloc((size_t)words + 1, sizeof(int64_t));
-  if (!m->words) return kiln_fail(KILN_ERROR_MEMORY, "out of memory");
-  for (int64_t i = 0; i < words; ++i) m->words[i] = (int64_t)kiln_read64(at + 8 * i);
-  kiln_cursor c = {m->words, words, 0};
-  int64_t r[6];
-  for (int i = 0; i < 6; ++i)
-    if (!kiln_take1(&c, &r[i])) return kiln_fail(KILN_ERROR_FILE, "the weights file's descriptions end early: damaged");
-  const int32_t plan_inputs = T.input_count - (T.has_length ? 1 : 0);
-  if (r[4] != plan_inputs || r[5] != T.output_count)
-    return kiln_fail(KILN_ERROR_FILE, "the weights file describes %lld inputs and %lld outputs, the plan has %d and %d: damaged or another model's", (long long)r[4], (long long)r[5], (int)plan_inputs, (int)T.output_count);
-  if (r[0] < 1 || r[0] > r[1] || r[1] > (1ll << 31) || (T.has_length && (r[2] < 1 || r[2] > r[3] || r[3] > T.capacity)))
-    return kiln_fail(KILN_ERROR_FILE, "the weights file's ranges are not the plan's: damaged");
-  m->batch_min = r[0], m->batch_max = r[1];
-  if (T.has_length) m->length_min = r[2], m->length_max = r[3];
-  if (r[4] + r[5] > KILN_MAX_IO) return kiln_fail(KILN_ERROR_FILE, "the weights file describes %lld tensors: more than kiln's C API takes", (long long)(r[4] + r[5]));
-  m->inputs = (int32_t)r[4], m->outputs = (int32_t)r[5];
-  m->io = (kiln_io *)calloc((size_t)(m->inputs + m->outputs) + 1, sizeof(kiln_io));
-  if (!m->io) return kiln_fail(KILN_ERROR_MEMORY, "out of memory");
+/* one class's part of the descriptions: its length, its plan's id, which array each of its weights
+   is, its tensors, its nodes */
+static kiln_status kiln_read_class(kiln_model *m, kiln_class *k, kiln_cursor *c, const uint64_t *array_bytes, int64_t arrays) {
+  const kiln_plan_tables *t = k->t;
+  const int64_t *id;
+  if (!kiln_take1(c, &k->length) || !kiln_take(c, 8, &id)) return kiln_fail(KILN_ERROR_FILE, "the weights file's descriptions end early: damaged");
+  if (memcmp(id, T.id, 64) != 0) return kiln_fail(KILN_ERROR_FILE, "the weights file is another model's (a plan's id differs from this library's)");
+  const int32_t plan_inputs = T.input_count - (T.has_length || k->length > 0 ? 1 : 0);
+  if (m->inputs != plan_inputs || m->outputs != T.output_count)
+    return kiln_fail(KILN_ERROR_FILE, "the weights file describes %d inputs and %d outputs, the plan has %d and %d: damaged or another model's", (int)m->inputs, (int)m->outputs, (int)plan_inputs, (int)T.output_count);
+  if (k->length < 0 || k->length > (1ll << 31) || (k->length > 0 && (T.has_length || T.slot_bytes[T.input_slots[T.input_count - 1]] != 8)))
+    return kiln_fail(KILN_ERROR_FILE, "the weights file's class length does not fit its plan: damaged");
+  k->valid_slot = k->length > 0 ? T.input_slots[T.input_count - 1] : 0;
+  const int64_t *map;
+  int64_t mapped;
+  if (!kiln_take1(c, &mapped) || mapped != T.constant_count || !kiln_take(c, T.constant_count, &map))
+    return kiln_fail(KILN_ERROR_FILE, "the weights file names the arrays of %lld weights, its plan has %d: damaged or another model's", (long long)mapped, (int)T.constant_count);
+  for (int i = 0; i < T.constant_count; ++i)
+    if (map[i] < 0 || map[i] >= arrays || array_bytes[map[i]] != (uint64_t)T.slot_bytes[T.constant_slots[i]])
+      return kiln_fail(KILN_ERROR_FILE, "weight %d of a plan is not an array of its bytes in the file: damaged or another model's", i);
+  k->arrays = map;
+  k->io = (kiln_io *)calloc((size_t)(m->inputs + m->outputs) + 1, sizeof(kiln_io));
+  if (!k->io) return kiln_fail(KILN_ERROR_MEMORY, "out of memory");
   for (int i = 0; i < m->inputs + m->outputs; ++i) {
-    kiln_io *io = &m->io[i];
+    kiln_io *io = &k->io[i];
     const int64_t slot = i < m->inputs ? T.input_slots[i] : T.output_slots[i - m->inputs];
-    const char *why = kiln_read_one(&c, io, slot);
+    const char *why = kiln_read_one(t, c, io, slot, k->length);
     if (why) return kiln_fail(KILN_ERROR_FILE, "the weights file's tensor %d: %s: damaged or another model's", i, why);
     if (i < m->inputs) io->source = 3, io->where = i;
-    else kiln_source(io, m->inputs);
+    else kiln_source(t, io, m->inputs);
   }
-  return kiln_read_labels(m, &c);
+  return kiln_read_labels(m, c);
 }
 
-static kiln_model *kiln_model_new(void) {
+/* the descriptions after the arrays' sizes: the batch and length ranges, the counts, each class */
+static kiln_status kiln_read_io(kiln_model *m, const unsigned char *p, size_t data_at) {
+  const int64_t arrays = (int64_t)(kiln_read64(p + 8) >> 32), words = (int64_t)kiln_read64(p + 96);
+  const unsigned char *at = p + KILN_HEAD + 8 * (size_t)arrays;
+  if (at + 8 * words > p + data_at) return kiln_fail(KILN_ERROR_FILE, "the descriptions run into the weights: damaged");
+  m->words = (int64_t *)calloc((size_t)words + 1, sizeof(int64_t));
+  uint64_t *array_bytes = (uint64_t *)calloc((size_t)arrays + 1, sizeof(uint64_t));
+  if (!m->words || !array_bytes) return free(array_bytes), kiln_fail(KILN_ERROR_MEMORY, "out of memory");
+  for (int64_t i = 0; i < words; ++i) m->words[i] = (int64_t)kiln_read64(at + 8 * i);
+  for (int64_t i = 0; i < arrays; ++i) array_bytes[i] = kiln_read64(p + KILN_HEAD + 8 * i);
+  kiln_cursor c = {m->words, words, 0};
+  int64_t r[7];
+  kiln_status status = KILN_OK;
+  for (int i = 0; i < 7 && status == KILN_OK; ++i)
+    if (!kiln_take1(&c, &r[i])) status = kiln_fail(KILN_ERROR_FILE, "the weights file's descriptions end early: damaged");
+  const kiln_plan_tables *const *plans = NULL;
+  const int32_t count = kiln_plans(&plans);
+  if (status == KILN_OK && (r[6] != count || r[4] < 0 || r[5] < 0 || r[4] + r[5] > KILN_MAX_IO))
+    status = kiln_fail(KILN_ERROR_FILE, "the weights file describes %lld plans and %lld tensors, this library has %d plans: damaged or another model's", (long long)r[6], (long long)(r[4] + r[5]), (int)count);
+  if (status == KILN_OK && (r[0] < 1 || r[0] > r[1] || r[1] > (1ll << 31) || r[2] < 1 || r[2] > r[3] || r[3] > (1ll << 31)))
+    status = kiln_fail(KILN_ERROR_FILE, "the weights file's ranges are not the plan's: damaged");
+  if (status == KILN_OK) {
+    m->batch_min = r[0], m->batch_max = r[1], m->length_min = r[2], m->length_max = r[3];
+    m->inputs = (int32_t)r[4], m->outputs = (int32_t)r[5];
+  }
+  for (int32_t k = 0; status == KILN_OK && k < m->class_count; ++k) {
+    status = kiln_read_class(m, &m->classes[k], &c, array_bytes, arrays);
+    const int64_t before = k > 0 ? m->classes[k - 1].length : 0;
+    if (status == KILN_OK && m->class_count > 1 && m->classes[k].length <= before)
+      status = kiln_fail(KILN_ERROR_FILE, "the weights file's class lengths do not grow: damaged");
+  }
+  const kiln_class *last = m->class_count > 0 ? &m->classes[m->class_count - 1] : NULL;
+  if (status == KILN_OK && last && last->t->has_length && m->length_max > last->t->capacity)
+    status = kiln_fail(KILN_ERROR_FILE, "the weights file's length range passes its plan's capacity: damaged");
+  if (status == KILN_OK && last && last->length > 0 && m->length_max > last->length)
+    status = kiln_fail(KILN_ERROR_FILE, "the weights file's length range passes its largest class: damaged");
+  free(array_bytes);
+  return status;
+}
+
+static void kiln_model_free_classes(kiln_model *m) {
+  for (int32_t k = 0; m->classes && k < m->class_count; ++k) {
+    free(m->classes[k].table), free((void *)m->classes[k].weights), free(m->classes[k].io);
+  }
+  free(m->classes);
+}
+
+/* a model of `count` plans (their tables in `plans`) */
+static kiln_model *kiln_model_new(const kiln_plan_tables *const *plans, int32_t count) {
   kiln_model *m = (kiln_model *)calloc(1, sizeof *m);
   if (!m) return NULL;
-  m->table = (void **)calloc((size_t)T.slots, sizeof(void *));
-  m->weights = (const char **)calloc((size_t)T.constant_count + 1, sizeof(char *));
-  if (!m->table || !m->weights) {
-    free(m->table), free(m->weights), free(m);
+  m->classes = (kiln_class *)calloc((size_t)count + 1, sizeof(kiln_class));
+  m->class_count = count;
+  int ok = m->classes != NULL;
+  for (int32_t k = 0; ok && k < count; ++k) {
+    kiln_class *c = &m->classes[k];
+    c->t = plans[k];
+    c->table = (void **)calloc((size_t)c->t->slots, sizeof(void *));
+    c->weights = (const char **)calloc((size_t)c->t->constant_count + 1, sizeof(char *));
+    ok = c->table && c->weights;
+  }
+  if (!ok) {
+    kiln_model_free_classes(m);
+    free(m);
     return NULL;
   }
   m->batch_min = m->batch_max = 1;
-  m->length_min = 1, m->length_max = T.capacity;
+  m->length_min = 1, m->length_max = count > 0 ? plans[0]->capacity : 1;
   return m;
 }
 
 void kiln_model_free(kiln_model *model) {
   if (!model) return;
   if (model->map) munmap(model->map, model->map_bytes);
-  free(model->table), free((void *)model->weights), free(model->words), free(model->io), free(model->labels);
+  kiln_model_free_classes(model);
+  free(model->words), free(model->labels);
   free(model);
 }
 
-static kiln_status kiln_tables_ok(void) {
-  if (!&kiln_tables) return kiln_fail(KILN_ERROR_FILE, "this library's plan has no tables: it is not a model's library");
-  if (T.version != KILN_PLAN_TABLES_VERSION || T.slots < 1)
-    return kiln_fail(KILN_ERROR_FILE, "the library's plan tables are of version %d, this API's %d", (int)T.version, KILN_PLAN_TABLES_VERSION);
-  return kiln_check_cpu();
+static kiln_status kiln_tables_ok(const kiln_plan_tables *const *plans, int32_t count) {
+  if (count < 1) return kiln_fail(KILN_ERROR_FILE, "this library's plan has no tables: it is not a model's library");
+  for (int32_t k = 0; k < count; ++k) {
+    const kiln_plan_tables *t = plans[k];
+    if (T.version != KILN_PLAN_TABLES_VERSION || T.slots < 1)
+      return kiln_fail(KILN_ERROR_FILE, "the library's plan tables are of version %d, this API's %d", (int)T.version, KILN_PLAN_TABLES_VERSION);
+    kiln_status status = kiln_check_cpu(t);
+    if (status != KILN_OK) return status;
+  }
+  return KILN_OK;
 }
 
-/* the model over the weights file's bytes at p (size bytes): checked, its descriptions read, its
-   weights' addresses in the table; map: the file's mapping, unmapped on failure and by
+/* the model over the weights file's bytes at p (size bytes): checked, its descriptions read, each
+   plan's weights' addresses in its table; map: the file's mapping, unmapped on failure and by
    kiln_model_free (NULL: the caller's memory) */
 static kiln_status kiln_model_over(const unsigned char *p, size_t size, void *map, kiln_model **model) {
   size_t data_at = 0;
   kiln_model *m = NULL;
+  const kiln_plan_tables *const *plans = NULL;
+  const int32_t count = kiln_plans(&plans);
   kiln_status status = kiln_check_header(p, size, &data_at);
-  if (status == KILN_OK && !(m = kiln_model_new())) status = kiln_fail(KILN_ERROR_MEMORY, "out of memory");
+  if (status == KILN_OK && !(m = kiln_model_new(plans, count))) status = kiln_fail(KILN_ERROR_MEMORY, "out of memory");
   if (m) m->map = map, m->map_bytes = size; /* (unmapped by kiln_model_free from here) */
   if (status == KILN_OK) status = kiln_read_io(m, p, data_at);
+  const int64_t arrays = (int64_t)(kiln_read64(p + 8) >> 32);
+  const char **starts = status == KILN_OK ? (const char **)calloc((size_t)arrays + 1, sizeof(char *)) : NULL;
+  if (status == KILN_OK && !starts) status = kiln_fail(KILN_ERROR_MEMORY, "out of memory");
   size_t at = data_at;
-  for (int i = 0; status == KILN_OK && i < T.constant_count; ++i) {
-    const uint64_t bytes = kiln_read64(p + KILN_HEAD + 8 * (size_t)i), want = (uint64_t)T.slot_bytes[T.constant_slots[i]];
-    if (bytes != want || at + bytes > size) {
-      status = kiln_fail(KILN_ERROR_FILE, "weight %d is %llu bytes in the file, %llu in the model", i, (unsigned long long)bytes, (unsigned long long)want);
-      break;
-    }
-    m->weights[i] = (const char *)p + at;
-    m->table[T.constant_slots[i]] = (void *)(p + at);
+  for (int64_t i = 0; status == KILN_OK && i < arrays; ++i) {
+    const uint64_t bytes = kiln_read64(p + KILN_HEAD + 8 * (size_t)i);
+    if (bytes > size || at + bytes > size) status = kiln_fail(KILN_ERROR_FILE, "array %lld runs past the weights file's end: truncated or damaged", (long long)i);
+    starts[i] = (const char *)p + at;
     at = (at + bytes + KILN_ALIGN - 1) / KILN_ALIGN * KILN_ALIGN;
   }
+  for (int32_t k = 0; status == KILN_OK && k < m->class_count; ++k) {
+    kiln_class *c = &m->classes[k];
+    for (int i = 0; i < c->t->constant_count; ++i) {
+      const int64_t a = c->arrays[i];
+      c->weights[i] = starts[a];
+      c->table[c->t->constant_slots[i]] = (void *)starts[a];
+    }
+  }
+  free(starts);
   if (status != KILN_OK) {
     if (m) kiln_model_free(m);
     else if (map) munmap(map, size);
@@ -399,7 +498,7 @@ static kiln_status kiln_model_over(const unsigned char *p, size_t size, void *ma
   }
   static int started = 0;
   if (!__atomic_exchange_n(&started, 1, __ATOMIC_ACQ_REL)) {
-    kiln_choose_paths();
+    kiln_choose_paths(plans[0]);
     kiln_pool_start();
   }
   *model = m;
@@ -410,7 +509,8 @@ kiln_status kiln_model_load(const char *weights_path, kiln_model **model) {
   if (!model) return kiln_fail(KILN_ERROR_ARGUMENT, "kiln_model_load: model is NULL");
   *model = NULL;
   if (!weights_path) return kiln_fail(KILN_ERROR_ARGUMENT, "kiln_model_load: weights_path is NULL");
-  kiln_status status = kiln_tables_ok();
+  const kiln_plan_tables *const *plans = NULL;
+  kiln_status status = kiln_tables_ok(plans, kiln_plans(&plans));
   if (status != KILN_OK) return status;
   int fd = open(weights_path, O_RDONLY | O_CLOEXEC);
   if (fd < 0) return kiln_fail(KILN_ERROR_FILE, "cannot open %s: %s", weights_path, strerror(errno));
@@ -432,7 +532,8 @@ kiln_status kiln_model_load_memory(const void *data, size_t bytes, kiln_model **
   if (!data) return kiln_fail(KILN_ERROR_ARGUMENT, "kiln_model_load_memory: data is NULL");
   if ((uintptr_t)data % KILN_ALIGN)
     return kiln_fail(KILN_ERROR_ARGUMENT, "kiln_model_load_memory: data at %p is not 64-byte aligned (the weights are read in place: allocate with posix_memalign)", data);
-  kiln_status status = kiln_tables_ok();
+  const kiln_plan_tables *const *plans = NULL;
+  kiln_status status = kiln_tables_ok(plans, kiln_plans(&plans));
   if (status != KILN_OK) return status;
   return kiln_model_over((const unsigned char *)data, bytes, NULL, model);
 }
@@ -443,19 +544,23 @@ kiln_status kiln_model_load_memory(const void *data, size_t bytes, kiln_model **
 kiln_status kiln_model_bind(void *const *addresses, int64_t count, kiln_model **model) {
   if (!model || !addresses) return kiln_fail(KILN_ERROR_ARGUMENT, "kiln_model_bind: model or addresses is NULL");
   *model = NULL;
-  kiln_status status = kiln_tables_ok();
+  const kiln_plan_tables *const *one = NULL;
+  if (kiln_plans(&one) != 1) return kiln_fail(KILN_ERROR_ARGUMENT, "kiln_model_bind: a library of one plan only");
+  kiln_status status = kiln_tables_ok(one, 1);
   if (status != KILN_OK) return status;
+  const kiln_plan_tables *t = one[0];
   if (count != T.slots) return kiln_fail(KILN_ERROR_ARGUMENT, "kiln_model_bind: %lld addresses, the plan has %lld slots", (long long)count, (long long)T.slots);
-  kiln_model *m = kiln_model_new();
+  kiln_model *m = kiln_model_new(one, 1);
   if (!m) return kiln_fail(KILN_ERROR_MEMORY, "out of memory");
+  kiln_class *c = &m->classes[0];
   for (int i = 0; i < T.constant_count; ++i) {
     const int64_t slot = T.constant_slots[i];
     if (!addresses[slot] || (uintptr_t)addresses[slot] % KILN_ALIGN) {
       kiln_model_free(m);
       return kiln_fail(KILN_ERROR_ARGUMENT, "kiln_model_bind: weight %d (slot %lld) is NULL or not 64-byte aligned", i, (long long)slot);
     }
-    m->table[slot] = addresses[slot];
-    m->weights[i] = (const char *)addresses[slot];
+    c->table[slot] = addresses[slot];
+    c->weights[i] = (const char *)addresses[slot];
   }
   *model = m;
   return kiln_ok();
@@ -463,6 +568,9 @@ kiln_status kiln_model_bind(void *const *addresses, int64_t count, kiln_model **
 
 int kiln_model_input_count(const kiln_model *model) { return model ? model->inputs : 0; }
 int kiln_model_output_count(const kiln_model *model) { return model ? model->outputs : 0; }
+
+/* the tensors a model describes: its largest class's */
+static const kiln_io *kiln_described(const kiln_model *m) { return m->classes[m->class_count - 1].io; }
 
 static kiln_status kiln_describe(const kiln_io *io, kiln_tensor_info *info) {
   info->name = io->name;
@@ -475,23 +583,31 @@ static kiln_status kiln_describe(const kiln_io *io, kiln_tensor_info *info) {
 kiln_status kiln_model_input(const kiln_model *model, int index, kiln_tensor_info *info) {
   if (!model || !info) return kiln_fail(KILN_ERROR_ARGUMENT, "kiln_model_input: model or info is NULL");
   if (index < 0 || index >= model->inputs) return kiln_fail(KILN_ERROR_ARGUMENT, "input %d: the model has %d", index, (int)model->inputs);
-  return kiln_describe(&model->io[index], info);
+  return kiln_describe(&kiln_described(model)[index], info);
 }
 
 kiln_status kiln_model_output(const kiln_model *model, int index, kiln_tensor_info *info) {
   if (!model || !info) return kiln_fail(KILN_ERROR_ARGUMENT, "kiln_model_output: model or info is NULL");
   if (index < 0 || index >= model->outputs) return kiln_fail(KILN_ERROR_ARGUMENT, "output %d: the model has %d", index, (int)model->outputs);
-  return kiln_describe(&model->io[model->inputs + index], info);
+  return kiln_describe(&kiln_described(model)[model->inputs + index], info);
 }
 
 static size_t kiln_round(int64_t bytes) { return ((size_t)bytes + KILN_ALIGN - 1) / KILN_ALIGN * KILN_ALIGN; }
 
-size_t kiln_model_workspace_size(const kiln_model *model) { return model ? kiln_round(T.arena_bytes) : 0; }
+/* every class runs in the largest class's arena */
+size_t kiln_model_workspace_size(const kiln_model *model) {
+  size_t most = 0;
+  for (int32_t k = 0; model && k < model->class_count; ++k) {
+    const size_t bytes = kiln_round(model->classes[k].t->arena_bytes);
+    most = bytes > most ? bytes : most;
+  }
+  return most;
+}
 
 /* a run-time length: the arena's bytes at length n (GrowingLayout.at), and each buffer's offset
    into `offsets` (if given): each buffer where the last of those below it at the capacity ends,
    its bytes c0 + c1 n + c2 n^2 rounded to 64 */
-static int64_t kiln_layout(int64_t n, int64_t *offsets, int64_t *ends) {
+static int64_t kiln_layout(const kiln_plan_tables *t, int64_t n, int64_t *offsets, int64_t *ends) {
   int64_t total = 0;
   for (int i = 0; i < T.growing_count; ++i) {
     int64_t offset = 0;
@@ -507,40 +623,49 @@ static int64_t kiln_layout(int64_t n, int64_t *offsets, int64_t *ends) {
   return total;
 }
 
-/* the length a run at n computes at */
-static int64_t kiln_bound(int64_t n) { return n < T.floor ? T.floor : n > T.capacity ? T.capacity : n; }
+/* a run-time length: the length a run at n computes at */
+static int64_t kiln_bound(const kiln_plan_tables *t, int64_t n) { return n < T.floor ? T.floor : n > T.capacity ? T.capacity : n; }
 
 size_t kiln_model_workspace_size_at(const kiln_model *model, int64_t length) {
   if (!model) return 0;
+  const kiln_plan_tables *t = model->classes[0].t;
   if (!T.has_length) return kiln_model_workspace_size(model);
   int64_t *ends = (int64_t *)calloc((size_t)T.growing_count + 1, sizeof(int64_t));
   if (!ends) return kiln_model_workspace_size(model); /* (an upper bound) */
-  const int64_t n = kiln_bound(length < model->length_min ? model->length_min : length);
-  const size_t bytes = (size_t)kiln_layout(n, NULL, ends);
+  const int64_t n = kiln_bound(t, length < model->length_min ? model->length_min : length);
+  const size_t bytes = (size_t)kiln_layout(t, n, NULL, ends);
   free(ends);
   return bytes;
 }
 
-static const kiln_io *kiln_io_at(const kiln_model *m, int i) { return &m->io[i]; }
-
-/* a run-time length: an io's elements at length n (its shape is the capacity's) */
+/* an io's elements at length n along its axis */
 static int64_t kiln_elements(const kiln_io *io, int64_t n) {
-  return io->axis >= 0 ? io->elements / T.capacity * n : io->elements;
+  return io->axis >= 0 ? io->elements / io->shape[io->axis] * n : io->elements;
 }
 
-/* a run-time length: the context's own buffers: those of the constants whose values follow the
-   length, and those a run below the floor pads its tensors into (at the floor) */
+/* the length pads are made at: a run-time length's floor (runs below it pad), a padded model's
+   largest class (every run pads to its class); 0: no pads */
+static int64_t kiln_pad_length(const kiln_model *m) {
+  const kiln_plan_tables *t = m->classes[0].t;
+  if (T.has_length) return m->length_min < T.floor ? T.floor : 0;
+  return m->classes[m->class_count - 1].length;
+}
+
+/* the context's own buffers: those of the constants whose values follow a run-time length, and
+   those a run pads its tensors into (kiln_pad_length) */
 static kiln_status kiln_context_buffers(kiln_context *c, const kiln_model *m) {
+  const kiln_plan_tables *t = m->classes[0].t;
   for (int k = 0; k < T.length_constant_count; ++k) {
     const int64_t n = T.length_constant_at[k + 1] - T.length_constant_at[k];
     const size_t bytes = (size_t)(n > 0 ? n : 1) * (size_t)(T.length_constant_bits[k] / 8);
     if (posix_memalign(&c->constants[k], KILN_ALIGN, bytes) != 0) return KILN_ERROR_MEMORY;
   }
-  if (!T.has_length || m->length_min >= T.floor) return KILN_OK;
+  const int64_t length = kiln_pad_length(m);
+  if (!length || !kiln_described(m)) return KILN_OK;
   for (int i = 0; i < m->inputs + m->outputs; ++i) {
-    const kiln_io *io = kiln_io_at(m, i);
+    const kiln_io *io = &kiln_described(m)[i];
     if (io->axis < 0) continue;
-    c->pad[i] = (char *)calloc((size_t)kiln_elements(io, T.floor), io->bits / 8);
+    c->pad[i] = (char *)calloc((size_t)kiln_elements(io, length), io->bits / 8);
     if (!c->pad[i]) return KILN_ERROR_MEMORY;
   }
   return KILN_OK;
@@ -563,14 +688,16 @@ static void kiln_resize(const kiln_io *io, char *to, int64_t to_n, const char *f
    that follow the length written for it (once per length change), or 0 when the workspace is too
    small for it */
 static int kiln_lay_out(kiln_context *c, int64_t n) {
+  const kiln_plan_tables *t = c->model->classes[0].t;
   if (c->laid == n) return 1;
   int64_t *ends = c->offsets + T.growing_count;
-  if ((size_t)kiln_layout(n, c->offsets, ends) > c->arena_bytes) return 0;
-  for (int i = 0; i < T.growing_count; ++i) c->table[T.growing_slots[i]] = c->arena + c->offsets[i];
+  if ((size_t)kiln_layout(t, n, c->offsets, ends) > c->arena_bytes) return 0;
+  void **table = c->tables[0];
+  for (int i = 0; i < T.growing_count; ++i) table[T.growing_slots[i]] = c->arena + c->offsets[i];
   for (int k = 0; k < T.length_constant_count; ++k) {
     for (int j = T.length_constant_at[k], e = 0; j < T.length_constant_at[k + 1]; ++j, ++e) {
-      const int64_t *t = T.length_constant_terms[j];
-      const int64_t v = t[0] + t[1] * n + t[2] * n * n;
+      const int64_t *z = T.length_constant_terms[j];
+      const int64_t v = z[0] + z[1] * n + z[2] * n * n;
       switch (T.length_constant_bits[k]) {
         case 8: ((int8_t *)c->constants[k])[e] = (int8_t)v; break;
         case 16: ((int16_t *)c->constants[k])[e] = (int16_t)v; break;
@@ -578,7 +705,7 @@ static int kiln_lay_out(kiln_context *c, int64_t n) {
         default: ((int64_t *)c->constants[k])[e] = v; break;
       }
     }
-    c->table[T.length_constant_slots[k]] = c->constants[k];
+    table[T.length_constant_slots[k]] = c->constants[k];
   }
   c->laid = n;
   return 1;
@@ -586,36 +713,47 @@ static int kiln_lay_out(kiln_context *c, int64_t n) {
 
 void kiln_context_free(kiln_context *context) {
   if (!context) return;
+  const kiln_model *m = context->model;
   if (context->owns_arena) free(context->arena);
-  if (context->pad && context->model)
-    for (int i = 0; i < context->model->inputs + context->model->outputs; ++i) free(context->pad[i]);
-  if (context->constants)
-    for (int k = 0; k < T.length_constant_count; ++k) free(context->constants[k]);
-  free(context->table), free(context->offsets), free(context->pad), free(context->constants);
+  if (context->pad && m)
+    for (int i = 0; i < m->inputs + m->outputs; ++i) free(context->pad[i]);
+  if (context->constants && m)
+    for (int k = 0; k < m->classes[0].t->length_constant_count; ++k) free(context->constants[k]);
+  if (context->tables && m)
+    for (int32_t k = 0; k < m->class_count; ++k) free(context->tables[k]);
+  free(context->tables), free(context->offsets), free(context->pad), free(context->constants);
   free(context);
 }
 
 /* a context over the workspace `arena` (`bytes`; zeroed here when `zero`: its pages are faulted in
    now, not in the first run); owned: kiln_context_free frees it */
 static kiln_status kiln_context_over(const kiln_model *model, char *arena, size_t bytes, int owned, int zero, kiln_context **context) {
+  const kiln_plan_tables *t = model->classes[0].t;
   kiln_context *c = (kiln_context *)calloc(1, sizeof *c);
-  if (c) {
+  int ok = c != NULL;
+  if (ok) {
     c->model = model;
-    c->table = (void **)calloc((size_t)T.slots, sizeof(void *));
+    c->tables = (void ***)calloc((size_t)model->class_count, sizeof(void **));
     c->offsets = (int64_t *)calloc(2 * (size_t)T.growing_count + 1, sizeof(int64_t));
     c->pad = (char **)calloc((size_t)(model->inputs + model->outputs) + 1, sizeof(char *));
     c->constants = (void **)calloc((size_t)T.length_constant_count + 1, sizeof(void *));
+    ok = c->tables && c->offsets && c->pad && c->constants && kiln_context_buffers(c, model) == KILN_OK;
   }
-  if (!c || !c->table || !c->offsets || !c->pad || !c->constants || kiln_context_buffers(c, model) != KILN_OK) {
+  for (int32_t k = 0; ok && k < model->class_count; ++k) {
+    const kiln_class *cl = &model->classes[k];
+    ok = (c->tables[k] = (void **)calloc((size_t)cl->t->slots, sizeof(void *))) != NULL;
+    if (!ok) break;
+    memcpy(c->tables[k], cl->table, (size_t)cl->t->slots * sizeof(void *));
+    for (int i = 0; i < cl->t->arena_count; ++i) c->tables[k][cl->t->arena[i][0]] = arena + cl->t->arena[i][1];
+    c->tables[k][0] = &c->status;
+  }
+  if (!ok) {
     if (owned) free(arena);
     kiln_context_free(c);
     return kiln_fail(KILN_ERROR_MEMORY, "out of memory");
   }
   if (bytes && zero) memset(arena, 0, bytes);
   c->arena = arena, c->owns_arena = owned, c->arena_bytes = bytes, c->laid = -1;
-  memcpy(c->table, model->table, (size_t)T.slots * sizeof(void *));
-  for (int i = 0; i < T.arena_count; ++i) c->table[T.arena[i][0]] = c->arena + T.arena[i][1];
-  c->table[0] = &c->status;
   *context = c;
   return kiln_ok();
 }
@@ -638,7 +776,7 @@ static kiln_status kiln_context_in(const char *who, const kiln_model *model, voi
   const size_t whole = kiln_model_workspace_size(model);
   if (whole && !workspace) return kiln_fail(KILN_ERROR_ARGUMENT, "%s: workspace is NULL", who);
   if (whole && (uintptr_t)workspace % KILN_ALIGN) return kiln_fail(KILN_ERROR_ARGUMENT, "%s: the workspace at %p is not 64-byte aligned", who, workspace);
-  const size_t least = kiln_model_workspace_size_at(model, model->length_min); /* (no length: the whole workspace) */
+  const size_t least = kiln_model_workspace_size_at(model, model->length_min); /* (no run-time length: the whole workspace) */
   if (bytes < least)
     return kiln_fail(KILN_ERROR_ARGUMENT, "%s: a workspace of %zu bytes, the model needs %zu (kiln_model_workspace_size)", who, bytes, least);
   return kiln_context_over(model, (char *)workspace, bytes > whole ? whole : bytes, 0, zero, context);
@@ -655,7 +793,7 @@ kiln_status kiln_context_bind(const kiln_model *model, void *workspace, size_t b
   return kiln_context_in("kiln_context_bind", model, workspace, bytes, 0, context);
 }
 
-void **kiln_context_table(kiln_context *context) { return context ? context->table : NULL; }
+void **kiln_context_table(kiln_context *context) { return context ? context->tables[0] : NULL; }
 
 const int64_t *kiln_context_offsets(const kiln_context *context) { return context ? context->offsets : NULL; }
 
@@ -667,25 +805,29 @@ kiln_status kiln_context_set_threads(kiln_context *context, int threads) {
   return kiln_ok();
 }
 
-/* one run of the plan over the context's table (its inputs and outputs already in it): at `length`
-   where the plan has a run-time length; `host` called between segments (the Python runtime's host
-   steps; NULL: none) */
-kiln_status kiln_context_run(kiln_context *c, int64_t length, kiln_host_fn host) {
-  if (!c) return kiln_fail(KILN_ERROR_ARGUMENT, "kiln_context_run: context is NULL");
+/* one run of class k's plan over its table (its inputs and outputs already in it): at `length`
+   where the plan has a run-time length or is a padded class; `host` called between segments */
+static kiln_status kiln_class_run(kiln_context *c, int32_t k, int64_t length, kiln_host_fn host) {
+  const kiln_class *cl = &c->model->classes[k];
+  const kiln_plan_tables *t = cl->t;
+  void **table = c->tables[k];
   if (T.has_length) {
     if (length < 0 || length > T.capacity) return kiln_fail(KILN_ERROR_ARGUMENT, "a run at length %lld, the plan's capacity is %lld", (long long)length, (long long)T.capacity);
-    const int64_t e = kiln_bound(length);
+    const int64_t e = kiln_bound(t, length);
     if (!kiln_lay_out(c, e)) {
       int64_t *ends = c->offsets + T.growing_count;
       return kiln_fail(KILN_ERROR_ARGUMENT, "a run at length %lld needs a workspace of %lld bytes, this context's holds %zu (kiln_model_workspace_size_at)",
-                       (long long)length, (long long)kiln_layout(e, NULL, ends), c->arena_bytes);
+                       (long long)length, (long long)kiln_layout(t, e, NULL, ends), c->arena_bytes);
     }
     c->valid = length;
-    c->table[T.valid_slot] = &c->valid;
+    table[T.valid_slot] = &c->valid;
+  } else if (cl->length > 0) {
+    c->valid = length;
+    table[cl->valid_slot] = &c->valid;
   }
   c->status = 0;
   const int bound = kiln_pool_call_threads(c->threads);
-  const int code = kiln_run(c->table, host);
+  const int code = T.run(table, host);
   kiln_pool_call_threads(bound);
   if (code == 1) {
     const int32_t at = c->status;
@@ -697,8 +839,16 @@ kiln_status kiln_context_run(kiln_context *c, int64_t length, kiln_host_fn host)
   return code != 0 ? kiln_fail(KILN_ERROR_RUN, "the plan's entry returned %d", code) : kiln_ok();
 }
 
+/* (kiln's Python runtime) one run of the plan over the context's table (its inputs and outputs
+   already in it): at `length` where the plan has a run-time length; `host` called between
+   segments (the Python runtime's host steps; NULL: none) */
+kiln_status kiln_context_run(kiln_context *c, int64_t length, kiln_host_fn host) {
+  if (!c) return kiln_fail(KILN_ERROR_ARGUMENT, "kiln_context_run: context is NULL");
+  return kiln_class_run(c, 0, length, host);
+}
+
 /* a tensor against the model's description; *samples: its size of the sample-parallel dim (a
-   batched tensor's, else left as it was); *length: its run-time length */
+   batched tensor's, else left as it was); *length: its length */
 static kiln_status kiln_check_tensor(const kiln_model *m, const char *role, int index, const kiln_io *io, const DLTensor *t, int64_t *samples, int64_t *length) {
   if (!t->data) return kiln_fail(KILN_ERROR_ARGUMENT, "%s %d (%s): data is NULL", role, index, io->name);
   if (t->device.device_type != kDLCPU) return kiln_fail(KILN_ERROR_TENSOR, "%s %d (%s): not a CPU tensor (device type %d)", role, index, io->name, (int)t->device.device_type);
@@ -730,8 +880,8 @@ static kiln_status kiln_check_tensor(const kiln_model *m, const char *role, int 
 }
 
 /* the arena buffer an output was left in, for this run */
-static const char *kiln_arena_at(const kiln_context *c, const kiln_io *io) {
-  return c->arena + (T.has_length ? c->offsets[io->where] : io->where);
+static const char *kiln_arena_at(const kiln_context *c, const kiln_class *cl, const kiln_io *io) {
+  return c->arena + (cl->t->has_length ? c->offsets[io->where] : io->where);
 }
 
 /* the start of sample s of a tensor at length n (a batched tensor's rows of one sample) */
@@ -739,36 +889,49 @@ static size_t kiln_sample_at(const kiln_io *io, int64_t s, int64_t n) {
   return io->batched ? (size_t)s * (size_t)kiln_elements(io, n) * (io->bits / 8) : 0;
 }
 
+/* the class a run at length n takes, and the length it computes at (*e) */
+static int32_t kiln_class_for(const kiln_model *m, int64_t n, int64_t *e) {
+  const kiln_plan_tables *t = m->classes[0].t;
+  if (T.has_length) return *e = kiln_bound(t, n), 0;
+  for (int32_t k = 0; k < m->class_count; ++k)
+    if (m->classes[k].length >= n) return *e = m->classes[k].length, k;
+  return *e = n, 0; /* (no length: one class) */
+}
+
 /* the plan of one sample, once per sample (batched tensors: that sample's rows), each run at
-   length n where the plan has a run-time length (at E = max(n, floor): tensors below the floor
-   padded with zeros into the context's buffers, outputs cut back) */
+   length n where the model has a length (at E: a run-time length's max(n, floor), a padded
+   class's length; tensors shorter than E padded with zeros into the context's buffers, outputs
+   cut back) */
 static kiln_status kiln_infer_runs(kiln_context *c, const DLTensor *inputs, DLTensor *outputs, int64_t samples, int64_t n) {
   const kiln_model *m = c->model;
-  const int64_t e = T.has_length ? kiln_bound(n) : n;
+  int64_t e = n;
+  const int32_t k = kiln_class_for(m, n, &e);
+  const kiln_class *cl = &m->classes[k];
+  void **table = c->tables[k];
   const char *given[KILN_MAX_IO];
   for (int64_t s = 0; s < samples; ++s) {
     for (int i = 0; i < m->inputs; ++i) {
-      const kiln_io *io = &m->io[i];
+      const kiln_io *io = &cl->io[i];
       given[i] = (const char *)inputs[i].data + inputs[i].byte_offset + kiln_sample_at(io, s, n);
-      if (io->axis >= 0 && e != n) { /* below the floor: padded with zeros */
+      if (io->axis >= 0 && e != n) { /* shorter than the plan runs: padded with zeros */
         kiln_resize(io, c->pad[i], e, given[i], n);
         given[i] = c->pad[i];
       }
-      c->table[io->slot] = (void *)given[i];
+      table[io->slot] = (void *)given[i];
     }
     for (int i = 0; i < m->outputs; ++i) {
-      const kiln_io *io = &m->io[m->inputs + i];
+      const kiln_io *io = &cl->io[m->inputs + i];
       char *to = (char *)outputs[i].data + outputs[i].byte_offset + kiln_sample_at(io, s, n);
-      if (io->source == 0) c->table[io->slot] = io->axis >= 0 && e != n ? c->pad[m->inputs + i] : to;
+      if (io->source == 0) table[io->slot] = io->axis >= 0 && e != n ? c->pad[m->inputs + i] : to;
     }
-    const kiln_status ran = kiln_context_run(c, n, NULL);
+    const kiln_status ran = kiln_class_run(c, k, n, NULL);
     if (ran != KILN_OK) return ran;
     for (int i = 0; i < m->outputs; ++i) {
-      const kiln_io *io = &m->io[m->inputs + i];
+      const kiln_io *io = &cl->io[m->inputs + i];
       char *to = (char *)outputs[i].data + outputs[i].byte_offset + kiln_sample_at(io, s, n);
       const char *from = io->source == 0 ? (io->axis >= 0 && e != n ? c->pad[m->inputs + i] : NULL)
-                       : io->source == 1 ? kiln_arena_at(c, io)
-                       : io->source == 2 ? m->weights[io->where]
+                       : io->source == 1 ? kiln_arena_at(c, cl, io)
+                       : io->source == 2 ? cl->weights[io->where]
                        : given[io->where];
       if (!from) continue;
       if (io->axis >= 0)
@@ -783,20 +946,21 @@ static kiln_status kiln_infer_runs(kiln_context *c, const DLTensor *inputs, DLTe
 kiln_status kiln_infer(kiln_context *context, const DLTensor *inputs, int input_count, DLTensor *outputs, int output_count) {
   if (!context) return kiln_fail(KILN_ERROR_ARGUMENT, "kiln_infer: context is NULL");
   const kiln_model *m = context->model;
-  if (!m->io) return kiln_fail(KILN_ERROR_ARGUMENT, "kiln_infer: the model was bound without tensor descriptions (kiln's Python runtime): load a weights file");
+  if (!kiln_described(m)) return kiln_fail(KILN_ERROR_ARGUMENT, "kiln_infer: the model was bound without tensor descriptions (kiln's Python runtime): load a weights file");
   if (input_count != m->inputs || output_count != m->outputs)
     return kiln_fail(KILN_ERROR_ARGUMENT, "kiln_infer: %d inputs and %d outputs given, the model takes %d and %d", input_count, output_count, (int)m->inputs, (int)m->outputs);
   if ((m->inputs && !inputs) || (m->outputs && !outputs)) return kiln_fail(KILN_ERROR_ARGUMENT, "kiln_infer: inputs or outputs is NULL");
   int64_t samples = -1, length = -1;
+  const kiln_io *io = kiln_described(m);
   for (int i = 0; i < m->inputs; ++i) {
-    kiln_status status = kiln_check_tensor(m, "input", i, &m->io[i], &inputs[i], &samples, &length);
+    kiln_status status = kiln_check_tensor(m, "input", i, &io[i], &inputs[i], &samples, &length);
     if (status != KILN_OK) return status;
   }
   for (int i = 0; i < m->outputs; ++i) {
-    kiln_status status = kiln_check_tensor(m, "output", i, &m->io[m->inputs + i], &outputs[i], &samples, &length);
+    kiln_status status = kiln_check_tensor(m, "output", i, &io[m->inputs + i], &outputs[i], &samples, &length);
     if (status != KILN_OK) return status;
   }
-  return kiln_infer_runs(context, inputs, outputs, samples < 0 ? 1 : samples, T.has_length ? (length < 0 ? m->length_min : length) : 0);
+  return kiln_infer_runs(context, inputs, outputs, samples < 0 ? 1 : samples, length < 0 ? (m->classes[0].t->has_length ? m->length_min : 0) : length);
 }
 
 #undef T

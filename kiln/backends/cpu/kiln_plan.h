@@ -40,8 +40,12 @@ typedef struct {
   const int64_t (*length_constant_terms)[3];
   uint32_t cpu_needs; /* bits (capi.c's kiln_cpu_flag) of the instructions the code was built for */
   int32_t int8_vnni;  /* the code's int8 products may take the AVX512-VNNI path */
+  int (*run)(void **buffers, int (*host)(int gap)); /* the plan's entry (kiln_run) */
 } kiln_plan_tables;
 
 extern const kiln_plan_tables kiln_tables;
+/* the library's plans: its one (the unit defines it), or a padded length's classes (a C library of
+   them defines it over its renamed units' tables) */
+const kiln_plan_tables *const *kiln_library_plans(int32_t *count);
 
 #endif
