@@ -98,15 +98,18 @@ def emit_c(
     dims: dict[str, int] | None = None,
     batch: tuple[str, int, int] | None = None,
     length: tuple[str, int, int] | None = None,
+    extents: dict[str, tuple[int, int]] | None = None,
 ) -> Any:
     """Write ``model`` (a ``kiln.compile`` result for the cpu target) as a C library into ``folder``
     (``kiln compile --emit c``): kiln.h, libkiln_model.so and .a, the weights file, an example. ``dims``
     binds the symbolic dims; ``batch`` = (symbol, low, high) lets a sample-parallel dim take any size
-    in [low, high]; ``length`` = (symbol, low, high) a paddable dim any length in [low, high] on one
-    plan whose kernels take the length at run time. Returns what was written (``.line()`` says it)."""
+    in [low, high]; ``length`` = (symbol, low, high) a paddable dim any length in [low, high] (one
+    plan whose kernels take the length at run time, or its compiled classes); ``extents`` =
+    {symbol: (low, high)} dims the kernels take at run time through the dims vector (an image's
+    height and width). Returns what was written (``.line()`` says it)."""
     from kiln.driver.emit_c import emit_c as emit
 
-    return emit(model, folder, dims, batch, length)
+    return emit(model, folder, dims, batch, length, extents)
 
 
 def generate(model: Any, input_ids: Any, max_new_tokens: int, **sampling: Any) -> Any:

@@ -221,24 +221,31 @@ def compile_command(
 
 
 def _emit_c(compiled, output: Path, dims: dict, ranges: dict) -> None:  # type: ignore[no-untyped-def]
-    """The C library's folder: one size, and up to two ranges (--dim batch=1..64: a sample-parallel
-    batch; --dim seq=1..128: a run-time length; both: a BERT's)."""
+    """The C library's folder: one size, and ranges: a sample-parallel batch (--dim batch=1..64) and
+    a paddable length (--dim seq=1..128), together or alone; or dims the kernels take at run time
+    through the dims vector (--dim h=64..224 --dim w=64..224), every other dim bound."""
     from kiln.driver.emit_c import emit_c
     from kiln.driver.sizes import parse_range
     from kiln.passes.batching import Parallel
 
-    batch = length = None
-    for name, value in ranges.items():
-        ranged = (name, *parse_range(name, value))
-        if isinstance(compiled.sample_parallel().get(name), Parallel) and batch is None:
-            batch = ranged
-        elif length is None:
-            length = ranged
-        else:
+    parsed = {name: parse_range(name, value) for name, value in ranges.items()}
+    batch = next(((n, *r) for n, r in parsed.items() if isinstance(compiled.sample_parallel().get(n), Parallel)), None)
+    rest = {n: r for n, r in parsed.items() if batch is None or n != batch[0]}
+    route = getattr(getattr(compiled, "dims_model", None), "spatial", None)
+    if route is not None and rest and set(rest) <= set(route.symbols):  # the kernels take them through the dims vector
+        emitted = emit_c(compiled, output, dims, None, None, rest) if batch is None else None
+        if emitted is None:
             raise click.UsageError(
-                f"--emit c takes one sample-parallel batch range and one run-time length range: {name} is neither"
-            )
-    out.print(emit_c(compiled, output, dims, batch, length).line(), highlight=False)
+                f"--emit c: {', '.join(rest)} run through the dims vector: bind {batch[0]} with --dim"
+            )  # type: ignore[index]
+    elif len(rest) > 1:
+        raise click.UsageError(
+            f"--emit c takes one sample-parallel batch range and one length range: {', '.join(rest)} given"
+        )
+    else:
+        length = next(((n, *r) for n, r in rest.items()), None)
+        emitted = emit_c(compiled, output, dims, batch, length)
+    out.print(emitted.line(), highlight=False)
 
 
 def _say_accuracy(compiled, model: str, graph) -> None:  # type: ignore[no-untyped-def]

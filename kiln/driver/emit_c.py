@@ -41,6 +41,7 @@ import numpy as np
 
 from kiln.backends.cpu import c_unit, toolchain
 from kiln.driver.emit_c_classes import link_classes, weight_arrays
+from kiln.driver.emit_c_dims import dims_bounds, dims_variant, dims_words
 from kiln.driver.emit_c_length import length_variants, output_axes
 from kiln.errors import ArgumentError, CompilerError, KilnError
 from kiln.ir.types import DType, TensorType
@@ -85,13 +86,16 @@ def emit_c(
     dims: dict[str, int] | None = None,
     batch: tuple[str, int, int] | None = None,
     length: tuple[str, int, int] | None = None,
+    extents: dict[str, tuple[int, int]] | None = None,
 ) -> Emitted:
     """Write ``model`` (a ``kiln.compile`` result for the cpu target) as a C library into ``folder``
     (made if absent; files of these names in it are replaced, nothing else is touched). ``dims``
     binds the symbolic dims; ``batch`` = (symbol, low, high): a sample-parallel dim the library runs
     at any size in [low, high], one sample at a time on the plan of size 1 (its axis 0 in every
-    input and output); ``length`` = (symbol, low, high): a paddable dim whose kernels take the
-    length at run time, any length in [low, high] on one plan."""
+    input and output); ``length`` = (symbol, low, high): a paddable dim, any length in [low, high]
+    (one plan whose kernels take the length at run time, or its compiled classes); ``extents`` =
+    {symbol: (low, high)}: dims the kernels take at run time through the dims vector (an image's
+    height and width), every other dim bound."""
     dims = dict(dims or {})
     batched, padder = None, None
     if batch is not None and length is not None and batch[0] == length[0]:
@@ -99,13 +103,24 @@ def emit_c(
     if batch is not None:
         batched = _batch_axes(model, *batch)
         dims[batch[0]] = 1
-    unbound = sorted(set(symbols(model.signature)) - set(dims) - ({length[0]} if length else set()))
+    if extents and (batch is not None or length is not None):
+        raise ArgumentError(
+            "dims taken at run time through the dims vector take no other range: bind the rest with --dim"
+        )
+    unbound = sorted(
+        set(symbols(model.signature)) - set(dims) - ({length[0]} if length else set()) - set(extents or ())
+    )
     if unbound:
         raise ArgumentError(f"--emit c runs one size: bind {', '.join(unbound)} (--dim {unbound[0]}=N)")
     if not hasattr(model, "variant"):
         raise ArgumentError("--emit c takes a model compiled for the cpu target")
-    lengths = None
-    if length is not None:
+    lengths, vector = None, None
+    if extents:
+        executable, route, signature = dims_variant(model, dims, dict(extents))
+        variants = [(executable, -1)]
+        count = len(executable.plan.inputs) - 1
+        vector = (dims_words(route, signature, count), dims_bounds(route, signature, count, dict(extents)))
+    elif length is not None:
         variants, padder = length_variants(model, dims, *length)
         lengths = (tuple(a if a is not None else -1 for a in padder.padding.inputs), tuple(output_axes(padder)))
     else:
@@ -120,15 +135,19 @@ def emit_c(
     arrays, maps = weight_arrays(plans, _compiled_constant_slots)
     ranges = (batch[1:] if batch else (1, 1)) + (length[1:] if length else (1, 1))
     classes = [(plan, class_length, indices) for plan, (_, class_length), indices in zip(plans, variants, maps)]
-    header, data_at = _weights_header([a.nbytes for a in arrays], _descriptions(classes, batched, lengths, ranges), _plan_id(plans[0]))  # fmt: skip
+    words = _descriptions(classes, batched, lengths, ranges, vector)
+    header, data_at = _weights_header([a.nbytes for a in arrays], words, _plan_id(plans[0]))
     _write_library(folder, plans)
     data_bytes = _write_weights(folder / "model.kw", header, data_at, arrays)
     _replace(folder / "main.c", (HERE / "capi_example.c").read_bytes())
-    _replace(folder / "README.txt", _readme(plans[-1], len(plans[-1].inputs) - int(padder is not None)).encode())
+    _replace(
+        folder / "README.txt",
+        _readme(plans[-1], len(plans[-1].inputs) - int(padder is not None or bool(extents))).encode(),
+    )
     files = ["kiln.h", "libkiln_model.so", "model.kw", "main.c", "README.txt", "src/"]
     if (folder / "libkiln_model.a").exists():
         files.insert(2, "libkiln_model.a")
-    for ranged in (batch, length):
+    for ranged in (batch, length, *((name, *bounds) for name, bounds in (extents or {}).items())):
         if ranged is not None:
             dims[ranged[0]] = f"{ranged[1]}..{ranged[2]}"  # type: ignore[assignment]
     return Emitted(folder, files, data_bytes, dims)
@@ -241,16 +260,18 @@ def _batch_axes(model: Any, symbol: str, low: int, high: int) -> tuple[tuple[boo
     return tuple(axis == 0 for axis in found.inputs), tuple(axis == 0 for axis in found.outputs)
 
 
-def _descriptions(classes: list[tuple[Any, int, list[int]]], batched: Any, lengths: Any, ranges: tuple[int, ...]) -> list[int]:  # fmt: skip
+def _descriptions(classes: list[tuple[Any, int, list[int]]], batched: Any, lengths: Any, ranges: tuple[int, ...], vector: Any = None) -> list[int]:  # fmt: skip
     """The descriptions the library reads from the weights file (capi.c's kiln_read_io): the batch
     and length ranges, the tensor and plan counts, then per plan (a padded length's classes, or
     the one plan) its class length (0: none), its id, which array each of its weights is, its
     tensors (name, dtype, dims, slot, batched flag, length axis, the dims kiln_model_input/output
     describe) and the node each of its status codes names. ``batched``: each input's and output's
     sample-parallel flag (axis 0); ``lengths``: each one's length axis (-1: none; a padded plan's
-    last input, the valid length, is the library's own)."""
+    last input, the valid length, is the library's own); ``vector``: run-time dims (their section,
+    each tensor's dims' bounds; the plan's last input, the dims vector, is the library's own)."""
     plan = classes[0][0]
-    count = len(plan.inputs) - int(lengths is not None)
+    count = len(plan.inputs) - int(lengths is not None or vector is not None)
+    bounds = vector[1] if vector is not None else [None] * (count + len(plan.outputs))
     flags_in, flags_out = batched or ((False,) * count, (False,) * len(plan.outputs))
     axes_in, axes_out = lengths or ((-1,) * count, (-1,) * len(plan.outputs))
     words = [*ranges, count, len(plan.outputs), len(classes)]
@@ -264,13 +285,13 @@ def _descriptions(classes: list[tuple[Any, int, list[int]]], batched: Any, lengt
             *zip(plan.graph.inputs[:count], plan.inputs, flags_in, axes_in),
             *zip(plan.graph.outputs, plan.outputs, flags_out, axes_out),
         ]
-        for value, buffer, flag, axis in described:
-            words += _description(value, plan.table[buffer], (flag, axis), ranges)
+        for (value, buffer, flag, axis), dim_bounds in zip(described, bounds):
+            words += _description(value, plan.table[buffer], (flag, axis), ranges, dim_bounds)
         labels = dict(getattr(plan, "kernel_labels", {}) or {})  # the node each status code names
         words.append(max(labels, default=-1) + 1)
         for code in range(words[-1]):
             words += _text_words(str(labels.get(code, "?")))
-    return words
+    return words + (vector[0] if vector is not None else [0])
 
 
 def _text_words(text: str) -> list[int]:
@@ -280,7 +301,7 @@ def _text_words(text: str) -> list[int]:
     return [len(raw), *(int.from_bytes(padded[i : i + 8], "little") for i in range(0, len(padded), 8))]
 
 
-def _description(value: Any, slot: int, flags: tuple[bool, int], ranges: tuple[int, ...]) -> list[int]:
+def _description(value: Any, slot: int, flags: tuple[bool, int], ranges: tuple[int, ...], bounds: Any = None) -> list[int]:  # fmt: skip
     batched, axis = flags
     vtype = value.type
     if not isinstance(vtype, TensorType) or vtype.shape is None or not vtype.is_static:
@@ -297,6 +318,9 @@ def _description(value: Any, slot: int, flags: tuple[bool, int], ranges: tuple[i
         shown[0], low[0], high[0] = -1, ranges[0], ranges[1]
     if axis >= 0:  # a run-time length: -1 on its axis, within the length range
         shown[axis], low[axis], high[axis] = -1, ranges[2], ranges[3]
+    for d, bound in enumerate(bounds or ()):  # run-time dims: -1 within their bounds
+        if bound is not None:
+            shown[d], low[d], high[d] = -1, bound[0], bound[1]
     return words + shape + shown + low + high
 
 

@@ -77,8 +77,9 @@ def feeds_of(model) -> dict[str, np.ndarray]:  # type: ignore[no-untyped-def]
 
 
 def run_c(
-    binary: Path, folder: Path, model, feeds, tmp_path: Path, batch: int = 1, mode: str = "run", length: int = -1
-) -> list[np.ndarray]:  # type: ignore[no-untyped-def]
+    binary: Path, folder: Path, model, feeds, tmp_path: Path, batch: int = 1, mode: str = "run", length: int = -1,
+    shapes: str = "",
+) -> list[np.ndarray]:  # type: ignore[no-untyped-def]  # fmt: skip
     paths = []
     for name in model.input_names:
         path = tmp_path / f"in-{name}.bin"
@@ -86,7 +87,8 @@ def run_c(
         paths.append(str(path))
     outs = [str(tmp_path / f"out-{i}.bin") for i in range(len(model.output_names))]
     result = subprocess.run(
-        [str(binary), f"batch={batch}", *([f"len={length}"] if length >= 0 else []), mode, str(folder / "model.kw"), *paths, *outs],
+        [str(binary), f"batch={batch}", *([f"len={length}"] if length >= 0 else []), *([f"shapes={shapes}"] if shapes else []),
+         mode, str(folder / "model.kw"), *paths, *outs],
         capture_output=True,
         text=True,
     )  # fmt: skip
@@ -507,6 +509,65 @@ def test_compiled_length_classes_run_every_length_from_one_library(tmp_path):
             np.testing.assert_array_equal(got, want, err_msg=f"{program.name} at {samples}x{length}")
     result = subprocess.run([str(binaries[0]), "batch=1", "len=41", "misuse", str(folder / "model.kw")], capture_output=True, text=True)  # fmt: skip
     assert "outside the model's range 1..40" in result.stdout + result.stderr, result.stdout + result.stderr
+
+
+def strided_cnn() -> onnx.ModelProto:
+    """x [1, 3, h, w] through a stride-2 convolution, a Relu and a convolution: y [1, 2, (h+1)//2,
+    (w+1)//2] (sizes that are no polynomial of h and w: the dims vector's route)."""
+    rng = np.random.default_rng(14)
+    w1 = numpy_helper.from_array(rng.standard_normal((4, 3, 3, 3)).astype(np.float32), "w1")
+    w2 = numpy_helper.from_array(rng.standard_normal((2, 4, 3, 3)).astype(np.float32), "w2")
+    nodes = [
+        helper.make_node("Conv", ["x", "w1"], ["c"], pads=[1, 1, 1, 1], strides=[2, 2]),
+        helper.make_node("Relu", ["c"], ["r"]),
+        helper.make_node("Conv", ["r", "w2"], ["y"], pads=[1, 1, 1, 1]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "strided",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, "h", "w"])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2, None, None])],
+        [w1, w2],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_image_sizes_taken_at_run_time_run_from_c_bit_for_bit(tmp_path):
+    """--dim h=8..40 --dim w=8..40 on a conv net: the plan whose kernels take the sizes at run time
+    through the dims vector; the library computes the vector from the input's dims (its program as
+    data: (h+1)//2), lays the input out in its capacity and reads the output back at its sizes; every
+    size bit for bit Python's, normal and under ASan/UBSan; a size outside the range, or an output of
+    the wrong dims, a status with the reason."""
+    model = kiln.compile(strided_cnn())
+    folder = tmp_path / "dims"
+    emitted = kiln.emit_c(model, folder, extents={"h": (8, 40), "w": (8, 40)})
+    assert emitted.dims == {"h": "8..40", "w": "8..40"}
+    binaries = [build(folder)]
+    if sanitizers_work(tmp_path):
+        flags = ["-fsanitize=address,undefined", "-fno-sanitize-recover=undefined", "-g", f"-I{folder / 'src'}"]
+        binaries.append(build(folder, flags, [str(folder / "src" / "capi.c")], ["-lkiln_model"]))
+    rng = np.random.default_rng(15)
+    for h, w in ((8, 8), (17, 23), (40, 40), (9, 31)):
+        x = rng.standard_normal((1, 3, h, w)).astype(np.float32)
+        want = np.asarray(model.run({"x": x})["y"], np.float32)
+        assert want.shape == (1, 2, (h + 1) // 2, (w + 1) // 2)
+        for program in binaries:
+            shapes = f"1x3x{h}x{w},1x2x{(h + 1) // 2}x{(w + 1) // 2}"
+            (got,) = run_c(program, folder, model, {"x": x}, tmp_path, shapes=shapes)
+            np.testing.assert_array_equal(got, want.reshape(-1), err_msg=f"{program.name} at {h}x{w}")
+    np.zeros((1, 3, 41, 8), np.float32).tofile(tmp_path / "big.bin")
+    command = [str(binaries[0]), "shapes=1x3x41x8,1x2x21x4", "run", str(folder / "model.kw"), str(tmp_path / "big.bin"), str(tmp_path / "o.bin")]  # fmt: skip
+    result = subprocess.run(command, capture_output=True, text=True)
+    assert result.returncode == 1 and "outside the model's range 8..40" in result.stderr, result.stderr
+    np.zeros((1, 3, 17, 23), np.float32).tofile(tmp_path / "x.bin")
+    command = [str(binaries[0]), "shapes=1x3x17x23,1x2x8x12", "run", str(folder / "model.kw"), str(tmp_path / "x.bin"), str(tmp_path / "o.bin")]  # fmt: skip
+    result = subprocess.run(command, capture_output=True, text=True)
+    assert result.returncode == 1 and "the model's at these inputs' dims is 9" in result.stderr, result.stderr
+    example = folder / "example"  # (it sizes its output with kiln_model_output_shape: 4x4 for an 8x8 input)
+    command = [CC, *STRICT, str(folder / "main.c"), f"-I{folder}", f"-L{folder}", "-lkiln_model", "-Wl,-rpath,$ORIGIN", "-o", str(example)]  # fmt: skip
+    assert subprocess.run(command, capture_output=True, cwd=folder).returncode == 0
+    run = subprocess.run([str(example), "model.kw"], capture_output=True, text=True, cwd=folder)
+    assert run.returncode == 0 and "output 0 starts" in run.stdout, run.stdout + run.stderr
 
 
 def embedding_model_of_length() -> onnx.ModelProto:

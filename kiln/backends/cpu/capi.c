@@ -58,6 +58,7 @@ kiln_status kiln_context_set_threads(kiln_context *context, int threads);
 #define KILN_MAX_DIMS 16
 #define KILN_MAX_CLASSES 64
 #define T (*t) /* the plan a function works on: its `t` */
+#define T_OF(k) (*(k)->t)
 
 
 typedef struct {
@@ -95,6 +96,16 @@ struct kiln_model {
   int64_t batch_min, batch_max, length_min, length_max;
   int32_t label_count;  /* the node each status code names (from the weights file) */
   const char **labels;
+  /* run-time dims (kiln.driver.spatial: an image's height and width): the plan's last input is the
+     dims vector, each entry an input tensor's dim or a program of earlier entries */
+  int32_t dim_count;
+  const int64_t *dim_capacity;      /* each entry at the capacity (the arena's sizes) */
+  const int64_t **dim_code;         /* each entry's program (postfix words; NULL: an input's dim) */
+  int64_t *dim_code_length;
+  int32_t equal_count;              /* groups of entries every specialized binding had equal */
+  const int64_t **equal;
+  int64_t *equal_length;
+  const int64_t **io_dims;          /* per tensor, per dim: its entry (-1: a fixed dim) */
 };
 
 struct kiln_context {
@@ -109,6 +120,7 @@ struct kiln_context {
   int64_t *offsets;    /* a run-time length: the arena laid out for the run (growing order) */
   char **pad;          /* tensors at a padded length (below a run-time length's floor, or a class's) */
   void **constants;    /* written per run at its length */
+  int64_t *vector;     /* run-time dims: this run's dims vector */
 };
 
 static _Thread_local char kiln_message[512];
@@ -342,12 +354,13 @@ static kiln_status kiln_read_class(kiln_model *m, kiln_class *k, kiln_cursor *c,
   const int64_t *id;
   if (!kiln_take1(c, &k->length) || !kiln_take(c, 8, &id)) return kiln_fail(KILN_ERROR_FILE, "the weights file's descriptions end early: damaged");
   if (memcmp(id, T.id, 64) != 0) return kiln_fail(KILN_ERROR_FILE, "the weights file is another model's (a plan's id differs from this library's)");
-  const int32_t plan_inputs = T.input_count - (T.has_length || k->length > 0 ? 1 : 0);
+  const int32_t plan_inputs = T.input_count - (T.has_length || k->length != 0 ? 1 : 0);
   if (m->inputs != plan_inputs || m->outputs != T.output_count)
     return kiln_fail(KILN_ERROR_FILE, "the weights file describes %d inputs and %d outputs, the plan has %d and %d: damaged or another model's", (int)m->inputs, (int)m->outputs, (int)plan_inputs, (int)T.output_count);
-  if (k->length < 0 || k->length > (1ll << 31) || (k->length > 0 && (T.has_length || T.slot_bytes[T.input_slots[T.input_count - 1]] != 8)))
+  if (k->length < -1 || k->length > (1ll << 31) || (k->length > 0 && (T.has_length || T.slot_bytes[T.input_slots[T.input_count - 1]] != 8)) ||
+      (k->length != 0 && T.input_count < 1))
     return kiln_fail(KILN_ERROR_FILE, "the weights file's class length does not fit its plan: damaged");
-  k->valid_slot = k->length > 0 ? T.input_slots[T.input_count - 1] : 0;
+  k->valid_slot = k->length != 0 ? T.input_slots[T.input_count - 1] : 0; /* (-1: the dims vector's) */
   const int64_t *map;
   int64_t mapped;
   if (!kiln_take1(c, &mapped) || mapped != T.constant_count || !kiln_take(c, T.constant_count, &map))
@@ -367,6 +380,52 @@ static kiln_status kiln_read_class(kiln_model *m, kiln_class *k, kiln_cursor *c,
     else kiln_source(t, io, m->inputs);
   }
   return kiln_read_labels(m, c);
+}
+
+/* run-time dims: the entry count (0: none), each entry's capacity and program (its length, 0: an
+   input's dim), the groups of equal entries, and each tensor's dims' entries */
+static kiln_status kiln_read_dims(kiln_model *m, kiln_cursor *c) {
+  int64_t n;
+  if (!kiln_take1(c, &n) || n < 0 || n > 4096) return kiln_fail(KILN_ERROR_FILE, "the weights file's dims vector is missing or too long: damaged");
+  const kiln_class *k = &m->classes[0];
+  if ((n > 0) != (k->length == -1) || (n > 0 && (m->class_count != 1 || T_OF(k).slot_bytes[k->valid_slot] != 8 * n)))
+    return kiln_fail(KILN_ERROR_FILE, "the weights file's dims vector is not its plan's: damaged");
+  if (n == 0) return KILN_OK;
+  m->dim_count = (int32_t)n;
+  m->dim_code = (const int64_t **)calloc((size_t)n, sizeof(int64_t *));
+  m->dim_code_length = (int64_t *)calloc((size_t)n, sizeof(int64_t));
+  m->io_dims = (const int64_t **)calloc((size_t)(m->inputs + m->outputs) + 1, sizeof(int64_t *));
+  if (!m->dim_code || !m->dim_code_length || !m->io_dims) return kiln_fail(KILN_ERROR_MEMORY, "out of memory");
+  if (!kiln_take(c, n, &m->dim_capacity)) return kiln_fail(KILN_ERROR_FILE, "the weights file's dims vector ends early: damaged");
+  for (int64_t i = 0; i < n; ++i) {
+    if ((m->dim_capacity[i] < 1 && m->dim_capacity[i] != -1) || m->dim_capacity[i] > (1ll << 31)) /* (-1: a size no kernel keeps) */
+      return kiln_fail(KILN_ERROR_FILE, "a dims vector entry's capacity is out of range: damaged");
+    if (!kiln_take1(c, &m->dim_code_length[i]) || m->dim_code_length[i] < 0 || m->dim_code_length[i] > 4096 || !kiln_take(c, m->dim_code_length[i], &m->dim_code[i]))
+      return kiln_fail(KILN_ERROR_FILE, "a dims vector entry's program runs past the descriptions: damaged");
+    if (!m->dim_code_length[i]) m->dim_code[i] = NULL;
+  }
+  int64_t groups;
+  if (!kiln_take1(c, &groups) || groups < 0 || groups > n) return kiln_fail(KILN_ERROR_FILE, "the weights file's equal dims are damaged");
+  m->equal_count = (int32_t)groups;
+  m->equal = (const int64_t **)calloc((size_t)groups + 1, sizeof(int64_t *));
+  m->equal_length = (int64_t *)calloc((size_t)groups + 1, sizeof(int64_t));
+  if (!m->equal || !m->equal_length) return kiln_fail(KILN_ERROR_MEMORY, "out of memory");
+  for (int64_t g = 0; g < groups; ++g) {
+    if (!kiln_take1(c, &m->equal_length[g]) || m->equal_length[g] < 0 || m->equal_length[g] > n || !kiln_take(c, m->equal_length[g], &m->equal[g]))
+      return kiln_fail(KILN_ERROR_FILE, "the weights file's equal dims are damaged");
+    for (int64_t e = 0; e < m->equal_length[g]; ++e)
+      if (m->equal[g][e] < 0 || m->equal[g][e] >= n) return kiln_fail(KILN_ERROR_FILE, "the weights file's equal dims are damaged");
+  }
+  for (int i = 0; i < m->inputs + m->outputs; ++i) {
+    const kiln_io *io = &k->io[i];
+    if (!kiln_take(c, io->ndim, &m->io_dims[i])) return kiln_fail(KILN_ERROR_FILE, "the weights file's tensor dims end early: damaged");
+    for (int d = 0; d < io->ndim; ++d) {
+      const int64_t e = m->io_dims[i][d];
+      if (e < -1 || e >= n || (e >= 0 && (io->shape[d] != m->dim_capacity[e] || io->batched || io->axis >= 0)))
+        return kiln_fail(KILN_ERROR_FILE, "tensor %d's dim %d is not a dims vector entry at its capacity: damaged", i, d);
+    }
+  }
+  return KILN_OK;
 }
 
 /* the descriptions after the arrays' sizes: the batch and length ranges, the counts, each class */
@@ -400,6 +459,7 @@ static kiln_status kiln_read_io(kiln_model *m, const unsigned char *p, size_t da
     if (status == KILN_OK && m->class_count > 1 && m->classes[k].length <= before)
       status = kiln_fail(KILN_ERROR_FILE, "the weights file's class lengths do not grow: damaged");
   }
+  if (status == KILN_OK) status = kiln_read_dims(m, &c);
   const kiln_class *last = m->class_count > 0 ? &m->classes[m->class_count - 1] : NULL;
   if (status == KILN_OK && last && last->t->has_length && m->length_max > last->t->capacity)
     status = kiln_fail(KILN_ERROR_FILE, "the weights file's length range passes its plan's capacity: damaged");
@@ -445,6 +505,7 @@ void kiln_model_free(kiln_model *model) {
   if (model->map) munmap(model->map, model->map_bytes);
   kiln_model_free_classes(model);
   free(model->words), free(model->labels);
+  free(model->dim_code), free(model->dim_code_length), free(model->equal), free(model->equal_length), free(model->io_dims);
   free(model);
 }
 
@@ -660,6 +721,15 @@ static kiln_status kiln_context_buffers(kiln_context *c, const kiln_model *m) {
     const size_t bytes = (size_t)(n > 0 ? n : 1) * (size_t)(T.length_constant_bits[k] / 8);
     if (posix_memalign(&c->constants[k], KILN_ALIGN, bytes) != 0) return KILN_ERROR_MEMORY;
   }
+  if (m->dim_count) { /* run-time dims: every tensor laid out in a buffer of its capacity, the vector */
+    c->vector = (int64_t *)calloc((size_t)m->dim_count, sizeof(int64_t));
+    if (!c->vector) return KILN_ERROR_MEMORY;
+    for (int i = 0; i < m->inputs + m->outputs; ++i) {
+      const kiln_io *io = &kiln_described(m)[i];
+      if (!(c->pad[i] = (char *)calloc((size_t)io->elements + 1, io->bits / 8))) return KILN_ERROR_MEMORY;
+    }
+    return KILN_OK;
+  }
   const int64_t length = kiln_pad_length(m);
   if (!length || !kiln_described(m)) return KILN_OK;
   for (int i = 0; i < m->inputs + m->outputs; ++i) {
@@ -721,7 +791,7 @@ void kiln_context_free(kiln_context *context) {
     for (int k = 0; k < m->classes[0].t->length_constant_count; ++k) free(context->constants[k]);
   if (context->tables && m)
     for (int32_t k = 0; k < m->class_count; ++k) free(context->tables[k]);
-  free(context->tables), free(context->offsets), free(context->pad), free(context->constants);
+  free(context->tables), free(context->offsets), free(context->pad), free(context->constants), free(context->vector);
   free(context);
 }
 
@@ -847,6 +917,115 @@ kiln_status kiln_context_run(kiln_context *c, int64_t length, kiln_host_fn host)
   return kiln_class_run(c, 0, length, host);
 }
 
+static const char *kiln_arena_at(const kiln_context *c, const kiln_class *cl, const kiln_io *io);
+
+/* run-time dims: each dim's dims vector entry of the tensor `io` describes (-1: fixed) */
+static const int64_t *kiln_io_dims(const kiln_model *m, const kiln_io *io) { return m->io_dims[io - kiln_described(m)]; }
+
+/* run-time dims: one postfix program over the vector's earlier entries (CONST v, ENTRY j, ADD, SUB,
+   MUL, FLOORDIV, MOD, MIN, MAX); 0 when it is malformed, reads an entry not yet known, divides by
+   less than 1 or overflows */
+static int kiln_dims_eval(const int64_t *code, int64_t length, const int64_t *v, int32_t n, int64_t *out) {
+  int64_t stack[32];
+  int sp = 0;
+  for (int64_t i = 0; i < length;) {
+    const int64_t op = code[i++];
+    if (op == 1 || op == 2) {
+      if (i >= length || sp >= 32) return 0;
+      const int64_t x = code[i++];
+      if (op == 2 && (x < 0 || x >= n || v[x] < 0)) return 0;
+      stack[sp++] = op == 1 ? x : v[x];
+      continue;
+    }
+    if (sp < 2) return 0;
+    const int64_t b = stack[--sp], a = stack[sp - 1];
+    int64_t r = 0;
+    switch (op) {
+      case 3: if (__builtin_add_overflow(a, b, &r)) return 0; break;
+      case 4: if (__builtin_sub_overflow(a, b, &r)) return 0; break;
+      case 5: if (__builtin_mul_overflow(a, b, &r)) return 0; break;
+      case 6: if (b < 1) return 0; r = a / b - (a % b != 0 && a < 0); break;
+      case 7: if (b < 1) return 0; r = a % b; r += r < 0 ? b : 0; break;
+      case 8: r = a < b ? a : b; break;
+      case 9: r = a > b ? a : b; break;
+      default: return 0;
+    }
+    stack[sp - 1] = r;
+  }
+  if (sp != 1) return 0;
+  *out = stack[0];
+  return 1;
+}
+
+/* run-time dims: this run's vector from the inputs' dims and the programs, checked: every entry
+   within 1..its capacity, the entries every specialized binding had equal equal here too (else
+   only specializing the graph, in Python, can tell whether the model has shapes there) */
+static kiln_status kiln_dims_vector(const kiln_model *m, const DLTensor *inputs, int64_t *v) {
+  const kiln_io *io = kiln_described(m);
+  for (int32_t e = 0; e < m->dim_count; ++e) v[e] = -1;
+  for (int i = 0; i < m->inputs; ++i)
+    for (int d = 0; d < io[i].ndim; ++d) {
+      const int64_t e = m->io_dims[i][d], size = inputs[i].shape[d];
+      if (e < 0) continue;
+      if (v[e] >= 0 && v[e] != size)
+        return kiln_fail(KILN_ERROR_TENSOR, "input %d (%s): dim %d is %lld, another input's same dim is %lld", i, io[i].name, d, (long long)size, (long long)v[e]);
+      v[e] = size;
+    }
+  for (int32_t e = 0; e < m->dim_count; ++e) {
+    if (m->dim_code[e] && !kiln_dims_eval(m->dim_code[e], m->dim_code_length[e], v, m->dim_count, &v[e]))
+      return kiln_fail(KILN_ERROR_TENSOR, "the model's size %d cannot be computed at these inputs' dims", (int)e);
+    if (m->dim_capacity[e] >= 1 && (v[e] < 1 || v[e] > m->dim_capacity[e]))
+      return kiln_fail(KILN_ERROR_TENSOR, "the model's size %d is %lld at these inputs' dims, outside 1..%lld: the model has no shapes there", (int)e, (long long)v[e], (long long)m->dim_capacity[e]);
+  }
+  for (int32_t g = 0; g < m->equal_count; ++g)
+    for (int64_t k = 1; k < m->equal_length[g]; ++k)
+      if (v[m->equal[g][k]] != v[m->equal[g][0]])
+        return kiln_fail(KILN_ERROR_TENSOR, "two of the model's sizes differ at these inputs' dims (%lld and %lld), equal wherever it was compiled: only Python can tell whether it has shapes there",
+                         (long long)v[m->equal[g][0]], (long long)v[m->equal[g][k]]);
+  return KILN_OK;
+}
+
+/* run-time dims: one run, every tensor laid out densely at its sizes in the first part of a
+   buffer of its capacity (the rest zero), the vector the plan's last input */
+static kiln_status kiln_infer_dims(kiln_context *c, const DLTensor *inputs, DLTensor *outputs) {
+  const kiln_model *m = c->model;
+  const kiln_class *cl = &m->classes[0];
+  const kiln_io *io = cl->io;
+  kiln_status status = kiln_dims_vector(m, inputs, c->vector);
+  if (status != KILN_OK) return status;
+  size_t bytes[KILN_MAX_IO];
+  for (int i = 0; i < m->inputs + m->outputs; ++i) {
+    const DLTensor *t = i < m->inputs ? &inputs[i] : &outputs[i - m->inputs];
+    int64_t n = 1;
+    for (int d = 0; d < io[i].ndim; ++d) {
+      const int64_t e = m->io_dims[i][d], want = e >= 0 ? c->vector[e] : io[i].shape[d];
+      if (t->shape[d] != want)
+        return kiln_fail(KILN_ERROR_TENSOR, "%s %d (%s): dim %d is %lld, the model's at these inputs' dims is %lld", i < m->inputs ? "input" : "output",
+                         i < m->inputs ? i : i - m->inputs, io[i].name, d, (long long)t->shape[d], (long long)want);
+      n *= want;
+    }
+    bytes[i] = (size_t)n * (io[i].bits / 8);
+  }
+  void **table = c->tables[0];
+  for (int i = 0; i < m->inputs; ++i) {
+    const size_t whole = (size_t)io[i].elements * (io[i].bits / 8);
+    memcpy(c->pad[i], (const char *)inputs[i].data + inputs[i].byte_offset, bytes[i]);
+    memset(c->pad[i] + bytes[i], 0, whole - bytes[i]);
+    table[io[i].slot] = c->pad[i];
+  }
+  table[cl->valid_slot] = c->vector;
+  for (int i = m->inputs; i < m->inputs + m->outputs; ++i)
+    if (io[i].source == 0) table[io[i].slot] = c->pad[i];
+  status = kiln_class_run(c, 0, 0, NULL);
+  if (status != KILN_OK) return status;
+  for (int i = m->inputs; i < m->inputs + m->outputs; ++i) {
+    const char *from = io[i].source == 0 ? c->pad[i] : io[i].source == 1 ? kiln_arena_at(c, cl, &io[i])
+                     : io[i].source == 2 ? cl->weights[io[i].where] : c->pad[io[i].where];
+    memmove((char *)outputs[i - m->inputs].data + outputs[i - m->inputs].byte_offset, from, bytes[i]);
+  }
+  return kiln_ok();
+}
+
 /* a tensor against the model's description; *samples: its size of the sample-parallel dim (a
    batched tensor's, else left as it was); *length: its length */
 static kiln_status kiln_check_tensor(const kiln_model *m, const char *role, int index, const kiln_io *io, const DLTensor *t, int64_t *samples, int64_t *length) {
@@ -870,6 +1049,9 @@ static kiln_status kiln_check_tensor(const kiln_model *m, const char *role, int 
       if (*length >= 0 && size != *length)
         return kiln_fail(KILN_ERROR_TENSOR, "%s %d (%s): dim %d is %lld, another tensor's length is %lld", role, index, io->name, d, (long long)size, (long long)*length);
       *length = size;
+    } else if (m->dim_count && kiln_io_dims(m, io)[d] >= 0) {
+      if (size < io->minimum[d] || size > io->maximum[d])
+        return kiln_fail(KILN_ERROR_TENSOR, "%s %d (%s): dim %d is %lld, outside the model's range %lld..%lld", role, index, io->name, d, (long long)size, (long long)io->minimum[d], (long long)io->maximum[d]);
     } else if (size != io->shape[d]) {
       return kiln_fail(KILN_ERROR_TENSOR, "%s %d (%s): dim %d is %lld, the model's is %lld", role, index, io->name, d, (long long)size, (long long)io->shape[d]);
     }
@@ -943,6 +1125,30 @@ static kiln_status kiln_infer_runs(kiln_context *c, const DLTensor *inputs, DLTe
   return kiln_ok();
 }
 
+kiln_status kiln_model_output_shape(const kiln_model *m, const DLTensor *inputs, int input_count, int index, int64_t *shape) {
+  if (!m || !shape || (m->inputs && !inputs)) return kiln_fail(KILN_ERROR_ARGUMENT, "kiln_model_output_shape: model, inputs or shape is NULL");
+  const kiln_io *io = kiln_described(m);
+  if (!io) return kiln_fail(KILN_ERROR_ARGUMENT, "kiln_model_output_shape: the model was bound without tensor descriptions");
+  if (input_count != m->inputs || index < 0 || index >= m->outputs)
+    return kiln_fail(KILN_ERROR_ARGUMENT, "kiln_model_output_shape: %d inputs and output %d, the model takes %d and has %d", input_count, index, (int)m->inputs, (int)m->outputs);
+  int64_t samples = -1, length = -1, vector[4096];
+  for (int i = 0; i < m->inputs; ++i) {
+    if (!inputs[i].data) return kiln_fail(KILN_ERROR_ARGUMENT, "input %d (%s): data is NULL", i, io[i].name);
+    kiln_status status = kiln_check_tensor(m, "input", i, &io[i], &inputs[i], &samples, &length);
+    if (status != KILN_OK) return status;
+  }
+  if (m->dim_count) {
+    kiln_status status = kiln_dims_vector(m, inputs, vector);
+    if (status != KILN_OK) return status;
+  }
+  const kiln_io *out = &io[m->inputs + index];
+  for (int d = 0; d < out->ndim; ++d) {
+    const int64_t e = m->dim_count ? m->io_dims[m->inputs + index][d] : -1;
+    shape[d] = e >= 0 ? vector[e] : d == 0 && out->batched ? (samples < 0 ? 1 : samples) : d == out->axis ? (length < 0 ? m->length_min : length) : out->shape[d];
+  }
+  return kiln_ok();
+}
+
 kiln_status kiln_infer(kiln_context *context, const DLTensor *inputs, int input_count, DLTensor *outputs, int output_count) {
   if (!context) return kiln_fail(KILN_ERROR_ARGUMENT, "kiln_infer: context is NULL");
   const kiln_model *m = context->model;
@@ -960,6 +1166,7 @@ kiln_status kiln_infer(kiln_context *context, const DLTensor *inputs, int input_
     kiln_status status = kiln_check_tensor(m, "output", i, &io[m->inputs + i], &outputs[i], &samples, &length);
     if (status != KILN_OK) return status;
   }
+  if (m->dim_count) return kiln_infer_dims(context, inputs, outputs);
   return kiln_infer_runs(context, inputs, outputs, samples < 0 ? 1 : samples, length < 0 ? (m->classes[0].t->has_length ? m->length_min : 0) : length);
 }
 

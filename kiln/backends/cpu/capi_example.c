@@ -14,12 +14,19 @@ static int64_t elements(const kiln_tensor_info *info, int64_t *shape) {
   return n;
 }
 
-static int fill(const kiln_model *model, int index, int output, DLTensor *tensor) {
+/* an input at its smallest sizes; an output at the dims those inputs give it */
+static int fill(const kiln_model *model, int index, const DLTensor *inputs, DLTensor *tensor) {
   kiln_tensor_info info;
+  const int output = inputs != NULL;
   if ((output ? kiln_model_output(model, index, &info) : kiln_model_input(model, index, &info)) != KILN_OK) return 0;
   if (used >= 256 || info.ndim > 8) return 0;
-  int64_t *shape = dims[used++];
-  tensor->data = calloc((size_t)elements(&info, shape) + 1, info.dtype.bits / 8);
+  int64_t *shape = dims[used++], n = elements(&info, shape);
+  if (output) {
+    if (kiln_model_output_shape(model, inputs, kiln_model_input_count(model), index, shape) != KILN_OK) return 0;
+    n = 1;
+    for (int d = 0; d < info.ndim; ++d) n *= shape[d];
+  }
+  tensor->data = calloc((size_t)n + 1, info.dtype.bits / 8);
   tensor->device.device_type = kDLCPU;
   tensor->device.device_id = 0;
   tensor->ndim = info.ndim;
@@ -38,9 +45,9 @@ int main(int argc, char **argv) {
   const int n_in = kiln_model_input_count(model), n_out = kiln_model_output_count(model);
   DLTensor *inputs = calloc((size_t)n_in + 1, sizeof(DLTensor)), *outputs = calloc((size_t)n_out + 1, sizeof(DLTensor));
   for (int i = 0; i < n_in; ++i)
-    if (!fill(model, i, 0, &inputs[i])) return fprintf(stderr, "out of memory\n"), 1;
+    if (!fill(model, i, NULL, &inputs[i])) return fprintf(stderr, "%s\n", kiln_last_error()), 1;
   for (int i = 0; i < n_out; ++i)
-    if (!fill(model, i, 1, &outputs[i])) return fprintf(stderr, "out of memory\n"), 1;
+    if (!fill(model, i, inputs, &outputs[i])) return fprintf(stderr, "%s\n", kiln_last_error()), 1;
   kiln_context *context = NULL;
   if (kiln_context_create(model, &context) != KILN_OK || kiln_infer(context, inputs, n_in, outputs, n_out) != KILN_OK)
     return fprintf(stderr, "%s\n", kiln_last_error()), 1;

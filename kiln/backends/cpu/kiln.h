@@ -83,6 +83,10 @@ int kiln_model_input_count(const kiln_model *model);
 int kiln_model_output_count(const kiln_model *model);
 kiln_status kiln_model_input(const kiln_model *model, int index, kiln_tensor_info *info);
 kiln_status kiln_model_output(const kiln_model *model, int index, kiln_tensor_info *info);
+/* output `index`'s dims for these inputs (a -1 dim follows them: the batch, the length, or a size
+   the model computes from the inputs' dims) into `shape` (its ndim values); the inputs' data is not
+   read, only their dims, which are checked as kiln_infer checks them */
+kiln_status kiln_model_output_shape(const kiln_model *model, const DLTensor *inputs, int input_count, int index, int64_t *shape);
 /* bytes of working memory a context of this model holds (every size of its range runs in it) */
 size_t kiln_model_workspace_size(const kiln_model *model);
 /* bytes a context needs to run at most `length` of a run-time length (a workspace this size given to

@@ -17,14 +17,23 @@ static int64_t batch = 1; /* run mode: the size of a dim described as -1 (argv: 
 static int64_t length = -1; /* run mode with len=M: the size of a -1 dim past axis 0 (a batch and a length) */
 static int64_t workspace_length = 0; /* run mode with ws=M: a workspace of the caller's for runs up to length M */
 
-static int64_t count(const kiln_tensor_info *info) {
-  int64_t n = 1;
-  for (int d = 0; d < info->ndim; ++d) n *= info->shape[d] < 0 ? (d > 0 && length >= 0 ? length : batch) : info->shape[d];
-  return n;
-}
-
 static int64_t shapes[64][8]; /* the run's tensors' dims, -1 resolved */
 static int used = 0;
+static int64_t given[64][8]; /* run mode with shapes=AxB,CxDxE,...: each tensor's dims in order */
+static int given_count = 0;
+
+/* a -1 dim of the tensor about to be made (the `used`-th): its given shape's, else batch or length */
+static int64_t resolved(const kiln_tensor_info *info, int d) {
+  if (info->shape[d] >= 0) return info->shape[d];
+  if (used < given_count) return given[used][d];
+  return d > 0 && length >= 0 ? length : batch;
+}
+
+static int64_t count(const kiln_tensor_info *info) {
+  int64_t n = 1;
+  for (int d = 0; d < info->ndim; ++d) n *= resolved(info, d);
+  return n;
+}
 
 static void *read_file(const char *path, size_t want) {
   FILE *f = fopen(path, "rb");
@@ -45,7 +54,7 @@ static void tensor(DLTensor *t, const kiln_tensor_info *info, void *data) {
   t->dtype = info->dtype;
   t->shape = (int64_t *)info->shape;
   if (used < 64 && info->ndim <= 8) {
-    for (int d = 0; d < info->ndim; ++d) shapes[used][d] = info->shape[d] < 0 ? (d > 0 && length >= 0 ? length : batch) : info->shape[d];
+    for (int d = 0; d < info->ndim; ++d) shapes[used][d] = resolved(info, d);
     t->shape = shapes[used++];
   }
 }
@@ -178,6 +187,22 @@ int main(int argc, char **argv) {
     length = atoll(argv[1] + 4);
     ++argv, --argc;
   }
+  if (argc > 1 && !strncmp(argv[1], "shapes=", 7)) { /* capi_check shapes=1x3x17x23,1x2x9x12 run ...: each tensor's dims */
+    const char *p = argv[1] + 7;
+    while (*p && given_count < 64) {
+      for (int d = 0; d < 8; ++d) {
+        char *end = NULL;
+        given[given_count][d] = strtoll(p, &end, 10);
+        p = end;
+        if (*p != 'x') break;
+        ++p;
+      }
+      ++given_count;
+      if (*p == ',') ++p;
+      else break;
+    }
+    ++argv, --argc;
+  }
   if (argc > 1 && !strncmp(argv[1], "ws=", 3)) { /* capi_check [batch=N] ws=M run ...: kiln_model_workspace_size_at(M) */
     workspace_length = atoll(argv[1] + 3);
     ++argv, --argc;
@@ -228,7 +253,9 @@ int main(int argc, char **argv) {
     kiln_tensor_info info;
     kiln_model_output(model, i, &info);
     FILE *f = fopen(argv[3 + n_in + i], "wb");
-    const size_t bytes = (size_t)count(&info) * (info.dtype.bits / 8);
+    int64_t n = 1;
+    for (int d = 0; d < outputs[i].ndim; ++d) n *= outputs[i].shape[d];
+    const size_t bytes = (size_t)n * (info.dtype.bits / 8);
     if (!f || fwrite(outputs[i].data, 1, bytes, f) != bytes) return 3;
     fclose(f);
   }
