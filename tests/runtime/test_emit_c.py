@@ -570,6 +570,43 @@ def test_image_sizes_taken_at_run_time_run_from_c_bit_for_bit(tmp_path):
     assert run.returncode == 0 and "output 0 starts" in run.stdout, run.stdout + run.stderr
 
 
+def test_forged_dims_programs_and_entries_are_refused(tmp_path):
+    """A run-time dims file whose checksum is right but whose dims lie: a tensor dim naming an entry
+    out of range, or an entry whose capacity is not that dim's, is refused at load; a program that
+    divides by zero makes the run a status with the reason (under ASan/UBSan too), never a crash."""
+    model = kiln.compile(strided_cnn())
+    folder = tmp_path / "dims"
+    kiln.emit_c(model, folder, extents={"h": (8, 40), "w": (8, 40)})
+    binaries = [build(folder)]
+    if sanitizers_work(tmp_path):
+        flags = ["-fsanitize=address,undefined", "-fno-sanitize-recover=undefined", "-g", f"-I{folder / 'src'}"]
+        binaries.append(build(folder, flags, [str(folder / "src" / "capi.c")], ["-lkiln_model"]))
+    data = bytearray((folder / "model.kw").read_bytes())
+    count, words = int.from_bytes(data[8:16], "little") >> 32, int.from_bytes(data[96:104], "little")
+    start = 104 + 8 * count
+    original = np.frombuffer(bytes(data[start : start + 8 * words]), np.int64).copy()
+    divide = next(i for i in range(len(original) - 2) if list(original[i : i + 3]) == [1, 2, 6])  # CONST 2 FLOORDIV
+
+    def forged(index: int, value: int) -> Path:
+        words_now = original.copy()
+        words_now[index] = value
+        content = bytearray(data)
+        content[start : start + 8 * words] = words_now.tobytes()
+        content[24:32] = zlib.crc32(bytes(content[104:])).to_bytes(8, "little")
+        path = tmp_path / f"forged-{index}-{value}.kw"
+        path.write_bytes(bytes(content))
+        return path
+
+    np.zeros((1, 3, 9, 9), np.float32).tofile(tmp_path / "x.bin")
+    for program in binaries:
+        for path in (forged(len(original) - 1, 7), forged(len(original) - 6, 2)):  # y's last dim; x's dim 2
+            result = subprocess.run([str(program), "load", str(path)], capture_output=True, text=True)
+            assert "load: status 2" in result.stdout and "damaged" in result.stdout, result.stdout + result.stderr
+        command = [str(program), "shapes=1x3x9x9,1x2x5x5", "run", str(forged(divide + 1, 0)), str(tmp_path / "x.bin"), str(tmp_path / "o.bin")]  # fmt: skip
+        result = subprocess.run(command, capture_output=True, text=True)
+        assert result.returncode == 1 and "cannot be computed" in result.stderr, result.stdout + result.stderr
+
+
 def embedding_model_of_length() -> onnx.ModelProto:
     """embedding_model with its positions symbolic: each position on its own (sample-parallel along
     axis 1), so the length neither pads nor is a batch on axis 0."""
