@@ -45,7 +45,10 @@ from kiln.output_files import OutputPathError, ensure_folder
     "scenarios",
     multiple=True,
     help="MLPerf LoadGen scenarios: single-stream, multi-stream, server, offline; LoadGen's verdict "
-    "(VALID/INVALID and why) is in the report. [default: single-stream]",
+    "(VALID/INVALID and why) is in the report. Or generate: decoders' time to first token, time per output "
+    "token and tokens/s against the bandwidth bound, peak memory (-m: decoders, gpt2-124m by default; -b: "
+    "engines: kiln, kiln-int8-weights, int8-weights-accuracy, onnxruntime, transformers, llama.cpp, "
+    "onnxruntime-genai, openvino-genai). [default: single-stream]",
 )
 @click.option("--batch", "batches", multiple=True, type=int, help="Batch size(s). [default: 1]")
 @click.option(
@@ -90,6 +93,19 @@ from kiln.output_files import OutputPathError, ensure_folder
     "--rate", type=float, default=None, help="Server scenario arrival rate per s [default: 70% of measured capacity]."
 )
 @click.option("--seq", type=int, default=None, help="Sequence length for bert-base and gpt2. [default: 128]")
+@click.option(
+    "--prompts",
+    default="128,512",
+    show_default=True,
+    help="--scenario generate: prompt lengths (tokens), comma-separated.",
+)
+@click.option(
+    "--new-tokens",
+    type=click.IntRange(2, 1 << 16),
+    default=128,
+    show_default=True,
+    help="--scenario generate: tokens generated.",
+)
 @click.option(
     "--timeout", type=float, default=900.0, show_default=True, help="Seconds before a job's worker is killed."
 )
@@ -162,6 +178,9 @@ def bench(ctx: click.Context, **options) -> None:  # type: ignore[no-untyped-def
     if ctx.invoked_subcommand is not None:
         ctx.obj = options
         return
+    if "generate" in split_values(options["scenarios"]):
+        _bench_generate(options)
+        return
     from kiln.bench.runner import run_bench
 
     if options.get("server"):
@@ -200,6 +219,58 @@ def bench(ctx: click.Context, **options) -> None:  # type: ignore[no-untyped-def
         sys.exit(130)
     if not any(r["status"] == "ok" for r in run["records"]):  # nothing was measured: a failure, not a run
         console.print(f"[red]no job succeeded[/] ({len(run['records'])} job(s): see the report for why)")
+        sys.exit(1)
+
+
+def _bench_generate(options: dict) -> None:
+    """``--scenario generate``: the decoders' generation table (``kiln.bench.generation``), each
+    (model, engine) in a process of its own; OUT/generate-<time>/ gets the rows (JSON lines) and
+    the table (report.md)."""
+    import time
+
+    from kiln.bench import generation
+
+    if split_values(options["scenarios"]) != ["generate"]:
+        raise click.UsageError("--scenario generate runs alone (its models are decoders, its rows engines)")
+    try:
+        prompts = [int(n) for n in options["prompts"].split(",")]
+    except ValueError:
+        raise click.BadParameter(
+            f"{options['prompts']!r}: prompt lengths, e.g. 128,512", param_hint="--prompts"
+        ) from None
+    if not prompts or min(prompts) < 1:
+        raise click.BadParameter("prompt lengths of at least 1 token", param_hint="--prompts")
+    models = split_values(options["models"]) or list(generation.DEFAULT_MODELS)
+    from kiln.zoo import decoders
+
+    unknown = [m for m in models if m not in decoders.DECODERS]
+    if unknown:
+        raise click.BadParameter(f"{', '.join(unknown)}: not decoders kiln builds (known: {', '.join(decoders.DECODERS)})", param_hint="-m")  # fmt: skip
+    engines = split_values(options["backends"]) or list(generation.ENGINES)
+    unknown = [e for e in engines if e not in generation.ENGINES]
+    if unknown:
+        raise click.BadParameter(f"{', '.join(unknown)}: not generation engines (known: {', '.join(generation.ENGINES)})", param_hint="-b")  # fmt: skip
+    folder = options["out"] / time.strftime("generate-%Y%m%d-%H%M%S")
+    try:
+        ensure_folder(folder, parents=True)
+    except OutputPathError as err:
+        raise click.UsageError(str(err)) from None
+    console.print(
+        f"kiln bench --scenario generate: {len(models) * len(engines)} job(s), {options['threads']} thread(s)"
+    )
+    rows = generation.run_generation(models, engines, prompts, options["new_tokens"], options["threads"], options["timeout"],
+                                     say=lambda line: console.print(escape(line), highlight=False))  # fmt: skip
+    with open(folder / "generate.jsonl", "w") as handle:
+        for row in rows:
+            handle.write(json.dumps(row, default=str) + "\n")
+    from kiln.bench.machine import fingerprint
+
+    found = fingerprint()
+    machine = f"{found['cpu']} ({found['family_model']}; {', '.join(found['flags'])}), {found['usable_cpus']} usable CPUs, {options['threads']} thread(s)"  # fmt: skip
+    (folder / "report.md").write_text(f"# kiln bench --scenario generate\n\n{machine}\n\n" + generation.markdown(rows))
+    console.print(f"wrote {folder / 'report.md'} and {folder / 'generate.jsonl'}")
+    if not any(not r.get("error") for r in rows):
+        console.print("[red]no job succeeded[/]")
         sys.exit(1)
 
 

@@ -1,0 +1,349 @@
+"""Text generation measured, kiln against the engines a user could pick (``kiln bench --scenario
+generate``, ``benchmarks/generate.py``): time to first token at each prompt length, time per output
+token (its p50 and p90) and tokens/s over the new tokens, peak memory, compiles while generating,
+and the bandwidth line (each engine's tokens/s as a fraction of the machine's measured memory
+bandwidth over the bytes a token reads).
+
+Every engine runs the same random weights (``kiln.zoo.decoders``: a Hugging Face config, a fixed
+seed; nothing is downloaded), greedy, batch 1, each (model, engine) in a process of its own (its
+peak RSS is its own; no plan cache: its compiles are its own). kiln (fp32) and kiln-int8-weights
+(``precision="int8-weights"``: its bound over the int8 bytes): the decode-step ONNX compiled once
+for the context (``past``, ``new`` and ``total`` ranges), ``kiln.generate_stream``'s loop, the
+prompt in one step. onnxruntime: the same ONNX file through the same loop (the step's cost is the
+engine's; the loop is kiln's). transformers: eager ``generate`` with its own cache (TTFT: the
+prompt's forward; per token: the rest). The peers a user would run for generation (llama.cpp's
+``llama-cpp-python``, ONNX Runtime GenAI, OpenVINO GenAI) are rows that say "not installed" where
+their package is absent, and that their converters are not wired yet where present. Each engine's
+tokens are compared with the first engine's (greedy: the same weights give the same tokens, up to
+near-ties).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import time
+from typing import Any
+
+KILN_ENGINES = {"kiln": "fp32", "kiln-int8-weights": "int8-weights"}  # engine -> kiln's precision
+ACCURACY = "int8-weights-accuracy"  # a row of its own: int8-weights against fp32 on a fixed token stream
+PEERS_NOT_WIRED = {
+    "llama.cpp": "llama_cpp",
+    "onnxruntime-genai": "onnxruntime_genai",
+    "openvino-genai": "openvino_genai",
+}
+
+
+def bandwidth_gb_s(megabytes: int = 512, rounds: int = 5) -> float:
+    """The machine's memory bandwidth as NumPy copies it (bytes read + written per second, the best
+    of ``rounds``: a copy of an array far larger than the caches)."""
+    import numpy as np
+
+    source = np.ones(megabytes << 18, np.float32)  # (megabytes * 2**20 / 4 floats)
+    target = np.empty_like(source)
+    best = float("inf")
+    for _ in range(rounds):
+        started = time.perf_counter()
+        np.copyto(target, source)
+        best = min(best, time.perf_counter() - started)
+    return 2 * source.nbytes / best / 1e9
+
+
+def context_dims(name: str, prompt: int, new_tokens: int) -> dict[str, str]:
+    """The ranges one compile serves a prompt of up to ``prompt`` tokens and ``new_tokens`` after it
+    with: the capacity lowers every range's end at once, so ``past``'s end plus ``new``'s must fit
+    the model's position table."""
+    import transformers
+
+    from kiln.zoo import decoders
+
+    decoder = decoders.get(name)
+    config = getattr(transformers, decoder.config_class)(**decoder.config)  # (its defaults too)
+    table = int(getattr(config, "n_positions", None) or getattr(config, "max_position_embeddings", 1 << 20))
+    context = prompt + new_tokens
+    if context > table:
+        raise SystemExit(f"{name}: a context of {context} is past its position table ({table})")
+    new = max(1, min(prompt, table - (context - 1)))
+    return {"past": f"0..{context - 1}", "new": f"1..{new}", "total": f"1..{context}", "batch": "1..1"}
+
+
+def prompts_for(name: str, lengths: list[int]) -> dict[int, Any]:
+    import numpy as np
+
+    from kiln.zoo import decoders
+
+    vocab = decoders.get(name).vocab
+    return {n: np.random.default_rng(n).integers(0, vocab, (1, n)).astype(np.int64) for n in lengths}
+
+
+def _timed_stream(model: Any, ids: Any, new_tokens: int) -> tuple[float, float, list[int], list[float]]:
+    """(seconds to the first token, seconds per token after it, the tokens, the p50 and p90 of
+    the gaps between tokens) of kiln's loop."""
+    import numpy as np
+
+    from kiln.driver import generation
+
+    started = time.perf_counter()
+    stamps, tokens = [], []
+    for token in generation.stream(model, ids, new_tokens):
+        stamps.append(time.perf_counter())
+        tokens.append(int(token[0]))
+    gaps = np.diff(stamps) if len(stamps) > 1 else np.zeros(1)
+    spread = [float(np.percentile(gaps, 50)), float(np.percentile(gaps, 90))]
+    return stamps[0] - started, (stamps[-1] - stamps[0]) / max(1, len(stamps) - 1), tokens, spread
+
+
+class _Session:
+    """An onnxruntime session with the two things kiln's generation loop reads: ``signature`` (the
+    compiled model's) and ``run``."""
+
+    def __init__(self, path: str, signature: Any, threads: int) -> None:
+        import onnxruntime
+
+        options = onnxruntime.SessionOptions()
+        options.intra_op_num_threads = threads
+        self.session = onnxruntime.InferenceSession(path, options, providers=["CPUExecutionProvider"])
+        self.signature, self.ranges = signature, {}
+        self.names = [o.name for o in self.session.get_outputs()]
+
+    def run(self, feeds: dict[str, Any], outputs: Any = None) -> dict[str, Any]:
+        return dict(zip(self.names, self.session.run(None, feeds)))
+
+
+def _transformers(name: str, prompts: dict[int, Any], new_tokens: int, threads: int) -> dict[str, Any]:
+    import torch
+
+    from kiln.zoo import decoders
+
+    torch.set_num_threads(threads)
+    model = decoders.build(name).model
+    rows = {}
+    with torch.no_grad():
+        for length, ids in prompts.items():
+            tensor = torch.from_numpy(ids)
+            model(tensor)  # warm
+            started = time.perf_counter()
+            model(tensor, use_cache=True)
+            first = time.perf_counter() - started
+            started = time.perf_counter()
+            out = model.generate(tensor, attention_mask=torch.ones_like(tensor), max_new_tokens=new_tokens,
+                                 min_new_tokens=new_tokens, do_sample=False, pad_token_id=0)  # fmt: skip
+            whole = time.perf_counter() - started
+            rows[length] = {"ttft_s": first, "tpot_s": (whole - first) / (new_tokens - 1),
+                            "tokens": out[0, ids.shape[1]:].tolist()}  # fmt: skip
+    return rows
+
+
+def measure(name: str, engine: str, prompt_lengths: list[int], new_tokens: int, threads: int) -> dict[str, Any]:
+    """One (model, engine) in this process."""
+    import kiln
+    from kiln.bench.metrics import peak_rss_bytes
+    from kiln.zoo import decoders
+
+    row: dict[str, Any] = {"model": name, "engine": engine, "threads": threads}
+    if engine in PEERS_NOT_WIRED:
+        found = importlib.util.find_spec(PEERS_NOT_WIRED[engine]) is not None
+        row["error"] = "installed, not wired into this benchmark yet" if found else "not installed"
+        return row
+    if engine == ACCURACY:
+        row.update(int8_accuracy(name, max(prompt_lengths), threads))
+        return row
+    if engine not in (*KILN_ENGINES, "onnxruntime", "transformers"):
+        row["error"] = (
+            f"unknown engine; known: {', '.join([*KILN_ENGINES, ACCURACY, 'onnxruntime', 'transformers', *PEERS_NOT_WIRED])}"
+        )
+        return row
+    prompts = prompts_for(name, prompt_lengths)
+    if engine == "transformers":
+        row["prompts"] = _transformers(name, prompts, new_tokens, threads)
+        row["peak_rss_mb"] = peak_rss_bytes() / 1e6
+        return row
+    path = str(decoders.export(name))
+    dims = context_dims(name, max(prompt_lengths), new_tokens)
+    started = time.perf_counter()
+    precision = KILN_ENGINES.get(engine, "fp32")
+    compiled = kiln.compile(path, dims=dims, threads=threads, precision=precision)
+    row["compile_s"], row["dims"], row["precision"] = time.perf_counter() - started, dims, compiled.precision
+    ours = engine in KILN_ENGINES
+    model = compiled if ours else _Session(path, compiled.signature, threads)
+    if not ours:
+        model.ranges = dict(compiled.ranges)  # (the loop reads the context and the prompt's step from them)
+        del compiled
+    else:
+        from kiln.driver.routes import dim_routes
+
+        row["routes"] = {k: route for k, (route, _) in dim_routes(compiled).items()}
+    from kiln.driver.variants import plans_compiled
+
+    row["prompts"] = {}
+    for length, ids in prompts.items():
+        _timed_stream(model, ids, 2)  # warm: the first calls fault the weights in
+        before = plans_compiled()
+        first, per_token, tokens, spread = _timed_stream(model, ids, new_tokens)
+        row["prompts"][length] = {"ttft_s": first, "tpot_s": per_token, "tokens": tokens, "tpot_p50_p90_s": spread}
+        row["prompts"][length]["compiles"] = plans_compiled() - before  # (0: one compile served it all)
+    row["peak_rss_mb"] = peak_rss_bytes() / 1e6
+    return row
+
+
+def int8_accuracy(name: str, length: int, threads: int) -> dict[str, Any]:
+    """int8-weights against fp32 on a fixed token stream (the seeded prompt of ``length`` tokens, one
+    prefill step, every position's logits): the relative L2 of the logits, how often the two
+    predict the same next token, and each one's perplexity of the stream's own next tokens."""
+    import numpy as np
+
+    import kiln
+    from kiln.driver.generation import roles
+    from kiln.zoo import decoders
+
+    path = str(decoders.export(name))
+    dims = {"past": "0..0", "new": f"{length}..{length}", "total": f"{length}..{length}", "batch": "1..1"}
+    ids = prompts_for(name, [length])[length]
+    logits = {}
+    for precision in ("fp32", "int8-weights"):
+        model = kiln.compile(path, dims=dims, threads=threads, precision=precision)
+        found = roles(model)
+        feeds = {found.ids: ids, **({found.mask: np.ones_like(ids)} if found.mask else {})}
+        feeds.update({p: np.zeros((1, s[1], 0, s[3]), np.float32) for p, s in zip(found.past, found.cache)})
+        logits[precision] = np.asarray(model.run(feeds)[found.logits], np.float64)[0]  # [length, vocab]
+        del model
+
+    def perplexity(values: np.ndarray) -> float:
+        shifted = values[:-1] - values[:-1].max(axis=1, keepdims=True)
+        log_p = shifted - np.log(np.exp(shifted).sum(axis=1, keepdims=True))
+        return float(np.exp(-log_p[np.arange(length - 1), ids[0, 1:]].mean()))
+
+    fp32, int8 = logits["fp32"], logits["int8-weights"]
+    return {"tokens": length, "logits_rel_l2": float(np.linalg.norm(int8 - fp32) / np.linalg.norm(fp32)),
+            "same_next_token": float((int8.argmax(axis=1) == fp32.argmax(axis=1)).mean()),
+            "perplexity_fp32": perplexity(fp32), "perplexity_int8_weights": perplexity(int8)}  # fmt: skip
+
+
+def weight_bytes(name: str, int8: bool = False) -> int:
+    """The bytes of weights a decode step reads (every parameter once; the tied embedding once):
+    fp32, or with ``int8`` the matrices (every 2-D parameter) at one byte an element, as
+    ``--precision int8-weights`` stores the products' weights (its per-column scales and an
+    embedding table's few rows a token reads are left out)."""
+    from kiln.zoo import decoders
+
+    return sum(p.numel() * (1 if int8 and p.dim() == 2 else 4) for p in decoders.build(name).model.parameters())
+
+
+def _spread(found: dict[str, Any]) -> str:
+    spread = found.get("tpot_p50_p90_s")
+    return f"p50/p90 {spread[0] * 1e3:.2f}/{spread[1] * 1e3:.2f} ms" if spread else ""
+
+
+ENGINES = [*KILN_ENGINES, ACCURACY, "onnxruntime", "transformers", *PEERS_NOT_WIRED]
+DEFAULT_MODELS = ("gpt2-124m",)
+
+
+def measured_alone(name: str, engine: str, prompts: list[int], new_tokens: int, threads: int, timeout: float) -> dict[str, Any]:  # fmt: skip
+    """``measure`` in a process of its own (no plan cache); the row, or one with ``error`` saying why none."""
+    row: dict[str, Any] = {"model": name, "engine": engine}
+    command = [sys.executable, "-m", "kiln.bench.generation", "--one", f"{name}:{engine}",
+               "--prompts", ",".join(map(str, prompts)), "--new-tokens", str(new_tokens), "--threads", str(threads)]  # fmt: skip
+    env = {**os.environ, "KILN_PLAN_CACHE": "0"}
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env)
+    except subprocess.TimeoutExpired:
+        return {**row, "error": f"timed out after {timeout:.0f} s"}
+    line = next((x for x in reversed(done.stdout.splitlines()) if x.startswith("{")), None)
+    return json.loads(line) if line else {**row, "error": done.stderr[-400:] or f"exit {done.returncode}"}
+
+
+def run_generation(models: list[str], engines: list[str], prompts: list[int], new_tokens: int, threads: int,
+                   timeout: float, say: Any = print) -> list[dict[str, Any]]:  # fmt: skip
+    """Every (model, engine) measured alone, with the bandwidth line's figures; ``say`` gets each
+    row's lines as they come."""
+    bandwidth = bandwidth_gb_s()
+    say(f"memory bandwidth (NumPy copy, read + written): {bandwidth:.1f} GB/s")
+    rows = []
+    for name in models:
+        weights, weights8 = weight_bytes(name), weight_bytes(name, int8=True)
+        say(f"{name}: {weights / 1e6:.0f} MB of fp32 weights per token, bound {bandwidth * 1e9 / weights:.1f} tokens/s; "
+            f"int8 weights {weights8 / 1e6:.0f} MB, {bandwidth * 1e9 / weights8:.1f} tokens/s")  # fmt: skip
+        reference: dict[str, list[int]] = {}
+        for engine in engines:
+            row = measured_alone(name, engine, prompts, new_tokens, threads, timeout)
+            row.update({"bandwidth_gb_s": bandwidth, "weight_bytes": weights8 if KILN_ENGINES.get(engine) == "int8-weights" else weights})  # fmt: skip
+            for length, found in (row.get("prompts") or {}).items():
+                found["same_tokens"] = reference.setdefault(str(length), found["tokens"]) == found["tokens"]
+            rows.append(row)
+            for line in row_lines(row):
+                say(line)
+    return rows
+
+
+def row_lines(row: dict[str, Any]) -> list[str]:
+    """A row as the table's lines (one per prompt length; an error or the accuracy row in one)."""
+    engine = row["engine"]
+    if row.get("error"):
+        return [f"{engine:<20} {str(row['error'])[:200]}"]
+    if engine == ACCURACY:
+        return [f"{engine:<20} on {row['tokens']} fixed tokens: logits rel. L2 {row['logits_rel_l2']:.2e}, the same next "
+                f"token {100 * row['same_next_token']:.1f}%, perplexity {row['perplexity_fp32']:.1f} (fp32) vs "
+                f"{row['perplexity_int8_weights']:.1f} (int8-weights)"]  # fmt: skip
+    lines = []
+    for length, found in row["prompts"].items():
+        rate = 1 / found["tpot_s"]
+        share = rate * row["weight_bytes"] / (row["bandwidth_gb_s"] * 1e9)
+        lines.append(f"{engine:<20} prompt {length:>5}: TTFT {found['ttft_s'] * 1e3:8.1f} ms, {found['tpot_s'] * 1e3:7.2f} ms/token "
+                     f"{_spread(found)}, {rate:6.1f} tokens/s ({share:.2f} of its bound), peak {row.get('peak_rss_mb', 0):.0f} MB, "
+                     f"same tokens {found.get('same_tokens', '-')}, compiles {found.get('compiles', '-')}")  # fmt: skip
+    return lines
+
+
+def markdown(rows: list[dict[str, Any]]) -> str:
+    """The rows as the report's table."""
+    lines = ["| model | engine | prompt | TTFT ms | ms / token (p50 / p90) | tokens/s | of its bound | peak RSS MB | same tokens | compiles |",
+             "|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    for row in rows:
+        if row.get("error") or row["engine"] == ACCURACY:
+            lines.append(
+                f"| {row['model']} | {row['engine']} | "
+                + " | ".join([row_lines(row)[0][21:].strip()] + [""] * 7)
+                + " |"
+            )
+            continue
+        for length, found in row["prompts"].items():
+            rate = 1 / found["tpot_s"]
+            share = rate * row["weight_bytes"] / (row["bandwidth_gb_s"] * 1e9)
+            given = found.get("tpot_p50_p90_s")  # (transformers' generate: no per-token stamps)
+            spread = f"{given[0] * 1e3:.2f} / {given[1] * 1e3:.2f}" if given else "- / -"
+            lines.append(f"| {row['model']} | {row['engine']} | {length} | {found['ttft_s'] * 1e3:.1f} | {found['tpot_s'] * 1e3:.2f} "
+                         f"({spread}) | {rate:.1f} | {share:.2f} | {row.get('peak_rss_mb', 0):,.0f} | "
+                         f"{found.get('same_tokens', '-')} | {found.get('compiles', '-')} |")  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--models", default=",".join(DEFAULT_MODELS))
+    parser.add_argument("--engines", default=",".join(ENGINES))
+    parser.add_argument("--prompts", default="128,512")
+    parser.add_argument("--new-tokens", type=int, default=128)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--json", help="append one JSON line per row here")
+    parser.add_argument("--timeout", type=float, default=1800)
+    parser.add_argument("--one", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    lengths = [int(n) for n in args.prompts.split(",")]
+    if args.one:
+        name, engine = args.one.split(":")
+        print(json.dumps(measure(name, engine, lengths, args.new_tokens, args.threads), default=str), flush=True)
+        return 0
+    rows = run_generation(args.models.split(","), args.engines.split(","), lengths, args.new_tokens, args.threads, args.timeout)  # fmt: skip
+    if args.json:
+        with open(args.json, "a") as handle:
+            for row in rows:
+                handle.write(json.dumps(row, default=str) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
