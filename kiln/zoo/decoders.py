@@ -92,6 +92,25 @@ DECODERS = {
             "rope_theta": 1000000.0,
         },
     ),
+    # Llama-3.2-1B's shapes (1.24B parameters, the embedding tied to the head; grouped-query attention,
+    # 32 heads over 8 key/value heads, SwiGLU of 8,192); random weights; the position range cut to
+    # 4,096 and no rope scaling (neither changes a weight's shape or a token's bytes)
+    "llama-1b": Decoder(
+        "llama-1b",
+        "LlamaConfig",
+        "LlamaForCausalLM",
+        {
+            "vocab_size": 128256,
+            "hidden_size": 2048,
+            "intermediate_size": 8192,
+            "num_hidden_layers": 16,
+            "num_attention_heads": 32,
+            "num_key_value_heads": 8,
+            "max_position_embeddings": 4096,
+            "tie_word_embeddings": True,
+            "rope_theta": 500000.0,
+        },
+    ),
 }
 RECIPE = 2  # bump when the wrapper or the export changes (the cache key)
 
