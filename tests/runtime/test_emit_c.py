@@ -206,11 +206,8 @@ def test_forged_descriptions_are_refused_never_read_past_a_buffer(emitted, tmp_p
     """The weights file's descriptions (names, dtypes, dims, slots) are checked against the
     library's compiled tables: a file whose checksum is right but whose descriptions lie is refused
     with status 2 and the reason, under AddressSanitizer and UBSan too."""
-    _, folder, binary = emitted
-    binaries = [binary]
-    if sanitizers_work(tmp_path):
-        flags = ["-fsanitize=address,undefined", "-fno-sanitize-recover=undefined", "-g", f"-I{folder / 'src'}"]
-        binaries.append(build(folder, flags, [str(folder / "src" / "capi.c")], ["-lkiln_model"]))
+    _, folder, _ = emitted
+    binaries = programs(folder, tmp_path)
     for name, path in forged_descriptions(folder, tmp_path).items():
         for program in binaries:
             result = subprocess.run([str(program), "load", str(path)], capture_output=True, text=True)
@@ -225,6 +222,16 @@ def sanitizers_work(tmp_path: Path) -> bool:
         [CC, "-fsanitize=address,undefined", str(probe), "-o", str(tmp_path / "probe")], capture_output=True
     )
     return result.returncode == 0 and subprocess.run([str(tmp_path / "probe")]).returncode == 0
+
+
+def programs(folder: Path, tmp_path: Path) -> list[Path]:
+    """The checker built against ``folder``, and again with the API's own source under
+    AddressSanitizer and UBSan where this compiler can build and run such programs."""
+    binaries = [build(folder)]
+    if sanitizers_work(tmp_path):
+        flags = ["-fsanitize=address,undefined", "-fno-sanitize-recover=undefined", "-g", f"-I{folder / 'src'}"]
+        binaries.append(build(folder, flags, [str(folder / "src" / "capi.c")], ["-lkiln_model"]))
+    return binaries
 
 
 def test_the_api_library_passes_under_asan_and_ubsan(emitted, tmp_path):
@@ -422,12 +429,9 @@ def test_a_run_time_length_runs_every_length_of_its_range_bit_for_bit(tmp_path):
     floor = plan.memory.growing.floor
     assert re.search(rf"  1, \d+, {floor}, 40, ", plan.source) and floor > 6  # (lengths 1 and 6: padded and cut)
     assert (folder / "libkiln_model.so").read_bytes() == plan.library.read_bytes(), "the Python runtime's library"
-    binary = build(folder)
+    binaries = programs(folder, tmp_path)
+    binary = binaries[0]
     rng = np.random.default_rng(10)
-    binaries = [binary]
-    if sanitizers_work(tmp_path):
-        flags = ["-fsanitize=address,undefined", "-fno-sanitize-recover=undefined", "-g", f"-I{folder / 'src'}"]
-        binaries.append(build(folder, flags, [str(folder / "src" / "capi.c")], ["-lkiln_model"]))
     for length in (1, 6, 16, 17, 33, 40):
         ids = rng.integers(0, 50, (3, length)).astype(np.int64)
         want = np.asarray(model.run({"ids": ids})["y"], np.float32).reshape(-1)
@@ -461,10 +465,7 @@ def test_a_batch_range_and_a_run_time_length_run_together_bit_for_bit(tmp_path):
     folder = tmp_path / "both"
     emitted = kiln.emit_c(model, folder, batch=("batch", 1, 4), length=("seq", 1, 24))
     assert emitted.dims == {"batch": "1..4", "seq": "1..24"}
-    binaries = [build(folder)]
-    if sanitizers_work(tmp_path):
-        flags = ["-fsanitize=address,undefined", "-fno-sanitize-recover=undefined", "-g", f"-I{folder / 'src'}"]
-        binaries.append(build(folder, flags, [str(folder / "src" / "capi.c")], ["-lkiln_model"]))
+    binaries = programs(folder, tmp_path)
     rng = np.random.default_rng(11)
     for samples, length in ((1, 1), (3, 5), (4, 24), (2, 17)):
         ids = rng.integers(0, 50, (samples, length)).astype(np.int64)
@@ -492,10 +493,7 @@ def test_compiled_length_classes_run_every_length_from_one_library(tmp_path):
     folder = tmp_path / "classes"
     kiln.emit_c(model, folder, batch=("batch", 1, 3), length=("seq", 1, 40))
     assert not model.padder().samples and len(model.padder().classes) > 1, "compiled classes, not a run-time length"
-    binaries = [build(folder)]
-    if sanitizers_work(tmp_path):
-        flags = ["-fsanitize=address,undefined", "-fno-sanitize-recover=undefined", "-g", f"-I{folder / 'src'}"]
-        binaries.append(build(folder, flags, [str(folder / "src" / "capi.c")], ["-lkiln_model"]))
+    binaries = programs(folder, tmp_path)
     static = tmp_path / "static-classes"
     command = [CC, *STRICT, str(CHECK), f"-I{folder}", str(folder / "libkiln_model.a"), "-lpthread", "-lm", "-o", str(static)]  # fmt: skip
     assert subprocess.run(command, capture_output=True).returncode == 0
@@ -542,10 +540,7 @@ def test_image_sizes_taken_at_run_time_run_from_c_bit_for_bit(tmp_path):
     folder = tmp_path / "dims"
     emitted = kiln.emit_c(model, folder, extents={"h": (8, 40), "w": (8, 40)})
     assert emitted.dims == {"h": "8..40", "w": "8..40"}
-    binaries = [build(folder)]
-    if sanitizers_work(tmp_path):
-        flags = ["-fsanitize=address,undefined", "-fno-sanitize-recover=undefined", "-g", f"-I{folder / 'src'}"]
-        binaries.append(build(folder, flags, [str(folder / "src" / "capi.c")], ["-lkiln_model"]))
+    binaries = programs(folder, tmp_path)
     rng = np.random.default_rng(15)
     for h, w in ((8, 8), (17, 23), (40, 40), (9, 31)):
         x = rng.standard_normal((1, 3, h, w)).astype(np.float32)
@@ -577,10 +572,7 @@ def test_forged_dims_programs_and_entries_are_refused(tmp_path):
     model = kiln.compile(strided_cnn())
     folder = tmp_path / "dims"
     kiln.emit_c(model, folder, extents={"h": (8, 40), "w": (8, 40)})
-    binaries = [build(folder)]
-    if sanitizers_work(tmp_path):
-        flags = ["-fsanitize=address,undefined", "-fno-sanitize-recover=undefined", "-g", f"-I{folder / 'src'}"]
-        binaries.append(build(folder, flags, [str(folder / "src" / "capi.c")], ["-lkiln_model"]))
+    binaries = programs(folder, tmp_path)
     data = bytearray((folder / "model.kw").read_bytes())
     count, words = int.from_bytes(data[8:16], "little") >> 32, int.from_bytes(data[96:104], "little")
     start = 104 + 8 * count
