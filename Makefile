@@ -6,7 +6,7 @@ VENV ?= .venv
 BIN = $(VENV)/bin
 STAMP = $(VENV)/.kiln-installed
 
-.PHONY: setup test bench peers-heavy peers-int8 conformance lint clean
+.PHONY: setup test bench peers-heavy peers-int8 peers-genai conformance lint clean
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -40,6 +40,10 @@ peers-heavy: setup
 # OpenVINO's int8 (NNCF) for the openvino-int8 bench row: `make peers-int8`.
 peers-int8: setup
 	$(BIN)/python -m pip install --quiet -c constraints.txt -e ".[peers-int8]"
+
+# ONNX Runtime GenAI for the onnxruntime-genai row of `kiln bench -s generate`: `make peers-genai`.
+peers-genai: setup
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e ".[peers-genai]"
 
 conformance: setup
 	mkdir -p reports

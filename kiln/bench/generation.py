@@ -11,9 +11,11 @@ peak RSS is its own; no plan cache: its compiles are its own). kiln (fp32) and k
 for the context (``past``, ``new`` and ``total`` ranges), ``kiln.generate_stream``'s loop, the
 prompt in one step. onnxruntime: the same ONNX file through the same loop (the step's cost is the
 engine's; the loop is kiln's). transformers: eager ``generate`` with its own cache (TTFT: the
-prompt's forward; per token: the rest). The peers a user would run for generation (llama.cpp's
-``llama-cpp-python``, ONNX Runtime GenAI, OpenVINO GenAI) are rows that say "not installed" where
-their package is absent, and that their converters are not wired yet where present. Each engine's
+prompt's forward; per token: the rest). onnxruntime-genai: ONNX Runtime GenAI's own loop on what its
+model builder writes at int4 from the same weights (its bound over 4-bit weights and their scales).
+The other peers a user would run for generation (llama.cpp's ``llama-cpp-python``, OpenVINO GenAI)
+are rows that say "not installed" where their package is absent, and that their converters are not
+wired yet where present. Each engine's
 tokens are compared with the first engine's (greedy: the same weights give the same tokens, up to
 near-ties).
 """
@@ -27,15 +29,16 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 KILN_ENGINES = {"kiln": "fp32", "kiln-int8-weights": "int8-weights"}  # engine -> kiln's precision
 ACCURACY = "int8-weights-accuracy"  # a row of its own: int8-weights against fp32 on a fixed token stream
 PEERS_NOT_WIRED = {
     "llama.cpp": "llama_cpp",
-    "onnxruntime-genai": "onnxruntime_genai",
     "openvino-genai": "openvino_genai",
 }
+GENAI = "onnxruntime-genai"  # ONNX Runtime GenAI: its model builder's int4 (MatMulNBits, blocks of 32)
 
 
 def bandwidth_gb_s(megabytes: int = 512, rounds: int = 5) -> float:
@@ -152,10 +155,15 @@ def measure(name: str, engine: str, prompt_lengths: list[int], new_tokens: int, 
     if engine == ACCURACY:
         row.update(int8_accuracy(name, max(prompt_lengths), threads))
         return row
+    if engine == GENAI:
+        if importlib.util.find_spec("onnxruntime_genai") is None:
+            row["error"] = "not installed"
+            return row
+        row["prompts"] = _ort_genai(name, prompts_for(name, prompt_lengths), new_tokens, threads)
+        row["peak_rss_mb"] = peak_rss_bytes() / 1e6
+        return row
     if engine not in (*KILN_ENGINES, "onnxruntime", "transformers"):
-        row["error"] = (
-            f"unknown engine; known: {', '.join([*KILN_ENGINES, ACCURACY, 'onnxruntime', 'transformers', *PEERS_NOT_WIRED])}"
-        )
+        row["error"] = f"unknown engine; known: {', '.join(ENGINES)}"
         return row
     prompts = prompts_for(name, prompt_lengths)
     if engine == "transformers":
@@ -223,14 +231,80 @@ def int8_accuracy(name: str, length: int, threads: int) -> dict[str, Any]:
             "perplexity_fp32": perplexity(fp32), "perplexity_int8_weights": perplexity(int8)}  # fmt: skip
 
 
-def weight_bytes(name: str, int8: bool = False) -> int:
+def genai_folder(name: str, threads: int) -> Path:
+    """``name`` as ONNX Runtime GenAI's model builder writes it at int4 for the CPU (made once into
+    the zoo cache from the same random weights, saved as a Hugging Face folder with a word-level
+    tokenizer of its vocabulary: the builder wants one, the benchmark feeds token ids), its
+    sessions on ``threads`` threads."""
+    import hashlib
+
+    from tokenizers import Tokenizer, models
+    from transformers import PreTrainedTokenizerFast
+
+    from kiln import zoo
+    from kiln.zoo import decoders
+
+    decoder = decoders.get(name)
+    key = hashlib.sha256(json.dumps([decoder.config, decoders.RECIPE], sort_keys=True).encode()).hexdigest()[:12]
+    folder = zoo.cache_dir() / "decoders" / f"{name}-genai-int4-{key}"
+    if not (folder / "genai_config.json").exists():
+        source = folder.with_name(folder.name + "-hf")
+        decoders.build(name).model.save_pretrained(source)
+        vocab = {f"t{i}": i for i in range(decoder.vocab)}
+        tokenizer = Tokenizer(models.WordLevel(vocab=vocab, unk_token="t0"))
+        PreTrainedTokenizerFast(tokenizer_object=tokenizer, unk_token="t0", pad_token="t0").save_pretrained(source)
+        command = [sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", str(source), "-o", str(folder), "-p", "int4", "-e", "cpu"]  # fmt: skip
+        done = subprocess.run(command, capture_output=True, text=True)
+        if done.returncode != 0 or not (folder / "genai_config.json").exists():
+            raise RuntimeError(f"onnxruntime-genai's builder failed: {done.stderr[-400:]}")
+    config = json.loads((folder / "genai_config.json").read_text())
+    config["model"]["decoder"]["session_options"]["intra_op_num_threads"] = threads
+    (folder / "genai_config.json").write_text(json.dumps(config, indent=2))
+    return folder
+
+
+def _ort_genai(name: str, prompts: dict[int, Any], new_tokens: int, threads: int) -> dict[str, Any]:
+    """ONNX Runtime GenAI's own loop, greedy (TTFT: the prompt appended and the first token; per
+    token: the gaps after it)."""
+    import numpy as np
+    import onnxruntime_genai as og
+
+    model = og.Model(str(genai_folder(name, threads)))
+
+    def timed(ids: Any, count: int) -> tuple[float, list[float], list[int]]:
+        params = og.GeneratorParams(model)
+        total = ids.shape[1] + count
+        params.set_search_options(max_length=total, min_length=total, do_sample=False)
+        generator = og.Generator(model, params)
+        started = time.perf_counter()
+        generator.append_tokens(ids[0].tolist())
+        stamps, tokens = [], []
+        while not generator.is_done():
+            generator.generate_next_token()
+            stamps.append(time.perf_counter())
+            tokens.append(int(generator.get_next_tokens()[0]))
+        return stamps[0] - started, stamps, tokens
+
+    rows = {}
+    for length, ids in prompts.items():
+        timed(ids, 2)  # warm
+        first, stamps, tokens = timed(ids, new_tokens)
+        gaps = np.diff(stamps)
+        rows[length] = {"ttft_s": first, "tpot_s": (stamps[-1] - stamps[0]) / max(1, len(stamps) - 1), "tokens": tokens,
+                        "tpot_p50_p90_s": [float(np.percentile(gaps, 50)), float(np.percentile(gaps, 90))]}  # fmt: skip
+    return rows
+
+
+def weight_bytes(name: str, int8: bool = False, int4: bool = False) -> int:
     """The bytes of weights a decode step reads (every parameter once; the tied embedding once):
     fp32, or with ``int8`` the matrices (every 2-D parameter) at one byte an element, as
     ``--precision int8-weights`` stores the products' weights (its per-column scales and an
-    embedding table's few rows a token reads are left out)."""
+    embedding table's few rows a token reads are left out); with ``int4`` at 4 bits and a float32
+    scale per block of 32 (0.625 bytes an element: ONNX Runtime GenAI's builder's int4)."""
     from kiln.zoo import decoders
 
-    return sum(p.numel() * (1 if int8 and p.dim() == 2 else 4) for p in decoders.build(name).model.parameters())
+    narrow = 0.625 if int4 else 1 if int8 else 4
+    return int(sum(p.numel() * (narrow if p.dim() == 2 else 4) for p in decoders.build(name).model.parameters()))
 
 
 def _spread(found: dict[str, Any]) -> str:
@@ -238,7 +312,7 @@ def _spread(found: dict[str, Any]) -> str:
     return f"p50/p90 {spread[0] * 1e3:.2f}/{spread[1] * 1e3:.2f} ms" if spread else ""
 
 
-ENGINES = [*KILN_ENGINES, ACCURACY, "onnxruntime", "transformers", *PEERS_NOT_WIRED]
+ENGINES = [*KILN_ENGINES, ACCURACY, "onnxruntime", "transformers", GENAI, *PEERS_NOT_WIRED]
 DEFAULT_MODELS = ("gpt2-124m",)
 
 
@@ -264,13 +338,16 @@ def run_generation(models: list[str], engines: list[str], prompts: list[int], ne
     say(f"memory bandwidth (NumPy copy, read + written): {bandwidth:.1f} GB/s")
     rows = []
     for name in models:
-        weights, weights8 = weight_bytes(name), weight_bytes(name, int8=True)
+        weights, weights8, weights4 = weight_bytes(name), weight_bytes(name, int8=True), weight_bytes(name, int4=True)
         say(f"{name}: {weights / 1e6:.0f} MB of fp32 weights per token, bound {bandwidth * 1e9 / weights:.1f} tokens/s; "
             f"int8 weights {weights8 / 1e6:.0f} MB, {bandwidth * 1e9 / weights8:.1f} tokens/s")  # fmt: skip
         reference: dict[str, list[int]] = {}
         for engine in engines:
             row = measured_alone(name, engine, prompts, new_tokens, threads, timeout)
-            row.update({"bandwidth_gb_s": bandwidth, "weight_bytes": weights8 if KILN_ENGINES.get(engine) == "int8-weights" else weights})  # fmt: skip
+            row_bytes = (
+                weights8 if KILN_ENGINES.get(engine) == "int8-weights" else weights4 if engine == GENAI else weights
+            )
+            row.update({"bandwidth_gb_s": bandwidth, "weight_bytes": row_bytes})
             for length, found in (row.get("prompts") or {}).items():
                 found["same_tokens"] = reference.setdefault(str(length), found["tokens"]) == found["tokens"]
             rows.append(row)

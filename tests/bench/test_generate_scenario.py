@@ -47,3 +47,22 @@ def test_generate_scenario_measures_kiln_and_says_which_peers_are_absent(tmp_pat
 def test_generate_scenario_mistakes_are_named_errors(tmp_path, args, says):
     result = CliRunner().invoke(main, ["bench", "-s", "generate", *args, "--out", str(tmp_path / "b")])
     assert result.exit_code == 2 and says in result.output, result.output
+
+
+def test_the_onnxruntime_genai_row_runs_its_builders_int4_or_says_it_is_absent(tmp_path):
+    """ONNX Runtime GenAI's row: its model builder's int4 of the same weights, its own greedy loop,
+    where the package is installed (make peers-genai); a row saying "not installed" where not."""
+    out = tmp_path / "bench"
+    args = ["bench", "-s", "generate", "-m", "llama", "-b", "onnxruntime-genai", "--prompts", "5", "--new-tokens", "4", "--out", str(out)]  # fmt: skip
+    result = CliRunner().invoke(main, args)
+    (folder,) = out.iterdir()
+    (row,) = [json.loads(line) for line in (folder / "generate.jsonl").read_text().splitlines()]
+    if importlib.util.find_spec("onnxruntime_genai") is None:
+        assert result.exit_code == 1 and row["error"] == "not installed", result.output
+        return
+    assert result.exit_code == 0 and not row.get("error"), result.output
+    found = row["prompts"]["5"]
+    assert len(found["tokens"]) == 4 and found["ttft_s"] > 0 and found["tpot_s"] > 0
+    from kiln.bench.generation import weight_bytes
+
+    assert row["weight_bytes"] == weight_bytes("llama", int4=True) < weight_bytes("llama") / 3  # its bound: int4 bytes
