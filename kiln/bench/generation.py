@@ -295,16 +295,19 @@ def _ort_genai(name: str, prompts: dict[int, Any], new_tokens: int, threads: int
     return rows
 
 
-def weight_bytes(name: str, int8: bool = False, int4: bool = False) -> int:
-    """The bytes of weights a decode step reads (every parameter once; the tied embedding once):
-    fp32, or with ``int8`` the matrices (every 2-D parameter) at one byte an element, as
-    ``--precision int8-weights`` stores the products' weights (its per-column scales and an
-    embedding table's few rows a token reads are left out); with ``int4`` at 4 bits and a float32
-    scale per block of 32 (0.625 bytes an element: ONNX Runtime GenAI's builder's int4)."""
+WIDTHS = {"fp32": 4, "int8": 1, "int4": 0.625}  # bytes a matrix element a token reads, by storage
+
+
+def weight_bytes(name: str) -> dict[str, int]:
+    """The bytes of weights a decode step reads (every parameter once; the tied embedding once), by
+    storage, from one build of the model: fp32; ``int8``, the matrices (every 2-D parameter) at one
+    byte an element, as ``--precision int8-weights`` stores the products' weights (its per-column
+    scales and an embedding table's few rows a token reads are left out); ``int4``, at 4 bits and a
+    float32 scale per block of 32 (0.625 bytes an element: ONNX Runtime GenAI's builder's int4)."""
     from kiln.zoo import decoders
 
-    narrow = 0.625 if int4 else 1 if int8 else 4
-    return int(sum(p.numel() * (narrow if p.dim() == 2 else 4) for p in decoders.build(name).model.parameters()))
+    shapes = [(p.numel(), p.dim()) for p in decoders.build(name).model.parameters()]
+    return {key: int(sum(n * (width if dim == 2 else 4) for n, dim in shapes)) for key, width in WIDTHS.items()}
 
 
 def _spread(found: dict[str, Any]) -> str:
@@ -338,7 +341,8 @@ def run_generation(models: list[str], engines: list[str], prompts: list[int], ne
     say(f"memory bandwidth (NumPy copy, read + written): {bandwidth:.1f} GB/s")
     rows = []
     for name in models:
-        weights, weights8, weights4 = weight_bytes(name), weight_bytes(name, int8=True), weight_bytes(name, int4=True)
+        found_bytes = weight_bytes(name)
+        weights, weights8, weights4 = found_bytes["fp32"], found_bytes["int8"], found_bytes["int4"]
         say(f"{name}: {weights / 1e6:.0f} MB of fp32 weights per token, bound {bandwidth * 1e9 / weights:.1f} tokens/s; "
             f"int8 weights {weights8 / 1e6:.0f} MB, {bandwidth * 1e9 / weights8:.1f} tokens/s")  # fmt: skip
         reference: dict[str, list[int]] = {}

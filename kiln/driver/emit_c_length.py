@@ -47,14 +47,6 @@ def length_variants(model: Any, dims: dict[str, int], symbol: str, low: int, hig
     return [(executable, 0)], padder
 
 
-def length_variant(model: Any, dims: dict[str, int], symbol: str, low: int, high: int) -> tuple[Any, Any]:
-    """(the executable of the one plan whose kernels take ``symbol`` at run time, its Padder)."""
-    variants, padder = length_variants(model, dims, symbol, low, high)
-    if variants[0][1]:
-        raise ArgumentError(f"{symbol}'s kernels do not take the length at run time in this model")
-    return variants[0][0], padder
-
-
 def output_axes(padder: Any) -> list[int]:
     """Each output's length axis (-1: none); an output cut along two (a [length, length] map) is not
     in C yet."""

@@ -65,4 +65,5 @@ def test_the_onnxruntime_genai_row_runs_its_builders_int4_or_says_it_is_absent(t
     assert len(found["tokens"]) == 4 and found["ttft_s"] > 0 and found["tpot_s"] > 0
     from kiln.bench.generation import weight_bytes
 
-    assert row["weight_bytes"] == weight_bytes("llama", int4=True) < weight_bytes("llama") / 3  # its bound: int4 bytes
+    found = weight_bytes("llama")
+    assert row["weight_bytes"] == found["int4"] < found["fp32"] / 3  # its bound: int4 bytes

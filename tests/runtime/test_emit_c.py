@@ -17,7 +17,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import kiln
 from kiln.driver.emit_c import emit_c
-from kiln.driver.emit_c_length import length_variant
+from kiln.driver.emit_c_length import length_variants
 from kiln.errors import ArgumentError
 from tests.runtime.test_sizes import small_cnn
 
@@ -425,7 +425,7 @@ def test_a_run_time_length_runs_every_length_of_its_range_bit_for_bit(tmp_path):
     folder = tmp_path / "lengths"
     emitted = kiln.emit_c(model, folder, length=("seq", 1, 40))
     assert emitted.dims == {"seq": "1..40"}
-    plan = length_variant(model, {}, "seq", 1, 40)[0].plan  # (the library's: its tables are in its code)
+    plan = length_variants(model, {}, "seq", 1, 40)[0][0][0].plan  # (the library's: its tables are in its code)
     floor = plan.memory.growing.floor
     assert re.search(rf"  1, \d+, {floor}, 40, ", plan.source) and floor > 6  # (lengths 1 and 6: padded and cut)
     assert (folder / "libkiln_model.so").read_bytes() == plan.library.read_bytes(), "the Python runtime's library"
@@ -620,7 +620,7 @@ def test_a_torchscript_encoders_lengths_run_from_c_with_the_offsets_written_per_
     model = kiln.compile(path)
     folder = tmp_path / "roberta"
     kiln.emit_c(model, folder, {"batch": 2}, length=("seq", 1, 64))
-    assert length_variant(model, {"batch": 2}, "seq", 1, 64)[0].plan.memory.growing.constants, "offsets per call"
+    assert length_variants(model, {"batch": 2}, "seq", 1, 64)[0][0][0].plan.memory.growing.constants, "offsets per call"
     binary = build(folder)
     for length in (3, 31, 64):
         feeds = architectures.inputs("roberta", batch=2, seq=length)

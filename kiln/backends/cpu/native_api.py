@@ -41,8 +41,7 @@ class NativeApi:
         self.run = library.kiln_context_run  # (context, length, host) -> status: the per-call path, bare
 
     def error(self, what: str) -> KilnError:
-        message = (self.library.kiln_last_error() or b"").decode("utf-8", "replace")
-        return KilnError(f"{what} ({self.path}): {message} (kiln bug)")
+        return KilnError(f"{what} ({self.path}): {self.last_error()} (kiln bug)")
 
     def bind(self, addresses: list[int | None]) -> int:
         """The model over the weights at ``addresses`` (one per slot, None elsewhere)."""
