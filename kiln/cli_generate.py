@@ -10,6 +10,7 @@ import click
 import numpy as np
 
 from kiln.cli_support import console, json_option, out
+from kiln.lower.engine import WEIGHT_FORMATS
 
 
 @click.command("generate")
@@ -31,9 +32,11 @@ from kiln.cli_support import console, json_option, out
     help="For a zoo decoder name: which ONNX exporter writes its decode step.",
 )  # fmt: skip
 @click.option(
-    "--precision", default="fp32", show_default=True, type=click.Choice(["fp32", "int8-weights", "bf16", "auto"]),
+    "--precision", default="fp32", show_default=True,
+    type=click.Choice(["fp32", *WEIGHT_FORMATS, "bf16", "auto"]),
     help="Of the matrix products: int8-weights stores their weights as int8 (per output column), a quarter of "
-    "the bytes each token reads; bf16 where the CPU has it.",
+    "the bytes each token reads; int4-weights as 4-bit codes with a scale per group of 32 (-g128: 128; -asym: "
+    "an offset per group too), about a sixth; bf16 where the CPU has it.",
 )  # fmt: skip
 @json_option("the tokens and the timings")
 def generate_command(

@@ -9,6 +9,7 @@ from pathlib import Path
 import click
 from rich.console import Console
 
+from kiln.lower.engine import WEIGHT_FORMATS
 from kiln.output_files import OutputPathError, check_output_file
 
 # Results go to stdout, progress and notes to stderr. In a terminal, tables fit its width; piped to
@@ -113,14 +114,15 @@ def precision_option(what: str):  # type: ignore[no-untyped-def]
     """The --precision option of the commands that compile (``what``: what they do with it)."""
     return click.option(
         "--precision",
-        type=click.Choice(["fp32", "bf16", "int8", "int8-weights", "auto"]),
+        type=click.Choice(["fp32", "bf16", "int8", *WEIGHT_FORMATS, "auto"]),
         default="fp32",
         show_default=True,
         help="Precision of matrix products and convolutions: bf16 rounds their operands to bfloat16 and sums in "
         "float32 (AMX-BF16 or AVX512_BF16); int8 quantizes weights per channel and activations per tensor "
         "(calibrated); int8-weights stores the constant weights of matrix products as int8 per output column "
         "and computes in float32 (no calibration: a quarter of the bytes a memory-bound decode step reads); "
-        f"auto picks bf16 where the CPU has it. {what}",
+        "int4-weights as 4-bit codes with a scale per group of 32 k-steps (-g128: of 128; -asym: an offset "
+        f"per group too); auto picks bf16 where the CPU has it. {what}",
     )
 
 

@@ -28,6 +28,7 @@ import numpy as np
 
 from kiln.errors import ArgumentError
 from kiln.ir.graph import Node
+from kiln.lower.engine import WEIGHT_FORMATS
 from kiln.lower.families import lowerable
 from kiln.lower.kir import Buffer, Kernel
 from kiln.lower.target import Target, TargetError
@@ -210,7 +211,7 @@ class Backend:
         """Each arithmetic precision of matrix products and convolutions (``fp32``, ``bf16``, ``int8``, ``int8-weights``)
         mapped to '' when ``target`` computes in it here, else why not."""
         only = f"the {target.name} target computes in fp32 only"
-        return {"fp32": "", "bf16": only, "int8": only, "int8-weights": only}
+        return {"fp32": "", "bf16": only, "int8": only, **dict.fromkeys(WEIGHT_FORMATS, only)}
 
 
 _BACKENDS: dict[str, Backend] = {}

@@ -19,6 +19,7 @@ from typing import Any
 
 from kiln.backends import BuildOptions
 from kiln.errors import KilnError
+from kiln.lower.engine import WEIGHT_FORMATS
 from kiln.passes import PASS_NAMES
 
 # algorithms ``disabled`` may name besides the graph passes ("size-classes": every size of a
@@ -43,11 +44,10 @@ ALGORITHMS = (
     "run-time-dims",
 )
 # of matrix products and convolutions; "auto": the best this target computes natively (bf16 where
-# the CPU has bf16 instructions), said by the compiled model (``precision``); "int8-weights": the
-# constant weights of matrix products int8 (per output column), activations and sums float32
-# (no calibration: what a memory-bound decode step reads is weights)
-INT8_WEIGHTS = "int8-weights"
-PRECISIONS = ("fp32", "bf16", "int8", INT8_WEIGHTS, "auto")
+# the CPU has bf16 instructions), said by the compiled model (``precision``); "int8-weights",
+# "int4-weights" and its variants: the constant weights of matrix products narrow (per output
+# column, per group of k), activations and sums float32 (kiln.lower.engine.WEIGHT_FORMATS)
+PRECISIONS = ("fp32", "bf16", "int8", *WEIGHT_FORMATS, "auto")
 FALSE = ("0", "", "false", "no", "off")
 
 

@@ -93,6 +93,77 @@ def pack_cols_int8(matrix: np.ndarray, cols: int) -> tuple[np.ndarray, np.ndarra
     return packed, scales
 
 
+# the weight-only precisions: the constant weights of matrix products narrow, activations and
+# sums float32 (no calibration: what a memory-bound decode step reads is weights) -> (bits, k-steps
+# per group (0: one scale per column), symmetric). int4 groups of 32 by default (llama.cpp's Q4_0,
+# ONNX Runtime GenAI's builder), 128 the coarser choice; "-asym": a float offset per group too
+WEIGHT_FORMATS = {
+    "int8-weights": (8, 0, True),
+    "int4-weights": (4, 32, True),
+    "int4-weights-asym": (4, 32, False),
+    "int4-weights-g128": (4, 128, True),
+    "int4-weights-g128-asym": (4, 128, False),
+}
+W4_CHUNK = 8  # the int4 path's k-steps per 32-bit word: one nibble each (gemm_w4.c)
+
+
+def quantize_groups(matrix: np.ndarray, group: int, symmetric: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """[K, N] float32 weights -> 4-bit codes per group of ``group`` consecutive k of each column
+    (uint8 [Kp, N], Kp = K rounded up to the group; the padding encodes 0), float32 scales and
+    offsets [Kp / group, N] with weight = code * scale + offset. Symmetric: the group's
+    largest-magnitude value v gives scale = v / -8 and offset = -8 * scale (codes 0..15 around
+    8, v itself exactly -8 * scale), as llama.cpp's Q4_0 and ONNX's symmetric MatMulNBits;
+    asymmetric: scale = (max - min) / 15 and offset = min (Q4_1's)."""
+    matrix = np.asarray(matrix, dtype=np.float32)
+    k, n = matrix.shape
+    padded = -(-k // group) * group
+    full = np.zeros((padded, n), np.float32)
+    full[:k] = matrix
+    blocks = full.reshape(padded // group, group, n)
+    if symmetric:
+        picked = np.take_along_axis(blocks, np.abs(blocks).argmax(axis=1)[:, None, :], axis=1)[:, 0, :]
+        scales = picked / -8.0
+        offsets = -8.0 * scales
+    else:
+        low, high = blocks.min(axis=1), blocks.max(axis=1)
+        scales, offsets = (high - low) / 15.0, low
+    safe = np.where(scales == 0, 1.0, scales)[:, None, :]
+    codes = np.rint((blocks - offsets[:, None, :]) / safe)
+    codes = np.clip(np.where(scales[:, None, :] == 0, 8 if symmetric else 0, codes), 0, 15)  # (a constant group)
+    return codes.astype(np.uint8).reshape(padded, n), scales.astype(np.float32), offsets.astype(np.float32)
+
+
+def pack_cols_int4(matrix: np.ndarray, cols: int, group: int, symmetric: bool):  # type: ignore[no-untyped-def]
+    """[K, N] float32 weights -> the int4 path's B (gemm_w4.c): 32-bit words [ceil(N/cols),
+    Kp/8, cols] holding eight k-steps of a column (k-step t in bits 4t..4t+3), and float32 scales
+    and offsets [ceil(N/cols), Kp/group, cols] (``quantize_groups``; padded columns 0). Offsets are
+    None when symmetric (the engine takes -8 x scale). Quantized a block of panels at a time: the
+    float temporaries stay a block's."""
+    matrix = np.asarray(matrix, dtype=np.float32)
+    k, n = matrix.shape
+    padded, panels = -(-k // group) * group, -(-n // cols)
+    words = np.zeros((panels, padded // W4_CHUNK, cols), np.uint32)
+    scales = np.zeros((panels, padded // group, cols), np.float32)
+    offsets = np.zeros_like(scales)
+    step = max(1, (1 << 22) // max(1, k * cols))  # panels per block: ~16 MB of float32 temporaries
+    for first in range(0, panels, step):
+        lo, hi = first * cols, min(n, (first + step) * cols)
+        codes, s, o = quantize_groups(matrix[:, lo:hi], group, symmetric)
+        width = -(-(hi - lo) // cols) * cols
+        grid = np.zeros((padded // W4_CHUNK, W4_CHUNK, width), np.uint32)
+        grid.reshape(padded, width)[:, : hi - lo] = codes
+        packed = np.zeros((padded // W4_CHUNK, width), np.uint32)
+        for t in range(W4_CHUNK):
+            packed |= grid[:, t, :] << np.uint32(4 * t)
+        count = width // cols
+        words[first : first + count] = packed.reshape(-1, count, cols).transpose(1, 0, 2)
+        for source, dest in ((s, scales), (o, offsets)):
+            block = np.zeros((source.shape[0], width), np.float32)
+            block[:, : hi - lo] = source
+            dest[first : first + count] = block.reshape(-1, count, cols).transpose(1, 0, 2)
+    return words, scales, None if symmetric else offsets
+
+
 BF16_BLOCK = 32  # the bf16 path's block (gemm_bf16.c): rows of A and columns of a B panel; K padded to it
 
 

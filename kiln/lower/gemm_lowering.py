@@ -23,6 +23,7 @@ from kiln.lower import winograd
 from kiln.lower.engine import (
     BF16_BLOCK,
     INT8_K,
+    WEIGHT_FORMATS,
     Epilogue,
     NotForEngine,
     activation_quantization,
@@ -32,6 +33,7 @@ from kiln.lower.engine import (
     engine_kernel,
     epilogue_helper,
     pack_cols,
+    pack_cols_int4,
     pack_cols_int8,
     pack_pairs_bf16,
     pack_quads_int8,
@@ -44,7 +46,6 @@ from kiln.lower.engine import (
 )
 from kiln.lower.kir import (
     Binary,
-    Buffer,
     DirectOperand,
     Expr,
     GemmSpec,
@@ -61,7 +62,6 @@ from kiln.lower.window_lowering import conv_window
 from kiln.passes.layout import DIRECT_MAX_TAPS, DIRECT_MIN_CHANNELS, range_key
 
 I64 = DType.INT64
-INT8_WEIGHTS = "int8-weights"  # the compile's precision whose matrix products take the weight-only int8 path
 
 
 # -- MatMul --------------------------------------------------------------------------------------------
@@ -99,12 +99,13 @@ def lower_matmul_gemm(lw: Lowerer, node: Node, epilogue: Epilogue | None = None)
     # int8: float activations (A) times one constant weight matrix (B)
     activations = a if a_const is None and b_const is not None and b_count == 1 else None
     precision = _precision_of(lw, node, activations)
-    quant, given, scales = None, None, None
-    if lw.precision == INT8_WEIGHTS and activations is not None:
-        # weight-only int8: B int8 panels with column scales, A read in place (gemm_w8.c)
-        precision = "w8"
+    quant, given, scales, narrow = None, None, None, None
+    if lw.precision in WEIGHT_FORMATS and activations is not None:
+        # weight-only int8 (int4): B narrow panels with column (group) scales, A read in place
+        # (gemm_w8.c, gemm_w4.c)
         a_operand = MatrixOperand(a_buf, 0 if a_count == 1 else m * k, k, 1)
-        b_operand, scales = _w8_weights(lw, b, np.asarray(b_const, dtype=np.float32).reshape(k, n))
+        matrix = np.asarray(b_const, dtype=np.float32).reshape(k, n)
+        precision, b_operand, scales, narrow = _weight_only(lw, b, matrix, WEIGHT_FORMATS[lw.precision])
     elif precision == "int8":
         a_operand = MatrixOperand(a_buf, 0 if a_count == 1 else m * k, k, 1)
         b_operand, quant = _int8_weights(
@@ -132,7 +133,7 @@ def lower_matmul_gemm(lw: Lowerer, node: Node, epilogue: Epilogue | None = None)
     finish = tile_finish(lw, epilogue, None, out_shape, None, len(out_shape) - 1) if helper is not None else None
     stmt = GemmSpec(
         batch, rows, n, k, a_operand, b_operand, dst, m * n, n, _blocking(precision, choice), helper, precision, quant,
-        finish, narrow_store(lw, out, precision), given, scales,
+        finish, narrow_store(lw, out, precision), given, scales, *(narrow or (None, 0)),
     )  # fmt: skip
     return [engine_kernel(name, "matmul", stmt, dst, node, 2 * batch * rows * n * k, source)]
 
@@ -160,20 +161,27 @@ def _fp32_operands(lw: Lowerer, a, b, a_count: int, b_count: int, m: int, k: int
     return a_operand, b_operand
 
 
-def _w8_weights(lw: Lowerer, weights, matrix: np.ndarray) -> tuple[PackedOperand, Buffer]:
-    """Weight-only int8: the [K, N] weights as int8 panels of the engine's columns and their
-    per-column scales (``pack_cols_int8``), each a constant of the plan (quantized once)."""
-    cols = lw.target.gemm_cols
-    made: list[tuple[np.ndarray, np.ndarray]] = []
+def _weight_only(lw: Lowerer, weights, matrix: np.ndarray, form: tuple[int, int, bool]):  # type: ignore[no-untyped-def]
+    """Weight-only int8 (int4): the [K, N] weights as narrow panels of the engine's columns and
+    their per-column (per-group) scales (``pack_cols_int8``, ``pack_cols_int4``), each a constant
+    of the plan, quantized once. Returns the engine path, B, its scales and, for int4, the
+    offsets (None: symmetric) and the group."""
+    cols, (bits, group, symmetric) = lw.target.gemm_cols, form
+    made: list[tuple] = []
 
-    def quantized() -> tuple[np.ndarray, np.ndarray]:
+    def quantized() -> tuple:
         if not made:
-            made.append(pack_cols_int8(matrix, cols))
+            made.append(pack_cols_int8(matrix, cols) if bits == 8 else pack_cols_int4(matrix, cols, group, symmetric))
         return made[0]
 
-    packed = lw.packed_constant(("w8-cols", weights, cols), lambda: quantized()[0])
-    scales = lw.packed_constant(("w8-scale", weights, cols), lambda: quantized()[1])
-    return PackedOperand(packed, 0, cols, "w8-cols"), scales
+    layout = f"w{bits}-cols"
+    key = (layout, weights, cols, group, symmetric)
+    packed = lw.packed_constant(key, lambda: quantized()[0])
+    scales = lw.packed_constant((*key, "scales"), lambda: quantized()[1])
+    if bits == 8:
+        return "w8", PackedOperand(packed, 0, cols, layout), scales, None
+    offsets = None if symmetric else lw.packed_constant((*key, "offsets"), lambda: quantized()[2])
+    return "w4", PackedOperand(packed, 0, cols, layout), scales, (offsets, group)
 
 
 def _precision_of(lw: Lowerer, node: Node, activations) -> str:  # type: ignore[no-untyped-def]
@@ -182,7 +190,7 @@ def _precision_of(lw: Lowerer, node: Node, activations) -> str:  # type: ignore[
     weights) or is kept in fp32 (mixed precision), which then computes in fp32."""
     if activations is not None and "kiln_qdq" in node.attrs:
         return "int8"  # a pre-quantized (QDQ) model's product: int8 with the model's own quantization
-    if lw.precision == INT8_WEIGHTS:  # (its products are chosen by lower_matmul_gemm; the rest: fp32)
+    if lw.precision in WEIGHT_FORMATS:  # (its products are chosen by lower_matmul_gemm; the rest: fp32)
         return "fp32"
     if lw.precision != "int8":
         return lw.precision
@@ -273,7 +281,7 @@ def _blocking(precision: str, choice: dict) -> tuple[int, int, int]:
 def _tile(precision: str) -> tuple[int, int] | None:
     """The block the engine finishes at a time: the reduced-precision paths' 32 x 32, else the
     float micro-tile."""
-    return (BF16_BLOCK, BF16_BLOCK) if precision not in ("fp32", "w8") else None
+    return (BF16_BLOCK, BF16_BLOCK) if precision not in ("fp32", "w8", "w4") else None
 
 
 def _bf16_operands(lw: Lowerer, a, b, a_count: int, b_count: int, m: int, k: int, n: int):  # type: ignore[no-untyped-def]

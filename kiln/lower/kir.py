@@ -269,15 +269,19 @@ class GemmSpec:
     ldc: int
     blocking: tuple[int, int, int] = (0, 0, 0)
     epilogue: Function | None = None
-    precision: str = "fp32"  # "bf16": operands rounded to bfloat16, float32 sums (gemm_bf16.c); "int8"; "w8"
+    precision: str = "fp32"  # "bf16": operands rounded to bfloat16, float32 sums (gemm_bf16.c); "int8"; "w8"; "w4"
     quant: QuantSpec | None = None  # int8's quantization (gemm_int8.c)
     finish: TileFinish | None = None  # the epilogue, when this simple, in the engine's registers (fp32)
     requant: Requantize | None = None  # int8, bf16: the output also stored narrow for its readers
     # bf16: the activations (A of a MatMul, a channels-last convolution's input) rounded to bfloat16
     # already by their producer (its ``Requantize``, ``bf16``), read instead of converting them here
     given: Buffer | None = None
-    # "w8" (weight-only int8, gemm_w8.c): B's per-column float32 scales (B is int8 panels, "w8-cols")
+    # "w8" (weight-only int8, gemm_w8.c): B's per-column float32 scales (B is int8 panels, "w8-cols");
+    # "w4" (weight-only int4, gemm_w4.c): B's per-group scales, ``offsets`` (None: symmetric) and
+    # the k-steps of a ``group`` (B is words of eight 4-bit codes, "w4-cols")
     scales: Buffer | None = None
+    offsets: Buffer | None = None
+    group: int = 0
 
 
 @dataclass
@@ -372,8 +376,7 @@ def engine_buffers(call: EngineCall) -> list[Buffer]:
             quant.append(call.quant.given)
         if call.given is not None:
             quant.append(call.given)
-        if call.scales is not None:
-            quant.append(call.scales)
+        quant += [b for b in (call.scales, call.offsets) if b is not None]
         finish = [b for b in (call.finish.row, call.finish.col) if b is not None] if call.finish else []
         requant = [call.requant.dest] if call.requant is not None else []
         return [call.a.buffer, call.b.buffer, *quant, *finish, call.out, *requant]
@@ -523,7 +526,7 @@ def engine_calls(kernel: Kernel) -> list[GemmSpec | AttentionSpec]:
 
 
 def kernel_precision(kernel: Kernel) -> str:
-    """What a kernel's matrix products compute in: ``bf16``, ``int8`` or ``w8`` when it calls the engine's
+    """What a kernel's matrix products compute in: ``bf16``, ``int8``, ``w8`` or ``w4`` when it calls the engine's
     reduced-precision paths, else ``fp32`` (every other kernel computes in its tensors' types)."""
     found = [call.precision for call in engine_calls(kernel) if call.precision != "fp32"]
     return found[0] if found else "fp32"

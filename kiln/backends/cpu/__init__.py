@@ -33,6 +33,7 @@ from kiln.backends.registry import (
     library_runner,
 )
 from kiln.errors import CompilerError, KilnError
+from kiln.lower.engine import WEIGHT_FORMATS
 from kiln.lower.kir import Buffer, Kernel
 from kiln.lower.target import Target, TargetError
 
@@ -190,7 +191,8 @@ class CpuBackend(Backend):
         int8 = ""
         if target.isa not in ("avx512", "avx2"):
             int8 = f"the {target.name} target ({target.isa}) has no int8 path; int8 runs on the avx512 and avx2 targets"
-        return {"fp32": "", "bf16": bf16, "int8": int8, "int8-weights": ""}  # (gemm_w8.c: plain vector code)
+        # (the weight-only paths, gemm_w8.c and gemm_w4.c: plain vector code, every ISA)
+        return {"fp32": "", "bf16": bf16, "int8": int8, **dict.fromkeys(WEIGHT_FORMATS, "")}
 
     def load(self, plan: Any, target: Target, parallelism: Threading) -> Loaded:
         segments = [s for s in plan.steps if hasattr(s, "kernels")]

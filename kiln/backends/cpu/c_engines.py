@@ -28,7 +28,7 @@ from kiln.lower.kir import (
 
 
 def narrow_products(body: Sequence[Stmt]) -> set[str]:
-    """The reduced-precision paths (``bf16``, ``int8``, ``w8``) ``body``'s engine calls use."""
+    """The reduced-precision paths (``bf16``, ``int8``, ``w8``, ``w4``) ``body``'s engine calls use."""
     found: set[str] = set()
     for s in body:
         if isinstance(s, (GemmSpec, AttentionSpec)) and s.precision != "fp32":
@@ -79,7 +79,7 @@ def engine_call(stmt: EngineCall, indent: str) -> list[str]:
     (attention.c); a descriptor carries the epilogue and the segment's buffer table."""
     lines = [f"{indent}{{", f"{indent}  kiln_gemm g = {{0}};"]
     epilogue = epilogue_of(stmt)
-    finish = stmt.finish if isinstance(stmt, GemmSpec) and stmt.precision in ("fp32", "w8") else None
+    finish = stmt.finish if isinstance(stmt, GemmSpec) and stmt.precision in ("fp32", "w8", "w4") else None
     only = isinstance(stmt, GemmSpec) and stmt.requant is not None and stmt.requant.only
     if only:  # int8 bytes (bf16 halves) only: the epilogue on each tile's scratch (gemm_lowp.c)
         finish = stmt.finish or TileFinish()  # (no epilogue: the bounds still say "none")
@@ -102,8 +102,12 @@ def engine_call(stmt: EngineCall, indent: str) -> list[str]:
                        ("q_inv", f"{q.inv!r}f"), ("q_zero", q.zero), ("q_max", q.qmax)]  # fmt: skip
             if q.given is not None:  # quantized by their producer (its Requantize)
                 fields += [("q_given", q.given.name), ("q_given_size", q.given.size)]
-        if stmt.scales is not None:  # weight-only int8: B's column scales (gemm_w8.c)
+        if stmt.scales is not None:  # weight-only int8 (int4): B's column (group) scales (gemm_w8.c, gemm_w4.c)
             fields.append(("q_scale", stmt.scales.name))
+        if stmt.group:
+            fields.append(("q_group", stmt.group))
+        if stmt.offsets is not None:
+            fields.append(("q_min", stmt.offsets.name))
         if stmt.given is not None:  # rounded to bf16 by their producer (its Requantize)
             fields += [("h_given", stmt.given.name), ("q_given_size", stmt.given.size)]
         if stmt.requant is not None and stmt.requant.bf16:
@@ -112,7 +116,7 @@ def engine_call(stmt: EngineCall, indent: str) -> list[str]:
             r = stmt.requant
             fields += [("r_out", r.dest.name), ("r_inv", f"{r.inv!r}f"), ("r_zero", r.zero), ("r_max", r.qmax)]
         lines.extend(f"{indent}  g.{name} = {value};" for name, value in fields)
-        path = {"bf16": "bf16_", "int8": "int8_", "w8": "w8_"}.get(stmt.precision, "")
+        path = {"bf16": "bf16_", "int8": "int8_", "w8": "w8_", "w4": "w4_"}.get(stmt.precision, "")
         lines.append(f"{indent}  kiln_gemm_{path}run(&g);")
     elif isinstance(stmt, WinogradInput):
         args = [stmt.tile, stmt.source.name, stmt.dest.name, stmt.batch, stmt.channels, stmt.height, stmt.width,

@@ -133,6 +133,7 @@ def emit_entry(count: int) -> str:
 HERE = Path(__file__).parent
 API = (HERE / "gemm_api.h").read_text()
 NARROW_PARTS = ("amx.c", "gemm_lowp.c")  # then gemm_<precision>.c of each reduced precision
+WEIGHT_ONLY = {"w8", "w4"}  # the weight-only int8 and int4 paths (gemm_w8.c, gemm_w4.c)
 
 
 def gemm_prelude(target: Target) -> str:
@@ -156,7 +157,7 @@ def engine_source(target: Target, narrow: Sequence[str] = (), checked: bool = Fa
     parts = ['#define KILN_ENGINE __attribute__((visibility("hidden")))', PRELUDE, POOL]
     parts += [DEBUG_PRELUDE] if checked else []
     parts.append(gemm_prelude(target))
-    if set(narrow) - {"w8"}:  # (the weight-only int8 path is plain vector code: no AMX, no packers of its own)
+    if set(narrow) - WEIGHT_ONLY:  # (the weight-only paths are plain vector code: no AMX, no packers of their own)
         parts += [(HERE / part).read_text() for part in NARROW_PARTS]
     parts += [(HERE / f"gemm_{p}.c").read_text() for p in sorted(narrow)]
     parts += [winograd_c.c_source(), (HERE / "attention.c").read_text()]
@@ -173,7 +174,7 @@ def linked_engine(source: str) -> tuple[str, ...] | None:
     if found is None:
         return None
     paths = tuple(p for p in found.group(1).split(",") if p)
-    if not set(paths) <= {"bf16", "int8", "w8"}:
+    if not set(paths) <= {"bf16", "int8", *WEIGHT_ONLY}:
         raise ValueError(f"unknown engine paths {paths} in a generated unit")
     return paths
 
@@ -187,6 +188,7 @@ typedef struct {{ void **buffers; int64_t index[8]; }} kiln_loop_ctx;
 KILN_ENGINE void kiln_gemm_bf16_run(const kiln_gemm *g);
 KILN_ENGINE void kiln_gemm_int8_run(const kiln_gemm *g);
 KILN_ENGINE void kiln_gemm_w8_run(const kiln_gemm *g);
+KILN_ENGINE void kiln_gemm_w4_run(const kiln_gemm *g);
 KILN_ENGINE void kiln_winograd_in(int m, const float *x, float *v, int64_t N, int64_t C, int64_t H, int64_t W, int64_t PT,
                                   int64_t PL, int64_t TH, int64_t TW);
 KILN_ENGINE void kiln_winograd_out(int m, const float *mm, float *y, const float *bias, int64_t N, int64_t O, int64_t OH,

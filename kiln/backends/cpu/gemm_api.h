@@ -36,6 +36,9 @@ struct kiln_gemm {
      q_rows, else the column), and the float activations' quantization (q = x * q_inv + q_zero,
      clamped to [0, q_max]) */
   const float *q_scale; const int32_t *q_offset; int q_rows;
+  /* int4 weights (gemm_w4.c): k-steps per group of B's codes, each group's offsets (NULL:
+     symmetric, -8 x its scale) beside its scales (q_scale) */
+  const float *q_min; int64_t q_group;
   float q_inv; int32_t q_zero, q_max;
   const uint8_t *q_source; /* B's float activations quantized once, same indexing as b (gemm_int8.c) */
   const uint8_t *q_given;  /* the activations (A of a MatMul, B of a convolution) quantized already by

@@ -30,6 +30,7 @@ from kiln.backends.fpga.streams import segment_streams
 from kiln.backends.fpga.target import FpgaTarget, parse_variant
 from kiln.backends.registry import Backend, BuildOptions, Loaded, PlanFacts, Section, Threading, library_runner
 from kiln.errors import CompilerError, KilnError
+from kiln.lower.engine import WEIGHT_FORMATS
 from kiln.lower.kir import Buffer, Kernel
 from kiln.lower.target import Target, TargetError
 
@@ -183,7 +184,7 @@ class FpgaBackend(Backend):
 
     def precisions(self, target: Target) -> dict[str, str]:
         fixed = "the fpga target computes in fixed point (ap_fixed, widths from calibration)"
-        return {"fp32": "", "bf16": fixed, "int8": fixed, "int8-weights": fixed}
+        return {"fp32": "", "bf16": fixed, "int8": fixed, **dict.fromkeys(WEIGHT_FORMATS, fixed)}
 
 
 __all__ = ["FpgaBackend", "FpgaTarget", "ap_types"]

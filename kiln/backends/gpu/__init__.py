@@ -24,6 +24,7 @@ from kiln.backends.gpu.runtime import (
 from kiln.backends.gpu.target import GpuTarget
 from kiln.backends.registry import Backend, BuildOptions, Loaded, Section, Threading
 from kiln.backends.registry import SegmentRunner as Runner
+from kiln.lower.engine import WEIGHT_FORMATS
 from kiln.lower.kir import Buffer, Kernel
 from kiln.lower.target import Target, TargetError
 
@@ -72,7 +73,7 @@ class GpuBackend(Backend):
 
     def precisions(self, target: Target) -> dict[str, str]:
         only = "the gpu target computes in fp32 only (its products use IEEE fp32 tl.dot, not TF32)"
-        return {"fp32": "", "bf16": only, "int8": only, "int8-weights": only}
+        return {"fp32": "", "bf16": only, "int8": only, **dict.fromkeys(WEIGHT_FORMATS, only)}
 
     def load(self, plan: Any, target: Target, parallelism: Threading) -> Loaded:
         segments = [s for s in plan.steps if hasattr(s, "kernels")]
