@@ -2,7 +2,7 @@
 ``kiln bench --scenario generate`` (``kiln.bench.generation``: what it measures and how).
 
     python benchmarks/generate.py [--models gpt2-124m] [--prompts 128,512] [--new-tokens 128]
-        [--engines kiln,kiln-int8-weights,int8-weights-accuracy,onnxruntime,transformers,llama.cpp,onnxruntime-genai,openvino-genai]
+        [--engines kiln,kiln-int8-weights,kiln-int4-weights,weights-accuracy,onnxruntime,transformers,llama.cpp,onnxruntime-genai,openvino-genai]
         [--threads 2] [--json out.jsonl]
 """
 

@@ -47,7 +47,7 @@ from kiln.output_files import OutputPathError, ensure_folder
     help="MLPerf LoadGen scenarios: single-stream, multi-stream, server, offline; LoadGen's verdict "
     "(VALID/INVALID and why) is in the report. Or generate: decoders' time to first token, time per output "
     "token and tokens/s against the bandwidth bound, peak memory (-m: decoders, gpt2-124m by default; -b: "
-    "engines: kiln, kiln-int8-weights, int8-weights-accuracy, onnxruntime, transformers, llama.cpp, "
+    "engines: kiln, kiln-int8-weights, kiln-int4-weights, weights-accuracy, onnxruntime, transformers, llama.cpp, "
     "onnxruntime-genai, openvino-genai). [default: single-stream]",
 )
 @click.option("--batch", "batches", multiple=True, type=int, help="Batch size(s). [default: 1]")

@@ -6,8 +6,9 @@ bandwidth over the bytes a token reads).
 
 Every engine runs the same random weights (``kiln.zoo.decoders``: a Hugging Face config, a fixed
 seed; nothing is downloaded), greedy, batch 1, each (model, engine) in a process of its own (its
-peak RSS is its own; no plan cache: its compiles are its own). kiln (fp32) and kiln-int8-weights
-(``precision="int8-weights"``: its bound over the int8 bytes): the decode-step ONNX compiled once
+peak RSS is its own; no plan cache: its compiles are its own). kiln (fp32), kiln-int8-weights and
+kiln-int4-weights (``precision="int8-weights"``, ``"int4-weights"``: their bounds over the int8
+bytes, over 4-bit codes and a float32 scale per 32): the decode-step ONNX compiled once
 for the context (``past``, ``new`` and ``total`` ranges), ``kiln.generate_stream``'s loop, the
 prompt in one step. onnxruntime: the same ONNX file through the same loop (the step's cost is the
 engine's; the loop is kiln's). transformers: eager ``generate`` with its own cache (TTFT: the
@@ -32,8 +33,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-KILN_ENGINES = {"kiln": "fp32", "kiln-int8-weights": "int8-weights"}  # engine -> kiln's precision
-ACCURACY = "int8-weights-accuracy"  # a row of its own: int8-weights against fp32 on a fixed token stream
+# engine -> kiln's precision
+KILN_ENGINES = {"kiln": "fp32", "kiln-int8-weights": "int8-weights", "kiln-int4-weights": "int4-weights"}
+ACCURACY = "weights-accuracy"  # a row of its own: int8-weights and int4-weights against fp32 on a fixed token stream
+NARROW = ("int8-weights", "int4-weights")
 PEERS_NOT_WIRED = {
     "llama.cpp": "llama_cpp",
     "openvino-genai": "openvino_genai",
@@ -153,7 +156,7 @@ def measure(name: str, engine: str, prompt_lengths: list[int], new_tokens: int, 
         row["error"] = "installed, not wired into this benchmark yet" if found else "not installed"
         return row
     if engine == ACCURACY:
-        row.update(int8_accuracy(name, max(prompt_lengths), threads))
+        row.update(weights_accuracy(name, max(prompt_lengths), threads))
         return row
     if engine == GENAI:
         if importlib.util.find_spec("onnxruntime_genai") is None:
@@ -198,10 +201,12 @@ def measure(name: str, engine: str, prompt_lengths: list[int], new_tokens: int, 
     return row
 
 
-def int8_accuracy(name: str, length: int, threads: int) -> dict[str, Any]:
-    """int8-weights against fp32 on a fixed token stream (the seeded prompt of ``length`` tokens, one
-    prefill step, every position's logits): the relative L2 of the logits, how often the two
-    predict the same next token, and each one's perplexity of the stream's own next tokens."""
+def weights_accuracy(name: str, length: int, threads: int) -> dict[str, Any]:
+    """int8-weights and int4-weights against fp32 on a fixed token stream (the seeded prompt of
+    ``length`` tokens, fed one token a step as a generation loop feeds its new tokens, every
+    step's logits): the relative L2 of the logits, how often each predicts fp32's next token, and
+    each one's perplexity of the stream's own next tokens. One token a step is what decode runs
+    (int4: its row's activations quantized to int8 per group at run time, gemm_w4.c)."""
     import numpy as np
 
     import kiln
@@ -209,15 +214,22 @@ def int8_accuracy(name: str, length: int, threads: int) -> dict[str, Any]:
     from kiln.zoo import decoders
 
     path = str(decoders.export(name))
-    dims = {"past": "0..0", "new": f"{length}..{length}", "total": f"{length}..{length}", "batch": "1..1"}
+    dims = {"past": f"0..{length - 1}", "new": "1..1", "total": f"1..{length}", "batch": "1..1"}
     ids = prompts_for(name, [length])[length]
     logits = {}
-    for precision in ("fp32", "int8-weights"):
+    for precision in ("fp32", *NARROW):
         model = kiln.compile(path, dims=dims, threads=threads, precision=precision)
         found = roles(model)
-        feeds = {found.ids: ids, **({found.mask: np.ones_like(ids)} if found.mask else {})}
-        feeds.update({p: np.zeros((1, s[1], 0, s[3]), np.float32) for p, s in zip(found.past, found.cache)})
-        logits[precision] = np.asarray(model.run(feeds)[found.logits], np.float64)[0]  # [length, vocab]
+        cache = [np.zeros((1, s[1], 0, s[3]), np.float32) for s in found.cache]
+        steps = []
+        for at in range(length):
+            feeds = {found.ids: ids[:, at : at + 1], **dict(zip(found.past, cache))}
+            if found.mask:
+                feeds[found.mask] = np.ones((1, at + 1), ids.dtype)
+            out = model.run(feeds)
+            steps.append(np.asarray(out[found.logits], np.float64)[0, -1])
+            cache = [out[p] for p in found.present]
+        logits[precision] = np.stack(steps)  # [length, vocab]
         del model
 
     def perplexity(values: np.ndarray) -> float:
@@ -225,10 +237,14 @@ def int8_accuracy(name: str, length: int, threads: int) -> dict[str, Any]:
         log_p = shifted - np.log(np.exp(shifted).sum(axis=1, keepdims=True))
         return float(np.exp(-log_p[np.arange(length - 1), ids[0, 1:]].mean()))
 
-    fp32, int8 = logits["fp32"], logits["int8-weights"]
-    return {"tokens": length, "logits_rel_l2": float(np.linalg.norm(int8 - fp32) / np.linalg.norm(fp32)),
-            "same_next_token": float((int8.argmax(axis=1) == fp32.argmax(axis=1)).mean()),
-            "perplexity_fp32": perplexity(fp32), "perplexity_int8_weights": perplexity(int8)}  # fmt: skip
+    fp32 = logits["fp32"]
+    found: dict[str, Any] = {"tokens": length, "perplexity_fp32": perplexity(fp32)}
+    for precision in NARROW:
+        narrow = logits[precision]
+        found[precision] = {"logits_rel_l2": float(np.linalg.norm(narrow - fp32) / np.linalg.norm(fp32)),
+                            "same_next_token": float((narrow.argmax(axis=1) == fp32.argmax(axis=1)).mean()),
+                            "perplexity": perplexity(narrow)}  # fmt: skip
+    return found
 
 
 def genai_folder(name: str, threads: int) -> Path:
@@ -296,6 +312,7 @@ def _ort_genai(name: str, prompts: dict[int, Any], new_tokens: int, threads: int
 
 
 WIDTHS = {"fp32": 4, "int8": 1, "int4": 0.625}  # bytes a matrix element a token reads, by storage
+ROW_BYTES = {"int8-weights": "int8", "int4-weights": "int4"}  # kiln's precision -> its storage
 
 
 def weight_bytes(name: str) -> dict[str, int]:
@@ -303,7 +320,8 @@ def weight_bytes(name: str) -> dict[str, int]:
     storage, from one build of the model: fp32; ``int8``, the matrices (every 2-D parameter) at one
     byte an element, as ``--precision int8-weights`` stores the products' weights (its per-column
     scales and an embedding table's few rows a token reads are left out); ``int4``, at 4 bits and a
-    float32 scale per block of 32 (0.625 bytes an element: ONNX Runtime GenAI's builder's int4)."""
+    float32 scale per block of 32 (0.625 bytes an element: ONNX Runtime GenAI's builder's int4 and
+    ``--precision int4-weights``)."""
     from kiln.zoo import decoders
 
     shapes = [(p.numel(), p.dim()) for p in decoders.build(name).model.parameters()]
@@ -344,13 +362,13 @@ def run_generation(models: list[str], engines: list[str], prompts: list[int], ne
         found_bytes = weight_bytes(name)
         weights, weights8, weights4 = found_bytes["fp32"], found_bytes["int8"], found_bytes["int4"]
         say(f"{name}: {weights / 1e6:.0f} MB of fp32 weights per token, bound {bandwidth * 1e9 / weights:.1f} tokens/s; "
-            f"int8 weights {weights8 / 1e6:.0f} MB, {bandwidth * 1e9 / weights8:.1f} tokens/s")  # fmt: skip
+            f"int8 weights {weights8 / 1e6:.0f} MB, {bandwidth * 1e9 / weights8:.1f} tokens/s; "
+            f"int4 {weights4 / 1e6:.0f} MB, {bandwidth * 1e9 / weights4:.1f} tokens/s")  # fmt: skip
         reference: dict[str, list[int]] = {}
         for engine in engines:
             row = measured_alone(name, engine, prompts, new_tokens, threads, timeout)
-            row_bytes = (
-                weights8 if KILN_ENGINES.get(engine) == "int8-weights" else weights4 if engine == GENAI else weights
-            )
+            storage = "int4" if engine == GENAI else ROW_BYTES.get(KILN_ENGINES.get(engine, ""), "fp32")
+            row_bytes = found_bytes[storage]
             row.update({"bandwidth_gb_s": bandwidth, "weight_bytes": row_bytes})
             for length, found in (row.get("prompts") or {}).items():
                 found["same_tokens"] = reference.setdefault(str(length), found["tokens"]) == found["tokens"]
@@ -366,9 +384,12 @@ def row_lines(row: dict[str, Any]) -> list[str]:
     if row.get("error"):
         return [f"{engine:<20} {str(row['error'])[:200]}"]
     if engine == ACCURACY:
-        return [f"{engine:<20} on {row['tokens']} fixed tokens: logits rel. L2 {row['logits_rel_l2']:.2e}, the same next "
-                f"token {100 * row['same_next_token']:.1f}%, perplexity {row['perplexity_fp32']:.1f} (fp32) vs "
-                f"{row['perplexity_int8_weights']:.1f} (int8-weights)"]  # fmt: skip
+        parts = [f"{p}: logits rel. L2 {row[p]['logits_rel_l2']:.2e}, fp32's next token {100 * row[p]['same_next_token']:.1f}%, "
+                 f"perplexity {row[p]['perplexity']:.1f}" for p in NARROW]  # fmt: skip
+        return [
+            f"{engine:<20} on {row['tokens']} fixed tokens (fp32 perplexity {row['perplexity_fp32']:.1f}): "
+            + "; ".join(parts)
+        ]
     lines = []
     for length, found in row["prompts"].items():
         rate = 1 / found["tpot_s"]

@@ -67,3 +67,24 @@ def test_the_onnxruntime_genai_row_runs_its_builders_int4_or_says_it_is_absent(t
 
     found = weight_bytes("llama")
     assert row["weight_bytes"] == found["int4"] < found["fp32"] / 3  # its bound: int4 bytes
+
+
+def test_the_weight_only_rows_bound_their_own_bytes_and_report_accuracy_by_decode_steps(tmp_path):
+    """kiln-int4-weights's bound is over 4-bit codes and their scales; the accuracy row compares
+    int8-weights and int4-weights with fp32 on a fixed stream fed one token a step (what decode runs)."""
+    from kiln.bench.generation import weight_bytes
+
+    out = tmp_path / "bench"
+    args = ["bench", "-s", "generate", "-m", "llama", "-b", "kiln-int4-weights,weights-accuracy", "--prompts", "6", "--new-tokens", "3", "--out", str(out)]  # fmt: skip
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 0, result.output
+    (folder,) = out.iterdir()
+    int4, accuracy = [json.loads(line) for line in (folder / "generate.jsonl").read_text().splitlines()]
+    assert int4["precision"] == "int4-weights" and len(int4["prompts"]["6"]["tokens"]) == 3
+    assert int4["weight_bytes"] == weight_bytes("llama")["int4"]
+    assert accuracy["tokens"] == 6 and accuracy["perplexity_fp32"] > 1
+    for precision, most in (("int8-weights", 3e-2), ("int4-weights", 0.3)):
+        found = accuracy[precision]
+        assert 0 < found["logits_rel_l2"] < most and 0 <= found["same_next_token"] <= 1 and found["perplexity"] > 1
+    assert accuracy["int8-weights"]["logits_rel_l2"] < accuracy["int4-weights"]["logits_rel_l2"]  # 8 bits nearer
+    assert "int4-weights: logits rel. L2" in (folder / "report.md").read_text()
