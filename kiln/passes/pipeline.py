@@ -26,6 +26,7 @@ from kiln.passes.fold_batchnorm import fold_batchnorm
 from kiln.passes.fold_constants import fold_constants
 from kiln.passes.fuse import fuse
 from kiln.passes.gemm import canonicalize_gemm
+from kiln.passes.grouped_heads import group_heads
 from kiln.passes.layout import Narrow, assign_layouts
 from kiln.passes.simplify import simplify
 from kiln.passes.transpose import sink_transposes
@@ -55,6 +56,7 @@ PIPELINE: tuple[Stage, ...] = (
     Stage("sink_transposes", 2, sink_transposes),
     Stage("fold_constants", 1, folded),
     Stage("simplify", 1, simplify),
+    Stage("group_heads", 2, group_heads),  # grouped-query attention's K/V heads read in place, not repeated
     Stage("cse", 1, cse),
     Stage("dce", 0, dce),  # dead readers (rewritten-away reshapes) must not block fusion
     Stage("fuse", 2, fuse),

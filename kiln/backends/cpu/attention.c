@@ -27,6 +27,45 @@ typedef struct {
   void (*product)(const kiln_gemm *); /* the engine's float path, or its bf16 path (gemm_bf16.c) */
 } kiln_attention_job;
 
+/* a few query rows (a decode step's): the two products as direct loops over the operands where
+   they sit (K's rows and V's rows contiguous along the head dimension), no packing: Q K^T one
+   dot product per key, P V one scaled row of V added per key. Returns 0 (the engine's products
+   instead) where the layout or the product's path (bf16) asks for the engine. */
+#define KILN_ATTENTION_FEW 4
+static int kiln_attention_direct(const kiln_attention_job *job, const float *q, const float *kt, const float *v, float *s, float *out) {
+  const int64_t LQ = job->LQ, LK = job->LK, D = job->D, DV = job->DV;
+  const kiln_view qv = job->qv, kv = job->kv, vv = job->vv, ov = job->ov;
+  (void)DV; (void)ov; (void)out;
+  if (LQ > KILN_ATTENTION_FEW || job->product != kiln_gemm_run || qv.cs != 1 || kv.rs != 1 || vv.cs != 1)
+    return 0;
+  for (int64_t i = 0; i < LQ; ++i) {
+    const float *row = q + i * qv.rs;
+    for (int64_t j = 0; j < LK; ++j) {
+      const float *key = kt + j * kv.cs;
+      float total = 0.0f;
+#pragma omp simd reduction(+ : total)
+      for (int64_t d = 0; d < D; ++d) total += row[d] * key[KILN_AT(d, D, "K row")];
+      s[i * LK + j] = total;
+    }
+  }
+  return 1;
+}
+
+static void kiln_attention_values(const kiln_attention_job *job, const float *s, const float *v, float *out) {
+  const int64_t LQ = job->LQ, LK = job->LK, DV = job->DV;
+  const kiln_view vv = job->vv, ov = job->ov;
+  for (int64_t i = 0; i < LQ; ++i) {
+    float *o = out + i * ov.rs;
+#pragma omp simd
+    for (int64_t e = 0; e < DV; ++e) o[e] = 0.0f;
+    for (int64_t j = 0; j < LK; ++j) {
+      const float p = s[i * LK + j], *value = v + j * vv.rs;
+#pragma omp simd
+      for (int64_t e = 0; e < DV; ++e) o[e] += p * value[KILN_AT(e, DV, "V row")];
+    }
+  }
+}
+
 /* slices [lo, hi) on participant `worker`, whose scores block is scratch[worker] */
 static void kiln_attention_slices(void *job_ptr, int64_t lo, int64_t hi, int worker) {
   const kiln_attention_job *job = (const kiln_attention_job *)job_ptr;
@@ -38,13 +77,18 @@ static void kiln_attention_slices(void *job_ptr, int64_t lo, int64_t hi, int wor
   for (int64_t bh = lo; bh < hi; ++bh) {
     float *s = scratch + (int64_t)worker * LQ * LK;
     const int64_t qo = kiln_view_at(&qv, bh), ko = kiln_view_at(&kv, bh), vo = kiln_view_at(&vv, bh), oo = kiln_view_at(&ov, bh);
-    kiln_gemm g = {0};
-    g.batch = 1; g.M = LQ; g.N = LK; g.K = D;
-    g.a = q + qo; g.a_rs = qv.rs; g.a_cs = qv.cs; g.pack_a = kiln_pack_a_strided; g.a_size = qv.size - qo;
-    g.b = kt + ko; g.b_rs = kv.rs; g.b_cs = kv.cs; g.b_size = kv.size - ko;
-    g.pack_b = kv.rs == 1 && kv.cs != 1 ? kiln_pack_b_columns : kiln_pack_b_strided;
-    g.c = s; g.ldc = LK; g.c_size = LQ * LK;
-    job->product(&g);
+    (void)KILN_SPAN(ko, (LK - 1) * kv.cs + (D - 1) * kv.rs + 1, kv.size, "K");
+    (void)KILN_SPAN(vo, (LK - 1) * vv.rs + (DV - 1) * vv.cs + 1, vv.size, "V");
+    const int direct = kiln_attention_direct(job, q + qo, kt + ko, v + vo, s, out + oo);
+    if (!direct) {
+      kiln_gemm g = {0};
+      g.batch = 1; g.M = LQ; g.N = LK; g.K = D;
+      g.a = q + qo; g.a_rs = qv.rs; g.a_cs = qv.cs; g.pack_a = kiln_pack_a_strided; g.a_size = qv.size - qo;
+      g.b = kt + ko; g.b_rs = kv.rs; g.b_cs = kv.cs; g.b_size = kv.size - ko;
+      g.pack_b = kv.rs == 1 && kv.cs != 1 ? kiln_pack_b_columns : kiln_pack_b_strided;
+      g.c = s; g.ldc = LK; g.c_size = LQ * LK;
+      job->product(&g);
+    }
     if (ctx && ctx->epilogue) { /* the chain reads the scores block through g->c (see the helper) */
       kiln_gemm e = *ctx;
       e.c = s;
@@ -69,6 +113,11 @@ static void kiln_attention_slices(void *job_ptr, int64_t lo, int64_t hi, int wor
       }
 #pragma omp simd
       for (int64_t j = 0; j < LK; ++j) row[j] *= inverse;
+    }
+    if (direct) {
+      (void)KILN_SPAN(oo, (LQ - 1) * ov.rs + DV, ov.size, "attention output");
+      kiln_attention_values(job, s, v + vo, out + oo);
+      continue;
     }
     kiln_gemm h = {0};
     h.batch = 1; h.M = LQ; h.N = DV; h.K = LK;
