@@ -27,6 +27,7 @@ from kiln.errors import (
     UnsupportedModelError,
     VerificationError,
 )
+from kiln.frontend import contrib, contrib_attention  # noqa: F401  (ONNX Runtime's contrib ops register)
 from kiln.frontend.converters import GraphBuilder, PoisonedInputs, pick_converter
 from kiln.ir.graph import Graph, Value, constant_type, unique_name
 from kiln.ir.types import DType, OptionalType, SequenceType, TensorType, Type
