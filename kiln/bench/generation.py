@@ -247,11 +247,11 @@ def weights_accuracy(name: str, length: int, threads: int) -> dict[str, Any]:
     return found
 
 
-def genai_folder(name: str, threads: int) -> Path:
-    """``name`` as ONNX Runtime GenAI's model builder writes it at int4 for the CPU (made once into
-    the zoo cache from the same random weights, saved as a Hugging Face folder with a word-level
-    tokenizer of its vocabulary: the builder wants one, the benchmark feeds token ids), its
-    sessions on ``threads`` threads."""
+def genai_folder(name: str, threads: int, precision: str = "int4") -> Path:
+    """``name`` as ONNX Runtime GenAI's model builder writes it at ``precision`` (int4, fp32) for
+    the CPU (made once into the zoo cache from the same random weights, saved as a Hugging Face
+    folder with a word-level tokenizer of its vocabulary: the builder wants one, the benchmark feeds
+    token ids), its sessions on ``threads`` threads."""
     import hashlib
 
     from tokenizers import Tokenizer, models
@@ -262,14 +262,14 @@ def genai_folder(name: str, threads: int) -> Path:
 
     decoder = decoders.get(name)
     key = hashlib.sha256(json.dumps([decoder.config, decoders.RECIPE], sort_keys=True).encode()).hexdigest()[:12]
-    folder = zoo.cache_dir() / "decoders" / f"{name}-genai-int4-{key}"
+    folder = zoo.cache_dir() / "decoders" / f"{name}-genai-{precision}-{key}"
     if not (folder / "genai_config.json").exists():
         source = folder.with_name(folder.name + "-hf")
         decoders.build(name).model.save_pretrained(source)
         vocab = {f"t{i}": i for i in range(decoder.vocab)}
         tokenizer = Tokenizer(models.WordLevel(vocab=vocab, unk_token="t0"))
         PreTrainedTokenizerFast(tokenizer_object=tokenizer, unk_token="t0", pad_token="t0").save_pretrained(source)
-        command = [sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", str(source), "-o", str(folder), "-p", "int4", "-e", "cpu"]  # fmt: skip
+        command = [sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", str(source), "-o", str(folder), "-p", precision, "-e", "cpu"]  # fmt: skip
         done = subprocess.run(command, capture_output=True, text=True)
         if done.returncode != 0 or not (folder / "genai_config.json").exists():
             raise RuntimeError(f"onnxruntime-genai's builder failed: {done.stderr[-400:]}")

@@ -107,7 +107,8 @@ def stream(
             f"a prompt of {prompt} tokens and {max_new_tokens} new ones need a cache of "
             f"{prompt + max_new_tokens - 1} positions; the model was compiled for at most {context}"
         )
-    cache = [np.zeros(_cache_shape(shape, batch), np.float32) for shape in found.cache]
+    ranges = getattr(model, "ranges", None)
+    cache = [np.zeros(_cache_shape(shape, batch, ranges), np.float32) for shape in found.cache]
     rng = np.random.default_rng(seed)
     stops = np.asarray(list(stop_tokens), np.int64)
     done = np.zeros(batch, bool)
@@ -186,11 +187,16 @@ def _check_sampling(max_new_tokens: int, temperature: float, top_k: int, top_p: 
         )
 
 
-def _cache_shape(shape: tuple[int | str, ...], batch: int) -> tuple[int, ...]:
-    """An empty cache of the past input's shape: [batch, heads, 0, head_dim]."""
-    heads, depth = shape[1], shape[3]
+def _cache_shape(shape: tuple[int | str, ...], batch: int, ranges: Any = None) -> tuple[int, ...]:
+    """An empty cache of the past input's shape: [batch, heads, 0, head_dim] (a symbol there is
+    the one size its declared range allows: ONNX Runtime GenAI's builder names the head size)."""
+    fixed = {k: int(r[0]) for k, r in (ranges or {}).items() if r[0] == r[1]}
+    heads, depth = (fixed.get(d, d) if isinstance(d, str) else d for d in (shape[1], shape[3]))
     if not isinstance(heads, int) or not isinstance(depth, int):
-        raise ArgumentError(f"a past input of shape {list(shape)}: its heads and head size must be numbers")
+        raise ArgumentError(
+            f"a past input of shape {list(shape)}: its heads and head size must be numbers, or symbols "
+            "declared with a range of one size (dims={'kv_cache_dim': '64..64'}, --dim kv_cache_dim=64..64)"
+        )
     return (batch, heads, 0, depth)
 
 

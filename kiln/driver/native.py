@@ -365,6 +365,14 @@ class NativeModel(Model):
             sizes = [{chunking.symbol: size} for size in chunking.classes if size <= high] or [{chunking.symbol: high}]
         if padder is None and self._prepare_spatial(chunking, base, sizes, names):
             return self
+        chunked = {chunking.symbol} if chunking is not None else set()
+        if padder is not None and {n for n, (lo, hi) in self.ranges.items() if lo != hi} - chunked - {padder.symbol}:
+            # other ranged dims would compile per size beside the padded one (a decode step's past
+            # and new tokens beside its total): one compile taking them all at run time first
+            self._padder = None
+            if self._prepare_spatial(chunking, base, sizes, names):
+                return self
+            self._padder = padder
         if padder is not None:  # each compiled length with each class
             if set(base) | {padder.symbol} | set(sizes[0]) >= names:
                 try:
@@ -385,7 +393,8 @@ class NativeModel(Model):
         kernels take them at run time (``kiln.driver.spatial``), with each size class of the
         chunked dim. False (said why) where the route does not apply or the kernels refuse."""
         chunked = {chunking.symbol} if chunking is not None else set()
-        ranged = [name for name in self.ranges if name not in chunked]
+        # (a range of one size is a fixed size: ONNX Runtime GenAI's builder names its head size)
+        ranged = [name for name, (low, high) in self.ranges.items() if name not in chunked and low != high]
         if (
             not ranged
             or not set(self.ranges) | chunked >= names

@@ -1,5 +1,6 @@
-"""The axes a reduction reads, and ReduceMax/ReduceMin of integers (a position's maximum, a
-mask's minimum: exact in the input's own type, no float on the way)."""
+"""The axes a reduction reads, and ReduceMax/ReduceMin/ReduceSum of integers (a position's maximum,
+a mask's minimum, an attention mask's count of tokens: exact in the input's own type, no float on
+the way; sums wrap as the type does)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,22 @@ import numpy as np
 from kiln.ir.graph import Node
 from kiln.ir.sized import size_product
 from kiln.ir.types import DType
-from kiln.lower.kir import Assign, Binary, Const, For, Index, Kernel, Let, Load, Schedule, Select, Stmt, Store, affine
+from kiln.lower.kir import (
+    Assign,
+    Binary,
+    Cast,
+    Const,
+    For,
+    Index,
+    Kernel,
+    Let,
+    Load,
+    Schedule,
+    Select,
+    Stmt,
+    Store,
+    affine,
+)
 from kiln.lower.lowering import CannotLower, Lowerer, nest, strides
 from kiln.lower.target import PARALLEL_MIN
 
@@ -30,32 +46,37 @@ def reduced_axes(lw: Lowerer, node: Node, rank: int) -> set[int]:
 
 def lower_integer_extreme(lw: Lowerer, node: Node) -> list[Kernel]:
     """ReduceMax/ReduceMin of an integer tensor: each output the extreme of its inputs, kept in the
-    input's type (the first of equal values is as good as any: integers have no NaN)."""
+    input's type (the first of equal values is as good as any: integers have no NaN); ReduceSum:
+    summed in uint64 (wrapping, defined in C) and stored in the input's type, which wraps it as
+    two's complement does."""
     source, out = node.inputs[0], node.outputs[0]
     assert source is not None
     dtype: DType = source.type.dtype  # type: ignore[union-attr]
     shape = lw.shape(source)
     rank = len(shape)
     axes = reduced_axes(lw, node, rank)
-    if any(shape[a] == 0 for a in axes):
+    total = node.op == "ReduceSum"
+    if any(shape[a] == 0 for a in axes) and not total:
         raise CannotLower("reduction over an empty axis")  # the extreme of nothing: the reference's
     kept, reduced = [a for a in range(rank) if a not in axes], sorted(axes)
     info = np.iinfo(dtype.numpy)
-    start = Const(int(info.min if node.op == "ReduceMax" else info.max), dtype)
+    kind = DType.UINT64 if total else dtype
+    start = Const(0 if total else int(info.min if node.op == "ReduceMax" else info.max), kind)
     better = ">" if node.op == "ReduceMax" else "<"
     src, dst = lw.buffer(source), lw.buffer(out)
     in_strides, out_strides = strides(shape), strides(tuple(shape[a] for a in kept))
 
     def outer(indices: list[Index]) -> list[Stmt]:
-        acc = lw.scalar(dtype, "acc")
+        acc = lw.scalar(kind, "acc")
         inner = [lw.index("r") for _ in reduced]
         position = dict(zip(kept, indices)) | dict(zip(reduced, inner))
         x = Load(src, affine([(position[a], in_strides[a]) for a in range(rank)]))  # type: ignore[misc]
-        body: list[Stmt] = [Assign(acc, Select(Binary(better, x, acc), x, acc))]
+        step = Binary("+", acc, Cast(kind, x)) if total else Select(Binary(better, x, acc), x, acc)
+        body: list[Stmt] = [Assign(acc, step)]
         for index, axis in reversed(list(zip(inner, reduced))):
             body = [For(index, shape[axis], body)]
         write = affine(list(zip(indices, out_strides)))  # type: ignore[arg-type]
-        return [Let(acc, start), *body, Store(dst, write, acc)]
+        return [Let(acc, start), *body, Store(dst, write, Cast(dtype, acc) if total else acc)]
 
     kept_shape = tuple(shape[a] for a in kept)
     stmts, indices = nest(lw, kept_shape, outer)

@@ -79,7 +79,7 @@ _REDUCE = {  # op: (initial value, combine(acc, x), finish(acc, count))
 
 def lower_reduce(lw: Lowerer, node: Node) -> list[Kernel]:
     integer = node.inputs[0].type.dtype.numpy.kind in "iu"  # type: ignore[union-attr]
-    if node.op in ("ReduceMax", "ReduceMin") and integer:
+    if node.op in ("ReduceMax", "ReduceMin", "ReduceSum") and integer:
         return lower_integer_extreme(lw, node)
     dtype = require_float(lw, node)
     source, out = node.inputs[0], node.outputs[0]
