@@ -131,7 +131,7 @@ def main() -> int:
             median, p90 = _timed(call, args.calls)
             results.append({"engine": name, "rows": rows, "median_us": median, "p90_us": p90, "weight_mb": nbytes / 1e6,
                             "gb_s": nbytes / median / 1e3, "rel_l2": float(np.linalg.norm(y - want) / np.linalg.norm(want))})  # fmt: skip
-    bandwidth = bandwidth_gb_s()
+    bandwidth = bandwidth_gb_s(threads=args.threads)
     if args.json:
         print(json.dumps({"bandwidth_gb_s": bandwidth, "k": args.k, "n": args.n, "results": results}, indent=1))
         return 0

@@ -363,16 +363,12 @@ class NativeModel(Model):
             high = self.ranges.get(chunking.symbol, (1, MAX_DIM))[1]
             # (a range of 0..0 has no class inside it: its one size is the class)
             sizes = [{chunking.symbol: size} for size in chunking.classes if size <= high] or [{chunking.symbol: high}]
-        if padder is None and self._prepare_spatial(chunking, base, sizes, names):
+        # ranged dims beside a padded one (a decode step's past, new): all at run time first
+        beside = {n for n, (lo, hi) in self.ranges.items() if lo != hi} - {getattr(chunking, "symbol", "")}
+        self._padder = None if padder is None or beside - {padder.symbol} else padder
+        if not self._padder and self._prepare_spatial(chunking, base, sizes, names):
             return self
-        chunked = {chunking.symbol} if chunking is not None else set()
-        if padder is not None and {n for n, (lo, hi) in self.ranges.items() if lo != hi} - chunked - {padder.symbol}:
-            # other ranged dims would compile per size beside the padded one (a decode step's past
-            # and new tokens beside its total): one compile taking them all at run time first
-            self._padder = None
-            if self._prepare_spatial(chunking, base, sizes, names):
-                return self
-            self._padder = padder
+        self._padder = padder
         if padder is not None:  # each compiled length with each class
             if set(base) | {padder.symbol} | set(sizes[0]) >= names:
                 try:
@@ -392,8 +388,7 @@ class NativeModel(Model):
         """Ranged dims that neither chunk nor pad (an image's height and width): one compile whose
         kernels take them at run time (``kiln.driver.spatial``), with each size class of the
         chunked dim. False (said why) where the route does not apply or the kernels refuse."""
-        chunked = {chunking.symbol} if chunking is not None else set()
-        # (a range of one size is a fixed size: ONNX Runtime GenAI's builder names its head size)
+        chunked = {chunking.symbol} if chunking is not None else set()  # (a range of one size is fixed)
         ranged = [name for name, (low, high) in self.ranges.items() if name not in chunked and low != high]
         if (
             not ranged
@@ -418,11 +413,7 @@ class NativeModel(Model):
                     # (the copies compute with what has no native lowering here: an integer Div on the host)
                     log.info("%s: sizes from the dims vector refused (%s); folding them", ", ".join(ranged), err)
         except (extents.NotAffine, KilnError) as err:
-            log.info(
-                "%s: kernels cannot take the sizes at run time (%s); each new size compiles on first use",
-                ", ".join(ranged),
-                err,
-            )
+            log.info("%s: kernels cannot take the sizes at run time (%s); each size compiles", ", ".join(ranged), err)
             for name in ranged:
                 self.run_time_refused[name] = str(err)
             return False
