@@ -240,6 +240,8 @@ def _bench_generate(options: dict) -> None:
         ) from None
     if not prompts or min(prompts) < 1:
         raise click.BadParameter("prompt lengths of at least 1 token", param_hint="--prompts")
+    if any(b < 1 for b in options["batches"]):
+        raise click.BadParameter("batches of at least 1 prompt", param_hint="--batch")
     models = split_values(options["models"]) or list(generation.DEFAULT_MODELS)
     from kiln.zoo import decoders
 
@@ -258,8 +260,10 @@ def _bench_generate(options: dict) -> None:
     console.print(
         f"kiln bench --scenario generate: {len(models) * len(engines)} job(s), {options['threads']} thread(s)"
     )
-    rows = generation.run_generation(models, engines, prompts, options["new_tokens"], options["threads"], options["timeout"],
-                                     say=lambda line: console.print(escape(line), highlight=False))  # fmt: skip
+    rows = []
+    for batch in options["batches"] or (1,):  # (--batch 1 --batch 4: each batch's table in turn)
+        rows += generation.run_generation(models, engines, prompts, options["new_tokens"], options["threads"], options["timeout"],
+                                          say=lambda line: console.print(escape(line), highlight=False), batch=batch)  # fmt: skip
     with open(folder / "generate.jsonl", "w") as handle:
         for row in rows:
             handle.write(json.dumps(row, default=str) + "\n")

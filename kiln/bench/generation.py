@@ -64,7 +64,7 @@ def bandwidth_gb_s(megabytes: int = 512, rounds: int = 5, threads: int = 1) -> f
     return source.nbytes / best / 1e9
 
 
-def context_dims(name: str, prompt: int, new_tokens: int) -> dict[str, str]:
+def context_dims(name: str, prompt: int, new_tokens: int, batch: int = 1) -> dict[str, str]:
     """The ranges one compile serves a prompt of up to ``prompt`` tokens and ``new_tokens`` after it
     with: the capacity lowers every range's end at once, so ``past``'s end plus ``new``'s must fit
     the model's position table."""
@@ -79,16 +79,17 @@ def context_dims(name: str, prompt: int, new_tokens: int) -> dict[str, str]:
     if context > table:
         raise SystemExit(f"{name}: a context of {context} is past its position table ({table})")
     new = max(1, min(prompt, table - (context - 1)))
-    return {"past": f"0..{context - 1}", "new": f"1..{new}", "total": f"1..{context}", "batch": "1..1"}
+    return {"past": f"0..{context - 1}", "new": f"1..{new}", "total": f"1..{context}", "batch": f"1..{batch}"}
 
 
-def prompts_for(name: str, lengths: list[int]) -> dict[int, Any]:
+def prompts_for(name: str, lengths: list[int], batch: int = 1) -> dict[int, Any]:
+    """A seeded prompt of each length, ``batch`` of them ([batch, length] ids)."""
     import numpy as np
 
     from kiln.zoo import decoders
 
     vocab = decoders.get(name).vocab
-    return {n: np.random.default_rng(n).integers(0, vocab, (1, n)).astype(np.int64) for n in lengths}
+    return {n: np.random.default_rng(n).integers(0, vocab, (batch, n)).astype(np.int64) for n in lengths}
 
 
 def _timed_stream(model: Any, ids: Any, new_tokens: int) -> tuple[float, float, list[int], list[float]]:
@@ -149,23 +150,30 @@ def _transformers(name: str, prompts: dict[int, Any], new_tokens: int, threads: 
     return rows
 
 
-def measure(name: str, engine: str, prompt_lengths: list[int], new_tokens: int, threads: int) -> dict[str, Any]:
-    """One (model, engine) in this process."""
+def measure(name: str, engine: str, prompt_lengths: list[int], new_tokens: int, threads: int, batch: int = 1) -> dict[str, Any]:  # fmt: skip
+    """One (model, engine) in this process, ``batch`` prompts of each length at once."""
     import kiln
     from kiln.bench.metrics import peak_rss_bytes
     from kiln.zoo import decoders
 
-    row: dict[str, Any] = {"model": name, "engine": engine, "threads": threads}
+    row: dict[str, Any] = {"model": name, "engine": engine, "threads": threads, "batch": batch}
     if engine in PEERS_NOT_WIRED:
         found = importlib.util.find_spec(PEERS_NOT_WIRED[engine]) is not None
         row["error"] = "installed, not wired into this benchmark yet" if found else "not installed"
         return row
     if engine == ACCURACY:
+        if batch > 1:
+            row["error"] = "measured at batch 1 (the same stream, whatever the batch)"
+            return row
         row.update(weights_accuracy(name, max(prompt_lengths), threads))
         return row
     if engine == GENAI:
-        if importlib.util.find_spec("onnxruntime_genai") is None:
-            row["error"] = "not installed"
+        if importlib.util.find_spec("onnxruntime_genai") is None or batch > 1:
+            row["error"] = (
+                "not installed"
+                if batch == 1
+                else "batch 1 only in this benchmark (its loop's own batching is not wired)"
+            )
             return row
         row["prompts"] = _ort_genai(name, prompts_for(name, prompt_lengths), new_tokens, threads)
         row["peak_rss_mb"] = peak_rss_bytes() / 1e6
@@ -173,13 +181,13 @@ def measure(name: str, engine: str, prompt_lengths: list[int], new_tokens: int, 
     if engine not in (*KILN_ENGINES, "onnxruntime", "transformers"):
         row["error"] = f"unknown engine; known: {', '.join(ENGINES)}"
         return row
-    prompts = prompts_for(name, prompt_lengths)
+    prompts = prompts_for(name, prompt_lengths, batch)
     if engine == "transformers":
         row["prompts"] = _transformers(name, prompts, new_tokens, threads)
         row["peak_rss_mb"] = peak_rss_bytes() / 1e6
         return row
     path = str(decoders.export(name))
-    dims = context_dims(name, max(prompt_lengths), new_tokens)
+    dims = context_dims(name, max(prompt_lengths), new_tokens, batch)
     started = time.perf_counter()
     precision = KILN_ENGINES.get(engine, "fp32")
     compiled = kiln.compile(path, dims=dims, threads=threads, precision=precision)
@@ -212,30 +220,20 @@ def weights_accuracy(name: str, length: int, threads: int) -> dict[str, Any]:
     step's logits): the relative L2 of the logits, how often each predicts fp32's next token, and
     each one's perplexity of the stream's own next tokens. One token a step is what decode runs
     (int4: its row's activations quantized to int8 per group at run time, gemm_w4.c)."""
+    import tempfile
+
     import numpy as np
 
-    import kiln
-    from kiln.driver.generation import roles
-    from kiln.zoo import decoders
-
-    path = str(decoders.export(name))
-    dims = {"past": f"0..{length - 1}", "new": "1..1", "total": f"1..{length}", "batch": "1..1"}
     ids = prompts_for(name, [length])[length]
     logits = {}
-    for precision in ("fp32", *NARROW):
-        model = kiln.compile(path, dims=dims, threads=threads, precision=precision)
-        found = roles(model)
-        cache = [np.zeros((1, s[1], 0, s[3]), np.float32) for s in found.cache]
-        steps = []
-        for at in range(length):
-            feeds = {found.ids: ids[:, at : at + 1], **dict(zip(found.past, cache))}
-            if found.mask:
-                feeds[found.mask] = np.ones((1, at + 1), ids.dtype)
-            out = model.run(feeds)
-            steps.append(np.asarray(out[found.logits], np.float64)[0, -1])
-            cache = [out[p] for p in found.present]
-        logits[precision] = np.stack(steps)  # [length, vocab]
-        del model
+    with tempfile.TemporaryDirectory(prefix="kiln-logits-") as folder:
+        for precision in ("fp32", *NARROW):  # each compile in a process of its own: one 1B model's memory at a time
+            where = os.path.join(folder, f"{precision}.npy")
+            command = [sys.executable, "-m", "kiln.bench.generation", "--logits", f"{name}:{precision}:{length}:{where}", "--threads", str(threads)]  # fmt: skip
+            done = subprocess.run(command, capture_output=True, text=True)
+            if done.returncode != 0:
+                return {"error": f"{precision} stream: {done.stderr[-300:] or f'exit {done.returncode}'}"}
+            logits[precision] = np.load(where).astype(np.float64)
 
     def perplexity(values: np.ndarray) -> float:
         shifted = values[:-1] - values[:-1].max(axis=1, keepdims=True)
@@ -250,6 +248,31 @@ def weights_accuracy(name: str, length: int, threads: int) -> dict[str, Any]:
                             "same_next_token": float((narrow.argmax(axis=1) == fp32.argmax(axis=1)).mean()),
                             "perplexity": perplexity(narrow)}  # fmt: skip
     return found
+
+
+def stream_logits(name: str, precision: str, length: int, threads: int) -> Any:
+    """Every step's logits [length, vocab] (float32) of ``name`` at ``precision`` fed its seeded
+    ``length``-token stream one token a step."""
+    import numpy as np
+
+    import kiln
+    from kiln.driver.generation import roles
+    from kiln.zoo import decoders
+
+    dims = {"past": f"0..{length - 1}", "new": "1..1", "total": f"1..{length}", "batch": "1..1"}
+    ids = prompts_for(name, [length])[length]
+    model = kiln.compile(str(decoders.export(name)), dims=dims, threads=threads, precision=precision)
+    found = roles(model)
+    cache = [np.zeros((1, s[1], 0, s[3]), np.float32) for s in found.cache]
+    steps = np.empty((length, decoders.get(name).vocab), np.float32)
+    for at in range(length):
+        feeds = {found.ids: ids[:, at : at + 1], **dict(zip(found.past, cache))}
+        if found.mask:
+            feeds[found.mask] = np.ones((1, at + 1), ids.dtype)
+        out = model.run(feeds)
+        steps[at] = np.asarray(out[found.logits])[0, -1]
+        cache = [out[p] for p in found.present]
+    return steps
 
 
 def genai_folder(name: str, threads: int, precision: str = "int4") -> Path:
@@ -342,11 +365,11 @@ ENGINES = [*KILN_ENGINES, ACCURACY, "onnxruntime", "transformers", GENAI, *PEERS
 DEFAULT_MODELS = ("gpt2-124m",)
 
 
-def measured_alone(name: str, engine: str, prompts: list[int], new_tokens: int, threads: int, timeout: float) -> dict[str, Any]:  # fmt: skip
+def measured_alone(name: str, engine: str, prompts: list[int], new_tokens: int, threads: int, timeout: float, batch: int = 1) -> dict[str, Any]:  # fmt: skip
     """``measure`` in a process of its own (no plan cache); the row, or one with ``error`` saying why none."""
     row: dict[str, Any] = {"model": name, "engine": engine}
     command = [sys.executable, "-m", "kiln.bench.generation", "--one", f"{name}:{engine}",
-               "--prompts", ",".join(map(str, prompts)), "--new-tokens", str(new_tokens), "--threads", str(threads)]  # fmt: skip
+               "--prompts", ",".join(map(str, prompts)), "--new-tokens", str(new_tokens), "--threads", str(threads), "--batch", str(batch)]  # fmt: skip
     env = {**os.environ, "KILN_PLAN_CACHE": "0"}
     try:
         done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env)
@@ -357,7 +380,7 @@ def measured_alone(name: str, engine: str, prompts: list[int], new_tokens: int, 
 
 
 def run_generation(models: list[str], engines: list[str], prompts: list[int], new_tokens: int, threads: int,
-                   timeout: float, say: Any = print) -> list[dict[str, Any]]:  # fmt: skip
+                   timeout: float, say: Any = print, batch: int = 1) -> list[dict[str, Any]]:  # fmt: skip
     """Every (model, engine) measured alone, with the bandwidth line's figures; ``say`` gets each
     row's lines as they come."""
     bandwidth = bandwidth_gb_s(threads=threads)
@@ -371,7 +394,7 @@ def run_generation(models: list[str], engines: list[str], prompts: list[int], ne
             f"int4 {weights4 / 1e6:.0f} MB, {bandwidth * 1e9 / weights4:.1f} tokens/s")  # fmt: skip
         reference: dict[str, list[int]] = {}
         for engine in engines:
-            row = measured_alone(name, engine, prompts, new_tokens, threads, timeout)
+            row = measured_alone(name, engine, prompts, new_tokens, threads, timeout, batch)
             storage = "int4" if engine == GENAI else ROW_BYTES.get(KILN_ENGINES.get(engine, ""), "fp32")
             row_bytes = found_bytes[storage]
             row.update({"bandwidth_gb_s": bandwidth, "weight_bytes": row_bytes})
@@ -381,6 +404,18 @@ def run_generation(models: list[str], engines: list[str], prompts: list[int], ne
             for line in row_lines(row):
                 say(line)
     return rows
+
+
+def _prompt(row: dict[str, Any], length: Any) -> str:
+    """A prompt length, with the batch when several prompts run at once (``128 x4``)."""
+    return f"{length} x{row['batch']}" if row.get("batch", 1) > 1 else str(length)
+
+
+def _rates(row: dict[str, Any], found: dict[str, Any]) -> tuple[float, float]:
+    """(tokens/s over the batch's rows, steps/s as a fraction of the bound: one step reads the
+    weights once, whatever the batch)."""
+    steps = 1 / found["tpot_s"]
+    return steps * row.get("batch", 1), steps * row["weight_bytes"] / (row["bandwidth_gb_s"] * 1e9)
 
 
 def row_lines(row: dict[str, Any]) -> list[str]:
@@ -397,9 +432,8 @@ def row_lines(row: dict[str, Any]) -> list[str]:
         ]
     lines = []
     for length, found in row["prompts"].items():
-        rate = 1 / found["tpot_s"]
-        share = rate * row["weight_bytes"] / (row["bandwidth_gb_s"] * 1e9)
-        lines.append(f"{engine:<20} prompt {length:>5}: TTFT {found['ttft_s'] * 1e3:8.1f} ms, {found['tpot_s'] * 1e3:7.2f} ms/token "
+        rate, share = _rates(row, found)
+        lines.append(f"{engine:<20} prompt {_prompt(row, length):>5}: TTFT {found['ttft_s'] * 1e3:8.1f} ms, {found['tpot_s'] * 1e3:7.2f} ms/token "
                      f"{_spread(found)}, {rate:6.1f} tokens/s ({share:.2f} of its bound), peak {row.get('peak_rss_mb', 0):.0f} MB, "
                      f"same tokens {found.get('same_tokens', '-')}, compiles {found.get('compiles', '-')}")  # fmt: skip
     return lines
@@ -418,11 +452,10 @@ def markdown(rows: list[dict[str, Any]]) -> str:
             )
             continue
         for length, found in row["prompts"].items():
-            rate = 1 / found["tpot_s"]
-            share = rate * row["weight_bytes"] / (row["bandwidth_gb_s"] * 1e9)
+            rate, share = _rates(row, found)
             given = found.get("tpot_p50_p90_s")  # (transformers' generate: no per-token stamps)
             spread = f"{given[0] * 1e3:.2f} / {given[1] * 1e3:.2f}" if given else "- / -"
-            lines.append(f"| {row['model']} | {row['engine']} | {length} | {found['ttft_s'] * 1e3:.1f} | {found['tpot_s'] * 1e3:.2f} "
+            lines.append(f"| {row['model']} | {row['engine']} | {_prompt(row, length)} | {found['ttft_s'] * 1e3:.1f} | {found['tpot_s'] * 1e3:.2f} "
                          f"({spread}) | {rate:.1f} | {share:.2f} | {row.get('peak_rss_mb', 0):,.0f} | "
                          f"{found.get('same_tokens', '-')} | {found.get('compiles', '-')} |")  # fmt: skip
     return "\n".join(lines) + "\n"
@@ -435,16 +468,27 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prompts", default="128,512")
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--batch", type=int, default=1, help="prompts generated at once")
     parser.add_argument("--json", help="append one JSON line per row here")
     parser.add_argument("--timeout", type=float, default=1800)
     parser.add_argument("--one", help=argparse.SUPPRESS)
+    parser.add_argument("--logits", help=argparse.SUPPRESS)  # name:precision:length:file (weights_accuracy's child)
     args = parser.parse_args(argv)
     lengths = [int(n) for n in args.prompts.split(",")]
+    if args.logits:
+        import numpy as np
+
+        name, precision, length, where = args.logits.split(":", 3)
+        np.save(where, stream_logits(name, precision, int(length), args.threads))
+        return 0
     if args.one:
         name, engine = args.one.split(":")
-        print(json.dumps(measure(name, engine, lengths, args.new_tokens, args.threads), default=str), flush=True)
+        print(
+            json.dumps(measure(name, engine, lengths, args.new_tokens, args.threads, args.batch), default=str),
+            flush=True,
+        )
         return 0
-    rows = run_generation(args.models.split(","), args.engines.split(","), lengths, args.new_tokens, args.threads, args.timeout)  # fmt: skip
+    rows = run_generation(args.models.split(","), args.engines.split(","), lengths, args.new_tokens, args.threads, args.timeout, batch=args.batch)  # fmt: skip
     if args.json:
         with open(args.json, "a") as handle:
             for row in rows:

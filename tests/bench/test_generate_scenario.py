@@ -42,6 +42,7 @@ def test_generate_scenario_measures_kiln_and_says_which_peers_are_absent(tmp_pat
         (["-m", "resnet50"], "not decoders"),
         (["--prompts", "4,x"], "prompt lengths"),
         (["-s", "offline"], "runs alone"),
+        (["--batch", "0"], "batches of at least 1"),
     ],
 )
 def test_generate_scenario_mistakes_are_named_errors(tmp_path, args, says):
@@ -88,3 +89,20 @@ def test_the_weight_only_rows_bound_their_own_bytes_and_report_accuracy_by_decod
         assert 0 < found["logits_rel_l2"] < most and 0 <= found["same_next_token"] <= 1 and found["perplexity"] > 1
     assert accuracy["int8-weights"]["logits_rel_l2"] < accuracy["int4-weights"]["logits_rel_l2"]  # 8 bits nearer
     assert "int4-weights: logits rel. L2" in (folder / "report.md").read_text()
+
+
+def test_a_batch_of_prompts_is_a_table_of_its_own(tmp_path):
+    """--batch 1 --batch 2: each batch's rows; at 2, the tokens/s count both rows of a step and the
+    bound is per step (the weights are read once a step, whatever the batch)."""
+    out = tmp_path / "bench"
+    args = ["bench", "-s", "generate", "-m", "gpt2", "-b", "kiln", "--prompts", "4,9", "--new-tokens", "4", "--batch", "1", "--batch", "2", "--out", str(out)]  # fmt: skip
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 0, result.output
+    (folder,) = out.iterdir()
+    one, two = [json.loads(line) for line in (folder / "generate.jsonl").read_text().splitlines()]
+    assert (one["batch"], two["batch"]) == (1, 2) and two["dims"]["batch"] == "1..2"
+    assert (
+        len(two["prompts"]["4"]["tokens"]) == 4
+        and two["prompts"]["4"]["compiles"] == two["prompts"]["9"]["compiles"] == 0
+    )
+    assert "| gpt2 | kiln | 4 x2 |" in (folder / "report.md").read_text()
