@@ -4,6 +4,8 @@ decoder, converted into the standard ops they compute, so a builder's model comp
 * ``MatMulNBits``: A . W with W stored as 4- or 8-bit codes per block of K and a float scale (and
   zero point) per block: dequantized here into the float32 constant it stands for (``--precision
   int4-weights`` quantizes it again into kiln's own layout).
+* ``GatherBlockQuantized``: rows of a table stored as MatMulNBits stores weights (the builder's
+  tied embedding and head), dequantized into its float constant and gathered.
 * ``SimplifiedLayerNormalization``, ``SkipSimplifiedLayerNormalization``: RMSNorm (after adding a
   skip and a bias): x / sqrt(mean(x^2) + epsilon) * scale, over the last axis.
 * ``GroupQueryAttention``: the new tokens' Q, K and V (or one packed QKV), rotary embeddings from
@@ -60,10 +62,18 @@ class Steps:
 
 
 def _known(builder: GraphBuilder, proto: onnx.NodeProto, index: int, what: str) -> np.ndarray | None:
+    """Input ``index`` as a constant: known at import, an initializer, or a Reshape of one (a
+    weight too large for the import's own evaluation: the builder's shared embedding table)."""
     value = builder.input(proto, index)
     if value is None:
         return None
-    found = builder.scope.known.get(value)
+    found = builder.scope.known.get(value, builder.constants.get(value))
+    shape = getattr(value.type, "shape", None)
+    if found is None and shape is not None and all(isinstance(d, int) for d in shape):
+        reshape = next((n for n in reversed(builder.nodes) if value in n.outputs and n.op == "Reshape"), None)
+        source = builder.constants.get(reshape.inputs[0]) if reshape is not None else None  # type: ignore[arg-type]
+        if source is not None and np.asarray(source).size == int(np.prod(shape)):
+            found = np.asarray(source).reshape(shape)
     if found is None:
         raise UnsupportedConstruct(f"{what} is computed at run time (kiln takes it as a constant)")
     return np.asarray(found)
@@ -111,6 +121,38 @@ def _matmul_nbits(proto: onnx.NodeProto, builder: GraphBuilder, label: str) -> N
     product = step("MatMul", [builder.input(proto, 0), weights], out="" if bias is not None else proto.output[0])
     if bias is not None:
         step("Add", [product, bias], out=proto.output[0])
+
+
+@converter("GatherBlockQuantized", 1, DOMAIN)
+def _gather_block_quantized(proto: onnx.NodeProto, builder: GraphBuilder, label: str) -> None:
+    """Rows of a table stored as MatMulNBits stores its weights (the builder's tied embedding and
+    head share one): the table dequantized into its float constant, then a Gather."""
+    bits, block = int(attribute(proto, "bits", 4)), int(attribute(proto, "block_size", 128))
+    data = _known(builder, proto, 0, "data")
+    axes = (int(attribute(proto, "gather_axis", 0)), int(attribute(proto, "quantize_axis", 1)))
+    if data is None or data.dtype != np.uint8 or data.ndim != 2 or axes not in ((0, 1), (0, -1)) or bits not in (4, 8):
+        raise UnsupportedConstruct("GatherBlockQuantized other than rows of a [rows, columns] uint8 table quantized along its columns")  # fmt: skip
+    rows, columns = data.shape[0], data.shape[1] * 8 // bits
+    codes = np.stack([(data >> (bits * i)) & ((1 << bits) - 1) for i in range(8 // bits)], axis=-1).reshape(
+        rows, columns
+    )
+    scales = _known(builder, proto, 2, "scales")
+    blocks = -(-columns // block)
+    if scales is None or scales.size != rows * blocks:
+        raise UnsupportedConstruct(f"GatherBlockQuantized scales of {getattr(scales, 'size', 0)} values, expected {rows * blocks}")  # fmt: skip
+    zero = _known(builder, proto, 3, "zero_points")
+    zeros = np.full((rows, blocks), 1 << (bits - 1), np.float32)
+    if zero is not None:
+        unpacked = np.stack([(zero.astype(np.uint8).reshape(rows, -1) >> (bits * i)) & ((1 << bits) - 1) for i in range(8 // bits)], axis=-1)  # fmt: skip
+        zeros = unpacked.reshape(rows, -1)[:, :blocks].astype(np.float32)
+    padded = np.zeros((rows, blocks * block), np.float32)
+    padded[:, :columns] = codes
+    table = (padded.reshape(rows, blocks, block) - zeros[..., None]) * np.asarray(scales, np.float32).reshape(
+        rows, blocks, 1
+    )
+    step = Steps(builder, proto)
+    weights = step.const(table.reshape(rows, -1)[:, :columns].astype(np.float32), "table")
+    step("Gather", [weights, builder.input(proto, 1)], {"axis": 0}, out=proto.output[0])
 
 
 def _rms(step: Steps, x: Value, scale: Value | None, epsilon: float, out: str) -> tuple[Value, Value]:

@@ -173,3 +173,19 @@ def test_contrib_forms_kiln_does_not_convert_are_named():
     proto = model([node], [("x", TensorProto.FLOAT, [1, 8])], ["y"], {"b": np.zeros((2, 1, 6), np.uint8), "s": np.ones(2, np.float32)})  # fmt: skip
     with pytest.raises(UnsupportedModelError, match="MatMulNBits with K=8, N=2, bits=3"):
         kiln.compile(proto)
+
+
+@pytest.mark.parametrize("zero_points", [False, True])
+def test_gather_block_quantized_gathers_dequantized_rows(zero_points):
+    rows, columns, block = 10, 64, 32
+    table = RNG.integers(0, 256, (rows, columns // 2)).astype(np.uint8)
+    constants = {"t": table, "s": RNG.uniform(0.01, 0.1, (rows, columns // block)).astype(np.float32)}
+    names = ["t", "ids", "s"]
+    if zero_points:
+        constants["z"] = RNG.integers(0, 256, (rows, 1)).astype(np.uint8)  # two 4-bit zero points a byte
+        names.append("z")
+    node = helper.make_node("GatherBlockQuantized", names, ["y"], domain=MS, gather_axis=0, quantize_axis=1, block_size=block, bits=4)  # fmt: skip
+    proto = model([node], [("ids", TensorProto.INT64, ["b", "s"])], ["y"], constants)
+    feeds = {"ids": RNG.integers(0, rows, (2, 3)).astype(np.int64)}
+    (got,), (want,) = both(proto, feeds, {"b": (1, 2), "s": (1, 4)})
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
