@@ -233,14 +233,20 @@ def attention_view(
     return outer, outer_stride, inner, inner_stride, stride[-2], stride[-1]
 
 
-def fuse(graph: Graph, refusals: list[Refusal] | None = None) -> Graph:
-    readers = consumers_count(graph)
-    outputs = set(graph.outputs)
+def consumer_map(graph: Graph) -> dict[Value, Node]:
+    """Each value's (last) reading node: the one a chain follows where the value is read once."""
     consumer_of: dict[Value, Node] = {}
     for node in graph.nodes:
         for value in node.inputs:
             if value is not None:
                 consumer_of[value] = node
+    return consumer_of
+
+
+def fuse(graph: Graph, refusals: list[Refusal] | None = None) -> Graph:
+    readers = consumers_count(graph)
+    outputs = set(graph.outputs)
+    consumer_of = consumer_map(graph)
     producer = graph.producers()
     order = {id(n): i for i, n in enumerate(graph.nodes)}
     groups, grouped, kinds = _attention_groups(graph, consumer_of, readers, outputs, producer, order, refusals)

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from kiln.ir.graph import Graph, Node, Value
-from kiln.passes.fuse import attention_group, transpose_perm
+from kiln.passes.fuse import attention_group, consumer_map, transpose_perm
 from kiln.passes.rewrite import Rewriter, consumers_count
 
 
@@ -29,11 +29,7 @@ def group_heads(graph: Graph) -> Graph:
     producer = {v: n for n in graph.nodes for v in n.outputs}
     readers = consumers_count(graph)
     outputs = set(graph.outputs)
-    consumer_of: dict[Value, Node] = {}
-    for node in graph.nodes:
-        for value in node.inputs:
-            if value is not None:
-                consumer_of[value] = node  # (attention_group checks each link is read once)
+    consumer_of = consumer_map(graph)  # (attention_group checks each link is read once)
     plans: dict[int, tuple[Any, ...]] = {}  # id(second MatMul) -> the rewrite
     for node in graph.nodes:
         if node.op == "MatMul" and not node.domain:

@@ -134,7 +134,7 @@ static void kiln_w4_panel_rows(const kiln_w4_plan *p, int64_t bt, const int32_t 
   static _Thread_local float *block;
   static _Thread_local int64_t have;
   const kiln_gemm *g = p->g;
-  const int64_t M = g->M, K = g->K, group = g->q_group;
+  const int64_t K = g->K, group = g->q_group;
   const int64_t kblock = KILN_KC >= KILN_W4_CHUNK ? KILN_KC / KILN_W4_CHUNK * KILN_W4_CHUNK : KILN_W4_CHUNK;
   float *panel = kiln_scratch(&block, &have, kblock * KILN_NR);
   for (int64_t k0 = 0; k0 < K; k0 += kblock) {
@@ -150,27 +150,7 @@ static void kiln_w4_panel_rows(const kiln_w4_plan *p, int64_t bt, const int32_t 
       *(kiln_vf *)(panel + q * KILN_NR) = __builtin_convertvector((w0 >> shift) & 15, kiln_vf) * s0 + o0;
       *(kiln_vf *)(panel + q * KILN_NR + KILN_L) = __builtin_convertvector((w1 >> shift) & 15, kiln_vf) * s1 + o1;
     }
-    const int last = k0 + kc >= K;
-    for (int64_t m0 = 0; m0 < M; m0 += KILN_MR) {
-      const int64_t mr = M - m0 < KILN_MR ? M - m0 : KILN_MR;
-      const int64_t from = bt * g->a_bs + m0 * g->a_rs + k0;
-      (void)KILN_SPAN(from, (mr - 1) * g->a_rs + kc, g->a_size, "A (in place)");
-      const int64_t to = bt * g->c_bs + m0 * g->ldc + n0;
-      (void)KILN_SPAN(to, (mr - 1) * g->ldc + nr, g->c_size, "C");
-      float *tile = g->c + to;
-      kiln_finish fin, *finish = NULL;
-      if (last && g->f_on) {
-        fin = (kiln_finish){g->f_row ? g->f_row + m0 : NULL, g->f_col ? g->f_col + n0 : NULL, g->f_relu, g->f_lo, g->f_hi};
-        finish = &fin;
-      }
-      if (mr == KILN_MR && nr == KILN_NR) {
-        kiln_rows_n(KILN_MR, kc, g->a + from, g->a_rs, panel, tile, g->ldc, k0 > 0, finish);
-      } else {
-        kiln_ukernel_rows_few(kc, g->a + from, g->a_rs, panel, tile, g->ldc, k0 > 0, mr, nr);
-        if (finish) kiln_finish_tile(finish, tile, g->ldc, mr, nr);
-      }
-      if (last && g->epilogue) g->epilogue(g, bt, m0, m0 + mr, n0, n0 + nr);
-    }
+    kiln_block_rows(g, bt, panel, k0, kc, n0, nr);
   }
 }
 

@@ -123,7 +123,7 @@ static void kiln_w8_tile(int64_t mr, int64_t nr, int64_t k, const float *a, int6
 static void kiln_w8_panel_rows(const kiln_gemm *g, int64_t bt, const int8_t *b, const float *scale, int64_t n0, int64_t nr) {
   static _Thread_local float *block;
   static _Thread_local int64_t have;
-  const int64_t M = g->M, K = g->K, kblock = KILN_KC;
+  const int64_t K = g->K, kblock = KILN_KC;
   float *panel = kiln_scratch(&block, &have, kblock * KILN_NR);
   float cols[KILN_NR] __attribute__((aligned(64))) = {0};
   memcpy(cols, scale, (size_t)nr * sizeof(float)); /* (columns past the matrix: scale 0) */
@@ -135,27 +135,7 @@ static void kiln_w8_panel_rows(const kiln_gemm *g, int64_t bt, const int8_t *b, 
       *(kiln_vf *)(panel + p * KILN_NR) = kiln_widen8(from) * s0;
       *(kiln_vf *)(panel + p * KILN_NR + KILN_L) = kiln_widen8(from + KILN_L) * s1;
     }
-    const int last = k0 + kc >= K;
-    for (int64_t m0 = 0; m0 < M; m0 += KILN_MR) {
-      const int64_t mr = M - m0 < KILN_MR ? M - m0 : KILN_MR;
-      const int64_t from = bt * g->a_bs + m0 * g->a_rs + k0;
-      (void)KILN_SPAN(from, (mr - 1) * g->a_rs + kc, g->a_size, "A (in place)");
-      const int64_t to = bt * g->c_bs + m0 * g->ldc + n0;
-      (void)KILN_SPAN(to, (mr - 1) * g->ldc + nr, g->c_size, "C");
-      float *tile = g->c + to;
-      kiln_finish fin, *finish = NULL;
-      if (last && g->f_on) {
-        fin = (kiln_finish){g->f_row ? g->f_row + m0 : NULL, g->f_col ? g->f_col + n0 : NULL, g->f_relu, g->f_lo, g->f_hi};
-        finish = &fin;
-      }
-      if (mr == KILN_MR && nr == KILN_NR) {
-        kiln_rows_n(KILN_MR, kc, g->a + from, g->a_rs, panel, tile, g->ldc, k0 > 0, finish);
-      } else {
-        kiln_ukernel_rows_few(kc, g->a + from, g->a_rs, panel, tile, g->ldc, k0 > 0, mr, nr);
-        if (finish) kiln_finish_tile(finish, tile, g->ldc, mr, nr);
-      }
-      if (last && g->epilogue) g->epilogue(g, bt, m0, m0 + mr, n0, n0 + nr);
-    }
+    kiln_block_rows(g, bt, panel, k0, kc, n0, nr);
   }
 }
 
