@@ -194,7 +194,6 @@ def measure(name: str, engine: str, prompt_lengths: list[int], new_tokens: int, 
     # at the batch, through the run-time sizes route, measured slower still; see the README)
     compiled = kiln.compile(path, dims=dims, threads=threads, precision=precision)
     row["compile_s"], row["dims"], row["precision"] = time.perf_counter() - started, dims, compiled.precision
-    row["batch_classes"] = list(compiled.size_classes.get("batch", ()))
     ours = engine in KILN_ENGINES
     model = compiled if ours else _Session(path, compiled.signature, threads)
     if not ours:
