@@ -142,7 +142,7 @@ def gemm_prelude(target: Target) -> str:
     blocking = target.blocking
     return (
         f"#define KILN_VB {target.vector_bytes}\n#define KILN_MR {target.gemm_rows}\n"
-        f"#define KILN_KC {blocking.kc}\n#define KILN_A_BLOCK {blocking.a_block}\n{API}\n{(HERE / 'gemm.c').read_text()}\n"
+        f"#define KILN_KC {blocking.kc}\n#define KILN_A_BLOCK {blocking.a_block}\n{API}\n{(HERE / 'gemm.c').read_text()}\n{(HERE / 'gemm_rows.c').read_text()}\n"
     )
 
 

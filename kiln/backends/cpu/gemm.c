@@ -346,34 +346,6 @@ KILN_ENGINE void kiln_pack_im2col(const kiln_gemm *g, int64_t bt, int64_t x0, in
   }
 }
 
-/* every row of A (read in place) times one float panel block [kc][NR] of columns n0 .. n0 + nr,
-   accumulated over the blocks before it (k0 > 0), finished (bias, activation, bounds, the generated
-   epilogue) at the last: the weight-only paths' prompt rows (gemm_w8.c, gemm_w4.c), whose panels
-   are widened to float one block at a time */
-static void kiln_block_rows(const kiln_gemm *g, int64_t bt, const float *panel, int64_t k0, int64_t kc, int64_t n0, int64_t nr) {
-  const int last = k0 + kc >= g->K;
-  for (int64_t m0 = 0; m0 < g->M; m0 += KILN_MR) {
-    const int64_t mr = g->M - m0 < KILN_MR ? g->M - m0 : KILN_MR;
-    const int64_t from = bt * g->a_bs + m0 * g->a_rs + k0;
-    (void)KILN_SPAN(from, (mr - 1) * g->a_rs + kc, g->a_size, "A (in place)");
-    const int64_t to = bt * g->c_bs + m0 * g->ldc + n0;
-    (void)KILN_SPAN(to, (mr - 1) * g->ldc + nr, g->c_size, "C");
-    float *tile = g->c + to;
-    kiln_finish fin, *finish = NULL;
-    if (last && g->f_on) {
-      fin = (kiln_finish){g->f_row ? g->f_row + m0 : NULL, g->f_col ? g->f_col + n0 : NULL, g->f_relu, g->f_lo, g->f_hi};
-      finish = &fin;
-    }
-    if (mr == KILN_MR && nr == KILN_NR) {
-      kiln_rows_n(KILN_MR, kc, g->a + from, g->a_rs, panel, tile, g->ldc, k0 > 0, finish);
-    } else {
-      kiln_ukernel_rows_few(kc, g->a + from, g->a_rs, panel, tile, g->ldc, k0 > 0, mr, nr);
-      if (finish) kiln_finish_tile(finish, tile, g->ldc, mr, nr);
-    }
-    if (last && g->epilogue) g->epilogue(g, bt, m0, m0 + mr, n0, n0 + nr);
-  }
-}
-
 /* -- the driver --------------------------------------------------------------------------------- */
 
 static float *kiln_scratch(float **slot, int64_t *have, int64_t need) {
@@ -531,10 +503,19 @@ static void kiln_gemm_tasks(void *ctx, int64_t lo, int64_t hi, int worker) {
   }
 }
 
+/* at most KILN_STREAM_ROWS rows of A read in place times constant packed B: each panel streamed once
+   over all of K (gemm_rows.c); more rows reuse B from cache blocks, the driver below */
+#define KILN_STREAM_ROWS 1
+static void kiln_stream_run(const kiln_gemm *g, int threads);
+
 KILN_ENGINE void kiln_gemm_run(const kiln_gemm *g) {
   const int64_t M = g->M, N = g->N, K = g->K;
   int threads = kiln_pool_threads();
   if (kiln_in_pool()) threads = 1; /* inside a driver's parallel loop this product runs alone */
+  if (M > 0 && N > 0 && K > 0 && M <= KILN_STREAM_ROWS && g->b_packed && !g->a_packed && g->pack_a == kiln_pack_a_strided && g->a_cs == 1) {
+    kiln_stream_run(g, threads);
+    return;
+  }
   const int64_t kblock = g->kc > 0 ? g->kc : KILN_KC;
   /* an MC x KC block of A fills about half of L2 (KILN_A_BLOCK floats, from the machine's caches):
      short reductions take more rows */

@@ -1,0 +1,60 @@
+/* The matrix-multiply engine's row paths over whole panels (after gemm.c, in the same unit): the
+   weight-only paths' prompt rows over a panel block widened to float (gemm_w8.c, gemm_w4.c), and a
+   decode step's few rows times constant packed float32 B streamed one whole panel at a time. */
+
+/* every row of A (read in place) times one float panel block [kc][NR] of columns n0 .. n0 + nr,
+   accumulated over the blocks before it (k0 > 0), finished (bias, activation, bounds, the generated
+   epilogue) at the last: the weight-only paths' prompt rows (gemm_w8.c, gemm_w4.c), whose panels
+   are widened to float one block at a time */
+static void kiln_block_rows(const kiln_gemm *g, int64_t bt, const float *panel, int64_t k0, int64_t kc, int64_t n0, int64_t nr) {
+  const int last = k0 + kc >= g->K;
+  for (int64_t m0 = 0; m0 < g->M; m0 += KILN_MR) {
+    const int64_t mr = g->M - m0 < KILN_MR ? g->M - m0 : KILN_MR;
+    const int64_t from = bt * g->a_bs + m0 * g->a_rs + k0;
+    (void)KILN_SPAN(from, (mr - 1) * g->a_rs + kc, g->a_size, "A (in place)");
+    const int64_t to = bt * g->c_bs + m0 * g->ldc + n0;
+    (void)KILN_SPAN(to, (mr - 1) * g->ldc + nr, g->c_size, "C");
+    float *tile = g->c + to;
+    kiln_finish fin, *finish = NULL;
+    if (last && g->f_on) {
+      fin = (kiln_finish){g->f_row ? g->f_row + m0 : NULL, g->f_col ? g->f_col + n0 : NULL, g->f_relu, g->f_lo, g->f_hi};
+      finish = &fin;
+    }
+    if (mr == KILN_MR && nr == KILN_NR) {
+      kiln_rows_n(KILN_MR, kc, g->a + from, g->a_rs, panel, tile, g->ldc, k0 > 0, finish);
+    } else {
+      kiln_ukernel_rows_few(kc, g->a + from, g->a_rs, panel, tile, g->ldc, k0 > 0, mr, nr);
+      if (finish) kiln_finish_tile(finish, tile, g->ldc, mr, nr);
+    }
+    if (last && g->epilogue) g->epilogue(g, bt, m0, m0 + mr, n0, n0 + nr);
+  }
+}
+
+/* a few rows of A read in place times constant packed B (a decode step's products): each task a run
+   of whole panels, each panel streamed once over all of K (contiguous: no cache blocks to jump
+   between, nothing packed), as the weight-only paths stream theirs */
+typedef struct { const kiln_gemm *g; int64_t panels, per_task; } kiln_stream_plan;
+
+static void kiln_stream_tasks(void *ctx, int64_t lo, int64_t hi, int worker) {
+  (void)worker;
+  const kiln_stream_plan *p = (const kiln_stream_plan *)ctx;
+  const kiln_gemm *g = p->g;
+  const int64_t runs = (p->panels + p->per_task - 1) / p->per_task;
+  for (int64_t task = lo; task < hi; ++task) {
+    const int64_t bt = task / runs, first = (task % runs) * p->per_task;
+    for (int64_t panel = first; panel < first + p->per_task && panel < p->panels; ++panel) {
+      const int64_t n0 = panel * KILN_NR, nr = g->N - n0 < KILN_NR ? g->N - n0 : KILN_NR;
+      const int64_t at = KILN_SPAN(bt * g->b_pbs + panel * g->K * KILN_NR, g->K * KILN_NR, g->b_packed_size, "B (packed)");
+      kiln_block_rows(g, bt, g->b_packed + at, 0, g->K, n0, nr);
+    }
+  }
+}
+
+static void kiln_stream_run(const kiln_gemm *g, int threads) {
+  kiln_stream_plan plan = {g, (g->N + KILN_NR - 1) / KILN_NR, 1};
+  const int64_t wanted = 4 * (int64_t)(threads > 0 ? threads : 1); /* about 4 runs of whole panels a thread */
+  plan.per_task = plan.panels > wanted ? (plan.panels + wanted - 1) / wanted : 1;
+  const int64_t tasks = g->batch * ((plan.panels + plan.per_task - 1) / plan.per_task);
+  const int64_t work = g->M * g->N * g->K * g->batch;
+  kiln_parallel_for(0, tasks, 1, work >= 65536 && tasks > 1 ? 0 : 1, kiln_stream_tasks, &plan);
+}
