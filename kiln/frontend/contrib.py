@@ -79,38 +79,48 @@ def _known(builder: GraphBuilder, proto: onnx.NodeProto, index: int, what: str) 
     return np.asarray(found)
 
 
+def unpacked(data: np.ndarray, bits: int, rows: int) -> np.ndarray:
+    """``rows`` rows of ``bits``-bit codes packed low bits first into the bytes of ``data``, as
+    [rows, codes in a row]."""
+    data = np.asarray(data).astype(np.uint8).reshape(rows, -1)
+    mask = (1 << bits) - 1
+    return np.stack([(data >> (bits * i)) & mask for i in range(8 // bits)], axis=-1).reshape(rows, -1)
+
+
+def dequantized_rows(packed: np.ndarray, scales: np.ndarray, zero: np.ndarray | None, shape: tuple[int, int], bits: int, block: int, what: str) -> np.ndarray:  # fmt: skip
+    """[rows, columns] float32 from codes packed along each row (MatMulNBits' B, one row a column
+    of the product; GatherBlockQuantized's table): each block of ``block`` codes of a row is
+    (code - zero point) x its scale; zero points packed like the codes (each row's rounded up to
+    whole bytes), or floats, or absent (the middle code, 2^(bits-1))."""
+    rows, columns = shape
+    blocks = -(-columns // block)
+    if packed.size * 8 != rows * blocks * block * bits or scales.size != rows * blocks:
+        raise UnsupportedConstruct(f"{what}'s codes {packed.shape} or scales {scales.shape} do not hold {rows} x {blocks} blocks of {block}")  # fmt: skip
+    zeros = np.full((rows, blocks), 1 << (bits - 1), np.float32)
+    if zero is not None and zero.dtype == np.uint8:
+        if zero.size != rows * -(-blocks * bits // 8):
+            raise UnsupportedConstruct(f"{what}'s zero points of {zero.size} bytes, expected {rows * -(-blocks * bits // 8)}")  # fmt: skip
+        zeros = unpacked(zero, bits, rows)[:, :blocks].astype(np.float32)
+    elif zero is not None:
+        zeros = np.asarray(zero, np.float32).reshape(rows, blocks)
+    codes = unpacked(packed, bits, rows).astype(np.float32).reshape(rows, blocks, block)
+    values = (codes - zeros[..., None]) * np.asarray(scales, np.float32).reshape(rows, blocks, 1)
+    return values.reshape(rows, blocks * block)[:, :columns]
+
+
 def dequantized_nbits(proto: onnx.NodeProto, builder: GraphBuilder) -> np.ndarray:
-    """MatMulNBits's B as the float32 [K, N] it stands for: each block of ``block_size`` k of
-    column n is (code - zero point) x scale, codes packed low bits first."""
+    """MatMulNBits's B as the float32 [K, N] it stands for (``dequantized_rows``: B holds one row
+    of codes per column of the product)."""
     k, n, bits, block = (int(attribute(proto, key, default)) for key, default in (("K", 0), ("N", 0), ("bits", 4), ("block_size", 0)))  # fmt: skip
     if bits not in (2, 4, 8) or block < 16 or block & (block - 1) or k < 1 or n < 1:
         raise UnsupportedConstruct(f"MatMulNBits with K={k}, N={n}, bits={bits}, block_size={block}")
     if _known(builder, proto, 4, "g_idx") is not None:
         raise UnsupportedConstruct("MatMulNBits with g_idx (an act-order permutation)")
-    packed = _known(builder, proto, 1, "B")
-    scales = _known(builder, proto, 2, "scales")
+    packed, scales = _known(builder, proto, 1, "B"), _known(builder, proto, 2, "scales")
+    if packed is None or scales is None:
+        raise UnsupportedConstruct("MatMulNBits without B or scales")
     zero = _known(builder, proto, 3, "zero_points")
-    blocks, per = -(-k // block), 8 // bits
-    if packed is None or scales is None or packed.size != n * blocks * block * bits // 8 or scales.size != n * blocks:
-        raise UnsupportedConstruct(f"MatMulNBits B {getattr(packed, 'shape', None)} or scales do not hold N x blocks")
-    data = packed.astype(np.uint8).reshape(n, blocks * block // per)
-    codes = np.stack([(data >> (bits * i)) & ((1 << bits) - 1) for i in range(per)], axis=-1).reshape(n, blocks, block)
-    if zero is None:
-        zeros = np.full((n, blocks), 1 << (bits - 1), np.float32)
-    elif zero.dtype == np.uint8:  # packed like B, each column's blocks rounded up to whole bytes
-        row = -(-blocks * bits // 8)
-        if zero.size != n * row:
-            raise UnsupportedConstruct(f"MatMulNBits zero_points of {zero.size} bytes, expected {n * row}")
-        z = zero.reshape(n, row)
-        zeros = np.stack([(z >> (bits * i)) & ((1 << bits) - 1) for i in range(per)], axis=-1).reshape(n, -1)[
-            :, :blocks
-        ]
-    else:
-        zeros = np.asarray(zero, np.float32).reshape(n, blocks)
-    weights = (codes.astype(np.float32) - zeros.astype(np.float32)[..., None]) * np.asarray(scales, np.float32).reshape(
-        n, blocks, 1
-    )
-    return np.ascontiguousarray(weights.reshape(n, blocks * block)[:, :k].T)
+    return np.ascontiguousarray(dequantized_rows(packed, scales, zero, (n, k), bits, block, "MatMulNBits").T)
 
 
 @converter("MatMulNBits", 1, DOMAIN)
@@ -133,25 +143,13 @@ def _gather_block_quantized(proto: onnx.NodeProto, builder: GraphBuilder, label:
     if data is None or data.dtype != np.uint8 or data.ndim != 2 or axes not in ((0, 1), (0, -1)) or bits not in (4, 8):
         raise UnsupportedConstruct("GatherBlockQuantized other than rows of a [rows, columns] uint8 table quantized along its columns")  # fmt: skip
     rows, columns = data.shape[0], data.shape[1] * 8 // bits
-    codes = np.stack([(data >> (bits * i)) & ((1 << bits) - 1) for i in range(8 // bits)], axis=-1).reshape(
-        rows, columns
-    )
     scales = _known(builder, proto, 2, "scales")
-    blocks = -(-columns // block)
-    if scales is None or scales.size != rows * blocks:
-        raise UnsupportedConstruct(f"GatherBlockQuantized scales of {getattr(scales, 'size', 0)} values, expected {rows * blocks}")  # fmt: skip
+    if scales is None:
+        raise UnsupportedConstruct("GatherBlockQuantized without scales")
     zero = _known(builder, proto, 3, "zero_points")
-    zeros = np.full((rows, blocks), 1 << (bits - 1), np.float32)
-    if zero is not None:
-        unpacked = np.stack([(zero.astype(np.uint8).reshape(rows, -1) >> (bits * i)) & ((1 << bits) - 1) for i in range(8 // bits)], axis=-1)  # fmt: skip
-        zeros = unpacked.reshape(rows, -1)[:, :blocks].astype(np.float32)
-    padded = np.zeros((rows, blocks * block), np.float32)
-    padded[:, :columns] = codes
-    table = (padded.reshape(rows, blocks, block) - zeros[..., None]) * np.asarray(scales, np.float32).reshape(
-        rows, blocks, 1
-    )
+    table = dequantized_rows(data, scales, zero, (rows, columns), bits, block, "GatherBlockQuantized")
     step = Steps(builder, proto)
-    weights = step.const(table.reshape(rows, -1)[:, :columns].astype(np.float32), "table")
+    weights = step.const(np.ascontiguousarray(table), "table")
     step("Gather", [weights, builder.input(proto, 1)], {"axis": 0}, out=proto.output[0])
 
 

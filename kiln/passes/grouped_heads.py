@@ -94,13 +94,13 @@ def _grouped(first: Node, consumer_of, readers, outputs, producer):  # type: ign
     q_shape = tuple(getattr(q.type, "shape", None) or ())  # type: ignore[union-attr]
     if len(q_shape) != 4 or q_shape[1] != keys[0].type.shape[1] * keys[1]:  # type: ignore[union-attr, index]
         return None
+    links = {n.outputs[0] for n in nodes}
     for node in nodes[1:-1]:  # the chain's other operands must lift to rank 5
-        if node.op in ("Softmax",) or node.op == "SafeSoftmax":
+        if node.op in ("Softmax", "SafeSoftmax"):
             continue
         if node.attrs and node.op != "Cast":
             return None
-        link = {n.outputs[0] for n in nodes}
-        if any(x is not None and x not in link and _lifted_axes(x) is None for x in node.inputs):
+        if any(x is not None and x not in links and _lifted_axes(x) is None for x in node.inputs):
             return None
     return nodes, keys[0], values[0], masked, q_shape[1], keys[1]
 

@@ -29,13 +29,13 @@ typedef struct {
 
 /* a few query rows (a decode step's): the two products as direct loops over the operands where
    they sit (K's rows and V's rows contiguous along the head dimension), no packing: Q K^T one
-   dot product per key, P V one scaled row of V added per key. Returns 0 (the engine's products
-   instead) where the layout or the product's path (bf16) asks for the engine. */
+   dot product per key (here), P V one scaled row of V added per key (kiln_attention_values).
+   Returns 0 (the engine's products instead) where the layout or the product's path (bf16) asks
+   for the engine. */
 #define KILN_ATTENTION_FEW 4
-static int kiln_attention_direct(const kiln_attention_job *job, const float *q, const float *kt, const float *v, float *s, float *out) {
-  const int64_t LQ = job->LQ, LK = job->LK, D = job->D, DV = job->DV;
-  const kiln_view qv = job->qv, kv = job->kv, vv = job->vv, ov = job->ov;
-  (void)DV; (void)ov; (void)out;
+static int kiln_attention_direct(const kiln_attention_job *job, const float *q, const float *kt, float *s) {
+  const int64_t LQ = job->LQ, LK = job->LK, D = job->D;
+  const kiln_view qv = job->qv, kv = job->kv, vv = job->vv;
   if (LQ > KILN_ATTENTION_FEW || job->product != kiln_gemm_run || qv.cs != 1 || kv.rs != 1 || vv.cs != 1)
     return 0;
   for (int64_t i = 0; i < LQ; ++i) {
@@ -79,7 +79,7 @@ static void kiln_attention_slices(void *job_ptr, int64_t lo, int64_t hi, int wor
     const int64_t qo = kiln_view_at(&qv, bh), ko = kiln_view_at(&kv, bh), vo = kiln_view_at(&vv, bh), oo = kiln_view_at(&ov, bh);
     (void)KILN_SPAN(ko, (LK - 1) * kv.cs + (D - 1) * kv.rs + 1, kv.size, "K");
     (void)KILN_SPAN(vo, (LK - 1) * vv.rs + (DV - 1) * vv.cs + 1, vv.size, "V");
-    const int direct = kiln_attention_direct(job, q + qo, kt + ko, v + vo, s, out + oo);
+    const int direct = kiln_attention_direct(job, q + qo, kt + ko, s);
     if (!direct) {
       kiln_gemm g = {0};
       g.batch = 1; g.M = LQ; g.N = LK; g.K = D;

@@ -506,14 +506,14 @@ static void kiln_gemm_tasks(void *ctx, int64_t lo, int64_t hi, int worker) {
 /* at most KILN_STREAM_ROWS rows of A read in place times constant packed B: each panel streamed once
    over all of K (gemm_rows.c); more rows reuse B from cache blocks, the driver below */
 #define KILN_STREAM_ROWS 1
-static void kiln_stream_run(const kiln_gemm *g, int threads);
+static void kiln_stream_run(const kiln_gemm *g);
 
 KILN_ENGINE void kiln_gemm_run(const kiln_gemm *g) {
   const int64_t M = g->M, N = g->N, K = g->K;
   int threads = kiln_pool_threads();
   if (kiln_in_pool()) threads = 1; /* inside a driver's parallel loop this product runs alone */
   if (M > 0 && N > 0 && K > 0 && M <= KILN_STREAM_ROWS && g->b_packed && !g->a_packed && g->pack_a == kiln_pack_a_strided && g->a_cs == 1) {
-    kiln_stream_run(g, threads);
+    kiln_stream_run(g);
     return;
   }
   const int64_t kblock = g->kc > 0 ? g->kc : KILN_KC;

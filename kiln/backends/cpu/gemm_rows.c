@@ -2,6 +2,25 @@
    weight-only paths' prompt rows over a panel block widened to float (gemm_w8.c, gemm_w4.c), and a
    decode step's few rows times constant packed float32 B streamed one whole panel at a time. */
 
+/* the finish (bias, activation, bounds) of the tile at row m0, column n0, in `fin`; NULL: none */
+static inline const kiln_finish *kiln_finish_at(const kiln_gemm *g, int64_t m0, int64_t n0, kiln_finish *fin) {
+  if (!g->f_on) return NULL;
+  *fin = (kiln_finish){g->f_row ? g->f_row + m0 : NULL, g->f_col ? g->f_col + n0 : NULL, g->f_relu, g->f_lo, g->f_hi};
+  return fin;
+}
+
+/* the panel paths' split over the pool (this one, gemm_w8.c, gemm_w4.c): about 4 tasks a thread,
+   each a run of whole panels (even shares without a task per panel), over every batch element;
+   the plan's `*per_task` is set before `body` runs (inside a driver's parallel loop: alone) */
+static void kiln_panel_tasks(const kiln_gemm *g, int64_t panels, int64_t *per_task, kiln_body body, void *plan) {
+  const int threads = kiln_in_pool() ? 1 : kiln_pool_threads();
+  const int64_t wanted = 4 * (int64_t)(threads > 0 ? threads : 1);
+  *per_task = panels > wanted ? (panels + wanted - 1) / wanted : 1;
+  const int64_t tasks = g->batch * ((panels + *per_task - 1) / *per_task);
+  const int64_t work = g->M * g->N * g->K * g->batch;
+  kiln_parallel_for(0, tasks, 1, work >= 65536 && tasks > 1 ? 0 : 1, body, plan);
+}
+
 /* every row of A (read in place) times one float panel block [kc][NR] of columns n0 .. n0 + nr,
    accumulated over the blocks before it (k0 > 0), finished (bias, activation, bounds, the generated
    epilogue) at the last: the weight-only paths' prompt rows (gemm_w8.c, gemm_w4.c), whose panels
@@ -15,11 +34,8 @@ static void kiln_block_rows(const kiln_gemm *g, int64_t bt, const float *panel, 
     const int64_t to = bt * g->c_bs + m0 * g->ldc + n0;
     (void)KILN_SPAN(to, (mr - 1) * g->ldc + nr, g->c_size, "C");
     float *tile = g->c + to;
-    kiln_finish fin, *finish = NULL;
-    if (last && g->f_on) {
-      fin = (kiln_finish){g->f_row ? g->f_row + m0 : NULL, g->f_col ? g->f_col + n0 : NULL, g->f_relu, g->f_lo, g->f_hi};
-      finish = &fin;
-    }
+    kiln_finish fin;
+    const kiln_finish *finish = last ? kiln_finish_at(g, m0, n0, &fin) : NULL;
     if (mr == KILN_MR && nr == KILN_NR) {
       kiln_rows_n(KILN_MR, kc, g->a + from, g->a_rs, panel, tile, g->ldc, k0 > 0, finish);
     } else {
@@ -50,11 +66,7 @@ static void kiln_stream_tasks(void *ctx, int64_t lo, int64_t hi, int worker) {
   }
 }
 
-static void kiln_stream_run(const kiln_gemm *g, int threads) {
+static void kiln_stream_run(const kiln_gemm *g) {
   kiln_stream_plan plan = {g, (g->N + KILN_NR - 1) / KILN_NR, 1};
-  const int64_t wanted = 4 * (int64_t)(threads > 0 ? threads : 1); /* about 4 runs of whole panels a thread */
-  plan.per_task = plan.panels > wanted ? (plan.panels + wanted - 1) / wanted : 1;
-  const int64_t tasks = g->batch * ((plan.panels + plan.per_task - 1) / plan.per_task);
-  const int64_t work = g->M * g->N * g->K * g->batch;
-  kiln_parallel_for(0, tasks, 1, work >= 65536 && tasks > 1 ? 0 : 1, kiln_stream_tasks, &plan);
+  kiln_panel_tasks(g, plan.panels, &plan.per_task, kiln_stream_tasks, &plan);
 }

@@ -176,12 +176,8 @@ static void kiln_w4_tasks(void *ctx, int64_t lo, int64_t hi, int worker) {
         const int64_t mr = M - m0 < KILN_W4_ROWS ? M - m0 : KILN_W4_ROWS;
         const int64_t to = bt * g->c_bs + m0 * g->ldc + n0;
         (void)KILN_SPAN(to, (mr - 1) * g->ldc + nr, g->c_size, "C");
-        kiln_finish fin, *finish = NULL;
-        if (g->f_on) {
-          fin = (kiln_finish){g->f_row ? g->f_row + m0 : NULL, g->f_col ? g->f_col + n0 : NULL, g->f_relu, g->f_lo, g->f_hi};
-          finish = &fin;
-        }
-        kiln_w4_tile(p, mr, nr, bt * M + m0, w, scale, offset, g->c + to, finish);
+        kiln_finish fin;
+        kiln_w4_tile(p, mr, nr, bt * M + m0, w, scale, offset, g->c + to, kiln_finish_at(g, m0, n0, &fin));
         if (g->epilogue) g->epilogue(g, bt, m0, m0 + mr, n0, n0 + nr);
       }
     }
@@ -231,15 +227,9 @@ static int kiln_w4_quantize_rows(kiln_w4_plan *p) {
 
 KILN_ENGINE void kiln_gemm_w4_run(const kiln_gemm *g) {
   if (g->M <= 0 || g->N <= 0) return;
-  int threads = kiln_pool_threads();
-  if (kiln_in_pool()) threads = 1; /* inside a driver's parallel loop this product runs alone */
   const int64_t padded = (g->K + g->q_group - 1) / g->q_group * g->q_group;
   kiln_w4_plan plan = {g, (g->N + KILN_NR - 1) / KILN_NR, 1, padded, padded / g->q_group, NULL, NULL, NULL};
   /* few rows quantized (else, or out of memory for their copy: the weights dequantized per block) */
   if (g->M < KILN_W4_WIDEN_ROWS) (void)kiln_w4_quantize_rows(&plan);
-  const int64_t wanted = 4 * (int64_t)(threads > 0 ? threads : 1);
-  plan.per_task = plan.panels > wanted ? (plan.panels + wanted - 1) / wanted : 1;
-  const int64_t tasks = g->batch * ((plan.panels + plan.per_task - 1) / plan.per_task);
-  const int64_t work = g->M * g->N * g->K * g->batch;
-  kiln_parallel_for(0, tasks, 1, work >= 65536 && tasks > 1 ? 0 : 1, kiln_w4_tasks, &plan);
+  kiln_panel_tasks(g, plan.panels, &plan.per_task, kiln_w4_tasks, &plan);
 }

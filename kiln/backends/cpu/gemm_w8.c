@@ -163,12 +163,8 @@ static void kiln_w8_tasks(void *ctx, int64_t lo, int64_t hi, int worker) {
         (void)KILN_SPAN(from, (mr - 1) * g->a_rs + K, g->a_size, "A (in place)");
         const int64_t to = bt * g->c_bs + m0 * g->ldc + n0;
         (void)KILN_SPAN(to, (mr - 1) * g->ldc + nr, g->c_size, "C");
-        kiln_finish fin, *finish = NULL;
-        if (g->f_on) {
-          fin = (kiln_finish){g->f_row ? g->f_row + m0 : NULL, g->f_col ? g->f_col + n0 : NULL, g->f_relu, g->f_lo, g->f_hi};
-          finish = &fin;
-        }
-        kiln_w8_tile(mr, nr, K, g->a + from, g->a_rs, b, g->q_scale + n0, g->c + to, g->ldc, finish);
+        kiln_finish fin;
+        kiln_w8_tile(mr, nr, K, g->a + from, g->a_rs, b, g->q_scale + n0, g->c + to, g->ldc, kiln_finish_at(g, m0, n0, &fin));
         if (g->epilogue) g->epilogue(g, bt, m0, m0 + mr, n0, n0 + nr);
       }
     }
@@ -177,13 +173,6 @@ static void kiln_w8_tasks(void *ctx, int64_t lo, int64_t hi, int worker) {
 
 KILN_ENGINE void kiln_gemm_w8_run(const kiln_gemm *g) {
   if (g->M <= 0 || g->N <= 0) return;
-  int threads = kiln_pool_threads();
-  if (kiln_in_pool()) threads = 1; /* inside a driver's parallel loop this product runs alone */
   kiln_w8_plan plan = {g, (g->N + KILN_NR - 1) / KILN_NR, 1};
-  /* about 4 tasks per thread, each a run of whole panels: even shares without a task per panel */
-  const int64_t wanted = 4 * (int64_t)(threads > 0 ? threads : 1);
-  plan.per_task = plan.panels > wanted ? (plan.panels + wanted - 1) / wanted : 1;
-  const int64_t tasks = g->batch * ((plan.panels + plan.per_task - 1) / plan.per_task);
-  const int64_t work = g->M * g->N * g->K * g->batch;
-  kiln_parallel_for(0, tasks, 1, work >= 65536 && tasks > 1 ? 0 : 1, kiln_w8_tasks, &plan);
+  kiln_panel_tasks(g, plan.panels, &plan.per_task, kiln_w8_tasks, &plan);
 }
