@@ -6,7 +6,7 @@ VENV ?= .venv
 BIN = $(VENV)/bin
 STAMP = $(VENV)/.kiln-installed
 
-.PHONY: setup test bench peers-heavy peers-int8 peers-genai conformance lint clean
+.PHONY: setup test bench peers-heavy peers-int8 peers-genai peers-llama conformance lint clean
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -41,9 +41,13 @@ peers-heavy: setup
 peers-int8: setup
 	$(BIN)/python -m pip install --quiet -c constraints.txt -e ".[peers-int8]"
 
-# ONNX Runtime GenAI for the onnxruntime-genai row of `kiln bench -s generate`: `make peers-genai`.
+# ONNX Runtime GenAI and OpenVINO GenAI for their rows of `kiln bench -s generate`: `make peers-genai`.
 peers-genai: setup
 	$(BIN)/python -m pip install --quiet -c constraints.txt -e ".[peers-genai]"
+
+# llama.cpp's rows of `kiln bench -s generate` (llama-cpp-python compiles llama.cpp: minutes): `make peers-llama`.
+peers-llama: setup
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e ".[peers-llama]"
 
 conformance: setup
 	mkdir -p reports

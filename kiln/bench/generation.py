@@ -24,24 +24,19 @@ near-ties).
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import subprocess
 import sys
 import time
-from pathlib import Path
 from typing import Any
+
+from kiln.bench.gen_peers import PEERS, run_peer
 
 # engine -> kiln's precision
 KILN_ENGINES = {"kiln": "fp32", "kiln-int8-weights": "int8-weights", "kiln-int4-weights": "int4-weights"}
 ACCURACY = "weights-accuracy"  # a row of its own: int8-weights and int4-weights against fp32 on a fixed token stream
 NARROW = ("int8-weights", "int4-weights")
-PEERS_NOT_WIRED = {
-    "llama.cpp": "llama_cpp",
-    "openvino-genai": "openvino_genai",
-}
-GENAI = "onnxruntime-genai"  # ONNX Runtime GenAI: its model builder's int4 (MatMulNBits, blocks of 32)
 
 
 def bandwidth_gb_s(megabytes: int = 512, rounds: int = 5, threads: int = 1) -> float:
@@ -157,25 +152,17 @@ def measure(name: str, engine: str, prompt_lengths: list[int], new_tokens: int, 
     from kiln.zoo import decoders
 
     row: dict[str, Any] = {"model": name, "engine": engine, "threads": threads, "batch": batch}
-    if engine in PEERS_NOT_WIRED:
-        found = importlib.util.find_spec(PEERS_NOT_WIRED[engine]) is not None
-        row["error"] = "installed, not wired into this benchmark yet" if found else "not installed"
-        return row
     if engine == ACCURACY:
         if batch > 1:
             row["error"] = "measured at batch 1 (the same stream, whatever the batch)"
             return row
         row.update(weights_accuracy(name, max(prompt_lengths), threads))
         return row
-    if engine == GENAI:
-        if importlib.util.find_spec("onnxruntime_genai") is None or batch > 1:
-            row["error"] = (
-                "not installed"
-                if batch == 1
-                else "batch 1 only in this benchmark (its loop's own batching is not wired)"
-            )
+    if engine in PEERS:
+        if batch > 1:
+            row["error"] = "batch 1 only in this benchmark (its loop's own batching is not wired)"
             return row
-        row["prompts"] = _ort_genai(name, prompts_for(name, prompt_lengths), new_tokens, threads)
+        row.update(run_peer(engine, name, prompts_for(name, prompt_lengths), new_tokens, threads))
         row["peak_rss_mb"] = peak_rss_bytes() / 1e6
         return row
     if engine not in (*KILN_ENGINES, "onnxruntime", "transformers"):
@@ -277,70 +264,6 @@ def stream_logits(name: str, precision: str, length: int, threads: int) -> Any:
     return steps
 
 
-def genai_folder(name: str, threads: int, precision: str = "int4") -> Path:
-    """``name`` as ONNX Runtime GenAI's model builder writes it at ``precision`` (int4, fp32) for
-    the CPU (made once into the zoo cache from the same random weights, saved as a Hugging Face
-    folder with a word-level tokenizer of its vocabulary: the builder wants one, the benchmark feeds
-    token ids), its sessions on ``threads`` threads."""
-    import hashlib
-
-    from tokenizers import Tokenizer, models
-    from transformers import PreTrainedTokenizerFast
-
-    from kiln import zoo
-    from kiln.zoo import decoders
-
-    decoder = decoders.get(name)
-    key = hashlib.sha256(json.dumps([decoder.config, decoders.RECIPE], sort_keys=True).encode()).hexdigest()[:12]
-    folder = zoo.cache_dir() / "decoders" / f"{name}-genai-{precision}-{key}"
-    if not (folder / "genai_config.json").exists():
-        source = folder.with_name(folder.name + "-hf")
-        decoders.build(name).model.save_pretrained(source)
-        vocab = {f"t{i}": i for i in range(decoder.vocab)}
-        tokenizer = Tokenizer(models.WordLevel(vocab=vocab, unk_token="t0"))
-        PreTrainedTokenizerFast(tokenizer_object=tokenizer, unk_token="t0", pad_token="t0").save_pretrained(source)
-        command = [sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", str(source), "-o", str(folder), "-p", precision, "-e", "cpu"]  # fmt: skip
-        done = subprocess.run(command, capture_output=True, text=True)
-        if done.returncode != 0 or not (folder / "genai_config.json").exists():
-            raise RuntimeError(f"onnxruntime-genai's builder failed: {done.stderr[-400:]}")
-    config = json.loads((folder / "genai_config.json").read_text())
-    config["model"]["decoder"]["session_options"]["intra_op_num_threads"] = threads
-    (folder / "genai_config.json").write_text(json.dumps(config, indent=2))
-    return folder
-
-
-def _ort_genai(name: str, prompts: dict[int, Any], new_tokens: int, threads: int) -> dict[str, Any]:
-    """ONNX Runtime GenAI's own loop, greedy (TTFT: the prompt appended and the first token; per
-    token: the gaps after it)."""
-    import numpy as np
-    import onnxruntime_genai as og
-
-    model = og.Model(str(genai_folder(name, threads)))
-
-    def timed(ids: Any, count: int) -> tuple[float, list[float], list[int]]:
-        params = og.GeneratorParams(model)
-        total = ids.shape[1] + count
-        params.set_search_options(max_length=total, min_length=total, do_sample=False)
-        generator = og.Generator(model, params)
-        started = time.perf_counter()
-        generator.append_tokens(ids[0].tolist())
-        stamps, tokens = [], []
-        while not generator.is_done():
-            generator.generate_next_token()
-            stamps.append(time.perf_counter())
-            tokens.append(int(generator.get_next_tokens()[0]))
-        return stamps[0] - started, stamps, tokens
-
-    rows = {}
-    for length, ids in prompts.items():
-        timed(ids, 2)  # warm
-        first, stamps, tokens = timed(ids, new_tokens)
-        gaps = np.diff(stamps)
-        rows[length] = {"ttft_s": first, "tpot_s": (stamps[-1] - stamps[0]) / max(1, len(stamps) - 1), "tokens": tokens,
-                        "tpot_p50_p90_s": [float(np.percentile(gaps, 50)), float(np.percentile(gaps, 90))]}  # fmt: skip
-    return rows
-
-
 WIDTHS = {"fp32": 4, "int8": 1, "int4": 0.625}  # bytes a matrix element a token reads, by storage
 ROW_BYTES = {"int8-weights": "int8", "int4-weights": "int4"}  # kiln's precision -> its storage
 
@@ -363,7 +286,7 @@ def _spread(found: dict[str, Any]) -> str:
     return f"p50/p90 {spread[0] * 1e3:.2f}/{spread[1] * 1e3:.2f} ms" if spread else ""
 
 
-ENGINES = [*KILN_ENGINES, ACCURACY, "onnxruntime", "transformers", GENAI, *PEERS_NOT_WIRED]
+ENGINES = [*KILN_ENGINES, ACCURACY, "onnxruntime", "transformers", *PEERS]
 DEFAULT_MODELS = ("gpt2-124m",)
 
 
@@ -397,8 +320,8 @@ def run_generation(models: list[str], engines: list[str], prompts: list[int], ne
         reference: dict[str, list[int]] = {}
         for engine in engines:
             row = measured_alone(name, engine, prompts, new_tokens, threads, timeout, batch)
-            storage = "int4" if engine == GENAI else ROW_BYTES.get(KILN_ENGINES.get(engine, ""), "fp32")
-            row_bytes = found_bytes[storage]
+            storage = ROW_BYTES.get(KILN_ENGINES.get(engine, ""), "fp32")  # (a peer's: its weights file)
+            row_bytes = row.get("weight_bytes") or found_bytes[storage]
             row.update({"bandwidth_gb_s": bandwidth, "weight_bytes": row_bytes})
             for length, found in (row.get("prompts") or {}).items():
                 found["same_tokens"] = reference.setdefault(str(length), found["tokens"]) == found["tokens"]

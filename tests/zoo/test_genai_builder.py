@@ -28,7 +28,7 @@ CONTEXT = {"past_sequence_length": "0..40", "sequence_length": "1..41", "total_s
 
 
 def builder_model(name: str, precision: str):  # type: ignore[no-untyped-def]
-    from kiln.bench.generation import genai_folder
+    from kiln.bench.gen_peers import genai_folder
     from kiln.zoo import decoders
 
     path = genai_folder(name, threads=1, precision=precision) / "model.onnx"
