@@ -169,7 +169,7 @@ def openvino_genai(name: str, prompts: dict[int, Any], new_tokens: int, threads:
 
     folder = openvino_folder(name, precision)
     hint = hint or ov.Core().get_property("CPU", "INFERENCE_PRECISION_HINT").to_string()  # (its default here)
-    pipe = genai.LLMPipeline(str(folder), "CPU", INFERENCE_NUM_THREADS=threads, INFERENCE_PRECISION_HINT=hint, ATTENTION_BACKEND="SDPA")
+    pipe = genai.LLMPipeline(str(folder), "CPU", INFERENCE_NUM_THREADS=threads, INFERENCE_PRECISION_HINT=hint)
     vocab = decoders.get(name).vocab
 
     class Stamps(genai.StreamerBase):
