@@ -39,6 +39,7 @@ def compile(  # shadows the builtin on purpose: the name the architecture promis
     max_accuracy_drop: float | None = None,
     evaluation: Any = None,
     dynamic_shapes: Any = None,
+    generation: bool | None = None,
 ) -> Any:
     """Compile ``model`` (ONNX path/bytes/ModelProto, kiln Graph, or torch module + example inputs).
 
@@ -60,6 +61,9 @@ def compile(  # shadows the builtin on purpose: the name the architecture promis
     ``evaluation`` (default: the last fifth of the calibration data, kept out of calibration);
     ``max_accuracy_drop`` (1 - top-1 agreement, or rel. L2 without class scores) keeps the most
     sensitive layers in fp32 until the drop fits.
+    ``generation``: ``model`` is a decode step compiled for ``kiln.generate``; its logits are
+    computed at each row's last position only ([batch, 1, vocab]: a prompt's step skips the head's
+    product for every other position).
     Raises UnsupportedModelError listing every unsupported construct, ModelLoadError for unreadable
     files, and KilnError (TargetError) for an unknown target.
     """
@@ -72,7 +76,7 @@ def compile(  # shadows the builtin on purpose: the name the architecture promis
             target,
             example_inputs,
             dynamic_shapes,
-            options_for(options, opt_level, precision),
+            options_for(options, opt_level, precision, generation),
             dims,
             Threading.of(threads, spin),
             streams,

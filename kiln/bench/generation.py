@@ -29,6 +29,7 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 from kiln.bench.gen_peers import PEERS, run_peer
@@ -39,11 +40,48 @@ ACCURACY = "weights-accuracy"  # a row of its own: int8-weights and int4-weights
 NARROW = ("int8-weights", "int4-weights")
 
 
-def bandwidth_gb_s(megabytes: int = 512, rounds: int = 5, threads: int = 1) -> float:
-    """The machine's memory bandwidth as a decode step uses it: bytes read per second, ``threads``
-    threads each summing its share of an array far larger than the caches (NumPy's sum lets go
-    of the interpreter's lock), the best of ``rounds``. A read-only stream is what a token's
-    weights are; a copy (read + write) measures less on most machines."""
+def bandwidth_gb_s(megabytes: int = 1024, rounds: int = 5, threads: int = 1) -> float:
+    """The machine's memory bandwidth as a decode step uses it: bytes read per second (see
+    ``read_bandwidth``)."""
+    return read_bandwidth(megabytes, rounds, threads)[0]
+
+
+def read_bandwidth(megabytes: int = 1024, rounds: int = 5, threads: int = 1) -> tuple[float, str]:
+    """(GB/s, how it was measured): ``threads`` threads each reading its share of a buffer far
+    larger than the caches, the best of ``rounds`` — a C streaming kernel (``read_bandwidth.c``,
+    built for this CPU) where a C compiler is found, else NumPy's sum (slower than the memory on
+    some machines: its loop is the limit). A read-only stream is what a token's weights are."""
+    import ctypes
+    import shutil
+    import tempfile
+
+    compiler = shutil.which("cc") or shutil.which("gcc")
+    if compiler is not None:
+        with tempfile.TemporaryDirectory(prefix="kiln-bandwidth-") as folder:
+            library = Path(folder) / "libread.so"
+            source = Path(__file__).with_name("read_bandwidth.c")
+            command = [
+                compiler,
+                "-O2",
+                "-march=native",
+                "-pthread",
+                "-shared",
+                "-fPIC",
+                str(source),
+                "-o",
+                str(library),
+            ]
+            if subprocess.run(command, capture_output=True).returncode == 0:
+                probe = ctypes.CDLL(str(library)).kiln_read_bandwidth
+                probe.restype = ctypes.c_double
+                probe.argtypes = [ctypes.c_int64, ctypes.c_int, ctypes.c_int, ctypes.POINTER(ctypes.c_float)]
+                found = probe(megabytes, max(1, threads), rounds, ctypes.byref(ctypes.c_float()))
+                if found > 0:
+                    return found / 1e9, f"C streaming reads of {megabytes} MB"
+    return _numpy_read(megabytes, rounds, threads), f"NumPy sums of {megabytes} MB (no C compiler)"
+
+
+def _numpy_read(megabytes: int, rounds: int, threads: int) -> float:
     from concurrent.futures import ThreadPoolExecutor
 
     import numpy as np
@@ -179,7 +217,7 @@ def measure(name: str, engine: str, prompt_lengths: list[int], new_tokens: int, 
     precision = KILN_ENGINES.get(engine, "fp32")
     # (a batch below 8 runs as chunks of 1, the cpu target's default classes: a class of its own
     # at the batch, through the run-time sizes route, measured slower still; see the README)
-    compiled = kiln.compile(path, dims=dims, threads=threads, precision=precision)
+    compiled = kiln.compile(path, dims=dims, threads=threads, precision=precision, generation=True)
     row["compile_s"], row["dims"], row["precision"] = time.perf_counter() - started, dims, compiled.precision
     ours = engine in KILN_ENGINES
     model = compiled if ours else _Session(path, compiled.signature, threads)
@@ -308,8 +346,8 @@ def run_generation(models: list[str], engines: list[str], prompts: list[int], ne
                    timeout: float, say: Any = print, batch: int = 1) -> list[dict[str, Any]]:  # fmt: skip
     """Every (model, engine) measured alone, with the bandwidth line's figures; ``say`` gets each
     row's lines as they come."""
-    bandwidth = bandwidth_gb_s(threads=threads)
-    say(f"memory bandwidth (read, {threads} thread(s) summing a 512 MB array): {bandwidth:.1f} GB/s")
+    bandwidth, how = read_bandwidth(threads=threads)
+    say(f"memory bandwidth (read, {threads} thread(s), {how}): {bandwidth:.1f} GB/s")
     rows = []
     for name in models:
         found_bytes = weight_bytes(name)

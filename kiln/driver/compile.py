@@ -65,13 +65,29 @@ class Request:
         return to_graph_ranged(self.model, self.example_inputs, self.dynamic_shapes)
 
 
-def options_for(options: CompileOptions | None, opt_level: int | None, precision: str | None) -> CompileOptions:
-    """``options`` (default: the KILN_* overrides) with ``opt_level`` and ``precision`` applied."""
+def options_for(options: CompileOptions | None, opt_level: int | None, precision: str | None, generation: bool | None = None) -> CompileOptions:  # fmt: skip
+    """``options`` (default: the KILN_* overrides) with ``opt_level``, ``precision`` and
+    ``generation`` applied."""
     if options is None:
         options = CompileOptions.from_env(level=opt_level)
     elif opt_level is not None:
         options = options.with_(level=opt_level)
+    if generation is not None:
+        options = options.with_(generation=bool(generation))
     return options if precision is None else options.with_(precision=precision)
+
+
+def for_generation(graph: Any, options: CompileOptions) -> Any:
+    """A decode step compiled for ``kiln.generate`` (``options.generation``): its logits at each
+    row's last position only (``kiln.passes.last_position``); else ``graph`` as it is."""
+    if not options.generation:
+        return graph
+    from types import SimpleNamespace
+
+    from kiln.driver.generation import roles
+    from kiln.passes.last_position import last_position
+
+    return last_position(graph, roles(SimpleNamespace(signature=graph)).logits)
 
 
 def compile_model(request: Request) -> Any:
@@ -82,7 +98,7 @@ def compile_model(request: Request) -> Any:
     if not backend(request.target).compiles:  # unknown names: the registry's error lists every target
         if options.precision == "bf16":
             raise KilnError(f"precision bf16 is not available for target {request.target}: it computes in fp32 only")
-        return ReferenceModel(request.graph())
+        return ReferenceModel(for_generation(request.graph(), options))
     target = parse(request.target)
     if options.precision != "fp32":  # "auto" resolved here, so cache keys name what was compiled
         options = options.with_(precision=resolve_precision(options.precision, target))
@@ -98,6 +114,7 @@ def compile_model(request: Request) -> Any:
         if cached is not None:
             return cached
     graph, declared = request.imported()
+    graph = for_generation(graph, options)
     if graph.constant_bytes() >= BIG:
         return_freed(collect=True)  # the parsed file's structures, freed, leave the RSS before the copies come
     if declared:  # the model's own ranges, under what the caller gave

@@ -83,6 +83,7 @@ class CompileOptions:
     plan_cache: bool = True  # read and write the on-disk plan cache
     precision: str = "fp32"
     quantization: Quantization = field(default_factory=Quantization)  # int8's ranges and fp32 layers
+    generation: bool = False  # a decode step for kiln.generate: its logits at each row's last position only
 
     def __post_init__(self) -> None:
         if not isinstance(self.level, int) or not 0 <= self.level <= 3:
@@ -136,4 +137,5 @@ class CompileOptions:
         """What of these options changes a plan (part of the plan cache's key)."""
         key = f"O{self.level};off={','.join(sorted(self.disabled))};dbg={int(self.debug)};{self.precision}"
         quantized = self.precision == "int8" or self.quantization.ranges  # int8, or a fixed-point design's ranges
+        key += ";gen" if self.generation else ""
         return key + (f";q={self.quantization.digest()}" if quantized else "")

@@ -21,15 +21,15 @@ pytest.importorskip("onnxscript", reason="onnxscript (the 'zoo' extra) is the dy
 CONTEXT = {"past": "0..40", "new": "1..41", "total": "1..41", "batch": "1..2"}
 
 
-def compiled(name: str, exporter: str):  # type: ignore[no-untyped-def]
-    return kiln.compile(str(decoders.export(name, exporter=exporter)), dims=CONTEXT)
+def compiled(name: str, exporter: str, generation: bool = False):  # type: ignore[no-untyped-def]
+    return kiln.compile(str(decoders.export(name, exporter=exporter)), dims=CONTEXT, generation=generation)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize(("name", "exporter"), [("gpt2", "torchscript"), ("llama", "dynamo"), ("qwen2", "torchscript")])
 def test_greedy_generation_matches_transformers_token_for_token(name, exporter, monkeypatch):
     monkeypatch.setenv("KILN_PLAN_CACHE", "0")
-    model = compiled(name, exporter)
+    model = compiled(name, exporter, generation=True)  # (its logits at the last position only)
     hf = decoders.build(name).model
     compiles = plans_compiled()
     rng = np.random.default_rng(11)

@@ -1,0 +1,75 @@
+/* The machine's read bandwidth as a streaming kernel sees it: THREADS threads each summing its
+   share of a buffer far larger than the caches with the widest vector loads the compiler has
+   (-march=native), eight independent sums so the adds never wait; the best of ROUNDS. Built and
+   called by kiln.bench.generation (bandwidth_gb_s) for the generation table's bound: a NumPy
+   sum reads slower than the machine can on some (its loop, not the memory, is the limit). */
+#define _POSIX_C_SOURCE 200112L
+#include <pthread.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+typedef float vec __attribute__((vector_size(64), aligned(64)));
+
+typedef struct {
+  const vec *from;
+  size_t count;
+  float sum;
+} share;
+
+static void *reader(void *arg) {
+  share *s = (share *)arg;
+  vec a[8] = {{0}};
+  size_t i = 0;
+  for (; i + 8 <= s->count; i += 8)
+    for (int j = 0; j < 8; ++j) a[j] += s->from[i + j];
+  for (; i < s->count; ++i) a[0] += s->from[i];
+  vec t = a[0] + a[1] + a[2] + a[3] + a[4] + a[5] + a[6] + a[7];
+  float total = 0.0f;
+  for (int j = 0; j < (int)(sizeof(vec) / sizeof(float)); ++j) total += t[j];
+  s->sum = total; /* (kept: the reads cannot be dropped) */
+  return NULL;
+}
+
+static double now(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+/* bytes per second; 0 when out of memory or a thread could not start; *sink gets the sums' total */
+double kiln_read_bandwidth(int64_t megabytes, int threads, int rounds, float *sink) {
+  if (threads < 1 || threads > 256 || megabytes < 1 || rounds < 1) return 0.0;
+  const size_t bytes = (size_t)megabytes << 20, count = bytes / sizeof(vec);
+  vec *buffer = (vec *)aligned_alloc(64, count * sizeof(vec));
+  if (!buffer) return 0.0;
+  memset(buffer, 0, count * sizeof(vec)); /* (every page faulted in before the clock starts) */
+  share shares[256];
+  pthread_t ids[256];
+  double best = 1e30;
+  float total = 0.0f;
+  for (int r = 0; r < rounds; ++r) {
+    const double started = now();
+    int made = 0;
+    for (int t = 0; t < threads; ++t) {
+      const size_t lo = count * (size_t)t / (size_t)threads, hi = count * (size_t)(t + 1) / (size_t)threads;
+      shares[t] = (share){buffer + lo, hi - lo, 0.0f};
+      if (t > 0 && pthread_create(&ids[t], NULL, reader, &shares[t]) == 0) ++made;
+      else if (t > 0) break;
+    }
+    if (made != threads - 1) {
+      for (int t = 1; t <= made; ++t) pthread_join(ids[t], NULL);
+      free(buffer);
+      return 0.0;
+    }
+    reader(&shares[0]);
+    for (int t = 1; t < threads; ++t) pthread_join(ids[t], NULL);
+    const double took = now() - started;
+    best = took < best ? took : best;
+    for (int t = 0; t < threads; ++t) total += shares[t].sum;
+  }
+  free(buffer);
+  *sink = total;
+  return (double)(count * sizeof(vec)) / best;
+}
