@@ -74,7 +74,7 @@ def _weights(precision: str, w: np.ndarray) -> tuple[np.ndarray, float]:
 
     if precision == "fp32":
         return w, w.nbytes
-    bits, group, symmetric = WEIGHT_FORMATS[precision]
+    bits, group, symmetric, _ = WEIGHT_FORMATS[precision]
     if bits == 8:
         q, s = quantize_channels(w.T)
         return (q.astype(np.float32) * s[:, None]).T, w.size + 4 * w.shape[1]

@@ -33,9 +33,17 @@ from pathlib import Path
 from typing import Any
 
 from kiln.bench.gen_peers import PEERS, run_peer
+from kiln.errors import KilnError
 
 # engine -> kiln's precision
-KILN_ENGINES = {"kiln": "fp32", "kiln-int8-weights": "int8-weights", "kiln-int4-weights": "int4-weights"}
+KILN_ENGINES = {
+    "kiln": "fp32",
+    "kiln-int8-weights": "int8-weights",
+    "kiln-int4-weights": "int4-weights",
+    # (a prompt's rows in bfloat16: where the CPU has AVX512_BF16 or AMX; elsewhere the row says why not)
+    "kiln-int8-weights-bf16": "int8-weights-bf16",
+    "kiln-int4-weights-bf16": "int4-weights-bf16",
+}
 ACCURACY = "weights-accuracy"  # a row of its own: int8-weights and int4-weights against fp32 on a fixed token stream
 NARROW = ("int8-weights", "int4-weights")
 
@@ -217,7 +225,11 @@ def measure(name: str, engine: str, prompt_lengths: list[int], new_tokens: int, 
     precision = KILN_ENGINES.get(engine, "fp32")
     # (a batch below 8 runs as chunks of 1, the cpu target's default classes: a class of its own
     # at the batch, through the run-time sizes route, measured slower still; see the README)
-    compiled = kiln.compile(path, dims=dims, threads=threads, precision=precision, generation=True)
+    try:
+        compiled = kiln.compile(path, dims=dims, threads=threads, precision=precision, generation=True)
+    except KilnError as err:  # (a precision this machine cannot run: the row says why)
+        row["error"] = str(err)
+        return row
     row["compile_s"], row["dims"], row["precision"] = time.perf_counter() - started, dims, compiled.precision
     ours = engine in KILN_ENGINES
     model = compiled if ours else _Session(path, compiled.signature, threads)
@@ -303,7 +315,8 @@ def stream_logits(name: str, precision: str, length: int, threads: int) -> Any:
 
 
 WIDTHS = {"fp32": 4, "int8": 1, "int4": 0.625}  # bytes a matrix element a token reads, by storage
-ROW_BYTES = {"int8-weights": "int8", "int4-weights": "int4"}  # kiln's precision -> its storage
+# kiln's precision -> its storage
+ROW_BYTES = {"int8-weights": "int8", "int4-weights": "int4", "int8-weights-bf16": "int8", "int4-weights-bf16": "int4"}
 
 
 def weight_bytes(name: str) -> dict[str, int]:

@@ -95,14 +95,21 @@ def pack_cols_int8(matrix: np.ndarray, cols: int) -> tuple[np.ndarray, np.ndarra
 
 # the weight-only precisions: the constant weights of matrix products narrow, activations and
 # sums float32 (no calibration: what a memory-bound decode step reads is weights) -> (bits, k-steps
-# per group (0: one scale per column), symmetric). int4 groups of 32 by default (llama.cpp's Q4_0,
-# ONNX Runtime GenAI's builder), 128 the coarser choice; "-asym": a float offset per group too
-WEIGHT_FORMATS = {
+# per group (0: one scale per column), symmetric, prompt rows in bf16). int4 groups of 32 by default
+# (llama.cpp's Q4_0, ONNX Runtime GenAI's builder), 128 the coarser choice; "-asym": a float offset
+# per group too; "-bf16": a prompt's rows (a product of many rows: compute-bound) multiply the
+# weights widened to bfloat16 with the activations rounded to it, float32 sums (gemm_wbf16.c, the
+# bf16 path's kernels: AVX512_BF16 or AMX), a decode step's few rows as without it
+_FORMATS = {
     "int8-weights": (8, 0, True),
     "int4-weights": (4, 32, True),
     "int4-weights-asym": (4, 32, False),
     "int4-weights-g128": (4, 128, True),
     "int4-weights-g128-asym": (4, 128, False),
+}
+WEIGHT_FORMATS = {
+    **{name: (*form, False) for name, form in _FORMATS.items()},
+    **{f"{name}-bf16": (*form, True) for name, form in _FORMATS.items()},
 }
 W4_CHUNK = 8  # the int4 path's k-steps per 32-bit word: one nibble each (gemm_w4.c)
 

@@ -134,6 +134,7 @@ def lower_matmul_gemm(lw: Lowerer, node: Node, epilogue: Epilogue | None = None)
     stmt = GemmSpec(
         batch, rows, n, k, a_operand, b_operand, dst, m * n, n, _blocking(precision, choice), helper, precision, quant,
         finish, narrow_store(lw, out, precision), given, scales, *(narrow or (None, 0)),
+        scales is not None and WEIGHT_FORMATS[lw.precision][3],
     )  # fmt: skip
     return [engine_kernel(name, "matmul", stmt, dst, node, 2 * batch * rows * n * k, source)]
 
@@ -161,12 +162,12 @@ def _fp32_operands(lw: Lowerer, a, b, a_count: int, b_count: int, m: int, k: int
     return a_operand, b_operand
 
 
-def _weight_only(lw: Lowerer, weights, matrix: np.ndarray, form: tuple[int, int, bool]):  # type: ignore[no-untyped-def]
+def _weight_only(lw: Lowerer, weights, matrix: np.ndarray, form: tuple[int, int, bool, bool]):  # type: ignore[no-untyped-def]
     """Weight-only int8 (int4): the [K, N] weights as narrow panels of the engine's columns and
     their per-column (per-group) scales (``pack_cols_int8``, ``pack_cols_int4``), each a constant
     of the plan, quantized once. Returns the engine path, B, its scales and, for int4, the
     offsets (None: symmetric) and the group."""
-    cols, (bits, group, symmetric) = lw.target.gemm_cols, form
+    cols, (bits, group, symmetric, _) = lw.target.gemm_cols, form
     made: list[tuple] = []
 
     def quantized() -> tuple:

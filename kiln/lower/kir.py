@@ -282,6 +282,7 @@ class GemmSpec:
     scales: Buffer | None = None
     offsets: Buffer | None = None
     group: int = 0
+    prompt_bf16: bool = False  # "w8", "w4": many rows through the bf16 path's kernels (gemm_wbf16.c)
 
 
 @dataclass

@@ -41,7 +41,7 @@ TARGETS = [
 
 def dequantized(w: np.ndarray, precision: str) -> np.ndarray:
     """The float weights a prompt's rows multiply by: code x scale + offset, per group."""
-    _, group, symmetric = WEIGHT_FORMATS[precision]
+    _, group, symmetric, _ = WEIGHT_FORMATS[precision]
     codes, scales, offsets = quantize_groups(w, group, symmetric)
     dense = codes * np.repeat(scales, group, axis=0).astype(np.float64) + np.repeat(offsets, group, axis=0)
     return dense[: w.shape[0]]
@@ -51,7 +51,7 @@ def decode_product(x: np.ndarray, w: np.ndarray, precision: str) -> np.ndarray:
     """A decode step's x . W: x quantized per group (int8, scale = largest magnitude / 127, float32
     arithmetic and round-half-even as the engine's), exact integer sums with the codes, then per
     group scale_x x (scale_w x sum + offset_w x sum of the quantized x)."""
-    _, group, symmetric = WEIGHT_FORMATS[precision]
+    _, group, symmetric, _ = WEIGHT_FORMATS[precision]
     codes, scales, offsets = quantize_groups(w, group, symmetric)
     rows, k = x.shape
     padded = np.zeros((rows, codes.shape[0]), np.float32)

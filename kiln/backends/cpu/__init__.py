@@ -192,7 +192,8 @@ class CpuBackend(Backend):
         if target.isa not in ("avx512", "avx2"):
             int8 = f"the {target.name} target ({target.isa}) has no int8 path; int8 runs on the avx512 and avx2 targets"
         # (the weight-only paths, gemm_w8.c and gemm_w4.c: plain vector code, every ISA)
-        return {"fp32": "", "bf16": bf16, "int8": int8, **dict.fromkeys(WEIGHT_FORMATS, "")}
+        # (their "-bf16" forms run a prompt's rows through the bf16 path's kernels)
+        return {"fp32": "", "bf16": bf16, "int8": int8, **{f: bf16 if w[3] else "" for f, w in WEIGHT_FORMATS.items()}}
 
     def load(self, plan: Any, target: Target, parallelism: Threading) -> Loaded:
         segments = [s for s in plan.steps if hasattr(s, "kernels")]

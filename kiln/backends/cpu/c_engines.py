@@ -28,11 +28,14 @@ from kiln.lower.kir import (
 
 
 def narrow_products(body: Sequence[Stmt]) -> set[str]:
-    """The reduced-precision paths (``bf16``, ``int8``, ``w8``, ``w4``) ``body``'s engine calls use."""
+    """The reduced-precision paths (``bf16``, ``int8``, ``w8``, ``w4``, ``wbf16``) ``body``'s engine
+    calls use."""
     found: set[str] = set()
     for s in body:
         if isinstance(s, (GemmSpec, AttentionSpec)) and s.precision != "fp32":
             found.add(s.precision)
+            if isinstance(s, GemmSpec) and s.prompt_bf16:  # (gemm_wbf16.c: the bf16 kernels, both widenings)
+                found |= {"bf16", "wbf16", "w4", "w8"}
         elif isinstance(s, (For, If)):
             found |= narrow_products(s.body)
     return found
@@ -108,6 +111,8 @@ def engine_call(stmt: EngineCall, indent: str) -> list[str]:
             fields.append(("q_group", stmt.group))
         if stmt.offsets is not None:
             fields.append(("q_min", stmt.offsets.name))
+        if stmt.prompt_bf16:  # a prompt's rows through the bf16 kernels (gemm_wbf16.c)
+            fields.append(("q_wide", "kiln_gemm_wbf16_run"))
         if stmt.given is not None:  # rounded to bf16 by their producer (its Requantize)
             fields += [("h_given", stmt.given.name), ("q_given_size", stmt.given.size)]
         if stmt.requant is not None and stmt.requant.bf16:

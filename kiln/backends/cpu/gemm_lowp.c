@@ -245,6 +245,10 @@ static void kiln_lowp_tasks(void *ctx, int64_t lo, int64_t hi, int worker) {
                 for (int64_t r = 0; r < rows; ++r) memcpy(tile + r * g->ldc, block + r * 32, (size_t)cols * sizeof(float));
             }
           }
+          if (last && g->f_on) { /* a fused finish (the weight-only paths' prompt rows, gemm_wbf16.c) */
+            kiln_finish fin;
+            kiln_finish_tile(kiln_finish_at(g, m0 + ir, n0 + jr, &fin), tile, g->ldc, rows, cols);
+          }
           if (last && g->epilogue) g->epilogue(g, bt, m0 + ir, m0 + ir + rows, n0 + jr, n0 + jr + cols);
           if (last && kiln_narrow_out(g)) kiln_requantize(g, ops, bt, m0 + ir, rows, n0 + jr, cols);
         }

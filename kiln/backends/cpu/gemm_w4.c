@@ -227,6 +227,7 @@ static int kiln_w4_quantize_rows(kiln_w4_plan *p) {
 
 KILN_ENGINE void kiln_gemm_w4_run(const kiln_gemm *g) {
   if (g->M <= 0 || g->N <= 0) return;
+  if (g->q_wide && g->M >= KILN_W4_WIDEN_ROWS && g->q_wide(g, 4)) return; /* a prompt's rows in bf16 */
   const int64_t padded = (g->K + g->q_group - 1) / g->q_group * g->q_group;
   kiln_w4_plan plan = {g, (g->N + KILN_NR - 1) / KILN_NR, 1, padded, padded / g->q_group, NULL, NULL, NULL};
   /* few rows quantized (else, or out of memory for their copy: the weights dequantized per block) */

@@ -1,0 +1,78 @@
+/* The weight-only products' prompt rows in bfloat16 (included after gemm_bf16.c, gemm_w4.c and
+   gemm_w8.c, in plans compiled with an "-bf16" weight format: int8-weights-bf16, int4-weights-bf16
+   and the int4 variants).
+
+   A decode step's few rows are memory-bound: gemm_w8.c and gemm_w4.c read the narrow weights once
+   and that decides their time. A prompt's many rows are compute-bound: there the weights are
+   widened, a 32-column panel at a time, to float32 by the scales (and offsets) they were quantized
+   with, then rounded to bfloat16 k-pair panels, and the product runs on gemm_bf16.c's kernels
+   (AVX512-BF16 dot products or AMX tiles) through gemm_lowp.c's driver, activations rounded to
+   bfloat16, sums in float32, the fused finish (bias, activation) on each finished tile. The driver
+   packs B through the descriptor's float packer (pack_b): a copy of the descriptor whose packer is
+   the widening below, the original descriptor beside it for the codes. */
+
+#if KILN_NR != 32
+#error "the bf16 path packs B in 32-column panels (avx512 targets)"
+#endif
+
+typedef struct {
+  kiln_gemm g; /* first: the driver's descriptor (its pack_b gets &this->g) */
+  const kiln_gemm *source;
+  int bits;
+} kiln_wbf16;
+
+/* columns x0 .. x0 + xc (xc <= 32, one panel) of the narrow B, every k, widened to float32 at
+   dst [K][32] (columns past xc: 0) */
+static void kiln_wbf16_widen(const kiln_gemm *g, int64_t bt, int64_t x0, int64_t xc, int64_t k0, int64_t kc, float *dst) {
+  const kiln_wbf16 *w = (const kiln_wbf16 *)g;
+  const kiln_gemm *s = w->source;
+  const int64_t K = s->K, panel = x0 / KILN_NR;
+  (void)k0;
+  (void)kc;
+  float keep[KILN_NR] __attribute__((aligned(64))) = {0};
+  for (int64_t j = 0; j < xc; ++j) keep[j] = 1.0f; /* (a last panel's columns past N: 0) */
+  const kiln_vf m0 = *(const kiln_vf *)keep, m1 = *(const kiln_vf *)(keep + KILN_L);
+  if (w->bits == 8) {
+    const int64_t at = KILN_SPAN(bt * s->b_pbs + panel * K * KILN_NR, K * KILN_NR, s->b_packed_size, "B (int8 panels)");
+    const int8_t *b = (const int8_t *)s->b_low + at;
+    float cols[KILN_NR] __attribute__((aligned(64))) = {0};
+    memcpy(cols, s->q_scale + x0, (size_t)xc * sizeof(float));
+    const kiln_vf s0 = *(const kiln_vf *)cols, s1 = *(const kiln_vf *)(cols + KILN_L);
+    for (int64_t k = 0; k < K; ++k) {
+      *(kiln_vf *)(dst + k * KILN_NR) = kiln_widen8(b + k * KILN_NR) * s0;
+      *(kiln_vf *)(dst + k * KILN_NR + KILN_L) = kiln_widen8(b + k * KILN_NR + KILN_L) * s1;
+    }
+    return;
+  }
+  const int64_t group = s->q_group, groups = (K + group - 1) / group, padded = groups * group;
+  const int64_t words = padded / KILN_W4_CHUNK * KILN_NR, params = groups * KILN_NR;
+  const int64_t at = KILN_SPAN(bt * s->b_pbs + panel * words, words, s->b_packed_size, "B (int4 words)");
+  const int32_t *codes = (const int32_t *)s->b_low + at;
+  const float *scale = s->q_scale + panel * params, *offset = s->q_min ? s->q_min + panel * params : NULL;
+  for (int64_t k = 0; k < K; ++k) {
+    const int64_t q = (k / group) * KILN_NR;
+    const int32_t *word = codes + (k / KILN_W4_CHUNK) * KILN_NR;
+    const kiln_vf s0 = *(const kiln_vf *)(scale + q), s1 = *(const kiln_vf *)(scale + q + KILN_L);
+    const kiln_vf o0 = offset ? *(const kiln_vf *)(offset + q) : -8.0f * s0;
+    const kiln_vf o1 = offset ? *(const kiln_vf *)(offset + q + KILN_L) : -8.0f * s1;
+    const int shift = 4 * (int)(k % KILN_W4_CHUNK);
+    const kiln_vi w0 = *(const kiln_vi *)word, w1 = *(const kiln_vi *)(word + KILN_L);
+    /* (a last panel's columns past N hold code 0 and scale 0; masked so an offset leaves 0 too) */
+    *(kiln_vf *)(dst + k * KILN_NR) = (__builtin_convertvector((w0 >> shift) & 15, kiln_vf) * s0 + o0) * m0;
+    *(kiln_vf *)(dst + k * KILN_NR + KILN_L) = (__builtin_convertvector((w1 >> shift) & 15, kiln_vf) * s1 + o1) * m1;
+  }
+}
+
+/* a weight-only product of many rows through the bf16 kernels (g->q_wide); 0 where this CPU runs
+   the bf16 path only as portable code (then the float path of gemm_w8.c / gemm_w4.c is faster) */
+KILN_ENGINE int kiln_gemm_wbf16_run(const kiln_gemm *g, int bits) {
+  if (kiln_bf16_mode == 0) return 0;
+  kiln_wbf16 w = {*g, g, bits};
+  w.g.b_low = NULL;
+  w.g.b = NULL;
+  w.g.pack_b = kiln_wbf16_widen;
+  w.g.q_wide = NULL;
+  w.g.q_scale = NULL;
+  kiln_lowp_run(&w.g, &kiln_bf16_ops);
+  return 1;
+}
