@@ -4,6 +4,7 @@ kernel timers (``kiln.driver.profile``), the slowest kernels listed with what th
 
     python benchmarks/decode_profile.py [--model llama-1b] [--layers 2] [--vocab 2048]
                                         [--pasts 128,576] [--precision int4-weights] [--top 12] [--batch 1]
+                                        [--new 1]
 
 Prints per past length the median ms of a step and the slowest kernels (µs per step, kind, the
 graph nodes they compute): how attention and the cache grow with the context beside the weight
@@ -26,6 +27,7 @@ def main() -> int:
     parser.add_argument("--top", type=int, default=12)
     parser.add_argument("--runs", type=int, default=30)
     parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--new", type=int, default=1, help="tokens a step takes (a prompt's: --pasts 0 --new 512)")
     args = parser.parse_args()
     from kiln.driver.options import CompileOptions
     from kiln.driver.profile import profile_graph
@@ -43,7 +45,7 @@ def main() -> int:
     options = CompileOptions.from_env(precision=args.precision)
     print(f"{args.model}'s shapes, {args.layers} layers, vocabulary {args.vocab}, {args.precision}")
     for past in (int(p) for p in args.pasts.split(",")):
-        bound = specialize(graph, {"batch": args.batch, "new": 1, "past": past, "total": past + 1})
+        bound = specialize(graph, {"batch": args.batch, "new": args.new, "past": past, "total": past + args.new})
         found = profile_graph(bound, runs=args.runs, options=options)
         print(f"past {past}: a step {found.run_seconds * 1e3:.2f} ms (median of {args.runs})")
         for timed in sorted(found.kernels, key=lambda t: -t.seconds)[: args.top]:

@@ -2,7 +2,7 @@
 run, medians, GFLOP/s and ratios (kiln/ORT time; below 1: kiln is faster). Isolates the engine
 from everything else a model does.
 
-python benchmarks/gemm_shapes.py [--runs 40] [--threads 2]
+python benchmarks/gemm_shapes.py [--runs 40] [--threads 2] [--precision fp32]
 """
 
 from __future__ import annotations
@@ -25,6 +25,9 @@ SHAPES = [
     (784, 512, 128, "r50 1x1 28x28 512->128"),
     (196, 1024, 256, "r50 1x1 14x14 1024->256"),
     (49, 2048, 512, "r50 1x1 7x7 2048->512"),
+    (512, 2048, 2048, "llama-1b prompt attn proj"),
+    (512, 2048, 8192, "llama-1b prompt mlp up"),
+    (512, 8192, 2048, "llama-1b prompt mlp down"),
 ]
 
 
@@ -48,6 +51,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=40)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--precision", default="fp32", help="kiln's (fp32, bf16, int8-weights-bf16, ...)")
     args = parser.parse_args()
     import kiln
     from kiln.bench.scenarios import median_latency_ms
@@ -61,7 +65,10 @@ def main() -> None:
     for m, k, n, what in SHAPES:
         proto, feeds = model(m, k, n)
         flops = 2 * m * k * n
-        kiln_s = median_latency_ms(kiln.compile(proto, threads=args.threads).run, feeds, args.runs) / 1e3
+        kiln_s = (
+            median_latency_ms(kiln.compile(proto, threads=args.threads, precision=args.precision).run, feeds, args.runs)
+            / 1e3
+        )
         line = f"{what:>28} {flops / kiln_s / 1e9:10.1f}"
         if ort is not None:
             options = ort.SessionOptions()

@@ -260,7 +260,9 @@ static void kiln_lowp_tasks(void *ctx, int64_t lo, int64_t hi, int worker) {
 #endif
 }
 
-static void kiln_lowp_run(const kiln_gemm *g, const kiln_lowp_ops *ops) {
+/* `shared`: bytes up to which an operand several tasks would convert or pack again is converted
+   or packed once, shared (KILN_SHARED_LIMIT; more where packing is dear: gemm_wbf16.c's widening) */
+static void kiln_lowp_run_shared(const kiln_gemm *g, const kiln_lowp_ops *ops, int64_t shared) {
   const int64_t M = g->M, N = g->N, K = g->K, kp = kiln_round_up(K, ops->kunit), es = ops->esize;
   int threads = kiln_pool_threads();
   if (kiln_in_pool()) threads = 1;
@@ -289,7 +291,7 @@ static void kiln_lowp_run(const kiln_gemm *g, const kiln_lowp_ops *ops) {
   static _Thread_local float *shared_a, *shared_b;
   static _Thread_local int64_t have_a, have_b;
   const int64_t slabs = (M + 31) / 32, size_a = g->batch * slabs * 32 * kp * es;
-  if (!g->a_low && !plan.a_given && tiles_n > 1 && size_a <= KILN_SHARED_LIMIT) {
+  if (!g->a_low && !plan.a_given && tiles_n > 1 && size_a <= shared) {
     char *rows = (char *)kiln_scratch(&shared_a, &have_a, (size_a + 3) / 4);
     if (rows) {
       plan.a_rows = rows;
@@ -298,7 +300,7 @@ static void kiln_lowp_run(const kiln_gemm *g, const kiln_lowp_ops *ops) {
     }
   }
   const int64_t panels = (N + 31) / 32, size_b = g->batch * panels * kp * 32 * es;
-  if (!g->b_low && tiles_m > 1 && size_b <= KILN_SHARED_LIMIT) {
+  if (!g->b_low && tiles_m > 1 && size_b <= shared) {
     char *packed = (char *)kiln_scratch(&shared_b, &have_b, (size_b + 3) / 4);
     if (packed) {
       plan.b_panels = packed;
@@ -308,6 +310,8 @@ static void kiln_lowp_run(const kiln_gemm *g, const kiln_lowp_ops *ops) {
   }
   kiln_parallel_for(0, tasks, 1, workers, kiln_lowp_tasks, &plan);
 }
+
+static void kiln_lowp_run(const kiln_gemm *g, const kiln_lowp_ops *ops) { kiln_lowp_run_shared(g, ops, KILN_SHARED_LIMIT); }
 
 
 /* -- the direct convolution: no im2col ------------------------------------------------------

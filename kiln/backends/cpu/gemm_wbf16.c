@@ -73,6 +73,8 @@ KILN_ENGINE int kiln_gemm_wbf16_run(const kiln_gemm *g, int bits) {
   w.g.pack_b = kiln_wbf16_widen;
   w.g.q_wide = NULL;
   w.g.q_scale = NULL;
-  kiln_lowp_run(&w.g, &kiln_bf16_ops);
+  /* (B widened once and shared by the M blocks up to 64 MB: a 2048 x 8192 layer's bf16 panels are
+     32 MB, above the usual limit, and each M block widening them again cost a fifth of the time) */
+  kiln_lowp_run_shared(&w.g, &kiln_bf16_ops, (int64_t)64 << 20);
   return 1;
 }
