@@ -133,21 +133,37 @@ def prompts_for(name: str, lengths: list[int], batch: int = 1) -> dict[int, Any]
     return {n: np.random.default_rng(n).integers(0, vocab, (batch, n)).astype(np.int64) for n in lengths}
 
 
-def _timed_stream(model: Any, ids: Any, new_tokens: int) -> tuple[float, float, list[int], list[float]]:
+def _timed_stream(model: Any, ids: Any, new_tokens: int) -> tuple[float, float, list[int], list[float], float]:
     """(seconds to the first token, seconds per token after it, the tokens, the p50 and p90 of
-    the gaps between tokens) of kiln's loop."""
+    the gaps between tokens, the loop's own seconds per token: a gap less its step's ``run``) of
+    kiln's loop."""
     import numpy as np
 
     from kiln.driver import generation
 
-    started = time.perf_counter()
-    stamps, tokens = [], []
-    for token in generation.stream(model, ids, new_tokens):
-        stamps.append(time.perf_counter())
-        tokens.append(int(token[0]))
+    run, inside = model.run, []
+
+    def timed(feeds: Any, outputs: Any = None) -> Any:
+        began = time.perf_counter()
+        try:
+            return run(feeds, outputs)
+        finally:
+            inside.append(time.perf_counter() - began)
+
+    model.run = timed
+    try:
+        started = time.perf_counter()
+        stamps, tokens = [], []
+        for token in generation.stream(model, ids, new_tokens):
+            stamps.append(time.perf_counter())
+            tokens.append(int(token[0]))
+    finally:
+        del model.run  # (the class's own again)
     gaps = np.diff(stamps) if len(stamps) > 1 else np.zeros(1)
     spread = [float(np.percentile(gaps, 50)), float(np.percentile(gaps, 90))]
-    return stamps[0] - started, (stamps[-1] - stamps[0]) / max(1, len(stamps) - 1), tokens, spread
+    steps = len(stamps) - 1
+    loop = (stamps[-1] - stamps[0] - sum(inside[len(inside) - steps :])) / steps if steps else 0.0
+    return stamps[0] - started, (stamps[-1] - stamps[0]) / max(1, steps), tokens, spread, loop
 
 
 class _Session:
@@ -246,8 +262,9 @@ def measure(name: str, engine: str, prompt_lengths: list[int], new_tokens: int, 
     for length, ids in prompts.items():
         _timed_stream(model, ids, 2)  # warm: the first calls fault the weights in
         before = plans_compiled()
-        first, per_token, tokens, spread = _timed_stream(model, ids, new_tokens)
-        row["prompts"][length] = {"ttft_s": first, "tpot_s": per_token, "tokens": tokens, "tpot_p50_p90_s": spread}
+        first, per_token, tokens, spread, loop = _timed_stream(model, ids, new_tokens)
+        row["prompts"][length] = {"ttft_s": first, "tpot_s": per_token, "tokens": tokens, "tpot_p50_p90_s": spread,
+                                  "loop_s": loop}  # fmt: skip
         row["prompts"][length]["compiles"] = plans_compiled() - before  # (0: one compile served it all)
     row["peak_rss_mb"] = peak_rss_bytes() / 1e6
     return row
@@ -358,7 +375,8 @@ def measured_alone(name: str, engine: str, prompts: list[int], new_tokens: int, 
 def run_generation(models: list[str], engines: list[str], prompts: list[int], new_tokens: int, threads: int,
                    timeout: float, say: Any = print, batch: int = 1) -> list[dict[str, Any]]:  # fmt: skip
     """Every (model, engine) measured alone, with the bandwidth line's figures; ``say`` gets each
-    row's lines as they come."""
+    row's lines as they come. The read bandwidth is measured again beside each row (before and
+    after it: a shared machine's moves between rows), and a row's bound is over the larger."""
     bandwidth, how = read_bandwidth(threads=threads)
     say(f"memory bandwidth (read, {threads} thread(s), {how}): {bandwidth:.1f} GB/s")
     rows = []
@@ -370,10 +388,18 @@ def run_generation(models: list[str], engines: list[str], prompts: list[int], ne
             f"int4 {weights4 / 1e6:.0f} MB, {bandwidth * 1e9 / weights4:.1f} tokens/s")  # fmt: skip
         reference: dict[str, list[int]] = {}
         for engine in engines:
+            before = read_bandwidth(rounds=3, threads=threads)[0]
             row = measured_alone(name, engine, prompts, new_tokens, threads, timeout, batch)
+            after = read_bandwidth(rounds=3, threads=threads)[0]
             storage = ROW_BYTES.get(KILN_ENGINES.get(engine, ""), "fp32")  # (a peer's: its weights file)
             row_bytes = row.get("weight_bytes") or found_bytes[storage]
-            row.update({"bandwidth_gb_s": bandwidth, "weight_bytes": row_bytes})
+            row.update(
+                {
+                    "bandwidth_gb_s": max(before, after),
+                    "bandwidth_around_gb_s": [before, after],
+                    "weight_bytes": row_bytes,
+                }
+            )
             for length, found in (row.get("prompts") or {}).items():
                 found["same_tokens"] = reference.setdefault(str(length), found["tokens"]) == found["tokens"]
             rows.append(row)
@@ -410,20 +436,25 @@ def row_lines(row: dict[str, Any]) -> list[str]:
     for length, found in row["prompts"].items():
         rate, share = _rates(row, found)
         lines.append(f"{engine:<20} prompt {_prompt(row, length):>5}: TTFT {found['ttft_s'] * 1e3:8.1f} ms, {found['tpot_s'] * 1e3:7.2f} ms/token "
-                     f"{_spread(found)}, {rate:6.1f} tokens/s ({share:.2f} of its bound), peak {row.get('peak_rss_mb', 0):.0f} MB, "
-                     f"same tokens {found.get('same_tokens', '-')}, compiles {found.get('compiles', '-')}")  # fmt: skip
+                     f"{_spread(found)}, {rate:6.1f} tokens/s ({share:.2f} of its bound at {row['bandwidth_gb_s']:.1f} GB/s), peak {row.get('peak_rss_mb', 0):.0f} MB, "
+                     f"same tokens {found.get('same_tokens', '-')}, compiles {found.get('compiles', '-')}{_loop(found)}")  # fmt: skip
     return lines
+
+
+def _loop(found: dict[str, Any]) -> str:
+    """kiln's loop's own time a token (a step's gap less its run), where measured."""
+    return f", loop {found['loop_s'] * 1e6:.0f} µs/token" if "loop_s" in found else ""
 
 
 def markdown(rows: list[dict[str, Any]]) -> str:
     """The rows as the report's table."""
-    lines = ["| model | engine | prompt | TTFT ms | ms / token (p50 / p90) | tokens/s | of its bound | peak RSS MB | same tokens | compiles |",
-             "|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    lines = ["| model | engine | prompt | TTFT ms | ms / token (p50 / p90) | tokens/s | of its bound | peak RSS MB | same tokens | compiles | loop µs / token |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for row in rows:
         if row.get("error") or row["engine"] == ACCURACY:
             lines.append(
                 f"| {row['model']} | {row['engine']} | "
-                + " | ".join([row_lines(row)[0][21:].strip()] + [""] * 7)
+                + " | ".join([row_lines(row)[0][21:].strip()] + [""] * 8)
                 + " |"
             )
             continue
@@ -431,9 +462,10 @@ def markdown(rows: list[dict[str, Any]]) -> str:
             rate, share = _rates(row, found)
             given = found.get("tpot_p50_p90_s")  # (transformers' generate: no per-token stamps)
             spread = f"{given[0] * 1e3:.2f} / {given[1] * 1e3:.2f}" if given else "- / -"
+            loop = f"{found['loop_s'] * 1e6:.0f}" if "loop_s" in found else "-"  # (kiln's loop only)
             lines.append(f"| {row['model']} | {row['engine']} | {_prompt(row, length)} | {found['ttft_s'] * 1e3:.1f} | {found['tpot_s'] * 1e3:.2f} "
                          f"({spread}) | {rate:.1f} | {share:.2f} | {row.get('peak_rss_mb', 0):,.0f} | "
-                         f"{found.get('same_tokens', '-')} | {found.get('compiles', '-')} |")  # fmt: skip
+                         f"{found.get('same_tokens', '-')} | {found.get('compiles', '-')} | {loop} |")  # fmt: skip
     return "\n".join(lines) + "\n"
 
 

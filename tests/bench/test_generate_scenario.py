@@ -27,6 +27,7 @@ def test_generate_scenario_measures_kiln_with_one_compile(tmp_path):
         found = kiln_row["prompts"][length]
         assert len(found["tokens"]) == 4 and found["ttft_s"] > 0 and found["tpot_s"] > 0
         assert found["compiles"] == 0, "one compile serves every prompt length and token"
+        assert 0 <= found["loop_s"] < found["tpot_s"], found  # (the loop's own share of a token's time)
     assert kiln_row["bandwidth_gb_s"] > 0 and kiln_row["weight_bytes"] > 0
     report = (folder / "report.md").read_text()
     assert "| gpt2 | kiln | 4 |" in report and "| gpt2 | kiln | 9 |" in report
