@@ -129,7 +129,12 @@ def lower_matmul_gemm(lw: Lowerer, node: Node, epilogue: Epilogue | None = None)
                 return [*batch_position(Binary("/", i, i64(m)), batch_shape), Binary("%", i, i64(m)), j]
             return [*batch_position(bt, batch_shape), i, j]
 
-        helper = epilogue_helper(lw, name, dst, position_of, flat_of, epilogue, None, tile=_tile(precision))
+        # (a weight-only product whose prompt rows run the bf16 kernels: their 32 x 32 blocks are
+        # where an epilogue's time goes; a decode step's row or two take the general loop)
+        wide = scales is not None and WEIGHT_FORMATS[lw.precision][3]
+        helper = epilogue_helper(
+            lw, name, dst, position_of, flat_of, epilogue, None, tile=_tile("bf16" if wide else precision)
+        )
     finish = tile_finish(lw, epilogue, None, out_shape, None, len(out_shape) - 1) if helper is not None else None
     stmt = GemmSpec(
         batch, rows, n, k, a_operand, b_operand, dst, m * n, n, _blocking(precision, choice), helper, precision, quant,

@@ -80,7 +80,7 @@ def test_a_head_read_by_another_output_is_left_as_it_is():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("name", "exporter"), [("llama", "dynamo"), ("gpt2", "torchscript"), ("qwen2", "torchscript")])
+@pytest.mark.parametrize(("name", "exporter"), [("llama", "dynamo"), ("gpt2", "torchscript")])  # (qwen2: test_generate)
 def test_a_decode_step_compiled_for_generation_gives_the_last_row_and_the_same_cache(name, exporter, monkeypatch):
     pytest.importorskip("transformers", reason="transformers (the 'zoo' extra) defines the decoders")
     from kiln.driver.generation import roles
