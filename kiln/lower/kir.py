@@ -358,6 +358,9 @@ class AttentionSpec:
     epilogue: Function | None = None
     safe: bool = False  # a row whose softmax is NaN (all scores -inf: fully masked) gives zeros
     precision: str = "fp32"  # "bf16": Q . K^T and P . V on the engine's bf16 path (softmax in float32)
+    # fp32 with a weight format's "-bf16": a prompt's many query rows on the bf16 path, a decode
+    # step's few as fp32 (kiln_gemm_wide_run, gemm_wbf16.c)
+    wide: bool = False
 
 
 EngineCall = GemmSpec | WinogradInput | WinogradOutput | AttentionSpec

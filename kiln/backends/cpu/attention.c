@@ -36,7 +36,12 @@ typedef struct {
 static int kiln_attention_direct(const kiln_attention_job *job, const float *q, const float *kt, float *s) {
   const int64_t LQ = job->LQ, LK = job->LK, D = job->D;
   const kiln_view qv = job->qv, kv = job->kv, vv = job->vv;
-  if (LQ > KILN_ATTENTION_FEW || job->product != kiln_gemm_run || qv.cs != 1 || kv.rs != 1 || vv.cs != 1)
+#ifdef KILN_HAVE_WIDE
+  const int float_rows = job->product == kiln_gemm_run || job->product == kiln_gemm_wide_run; /* (few rows: float32) */
+#else
+  const int float_rows = job->product == kiln_gemm_run;
+#endif
+  if (LQ > KILN_ATTENTION_FEW || !float_rows || qv.cs != 1 || kv.rs != 1 || vv.cs != 1)
     return 0;
   for (int64_t i = 0; i < LQ; ++i) {
     const float *row = q + i * qv.rs;

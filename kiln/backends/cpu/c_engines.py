@@ -36,6 +36,8 @@ def narrow_products(body: Sequence[Stmt]) -> set[str]:
             found.add(s.precision)
             if isinstance(s, GemmSpec) and s.prompt_bf16:  # (gemm_wbf16.c: the bf16 kernels, both widenings)
                 found |= {"bf16", "wbf16", "w4", "w8"}
+        if isinstance(s, AttentionSpec) and s.wide:
+            found |= {"bf16", "wbf16", "w4", "w8"}
         elif isinstance(s, (For, If)):
             found |= narrow_products(s.body)
     return found
@@ -138,7 +140,8 @@ def engine_call(stmt: EngineCall, indent: str) -> list[str]:
             args += [operand.buffer.name, operand.buffer.size, operand.inner, operand.outer_stride,
                      operand.inner_stride, operand.row_stride, operand.col_stride]  # fmt: skip
         args += [stmt.scores.name, stmt.threads, int(stmt.safe), "&g"]
-        args.append("kiln_gemm_bf16_run" if stmt.precision == "bf16" else "kiln_gemm_run")
+        wide = "kiln_gemm_wide_run" if stmt.wide else "kiln_gemm_run"  # (gemm_wbf16.c: by the rows)
+        args.append("kiln_gemm_bf16_run" if stmt.precision == "bf16" else wide)
         lines.append(f"{indent}  kiln_attention({', '.join(str(a) for a in args)});")
     lines.append(f"{indent}}}")
     return lines

@@ -190,6 +190,7 @@ KILN_ENGINE void kiln_gemm_int8_run(const kiln_gemm *g);
 KILN_ENGINE void kiln_gemm_w8_run(const kiln_gemm *g);
 KILN_ENGINE void kiln_gemm_w4_run(const kiln_gemm *g);
 KILN_ENGINE int kiln_gemm_wbf16_run(const kiln_gemm *g, int bits);
+KILN_ENGINE void kiln_gemm_wide_run(const kiln_gemm *g);
 KILN_ENGINE void kiln_winograd_in(int m, const float *x, float *v, int64_t N, int64_t C, int64_t H, int64_t W, int64_t PT,
                                   int64_t PL, int64_t TH, int64_t TW);
 KILN_ENGINE void kiln_winograd_out(int m, const float *mm, float *y, const float *bias, int64_t N, int64_t O, int64_t OH,

@@ -63,6 +63,16 @@ static void kiln_wbf16_widen(const kiln_gemm *g, int64_t bt, int64_t x0, int64_t
   }
 }
 
+/* an activations' product (attention's) in a plan with "-bf16": many rows on the bf16 path, a
+   decode step's few in float32 (as the weight-only products' rows) */
+#define KILN_HAVE_WIDE 1
+KILN_ENGINE void kiln_gemm_wide_run(const kiln_gemm *g) {
+  if (g->M >= 2 * KILN_MR && kiln_bf16_mode != 0)
+    kiln_gemm_bf16_run(g);
+  else
+    kiln_gemm_run(g);
+}
+
 /* a weight-only product of many rows through the bf16 kernels (g->q_wide); 0 where this CPU runs
    the bf16 path only as portable code (then the float path of gemm_w8.c / gemm_w4.c is faster) */
 KILN_ENGINE int kiln_gemm_wbf16_run(const kiln_gemm *g, int bits) {
