@@ -12,11 +12,11 @@ bytes, over 4-bit codes and a float32 scale per 32): the decode-step ONNX compil
 for the context (``past``, ``new`` and ``total`` ranges), ``kiln.generate_stream``'s loop, the
 prompt in one step. onnxruntime: the same ONNX file through the same loop (the step's cost is the
 engine's; the loop is kiln's). transformers: eager ``generate`` with its own cache (TTFT: the
-prompt's forward; per token: the rest). onnxruntime-genai: ONNX Runtime GenAI's own loop on what its
-model builder writes at int4 from the same weights (its bound over 4-bit weights and their scales).
-The other peers a user would run for generation (llama.cpp's ``llama-cpp-python``, OpenVINO GenAI)
-are rows that say "not installed" where their package is absent, and that their converters are not
-wired yet where present. Each engine's
+prompt's forward; per token: the rest). The peers through their own loops (``kiln.bench.gen_peers``:
+ONNX Runtime GenAI's builder int4, OpenVINO GenAI int8/int4, llama.cpp Q8_0/Q4_0), each bound over
+its weights file's bytes, rows that say "not installed" where their package is absent. kiln's rows
+also report the loop's own time a token (the per-token Python cost), and each row's bound is over
+the read bandwidth measured beside it. Each engine's
 tokens are compared with the first engine's (greedy: the same weights give the same tokens, up to
 near-ties).
 """
