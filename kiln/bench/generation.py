@@ -239,10 +239,10 @@ def measure(name: str, engine: str, prompt_lengths: list[int], new_tokens: int, 
     dims = context_dims(name, max(prompt_lengths), new_tokens, batch)
     started = time.perf_counter()
     precision = KILN_ENGINES.get(engine, "fp32")
-    # (a batch below 8 runs as chunks of 1, the cpu target's default classes: a class of its own
-    # at the batch, through the run-time sizes route, measured slower still; see the README)
     try:
         compiled = kiln.compile(path, dims=dims, threads=threads, precision=precision, generation=True)
+        if batch > 1 and engine in KILN_ENGINES:  # the batch a size class of its own: one step runs
+            compiled.declare(dims, {"batch": f"1,{batch}"})  # every row (else chunks of the class 1)
     except KilnError as err:  # (a precision this machine cannot run: the row says why)
         row["error"] = str(err)
         return row
@@ -256,6 +256,7 @@ def measure(name: str, engine: str, prompt_lengths: list[int], new_tokens: int, 
         from kiln.driver.routes import dim_routes
 
         row["routes"] = {k: route for k, (route, _) in dim_routes(compiled).items()}
+        row["size_classes"] = {k: list(v) for k, v in compiled.size_classes.items()}
     from kiln.driver.variants import plans_compiled
 
     row["prompts"] = {}
