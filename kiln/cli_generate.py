@@ -70,8 +70,6 @@ def generate_command(
     dims = _context_dims(longest, batch)
     started = time.perf_counter()
     compiled = kiln.compile(str(path), dims=dims, precision=precision, generation=True)
-    if batch > 1:  # the batch a size class of its own: a step runs every prompt at once
-        compiled.declare(dims, {"batch": f"1,{batch}"})
     compile_s = time.perf_counter() - started
     vocab = _vocab(compiled)
     ids = np.random.default_rng(seed).integers(0, vocab, (batch, prompt_tokens)).astype(np.int64)

@@ -240,9 +240,9 @@ def measure(name: str, engine: str, prompt_lengths: list[int], new_tokens: int, 
     started = time.perf_counter()
     precision = KILN_ENGINES.get(engine, "fp32")
     try:
+        # (a batch below 8 runs as chunks of the cpu target's class 1: a class of its own at the
+        # batch, declared, measured slower still at 1B; see the README)
         compiled = kiln.compile(path, dims=dims, threads=threads, precision=precision, generation=True)
-        if batch > 1 and engine in KILN_ENGINES:  # the batch a size class of its own: one step runs
-            compiled.declare(dims, {"batch": f"1,{batch}"})  # every row (else chunks of the class 1)
     except KilnError as err:  # (a precision this machine cannot run: the row says why)
         row["error"] = str(err)
         return row

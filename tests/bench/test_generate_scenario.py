@@ -79,8 +79,8 @@ def test_a_batch_of_prompts_is_a_table_of_its_own(tmp_path):
     (folder,) = out.iterdir()
     one, two = [json.loads(line) for line in (folder / "generate.jsonl").read_text().splitlines()]
     assert (one["batch"], two["batch"]) == (1, 2) and two["dims"]["batch"] == "1..2"
-    # (the batch a size class of its own: a step runs both rows at once, not as chunks of 1)
-    assert two["routes"]["batch"] == "chunked" and two["size_classes"]["batch"] == [1, 2], two
+    # (the cpu target's default classes inside 1..2: chunks of 1; none declared)
+    assert two["routes"]["batch"] == "chunked" and two["size_classes"] == {}, two
     assert (
         len(two["prompts"]["4"]["tokens"]) == 4
         and two["prompts"]["4"]["compiles"] == two["prompts"]["9"]["compiles"] == 0
