@@ -78,12 +78,12 @@ def generate_command(
         pass
     warm_up_s = time.perf_counter() - started
     stamps: list[float] = []
-    running = _timed_runs(compiled)
-    started = time.perf_counter()
-    steps = []
-    for token in generation.stream(compiled, ids, new_tokens, temperature, top_k, top_p, seed):
-        steps.append(token)
-        stamps.append(time.perf_counter())
+    with generation.run_seconds(compiled) as running:
+        started = time.perf_counter()
+        steps = []
+        for token in generation.stream(compiled, ids, new_tokens, temperature, top_k, top_p, seed):
+            steps.append(token)
+            stamps.append(time.perf_counter())
     total = stamps[-1] - started if stamps else 0.0
     first = stamps[0] - started if stamps else 0.0
     per_token = (stamps[-1] - stamps[0]) / (len(stamps) - 1) if len(stamps) > 1 else float("nan")
@@ -123,22 +123,6 @@ def _vocab(compiled) -> int:  # type: ignore[no-untyped-def]
     logits = next(v for v in compiled.signature.outputs if v.name == roles(compiled).logits)
     vocab = logits.type.shape[-1]
     return vocab if isinstance(vocab, int) else 2
-
-
-def _timed_runs(compiled) -> list[float]:  # type: ignore[no-untyped-def]
-    """Wrap ``compiled.run`` to add each call's seconds to the list returned (the model's share of a step)."""
-    running: list[float] = []
-    run = compiled.run
-
-    def timed(feeds, outputs=None):  # type: ignore[no-untyped-def]
-        started = time.perf_counter()
-        try:
-            return run(feeds, outputs)
-        finally:
-            running.append(time.perf_counter() - started)
-
-    compiled.run = timed
-    return running
 
 
 def _context_dims(longest: int, batch: int) -> dict[str, str]:

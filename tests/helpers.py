@@ -36,6 +36,25 @@ FLOAT = TensorProto.FLOAT
 INT64 = TensorProto.INT64
 
 
+def linear_layer(rng: np.random.Generator, k: int, n: int, tail: str, rows: str = "rows") -> tuple:
+    """x [rows, k] . w + b, then ``tail``: "relu" (the engine's finish, in registers) or "square"
+    (Relu then x * x: a generated epilogue); w and b drawn from ``rng``. Returns (model, w,
+    finish), ``finish(h)`` the layer's output from the product h = x . w."""
+    w = rng.standard_normal((k, n)).astype(np.float32)
+    b = rng.standard_normal(n).astype(np.float32)
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["h"]), helper.make_node("Add", ["h", "b"], ["a"])]
+    nodes.append(helper.make_node("Relu", ["a"], ["y" if tail == "relu" else "r"]))
+    if tail == "square":
+        nodes.append(helper.make_node("Mul", ["r", "r"], ["y"]))
+    model = make_model(nodes, [("x", FLOAT, [rows, k])], [("y", FLOAT, [rows, n])], {"w": w, "b": b})
+
+    def finish(h: np.ndarray) -> np.ndarray:
+        y = np.maximum(h + b, 0)
+        return y * y if tail == "square" else y
+
+    return model, w, finish
+
+
 def write_signed_artifact(members: dict[str, bytes], path) -> None:
     """A .kiln artifact of ``members`` with its manifest signed again, as an attacker who knows
     the format would write one (the manifest detects damage, not malice)."""

@@ -24,6 +24,7 @@ near-ties).
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import subprocess
@@ -34,6 +35,7 @@ from typing import Any
 
 from kiln.bench.gen_peers import PEERS, run_peer
 from kiln.errors import KilnError
+from kiln.lower.engine import WEIGHT_FORMATS
 
 # engine -> kiln's precision
 KILN_ENGINES = {
@@ -60,33 +62,36 @@ def read_bandwidth(megabytes: int = 1024, rounds: int = 5, threads: int = 1) -> 
     built for this CPU) where a C compiler is found, else NumPy's sum (slower than the memory on
     some machines: its loop is the limit). A read-only stream is what a token's weights are."""
     import ctypes
+
+    probe = _read_probe()
+    if probe is not None:
+        found = probe(megabytes, max(1, threads), rounds, ctypes.byref(ctypes.c_float()))
+        if found > 0:
+            return found / 1e9, f"C streaming reads of {megabytes} MB"
+    return _numpy_read(megabytes, rounds, threads), f"NumPy sums of {megabytes} MB (no C compiler)"
+
+
+@functools.cache
+def _read_probe() -> Any:
+    """``read_bandwidth.c``'s kernel built for this CPU and loaded, once a process (None: no C
+    compiler, or it did not build)."""
+    import ctypes
     import shutil
     import tempfile
 
     compiler = shutil.which("cc") or shutil.which("gcc")
-    if compiler is not None:
-        with tempfile.TemporaryDirectory(prefix="kiln-bandwidth-") as folder:
-            library = Path(folder) / "libread.so"
-            source = Path(__file__).with_name("read_bandwidth.c")
-            command = [
-                compiler,
-                "-O2",
-                "-march=native",
-                "-pthread",
-                "-shared",
-                "-fPIC",
-                str(source),
-                "-o",
-                str(library),
-            ]
-            if subprocess.run(command, capture_output=True).returncode == 0:
-                probe = ctypes.CDLL(str(library)).kiln_read_bandwidth
-                probe.restype = ctypes.c_double
-                probe.argtypes = [ctypes.c_int64, ctypes.c_int, ctypes.c_int, ctypes.POINTER(ctypes.c_float)]
-                found = probe(megabytes, max(1, threads), rounds, ctypes.byref(ctypes.c_float()))
-                if found > 0:
-                    return found / 1e9, f"C streaming reads of {megabytes} MB"
-    return _numpy_read(megabytes, rounds, threads), f"NumPy sums of {megabytes} MB (no C compiler)"
+    if compiler is None:
+        return None
+    with tempfile.TemporaryDirectory(prefix="kiln-bandwidth-") as folder:  # (loaded: the file may go)
+        library = Path(folder) / "libread.so"
+        source = Path(__file__).with_name("read_bandwidth.c")
+        flags = ["-O2", "-march=native", "-pthread", "-shared", "-fPIC"]
+        if subprocess.run([compiler, *flags, str(source), "-o", str(library)], capture_output=True).returncode != 0:
+            return None
+        probe = ctypes.CDLL(str(library)).kiln_read_bandwidth
+    probe.restype = ctypes.c_double
+    probe.argtypes = [ctypes.c_int64, ctypes.c_int, ctypes.c_int, ctypes.POINTER(ctypes.c_float)]
+    return probe
 
 
 def _numpy_read(megabytes: int, rounds: int, threads: int) -> float:
@@ -141,24 +146,12 @@ def _timed_stream(model: Any, ids: Any, new_tokens: int) -> tuple[float, float, 
 
     from kiln.driver import generation
 
-    run, inside = model.run, []
-
-    def timed(feeds: Any, outputs: Any = None) -> Any:
-        began = time.perf_counter()
-        try:
-            return run(feeds, outputs)
-        finally:
-            inside.append(time.perf_counter() - began)
-
-    model.run = timed
-    try:
+    with generation.run_seconds(model) as inside:
         started = time.perf_counter()
         stamps, tokens = [], []
         for token in generation.stream(model, ids, new_tokens):
             stamps.append(time.perf_counter())
             tokens.append(int(token[0]))
-    finally:
-        del model.run  # (the class's own again)
     gaps = np.diff(stamps) if len(stamps) > 1 else np.zeros(1)
     spread = [float(np.percentile(gaps, 50)), float(np.percentile(gaps, 90))]
     steps = len(stamps) - 1
@@ -333,8 +326,8 @@ def stream_logits(name: str, precision: str, length: int, threads: int) -> Any:
 
 
 WIDTHS = {"fp32": 4, "int8": 1, "int4": 0.625}  # bytes a matrix element a token reads, by storage
-# kiln's precision -> its storage
-ROW_BYTES = {"int8-weights": "int8", "int4-weights": "int4", "int8-weights-bf16": "int8", "int4-weights-bf16": "int4"}
+# kiln's precision -> its storage (a weight format's bits)
+ROW_BYTES = {name: f"int{form[0]}" for name, form in WEIGHT_FORMATS.items()}
 
 
 def weight_bytes(name: str) -> dict[str, int]:

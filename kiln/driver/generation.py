@@ -26,7 +26,9 @@ lengths: one call per length).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -218,4 +220,24 @@ def _context(model: Any, found: StepRoles) -> int | None:
     return ranges[symbol][1] if isinstance(symbol, str) and symbol in ranges else None
 
 
-__all__ = ["StepRoles", "generate", "pick", "roles", "stream"]
+@contextmanager
+def run_seconds(model: Any) -> Iterator[list[float]]:
+    """Inside, each ``model.run`` call's seconds appended to the list yielded (the model's share
+    of a step; a gap between tokens less it is the loop's own); ``model.run`` restored after."""
+    run, seconds = model.run, []
+
+    def timed(feeds: Any, outputs: Any = None) -> Any:
+        began = time.perf_counter()
+        try:
+            return run(feeds, outputs)
+        finally:
+            seconds.append(time.perf_counter() - began)
+
+    model.run = timed
+    try:
+        yield seconds
+    finally:
+        del model.run  # (the class's own again)
+
+
+__all__ = ["StepRoles", "generate", "pick", "roles", "run_seconds", "stream"]

@@ -14,14 +14,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from onnx import helper
 
 import kiln
 from kiln.backends.cpu import features
 from kiln.driver.options import CompileOptions
 from kiln.lower.engine import WEIGHT_FORMATS, pack_cols_int4, quantize_groups
 from kiln.lower.kir import engine_calls
-from tests.helpers import FLOAT, make_model
+from tests.helpers import linear_layer
 
 RNG = np.random.default_rng(4)
 FORMS = ["int4-weights", "int4-weights-asym", "int4-weights-g128", "int4-weights-g128-asym"]
@@ -66,21 +65,8 @@ def decode_product(x: np.ndarray, w: np.ndarray, precision: str) -> np.ndarray:
 
 
 def linear(k: int, n: int, tail: str) -> tuple:
-    """x [rows, k] . w + b, then ``tail``: "relu" (finished in the engine's registers) or "square"
-    (Relu then x * x: a generated epilogue)."""
-    w = RNG.standard_normal((k, n)).astype(np.float32)
-    b = RNG.standard_normal(n).astype(np.float32)
-    nodes = [helper.make_node("MatMul", ["x", "w"], ["h"]), helper.make_node("Add", ["h", "b"], ["a"])]
-    nodes.append(helper.make_node("Relu", ["a"], ["y" if tail == "relu" else "r"]))
-    if tail == "square":
-        nodes.append(helper.make_node("Mul", ["r", "r"], ["y"]))
-    model = make_model(nodes, [("x", FLOAT, ["rows", k])], [("y", FLOAT, ["rows", n])], {"w": w, "b": b})
-
-    def finish(h: np.ndarray) -> np.ndarray:
-        y = np.maximum(h + b, 0)
-        return y * y if tail == "square" else y
-
-    return model, w, finish
+    """x [rows, k] . w + b, then ``tail`` (``tests.helpers.linear_layer``): (model, w, finish)."""
+    return linear_layer(RNG, k, n, tail)
 
 
 @pytest.mark.parametrize("target", TARGETS)

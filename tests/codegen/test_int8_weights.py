@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from onnx import helper
 
 import kiln
 from kiln.backends import parse
@@ -19,7 +18,7 @@ from kiln.driver.pipeline import resolve_precision
 from kiln.errors import KilnError
 from kiln.lower.engine import quantize_channels
 from kiln.lower.kir import kernel_precision
-from tests.helpers import FLOAT, make_model
+from tests.helpers import linear_layer
 
 RNG = np.random.default_rng(8)
 
@@ -43,19 +42,12 @@ def quantized(w: np.ndarray) -> np.ndarray:
 
 
 def linear(k: int, n: int, tail: str) -> tuple:
-    """x [batch, k] . w + b, then ``tail``: "relu" (the engine's finish in registers) or "square"
-    (Relu then x * x: a generated epilogue)."""
-    w = RNG.standard_normal((k, n)).astype(np.float32)
-    b = RNG.standard_normal(n).astype(np.float32)
-    nodes = [helper.make_node("MatMul", ["x", "w"], ["h"]), helper.make_node("Add", ["h", "b"], ["a"])]
-    nodes.append(helper.make_node("Relu", ["a"], ["y" if tail == "relu" else "r"]))
-    if tail == "square":
-        nodes.append(helper.make_node("Mul", ["r", "r"], ["y"]))
-    model = make_model(nodes, [("x", FLOAT, ["batch", k])], [("y", FLOAT, ["batch", n])], {"w": w, "b": b})
+    """x [batch, k] . w + b, then ``tail`` (``tests.helpers.linear_layer``): the model and its
+    expected output from the int8 weights' own products."""
+    model, w, finish = linear_layer(RNG, k, n, tail, rows="batch")
 
     def expected(x: np.ndarray) -> np.ndarray:
-        y = np.maximum(x.astype(np.float64) @ quantized(w).astype(np.float64) + b, 0)
-        return y * y if tail == "square" else y
+        return finish(x.astype(np.float64) @ quantized(w).astype(np.float64))
 
     return model, expected
 

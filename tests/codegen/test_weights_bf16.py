@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from onnx import helper
 
 import kiln
 from kiln.backends.cpu import features
@@ -18,7 +17,7 @@ from kiln.driver.options import CompileOptions
 from kiln.errors import KilnError
 from kiln.lower.engine import WEIGHT_FORMATS, pack_cols_int8, quantize_groups
 from kiln.lower.kir import engine_calls
-from tests.helpers import FLOAT, make_model
+from tests.helpers import linear_layer
 
 RNG = np.random.default_rng(8)
 FORMS = ["int8-weights-bf16", "int4-weights-bf16", "int4-weights-g128-asym-bf16"]
@@ -46,19 +45,7 @@ def widened(w: np.ndarray, precision: str) -> np.ndarray:
 
 
 def linear(k: int, n: int, tail: str) -> tuple:
-    w = RNG.standard_normal((k, n)).astype(np.float32)
-    b = RNG.standard_normal(n).astype(np.float32)
-    nodes = [helper.make_node("MatMul", ["x", "w"], ["h"]), helper.make_node("Add", ["h", "b"], ["a"])]
-    nodes.append(helper.make_node("Relu", ["a"], ["y" if tail == "relu" else "r"]))
-    if tail == "square":
-        nodes.append(helper.make_node("Mul", ["r", "r"], ["y"]))
-    model = make_model(nodes, [("x", FLOAT, ["rows", k])], [("y", FLOAT, ["rows", n])], {"w": w, "b": b})
-
-    def finish(h: np.ndarray) -> np.ndarray:
-        y = np.maximum(h + b, 0)
-        return y * y if tail == "square" else y
-
-    return model, w, finish
+    return linear_layer(RNG, k, n, tail)
 
 
 @needs_bf16

@@ -128,6 +128,21 @@ static void kiln_w4_tile(const kiln_w4_plan *p, int64_t mr, int64_t nr, int64_t 
   }
 }
 
+/* k-step k of a panel's codes widened to float32 at dst (its NR columns): code x scale + offset (a
+   symmetric group's offset -8 x scale); a last panel's columns past N hold code, scale and offset
+   0, so 0 (this path's prompt rows and gemm_wbf16.c's) */
+static inline __attribute__((always_inline)) void kiln_w4_widen_step(const int32_t *codes, const float *scale, const float *offset, int64_t group, int64_t k, float *dst) {
+  const int64_t at = (k / group) * KILN_NR;
+  const int32_t *word = codes + (k / KILN_W4_CHUNK) * KILN_NR;
+  const kiln_vf s0 = *(const kiln_vf *)(scale + at), s1 = *(const kiln_vf *)(scale + at + KILN_L);
+  const kiln_vf o0 = offset ? *(const kiln_vf *)(offset + at) : -8.0f * s0;
+  const kiln_vf o1 = offset ? *(const kiln_vf *)(offset + at + KILN_L) : -8.0f * s1;
+  const int shift = 4 * (int)(k % KILN_W4_CHUNK);
+  const kiln_vi w0 = *(const kiln_vi *)word, w1 = *(const kiln_vi *)(word + KILN_L);
+  *(kiln_vf *)dst = __builtin_convertvector((w0 >> shift) & 15, kiln_vf) * s0 + o0;
+  *(kiln_vf *)(dst + KILN_L) = __builtin_convertvector((w1 >> shift) & 15, kiln_vf) * s1 + o1;
+}
+
 /* many rows (a prompt's): each KC-deep block of the panel dequantized once into float32 (what the
    float micro-kernel streams), then every row of A multiplied by it, read in place */
 static void kiln_w4_panel_rows(const kiln_w4_plan *p, int64_t bt, const int32_t *w, const float *scale, const float *offset, int64_t n0, int64_t nr) {
@@ -139,17 +154,7 @@ static void kiln_w4_panel_rows(const kiln_w4_plan *p, int64_t bt, const int32_t 
   float *panel = kiln_scratch(&block, &have, kblock * KILN_NR);
   for (int64_t k0 = 0; k0 < K; k0 += kblock) {
     const int64_t kc = K - k0 < kblock ? K - k0 : kblock;
-    for (int64_t q = 0; q < kc; ++q) {
-      const int64_t k = k0 + q, at = (k / group) * KILN_NR;
-      const int32_t *word = w + (k / KILN_W4_CHUNK) * KILN_NR;
-      const kiln_vf s0 = *(const kiln_vf *)(scale + at), s1 = *(const kiln_vf *)(scale + at + KILN_L);
-      const kiln_vf o0 = offset ? *(const kiln_vf *)(offset + at) : -8.0f * s0;
-      const kiln_vf o1 = offset ? *(const kiln_vf *)(offset + at + KILN_L) : -8.0f * s1;
-      const int shift = 4 * (int)(k % KILN_W4_CHUNK);
-      const kiln_vi w0 = *(const kiln_vi *)word, w1 = *(const kiln_vi *)(word + KILN_L);
-      *(kiln_vf *)(panel + q * KILN_NR) = __builtin_convertvector((w0 >> shift) & 15, kiln_vf) * s0 + o0;
-      *(kiln_vf *)(panel + q * KILN_NR + KILN_L) = __builtin_convertvector((w1 >> shift) & 15, kiln_vf) * s1 + o1;
-    }
+    for (int64_t q = 0; q < kc; ++q) kiln_w4_widen_step(w, scale, offset, group, k0 + q, panel + q * KILN_NR);
     kiln_block_rows(g, bt, panel, k0, kc, n0, nr);
   }
 }

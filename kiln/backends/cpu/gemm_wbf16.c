@@ -29,9 +29,6 @@ static void kiln_wbf16_widen(const kiln_gemm *g, int64_t bt, int64_t x0, int64_t
   const int64_t K = s->K, panel = x0 / KILN_NR;
   (void)k0;
   (void)kc;
-  float keep[KILN_NR] __attribute__((aligned(64))) = {0};
-  for (int64_t j = 0; j < xc; ++j) keep[j] = 1.0f; /* (a last panel's columns past N: 0) */
-  const kiln_vf m0 = *(const kiln_vf *)keep, m1 = *(const kiln_vf *)(keep + KILN_L);
   if (w->bits == 8) {
     const int64_t at = KILN_SPAN(bt * s->b_pbs + panel * K * KILN_NR, K * KILN_NR, s->b_packed_size, "B (int8 panels)");
     const int8_t *b = (const int8_t *)s->b_low + at;
@@ -49,18 +46,7 @@ static void kiln_wbf16_widen(const kiln_gemm *g, int64_t bt, int64_t x0, int64_t
   const int64_t at = KILN_SPAN(bt * s->b_pbs + panel * words, words, s->b_packed_size, "B (int4 words)");
   const int32_t *codes = (const int32_t *)s->b_low + at;
   const float *scale = s->q_scale + panel * params, *offset = s->q_min ? s->q_min + panel * params : NULL;
-  for (int64_t k = 0; k < K; ++k) {
-    const int64_t q = (k / group) * KILN_NR;
-    const int32_t *word = codes + (k / KILN_W4_CHUNK) * KILN_NR;
-    const kiln_vf s0 = *(const kiln_vf *)(scale + q), s1 = *(const kiln_vf *)(scale + q + KILN_L);
-    const kiln_vf o0 = offset ? *(const kiln_vf *)(offset + q) : -8.0f * s0;
-    const kiln_vf o1 = offset ? *(const kiln_vf *)(offset + q + KILN_L) : -8.0f * s1;
-    const int shift = 4 * (int)(k % KILN_W4_CHUNK);
-    const kiln_vi w0 = *(const kiln_vi *)word, w1 = *(const kiln_vi *)(word + KILN_L);
-    /* (a last panel's columns past N hold code 0 and scale 0; masked so an offset leaves 0 too) */
-    *(kiln_vf *)(dst + k * KILN_NR) = (__builtin_convertvector((w0 >> shift) & 15, kiln_vf) * s0 + o0) * m0;
-    *(kiln_vf *)(dst + k * KILN_NR + KILN_L) = (__builtin_convertvector((w1 >> shift) & 15, kiln_vf) * s1 + o1) * m1;
-  }
+  for (int64_t k = 0; k < K; ++k) kiln_w4_widen_step(codes, scale, offset, group, k, dst + k * KILN_NR);
 }
 
 /* an activations' product (attention's) in a plan with "-bf16": many rows on the bf16 path, a
