@@ -202,7 +202,7 @@ def _attention_driver(lw: Lowerer, node: Node, compose, batch_shape, sizes, buff
     # bf16 compiles take the products of attention to the bf16 path too (the avx512 targets'
     # 32-column panels; softmax and the chain stay float32); int8 compiles keep them float32
     precision = "bf16" if lw.precision == "bf16" and lw.target.gemm_cols == 32 else "fp32"
-    wide = lw.precision in WEIGHT_FORMATS and WEIGHT_FORMATS[lw.precision][3] and lw.target.gemm_cols == 32
+    wide = lw.precision in WEIGHT_FORMATS and bool(WEIGHT_FORMATS[lw.precision][3]) and lw.target.gemm_cols == 32
     call = AttentionSpec(batch, queries, keys, depth, width, *operands, scores, threads, helper, safe, precision, wide)
     return Kernel(
         name,

@@ -95,11 +95,14 @@ def pack_cols_int8(matrix: np.ndarray, cols: int) -> tuple[np.ndarray, np.ndarra
 
 # the weight-only precisions: the constant weights of matrix products narrow, activations and
 # sums float32 (no calibration: what a memory-bound decode step reads is weights) -> (bits, k-steps
-# per group (0: one scale per column), symmetric, prompt rows in bf16). int4 groups of 32 by default
-# (llama.cpp's Q4_0, ONNX Runtime GenAI's builder), 128 the coarser choice; "-asym": a float offset
-# per group too; "-bf16": a prompt's rows (a product of many rows: compute-bound) multiply the
-# weights widened to bfloat16 with the activations rounded to it, float32 sums (gemm_wbf16.c, the
-# bf16 path's kernels: AVX512_BF16 or AMX), a decode step's few rows as without it
+# per group (0: one scale per column), symmetric, the format of a prompt's rows: "" (float32),
+# "bf16" or "int8"). int4 groups of 32 by default (llama.cpp's Q4_0, ONNX Runtime GenAI's builder),
+# 128 the coarser choice; "-asym": a float offset per group too. A prompt's rows (a product of many
+# rows: compute-bound), a decode step's few rows as without a suffix: "-bf16": the weights widened
+# to bfloat16, the activations rounded to it, float32 sums (gemm_wbf16.c, the bf16 path's kernels:
+# AVX512_BF16 or AMX); "-a8": the activations quantized to int8 per row as the product runs (the
+# row's range, no calibration), the weights widened to int8 per column, exact int32 sums
+# (gemm_wa8.c, the int8 path's kernels: AVX512-VNNI, AVX-VNNI or AMX-INT8)
 _FORMATS = {
     "int8-weights": (8, 0, True),
     "int4-weights": (4, 32, True),
@@ -107,9 +110,9 @@ _FORMATS = {
     "int4-weights-g128": (4, 128, True),
     "int4-weights-g128-asym": (4, 128, False),
 }
+PROMPT_SUFFIXES = {"": "", "-bf16": "bf16", "-a8": "int8"}
 WEIGHT_FORMATS = {
-    **{name: (*form, False) for name, form in _FORMATS.items()},
-    **{f"{name}-bf16": (*form, True) for name, form in _FORMATS.items()},
+    f"{name}{suffix}": (*form, prompt) for suffix, prompt in PROMPT_SUFFIXES.items() for name, form in _FORMATS.items()
 }
 W4_CHUNK = 8  # the int4 path's k-steps per 32-bit word: one nibble each (gemm_w4.c)
 

@@ -131,15 +131,15 @@ def lower_matmul_gemm(lw: Lowerer, node: Node, epilogue: Epilogue | None = None)
 
         # (a weight-only product whose prompt rows run the bf16 kernels: their 32 x 32 blocks are
         # where an epilogue's time goes; a decode step's row or two take the general loop)
-        wide = scales is not None and WEIGHT_FORMATS[lw.precision][3]
+        wide = scales is not None and bool(WEIGHT_FORMATS[lw.precision][3])
         helper = epilogue_helper(
-            lw, name, dst, position_of, flat_of, epilogue, None, tile=_tile("bf16" if wide else precision)
+            lw, name, dst, position_of, flat_of, epilogue, None, tile=_tile(WEIGHT_FORMATS[lw.precision][3] if wide else precision)
         )
     finish = tile_finish(lw, epilogue, None, out_shape, None, len(out_shape) - 1) if helper is not None else None
     stmt = GemmSpec(
         batch, rows, n, k, a_operand, b_operand, dst, m * n, n, _blocking(precision, choice), helper, precision, quant,
         finish, narrow_store(lw, out, precision), given, scales, *(narrow or (None, 0)),
-        scales is not None and WEIGHT_FORMATS[lw.precision][3],
+        WEIGHT_FORMATS[lw.precision][3] if scales is not None else "",
     )  # fmt: skip
     return [engine_kernel(name, "matmul", stmt, dst, node, 2 * batch * rows * n * k, source)]
 

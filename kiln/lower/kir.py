@@ -282,7 +282,8 @@ class GemmSpec:
     scales: Buffer | None = None
     offsets: Buffer | None = None
     group: int = 0
-    prompt_bf16: bool = False  # "w8", "w4": many rows through the bf16 path's kernels (gemm_wbf16.c)
+    # "w8", "w4": the format many rows run in: "bf16" (gemm_wbf16.c), "int8" (gemm_wa8.c), "" (float32)
+    prompt: str = ""
 
 
 @dataclass
@@ -358,8 +359,8 @@ class AttentionSpec:
     epilogue: Function | None = None
     safe: bool = False  # a row whose softmax is NaN (all scores -inf: fully masked) gives zeros
     precision: str = "fp32"  # "bf16": Q . K^T and P . V on the engine's bf16 path (softmax in float32)
-    # fp32 with a weight format's "-bf16": a prompt's many query rows on the bf16 path, a decode
-    # step's few as fp32 (kiln_gemm_wide_run, gemm_wbf16.c)
+    # fp32 with a weight format's "-bf16" or "-a8": a prompt's many query rows on the bf16 path
+    # (where the CPU has one), a decode step's few as fp32 (kiln_gemm_wide_run, gemm_wbf16.c)
     wide: bool = False
 
 

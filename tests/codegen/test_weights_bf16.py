@@ -65,7 +65,7 @@ def test_prompt_rows_are_bf16_products_of_the_widened_codes(target, precision, k
     plain = finish(x.astype(np.float64) @ widened(w, precision).astype(np.float64))
     assert np.linalg.norm(y - plain) > 2e-4 * np.linalg.norm(plain)
     calls = [c for p in compiled.plans for s in p.steps for k in getattr(s, "kernels", []) for c in engine_calls(k)]
-    assert [(c.precision[:2], c.prompt_bf16) for c in calls] == [(("w8" if "int8" in precision else "w4"), True)]
+    assert [(c.precision[:2], c.prompt) for c in calls] == [(("w8" if "int8" in precision else "w4"), "bf16")]
 
 
 @needs_bf16

@@ -191,9 +191,14 @@ class CpuBackend(Backend):
         int8 = ""
         if target.isa not in ("avx512", "avx2"):
             int8 = f"the {target.name} target ({target.isa}) has no int8 path; int8 runs on the avx512 and avx2 targets"
-        # (the weight-only paths, gemm_w8.c and gemm_w4.c: plain vector code, every ISA)
-        # (their "-bf16" forms run a prompt's rows through the bf16 path's kernels)
-        return {"fp32": "", "bf16": bf16, "int8": int8, **{f: bf16 if w[3] else "" for f, w in WEIGHT_FORMATS.items()}}
+        a8 = int8
+        if not a8 and features.int8_path(target.isa, target.native)[0] < features.INT8_PATHS["avx-vnni"]:
+            a8 = (f"the {target.name} target's int8 code runs {features.int8_path(target.isa, target.native)[1]} "
+                  "here; the -a8 formats need VNNI or AMX-INT8 (their bytes would saturate AVX2's VPMADDUBSW)")  # fmt: skip
+        # (the weight-only paths, gemm_w8.c and gemm_w4.c: plain vector code, every ISA; their
+        # "-bf16" and "-a8" forms run a prompt's rows through the bf16 or int8 path's kernels)
+        prompt = {"": "", "bf16": bf16, "int8": a8}
+        return {"fp32": "", "bf16": bf16, "int8": int8, **{f: prompt[w[3]] for f, w in WEIGHT_FORMATS.items()}}
 
     def load(self, plan: Any, target: Target, parallelism: Threading) -> Loaded:
         segments = [s for s in plan.steps if hasattr(s, "kernels")]

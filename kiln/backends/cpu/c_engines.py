@@ -34,8 +34,10 @@ def narrow_products(body: Sequence[Stmt]) -> set[str]:
     for s in body:
         if isinstance(s, (GemmSpec, AttentionSpec)) and s.precision != "fp32":
             found.add(s.precision)
-            if isinstance(s, GemmSpec) and s.prompt_bf16:  # (gemm_wbf16.c: the bf16 kernels, both widenings)
+            if isinstance(s, GemmSpec) and s.prompt == "bf16":  # (gemm_wbf16.c: the bf16 kernels, both widenings)
                 found |= {"bf16", "wbf16", "w4", "w8"}
+            if isinstance(s, GemmSpec) and s.prompt == "int8":  # (gemm_wa8.c: the int8 kernels, both widenings)
+                found |= {"int8", "wa8", "w4", "w8"}
         if isinstance(s, AttentionSpec) and s.wide:
             found |= {"bf16", "wbf16", "w4", "w8"}
         elif isinstance(s, (For, If)):
@@ -113,8 +115,8 @@ def engine_call(stmt: EngineCall, indent: str) -> list[str]:
             fields.append(("q_group", stmt.group))
         if stmt.offsets is not None:
             fields.append(("q_min", stmt.offsets.name))
-        if stmt.prompt_bf16:  # a prompt's rows through the bf16 kernels (gemm_wbf16.c)
-            fields.append(("q_wide", "kiln_gemm_wbf16_run"))
+        if stmt.prompt:  # a prompt's rows through the bf16 or int8 kernels (gemm_wbf16.c, gemm_wa8.c)
+            fields.append(("q_wide", {"bf16": "kiln_gemm_wbf16_run", "int8": "kiln_gemm_wa8_run"}[stmt.prompt]))
         if stmt.given is not None:  # rounded to bf16 by their producer (its Requantize)
             fields += [("h_given", stmt.given.name), ("q_given_size", stmt.given.size)]
         if stmt.requant is not None and stmt.requant.bf16:

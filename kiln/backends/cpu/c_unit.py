@@ -174,7 +174,7 @@ def linked_engine(source: str) -> tuple[str, ...] | None:
     if found is None:
         return None
     paths = tuple(p for p in found.group(1).split(",") if p)
-    if not set(paths) <= {"bf16", "int8", "wbf16", *WEIGHT_ONLY}:
+    if not set(paths) <= {"bf16", "int8", "wbf16", "wa8", *WEIGHT_ONLY}:
         raise ValueError(f"unknown engine paths {paths} in a generated unit")
     return paths
 
@@ -190,6 +190,7 @@ KILN_ENGINE void kiln_gemm_int8_run(const kiln_gemm *g);
 KILN_ENGINE void kiln_gemm_w8_run(const kiln_gemm *g);
 KILN_ENGINE void kiln_gemm_w4_run(const kiln_gemm *g);
 KILN_ENGINE int kiln_gemm_wbf16_run(const kiln_gemm *g, int bits);
+KILN_ENGINE int kiln_gemm_wa8_run(const kiln_gemm *g, int bits);
 KILN_ENGINE void kiln_gemm_wide_run(const kiln_gemm *g);
 KILN_ENGINE void kiln_winograd_in(int m, const float *x, float *v, int64_t N, int64_t C, int64_t H, int64_t W, int64_t PT,
                                   int64_t PL, int64_t TH, int64_t TW);

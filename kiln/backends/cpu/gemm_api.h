@@ -39,8 +39,9 @@ struct kiln_gemm {
   /* int4 weights (gemm_w4.c): k-steps per group of B's codes, each group's offsets (NULL:
      symmetric, -8 x its scale) beside its scales (q_scale) */
   const float *q_min; int64_t q_group;
-  /* weight-only int8 (int4) compiled with "-bf16": many rows through the bf16 kernels
-     (gemm_wbf16.c's kiln_gemm_wbf16_run, given `bits`); returns 0 where it did not run them */
+  /* weight-only int8 (int4) compiled with "-bf16" or "-a8": many rows through the bf16 or int8
+     kernels (gemm_wbf16.c's kiln_gemm_wbf16_run, gemm_wa8.c's kiln_gemm_wa8_run, given `bits`);
+     returns 0 where it did not run them */
   int (*q_wide)(const kiln_gemm *g, int bits);
   float q_inv; int32_t q_zero, q_max;
   const uint8_t *q_source; /* B's float activations quantized once, same indexing as b (gemm_int8.c) */

@@ -247,7 +247,8 @@ static void kiln_int8_block(const kiln_gemm *g, const void *av, int64_t lda, con
 }
 
 /* int32 sums to float32: (sum + offset[ch]) * scale[ch] */
-static void kiln_int8_finish(const kiln_gemm *g, const void *cv, int64_t ldc, int64_t rows, int64_t cols, int64_t i0, int64_t j0, float *out, int64_t ldo) {
+static void kiln_int8_finish(const kiln_gemm *g, int64_t bt, const void *cv, int64_t ldc, int64_t rows, int64_t cols, int64_t i0, int64_t j0, float *out, int64_t ldo) {
+  (void)bt; /* (the channels' scales: the same for every batch element) */
   const int32_t *c = (const int32_t *)cv;
   if (rows == 32 && cols == 32 && ldc == 32) { /* a whole block from the scratch: constant trip counts */
     for (int r = 0; r < 32; ++r) {

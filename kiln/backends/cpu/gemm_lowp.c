@@ -27,8 +27,8 @@ typedef struct {
   /* C block (16 or 32 rows x 32) (+)= A slab . B chunk over kc; c row stride ldc elements */
   void (*block)(const kiln_gemm *g, const void *a, int64_t lda, const void *b, int64_t kc, void *c, int64_t ldc, int64_t rows, int accumulate);
   /* a finished block's sums (at c, stride ldc) as float32 at out (stride ldo), rows x cols whose
-     first element is C[i0][j0]; NULL: the sums already are the float32 results */
-  void (*finish)(const kiln_gemm *g, const void *c, int64_t ldc, int64_t rows, int64_t cols, int64_t i0, int64_t j0, float *out, int64_t ldo);
+     first element is C[bt][i0][j0]; NULL: the sums already are the float32 results */
+  void (*finish)(const kiln_gemm *g, int64_t bt, const void *c, int64_t ldc, int64_t rows, int64_t cols, int64_t i0, int64_t j0, float *out, int64_t ldo);
   int (*uses_amx)(void);
   /* the direct convolution: padded row ph of image bt's channels-last copy (Wp pixels x cp
      channels) at dst; and a 32 x 32 block over every tap at once, the sums kept in registers or
@@ -217,7 +217,7 @@ static void kiln_lowp_tasks(void *ctx, int64_t lo, int64_t hi, int worker) {
             if (last) {
               float finished[32 * 32] __attribute__((aligned(64)));
               if (ops->finish)
-                ops->finish(g, block, 32, rows, cols, m0 + ir, n0 + jr, finished, 32);
+                ops->finish(g, bt, block, 32, rows, cols, m0 + ir, n0 + jr, finished, 32);
               else
                 for (int64_t r = 0; r < rows; ++r) memcpy(finished + r * 32, block + r * 32, (size_t)cols * sizeof(float));
               kiln_store_quantized(g, ops, finished, 32, bt, m0 + ir, rows, n0 + jr, cols);
@@ -229,18 +229,18 @@ static void kiln_lowp_tasks(void *ctx, int64_t lo, int64_t hi, int worker) {
             KILN_SPAN(bt * g->c_bs + (m0 + ir) * g->ldc + n0 + jr, 31 * g->ldc + 32, g->c_size, "C");
             float *block = edges + (ir / 32) * 32 * 32;
             ops->block(g, aslab, kp, bchunk, kc, block, 32, 32, 0);
-            ops->finish(g, block, 32, 32, 32, m0 + ir, n0 + jr, tile, g->ldc);
+            ops->finish(g, bt, block, 32, 32, 32, m0 + ir, n0 + jr, tile, g->ldc);
           } else if (rows == 32 && cols == 32) {
             KILN_SPAN(bt * g->c_bs + (m0 + ir) * g->ldc + n0 + jr, 31 * g->ldc + 32, g->c_size, "C");
             ops->block(g, aslab, kp, bchunk, kc, tile, g->ldc, 32, !first);
-            if (last && ops->finish) ops->finish(g, tile, g->ldc, 32, 32, m0 + ir, n0 + jr, tile, g->ldc);
+            if (last && ops->finish) ops->finish(g, bt, tile, g->ldc, 32, 32, m0 + ir, n0 + jr, tile, g->ldc);
           } else {
             float *block = edges + (ir / 32) * 32 * 32;
             ops->block(g, aslab, kp, bchunk, kc, block, 32, amx ? (rows <= 16 ? 16 : 32) : kiln_round_up(rows, 8), !first);
             if (last) {
               KILN_SPAN(bt * g->c_bs + (m0 + ir) * g->ldc + n0 + jr, (rows - 1) * g->ldc + cols, g->c_size, "C");
               if (ops->finish)
-                ops->finish(g, block, 32, rows, cols, m0 + ir, n0 + jr, tile, g->ldc);
+                ops->finish(g, bt, block, 32, rows, cols, m0 + ir, n0 + jr, tile, g->ldc);
               else
                 for (int64_t r = 0; r < rows; ++r) memcpy(tile + r * g->ldc, block + r * 32, (size_t)cols * sizeof(float));
             }

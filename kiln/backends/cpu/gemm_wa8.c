@@ -1,0 +1,287 @@
+/* The weight-only products' prompt rows in int8 (included after gemm_int8.c, gemm_w4.c and
+   gemm_w8.c, in plans compiled with an "-a8" weight format: int8-weights-a8, int4-weights-a8 and
+   the int4 variants).
+
+   A prompt's many rows are compute-bound, and an int8 dot product (VPDPBUSD, AMX-INT8) does twice
+   the multiplies of a bf16 one an instruction. Each row of A is quantized when the product runs,
+   symmetric, to int8 in [-127, 127] with its own scale (the row's largest magnitude / 127: the
+   activations' dynamic range is a run-time fact, no calibration); the weights, widened a 32-column
+   panel at a time to unsigned bytes: int8 codes as they are (their column scales kept), int4 codes
+   re-quantized per column to int8 over the column's range (its groups' scales and offsets give it
+   exactly). The sums are exact int32 (gemm_int8.c's kernels, B the unsigned operand: w + 128), and
+   a finished block is C = (sum - 128 x the row's code sum) x row scale x column scale, then the
+   fused finish (bias, activation) or the epilogue. A decode step's few rows take the plain format's
+   path, bit for bit. Runs where this CPU has a VNNI or AMX-INT8 kernel (else returns 0: the float
+   path); the generated code's kiln_gemm_w8_run / kiln_gemm_w4_run call it through g->q_wide. */
+
+#if 32 % KILN_NR != 0
+#error "the int8 prompt path widens whole weight panels into 32-column ones"
+#endif
+
+typedef struct {
+  kiln_gemm g; /* first: the driver's descriptor (its ops get &this->g) */
+  const kiln_gemm *source;
+  int bits;
+  const float *col_scale;    /* [N (rounded up to 32)] the widened weights' column scales */
+  const float *col_inv;      /* [N (rounded up to 32)] 1 / col_scale (0 where it is 0) */
+  const float *row_scale;    /* [batch][M] the activations' row scales (NaN: a row with inf or NaN) */
+  const int32_t *row_offset; /* [batch][M] -128 x the row's codes' sum (undoes B's + 128) */
+} kiln_wa8;
+
+/* the largest |weight| of each int4 column over its groups (codes 0 and 15 at scale s, offset o
+   reach o and 15 s + o: the group's minimum and maximum, which asymmetric quantization maps there;
+   symmetric: -8 s, the group's largest magnitude): x / 127 is its int8 scale */
+static void kiln_wa8_int4_scales(const kiln_gemm *s, float *out) {
+  const int64_t groups = (s->K + s->q_group - 1) / s->q_group, panels = (s->N + KILN_NR - 1) / KILN_NR;
+  for (int64_t p = 0; p < panels; ++p)
+    for (int64_t j = 0; j < KILN_NR; ++j) {
+      float top = 0.0f;
+      for (int64_t q = 0; q < groups; ++q) {
+        const int64_t at = (p * groups + q) * KILN_NR + j;
+        const float scale = s->q_scale[at], offset = s->q_min ? s->q_min[at] : -8.0f * scale;
+        const float lo = __builtin_fabsf(offset), hi = __builtin_fabsf(15.0f * scale + offset);
+        top = lo > top ? lo : top;
+        top = hi > top ? hi : top;
+      }
+      out[p * KILN_NR + j] = top / 127.0f;
+    }
+}
+
+/* a vector rounded to the nearest integer, ties to even */
+static inline __attribute__((always_inline)) kiln_vf kiln_wa8_rint(kiln_vf v) {
+#if defined(__AVX512F__) && KILN_VB == 64
+  return (kiln_vf)_mm512_roundscale_ps((__m512)v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+#elif defined(__AVX__) && KILN_VB == 32
+  return (kiln_vf)_mm256_round_ps((__m256)v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+#else
+  for (int i = 0; i < KILN_L; ++i) v[i] = __builtin_nearbyintf(v[i]);
+  return v;
+#endif
+}
+
+/* n (a multiple of KILN_L) floats x times inv (a vector's worth of multipliers, or a single one:
+   step 0), rounded, clamped to [-127, 127] (NaN: 0), as bytes; returns their sum */
+static inline int32_t kiln_wa8_bytes(const float *x, int64_t x_step, const float *inv, int64_t inv_step, int64_t n, int8_t *out) {
+  typedef int8_t kiln_vb8 __attribute__((vector_size(KILN_L)));
+  const kiln_vf top = (kiln_vf){0} + 127.0f, low = (kiln_vf){0} - 127.0f, zero = {0};
+  kiln_vi sum = {0};
+  for (int64_t i = 0; i < n; i += KILN_L) {
+    const kiln_vf scale = inv_step ? *(const kiln_vfu *)(inv + i) : (kiln_vf){0} + inv[0];
+    kiln_vf v;
+    if (x_step == 1)
+      v = *(const kiln_vfu *)(x + i) * scale;
+    else
+      for (int l = 0; l < KILN_L; ++l) v[l] = x[(i + l) * x_step] * scale[l];
+    v = kiln_select(v == v, v, zero);
+    v = kiln_select(v > top, top, v);
+    v = kiln_select(v < low, low, v);
+    const kiln_vi q = __builtin_convertvector(kiln_wa8_rint(v), kiln_vi);
+    sum += q;
+    const kiln_vb8 bytes = __builtin_convertvector(q, kiln_vb8);
+    memcpy(out + i, &bytes, sizeof bytes);
+  }
+  int32_t total = 0;
+  for (int l = 0; l < KILN_L; ++l) total += sum[l];
+  return total;
+}
+
+/* four k-steps' int32 values (each in [-127, 127]) of KILN_L columns as their k-quads: column j's
+   bytes + 128 in one 32-bit lane, k in byte order (the int8 kernels' B layout) */
+static inline __attribute__((always_inline)) void kiln_wa8_store_quads(kiln_vi x0, kiln_vi x1, kiln_vi x2, kiln_vi x3, uint8_t *out) {
+  const kiln_vi bytes = (kiln_vi){0} + 255;
+  const kiln_vi quad = (x0 & bytes) | ((x1 & bytes) << 8) | ((x2 & bytes) << 16) | ((x3 & bytes) << 24);
+  const kiln_vi flipped = quad ^ ((kiln_vi){0} + (int32_t)0x80808080u);
+  memcpy(out, &flipped, sizeof flipped);
+}
+
+/* int8 code k of KILN_L columns (rows of NR bytes at b; k past K: 0) as int32 */
+static inline __attribute__((always_inline)) kiln_vi kiln_wa8_int8_step(const int8_t *b, int64_t k, int64_t K) {
+  if (k >= K) return (kiln_vi){0};
+#if defined(__AVX512F__) && KILN_VB == 64
+  return (kiln_vi)_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(b + k * KILN_NR)));
+#elif defined(__AVX2__) && KILN_VB == 32
+  return (kiln_vi)_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(b + k * KILN_NR)));
+#else
+  typedef int8_t kiln_vb8 __attribute__((vector_size(KILN_L)));
+  kiln_vb8 v;
+  memcpy(&v, b + k * KILN_NR, sizeof v);
+  return __builtin_convertvector(v, kiln_vi);
+#endif
+}
+
+/* int4 code k of KILN_L columns (words at `words`) re-quantized: rint(code x scale' + offset'),
+   clamped to [-127, 127] (k past K: 0) */
+static inline __attribute__((always_inline)) kiln_vi kiln_wa8_int4_step(const int32_t *words, kiln_vf scale, kiln_vf offset, int64_t k, int64_t K) {
+  if (k >= K) return (kiln_vi){0};
+  kiln_vi code;
+  memcpy(&code, words + (k / KILN_W4_CHUNK) * KILN_NR, sizeof code);
+  code = (code >> (4 * (int)(k % KILN_W4_CHUNK))) & 15;
+  kiln_vf v = __builtin_convertvector(code, kiln_vf) * scale + offset;
+  const kiln_vf top = (kiln_vf){0} + 127.0f, low = (kiln_vf){0} - 127.0f;
+  v = kiln_select(v > top, top, v);
+  v = kiln_select(v < low, low, v);
+  return __builtin_convertvector(kiln_wa8_rint(v), kiln_vi);
+}
+
+/* the source panel holding columns c .. c + L (L = KILN_L, one vector) as quads at out, row
+   stride 128 bytes (one k-quad of a 32-column panel), kp / 4 quads */
+static void kiln_wa8_pack_lanes(const kiln_wa8 *w, int64_t bt, int64_t c, int64_t kp, uint8_t *out) {
+  const kiln_gemm *s = w->source;
+  const int64_t K = s->K, panel = c / KILN_NR, lane = c % KILN_NR;
+  if (w->bits == 8) {
+    const int64_t at = KILN_SPAN(bt * s->b_pbs + panel * K * KILN_NR, K * KILN_NR, s->b_packed_size, "B (int8 panels)");
+    const int8_t *b = (const int8_t *)s->b_low + at + lane;
+    int64_t k = 0;
+    for (; k + 4 <= K; k += 4) /* (the last quad's k past K: in the loop below) */
+      kiln_wa8_store_quads(kiln_wa8_int8_step(b, k, kp), kiln_wa8_int8_step(b, k + 1, kp), kiln_wa8_int8_step(b, k + 2, kp),
+                           kiln_wa8_int8_step(b, k + 3, kp), out + k * 32);
+    for (; k < kp; k += 4)
+      kiln_wa8_store_quads(kiln_wa8_int8_step(b, k, K), kiln_wa8_int8_step(b, k + 1, K), kiln_wa8_int8_step(b, k + 2, K),
+                           kiln_wa8_int8_step(b, k + 3, K), out + k * 32);
+    return;
+  }
+  const int64_t group = s->q_group, groups = (K + group - 1) / group;
+  const int64_t words = groups * group / KILN_W4_CHUNK * KILN_NR, params = groups * KILN_NR;
+  const int64_t at = KILN_SPAN(bt * s->b_pbs + panel * words, words, s->b_packed_size, "B (int4 words)");
+  const int32_t *codes = (const int32_t *)s->b_low + at + lane;
+  const float *scales = s->q_scale + panel * params + lane, *offsets = s->q_min ? s->q_min + panel * params + lane : NULL;
+  const kiln_vf inv = *(const kiln_vfu *)(w->col_inv + c);
+  for (int64_t k0 = 0; k0 < kp; k0 += group) { /* (groups are multiples of 4 k-steps) */
+    const int64_t q = (k0 < K ? k0 : K - 1) / group, end = k0 + group < kp ? k0 + group : kp;
+    const kiln_vf scale = *(const kiln_vfu *)(scales + q * KILN_NR);
+    const kiln_vf offset = offsets ? *(const kiln_vfu *)(offsets + q * KILN_NR) : -8.0f * scale;
+    const kiln_vf sc = scale * inv, off = offset * inv;
+    const int64_t whole = end < K ? end : K - K % 4; /* quads wholly inside K, then the rest */
+    int64_t k = k0;
+    for (; k < whole; k += 4)
+      kiln_wa8_store_quads(kiln_wa8_int4_step(codes, sc, off, k, kp), kiln_wa8_int4_step(codes, sc, off, k + 1, kp),
+                           kiln_wa8_int4_step(codes, sc, off, k + 2, kp), kiln_wa8_int4_step(codes, sc, off, k + 3, kp),
+                           out + k * 32);
+    for (; k < end; k += 4)
+      kiln_wa8_store_quads(kiln_wa8_int4_step(codes, sc, off, k, K), kiln_wa8_int4_step(codes, sc, off, k + 1, K),
+                           kiln_wa8_int4_step(codes, sc, off, k + 2, K), kiln_wa8_int4_step(codes, sc, off, k + 3, K),
+                           out + k * 32);
+  }
+}
+
+/* columns x0..x0+xc of B as the int8 kernels' unsigned panels [kp/4][32][4] (gemm_lowp.c's pack_b;
+   columns past N: the weight 0) */
+static void kiln_wa8_pack_b(const kiln_gemm *g, int64_t bt, int64_t x0, int64_t xc, int64_t kp, void *to, float *fbuf) {
+  const kiln_wa8 *w = (const kiln_wa8 *)g;
+  uint8_t *dst = (uint8_t *)to;
+  (void)fbuf;
+  for (int64_t c0 = x0; c0 < x0 + xc; c0 += 32, dst += kp * 32)
+    for (int64_t v = 0; v < 32; v += KILN_L) {
+      if (c0 + v < g->N) {
+        kiln_wa8_pack_lanes(w, bt, c0 + v, kp, dst + 4 * v);
+        continue;
+      }
+      for (int64_t k = 0; k < kp; k += 4) memset(dst + k * 32 + 4 * v, 0x80, (size_t)(4 * KILN_L));
+    }
+}
+
+/* a finished block's int32 sums to float32 (rows i0.. of batch element bt, columns j0..) */
+static void kiln_wa8_finish(const kiln_gemm *g, int64_t bt, const void *cv, int64_t ldc, int64_t rows, int64_t cols, int64_t i0, int64_t j0, float *out, int64_t ldo) {
+  const kiln_wa8 *w = (const kiln_wa8 *)g;
+  const int32_t *c = (const int32_t *)cv;
+  const float *col = w->col_scale + j0;
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t row = bt * g->M + i0 + r;
+    const int32_t offset = w->row_offset[row];
+    const float scale = w->row_scale[row];
+#pragma GCC ivdep
+    for (int64_t j = 0; j < cols; ++j) out[r * ldo + j] = (float)(c[r * ldc + j] + offset) * scale * col[j];
+  }
+}
+
+static const kiln_lowp_ops kiln_wa8_ops = {1, 64, kiln_int8_rows, kiln_wa8_pack_b, kiln_int8_block, kiln_wa8_finish,
+                                           kiln_int8_amx_on, NULL, NULL, 1, 4, NULL};
+
+typedef struct {
+  const kiln_gemm *g;
+  int8_t *codes;
+  float *scale;
+  int32_t *offset;
+} kiln_wa8_rows_plan;
+
+/* rows [lo, hi) of A (batch-major) quantized: codes [row][K], the row's scale and offset */
+static void kiln_wa8_quantize(void *ctx, int64_t lo, int64_t hi, int worker) {
+  const kiln_wa8_rows_plan *p = (const kiln_wa8_rows_plan *)ctx;
+  const kiln_gemm *g = p->g;
+  const int64_t K = g->K;
+  (void)worker;
+  for (int64_t row = lo; row < hi; ++row) {
+    const int64_t first = (row / g->M) * g->a_bs + (row % g->M) * g->a_rs;
+    const float *a = g->a + KILN_SPAN(first, (K - 1) * g->a_cs + 1, g->a_size, "A (rows to quantize)");
+    float top = 0.0f, poison = 0.0f; /* poison: NaN where the row holds an inf or a NaN */
+    int64_t k0 = 0;
+    if (g->a_cs == 1) {
+      kiln_vf vtop = {0}, vpoison = {0};
+      const kiln_vi magnitude = (kiln_vi){0} + 0x7fffffff;
+      for (; k0 + KILN_L <= K; k0 += KILN_L) {
+        const kiln_vf x = *(const kiln_vfu *)(a + k0), m = (kiln_vf)((kiln_vi)x & magnitude);
+        vtop = kiln_select(m > vtop, m, vtop);
+        vpoison += x * 0.0f;
+      }
+      for (int l = 0; l < KILN_L; ++l) {
+        top = vtop[l] > top ? vtop[l] : top;
+        poison += vpoison[l];
+      }
+    }
+    for (int64_t k = k0; k < K; ++k) {
+      const float x = a[k * g->a_cs], m = __builtin_fabsf(x);
+      top = m > top ? m : top;
+      poison += x * 0.0f;
+    }
+    const float inv = top > 0.0f && poison == 0.0f ? 127.0f / top : 0.0f;
+    int8_t *out = p->codes + row * K;
+    const int64_t whole = K / KILN_L * KILN_L;
+    int32_t sum = kiln_wa8_bytes(a, g->a_cs, &inv, 0, whole, out);
+    for (int64_t k = whole; k < K; ++k) {
+      float v = __builtin_nearbyintf(a[k * g->a_cs] * inv);
+      v = v == v ? v : 0.0f;
+      v = v > 127.0f ? 127.0f : (v < -127.0f ? -127.0f : v);
+      out[k] = (int8_t)(int32_t)v;
+      sum += out[k];
+    }
+    p->scale[row] = poison == 0.0f ? top / 127.0f : __builtin_nanf("");
+    p->offset[row] = -128 * sum;
+  }
+}
+
+/* a weight-only product of many rows through the int8 kernels (g->q_wide); 0 where this CPU has
+   no VNNI or AMX-INT8 kernel (AVX2's VPMADDUBSW would saturate these bytes) or K is so deep that
+   a row's int32 sum could overflow */
+KILN_ENGINE int kiln_gemm_wa8_run(const kiln_gemm *g, int bits) {
+  if (kiln_int8_mode < 2 || g->K > 65536 || (bits == 4 && g->q_group % 4)) return 0;
+  static _Thread_local float *s_cols, *s_rows, *s_codes;
+  static _Thread_local int64_t have_cols, have_rows, have_codes;
+  const int64_t rows = g->batch * g->M, cols = kiln_round_up(g->N, 32);
+  float *col_scale = kiln_scratch(&s_cols, &have_cols, 2 * cols), *col_inv = col_scale + cols;
+  float *row_data = kiln_scratch(&s_rows, &have_rows, 2 * rows);
+  int8_t *codes = (int8_t *)kiln_scratch(&s_codes, &have_codes, (rows * g->K + 3) / 4);
+  if (!col_scale || !row_data || !codes) return 0; /* out of memory: the float path */
+  memset(col_scale, 0, (size_t)cols * sizeof(float));
+  if (bits == 8)
+    memcpy(col_scale, g->q_scale, (size_t)g->N * sizeof(float));
+  else
+    kiln_wa8_int4_scales(g, col_scale);
+  for (int64_t j = 0; j < cols; ++j) col_inv[j] = col_scale[j] > 0.0f ? 1.0f / col_scale[j] : 0.0f;
+  kiln_wa8_rows_plan rp = {g, codes, row_data, (int32_t *)(row_data + rows)};
+  kiln_parallel_for(0, rows, 8, kiln_in_pool() ? 1 : 0, kiln_wa8_quantize, &rp);
+  kiln_wa8 w = {*g, g, bits, col_scale, col_inv, rp.scale, rp.offset};
+  w.g.b_low = NULL;
+  w.g.b = NULL;
+  w.g.q_wide = NULL;
+  w.g.q_scale = NULL;
+  w.g.q_offset = NULL;
+  w.g.q_rows = 1; /* (gemm_int8.c's kernels: A the signed operand, B the unsigned) */
+  w.g.q_given = (const uint8_t *)codes;
+  w.g.q_given_size = rows * g->K;
+  w.g.a_bs = g->M * g->K;
+  w.g.a_rs = g->K;
+  w.g.a_cs = 1;
+  /* (B's panels built once and shared by the M blocks up to 64 MB, as gemm_wbf16.c's) */
+  kiln_lowp_run_shared(&w.g, &kiln_wa8_ops, (int64_t)64 << 20);
+  return 1;
+}
