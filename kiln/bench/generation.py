@@ -45,6 +45,9 @@ KILN_ENGINES = {
     # (a prompt's rows in bfloat16: where the CPU has AVX512_BF16 or AMX; elsewhere the row says why not)
     "kiln-int8-weights-bf16": "int8-weights-bf16",
     "kiln-int4-weights-bf16": "int4-weights-bf16",
+    # (a prompt's rows quantized to int8 per row as they run: where the target's int8 code has VNNI or AMX-INT8)
+    "kiln-int8-weights-a8": "int8-weights-a8",
+    "kiln-int4-weights-a8": "int4-weights-a8",
 }
 ACCURACY = "weights-accuracy"  # a row of its own: int8-weights and int4-weights against fp32 on a fixed token stream
 NARROW = ("int8-weights", "int4-weights")
