@@ -49,8 +49,9 @@ KILN_ENGINES = {
     "kiln-int8-weights-a8": "int8-weights-a8",
     "kiln-int4-weights-a8": "int4-weights-a8",
 }
-ACCURACY = "weights-accuracy"  # a row of its own: int8-weights and int4-weights against fp32 on a fixed token stream
-NARROW = ("int8-weights", "int4-weights")
+ACCURACY = "weights-accuracy"  # a row of its own: the narrow precisions against fp32 on a fixed token stream
+NARROW = ("int8-weights", "int4-weights")  # fed one token a step (decode's rows)
+PROMPT_NARROW = ("int8-weights-a8", "int4-weights-a8")  # fed as one prompt (a prompt's rows in int8)
 
 
 def bandwidth_gb_s(megabytes: int = 1024, rounds: int = 5, threads: int = 1) -> float:
@@ -272,7 +273,9 @@ def weights_accuracy(name: str, length: int, threads: int) -> dict[str, Any]:
     ``length`` tokens, fed one token a step as a generation loop feeds its new tokens, every
     step's logits): the relative L2 of the logits, how often each predicts fp32's next token, and
     each one's perplexity of the stream's own next tokens. One token a step is what decode runs
-    (int4: its row's activations quantized to int8 per group at run time, gemm_w4.c)."""
+    (int4: its row's activations quantized to int8 per group at run time, gemm_w4.c); the ``-a8``
+    forms take the stream as one prompt (its rows quantized to int8 per row, gemm_wa8.c; absent
+    where the CPU has no int8 dot product)."""
     import tempfile
 
     import numpy as np
@@ -280,10 +283,16 @@ def weights_accuracy(name: str, length: int, threads: int) -> dict[str, Any]:
     ids = prompts_for(name, [length])[length]
     logits = {}
     with tempfile.TemporaryDirectory(prefix="kiln-logits-") as folder:
-        for precision in ("fp32", *NARROW):  # each compile in a process of its own: one 1B model's memory at a time
+        for precision in (
+            "fp32",
+            *NARROW,
+            *PROMPT_NARROW,
+        ):  # each compile in a process of its own: one 1B model's memory at a time
             where = os.path.join(folder, f"{precision}.npy")
             command = [sys.executable, "-m", "kiln.bench.generation", "--logits", f"{name}:{precision}:{length}:{where}", "--threads", str(threads)]  # fmt: skip
             done = subprocess.run(command, capture_output=True, text=True)
+            if done.returncode != 0 and precision in PROMPT_NARROW and "is not available" in done.stderr:
+                continue  # (no int8 dot product for this CPU: the row says so by the missing entry)
             if done.returncode != 0:
                 return {"error": f"{precision} stream: {done.stderr[-300:] or f'exit {done.returncode}'}"}
             logits[precision] = np.load(where).astype(np.float64)
@@ -295,7 +304,9 @@ def weights_accuracy(name: str, length: int, threads: int) -> dict[str, Any]:
 
     fp32 = logits["fp32"]
     found: dict[str, Any] = {"tokens": length, "perplexity_fp32": perplexity(fp32)}
-    for precision in NARROW:
+    for precision in (*NARROW, *PROMPT_NARROW):
+        if precision not in logits:
+            continue
         narrow = logits[precision]
         found[precision] = {"logits_rel_l2": float(np.linalg.norm(narrow - fp32) / np.linalg.norm(fp32)),
                             "same_next_token": float((narrow.argmax(axis=1) == fp32.argmax(axis=1)).mean()),
@@ -305,18 +316,25 @@ def weights_accuracy(name: str, length: int, threads: int) -> dict[str, Any]:
 
 def stream_logits(name: str, precision: str, length: int, threads: int) -> Any:
     """Every step's logits [length, vocab] (float32) of ``name`` at ``precision`` fed its seeded
-    ``length``-token stream one token a step."""
+    ``length``-token stream one token a step, or, for a precision whose prompt rows have a format
+    of their own (``-a8``, ``-bf16``), as one prompt (every position's logits of one step)."""
     import numpy as np
 
     import kiln
     from kiln.driver.generation import roles
     from kiln.zoo import decoders
 
-    dims = {"past": f"0..{length - 1}", "new": "1..1", "total": f"1..{length}", "batch": "1..1"}
+    whole = precision in WEIGHT_FORMATS and bool(WEIGHT_FORMATS[precision][3])
+    dims = {"past": f"0..{length - 1}", "new": f"1..{length if whole else 1}", "total": f"1..{length}", "batch": "1..1"}
     ids = prompts_for(name, [length])[length]
     model = kiln.compile(str(decoders.export(name)), dims=dims, threads=threads, precision=precision)
     found = roles(model)
     cache = [np.zeros((1, s[1], 0, s[3]), np.float32) for s in found.cache]
+    if whole:
+        feeds = {found.ids: ids, **dict(zip(found.past, cache))}
+        if found.mask:
+            feeds[found.mask] = np.ones((1, length), ids.dtype)
+        return np.asarray(model.run(feeds)[found.logits])[0]
     steps = np.empty((length, decoders.get(name).vocab), np.float32)
     for at in range(length):
         feeds = {found.ids: ids[:, at : at + 1], **dict(zip(found.past, cache))}
@@ -424,7 +442,7 @@ def row_lines(row: dict[str, Any]) -> list[str]:
         return [f"{engine:<20} {str(row['error'])[:200]}"]
     if engine == ACCURACY:
         parts = [f"{p}: logits rel. L2 {row[p]['logits_rel_l2']:.2e}, fp32's next token {100 * row[p]['same_next_token']:.1f}%, "
-                 f"perplexity {row[p]['perplexity']:.1f}" for p in NARROW]  # fmt: skip
+                 f"perplexity {row[p]['perplexity']:.1f}" for p in (*NARROW, *PROMPT_NARROW) if p in row]  # fmt: skip
         return [
             f"{engine:<20} on {row['tokens']} fixed tokens (fp32 perplexity {row['perplexity_fp32']:.1f}): "
             + "; ".join(parts)

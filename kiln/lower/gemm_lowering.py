@@ -99,13 +99,14 @@ def lower_matmul_gemm(lw: Lowerer, node: Node, epilogue: Epilogue | None = None)
     # int8: float activations (A) times one constant weight matrix (B)
     activations = a if a_const is None and b_const is not None and b_count == 1 else None
     precision = _precision_of(lw, node, activations)
-    quant, given, scales, narrow = None, None, None, None
+    quant, given, scales, narrow, prompt = None, None, None, None, ""
     if lw.precision in WEIGHT_FORMATS and activations is not None:
         # weight-only int8 (int4): B narrow panels with column (group) scales, A read in place
         # (gemm_w8.c, gemm_w4.c)
         a_operand = MatrixOperand(a_buf, 0 if a_count == 1 else m * k, k, 1)
         matrix = np.asarray(b_const, dtype=np.float32).reshape(k, n)
         precision, b_operand, scales, narrow = _weight_only(lw, b, matrix, WEIGHT_FORMATS[lw.precision])
+        prompt = WEIGHT_FORMATS[lw.precision][3] if scales is not None else ""
     elif precision == "int8":
         a_operand = MatrixOperand(a_buf, 0 if a_count == 1 else m * k, k, 1)
         b_operand, quant = _int8_weights(
@@ -129,17 +130,14 @@ def lower_matmul_gemm(lw: Lowerer, node: Node, epilogue: Epilogue | None = None)
                 return [*batch_position(Binary("/", i, i64(m)), batch_shape), Binary("%", i, i64(m)), j]
             return [*batch_position(bt, batch_shape), i, j]
 
-        # (a weight-only product whose prompt rows run the bf16 kernels: their 32 x 32 blocks are
-        # where an epilogue's time goes; a decode step's row or two take the general loop)
-        wide = scales is not None and bool(WEIGHT_FORMATS[lw.precision][3])
-        helper = epilogue_helper(
-            lw, name, dst, position_of, flat_of, epilogue, None, tile=_tile(WEIGHT_FORMATS[lw.precision][3] if wide else precision)
-        )
+        # (a weight-only product whose prompt rows run the bf16 or int8 kernels: their 32 x 32
+        # blocks are where an epilogue's time goes; a decode step's row or two take the general loop)
+        tile = _tile(prompt or precision)
+        helper = epilogue_helper(lw, name, dst, position_of, flat_of, epilogue, None, tile=tile)
     finish = tile_finish(lw, epilogue, None, out_shape, None, len(out_shape) - 1) if helper is not None else None
     stmt = GemmSpec(
         batch, rows, n, k, a_operand, b_operand, dst, m * n, n, _blocking(precision, choice), helper, precision, quant,
-        finish, narrow_store(lw, out, precision), given, scales, *(narrow or (None, 0)),
-        WEIGHT_FORMATS[lw.precision][3] if scales is not None else "",
+        finish, narrow_store(lw, out, precision), given, scales, *(narrow or (None, 0)), prompt,
     )  # fmt: skip
     return [engine_kernel(name, "matmul", stmt, dst, node, 2 * batch * rows * n * k, source)]
 

@@ -23,7 +23,9 @@ from tests.helpers import linear_layer
 RNG = np.random.default_rng(18)
 FORMS = ["int8-weights-a8", "int4-weights-a8", "int4-weights-g128-asym-a8"]
 VNNI = "avx512f" in features.cpu_flags() and features.int8_path("avx512")[0] >= features.INT8_PATHS["avx-vnni"]
-needs_vnni = pytest.mark.skipif(not VNNI, reason="this CPU has no AVX-512 with VNNI or AMX-INT8 (the -a8 formats' kernels)")
+needs_vnni = pytest.mark.skipif(
+    not VNNI, reason="this CPU has no AVX-512 with VNNI or AMX-INT8 (the -a8 formats' kernels)"
+)
 
 
 def quantized_rows(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -45,7 +45,7 @@ graph g(%x: f32[3,4]) -> (%y) {
 }""",
         """
 kernel k1 (matmul+epilogue) reads b1: f32[12], w0: f32[32], b3: f32[2] writes b0: f32[6]
-  gemm(batch=1, m=3, n=2, k=4, a=view(b1, 0, 4, 1), b=packed(w0, 0, 8, f32), out=b0, out_batch_stride=6, ldc=2, blocking=(0, 0, 0), precision=fp32, quant=none, finish=finish(none, b3, True, -inf, inf), requant=none, given=none, scales=none, offsets=none, group=0, prompt='') epilogue kiln_k1_epilogue
+  gemm(batch=1, m=3, n=2, k=4, a=view(b1, 0, 4, 1), b=packed(w0, 0, 8, f32), out=b0, out_batch_stride=6, ldc=2, blocking=(0, 0, 0), precision=fp32, quant=none, finish=finish(none, b3, True, -inf, inf), requant=none, given=none, scales=none, offsets=none, group=0, prompt=) epilogue kiln_k1_epilogue
 helper kiln_k1_epilogue(bt, i0, i1, j0, j1) schedule vectorize=c simd=j
   if (((i1 - i0) == 8) && ((j1 - j0) == 8)):
     for r in 0..8:
