@@ -33,17 +33,19 @@ typedef struct {
    symmetric: -8 s, the group's largest magnitude): x / 127 is its int8 scale */
 static void kiln_wa8_int4_scales(const kiln_gemm *s, float *out) {
   const int64_t groups = (s->K + s->q_group - 1) / s->q_group, panels = (s->N + KILN_NR - 1) / KILN_NR;
+  const kiln_vi magnitude = (kiln_vi){0} + 0x7fffffff;
   for (int64_t p = 0; p < panels; ++p)
-    for (int64_t j = 0; j < KILN_NR; ++j) {
-      float top = 0.0f;
+    for (int64_t half = 0; half < KILN_NR; half += KILN_L) {
+      kiln_vf top = {0};
       for (int64_t q = 0; q < groups; ++q) {
-        const int64_t at = (p * groups + q) * KILN_NR + j;
-        const float scale = s->q_scale[at], offset = s->q_min ? s->q_min[at] : -8.0f * scale;
-        const float lo = __builtin_fabsf(offset), hi = __builtin_fabsf(15.0f * scale + offset);
-        top = lo > top ? lo : top;
-        top = hi > top ? hi : top;
+        const int64_t at = (p * groups + q) * KILN_NR + half;
+        const kiln_vf scale = *(const kiln_vfu *)(s->q_scale + at);
+        const kiln_vf offset = s->q_min ? *(const kiln_vfu *)(s->q_min + at) : -8.0f * scale;
+        const kiln_vf lo = (kiln_vf)((kiln_vi)offset & magnitude), hi = (kiln_vf)((kiln_vi)(15.0f * scale + offset) & magnitude);
+        top = kiln_select(lo > top, lo, top);
+        top = kiln_select(hi > top, hi, top);
       }
-      out[p * KILN_NR + j] = top / 127.0f;
+      *(kiln_vfu *)(out + p * KILN_NR + half) = top / 127.0f;
     }
 }
 
@@ -109,18 +111,26 @@ static inline __attribute__((always_inline)) kiln_vi kiln_wa8_int8_step(const in
 #endif
 }
 
+/* a vector rounded to the nearest integer (ties to even) as int32; no NaN or value past int32
+   reaches here (a column's scale bounds |code x scale' + offset'| by 127) */
+static inline __attribute__((always_inline)) kiln_vi kiln_wa8_round(kiln_vf v) {
+#if defined(__AVX512F__) && KILN_VB == 64
+  return (kiln_vi)_mm512_cvtps_epi32((__m512)v); /* (MXCSR's rounding: nearest even) */
+#elif defined(__AVX__) && KILN_VB == 32
+  return (kiln_vi)_mm256_cvtps_epi32((__m256)v);
+#else
+  return __builtin_convertvector(kiln_wa8_rint(v), kiln_vi);
+#endif
+}
+
 /* int4 code k of KILN_L columns (words at `words`) re-quantized: rint(code x scale' + offset'),
-   clamped to [-127, 127] (k past K: 0) */
+   within [-127, 127] by the column's scale (k past K: 0) */
 static inline __attribute__((always_inline)) kiln_vi kiln_wa8_int4_step(const int32_t *words, kiln_vf scale, kiln_vf offset, int64_t k, int64_t K) {
   if (k >= K) return (kiln_vi){0};
   kiln_vi code;
   memcpy(&code, words + (k / KILN_W4_CHUNK) * KILN_NR, sizeof code);
   code = (code >> (4 * (int)(k % KILN_W4_CHUNK))) & 15;
-  kiln_vf v = __builtin_convertvector(code, kiln_vf) * scale + offset;
-  const kiln_vf top = (kiln_vf){0} + 127.0f, low = (kiln_vf){0} - 127.0f;
-  v = kiln_select(v > top, top, v);
-  v = kiln_select(v < low, low, v);
-  return __builtin_convertvector(kiln_wa8_rint(v), kiln_vi);
+  return kiln_wa8_round(__builtin_convertvector(code, kiln_vf) * scale + offset);
 }
 
 /* the source panel holding columns c .. c + L (L = KILN_L, one vector) as quads at out, row
