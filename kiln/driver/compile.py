@@ -133,9 +133,24 @@ def compile_model(request: Request) -> Any:
     if source_file is not None and key is not None and plan_cache.has_graph(key):
         # its variants hold their packed weights; the source graph comes back from the cache when
         # a new binding compiles
-        model.release_source(_cached_graph(request, key))
+        model.release_source(_cached_graph(request, key, options))
+        return_freed(collect=True)
+    elif source_file is not None and model.compilation.source.graph is not None and model.dims_model is not None:
+        # a model whose sizes run through one route's plans (declared ranges: a decode step's) keeps
+        # no float32 copy of its weights beside their packed ones; the file, if unchanged, is read
+        # again when a binding outside them must compile (a 1B decoder at int4: 7.8 GB held -> 1.9)
+        model.release_source(_reimported(request, source_file, options))
         return_freed(collect=True)
     return model
+
+
+def _reimported(request: Request, source_file: tuple[str, str], options: CompileOptions) -> Any:
+    def source_graph() -> tuple[Any, bool]:  # only when a new binding compiles
+        if plan_cache.file_digest(source_file[0]) != source_file[1]:
+            raise KilnError(f"{source_file[0]} changed since this model was compiled from it: compile it again")
+        return for_generation(request.graph(), options), True
+
+    return source_graph
 
 
 def _consumed_from_cache(request: Request, model: NativeModel) -> None:
@@ -153,15 +168,15 @@ def _consumed_from_cache(request: Request, model: NativeModel) -> None:
         return
     del graph
     if plan_cache.has_graph(key):
-        model.release_source(_cached_graph(request, key))
+        model.release_source(_cached_graph(request, key, options))
         model.compilation.source.consume = True
         return_freed(collect=True)
 
 
-def _cached_graph(request: Request, key: str) -> Any:
+def _cached_graph(request: Request, key: str, options: CompileOptions) -> Any:
     def source_graph() -> tuple[Any, bool]:  # only when a new binding compiles
         graph = plan_cache.load_graph(key)
-        return (graph, True) if graph is not None else (request.graph(), False)
+        return (graph, True) if graph is not None else (for_generation(request.graph(), options), False)
 
     return source_graph
 
@@ -179,7 +194,7 @@ def _from_plan_cache(
     if key is None or signature is None:
         return None
 
-    source = Source(None, signature=signature, loader=_cached_graph(request, key), file=source_file, cache_key=key)
+    source = Source(None, signature=signature, loader=_cached_graph(request, key, options), file=source_file, cache_key=key)
     return _native(request, source, target, options).compile_ahead(request.dims)
 
 

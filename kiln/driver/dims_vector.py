@@ -144,3 +144,34 @@ def _dim_values(graph: Graph, names: tuple[str, ...], dims: dict[str, int]) -> n
             if isinstance(symbol, str) and isinstance(size, int):
                 sizes.setdefault(symbol, size)
     return np.array([sizes.get(name, -1) for name in names], dtype=np.int64)
+
+
+# ops whose output shapes never depend on the values of the inputs at these positions (None: any)
+_VALUE_BLIND = {
+    "MatMul": None, "Gemm": None, "Conv": None, "ConvTranspose": None, "Add": None, "Sub": None,
+    "Mul": None, "Div": None, "Gather": (0,), "Transpose": None, "Cast": None, "Relu": None,
+}  # fmt: skip
+STUB_BYTES = 1 << 16  # constants below this stay as they are (shape tensors are far smaller)
+
+
+def shapes_only(graph: Graph) -> Graph:
+    """``graph`` for computing shapes (``dim_values``) without its weights: each large constant
+    that only value-blind inputs read (a product's weights, an embedding table: their shape
+    decides the shapes, never their values) replaced by a zero-strided view of one element of its
+    dtype (no memory). A model whose sizes run through one route keeps this once its weights are
+    packed, so a binding whose vector the dims program cannot give (a size 0: an empty cache)
+    is specialized without reading the model file again."""
+    readers: dict[Any, list[tuple[str, int]]] = {}
+    for node in graph.nodes:
+        for position, value in enumerate(node.inputs):
+            if value is not None:
+                readers.setdefault(value, []).append((node.op, position))
+    kept = {*graph.outputs, *graph.defaults}
+    stubs = {}
+    for value, array in graph.constants.items():
+        uses = readers.get(value, [])
+        blind = all(op in _VALUE_BLIND and (_VALUE_BLIND[op] is None or at in _VALUE_BLIND[op]) for op, at in uses)
+        if array.nbytes >= STUB_BYTES and uses and blind and value not in kept:
+            one = np.zeros(1, array.dtype)
+            stubs[value] = np.lib.stride_tricks.as_strided(one, array.shape, (0,) * array.ndim, writeable=False)
+    return graph.with_(constants={**graph.constants, **stubs}) if stubs else graph

@@ -530,7 +530,7 @@ class NativeModel(Model):
         vector = program(dims) if program is not None else None
         if vector is None:
             try:
-                vector = spatial.dim_values(self.graph, self.spatial.names, dims)
+                vector = spatial.dim_values(self.compilation.shapes_graph, self.spatial.names, dims)
             except KilnError as err:
                 raise InputError(f"the model has no shapes at dims {dims}: {err}") from None
         return vector

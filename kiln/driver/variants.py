@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from kiln.driver import extents, plan_cache, spatial
+from kiln.driver.dims_vector import shapes_only
 from kiln.driver.options import CompileOptions
 from kiln.driver.pipeline import compile_plan
 from kiln.errors import CompilerError, ExecutionError, InternalError, KilnError, ResourceError, ShapeInferenceError
@@ -101,6 +102,7 @@ class Compilation:
         # the capacity's binding compiles with kernels that take the ranged dims at run time
         self.spatial: spatial.RunTimeDims | None = None
         self._graph_lock = threading.Lock()
+        self._shapes: Graph | None = None  # the released graph's weightless copy (shapes_graph)
 
     @property
     def graph(self) -> Graph:
@@ -126,11 +128,21 @@ class Compilation:
 
     def release(self, loader: Callable[[], tuple[Graph, bool]]) -> None:
         """Let go of the source graph (every weight) once the bindings asked for are compiled:
-        ``loader`` brings it back if another must compile. The signature stays."""
+        ``loader`` brings it back if another must compile. The signature stays, and the graph
+        for shapes without its weights (``shapes_graph``)."""
         with self._graph_lock:
             if self.source.graph is not None:
+                self._shapes = shapes_only(self.source.graph)
                 self.signature = self.source.signature = self.signature.signature()
                 self.source.loader, self.source.graph = loader, None
+
+    @property
+    def shapes_graph(self) -> Graph:
+        """The source graph for computing shapes: the graph itself while it is held, else its
+        weightless copy kept when it was let go (``dims_vector.shapes_only``), else read again."""
+        if self.source.graph is None and self._shapes is not None:
+            return self._shapes
+        return self.graph
 
     @property
     def cache_key(self) -> str:

@@ -129,8 +129,8 @@ class _Analysis:
                     raise Refused(value.name, "an output computed from the count of samples")
                 outputs.append(result.axis if isinstance(result, Batched) else None)
             return Parallel(self.symbol, tuple(inputs), tuple(outputs), tuple(dict.fromkeys(self.guards)))
-        except Refused as refusal:
-            return refusal
+        except Refused as refusal:  # (kept by its callers: without the frames, which hold the graph's weights)
+            return refusal.with_traceback(None)
 
     def axis_of(self, value: Value) -> int | None:
         """The axis of ``value``'s type that is the symbol (None if none); Refused if several are

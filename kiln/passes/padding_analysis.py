@@ -109,8 +109,8 @@ class Analysis(ShiftRules, PositionRules):
                     raise Refused(value.name, "an output whose padded positions kiln cannot cut off")
                 outputs.append(result.axes if isinstance(result, Padded) else ())
             return Padding(self.symbol, tuple(inputs), tuple(outputs), tuple(self.masks))
-        except Refused as refusal:
-            return refusal
+        except Refused as refusal:  # (kept by its callers: without the frames, which hold the graph's weights)
+            return refusal.with_traceback(None)
 
     # -- helpers ----------------------------------------------------------------------------------
     def folded(
