@@ -41,7 +41,10 @@ ModelSource = str | os.PathLike | bytes | onnx.ModelProto
 
 
 def load_model(source: ModelSource) -> tuple[onnx.ModelProto, str]:
-    """Read an ONNX model; returns it with a description of where it came from for errors."""
+    """Read an ONNX model; returns it with a description of where it came from for errors. A
+    file's external data files are checked here and read tensor by tensor as the import converts
+    them (``array_from_tensor``): never whole into the model's message beside the arrays made of
+    it (a 1B decoder's 5 GB of weights were held twice at its import's peak)."""
     if isinstance(source, onnx.ModelProto):
         return source, "<ModelProto>"
     if isinstance(source, (bytes, bytearray)):
@@ -66,7 +69,7 @@ def load_model(source: ModelSource) -> tuple[onnx.ModelProto, str]:
     except Exception as err:
         raise ModelLoadError(f"{path}: not a valid ONNX model ({type(err).__name__}: {err})") from None
     del data
-    _EXTERNAL[str(path)] = (identity, _load_external_data(model, path))
+    _EXTERNAL[str(path)] = (identity, _check_external_data(model, path))
     return _check_model_proto(model, str(path)), str(path)
 
 
@@ -100,23 +103,17 @@ def _locations(tensors: Any) -> list[str]:
     return list(found)
 
 
-def _load_external_data(model: onnx.ModelProto, path: Path) -> list[str]:
-    """The tensors stored beside the model file, each of whose files must be a regular file
-    (a FIFO planted as a weight file would block the read forever); returns those files' names."""
-    from onnx.external_data_helper import _get_all_tensors, load_external_data_for_model
+def _check_external_data(model: onnx.ModelProto, path: Path) -> list[str]:
+    """The files the tensors stored beside the model file live in, each of which must be a
+    regular file (a FIFO planted as a weight file would block the read forever)."""
+    from onnx.external_data_helper import _get_all_tensors
 
     locations = _locations(_get_all_tensors(model))
-    if not locations:
-        return locations
     for location in sorted(locations):
         try:
             integrity.check_regular(path.parent / location, "external data file")
         except integrity.IrregularFile as err:
             raise ModelLoadError(f"{path}: {err}") from None
-    try:
-        load_external_data_for_model(model, str(path.parent))
-    except Exception as err:
-        raise ModelLoadError(f"{path}: its external data cannot be read ({type(err).__name__}: {err})") from None
     return locations
 
 
@@ -131,6 +128,8 @@ def import_onnx(source: ModelSource) -> Graph:
     model, where = load_model(source)
     opsets = _check_versions(model, where)
     importer = _Importer(opsets, where)
+    if not isinstance(source, (onnx.ModelProto, bytes, bytearray)):  # (external data: beside the file)
+        importer.folder = str(Path(source).parent)
     try:
         graph = importer.graph(model.graph, outer={}, hints=None)
     except KilnError:
@@ -232,8 +231,18 @@ def type_from_proto(proto: onnx.TypeProto, name: str) -> Type | None:
     return None
 
 
-def array_from_tensor(proto: onnx.TensorProto) -> np.ndarray:
-    array = numpy_helper.to_array(proto)
+def array_from_tensor(proto: onnx.TensorProto, folder: str | None = None) -> np.ndarray:
+    """A tensor's array; one whose data lives in an external file is read from ``folder`` (the
+    model file's: checked by ``load_model``; None, a model given as bytes or a message: refused,
+    never read relative to the working directory)."""
+    from onnx.external_data_helper import uses_external_data
+
+    if uses_external_data(proto):
+        if folder is None:
+            raise ValueError("its data lives in an external file: compile the model from its .onnx file's path")
+        array = numpy_helper.to_array(proto, folder)
+    else:
+        array = numpy_helper.to_array(proto)
     if array.dtype.kind in "SU":
         array = array.astype(object)
     return array
@@ -255,6 +264,7 @@ class _Importer:
         self.where = where
         self.problems: list[str] = []
         self.produced_later: set[str] = set()
+        self.folder: str | None = None  # where the model's external data files are (load_model checked them)
 
     def graph(
         self,
@@ -320,7 +330,7 @@ class _Importer:
                 continue
             seen_initializers.add(init.name)
             try:
-                array = array_from_tensor(init)
+                array = array_from_tensor(init, self.folder)
                 array_type = constant_type(array)
             except Exception as err:  # damaged data, or an element type kiln does not know (float6)
                 kind = "unsupported" if "element type" in str(err) or "no kiln equivalent" in str(err) else "invalid"
@@ -444,13 +454,13 @@ class _Importer:
         if kind == onnx.AttributeProto.GRAPHS:
             return tuple(self.graph(g, builder.scope.values, hints) for g in proto.graphs)
         if kind == onnx.AttributeProto.TENSOR:
-            return array_from_tensor(proto.t)
+            return array_from_tensor(proto.t, self.folder)
         if kind == onnx.AttributeProto.SPARSE_TENSOR:
             return numpy_helper.to_array(proto.sparse_tensor)  # type: ignore[arg-type]
         if kind == onnx.AttributeProto.TYPE_PROTO:
             return type_from_proto(proto.tp, proto.name)
         if kind == onnx.AttributeProto.TENSORS:
-            return tuple(array_from_tensor(t) for t in proto.tensors)
+            return tuple(array_from_tensor(t, self.folder) for t in proto.tensors)
         if proto.ref_attr_name:
             raise UnsupportedConstruct(f"attribute {proto.name!r} refers to a function attribute")
         value = helper.get_attribute_value(proto)

@@ -4,8 +4,8 @@ import pytest
 from onnx import helper, numpy_helper
 
 import kiln
-from kiln.errors import InvalidModelError, ModelLoadError, UnsupportedModelError
-from kiln.frontend.onnx import import_onnx
+from kiln.errors import InvalidModelError, KilnError, ModelLoadError, UnsupportedModelError
+from kiln.frontend.onnx import import_onnx, load_model
 from tests.helpers import FLOAT, INT64, make_model
 
 
@@ -40,6 +40,23 @@ def test_external_data_files_are_loaded(tmp_path):
     compiled = kiln.compile(str(path))
     x = np.ones((2, 4), np.float32)
     np.testing.assert_allclose(compiled(x), np.maximum(x @ np.arange(12, dtype=np.float32).reshape(4, 3), 0))
+
+
+def test_external_data_is_read_tensor_by_tensor_and_never_relative_to_the_working_directory(tmp_path, monkeypatch):
+    """A file's external tensors are read from its folder as the import converts them (the model's
+    message never holds them); a model given as bytes or a message whose tensors name an external
+    file is refused with a named error (its data is not read from wherever the process runs)."""
+    model = small_model()
+    path = tmp_path / "external.onnx"
+    onnx.save(model, path, save_as_external_data=True, location="weights.bin", size_threshold=0)
+    loaded, _ = load_model(path)
+    assert all(not init.raw_data for init in loaded.graph.initializer)  # (left in the file)
+    assert import_onnx(path) == import_onnx(small_model())  # (onnx.save moved the first one's data out)
+    pointing = onnx.load(str(path), load_external_data=False)
+    monkeypatch.chdir(tmp_path)  # (weights.bin is right here: still not read)
+    for source in (pointing, pointing.SerializeToString()):
+        with pytest.raises(KilnError, match="external file: compile the model from its .onnx file's path"):
+            import_onnx(source)
 
 
 def test_truncated_and_non_onnx_files_name_the_file(tmp_path):

@@ -442,6 +442,7 @@ def refusal(body: list, outputs: list, inputs: list | None = None) -> str:
     model = make_model(body, inputs or [("x", FLOAT, ["batch", "seq", WIDTH])], outputs, weights, opset=18)
     found = paddable(import_onnx(model), "seq")
     assert not isinstance(found, Padding), found
+    assert getattr(found, "__traceback__", None) is None  # (kept by models: no frames holding the graph)
     return str(found)
 
 

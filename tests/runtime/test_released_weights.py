@@ -1,0 +1,50 @@
+"""A decode step compiled from its file with declared ranges keeps only its packed weights: the
+source graph (every float32 weight) is let go of once its route's plans are compiled, the
+analyses' refusals it keeps hold no frames (which held the graph), and running it at any size in
+the ranges — a prompt with an empty cache (past 0, where the dims program defers to specializing)
+and the token steps after — never reads the model file again: sizes come from a weightless copy
+of the graph."""
+
+from __future__ import annotations
+
+import shutil
+
+import numpy as np
+import pytest
+
+import kiln
+from kiln.driver import plan_cache
+
+pytest.importorskip("transformers", reason="transformers (the 'zoo' extra) defines the decoders")
+
+
+def test_a_decode_steps_model_lets_go_of_its_source_weights_and_never_reads_them_again(tmp_path, monkeypatch):
+    from kiln.zoo import decoders
+
+    exported = decoders.export("llama")  # (the session's zoo cache; then a cache of this test's own)
+    folder = tmp_path / "model"
+    shutil.copytree(exported.parent, folder)
+    plan_cache.wait()
+    monkeypatch.setenv("KILN_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("KILN_PLAN_CACHE", "1")
+    dims = {"past": "0..40", "new": "1..41", "total": "1..41", "batch": "1..1"}
+    model = kiln.compile(str(folder / exported.name), dims=dims, generation=True)
+    assert model.dims_model is not None
+    for held in (model, model.dims_model):
+        assert held.compilation.source.graph is None and not held.signature.constants
+    shapes = model.dims_model.compilation.shapes_graph
+    stubs = [a for a in shapes.constants.values() if a.ndim and a.strides == (0,) * a.ndim]
+    assert stubs and all(a.size > 1 for a in stubs)  # (the products' weights: no memory)
+    refusals = [r for r in (model.proven or {}).values() if isinstance(r, Exception)]
+    assert all(r.__traceback__ is None for r in refusals)
+
+    def never(*_):
+        raise AssertionError("the model file was read again")
+
+    for held in (model, model.dims_model):
+        monkeypatch.setattr(held.compilation.source, "loader", never)
+    want = kiln.compile(str(exported), dims=dims, generation=True)
+    for prompt in ([5, 17, 99], list(range(1, 30))):
+        got = kiln.generate(model, [prompt], max_new_tokens=4)
+        np.testing.assert_array_equal(got, kiln.generate(want, [prompt], max_new_tokens=4))
+    plan_cache.wait()
