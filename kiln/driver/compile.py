@@ -168,7 +168,7 @@ def _consumed_from_cache(request: Request, model: NativeModel) -> None:
         return
     del graph
     if plan_cache.has_graph(key):
-        model.release_source(_cached_graph(request, key, options))
+        model.release_source(_cached_graph(request, key, model.options))
         model.compilation.source.consume = True
         return_freed(collect=True)
 
@@ -194,7 +194,9 @@ def _from_plan_cache(
     if key is None or signature is None:
         return None
 
-    source = Source(None, signature=signature, loader=_cached_graph(request, key, options), file=source_file, cache_key=key)
+    source = Source(
+        None, signature=signature, loader=_cached_graph(request, key, options), file=source_file, cache_key=key
+    )
     return _native(request, source, target, options).compile_ahead(request.dims)
 
 
