@@ -114,3 +114,22 @@ def residual_chain(rng):
     model = make_model(nodes, [("x", FLOAT, [2, 40, 12, 13])], [("y", FLOAT, None)], weights)
     x = rng.standard_normal((2, 40, 12, 13)).astype(np.float32)
     return model, x
+
+
+def prompt_error_and_step_check(precision: str, plain: str) -> float:
+    """The tiny Llama decode step (dynamo export) compiled at ``precision`` (a weight format with
+    its own prompt rows) and at ``plain``: the relative L2 between their logits on a 33-token
+    prompt; a one-token step after it must give the same logits bit for bit (asserted here)."""
+    import kiln
+    from kiln.driver.generation import roles
+    from kiln.zoo import decoders
+
+    path = str(decoders.export("llama", exporter="dynamo"))
+    dims = {"past": "0..40", "new": "1..41", "total": "1..41", "batch": "1..1"}
+    wide, narrow = (kiln.compile(path, dims=dims, precision=p) for p in (precision, plain))
+    logits = roles(narrow).logits
+    prompt = decoders.inputs("llama", past=0, new=33)
+    got, want = wide.run(prompt)[logits], narrow.run(prompt)[logits]
+    step = decoders.inputs("llama", past=33, new=1)
+    np.testing.assert_array_equal(wide.run(step)[logits], narrow.run(step)[logits])
+    return float(np.linalg.norm(got - want) / np.linalg.norm(want))

@@ -17,7 +17,7 @@ from kiln.driver.options import CompileOptions
 from kiln.errors import KilnError
 from kiln.lower.engine import WEIGHT_FORMATS, pack_cols_int8, quantize_groups
 from kiln.lower.kir import engine_calls
-from tests.helpers import linear_layer
+from tests.helpers import linear_layer, prompt_error_and_step_check
 
 RNG = np.random.default_rng(8)
 FORMS = ["int8-weights-bf16", "int4-weights-bf16", "int4-weights-g128-asym-bf16"]
@@ -90,17 +90,6 @@ def test_a_decode_steps_prompt_is_close_and_its_token_steps_are_the_plain_format
     """A decoder at int8-weights-bf16: a prompt's step (its products and attention on the bf16
     kernels) within bf16's rounding of int8-weights; a step of one token bit for bit the same."""
     pytest.importorskip("transformers", reason="transformers (the 'zoo' extra) defines the decoders")
-    from kiln.driver.generation import roles
-    from kiln.zoo import decoders
-
     monkeypatch.setenv("KILN_PLAN_CACHE", "0")
-    path = str(decoders.export("llama", exporter="dynamo"))
-    dims = {"past": "0..40", "new": "1..41", "total": "1..41", "batch": "1..1"}
-    wide, plain = (kiln.compile(path, dims=dims, precision=p) for p in ("int8-weights-bf16", "int8-weights"))
-    logits = roles(plain).logits
-    prompt = decoders.inputs("llama", past=0, new=33)
-    got, want = wide.run(prompt)[logits], plain.run(prompt)[logits]
-    error = np.linalg.norm(got - want) / np.linalg.norm(want)
+    error = prompt_error_and_step_check("int8-weights-bf16", "int8-weights")
     assert 1e-5 < error < 2e-2, error  # (bf16's rounding: different, never by more)
-    step = decoders.inputs("llama", past=33, new=1)
-    np.testing.assert_array_equal(wide.run(step)[logits], plain.run(step)[logits])
