@@ -346,7 +346,7 @@ def stream_logits(name: str, precision: str, length: int, threads: int) -> Any:
     return steps
 
 
-WIDTHS = {"fp32": 4, "int8": 1, "int4": 0.625}  # bytes a matrix element a token reads, by storage
+WIDTHS = {"fp32": 4, "int8": 1, "int4": 0.5625}  # bytes a matrix element a token reads, by storage
 # kiln's precision -> its storage (a weight format's bits)
 ROW_BYTES = {name: f"int{form[0]}" for name, form in WEIGHT_FORMATS.items()}
 
@@ -356,8 +356,8 @@ def weight_bytes(name: str) -> dict[str, int]:
     storage, from one build of the model: fp32; ``int8``, the matrices (every 2-D parameter) at one
     byte an element, as ``--precision int8-weights`` stores the products' weights (its per-column
     scales and an embedding table's few rows a token reads are left out); ``int4``, at 4 bits and a
-    float32 scale per block of 32 (0.625 bytes an element: ONNX Runtime GenAI's builder's int4 and
-    ``--precision int4-weights``)."""
+    float16 scale per block of 32 (0.5625 bytes an element: ``--precision int4-weights``, as
+    llama.cpp's Q4_0)."""
     from kiln.zoo import decoders
 
     shapes = [(p.numel(), p.dim()) for p in decoders.build(name).model.parameters()]

@@ -115,6 +115,7 @@ WEIGHT_FORMATS = {
     f"{name}{suffix}": (*form, prompt) for suffix, prompt in PROMPT_SUFFIXES.items() for name, form in _FORMATS.items()
 }
 W4_CHUNK = 8  # the int4 path's k-steps per 32-bit word: one nibble each (gemm_w4.c)
+HALF_MAX = 65504.0  # the largest float16: int4 scales are stored as float16
 
 
 def quantize_groups(matrix: np.ndarray, group: int, symmetric: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -122,8 +123,10 @@ def quantize_groups(matrix: np.ndarray, group: int, symmetric: bool) -> tuple[np
     (uint8 [Kp, N], Kp = K rounded up to the group; the padding encodes 0), float32 scales and
     offsets [Kp / group, N] with weight = code * scale + offset. Symmetric: the group's
     largest-magnitude value v gives scale = v / -8 and offset = -8 * scale (codes 0..15 around
-    8, v itself exactly -8 * scale), as llama.cpp's Q4_0 and ONNX's symmetric MatMulNBits;
-    asymmetric: scale = (max - min) / 15 and offset = min (Q4_1's)."""
+    8), as llama.cpp's Q4_0 and ONNX's symmetric MatMulNBits; asymmetric: scale = (max - min) / 15
+    and offset = min (Q4_1's). Scales are rounded to float16 (stored so: llama.cpp's Q4_0 does
+    too; 4.5 bits a weight at groups of 32, not 5), within its range, before the codes are made
+    from them; offsets stay float32."""
     matrix = np.asarray(matrix, dtype=np.float32)
     k, n = matrix.shape
     padded = -(-k // group) * group
@@ -132,22 +135,27 @@ def quantize_groups(matrix: np.ndarray, group: int, symmetric: bool) -> tuple[np
     blocks = full.reshape(padded // group, group, n)
     if symmetric:
         picked = np.take_along_axis(blocks, np.abs(blocks).argmax(axis=1)[:, None, :], axis=1)[:, 0, :]
-        scales = picked / -8.0
+        scales = _half(picked / -8.0)
         offsets = -8.0 * scales
     else:
         low, high = blocks.min(axis=1), blocks.max(axis=1)
-        scales, offsets = (high - low) / 15.0, low
+        scales, offsets = _half((high - low) / 15.0), low
     safe = np.where(scales == 0, 1.0, scales)[:, None, :]
     codes = np.rint((blocks - offsets[:, None, :]) / safe)
     codes = np.clip(np.where(scales[:, None, :] == 0, 8 if symmetric else 0, codes), 0, 15)  # (a constant group)
     return codes.astype(np.uint8).reshape(padded, n), scales.astype(np.float32), offsets.astype(np.float32)
 
 
+def _half(scales: np.ndarray) -> np.ndarray:
+    """Scales rounded to float16 (within its range), as float32."""
+    return np.clip(scales, -HALF_MAX, HALF_MAX).astype(np.float16).astype(np.float32)
+
+
 def pack_cols_int4(matrix: np.ndarray, cols: int, group: int, symmetric: bool):  # type: ignore[no-untyped-def]
     """[K, N] float32 weights -> the int4 path's B (gemm_w4.c): 32-bit words [ceil(N/cols),
-    Kp/8, cols] holding eight k-steps of a column (k-step t in bits 4t..4t+3), and float32 scales
-    and offsets [ceil(N/cols), Kp/group, cols] (``quantize_groups``; padded columns 0). Offsets are
-    None when symmetric (the engine takes -8 x scale). Quantized a block of panels at a time: the
+    Kp/8, cols] holding eight k-steps of a column (k-step t in bits 4t..4t+3), float16 scales (as
+    their uint16 bits) and float32 offsets [ceil(N/cols), Kp/group, cols] (``quantize_groups``;
+    padded columns 0). Offsets are None when symmetric (the engine takes -8 x scale). Quantized a block of panels at a time: the
     float temporaries stay a block's."""
     matrix = np.asarray(matrix, dtype=np.float32)
     k, n = matrix.shape
@@ -171,7 +179,7 @@ def pack_cols_int4(matrix: np.ndarray, cols: int, group: int, symmetric: bool): 
             block = np.zeros((source.shape[0], width), np.float32)
             block[:, : hi - lo] = source
             dest[first : first + count] = block.reshape(-1, count, cols).transpose(1, 0, 2)
-    return words, scales, None if symmetric else offsets
+    return words, scales.astype(np.float16).view(np.uint16), None if symmetric else offsets
 
 
 BF16_BLOCK = 32  # the bf16 path's block (gemm_bf16.c): rows of A and columns of a B panel; K padded to it

@@ -121,10 +121,11 @@ def test_codes_represent_each_group(symmetric):
     assert np.all(np.abs(dense[:70] - w) <= np.where(codes[:70] == 15, 1.0, 0.5) * step + 1e-6)
     assert np.all(dense[70:] == 0) if symmetric else True  # the padding encodes 0 (symmetric: code 8)
     np.testing.assert_allclose(dense[:32, 3], 0.25, rtol=1e-6)
+    np.testing.assert_array_equal(scales.astype(np.float16).astype(np.float32), scales)  # (stored as float16)
     if symmetric:
         np.testing.assert_array_equal(offsets, -8 * scales)
-        top = np.abs(w[:32]).argmax(axis=0)  # each group's largest magnitude is exact
-        np.testing.assert_allclose(dense[top, np.arange(45)], w[top, np.arange(45)], rtol=1e-6)
+        top = np.abs(w[:32]).argmax(axis=0)  # each group's largest magnitude: code 0, off by the scale's rounding
+        np.testing.assert_allclose(dense[top, np.arange(45)], w[top, np.arange(45)], rtol=2.0**-11)
 
 
 def test_packed_words_hold_eight_k_steps_of_a_column():
@@ -135,6 +136,8 @@ def test_packed_words_hold_eight_k_steps_of_a_column():
     unpacked = np.stack([(words >> np.uint32(4 * t)) & 15 for t in range(8)], axis=2)  # [panel, chunk, t, col]
     full = unpacked.transpose(1, 2, 0, 3).reshape(64, 48)
     np.testing.assert_array_equal(full[:, :37], codes)
+    assert scales.dtype == np.uint16  # (float16 bits)
+    scales = scales.view(np.float16).astype(np.float32)
     assert np.all(full[:, 37:] == 0) and np.all(scales.transpose(1, 0, 2).reshape(2, 48)[:, 37:] == 0)
     np.testing.assert_array_equal(scales.transpose(1, 0, 2).reshape(2, 48)[:, :37], want_scales)
     np.testing.assert_array_equal(offsets.transpose(1, 0, 2).reshape(2, 48)[:, :37], want_offsets)

@@ -109,8 +109,8 @@ def engine_call(stmt: EngineCall, indent: str) -> list[str]:
                        ("q_inv", f"{q.inv!r}f"), ("q_zero", q.zero), ("q_max", q.qmax)]  # fmt: skip
             if q.given is not None:  # quantized by their producer (its Requantize)
                 fields += [("q_given", q.given.name), ("q_given_size", q.given.size)]
-        if stmt.scales is not None:  # weight-only int8 (int4): B's column (group) scales (gemm_w8.c, gemm_w4.c)
-            fields.append(("q_scale", stmt.scales.name))
+        if stmt.scales is not None:  # weight-only int8 (int4): B's column (float16 group) scales (gemm_w8.c, gemm_w4.c)
+            fields.append(("q_half" if stmt.precision == "w4" else "q_scale", stmt.scales.name))
         if stmt.group:
             fields.append(("q_group", stmt.group))
         if stmt.offsets is not None:

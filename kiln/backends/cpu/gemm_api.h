@@ -36,9 +36,9 @@ struct kiln_gemm {
      q_rows, else the column), and the float activations' quantization (q = x * q_inv + q_zero,
      clamped to [0, q_max]) */
   const float *q_scale; const int32_t *q_offset; int q_rows;
-  /* int4 weights (gemm_w4.c): k-steps per group of B's codes, each group's offsets (NULL:
-     symmetric, -8 x its scale) beside its scales (q_scale) */
-  const float *q_min; int64_t q_group;
+  /* int4 weights (gemm_w4.c): k-steps per group of B's codes, each group's float16 scale (its
+     bits) and float32 offset (NULL: symmetric, -8 x its scale) */
+  const uint16_t *q_half; const float *q_min; int64_t q_group;
   /* weight-only int8 (int4) compiled with "-bf16" or "-a8": many rows through the bf16 or int8
      kernels (gemm_wbf16.c's kiln_gemm_wbf16_run, gemm_wa8.c's kiln_gemm_wa8_run, given `bits`);
      returns 0 where it did not run them */

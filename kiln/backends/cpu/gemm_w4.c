@@ -1,7 +1,8 @@
 /* The weight-only int4 path of the matrix-multiply engine (precision "int4-weights"): C = A . B
    with A float32 activations and B constant 4-bit weights in groups of q_group consecutive k of a
-   column, each group with a float32 scale and offset: B[k][j] = code * scale + offset (symmetric:
-   offset = -8 * scale, not stored, q_min NULL; asymmetric: q_min). Packed when the plan was built
+   column, each group with a float16 scale (q_half: its bits) and a float32 offset: B[k][j] =
+   code * scale + offset (symmetric: offset = -8 * scale, not stored, q_min NULL; asymmetric:
+   q_min). Packed when the plan was built
    (engine.py's pack_cols_int4) in panels of KILN_NR columns: [panel][Kp / 8][NR] 32-bit words,
    word (c, j) holding the codes of k = 8c .. 8c + 7 of column j, k-step t in bits 4t .. 4t + 3;
    scales and offsets [panel][Kp / group][NR]. Kp is K rounded up to the group (codes of 0).
@@ -61,12 +62,43 @@ static inline __attribute__((always_inline)) kiln_vi kiln_w4_dot(kiln_vi acc, ki
 }
 #endif
 
+/* KILN_L float16 scales (their bits) as a float vector: one conversion instruction where the
+   target has one (AVX-512, F16C), bit by bit elsewhere */
+static inline float kiln_half_to_float(uint16_t h) {
+  const uint32_t sign = (uint32_t)(h & 0x8000u) << 16, exponent = (h >> 10) & 31u, mantissa = h & 1023u;
+  uint32_t bits = sign | ((exponent + 112u) << 23) | (mantissa << 13);
+  if (exponent == 31) bits = sign | 0x7f800000u | (mantissa << 13);
+  if (exponent == 0) { /* zero, or subnormal: mantissa x 2^-24 */
+    const float value = (float)mantissa * 0x1p-24f;
+    memcpy(&bits, &value, sizeof bits);
+    bits |= sign;
+  }
+  float out;
+  memcpy(&out, &bits, sizeof out);
+  return out;
+}
+
+#if (defined(__AVX512F__) && KILN_VB == 64) || (defined(__F16C__) && KILN_VB == 32)
+#include <immintrin.h>
+#endif
+static inline __attribute__((always_inline)) kiln_vf kiln_half_load(const uint16_t *p) {
+#if defined(__AVX512F__) && KILN_VB == 64
+  return (kiln_vf)_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
+#elif defined(__F16C__) && KILN_VB == 32
+  return (kiln_vf)_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
+#else
+  kiln_vf v;
+  for (int i = 0; i < KILN_L; ++i) v[i] = kiln_half_to_float(p[i]);
+  return v;
+#endif
+}
+
 /* `rows` (a constant at each call) quantized rows of A (x, ldx bytes apart; their group scales
    and sums, lds apart) times one int4 panel, stored (finished when `f` is given) into c. Per word
    vector, the even k-steps' codes (w & 0x0f0f0f0f: bytes 0 2 4 6) and the odd ones' ((w >> 4) &
    0x0f0f0f0f) meet the activations stored in that order; per group, the int32 sums become
    float: sum x * w = scale_x * scale_w * sum xq * code + offset_w * scale_x * sum xq. */
-static inline __attribute__((always_inline)) void kiln_w4_rows_n(const int rows, const kiln_w4_plan *p, const int8_t *restrict x, int64_t ldx, const float *restrict xs, const float *restrict sums, int64_t lds, const int32_t *restrict w, const float *restrict scale, const float *restrict offset, float *restrict c, int64_t ldc, const kiln_finish *f) {
+static inline __attribute__((always_inline)) void kiln_w4_rows_n(const int rows, const kiln_w4_plan *p, const int8_t *restrict x, int64_t ldx, const float *restrict xs, const float *restrict sums, int64_t lds, const int32_t *restrict w, const uint16_t *restrict scale, const float *restrict offset, float *restrict c, int64_t ldc, const kiln_finish *f) {
   kiln_vf acc0[KILN_W4_ROWS], acc1[KILN_W4_ROWS];
   const int64_t steps = p->g->q_group / KILN_W4_CHUNK;
   const kiln_vi nibbles = (kiln_vi){0} + 0x0f0f0f0f;
@@ -91,7 +123,7 @@ static inline __attribute__((always_inline)) void kiln_w4_rows_n(const int rows,
       w += KILN_NR;
       x += KILN_W4_CHUNK;
     }
-    const kiln_vf s0 = *(const kiln_vf *)scale, s1 = *(const kiln_vf *)(scale + KILN_L);
+    const kiln_vf s0 = kiln_half_load(scale), s1 = kiln_half_load(scale + KILN_L);
     const kiln_vf o0 = offset ? *(const kiln_vf *)offset : -8.0f * s0;
     const kiln_vf o1 = offset ? *(const kiln_vf *)(offset + KILN_L) : -8.0f * s1;
 #pragma GCC unroll 4
@@ -108,7 +140,7 @@ static inline __attribute__((always_inline)) void kiln_w4_rows_n(const int rows,
 
 /* mr <= KILN_W4_ROWS rows of one panel, nr <= NR of its columns valid: a narrower tile goes
    through a scratch tile (the padded columns, scale and offset 0, are computed there, never stored) */
-static void kiln_w4_tile(const kiln_w4_plan *p, int64_t mr, int64_t nr, int64_t row, const int32_t *w, const float *scale, const float *offset, float *c, const kiln_finish *f) {
+static void kiln_w4_tile(const kiln_w4_plan *p, int64_t mr, int64_t nr, int64_t row, const int32_t *w, const uint16_t *scale, const float *offset, float *c, const kiln_finish *f) {
   float tile[KILN_W4_ROWS * KILN_NR] __attribute__((aligned(64)));
   const int whole = nr == KILN_NR;
   float *out = whole ? c : tile;
@@ -131,10 +163,10 @@ static void kiln_w4_tile(const kiln_w4_plan *p, int64_t mr, int64_t nr, int64_t 
 /* k-step k of a panel's codes widened to float32 at dst (its NR columns): code x scale + offset (a
    symmetric group's offset -8 x scale); a last panel's columns past N hold code, scale and offset
    0, so 0 (this path's prompt rows and gemm_wbf16.c's) */
-static inline __attribute__((always_inline)) void kiln_w4_widen_step(const int32_t *codes, const float *scale, const float *offset, int64_t group, int64_t k, float *dst) {
+static inline __attribute__((always_inline)) void kiln_w4_widen_step(const int32_t *codes, const uint16_t *scale, const float *offset, int64_t group, int64_t k, float *dst) {
   const int64_t at = (k / group) * KILN_NR;
   const int32_t *word = codes + (k / KILN_W4_CHUNK) * KILN_NR;
-  const kiln_vf s0 = *(const kiln_vf *)(scale + at), s1 = *(const kiln_vf *)(scale + at + KILN_L);
+  const kiln_vf s0 = kiln_half_load(scale + at), s1 = kiln_half_load(scale + at + KILN_L);
   const kiln_vf o0 = offset ? *(const kiln_vf *)(offset + at) : -8.0f * s0;
   const kiln_vf o1 = offset ? *(const kiln_vf *)(offset + at + KILN_L) : -8.0f * s1;
   const int shift = 4 * (int)(k % KILN_W4_CHUNK);
@@ -145,7 +177,7 @@ static inline __attribute__((always_inline)) void kiln_w4_widen_step(const int32
 
 /* many rows (a prompt's): each KC-deep block of the panel dequantized once into float32 (what the
    float micro-kernel streams), then every row of A multiplied by it, read in place */
-static void kiln_w4_panel_rows(const kiln_w4_plan *p, int64_t bt, const int32_t *w, const float *scale, const float *offset, int64_t n0, int64_t nr) {
+static void kiln_w4_panel_rows(const kiln_w4_plan *p, int64_t bt, const int32_t *w, const uint16_t *scale, const float *offset, int64_t n0, int64_t nr) {
   static _Thread_local float *block;
   static _Thread_local int64_t have;
   const kiln_gemm *g = p->g;
@@ -172,7 +204,8 @@ static void kiln_w4_tasks(void *ctx, int64_t lo, int64_t hi, int worker) {
       const int64_t n0 = panel * KILN_NR, nr = N - n0 < KILN_NR ? N - n0 : KILN_NR;
       const int64_t at = KILN_SPAN(bt * g->b_pbs + panel * words, words, g->b_packed_size, "B (int4 words)");
       const int32_t *w = (const int32_t *)g->b_low + at;
-      const float *scale = g->q_scale + panel * params, *offset = g->q_min ? g->q_min + panel * params : NULL;
+      const uint16_t *scale = g->q_half + panel * params;
+      const float *offset = g->q_min ? g->q_min + panel * params : NULL;
       if (!p->x) {
         kiln_w4_panel_rows(p, bt, w, scale, offset, n0, nr);
         continue;

@@ -39,7 +39,7 @@ static void kiln_wa8_int4_scales(const kiln_gemm *s, float *out) {
       kiln_vf top = {0};
       for (int64_t q = 0; q < groups; ++q) {
         const int64_t at = (p * groups + q) * KILN_NR + half;
-        const kiln_vf scale = *(const kiln_vfu *)(s->q_scale + at);
+        const kiln_vf scale = kiln_half_load(s->q_half + at);
         const kiln_vf offset = s->q_min ? *(const kiln_vfu *)(s->q_min + at) : -8.0f * scale;
         const kiln_vf lo = (kiln_vf)((kiln_vi)offset & magnitude), hi = (kiln_vf)((kiln_vi)(15.0f * scale + offset) & magnitude);
         top = kiln_select(lo > top, lo, top);
@@ -154,11 +154,12 @@ static void kiln_wa8_pack_lanes(const kiln_wa8 *w, int64_t bt, int64_t c, int64_
   const int64_t words = groups * group / KILN_W4_CHUNK * KILN_NR, params = groups * KILN_NR;
   const int64_t at = KILN_SPAN(bt * s->b_pbs + panel * words, words, s->b_packed_size, "B (int4 words)");
   const int32_t *codes = (const int32_t *)s->b_low + at + lane;
-  const float *scales = s->q_scale + panel * params + lane, *offsets = s->q_min ? s->q_min + panel * params + lane : NULL;
+  const uint16_t *scales = s->q_half + panel * params + lane;
+  const float *offsets = s->q_min ? s->q_min + panel * params + lane : NULL;
   const kiln_vf inv = *(const kiln_vfu *)(w->col_inv + c);
   for (int64_t k0 = 0; k0 < kp; k0 += group) { /* (groups are multiples of 4 k-steps) */
     const int64_t q = (k0 < K ? k0 : K - 1) / group, end = k0 + group < kp ? k0 + group : kp;
-    const kiln_vf scale = *(const kiln_vfu *)(scales + q * KILN_NR);
+    const kiln_vf scale = kiln_half_load(scales + q * KILN_NR);
     const kiln_vf offset = offsets ? *(const kiln_vfu *)(offsets + q * KILN_NR) : -8.0f * scale;
     const kiln_vf sc = scale * inv, off = offset * inv;
     const int64_t whole = end < K ? end : K - K % 4; /* quads wholly inside K, then the rest */

@@ -45,7 +45,8 @@ static void kiln_wbf16_widen(const kiln_gemm *g, int64_t bt, int64_t x0, int64_t
   const int64_t words = padded / KILN_W4_CHUNK * KILN_NR, params = groups * KILN_NR;
   const int64_t at = KILN_SPAN(bt * s->b_pbs + panel * words, words, s->b_packed_size, "B (int4 words)");
   const int32_t *codes = (const int32_t *)s->b_low + at;
-  const float *scale = s->q_scale + panel * params, *offset = s->q_min ? s->q_min + panel * params : NULL;
+  const uint16_t *scale = s->q_half + panel * params;
+  const float *offset = s->q_min ? s->q_min + panel * params : NULL;
   for (int64_t k = 0; k < K; ++k) kiln_w4_widen_step(codes, scale, offset, group, k, dst + k * KILN_NR);
 }
 
