@@ -138,7 +138,7 @@ def compile_model(request: Request) -> Any:
     elif source_file is not None and model.compilation.source.graph is not None and model.dims_model is not None:
         # a model whose sizes run through one route's plans (declared ranges: a decode step's) keeps
         # no float32 copy of its weights beside their packed ones; the file, if unchanged, is read
-        # again when a binding outside them must compile (a 1B decoder at int4: 7.8 GB held -> 1.9)
+        # again when a binding outside them must compile (a 1B decoder at int4: 7.8 GB held -> 3.1)
         model.release_source(_reimported(request, source_file, options))
         return_freed(collect=True)
     return model

@@ -155,8 +155,8 @@ def pack_cols_int4(matrix: np.ndarray, cols: int, group: int, symmetric: bool): 
     """[K, N] float32 weights -> the int4 path's B (gemm_w4.c): 32-bit words [ceil(N/cols),
     Kp/8, cols] holding eight k-steps of a column (k-step t in bits 4t..4t+3), float16 scales (as
     their uint16 bits) and float32 offsets [ceil(N/cols), Kp/group, cols] (``quantize_groups``;
-    padded columns 0). Offsets are None when symmetric (the engine takes -8 x scale). Quantized a block of panels at a time: the
-    float temporaries stay a block's."""
+    padded columns 0). Offsets are None when symmetric (the engine takes -8 x scale). Quantized a
+    block of panels at a time: the float temporaries stay a block's."""
     matrix = np.asarray(matrix, dtype=np.float32)
     k, n = matrix.shape
     padded, panels = -(-k // group) * group, -(-n // cols)

@@ -192,9 +192,11 @@ class CpuBackend(Backend):
         if target.isa not in ("avx512", "avx2"):
             int8 = f"the {target.name} target ({target.isa}) has no int8 path; int8 runs on the avx512 and avx2 targets"
         a8 = int8
-        if not a8 and features.int8_path(target.isa, target.native)[0] < features.INT8_PATHS["avx-vnni"]:
-            a8 = (f"the {target.name} target's int8 code runs {features.int8_path(target.isa, target.native)[1]} "
-                  "here; the -a8 formats need VNNI or AMX-INT8 (their bytes would saturate AVX2's VPMADDUBSW)")  # fmt: skip
+        if not a8:
+            mode, path = features.int8_path(target.isa, target.native)
+            if mode < features.INT8_PATHS["avx-vnni"]:
+                a8 = (f"the {target.name} target's int8 code runs {path} here; the -a8 formats need VNNI or "
+                      "AMX-INT8 (their bytes would saturate AVX2's VPMADDUBSW)")  # fmt: skip
         # (the weight-only paths, gemm_w8.c and gemm_w4.c: plain vector code, every ISA; their
         # "-bf16" and "-a8" forms run a prompt's rows through the bf16 or int8 path's kernels)
         prompt = {"": "", "bf16": bf16, "int8": a8}

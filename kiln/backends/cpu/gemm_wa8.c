@@ -49,38 +49,39 @@ static void kiln_wa8_int4_scales(const kiln_gemm *s, float *out) {
     }
 }
 
-/* a vector rounded to the nearest integer, ties to even */
-static inline __attribute__((always_inline)) kiln_vf kiln_wa8_rint(kiln_vf v) {
+/* a vector rounded to the nearest integer (ties to even) as int32; no NaN or value past int32
+   reaches here (the callers clamp, or a column's scale bounds |code x scale' + offset'| by 127) */
+static inline __attribute__((always_inline)) kiln_vi kiln_wa8_round(kiln_vf v) {
 #if defined(__AVX512F__) && KILN_VB == 64
-  return (kiln_vf)_mm512_roundscale_ps((__m512)v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  return (kiln_vi)_mm512_cvtps_epi32((__m512)v); /* (MXCSR's rounding: nearest even) */
 #elif defined(__AVX__) && KILN_VB == 32
-  return (kiln_vf)_mm256_round_ps((__m256)v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  return (kiln_vi)_mm256_cvtps_epi32((__m256)v);
 #else
   for (int i = 0; i < KILN_L; ++i) v[i] = __builtin_nearbyintf(v[i]);
-  return v;
+  return __builtin_convertvector(v, kiln_vi);
 #endif
 }
 
-/* n (a multiple of KILN_L) floats x times inv (a vector's worth of multipliers, or a single one:
-   step 0), rounded, clamped to [-127, 127] (NaN: 0), as bytes; returns their sum */
-static inline int32_t kiln_wa8_bytes(const float *x, int64_t x_step, const float *inv, int64_t inv_step, int64_t n, int8_t *out) {
+/* n floats x[i * step] times inv, rounded, clamped to [-127, 127] (NaN: 0), as bytes; returns
+   their sum */
+static inline int32_t kiln_wa8_bytes(const float *x, int64_t step, float inv, int64_t n, int8_t *out) {
   typedef int8_t kiln_vb8 __attribute__((vector_size(KILN_L)));
   const kiln_vf top = (kiln_vf){0} + 127.0f, low = (kiln_vf){0} - 127.0f, zero = {0};
   kiln_vi sum = {0};
   for (int64_t i = 0; i < n; i += KILN_L) {
-    const kiln_vf scale = inv_step ? *(const kiln_vfu *)(inv + i) : (kiln_vf){0} + inv[0];
+    const int64_t left = n - i < KILN_L ? n - i : KILN_L; /* (a last vector's missing lanes: 0) */
     kiln_vf v;
-    if (x_step == 1)
-      v = *(const kiln_vfu *)(x + i) * scale;
+    if (step == 1 && left == KILN_L)
+      v = *(const kiln_vfu *)(x + i) * inv;
     else
-      for (int l = 0; l < KILN_L; ++l) v[l] = x[(i + l) * x_step] * scale[l];
+      for (int l = 0; l < KILN_L; ++l) v[l] = l < left ? x[(i + l) * step] * inv : 0.0f;
     v = kiln_select(v == v, v, zero);
     v = kiln_select(v > top, top, v);
     v = kiln_select(v < low, low, v);
-    const kiln_vi q = __builtin_convertvector(kiln_wa8_rint(v), kiln_vi);
+    const kiln_vi q = kiln_wa8_round(v);
     sum += q;
     const kiln_vb8 bytes = __builtin_convertvector(q, kiln_vb8);
-    memcpy(out + i, &bytes, sizeof bytes);
+    memcpy(out + i, &bytes, (size_t)left);
   }
   int32_t total = 0;
   for (int l = 0; l < KILN_L; ++l) total += sum[l];
@@ -108,18 +109,6 @@ static inline __attribute__((always_inline)) kiln_vi kiln_wa8_int8_step(const in
   kiln_vb8 v;
   memcpy(&v, b + k * KILN_NR, sizeof v);
   return __builtin_convertvector(v, kiln_vi);
-#endif
-}
-
-/* a vector rounded to the nearest integer (ties to even) as int32; no NaN or value past int32
-   reaches here (a column's scale bounds |code x scale' + offset'| by 127) */
-static inline __attribute__((always_inline)) kiln_vi kiln_wa8_round(kiln_vf v) {
-#if defined(__AVX512F__) && KILN_VB == 64
-  return (kiln_vi)_mm512_cvtps_epi32((__m512)v); /* (MXCSR's rounding: nearest even) */
-#elif defined(__AVX__) && KILN_VB == 32
-  return (kiln_vi)_mm256_cvtps_epi32((__m256)v);
-#else
-  return __builtin_convertvector(kiln_wa8_rint(v), kiln_vi);
 #endif
 }
 
@@ -245,16 +234,7 @@ static void kiln_wa8_quantize(void *ctx, int64_t lo, int64_t hi, int worker) {
       poison += x * 0.0f;
     }
     const float inv = top > 0.0f && poison == 0.0f ? 127.0f / top : 0.0f;
-    int8_t *out = p->codes + row * K;
-    const int64_t whole = K / KILN_L * KILN_L;
-    int32_t sum = kiln_wa8_bytes(a, g->a_cs, &inv, 0, whole, out);
-    for (int64_t k = whole; k < K; ++k) {
-      float v = __builtin_nearbyintf(a[k * g->a_cs] * inv);
-      v = v == v ? v : 0.0f;
-      v = v > 127.0f ? 127.0f : (v < -127.0f ? -127.0f : v);
-      out[k] = (int8_t)(int32_t)v;
-      sum += out[k];
-    }
+    const int32_t sum = kiln_wa8_bytes(a, g->a_cs, inv, K, p->codes + row * K);
     p->scale[row] = poison == 0.0f ? top / 127.0f : __builtin_nanf("");
     p->offset[row] = -128 * sum;
   }
