@@ -18,6 +18,11 @@ a binding whose vector has a dim below 1, above its size at the capacity (kernel
 there), or two dims apart that were equal at every binding specialized (a residual Add, a U-Net's
 Concat: the model may have no shapes there), is specialized instead, which raises InputError
 where the model has no shapes.
+
+The dims outside the route (a size class's batch) are inputs too: each class's variant has its own
+capacity, and the program is fitted over every class's bindings (a term of the batch is no constant
+then), else — no term fits them all — over the first class's only, the others specialized per
+binding as before.
 """
 
 from __future__ import annotations
@@ -47,6 +52,18 @@ class DimsProgram:
     # entries whose dim is an expression of the input dims (``(h+1)//2``: kiln.ir.dims): the name
     # itself is the program, evaluated, never fitted
     named: tuple[int, ...] = ()
+    # input entries outside the route (a size class's batch): each binding of them that was fitted
+    # has its variant, laid out at its own capacity — ``capacity`` the first's, ``classes`` the
+    # others' — and a call whose entries there match none is specialized
+    fixed: tuple[int, ...] = ()
+    classes: tuple[tuple[int, ...], ...] = ()
+
+    def capacity_for(self, vector: np.ndarray) -> np.ndarray | None:
+        """The capacity of the variant whose binding of the ``fixed`` entries is ``vector``'s (None: none)."""
+        for capacity in (self.capacity, *self.classes):
+            if all(vector[i] == capacity[i] for i in self.fixed):
+                return np.asarray(capacity, dtype=np.int64)
+        return None
 
     def __call__(self, dims: dict[str, Any]) -> np.ndarray | None:
         """The vector at ``dims`` (every input dim bound), or None where only specializing can tell."""
@@ -70,7 +87,9 @@ class DimsProgram:
             if not -(1 << 62) < value < 1 << 62:  # beyond any tensor: only specializing can tell (and refuse)
                 return None
             vector[index] = value
-        capacity = np.asarray(self.capacity, dtype=np.int64)
+        capacity = self.capacity_for(vector)
+        if capacity is None:
+            return None
         kept = capacity >= 1  # (-1: a dim no value keeps after folding)
         if (vector[kept] < 1).any() or (vector[kept] > capacity[kept]).any():
             return None
@@ -85,6 +104,8 @@ class DimsProgram:
             "capacity": list(self.capacity),
             "equal": [list(group) for group in self.equal],
             "named": list(self.named),
+            "fixed": list(self.fixed),
+            "classes": [list(c) for c in self.classes],
         }
 
     @classmethod
@@ -122,7 +143,14 @@ class DimsProgram:
         given = {names[i] for i in inputs}
         if any(i in inputs or not expression_of(names[i], given) for i in named):
             raise ValueError("a named entry that is no expression of the input dims")
-        return cls(names, inputs, tuple(steps), capacity, equal, named)  # type: ignore[arg-type]
+        fixed = ints(found.get("fixed") or [], 0, n)  # (a file from before size classes were fitted: none)
+        if any(i not in inputs for i in fixed):
+            raise ValueError("a fixed entry that is no input dim")
+        classes = found.get("classes") or []
+        if not isinstance(classes, list) or any(not isinstance(c, list) or len(c) != n for c in classes):
+            raise ValueError("a capacity per dim in each class")
+        others = tuple(ints(c, -1, 1 << 31) for c in classes)
+        return cls(names, inputs, tuple(steps), capacity, equal, named, fixed, others)  # type: ignore[arg-type]
 
 
 def expression_of(name: str, inputs: set[str]) -> bool:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import shutil
@@ -190,16 +191,19 @@ def _route(found: Any, graph: Any, ranges: dict[str, tuple[int, int]], path: Pat
     # samples are the ones a compile chooses, and the program is fitted again from the graph's own
     # dims at them (its capacity the graph's size at the capacity, not the file's)
     at_capacity = [v for v in listed if all(v.get(s) == c for s, c in route.capacity.items())]
-    for binding in at_capacity:  # the compile's own binding of the other dims is one of these (the first, as saved)
-        checked = _checked_route(found, graph, route, {k: v for k, v in binding.items() if k not in route.symbols})
+    outside = [{k: v for k, v in binding.items() if k not in route.symbols} for binding in at_capacity]
+    for fixed in outside:  # the compile's own binding of the other dims is one of these (the first, as saved)
+        checked = _checked_route(found, graph, route, fixed, outside)
         if checked is not None:
             return checked, listed
     raise damaged
 
 
-def _checked_route(found: dict, graph: Any, route: Any, fixed: dict[str, int]) -> Any:
-    """``route`` with its program fitted again from the graph (None where the file's samples are not
-    the ones a compile chooses with ``fixed``, or its program differs from the graph's)."""
+def _checked_route(found: dict, graph: Any, route: Any, fixed: dict[str, int], others: list[dict[str, int]]) -> Any:
+    """``route`` with its program fitted again from the graph at ``fixed`` and ``others`` (the
+    variants' bindings of the other dims) (None where the file's samples are not the ones a compile
+    chooses with ``fixed``, or its program differs from the graph's). A program saved before the
+    size classes were fitted (no ``fixed`` entries) is checked as fitted at ``fixed`` alone."""
     names = route.names
     try:
         chosen = spatial.generic_samples(graph, names, {s: (low, high) for s, low, high in route.ranged}, fixed)
@@ -209,7 +213,10 @@ def _checked_route(found: dict, graph: Any, route: Any, fixed: dict[str, int]) -
             return route
         claimed = DimsProgram.from_meta(found["program"], tuple(names), spatial.strides_of(graph))
         inputs = {d for v in graph.inputs for d in (getattr(v.type, "shape", None) or ()) if isinstance(d, str)}
-        rebuilt = spatial.with_program(graph, route, fixed, inputs)
+        earlier = isinstance(found["program"], dict) and "fixed" not in found["program"]
+        rebuilt = spatial.with_program(graph, route, fixed, inputs, () if earlier else others)
+        if earlier and rebuilt.program is not None:  # (its fixed entries the graph's: a call elsewhere specializes)
+            claimed = dataclasses.replace(claimed, fixed=rebuilt.program.fixed)
     except (ValueError, KilnError, extents.NotAffine):
         return None
     return rebuilt if rebuilt.program == claimed else None

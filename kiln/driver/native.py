@@ -400,7 +400,8 @@ class NativeModel(Model):
         ranges = {name: self.ranges[name] for name in ranged}
         try:
             fixed = {**{k: v for k, v in base.items() if k not in ranges}, **sizes[0]}
-            route = spatial.route_for(self.graph, ranges, fixed, names)
+            others = [{**fixed, **size} for size in sizes[1:]]  # (the other size classes: their capacities too)
+            route = spatial.route_for(self.graph, ranges, fixed, names, others)
             for copies in (True, False):  # sizes read as data from the dims vector, else folded per binding
                 route = dataclasses.replace(route, copies=copies)
                 try:

@@ -35,6 +35,7 @@ import dataclasses
 import itertools
 import logging
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -147,24 +148,53 @@ class RunTimeDims:
         return self.binding(self.samples[0])
 
 
-def route_for(graph: Graph, ranges: dict[str, tuple[int, int]], dims: dict[str, int], inputs: set[str]) -> RunTimeDims:
-    """The route for ``ranges`` (``dims`` binds the graph's other input dims): its samples and, where
-    one fits, its dims program. Raises NotAffine when the ranges cannot be lowered apart."""
+def route_for(
+    graph: Graph,
+    ranges: dict[str, tuple[int, int]],
+    dims: dict[str, int],
+    inputs: set[str],
+    others: Sequence[dict[str, int]] = (),
+) -> RunTimeDims:
+    """The route for ``ranges`` (``dims`` binds the graph's other input dims; ``others``: their
+    further bindings, a chunked dim's other size classes): its samples and, where one fits, its
+    dims program. Raises NotAffine when the ranges cannot be lowered apart."""
     every = graph_symbols(graph)
     chosen = generic_samples(graph, every, ranges, dims)
     if chosen is None:
         raise NotAffine(f"the ranges {ranges} are too short, or too small, to lower apart")
     route = RunTimeDims(every, tuple((name, *bounds) for name, bounds in ranges.items()), chosen)
-    return with_program(graph, route, dims, inputs)
+    return with_program(graph, route, dims, inputs, others)
 
 
-def with_program(graph: Graph, route: RunTimeDims, dims: dict[str, int], inputs: set[str]) -> RunTimeDims:
+def with_program(
+    graph: Graph, route: RunTimeDims, dims: dict[str, int], inputs: set[str], others: Sequence[dict[str, int]] = ()
+) -> RunTimeDims:
     """``route`` with its dims program (``kiln.driver.dims_program``), fitted to the vectors of its
-    samples and check bindings (``dims`` binds the dims outside the route); unchanged where none fits."""
+    samples and check bindings at ``dims`` (binding the dims outside the route) and at each of
+    ``others`` (the variants' other bindings of them, in a canonical order), interleaved so both
+    halves of the fit see every binding; else at ``dims`` only; unchanged where none fits."""
     ranges = {name: (low, high) for name, low, high in route.ranged}
-    vectors = [dim_values(graph, route.names, {**dims, **route.binding(s)}) for s in route.samples]
-    vectors += checks(graph, route.names, ranges, dims)[1]
-    program = fit_program(route.names, inputs, np.stack(vectors), strides_of(graph))
+
+    def vectors_at(binding: dict[str, int]) -> list[np.ndarray]:
+        at = [dim_values(graph, route.names, {**binding, **route.binding(s)}) for s in route.samples]
+        return at + checks(graph, route.names, ranges, binding)[1]
+
+    first = vectors_at(dims)
+    outside = {name for name in inputs if name not in ranges}
+    program = None
+    extra = sorted({tuple(sorted(o.items())) for o in others if o != dims} - {tuple(sorted(dims.items()))})
+    if extra:
+        try:
+            lists = [first, *(vectors_at(dict(binding)) for binding in extra)]
+        except KilnError as err:  # (no shapes at another class's bindings: that class specializes)
+            log.info("the dims program fits the first size class only: %s", err)
+        else:
+            mixed = [row[i] for i in range(max(map(len, lists))) for row in lists if i < len(row)]
+            program = fit_program(
+                route.names, inputs, np.stack(mixed), strides_of(graph), outside, [v[0] for v in lists[1:]]
+            )
+    if program is None:
+        program = fit_program(route.names, inputs, np.stack(first), strides_of(graph), outside)
     return route if program is None else dataclasses.replace(route, program=program)
 
 
@@ -493,10 +523,17 @@ def compile_with_run_time_dims(
 
 
 def fit_program(
-    names: tuple[str, ...], inputs: set[str], vectors: np.ndarray, divisors: tuple[int, ...]
+    names: tuple[str, ...],
+    inputs: set[str],
+    vectors: np.ndarray,
+    divisors: tuple[int, ...],
+    outside: set[str] = frozenset(),  # type: ignore[assignment]
+    classes: Sequence[np.ndarray] = (),
 ) -> DimsProgram | None:
     """The program of ``vectors`` ([bindings, names], the capacity's first; the first half fits,
-    the rest checks), or None where a dim fits no term, or two terms that tell apart."""
+    the rest checks), or None where a dim fits no term, or two terms that tell apart. ``outside``:
+    the input dims outside the route, bound per variant; ``classes``: the other variants'
+    capacities (their bindings among ``vectors``)."""
     if len(vectors) < 6:
         return None
     fitting, checking = vectors[: (len(vectors) + 1) // 2], vectors[(len(vectors) + 1) // 2 :]
@@ -530,4 +567,6 @@ def fit_program(
         if (vectors[:, index] >= 1).all():
             groups.setdefault(vectors[:, index].tobytes(), []).append(index)
     equal = tuple(tuple(g) for g in groups.values() if len(g) > 1)
-    return DimsProgram(names, bound, tuple(steps), tuple(int(v) for v in vectors[0]), equal, named)
+    fixed = tuple(i for i in bound if names[i] in outside)
+    others = tuple(tuple(int(v) for v in c) for c in classes)
+    return DimsProgram(names, bound, tuple(steps), tuple(int(v) for v in vectors[0]), equal, named, fixed, others)

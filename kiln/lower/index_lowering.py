@@ -6,6 +6,8 @@ Every index read from a tensor is bounds-checked: an out-of-range index sets the
 
 from __future__ import annotations
 
+import numpy as np
+
 from kiln.ir.graph import Node
 from kiln.ir.types import DType
 from kiln.lower.kir import (
@@ -243,17 +245,30 @@ def lower_gather_nd(lw: Lowerer, node: Node) -> list[Kernel]:
     depth = index_shape[-1]
     if not index_shape or batch + depth > len(shape):
         raise CannotLower("GatherND indices deeper than the data")
-    src, idx, dst = lw.buffer(data), lw.buffer(indices), lw.buffer(out)
+    # index tuples that are their own grid's coordinates (the dynamo exports' mask[b, j] with
+    # broadcast aranges): each read from its loop, no index buffer — folded, that buffer's layout
+    # follows the sizes, which kernels taking the sizes at run time cannot share
+    grid = _coordinate_columns(lw.constant(indices), depth) if batch == 0 else None
+    src, dst = lw.buffer(data), lw.buffer(out)
+    idx = lw.buffer(indices) if grid is None else None
     code = lw.kernel_count + 1
     data_strides, index_strides, out_strides = strides(shape), strides(index_shape), strides(out_shape)
     positions = len(index_shape) - 1  # output dims that walk the indices tensor
+
+    def checked(loop: list[Index], at: Expr, j: int) -> tuple[list[Stmt], Expr]:
+        size = shape[batch + j]
+        if grid is None:
+            return _checked_index(lw, Load(idx, add(at, i64(j))), size, code)  # type: ignore[arg-type]
+        raw = i64(0) if grid[j] is None else loop[grid[j]]  # (never negative: past the dim stops the run)
+        bad = [If(Binary(">=", raw, i64(size)), [Store(lw.status, i64(0), Const(code, DType.INT32))])]
+        return bad, Select(Binary("<", raw, i64(size)), raw, i64(0))
 
     def body(loop: list[Index]) -> list[Stmt]:
         at = affine(list(zip(loop[:positions], index_strides[:positions])))  # type: ignore[arg-type]
         stmts: list[Stmt] = []
         read: list[tuple[Expr, int]] = [(loop[a], data_strides[a]) for a in range(batch)]
         for j in range(depth):
-            checks, picked = _checked_index(lw, Load(idx, add(at, i64(j))), shape[batch + j], code)
+            checks, picked = checked(loop, at, j)
             stmts.extend(checks)
             read.append((picked, data_strides[batch + j]))
         read.extend((loop[positions + a], data_strides[batch + depth + a]) for a in range(len(shape) - batch - depth))
@@ -262,7 +277,30 @@ def lower_gather_nd(lw: Lowerer, node: Node) -> list[Kernel]:
     if 0 in out_shape:
         return []
     stmts, loop = nest(lw, out_shape, body)
-    return [lw.kernel(node, "copy", stmts, [data, indices], [out], default_schedule(lw.target, out_shape, loop))]
+    reads = [data] if grid is not None else [data, indices]
+    return [lw.kernel(node, "copy", stmts, reads, [out], default_schedule(lw.target, out_shape, loop))]
+
+
+def _coordinate_columns(indices: np.ndarray | None, depth: int) -> list[int | None] | None:
+    """Per index column, the grid axis along which it is ``arange`` (the same along every other
+    axis) or None where it is all zeros; None unless every column is one of those."""
+    if indices is None or indices.dtype.kind not in "iu" or indices.ndim < 2 or indices.size == 0:
+        return None
+    grid = indices.shape[:-1]
+    found: list[int | None] = []
+    for j in range(depth):
+        column = indices[..., j]
+        if not column.any():
+            found.append(None)
+            continue
+        for axis in range(len(grid)):
+            ramp = np.arange(grid[axis]).reshape([-1 if a == axis else 1 for a in range(len(grid))])
+            if grid[axis] > 1 and np.array_equal(column, np.broadcast_to(ramp, grid)):
+                found.append(axis)
+                break
+        else:
+            return None
+    return found
 
 
 def lower_scatter_nd(lw: Lowerer, node: Node) -> list[Kernel]:

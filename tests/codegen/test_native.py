@@ -233,6 +233,36 @@ def test_out_of_range_gather_nd_is_an_error_not_a_wild_read(target):
         compiled(np.array([[0, 0], [0, 4]]))
 
 
+def test_gather_nd_of_its_grids_own_coordinates_reads_no_index_buffer_and_stops_past_the_dim(target):
+    """mask[arange(b)[:, None, None], arange(n)]: index tuples that are their grid's coordinates
+    (the dynamo exports' mask lookup, folded) are read from the loops, not from a buffer whose
+    layout follows the sizes; the same values as the reference, and an arange past the dim stops
+    the run with the node named, as a stored index past it does."""
+
+    def model_with(n: int):  # type: ignore[no-untyped-def]
+        rows = np.broadcast_to(np.arange(3).reshape(3, 1, 1), (3, 1, n))
+        cols = np.broadcast_to(np.arange(n).reshape(1, 1, n), (3, 1, n))
+        indices = np.stack([rows, cols], axis=-1).astype(np.int64)
+        return make_model(
+            [helper.make_node("GatherND", ["t", "i"], ["y"], name="lookup")],
+            [("t", F, [3, 5])],
+            [("y", F, None)],
+            {"i": indices},
+        )
+
+    x = data((3, 5))
+    compiled = kiln.compile(model_with(4), target=target)
+    np.testing.assert_array_equal(compiled(x), x[:, None, :4])
+    kernels = [k for plan in compiled.plans for step in plan.steps for k in getattr(step, "kernels", [])]
+    copies = [k for k in kernels if "lookup" in " ".join(k.sources)]
+    assert copies and all(len(k.reads) == 1 for k in copies), [(k.kind, k.reads) for k in copies]
+    held = [np.asarray(a) for plan in compiled.plans for a in plan.constants.values()]
+    assert not any(a.dtype == np.int64 and a.size == 3 * 4 * 2 for a in held), "the index tuples are held"
+    past = kiln.compile(model_with(6), target=target)  # (column 5 is past t's 5 columns)
+    with pytest.raises(ExecutionError, match=r"'lookup' \(GatherND\).*an index input is out of range"):
+        past(x)
+
+
 def test_scatter_nd_writes_in_order_natively_and_an_out_of_range_index_is_an_error_not_a_wild_write(target):
     """BART's "shift tokens right": ScatterND writing the first token of each row; duplicates
     apply in order; a negative index counts from the end; one past the end stops the run."""

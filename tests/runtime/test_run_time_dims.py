@@ -266,6 +266,24 @@ def test_the_dims_program_defers_where_it_could_be_wrong_unseen():
     assert named({"h": 13}).tolist() == [13, 7] and DimsProgram.from_meta(named.as_meta(), named.names, ()) == named
 
 
+def test_the_dims_program_checks_each_size_class_against_its_own_capacity():
+    """A dim outside the route (a size class's batch) is fixed per variant: the vector is checked
+    against the capacity of the class it binds, and a binding of it no class has is specialized."""
+    from kiln.driver.dims_program import DimsProgram
+
+    # (batch, t, batch*t): t at run time up to 10, batch classes 1 and 4
+    program = DimsProgram(("batch", "t", "batch*t"), (0, 1), (), (1, 10, 10), (), (2,), (0,), ((4, 10, 40),))
+    assert program({"batch": 1, "t": 7}).tolist() == [1, 7, 7]
+    assert program({"batch": 4, "t": 7}).tolist() == [4, 7, 28]  # above class 1's capacity, inside class 4's
+    assert program({"batch": 2, "t": 7}) is None  # no class of 2
+    assert program({"batch": 4, "t": 11}) is None
+    assert DimsProgram.from_meta(program.as_meta(), program.names, ()) == program
+    with pytest.raises(ValueError):  # a class's capacity of another length, from a damaged artifact
+        DimsProgram.from_meta({**program.as_meta(), "classes": [[4, 10]]}, program.names, ())
+    earlier = DimsProgram(program.names, (0, 1), (), (1, 10, 10), (), (2,))  # (fitted at class 1 only)
+    assert earlier({"batch": 4, "t": 7}) is None
+
+
 def test_kiln_explain_lists_the_kernels_that_take_the_sizes_at_run_time(tmp_path):
     """kiln explain --dim h=.. --dim w=..: the route kiln compile takes, each kernel with whether
     it reads the dims vector (text and --json); --disable run-time-dims says each size compiles."""

@@ -205,3 +205,33 @@ def test_a_present_cache_read_in_place_as_the_next_past_gives_the_same_tokens(mo
                            max_new_tokens=20, min_new_tokens=20, do_sample=False, pad_token_id=0).numpy()  # fmt: skip
     assert np.array_equal(kiln.generate(model, ids, 20), want)
     assert any(used), "no past was read in place"
+
+
+@pytest.mark.slow
+def test_a_batch_class_of_its_own_runs_every_step_from_the_dims_program(monkeypatch):
+    """A batch of 4 declared as a size class of its own is one step a token, not four: its variant's
+    sizes at every cache length come from the dims program fitted over both classes (no graph
+    specialized per step, which cost more than the step), and its tokens are transformers' own."""
+    from kiln.driver import spatial
+
+    monkeypatch.setenv("KILN_PLAN_CACHE", "0")
+    model = kiln.compile(str(decoders.export("llama", exporter="dynamo")), dims={**CONTEXT, "batch": "1..4"})
+    model.declare({**CONTEXT, "batch": "1..4"}, {"batch": "1,4"})
+    assert model.size_classes["batch"] == (1, 4)
+    program = model.dims_model.spatial.program
+    assert program is not None and program.fixed and len(program.classes) == 1, program
+    specialized = []
+    real = spatial.dim_values
+    monkeypatch.setattr(spatial, "dim_values", lambda g, n, dims: specialized.append(dict(dims)) or real(g, n, dims))
+    steps = []
+    run = model.run
+    model.run = lambda feeds, outputs=None, run=run: steps.append(feeds["ids"].shape) or run(feeds, outputs)
+    ids = np.random.default_rng(8).integers(0, decoders.get("llama").vocab, (4, 5)).astype(np.int64)
+    got = kiln.generate(model, ids, 12)
+    hf = decoders.build("llama").model
+    with torch.no_grad():
+        want = hf.generate(torch.from_numpy(ids), attention_mask=torch.ones_like(torch.from_numpy(ids)),
+                           max_new_tokens=12, min_new_tokens=12, do_sample=False, pad_token_id=0).numpy()  # fmt: skip
+    assert np.array_equal(got, want), f"\n{got}\n{want}"
+    assert steps == [(4, 5)] + [(4, 1)] * 11, steps
+    assert all(d.get("past") == 0 for d in specialized), specialized  # (only the empty cache's prompt)
