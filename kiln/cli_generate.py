@@ -69,7 +69,7 @@ def generate_command(
     longest = context or prompt_tokens + new_tokens
     dims = _context_dims(longest, batch)
     started = time.perf_counter()
-    compiled = kiln.compile(str(path), dims=dims, precision=precision, generation=True)
+    compiled = generation.batched(kiln.compile(str(path), dims=dims, precision=precision, generation=True), batch)
     compile_s = time.perf_counter() - started
     vocab = _vocab(compiled)
     ids = np.random.default_rng(seed).integers(0, vocab, (batch, prompt_tokens)).astype(np.int64)

@@ -232,14 +232,16 @@ def measure(name: str, engine: str, prompt_lengths: list[int], new_tokens: int, 
         row["prompts"] = _transformers(name, prompts, new_tokens, threads)
         row["peak_rss_mb"] = peak_rss_bytes() / 1e6
         return row
+    from kiln.driver import generation
+
     path = str(decoders.export(name))
     dims = context_dims(name, max(prompt_lengths), new_tokens, batch)
     started = time.perf_counter()
     precision = KILN_ENGINES.get(engine, "fp32")
     try:
-        # (a batch below 8 runs as chunks of the cpu target's class 1: a class of its own at the
-        # batch, declared, measured slower still at 1B; see the README)
         compiled = kiln.compile(path, dims=dims, threads=threads, precision=precision, generation=True)
+        if engine in KILN_ENGINES:  # (a batch of prompts as one step a token: a size class of its own)
+            compiled = generation.batched(compiled, batch)
     except KilnError as err:  # (a precision this machine cannot run: the row says why)
         row["error"] = str(err)
         return row

@@ -241,3 +241,21 @@ def run_seconds(model: Any) -> Iterator[list[float]]:
 
 
 __all__ = ["StepRoles", "generate", "pick", "roles", "run_seconds", "stream"]
+
+
+def batched(model: Any, batch: int) -> Any:
+    """``model`` with ``batch`` a size class of its own (``model.declare``), where its batch dim is
+    chunked by size classes and ``batch`` is none of them: a batch of that many prompts then runs
+    as one step a token (compiled now, once), not as chunks of smaller classes. The model's
+    classes are kept; nothing where it has no such dim (or runs ``batch`` at one step already)."""
+    found = roles(model)
+    symbol = next((v.type.shape[0] for v in model.signature.inputs if v.name == found.ids), None)
+    chunking = model.chunking() if batch > 1 and hasattr(model, "chunking") else None
+    if chunking is None or chunking.symbol != symbol or batch in chunking.classes:
+        return model
+    low, high = model.ranges.get(symbol, (1, batch))
+    if not low <= batch <= high:
+        raise ArgumentError(f"a batch of {batch}: the model was compiled for {low}..{high} ({symbol})")
+    ranges = {name: f"{lo}..{hi}" for name, (lo, hi) in model.ranges.items()}
+    model.declare(ranges, {symbol: ",".join(str(size) for size in sorted({*chunking.classes, batch}))})
+    return model

@@ -209,15 +209,19 @@ def test_a_present_cache_read_in_place_as_the_next_past_gives_the_same_tokens(mo
 
 @pytest.mark.slow
 def test_a_batch_class_of_its_own_runs_every_step_from_the_dims_program(monkeypatch):
-    """A batch of 4 declared as a size class of its own is one step a token, not four: its variant's
+    """A batch of 4 declared as a size class of its own (``generation.batched``, as ``kiln generate
+    --batch`` and the bench do) is one step a token, not four: its variant's
     sizes at every cache length come from the dims program fitted over both classes (no graph
     specialized per step, which cost more than the step), and its tokens are transformers' own."""
-    from kiln.driver import spatial
+    from kiln.driver import generation, spatial
 
     monkeypatch.setenv("KILN_PLAN_CACHE", "0")
     model = kiln.compile(str(decoders.export("llama", exporter="dynamo")), dims={**CONTEXT, "batch": "1..4"})
-    model.declare({**CONTEXT, "batch": "1..4"}, {"batch": "1,4"})
-    assert model.size_classes["batch"] == (1, 4)
+    assert generation.batched(model, 4) is model and model.size_classes["batch"] == (1, 4)
+    compiles = plans_compiled()
+    assert generation.batched(model, 4) is model and plans_compiled() == compiles  # (a class already)
+    with pytest.raises(ArgumentError, match="compiled for 1..4"):
+        generation.batched(model, 5)
     program = model.dims_model.spatial.program
     assert program is not None and program.fixed and len(program.classes) == 1, program
     specialized = []
