@@ -25,6 +25,7 @@ from kiln.driver.sizes import (
     Chunking,
     Padder,
     check_capacity,
+    check_dims,
     declared_ranges,
     default_classes,
     padded_classes,
@@ -36,6 +37,7 @@ from kiln.driver.variants import Compilation, Limits, Source, Variants
 from kiln.errors import ArgumentError, InputError, KilnError
 from kiln.ir.graph import Graph
 from kiln.ir.types import TensorType
+from kiln.memory import return_freed
 from kiln.passes.batching import Parallel, sample_parallel, symbols
 from kiln.passes.padding import Padding, pad, paddable
 from kiln.passes.specialize import bind_type, input_dims, specialize
@@ -330,14 +332,23 @@ class NativeModel(Model):
         """Declare ranges of symbolic dims (checked on every run; InputError outside) and compile
         what serves them now: a sample-parallel dim's size classes (every size in its range then
         runs with no compile), a paddable dim's compiled lengths (each with each size class), other
-        dims at their range's low end (``ahead`` binds them instead)."""
+        dims at their range's low end (``ahead`` binds them instead). A model that had let go of
+        its source graph (``release_source``) lets go of it again once they are compiled."""
+        source = self.compilation.source
+        released = source.graph is None and source.loader is not None
+        self._declare(ranges, classes, ahead)
+        if released and self.compilation.source.graph is not None:
+            self.release_source(self.compilation.source.loader)
+            return_freed(collect=True)
+        return self
+
+    def _declare(self, ranges: dict[str, Any], classes: dict[str, Any] | None, ahead: dict[str, int] | None) -> None:
         names = set(symbols(self.signature))
         parsed = {}
         for name, value in ranges.items():
             if name not in names:
-                raise ArgumentError(
-                    f"dims: {name!r} is not a symbolic input dim of this model (its dims: {', '.join(sorted(names)) or 'none'})"
-                )
+                listed = ", ".join(sorted(names)) or "none"
+                raise ArgumentError(f"dims: {name!r} is not a symbolic input dim of this model (its dims: {listed})")
             parsed[name] = parse_range(name, value)
         self.ranges.update(parsed)
         self._chunking, self._padder, self.padded_model = False, False, None
@@ -367,7 +378,7 @@ class NativeModel(Model):
         beside = {n for n, (lo, hi) in self.ranges.items() if lo != hi} - {getattr(chunking, "symbol", "")}
         self._padder = None if padder is None or beside - {padder.symbol} else padder
         if not self._padder and self._prepare_spatial(chunking, base, sizes, names):
-            return self
+            return
         self._padder = padder
         if padder is not None:  # each compiled length with each class
             if set(base) | {padder.symbol} | set(sizes[0]) >= names:
@@ -380,7 +391,6 @@ class NativeModel(Model):
             self.prepare_many([{**base, **size} for size in sizes])
         elif base and set(base) >= names:
             self.prepare_dims(base)
-        return self
 
     def _prepare_spatial(
         self, chunking: Chunking | None, base: dict[str, int], sizes: list[dict[str, int]], names: set[str]
@@ -579,21 +589,3 @@ class NativeModel(Model):
     def save(self, path: str) -> Any:
         """Write a ``.kiln`` artifact (IR, weights, native libraries); ``kiln.load`` reads it."""
         return save(self, path)
-
-
-def check_dims(dims: Any, signature: Graph) -> dict[str, int]:
-    """``dims`` as a binding of ``signature``'s symbolic input dims: names it has, sizes that are
-    integers in 0..MAX_DIM. Raises ArgumentError naming the first that is not."""
-    if not isinstance(dims, dict):
-        raise ArgumentError(f"dims must be a dict of symbolic dim name -> size, got {type(dims).__name__}")
-    names = sorted(symbols(signature))
-    checked: dict[str, int] = {}
-    for name, size in dims.items():
-        if not isinstance(name, str) or name not in names:
-            raise ArgumentError(
-                f"dims: {name!r} is not a symbolic input dim of this model (its dims: {', '.join(names) or 'none'})"
-            )
-        if isinstance(size, bool) or not isinstance(size, (int, np.integer)) or not 0 <= int(size) <= MAX_DIM:
-            raise ArgumentError(f"dims: {name}={size!r} is not a size (an integer in 0..{MAX_DIM})")
-        checked[name] = int(size)
-    return checked

@@ -21,7 +21,7 @@ import numpy as np
 from kiln.backends.registry import Backend
 from kiln.errors import ArgumentError, InputError
 from kiln.ir import dims as size_exprs
-from kiln.passes.batching import Parallel
+from kiln.passes.batching import Parallel, symbols
 from kiln.passes.padding import Padding
 
 MAX_DIM = (1 << 31) - 1  # a bound dim: far past any tensor a machine holds, far below index overflow
@@ -241,3 +241,21 @@ def check_capacity(bindings: Iterable[tuple[dict[str, int], Any]], ranges: dict[
                 f"({need / 2**30:.1f} GiB) of working memory and this machine has {physical / 2**30:.1f} GiB: "
                 "declare smaller ranges"
             )
+
+
+def check_dims(dims: Any, signature: Any) -> dict[str, int]:
+    """``dims`` as a binding of ``signature``'s symbolic input dims: names it has, sizes that are
+    integers in 0..MAX_DIM. Raises ArgumentError naming the first that is not."""
+    if not isinstance(dims, dict):
+        raise ArgumentError(f"dims must be a dict of symbolic dim name -> size, got {type(dims).__name__}")
+    names = sorted(symbols(signature))
+    checked: dict[str, int] = {}
+    for name, size in dims.items():
+        if not isinstance(name, str) or name not in names:
+            raise ArgumentError(
+                f"dims: {name!r} is not a symbolic input dim of this model (its dims: {', '.join(names) or 'none'})"
+            )
+        if isinstance(size, bool) or not isinstance(size, (int, np.integer)) or not 0 <= int(size) <= MAX_DIM:
+            raise ArgumentError(f"dims: {name}={size!r} is not a size (an integer in 0..{MAX_DIM})")
+        checked[name] = int(size)
+    return checked

@@ -48,3 +48,32 @@ def test_a_decode_steps_model_lets_go_of_its_source_weights_and_never_reads_them
         got = kiln.generate(model, [prompt], max_new_tokens=4)
         np.testing.assert_array_equal(got, kiln.generate(want, [prompt], max_new_tokens=4))
     plan_cache.wait()
+
+
+def test_a_batch_class_declared_after_compiling_lets_go_of_the_source_graph_again(tmp_path, monkeypatch):
+    """``generation.batched`` declares a batch class after the compile let go of the source graph:
+    the graph comes back for that compile (the plan cache's copy) and is let go of again after,
+    not held beside the packed weights from then on."""
+    from kiln.driver import generation
+    from kiln.zoo import decoders
+
+    exported = decoders.export("llama")
+    folder = tmp_path / "model"
+    shutil.copytree(exported.parent, folder)
+    plan_cache.wait()
+    monkeypatch.setenv("KILN_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("KILN_PLAN_CACHE", "1")
+    dims = {"past": "0..40", "new": "1..41", "total": "1..41", "batch": "1..3"}
+    model = kiln.compile(str(folder / exported.name), dims=dims, generation=True)
+    assert model.compilation.source.graph is None
+    reads = []
+    loader = model.compilation.source.loader
+    monkeypatch.setattr(model.compilation.source, "loader", lambda: reads.append(1) or loader())
+    assert generation.batched(model, 3).size_classes["batch"] == (1, 3)
+    assert reads == [1]
+    for held in (model, model.dims_model):
+        assert held.compilation.source.graph is None and not held.signature.constants
+    prompts = np.random.default_rng(2).integers(0, decoders.get("llama").vocab, (3, 4))
+    want = kiln.compile(str(exported), dims=dims, generation=True)
+    np.testing.assert_array_equal(kiln.generate(model, prompts, 5), kiln.generate(want, prompts, 5))
+    plan_cache.wait()
