@@ -40,6 +40,7 @@ def compile(  # shadows the builtin on purpose: the name the architecture promis
     evaluation: Any = None,
     dynamic_shapes: Any = None,
     generation: bool | None = None,
+    size_classes: dict[str, Any] | None = None,
 ) -> Any:
     """Compile ``model`` (ONNX path/bytes/ModelProto, kiln Graph, or torch module + example inputs).
 
@@ -63,7 +64,9 @@ def compile(  # shadows the builtin on purpose: the name the architecture promis
     sensitive layers in fp32 until the drop fits.
     ``generation``: ``model`` is a decode step compiled for ``kiln.generate``; its logits are
     computed at each row's last position only ([batch, 1, vocab]: a prompt's step skips the head's
-    product for every other position).
+    product for every other position). ``size_classes``: a sample-parallel dim's sizes compiled as
+    one step each (``{"batch": "1,4"}``; default: the target's, 1 and 8, inside the dim's range;
+    ``model.declare``), compiled with the rest.
     Raises UnsupportedModelError listing every unsupported construct, ModelLoadError for unreadable
     files, and KilnError (TargetError) for an unknown target.
     """
@@ -81,6 +84,7 @@ def compile(  # shadows the builtin on purpose: the name the architecture promis
             Threading.of(threads, spin),
             streams,
             Calibration(calibration, calibration_method, evaluation, max_accuracy_drop),
+            size_classes,
         )
     )
 

@@ -69,7 +69,8 @@ def generate_command(
     longest = context or prompt_tokens + new_tokens
     dims = _context_dims(longest, batch)
     started = time.perf_counter()
-    compiled = generation.batched(kiln.compile(str(path), dims=dims, precision=precision, generation=True), batch)
+    classes = {"batch": f"1,{batch}"} if batch > 1 else None  # (the batch as one step a token)
+    compiled = kiln.compile(str(path), dims=dims, precision=precision, generation=True, size_classes=classes)
     compile_s = time.perf_counter() - started
     vocab = _vocab(compiled)
     ids = np.random.default_rng(seed).integers(0, vocab, (batch, prompt_tokens)).astype(np.int64)

@@ -16,6 +16,8 @@ import ctypes.util
 import functools
 import gc
 import mmap
+import threading
+import weakref
 from typing import Any
 
 import numpy as np
@@ -73,3 +75,38 @@ def aligned_copy(array: np.ndarray, alignment: int = 64) -> np.ndarray:
     result = empty_aligned(array.nbytes, alignment).view(array.dtype).reshape(array.shape)
     result[...] = array
     return result
+
+
+ONE_COPY_MIN = 1 << 16  # bytes: below this, a second copy costs less than comparing
+
+
+def one_copy(array: np.ndarray) -> np.ndarray:
+    """``array``, or an equal array (dtype, shape, every byte) made earlier in this process and
+    still held: each size class of a model compiles its own plan and packs the same weights (the
+    packing does not depend on the batch), so a class declared after others takes their packed
+    copies as each of its own is made — never all of them beside the ones held (a 1B decoder's
+    fp32 class of 4 ran out of 24 GB that way). Matched by content, never by name."""
+    if array.nbytes < ONE_COPY_MIN or not array.flags.c_contiguous:
+        return array
+    raw = array.reshape(-1).view(np.uint8)
+    key = (array.dtype.str, array.shape, raw[:: max(1, raw.size // 64)][:64].tobytes())
+    with _held_lock:
+        held = [ref for ref in _held.get(key, []) if ref() is not None]
+        for ref in held:
+            candidate = ref()
+            if candidate is array or (
+                candidate is not None and np.array_equal(candidate.reshape(-1).view(np.uint8), raw)
+            ):
+                _held[key] = held
+                return candidate
+        _held[key] = [*held, weakref.ref(array)]
+        if len(_held) > 2 * _held_pruned[0] + 64:  # keys whose arrays all went: dropped now and then
+            for stale in [k for k, refs in _held.items() if all(r() is None for r in refs)]:
+                del _held[stale]
+            _held_pruned[0] = len(_held)
+        return array
+
+
+_held: dict[tuple, list[weakref.ref]] = {}
+_held_lock = threading.Lock()
+_held_pruned = [0]

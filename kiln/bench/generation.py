@@ -218,10 +218,9 @@ def measure(name: str, engine: str, prompt_lengths: list[int], new_tokens: int, 
         row.update(weights_accuracy(name, max(prompt_lengths), threads))
         return row
     if engine in PEERS:
-        if batch > 1:
-            row["error"] = "batch 1 only in this benchmark (its loop's own batching is not wired)"
+        row.update(run_peer(engine, name, prompts_for(name, prompt_lengths, batch), new_tokens, threads))
+        if "error" in row:
             return row
-        row.update(run_peer(engine, name, prompts_for(name, prompt_lengths), new_tokens, threads))
         row["peak_rss_mb"] = peak_rss_bytes() / 1e6
         return row
     if engine not in (*KILN_ENGINES, "onnxruntime", "transformers"):
@@ -232,16 +231,15 @@ def measure(name: str, engine: str, prompt_lengths: list[int], new_tokens: int, 
         row["prompts"] = _transformers(name, prompts, new_tokens, threads)
         row["peak_rss_mb"] = peak_rss_bytes() / 1e6
         return row
-    from kiln.driver import generation
-
     path = str(decoders.export(name))
     dims = context_dims(name, max(prompt_lengths), new_tokens, batch)
     started = time.perf_counter()
     precision = KILN_ENGINES.get(engine, "fp32")
     try:
-        compiled = kiln.compile(path, dims=dims, threads=threads, precision=precision, generation=True)
-        if engine in KILN_ENGINES:  # (a batch of prompts as one step a token: a size class of its own)
-            compiled = generation.batched(compiled, batch)
+        # (a batch of prompts as one step a token: a size class of its own, compiled with the rest)
+        classes = {"batch": f"1,{batch}"} if batch > 1 and engine in KILN_ENGINES else None
+        compiled = kiln.compile(path, dims=dims, threads=threads, precision=precision, generation=True,
+                                size_classes=classes)  # fmt: skip
     except KilnError as err:  # (a precision this machine cannot run: the row says why)
         row["error"] = str(err)
         return row

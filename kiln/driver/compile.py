@@ -56,6 +56,7 @@ class Request:
     parallelism: Threading = field(default_factory=Threading)
     streams: int | None = None
     calibration: Calibration = field(default_factory=Calibration)
+    classes: dict[str, Any] | None = None  # size classes declared with the ranges (``model.declare``)
 
     def graph(self) -> Any:
         return to_graph(self.model, self.example_inputs, self.dynamic_shapes)
@@ -128,7 +129,7 @@ def compile_model(request: Request) -> Any:
     del graph  # the model's source holds it now: released below, its memory is returned (not kept here)
     if source_file is not None and not declared_ranges(request.dims):
         _consumed_from_cache(request, model)
-    model = model.compile_ahead(request.dims)
+    model = model.compile_ahead(request.dims, request.classes)
     key = model.compilation.source.cache_key
     if source_file is not None and key is not None and plan_cache.has_graph(key):
         # its variants hold their packed weights; the source graph comes back from the cache when
@@ -197,7 +198,7 @@ def _from_plan_cache(
     source = Source(
         None, signature=signature, loader=_cached_graph(request, key, options), file=source_file, cache_key=key
     )
-    return _native(request, source, target, options).compile_ahead(request.dims)
+    return _native(request, source, target, options).compile_ahead(request.dims, request.classes)
 
 
 def _quantized(request: Request, graph: Any, target: Target, options: CompileOptions) -> NativeModel:
@@ -205,7 +206,7 @@ def _quantized(request: Request, graph: Any, target: Target, options: CompileOpt
     calibration = request.calibration
 
     def build(chosen: CompileOptions) -> NativeModel:
-        return _native(request, Source(graph), target, chosen).compile_ahead(request.dims)
+        return _native(request, Source(graph), target, chosen).compile_ahead(request.dims, request.classes)
 
     quantized, report = quantize_model(
         graph,
@@ -227,7 +228,7 @@ def _fixed_point(request: Request, graph: Any, target: Target, options: CompileO
     calibration = request.calibration
 
     def build(chosen_target: Target, chosen: CompileOptions) -> NativeModel:
-        return _native(request, Source(graph), chosen_target, chosen).compile_ahead(request.dims)
+        return _native(request, Source(graph), chosen_target, chosen).compile_ahead(request.dims, request.classes)
 
     def reference() -> NativeModel:
         return build(parse("cpu"), options)

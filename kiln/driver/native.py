@@ -161,14 +161,15 @@ class NativeModel(Model):
         model.ranges, model.size_classes = dict(self.ranges), dict(self.size_classes)  # the same contract
         return model.compile_ahead()
 
-    def compile_ahead(self, dims: dict[str, int] | None = None) -> NativeModel:
+    def compile_ahead(self, dims: dict[str, int] | None = None, classes: dict[str, Any] | None = None) -> NativeModel:
         """This model with the variant for ``dims`` compiled now (with no dims: the one variant,
-        when every input shape is static), so the first run only runs."""
+        when every input shape is static), so the first run only runs; ``classes``: size classes
+        declared with ``dims``' ranges (``declare``)."""
+        ranges = declared_ranges(dims)
+        if ranges or classes:  # dims={"batch": (1, 64)}: a declared range
+            bound = check_dims({k: v for k, v in (dims or {}).items() if k not in ranges}, self.signature)
+            return self.declare(ranges, classes, ahead=bound)
         if dims is not None:
-            ranges = declared_ranges(dims)
-            if ranges:  # dims={"batch": (1, 64)}: a declared range
-                bound = check_dims({k: v for k, v in dims.items() if k not in ranges}, self.signature)
-                return self.declare(ranges, ahead=bound)
             self.prepare_dims(dims)
         elif self.shapes_known:
             self.variant({})

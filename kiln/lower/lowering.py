@@ -41,7 +41,7 @@ from kiln.lower.kir import (
 )
 from kiln.lower.pointwise import ANY_NUMERIC, BF16, COMPARE, FLOAT_OPS, HALF, LOGIC, NATIVE, NATIVE_FLOATS
 from kiln.lower.target import Target
-from kiln.memory import aligned_copy
+from kiln.memory import aligned_copy, one_copy
 from kiln.ops.registry import has_trait, ops_with
 
 ALIASES = ops_with("alias")  # no kernel: the output is the input's data
@@ -177,8 +177,8 @@ class Lowerer:
         buffer = self._packed_keys.get(key)
         if buffer is None:
             array = make()
-            if self.copy_packed:
-                array = aligned_copy(array)  # the engine loads packed panels with aligned loads
+            if self.copy_packed:  # the engine loads packed panels with aligned loads; another class's copy if equal
+                array = one_copy(aligned_copy(array))
             buffer = Buffer(f"w{len(self.packed)}", DType.from_numpy(array.dtype), int(array.size))
             self.packed[buffer] = array
             self._packed_keys[key] = buffer

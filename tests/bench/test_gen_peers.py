@@ -84,3 +84,14 @@ def test_a_peer_at_a_batch_says_batch_one_only(tmp_path):
     (folder,) = out.iterdir()
     (row,) = [json.loads(line) for line in (folder / "generate.jsonl").read_text().splitlines()]
     assert result.exit_code == 1 and "batch 1 only" in row["error"], result.output
+
+
+@pytest.mark.skipif(not installed("onnxruntime_genai"), reason="ONNX Runtime GenAI is not installed (make peers-genai)")
+def test_onnxruntime_genai_takes_a_batch_of_prompts_as_its_generators_batch():
+    """A batch of prompts runs as the generator's own batch: its first row's tokens are the ones
+    that prompt gives alone (another prompt beside it changes nothing)."""
+    alone = gen_peers.ort_genai("llama", {5: PROMPTS[5]}, 6, threads=1)
+    batch = np.concatenate([PROMPTS[5], np.array([[2, 4, 6, 8, 10]], np.int64)])
+    together = gen_peers.ort_genai("llama", {5: batch}, 6, threads=1)
+    assert together["prompts"][5]["tokens"] == alone["prompts"][5]["tokens"]
+    assert len(together["prompts"][5]["tokens"]) == 6
