@@ -87,8 +87,9 @@ def test_a_batch_of_prompts_is_a_table_of_its_own(tmp_path):
     (folder,) = out.iterdir()
     one, two = [json.loads(line) for line in (folder / "generate.jsonl").read_text().splitlines()]
     assert (one["batch"], two["batch"]) == (1, 2) and two["dims"]["batch"] == "1..2"
-    # (the cpu target's default classes inside 1..2: chunks of 1; none declared)
-    assert two["routes"]["batch"] == "chunked" and two["size_classes"] == {}, two
+    # (the batch a size class of its own, compiled with the rest: a step a token, not chunks of 1)
+    assert two["routes"]["batch"] == "chunked" and two["size_classes"] == {"batch": [1, 2]}, two
+    assert one["size_classes"] == {}, one
     assert (
         len(two["prompts"]["4"]["tokens"]) == 4
         and two["prompts"]["4"]["compiles"] == two["prompts"]["9"]["compiles"] == 0
