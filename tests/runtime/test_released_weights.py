@@ -18,17 +18,25 @@ from kiln.driver import plan_cache
 pytest.importorskip("transformers", reason="transformers (the 'zoo' extra) defines the decoders")
 
 
-def test_a_decode_steps_model_lets_go_of_its_source_weights_and_never_reads_them_again(tmp_path, monkeypatch):
+def copied_model(tmp_path, monkeypatch):  # type: ignore[no-untyped-def]
+    """(the zoo's llama decode step, a copy of its folder's file under ``tmp_path``) with a plan
+    cache of the test's own (the session's zoo cache is read; nothing of this test stays)."""
     from kiln.zoo import decoders
 
-    exported = decoders.export("llama")  # (the session's zoo cache; then a cache of this test's own)
+    exported = decoders.export("llama")
     folder = tmp_path / "model"
     shutil.copytree(exported.parent, folder)
     plan_cache.wait()
     monkeypatch.setenv("KILN_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setenv("KILN_PLAN_CACHE", "1")
+    return exported, folder / exported.name
+
+
+def test_a_decode_steps_model_lets_go_of_its_source_weights_and_never_reads_them_again(tmp_path, monkeypatch):
+
+    exported, copied = copied_model(tmp_path, monkeypatch)
     dims = {"past": "0..40", "new": "1..41", "total": "1..41", "batch": "1..1"}
-    model = kiln.compile(str(folder / exported.name), dims=dims, generation=True)
+    model = kiln.compile(str(copied), dims=dims, generation=True)
     assert model.dims_model is not None
     for held in (model, model.dims_model):
         assert held.compilation.source.graph is None and not held.signature.constants
@@ -57,14 +65,9 @@ def test_a_batch_class_declared_after_compiling_lets_go_of_the_source_graph_agai
     from kiln.driver import generation
     from kiln.zoo import decoders
 
-    exported = decoders.export("llama")
-    folder = tmp_path / "model"
-    shutil.copytree(exported.parent, folder)
-    plan_cache.wait()
-    monkeypatch.setenv("KILN_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.setenv("KILN_PLAN_CACHE", "1")
+    exported, copied = copied_model(tmp_path, monkeypatch)
     dims = {"past": "0..40", "new": "1..41", "total": "1..41", "batch": "1..3"}
-    model = kiln.compile(str(folder / exported.name), dims=dims, generation=True)
+    model = kiln.compile(str(copied), dims=dims, generation=True)
     assert model.compilation.source.graph is None
     reads = []
     loader = model.compilation.source.loader
@@ -85,14 +88,9 @@ def test_size_classes_given_to_compile_are_compiled_before_the_source_graph_goes
     beside the packed weights already held: a 1B decoder's fp32 class of 4 ran out of memory)."""
     from kiln.zoo import decoders
 
-    exported = decoders.export("llama")
-    folder = tmp_path / "model"
-    shutil.copytree(exported.parent, folder)
-    plan_cache.wait()
-    monkeypatch.setenv("KILN_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.setenv("KILN_PLAN_CACHE", "1")
+    exported, copied = copied_model(tmp_path, monkeypatch)
     dims = {"past": "0..40", "new": "1..41", "total": "1..41", "batch": "1..3"}
-    model = kiln.compile(str(folder / exported.name), dims=dims, generation=True, size_classes={"batch": "1,3"})
+    model = kiln.compile(str(copied), dims=dims, generation=True, size_classes={"batch": "1,3"})
     assert model.size_classes["batch"] == (1, 3) and model.compilation.source.graph is None
 
     def never(*_):
