@@ -27,6 +27,28 @@ typedef struct {
   void (*product)(const kiln_gemm *); /* the engine's float path, or its bf16 path (gemm_bf16.c) */
 } kiln_attention_job;
 
+/* the sum of a vector's lanes, halves folded (a tree of log2(lanes) adds in registers, not a
+   chain of lanes - 1 scalar adds through memory) */
+#if defined(__AVX512F__) && KILN_VB == 64
+#include <immintrin.h>
+static inline float kiln_lanes_sum(kiln_vf v) { return _mm512_reduce_add_ps((__m512)v); }
+#elif defined(__AVX__) && KILN_VB == 32
+#include <immintrin.h>
+static inline float kiln_lanes_sum(kiln_vf v) {
+  __m128 half = _mm_add_ps(_mm256_castps256_ps128((__m256)v), _mm256_extractf128_ps((__m256)v, 1));
+  half = _mm_add_ps(half, _mm_movehl_ps(half, half));
+  return _mm_cvtss_f32(_mm_add_ss(half, _mm_movehdup_ps(half)));
+}
+#else
+static inline float kiln_lanes_sum(kiln_vf v) {
+  float lanes[KILN_L];
+  memcpy(lanes, &v, sizeof v);
+  for (int width = KILN_L / 2; width > 0; width /= 2)
+    for (int i = 0; i < width; ++i) lanes[i] += lanes[i + width];
+  return lanes[0];
+}
+#endif
+
 /* a few query rows (a decode step's): the two products as direct loops over the operands where
    they sit (K's rows and V's rows contiguous along the head dimension), no packing: Q K^T one
    dot product per key (here), P V one scaled row of V added per key (kiln_attention_values).
@@ -43,10 +65,19 @@ static int kiln_attention_direct(const kiln_attention_job *job, const float *q, 
 #endif
   if (LQ > KILN_ATTENTION_FEW || !float_rows || qv.cs != 1 || kv.rs != 1 || vv.cs != 1)
     return 0;
-  for (int64_t i = 0; i < LQ; ++i) {
-    const float *row = q + i * qv.rs;
-    for (int64_t j = 0; j < LK; ++j) {
-      const float *key = kt + j * kv.cs;
+  /* each key read once for every query row (a grouped head's rows share it): the cache streams
+     through once, not once per row */
+  for (int64_t j = 0; j < LK; ++j) {
+    const float *key = kt + j * kv.cs;
+    for (int64_t i = 0; i < LQ; ++i) {
+      const float *row = q + i * qv.rs;
+      if (D % KILN_L == 0) { /* whole vectors: one lane sum a key, not a chain of scalar adds */
+        kiln_vf acc = {0};
+        for (int64_t d = 0; d < D; d += KILN_L)
+          acc += *(const kiln_vfu *)(row + d) * *(const kiln_vfu *)(key + KILN_AT(d, D, "K row"));
+        s[i * LK + j] = kiln_lanes_sum(acc);
+        continue;
+      }
       float total = 0.0f;
 #pragma omp simd reduction(+ : total)
       for (int64_t d = 0; d < D; ++d) total += row[d] * key[KILN_AT(d, D, "K row")];
@@ -56,15 +87,42 @@ static int kiln_attention_direct(const kiln_attention_job *job, const float *q, 
   return 1;
 }
 
+/* P V for `rows` (a constant at each call) rows, one vector of output columns at a time: the rows'
+   sums held in registers over every key, each key's vector of V read once for all of them */
+static inline __attribute__((always_inline)) void kiln_attention_values_n(const int rows, int64_t LK, int64_t DV, const float *s, const float *v, int64_t vrs, float *out, int64_t ors) {
+  for (int64_t e = 0; e < DV; e += KILN_L) {
+    kiln_vf acc[KILN_ATTENTION_FEW] = {{0}};
+    for (int64_t j = 0; j < LK; ++j) {
+      const kiln_vf value = *(const kiln_vfu *)(v + j * vrs + e);
+      for (int i = 0; i < rows; ++i) acc[i] += s[i * LK + j] * value;
+    }
+    for (int i = 0; i < rows; ++i) *(kiln_vfu *)(out + i * ors + e) = acc[i];
+  }
+}
+
+/* P V for the few rows: each row of V read once and added, scaled, to every output row */
 static void kiln_attention_values(const kiln_attention_job *job, const float *s, const float *v, float *out) {
   const int64_t LQ = job->LQ, LK = job->LK, DV = job->DV;
   const kiln_view vv = job->vv, ov = job->ov;
+  if (DV % KILN_L == 0) {
+    (void)KILN_SPAN(0, (LK - 1) * vv.rs + DV, vv.size, "V rows");
+    switch (LQ) {
+      case 1: kiln_attention_values_n(1, LK, DV, s, v, vv.rs, out, ov.rs); return;
+      case 2: kiln_attention_values_n(2, LK, DV, s, v, vv.rs, out, ov.rs); return;
+      case 3: kiln_attention_values_n(3, LK, DV, s, v, vv.rs, out, ov.rs); return;
+      default: kiln_attention_values_n(4, LK, DV, s, v, vv.rs, out, ov.rs); return;
+    }
+  }
   for (int64_t i = 0; i < LQ; ++i) {
     float *o = out + i * ov.rs;
 #pragma omp simd
     for (int64_t e = 0; e < DV; ++e) o[e] = 0.0f;
-    for (int64_t j = 0; j < LK; ++j) {
-      const float p = s[i * LK + j], *value = v + j * vv.rs;
+  }
+  for (int64_t j = 0; j < LK; ++j) {
+    const float *value = v + j * vv.rs;
+    for (int64_t i = 0; i < LQ; ++i) {
+      const float p = s[i * LK + j];
+      float *o = out + i * ov.rs;
 #pragma omp simd
       for (int64_t e = 0; e < DV; ++e) o[e] += p * value[KILN_AT(e, DV, "V row")];
     }
