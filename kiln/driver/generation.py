@@ -21,7 +21,9 @@ logits / temperature, the ``top_k`` largest kept (0: all), then the smallest set
 likely whose probability reaches ``top_p``, drawn with NumPy's generator seeded by ``seed``. A
 sequence that draws one of ``stop_tokens`` is finished: it keeps that token from then on, and the
 loop ends when every sequence has. Prompts in a batch have one length (a batch of different
-lengths: one call per length).
+lengths: one call per length); a batch of B runs as one step a token where B is one of the batch
+dim's size classes (``kiln.compile(..., size_classes={"batch": "1,4"})``, or ``batched`` after the
+compile), else as chunks of the classes.
 """
 
 from __future__ import annotations
