@@ -19,7 +19,13 @@ from kiln.lower.engine import WEIGHT_FORMATS
     "--prompt-tokens", default=16, show_default=True, type=click.IntRange(1), help="Prompt length (random ids)."
 )
 @click.option("--new-tokens", default=32, show_default=True, type=click.IntRange(1), help="Tokens to generate.")
-@click.option("--batch", default=1, show_default=True, type=click.IntRange(1, 64), help="Prompts at once.")
+@click.option(
+    "--batch",
+    default=1,
+    show_default=True,
+    type=click.IntRange(1, 64),
+    help="Prompts at once (one step a token: the batch is compiled as a size class of its own).",
+)
 @click.option(
     "--context", default=None, type=click.IntRange(2), help="Longest past the compile serves [prompt + new tokens]."
 )
