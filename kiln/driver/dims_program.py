@@ -14,7 +14,8 @@ binding is then specialized, as before).
 A dim whose name is an expression of the input dims (``(h+1)//2``, ``4*((h+3)//4)``:
 ``kiln.ir.dims``) is not fitted: the name is its program, checked against the vectors like a
 fitted step. Evaluating the program costs microseconds. It is trusted only where it cannot be wrong unseen:
-a binding whose vector has a dim below 1, above its size at the capacity (kernels are laid out
+a binding whose vector has a dim below 1 (0 only for an input or a named expression of them, an
+empty cache's past, with no fitted step reading it), above its size at the capacity (kernels are laid out
 there), or two dims apart that were equal at every binding specialized (a residual Add, a U-Net's
 Concat: the model may have no shapes there), is specialized instead, which raises InputError
 where the model has no shapes.
@@ -79,9 +80,15 @@ class DimsProgram:
             if not value.is_constant:
                 return None
             vector[index] = value.constant
+        # a size of 0 (an empty cache's past) is given exactly where an input or an expression of
+        # them is 0; a fitted step that reads one was fitted on sizes of 2 and up: specialize
+        exact = {*self.inputs, *self.named}
+        empty = {i for i in exact if vector[i] == 0}
         for index, c0, c, factors in self.steps:
             product = 1
             for j, add, divisor in factors:
+                if j in empty:
+                    return None
                 product *= (int(vector[j]) + add) // divisor
             value = c0 + c * product
             if not -(1 << 62) < value < 1 << 62:  # beyond any tensor: only specializing can tell (and refuse)
@@ -91,7 +98,8 @@ class DimsProgram:
         if capacity is None:
             return None
         kept = capacity >= 1  # (-1: a dim no value keeps after folding)
-        if (vector[kept] < 1).any() or (vector[kept] > capacity[kept]).any():
+        low = np.array([0 if i in exact else 1 for i in range(len(vector))], dtype=np.int64)
+        if (vector[kept] < low[kept]).any() or (vector[kept] > capacity[kept]).any():
             return None
         if any(len(set(vector[list(group)].tolist())) != 1 for group in self.equal):
             return None

@@ -1,9 +1,9 @@
 """A decode step compiled from its file with declared ranges keeps only its packed weights: the
 source graph (every float32 weight) is let go of once its route's plans are compiled, the
 analyses' refusals it keeps hold no frames (which held the graph), and running it at any size in
-the ranges — a prompt with an empty cache (past 0, where the dims program defers to specializing)
-and the token steps after — never reads the model file again: sizes come from a weightless copy
-of the graph."""
+the ranges — a prompt with an empty cache (past 0) and the token steps after — never reads the
+model file again: sizes come from the dims program, or (a binding it defers) a weightless copy of
+the graph."""
 
 from __future__ import annotations
 

@@ -238,4 +238,21 @@ def test_a_batch_class_of_its_own_runs_every_step_from_the_dims_program(monkeypa
                            max_new_tokens=12, min_new_tokens=12, do_sample=False, pad_token_id=0).numpy()  # fmt: skip
     assert np.array_equal(got, want), f"\n{got}\n{want}"
     assert steps == [(4, 5)] + [(4, 1)] * 11, steps
-    assert all(d.get("past") == 0 for d in specialized), specialized  # (only the empty cache's prompt)
+    assert not specialized, specialized  # (the empty cache's prompt too: its sizes are exact expressions)
+
+
+def test_the_dims_program_gives_an_empty_caches_sizes_as_specializing_does(monkeypatch):
+    """A prompt's step has past 0: the program gives that binding's sizes (an input of 0, and the
+    expressions of the inputs it names, exact) equal to the graph's own specialized there, so a
+    prompt of a new length specializes nothing (at 1B that took ~70 ms before its first token)."""
+    from kiln.driver import spatial
+
+    monkeypatch.setenv("KILN_PLAN_CACHE", "0")
+    for name, exporter in (("llama", "dynamo"), ("gpt2", "torchscript")):
+        model = compiled(name, exporter, generation=True)
+        route, graph = model.dims_model.spatial, model.dims_model.compilation.shapes_graph
+        for batch, new in ((1, 1), (1, 7), (1, 23), (1, 41)):  # (batch 1: the one class inside 1..2)
+            dims = {"batch": batch, "new": new, "past": 0, "total": new}
+            got = route.program(dims)
+            assert got is not None, (name, dims)
+            assert got.tolist() == spatial.dim_values(graph, route.names, dims).tolist(), (name, dims)
