@@ -77,6 +77,18 @@ def aligned_copy(array: np.ndarray, alignment: int = 64) -> np.ndarray:
     return result
 
 
+def content_key(array: np.ndarray) -> tuple:
+    """A C-contiguous array's dtype, shape and 64 of its bytes sampled across it: equal arrays have
+    equal keys (the candidates under one key are then compared whole: ``same_bytes``)."""
+    raw = array.reshape(-1).view(np.uint8)
+    return (array.dtype.str, array.shape, raw[:: max(1, raw.size // 64)][:64].tobytes())
+
+
+def same_bytes(a: np.ndarray, b: np.ndarray) -> bool:
+    """Whether two C-contiguous arrays of one key (``content_key``) hold the same bytes."""
+    return a is b or np.array_equal(a.reshape(-1).view(np.uint8), b.reshape(-1).view(np.uint8))
+
+
 ONE_COPY_MIN = 1 << 16  # bytes: below this, a second copy costs less than comparing
 
 
@@ -88,15 +100,12 @@ def one_copy(array: np.ndarray) -> np.ndarray:
     fp32 class of 4 ran out of 24 GB that way). Matched by content, never by name."""
     if array.nbytes < ONE_COPY_MIN or not array.flags.c_contiguous:
         return array
-    raw = array.reshape(-1).view(np.uint8)
-    key = (array.dtype.str, array.shape, raw[:: max(1, raw.size // 64)][:64].tobytes())
+    key = content_key(array)
     with _held_lock:
         held = [ref for ref in _held.get(key, []) if ref() is not None]
         for ref in held:
             candidate = ref()
-            if candidate is array or (
-                candidate is not None and np.array_equal(candidate.reshape(-1).view(np.uint8), raw)
-            ):
+            if candidate is not None and same_bytes(candidate, array):
                 _held[key] = held
                 return candidate
         _held[key] = [*held, weakref.ref(array)]

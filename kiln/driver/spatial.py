@@ -182,7 +182,7 @@ def with_program(
     first = vectors_at(dims)
     outside = {name for name in inputs if name not in ranges}
     program = None
-    extra = sorted({tuple(sorted(o.items())) for o in others if o != dims} - {tuple(sorted(dims.items()))})
+    extra = sorted({tuple(sorted(o.items())) for o in others} - {tuple(sorted(dims.items()))})
     if extra:
         try:
             lists = [first, *(vectors_at(dict(binding)) for binding in extra)]

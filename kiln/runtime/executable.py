@@ -22,7 +22,7 @@ from kiln.errors import ExecutionError, KilnError
 from kiln.ir.types import TensorType
 from kiln.lower.kir import Buffer
 from kiln.lower.memory import ALIGNMENT
-from kiln.memory import aligned_copy, empty_aligned
+from kiln.memory import aligned_copy, content_key, empty_aligned, same_bytes
 from kiln.ops.interpreter import Interpreter, evaluate_node, node_failure
 from kiln.runtime.plan import Fallback, Plan, Segment
 
@@ -42,12 +42,10 @@ class WeightStore:
     def share(self, array: np.ndarray) -> np.ndarray:
         if array.nbytes < self.SMALL or not array.flags.c_contiguous:
             return array
-        raw = array.reshape(-1).view(np.uint8)
-        key = (array.dtype.str, array.shape, raw[:: max(1, raw.size // 64)][:64].tobytes())
         with self._lock:
-            found = self._arrays.setdefault(key, [])
+            found = self._arrays.setdefault(content_key(array), [])
             for candidate in found:
-                if candidate is array or np.array_equal(candidate.reshape(-1).view(np.uint8), raw):
+                if same_bytes(candidate, array):
                     return candidate
             found.append(array)
             return array
