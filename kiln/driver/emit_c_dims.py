@@ -8,7 +8,7 @@ prod((d_j + a) // s)`` or a dim named by its expression, ``(h+1)//2``), written 
 postfix words over earlier entries (CONST v, ENTRY j, ADD, SUB, MUL, FLOORDIV, MOD, MIN, MAX: data,
 evaluated by capi.c with its stack, divisors and overflow checked). The library lays each input out
 densely in a buffer of its capacity, runs, and reads each output back at its sizes, as
-``kiln.driver.extents.LaidInputs`` does; sizes whose vector leaves the capacity or breaks an
+``kiln.driver.laid.LaidInputs`` does; sizes whose vector leaves the capacity or breaks an
 equality every compiled binding had are refused (Python specializes the graph there)."""
 
 from __future__ import annotations

@@ -30,8 +30,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import math
-import threading
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
@@ -455,71 +453,6 @@ def lay_out(array: Any, shape: tuple[int, ...]) -> Any:
     out = np.zeros(shape, array.dtype)
     out.reshape(-1)[: array.size] = array.reshape(-1)
     return out
-
-
-class LaidInputs:
-    """Capacity-shaped buffers that inputs are laid out in (``lay_out``), kept between calls: a
-    decode loop lays its whole KV cache out every step, and a fresh zeroed buffer each time cost a
-    third of a GPT-2 step in page faults. Each buffer keeps ``lay_out``'s contract (the rest zero):
-    it remembers how far it was written and zeroes only what a shorter call leaves behind. A call
-    takes a set of buffers and gives it back after its run (concurrent calls take sets of their own)."""
-
-    def __init__(self, keep: int = 4) -> None:
-        self.free: list[list[Any]] = []  # sets of [buffer, elements written]
-        self.keep = keep
-        self.lock = threading.Lock()
-
-    def lay(
-        self, arrays: list[Any], shapes: list[tuple[int, ...]], recycled: Any = None
-    ) -> tuple[list[Any], list[Any]]:
-        """(the arrays laid out, the set of buffers to ``give_back``); an array that is already
-        laid out so in an output's memory (``recycled``: an earlier call's present KV cache, now
-        the past) is read where it is."""
-        with self.lock:
-            taken = self.free.pop() if self.free else [None] * len(arrays)  # (a model's inputs: one count)
-        laid = []
-        for i, (array, shape) in enumerate(zip(arrays, shapes)):
-            array = np.asarray(array)
-            if array.shape == tuple(shape):
-                laid.append(array)
-                continue
-            in_place = recycled.laid_in_place(array, tuple(shape)) if recycled is not None else None
-            if in_place is not None:
-                laid.append(in_place)
-                continue
-            held = taken[i]
-            if held is None or held[0].shape != tuple(shape) or held[0].dtype != array.dtype:
-                held = taken[i] = [np.zeros(shape, array.dtype), 0]
-            flat = held[0].reshape(-1)
-            flat[: array.size] = array.reshape(-1)
-            if held[1] > array.size:
-                flat[array.size : held[1]] = 0
-            held[1] = array.size
-            laid.append(held[0])
-        return laid, taken
-
-    def give_back(self, taken: list[Any]) -> None:
-        with self.lock:
-            if len(self.free) < self.keep:
-                self.free.append(taken)
-
-    def run(self, executable: Any, inputs: list[Any], shapes: list[Any], vector: Any, out_shapes: list[Any]) -> list:
-        """``executable`` run on ``inputs`` laid out at ``shapes`` (and the dims ``vector``), its
-        outputs read back at ``out_shapes``; an output that is a laid-out input's memory is copied
-        (the buffer is the next call's)."""
-        recycled = getattr(executable, "recycled", None)
-        laid, taken = self.lay(inputs, shapes, recycled)
-        try:
-            raw = executable.run([*laid, vector])
-            if recycled is not None:  # (computed at these sizes: each output written densely up to them)
-                for output, shape in zip(raw, out_shapes):
-                    recycled.written(output, math.prod(shape))
-            outputs = [read_back(o, shape) for o, shape in zip(raw, out_shapes)]
-            # (a view's base is the array owning its memory: one look per output, not one per held buffer)
-            held = {id(h[0]) for h in taken if h is not None}
-            return [o.copy() if id(o) in held or id(o.base) in held else o for o in outputs]
-        finally:
-            self.give_back(taken)
 
 
 def read_back(array: Any, shape: tuple[int, ...]) -> Any:

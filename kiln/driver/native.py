@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from kiln.backends import Threading, backend
-from kiln.driver import extents, plan_cache, routes, spatial
+from kiln.driver import extents, laid, plan_cache, routes, spatial
 from kiln.driver.artifact import save
 from kiln.driver.model import Model
 from kiln.driver.ragged import Ragged
@@ -94,7 +94,7 @@ class NativeModel(Model):
         self.dims_model: NativeModel | None = None
         self.spatial: spatial.RunTimeDims | None = None
         self._shapes: dict[tuple, tuple] = {}  # per binding run: (dims vector, inputs' laid shapes, outputs')
-        self._laid = extents.LaidInputs()  # the buffers inputs are laid out in, kept between calls
+        self._laid = laid.LaidInputs()  # the buffers inputs are laid out in, kept between calls
         self.route: routes.Route | None = None  # how the last run was served (kiln.driver.routes)
         self.routes_taken: dict[str, int] = {}  # runs served by each route
         self._ragged: Any = None  # requests of different lengths as one batch (kiln.driver.ragged)
@@ -513,8 +513,8 @@ class NativeModel(Model):
         length = next((np.shape(a)[x] for a, x in zip(inputs, axes) if x is not None), capacity)
         if length == capacity:
             return executable.run(inputs)
-        laid = [extents.compact(a, x, capacity) for a, x in zip(inputs, axes)] + list(inputs[len(axes) :])
-        outputs = executable.run(laid)
+        compacted = [extents.compact(a, x, capacity) for a, x in zip(inputs, axes)] + list(inputs[len(axes) :])
+        outputs = executable.run(compacted)
         return [extents.expand(o, x, length) for o, x in zip(outputs, padder.padding.outputs)]
 
     def _run_spatial(self, executable: Executable, inputs: list[Any]) -> list[Any]:

@@ -31,7 +31,9 @@ from kiln.passes import PASS_NAMES
 # output reaches left out, are not made; "requantize": int8 and bf16 products store no narrow copy
 # of their output for their readers, each reader quantizes or rounds the floats itself,
 # kiln.lower.narrow_store; "quantized-only": int8 and bf16 products whose floats nothing reads still
-# store them, kiln.lower.quantized_only)
+# store them, kiln.lower.quantized_only; "cache-in-place": the run-time dims route lays a decode step's
+# KV cache out dense at its sizes and copies the past into the present each step,
+# kiln.passes.cache_in_place)
 ALGORITHMS = (
     "winograd",
     "direct",
@@ -42,6 +44,7 @@ ALGORITHMS = (
     "size-classes",
     "run-time-length",
     "run-time-dims",
+    "cache-in-place",
 )
 # of matrix products and convolutions; "auto": the best this target computes natively (bf16 where
 # the CPU has bf16 instructions), said by the compiled model (``precision``); "int8-weights",
@@ -84,6 +87,9 @@ class CompileOptions:
     precision: str = "fp32"
     quantization: Quantization = field(default_factory=Quantization)  # int8's ranges and fp32 layers
     generation: bool = False  # a decode step for kiln.generate: its logits at each row's last position only
+    # past input name -> its present's shape at the capacity: the KV cache updated in place (given by
+    # the run-time dims route only, whose runs lay those inputs out so; kiln.passes.cache_in_place)
+    cache_layouts: tuple[tuple[str, tuple[int, ...]], ...] = ()
 
     def __post_init__(self) -> None:
         if not isinstance(self.level, int) or not 0 <= self.level <= 3:
@@ -138,4 +144,5 @@ class CompileOptions:
         key = f"O{self.level};off={','.join(sorted(self.disabled))};dbg={int(self.debug)};{self.precision}"
         quantized = self.precision == "int8" or self.quantization.ranges  # int8, or a fixed-point design's ranges
         key += ";gen" if self.generation else ""
+        key += "".join(f";kv={name}:{'x'.join(map(str, layout))}" for name, layout in self.cache_layouts)
         return key + (f";q={self.quantization.digest()}" if quantized else "")

@@ -37,7 +37,7 @@ from kiln.lower.memory import MemoryPlan, plan_memory
 from kiln.lower.quantized_only import store_quantized_only
 from kiln.lower.target import Target
 from kiln.memory import BIG, return_freed
-from kiln.passes import PASS_NAMES, optimize, specialize
+from kiln.passes import PASS_NAMES, cache_in_place, optimize, specialize
 from kiln.passes.decompose import decompose
 from kiln.passes.fold_constants import fold_constants
 from kiln.passes.fuse import unfuse
@@ -242,6 +242,8 @@ def _passes(state: Compile) -> Graph:
     # fusion is target-neutral; a group the target has no engine for is split back into its ops
     # (lowered one by one) rather than run on the host
     graph = unfuse(graph, lambda node: node.attrs.get("kind") != "attention" or "attention" in target.engines)
+    if options.cache_layouts and "cache-in-place" not in options.disabled:
+        graph = cache_in_place.in_place(graph, dict(options.cache_layouts))
     if state.expose is not None:
         graph = state.expose(graph)
     state.graph = graph

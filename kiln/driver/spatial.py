@@ -55,7 +55,9 @@ from kiln.ir.types import DType, TensorType
 from kiln.lower import kir
 from kiln.lower.kir import Binary, Cast, Const, Kernel, run_time_dim
 from kiln.lower.kir_verify import verify_kernel
+from kiln.passes.cache_in_place import cache_pairs
 from kiln.passes.run_time_sizes import read_at_run_time
+from kiln.passes.specialize import bind_type
 from kiln.runtime.plan import Plan
 
 log = logging.getLogger("kiln")
@@ -394,6 +396,9 @@ def run_time_dims_kernels(
         extra, checked = checks(graph, route.names, ranges, dims)
     except KilnError as err:
         raise NotAffine(f"the model has no shapes at some sizes of the ranges {ranges}: {err}") from None
+    layouts = cache_layouts(graph, route.names, values[0], bindings[0])
+    if layouts and "cache-in-place" not in options.disabled:
+        options = options.with_(cache_layouts=layouts)
     bindings[0] = _kept(bindings[0], ranges, route.names, values[0])
     states = [_lowered(graph, b, target, options, prebuilt, b is not bindings[0]) for b in bindings]
     held = _lowered(graph, extra[0], target, options, prebuilt, True)
@@ -417,6 +422,20 @@ def run_time_dims_kernels(
             held = _lowered(graph, extra[0], target, options, prebuilt, True)
             check_constants([*states, held])
     raise AssertionError("unreachable")
+
+
+def cache_layouts(
+    graph: Graph, names: tuple[str, ...], vector: np.ndarray, dims: dict[str, int]
+) -> tuple[tuple[str, tuple[int, ...]], ...]:
+    """Each KV cache's past input (``kiln.passes.cache_in_place.cache_pairs``) with its present's
+    shape at the capacity (``vector``, the capacity's dims vector): where the route lays it out."""
+    sizes = {**dims, **dict(zip(names, (int(v) for v in vector)))}
+    found = []
+    for past, node in cache_pairs(graph):
+        shape = bind_type(node.outputs[0].type, sizes).shape  # type: ignore[union-attr]
+        if shape is not None and all(isinstance(d, int) and d >= 1 for d in shape):
+            found.append((past.name, tuple(int(d) for d in shape)))
+    return tuple(found)
 
 
 def _kept(binding: dict[str, int], ranges: Any, names: tuple[str, ...], vector: np.ndarray) -> dict[str, int]:

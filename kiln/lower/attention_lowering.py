@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 
+from kiln.errors import KilnError
 from kiln.ir.graph import Node
 from kiln.ir.sized import size_product
 from kiln.ir.types import DType
@@ -65,7 +66,7 @@ def lower_attention(lw: Lowerer, node: Node) -> list[Kernel]:
     q_shape, kt_shape, v_shape = (tuple(x.type.shape) for x in logical)  # type: ignore[union-attr, arg-type]
     out_shape = tuple(second.outputs[0].type.shape)  # type: ignore[union-attr, arg-type]
     batch_shape = out_shape[:-2]
-    views = [attention_view(lw.shape(stored), perm, False, batch_shape) for stored, perm in placed]
+    views = [attention_view(lw.shape(stored), perm, False, batch_shape, lw.layout(stored)) for stored, perm in placed]
     views.append(
         attention_view(lw.shape(out), transpose_perm(tail[0]), inverse=True)
         if tail
@@ -81,6 +82,8 @@ def lower_attention(lw: Lowerer, node: Node) -> list[Kernel]:
     if all(b.dtype is F32 for b in (q_buf, kt_buf, v_buf, dst)) and all(view is not None for view in views):
         sizes, buffers = (queries, keys, depth, width), (q_buf, kt_buf, v_buf, dst)
         return [_attention_driver(lw, node, compose if chain else None, batch_shape, sizes, buffers, views, safe)]
+    if any(lw.layout(stored) != lw.shape(stored) for stored, _ in placed):
+        raise KilnError(f"node {node.label}: a cache laid out in place is read by the float32 driver only (kiln bug)")
     if folded or tail:  # the fusion pass folds Transposes only where the driver's strides can express them
         raise CannotLower("attention with folded Transposes needs the float32 driver")
     if any(tuple(x[:-2]) != tuple(batch_shape) for x in (q_shape, kt_shape, v_shape)):

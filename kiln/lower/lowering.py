@@ -43,6 +43,7 @@ from kiln.lower.pointwise import ANY_NUMERIC, BF16, COMPARE, FLOAT_OPS, HALF, LO
 from kiln.lower.target import Target
 from kiln.memory import aligned_copy, one_copy
 from kiln.ops.registry import has_trait, ops_with
+from kiln.passes.cache_in_place import CACHE_APPEND, layouts_of
 
 ALIASES = ops_with("alias")  # no kernel: the output is the input's data
 
@@ -147,6 +148,12 @@ class Lowerer:
                     and self.readers.get(source, 0) == 1
                 ):
                     self.alias(source, node.outputs[0])
+        # values laid out in a box at the origin of a larger shape (a KV cache at its capacity, updated
+        # in place: kiln.passes.cache_in_place), the present in its past's buffer
+        self.layouts = layouts_of(graph)
+        for node in graph.nodes:
+            if node.domain == "kiln" and node.op == CACHE_APPEND and node.inputs[0] is not None:
+                self.alias(node.outputs[0], node.inputs[0])
         self.scratch: list[Buffer] = []  # per-kernel working memory, planned in the arena like intermediates
         self.packed: dict[Buffer, np.ndarray] = {}  # weights re-laid out for the kernels that read them
         self._packed_keys: dict[tuple[object, ...], Buffer] = {}
@@ -234,8 +241,12 @@ class Lowerer:
     def buffer(self, value: Value) -> Buffer:
         value = self.root(value)
         if value not in self.buffers:
-            self.buffers[value] = Buffer(f"b{len(self.buffers)}", value.type.dtype, math.prod(self.shape(value)))  # type: ignore[union-attr]
+            self.buffers[value] = Buffer(f"b{len(self.buffers)}", value.type.dtype, math.prod(self.layout(value)))  # type: ignore[union-attr]
         return self.buffers[value]
+
+    def layout(self, value: Value) -> tuple[int, ...]:
+        """The shape ``value`` is laid out at: its own, or the one it is a box at the origin of."""
+        return self.layouts.get(value) or self.shape(value)
 
     def shape(self, value: Value) -> tuple[int, ...]:
         return tuple(d if isinstance(d, SizedInt) else int(d) for d in value.type.shape)  # type: ignore[union-attr]

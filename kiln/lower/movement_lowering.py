@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from kiln.errors import KilnError
 from kiln.ir.graph import Node, Value
 from kiln.ir.sized import size_product
 from kiln.ir.types import DType
@@ -81,6 +82,30 @@ def lower_concat(lw: Lowerer, node: Node) -> list[Kernel]:
             kernels.append(_offset_copy(lw, node, value, out, axis, offset, into_output=True))
         offset += lw.shape(value)[axis]
     return kernels
+
+
+def lower_cache_append(lw: Lowerer, node: Node) -> list[Kernel]:
+    """A KV cache's present in its past's buffer (``kiln.passes.cache_in_place``): the past is
+    there already, at the layout's strides; only the new rows are written, after it."""
+    past, new = node.inputs
+    out = node.outputs[0]
+    assert past is not None and new is not None
+    if lw.root(out) is not lw.root(past):
+        raise KilnError(f"node {node.label}: the present is not in its past's buffer (kiln bug)")
+    axis = int(node.attrs["axis"])
+    shape = lw.shape(new)
+    big, small = strides(lw.layout(out)), strides(shape)
+    src, dst = lw.buffer(new), lw.buffer(out)
+    start = lw.shape(past)[axis] * big[axis]
+    if not size_product(shape):
+        return []
+
+    def body(indices: list[Index]) -> list[Stmt]:
+        at = affine(list(zip(indices, big)), start)  # type: ignore[arg-type]
+        return [Store(dst, at, Load(src, affine(list(zip(indices, small)))))]  # type: ignore[arg-type]
+
+    stmts, indices = nest(lw, shape, body)
+    return [lw.kernel(node, "copy", stmts, [new], [out], default_schedule(lw.target, shape, indices))]
 
 
 def lower_split(lw: Lowerer, node: Node) -> list[Kernel]:
@@ -257,6 +282,7 @@ LOWERINGS = {
     "ConstantOfShape": lower_constant_of_shape,
     "Transpose": lower_transpose,
     "Concat": lower_concat,
+    "kiln::CacheAppend": lower_cache_append,
     "Split": lower_split,
     "Slice": lower_slice,
     "Gather": lower_gather,

@@ -191,3 +191,32 @@ register(
 )
 
 declare_trait("anchor", ["ConvNHWC"], domain="kiln")  # its outputs take a fused epilogue
+
+
+def _cache_append_infer(ctx: InferContext) -> list[Type]:
+    """Concat's: the past and the new rows joined along ``axis``."""
+    from kiln.ops.registry import lookup
+
+    concat = lookup("Concat")
+    assert concat is not None
+    return concat.infer(ctx)
+
+
+def _cache_append_reference(ctx: RunContext, inputs: list) -> list:
+    import numpy as np
+
+    return [np.concatenate(inputs, axis=int(ctx.attr("axis")))]
+
+
+register(
+    "CacheAppend",
+    _cache_append_infer,
+    domain="kiln",
+    attrs={"axis": Attr("int", REQUIRED), "layout": Attr("ints", REQUIRED)},
+    inputs=2,
+    outputs=1,
+    reference=_cache_append_reference,
+    doc="A KV cache's present: Concat(past, new) along ``axis`` whose past is a graph input laid out at "
+    "``layout`` (the capacity's shape) and the present its output in that same buffer: only the new rows "
+    "are written (kiln.passes.cache_in_place; the run-time dims route lays the past out so).",
+)

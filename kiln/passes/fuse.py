@@ -190,7 +190,11 @@ def _foldable_transpose(node: Node, link: Value, readers: dict[Value, int], outp
 
 
 def attention_view(
-    stored: tuple[int, ...], perm: tuple[int, ...], inverse: bool, batch: tuple[int, ...] | None = None
+    stored: tuple[int, ...],
+    perm: tuple[int, ...],
+    inverse: bool,
+    batch: tuple[int, ...] | None = None,
+    layout: tuple[int, ...] | None = None,
 ) -> tuple[int, int, int, int, int, int] | None:
     """How an attention operand X of rank >= 2 sits in a contiguous tensor P of shape ``stored``:
     ``X = Transpose(P, perm)``, or ``P = Transpose(X, perm)`` when ``inverse`` (the output). The
@@ -198,9 +202,12 @@ def attention_view(
     X's batch dims merged into at most two strided dims (flat batch index = outer * inner, in X's
     order), then its matrix rows and columns; None when the batch dims do not merge into two.
     ``batch``: the output's batch dims, when X broadcasts against them (multi-query and grouped
-    attention: one K/V head for several query heads): X's dims of 1 there repeat with stride 0."""
+    attention: one K/V head for several query heads): X's dims of 1 there repeat with stride 0.
+    ``layout``: P's sizes are a box at the origin of a contiguous tensor of this shape (a KV cache
+    at its capacity, ``kiln.passes.cache_in_place``): the strides are the layout's."""
     rank = len(stored)
-    contiguous = [size_product(stored[i + 1 :]) for i in range(rank)]
+    laid = stored if layout is None else layout
+    contiguous = [size_product(laid[i + 1 :]) for i in range(rank)]
     if inverse:  # P dim i is X dim perm[i]
         shape, stride = [0] * rank, [0] * rank
         for i, p in enumerate(perm):

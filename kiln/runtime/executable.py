@@ -24,6 +24,7 @@ from kiln.lower.kir import Buffer
 from kiln.lower.memory import ALIGNMENT
 from kiln.memory import aligned_copy, content_key, empty_aligned, same_bytes
 from kiln.ops.interpreter import Interpreter, evaluate_node, node_failure
+from kiln.passes.cache_in_place import cache_roles
 from kiln.runtime.plan import Fallback, Plan, Segment
 
 
@@ -303,15 +304,19 @@ class Executable:
             )
         )
         shared = set(plan.memory.offsets) | set(plan.constants) | set(plan.inputs)
+        # a KV cache updated in place (kiln.passes.cache_in_place): input position -> the shape it is
+        # laid out at, output position -> the input whose buffer holds it (given back, never copied:
+        # the caller lays those inputs out, kiln.driver.laid.LaidInputs)
+        self.boxed, self.updates = cache_roles(plan.graph)
         self.output_layout = [
             (
                 buffer,
                 [int(d) for d in value.type.shape]
                 if isinstance(value.type, TensorType) and value.type.shape is not None
                 else [],
-                buffer in shared,
+                buffer in shared and position not in self.updates,
             )
-            for value, buffer in zip(plan.graph.outputs, plan.outputs)
+            for position, (value, buffer) in enumerate(zip(plan.graph.outputs, plan.outputs))
         ]
         # the fallbacks between native segments, by gap (gap i: before segment i; the last: after all)
         self.gaps: list[list[Fallback]] = [[]]

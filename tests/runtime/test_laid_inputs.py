@@ -1,11 +1,12 @@
-"""``extents.LaidInputs``: the buffers inputs are laid out in at their capacity are kept between
+"""``laid.LaidInputs``: the buffers inputs are laid out in at their capacity are kept between
 calls, keeping ``lay_out``'s contract (the data dense in the first elements, the rest zero)."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from kiln.driver.extents import LaidInputs, lay_out
+from kiln.driver.extents import lay_out
+from kiln.driver.laid import LaidInputs
 
 
 def test_a_kept_buffer_is_what_a_fresh_one_would_be_after_longer_and_shorter_calls():
