@@ -42,7 +42,13 @@ def dims_variant(model: Any, dims: dict[str, int], extents: dict[str, tuple[int,
         raise ArgumentError(
             f"{', '.join(extents)}: the model's other sizes follow from these only by specializing its graph (Python): not in C"
         )
-    return found.variant({**dims, **route.capacity}), route, found.signature
+    executable = found.variant({**dims, **route.capacity})
+    if getattr(executable, "updates", None):
+        raise ArgumentError(
+            "the model's KV cache is updated in place on this route (its past laid out at the capacity's "
+            "strides), which the C library does not lay out: compile with KILN_DISABLE=cache-in-place to emit it"
+        )
+    return executable, route, found.signature
 
 
 def dims_words(route: Any, signature: Any, inputs: int) -> list[int]:
