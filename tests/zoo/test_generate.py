@@ -183,7 +183,9 @@ def test_kiln_compile_of_a_decode_step_at_int8_weights_says_what_it_could_not_me
 def test_a_present_cache_read_in_place_as_the_next_past_gives_the_same_tokens(monkeypatch):
     """Every output recycled (the threshold at 0 bytes, as GPT-2 124M's caches are above it): each
     step's present KV cache is the next step's past, read where it is, not copied; greedy tokens are
-    still transformers' own, and the in-place layout was used."""
+    still transformers' own, and the in-place layout was used. (The dense layout: with the cache
+    updated in place, tests/runtime/test_cache_in_place.py, the present is the past's own buffer.)"""
+    from kiln.driver.options import CompileOptions
     from kiln.runtime import executable
 
     monkeypatch.setenv("KILN_PLAN_CACHE", "0")
@@ -197,7 +199,8 @@ def test_a_present_cache_read_in_place_as_the_next_past_gives_the_same_tokens(mo
         return found
 
     monkeypatch.setattr(executable.Recycled, "laid_in_place", spy)
-    model = kiln.compile(str(decoders.export("gpt2")), dims={**CONTEXT, "past": "0..63", "total": "1..64"})
+    dense = CompileOptions.from_env(disabled={"cache-in-place"})
+    model = kiln.compile(str(decoders.export("gpt2")), dims={**CONTEXT, "past": "0..63", "total": "1..64"}, options=dense)
     hf = decoders.build("gpt2").model
     ids = np.random.default_rng(21).integers(0, decoders.get("gpt2").vocab, (1, 6)).astype(np.int64)
     with torch.no_grad():
