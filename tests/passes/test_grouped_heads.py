@@ -18,7 +18,7 @@ RNG = np.random.default_rng(11)
 HEADS, KV_HEADS, DEPTH = 8, 2, 16
 
 
-def gqa_model(mask_heads: int) -> tuple:
+def gqa_model(mask_heads: int, depth: int = DEPTH) -> tuple:
     """q [b, 8, s, 16], k and v [b, 2, t, 16], mask [b, mask_heads, s, t] -> [b, s, 8, 16], K and V
     repeated to 8 heads as torch.onnx writes repeat_kv, then scale, mask, Softmax, . V, Transpose."""
     group = HEADS // KV_HEADS
@@ -52,21 +52,21 @@ def gqa_model(mask_heads: int) -> tuple:
     constants = {
         "axis2": np.array([2], np.int64), "first2": np.array([0, 1], np.int64), "last2": np.array([2, 3], np.int64),
         "zero": np.array([0], np.int64), "group": np.array([group], np.int64), "heads": np.array([HEADS], np.int64),
-        "scale": np.array(DEPTH**-0.5, np.float32),
+        "scale": np.array(depth**-0.5, np.float32),
     }  # fmt: skip
     inputs = [
-        ("q", FLOAT, ["b", HEADS, "s", DEPTH]),
-        ("k", FLOAT, ["b", KV_HEADS, "t", DEPTH]),
-        ("v", FLOAT, ["b", KV_HEADS, "t", DEPTH]),
+        ("q", FLOAT, ["b", HEADS, "s", depth]),
+        ("k", FLOAT, ["b", KV_HEADS, "t", depth]),
+        ("v", FLOAT, ["b", KV_HEADS, "t", depth]),
         ("mask", FLOAT, ["b", mask_heads, "s", "t"]),
     ]
-    return make_model(nodes, inputs, [("y", FLOAT, ["b", "s", HEADS, DEPTH])], constants)
+    return make_model(nodes, inputs, [("y", FLOAT, ["b", "s", HEADS, depth])], constants)
 
 
 def reference(q, k, v, mask) -> np.ndarray:
-    group = HEADS // KV_HEADS
+    group, depth = HEADS // KV_HEADS, q.shape[-1]
     k, v = np.repeat(k, group, axis=1).astype(np.float64), np.repeat(v, group, axis=1).astype(np.float64)
-    scores = q.astype(np.float64) @ k.transpose(0, 1, 3, 2) * DEPTH**-0.5 + mask
+    scores = q.astype(np.float64) @ k.transpose(0, 1, 3, 2) * depth**-0.5 + mask
     p = np.exp(scores - scores.max(axis=-1, keepdims=True))
     p /= p.sum(axis=-1, keepdims=True)
     return (p @ v).transpose(0, 2, 1, 3)
@@ -75,18 +75,21 @@ def reference(q, k, v, mask) -> np.ndarray:
 @pytest.mark.parametrize("queries", [1, 3, 9])  # a decode step's rows (direct loops); a prompt's (products)
 @pytest.mark.parametrize("mask_heads", [1, HEADS])
 @pytest.mark.parametrize("target", ["cpu", "cpu:avx2"])  # (the direct loops' lane sums per vector width)
-def test_grouped_heads_are_read_in_place_with_the_same_results(queries, mask_heads, target):
+@pytest.mark.parametrize("depth", [DEPTH, 64])  # 64: the direct loops' blocks of keys and of V's columns
+def test_grouped_heads_are_read_in_place_with_the_same_results(queries, mask_heads, target, depth):
     if target != "cpu" and queries != 1:
         pytest.skip("a prompt's rows run the same engine products on every path")
+    if depth != DEPTH and queries == 9:
+        pytest.skip("a prompt's rows run the engine products at any depth")
     runnable(target)
-    keys, batch = 37, 2
+    keys, batch = 37, 2  # (37: blocks of keys and the keys after the last block)
     compiled = kiln.compile(
-        gqa_model(mask_heads),
+        gqa_model(mask_heads, depth),
         target=target,
         dims={"b": (batch, batch), "s": (queries, queries), "t": (keys, keys)},
     )
-    q = RNG.standard_normal((batch, HEADS, queries, DEPTH)).astype(np.float32)
-    k, v = (RNG.standard_normal((batch, KV_HEADS, keys, DEPTH)).astype(np.float32) for _ in range(2))
+    q = RNG.standard_normal((batch, HEADS, queries, depth)).astype(np.float32)
+    k, v = (RNG.standard_normal((batch, KV_HEADS, keys, depth)).astype(np.float32) for _ in range(2))
     mask = np.where(RNG.random((batch, mask_heads, queries, keys)) < 0.2, -1e4, 0).astype(np.float32)
     y = compiled.run({"q": q, "k": k, "v": v, "mask": mask})["y"]
     want = reference(q, k, v, mask)

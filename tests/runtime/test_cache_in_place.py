@@ -123,7 +123,9 @@ def cache_graph(extra_reader: bool):  # type: ignore[no-untyped-def]
         helper.make_tensor_value_info("past", TensorProto.FLOAT, [1, 2, "p", 4]),
         helper.make_tensor_value_info("new", TensorProto.FLOAT, [1, 2, 1, 4]),
     ]
-    model = helper.make_model(helper.make_graph(nodes, "cache", inputs, outputs), opset_imports=[helper.make_opsetid("", 17)])
+    model = helper.make_model(
+        helper.make_graph(nodes, "cache", inputs, outputs), opset_imports=[helper.make_opsetid("", 17)]
+    )
     return import_onnx(model)
 
 

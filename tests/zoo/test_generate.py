@@ -200,7 +200,9 @@ def test_a_present_cache_read_in_place_as_the_next_past_gives_the_same_tokens(mo
 
     monkeypatch.setattr(executable.Recycled, "laid_in_place", spy)
     dense = CompileOptions.from_env(disabled={"cache-in-place"})
-    model = kiln.compile(str(decoders.export("gpt2")), dims={**CONTEXT, "past": "0..63", "total": "1..64"}, options=dense)
+    model = kiln.compile(
+        str(decoders.export("gpt2")), dims={**CONTEXT, "past": "0..63", "total": "1..64"}, options=dense
+    )
     hf = decoders.build("gpt2").model
     ids = np.random.default_rng(21).integers(0, decoders.get("gpt2").vocab, (1, 6)).astype(np.int64)
     with torch.no_grad():

@@ -53,8 +53,46 @@ static inline float kiln_lanes_sum(kiln_vf v) {
    they sit (K's rows and V's rows contiguous along the head dimension), no packing: Q K^T one
    dot product per key (here), P V one scaled row of V added per key (kiln_attention_values).
    Returns 0 (the engine's products instead) where the layout or the product's path (bf16) asks
-   for the engine. */
+   for the engine.
+
+   Each step's work is a few short dot products, so a chain of dependent adds (one accumulator a
+   key, or one a vector of output columns) would bound it by the adds' latency, not by the loads:
+   KILN_ATTENTION_KEYS keys at a time (each with an accumulator per row, the keys' vectors loaded
+   once for all rows), and P V KILN_ATTENTION_BLOCK vectors of columns at a time. */
 #define KILN_ATTENTION_FEW 4
+#if KILN_VB == 64
+#define KILN_ATTENTION_KEYS 4 /* rows x keys accumulators and the keys' vectors: 16 + 4 of 32 registers */
+#else
+#define KILN_ATTENTION_KEYS 2 /* 8 + 2 of 16 */
+#endif
+#define KILN_ATTENTION_BLOCK 4
+
+/* the scores of `rows` (a constant at each call) rows against every key, D whole vectors */
+static inline __attribute__((always_inline)) void kiln_attention_scores_n(const int rows, int64_t LK, int64_t D, const float *q, int64_t qrs, const float *kt, int64_t kcs, float *s) {
+  int64_t j = 0;
+  for (; j + KILN_ATTENTION_KEYS <= LK; j += KILN_ATTENTION_KEYS) {
+    kiln_vf acc[KILN_ATTENTION_FEW][KILN_ATTENTION_KEYS] = {{{0}}};
+    for (int64_t d = 0; d < D; d += KILN_L) {
+      kiln_vf key[KILN_ATTENTION_KEYS];
+      for (int c = 0; c < KILN_ATTENTION_KEYS; ++c) key[c] = *(const kiln_vfu *)(kt + (j + c) * kcs + KILN_AT(d, D, "K row"));
+      for (int i = 0; i < rows; ++i) {
+        const kiln_vf x = *(const kiln_vfu *)(q + i * qrs + d);
+        for (int c = 0; c < KILN_ATTENTION_KEYS; ++c) acc[i][c] += x * key[c];
+      }
+    }
+    for (int i = 0; i < rows; ++i)
+      for (int c = 0; c < KILN_ATTENTION_KEYS; ++c) s[i * LK + j + c] = kiln_lanes_sum(acc[i][c]);
+  }
+  for (; j < LK; ++j) { /* the last keys, one at a time */
+    const float *key = kt + j * kcs;
+    for (int i = 0; i < rows; ++i) {
+      kiln_vf acc = {0};
+      for (int64_t d = 0; d < D; d += KILN_L) acc += *(const kiln_vfu *)(q + i * qrs + d) * *(const kiln_vfu *)(key + KILN_AT(d, D, "K row"));
+      s[i * LK + j] = kiln_lanes_sum(acc);
+    }
+  }
+}
+
 static int kiln_attention_direct(const kiln_attention_job *job, const float *q, const float *kt, float *s) {
   const int64_t LQ = job->LQ, LK = job->LK, D = job->D;
   const kiln_view qv = job->qv, kv = job->kv, vv = job->vv;
@@ -65,19 +103,18 @@ static int kiln_attention_direct(const kiln_attention_job *job, const float *q, 
 #endif
   if (LQ > KILN_ATTENTION_FEW || !float_rows || qv.cs != 1 || kv.rs != 1 || vv.cs != 1)
     return 0;
-  /* each key read once for every query row (a grouped head's rows share it): the cache streams
-     through once, not once per row */
+  if (D % KILN_L == 0) { /* whole vectors: each key read once for every query row (a grouped head's rows share it) */
+    switch (LQ) {
+      case 1: kiln_attention_scores_n(1, LK, D, q, qv.rs, kt, kv.cs, s); return 1;
+      case 2: kiln_attention_scores_n(2, LK, D, q, qv.rs, kt, kv.cs, s); return 1;
+      case 3: kiln_attention_scores_n(3, LK, D, q, qv.rs, kt, kv.cs, s); return 1;
+      default: kiln_attention_scores_n(4, LK, D, q, qv.rs, kt, kv.cs, s); return 1;
+    }
+  }
   for (int64_t j = 0; j < LK; ++j) {
     const float *key = kt + j * kv.cs;
     for (int64_t i = 0; i < LQ; ++i) {
       const float *row = q + i * qv.rs;
-      if (D % KILN_L == 0) { /* whole vectors: one lane sum a key, not a chain of scalar adds */
-        kiln_vf acc = {0};
-        for (int64_t d = 0; d < D; d += KILN_L)
-          acc += *(const kiln_vfu *)(row + d) * *(const kiln_vfu *)(key + KILN_AT(d, D, "K row"));
-        s[i * LK + j] = kiln_lanes_sum(acc);
-        continue;
-      }
       float total = 0.0f;
 #pragma omp simd reduction(+ : total)
       for (int64_t d = 0; d < D; ++d) total += row[d] * key[KILN_AT(d, D, "K row")];
@@ -87,13 +124,28 @@ static int kiln_attention_direct(const kiln_attention_job *job, const float *q, 
   return 1;
 }
 
-/* P V for `rows` (a constant at each call) rows, one vector of output columns at a time: the rows'
-   sums held in registers over every key, each key's vector of V read once for all of them */
+/* P V for `rows` (a constant at each call) rows: KILN_ATTENTION_BLOCK vectors of output columns at
+   a time (then one), the rows' sums held in registers over every key, each key's vectors of V
+   read once for all of them */
 static inline __attribute__((always_inline)) void kiln_attention_values_n(const int rows, int64_t LK, int64_t DV, const float *s, const float *v, int64_t vrs, float *out, int64_t ors) {
-  for (int64_t e = 0; e < DV; e += KILN_L) {
+  int64_t e = 0;
+  for (; e + KILN_ATTENTION_BLOCK * KILN_L <= DV; e += KILN_ATTENTION_BLOCK * KILN_L) {
+    kiln_vf acc[KILN_ATTENTION_FEW][KILN_ATTENTION_BLOCK] = {{{0}}};
+    for (int64_t j = 0; j < LK; ++j) {
+      kiln_vf value[KILN_ATTENTION_BLOCK];
+      for (int c = 0; c < KILN_ATTENTION_BLOCK; ++c) value[c] = *(const kiln_vfu *)(v + j * vrs + KILN_AT(e + c * KILN_L, DV, "V row"));
+      for (int i = 0; i < rows; ++i) {
+        const float p = s[i * LK + j];
+        for (int c = 0; c < KILN_ATTENTION_BLOCK; ++c) acc[i][c] += p * value[c];
+      }
+    }
+    for (int i = 0; i < rows; ++i)
+      for (int c = 0; c < KILN_ATTENTION_BLOCK; ++c) *(kiln_vfu *)(out + i * ors + e + c * KILN_L) = acc[i][c];
+  }
+  for (; e < DV; e += KILN_L) {
     kiln_vf acc[KILN_ATTENTION_FEW] = {{0}};
     for (int64_t j = 0; j < LK; ++j) {
-      const kiln_vf value = *(const kiln_vfu *)(v + j * vrs + e);
+      const kiln_vf value = *(const kiln_vfu *)(v + j * vrs + KILN_AT(e, DV, "V row"));
       for (int i = 0; i < rows; ++i) acc[i] += s[i * LK + j] * value;
     }
     for (int i = 0; i < rows; ++i) *(kiln_vfu *)(out + i * ors + e) = acc[i];
