@@ -18,6 +18,7 @@ from kiln.ir.sized import size_product
 from kiln.ir.types import DType
 from kiln.lower.engine import WEIGHT_FORMATS, batch_position, compose_chain, epilogue_helper
 from kiln.lower.kir import (
+    GROUP_ROWS,
     Assign,
     AttentionOperand,
     AttentionSpec,
@@ -206,13 +207,22 @@ def _attention_driver(lw: Lowerer, node: Node, compose, batch_shape, sizes, buff
     # 32-column panels; softmax and the chain stay float32); int8 compiles keep them float32
     precision = "bf16" if lw.precision == "bf16" and lw.target.gemm_cols == 32 else "fp32"
     wide = lw.precision in WEIGHT_FORMATS and bool(WEIGHT_FORMATS[lw.precision][3]) and lw.target.gemm_cols == 32
-    call = AttentionSpec(batch, queries, keys, depth, width, *operands, scores, threads, helper, safe, precision, wide)
+    # slices that share K and V (K's and V's inner slice dim repeats, stride 0: a grouped head's query
+    # heads) are taken a few together on a decode step's rows, in blocks of their own
+    _, _, k_inner, k_stride, _, _ = views[1]
+    _, _, v_inner, v_stride, _, _ = views[2]
+    shared = k_inner > 1 and k_stride == 0 and v_inner == k_inner and v_stride == 0
+    rows = lw.scratch_buffer(F32, threads * GROUP_ROWS * keys, hint="rows") if shared else None
+    call = AttentionSpec(
+        batch, queries, keys, depth, width, *operands, scores, threads, helper, safe, precision, wide, rows
+    )
+    scratch = [scores, *([rows] if rows is not None else [])]
     return Kernel(
         name,
         "attention",
         [call],
-        [q_buf, kt_buf, v_buf, *[b for b in buffers_in([call]) if b not in (q_buf, kt_buf, v_buf, dst, scores)]],
-        [dst, scores],
+        [q_buf, kt_buf, v_buf, *[b for b in buffers_in([call]) if b not in (q_buf, kt_buf, v_buf, dst, *scratch)]],
+        [dst, *scratch],
         [f"{node.name}: " + ", ".join(n.op for n in node.attrs["body"].nodes)],
         flops=2 * batch * queries * keys * (depth + width),
     )

@@ -362,6 +362,12 @@ class AttentionSpec:
     # fp32 with a weight format's "-bf16" or "-a8": a prompt's many query rows on the bf16 path
     # (where the CPU has one), a decode step's few as fp32 (kiln_gemm_wide_run, gemm_wbf16.c)
     wide: bool = False
+    # per-thread blocks of GROUP_ROWS x keys scores: a decode step's slices that share K and V (a
+    # grouped head's query heads) taken together, each key and value read once for all their rows
+    rows: Buffer | None = None
+
+
+GROUP_ROWS = 4  # rows a group of slices takes together (attention.c's KILN_ATTENTION_FEW)
 
 
 EngineCall = GemmSpec | WinogradInput | WinogradOutput | AttentionSpec
@@ -389,7 +395,8 @@ def engine_buffers(call: EngineCall) -> list[Buffer]:
         return [call.source, call.dest]
     if isinstance(call, WinogradOutput):
         return [call.products, call.dest, *([call.bias] if call.bias is not None else [])]
-    return [call.q.buffer, call.kt.buffer, call.v.buffer, call.out.buffer, call.scores]
+    rows = [call.rows] if call.rows is not None else []
+    return [call.q.buffer, call.kt.buffer, call.v.buffer, call.out.buffer, call.scores, *rows]
 
 
 Stmt = For | If | Let | Assign | Store | GemmSpec | WinogradInput | WinogradOutput | AttentionSpec

@@ -141,7 +141,8 @@ def engine_call(stmt: EngineCall, indent: str) -> list[str]:
         for operand in (stmt.q, stmt.kt, stmt.v, stmt.out):
             args += [operand.buffer.name, operand.buffer.size, operand.inner, operand.outer_stride,
                      operand.inner_stride, operand.row_stride, operand.col_stride]  # fmt: skip
-        args += [stmt.scores.name, stmt.threads, int(stmt.safe), "&g"]
+        rows = stmt.rows.name if stmt.rows is not None else "(float *)0"
+        args += [stmt.scores.name, rows, stmt.threads, int(stmt.safe), "&g"]
         wide = "kiln_gemm_wide_run" if stmt.wide else "kiln_gemm_run"  # (gemm_wbf16.c: by the rows)
         args.append("kiln_gemm_bf16_run" if stmt.precision == "bf16" else wide)
         lines.append(f"{indent}  kiln_attention({', '.join(str(a) for a in args)});")

@@ -201,7 +201,7 @@ KILN_ENGINE void kiln_attention(int64_t BH, int64_t LQ, int64_t LK, int64_t D, i
                                 const float *kt, int64_t k_size, int64_t k_n1, int64_t k_s0, int64_t k_s1, int64_t k_rs, int64_t k_cs,
                                 const float *v, int64_t v_size, int64_t v_n1, int64_t v_s0, int64_t v_s1, int64_t v_rs, int64_t v_cs,
                                 float *out, int64_t o_size, int64_t o_n1, int64_t o_s0, int64_t o_s1, int64_t o_rs, int64_t o_cs,
-                                float *scratch, int64_t threads, int safe, const kiln_gemm *ctx,
+                                float *scratch, float *rows, int64_t threads, int safe, const kiln_gemm *ctx,
                                 void (*product)(const kiln_gemm *));
 """
 
