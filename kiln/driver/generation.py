@@ -20,10 +20,13 @@ Sampling: ``temperature`` 0 is greedy (the first of equal maxima, as ``torch.arg
 logits / temperature, the ``top_k`` largest kept (0: all), then the smallest set of the most
 likely whose probability reaches ``top_p``, drawn with NumPy's generator seeded by ``seed``. A
 sequence that draws one of ``stop_tokens`` is finished: it keeps that token from then on, and the
-loop ends when every sequence has. Prompts in a batch have one length (a batch of different
-lengths: one call per length); a batch of B runs as one step a token where B is one of the batch
-dim's size classes (``kiln.compile(..., size_classes={"batch": "1,4"})``, or ``batched`` after the
-compile), else as chunks of the classes.
+loop ends when every sequence has. A batch of B prompts of one length ([B, tokens]) runs as one
+step a token where B is one of the batch dim's size classes (``kiln.compile(..., size_classes=
+{"batch": "1,4"})``, or ``batched`` after the compile), else as chunks of the classes. Prompts of
+different lengths (a list of token lists) run as one batch per length, stepped together: each
+step yields every prompt's token. A padded batch would give each shorter prompt's tokens shifted
+positions (a decode step takes its positions from the cache's length, not from the mask), which a
+model with learned positions does not forgive; the groups give each prompt what it gives alone.
 """
 
 from __future__ import annotations
@@ -102,8 +105,33 @@ def stream(
 ) -> Iterator[np.ndarray]:
     """Each generated step's token ids ([batch] int64), as soon as it is drawn (see the module)."""
     found = roles(model)
-    ids = _prompt(input_ids)
+    groups = _prompts(input_ids)
     _check_sampling(max_new_tokens, temperature, top_k, top_p)
+    rng = np.random.default_rng(seed)
+    stops = np.asarray(list(stop_tokens), np.int64)
+    if len(groups) == 1:
+        yield from _stream(model, found, groups[0][1], max_new_tokens, (temperature, top_k, top_p), rng, stops)
+        return
+    batch = sum(len(rows) for rows, _ in groups)
+    sampling = (temperature, top_k, top_p)
+    streams = [(rows, _stream(model, found, ids, max_new_tokens, sampling, rng, stops)) for rows, ids in groups]
+    last = np.zeros(batch, np.int64)
+    for _ in range(max_new_tokens):  # (a group whose prompts all stopped keeps its last tokens)
+        going = False
+        for rows, tokens in streams:
+            step = next(tokens, None)
+            if step is not None:
+                last[rows], going = step, True
+        if not going:
+            return
+        yield last.copy()
+
+
+def _stream(
+    model: Any, found: StepRoles, ids: np.ndarray, max_new_tokens: int, sampling: tuple, rng: Any, stops: np.ndarray
+) -> Iterator[np.ndarray]:
+    """``stream`` for prompts of one length, ``ids`` [batch, tokens]."""
+    temperature, top_k, top_p = sampling
     batch, prompt = ids.shape
     context = _context(model, found)
     if context is not None and prompt + max_new_tokens - 1 > context:
@@ -113,8 +141,6 @@ def stream(
         )
     ranges = getattr(model, "ranges", None)
     cache = [np.zeros(_cache_shape(shape, batch, ranges), np.float32) for shape in found.cache]
-    rng = np.random.default_rng(seed)
-    stops = np.asarray(list(stop_tokens), np.int64)
     done = np.zeros(batch, bool)
     logits = None
     chunk = _prefill_chunk(model, found)
@@ -131,12 +157,19 @@ def stream(
         logits, cache = _step(model, found, token[:, None], cache, ids.shape[1] - 1)
 
 
-def generate(model: Any, input_ids: Any, max_new_tokens: int, **sampling: Any) -> np.ndarray:
+def generate(model: Any, input_ids: Any, max_new_tokens: int, **sampling: Any) -> Any:
     """The prompt and the tokens generated after it, [batch, prompt + generated] (``stream``'s
-    keyword arguments: temperature, top_k, top_p, seed, stop_tokens)."""
-    ids = _prompt(input_ids)
-    steps = list(stream(model, ids, max_new_tokens, **sampling))
-    return np.concatenate([ids, np.stack(steps, axis=1)], axis=1) if steps else ids
+    keyword arguments: temperature, top_k, top_p, seed, stop_tokens); prompts of different lengths
+    give a list of each prompt's [prompt + generated]."""
+    groups = _prompts(input_ids)
+    steps = list(stream(model, input_ids, max_new_tokens, **sampling))
+    new = np.stack(steps, axis=1) if steps else np.zeros((sum(len(r) for r, _ in groups), 0), np.int64)
+    if len(groups) == 1:
+        return np.concatenate([groups[0][1], new], axis=1)
+    prompts: dict[int, np.ndarray] = {}
+    for rows, ids in groups:
+        prompts.update(zip(rows.tolist(), ids))
+    return [np.concatenate([prompts[i], new[i]]) for i in range(len(new))]
 
 
 def pick(logits: np.ndarray, temperature: float, top_k: int, top_p: float, rng: np.random.Generator) -> np.ndarray:
@@ -172,7 +205,10 @@ def _step(model: Any, found: StepRoles, tokens: np.ndarray, cache: list[np.ndarr
 
 
 def _prompt(input_ids: Any) -> np.ndarray:
-    ids = np.asarray(input_ids)
+    try:
+        ids = np.asarray(input_ids)
+    except ValueError:  # (nested lists NumPy cannot make an array of)
+        raise ArgumentError("input_ids: a [batch, tokens] integer array, or a list of token lists") from None
     if ids.ndim == 1:
         ids = ids[None]
     if ids.ndim != 2 or ids.shape[1] < 1 or ids.dtype.kind not in "iu":
@@ -180,6 +216,25 @@ def _prompt(input_ids: Any) -> np.ndarray:
             f"input_ids: a [batch, tokens] integer array of at least one token, got {ids.dtype}{list(ids.shape)}"
         )
     return ids.astype(np.int64)
+
+
+def _prompts(input_ids: Any) -> list[tuple[np.ndarray, np.ndarray]]:
+    """(the prompts' positions in the batch, their ids [n, tokens]) per prompt length, in order of
+    first appearance: one group for a [batch, tokens] array, one per length for a list of prompts."""
+    if isinstance(input_ids, (list, tuple)) and input_ids and all(np.ndim(p) == 1 for p in input_ids):
+        lengths = [len(p) for p in input_ids]
+        if len(set(lengths)) > 1:
+            prompts = [_prompt(p)[0] for p in input_ids]
+            order = list(dict.fromkeys(lengths))
+            return [
+                (
+                    np.asarray([i for i, n in enumerate(lengths) if n == length]),
+                    np.stack([p for p in prompts if len(p) == length]),
+                )
+                for length in order
+            ]
+    ids = _prompt(input_ids)
+    return [(np.arange(len(ids)), ids)]
 
 
 def _check_sampling(max_new_tokens: int, temperature: float, top_k: int, top_p: float) -> None:

@@ -261,3 +261,31 @@ def test_the_dims_program_gives_an_empty_caches_sizes_as_specializing_does(monke
             got = route.program(dims)
             assert got is not None, (name, dims)
             assert got.tolist() == spatial.dim_values(graph, route.names, dims).tolist(), (name, dims)
+
+
+@pytest.mark.slow
+def test_prompts_of_different_lengths_each_get_what_they_get_alone(monkeypatch):
+    """A list of prompts of different lengths runs as one batch per length, stepped together: each
+    prompt's tokens are those it gets alone (GPT-2: learned positions, which a padded batch would
+    shift), prompts of one length those of their own batch; stop tokens and seeds hold."""
+    monkeypatch.setenv("KILN_PLAN_CACHE", "0")
+    model = compiled("gpt2", "torchscript", generation=True)
+    rng = np.random.default_rng(31)
+    vocab = decoders.get("gpt2").vocab
+    prompts = [rng.integers(0, vocab, n).astype(np.int64) for n in (5, 2, 9, 2)]
+    got = kiln.generate(model, prompts, max_new_tokens=8)
+    assert isinstance(got, list) and [len(g) for g in got] == [13, 10, 17, 10]
+    for prompt, tokens in zip(prompts[:3], got):
+        assert np.array_equal(tokens, kiln.generate(model, prompt[None], 8)[0])
+    pair = kiln.generate(model, np.stack([prompts[1], prompts[3]]), 8)
+    assert np.array_equal(np.stack([got[1], got[3]]), pair)
+    steps = list(kiln.generate_stream(model, prompts, 8))
+    assert len(steps) == 8 and all(s.shape == (4,) for s in steps)
+    assert np.array_equal(np.stack(steps, axis=1), np.stack([g[-8:] for g in got]))
+    stop = int(got[2][9])  # the third prompt's first new token: it stops at once and keeps it
+    stopped = kiln.generate(model, prompts, max_new_tokens=8, stop_tokens=[stop])
+    assert np.all(stopped[2][9:] == stop)
+    sampled = [kiln.generate(model, prompts, 6, temperature=0.9, top_k=20, seed=3) for _ in range(2)]
+    assert all(np.array_equal(a, b) for a, b in zip(*sampled))
+    with pytest.raises(ArgumentError, match="input_ids"):
+        kiln.generate(model, [[1, 2], []], 4)
