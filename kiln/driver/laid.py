@@ -100,7 +100,6 @@ class LaidInputs:
         base = array.base
         if (
             not isinstance(base, np.ndarray)
-            or self.given.get(id(base)) is not base
             or base.shape != tuple(layout)
             or base.dtype != array.dtype
             or array.strides != base.strides
@@ -109,7 +108,7 @@ class LaidInputs:
         ):
             return None
         with self.lock:
-            if id(base) in self.busy or sys.getrefcount(base) > _SOLE:
+            if self.given.get(id(base)) is not base or id(base) in self.busy or sys.getrefcount(base) > _SOLE:
                 return None
             self.busy.add(id(base))
         return base
@@ -132,7 +131,8 @@ class LaidInputs:
             for j, (output, shape) in enumerate(zip(raw, out_shapes)):
                 if j in updates:  # the present, in its past's buffer: given back as a view at its sizes
                     owner = laid[updates[j]]
-                    self.given[id(owner)] = owner
+                    with self.lock:
+                        self.given[id(owner)] = owner
                     taken[updates[j]] = None  # (the buffer is the caller's now, not this pool's)
                     outputs.append(output.reshape(owner.shape)[box(shape)])
                     continue

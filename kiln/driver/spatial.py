@@ -45,7 +45,7 @@ from kiln.driver import sized_terms
 from kiln.driver.dims_program import DimsProgram, Step, expression_of
 from kiln.driver.dims_vector import checks, dim_values, generic_samples, graph_symbols
 from kiln.driver.extents import Merge, NotAffine, check_constants, found_sizes, kernels_of, told_where
-from kiln.driver.pipeline import Compile, run_stages, start
+from kiln.driver.pipeline import Compile, resolve_target, run_stages, start
 from kiln.driver.sized_terms import ExprSize
 from kiln.errors import KilnError
 from kiln.ir import dims as size_exprs
@@ -397,7 +397,9 @@ def run_time_dims_kernels(
     except KilnError as err:
         raise NotAffine(f"the model has no shapes at some sizes of the ranges {ranges}: {err}") from None
     layouts = cache_layouts(graph, route.names, values[0], bindings[0])
-    if layouts and "cache-in-place" not in options.disabled:
+    # (the cpu target's: its runs are what kiln.driver.laid lays out; the gpu's copies to the device
+    # are not checked with a cache laid out so, lent no device yet)
+    if layouts and "cache-in-place" not in options.disabled and resolve_target(target).backend == "cpu":
         options = options.with_(cache_layouts=layouts)
     bindings[0] = _kept(bindings[0], ranges, route.names, values[0])
     states = [_lowered(graph, b, target, options, prebuilt, b is not bindings[0]) for b in bindings]
