@@ -5,7 +5,10 @@
    the arena): Q K^T and P V are matrix products on the engine (run single-threaded inside this
    parallel loop), the scale/mask chain is the generated epilogue applied to the scores block, and
    each row's softmax is max, kiln_expf (vectorized), a double-precision sum and one scaling. The
-   [BH, LQ, LK] score tensor is never written whole.
+   [BH, LQ, LK] score tensor is never written whole. A decode step's few query rows skip the engine
+   (direct loops, kiln_attention_direct), and slices that share K and V (a grouped head's query
+   heads: K's and V's inner slice stride 0) are taken a few together, their rows' scores in a
+   per-thread block of `rows` (KILN_ATTENTION_FEW x LK), each key and value read once for all.
 
    Operands are strided views (kiln_view), so splitting and merging heads costs no copies: slice
    bh = outer * n1 + inner starts at outer * s0 + inner * s1, its element (r, c) at r * rs + c * cs
