@@ -59,30 +59,37 @@ class LaidInputs:
         the past) is read where it is. ``boxed``: input position -> its layout (see the module)."""
         with self.lock:
             taken = self.free.pop() if self.free else [None] * len(arrays)  # (a model's inputs: one count)
-        laid = []
-        for i, (array, shape) in enumerate(zip(arrays, shapes)):
-            array = np.asarray(array)
-            layout = boxed.get(i) if boxed else None
-            if layout is not None:
-                laid.append(self._boxed(array, layout, taken, i))
-                continue
-            if array.shape == tuple(shape):
-                laid.append(array)
-                continue
-            in_place = recycled.laid_in_place(array, tuple(shape)) if recycled is not None else None
-            if in_place is not None:
-                laid.append(in_place)
-                continue
-            held = taken[i]
-            if held is None or held[0].shape != tuple(shape) or held[0].dtype != array.dtype:
-                held = taken[i] = [np.zeros(shape, array.dtype), 0]
-            flat = held[0].reshape(-1)
-            flat[: array.size] = array.reshape(-1)
-            if held[1] > array.size:
-                flat[array.size : held[1]] = 0
-            held[1] = array.size
-            laid.append(held[0])
+        laid: list[Any] = []
+        try:
+            for i, (array, shape) in enumerate(zip(arrays, shapes)):
+                laid.append(self._laid(i, np.asarray(array), shape, taken, recycled, boxed))
+        except BaseException:  # (a buffer this call took is free again)
+            with self.lock:
+                self.busy.difference_update(id(a) for a in laid)
+            raise
         return laid, taken
+
+    def _laid(
+        self, i: int, array: np.ndarray, shape: tuple[int, ...], taken: list[Any], recycled: Any, boxed: Any
+    ) -> Any:
+        """Input ``i`` laid out (see ``lay``)."""
+        layout = boxed.get(i) if boxed else None
+        if layout is not None:
+            return self._boxed(array, layout, taken, i)
+        if array.shape == tuple(shape):
+            return array
+        in_place = recycled.laid_in_place(array, tuple(shape)) if recycled is not None else None
+        if in_place is not None:
+            return in_place
+        held = taken[i]
+        if held is None or held[0].shape != tuple(shape) or held[0].dtype != array.dtype:
+            held = taken[i] = [np.zeros(shape, array.dtype), 0]
+        flat = held[0].reshape(-1)
+        flat[: array.size] = array.reshape(-1)
+        if held[1] > array.size:
+            flat[array.size : held[1]] = 0
+        held[1] = array.size
+        return held[0]
 
     def _boxed(self, array: np.ndarray, layout: tuple[int, ...], taken: list[Any], i: int) -> np.ndarray:
         """The buffer ``array`` lies at the origin of (it is marked busy), or a buffer of this
