@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
+from typing import Any
 
 import click
 import numpy as np
@@ -16,7 +17,11 @@ from kiln.lower.engine import WEIGHT_FORMATS
 @click.command("generate")
 @click.argument("model")
 @click.option(
-    "--prompt-tokens", default=16, show_default=True, type=click.IntRange(1), help="Prompt length (random ids)."
+    "--prompt-tokens",
+    default="16",
+    show_default=True,
+    help="Prompt length (random ids); several, comma-separated: one prompt of each length (a batch of prompts "
+    "of different lengths, one step per length a token).",
 )
 @click.option("--new-tokens", default=32, show_default=True, type=click.IntRange(1), help="Tokens to generate.")
 @click.option(
@@ -47,7 +52,7 @@ from kiln.lower.engine import WEIGHT_FORMATS
 @json_option("the tokens and the timings")
 def generate_command(
     model: str,
-    prompt_tokens: int,
+    prompt_tokens: str,
     new_tokens: int,
     batch: int,
     context: int | None,
@@ -69,17 +74,23 @@ def generate_command(
     from kiln.driver import generation
     from kiln.zoo import decoders
 
+    lengths = _lengths(prompt_tokens, batch)
+    if len(lengths) > 1:
+        batch = 1  # (one prompt of each length: each length's group is a batch of one)
     path = Path(model)
     if not path.is_file():
         path = decoders.export(decoders.get(model).name, exporter=exporter)
-    longest = context or prompt_tokens + new_tokens
+    longest = context or max(lengths) + new_tokens
     dims = _context_dims(longest, batch)
     started = time.perf_counter()
     classes = {"batch": f"1,{batch}"} if batch > 1 else None  # (the batch as one step a token)
     compiled = kiln.compile(str(path), dims=dims, precision=precision, generation=True, size_classes=classes)
     compile_s = time.perf_counter() - started
     vocab = _vocab(compiled)
-    ids = np.random.default_rng(seed).integers(0, vocab, (batch, prompt_tokens)).astype(np.int64)
+    rng = np.random.default_rng(seed)
+    ids: Any = rng.integers(0, vocab, (batch, lengths[0])).astype(np.int64)
+    if len(lengths) > 1:
+        ids = [rng.integers(0, vocab, length).astype(np.int64) for length in lengths]
     started = time.perf_counter()
     for _ in generation.stream(compiled, ids, min(2, new_tokens)):  # warm: the first calls load and fault in
         pass
@@ -96,18 +107,20 @@ def generate_command(
     per_token = (stamps[-1] - stamps[0]) / (len(stamps) - 1) if len(stamps) > 1 else float("nan")
     report = {
         "model": str(path),
-        "batch": batch,
+        "batch": len(lengths) if len(lengths) > 1 else batch,
         "precision": compiled.precision,
-        "prompt_tokens": prompt_tokens,
+        "prompt_tokens": lengths[0] if len(lengths) == 1 else lengths,
         "new_tokens": len(steps),
         "compile_s": compile_s,
         "warm_up_s": warm_up_s,  # a first generation of 2 tokens, not timed below
         "time_to_first_token_s": first,
         "time_per_output_token_ms": per_token * 1e3,
-        "tokens_per_s": batch * (len(steps) - 1) / (stamps[-1] - stamps[0]) if len(stamps) > 1 else float("nan"),
+        "tokens_per_s": len(steps[0]) * (len(steps) - 1) / (stamps[-1] - stamps[0])
+        if len(stamps) > 1
+        else float("nan"),
         "python_share": max(0.0, 1.0 - sum(running) / total) if total else float("nan"),
         "steps": len(running),  # the prompt's steps and one per token after the first
-        "tokens": np.concatenate([ids, np.stack(steps, axis=1)], axis=1).tolist(),
+        "tokens": [np.concatenate([p, s]).tolist() for p, s in zip(ids, np.stack(steps, axis=1))],
     }
     if as_json:
         out.print_json(json.dumps(report))
@@ -122,6 +135,20 @@ def generate_command(
     )
     for row in report["tokens"]:
         out.print(" ".join(map(str, row)))
+
+
+def _lengths(text: str, batch: int) -> list[int]:
+    """``--prompt-tokens``' lengths (a usage error where one is not a positive integer, or several
+    are given with ``--batch``)."""
+    try:
+        lengths = [int(part) for part in text.split(",")]
+    except ValueError:
+        lengths = []
+    if not lengths or min(lengths) < 1:
+        raise click.BadParameter(f"positive integers, comma-separated; got {text!r}", param_hint="--prompt-tokens")
+    if len(lengths) > 1 and batch > 1:
+        raise click.BadParameter("several prompt lengths are one prompt each: leave --batch at 1", param_hint="--batch")
+    return lengths
 
 
 def _vocab(compiled) -> int:  # type: ignore[no-untyped-def]

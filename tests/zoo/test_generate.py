@@ -134,6 +134,28 @@ def test_kiln_generate_reports_the_tokens_and_steps_it_ran(monkeypatch):
     assert report["time_to_first_token_s"] > 0 and report["warm_up_s"] > 0
 
 
+def test_kiln_generate_takes_prompts_of_different_lengths(monkeypatch):
+    """``--prompt-tokens 3,6``: one prompt of each length, their tokens ``kiln.generate`` gives the
+    list; a length that is no positive integer, or several with --batch, is a usage error (exit 2)."""
+    import json
+
+    from click.testing import CliRunner
+
+    from kiln.cli import main
+
+    args = ["generate", "llama", "--prompt-tokens", "3,6", "--new-tokens", "3", "--exporter", "dynamo", "--json"]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.output[result.output.index("{") :])
+    assert report["prompt_tokens"] == [3, 6] and [len(t) for t in report["tokens"]] == [6, 9]
+    model = kiln.compile(str(decoders.export("llama", exporter="dynamo")), dims=CONTEXT)
+    prompts = [np.array(t[:n], np.int64) for t, n in zip(report["tokens"], (3, 6))]
+    assert all(np.array_equal(t, g) for t, g in zip(report["tokens"], kiln.generate(model, prompts, 3)))
+    for bad in (["--prompt-tokens", "3,x"], ["--prompt-tokens", "0"], ["--prompt-tokens", "3,6", "--batch", "2"]):
+        result = CliRunner().invoke(main, ["generate", "llama", *bad, "--new-tokens", "2"])
+        assert result.exit_code == 2, result.output
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(("name", "exporter"), [("gpt2", "torchscript"), ("llama", "dynamo")])
 @pytest.mark.parametrize(("precision", "path", "bound"), [("int8-weights", "w8", 3e-2), ("int4-weights", "w4", 0.3)])
