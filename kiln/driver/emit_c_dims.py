@@ -15,8 +15,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from kiln.driver.variants import Compilation, Source
 from kiln.errors import ArgumentError
 from kiln.ir import dims as sizes
+from kiln.runtime.executable import Executable
 
 CONST, ENTRY, ADD, SUB, MUL, FLOORDIV, MOD, MIN, MAX = range(1, 10)
 
@@ -42,12 +44,13 @@ def dims_variant(model: Any, dims: dict[str, int], extents: dict[str, tuple[int,
         raise ArgumentError(
             f"{', '.join(extents)}: the model's other sizes follow from these only by specializing its graph (Python): not in C"
         )
-    executable = found.variant({**dims, **route.capacity})
-    if getattr(executable, "updates", None):
-        raise ArgumentError(
-            "the model's KV cache is updated in place on this route (its past laid out at the capacity's "
-            "strides), which the C library does not lay out: compile with KILN_DISABLE=cache-in-place to emit it"
-        )
+    binding = {**dims, **route.capacity}
+    executable = found.variant(binding)
+    if getattr(executable, "updates", None):  # (the library lays every input out densely: the cache too)
+        options = found.options.with_(disabled=found.options.disabled | {"cache-in-place"})
+        compilation = Compilation(Source(found.compilation.graph), found.compiled_for, options)
+        compilation.spatial = route
+        executable = Executable(compilation.plan(binding), weights=found.weights, parallelism=found.parallelism)
     return executable, route, found.signature
 
 

@@ -140,3 +140,22 @@ def test_a_present_read_by_anything_but_attention_stays_a_concat(extra_reader):
         assert ops == ["Concat"] and cache_in_place.cache_roles(rewritten) == ({}, {})
     else:  # read by nothing but the caller: laid out in place, given back
         assert ops == ["CacheAppend"] and cache_in_place.cache_roles(rewritten) == ({0: (1, 2, 9, 4)}, {0: 0})
+
+
+@pytest.mark.slow
+def test_the_c_library_of_a_decode_step_lays_its_cache_out_densely(tmp_path):
+    """``kiln.emit_c`` of a decode step whose Python route updates its cache in place: the library
+    (which lays every input out densely) gets the dense plan, and computes what Python does."""
+    from tests.runtime.test_emit_c import programs, run_c
+
+    model = kiln.compile(str(decoders.export("llama", exporter="dynamo")), dims={"batch": 1})
+    folder = tmp_path / "step"
+    kiln.emit_c(model, folder, {"batch": 1}, extents={"past": (1, 40), "new": (1, 8), "total": (2, 48)})
+    assert all(e.updates for e in model.dims_model.executables())  # (Python's own route: in place)
+    feeds = decoders.inputs("llama", past=5, new=2)
+    want = model.run(feeds)
+    shapes = ",".join("x".join(str(d) for d in np.shape(a)) for a in [*feeds.values(), *want.values()])
+    binary = programs(folder, tmp_path)[0]
+    got = run_c(binary, folder, model, feeds, tmp_path, shapes=shapes)
+    for name, array in zip(want, got):
+        np.testing.assert_array_equal(array, np.asarray(want[name]).reshape(-1), err_msg=name)
