@@ -74,9 +74,7 @@ def generate_command(
     from kiln.driver import generation
     from kiln.zoo import decoders
 
-    lengths = _lengths(prompt_tokens, batch)
-    if len(lengths) > 1:
-        batch = 1  # (one prompt of each length: each length's group is a batch of one)
+    lengths = _lengths(prompt_tokens, batch)  # (several: one prompt each, --batch left at 1)
     path = Path(model)
     if not path.is_file():
         path = decoders.export(decoders.get(model).name, exporter=exporter)
@@ -87,10 +85,7 @@ def generate_command(
     compiled = kiln.compile(str(path), dims=dims, precision=precision, generation=True, size_classes=classes)
     compile_s = time.perf_counter() - started
     vocab = _vocab(compiled)
-    rng = np.random.default_rng(seed)
-    ids: Any = rng.integers(0, vocab, (batch, lengths[0])).astype(np.int64)
-    if len(lengths) > 1:
-        ids = [rng.integers(0, vocab, length).astype(np.int64) for length in lengths]
+    ids = _random_prompts(lengths, batch, vocab, seed)
     started = time.perf_counter()
     for _ in generation.stream(compiled, ids, min(2, new_tokens)):  # warm: the first calls load and fault in
         pass
@@ -135,6 +130,14 @@ def generate_command(
     )
     for row in report["tokens"]:
         out.print(" ".join(map(str, row)))
+
+
+def _random_prompts(lengths: list[int], batch: int, vocab: int, seed: int) -> Any:
+    """Seeded ids: [batch, length] for one length, else a list of one prompt of each length."""
+    rng = np.random.default_rng(seed)
+    if len(lengths) > 1:
+        return [rng.integers(0, vocab, length).astype(np.int64) for length in lengths]
+    return rng.integers(0, vocab, (batch, lengths[0])).astype(np.int64)
 
 
 def _lengths(text: str, batch: int) -> list[int]:
