@@ -24,9 +24,11 @@ pytest.importorskip("transformers", reason="transformers (the 'zoo' extra) defin
 CONTEXT = {"past": "0..40", "new": "1..41", "total": "1..41", "batch": "1..2"}
 
 
-def compiled(name: str, in_place: bool = True):  # type: ignore[no-untyped-def]
+def compiled(name: str, in_place: bool = True, classes: str | None = None):  # type: ignore[no-untyped-def]
     options = CompileOptions.from_env(disabled=frozenset() if in_place else {"cache-in-place"})
-    return kiln.compile(str(decoders.export(name)), dims=CONTEXT, options=options, generation=True)
+    size_classes = {"batch": classes} if classes else None
+    path = str(decoders.export(name))
+    return kiln.compile(path, dims=CONTEXT, options=options, generation=True, size_classes=size_classes)
 
 
 @pytest.fixture(scope="module")
@@ -80,6 +82,20 @@ def step(model, token: int, past: list, length: int):  # type: ignore[no-untyped
 def empty(model) -> list:  # type: ignore[no-untyped-def]
     found = roles(model)
     return [np.zeros((1, s[1], 0, s[3]), np.float32) for s in found.cache]
+
+
+@pytest.mark.slow
+def test_a_batch_class_of_its_own_updates_its_cache_in_place_too(monkeypatch):
+    """A batch of 2 compiled as a size class (one step a token, its cache laid out at batch 2's
+    capacity): every step after the first reads its past in place, the tokens the copied route's."""
+    in_place, copied = compiled("llama", classes="1,2"), compiled("llama", in_place=False, classes="1,2")
+    ids = np.random.default_rng(8).integers(0, decoders.get("llama").vocab, (2, 4)).astype(np.int64)
+    want = kiln.generate(copied, ids, 10)
+    calls = counted(monkeypatch)
+    assert np.array_equal(kiln.generate(in_place, ids, 10), want)
+    layers = len(roles(in_place).past)
+    assert calls == {"owned": 9 * layers, "copied": layers}, calls
+    assert any(2 in {layout[0] for layout in e.boxed.values()} for e in in_place.dims_model.executables())
 
 
 @pytest.mark.slow
