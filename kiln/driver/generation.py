@@ -104,18 +104,31 @@ def stream(
     stop_tokens: Sequence[int] = (),
 ) -> Iterator[np.ndarray]:
     """Each generated step's token ids ([batch] int64), as soon as it is drawn (see the module)."""
+    yield from _lockstep(model, _prompts(input_ids), max_new_tokens, temperature, top_k, top_p, seed, stop_tokens)
+
+
+def _lockstep(
+    model: Any,
+    groups: list[tuple[np.ndarray, np.ndarray]],
+    max_new_tokens: int,
+    temperature: float = 0.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    seed: int | None = None,
+    stop_tokens: Sequence[int] = (),
+) -> Iterator[np.ndarray]:
+    """``stream`` over ``_prompts``' groups: each group's steps taken together, every prompt's
+    token per step."""
     found = roles(model)
-    groups = _prompts(input_ids)
     _check_sampling(max_new_tokens, temperature, top_k, top_p)
     rng = np.random.default_rng(seed)
     stops = np.asarray(list(stop_tokens), np.int64)
-    if len(groups) == 1:
-        yield from _stream(model, found, groups[0][1], max_new_tokens, (temperature, top_k, top_p), rng, stops)
-        return
-    batch = sum(len(rows) for rows, _ in groups)
     sampling = (temperature, top_k, top_p)
+    if len(groups) == 1:
+        yield from _stream(model, found, groups[0][1], max_new_tokens, sampling, rng, stops)
+        return
     streams = [(rows, _stream(model, found, ids, max_new_tokens, sampling, rng, stops)) for rows, ids in groups]
-    last = np.zeros(batch, np.int64)
+    last = np.zeros(sum(len(rows) for rows, _ in groups), np.int64)
     for _ in range(max_new_tokens):  # (a group whose prompts all stopped keeps its last tokens)
         going = False
         for rows, tokens in streams:
@@ -162,7 +175,7 @@ def generate(model: Any, input_ids: Any, max_new_tokens: int, **sampling: Any) -
     keyword arguments: temperature, top_k, top_p, seed, stop_tokens); prompts of different lengths
     give a list of each prompt's [prompt + generated]."""
     groups = _prompts(input_ids)
-    steps = list(stream(model, input_ids, max_new_tokens, **sampling))
+    steps = list(_lockstep(model, groups, max_new_tokens, **sampling))
     new = np.stack(steps, axis=1) if steps else np.zeros((sum(len(r) for r, _ in groups), 0), np.int64)
     if len(groups) == 1:
         return np.concatenate([groups[0][1], new], axis=1)

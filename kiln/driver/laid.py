@@ -75,7 +75,7 @@ class LaidInputs:
         """Input ``i`` laid out (see ``lay``)."""
         layout = boxed.get(i) if boxed else None
         if layout is not None:
-            return self._boxed(array, layout, taken, i)
+            return self._boxed(array, layout)
         if array.shape == tuple(shape):
             return array
         in_place = recycled.laid_in_place(array, tuple(shape)) if recycled is not None else None
@@ -91,17 +91,15 @@ class LaidInputs:
         held[1] = array.size
         return held[0]
 
-    def _boxed(self, array: np.ndarray, layout: tuple[int, ...], taken: list[Any], i: int) -> np.ndarray:
-        """The buffer ``array`` lies at the origin of (it is marked busy), or a buffer of this
-        call's own with ``array`` copied into its box."""
+    def _boxed(self, array: np.ndarray, layout: tuple[int, ...]) -> np.ndarray:
+        """The buffer ``array`` lies at the origin of (it is marked busy), or a new one with
+        ``array`` copied into its box (never this pool's: the run gives it back as the present)."""
         owner = self._owned(array, layout)
         if owner is not None:
             return owner
-        held = taken[i]
-        if held is None or held[0].shape != tuple(layout) or held[0].dtype != array.dtype:
-            held = taken[i] = [np.empty(layout, array.dtype), 0]
-        held[0][box(array.shape)] = array
-        return held[0]
+        fresh = np.empty(layout, array.dtype)
+        fresh[box(array.shape)] = array
+        return fresh
 
     def _owned(self, array: np.ndarray, layout: tuple[int, ...]) -> np.ndarray | None:
         base = array.base
@@ -140,7 +138,6 @@ class LaidInputs:
                     owner = laid[updates[j]]
                     with self.lock:
                         self.given[id(owner)] = owner
-                    taken[updates[j]] = None  # (the buffer is the caller's now, not this pool's)
                     outputs.append(output.reshape(owner.shape)[box(shape)])
                     continue
                 if recycled is not None:  # (computed at these sizes: each output written densely up to them)

@@ -266,7 +266,7 @@ static void kiln_attention_slices(void *job_ptr, int64_t lo, int64_t hi, int wor
   const kiln_view qv = job->qv, kv = job->kv, vv = job->vv, ov = job->ov;
   const kiln_gemm *ctx = job->ctx;
   /* slices whose K and V are the same (a grouped head's): a few at a time, their rows together */
-  const int together = job->rows && kv.n1 > 1 && kv.s1 == 0 && vv.n1 == kv.n1 && vv.s1 == 0 && 2 * LQ <= KILN_ATTENTION_FEW && kiln_attention_few(job, 2 * LQ);
+  const int together = job->rows && kv.n1 > 1 && kv.s1 == 0 && vv.n1 == kv.n1 && vv.s1 == 0 && kiln_attention_few(job, 2 * LQ);
   for (int64_t bh = lo; bh < hi;) {
     if (together) {
       int64_t count = kv.n1 - bh % kv.n1; /* the slices left that share this K and V */
