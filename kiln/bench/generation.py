@@ -275,7 +275,8 @@ def weights_accuracy(name: str, length: int, threads: int) -> dict[str, Any]:
     each one's perplexity of the stream's own next tokens. One token a step is what decode runs
     (int4: its row's activations quantized to int8 per group at run time, gemm_w4.c); the ``-a8``
     forms take the stream as one prompt (its rows quantized to int8 per row, gemm_wa8.c; absent
-    where the CPU has no int8 dot product)."""
+    where the CPU has no int8 dot product; int8-weights-a8's decode rows are quantized so too, a
+    row's products bit for bit its prompt's)."""
     import tempfile
 
     import numpy as np

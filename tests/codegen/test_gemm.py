@@ -74,6 +74,9 @@ def matmul(a_shape, b_shape, b_const=False, a_const=False, epilogue=None):
         ((4, 6, 20), (20, 16), False, False),  # non-constant B shared by the batch
         ((2, 6, 20), (2, 20, 48), True, False),  # batched constant B: one packed panel set per element
         ((1, 64), (64, 1000), True, False),  # a classifier row
+        # one row streamed over sets of 4 panels side by side, then the rest and an edge panel
+        ((1, 300), (300, 2100), True, False),
+        ((3, 1, 70), (3, 70, 1500), True, False),  # the same per batch element
         ((400, 20), (20, 40), False, False),  # several M blocks: B packed whole once, shared
     ],
 )
@@ -83,8 +86,9 @@ def test_matmul_through_the_engine_matches_the_reference(a_shape, b_shape, b_con
 
 
 @pytest.mark.parametrize("epilogue", ["bias_gelu", "residual"])
-def test_matmul_epilogues_run_on_finished_tiles(epilogue):
-    model, feeds = matmul((1, 23, 40), (40, 50), b_const=True, epilogue=epilogue)
+@pytest.mark.parametrize("rows,n", [(23, 50), (1, 1700)])  # (one row: the stream's sets of panels)
+def test_matmul_epilogues_run_on_finished_tiles(epilogue, rows, n):
+    model, feeds = matmul((1, rows, 40), (40, n), b_const=True, epilogue=epilogue)
     compiled = check(model, feeds, ["matmul+epilogue"])
     assert "g.epilogue = kiln_t0_e0;" in compiled.plans[0].source  # the helper applied per finished tile
 

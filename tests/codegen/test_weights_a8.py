@@ -4,7 +4,8 @@ its own range as the product runs, the weights widened to int8 per column (int8 
 are; int4 codes re-quantized over the column's range), exact int32 sums on the int8 path's kernels,
 then the row and column scales, the fused bias and Relu or a longer epilogue — checked against a
 NumPy model of that arithmetic, K not a multiple of 64, edge panels, rows holding zeros or an inf;
-a decode step's few rows are the plain format's, bit for bit. Skipped where the CPU has no int8
+a decode step's few rows are, for int4, the plain format's bit for bit, for int8 quantized as a
+prompt's rows are (the prompt's results bit for bit). Skipped where the CPU has no int8
 dot-product instructions (the compile refuses there: also checked)."""
 
 from __future__ import annotations
@@ -102,13 +103,43 @@ def test_a_row_with_an_inf_is_nan_and_leaves_the_others_alone(precision):
 
 
 @needs_vnni
-@pytest.mark.parametrize("precision", FORMS)
-def test_decode_rows_are_the_plain_formats_bit_for_bit(precision):
+@pytest.mark.parametrize("precision", ["int4-weights-a8", "int4-weights-g128-asym-a8"])
+def test_int4_decode_rows_are_the_plain_formats_bit_for_bit(precision):
     model, _, _ = linear_layer(RNG, 256, 70, "relu")
     x = RNG.standard_normal((3, 256)).astype(np.float32)
     got = kiln.compile(model, precision=precision, dims={"rows": (3, 3)}).run({"x": x})["y"]
     want = kiln.compile(model, precision=precision.removesuffix("-a8"), dims={"rows": (3, 3)}).run({"x": x})["y"]
     np.testing.assert_array_equal(got, want)
+
+
+@needs_vnni
+@pytest.mark.parametrize("k,n,tail", [(256, 70, "relu"), (301, 100, "square"), (2050, 64, "relu")])
+def test_int8_decode_rows_are_their_prompt_rows_bit_for_bit(k, n, tail):
+    """int8-weights-a8's few rows (a decode step's: 1 to 5, over the 4 a kernel call takes) are
+    quantized as a prompt's rows are and give the prompt's results bit for bit: K not a multiple of
+    4 (the last quad's k-steps past K), edge panels, a row of zeros, a row with an inf; the int8
+    arithmetic ran (not the float activations')."""
+    model, w, finish = linear_layer(RNG, k, n, tail)
+    x = RNG.standard_normal((40, k)).astype(np.float32)
+    x[1] = 0.0
+    x[3] *= 1000.0
+    prompt = kiln.compile(model, precision="int8-weights-a8", dims={"rows": (40, 40)}).run({"x": x})["y"]
+    x_inf = x.copy()
+    x_inf[4, 5] = np.inf
+    prompt_inf = kiln.compile(model, precision="int8-weights-a8", dims={"rows": (40, 40)}).run({"x": x_inf})["y"]
+    few = kiln.compile(model, precision="int8-weights-a8", dims={"rows": (1, 5)})
+    plain = kiln.compile(model, precision="int8-weights", dims={"rows": (1, 5)})
+    for start, rows in ((0, 1), (1, 2), (3, 3), (6, 4), (10, 5)):
+        got = few.run({"x": x[start : start + rows]})["y"]
+        np.testing.assert_array_equal(got, prompt[start : start + rows])
+        assert not np.array_equal(got, plain.run({"x": x[start : start + rows]})["y"]), (start, rows)
+    np.testing.assert_array_equal(few.run({"x": x[2:5]})["y"], few.run({"x": x[2:5]})["y"])
+    with_inf = few.run({"x": x_inf[2:6]})["y"]
+    assert np.isnan(with_inf[2]).all()
+    np.testing.assert_array_equal(with_inf[[0, 1, 3]], prompt_inf[[2, 3, 5]])
+    expected = finish(model_product(x[:5], w, "int8-weights-a8").astype(np.float64))
+    got = few.run({"x": x[:5]})["y"]
+    assert np.linalg.norm(got - expected) <= 1e-4 * np.linalg.norm(expected) + 1e-6
 
 
 def test_a_target_whose_int8_code_has_no_dot_product_refuses_the_format():
@@ -120,9 +151,12 @@ def test_a_target_whose_int8_code_has_no_dot_product_refuses_the_format():
 @needs_vnni
 @pytest.mark.slow
 def test_a_decode_steps_prompt_is_close_and_its_token_steps_are_the_plain_formats(monkeypatch):
-    """A decoder at int8-weights-a8: a prompt's step (its products on the int8 kernels) within
-    int8 activations' rounding of int8-weights; a step of one token bit for bit the same."""
+    """A decoder at int4-weights-a8: a prompt's step (its products on the int8 kernels) within
+    int8 activations' rounding of int4-weights; a step of one token bit for bit the same. At
+    int8-weights-a8 a token's step is in int8 too: within the same rounding of int8-weights."""
     pytest.importorskip("transformers", reason="transformers (the 'zoo' extra) defines the decoders")
     monkeypatch.setenv("KILN_PLAN_CACHE", "0")
-    error = prompt_error_and_step_check("int8-weights-a8", "int8-weights")
+    error = prompt_error_and_step_check("int4-weights-a8", "int4-weights")
     assert 1e-4 < error < 5e-2, error  # (int8 activations' rounding: different, never by more)
+    prompt, step = prompt_error_and_step_check("int8-weights-a8", "int8-weights", same_step=False)
+    assert 1e-4 < prompt < 5e-2 and 1e-4 < step < 5e-2, (prompt, step)

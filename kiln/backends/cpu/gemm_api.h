@@ -40,8 +40,9 @@ struct kiln_gemm {
      bits) and float32 offset (NULL: symmetric, -8 x its scale) */
   const uint16_t *q_half; const float *q_min; int64_t q_group;
   /* weight-only int8 (int4) compiled with "-bf16" or "-a8": many rows through the bf16 or int8
-     kernels (gemm_wbf16.c's kiln_gemm_wbf16_run, gemm_wa8.c's kiln_gemm_wa8_run, given `bits`);
-     returns 0 where it did not run them */
+     kernels (gemm_wbf16.c's kiln_gemm_wbf16_run, gemm_wa8.c's kiln_gemm_wa8_run, given `bits`;
+     -8: a decode step's few rows of int8 weights, which only the int8 kernels take); returns 0 where
+     it did not run them */
   int (*q_wide)(const kiln_gemm *g, int bits);
   float q_inv; int32_t q_zero, q_max;
   const uint8_t *q_source; /* B's float activations quantized once, same indexing as b (gemm_int8.c) */

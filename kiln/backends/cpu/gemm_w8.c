@@ -173,7 +173,9 @@ static void kiln_w8_tasks(void *ctx, int64_t lo, int64_t hi, int worker) {
 
 KILN_ENGINE void kiln_gemm_w8_run(const kiln_gemm *g) {
   if (g->M <= 0 || g->N <= 0) return;
-  if (g->q_wide && g->M >= KILN_W8_WIDEN_ROWS && g->q_wide(g, 8)) return; /* a prompt's rows in bf16 */
+  /* a prompt's rows in bf16 or int8 ("-bf16", "-a8"); with "-a8" a decode step's few rows in int8 too
+     (bits -8: gemm_wa8.c's kiln_wa8_few) */
+  if (g->q_wide && g->q_wide(g, g->M >= KILN_W8_WIDEN_ROWS ? 8 : -8)) return;
   kiln_w8_plan plan = {g, (g->N + KILN_NR - 1) / KILN_NR, 1};
   kiln_panel_tasks(g, plan.panels, &plan.per_task, kiln_w8_tasks, &plan);
 }

@@ -10,8 +10,9 @@
    re-quantized per column to int8 over the column's range (its groups' scales and offsets give it
    exactly). The sums are exact int32 (gemm_int8.c's kernels, B the unsigned operand: w + 128), and
    a finished block is C = (sum - 128 x the row's code sum) x row scale x column scale, then the
-   fused finish (bias, activation) or the epilogue. A decode step's few rows take the plain format's
-   path, bit for bit. Runs where this CPU has a VNNI or AMX-INT8 kernel (else returns 0: the float
+   fused finish (bias, activation) or the epilogue. A decode step's few rows: int8 weights' quantized
+   the same way (kiln_wa8_few, below: a row's result is its prompt result, bit for bit); int4's take
+   the plain format's path (already int8 per group there), bit for bit. Runs where this CPU has a VNNI or AMX-INT8 kernel (else returns 0: the float
    path); the generated code's kiln_gemm_w8_run / kiln_gemm_w4_run call it through g->q_wide. */
 
 #if 32 % KILN_NR != 0
@@ -243,7 +244,10 @@ static void kiln_wa8_quantize(void *ctx, int64_t lo, int64_t hi, int worker) {
 /* a weight-only product of many rows through the int8 kernels (g->q_wide); 0 where this CPU has
    no VNNI or AMX-INT8 kernel (AVX2's VPMADDUBSW would saturate these bytes) or K is so deep that
    a row's int32 sum could overflow */
+static int kiln_wa8_few(const kiln_gemm *g);
+
 KILN_ENGINE int kiln_gemm_wa8_run(const kiln_gemm *g, int bits) {
+  if (bits < 0) return bits == -8 && kiln_wa8_few(g); /* a decode step's few rows (int8 weights only) */
   if (kiln_int8_mode < 2 || g->K > 65536 || (bits == 4 && g->q_group % 4)) return 0;
   static _Thread_local float *s_cols, *s_rows, *s_codes;
   static _Thread_local int64_t have_cols, have_rows, have_codes;
@@ -276,3 +280,143 @@ KILN_ENGINE int kiln_gemm_wa8_run(const kiln_gemm *g, int bits) {
   kiln_lowp_run_shared(&w.g, &kiln_wa8_ops, (int64_t)64 << 20);
   return 1;
 }
+
+/* -- a decode step's few rows (int8-weights-a8) ---------------------------------------------------
+
+   Each row quantized as a prompt's row is (kiln_wa8_quantize: its own scale, codes in [-127, 127]);
+   the int8 panels read where they lie ([K][32] bytes, no repacking: a decode step reads every
+   weight once), four k-steps of the 32 columns (128 bytes) turned into k-quads in registers by one
+   two-source byte shuffle per 16 columns (VPERMT2B where the CPU has AVX512-VBMI; GCC's sequence of
+   shuffles elsewhere) and met by VPDPBUSD, up to 4 rows at a time. The sums are the prompt path's
+   exact int32 ones, finished by the same expression: a row's result is the one it would get in a
+   prompt, bit for bit. AVX512-VNNI builds (KILN_VB 64, int8 mode 3 or 4) only; elsewhere the float
+   path (gemm_w8.c). */
+#if KILN_VB == 64 && KILN_NR == 32 && defined(KILN_X86)
+#define KILN_WA8_FEW 4 /* rows met by each quad at a time */
+typedef uint8_t kiln_wa8_bytes64 __attribute__((vector_size(64)));
+
+typedef struct {
+  const kiln_gemm *g;
+  int64_t panels, per_task;
+  const int8_t *codes; /* [batch * M][K] the rows' codes */
+  const float *scale;  /* [batch * M] */
+  const int32_t *offset;
+} kiln_wa8_few_plan;
+
+/* the int32 sums of R rows (a constant: the accumulators stay in registers; codes x, K apart) times
+   one panel b, stored at sums[r][32]. Byte 4j + t of quad h is k-step t's column 16h + j: rows k,
+   k + 1 are the first source's 64 bytes, k + 2, k + 3 the second's. */
+#define KILN_WA8_FEW_BODY(R)                                                                           \
+  {                                                                                                    \
+    __m512i acc0[R], acc1[R];                                                                          \
+    _Pragma("GCC unroll 4") for (int r = 0; r < R; ++r) acc0[r] = acc1[r] = _mm512_setzero_si512();                            \
+    for (int64_t k = 0; k < K; k += 4) {                                                               \
+      kiln_wa8_bytes64 v0, v1;                                                                         \
+      int32_t x4[R];                                                                                   \
+      if (k + 4 <= K) {                                                                                \
+        memcpy(&v0, b + k * 32, 64);                                                                   \
+        memcpy(&v1, b + k * 32 + 64, 64);                                                              \
+        _Pragma("GCC unroll 4") for (int r = 0; r < R; ++r) memcpy(&x4[r], x + r * K + k, 4);                                  \
+      } else { /* the last k-steps: zeros past K (a weight of 128 after the flip, times a code of 0) */ \
+        uint8_t last[128] = {0};                                                                       \
+        memcpy(last, b + k * 32, (size_t)(K - k) * 32);                                                \
+        memcpy(&v0, last, 64);                                                                         \
+        memcpy(&v1, last + 64, 64);                                                                    \
+        _Pragma("GCC unroll 4") for (int r = 0; r < R; ++r) {                                                                  \
+          x4[r] = 0;                                                                                   \
+          memcpy(&x4[r], x + r * K + k, (size_t)(K - k));                                              \
+        }                                                                                              \
+      }                                                                                                \
+      const __m512i q0 = (__m512i)(__builtin_shuffle(v0, v1, pick0) ^ flip);                           \
+      const __m512i q1 = (__m512i)(__builtin_shuffle(v0, v1, pick1) ^ flip);                           \
+      _Pragma("GCC unroll 4") for (int r = 0; r < R; ++r) {                                                                    \
+        acc0[r] = _mm512_dpbusd_epi32(acc0[r], q0, _mm512_set1_epi32(x4[r]));                          \
+        acc1[r] = _mm512_dpbusd_epi32(acc1[r], q1, _mm512_set1_epi32(x4[r]));                          \
+      }                                                                                                \
+    }                                                                                                  \
+    _Pragma("GCC unroll 4") for (int r = 0; r < R; ++r) {                                                                      \
+      _mm512_storeu_si512(sums + r * 32, acc0[r]);                                                     \
+      _mm512_storeu_si512(sums + r * 32 + 16, acc1[r]);                                                \
+    }                                                                                                  \
+  }
+#define KILN_WA8_FEW_SUMS(name, attributes)                                                                   \
+  __attribute__((target(attributes))) static void name(int64_t K, const int8_t *x, int rows, const int8_t *b, \
+                                                       int32_t *sums) {                                       \
+    static const kiln_wa8_bytes64 pick0 = KILN_WA8_PICK(0), pick1 = KILN_WA8_PICK(16);                        \
+    const kiln_wa8_bytes64 flip = (kiln_wa8_bytes64){0} + 0x80;                                               \
+    switch (rows) {                                                                                           \
+      case 1: KILN_WA8_FEW_BODY(1) break;                                                                     \
+      case 2: KILN_WA8_FEW_BODY(2) break;                                                                     \
+      case 3: KILN_WA8_FEW_BODY(3) break;                                                                     \
+      default: KILN_WA8_FEW_BODY(4) break;                                                                    \
+    }                                                                                                         \
+  }
+/* the shuffle's indices: byte i takes column c + i / 4 of k-row i % 4 (each row 32 bytes) */
+#define KILN_WA8_Q(c, i) (32 * ((i) % 4) + (i) / 4 + (c))
+#define KILN_WA8_Q8(c, i) KILN_WA8_Q(c, i), KILN_WA8_Q(c, i + 1), KILN_WA8_Q(c, i + 2), KILN_WA8_Q(c, i + 3), \
+    KILN_WA8_Q(c, i + 4), KILN_WA8_Q(c, i + 5), KILN_WA8_Q(c, i + 6), KILN_WA8_Q(c, i + 7)
+#define KILN_WA8_PICK(c) {KILN_WA8_Q8(c, 0), KILN_WA8_Q8(c, 8), KILN_WA8_Q8(c, 16), KILN_WA8_Q8(c, 24), \
+    KILN_WA8_Q8(c, 32), KILN_WA8_Q8(c, 40), KILN_WA8_Q8(c, 48), KILN_WA8_Q8(c, 56)}
+KILN_WA8_FEW_SUMS(kiln_wa8_few_vbmi, "avx512f,avx512bw,avx512vnni,avx512vbmi")
+KILN_WA8_FEW_SUMS(kiln_wa8_few_bw, "avx512f,avx512bw,avx512vnni")
+#undef KILN_WA8_FEW_SUMS
+#undef KILN_WA8_FEW_BODY
+#undef KILN_WA8_PICK
+#undef KILN_WA8_Q8
+#undef KILN_WA8_Q
+
+static void kiln_wa8_few_tasks(void *ctx, int64_t lo, int64_t hi, int worker) {
+  (void)worker;
+  const kiln_wa8_few_plan *p = (const kiln_wa8_few_plan *)ctx;
+  const kiln_gemm *g = p->g;
+  const int64_t M = g->M, N = g->N, K = g->K, runs = (p->panels + p->per_task - 1) / p->per_task;
+  const int vbmi = __builtin_cpu_supports("avx512vbmi");
+  int32_t sums[KILN_WA8_FEW * 32] __attribute__((aligned(64)));
+  float tile[KILN_WA8_FEW * 32] __attribute__((aligned(64)));
+  for (int64_t task = lo; task < hi; ++task) {
+    const int64_t bt = task / runs, first = (task % runs) * p->per_task;
+    const int64_t last = first + p->per_task < p->panels ? first + p->per_task : p->panels;
+    for (int64_t panel = first; panel < last; ++panel) {
+      const int64_t n0 = panel * 32, nr = N - n0 < 32 ? N - n0 : 32;
+      const int8_t *b = (const int8_t *)g->b_low + KILN_SPAN(bt * g->b_pbs + panel * K * 32, K * 32, g->b_packed_size, "B (int8 panels)");
+      for (int64_t m0 = 0; m0 < M; m0 += KILN_WA8_FEW) {
+        const int rows = (int)(M - m0 < KILN_WA8_FEW ? M - m0 : KILN_WA8_FEW);
+        const int64_t row = bt * M + m0;
+        (vbmi ? kiln_wa8_few_vbmi : kiln_wa8_few_bw)(K, p->codes + row * K, rows, b, sums);
+        const int64_t to = bt * g->c_bs + m0 * g->ldc + n0;
+        (void)KILN_SPAN(to, (rows - 1) * g->ldc + nr, g->c_size, "C");
+        for (int r = 0; r < rows; ++r) /* (the prompt path's finish: kiln_wa8_finish) */
+          for (int64_t j = 0; j < nr; ++j)
+            tile[r * 32 + j] = (float)(sums[r * 32 + j] + p->offset[row + r]) * p->scale[row + r] * g->q_scale[n0 + j];
+        for (int r = 0; r < rows; ++r) memcpy(g->c + to + r * g->ldc, tile + r * 32, (size_t)nr * sizeof(float));
+        kiln_finish fin;
+        const kiln_finish *f = kiln_finish_at(g, m0, n0, &fin);
+        if (f) kiln_finish_tile(f, g->c + to, g->ldc, rows, nr);
+        if (g->epilogue) g->epilogue(g, bt, m0, m0 + rows, n0, n0 + nr);
+      }
+    }
+  }
+}
+
+/* a decode step's few rows of an int8-weights-a8 product in int8; 0 where this build or CPU has no
+   kernel for them (the float path then) */
+static int kiln_wa8_few(const kiln_gemm *g) {
+  if (kiln_int8_mode < 3 || g->K > 65536 || g->a_cs != 1) return 0;
+  static _Thread_local float *s_rows, *s_codes;
+  static _Thread_local int64_t have_rows, have_codes;
+  const int64_t rows = g->batch * g->M;
+  float *row_data = kiln_scratch(&s_rows, &have_rows, 2 * rows);
+  int8_t *codes = (int8_t *)kiln_scratch(&s_codes, &have_codes, (rows * g->K + 3) / 4);
+  if (!row_data || !codes) return 0;
+  kiln_wa8_rows_plan rp = {g, codes, row_data, (int32_t *)(row_data + rows)};
+  kiln_wa8_quantize(&rp, 0, rows, 0);
+  kiln_wa8_few_plan plan = {g, (g->N + 31) / 32, 1, codes, rp.scale, rp.offset};
+  kiln_panel_tasks(g, plan.panels, &plan.per_task, kiln_wa8_few_tasks, &plan);
+  return 1;
+}
+#else
+static int kiln_wa8_few(const kiln_gemm *g) {
+  (void)g;
+  return 0;
+}
+#endif

@@ -63,7 +63,7 @@ KILN_ENGINE void kiln_gemm_wide_run(const kiln_gemm *g) {
 /* a weight-only product of many rows through the bf16 kernels (g->q_wide); 0 where this CPU runs
    the bf16 path only as portable code (then the float path of gemm_w8.c / gemm_w4.c is faster) */
 KILN_ENGINE int kiln_gemm_wbf16_run(const kiln_gemm *g, int bits) {
-  if (kiln_bf16_mode == 0) return 0;
+  if (kiln_bf16_mode == 0 || bits < 0) return 0; /* (a decode step's few rows: the plain path) */
   kiln_wbf16 w = {*g, g, bits};
   w.g.b_low = NULL;
   w.g.b = NULL;
