@@ -63,7 +63,8 @@ def bandwidth_gb_s(megabytes: int = 1024, rounds: int = 5, threads: int = 1) -> 
 def read_bandwidth(megabytes: int = 1024, rounds: int = 5, threads: int = 1) -> tuple[float, str]:
     """(GB/s, how it was measured): ``threads`` threads each reading its share of a buffer far
     larger than the caches, the best of ``rounds`` — a C streaming kernel (``read_bandwidth.c``,
-    built for this CPU) where a C compiler is found, else NumPy's sum (slower than the memory on
+    built for this CPU; each round reads as one stream a thread and as four side by side, as
+    kiln's one-row products read their panels) where a C compiler is found, else NumPy's sum (slower than the memory on
     some machines: its loop is the limit). A read-only stream is what a token's weights are."""
     import ctypes
 
@@ -71,7 +72,7 @@ def read_bandwidth(megabytes: int = 1024, rounds: int = 5, threads: int = 1) -> 
     if probe is not None:
         found = probe(megabytes, max(1, threads), rounds, ctypes.byref(ctypes.c_float()))
         if found > 0:
-            return found / 1e9, f"C streaming reads of {megabytes} MB"
+            return found / 1e9, f"C streaming reads of {megabytes} MB, 1 and 4 streams a thread"
     return _numpy_read(megabytes, rounds, threads), f"NumPy sums of {megabytes} MB (no C compiler)"
 
 
