@@ -3,7 +3,7 @@ weight precisions (fp32, int8-weights, int4-weights and its group/offset variant
 Runtime's MatMulNBits (its int4 product, the one ONNX Runtime GenAI's builder writes) on the same
 4-bit codes and scales, in the same run. A decode step is one such product per weight matrix: at
 rows 1 the weights' bytes decide its time, so each row reports the bytes read per call and the
-bytes per second they imply, beside the machine's measured bandwidth (``kiln.bench.generation.bandwidth_gb_s``).
+bytes per second they imply, beside the machine's measured bandwidth (``kiln.bench.bandwidth.bandwidth_gb_s``).
 
     python benchmarks/weight_only.py [--k 4096] [--n 8192] [--rows 1,4,128] [--calls 200]
                                      [--threads 2] [--json]
@@ -94,7 +94,7 @@ def main() -> int:
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     import kiln
-    from kiln.bench.generation import bandwidth_gb_s
+    from kiln.bench.bandwidth import bandwidth_gb_s
     from kiln.lower.engine import quantize_groups
 
     rng = np.random.default_rng(0)

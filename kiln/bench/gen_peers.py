@@ -57,12 +57,20 @@ def hf_folder(name: str) -> Path:
     return folder
 
 
-def _timings(first: float, stamps: list[float], tokens: list[int]) -> dict[str, Any]:
+def _stamper(clock: Any) -> Callable[[], float]:
+    """What a loop stamps its tokens with: ``clock``'s ``stamp`` (a ``kiln.bench.bandwidth.TokenClock``,
+    which reads the bandwidth between tokens) or the plain clock."""
+    return clock.stamp if clock is not None else time.perf_counter
+
+
+def token_timings(first: float, stamps: list[float], tokens: list[int], clock: Any = None) -> dict[str, Any]:
+    """A prompt's fields from its tokens' stamps, with ``clock``'s bandwidth readings since its last lap."""
     import numpy as np
 
     gaps = np.diff(stamps) if len(stamps) > 1 else np.zeros(1)
     return {"ttft_s": first, "tpot_s": (stamps[-1] - stamps[0]) / max(1, len(stamps) - 1), "tokens": tokens,
-            "tpot_p50_p90_s": [float(np.percentile(gaps, 50)), float(np.percentile(gaps, 90))]}  # fmt: skip
+            "tpot_p50_p90_s": [float(np.percentile(gaps, 50)), float(np.percentile(gaps, 90))],
+            **(clock.lap() if clock is not None else {})}  # fmt: skip
 
 
 def genai_folder(name: str, threads: int, precision: str = "int4") -> Path:
@@ -80,7 +88,7 @@ def genai_folder(name: str, threads: int, precision: str = "int4") -> Path:
     return folder
 
 
-def ort_genai(name: str, prompts: dict[int, Any], new_tokens: int, threads: int) -> dict[str, Any]:
+def ort_genai(name: str, prompts: dict[int, Any], new_tokens: int, threads: int, clock: Any = None) -> dict[str, Any]:  # fmt: skip
     """ONNX Runtime GenAI's own loop, greedy, on its builder's int4; a batch of prompts (``ids``
     of several rows) as its generator's batch (its search option ``batch_size``), the first row's
     tokens kept."""
@@ -95,14 +103,15 @@ def ort_genai(name: str, prompts: dict[int, Any], new_tokens: int, threads: int)
         total = ids.shape[1] + count
         params.set_search_options(max_length=total, min_length=total, do_sample=False, batch_size=ids.shape[0])
         generator = og.Generator(model, params)
+        stamp = _stamper(clock)
         started = time.perf_counter()
         generator.append_tokens(np.ascontiguousarray(ids, dtype=np.int32))
         stamps, tokens = [], []
         while not generator.is_done():
             generator.generate_next_token()
-            stamps.append(time.perf_counter())
+            stamps.append(stamp())
             tokens.append(int(generator.get_next_tokens()[0]))
-        return _timings(stamps[0] - started, stamps, tokens)
+        return token_timings(stamps[0] - started, stamps, tokens, clock)
 
     rows = {}
     for length, ids in prompts.items():
@@ -160,7 +169,7 @@ def openvino_folder(name: str, precision: str) -> Path:
     return folder
 
 
-def openvino_genai(name: str, prompts: dict[int, Any], new_tokens: int, threads: int, precision: str, hint: str = "") -> dict[str, Any]:  # fmt: skip
+def openvino_genai(name: str, prompts: dict[int, Any], new_tokens: int, threads: int, precision: str, hint: str = "", clock: Any = None) -> dict[str, Any]:  # fmt: skip
     """OpenVINO GenAI's ``LLMPipeline`` on the CPU, greedy, at its default inference precision
     (the row says which; ``hint``: another, f32 in the conversion's tests), token ids in (no
     tokenizer), each token stamped by a streamer."""
@@ -174,6 +183,7 @@ def openvino_genai(name: str, prompts: dict[int, Any], new_tokens: int, threads:
     hint = hint or ov.Core().get_property("CPU", "INFERENCE_PRECISION_HINT").to_string()  # (its default here)
     pipe = genai.LLMPipeline(str(folder), "CPU", INFERENCE_NUM_THREADS=threads, INFERENCE_PRECISION_HINT=hint)
     vocab = decoders.get(name).vocab
+    stamp = _stamper(clock)
 
     class Stamps(genai.StreamerBase):
         def __init__(self) -> None:
@@ -182,7 +192,7 @@ def openvino_genai(name: str, prompts: dict[int, Any], new_tokens: int, threads:
             self.tokens: list[int] = []
 
         def write(self, token: Any) -> Any:
-            self.stamps.append(time.perf_counter())
+            self.stamps.append(stamp())
             self.tokens += [int(t) for t in (token if isinstance(token, list) else [token])]
             return genai.StreamingStatus.RUNNING
 
@@ -199,7 +209,7 @@ def openvino_genai(name: str, prompts: dict[int, Any], new_tokens: int, threads:
         streamer = Stamps()
         started = time.perf_counter()
         pipe.generate(feed, config, streamer)
-        return _timings(streamer.stamps[0] - started, streamer.stamps, streamer.tokens[:count])
+        return token_timings(streamer.stamps[0] - started, streamer.stamps, streamer.tokens[:count], clock)
 
     rows = {}
     for length, ids in prompts.items():
@@ -282,7 +292,7 @@ def _quantize_params(llama_cpp: Any, quant: str) -> Any:
     return ctypes.byref(params)
 
 
-def llama_cpp_rows(name: str, prompts: dict[int, Any], new_tokens: int, threads: int, quant: str, cache: int = 1) -> dict[str, Any]:  # fmt: skip
+def llama_cpp_rows(name: str, prompts: dict[int, Any], new_tokens: int, threads: int, quant: str, cache: int = 1, clock: Any = None) -> dict[str, Any]:  # fmt: skip
     """llama.cpp through llama-cpp-python's ``Llama``: the prompt evaluated, then one token a
     ``eval`` after greedy ``sample`` (top-k 1), ``threads`` threads for both; its cache at
     ``cache``, a ggml type (1: f16, its default; 0: f32, in the conversion's tests)."""
@@ -296,14 +306,15 @@ def llama_cpp_rows(name: str, prompts: dict[int, Any], new_tokens: int, threads:
     def timed(ids: Any, count: int) -> dict[str, Any]:
         llm.reset()
         stamps, tokens = [], []
+        stamp = _stamper(clock)
         started = time.perf_counter()
         llm.eval(ids[0].tolist())
         for _ in range(count):
             token = int(llm.sample(top_k=1, temp=0.0))
-            stamps.append(time.perf_counter())
+            stamps.append(stamp())
             tokens.append(token)
             llm.eval([token])
-        return _timings(stamps[0] - started, stamps, tokens)
+        return token_timings(stamps[0] - started, stamps, tokens, clock)
 
     rows = {}
     for length, ids in prompts.items():
@@ -315,10 +326,10 @@ def llama_cpp_rows(name: str, prompts: dict[int, Any], new_tokens: int, threads:
 # engine -> (the package it needs, how to run it)
 PEERS: dict[str, tuple[str, Callable[..., dict[str, Any]]]] = {
     "onnxruntime-genai": ("onnxruntime_genai", ort_genai),
-    "openvino-genai-int8": ("openvino_genai", lambda *a: openvino_genai(*a, precision="int8")),
-    "openvino-genai-int4": ("openvino_genai", lambda *a: openvino_genai(*a, precision="int4")),
-    "llama.cpp-q8_0": ("llama_cpp", lambda *a: llama_cpp_rows(*a, quant="q8_0")),
-    "llama.cpp-q4_0": ("llama_cpp", lambda *a: llama_cpp_rows(*a, quant="q4_0")),
+    "openvino-genai-int8": ("openvino_genai", lambda *a, **k: openvino_genai(*a, precision="int8", **k)),
+    "openvino-genai-int4": ("openvino_genai", lambda *a, **k: openvino_genai(*a, precision="int4", **k)),
+    "llama.cpp-q8_0": ("llama_cpp", lambda *a, **k: llama_cpp_rows(*a, quant="q8_0", **k)),
+    "llama.cpp-q4_0": ("llama_cpp", lambda *a, **k: llama_cpp_rows(*a, quant="q4_0", **k)),
 }
 
 
@@ -335,4 +346,7 @@ def run_peer(engine: str, name: str, prompts: dict[int, Any], new_tokens: int, t
         return {"error": "not installed"}
     if engine.startswith("openvino") and importlib.util.find_spec("nncf") is None:
         return {"error": "not installed (nncf, its weight compression: make peers-genai)"}
-    return runner(name, prompts, new_tokens, threads)
+    from kiln.bench.bandwidth import TokenClock
+
+    with TokenClock(threads) as clock:  # (the bound read between its tokens)
+        return runner(name, prompts, new_tokens, threads, clock=clock)

@@ -11,12 +11,15 @@ kiln-int4-weights (``precision="int8-weights"``, ``"int4-weights"``: their bound
 bytes, over 4-bit codes and a float32 scale per 32): the decode-step ONNX compiled once
 for the context (``past``, ``new`` and ``total`` ranges), ``kiln.generate_stream``'s loop, the
 prompt in one step. onnxruntime: the same ONNX file through the same loop (the step's cost is the
-engine's; the loop is kiln's). transformers: eager ``generate`` with its own cache (TTFT: the
-prompt's forward; per token: the rest). The peers through their own loops (``kiln.bench.gen_peers``:
+engine's; the loop is kiln's). transformers: eager ``generate`` with its own cache, each token
+stamped by a streamer. The peers through their own loops (``kiln.bench.gen_peers``:
 ONNX Runtime GenAI's builder int4, OpenVINO GenAI int8/int4, llama.cpp Q8_0/Q4_0), each bound over
 its weights file's bytes, rows that say "not installed" where their package is absent. kiln's rows
-also report the loop's own time a token (the per-token Python cost), and each row's bound is over
-the read bandwidth measured beside it. Each engine's
+also report the loop's own time a token (the per-token Python cost). Each prompt's bound is over
+the read bandwidth measured while its tokens came (``kiln.bench.bandwidth.TokenClock``: a read after
+every 16th token, in a process of its own, its time left out of the stamps; the median), a shared
+machine's bandwidth moving by 2x within minutes; the reads before and after the row's process are
+kept beside it (``bandwidth_around_gb_s``). Each engine's
 tokens are compared with the first engine's (greedy: the same weights give the same tokens, up to
 near-ties).
 """
@@ -24,15 +27,14 @@ near-ties).
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import os
 import subprocess
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
+from kiln.bench.bandwidth import TokenClock, read_bandwidth
 from kiln.bench.gen_peers import PEERS, run_peer
 from kiln.errors import KilnError
 from kiln.lower.engine import WEIGHT_FORMATS
@@ -52,67 +54,6 @@ KILN_ENGINES = {
 ACCURACY = "weights-accuracy"  # a row of its own: the narrow precisions against fp32 on a fixed token stream
 NARROW = ("int8-weights", "int4-weights")  # fed one token a step (decode's rows)
 PROMPT_NARROW = ("int8-weights-a8", "int4-weights-a8")  # fed as one prompt (a prompt's rows in int8)
-
-
-def bandwidth_gb_s(megabytes: int = 1024, rounds: int = 5, threads: int = 1) -> float:
-    """The machine's memory bandwidth as a decode step uses it: bytes read per second (see
-    ``read_bandwidth``)."""
-    return read_bandwidth(megabytes, rounds, threads)[0]
-
-
-def read_bandwidth(megabytes: int = 1024, rounds: int = 5, threads: int = 1) -> tuple[float, str]:
-    """(GB/s, how it was measured): ``threads`` threads each reading its share of a buffer far
-    larger than the caches, the best of ``rounds`` — a C streaming kernel (``read_bandwidth.c``,
-    built for this CPU; each round reads as one stream a thread and as four side by side, as
-    kiln's one-row products read their panels) where a C compiler is found, else NumPy's sum (slower than the memory on
-    some machines: its loop is the limit). A read-only stream is what a token's weights are."""
-    import ctypes
-
-    probe = _read_probe()
-    if probe is not None:
-        found = probe(megabytes, max(1, threads), rounds, ctypes.byref(ctypes.c_float()))
-        if found > 0:
-            return found / 1e9, f"C streaming reads of {megabytes} MB, 1 and 4 streams a thread"
-    return _numpy_read(megabytes, rounds, threads), f"NumPy sums of {megabytes} MB (no C compiler)"
-
-
-@functools.cache
-def _read_probe() -> Any:
-    """``read_bandwidth.c``'s kernel built for this CPU and loaded, once a process (None: no C
-    compiler, or it did not build)."""
-    import ctypes
-    import shutil
-    import tempfile
-
-    compiler = shutil.which("cc") or shutil.which("gcc")
-    if compiler is None:
-        return None
-    with tempfile.TemporaryDirectory(prefix="kiln-bandwidth-") as folder:  # (loaded: the file may go)
-        library = Path(folder) / "libread.so"
-        source = Path(__file__).with_name("read_bandwidth.c")
-        flags = ["-O2", "-march=native", "-pthread", "-shared", "-fPIC"]
-        if subprocess.run([compiler, *flags, str(source), "-o", str(library)], capture_output=True).returncode != 0:
-            return None
-        probe = ctypes.CDLL(str(library)).kiln_read_bandwidth
-    probe.restype = ctypes.c_double
-    probe.argtypes = [ctypes.c_int64, ctypes.c_int, ctypes.c_int, ctypes.POINTER(ctypes.c_float)]
-    return probe
-
-
-def _numpy_read(megabytes: int, rounds: int, threads: int) -> float:
-    from concurrent.futures import ThreadPoolExecutor
-
-    import numpy as np
-
-    source = np.ones(megabytes << 18, np.float32)  # (megabytes * 2**20 / 4 floats)
-    shares = np.array_split(source, max(1, threads))
-    best = float("inf")
-    with ThreadPoolExecutor(max(1, threads)) as pool:
-        for _ in range(rounds):
-            started = time.perf_counter()
-            list(pool.map(np.sum, shares))
-            best = min(best, time.perf_counter() - started)
-    return source.nbytes / best / 1e9
 
 
 def context_dims(name: str, prompt: int, new_tokens: int, batch: int = 1) -> dict[str, str]:
@@ -143,19 +84,20 @@ def prompts_for(name: str, lengths: list[int], batch: int = 1) -> dict[int, Any]
     return {n: np.random.default_rng(n).integers(0, vocab, (batch, n)).astype(np.int64) for n in lengths}
 
 
-def _timed_stream(model: Any, ids: Any, new_tokens: int) -> tuple[float, float, list[int], list[float], float]:
+def _timed_stream(model: Any, ids: Any, new_tokens: int, clock: Any = None) -> tuple[float, float, list[int], list[float], float]:  # fmt: skip
     """(seconds to the first token, seconds per token after it, the tokens, the p50 and p90 of
     the gaps between tokens, the loop's own seconds per token: a gap less its step's ``run``) of
-    kiln's loop."""
+    kiln's loop, its tokens stamped by ``clock`` (a ``TokenClock``) where given."""
     import numpy as np
 
     from kiln.driver import generation
 
+    stamp = clock.stamp if clock is not None else time.perf_counter
     with generation.run_seconds(model) as inside:
         started = time.perf_counter()
         stamps, tokens = [], []
         for token in generation.stream(model, ids, new_tokens):
-            stamps.append(time.perf_counter())
+            stamps.append(stamp())
             tokens.append(int(token[0]))
     gaps = np.diff(stamps) if len(stamps) > 1 else np.zeros(1)
     spread = [float(np.percentile(gaps, 50)), float(np.percentile(gaps, 90))]
@@ -182,26 +124,42 @@ class _Session:
 
 
 def _transformers(name: str, prompts: dict[int, Any], new_tokens: int, threads: int) -> dict[str, Any]:
+    """transformers' eager ``generate`` with its own cache, each new token stamped by a streamer
+    (TTFT: the prompt's forward and its token)."""
     import torch
+    from transformers.generation.streamers import BaseStreamer
 
+    from kiln.bench.gen_peers import token_timings
     from kiln.zoo import decoders
 
     torch.set_num_threads(threads)
     model = decoders.build(name).model
+
+    class Stamps(BaseStreamer):  # type: ignore[misc]
+        def __init__(self, clock: Any) -> None:
+            self.stamp, self.stamps, self.prompt = clock.stamp, [], True
+
+        def put(self, value: Any) -> None:
+            if self.prompt:  # (the first call gives the prompt back)
+                self.prompt = False
+                return
+            self.stamps.append(self.stamp())
+
+        def end(self) -> None:
+            pass
+
     rows = {}
-    with torch.no_grad():
+    with torch.no_grad(), TokenClock(threads) as clock:  # (the bound read between its tokens)
         for length, ids in prompts.items():
             tensor = torch.from_numpy(ids)
             model(tensor)  # warm
-            started = time.perf_counter()
-            model(tensor, use_cache=True)
-            first = time.perf_counter() - started
+            streamer = Stamps(clock)
             started = time.perf_counter()
             out = model.generate(tensor, attention_mask=torch.ones_like(tensor), max_new_tokens=new_tokens,
-                                 min_new_tokens=new_tokens, do_sample=False, pad_token_id=0)  # fmt: skip
-            whole = time.perf_counter() - started
-            rows[length] = {"ttft_s": first, "tpot_s": (whole - first) / (new_tokens - 1),
-                            "tokens": out[0, ids.shape[1]:].tolist()}  # fmt: skip
+                                 min_new_tokens=new_tokens, do_sample=False, pad_token_id=0, streamer=streamer)  # fmt: skip
+            rows[length] = token_timings(
+                streamer.stamps[0] - started, streamer.stamps, out[0, ids.shape[1] :].tolist(), clock
+            )
     return rows
 
 
@@ -258,13 +216,14 @@ def measure(name: str, engine: str, prompt_lengths: list[int], new_tokens: int, 
     from kiln.driver.variants import plans_compiled
 
     row["prompts"] = {}
-    for length, ids in prompts.items():
-        _timed_stream(model, ids, 2)  # warm: the first calls fault the weights in
-        before = plans_compiled()
-        first, per_token, tokens, spread, loop = _timed_stream(model, ids, new_tokens)
-        row["prompts"][length] = {"ttft_s": first, "tpot_s": per_token, "tokens": tokens, "tpot_p50_p90_s": spread,
-                                  "loop_s": loop}  # fmt: skip
-        row["prompts"][length]["compiles"] = plans_compiled() - before  # (0: one compile served it all)
+    with TokenClock(threads) as clock:  # (the bound read between its tokens)
+        for length, ids in prompts.items():
+            _timed_stream(model, ids, 2)  # warm: the first calls fault the weights in
+            before = plans_compiled()
+            first, per_token, tokens, spread, loop = _timed_stream(model, ids, new_tokens, clock)
+            row["prompts"][length] = {"ttft_s": first, "tpot_s": per_token, "tokens": tokens, "tpot_p50_p90_s": spread,
+                                      "loop_s": loop, **clock.lap()}  # fmt: skip
+            row["prompts"][length]["compiles"] = plans_compiled() - before  # (0: one compile served it all)
     row["peak_rss_mb"] = peak_rss_bytes() / 1e6
     return row
 
@@ -392,8 +351,9 @@ def measured_alone(name: str, engine: str, prompts: list[int], new_tokens: int, 
 def run_generation(models: list[str], engines: list[str], prompts: list[int], new_tokens: int, threads: int,
                    timeout: float, say: Any = print, batch: int = 1) -> list[dict[str, Any]]:  # fmt: skip
     """Every (model, engine) measured alone, with the bandwidth line's figures; ``say`` gets each
-    row's lines as they come. The read bandwidth is measured again beside each row (before and
-    after it: a shared machine's moves between rows), and a row's bound is over the larger."""
+    row's lines as they come. Each prompt's bound is over the reads between its tokens; the read
+    bandwidth is measured beside each row too (before and after it), the larger the bound of a
+    row without its own readings."""
     bandwidth, how = read_bandwidth(threads=threads)
     say(f"memory bandwidth (read, {threads} thread(s), {how}): {bandwidth:.1f} GB/s")
     rows = []
@@ -430,11 +390,17 @@ def _prompt(row: dict[str, Any], length: Any) -> str:
     return f"{length} x{row['batch']}" if row.get("batch", 1) > 1 else str(length)
 
 
-def _rates(row: dict[str, Any], found: dict[str, Any]) -> tuple[float, float]:
+def _bandwidth(row: dict[str, Any], found: dict[str, Any]) -> float:
+    """A prompt's bound's bandwidth: the median of the readings between its tokens, else (a row
+    without them) the larger of the readings before and after its process."""
+    return found.get("bandwidth_gb_s") or row["bandwidth_gb_s"]
+
+
+def row_rates(row: dict[str, Any], found: dict[str, Any]) -> tuple[float, float]:
     """(tokens/s over the batch's rows, steps/s as a fraction of the bound: one step reads the
     weights once, whatever the batch)."""
     steps = 1 / found["tpot_s"]
-    return steps * row.get("batch", 1), steps * row["weight_bytes"] / (row["bandwidth_gb_s"] * 1e9)
+    return steps * row.get("batch", 1), steps * row["weight_bytes"] / (_bandwidth(row, found) * 1e9)
 
 
 def row_lines(row: dict[str, Any]) -> list[str]:
@@ -451,9 +417,9 @@ def row_lines(row: dict[str, Any]) -> list[str]:
         ]
     lines = []
     for length, found in row["prompts"].items():
-        rate, share = _rates(row, found)
+        rate, share = row_rates(row, found)
         lines.append(f"{engine:<20} prompt {_prompt(row, length):>5}: TTFT {found['ttft_s'] * 1e3:8.1f} ms, {found['tpot_s'] * 1e3:7.2f} ms/token "
-                     f"{_spread(found)}, {rate:6.1f} tokens/s ({share:.2f} of its bound at {row['bandwidth_gb_s']:.1f} GB/s), peak {row.get('peak_rss_mb', 0):.0f} MB, "
+                     f"{_spread(found)}, {rate:6.1f} tokens/s ({share:.2f} of its bound at {_bandwidth(row, found):.1f} GB/s), peak {row.get('peak_rss_mb', 0):.0f} MB, "
                      f"same tokens {found.get('same_tokens', '-')}, compiles {found.get('compiles', '-')}{_loop(found)}")  # fmt: skip
     return lines
 
@@ -465,7 +431,7 @@ def _loop(found: dict[str, Any]) -> str:
 
 def markdown(rows: list[dict[str, Any]]) -> str:
     """The rows as the report's table."""
-    lines = ["| model | engine | prompt | TTFT ms | ms / token (p50 / p90) | tokens/s | of its bound | peak RSS MB | same tokens | compiles | loop µs / token |",
+    lines = ["| model | engine | prompt | TTFT ms | ms / token (p50 / p90) | tokens/s | of its bound at GB/s | peak RSS MB | same tokens | compiles | loop µs / token |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for row in rows:
         if row.get("error") or row["engine"] == ACCURACY:
@@ -476,12 +442,12 @@ def markdown(rows: list[dict[str, Any]]) -> str:
             )
             continue
         for length, found in row["prompts"].items():
-            rate, share = _rates(row, found)
-            given = found.get("tpot_p50_p90_s")  # (transformers' generate: no per-token stamps)
+            rate, share = row_rates(row, found)
+            given = found.get("tpot_p50_p90_s")
             spread = f"{given[0] * 1e3:.2f} / {given[1] * 1e3:.2f}" if given else "- / -"
             loop = f"{found['loop_s'] * 1e6:.0f}" if "loop_s" in found else "-"  # (kiln's loop only)
             lines.append(f"| {row['model']} | {row['engine']} | {_prompt(row, length)} | {found['ttft_s'] * 1e3:.1f} | {found['tpot_s'] * 1e3:.2f} "
-                         f"({spread}) | {rate:.1f} | {share:.2f} | {row.get('peak_rss_mb', 0):,.0f} | "
+                         f"({spread}) | {rate:.1f} | {share:.2f} at {_bandwidth(row, found):.1f} | {row.get('peak_rss_mb', 0):,.0f} | "
                          f"{found.get('same_tokens', '-')} | {found.get('compiles', '-')} | {loop} |")  # fmt: skip
     return "\n".join(lines) + "\n"
 

@@ -4,7 +4,8 @@
    twice, once as one stream a thread and once as four side by side (each thread's share in four
    parts, eight vectors of each in turn: the memory serves several streams faster, and kiln's own
    decode rows read several), and the best of every read over ROUNDS is the figure. Built and
-   called by kiln.bench.generation (bandwidth_gb_s) for the generation table's bound: a NumPy sum
+   called by kiln.bench.bandwidth (read_bandwidth; TokenClock, between a decode loop's tokens,
+   over a buffer it keeps) for the generation table's bound: a NumPy sum
    reads slower than the machine can on some (its loop, not the memory, is the limit). */
 #define _POSIX_C_SOURCE 200112L
 #include <pthread.h>
@@ -49,13 +50,12 @@ static double now(void) {
   return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
 }
 
-/* bytes per second; 0 when out of memory or a thread could not start; *sink gets the sums' total */
-double kiln_read_bandwidth(int64_t megabytes, int threads, int rounds, float *sink) {
-  if (threads < 1 || threads > 256 || megabytes < 1 || rounds < 1) return 0.0;
-  const size_t bytes = (size_t)megabytes << 20, count = bytes / sizeof(vec);
-  vec *buffer = (vec *)aligned_alloc(64, count * sizeof(vec));
-  if (!buffer) return 0.0;
-  memset(buffer, 0, count * sizeof(vec)); /* (every page faulted in before the clock starts) */
+/* bytes per second read from `bytes` of `buffer` (far larger than the caches, its pages faulted in
+   already); 0 when a thread could not start; *sink gets the sums' total */
+double kiln_read_bandwidth_in(const void *buffer, int64_t bytes, int threads, int rounds, float *sink) {
+  if (!buffer || threads < 1 || threads > 256 || bytes < (int64_t)sizeof(vec) || rounds < 1) return 0.0;
+  const size_t count = (size_t)bytes / sizeof(vec);
+  const vec *from = (const vec *)buffer;
   share shares[256];
   pthread_t ids[256];
   double best = 1e30;
@@ -66,13 +66,12 @@ double kiln_read_bandwidth(int64_t megabytes, int threads, int rounds, float *si
     int made = 0;
     for (int t = 0; t < threads; ++t) {
       const size_t lo = count * (size_t)t / (size_t)threads, hi = count * (size_t)(t + 1) / (size_t)threads;
-      shares[t] = (share){buffer + lo, hi - lo, streams, 0.0f};
+      shares[t] = (share){from + lo, hi - lo, streams, 0.0f};
       if (t > 0 && pthread_create(&ids[t], NULL, reader, &shares[t]) == 0) ++made;
       else if (t > 0) break;
     }
     if (made != threads - 1) {
       for (int t = 1; t <= made; ++t) pthread_join(ids[t], NULL);
-      free(buffer);
       return 0.0;
     }
     reader(&shares[0]);
@@ -81,7 +80,19 @@ double kiln_read_bandwidth(int64_t megabytes, int threads, int rounds, float *si
     best = took < best ? took : best;
     for (int t = 0; t < threads; ++t) total += shares[t].sum;
   }
-  free(buffer);
   *sink = total;
   return (double)(count * sizeof(vec)) / best;
+}
+
+/* the same over a buffer of `megabytes` of its own (allocated, faulted in, freed); 0 when out of
+   memory or a thread could not start */
+double kiln_read_bandwidth(int64_t megabytes, int threads, int rounds, float *sink) {
+  if (megabytes < 1 || megabytes > ((int64_t)1 << 40)) return 0.0;
+  const size_t bytes = (size_t)megabytes << 20;
+  void *buffer = aligned_alloc(64, bytes);
+  if (!buffer) return 0.0;
+  memset(buffer, 0, bytes); /* (every page faulted in before the clock starts) */
+  const double found = kiln_read_bandwidth_in(buffer, (int64_t)bytes, threads, rounds, sink);
+  free(buffer);
+  return found;
 }

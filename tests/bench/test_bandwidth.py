@@ -1,0 +1,44 @@
+"""The generation table's bound: the read-bandwidth probe (one stream and four a thread, the
+faster) and ``TokenClock``, which reads it between a decode loop's tokens in a process of its own
+and leaves the reads' time out of the loop's stamps."""
+
+from __future__ import annotations
+
+import itertools
+import time
+
+import pytest
+
+from kiln.bench import bandwidth
+from kiln.bench.generation import row_rates
+
+
+def test_the_probe_reads_a_positive_bandwidth_and_says_how():
+    found, how = bandwidth.read_bandwidth(megabytes=64, rounds=1, threads=2)
+    assert found > 0
+    assert "1 and 4 streams" in how or "NumPy" in how
+
+
+def test_token_clock_reads_between_tokens_and_leaves_the_reads_out_of_the_stamps():
+    gap = 0.02
+    with bandwidth.TokenClock(threads=1, every=3, megabytes=32, pause=0.05) as clock:
+        stamps = []
+        for _ in range(10):
+            time.sleep(gap)
+            stamps.append(clock.stamp())
+        assert len(clock.readings) == 3 and all(r > 0 for r in clock.readings)  # (after tokens 3, 6, 9)
+        gaps = [b - a for a, b in itertools.pairwise(stamps)]
+        # (each read pauses 50 ms first: a gap holding one would be >= 70 ms were it counted)
+        assert max(gaps) < gap + 0.045, gaps
+        fields = clock.lap()
+        assert fields["bandwidth_readings_gb_s"] and fields["bandwidth_gb_s"] > 0
+        assert clock.lap() == {} and clock.readings == []  # (a lap starts the next prompt's readings)
+    assert clock.process.poll() is not None  # (the probe's process ended with the clock)
+
+
+@pytest.mark.parametrize("found_bandwidth, expected", [(50.0, 0.5), (None, 1.0)])
+def test_a_prompts_bound_is_its_own_readings_else_the_rows(found_bandwidth, expected):
+    row = {"bandwidth_gb_s": 25.0, "weight_bytes": 25e9 / 10}  # (10 steps/s at 25 GB/s)
+    found = {"tpot_s": 0.1, **({"bandwidth_gb_s": found_bandwidth} if found_bandwidth else {})}
+    rate, share = row_rates(row, found)
+    assert rate == pytest.approx(10.0) and share == pytest.approx(expected)
