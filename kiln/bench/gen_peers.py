@@ -118,7 +118,18 @@ def ort_genai(name: str, prompts: dict[int, Any], new_tokens: int, threads: int,
         timed(ids, 2)  # warm
         rows[length] = timed(ids, new_tokens)
     data = sum(p.stat().st_size for p in folder.glob("*.onnx*"))
-    return {"prompts": rows, "weight_bytes": data, "settings": "builder -p int4 -e cpu (MatMulNBits, blocks of 32)"}
+    return {"prompts": rows, "weight_bytes": data, "cache_element_bytes": _past_element_bytes(folder / "model.onnx"),
+            "settings": "builder -p int4 -e cpu (MatMulNBits, blocks of 32)"}  # fmt: skip
+
+
+def _past_element_bytes(path: Path) -> int:
+    """Bytes an element of the KV cache the model at ``path`` reads (its first past input's type)."""
+    import onnx
+    from onnx import helper
+
+    graph = onnx.load(str(path), load_external_data=False).graph
+    past = next(i for i in graph.input if "past" in i.name)
+    return int(helper.tensor_dtype_to_np_dtype(past.type.tensor_type.elem_type).itemsize)
 
 
 # OpenVINO: NNCF's weight compression as optimum-intel's --weight-format applies it
@@ -216,7 +227,8 @@ def openvino_genai(name: str, prompts: dict[int, Any], new_tokens: int, threads:
         timed(ids, 2)  # warm
         rows[length] = timed(ids, new_tokens)
     mode, group = OPENVINO_MODES[precision]
-    return {"prompts": rows, "weight_bytes": (folder / "openvino_model.bin").stat().st_size,
+    cache = ov.Core().get_property("CPU", "KV_CACHE_PRECISION")  # (its plugin's default: what the pipeline runs)
+    return {"prompts": rows, "weight_bytes": (folder / "openvino_model.bin").stat().st_size, "cache_element_bytes": cache.size,
             "settings": f"NNCF {mode}{f' group {group}' if group else ''}, inference precision {hint}"}  # fmt: skip
 
 
@@ -320,7 +332,8 @@ def llama_cpp_rows(name: str, prompts: dict[int, Any], new_tokens: int, threads:
     for length, ids in prompts.items():
         timed(ids, 2)  # warm
         rows[length] = timed(ids, new_tokens)
-    return {"prompts": rows, "weight_bytes": path.stat().st_size, "settings": f"GGUF {quant.upper()}, llama-cpp-python {llama_cpp.__version__}"}  # fmt: skip
+    return {"prompts": rows, "weight_bytes": path.stat().st_size, "cache_element_bytes": 2 if cache == 1 else 4,  # (ggml f16, f32)
+            "settings": f"GGUF {quant.upper()}, llama-cpp-python {llama_cpp.__version__}"}  # fmt: skip
 
 
 # engine -> (the package it needs, how to run it)

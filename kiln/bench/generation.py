@@ -325,6 +325,21 @@ def weight_bytes(name: str) -> dict[str, int]:
     return {key: int(sum(n * (width if dim == 2 else 4) for n, dim in shapes)) for key, width in WIDTHS.items()}
 
 
+def cache_elements(name: str) -> int:
+    """Elements of the KV cache a position holds: layers x (K and V) x KV heads x head depth."""
+    import transformers
+
+    from kiln.zoo import decoders
+
+    decoder = decoders.get(name)
+    config = getattr(transformers, decoder.config_class)(**decoder.config)
+    layers = getattr(config, "num_hidden_layers", None) or config.n_layer
+    heads = getattr(config, "num_attention_heads", None) or config.n_head
+    hidden = getattr(config, "hidden_size", None) or config.n_embd
+    depth = getattr(config, "head_dim", None) or hidden // heads
+    return int(layers * 2 * (getattr(config, "num_key_value_heads", None) or heads) * depth)
+
+
 def _spread(found: dict[str, Any]) -> str:
     spread = found.get("tpot_p50_p90_s")
     return f"p50/p90 {spread[0] * 1e3:.2f}/{spread[1] * 1e3:.2f} ms" if spread else ""
@@ -362,7 +377,8 @@ def run_generation(models: list[str], engines: list[str], prompts: list[int], ne
         weights, weights8, weights4 = found_bytes["fp32"], found_bytes["int8"], found_bytes["int4"]
         say(f"{name}: {weights / 1e6:.0f} MB of fp32 weights per token, bound {bandwidth * 1e9 / weights:.1f} tokens/s; "
             f"int8 weights {weights8 / 1e6:.0f} MB, {bandwidth * 1e9 / weights8:.1f} tokens/s; "
-            f"int4 {weights4 / 1e6:.0f} MB, {bandwidth * 1e9 / weights4:.1f} tokens/s")  # fmt: skip
+            f"int4 {weights4 / 1e6:.0f} MB, {bandwidth * 1e9 / weights4:.1f} tokens/s; "
+            f"its KV cache {cache_elements(name) * 4 / 1e3:.0f} kB a position in float32")  # fmt: skip
         reference: dict[str, list[int]] = {}
         for engine in engines:
             before = read_bandwidth(rounds=3, threads=threads)[0]
@@ -370,6 +386,11 @@ def run_generation(models: list[str], engines: list[str], prompts: list[int], ne
             after = read_bandwidth(rounds=3, threads=threads)[0]
             storage = ROW_BYTES.get(KILN_ENGINES.get(engine, ""), "fp32")  # (a peer's: its weights file)
             row_bytes = row.get("weight_bytes") or found_bytes[storage]
+            # (each step reads the cache too: its mean past over the timed steps, each sequence's)
+            element = row.get("cache_element_bytes", 4)  # (kiln's, onnxruntime's, transformers': float32)
+            for length, found in (row.get("prompts") or {}).items():
+                past = int(length) + new_tokens / 2
+                found["cache_bytes"] = int(cache_elements(name) * element * past * row.get("batch", batch))
             row.update(
                 {
                     "bandwidth_gb_s": max(before, after),
@@ -398,9 +419,11 @@ def _bandwidth(row: dict[str, Any], found: dict[str, Any]) -> float:
 
 def row_rates(row: dict[str, Any], found: dict[str, Any]) -> tuple[float, float]:
     """(tokens/s over the batch's rows, steps/s as a fraction of the bound: one step reads the
-    weights once, whatever the batch)."""
+    weights once, whatever the batch, and each sequence's cache)."""
     steps = 1 / found["tpot_s"]
-    return steps * row.get("batch", 1), steps * row["weight_bytes"] / (_bandwidth(row, found) * 1e9)
+    return steps * row.get("batch", 1), steps * (row["weight_bytes"] + found.get("cache_bytes", 0)) / (
+        _bandwidth(row, found) * 1e9
+    )
 
 
 def row_lines(row: dict[str, Any]) -> list[str]:
@@ -419,7 +442,7 @@ def row_lines(row: dict[str, Any]) -> list[str]:
     for length, found in row["prompts"].items():
         rate, share = row_rates(row, found)
         lines.append(f"{engine:<20} prompt {_prompt(row, length):>5}: TTFT {found['ttft_s'] * 1e3:8.1f} ms, {found['tpot_s'] * 1e3:7.2f} ms/token "
-                     f"{_spread(found)}, {rate:6.1f} tokens/s ({share:.2f} of its bound at {_bandwidth(row, found):.1f} GB/s), peak {row.get('peak_rss_mb', 0):.0f} MB, "
+                     f"{_spread(found)}, {rate:6.1f} tokens/s ({share:.2f} of its bound at {_bandwidth(row, found):.1f} GB/s, {found.get('cache_bytes', 0) / 1e6:.0f} MB of cache a step), peak {row.get('peak_rss_mb', 0):.0f} MB, "
                      f"same tokens {found.get('same_tokens', '-')}, compiles {found.get('compiles', '-')}{_loop(found)}")  # fmt: skip
     return lines
 

@@ -42,3 +42,17 @@ def test_a_prompts_bound_is_its_own_readings_else_the_rows(found_bandwidth, expe
     found = {"tpot_s": 0.1, **({"bandwidth_gb_s": found_bandwidth} if found_bandwidth else {})}
     rate, share = row_rates(row, found)
     assert rate == pytest.approx(10.0) and share == pytest.approx(expected)
+
+
+def test_a_steps_bytes_count_the_cache_it_reads():
+    row = {"bandwidth_gb_s": 20.0, "weight_bytes": 1.5e9}
+    found = {"tpot_s": 0.1, "cache_bytes": 0.5e9}  # (10 steps/s of 2 GB: the bound's 20 GB/s)
+    assert row_rates(row, found)[1] == pytest.approx(1.0)
+
+
+def test_cache_elements_are_layers_by_kv_heads_by_depth():
+    pytest.importorskip("transformers", reason="the zoo's decoders are built from transformers configs")
+    from kiln.bench.generation import cache_elements
+
+    assert cache_elements("llama-1b") == 16 * 2 * 8 * 64  # (grouped: 8 KV heads of 32)
+    assert cache_elements("gpt2-124m") == 12 * 2 * 12 * 64
