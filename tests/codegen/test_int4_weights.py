@@ -88,6 +88,25 @@ def test_products_are_those_of_the_codes(target, precision, k, n, tail):
         assert [(c.precision, c.m) for c in calls] == [("w4", rows)]  # the int4 path ran, on every row at once
 
 
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("precision", ["int4-weights", "int4-weights-g128-asym"])
+@pytest.mark.parametrize("tail", ["relu", "square"])
+def test_one_row_over_sets_of_panels_is_that_row_among_others_bit_for_bit(target, precision, tail):
+    """A decode step's one row reads its panels in sets side by side (kiln_w4_row_set): each
+    column's sums, scales and finish are the few-row kernel's, bit for bit, and the code model's;
+    N spans whole sets, panels after them and an edge panel."""
+    model, w, finish = linear(256, 2100, tail)
+    whole = CompileOptions.from_env(disabled={"size-classes"}, precision=precision)
+    one = kiln.compile(model, target=target, options=whole, dims={"rows": (1, 1)})
+    three = kiln.compile(model, target=target, options=whole, dims={"rows": (3, 3)})
+    x = RNG.standard_normal((3, 256)).astype(np.float32)
+    together = three.run({"x": x})["y"]
+    for i in range(3):
+        np.testing.assert_array_equal(one.run({"x": x[i : i + 1]})["y"], together[i : i + 1])
+    expected = finish(decode_product(x, w, precision))
+    assert np.linalg.norm(together - expected) <= 2e-6 * np.linalg.norm(expected) + 1e-6
+
+
 def test_the_plan_holds_codes_and_the_error_is_a_four_bit_one(tmp_path):
     model, _, _ = linear(512, 256, "relu")
     x = RNG.standard_normal((1, 512)).astype(np.float32)

@@ -160,6 +160,69 @@ static void kiln_w4_tile(const kiln_w4_plan *p, int64_t mr, int64_t nr, int64_t 
   }
 }
 
+/* one row of A (quantized; M 1) times KILN_W4_SET whole panels read side by side, a step of each in
+   turn: several streams from memory at once (as gemm_rows.c's kiln_stream_set; one panel's codes
+   read alone run ~10% under the memory's pace), each panel's sums kiln_w4_rows_n's, in its order */
+#define KILN_W4_SET (KILN_VB == 64 ? 4 : 2)
+static void kiln_w4_row_set(const kiln_w4_plan *p, int64_t bt, int64_t first) {
+  const kiln_gemm *g = p->g;
+  const int64_t words = p->padded / KILN_W4_CHUNK * KILN_NR, params = p->groups * KILN_NR;
+  const int64_t steps = g->q_group / KILN_W4_CHUNK;
+  const kiln_vi nibbles = (kiln_vi){0} + 0x0f0f0f0f;
+  const int32_t *w[KILN_W4_SET];
+  const uint16_t *scale[KILN_W4_SET];
+  const float *offset[KILN_W4_SET];
+  kiln_vf acc0[KILN_W4_SET], acc1[KILN_W4_SET];
+#pragma GCC unroll 4
+  for (int s = 0; s < KILN_W4_SET; ++s) {
+    const int64_t at = KILN_SPAN(bt * g->b_pbs + (first + s) * words, words, g->b_packed_size, "B (int4 words)");
+    w[s] = (const int32_t *)g->b_low + at;
+    scale[s] = g->q_half + (first + s) * params;
+    offset[s] = g->q_min ? g->q_min + (first + s) * params : NULL;
+    acc0[s] = acc1[s] = (kiln_vf){0};
+  }
+  const int8_t *x = p->x + bt * p->padded;
+  const float *xs = p->scales + bt * p->groups, *sums = p->sums + bt * p->groups;
+  for (int64_t group = 0; group < p->groups; ++group) {
+    kiln_vi sum0[KILN_W4_SET], sum1[KILN_W4_SET];
+#pragma GCC unroll 4
+    for (int s = 0; s < KILN_W4_SET; ++s) sum0[s] = sum1[s] = (kiln_vi){0};
+    for (int64_t step = 0; step < steps; ++step) {
+      int32_t xe, xo;
+      memcpy(&xe, x, 4);
+      memcpy(&xo, x + 4, 4);
+#pragma GCC unroll 4
+      for (int s = 0; s < KILN_W4_SET; ++s) {
+        const kiln_vi w0 = *(const kiln_vi *)w[s], w1 = *(const kiln_vi *)(w[s] + KILN_L);
+        const kiln_vi even0 = w0 & nibbles, odd0 = (w0 >> 4) & nibbles;
+        const kiln_vi even1 = w1 & nibbles, odd1 = (w1 >> 4) & nibbles;
+        sum0[s] = kiln_w4_dot(kiln_w4_dot(sum0[s], even0, xe), odd0, xo);
+        sum1[s] = kiln_w4_dot(kiln_w4_dot(sum1[s], even1, xe), odd1, xo);
+        w[s] += KILN_NR;
+      }
+      x += KILN_W4_CHUNK;
+    }
+    const float sx = xs[group], total = sums[group];
+#pragma GCC unroll 4
+    for (int s = 0; s < KILN_W4_SET; ++s) {
+      const kiln_vf s0 = kiln_half_load(scale[s]), s1 = kiln_half_load(scale[s] + KILN_L);
+      const kiln_vf o0 = offset[s] ? *(const kiln_vf *)offset[s] : -8.0f * s0;
+      const kiln_vf o1 = offset[s] ? *(const kiln_vf *)(offset[s] + KILN_L) : -8.0f * s1;
+      acc0[s] += __builtin_convertvector(sum0[s], kiln_vf) * (s0 * sx) + total * o0;
+      acc1[s] += __builtin_convertvector(sum1[s], kiln_vf) * (s1 * sx) + total * o1;
+      scale[s] += KILN_NR;
+      if (offset[s]) offset[s] += KILN_NR;
+    }
+  }
+  for (int s = 0; s < KILN_W4_SET; ++s) {
+    const int64_t n0 = (first + s) * KILN_NR;
+    float *c = g->c + KILN_SPAN(bt * g->c_bs + n0, KILN_NR, g->c_size, "C");
+    kiln_finish fin;
+    kiln_store_tile(1, &acc0[s], &acc1[s], c, g->ldc, kiln_finish_at(g, 0, n0, &fin));
+    if (g->epilogue) g->epilogue(g, bt, 0, 1, n0, n0 + KILN_NR);
+  }
+}
+
 /* k-step k of a panel's codes widened to float32 at dst (its NR columns): code x scale + offset (a
    symmetric group's offset -8 x scale); a last panel's columns past N hold code, scale and offset
    0, so 0 (this path's prompt rows and gemm_wbf16.c's) */
@@ -200,7 +263,10 @@ static void kiln_w4_tasks(void *ctx, int64_t lo, int64_t hi, int worker) {
   for (int64_t task = lo; task < hi; ++task) {
     const int64_t bt = task / runs, first = (task % runs) * p->per_task;
     const int64_t last = first + p->per_task < p->panels ? first + p->per_task : p->panels;
-    for (int64_t panel = first; panel < last; ++panel) {
+    int64_t panel = first;
+    for (; p->x && M == 1 && panel + KILN_W4_SET <= last && (panel + KILN_W4_SET) * KILN_NR <= N; panel += KILN_W4_SET)
+      kiln_w4_row_set(p, bt, panel);
+    for (; panel < last; ++panel) {
       const int64_t n0 = panel * KILN_NR, nr = N - n0 < KILN_NR ? N - n0 : KILN_NR;
       const int64_t at = KILN_SPAN(bt * g->b_pbs + panel * words, words, g->b_packed_size, "B (int4 words)");
       const int32_t *w = (const int32_t *)g->b_low + at;
