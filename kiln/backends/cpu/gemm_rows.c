@@ -55,6 +55,18 @@ typedef struct { const kiln_gemm *g; int64_t panels, per_task; } kiln_stream_pla
    streams from memory at once rather than one (the memory serves several a little faster: 2-4% a
    67 MB matrix on Zen 4, a plain streaming read 10-15%) */
 #define KILN_STREAMS 4
+
+/* one row's results over `count` whole panels from `first` (a set's kernel's accumulators, two
+   vectors a panel): each finished and stored, then the generated epilogue */
+static void kiln_set_store(const kiln_gemm *g, int64_t bt, int64_t first, int count, kiln_vf *acc0, kiln_vf *acc1) {
+  for (int s = 0; s < count; ++s) {
+    const int64_t n0 = (first + s) * KILN_NR;
+    float *c = g->c + KILN_SPAN(bt * g->c_bs + n0, KILN_NR, g->c_size, "C");
+    kiln_finish fin;
+    kiln_store_tile(1, &acc0[s], &acc1[s], c, g->ldc, kiln_finish_at(g, 0, n0, &fin));
+    if (g->epilogue) g->epilogue(g, bt, 0, 1, n0, n0 + KILN_NR);
+  }
+}
 static void kiln_stream_set(const kiln_gemm *g, int64_t bt, int64_t first) {
   const int64_t K = g->K, size = K * KILN_NR;
   const int64_t at = KILN_SPAN(bt * g->b_pbs + first * size, KILN_STREAMS * size, g->b_packed_size, "B (packed)");
@@ -71,14 +83,7 @@ static void kiln_stream_set(const kiln_gemm *g, int64_t bt, int64_t first) {
       acc1[s] += x * *(const kiln_vf *)(b + s * size + k * KILN_NR + KILN_L);
     }
   }
-#pragma GCC unroll 8
-  for (int s = 0; s < KILN_STREAMS; ++s) {
-    const int64_t n0 = (first + s) * KILN_NR;
-    float *c = g->c + KILN_SPAN(bt * g->c_bs + n0, KILN_NR, g->c_size, "C");
-    kiln_finish fin;
-    kiln_store_tile(1, &acc0[s], &acc1[s], c, g->ldc, kiln_finish_at(g, 0, n0, &fin));
-    if (g->epilogue) g->epilogue(g, bt, 0, 1, n0, n0 + KILN_NR);
-  }
+  kiln_set_store(g, bt, first, KILN_STREAMS, acc0, acc1);
 }
 
 static void kiln_stream_tasks(void *ctx, int64_t lo, int64_t hi, int worker) {

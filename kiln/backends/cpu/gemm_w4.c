@@ -214,13 +214,7 @@ static void kiln_w4_row_set(const kiln_w4_plan *p, int64_t bt, int64_t first) {
       if (offset[s]) offset[s] += KILN_NR;
     }
   }
-  for (int s = 0; s < KILN_W4_SET; ++s) {
-    const int64_t n0 = (first + s) * KILN_NR;
-    float *c = g->c + KILN_SPAN(bt * g->c_bs + n0, KILN_NR, g->c_size, "C");
-    kiln_finish fin;
-    kiln_store_tile(1, &acc0[s], &acc1[s], c, g->ldc, kiln_finish_at(g, 0, n0, &fin));
-    if (g->epilogue) g->epilogue(g, bt, 0, 1, n0, n0 + KILN_NR);
-  }
+  kiln_set_store(g, bt, first, KILN_W4_SET, acc0, acc1);
 }
 
 /* k-step k of a panel's codes widened to float32 at dst (its NR columns): code x scale + offset (a
