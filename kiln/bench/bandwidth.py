@@ -95,6 +95,12 @@ class TokenClock:
         self.process.wait()
 
 
+def stamper(clock: TokenClock | None) -> Any:
+    """What a decode loop stamps its tokens with: ``clock``'s ``stamp`` (reading the bandwidth
+    between tokens) or, without one, the plain clock."""
+    return clock.stamp if clock is not None else time.perf_counter
+
+
 def _serve(megabytes: int, threads: int) -> None:
     """The probe's process: a buffer of ``megabytes`` faulted in once, then one read (GB/s on a
     line of its own) for each line read from stdin."""

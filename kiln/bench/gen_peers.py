@@ -23,6 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from kiln.bench.bandwidth import TokenClock, stamper
 from kiln.errors import KilnError
 
 
@@ -55,12 +56,6 @@ def hf_folder(name: str) -> Path:
         tokenizer.decoder = decoders.Sequence([decoders.ByteFallback(), decoders.Fuse()])
         PreTrainedTokenizerFast(tokenizer_object=tokenizer, unk_token="t0", pad_token="t0").save_pretrained(folder)
     return folder
-
-
-def _stamper(clock: Any) -> Callable[[], float]:
-    """What a loop stamps its tokens with: ``clock``'s ``stamp`` (a ``kiln.bench.bandwidth.TokenClock``,
-    which reads the bandwidth between tokens) or the plain clock."""
-    return clock.stamp if clock is not None else time.perf_counter
 
 
 def token_timings(first: float, stamps: list[float], tokens: list[int], clock: Any = None) -> dict[str, Any]:
@@ -103,7 +98,7 @@ def ort_genai(name: str, prompts: dict[int, Any], new_tokens: int, threads: int,
         total = ids.shape[1] + count
         params.set_search_options(max_length=total, min_length=total, do_sample=False, batch_size=ids.shape[0])
         generator = og.Generator(model, params)
-        stamp = _stamper(clock)
+        stamp = stamper(clock)
         started = time.perf_counter()
         generator.append_tokens(np.ascontiguousarray(ids, dtype=np.int32))
         stamps, tokens = [], []
@@ -194,7 +189,7 @@ def openvino_genai(name: str, prompts: dict[int, Any], new_tokens: int, threads:
     hint = hint or ov.Core().get_property("CPU", "INFERENCE_PRECISION_HINT").to_string()  # (its default here)
     pipe = genai.LLMPipeline(str(folder), "CPU", INFERENCE_NUM_THREADS=threads, INFERENCE_PRECISION_HINT=hint)
     vocab = decoders.get(name).vocab
-    stamp = _stamper(clock)
+    stamp = stamper(clock)
 
     class Stamps(genai.StreamerBase):
         def __init__(self) -> None:
@@ -318,7 +313,7 @@ def llama_cpp_rows(name: str, prompts: dict[int, Any], new_tokens: int, threads:
     def timed(ids: Any, count: int) -> dict[str, Any]:
         llm.reset()
         stamps, tokens = [], []
-        stamp = _stamper(clock)
+        stamp = stamper(clock)
         started = time.perf_counter()
         llm.eval(ids[0].tolist())
         for _ in range(count):
@@ -359,7 +354,5 @@ def run_peer(engine: str, name: str, prompts: dict[int, Any], new_tokens: int, t
         return {"error": "not installed"}
     if engine.startswith("openvino") and importlib.util.find_spec("nncf") is None:
         return {"error": "not installed (nncf, its weight compression: make peers-genai)"}
-    from kiln.bench.bandwidth import TokenClock
-
     with TokenClock(threads) as clock:  # (the bound read between its tokens)
         return runner(name, prompts, new_tokens, threads, clock=clock)

@@ -34,8 +34,8 @@ import sys
 import time
 from typing import Any
 
-from kiln.bench.bandwidth import TokenClock, read_bandwidth
-from kiln.bench.gen_peers import PEERS, run_peer
+from kiln.bench.bandwidth import TokenClock, read_bandwidth, stamper
+from kiln.bench.gen_peers import PEERS, run_peer, token_timings
 from kiln.errors import KilnError
 from kiln.lower.engine import WEIGHT_FORMATS
 
@@ -92,7 +92,7 @@ def _timed_stream(model: Any, ids: Any, new_tokens: int, clock: Any = None) -> t
 
     from kiln.driver import generation
 
-    stamp = clock.stamp if clock is not None else time.perf_counter
+    stamp = stamper(clock)
     with generation.run_seconds(model) as inside:
         started = time.perf_counter()
         stamps, tokens = [], []
@@ -129,7 +129,6 @@ def _transformers(name: str, prompts: dict[int, Any], new_tokens: int, threads: 
     import torch
     from transformers.generation.streamers import BaseStreamer
 
-    from kiln.bench.gen_peers import token_timings
     from kiln.zoo import decoders
 
     torch.set_num_threads(threads)
@@ -375,10 +374,11 @@ def run_generation(models: list[str], engines: list[str], prompts: list[int], ne
     for name in models:
         found_bytes = weight_bytes(name)
         weights, weights8, weights4 = found_bytes["fp32"], found_bytes["int8"], found_bytes["int4"]
+        cached = cache_elements(name)
         say(f"{name}: {weights / 1e6:.0f} MB of fp32 weights per token, bound {bandwidth * 1e9 / weights:.1f} tokens/s; "
             f"int8 weights {weights8 / 1e6:.0f} MB, {bandwidth * 1e9 / weights8:.1f} tokens/s; "
             f"int4 {weights4 / 1e6:.0f} MB, {bandwidth * 1e9 / weights4:.1f} tokens/s; "
-            f"its KV cache {cache_elements(name) * 4 / 1e3:.0f} kB a position in float32")  # fmt: skip
+            f"its KV cache {cached * 4 / 1e3:.0f} kB a position in float32")  # fmt: skip
         reference: dict[str, list[int]] = {}
         for engine in engines:
             before = read_bandwidth(rounds=3, threads=threads)[0]
@@ -390,7 +390,7 @@ def run_generation(models: list[str], engines: list[str], prompts: list[int], ne
             element = row.get("cache_element_bytes", 4)  # (kiln's, onnxruntime's, transformers': float32)
             for length, found in (row.get("prompts") or {}).items():
                 past = int(length) + new_tokens / 2
-                found["cache_bytes"] = int(cache_elements(name) * element * past * row.get("batch", batch))
+                found["cache_bytes"] = int(cached * element * past * row.get("batch", batch))
             row.update(
                 {
                     "bandwidth_gb_s": max(before, after),

@@ -93,15 +93,33 @@ static inline __attribute__((always_inline)) kiln_vf kiln_half_load(const uint16
 #endif
 }
 
+/* one k-step of a panel (a word vector pair at w): its codes split into the even k-steps' (w &
+   0x0f0f0f0f: bytes 0 2 4 6) and the odd ones' ((w >> 4) & 0x0f0f0f0f), met by a row's activations
+   stored in that order (xe, xo: four bytes each) into its int32 sums */
+static inline __attribute__((always_inline)) void kiln_w4_step(const int32_t *w, int32_t xe, int32_t xo, kiln_vi *sum0, kiln_vi *sum1) {
+  const kiln_vi nibbles = (kiln_vi){0} + 0x0f0f0f0f;
+  const kiln_vi w0 = *(const kiln_vi *)w, w1 = *(const kiln_vi *)(w + KILN_L);
+  *sum0 = kiln_w4_dot(kiln_w4_dot(*sum0, w0 & nibbles, xe), (w0 >> 4) & nibbles, xo);
+  *sum1 = kiln_w4_dot(kiln_w4_dot(*sum1, w1 & nibbles, xe), (w1 >> 4) & nibbles, xo);
+}
+
+/* a group's int32 sums of a row into its float accumulators: sum x * w = scale_x * scale_w * sum
+   xq * code + offset_w * scale_x * sum xq (the group's scales at `scale`, offsets at `offset` or
+   -8 x scale; sx the row's group scale, total its quantized sum times sx) */
+static inline __attribute__((always_inline)) void kiln_w4_group(const uint16_t *scale, const float *offset, float sx, float total, kiln_vi sum0, kiln_vi sum1, kiln_vf *acc0, kiln_vf *acc1) {
+  const kiln_vf s0 = kiln_half_load(scale), s1 = kiln_half_load(scale + KILN_L);
+  const kiln_vf o0 = offset ? *(const kiln_vf *)offset : -8.0f * s0;
+  const kiln_vf o1 = offset ? *(const kiln_vf *)(offset + KILN_L) : -8.0f * s1;
+  *acc0 += __builtin_convertvector(sum0, kiln_vf) * (s0 * sx) + total * o0;
+  *acc1 += __builtin_convertvector(sum1, kiln_vf) * (s1 * sx) + total * o1;
+}
+
 /* `rows` (a constant at each call) quantized rows of A (x, ldx bytes apart; their group scales
-   and sums, lds apart) times one int4 panel, stored (finished when `f` is given) into c. Per word
-   vector, the even k-steps' codes (w & 0x0f0f0f0f: bytes 0 2 4 6) and the odd ones' ((w >> 4) &
-   0x0f0f0f0f) meet the activations stored in that order; per group, the int32 sums become
-   float: sum x * w = scale_x * scale_w * sum xq * code + offset_w * scale_x * sum xq. */
+   and sums, lds apart) times one int4 panel, stored (finished when `f` is given) into c: each step
+   kiln_w4_step, each group's sums into float by kiln_w4_group. */
 static inline __attribute__((always_inline)) void kiln_w4_rows_n(const int rows, const kiln_w4_plan *p, const int8_t *restrict x, int64_t ldx, const float *restrict xs, const float *restrict sums, int64_t lds, const int32_t *restrict w, const uint16_t *restrict scale, const float *restrict offset, float *restrict c, int64_t ldc, const kiln_finish *f) {
   kiln_vf acc0[KILN_W4_ROWS], acc1[KILN_W4_ROWS];
   const int64_t steps = p->g->q_group / KILN_W4_CHUNK;
-  const kiln_vi nibbles = (kiln_vi){0} + 0x0f0f0f0f;
 #pragma GCC unroll 4
   for (int r = 0; r < rows; ++r) acc0[r] = acc1[r] = (kiln_vf){0};
   for (int64_t group = 0; group < p->groups; ++group) {
@@ -109,29 +127,19 @@ static inline __attribute__((always_inline)) void kiln_w4_rows_n(const int rows,
 #pragma GCC unroll 4
     for (int r = 0; r < rows; ++r) sum0[r] = sum1[r] = (kiln_vi){0};
     for (int64_t step = 0; step < steps; ++step) {
-      const kiln_vi w0 = *(const kiln_vi *)w, w1 = *(const kiln_vi *)(w + KILN_L);
-      const kiln_vi even0 = w0 & nibbles, odd0 = (w0 >> 4) & nibbles;
-      const kiln_vi even1 = w1 & nibbles, odd1 = (w1 >> 4) & nibbles;
 #pragma GCC unroll 4
       for (int r = 0; r < rows; ++r) {
         int32_t xe, xo;
         memcpy(&xe, x + r * ldx, 4);
         memcpy(&xo, x + r * ldx + 4, 4);
-        sum0[r] = kiln_w4_dot(kiln_w4_dot(sum0[r], even0, xe), odd0, xo);
-        sum1[r] = kiln_w4_dot(kiln_w4_dot(sum1[r], even1, xe), odd1, xo);
+        kiln_w4_step(w, xe, xo, &sum0[r], &sum1[r]);
       }
       w += KILN_NR;
       x += KILN_W4_CHUNK;
     }
-    const kiln_vf s0 = kiln_half_load(scale), s1 = kiln_half_load(scale + KILN_L);
-    const kiln_vf o0 = offset ? *(const kiln_vf *)offset : -8.0f * s0;
-    const kiln_vf o1 = offset ? *(const kiln_vf *)(offset + KILN_L) : -8.0f * s1;
 #pragma GCC unroll 4
-    for (int r = 0; r < rows; ++r) {
-      const float sx = xs[r * lds + group], total = sums[r * lds + group];
-      acc0[r] += __builtin_convertvector(sum0[r], kiln_vf) * (s0 * sx) + total * o0;
-      acc1[r] += __builtin_convertvector(sum1[r], kiln_vf) * (s1 * sx) + total * o1;
-    }
+    for (int r = 0; r < rows; ++r)
+      kiln_w4_group(scale, offset, xs[r * lds + group], sums[r * lds + group], sum0[r], sum1[r], &acc0[r], &acc1[r]);
     scale += KILN_NR;
     if (offset) offset += KILN_NR;
   }
@@ -168,7 +176,6 @@ static void kiln_w4_row_set(const kiln_w4_plan *p, int64_t bt, int64_t first) {
   const kiln_gemm *g = p->g;
   const int64_t words = p->padded / KILN_W4_CHUNK * KILN_NR, params = p->groups * KILN_NR;
   const int64_t steps = g->q_group / KILN_W4_CHUNK;
-  const kiln_vi nibbles = (kiln_vi){0} + 0x0f0f0f0f;
   const int32_t *w[KILN_W4_SET];
   const uint16_t *scale[KILN_W4_SET];
   const float *offset[KILN_W4_SET];
@@ -193,23 +200,14 @@ static void kiln_w4_row_set(const kiln_w4_plan *p, int64_t bt, int64_t first) {
       memcpy(&xo, x + 4, 4);
 #pragma GCC unroll 4
       for (int s = 0; s < KILN_W4_SET; ++s) {
-        const kiln_vi w0 = *(const kiln_vi *)w[s], w1 = *(const kiln_vi *)(w[s] + KILN_L);
-        const kiln_vi even0 = w0 & nibbles, odd0 = (w0 >> 4) & nibbles;
-        const kiln_vi even1 = w1 & nibbles, odd1 = (w1 >> 4) & nibbles;
-        sum0[s] = kiln_w4_dot(kiln_w4_dot(sum0[s], even0, xe), odd0, xo);
-        sum1[s] = kiln_w4_dot(kiln_w4_dot(sum1[s], even1, xe), odd1, xo);
+        kiln_w4_step(w[s], xe, xo, &sum0[s], &sum1[s]);
         w[s] += KILN_NR;
       }
       x += KILN_W4_CHUNK;
     }
-    const float sx = xs[group], total = sums[group];
 #pragma GCC unroll 4
     for (int s = 0; s < KILN_W4_SET; ++s) {
-      const kiln_vf s0 = kiln_half_load(scale[s]), s1 = kiln_half_load(scale[s] + KILN_L);
-      const kiln_vf o0 = offset[s] ? *(const kiln_vf *)offset[s] : -8.0f * s0;
-      const kiln_vf o1 = offset[s] ? *(const kiln_vf *)(offset[s] + KILN_L) : -8.0f * s1;
-      acc0[s] += __builtin_convertvector(sum0[s], kiln_vf) * (s0 * sx) + total * o0;
-      acc1[s] += __builtin_convertvector(sum1[s], kiln_vf) * (s1 * sx) + total * o1;
+      kiln_w4_group(scale[s], offset[s], xs[group], sums[group], sum0[s], sum1[s], &acc0[s], &acc1[s]);
       scale[s] += KILN_NR;
       if (offset[s]) offset[s] += KILN_NR;
     }

@@ -295,12 +295,15 @@ KILN_ENGINE int kiln_gemm_wa8_run(const kiln_gemm *g, int bits) {
 #define KILN_WA8_FEW 4 /* rows met by each quad at a time */
 typedef uint8_t kiln_wa8_bytes64 __attribute__((vector_size(64)));
 
+typedef void (*kiln_wa8_sums)(int64_t K, const int8_t *x, int rows, const int8_t *b, int32_t *sums);
+
 typedef struct {
   const kiln_gemm *g;
   int64_t panels, per_task;
   const int8_t *codes; /* [batch * M][K] the rows' codes */
   const float *scale;  /* [batch * M] */
   const int32_t *offset;
+  kiln_wa8_sums sums; /* this CPU's kernel (with VBMI's byte shuffle or without) */
 } kiln_wa8_few_plan;
 
 /* the int32 sums of R rows (a constant: the accumulators stay in registers; codes x, K apart) times
@@ -370,7 +373,6 @@ static void kiln_wa8_few_tasks(void *ctx, int64_t lo, int64_t hi, int worker) {
   const kiln_wa8_few_plan *p = (const kiln_wa8_few_plan *)ctx;
   const kiln_gemm *g = p->g;
   const int64_t M = g->M, N = g->N, K = g->K, runs = (p->panels + p->per_task - 1) / p->per_task;
-  const int vbmi = __builtin_cpu_supports("avx512vbmi");
   int32_t sums[KILN_WA8_FEW * 32] __attribute__((aligned(64)));
   float tile[KILN_WA8_FEW * 32] __attribute__((aligned(64)));
   for (int64_t task = lo; task < hi; ++task) {
@@ -382,7 +384,7 @@ static void kiln_wa8_few_tasks(void *ctx, int64_t lo, int64_t hi, int worker) {
       for (int64_t m0 = 0; m0 < M; m0 += KILN_WA8_FEW) {
         const int rows = (int)(M - m0 < KILN_WA8_FEW ? M - m0 : KILN_WA8_FEW);
         const int64_t row = bt * M + m0;
-        (vbmi ? kiln_wa8_few_vbmi : kiln_wa8_few_bw)(K, p->codes + row * K, rows, b, sums);
+        p->sums(K, p->codes + row * K, rows, b, sums);
         const int64_t to = bt * g->c_bs + m0 * g->ldc + n0;
         (void)KILN_SPAN(to, (rows - 1) * g->ldc + nr, g->c_size, "C");
         for (int r = 0; r < rows; ++r) /* (the prompt path's finish: kiln_wa8_finish) */
@@ -410,7 +412,8 @@ static int kiln_wa8_few(const kiln_gemm *g) {
   if (!row_data || !codes) return 0;
   kiln_wa8_rows_plan rp = {g, codes, row_data, (int32_t *)(row_data + rows)};
   kiln_wa8_quantize(&rp, 0, rows, 0);
-  kiln_wa8_few_plan plan = {g, (g->N + 31) / 32, 1, codes, rp.scale, rp.offset};
+  kiln_wa8_few_plan plan = {g, (g->N + 31) / 32, 1, codes, rp.scale, rp.offset,
+                            __builtin_cpu_supports("avx512vbmi") ? kiln_wa8_few_vbmi : kiln_wa8_few_bw};
   kiln_panel_tasks(g, plan.panels, &plan.per_task, kiln_wa8_few_tasks, &plan);
   return 1;
 }
