@@ -56,3 +56,14 @@ def test_cache_elements_are_layers_by_kv_heads_by_depth():
 
     assert cache_elements("llama-1b") == 16 * 2 * 8 * 64  # (grouped: 8 KV heads of 32)
     assert cache_elements("gpt2-124m") == 12 * 2 * 12 * 64
+
+
+def test_an_engine_at_its_bound_through_a_slow_phase_reads_as_at_its_bound():
+    # half the tokens at 20 GB/s, half at 40, each at the bound: 2 GB a step
+    step_bytes, readings = 2e9, [20.0, 40.0, 20.0, 40.0]
+    tpot = sum(step_bytes / (r * 1e9) for r in readings) / len(readings)
+    clock = bandwidth.TokenClock.__new__(bandwidth.TokenClock)  # (no probe process: the readings given)
+    clock.readings, clock.count = list(readings), 0
+    found = {"tpot_s": tpot, **clock.lap()}
+    assert found["bandwidth_median_gb_s"] == pytest.approx(30.0)
+    assert row_rates({"weight_bytes": step_bytes}, found)[1] == pytest.approx(1.0)  # (the median: 0.89)
