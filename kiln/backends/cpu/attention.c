@@ -334,6 +334,13 @@ KILN_ENGINE void kiln_attention(int64_t BH, int64_t LQ, int64_t LK, int64_t D, i
   kiln_attention_job job = {LQ, LK, D, DV, q, kt, v, out, scratch, rows,
                             {q_size, q_n1, q_s0, q_s1, q_rs, q_cs}, {k_size, k_n1, k_s0, k_s1, k_rs, k_cs},
                             {v_size, v_n1, v_s0, v_s1, v_rs, v_cs}, {o_size, o_n1, o_s0, o_s1, o_rs, o_cs}, ctx, safe, product};
-  /* at most `threads` participants: the scratch holds that many scores blocks */
-  kiln_parallel_for(0, BH, 1, (int)threads, kiln_attention_slices, &job);
+  /* at most `threads` participants: the scratch holds that many scores blocks. Slices that share
+     K and V are taken together only within one chunk, so the chunks are as many slices as go
+     together (a chunk of one would read a grouped head's K and V once for each of its slices) */
+  int64_t grain = 1;
+  if (rows && k_n1 > 1 && k_s1 == 0 && v_n1 == k_n1 && v_s1 == 0 && kiln_attention_few(&job, 2 * LQ)) {
+    grain = KILN_ATTENTION_FEW / LQ;
+    if (grain > k_n1) grain = k_n1;
+  }
+  kiln_parallel_for(0, BH, grain, (int)threads, kiln_attention_slices, &job);
 }
