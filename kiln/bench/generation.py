@@ -6,7 +6,8 @@ bandwidth over the bytes a token reads).
 
 Every engine runs the same random weights (``kiln.zoo.decoders``: a Hugging Face config, a fixed
 seed; nothing is downloaded), greedy, batch 1, each (model, engine) in a process of its own (its
-peak RSS is its own; no plan cache: its compiles are its own). kiln (fp32), kiln-int8-weights and
+peak RSS is its own; no plan cache: its compiles are its own; the peak of a row that compiles
+is its run's, the compile's beside it, as each peer converts its model in a process of its own). kiln (fp32), kiln-int8-weights and
 kiln-int4-weights (``precision="int8-weights"``, ``"int4-weights"``: their bounds over the int8
 bytes, over 4-bit codes and a float32 scale per 32): the decode-step ONNX compiled once
 for the context (``past``, ``new`` and ``total`` ranges), ``kiln.generate_stream``'s loop, the
@@ -166,7 +167,7 @@ def _transformers(name: str, prompts: dict[int, Any], new_tokens: int, threads: 
 def measure(name: str, engine: str, prompt_lengths: list[int], new_tokens: int, threads: int, batch: int = 1) -> dict[str, Any]:  # fmt: skip
     """One (model, engine) in this process, ``batch`` prompts of each length at once."""
     import kiln
-    from kiln.bench.metrics import peak_rss_bytes
+    from kiln.bench.metrics import peak_rss_bytes, release_freed_memory, reset_peak
     from kiln.zoo import decoders
 
     row: dict[str, Any] = {"model": name, "engine": engine, "threads": threads, "batch": batch}
@@ -192,6 +193,7 @@ def measure(name: str, engine: str, prompt_lengths: list[int], new_tokens: int, 
         return row
     path = str(decoders.export(name))
     dims = context_dims(name, max(prompt_lengths), new_tokens, batch)
+    phases = reset_peak()  # (the compile's peak apart from the run's: a peer converts in a process of its own)
     started = time.perf_counter()
     precision = KILN_ENGINES.get(engine, "fp32")
     try:
@@ -213,6 +215,10 @@ def measure(name: str, engine: str, prompt_lengths: list[int], new_tokens: int, 
 
         row["routes"] = {k: route for k, (route, _) in dim_routes(compiled).items()}
         row["size_classes"] = {k: list(v) for k, v in compiled.size_classes.items()}
+    if phases:  # the run's own peak from here: what the compile freed handed back first
+        row["peak_compile_mb"] = peak_rss_bytes() / 1e6
+        release_freed_memory()
+        reset_peak()
     from kiln.driver.variants import plans_compiled
 
     row["prompts"] = {}
@@ -443,9 +449,15 @@ def row_lines(row: dict[str, Any]) -> list[str]:
     for length, found in row["prompts"].items():
         rate, share = row_rates(row, found)
         lines.append(f"{engine:<20} prompt {_prompt(row, length):>5}: TTFT {found['ttft_s'] * 1e3:8.1f} ms, {found['tpot_s'] * 1e3:7.2f} ms/token "
-                     f"{_spread(found)}, {rate:6.1f} tokens/s ({share:.2f} of its bound at {_bandwidth(row, found):.1f} GB/s, {found.get('cache_bytes', 0) / 1e6:.0f} MB of cache a step), peak {row.get('peak_rss_mb', 0):.0f} MB, "
+                     f"{_spread(found)}, {rate:6.1f} tokens/s ({share:.2f} of its bound at {_bandwidth(row, found):.1f} GB/s, {found.get('cache_bytes', 0) / 1e6:.0f} MB of cache a step), peak {_peak(row)} MB, "
                      f"same tokens {found.get('same_tokens', '-')}, compiles {found.get('compiles', '-')}{_loop(found)}")  # fmt: skip
     return lines
+
+
+def _peak(row: dict[str, Any]) -> str:
+    """A row's peak RSS in MB, the compile's beside it where it compiled (its own peak, apart)."""
+    compiled = f" (compile {row['peak_compile_mb']:,.0f})" if "peak_compile_mb" in row else ""
+    return f"{row.get('peak_rss_mb', 0):,.0f}{compiled}"
 
 
 def _loop(found: dict[str, Any]) -> str:
@@ -471,7 +483,7 @@ def markdown(rows: list[dict[str, Any]]) -> str:
             spread = f"{given[0] * 1e3:.2f} / {given[1] * 1e3:.2f}" if given else "- / -"
             loop = f"{found['loop_s'] * 1e6:.0f}" if "loop_s" in found else "-"  # (kiln's loop only)
             lines.append(f"| {row['model']} | {row['engine']} | {_prompt(row, length)} | {found['ttft_s'] * 1e3:.1f} | {found['tpot_s'] * 1e3:.2f} "
-                         f"({spread}) | {rate:.1f} | {share:.2f} at {_bandwidth(row, found):.1f} | {row.get('peak_rss_mb', 0):,.0f} | "
+                         f"({spread}) | {rate:.1f} | {share:.2f} at {_bandwidth(row, found):.1f} | {_peak(row)} | "
                          f"{found.get('same_tokens', '-')} | {found.get('compiles', '-')} | {loop} |")  # fmt: skip
     return "\n".join(lines) + "\n"
 

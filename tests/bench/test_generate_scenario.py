@@ -9,6 +9,7 @@ import json
 import pytest
 from click.testing import CliRunner
 
+from kiln.bench.metrics import reset_peak
 from kiln.cli import main
 
 pytest.importorskip("transformers", reason="the zoo's decoders are built from transformers configs")
@@ -31,6 +32,9 @@ def test_generate_scenario_measures_kiln_with_one_compile(tmp_path):
     assert kiln_row["bandwidth_gb_s"] > 0 and kiln_row["weight_bytes"] > 0
     report = (folder / "report.md").read_text()
     assert "| gpt2 | kiln | 4 |" in report and "| gpt2 | kiln | 9 |" in report
+    if reset_peak():  # (a peak that can be reset: the compile's apart from the run's, as a peer's conversion)
+        assert kiln_row["peak_compile_mb"] > 0 and kiln_row["peak_rss_mb"] > 0
+        assert f"(compile {kiln_row['peak_compile_mb']:,.0f})" in report
 
 
 @pytest.mark.parametrize(
