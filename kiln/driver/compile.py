@@ -136,11 +136,13 @@ def compile_model(request: Request) -> Any:
         # a new binding compiles
         model.release_source(_cached_graph(request, key, options))
         return_freed(collect=True)
-    elif source_file is not None and model.compilation.source.graph is not None and model.dims_model is not None:
+    elif path is not None and model.compilation.source.graph is not None and model.dims_model is not None:
         # a model whose sizes run through one route's plans (declared ranges: a decode step's) keeps
         # no float32 copy of its weights beside their packed ones; the file, if unchanged, is read
-        # again when a binding outside them must compile (a 1B decoder at int4: 7.8 GB held -> 3.1)
-        model.release_source(_reimported(request, source_file, options))
+        # again when a binding outside them must compile (a 1B decoder at int4: 7.8 GB held -> 3.1).
+        # Without the plan cache too (its digest taken now: a file changed while it compiled, then
+        # again, would pass for the one compiled)
+        model.release_source(_reimported(request, source_file or (path, plan_cache.file_digest(path)), options))
         return_freed(collect=True)
     return model
 

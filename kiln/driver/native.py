@@ -84,6 +84,7 @@ class NativeModel(Model):
         self.size_classes: dict[str, tuple[int, ...]] = {}  # a sample-parallel dim's compiled sizes
         self._chunking: Chunking | bool | None = False  # False: not decided yet
         self.proven: dict[str, Parallel | Exception] | None = None  # the batching proof, where not the graph's
+        self._parallel: tuple[tuple, dict] | None = None  # (the dims bound before it, the graph's proof)
         self._padder: Padder | bool | None = False  # a paddable dim's classes (False: not decided yet)
         self.padded_model: NativeModel | None = None  # the padded graph's model (runs at the classes)
         self.bound_in_analysis: dict[str, int] = {}  # dims bound before the batching analysis
@@ -230,13 +231,18 @@ class NativeModel(Model):
         ]
 
     def sample_parallel(self) -> dict[str, Parallel | Exception]:
-        """For each symbolic input dim: how it is sample-parallel, or why not (kiln.passes.batching)."""
+        """For each symbolic input dim: how it is sample-parallel, or why not (kiln.passes.batching).
+        Found once (per dims bound before it): a later question (``kiln.driver.routes``) must not
+        read back the source graph, every weight, that the compile let go."""
         if self.proven is not None:
             return self.proven
-        graph = self.graph
-        if self.bound_in_analysis:  # a padded graph: its length is a class at every run
-            graph = specialize(graph, self.bound_in_analysis)
-        return sample_parallel(graph)  # type: ignore[return-value]
+        key = tuple(sorted(self.bound_in_analysis.items()))
+        if self._parallel is None or self._parallel[0] != key:
+            graph = self.graph
+            if self.bound_in_analysis:  # a padded graph: its length is a class at every run
+                graph = specialize(graph, self.bound_in_analysis)
+            self._parallel = (key, sample_parallel(graph))
+        return self._parallel[1]  # type: ignore[return-value]
 
     def chunking(self) -> Chunking | None:
         """How runs at any size of the first sample-parallel dim run on its size classes (None:

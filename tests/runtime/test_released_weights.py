@@ -18,9 +18,10 @@ from kiln.driver import plan_cache
 pytest.importorskip("transformers", reason="transformers (the 'zoo' extra) defines the decoders")
 
 
-def copied_model(tmp_path, monkeypatch):  # type: ignore[no-untyped-def]
+def copied_model(tmp_path, monkeypatch, cache: str = "1"):  # type: ignore[no-untyped-def]
     """(the zoo's llama decode step, a copy of its folder's file under ``tmp_path``) with a plan
-    cache of the test's own (the session's zoo cache is read; nothing of this test stays)."""
+    cache of the test's own (the session's zoo cache is read; nothing of this test stays), or none
+    (``cache`` "0": the generation bench's compiles)."""
     from kiln.zoo import decoders
 
     exported = decoders.export("llama")
@@ -28,13 +29,15 @@ def copied_model(tmp_path, monkeypatch):  # type: ignore[no-untyped-def]
     shutil.copytree(exported.parent, folder)
     plan_cache.wait()
     monkeypatch.setenv("KILN_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.setenv("KILN_PLAN_CACHE", "1")
+    monkeypatch.setenv("KILN_PLAN_CACHE", cache)
     return exported, folder / exported.name
 
 
-def test_a_decode_steps_model_lets_go_of_its_source_weights_and_never_reads_them_again(tmp_path, monkeypatch):
+@pytest.mark.parametrize("cache", ["1", "0"])  # (without the plan cache: the file is read again if ever needed)
+def test_a_decode_steps_model_lets_go_of_its_source_weights_and_never_reads_them_again(tmp_path, monkeypatch, cache):
+    from kiln.driver.routes import dim_routes
 
-    exported, copied = copied_model(tmp_path, monkeypatch)
+    exported, copied = copied_model(tmp_path, monkeypatch, cache)
     dims = {"past": "0..40", "new": "1..41", "total": "1..41", "batch": "1..1"}
     model = kiln.compile(str(copied), dims=dims, generation=True)
     assert model.dims_model is not None
@@ -51,6 +54,7 @@ def test_a_decode_steps_model_lets_go_of_its_source_weights_and_never_reads_them
 
     for held in (model, model.dims_model):
         monkeypatch.setattr(held.compilation.source, "loader", never)
+    assert dim_routes(model)["past"][0] == "run-time dims"  # (asking how it runs reads nothing back)
     want = kiln.compile(str(exported), dims=dims, generation=True)
     for prompt in ([5, 17, 99], list(range(1, 30))):
         got = kiln.generate(model, [prompt], max_new_tokens=4)
