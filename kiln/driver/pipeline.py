@@ -36,7 +36,7 @@ from kiln.lower.lowering import CannotLower, Lowerer
 from kiln.lower.memory import MemoryPlan, plan_memory
 from kiln.lower.quantized_only import store_quantized_only
 from kiln.lower.target import Target
-from kiln.memory import BIG, return_freed
+from kiln.memory import BIG, aligned_copy, return_freed
 from kiln.passes import PASS_NAMES, cache_in_place, optimize, specialize
 from kiln.passes.decompose import decompose
 from kiln.passes.fold_constants import fold_constants
@@ -74,6 +74,7 @@ class Compile:
     roots: dict = field(default_factory=dict)
     constants: dict = field(default_factory=dict)
     released: set = field(default_factory=set)  # constants let go while lowering (their packed copies serve)
+    aligned: dict = field(default_factory=dict)  # id of a weight the plan reads as it is -> its aligned copy
     memory: MemoryPlan | None = None
     table: dict[Buffer, int] = field(default_factory=dict)
     source: str = ""
@@ -103,7 +104,8 @@ class Compile:
         # the optimized graph keeps only the weights the plan reads as they are: one only its packed
         # copies serve is not held twice (a model's weights stayed resident beside their packed form)
         kept = {id(a) for a in self.constants.values()}
-        graph = self.graph.with_(constants={v: a for v, a in self.graph.constants.items() if id(a) in kept})
+        constants = {v: self.aligned.get(id(a), a) for v, a in self.graph.constants.items()}
+        graph = self.graph.with_(constants={v: a for v, a in constants.items() if id(a) in kept})
         return Plan(
             graph,
             self.steps,
@@ -363,6 +365,26 @@ def _verify(state: Compile) -> list[str]:
     return problems
 
 
+ALIGNED_FROM = 1 << 20  # bytes from which a weight the plan reads as it is is made 64-byte aligned here
+
+
+def _aligned(state: Compile, array: np.ndarray) -> np.ndarray:
+    """A weight the plan reads as it is (an embedding table), contiguous and, where big, 64-byte
+    aligned now, the plan (and its graph) holding only that copy: the runtime aligns each weight
+    it binds, and an unaligned one (a file's bytes, NumPy's 16-byte-aligned large blocks) was
+    copied there while the plan kept the original (a 1B decoder's 1 GB table held twice)."""
+    contiguous = np.ascontiguousarray(array)
+    if (
+        state.sizes_only
+        or array.nbytes < ALIGNED_FROM
+        or array.dtype.kind not in "biuf"
+        or contiguous.ctypes.data % 64 == 0
+    ):
+        return contiguous
+    state.aligned[id(array)] = copy = aligned_copy(contiguous)  # (keyed by the graph's array)
+    return copy
+
+
 def _plan_memory(state: Compile) -> MemoryPlan:
     graph, lowerer = state.graph, state.lowerer
     assert lowerer is not None
@@ -373,9 +395,7 @@ def _plan_memory(state: Compile) -> MemoryPlan:
     used = {b for reads, writes in state.access for b in (*reads, *writes)} | set(outputs)
     used.update(b for kernels in state.segments for k in kernels for b in buffers_in(k.body))
     state.constants = {
-        roots[v]: np.ascontiguousarray(a)
-        for v, a in graph.constants.items()
-        if lowerer.root(v) is v and roots[v] in used
+        roots[v]: _aligned(state, a) for v, a in graph.constants.items() if lowerer.root(v) is v and roots[v] in used
     }
     misread = [v.name for v in state.released if roots[v] in used]
     if misread:
