@@ -18,8 +18,7 @@ ONNX Runtime GenAI's builder int4, OpenVINO GenAI int8/int4, llama.cpp Q8_0/Q4_0
 its weights file's bytes, rows that say "not installed" where their package is absent. kiln's rows
 also report the loop's own time a token (the per-token Python cost). Each prompt's bound is over
 the read bandwidth measured while its tokens came (``kiln.bench.bandwidth.TokenClock``: a read after
-every 16th token, in a process of its own, its time left out of the stamps; their harmonic mean,
-the rate whose bound matches the mean time a token), a shared
+every 16th token, in a process of its own, its time left out of the stamps; the median), a shared
 machine's bandwidth moving by 2x within minutes; the reads before and after the row's process are
 kept beside it (``bandwidth_around_gb_s``). Each engine's
 tokens are compared with the first engine's (greedy: the same weights give the same tokens, up to
@@ -419,7 +418,7 @@ def _prompt(row: dict[str, Any], length: Any) -> str:
 
 
 def _bandwidth(row: dict[str, Any], found: dict[str, Any]) -> float:
-    """A prompt's bound's bandwidth: the harmonic mean of the readings between its tokens, else (a row
+    """A prompt's bound's bandwidth: the median of the readings between its tokens, else (a row
     without them) the larger of the readings before and after its process."""
     return found.get("bandwidth_gb_s") or row["bandwidth_gb_s"]
 
