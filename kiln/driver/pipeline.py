@@ -36,7 +36,7 @@ from kiln.lower.lowering import CannotLower, Lowerer
 from kiln.lower.memory import MemoryPlan, plan_memory
 from kiln.lower.quantized_only import store_quantized_only
 from kiln.lower.target import Target
-from kiln.memory import BIG, aligned_copy, return_freed
+from kiln.memory import BIG, aligned_copy, one_copy, return_freed
 from kiln.passes import PASS_NAMES, cache_in_place, optimize, specialize
 from kiln.passes.decompose import decompose
 from kiln.passes.fold_constants import fold_constants
@@ -372,7 +372,8 @@ def _aligned(state: Compile, array: np.ndarray) -> np.ndarray:
     """A weight the plan reads as it is (an embedding table), contiguous and, where big, 64-byte
     aligned now, the plan (and its graph) holding only that copy: the runtime aligns each weight
     it binds, and an unaligned one (a file's bytes, NumPy's 16-byte-aligned large blocks) was
-    copied there while the plan kept the original (a 1B decoder's 1 GB table held twice)."""
+    copied there while the plan kept the original (a 1B decoder's 1 GB table held twice); one
+    copy however many size classes compile it (``one_copy``). The ONNX import aligns a file's."""
     contiguous = np.ascontiguousarray(array)
     if (
         state.sizes_only
@@ -381,7 +382,7 @@ def _aligned(state: Compile, array: np.ndarray) -> np.ndarray:
         or contiguous.ctypes.data % 64 == 0
     ):
         return contiguous
-    state.aligned[id(array)] = copy = aligned_copy(contiguous)  # (keyed by the graph's array)
+    state.aligned[id(array)] = copy = one_copy(aligned_copy(contiguous))  # (keyed by the graph's array)
     return copy
 
 

@@ -31,6 +31,7 @@ from kiln.frontend import contrib, contrib_attention  # noqa: F401  (ONNX Runtim
 from kiln.frontend.converters import GraphBuilder, PoisonedInputs, pick_converter
 from kiln.ir.graph import Graph, Value, constant_type, unique_name
 from kiln.ir.types import DType, OptionalType, SequenceType, TensorType, Type
+from kiln.memory import aligned_copy
 from kiln.ops.inference import UnsupportedConstruct, check_size
 from kiln.ops.registry import ATTR_KINDS, lookup
 from kiln.ops.verify import verify
@@ -245,7 +246,14 @@ def array_from_tensor(proto: onnx.TensorProto, folder: str | None = None) -> np.
         array = numpy_helper.to_array(proto)
     if array.dtype.kind in "SU":
         array = array.astype(object)
+    elif array.nbytes >= ALIGNED_FROM and array.ctypes.data % 64:  # (a file's bytes: moved once, here)
+        array = aligned_copy(array)
     return array
+
+
+# bytes from which a weight read from the file is moved to a 64-byte boundary on import: one the
+# plan reads as it is (an embedding table) is then bound where it lies, no copy per compiled class
+ALIGNED_FROM = 1 << 20
 
 
 # -- the importer ----------------------------------------------------------------------------------

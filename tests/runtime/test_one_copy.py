@@ -72,3 +72,18 @@ def test_a_weight_read_as_it_is_arrives_unaligned_and_is_held_once_aligned(monke
     assert executable.constant_views[big].ctypes.data == held.ctypes.data  # (bound where it lies)
     (kept,) = [a for a in plan.graph.constants.values() if a.nbytes >= ALIGNED_FROM]
     assert kept.ctypes.data == held.ctypes.data  # (the plan's graph holds no other copy)
+
+
+def test_big_weights_come_from_the_import_64_byte_aligned():
+    """The ONNX import moves a big weight's bytes to a 64-byte boundary (NumPy reads a tensor's raw
+    bytes where the message keeps them, 16-byte aligned at best): eight of them, each of which
+    would land unaligned three times in four, so a missing move cannot pass by chance."""
+    from onnx import numpy_helper
+
+    from kiln.frontend.onnx import ALIGNED_FROM, array_from_tensor
+
+    for extra in range(8):
+        array = np.arange(ALIGNED_FROM // 4 + 4 * extra + 1, dtype=np.float32)
+        got = array_from_tensor(numpy_helper.from_array(array, "w"))
+        assert got.ctypes.data % 64 == 0
+        np.testing.assert_array_equal(got, array)
