@@ -77,6 +77,21 @@ def aligned_copy(array: np.ndarray, alignment: int = 64) -> np.ndarray:
     return result
 
 
+ALIGNED_FROM = 1 << 20  # bytes from which a weight is moved to a 64-byte boundary where it arrives
+
+
+def aligned_if_big(array: np.ndarray) -> np.ndarray:
+    """``array``, or, where it holds ``ALIGNED_FROM`` bytes or more of numbers and is not already
+    C-contiguous on a 64-byte boundary, its copy there: the runtime binds every weight aligned,
+    and copies one that is not beside the original its holder keeps (a file's bytes; NumPy's
+    large blocks are 16-byte aligned)."""
+    if array.nbytes < ALIGNED_FROM or array.dtype.kind not in "biuf":
+        return array
+    if array.flags.c_contiguous and array.ctypes.data % 64 == 0:
+        return array
+    return aligned_copy(array)
+
+
 def content_key(array: np.ndarray) -> tuple:
     """A C-contiguous array's dtype, shape and 64 of its bytes sampled across it: equal arrays have
     equal keys (the candidates under one key are then compared whole: ``same_bytes``)."""

@@ -36,7 +36,7 @@ from kiln.lower.lowering import CannotLower, Lowerer
 from kiln.lower.memory import MemoryPlan, plan_memory
 from kiln.lower.quantized_only import store_quantized_only
 from kiln.lower.target import Target
-from kiln.memory import BIG, aligned_copy, one_copy, return_freed
+from kiln.memory import BIG, aligned_if_big, one_copy, return_freed
 from kiln.passes import PASS_NAMES, cache_in_place, optimize, specialize
 from kiln.passes.decompose import decompose
 from kiln.passes.fold_constants import fold_constants
@@ -365,25 +365,17 @@ def _verify(state: Compile) -> list[str]:
     return problems
 
 
-ALIGNED_FROM = 1 << 20  # bytes from which a weight the plan reads as it is is made 64-byte aligned here
-
-
 def _aligned(state: Compile, array: np.ndarray) -> np.ndarray:
     """A weight the plan reads as it is (an embedding table), contiguous and, where big, 64-byte
-    aligned now, the plan (and its graph) holding only that copy: the runtime aligns each weight
-    it binds, and an unaligned one (a file's bytes, NumPy's 16-byte-aligned large blocks) was
-    copied there while the plan kept the original (a 1B decoder's 1 GB table held twice); one
-    copy however many size classes compile it (``one_copy``). The ONNX import aligns a file's."""
+    aligned now (``aligned_if_big``), the plan (and its graph) holding only that copy: the runtime
+    had copied an unaligned one while the plan kept the original (a 1B decoder's 1 GB table held
+    twice); one copy however many size classes compile it (``one_copy``). The ONNX import aligns
+    a file's."""
     contiguous = np.ascontiguousarray(array)
-    if (
-        state.sizes_only
-        or array.nbytes < ALIGNED_FROM
-        or array.dtype.kind not in "biuf"
-        or contiguous.ctypes.data % 64 == 0
-    ):
-        return contiguous
-    state.aligned[id(array)] = copy = one_copy(aligned_copy(contiguous))  # (keyed by the graph's array)
-    return copy
+    found = contiguous if state.sizes_only else aligned_if_big(contiguous)
+    if found is not contiguous:  # (moved: keyed by the graph's array)
+        state.aligned[id(array)] = found = one_copy(found)
+    return found
 
 
 def _plan_memory(state: Compile) -> MemoryPlan:

@@ -31,7 +31,7 @@ from kiln.frontend import contrib, contrib_attention  # noqa: F401  (ONNX Runtim
 from kiln.frontend.converters import GraphBuilder, PoisonedInputs, pick_converter
 from kiln.ir.graph import Graph, Value, constant_type, unique_name
 from kiln.ir.types import DType, OptionalType, SequenceType, TensorType, Type
-from kiln.memory import aligned_copy
+from kiln.memory import aligned_if_big
 from kiln.ops.inference import UnsupportedConstruct, check_size
 from kiln.ops.registry import ATTR_KINDS, lookup
 from kiln.ops.verify import verify
@@ -246,14 +246,9 @@ def array_from_tensor(proto: onnx.TensorProto, folder: str | None = None) -> np.
         array = numpy_helper.to_array(proto)
     if array.dtype.kind in "SU":
         array = array.astype(object)
-    elif array.nbytes >= ALIGNED_FROM and array.ctypes.data % 64:  # (a file's bytes: moved once, here)
-        array = aligned_copy(array)
+    else:  # a big one moved to a 64-byte boundary once, here: the plan reads an embedding table as
+        array = aligned_if_big(array)  # it is, and binds it where it lies (no copy per size class)
     return array
-
-
-# bytes from which a weight read from the file is moved to a 64-byte boundary on import: one the
-# plan reads as it is (an embedding table) is then bound where it lies, no copy per compiled class
-ALIGNED_FROM = 1 << 20
 
 
 # -- the importer ----------------------------------------------------------------------------------

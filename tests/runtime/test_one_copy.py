@@ -8,7 +8,7 @@ import gc
 
 import numpy as np
 
-from kiln.memory import ONE_COPY_MIN, one_copy
+from kiln.memory import ALIGNED_FROM, ONE_COPY_MIN, one_copy
 
 
 def test_an_equal_array_still_held_is_returned_and_others_are_not():
@@ -37,7 +37,6 @@ def test_a_weight_read_as_it_is_arrives_unaligned_and_is_held_once_aligned(monke
     import onnx
 
     import kiln
-    from kiln.driver.pipeline import ALIGNED_FROM
     from kiln.frontend import onnx as onnx_frontend
     from tests.helpers import make_model
 
@@ -80,7 +79,7 @@ def test_big_weights_come_from_the_import_64_byte_aligned():
     would land unaligned three times in four, so a missing move cannot pass by chance."""
     from onnx import numpy_helper
 
-    from kiln.frontend.onnx import ALIGNED_FROM, array_from_tensor
+    from kiln.frontend.onnx import array_from_tensor
 
     for extra in range(8):
         array = np.arange(ALIGNED_FROM // 4 + 4 * extra + 1, dtype=np.float32)
